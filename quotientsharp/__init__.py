@@ -1,0 +1,10 @@
+"""quotientsharp: Riemannian geometry on the symmetry quotients of neural networks."""
+
+from . import reference
+from .diagonal import DiagonalQuotient
+from .quotient import SymmetryQuotient
+from .validation import value_checks
+
+__version__ = "0.1.0"
+
+__all__ = ["DiagonalQuotient", "SymmetryQuotient", "reference", "value_checks", "__version__"]

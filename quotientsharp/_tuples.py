@@ -1,0 +1,70 @@
+"""Arithmetic on points and tangent vectors stored as tuples of tensors.
+
+A point of a quotient is a tuple of tensors ``(x_1, ..., x_k)`` whose leading dimensions are
+batch dimensions and whose trailing ``point_ndims[i]`` dimensions belong to the point itself.
+Tangent vectors and Euclidean gradients use the same layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+Tensors = tuple[torch.Tensor, ...]
+
+
+def add(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> Tensors:
+    return tuple(x + y for x, y in zip(a, b, strict=True))
+
+
+def sub(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> Tensors:
+    return tuple(x - y for x, y in zip(a, b, strict=True))
+
+
+def scale(c: torch.Tensor | float, a: Sequence[torch.Tensor], ndims: Sequence[int]) -> Tensors:
+    """Multiply every component by ``c`` (a scalar, or a tensor of batch shape)."""
+    if not isinstance(c, torch.Tensor) or c.dim() == 0:
+        return tuple(c * x for x in a)
+    return tuple(c.reshape(c.shape + (1,) * k) * x for x, k in zip(a, ndims, strict=True))
+
+
+def axpy(alpha: torch.Tensor | float, x: Sequence[torch.Tensor], y: Sequence[torch.Tensor],
+         ndims: Sequence[int]) -> Tensors:
+    """``alpha * x + y`` componentwise, ``alpha`` a scalar or of batch shape."""
+    return add(scale(alpha, x, ndims), y)
+
+
+def zeros_like(a: Sequence[torch.Tensor]) -> Tensors:
+    return tuple(torch.zeros_like(x) for x in a)
+
+
+def batch_shape(a: Sequence[torch.Tensor], ndims: Sequence[int]) -> torch.Size:
+    """Broadcast of the leading (batch) shapes of all components."""
+    shapes = [x.shape[: x.dim() - k] for x, k in zip(a, ndims, strict=True)]
+    return torch.broadcast_shapes(*shapes)
+
+
+def flatten(a: Sequence[torch.Tensor], ndims: Sequence[int], batch: torch.Size) -> torch.Tensor:
+    """Concatenate the components into one ``shape=[*batch, N]`` tensor."""
+    parts = []
+    for x, k in zip(a, ndims, strict=True):
+        trailing = x.shape[x.dim() - k:]
+        parts.append(x.expand(*batch, *trailing).reshape(*batch, -1))
+    return torch.cat(parts, dim=-1)
+
+
+def unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor], ndims: Sequence[int]) -> Tensors:
+    """Inverse of :func:`flatten`: split ``shape=[*batch, N]`` into components shaped like ``like``."""
+    batch = flat.shape[:-1]
+    out, start = [], 0
+    for x, k in zip(like, ndims, strict=True):
+        trailing = x.shape[x.dim() - k:]
+        size = trailing.numel()
+        out.append(flat[..., start:start + size].reshape(*batch, *trailing))
+        start += size
+    return tuple(out)
+
+
+def total_size(a: Sequence[torch.Tensor], ndims: Sequence[int]) -> int:
+    return sum(x.shape[x.dim() - k:].numel() for x, k in zip(a, ndims, strict=True))

@@ -1,0 +1,107 @@
+"""Input checks shared by every quotient.
+
+Shape, dtype and device checks are free and always run. Checks on values (finiteness, zeros
+where a metric divides) need a device-to-host sync; the sharpness engine validates its inputs
+once and then switches value checks off inside its hot loop with :func:`value_checks`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+import torch
+
+_VALUE_CHECKS = True
+
+
+@contextlib.contextmanager
+def value_checks(enabled: bool) -> Iterator[None]:
+    """Switch the (host-syncing) checks on values on or off inside a block."""
+    global _VALUE_CHECKS
+    previous, _VALUE_CHECKS = _VALUE_CHECKS, enabled
+    try:
+        yield
+    finally:
+        _VALUE_CHECKS = previous
+
+
+def value_checks_enabled() -> bool:
+    return _VALUE_CHECKS
+
+
+def check_tensors(name: str, tensors: object, ndims: Sequence[int],
+                  trailing: Sequence[torch.Size | None] | None = None) -> tuple[torch.Tensor, ...]:
+    """Check that ``tensors`` is a tuple of floating tensors of one dtype and device.
+
+    Parameters
+    ----------
+    name
+        The argument's name, used in error messages.
+    tensors
+        The value to check: a tuple (or list) of tensors.
+    ndims
+        Number of trailing (non-batch) dimensions of each component.
+    trailing
+        Optional expected trailing shape of each component (``None`` entries are not checked).
+    """
+    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (tuple, list)):
+        raise TypeError(
+            f"{name} must be a tuple of {len(ndims)} tensors, got {type(tensors).__name__}"
+        )
+    if len(tensors) != len(ndims):
+        raise ValueError(f"{name} must have {len(ndims)} components, got {len(tensors)}")
+    first = None
+    for i, (t, k) in enumerate(zip(tensors, ndims, strict=True)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}[{i}] must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name}[{i}] must have a floating dtype, got {t.dtype}")
+        if t.dim() < k:
+            raise ValueError(f"{name}[{i}] must have at least {k} dimensions, got shape "
+                             f"{tuple(t.shape)}")
+        if first is None:
+            first = t
+        else:
+            if t.dtype != first.dtype:
+                raise TypeError(f"{name}[{i}] has dtype {t.dtype} but {name}[0] has {first.dtype}")
+            if t.device != first.device:
+                raise ValueError(f"{name}[{i}] is on {t.device} but {name}[0] is on {first.device}")
+        if trailing is not None and trailing[i] is not None:
+            if tuple(t.shape[t.dim() - k:]) != tuple(trailing[i]):
+                raise ValueError(f"{name}[{i}] must end in shape {tuple(trailing[i])}, got "
+                                 f"{tuple(t.shape)}")
+    return tuple(tensors)
+
+
+def check_same_layout(name: str, u: Sequence[torch.Tensor], x_name: str,
+                      x: Sequence[torch.Tensor], ndims: Sequence[int]) -> None:
+    """Check that tangent ``u`` matches point ``x`` in trailing shapes, dtype and device."""
+    for i, (a, b, k) in enumerate(zip(u, x, ndims, strict=True)):
+        if tuple(a.shape[a.dim() - k:]) != tuple(b.shape[b.dim() - k:]):
+            raise ValueError(f"{name}[{i}] has shape {tuple(a.shape)}, incompatible with "
+                             f"{x_name}[{i}] of shape {tuple(b.shape)}")
+        if a.dtype != b.dtype:
+            raise TypeError(f"{name}[{i}] has dtype {a.dtype} but {x_name}[{i}] has {b.dtype}")
+        if a.device != b.device:
+            raise ValueError(f"{name}[{i}] is on {a.device} but {x_name}[{i}] is on {b.device}")
+    try:
+        torch.broadcast_shapes(*[a.shape[: a.dim() - k] for a, k in zip(u, ndims, strict=True)],
+                               *[b.shape[: b.dim() - k] for b, k in zip(x, ndims, strict=True)])
+    except RuntimeError as err:
+        raise ValueError(f"batch shapes of {name} and {x_name} do not broadcast") from err
+
+
+def check_finite(name: str, tensors: Sequence[torch.Tensor]) -> None:
+    if not _VALUE_CHECKS:
+        return
+    for i, t in enumerate(tensors):
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{name}[{i}] contains non-finite values (NaN or inf)")
+
+
+def check_nonzero(name: str, tensor: torch.Tensor, why: str) -> None:
+    if not _VALUE_CHECKS:
+        return
+    if bool((tensor == 0).any()):
+        raise ValueError(f"{name} has zero entries, {why}")
