@@ -3,8 +3,10 @@
 from . import reference
 from .diagonal import DiagonalQuotient
 from .quotient import SymmetryQuotient
+from .sharpness import SharpnessResult, sharpness
 from .validation import value_checks
 
 __version__ = "0.1.0"
 
-__all__ = ["DiagonalQuotient", "SymmetryQuotient", "reference", "value_checks", "__version__"]
+__all__ = ["DiagonalQuotient", "SharpnessResult", "SymmetryQuotient", "sharpness", "reference",
+           "value_checks", "__version__"]

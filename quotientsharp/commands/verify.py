@@ -1,0 +1,55 @@
+"""``quotientsharp verify``: run every geometry check on every built-in quotient."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+
+def builtin_quotients() -> list:
+    """One instance of every built-in quotient and metric."""
+    from ..diagonal import DiagonalQuotient
+
+    quotients = [DiagonalQuotient("inv", d=4), DiagonalQuotient("mix", d=4)]
+    try:
+        from ..gl import GLQuotient
+    except ImportError:  # pragma: no cover - gl is part of the package
+        return quotients
+    for metric in ("inv", "mix", "euclidean"):
+        quotients.append(GLQuotient(metric))
+    return quotients
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("verify", help="check every built-in quotient's closed forms "
+                              "against autograd references, Taylor slopes and invariances")
+    p.add_argument("--seeds", type=int, default=2, help="number of random seeds (default 2)")
+    p.add_argument("--dtype", choices=["float64", "float32", "both"], default="both")
+    p.add_argument("--json", type=Path, default=None, help="also write the results as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..checks import check_all, format_results
+
+    dtypes = {"float64": [torch.float64], "float32": [torch.float32],
+              "both": [torch.float64, torch.float32]}[args.dtype]
+    failures, rows = 0, []
+    for quotient in builtin_quotients():
+        for dtype in dtypes:
+            for seed in range(args.seeds):
+                results = check_all(quotient, seed=seed, dtype=dtype)
+                title = f"{quotient.name}  dtype={str(dtype).removeprefix('torch.')}  seed={seed}"
+                print(format_results(results, title))
+                failures += sum(not r.passed for r in results)
+                rows += [dict(quotient=quotient.name, dtype=str(dtype), seed=seed,
+                              name=r.name, error=r.error, tolerance=r.tolerance,
+                              passed=r.passed) for r in results]
+    total = len(rows)
+    print(f"\n{total - failures} passed, {failures} failed")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 1 if failures else 0

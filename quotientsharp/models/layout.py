@@ -1,0 +1,345 @@
+"""Parameters <-> symmetry coordinates: all heads of all layers stacked per factor shape.
+
+:class:`ParameterLayout` turns a dict of parameters into :class:`Coordinates`:
+
+- ``gl``: one ``(G, H)`` per distinct ``(n, m, h)`` bucket, ``shape=[P, n, h]`` and
+  ``shape=[P, m, h]``, every pair of that shape (all heads, all layers, both kinds) on dim 0;
+- ``diagonal``: ``(u, v)``, ``shape=[D]`` each, every diagonal parameterisation concatenated;
+- ``other``: the remaining trainable parameters, as they are.
+
+Both directions are pure reshapes, transposes, slices and concatenations: differentiable,
+bit-exact, and functional (they allocate new tensors and never write to their inputs). Because
+the map is linear it also carries tangent vectors and gradients (dicts with the same names).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import torch
+
+from .discovery import AttentionPair, FactorSource, PairGroup, SymmetryReport
+
+__all__ = ["Coordinates", "ParameterLayout"]
+
+
+@dataclass
+class Coordinates:
+    """A point (or tangent vector) in symmetry coordinates.
+
+    Attributes
+    ----------
+    gl
+        One ``(G, H)`` per bucket: ``G`` ``shape=[P, n, h]``, ``H`` ``shape=[P, m, h]``.
+    gl_pairs
+        ``gl_pairs[b][p]`` is the :class:`AttentionPair` stored at index ``p`` of bucket ``b``.
+    diagonal
+        ``(u, v)``, ``shape=[D]`` each, or ``None`` when the model has no diagonal pairs.
+    other
+        The remaining trainable parameters by name (the very tensors that were passed in).
+    """
+
+    gl: list[tuple[torch.Tensor, torch.Tensor]]
+    gl_pairs: list[list[AttentionPair]]
+    diagonal: tuple[torch.Tensor, torch.Tensor] | None
+    other: dict[str, torch.Tensor]
+
+    def replace(self, **changes: object) -> Coordinates:
+        """A copy with some fields replaced (``gl=...``, ``diagonal=...``, ``other=...``)."""
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Where one source block of one group sits inside a bucket tensor."""
+
+    bucket: int
+    factor: int          # 0: G, 1: H
+    start: int           # first index on dim 0 of the bucket
+    heads: int
+    head_dim: int
+    row: int             # first row on dim 1 of the bucket
+    source: FactorSource
+
+
+def _gather(tensor: torch.Tensor, source: FactorSource, heads: int,
+            head_dim: int) -> torch.Tensor:
+    """The block ``shape=[heads, rows, head_dim]`` that ``source`` reads from ``tensor``."""
+    features = tensor.narrow(source.axis, source.offset, heads * head_dim)
+    if source.role == "bias":
+        return features.reshape(heads, 1, head_dim)
+    if source.axis == 0:                        # [heads * head_dim, rows]
+        return features.reshape(heads, head_dim, source.rows).transpose(1, 2)
+    return features.reshape(source.rows, heads, head_dim).permute(1, 0, 2)
+
+
+def _scatter(block: torch.Tensor, source: FactorSource, heads: int,
+             head_dim: int) -> torch.Tensor:
+    """Inverse of :func:`_gather`: the slice of the parameter along ``source.axis``."""
+    if source.role == "bias":
+        return block.reshape(heads * head_dim)
+    if source.axis == 0:
+        return block.transpose(1, 2).reshape(heads * head_dim, source.rows)
+    return block.permute(1, 0, 2).reshape(source.rows, heads * head_dim)
+
+
+class ParameterLayout:
+    """The map between a model's parameter dict and symmetry :class:`Coordinates`.
+
+    Parameters
+    ----------
+    report
+        From :func:`~quotientsharp.models.find_symmetries`.
+    params
+        Reference parameters, e.g. ``dict(model.named_parameters())``: their shapes, dtypes and
+        devices fix the layout (values are not read). Frozen parameters may be included; they
+        are ignored.
+
+    Attributes
+    ----------
+    names
+        Parameter names handled, in ``named_parameters`` order: every trainable parameter.
+    bucket_shapes
+        ``(n, m, h)`` of each bucket.
+    gl_pairs
+        Pairs per bucket, in stacking order.
+    """
+
+    def __init__(self, report: SymmetryReport, params: Mapping[str, torch.Tensor]) -> None:
+        if not isinstance(report, SymmetryReport):
+            raise TypeError(f"report must be a SymmetryReport, got {type(report).__name__}")
+        if not isinstance(params, Mapping):
+            raise TypeError(f"params must be a dict of tensors, got {type(params).__name__}")
+        self.report = report
+        self.names = report.trainable
+        for name in self.names:
+            tensor = params.get(name)
+            if not isinstance(tensor, torch.Tensor):
+                raise KeyError(f"params has no tensor {name!r} (a trainable parameter of the "
+                               "model the report was made for)")
+            if tuple(tensor.shape) != report.parameter_shapes[name]:
+                raise ValueError(f"params[{name!r}] has shape {tuple(tensor.shape)}, the report "
+                                 f"expects {report.parameter_shapes[name]}")
+        self._shapes = {name: tuple(params[name].shape) for name in self.names}
+        self._dtypes = {name: params[name].dtype for name in self.names}
+        self._devices = {name: params[name].device for name in self.names}
+
+        # buckets: equal (n, m, h); dtype and device too, so that stacking never converts
+        bucket_keys: list[tuple] = []
+        self._bucket_groups: list[list[tuple[int, PairGroup]]] = []
+        self.gl_pairs: list[list[AttentionPair]] = []
+        for group in report.groups:
+            dtype = self._dtypes[group.parameters[0]]
+            device = self._devices[group.parameters[0]]
+            key = (group.n, group.m, group.head_dim, dtype, device)
+            if key not in bucket_keys:
+                bucket_keys.append(key)
+                self._bucket_groups.append([])
+                self.gl_pairs.append([])
+            index = bucket_keys.index(key)
+            start = len(self.gl_pairs[index])
+            self._bucket_groups[index].append((start, group))
+            self.gl_pairs[index].extend(group.pairs())
+        self.bucket_shapes = [key[:3] for key in bucket_keys]
+        self._bucket_dtypes = [key[3] for key in bucket_keys]
+        self._bucket_devices = [key[4] for key in bucket_keys]
+
+        # per covered parameter, its blocks sorted along the head-feature axis
+        blocks: dict[str, list[_Block]] = {}
+        for bucket, entries in enumerate(self._bucket_groups):
+            for start, group in entries:
+                for factor, sources in enumerate((group.g_sources, group.h_sources)):
+                    row = 0
+                    for source in sources:
+                        blocks.setdefault(source.parameter, []).append(
+                            _Block(bucket, factor, start, group.heads, group.head_dim, row, source))
+                        row += source.rows
+        self._blocks: dict[str, list[_Block]] = {}
+        for name, parameter_blocks in blocks.items():
+            self._blocks[name] = sorted(parameter_blocks, key=lambda b: b.source.offset)
+            self._check_tiling(name, self._blocks[name])
+
+        # single-block parameters whose scatter from a contiguous bucket would be a mere view
+        self._scatter_views: set[tuple[int, int, str]] = set()
+        for name, parameter_blocks in self._blocks.items():
+            if len(parameter_blocks) != 1:
+                continue
+            block = parameter_blocks[0]
+            rows = sum(b.source.rows for b in self._bucket_blocks(block.bucket, block.factor))
+            probe = torch.empty(len(self.gl_pairs[block.bucket]), rows, block.head_dim,
+                                device="meta")
+            piece = probe.narrow(0, block.start, block.heads).narrow(1, block.row,
+                                                                     block.source.rows)
+            if _scatter(piece, block.source, block.heads, block.head_dim)._base is not None:
+                self._scatter_views.add((block.bucket, block.factor, name))
+
+        self._diagonal = list(report.diagonal)
+        self._other = list(report.other)
+        covered = set(self._blocks) | {n for p in self._diagonal for n in (p.u_name, p.v_name)}
+        missing = [n for n in self.names if n not in covered and n not in set(self._other)]
+        if missing:
+            raise ValueError(f"report does not place parameter(s) {missing}: it was made for "
+                             "another model")
+
+    def _bucket_blocks(self, bucket: int, factor: int) -> list[_Block]:
+        """Blocks of the first group of a bucket factor (every group has the same rows)."""
+        start, group = self._bucket_groups[bucket][0]
+        sources = group.g_sources if factor == 0 else group.h_sources
+        return [_Block(bucket, factor, start, group.heads, group.head_dim, 0, s) for s in sources]
+
+    def _check_tiling(self, name: str, blocks: list[_Block]) -> None:
+        shape = self._shapes[name]
+        roles = {b.source.role for b in blocks}
+        axes = {b.source.axis for b in blocks}
+        if len(roles) != 1 or len(axes) != 1:
+            raise ValueError(f"parameter {name!r} is read inconsistently by the report")
+        role, axis = roles.pop(), axes.pop()
+        expected_ndim = 1 if role == "bias" else 2
+        if len(shape) != expected_ndim:
+            raise ValueError(f"parameter {name!r} of shape {shape} cannot be a {role} source")
+        position = 0
+        for block in blocks:
+            if block.source.offset != position:
+                raise ValueError(f"parameter {name!r}: pairs do not tile dimension {axis} "
+                                 f"(gap or overlap at {position})")
+            if role == "weight" and shape[1 - axis] != block.source.rows:
+                raise ValueError(f"parameter {name!r} of shape {shape}: a block expects "
+                                 f"{block.source.rows} rows")
+            position += block.heads * block.head_dim
+        if position != shape[axis]:
+            raise ValueError(f"parameter {name!r} of shape {shape}: pairs cover {position} of "
+                             f"{shape[axis]} features along dimension {axis}")
+
+    # ------------------------------------------------------------------ maps
+    def to_coordinates(self, params: Mapping[str, torch.Tensor]) -> Coordinates:
+        """Parameters (or gradients / tangent vectors) by name to :class:`Coordinates`.
+
+        Parameters
+        ----------
+        params
+            Every name in :attr:`names`, same shapes as the reference; extra names (frozen
+            parameters, buffers) are ignored.
+        """
+        self._check_params(params)
+        gl = []
+        for entries in self._bucket_groups:
+            factors = []
+            for factor in (0, 1):
+                stacked = []
+                for _, group in entries:
+                    sources = group.g_sources if factor == 0 else group.h_sources
+                    blocks = [_gather(params[s.parameter], s, group.heads, group.head_dim)
+                              for s in sources]
+                    stacked.append(blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1))
+                # cat always allocates, so coordinates never alias the parameters
+                factors.append(torch.cat(stacked, dim=0))
+            gl.append((factors[0], factors[1]))
+        diagonal = None
+        if self._diagonal:
+            diagonal = (torch.cat([params[p.u_name].reshape(-1) for p in self._diagonal]),
+                        torch.cat([params[p.v_name].reshape(-1) for p in self._diagonal]))
+        other = {name: params[name] for name in self._other}
+        return Coordinates(gl, self.gl_pairs, diagonal, other)
+
+    def to_parameters(self, coords: Coordinates) -> dict[str, torch.Tensor]:
+        """The exact inverse of :meth:`to_coordinates`: a new dict with every name in :attr:`names`.
+
+        Results take the dtype and device of the reference parameters (a no-op for coordinates
+        made by :meth:`to_coordinates`). Tensors of ``coords.other`` are passed through as they
+        are; every other tensor is newly allocated.
+        """
+        gl, diagonal, other = self._check_coordinates(coords)
+        pieces: dict[str, list[torch.Tensor]] = {}
+        for name, blocks in self._blocks.items():
+            parts = []
+            for block in blocks:
+                bucket = gl[block.bucket][block.factor]
+                piece = bucket.narrow(0, block.start, block.heads).narrow(
+                    1, block.row, block.source.rows)
+                parts.append(_scatter(piece, block.source, block.heads, block.head_dim))
+            pieces[name] = parts
+        result: dict[str, torch.Tensor] = {}
+        for name in self.names:
+            if name in pieces:
+                parts = pieces[name]
+                if len(parts) == 1:
+                    block = self._blocks[name][0]
+                    tensor = parts[0]
+                    # the transposing reshape already copied (known from the shapes), unless the
+                    # layout is degenerate or the caller's bucket is not contiguous
+                    if (block.bucket, block.factor, name) in self._scatter_views or not gl[
+                            block.bucket][block.factor].is_contiguous():
+                        tensor = tensor.clone()
+                else:
+                    tensor = torch.cat(parts, dim=self._blocks[name][0].source.axis)
+                result[name] = tensor.to(dtype=self._dtypes[name], device=self._devices[name])
+            elif name in other:
+                result[name] = other[name]
+        if self._diagonal:
+            sizes = [p.size for p in self._diagonal]
+            for factor, attribute in ((0, "u_name"), (1, "v_name")):
+                # clone so that results never share storage with the coordinates
+                for pair, chunk in zip(self._diagonal, diagonal[factor].split(sizes),
+                                       strict=True):
+                    name = getattr(pair, attribute)
+                    result[name] = chunk.reshape(self._shapes[name]).clone().to(
+                        dtype=self._dtypes[name], device=self._devices[name])
+        return {name: result[name] for name in self.names}
+
+    # ------------------------------------------------------------------ checks
+    def _check_params(self, params: Mapping[str, torch.Tensor]) -> None:
+        if not isinstance(params, Mapping):
+            raise TypeError(f"params must be a dict of tensors, got {type(params).__name__}")
+        for name in self.names:
+            tensor = params.get(name)
+            if not isinstance(tensor, torch.Tensor):
+                raise KeyError(f"params is missing tensor {name!r}")
+            if tuple(tensor.shape) != self._shapes[name]:
+                raise ValueError(f"params[{name!r}] has shape {tuple(tensor.shape)}, expected "
+                                 f"{self._shapes[name]}")
+
+    def _check_coordinates(self, coords: Coordinates) -> tuple[list, object, dict]:
+        gl = getattr(coords, "gl", None)
+        if not isinstance(gl, (list, tuple)) or len(gl) != len(self.bucket_shapes):
+            raise ValueError(f"coords.gl must be a list of {len(self.bucket_shapes)} (G, H) "
+                             f"tuples, got {type(gl).__name__}"
+                             + (f" of length {len(gl)}" if isinstance(gl, (list, tuple)) else ""))
+        for b, (entry, (n, m, h), pairs) in enumerate(zip(gl, self.bucket_shapes, self.gl_pairs,
+                                                           strict=True)):
+            if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+                raise ValueError(f"coords.gl[{b}] must be a (G, H) tuple")
+            for factor, rows in ((0, n), (1, m)):
+                tensor = entry[factor]
+                expected = (len(pairs), rows, h)
+                if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != expected:
+                    got = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor)
+                    raise ValueError(f"coords.gl[{b}][{factor}] must have shape {expected}, got "
+                                     f"{got}")
+        diagonal = getattr(coords, "diagonal", None)
+        if self._diagonal:
+            size = sum(p.size for p in self._diagonal)
+            if (not isinstance(diagonal, (tuple, list)) or len(diagonal) != 2
+                    or any(not isinstance(t, torch.Tensor) or tuple(t.shape) != (size,)
+                           for t in diagonal)):
+                raise ValueError(f"coords.diagonal must be a (u, v) tuple of shape ({size},) "
+                                 "tensors")
+        elif diagonal is not None:
+            raise ValueError("coords.diagonal must be None: the model has no diagonal pairs")
+        other = getattr(coords, "other", None)
+        if not isinstance(other, Mapping):
+            raise ValueError("coords.other must be a dict of tensors")
+        for name in self._other:
+            tensor = other.get(name)
+            if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != self._shapes[name]:
+                raise ValueError(f"coords.other[{name!r}] must be a tensor of shape "
+                                 f"{self._shapes[name]}")
+        return list(gl), diagonal, other
+
+    def __repr__(self) -> str:
+        buckets = ", ".join(f"{len(p)}x(n={n}, m={m}, h={h})"
+                            for (n, m, h), p in zip(self.bucket_shapes, self.gl_pairs,
+                                                    strict=True))
+        return (f"ParameterLayout(buckets=[{buckets}], diagonal={len(self._diagonal)}, "
+                f"other={len(self._other)})")
+

@@ -1,0 +1,146 @@
+"""Move a network along its symmetry orbit: same function, different parameters.
+
+Each attention pair gets ``(G A^{-1}, H A^T)`` with its own random ``A = scale * N``
+(``N`` standard Gaussian, ``h x h``); each diagonal coordinate gets ``(c u, v / c)`` with
+``c = scale * N``. The network computes the same function (exactly in exact arithmetic), while
+Euclidean sharpness measures change: the experiment behind the paper's motivation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from .discovery import SymmetryReport
+from .layout import ParameterLayout
+
+__all__ = ["reparametrize"]
+
+#: Resample a Gaussian factor whose 2-norm condition number exceeds this.
+MAX_CONDITION = 1e6
+#: Resample a diagonal factor smaller than this in magnitude (the 1-D analogue of conditioning).
+MIN_DIAGONAL_FACTOR = 1e-3
+_MAX_RESAMPLES = 100
+
+
+def _compute_dtype(device: torch.device) -> torch.dtype:
+    # float64 keeps the round-off of the transformation far below the parameters' own precision
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def _sample_matrices(count: int, size: int, generator: torch.Generator | None,
+                     max_condition: float) -> torch.Tensor:
+    """``count`` standard Gaussian ``size x size`` matrices with condition number <= bound."""
+    matrices = torch.randn(count, size, size, generator=generator, dtype=torch.float64)
+    for _ in range(_MAX_RESAMPLES):
+        bad = torch.linalg.cond(matrices) > max_condition
+        if not bool(bad.any()):
+            return matrices
+        redraw = torch.randn(int(bad.sum()), size, size, generator=generator, dtype=torch.float64)
+        matrices[bad] = redraw
+    raise RuntimeError(f"could not draw {size}x{size} Gaussian matrices with condition number "
+                       f"below {max_condition:g}")
+
+
+def reparametrize(model_or_params: nn.Module | Mapping[str, torch.Tensor],
+                  report: SymmetryReport, scale: float = 1.0,
+                  generator: torch.Generator | None = None,
+                  kinds: Sequence[str] = ("qk", "vo", "diagonal"),
+                  return_transforms: bool = False,
+                  max_condition: float = MAX_CONDITION,
+                  ) -> dict[str, torch.Tensor] | tuple[dict[str, torch.Tensor], list]:
+    """Apply a random symmetry to every pair; the network's function is unchanged.
+
+    Parameters
+    ----------
+    model_or_params
+        A module (its ``named_parameters()``, frozen included, are used) or a parameter dict.
+        Never modified.
+    report
+        From :func:`~quotientsharp.models.find_symmetries` on the same model.
+    scale
+        ``A = scale * N`` per pair; a large or small ``scale`` makes factors very unbalanced.
+    generator
+        A CPU ``torch.Generator`` for reproducible draws.
+    kinds
+        Which symmetries to apply: any of ``"qk"``, ``"vo"``, ``"diagonal"``.
+    return_transforms
+        Also return, per bucket, ``A`` ``shape=[P, h, h]`` (float64, CPU; identity for kinds not
+        applied), and the diagonal factor ``c`` ``shape=[D]`` (or ``None``).
+    max_condition
+        Gaussian ``N`` with a larger condition number are redrawn.
+
+    Returns
+    -------
+    dict[str, Tensor]
+        A new dict with every entry of the input; the transformed parameters are new detached
+        tensors of the original dtype and device, the others are the input tensors.
+        With ``return_transforms``: ``(params, (bucket_matrices, diagonal_factors))``.
+    """
+    if isinstance(model_or_params, nn.Module):
+        params = dict(model_or_params.named_parameters())
+    elif isinstance(model_or_params, Mapping):
+        params = dict(model_or_params)
+    else:
+        raise TypeError("model_or_params must be a torch.nn.Module or a dict of tensors, got "
+                        f"{type(model_or_params).__name__}")
+    if not isinstance(report, SymmetryReport):
+        raise TypeError(f"report must be a SymmetryReport, got {type(report).__name__}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float, got {type(scale).__name__}")
+    scale = float(scale)
+    if not (scale == scale and abs(scale) != float("inf") and scale != 0.0):
+        raise ValueError(f"scale must be finite and nonzero, got {scale}")
+    unknown_kinds = set(kinds) - {"qk", "vo", "diagonal"}
+    if unknown_kinds:
+        raise ValueError(f"kinds must be among 'qk', 'vo', 'diagonal', got {sorted(unknown_kinds)}")
+    if generator is not None and generator.device.type != "cpu":
+        raise ValueError(f"generator must be a CPU generator, got one on {generator.device}")
+    if not max_condition > 1:
+        raise ValueError(f"max_condition must be > 1, got {max_condition}")
+
+    layout = ParameterLayout(report, params)
+    with torch.no_grad():
+        coords = layout.to_coordinates(params)
+        new_gl = []
+        matrices_per_bucket = []
+        for (g_factor, h_factor), pairs in zip(coords.gl, coords.gl_pairs, strict=True):
+            count, size = g_factor.shape[0], g_factor.shape[-1]
+            matrices = scale * _sample_matrices(count, size, generator, max_condition)
+            applied = torch.tensor([pair.kind in kinds for pair in pairs])
+            identity = torch.eye(size, dtype=torch.float64).expand(count, size, size)
+            matrices = torch.where(applied[:, None, None], matrices, identity)
+            matrices_per_bucket.append(matrices)
+            dtype = _compute_dtype(g_factor.device)
+            on_device = matrices.to(device=g_factor.device, dtype=dtype)
+            # G A^{-1}: solve X A = G rather than forming the inverse
+            new_g = torch.linalg.solve(on_device, g_factor.to(dtype), left=False)
+            new_h = h_factor.to(dtype) @ on_device.mT
+            new_gl.append((new_g.to(g_factor.dtype), new_h.to(h_factor.dtype)))
+        diagonal_factors = None
+        new_diagonal = coords.diagonal
+        if coords.diagonal is not None:
+            u, v = coords.diagonal
+            draws = torch.randn(u.shape[0], generator=generator, dtype=torch.float64)
+            for _ in range(_MAX_RESAMPLES):
+                small = draws.abs() < MIN_DIAGONAL_FACTOR
+                if not bool(small.any()):
+                    break
+                draws[small] = torch.randn(int(small.sum()), generator=generator,
+                                           dtype=torch.float64)
+            diagonal_factors = scale * draws
+            if "diagonal" not in kinds:
+                diagonal_factors = torch.ones_like(diagonal_factors)
+            dtype = _compute_dtype(u.device)
+            factors = diagonal_factors.to(device=u.device, dtype=dtype)
+            new_diagonal = ((u.to(dtype) * factors).to(u.dtype),
+                            (v.to(dtype) / factors).to(v.dtype))
+        moved = layout.to_parameters(coords.replace(gl=new_gl, diagonal=new_diagonal))
+    result = dict(params)
+    for name in report.pair_parameters + report.diagonal_parameters:
+        result[name] = moved[name]
+    if return_transforms:
+        return result, (matrices_per_bucket, diagonal_factors)
+    return result

@@ -1,0 +1,345 @@
+"""``sharpness(model, batches, measure=..., rho=..., **options)``: the entry point of all measures.
+
+The call never writes to the model: parameters and buffers are cloned once and every loss is a
+:func:`torch.func.functional_call` on (perturbed) clones. The model runs in eval mode during the
+measurement; every submodule's mode is restored afterwards, also when the loss raises or the
+run is interrupted. Sharpness is computed per batch and averaged over batches (SPEC section 5).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..validation import value_checks
+from .batches import resolve_loss, split_batch
+from .geometry import GL_METRICS, OTHER_PATHS, check_order
+from .measures import (
+    AscentMeasure,
+    AverageMeasure,
+    BatchOutcome,
+    FunctionalModel,
+    RelativeFlatness,
+    default_layer,
+    geodesic_builder,
+    layer_weight_name,
+    plain_builder,
+)
+from .solver import AscentSettings, checkpoints
+
+__all__ = ["MEASURES", "SharpnessResult", "sharpness"]
+
+_COMMON = {"loss": None, "seed": 0, "progress": None, "keep_perturbations": False}
+_ASCENT = {"n_iter": 20, "eta0": None, "alpha": 0.75, "random_init": False, "restarts": 0}
+#: Options of each measure and their defaults.
+MEASURES: dict[str, dict[str, Any]] = {
+    "average": {**_COMMON, "adaptive": False, "samples": 1},
+    "worst_case": {**_COMMON, **_ASCENT, "p": 2, "adaptive": False},
+    "adaptive": {**_COMMON, **_ASCENT, "p": 2},
+    "geodesic": {**_COMMON, **_ASCENT, "metric": "inv", "order": 2, "eps": 0.0,
+                 "symmetries": "auto", "diagonal": None, "other_metric": "adaptive",
+                 "other_path": "line", "exact_steps": 32},
+    "relative_flatness": {**_COMMON, "layer": None, "hvp_chunk": 64},
+}
+_ALIASES = {"worst-case": "worst_case", "relative-flatness": "relative_flatness"}
+
+
+@dataclass
+class SharpnessResult:
+    """What :func:`sharpness` measured.
+
+    Attributes
+    ----------
+    measure
+        The measure's name.
+    value
+        Mean over batches of the per-batch sharpness.
+    per_batch
+        Sharpness of each batch (best perturbed loss minus clean loss for ascent measures).
+    settings
+        Every resolved option (defaults filled in), plus ``rho``, the geometry dtype, the
+        solver checkpoints, the number of batches and the symmetry summary.
+    perturbation_norms
+        Per batch, the norms of the best perturbation: ``"total"`` (the constraint's norm) and,
+        for geodesic sharpness, one entry per block kind (``"gl"``, ``"diagonal"``, ``"other"``).
+    clean_losses, perturbed_losses
+        Per batch, ``L(theta)`` and the (best or mean) perturbed loss.
+    excluded
+        Parameters left out of the perturbation because they receive no gradient.
+    perturbations
+        With ``keep_perturbations=True``: per batch, the parameter-space displacement of the
+        best perturbation by parameter name (geometry dtype); otherwise ``None``.
+    """
+
+    measure: str
+    value: float
+    per_batch: list[float]
+    settings: dict[str, Any]
+    perturbation_norms: list[dict[str, float]]
+    clean_losses: list[float] = field(default_factory=list)
+    perturbed_losses: list[float] = field(default_factory=list)
+    excluded: list[str] = field(default_factory=list)
+    perturbations: list[dict[str, torch.Tensor]] | None = None
+
+    def __float__(self) -> float:
+        return self.value
+
+    def summary(self) -> str:
+        """One readable line."""
+        return (f"{self.measure} sharpness {self.value:.6g} over {len(self.per_batch)} batch(es) "
+                f"(rho={self.settings.get('rho')})")
+
+
+# ---------------------------------------------------------------------------- option checks
+def _check_rho(rho: object, needed: bool) -> float | None:
+    if not needed:
+        if rho is not None:
+            raise ValueError("relative_flatness has no radius: leave rho unset")
+        return None
+    if rho is None:
+        raise ValueError("rho is required (the radius of the perturbation)")
+    if isinstance(rho, torch.Tensor) and rho.numel() == 1:
+        rho = float(rho)
+    if isinstance(rho, bool) or not isinstance(rho, (int, float)):
+        raise TypeError(f"rho must be a number, got {type(rho).__name__}")
+    if not math.isfinite(rho) or rho <= 0:
+        raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
+    return float(rho)
+
+
+def _check_p(p: object) -> float:
+    if p in ("inf", "Linf", "linf") or (isinstance(p, float) and math.isinf(p) and p > 0):
+        return math.inf
+    if p in (2, 2.0, "2", "L2"):
+        return 2.0
+    raise ValueError(f"p must be 2 or 'inf', got {p!r}")
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _resolve_options(measure: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    allowed = MEASURES[measure]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise TypeError(f"unknown option(s) {unknown} for measure {measure!r}; allowed: "
+                        f"{sorted(allowed)}")
+    return {**allowed, **options}
+
+
+def _layout_for(model: nn.Module, functional: FunctionalModel, symmetries: Any,
+                diagonal: Any) -> tuple[Any | None, dict[str, Any]]:
+    """The symmetry layout (or ``None``) and a summary for the settings."""
+    if isinstance(symmetries, str):
+        if symmetries == "none":
+            return None, {"symmetries": "none"}
+        if symmetries != "auto":
+            raise ValueError(f"symmetries must be 'auto', 'none', a SymmetryReport or a "
+                             f"ParameterLayout, got {symmetries!r}")
+        from ..models import find_symmetries
+        report = find_symmetries(model, diagonal=diagonal)
+    elif hasattr(symmetries, "to_coordinates") and hasattr(symmetries, "to_parameters"):
+        return symmetries, {"symmetries": type(symmetries).__name__}
+    else:
+        report = symmetries
+    from ..models import ParameterLayout
+    if report.unknown:
+        import warnings
+        warnings.warn(f"attention-like module(s) {report.unknown} were not understood: their "
+                      "parameters are measured with the adaptive geometry", UserWarning,
+                      stacklevel=4)
+    layout = ParameterLayout(report, functional.theta_geometry)
+    summary = {"symmetries": "report", "gl_pairs": len(report.pairs),
+               "gl_buckets": [list(shape) for shape in layout.bucket_shapes],
+               "diagonal_pairs": len(report.diagonal), "unknown_modules": list(report.unknown)}
+    return layout, summary
+
+
+def _make_measure(measure: str, model: nn.Module, functional: FunctionalModel,
+                  rho: float | None, opts: dict[str, Any],
+                  generator: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    extra: dict[str, Any] = {}
+    if measure == "relative_flatness":
+        layer = opts["layer"] if opts["layer"] is not None else default_layer(model)
+        if not isinstance(layer, str):
+            raise TypeError(f"layer must be a module name, got {type(layer).__name__}")
+        chunk = _check_int("hvp_chunk", opts["hvp_chunk"], 1)
+        extra["layer"] = layer
+        return RelativeFlatness(functional, layer_weight_name(model, layer), chunk), extra
+    if measure == "average":
+        samples = _check_int("samples", opts["samples"], 1)
+        adaptive = _check_bool("adaptive", opts["adaptive"])
+        return AverageMeasure(functional, rho, adaptive, samples, generator), extra
+
+    settings = AscentSettings(n_iter=opts["n_iter"], eta0=opts["eta0"], alpha=opts["alpha"],
+                              random_init=opts["random_init"], restarts=opts["restarts"])
+    extra["checkpoints"] = checkpoints(settings.n_iter)
+    extra["eta0"] = settings.eta0 if settings.eta0 is not None else 2.0 * rho
+    if measure in ("worst_case", "adaptive"):
+        p = _check_p(opts["p"])
+        adaptive = True if measure == "adaptive" else _check_bool("adaptive", opts["adaptive"])
+        extra["p"] = "inf" if math.isinf(p) else 2
+        extra["adaptive"] = adaptive
+        build = plain_builder(functional, rho, p, adaptive)
+        return AscentMeasure(functional, rho, settings, generator, build), extra
+
+    metric = opts["metric"]
+    if metric not in GL_METRICS:
+        raise ValueError(f"metric must be one of {GL_METRICS}, got {metric!r}")
+    order = check_order(opts["order"])
+    eps = opts["eps"]
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (
+            math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    if opts["other_metric"] not in ("adaptive", "euclidean"):
+        raise ValueError(f"other_metric must be 'adaptive' or 'euclidean', got "
+                         f"{opts['other_metric']!r}")
+    if opts["other_path"] not in OTHER_PATHS:
+        raise ValueError(f"other_path must be one of {OTHER_PATHS}, got {opts['other_path']!r}")
+    if opts["other_path"] == "geodesic" and opts["other_metric"] != "adaptive":
+        raise ValueError("other_path='geodesic' follows the adaptive metric's geodesic "
+                         "w * exp(xi / w): it needs other_metric='adaptive'")
+    exact_steps = _check_int("exact_steps", opts["exact_steps"], 1)
+    layout, summary = _layout_for(model, functional, opts["symmetries"], opts["diagonal"])
+    extra.update(summary)
+    build = geodesic_builder(functional, rho, layout, metric, order, float(eps), exact_steps,
+                             opts["other_metric"], opts["other_path"])
+    return AscentMeasure(functional, rho, settings, generator, build), extra
+
+
+def _progress_bar(batches: Iterable, per_batch: int, progress: bool | None, measure: str):
+    from tqdm.auto import tqdm
+    total = len(batches) * per_batch if hasattr(batches, "__len__") else None
+    disable = None if progress is None else not progress
+    return tqdm(total=total, disable=disable, desc=f"{measure} sharpness", unit="eval",
+                leave=False)
+
+
+# ---------------------------------------------------------------------------- entry point
+def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
+              rho: float | None = None, **options: Any) -> SharpnessResult:
+    """Sharpness of ``model`` on ``batches``, per batch then averaged (SPEC sections 5-6).
+
+    Parameters
+    ----------
+    model
+        A ``torch.nn.Module``; never written (state dict bit-identical afterwards) and run in
+        eval mode during the measurement (modes restored afterwards).
+    batches
+        A non-empty iterable of batches, each ``(x, y)`` or a dict with ``"labels"``
+        (see :mod:`quotientsharp.sharpness.batches`); iterated once.
+    measure
+        ``"average"``, ``"worst_case"``, ``"adaptive"`` (worst case with ``c = |theta|``),
+        ``"geodesic"`` or ``"relative_flatness"``.
+    rho
+        Radius (standard deviation for ``"average"``); required except for relative flatness.
+    **options
+        Common: ``loss`` (``None``/``"cross_entropy"``, ``"mse"`` or ``loss(output, target)``),
+        ``seed`` (random starts and draws; same seed, same value), ``progress`` (tqdm bar:
+        ``True``/``False``; ``None`` shows it on a terminal only), ``keep_perturbations``.
+
+        Ascent measures (Auto-PGD, SPEC section 6): ``n_iter=20``, ``eta0=None`` (``2 rho``),
+        ``alpha=0.75``, ``random_init=False``, ``restarts=0``.
+
+        ``average``: ``adaptive=False`` (``c = |theta|`` if true), ``samples=1``.
+        ``worst_case``: ``p=2`` or ``"inf"``, ``adaptive=False``. ``adaptive``: ``p=2``.
+
+        ``geodesic``: ``metric`` (``"inv"``, ``"mix"``, ``"euclidean"``), ``order`` (``1``,
+        ``2``, ``"exact"``: GL pairs by RK4 with ``exact_steps=32``, diagonal pairs in closed
+        form), ``eps=0.0`` (Gram relaxation), ``symmetries`` (``"auto"``: discovered by
+        :func:`quotientsharp.models.find_symmetries`, ``diagonal`` passed on; ``"none"``: every
+        parameter in the adaptive block; or a ``SymmetryReport`` / ``ParameterLayout``),
+        ``other_metric`` (``"adaptive"``: ``diag(1/w^2)`` of SPEC section 4, or
+        ``"euclidean"``), ``other_path`` (``"line"``: ``w + xi``; ``"geodesic"``:
+        the adaptive metric's geodesic, ``w * exp(xi / w)`` for ``order="exact"``).
+
+        ``relative_flatness``: ``layer`` (module name, default the last ``nn.Linear``),
+        ``hvp_chunk=64`` (Hessian-vector products per batched double backward).
+
+    Returns
+    -------
+    SharpnessResult
+
+    Notes
+    -----
+    Parameters whose loss gradient is ``None`` on the first batch are excluded with a warning.
+    Half-precision and bfloat16 models are measured with geometry, gradients and losses in
+    float32 (float64 if any parameter is float64); perturbed parameters are cast back to each
+    parameter's own dtype for the forward.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(measure, str) or _ALIASES.get(measure, measure) not in MEASURES:
+        raise ValueError(f"unknown measure {measure!r}; choose one of {sorted(MEASURES)}")
+    measure = _ALIASES.get(measure, measure)
+    opts = _resolve_options(measure, options)
+    rho = _check_rho(rho, measure != "relative_flatness")
+    if isinstance(batches, (torch.Tensor, str, bytes)) or not isinstance(batches, Iterable):
+        raise TypeError(f"batches must be an iterable of batches, got {type(batches).__name__}")
+    seed = _check_int("seed", opts["seed"], 0)
+    keep = _check_bool("keep_perturbations", opts["keep_perturbations"])
+    loss = resolve_loss(opts["loss"])
+
+    functional = FunctionalModel(model, (loss[0], loss[2]))
+    functional.check_finite()
+    generator = torch.Generator(device=functional.device).manual_seed(seed)
+    evaluator, extra = _make_measure(measure, model, functional, rho, opts, generator)
+
+    modes = {module: module.training for module in model.modules()}
+    outcomes: list[BatchOutcome] = []
+    excluded: list[str] = []
+    bar = None
+    try:
+        model.eval()
+        bar = _progress_bar(batches, evaluator.evaluations_per_batch(), opts["progress"],
+                            measure)
+        for index, raw in enumerate(batches):
+            batch = split_batch(raw, index, functional.device, functional.input_dtype)
+            with torch.no_grad():
+                clean = functional.loss(batch, {})
+            if not bool(torch.isfinite(clean)):
+                raise ValueError(f"the clean loss on batch {index} is not finite ({float(clean)})")
+            if index == 0:
+                excluded = functional.parameters_without_gradient(batch)
+                evaluator.setup(excluded)
+            with value_checks(False):
+                outcomes.append(evaluator(batch, clean, bar.update, keep))
+        if not outcomes:
+            raise ValueError("batches is empty: sharpness needs at least one batch")
+    finally:
+        for module, training in modes.items():
+            module.training = training
+        if bar is not None:
+            bar.close()
+
+    values = torch.stack([o.value for o in outcomes]).tolist()
+    norms = [{k: float(v) for k, v in o.norms.items()} for o in outcomes]
+    settings = {"measure": measure, "rho": rho, "n_batches": len(outcomes),
+                "geometry_dtype": str(functional.dtype).removeprefix("torch."),
+                **{k: v for k, v in opts.items() if k not in ("loss", "symmetries")},
+                "loss": loss[1], **extra}
+    return SharpnessResult(
+        measure=measure,
+        value=sum(values) / len(values),
+        per_batch=values,
+        settings=settings,
+        perturbation_norms=norms,
+        clean_losses=torch.stack([o.clean for o in outcomes]).tolist(),
+        perturbed_losses=torch.stack([o.perturbed for o in outcomes]).tolist(),
+        excluded=list(excluded),
+        perturbations=[o.perturbation for o in outcomes] if keep else None,
+    )

@@ -1,0 +1,215 @@
+"""Auto-PGD ascent over a perturbation ``xi`` (SPEC section 6; Croce & Hein 2020, paper Alg. 1).
+
+One run, with ``N = n_iter`` steps and step size ``eta`` (``eta_0 = 2 rho``):
+
+- ``z = P_S(xi_k + eta d_k)`` with ``d_k`` the ascent direction at ``xi_k`` (the Riemannian
+  gradient normalised by its g-norm, or ``c * sign(gradient)`` in an L-infinity box);
+- ``xi_1 = z`` (no momentum on the first step), afterwards
+  ``xi_{k+1} = P_S(xi_k + alpha (z - xi_k) + (1 - alpha)(xi_k - xi_{k-1}))``;
+- at each checkpoint ``w_j`` (before the last step): if fewer than 75% of the steps since
+  ``w_{j-1}`` increased the loss, or neither ``eta`` nor the best loss changed since the
+  checkpoint ``w_{j-1}`` (``w_0 = 0``, the start), then ``eta`` is halved and the iterate restarts
+  from the best ``xi`` found so far: ``xi_k``, ``xi_{k-1}``, the current loss and the direction
+  are all reset to the best iterate's, so no stale momentum or perturbation survives a restart;
+- the best loss is tracked over every evaluated iterate, the starting point included.
+
+Everything runs on the device: decisions are ``torch.where`` on 0-dim tensors, so there is no
+host sync inside the loop. ``restarts`` extra runs start from random points of the ball; the
+best of all runs wins. Randomness comes only from the given generator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Protocol
+
+import torch
+
+Tensors = tuple[torch.Tensor, ...]
+Objective = Callable[[Tensors], tuple[torch.Tensor, Tensors]]
+
+
+class AscentGeometry(Protocol):
+    """What the solver needs from a geometry (see :mod:`.geometry`)."""
+
+    radius: float
+    dtype: torch.dtype
+    device: torch.device
+
+    def zeros(self) -> Tensors: ...
+    def project(self, xi: Sequence[torch.Tensor]) -> Tensors: ...
+    def direction(self, egrad: Sequence[torch.Tensor]) -> Tensors: ...
+    def random_start(self, generator: torch.Generator | None) -> Tensors: ...
+
+
+@dataclass(frozen=True)
+class AscentSettings:
+    """Solver settings (defaults of Andriushchenko et al. 2023).
+
+    Attributes
+    ----------
+    n_iter
+        Steps per run ``N``.
+    eta0
+        Initial step size; ``None`` means ``2 rho``.
+    alpha
+        Momentum weight ``alpha`` in ``(0, 1]``.
+    random_init
+        Start the first run from a random point of the ball instead of ``xi = 0``.
+    restarts
+        Extra runs, each from a random point; the best loss over all runs is kept.
+    """
+
+    n_iter: int = 20
+    eta0: float | None = None
+    alpha: float = 0.75
+    random_init: bool = False
+    restarts: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n_iter, bool) or not isinstance(self.n_iter, int) or self.n_iter < 1:
+            raise ValueError(f"n_iter must be an integer >= 1, got {self.n_iter!r}")
+        if self.eta0 is not None:
+            if isinstance(self.eta0, bool) or not isinstance(self.eta0, (int, float)) or not (
+                    math.isfinite(self.eta0) and self.eta0 > 0):
+                raise ValueError(f"eta0 must be a finite number > 0, got {self.eta0!r}")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not (
+                0 < self.alpha <= 1):
+            raise ValueError(f"alpha must be in (0, 1], got {self.alpha!r}")
+        if not isinstance(self.random_init, bool):
+            raise TypeError(f"random_init must be a bool, got {type(self.random_init).__name__}")
+        if (isinstance(self.restarts, bool) or not isinstance(self.restarts, int)
+                or self.restarts < 0):
+            raise ValueError(f"restarts must be an integer >= 0, got {self.restarts!r}")
+
+    @property
+    def runs(self) -> int:
+        return self.restarts + 1
+
+    @property
+    def evaluations_per_run(self) -> int:
+        return self.n_iter + 1
+
+
+def checkpoints(n_iter: int) -> list[int]:
+    """Checkpoints ``w_j = ceil(p_j N)``, ``p_0 = 0``, ``p_1 = 0.22``,
+    ``p_{j+1} = p_j + max(p_j - p_{j-1} - 0.03, 0.06)``, for ``p_j <= 1``.
+
+    Computed in exact rational arithmetic (``0.70 * 20`` must give 14, not 15). Returns the
+    distinct ``w_j >= 1`` in increasing order; ``w_0 = 0`` is implicit.
+    """
+    previous, current = Fraction(0), Fraction(22, 100)
+    points: list[int] = []
+    while current <= 1:
+        w = math.ceil(current * n_iter)
+        if w >= 1 and (not points or w > points[-1]):
+            points.append(w)
+        previous, current = current, current + max(current - previous - Fraction(3, 100),
+                                                   Fraction(6, 100))
+    return points
+
+
+@dataclass
+class AscentOutcome:
+    """Best iterate of all runs: ``loss`` (0-dim device tensor), ``xi``, and losses per run."""
+
+    loss: torch.Tensor
+    xi: Tensors
+    run_losses: list[torch.Tensor]
+
+
+def _choose(flag: torch.Tensor, a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> Tensors:
+    return tuple(torch.where(flag, x, y) for x, y in zip(a, b, strict=True))
+
+
+def _single_run(geometry: AscentGeometry, objective: Objective, start: Tensors,
+                settings: AscentSettings, eta0: float,
+                on_evaluation: Callable[[], None] | None) -> tuple[torch.Tensor, Tensors]:
+    n_iter, alpha = settings.n_iter, settings.alpha
+    marks = [w for w in checkpoints(n_iter) if w < n_iter]
+
+    xi = start
+    loss, egrad = objective(xi)
+    if on_evaluation is not None:
+        on_evaluation()
+    direction = geometry.direction(egrad)
+    best_loss, best_xi, best_direction = loss, xi, direction
+    previous, current_loss = xi, loss
+    eta = torch.full((), eta0, dtype=loss.dtype, device=loss.device)
+    checkpoint_eta, checkpoint_best = eta, best_loss
+    increases = torch.zeros((), dtype=loss.dtype, device=loss.device)
+    last_mark = 0
+    for k in range(n_iter):
+        z = geometry.project(tuple(x + eta * d for x, d in zip(xi, direction, strict=True)))
+        if k == 0:
+            new = z
+        else:
+            new = geometry.project(tuple(
+                x + alpha * (zz - x) + (1 - alpha) * (x - p)
+                for x, zz, p in zip(xi, z, previous, strict=True)))
+        new_loss, egrad = objective(new)
+        if on_evaluation is not None:
+            on_evaluation()
+        new_direction = geometry.direction(egrad)
+        increases = increases + (new_loss > current_loss).to(increases.dtype)
+        improved = new_loss > best_loss
+        best_loss = torch.where(improved, new_loss, best_loss)
+        best_xi = _choose(improved, new, best_xi)
+        best_direction = _choose(improved, new_direction, best_direction)
+        previous, xi, current_loss, direction = xi, new, new_loss, new_direction
+
+        step = k + 1
+        if marks and step == marks[0]:
+            marks.pop(0)
+            oscillating = increases < 0.75 * (step - last_mark)
+            stalled = (eta == checkpoint_eta) & (best_loss == checkpoint_best)
+            restart = oscillating | stalled
+            checkpoint_eta, checkpoint_best = eta, best_loss
+            eta = torch.where(restart, 0.5 * eta, eta)
+            xi = _choose(restart, best_xi, xi)
+            previous = _choose(restart, best_xi, previous)
+            direction = _choose(restart, best_direction, direction)
+            current_loss = torch.where(restart, best_loss, current_loss)
+            increases = torch.zeros_like(increases)
+            last_mark = step
+    return best_loss, best_xi
+
+
+def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSettings,
+           generator: torch.Generator | None = None,
+           on_evaluation: Callable[[], None] | None = None) -> AscentOutcome:
+    """Maximise ``objective`` over the geometry's ball by Auto-PGD.
+
+    Parameters
+    ----------
+    geometry
+        Supplies ``zeros``, ``project`` (``P_S``), ``direction`` and ``random_start``.
+    objective
+        ``xi -> (loss, euclidean gradient w.r.t. xi)``; ``loss`` a 0-dim tensor.
+    settings
+        :class:`AscentSettings`.
+    generator
+        Source of randomness for random starts.
+    on_evaluation
+        Called after every objective evaluation (progress bars); must not sync.
+    """
+    eta0 = settings.eta0 if settings.eta0 is not None else 2.0 * geometry.radius
+    best_loss: torch.Tensor | None = None
+    best_xi: Tensors = ()
+    run_losses = []
+    for run in range(settings.runs):
+        random = settings.random_init or run > 0
+        start = geometry.random_start(generator) if random else geometry.zeros()
+        loss, xi = _single_run(geometry, objective, start, settings, eta0, on_evaluation)
+        run_losses.append(loss)
+        if best_loss is None:
+            best_loss, best_xi = loss, xi
+        else:
+            improved = loss > best_loss
+            best_loss = torch.where(improved, loss, best_loss)
+            best_xi = _choose(improved, xi, best_xi)
+    assert best_loss is not None
+    return AscentOutcome(best_loss, best_xi, run_losses)
