@@ -42,7 +42,9 @@ corrected form ``u_G^T G H^T H = G^T G H^T u_H``). The vertical part of ``u`` is
 - inv: multiplying by ``S_H`` on the left and ``S_G`` on the right gives the Sylvester equation
   ``(S_H K_G) L + L (K_H S_G) = u_H^T H S_G - S_H G^T u_G``, whose coefficients are products of
   SPD matrices and similar to SPD ones (for ``eps = 0`` it is SPEC's erratum equation
-  ``A L^T + L^T A = B``, transposed); see :func:`~quotientsharp.linalg.solve_sylvester_product_spd`.
+  ``A L^T + L^T A = B``, transposed), solved in the SPD form that the Cholesky factors of
+  ``S_H`` and ``S_G`` give (the similarity behind
+  :func:`~quotientsharp.linalg.solve_sylvester_product_spd`).
 
 The metric-raised gradient is ``(dL/dG S_G, dL/dH S_H)`` (inv) and
 ``(dL/dG S_H^{-1}, dL/dH S_G^{-1})`` (mix). The Christoffel contractions are SPEC's with
@@ -56,7 +58,9 @@ positive definite); a rank-deficient factor is reported as a ``ValueError`` sugg
 euclidean metric) one rank-deficient factor is fine. When both factors are rank-deficient the
 vertical vectors ``(-G X, H X^T)`` are linearly dependent (``X = a b^T`` with ``G a = 0``,
 ``H b = 0`` generates zero); the projections stay well defined and are computed with the
-pseudo-inverse of the Gram operator.
+pseudo-inverse of the Gram operator. Inside ``value_checks(False)`` only the free shape test
+(``h > n`` or ``h > m`` with ``eps = 0``) still runs: a rank-deficient point that the caller
+did not validate beforehand then gives undefined, possibly non-finite, results.
 """
 
 from __future__ import annotations
@@ -137,6 +141,9 @@ class GLQuotient(SymmetryQuotient):
     """
 
     point_ndims = (2, 2)
+    #: Default ``((n, h), (m, h))`` of the random points of :func:`quotientsharp.checks.check_all`
+    #: for an instance built without ``n, m, h``.
+    check_shapes = ((5, 3), (4, 3))
 
     def __init__(self, metric: str = "inv", eps: float = 0.0, *, n: int | None = None,
                  m: int | None = None, h: int | None = None) -> None:
@@ -178,14 +185,16 @@ class GLQuotient(SymmetryQuotient):
             raise ValueError(f"{name} must end in shape ({h}, {h}) (h x h for h={h}), got "
                              f"{tuple(a.shape)}")
 
-    def _rank_error(self, which: str, name: str, rows: int, h: int) -> ValueError:
+    def _rank_error(self, which: str, name: str, rows: int, h: int,
+                    dtype: torch.dtype) -> ValueError:
         factor = "G" if which == "g" else "H"
         index = 0 if which == "g" else 1
         if self.eps == 0.0:
             return ValueError(
                 f"{name}[{index}] ({factor}, {rows} x {h}) is rank-deficient (a zero or linearly "
-                f"dependent column, or more columns than rows), so {factor}^T {factor} is "
-                f"singular and the {self.metric} metric is undefined there; use eps > 0, e.g. "
+                f"dependent column, or more columns than rows) or singular to working precision "
+                f"in {dtype}, so {factor}^T {factor} is singular and the {self.metric} metric "
+                f"is undefined there; use eps > 0, e.g. "
                 f"GLQuotient({self.metric!r}, eps=1e-6), which relaxes {factor}^T {factor} to "
                 f"{factor}^T {factor} + eps I"
             )
@@ -215,7 +224,7 @@ class GLQuotient(SymmetryQuotient):
         if self.eps == 0.0:
             for which, rows in (("g", G.shape[-2]), ("h", H.shape[-2])):
                 if rows < h:
-                    raise self._rank_error(which, name, rows, h)
+                    raise self._rank_error(which, name, rows, h, G.dtype)
             relaxed_g, relaxed_h = gram_g, gram_h
         else:
             eye = torch.eye(h, dtype=G.dtype, device=G.device)
@@ -235,7 +244,7 @@ class GLQuotient(SymmetryQuotient):
             bad = torch.stack(flags).tolist()
             for which, rows, is_bad in (("g", G.shape[-2], bad[0]), ("h", H.shape[-2], bad[1])):
                 if is_bad:
-                    raise self._rank_error(which, name, rows, h)
+                    raise self._rank_error(which, name, rows, h, G.dtype)
         return GLGrams(gram_g, gram_h, relaxed_g, relaxed_h, cholesky_g, cholesky_h)
 
     def _resolve(self, x: Tensors, u: object, grams: GLGrams | None,

@@ -134,6 +134,14 @@ def euclidean_to_riemannian_gradient(q: SymmetryQuotient, x: Tensors, egrad: Ten
 
 def christoffel_covector(q: SymmetryQuotient, x: Tensors, v: Tensors) -> Tensors:
     """``D(g(x) v)[v] - 1/2 grad_x <v, v>_x``: the lowered Christoffel contraction."""
+    # jvp needs primal and tangent of one shape, and dense (non-expanded) memory
+    ndims = q.point_ndims
+    batch = torch.broadcast_shapes(T.batch_shape(x, ndims), T.batch_shape(v, ndims))
+    x = tuple(c.expand(*batch, *c.shape[c.dim() - k:]).contiguous()
+              for c, k in zip(x, ndims, strict=True))
+    v = tuple(c.expand(*batch, *c.shape[c.dim() - k:]).contiguous()
+              for c, k in zip(v, ndims, strict=True))
+
     def lowered_at(y: Tensors) -> Tensors:
         return lower(q, y, v)
 

@@ -710,6 +710,23 @@ def test_reparametrize_keeps_dtype_and_is_reproducible(dtype):
         reparametrize(model, report, kinds=("qv",))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_layout_and_reparametrize_on_cuda():
+    model, inputs, _ = build("bert")
+    model = model.cuda()
+    inputs = {name: tensor.cuda() for name, tensor in inputs.items()}
+    report, layout, coords = coordinates_of(model)
+    params = dict(model.named_parameters())
+    assert all(g.is_cuda and h.is_cuda for g, h in coords.gl)
+    back = layout.to_parameters(coords)
+    assert all(torch.equal(back[n], params[n]) and back[n].is_cuda for n in back)
+    moved = reparametrize(model, report, scale=1.5, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        torch.testing.assert_close(call(model, moved, inputs), call(model, None, inputs),
+                                   rtol=1e-10, atol=1e-10)
+
+
 # ---------------------------------------------------------------------- CLI
 def _run_cli(arguments, capsys):
     import argparse

@@ -323,7 +323,8 @@ class SymmetryReport:
             for pair in self.diagonal:
                 lines.append(f"    ({pair.u_name}, {pair.v_name}): {pair.size} coordinates")
         if self.frozen:
-            lines.append(f"  frozen parameters ({len(self.frozen)}): " + ", ".join(self.frozen))
+            shown = ", ".join(self.frozen[:10]) + (", ..." if len(self.frozen) > 10 else "")
+            lines.append(f"  frozen parameters ({len(self.frozen)}): {shown}")
         for note in self.notes:
             lines.append(f"  note: {note}")
         if self.unknown:
@@ -682,7 +683,8 @@ def find_symmetries(model: nn.Module,
         for item in explicit:
             if item not in named:
                 raise ValueError(f"diagonal: no parameter named {item!r} in the model")
-        diagonal_found.append((explicit[0], explicit[1]))
+        if (explicit[0], explicit[1]) not in diagonal_found:  # may repeat a diagonal=True module
+            diagonal_found.append((explicit[0], explicit[1]))
 
     # decide which groups survive: all their parameters trainable, not shared with another module
     candidates = [(module_name, group) for module_name, _, finding in findings

@@ -43,7 +43,7 @@ MEASURES: dict[str, dict[str, Any]] = {
     "adaptive": {**_COMMON, **_ASCENT, "p": 2},
     "geodesic": {**_COMMON, **_ASCENT, "metric": "inv", "order": 2, "eps": 0.0,
                  "symmetries": "auto", "diagonal": None, "other_metric": "adaptive",
-                 "other_path": "line", "exact_steps": 32},
+                 "other_path": "line", "exact_steps": 16},
     "relative_flatness": {**_COMMON, "layer": None, "hvp_chunk": 64},
 }
 _ALIASES = {"worst-case": "worst_case", "relative-flatness": "relative_flatness"}
@@ -259,7 +259,7 @@ def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
         ``worst_case``: ``p=2`` or ``"inf"``, ``adaptive=False``. ``adaptive``: ``p=2``.
 
         ``geodesic``: ``metric`` (``"inv"``, ``"mix"``, ``"euclidean"``), ``order`` (``1``,
-        ``2``, ``"exact"``: GL pairs by RK4 with ``exact_steps=32``, diagonal pairs in closed
+        ``2``, ``"exact"``: GL pairs by RK4 with ``exact_steps=16``, diagonal pairs in closed
         form), ``eps=0.0`` (Gram relaxation), ``symmetries`` (``"auto"``: discovered by
         :func:`quotientsharp.models.find_symmetries`, ``diagonal`` passed on; ``"none"``: every
         parameter in the adaptive block; or a ``SymmetryReport`` / ``ParameterLayout``),

@@ -14,17 +14,16 @@ The metric of the product is the sum of the blocks' metrics, so squared norms ad
 
 The sharpness solver moves only inside the tangent space at one base point ``theta``: the metric,
 the horizontal projection and the gradient raising are always evaluated at ``theta``. Each block
-therefore factorises its Gram matrices once, on construction (:attr:`GLBlock.gram_g`, their
-eigendecompositions, inverses and square roots), and the hot loop only multiplies by the cached
-factors. The closed forms are those of SPEC section 3 with ``G^T G -> G^T G + eps I``; the tests
-compare them with the autograd reference of :mod:`quotientsharp.reference` and with
-``GLQuotient`` / :class:`~quotientsharp.DiagonalQuotient`.
+therefore factorises its Gram matrices once, on construction (Cholesky factors, inverses, the
+eigenbases of the horizontal projection's Sylvester equation), and the hot loop only multiplies
+by the cached factors. The operations are those of ``GLQuotient`` and
+:class:`~quotientsharp.DiagonalQuotient`; the tests compare them with those classes and with the
+autograd reference of :mod:`quotientsharp.reference`.
 
-Exact geodesics: a GL bucket integrates the geodesic equation by RK4 (through
-``GLQuotient.geodesic_exact`` where that class is available, otherwise with this module's own
-closed-form Christoffel contraction evaluated along the path); the diagonal block uses the closed
-forms of :class:`~quotientsharp.DiagonalQuotient`; the adaptive block's exact geodesic is
-``w * exp(xi / w)``.
+Exact geodesics: a GL bucket integrates the geodesic equation by RK4 through
+``GLQuotient.geodesic_exact`` (the point moves, so the Grams are recomputed along the path); the
+diagonal block uses the closed forms of :class:`~quotientsharp.DiagonalQuotient`; the adaptive
+block's exact geodesic is ``w * exp(xi / w)``.
 """
 
 from __future__ import annotations
@@ -34,8 +33,9 @@ from typing import Protocol
 
 import torch
 
-from .. import reference
 from ..diagonal import DiagonalQuotient
+from ..gl import GLQuotient
+from ..linalg import solve_sylvester_eig
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -72,34 +72,9 @@ class Block(Protocol):
 
 
 # ---------------------------------------------------------------------------- GL(h) buckets
-def gl_christoffel(G: torch.Tensor, H: torch.Tensor, xi_g: torch.Tensor, xi_h: torch.Tensor,
-                   metric: str, eps: float) -> Tensors:
-    """Christoffel contraction ``Gamma(xi, xi)`` of a GL bucket at an arbitrary point.
-
-    Parameters
-    ----------
-    G, H
-        The point, ``shape=[..., n, h]`` and ``shape=[..., m, h]``.
-    xi_g, xi_h
-        The velocity, same shapes.
-    metric
-        ``"inv"``, ``"mix"`` or ``"euclidean"``.
-    eps
-        Gram relaxation ``G^T G + eps I``.
-
-    Used along exact geodesics, where the point moves and no Gram can be cached.
-    """
-    if metric == "euclidean":
-        return torch.zeros_like(xi_g), torch.zeros_like(xi_h)
-    eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
-    inv_g = torch.linalg.inv(G.mT @ G + eps * eye)
-    inv_h = torch.linalg.inv(H.mT @ H + eps * eye)
-    return _christoffel_with(G, H, xi_g, xi_h, inv_g, inv_h, metric)
-
-
 def _christoffel_with(G: torch.Tensor, H: torch.Tensor, xi_g: torch.Tensor, xi_h: torch.Tensor,
                       inv_g: torch.Tensor, inv_h: torch.Tensor, metric: str) -> Tensors:
-    """SPEC section 3 Christoffel contractions given the inverse (relaxed) Grams."""
+    """SPEC section 3 contractions ``Gamma(xi, xi)`` given ``S_G^{-1}`` and ``S_H^{-1}``."""
     cross_g = xi_g.mT @ G
     cross_g = cross_g + cross_g.mT            # xi_G^T G + G^T xi_G
     cross_h = xi_h.mT @ H
@@ -114,16 +89,16 @@ def _christoffel_with(G: torch.Tensor, H: torch.Tensor, xi_g: torch.Tensor, xi_h
     return gamma_g, gamma_h
 
 
-def _gl_quotient_class() -> type | None:
-    try:
-        from ..gl import GLQuotient
-    except ImportError:
-        return None
-    return GLQuotient
-
-
 class GLBlock:
-    """One bucket of ``GL(h)`` pairs at a fixed base point, with its Grams factorised once.
+    """One bucket of ``GL(h)`` pairs at a fixed base point, every factorisation done once.
+
+    The operations are those of :class:`~quotientsharp.gl.GLQuotient` (same metric, same
+    ``eps`` convention, same exact horizontal projection; the tests compare them), rearranged so
+    that everything depending only on the base point is computed on construction: the Gram
+    matrices and Cholesky factors (from ``GLQuotient.gram_cache``, which also rejects
+    rank-deficient factors), ``S_G^{-1}``, ``S_H^{-1}``, and the eigenbases and eigenvalue sums
+    of the Sylvester equation of the horizontal projection. A step then costs a few batched
+    matrix products per bucket and no factorisation.
 
     Parameters
     ----------
@@ -132,15 +107,15 @@ class GLBlock:
     metric
         ``"inv"``, ``"mix"`` or ``"euclidean"`` (SPEC section 3).
     eps
-        Relaxation ``G^T G -> G^T G + eps I`` (and for ``H``), used in every formula.
+        Relaxation ``G^T G -> G^T G + eps I`` (and for ``H``); the euclidean metric ignores it.
     exact_steps
-        RK4 steps of the exact geodesic.
+        RK4 steps of the exact geodesic (``GLQuotient.geodesic_exact``).
     pair_names
         Optional readable name per pair (for error messages), ``len == P``.
     """
 
     def __init__(self, G: torch.Tensor, H: torch.Tensor, metric: str = "inv", eps: float = 0.0,
-                 exact_steps: int = 32, pair_names: Sequence[str] | None = None,
+                 exact_steps: int = 16, pair_names: Sequence[str] | None = None,
                  name: str = "gl") -> None:
         if metric not in GL_METRICS:
             raise ValueError(f"metric must be one of {GL_METRICS}, got {metric!r}")
@@ -152,49 +127,63 @@ class GLBlock:
         self.eps = float(eps)
         self.exact_steps = int(exact_steps)
         self.base = (G, H)
-        h = G.shape[-1]
-        eye = torch.eye(h, dtype=G.dtype, device=G.device)
-        self.gram_g = G.mT @ G + self.eps * eye                    # [P, h, h]
-        self.gram_h = H.mT @ H + self.eps * eye
-        values_g, vectors_g = torch.linalg.eigh(self.gram_g)
-        values_h, vectors_h = torch.linalg.eigh(self.gram_h)
-        self._spectra = (values_g, values_h)
         self.pair_names = list(pair_names) if pair_names is not None else None
-        # Clamping only guards the cached factors against round-off: validate() reports
-        # genuinely singular Grams up front.
-        tiny = torch.finfo(G.dtype).tiny
-        values_g, values_h = values_g.clamp_min(tiny), values_h.clamp_min(tiny)
-        self.inv_g = _spectral(vectors_g, 1.0 / values_g)
-        self.inv_h = _spectral(vectors_h, 1.0 / values_h)
+        self.quotient = GLQuotient(metric=metric, eps=self.eps)
+        try:
+            grams = self.quotient.gram_cache(self.base)
+        except ValueError as err:
+            raise ValueError(f"GL bucket {self.name!r} of shape n={G.shape[1]}, m={H.shape[1]}, "
+                             f"h={G.shape[2]}{self._culprits()}: {err}") from err
+        self.grams = grams
+        if metric == "euclidean":
+            values_g, vectors_g = torch.linalg.eigh(grams.gram_g)
+            values_h, vectors_h = torch.linalg.eigh(grams.gram_h)
+            self._bases = (vectors_g, vectors_h)
+            self._denominators = values_g.unsqueeze(-1) + values_h.unsqueeze(-2)
+            return
+        self.inv_g = torch.cholesky_inverse(grams.cholesky_g)      # S_G^{-1}, [P, h, h]
+        self.inv_h = torch.cholesky_inverse(grams.cholesky_h)
+        factor_g, factor_h = grams.cholesky_g, grams.cholesky_h     # S_G = E E^T, S_H = F F^T
+        eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
+        inv_factor_g = torch.linalg.solve_triangular(factor_g, eye, upper=False)   # E^{-1}
+        inv_factor_h = torch.linalg.solve_triangular(factor_h, eye, upper=False)   # F^{-1}
         if metric == "inv":
-            # A = S_G S_H is similar to C = S_G^{1/2} S_H S_G^{1/2} (SPD): solve in C's eigenbasis
-            sqrt_g = _spectral(vectors_g, values_g.sqrt())
-            inv_sqrt_g = _spectral(vectors_g, values_g.rsqrt())
-            lam, q = torch.linalg.eigh(sqrt_g @ self.gram_h @ sqrt_g)
-            self._sylvester_left = q.mT @ inv_sqrt_g                 # Q^T S_G^{-1/2}
-            self._sylvester_right = sqrt_g @ q                       # S_G^{1/2} Q
-            self._sylvester_denominator = lam.unsqueeze(-1) + lam.unsqueeze(-2)
-            self._iso_g, self._iso_h = sqrt_g, _spectral(vectors_h, values_h.sqrt())
-        elif metric == "mix":
-            self._iso_g = _spectral(vectors_h, values_h.rsqrt())
-            self._iso_h = _spectral(vectors_g, values_g.rsqrt())
+            # (S_H K_G) L + L (K_H S_G) = u_H^T H S_G - S_H G^T u_G; with L = F Y E^T it is
+            # the SPD Sylvester equation (B_G^T B_G) Y + Y (B_H^T B_H) = F^{-1} C E^{-T},
+            # B_G = G F and B_H = H E invariant under the action (GLQuotient's formulation)
+            self._b_g, self._b_h = G @ factor_h, H @ factor_g
+            values_p, vectors_p = torch.linalg.eigh(self._b_g.mT @ self._b_g)
+            values_q, vectors_q = torch.linalg.eigh(self._b_h.mT @ self._b_h)
+            self._bases = (vectors_p, vectors_q)
+            self._denominators = values_p.unsqueeze(-1) + values_q.unsqueeze(-2)
+            self._scale_g, self._scale_h = inv_factor_g.mT, inv_factor_h.mT   # E^{-T}, F^{-T}
+            self._factor_g_t, self._factor_h_t = factor_g.mT, factor_h.mT
+            self._iso_g, self._iso_h = factor_g.mT, factor_h.mT
         else:
-            self._eig_g, self._eig_h = vectors_g, vectors_h
-            self._sylvester_denominator = values_g.unsqueeze(-1) + values_h.unsqueeze(-2)
+            # mix: the Gram operator is diagonal in the eigenbases of K_G and K_H
+            values_g, vectors_g = torch.linalg.eigh(grams.gram_g)
+            values_h, vectors_h = torch.linalg.eigh(grams.gram_h)
+            values_g, values_h = values_g.clamp_min(0), values_h.clamp_min(0)
+            col, row = values_g.unsqueeze(-1), values_h.unsqueeze(-2)
+            self._bases = (vectors_g, vectors_h)
+            self._denominators = 2 * col * row + self.eps * (col + row)
+            self._iso_g, self._iso_h = inv_factor_h, inv_factor_g
 
-    # ------------------------------------------------------------------ checks (host sync)
+    def _culprits(self) -> str:
+        """`` (pairs ...)``: the pairs whose Gram matrices are singular to rounding."""
+        if self.pair_names is None:
+            return ""
+        bad: set[int] = set()
+        for factor in self.base:
+            values = torch.linalg.eigvalsh(factor.mT @ factor)
+            limit = 8 * factor.shape[-1] * torch.finfo(values.dtype).eps
+            singular = values[..., 0] <= limit * values[..., -1].clamp_min(0)
+            bad.update(singular.nonzero().flatten().tolist())
+        names = [self.pair_names[i] for i in sorted(bad)]
+        return f" (pairs {names[:5]})" if names else ""
+
     def validate(self) -> None:
-        """Raise if a Gram matrix is singular (rank-deficient factor with ``eps = 0``)."""
-        for factor, values in zip("GH", self._spectra, strict=True):
-            scale = values.amax(-1).clamp_min(torch.finfo(values.dtype).tiny)
-            threshold = 10 * values.shape[-1] * torch.finfo(values.dtype).eps * scale
-            bad = (values.amin(-1) <= threshold).nonzero().flatten().tolist()
-            if bad:
-                where = (", ".join(self.pair_names[i] for i in bad[:5]) if self.pair_names
-                         else f"indices {bad[:5]}")
-                raise ValueError(f"rank-deficient factor {factor} in GL bucket {self.name!r} "
-                                 f"({where}): {factor}^T {factor} + eps I is singular with "
-                                 f"eps={self.eps:g}; pass eps > 0")
+        """Singular Grams were rejected on construction (``GLQuotient.gram_cache``)."""
 
     # ------------------------------------------------------------------ metric
     def norm_sq(self, xi: Tensors) -> torch.Tensor:
@@ -202,30 +191,30 @@ class GLBlock:
         if self.metric == "inv":
             return ((xi_g @ self.inv_g) * xi_g).sum() + ((xi_h @ self.inv_h) * xi_h).sum()
         if self.metric == "mix":
-            return ((xi_g @ self.gram_h) * xi_g).sum() + ((xi_h @ self.gram_g) * xi_h).sum()
+            return (((xi_g @ self.grams.relaxed_h) * xi_g).sum()
+                    + ((xi_h @ self.grams.relaxed_g) * xi_h).sum())
         return xi_g.square().sum() + xi_h.square().sum()
 
     def horizontal(self, xi: Tensors) -> Tensors:
         G, H = self.base
         xi_g, xi_h = xi
+        if self.metric == "inv":
+            rhs = (xi_h @ self._scale_h).mT @ self._b_h - self._b_g.mT @ (xi_g @ self._scale_g)
+            y = solve_sylvester_eig(*self._bases, self._denominators, rhs)
+            return (xi_g + (self._b_g @ y) @ self._factor_g_t,
+                    xi_h - (self._b_h @ y.mT) @ self._factor_h_t)
+        g_u, u_h = G.mT @ xi_g, xi_h.mT @ H
         if self.metric == "mix":
-            lag = 0.5 * ((xi_h.mT @ H) @ self.inv_h - self.inv_g @ (G.mT @ xi_g))
-        elif self.metric == "inv":
-            # A L^T + L^T A = B, A = S_G S_H, B = S_G H^T xi_H - xi_G^T G S_H (SPEC, ERRATUM)
-            rhs = self.gram_g @ (H.mT @ xi_h) - (xi_g.mT @ G) @ self.gram_h
-            z = (self._sylvester_left @ rhs @ self._sylvester_right) / self._sylvester_denominator
-            lag = (self._sylvester_right @ z @ self._sylvester_left).mT
+            moment = self.grams.relaxed_g @ u_h - g_u @ self.grams.relaxed_h
         else:
-            # S_G L + L S_H = xi_H^T H - G^T xi_G
-            rhs = xi_h.mT @ H - G.mT @ xi_g
-            z = (self._eig_g.mT @ rhs @ self._eig_h) / self._sylvester_denominator
-            lag = self._eig_g @ z @ self._eig_h.mT
+            moment = u_h - g_u
+        lag = solve_sylvester_eig(*self._bases, self._denominators, moment)
         return xi_g + G @ lag, xi_h - H @ lag.mT
 
     def raise_gradient(self, egrad: Tensors) -> Tensors:
         e_g, e_h = egrad
         if self.metric == "inv":
-            return e_g @ self.gram_g, e_h @ self.gram_h
+            return e_g @ self.grams.relaxed_g, e_h @ self.grams.relaxed_h
         if self.metric == "mix":
             return e_g @ self.inv_h, e_h @ self.inv_g
         return e_g, e_h
@@ -243,15 +232,8 @@ class GLBlock:
         if order == 2:
             gamma_g, gamma_h = self.christoffel(xi)
             return G + xi[0] - 0.5 * gamma_g, H + xi[1] - 0.5 * gamma_h
-        quotient_class = _gl_quotient_class()
-        if quotient_class is not None:
-            quotient = quotient_class(metric=self.metric, eps=self.eps)
-            return tuple(quotient.geodesic_exact(self.base, tuple(xi), 1.0,
-                                                 steps=self.exact_steps))
-        return reference.geodesic_ode(
-            self.base, tuple(xi), 1.0, (2, 2),
-            lambda p, w: gl_christoffel(p[0], p[1], w[0], w[1], self.metric, self.eps),
-            self.exact_steps)
+        return tuple(self.quotient.geodesic_exact(self.base, tuple(xi), 1.0,
+                                                  steps=self.exact_steps))
 
     def isotropic(self, generator: torch.Generator | None) -> Tensors:
         """Gaussian tangent vector with identity covariance in the metric (before projection)."""
@@ -509,7 +491,8 @@ class ProductGeometry:
 
     def random_start(self, generator: torch.Generator | None) -> Tensors:
         """Horizontal projection of a metric-isotropic Gaussian, radius ``rho * U(0, 1)``."""
-        direction = self.horizontal(self._map("isotropic", self.base))
+        direction = self.horizontal(tuple(t for block in self.blocks
+                                          for t in block.isotropic(generator)))
         radius = self.radius * torch.rand((), generator=generator, dtype=self.dtype,
                                           device=self.device)
         norm = self.norm(direction).clamp_min(torch.finfo(self.dtype).tiny)

@@ -1,0 +1,510 @@
+"""geoopt and pymanopt adapters: layout, geometry against the quotient, Taylor tests, optimizers.
+
+The Taylor tests are our own (pymanopt's check_gradient crashes on numpy >= 2.4): along the
+adapters' order-2 retraction ``R`` and a horizontal unit direction ``xi``,
+
+- ``f(R(x, t xi)) - f(x) - t <grad, xi>`` must fall like ``t^2`` (slope 2),
+- ``... - t^2 / 2 <Hess[xi], xi>`` like ``t^3`` (slope 3: the retraction is second order).
+
+A wrong gradient leaves slope 1, a wrong Hessian slope 2.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from quotientsharp import DiagonalQuotient, reference
+from quotientsharp.gl import GLQuotient
+
+geoopt = pytest.importorskip("geoopt")
+pymanopt = pytest.importorskip("pymanopt")
+
+from pymanopt.optimizers import (  # noqa: E402
+    ConjugateGradient,
+    SteepestDescent,
+    TrustRegions,
+)
+
+from quotientsharp.adapters import (  # noqa: E402
+    PymanoptQuotient,
+    QuotientManifold,
+    QuotientTangentVector,
+    StackedLayout,
+)
+from quotientsharp.adapters.pymanopt import riemannian_hessian  # noqa: E402
+
+DTYPES = [torch.float64, torch.float32]
+N, M, H_DIM, D = 5, 4, 3, 6
+
+
+def quotient_cases() -> list[tuple[str, object, tuple]]:
+    cases = []
+    for metric in ("inv", "mix"):
+        cases.append((f"diagonal-{metric}", DiagonalQuotient(metric), ((D,), (D,))))
+    for metric in ("inv", "mix", "euclidean"):
+        cases.append((f"gl-{metric}", GLQuotient(metric), ((N, H_DIM), (M, H_DIM))))
+    return cases
+
+
+CASES = quotient_cases()
+CASE_IDS = [c[0] for c in CASES]
+
+
+def well_conditioned_point(quotient, shapes, seed, dtype=torch.float64, batch=()):
+    """Entries of moderate size: diagonal magnitudes in [0.5, 2], GL Gaussian plus a diagonal."""
+    gen = torch.Generator().manual_seed(seed)
+    if isinstance(quotient, DiagonalQuotient):
+        parts = []
+        for s in shapes:
+            mag = 0.5 * 4.0 ** torch.rand(*batch, *s, generator=gen, dtype=torch.float64)
+            sign = torch.randint(0, 2, (*batch, *s), generator=gen).double() * 2 - 1
+            parts.append((sign * mag).to(dtype))
+        return tuple(parts)
+    parts = []
+    for s in shapes:
+        a = torch.randn(*batch, *s, generator=gen, dtype=torch.float64)
+        a[..., : s[1], :] += 2 * torch.eye(s[1], dtype=torch.float64)
+        parts.append(a.to(dtype))
+    return tuple(parts)
+
+
+def invariant_loss(quotient, shapes, seed):
+    """A smooth loss that depends on the point only through its orbit invariant."""
+    gen = torch.Generator().manual_seed(seed + 7)
+    if isinstance(quotient, DiagonalQuotient):
+        features = torch.randn(8, shapes[0][0], generator=gen, dtype=torch.float64)
+        target = torch.randn(8, generator=gen, dtype=torch.float64)
+
+        def loss(u, v):
+            beta = u * v
+            return ((features.to(u.dtype) @ beta - target.to(u.dtype)) ** 2).mean() \
+                + torch.sin(beta).sum()
+        return loss
+    weights = torch.randn(shapes[0][0], shapes[1][0], generator=gen, dtype=torch.float64)
+    target = torch.randn(shapes[0][0], shapes[1][0], generator=gen, dtype=torch.float64)
+
+    def loss(G, H):
+        product = G @ H.mT
+        return 0.5 * ((product - target.to(G.dtype)) ** 2).sum() \
+            + (torch.tanh(product) * weights.to(G.dtype)).sum()
+    return loss
+
+
+def taylor_ts():
+    return torch.logspace(-4, -2, 7, dtype=torch.float64)
+
+
+# ---------------------------------------------------------------------------------- imports
+def run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_importing_quotientsharp_never_imports_geoopt_or_pymanopt():
+    result = run_python(
+        "import sys, quotientsharp, quotientsharp.adapters\n"
+        "import quotientsharp.gl, quotientsharp.diagonal\n"
+        "print(sorted(m for m in ('geoopt', 'pymanopt') if m in sys.modules))\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("extra, name", [("geoopt", "QuotientManifold"),
+                                         ("pymanopt", "PymanoptQuotient")])
+def test_missing_extra_gives_clear_import_error(extra, name):
+    result = run_python(
+        f"import sys\nsys.modules[{extra!r}] = None\n"
+        "import quotientsharp.adapters as a\n"
+        "try:\n"
+        f"    getattr(a, {name!r})\n"
+        "except ImportError as err:\n"
+        "    print('IMPORTERROR', err)\n")
+    assert result.returncode == 0, result.stderr
+    assert "IMPORTERROR" in result.stdout
+    assert f"pip install quotientsharp[{extra}]" in result.stdout
+
+
+def test_unknown_adapter_name_is_an_attribute_error():
+    import quotientsharp.adapters as adapters
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        adapters.Nope  # noqa: B018
+
+
+# ---------------------------------------------------------------------------------- layout
+@pytest.mark.parametrize("shapes, layout, stacked, ndim", [
+    (((5, 3), (4, 3)), "concat", (9, 3), 2),
+    (((5, 3), (4, 3)), "flat", (27,), 1),
+    (((6,), (6,)), "concat", (12,), 1),
+    (((6,), (6,)), "stack", (2, 6), 2),
+    (((6,), (6,)), "flat", (12,), 1),
+    (((2, 3), (4,)), None, (10,), 1),
+])
+def test_layout_split_merge_roundtrip(shapes, layout, stacked, ndim):
+    lay = StackedLayout(shapes, layout)
+    assert lay.stacked_shape == stacked and lay.ndim == ndim
+    gen = torch.Generator().manual_seed(0)
+    parts = tuple(torch.randn(7, *s, generator=gen) for s in shapes)
+    merged = lay.merge(parts)
+    assert merged.shape == (7, *stacked)
+    back = lay.split(merged)
+    for a, b in zip(back, parts, strict=True):
+        assert torch.equal(a, b)
+    # split returns views: writing through them changes the stacked tensor
+    back[0].zero_()
+    assert float(lay.split(merged)[0].abs().sum()) == 0.0
+
+
+def test_layout_default_and_errors():
+    assert StackedLayout(((5, 3), (4, 3))).layout == "concat"
+    with pytest.raises(ValueError, match="layout='stack' needs components of identical shape"):
+        StackedLayout(((5, 3), (4, 3)), "stack")
+    with pytest.raises(ValueError, match="layout='concat' needs"):
+        StackedLayout(((5, 3), (4, 2)), "concat")
+    with pytest.raises(ValueError, match="layout must be one of"):
+        StackedLayout(((5,),), "rows")
+    with pytest.raises(ValueError, match="shapes\\[1\\] must be a non-empty shape"):
+        StackedLayout(((5,), (0,)))
+    lay = StackedLayout(((5, 3), (4, 3)))
+    with pytest.raises(ValueError, match="stacked must end in shape \\(9, 3\\)"):
+        lay.split(torch.zeros(8, 3))
+    with pytest.raises(ValueError, match="parts\\[1\\] must end in shape \\(4, 3\\)"):
+        lay.merge((torch.zeros(5, 3), torch.zeros(4, 2)))
+
+
+# ---------------------------------------------------------------------------------- geoopt
+@pytest.mark.parametrize("name, quotient, shapes", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seed", range(2))
+def test_geoopt_operations_are_the_quotients(name, quotient, shapes, dtype, seed):
+    manifold = QuotientManifold(quotient, shapes)
+    x = well_conditioned_point(quotient, shapes, seed, dtype, batch=(2,))
+    gen = torch.Generator().manual_seed(seed + 100)
+    u = tuple(torch.randn(c.shape, generator=gen, dtype=dtype) for c in x)
+    v = tuple(torch.randn(c.shape, generator=gen, dtype=dtype) for c in x)
+    xs, us, vs = manifold.merge(x), manifold.merge(u), manifold.merge(v)
+    # the quotient sees the adapter's views (same memory layout, so the same rounding)
+    x, u, v = manifold.split(xs), manifold.split(us), manifold.split(vs)
+    tol = 1e-12 if dtype == torch.float64 else 1e-6
+
+    def close(stacked, parts):
+        expected = manifold.merge(parts)
+        scale = expected.abs().max().clamp_min(1.0)
+        assert float((stacked - expected).abs().max() / scale) <= tol
+
+    close(manifold.proju(xs, us), quotient.horizontal_projection(x, u))
+    close(manifold.egrad2rgrad(xs, us), quotient.euclidean_to_riemannian_gradient(x, u))
+    hu = quotient.horizontal_projection(x, u)
+    hus = manifold.merge(hu)
+    close(manifold.retr(xs, 0.1 * hus),
+          quotient.geodesic(x, tuple(0.1 * c for c in hu), 1.0, order=2))
+    close(manifold.expmap(xs, 0.1 * hus),
+          quotient.geodesic(x, tuple(0.1 * c for c in hu), 1.0, order="exact"))
+    inner = manifold.inner(xs, us, vs)
+    assert inner.shape == (2,)
+    torch.testing.assert_close(inner, quotient.inner(x, u, v), rtol=tol, atol=0)
+    assert manifold.inner(xs, us, keepdim=True).shape == (2, *([1] * manifold.ndim))
+    torch.testing.assert_close(manifold.inner(xs, us), manifold.norm(xs, us) ** 2,
+                               rtol=100 * tol, atol=0)
+    # transport: horizontal at the new point, and the identity on horizontal vectors at y = x
+    y, moved = manifold.retr_transp(xs, 0.1 * hus, vs)
+    assert bool(quotient.is_horizontal(manifold.split(y), manifold.split(moved),
+                                       atol=100 * tol).all())
+    close(manifold.transp(xs, xs, hus), hu)
+    assert manifold.projx(xs) is xs
+
+
+@pytest.mark.parametrize("name, quotient, shapes", CASES, ids=CASE_IDS)
+def test_geoopt_checks(name, quotient, shapes):
+    manifold = QuotientManifold(quotient, shapes)
+    x = well_conditioned_point(quotient, shapes, 0)
+    xs = manifold.merge(x)
+    assert manifold.check_point_on_manifold(xs)
+    horizontal = manifold.random_tangent(xs)
+    assert manifold.check_vector_on_tangent(xs, horizontal)
+    basis = reference.vertical_basis(quotient, x)
+    vertical = manifold.merge(tuple(b[0] for b in basis))
+    ok, reason = manifold.check_vector_on_tangent(xs, vertical, explain=True)
+    assert not ok and "not horizontal" in reason
+    ok, reason = manifold.check_point(torch.zeros(3, 3), explain=True)
+    assert not ok and "must end in shape" in reason
+    with pytest.raises(ValueError, match="must end in shape"):
+        geoopt.ManifoldParameter(torch.zeros(3, 3), manifold=manifold)
+    if quotient.name != "gl-euclidean":  # the inv and mix metrics need nondegenerate orbits
+        degenerate = tuple(c.clone() for c in x)
+        degenerate[0].zero_()
+        ok, reason = manifold.check_point_on_manifold(manifold.merge(degenerate), explain=True)
+        assert not ok and reason
+
+
+def test_geoopt_constructor_errors():
+    q = GLQuotient("mix")
+    with pytest.raises(TypeError, match="quotient must be a SymmetryQuotient"):
+        QuotientManifold("mix", ((5, 3), (4, 3)))
+    with pytest.raises(ValueError, match="has no point_shapes: pass shapes="):
+        QuotientManifold(q)
+    with pytest.raises(ValueError, match="retraction must be one of"):
+        QuotientManifold(q, ((5, 3), (4, 3)), retraction=3)
+    with pytest.raises(ValueError, match="do not match the point layout"):
+        QuotientManifold(q, ((5,), (4,)))
+    assert QuotientManifold(GLQuotient("mix", n=5, m=4, h=3)).shapes == ((5, 3), (4, 3))
+
+
+@pytest.mark.parametrize("name, quotient, shapes", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("seed", range(3))
+def test_geoopt_gradient_taylor_slope_two(name, quotient, shapes, seed):
+    manifold = QuotientManifold(quotient, shapes)
+    loss = invariant_loss(quotient, shapes, seed)
+    xs = manifold.merge(well_conditioned_point(quotient, shapes, seed)).requires_grad_()
+    value = loss(*manifold.split(xs))
+    (egrad,) = torch.autograd.grad(value, xs)
+    with torch.no_grad():
+        rgrad = manifold.egrad2rgrad(xs, egrad)
+        xi = manifold.random_tangent(xs, generator=torch.Generator().manual_seed(seed))
+        slope_term = manifold.inner(xs, rgrad, xi)
+        ts = taylor_ts()
+        errors = torch.stack([
+            (loss(*manifold.split(manifold.retr(xs, t * xi))) - value - t * slope_term).abs()
+            for t in ts])
+    slope = reference.taylor_slope(ts, errors)
+    assert abs(slope - 2.0) < 0.1, (slope, errors)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "sgd-momentum", "adam"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("quotient, shapes", [
+    (GLQuotient("mix"), ((6, 2), (5, 2))),
+    (GLQuotient("inv"), ((6, 2), (5, 2))),
+    (DiagonalQuotient("mix"), ((D,), (D,))),
+    (DiagonalQuotient("inv"), ((D,), (D,))),
+], ids=["gl-mix", "gl-inv", "diagonal-mix", "diagonal-inv"])
+def test_geoopt_optimizers_run_unchanged(optimizer, dtype, quotient, shapes):
+    """A batch of 3 fits of a realisable target; each reaches a small fraction of its loss."""
+    manifold = QuotientManifold(quotient, shapes)
+    gen = torch.Generator().manual_seed(1)
+    truth = tuple(t.to(dtype) for t in well_conditioned_point(quotient, shapes, 1, batch=(3,)))
+    if isinstance(quotient, GLQuotient):
+        target = truth[0] @ truth[1].mT
+
+        def loss(G, H):
+            return 0.5 * ((G @ H.mT - target) ** 2).sum()
+    else:
+        target = truth[0] * truth[1]
+
+        def loss(u, v):
+            return 0.5 * ((u * v - target) ** 2).sum()
+    start = well_conditioned_point(quotient, shapes, 2, dtype, batch=(3,))
+    param = geoopt.ManifoldParameter(manifold.merge(start), manifold=manifold)
+    if optimizer == "adam":
+        opt = geoopt.optim.RiemannianAdam([param], lr=0.05, stabilize=10)
+    else:
+        opt = geoopt.optim.RiemannianSGD([param], lr=0.05,
+                                         momentum=0.5 if optimizer == "sgd-momentum" else 0.0,
+                                         stabilize=10)
+    with torch.no_grad():
+        initial = float(loss(*manifold.split(param)))
+    for _ in range(150):
+        opt.zero_grad()
+        value = loss(*manifold.split(param))
+        value.backward()
+        opt.step()
+    assert isinstance(param, geoopt.ManifoldParameter) and param.dtype == dtype
+    with torch.no_grad():
+        final = float(loss(*manifold.split(param)))
+    assert math.isfinite(final) and final < 0.05 * initial, (initial, final, gen)
+
+
+def test_geoopt_random_and_repr():
+    manifold = QuotientManifold(GLQuotient("mix"), ((5, 3), (4, 3)))
+    assert manifold.random(2, dtype=torch.float64).shape == (2, 9, 3)
+    assert manifold.random(2, 9, 3).shape == (2, 9, 3)
+    assert "gl-mix" in repr(manifold) and "concat" in repr(manifold)
+
+
+# ---------------------------------------------------------------------------------- pymanopt
+def pymanopt_problem(quotient, shapes, seed):
+    space = PymanoptQuotient(quotient, shapes)
+    loss = invariant_loss(quotient, shapes, seed)
+
+    @pymanopt.function.pytorch(space)
+    def cost(a, b):
+        return loss(a, b)
+
+    return space, pymanopt.Problem(space, cost)
+
+
+def numpy_point(quotient, shapes, seed):
+    return tuple(c.numpy() for c in well_conditioned_point(quotient, shapes, seed))
+
+
+@pytest.mark.parametrize("name, quotient, shapes", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("seed", range(3))
+def test_pymanopt_gradient_and_hessian_taylor(name, quotient, shapes, seed):
+    space, problem = pymanopt_problem(quotient, shapes, seed)
+    x = numpy_point(quotient, shapes, seed)
+    np.random.seed(seed)
+    xi = space.random_tangent_vector(x)
+    assert abs(space.norm(x, xi) - 1.0) < 1e-12
+    f0 = problem.cost(x)
+    grad = problem.riemannian_gradient(x)
+    hess = problem.riemannian_hessian(x, xi)
+    first = space.inner_product(x, grad, xi)
+    second = space.inner_product(x, hess, xi)
+    ts = taylor_ts()
+    err1, err2 = [], []
+    for t in ts.tolist():
+        ft = problem.cost(space.retraction(x, t * xi))
+        err1.append(abs(ft - f0 - t * first))
+        err2.append(abs(ft - f0 - t * first - 0.5 * t * t * second))
+    slope1 = reference.taylor_slope(ts, torch.tensor(err1))
+    slope2 = reference.taylor_slope(ts, torch.tensor(err2))
+    assert abs(slope1 - 2.0) < 0.1, (slope1, err1)
+    assert abs(slope2 - 3.0) < 0.15, (slope2, err2)
+
+
+@pytest.mark.parametrize("name, quotient, shapes", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("seed", range(2))
+def test_pymanopt_hessian_is_symmetric_and_horizontal(name, quotient, shapes, seed):
+    space, problem = pymanopt_problem(quotient, shapes, seed)
+    x = numpy_point(quotient, shapes, seed)
+    np.random.seed(seed + 50)
+    xi, eta = space.random_tangent_vector(x), space.random_tangent_vector(x)
+    h_xi, h_eta = problem.riemannian_hessian(x, xi), problem.riemannian_hessian(x, eta)
+    a, b = space.inner_product(x, h_xi, eta), space.inner_product(x, xi, h_eta)
+    scale = max(space.norm(x, h_xi), space.norm(x, h_eta), 1.0)
+    assert abs(a - b) <= 1e-10 * scale, (a, b)
+    xt = tuple(torch.from_numpy(c) for c in x)
+    error = quotient.horizontality_error(xt, tuple(torch.from_numpy(c) for c in h_xi))
+    assert float(error) < 1e-10
+    # linear in the direction
+    combo = problem.riemannian_hessian(x, 2.0 * xi - eta)
+    expected = 2.0 * h_xi - h_eta
+    assert max(float(np.abs(c - e).max()) for c, e in zip(combo, expected, strict=True)) \
+        <= 1e-10 * scale
+
+
+@pytest.mark.parametrize("name, quotient, shapes", CASES, ids=CASE_IDS)
+def test_riemannian_hessian_against_second_derivative_along_exact_geodesic(name, quotient,
+                                                                           shapes):
+    """``<Hess[xi], xi> = d^2/dt^2 f(Exp(t xi))`` at 0, by a central difference (step 1e-3)."""
+    seed = 3
+    loss = invariant_loss(quotient, shapes, seed)
+    x = well_conditioned_point(quotient, shapes, seed)
+    xi = quotient.random_tangent(x, generator=torch.Generator().manual_seed(seed))
+    xr = tuple(c.clone().requires_grad_() for c in x)
+    egrad = torch.autograd.grad(loss(*xr), xr, create_graph=True)
+    dot = sum((g * v).sum() for g, v in zip(egrad, xi, strict=True))
+    ehess = torch.autograd.grad(dot, xr)
+    egrad = tuple(g.detach() for g in egrad)
+    hess = riemannian_hessian(quotient, x, egrad, ehess, xi)
+    quadratic = float(quotient.inner(x, hess, xi))
+    step = 1e-3
+
+    def along(t):
+        return float(loss(*quotient.geodesic(x, tuple(t * c for c in xi), 1.0, order="exact",
+                                             steps=200)))
+
+    second = (along(step) - 2 * along(0.0) + along(-step)) / step**2
+    assert abs(second - quadratic) <= 1e-4 * max(1.0, abs(quadratic)), (second, quadratic)
+
+
+def test_pymanopt_dimension_typical_dist_and_errors():
+    space = PymanoptQuotient(GLQuotient("mix"), ((5, 3), (4, 3)))
+    assert space.dim == (5 + 4) * 3 - 9
+    assert space.point_layout == 2
+    assert math.isclose(space.typical_dist, math.sqrt(space.dim))
+    batched = PymanoptQuotient(GLQuotient("mix"), ((2, 5, 3), (2, 4, 3)), typical_dist=7.0)
+    assert batched.dim == 2 * ((5 + 4) * 3 - 9) and batched.typical_dist == 7.0
+    assert PymanoptQuotient(DiagonalQuotient("inv"), ((D,), (D,))).dim == D
+    x = space.random_point()
+    with pytest.raises(NotImplementedError, match="minimisation over the group"):
+        space.dist(x, x)
+    with pytest.raises(ValueError, match="point\\[1\\] must have shape \\(4, 3\\)"):
+        space.projection((x[0], x[1][:3]), x)
+    with pytest.raises(TypeError, match="point must be a tuple of 2 numpy arrays"):
+        space.zero_vector(x[0])
+    with pytest.raises(ValueError, match="batch\\) shapes must agree"):
+        PymanoptQuotient(GLQuotient("mix"), ((2, 5, 3), (3, 4, 3)))
+    with pytest.raises(ValueError, match="retraction must be one of"):
+        PymanoptQuotient(GLQuotient("mix"), ((5, 3), (4, 3)), retraction="cayley")
+    bad = (x[0].copy(), x[1])
+    bad[0][0, 0] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        space.norm(bad, space.zero_vector(x))
+
+
+def test_pymanopt_exp_transport_zero_and_random():
+    quotient = GLQuotient("inv")
+    space = PymanoptQuotient(quotient, ((5, 3), (4, 3)))
+    np.random.seed(0)
+    x = space.random_point()
+    assert all(c.dtype == np.float64 for c in x)
+    xi = space.random_tangent_vector(x)
+    y = space.exp(x, 0.1 * xi)
+    expected = quotient.geodesic(tuple(torch.from_numpy(c) for c in x),
+                                 tuple(torch.from_numpy(0.1 * c) for c in xi), 1.0,
+                                 order="exact")
+    for a, b in zip(y, expected, strict=True):
+        np.testing.assert_allclose(a, b.numpy(), rtol=1e-12, atol=1e-12)
+    moved = space.transport(x, y, xi)
+    yt = tuple(torch.from_numpy(c) for c in y)
+    assert float(quotient.horizontality_error(yt, tuple(torch.from_numpy(c) for c in moved))) \
+        < 1e-10
+    assert space.norm(x, space.zero_vector(x)) == 0.0
+    np.random.seed(0)
+    again = space.random_point()
+    assert all(np.array_equal(a, b) for a, b in zip(x, again, strict=True))
+
+
+def test_tangent_vector_arithmetic():
+    a = QuotientTangentVector([np.ones(2), np.full(3, 2.0)])
+    b = QuotientTangentVector([np.full(2, 3.0), np.ones(3)])
+    for value in (a + b, a - b, 2 * a, a * 2.0, np.float64(2.0) * a, a / 2, -a):
+        assert isinstance(value, QuotientTangentVector) and len(value) == 2
+    np.testing.assert_array_equal((np.float64(2.0) * a)[1], np.full(3, 4.0))
+    np.testing.assert_array_equal((a - b)[0], np.full(2, -2.0))
+    np.testing.assert_array_equal(((1, 1) + a)[0], np.full(2, 2.0))
+    with pytest.raises(TypeError, match="cannot add"):
+        a + (np.ones(2),)  # noqa: B018
+    with pytest.raises(TypeError, match="scaled by a scalar"):
+        a * np.ones(2)  # noqa: B018
+
+
+@pytest.mark.parametrize("optimizer", ["steepest_descent", "conjugate_gradient",
+                                       "trust_regions"])
+@pytest.mark.parametrize("quotient, shapes", [
+    (GLQuotient("mix"), ((6, 2), (5, 2))),
+    (GLQuotient("inv"), ((6, 2), (5, 2))),
+    (DiagonalQuotient("mix"), ((D,), (D,))),
+], ids=["gl-mix", "gl-inv", "diagonal-mix"])
+def test_pymanopt_optimizers_run(optimizer, quotient, shapes):
+    truth = well_conditioned_point(quotient, shapes, 4)
+    if isinstance(quotient, GLQuotient):
+        target = truth[0] @ truth[1].mT
+
+        def loss(G, H):
+            return 0.5 * ((G @ H.mT - target) ** 2).sum()
+    else:
+        target = truth[0] * truth[1]
+
+        def loss(u, v):
+            return 0.5 * ((u * v - target) ** 2).sum()
+    space = PymanoptQuotient(quotient, shapes)
+
+    @pymanopt.function.pytorch(space)
+    def cost(a, b):
+        return loss(a, b)
+
+    problem = pymanopt.Problem(space, cost)
+    start = numpy_point(quotient, shapes, 5)
+    initial = problem.cost(start)
+    solver = {"steepest_descent": SteepestDescent, "conjugate_gradient": ConjugateGradient,
+              "trust_regions": TrustRegions}[optimizer](verbosity=0, max_iterations=300,
+                                                        min_gradient_norm=1e-9)
+    result = solver.run(problem, initial_point=start)
+    assert result.cost < 1e-8 * initial, (result.cost, initial, result.stopping_criterion)

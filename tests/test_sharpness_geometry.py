@@ -1,0 +1,254 @@
+"""The sharpness engine's cached block geometry against independent references.
+
+GL buckets: against ``GLQuotient`` (same conventions) and against the autograd reference of
+:mod:`quotientsharp.reference` built from the metric alone (a stand-in quotient defined here).
+Diagonal block: against ``DiagonalQuotient``. Adaptive block: against its closed forms.
+Solver checkpoints: against the values of Croce & Hein's schedule.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from quotientsharp import DiagonalQuotient, reference
+from quotientsharp.gl import GLQuotient
+from quotientsharp.quotient import SymmetryQuotient
+from quotientsharp.sharpness.geometry import (
+    BoxGeometry,
+    DiagonalBlock,
+    GLBlock,
+    ProductGeometry,
+    ScaledBlock,
+)
+from quotientsharp.sharpness.solver import checkpoints
+
+METRICS = ("inv", "mix", "euclidean")
+
+
+class MetricOnlyGL(SymmetryQuotient):
+    """GL(h) pairs defined only by their metric and action (for the autograd reference)."""
+
+    point_ndims = (2, 2)
+
+    def __init__(self, metric: str, eps: float = 0.0) -> None:
+        super().__init__()
+        self.metric, self.eps = metric, eps
+
+    def inner(self, x, u, v):
+        G, H = x
+        eye = torch.eye(G.shape[-1], dtype=G.dtype)
+        s_g, s_h = G.mT @ G + self.eps * eye, H.mT @ H + self.eps * eye
+        cross_g, cross_h = u[0].mT @ v[0], u[1].mT @ v[1]
+        if self.metric == "inv":
+            return (torch.linalg.inv(s_g) * cross_g.mT).sum((-2, -1)) + (
+                torch.linalg.inv(s_h) * cross_h.mT).sum((-2, -1))
+        if self.metric == "mix":
+            return (s_h * cross_g.mT).sum((-2, -1)) + (s_g * cross_h.mT).sum((-2, -1))
+        return (u[0] * v[0]).sum((-2, -1)) + (u[1] * v[1]).sum((-2, -1))
+
+    def vertical(self, x, a):
+        return -x[0] @ a, x[1] @ a.mT
+
+    def algebra_shape(self, x):
+        return (x[0].shape[-1], x[0].shape[-1])
+
+
+def _max_diff(a, b) -> float:
+    return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
+
+
+def _bucket(seed: int, dtype: torch.dtype, pairs: int = 3, n: int = 5, m: int = 4, h: int = 2):
+    gen = torch.Generator().manual_seed(seed)
+    G = torch.randn(pairs, n, h, generator=gen, dtype=dtype)
+    H = torch.randn(pairs, m, h, generator=gen, dtype=dtype)
+    xi = (torch.randn(G.shape, generator=gen, dtype=dtype),
+          torch.randn(H.shape, generator=gen, dtype=dtype))
+    return (G, H), xi
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("eps", [0.0, 0.3])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gl_block_matches_glquotient(metric: str, eps: float, seed: int) -> None:
+    x, xi = _bucket(seed, torch.float64)
+    block = GLBlock(*x, metric=metric, eps=eps)
+    quotient = GLQuotient(metric, eps)
+    scale = 1.0 + float(quotient.inner(x, xi, xi).abs().max())
+    tol = 1e-12 * scale
+    assert _max_diff(block.horizontal(xi), quotient.horizontal_projection(x, xi)) < tol
+    assert _max_diff(block.horizontal(block.raise_gradient(xi)),
+                     quotient.euclidean_to_riemannian_gradient(x, xi)) < tol
+    assert _max_diff(block.christoffel(xi), quotient.christoffel(x, xi)) < tol
+    assert abs(float(block.norm_sq(xi) - quotient.inner(x, xi, xi).sum())) < tol
+    for order in (1, 2):
+        assert _max_diff(block.point(xi, order), quotient.geodesic(x, xi, 1.0, order=order)) < tol
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("eps", [0.0, 0.3])
+def test_gl_block_matches_autograd_reference(metric: str, eps: float) -> None:
+    x, xi = _bucket(2, torch.float64)
+    block = GLBlock(*x, metric=metric, eps=eps)
+    ref = MetricOnlyGL(metric, eps)
+    assert _max_diff(block.horizontal(xi), reference.horizontal_projection(ref, x, xi)) < 1e-11
+    assert _max_diff(block.raise_gradient(xi), reference.raise_index(ref, x, xi)) < 1e-11
+    assert _max_diff(block.christoffel(xi), reference.christoffel(ref, x, xi)) < 1e-10
+    assert abs(float(block.norm_sq(xi) - ref.inner(x, xi, xi).sum())) < 1e-11
+    # the projection is idempotent and its result horizontal
+    projected = block.horizontal(xi)
+    assert _max_diff(block.horizontal(projected), projected) < 1e-11
+    assert float(reference.horizontality_error(ref, x, projected).max()) < 1e-10
+
+
+def _christoffel_by_inverse(point, velocity, metric: str):
+    """SPEC section 3 contractions written out with explicit inverses (independent code)."""
+    (G, H), (a, b) = point, velocity
+    inv_g, inv_h = torch.linalg.inv(G.mT @ G), torch.linalg.inv(H.mT @ H)
+    if metric == "inv":
+        return (-a @ inv_g @ (a.mT @ G + G.mT @ a) + G @ inv_g @ a.mT @ a,
+                -b @ inv_h @ (b.mT @ H + H.mT @ b) + H @ inv_h @ b.mT @ b)
+    return (a @ (b.mT @ H + H.mT @ b) @ inv_h - G @ (b.mT @ b) @ inv_h,
+            b @ (a.mT @ G + G.mT @ a) @ inv_g - H @ (a.mT @ a) @ inv_g)
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+def test_gl_exact_geodesic_matches_fine_ode(metric: str) -> None:
+    x, xi = _bucket(3, torch.float64)
+    block = GLBlock(*x, metric=metric, exact_steps=32)
+    small = block.horizontal(tuple(0.1 * t for t in xi))
+    # the closed forms above equal the autograd Christoffel (test_gl_block_matches_autograd_...)
+    fine = reference.geodesic_ode(x, small, 1.0, (2, 2),
+                                  lambda p, w: _christoffel_by_inverse(p, w, metric), steps=128)
+    assert _max_diff(block.point(small, "exact"), fine) < 1e-9
+    # and the geodesic differs from its second-order expansion by O(|xi|^3), not less
+    assert _max_diff(block.point(small, 2), fine) > 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gl_block_float32_and_float64(dtype: torch.dtype) -> None:
+    x, xi = _bucket(4, dtype)
+    block = GLBlock(*x, metric="inv")
+    out = block.horizontal(xi)
+    assert all(t.dtype == dtype for t in out)
+    x64 = tuple(t.double() for t in x)
+    ref = GLQuotient("inv").horizontal_projection(x64, tuple(t.double() for t in xi))
+    tol = 1e-4 if dtype == torch.float32 else 1e-12
+    assert _max_diff(tuple(t.double() for t in out), ref) < tol
+
+
+def test_gl_rank_deficient_bucket_names_the_pair() -> None:
+    (G, H), _ = _bucket(5, torch.float64)
+    G = G.clone()
+    G[1] = 0.0
+    with pytest.raises(ValueError, match="pair-b"):
+        GLBlock(G, H, metric="inv", pair_names=["pair-a", "pair-b", "pair-c"])
+    GLBlock(G, H, metric="inv", eps=1e-3)        # relaxed: fine
+
+
+def test_gl_isotropic_sample_has_identity_covariance_in_the_metric() -> None:
+    x, _ = _bucket(6, torch.float64, pairs=1, n=3, m=3, h=2)
+    for metric in ("inv", "mix"):
+        block = GLBlock(*x, metric=metric)
+        gen = torch.Generator().manual_seed(0)
+        samples = [block.isotropic(gen) for _ in range(4000)]
+        mean_sq = torch.stack([block.norm_sq(s) for s in samples]).mean()
+        # E ||xi||_g^2 = dimension (6 + 6), MC error ~ sqrt(2 * 12 / 4000) * 12 ~ 0.9
+        assert abs(float(mean_sq) - 12.0) < 0.6
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_diagonal_block_matches_diagonal_quotient(metric: str, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(7)
+    quotient = DiagonalQuotient(metric, d=6)
+    x = quotient.random_point(generator=gen, dtype=dtype)
+    xi = tuple(torch.randn(6, generator=gen, dtype=dtype) for _ in range(2))
+    block = DiagonalBlock(*x, metric=metric)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    scale = 1.0 + float(quotient.inner(x, xi, xi))
+    assert _max_diff(block.horizontal(xi), quotient.horizontal_projection(x, xi)) < tol * scale
+    assert _max_diff(block.horizontal(block.raise_gradient(xi)),
+                     quotient.euclidean_to_riemannian_gradient(x, xi)) < tol * scale
+    assert _max_diff(block.christoffel(xi), quotient.christoffel(x, xi)) < tol * scale
+    assert abs(float(block.norm_sq(xi) - quotient.inner(x, xi, xi))) < tol * scale
+    small = block.horizontal(tuple(0.01 * t for t in xi))
+    for order in (1, 2, "exact"):
+        assert _max_diff(block.point(small, order),
+                         quotient.geodesic(x, small, 1.0, order=order)) < tol * scale
+
+
+def test_diagonal_block_euclidean_is_gl1_euclidean() -> None:
+    gen = torch.Generator().manual_seed(8)
+    u, v = torch.randn(5, generator=gen, dtype=torch.float64), torch.randn(
+        5, generator=gen, dtype=torch.float64)
+    xi = tuple(torch.randn(5, generator=gen, dtype=torch.float64) for _ in range(2))
+    block = DiagonalBlock(u, v, metric="euclidean")
+    as_gl = GLQuotient("euclidean")
+    x1 = (u.reshape(5, 1, 1), v.reshape(5, 1, 1))
+    ref = as_gl.horizontal_projection(x1, tuple(t.reshape(5, 1, 1) for t in xi))
+    assert _max_diff(block.horizontal(xi), tuple(t.reshape(5) for t in ref)) < 1e-13
+
+
+def test_diagonal_block_rejects_zero_coordinates() -> None:
+    u = torch.tensor([1.0, 0.0, 2.0], dtype=torch.float64)
+    v = torch.tensor([1.0, 1.0, 3.0], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"\[1\] have u = 0"):
+        DiagonalBlock(u, v, metric="inv").validate()
+
+
+def test_adaptive_block_zero_weights_fixed_and_closed_forms() -> None:
+    w = torch.tensor([[0.5, 0.0], [-2.0, 1.5]], dtype=torch.float64)
+    xi = torch.tensor([[0.1, 0.0], [0.3, -0.2]], dtype=torch.float64)
+    block = ScaledBlock([w], [w.abs()], path="geodesic")
+    nonzero = w != 0
+    expected = ((xi[nonzero] / w[nonzero]) ** 2).sum()
+    assert torch.allclose(block.norm_sq((xi,)), expected, rtol=1e-15)
+    (gamma,) = block.christoffel((xi,))
+    assert torch.allclose(gamma[nonzero], -xi[nonzero] ** 2 / w[nonzero], rtol=1e-15)
+    (exact,) = block.point((xi,), "exact")
+    assert torch.allclose(exact[nonzero], w[nonzero] * torch.exp(xi[nonzero] / w[nonzero]))
+    (second,) = block.point((xi,), 2)
+    assert torch.allclose(second, w + xi - 0.5 * gamma)
+    egrad = torch.randn(2, 2, dtype=torch.float64)
+    (raised,) = block.raise_gradient((egrad,))
+    assert torch.equal(raised[~nonzero], torch.zeros(1, dtype=torch.float64))
+    geometry = ProductGeometry([block], radius=0.3, order=2)
+    for t in (*geometry.direction((egrad,)), *geometry.project((10 * xi,)),
+              *geometry.random_start(torch.Generator().manual_seed(0)), exact, second, gamma):
+        assert bool(torch.isfinite(t).all())
+        assert float(t[0, 1]) == 0.0             # the zero weight neither moves nor is moved to
+
+
+def test_product_projection_is_onto_the_ball() -> None:
+    x, xi = _bucket(9, torch.float64)
+    geometry = ProductGeometry([GLBlock(*x, metric="mix")], radius=0.25)
+    projected = geometry.project(tuple(5 * t for t in xi))
+    assert abs(float(geometry.norm(projected)) - 0.25) < 1e-14
+    inside = geometry.project(tuple(1e-4 * t for t in geometry.horizontal(xi)))
+    assert _max_diff(inside, tuple(1e-4 * t for t in geometry.horizontal(xi))) < 1e-15
+    direction = geometry.direction(xi)
+    assert abs(float(geometry.norm(direction)) - 1.0) < 1e-13
+
+
+def test_box_geometry_clamps_and_signs() -> None:
+    w = torch.tensor([1.0, -2.0, 0.0], dtype=torch.float64)
+    box = BoxGeometry([w], [w.abs()], radius=0.1)
+    (clamped,) = box.project((torch.tensor([5.0, 5.0, 5.0], dtype=torch.float64),))
+    assert torch.equal(clamped, torch.tensor([0.1, 0.2, 0.0], dtype=torch.float64))
+    (step,) = box.direction((torch.tensor([-3.0, 2.0, 1.0], dtype=torch.float64),))
+    assert torch.equal(step, torch.tensor([-1.0, 2.0, 0.0], dtype=torch.float64))
+
+
+def test_checkpoints_follow_the_schedule() -> None:
+    # p_j = 0, .22, .41, .57, .70, .80, .87, .93, .99: w_j = ceil(p_j N) (exact arithmetic)
+    assert checkpoints(100) == [22, 41, 57, 70, 80, 87, 93, 99]
+    assert checkpoints(20) == [5, 9, 12, 14, 16, 18, 19, 20]
+    p = [0.0, 0.22]
+    while p[-1] + max(p[-1] - p[-2] - 0.03, 0.06) <= 1 + 1e-12:
+        p.append(round(p[-1] + max(p[-1] - p[-2] - 0.03, 0.06), 10))
+    for n in (7, 33, 50):
+        expected = sorted({math.ceil(round(q * n, 9)) for q in p[1:]})
+        assert checkpoints(n) == expected
