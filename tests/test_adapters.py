@@ -57,7 +57,8 @@ CASE_IDS = [c[0] for c in CASES]
 
 
 def well_conditioned_point(quotient, shapes, seed, dtype=torch.float64, batch=()):
-    """Entries of moderate size: diagonal magnitudes in [0.5, 2], GL Gaussian plus a diagonal."""
+    """Entries of moderate size: diagonal magnitudes in [0.5, 2]; GL factors with singular
+    values in [1, 2] (Gram condition numbers at most 4) between random orthonormal bases."""
     gen = torch.Generator().manual_seed(seed)
     if isinstance(quotient, DiagonalQuotient):
         parts = []
@@ -67,10 +68,11 @@ def well_conditioned_point(quotient, shapes, seed, dtype=torch.float64, batch=()
             parts.append((sign * mag).to(dtype))
         return tuple(parts)
     parts = []
-    for s in shapes:
-        a = torch.randn(*batch, *s, generator=gen, dtype=torch.float64)
-        a[..., : s[1], :] += 2 * torch.eye(s[1], dtype=torch.float64)
-        parts.append(a.to(dtype))
+    for rows, h in shapes:
+        left, _ = torch.linalg.qr(torch.randn(*batch, rows, h, generator=gen, dtype=torch.float64))
+        right, _ = torch.linalg.qr(torch.randn(*batch, h, h, generator=gen, dtype=torch.float64))
+        singular = 1.0 + torch.rand(*batch, 1, h, generator=gen, dtype=torch.float64)
+        parts.append(((left * singular) @ right.mT).to(dtype))
     return tuple(parts)
 
 

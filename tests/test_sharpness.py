@@ -219,6 +219,12 @@ def test_geodesic_on_diagonal_net_matches_independent_maximisation(metric: str, 
     u, v, X, y = _diagonal_problem(0)
     model = DiagonalNet(u, v)
     rho = 0.3
+    if metric == "mix" and order == "exact":
+        # the exact mix path must stay in the manifold over the whole ball
+        rho = min(rho, 0.9 * float((u * v).abs().min()) / math.sqrt(2))
+        with pytest.raises(ValueError, match="leave the manifold"):
+            sharpness(model, [(X, y)], measure="geodesic", rho=rho / 0.8, metric=metric,
+                      order=order, loss="mse", progress=False)
     expected = _independent_geodesic_max(u, v, X, y, rho, metric, order)
     result = sharpness(model, [(X, y)], measure="geodesic", rho=rho, metric=metric, order=order,
                        loss="mse", n_iter=60, progress=False)

@@ -196,7 +196,24 @@ def test_diagonal_block_rejects_zero_coordinates() -> None:
     u = torch.tensor([1.0, 0.0, 2.0], dtype=torch.float64)
     v = torch.tensor([1.0, 1.0, 3.0], dtype=torch.float64)
     with pytest.raises(ValueError, match=r"\[1\] have u = 0"):
-        DiagonalBlock(u, v, metric="inv").validate()
+        DiagonalBlock(u, v, metric="inv").validate(0.1, 2)
+
+
+def test_diagonal_block_rejects_exact_mix_geodesics_leaving_the_manifold() -> None:
+    u = torch.tensor([1.0, 0.2, 2.0], dtype=torch.float64)
+    v = torch.tensor([1.0, 0.5, 3.0], dtype=torch.float64)
+    block = DiagonalBlock(u, v, metric="mix")
+    limit = 0.1 / math.sqrt(2.0)
+    block.validate(0.99 * limit, "exact")
+    block.validate(10.0, 2)
+    with pytest.raises(ValueError, match="leave the manifold"):
+        block.validate(1.01 * limit, "exact")
+    # at the limit, b = -1/2 on the second coordinate is feasible and reaches u v = 0
+    b = torch.tensor([0.0, -0.5, 0.0], dtype=torch.float64)
+    xi = (b * u, b * v)
+    assert abs(float(block.norm_sq(xi)) - limit ** 2) < 1e-15
+    with pytest.raises(ValueError, match="leaves the manifold"):
+        block.point(xi, "exact")
 
 
 def test_adaptive_block_zero_weights_fixed_and_closed_forms() -> None:

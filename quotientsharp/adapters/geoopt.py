@@ -230,8 +230,16 @@ class QuotientManifold(geoopt.Manifold):
 
     def _check_point_on_manifold(self, x: torch.Tensor, *, atol: float = 1e-5,
                                  rtol: float = 1e-5) -> tuple[bool, str | None]:
+        """The quotient's checks on points, plus those its projection makes (for GL: full rank).
+
+        ``quotient.check_point`` covers layout and finiteness (and zeros for the diagonal
+        quotient); a degenerate orbit (a rank-deficient GL factor with ``eps = 0``) is only
+        detected by the operations that need the metric's Gram matrices, so one projection runs.
+        """
+        xs = self._plain(x)
         try:
-            self.quotient.check_point(self._plain(x))
+            xs = self.quotient.check_point(xs)
+            self.quotient.horizontal_projection(xs, tuple(torch.zeros_like(c) for c in xs))
         except (ValueError, TypeError) as err:
             return False, str(err)
         return True, None

@@ -28,6 +28,7 @@ block's exact geodesic is ``w * exp(xi / w)``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -63,6 +64,7 @@ class Block(Protocol):
     name: str
     base: Tensors
 
+    def validate(self, radius: float, order: int | str) -> None: ...
     def norm_sq(self, xi: Tensors) -> torch.Tensor: ...
     def horizontal(self, xi: Tensors) -> Tensors: ...
     def raise_gradient(self, egrad: Tensors) -> Tensors: ...
@@ -182,7 +184,7 @@ class GLBlock:
         names = [self.pair_names[i] for i in sorted(bad)]
         return f" (pairs {names[:5]})" if names else ""
 
-    def validate(self) -> None:
+    def validate(self, radius: float, order: int | str) -> None:
         """Singular Grams were rejected on construction (``GLQuotient.gram_cache``)."""
 
     # ------------------------------------------------------------------ metric
@@ -263,8 +265,21 @@ class DiagonalBlock:
         self.base = (u, v)
         self._u_sq, self._v_sq = u.square(), v.square()
 
-    def validate(self) -> None:
+    def validate(self, radius: float, order: int | str) -> None:
+        """Reject degenerate coordinates, and exact mix geodesics that leave the manifold.
+
+        A horizontal ``xi = (b u, b v)`` has ``|xi|_mix^2 = 2 |u v b|^2``, so the ball allows
+        ``|b_i|`` up to ``rho / (sqrt(2) |u_i v_i|)``; the exact mix geodesic
+        ``sqrt(1 + 2 b t)`` reaches ``u v = 0`` before ``t = 1`` once ``b_i <= -1/2``.
+        """
         u, v = self.base
+        if self.metric == "mix" and order == "exact":
+            limit = float((u * v).abs().min()) / math.sqrt(2.0)
+            if radius >= limit:
+                raise ValueError(f"order='exact' with the mix metric: rho={radius:g} lets the "
+                                 "exact geodesic of a diagonal coordinate leave the manifold "
+                                 f"(reach u * v = 0) before t = 1; use rho < {limit:.6g} "
+                                 "(min |u v| / sqrt(2)) or order=2")
         if self.metric == "euclidean":
             bad = ((u == 0) & (v == 0)).nonzero().flatten().tolist()
             if bad:
@@ -362,7 +377,7 @@ class ScaledBlock:
         self._inv_base = tuple(torch.where(w == 0, torch.zeros_like(w), 1.0 / w.masked_fill(
             w == 0, 1.0)) for w in self.base)
 
-    def validate(self) -> None:
+    def validate(self, radius: float, order: int | str) -> None:
         """Nothing can be singular: zero scales are fixed coordinates."""
 
     def norm_sq(self, xi: Tensors) -> torch.Tensor:
@@ -435,8 +450,9 @@ class ProductGeometry:
                      for t in getattr(block, method)(part))
 
     def validate(self) -> None:
+        """Up-front checks on values (host syncs): singular points, paths leaving the manifold."""
         for block in self.blocks:
-            block.validate()
+            block.validate(self.radius, self.order)
 
     def zeros(self) -> Tensors:
         return tuple(torch.zeros_like(t) for t in self.base)
