@@ -367,7 +367,8 @@ class _Recorder:
 def fit_pymanopt(problem: CompletionProblem, *, manifold: str = "gl", metric: str = "mix",
                  optimizer: str = "trust_regions", derivatives: str = "autodiff",
                  tol: float = 1e-9, max_iterations: int = 300, init: str = "random",
-                 seed: int = 0, max_time: float = 600.0) -> dict[str, Any]:
+                 seed: int = 0, delta_bar: float | str | None = None,
+                 max_time: float = 600.0) -> dict[str, Any]:
     """Fit with a pymanopt optimizer until the held-out relative RMSE is below ``tol``.
 
     Parameters
@@ -380,6 +381,11 @@ def fit_pymanopt(problem: CompletionProblem, *, manifold: str = "gl", metric: st
         GL only: ``"autodiff"`` (pymanopt's pytorch backend differentiates the torch cost) or
         ``"closed"`` (numpy closed forms of :func:`gl_derivatives`, the same sparse kernels as
         the fixed-rank baseline). The fixed-rank baseline always uses closed forms.
+    delta_bar
+        TrustRegions' maximal radius ``Delta_bar`` (``Delta0 = Delta_bar / 8``). ``None``: the
+        same radius for both manifolds, ``FixedRankEmbedded``'s default ``(n + m - h) h`` (the
+        mix metric and the embedded metric both measure lengths in units of ``G H^T``);
+        ``"manifold"``: each manifold's own ``typical_dist``.
 
     Returns
     -------
@@ -458,9 +464,12 @@ def fit_pymanopt(problem: CompletionProblem, *, manifold: str = "gl", metric: st
               "max_time": max_time}
     solver = {"trust_regions": TrustRegions, "conjugate_gradient": ConjugateGradient,
               "steepest_descent": SteepestDescent}[optimizer](**common)
+    run_kwargs: dict[str, Any] = {"initial_point": start}
+    if optimizer == "trust_regions" and delta_bar != "manifold":
+        run_kwargs["Delta_bar"] = float(problem.dimension if delta_bar is None else delta_bar)
     recorder.start = time.perf_counter()
     try:
-        solver.run(task, initial_point=start)
+        solver.run(task, **run_kwargs)
         stopped = "optimizer stopped"
     except _ToleranceReached:
         stopped = "tolerance reached"

@@ -55,7 +55,7 @@ def flatten(a: Sequence[torch.Tensor], ndims: Sequence[int], batch: torch.Size) 
 
 
 def unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor], ndims: Sequence[int]) -> Tensors:
-    """Inverse of :func:`flatten`: split ``shape=[*batch, N]`` into components shaped like ``like``."""
+    """Inverse of :func:`flatten`: split ``shape=[*batch, N]`` into components like ``like``."""
     batch = flat.shape[:-1]
     out, start = [], 0
     for x, k in zip(like, ndims, strict=True):

@@ -116,7 +116,7 @@ class SymmetryQuotient(torch.nn.Module):
         return reference.horizontal_projection(self, x, u)
 
     def horizontality_error(self, x: Tensors, u: Tensors) -> torch.Tensor:
-        """Largest normalised metric product of ``u`` with a vertical direction, ``shape=[*batch]``."""
+        """Largest normalised metric product of ``u`` with a vertical vector, ``shape=[*batch]``."""
         return reference.horizontality_error(self, x, u)
 
     def is_horizontal(self, x: Tensors, u: Tensors, atol: float = 1e-6) -> torch.Tensor:

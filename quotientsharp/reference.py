@@ -10,7 +10,6 @@ for checks and small user quotients but not for a whole transformer.
 
 from __future__ import annotations
 
-
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -80,7 +79,7 @@ def horizontal_projection(q: SymmetryQuotient, x: Tensors, u: Tensors) -> Tensor
 
 
 def horizontality_error(q: SymmetryQuotient, x: Tensors, u: Tensors) -> torch.Tensor:
-    """``max_k |<V_k, u>| / (||V_k|| ||u||)``: zero exactly for horizontal ``u``. ``shape=[*batch]``."""
+    """``max_k |<V_k, u>| / (||V_k|| ||u||)``, zero for horizontal ``u``; ``shape=[*batch]``."""
     basis = vertical_basis(q, x)
     dots = torch.vmap(lambda vk: q.inner(x, vk, u))(basis)
     norms_v = torch.vmap(lambda vk: q.inner(x, vk, vk))(basis).clamp_min(0).sqrt()

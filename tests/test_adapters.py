@@ -203,8 +203,11 @@ def test_geoopt_operations_are_the_quotients(name, quotient, shapes, dtype, seed
     close(manifold.egrad2rgrad(xs, us), quotient.euclidean_to_riemannian_gradient(x, u))
     hu = quotient.horizontal_projection(x, u)
     hus = manifold.merge(hu)
-    close(manifold.retr(xs, 0.1 * hus),
-          quotient.geodesic(x, tuple(0.1 * c for c in hu), 1.0, order=2))
+    for order in (1, 2, "exact"):
+        chosen = QuotientManifold(quotient, shapes, retraction=order)
+        close(chosen.retr(xs, 0.1 * hus),
+              quotient.geodesic(x, tuple(0.1 * c for c in hu), 1.0, order=order))
+    assert manifold.retraction == 1
     close(manifold.expmap(xs, 0.1 * hus),
           quotient.geodesic(x, tuple(0.1 * c for c in hu), 1.0, order="exact"))
     inner = manifold.inner(xs, us, vs)
@@ -259,8 +262,9 @@ def test_geoopt_constructor_errors():
 
 @pytest.mark.parametrize("name, quotient, shapes", CASES, ids=CASE_IDS)
 @pytest.mark.parametrize("seed", range(3))
-def test_geoopt_gradient_taylor_slope_two(name, quotient, shapes, seed):
-    manifold = QuotientManifold(quotient, shapes)
+@pytest.mark.parametrize("retraction", [1, 2])
+def test_geoopt_gradient_taylor_slope_two(name, quotient, shapes, seed, retraction):
+    manifold = QuotientManifold(quotient, shapes, retraction=retraction)
     loss = invariant_loss(quotient, shapes, seed)
     xs = manifold.merge(well_conditioned_point(quotient, shapes, seed)).requires_grad_()
     value = loss(*manifold.split(xs))
@@ -286,24 +290,27 @@ def test_geoopt_gradient_taylor_slope_two(name, quotient, shapes, seed):
     (DiagonalQuotient("inv"), ((D,), (D,))),
 ], ids=["gl-mix", "gl-inv", "diagonal-mix", "diagonal-inv"])
 def test_geoopt_optimizers_run_unchanged(optimizer, dtype, quotient, shapes):
-    """A batch of 3 fits of a realisable target; each reaches a small fraction of its loss."""
+    """A batch of 3 fits of a reachable target; the loss falls by a factor 1000 or more.
+
+    Diagonal targets keep the signs of the start's ``u * v`` (a sign change would cross the
+    degenerate set ``u_i v_i = 0``).
+    """
     manifold = QuotientManifold(quotient, shapes)
-    gen = torch.Generator().manual_seed(1)
     truth = tuple(t.to(dtype) for t in well_conditioned_point(quotient, shapes, 1, batch=(3,)))
     if isinstance(quotient, GLQuotient):
         target = truth[0] @ truth[1].mT
 
         def loss(G, H):
             return 0.5 * ((G @ H.mT - target) ** 2).sum()
-    else:
-        target = truth[0] * truth[1]
+    start = well_conditioned_point(quotient, shapes, 2, dtype, batch=(3,))
+    if not isinstance(quotient, GLQuotient):
+        target = (truth[0] * truth[1]).abs() * torch.sign(start[0] * start[1])
 
         def loss(u, v):
             return 0.5 * ((u * v - target) ** 2).sum()
-    start = well_conditioned_point(quotient, shapes, 2, dtype, batch=(3,))
     param = geoopt.ManifoldParameter(manifold.merge(start), manifold=manifold)
     if optimizer == "adam":
-        opt = geoopt.optim.RiemannianAdam([param], lr=0.05, stabilize=10)
+        opt = geoopt.optim.RiemannianAdam([param], lr=0.1, stabilize=10)
     else:
         opt = geoopt.optim.RiemannianSGD([param], lr=0.05,
                                          momentum=0.5 if optimizer == "sgd-momentum" else 0.0,
@@ -318,7 +325,7 @@ def test_geoopt_optimizers_run_unchanged(optimizer, dtype, quotient, shapes):
     assert isinstance(param, geoopt.ManifoldParameter) and param.dtype == dtype
     with torch.no_grad():
         final = float(loss(*manifold.split(param)))
-    assert math.isfinite(final) and final < 0.05 * initial, (initial, final, gen)
+    assert math.isfinite(final) and final < 1e-3 * initial, (initial, final)
 
 
 def test_geoopt_random_and_repr():
@@ -330,7 +337,7 @@ def test_geoopt_random_and_repr():
 
 # ---------------------------------------------------------------------------------- pymanopt
 def pymanopt_problem(quotient, shapes, seed):
-    space = PymanoptQuotient(quotient, shapes)
+    space = PymanoptQuotient(quotient, shapes, rng=seed)
     loss = invariant_loss(quotient, shapes, seed)
 
     @pymanopt.function.pytorch(space)
@@ -349,7 +356,6 @@ def numpy_point(quotient, shapes, seed):
 def test_pymanopt_gradient_and_hessian_taylor(name, quotient, shapes, seed):
     space, problem = pymanopt_problem(quotient, shapes, seed)
     x = numpy_point(quotient, shapes, seed)
-    np.random.seed(seed)
     xi = space.random_tangent_vector(x)
     assert abs(space.norm(x, xi) - 1.0) < 1e-12
     f0 = problem.cost(x)
@@ -374,7 +380,6 @@ def test_pymanopt_gradient_and_hessian_taylor(name, quotient, shapes, seed):
 def test_pymanopt_hessian_is_symmetric_and_horizontal(name, quotient, shapes, seed):
     space, problem = pymanopt_problem(quotient, shapes, seed)
     x = numpy_point(quotient, shapes, seed)
-    np.random.seed(seed + 50)
     xi, eta = space.random_tangent_vector(x), space.random_tangent_vector(x)
     h_xi, h_eta = problem.riemannian_hessian(x, xi), problem.riemannian_hessian(x, eta)
     a, b = space.inner_product(x, h_xi, eta), space.inner_product(x, xi, h_eta)
@@ -442,8 +447,7 @@ def test_pymanopt_dimension_typical_dist_and_errors():
 
 def test_pymanopt_exp_transport_zero_and_random():
     quotient = GLQuotient("inv")
-    space = PymanoptQuotient(quotient, ((5, 3), (4, 3)))
-    np.random.seed(0)
+    space = PymanoptQuotient(quotient, ((5, 3), (4, 3)), rng=0)
     x = space.random_point()
     assert all(c.dtype == np.float64 for c in x)
     xi = space.random_tangent_vector(x)
@@ -458,9 +462,16 @@ def test_pymanopt_exp_transport_zero_and_random():
     assert float(quotient.horizontality_error(yt, tuple(torch.from_numpy(c) for c in moved))) \
         < 1e-10
     assert space.norm(x, space.zero_vector(x)) == 0.0
-    np.random.seed(0)
-    again = space.random_point()
+    again = PymanoptQuotient(quotient, ((5, 3), (4, 3)), rng=0).random_point()
     assert all(np.array_equal(a, b) for a, b in zip(x, again, strict=True))
+    # without rng: numpy's global generator, as pymanopt's own manifolds
+    global_space = PymanoptQuotient(quotient, ((5, 3), (4, 3)))
+    np.random.seed(3)  # noqa: NPY002
+    first = global_space.random_point()
+    np.random.seed(3)  # noqa: NPY002
+    second = global_space.random_point()
+    assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
+    assert not np.array_equal(first[0], x[0])
 
 
 def test_tangent_vector_arithmetic():
@@ -491,8 +502,9 @@ def test_pymanopt_optimizers_run(optimizer, quotient, shapes):
 
         def loss(G, H):
             return 0.5 * ((G @ H.mT - target) ** 2).sum()
-    else:
-        target = truth[0] * truth[1]
+    else:  # keep the signs of the start's u * v (see test_geoopt_optimizers_run_unchanged)
+        start_product = torch.from_numpy(np.prod(numpy_point(quotient, shapes, 5), axis=0))
+        target = (truth[0] * truth[1]).abs() * torch.sign(start_product)
 
         def loss(u, v):
             return 0.5 * ((u * v - target) ** 2).sum()

@@ -12,6 +12,7 @@ plus safety (state dict, modes, exceptions), determinism and input errors.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 
@@ -22,6 +23,7 @@ from scipy.optimize import minimize
 from torch import nn
 
 from quotientsharp import SharpnessResult, sharpness
+from quotientsharp.models import find_symmetries, reparametrize
 
 DUMMY = [(torch.zeros(1), torch.zeros(1))]
 
@@ -240,6 +242,102 @@ def test_diagonal_net_with_a_zero_coordinate_is_rejected_by_name() -> None:
     with pytest.raises(ValueError, match="u = 0"):
         sharpness(DiagonalNet(u, v), [(X, y)], measure="geodesic", rho=0.1, loss="mse",
                   progress=False)
+
+
+# ---------------------------------------------------------------------------- attention
+class TinyAttention(nn.Module):
+    """Generic q/k/v/o attention with a ``num_heads`` attribute (found by find_symmetries)."""
+
+    def __init__(self, width: int = 8, heads: int = 2) -> None:
+        super().__init__()
+        self.num_heads = heads
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(width, width)
+                                                              for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, width = x.shape
+        heads, head_dim = self.num_heads, width // self.num_heads
+
+        def split(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(batch, tokens, heads, head_dim).transpose(1, 2)
+
+        q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
+        weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(head_dim), dim=-1)
+        return self.o_proj((weights @ v).transpose(1, 2).reshape(batch, tokens, width))
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(4, 8)
+        self.attention = TinyAttention()
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.attention(self.embed(x)).mean(1))
+
+
+def _token_batches(count: int = 1, dtype: torch.dtype = torch.float64):
+    gen = torch.Generator().manual_seed(2)
+    return [(torch.randn(6, 5, 4, generator=gen, dtype=dtype),
+             torch.randint(0, 3, (6,), generator=gen)) for _ in range(count)]
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+def test_geodesic_sharpness_invariant_on_tiny_attention_for_every_order(metric: str) -> None:
+    torch.manual_seed(0)
+    model = TinyTransformer().double()
+    batches = _token_batches()
+    report = find_symmetries(model)
+    assert len(report.pairs) == 4
+    moved = copy.deepcopy(model)
+    params = reparametrize(model, report, scale=30.0, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        for name, tensor in moved.named_parameters():
+            tensor.copy_(params[name])
+    adaptive = [sharpness(m, batches, measure="adaptive", rho=0.1, progress=False).value
+                for m in (model, moved)]
+    assert abs(adaptive[1] - adaptive[0]) > 0.1 * adaptive[0]
+    values = {}
+    for order in (1, 2, "exact"):
+        options = dict(measure="geodesic", metric=metric, order=order, rho=0.1, n_iter=8,
+                       progress=False)
+        first = sharpness(model, batches, **options)
+        second = sharpness(moved, batches, **options)
+        assert first.settings["gl_buckets"] == [[9, 9, 4], [9, 8, 4]]
+        assert first.perturbation_norms[0]["gl"] > 0.5 * first.perturbation_norms[0]["total"]
+        assert second.value == pytest.approx(first.value, rel=1e-8)
+        values[order] = first.value
+    assert len(set(values.values())) == 3 and min(values.values()) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_matches_cpu_and_the_ascent_loop_never_syncs(monkeypatch) -> None:
+    import quotientsharp.sharpness.measures as measures
+
+    original = measures.ascend
+
+    def strict_ascend(*args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return original(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+    monkeypatch.setattr(measures, "ascend", strict_ascend)
+    torch.manual_seed(0)
+    model = TinyTransformer().double()
+    batches = _token_batches(count=2)
+    for extra in ({"order": 2}, {"order": "exact", "metric": "mix"}, {"order": 1}):
+        cpu = sharpness(model, batches, measure="geodesic", rho=0.1, progress=False, **extra)
+        gpu = sharpness(copy.deepcopy(model).cuda(), batches, measure="geodesic", rho=0.1,
+                        progress=False, **extra)
+        assert gpu.per_batch == pytest.approx(cpu.per_batch, rel=1e-9)
+    for extra in ({"p": 2}, {"p": "inf", "restarts": 1}):
+        result = sharpness(copy.deepcopy(model).cuda(), batches, measure="worst_case", rho=0.1,
+                           progress=False, **extra)
+        assert math.isfinite(result.value)
 
 
 # ---------------------------------------------------------------------------- equivalences

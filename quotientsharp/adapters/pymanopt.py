@@ -150,18 +150,25 @@ class PymanoptQuotient(_PymanoptManifold):
         ``2`` (default): order-2 geodesic; ``1``: ``x + v``; ``"exact"``: exact geodesic.
     typical_dist
         Scale used by ``TrustRegions`` for its default trust-region radius (``Delta_bar``);
-        default ``sqrt(dim)``.
+        default ``sqrt(dim)``. The right scale depends on the problem (under the mix metric
+        lengths are in units of ``G H^T``): pass ``Delta_bar`` to ``TrustRegions.run`` or set
+        this for fast convergence.
+    rng
+        numpy generator (or seed) for :meth:`random_point` and :meth:`random_tangent_vector`;
+        default: numpy's global generator, as pymanopt's own manifolds use (so
+        ``np.random.seed`` makes runs reproducible).
 
     Notes
     -----
     ``dim`` is the quotient's dimension: the number of coordinates minus the group dimension
     (``(n + m) h - h^2`` per GL(h) pair), which TrustRegions uses as its default inner-iteration
     cap. Random points and tangent vectors draw from numpy's global generator (``np.random.seed``
-    makes them reproducible).
+    makes them reproducible) unless ``rng`` is given.
     """
 
     def __init__(self, quotient: SymmetryQuotient, shapes: Sequence[Sequence[int]] | None = None,
-                 *, retraction: int | str = 2, typical_dist: float | None = None) -> None:
+                 *, retraction: int | str = 2, typical_dist: float | None = None,
+                 rng: np.random.Generator | int | None = None) -> None:
         if not isinstance(quotient, SymmetryQuotient):
             raise TypeError(f"quotient must be a SymmetryQuotient, got {type(quotient).__name__}")
         if shapes is None:
@@ -187,6 +194,7 @@ class PymanoptQuotient(_PymanoptManifold):
         self.batch_shape = batches.pop()
         self.trailing_shapes = tuple(s[len(s) - k:] for s, k in zip(shapes, ndims, strict=True))
         self.retraction_order = retraction
+        self._rng = None if rng is None else np.random.default_rng(rng)
         probe = quotient.random_point(self.batch_shape, shapes=self.trailing_shapes,
                                       dtype=torch.float64)
         group_dim = math.prod(quotient.algebra_shape(probe)) * math.prod(self.batch_shape)
@@ -294,7 +302,11 @@ class PymanoptQuotient(_PymanoptManifold):
 
     # ------------------------------------------------------------------ sampling
     def _generator(self) -> torch.Generator:
-        return torch.Generator().manual_seed(int(np.random.randint(0, 2**62)))
+        if self._rng is not None:
+            seed = int(self._rng.integers(0, 2**62))
+        else:  # pymanopt's convention: the global numpy generator
+            seed = int(np.random.randint(0, 2**62))  # noqa: NPY002
+        return torch.Generator().manual_seed(seed)
 
     def random_point(self) -> tuple[np.ndarray, ...]:
         point = self.quotient.random_point(self.batch_shape, shapes=self.trailing_shapes,

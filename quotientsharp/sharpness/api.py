@@ -9,6 +9,7 @@ run is interrupted. Sharpness is computed per batch and averaged over batches (S
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,7 +159,6 @@ def _layout_for(model: nn.Module, functional: FunctionalModel, symmetries: Any,
         report = symmetries
     from ..models import ParameterLayout
     if report.unknown:
-        import warnings
         warnings.warn(f"attention-like module(s) {report.unknown} were not understood: their "
                       "parameters are measured with the adaptive geometry", UserWarning,
                       stacklevel=4)
@@ -195,7 +195,7 @@ def _make_measure(measure: str, model: nn.Module, functional: FunctionalModel,
         extra["p"] = "inf" if math.isinf(p) else 2
         extra["adaptive"] = adaptive
         build = plain_builder(functional, rho, p, adaptive)
-        return AscentMeasure(functional, rho, settings, generator, build), extra
+        return AscentMeasure(functional, settings, generator, build), extra
 
     metric = opts["metric"]
     if metric not in GL_METRICS:
@@ -218,7 +218,7 @@ def _make_measure(measure: str, model: nn.Module, functional: FunctionalModel,
     extra.update(summary)
     build = geodesic_builder(functional, rho, layout, metric, order, float(eps), exact_steps,
                              opts["other_metric"], opts["other_path"])
-    return AscentMeasure(functional, rho, settings, generator, build), extra
+    return AscentMeasure(functional, settings, generator, build), extra
 
 
 def _progress_bar(batches: Iterable, per_batch: int, progress: bool | None, measure: str):
@@ -260,7 +260,9 @@ def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
 
         ``geodesic``: ``metric`` (``"inv"``, ``"mix"``, ``"euclidean"``), ``order`` (``1``,
         ``2``, ``"exact"``: GL pairs by RK4 with ``exact_steps=16``, diagonal pairs in closed
-        form), ``eps=0.0`` (Gram relaxation), ``symmetries`` (``"auto"``: discovered by
+        form; with the mix metric ``rho`` must keep them inside the manifold, else a
+        ``ValueError`` says how small), ``eps=0.0`` (Gram relaxation of GL pairs; diagonal pairs
+        have none and reject zero coordinates), ``symmetries`` (``"auto"``: discovered by
         :func:`quotientsharp.models.find_symmetries`, ``diagonal`` passed on; ``"none"``: every
         parameter in the adaptive block; or a ``SymmetryReport`` / ``ParameterLayout``),
         ``other_metric`` (``"adaptive"``: ``diag(1/w^2)`` of SPEC section 4, or

@@ -170,21 +170,18 @@ class LayoutCoordinates:
 
 
 # ---------------------------------------------------------------------------- measures
-def _norms_of(names: Sequence[str], deltas: Sequence[torch.Tensor],
-              scales: Sequence[torch.Tensor], p: float) -> dict[str, torch.Tensor]:
-    scaled = [torch.where(c == 0, torch.zeros_like(d), d / c.masked_fill(c == 0, 1.0))
-              for d, c in zip(deltas, scales, strict=True)]
-    if math.isinf(p):
-        total = torch.stack([s.abs().amax() for s in scaled]).amax()
-    else:
-        total = torch.stack([s.square().sum() for s in scaled]).sum().sqrt()
-    return {"total": total}
+def _scaled_norm(deltas: Sequence[torch.Tensor], scales: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``||delta / c||_2`` with ``c = 0`` coordinates (always ``delta = 0``) left out."""
+    total = sum((torch.where(c == 0, torch.zeros_like(d), d / c.masked_fill(c == 0, 1.0)))
+                .square().sum() for d, c in zip(deltas, scales, strict=True))
+    return total.sqrt()
 
 
 class AverageMeasure:
     """``E_delta[L(theta + delta)] - L(theta)``, ``delta ~ N(0, rho^2 diag(c^2))``.
 
-    ``c = |theta|`` with ``adaptive``, else ``1``; ``samples`` draws per batch.
+    ``c = |theta|`` with ``adaptive``, else ``1``; ``samples`` draws per batch. The reported
+    norm is the mean ``||delta / c||_2`` of the draws, the kept perturbation the last draw.
     """
 
     def __init__(self, model: FunctionalModel, rho: float, adaptive: bool, samples: int,
@@ -216,8 +213,7 @@ class AverageMeasure:
             point = tuple(w + d for w, d in zip(self.coordinates.base, deltas, strict=True))
             with torch.no_grad():
                 total = total + self.model.loss(batch, self.coordinates.updates(point))
-            norm_sum = norm_sum + _norms_of(self.coordinates.names, deltas, self.scales,
-                                            2.0)["total"]
+            norm_sum = norm_sum + _scaled_norm(deltas, self.scales)
             tick()
         mean = total / self.samples
         perturbation = (dict(zip(self.coordinates.names, deltas, strict=True)) if keep else None)
@@ -232,8 +228,6 @@ class AscentMeasure:
     ----------
     model
         The functional model.
-    rho
-        Radius of the ball.
     settings
         Solver settings.
     generator
@@ -243,9 +237,9 @@ class AscentMeasure:
         which parameters receive no gradient.
     """
 
-    def __init__(self, model: FunctionalModel, rho: float, settings: AscentSettings,
+    def __init__(self, model: FunctionalModel, settings: AscentSettings,
                  generator: torch.Generator, build) -> None:
-        self.model, self.rho, self.settings, self.generator = model, rho, settings, generator
+        self.model, self.settings, self.generator = model, settings, generator
         self._build = build
         self.geometry: ProductGeometry | BoxGeometry | None = None
         self.coordinates: PlainCoordinates | LayoutCoordinates | None = None
