@@ -491,7 +491,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rank", type=int, default=5)
     parser.add_argument("--observed", type=float, default=0.25)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads; these fits are many small operations, and extra "
+                             "threads only contend on a busy machine")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     problem = make_problem(args.n, args.m, args.rank, args.observed, args.seed)
     print(f"{args.n} x {args.m} rank-{args.rank} matrix, {problem.values.size} observed entries "
           f"({problem.fraction:.0%}), {problem.test_values.size} held out")

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from quotientsharp import DiagonalQuotient, reference
+from quotientsharp import DiagonalQuotient, SymmetryQuotient, reference
 from quotientsharp.gl import GLQuotient
 
 geoopt = pytest.importorskip("geoopt")
@@ -41,6 +41,15 @@ from quotientsharp.adapters.pymanopt import riemannian_hessian  # noqa: E402
 
 DTYPES = [torch.float64, torch.float32]
 N, M, H_DIM, D = 5, 4, 3, 6
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny tensors: extra torch threads only contend with other processes on a shared box."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 def quotient_cases() -> list[tuple[str, object, tuple]]:
@@ -117,19 +126,25 @@ def test_importing_quotientsharp_never_imports_geoopt_or_pymanopt():
     assert result.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("extra, name", [("geoopt", "QuotientManifold"),
-                                         ("pymanopt", "PymanoptQuotient")])
-def test_missing_extra_gives_clear_import_error(extra, name):
+def test_missing_extra_gives_clear_import_error():
+    # one interpreter for both extras (starting one costs seconds)
     result = run_python(
-        f"import sys\nsys.modules[{extra!r}] = None\n"
+        "import sys\n"
+        "sys.modules['geoopt'] = None\n"
+        "sys.modules['pymanopt'] = None\n"
         "import quotientsharp.adapters as a\n"
-        "try:\n"
-        f"    getattr(a, {name!r})\n"
-        "except ImportError as err:\n"
-        "    print('IMPORTERROR', err)\n")
+        "for name in ('QuotientManifold', 'PymanoptQuotient'):\n"
+        "    try:\n"
+        "        getattr(a, name)\n"
+        "    except ImportError as err:\n"
+        "        print('IMPORTERROR', name, err)\n")
     assert result.returncode == 0, result.stderr
-    assert "IMPORTERROR" in result.stdout
-    assert f"pip install quotientsharp[{extra}]" in result.stdout
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 2, result.stdout
+    assert lines[0].startswith("IMPORTERROR QuotientManifold")
+    assert "pip install quotientsharp[geoopt]" in lines[0]
+    assert lines[1].startswith("IMPORTERROR PymanoptQuotient")
+    assert "pip install quotientsharp[pymanopt]" in lines[1]
 
 
 def test_unknown_adapter_name_is_an_attribute_error():
@@ -328,6 +343,38 @@ def test_geoopt_optimizers_run_unchanged(optimizer, dtype, quotient, shapes):
     assert math.isfinite(final) and final < 1e-3 * initial, (initial, final)
 
 
+def test_geoopt_parameter_survives_torch_save_and_load(tmp_path):
+    manifold = QuotientManifold(GLQuotient("mix"), ((5, 3), (4, 3)))
+    param = geoopt.ManifoldParameter(manifold.random(dtype=torch.float64), manifold=manifold)
+    torch.save(param, tmp_path / "param.pt")
+    loaded = torch.load(tmp_path / "param.pt", weights_only=False)  # geoopt needs the pickle
+    assert isinstance(loaded, geoopt.ManifoldParameter) and torch.equal(loaded, param)
+    assert loaded.manifold.shapes == ((5, 3), (4, 3))
+    assert loaded.manifold.quotient.metric == "mix"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_geoopt_on_cuda_matches_cpu():
+    manifold = QuotientManifold(GLQuotient("mix"), ((6, 2), (5, 2)))
+    start = manifold.merge(well_conditioned_point(GLQuotient("mix"), ((6, 2), (5, 2)), 0,
+                                                  batch=(4,)))
+    target = torch.randn(4, 6, 5, generator=torch.Generator().manual_seed(0),
+                         dtype=torch.float64)
+    finals = []
+    for device in ("cpu", "cuda"):
+        param = geoopt.ManifoldParameter(start.to(device), manifold=manifold)
+        opt = geoopt.optim.RiemannianSGD([param], lr=0.05, momentum=0.5)
+        for _ in range(20):
+            opt.zero_grad()
+            G, H = manifold.split(param)
+            (0.5 * ((G @ H.mT - target.to(device)) ** 2).sum()).backward()
+            opt.step()
+        assert param.device.type == device
+        finals.append(param.detach().cpu())
+    torch.testing.assert_close(finals[0], finals[1], rtol=1e-9, atol=1e-9)
+
+
 def test_geoopt_random_and_repr():
     manifold = QuotientManifold(GLQuotient("mix"), ((5, 3), (4, 3)))
     assert manifold.random(2, dtype=torch.float64).shape == (2, 9, 3)
@@ -522,3 +569,46 @@ def test_pymanopt_optimizers_run(optimizer, quotient, shapes):
                                                         min_gradient_norm=1e-9)
     result = solver.run(problem, initial_point=start)
     assert result.cost < 1e-8 * initial, (result.cost, initial, result.stopping_criterion)
+
+
+class PlainInvGL(SymmetryQuotient):
+    """GL(h) with the inv metric from the four required members only: every other operation
+    is the generic autograd default of :mod:`quotientsharp.reference`."""
+
+    point_ndims = (2, 2)
+
+    def inner(self, x, u, v):
+        return sum(((a.mT @ b) * torch.linalg.inv(c.mT @ c)).sum((-1, -2))
+                   for a, b, c in zip(u, v, x, strict=True))
+
+    def vertical(self, x, a):
+        return -x[0] @ a, x[1] @ a.mT
+
+    def act(self, x, g):
+        return x[0] @ torch.linalg.inv(g), x[1] @ g.mT
+
+    def algebra_shape(self, x):
+        return (x[0].shape[-1],) * 2
+
+
+def test_user_quotient_with_generic_defaults_through_both_adapters():
+    """Any quotient: the adapters only use the public methods, and the Hessian's forward-mode
+    pass goes through the autograd defaults (dense metric, Cholesky) as well."""
+    shapes = ((5, 3), (4, 3))
+    plain, closed = PlainInvGL(), GLQuotient("inv")
+    loss = invariant_loss(closed, shapes, 0)
+    x = tuple(c.numpy() for c in well_conditioned_point(closed, shapes, 0))
+    spaces = [PymanoptQuotient(q, shapes, rng=0) for q in (plain, closed)]
+    problems = [pymanopt.Problem(s, pymanopt.function.pytorch(s)(loss)) for s in spaces]
+    xi = spaces[0].random_tangent_vector(x)
+    hessians = [p.riemannian_hessian(x, xi) for p in problems]
+    gradients = [p.riemannian_gradient(x) for p in problems]
+    for a, b in zip(hessians[0], hessians[1], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
+    for a, b in zip(gradients[0], gradients[1], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
+    manifolds = [QuotientManifold(q, shapes) for q in (plain, closed)]
+    xs = manifolds[0].merge(tuple(torch.from_numpy(c) for c in x))
+    egrad = manifolds[0].merge(tuple(torch.from_numpy(c) for c in xi))
+    torch.testing.assert_close(manifolds[0].egrad2rgrad(xs, egrad),
+                               manifolds[1].egrad2rgrad(xs, egrad), rtol=1e-10, atol=1e-10)

@@ -38,6 +38,16 @@ def load_example():
 mc = load_example()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """These fits are many small tensor operations: on a shared 2-core machine, torch's thread
+    pool spinning against other processes made a fit 10-15x slower than with one thread."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="module")
 def problem():
     return mc.make_problem(300, 200, 5, 0.25, seed=0)

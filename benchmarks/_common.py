@@ -1,0 +1,183 @@
+"""Shared pieces of the benchmark table: clocks, interleaved median timing, models, memory peaks.
+
+Timing. Every figure of the table is a ratio of two (or more) timings taken in the same run,
+interleaved round-robin (A B C A B C ...) so that slow drifts of a shared machine hit every
+candidate alike, and reduced to medians. On CPU the clock is the process CPU time
+(``time.process_time``): a shared machine that makes the process wait for a core does not
+inflate it, which keeps ratios stable under load (with one intra-op thread, the default of
+``run.py`` on CPU, it is the work done by that thread). On CUDA the clock is wall time after
+``torch.cuda.synchronize``. Wall times are recorded next to the CPU times in the JSON.
+
+Memory. On CUDA: ``torch.cuda.max_memory_allocated`` above the allocation before the call. On
+CPU: the torch profiler with ``profile_memory=True`` reports every allocation and free of the
+CPU allocator with the running total of bytes allocated since profiling started; the peak of
+that total is the peak of torch tensor memory allocated during the call (tensors that existed
+before the call are not counted, their frees are ignored). Python objects outside torch are not
+counted; they are negligible here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = [
+    "Timing",
+    "bert_batch",
+    "bert_model",
+    "device_synchronize",
+    "peak_memory",
+    "tensor_bytes",
+    "time_interleaved",
+]
+
+
+def device_synchronize(device: torch.device) -> None:
+    """Wait for queued kernels (CUDA); a no-op on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class Timing:
+    """Repeated timings of one callable, in seconds.
+
+    Attributes
+    ----------
+    samples
+        Per repetition, the clock used for ratios (CPU time on CPU, wall time on CUDA).
+    wall
+        Per repetition, wall time.
+    """
+
+    samples: list[float] = field(default_factory=list)
+    wall: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def wall_median(self) -> float:
+        return statistics.median(self.wall)
+
+    def as_dict(self) -> dict[str, float | list[float]]:
+        return {"median_s": self.median, "wall_median_s": self.wall_median,
+                "samples_s": self.samples}
+
+
+def time_interleaved(functions: Mapping[str, Callable[[], object]], repeats: int,
+                     device: torch.device, warmup: int = 1) -> dict[str, Timing]:
+    """Time each callable ``repeats`` times, round-robin, after ``warmup`` untimed rounds.
+
+    Parameters
+    ----------
+    functions
+        Name to a callable without arguments.
+    repeats
+        Timed rounds (each round calls every callable once, in order).
+    device
+        Selects the clock (see the module docstring) and what to synchronise.
+    warmup
+        Untimed rounds first (allocator, lazy initialisation, caches).
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    use_wall = device.type == "cuda"
+    clock = time.perf_counter if use_wall else time.process_time
+    for _ in range(warmup):
+        for function in functions.values():
+            function()
+            device_synchronize(device)
+    timings = {name: Timing() for name in functions}
+    for _ in range(repeats):
+        for name, function in functions.items():
+            device_synchronize(device)
+            start, start_wall = clock(), time.perf_counter()
+            function()
+            device_synchronize(device)
+            timings[name].samples.append(clock() - start)
+            timings[name].wall.append(time.perf_counter() - start_wall)
+    return timings
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (an iterable of tensors)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for tensor in tensors:
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        storage = tensor.untyped_storage()
+        key = (storage.data_ptr(), storage.nbytes())
+        if key not in seen:
+            seen.add(key)
+            total += storage.nbytes()
+    return total
+
+
+def peak_memory(function: Callable[[], object], device: torch.device) -> int:
+    """Peak bytes of torch tensors allocated while ``function()`` runs (see the module docstring).
+
+    Returns
+    -------
+    int
+        Peak allocated bytes above what was allocated before the call.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        function()
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device) - before)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        function()
+    handle, path = tempfile.mkstemp(suffix=".json")
+    os.close(handle)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as stream:
+            events = json.load(stream)["traceEvents"]
+    finally:
+        os.unlink(path)
+    totals = [event["args"]["Total Allocated"] for event in events
+              if event.get("name") == "[memory]" and event.get("args", {}).get("Device Type") == 0]
+    return int(max(totals, default=0))
+
+
+# ---------------------------------------------------------------------------- models
+def bert_model(hidden: int, layers: int, heads: int, seq: int, vocab: int, labels: int,
+               dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.nn.Module:
+    """A randomly initialised ``BertForSequenceClassification`` from a config (eager attention).
+
+    ``intermediate_size = 4 * hidden`` as in BERT; nothing is downloaded.
+    """
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(
+        hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        intermediate_size=4 * hidden, vocab_size=vocab, max_position_embeddings=seq,
+        num_labels=labels, attn_implementation="eager")
+    model = transformers.BertForSequenceClassification(config)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def bert_batch(batch_size: int, seq: int, vocab: int, labels: int, device: torch.device,
+               seed: int = 1) -> dict[str, torch.Tensor]:
+    """A HuggingFace-style batch of random tokens and labels (``shape=[batch_size, seq]``)."""
+    generator = torch.Generator().manual_seed(seed)
+    return {"input_ids": torch.randint(0, vocab, (batch_size, seq), generator=generator)
+            .to(device),
+            "attention_mask": torch.ones(batch_size, seq, dtype=torch.long, device=device),
+            "labels": torch.randint(0, labels, (batch_size,), generator=generator).to(device)}

@@ -1,0 +1,273 @@
+"""Families of small models measured at once (row 4 of ``benchmarks/run.py``).
+
+One ascent step of geodesic sharpness (order 2) for every model of a family: the point
+``theta + xi - Gamma(xi, xi) / 2``, the loss and its gradient with respect to ``xi`` through that
+point, the Riemannian gradient (raised, horizontal, normalised) and the projected step
+``P_S(xi + eta d)``. The step is one pure function of one model's tensors; the family is measured
+
+- batched: the models' tensors stacked on a leading dimension and the step mapped over it with
+  ``torch.func.vmap`` (quotient operations, the functional forward and backward: all batched);
+- looped: the same function called once per model in a Python loop.
+
+Both use the closed forms of :class:`~quotientsharp.DiagonalQuotient` and
+:class:`~quotientsharp.GLQuotient` with value checks off (as in the engine's hot loop) and the
+Gram factorisations computed once per base point, outside the step (as the engine does).
+
+Families:
+
+- diagonal networks ``y = X (u * v)`` (SPEC section 2), each with its own data;
+- small transformer classifiers (token embedding, ``layers`` self-attention blocks with
+  ``q_proj/k_proj/v_proj/o_proj`` and a LayerNorm, mean pooling, a linear head), one shared
+  batch; attention pairs in GL(h) coordinates through :class:`~quotientsharp.models.ParameterLayout`,
+  everything else with the adaptive metric of SPEC section 4.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from quotientsharp import DiagonalQuotient, GLQuotient, value_checks
+from quotientsharp.models import ParameterLayout, find_symmetries
+
+__all__ = ["Family", "TinyTransformer", "diagonal_family", "transformer_family"]
+
+
+@dataclass
+class Family:
+    """A family ready to time: ``batched()`` and ``looped()`` each do one step for every model.
+
+    ``check()`` returns the largest difference between the two results (losses and steps), which
+    must be at rounding level.
+    """
+
+    name: str
+    models: int
+    parameters_per_model: int
+    batched: Callable[[], object]
+    looped: Callable[[], object]
+    check: Callable[[], float]
+
+
+def _tiny(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).tiny
+
+
+def _max_difference(batched, looped) -> float:
+    flat_b = torch.utils._pytree.tree_leaves(batched)
+    flat_l = [torch.stack(parts) for parts in zip(
+        *[torch.utils._pytree.tree_leaves(item) for item in looped], strict=True)]
+    return max(float((b - lo).abs().max()) for b, lo in zip(flat_b, flat_l, strict=True))
+
+
+# ---------------------------------------------------------------------------- diagonal networks
+def diagonal_family(models: int, d: int, samples: int, metric: str, rho: float,
+                    dtype: torch.dtype, device: torch.device, seed: int = 0) -> Family:
+    """``models`` diagonal networks of width ``d``, each with ``samples`` data points."""
+    generator = torch.Generator().manual_seed(seed)
+    quotient = DiagonalQuotient(metric)
+
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, dtype=dtype).to(device)
+
+    support = (torch.rand(models, d, generator=generator) < 0.1).to(dtype).to(device)
+    beta_star = support * draw(models, d)
+    inputs = draw(models, samples, d)
+    targets = (inputs @ beta_star.unsqueeze(-1)).squeeze(-1)
+    # nonzero factors of random sign around |u| = |v| = 1
+    u = (draw(models, d).sign() * (0.5 + torch.rand(models, d, generator=generator,
+                                                    dtype=dtype).to(device)))
+    v = (draw(models, d).sign() * (0.5 + torch.rand(models, d, generator=generator,
+                                                    dtype=dtype).to(device)))
+    xi = quotient.horizontal_projection((u, v), (draw(models, d), draw(models, d)))
+    xi = tuple(t * (0.5 * rho / quotient.norm((u, v), xi).unsqueeze(-1)) for t in xi)
+    eta = 2.0 * rho
+
+    def step(u, v, xi_u, xi_v, x, y):
+        base = (u, v)
+
+        def loss_of(direction):
+            moved = quotient.geodesic(base, direction, t=1.0, order=2)
+            return (x @ (moved[0] * moved[1]) - y).square().mean()
+
+        egrad, loss = torch.func.grad_and_value(loss_of)((xi_u, xi_v))
+        rgrad = quotient.euclidean_to_riemannian_gradient(base, egrad)
+        scale = eta / quotient.norm(base, rgrad).clamp_min(_tiny(dtype))
+        z = quotient.horizontal_projection(base, (xi_u + scale * rgrad[0],
+                                                  xi_v + scale * rgrad[1]))
+        factor = (rho / quotient.norm(base, z).clamp_min(_tiny(dtype))).clamp(max=1.0)
+        return loss, factor * z[0], factor * z[1]
+
+    mapped = torch.func.vmap(step)
+
+    def batched():
+        with value_checks(False):
+            return mapped(u, v, xi[0], xi[1], inputs, targets)
+
+    def looped():
+        with value_checks(False):
+            return [step(u[i], v[i], xi[0][i], xi[1][i], inputs[i], targets[i])
+                    for i in range(models)]
+
+    return Family(f"diagonal ({models} nets, d={d}, {metric})", models, 2 * d, batched, looped,
+                  lambda: _max_difference(batched(), looped()))
+
+
+# ---------------------------------------------------------------------------- small transformers
+class TinyAttention(nn.Module):
+    """Multi-head self-attention with ``q_proj``/``k_proj``/``v_proj``/``o_proj`` projections."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.num_heads = heads
+        self.q_proj, self.k_proj = nn.Linear(width, width), nn.Linear(width, width)
+        self.v_proj, self.o_proj = nn.Linear(width, width), nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, width = x.shape
+        heads = self.num_heads
+        head_dim = width // heads
+
+        def split(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(batch, tokens, heads, head_dim).transpose(1, 2)
+
+        q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
+        weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(head_dim), dim=-1)
+        return self.o_proj((weights @ v).transpose(1, 2).reshape(batch, tokens, width))
+
+
+class TinyTransformer(nn.Module):
+    """Token embedding, ``layers`` post-norm attention blocks, mean pooling, a linear head."""
+
+    def __init__(self, vocab: int, width: int, heads: int, layers: int, classes: int) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, width)
+        self.attention = nn.ModuleList([TinyAttention(width, heads) for _ in range(layers)])
+        self.norms = nn.ModuleList([nn.LayerNorm(width) for _ in range(layers)])
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embedding(tokens)
+        for attention, norm in zip(self.attention, self.norms, strict=True):
+            x = norm(x + attention(x))
+        return self.head(x.mean(dim=1))
+
+
+def transformer_family(models: int, width: int, heads: int, layers: int, tokens: int,
+                       batch: int, metric: str, rho: float, dtype: torch.dtype,
+                       device: torch.device, seed: int = 0, vocab: int = 64,
+                       classes: int = 4) -> Family:
+    """``models`` :class:`TinyTransformer` instances (independent initialisations), one batch."""
+    torch.manual_seed(seed)
+    instances = [TinyTransformer(vocab, width, heads, layers, classes).to(device=device,
+                                                                         dtype=dtype)
+                 for _ in range(models)]
+    template = instances[0]
+    report = find_symmetries(template)
+    named = [{n: p.detach() for n, p in m.named_parameters()} for m in instances]
+    layout = ParameterLayout(report, named[0])
+    quotient = GLQuotient(metric)
+    generator = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randint(0, vocab, (batch, tokens), generator=generator).to(device)
+    labels = torch.randint(0, classes, (batch,), generator=generator).to(device)
+    eta = 2.0 * rho
+
+    def coordinates(params):
+        coords = layout.to_coordinates(params)
+        gl = [tuple(pair) for pair in coords.gl]
+        other_names = list(coords.other)
+        other = [coords.other[n] for n in other_names]
+        return coords, gl, other_names, other
+
+    per_model = [coordinates(p) for p in named]
+    coords0, _, other_names, _ = per_model[0]
+    gl_base = [[pm[1][b] for pm in per_model] for b in range(len(coords0.gl))]
+    other_base = [[pm[3][i] for pm in per_model] for i in range(len(other_names))]
+
+    gl_stacked = [tuple(torch.stack([bucket[m][f] for m in range(models)]) for f in (0, 1))
+                  for bucket in gl_base]
+    other_stacked = [torch.stack(parts) for parts in other_base]
+    with value_checks(False):
+        grams_stacked = [quotient.gram_cache(pair) for pair in gl_stacked]
+    inv_other_stacked = [torch.where(w == 0, torch.zeros_like(w), 1.0 / w.masked_fill(w == 0, 1.0))
+                         for w in other_stacked]
+    # a random horizontal start of norm rho / 2 per model
+    with value_checks(False):
+        xi_gl = [quotient.horizontal_projection(
+            pair, tuple(torch.randn(t.shape, generator=generator, dtype=dtype).to(device)
+                        for t in pair), grams=grams)
+            for pair, grams in zip(gl_stacked, grams_stacked, strict=True)]
+    xi_other = [0.1 * w * torch.randn(w.shape, generator=generator, dtype=dtype).to(device)
+                for w in other_stacked]
+    with value_checks(False):
+        norm_sq = sum(quotient.inner(pair, xi, xi, grams=grams).sum(-1)
+                      for pair, xi, grams in zip(gl_stacked, xi_gl, grams_stacked, strict=True))
+    norm_sq = norm_sq + sum((d * inv).square().flatten(1).sum(-1)
+                            for d, inv in zip(xi_other, inv_other_stacked, strict=True))
+    start_scale = 0.5 * rho / norm_sq.sqrt()
+
+    def per_model_scale(t: torch.Tensor) -> torch.Tensor:
+        return start_scale.reshape(-1, *([1] * (t.dim() - 1))) * t
+
+    xi_gl = [tuple(per_model_scale(t) for t in xi) for xi in xi_gl]
+    xi_other = [per_model_scale(t) for t in xi_other]
+
+    def step(gl, grams, other, inv_other, xi_g, xi_o):
+        def norm_sq_of(vec_g, vec_o):
+            total = sum(quotient.inner(pair, w, w, grams=g).sum()
+                        for pair, w, g in zip(gl, vec_g, grams, strict=True))
+            return total + sum((d * inv).square().sum()
+                               for d, inv in zip(vec_o, inv_other, strict=True))
+
+        def loss_of(vec_g, vec_o):
+            moved = []
+            for pair, w, g in zip(gl, vec_g, grams, strict=True):
+                gamma = quotient.christoffel(pair, w, grams=g)
+                moved.append(tuple(a + b - 0.5 * c for a, b, c in zip(pair, w, gamma,
+                                                                       strict=True)))
+            point_other = dict(zip(other_names, [w + d for w, d in zip(other, vec_o,
+                                                                       strict=True)],
+                                   strict=True))
+            params = layout.to_parameters(coords0.replace(gl=moved, other=point_other))
+            logits = torch.func.functional_call(template, params, (ids,))
+            return F.cross_entropy(logits, labels)
+
+        (e_g, e_o), loss = torch.func.grad_and_value(loss_of, argnums=(0, 1))(xi_g, xi_o)
+        r_g = [quotient.euclidean_to_riemannian_gradient(pair, e, grams=g)
+               for pair, e, g in zip(gl, e_g, grams, strict=True)]
+        r_o = [e * w.square() for e, w in zip(e_o, other, strict=True)]
+        scale = eta / norm_sq_of(r_g, r_o).sqrt().clamp_min(_tiny(dtype))
+        z_g = [quotient.horizontal_projection(
+            pair, tuple(a + scale * b for a, b in zip(w, r, strict=True)), grams=g)
+            for pair, w, r, g in zip(gl, xi_g, r_g, grams, strict=True)]
+        z_o = [d + scale * r for d, r in zip(xi_o, r_o, strict=True)]
+        factor = (rho / norm_sq_of(z_g, z_o).sqrt().clamp_min(_tiny(dtype))).clamp(max=1.0)
+        return (loss, [tuple(factor * t for t in z) for z in z_g], [factor * t for t in z_o])
+
+    mapped = torch.func.vmap(step)
+
+    def batched():
+        with value_checks(False):
+            return mapped(gl_stacked, grams_stacked, other_stacked, inv_other_stacked, xi_gl,
+                          xi_other)
+
+    def take(tree, index):
+        return torch.utils._pytree.tree_map(
+            lambda t: t[index] if isinstance(t, torch.Tensor) else t, tree)
+
+    per_model_args = [take((gl_stacked, grams_stacked, other_stacked, inv_other_stacked, xi_gl,
+                            xi_other), i) for i in range(models)]
+
+    def looped():
+        with value_checks(False):
+            return [step(*args) for args in per_model_args]
+
+    parameters = sum(p.numel() for p in template.parameters())
+    return Family(f"transformer ({models} models, width {width}, {heads} heads, {layers} layers, "
+                  f"{metric})", models, parameters, batched, looped,
+                  lambda: _max_difference(batched(), looped()))

@@ -1,0 +1,657 @@
+"""The benchmark table: performance and scale of quotientsharp, every figure a ratio of one run.
+
+Run: ``python benchmarks/run.py [--quick] [--device cpu|cuda] [--json results/benchmarks.json]
+[--threads N] [--repeats N] [--rows 1 3 ...] [--profile results/benchmarks_profile.txt]``.
+
+Rows (targets in brackets):
+
+1. cost per ascent iteration of geodesic sharpness (order 2, mix and inv) against adaptive
+   sharpness on the same BERT stack (``BertConfig``, eager attention) [mix <= 1.15x, inv <= 1.3x].
+   Per-iteration cost is ``(T(n_hi) - T(n_lo)) / (n_hi - n_lo)`` from whole
+   ``quotientsharp.sharpness`` calls with ``n_iter = n_lo`` and ``n_hi``: setup (symmetry
+   discovery, Gram factorisations, clean loss) cancels.
+2. the engine's geometry operations of one ascent step (two projections ``P_S``, the Riemannian
+   gradient direction, the order-2 point ``theta + xi - Gamma(xi, xi) / 2`` with its backward)
+   against a plain ``functional_call`` forward+backward at the same point [<= 0.10].
+3. closed-form operators (Christoffel contraction, horizontal projection, Riemannian gradient)
+   against the generic autograd defaults of :mod:`quotientsharp.reference`, per quotient
+   (diagonal inv/mix, GL inv/mix/euclidean); the figure is the smallest speed-up [>= 20x].
+4. one geodesic ascent step for a family of small models, batched (stacked tensors and
+   ``torch.func.vmap``) against a Python loop over the models, for diagonal networks and small
+   transformers (``benchmarks/families.py``) [>= 5x].
+5. peak memory of a sharpness run beyond the model's own forward+backward, in multiples of the
+   parameter bytes (CUDA: ``max_memory_allocated``; CPU: the torch profiler's allocation record,
+   see ``benchmarks/_common.py``) [<= 4x].
+6. our adaptive sharpness against the in-place protocol of the reference code
+   (``benchmarks/inplace_adaptive.py``): time ratio [< 1] and the value difference (same
+   iterates, so it must be at rounding level).
+
+Nothing is asserted about absolute times; ``--quick`` shrinks every size (for the smoke test).
+On CPU the default is one intra-op thread and the process CPU time as clock (stable ratios on a
+shared machine); on CUDA wall time after synchronisation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from _common import (  # noqa: E402
+    bert_batch,
+    bert_model,
+    peak_memory,
+    tensor_bytes,
+    time_interleaved,
+)
+
+import quotientsharp as qs  # noqa: E402
+from quotientsharp import reference, value_checks  # noqa: E402
+
+ROWS = (1, 2, 3, 4, 5, 6)
+
+
+# ---------------------------------------------------------------------------- configuration
+@dataclass(frozen=True)
+class Sizes:
+    """Every size of the table; ``quick()`` for the smoke test."""
+
+    bert_hidden: int = 128
+    bert_layers: int = 2
+    bert_heads: int = 4
+    bert_seq: int = 64
+    bert_batch: int = 32
+    bert_vocab: int = 2000
+    bert_labels: int = 3
+    rho: float = 0.05
+    iters_low: int = 2
+    iters_high: int = 12
+    repeats: int = 5
+    memory_iters: int = 5
+    inplace_iters: int = 20
+    inplace_batches: int = 2
+    inplace_repeats: int = 3
+    # row 3
+    diagonal_d: int = 200
+    gl_pairs: int = 4
+    gl_n: int = 33
+    gl_m: int = 32
+    gl_h: int = 8
+    closed_number: int = 20
+    reference_repeats: int = 3
+    # row 4
+    diagonal_models: int = 50
+    diagonal_width: int = 200
+    diagonal_samples: int = 100
+    transformer_models: int = 32
+    transformer_width: int = 32
+    transformer_heads: int = 2
+    transformer_layers: int = 2
+    transformer_tokens: int = 16
+    transformer_batch: int = 8
+    family_repeats: int = 5
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(bert_hidden=32, bert_layers=1, bert_heads=2, bert_seq=16, bert_batch=4,
+                   bert_vocab=100, iters_low=1, iters_high=3, repeats=2, memory_iters=2,
+                   inplace_iters=3, inplace_batches=1, inplace_repeats=1, diagonal_d=20,
+                   gl_pairs=2, gl_n=9, gl_m=8, gl_h=3, closed_number=3, reference_repeats=1,
+                   diagonal_models=8, diagonal_width=20, diagonal_samples=16,
+                   transformer_models=4, transformer_width=16, transformer_heads=2,
+                   transformer_layers=1, transformer_tokens=8, transformer_batch=4,
+                   family_repeats=2)
+
+
+@dataclass
+class Figure:
+    """One measured ratio and its target (``comparison`` is ``"<="``, ``"<"`` or ``">="``)."""
+
+    label: str
+    value: float
+    target: float
+    comparison: str
+    unit: str = "x"
+
+    @property
+    def passed(self) -> bool:
+        if not math.isfinite(self.value):
+            return False
+        if self.comparison == "<=":
+            return self.value <= self.target
+        if self.comparison == "<":
+            return self.value < self.target
+        return self.value >= self.target
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "value": self.value, "target": self.target,
+                "comparison": self.comparison, "unit": self.unit, "passed": self.passed}
+
+
+@dataclass
+class Row:
+    number: int
+    name: str
+    figures: list[Figure]
+    details: dict[str, Any]
+
+    @property
+    def passed(self) -> bool:
+        return all(f.passed for f in self.figures)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"row": self.number, "name": self.name, "passed": self.passed,
+                "figures": [f.as_dict() for f in self.figures], "details": self.details}
+
+
+class Context:
+    """The device, sizes and shared BERT model of one run."""
+
+    def __init__(self, sizes: Sizes, device: torch.device, repeats: int | None,
+                 profile_path: Path | None) -> None:
+        self.sizes = sizes
+        self.device = device
+        self.repeats = repeats if repeats is not None else sizes.repeats
+        self.profile_path = profile_path
+        self._model: torch.nn.Module | None = None
+
+    @property
+    def model(self) -> torch.nn.Module:
+        if self._model is None:
+            s = self.sizes
+            self._model = bert_model(s.bert_hidden, s.bert_layers, s.bert_heads, s.bert_seq,
+                                     s.bert_vocab, s.bert_labels, torch.float32, self.device)
+        return self._model
+
+    def batches(self, count: int = 1) -> list[dict[str, torch.Tensor]]:
+        s = self.sizes
+        return [bert_batch(s.bert_batch, s.bert_seq, s.bert_vocab, s.bert_labels, self.device,
+                           seed=1 + i) for i in range(count)]
+
+    def bert_description(self) -> dict[str, Any]:
+        s = self.sizes
+        return {"model": "BertForSequenceClassification (eager attention, float32)",
+                "hidden": s.bert_hidden, "layers": s.bert_layers, "heads": s.bert_heads,
+                "seq": s.bert_seq, "batch": s.bert_batch, "vocab": s.bert_vocab,
+                "parameters": sum(p.numel() for p in self.model.parameters())}
+
+
+MEASURES: dict[str, dict[str, Any]] = {
+    "adaptive": {"measure": "adaptive"},
+    "geodesic mix": {"measure": "geodesic", "metric": "mix", "order": 2},
+    "geodesic inv": {"measure": "geodesic", "metric": "inv", "order": 2},
+}
+
+
+def _run_sharpness(ctx: Context, batches, n_iter: int, options: dict[str, Any]):
+    return qs.sharpness(ctx.model, batches, rho=ctx.sizes.rho, n_iter=n_iter, progress=False,
+                        **options)
+
+
+# ---------------------------------------------------------------------------- row 1
+def row_ascent_cost(ctx: Context) -> Row:
+    s = ctx.sizes
+    batches = ctx.batches()
+    functions = {}
+    for name, options in MEASURES.items():
+        for n_iter in (s.iters_low, s.iters_high):
+            functions[f"{name} n_iter={n_iter}"] = functools.partial(
+                _run_sharpness, ctx, batches, n_iter, options)
+    timings = time_interleaved(functions, ctx.repeats, ctx.device)
+    per_iteration = {}
+    for name in MEASURES:
+        high = timings[f"{name} n_iter={s.iters_high}"].median
+        low = timings[f"{name} n_iter={s.iters_low}"].median
+        per_iteration[name] = (high - low) / (s.iters_high - s.iters_low)
+    base = per_iteration["adaptive"]
+    whole = {name: timings[f"{name} n_iter={s.iters_high}"].median
+             / timings[f"adaptive n_iter={s.iters_high}"].median for name in MEASURES}
+    if ctx.profile_path is not None:
+        _profile_hot_loop(ctx, batches)
+    return Row(1, "ascent iteration: geodesic / adaptive (BERT stack)", [
+        Figure("geodesic mix (order 2) / adaptive", per_iteration["geodesic mix"] / base,
+               1.15, "<="),
+        Figure("geodesic inv (order 2) / adaptive", per_iteration["geodesic inv"] / base,
+               1.3, "<="),
+    ], {"bert": ctx.bert_description(), "rho": s.rho,
+        "n_iter": [s.iters_low, s.iters_high],
+        "per_iteration_s": per_iteration,
+        "whole_call_ratio_at_n_iter_high": whole,
+        "timings": {k: v.as_dict() for k, v in timings.items()}})
+
+
+def _profile_hot_loop(ctx: Context, batches) -> None:
+    """torch.profiler operator tables of the three measures (appended to ``--profile``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if ctx.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    sort = "self_cuda_time_total" if ctx.device.type == "cuda" else "self_cpu_time_total"
+    lines = []
+    for name, options in MEASURES.items():
+        _run_sharpness(ctx, batches, 1, options)
+        with profile(activities=activities) as prof:
+            _run_sharpness(ctx, batches, ctx.sizes.iters_high, options)
+        lines.append(f"=== {name}, n_iter={ctx.sizes.iters_high} ===")
+        lines.append(prof.key_averages().table(sort_by=sort, row_limit=30))
+    ctx.profile_path.parent.mkdir(parents=True, exist_ok=True)
+    ctx.profile_path.write_text("\n".join(lines))
+
+
+# ---------------------------------------------------------------------------- row 2
+def _engine(ctx: Context, options: dict[str, Any]):
+    """The engine's objects for one batch, built as ``quotientsharp.sharpness`` builds them."""
+    from quotientsharp.models import ParameterLayout, find_symmetries
+    from quotientsharp.sharpness.batches import resolve_loss, split_batch
+    from quotientsharp.sharpness.measures import (
+        AscentMeasure,
+        FunctionalModel,
+        geodesic_builder,
+        plain_builder,
+    )
+    from quotientsharp.sharpness.solver import AscentSettings
+
+    model, rho = ctx.model, ctx.sizes.rho
+    loss = resolve_loss(None)
+    functional = FunctionalModel(model, (loss[0], loss[2]))
+    if options["measure"] == "adaptive":
+        build = plain_builder(functional, rho, 2.0, True)
+    else:
+        layout = ParameterLayout(find_symmetries(model), functional.theta_geometry)
+        build = geodesic_builder(functional, rho, layout, options["metric"], options["order"],
+                                 0.0, 16, "adaptive", "line")
+    generator = torch.Generator(device=ctx.device).manual_seed(0)
+    measure = AscentMeasure(functional, AscentSettings(), generator, build)
+    measure.setup([])
+    batch = split_batch(ctx.batches()[0], 0, ctx.device, functional.input_dtype)
+    return functional, measure.geometry, measure.coordinates, batch, generator
+
+
+def _objective(functional, geometry, coordinates, batch):
+    """The engine's objective (``AscentMeasure._objective``): loss and gradient in ``xi``."""
+
+    def objective(xi):
+        leaves = tuple(t.detach().requires_grad_(True) for t in xi)
+        with torch.enable_grad():
+            loss = functional.loss(batch, coordinates.updates(geometry.point(leaves)))
+            grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+        return loss.detach(), tuple(torch.zeros_like(leaf) if g is None else g
+                                    for leaf, g in zip(leaves, grads, strict=True))
+
+    return objective
+
+
+def _step_parts(ctx: Context, options: dict[str, Any]) -> tuple[dict[str, Callable], dict]:
+    functional, geometry, coordinates, batch, generator = _engine(ctx, options)
+    objective = _objective(functional, geometry, coordinates, batch)
+    with value_checks(False):
+        xi = geometry.project(geometry.random_start(generator))
+        previous = geometry.project(geometry.random_start(generator))
+        _, egrad = objective(xi)
+        direction = geometry.direction(egrad)
+    eta, alpha = 2.0 * ctx.sizes.rho, 0.75
+    with torch.no_grad():
+        at_point = coordinates.updates(geometry.point(xi))
+    param_leaves = {n: t.detach().requires_grad_(True) for n, t in at_point.items()}
+    with torch.enable_grad():
+        param_grads = dict(zip(param_leaves, torch.autograd.grad(
+            functional.loss(batch, param_leaves), list(param_leaves.values())), strict=True))
+
+    def geometry_ops():
+        # the geometry of one solver step (solver._single_run): P_S twice, the point with the
+        # backward through it, and the next direction
+        z = geometry.project(tuple(x + eta * d for x, d in zip(xi, direction, strict=True)))
+        new = geometry.project(tuple(x + alpha * (zz - x) + (1 - alpha) * (x - p)
+                                     for x, zz, p in zip(xi, z, previous, strict=True)))
+        leaves = tuple(t.detach().requires_grad_(True) for t in new)
+        with torch.enable_grad():
+            moved = geometry.point(leaves)
+            torch.autograd.grad(moved, leaves, grad_outputs=egrad, allow_unused=True)
+        return geometry.direction(egrad)
+
+    moved_point = tuple(t.detach() for t in geometry.point(xi))
+
+    def layout_ops():
+        leaves = tuple(t.clone().requires_grad_(True) for t in moved_point)
+        with torch.enable_grad():
+            params = coordinates.updates(leaves)
+            names = list(params)
+            torch.autograd.grad([params[n] for n in names], leaves,
+                                grad_outputs=[param_grads[n] for n in names], allow_unused=True)
+
+    def forward_backward():
+        leaves = {n: t.detach().requires_grad_(True) for n, t in at_point.items()}
+        with torch.enable_grad():
+            torch.autograd.grad(functional.loss(batch, leaves), list(leaves.values()))
+
+    def full_objective():
+        objective(xi)
+
+    functions = {"geometry": geometry_ops, "layout": layout_ops,
+                 "forward_backward": forward_backward, "objective": full_objective}
+    return functions, {"blocks": [type(b).__name__ for b in geometry.blocks]}
+
+
+def row_geometry_share(ctx: Context) -> Row:
+    functions, info = {}, {}
+    for name in ("geodesic mix", "geodesic inv", "adaptive"):
+        parts, info[name] = _step_parts(ctx, MEASURES[name])
+        functions.update({f"{name}: {k}": v for k, v in parts.items()})
+    with value_checks(False):
+        timings = time_interleaved(functions, max(ctx.repeats, 3) * 2, ctx.device)
+    summary = {}
+    for name in ("geodesic mix", "geodesic inv", "adaptive"):
+        t = {k: timings[f"{name}: {k}"].median for k in ("geometry", "layout",
+                                                         "forward_backward", "objective")}
+        summary[name] = {
+            "geometry / forward_backward": t["geometry"] / t["forward_backward"],
+            "layout / forward_backward": t["layout"] / t["forward_backward"],
+            "objective / forward_backward": t["objective"] / t["forward_backward"],
+            "geometry / (objective + geometry)": t["geometry"] / (t["objective"]
+                                                                  + t["geometry"]),
+            "median_s": t,
+        }
+    return Row(2, "geometry of one step / functional forward+backward", [
+        Figure("geodesic mix: geometry / fwd+bwd",
+               summary["geodesic mix"]["geometry / forward_backward"], 0.10, "<="),
+        Figure("geodesic inv: geometry / fwd+bwd",
+               summary["geodesic inv"]["geometry / forward_backward"], 0.10, "<="),
+    ], {"bert": ctx.bert_description(), "summary": summary, "blocks": info,
+        "geometry_ops": "2 x project (horizontal + norm + rescale), point (order 2, "
+                        "Christoffel) forward and backward, direction (raise, horizontal, norm)",
+        "layout_ops": "coordinates -> parameter dict (ParameterLayout.to_parameters) forward "
+                      "and backward",
+        "timings": {k: v.as_dict() for k, v in timings.items()}})
+
+
+# ---------------------------------------------------------------------------- row 3
+def _closed_and_reference(quotient, x, u, egrad):
+    ops = {
+        "christoffel": (lambda: quotient.christoffel(x, u),
+                        lambda: reference.christoffel(quotient, x, u)),
+        "horizontal_projection": (lambda: quotient.horizontal_projection(x, u),
+                                  lambda: reference.horizontal_projection(quotient, x, u)),
+        "riemannian_gradient": (lambda: quotient.euclidean_to_riemannian_gradient(x, egrad),
+                                lambda: reference.euclidean_to_riemannian_gradient(quotient, x,
+                                                                                  egrad)),
+    }
+    return ops
+
+
+def row_closed_forms(ctx: Context) -> Row:
+    s = ctx.sizes
+    dtype = torch.float64
+    generator = torch.Generator().manual_seed(0)
+
+    def gaussian(*shape):
+        return torch.randn(*shape, generator=generator, dtype=dtype).to(ctx.device)
+
+    cases = []
+    for metric in ("inv", "mix"):
+        quotient = qs.DiagonalQuotient(metric)
+        x = tuple(t.to(ctx.device) for t in quotient.random_point(
+            shapes=((s.diagonal_d,), (s.diagonal_d,)), generator=generator, dtype=dtype))
+        cases.append((f"diagonal {metric} (d={s.diagonal_d})", quotient, x,
+                      (gaussian(s.diagonal_d), gaussian(s.diagonal_d))))
+    for metric in ("inv", "mix", "euclidean"):
+        quotient = qs.GLQuotient(metric)
+        x = (gaussian(s.gl_pairs, s.gl_n, s.gl_h), gaussian(s.gl_pairs, s.gl_m, s.gl_h))
+        cases.append((f"GL {metric} ({s.gl_pairs} x n={s.gl_n}, m={s.gl_m}, h={s.gl_h})",
+                      quotient, x, (gaussian(*x[0].shape), gaussian(*x[1].shape))))
+    results, speedups = {}, []
+    number = s.closed_number
+    for label, quotient, x, egrad in cases:
+        u = quotient.horizontal_projection(x, (gaussian(*x[0].shape), gaussian(*x[1].shape)))
+        for op, (closed, generic) in _closed_and_reference(quotient, x, u, egrad).items():
+            closed_value, generic_value = closed(), generic()
+            difference = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
+                             for a, b in zip(closed_value, generic_value, strict=True))
+            timings = time_interleaved({
+                "closed": lambda closed=closed: [closed() for _ in range(number)],
+                "reference": generic}, s.reference_repeats, ctx.device)
+            closed_s = timings["closed"].median / number
+            reference_s = timings["reference"].median
+            speedup = reference_s / closed_s
+            speedups.append((speedup, f"{label}: {op}"))
+            results[f"{label}: {op}"] = {"closed_s": closed_s, "reference_s": reference_s,
+                                         "speedup": speedup,
+                                         "relative_difference": difference}
+    worst, where = min(speedups)
+    return Row(3, "closed forms / autograd reference (quotientsharp.reference)", [
+        Figure(f"smallest speed-up ({where})", worst, 20.0, ">="),
+    ], {"dtype": "float64", "cases": results,
+        "ops": "christoffel(x, u), horizontal_projection(x, u), "
+               "euclidean_to_riemannian_gradient(x, egrad); public methods with default value "
+               "checks against the reference functions"})
+
+
+# ---------------------------------------------------------------------------- row 4
+def row_families(ctx: Context) -> Row:
+    from families import diagonal_family, transformer_family
+
+    s = ctx.sizes
+    dtype = torch.float32
+    families = [
+        diagonal_family(s.diagonal_models, s.diagonal_width, s.diagonal_samples, "mix", 0.1,
+                        dtype, ctx.device),
+        transformer_family(s.transformer_models, s.transformer_width, s.transformer_heads,
+                           s.transformer_layers, s.transformer_tokens, s.transformer_batch,
+                           "mix", 0.1, dtype, ctx.device),
+    ]
+    batched_ascent = (Path(qs.__file__).parent / "experiments" / "batched_ascent.py").exists()
+    figures, details = [], {"batched_ascent_module_present": batched_ascent}
+    for family in families:
+        timings = time_interleaved({"batched": family.batched, "looped": family.looped},
+                                   s.family_repeats, ctx.device)
+        speedup = timings["looped"].median / timings["batched"].median
+        figures.append(Figure(f"{family.name}: loop / batched", speedup, 5.0, ">="))
+        details[family.name] = {"models": family.models,
+                                "parameters_per_model": family.parameters_per_model,
+                                "batched_s": timings["batched"].median,
+                                "looped_s": timings["looped"].median,
+                                "max_abs_difference_batched_vs_looped": family.check()}
+    details["step"] = ("one geodesic ascent step (order 2, mix): point, loss and gradient "
+                       "through it, Riemannian direction, projected step; torch.func.vmap over "
+                       "stacked models against a Python loop over the same function")
+    return Row(4, "family of small models: batched (vmap) / loop", figures, details)
+
+
+# ---------------------------------------------------------------------------- row 5
+def _geometry_held_bytes(ctx: Context, options: dict[str, Any]) -> dict[str, float]:
+    """What the engine holds beside the model, from its objects (multiples of parameter bytes)."""
+    functional, geometry, coordinates, _, _ = _engine(ctx, options)
+    parameter_bytes = tensor_bytes(p for p in ctx.model.parameters() if p.requires_grad)
+    base_ids = {t.untyped_storage().data_ptr() for t in geometry.base}
+
+    def tensors_of(obj):
+        for value in vars(obj).values():
+            items = value if isinstance(value, (tuple, list)) else [value]
+            for item in items:
+                if isinstance(item, torch.Tensor):
+                    yield item
+                elif hasattr(item, "_fields"):      # GLGrams
+                    yield from (t for t in item if isinstance(t, torch.Tensor))
+
+    caches = [t for block in geometry.blocks for t in tensors_of(block)
+              if t.untyped_storage().data_ptr() not in base_ids]
+    tangent_bytes = tensor_bytes(geometry.base)
+    return {
+        "model clones (FunctionalModel.theta + buffers)":
+            tensor_bytes([*functional.theta.values(), *functional.buffers.values()])
+            / parameter_bytes,
+        "coordinates (one tangent-sized copy of the perturbed tensors)":
+            tangent_bytes / parameter_bytes if options["measure"] != "adaptive" else 0.0,
+        "geometry caches (block attributes beyond the base point)":
+            tensor_bytes(caches) / parameter_bytes,
+        "solver iterates, estimate counted from solver.py (xi, previous, direction, best xi, "
+        "best direction, new, new direction, gradient, z: 9 tangent-sized tuples)":
+            9 * tangent_bytes / parameter_bytes,
+    }
+
+
+def row_memory(ctx: Context) -> Row:
+    s = ctx.sizes
+    model, batches = ctx.model, ctx.batches()
+    parameter_bytes = tensor_bytes(p for p in model.parameters() if p.requires_grad)
+    functional, _, _, batch, _ = _engine(ctx, MEASURES["adaptive"])
+
+    def forward_backward():
+        leaves = {n: p.detach().requires_grad_(True) for n, p in model.named_parameters()}
+        with torch.enable_grad():
+            grads = torch.autograd.grad(functional.loss(batch, leaves), list(leaves.values()))
+        return grads
+
+    forward_backward()
+    baseline = peak_memory(forward_backward, ctx.device)
+    peaks, extra = {}, {}
+    for name, options in MEASURES.items():
+        _run_sharpness(ctx, batches, 1, options)
+        peaks[name] = peak_memory(lambda options=options: _run_sharpness(
+            ctx, batches, s.memory_iters, options), ctx.device)
+        extra[name] = (peaks[name] - baseline) / parameter_bytes
+    held = {name: _geometry_held_bytes(ctx, options) for name, options in MEASURES.items()}
+    method = ("torch.cuda.max_memory_allocated above the allocation before the call"
+              if ctx.device.type == "cuda" else
+              "torch.profiler(profile_memory=True): peak of the CPU allocator's running total "
+              "of bytes allocated during the call (tensors allocated before it not counted)")
+    return Row(5, "peak memory beyond forward+backward / parameter bytes", [
+        Figure("geodesic mix", extra["geodesic mix"], 4.0, "<="),
+        Figure("geodesic inv", extra["geodesic inv"], 4.0, "<="),
+    ], {"method": method, "parameter_bytes": parameter_bytes,
+        "forward_backward_peak_bytes": baseline, "run_peak_bytes": peaks,
+        "extra_over_parameter_bytes": extra, "n_iter": s.memory_iters,
+        "held_by_engine_over_parameter_bytes": held, "bert": ctx.bert_description()})
+
+
+# ---------------------------------------------------------------------------- row 6
+def row_inplace(ctx: Context) -> Row:
+    from inplace_adaptive import inplace_adaptive_sharpness
+
+    s = ctx.sizes
+    batches = ctx.batches(s.inplace_batches)
+    results: dict[str, Any] = {}
+
+    def ours():
+        results["ours"] = _run_sharpness(ctx, batches, s.inplace_iters, MEASURES["adaptive"])
+
+    def in_place():
+        results["in_place"] = inplace_adaptive_sharpness(ctx.model, batches, s.rho,
+                                                         n_iter=s.inplace_iters)
+
+    timings = time_interleaved({"ours": ours, "in_place": in_place}, s.inplace_repeats,
+                               ctx.device)
+    ratio = timings["ours"].median / timings["in_place"].median
+    value_ours, (value_ref, per_batch_ref) = results["ours"].value, results["in_place"]
+    difference = abs(value_ours - value_ref)
+    per_batch_difference = max(abs(a - b) for a, b in zip(results["ours"].per_batch,
+                                                          per_batch_ref, strict=True))
+    return Row(6, "our adaptive sharpness / in-place reference protocol", [
+        Figure("time ours / in-place", ratio, 1.0, "<"),
+        Figure("|value ours - value in-place|", difference, 1e-6 * max(1.0, abs(value_ref)),
+               "<=", unit=""),
+    ], {"value_ours": value_ours, "value_in_place": value_ref,
+        "per_batch_ours": results["ours"].per_batch, "per_batch_in_place": per_batch_ref,
+        "max_per_batch_difference": per_batch_difference, "n_iter": s.inplace_iters,
+        "batches": s.inplace_batches, "bert": ctx.bert_description(),
+        "timings": {k: v.as_dict() for k, v in timings.items()}})
+
+
+ROW_FUNCTIONS = {1: row_ascent_cost, 2: row_geometry_share, 3: row_closed_forms,
+                 4: row_families, 5: row_memory, 6: row_inplace}
+
+
+# ---------------------------------------------------------------------------- output
+def _format_value(figure: Figure) -> str:
+    if figure.unit == "x":
+        return f"{figure.value:.3g}x"
+    return f"{figure.value:.3g}"
+
+
+def format_table(rows: list[Row]) -> str:
+    header = ("row", "benchmark", "figure", "value", "target", "result")
+    lines = []
+    for row in rows:
+        for i, figure in enumerate(row.figures):
+            target = f"{figure.comparison} {figure.target:.3g}{figure.unit}"
+            lines.append((str(row.number) if i == 0 else "", row.name if i == 0 else "",
+                          figure.label, _format_value(figure), target,
+                          "pass" if figure.passed else "MISS"))
+    widths = [max(len(h), *(len(line[c]) for line in lines)) for c, h in enumerate(header)]
+
+    def render(cells) -> str:
+        return "  ".join(cell.ljust(w) for cell, w in zip(cells, widths, strict=True)).rstrip()
+
+    return "\n".join([render(header), render(["-" * w for w in widths])]
+                     + [render(line) for line in lines])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="intra-op threads on CPU (default 1: stable ratios)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds of rows 1-2")
+    parser.add_argument("--rows", type=int, nargs="+", default=list(ROWS), choices=ROWS)
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="write torch.profiler tables of the row-1 runs to this file")
+    args = parser.parse_args(argv)
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: CUDA is not available")
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads if args.threads is not None else 1)
+    sizes = Sizes.quick() if args.quick else Sizes()
+    ctx = Context(sizes, device, args.repeats, args.profile)
+
+    started = time.perf_counter()
+    rows = []
+    for number in args.rows:
+        row_started = time.perf_counter()
+        row = ROW_FUNCTIONS[number](ctx)
+        row.details["row_wall_s"] = time.perf_counter() - row_started
+        rows.append(row)
+        print(f"row {number} done ({row.details['row_wall_s']:.0f} s)", file=sys.stderr,
+              flush=True)
+    table = format_table(rows)
+    print(table)
+    meta = {
+        "command": " ".join([Path(sys.argv[0]).name if argv is None else "run.py",
+                             *(sys.argv[1:] if argv is None else argv)]),
+        "quick": args.quick, "device": str(device),
+        "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                        else platform.processor() or platform.machine()),
+        "threads": torch.get_num_threads() if device.type == "cpu" else None,
+        "clock": "wall time after synchronize" if device.type == "cuda"
+                 else "process CPU time (time.process_time)",
+        "torch": torch.__version__, "python": platform.python_version(),
+        "quotientsharp": qs.__version__, "wall_s": time.perf_counter() - started,
+        "sizes": dataclasses.asdict(sizes),
+    }
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"meta": meta, "table": table,
+                                         "rows": [r.as_dict() for r in rows]}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
