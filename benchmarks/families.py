@@ -15,11 +15,14 @@ Gram factorisations computed once per base point, outside the step (as the engin
 
 Families:
 
-- diagonal networks ``y = X (u * v)`` (SPEC section 2), each with its own data;
+- diagonal networks ``y = X (u * v)`` (SPEC section 2), each with its own data (one step, as
+  above); and the full Auto-PGD ascent of :mod:`quotientsharp.experiments.batched_ascent` over
+  all nets at once against the same function looped (:func:`diagonal_ascent_family`);
 - small transformer classifiers (token embedding, ``layers`` self-attention blocks with
   ``q_proj/k_proj/v_proj/o_proj`` and a LayerNorm, mean pooling, a linear head), one shared
-  batch; attention pairs in GL(h) coordinates through :class:`~quotientsharp.models.ParameterLayout`,
-  everything else with the adaptive metric of SPEC section 4.
+  batch; attention pairs in GL(h) coordinates through
+  :class:`~quotientsharp.models.ParameterLayout`, everything else with the adaptive metric of
+  SPEC section 4.
 """
 
 from __future__ import annotations
@@ -35,15 +38,16 @@ from torch import nn
 from quotientsharp import DiagonalQuotient, GLQuotient, value_checks
 from quotientsharp.models import ParameterLayout, find_symmetries
 
-__all__ = ["Family", "TinyTransformer", "diagonal_family", "transformer_family"]
+__all__ = ["DiagonalNet", "Family", "TinyTransformer", "diagonal_ascent_family",
+           "diagonal_family", "transformer_family"]
 
 
 @dataclass
 class Family:
     """A family ready to time: ``batched()`` and ``looped()`` each do one step for every model.
 
-    ``check()`` returns the largest difference between the two results (losses and steps), which
-    must be at rounding level.
+    ``check()`` returns the largest difference between the two results (losses and steps)
+    relative to the largest magnitude (at least 1), which must be at rounding level.
     """
 
     name: str
@@ -62,7 +66,8 @@ def _max_difference(batched, looped) -> float:
     flat_b = torch.utils._pytree.tree_leaves(batched)
     flat_l = [torch.stack(parts) for parts in zip(
         *[torch.utils._pytree.tree_leaves(item) for item in looped], strict=True)]
-    return max(float((b - lo).abs().max()) for b, lo in zip(flat_b, flat_l, strict=True))
+    return max(float((b - lo).abs().max() / lo.abs().max().clamp_min(1.0))
+               for b, lo in zip(flat_b, flat_l, strict=True))
 
 
 # ---------------------------------------------------------------------------- diagonal networks
@@ -116,6 +121,82 @@ def diagonal_family(models: int, d: int, samples: int, metric: str, rho: float,
 
     return Family(f"diagonal ({models} nets, d={d}, {metric})", models, 2 * d, batched, looped,
                   lambda: _max_difference(batched(), looped()))
+
+
+# ---------------------------------------------------------------------------- diagonal: full ascent
+class DiagonalNet(nn.Module):
+    """``y = x^T (u * v)``, marked ``diagonal = True`` for symmetry discovery."""
+
+    diagonal = True
+
+    def __init__(self, u: torch.Tensor, v: torch.Tensor) -> None:
+        super().__init__()
+        self.u, self.v = nn.Parameter(u.clone()), nn.Parameter(v.clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ (self.u * self.v)
+
+
+def diagonal_ascent_family(models: int, d: int, samples: int, metric: str, rho: float,
+                           n_iter: int, dtype: torch.dtype, device: torch.device,
+                           seed: int = 0) -> tuple[Family, Callable[[], list[float]]]:
+    """Geodesic sharpness (order 2, full Auto-PGD) of ``models`` diagonal nets on one batch.
+
+    ``batched``: one :func:`quotientsharp.experiments.batched_ascent.batched_ascend` call over
+    the problem shape ``[models, 1]``; ``looped``: the same function once per model (problem
+    shape ``[1, 1]``). Also returns ``engine_loop``, a loop of
+    :func:`quotientsharp.sharpness` over the models as ``nn.Module`` instances (the same
+    quantity through the general engine).
+    """
+    from quotientsharp.experiments.batched_ascent import (
+        DiagonalHorizontalGeometry,
+        batched_ascend,
+        mse_objective,
+    )
+    from quotientsharp.sharpness import AscentSettings, sharpness
+
+    generator = torch.Generator().manual_seed(seed)
+    support = torch.rand(d, generator=generator) < 0.1
+    beta_star = (support * torch.randn(d, generator=generator)).to(dtype)
+    inputs = torch.randn(samples, d, generator=generator, dtype=dtype)
+    targets = inputs @ beta_star
+
+    def factor() -> torch.Tensor:
+        sign = torch.randint(0, 2, (models, d), generator=generator).to(dtype) * 2 - 1
+        return sign * (0.5 + torch.rand(models, d, generator=generator, dtype=dtype))
+
+    u, v = factor().to(device), factor().to(device)
+    inputs, targets = inputs.to(device), targets.to(device)
+    settings = AscentSettings(n_iter=n_iter)
+
+    def ascend(u_part: torch.Tensor, v_part: torch.Tensor) -> torch.Tensor:
+        count = u_part.shape[0]
+        geometry = DiagonalHorizontalGeometry(u_part.unsqueeze(1), v_part.unsqueeze(1), metric,
+                                              2, rho, (count, 1))
+        outcome = batched_ascend(geometry, mse_objective(geometry, inputs[None], targets[None]),
+                                 settings)
+        return outcome.sharpness[:, 0]
+
+    def batched():
+        return ascend(u, v)
+
+    def looped():
+        return [ascend(u[i:i + 1], v[i:i + 1])[0] for i in range(models)]
+
+    nets = [DiagonalNet(u[i], v[i]) for i in range(models)]
+
+    def engine_loop() -> list[float]:
+        return [sharpness(net, [(inputs, targets)], measure="geodesic", metric=metric, order=2,
+                          rho=rho, n_iter=n_iter, loss="mse", progress=False).value
+                for net in nets]
+
+    def check() -> float:
+        together, alone = batched(), torch.stack(looped())
+        return float((together - alone).abs().max() / alone.abs().max().clamp_min(1.0))
+
+    family = Family(f"diagonal ({models} nets, d={d}, {metric}, full ascent, batched_ascent)",
+                    models, 2 * d, batched, looped, check)
+    return family, engine_loop
 
 
 # ---------------------------------------------------------------------------- small transformers

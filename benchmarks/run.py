@@ -39,6 +39,7 @@ import functools
 import json
 import math
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -105,6 +106,7 @@ class Sizes:
     transformer_tokens: int = 16
     transformer_batch: int = 8
     family_repeats: int = 5
+    family_iters: int = 20
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -115,7 +117,7 @@ class Sizes:
                    diagonal_models=8, diagonal_width=20, diagonal_samples=16,
                    transformer_models=4, transformer_width=16, transformer_heads=2,
                    transformer_layers=1, transformer_tokens=8, transformer_batch=4,
-                   family_repeats=2)
+                   family_repeats=2, family_iters=3)
 
 
 @dataclass
@@ -213,24 +215,36 @@ def row_ascent_cost(ctx: Context) -> Row:
             functions[f"{name} n_iter={n_iter}"] = functools.partial(
                 _run_sharpness, ctx, batches, n_iter, options)
     timings = time_interleaved(functions, ctx.repeats, ctx.device)
-    per_iteration = {}
-    for name in MEASURES:
-        high = timings[f"{name} n_iter={s.iters_high}"].median
-        low = timings[f"{name} n_iter={s.iters_low}"].median
-        per_iteration[name] = (high - low) / (s.iters_high - s.iters_low)
+    span = s.iters_high - s.iters_low
+
+    def per_round(name: str) -> list[float]:
+        high = timings[f"{name} n_iter={s.iters_high}"].samples
+        low = timings[f"{name} n_iter={s.iters_low}"].samples
+        return [(h - lo) / span for h, lo in zip(high, low, strict=True)]
+
+    rounds = {name: per_round(name) for name in MEASURES}
+    # ratios paired within a round (the rounds are interleaved, so a loaded moment of the
+    # machine hits numerator and denominator alike), then the median over rounds
+    paired = {name: statistics.median(a / b for a, b in zip(rounds[name], rounds["adaptive"],
+                                                             strict=True))
+              for name in MEASURES}
+    per_iteration = {name: (timings[f"{name} n_iter={s.iters_high}"].median
+                            - timings[f"{name} n_iter={s.iters_low}"].median) / span
+                     for name in MEASURES}
     base = per_iteration["adaptive"]
     whole = {name: timings[f"{name} n_iter={s.iters_high}"].median
              / timings[f"adaptive n_iter={s.iters_high}"].median for name in MEASURES}
     if ctx.profile_path is not None:
         _profile_hot_loop(ctx, batches)
     return Row(1, "ascent iteration: geodesic / adaptive (BERT stack)", [
-        Figure("geodesic mix (order 2) / adaptive", per_iteration["geodesic mix"] / base,
-               1.15, "<="),
-        Figure("geodesic inv (order 2) / adaptive", per_iteration["geodesic inv"] / base,
-               1.3, "<="),
+        Figure("geodesic mix (order 2) / adaptive", paired["geodesic mix"], 1.15, "<="),
+        Figure("geodesic inv (order 2) / adaptive", paired["geodesic inv"], 1.3, "<="),
     ], {"bert": ctx.bert_description(), "rho": s.rho,
         "n_iter": [s.iters_low, s.iters_high],
-        "per_iteration_s": per_iteration,
+        "figure": "median over rounds of the paired per-iteration ratio",
+        "per_iteration_s_from_medians": per_iteration,
+        "ratio_of_medians": {name: v / base for name, v in per_iteration.items()},
+        "per_iteration_s_per_round": rounds,
         "whole_call_ratio_at_n_iter_high": whole,
         "timings": {k: v.as_dict() for k, v in timings.items()}})
 
@@ -443,33 +457,49 @@ def row_closed_forms(ctx: Context) -> Row:
 
 # ---------------------------------------------------------------------------- row 4
 def row_families(ctx: Context) -> Row:
-    from families import diagonal_family, transformer_family
+    from families import diagonal_ascent_family, diagonal_family, transformer_family
 
     s = ctx.sizes
     dtype = torch.float32
-    families = [
-        diagonal_family(s.diagonal_models, s.diagonal_width, s.diagonal_samples, "mix", 0.1,
-                        dtype, ctx.device),
-        transformer_family(s.transformer_models, s.transformer_width, s.transformer_heads,
-                           s.transformer_layers, s.transformer_tokens, s.transformer_batch,
-                           "mix", 0.1, dtype, ctx.device),
-    ]
     batched_ascent = (Path(qs.__file__).parent / "experiments" / "batched_ascent.py").exists()
     figures, details = [], {"batched_ascent_module_present": batched_ascent}
-    for family in families:
-        timings = time_interleaved({"batched": family.batched, "looped": family.looped},
-                                   s.family_repeats, ctx.device)
+    families = []
+    engine_loop = None
+    if batched_ascent:
+        family, engine_loop = diagonal_ascent_family(
+            s.diagonal_models, s.diagonal_width, s.diagonal_samples, "mix", 0.1,
+            s.family_iters, dtype, ctx.device)
+        families.append((family, True))
+    families.append((diagonal_family(s.diagonal_models, s.diagonal_width, s.diagonal_samples,
+                                     "mix", 0.1, dtype, ctx.device), not batched_ascent))
+    families.append((transformer_family(s.transformer_models, s.transformer_width,
+                                        s.transformer_heads, s.transformer_layers,
+                                        s.transformer_tokens, s.transformer_batch, "mix", 0.1,
+                                        dtype, ctx.device), True))
+    for family, is_figure in families:
+        candidates = {"batched": family.batched, "looped": family.looped}
+        if engine_loop is not None and "batched_ascent" in family.name:
+            candidates["engine loop"] = engine_loop
+        timings = time_interleaved(candidates, s.family_repeats, ctx.device)
         speedup = timings["looped"].median / timings["batched"].median
-        figures.append(Figure(f"{family.name}: loop / batched", speedup, 5.0, ">="))
-        details[family.name] = {"models": family.models,
-                                "parameters_per_model": family.parameters_per_model,
-                                "batched_s": timings["batched"].median,
-                                "looped_s": timings["looped"].median,
-                                "max_abs_difference_batched_vs_looped": family.check()}
-    details["step"] = ("one geodesic ascent step (order 2, mix): point, loss and gradient "
-                       "through it, Riemannian direction, projected step; torch.func.vmap over "
-                       "stacked models against a Python loop over the same function")
-    return Row(4, "family of small models: batched (vmap) / loop", figures, details)
+        if is_figure:
+            figures.append(Figure(f"{family.name}: loop / batched", speedup, 5.0, ">="))
+        details[family.name] = {
+            "models": family.models, "parameters_per_model": family.parameters_per_model,
+            "in_table": is_figure, "loop / batched": speedup,
+            **{f"{k}_s": v.median for k, v in timings.items()},
+            "max_relative_difference_batched_vs_looped": family.check()}
+        if "engine loop" in timings:
+            details[family.name]["engine loop / batched"] = (timings["engine loop"].median
+                                                             / timings["batched"].median)
+    details["steps"] = (
+        "diagonal (batched_ascent): the full Auto-PGD ascent (geodesic mix, order 2) of every "
+        "net in one batched_ascend call against the same call per net; 'engine loop' is "
+        "quotientsharp.sharpness per net. Diagonal (one step) and transformer: one geodesic "
+        "ascent step (order 2, mix: point, loss and gradient through it, Riemannian direction, "
+        "projected step), torch.func.vmap over stacked models against a Python loop over the "
+        "same function")
+    return Row(4, "family of small models: batched / loop", figures, details)
 
 
 # ---------------------------------------------------------------------------- row 5
@@ -526,6 +556,21 @@ def row_memory(ctx: Context) -> Row:
             ctx, batches, s.memory_iters, options), ctx.device)
         extra[name] = (peaks[name] - baseline) / parameter_bytes
     held = {name: _geometry_held_bytes(ctx, options) for name, options in MEASURES.items()}
+    # measured pieces: the engine's setup alone, and one objective evaluation beyond fwd+bwd
+    pieces = {}
+    for name, options in MEASURES.items():
+        functional_n, geometry, coordinates, batch_n, generator = _engine(ctx, options)
+        objective = _objective(functional_n, geometry, coordinates, batch_n)
+        with value_checks(False):
+            xi = geometry.project(geometry.random_start(generator))
+        pieces[name] = {
+            "engine setup peak (model clones, coordinates, geometry caches)":
+                peak_memory(lambda options=options: _engine(ctx, options), ctx.device)
+                / parameter_bytes,
+            "one objective evaluation beyond fwd+bwd":
+                (peak_memory(lambda objective=objective, xi=xi: objective(xi), ctx.device)
+                 - baseline) / parameter_bytes,
+        }
     method = ("torch.cuda.max_memory_allocated above the allocation before the call"
               if ctx.device.type == "cuda" else
               "torch.profiler(profile_memory=True): peak of the CPU allocator's running total "
@@ -536,6 +581,7 @@ def row_memory(ctx: Context) -> Row:
     ], {"method": method, "parameter_bytes": parameter_bytes,
         "forward_backward_peak_bytes": baseline, "run_peak_bytes": peaks,
         "extra_over_parameter_bytes": extra, "n_iter": s.memory_iters,
+        "measured_pieces_over_parameter_bytes": pieces,
         "held_by_engine_over_parameter_bytes": held, "bert": ctx.bert_description()})
 
 
@@ -623,18 +669,8 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context(sizes, device, args.repeats, args.profile)
 
     started = time.perf_counter()
-    rows = []
-    for number in args.rows:
-        row_started = time.perf_counter()
-        row = ROW_FUNCTIONS[number](ctx)
-        row.details["row_wall_s"] = time.perf_counter() - row_started
-        rows.append(row)
-        print(f"row {number} done ({row.details['row_wall_s']:.0f} s)", file=sys.stderr,
-              flush=True)
-    table = format_table(rows)
-    print(table)
     meta = {
-        "command": " ".join([Path(sys.argv[0]).name if argv is None else "run.py",
+        "command": " ".join(["python benchmarks/run.py",
                              *(sys.argv[1:] if argv is None else argv)]),
         "quick": args.quick, "device": str(device),
         "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
@@ -643,13 +679,29 @@ def main(argv: list[str] | None = None) -> int:
         "clock": "wall time after synchronize" if device.type == "cuda"
                  else "process CPU time (time.process_time)",
         "torch": torch.__version__, "python": platform.python_version(),
-        "quotientsharp": qs.__version__, "wall_s": time.perf_counter() - started,
-        "sizes": dataclasses.asdict(sizes),
+        "quotientsharp": qs.__version__, "sizes": dataclasses.asdict(sizes),
     }
-    if args.json is not None:
+    rows: list[Row] = []
+
+    def write_json() -> None:
+        # rewritten after every row, so that an interrupted run keeps what it measured
+        if args.json is None:
+            return
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"meta": meta, "table": table,
+        meta["wall_s"] = time.perf_counter() - started
+        args.json.write_text(json.dumps({"meta": meta, "table": format_table(rows),
                                          "rows": [r.as_dict() for r in rows]}, indent=2))
+
+    for number in args.rows:
+        row_started = time.perf_counter()
+        row = ROW_FUNCTIONS[number](ctx)
+        row.details["row_wall_s"] = time.perf_counter() - row_started
+        rows.append(row)
+        write_json()
+        print(f"row {number} done ({row.details['row_wall_s']:.0f} s)", file=sys.stderr,
+              flush=True)
+    print(format_table(rows))
+    write_json()
     return 0
 
 

@@ -163,7 +163,8 @@ def gather_indexed(local: Sequence[tuple[int, Value]], group: Any = None) -> lis
     """All-gather ``(index, value)`` pairs from every rank; the values in index order.
 
     Values travel pickled (``all_gather_object``): move tensors to the CPU first when ranks
-    hold different devices. Indices must be distinct and, together, ``0 .. N-1``.
+    hold different devices. With NCCL each rank's current CUDA device must be its own
+    (:func:`init_distributed` sets it). Indices must be distinct and, together, ``0 .. N-1``.
     """
     pairs = list(local)
     rank, world_size = rank_and_world_size(group)
@@ -214,7 +215,8 @@ def _parameter_digest(model: nn.Module) -> str:
     for name, tensor in model.state_dict().items():
         digest.update(name.encode())
         if isinstance(tensor, torch.Tensor):
-            digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+            digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+                          .tobytes())
     return digest.hexdigest()
 
 

@@ -7,4 +7,5 @@ and imports its heavy dependencies inside ``run``, so ``quotientsharp --help`` s
 COMMANDS = {
     "verify": "quotientsharp.commands.verify",
     "symmetries": "quotientsharp.models.cli",
+    "measure": "quotientsharp.commands.measure",
 }

@@ -26,10 +26,12 @@ are tiny and several threads only add synchronisation).
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -367,3 +369,324 @@ def measure_model(model: nn.Module, batches: Sequence[Any], specs: Sequence[Meas
         if tick is not None:
             tick(spec.key)
     return results
+
+
+# ---------------------------------------------------------------------------- family study
+@dataclass(frozen=True)
+class FamilySettings:
+    """Sizes of one variant (full or ``--quick``) of a family study.
+
+    Attributes
+    ----------
+    models
+        Number of models ``M``.
+    space
+        Hyperparameter ranges.
+    train_batch_size
+        Minibatch size of training.
+    sharpness_points, sharpness_batch_size
+        The fixed sharpness set: the first ``sharpness_points`` pool points, in batches.
+    n_iter
+        Auto-PGD steps per batch.
+    """
+
+    models: int
+    space: HyperparameterSpace
+    train_batch_size: int
+    sharpness_points: int
+    sharpness_batch_size: int
+    n_iter: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"models": self.models, "hyperparameter_space": self.space.as_dict(),
+                "train_batch_size": self.train_batch_size,
+                "sharpness_points": self.sharpness_points,
+                "sharpness_batch_size": self.sharpness_batch_size, "n_iter": self.n_iter}
+
+
+@dataclass(frozen=True)
+class FamilyStudy:
+    """What distinguishes the ViT and BERT studies; the protocol is :func:`run_family_study`.
+
+    Attributes
+    ----------
+    name
+        Study name (``"vit"``), also the results folder and docs section name.
+    title
+        Section title.
+    load_data
+        ``quick -> ClassificationData`` (deterministic, offline).
+    build_model
+        ``(num_labels) -> nn.Module``; called right after ``torch.manual_seed(init_seed)``.
+    model_config
+        The architecture, for ``run.json`` and the docs.
+    full, quick
+        The two variants.
+    paper
+        The paper's taus by paper key (``"adaptive"``, ``"geodesic_inv"``, ...).
+    paper_setting
+        The paper's setting of those numbers, in words.
+    rhos
+        Radii ``adaptive``, ``worst_case``, ``inv``, ``mix``.
+    description
+        Markdown paragraph(s) for the docs section: the protocol in words.
+    """
+
+    name: str
+    title: str
+    load_data: Callable[[bool], ClassificationData]
+    build_model: Callable[[int], nn.Module]
+    model_config: Mapping[str, Any]
+    full: FamilySettings
+    quick: FamilySettings
+    paper: Mapping[str, float]
+    paper_setting: str
+    rhos: Mapping[str, float]
+    description: str
+
+
+def add_family_arguments(parser: Any, study: FamilyStudy) -> None:
+    """Command-line options of a family study."""
+    parser.add_argument("--quick", action="store_true",
+                        help=f"reduced run ({study.quick.models} models, tiny training, "
+                             f"{study.quick.n_iter} ascent steps): a smoke test, not a result")
+    parser.add_argument("--out", type=str, default=None,
+                        help=f"results folder (default results/{study.name}, "
+                             f"results/{study.name}-quick with --quick)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the finished models of a previous run with the same settings "
+                             "and compute only the missing ones")
+    parser.add_argument("--models", type=int, default=None,
+                        help=f"number of models (default {study.full.models}, "
+                             f"{study.quick.models} with --quick)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="study seed: hyperparameters and initialisations of model i are "
+                             "drawn from (seed, i) (default 0)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: the models are tiny)")
+    parser.add_argument("--docs", type=str, default=None,
+                        help=f"docs folder: write <docs>/results/{study.name}.md and regenerate "
+                             "<docs>/results.md (default: docs for a full run, none for "
+                             "--quick)")
+    parser.add_argument("--no-docs", action="store_true", help="write no docs section")
+    parser.add_argument("--no-plots", action="store_true", help="write no scatter plots")
+    parser.add_argument("--progress", action=argparse_boolean(), default=None,
+                        help="tqdm progress bars (default: on a terminal only)")
+
+
+def argparse_boolean():
+    """``--progress`` / ``--no-progress`` (``argparse.BooleanOptionalAction``)."""
+    import argparse
+
+    return argparse.BooleanOptionalAction
+
+
+def _check_positive(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def study_settings(study: FamilyStudy, variant: FamilySettings, models: int, seed: int,
+                   specs: Sequence[MeasureSpec], data: ClassificationData,
+                   quick: bool) -> dict[str, Any]:
+    """Everything that determines the results (saved in ``run.json``, checked on resume)."""
+    return {
+        "study": study.name, "quick": quick, "seed": seed, **variant.as_dict(), "models": models,
+        "model_config": dict(study.model_config), "data": dict(data.description),
+        "measures": [spec.as_dict() for spec in specs], "sharpness_seed": 0,
+        "gap": "test error - train error (0-1 errors; train error on the model's own training "
+               "set)",
+        "optimizer": "AdamW, 5% linear warm-up then cosine decay to 0, label-smoothed "
+                     "cross-entropy, dropout 0",
+    }
+
+
+def _model_record(study: FamilyStudy, data: ClassificationData, variant: FamilySettings,
+                  specs: Sequence[MeasureSpec], batches: Sequence[Any], seed: int,
+                  index: int, bar: Any) -> dict[str, Any]:
+    hyper = draw_hyperparameters(variant.space, seed, index)
+    torch.manual_seed(hyper.init_seed)
+    model = study.build_model(data.num_labels)
+    start = time.perf_counter()
+    bar.set_postfix_str(f"model {index}: training {hyper.epochs} epochs")
+    objective = train_classifier(model, data, hyper, variant.train_batch_size)
+    train_seconds = time.perf_counter() - start
+    train_inputs = take(data.train_inputs, slice(0, hyper.train_size))
+    train_labels = data.train_labels[:hyper.train_size]
+    record: dict[str, Any] = {"index": index, **hyper.as_dict()}
+    record["parameters"] = sum(p.numel() for p in model.parameters())
+    record["final_train_objective"] = objective
+    record["train_error"] = error_rate(model, train_inputs, train_labels)
+    record["test_error"] = error_rate(model, data.test_inputs, data.test_labels)
+    record["gap"] = record["test_error"] - record["train_error"]
+    record["train_loss"] = mean_loss(model, train_inputs, train_labels)
+    record["test_loss"] = mean_loss(model, data.test_inputs, data.test_labels)
+    record["train_seconds"] = train_seconds
+    start = time.perf_counter()
+
+    def tick(key: str) -> None:
+        bar.set_postfix_str(f"model {index}: {key} done")
+
+    measured = measure_model(model, batches, specs, variant.n_iter, tick=tick)
+    for key, result in measured.items():
+        record[key] = result["value"]
+        record[f"{key}_per_batch"] = result["per_batch"]
+        record[f"{key}_seconds"] = result["seconds"]
+    record["measure_seconds"] = time.perf_counter() - start
+    return record
+
+
+def csv_columns(specs: Sequence[MeasureSpec]) -> list[str]:
+    """Columns of the per-model CSV (per-batch values stay in the JSONL file)."""
+    return (["index", "learning_rate", "weight_decay", "epochs", "label_smoothing",
+             "train_size", "init_seed", "parameters", "final_train_objective", "train_error",
+             "test_error", "gap", "train_loss", "test_loss"]
+            + [spec.key for spec in specs] + ["train_seconds", "measure_seconds"])
+
+
+def tau_rows(records: Sequence[Mapping[str, Any]], specs: Sequence[MeasureSpec],
+             paper: Mapping[str, float]) -> list[dict[str, Any]]:
+    """Kendall tau-a and tau-b between the gap and each measure, next to the paper's value."""
+    from .common import kendall_tau_a, kendall_tau_b
+
+    gaps = [r["gap"] for r in records]
+    rows = []
+    for spec in specs:
+        values = [r[spec.key] for r in records]
+        enough = len(records) >= 2
+        rows.append({"key": spec.key, "measure": spec.label, "rho": spec.rho,
+                     "tau_a": kendall_tau_a(gaps, values) if enough else None,
+                     "tau_b": kendall_tau_b(gaps, values) if enough else None,
+                     "paper": paper.get(spec.paper_key) if spec.paper_key else None})
+    return rows
+
+
+def _format_rho(rho: float | None) -> str:
+    return "—" if rho is None else f"{rho:g}"
+
+
+def family_section(study: FamilyStudy, settings: Mapping[str, Any],
+                   records: Sequence[Mapping[str, Any]], taus: Sequence[Mapping[str, Any]],
+                   command: str, wall_seconds: float, out_dir: str) -> str:
+    """The markdown section ``docs/results/<study>.md``."""
+    from .common import TauRow, tau_table
+
+    table = tau_table([TauRow(f"{row['measure']} (rho {_format_rho(row['rho'])})",
+                              row["tau_a"], row["tau_b"], row["paper"],
+                              "" if row["paper"] is None else "paper: other setting")
+                       for row in taus])
+    space = settings["hyperparameter_space"]
+    gaps = [r["gap"] for r in records]
+    test_errors = [r["test_error"] for r in records]
+    train_errors = [r["train_error"] for r in records]
+    quick_note = ("\n**This is a `--quick` smoke run: tiny training and few ascent steps; the "
+                  "numbers mean nothing.**\n" if settings["quick"] else "")
+    lines = [
+        f"## {study.title}",
+        quick_note,
+        f"Command: `{command}` ({len(records)} models, wall time {wall_seconds / 60:.1f} min "
+        f"on this run's machine; per-model CSV, JSONL and scatter plots in `{out_dir}/`).",
+        "",
+        study.description.strip(),
+        "",
+        f"- Models: {settings['models']}, architecture "
+        f"`{json.dumps(settings['model_config'], sort_keys=True)}`.",
+        f"- Hyperparameters per model, drawn from `numpy.random.default_rng([seed, i])` with "
+        f"seed {settings['seed']}: learning rate log-uniform in {space['learning_rate']}, "
+        f"weight decay log-uniform in {space['weight_decay']}, epochs uniform in "
+        f"{space['epochs']}, label smoothing uniform in {space['label_smoothing']}, "
+        f"training-set size uniform in {space['train_size']}; AdamW, batch "
+        f"{settings['train_batch_size']}, warm-up + cosine decay, dropout 0.",
+        f"- Generalisation gap = test error - train error: range "
+        f"[{min(gaps):+.3f}, {max(gaps):+.3f}]; train error [{min(train_errors):.3f}, "
+        f"{max(train_errors):.3f}], test error [{min(test_errors):.3f}, "
+        f"{max(test_errors):.3f}]." if records else "- No model finished.",
+        f"- Sharpness on the same {settings['sharpness_points']} training points for every "
+        f"model, in {settings['sharpness_points'] // settings['sharpness_batch_size']} batches "
+        f"of {settings['sharpness_batch_size']} (per batch, then averaged); Auto-PGD with "
+        f"{settings['n_iter']} steps from xi = 0, eta0 = 2 rho. Radii fixed before the study "
+        f"from one pilot model, the same for every model (never adjusted to the taus): "
+        + ", ".join(f"{row['measure']} {_format_rho(row['rho'])}" for row in taus) + ".",
+        "",
+        f"Kendall tau between the gap and each sharpness measure over the {len(records)} "
+        f"models. The paper's column is {study.paper_setting}: a different setting (pretrained "
+        "models fine-tuned at scale), shown for orientation only.",
+        "",
+        table,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def run_family_study(study: FamilyStudy, args: Any) -> int:
+    """The protocol of the module docstring; returns the exit status."""
+    from .common import (
+        ResultsDirectory,
+        progress_bar,
+        regenerate_results_page,
+        scatter_plots,
+        write_json_atomic,
+        write_section,
+    )
+
+    quick = bool(args.quick)
+    variant = study.quick if quick else study.full
+    models = _check_positive("--models", args.models if args.models is not None
+                             else variant.models)
+    seed = args.seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"--seed must be an integer >= 0, got {seed!r}")
+    torch.set_num_threads(_check_positive("--threads", args.threads))
+    out_dir = args.out or (f"results/{study.name}-quick" if quick else f"results/{study.name}")
+    docs_dir = None if args.no_docs else (args.docs or (None if quick else "docs"))
+
+    data = study.load_data(quick)
+    specs = family_measures(study.rhos["adaptive"], study.rhos["worst_case"],
+                            study.rhos["inv"], study.rhos["mix"])
+    settings = study_settings(study, variant, models, seed, specs, data, quick)
+    names = ["models.jsonl", "models.csv", "taus.json", "summary.md"]
+    names += [f"scatter_{spec.key}.png" for spec in specs]
+    results = ResultsDirectory(out_dir, study.name, settings, args.resume, names)
+    batches = sharpness_batches(data, variant.sharpness_points, variant.sharpness_batch_size)
+
+    start = time.perf_counter()
+    previous_seconds = float(results.run_info.get("wall_seconds", 0.0))
+    records = {r["index"]: r for r in results.records("models.jsonl")}
+    todo = [i for i in range(models) if i not in records]
+    columns = csv_columns(specs)
+    bar = progress_bar(models, f"{study.name} models", args.progress, unit="model")
+    bar.update(models - len(todo))
+    try:
+        for index in todo:
+            record = _model_record(study, data, variant, specs, batches, seed, index, bar)
+            results.append("models.jsonl", record)
+            records[index] = record
+            # a full rewrite keeps the CSV an exact mirror of the JSONL, also after a resume
+            results.write_csv("models.csv", columns, [records[i] for i in sorted(records)])
+            bar.update(1)
+            results.save_run_info(finished_models=len(records),
+                                  wall_seconds=previous_seconds + time.perf_counter() - start)
+    finally:
+        bar.close()
+
+    ordered = [records[i] for i in sorted(records)]
+    taus = tau_rows(ordered, specs, study.paper)
+    wall = previous_seconds + time.perf_counter() - start
+    write_json_atomic(results.file("taus.json"), taus)
+    if not args.no_plots:
+        scatter_plots([r["gap"] for r in ordered],
+                      {spec.key: [r[spec.key] for r in ordered] for spec in specs},
+                      results.path, x_label="generalisation gap (test error - train error)",
+                      color=[r["train_size"] for r in ordered], color_label="training-set size",
+                      titles={row["key"]: f"{row['measure']}: tau-a {row['tau_a']:+.2f}"
+                              for row in taus if row["tau_a"] is not None})
+    command = "quotientsharp reproduce " + study.name + (" --quick" if quick else "")
+    section = family_section(study, settings, ordered, taus, command, wall, out_dir)
+    results.file("summary.md").write_text(section)
+    if docs_dir is not None:
+        write_section(Path(docs_dir), study.name, section)
+        regenerate_results_page(Path(docs_dir))
+    results.save_run_info(status="finished", finished_models=len(ordered), wall_seconds=wall,
+                          taus=taus)
+    print(section)
+    return 0

@@ -1,0 +1,110 @@
+"""``benchmarks/run.py --quick`` runs end to end and writes the six rows (no timing assertions).
+
+Values that do not depend on the machine are checked: the in-place reference protocol of row 6
+gives the same adaptive sharpness as the library, the closed forms of row 3 agree with the
+autograd reference, and the batched family steps of row 4 agree with the looped ones.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def quick_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("benchmarks") / "benchmarks.json"
+    completed = subprocess.run([sys.executable, str(BENCHMARKS / "run.py"), "--quick", "--json",
+                                str(out)], capture_output=True, text=True, timeout=300,
+                               cwd=ROOT)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    return json.loads(out.read_text()), completed.stdout
+
+
+def test_quick_run_writes_six_rows(quick_results):
+    results, stdout = quick_results
+    rows = results["rows"]
+    assert [row["row"] for row in rows] == [1, 2, 3, 4, 5, 6]
+    for row in rows:
+        assert row["figures"], row["name"]
+        for figure in row["figures"]:
+            assert math.isfinite(figure["value"]), figure
+            assert figure["comparison"] in ("<=", "<", ">=")
+            assert isinstance(figure["passed"], bool)
+        assert row["passed"] == all(f["passed"] for f in row["figures"])
+    assert results["meta"]["quick"] is True
+    assert "pass" in stdout or "MISS" in stdout
+    assert results["table"].splitlines()[0].startswith("row")
+
+
+def test_quick_run_values_agree(quick_results):
+    rows = {row["row"]: row for row in quick_results[0]["rows"]}
+    inplace = rows[6]["details"]
+    assert inplace["max_per_batch_difference"] <= 1e-6 * max(1.0, abs(inplace["value_ours"]))
+    for case, numbers in rows[3]["details"]["cases"].items():
+        assert numbers["relative_difference"] <= 1e-9, case
+    families = {k: v for k, v in rows[4]["details"].items() if isinstance(v, dict)}
+    assert len(families) >= 2
+    assert sum(numbers["in_table"] for numbers in families.values()) == 2
+    for name, numbers in families.items():
+        assert numbers["max_relative_difference_batched_vs_looped"] <= 1e-4, name
+
+
+@pytest.fixture()
+def benchmark_modules(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import inplace_adaptive
+
+    return inplace_adaptive
+
+
+def _tiny_bert():
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, vocab_size=30,
+                                     max_position_embeddings=8, num_labels=3,
+                                     attn_implementation="eager", initializer_range=0.3)
+    model = transformers.BertForSequenceClassification(config).double()
+    with torch.no_grad():          # zero weights must stay fixed, never 0/0
+        model.bert.encoder.layer[0].attention.self.query.weight[0, :4] = 0.0
+    generator = torch.Generator().manual_seed(1)
+    batches = [{"input_ids": torch.randint(0, 30, (4, 8), generator=generator),
+                "attention_mask": torch.ones(4, 8, dtype=torch.long),
+                "labels": torch.randint(0, 3, (4,), generator=generator)} for _ in range(2)]
+    return model, batches
+
+
+@pytest.mark.parametrize("n_iter", [1, 7, 20])
+def test_inplace_protocol_equals_library_adaptive_sharpness(benchmark_modules, n_iter):
+    import quotientsharp as qs
+
+    model, batches = _tiny_bert()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    value, per_batch = benchmark_modules.inplace_adaptive_sharpness(model, batches, rho=0.1,
+                                                                   n_iter=n_iter)
+    for key, tensor in model.state_dict().items():      # restored exactly
+        assert torch.equal(tensor, before[key]), key
+    ours = qs.sharpness(model, batches, measure="adaptive", rho=0.1, n_iter=n_iter,
+                        progress=False)
+    assert per_batch == ours.per_batch                   # same iterates, bit for bit
+    assert value == ours.value
+    assert value > 0
+
+
+def test_inplace_checkpoints_match_the_solver(benchmark_modules):
+    from quotientsharp.sharpness import checkpoints
+
+    for n_iter in range(1, 80):
+        assert benchmark_modules.adaptive_checkpoints(n_iter) == checkpoints(n_iter)
+    assert benchmark_modules.adaptive_checkpoints(20) == [5, 9, 12, 14, 16, 18, 19, 20]

@@ -1,0 +1,292 @@
+"""The ``quotientsharp`` console script: ``measure`` on saved models and data, ``verify``,
+``symmetries``. Every command runs in-process through ``quotientsharp.cli.main``.
+
+``measure`` is held against independent computations: the clean losses against a plain forward
+of every example on its own (no padding), the sharpness values against direct calls of
+``quotientsharp.sharpness`` on batches built here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from quotientsharp import sharpness
+from quotientsharp.cli import main
+
+transformers = pytest.importorskip("transformers")
+
+NUM_LABELS = 3
+VOCAB = 50
+HEADS, LAYERS, HIDDEN = 4, 2, 32
+WORDS = "the a cat dog sat ran on in mat park hello world big small red".split()
+
+
+def _bert_config() -> transformers.BertConfig:
+    return transformers.BertConfig(
+        hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+        intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=32,
+        num_labels=NUM_LABELS, attn_implementation="eager",
+        # larger than BERT's 0.02 so that the attention pairs matter to the loss
+        initializer_range=0.3)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict[str, Path]:
+    """A tiny BERT classifier (with and without a tokenizer), JSONL rows, a torch module and
+    tensor files, all written once."""
+    root = tmp_path_factory.mktemp("measure")
+    torch.manual_seed(0)
+    bert = transformers.BertForSequenceClassification(_bert_config()).eval()
+    bert.save_pretrained(root / "bert")
+    bert.save_pretrained(root / "bert_tok")
+    vocab = root / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
+    transformers.BertTokenizer(str(vocab)).save_pretrained(root / "bert_tok")
+
+    generator = torch.Generator().manual_seed(1)
+    rows = []
+    for index in range(10):
+        length = int(torch.randint(3, 11, (1,), generator=generator))
+        rows.append({"input_ids": torch.randint(1, VOCAB, (length,), generator=generator).tolist(),
+                     "label": index % NUM_LABELS})
+    rows[1]["attention_mask"] = [1] * len(rows[1]["input_ids"])
+    (root / "ids.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    texts = [" ".join(WORDS[int(i)] for i in torch.randint(0, len(WORDS), (n,),
+                                                             generator=generator))
+             for n in (3, 6, 4, 5, 2)]
+    text_rows = [{"text": t, "label": i % NUM_LABELS} for i, t in enumerate(texts)]
+    (root / "text.jsonl").write_text("".join(json.dumps(r) + "\n" for r in text_rows))
+
+    net = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, NUM_LABELS))
+    torch.save(net, root / "net.pt")
+    x = torch.randn(20, 5, generator=generator)
+    y = torch.randint(0, NUM_LABELS, (20,), generator=generator)
+    torch.save((x, y), root / "tuple.pt")
+    torch.save({"x": x, "y": y}, root / "dict.pt")
+    torch.save(torch.utils.data.TensorDataset(x, y), root / "dataset.pt")
+    regression = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 1))
+    torch.save(regression, root / "regression.pt")
+    torch.save((x, torch.randn(20, 1, generator=generator)), root / "regression_data.pt")
+    return {"root": root, "bert": root / "bert", "bert_tok": root / "bert_tok",
+            "ids": root / "ids.jsonl", "text": root / "text.jsonl", "net": root / "net.pt",
+            "tuple": root / "tuple.pt", "dict": root / "dict.pt",
+            "dataset": root / "dataset.pt", "regression": root / "regression.pt",
+            "regression_data": root / "regression_data.pt", "rows": rows, "texts": text_rows}
+
+
+def _run_json(arguments: list, out: Path) -> dict:
+    code = main(["measure", *map(str, arguments), "--json", str(out), "--no-progress"])
+    assert code == 0
+    return json.loads(out.read_text())
+
+
+def _load_bert(directory: Path) -> nn.Module:
+    return transformers.BertForSequenceClassification.from_pretrained(
+        directory, attn_implementation="eager").eval()
+
+
+# ---------------------------------------------------------------------------- HF + JSONL
+def test_measure_bert_pretokenised_jsonl(saved, tmp_path, capsys) -> None:
+    document = _run_json([saved["bert"], saved["ids"], "--measure", "geodesic", "--measure",
+                          "adaptive", "--rho", "0.1", "--n-iter", "3", "--batch-size", "4",
+                          "--seed", "2"], tmp_path / "out.json")
+    printed = capsys.readouterr().out
+    assert "geodesic (inv, order 2)" in printed and "adaptive" in printed
+
+    assert document["model_class"] == "BertForSequenceClassification"
+    assert document["examples"] == 10 and document["batches"] == 3
+    assert document["settings"]["measures"] == ["geodesic", "adaptive"]
+    assert document["settings"]["rho"] == 0.1 and document["settings"]["n_iter"] == 3
+    geodesic = document["results"]["geodesic"]
+    assert geodesic["settings"]["metric"] == "inv" and geodesic["settings"]["order"] == 2
+    assert geodesic["settings"]["gl_pairs"] == 2 * LAYERS * HEADS
+    for name in ("geodesic", "adaptive"):
+        result = document["results"][name]
+        assert len(result["per_batch"]) == 3
+        assert math.isclose(result["value"], sum(result["per_batch"]) / 3, rel_tol=1e-12)
+        assert document["value"][name] == result["value"] and result["value"] > 0
+
+    # clean loss of each batch: every example on its own, without padding, must agree
+    model = _load_bert(saved["bert"])
+    rows = saved["rows"]
+    for index in range(3):
+        chunk = rows[4 * index:4 * index + 4]
+        with torch.no_grad():
+            losses = [F.cross_entropy(model(input_ids=torch.tensor([r["input_ids"]])).logits,
+                                      torch.tensor([r["label"]])) for r in chunk]
+        expected = float(torch.stack(losses).mean())
+        assert math.isclose(geodesic["clean_losses"][index], expected, rel_tol=1e-5)
+
+    # the values: a direct library call on batches padded here
+    batches = []
+    for index in range(3):
+        chunk = rows[4 * index:4 * index + 4]
+        width = max(len(r["input_ids"]) for r in chunk)
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)
+        mask = torch.zeros(len(chunk), width, dtype=torch.long)
+        for i, r in enumerate(chunk):
+            ids[i, :len(r["input_ids"])] = torch.tensor(r["input_ids"])
+            mask[i, :len(r["input_ids"])] = 1
+        batches.append({"input_ids": ids, "attention_mask": mask,
+                        "labels": torch.tensor([r["label"] for r in chunk])})
+    direct = sharpness(model, batches, measure="geodesic", rho=0.1, n_iter=3, seed=2,
+                       progress=False)
+    assert direct.per_batch == pytest.approx(geodesic["per_batch"], rel=1e-6)
+
+
+def test_measure_bert_text_rows_use_the_saved_tokenizer(saved, tmp_path) -> None:
+    document = _run_json([saved["bert_tok"], saved["text"], "--measure", "worst_case",
+                          "--measure", "relative_flatness", "--rho", "0.05", "--n-iter", "2",
+                          "--batch-size", "2", "--max-batches", "2"], tmp_path / "out.json")
+    assert document["data_kind"] == "text JSONL"
+    assert document["batches"] == 2 and document["examples"] == 4
+    assert len(document["results"]["relative_flatness"]["per_batch"]) == 2
+    assert document["results"]["relative_flatness"]["settings"]["rho"] is None
+    model = _load_bert(saved["bert_tok"])
+    tokenizer = transformers.AutoTokenizer.from_pretrained(saved["bert_tok"])
+    for index in range(2):
+        chunk = saved["texts"][2 * index:2 * index + 2]
+        with torch.no_grad():
+            losses = [F.cross_entropy(model(**tokenizer(r["text"], return_tensors="pt")).logits,
+                                      torch.tensor([r["label"]])) for r in chunk]
+        expected = float(torch.stack(losses).mean())
+        clean = document["results"]["worst_case"]["clean_losses"][index]
+        assert math.isclose(clean, expected, rel_tol=1e-5)
+
+
+def test_text_rows_without_tokenizer_fail_clearly(saved, capsys) -> None:
+    code = main(["measure", str(saved["bert"]), str(saved["text"]), "--rho", "0.1",
+                 "--no-progress"])
+    assert code == 2
+    error = capsys.readouterr().err
+    assert "no tokenizer" in error and "input_ids" in error
+
+
+# ---------------------------------------------------------------------------- module + tensors
+def test_measure_torch_module_on_tensor_files(saved, tmp_path) -> None:
+    arguments = ["--measure", "average,worst_case", "--measure", "geodesic", "--rho", "0.05",
+                 "--n-iter", "3", "--batch-size", "8", "--samples", "2"]
+    documents = [_run_json([saved["net"], saved[kind], *arguments], tmp_path / f"{kind}.json")
+                 for kind in ("tuple", "dict", "dataset")]
+    def without_time(document: dict) -> dict:
+        return {name: {k: v for k, v in result.items() if k != "seconds"}
+                for name, result in document["results"].items()}
+
+    for document in documents[1:]:
+        assert without_time(document) == without_time(documents[0])
+    document = documents[0]
+    assert document["batches"] == 3 and document["examples"] == 20
+    assert document["settings"]["measures"] == ["average", "worst_case", "geodesic"]
+    # a Sequential of Linear layers has no symmetry: geodesic falls back to the adaptive block
+    assert document["results"]["geodesic"]["settings"]["gl_pairs"] == 0
+
+    net = torch.load(saved["net"], weights_only=False)
+    x, y = torch.load(saved["tuple"])
+    batches = [(x[i:i + 8], y[i:i + 8]) for i in (0, 8, 16)]
+    with torch.no_grad():
+        clean = [float(F.cross_entropy(net(bx), by)) for bx, by in batches]
+    assert document["results"]["average"]["clean_losses"] == pytest.approx(clean, rel=1e-6)
+    direct = sharpness(net, batches, measure="worst_case", rho=0.05, n_iter=3, progress=False)
+    assert direct.per_batch == pytest.approx(document["results"]["worst_case"]["per_batch"],
+                                             rel=1e-6)
+
+
+def test_measure_mse_regression_with_max_batches(saved, tmp_path) -> None:
+    document = _run_json([saved["regression"], saved["regression_data"], "--loss", "mse",
+                          "--measure", "adaptive", "--rho", "0.1", "--n-iter", "2",
+                          "--batch-size", "5", "--max-batches", "2", "--dtype", "float64"],
+                         tmp_path / "out.json")
+    result = document["results"]["adaptive"]
+    assert document["batches"] == 2 and len(result["per_batch"]) == 2
+    assert result["settings"]["loss"] == "mse" and result["settings"]["geometry_dtype"] == "float64"
+    net = torch.load(saved["regression"], weights_only=False).double()
+    x, y = torch.load(saved["regression_data"])
+    with torch.no_grad():
+        clean = [float(F.mse_loss(net(x[i:i + 5].double()), y[i:i + 5].double())) for i in (0, 5)]
+    assert result["clean_losses"] == pytest.approx(clean, rel=1e-12)
+
+
+# ---------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("case", [
+    "missing model", "missing data", "unknown measure", "no rho", "bad rho", "bad order",
+    "label out of range", "bad json", "no label", "not a module", "config without weights",
+    "garbage data", "module and data do not fit", "float labels with cross-entropy",
+])
+def test_bad_input_gives_clear_error_and_exit_2(saved, tmp_path, capsys, case) -> None:
+    root = saved["root"]
+    bert, ids, net, pairs = (str(saved[k]) for k in ("bert", "ids", "net", "tuple"))
+    rho = ["--rho", "0.1"]
+    if case == "label out of range":
+        (tmp_path / "d.jsonl").write_text('{"input_ids": [1, 2], "label": 7}\n')
+    if case == "bad json":
+        (tmp_path / "d.jsonl").write_text('{"input_ids": [1, 2], "label": 0}\nnot json\n')
+    if case == "no label":
+        (tmp_path / "d.jsonl").write_text('{"input_ids": [1, 2]}\n')
+    if case == "config without weights":
+        _bert_config().save_pretrained(tmp_path / "config_only")
+    if case == "garbage data":
+        (tmp_path / "garbage.pt").write_bytes(b"not a torch file at all")
+    if case == "float labels with cross-entropy":
+        (tmp_path / "d.jsonl").write_text('{"input_ids": [1, 2], "label": 0.5}\n')
+    data = str(tmp_path / "d.jsonl")
+    arguments, expected = {
+        "missing model": ([str(root / "absent"), ids, *rho], "does not exist"),
+        "missing data": ([bert, str(root / "absent.jsonl"), *rho], "does not exist"),
+        "unknown measure": ([bert, ids, "--measure", "sharpest", *rho], "unknown measure"),
+        "no rho": ([bert, ids], "--rho is required"),
+        "bad rho": ([bert, ids, "--rho", "-1"], "--rho must be"),
+        "bad order": ([bert, ids, "--order", "3", *rho], "--order must be"),
+        "label out of range": ([bert, data, *rho], "not a class index"),
+        "bad json": ([bert, data, *rho], "line 2: not valid JSON"),
+        "no label": ([bert, data, *rho], "no 'label'"),
+        "not a module": ([pairs, pairs, *rho], "not a torch.nn.Module"),
+        "config without weights": ([str(tmp_path / "config_only"), ids, *rho], "config_only"),
+        "garbage data": ([net, str(tmp_path / "garbage.pt"), *rho], "torch.save file"),
+        "module and data do not fit": ([net, ids, *rho, "--n-iter", "1"], "failed"),
+        "float labels with cross-entropy": ([bert, data, *rho], "--loss mse"),
+    }[case]
+    code = main(["measure", *arguments, "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.err.startswith("quotientsharp measure: error:")
+    assert expected in captured.err, captured.err
+    assert captured.err.count("\n") == 1            # one line, no traceback
+
+
+def test_argument_type_errors_exit_through_argparse(saved, capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["measure", str(saved["bert"]), str(saved["ids"]), "--batch-size", "many"])
+    assert info.value.code == 2
+    assert "--batch-size" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- other commands
+def test_verify_exits_zero(capsys) -> None:
+    assert main(["verify", "--seeds", "1", "--dtype", "float64"]) == 0
+    assert " 0 failed" in capsys.readouterr().out
+
+
+def test_symmetries_of_a_saved_config(tmp_path, capsys) -> None:
+    _bert_config().save_pretrained(tmp_path / "cfg")
+    for target in (tmp_path / "cfg", tmp_path / "cfg" / "config.json"):
+        assert main(["symmetries", str(target)]) == 0
+        text = capsys.readouterr().out
+        assert f"{2 * LAYERS * HEADS} GL(h) pairs" in text
+        assert "every attention-like module was understood" in text
+    assert main(["symmetries", str(tmp_path / "cfg"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    head_dim = HIDDEN // HEADS
+    assert report["gl_count"] == 2 * LAYERS * HEADS
+    assert report["group_dimension"] == 2 * LAYERS * HEADS * head_dim ** 2
+    shapes = {(b["n"], b["m"], b["h"]): b["pairs"] for b in report["buckets"]}
+    # bias rows appended: qk (d + 1) x d_k on both sides, vo (d + 1) x d_v and d x d_v
+    assert shapes == {(HIDDEN + 1, HIDDEN + 1, head_dim): LAYERS * HEADS,
+                      (HIDDEN + 1, HIDDEN, head_dim): LAYERS * HEADS}
+    assert main(["symmetries", str(tmp_path / "absent")]) == 2
