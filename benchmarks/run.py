@@ -86,7 +86,7 @@ class Sizes:
     memory_iters: int = 5
     inplace_iters: int = 20
     inplace_batches: int = 2
-    inplace_repeats: int = 3
+    inplace_repeats: int = 5
     # row 3
     diagonal_d: int = 200
     gl_pairs: int = 4
@@ -269,8 +269,11 @@ def _profile_hot_loop(ctx: Context, batches) -> None:
 
 
 # ---------------------------------------------------------------------------- row 2
-def _engine(ctx: Context, options: dict[str, Any]):
-    """The engine's objects for one batch, built as ``quotientsharp.sharpness`` builds them."""
+def _engine(ctx: Context, options: dict[str, Any], batch_factor: int = 1):
+    """The engine's objects for one batch, built as ``quotientsharp.sharpness`` builds them.
+
+    ``batch_factor`` multiplies the batch size (the geometry does not depend on the batch).
+    """
     from quotientsharp.models import ParameterLayout, find_symmetries
     from quotientsharp.sharpness.batches import resolve_loss, split_batch
     from quotientsharp.sharpness.measures import (
@@ -293,7 +296,11 @@ def _engine(ctx: Context, options: dict[str, Any]):
     generator = torch.Generator(device=ctx.device).manual_seed(0)
     measure = AscentMeasure(functional, AscentSettings(), generator, build)
     measure.setup([])
-    batch = split_batch(ctx.batches()[0], 0, ctx.device, functional.input_dtype)
+    sizes = ctx.sizes
+    raw = bert_batch(sizes.bert_batch * batch_factor, sizes.bert_seq, sizes.bert_vocab,
+                     sizes.bert_labels, ctx.device, seed=1) if batch_factor != 1 else \
+        ctx.batches()[0]
+    batch = split_batch(raw, 0, ctx.device, functional.input_dtype)
     return functional, measure.geometry, measure.coordinates, batch, generator
 
 
@@ -311,8 +318,9 @@ def _objective(functional, geometry, coordinates, batch):
     return objective
 
 
-def _step_parts(ctx: Context, options: dict[str, Any]) -> tuple[dict[str, Callable], dict]:
-    functional, geometry, coordinates, batch, generator = _engine(ctx, options)
+def _step_parts(ctx: Context, options: dict[str, Any],
+                batch_factor: int = 1) -> tuple[dict[str, Callable], dict]:
+    functional, geometry, coordinates, batch, generator = _engine(ctx, options, batch_factor)
     objective = _objective(functional, geometry, coordinates, batch)
     with value_checks(False):
         xi = geometry.project(geometry.random_start(generator))
@@ -381,12 +389,26 @@ def row_geometry_share(ctx: Context) -> Row:
                                                                   + t["geometry"]),
             "median_s": t,
         }
+    # the geometry does not depend on the batch, the forward+backward grows with it: the same
+    # ratio with SCALE x the tokens per batch (forward+backward timed again, geometry reused)
+    scale = 4
+    larger, _ = _step_parts(ctx, MEASURES["geodesic mix"], batch_factor=scale)
+    with value_checks(False):
+        timing = time_interleaved({"forward_backward": larger["forward_backward"]},
+                                  max(ctx.repeats, 3), ctx.device)
+    larger_batch = {
+        "batch": ctx.sizes.bert_batch * scale,
+        "forward_backward_s": timing["forward_backward"].median,
+        "geodesic mix: geometry / forward_backward":
+            summary["geodesic mix"]["median_s"]["geometry"] / timing["forward_backward"].median,
+    }
     return Row(2, "geometry of one step / functional forward+backward", [
         Figure("geodesic mix: geometry / fwd+bwd",
                summary["geodesic mix"]["geometry / forward_backward"], 0.10, "<="),
         Figure("geodesic inv: geometry / fwd+bwd",
                summary["geodesic inv"]["geometry / forward_backward"], 0.10, "<="),
     ], {"bert": ctx.bert_description(), "summary": summary, "blocks": info,
+        "with_larger_batch": larger_batch,
         "geometry_ops": "2 x project (horizontal + norm + rescale), point (order 2, "
                         "Christoffel) forward and backward, direction (raise, horizontal, norm)",
         "layout_ops": "coordinates -> parameter dict (ParameterLayout.to_parameters) forward "

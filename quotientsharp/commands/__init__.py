@@ -8,4 +8,5 @@ COMMANDS = {
     "verify": "quotientsharp.commands.verify",
     "symmetries": "quotientsharp.models.cli",
     "measure": "quotientsharp.commands.measure",
+    "reproduce": "quotientsharp.commands.reproduce",
 }

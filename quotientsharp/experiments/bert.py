@@ -24,15 +24,15 @@ cores, on a generated task whose rule needs attention ("does A come before B?"):
 - sharpness on the first 256 pool sequences (in every training set), 4 batches of 64, Auto-PGD
   with 20 steps: adaptive (rho 0.1), plain L2 worst case (rho 0.02), geodesic inv (rho 0.1) and
   mix (rho 0.02) at orders 1 and 2, relative flatness of the classifier;
-- 32 models; ``--quick``: 6 models, 2-4 epochs on 256-400 sequences, 64 sharpness points in 2
+- 32 models; ``--quick``: 6 models, 4-8 epochs on 256-400 sequences, 64 sharpness points in 2
   batches of 32, 3 ascent steps.
 
 The radii are those of the ViT study (fixed once from pilot models, never adjusted to the
 correlations). Budget: about 18 s of one core per model (~10 min for 32 models on an idle
 2-core machine).
 
-Outputs in ``--out`` (default ``results/bert``), as for ``reproduce vit``; the section
-``docs/results/bert.md`` and the regenerated ``docs/results.md``.
+Outputs in ``--out`` (default ``results/bert``), as for ``reproduce vit``; with ``--docs docs``
+the section ``docs/results/bert.md`` and the regenerated ``docs/results.md``.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ FULL = FamilySettings(
 QUICK = FamilySettings(
     models=6,
     space=HyperparameterSpace(learning_rate=(5e-4, 5e-3), weight_decay=(1e-4, 1e-1),
-                              epochs=(2, 4), label_smoothing=(0.0, 0.2), train_size=(256, 400)),
+                              epochs=(4, 8), label_smoothing=(0.0, 0.2), train_size=(256, 400)),
     train_batch_size=64, sharpness_points=64, sharpness_batch_size=32, n_iter=3)
 
 

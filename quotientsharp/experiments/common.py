@@ -263,6 +263,12 @@ class ResultsDirectory:
         self.path.mkdir(parents=True, exist_ok=True)
         self.run_file = self.path / "run.json"
         previous = self._previous_run()
+        if self.resume and previous is None:
+            leftovers = [name for name in self.owned if (self.path / name).exists()]
+            if leftovers:
+                raise ValueError(f"--resume: {self.path} holds {leftovers[:3]} but no run.json, "
+                                 "so its settings cannot be checked; run without --resume to "
+                                 "start afresh")
         if self.resume and previous is not None:
             self._check_same_settings(previous)
             self.run_info: dict[str, Any] = previous

@@ -118,7 +118,7 @@ __all__ = [
     "measure_nets",
     "run",
     "run_study",
-    "test_losses",
+    "compute_test_losses",
     "train_nets",
 ]
 
@@ -426,7 +426,7 @@ def train_nets(problem: DiagonalProblem, hyper: Sequence[Hyperparameters],
     return done
 
 
-def test_losses(problem: DiagonalProblem, nets: Sequence[TrainedNet]) -> list[float]:
+def compute_test_losses(problem: DiagonalProblem, nets: Sequence[TrainedNet]) -> list[float]:
     """``||X_test (u * v) - y_test||^2 / n_test`` per net (one product per net)."""
     out = []
     for net in nets:
@@ -544,6 +544,10 @@ def _canonical_command(settings: DiagonalSettings) -> str:
     return " ".join(parts)
 
 
+def _default_out(settings: DiagonalSettings) -> str:
+    return "results/diagonal-quick" if settings.variant == "quick" else "results/diagonal"
+
+
 def _summary_stats(values: Sequence[float]) -> tuple[float, float, float]:
     ordered = sorted(values)
     middle = len(ordered) // 2
@@ -559,7 +563,7 @@ def _section(settings: DiagonalSettings, result: StudyResult, records: list[dict
     lines = [
         "## Diagonal networks (paper Sec. 5.1)",
         "",
-        f"Reproduce: `{_canonical_command(settings)}` (outputs in `results/diagonal/`; add "
+        f"Reproduce: `{_canonical_command(settings)}` (outputs in `{_default_out(settings)}/`; add "
         "`--docs docs` to rewrite this section and regenerate this page). "
         f"This run: {len(records)} nets, {len(counted)} counted, wall time {wall:.1f} s "
         f"({threads} torch thread(s){', resumed' if resumed else ''}).",
@@ -596,14 +600,35 @@ def _section(settings: DiagonalSettings, result: StudyResult, records: list[dict
         path = ("(u + xi_u)(v + xi_v)" if spec.kind == "adaptive"
                 else PATH_NAMES[(spec.metric, spec.order)])
         lines.append(f"| {spec.name} | {path} | {low:.3g} | {mid:.3g} | {high:.3g} |")
+    lines += [
+        "",
+        "Facts that hold whatever the numbers, to read the table by:",
+        "",
+        "- From `xi = 0`, the adaptive ascent on `(u, v)` never leaves the horizontal space "
+        "(its raised gradient `dL/dbeta' (1 + b) beta (u, v)` is horizontal at every iterate), "
+        "so it coincides with the order-1 inv geodesic ascent: those two rows agree up to "
+        "rounding (SPEC: order 1 under the GL(1) inv metric is adaptive sharpness).",
+        "- The exact mix path `beta (1 + 2b)` is a straight line in `beta` with "
+        "`||d beta|| <= sqrt(2) rho`: plain L2 worst-case sharpness of the linear model in "
+        "`beta`. On data shared by all nets it is about `2 rho^2 lambda_max(X_B^T X_B / B)` "
+        "plus a gradient term that vanishes at interpolation, so it barely varies between "
+        "nets.",
+        "- The mix ball allows rates `|b_i|` up to `rho / (sqrt(2) |beta_i|)`: the order-1 and "
+        "order-2 mix values are dominated by the smallest `|beta_i|` and spread over many "
+        "decades.",
+    ]
     if test:
         low, mid, high = _summary_stats(test)
         lines += ["", f"Test loss over the counted nets: min {low:.3g}, median {mid:.3g}, "
                   f"max {high:.3g}."]
     if result.unconverged or result.diverged:
-        lines += ["", f"Not counted: {len(result.unconverged)} net(s) above the target loss "
-                  f"after {settings.max_steps} steps {result.unconverged}, "
-                  f"{len(result.diverged)} diverged {result.diverged}."]
+        missed = []
+        if result.unconverged:
+            missed.append(f"net(s) {result.unconverged} still above the target loss after "
+                          f"{settings.max_steps} steps")
+        if result.diverged:
+            missed.append(f"net(s) {result.diverged} diverged")
+        lines += ["", f"Not counted in the correlations: {'; '.join(missed)}."]
     else:
         lines += ["", "Every net reached the target training loss."]
     return "\n".join(lines) + "\n"
@@ -683,7 +708,7 @@ def _run(settings: DiagonalSettings, directory: ResultsDirectory, progress: bool
     train_start = time.perf_counter()
     if to_train:
         frozen = {i: net for i, net in trained.items()}
-        for i, record in finished_records.items():
+        for i in finished_records:
             if i not in frozen:
                 raise ValueError(f"--resume: model {i} is in {MODEL_FILE} but not in "
                                  f"{TRAINED_FILE}; the folder is inconsistent, rerun without "
@@ -704,7 +729,7 @@ def _run(settings: DiagonalSettings, directory: ResultsDirectory, progress: bool
         for row, i in enumerate(healthy):
             per_batch[i] = {name: values[name][row].tolist() for name in _MEASURE_NAMES}
     measure_seconds = time.perf_counter() - measure_start
-    losses = dict(zip(to_measure, test_losses(problem, [trained[i] for i in to_measure]),
+    losses = dict(zip(to_measure, compute_test_losses(problem, [trained[i] for i in to_measure]),
                       strict=True))
     for i in to_measure:
         record = _model_record(hyper[i], trained[i], losses[i], per_batch.get(i))
@@ -808,8 +833,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"quotientsharp reproduce diagonal: error: {err}", file=sys.stderr)
         return 2
-    out = args.out if args.out is not None else Path(
-        "results/diagonal-quick" if args.quick else "results/diagonal")
+    out = args.out if args.out is not None else Path(_default_out(settings))
     try:
         result = run_study(settings, out, resume=args.resume, progress=args.progress,
                            plots=args.plots, docs=args.docs, threads=args.threads)

@@ -446,32 +446,32 @@ class FamilyStudy:
 
 
 def add_family_arguments(parser: Any, study: FamilyStudy) -> None:
-    """Command-line options of a family study."""
+    """Command-line options of a family study (the conventions of ``reproduce diagonal``)."""
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"results folder (default results/{study.name}, or "
+                             f"results/{study.name}-quick with --quick)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the models already in the results folder and compute only "
+                             "the missing ones (the settings must match)")
     parser.add_argument("--quick", action="store_true",
                         help=f"reduced run ({study.quick.models} models, tiny training, "
                              f"{study.quick.n_iter} ascent steps): a smoke test, not a result")
-    parser.add_argument("--out", type=str, default=None,
-                        help=f"results folder (default results/{study.name}, "
-                             f"results/{study.name}-quick with --quick)")
-    parser.add_argument("--resume", action="store_true",
-                        help="keep the finished models of a previous run with the same settings "
-                             "and compute only the missing ones")
-    parser.add_argument("--models", type=int, default=None,
-                        help=f"number of models (default {study.full.models}, "
-                             f"{study.quick.models} with --quick)")
     parser.add_argument("--seed", type=int, default=0,
-                        help="study seed: hyperparameters and initialisations of model i are "
+                        help="study seed: hyperparameters and initialisation of model i are "
                              "drawn from (seed, i) (default 0)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1: the models are tiny)")
-    parser.add_argument("--docs", type=str, default=None,
-                        help=f"docs folder: write <docs>/results/{study.name}.md and regenerate "
-                             "<docs>/results.md (default: docs for a full run, none for "
-                             "--quick)")
-    parser.add_argument("--no-docs", action="store_true", help="write no docs section")
-    parser.add_argument("--no-plots", action="store_true", help="write no scatter plots")
+    parser.add_argument("--models", type=int, default=None,
+                        help=f"number of models (default {study.full.models}, or "
+                             f"{study.quick.models} with --quick)")
+    parser.add_argument("--no-plots", dest="plots", action="store_false",
+                        help="do not write the scatter plots")
     parser.add_argument("--progress", action=argparse_boolean(), default=None,
-                        help="tqdm progress bars (default: on a terminal only)")
+                        help="show progress bars (default: on a terminal)")
+    parser.add_argument("--docs", type=Path, default=None, metavar="DIR",
+                        help=f"also write DIR/results/{study.name}.md and regenerate "
+                             "DIR/results.md")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads during the run (default 1: fastest for these tiny "
+                             "models)")
 
 
 def argparse_boolean():
@@ -505,24 +505,29 @@ def study_settings(study: FamilyStudy, variant: FamilySettings, models: int, see
 def _model_record(study: FamilyStudy, data: ClassificationData, variant: FamilySettings,
                   specs: Sequence[MeasureSpec], batches: Sequence[Any], seed: int,
                   index: int, bar: Any) -> dict[str, Any]:
+    """Train and measure model ``index``; a diverged training is recorded, not retried."""
     hyper = draw_hyperparameters(variant.space, seed, index)
     torch.manual_seed(hyper.init_seed)
     model = study.build_model(data.num_labels)
+    record: dict[str, Any] = {"index": index, **hyper.as_dict(), "diverged": False}
+    record["parameters"] = sum(p.numel() for p in model.parameters())
     start = time.perf_counter()
     bar.set_postfix_str(f"model {index}: training {hyper.epochs} epochs")
-    objective = train_classifier(model, data, hyper, variant.train_batch_size)
-    train_seconds = time.perf_counter() - start
+    try:
+        record["final_train_objective"] = train_classifier(model, data, hyper,
+                                                           variant.train_batch_size)
+    except FloatingPointError as err:
+        # kept in the records (and out of the taus) so that no model is silently dropped
+        record.update(diverged=True, reason=str(err), train_seconds=time.perf_counter() - start)
+        return record
+    record["train_seconds"] = time.perf_counter() - start
     train_inputs = take(data.train_inputs, slice(0, hyper.train_size))
     train_labels = data.train_labels[:hyper.train_size]
-    record: dict[str, Any] = {"index": index, **hyper.as_dict()}
-    record["parameters"] = sum(p.numel() for p in model.parameters())
-    record["final_train_objective"] = objective
     record["train_error"] = error_rate(model, train_inputs, train_labels)
     record["test_error"] = error_rate(model, data.test_inputs, data.test_labels)
     record["gap"] = record["test_error"] - record["train_error"]
     record["train_loss"] = mean_loss(model, train_inputs, train_labels)
     record["test_loss"] = mean_loss(model, data.test_inputs, data.test_labels)
-    record["train_seconds"] = train_seconds
     start = time.perf_counter()
 
     def tick(key: str) -> None:
@@ -542,7 +547,7 @@ def csv_columns(specs: Sequence[MeasureSpec]) -> list[str]:
     return (["index", "learning_rate", "weight_decay", "epochs", "label_smoothing",
              "train_size", "init_seed", "parameters", "final_train_objective", "train_error",
              "test_error", "gap", "train_loss", "test_loss"]
-            + [spec.key for spec in specs] + ["train_seconds", "measure_seconds"])
+            + [spec.key for spec in specs] + ["diverged", "train_seconds", "measure_seconds"])
 
 
 def tau_rows(records: Sequence[Mapping[str, Any]], specs: Sequence[MeasureSpec],
@@ -568,58 +573,116 @@ def _format_rho(rho: float | None) -> str:
 
 def family_section(study: FamilyStudy, settings: Mapping[str, Any],
                    records: Sequence[Mapping[str, Any]], taus: Sequence[Mapping[str, Any]],
-                   command: str, wall_seconds: float, out_dir: str) -> str:
+                   wall_seconds: float, threads: int, resumed: int) -> str:
     """The markdown section ``docs/results/<study>.md``."""
     from .common import TauRow, tau_table
 
-    table = tau_table([TauRow(f"{row['measure']} (rho {_format_rho(row['rho'])})",
+    table = tau_table([TauRow(row["measure"] if row["rho"] is None
+                              else f"{row['measure']} (rho {_format_rho(row['rho'])})",
                               row["tau_a"], row["tau_b"], row["paper"],
                               "" if row["paper"] is None else "paper: other setting")
                        for row in taus])
+    counted = [r for r in records if not r["diverged"]]
+    diverged = [r["index"] for r in records if r["diverged"]]
     space = settings["hyperparameter_space"]
-    gaps = [r["gap"] for r in records]
-    test_errors = [r["test_error"] for r in records]
-    train_errors = [r["train_error"] for r in records]
-    quick_note = ("\n**This is a `--quick` smoke run: tiny training and few ascent steps; the "
-                  "numbers mean nothing.**\n" if settings["quick"] else "")
-    lines = [
-        f"## {study.title}",
-        quick_note,
-        f"Command: `{command}` ({len(records)} models, wall time {wall_seconds / 60:.1f} min "
-        f"on this run's machine; per-model CSV, JSONL and scatter plots in `{out_dir}/`).",
+    quick = settings["quick"]
+    command = f"quotientsharp reproduce {study.name}" + (" --quick" if quick else "")
+    folder = f"results/{study.name}" + ("-quick" if quick else "")
+    lines = [f"## {study.title}", ""]
+    if quick:
+        lines += ["**A `--quick` smoke run (tiny training, few ascent steps): the numbers mean "
+                  "nothing.**", ""]
+    lines += [
+        f"Reproduce: `{command} --docs docs` (outputs in `{folder}/`: per-model CSV and JSONL "
+        "written as each model finishes, `taus.json`, one scatter plot per measure, "
+        f"`run.json`). This run: {len(records)} models, {len(counted)} counted, wall time "
+        f"{wall_seconds / 60:.1f} min ({threads} torch thread(s){', resumed' if resumed else ''}"
+        ").",
         "",
-        study.description.strip(),
+        " ".join(study.description.split()),
         "",
-        f"- Models: {settings['models']}, architecture "
-        f"`{json.dumps(settings['model_config'], sort_keys=True)}`.",
-        f"- Hyperparameters per model, drawn from `numpy.random.default_rng([seed, i])` with "
-        f"seed {settings['seed']}: learning rate log-uniform in {space['learning_rate']}, "
-        f"weight decay log-uniform in {space['weight_decay']}, epochs uniform in "
-        f"{space['epochs']}, label smoothing uniform in {space['label_smoothing']}, "
-        f"training-set size uniform in {space['train_size']}; AdamW, batch "
-        f"{settings['train_batch_size']}, warm-up + cosine decay, dropout 0.",
-        f"- Generalisation gap = test error - train error: range "
-        f"[{min(gaps):+.3f}, {max(gaps):+.3f}]; train error [{min(train_errors):.3f}, "
-        f"{max(train_errors):.3f}], test error [{min(test_errors):.3f}, "
-        f"{max(test_errors):.3f}]." if records else "- No model finished.",
+        f"- Architecture: `{json.dumps(settings['model_config'], sort_keys=True)}`.",
+        f"- Per model i, drawn from `numpy.random.default_rng([{settings['seed']}, i])` (no "
+        f"model is filtered or redrawn): learning rate log-uniform in "
+        f"{space['learning_rate']}, weight decay log-uniform in {space['weight_decay']}, epochs "
+        f"uniform in {space['epochs']}, label smoothing uniform in "
+        f"{space['label_smoothing']}, training-set size uniform in {space['train_size']}, "
+        f"initialisation seed. AdamW, batch {settings['train_batch_size']}, 5% warm-up then "
+        "cosine decay, dropout 0.",
+    ]
+    if counted:
+        gaps = [r["gap"] for r in counted]
+        train_errors = [r["train_error"] for r in counted]
+        test_errors = [r["test_error"] for r in counted]
+        lines.append(
+            f"- Generalisation gap = test error - train error (0-1 errors): range "
+            f"[{min(gaps):+.3f}, {max(gaps):+.3f}]; train error [{min(train_errors):.3f}, "
+            f"{max(train_errors):.3f}], test error [{min(test_errors):.3f}, "
+            f"{max(test_errors):.3f}].")
+    if diverged:
+        lines.append(f"- Diverged in training (kept in the records, left out of the taus): "
+                     f"models {diverged}.")
+    lines += [
         f"- Sharpness on the same {settings['sharpness_points']} training points for every "
-        f"model, in {settings['sharpness_points'] // settings['sharpness_batch_size']} batches "
-        f"of {settings['sharpness_batch_size']} (per batch, then averaged); Auto-PGD with "
-        f"{settings['n_iter']} steps from xi = 0, eta0 = 2 rho. Radii fixed before the study "
-        f"from one pilot model, the same for every model (never adjusted to the taus): "
-        + ", ".join(f"{row['measure']} {_format_rho(row['rho'])}" for row in taus) + ".",
+        f"model (the first points of the pool, inside every training set), in "
+        f"{settings['sharpness_points'] // settings['sharpness_batch_size']} batches of "
+        f"{settings['sharpness_batch_size']}, per batch then averaged; Auto-PGD with "
+        f"{settings['n_iter']} steps from xi = 0, eta0 = 2 rho. Geodesic: attention heads in "
+        "the GL(h) quotient, every other parameter in the adaptive metric along straight "
+        "lines. Radii fixed once, before the study, from pilot models (the perturbed loss "
+        "rises by about 0.005-0.5 nats: far above round-off, not saturated); the same for "
+        "every model and never adjusted to any correlation.",
         "",
-        f"Kendall tau between the gap and each sharpness measure over the {len(records)} "
-        f"models. The paper's column is {study.paper_setting}: a different setting (pretrained "
-        "models fine-tuned at scale), shown for orientation only.",
+        f"Kendall tau between the gap and each sharpness measure over the {len(counted)} "
+        f"counted models. The paper's column is {study.paper_setting}: a different setting "
+        "(large pretrained models, fine-tuned), shown for orientation only.",
         "",
         table,
     ]
     return "\n".join(lines) + "\n"
 
 
-def run_family_study(study: FamilyStudy, args: Any) -> int:
-    """The protocol of the module docstring; returns the exit status."""
+@dataclass
+class FamilyOutcome:
+    """What :func:`family_study` did: the records, the taus, what was computed now."""
+
+    out: Path
+    records: list[dict[str, Any]]
+    taus: list[dict[str, Any]]
+    computed_now: list[int]
+    section: str
+    wall_seconds: float
+
+
+def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = False,
+                 models: int | None = None, seed: int = 0, resume: bool = False,
+                 progress: bool | None = None, plots: bool = True, docs: Path | None = None,
+                 threads: int = 1) -> FamilyOutcome:
+    """Run (or resume) a family study and write every output (see the module docstring).
+
+    Parameters
+    ----------
+    study
+        The family.
+    out
+        Results folder (default ``results/<name>`` or ``results/<name>-quick``).
+    quick
+        The reduced variant.
+    models
+        Number of models (default the variant's).
+    seed
+        Study seed.
+    resume
+        Keep the finished models of the run in ``out`` (same settings required).
+    progress
+        tqdm bar (``None``: on a terminal only).
+    plots
+        Write the scatter plots.
+    docs
+        A docs folder: write ``docs/results/<name>.md`` and regenerate ``docs/results.md``.
+    threads
+        torch threads during the run (restored afterwards).
+    """
     from .common import (
         ResultsDirectory,
         progress_bar,
@@ -629,16 +692,13 @@ def run_family_study(study: FamilyStudy, args: Any) -> int:
         write_section,
     )
 
-    quick = bool(args.quick)
     variant = study.quick if quick else study.full
-    models = _check_positive("--models", args.models if args.models is not None
-                             else variant.models)
-    seed = args.seed
+    models = _check_positive("models", models if models is not None else variant.models)
+    threads = _check_positive("threads", threads)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"--seed must be an integer >= 0, got {seed!r}")
-    torch.set_num_threads(_check_positive("--threads", args.threads))
-    out_dir = args.out or (f"results/{study.name}-quick" if quick else f"results/{study.name}")
-    docs_dir = None if args.no_docs else (args.docs or (None if quick else "docs"))
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    out = Path(out) if out is not None else Path(
+        f"results/{study.name}-quick" if quick else f"results/{study.name}")
 
     data = study.load_data(quick)
     specs = family_measures(study.rhos["adaptive"], study.rhos["worst_case"],
@@ -646,47 +706,77 @@ def run_family_study(study: FamilyStudy, args: Any) -> int:
     settings = study_settings(study, variant, models, seed, specs, data, quick)
     names = ["models.jsonl", "models.csv", "taus.json", "summary.md"]
     names += [f"scatter_{spec.key}.png" for spec in specs]
-    results = ResultsDirectory(out_dir, study.name, settings, args.resume, names)
+    results = ResultsDirectory(out, study.name, settings, resume, names)
     batches = sharpness_batches(data, variant.sharpness_points, variant.sharpness_batch_size)
 
     start = time.perf_counter()
     previous_seconds = float(results.run_info.get("wall_seconds", 0.0))
-    records = {r["index"]: r for r in results.records("models.jsonl")}
+    records = {r["index"]: r for r in results.records("models.jsonl") if r["index"] < models}
     todo = [i for i in range(models) if i not in records]
     columns = csv_columns(specs)
-    bar = progress_bar(models, f"{study.name} models", args.progress, unit="model")
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    bar = progress_bar(models, f"{study.name} models", progress, unit="model")
     bar.update(models - len(todo))
     try:
+        if resume:
+            # the CSV mirrors the JSONL: a run cut between the two writes is repaired here
+            results.write_csv("models.csv", columns, [records[i] for i in sorted(records)])
         for index in todo:
             record = _model_record(study, data, variant, specs, batches, seed, index, bar)
             results.append("models.jsonl", record)
             records[index] = record
-            # a full rewrite keeps the CSV an exact mirror of the JSONL, also after a resume
             results.write_csv("models.csv", columns, [records[i] for i in sorted(records)])
             bar.update(1)
             results.save_run_info(finished_models=len(records),
                                   wall_seconds=previous_seconds + time.perf_counter() - start)
     finally:
         bar.close()
+        torch.set_num_threads(saved_threads)
 
     ordered = [records[i] for i in sorted(records)]
-    taus = tau_rows(ordered, specs, study.paper)
+    counted = [r for r in ordered if not r["diverged"]]
+    taus = tau_rows(counted, specs, study.paper)
     wall = previous_seconds + time.perf_counter() - start
     write_json_atomic(results.file("taus.json"), taus)
-    if not args.no_plots:
-        scatter_plots([r["gap"] for r in ordered],
-                      {spec.key: [r[spec.key] for r in ordered] for spec in specs},
+    if plots and counted:
+        scatter_plots([r["gap"] for r in counted],
+                      {spec.key: [r[spec.key] for r in counted] for spec in specs},
                       results.path, x_label="generalisation gap (test error - train error)",
-                      color=[r["train_size"] for r in ordered], color_label="training-set size",
+                      color=[r["train_size"] for r in counted], color_label="training-set size",
                       titles={row["key"]: f"{row['measure']}: tau-a {row['tau_a']:+.2f}"
                               for row in taus if row["tau_a"] is not None})
-    command = "quotientsharp reproduce " + study.name + (" --quick" if quick else "")
-    section = family_section(study, settings, ordered, taus, command, wall, out_dir)
+    section = family_section(study, settings, ordered, taus, wall, threads,
+                             int(results.run_info.get("resumed", 0)))
     results.file("summary.md").write_text(section)
-    if docs_dir is not None:
-        write_section(Path(docs_dir), study.name, section)
-        regenerate_results_page(Path(docs_dir))
+    if docs is not None:
+        write_section(Path(docs), study.name, section)
+        regenerate_results_page(Path(docs))
     results.save_run_info(status="finished", finished_models=len(ordered), wall_seconds=wall,
-                          taus=taus)
-    print(section)
+                          computed_now=todo, taus=taus)
+    return FamilyOutcome(out, ordered, taus, todo, section, wall)
+
+
+def run_family_study(study: FamilyStudy, args: Any) -> int:
+    """Command-line entry of a family study; returns the exit status."""
+    import sys
+
+    out = args.out if args.out is not None else Path(
+        f"results/{study.name}-quick" if args.quick else f"results/{study.name}")
+    try:
+        outcome = family_study(study, out, quick=args.quick, models=args.models, seed=args.seed,
+                               resume=args.resume, progress=args.progress, plots=args.plots,
+                               docs=args.docs, threads=args.threads)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: finished models are kept in {out}; continue with --resume",
+              file=sys.stderr)
+        return 130
+    except (ValueError, NotADirectoryError) as err:
+        print(f"quotientsharp reproduce {study.name}: error: {err}", file=sys.stderr)
+        return 2
+    print(outcome.section)
+    print(f"computed now: {len(outcome.computed_now)} model(s), wall time "
+          f"{outcome.wall_seconds:.1f} s; results in {outcome.out}"
+          + ("" if args.docs is None else
+             f"; docs section in {args.docs}/results/{study.name}.md"))
     return 0

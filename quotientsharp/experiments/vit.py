@@ -17,17 +17,18 @@ two CPU cores:
 - sharpness on the first 256 pool points (in every training set), 4 batches of 64, Auto-PGD
   with 20 steps: adaptive (rho 0.1), plain L2 worst case (rho 0.02), geodesic inv (rho 0.1) and
   mix (rho 0.02) at orders 1 and 2, relative flatness of the classifier;
-- 32 models; ``--quick``: 6 models, 2-4 epochs on 256-400 images, 64 sharpness points in 2
+- 32 models; ``--quick``: 6 models, 4-8 epochs on 256-400 images, 64 sharpness points in 2
   batches of 32, 3 ascent steps.
 
-The radii were fixed once from a pilot model so that the perturbed loss rises by 0.01-0.5
-nats (neither lost in round-off nor saturated); they are the same for every model and were not
-adjusted after seeing any correlation. Budget: about 15 s of one core per model (~8 min for 32
-models on an idle 2-core machine).
+The radii were fixed once, before the study, from pilot models so that the perturbed loss rises
+by about 0.005-0.5 nats (far above round-off, not saturated); they are the same for every model
+and were not adjusted after seeing any correlation. Budget: about 15 s of one core per model
+(~8 min for 32 models on an idle 2-core machine).
 
 Outputs in ``--out`` (default ``results/vit``): ``models.jsonl`` and ``models.csv`` (one row
 per model, written as it finishes), ``taus.json``, ``scatter_<measure>.png``, ``summary.md``,
-``run.json``; the section ``docs/results/vit.md`` and the regenerated ``docs/results.md``.
+``run.json``; with ``--docs docs`` the section ``docs/results/vit.md`` and the regenerated
+``docs/results.md``.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ FULL = FamilySettings(
 QUICK = FamilySettings(
     models=6,
     space=HyperparameterSpace(learning_rate=(5e-4, 5e-3), weight_decay=(1e-4, 1e-1),
-                              epochs=(2, 4), label_smoothing=(0.0, 0.2), train_size=(256, 400)),
+                              epochs=(4, 8), label_smoothing=(0.0, 0.2), train_size=(256, 400)),
     train_batch_size=64, sharpness_points=64, sharpness_batch_size=32, n_iter=3)
 
 

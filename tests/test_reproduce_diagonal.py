@@ -1,0 +1,469 @@
+"""``quotientsharp reproduce diagonal``: Kendall tau, batched Auto-PGD against the engine, the
+study end to end (quick variant, once), ``--resume`` after interruptions, the docs page.
+
+Independent references: scipy's ``kendalltau`` and hand-counted pairs; the engine's
+``quotientsharp.sharpness`` on an equivalent ``nn.Module``; the exact trust-region maximum of a
+quadratic over a Euclidean ball (for the exact mix path, a straight line in ``beta``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from quotientsharp import sharpness
+from quotientsharp.cli import main
+from quotientsharp.experiments import STUDIES, load_study
+from quotientsharp.experiments.batched_ascent import (
+    AdaptiveGeometry,
+    DiagonalHorizontalGeometry,
+    batched_ascend,
+    mse_objective,
+)
+from quotientsharp.experiments.common import (
+    ResultsDirectory,
+    kendall_tau_a,
+    kendall_tau_b,
+    kendall_tau_b_reference,
+    read_jsonl,
+    regenerate_results_page,
+    write_section,
+)
+from quotientsharp.experiments.diagonal import (
+    MEASURES,
+    DiagonalSettings,
+    compute_test_losses,
+    make_problem,
+    run_study,
+    sharpness_batches,
+)
+from quotientsharp.sharpness import AscentSettings
+
+
+class DiagonalNet(nn.Module):
+    """``y = x (u * v)``; ``diagonal = True`` lets find_symmetries find the GL(1)^d pair."""
+
+    diagonal = True
+
+    def __init__(self, u: torch.Tensor, v: torch.Tensor) -> None:
+        super().__init__()
+        self.u = nn.Parameter(u.clone())
+        self.v = nn.Parameter(v.clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ (self.u * self.v)
+
+
+# ---------------------------------------------------------------------------- Kendall tau
+def _hand_tau_a(x, y) -> float:
+    pairs = list(itertools.combinations(range(len(x)), 2))
+    concordant = sum((x[i] - x[j]) * (y[i] - y[j]) > 0 for i, j in pairs)
+    discordant = sum((x[i] - x[j]) * (y[i] - y[j]) < 0 for i, j in pairs)
+    return (concordant - discordant) / len(pairs)
+
+
+def test_kendall_tau_on_hand_counted_examples() -> None:
+    # one discordant pair out of six
+    assert kendall_tau_a([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6, abs=1e-15)
+    # ties: S = 4 over 6 pairs, one tie in each variable
+    assert kendall_tau_a([1, 2, 2, 3], [1, 1, 2, 3]) == pytest.approx(4 / 6, abs=1e-15)
+    assert kendall_tau_b_reference([1, 2, 2, 3], [1, 1, 2, 3]) == pytest.approx(0.8, abs=1e-15)
+    assert kendall_tau_a([1, 2, 3], [3, 2, 1]) == -1.0
+    assert kendall_tau_b([1, 1, 1], [1, 2, 3]) is None
+    assert kendall_tau_b_reference([1, 1, 1], [1, 2, 3]) is None
+    assert kendall_tau_a([0, math.inf, 1], [0, 2, 1]) == 1.0   # inf is ranked, not rejected
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_kendall_taus_match_scipy_and_hand_count_with_ties(seed: int) -> None:
+    stats = pytest.importorskip("scipy.stats")
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 6, (23,), generator=gen).tolist()      # many ties
+    y = torch.randint(0, 9, (23,), generator=gen).tolist()
+    assert kendall_tau_a(x, y) == pytest.approx(_hand_tau_a(x, y), abs=1e-15)
+    expected = float(stats.kendalltau(x, y).statistic)
+    assert kendall_tau_b_reference(x, y) == pytest.approx(expected, abs=1e-13)
+    assert kendall_tau_b(x, y) == pytest.approx(expected, abs=1e-13)
+    # without ties tau-a and tau-b agree, and both depend only on ranks
+    distinct = torch.randn(17, generator=gen, dtype=torch.float64).tolist()
+    other = torch.randn(17, generator=gen, dtype=torch.float64).tolist()
+    assert kendall_tau_a(distinct, other) == pytest.approx(kendall_tau_b(distinct, other),
+                                                           abs=1e-14)
+    assert kendall_tau_a([math.exp(t) for t in distinct], other) == kendall_tau_a(distinct,
+                                                                                  other)
+
+
+def test_kendall_tau_rejects_bad_input_by_name() -> None:
+    with pytest.raises(ValueError, match="y contains NaN"):
+        kendall_tau_a([1, 2, 3], [1, math.nan, 3])
+    with pytest.raises(ValueError, match="same length"):
+        kendall_tau_b([1, 2, 3], [1, 2])
+    with pytest.raises(ValueError, match="at least 2"):
+        kendall_tau_a([1], [1])
+
+
+# ---------------------------------------------------------------------------- batched ascent
+def _problem(seed: int, dtype: torch.dtype, nets: int = 3, batches: int = 2, size: int = 6,
+             d: int = 5):
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.randn(nets, d, generator=gen, dtype=dtype)
+    v = torch.randn(nets, d, generator=gen, dtype=dtype)
+    x = torch.randn(batches, size, d, generator=gen, dtype=dtype)
+    y = torch.randn(batches, size, generator=gen, dtype=dtype)
+    return u, v, x, y
+
+
+CASES = [("adaptive", None), ("inv", 1), ("inv", 2), ("inv", "exact"), ("mix", 1), ("mix", 2),
+         ("mix", "exact")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize(("metric", "order"), CASES)
+def test_batched_ascent_equals_engine_net_by_net(metric, order, seed: int, dtype) -> None:
+    u, v, x, y = _problem(seed, dtype)
+    nets, batches = u.shape[0], x.shape[0]
+    rho, n_iter = 0.3, 20
+    if (metric, order) == ("mix", "exact"):
+        # the engine refuses radii whose exact mix path reaches u v = 0
+        rho = 0.9 * float((u * v).abs().min()) / math.sqrt(2)
+    if metric == "adaptive":
+        geometry = AdaptiveGeometry(u[:, None], v[:, None], rho, (nets, batches))
+    else:
+        geometry = DiagonalHorizontalGeometry(u[:, None], v[:, None], metric, order, rho,
+                                              (nets, batches))
+    outcome = batched_ascend(geometry, mse_objective(geometry, x, y),
+                             AscentSettings(n_iter=n_iter))
+    assert outcome.sharpness.shape == (nets, batches)
+    assert bool((outcome.sharpness >= 0).all())
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    for net in range(nets):
+        options = dict(rho=rho, loss="mse", n_iter=n_iter, seed=3, progress=False)
+        if metric == "adaptive":
+            expected = sharpness(DiagonalNet(u[net], v[net]), list(zip(x, y, strict=True)),
+                                 measure="adaptive", **options)
+        else:
+            expected = sharpness(DiagonalNet(u[net], v[net]), list(zip(x, y, strict=True)),
+                                 measure="geodesic", metric=metric, order=order, **options)
+        assert outcome.sharpness[net].tolist() == pytest.approx(expected.per_batch, rel=tol,
+                                                                abs=tol)
+        assert float(outcome.sharpness[net].mean()) == pytest.approx(expected.value, rel=tol)
+        assert float(geometry.norm(outcome.xi)[net].max()) <= rho * (1 + 4 * tol)
+
+
+def _trust_region_maximum(A: torch.Tensor, g: torch.Tensor, radius: float) -> float:
+    """``max_{||d|| <= r} g^T d + d^T A d`` for symmetric PSD ``A``: stationarity
+    ``g + 2 A d = 2 l d`` gives ``d = (l I - A)^{-1} g / 2`` with ``l > lambda_max`` fixed by
+    ``||d|| = r`` (bisection on the secular equation; ``g`` is generic, no hard case)."""
+    values, vectors = torch.linalg.eigh(A)
+    c = vectors.T @ g
+    top = float(values[-1])
+
+    def length(lam: float) -> float:
+        return float(((0.5 * c / (lam - values)).square().sum()).sqrt())
+
+    low, high = top + 1e-15, top + 1.0
+    while length(high) > radius:
+        high = top + 2 * (high - top)
+    for _ in range(200):
+        middle = 0.5 * (low + high)
+        low, high = (middle, high) if length(middle) > radius else (low, middle)
+    d = vectors @ (0.5 * c / (high - values))
+    return float(g @ d + d @ A @ d)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_exact_mix_path_crossing_zero_is_the_euclidean_ball_in_beta(seed: int) -> None:
+    # tiny coordinates: the ball reaches beta_i = 0 (the engine would refuse this radius)
+    u, v, x, y = _problem(seed, torch.float64, nets=1, batches=1, size=8, d=4)
+    u = u * torch.tensor([1.0, 1e-3, 1.0, 1e-4], dtype=torch.float64)
+    rho = 0.5
+    assert rho > float((u * v).abs().min()) / math.sqrt(2)
+    geometry = DiagonalHorizontalGeometry(u[:, None], v[:, None], "mix", "exact", rho, (1, 1))
+    outcome = batched_ascend(geometry, mse_objective(geometry, x, y),
+                             AscentSettings(n_iter=200))
+    beta = (u * v)[0]
+    X, target = x[0], y[0]
+    A = X.T @ X / X.shape[0]
+    g = 2 * X.T @ (X @ beta - target) / X.shape[0]
+    expected = _trust_region_maximum(A, g, math.sqrt(2) * rho)   # ||d beta|| = sqrt(2) ||xi||
+    value = float(outcome.sharpness[0, 0])
+    assert value <= expected * (1 + 1e-12)
+    assert value == pytest.approx(expected, rel=1e-6)
+
+
+def test_batched_ascent_rejects_what_it_does_not_do() -> None:
+    u, v, x, y = _problem(0, torch.float64)
+    geometry = DiagonalHorizontalGeometry(u[:, None], v[:, None], "inv", 2, 0.1, (3, 2))
+    with pytest.raises(ValueError, match="restarts"):
+        batched_ascend(geometry, mse_objective(geometry, x, y), AscentSettings(restarts=1))
+    with pytest.raises(ValueError, match="random_init"):
+        batched_ascend(geometry, mse_objective(geometry, x, y),
+                       AscentSettings(random_init=True))
+    u[1, 2] = 0.0
+    with pytest.raises(ValueError, match="no zero entry"):
+        DiagonalHorizontalGeometry(u[:, None], v[:, None], "mix", 1, 0.1, (3, 2))
+    with pytest.raises(ValueError, match="metric"):
+        DiagonalHorizontalGeometry(v[:, None], v[:, None], "euclid", 1, 0.1, (3, 2))
+
+
+# ---------------------------------------------------------------------------- the study
+def _cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """The quick variant through the command line, once for the module."""
+    root = tmp_path_factory.mktemp("diagonal")
+    out, docs = root / "out", root / "docs"
+    code, stdout, stderr = _cli("reproduce", "diagonal", "--quick", "--out", str(out),
+                                "--no-progress", "--docs", str(docs))
+    assert code == 0, stderr
+    return out, docs, stdout
+
+
+def test_quick_run_writes_every_output(quick_run) -> None:
+    out, docs, stdout = quick_run
+    settings = DiagonalSettings.quick()
+    run_info = json.loads((out / "run.json").read_text())
+    assert run_info["status"] == "complete"
+    assert run_info["settings"] == json.loads(json.dumps(settings.as_dict()))
+    for package in ("python", "torch", "numpy", "quotientsharp"):
+        assert run_info["environment"][package]
+    assert run_info["wall_seconds"] < 60
+    assert len(run_info["hyperparameters"]) == settings.nets
+    records = read_jsonl(out / "models.jsonl")
+    assert [r["model"] for r in records] == list(range(settings.nets))
+    csv_lines = (out / "models.csv").read_text().splitlines()
+    assert len(csv_lines) == settings.nets + 1
+    assert csv_lines[0].split(",")[:2] == ["model", "init_scale"]
+    assert {m.name for m in MEASURES} <= set(csv_lines[0].split(","))
+    for record in records:
+        h = run_info["hyperparameters"][record["model"]]
+        assert settings.init_scale[0] <= h["init_scale"] <= settings.init_scale[1]
+        assert settings.learning_rate[0] <= h["learning_rate"] <= settings.learning_rate[1]
+        assert h["batch_size"] in settings.batch_sizes
+        if record["converged"]:
+            assert record["train_loss"] < settings.target_loss
+    assert len({r["init_scale"] for r in records}) == settings.nets
+    assert len({r["batch_size"] for r in records}) > 1
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        for spec in MEASURES:
+            assert (out / f"scatter_{spec.name}.png").read_bytes()[:4] == b"\x89PNG"
+    page = (docs / "results.md").read_text()
+    section = (docs / "results" / "diagonal.md").read_text()
+    assert section == (out / "diagonal.md").read_text()
+    assert section in page and "Generated by" in page
+    for paper in ("-0.68", "-0.83", "-0.86"):
+        assert paper in section
+    assert "`quotientsharp reproduce diagonal --quick`" in section
+    assert "| adaptive |" in stdout
+
+
+def test_quick_run_values_recompute_from_the_saved_nets(quick_run) -> None:
+    out, _, _ = quick_run
+    settings = DiagonalSettings.quick()
+    problem = make_problem(settings)
+    records = {r["model"]: r for r in read_jsonl(out / "models.jsonl")}
+    trained = {r["model"]: r for r in read_jsonl(out / "trained.jsonl")}
+    assert sorted(trained) == sorted(records)
+    from quotientsharp.experiments.diagonal import TrainedNet
+
+    nets = [TrainedNet.from_record(trained[i]) for i in sorted(trained)]
+    for net, test_loss in zip(nets, compute_test_losses(problem, nets), strict=True):
+        record = records[net.model]
+        assert record["test_loss"] == test_loss
+        beta = torch.tensor(net.u, dtype=torch.float64) * torch.tensor(net.v,
+                                                                        dtype=torch.float64)
+        train = float((problem.x_train @ beta - problem.y_train).square().mean())
+        assert train == pytest.approx(record["train_loss"], rel=1e-10)
+
+    # one net through the engine, with the same rho, iterations and batches
+    inputs, targets = sharpness_batches(problem, settings)
+    batches = list(zip(inputs, targets, strict=True))
+    net = nets[0]
+    model = DiagonalNet(torch.tensor(net.u, dtype=torch.float64),
+                        torch.tensor(net.v, dtype=torch.float64))
+    options = dict(rho=settings.rho, n_iter=settings.n_iter, loss="mse", progress=False)
+    engine = {
+        "adaptive": sharpness(model, batches, measure="adaptive", **options),
+        "geodesic_inv_exact": sharpness(model, batches, measure="geodesic", metric="inv",
+                                        order="exact", **options),
+        "geodesic_mix_order2": sharpness(model, batches, measure="geodesic", metric="mix",
+                                         order=2, **options),
+    }
+    for name, result in engine.items():
+        assert records[0]["sharpness_per_batch"][name] == pytest.approx(result.per_batch,
+                                                                        rel=1e-10)
+
+    # the taus of run.json are those of the records
+    run_info = json.loads((out / "run.json").read_text())
+    counted = [records[i] for i in run_info["counted"]]
+    assert counted
+    for spec in MEASURES:
+        xs = [r["test_loss"] for r in counted]
+        ys = [r["sharpness"][spec.name] for r in counted]
+        assert run_info["taus"][spec.name]["tau_a"] == kendall_tau_a(xs, ys)
+        assert run_info["taus"][spec.name]["paper"] == spec.paper
+    # the implicit bias: small initialisation, sparse interpolant, low test loss
+    scales = [r["init_scale"] for r in counted]
+    assert kendall_tau_a(scales, [r["test_loss"] for r in counted]) > 0.5
+
+
+def test_quick_run_resume_recomputes_nothing(quick_run) -> None:
+    out, _, _ = quick_run
+    before = {name: (out / name).read_bytes() for name in ("models.jsonl", "trained.jsonl",
+                                                            "models.csv")}
+    code, stdout, stderr = _cli("reproduce", "diagonal", "--quick", "--out", str(out),
+                                "--no-progress", "--no-plots", "--resume")
+    assert code == 0, stderr
+    assert "trained now: 0, measured now: 0" in stdout
+    for name, content in before.items():
+        assert (out / name).read_bytes() == content
+    run_info = json.loads((out / "run.json").read_text())
+    assert run_info["trained_now"] == [] and run_info["measured_now"] == []
+    assert run_info["resumed"] == 1
+    code, _, stderr = _cli("reproduce", "diagonal", "--quick", "--out", str(out),
+                           "--no-progress", "--no-plots", "--resume", "--seed", "1")
+    assert code == 2 and "settings differ" in stderr and "seed" in stderr
+
+
+TINY = dict(nets=6, d=30, n_train=20, n_test=300, support=3, batch_sizes=(5, 10, 20),
+            sharpness_batch_size=10, init_scale=(0.01, 1.0), learning_rate=(0.05, 0.2),
+            max_steps=30_000, n_iter=6)
+
+
+class _Stop(KeyboardInterrupt):
+    pass
+
+
+def _interrupt_after(kind: str, count: int):
+    seen = []
+
+    def hook(record_kind: str, index: int) -> None:
+        if record_kind == kind:
+            seen.append(index)
+            if len(seen) == count:
+                raise _Stop
+
+    return hook, seen
+
+
+@pytest.mark.parametrize("kind", ["trained", "model"])
+def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, kind: str) -> None:
+    settings = DiagonalSettings(**TINY)
+    reference = run_study(settings, tmp_path / "reference", progress=False, plots=False)
+    assert len(reference.counted) >= 4
+    folder = tmp_path / "interrupted"
+    hook, seen = _interrupt_after(kind, 2)
+    with pytest.raises(_Stop):
+        run_study(settings, folder, progress=False, plots=False, on_record=hook)
+    assert json.loads((folder / "run.json").read_text())["status"] == "interrupted"
+    kept_trained = (folder / "trained.jsonl").read_text()
+    # a write torn by the interruption: resume must drop it
+    with (folder / "models.jsonl").open("a") as stream:
+        stream.write('{"model": 5, "test_lo')
+    resumed = run_study(settings, folder, resume=True, progress=False, plots=False)
+    assert (folder / "trained.jsonl").read_text().startswith(kept_trained)
+    if kind == "trained":
+        assert sorted(set(resumed.trained_now) | set(seen)) == list(range(settings.nets))
+        assert not set(resumed.trained_now) & set(seen)
+        assert resumed.measured_now == list(range(settings.nets))
+    else:
+        assert resumed.trained_now == []
+        assert sorted(set(resumed.measured_now) | set(seen)) == list(range(settings.nets))
+        assert not set(resumed.measured_now) & set(seen)
+    # bit for bit: frozen nets stay in the training batch, the measure reduces per row
+    assert resumed.records == reference.records
+    assert resumed.taus == reference.taus
+    assert read_jsonl(folder / "models.jsonl") == reference.records
+    assert (folder / "models.csv").read_text() == (tmp_path / "reference" /
+                                                   "models.csv").read_text()
+
+
+def test_fresh_run_replaces_old_results_and_settings_are_validated(tmp_path) -> None:
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "models.jsonl").write_text('{"model": 0}\n')
+    (folder / "notes.txt").write_text("kept")
+    directory = ResultsDirectory(folder, "diagonal", {"a": 1}, resume=False,
+                                 owned=["models.jsonl"])
+    assert not (folder / "models.jsonl").exists() and (folder / "notes.txt").exists()
+    directory.append("models.jsonl", {"model": 0, "value": 0.1})
+    with pytest.raises(ValueError, match="settings differ"):
+        ResultsDirectory(folder, "diagonal", {"a": 2}, resume=True, owned=["models.jsonl"])
+    with pytest.raises(ValueError, match="belongs to study"):
+        ResultsDirectory(folder, "bert", {"a": 1}, resume=True, owned=["models.jsonl"])
+    with pytest.raises(ValueError, match="batch_sizes"):
+        DiagonalSettings(batch_sizes=(30,))
+    with pytest.raises(ValueError, match="nets"):
+        DiagonalSettings(nets=1)
+    with pytest.raises(ValueError, match="init_scale"):
+        DiagonalSettings(init_scale=(0.0, 1.0))
+
+
+def test_results_page_is_regenerated_from_the_sections_present(tmp_path) -> None:
+    write_section(tmp_path, "zzz_extra", "## Extra\n\nlast")
+    write_section(tmp_path, "bert", "## BERT\n\nsecond")
+    write_section(tmp_path, "diagonal", "## Diagonal\n\nfirst")
+    page = regenerate_results_page(tmp_path).read_text()
+    assert page.startswith("# Results")
+    assert page.index("## Diagonal") < page.index("## BERT") < page.index("## Extra")
+    missing = [s for s in STUDIES if s not in ("bert", "diagonal")]
+    for study in missing:
+        assert f"quotientsharp reproduce {study}" in page
+    (tmp_path / "results" / "bert.md").unlink()
+    assert "## BERT" not in regenerate_results_page(tmp_path).read_text()
+    with pytest.raises(ValueError, match="plain name"):
+        write_section(tmp_path, "../x", "no")
+
+
+def test_reproduce_registry_builds_the_subcommands() -> None:
+    module = load_study("diagonal")
+    assert callable(module.add_arguments) and callable(module.run)
+    with pytest.raises(ValueError, match="unknown study"):
+        load_study("nope")
+    code, stdout, _ = _cli_help("reproduce", "--help")
+    assert code == 0 and "diagonal" in stdout
+
+
+def _cli_help(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(argv))
+        except SystemExit as exit_:
+            return int(exit_.code or 0), out.getvalue(), err.getvalue()
+    return 0, out.getvalue(), err.getvalue()
+
+
+def test_plots_without_matplotlib_print_a_hint(tmp_path, monkeypatch, capsys) -> None:
+    from quotientsharp.experiments.common import PLOT_INSTALL_HINT, scatter_plots
+
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(__import__("sys").modules, name, None)   # import raises
+    assert scatter_plots([1.0, 2.0], {"m": [1.0, 3.0]}, tmp_path, x_label="x") is None
+    assert PLOT_INSTALL_HINT in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_resume_refuses_results_without_run_json(tmp_path) -> None:
+    (tmp_path / "models.jsonl").write_text('{"model": 0}\n')
+    with pytest.raises(ValueError, match="no run.json"):
+        ResultsDirectory(tmp_path, "diagonal", {"a": 1}, resume=True, owned=["models.jsonl"])
+    assert (tmp_path / "models.jsonl").exists()
