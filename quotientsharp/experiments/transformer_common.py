@@ -629,9 +629,9 @@ def family_section(study: FamilyStudy, settings: Mapping[str, Any],
         f"{settings['sharpness_batch_size']}, per batch then averaged; Auto-PGD with "
         f"{settings['n_iter']} steps from xi = 0, eta0 = 2 rho. Geodesic: attention heads in "
         "the GL(h) quotient, every other parameter in the adaptive metric along straight "
-        "lines. Radii fixed once, before the study, from pilot models (the perturbed loss "
-        "rises by about 0.005-0.5 nats: far above round-off, not saturated); the same for "
-        "every model and never adjusted to any correlation.",
+        "lines. Radii fixed once, before the study, from pilot models (on which the perturbed "
+        "loss rose by about 0.005-0.5 nats, far above round-off); the same for every model "
+        "and never adjusted to any correlation.",
         "",
         f"Kendall tau between the gap and each sharpness measure over the {len(counted)} "
         f"counted models. The paper's column is {study.paper_setting}: a different setting "

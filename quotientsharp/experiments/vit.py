@@ -20,9 +20,10 @@ two CPU cores:
 - 32 models; ``--quick``: 6 models, 4-8 epochs on 256-400 images, 64 sharpness points in 2
   batches of 32, 3 ascent steps.
 
-The radii were fixed once, before the study, from pilot models so that the perturbed loss rises
-by about 0.005-0.5 nats (far above round-off, not saturated); they are the same for every model
-and were not adjusted after seeing any correlation. Budget: about 15 s of one core per model
+The radii were fixed once, before the study, from pilot models, on which the perturbed loss rose
+by about 0.005-0.5 nats (far above round-off); they are the same for every model and were not
+adjusted after seeing any correlation (on some models of the study the plain worst case and the
+mix geodesic reach a few nats). Budget: about 15 s of one core per model
 (~8 min for 32 models on an idle 2-core machine).
 
 Outputs in ``--out`` (default ``results/vit``): ``models.jsonl`` and ``models.csv`` (one row
