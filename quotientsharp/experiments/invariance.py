@@ -356,22 +356,23 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
                 "matrices": "A = a N per head, N standard Gaussian, torch.Generator seed "
                             "1000 * seed + point, condition number <= 1e6",
                 "ratio": "sharpness(original) / sharpness(reparametrised)", "sharpness_seed": 0}
-    results = ResultsDirectory(out, "invariance", settings, resume,
-                               ["points.jsonl", "invariance.csv", "invariance.png",
-                                "summary.md"])
-    start = time.perf_counter()
-    previous_seconds = float(results.run_info.get("wall_seconds", 0.0))
-    done = {r["point"]: r for r in results.records("points.jsonl")}
-    todo = [p for p in range(-1, len(variant.grid)) if p not in done]
-    columns = ["point", "a", "max_condition", "max_logit_change", "clean_loss"]
-    columns += [c for key, _, _ in MEASURES for c in (key, f"ratio_{key}")]
-    columns += ["seconds"]
-
     saved_threads = torch.get_num_threads()
+    # set before ResultsDirectory, so that run.json records the thread count the run uses
     torch.set_num_threads(threads)
-    bar = progress_bar(len(variant.grid) + 1, "invariance grid", progress, unit="point")
-    bar.update(len(variant.grid) + 1 - len(todo))
+    bar = None
     try:
+        results = ResultsDirectory(out, "invariance", settings, resume,
+                                   ["points.jsonl", "invariance.csv", "invariance.png",
+                                    "summary.md"])
+        start = time.perf_counter()
+        previous_seconds = float(results.run_info.get("wall_seconds", 0.0))
+        done = {r["point"]: r for r in results.records("points.jsonl")}
+        todo = [p for p in range(-1, len(variant.grid)) if p not in done]
+        columns = ["point", "a", "max_condition", "max_logit_change", "clean_loss"]
+        columns += [c for key, _, _ in MEASURES for c in (key, f"ratio_{key}")]
+        columns += ["seconds"]
+        bar = progress_bar(len(variant.grid) + 1, "invariance grid", progress, unit="point")
+        bar.update(len(variant.grid) + 1 - len(todo))
         if resume:
             results.write_csv("invariance.csv", columns, [done[p] for p in sorted(done)])
         if todo:
@@ -409,7 +410,8 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
             results.save_run_info(finished_points=len(done),
                                   wall_seconds=previous_seconds + time.perf_counter() - start)
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
         torch.set_num_threads(saved_threads)
 
     grid_records = [done[p] for p in sorted(done) if p >= 0]

@@ -706,19 +706,22 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
     settings = study_settings(study, variant, models, seed, specs, data, quick)
     names = ["models.jsonl", "models.csv", "taus.json", "summary.md"]
     names += [f"scatter_{spec.key}.png" for spec in specs]
-    results = ResultsDirectory(out, study.name, settings, resume, names)
-    batches = sharpness_batches(data, variant.sharpness_points, variant.sharpness_batch_size)
-
-    start = time.perf_counter()
-    previous_seconds = float(results.run_info.get("wall_seconds", 0.0))
-    records = {r["index"]: r for r in results.records("models.jsonl") if r["index"] < models}
-    todo = [i for i in range(models) if i not in records]
-    columns = csv_columns(specs)
     saved_threads = torch.get_num_threads()
+    # set before ResultsDirectory, so that run.json records the thread count the run uses
     torch.set_num_threads(threads)
-    bar = progress_bar(models, f"{study.name} models", progress, unit="model")
-    bar.update(models - len(todo))
+    bar = None
     try:
+        results = ResultsDirectory(out, study.name, settings, resume, names)
+        batches = sharpness_batches(data, variant.sharpness_points,
+                                    variant.sharpness_batch_size)
+        start = time.perf_counter()
+        previous_seconds = float(results.run_info.get("wall_seconds", 0.0))
+        records = {r["index"]: r for r in results.records("models.jsonl")
+                   if r["index"] < models}
+        todo = [i for i in range(models) if i not in records]
+        columns = csv_columns(specs)
+        bar = progress_bar(models, f"{study.name} models", progress, unit="model")
+        bar.update(models - len(todo))
         if resume:
             # the CSV mirrors the JSONL: a run cut between the two writes is repaired here
             results.write_csv("models.csv", columns, [records[i] for i in sorted(records)])
@@ -731,7 +734,8 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
             results.save_run_info(finished_models=len(records),
                                   wall_seconds=previous_seconds + time.perf_counter() - start)
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
         torch.set_num_threads(saved_threads)
 
     ordered = [records[i] for i in sorted(records)]
