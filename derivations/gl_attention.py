@@ -90,14 +90,7 @@ def exact_zero(value: object, what: str = "difference") -> tuple[bool, str]:
     return ok, ("exactly 0" if ok else f"{what} nonzero, max |.| = {S.max_abs(value)}")
 
 
-def relative_error(package: Sequence[torch.Tensor], exact: Sequence[sympy.Expr]) -> float:
-    """``max |package - exact| / max |exact|`` over all entries (absolute when exact is 0)."""
-    got = torch.cat([p.reshape(-1) for p in package]).to(torch.float64)
-    want = torch.tensor([float(e) for e in exact], dtype=torch.float64)
-    if got.shape != want.shape:
-        raise ValueError(f"package returned {got.numel()} numbers, expected {want.numel()}")
-    scale = float(want.abs().max()) or 1.0
-    return float((got - want).abs().max()) / scale
+relative_error = S.package_relative_error
 
 
 def numeric_agreement(errors: list[float]) -> tuple[bool, str]:

@@ -514,7 +514,21 @@ def to_torch_function(exprs: Any, symbols: Sequence[sympy.Symbol]
     return function
 
 
+def package_relative_error(package: Sequence[torch.Tensor], exact: Sequence[sympy.Expr]) -> float:
+    """``max |package - exact| / max |exact|`` over all entries (absolute when exact is 0).
+
+    Compares the package's torch output (any shapes, flattened in order) with exact values.
+    """
+    got = torch.cat([p.reshape(-1) for p in package]).to(torch.float64)
+    want = torch.tensor([float(e) for e in exact], dtype=torch.float64)
+    if got.shape != want.shape:
+        raise ValueError(f"package returned {got.numel()} numbers, expected {want.numel()}")
+    scale = float(want.abs().max()) or 1.0
+    return float((got - want).abs().max()) / scale
+
+
 __all__ = [
+    "package_relative_error",
     "christoffel_contraction",
     "christoffel_symbols",
     "christoffel_symbols_at",
