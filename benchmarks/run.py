@@ -10,9 +10,9 @@ Rows (targets in brackets):
    Per-iteration cost is ``(T(n_hi) - T(n_lo)) / (n_hi - n_lo)`` from whole
    ``quotientsharp.sharpness`` calls with ``n_iter = n_lo`` and ``n_hi``: setup (symmetry
    discovery, Gram factorisations, clean loss) cancels.
-2. the engine's geometry operations of one ascent step (two projections ``P_S``, the Riemannian
-   gradient direction, the order-2 point ``theta + xi - Gamma(xi, xi) / 2`` with its backward)
-   against a plain ``functional_call`` forward+backward at the same point [<= 0.10].
+2. the engine's geometry operations of one ascent step (``P_S`` of two horizontal vectors, the
+   Riemannian gradient direction, the order-2 point ``theta + xi - Gamma(xi, xi) / 2`` with its
+   backward) against a plain ``functional_call`` forward+backward at the same point [<= 0.10].
 3. closed-form operators (Christoffel contraction, horizontal projection, Riemannian gradient)
    against the generic autograd defaults of :mod:`quotientsharp.reference`, per quotient
    (diagonal inv/mix, GL inv/mix/euclidean); the figure is the smallest speed-up [>= 20x].
@@ -336,11 +336,12 @@ def _step_parts(ctx: Context, options: dict[str, Any],
             functional.loss(batch, param_leaves), list(param_leaves.values())), strict=True))
 
     def geometry_ops():
-        # the geometry of one solver step (solver._single_run): P_S twice, the point with the
+        # the geometry of one solver step (solver._single_run): P_S of a horizontal vector
+        # (clip) twice, the point with the
         # backward through it, and the next direction
-        z = geometry.project(tuple(x + eta * d for x, d in zip(xi, direction, strict=True)))
-        new = geometry.project(tuple(x + alpha * (zz - x) + (1 - alpha) * (x - p)
-                                     for x, zz, p in zip(xi, z, previous, strict=True)))
+        z = geometry.clip(tuple(x + eta * d for x, d in zip(xi, direction, strict=True)))
+        new = geometry.clip(tuple(x + alpha * (zz - x) + (1 - alpha) * (x - p)
+                                  for x, zz, p in zip(xi, z, previous, strict=True)))
         leaves = tuple(t.detach().requires_grad_(True) for t in new)
         with torch.enable_grad():
             moved = geometry.point(leaves)
@@ -409,7 +410,7 @@ def row_geometry_share(ctx: Context) -> Row:
                summary["geodesic inv"]["geometry / forward_backward"], 0.10, "<="),
     ], {"bert": ctx.bert_description(), "summary": summary, "blocks": info,
         "with_larger_batch": larger_batch,
-        "geometry_ops": "2 x project (horizontal + norm + rescale), point (order 2, "
+        "geometry_ops": "2 x clip (norm + rescale of a horizontal vector), point (order 2, "
                         "Christoffel) forward and backward, direction (raise, horizontal, norm)",
         "layout_ops": "coordinates -> parameter dict (ParameterLayout.to_parameters) forward "
                       "and backward",
@@ -543,17 +544,20 @@ def _geometry_held_bytes(ctx: Context, options: dict[str, Any]) -> dict[str, flo
     caches = [t for block in geometry.blocks for t in tensors_of(block)
               if t.untyped_storage().data_ptr() not in base_ids]
     tangent_bytes = tensor_bytes(geometry.base)
+    model_storage = {p.untyped_storage().data_ptr() for p in ctx.model.parameters()}
+    copies = [t for t in [*functional.theta.values(), *functional.buffers.values()]
+              if t.untyped_storage().data_ptr() not in model_storage]
     return {
-        "model clones (FunctionalModel.theta + buffers)":
-            tensor_bytes([*functional.theta.values(), *functional.buffers.values()])
-            / parameter_bytes,
+        "functional model copies (buffers; theta shares the model's storage, unperturbed "
+        "parameters get private clones on first use)":
+            tensor_bytes(copies) / parameter_bytes,
         "coordinates (one tangent-sized copy of the perturbed tensors)":
             tangent_bytes / parameter_bytes if options["measure"] != "adaptive" else 0.0,
         "geometry caches (block attributes beyond the base point)":
             tensor_bytes(caches) / parameter_bytes,
-        "solver iterates, estimate counted from solver.py (xi, previous, direction, best xi, "
-        "best direction, new, new direction, gradient, z: 9 tangent-sized tuples)":
-            9 * tangent_bytes / parameter_bytes,
+        "solver iterates alive during a forward+backward, counted from solver.py (xi, "
+        "previous, direction, best xi, best direction, new: 6 tangent-sized tuples)":
+            6 * tangent_bytes / parameter_bytes,
     }
 
 
@@ -586,7 +590,7 @@ def row_memory(ctx: Context) -> Row:
         with value_checks(False):
             xi = geometry.project(geometry.random_start(generator))
         pieces[name] = {
-            "engine setup peak (model clones, coordinates, geometry caches)":
+            "engine setup peak (coordinates, geometry caches)":
                 peak_memory(lambda options=options: _engine(ctx, options), ctx.device)
                 / parameter_bytes,
             "one objective evaluation beyond fwd+bwd":

@@ -38,12 +38,19 @@ process unless some batch leaves a parameter without gradient that another batch
 Many models: :func:`shard` deals any list (models, checkpoints, configurations) over the ranks,
 :func:`gather_indexed` and :func:`distributed_map` put per-item results back in order on every
 rank, and :func:`models_sharpness` measures a list of models, each whole on one rank.
+
+Whole programs: :func:`torchrun_world_size` reads whether torchrun asked for several processes,
+and :func:`run_on_rank0` runs a step (writing files, checking a results folder) on rank 0 only
+and hands its value, or its exception, to every rank; ``quotientsharp reproduce STUDY`` uses
+both (see ``docs/cli.md``, "Running studies under torchrun").
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import os
+import pickle
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -62,8 +69,10 @@ __all__ = [
     "is_randomised",
     "models_sharpness",
     "rank_and_world_size",
+    "run_on_rank0",
     "shard",
     "split_models",
+    "torchrun_world_size",
 ]
 
 Item = TypeVar("Item")
@@ -71,7 +80,8 @@ Value = TypeVar("Value")
 
 
 # ---------------------------------------------------------------------------- process group
-def init_distributed(backend: str | None = None) -> tuple[int, int]:
+def init_distributed(backend: str | None = None,
+                     timeout: float | datetime.timedelta | None = None) -> tuple[int, int]:
     """Initialise the default process group from torchrun's environment, if not yet done.
 
     Parameters
@@ -79,6 +89,9 @@ def init_distributed(backend: str | None = None) -> tuple[int, int]:
     backend
         ``"gloo"`` or ``"nccl"``; default ``"nccl"`` when CUDA is available, else ``"gloo"``.
         With NCCL the current CUDA device is set to ``LOCAL_RANK``.
+    timeout
+        Seconds (or a ``timedelta``) that the rendezvous and every collective may wait before
+        raising; ``None``: torch's default (30 minutes for gloo, 10 for NCCL).
 
     Returns
     -------
@@ -98,8 +111,35 @@ def init_distributed(backend: str | None = None) -> tuple[int, int]:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend)
+        if timeout is None:
+            dist.init_process_group(backend)
+        else:
+            if not isinstance(timeout, datetime.timedelta):
+                if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+                        or not timeout > 0:
+                    raise ValueError(f"timeout must be a number of seconds > 0 or a "
+                                     f"timedelta, got {timeout!r}")
+                timeout = datetime.timedelta(seconds=float(timeout))
+            dist.init_process_group(backend, timeout=timeout)
     return dist.get_rank(), dist.get_world_size()
+
+
+def torchrun_world_size(environ: Mapping[str, str] | None = None) -> int:
+    """The world size torchrun asks for: ``WORLD_SIZE`` when ``RANK`` and it are set, else 1.
+
+    A value above 1 means "initialise a process group" (:func:`init_distributed`); 1 (no
+    torchrun, or ``--nproc_per_node 1``) means "run in this process alone".
+    """
+    environ = os.environ if environ is None else environ
+    if "RANK" not in environ or "WORLD_SIZE" not in environ:
+        return 1
+    try:
+        world_size = int(environ["WORLD_SIZE"])
+    except ValueError:
+        raise ValueError(f"WORLD_SIZE must be an integer, got {environ['WORLD_SIZE']!r}") from None
+    if world_size < 1:
+        raise ValueError(f"WORLD_SIZE must be >= 1, got {world_size}")
+    return world_size
 
 
 def rank_and_world_size(group: Any = None) -> tuple[int, int]:
@@ -186,6 +226,63 @@ def distributed_map(function: Callable[[Item], Value], items: Iterable[Item],
     """``[function(item) for item in items]``, each item on one rank, the list on every rank."""
     return gather_indexed([(i, function(item)) for i, item in shard(items, group=group)],
                           group=group)
+
+
+def _portable_error(error: Exception) -> Exception:
+    """``error`` if it survives pickling, else a RuntimeError carrying its type and message."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+    return error
+
+
+def run_on_rank0(function: Callable[[], Value], *, share: bool = True,
+                 group: Any = None) -> Value | None:
+    """Call ``function()`` on rank 0 only; its value, or its exception, reaches every rank.
+
+    The single-writer pattern: rank 0 touches the files (creates a results folder, checks the
+    settings of a run being resumed, writes the summary) and the other ranks learn the outcome
+    from one ``broadcast_object_list``. An exception raised by ``function`` on rank 0 is raised
+    again on every rank (the same type and message, when it can be pickled), so that all ranks
+    stop with the same error instead of some of them waiting in a later collective. Without a
+    process group (or world size 1) this is ``function()``.
+
+    Parameters
+    ----------
+    function
+        Called with no argument, on rank 0 only.
+    share
+        Send the value to the other ranks (it must be picklable); otherwise they get ``None``
+        (and still learn about an exception).
+    group
+        Process group (default: the world); ``function`` runs on its rank 0.
+
+    Returns
+    -------
+    object
+        On rank 0 the value itself; on the other ranks an unpickled copy (or ``None``).
+    """
+    rank, world_size = rank_and_world_size(group)
+    if world_size == 1:
+        return function()
+    source = 0 if group is None else dist.get_global_rank(group, 0)
+    box: list[Any] = [None]
+    if rank == 0:
+        try:
+            value = function()
+        except Exception as error:
+            box[0] = ("error", _portable_error(error))
+            dist.broadcast_object_list(box, src=source, group=group)
+            raise
+        box[0] = ("ok", value if share else None)
+        dist.broadcast_object_list(box, src=source, group=group)
+        return value
+    dist.broadcast_object_list(box, src=source, group=group)
+    status, payload = box[0]
+    if status == "error":
+        raise payload
+    return payload
 
 
 # ---------------------------------------------------------------------------- sharpness

@@ -363,12 +363,20 @@ def test_batched_equals_loop(metric, eps):
         "christoffel": lambda y, a, b: q.christoffel(y, a, b),
         "horizontality": lambda y, a, b: (q.horizontality_error(y, a),),
     }
+    def rounding_bound(i, j):
+        # batched and single-matrix LAPACK calls may take different kernels (seen on one Xeon:
+        # 1.7e-13 for inv, eps = 0.1, at a point with Gram condition 119), so the two agree to
+        # rounding amplified by the conditioning of the solves: 16 eps kappa
+        kappa = max(float(torch.linalg.cond(c[i, j].mT @ c[i, j])) for c in x)
+        return 16 * EPS64 * kappa
+
     for name, op in ops.items():
         stacked = op(x, u, w)
         for i in range(2):
             for j in range(3):
                 single = op(*(tuple(c[i, j] for c in t) for t in (x, u, w)))
-                assert relative_error(tuple(c[i, j] for c in stacked), single) <= 1e-13, name
+                error = relative_error(tuple(c[i, j] for c in stacked), single)
+                assert error <= rounding_bound(i, j), (name, i, j, error)
     # an unbatched point broadcasts against a batch of tangents
     x0 = tuple(c[0, 0] for c in x)
     stacked = q.horizontal_projection(x0, u)

@@ -1,10 +1,10 @@
 """Auto-PGD over many independent problems at once (a leading problem shape), for diagonal nets.
 
-:func:`quotientsharp.sharpness.solver.ascend` maximises one objective with 0-dim decisions.
-The diagonal study measures every (model, batch) pair, so here every quantity of the solver
-carries a problem shape ``P`` (``[models, batches]`` in the study): the step size ``eta``, the
-checkpoint tests, the best loss and iterate, the momentum. The semantics are those of SPEC
-section 6 and of the engine's ``_single_run``, step for step:
+:func:`batched_ascend` is :func:`quotientsharp.sharpness.solver.ascend` (the engine's solver,
+which takes each decision per problem for a loss of shape ``P``) on the geometries below, where
+``P`` is ``[models, batches]`` in the study: the step size ``eta``, the checkpoint tests, the
+best loss and iterate and the momentum are all per problem. The semantics are those of SPEC
+section 6:
 
 - ``xi_0 = 0``; ``z = P_S(xi_k + eta d_k)`` with ``d_k`` the Riemannian gradient normalised by
   its g-norm; ``xi_1 = z``, then ``xi_{k+1} = P_S(xi_k + alpha (z - xi_k) + (1 - alpha)
@@ -46,7 +46,7 @@ from typing import Protocol
 
 import torch
 
-from ..sharpness.solver import AscentSettings, checkpoints
+from ..sharpness.solver import AscentSettings, ascend
 
 Tensors = tuple[torch.Tensor, ...]
 BatchedObjective = Callable[[Tensors], tuple[torch.Tensor, Tensors]]
@@ -78,21 +78,15 @@ class BatchedGeometry(Protocol):
     def zeros(self) -> Tensors: ...
     def norm(self, xi: Sequence[torch.Tensor]) -> torch.Tensor: ...
     def project(self, xi: Sequence[torch.Tensor]) -> Tensors: ...
+    def clip(self, xi: Sequence[torch.Tensor]) -> Tensors: ...
     def direction(self, egrad: Sequence[torch.Tensor]) -> Tensors: ...
     def point(self, xi: Sequence[torch.Tensor]) -> torch.Tensor: ...
 
 
-def _lift(flag: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``flag`` (``shape=[*P]``) with trailing singleton dims to broadcast against ``like``."""
-    return flag.reshape(*flag.shape, *([1] * (like.dim() - flag.dim())))
-
-
-def _choose(flag: torch.Tensor, a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> Tensors:
-    return tuple(torch.where(_lift(flag, x), x, y) for x, y in zip(a, b, strict=True))
-
-
 def _scale(factor: torch.Tensor, xi: Sequence[torch.Tensor]) -> Tensors:
-    return tuple(_lift(factor, t) * t for t in xi)
+    """``factor`` (``shape=[*P]``) times each tensor of ``xi`` (``shape=[*P, ...]``)."""
+    return tuple(factor.reshape(*factor.shape, *([1] * (t.dim() - factor.dim()))) * t
+                 for t in xi)
 
 
 def _rescale(xi: Sequence[torch.Tensor], norm: torch.Tensor,
@@ -157,6 +151,8 @@ class DiagonalHorizontalGeometry:
         # the iterate is horizontal by construction: P_S is the radial rescale alone
         return _rescale(xi, self.norm(xi), self.radius)
 
+    clip = project      # the solver's name for P_S on horizontal vectors
+
     def direction(self, egrad: Sequence[torch.Tensor]) -> Tensors:
         (gradient,) = egrad
         rate = 0.5 * gradient if self.metric == "inv" else 0.5 * gradient / self._beta_sq
@@ -216,6 +212,8 @@ class AdaptiveGeometry:
 
     def project(self, xi: Sequence[torch.Tensor]) -> Tensors:
         return _rescale(xi, self.norm(xi), self.radius)
+
+    clip = project      # no horizontal space to project on: P_S is the rescale
 
     def direction(self, egrad: Sequence[torch.Tensor]) -> Tensors:
         raised = tuple(e * c2 for e, c2 in zip(egrad, self._scale_sq, strict=True))
@@ -290,54 +288,5 @@ def batched_ascend(geometry: BatchedGeometry, objective: BatchedObjective,
     if settings.random_init or settings.restarts:
         raise ValueError("batched_ascend starts from xi = 0 without restarts: set "
                          "random_init=False and restarts=0")
-    n_iter, alpha = settings.n_iter, settings.alpha
-    marks = [w for w in checkpoints(n_iter) if w < n_iter]
-
-    xi = geometry.zeros()
-    loss, egrad = objective(xi)
-    if on_evaluation is not None:
-        on_evaluation()
-    clean = loss
-    direction = geometry.direction(egrad)
-    best_loss, best_xi, best_direction = loss, xi, direction
-    previous, current_loss = xi, loss
-    eta0 = settings.eta0 if settings.eta0 is not None else 2.0 * geometry.radius
-    eta = torch.zeros_like(loss) + eta0
-    checkpoint_eta, checkpoint_best = eta, best_loss
-    increases = torch.zeros_like(loss)
-    last_mark = 0
-    for k in range(n_iter):
-        z = geometry.project(tuple(x + _lift(eta, x) * d
-                                   for x, d in zip(xi, direction, strict=True)))
-        if k == 0:
-            new = z
-        else:
-            new = geometry.project(tuple(
-                x + alpha * (zz - x) + (1 - alpha) * (x - p)
-                for x, zz, p in zip(xi, z, previous, strict=True)))
-        new_loss, egrad = objective(new)
-        if on_evaluation is not None:
-            on_evaluation()
-        new_direction = geometry.direction(egrad)
-        increases = increases + (new_loss > current_loss).to(increases.dtype)
-        improved = new_loss > best_loss
-        best_loss = torch.where(improved, new_loss, best_loss)
-        best_xi = _choose(improved, new, best_xi)
-        best_direction = _choose(improved, new_direction, best_direction)
-        previous, xi, current_loss, direction = xi, new, new_loss, new_direction
-
-        step = k + 1
-        if marks and step == marks[0]:
-            marks.pop(0)
-            oscillating = increases < 0.75 * (step - last_mark)
-            stalled = (eta == checkpoint_eta) & (best_loss == checkpoint_best)
-            restart = oscillating | stalled
-            checkpoint_eta, checkpoint_best = eta, best_loss
-            eta = torch.where(restart, 0.5 * eta, eta)
-            xi = _choose(restart, best_xi, xi)
-            previous = _choose(restart, best_xi, previous)
-            direction = _choose(restart, best_direction, direction)
-            current_loss = torch.where(restart, best_loss, current_loss)
-            increases = torch.zeros_like(increases)
-            last_mark = step
-    return BatchedOutcome(best_loss, clean, best_xi)
+    outcome = ascend(geometry, objective, settings, on_evaluation=on_evaluation)
+    return BatchedOutcome(outcome.loss, outcome.start_loss, outcome.xi)

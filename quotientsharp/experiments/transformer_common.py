@@ -567,14 +567,21 @@ def tau_rows(records: Sequence[Mapping[str, Any]], specs: Sequence[MeasureSpec],
     return rows
 
 
+def _ranks_text(world_size: int) -> str:
+    return (f" per rank, {world_size} ranks under torchrun, each model trained and measured "
+            "whole on one rank") if world_size > 1 else ""
+
+
 def _format_rho(rho: float | None) -> str:
     return "—" if rho is None else f"{rho:g}"
 
 
 def family_section(study: FamilyStudy, settings: Mapping[str, Any],
                    records: Sequence[Mapping[str, Any]], taus: Sequence[Mapping[str, Any]],
-                   wall_seconds: float, threads: int, resumed: int) -> str:
-    """The markdown section ``docs/results/<study>.md``."""
+                   wall_seconds: float, threads: int, resumed: int,
+                   world_size: int = 1) -> str:
+    """The markdown section ``docs/results/<study>.md`` (``world_size``: ranks of this session,
+    mentioned when above 1)."""
     from .common import TauRow, tau_table
 
     table = tau_table([TauRow(row["measure"] if row["rho"] is None
@@ -596,8 +603,8 @@ def family_section(study: FamilyStudy, settings: Mapping[str, Any],
         f"Reproduce: `{command} --docs docs` (outputs in `{folder}/`: per-model CSV and JSONL "
         "written as each model finishes, `taus.json`, one scatter plot per measure, "
         f"`run.json`). This run: {len(records)} models, {len(counted)} counted, wall time "
-        f"{wall_seconds / 60:.1f} min ({threads} torch thread(s){', resumed' if resumed else ''}"
-        ").",
+        f"{wall_seconds / 60:.1f} min ({threads} torch thread(s)"
+        f"{_ranks_text(world_size)}{', resumed' if resumed else ''}).",
         "",
         " ".join(study.description.split()),
         "",
@@ -660,6 +667,23 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
                  threads: int = 1) -> FamilyOutcome:
     """Run (or resume) a family study and write every output (see the module docstring).
 
+    Under torchrun (an initialised process group of ``W > 1`` ranks), call it on every rank
+    with the same arguments. The models still missing are dealt round-robin over the ranks
+    (:func:`quotientsharp.distributed.shard`); each is trained and measured whole on its rank,
+    from seeds that depend on ``(seed, index)`` only, so its record is the one a single process
+    computes. Writing, in one sentence: rank 0 alone creates, checks and finishes the results
+    folder, and during the run each rank ``r`` appends each model it finishes, flushed, to its
+    own shard ``models.rank{r}.jsonl``. Why shards and not a gather after each round of ``W``
+    models: a model is safe on disk the moment it finishes, whichever rank computed it, so an
+    interrupted run loses no finished model (a per-round gather loses the models of the
+    unfinished round), and no rank waits for the others before the end. There is one writer per
+    file, so no locking is needed. Rank 0 rewrites ``models.csv`` and ``run.json`` from the
+    file and the shards as its own models finish; at the end the records are all-gathered and
+    rank 0 folds the shards into ``models.jsonl`` (sorted by index, the single-process order) and
+    deletes them. ``--resume``, under any number of ranks or none, reads ``models.jsonl``
+    together with any shards left by an interrupted run, so it recomputes exactly the missing
+    models. Every rank returns the same outcome.
+
     Parameters
     ----------
     study
@@ -675,19 +699,22 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
     resume
         Keep the finished models of the run in ``out`` (same settings required).
     progress
-        tqdm bar (``None``: on a terminal only).
+        tqdm bar (``None``: on a terminal only; rank 0 only under torchrun).
     plots
         Write the scatter plots.
     docs
         A docs folder: write ``docs/results/<name>.md`` and regenerate ``docs/results.md``.
     threads
-        torch threads during the run (restored afterwards).
+        torch threads during the run, per rank (restored afterwards).
     """
+    from ..distributed import gather_indexed, rank_and_world_size, run_on_rank0, shard
     from .common import (
         ResultsDirectory,
+        append_jsonl,
         progress_bar,
         regenerate_results_page,
         scatter_plots,
+        shard_name,
         write_json_atomic,
         write_section,
     )
@@ -699,6 +726,8 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
     out = Path(out) if out is not None else Path(
         f"results/{study.name}-quick" if quick else f"results/{study.name}")
+    rank, world_size = rank_and_world_size()
+    distributed = world_size > 1
 
     data = study.load_data(quick)
     specs = family_measures(study.rhos["adaptive"], study.rhos["worst_case"],
@@ -706,33 +735,61 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
     settings = study_settings(study, variant, models, seed, specs, data, quick)
     names = ["models.jsonl", "models.csv", "taus.json", "summary.md"]
     names += [f"scatter_{spec.key}.png" for spec in specs]
+    columns = csv_columns(specs)
     saved_threads = torch.get_num_threads()
     # set before ResultsDirectory, so that run.json records the thread count the run uses
     torch.set_num_threads(threads)
     bar = None
+    # rank 0's ResultsDirectory; the other ranks never write through one
+    folder: dict[str, ResultsDirectory] = {}
+
+    def open_folder() -> tuple[dict[int, dict[str, Any]], float]:
+        results = ResultsDirectory(out, study.name, settings, resume, names,
+                                   sharded=["models.jsonl"])
+        folder["results"] = results
+        # shards of an interrupted distributed run join models.jsonl before anything else
+        finished = {r["index"]: r for r in results.consolidate("models.jsonl", "index")
+                    if r["index"] < models}
+        if resume:
+            # the CSV mirrors the JSONL: a run cut between the two writes is repaired here
+            results.write_csv("models.csv", columns, [finished[i] for i in sorted(finished)])
+        return finished, float(results.run_info.get("wall_seconds", 0.0))
+
     try:
-        results = ResultsDirectory(out, study.name, settings, resume, names)
+        records, previous_seconds = run_on_rank0(open_folder)
+        results = folder.get("results")
         batches = sharpness_batches(data, variant.sharpness_points,
                                     variant.sharpness_batch_size)
         start = time.perf_counter()
-        previous_seconds = float(results.run_info.get("wall_seconds", 0.0))
-        records = {r["index"]: r for r in results.records("models.jsonl")
-                   if r["index"] < models}
         todo = [i for i in range(models) if i not in records]
-        columns = csv_columns(specs)
-        bar = progress_bar(models, f"{study.name} models", progress, unit="model")
-        bar.update(models - len(todo))
-        if resume:
-            # the CSV mirrors the JSONL: a run cut between the two writes is repaired here
-            results.write_csv("models.csv", columns, [records[i] for i in sorted(records)])
-        for index in todo:
+        mine = shard(todo)                   # (position in todo, model index)
+        bar = progress_bar(len(records) + len(mine), f"{study.name} models",
+                           progress if rank == 0 else False, unit="model")
+        bar.update(len(records))
+        computed: list[tuple[int, dict[str, Any]]] = []
+        for position, index in mine:
             record = _model_record(study, data, variant, specs, batches, seed, index, bar)
-            results.append("models.jsonl", record)
-            records[index] = record
-            results.write_csv("models.csv", columns, [records[i] for i in sorted(records)])
+            computed.append((position, record))
+            if not distributed:
+                results.append("models.jsonl", record)
+                records[index] = record
+                results.write_csv("models.csv", columns, [records[i] for i in sorted(records)])
+                bar.update(1)
+                results.save_run_info(finished_models=len(records),
+                                      wall_seconds=previous_seconds + time.perf_counter() - start)
+                continue
+            append_jsonl(out / shard_name("models.jsonl", rank), record)
             bar.update(1)
-            results.save_run_info(finished_models=len(records),
-                                  wall_seconds=previous_seconds + time.perf_counter() - start)
+            if rank == 0:
+                # a live mirror of every rank's finished models (shards read, never repaired)
+                live = {r["index"]: r for r in results.merged_records("models.jsonl", "index",
+                                                                      repair=False)}
+                results.write_csv("models.csv", columns, [live[i] for i in sorted(live)])
+                results.save_run_info(finished_models=len(live),
+                                      wall_seconds=previous_seconds + time.perf_counter() - start)
+        if distributed:
+            for position, record in enumerate(gather_indexed(computed)):
+                records[todo[position]] = record
     finally:
         if bar is not None:
             bar.close()
@@ -741,29 +798,40 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
     ordered = [records[i] for i in sorted(records)]
     counted = [r for r in ordered if not r["diverged"]]
     taus = tau_rows(counted, specs, study.paper)
-    wall = previous_seconds + time.perf_counter() - start
-    write_json_atomic(results.file("taus.json"), taus)
-    if plots and counted:
-        scatter_plots([r["gap"] for r in counted],
-                      {spec.key: [r[spec.key] for r in counted] for spec in specs},
-                      results.path, x_label="generalisation gap (test error - train error)",
-                      color=[r["train_size"] for r in counted], color_label="training-set size",
-                      titles={row["key"]: f"{row['measure']}: tau-a {row['tau_a']:+.2f}"
-                              for row in taus if row["tau_a"] is not None})
-    section = family_section(study, settings, ordered, taus, wall, threads,
-                             int(results.run_info.get("resumed", 0)))
-    results.file("summary.md").write_text(section)
-    if docs is not None:
-        write_section(Path(docs), study.name, section)
-        regenerate_results_page(Path(docs))
-    results.save_run_info(status="finished", finished_models=len(ordered), wall_seconds=wall,
-                          computed_now=todo, taus=taus)
+
+    def finish() -> tuple[str, float]:
+        wall = previous_seconds + time.perf_counter() - start
+        if distributed:
+            results.consolidate("models.jsonl", "index")
+            results.write_csv("models.csv", columns, ordered)
+        write_json_atomic(results.file("taus.json"), taus)
+        if plots and counted:
+            scatter_plots([r["gap"] for r in counted],
+                          {spec.key: [r[spec.key] for r in counted] for spec in specs},
+                          results.path, x_label="generalisation gap (test error - train error)",
+                          color=[r["train_size"] for r in counted],
+                          color_label="training-set size",
+                          titles={row["key"]: f"{row['measure']}: tau-a {row['tau_a']:+.2f}"
+                                  for row in taus if row["tau_a"] is not None})
+        section = family_section(study, settings, ordered, taus, wall, threads,
+                                 int(results.run_info.get("resumed", 0)), world_size)
+        results.file("summary.md").write_text(section)
+        if docs is not None:
+            write_section(Path(docs), study.name, section)
+            regenerate_results_page(Path(docs))
+        results.save_run_info(status="finished", finished_models=len(ordered),
+                              wall_seconds=wall, computed_now=todo, taus=taus)
+        return section, wall
+
+    section, wall = run_on_rank0(finish)
     return FamilyOutcome(out, ordered, taus, todo, section, wall)
 
 
 def run_family_study(study: FamilyStudy, args: Any) -> int:
-    """Command-line entry of a family study; returns the exit status."""
+    """Command-line entry of a family study; returns the exit status (printing on rank 0)."""
     import sys
+
+    from .common import is_main_rank
 
     out = args.out if args.out is not None else Path(
         f"results/{study.name}-quick" if args.quick else f"results/{study.name}")
@@ -772,12 +840,17 @@ def run_family_study(study: FamilyStudy, args: Any) -> int:
                                resume=args.resume, progress=args.progress, plots=args.plots,
                                docs=args.docs, threads=args.threads)
     except KeyboardInterrupt:
-        print(f"\ninterrupted: finished models are kept in {out}; continue with --resume",
-              file=sys.stderr)
+        if is_main_rank():
+            print(f"\ninterrupted: finished models are kept in {out}; continue with --resume",
+                  file=sys.stderr)
         return 130
     except (ValueError, NotADirectoryError) as err:
-        print(f"quotientsharp reproduce {study.name}: error: {err}", file=sys.stderr)
+        # under torchrun every rank raises the same error (run_on_rank0): rank 0 reports it
+        if is_main_rank():
+            print(f"quotientsharp reproduce {study.name}: error: {err}", file=sys.stderr)
         return 2
+    if not is_main_rank():
+        return 0
     print(outcome.section)
     print(f"computed now: {len(outcome.computed_now)} model(s), wall time "
           f"{outcome.wall_seconds:.1f} s; results in {outcome.out}"

@@ -24,8 +24,10 @@ from .measures import (
     AscentMeasure,
     AverageMeasure,
     BatchOutcome,
+    FirstEvaluation,
     FunctionalModel,
     RelativeFlatness,
+    checked_clean_loss,
     default_layer,
     geodesic_builder,
     layer_weight_name,
@@ -311,15 +313,17 @@ def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
                             measure)
         for index, raw in enumerate(batches):
             batch = split_batch(raw, index, functional.device, functional.input_dtype)
-            with torch.no_grad():
-                clean = functional.loss(batch, {})
-            if not bool(torch.isfinite(clean)):
-                raise ValueError(f"the clean loss on batch {index} is not finite ({float(clean)})")
+            first = None
             if index == 0:
-                excluded = functional.parameters_without_gradient(batch)
+                # one forward+backward finds the parameters without gradient; the measure
+                # reuses it as the clean loss and the ascent's evaluation at xi = 0
+                first = FirstEvaluation(*functional.loss_and_gradients(batch))
+                checked_clean_loss(first.loss, index)
+                excluded = [n for n, g in first.gradients.items() if g is None]
                 evaluator.setup(excluded)
             with value_checks(False):
-                outcomes.append(evaluator(batch, clean, bar.update, keep))
+                outcomes.append(evaluator(batch, index, bar.update, keep, first))
+            del first       # the gradients are parameter-sized: not kept past the first batch
         if not outcomes:
             raise ValueError("batches is empty: sharpness needs at least one batch")
     finally:

@@ -353,15 +353,25 @@ class ScaledBlock:
     base
         The parameters ``w``, any shapes.
     scale
-        ``c`` per parameter, same shapes: ``|w|`` (adaptive) or ones (Euclidean). Coordinates
-        with ``c = 0`` stay at exactly zero displacement.
+        ``"adaptive"`` (``c = |w|``), ``"euclidean"`` (``c = 1``) or ``c`` itself, one tensor
+        per parameter of the same shape. Coordinates with ``c = 0`` stay at exactly zero
+        displacement.
     path
         ``"line"``: ``w + xi`` for every order (the paper's default); ``"geodesic"``: the
         metric's own geodesic, ``w + xi + xi^2 / (2 w)`` at order 2 and ``w * exp(xi / w)``
         exactly (only for the adaptive scale ``c = |w|``).
+
+    Notes
+    -----
+    The block holds one parameter-sized cache, ``1 / c`` (0 where ``c = 0``), for the norm;
+    ``c^2`` for the gradient raising is formed on the fly (``w^2`` for the adaptive scale,
+    nothing for the Euclidean one), and ``1 / w`` only for the geodesic path. This block spans
+    nearly every parameter of a network, so each cache it keeps costs the size of the model.
     """
 
-    def __init__(self, base: Sequence[torch.Tensor], scale: Sequence[torch.Tensor],
+    SCALES = ("adaptive", "euclidean")
+
+    def __init__(self, base: Sequence[torch.Tensor], scale: str | Sequence[torch.Tensor],
                  path: str = "line", name: str = "other") -> None:
         if path not in OTHER_PATHS:
             raise ValueError(f"the other-parameter path must be one of {OTHER_PATHS}, got "
@@ -369,19 +379,47 @@ class ScaledBlock:
         self.name = name
         self.base = tuple(base)
         self.path = path
-        self.scale = tuple(scale)
-        self._scale_sq = tuple(c.square() for c in self.scale)
+        if isinstance(scale, str):
+            if scale not in self.SCALES:
+                raise ValueError(f"scale must be one of {self.SCALES} or tensors, got {scale!r}")
+            self.scale_kind = scale
+            self._given_scale: Tensors = ()
+        else:
+            self.scale_kind = "given"
+            self._given_scale = tuple(scale)
+            if len(self._given_scale) != len(self.base) or any(
+                    c.shape != w.shape for c, w in zip(self._given_scale, self.base, strict=True)):
+                raise ValueError("scale needs one tensor per parameter, of the parameter's "
+                                 "shape")
         # 1/c where c > 0 and 0 where c = 0: the fixed coordinates contribute nothing, never 0/0
-        self._inv_scale = tuple(torch.where(c == 0, torch.zeros_like(c), 1.0 / c.masked_fill(
-            c == 0, 1.0)) for c in self.scale)
-        self._inv_base = tuple(torch.where(w == 0, torch.zeros_like(w), 1.0 / w.masked_fill(
-            w == 0, 1.0)) for w in self.base)
+        self._inv_scale: Tensors = () if self.scale_kind == "euclidean" else tuple(
+            _safe_reciprocal(c) for c in self.scale)
+        self._inv_base_cache: Tensors | None = None
+
+    @property
+    def scale(self) -> Tensors:
+        """``c`` per parameter (formed on demand for the adaptive and Euclidean scales)."""
+        if self.scale_kind == "adaptive":
+            return tuple(w.abs() for w in self.base)
+        if self.scale_kind == "euclidean":
+            return tuple(torch.ones_like(w) for w in self.base)
+        return self._given_scale
+
+    @property
+    def _inv_base(self) -> Tensors:
+        if self._inv_base_cache is None:
+            self._inv_base_cache = tuple(_safe_reciprocal(w) for w in self.base)
+        return self._inv_base_cache
 
     def validate(self, radius: float, order: int | str) -> None:
         """Nothing can be singular: zero scales are fixed coordinates."""
 
     def norm_sq(self, xi: Tensors) -> torch.Tensor:
         total = xi[0].new_zeros(()) if xi else torch.zeros(())
+        if self.scale_kind == "euclidean":
+            for d in xi:
+                total = total + d.square().sum()
+            return total
         for d, inv_c in zip(xi, self._inv_scale, strict=True):
             total = total + (d * inv_c).square().sum()
         return total
@@ -390,7 +428,11 @@ class ScaledBlock:
         return tuple(xi)
 
     def raise_gradient(self, egrad: Tensors) -> Tensors:
-        return tuple(e * c2 for e, c2 in zip(egrad, self._scale_sq, strict=True))
+        if self.scale_kind == "euclidean":
+            return tuple(egrad)
+        if self.scale_kind == "adaptive":
+            return tuple(e * w.square() for e, w in zip(egrad, self.base, strict=True))
+        return tuple(e * c.square() for e, c in zip(egrad, self._given_scale, strict=True))
 
     def christoffel(self, xi: Tensors) -> Tensors:
         if self.path == "line":
@@ -409,6 +451,11 @@ class ScaledBlock:
     def isotropic(self, generator: torch.Generator | None) -> Tensors:
         return tuple(c * torch.randn(c.shape, generator=generator, dtype=c.dtype, device=c.device)
                      for c in self.scale)
+
+
+def _safe_reciprocal(c: torch.Tensor) -> torch.Tensor:
+    """``1 / c`` where ``c != 0`` and ``0`` where ``c = 0``."""
+    return torch.where(c == 0, torch.zeros_like(c), 1.0 / c.masked_fill(c == 0, 1.0))
 
 
 # ---------------------------------------------------------------------------- the product
@@ -496,8 +543,11 @@ class ProductGeometry:
     # ------------------------------------------------------------------ solver interface
     def project(self, xi: Sequence[torch.Tensor]) -> Tensors:
         """``P_S``: horizontal projection, then radial rescale into ``||xi||_g <= rho``."""
-        horizontal = self.horizontal(xi)
-        return self._rescale(horizontal, self.norm(horizontal), self.radius)
+        return self.clip(self.horizontal(xi))
+
+    def clip(self, xi: Sequence[torch.Tensor]) -> Tensors:
+        """``P_S`` of a vector that is horizontal already: the radial rescale alone."""
+        return self._rescale(tuple(xi), self.norm(xi), self.radius)
 
     def direction(self, egrad: Sequence[torch.Tensor]) -> Tensors:
         """The Riemannian gradient normalised by its g-norm (zero stays zero)."""
@@ -548,6 +598,10 @@ class BoxGeometry:
     def project(self, xi: Sequence[torch.Tensor]) -> Tensors:
         return tuple(torch.maximum(torch.minimum(d, b), -b)
                      for d, b in zip(xi, self._bounds, strict=True))
+
+    def clip(self, xi: Sequence[torch.Tensor]) -> Tensors:
+        """There is no quotient here: the clamp of :meth:`project`."""
+        return self.project(xi)
 
     def direction(self, egrad: Sequence[torch.Tensor]) -> Tensors:
         return tuple(c * torch.sign(e) for c, e in zip(self.scale, egrad, strict=True))

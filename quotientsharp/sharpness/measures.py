@@ -48,7 +48,8 @@ class FunctionalModel:
     Parameters
     ----------
     model
-        The network (only read: its parameters and buffers are cloned once).
+        The network (only read: its parameters are shared, never handed to the forward,
+        and its buffers are cloned once).
     loss
         ``loss(output, target)`` and whether it is a built-in taking logits.
     """
@@ -71,8 +72,12 @@ class FunctionalModel:
             raise ValueError("the model's parameters are on several devices "
                              f"{sorted(map(str, devices))}")
         self.device = devices.pop()
-        # clones: whatever the forward does to its inputs, the model's own tensors stay intact
-        self.theta = {n: p.detach().clone() for n, p in named.items()}
+        # ``theta`` shares the model's storage and is only ever read by this package. The
+        # forward never receives it: perturbed parameters are new tensors (base + xi) and the
+        # ones passed unperturbed get a private clone (``_unperturbed``), so whatever the forward
+        # does to its inputs the model's own tensors stay intact, without a copy of the model.
+        self.theta = {n: p.detach() for n, p in named.items()}
+        self._clones: dict[str, torch.Tensor] = {}
         self.buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
         self.dtype = geometry_dtype([self.dtypes[n] for n in self.trainable])
         self.theta_geometry = {n: self.theta[n].to(self.dtype) for n in self.trainable}
@@ -87,25 +92,62 @@ class FunctionalModel:
         if bad:
             raise ValueError(f"parameter(s) {bad} contain non-finite values (NaN or inf)")
 
+    def _unperturbed(self, name: str) -> torch.Tensor:
+        """A private copy of parameter ``name``, made the first time it is passed as is."""
+        if name not in self._clones:
+            self._clones[name] = self.theta[name].clone()
+        return self._clones[name]
+
     def loss(self, batch: Batch, updates: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The loss with ``updates`` (by name, geometry dtype) replacing the parameters."""
-        params = dict(self.theta)
-        for name, tensor in updates.items():
-            params[name] = tensor.to(self.dtypes[name])
+        """The loss with ``updates`` (by name, geometry dtype) replacing the parameters.
+
+        ``updates`` must not alias the model's own tensors (``theta``): the forward receives
+        them (cast to each parameter's dtype) and may write to its inputs.
+        """
+        params = {name: (updates[name].to(self.dtypes[name]) if name in updates
+                         else self._unperturbed(name)) for name in self.theta}
         output = torch.func.functional_call(self.model, (params, self.buffers), batch.args,
                                             batch.kwargs)
         return compute_loss(self.loss_function, self.builtin_loss, output, batch.target,
                             self.dtype)
 
-    def parameters_without_gradient(self, batch: Batch) -> list[str]:
-        """Trainable parameters the loss on ``batch`` does not depend on (autograd ``None``)."""
-        leaves = {n: self.theta_geometry[n].detach().requires_grad_(True) for n in self.trainable}
+    def loss_and_gradients(self, batch: Batch
+                           ) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
+        """The loss at ``theta`` and its gradient per trainable parameter (geometry dtype).
+
+        A parameter the loss does not depend on gets ``None``. The leaves are private copies
+        of the parameters, so the forward may write to them without touching the model.
+        """
+        leaves = {n: self.theta_geometry[n].clone().requires_grad_(True) for n in self.trainable}
         with torch.enable_grad():
             loss = self.loss(batch, leaves)
             if not loss.requires_grad:
-                return list(self.trainable)
+                return loss.detach(), dict.fromkeys(self.trainable)
             grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
-        return [n for n, g in zip(leaves, grads, strict=True) if g is None]
+        return loss.detach(), dict(zip(leaves, grads, strict=True))
+
+    def parameters_without_gradient(self, batch: Batch) -> list[str]:
+        """Trainable parameters the loss on ``batch`` does not depend on (autograd ``None``)."""
+        return [n for n, g in self.loss_and_gradients(batch)[1].items() if g is None]
+
+
+def checked_clean_loss(loss: torch.Tensor, index: int) -> torch.Tensor:
+    """``loss`` if finite, else a ``ValueError`` naming the batch (one host sync per batch)."""
+    if not bool(torch.isfinite(loss)):
+        raise ValueError(f"the clean loss on batch {index} is not finite ({float(loss)})")
+    return loss
+
+
+@dataclass
+class FirstEvaluation:
+    """The loss at ``theta`` and its gradient by parameter name, as the setup computed them.
+
+    Reused by the first batch's measurement, so that the parameter check costs no extra
+    forward+backward (``None`` gradients: parameters the loss does not depend on).
+    """
+
+    loss: torch.Tensor
+    gradients: dict[str, torch.Tensor | None]
 
 
 @dataclass
@@ -141,6 +183,7 @@ class LayoutCoordinates:
         self.gl_pairs = list(self.coords.gl_pairs)
         self.diagonal = self.coords.diagonal
         self.other_names = [n for n in self.coords.other if n not in excluded]
+        self._fixed_other = [n for n in self.coords.other if n in excluded]
 
     def blocks(self, metric: str, eps: float, exact_steps: int, other_scale: str,
                other_path: str) -> list:
@@ -152,8 +195,7 @@ class LayoutCoordinates:
             blocks.append(DiagonalBlock(*self.diagonal, metric=metric))
         if self.other_names:
             base = [self.coords.other[n] for n in self.other_names]
-            scale = [w.abs() if other_scale == "adaptive" else torch.ones_like(w) for w in base]
-            blocks.append(ScaledBlock(base, scale, other_path))
+            blocks.append(ScaledBlock(base, other_scale, other_path))
         return blocks
 
     def updates(self, point: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -165,8 +207,13 @@ class LayoutCoordinates:
             diagonal, rest = (rest[0], rest[1]), rest[2:]
         other = dict(self.coords.other)
         other.update(zip(self.other_names, rest, strict=True))
-        return self.layout.to_parameters(self.coords.replace(gl=gl, diagonal=diagonal,
-                                                             other=other))
+        parameters = self.layout.to_parameters(self.coords.replace(gl=gl, diagonal=diagonal,
+                                                                   other=other))
+        # unperturbed other parameters would be the base tensors themselves: leave them to the
+        # functional model, which passes a private copy
+        for name in self._fixed_other:
+            parameters.pop(name, None)
+        return parameters
 
 
 # ---------------------------------------------------------------------------- measures
@@ -202,8 +249,14 @@ class AverageMeasure:
     def evaluations_per_batch(self) -> int:
         return self.samples
 
-    def __call__(self, batch: Batch, clean: torch.Tensor, tick, keep: bool) -> BatchOutcome:
+    def __call__(self, batch: Batch, index: int, tick, keep: bool,
+                 first: FirstEvaluation | None = None) -> BatchOutcome:
         assert self.coordinates is not None
+        if first is not None:
+            clean = first.loss
+        else:
+            with torch.no_grad():
+                clean = checked_clean_loss(self.model.loss(batch, {}), index)
         total = torch.zeros((), dtype=self.model.dtype, device=self.model.device)
         norm_sum = torch.zeros_like(total)
         for _ in range(self.samples):
@@ -272,10 +325,45 @@ class AscentMeasure:
 
         return objective
 
-    def __call__(self, batch: Batch, clean: torch.Tensor, tick, keep: bool) -> BatchOutcome:
+    def _gradient_from_parameters(self, gradients: Mapping[str, torch.Tensor | None]) -> Tensors:
+        """The gradient in ``xi`` at ``xi = 0`` from the gradient in the parameters.
+
+        The chain rule through the (cheap) map ``xi -> parameters``: one backward through the
+        geometry's path and the layout, none through the model.
+        """
         assert self.geometry is not None and self.coordinates is not None
-        outcome = ascend(self.geometry, self._objective(batch), self.settings, self.generator,
-                         tick)
+        leaves = tuple(t.detach().requires_grad_(True) for t in self.geometry.zeros())
+        with torch.enable_grad():
+            moved = self.coordinates.updates(self.geometry.point(leaves))
+            pairs = [(moved[n], g) for n, g in gradients.items()
+                     if g is not None and n in moved and moved[n].requires_grad]
+            grads = (torch.autograd.grad([t for t, _ in pairs], leaves,
+                                         grad_outputs=[g for _, g in pairs], allow_unused=True)
+                     if pairs else (None,) * len(leaves))
+        return tuple(torch.zeros_like(leaf) if g is None else g
+                     for leaf, g in zip(leaves, grads, strict=True))
+
+    def __call__(self, batch: Batch, index: int, tick, keep: bool,
+                 first: FirstEvaluation | None = None) -> BatchOutcome:
+        assert self.geometry is not None and self.coordinates is not None
+        objective = self._objective(batch)
+        initial = None
+        if self.settings.random_init:
+            if first is not None:
+                clean = first.loss
+            else:
+                with torch.no_grad():
+                    clean = checked_clean_loss(self.model.loss(batch, {}), index)
+        elif first is not None:
+            # the solver's first evaluation is at xi = 0, i.e. at theta: it is the clean loss
+            clean = first.loss
+            initial = (first.loss, self._gradient_from_parameters(first.gradients))
+        else:
+            loss, grads = objective(self.geometry.zeros())
+            clean = checked_clean_loss(loss, index)
+            initial = (loss, grads)
+        outcome = ascend(self.geometry, objective, self.settings, self.generator, tick,
+                         initial=initial)
         norms = self.geometry.block_norms(outcome.xi)
         perturbation = None
         if keep:
@@ -293,10 +381,10 @@ def plain_builder(model: FunctionalModel, rho: float, p: float, adaptive: bool):
         if not names:
             raise ValueError("no parameter is left to perturb")
         coordinates = PlainCoordinates(model, names)
-        scale = [w.abs() if adaptive else torch.ones_like(w) for w in coordinates.base]
         if math.isinf(p):
+            scale = [w.abs() if adaptive else torch.ones_like(w) for w in coordinates.base]
             return BoxGeometry(coordinates.base, scale, rho), coordinates
-        block = ScaledBlock(coordinates.base, scale, "line")
+        block = ScaledBlock(coordinates.base, "adaptive" if adaptive else "euclidean", "line")
         return ProductGeometry([block], rho, order=1), coordinates
 
     return build
@@ -313,9 +401,7 @@ def geodesic_builder(model: FunctionalModel, rho: float, layout: Any | None, met
             if not names:
                 raise ValueError("no parameter is left to perturb")
             coordinates = PlainCoordinates(model, names)
-            scale = [w.abs() if other_metric == "adaptive" else torch.ones_like(w)
-                     for w in coordinates.base]
-            blocks = [ScaledBlock(coordinates.base, scale, other_path)]
+            blocks = [ScaledBlock(coordinates.base, other_metric, other_path)]
         else:
             coordinates = LayoutCoordinates(model, layout, excluded)
             blocks = coordinates.blocks(metric, eps, exact_steps, other_metric, other_path)
@@ -387,13 +473,15 @@ class RelativeFlatness:
         directions[torch.arange(stop - start), :, k] = self.vectors[:, r].mT
         return directions, self.values[r]
 
-    def __call__(self, batch: Batch, clean: torch.Tensor, tick, keep: bool) -> BatchOutcome:
+    def __call__(self, batch: Batch, index: int, tick, keep: bool,
+                 first: FirstEvaluation | None = None) -> BatchOutcome:
         shape = self.model.theta_geometry[self.weight_name].shape
         weight = self.rows.detach().clone().requires_grad_(True)
         total = torch.zeros((), dtype=self.rows.dtype, device=self.rows.device)
         count = self.values.numel() * self.rows.shape[1]
         with torch.enable_grad(), sdpa_kernel(SDPBackend.MATH):
             loss = self.model.loss(batch, {self.weight_name: weight.reshape(shape)})
+            clean = first.loss if first is not None else checked_clean_loss(loss.detach(), index)
             (grad,) = torch.autograd.grad(loss, weight, create_graph=True)
             if grad.requires_grad:
                 for start in range(0, count, self.chunk):

@@ -13,9 +13,21 @@ One run, with ``N = n_iter`` steps and step size ``eta`` (``eta_0 = 2 rho``):
   are all reset to the best iterate's, so no stale momentum or perturbation survives a restart;
 - the best loss is tracked over every evaluated iterate, the starting point included.
 
-Everything runs on the device: decisions are ``torch.where`` on 0-dim tensors, so there is no
+Everything runs on the device: decisions are ``torch.where`` on device tensors, so there is no
 host sync inside the loop. ``restarts`` extra runs start from random points of the ball; the
 best of all runs wins. Randomness comes only from the given generator.
+
+Many independent problems at once. The objective may return a loss of any shape ``P`` (one
+entry per problem, e.g. ``[models, batches]``) with the gradient of each problem's own loss;
+every decision (step size, checkpoint test, best iterate, restart) is then taken per problem,
+exactly as if each problem were solved alone. The geometry's ``norm`` must return ``shape=P``
+and its ``radius`` may be a tensor of that shape. A 0-dim loss is the single-problem case.
+
+Projections. ``P_S`` is the horizontal projection followed by the radial rescale into the
+ball. Every vector the loop combines (the iterates, the normalised Riemannian gradients, the
+start) is already horizontal and the horizontal space at the fixed base point is linear, so
+the loop only calls the geometry's ``clip`` (the rescale, or the clamp of a box); the
+horizontal projection runs once per gradient, inside ``direction``.
 """
 
 from __future__ import annotations
@@ -35,13 +47,15 @@ Objective = Callable[[Tensors], tuple[torch.Tensor, Tensors]]
 class AscentGeometry(Protocol):
     """What the solver needs from a geometry (see :mod:`.geometry`)."""
 
-    radius: float
+    radius: float | torch.Tensor
     dtype: torch.dtype
     device: torch.device
 
     def zeros(self) -> Tensors: ...
-    def project(self, xi: Sequence[torch.Tensor]) -> Tensors: ...
-    def direction(self, egrad: Sequence[torch.Tensor]) -> Tensors: ...
+    def clip(self, xi: Sequence[torch.Tensor]) -> Tensors:
+        """Bring a horizontal ``xi`` into the ball (``P_S`` restricted to horizontal vectors)."""
+    def direction(self, egrad: Sequence[torch.Tensor]) -> Tensors:
+        """The horizontal ascent direction at the base point from a Euclidean gradient."""
     def random_start(self, generator: torch.Generator | None) -> Tensors: ...
 
 
@@ -114,42 +128,66 @@ def checkpoints(n_iter: int) -> list[int]:
 
 @dataclass
 class AscentOutcome:
-    """Best iterate of all runs: ``loss`` (0-dim device tensor), ``xi``, and losses per run."""
+    """Best iterate of all runs.
+
+    Attributes
+    ----------
+    loss
+        Best loss per problem, ``shape=P`` (0-dim for one problem), on the device.
+    xi
+        The best iterate (a tuple like the geometry's tangent vectors).
+    run_losses
+        Best loss of each run, ``shape=P`` each.
+    start_loss
+        The loss at the first run's starting point (the clean loss when it starts at ``xi = 0``).
+    """
 
     loss: torch.Tensor
     xi: Tensors
     run_losses: list[torch.Tensor]
+    start_loss: torch.Tensor
+
+
+def _lift(flag: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``flag`` (``shape=P``) with trailing singleton dims to broadcast against ``like``."""
+    return flag.reshape(*flag.shape, *([1] * (like.dim() - flag.dim())))
 
 
 def _choose(flag: torch.Tensor, a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> Tensors:
-    return tuple(torch.where(flag, x, y) for x, y in zip(a, b, strict=True))
+    return tuple(torch.where(_lift(flag, x), x, y) for x, y in zip(a, b, strict=True))
 
 
 def _single_run(geometry: AscentGeometry, objective: Objective, start: Tensors,
-                settings: AscentSettings, eta0: float,
-                on_evaluation: Callable[[], None] | None) -> tuple[torch.Tensor, Tensors]:
+                settings: AscentSettings, eta0: float | torch.Tensor,
+                on_evaluation: Callable[[], None] | None,
+                initial: tuple[torch.Tensor, Tensors] | None = None
+                ) -> tuple[torch.Tensor, Tensors, torch.Tensor]:
     n_iter, alpha = settings.n_iter, settings.alpha
     marks = [w for w in checkpoints(n_iter) if w < n_iter]
 
     xi = start
-    loss, egrad = objective(xi)
+    loss, egrad = objective(xi) if initial is None else initial
     if on_evaluation is not None:
         on_evaluation()
+    start_loss = loss
     direction = geometry.direction(egrad)
     best_loss, best_xi, best_direction = loss, xi, direction
     previous, current_loss = xi, loss
-    eta = torch.full((), eta0, dtype=loss.dtype, device=loss.device)
+    eta = torch.zeros_like(loss) + eta0
     checkpoint_eta, checkpoint_best = eta, best_loss
-    increases = torch.zeros((), dtype=loss.dtype, device=loss.device)
+    increases = torch.zeros_like(loss)
     last_mark = 0
     for k in range(n_iter):
-        z = geometry.project(tuple(x + eta * d for x, d in zip(xi, direction, strict=True)))
+        z = geometry.clip(tuple(x + _lift(eta, x) * d for x, d in zip(xi, direction, strict=True)))
         if k == 0:
             new = z
         else:
-            new = geometry.project(tuple(
+            new = geometry.clip(tuple(
                 x + alpha * (zz - x) + (1 - alpha) * (x - p)
                 for x, zz, p in zip(xi, z, previous, strict=True)))
+        # neither z nor the last gradient is needed again: freed before the forward+backward,
+        # whose peak they would otherwise add two tangent-sized tuples to
+        del z, egrad
         new_loss, egrad = objective(new)
         if on_evaluation is not None:
             on_evaluation()
@@ -175,41 +213,51 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Tensors,
             current_loss = torch.where(restart, best_loss, current_loss)
             increases = torch.zeros_like(increases)
             last_mark = step
-    return best_loss, best_xi
+    return best_loss, best_xi, start_loss
 
 
 def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSettings,
            generator: torch.Generator | None = None,
-           on_evaluation: Callable[[], None] | None = None) -> AscentOutcome:
-    """Maximise ``objective`` over the geometry's ball by Auto-PGD.
+           on_evaluation: Callable[[], None] | None = None,
+           initial: tuple[torch.Tensor, Tensors] | None = None) -> AscentOutcome:
+    """Maximise ``objective`` over the geometry's ball by Auto-PGD, per problem.
 
     Parameters
     ----------
     geometry
-        Supplies ``zeros``, ``project`` (``P_S``), ``direction`` and ``random_start``.
+        Supplies ``zeros``, ``clip``, ``direction`` and ``random_start`` (and ``radius``).
     objective
-        ``xi -> (loss, euclidean gradient w.r.t. xi)``; ``loss`` a 0-dim tensor.
+        ``xi -> (loss, euclidean gradient w.r.t. xi)``; ``loss`` 0-dim, or ``shape=P`` for
+        independent problems (each gradient entry that of its own problem's loss).
     settings
         :class:`AscentSettings`.
     generator
         Source of randomness for random starts.
     on_evaluation
         Called after every objective evaluation (progress bars); must not sync.
+    initial
+        ``objective(geometry.zeros())``, when the caller has it already: the first run then
+        starts from it instead of evaluating again. Only for ``random_init=False``.
     """
+    if initial is not None and settings.random_init:
+        raise ValueError("initial is the evaluation at xi = 0, but random_init=True starts "
+                         "elsewhere")
     eta0 = settings.eta0 if settings.eta0 is not None else 2.0 * geometry.radius
     best_loss: torch.Tensor | None = None
     best_xi: Tensors = ()
     run_losses = []
+    start_loss: torch.Tensor | None = None
     for run in range(settings.runs):
         random = settings.random_init or run > 0
         start = geometry.random_start(generator) if random else geometry.zeros()
-        loss, xi = _single_run(geometry, objective, start, settings, eta0, on_evaluation)
+        loss, xi, first = _single_run(geometry, objective, start, settings, eta0, on_evaluation,
+                                      initial if run == 0 else None)
         run_losses.append(loss)
         if best_loss is None:
-            best_loss, best_xi = loss, xi
+            best_loss, best_xi, start_loss = loss, xi, first
         else:
             improved = loss > best_loss
             best_loss = torch.where(improved, loss, best_loss)
             best_xi = _choose(improved, xi, best_xi)
-    assert best_loss is not None
-    return AscentOutcome(best_loss, best_xi, run_losses)
+    assert best_loss is not None and start_loss is not None
+    return AscentOutcome(best_loss, best_xi, run_losses, start_loss)

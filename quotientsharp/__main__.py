@@ -1,0 +1,8 @@
+"""``python -m quotientsharp``: the console script (also ``torchrun ... -m quotientsharp``)."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
