@@ -271,22 +271,16 @@ def shard_paths(folder: Path, name: str) -> list[Path]:
 
 def is_main_rank() -> bool:
     """Whether this process reports (prints): rank 0 of the process group, or the only one."""
-    try:
-        import torch.distributed as dist
-    except ImportError:      # pragma: no cover - torch is a dependency
-        return True
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    from ..distributed import rank_and_world_size
+
+    return rank_and_world_size()[0] == 0
 
 
 def current_world_size() -> int:
     """World size of the initialised default process group; 1 without one."""
-    try:
-        import torch.distributed as dist
-    except ImportError:      # pragma: no cover - torch is a dependency
-        return 1
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return 1
+    from ..distributed import rank_and_world_size
+
+    return rank_and_world_size()[1]
 
 
 def read_jsonl(path: Path, repair: bool = False) -> list[dict[str, Any]]:
