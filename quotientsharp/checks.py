@@ -68,14 +68,21 @@ def _overrides(quotient: SymmetryQuotient, method: str) -> bool:
 
 def _random_tangent_raw(x: Tensors, ndims: Sequence[int], gen: torch.Generator) -> Tensors:
     batch = T.batch_shape(x, ndims)
-    return tuple(torch.randn(*batch, *c.shape[c.dim() - k:], generator=gen, dtype=c.dtype)
-                 .to(c.device) for c, k in zip(x, ndims, strict=True))
+    return tuple(torch.randn(*batch, *c.shape[c.dim() - k:], generator=gen, dtype=c.dtype,
+                             device=gen.device).to(c.device)
+                 for c, k in zip(x, ndims, strict=True))
+
+
+def _to(device: torch.device, values: Sequence[torch.Tensor]) -> Tensors:
+    return tuple(t.to(device) for t in values)
 
 
 def _test_function(x: Tensors, gen: torch.Generator) -> Callable[[Tensors], torch.Tensor]:
     """A smooth non-quadratic scalar function of a point, summed over the batch."""
-    weights = [torch.randn(c.shape, generator=gen, dtype=c.dtype).to(c.device) for c in x]
-    shifts = [torch.randn(c.shape, generator=gen, dtype=c.dtype).to(c.device) for c in x]
+    weights = [torch.randn(c.shape, generator=gen, dtype=c.dtype, device=gen.device)
+               .to(c.device) for c in x]
+    shifts = [torch.randn(c.shape, generator=gen, dtype=c.dtype, device=gen.device)
+              .to(c.device) for c in x]
 
     def f(y: Tensors) -> torch.Tensor:
         linear = sum((w * c).sum() for w, c in zip(weights, y, strict=True))
@@ -86,6 +93,7 @@ def _test_function(x: Tensors, gen: torch.Generator) -> Callable[[Tensors], torc
 
 def _slope_result(name: str, ts: torch.Tensor, errors: torch.Tensor, expected: float,
                   detail: str, floor: float) -> CheckResult:
+    errors = errors.to(ts.device)
     if float(errors.max()) <= floor:
         return CheckResult(name, math.inf, expected, True, detail + " (error at rounding: exact)")
     keep = errors > floor
@@ -134,6 +142,9 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
         Check at this point instead of a random one.
     batch_shape
         Batch shape of the random point.
+    device
+        Device of the random point (default CPU). The random draws are made on the CPU
+        whatever the device, so a check on CUDA uses the same point and vectors.
 
     Returns
     -------
@@ -148,6 +159,8 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
         x = tuple(c.to(device) for c in x) if device is not None else x
     else:
         x = quotient.check_point(tuple(point), "point")
+    # every random draw comes from the CPU generator, so a device changes no draw
+    on_host = _to(gen.device, x)
     tol = _tolerance(x[0].dtype)
     nd = quotient.point_ndims
     q = quotient
@@ -178,13 +191,13 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
 
     # --- group action
     a = torch.randn(*T.batch_shape(x, nd), *q.algebra_shape(x), generator=gen,
-                    dtype=x[0].dtype).to(x[0].device)
+                    dtype=x[0].dtype, device=gen.device).to(x[0].device)
     s0 = torch.zeros((), dtype=x[0].dtype, device=x[0].device)
     _, orbit_velocity = torch.func.jvp(lambda s: q.act(x, q.group_exp(s * a)), (s0,),
                                        (torch.ones_like(s0),))
     add("vertical_is_orbit_velocity", relative_error(q.vertical(x, a), orbit_velocity),
         "vertical(x, a) = d/ds act(x, exp(s a)) at s = 0")
-    g = q.random_group_element(x, generator=gen)
+    g = q.random_group_element(on_host, generator=gen).to(x[0].device)
     if _overrides(q, "act_tangent"):
         _, pushed = torch.func.jvp(lambda y: q.act(y, g), (x,), (u,))
         add("act_tangent_vs_jvp", relative_error(q.act_tangent(x, u, g), pushed),
@@ -218,8 +231,8 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
     add("gradient_horizontal", float(reference.horizontality_error(q, x, rgrad).max()),
         "reference horizontality error of the gradient")
     if x[0].dtype == torch.float64:
-        h = q.random_tangent(x, generator=gen)
-        ts = torch.logspace(-4, -1.5, 9, dtype=torch.float64)
+        h = _to(x[0].device, q.random_tangent(on_host, generator=gen))
+        ts = torch.logspace(-4, -1.5, 9, dtype=torch.float64, device=gen.device)
         f0 = f(x)
         slope = float(q.inner(x, rgrad, h).sum())
         errors = torch.stack([(f(T.axpy(float(t), h, x, nd)) - f0 - t * slope).abs()
@@ -229,8 +242,8 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
                                      floor=1e-13 * max(1.0, float(f0.abs()))))
 
         # --- geodesics
-        h = _within_domain(q, x, q.random_tangent(x, generator=gen))
-        ts = torch.logspace(-3, -1, 7, dtype=torch.float64)
+        h = _within_domain(q, x, _to(x[0].device, q.random_tangent(on_host, generator=gen)))
+        ts = torch.logspace(-3, -1, 7, dtype=torch.float64, device=gen.device)
         # 8 RK4 steps leave an error ~ t^5 / 8^4, far below the t^3 being measured
         # all step sizes at once, on a new leading batch dimension
         xs = tuple(c.expand(len(ts), *c.shape) for c in x)
@@ -253,7 +266,8 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
         if getattr(q, "invariant", True):
             v = T.scale(0.3, h, nd)
             step = 1e-4
-            times = torch.tensor([0.5 + step, 0.5 - step, 0.5], dtype=torch.float64)
+            times = torch.tensor([0.5 + step, 0.5 - step, 0.5], dtype=torch.float64,
+                                 device=gen.device)
             x3 = tuple(c.expand(3, *c.shape) for c in x)
             v3 = tuple(times.to(c).reshape(-1, *([1] * c.dim())) * c for c in v)
             ends = q.geodesic(x3, v3, order="exact", steps=16)

@@ -159,7 +159,12 @@ class DiagonalQuotient(SymmetryQuotient):
                      shapes: Sequence[Sequence[int]] | None = None,
                      generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
                      device: torch.device | str | None = None) -> Tensors:
-        """Entries of random sign with log-uniform magnitudes in ``[1e-1, 1e1]``."""
+        """Entries of random sign with log-uniform magnitudes in ``[1e-1, 1e1]``.
+
+        The device is ``device``, else the generator's, else torch's default device.
+        """
+        if device is None and generator is not None:
+            device = generator.device
         out = []
         for s in self._shapes(shapes):
             mag = torch.rand(*batch_shape, *s, generator=generator, dtype=dtype, device=device)

@@ -175,7 +175,12 @@ class SymmetryQuotient(torch.nn.Module):
                      shapes: Sequence[Sequence[int]] | None = None,
                      generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
                      device: torch.device | str | None = None) -> Tensors:
-        """A random point with standard Gaussian entries, ``shape=[*batch_shape, ...]``."""
+        """A random point with standard Gaussian entries, ``shape=[*batch_shape, ...]``.
+
+        The device is ``device``, else the generator's, else torch's default device.
+        """
+        if device is None and generator is not None:
+            device = generator.device
         return tuple(torch.randn(*batch_shape, *s, generator=generator, dtype=dtype,
                                  device=device) for s in self._shapes(shapes))
 

@@ -75,6 +75,15 @@ def test_gl_closed_forms_pass_their_checks_on_cuda():
     _close(gamma, tuple(r for r in reference))
 
 
+@pytest.mark.parametrize("quotient", [qs.GLQuotient("inv"), qs.GLQuotient("mix"),
+                                      qs.DiagonalQuotient("mix")], ids=repr)
+def test_check_all_on_cuda_agrees_with_cpu(quotient):
+    on_cpu = qs.checks.check_all(quotient, seed=0)
+    on_cuda = qs.checks.check_all(quotient, seed=0, device=CUDA)
+    assert [r.name for r in on_cuda] == [r.name for r in on_cpu]
+    assert all(r.passed for r in on_cuda), [r for r in on_cuda if not r.passed]
+
+
 @pytest.mark.parametrize("metric", ["inv", "mix"])
 def test_diagonal_operations_match_cpu(metric):
     generator = torch.Generator().manual_seed(3)

@@ -33,12 +33,15 @@ def _compute_dtype(device: torch.device) -> torch.dtype:
 def _sample_matrices(count: int, size: int, generator: torch.Generator | None,
                      max_condition: float) -> torch.Tensor:
     """``count`` standard Gaussian ``size x size`` matrices with condition number <= bound."""
-    matrices = torch.randn(count, size, size, generator=generator, dtype=torch.float64)
+    # drawn on the CPU whatever torch's default device: the same draws on every machine
+    matrices = torch.randn(count, size, size, generator=generator, dtype=torch.float64,
+                           device="cpu")
     for _ in range(_MAX_RESAMPLES):
         bad = torch.linalg.cond(matrices) > max_condition
         if not bool(bad.any()):
             return matrices
-        redraw = torch.randn(int(bad.sum()), size, size, generator=generator, dtype=torch.float64)
+        redraw = torch.randn(int(bad.sum()), size, size, generator=generator,
+                             dtype=torch.float64, device="cpu")
         matrices[bad] = redraw
     raise RuntimeError(f"could not draw {size}x{size} Gaussian matrices with condition number "
                        f"below {max_condition:g}")
@@ -109,8 +112,9 @@ def reparametrize(model_or_params: nn.Module | Mapping[str, torch.Tensor],
         for (g_factor, h_factor), pairs in zip(coords.gl, coords.gl_pairs, strict=True):
             count, size = g_factor.shape[0], g_factor.shape[-1]
             matrices = scale * _sample_matrices(count, size, generator, max_condition)
-            applied = torch.tensor([pair.kind in kinds for pair in pairs])
-            identity = torch.eye(size, dtype=torch.float64).expand(count, size, size)
+            applied = torch.tensor([pair.kind in kinds for pair in pairs], device="cpu")
+            identity = torch.eye(size, dtype=torch.float64, device="cpu").expand(count, size,
+                                                                                 size)
             matrices = torch.where(applied[:, None, None], matrices, identity)
             matrices_per_bucket.append(matrices)
             dtype = _compute_dtype(g_factor.device)
@@ -123,13 +127,14 @@ def reparametrize(model_or_params: nn.Module | Mapping[str, torch.Tensor],
         new_diagonal = coords.diagonal
         if coords.diagonal is not None:
             u, v = coords.diagonal
-            draws = torch.randn(u.shape[0], generator=generator, dtype=torch.float64)
+            draws = torch.randn(u.shape[0], generator=generator, dtype=torch.float64,
+                                device="cpu")
             for _ in range(_MAX_RESAMPLES):
                 small = draws.abs() < MIN_DIAGONAL_FACTOR
                 if not bool(small.any()):
                     break
                 draws[small] = torch.randn(int(small.sum()), generator=generator,
-                                           dtype=torch.float64)
+                                           dtype=torch.float64, device="cpu")
             diagonal_factors = scale * draws
             if "diagonal" not in kinds:
                 diagonal_factors = torch.ones_like(diagonal_factors)

@@ -470,7 +470,8 @@ class RelativeFlatness:
         r, k = index // features, index % features
         directions = torch.zeros(stop - start, *self.rows.shape, dtype=self.rows.dtype,
                                  device=self.rows.device)
-        directions[torch.arange(stop - start), :, k] = self.vectors[:, r].mT
+        chunk = torch.arange(stop - start, device=self.rows.device)
+        directions[chunk, :, k] = self.vectors[:, r].mT
         return directions, self.values[r]
 
     def __call__(self, batch: Batch, index: int, tick, keep: bool,
