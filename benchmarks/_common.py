@@ -27,12 +27,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = [
     "Timing",
     "bert_batch",
     "bert_model",
     "device_synchronize",
+    "operator_counts",
     "peak_memory",
     "tensor_bytes",
     "time_interleaved",
@@ -121,6 +123,35 @@ def tensor_bytes(tensors) -> int:
             seen.add(key)
             total += storage.nbytes()
     return total
+
+
+class _OperatorCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.computing = 0
+        self.views = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # a view returns an alias of its input that it does not write (view, expand, detach,
+        # transpose): metadata only, no kernel; every other operator launches work
+        returns = func._schema.returns
+        if returns and all(r.alias_info is not None and not r.alias_info.is_write
+                           for r in returns):
+            self.views += 1
+        else:
+            self.computing += 1
+        return func(*args, **(kwargs or {}))
+
+
+def operator_counts(function: Callable[[], object]) -> dict[str, int]:
+    """Operators ``function()`` dispatches: ``computing`` (each a kernel launch on a GPU, at
+    least one) and ``views`` (metadata only). A device-independent measure of launch overhead:
+    a Python loop over a model's parameter tensors shows here as operators per tensor.
+    """
+    counter = _OperatorCounter()
+    with counter:
+        function()
+    return {"computing": counter.computing, "views": counter.views}
 
 
 def peak_memory(function: Callable[[], object], device: torch.device) -> int:

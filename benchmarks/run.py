@@ -56,6 +56,7 @@ if str(HERE) not in sys.path:
 from _common import (  # noqa: E402
     bert_batch,
     bert_model,
+    operator_counts,
     peak_memory,
     tensor_bytes,
     time_interleaved,
@@ -63,6 +64,7 @@ from _common import (  # noqa: E402
 
 import quotientsharp as qs  # noqa: E402
 from quotientsharp import reference, value_checks  # noqa: E402
+from quotientsharp.sharpness.solver import gradient_step, momentum_step  # noqa: E402
 
 ROWS = (1, 2, 3, 4, 5, 6)
 
@@ -151,6 +153,7 @@ class Row:
     name: str
     figures: list[Figure]
     details: dict[str, Any]
+    notes: list[str] = dataclasses.field(default_factory=list)   # printed under the table
 
     @property
     def passed(self) -> bool:
@@ -335,13 +338,14 @@ def _step_parts(ctx: Context, options: dict[str, Any],
         param_grads = dict(zip(param_leaves, torch.autograd.grad(
             functional.loss(batch, param_leaves), list(param_leaves.values())), strict=True))
 
+    eta_tensor = torch.tensor(eta, dtype=geometry.dtype, device=geometry.device)
+
     def geometry_ops():
         # the geometry of one solver step (solver._single_run): P_S of a horizontal vector
-        # (clip) twice, the point with the
+        # (clip) after the gradient step and after the momentum step, the point with the
         # backward through it, and the next direction
-        z = geometry.clip(tuple(x + eta * d for x, d in zip(xi, direction, strict=True)))
-        new = geometry.clip(tuple(x + alpha * (zz - x) + (1 - alpha) * (x - p)
-                                  for x, zz, p in zip(xi, z, previous, strict=True)))
+        z = geometry.clip(gradient_step(xi, direction, eta_tensor))
+        new = geometry.clip(momentum_step(xi, z, previous, alpha))
         leaves = tuple(t.detach().requires_grad_(True) for t in new)
         with torch.enable_grad():
             moved = geometry.point(leaves)
@@ -380,8 +384,10 @@ def row_geometry_share(ctx: Context) -> Row:
         timings = time_interleaved(functions, max(ctx.repeats, 3) * 2, ctx.device)
     summary = {}
     for name in ("geodesic mix", "geodesic inv", "adaptive"):
-        t = {k: timings[f"{name}: {k}"].median for k in ("geometry", "layout",
-                                                         "forward_backward", "objective")}
+        parts = ("geometry", "layout", "forward_backward", "objective")
+        t = {k: timings[f"{name}: {k}"].median for k in parts}
+        with value_checks(False):
+            operators = {k: operator_counts(functions[f"{name}: {k}"]) for k in parts}
         summary[name] = {
             "geometry / forward_backward": t["geometry"] / t["forward_backward"],
             "layout / forward_backward": t["layout"] / t["forward_backward"],
@@ -389,6 +395,7 @@ def row_geometry_share(ctx: Context) -> Row:
             "geometry / (objective + geometry)": t["geometry"] / (t["objective"]
                                                                   + t["geometry"]),
             "median_s": t,
+            "operators": operators,
         }
     # the geometry does not depend on the batch, the forward+backward grows with it: the same
     # ratio with SCALE x the tokens per batch (forward+backward timed again, geometry reused)
@@ -414,7 +421,11 @@ def row_geometry_share(ctx: Context) -> Row:
                         "Christoffel) forward and backward, direction (raise, horizontal, norm)",
         "layout_ops": "coordinates -> parameter dict (ParameterLayout.to_parameters) forward "
                       "and backward",
-        "timings": {k: v.as_dict() for k, v in timings.items()}})
+        "timings": {k: v.as_dict() for k, v in timings.items()}},
+        [f"{name}: computing operators per step, geometry "
+         f"{summary[name]['operators']['geometry']['computing']} vs forward+backward "
+         f"{summary[name]['operators']['forward_backward']['computing']} (kernel launches on "
+         "a GPU)" for name in ("geodesic mix", "geodesic inv", "adaptive")])
 
 
 # ---------------------------------------------------------------------------- row 3
@@ -669,8 +680,9 @@ def format_table(rows: list[Row]) -> str:
     def render(cells) -> str:
         return "  ".join(cell.ljust(w) for cell, w in zip(cells, widths, strict=True)).rstrip()
 
+    notes = [f"row {row.number}: {note}" for row in rows for note in row.notes]
     return "\n".join([render(header), render(["-" * w for w in widths])]
-                     + [render(line) for line in lines])
+                     + [render(line) for line in lines] + notes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -68,3 +68,48 @@ def unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor], ndims: Sequence[
 
 def total_size(a: Sequence[torch.Tensor], ndims: Sequence[int]) -> int:
     return sum(x.shape[x.dim() - k:].numel() for x, k in zip(a, ndims, strict=True))
+
+
+# ---------------------------------------------------------------------------- fused (foreach)
+# A network's tangent vector is one tensor per parameter (hundreds for a BERT). A Python loop
+# dispatches one operator per tensor, which on a GPU is one kernel launch each; torch's
+# ``_foreach`` operators take the whole list in one dispatch (a few fused kernels on CUDA, one
+# C++ loop on the CPU). Each helper below computes exactly what the per-tensor loop would,
+# bit for bit: the same operation on the same operands, in the same order.
+Factor = torch.Tensor | float | Sequence[torch.Tensor]
+
+
+def _factor(factor: Factor) -> torch.Tensor | float | list[torch.Tensor]:
+    return list(factor) if isinstance(factor, (tuple, list)) else factor
+
+
+def fused_mul(a: Sequence[torch.Tensor], factor: Factor) -> Tensors:
+    """``x * c`` for every ``x`` in ``a``: ``c`` a number, a 0-dim tensor or one per tensor."""
+    return tuple(torch._foreach_mul(list(a), _factor(factor))) if a else ()
+
+
+def fused_div(a: Sequence[torch.Tensor], factor: Factor) -> Tensors:
+    """``x / c`` for every ``x`` in ``a`` (``c`` as in :func:`fused_mul`)."""
+    return tuple(torch._foreach_div(list(a), _factor(factor))) if a else ()
+
+
+def fused_add(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> Tensors:
+    """``x + y`` componentwise."""
+    if len(a) != len(b):
+        raise ValueError(f"tuples of different lengths: {len(a)} and {len(b)}")
+    return tuple(torch._foreach_add(list(a), list(b))) if a else ()
+
+
+def fused_sub(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> Tensors:
+    """``x - y`` componentwise."""
+    if len(a) != len(b):
+        raise ValueError(f"tuples of different lengths: {len(a)} and {len(b)}")
+    return tuple(torch._foreach_sub(list(a), list(b))) if a else ()
+
+
+def fused_square_norms(a: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``sum_i ||x_i||^2`` over every entry of every tensor, 0-dim (one reduction per tensor,
+    fused; the sum order differs from a Python loop's, so it agrees to rounding, not bits)."""
+    if not a:
+        raise ValueError("no tensors to take the norm of")
+    return torch.stack(torch._foreach_norm(list(a))).square().sum()

@@ -97,8 +97,11 @@ def test_inplace_protocol_equals_library_adaptive_sharpness(benchmark_modules, n
         assert torch.equal(tensor, before[key]), key
     ours = qs.sharpness(model, batches, measure="adaptive", rho=0.1, n_iter=n_iter,
                         progress=False)
-    assert per_batch == ours.per_batch                   # same iterates, bit for bit
-    assert value == ours.value
+    # the same iterates; the library's g-norm is one fused reduction per parameter tensor
+    # (torch._foreach_norm), the reference's a Python sum of per-tensor sums, so the two agree
+    # to float64 rounding (a few ulps), not bit for bit
+    assert per_batch == pytest.approx(ours.per_batch, rel=1e-12, abs=0)
+    assert value == pytest.approx(ours.value, rel=1e-12, abs=0)
     assert value > 0
 
 

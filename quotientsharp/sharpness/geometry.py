@@ -34,6 +34,7 @@ from typing import Protocol
 
 import torch
 
+from .. import _tuples as T
 from ..diagonal import DiagonalQuotient
 from ..gl import GLQuotient
 from ..linalg import solve_sylvester_eig
@@ -395,6 +396,8 @@ class ScaledBlock:
         self._inv_scale: Tensors = () if self.scale_kind == "euclidean" else tuple(
             _safe_reciprocal(c) for c in self.scale)
         self._inv_base_cache: Tensors | None = None
+        self._dtype = self.base[0].dtype if self.base else torch.get_default_dtype()
+        self._device = self.base[0].device if self.base else torch.device("cpu")
 
     @property
     def scale(self) -> Tensors:
@@ -415,24 +418,23 @@ class ScaledBlock:
         """Nothing can be singular: zero scales are fixed coordinates."""
 
     def norm_sq(self, xi: Tensors) -> torch.Tensor:
-        total = xi[0].new_zeros(()) if xi else torch.zeros(())
+        if not xi:
+            return torch.zeros((), dtype=self._dtype, device=self._device)
         if self.scale_kind == "euclidean":
-            for d in xi:
-                total = total + d.square().sum()
-            return total
-        for d, inv_c in zip(xi, self._inv_scale, strict=True):
-            total = total + (d * inv_c).square().sum()
-        return total
+            return T.fused_square_norms(xi)
+        return T.fused_square_norms(T.fused_mul(xi, self._inv_scale))
 
     def horizontal(self, xi: Tensors) -> Tensors:
         return tuple(xi)
 
     def raise_gradient(self, egrad: Tensors) -> Tensors:
-        if self.scale_kind == "euclidean":
+        if self.scale_kind == "euclidean" or not egrad:
             return tuple(egrad)
-        if self.scale_kind == "adaptive":
-            return tuple(e * w.square() for e, w in zip(egrad, self.base, strict=True))
-        return tuple(e * c.square() for e, c in zip(egrad, self._given_scale, strict=True))
+        scale = self.base if self.scale_kind == "adaptive" else self._given_scale
+        # e * c^2 with c^2 = c * c (what square computes): fused, formed per call, no cache
+        raised = T.fused_mul(scale, scale)
+        torch._foreach_mul_(list(raised), list(egrad))
+        return raised
 
     def christoffel(self, xi: Tensors) -> Tensors:
         if self.path == "line":
@@ -441,7 +443,7 @@ class ScaledBlock:
 
     def point(self, xi: Tensors, order: int | str) -> Tensors:
         if self.path == "line" or order == 1:
-            return tuple(w + d for w, d in zip(self.base, xi, strict=True))
+            return T.fused_add(self.base, xi)
         if order == 2:
             return tuple(w + d + 0.5 * d.square() * inv_w
                          for w, d, inv_w in zip(self.base, xi, self._inv_base, strict=True))
@@ -538,7 +540,7 @@ class ProductGeometry:
     def _rescale(self, xi: Tensors, norm: torch.Tensor, radius: torch.Tensor | float) -> Tensors:
         tiny = torch.finfo(norm.dtype).tiny
         factor = (radius / norm.clamp_min(tiny)).clamp(max=1.0)
-        return tuple(factor * t for t in xi)
+        return T.fused_mul(xi, factor)
 
     # ------------------------------------------------------------------ solver interface
     def project(self, xi: Sequence[torch.Tensor]) -> Tensors:
@@ -553,7 +555,7 @@ class ProductGeometry:
         """The Riemannian gradient normalised by its g-norm (zero stays zero)."""
         rgrad = self.riemannian_gradient(egrad)
         norm = self.norm(rgrad).clamp_min(torch.finfo(self.dtype).tiny)
-        return tuple(t / norm for t in rgrad)
+        return T.fused_div(rgrad, norm)
 
     def random_start(self, generator: torch.Generator | None) -> Tensors:
         """Horizontal projection of a metric-isotropic Gaussian, radius ``rho * U(0, 1)``."""

@@ -40,6 +40,8 @@ from typing import Protocol
 
 import torch
 
+from .. import _tuples as T
+
 Tensors = tuple[torch.Tensor, ...]
 Objective = Callable[[Tensors], tuple[torch.Tensor, Tensors]]
 
@@ -157,6 +159,30 @@ def _choose(flag: torch.Tensor, a: Sequence[torch.Tensor], b: Sequence[torch.Ten
     return tuple(torch.where(_lift(flag, x), x, y) for x, y in zip(a, b, strict=True))
 
 
+def gradient_step(xi: Sequence[torch.Tensor], direction: Sequence[torch.Tensor],
+                  eta: torch.Tensor) -> Tensors:
+    """``xi + eta d`` (before ``P_S``); ``eta`` 0-dim, or ``shape=P`` with one step per problem."""
+    factor = eta if eta.dim() == 0 else [_lift(eta, x) for x in xi]
+    return T.fused_add(xi, T.fused_mul(direction, factor))
+
+
+def momentum_step(xi: Sequence[torch.Tensor], z: Sequence[torch.Tensor],
+                  previous: Sequence[torch.Tensor], alpha: float) -> Tensors:
+    """``xi + alpha (z - xi) + (1 - alpha)(xi - previous)`` (before ``P_S``).
+
+    Evaluated as ``(alpha (z - xi) + xi) + (1 - alpha)(xi - previous)``, which rounds exactly as
+    the left-to-right formula (addition commutes in IEEE arithmetic), with two tuples of
+    temporaries.
+    """
+    if not xi:
+        return ()
+    new = T.fused_mul(T.fused_sub(z, xi), alpha)
+    torch._foreach_add_(list(new), list(xi))
+    back = T.fused_mul(T.fused_sub(xi, previous), 1 - alpha)
+    torch._foreach_add_(list(new), list(back))
+    return new
+
+
 def _single_run(geometry: AscentGeometry, objective: Objective, start: Tensors,
                 settings: AscentSettings, eta0: float | torch.Tensor,
                 on_evaluation: Callable[[], None] | None,
@@ -178,13 +204,8 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Tensors,
     increases = torch.zeros_like(loss)
     last_mark = 0
     for k in range(n_iter):
-        z = geometry.clip(tuple(x + _lift(eta, x) * d for x, d in zip(xi, direction, strict=True)))
-        if k == 0:
-            new = z
-        else:
-            new = geometry.clip(tuple(
-                x + alpha * (zz - x) + (1 - alpha) * (x - p)
-                for x, zz, p in zip(xi, z, previous, strict=True)))
+        z = geometry.clip(gradient_step(xi, direction, eta))
+        new = z if k == 0 else geometry.clip(momentum_step(xi, z, previous, alpha))
         # neither z nor the last gradient is needed again: freed before the forward+backward,
         # whose peak they would otherwise add two tangent-sized tuples to
         del z, egrad
