@@ -567,8 +567,8 @@ def _geometry_held_bytes(ctx: Context, options: dict[str, Any]) -> dict[str, flo
         "geometry caches (block attributes beyond the base point)":
             tensor_bytes(caches) / parameter_bytes,
         "solver iterates alive during a forward+backward, counted from solver.py (xi, "
-        "previous, direction, best xi, best direction, new: 6 tangent-sized tuples)":
-            6 * tangent_bytes / parameter_bytes,
+        "new, best xi, best direction: 4 tangent-sized tuples)":
+            4 * tangent_bytes / parameter_bytes,
     }
 
 

@@ -206,9 +206,11 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Tensors,
     for k in range(n_iter):
         z = geometry.clip(gradient_step(xi, direction, eta))
         new = z if k == 0 else geometry.clip(momentum_step(xi, z, previous, alpha))
-        # neither z nor the last gradient is needed again: freed before the forward+backward,
-        # whose peak they would otherwise add two tangent-sized tuples to
-        del z, egrad
+        # z, the last gradient, the direction and the iterate before xi are not needed again
+        # (the last two are replaced below): freed before the forward+backward, whose peak
+        # they would otherwise raise by four tangent-sized tuples. What stays alive is xi,
+        # new, the best iterate and its direction (fewer when the best is xi or new).
+        del z, egrad, direction, previous
         new_loss, egrad = objective(new)
         if on_evaluation is not None:
             on_evaluation()
