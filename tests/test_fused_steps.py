@@ -109,3 +109,35 @@ def _operators_of_one_step(tensors: int, with_gl: bool) -> int:
 def test_operators_per_step_do_not_grow_with_the_number_of_tensors(with_gl) -> None:
     few, many = _operators_of_one_step(5, with_gl), _operators_of_one_step(60, with_gl)
     assert few == many, (few, many)       # a per-tensor loop would add 55 x its operators
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_at_most_four_tangent_tuples_are_alive_during_each_evaluation(restarts) -> None:
+    import gc
+
+    from quotientsharp.sharpness.solver import AscentSettings, ascend
+
+    shape = (7, 13)                 # a shape no other tensor of the test has
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randn(shape, generator=gen, dtype=torch.float64)
+    target = torch.randn(shape, generator=gen, dtype=torch.float64)
+    geometry = ProductGeometry([ScaledBlock((base,), "euclidean")], radius=0.5)
+    alive = []
+
+    def objective(xi):
+        gc.collect()
+        storages = {t.untyped_storage().data_ptr() for t in gc.get_objects()
+                    if type(t) is torch.Tensor and tuple(t.shape) == shape}
+        alive.append(len(storages - {base.untyped_storage().data_ptr(),
+                                     target.untyped_storage().data_ptr()}))
+        difference = xi[0] - target
+        return -(difference.square().sum()), (-2 * difference,)
+
+    settings = AscentSettings(n_iter=12, restarts=restarts)
+    outcome = ascend(geometry, objective, settings, generator=gen)
+    assert len(alive) == settings.runs * settings.evaluations_per_run
+    per_run = settings.evaluations_per_run
+    # xi, new, best xi, best direction; from the second run on also the best of earlier runs
+    assert max(alive[:per_run]) <= 4, alive
+    assert max(alive[per_run:], default=0) <= 5, alive
+    assert float(outcome.loss) > -float((base - target).square().sum())

@@ -159,6 +159,13 @@ def _choose(flag: torch.Tensor, a: Sequence[torch.Tensor], b: Sequence[torch.Ten
     return tuple(torch.where(_lift(flag, x), x, y) for x, y in zip(a, b, strict=True))
 
 
+def _choose_into(flag: torch.Tensor, new: Sequence[torch.Tensor],
+                 best: Sequence[torch.Tensor]) -> None:
+    """``best <- where(flag, new, best)`` in place: no second tuple alive while it is chosen."""
+    for x, b in zip(new, best, strict=True):
+        torch.where(_lift(flag, x), x, b, out=b)
+
+
 def gradient_step(xi: Sequence[torch.Tensor], direction: Sequence[torch.Tensor],
                   eta: torch.Tensor) -> Tensors:
     """``xi + eta d`` (before ``P_S``); ``eta`` 0-dim, or ``shape=P`` with one step per problem."""
@@ -183,7 +190,7 @@ def momentum_step(xi: Sequence[torch.Tensor], z: Sequence[torch.Tensor],
     return new
 
 
-def _single_run(geometry: AscentGeometry, objective: Objective, start: Tensors,
+def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[[], Tensors],
                 settings: AscentSettings, eta0: float | torch.Tensor,
                 on_evaluation: Callable[[], None] | None,
                 initial: tuple[torch.Tensor, Tensors] | None = None
@@ -191,13 +198,18 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Tensors,
     n_iter, alpha = settings.n_iter, settings.alpha
     marks = [w for w in checkpoints(n_iter) if w < n_iter]
 
-    xi = start
+    # the start is drawn here, so that no caller holds it once xi has moved on
+    xi = start()
     loss, egrad = objective(xi) if initial is None else initial
     if on_evaluation is not None:
         on_evaluation()
     start_loss = loss
     direction = geometry.direction(egrad)
-    best_loss, best_xi, best_direction = loss, xi, direction
+    del egrad
+    # the best iterate and direction are overwritten in place below, so they own their
+    # storage (the start is also xi, then previous; the geometry's tensors are not ours)
+    best_loss = loss
+    best_xi, best_direction = (tuple(t.clone() for t in v) for v in (xi, direction))
     previous, current_loss = xi, loss
     eta = torch.zeros_like(loss) + eta0
     checkpoint_eta, checkpoint_best = eta, best_loss
@@ -206,21 +218,24 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Tensors,
     for k in range(n_iter):
         z = geometry.clip(gradient_step(xi, direction, eta))
         new = z if k == 0 else geometry.clip(momentum_step(xi, z, previous, alpha))
-        # z, the last gradient, the direction and the iterate before xi are not needed again
-        # (the last two are replaced below): freed before the forward+backward, whose peak
-        # they would otherwise raise by four tangent-sized tuples. What stays alive is xi,
-        # new, the best iterate and its direction (fewer when the best is xi or new).
-        del z, egrad, direction, previous
+        # z, the direction and the iterate before xi are not needed again (the last two are
+        # replaced below): freed before the forward+backward, whose peak they would otherwise
+        # raise by three tangent-sized tuples. What stays alive is xi, new, the best iterate
+        # and its direction; the gradient is dropped as soon as it is raised, and the best
+        # pair is overwritten in place.
+        del z, direction, previous
         new_loss, egrad = objective(new)
         if on_evaluation is not None:
             on_evaluation()
         new_direction = geometry.direction(egrad)
+        del egrad
         increases = increases + (new_loss > current_loss).to(increases.dtype)
         improved = new_loss > best_loss
         best_loss = torch.where(improved, new_loss, best_loss)
-        best_xi = _choose(improved, new, best_xi)
-        best_direction = _choose(improved, new_direction, best_direction)
+        _choose_into(improved, new, best_xi)
+        _choose_into(improved, new_direction, best_direction)
         previous, xi, current_loss, direction = xi, new, new_loss, new_direction
+        del new_direction          # direction's other name: dropped with direction next step
 
         step = k + 1
         if marks and step == marks[0]:
@@ -272,7 +287,7 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
     start_loss: torch.Tensor | None = None
     for run in range(settings.runs):
         random = settings.random_init or run > 0
-        start = geometry.random_start(generator) if random else geometry.zeros()
+        start = ((lambda: geometry.random_start(generator)) if random else geometry.zeros)
         loss, xi, first = _single_run(geometry, objective, start, settings, eta0, on_evaluation,
                                       initial if run == 0 else None)
         run_losses.append(loss)
