@@ -20,6 +20,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,17 @@ def _cli(*argv: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
+def _two_ranks_and_one(root: Path, study: Sequence[str], *ranked: str
+                        ) -> subprocess.CompletedProcess:
+    """``study`` under torchrun into ``root/ranks2`` (with ``ranked`` arguments) and in this
+    process into ``root/single``; returns the torchrun process."""
+    launched = _torchrun(*study, "--out", str(root / "ranks2"), *ranked)
+    assert launched.returncode == 0, launched.stderr[-4000:]
+    code, _, stderr = _cli(*study, "--out", str(root / "single"))
+    assert code == 0, stderr
+    return launched
+
+
 def _without_timings(record: dict) -> dict:
     return {key: value for key, value in record.items() if not key.endswith("seconds")}
 
@@ -79,12 +91,7 @@ DIAGONAL = ("diagonal", "--quick", "--nets", "3", "--no-plots", "--no-progress")
 @pytest.fixture(scope="module")
 def diagonal_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("diagonal")
-    launched = _torchrun(*DIAGONAL, "--out", str(root / "ranks2"), "--docs",
-                         str(root / "docs"))
-    assert launched.returncode == 0, launched.stderr[-4000:]
-    code, _, stderr = _cli(*DIAGONAL, "--out", str(root / "single"))
-    assert code == 0, stderr
-    return root, launched
+    return root, _two_ranks_and_one(root, DIAGONAL, "--docs", str(root / "docs"))
 
 
 def test_diagonal_two_ranks_give_the_single_process_files(diagonal_runs):
@@ -125,11 +132,7 @@ def vit_runs(tmp_path_factory):
     pytest.importorskip("transformers")
     pytest.importorskip("sklearn")
     root = tmp_path_factory.mktemp("vit")
-    launched = _torchrun(*VIT, "--out", str(root / "ranks2"))
-    assert launched.returncode == 0, launched.stderr[-4000:]
-    code, _, stderr = _cli(*VIT, "--out", str(root / "single"))
-    assert code == 0, stderr
-    return root, launched
+    return root, _two_ranks_and_one(root, VIT)
 
 
 def test_vit_two_ranks_give_the_single_process_records(vit_runs):
