@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from quotientsharp import DiagonalQuotient, GLQuotient, value_checks
+from quotientsharp.adaptive import AdaptiveQuotient
 from quotientsharp.models import ParameterLayout, find_symmetries
 
 __all__ = ["DiagonalNet", "Family", "TinyTransformer", "diagonal_ascent_family",
@@ -273,23 +274,21 @@ def transformer_family(models: int, width: int, heads: int, layers: int, tokens:
     gl_stacked = [tuple(torch.stack([bucket[m][f] for m in range(models)]) for f in (0, 1))
                   for bucket in gl_base]
     other_stacked = [torch.stack(parts) for parts in other_base]
-    with value_checks(False):
-        grams_stacked = [quotient.gram_cache(pair) for pair in gl_stacked]
-    inv_other_stacked = [torch.where(w == 0, torch.zeros_like(w), 1.0 / w.masked_fill(w == 0, 1.0))
-                         for w in other_stacked]
+    # the adaptive geometry of the other parameters, one model's point per call (unfused: the
+    # same formula with and without vmap)
+    other_quotient = AdaptiveQuotient("adaptive", point_ndims=[w.dim() - 1 for w in other_stacked],
+                                      fused=False)
     # a random horizontal start of norm rho / 2 per model
     with value_checks(False):
-        xi_gl = [quotient.horizontal_projection(
-            pair, tuple(torch.randn(t.shape, generator=generator, dtype=dtype).to(device)
-                        for t in pair), grams=grams)
-            for pair, grams in zip(gl_stacked, grams_stacked, strict=True)]
+        frozen_gl = [quotient.frozen_point(pair) for pair in gl_stacked]
+        xi_gl = [frozen.horizontal_projection(
+            tuple(torch.randn(t.shape, generator=generator, dtype=dtype).to(device) for t in pair))
+            for pair, frozen in zip(gl_stacked, frozen_gl, strict=True)]
+        norm_sq = sum(frozen.squared_norm(xi).sum(-1)
+                      for frozen, xi in zip(frozen_gl, xi_gl, strict=True))
     xi_other = [0.1 * w * torch.randn(w.shape, generator=generator, dtype=dtype).to(device)
                 for w in other_stacked]
-    with value_checks(False):
-        norm_sq = sum(quotient.inner(pair, xi, xi, grams=grams).sum(-1)
-                      for pair, xi, grams in zip(gl_stacked, xi_gl, grams_stacked, strict=True))
-    norm_sq = norm_sq + sum((d * inv).square().flatten(1).sum(-1)
-                            for d, inv in zip(xi_other, inv_other_stacked, strict=True))
+    norm_sq = norm_sq + other_quotient.frozen_point(other_stacked).squared_norm(xi_other)
     start_scale = 0.5 * rho / norm_sq.sqrt()
 
     def per_model_scale(t: torch.Tensor) -> torch.Tensor:
@@ -298,34 +297,31 @@ def transformer_family(models: int, width: int, heads: int, layers: int, tokens:
     xi_gl = [tuple(per_model_scale(t) for t in xi) for xi in xi_gl]
     xi_other = [per_model_scale(t) for t in xi_other]
 
-    def step(gl, grams, other, inv_other, xi_g, xi_o):
+    def step(gl, other, xi_g, xi_o):
+        # one model's geometry, frozen inside the step (vmap maps tensors, not objects)
+        frozen_g = [quotient.frozen_point(pair) for pair in gl]
+        frozen_o = other_quotient.frozen_point(other)
+
         def norm_sq_of(vec_g, vec_o):
-            total = sum(quotient.inner(pair, w, w, grams=g).sum()
-                        for pair, w, g in zip(gl, vec_g, grams, strict=True))
-            return total + sum((d * inv).square().sum()
-                               for d, inv in zip(vec_o, inv_other, strict=True))
+            total = sum(frozen.squared_norm(w).sum() for frozen, w in zip(frozen_g, vec_g,
+                                                                         strict=True))
+            return total + frozen_o.squared_norm(vec_o)
 
         def loss_of(vec_g, vec_o):
-            moved = []
-            for pair, w, g in zip(gl, vec_g, grams, strict=True):
-                gamma = quotient.christoffel(pair, w, grams=g)
-                moved.append(tuple(a + b - 0.5 * c for a, b, c in zip(pair, w, gamma,
-                                                                       strict=True)))
-            point_other = dict(zip(other_names, [w + d for w, d in zip(other, vec_o,
-                                                                       strict=True)],
-                                   strict=True))
+            moved = [frozen.geodesic(w, 1.0, 2) for frozen, w in zip(frozen_g, vec_g,
+                                                                     strict=True)]
+            point_other = dict(zip(other_names, frozen_o.geodesic(vec_o, 1.0, 1), strict=True))
             params = layout.to_parameters(coords0.replace(gl=moved, other=point_other))
             logits = torch.func.functional_call(template, params, (ids,))
             return F.cross_entropy(logits, labels)
 
         (e_g, e_o), loss = torch.func.grad_and_value(loss_of, argnums=(0, 1))(xi_g, xi_o)
-        r_g = [quotient.euclidean_to_riemannian_gradient(pair, e, grams=g)
-               for pair, e, g in zip(gl, e_g, grams, strict=True)]
-        r_o = [e * w.square() for e, w in zip(e_o, other, strict=True)]
+        r_g = [frozen.riemannian_gradient(e) for frozen, e in zip(frozen_g, e_g, strict=True)]
+        r_o = list(frozen_o.riemannian_gradient(tuple(e_o)))
         scale = eta / norm_sq_of(r_g, r_o).sqrt().clamp_min(_tiny(dtype))
-        z_g = [quotient.horizontal_projection(
-            pair, tuple(a + scale * b for a, b in zip(w, r, strict=True)), grams=g)
-            for pair, w, r, g in zip(gl, xi_g, r_g, grams, strict=True)]
+        z_g = [frozen.horizontal_projection(tuple(a + scale * b for a, b in zip(w, r,
+                                                                                strict=True)))
+               for frozen, w, r in zip(frozen_g, xi_g, r_g, strict=True)]
         z_o = [d + scale * r for d, r in zip(xi_o, r_o, strict=True)]
         factor = (rho / norm_sq_of(z_g, z_o).sqrt().clamp_min(_tiny(dtype))).clamp(max=1.0)
         return (loss, [tuple(factor * t for t in z) for z in z_g], [factor * t for t in z_o])
@@ -334,15 +330,14 @@ def transformer_family(models: int, width: int, heads: int, layers: int, tokens:
 
     def batched():
         with value_checks(False):
-            return mapped(gl_stacked, grams_stacked, other_stacked, inv_other_stacked, xi_gl,
-                          xi_other)
+            return mapped(gl_stacked, other_stacked, xi_gl, xi_other)
 
     def take(tree, index):
         return torch.utils._pytree.tree_map(
             lambda t: t[index] if isinstance(t, torch.Tensor) else t, tree)
 
-    per_model_args = [take((gl_stacked, grams_stacked, other_stacked, inv_other_stacked, xi_gl,
-                            xi_other), i) for i in range(models)]
+    per_model_args = [take((gl_stacked, other_stacked, xi_gl, xi_other), i)
+                      for i in range(models)]
 
     def looped():
         with value_checks(False):

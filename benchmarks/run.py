@@ -279,12 +279,8 @@ def _engine(ctx: Context, options: dict[str, Any], batch_factor: int = 1):
     """
     from quotientsharp.models import ParameterLayout, find_symmetries
     from quotientsharp.sharpness.batches import resolve_loss, split_batch
-    from quotientsharp.sharpness.measures import (
-        AscentMeasure,
-        FunctionalModel,
-        geodesic_builder,
-        plain_builder,
-    )
+    from quotientsharp.sharpness.functional import FunctionalModel
+    from quotientsharp.sharpness.measures import AscentMeasure, geodesic_builder, plain_builder
     from quotientsharp.sharpness.solver import AscentSettings
 
     model, rho = ctx.model, ctx.sizes.rho
@@ -372,7 +368,7 @@ def _step_parts(ctx: Context, options: dict[str, Any],
 
     functions = {"geometry": geometry_ops, "layout": layout_ops,
                  "forward_backward": forward_backward, "objective": full_objective}
-    return functions, {"blocks": [type(b).__name__ for b in geometry.blocks]}
+    return functions, {"blocks": [type(q).__name__ for q in geometry.frozen.quotient.factors]}
 
 
 def row_geometry_share(ctx: Context) -> Row:
@@ -549,10 +545,9 @@ def _geometry_held_bytes(ctx: Context, options: dict[str, Any]) -> dict[str, flo
             for item in items:
                 if isinstance(item, torch.Tensor):
                     yield item
-                elif hasattr(item, "_fields"):      # GLGrams
-                    yield from (t for t in item if isinstance(t, torch.Tensor))
 
-    caches = [t for block in geometry.blocks for t in tensors_of(block)
+    # every frozen factor's cached tensors (Gram matrices, factors, 1 / |w|, ...)
+    caches = [t for frozen in geometry.frozen.factors for t in tensors_of(frozen)
               if t.untyped_storage().data_ptr() not in base_ids]
     tangent_bytes = tensor_bytes(geometry.base)
     model_storage = {p.untyped_storage().data_ptr() for p in ctx.model.parameters()}
@@ -564,7 +559,7 @@ def _geometry_held_bytes(ctx: Context, options: dict[str, Any]) -> dict[str, flo
             tensor_bytes(copies) / parameter_bytes,
         "coordinates (one tangent-sized copy of the perturbed tensors)":
             tangent_bytes / parameter_bytes if options["measure"] != "adaptive" else 0.0,
-        "geometry caches (block attributes beyond the base point)":
+        "geometry caches (frozen-point attributes beyond the base point)":
             tensor_bytes(caches) / parameter_bytes,
         "solver iterates alive during a forward+backward, counted from solver.py (xi, "
         "new, best xi, best direction: 4 tangent-sized tuples)":

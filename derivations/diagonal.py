@@ -9,7 +9,7 @@ For both metrics of the GL(1)^d quotient (``inv``: ``diag(1/u^2, 1/v^2)``, ``mix
 direction and the invariance of the metric, the horizontal projection, the Riemannian
 gradient, and the geodesic equation, which the package's closed-form geodesics must solve for
 any initial velocity. Each derived object is compared twice: symbolically with a transcription
-of the formula the package uses (and of the one in the specification), and numerically with the
+of the formula the package uses (and of the closed form as published), and numerically with the
 package code itself (``quotientsharp.DiagonalQuotient``) in float64 at exact rational points, so
 a typo in the package is caught. The d = 2 product metric is checked to have no cross terms.
 """
@@ -96,7 +96,10 @@ t, alpha, beta, a = sympy.symbols("t alpha beta a", real=True)
 
 def bilinear_form(metric: str, point: Sequence[sympy.Expr], first: Sequence[sympy.Expr],
                   second: Sequence[sympy.Expr]) -> sympy.Expr:
-    """SPEC section 2, summed over the coordinate pairs ``point = (u_1..u_d, v_1..v_d)``."""
+    """The metric, summed over the coordinate pairs ``point = (u_1..u_d, v_1..v_d)``.
+
+    inv: ``eta_u nu_u / u^2 + eta_v nu_v / v^2``; mix: ``eta_u nu_u v^2 + eta_v nu_v u^2``.
+    """
     d = len(point) // 2
     total = sympy.S.Zero
     for i in range(d):
@@ -119,7 +122,11 @@ def package_christoffel(metric: str, xi: Sequence[sympy.Expr], nu: Sequence[symp
 
 
 def spec_christoffel(metric: str, xi: Sequence[sympy.Expr]) -> list[sympy.Expr]:
-    """SPEC section 2's quadratic ``Gamma(xi, xi)``."""
+    """The published quadratic ``Gamma(xi, xi)``.
+
+    inv: ``(-xi_u^2 / u, -xi_v^2 / v)``; mix: ``(2 xi_u xi_v / v - u xi_v^2 / v^2,
+    2 xi_u xi_v / u - v xi_u^2 / u^2)``.
+    """
     if metric == "inv":
         return [-xi[0]**2 / u, -xi[1]**2 / v]
     return [2 * xi[0] * xi[1] / v - u * xi[1]**2 / v**2,
@@ -189,7 +196,7 @@ def check_metric(report: Report, name: str, rng: random.Random) -> None:
                lambda: symbolic_zero([derived[k] - package_christoffel(name, ETA, NU)[k]
                                       for k in range(2)]))
     derived_quadratic = S.contract(gamma, ETA)
-    report.run(section, "Koszul Gamma(xi,xi) = SPEC formula", "symbolic",
+    report.run(section, "Koszul Gamma(xi,xi) = closed form", "symbolic",
                lambda: symbolic_zero([derived_quadratic[k] - spec_christoffel(name, ETA)[k]
                                       for k in range(2)]))
 
@@ -257,7 +264,7 @@ def check_metric(report: Report, name: str, rng: random.Random) -> None:
     horizontal = [b * u, b * v]
     norm_spec = 2 * b**2 if name == "inv" else 2 * (u * v * b)**2
     norm_derived = (sympy.Matrix(horizontal).T * g * sympy.Matrix(horizontal))[0]
-    report.run(section, "||(b u, b v)||^2 = SPEC norm", "symbolic",
+    report.run(section, "||(b u, b v)||^2 = closed-form norm", "symbolic",
                lambda: symbolic_zero([norm_derived - norm_spec]))
 
     def projection_vs_package() -> tuple[bool, str]:
@@ -329,7 +336,9 @@ def check_geodesics(report: Report, name: str, g: sympy.Matrix, gamma: S.Gamma,
                                       at_zero[2] - alpha * u0, at_zero[3] - beta * v0]))
 
     def horizontal_special_case() -> tuple[bool, str]:
-        # alpha = beta = b: SPEC's horizontal geodesics and beta(t) = u v along them
+        # alpha = beta = b: the horizontal geodesics (inv: (u, v) e^{b t}, mix:
+        # (u, v) sqrt(1 + 2 b t)) and beta(t) = u v along them (inv: beta_0 e^{2 b t}, mix:
+        # beta_0 (1 + 2 b t))
         diffs = []
         for _ in range(POINTS):
             b_value, t_value = S.random_rational(rng), S.random_rational(rng)
@@ -346,10 +355,10 @@ def check_geodesics(report: Report, name: str, g: sympy.Matrix, gamma: S.Gamma,
                       sympy.simplify(x_t[1] - start[1] * factor),
                       sympy.simplify(x_t[0] * x_t[1] - product)]
         left = [e for e in diffs if e != 0]
-        return (not left), ("matches SPEC exactly at rational (b, t)" if not left
+        return (not left), ("matches the closed forms exactly at rational (b, t)" if not left
                             else f"left over: {left[0]}")
 
-    report.run(section, "horizontal: SPEC x(t), beta(t) = u v", "exact rational",
+    report.run(section, "horizontal: closed-form x(t), beta(t) = u v", "exact rational",
                horizontal_special_case)
 
     def geodesic_vs_package() -> tuple[bool, str]:

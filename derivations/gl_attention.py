@@ -1,4 +1,4 @@
-"""Check the GL(h) attention-pair formulas of SPEC section 3 exactly, from the metric alone.
+"""Check the GL(h) attention-pair formulas (``docs/attention.md``) exactly, from the metric alone.
 
 Run ``python derivations/gl_attention.py``: exit status 0 when every check passes, 1 (with the
 failing rows listed) otherwise. Importable: :func:`main` returns the exit status.
@@ -98,7 +98,7 @@ def numeric_agreement(errors: list[float]) -> tuple[bool, str]:
     return worst <= TOLERANCE, f"max rel err {worst:.1e} over {len(errors)} comparisons"
 
 
-# ---------------------------------------------------------------------- SPEC section 3
+# ---------------------------------------------------------------------- the closed forms
 def gram_weights(metric: str, G: sympy.Matrix, H: sympy.Matrix
                  ) -> tuple[sympy.Matrix, sympy.Matrix]:
     """``(M_G, M_H)`` of ``<eta, zeta> = Tr(M_G eta_G^T zeta_G) + Tr(M_H eta_H^T zeta_H)``."""
@@ -114,7 +114,13 @@ def gram_weights(metric: str, G: sympy.Matrix, H: sympy.Matrix
 
 def spec_christoffel(metric: str, G: sympy.Matrix, H: sympy.Matrix, XG: sympy.Matrix,
                      XH: sympy.Matrix) -> tuple[sympy.Matrix, sympy.Matrix]:
-    """SPEC section 3's ``(Gamma_G, Gamma_H)(xi, xi)``, as sympy matrix expressions."""
+    """The closed-form ``(Gamma_G, Gamma_H)(xi, xi)``, as sympy matrix expressions.
+
+    inv (``G`` and ``H`` decouple):
+    ``Gamma_G = -xi_G (G^T G)^{-1} (xi_G^T G + G^T xi_G) + G (G^T G)^{-1} xi_G^T xi_G``, ``H``
+    likewise; mix (coupled): ``Gamma_G = xi_G (xi_H^T H + H^T xi_H) (H^T H)^{-1}
+    - G (xi_H^T xi_H) (H^T H)^{-1}``, ``Gamma_H`` with ``G`` and ``H`` swapped; euclidean: 0.
+    """
     if metric == "euclidean":
         return sympy.zeros(*G.shape), sympy.zeros(*H.shape)
     inv_g, inv_h = (G.T * G).inv(), (H.T * H).inv()
@@ -131,7 +137,8 @@ def horizontal_condition(metric: str, G: sympy.Matrix, H: sympy.Matrix, XG: symp
                          XH: sympy.Matrix) -> sympy.Matrix:
     """The ``h x h`` matrix that vanishes exactly on horizontal ``(xi_G, xi_H)``.
 
-    mix and inv are SPEC's (inv: the corrected erratum); euclidean is ``xi_G^T G - H^T xi_H``,
+    mix: ``G^T xi_G H^T H - G^T G xi_H^T H``; inv, corrected from the paper:
+    ``xi_G^T G H^T H - G^T G H^T xi_H``; euclidean is ``xi_G^T G - H^T xi_H``,
     what ``<xi, (-G X, H X^T)> = Tr((H^T xi_H - xi_G^T G) X)`` gives for the identity weights.
     """
     gram_g, gram_h = G.T * G, H.T * H
@@ -156,7 +163,12 @@ def solve_exactly(unknowns: sympy.Matrix, equations: sympy.Matrix) -> sympy.Matr
 
 def spec_projection_shift(metric: str, G: sympy.Matrix, H: sympy.Matrix, XG: sympy.Matrix,
                           XH: sympy.Matrix) -> sympy.Matrix:
-    """``L`` of the horizontal projection ``(xi_G + G L, xi_H - H L^T)`` (SPEC section 3)."""
+    """``L`` of the horizontal projection ``(xi_G + G L, xi_H - H L^T)``.
+
+    mix: ``L = 1/2 [xi_H^T H (H^T H)^{-1} - (G^T G)^{-1} G^T xi_G]``; inv (corrected from the
+    paper): ``A L^T + L^T A = B`` with ``A = G^T G H^T H``, ``B = G^T G H^T xi_H - xi_G^T G H^T H``;
+    euclidean: ``G^T G L + L H^T H = xi_H^T H - G^T xi_G``.
+    """
     h = G.shape[1]
     gram_g, gram_h = G.T * G, H.T * H
     if metric == "mix":
@@ -173,7 +185,10 @@ def spec_projection_shift(metric: str, G: sympy.Matrix, H: sympy.Matrix, XG: sym
 
 def spec_gradient(metric: str, G: sympy.Matrix, H: sympy.Matrix, DG: sympy.Matrix,
                   DH: sympy.Matrix) -> tuple[sympy.Matrix, sympy.Matrix]:
-    """SPEC section 3's metric-raised gradient (euclidean: the gradient itself)."""
+    """The metric-raised gradient (euclidean: the gradient itself).
+
+    inv: ``(dL/dG G^T G, dL/dH H^T H)``; mix: ``(dL/dG (H^T H)^{-1}, dL/dH (G^T G)^{-1})``.
+    """
     if metric == "euclidean":
         return DG, DH
     if metric == "inv":
@@ -407,7 +422,7 @@ def check_metric(report: Report, shape: Shape, metric: str, rng: random.Random,
             diffs.append(S.metric_products(g_at, shape.vertical_generators(G, H), invariant))
         return exact_zero(diffs)
 
-    report.run(section, "g^-1 egrad = SPEC gradient; f(GH^T) horizontal", "exact rational",
+    report.run(section, "g^-1 egrad = closed-form gradient; f(GH^T) horizontal", "exact rational",
                gradient)
 
     check_package(report, section, shape, metric, points, gammas, tangents, package)

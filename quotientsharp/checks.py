@@ -189,11 +189,30 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
                   .abs().max())), "this class's horizontality measure against the reference's",
         bound=max(tol, 1e-8))
 
+    # --- the frozen point: what optimisers and the sharpness engine run
+    frozen = q.at(x)
+    # its own generator, so that the draws of every other check do not depend on it
+    gen_frozen = torch.Generator().manual_seed(seed + 7919)
+    egrad_like = _random_tangent_raw(x, nd, gen_frozen)
+    frozen_pairs = [
+        (frozen.horizontal_projection(u), reference.horizontal_projection(q, x, u)),
+        (frozen.riemannian_gradient(egrad_like),
+         reference.euclidean_to_riemannian_gradient(q, x, egrad_like)),
+        (frozen.christoffel(u, w), reference.christoffel(q, x, u, w)),
+        ((frozen.norm(u),), (q.inner(x, u, u).clamp_min(0).sqrt(),)),
+    ]
+    add("frozen_point_vs_reference", max(relative_error(a, b) for a, b in frozen_pairs),
+        "quotient.at(x): projection, gradient, Christoffel and norm against the references")
+    iso = q.at(on_host).isotropic(gen_frozen)  # drawn on the CPU, like every draw here
+    add("frozen_point_isotropic_finite",
+        0.0 if all(bool(torch.isfinite(t).all()) for t in iso) else math.inf,
+        "a metric-isotropic draw at x is finite")
+
     # --- group action
     a = torch.randn(*T.batch_shape(x, nd), *q.algebra_shape(x), generator=gen,
                     dtype=x[0].dtype, device=gen.device).to(x[0].device)
     s0 = torch.zeros((), dtype=x[0].dtype, device=x[0].device)
-    _, orbit_velocity = torch.func.jvp(lambda s: q.act(x, q.group_exp(s * a)), (s0,),
+    _, orbit_velocity = torch.func.jvp(lambda s: q.act(x, q.group_exp_at(x, s * a)), (s0,),
                                        (torch.ones_like(s0),))
     add("vertical_is_orbit_velocity", relative_error(q.vertical(x, a), orbit_velocity),
         "vertical(x, a) = d/ds act(x, exp(s a)) at s = 0")

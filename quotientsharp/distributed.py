@@ -14,11 +14,12 @@ Batches are dealt round-robin (batch ``i`` to rank ``i % world_size``), every ra
 its own with :func:`quotientsharp.sharpness`, and the per-batch outcomes are all-gathered and
 put back in batch order, so the result has the layout of a single-process one.
 
-Equality with a single process. Sharpness is computed per batch (SPEC section 5); a batch's
-value depends on the model, the batch, the options and, for randomised measures, the random
-stream. ``quotientsharp.sharpness`` draws from one generator seeded once per call, so the draws
-a batch sees depend on the batches before it. Here the stream of batch ``i`` is instead seeded
-with :func:`batch_seed` ``(seed, i)``, which depends on the batch index and never on the rank:
+Equality with a single process. Sharpness is computed on each batch separately, then averaged
+over the batches (see ``docs/sharpness.md``); a batch's value depends on the model, the batch,
+the options and, for randomised measures, the random stream. ``quotientsharp.sharpness``
+draws from one generator seeded once per call, so the draws a batch sees depend on the batches
+before it. Here the stream of batch ``i`` is instead seeded with :func:`batch_seed`
+``(seed, i)``, which depends on the batch index and never on the rank:
 
 - measures without randomness (ascent measures with ``random_init=False`` and
   ``restarts=0``, the defaults, and relative flatness): each rank makes one ``sharpness`` call

@@ -8,10 +8,17 @@ A subclass supplies the geometry upstairs, on the total space of parameters:
 - ``point_ndims`` (class attribute) and ``algebra_shape(x)``: the layout of points and of
   algebra elements.
 
-Everything else has a generic numerical default from :mod:`quotientsharp.reference`; built-in
-quotients override the defaults with closed forms, and :mod:`quotientsharp.checks` compares the
-two. Points and tangent vectors are tuples of tensors batched over leading dimensions; device
-and dtype follow the inputs.
+Everything else has a generic numerical default from :mod:`quotientsharp.reference`, and
+:mod:`quotientsharp.checks` compares any closed form a subclass supplies with it. Points and
+tangent vectors are tuples of tensors batched over leading dimensions; device and dtype follow
+the inputs.
+
+``quotient.at(x)`` freezes the base point: a :class:`~quotientsharp.frozen.FrozenPoint` that
+offers every operation an optimiser at ``x`` needs and keeps what depends on ``x`` alone. The
+built-in quotients derive from :class:`ClosedFormQuotient`: their closed forms live in their
+frozen-point classes, and their quotient-level methods delegate there, so each formula is
+written once and the sharpness engine runs exactly what :func:`quotientsharp.checks.check_all`
+verifies.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import torch
 
 from . import _tuples as T
 from . import reference
+from .frozen import ClosedFormPoint, FrozenPoint
 from .validation import check_finite, check_same_layout, check_tensors
 
 Tensors = tuple[torch.Tensor, ...]
@@ -89,6 +97,19 @@ class SymmetryQuotient(torch.nn.Module):
         check_finite(name, u)
         return u
 
+    # ------------------------------------------------------------------ frozen base point
+    def at(self, x: Tensors) -> FrozenPoint:
+        """The geometry at the base point ``x`` (validated), with its point-only work cached.
+
+        See :mod:`quotientsharp.frozen`. ``shape=[*batch, ...]`` per component; every
+        operation of the result broadcasts over the batch dimensions.
+        """
+        return self.frozen_point(self.check_point(x))
+
+    def frozen_point(self, x: Tensors) -> FrozenPoint:
+        """:meth:`at` without validating ``x`` (for callers that validated it already)."""
+        return FrozenPoint(self, x)
+
     # ------------------------------------------------------------------ generic defaults
     def act_tangent(self, x: Tensors, u: Tensors, g: torch.Tensor) -> Tensors:
         """Push a tangent vector forward by the action of ``g`` (the differential of ``act``)."""
@@ -99,9 +120,13 @@ class SymmetryQuotient(torch.nn.Module):
         """Group element ``exp(a)`` of an algebra element (default: elementwise exp)."""
         return reference.group_exp(a)
 
+    def group_exp_at(self, x: Tensors, a: torch.Tensor) -> torch.Tensor:
+        """``group_exp(a)`` for an algebra element at ``x`` (a product needs the point's layout)."""
+        return self.group_exp(a)
+
     def norm(self, x: Tensors, u: Tensors) -> torch.Tensor:
         """Riemannian norm ``||u||_x``, ``shape=[*batch]``."""
-        return self.inner(x, u, u).clamp_min(0).sqrt()
+        return self.frozen_point(x).norm(u)
 
     def vertical_projection(self, x: Tensors, u: Tensors) -> Tensors:
         """Metric-orthogonal projection onto the vertical space (tangent to the orbit)."""
@@ -122,6 +147,12 @@ class SymmetryQuotient(torch.nn.Module):
     def is_horizontal(self, x: Tensors, u: Tensors, atol: float = 1e-6) -> torch.Tensor:
         """Whether ``u`` is horizontal to relative tolerance ``atol``, ``shape=[*batch]`` bool."""
         return self.horizontality_error(x, u) <= atol
+
+    def raise_index(self, x: Tensors, egrad: Tensors) -> Tensors:
+        """The vector ``g(x)^{-1} egrad`` of a covector (a Euclidean gradient); not projected."""
+        x = self.check_point(x)
+        egrad = self.check_tangent(x, egrad, name="egrad")
+        return reference.raise_index(self, x, egrad)
 
     def euclidean_to_riemannian_gradient(self, x: Tensors, egrad: Tensors) -> Tensors:
         """Metric-raised Euclidean gradient, projected to the horizontal space."""
@@ -150,14 +181,7 @@ class SymmetryQuotient(torch.nn.Module):
         """
         x = self.check_point(x)
         u = self.check_tangent(x, u)
-        if order == 1:
-            return T.axpy(t, u, x, self.point_ndims)
-        if order == 2:
-            g = self.christoffel(x, u)
-            return tuple(a + t * b - 0.5 * t * t * c for a, b, c in zip(x, u, g, strict=True))
-        if order == "exact":
-            return self.geodesic_exact(x, u, t, steps=steps)
-        raise ValueError(f"order must be 1, 2 or 'exact', got {order!r}")
+        return self.frozen_point(x).geodesic(u, t, order, steps)
 
     def geodesic_exact(self, x: Tensors, u: Tensors, t: float = 1.0, steps: int = 64) -> Tensors:
         """Exact geodesic; default: RK4 on ``x'' = -Gamma(x', x')`` with this class's Gamma."""
@@ -204,3 +228,59 @@ class SymmetryQuotient(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}"
+
+
+class ClosedFormQuotient(SymmetryQuotient):
+    """A quotient whose closed forms live in its frozen-point class.
+
+    A subclass sets :attr:`point_type` to a :class:`~quotientsharp.frozen.ClosedFormPoint`
+    subclass (or overrides :meth:`frozen_point`). Every operation below validates its
+    arguments and delegates to the frozen point, so the quotient-level methods and
+    ``quotient.at(x)`` run the same formula.
+    """
+
+    #: The frozen-point class that holds the closed forms.
+    point_type: type[ClosedFormPoint] = ClosedFormPoint
+
+    def frozen_point(self, x: Tensors) -> ClosedFormPoint:
+        return self.point_type(self, x)
+
+    def _checked(self, x: object, u: object, name: str = "u") -> tuple[Tensors, Tensors]:
+        x = self.check_point(x)
+        return x, self.check_tangent(x, u, name=name)
+
+    def inner(self, x: Tensors, u: Tensors, v: Tensors) -> torch.Tensor:
+        """Metric ``<u, v>_x``, ``shape=[*batch]``.
+
+        Only shapes are checked (this method is called inside ``torch.func`` transforms by
+        :mod:`quotientsharp.reference`).
+        """
+        return self.frozen_point(x).inner(u, v)
+
+    def vertical_projection(self, x: Tensors, u: Tensors) -> Tensors:
+        x, u = self._checked(x, u)
+        return self.frozen_point(x).vertical_projection(u)
+
+    def horizontal_projection(self, x: Tensors, u: Tensors) -> Tensors:
+        x, u = self._checked(x, u)
+        return self.frozen_point(x).horizontal_projection(u)
+
+    def horizontality_error(self, x: Tensors, u: Tensors) -> torch.Tensor:
+        x, u = self._checked(x, u)
+        return self.frozen_point(x).horizontality_error(u)
+
+    def raise_index(self, x: Tensors, egrad: Tensors) -> Tensors:
+        x, egrad = self._checked(x, egrad, "egrad")
+        return self.frozen_point(x).raise_index(egrad)
+
+    def euclidean_to_riemannian_gradient(self, x: Tensors, egrad: Tensors) -> Tensors:
+        x, egrad = self._checked(x, egrad, "egrad")
+        return self.frozen_point(x).riemannian_gradient(egrad)
+
+    def christoffel(self, x: Tensors, u: Tensors, v: Tensors | None = None) -> Tensors:
+        x, u = self._checked(x, u)
+        v = None if v is None else self.check_tangent(x, v, name="v")
+        return self.frozen_point(x).christoffel(u, v)
+
+    def geodesic_exact(self, x: Tensors, u: Tensors, t: float = 1.0, steps: int = 64) -> Tensors:
+        return self.frozen_point(x).geodesic_exact(u, t, steps)

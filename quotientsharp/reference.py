@@ -66,8 +66,15 @@ def vertical_coefficients(q: SymmetryQuotient, x: Tensors, u: Tensors) -> torch.
     return torch.cholesky_solve(rhs[..., :1], chol).squeeze(-1)
 
 
+def _trivial_group(q: SymmetryQuotient, x: Tensors) -> bool:
+    """Whether the algebra at ``x`` is zero-dimensional (no vertical space)."""
+    return torch.Size(q.algebra_shape(x)).numel() == 0
+
+
 def vertical_projection(q: SymmetryQuotient, x: Tensors, u: Tensors) -> Tensors:
     """Metric-orthogonal projection of ``u`` onto the vertical space at ``x``."""
+    if _trivial_group(q, x):
+        return tuple(torch.zeros_like(c) for c in u)
     coeffs = vertical_coefficients(q, x, u)
     shape = torch.Size(q.algebra_shape(x))
     return q.vertical(x, coeffs.reshape(*coeffs.shape[:-1], *shape))
@@ -80,6 +87,8 @@ def horizontal_projection(q: SymmetryQuotient, x: Tensors, u: Tensors) -> Tensor
 
 def horizontality_error(q: SymmetryQuotient, x: Tensors, u: Tensors) -> torch.Tensor:
     """``max_k |<V_k, u>| / (||V_k|| ||u||)``, zero for horizontal ``u``; ``shape=[*batch]``."""
+    if _trivial_group(q, x):
+        return torch.zeros_like(q.inner(x, u, u))
     basis = vertical_basis(q, x)
     dots = torch.vmap(lambda vk: q.inner(x, vk, u))(basis)
     norms_v = torch.vmap(lambda vk: q.inner(x, vk, vk))(basis).clamp_min(0).sqrt()

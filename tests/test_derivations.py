@@ -68,7 +68,7 @@ def test_diagonal_script_catches_a_wrong_mix_geodesic(diagonal, monkeypatch, cap
 
     def horizontal_only(self, x, u, t=1.0, steps=64):
         # the horizontal-only formula sqrt(1 + 2 b t) is wrong for general velocities
-        if self.metric == "inv":
+        if self.metric.name == "inv":
             return original(self, x, u, t, steps)
         b = 0.5 * (u[0] / x[0] + u[1] / x[1])
         root = torch.sqrt(1 + 2 * b * t)

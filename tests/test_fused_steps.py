@@ -13,7 +13,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from quotientsharp.sharpness.geometry import GLBlock, ProductGeometry, ScaledBlock
+from quotientsharp.gl import GLQuotient
+from quotientsharp.sharpness.coordinates import Factor, other_factor
+from quotientsharp.sharpness.geometry import build_geometry
 from quotientsharp.sharpness.solver import _lift, gradient_step, momentum_step
 
 DTYPES = [torch.float32, torch.float64]
@@ -51,24 +53,22 @@ def test_gradient_and_momentum_steps_equal_the_per_tensor_formulas(seed, dtype,
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("scale", ["adaptive", "euclidean", "given"])
-def test_scaled_block_equals_the_per_tensor_formulas(seed, dtype, scale) -> None:
+@pytest.mark.parametrize("scale", ["adaptive", "euclidean"])
+def test_adaptive_factor_equals_the_per_tensor_formulas(seed, dtype, scale) -> None:
     base = _tensors(seed, dtype, count=7)
     base[1][0, 0] = 0.0                                 # a fixed coordinate
-    given = tuple(t.abs() + 0.5 for t in _tensors(seed + 5, dtype, count=7))
-    c = {"adaptive": tuple(w.abs() for w in base), "euclidean": tuple(torch.ones_like(w)
-                                                                     for w in base),
-         "given": given}[scale]
-    block = ScaledBlock(base, given if scale == "given" else scale)
+    c = {"adaptive": tuple(w.abs() for w in base),
+         "euclidean": tuple(torch.ones_like(w) for w in base)}[scale]
+    frozen = build_geometry([other_factor(base, scale, "line")], 1.0).frozen
     xi, egrad = _tensors(seed + 1, dtype, count=7), _tensors(seed + 2, dtype, count=7)
     inv_c = tuple(torch.where(t == 0, torch.zeros_like(t), 1 / t) for t in c)
     expected_norm = sum((d * i).square().sum() for d, i in zip(xi, inv_c, strict=True))
     tolerance = 8 * torch.finfo(dtype).eps
-    assert float(abs(block.norm_sq(xi) - expected_norm) / expected_norm) <= tolerance
-    assert _bitwise_equal(block.raise_gradient(egrad),
+    assert float(abs(frozen.squared_norm(xi) - expected_norm) / expected_norm) <= tolerance
+    assert _bitwise_equal(frozen.raise_index(egrad),
                           tuple(e * t.square() for e, t in zip(egrad, c, strict=True)))
-    assert _bitwise_equal(block.point(xi, 1), tuple(w + d for w, d in zip(base, xi,
-                                                                          strict=True)))
+    assert _bitwise_equal(frozen.geodesic(xi, 1.0, 1),
+                          tuple(w + d for w, d in zip(base, xi, strict=True)))
 
 
 class _CountComputing(TorchDispatchMode):
@@ -85,13 +85,13 @@ class _CountComputing(TorchDispatchMode):
 
 def _operators_of_one_step(tensors: int, with_gl: bool) -> int:
     gen = torch.Generator().manual_seed(0)
-    blocks = []
+    factors = []
     if with_gl:
         G = torch.randn(4, 6, 2, generator=gen, dtype=torch.float64)
-        blocks.append(GLBlock(G, torch.randn(4, 5, 2, generator=gen, dtype=torch.float64),
-                              "mix"))
-    blocks.append(ScaledBlock(_tensors(1, torch.float64, count=tensors), "adaptive"))
-    geometry = ProductGeometry(blocks, radius=0.1, order=1)
+        H = torch.randn(4, 5, 2, generator=gen, dtype=torch.float64)
+        factors.append(Factor(GLQuotient("mix"), (G, H), "gl", folded=1))
+    factors.append(other_factor(_tensors(1, torch.float64, count=tensors), "adaptive", "line"))
+    geometry = build_geometry(factors, radius=0.1, order=1)
     xi = geometry.project(geometry.random_start(gen))
     previous = geometry.project(geometry.random_start(gen))
     egrad = geometry.random_start(gen)
@@ -121,7 +121,7 @@ def test_at_most_four_tangent_tuples_are_alive_during_each_evaluation(restarts) 
     gen = torch.Generator().manual_seed(0)
     base = torch.randn(shape, generator=gen, dtype=torch.float64)
     target = torch.randn(shape, generator=gen, dtype=torch.float64)
-    geometry = ProductGeometry([ScaledBlock((base,), "euclidean")], radius=0.5)
+    geometry = build_geometry([other_factor((base,), "euclidean", "line")], radius=0.5)
     alive = []
 
     def objective(xi):

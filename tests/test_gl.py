@@ -12,7 +12,6 @@ import torch
 
 from quotientsharp import GLQuotient, reference, value_checks
 from quotientsharp.checks import check_all, relative_error
-from quotientsharp.gl import GLGrams
 from quotientsharp.linalg import (
     solve_sylvester_eig,
     solve_sylvester_product_spd,
@@ -465,7 +464,7 @@ def test_rank_deficient_without_eps_raises(metric, case):
     calls = [lambda: q.inner(x, u, u), lambda: q.horizontal_projection(x, u),
              lambda: q.vertical_projection(x, u), lambda: q.christoffel(x, u),
              lambda: q.euclidean_to_riemannian_gradient(x, u),
-             lambda: q.horizontality_error(x, u), lambda: q.gram_cache(x),
+             lambda: q.horizontality_error(x, u), lambda: q.at(x),
              lambda: q.geodesic(x, u, order=2)]
     for call in calls:
         with pytest.raises(ValueError, match=r"x\[0\] \(G.*rank-deficient.*eps > 0"):
@@ -679,7 +678,7 @@ def test_random_point_and_check_shapes():
     q = GLQuotient("mix", n=5, m=4, h=3)
     x = q.random_point((2,), generator=torch.Generator().manual_seed(34), dtype=torch.float32)
     assert x[0].shape == (2, 5, 3) and x[1].shape == (2, 4, 3) and x[0].dtype == torch.float32
-    q.gram_cache(x)                                     # full rank
+    q.at(x)                                             # full rank
     wide = GLQuotient("inv", eps=0.1).random_point(shapes=((2, 3), (4, 3)))
     assert wide[0].shape == (2, 3)
     assert GLQuotient.check_shapes == ((5, 3), (4, 3))
@@ -687,20 +686,23 @@ def test_random_point_and_check_shapes():
 
 
 @pytest.mark.parametrize("metric", METRICS)
-def test_gram_cache_gives_identical_results(metric):
+def test_frozen_point_gives_identical_results(metric):
+    """The quotient's methods are the frozen point's: the same formula, bit for bit."""
     q = GLQuotient(metric, eps=0.1)
     x = gaussian_point(5, 4, 3, 35, batch=(2,))
     u, w = gaussian_tangent(x, 35), gaussian_tangent(x, 36)
-    grams = q.gram_cache(x)
-    assert isinstance(grams, GLGrams)
-    assert torch.equal(grams.gram_g, x[0].mT @ x[0])
-    for name, op in (("inner", lambda **k: (q.inner(x, u, w, **k),)),
-                     ("horizontal", lambda **k: q.horizontal_projection(x, u, **k)),
-                     ("vertical", lambda **k: q.vertical_projection(x, u, **k)),
-                     ("gradient", lambda **k: q.euclidean_to_riemannian_gradient(x, u, **k)),
-                     ("christoffel", lambda **k: q.christoffel(x, u, w, **k)),
-                     ("horizontality", lambda **k: (q.horizontality_error(x, u, **k),))):
-        assert all(torch.equal(a, b) for a, b in zip(op(), op(grams=grams), strict=True)), name
+    frozen = q.at(x)
+    assert torch.equal(frozen.gram_g, x[0].mT @ x[0])
+    pairs = (("inner", (q.inner(x, u, w),), (frozen.inner(u, w),)),
+             ("horizontal", q.horizontal_projection(x, u), frozen.horizontal_projection(u)),
+             ("vertical", q.vertical_projection(x, u), frozen.vertical_projection(u)),
+             ("gradient", q.euclidean_to_riemannian_gradient(x, u),
+              frozen.riemannian_gradient(u)),
+             ("christoffel", q.christoffel(x, u, w), frozen.christoffel(u, w)),
+             ("horizontality", (q.horizontality_error(x, u),), (frozen.horizontality_error(u),)),
+             ("geodesic", q.geodesic(x, u, order=2), frozen.geodesic(u, order=2)))
+    for name, direct, cached in pairs:
+        assert all(torch.equal(a, b) for a, b in zip(direct, cached, strict=True)), name
 
 
 # ====================================================================== check tools

@@ -195,9 +195,10 @@ def test_interrupted_distributed_run_resumes_to_the_same_records(vit_runs):
 
 
 def common_family():
-    from quotientsharp.experiments import transformer_common
+    """The module whose ``train_classifier`` and ``measure_model`` family_study calls."""
+    from quotientsharp.experiments import family_run
 
-    return transformer_common
+    return family_run
 
 
 # ---------------------------------------------------------------------------- in one process

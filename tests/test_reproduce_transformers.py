@@ -22,7 +22,7 @@ pytest.importorskip("matplotlib")
 scipy_stats = pytest.importorskip("scipy.stats")
 
 from quotientsharp.cli import main  # noqa: E402
-from quotientsharp.experiments import STUDIES, load_study  # noqa: E402
+from quotientsharp.experiments import STUDIES, family_run, load_study  # noqa: E402
 from quotientsharp.experiments import bert as bert_study  # noqa: E402
 from quotientsharp.experiments import invariance as invariance_study  # noqa: E402
 from quotientsharp.experiments import transformer_common as common  # noqa: E402
@@ -139,8 +139,9 @@ def test_family_resume_recomputes_nothing(family_runs, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a finished model was trained again on --resume")
 
-    monkeypatch.setattr(common, "train_classifier", refuse)
-    monkeypatch.setattr(common, "measure_model", refuse)
+    # patched where family_study's per-model step looks them up
+    monkeypatch.setattr(family_run, "train_classifier", refuse)
+    monkeypatch.setattr(family_run, "measure_model", refuse)
     outcome = common.family_study(vit_study.STUDY, out, quick=True, resume=True, plots=False)
     assert outcome.computed_now == []
     assert (out / "models.csv").read_text() == before

@@ -1,9 +1,12 @@
-"""The sharpness engine's cached block geometry against independent references.
+"""The sharpness engine's geometry stage against independent references.
 
-GL buckets: against ``GLQuotient`` (same conventions) and against the autograd reference of
-:mod:`quotientsharp.reference` built from the metric alone (a stand-in quotient defined here).
-Diagonal block: against ``DiagonalQuotient``. Adaptive block: against its closed forms.
-Solver checkpoints: against the values of Croce & Hein's schedule.
+The engine runs the product of the layout's quotients frozen at ``theta``
+(:func:`quotientsharp.sharpness.geometry.build_geometry`). GL buckets (heads folded into the
+point): against the autograd reference of :mod:`quotientsharp.reference` built from the metric
+alone (a stand-in quotient defined here) and against Christoffel symbols written out with
+explicit inverses. Diagonal factor: against ``DiagonalQuotient`` and the GL(1) case of the GL
+Euclidean metric. Adaptive factor: against its closed forms. The ball: projections, directions
+and random starts. Solver checkpoints: against the values of Croce & Hein's schedule.
 """
 
 from __future__ import annotations
@@ -16,13 +19,9 @@ import torch
 from quotientsharp import DiagonalQuotient, reference
 from quotientsharp.gl import GLQuotient
 from quotientsharp.quotient import SymmetryQuotient
-from quotientsharp.sharpness.geometry import (
-    BoxGeometry,
-    DiagonalBlock,
-    GLBlock,
-    ProductGeometry,
-    ScaledBlock,
-)
+from quotientsharp.sharpness.ball import BoxGeometry
+from quotientsharp.sharpness.coordinates import Factor, other_factor
+from quotientsharp.sharpness.geometry import build_geometry
 from quotientsharp.sharpness.solver import checkpoints
 
 METRICS = ("inv", "mix", "euclidean")
@@ -56,6 +55,18 @@ class MetricOnlyGL(SymmetryQuotient):
         return (x[0].shape[-1], x[0].shape[-1])
 
 
+def GLBlock(G, H, metric="inv", eps=0.0, exact_steps=16, pair_names=None, radius=1.0,
+            order=1):
+    """The engine's geometry of one bucket of heads (the heads folded into the point)."""
+    factor = Factor(GLQuotient(metric, eps), (G, H), "gl", folded=1,
+                    labels=list(pair_names or []))
+    return build_geometry([factor], radius, order, exact_steps)
+
+
+def DiagonalBlock(u, v, metric="inv", radius=1.0, order=1):
+    return build_geometry([Factor(DiagonalQuotient(metric), (u, v), "diagonal")], radius, order)
+
+
 def _max_diff(a, b) -> float:
     return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
 
@@ -78,13 +89,15 @@ def test_gl_block_matches_glquotient(metric: str, eps: float, seed: int) -> None
     quotient = GLQuotient(metric, eps)
     scale = 1.0 + float(quotient.inner(x, xi, xi).abs().max())
     tol = 1e-12 * scale
-    assert _max_diff(block.horizontal(xi), quotient.horizontal_projection(x, xi)) < tol
-    assert _max_diff(block.horizontal(block.raise_gradient(xi)),
+    assert _max_diff(block.frozen.horizontal_projection(xi),
+                     quotient.horizontal_projection(x, xi)) < tol
+    assert _max_diff(block.frozen.horizontal_projection(block.frozen.raise_index(xi)),
                      quotient.euclidean_to_riemannian_gradient(x, xi)) < tol
-    assert _max_diff(block.christoffel(xi), quotient.christoffel(x, xi)) < tol
-    assert abs(float(block.norm_sq(xi) - quotient.inner(x, xi, xi).sum())) < tol
+    assert _max_diff(block.frozen.christoffel(xi), quotient.christoffel(x, xi)) < tol
+    assert abs(float(block.frozen.squared_norm(xi) - quotient.inner(x, xi, xi).sum())) < tol
     for order in (1, 2):
-        assert _max_diff(block.point(xi, order), quotient.geodesic(x, xi, 1.0, order=order)) < tol
+        assert _max_diff(block.frozen.geodesic(xi, 1.0, order, block.steps),
+                         quotient.geodesic(x, xi, 1.0, order=order)) < tol
 
 
 @pytest.mark.parametrize("metric", METRICS)
@@ -93,13 +106,14 @@ def test_gl_block_matches_autograd_reference(metric: str, eps: float) -> None:
     x, xi = _bucket(2, torch.float64)
     block = GLBlock(*x, metric=metric, eps=eps)
     ref = MetricOnlyGL(metric, eps)
-    assert _max_diff(block.horizontal(xi), reference.horizontal_projection(ref, x, xi)) < 1e-11
-    assert _max_diff(block.raise_gradient(xi), reference.raise_index(ref, x, xi)) < 1e-11
-    assert _max_diff(block.christoffel(xi), reference.christoffel(ref, x, xi)) < 1e-10
-    assert abs(float(block.norm_sq(xi) - ref.inner(x, xi, xi).sum())) < 1e-11
+    assert _max_diff(block.frozen.horizontal_projection(xi),
+                     reference.horizontal_projection(ref, x, xi)) < 1e-11
+    assert _max_diff(block.frozen.raise_index(xi), reference.raise_index(ref, x, xi)) < 1e-11
+    assert _max_diff(block.frozen.christoffel(xi), reference.christoffel(ref, x, xi)) < 1e-10
+    assert abs(float(block.frozen.squared_norm(xi) - ref.inner(x, xi, xi).sum())) < 1e-11
     # the projection is idempotent and its result horizontal
-    projected = block.horizontal(xi)
-    assert _max_diff(block.horizontal(projected), projected) < 1e-11
+    projected = block.frozen.horizontal_projection(xi)
+    assert _max_diff(block.frozen.horizontal_projection(projected), projected) < 1e-11
     assert float(reference.horizontality_error(ref, x, projected).max()) < 1e-10
 
 
@@ -118,20 +132,20 @@ def _christoffel_by_inverse(point, velocity, metric: str):
 def test_gl_exact_geodesic_matches_fine_ode(metric: str) -> None:
     x, xi = _bucket(3, torch.float64)
     block = GLBlock(*x, metric=metric, exact_steps=32)
-    small = block.horizontal(tuple(0.1 * t for t in xi))
+    small = block.frozen.horizontal_projection(tuple(0.1 * t for t in xi))
     # the closed forms above equal the autograd Christoffel (test_gl_block_matches_autograd_...)
     fine = reference.geodesic_ode(x, small, 1.0, (2, 2),
                                   lambda p, w: _christoffel_by_inverse(p, w, metric), steps=128)
-    assert _max_diff(block.point(small, "exact"), fine) < 1e-9
+    assert _max_diff(block.frozen.geodesic(small, 1.0, "exact", block.steps), fine) < 1e-9
     # and the geodesic differs from its second-order expansion by O(|xi|^3), not less
-    assert _max_diff(block.point(small, 2), fine) > 1e-6
+    assert _max_diff(block.frozen.geodesic(small, 1.0, 2, block.steps), fine) > 1e-6
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_gl_block_float32_and_float64(dtype: torch.dtype) -> None:
     x, xi = _bucket(4, dtype)
     block = GLBlock(*x, metric="inv")
-    out = block.horizontal(xi)
+    out = block.frozen.horizontal_projection(xi)
     assert all(t.dtype == dtype for t in out)
     x64 = tuple(t.double() for t in x)
     ref = GLQuotient("inv").horizontal_projection(x64, tuple(t.double() for t in xi))
@@ -153,8 +167,8 @@ def test_gl_isotropic_sample_has_identity_covariance_in_the_metric() -> None:
     for metric in ("inv", "mix"):
         block = GLBlock(*x, metric=metric)
         gen = torch.Generator().manual_seed(0)
-        samples = [block.isotropic(gen) for _ in range(4000)]
-        mean_sq = torch.stack([block.norm_sq(s) for s in samples]).mean()
+        samples = [block.frozen.isotropic(gen) for _ in range(4000)]
+        mean_sq = torch.stack([block.frozen.squared_norm(s) for s in samples]).mean()
         # E ||xi||_g^2 = dimension (6 + 6), MC error ~ sqrt(2 * 12 / 4000) * 12 ~ 0.9
         assert abs(float(mean_sq) - 12.0) < 0.6
 
@@ -169,14 +183,15 @@ def test_diagonal_block_matches_diagonal_quotient(metric: str, dtype: torch.dtyp
     block = DiagonalBlock(*x, metric=metric)
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     scale = 1.0 + float(quotient.inner(x, xi, xi))
-    assert _max_diff(block.horizontal(xi), quotient.horizontal_projection(x, xi)) < tol * scale
-    assert _max_diff(block.horizontal(block.raise_gradient(xi)),
+    assert _max_diff(block.frozen.horizontal_projection(xi),
+                     quotient.horizontal_projection(x, xi)) < tol * scale
+    assert _max_diff(block.frozen.horizontal_projection(block.frozen.raise_index(xi)),
                      quotient.euclidean_to_riemannian_gradient(x, xi)) < tol * scale
-    assert _max_diff(block.christoffel(xi), quotient.christoffel(x, xi)) < tol * scale
-    assert abs(float(block.norm_sq(xi) - quotient.inner(x, xi, xi))) < tol * scale
-    small = block.horizontal(tuple(0.01 * t for t in xi))
+    assert _max_diff(block.frozen.christoffel(xi), quotient.christoffel(x, xi)) < tol * scale
+    assert abs(float(block.frozen.squared_norm(xi) - quotient.inner(x, xi, xi))) < tol * scale
+    small = block.frozen.horizontal_projection(tuple(0.01 * t for t in xi))
     for order in (1, 2, "exact"):
-        assert _max_diff(block.point(small, order),
+        assert _max_diff(block.frozen.geodesic(small, 1.0, order, block.steps),
                          quotient.geodesic(x, small, 1.0, order=order)) < tol * scale
 
 
@@ -189,65 +204,100 @@ def test_diagonal_block_euclidean_is_gl1_euclidean() -> None:
     as_gl = GLQuotient("euclidean")
     x1 = (u.reshape(5, 1, 1), v.reshape(5, 1, 1))
     ref = as_gl.horizontal_projection(x1, tuple(t.reshape(5, 1, 1) for t in xi))
-    assert _max_diff(block.horizontal(xi), tuple(t.reshape(5) for t in ref)) < 1e-13
+    assert _max_diff(block.frozen.horizontal_projection(xi),
+                     tuple(t.reshape(5) for t in ref)) < 1e-13
 
 
 def test_diagonal_block_rejects_zero_coordinates() -> None:
     u = torch.tensor([1.0, 0.0, 2.0], dtype=torch.float64)
     v = torch.tensor([1.0, 1.0, 3.0], dtype=torch.float64)
-    with pytest.raises(ValueError, match=r"\[1\] have u = 0"):
-        DiagonalBlock(u, v, metric="inv").validate(0.1, 2)
+    with pytest.raises(ValueError, match=r"diagonal block.*u = 0 at coordinates \[1\]"):
+        DiagonalBlock(u, v, metric="inv")
 
 
 def test_diagonal_block_rejects_exact_mix_geodesics_leaving_the_manifold() -> None:
     u = torch.tensor([1.0, 0.2, 2.0], dtype=torch.float64)
     v = torch.tensor([1.0, 0.5, 3.0], dtype=torch.float64)
-    block = DiagonalBlock(u, v, metric="mix")
     limit = 0.1 / math.sqrt(2.0)
-    block.validate(0.99 * limit, "exact")
-    block.validate(10.0, 2)
+    DiagonalBlock(u, v, "mix", radius=0.99 * limit, order="exact").validate()
+    DiagonalBlock(u, v, "mix", radius=10.0, order=2).validate()
+    block = DiagonalBlock(u, v, "mix", radius=1.01 * limit, order="exact")
     with pytest.raises(ValueError, match="leave the manifold"):
-        block.validate(1.01 * limit, "exact")
+        block.validate()
     # at the limit, b = -1/2 on the second coordinate is feasible and reaches u v = 0
     b = torch.tensor([0.0, -0.5, 0.0], dtype=torch.float64)
     xi = (b * u, b * v)
-    assert abs(float(block.norm_sq(xi)) - limit ** 2) < 1e-15
+    assert abs(float(block.frozen.squared_norm(xi)) - limit ** 2) < 1e-15
     with pytest.raises(ValueError, match="leaves the manifold"):
-        block.point(xi, "exact")
+        block.point(xi)
 
 
 def test_adaptive_block_zero_weights_fixed_and_closed_forms() -> None:
     w = torch.tensor([[0.5, 0.0], [-2.0, 1.5]], dtype=torch.float64)
     xi = torch.tensor([[0.1, 0.0], [0.3, -0.2]], dtype=torch.float64)
-    block = ScaledBlock([w], [w.abs()], path="geodesic")
+    factor = other_factor([w], "adaptive", "geodesic")
+    frozen = build_geometry([factor], radius=0.3, order=2).frozen
     nonzero = w != 0
     expected = ((xi[nonzero] / w[nonzero]) ** 2).sum()
-    assert torch.allclose(block.norm_sq((xi,)), expected, rtol=1e-15)
-    (gamma,) = block.christoffel((xi,))
+    assert torch.allclose(frozen.squared_norm((xi,)), expected, rtol=1e-15)
+    (gamma,) = frozen.christoffel((xi,))
     assert torch.allclose(gamma[nonzero], -xi[nonzero] ** 2 / w[nonzero], rtol=1e-15)
-    (exact,) = block.point((xi,), "exact")
+    (exact,) = frozen.geodesic((xi,), 1.0, "exact")
     assert torch.allclose(exact[nonzero], w[nonzero] * torch.exp(xi[nonzero] / w[nonzero]))
-    (second,) = block.point((xi,), 2)
+    (second,) = frozen.geodesic((xi,), 1.0, 2)
     assert torch.allclose(second, w + xi - 0.5 * gamma)
     egrad = torch.randn(2, 2, dtype=torch.float64)
-    (raised,) = block.raise_gradient((egrad,))
+    (raised,) = frozen.raise_index((egrad,))
     assert torch.equal(raised[~nonzero], torch.zeros(1, dtype=torch.float64))
-    geometry = ProductGeometry([block], radius=0.3, order=2)
+    geometry = build_geometry([factor], radius=0.3, order=2)
     for t in (*geometry.direction((egrad,)), *geometry.project((10 * xi,)),
               *geometry.random_start(torch.Generator().manual_seed(0)), exact, second, gamma):
         assert bool(torch.isfinite(t).all())
         assert float(t[0, 1]) == 0.0             # the zero weight neither moves nor is moved to
 
 
+def test_other_parameters_follow_a_line_unless_asked() -> None:
+    w = torch.tensor([0.5, -2.0, 1.5], dtype=torch.float64)
+    xi = (torch.tensor([0.1, 0.3, -0.2], dtype=torch.float64),)
+    line = build_geometry([other_factor([w], "adaptive", "line")], 0.3, order="exact")
+    curved = build_geometry([other_factor([w], "adaptive", "geodesic")], 0.3, order="exact")
+    assert torch.equal(line.point(xi)[0], w + xi[0])
+    assert torch.allclose(curved.point(xi)[0], w * torch.exp(xi[0] / w), rtol=1e-15)
+
+
 def test_product_projection_is_onto_the_ball() -> None:
     x, xi = _bucket(9, torch.float64)
-    geometry = ProductGeometry([GLBlock(*x, metric="mix")], radius=0.25)
+    geometry = GLBlock(*x, metric="mix", radius=0.25)
     projected = geometry.project(tuple(5 * t for t in xi))
     assert abs(float(geometry.norm(projected)) - 0.25) < 1e-14
-    inside = geometry.project(tuple(1e-4 * t for t in geometry.horizontal(xi)))
-    assert _max_diff(inside, tuple(1e-4 * t for t in geometry.horizontal(xi))) < 1e-15
+    horizontal = geometry.frozen.horizontal_projection(xi)
+    inside = geometry.project(tuple(1e-4 * t for t in horizontal))
+    assert _max_diff(inside, tuple(1e-4 * t for t in horizontal)) < 1e-15
     direction = geometry.direction(xi)
     assert abs(float(geometry.norm(direction)) - 1.0) < 1e-13
+
+
+@pytest.mark.parametrize(("metric", "eps"), [("euclidean", 0.0), ("inv", 0.3), ("mix", 0.3),
+                                             ("inv", 0.0)])
+def test_direction_and_start_are_horizontal_for_any_gradient(metric: str, eps: float) -> None:
+    """A gradient that is not horizontal (a loss that breaks the symmetry) is projected.
+
+    For a loss invariant under the group the raised gradient is horizontal already; here the
+    Euclidean gradient is arbitrary, so skipping the projection shows.
+    """
+    x, egrad = _bucket(10, torch.float64)
+    geometry = GLBlock(*x, metric=metric, eps=eps, radius=0.5)
+    ref = MetricOnlyGL(metric, eps)
+    raised = reference.raise_index(ref, x, egrad)
+    assert float(reference.horizontality_error(ref, x, raised).max()) > 1e-3
+    direction = geometry.direction(egrad)
+    assert float(reference.horizontality_error(ref, x, direction).max()) < 1e-10
+    expected = reference.euclidean_to_riemannian_gradient(ref, x, egrad)
+    norm = float(ref.inner(x, expected, expected).sum().sqrt())
+    assert _max_diff(direction, tuple(t / norm for t in expected)) < 1e-10
+    start = geometry.random_start(torch.Generator().manual_seed(3))
+    assert float(reference.horizontality_error(ref, x, start).max()) < 1e-10
+    assert float(geometry.norm(start)) <= 0.5 * (1 + 1e-12)
 
 
 def test_box_geometry_clamps_and_signs() -> None:

@@ -6,8 +6,6 @@
   every order; a measurement started from it equals one that evaluates ``xi = 0`` itself;
 - the solver over a problem shape ``P`` equals the solver run on each problem alone;
 - ``clip`` (the radial rescale) equals the full ``P_S`` on horizontal vectors;
-- ``ScaledBlock``'s "adaptive" / "euclidean" scales, formed on demand, equal the explicit
-  tensors ``|w|`` / ``1``;
 - the model's tensors are shared read-only, never handed to the forward: a forward that writes
   to its parameters in place leaves the state dict bit-identical;
 - the clean loss of every batch, not only the first, is checked for every measure.
@@ -21,22 +19,19 @@ import pytest
 import torch
 from torch import nn
 
-from quotientsharp import sharpness
+from quotientsharp import DiagonalQuotient, GLQuotient, sharpness
 from quotientsharp.experiments.batched_ascent import (
     AdaptiveGeometry,
     DiagonalHorizontalGeometry,
     mse_objective,
 )
 from quotientsharp.sharpness import api
+from quotientsharp.sharpness.ball import BoxGeometry, GeodesicBall
 from quotientsharp.sharpness.batches import resolve_loss, split_batch
-from quotientsharp.sharpness.geometry import (
-    BoxGeometry,
-    DiagonalBlock,
-    GLBlock,
-    ProductGeometry,
-    ScaledBlock,
-)
-from quotientsharp.sharpness.measures import FirstEvaluation, FunctionalModel
+from quotientsharp.sharpness.coordinates import Factor, other_factor
+from quotientsharp.sharpness.functional import FunctionalModel
+from quotientsharp.sharpness.geometry import build_geometry
+from quotientsharp.sharpness.measures import FirstEvaluation
 from quotientsharp.sharpness.solver import AscentSettings, ascend
 
 
@@ -237,7 +232,7 @@ def _single_objective(geometry, X, y):
     def objective(xi):
         leaves = tuple(t.detach().requires_grad_(True) for t in xi)
         with torch.enable_grad():
-            loss = ((X * geometry.point(leaves)).sum(-1) - y).square().mean()
+            loss = ((X * geometry.beta(leaves)).sum(-1) - y).square().mean()
             grads = torch.autograd.grad(loss, leaves)
         return loss.detach(), grads
 
@@ -268,16 +263,17 @@ def test_initial_evaluation_is_reused_and_refused_with_random_starts() -> None:
 
 
 # ---------------------------------------------------------------------------- clip, scales
-def _product(seed: int, dtype: torch.dtype, metric: str) -> ProductGeometry:
+def _product(seed: int, dtype: torch.dtype, metric: str) -> GeodesicBall:
     gen = torch.Generator().manual_seed(seed)
     G = torch.randn(3, 5, 2, generator=gen, dtype=torch.float64).to(dtype)
     H = torch.randn(3, 4, 2, generator=gen, dtype=torch.float64).to(dtype)
     u = (torch.rand(6, generator=gen, dtype=torch.float64) + 0.5).to(dtype)
     v = (torch.rand(6, generator=gen, dtype=torch.float64) + 0.5).to(dtype)
     w = torch.randn(7, 3, generator=gen, dtype=torch.float64).to(dtype)
-    blocks = [GLBlock(G, H, metric=metric), DiagonalBlock(u, v, metric=metric),
-              ScaledBlock([w], "adaptive")]
-    return ProductGeometry(blocks, radius=0.3, order=2)
+    factors = [Factor(GLQuotient(metric), (G, H), "gl", folded=1),
+               Factor(DiagonalQuotient(metric), (u, v), "diagonal"),
+               other_factor([w], "adaptive", "line")]
+    return build_geometry(factors, radius=0.3, order=2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -290,7 +286,7 @@ def test_clip_is_the_full_projection_on_horizontal_vectors(seed, metric, dtype) 
                 for t in geometry.zeros())
     tolerance = 1e-12 if dtype == torch.float64 else 2e-5
     for scale in (1e-3, 1.0, 50.0):                 # inside and outside the ball
-        horizontal = tuple(scale * t for t in geometry.horizontal(raw))
+        horizontal = tuple(scale * t for t in geometry.frozen.horizontal_projection(raw))
         clipped, projected = geometry.clip(horizontal), geometry.project(horizontal)
         assert _max_relative(clipped, projected) <= tolerance
         assert float(geometry.norm(clipped)) <= 0.3 * (1 + tolerance)
@@ -303,35 +299,6 @@ def test_box_clip_is_its_clamp() -> None:
     box = BoxGeometry([w], [w.abs()], 0.1)
     xi = (torch.randn(5, 3, dtype=torch.float64),)
     assert torch.equal(box.clip(xi)[0], box.project(xi)[0])
-
-
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("kind", ["adaptive", "euclidean"])
-def test_scaled_block_named_scales_equal_explicit_tensors(kind, dtype) -> None:
-    gen = torch.Generator().manual_seed(5)
-    base = [torch.randn(4, 3, generator=gen, dtype=torch.float64).to(dtype),
-            torch.randn(6, generator=gen, dtype=torch.float64).to(dtype)]
-    base[0][1, 2] = 0.0                              # a fixed coordinate of the adaptive scale
-    explicit = [w.abs() if kind == "adaptive" else torch.ones_like(w) for w in base]
-    paths = ["line", "geodesic"] if kind == "adaptive" else ["line"]
-    xi = tuple(0.1 * torch.randn(w.shape, generator=gen, dtype=torch.float64).to(dtype)
-               for w in base)
-    for path in paths:
-        named, given = ScaledBlock(base, kind, path), ScaledBlock(base, explicit, path)
-        assert all(torch.equal(a, b) for a, b in zip(named.scale, given.scale, strict=True))
-        assert torch.equal(named.norm_sq(xi), given.norm_sq(xi))
-        for method in ("raise_gradient", "christoffel"):
-            got, want = getattr(named, method)(xi), getattr(given, method)(xi)
-            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), (path, method)
-        for order in (1, 2, "exact"):
-            assert all(torch.equal(a, b) for a, b in zip(named.point(xi, order),
-                                                         given.point(xi, order), strict=True))
-        draws = [block.isotropic(torch.Generator().manual_seed(9)) for block in (named, given)]
-        assert all(torch.equal(a, b) for a, b in zip(*draws, strict=True))
-    with pytest.raises(ValueError, match="scale"):
-        ScaledBlock(base, "unknown")
-    with pytest.raises(ValueError, match="scale"):
-        ScaledBlock(base, explicit[:1])
 
 
 # ---------------------------------------------------------------------------- the model's storage

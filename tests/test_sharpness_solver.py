@@ -8,13 +8,15 @@ the same checkpoints and return the same best loss.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
 import torch
 
-from quotientsharp.sharpness.geometry import ProductGeometry, ScaledBlock
-from quotientsharp.sharpness.solver import AscentSettings, ascend, checkpoints
+from quotientsharp.sharpness.coordinates import other_factor
+from quotientsharp.sharpness.geometry import build_geometry
+from quotientsharp.sharpness.solver import AscentSettings, ascend
 
 
 def _objective_numpy(point: np.ndarray, seed: int) -> tuple[float, np.ndarray]:
@@ -23,6 +25,21 @@ def _objective_numpy(point: np.ndarray, seed: int) -> tuple[float, np.ndarray]:
     value = float(np.sum(a * np.sin(3 * b * point + c)) + 0.5 * point @ point)
     grad = 3 * a * b * np.cos(3 * b * point + c) + point
     return value, grad
+
+
+def _schedule(n_iter: int) -> list[int]:
+    """Croce & Hein's checkpoints, written here from the paper (not imported from the solver).
+
+    ``p_0 = 0``, ``p_1 = 0.22``, ``p_{j+1} = p_j + max(p_j - p_{j-1} - 0.03, 0.06)`` while
+    ``p_j <= 1``; ``w_j = ceil(p_j N)``, in exact rational arithmetic, distinct and >= 1.
+    """
+    p = [Fraction(0), Fraction(22, 100)]
+    while True:
+        step = max(p[-1] - p[-2] - Fraction(3, 100), Fraction(6, 100))
+        if p[-1] + step > 1:
+            break
+        p.append(p[-1] + step)
+    return sorted({math.ceil(q * n_iter) for q in p[1:]} - {0})
 
 
 def _reference_apgd(rho: float, n_iter: int, alpha: float, d: int, seed: int):
@@ -36,7 +53,7 @@ def _reference_apgd(rho: float, n_iter: int, alpha: float, d: int, seed: int):
         norm = np.sqrt(np.sum(g * g))
         return g / norm if norm > 0 else g
 
-    marks = [w for w in checkpoints(n_iter) if w < n_iter]
+    marks = [w for w in _schedule(n_iter) if w < n_iter]
     eta = 2 * rho
     x = np.zeros(d)
     f, g = _objective_numpy(x, seed)
@@ -86,7 +103,7 @@ def test_solver_follows_the_spec_step_by_step(seed: int, n_iter: int) -> None:
         return torch.tensor(value, dtype=torch.float64), (torch.from_numpy(grad),)
 
     base = torch.zeros(d, dtype=torch.float64)
-    geometry = ProductGeometry([ScaledBlock([base], [torch.ones(d, dtype=torch.float64)])], rho)
+    geometry = build_geometry([other_factor([base], "euclidean", "line")], rho)
     outcome = ascend(geometry, objective, AscentSettings(n_iter=n_iter, alpha=alpha))
     assert len(evaluated) == n_iter + 1
     np.testing.assert_allclose(np.stack(evaluated), np.stack(expected_points), rtol=0,
@@ -115,7 +132,7 @@ def test_restarts_are_random_and_the_best_run_wins() -> None:
         return torch.tensor(value, dtype=torch.float64), (torch.from_numpy(grad),)
 
     base = torch.zeros(d, dtype=torch.float64)
-    geometry = ProductGeometry([ScaledBlock([base], [torch.ones(d, dtype=torch.float64)])], rho)
+    geometry = build_geometry([other_factor([base], "euclidean", "line")], rho)
     outcome = ascend(geometry, objective, AscentSettings(n_iter=5, restarts=3),
                      generator=torch.Generator().manual_seed(0))
     assert len(runs) == 4 and len(outcome.run_losses) == 4

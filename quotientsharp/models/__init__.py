@@ -5,19 +5,22 @@
 >>> coords = layout.to_coordinates(dict(model.named_parameters()))
 >>> params = layout.to_parameters(coords)          # bit-identical, differentiable
 >>> moved = reparametrize(model, report, scale=2.0) # same function, other parameters
+
+Any other symmetry: attach its quotient to named parameters with :class:`QuotientBinding`.
 """
 
-from .discovery import (
+from .binding import QuotientBinding
+from .layout import Coordinates, ParameterLayout
+from .reparametrize import reparametrize
+from .report import (
     AttentionModule,
     AttentionPair,
     DiagonalPair,
     FactorSource,
     PairGroup,
     SymmetryReport,
-    find_symmetries,
 )
-from .layout import Coordinates, ParameterLayout
-from .reparametrize import reparametrize
+from .walker import find_symmetries
 
 __all__ = [
     "AttentionModule",
@@ -27,6 +30,7 @@ __all__ = [
     "FactorSource",
     "PairGroup",
     "ParameterLayout",
+    "QuotientBinding",
     "SymmetryReport",
     "find_symmetries",
     "reparametrize",

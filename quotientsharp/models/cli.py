@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .discovery import SymmetryReport, find_symmetries
+from .report import SymmetryReport
+from .walker import find_symmetries
 
 __all__ = ["add_parser", "load_model", "main", "report_to_dict", "run"]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .discovery import AttentionPair, FactorSource, PairGroup, SymmetryReport
+from .report import AttentionPair, FactorSource, PairGroup, SymmetryReport
 
 __all__ = ["Coordinates", "ParameterLayout"]
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from .discovery import SymmetryReport
 from .layout import ParameterLayout
+from .report import SymmetryReport
 
 __all__ = ["reparametrize"]
 

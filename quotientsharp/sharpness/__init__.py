@@ -1,11 +1,32 @@
-"""Sharpness: average, worst-case, adaptive, geodesic (SPEC sections 4-6), relative flatness.
+"""Sharpness: average, worst-case, adaptive, geodesic and relative sharpness.
 
 >>> from quotientsharp import sharpness
 >>> result = sharpness(model, batches, measure="geodesic", rho=0.1, metric="inv", order=2)
 >>> result.value, result.per_batch
+
+:func:`sharpness` runs visible stages, each public and returning a typed object:
+
+1. discovery: :func:`quotientsharp.find_symmetries` -> :class:`~quotientsharp.models.SymmetryReport`
+   (or your own :class:`~quotientsharp.models.QuotientBinding`);
+2. layout: :class:`~quotientsharp.models.ParameterLayout`, and the factors of the product
+   quotient, :class:`LayoutCoordinates` (:mod:`.coordinates`);
+3. geometry: :func:`build_geometry` -> :class:`GeodesicBall`, the product quotient frozen at
+   ``theta`` with the radius (:mod:`.geometry`, :mod:`.ball`);
+4. solver: :func:`ascend` on :func:`perturbed_objective` -> :class:`AscentOutcome`
+   (:mod:`.solver`);
+5. result: :class:`SharpnessResult`.
 """
 
 from .api import MEASURES, SharpnessResult, sharpness
-from .solver import AscentSettings, checkpoints
+from .ball import BoxGeometry, GeodesicBall
+from .batches import resolve_loss, split_batch
+from .coordinates import BoundCoordinates, Factor, LayoutCoordinates, PlainCoordinates
+from .functional import FunctionalModel
+from .geometry import build_geometry
+from .measures import perturbed_objective
+from .solver import AscentOutcome, AscentSettings, ascend, checkpoints
 
-__all__ = ["MEASURES", "AscentSettings", "SharpnessResult", "checkpoints", "sharpness"]
+__all__ = ["MEASURES", "AscentOutcome", "AscentSettings", "BoundCoordinates", "BoxGeometry",
+           "Factor", "FunctionalModel", "GeodesicBall", "LayoutCoordinates", "PlainCoordinates",
+           "SharpnessResult", "ascend", "build_geometry", "checkpoints", "perturbed_objective",
+           "resolve_loss", "sharpness", "split_batch"]

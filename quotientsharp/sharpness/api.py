@@ -3,7 +3,8 @@
 The call never writes to the model: parameters and buffers are cloned once and every loss is a
 :func:`torch.func.functional_call` on (perturbed) clones. The model runs in eval mode during the
 measurement; every submodule's mode is restored afterwards, also when the loss raises or the
-run is interrupted. Sharpness is computed per batch and averaged over batches (SPEC section 5).
+run is interrupted. Sharpness is computed per batch and averaged over batches
+(``docs/sharpness.md``).
 """
 
 from __future__ import annotations
@@ -17,17 +18,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..adaptive import METRICS as OTHER_METRICS
+from ..frozen import check_order
+from ..gl import METRICS as GL_METRICS
+from ..models.binding import QuotientBinding
 from ..validation import value_checks
 from .batches import resolve_loss, split_batch
-from .geometry import GL_METRICS, OTHER_PATHS, check_order
+from .functional import FunctionalModel, checked_clean_loss
+from .geometry import OTHER_PATHS
 from .measures import (
     AscentMeasure,
     AverageMeasure,
     BatchOutcome,
     FirstEvaluation,
-    FunctionalModel,
     RelativeFlatness,
-    checked_clean_loss,
     default_layer,
     geodesic_builder,
     layer_weight_name,
@@ -146,13 +150,22 @@ def _resolve_options(measure: str, options: Mapping[str, Any]) -> dict[str, Any]
 
 def _layout_for(model: nn.Module, functional: FunctionalModel, symmetries: Any,
                 diagonal: Any) -> tuple[Any | None, dict[str, Any]]:
-    """The symmetry layout (or ``None``) and a summary for the settings."""
+    """The symmetry layout (``None``, a layout or a list of bindings) and a settings summary."""
+    if isinstance(symmetries, QuotientBinding):
+        symmetries = [symmetries]
+    if isinstance(symmetries, (list, tuple)):
+        if not symmetries or not all(isinstance(b, QuotientBinding) for b in symmetries):
+            raise TypeError("a list of symmetries must hold QuotientBinding objects only")
+        return list(symmetries), {"symmetries": "bindings",
+                                  "bindings": [{"name": b.name, "quotient": b.quotient.name,
+                                                "parameters": list(b.parameters)}
+                                               for b in symmetries]}
     if isinstance(symmetries, str):
         if symmetries == "none":
             return None, {"symmetries": "none"}
         if symmetries != "auto":
-            raise ValueError(f"symmetries must be 'auto', 'none', a SymmetryReport or a "
-                             f"ParameterLayout, got {symmetries!r}")
+            raise ValueError(f"symmetries must be 'auto', 'none', a SymmetryReport, a "
+                             f"ParameterLayout or QuotientBinding(s), got {symmetries!r}")
         from ..models import find_symmetries
         report = find_symmetries(model, diagonal=diagonal)
     elif hasattr(symmetries, "to_coordinates") and hasattr(symmetries, "to_parameters"):
@@ -207,7 +220,7 @@ def _make_measure(measure: str, model: nn.Module, functional: FunctionalModel,
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (
             math.isfinite(eps) and eps >= 0):
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
-    if opts["other_metric"] not in ("adaptive", "euclidean"):
+    if opts["other_metric"] not in OTHER_METRICS:
         raise ValueError(f"other_metric must be 'adaptive' or 'euclidean', got "
                          f"{opts['other_metric']!r}")
     if opts["other_path"] not in OTHER_PATHS:
@@ -234,7 +247,7 @@ def _progress_bar(batches: Iterable, per_batch: int, progress: bool | None, meas
 # ---------------------------------------------------------------------------- entry point
 def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
               rho: float | None = None, **options: Any) -> SharpnessResult:
-    """Sharpness of ``model`` on ``batches``, per batch then averaged (SPEC sections 5-6).
+    """Sharpness of ``model`` on ``batches``, per batch then averaged.
 
     Parameters
     ----------
@@ -254,7 +267,7 @@ def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
         ``seed`` (random starts and draws; same seed, same value), ``progress`` (tqdm bar:
         ``True``/``False``; ``None`` shows it on a terminal only), ``keep_perturbations``.
 
-        Ascent measures (Auto-PGD, SPEC section 6): ``n_iter=20``, ``eta0=None`` (``2 rho``),
+        Ascent measures (Auto-PGD, Croce & Hein 2020): ``n_iter=20``, ``eta0=None`` (``2 rho``),
         ``alpha=0.75``, ``random_init=False``, ``restarts=0``.
 
         ``average``: ``adaptive=False`` (``c = |theta|`` if true), ``samples=1``.
@@ -266,8 +279,10 @@ def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
         ``ValueError`` says how small), ``eps=0.0`` (Gram relaxation of GL pairs; diagonal pairs
         have none and reject zero coordinates), ``symmetries`` (``"auto"``: discovered by
         :func:`quotientsharp.models.find_symmetries`, ``diagonal`` passed on; ``"none"``: every
-        parameter in the adaptive block; or a ``SymmetryReport`` / ``ParameterLayout``),
-        ``other_metric`` (``"adaptive"``: ``diag(1/w^2)`` of SPEC section 4, or
+        parameter in the adaptive block; a ``SymmetryReport`` / ``ParameterLayout``; or one or a
+        list of :class:`~quotientsharp.models.QuotientBinding`: any quotient, a user's own
+        included, attached to named parameters, measured with its own metric), ``other_metric``
+        (``"adaptive"``: ``diag(1/w^2)``, the metric of adaptive sharpness, or
         ``"euclidean"``), ``other_path`` (``"line"``: ``w + xi``; ``"geodesic"``:
         the adaptive metric's geodesic, ``w * exp(xi / w)`` for ``order="exact"``).
 

@@ -1,14 +1,14 @@
-"""The sharpness measures of SPEC section 5, one batch at a time.
+"""The sharpness measures, one batch at a time (definitions: ``docs/sharpness.md``).
 
 Every loss is evaluated functionally (:class:`FunctionalModel`): the model's own parameters and
 buffers are never handed to its forward; clones taken once per call stand in for them, and
 perturbed values are passed through :func:`torch.func.functional_call`.
 
 - :class:`AverageMeasure`: ``L(theta + delta) - L(theta)``, ``delta ~ N(0, rho^2 diag(c^2))``;
-- :class:`AscentMeasure`: Auto-PGD (:mod:`.solver`) over a geometry (:mod:`.geometry`): the
-  worst case in an L2 ball (plain or adaptive, a :class:`~.geometry.ScaledBlock`) or an
-  L-infinity box (:class:`~.geometry.BoxGeometry`), or geodesic sharpness over the product of
-  GL buckets, diagonal block and other block;
+- :class:`AscentMeasure`: Auto-PGD (:mod:`.solver`) over a ball (:mod:`.ball`) built by the
+  geometry stage (:mod:`.geometry`): the worst case in an L2 ball (plain or adaptive: the
+  trivial-group :class:`~quotientsharp.adaptive.AdaptiveQuotient`) or an L-infinity box, or
+  geodesic sharpness over the product of the layout's quotients (:mod:`.coordinates`);
 - :class:`RelativeFlatness`: Petzka et al. 2021 for one layer, from Hessian-vector products.
 """
 
@@ -24,118 +24,15 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .batches import Batch, LossFunction, compute_loss
-from .geometry import (
-    BoxGeometry,
-    DiagonalBlock,
-    GLBlock,
-    ProductGeometry,
-    ScaledBlock,
-)
+from ..adaptive import AdaptiveQuotient
+from .ball import BoxGeometry, GeodesicBall
+from .batches import Batch
+from .coordinates import BoundCoordinates, LayoutCoordinates, PlainCoordinates
+from .functional import FunctionalModel, checked_clean_loss
+from .geometry import build_geometry
 from .solver import AscentSettings, ascend
 
 Tensors = tuple[torch.Tensor, ...]
-
-
-def geometry_dtype(dtypes: Sequence[torch.dtype]) -> torch.dtype:
-    """float64 if any parameter is float64, else float32 (half and bfloat16 models included)."""
-    return torch.float64 if torch.float64 in dtypes else torch.float32
-
-
-class FunctionalModel:
-    """The loss of a model at given parameter values; the model's tensors are never used.
-
-    Parameters
-    ----------
-    model
-        The network (only read: its parameters are shared, never handed to the forward,
-        and its buffers are cloned once).
-    loss
-        ``loss(output, target)`` and whether it is a built-in taking logits.
-    """
-
-    def __init__(self, model: nn.Module, loss: tuple[LossFunction, bool]) -> None:
-        self.model = model
-        self.loss_function, self.builtin_loss = loss
-        named = dict(model.named_parameters())
-        if not named:
-            raise ValueError("the model has no parameters")
-        self.dtypes = {n: p.dtype for n, p in named.items()}
-        self.trainable = [n for n, p in named.items() if p.requires_grad]
-        if not self.trainable:
-            raise ValueError("the model has no trainable parameters (requires_grad=True)")
-        for name, tensor in named.items():
-            if not tensor.is_floating_point():
-                raise TypeError(f"parameter {name!r} has non-floating dtype {tensor.dtype}")
-        devices = {p.device for p in named.values()}
-        if len(devices) != 1:
-            raise ValueError("the model's parameters are on several devices "
-                             f"{sorted(map(str, devices))}")
-        self.device = devices.pop()
-        # ``theta`` shares the model's storage and is only ever read by this package. The
-        # forward never receives it: perturbed parameters are new tensors (base + xi) and the
-        # ones passed unperturbed get a private clone (``_unperturbed``), so whatever the forward
-        # does to its inputs the model's own tensors stay intact, without a copy of the model.
-        self.theta = {n: p.detach() for n, p in named.items()}
-        self._clones: dict[str, torch.Tensor] = {}
-        self.buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
-        self.dtype = geometry_dtype([self.dtypes[n] for n in self.trainable])
-        self.theta_geometry = {n: self.theta[n].to(self.dtype) for n in self.trainable}
-        floating = {t.dtype for t in [*named.values(), *self.buffers.values()]
-                    if t.is_floating_point()}
-        self.input_dtype = floating.pop() if len(floating) == 1 else None
-
-    def check_finite(self) -> None:
-        """Raise naming every trainable parameter with NaN or inf entries (one host sync)."""
-        flags = torch.stack([torch.isfinite(self.theta[n]).all() for n in self.trainable])
-        bad = [n for n, ok in zip(self.trainable, flags.tolist(), strict=True) if not ok]
-        if bad:
-            raise ValueError(f"parameter(s) {bad} contain non-finite values (NaN or inf)")
-
-    def _unperturbed(self, name: str) -> torch.Tensor:
-        """A private copy of parameter ``name``, made the first time it is passed as is."""
-        if name not in self._clones:
-            self._clones[name] = self.theta[name].clone()
-        return self._clones[name]
-
-    def loss(self, batch: Batch, updates: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The loss with ``updates`` (by name, geometry dtype) replacing the parameters.
-
-        ``updates`` must not alias the model's own tensors (``theta``): the forward receives
-        them (cast to each parameter's dtype) and may write to its inputs.
-        """
-        params = {name: (updates[name].to(self.dtypes[name]) if name in updates
-                         else self._unperturbed(name)) for name in self.theta}
-        output = torch.func.functional_call(self.model, (params, self.buffers), batch.args,
-                                            batch.kwargs)
-        return compute_loss(self.loss_function, self.builtin_loss, output, batch.target,
-                            self.dtype)
-
-    def loss_and_gradients(self, batch: Batch
-                           ) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
-        """The loss at ``theta`` and its gradient per trainable parameter (geometry dtype).
-
-        A parameter the loss does not depend on gets ``None``. The leaves are private copies
-        of the parameters, so the forward may write to them without touching the model.
-        """
-        leaves = {n: self.theta_geometry[n].clone().requires_grad_(True) for n in self.trainable}
-        with torch.enable_grad():
-            loss = self.loss(batch, leaves)
-            if not loss.requires_grad:
-                return loss.detach(), dict.fromkeys(self.trainable)
-            grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
-        return loss.detach(), dict(zip(leaves, grads, strict=True))
-
-    def parameters_without_gradient(self, batch: Batch) -> list[str]:
-        """Trainable parameters the loss on ``batch`` does not depend on (autograd ``None``)."""
-        return [n for n, g in self.loss_and_gradients(batch)[1].items() if g is None]
-
-
-def checked_clean_loss(loss: torch.Tensor, index: int) -> torch.Tensor:
-    """``loss`` if finite, else a ``ValueError`` naming the batch (one host sync per batch)."""
-    if not bool(torch.isfinite(loss)):
-        raise ValueError(f"the clean loss on batch {index} is not finite ({float(loss)})")
-    return loss
 
 
 @dataclass
@@ -161,69 +58,31 @@ class BatchOutcome:
     perturbation: dict[str, torch.Tensor] | None = None
 
 
-# ---------------------------------------------------------------------------- coordinates
-class PlainCoordinates:
-    """Each perturbed parameter is its own coordinate tensor."""
+# ---------------------------------------------------------------------------- objective
+def perturbed_objective(model: FunctionalModel, coordinates: Any, geometry: Any, batch: Batch):
+    """``xi -> (L(theta'), dL/dxi)``: the solver's objective on one batch.
 
-    def __init__(self, model: FunctionalModel, names: Sequence[str]) -> None:
-        self.names = list(names)
-        self.base = tuple(model.theta_geometry[n] for n in self.names)
+    ``theta'`` is the end of the geometry's path along ``xi`` (``geometry.point``), mapped to
+    parameters by the layout (``coordinates.updates``); the gradient flows back through both.
+    Parameters the loss does not reach get a zero gradient.
+    """
 
-    def updates(self, point: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
-        return dict(zip(self.names, point, strict=True))
+    def objective(xi: Tensors) -> tuple[torch.Tensor, Tensors]:
+        leaves = tuple(t.detach().requires_grad_(True) for t in xi)
+        with torch.enable_grad():
+            loss = model.loss(batch, coordinates.updates(geometry.point(leaves)))
+            if loss.requires_grad:
+                grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+            else:
+                grads = (None,) * len(leaves)
+        grads = tuple(torch.zeros_like(leaf) if g is None else g
+                      for leaf, g in zip(leaves, grads, strict=True))
+        return loss.detach(), grads
 
-
-class LayoutCoordinates:
-    """Symmetry coordinates of a :class:`~quotientsharp.models.ParameterLayout`."""
-
-    def __init__(self, model: FunctionalModel, layout: Any, excluded: set[str]) -> None:
-        self.layout = layout
-        self.coords = layout.to_coordinates(model.theta_geometry)
-        self.gl = [tuple(pair) for pair in self.coords.gl]
-        self.gl_pairs = list(self.coords.gl_pairs)
-        self.diagonal = self.coords.diagonal
-        self.other_names = [n for n in self.coords.other if n not in excluded]
-        self._fixed_other = [n for n in self.coords.other if n in excluded]
-
-    def blocks(self, metric: str, eps: float, exact_steps: int, other_scale: str,
-               other_path: str) -> list:
-        blocks: list = []
-        for (G, H), pairs in zip(self.gl, self.gl_pairs, strict=True):
-            names = [f"{p.module} {p.kind} head {p.head}" for p in pairs]
-            blocks.append(GLBlock(G, H, metric, eps, exact_steps, names, name="gl"))
-        if self.diagonal is not None:
-            blocks.append(DiagonalBlock(*self.diagonal, metric=metric))
-        if self.other_names:
-            base = [self.coords.other[n] for n in self.other_names]
-            blocks.append(ScaledBlock(base, other_scale, other_path))
-        return blocks
-
-    def updates(self, point: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
-        point = list(point)
-        gl = [(point[2 * i], point[2 * i + 1]) for i in range(len(self.gl))]
-        rest = point[2 * len(self.gl):]
-        diagonal = None
-        if self.diagonal is not None:
-            diagonal, rest = (rest[0], rest[1]), rest[2:]
-        other = dict(self.coords.other)
-        other.update(zip(self.other_names, rest, strict=True))
-        parameters = self.layout.to_parameters(self.coords.replace(gl=gl, diagonal=diagonal,
-                                                                   other=other))
-        # unperturbed other parameters would be the base tensors themselves: leave them to the
-        # functional model, which passes a private copy
-        for name in self._fixed_other:
-            parameters.pop(name, None)
-        return parameters
+    return objective
 
 
 # ---------------------------------------------------------------------------- measures
-def _scaled_norm(deltas: Sequence[torch.Tensor], scales: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``||delta / c||_2`` with ``c = 0`` coordinates (always ``delta = 0``) left out."""
-    total = sum((torch.where(c == 0, torch.zeros_like(d), d / c.masked_fill(c == 0, 1.0)))
-                .square().sum() for d, c in zip(deltas, scales, strict=True))
-    return total.sqrt()
-
-
 class AverageMeasure:
     """``E_delta[L(theta + delta)] - L(theta)``, ``delta ~ N(0, rho^2 diag(c^2))``.
 
@@ -243,8 +102,10 @@ class AverageMeasure:
         if not names:
             raise ValueError("no parameter is left to perturb")
         self.coordinates = PlainCoordinates(self.model, names)
-        self.scales = tuple(w.abs() if self.adaptive else torch.ones_like(w)
-                            for w in self.coordinates.base)
+        quotient = AdaptiveQuotient.of(self.coordinates.base,
+                                       "adaptive" if self.adaptive else "euclidean")
+        # delta ~ N(0, rho^2 diag(c^2)) is rho times the metric's isotropic Gaussian
+        self.frozen = quotient.frozen_point(self.coordinates.base)
 
     def evaluations_per_batch(self) -> int:
         return self.samples
@@ -260,13 +121,11 @@ class AverageMeasure:
         total = torch.zeros((), dtype=self.model.dtype, device=self.model.device)
         norm_sum = torch.zeros_like(total)
         for _ in range(self.samples):
-            deltas = tuple(self.rho * c * torch.randn(c.shape, generator=self.generator,
-                                                      dtype=c.dtype, device=c.device)
-                           for c in self.scales)
+            deltas = tuple(self.rho * d for d in self.frozen.isotropic(self.generator))
             point = tuple(w + d for w, d in zip(self.coordinates.base, deltas, strict=True))
             with torch.no_grad():
                 total = total + self.model.loss(batch, self.coordinates.updates(point))
-            norm_sum = norm_sum + _scaled_norm(deltas, self.scales)
+            norm_sum = norm_sum + self.frozen.norm(deltas)
             tick()
         mean = total / self.samples
         perturbation = (dict(zip(self.coordinates.names, deltas, strict=True)) if keep else None)
@@ -294,14 +153,16 @@ class AscentMeasure:
                  generator: torch.Generator, build) -> None:
         self.model, self.settings, self.generator = model, settings, generator
         self._build = build
-        self.geometry: ProductGeometry | BoxGeometry | None = None
-        self.coordinates: PlainCoordinates | LayoutCoordinates | None = None
+        self.geometry: GeodesicBall | BoxGeometry | None = None
+        self.coordinates: Any = None
 
     def setup(self, excluded: Sequence[str]) -> None:
         self.geometry, self.coordinates = self._build(set(excluded))
-        covered = set()
+        covered: set[str] = set()
         if isinstance(self.coordinates, LayoutCoordinates):
             covered = set(excluded) - set(self.coordinates.coords.other)
+        elif isinstance(self.coordinates, BoundCoordinates):
+            covered = {n for b in self.coordinates.bindings for n in b.parameters} & set(excluded)
         warn_excluded(excluded, covered)
         self.geometry.validate()
 
@@ -309,21 +170,7 @@ class AscentMeasure:
         return self.settings.runs * self.settings.evaluations_per_run
 
     def _objective(self, batch: Batch):
-        geometry, coordinates, model = self.geometry, self.coordinates, self.model
-
-        def objective(xi: Tensors) -> tuple[torch.Tensor, Tensors]:
-            leaves = tuple(t.detach().requires_grad_(True) for t in xi)
-            with torch.enable_grad():
-                loss = model.loss(batch, coordinates.updates(geometry.point(leaves)))
-                if loss.requires_grad:
-                    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
-                else:
-                    grads = (None,) * len(leaves)
-            grads = tuple(torch.zeros_like(leaf) if g is None else g
-                          for leaf, g in zip(leaves, grads, strict=True))
-            return loss.detach(), grads
-
-        return objective
+        return perturbed_objective(self.model, self.coordinates, self.geometry, batch)
 
     def _gradient_from_parameters(self, gradients: Mapping[str, torch.Tensor | None]) -> Tensors:
         """The gradient in ``xi`` at ``xi = 0`` from the gradient in the parameters.
@@ -384,28 +231,35 @@ def plain_builder(model: FunctionalModel, rho: float, p: float, adaptive: bool):
         if math.isinf(p):
             scale = [w.abs() if adaptive else torch.ones_like(w) for w in coordinates.base]
             return BoxGeometry(coordinates.base, scale, rho), coordinates
-        block = ScaledBlock(coordinates.base, "adaptive" if adaptive else "euclidean", "line")
-        return ProductGeometry([block], rho, order=1), coordinates
+        factors = coordinates.factors(other_metric="adaptive" if adaptive else "euclidean")
+        return build_geometry(factors, rho, order=1), coordinates
 
     return build
 
 
-def geodesic_builder(model: FunctionalModel, rho: float, layout: Any | None, metric: str,
+def geodesic_builder(model: FunctionalModel, rho: float, symmetries: Any, metric: str,
                      order: int | str, eps: float, exact_steps: int, other_metric: str,
                      other_path: str):
-    """Builder of the geodesic geometry over a layout (``None``: every parameter is other)."""
+    """Builder of the geodesic geometry over the symmetries' coordinates.
+
+    ``symmetries`` is ``None`` (every parameter in the adaptive factor), a
+    :class:`~quotientsharp.models.ParameterLayout`, or a list of
+    :class:`~quotientsharp.models.QuotientBinding`.
+    """
 
     def build(excluded: set[str]):
-        if layout is None:
+        if symmetries is None:
             names = [n for n in model.trainable if n not in excluded]
             if not names:
                 raise ValueError("no parameter is left to perturb")
-            coordinates = PlainCoordinates(model, names)
-            blocks = [ScaledBlock(coordinates.base, other_metric, other_path)]
+            coordinates: Any = PlainCoordinates(model, names)
+        elif isinstance(symmetries, list):
+            coordinates = BoundCoordinates(model, symmetries, excluded)
         else:
-            coordinates = LayoutCoordinates(model, layout, excluded)
-            blocks = coordinates.blocks(metric, eps, exact_steps, other_metric, other_path)
-        return ProductGeometry(blocks, rho, order=order), coordinates
+            coordinates = LayoutCoordinates(model, symmetries, excluded)
+        factors = coordinates.factors(metric=metric, eps=eps, other_metric=other_metric,
+                                      other_path=other_path)
+        return build_geometry(factors, rho, order, exact_steps), coordinates
 
     return build
 

@@ -1,4 +1,4 @@
-"""Auto-PGD ascent over a perturbation ``xi`` (SPEC section 6; Croce & Hein 2020, paper Alg. 1).
+"""Auto-PGD ascent over a perturbation ``xi`` (Croce & Hein 2020; the paper's Algorithm 1).
 
 One run, with ``N = n_iter`` steps and step size ``eta`` (``eta_0 = 2 rho``):
 

@@ -1,0 +1,149 @@
+"""``quotientsharp measure``: the command-line options and their checks.
+
+:func:`add_arguments` declares the options of the subcommand, :func:`check_options` and
+:func:`measure_names` validate them before anything is loaded, and :func:`options_for` turns
+them into the keyword options of :func:`quotientsharp.sharpness` for one measure. Bad input of
+any stage (options, model, data) raises :class:`InputError`: one line on stderr, exit status 2
+(:func:`quotientsharp.commands.measure.run`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ASCENT_MEASURES",
+    "PROG",
+    "InputError",
+    "add_arguments",
+    "check_options",
+    "measure_names",
+    "options_for",
+]
+
+PROG = "quotientsharp measure"
+ASCENT_MEASURES = ("worst_case", "adaptive", "geodesic")
+
+
+class InputError(ValueError):
+    """Bad user input: reported as one line on stderr, exit status 2."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the positional arguments and options of ``quotientsharp measure``."""
+    parser.add_argument("model", help="HuggingFace model directory or torch.save'd nn.Module")
+    parser.add_argument("data", help="JSONL file (text or input_ids rows) or torch.save'd "
+                        "(X, Y) / {'x', 'y'} / TensorDataset")
+    parser.add_argument("--measure", action="append", default=None, metavar="NAME",
+                        help="average, worst_case, adaptive, geodesic or relative_flatness; "
+                        "repeat (or give a comma list) for several (default: geodesic)")
+    parser.add_argument("--rho", type=float, default=None,
+                        help="radius (standard deviation for average); required except for "
+                        "relative_flatness")
+    parser.add_argument("--metric", default="inv",
+                        help="geodesic: inv, mix or euclidean (default inv)")
+    parser.add_argument("--order", default="2", help="geodesic: 1, 2 or exact (default 2)")
+    parser.add_argument("--eps", type=float, default=0.0,
+                        help="geodesic: Gram relaxation G^T G + eps I (default 0)")
+    parser.add_argument("--p", default="2", help="worst_case and adaptive: 2 or inf "
+                        "(default 2)")
+    parser.add_argument("--samples", type=int, default=1,
+                        help="average: Gaussian draws per batch (default 1)")
+    parser.add_argument("--layer", default=None, help="relative_flatness: module name "
+                        "(default: the last nn.Linear)")
+    parser.add_argument("--loss", default="cross_entropy",
+                        help="cross_entropy (default) or mse")
+    parser.add_argument("--batch-size", type=int, default=32, help="examples per batch "
+                        "(default 32)")
+    parser.add_argument("--max-batches", type=int, default=None,
+                        help="use at most this many batches (default: all)")
+    parser.add_argument("--n-iter", type=int, default=20,
+                        help="Auto-PGD steps of the ascent measures (default 20)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--max-length", type=int, default=128,
+                        help="text rows: truncate to this many tokens (default 128)")
+    parser.add_argument("--tokenizer", default=None, metavar="DIR",
+                        help="tokenizer directory for text rows (default: the MODEL directory)")
+    parser.add_argument("--dtype", choices=["float32", "float64"], default=None,
+                        help="cast the model (default: as saved)")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--json", type=Path, default=None, metavar="OUT",
+                        help="also write settings, per-batch values and values to OUT")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bars (default: only on a terminal)")
+
+
+def measure_names(requested: Sequence[str] | None) -> list[str]:
+    """The measures of ``--measure`` (repeated or comma lists, aliases), in order, no repeats."""
+    from ..sharpness import MEASURES
+
+    aliases = {"worst-case": "worst_case", "relative-flatness": "relative_flatness"}
+    names: list[str] = []
+    for item in requested or ["geodesic"]:
+        for part in item.split(","):
+            part = part.strip()
+            name = aliases.get(part, part)
+            if name not in MEASURES:
+                raise InputError(f"--measure: unknown measure {part!r}; choose from "
+                                 f"{', '.join(sorted(MEASURES))}")
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def _positive_int(value: int | None, option: str) -> None:
+    if value is not None and value < 1:
+        raise InputError(f"{option} must be an integer >= 1, got {value}")
+
+
+def _order(text: str) -> int | str:
+    if text in ("1", "2"):
+        return int(text)
+    if text == "exact":
+        return text
+    raise InputError(f"--order must be 1, 2 or exact, got {text!r}")
+
+
+def check_options(args: argparse.Namespace, measures: Sequence[str]) -> dict[str, Any]:
+    """Validated options shared by all measures."""
+    if args.loss not in ("cross_entropy", "mse"):
+        raise InputError(f"--loss must be cross_entropy or mse, got {args.loss!r}")
+    if args.metric not in ("inv", "mix", "euclidean"):
+        raise InputError(f"--metric must be inv, mix or euclidean, got {args.metric!r}")
+    if args.p not in ("2", "inf"):
+        raise InputError(f"--p must be 2 or inf, got {args.p!r}")
+    for value, option in ((args.batch_size, "--batch-size"), (args.max_batches, "--max-batches"),
+                          (args.n_iter, "--n-iter"), (args.samples, "--samples"),
+                          (args.max_length, "--max-length")):
+        _positive_int(value, option)
+    if args.seed < 0:
+        raise InputError(f"--seed must be >= 0, got {args.seed}")
+    needs_radius = [m for m in measures if m != "relative_flatness"]
+    if needs_radius and args.rho is None:
+        raise InputError(f"--rho is required for {', '.join(needs_radius)}")
+    if args.rho is not None and not (math.isfinite(args.rho) and args.rho > 0):
+        raise InputError(f"--rho must be a finite number > 0, got {args.rho}")
+    if not (math.isfinite(args.eps) and args.eps >= 0):
+        raise InputError(f"--eps must be a finite number >= 0, got {args.eps}")
+    return {"order": _order(args.order)}
+
+
+def options_for(measure: str, args: argparse.Namespace, order: int | str) -> dict[str, Any]:
+    """Keyword options of :func:`quotientsharp.sharpness` for ``measure`` from the arguments."""
+    options: dict[str, Any] = {"loss": args.loss, "seed": args.seed, "progress": args.progress}
+    if measure in ASCENT_MEASURES:
+        options["n_iter"] = args.n_iter
+    if measure == "geodesic":
+        options.update(metric=args.metric, order=order, eps=args.eps)
+    if measure in ("worst_case", "adaptive"):
+        options["p"] = 2 if args.p == "2" else "inf"
+    if measure == "average":
+        options["samples"] = args.samples
+    if measure == "relative_flatness" and args.layer is not None:
+        options["layer"] = args.layer
+    return options
+

@@ -1,0 +1,52 @@
+"""``quotientsharp measure``: what goes out, the table on stdout and the ``--json`` document."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["jsonable", "measure_label", "results_table", "write_json"]
+
+
+def measure_label(measure: str, settings: dict[str, Any]) -> str:
+    """The name of ``measure`` in the table, with the settings that tell its variants apart."""
+    if measure == "geodesic":
+        return f"geodesic ({settings['metric']}, order {settings['order']})"
+    if measure in ("worst_case", "adaptive") and settings.get("p") == "inf":
+        return f"{measure} (Linf)"
+    return measure
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON types: tuples to lists, dtypes and other objects to strings, inf to 'inf'."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def results_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The text table of stdout: one line per measure (value, batch range, clean loss, time)."""
+    header = (f"{'measure':28s} {'value':>12s} {'min batch':>12s} {'max batch':>12s} "
+              f"{'clean loss':>11s} {'seconds':>8s}")
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        lines.append(f"{row['label']:28s} {row['value']:12.5g} {min(row['per_batch']):12.5g} "
+                     f"{max(row['per_batch']):12.5g} "
+                     f"{sum(row['clean_losses']) / len(row['clean_losses']):11.5g} "
+                     f"{row['seconds']:8.2f}")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    """Write ``document`` to ``path`` (folders created) as indented JSON of plain types."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(jsonable(document), indent=2))

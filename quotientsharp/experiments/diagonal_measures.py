@@ -1,0 +1,118 @@
+"""``reproduce diagonal``: the sharpness measures, run batched over every net and batch.
+
+:data:`MEASURES` lists the measures of the study (adaptive, geodesic inv and mix with exact,
+first- and second-order paths), :func:`sharpness_batches` cuts the training set into the fixed
+sharpness batches, and :func:`measure_nets` runs every measure with the batched ascent of
+:mod:`quotientsharp.experiments.batched_ascent` on all nets and batches at once. This is the
+only module of the study that uses the batched ascent geometries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..sharpness.solver import AscentSettings
+from .batched_ascent import (
+    PATH_NAMES,
+    AdaptiveGeometry,
+    DiagonalHorizontalGeometry,
+    batched_ascend,
+    mse_objective,
+)
+from .common import progress_bar
+from .diagonal_data import DiagonalProblem
+from .diagonal_settings import DiagonalSettings
+
+__all__ = [
+    "MEASURES",
+    "MEASURE_NAMES",
+    "MeasureSpec",
+    "measure_nets",
+    "path_name",
+    "sharpness_batches",
+]
+
+
+@dataclass(frozen=True)
+class MeasureSpec:
+    """One sharpness measure of the study: ``kind`` ``"adaptive"`` or ``"geodesic"``."""
+
+    name: str
+    kind: str
+    metric: str | None = None
+    order: int | str = 1
+    paper: float | None = None
+    note: str = ""
+
+
+MEASURES: tuple[MeasureSpec, ...] = (
+    MeasureSpec("adaptive", "adaptive", paper=-0.68,
+                note="worst-case adaptive L2 on (u, v), the paper's baseline"),
+    MeasureSpec("geodesic_inv_exact", "geodesic", "inv", "exact", -0.83,
+                "exact geodesic, beta exp(2b)"),
+    MeasureSpec("geodesic_mix_exact", "geodesic", "mix", "exact", -0.86,
+                "exact geodesic, beta (1 + 2b)"),
+    MeasureSpec("geodesic_inv_order1", "geodesic", "inv", 1, note="first-order path"),
+    MeasureSpec("geodesic_inv_order2", "geodesic", "inv", 2,
+                note="second-order path (paper's Alg. 1)"),
+    MeasureSpec("geodesic_mix_order1", "geodesic", "mix", 1, note="first-order path"),
+    MeasureSpec("geodesic_mix_order2", "geodesic", "mix", 2,
+                note="second-order path (paper's Alg. 1)"),
+)
+MEASURE_NAMES = tuple(m.name for m in MEASURES)
+
+
+def sharpness_batches(problem: DiagonalProblem, settings: DiagonalSettings
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training set as ``K`` contiguous batches: ``shape=[K, B, d]`` and ``shape=[K, B]``."""
+    size = settings.sharpness_batch_size
+    count = settings.n_train // size
+    return (problem.x_train.reshape(count, size, settings.d),
+            problem.y_train.reshape(count, size))
+
+
+def measure_nets(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor,
+                 rho: float, ascent: AscentSettings, measures: Sequence[MeasureSpec] = MEASURES,
+                 progress: bool | None = False) -> dict[str, torch.Tensor]:
+    """Every measure for every net and batch at once.
+
+    Parameters
+    ----------
+    u, v
+        The nets, ``shape=[M, d]``.
+    inputs, targets
+        Batches, ``shape=[K, B, d]`` and ``shape=[K, B]``.
+
+    Returns
+    -------
+    dict
+        Measure name -> per-batch sharpness ``shape=[M, K]`` (best minus clean loss).
+    """
+    problem_shape = (u.shape[0], inputs.shape[0])
+    base_u, base_v = u.unsqueeze(1), v.unsqueeze(1)
+    total = len(measures) * ascent.evaluations_per_run
+    out = {}
+    bar = progress_bar(total, "measuring sharpness", progress, unit="eval")
+    try:
+        for spec in measures:
+            if spec.kind == "adaptive":
+                geometry = AdaptiveGeometry(base_u, base_v, rho, problem_shape)
+            else:
+                geometry = DiagonalHorizontalGeometry(base_u, base_v, spec.metric, spec.order,
+                                                      rho, problem_shape)
+            bar.set_postfix(measure=spec.name)
+            outcome = batched_ascend(geometry, mse_objective(geometry, inputs, targets), ascent,
+                                     bar.update)
+            out[spec.name] = outcome.sharpness
+    finally:
+        bar.close()
+    return out
+
+
+def path_name(spec: MeasureSpec) -> str:
+    """The perturbation path of ``spec``, as the report's spread table names it."""
+    return ("(u + xi_u)(v + xi_v)" if spec.kind == "adaptive"
+            else PATH_NAMES[(spec.metric, spec.order)])

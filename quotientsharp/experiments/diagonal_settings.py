@@ -1,0 +1,109 @@
+"""``reproduce diagonal``: the settings, everything that determines the study's numbers.
+
+:class:`DiagonalSettings` holds the problem sizes, the ranges of the per-net draws, the stopping
+rule of training and the sharpness settings, checks them, and gives the reduced ``--quick``
+variant. The study is described in :mod:`quotientsharp.experiments.diagonal`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..sharpness.solver import AscentSettings
+
+__all__ = ["DiagonalSettings"]
+
+
+def _positive_range(name: str, value: Sequence[float]) -> tuple[float, float]:
+    low, high = (float(x) for x in value)
+    if not (0 < low <= high and math.isfinite(high)):
+        raise ValueError(f"{name} must be a range 0 < low <= high, got {tuple(value)}")
+    return low, high
+
+
+@dataclass(frozen=True)
+class DiagonalSettings:
+    """Everything that determines the study's numbers (see
+    :mod:`quotientsharp.experiments.diagonal`).
+
+    Attributes
+    ----------
+    nets, d, n_train, n_test, support
+        Number of nets, input dimension, training and test set sizes, nonzeros of ``beta*``.
+    init_scale, learning_rate
+        Log-uniform ranges of the per-net initialisation scale ``a`` and learning rate.
+    batch_sizes
+        Per-net batch size, uniform over these (each must divide ``n_train``).
+    target_loss, max_steps, check_every, schedule_epochs
+        Stopping rule (full training loss below ``target_loss``, checked every ``check_every``
+        steps, at most ``max_steps``) and length of the repeating minibatch schedule.
+    rho, n_iter, sharpness_batch_size
+        Radius of every measure, Auto-PGD steps, size of the training batches of the measure.
+    seed
+        Seeds every random draw (data, hyperparameters, schedules).
+    variant
+        ``"full"`` or ``"quick"`` (only recorded).
+    """
+
+    nets: int = 50
+    d: int = 200
+    n_train: int = 100
+    n_test: int = 5000
+    support: int = 20
+    init_scale: tuple[float, float] = (1e-3, 1.0)
+    learning_rate: tuple[float, float] = (0.02, 0.2)
+    batch_sizes: tuple[int, ...] = (10, 20, 25, 50, 100)
+    target_loss: float = 1e-5
+    max_steps: int = 100_000
+    check_every: int = 50
+    schedule_epochs: int = 4
+    rho: float = 0.1
+    n_iter: int = 20
+    sharpness_batch_size: int = 25
+    seed: int = 0
+    variant: str = "full"
+
+    def __post_init__(self) -> None:
+        for name in ("nets", "d", "n_train", "n_test", "support", "max_steps", "check_every",
+                     "schedule_epochs", "n_iter", "sharpness_batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.nets < 2:
+            raise ValueError(f"nets must be at least 2 (a rank correlation needs pairs), got "
+                             f"{self.nets}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if self.support >= self.d:
+            raise ValueError(f"support must be smaller than d={self.d}, got {self.support}")
+        object.__setattr__(self, "init_scale", _positive_range("init_scale", self.init_scale))
+        object.__setattr__(self, "learning_rate",
+                           _positive_range("learning_rate", self.learning_rate))
+        sizes = tuple(int(b) for b in self.batch_sizes)
+        if not sizes or any(b < 1 or self.n_train % b for b in sizes):
+            raise ValueError(f"batch_sizes must be positive divisors of n_train={self.n_train}, "
+                             f"got {self.batch_sizes}")
+        object.__setattr__(self, "batch_sizes", sizes)
+        if self.n_train % self.sharpness_batch_size:
+            raise ValueError(f"sharpness_batch_size must divide n_train={self.n_train}, got "
+                             f"{self.sharpness_batch_size}")
+        for name in ("target_loss", "rho"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> DiagonalSettings:
+        """The reduced variant of ``--quick``."""
+        base = dict(nets=12, n_iter=10, n_test=2000, max_steps=40_000, variant="quick")
+        return cls(**{**base, **overrides})
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def ascent(self) -> AscentSettings:
+        return AscentSettings(n_iter=self.n_iter)

@@ -1,0 +1,128 @@
+"""Family studies (ViT, BERT): the sharpness measures and their radii, run on one trained model.
+
+:func:`family_measures` lists the measures of the studies (:class:`MeasureSpec`: CSV key, label,
+measure, radius, options, paper column) and :func:`measure_model` runs them all through
+:func:`quotientsharp.sharpness` on the fixed sharpness batches.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+__all__ = [
+    "FAMILY_MEASURES",
+    "MeasureSpec",
+    "family_measures",
+    "measure_model",
+]
+
+
+@dataclass(frozen=True)
+class MeasureSpec:
+    """One sharpness measure of a study.
+
+    Attributes
+    ----------
+    key
+        Column name in the CSV (``"geodesic_inv_o2"``).
+    label
+        Readable name for tables and plots.
+    measure
+        The ``measure`` argument of :func:`quotientsharp.sharpness`.
+    rho
+        The radius (``None`` for relative flatness).
+    options
+        Further keyword options (``metric``, ``order``, ...).
+    paper_key
+        Which column of the paper's row this measure is compared with (or ``None``).
+    """
+
+    key: str
+    label: str
+    measure: str
+    rho: float | None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    paper_key: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "label": self.label, "measure": self.measure,
+                "rho": self.rho, "options": dict(self.options), "paper_key": self.paper_key}
+
+
+def family_measures(rho_adaptive: float, rho_worst_case: float, rho_inv: float,
+                    rho_mix: float) -> list[MeasureSpec]:
+    """The measures of the family studies with their radii.
+
+    Adaptive (L2, ``c = |theta|``), plain L2 worst case, geodesic inv and mix at orders 1 and 2
+    (non-attention parameters in the adaptive metric, straight lines), relative flatness of the
+    classifier layer (the last ``nn.Linear``).
+    """
+    return [
+        MeasureSpec("adaptive", "adaptive", "adaptive", rho_adaptive, {}, "adaptive"),
+        MeasureSpec("worst_case", "worst-case (L2)", "worst_case", rho_worst_case, {}, None),
+        MeasureSpec("geodesic_inv_o1", "geodesic inv (order 1)", "geodesic", rho_inv,
+                    {"metric": "inv", "order": 1}, None),
+        MeasureSpec("geodesic_inv_o2", "geodesic inv (order 2)", "geodesic", rho_inv,
+                    {"metric": "inv", "order": 2}, "geodesic_inv"),
+        MeasureSpec("geodesic_mix_o1", "geodesic mix (order 1)", "geodesic", rho_mix,
+                    {"metric": "mix", "order": 1}, None),
+        MeasureSpec("geodesic_mix_o2", "geodesic mix (order 2)", "geodesic", rho_mix,
+                    {"metric": "mix", "order": 2}, "geodesic_mix"),
+        MeasureSpec("relative_flatness", "relative flatness", "relative_flatness", None, {},
+                    "relative_flatness"),
+    ]
+
+
+#: Placeholder so that ``from transformer_common import FAMILY_MEASURES`` documents the keys.
+FAMILY_MEASURES: tuple[str, ...] = tuple(spec.key for spec in family_measures(1, 1, 1, 1))
+
+
+def measure_model(model: nn.Module, batches: Sequence[Any], specs: Sequence[MeasureSpec],
+                  n_iter: int, seed: int = 0,
+                  tick: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+    """Every measure of ``specs`` on ``batches``.
+
+    Parameters
+    ----------
+    model
+        The trained network (not modified).
+    batches
+        The fixed sharpness batches.
+    specs
+        The measures.
+    n_iter
+        Auto-PGD steps per batch for the ascent measures.
+    seed
+        The ``seed`` option of :func:`quotientsharp.sharpness`.
+    tick
+        Called with the measure key after each measure.
+
+    Returns
+    -------
+    dict
+        Per measure key: ``value`` (mean over batches), ``per_batch``, ``seconds``.
+    """
+    from ..sharpness import sharpness
+
+    results: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        options = dict(spec.options)
+        if spec.measure != "relative_flatness":
+            options["n_iter"] = n_iter
+        start = time.perf_counter()
+        result = sharpness(model, batches, measure=spec.measure, rho=spec.rho, seed=seed,
+                           progress=False, **options)
+        results[spec.key] = {"value": float(result.value), "per_batch": list(result.per_batch),
+                             "seconds": time.perf_counter() - start}
+        if not math.isfinite(result.value):
+            raise FloatingPointError(f"{spec.label} sharpness is not finite ({result.value})")
+        if tick is not None:
+            tick(spec.key)
+    return results
+

@@ -1,0 +1,106 @@
+"""Attach any :class:`~quotientsharp.SymmetryQuotient` to parameters of a model.
+
+Discovery (:func:`~quotientsharp.models.find_symmetries`) knows attention heads and diagonal
+networks. For any other symmetry, a :class:`QuotientBinding` says which parameters form a point
+of a quotient and how they map to and from it; ``quotientsharp.sharpness(model, batches,
+measure="geodesic", symmetries=[binding, ...])`` then measures with that quotient, and every
+other trainable parameter gets the adaptive geometry.
+
+The maps must be differentiable (the ascent backpropagates through ``from_point``) and
+mutually inverse; the engine checks ``from_point(to_point(theta)) = theta`` once before it
+measures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..quotient import SymmetryQuotient
+
+Tensors = tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class QuotientBinding:
+    """A quotient attached to named parameters of a model.
+
+    Attributes
+    ----------
+    quotient
+        The quotient (its metric is the one measured; the ``metric`` option of
+        :func:`~quotientsharp.sharpness` applies to discovered symmetries only).
+    parameters
+        Names (as in ``model.named_parameters()``) of the parameters the point is made of;
+        no parameter may belong to two bindings.
+    to_point
+        ``params -> point``: from a dict of those parameters (by name) to the quotient's point,
+        a tuple of tensors. Default: ``tuple(params[name] for name in parameters)``.
+    from_point
+        ``point -> params``: the inverse, a dict with every name in ``parameters``. Default:
+        ``dict(zip(parameters, point))``.
+    folded
+        Leading dimensions of the point that are part of it (summed by the norm), such as a
+        stack of independent units or heads of one network; ``0`` when the point has no batch
+        dimensions.
+    name
+        Label of this binding in the per-block norms of the result.
+    """
+
+    quotient: SymmetryQuotient
+    parameters: Sequence[str]
+    to_point: Callable[[Mapping[str, torch.Tensor]], Tensors] | None = None
+    from_point: Callable[[Tensors], Mapping[str, torch.Tensor]] | None = None
+    folded: int = 0
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.quotient, SymmetryQuotient):
+            raise TypeError(f"quotient must be a SymmetryQuotient, got "
+                            f"{type(self.quotient).__name__}")
+        if isinstance(self.parameters, str) or not all(isinstance(n, str)
+                                                       for n in self.parameters):
+            raise TypeError("parameters must be a sequence of parameter names")
+        if not self.parameters:
+            raise ValueError("parameters must name at least one parameter")
+        if isinstance(self.folded, bool) or not isinstance(self.folded, int) or self.folded < 0:
+            raise ValueError(f"folded must be an integer >= 0, got {self.folded!r}")
+        object.__setattr__(self, "parameters", tuple(self.parameters))
+
+    def point(self, params: Mapping[str, torch.Tensor]) -> Tensors:
+        """The quotient's point made of ``params`` (a dict holding at least :attr:`parameters`)."""
+        own = {name: params[name] for name in self.parameters}
+        if self.to_point is None:
+            return tuple(own[name] for name in self.parameters)
+        return tuple(self.to_point(own))
+
+    def parameters_of(self, point: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The parameters (by name) of a point of the quotient."""
+        if self.from_point is None:
+            return dict(zip(self.parameters, point, strict=True))
+        result = dict(self.from_point(tuple(point)))
+        missing = [n for n in self.parameters if n not in result]
+        if missing:
+            raise ValueError(f"from_point of binding {self.name!r} returned no tensor for "
+                             f"{missing}")
+        return {name: result[name] for name in self.parameters}
+
+    def check_round_trip(self, params: Mapping[str, torch.Tensor]) -> None:
+        """Raise unless ``from_point(to_point(params))`` gives back ``params``."""
+        back = self.parameters_of(self.point(params))
+        for name in self.parameters:
+            original, returned = params[name], back[name]
+            if returned.shape != original.shape:
+                raise ValueError(f"binding {self.name!r}: from_point(to_point(theta)) gives "
+                                 f"{name!r} the shape {tuple(returned.shape)}, expected "
+                                 f"{tuple(original.shape)}")
+            scale = float(original.abs().max()) if original.numel() else 0.0
+            error = float((returned - original).abs().max()) if original.numel() else 0.0
+            if error > 1e-6 * max(scale, 1e-30):
+                raise ValueError(f"binding {self.name!r}: from_point is not the inverse of "
+                                 f"to_point on {name!r} (largest difference {error:.3g})")
+
+
+__all__ = ["QuotientBinding"]

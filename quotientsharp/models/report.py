@@ -1,0 +1,323 @@
+"""What :func:`~quotientsharp.models.find_symmetries` returns: the symmetry report and its parts.
+
+The data types of symmetry discovery, and nothing that inspects a model: one ``GL(h)`` pair of one
+head (:class:`AttentionPair`), the slice of a parameter that forms a block of a factor
+(:class:`FactorSource`), all heads of one pair kind of one module (:class:`PairGroup`), a diagonal
+``(u, v)`` parameterisation (:class:`DiagonalPair`), a recognised attention module
+(:class:`AttentionModule`) and the report that collects them (:class:`SymmetryReport`, with its
+summary numbers and readable text). The recognisers (:mod:`.recognisers`) build these, the
+walker (:mod:`.walker`) assembles them, :class:`~quotientsharp.models.ParameterLayout` reads them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = [
+    "PAIR_KINDS",
+    "AttentionModule",
+    "AttentionPair",
+    "DiagonalPair",
+    "FactorSource",
+    "PairGroup",
+    "SymmetryReport",
+]
+
+PAIR_KINDS = ("qk", "vo")
+
+
+@dataclass(frozen=True)
+class AttentionPair:
+    """One ``GL(h)`` pair of one head: ``G`` is ``shape=[n, h]``, ``H`` is ``shape=[m, h]``.
+
+    Attributes
+    ----------
+    module
+        Qualified name of the attention module, e.g. ``"encoder.layer.0.attention"``.
+    kind
+        ``"qk"`` (query/key) or ``"vo"`` (value/output).
+    head
+        Head index inside the module.
+    n, m, h
+        Factor shapes, bias rows included (the bias is appended to ``G`` as a last row).
+    """
+
+    module: str
+    kind: str
+    head: int
+    n: int
+    m: int
+    h: int
+
+
+@dataclass(frozen=True)
+class DiagonalPair:
+    """A diagonal-network parameterisation ``beta = u * v`` (``GL(1)`` per coordinate).
+
+    Attributes
+    ----------
+    u_name, v_name
+        Parameter names (as in ``named_parameters``) of ``u`` and ``v``, equal shapes.
+    size
+        Number of coordinates, ``u.numel()``.
+    """
+
+    u_name: str
+    v_name: str
+    size: int
+
+
+@dataclass(frozen=True)
+class FactorSource:
+    """A block of rows of a factor, read from (a slice of) one parameter.
+
+    For all heads at once, the block is ``shape=[heads, rows, head_dim]``.
+
+    Attributes
+    ----------
+    parameter
+        Parameter name.
+    role
+        ``"weight"``: a 2-D parameter; ``axis`` is the dimension that indexes head features
+        (``0`` for q/k/v ``nn.Linear`` weights, ``1`` for the output projection's weight);
+        the other dimension gives the ``rows``. ``"bias"``: a 1-D parameter, one row.
+    axis
+        Dimension of the parameter that runs over ``heads * head_dim`` features.
+    offset
+        Start of this block along ``axis`` (fused projections: 0, E, 2E).
+    rows
+        Number of factor rows contributed per head.
+    """
+
+    parameter: str
+    role: str
+    axis: int
+    offset: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class PairGroup:
+    """All heads of one pair kind of one module: ``heads`` pairs sharing the shapes ``(n, m, h)``.
+
+    ``G`` of all heads, ``shape=[heads, n, head_dim]``, is the concatenation along rows of
+    ``g_sources`` (likewise ``H`` from ``h_sources``).
+    """
+
+    module: str
+    kind: str
+    heads: int
+    head_dim: int
+    g_sources: tuple[FactorSource, ...]
+    h_sources: tuple[FactorSource, ...]
+
+    @property
+    def n(self) -> int:
+        return sum(source.rows for source in self.g_sources)
+
+    @property
+    def m(self) -> int:
+        return sum(source.rows for source in self.h_sources)
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        """Names of the parameters this group reads (each possibly only in part)."""
+        names = [source.parameter for source in self.g_sources + self.h_sources]
+        return tuple(dict.fromkeys(names))
+
+    def pairs(self) -> list[AttentionPair]:
+        return [AttentionPair(self.module, self.kind, head, self.n, self.m, self.head_dim)
+                for head in range(self.heads)]
+
+
+@dataclass
+class AttentionModule:
+    """A recognised attention module.
+
+    Attributes
+    ----------
+    name, type_name
+        Qualified module name and class name.
+    layout
+        Which handler recognised it: ``"multihead_attention"``, ``"bert"`` (HF BERT/ViT-4.x style
+        ``self|attention`` + ``output.dense``), ``"qkvo"`` (generic
+        ``q_proj/k_proj/v_proj/o_proj``), ``"gpt2"`` (fused ``c_attn`` / ``c_proj`` Conv1D).
+    heads
+        Number of heads.
+    kinds
+        Pair kinds kept (``"qk"``, ``"vo"``); a kind is missing when it is not a symmetry of this
+        module (see ``notes``) or its parameters are frozen.
+    """
+
+    name: str
+    type_name: str
+    layout: str
+    heads: int
+    kinds: tuple[str, ...] = ()
+
+
+@dataclass
+class SymmetryReport:
+    """What :func:`find_symmetries` found.
+
+    Attributes
+    ----------
+    pairs
+        One :class:`AttentionPair` per head per pair kind.
+    diagonal
+        Diagonal-network parameterisations.
+    other
+        Trainable parameter names outside any symmetry (the adaptive geometry, metric
+        ``diag(1 / w^2)``).
+    unknown
+        Qualified names of attention-like modules that were not understood; their parameters are
+        in ``other``. ``unknown_reasons`` says why for each.
+    frozen
+        Parameters with ``requires_grad=False``: excluded from everything.
+    groups
+        The slicing layout behind ``pairs`` (one :class:`PairGroup` per module and kind), used by
+        :class:`~quotientsharp.models.ParameterLayout`.
+    modules
+        Recognised attention modules.
+    notes
+        Human-readable remarks (pairs skipped because not a symmetry, or because of frozen or
+        shared parameters).
+    parameter_shapes, parameter_dtypes
+        Shape and dtype of every parameter of the model (frozen included).
+    model_type
+        Class name of the model.
+    """
+
+    pairs: list[AttentionPair] = field(default_factory=list)
+    diagonal: list[DiagonalPair] = field(default_factory=list)
+    other: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    frozen: list[str] = field(default_factory=list)
+    groups: list[PairGroup] = field(default_factory=list)
+    modules: list[AttentionModule] = field(default_factory=list)
+    unknown_reasons: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    parameter_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    parameter_dtypes: dict[str, torch.dtype] = field(default_factory=dict)
+    model_type: str = ""
+
+    # ------------------------------------------------------------------ summary numbers
+    @property
+    def trainable(self) -> list[str]:
+        """Trainable parameter names, in ``named_parameters`` order."""
+        frozen = set(self.frozen)
+        return [name for name in self.parameter_shapes if name not in frozen]
+
+    @property
+    def pair_parameters(self) -> list[str]:
+        """Parameters fully covered by attention pairs."""
+        names = [name for group in self.groups for name in group.parameters]
+        return list(dict.fromkeys(names))
+
+    @property
+    def diagonal_parameters(self) -> list[str]:
+        return [name for pair in self.diagonal for name in (pair.u_name, pair.v_name)]
+
+    @property
+    def gl_count(self) -> int:
+        """Number of ``GL(h)`` factors (attention pairs)."""
+        return len(self.pairs)
+
+    @property
+    def diagonal_size(self) -> int:
+        """Number of ``GL(1)`` factors of diagonal parameterisations."""
+        return sum(pair.size for pair in self.diagonal)
+
+    @property
+    def group_count(self) -> int:
+        """Number of group factors: ``GL(h)`` pairs plus ``GL(1)`` diagonal coordinates."""
+        return self.gl_count + self.diagonal_size
+
+    @property
+    def group_dimension(self) -> int:
+        """Dimension of the symmetry group (= of each vertical space): ``sum h^2 + D``."""
+        return sum(pair.h * pair.h for pair in self.pairs) + self.diagonal_size
+
+    @property
+    def bucket_shapes(self) -> dict[tuple[int, int, int], int]:
+        """Number of pairs per distinct ``(n, m, h)``, in order of first appearance."""
+        counts: dict[tuple[int, int, int], int] = {}
+        for pair in self.pairs:
+            key = (pair.n, pair.m, pair.h)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def _numel(self, names: Iterable[str]) -> int:
+        total = 0
+        for name in names:
+            count = 1
+            for size in self.parameter_shapes[name]:
+                count *= size
+            total += count
+        return total
+
+    @property
+    def pair_parameter_count(self) -> int:
+        return self._numel(self.pair_parameters)
+
+    @property
+    def diagonal_parameter_count(self) -> int:
+        return self._numel(self.diagonal_parameters)
+
+    @property
+    def other_parameter_count(self) -> int:
+        return self._numel(self.other)
+
+    @property
+    def frozen_parameter_count(self) -> int:
+        return self._numel(self.frozen)
+
+    # ------------------------------------------------------------------ text
+    def summary(self) -> str:
+        """Readable multi-line description: modules, pair counts, head dims, what was not found."""
+        lines = [f"Symmetries of {self.model_type or 'model'}: {self.gl_count} GL(h) pairs in "
+                 f"{len(self.bucket_shapes)} shape bucket(s), {self.diagonal_size} diagonal "
+                 f"GL(1) coordinate(s), group dimension {self.group_dimension}"]
+        lines.append(f"  parameters: {self.pair_parameter_count:,} in attention pairs, "
+                     f"{self.diagonal_parameter_count:,} diagonal, "
+                     f"{self.other_parameter_count:,} other (adaptive), "
+                     f"{self.frozen_parameter_count:,} frozen (excluded)")
+        if self.modules:
+            lines.append(f"  attention modules ({len(self.modules)}):")
+            by_module: dict[str, list[PairGroup]] = defaultdict(list)
+            for group in self.groups:
+                by_module[group.module].append(group)
+            for module in self.modules:
+                kinds = "  ".join(f"{g.kind} (n={g.n}, m={g.m}, h={g.head_dim})"
+                                  for g in by_module.get(module.name, []))
+                lines.append(f"    {module.name or '<root>'}  {module.type_name}  "
+                             f"[{module.layout}]  {module.heads} heads  {kinds or 'no pairs'}")
+        if self.pairs:
+            lines.append("  buckets (all heads of all layers with one shape):")
+            for (n, m, h), count in self.bucket_shapes.items():
+                lines.append(f"    n={n}, m={m}, h={h}: {count} pairs")
+        if self.diagonal:
+            lines.append("  diagonal parameterisations:")
+            for pair in self.diagonal:
+                lines.append(f"    ({pair.u_name}, {pair.v_name}): {pair.size} coordinates")
+        if self.frozen:
+            shown = ", ".join(self.frozen[:10]) + (", ..." if len(self.frozen) > 10 else "")
+            lines.append(f"  frozen parameters ({len(self.frozen)}): {shown}")
+        for note in self.notes:
+            lines.append(f"  note: {note}")
+        if self.unknown:
+            lines.append(f"  WARNING: {len(self.unknown)} attention-like module(s) NOT understood; "
+                         "no symmetry is used for them, their parameters are plain 'other' "
+                         "parameters:")
+            for name in self.unknown:
+                lines.append(f"    {name or '<root>'}: {self.unknown_reasons.get(name, '')}")
+        else:
+            lines.append("  every attention-like module was understood")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()

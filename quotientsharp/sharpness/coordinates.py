@@ -1,0 +1,170 @@
+"""The layout stage of the engine: a model's parameters as the factors of a product quotient.
+
+Each class here turns the model's parameters ``theta`` into a list of :class:`Factor` (a
+quotient and its base point) and maps a point of the product back to parameters by name:
+
+- :class:`PlainCoordinates`: every perturbed parameter in one trivial-group factor
+  (:class:`~quotientsharp.adaptive.AdaptiveQuotient`): worst-case, adaptive and average
+  sharpness, and geodesic sharpness without symmetries;
+- :class:`LayoutCoordinates`: the discovered symmetries of a
+  :class:`~quotientsharp.models.ParameterLayout`: one :class:`~quotientsharp.GLQuotient` factor
+  per bucket of attention heads (the heads folded into the point), one
+  :class:`~quotientsharp.DiagonalQuotient` factor, and the remaining parameters;
+- :class:`BoundCoordinates`: quotients a user attached with
+  :class:`~quotientsharp.models.QuotientBinding`, and the remaining parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..adaptive import AdaptiveQuotient
+from ..diagonal import DiagonalQuotient
+from ..gl import GLQuotient
+from ..quotient import SymmetryQuotient
+
+if TYPE_CHECKING:
+    from .measures import FunctionalModel
+
+Tensors = tuple[torch.Tensor, ...]
+
+
+@dataclass
+class Factor:
+    """One factor of the product: a quotient at its base point.
+
+    Attributes
+    ----------
+    quotient
+        The quotient.
+    base
+        Its base point, from ``theta``.
+    name
+        Label in the per-block norms (``"gl"``, ``"diagonal"``, ``"other"``, a binding's name).
+    folded
+        Leading dimensions of the base point that belong to the point (stacked heads).
+    curved
+        Whether the path follows the geodesic at the requested order (``False``: a straight
+        line whatever the order, as for the other parameters by default).
+    labels
+        Readable name per folded entry (for error messages), e.g. one per attention head.
+    """
+
+    quotient: SymmetryQuotient
+    base: Tensors
+    name: str
+    folded: int = 0
+    curved: bool = True
+    labels: list[str] = field(default_factory=list)
+
+
+def other_factor(tensors: Sequence[torch.Tensor], other_metric: str,
+                 other_path: str) -> Factor:
+    """The parameters outside any symmetry: the adaptive (or Euclidean) trivial-group factor."""
+    return Factor(AdaptiveQuotient.of(tensors, other_metric), tuple(tensors), "other",
+                  curved=other_path == "geodesic")
+
+
+class PlainCoordinates:
+    """Each perturbed parameter is its own coordinate tensor, in one trivial-group factor."""
+
+    def __init__(self, model: FunctionalModel, names: Sequence[str]) -> None:
+        self.names = list(names)
+        self.base = tuple(model.theta_geometry[n] for n in self.names)
+
+    def factors(self, other_metric: str = "adaptive", other_path: str = "line",
+                **_: Any) -> list[Factor]:
+        return [other_factor(self.base, other_metric, other_path)]
+
+    def updates(self, point: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        return dict(zip(self.names, point, strict=True))
+
+
+class LayoutCoordinates:
+    """Symmetry coordinates of a :class:`~quotientsharp.models.ParameterLayout`."""
+
+    def __init__(self, model: FunctionalModel, layout: Any, excluded: set[str]) -> None:
+        self.layout = layout
+        self.coords = layout.to_coordinates(model.theta_geometry)
+        self.gl = [tuple(pair) for pair in self.coords.gl]
+        self.gl_pairs = list(self.coords.gl_pairs)
+        self.diagonal = self.coords.diagonal
+        self.other_names = [n for n in self.coords.other if n not in excluded]
+        self._fixed_other = [n for n in self.coords.other if n in excluded]
+
+    def factors(self, metric: str = "inv", eps: float = 0.0, other_metric: str = "adaptive",
+                other_path: str = "line", **_: Any) -> list[Factor]:
+        factors = [Factor(GLQuotient(metric, eps), (G, H), "gl", folded=1,
+                          labels=[f"{p.module} {p.kind} head {p.head}" for p in pairs])
+                   for (G, H), pairs in zip(self.gl, self.gl_pairs, strict=True)]
+        if self.diagonal is not None:
+            factors.append(Factor(DiagonalQuotient(metric), tuple(self.diagonal), "diagonal"))
+        if self.other_names:
+            factors.append(other_factor([self.coords.other[n] for n in self.other_names],
+                                        other_metric, other_path))
+        return factors
+
+    def updates(self, point: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        point = list(point)
+        gl = [(point[2 * i], point[2 * i + 1]) for i in range(len(self.gl))]
+        rest = point[2 * len(self.gl):]
+        diagonal = None
+        if self.diagonal is not None:
+            diagonal, rest = (rest[0], rest[1]), rest[2:]
+        other = dict(self.coords.other)
+        other.update(zip(self.other_names, rest, strict=True))
+        parameters = self.layout.to_parameters(self.coords.replace(gl=gl, diagonal=diagonal,
+                                                                   other=other))
+        # unperturbed other parameters would be the base tensors themselves: leave them to the
+        # functional model, which passes a private copy
+        for name in self._fixed_other:
+            parameters.pop(name, None)
+        return parameters
+
+
+class BoundCoordinates:
+    """Quotients attached by :class:`~quotientsharp.models.QuotientBinding`, then the rest."""
+
+    def __init__(self, model: FunctionalModel, bindings: Sequence[Any],
+                 excluded: set[str]) -> None:
+        self.bindings = list(bindings)
+        seen: dict[str, str] = {}
+        for binding in self.bindings:
+            for name in binding.parameters:
+                if name not in model.theta_geometry:
+                    raise ValueError(f"binding {binding.name!r} names {name!r}, which is not a "
+                                     "trainable parameter of the model")
+                if name in seen:
+                    raise ValueError(f"parameter {name!r} is in two bindings ({seen[name]!r} "
+                                     f"and {binding.name!r})")
+                seen[name] = binding.name
+            binding.check_round_trip(model.theta_geometry)
+        self.bases = [tuple(t.detach() for t in binding.point(model.theta_geometry))
+                      for binding in self.bindings]
+        self.other_names = [n for n in model.trainable if n not in seen and n not in excluded]
+        self.other_base = tuple(model.theta_geometry[n] for n in self.other_names)
+
+    def factors(self, other_metric: str = "adaptive", other_path: str = "line",
+                **_: Any) -> list[Factor]:
+        factors = [Factor(b.quotient, base, b.name, folded=b.folded)
+                   for b, base in zip(self.bindings, self.bases, strict=True)]
+        if self.other_names:
+            factors.append(other_factor(self.other_base, other_metric, other_path))
+        return factors
+
+    def updates(self, point: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        point = list(point)
+        parameters: dict[str, torch.Tensor] = {}
+        for binding, base in zip(self.bindings, self.bases, strict=True):
+            part, point = point[:len(base)], point[len(base):]
+            parameters.update(binding.parameters_of(part))
+        parameters.update(zip(self.other_names, point, strict=True))
+        return parameters
+
+
+__all__ = ["BoundCoordinates", "Factor", "LayoutCoordinates", "PlainCoordinates",
+           "other_factor"]
