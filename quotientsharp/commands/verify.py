@@ -10,16 +10,16 @@ import torch
 
 
 def builtin_quotients() -> list:
-    """One instance of every built-in quotient and metric."""
+    """One instance of every built-in quotient and metric (the engine's factors)."""
+    from ..adaptive import AdaptiveQuotient
     from ..diagonal import DiagonalQuotient
+    from ..gl import GLQuotient
 
-    quotients = [DiagonalQuotient("inv", d=4), DiagonalQuotient("mix", d=4)]
-    try:
-        from ..gl import GLQuotient
-    except ImportError:  # pragma: no cover - gl is part of the package
-        return quotients
-    for metric in ("inv", "mix", "euclidean"):
-        quotients.append(GLQuotient(metric))
+    quotients: list = [DiagonalQuotient(metric, d=4) for metric in ("inv", "mix", "euclidean")]
+    quotients += [GLQuotient(metric) for metric in ("inv", "mix", "euclidean")]
+    quotients += [GLQuotient(metric, eps=0.1) for metric in ("inv", "mix")]
+    quotients += [AdaptiveQuotient(metric, shapes=[(3, 4), (5,)])
+                  for metric in ("adaptive", "euclidean")]
     return quotients
 
 

@@ -1,11 +1,11 @@
 """``quotientsharp reproduce diagonal``: sharpness against generalisation on diagonal networks.
 
-The study of the paper's Sec. 5.1: many diagonal networks
-``y = x^T (u * v)`` fit the same sparse regression problem with different hyperparameters; the
-Kendall rank correlation between their test loss and each sharpness measure says which measure
-tracks generalisation. The paper reports tau = -0.68 (adaptive), -0.83 (geodesic inv) and
--0.86 (geodesic mix). It does not state ``n``, ``rho``, or what varies across its 50 nets; the
-choices below are ours, fixed before looking at any correlation (no tuning, no seed picking).
+The study of the paper's Sec. 5.1: many diagonal networks ``y = x^T (u * v)`` fit the same
+sparse regression problem with different hyperparameters; the Kendall rank correlation between
+their test loss and each sharpness measure says which measure tracks generalisation. The paper
+reports tau = -0.68 (adaptive), -0.83 (geodesic inv) and -0.86 (geodesic mix). It does not
+state ``n``, ``rho``, or what varies across its 50 nets; the choices below are ours, fixed
+before looking at any correlation (no tuning, no seed picking).
 
 Problem (one draw, seeded, shared by every net)
     ``d = 200`` features, ``n = 100 < d`` training inputs and 5000 fresh test inputs, all

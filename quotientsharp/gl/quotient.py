@@ -77,10 +77,10 @@ class GLQuotient(ClosedFormQuotient):
 
     Notes
     -----
-    The instance holds no state that depends on a point. Each operation computes the Gram
-    matrices and their factorisations once; :meth:`gram_cache` returns them so that a caller
-    applying several operations at one point can pass ``grams=`` and skip the recomputation
-    (the caller is responsible for passing the grams of the same ``x``).
+    The instance holds no state that depends on a point. Each quotient-level operation freezes
+    its point (:meth:`at`), which factorises the Gram matrices once; a caller applying several
+    operations at one point keeps ``frozen = quotient.at(x)`` and calls its methods, which reuse
+    the factorisations (the sharpness engine does this at ``theta``).
     """
 
     point_ndims = (2, 2)
