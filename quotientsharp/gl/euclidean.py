@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 
 from ..frozen import EuclideanMetricPoint
-from ..linalg import solve_sylvester_eig
 from .metric import GLMetric
 from .point import GLPoint, vertical_vector
 
@@ -39,7 +38,7 @@ class EuclideanPoint(EuclideanMetricPoint, GLPoint):
     def vertical_projection(self, u: Tensors) -> Tensors:
         values_g, vectors_g, values_h, vectors_h = self.gram_eigen
         denominators = values_g.unsqueeze(-1) + values_h.unsqueeze(-2)
-        lagrange = solve_sylvester_eig(vectors_g, vectors_h, denominators, self.moment(u))
+        lagrange = self.solve_in_eigenbases((vectors_g, vectors_h), denominators, self.moment(u))
         return vertical_vector(*self.x, lagrange)
 
 

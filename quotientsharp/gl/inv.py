@@ -28,7 +28,6 @@ from functools import cached_property
 
 import torch
 
-from ..linalg import solve_sylvester_eig
 from .metric import GLMetric
 from .point import GLPoint, moved, symmetric_part
 
@@ -42,6 +41,12 @@ class InvPoint(GLPoint):
         return (((u[0] @ self.inverse_g) * v[0]).sum((-2, -1))
                 + ((u[1] @ self.inverse_h) * v[1]).sum((-2, -1)))
 
+    def squared_norm(self, u: Tensors) -> torch.Tensor:
+        # ||u_G E^{-T}||^2 + ||u_H F^{-T}||^2 with S_G = E E^T, S_H = F F^T: a sum of squares,
+        # accurate to rounding however ill-conditioned S is, unlike u S^{-1} u^T summed
+        return ((u[0] @ self.inverse_factor_g.mT).square().sum((-2, -1))
+                + (u[1] @ self.inverse_factor_h.mT).square().sum((-2, -1)))
+
     def moment(self, u: Tensors) -> torch.Tensor:
         G, H = self.x
         return self.inverse_h @ (u[1].mT @ H) - (G.mT @ u[0]) @ self.inverse_g
@@ -54,18 +59,21 @@ class InvPoint(GLPoint):
     @cached_property
     def _sylvester(self) -> tuple[torch.Tensor, ...]:
         """``B_G = G F``, ``B_H = H E`` and the eigen-solution of their Gram matrices."""
-        G, H = self.x
-        b_g, b_h = G @ self.cholesky_h, H @ self.cholesky_g
+        G, H = self._work_x
+        chol_g, chol_h = self._work_cholesky
+        b_g, b_h = G @ chol_h, H @ chol_g
         values_p, vectors_p = torch.linalg.eigh(b_g.mT @ b_g)
         values_q, vectors_q = torch.linalg.eigh(b_h.mT @ b_h)
-        return b_g, b_h, vectors_p, vectors_q, values_p.unsqueeze(-1) + values_q.unsqueeze(-2)
+        # B_G, B_H meet tangents: the point's dtype; the eigenbases stay in the working dtype
+        return (self._cast(b_g), self._cast(b_h), vectors_p, vectors_q,
+                values_p.unsqueeze(-1) + values_q.unsqueeze(-2))
 
     def vertical_projection(self, u: Tensors) -> Tensors:
         b_g, b_h, vectors_p, vectors_q, denominators = self._sylvester
         # F^{-1} C E^{-T} with C = u_H^T H S_G - S_H G^T u_G, through B_G and B_H
         rhs = ((u[1] @ self.inverse_factor_h.mT).mT @ b_h
                - b_g.mT @ (u[0] @ self.inverse_factor_g.mT))
-        y = solve_sylvester_eig(vectors_p, vectors_q, denominators, rhs)
+        y = self.solve_in_eigenbases((vectors_p, vectors_q), denominators, rhs)
         return -(b_g @ y) @ self.cholesky_g.mT, (b_h @ y.mT) @ self.cholesky_h.mT
 
     def raise_index(self, egrad: Tensors) -> Tensors:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import torch
 
-from ..linalg import solve_sylvester_eig
 from .metric import GLMetric
 from .point import GLPoint, moved, symmetric_part, vertical_vector
 
@@ -37,6 +36,13 @@ class MixPoint(GLPoint):
         return (((u[0] @ self.relaxed_h) * v[0]).sum((-2, -1))
                 + ((u[1] @ self.relaxed_g) * v[1]).sum((-2, -1)))
 
+    def squared_norm(self, u: Tensors) -> torch.Tensor:
+        # ||u_G F||^2 + ||u_H E||^2 with S_H = F F^T, S_G = E E^T: a sum of squares, accurate to
+        # rounding however ill-conditioned S is (u S u^T summed cancels), so a vector rescaled
+        # onto the sphere is on it to rounding
+        return ((u[0] @ self.cholesky_h).square().sum((-2, -1))
+                + (u[1] @ self.cholesky_g).square().sum((-2, -1)))
+
     def moment(self, u: Tensors) -> torch.Tensor:
         G, H = self.x
         return self.relaxed_g @ (u[1].mT @ H) - (G.mT @ u[0]) @ self.relaxed_h
@@ -47,16 +53,19 @@ class MixPoint(GLPoint):
                 + d(self.relaxed_g).unsqueeze(-1) * d(self.gram_h).unsqueeze(-2))
 
     def vertical_projection(self, u: Tensors) -> Tensors:
+        G, H = self.x
         if self.eps == 0.0:
-            G, H = self.x
-            lagrange = 0.5 * (torch.cholesky_solve((u[1].mT @ H).mT, self.cholesky_h).mT
-                              - torch.cholesky_solve(G.mT @ u[0], self.cholesky_g))
-            return vertical_vector(G, H, lagrange)
+            # h x h solves in the working dtype (float64 for float32 points)
+            chol_g, chol_h = self._work_cholesky
+            u_h, g_u = (u[1].mT @ H).to(self.work_dtype), (G.mT @ u[0]).to(self.work_dtype)
+            lagrange = 0.5 * (torch.cholesky_solve(u_h.mT, chol_h).mT
+                              - torch.cholesky_solve(g_u, chol_g))
+            return vertical_vector(G, H, self._cast(lagrange))
         values_g, vectors_g, values_h, vectors_h = self.gram_eigen
         col, row = values_g.unsqueeze(-1), values_h.unsqueeze(-2)
         denominators = 2 * col * row + self.eps * (col + row)
-        lagrange = solve_sylvester_eig(vectors_g, vectors_h, denominators, self.moment(u))
-        return vertical_vector(*self.x, lagrange)
+        lagrange = self.solve_in_eigenbases((vectors_g, vectors_h), denominators, self.moment(u))
+        return vertical_vector(G, H, lagrange)
 
     def raise_index(self, egrad: Tensors) -> Tensors:
         return egrad[0] @ self.inverse_h, egrad[1] @ self.inverse_g

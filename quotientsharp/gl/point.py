@@ -22,12 +22,16 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..frozen import ClosedFormPoint
+from ..linalg import solve_sylvester_eig
 from ..validation import value_checks_enabled
 
 if TYPE_CHECKING:
     from .quotient import GLQuotient
 
 Tensors = tuple[torch.Tensor, ...]
+
+#: Dtypes whose points get their h x h algebra in float64.
+LOW_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def vertical_vector(G: torch.Tensor, H: torch.Tensor, X: torch.Tensor) -> Tensors:
@@ -85,23 +89,36 @@ class GLPoint(ClosedFormPoint):
         super().__init__(quotient, x)
         self.eps = quotient.eps
         G, H = self.x
-        self.gram_g, self.gram_h = G.mT @ G, H.mT @ H
+        self.dtype = G.dtype
+        # The h x h algebra runs in float64 for float32 and half-precision points: a Gram
+        # matrix squares the condition of its factor, and a group element of condition 1e3
+        # already makes K_G singular to float32 working precision. It is cheap next to a
+        # forward pass; results are cast back to the point's dtype where they meet tangents.
+        self.work_dtype = torch.float64 if G.dtype in LOW_PRECISION else G.dtype
+        G_work, H_work = G.to(self.work_dtype), H.to(self.work_dtype)
+        self._work_x = (G_work, H_work)
+        gram_g, gram_h = G_work.mT @ G_work, H_work.mT @ H_work
         if self.eps == 0.0:
-            self.relaxed_g, self.relaxed_h = self.gram_g, self.gram_h
+            relaxed_g, relaxed_h = gram_g, gram_h
         else:
-            eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
-            self.relaxed_g = self.gram_g + self.eps * eye
-            self.relaxed_h = self.gram_h + self.eps * eye
+            eye = torch.eye(G.shape[-1], dtype=self.work_dtype, device=G.device)
+            relaxed_g, relaxed_h = gram_g + self.eps * eye, gram_h + self.eps * eye
+        self._work_grams = (gram_g, gram_h)
+        self.gram_g, self.gram_h = self._cast(gram_g), self._cast(gram_h)
+        self.relaxed_g, self.relaxed_h = self._cast(relaxed_g), self._cast(relaxed_h)
+        self._work_cholesky: tuple[torch.Tensor, ...] = ()
         self.cholesky_g: torch.Tensor | None = None
         self.cholesky_h: torch.Tensor | None = None
         if self.needs_factors:
-            self.cholesky_g, self.cholesky_h = cholesky_or_raise(
-                quotient, G, H, (self.relaxed_g, self.relaxed_h), name)
+            self._work_cholesky = cholesky_or_raise(quotient, G_work, H_work,
+                                                    (relaxed_g, relaxed_h), name)
+            self.cholesky_g, self.cholesky_h = (self._cast(c) for c in self._work_cholesky)
+
+    def _cast(self, t: torch.Tensor) -> torch.Tensor:
+        """An h x h result of the float64 algebra in the point's dtype."""
+        return t.to(self.dtype)
 
     # ------------------------------------------------------------------ cached factors
-    def _eye(self) -> torch.Tensor:
-        return torch.eye(self.x[0].shape[-1], dtype=self.x[0].dtype, device=self.x[0].device)
-
     # S^{-1} by a Cholesky solve against a batch of identities rather than
     # torch.cholesky_inverse or a broadcast identity: in torch 2.13 the forward-mode derivative
     # (jvp) of both is wrong, and the autograd references differentiate the metric by jvp
@@ -111,32 +128,46 @@ class GLPoint(ClosedFormPoint):
                                                  device=cholesky.device))
         return torch.cholesky_solve(identities, cholesky)
 
+    @staticmethod
+    def _inverse_factor(cholesky: torch.Tensor) -> torch.Tensor:
+        identities = torch.diag_embed(torch.ones(cholesky.shape[:-1], dtype=cholesky.dtype,
+                                                 device=cholesky.device))
+        return torch.linalg.solve_triangular(cholesky, identities, upper=False)
+
     @cached_property
     def inverse_g(self) -> torch.Tensor:
         """``S_G^{-1}``, ``shape=[..., h, h]``."""
-        return self._inverse(self.cholesky_g)
+        return self._cast(self._inverse(self._work_cholesky[0]))
 
     @cached_property
     def inverse_h(self) -> torch.Tensor:
         """``S_H^{-1}``."""
-        return self._inverse(self.cholesky_h)
+        return self._cast(self._inverse(self._work_cholesky[1]))
 
     @cached_property
     def inverse_factor_g(self) -> torch.Tensor:
         """``E^{-1}`` for the Cholesky factor ``S_G = E E^T``."""
-        return torch.linalg.solve_triangular(self.cholesky_g, self._eye(), upper=False)
+        return self._cast(self._inverse_factor(self._work_cholesky[0]))
 
     @cached_property
     def inverse_factor_h(self) -> torch.Tensor:
         """``F^{-1}`` for the Cholesky factor ``S_H = F F^T``."""
-        return torch.linalg.solve_triangular(self.cholesky_h, self._eye(), upper=False)
+        return self._cast(self._inverse_factor(self._work_cholesky[1]))
 
     @cached_property
     def gram_eigen(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Eigenvalues (clamped at 0: PSD) and eigenvectors of ``K_G`` and ``K_H``."""
-        values_g, vectors_g = torch.linalg.eigh(self.gram_g)
-        values_h, vectors_h = torch.linalg.eigh(self.gram_h)
+        """Eigenvalues (clamped at 0: PSD) and eigenvectors of ``K_G`` and ``K_H``, in the
+        working dtype (the Sylvester solves on ``h x h`` matrices run there too)."""
+        values_g, vectors_g = torch.linalg.eigh(self._work_grams[0])
+        values_h, vectors_h = torch.linalg.eigh(self._work_grams[1])
         return values_g.clamp_min(0), vectors_g, values_h.clamp_min(0), vectors_h
+
+    def solve_in_eigenbases(self, bases: tuple[torch.Tensor, torch.Tensor],
+                            denominators: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+        """:func:`~quotientsharp.linalg.solve_sylvester_eig` of an ``h x h`` right-hand side in
+        the working dtype, the solution cast back to the point's dtype."""
+        return self._cast(solve_sylvester_eig(*bases, denominators,
+                                              rhs.to(self.work_dtype)))
 
     # ------------------------------------------------------------------ per metric
     def moment(self, u: Tensors) -> torch.Tensor:

@@ -27,13 +27,23 @@ LossFunction = Callable[[Any, Any], torch.Tensor]
 LOSS_NAMES = ("cross_entropy", "mse")
 
 
+#: The label cross-entropy ignores (HuggingFace's and torch's default ``ignore_index``).
+IGNORE_INDEX = -100
+
+
 @dataclass
 class Batch:
-    """A batch split into model inputs and target."""
+    """A batch split into model inputs and target; ``index`` (its position) names it in errors."""
 
     args: tuple
     kwargs: dict
     target: Any
+    index: int | None = None
+
+    @property
+    def label(self) -> str:
+        """``"batch i"`` (or ``"the batch"`` without an index), for error messages."""
+        return "the batch" if self.index is None else f"batch {self.index}"
 
 
 def _move(obj: Any, device: torch.device, float_dtype: torch.dtype | None) -> Any:
@@ -69,15 +79,16 @@ def split_batch(batch: Any, index: int, device: torch.device,
             raise ValueError(f"batch {index} is a dict without a 'labels' entry (keys: "
                              f"{sorted(map(str, batch))})")
         inputs = {k: v for k, v in batch.items() if k != "labels"}
-        return Batch((), _move(inputs, device, input_dtype), _move(batch["labels"], device, None))
+        return Batch((), _move(inputs, device, input_dtype), _move(batch["labels"], device, None),
+                     index)
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
         x, y = batch
         target = _move(y, device, None)
         if isinstance(x, Mapping):
-            return Batch((), _move(dict(x), device, input_dtype), target)
+            return Batch((), _move(dict(x), device, input_dtype), target, index)
         if isinstance(x, (tuple, list)):
-            return Batch(tuple(_move(list(x), device, input_dtype)), {}, target)
-        return Batch((_move(x, device, input_dtype),), {}, target)
+            return Batch(tuple(_move(list(x), device, input_dtype)), {}, target, index)
+        return Batch((_move(x, device, input_dtype),), {}, target, index)
     raise TypeError(f"batch {index} must be an (inputs, target) pair or a dict with 'labels', "
                     f"got {type(batch).__name__}"
                     + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
@@ -97,18 +108,85 @@ def output_tensor(output: Any) -> torch.Tensor | None:
     return None
 
 
+def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    return tuple(tensor.shape)
+
+
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy; sequence outputs ``[B, T, C]`` with targets ``[B, T]`` are flattened."""
+    """Mean cross-entropy; sequence outputs ``[B, T, C]`` with targets ``[B, T]`` are flattened.
+
+    The target holds class indices (any integer dtype; ``-100`` is ignored) of shape
+    ``logits.shape[:-1]`` (or torch's ``[B, d1, ...]`` for ``[B, C, d1, ...]`` logits), or class
+    probabilities of the logits' shape. Other shapes and dtypes raise a ``ValueError`` or
+    ``TypeError`` that names both shapes.
+    """
     if not isinstance(target, torch.Tensor):
         raise TypeError(f"the cross-entropy target must be a tensor, got {type(target).__name__}")
-    if (logits.dim() > 2 and not target.is_floating_point()
-            and target.shape == logits.shape[:-1]):
+    if target.dtype == torch.bool or target.is_complex():
+        raise TypeError(f"cross-entropy needs integer class labels (or class probabilities), "
+                        f"got a {str(target.dtype).removeprefix('torch.')} target")
+    if target.is_floating_point():
+        if target.shape != logits.shape:
+            raise TypeError(
+                f"cross-entropy got a {str(target.dtype).removeprefix('torch.')} target of shape "
+                f"{_shape(target)} for logits of shape {_shape(logits)}: it needs integer class "
+                "labels, or class probabilities of the logits' shape; for real-valued targets "
+                "pass loss='mse'")
+        return F.cross_entropy(logits, target)
+    target = target.long()
+    if logits.dim() > 2 and target.shape == logits.shape[:-1]:
         logits, target = logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
-    return F.cross_entropy(logits, target)
+    elif target.shape != logits.shape[:-1] and not (
+            logits.dim() > 2 and target.shape == (logits.shape[0], *logits.shape[2:])):
+        rows = f"{logits.shape[0]} rows" if logits.dim() > 1 else "one row"
+        raise ValueError(f"the model's output has shape {_shape(logits)} ({rows} of "
+                         f"{logits.shape[-1]} class scores) but the labels have shape "
+                         f"{_shape(target)}: do the inputs and the labels hold the same number "
+                         "of examples?")
+    return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX)
+
+
+def check_class_labels(logits: torch.Tensor, target: torch.Tensor) -> None:
+    """Raise unless every class label is in ``[0, C)`` or ``-100``, and not all are ``-100``.
+
+    ``C`` is the number of logits; one host sync. Called once per batch, before the loss
+    (out-of-range labels are an ``IndexError`` on the CPU and a device-side assert on CUDA).
+    """
+    if not isinstance(target, torch.Tensor) or target.is_floating_point() or target.numel() == 0:
+        return
+    classes = logits.shape[-1] if (logits.dim() < 3 or target.shape == logits.shape[:-1]) \
+        else logits.shape[1]
+    ignored = target == IGNORE_INDEX
+    invalid = ~ignored & ((target < 0) | (target >= classes))
+    bad, skipped = torch.stack([invalid.sum(), ignored.sum()]).tolist()
+    if bad:
+        value = int(target[invalid].reshape(-1)[0])
+        raise ValueError(f"label {value} is out of range: the model's output has {classes} "
+                         f"classes, so a label must be in [0, {classes}) (or {IGNORE_INDEX}, "
+                         f"ignored); {bad} of {target.numel()} labels are out of range")
+    if skipped == target.numel():
+        raise ValueError(f"every label is {IGNORE_INDEX} (the ignore_index): the cross-entropy "
+                         "has no target to average, so the loss would be NaN")
 
 
 def mean_squared_error(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean squared error; the target is cast to the prediction's dtype."""
+    """Mean squared error; the target is cast to the prediction's dtype.
+
+    The target needs as many entries as the prediction (it is reshaped to its shape); integer
+    class labels ``[B]`` for a ``[B, C]`` output are refused (they are cross-entropy labels).
+    """
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"the mse target must be a tensor, got {type(target).__name__}")
+    if (not target.is_floating_point() and prediction.dim() >= 1 and prediction.shape[-1] > 1
+            and target.shape == prediction.shape[:-1]):
+        raise ValueError(f"loss='mse' got integer class labels of shape {_shape(target)} for an "
+                         f"output of shape {_shape(prediction)}: use loss='cross_entropy' (the "
+                         "default) for class labels, or give real-valued targets of the "
+                         "output's shape")
+    if target.numel() != prediction.numel():
+        raise ValueError(f"loss='mse' needs a target with as many entries as the model's output: "
+                         f"output {_shape(prediction)}, target {_shape(target)} (do the inputs "
+                         "and the targets hold the same number of examples?)")
     return F.mse_loss(prediction, target.to(prediction.dtype).reshape(prediction.shape))
 
 
@@ -128,18 +206,51 @@ def resolve_loss(loss: str | LossFunction | None) -> tuple[LossFunction, str, bo
 
 
 def compute_loss(function: LossFunction, builtin: bool, output: Any, target: Any,
-                 dtype: torch.dtype) -> torch.Tensor:
-    """Apply the loss; built-in losses get the logits in ``dtype`` (float32 for half models)."""
+                 dtype: torch.dtype, batch: str = "the batch", check: bool = False
+                 ) -> torch.Tensor:
+    """Apply the loss; built-in losses get the logits in ``dtype`` (float32 for half models).
+
+    Parameters
+    ----------
+    function, builtin
+        The loss and whether it is a built-in one (which takes the logits).
+    output, target
+        The model's output and the batch's target.
+    dtype
+        The dtype of the returned loss (and of the logits a built-in loss sees).
+    batch
+        How errors name the batch (``"batch 3"``).
+    check
+        Also check the labels' values against the output (one host sync): once per batch,
+        never inside the ascent.
+    """
     logits = output_tensor(output)
-    if builtin:
-        if logits is None:
-            raise TypeError(f"the model returned {type(output).__name__}, which has no logits "
-                            "tensor; pass loss=callable(output, target)")
-        value = function(logits.to(dtype), target)
-    else:
-        value = function(logits if logits is not None else output, target)
+    if logits is not None and not (logits.is_floating_point() or logits.is_complex()):
+        raise TypeError(f"{batch}: the model returned a {str(logits.dtype).removeprefix('torch.')} "
+                        f"tensor of shape {_shape(logits)}; sharpness needs floating scores "
+                        "(logits), not integer predictions such as an argmax")
+    try:
+        if builtin:
+            if logits is None:
+                raise TypeError(f"the model returned {type(output).__name__}, which has no logits "
+                                "tensor; pass loss=callable(output, target)")
+            if check and function is cross_entropy:
+                check_class_labels(logits, target)
+            value = function(logits.to(dtype), target)
+        else:
+            value = function(logits if logits is not None else output, target)
+    except (TypeError, ValueError) as err:
+        # name the batch in the plain TypeErrors and ValueErrors of the loss (subclasses, which
+        # may take other arguments, pass unchanged)
+        if type(err) not in (TypeError, ValueError) or str(err).startswith(batch):
+            raise
+        raise type(err)(f"{batch}: {err}") from err
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"the loss must return a tensor, got {type(value).__name__}")
+        raise TypeError(f"{batch}: the loss must return a tensor, got {type(value).__name__}")
     if value.numel() != 1:
-        raise ValueError(f"the loss must return a scalar, got shape {tuple(value.shape)}")
+        raise ValueError(f"{batch}: the loss must return a scalar, got shape "
+                         f"{tuple(value.shape)}")
+    if not (value.is_floating_point() or value.is_complex()):
+        raise TypeError(f"{batch}: the loss returned a {str(value.dtype).removeprefix('torch.')} "
+                        "tensor; it must be a floating scalar that depends on the parameters")
     return value.reshape(()).to(dtype)

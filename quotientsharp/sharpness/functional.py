@@ -6,12 +6,13 @@ perturbed clones: the model's own parameters and buffers are never handed to its
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
 
-from .batches import Batch, LossFunction, compute_loss, resolve_loss
+from .batches import IGNORE_INDEX, Batch, LossFunction, compute_loss, resolve_loss
 
 
 def geometry_dtype(dtypes: Sequence[torch.dtype]) -> torch.dtype:
@@ -44,6 +45,8 @@ class FunctionalModel:
             raise ValueError("the model has no parameters")
         self.dtypes = {n: p.dtype for n, p in named.items()}
         self.trainable = [n for n, p in named.items() if p.requires_grad]
+        #: parameters with ``requires_grad=False``: never perturbed (``SharpnessResult.frozen``)
+        self.frozen = [n for n, p in named.items() if not p.requires_grad]
         if not self.trainable:
             raise ValueError("the model has no trainable parameters (requires_grad=True)")
         for name, tensor in named.items():
@@ -66,13 +69,56 @@ class FunctionalModel:
         floating = {t.dtype for t in [*named.values(), *self.buffers.values()]
                     if t.is_floating_point()}
         self.input_dtype = floating.pop() if len(floating) == 1 else None
+        self.vocabulary_size = vocabulary_size(model)
+        self._checking = False
 
     def check_finite(self) -> None:
-        """Raise naming every trainable parameter with NaN or inf entries (one host sync)."""
-        flags = torch.stack([torch.isfinite(self.theta[n]).all() for n in self.trainable])
-        bad = [n for n, ok in zip(self.trainable, flags.tolist(), strict=True) if not ok]
+        """Raise naming every trainable parameter with NaN or inf entries and every floating
+        buffer with NaN entries (one host sync).
+
+        Buffers may hold ``inf`` on purpose (e.g. ``-inf`` attention masks); NaN they may not.
+        """
+        buffers = [n for n, b in self.buffers.items() if b.is_floating_point()]
+        flags = torch.stack([torch.isfinite(self.theta[n]).all() for n in self.trainable]
+                            + [~torch.isnan(self.buffers[n]).any() for n in buffers])
+        ok = flags.tolist()
+        bad = [n for n, good in zip(self.trainable, ok, strict=False) if not good]
         if bad:
             raise ValueError(f"parameter(s) {bad} contain non-finite values (NaN or inf)")
+        bad = [n for n, good in zip(buffers, ok[len(self.trainable):], strict=True) if not good]
+        if bad:
+            raise ValueError(f"buffer(s) {bad} contain NaN values: every loss would be NaN")
+
+    @contextlib.contextmanager
+    def checking(self) -> Iterator[None]:
+        """Check each batch's values inside this block (the clean evaluation of every batch).
+
+        :meth:`loss` then also checks the token ids against the vocabulary and the class labels
+        against the output (:meth:`check_batch`, one or two host syncs); the ascent's
+        evaluations run outside it, without a sync.
+        """
+        previous, self._checking = self._checking, True
+        try:
+            yield
+        finally:
+            self._checking = previous
+
+    def check_batch(self, batch: Batch) -> None:
+        """Raise, naming the batch, if it is empty or its ``input_ids`` leave the vocabulary."""
+        target = batch.target
+        if isinstance(target, torch.Tensor) and target.numel() == 0:
+            raise ValueError(f"{batch.label} is empty: its target has shape "
+                             f"{tuple(target.shape)}")
+        ids = batch.kwargs.get("input_ids")
+        if (self.vocabulary_size is not None and isinstance(ids, torch.Tensor)
+                and not ids.is_floating_point() and ids.numel()):
+            low, high = torch.stack([ids.min(), ids.max()]).tolist()
+            if low < 0 or high >= self.vocabulary_size:
+                value = high if high >= self.vocabulary_size else low
+                raise ValueError(f"{batch.label}: input_ids holds token id {value}, outside the "
+                                 f"model's vocabulary [0, {self.vocabulary_size}) (the size of "
+                                 "its input embedding): was the data tokenised for another "
+                                 "model?")
 
     def _unperturbed(self, name: str) -> torch.Tensor:
         """A private copy of parameter ``name``, made the first time it is passed as is."""
@@ -86,12 +132,14 @@ class FunctionalModel:
         ``updates`` must not alias the model's own tensors (``theta``): the forward receives
         them (cast to each parameter's dtype) and may write to its inputs.
         """
+        if self._checking:
+            self.check_batch(batch)
         params = {name: (updates[name].to(self.dtypes[name]) if name in updates
                          else self._unperturbed(name)) for name in self.theta}
         output = torch.func.functional_call(self.model, (params, self.buffers), batch.args,
                                             batch.kwargs)
         return compute_loss(self.loss_function, self.builtin_loss, output, batch.target,
-                            self.dtype)
+                            self.dtype, batch.label, self._checking)
 
     def loss_and_gradients(self, batch: Batch
                            ) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
@@ -113,11 +161,63 @@ class FunctionalModel:
         return [n for n, g in self.loss_and_gradients(batch)[1].items() if g is None]
 
 
-def checked_clean_loss(loss: torch.Tensor, index: int) -> torch.Tensor:
-    """``loss`` if finite, else a ``ValueError`` naming the batch (one host sync per batch)."""
+def vocabulary_size(model: nn.Module) -> int | None:
+    """Rows of the model's input embedding (``get_input_embeddings()``), else
+    ``model.config.vocab_size``; ``None`` when the model has neither."""
+    get = getattr(model, "get_input_embeddings", None)
+    if callable(get):
+        try:
+            embedding = get()
+        except (NotImplementedError, AttributeError):
+            embedding = None
+        if isinstance(embedding, nn.Embedding):
+            return embedding.num_embeddings
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
+def _input_tensors(batch: Batch) -> list[tuple[str, torch.Tensor]]:
+    named = [(f"input {i}", t) for i, t in enumerate(batch.args)] + list(batch.kwargs.items())
+    return [(n, t) for n, t in named if isinstance(t, torch.Tensor)]
+
+
+def clean_loss_cause(batch: Batch, model: FunctionalModel | None = None) -> str:
+    """Why the loss at the unperturbed parameters is not finite: the first cause found among an
+    empty batch, labels all ``-100``, a non-finite target or input, a NaN buffer; else the
+    forward itself (an overflow)."""
+    target = batch.target
+    if isinstance(target, torch.Tensor):
+        if target.numel() == 0:
+            return "the batch is empty"
+        if not target.is_floating_point() and bool((target == IGNORE_INDEX).all()):
+            return (f"every label is {IGNORE_INDEX} (the ignore_index), so the cross-entropy "
+                    "averages over no target")
+        if target.is_floating_point() and not bool(torch.isfinite(target).all()):
+            return "the target contains NaN or inf"
+    inputs = [n for n, t in _input_tensors(batch)
+              if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if inputs:
+        return f"the input(s) {inputs} contain NaN or inf"
+    if model is not None:
+        buffers = [n for n, b in model.buffers.items()
+                   if b.is_floating_point() and bool(torch.isnan(b).any())]
+        if buffers:
+            return f"the buffer(s) {buffers} contain NaN"
+        dtypes = sorted({str(d).removeprefix("torch.") for d in model.dtypes.values()})
+        return (f"the model's output at the unperturbed parameters is not finite (an overflow "
+                f"in {', '.join(dtypes)}? float16 overflows above 65504)")
+    return "the model's output at the unperturbed parameters is not finite"
+
+
+def checked_clean_loss(loss: torch.Tensor, index: int, batch: Batch | None = None,
+                       model: FunctionalModel | None = None) -> torch.Tensor:
+    """``loss`` if finite, else a ``ValueError`` naming the batch and, given the batch, the
+    likely cause (:func:`clean_loss_cause`). One host sync per batch."""
     if not bool(torch.isfinite(loss)):
-        raise ValueError(f"the clean loss on batch {index} is not finite ({float(loss)})")
+        cause = f": {clean_loss_cause(batch, model)}" if batch is not None else ""
+        raise ValueError(f"the clean loss on batch {index} is not finite ({float(loss)}){cause}")
     return loss
 
 
-__all__ = ["FunctionalModel", "checked_clean_loss", "geometry_dtype"]
+__all__ = ["FunctionalModel", "checked_clean_loss", "clean_loss_cause", "geometry_dtype",
+           "vocabulary_size"]

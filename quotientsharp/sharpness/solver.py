@@ -13,6 +13,16 @@ One run, with ``N = n_iter`` steps and step size ``eta`` (``eta_0 = 2 rho``):
   are all reset to the best iterate's, so no stale momentum or perturbation survives a restart;
 - the best loss is tracked over every evaluated iterate, the starting point included.
 
+Non-finite losses. ``new_loss > best_loss`` never selects NaN and always selects inf, so a
+non-finite evaluation would silently vanish (or win). The solver therefore records, per run and
+per problem, the first evaluation whose loss is not finite (``AscentOutcome.nonfinite_at``,
+``-1`` for none; ``0`` is the starting point, ``k`` the ``k``-th step), the loss it gave and the
+number of such evaluations, all as device tensors: the caller checks them once after the
+ascent (the sharpness engine raises, naming the batch and the iteration). With
+``skip_nonfinite=True`` a non-finite evaluation is instead treated as a failed step: it never
+becomes the best iterate nor counts as an increase, and the next step starts again from the best
+iterate and its direction.
+
 Everything runs on the device: decisions are ``torch.where`` on device tensors, so there is no
 host sync inside the loop. ``restarts`` extra runs start from random points of the ball; the
 best of all runs wins. Randomness comes only from the given generator.
@@ -34,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Protocol
 
@@ -142,12 +152,22 @@ class AscentOutcome:
         Best loss of each run, ``shape=P`` each.
     start_loss
         The loss at the first run's starting point (the clean loss when it starts at ``xi = 0``).
+    nonfinite_at
+        Per run, ``shape=P`` int64: the first evaluation whose loss was NaN or inf (``0`` the
+        run's starting point, ``k`` its ``k``-th step), ``-1`` where every loss was finite.
+    nonfinite_loss
+        Per run, ``shape=P``: the loss of that first non-finite evaluation (``0`` where none).
+    nonfinite_count
+        ``shape=P`` int64: non-finite evaluations over all runs.
     """
 
     loss: torch.Tensor
     xi: Tensors
     run_losses: list[torch.Tensor]
     start_loss: torch.Tensor
+    nonfinite_at: list[torch.Tensor] = field(default_factory=list)
+    nonfinite_loss: list[torch.Tensor] = field(default_factory=list)
+    nonfinite_count: torch.Tensor | None = None
 
 
 def _lift(flag: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -190,11 +210,34 @@ def momentum_step(xi: Sequence[torch.Tensor], z: Sequence[torch.Tensor],
     return new
 
 
+def _finite_or_lowest(loss: torch.Tensor) -> torch.Tensor:
+    """``loss`` with NaN and inf entries replaced by ``-inf`` (never selected as the best)."""
+    return torch.where(torch.isfinite(loss), loss, torch.full_like(loss, -math.inf))
+
+
+class _NonFinite:
+    """The first non-finite evaluation of one run, and their count, as device tensors."""
+
+    def __init__(self, start_loss: torch.Tensor) -> None:
+        bad = ~torch.isfinite(start_loss)
+        self.at = torch.where(bad, 0, torch.full_like(start_loss, -1, dtype=torch.int64))
+        self.loss = torch.where(bad, start_loss, torch.zeros_like(start_loss))
+        self.count = bad.to(torch.int64)
+
+    def update(self, loss: torch.Tensor, evaluation: int) -> None:
+        bad = ~torch.isfinite(loss)
+        first = bad & (self.at < 0)
+        self.at = torch.where(first, evaluation, self.at)
+        self.loss = torch.where(first, loss, self.loss)
+        self.count = self.count + bad.to(torch.int64)
+
+
 def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[[], Tensors],
                 settings: AscentSettings, eta0: float | torch.Tensor,
                 on_evaluation: Callable[[], None] | None,
-                initial: tuple[torch.Tensor, Tensors] | None = None
-                ) -> tuple[torch.Tensor, Tensors, torch.Tensor]:
+                initial: tuple[torch.Tensor, Tensors] | None = None,
+                skip_nonfinite: bool = False
+                ) -> tuple[torch.Tensor, Tensors, torch.Tensor, _NonFinite]:
     n_iter, alpha = settings.n_iter, settings.alpha
     marks = [w for w in checkpoints(n_iter) if w < n_iter]
 
@@ -206,6 +249,10 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[
     start_loss = loss
     direction = geometry.direction(egrad)
     del egrad
+    # non-finite evaluations: recorded on the device, checked by the caller after the ascent
+    record = _NonFinite(loss)
+    if skip_nonfinite:
+        loss = _finite_or_lowest(loss)
     # the best iterate and direction are overwritten in place below, so they own their
     # storage (the start is also xi, then previous; the geometry's tensors are not ours)
     best_loss = loss
@@ -229,11 +276,20 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[
             on_evaluation()
         new_direction = geometry.direction(egrad)
         del egrad
+        record.update(new_loss, k + 1)
+        if skip_nonfinite:
+            failed = ~torch.isfinite(new_loss)
+            new_loss = _finite_or_lowest(new_loss)
         increases = increases + (new_loss > current_loss).to(increases.dtype)
         improved = new_loss > best_loss
         best_loss = torch.where(improved, new_loss, best_loss)
         _choose_into(improved, new, best_xi)
         _choose_into(improved, new_direction, best_direction)
+        if skip_nonfinite:
+            # a failed step: the next one starts again from the best iterate and its direction
+            new = _choose(failed, best_xi, new)
+            new_direction = _choose(failed, best_direction, new_direction)
+            new_loss = torch.where(failed, best_loss, new_loss)
         previous, xi, current_loss, direction = xi, new, new_loss, new_direction
         del new_direction          # direction's other name: dropped with direction next step
 
@@ -251,13 +307,14 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[
             current_loss = torch.where(restart, best_loss, current_loss)
             increases = torch.zeros_like(increases)
             last_mark = step
-    return best_loss, best_xi, start_loss
+    return best_loss, best_xi, start_loss, record
 
 
 def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSettings,
            generator: torch.Generator | None = None,
            on_evaluation: Callable[[], None] | None = None,
-           initial: tuple[torch.Tensor, Tensors] | None = None) -> AscentOutcome:
+           initial: tuple[torch.Tensor, Tensors] | None = None,
+           skip_nonfinite: bool = False) -> AscentOutcome:
     """Maximise ``objective`` over the geometry's ball by Auto-PGD, per problem.
 
     Parameters
@@ -276,6 +333,11 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
     initial
         ``objective(geometry.zeros())``, when the caller has it already: the first run then
         starts from it instead of evaluating again. Only for ``random_init=False``.
+    skip_nonfinite
+        Treat an evaluation with a NaN or inf loss as a failed step (never the best, the next
+        step restarts from the best iterate) instead of comparing it. Either way the outcome
+        records the non-finite evaluations (``nonfinite_at``, ``nonfinite_count``) for the
+        caller to check once, after the ascent.
     """
     if initial is not None and settings.random_init:
         raise ValueError("initial is the evaluation at xi = 0, but random_init=True starts "
@@ -285,11 +347,14 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
     best_xi: Tensors = ()
     run_losses = []
     start_loss: torch.Tensor | None = None
+    records: list[_NonFinite] = []
     for run in range(settings.runs):
         random = settings.random_init or run > 0
         start = ((lambda: geometry.random_start(generator)) if random else geometry.zeros)
-        loss, xi, first = _single_run(geometry, objective, start, settings, eta0, on_evaluation,
-                                      initial if run == 0 else None)
+        loss, xi, first, record = _single_run(geometry, objective, start, settings, eta0,
+                                              on_evaluation, initial if run == 0 else None,
+                                              skip_nonfinite)
+        records.append(record)
         run_losses.append(loss)
         if best_loss is None:
             best_loss, best_xi, start_loss = loss, xi, first
@@ -298,4 +363,8 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
             best_loss = torch.where(improved, loss, best_loss)
             best_xi = _choose(improved, xi, best_xi)
     assert best_loss is not None and start_loss is not None
-    return AscentOutcome(best_loss, best_xi, run_losses, start_loss)
+    count = records[0].count
+    for record in records[1:]:
+        count = count + record.count
+    return AscentOutcome(best_loss, best_xi, run_losses, start_loss,
+                         [r.at for r in records], [r.loss for r in records], count)

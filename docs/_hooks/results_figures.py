@@ -1,0 +1,45 @@
+"""MkDocs hook: show each study's figures on its results page.
+
+``quotientsharp reproduce STUDY`` writes its figures (PNG) to ``results/STUDY/``, which is not
+committed, and its page section to ``docs/results/STUDY.md``, which it rewrites on every run
+with ``--docs docs``. So the figures are embedded here, at build time, rather than in the
+generated page: every PNG in ``docs/results/figures/STUDY/`` is appended to that study's page
+under "Figures"; with none there, the section says how to make them. Only files that exist are
+referenced.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+STUDIES = ("diagonal", "vit", "bert", "invariance")
+
+
+def _figures_section(study: str, docs_dir: Path) -> str:
+    folder = docs_dir / "results" / "figures" / study
+    figures = sorted(folder.glob("*.png")) if folder.is_dir() else []
+    lines = ["", "## Figures", ""]
+    copy = (f"`mkdir -p docs/results/figures/{study} && "
+            f"cp results/{study}/*.png docs/results/figures/{study}/`")
+    if not figures:
+        lines.append(
+            f"No figures are committed for this study. `quotientsharp reproduce {study}` writes "
+            f"them to `results/{study}/`; to show them here, copy them with {copy} and rebuild "
+            "the site.")
+        return "\n".join(lines) + "\n"
+    lines.append(f"From `docs/results/figures/{study}/` (refresh: rerun the study, then {copy}).")
+    for figure in figures:
+        lines += ["", f"![{figure.stem}](figures/{study}/{figure.name})", "",
+                  f"*`{figure.name}`*"]
+    return "\n".join(lines) + "\n"
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 - MkDocs API
+    path = page.file.src_uri
+    docs_dir = Path(config["docs_dir"])
+    if path.startswith("results/") and Path(path).stem in STUDIES:
+        return markdown.rstrip() + "\n" + _figures_section(Path(path).stem, docs_dir)
+    if path == "results.md":
+        links = ", ".join(f"[{study}](results/{study}.md#figures)" for study in STUDIES)
+        return markdown.rstrip() + f"\n\n## Figures\n\nOn each study's page: {links}.\n"
+    return markdown
