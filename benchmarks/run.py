@@ -458,6 +458,13 @@ def row_closed_forms(ctx: Context) -> Row:
         x = (gaussian(s.gl_pairs, s.gl_n, s.gl_h), gaussian(s.gl_pairs, s.gl_m, s.gl_h))
         cases.append((f"GL {metric} ({s.gl_pairs} x n={s.gl_n}, m={s.gl_m}, h={s.gl_h})",
                       quotient, x, (gaussian(*x[0].shape), gaussian(*x[1].shape))))
+    for metric, rotary in (("inv", s.gl_h), ("mix", s.gl_h - 2)):
+        # rotary query/key pairs: the centraliser GL(1,C)^{R/2} x GL(h - R)
+        quotient = qs.RotaryQuotient(metric, head_dim=s.gl_h, rotary_dims=rotary)
+        x = (gaussian(s.gl_pairs, s.gl_n, s.gl_h), gaussian(s.gl_pairs, s.gl_m, s.gl_h))
+        cases.append((f"rotary {metric} {quotient.group_name} ({s.gl_pairs} x n={s.gl_n}, "
+                      f"m={s.gl_m}, h={s.gl_h})", quotient, x,
+                      (gaussian(*x[0].shape), gaussian(*x[1].shape))))
     results, speedups = {}, []
     number = s.closed_number
     for label, quotient, x, egrad in cases:

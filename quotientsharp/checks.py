@@ -150,6 +150,9 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
     -------
     list[CheckResult]
     """
+    if not isinstance(quotient, SymmetryQuotient):
+        raise TypeError(f"quotient must be a SymmetryQuotient instance (e.g. GLQuotient('inv')), "
+                        f"got {type(quotient).__name__} {quotient!r}")
     gen = torch.Generator().manual_seed(seed)
     if point is None:
         shapes = quotient.point_shapes or getattr(quotient, "check_shapes", None)

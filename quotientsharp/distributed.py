@@ -52,6 +52,7 @@ import datetime
 import hashlib
 import os
 import pickle
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -63,6 +64,7 @@ from .sharpness import MEASURES, SharpnessResult, sharpness
 
 __all__ = [
     "batch_seed",
+    "describe_collective_failure",
     "distributed_map",
     "distributed_sharpness",
     "gather_indexed",
@@ -162,6 +164,39 @@ def _check_rank(rank: int | None, world_size: int | None, group: Any) -> tuple[i
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, "
                          f"world_size={world_size}")
     return rank, world_size
+
+
+_TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+_LOST = re.compile(r"connection (closed|reset) by peer|pair closure|broken pipe|"
+                   r"communicator was aborted|socket closed", re.IGNORECASE)
+
+
+def describe_collective_failure(error: BaseException,
+                                timeout: float | datetime.timedelta | None = None) -> str | None:
+    """One readable line for a collective that timed out or lost a rank; ``None`` for others.
+
+    The backends report these as raw messages (gloo: ``[.../unbound_buffer.cc:81] Timed out
+    waiting 1800000ms for recv operation to complete``); this says what happened, what to look
+    at and that ``--resume`` continues a study where it stopped.
+    """
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else type(error).__name__
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    rank, world_size = rank_and_world_size()
+    who = f"rank {rank} of {world_size}"
+    resume = ("Every unit of work finished so far is saved: rerun the same command with "
+              "--resume to continue where it stopped")
+    if _TIMED_OUT.search(text):
+        limit = f" (--dist-timeout {timeout:g} s)" if timeout else ""
+        return (f"{who} timed out waiting for the other ranks in a collective operation"
+                f"{limit}: another rank probably failed (see its error above) or is still "
+                f"busy with one long unit of work. {resume}, with a larger --dist-timeout if a "
+                f"single unit takes longer. [backend: {first}]")
+    if _LOST.search(text):
+        return (f"{who} lost contact with another rank during a collective operation: that "
+                f"rank probably stopped (see its error above). {resume}. [backend: {first}]")
+    return None
 
 
 # ---------------------------------------------------------------------------- dealing and gathering
@@ -345,6 +380,9 @@ def _records(result: SharpnessResult, indices: Sequence[int]) -> list[tuple[int,
             "perturbed": result.perturbed_losses[position],
             "perturbation": perturbation,
             "excluded": list(result.excluded),
+            "frozen": list(result.frozen),
+            "nonfinite": (result.nonfinite_evaluations[position]
+                          if result.nonfinite_evaluations else 0),
             "settings": result.settings if index == indices[0] else None,
         }))
     return records
@@ -421,6 +459,8 @@ def distributed_sharpness(model: nn.Module, batches: Iterable, measure: str = "g
         perturbed_losses=[r["perturbed"] for r in records],
         excluded=excluded,
         perturbations=[r["perturbation"] for r in records] if keep else None,
+        frozen=list(records[0]["frozen"]),
+        nonfinite_evaluations=[r["nonfinite"] for r in records],
     )
 
 

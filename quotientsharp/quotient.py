@@ -30,7 +30,7 @@ import torch
 from . import _tuples as T
 from . import reference
 from .frozen import ClosedFormPoint, FrozenPoint
-from .validation import check_finite, check_same_layout, check_tensors
+from .validation import check_finite, check_same_layout, check_tensors, check_time
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -179,12 +179,14 @@ class SymmetryQuotient(torch.nn.Module):
         steps
             RK4 steps for ``order="exact"`` when integrating.
         """
+        t = check_time(t)
         x = self.check_point(x)
         u = self.check_tangent(x, u)
         return self.frozen_point(x).geodesic(u, t, order, steps)
 
     def geodesic_exact(self, x: Tensors, u: Tensors, t: float = 1.0, steps: int = 64) -> Tensors:
         """Exact geodesic; default: RK4 on ``x'' = -Gamma(x', x')`` with this class's Gamma."""
+        t = check_time(t)
         return reference.geodesic_ode(x, u, t, self.point_ndims,
                                       lambda p, w: self.christoffel(p, w), steps)
 
@@ -283,4 +285,4 @@ class ClosedFormQuotient(SymmetryQuotient):
         return self.frozen_point(x).christoffel(u, v)
 
     def geodesic_exact(self, x: Tensors, u: Tensors, t: float = 1.0, steps: int = 64) -> Tensors:
-        return self.frozen_point(x).geodesic_exact(u, t, steps)
+        return self.frozen_point(x).geodesic_exact(u, check_time(t), steps)

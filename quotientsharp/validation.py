@@ -8,6 +8,8 @@ once and then switches value checks off inside its hot loop with :func:`value_ch
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -105,3 +107,22 @@ def check_nonzero(name: str, tensor: torch.Tensor, why: str) -> None:
         return
     if bool((tensor == 0).any()):
         raise ValueError(f"{name} has zero entries, {why}")
+
+
+def check_time(t: object, name: str = "t") -> float | torch.Tensor:
+    """Check a geodesic time: a finite real number (or a floating tensor of finite values).
+
+    A tensor's values are checked only when value checks are on (a host sync).
+    """
+    if isinstance(t, torch.Tensor):
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a real number or a floating tensor, got a tensor "
+                            f"of dtype {t.dtype}")
+        if _VALUE_CHECKS and not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{name} must be finite, got {t}")
+        return t
+    if isinstance(t, bool) or not isinstance(t, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(t).__name__} {t!r}")
+    if not math.isfinite(t):
+        raise ValueError(f"{name} must be finite, got {t!r}")
+    return t

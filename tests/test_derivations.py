@@ -223,3 +223,37 @@ def test_gl_script_catches_a_sign_error_in_the_package(gl_attention, monkeypatch
     assert gl_attention.main(cases=((2, 2, 1),), metrics=("inv", "mix")) == 1
     err = capsys.readouterr().err
     assert err.count("GLQuotient inner, christoffel, projection") == 2
+
+
+# ---------------------------------------------------------------------- rotary
+@pytest.fixture(scope="module")
+def rotary() -> ModuleType:
+    return load("rotary")
+
+
+def test_rotary_script_passes(rotary, capsys) -> None:
+    assert rotary.main() == 0
+    out = capsys.readouterr().out
+    assert "FAIL" not in out and "checks passed" in out
+    for needle in ("rotate_half", "interleaved", "inv: package", "mix: package"):
+        assert needle in out
+
+
+def test_rotary_script_catches_a_missing_basis_element(rotary, monkeypatch, capsys) -> None:
+    import quotientsharp.gl as gl
+
+    original = gl.rotary_algebra_basis
+    monkeypatch.setattr(gl, "rotary_algebra_basis",
+                        lambda *args, **kwargs: original(*args, **kwargs)[1:])
+    assert rotary.main(cases=((4, 4, "rotate_half"),)) == 1
+    assert "commutant = span of the package basis" in capsys.readouterr().err
+
+
+def test_rotary_script_catches_a_wrong_plane_layout(rotary, monkeypatch, capsys) -> None:
+    import quotientsharp.gl as gl
+
+    # interleaved planes for a rotate_half generator: the commutant differs
+    monkeypatch.setattr(gl, "rotary_algebra_basis",
+                        lambda h, r, layout, **kw: gl.subgroup.rotary_algebra_basis(
+                            h, r, "interleaved", **kw))
+    assert rotary.main(cases=((4, 4, "rotate_half"),)) == 1

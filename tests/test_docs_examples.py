@@ -1,68 +1,77 @@
-"""Every ```python block of the documentation pages runs, page by page, in order.
+"""The documentation pages written with runnable code keep most of their code tested.
 
-The blocks of one page share a namespace (later blocks use what earlier ones defined) and run in
-a temporary working directory. A block preceded by a ``<!-- no-test -->`` line is skipped; that
-marker is for code that cannot run offline, and the pages listed in :data:`PAGES_WITH_CODE` must
-keep most of their blocks tested. ``docs/tutorial-custom-symmetry.md`` has its own test
-(``tests/test_tutorial.py``).
+The blocks themselves run as tests collected by Sybil (``docs/conftest.py``): one test per
+```python block of each ``docs/*.md`` page, the blocks of a page sharing one namespace, in order.
+A block preceded by ``<!-- skip: next "reason" -->`` is skipped; that marker is for code that
+cannot run offline. This file checks, with Sybil's own parser, that each page listed in
+:data:`PAGES_WITH_CODE` keeps at least that many tested blocks and skips at most one.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from sybil import Document
+from sybil.evaluators.python import PythonEvaluator
+from sybil.evaluators.skip import Skipper
+from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-OWN_TEST = {"tutorial-custom-symmetry.md"}
 #: Pages written with runnable code, and how many blocks each has at least.
-PAGES_WITH_CODE = {"attention.md": 6, "adapters.md": 2, "sharpness.md": 6, "cli.md": 1}
-SKIP_MARKER = "<!-- no-test -->"
+PAGES_WITH_CODE = {"attention.md": 6, "adapters.md": 2, "sharpness.md": 6, "cli.md": 1,
+                   "tutorial-custom-symmetry.md": 4}
 
 
-def python_blocks(text: str) -> list[tuple[int, str, bool]]:
-    """``(line number, code, skipped)`` for each ```python block of a markdown text."""
-    blocks = []
-    position = 0
-    for match in re.finditer(r"^```python[ \t]*\n(.*?)^```[ \t]*$", text, flags=re.S | re.M):
-        preceding = text[position:match.start()].rstrip().splitlines()
-        skipped = bool(preceding) and preceding[-1].strip() == SKIP_MARKER
-        line = text.count("\n", 0, match.start()) + 2
-        blocks.append((line, match.group(1), skipped))
-        position = match.end()
+def python_blocks(path: Path) -> list[tuple[int, bool]]:
+    """``(line, skipped)`` for each ```python block of a page, as Sybil parses it."""
+    blocks, skip_next, skipping = [], False, False
+    for example in Document.parse(str(path), PythonCodeBlockParser(), SkipParser()).examples():
+        evaluator = example.region.evaluator
+        if isinstance(evaluator, Skipper):
+            action = example.region.parsed[0]
+            skip_next = action == "next"
+            skipping = action == "start" or (skipping and action != "end")
+        elif isinstance(evaluator, PythonEvaluator):
+            blocks.append((example.line, skip_next or skipping))
+            skip_next = False
     return blocks
 
 
-def _pages() -> list[str]:
-    return sorted(p.name for p in DOCS.glob("*.md") if p.name not in OWN_TEST)
+def test_block_parsing_sees_skip_markers_and_order(tmp_path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text('intro\n```python\na = 1\n```\n<!-- skip: next "offline" -->\n```python\n'
+                    "b = 2\n```\n```bash\nls\n```\n```python\nc = a + 1\n```\n")
+    assert python_blocks(page) == [(2, False), (6, True), (12, False)]
 
 
-def test_block_extraction_sees_markers_and_order() -> None:
-    text = ("intro\n```python\na = 1\n```\n<!-- no-test -->\n```python\nb = 2\n```\n"
-            "```bash\nls\n```\n```python\nc = a + 1\n```\n")
-    blocks = python_blocks(text)
-    assert [(code, skipped) for _, code, skipped in blocks] == [
-        ("a = 1\n", False), ("b = 2\n", True), ("c = a + 1\n", False)]
-    assert blocks[0][0] == 3
+@pytest.mark.parametrize("name", sorted(PAGES_WITH_CODE))
+def test_pages_with_code_are_mostly_tested(name: str) -> None:
+    blocks = python_blocks(DOCS / name)
+    tested = [line for line, skipped in blocks if not skipped]
+    assert len(tested) >= PAGES_WITH_CODE[name], (name, len(tested))
+    assert len(tested) >= len(blocks) - 1, f"{name}: more than one block is skipped"
 
 
-def test_pages_with_code_exist_and_are_mostly_tested() -> None:
-    for name, minimum in PAGES_WITH_CODE.items():
-        blocks = python_blocks((DOCS / name).read_text())
-        tested = [b for b in blocks if not b[2]]
-        assert len(tested) >= minimum, (name, len(tested))
-        assert len(tested) >= len(blocks) - 1, f"{name}: more than one block is skipped"
-
-
-@pytest.mark.parametrize("page", _pages())
-def test_page_code_runs(page: str, tmp_path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    path = DOCS / page
-    namespace: dict = {"__name__": f"docs_{path.stem}"}
-    for line, code, skipped in python_blocks(path.read_text()):
-        if skipped:
-            continue
-        # pad with blank lines so that tracebacks point at the right line of the page
-        exec(compile("\n" * (line - 1) + code, str(path), "exec"), namespace)  # noqa: S102
+def test_sybil_collects_every_block_of_the_top_level_pages() -> None:
+    """docs/conftest.py collects one test per block of each top-level page, none below, and
+    ``python -m pytest`` without arguments reaches docs/ (``testpaths``)."""
+    pyproject = (DOCS.parent / "pyproject.toml").read_text()
+    assert re.search(r'^testpaths = \[[^]]*"docs"', pyproject, flags=re.M)
+    run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                          "-p", "no:cacheprovider", str(DOCS)],
+                         capture_output=True, text=True, cwd=DOCS.parent, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    collected: dict[str, int] = {}
+    for line in run.stdout.splitlines():
+        if "::line:" in line:
+            page = line.split("::")[0]
+            collected[page] = collected.get(page, 0) + 1
+    expected = {f"docs/{p.name}": len(python_blocks(p)) for p in sorted(DOCS.glob("*.md"))}
+    expected = {page: count for page, count in expected.items() if count}
+    # Sybil also collects each skip marker as an item of its own
+    markers = {f"docs/{p.name}": p.read_text().count("<!-- skip:") for p in DOCS.glob("*.md")}
+    assert {page: count - markers[page] for page, count in collected.items()} == expected

@@ -59,6 +59,10 @@ QUOTIENTS = {
     "diagonal-inv": lambda: qs.DiagonalQuotient("inv", d=4),
     "diagonal-mix": lambda: qs.DiagonalQuotient("mix", d=4),
     "diagonal-euclidean": lambda: qs.DiagonalQuotient("euclidean", d=4),
+    "rotary-inv": lambda: qs.RotaryQuotient("inv", head_dim=4),
+    "rotary-mix-partial": lambda: qs.RotaryQuotient("mix", head_dim=6, rotary_dims=4),
+    "rotary-mix-interleaved-eps": lambda: qs.RotaryQuotient("mix", eps=0.3, head_dim=4,
+                                                            layout="interleaved"),
     "adaptive": lambda: qs.AdaptiveQuotient("adaptive", shapes=[(3, 4), (5,)]),
     "adaptive-euclidean": lambda: qs.AdaptiveQuotient("euclidean", shapes=[(3, 4), (5,)]),
     "user-relu-neuron": lambda: _tutorial_quotient()(point_shapes=[(4,), (3,)]),
@@ -162,6 +166,8 @@ def test_broadcast_equals_loop(quotient) -> None:
 
 # ---------------------------------------------------------------------------- invariance
 def _bad_group_element(q, x, gen):
+    if isinstance(q, qs.RotaryQuotient):
+        return q.random_group_element(x, condition=1e3, generator=gen)
     if isinstance(q, qs.GLQuotient):
         return q.random_group_element(x, condition=1e3, generator=gen)
     if isinstance(q, qs.ProductQuotient):

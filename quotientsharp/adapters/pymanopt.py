@@ -110,7 +110,7 @@ def riemannian_hessian(quotient: SymmetryQuotient, x: Tensors, egrad: Tensors, e
     ``grad f(x) = P_h(x) g(x)^{-1} egrad(x)`` (the quotient's
     ``euclidean_to_riemannian_gradient``), the horizontal lift of the quotient's Hessian is
 
-        ``Hess f(x)[xi] = P_h( D(grad f)(x)[xi] + Gamma_x(grad f(x), xi) )``,
+        Hess f(x)[xi] = P_h( D(grad f)(x)[xi] + Gamma_x(grad f(x), xi) )
 
     the horizontal part of the Levi-Civita derivative upstairs. ``D(grad f)(x)[xi]`` is the
     derivative of ``(y, e) -> euclidean_to_riemannian_gradient(y, e)`` along ``(xi, ehess)``:

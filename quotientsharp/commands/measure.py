@@ -35,7 +35,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
 
+from . import plain_text
 from .measure_data import JSONL_SUFFIXES, TOKENIZER_FILES, load_batches
 from .measure_model import load_measured_model
 from .measure_options import (
@@ -45,9 +47,13 @@ from .measure_options import (
     add_arguments,
     check_options,
     measure_names,
+    measure_runs,
     options_for,
 )
-from .measure_output import measure_label, results_table, write_json
+from .measure_output import environment, measure_label, results_table, write_json
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "ASCENT_MEASURES",
@@ -56,6 +62,7 @@ __all__ = [
     "TOKENIZER_FILES",
     "InputError",
     "add_parser",
+    "check_device",
     "load_batches",
     "load_measured_model",
     "run",
@@ -66,11 +73,39 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Register the ``measure`` subcommand on an ``argparse`` subparsers object."""
     parser = subparsers.add_parser(
         "measure", help="sharpness of a saved model (HuggingFace directory or torch.save'd "
-        "module) on a dataset (JSONL or torch.save'd tensors)", description=__doc__,
+        "module) on a dataset (JSONL or torch.save'd tensors)", description=plain_text(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     parser.set_defaults(func=run)
     return parser
+
+
+def check_device(text: str) -> torch.device:
+    """The device of ``--device``, or an :class:`InputError` (one line, exit 2) when this torch
+    build or machine does not have it."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except RuntimeError as err:
+        raise InputError(f"--device {text!r}: {err}") from err
+    if device.type == "meta":
+        raise InputError("--device meta holds no data: choose cpu or an accelerator")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = ("this torch build has no CUDA support" if torch.version.cuda is None
+                   else "no CUDA device is visible")
+            raise InputError(f"--device {text}: CUDA is not available ({why}; torch "
+                             f"{torch.__version__}); use --device cpu")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise InputError(f"--device {text}: this machine has {count} CUDA device(s)")
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(f"--device {text} is not usable here: {first}") from err
+    return device
 
 
 def _measure(args: argparse.Namespace) -> int:
@@ -80,11 +115,9 @@ def _measure(args: argparse.Namespace) -> int:
 
     measures = measure_names(args.measure)
     checked = check_options(args, measures)
+    runs = measure_runs(measures, checked)
+    device = check_device(args.device)
     model = load_measured_model(args.model)
-    try:
-        device = torch.device(args.device)
-    except RuntimeError as err:
-        raise InputError(f"--device: {err}") from err
     model = model.to(device=device)
     if args.dtype is not None:
         model = model.to(dtype=getattr(torch, args.dtype))
@@ -96,42 +129,48 @@ def _measure(args: argparse.Namespace) -> int:
           f"{args.batch_size}")
 
     rows, results = [], {}
-    for measure in measures:
+    for measure_run in runs:
+        measure = measure_run.measure
         rho = None if measure == "relative_flatness" else args.rho
         tic = time.perf_counter()
         try:
             result = sharpness(model, batches, measure=measure, rho=rho,
-                               **options_for(measure, args, checked["order"]))
+                               **options_for(measure_run, args))
         except (TypeError, ValueError, IndexError, RuntimeError) as err:
             # the model and the data do not fit together (or an option does not fit the model)
-            raise InputError(f"{measure} sharpness of MODEL {args.model} on DATA {args.data} "
-                             f"failed: {err}") from err
+            raise InputError(f"{measure_label(measure, measure_run.variant or {})} sharpness "
+                             f"of MODEL {args.model} on DATA {args.data} failed: {err}") from err
         seconds = time.perf_counter() - tic
         row = {"label": measure_label(measure, result.settings), "value": result.value,
                "per_batch": result.per_batch, "clean_losses": result.clean_losses,
                "seconds": seconds}
         rows.append(row)
-        results[measure] = {
+        results[measure_run.key] = {
+            "measure": measure,
             "value": result.value, "per_batch": result.per_batch,
             "clean_losses": result.clean_losses, "perturbed_losses": result.perturbed_losses,
             "perturbation_norms": result.perturbation_norms, "excluded": result.excluded,
-            "settings": result.settings, "seconds": seconds}
+            "frozen": result.frozen, "settings": result.settings, "seconds": seconds}
     print(results_table(rows))
 
     if args.json is not None:
+        metrics, orders = checked["metrics"], checked["orders"]
         document = {
             "model": str(args.model), "data": str(args.data),
             "model_class": type(model).__name__, "parameters": parameters,
             "examples": examples, "data_kind": data_kind, "batches": len(batches),
-            "settings": {"measures": measures, "rho": args.rho, "metric": args.metric,
-                         "order": checked["order"], "eps": args.eps, "p": args.p,
+            "settings": {"measures": measures, "keys": [r.key for r in runs], "rho": args.rho,
+                         "metric": metrics[0] if len(metrics) == 1 else metrics,
+                         "order": orders[0] if len(orders) == 1 else orders,
+                         "eps": args.eps, "p": args.p,
                          "samples": args.samples, "layer": args.layer, "loss": args.loss,
                          "batch_size": args.batch_size, "max_batches": args.max_batches,
                          "n_iter": args.n_iter, "seed": args.seed,
                          "max_length": args.max_length, "dtype": args.dtype or dtypes,
                          "device": str(device)},
+            "environment": environment(device),
             "results": results,
-            "value": {measure: results[measure]["value"] for measure in measures},
+            "value": {key: result["value"] for key, result in results.items()},
         }
         write_json(args.json, document)
         print(f"wrote {args.json}")

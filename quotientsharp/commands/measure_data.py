@@ -32,6 +32,10 @@ __all__ = ["JSONL_SUFFIXES", "TOKENIZER_FILES", "load_batches"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
                    "spiece.model", "sentencepiece.bpe.model", "tokenizer.model")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+#: The keys a JSONL row may have ("labels" is read as "label").
+ROW_KEYS = ("input_ids", "attention_mask", "token_type_ids", "text", "text_pair", "label")
+_EXPECTED = ("expected 'input_ids' (pre-tokenised, with optional 'attention_mask' and "
+             "'token_type_ids') or 'text' (with optional 'text_pair'), and 'label'")
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -53,6 +57,11 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
             if "label" not in row:
                 raise InputError(f"DATA {path}, line {number}: no 'label' entry (keys: "
                                  f"{sorted(row)})")
+            unknown = sorted(set(row) - set(ROW_KEYS))
+            if unknown or ("input_ids" not in row and "text" not in row):
+                what = (f"unknown key(s) {unknown}" if unknown
+                        else f"neither 'input_ids' nor 'text' (keys: {sorted(row)})")
+                raise InputError(f"DATA {path}, line {number}: {what}; {_EXPECTED}")
             row["_line"] = number
             rows.append(row)
     if not rows:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +20,23 @@ __all__ = [
     "ASCENT_MEASURES",
     "PROG",
     "InputError",
+    "MEASURE_NAMES",
+    "METRICS",
+    "MeasureRun",
     "add_arguments",
     "check_options",
     "measure_names",
+    "measure_runs",
     "options_for",
 ]
 
 PROG = "quotientsharp measure"
 ASCENT_MEASURES = ("worst_case", "adaptive", "geodesic")
+#: The measures of :func:`quotientsharp.sharpness` (``tests/test_bad_inputs.py`` holds this
+#: list to ``quotientsharp.sharpness.MEASURES``; it is repeated here so that checking
+#: ``--measure`` imports no torch).
+MEASURE_NAMES = ("average", "worst_case", "adaptive", "geodesic", "relative_flatness")
+METRICS = ("inv", "mix", "euclidean")
 
 
 class InputError(ValueError):
@@ -45,8 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="radius (standard deviation for average); required except for "
                         "relative_flatness")
     parser.add_argument("--metric", default="inv",
-                        help="geodesic: inv, mix or euclidean (default inv)")
-    parser.add_argument("--order", default="2", help="geodesic: 1, 2 or exact (default 2)")
+                        help="geodesic: inv, mix or euclidean, or a comma list such as mix,inv "
+                        "for several in one call (default inv)")
+    parser.add_argument("--order", default="2", help="geodesic: 1, 2 or exact, or a comma list "
+                        "such as 1,2 (default 2)")
     parser.add_argument("--eps", type=float, default=0.0,
                         help="geodesic: Gram relaxation G^T G + eps I (default 0)")
     parser.add_argument("--p", default="2", help="worst_case and adaptive: 2 or inf "
@@ -79,17 +91,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def measure_names(requested: Sequence[str] | None) -> list[str]:
     """The measures of ``--measure`` (repeated or comma lists, aliases), in order, no repeats."""
-    from ..sharpness import MEASURES
-
     aliases = {"worst-case": "worst_case", "relative-flatness": "relative_flatness"}
     names: list[str] = []
     for item in requested or ["geodesic"]:
         for part in item.split(","):
             part = part.strip()
             name = aliases.get(part, part)
-            if name not in MEASURES:
+            if name not in MEASURE_NAMES:
                 raise InputError(f"--measure: unknown measure {part!r}; choose from "
-                                 f"{', '.join(sorted(MEASURES))}")
+                                 f"{', '.join(sorted(MEASURE_NAMES))}")
             if name not in names:
                 names.append(name)
     return names
@@ -100,20 +110,61 @@ def _positive_int(value: int | None, option: str) -> None:
         raise InputError(f"{option} must be an integer >= 1, got {value}")
 
 
+def _items(text: str) -> list[str]:
+    """The entries of a comma list, stripped, in order, without repeats."""
+    items: list[str] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if part not in items:
+            items.append(part)
+    return items
+
+
 def _order(text: str) -> int | str:
     if text in ("1", "2"):
         return int(text)
     if text == "exact":
         return text
-    raise InputError(f"--order must be 1, 2 or exact, got {text!r}")
+    raise InputError(f"--order must be 1, 2 or exact (or a comma list of them), got {text!r}")
+
+
+@dataclass(frozen=True)
+class MeasureRun:
+    """One call of :func:`quotientsharp.sharpness`: a measure and, for geodesic sharpness, one
+    metric and order. ``key`` names its entry in the JSON document."""
+
+    key: str
+    measure: str
+    variant: dict[str, Any] = field(default_factory=dict)
+
+
+def measure_runs(measures: Sequence[str], checked: dict[str, Any]) -> list[MeasureRun]:
+    """The calls to make: one per measure, and one per metric and order for geodesic.
+
+    The JSON key is the measure's name, except for geodesic sharpness with several metrics or
+    orders: ``geodesic_{metric}_order{order}`` (e.g. ``geodesic_mix_order2``) for each.
+    """
+    runs: list[MeasureRun] = []
+    for measure in measures:
+        if measure != "geodesic":
+            runs.append(MeasureRun(measure, measure))
+            continue
+        variants = [(m, o) for m in checked["metrics"] for o in checked["orders"]]
+        for metric, order in variants:
+            key = "geodesic" if len(variants) == 1 else f"geodesic_{metric}_order{order}"
+            runs.append(MeasureRun(key, measure, {"metric": metric, "order": order}))
+    return runs
 
 
 def check_options(args: argparse.Namespace, measures: Sequence[str]) -> dict[str, Any]:
     """Validated options shared by all measures."""
     if args.loss not in ("cross_entropy", "mse"):
         raise InputError(f"--loss must be cross_entropy or mse, got {args.loss!r}")
-    if args.metric not in ("inv", "mix", "euclidean"):
-        raise InputError(f"--metric must be inv, mix or euclidean, got {args.metric!r}")
+    metrics = _items(args.metric)
+    for metric in metrics:
+        if metric not in METRICS:
+            raise InputError(f"--metric must be inv, mix or euclidean (or a comma list of "
+                             f"them), got {metric!r}")
     if args.p not in ("2", "inf"):
         raise InputError(f"--p must be 2 or inf, got {args.p!r}")
     for value, option in ((args.batch_size, "--batch-size"), (args.max_batches, "--max-batches"),
@@ -129,16 +180,17 @@ def check_options(args: argparse.Namespace, measures: Sequence[str]) -> dict[str
         raise InputError(f"--rho must be a finite number > 0, got {args.rho}")
     if not (math.isfinite(args.eps) and args.eps >= 0):
         raise InputError(f"--eps must be a finite number >= 0, got {args.eps}")
-    return {"order": _order(args.order)}
+    return {"metrics": metrics, "orders": [_order(o) for o in _items(args.order)]}
 
 
-def options_for(measure: str, args: argparse.Namespace, order: int | str) -> dict[str, Any]:
-    """Keyword options of :func:`quotientsharp.sharpness` for ``measure`` from the arguments."""
+def options_for(run: MeasureRun, args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword options of :func:`quotientsharp.sharpness` for one run from the arguments."""
+    measure = run.measure
     options: dict[str, Any] = {"loss": args.loss, "seed": args.seed, "progress": args.progress}
     if measure in ASCENT_MEASURES:
         options["n_iter"] = args.n_iter
     if measure == "geodesic":
-        options.update(metric=args.metric, order=order, eps=args.eps)
+        options.update(metric=run.variant["metric"], order=run.variant["order"], eps=args.eps)
     if measure in ("worst_case", "adaptive"):
         options["p"] = 2 if args.p == "2" else "inf"
     if measure == "average":

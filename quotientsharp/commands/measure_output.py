@@ -2,13 +2,51 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
+import os
+import platform
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["jsonable", "measure_label", "results_table", "write_json"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["environment", "jsonable", "measure_label", "results_table", "write_json"]
+
+
+def _installed(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """What the numbers were computed with: versions of Python, torch, quotientsharp and
+    transformers, the platform, the device (and its name on CUDA) and torch's thread counts."""
+    import torch
+
+    from .. import __version__
+
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "quotientsharp": __version__,
+        "transformers": _installed("transformers"),
+        "numpy": _installed("numpy"),
+        "platform": platform.platform(),
+        "device": str(device),
+        "cuda": torch.version.cuda,
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+    }
+    if device.type == "cuda":
+        info["device_name"] = torch.cuda.get_device_name(device)
+    return info
 
 
 def measure_label(measure: str, settings: dict[str, Any]) -> str:

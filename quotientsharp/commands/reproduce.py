@@ -14,34 +14,100 @@ torchrun"). Without torchrun nothing changes: no process group, one process.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import importlib.util
+from collections.abc import Callable
+
+from . import plain_text
+
+#: What ``quotientsharp reproduce --help`` says (the module docstring is for developers).
+DESCRIPTION = """\
+Rerun one of the paper's studies: train (or load) a family of models, measure their sharpness
+and write the Kendall rank correlation between generalisation and each measure next to the
+paper's numbers, with per-model files, plots and a summary under results/STUDY/.
+
+quotientsharp reproduce STUDY --help describes a study's design and options. --resume keeps
+what the results folder already holds and computes only what is missing.
+
+Under torchrun (torchrun --nproc_per_node N -m quotientsharp reproduce STUDY ...) the work is
+spread over the ranks and the results are those of one process; --dist-timeout bounds how long
+a rank waits for the others."""
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``reproduce`` and one sub-subcommand per registered study."""
-    from ..experiments import STUDIES
+class _LazyStudies(argparse._SubParsersAction):
+    """Study subparsers whose options are declared only when the study is chosen, so that
+    ``reproduce --help`` lists the studies without importing them (nor torch)."""
 
-    parser = subparsers.add_parser(
-        "reproduce", help="rerun one of the paper's studies (Kendall tau of generalisation "
-        "against sharpness, next to the paper's numbers)", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    studies = parser.add_subparsers(dest="study", required=True, metavar="STUDY")
-    for name, module_path in STUDIES.items():
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.pending: dict[str, Callable[[argparse.ArgumentParser], None]] = {}
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        fill = self.pending.pop(values[0], None) if values else None
+        if fill is not None:
+            fill(self._name_parser_map[values[0]])
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _constant(module_path: str, name: str) -> str | None:
+    """The string constant ``name`` of a module, read from its source without importing it;
+    ``None`` when the module or a literal ``name`` is missing."""
+    try:
+        spec = importlib.util.find_spec(module_path)
+    except ImportError:
+        return None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    with open(spec.origin, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read())
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == name):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+            return value if isinstance(value, str) else None
+    return None
+
+
+def _study_filler(module_path: str) -> Callable[[argparse.ArgumentParser], None]:
+    def fill(study_parser: argparse.ArgumentParser) -> None:
         try:
             module = importlib.import_module(module_path)
         except ImportError as err:
-            # a study whose module (or optional dependency) is missing is left out, not fatal
-            if getattr(err, "name", None) and str(err.name).startswith("quotientsharp"):
-                continue
-            raise
-        study_parser = studies.add_parser(
-            name, help=getattr(module, "HELP", None), description=module.__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter)
+            study_parser.error(f"this study needs a package that is not installed: {err}")
+        study_parser.description = plain_text(module.__doc__)
         module.add_arguments(study_parser)
         study_parser.add_argument(
             "--dist-timeout", type=float, default=DEFAULT_DIST_TIMEOUT, metavar="SECONDS",
             help="under torchrun: how long a rank may wait for the others in one collective "
                  f"before failing (default {DEFAULT_DIST_TIMEOUT:g} s); ignored without torchrun")
+
+    return fill
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``reproduce`` and one sub-subcommand per registered study.
+
+    A study's module is imported (with torch) only when that study is chosen; its one-line
+    ``HELP`` is read from the module's source for ``reproduce --help``.
+    """
+    from ..experiments import STUDIES
+
+    parser = subparsers.add_parser(
+        "reproduce", help="rerun one of the paper's studies (Kendall tau of generalisation "
+        "against sharpness, next to the paper's numbers)", description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    studies = parser.add_subparsers(dest="study", required=True, metavar="STUDY",
+                                    action=_LazyStudies)
+    for name, module_path in STUDIES.items():
+        if importlib.util.find_spec(module_path) is None:
+            continue            # a study whose module is missing is left out, not fatal
+        studies.add_parser(name, help=_constant(module_path, "HELP"),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        studies.pending[name] = _study_filler(module_path)
     return parser
 
 
@@ -82,5 +148,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         return int(module.run(args) or 0)
+    except RuntimeError as err:
+        from ..distributed import describe_collective_failure
+
+        message = describe_collective_failure(err, timeout)
+        if message is None:
+            raise
+        print(f"{prefix} {message}", file=sys.stderr)
+        return 1
     finally:
         dist.destroy_process_group()

@@ -6,18 +6,18 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
-
 
 def builtin_quotients() -> list:
     """One instance of every built-in quotient and metric (the engine's factors)."""
     from ..adaptive import AdaptiveQuotient
     from ..diagonal import DiagonalQuotient
-    from ..gl import GLQuotient
+    from ..gl import GLQuotient, RotaryQuotient
 
     quotients: list = [DiagonalQuotient(metric, d=4) for metric in ("inv", "mix", "euclidean")]
     quotients += [GLQuotient(metric) for metric in ("inv", "mix", "euclidean")]
     quotients += [GLQuotient(metric, eps=0.1) for metric in ("inv", "mix")]
+    quotients += [RotaryQuotient(metric, head_dim=4) for metric in ("inv", "mix")]
+    quotients += [RotaryQuotient("mix", head_dim=6, rotary_dims=4, layout="interleaved")]
     quotients += [AdaptiveQuotient(metric, shapes=[(3, 4), (5,)])
                   for metric in ("adaptive", "euclidean")]
     return quotients
@@ -27,11 +27,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("verify", help="check every built-in quotient's closed forms "
                               "against autograd references, Taylor slopes and invariances")
     p.add_argument("--seeds", type=int, default=2, help="number of random seeds (default 2)")
-    p.add_argument("--dtype", choices=["float64", "float32", "both"], default="both")
+    p.add_argument("--dtype", choices=["float64", "float32", "both"], default="both",
+                   help="dtype of the random points (default both)")
     p.add_argument("--json", type=Path, default=None, help="also write the results as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from ..checks import check_all, format_results
 
     dtypes = {"float64": [torch.float64], "float32": [torch.float32],

@@ -34,6 +34,12 @@ METRIC_TYPES: dict[str, type[DiagonalMetric]] = {"inv": DiagonalInvMetric,
 METRICS = tuple(METRIC_TYPES)
 
 
+def _transformed(tensor: object) -> bool:
+    """Whether ``tensor`` is a ``torch.func`` wrapper (inside vmap, grad or jvp)."""
+    return isinstance(tensor, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(
+        tensor)
+
+
 class DiagonalQuotient(ClosedFormQuotient):
     """Diagonal networks ``(u, v)``, ``shape=[..., d]`` each, modulo coordinatewise rescaling.
 
@@ -93,6 +99,27 @@ class DiagonalQuotient(ClosedFormQuotient):
                     raise ValueError(f"{name} has u = v = 0 at coordinates {where.tolist()[:5]}: "
                                      "the orbit is degenerate there")
         return x
+
+    def inner(self, x: Tensors, u: Tensors, v: Tensors) -> torch.Tensor:
+        """Metric ``<u, v>_x``; with value checks on, zero coordinates of an invariant metric
+        raise as in :meth:`check_point` (the inv metric divides by them, the mix metric is
+        degenerate there). Skipped inside ``torch.func`` transforms, where the point was
+        checked by the caller."""
+        self._check_metric_defined(x)
+        return super().inner(x, u, v)
+
+    def norm(self, x: Tensors, u: Tensors) -> torch.Tensor:
+        """Riemannian norm ``||u||_x``; zero coordinates raise as in :meth:`inner`."""
+        self._check_metric_defined(x)
+        return super().norm(x, u)
+
+    def _check_metric_defined(self, x: Tensors) -> None:
+        if isinstance(x, (tuple, list)) and any(_transformed(t) for t in x):
+            return
+        if value_checks_enabled() and self.metric.group_invariant:
+            self.check_point(x)
+        else:
+            super().check_point(x)      # a tuple of floating tensors: free checks only
 
     def submersion(self, x: Tensors) -> torch.Tensor:
         """The quotient map ``pi(u, v) = u v``, ``shape=[..., d]``: what the network sees."""

@@ -199,11 +199,20 @@ def environment_versions() -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- files
+def _new_file_mode() -> int:
+    """``0666`` less the umask: the mode ``open(path, "w")`` gives a new file (``mkstemp``'s
+    temporary files are ``0600``, which the renamed result would otherwise keep)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON to a temporary file beside ``path`` and rename it over ``path``."""
     path = Path(path)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(temporary, _new_file_mode())
         with os.fdopen(handle, "w") as stream:
             json.dump(data, stream, indent=1, sort_keys=False)
             stream.write("\n")
@@ -219,6 +228,7 @@ def write_jsonl_atomic(path: Path, records: Iterable[Mapping[str, Any]]) -> None
     path = Path(path)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(temporary, _new_file_mode())
         with os.fdopen(handle, "w") as stream:
             for record in records:
                 stream.write(json.dumps(record, allow_nan=True) + "\n")

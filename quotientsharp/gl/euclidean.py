@@ -35,6 +35,10 @@ class EuclideanPoint(EuclideanMetricPoint, GLPoint):
         d = self.diagonal
         return d(self.gram_g).unsqueeze(-1) + d(self.gram_h).unsqueeze(-2)
 
+    def gram_operator(self, L: torch.Tensor) -> torch.Tensor:
+        gram_g, gram_h = self._work_grams
+        return gram_g @ L + L @ gram_h
+
     def vertical_projection(self, u: Tensors) -> Tensors:
         values_g, vectors_g, values_h, vectors_h = self.gram_eigen
         denominators = values_g.unsqueeze(-1) + values_h.unsqueeze(-2)

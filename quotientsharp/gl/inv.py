@@ -56,6 +56,11 @@ class InvPoint(GLPoint):
         return (d(self.gram_g).unsqueeze(-1) * d(self.inverse_g).unsqueeze(-2)
                 + d(self.inverse_h).unsqueeze(-1) * d(self.gram_h).unsqueeze(-2))
 
+    def gram_operator(self, L: torch.Tensor) -> torch.Tensor:
+        inverse_g, inverse_h = self.work_inverses
+        gram_g, gram_h = self._work_grams
+        return inverse_h @ L @ gram_h + gram_g @ L @ inverse_g
+
     @cached_property
     def _sylvester(self) -> tuple[torch.Tensor, ...]:
         """``B_G = G F``, ``B_H = H E`` and the eigen-solution of their Gram matrices."""

@@ -104,6 +104,7 @@ class GLPoint(ClosedFormPoint):
             eye = torch.eye(G.shape[-1], dtype=self.work_dtype, device=G.device)
             relaxed_g, relaxed_h = gram_g + self.eps * eye, gram_h + self.eps * eye
         self._work_grams = (gram_g, gram_h)
+        self._work_relaxed = (relaxed_g, relaxed_h)
         self.gram_g, self.gram_h = self._cast(gram_g), self._cast(gram_h)
         self.relaxed_g, self.relaxed_h = self._cast(relaxed_g), self._cast(relaxed_h)
         self._work_cholesky: tuple[torch.Tensor, ...] = ()
@@ -133,6 +134,11 @@ class GLPoint(ClosedFormPoint):
         identities = torch.diag_embed(torch.ones(cholesky.shape[:-1], dtype=cholesky.dtype,
                                                  device=cholesky.device))
         return torch.linalg.solve_triangular(cholesky, identities, upper=False)
+
+    @cached_property
+    def work_inverses(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``S_G^{-1}`` and ``S_H^{-1}`` in the working dtype."""
+        return self._inverse(self._work_cholesky[0]), self._inverse(self._work_cholesky[1])
 
     @cached_property
     def inverse_g(self) -> torch.Tensor:
@@ -176,6 +182,14 @@ class GLPoint(ClosedFormPoint):
 
     def vertical_norms_squared(self) -> torch.Tensor:
         """``||V(E_kl)||^2`` for the basis ``E_kl`` of ``gl(h)``, ``shape=[..., h, h]``."""
+        raise NotImplementedError
+
+    def gram_operator(self, L: torch.Tensor) -> torch.Tensor:
+        """``Gram(L) = M(V(L))`` in the working dtype, for ``L`` in the working dtype.
+
+        ``<V(X), V(L)> = <X, Gram(L)>_F``: the metric restricted to the vertical space, in
+        closed form from the Gram matrices (``h x h`` work only).
+        """
         raise NotImplementedError
 
     # ------------------------------------------------------------------ shared

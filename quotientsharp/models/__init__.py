@@ -9,18 +9,68 @@
 Any other symmetry: attach its quotient to named parameters with :class:`QuotientBinding`.
 """
 
-from .binding import QuotientBinding
-from .layout import Coordinates, ParameterLayout
-from .reparametrize import reparametrize
-from .report import (
-    AttentionModule,
-    AttentionPair,
-    DiagonalPair,
-    FactorSource,
-    PairGroup,
-    SymmetryReport,
-)
-from .walker import find_symmetries
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+#: Public name -> its module; imported on first use, so that the ``symmetries`` subcommand's
+#: parser (:mod:`.cli`) is built without importing torch.
+_EXPORTS = {
+    "AttentionModule": ".report",
+    "AttentionPair": ".report",
+    "Coordinates": ".layout",
+    "DiagonalPair": ".report",
+    "FactorSource": ".report",
+    "PairGroup": ".report",
+    "ParameterLayout": ".layout",
+    "QuotientBinding": ".binding",
+    "SymmetryReport": ".report",
+    "find_symmetries": ".walker",
+    "reparametrize": ".reparametrize",
+}
+
+if TYPE_CHECKING:
+    from .binding import QuotientBinding
+    from .layout import Coordinates, ParameterLayout
+    from .reparametrize import reparametrize
+    from .report import (
+        AttentionModule,
+        AttentionPair,
+        DiagonalPair,
+        FactorSource,
+        PairGroup,
+        SymmetryReport,
+    )
+    from .walker import find_symmetries
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+class _Package(types.ModuleType):
+    """Keeps ``quotientsharp.models.reparametrize`` the function when its module is imported
+    (the import system sets the package attribute to the submodule of the same name)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _EXPORTS and isinstance(value, types.ModuleType) and hasattr(value, name):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
 
 __all__ = [
     "AttentionModule",

@@ -14,12 +14,12 @@ import pickle
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+if TYPE_CHECKING:       # torch is imported when a command runs, not for --help
+    from torch import nn
 
-from .report import SymmetryReport
-from .walker import find_symmetries
+    from .report import SymmetryReport
 
 __all__ = ["add_parser", "load_model", "main", "report_to_dict", "run"]
 
@@ -28,7 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Register the ``symmetries`` subcommand on an ``argparse`` subparsers object."""
     parser = subparsers.add_parser(
         "symmetries", help="list the symmetry groups (attention GL(h) pairs, diagonal GL(1)) of a "
-        "model", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "model", description=_plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="HuggingFace config JSON, a directory with config.json, "
                         "or a torch.save'd nn.Module file")
     parser.add_argument("--diagonal", action="append", default=[], metavar="U,V",
@@ -39,7 +39,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
+def _plain(text: str | None) -> str | None:
+    from ..commands import plain_text
+
+    return plain_text(text)
+
+
 def _config_model(config_file: Path) -> nn.Module:
+    import torch
+    from torch import nn
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import transformers
@@ -68,6 +77,9 @@ def _config_model(config_file: Path) -> nn.Module:
 
 def load_model(path: str | os.PathLike) -> nn.Module:
     """Build or load the module that ``path`` describes (see the module docstring)."""
+    import torch
+    from torch import nn
+
     path = Path(path)
     if path.is_dir():
         config_file = path / "config.json"
@@ -131,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         diagonal.append((parts[0], parts[1]))
+    from .walker import find_symmetries
+
     try:
         model = load_model(args.model)
         report = find_symmetries(model, diagonal=diagonal or None)

@@ -27,6 +27,7 @@ from .batches import resolve_loss, split_batch
 from .functional import FunctionalModel, checked_clean_loss
 from .geometry import OTHER_PATHS
 from .measures import (
+    NONFINITE_POLICIES,
     AscentMeasure,
     AverageMeasure,
     BatchOutcome,
@@ -41,7 +42,8 @@ from .solver import AscentSettings, checkpoints
 
 __all__ = ["MEASURES", "SharpnessResult", "sharpness"]
 
-_COMMON = {"loss": None, "seed": 0, "progress": None, "keep_perturbations": False}
+_COMMON = {"loss": None, "seed": 0, "progress": None, "keep_perturbations": False,
+           "nonfinite": "raise"}
 _ASCENT = {"n_iter": 20, "eta0": None, "alpha": 0.75, "random_init": False, "restarts": 0}
 #: Options of each measure and their defaults.
 MEASURES: dict[str, dict[str, Any]] = {
@@ -81,6 +83,13 @@ class SharpnessResult:
     perturbations
         With ``keep_perturbations=True``: per batch, the parameter-space displacement of the
         best perturbation by parameter name (geometry dtype); otherwise ``None``.
+    frozen
+        Parameters with ``requires_grad=False``: never perturbed (they keep their values, as in
+        training), so they are outside every measure.
+    nonfinite_evaluations
+        Per batch, the perturbed evaluations whose loss was NaN or inf. Always zero with
+        ``nonfinite="raise"`` (the default), which raises on the first one; with
+        ``nonfinite="skip"`` they were left out (never the best iterate, not in the mean).
     """
 
     measure: str
@@ -92,14 +101,32 @@ class SharpnessResult:
     perturbed_losses: list[float] = field(default_factory=list)
     excluded: list[str] = field(default_factory=list)
     perturbations: list[dict[str, torch.Tensor]] | None = None
+    frozen: list[str] = field(default_factory=list)
+    nonfinite_evaluations: list[int] = field(default_factory=list)
 
     def __float__(self) -> float:
         return self.value
 
+    @property
+    def variant(self) -> str:
+        """The settings that tell this measure's variants apart: ``"metric mix, order 2"``
+        for geodesic sharpness, ``"p=inf"`` for a box, ``""`` otherwise."""
+        settings = self.settings
+        if self.measure == "geodesic":
+            return f"metric {settings.get('metric')}, order {settings.get('order')}"
+        if self.measure in ("worst_case", "adaptive") and settings.get("p") == "inf":
+            return "p=inf"
+        if self.measure == "relative_flatness" and settings.get("layer"):
+            return f"layer {settings['layer']}"
+        return ""
+
     def summary(self) -> str:
-        """One readable line."""
-        return (f"{self.measure} sharpness {self.value:.6g} over {len(self.per_batch)} batch(es) "
-                f"(rho={self.settings.get('rho')})")
+        """One readable line: measure (with metric and order for geodesic), value, batches, rho."""
+        variant = f" ({self.variant})" if self.variant else ""
+        skipped = sum(self.nonfinite_evaluations)
+        note = f", {skipped} non-finite evaluation(s) skipped" if skipped else ""
+        return (f"{self.measure} sharpness{variant} {self.value:.6g} over "
+                f"{len(self.per_batch)} batch(es) (rho={self.settings.get('rho')}{note})")
 
 
 # ---------------------------------------------------------------------------- option checks
@@ -117,6 +144,19 @@ def _check_rho(rho: object, needed: bool) -> float | None:
     if not math.isfinite(rho) or rho <= 0:
         raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
     return float(rho)
+
+
+def _check_radius_fits(rho: float | None, eta0: float | None, dtype: torch.dtype) -> None:
+    """Raise when ``rho`` (or the step ``eta0``) is so large that the squared norm of a
+    perturbation overflows the geometry's dtype: the ball's rescale would silently return 0."""
+    limit = math.sqrt(torch.finfo(dtype).max) / 16
+    name = str(dtype).removeprefix("torch.")
+    for label, value in (("rho", rho), ("eta0", eta0)):
+        if value is not None and value >= limit:
+            raise ValueError(f"{label}={value:g} is too large for the geometry's {name}: the "
+                             f"squared norm of a perturbation that size overflows (largest "
+                             f"finite {name}: {torch.finfo(dtype).max:.3g}), which would "
+                             f"silently shrink every step to zero; use {label} < {limit:.3g}")
 
 
 def _check_p(p: object) -> float:
@@ -137,6 +177,31 @@ def _check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}")
     return value
+
+
+#: ``torch.Generator.manual_seed`` takes 64-bit seeds.
+_SEED_LIMIT = 2 ** 64
+
+
+def _check_seed(seed: object) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an integer, got {type(seed).__name__}")
+    if not 0 <= seed < _SEED_LIMIT:
+        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+    return seed
+
+
+def _check_progress(progress: object) -> bool | None:
+    if progress is not None and not isinstance(progress, bool):
+        raise TypeError(f"progress must be a bool or None (None: a bar only on a terminal), "
+                        f"got {progress!r}")
+    return progress
+
+
+def _check_nonfinite(policy: object) -> str:
+    if policy not in NONFINITE_POLICIES:
+        raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {policy!r}")
+    return str(policy)
 
 
 def _resolve_options(measure: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -171,6 +236,11 @@ def _layout_for(model: nn.Module, functional: FunctionalModel, symmetries: Any,
     elif hasattr(symmetries, "to_coordinates") and hasattr(symmetries, "to_parameters"):
         return symmetries, {"symmetries": type(symmetries).__name__}
     else:
+        from ..models import SymmetryReport
+        if not isinstance(symmetries, SymmetryReport):
+            raise TypeError(f"symmetries must be 'auto', 'none', a SymmetryReport, a "
+                            f"ParameterLayout or QuotientBinding(s), got "
+                            f"{type(symmetries).__name__} {symmetries!r}")
         report = symmetries
     from ..models import ParameterLayout
     if report.unknown:
@@ -198,7 +268,8 @@ def _make_measure(measure: str, model: nn.Module, functional: FunctionalModel,
     if measure == "average":
         samples = _check_int("samples", opts["samples"], 1)
         adaptive = _check_bool("adaptive", opts["adaptive"])
-        return AverageMeasure(functional, rho, adaptive, samples, generator), extra
+        return AverageMeasure(functional, rho, adaptive, samples, generator,
+                              opts["nonfinite"]), extra
 
     settings = AscentSettings(n_iter=opts["n_iter"], eta0=opts["eta0"], alpha=opts["alpha"],
                               random_init=opts["random_init"], restarts=opts["restarts"])
@@ -210,7 +281,7 @@ def _make_measure(measure: str, model: nn.Module, functional: FunctionalModel,
         extra["p"] = "inf" if math.isinf(p) else 2
         extra["adaptive"] = adaptive
         build = plain_builder(functional, rho, p, adaptive)
-        return AscentMeasure(functional, settings, generator, build), extra
+        return AscentMeasure(functional, settings, generator, build, opts["nonfinite"]), extra
 
     metric = opts["metric"]
     if metric not in GL_METRICS:
@@ -233,7 +304,7 @@ def _make_measure(measure: str, model: nn.Module, functional: FunctionalModel,
     extra.update(summary)
     build = geodesic_builder(functional, rho, layout, metric, order, float(eps), exact_steps,
                              opts["other_metric"], opts["other_path"])
-    return AscentMeasure(functional, settings, generator, build), extra
+    return AscentMeasure(functional, settings, generator, build, opts["nonfinite"]), extra
 
 
 def _progress_bar(batches: Iterable, per_batch: int, progress: bool | None, measure: str):
@@ -265,7 +336,10 @@ def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
     **options
         Common: ``loss`` (``None``/``"cross_entropy"``, ``"mse"`` or ``loss(output, target)``),
         ``seed`` (random starts and draws; same seed, same value), ``progress`` (tqdm bar:
-        ``True``/``False``; ``None`` shows it on a terminal only), ``keep_perturbations``.
+        ``True``/``False``; ``None`` shows it on a terminal only), ``keep_perturbations``,
+        ``nonfinite`` (``"raise"``: a NaN or inf perturbed loss raises a ``ValueError`` naming
+        the batch, the solver iteration and the likely cause; ``"skip"``: such evaluations are
+        left out, counted in ``result.nonfinite_evaluations``, with a warning).
 
         Ascent measures (Auto-PGD, Croce & Hein 2020): ``n_iter=20``, ``eta0=None`` (``2 rho``),
         ``alpha=0.75``, ``random_init=False``, ``restarts=0``.
@@ -295,7 +369,12 @@ def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
 
     Notes
     -----
-    Parameters whose loss gradient is ``None`` on the first batch are excluded with a warning.
+    Parameters whose loss gradient is ``None`` on the first batch are excluded with a warning;
+    frozen parameters (``requires_grad=False``) are never perturbed and listed in
+    ``result.frozen``. Each batch is checked once, before its ascent: an empty batch, token ids
+    outside the vocabulary, class labels out of range (or all ``-100``), labels and outputs of
+    different sizes, an integer model output and class labels with ``loss="mse"`` raise an
+    error naming the batch.
     Half-precision and bfloat16 models are measured with geometry, gradients and losses in
     float32 (float64 if any parameter is float64); perturbed parameters are cast back to each
     parameter's own dtype for the forward.
@@ -309,14 +388,17 @@ def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
     rho = _check_rho(rho, measure != "relative_flatness")
     if isinstance(batches, (torch.Tensor, str, bytes)) or not isinstance(batches, Iterable):
         raise TypeError(f"batches must be an iterable of batches, got {type(batches).__name__}")
-    seed = _check_int("seed", opts["seed"], 0)
+    seed = _check_seed(opts["seed"])
     keep = _check_bool("keep_perturbations", opts["keep_perturbations"])
+    _check_progress(opts["progress"])
+    _check_nonfinite(opts["nonfinite"])
     loss = resolve_loss(opts["loss"])
 
     functional = FunctionalModel(model, (loss[0], loss[2]))
     functional.check_finite()
     generator = torch.Generator(device=functional.device).manual_seed(seed)
     evaluator, extra = _make_measure(measure, model, functional, rho, opts, generator)
+    _check_radius_fits(rho, extra.get("eta0"), functional.dtype)
 
     modes = {module: module.training for module in model.modules()}
     outcomes: list[BatchOutcome] = []
@@ -332,8 +414,9 @@ def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
             if index == 0:
                 # one forward+backward finds the parameters without gradient; the measure
                 # reuses it as the clean loss and the ascent's evaluation at xi = 0
-                first = FirstEvaluation(*functional.loss_and_gradients(batch))
-                checked_clean_loss(first.loss, index)
+                with functional.checking():
+                    first = FirstEvaluation(*functional.loss_and_gradients(batch))
+                checked_clean_loss(first.loss, index, batch, functional)
                 excluded = [n for n, g in first.gradients.items() if g is None]
                 evaluator.setup(excluded)
             with value_checks(False):
@@ -347,6 +430,11 @@ def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
         if bar is not None:
             bar.close()
 
+    skipped = [o.nonfinite for o in outcomes]
+    if sum(skipped):
+        warnings.warn(f"{sum(skipped)} perturbed evaluation(s) with a NaN or inf loss were "
+                      f"skipped (nonfinite='skip'; per batch: {skipped}): the values are the "
+                      "best over the finite evaluations only", UserWarning, stacklevel=2)
     values = torch.stack([o.value for o in outcomes]).tolist()
     norms = [{k: float(v) for k, v in o.norms.items()} for o in outcomes]
     settings = {"measure": measure, "rho": rho, "n_batches": len(outcomes),
@@ -363,4 +451,6 @@ def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
         perturbed_losses=torch.stack([o.perturbed for o in outcomes]).tolist(),
         excluded=list(excluded),
         perturbations=[o.perturbation for o in outcomes] if keep else None,
+        frozen=list(functional.frozen),
+        nonfinite_evaluations=skipped,
     )

@@ -30,9 +30,65 @@ from .batches import Batch
 from .coordinates import BoundCoordinates, LayoutCoordinates, PlainCoordinates
 from .functional import FunctionalModel, checked_clean_loss
 from .geometry import build_geometry
-from .solver import AscentSettings, ascend
+from .solver import AscentOutcome, AscentSettings, ascend
 
 Tensors = tuple[torch.Tensor, ...]
+
+#: What to do with a NaN or inf perturbed loss: ``"raise"`` (default) a
+#: :class:`NonFiniteLossError`, or ``"skip"`` the evaluation (never the best; counted in
+#: ``SharpnessResult.nonfinite_evaluations``, with a warning).
+NONFINITE_POLICIES = ("raise", "skip")
+
+
+class NonFiniteLossError(ValueError):
+    """A perturbed loss was NaN or inf (``nonfinite="raise"``); the message names the batch,
+    the evaluation and the likely cause."""
+
+
+def likely_cause(model: FunctionalModel, rho: float | None) -> str:
+    """The likely reason for a non-finite perturbed loss, and what to do about it."""
+    half = sorted({str(d).removeprefix("torch.") for d in model.dtypes.values()
+                   if d in (torch.float16, torch.bfloat16)})
+    if half:
+        return (f"likely cause: half-precision overflow: the model runs in {', '.join(half)} "
+                "(float16's largest finite value is 65504), so a perturbed forward overflowed; "
+                "measure a float32 copy (model.float()) or use a smaller rho")
+    radius = "" if rho is None else f"rho={rho:g} "
+    dtype = str(model.dtype).removeprefix("torch.")
+    return (f"likely cause: the radius {radius}is too large for {dtype}: the perturbed "
+            "parameters or activations overflow (or leave the loss's domain); use a smaller "
+            "rho")
+
+
+_SKIP_HINT = ("; or pass nonfinite='skip' to keep the best over the finite evaluations "
+              "(recorded in result.settings and result.nonfinite_evaluations)")
+
+
+def _check_ascent(outcome: AscentOutcome, index: int, settings: AscentSettings,
+                  model: FunctionalModel, rho: float | None, policy: str) -> int:
+    """The number of non-finite evaluations of one batch's ascent; raises under ``"raise"``
+    (or when no evaluation was finite). One host sync, after the ascent."""
+    if outcome.nonfinite_count is None:
+        return 0
+    count, best = torch.stack([outcome.nonfinite_count.to(outcome.loss.dtype),
+                               outcome.loss]).tolist()
+    if count == 0:
+        return 0
+    if policy == "skip" and math.isfinite(best):
+        return int(count)
+    at = torch.stack(outcome.nonfinite_at).tolist()
+    run = next(r for r, k in enumerate(at) if k >= 0)
+    value = float(outcome.nonfinite_loss[run])
+    where = "the starting point (iteration 0)" if at[run] == 0 else (
+        f"solver iteration {at[run]} of {settings.n_iter}")
+    runs = f" of run {run} (of {settings.runs})" if settings.runs > 1 else ""
+    total = settings.runs * settings.evaluations_per_run
+    none_finite = " No evaluation was finite." if not math.isfinite(best) else ""
+    raise NonFiniteLossError(
+        f"batch {index}: the perturbed loss is {value} at {where}{runs}; {int(count)} of "
+        f"{total} evaluations were not finite.{none_finite} The clean loss is finite, so the "
+        f"perturbation caused it: {likely_cause(model, rho)}"
+        + (_SKIP_HINT if policy == "raise" else ""))
 
 
 @dataclass
@@ -56,6 +112,7 @@ class BatchOutcome:
     perturbed: torch.Tensor
     norms: dict[str, torch.Tensor]
     perturbation: dict[str, torch.Tensor] | None = None
+    nonfinite: int = 0
 
 
 # ---------------------------------------------------------------------------- objective
@@ -87,13 +144,15 @@ class AverageMeasure:
     """``E_delta[L(theta + delta)] - L(theta)``, ``delta ~ N(0, rho^2 diag(c^2))``.
 
     ``c = |theta|`` with ``adaptive``, else ``1``; ``samples`` draws per batch. The reported
-    norm is the mean ``||delta / c||_2`` of the draws, the kept perturbation the last draw.
+    norm is the mean ``||delta / c||_2`` of the draws, the kept perturbation the last draw. A
+    draw with a NaN or inf loss raises (``nonfinite="raise"``) or is left out of the mean
+    (``"skip"``; with no finite draw the batch raises).
     """
 
     def __init__(self, model: FunctionalModel, rho: float, adaptive: bool, samples: int,
-                 generator: torch.Generator) -> None:
+                 generator: torch.Generator, nonfinite: str = "raise") -> None:
         self.model, self.rho, self.adaptive, self.samples = model, rho, adaptive, samples
-        self.generator = generator
+        self.generator, self.nonfinite = generator, nonfinite
         self.coordinates: PlainCoordinates | None = None
 
     def setup(self, excluded: Sequence[str]) -> None:
@@ -116,21 +175,39 @@ class AverageMeasure:
         if first is not None:
             clean = first.loss
         else:
-            with torch.no_grad():
-                clean = checked_clean_loss(self.model.loss(batch, {}), index)
+            with torch.no_grad(), self.model.checking():
+                clean = checked_clean_loss(self.model.loss(batch, {}), index, batch, self.model)
         total = torch.zeros((), dtype=self.model.dtype, device=self.model.device)
         norm_sum = torch.zeros_like(total)
-        for _ in range(self.samples):
+        finite = torch.zeros((), dtype=torch.int64, device=self.model.device)
+        first_bad = torch.full_like(finite, -1)
+        bad_loss = torch.zeros_like(total)
+        for sample in range(self.samples):
             deltas = tuple(self.rho * d for d in self.frozen.isotropic(self.generator))
             point = tuple(w + d for w, d in zip(self.coordinates.base, deltas, strict=True))
             with torch.no_grad():
-                total = total + self.model.loss(batch, self.coordinates.updates(point))
+                loss = self.model.loss(batch, self.coordinates.updates(point))
+            ok = torch.isfinite(loss)
+            new_bad = ~ok & (first_bad < 0)
+            first_bad = torch.where(new_bad, sample, first_bad)
+            bad_loss = torch.where(new_bad, loss, bad_loss)
+            total = total + torch.where(ok, loss, torch.zeros_like(loss))
+            finite = finite + ok.to(finite.dtype)
             norm_sum = norm_sum + self.frozen.norm(deltas)
             tick()
-        mean = total / self.samples
+        count, at = torch.stack([finite, first_bad]).tolist()
+        if at >= 0 and (self.nonfinite == "raise" or count == 0):
+            none = " No draw was finite." if count == 0 else ""
+            raise NonFiniteLossError(
+                f"batch {index}: the perturbed loss is {float(bad_loss)} at draw {at} of "
+                f"{self.samples}; {self.samples - count} of {self.samples} draws were not "
+                f"finite.{none} The clean loss is finite, so the perturbation caused it: "
+                f"{likely_cause(self.model, self.rho)}"
+                + (_SKIP_HINT if self.nonfinite == "raise" else ""))
+        mean = total / count
         perturbation = (dict(zip(self.coordinates.names, deltas, strict=True)) if keep else None)
         return BatchOutcome(mean - clean, clean, mean, {"total": norm_sum / self.samples},
-                            perturbation)
+                            perturbation, self.samples - count)
 
 
 class AscentMeasure:
@@ -147,11 +224,16 @@ class AscentMeasure:
     build
         ``excluded -> (geometry, coordinates)``: called once, after the first batch has told
         which parameters receive no gradient.
+    nonfinite
+        ``"raise"``: a NaN or inf perturbed loss raises :class:`NonFiniteLossError` after the
+        ascent; ``"skip"``: such evaluations are failed steps (see :func:`.solver.ascend`),
+        counted in the outcome.
     """
 
     def __init__(self, model: FunctionalModel, settings: AscentSettings,
-                 generator: torch.Generator, build) -> None:
+                 generator: torch.Generator, build, nonfinite: str = "raise") -> None:
         self.model, self.settings, self.generator = model, settings, generator
+        self.nonfinite = nonfinite
         self._build = build
         self.geometry: GeodesicBall | BoxGeometry | None = None
         self.coordinates: Any = None
@@ -199,25 +281,30 @@ class AscentMeasure:
             if first is not None:
                 clean = first.loss
             else:
-                with torch.no_grad():
-                    clean = checked_clean_loss(self.model.loss(batch, {}), index)
+                with torch.no_grad(), self.model.checking():
+                    clean = checked_clean_loss(self.model.loss(batch, {}), index, batch,
+                                               self.model)
         elif first is not None:
             # the solver's first evaluation is at xi = 0, i.e. at theta: it is the clean loss
             clean = first.loss
             initial = (first.loss, self._gradient_from_parameters(first.gradients))
         else:
-            loss, grads = objective(self.geometry.zeros())
-            clean = checked_clean_loss(loss, index)
+            with self.model.checking():
+                loss, grads = objective(self.geometry.zeros())
+            clean = checked_clean_loss(loss, index, batch, self.model)
             initial = (loss, grads)
         outcome = ascend(self.geometry, objective, self.settings, self.generator, tick,
-                         initial=initial)
+                         initial=initial, skip_nonfinite=self.nonfinite == "skip")
+        skipped = _check_ascent(outcome, index, self.settings, self.model,
+                                float(self.geometry.radius), self.nonfinite)
         norms = self.geometry.block_norms(outcome.xi)
         perturbation = None
         if keep:
             with torch.no_grad():
                 moved = self.coordinates.updates(self.geometry.point(outcome.xi))
                 perturbation = {n: t - self.model.theta_geometry[n] for n, t in moved.items()}
-        return BatchOutcome(outcome.loss - clean, clean, outcome.loss, norms, perturbation)
+        return BatchOutcome(outcome.loss - clean, clean, outcome.loss, norms, perturbation,
+                            skipped)
 
 
 def plain_builder(model: FunctionalModel, rho: float, p: float, adaptive: bool):
@@ -335,8 +422,10 @@ class RelativeFlatness:
         total = torch.zeros((), dtype=self.rows.dtype, device=self.rows.device)
         count = self.values.numel() * self.rows.shape[1]
         with torch.enable_grad(), sdpa_kernel(SDPBackend.MATH):
-            loss = self.model.loss(batch, {self.weight_name: weight.reshape(shape)})
-            clean = first.loss if first is not None else checked_clean_loss(loss.detach(), index)
+            with self.model.checking():
+                loss = self.model.loss(batch, {self.weight_name: weight.reshape(shape)})
+            clean = first.loss if first is not None else checked_clean_loss(
+                loss.detach(), index, batch, self.model)
             (grad,) = torch.autograd.grad(loss, weight, create_graph=True)
             if grad.requires_grad:
                 for start in range(0, count, self.chunk):
@@ -345,6 +434,12 @@ class RelativeFlatness:
                     products = self._hvp(grad, weight, directions)
                     total = total + (weights * (directions * products).sum((-2, -1))).sum()
         tick()
+        if not bool(torch.isfinite(total)):
+            raise NonFiniteLossError(
+                f"batch {index}: relative flatness is {float(total)}: the Hessian-vector "
+                f"products of layer weight {self.weight_name!r} are not finite although the "
+                f"clean loss is (an overflow in "
+                f"{str(self.model.dtype).removeprefix('torch.')}?)")
         return BatchOutcome(total.detach(), clean, clean, {})
 
     @staticmethod
