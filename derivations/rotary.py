@@ -70,8 +70,8 @@ def package_basis(head_dim: int, rotary_dims: int, layout: str) -> list[sympy.Ma
     out = []
     for element in basis:
         scale = float(element.abs().max())
-        out.append(sympy.Matrix(head_dim, head_dim,
-                                [sympy.Integer(round(float(v) / scale)) for v in element.flatten()]))
+        entries = [sympy.Integer(round(float(v) / scale)) for v in element.flatten()]
+        out.append(sympy.Matrix(head_dim, head_dim, entries))
     return out
 
 
