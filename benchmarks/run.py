@@ -458,7 +458,8 @@ def row_closed_forms(ctx: Context) -> Row:
         x = (gaussian(s.gl_pairs, s.gl_n, s.gl_h), gaussian(s.gl_pairs, s.gl_m, s.gl_h))
         cases.append((f"GL {metric} ({s.gl_pairs} x n={s.gl_n}, m={s.gl_m}, h={s.gl_h})",
                       quotient, x, (gaussian(*x[0].shape), gaussian(*x[1].shape))))
-    for metric, rotary in (("inv", s.gl_h), ("mix", s.gl_h - 2)):
+    full, partial = 2 * (s.gl_h // 2), 2 * ((s.gl_h - 1) // 2)      # even rotary dims
+    for metric, rotary in (("inv", full), ("mix", partial)):
         # rotary query/key pairs: the centraliser GL(1,C)^{R/2} x GL(h - R)
         quotient = qs.RotaryQuotient(metric, head_dim=s.gl_h, rotary_dims=rotary)
         x = (gaussian(s.gl_pairs, s.gl_n, s.gl_h), gaussian(s.gl_pairs, s.gl_m, s.gl_h))

@@ -284,7 +284,8 @@ CASES = {
                        {"": (2, (12, 12, 5), (12, 12, 3))}),
     "legacy_vit": (lambda: LegacyViTAttention(), _sequence_input(12),
                    {"": (3, (13, 13, 4), (13, 12, 4))}),
-    "llama_rope": (tiny_llama, _text_input, {"layers.0.self_attn": (4, None, (32, 32, 8))}),
+    "llama_rope": (tiny_llama, _text_input,
+                   {"layers.0.self_attn": (4, (32, 32, 8, (8, "rotate_half")), (32, 32, 8))}),
 }
 
 
@@ -319,19 +320,22 @@ def test_pairs_found_with_shapes(case):
                 wanted += [AttentionPair(module, kind, head, *shape) for head in range(heads)]
     assert report.pairs == wanted
     assert report.gl_count == len(wanted)
-    assert report.group_dimension == sum(p.h ** 2 for p in wanted)
+    assert report.group_dimension == sum(
+        p.h ** 2 if p.rotary is None else p.rotary[0] + (p.h - p.rotary[0]) ** 2 for p in wanted)
     covered = set(report.pair_parameters)
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert set(report.other) == set(trainable) - covered
     assert "NOT understood" not in report.summary()
 
 
-def test_rope_skips_query_key_pairs_with_a_note():
+def test_rope_reduces_query_key_pairs_with_a_note():
     report = find_symmetries(tiny_llama())
-    assert {p.kind for p in report.pairs} == {"vo"}
-    assert any("rotary" in note for note in report.notes)
-    assert "layers.0.self_attn.q_proj.weight" in report.other
-    assert "rotary" in report.summary()
+    assert {(p.kind, p.rotary, p.group) for p in report.pairs} == {
+        ("qk", (8, "rotate_half"), "GL(1,C)^4"), ("vo", None, "GL(8)")}
+    assert any("rotary" in note and "rotate_half" in note for note in report.notes)
+    assert "layers.0.self_attn.q_proj.weight" in report.pair_parameters
+    assert report.group_dimension == 4 * 8 + 4 * 64
+    assert "GL(1,C)^4" in report.summary()
 
 
 @pytest.mark.parametrize("case", ["mha", "mha_nobias", "mha_kdim_vdim", "bert", "vit", "gpt2",

@@ -169,5 +169,5 @@ def test_figures_hook_embeds_the_files_present_and_only_those(tmp_path) -> None:
     for name in ("scatter_b.png", "scatter_a.png", "notes.txt"):
         (folder / name).write_bytes(b"")
     section = hook._figures_section("vit", tmp_path)
-    assert re.findall(r"!\[[^]]*\]\(([^)]+)\)", section) == [
+    assert re.findall(r"!\[[^]]*\]\(([^ )]+)", section) == [
         "figures/vit/scatter_a.png", "figures/vit/scatter_b.png"]

@@ -513,6 +513,9 @@ def test_argument_errors():
     for eps in (-1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="eps must be"):
             GLQuotient("inv", eps=eps)
+    for eps in ("abc", None, True):
+        with pytest.raises(TypeError, match="eps must be a number"):
+            GLQuotient("inv", eps=eps)
     with pytest.raises(ValueError, match="all of n, m, h"):
         GLQuotient("inv", n=3)
     q = GLQuotient("inv")

@@ -23,18 +23,20 @@ def _figures_section(study: str, docs_dir: Path) -> str:
             f"cp results/{study}/*.png docs/results/figures/{study}/`")
     if not figures:
         lines.append(
-            f"No figures are committed for this study. `quotientsharp reproduce {study}` writes "
-            f"them to `results/{study}/`; to show them here, copy them with {copy} and rebuild "
-            "the site.")
+            f"No figures are committed for this study. `quotientsharp reproduce {study} "
+            f"--docs docs` writes them to `results/{study}/` (and this page's tables, from the "
+            f"same run); to show them here, copy them with {copy} and rebuild the site.")
         return "\n".join(lines) + "\n"
-    lines.append(f"From `docs/results/figures/{study}/` (refresh: rerun the study, then {copy}).")
-    for figure in figures:
-        lines += ["", f"![{figure.stem}](figures/{study}/{figure.name})", "",
-                  f"*`{figure.name}`*"]
+    lines += [f"From `docs/results/figures/{study}/`, made by the run of the tables above. To "
+              f"refresh: `quotientsharp reproduce {study} --docs docs`, then {copy}.", ""]
+    # several figures: two per row
+    size = '{ width="49%" }' if len(figures) > 1 else ""
+    lines.append("\n".join(f'![{figure.stem}](figures/{study}/{figure.name} "{figure.name}"){size}'
+                           for figure in figures))
     return "\n".join(lines) + "\n"
 
 
-def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 - MkDocs API
+def on_page_markdown(markdown: str, page, config, files) -> str:
     path = page.file.src_uri
     docs_dir = Path(config["docs_dir"])
     if path.startswith("results/") and Path(path).stem in STUDIES:

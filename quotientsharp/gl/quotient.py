@@ -91,6 +91,8 @@ class GLQuotient(ClosedFormQuotient):
     def __init__(self, metric: str | GLMetric = "inv", eps: float = 0.0, *, n: int | None = None,
                  m: int | None = None, h: int | None = None) -> None:
         metric = GLMetric.resolve(metric, METRIC_TYPES)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+            raise TypeError(f"eps must be a number >= 0, got {type(eps).__name__} {eps!r}")
         eps = float(eps)
         if not eps >= 0.0 or eps == float("inf"):
             raise ValueError(f"eps must be a finite number >= 0, got {eps}")

@@ -118,8 +118,9 @@ def report_to_dict(report: SymmetryReport) -> dict:
         "buckets": [{"n": n, "m": m, "h": h, "pairs": c}
                     for (n, m, h), c in report.bucket_shapes.items()],
         "modules": [{"name": mod.name, "type": mod.type_name, "layout": mod.layout,
-                     "heads": mod.heads, "kinds": list(mod.kinds)} for mod in report.modules],
-        "pairs": [vars(pair) for pair in report.pairs],
+                     "heads": mod.heads, "kv_heads": mod.kv_heads, "kinds": list(mod.kinds)}
+                    for mod in report.modules],
+        "pairs": [{**vars(pair), "group": pair.group} for pair in report.pairs],
         "diagonal": [vars(pair) for pair in report.diagonal],
         "parameter_counts": {"pairs": report.pair_parameter_count,
                              "diagonal": report.diagonal_parameter_count,

@@ -10,6 +10,12 @@
 Both directions are pure reshapes, transposes, slices and concatenations: differentiable,
 bit-exact, and functional (they allocate new tensors and never write to their inputs). Because
 the map is linear it also carries tangent vectors and gradients (dicts with the same names).
+
+A bucket holds pairs of one shape and one group: rotary query/key pairs (group
+``GL(1,C)^{R/2} x GL(h - R)``) never share a bucket with ``GL(h)`` pairs of the same shape.
+Grouped-query pairs stack several heads' blocks along the rows of one factor
+(:class:`~quotientsharp.models.PairGroup`), and fused projections that interleave their heads
+are read with a stride (:class:`~quotientsharp.models.FactorSource`).
 """
 
 from __future__ import annotations
@@ -59,29 +65,60 @@ class _Block:
     start: int           # first index on dim 0 of the bucket
     heads: int
     head_dim: int
-    row: int             # first row on dim 1 of the bucket
+    members: int         # head blocks per pair, stacked along the factor's rows
+    member_rows: int     # rows of one member block (all sources of the factor)
+    row: int             # first row of this source inside a member block
     source: FactorSource
 
+    @property
+    def span(self) -> int:
+        """Features one pair reads along ``source.axis``."""
+        return self.members * self.head_dim
 
-def _gather(tensor: torch.Tensor, source: FactorSource, heads: int,
+    @property
+    def stride(self) -> int:
+        return self.source.stride or self.span
+
+    @property
+    def extent(self) -> int:
+        """Features along ``source.axis`` from ``source.offset`` that this block's segment
+        covers (with the other phases of a strided segment)."""
+        return self.heads * self.stride
+
+
+def _gather(tensor: torch.Tensor, source: FactorSource, heads: int, members: int,
             head_dim: int) -> torch.Tensor:
-    """The block ``shape=[heads, rows, head_dim]`` that ``source`` reads from ``tensor``."""
-    features = tensor.narrow(source.axis, source.offset, heads * head_dim)
-    if source.role == "bias":
-        return features.reshape(heads, 1, head_dim)
-    if source.axis == 0:                        # [heads * head_dim, rows]
-        return features.reshape(heads, head_dim, source.rows).transpose(1, 2)
-    return features.reshape(source.rows, heads, head_dim).permute(1, 0, 2)
+    """The block ``shape=[heads, members, rows, head_dim]`` that ``source`` reads."""
+    span = members * head_dim
+    stride = source.stride or span
+    features = tensor.narrow(source.axis, source.offset, heads * stride)
+    if source.role == "bias":                   # [heads * stride]
+        block = features.reshape(heads, stride).narrow(1, source.phase, span)
+        return block.reshape(heads, members, 1, head_dim)
+    if source.axis == 0:                        # [heads * stride, rows]
+        block = features.reshape(heads, stride, source.rows).narrow(1, source.phase, span)
+        return block.reshape(heads, members, head_dim, source.rows).transpose(2, 3)
+    block = features.reshape(source.rows, heads, stride).narrow(2, source.phase, span)
+    return block.reshape(source.rows, heads, members, head_dim).permute(1, 2, 0, 3)
 
 
-def _scatter(block: torch.Tensor, source: FactorSource, heads: int,
-             head_dim: int) -> torch.Tensor:
-    """Inverse of :func:`_gather`: the slice of the parameter along ``source.axis``."""
+def _scatter(block: torch.Tensor, source: FactorSource) -> torch.Tensor:
+    """Inverse of :func:`_gather` for one phase: ``shape=[heads, span]`` (bias),
+    ``[heads, span, rows]`` (``axis=0``) or ``[rows, heads, span]`` (``axis=1``)."""
+    heads, members, _, head_dim = block.shape
+    span = members * head_dim
     if source.role == "bias":
-        return block.reshape(heads * head_dim)
+        return block.reshape(heads, span)
     if source.axis == 0:
-        return block.transpose(1, 2).reshape(heads * head_dim, source.rows)
-    return block.permute(1, 0, 2).reshape(source.rows, heads * head_dim)
+        return block.transpose(2, 3).reshape(heads, span, source.rows)
+    return block.permute(2, 0, 1, 3).reshape(source.rows, heads, span)
+
+
+def _segment(parts: list[torch.Tensor], axis: int) -> torch.Tensor:
+    """The phases of one segment (each from :func:`_scatter`) as features along ``axis``."""
+    # the (heads, span) dimensions sit at (axis, axis + 1) of every part
+    joined = parts[0] if len(parts) == 1 else torch.cat(parts, dim=axis + 1)
+    return joined.flatten(axis, axis + 1)
 
 
 class ParameterLayout:
@@ -125,14 +162,15 @@ class ParameterLayout:
         self._dtypes = {name: params[name].dtype for name in self.names}
         self._devices = {name: params[name].device for name in self.names}
 
-        # buckets: equal (n, m, h); dtype and device too, so that stacking never converts
+        # buckets: equal (n, m, h) and group; dtype and device too, so that stacking never
+        # converts
         bucket_keys: list[tuple] = []
         self._bucket_groups: list[list[tuple[int, PairGroup]]] = []
         self.gl_pairs: list[list[AttentionPair]] = []
         for group in report.groups:
             dtype = self._dtypes[group.parameters[0]]
             device = self._devices[group.parameters[0]]
-            key = (group.n, group.m, group.head_dim, dtype, device)
+            key = (group.n, group.m, group.head_dim, group.rotary, dtype, device)
             if key not in bucket_keys:
                 bucket_keys.append(key)
                 self._bucket_groups.append([])
@@ -142,53 +180,52 @@ class ParameterLayout:
             self._bucket_groups[index].append((start, group))
             self.gl_pairs[index].extend(group.pairs())
         self.bucket_shapes = [key[:3] for key in bucket_keys]
-        self._bucket_dtypes = [key[3] for key in bucket_keys]
-        self._bucket_devices = [key[4] for key in bucket_keys]
+        #: ``(rotary_dims, layout)`` of each bucket's pairs, ``None`` for ``GL(h)`` buckets.
+        self.bucket_rotary = [key[3] for key in bucket_keys]
+        self._bucket_dtypes = [key[4] for key in bucket_keys]
+        self._bucket_devices = [key[5] for key in bucket_keys]
 
         # per covered parameter, its blocks sorted along the head-feature axis
         blocks: dict[str, list[_Block]] = {}
         for bucket, entries in enumerate(self._bucket_groups):
             for start, group in entries:
                 for factor, sources in enumerate((group.g_sources, group.h_sources)):
+                    members = group.g_members if factor == 0 else group.h_members
+                    member_rows = sum(source.rows for source in sources)
                     row = 0
                     for source in sources:
                         blocks.setdefault(source.parameter, []).append(
-                            _Block(bucket, factor, start, group.heads, group.head_dim, row, source))
+                            _Block(bucket, factor, start, group.heads, group.head_dim, members,
+                                   member_rows, row, source))
                         row += source.rows
-        self._blocks: dict[str, list[_Block]] = {}
+        # per covered parameter, its segments along the head-feature axis: a block of
+        # back-to-back features alone, or the phases of one strided range in phase order
+        self._segments: dict[str, list[list[_Block]]] = {}
         for name, parameter_blocks in blocks.items():
-            self._blocks[name] = sorted(parameter_blocks, key=lambda b: b.source.offset)
-            self._check_tiling(name, self._blocks[name])
+            self._segments[name] = self._check_tiling(name, parameter_blocks)
 
         # single-block parameters whose scatter from a contiguous bucket would be a mere view
-        self._scatter_views: set[tuple[int, int, str]] = set()
-        for name, parameter_blocks in self._blocks.items():
-            if len(parameter_blocks) != 1:
+        self._scatter_views: set[str] = set()
+        for name, segments in self._segments.items():
+            if len(segments) != 1 or len(segments[0]) != 1:
                 continue
-            block = parameter_blocks[0]
-            rows = sum(b.source.rows for b in self._bucket_blocks(block.bucket, block.factor))
-            probe = torch.empty(len(self.gl_pairs[block.bucket]), rows, block.head_dim,
-                                device="meta")
-            piece = probe.narrow(0, block.start, block.heads).narrow(1, block.row,
-                                                                     block.source.rows)
-            if _scatter(piece, block.source, block.heads, block.head_dim)._base is not None:
-                self._scatter_views.add((block.bucket, block.factor, name))
+            block = segments[0][0]
+            probe = torch.empty(len(self.gl_pairs[block.bucket]),
+                                block.members * block.member_rows, block.head_dim, device="meta")
+            # views share the ``_base`` of their root tensor: the probe itself if no copy was made
+            if self._assemble(name, [probe] * (2 * len(self.gl_pairs)))._base is probe:
+                self._scatter_views.add(name)
 
         self._diagonal = list(report.diagonal)
         self._other = list(report.other)
-        covered = set(self._blocks) | {n for p in self._diagonal for n in (p.u_name, p.v_name)}
+        covered = set(self._segments) | {n for p in self._diagonal for n in (p.u_name, p.v_name)}
         missing = [n for n in self.names if n not in covered and n not in set(self._other)]
         if missing:
             raise ValueError(f"report does not place parameter(s) {missing}: it was made for "
                              "another model")
 
-    def _bucket_blocks(self, bucket: int, factor: int) -> list[_Block]:
-        """Blocks of the first group of a bucket factor (every group has the same rows)."""
-        start, group = self._bucket_groups[bucket][0]
-        sources = group.g_sources if factor == 0 else group.h_sources
-        return [_Block(bucket, factor, start, group.heads, group.head_dim, 0, s) for s in sources]
-
-    def _check_tiling(self, name: str, blocks: list[_Block]) -> None:
+    def _check_tiling(self, name: str, blocks: list[_Block]) -> list[list[_Block]]:
+        """The blocks of parameter ``name`` as segments that tile its head-feature axis."""
         shape = self._shapes[name]
         roles = {b.source.role for b in blocks}
         axes = {b.source.axis for b in blocks}
@@ -198,18 +235,53 @@ class ParameterLayout:
         expected_ndim = 1 if role == "bias" else 2
         if len(shape) != expected_ndim:
             raise ValueError(f"parameter {name!r} of shape {shape} cannot be a {role} source")
-        position = 0
         for block in blocks:
-            if block.source.offset != position:
-                raise ValueError(f"parameter {name!r}: pairs do not tile dimension {axis} "
-                                 f"(gap or overlap at {position})")
             if role == "weight" and shape[1 - axis] != block.source.rows:
                 raise ValueError(f"parameter {name!r} of shape {shape}: a block expects "
                                  f"{block.source.rows} rows")
-            position += block.heads * block.head_dim
+            if block.source.phase < 0 or block.source.phase + block.span > block.stride:
+                raise ValueError(f"parameter {name!r}: a block of {block.span} features at phase "
+                                 f"{block.source.phase} does not fit its stride {block.stride}")
+        by_offset: dict[int, list[_Block]] = {}
+        for block in blocks:
+            by_offset.setdefault(block.source.offset, []).append(block)
+        segments = []
+        position = 0
+        for offset in sorted(by_offset):
+            segment = sorted(by_offset[offset], key=lambda b: b.source.phase)
+            if offset != position or len({(b.heads, b.stride) for b in segment}) != 1:
+                raise ValueError(f"parameter {name!r}: pairs do not tile dimension {axis} "
+                                 f"(gap or overlap at {position})")
+            phase = 0
+            for block in segment:
+                if block.source.phase != phase:
+                    raise ValueError(f"parameter {name!r}: the interleaved blocks at offset "
+                                     f"{offset} do not tile their stride (gap or overlap at "
+                                     f"phase {phase})")
+                phase += block.span
+            if phase != segment[0].stride:
+                raise ValueError(f"parameter {name!r}: the interleaved blocks at offset {offset} "
+                                 f"cover {phase} of each stride of {segment[0].stride}")
+            segments.append(segment)
+            position += segment[0].extent
         if position != shape[axis]:
             raise ValueError(f"parameter {name!r} of shape {shape}: pairs cover {position} of "
                              f"{shape[axis]} features along dimension {axis}")
+        return segments
+
+    def _assemble(self, name: str, factors: list[torch.Tensor]) -> torch.Tensor:
+        """Parameter ``name`` from its buckets' factors (``factors[2 * bucket + factor]``)."""
+        segments = []
+        for segment in self._segments[name]:
+            parts = []
+            for block in segment:
+                bucket = factors[2 * block.bucket + block.factor]
+                piece = bucket.narrow(0, block.start, block.heads).unflatten(
+                    1, (block.members, block.member_rows)).narrow(2, block.row, block.source.rows)
+                parts.append(_scatter(piece, block.source))
+            segments.append(_segment(parts, block.source.axis))
+        axis = self._segments[name][0][0].source.axis
+        return segments[0] if len(segments) == 1 else torch.cat(segments, dim=axis)
 
     # ------------------------------------------------------------------ maps
     def to_coordinates(self, params: Mapping[str, torch.Tensor]) -> Coordinates:
@@ -229,9 +301,11 @@ class ParameterLayout:
                 stacked = []
                 for _, group in entries:
                     sources = group.g_sources if factor == 0 else group.h_sources
-                    blocks = [_gather(params[s.parameter], s, group.heads, group.head_dim)
-                              for s in sources]
-                    stacked.append(blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1))
+                    members = group.g_members if factor == 0 else group.h_members
+                    blocks = [_gather(params[s.parameter], s, group.heads, members,
+                                      group.head_dim) for s in sources]
+                    block = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)
+                    stacked.append(block.flatten(1, 2))
                 # cat always allocates, so coordinates never alias the parameters
                 factors.append(torch.cat(stacked, dim=0))
             gl.append((factors[0], factors[1]))
@@ -250,29 +324,19 @@ class ParameterLayout:
         are; every other tensor is newly allocated.
         """
         gl, diagonal, other = self._check_coordinates(coords)
-        pieces: dict[str, list[torch.Tensor]] = {}
-        for name, blocks in self._blocks.items():
-            parts = []
-            for block in blocks:
-                bucket = gl[block.bucket][block.factor]
-                piece = bucket.narrow(0, block.start, block.heads).narrow(
-                    1, block.row, block.source.rows)
-                parts.append(_scatter(piece, block.source, block.heads, block.head_dim))
-            pieces[name] = parts
+        factors = [tensor for pair in gl for tensor in pair]
         result: dict[str, torch.Tensor] = {}
         for name in self.names:
-            if name in pieces:
-                parts = pieces[name]
-                if len(parts) == 1:
-                    block = self._blocks[name][0]
-                    tensor = parts[0]
+            if name in self._segments:
+                tensor = self._assemble(name, factors)
+                segments = self._segments[name]
+                if len(segments) == 1 and len(segments[0]) == 1:
+                    block = segments[0][0]
                     # the transposing reshape already copied (known from the shapes), unless the
                     # layout is degenerate or the caller's bucket is not contiguous
-                    if (block.bucket, block.factor, name) in self._scatter_views or not gl[
+                    if name in self._scatter_views or not gl[
                             block.bucket][block.factor].is_contiguous():
-                        tensor = tensor.clone()
-                else:
-                    tensor = torch.cat(parts, dim=self._blocks[name][0].source.axis)
+                        tensor = tensor.clone(memory_format=torch.contiguous_format)
                 result[name] = tensor.to(dtype=self._dtypes[name], device=self._devices[name])
             elif name in other:
                 result[name] = other[name]
@@ -337,7 +401,7 @@ class ParameterLayout:
         return list(gl), diagonal, other
 
     def __repr__(self) -> str:
-        buckets = ", ".join(f"{len(p)}x(n={n}, m={m}, h={h})"
+        buckets = ", ".join(f"{len(p)}x(n={n}, m={m}, h={h}, {p[0].group})"
                             for (n, m, h), p in zip(self.bucket_shapes, self.gl_pairs,
                                                     strict=True))
         return (f"ParameterLayout(buckets=[{buckets}], diagonal={len(self._diagonal)}, "

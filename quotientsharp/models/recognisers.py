@@ -8,12 +8,20 @@ tried in the order of :data:`HANDLERS`:
 - ``torch.nn.MultiheadAttention`` (fused ``in_proj_weight`` or separate q/k/v weights);
 - HuggingFace BERT/ViT style ``X.{self|attention}.{query,key,value}`` + ``X.output.dense``;
 - generic ``q_proj/k_proj/v_proj`` + ``o_proj|out_proj`` (and ``q/k/v/o``,
-  ``query/key/value/out_proj``) with a head count attribute;
-- HuggingFace GPT-2 fused ``c_attn`` / ``c_proj`` ``Conv1D``.
+  ``query/key/value/out_proj``, DistilBERT's ``q_lin/k_lin/v_lin/out_lin``) with a head count
+  attribute, grouped- and multi-query attention included (Llama, Qwen2, Mistral, T5, CLIP);
+- HuggingFace GPT-2 fused ``c_attn`` / ``c_proj`` ``Conv1D``;
+- the fused per-head ``query_key_value`` + ``dense`` of GPT-NeoX and BLOOM.
+
+Every handler asks the same questions of the module (:func:`_pair_groups`): do rotary embeddings
+reduce the query/key group (:mod:`.conventions` detects their layout), does a part of the module
+break a pair (per-head query/key normalisation, clipping, relative position terms inside the
+scores), and which position mechanisms leave the pairs intact (sliding windows, ALiBi, T5's
+relative bias: they only add to or mask the scores); the answers are notes in the report.
 
 :func:`looks_like_attention` flags the modules that look like attention, so that the walker
 (:mod:`.walker`) can report the ones no handler understood. Nothing here reads or writes tensor
-values: only names, shapes and module structure.
+values: only names, shapes and module structure (and the modeling code's helpers, on probes).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from .conventions import RotarySpec, declared_rotary_dims, detect_kv_sharing, detect_layout
 from .report import FactorSource, PairGroup
 
 __all__ = [
@@ -42,10 +51,17 @@ HEAD_COUNT_ATTRIBUTES = ("num_heads", "num_attention_heads", "n_heads", "heads")
 QKV_LIKE_NAMES = frozenset({
     "query", "key", "value", "q", "k", "v", "q_proj", "k_proj", "v_proj", "qkv", "qkv_proj",
     "c_attn", "q_attn", "in_proj", "in_proj_weight", "wqkv", "to_q", "to_k", "to_v", "to_qkv",
-    "wq", "wk", "wv", "query_key_value", "kv", "kv_proj",
+    "wq", "wk", "wv", "query_key_value", "kv", "kv_proj", "q_lin", "k_lin", "v_lin",
 })
-#: Forward arguments or children that announce rotary position embeddings (they break QK).
+#: Forward arguments or children that announce rotary position embeddings (they reduce QK).
 _ROTARY_MARKERS = ("position_embeddings", "rotary_pos_emb", "freqs_cis", "rotary_emb", "rope")
+#: Children that normalise queries or keys per head (they break QK).
+_QUERY_KEY_NORMS = frozenset({"q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_norm",
+                              "key_norm"})
+#: Children that normalise values per head (they break VO).
+_VALUE_NORMS = frozenset({"v_norm", "value_norm", "v_layernorm"})
+#: Classes (in a module's MRO) whose fused ``query_key_value`` is ``[heads, 3, head_dim]``.
+_PER_HEAD_FUSED = frozenset({"GPTNeoXAttention", "BloomAttention"})
 
 
 class Unsupported(Exception):
@@ -58,6 +74,30 @@ class Finding:
     heads: int
     groups: list[PairGroup]
     notes: list[str] = field(default_factory=list)
+    kv_heads: int | None = None
+
+
+@dataclass(frozen=True)
+class HeadSplit:
+    """How a module splits its projections into heads.
+
+    Attributes
+    ----------
+    heads, kv_heads
+        Query heads and key/value heads (``kv_heads`` divides ``heads``).
+    head_dim_k, head_dim_v
+        Query/key and value head dimensions.
+    """
+
+    heads: int
+    kv_heads: int
+    head_dim_k: int
+    head_dim_v: int
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head."""
+        return self.heads // self.kv_heads
 
 
 def _parameter_name(names: dict[int, str], tensor: object, what: str) -> str:
@@ -98,70 +138,191 @@ def _head_count(module: nn.Module, q_features: int) -> int:
                        + ", head_dim or config.num_attention_heads)")
 
 
-def _check_head_split(module: nn.Module, heads: int, q: nn.Linear, k: nn.Linear,
-                      v: nn.Linear, o: nn.Linear) -> tuple[int, int]:
-    """Head dims ``(d_k, d_v)`` of a q/k/v/o Linear attention, after consistency checks."""
-    if q.out_features % heads or v.out_features % heads:
-        raise Unsupported(f"{heads} heads do not divide the projection widths "
-                           f"({q.out_features}, {v.out_features})")
-    if k.out_features != q.out_features:
-        raise Unsupported(f"key width {k.out_features} differs from query width {q.out_features} "
-                           "(grouped/multi-query attention shares keys and values between heads: "
-                           "not a per-head GL(h) pair)")
-    if o.in_features != v.out_features:
-        raise Unsupported(f"output projection reads {o.in_features} features, values have "
-                           f"{v.out_features}")
-    head_dim_k = q.out_features // heads
-    for attribute in ("head_dim", "attention_head_size"):
+def _check_head_split(module: nn.Module, heads: int, query_width: int, key_width: int,
+                      value_width: int, output_width: int) -> HeadSplit:
+    """The head split of a q/k/v/o attention from its projection widths, after consistency checks.
+
+    Keys narrower than queries mean grouped- or multi-query attention: ``kv_heads`` key/value
+    heads of the query head dimension, each shared by ``heads / kv_heads`` query heads in the
+    HF ``repeat_kv`` convention (checked against the module's ``repeat_kv`` helper if any).
+    """
+    if query_width % heads:
+        raise Unsupported(f"{heads} heads do not divide the query width {query_width}")
+    head_dim_k = query_width // heads
+    for attribute in ("head_dim", "attention_head_size", "head_size"):
         declared = getattr(module, attribute, None)
-        if isinstance(declared, int) and declared != head_dim_k:
-            raise Unsupported(f"{attribute}={declared} but the query width {q.out_features} and "
+        if isinstance(declared, int) and not isinstance(declared, bool) and declared != head_dim_k:
+            raise Unsupported(f"{attribute}={declared} but the query width {query_width} and "
                                f"{heads} heads give {head_dim_k}")
-    groups = getattr(module, "num_key_value_groups", 1)
-    if isinstance(groups, int) and groups != 1:
-        raise Unsupported(f"num_key_value_groups={groups}: grouped-query attention")
-    return head_dim_k, v.out_features // heads
+    if key_width == query_width:
+        if value_width % heads:
+            raise Unsupported(f"{heads} heads do not divide the value width {value_width}")
+        split = HeadSplit(heads, heads, head_dim_k, value_width // heads)
+    else:
+        grouped = (f"grouped/multi-query attention (key width {key_width}, query width "
+                   f"{query_width})")
+        kv_heads = 0 if key_width % head_dim_k else key_width // head_dim_k
+        if kv_heads == 0 or heads % kv_heads:
+            raise Unsupported(f"{grouped}: the keys do not split into heads of the query head "
+                               f"dimension {head_dim_k} whose number divides {heads}")
+        if value_width % kv_heads or output_width != heads * (value_width // kv_heads):
+            raise Unsupported(f"{grouped}: {kv_heads} key heads, but values of width "
+                               f"{value_width} and an output projection reading {output_width} "
+                               f"features do not split into {kv_heads} value heads shared by "
+                               f"{heads // kv_heads} query heads each")
+        sharing, source = detect_kv_sharing(module)
+        if sharing != "grouped":
+            raise Unsupported(f"{grouped}: {source} shares key/value heads "
+                               f"{'tiled' if sharing else 'in an unknown way'}, not as "
+                               "repeat_interleave (query head i reads key/value head i // g)")
+        split = HeadSplit(heads, kv_heads, head_dim_k, value_width // kv_heads)
+    if output_width != split.heads * split.head_dim_v:
+        raise Unsupported(f"output projection reads {output_width} features, values have "
+                           f"{split.heads * split.head_dim_v} after sharing")
+    declared_groups = getattr(module, "num_key_value_groups", None)
+    if isinstance(declared_groups, int) and declared_groups != split.group_size:
+        raise Unsupported(f"num_key_value_groups={declared_groups} but the projection widths "
+                           f"give {split.group_size} query heads per key/value head")
+    declared_kv = getattr(module, "num_key_value_heads", None)
+    if isinstance(declared_kv, int) and declared_kv != split.kv_heads:
+        raise Unsupported(f"num_key_value_heads={declared_kv} but the key width {key_width} "
+                           f"gives {split.kv_heads}")
+    return split
 
 
-def _qk_breakers(module: nn.Module) -> list[str]:
-    """Reasons why the query/key factorisation is not a GL(h) symmetry of this module."""
-    reasons = []
+def _forward_arguments(module: nn.Module) -> set[str]:
     try:
-        arguments = set(inspect.signature(module.forward).parameters)
+        return set(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError):
-        arguments = set()
-    children = {name.lower() for name, _ in module.named_children()}
+        return set()
+
+
+def _children(module: nn.Module) -> set[str]:
+    return {name.lower() for name, _ in module.named_children()}
+
+
+def _clipping(module: nn.Module) -> list[str]:
+    """Reasons from elementwise clipping of queries, keys and values (OLMo's ``clip_qkv``)."""
+    clip = getattr(getattr(module, "config", None), "clip_qkv", None)
+    if clip is None:
+        return []
+    return [f"queries, keys and values are clipped elementwise (config clip_qkv={clip}), which "
+            "no invertible mixing of a head's features commutes with"]
+
+
+def _rotary(module: nn.Module, head_dim: int) -> tuple[RotarySpec | None, list[str], list[str]]:
+    """Rotary embeddings of ``module``: ``(spec, reasons the pair breaks, notes)``."""
+    arguments, children = _forward_arguments(module), _children(module)
     marked = [marker for marker in _ROTARY_MARKERS
               if marker in arguments or any(marker in child for child in children)
               or hasattr(module, marker)]
-    if marked:
-        reasons.append(f"rotary position embeddings ({', '.join(marked)}) rotate queries and keys "
-                       "between the projections and the scores")
-    if children & {"q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_norm", "key_norm"}:
-        reasons.append("queries/keys are normalised per head before the scores")
+    if not marked:
+        return None, [], []
+    layout, helper = detect_layout(module)
+    dims, declared = declared_rotary_dims(module, head_dim)
+    what = f"rotary position embeddings ({', '.join(marked)})"
+    if layout is None:
+        return None, [f"{what} in a layout that is neither rotate_half nor interleaved ({helper}):"
+                      " the centraliser of their rotations is unknown"], []
+    if dims % 2 or dims > head_dim:
+        return None, [f"{what} on {dims} of {head_dim} dimensions ({declared}): not whole "
+                      "rotation planes inside a head"], []
+    if dims == 0:
+        return None, [], [f"{what} rotate 0 dimensions ({declared}): the qk pairs keep GL(h)"]
+    note = (f"{what}: {layout} layout (detected by probing {helper}), {dims} of {head_dim} "
+            f"dimensions rotated ({declared}); queries and keys are rotated between the "
+            "projections and the scores, so the qk group shrinks to the rotations' centraliser")
+    return (dims, layout), [], [note]
+
+
+def _query_key_status(module: nn.Module,
+                      head_dim: int) -> tuple[RotarySpec | None, list[str], list[str]]:
+    """Whether the query/key factorisation is a symmetry: ``(rotary spec, reasons not, notes)``."""
+    rotary, reasons, notes = _rotary(module, head_dim)
+    if _children(module) & _QUERY_KEY_NORMS:
+        reasons.append("queries/keys are normalised (q_norm/k_norm) before the scores, and a "
+                       "normalisation does not commute with mixing a head's features")
     position_type = getattr(module, "position_embedding_type", None)
     if position_type not in (None, "absolute"):
         reasons.append(f"position_embedding_type={position_type!r} mixes keys with position "
                        "embeddings")
-    return reasons
+    reasons += _clipping(module)
+    return rotary, reasons, notes
+
+
+def _value_output_breakers(module: nn.Module) -> list[str]:
+    """Reasons why the value/output factorisation is not a symmetry of this module."""
+    reasons = []
+    if _children(module) & _VALUE_NORMS:
+        reasons.append("values are normalised (v_norm) before the attention average")
+    return reasons + _clipping(module)
+
+
+def _intact_notes(module: nn.Module) -> list[str]:
+    """Position mechanisms that act on the scores alone, and so leave both pairs intact."""
+    notes = []
+    config = getattr(module, "config", None)
+    window = (module.sliding_window if hasattr(module, "sliding_window")
+              else getattr(config, "sliding_window", None))
+    if isinstance(window, int) and not isinstance(window, bool) and window > 0:
+        notes.append(f"a sliding window of {window} tokens masks scores, the pairs stay exact")
+    alibi = ("alibi" in _forward_arguments(module) or getattr(config, "alibi", False) is True
+             or getattr(module, "position_embedding_type", None) == "alibi")
+    if alibi:
+        notes.append("ALiBi adds a per-head bias linear in the distance to the scores, "
+                     "independent of queries and keys: the pairs stay exact")
+    if getattr(module, "has_relative_attention_bias", False) is True:
+        notes.append("a learned relative position bias (T5 style, shared with the later layers "
+                     "of its stack) is added to the scores, independent of queries and keys: "
+                     "the pairs stay exact")
+    return notes
+
+
+def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[FactorSource, ...],
+                 k: tuple[FactorSource, ...], v: tuple[FactorSource, ...],
+                 o: tuple[FactorSource, ...]) -> tuple[list[PairGroup], list[str]]:
+    """The qk and vo groups of one attention module from each projection's sources, and notes.
+
+    ``q``, ``k``, ``v`` read ``heads``, ``kv_heads``, ``kv_heads`` heads; ``o`` reads ``heads``
+    heads of the value head dimension. With grouped-query attention one pair per key/value head
+    stacks the ``g`` query heads of its group (``G`` of qk, ``H`` of vo).
+    """
+    label = name or "<root>"
+    size = split.group_size
+    notes = []
+    groups = []
+    rotary, breakers, qk_notes = _query_key_status(module, split.head_dim_k)
+    if breakers:
+        notes.append(f"{label}: no qk pairs, " + "; ".join(breakers))
+    else:
+        groups.append(PairGroup(name, "qk", split.kv_heads, split.head_dim_k, q, k,
+                                g_members=size, rotary=rotary))
+        notes += [f"{label}: {note}" for note in qk_notes]
+    vo_breakers = _value_output_breakers(module)
+    if vo_breakers:
+        notes.append(f"{label}: no vo pairs, " + "; ".join(vo_breakers))
+    else:
+        groups.append(PairGroup(name, "vo", split.kv_heads, split.head_dim_v, v, o,
+                                h_members=size))
+    if size > 1:
+        notes.append(f"{label}: grouped-query attention, {split.heads} query heads share "
+                     f"{split.kv_heads} key/value head(s) ({size} each): one qk pair per key "
+                     f"head with its {size} query heads stacked in G, one vo pair per value "
+                     f"head with the output columns of its {size} query heads stacked in H")
+    notes += [f"{label}: {note}" for note in _intact_notes(module)]
+    return groups, notes
 
 
 def _qkvo_groups(name: str, module: nn.Module, heads: int, q: nn.Linear, k: nn.Linear,
                  v: nn.Linear, o: nn.Linear, names: dict[int, str], prefix: str,
-                 child_names: Sequence[str]) -> tuple[list[PairGroup], list[str]]:
-    head_dim_k, head_dim_v = _check_head_split(module, heads, q, k, v, o)
+                 child_names: Sequence[str]) -> tuple[HeadSplit, list[PairGroup], list[str]]:
+    split = _check_head_split(module, heads, q.out_features, k.out_features, v.out_features,
+                              o.in_features)
     q_name, k_name, v_name, o_name = (f"{prefix}{child}" for child in child_names)
-    notes = []
-    groups = []
-    breakers = _qk_breakers(module)
-    if breakers:
-        notes.append(f"{name}: no qk pairs, " + "; ".join(breakers))
-    else:
-        groups.append(PairGroup(name, "qk", heads, head_dim_k, _linear_rows(q, names, q_name),
-                                _linear_rows(k, names, k_name)))
-    groups.append(PairGroup(name, "vo", heads, head_dim_v, _linear_rows(v, names, v_name),
-                            _linear_columns(o, names, o_name)))
-    return groups, notes
+    groups, notes = _pair_groups(name, module, split, _linear_rows(q, names, q_name),
+                                 _linear_rows(k, names, k_name), _linear_rows(v, names, v_name),
+                                 _linear_columns(o, names, o_name))
+    return split, groups, notes
 
 
 def _is_linear(module: object) -> bool:
@@ -198,7 +359,7 @@ def _handle_multihead_attention(name: str, module: nn.Module,
     if module.add_zero_attn:
         notes.append(f"{name}: add_zero_attn appends zero keys/values, which every GL(h) action "
                      "keeps at zero: the pairs stay exact")
-    return Finding("multihead_attention", heads, groups, notes)
+    return Finding("multihead_attention", heads, groups, notes, heads)
 
 
 def _handle_bert(name: str, module: nn.Module, names: dict[int, str]) -> Finding | None:
@@ -217,10 +378,10 @@ def _handle_bert(name: str, module: nn.Module, names: dict[int, str]) -> Finding
         heads = _head_count(inner, q.out_features)
         prefix = f"{name}." if name else ""
         inner_prefix = f"{prefix}{inner_name}."
-        groups, notes = _qkvo_groups(name, inner, heads, q, k, v, dense, names, "", (
+        split, groups, notes = _qkvo_groups(name, inner, heads, q, k, v, dense, names, "", (
             f"{inner_prefix}query", f"{inner_prefix}key", f"{inner_prefix}value",
             f"{prefix}output.dense"))
-        return Finding("bert", heads, groups, notes)
+        return Finding("bert", heads, groups, notes, split.kv_heads)
     return None
 
 
@@ -228,6 +389,7 @@ _QKVO_NAMINGS = (
     ("q_proj", "k_proj", "v_proj", ("o_proj", "out_proj")),
     ("q", "k", "v", ("o",)),
     ("query", "key", "value", ("out_proj", "o_proj")),
+    ("q_lin", "k_lin", "v_lin", ("out_lin",)),
 )
 
 
@@ -243,9 +405,9 @@ def _handle_qkvo(name: str, module: nn.Module, names: dict[int, str]) -> Finding
             raise Unsupported(f"output projection {o_child} is a {type(o).__name__}, not Linear")
         heads = _head_count(module, q.out_features)
         prefix = f"{name}." if name else ""
-        groups, notes = _qkvo_groups(name, module, heads, q, k, v, o, names, prefix,
-                                     (q_child, k_child, v_child, o_child))
-        return Finding("qkvo", heads, groups, notes)
+        split, groups, notes = _qkvo_groups(name, module, heads, q, k, v, o, names, prefix,
+                                            (q_child, k_child, v_child, o_child))
+        return Finding("qkvo", heads, groups, notes, split.kv_heads)
     return None
 
 
@@ -277,18 +439,51 @@ def _handle_gpt2(name: str, module: nn.Module, names: dict[int, str]) -> Finding
     q, k, v = ((weights[i],) + biases[i] for i in range(3))
     out = (FactorSource(_parameter_name(names, c_proj.weight, f"{prefix}c_proj.weight"), "weight",
                         0, 0, embed),)
-    groups = []
-    notes = []
-    breakers = _qk_breakers(module)
-    if breakers:
-        notes.append(f"{name}: no qk pairs, " + "; ".join(breakers))
-    else:
-        groups.append(PairGroup(name, "qk", heads, embed // heads, q, k))
-    groups.append(PairGroup(name, "vo", heads, embed // heads, v, out))
-    return Finding("gpt2", heads, groups, notes)
+    split = HeadSplit(heads, heads, embed // heads, embed // heads)
+    groups, notes = _pair_groups(name, module, split, q, k, v, out)
+    return Finding("gpt2", heads, groups, notes, heads)
 
 
-HANDLERS = (_handle_multihead_attention, _handle_bert, _handle_qkvo, _handle_gpt2)
+def _handle_fused_per_head(name: str, module: nn.Module, names: dict[int, str]) -> Finding | None:
+    """GPT-NeoX / BLOOM: ``query_key_value`` Linear with per-head ``[q_i, k_i, v_i]`` + ``dense``.
+
+    The fused output of width ``3 E`` is viewed as ``[heads, 3, head_dim]`` by the modeling code
+    (GPT-NeoX: ``view(..., -1, 3 * head_size)`` then ``chunk(3)``; BLOOM:
+    ``view(..., num_heads, 3, head_dim)``), so head ``i``'s queries are features
+    ``[3 i d, 3 i d + d)``, its keys the next ``d``, its values the ``d`` after: read with
+    ``stride = 3 d`` and phases ``0, d, 2 d``.
+    """
+    fused, dense = module._modules.get("query_key_value"), module._modules.get("dense")
+    if not (_is_linear(fused) and _is_linear(dense)):
+        return None
+    if not {cls.__name__ for cls in type(module).__mro__} & _PER_HEAD_FUSED:
+        raise Unsupported("fused query_key_value of an unknown head layout (supported: the "
+                           "per-head [q, k, v] interleave of " + ", ".join(sorted(_PER_HEAD_FUSED))
+                           + ")")
+    embed = dense.in_features
+    if fused.out_features != 3 * embed:
+        raise Unsupported(f"query_key_value has {fused.out_features} outputs, not 3 x {embed}")
+    heads = _head_count(module, embed)
+    split = _check_head_split(module, heads, embed, embed, embed, embed)
+    head_dim = split.head_dim_k
+    prefix = f"{name}." if name else ""
+    weight = _parameter_name(names, fused.weight, f"{prefix}query_key_value.weight")
+    bias = (None if fused.bias is None
+            else _parameter_name(names, fused.bias, f"{prefix}query_key_value.bias"))
+    projections = []
+    for index in range(3):
+        phase = index * head_dim
+        sources = [FactorSource(weight, "weight", 0, 0, fused.in_features, 3 * head_dim, phase)]
+        if bias is not None:
+            sources.append(FactorSource(bias, "bias", 0, 0, 1, 3 * head_dim, phase))
+        projections.append(tuple(sources))
+    out = _linear_columns(dense, names, f"{prefix}dense")
+    groups, notes = _pair_groups(name, module, split, *projections, out)
+    return Finding("fused_per_head", heads, groups, notes, heads)
+
+
+HANDLERS = (_handle_multihead_attention, _handle_bert, _handle_qkvo, _handle_gpt2,
+            _handle_fused_per_head)
 
 
 def looks_like_attention(module: nn.Module) -> bool:

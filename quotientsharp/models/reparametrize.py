@@ -4,6 +4,12 @@ Each attention pair gets ``(G A^{-1}, H A^T)`` with its own random ``A = scale *
 (``N`` standard Gaussian, ``h x h``); each diagonal coordinate gets ``(c u, v / c)`` with
 ``c = scale * N``. The network computes the same function (exactly in exact arithmetic), while
 Euclidean sharpness measures change: the experiment behind the paper's motivation.
+
+A rotary query/key pair draws ``N`` in its group ``GL(1,C)^{R/2} x GL(h - R)``: a complex
+scalar ``[[a, -b], [b, a]]`` (``a, b`` standard Gaussian) on each rotation plane, a standard
+Gaussian block on the ``h - R`` dimensions without rotation, zero elsewhere. Grouped-query pairs
+need nothing special: one ``A`` per key/value head acts on the stacked blocks of all its query
+heads.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
+from ..gl import rotary_planes
+from .conventions import RotarySpec
 from .layout import ParameterLayout
 from .report import SymmetryReport
 
@@ -30,19 +38,43 @@ def _compute_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64
 
 
-def _sample_matrices(count: int, size: int, generator: torch.Generator | None,
-                     max_condition: float) -> torch.Tensor:
-    """``count`` standard Gaussian ``size x size`` matrices with condition number <= bound."""
+def _gaussian_elements(count: int, size: int, rotary: RotarySpec | None,
+                       generator: torch.Generator | None) -> torch.Tensor:
+    """``count`` Gaussian elements of ``GL(size)`` or of its rotary subgroup, float64 on the CPU."""
     # drawn on the CPU whatever torch's default device: the same draws on every machine
-    matrices = torch.randn(count, size, size, generator=generator, dtype=torch.float64,
+    if rotary is None:
+        return torch.randn(count, size, size, generator=generator, dtype=torch.float64,
                            device="cpu")
+    rotary_dims, layout = rotary
+    planes = torch.tensor(rotary_planes(size, rotary_dims, layout), dtype=torch.long,
+                          device="cpu").reshape(-1, 2)
+    first, second = planes[:, 0], planes[:, 1]
+    real, imaginary = torch.randn(2, count, len(planes), generator=generator,
+                                  dtype=torch.float64, device="cpu")
+    elements = torch.zeros(count, size, size, dtype=torch.float64, device="cpu")
+    elements[:, first, first] = real
+    elements[:, second, second] = real
+    elements[:, second, first] = imaginary
+    elements[:, first, second] = -imaginary
+    rest = size - rotary_dims
+    elements[:, rotary_dims:, rotary_dims:] = torch.randn(count, rest, rest, generator=generator,
+                                                          dtype=torch.float64, device="cpu")
+    return elements
+
+
+def _sample_matrices(count: int, size: int, generator: torch.Generator | None,
+                     max_condition: float, rotary: RotarySpec | None = None) -> torch.Tensor:
+    """``count`` Gaussian ``size x size`` group elements with condition number <= bound.
+
+    ``rotary``: draw in the rotary subgroup ``GL(1,C)^{R/2} x GL(size - R)`` instead of
+    ``GL(size)`` (module docstring).
+    """
+    matrices = _gaussian_elements(count, size, rotary, generator)
     for _ in range(_MAX_RESAMPLES):
         bad = torch.linalg.cond(matrices) > max_condition
         if not bool(bad.any()):
             return matrices
-        redraw = torch.randn(int(bad.sum()), size, size, generator=generator,
-                             dtype=torch.float64, device="cpu")
-        matrices[bad] = redraw
+        matrices[bad] = _gaussian_elements(int(bad.sum()), size, rotary, generator)
     raise RuntimeError(f"could not draw {size}x{size} Gaussian matrices with condition number "
                        f"below {max_condition:g}")
 
@@ -71,7 +103,8 @@ def reparametrize(model_or_params: nn.Module | Mapping[str, torch.Tensor],
         Which symmetries to apply: any of ``"qk"``, ``"vo"``, ``"diagonal"``.
     return_transforms
         Also return, per bucket, ``A`` ``shape=[P, h, h]`` (float64, CPU; identity for kinds not
-        applied), and the diagonal factor ``c`` ``shape=[D]`` (or ``None``).
+        applied; in the rotary subgroup for rotary buckets), and the diagonal factor ``c``
+        ``shape=[D]`` (or ``None``).
     max_condition
         Gaussian ``N`` with a larger condition number are redrawn.
 
@@ -109,9 +142,10 @@ def reparametrize(model_or_params: nn.Module | Mapping[str, torch.Tensor],
         coords = layout.to_coordinates(params)
         new_gl = []
         matrices_per_bucket = []
-        for (g_factor, h_factor), pairs in zip(coords.gl, coords.gl_pairs, strict=True):
+        for (g_factor, h_factor), pairs, rotary in zip(coords.gl, coords.gl_pairs,
+                                                       layout.bucket_rotary, strict=True):
             count, size = g_factor.shape[0], g_factor.shape[-1]
-            matrices = scale * _sample_matrices(count, size, generator, max_condition)
+            matrices = scale * _sample_matrices(count, size, generator, max_condition, rotary)
             applied = torch.tensor([pair.kind in kinds for pair in pairs], device="cpu")
             identity = torch.eye(size, dtype=torch.float64, device="cpu").expand(count, size,
                                                                                  size)

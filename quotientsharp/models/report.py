@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .conventions import RotarySpec, rotary_group_dimension, rotary_group_name
+
 __all__ = [
     "PAIR_KINDS",
     "AttentionModule",
@@ -32,7 +34,7 @@ PAIR_KINDS = ("qk", "vo")
 
 @dataclass(frozen=True)
 class AttentionPair:
-    """One ``GL(h)`` pair of one head: ``G`` is ``shape=[n, h]``, ``H`` is ``shape=[m, h]``.
+    """One pair of one head: ``G`` is ``shape=[n, h]``, ``H`` is ``shape=[m, h]``.
 
     Attributes
     ----------
@@ -41,9 +43,15 @@ class AttentionPair:
     kind
         ``"qk"`` (query/key) or ``"vo"`` (value/output).
     head
-        Head index inside the module.
+        Head index inside the module; with grouped-query attention the key/value head.
     n, m, h
         Factor shapes, bias rows included (the bias is appended to ``G`` as a last row).
+    rotary
+        ``(rotary_dims, layout)`` of a query/key pair under rotary position embeddings (its group
+        is then ``GL(1,C)^{rotary_dims/2} x GL(h - rotary_dims)``), ``None`` for ``GL(h)``.
+    query_heads
+        Query heads that share this key/value head (grouped-query attention; ``1`` otherwise):
+        their blocks are stacked along the rows of ``G`` (qk) or of ``H`` (vo).
     """
 
     module: str
@@ -52,6 +60,18 @@ class AttentionPair:
     n: int
     m: int
     h: int
+    rotary: RotarySpec | None = None
+    query_heads: int = 1
+
+    @property
+    def group(self) -> str:
+        """The symmetry group acting on the pair, e.g. ``"GL(8)"`` or ``"GL(1,C)^4"``."""
+        return rotary_group_name(self.h, self.rotary)
+
+    @property
+    def group_dimension(self) -> int:
+        """Real dimension of :attr:`group` (``h^2`` for ``GL(h)``)."""
+        return rotary_group_dimension(self.h, self.rotary)
 
 
 @dataclass(frozen=True)
@@ -75,7 +95,9 @@ class DiagonalPair:
 class FactorSource:
     """A block of rows of a factor, read from (a slice of) one parameter.
 
-    For all heads at once, the block is ``shape=[heads, rows, head_dim]``.
+    For all pairs at once, the block is ``shape=[heads, members, rows, head_dim]``, where
+    ``heads`` and ``members`` are the :class:`PairGroup`'s (``members`` heads' features per pair,
+    for grouped-query attention; ``1`` otherwise).
 
     Attributes
     ----------
@@ -86,11 +108,19 @@ class FactorSource:
         (``0`` for q/k/v ``nn.Linear`` weights, ``1`` for the output projection's weight);
         the other dimension gives the ``rows``. ``"bias"``: a 1-D parameter, one row.
     axis
-        Dimension of the parameter that runs over ``heads * head_dim`` features.
+        Dimension of the parameter that runs over the head features.
     offset
         Start of this block along ``axis`` (fused projections: 0, E, 2E).
     rows
         Number of factor rows contributed per head.
+    stride
+        Distance along ``axis`` between the features of consecutive pairs; ``0`` (the default)
+        means back to back, ``members * head_dim``. Pair ``p`` reads
+        ``[offset + p * stride + phase, ... + members * head_dim)``: a fused projection that
+        interleaves its heads (GPT-NeoX's ``[q_0, k_0, v_0, q_1, ...]``) has
+        ``stride = 3 * head_dim`` and ``phase`` 0, ``head_dim``, ``2 * head_dim``.
+    phase
+        Position of the block inside each stride (``0`` for back-to-back features).
     """
 
     parameter: str
@@ -98,14 +128,26 @@ class FactorSource:
     axis: int
     offset: int
     rows: int
+    stride: int = 0
+    phase: int = 0
 
 
 @dataclass(frozen=True)
 class PairGroup:
     """All heads of one pair kind of one module: ``heads`` pairs sharing the shapes ``(n, m, h)``.
 
-    ``G`` of all heads, ``shape=[heads, n, head_dim]``, is the concatenation along rows of
-    ``g_sources`` (likewise ``H`` from ``h_sources``).
+    ``G`` of all pairs, ``shape=[heads, n, head_dim]``, stacks along rows ``g_members`` member
+    blocks, each the concatenation along rows of ``g_sources`` (likewise ``H``): member ``t`` of
+    pair ``p`` reads head ``p * g_members + t`` of its sources. Grouped-query attention with
+    ``g`` query heads per key/value head (HF ``repeat_kv``: query head ``i = j g + t`` reads
+    key/value head ``j``) has ``g_members = g`` for qk (the ``g`` query heads of a group over one
+    key head) and ``h_members = g`` for vo (one value head, the output columns of its ``g``
+    query heads); every other layout has one member.
+
+    Attributes
+    ----------
+    rotary
+        ``(rotary_dims, layout)`` for a query/key group under rotary embeddings, else ``None``.
     """
 
     module: str
@@ -114,14 +156,27 @@ class PairGroup:
     head_dim: int
     g_sources: tuple[FactorSource, ...]
     h_sources: tuple[FactorSource, ...]
+    g_members: int = 1
+    h_members: int = 1
+    rotary: RotarySpec | None = None
 
     @property
     def n(self) -> int:
-        return sum(source.rows for source in self.g_sources)
+        return self.g_members * sum(source.rows for source in self.g_sources)
 
     @property
     def m(self) -> int:
-        return sum(source.rows for source in self.h_sources)
+        return self.h_members * sum(source.rows for source in self.h_sources)
+
+    @property
+    def query_heads(self) -> int:
+        """Query heads per pair (``g`` of grouped-query attention, else ``1``)."""
+        return max(self.g_members, self.h_members)
+
+    @property
+    def group(self) -> str:
+        """The symmetry group of each pair, e.g. ``"GL(8)"`` or ``"GL(1,C)^2 x GL(4)"``."""
+        return rotary_group_name(self.head_dim, self.rotary)
 
     @property
     def parameters(self) -> tuple[str, ...]:
@@ -130,7 +185,8 @@ class PairGroup:
         return tuple(dict.fromkeys(names))
 
     def pairs(self) -> list[AttentionPair]:
-        return [AttentionPair(self.module, self.kind, head, self.n, self.m, self.head_dim)
+        return [AttentionPair(self.module, self.kind, head, self.n, self.m, self.head_dim,
+                              self.rotary, self.query_heads)
                 for head in range(self.heads)]
 
 
@@ -145,12 +201,16 @@ class AttentionModule:
     layout
         Which handler recognised it: ``"multihead_attention"``, ``"bert"`` (HF BERT/ViT-4.x style
         ``self|attention`` + ``output.dense``), ``"qkvo"`` (generic
-        ``q_proj/k_proj/v_proj/o_proj``), ``"gpt2"`` (fused ``c_attn`` / ``c_proj`` Conv1D).
+        ``q_proj/k_proj/v_proj/o_proj`` and relatives), ``"gpt2"`` (fused ``c_attn`` / ``c_proj``
+        Conv1D), ``"fused_per_head"`` (GPT-NeoX / BLOOM ``query_key_value`` + ``dense``).
     heads
-        Number of heads.
+        Number of (query) heads.
     kinds
         Pair kinds kept (``"qk"``, ``"vo"``); a kind is missing when it is not a symmetry of this
         module (see ``notes``) or its parameters are frozen.
+    kv_heads
+        Number of key/value heads: ``heads`` unless the module uses grouped- or multi-query
+        attention.
     """
 
     name: str
@@ -158,6 +218,7 @@ class AttentionModule:
     layout: str
     heads: int
     kinds: tuple[str, ...] = ()
+    kv_heads: int | None = None
 
 
 @dataclass
@@ -239,8 +300,11 @@ class SymmetryReport:
 
     @property
     def group_dimension(self) -> int:
-        """Dimension of the symmetry group (= of each vertical space): ``sum h^2 + D``."""
-        return sum(pair.h * pair.h for pair in self.pairs) + self.diagonal_size
+        """Dimension of the symmetry group (= of each vertical space): ``sum h^2 + D``.
+
+        A rotary query/key pair contributes ``R + (h - R)^2`` instead of ``h^2``.
+        """
+        return sum(pair.group_dimension for pair in self.pairs) + self.diagonal_size
 
     @property
     def bucket_shapes(self) -> dict[tuple[int, int, int], int]:
@@ -248,6 +312,16 @@ class SymmetryReport:
         counts: dict[tuple[int, int, int], int] = {}
         for pair in self.pairs:
             key = (pair.n, pair.m, pair.h)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    @property
+    def bucket_groups(self) -> dict[tuple[int, int, int, RotarySpec | None], int]:
+        """Number of pairs per distinct ``(n, m, h, rotary)``: the layout's buckets (one group
+        each), in order of first appearance."""
+        counts: dict[tuple[int, int, int, RotarySpec | None], int] = {}
+        for pair in self.pairs:
+            key = (pair.n, pair.m, pair.h, pair.rotary)
             counts[key] = counts.get(key, 0) + 1
         return counts
 
@@ -279,9 +353,13 @@ class SymmetryReport:
     # ------------------------------------------------------------------ text
     def summary(self) -> str:
         """Readable multi-line description: modules, pair counts, head dims, what was not found."""
-        lines = [f"Symmetries of {self.model_type or 'model'}: {self.gl_count} GL(h) pairs in "
-                 f"{len(self.bucket_shapes)} shape bucket(s), {self.diagonal_size} diagonal "
-                 f"GL(1) coordinate(s), group dimension {self.group_dimension}"]
+        rotary = sum(pair.rotary is not None for pair in self.pairs)
+        rotary_text = (f" ({rotary} of them rotary query/key pairs, group GL(1,C)^(R/2) x "
+                       "GL(h-R))") if rotary else ""
+        lines = [f"Symmetries of {self.model_type or 'model'}: {self.gl_count} GL(h) pairs"
+                 f"{rotary_text} in {len(self.bucket_groups)} shape bucket(s), "
+                 f"{self.diagonal_size} diagonal GL(1) coordinate(s), group dimension "
+                 f"{self.group_dimension}"]
         lines.append(f"  parameters: {self.pair_parameter_count:,} in attention pairs, "
                      f"{self.diagonal_parameter_count:,} diagonal, "
                      f"{self.other_parameter_count:,} other (adaptive), "
@@ -292,14 +370,21 @@ class SymmetryReport:
             for group in self.groups:
                 by_module[group.module].append(group)
             for module in self.modules:
-                kinds = "  ".join(f"{g.kind} (n={g.n}, m={g.m}, h={g.head_dim})"
-                                  for g in by_module.get(module.name, []))
+                kinds = "  ".join(
+                    f"{g.kind} (n={g.n}, m={g.m}, h={g.head_dim}, {g.group}"
+                    + (f", {g.rotary[1]} rotary on {g.rotary[0]} dims" if g.rotary else "") + ")"
+                    for g in by_module.get(module.name, []))
+                heads = f"{module.heads} heads"
+                if module.kv_heads is not None and module.kv_heads != module.heads:
+                    plural = "s" if module.kv_heads > 1 else ""
+                    heads += f" ({module.kv_heads} key/value head{plural})"
                 lines.append(f"    {module.name or '<root>'}  {module.type_name}  "
-                             f"[{module.layout}]  {module.heads} heads  {kinds or 'no pairs'}")
+                             f"[{module.layout}]  {heads}  {kinds or 'no pairs'}")
         if self.pairs:
-            lines.append("  buckets (all heads of all layers with one shape):")
-            for (n, m, h), count in self.bucket_shapes.items():
-                lines.append(f"    n={n}, m={m}, h={h}: {count} pairs")
+            lines.append("  buckets (all heads of all layers with one shape and group):")
+            for (n, m, h, spec), count in self.bucket_groups.items():
+                lines.append(f"    n={n}, m={m}, h={h}, {rotary_group_name(h, spec)}: "
+                             f"{count} pairs")
         if self.diagonal:
             lines.append("  diagonal parameterisations:")
             for pair in self.diagonal:

@@ -3,7 +3,8 @@
 It runs the recognisers of :mod:`.recognisers` over every module (a recognised or rejected module
 claims its whole subtree), lists the attention-like modules that none understood, adds the
 diagonal ``(u, v)`` parameterisations (``diagonal = True`` modules and explicit pairs), keeps only
-the pair groups whose parameters are trainable, unshared and of one dtype and device, and sorts
+the pair groups whose parameters are trainable, unshared and of one dtype and device (and, for
+rotary query/key groups, whose rotated dimensions match the model's rotary embedding), and sorts
 every remaining trainable parameter into "other". It never touches the model's tensors.
 """
 
@@ -30,6 +31,16 @@ __all__ = ["find_symmetries"]
 def _inside(name: str, prefix: str) -> bool:
     """Whether module ``name`` lies in the subtree rooted at ``prefix``."""
     return prefix == "" or name == prefix or name.startswith(prefix + ".")
+
+
+def _rotary_embedding_sizes(model: nn.Module) -> set[int]:
+    """Dimensions rotated by the model's rotary embeddings: ``2 x`` each ``inv_freq`` buffer's size.
+
+    HF rotary embedding modules keep their frequencies in a buffer ``inv_freq`` (one per plane);
+    its shape is known on the meta device too. Empty when the model has none.
+    """
+    return {2 * buffer.numel() for name, buffer in model.named_buffers()
+            if name.rsplit(".", 1)[-1] == "inv_freq"}
 
 
 # ---------------------------------------------------------------------- entry point
@@ -101,7 +112,8 @@ def find_symmetries(model: nn.Module,
             f"{type(module).__name__}: attention-like (class name or q/k/v-looking children: "
             f"{sorted({c for c in module._modules} & QKV_LIKE_NAMES) or 'none'}) but no "
             "supported layout (nn.MultiheadAttention, BERT/ViT query/key/value + output.dense, "
-            "q_proj/k_proj/v_proj/o_proj|out_proj with a head count, GPT-2 c_attn/c_proj)")
+            "q_proj/k_proj/v_proj/o_proj|out_proj or q_lin/k_lin/v_lin/out_lin with a head "
+            "count, GPT-2 c_attn/c_proj, GPT-NeoX/BLOOM query_key_value/dense)")
 
     module_order = {module_name: i for i, (module_name, _) in enumerate(model.named_modules())}
     report.unknown.sort(key=module_order.__getitem__)
@@ -127,13 +139,18 @@ def find_symmetries(model: nn.Module,
             touching[parameter].add(index)
             owners[parameter].add(module_name)
     diagonal_names = {name for pair in diagonal_found for name in pair}
+    rotary_sizes = _rotary_embedding_sizes(model)
     dropped: set[int] = set()
     for index, (module_name, group) in enumerate(candidates):
         frozen_here = [p for p in group.parameters if p in frozen]
         shared = [p for p in group.parameters if len(owners[p]) > 1 or p in diagonal_names]
         dtypes = {report.parameter_dtypes[p] for p in group.parameters}
         devices = {named[p].device for p in group.parameters}
-        if frozen_here:
+        if group.rotary is not None and rotary_sizes and group.rotary[0] not in rotary_sizes:
+            report.notes.append(f"{module_name or '<root>'}: {group.kind} pairs dropped, the "
+                                f"module declares {group.rotary[0]} rotary dimensions but the "
+                                f"model's rotary embedding(s) rotate {sorted(rotary_sizes)}")
+        elif frozen_here:
             report.notes.append(f"{module_name or '<root>'}: {group.kind} pairs dropped, frozen "
                                 f"parameter(s) {', '.join(frozen_here)}")
         elif shared:
@@ -167,7 +184,8 @@ def find_symmetries(model: nn.Module,
         report.groups.extend(kept)
         report.notes.extend(finding.notes)
         report.modules.append(AttentionModule(module_name, type(module).__name__, finding.layout,
-                                              finding.heads, tuple(g.kind for g in kept)))
+                                              finding.heads, tuple(g.kind for g in kept),
+                                              finding.kv_heads))
     report.pairs = [pair for group in report.groups for pair in group.pairs()]
 
     covered = set(report.pair_parameters)

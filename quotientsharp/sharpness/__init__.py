@@ -23,10 +23,11 @@ from .batches import resolve_loss, split_batch
 from .coordinates import BoundCoordinates, Factor, LayoutCoordinates, PlainCoordinates
 from .functional import FunctionalModel
 from .geometry import build_geometry
-from .measures import perturbed_objective
+from .measures import NonFiniteLossError, perturbed_objective
 from .solver import AscentOutcome, AscentSettings, ascend, checkpoints
 
 __all__ = ["MEASURES", "AscentOutcome", "AscentSettings", "BoundCoordinates", "BoxGeometry",
-           "Factor", "FunctionalModel", "GeodesicBall", "LayoutCoordinates", "PlainCoordinates",
+           "Factor", "FunctionalModel", "GeodesicBall", "LayoutCoordinates", "NonFiniteLossError",
+           "PlainCoordinates",
            "SharpnessResult", "ascend", "build_geometry", "checkpoints", "perturbed_objective",
            "resolve_loss", "sharpness", "split_batch"]

@@ -226,9 +226,10 @@ def compute_loss(function: LossFunction, builtin: bool, output: Any, target: Any
     """
     logits = output_tensor(output)
     if logits is not None and not (logits.is_floating_point() or logits.is_complex()):
-        raise TypeError(f"{batch}: the model returned a {str(logits.dtype).removeprefix('torch.')} "
-                        f"tensor of shape {_shape(logits)}; sharpness needs floating scores "
-                        "(logits), not integer predictions such as an argmax")
+        raise TypeError(f"{batch}: the model returned a tensor of dtype "
+                        f"{str(logits.dtype).removeprefix('torch.')} and shape {_shape(logits)}; "
+                        "sharpness needs floating scores (logits), not integer predictions such "
+                        "as an argmax")
     try:
         if builtin:
             if logits is None:
@@ -251,6 +252,7 @@ def compute_loss(function: LossFunction, builtin: bool, output: Any, target: Any
         raise ValueError(f"{batch}: the loss must return a scalar, got shape "
                          f"{tuple(value.shape)}")
     if not (value.is_floating_point() or value.is_complex()):
-        raise TypeError(f"{batch}: the loss returned a {str(value.dtype).removeprefix('torch.')} "
-                        "tensor; it must be a floating scalar that depends on the parameters")
+        raise TypeError(f"{batch}: the loss returned a tensor of dtype "
+                        f"{str(value.dtype).removeprefix('torch.')}; it must be a floating "
+                        "scalar that depends on the parameters")
     return value.reshape(()).to(dtype)

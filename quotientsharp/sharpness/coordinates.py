@@ -8,7 +8,8 @@ quotient and its base point) and maps a point of the product back to parameters 
   sharpness, and geodesic sharpness without symmetries;
 - :class:`LayoutCoordinates`: the discovered symmetries of a
   :class:`~quotientsharp.models.ParameterLayout`: one :class:`~quotientsharp.GLQuotient` factor
-  per bucket of attention heads (the heads folded into the point), one
+  per bucket of attention heads (the heads folded into the point; a
+  :class:`~quotientsharp.gl.RotaryQuotient` for a bucket of rotary query/key pairs), one
   :class:`~quotientsharp.DiagonalQuotient` factor, and the remaining parameters;
 - :class:`BoundCoordinates`: quotients a user attached with
   :class:`~quotientsharp.models.QuotientBinding`, and the remaining parameters.
@@ -24,7 +25,7 @@ import torch
 
 from ..adaptive import AdaptiveQuotient
 from ..diagonal import DiagonalQuotient
-from ..gl import GLQuotient
+from ..gl import GLQuotient, RotaryQuotient
 from ..quotient import SymmetryQuotient
 
 if TYPE_CHECKING:
@@ -60,6 +61,20 @@ class Factor:
     folded: int = 0
     curved: bool = True
     labels: list[str] = field(default_factory=list)
+
+
+def pair_quotient(metric: str, eps: float, pairs: Sequence[Any]) -> GLQuotient:
+    """The quotient of one bucket of attention pairs (all of one shape and group).
+
+    ``GLQuotient(metric, eps)``, or for rotary query/key pairs (``pair.rotary`` is
+    ``(rotary_dims, layout)``) the quotient by the rotations' centraliser,
+    ``RotaryQuotient(metric, eps, head_dim=h, rotary_dims=..., layout=...)``.
+    """
+    rotary = getattr(pairs[0], "rotary", None) if pairs else None
+    if rotary is None:
+        return GLQuotient(metric, eps)
+    return RotaryQuotient(metric, eps, head_dim=pairs[0].h, rotary_dims=rotary[0],
+                          layout=rotary[1])
 
 
 def other_factor(tensors: Sequence[torch.Tensor], other_metric: str,
@@ -98,7 +113,7 @@ class LayoutCoordinates:
 
     def factors(self, metric: str = "inv", eps: float = 0.0, other_metric: str = "adaptive",
                 other_path: str = "line", **_: Any) -> list[Factor]:
-        factors = [Factor(GLQuotient(metric, eps), (G, H), "gl", folded=1,
+        factors = [Factor(pair_quotient(metric, eps, pairs), (G, H), "gl", folded=1,
                           labels=[f"{p.module} {p.kind} head {p.head}" for p in pairs])
                    for (G, H), pairs in zip(self.gl, self.gl_pairs, strict=True)]
         if self.diagonal is not None:
@@ -167,4 +182,4 @@ class BoundCoordinates:
 
 
 __all__ = ["BoundCoordinates", "Factor", "LayoutCoordinates", "PlainCoordinates",
-           "other_factor"]
+           "other_factor", "pair_quotient"]

@@ -104,18 +104,20 @@ class FunctionalModel:
             self._checking = previous
 
     def check_batch(self, batch: Batch) -> None:
-        """Raise, naming the batch, if it is empty or its ``input_ids`` leave the vocabulary."""
+        """Raise, naming the batch, if it is empty or its token ids (``input_ids``, or an
+        integer first positional input) leave the vocabulary."""
         target = batch.target
         if isinstance(target, torch.Tensor) and target.numel() == 0:
             raise ValueError(f"{batch.label} is empty: its target has shape "
                              f"{tuple(target.shape)}")
-        ids = batch.kwargs.get("input_ids")
+        ids = batch.kwargs.get("input_ids", batch.args[0] if batch.args else None)
         if (self.vocabulary_size is not None and isinstance(ids, torch.Tensor)
                 and not ids.is_floating_point() and ids.numel()):
             low, high = torch.stack([ids.min(), ids.max()]).tolist()
             if low < 0 or high >= self.vocabulary_size:
                 value = high if high >= self.vocabulary_size else low
-                raise ValueError(f"{batch.label}: input_ids holds token id {value}, outside the "
+                name = "input_ids" if "input_ids" in batch.kwargs else "input 0"
+                raise ValueError(f"{batch.label}: {name} holds token id {value}, outside the "
                                  f"model's vocabulary [0, {self.vocabulary_size}) (the size of "
                                  "its input embedding): was the data tokenised for another "
                                  "model?")

@@ -1,0 +1,738 @@
+"""Grouped-query attention, rotary embeddings and discovery in today's transformer families.
+
+Every family is a tiny float64 model built offline from its config. Per family:
+
+- :func:`find_symmetries` yields the expected pairs, shapes and groups (and notes for what
+  breaks a pair, or leaves it intact);
+- a random group element, applied by hand to the module's own weights (per key/value head: an
+  element of GL(h) or, for a rotary query/key pair, of the rotations' centraliser, condition
+  number 1e3), without the package's layout or ``reparametrize``, leaves the logits unchanged
+  to 1e-10 and geodesic sharpness (inv and mix, orders 1 and 2) unchanged to 1e-8 relative;
+- the layout reads the factors the modeling code uses (stacked query heads of a group, strided
+  fused projections) and round-trips bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import math
+import os
+import sys
+import types
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+
+import quotientsharp as qs
+from quotientsharp.models import ParameterLayout, find_symmetries, reparametrize
+from quotientsharp.models import cli as models_cli
+from quotientsharp.sharpness import LayoutCoordinates
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+RotaryQuotient = pytest.importorskip("quotientsharp.gl").RotaryQuotient
+
+CONDITION = 1e3
+SEQUENCE = 6
+
+
+# ---------------------------------------------------------------------- by-hand group elements
+def gl_element(size: int, condition: float, generator: torch.Generator) -> torch.Tensor:
+    """``U diag(s) V^T``: Haar ``U``, ``V`` and singular values log-spaced to ``condition``."""
+    def orthogonal():
+        q, r = torch.linalg.qr(torch.randn(size, size, generator=generator, dtype=torch.float64))
+        return q * torch.sign(r.diagonal())
+    exponents = torch.linspace(-0.5, 0.5, size, dtype=torch.float64) if size > 1 else (
+        torch.zeros(1, dtype=torch.float64))
+    return orthogonal() @ torch.diag(condition ** exponents) @ orthogonal().T
+
+
+def rotary_element(head_dim: int, rotary_dims: int, layout: str, condition: float,
+                   generator: torch.Generator) -> torch.Tensor:
+    """An element of the centraliser: ``r [[cos, -sin], [sin, cos]]`` on each rotation plane,
+    a GL block on the non-rotary dimensions, zero elsewhere."""
+    half = rotary_dims // 2
+    if layout == "rotate_half":
+        planes = [(d, d + half) for d in range(half)]
+    else:
+        planes = [(2 * d, 2 * d + 1) for d in range(half)]
+    moduli = condition ** torch.linspace(-0.5, 0.5, half, dtype=torch.float64)
+    moduli = moduli[torch.randperm(half, generator=generator)]
+    element = torch.zeros(head_dim, head_dim, dtype=torch.float64)
+    for (i, j), modulus in zip(planes, moduli, strict=True):
+        phase = 2 * math.pi * float(torch.rand(1, generator=generator, dtype=torch.float64))
+        element[i, i] = element[j, j] = modulus * math.cos(phase)
+        element[j, i] = modulus * math.sin(phase)
+        element[i, j] = -element[j, i]
+    if rotary_dims < head_dim:
+        element[rotary_dims:, rotary_dims:] = gl_element(head_dim - rotary_dims, condition,
+                                                         generator)
+    return element
+
+
+# ---------------------------------------------------------------------- projections by hand
+@dataclass
+class Projections:
+    """One attention module in ``nn.Linear`` convention: ``wq [heads * d, E]``, ``bq [heads * d]``
+    (or ``None``), keys and values over the key/value heads, ``wo [E_out, heads * d_v]``."""
+
+    wq: torch.Tensor
+    bq: torch.Tensor | None
+    wk: torch.Tensor
+    bk: torch.Tensor | None
+    wv: torch.Tensor
+    bv: torch.Tensor | None
+    wo: torch.Tensor
+
+
+def _clone(t):
+    return None if t is None else t.detach().clone()
+
+
+def _copy(target, value):
+    if target is not None:
+        target.copy_(value)
+
+
+class LinearAccess:
+    """Separate q/k/v/o ``nn.Linear`` modules at the given paths of an attention module."""
+
+    def __init__(self, module, paths):
+        self.q, self.k, self.v, self.o = (module.get_submodule(path) for path in paths)
+
+    def read(self):
+        return Projections(_clone(self.q.weight), _clone(self.q.bias), _clone(self.k.weight),
+                           _clone(self.k.bias), _clone(self.v.weight), _clone(self.v.bias),
+                           _clone(self.o.weight))
+
+    def write(self, p):
+        with torch.no_grad():
+            for linear, weight, bias in ((self.q, p.wq, p.bq), (self.k, p.wk, p.bk),
+                                         (self.v, p.wv, p.bv)):
+                linear.weight.copy_(weight)
+                _copy(linear.bias, bias)
+            self.o.weight.copy_(p.wo)
+
+
+class Conv1DAccess:
+    """GPT-2: ``c_attn`` Conv1D ``W [E, 3E]`` (``y = x W + b``), ``c_proj`` ``W [E, E]``."""
+
+    def __init__(self, module, _=None):
+        self.module = module
+
+    def read(self):
+        wq, wk, wv = self.module.c_attn.weight.detach().T.chunk(3)
+        bq, bk, bv = self.module.c_attn.bias.detach().chunk(3)
+        return Projections(wq.clone(), bq.clone(), wk.clone(), bk.clone(), wv.clone(),
+                           bv.clone(), self.module.c_proj.weight.detach().T.clone())
+
+    def write(self, p):
+        with torch.no_grad():
+            self.module.c_attn.weight.copy_(torch.cat([p.wq, p.wk, p.wv]).T)
+            self.module.c_attn.bias.copy_(torch.cat([p.bq, p.bk, p.bv]))
+            self.module.c_proj.weight.copy_(p.wo.T)
+
+
+class FusedPerHeadAccess:
+    """GPT-NeoX / BLOOM: ``query_key_value`` output viewed as ``[heads, 3, d]``; ``dense``."""
+
+    def __init__(self, module, heads):
+        self.module, self.heads = module, heads
+
+    def read(self):
+        fused = self.module.query_key_value
+        embed = fused.in_features
+        weight = fused.weight.detach().reshape(self.heads, 3, -1, embed)
+        bias = fused.bias.detach().reshape(self.heads, 3, -1)
+        parts = [(weight[:, i].reshape(-1, embed).clone(), bias[:, i].reshape(-1).clone())
+                 for i in range(3)]
+        return Projections(*parts[0], *parts[1], *parts[2],
+                           self.module.dense.weight.detach().clone())
+
+    def write(self, p):
+        fused = self.module.query_key_value
+        embed = fused.in_features
+        with torch.no_grad():
+            weight = torch.stack([w.reshape(self.heads, -1, embed) for w in (p.wq, p.wk, p.wv)],
+                                 dim=1)
+            fused.weight.copy_(weight.reshape(-1, embed))
+            bias = torch.stack([b.reshape(self.heads, -1) for b in (p.bq, p.bk, p.bv)], dim=1)
+            fused.bias.copy_(bias.reshape(-1))
+            self.module.dense.weight.copy_(p.wo)
+
+
+class MultiheadAccess:
+    """``nn.MultiheadAttention``: fused ``in_proj_weight`` / ``in_proj_bias``, ``out_proj``."""
+
+    def __init__(self, module, _=None):
+        self.module = module
+
+    def read(self):
+        wq, wk, wv = self.module.in_proj_weight.detach().clone().chunk(3)
+        bq, bk, bv = self.module.in_proj_bias.detach().clone().chunk(3)
+        return Projections(wq, bq, wk, bk, wv, bv, self.module.out_proj.weight.detach().clone())
+
+    def write(self, p):
+        with torch.no_grad():
+            self.module.in_proj_weight.copy_(torch.cat([p.wq, p.wk, p.wv]))
+            self.module.in_proj_bias.copy_(torch.cat([p.bq, p.bk, p.bv]))
+            self.module.out_proj.weight.copy_(p.wo)
+
+
+def _rows(weight, bias, heads):
+    """``[heads, d, E]`` and ``[heads, d]`` views of head-major rows."""
+    blocks = weight.reshape(heads, -1, weight.shape[-1])
+    return blocks, None if bias is None else bias.reshape(heads, -1)
+
+
+def transform_by_hand(p: Projections, heads: int, kv_heads: int, rotary, kinds,
+                      generator: torch.Generator) -> Projections:
+    """One group element per key/value head, applied to the weights of its group.
+
+    QK of key head ``j`` with ``A``: query head ``i = j g + t`` (HF ``repeat_kv``) gets
+    ``[W_q,i, b_q,i] <- A^{-T} [W_q,i, b_q,i]``, key head ``j`` gets ``A [W_k,j, b_k,j]``.
+    VO of value head ``j`` with ``B``: ``[W_v,j, b_v,j] <- B^{-T} [...]`` and every query head
+    ``i`` of the group ``W_o[:, cols_i] <- W_o[:, cols_i] B^T``. Scores ``q_i^T k_j`` and the
+    output ``W_o,i v_j`` are unchanged (for rotary pairs because ``A`` commutes with rotations).
+    """
+    group = heads // kv_heads
+    wq, bq = _rows(p.wq, p.bq, heads)
+    wk, bk = _rows(p.wk, p.bk, kv_heads)
+    wv, bv = _rows(p.wv, p.bv, kv_heads)
+    head_dim, value_dim = wq.shape[1], wv.shape[1]
+    wo = p.wo.reshape(p.wo.shape[0], heads, value_dim)
+    for j in range(kv_heads):
+        queries = range(j * group, (j + 1) * group)
+        if "qk" in kinds:
+            a = (gl_element(head_dim, CONDITION, generator) if rotary is None
+                 else rotary_element(head_dim, *rotary, CONDITION, generator))
+            a_inv_t = torch.linalg.inv(a).T
+            for i in queries:
+                wq[i] = a_inv_t @ wq[i]
+                if bq is not None:
+                    bq[i] = a_inv_t @ bq[i]
+            wk[j] = a @ wk[j]
+            if bk is not None:
+                bk[j] = a @ bk[j]
+        if "vo" in kinds:
+            b = gl_element(value_dim, CONDITION, generator)
+            wv[j] = torch.linalg.inv(b).T @ wv[j]
+            if bv is not None:
+                bv[j] = torch.linalg.inv(b).T @ bv[j]
+            for i in queries:
+                wo[:, i] = wo[:, i] @ b.T
+    return p
+
+
+# ---------------------------------------------------------------------- families
+def randomize(model, seed=0):
+    """Perturb every parameter: default inits zero the biases, which would hide the bias rows."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for tensor in model.parameters():
+            tensor.add_(0.2 * torch.randn(tensor.shape, generator=generator,
+                                          dtype=torch.float64))
+    return model
+
+
+def text_batch(eos=None):
+    generator = torch.Generator().manual_seed(11)
+    ids = torch.randint(2, 50, (4, SEQUENCE), generator=generator)
+    if eos is not None:
+        ids[:, -1] = eos
+    return {"input_ids": ids, "labels": torch.tensor([0, 1, 2, 1])}
+
+
+def image_batch():
+    generator = torch.Generator().manual_seed(12)
+    return {"pixel_values": torch.randn(4, 3, 8, 8, generator=generator, dtype=torch.float64),
+            "labels": torch.tensor([0, 1, 2, 1])}
+
+
+class MHAClassifier(nn.Module):
+    """Self-attention over a sequence, mean-pooled, then a linear classifier."""
+
+    def __init__(self, embed=16, heads=2, classes=3):
+        super().__init__()
+        self.attention = nn.MultiheadAttention(embed, heads, batch_first=True)
+        self.head = nn.Linear(embed, classes)
+
+    def forward(self, x):
+        return self.head((x + self.attention(x, x, x, need_weights=False)[0]).mean(1))
+
+
+def mha_batch():
+    generator = torch.Generator().manual_seed(13)
+    return (torch.randn(4, 5, 16, generator=generator, dtype=torch.float64),
+            torch.tensor([0, 1, 2, 1]))
+
+
+def _decoder(name, **options):
+    base = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=4,
+                vocab_size=50, num_labels=3, pad_token_id=0, bos_token_id=1, eos_token_id=1,
+                attn_implementation="eager")
+    base.update(options)
+    config_class = getattr(transformers, f"{name}Config")
+    model_class = getattr(transformers, f"{name}ForSequenceClassification")
+    return lambda: model_class(config_class(**base))
+
+
+T = transformers
+LLAMA_PATHS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@dataclass
+class Family:
+    """A tiny model and what discovery must find in it.
+
+    ``expected``: per attention module, ``(kind, pairs, n, m, h, group, query_heads)`` of each
+    kept pair kind. ``attention``: the class name of its attention modules, how to read their
+    projections by hand, and ``(heads, kv_heads, rotary, kinds)``.
+    """
+
+    build: Callable[[], nn.Module]
+    batch: Callable[[], object]
+    attention_class: str
+    access: Callable
+    paths: object
+    heads: int
+    kv_heads: int
+    rotary: tuple[int, str] | None
+    kinds: tuple[str, ...]
+    expected: tuple[tuple, ...]
+    modules: int = 1
+
+
+def _gl(kind, pairs, n, m, h=8, query_heads=1, group="GL(8)"):
+    return (kind, pairs, n, m, h, group, query_heads)
+
+
+FAMILIES = {
+    # grouped-query attention (4 query heads, 2 key/value heads) and RoPE: the issue's case
+    "llama": Family(_decoder("Llama", num_key_value_heads=2), text_batch, "LlamaAttention",
+                    LinearAccess, LLAMA_PATHS, 4, 2, (8, "rotate_half"), ("qk", "vo"),
+                    (_gl("qk", 2, 64, 32, query_heads=2, group="GL(1,C)^4"),
+                     _gl("vo", 2, 32, 64, query_heads=2))),
+    # q/k/v biases: each stacked query head carries its bias row
+    "qwen2": Family(_decoder("Qwen2", num_key_value_heads=2), text_batch, "Qwen2Attention",
+                    LinearAccess, LLAMA_PATHS, 4, 2, (8, "rotate_half"), ("qk", "vo"),
+                    (_gl("qk", 2, 66, 33, query_heads=2, group="GL(1,C)^4"),
+                     _gl("vo", 2, 33, 64, query_heads=2))),
+    # multi-query attention and a sliding window
+    "mistral": Family(_decoder("Mistral", num_key_value_heads=1, sliding_window=4), text_batch,
+                      "MistralAttention", LinearAccess, LLAMA_PATHS, 4, 1, (8, "rotate_half"),
+                      ("qk", "vo"), (_gl("qk", 1, 128, 32, query_heads=4, group="GL(1,C)^4"),
+                                     _gl("vo", 1, 32, 128, query_heads=4))),
+    # fused per-head query_key_value, partial rotary on the first 4 of 8 dimensions
+    "gpt_neox": Family(_decoder("GPTNeoX", rotary_pct=0.5), text_batch, "GPTNeoXAttention",
+                       FusedPerHeadAccess, 4, 4, 4, (4, "rotate_half"), ("qk", "vo"),
+                       (_gl("qk", 4, 33, 33, group="GL(1,C)^2 x GL(4)"), _gl("vo", 4, 33, 32))),
+    # interleaved rotary planes (rotate_every_two), partial rotary; GPT-J's eager attention
+    # computes its scores in float32, SDPA keeps float64
+    "gptj": Family(lambda: T.GPTJForSequenceClassification(T.GPTJConfig(
+        n_embd=32, n_layer=1, n_head=4, rotary_dim=4, vocab_size=50, n_positions=16,
+        num_labels=3, pad_token_id=0, bos_token_id=1, eos_token_id=1,
+        attn_implementation="sdpa")), text_batch, "GPTJAttention", LinearAccess,
+        ("q_proj", "k_proj", "v_proj", "out_proj"), 4, 4, (4, "interleaved"), ("qk", "vo"),
+        (_gl("qk", 4, 32, 32, group="GL(1,C)^2 x GL(4)"), _gl("vo", 4, 32, 32))),
+    "distilbert": Family(lambda: T.DistilBertForSequenceClassification(T.DistilBertConfig(
+        dim=32, hidden_dim=37, n_layers=1, n_heads=4, vocab_size=50, num_labels=3,
+        pad_token_id=0, attn_implementation="eager")), text_batch, "DistilBertSelfAttention",
+        LinearAccess, ("q_lin", "k_lin", "v_lin", "out_lin"), 4, 4, None, ("qk", "vo"),
+        (_gl("qk", 4, 33, 33), _gl("vo", 4, 33, 32))),
+    # ALiBi: a bias on the scores, the pairs stay
+    "bloom": Family(lambda: T.BloomForSequenceClassification(T.BloomConfig(
+        hidden_size=32, n_layer=1, n_head=4, vocab_size=50, num_labels=3, pad_token_id=0,
+        bos_token_id=1, eos_token_id=1, attn_implementation="eager")), text_batch,
+        "BloomAttention", FusedPerHeadAccess, 4, 4, 4, None, ("qk", "vo"),
+        (_gl("qk", 4, 33, 33), _gl("vo", 4, 33, 32))),
+    # per-head q_norm/k_norm: the qk pair breaks, the vo pair stays
+    "qwen3": Family(_decoder("Qwen3", num_key_value_heads=2, head_dim=8), text_batch,
+                    "Qwen3Attention", LinearAccess, LLAMA_PATHS, 4, 2, None, ("vo",),
+                    (_gl("vo", 2, 32, 64, query_heads=2),)),
+    "gpt2": Family(lambda: T.GPT2ForSequenceClassification(T.GPT2Config(
+        n_embd=32, n_layer=1, n_head=4, vocab_size=50, n_positions=16, num_labels=3,
+        pad_token_id=0, bos_token_id=1, eos_token_id=1, attn_implementation="eager")),
+        text_batch, "GPT2Attention", Conv1DAccess, None, 4, 4, None, ("qk", "vo"),
+        (_gl("qk", 4, 33, 33), _gl("vo", 4, 33, 32))),
+    "bert": Family(lambda: T.BertForSequenceClassification(T.BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37,
+        vocab_size=50, num_labels=3, attn_implementation="eager")), text_batch,
+        "BertAttention", LinearAccess, ("self.query", "self.key", "self.value", "output.dense"),
+        4, 4, None, ("qk", "vo"), (_gl("qk", 4, 33, 33), _gl("vo", 4, 33, 32))),
+    "roberta": Family(lambda: T.RobertaForSequenceClassification(T.RobertaConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37,
+        vocab_size=50, num_labels=3, pad_token_id=0, bos_token_id=1, eos_token_id=1,
+        attn_implementation="eager")), text_batch, "RobertaAttention", LinearAccess,
+        ("self.query", "self.key", "self.value", "output.dense"), 4, 4, None, ("qk", "vo"),
+        (_gl("qk", 4, 33, 33), _gl("vo", 4, 33, 32))),
+    "vit": Family(lambda: T.ViTForImageClassification(T.ViTConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37,
+        image_size=8, patch_size=4, num_labels=3, attn_implementation="eager")), image_batch,
+        "ViTAttention", LinearAccess, LLAMA_PATHS, 4, 4, None, ("qk", "vo"),
+        (_gl("qk", 4, 33, 33), _gl("vo", 4, 33, 32))),
+    "clip_vision": Family(lambda: T.CLIPForImageClassification(T.CLIPConfig(
+        vision_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1,
+                           num_attention_heads=4, image_size=8, patch_size=4),
+        text_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1,
+                         num_attention_heads=4, vocab_size=50, bos_token_id=1, eos_token_id=1,
+                         pad_token_id=0),
+        num_labels=3, attn_implementation="eager")), image_batch, "CLIPAttention",
+        LinearAccess, ("q_proj", "k_proj", "v_proj", "out_proj"), 4, 4, None, ("qk", "vo"),
+        (_gl("qk", 4, 33, 33), _gl("vo", 4, 33, 32))),
+    # encoder self-attention, decoder self-attention, decoder cross-attention
+    "t5": Family(lambda: T.T5ForSequenceClassification(T.T5Config(
+        d_model=32, d_kv=8, d_ff=37, num_layers=1, num_heads=4, vocab_size=50, num_labels=3,
+        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+        attn_implementation="eager")), functools.partial(text_batch, eos=1), "T5Attention",
+        LinearAccess, ("q", "k", "v", "o"), 4, 4, None, ("qk", "vo"),
+        (_gl("qk", 4, 32, 32), _gl("vo", 4, 32, 32)), modules=3),
+    "torch_mha": Family(MHAClassifier, mha_batch, "MultiheadAttention", MultiheadAccess, None,
+                        2, 2, None, ("qk", "vo"),
+                        (_gl("qk", 2, 17, 17), _gl("vo", 2, 17, 16))),
+}
+
+
+@functools.cache
+def _model(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    model = FAMILIES[name].build()
+    return randomize(model.to(torch.float64).eval())
+
+
+def model_of(name: str) -> nn.Module:
+    return copy.deepcopy(_model(name))
+
+
+def attention_modules(model: nn.Module, family: Family) -> list[nn.Module]:
+    return [module for module in model.modules()
+            if type(module).__name__ == family.attention_class]
+
+
+def moved_by_hand(model: nn.Module, family: Family, seed: int = 5) -> nn.Module:
+    """A copy of ``model`` with a random group element applied by hand to every module."""
+    moved = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    for module in attention_modules(moved, family):
+        access = family.access(module, family.paths)
+        projections = transform_by_hand(access.read(), family.heads, family.kv_heads,
+                                        family.rotary, family.kinds, generator)
+        access.write(projections)
+    return moved
+
+
+def logits(model: nn.Module, batch) -> torch.Tensor:
+    with torch.no_grad():
+        if isinstance(batch, tuple):
+            return model(batch[0])
+        return model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+
+
+# ---------------------------------------------------------------------- discovery
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_pairs_and_groups_per_family(name):
+    family = FAMILIES[name]
+    model = _model(name)
+    report = find_symmetries(model)
+    assert report.unknown == []
+    modules = attention_modules(model, family)
+    assert len(modules) == family.modules
+    assert len(report.modules) == family.modules
+    found = Counter((g.kind, g.heads, g.n, g.m, g.head_dim, g.group, g.query_heads)
+                    for g in report.groups)
+    assert found == Counter({entry: family.modules for entry in family.expected})
+    for pair in report.pairs:
+        assert pair.rotary == (family.rotary if pair.kind == "qk" else None)
+    for module in report.modules:
+        assert module.kinds == family.kinds
+        assert (module.heads, module.kv_heads) == (family.heads, family.kv_heads)
+    rotary_dims = family.rotary[0] if family.rotary else None
+    assert report.group_dimension == family.modules * sum(
+        pairs * (rotary_dims + (h - rotary_dims) ** 2 if kind == "qk" and rotary_dims else h * h)
+        for kind, pairs, _, _, h, _, _ in family.expected)
+    # every parameter of the projections that carry pairs is covered, nothing else
+    covered = set(report.pair_parameters)
+    assert covered.isdisjoint(report.other)
+    assert "NOT understood" not in report.summary()
+
+
+def test_notes_say_what_breaks_a_pair_and_what_does_not():
+    notes = {name: " | ".join(find_symmetries(_model(name)).notes)
+             for name in ("llama", "gpt_neox", "gptj", "mistral", "bloom", "qwen3", "t5")}
+    assert "rotate_half layout" in notes["llama"] and "modeling_llama.rotate_half" in notes["llama"]
+    assert "grouped-query attention" in notes["llama"]
+    assert "4 of 8 dimensions" in notes["gpt_neox"] and "rotary_ndims=4" in notes["gpt_neox"]
+    assert "interleaved layout" in notes["gptj"] and "rotate_every_two" in notes["gptj"]
+    assert "sliding window of 4 tokens" in notes["mistral"]
+    assert "ALiBi" in notes["bloom"] and "stay exact" in notes["bloom"]
+    assert "no qk pairs" in notes["qwen3"] and "q_norm" in notes["qwen3"]
+    assert "relative position bias" in notes["t5"]
+
+
+def test_clipped_projections_break_both_pairs():
+    torch.manual_seed(0)
+    model = T.OlmoForSequenceClassification(T.OlmoConfig(
+        hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=50, num_labels=3, pad_token_id=0, bos_token_id=1,
+        eos_token_id=1, clip_qkv=5.0))
+    report = find_symmetries(model)
+    assert report.pairs == [] and report.unknown == []
+    assert [module.kinds for module in report.modules] == [()]
+    assert sum("clip_qkv" in note for note in report.notes) == 2
+    assert "model.layers.0.self_attn.q_proj.weight" in report.other
+
+
+def test_rotary_dims_must_match_the_rotary_embedding():
+    model = model_of("llama")
+    model.model.layers[0].self_attn.rotary_ndims = 6   # claims fewer than inv_freq rotates
+    report = find_symmetries(model)
+    assert {pair.kind for pair in report.pairs} == {"vo"}
+    assert any("6 rotary dimensions" in note and "[8]" in note for note in report.notes)
+    # a fused projection feeds both kinds: dropping qk drops vo too (a parameter is either
+    # covered by pairs or not at all)
+    model = model_of("gpt_neox")
+    model.gpt_neox.layers[0].attention.rotary_ndims = 6
+    report = find_symmetries(model)
+    assert report.pairs == []
+    assert any("also feed dropped pairs" in note for note in report.notes)
+
+
+def test_tiled_key_value_sharing_is_not_taken_for_grouped():
+    class Tiled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.num_heads = 4
+            self.q_proj, self.k_proj = nn.Linear(16, 16), nn.Linear(16, 8)
+            self.v_proj, self.o_proj = nn.Linear(16, 8), nn.Linear(16, 16)
+
+    module = Tiled()
+    helpers = types.ModuleType("tiled_modeling")
+    helpers.repeat_kv = lambda x, n: x.repeat(1, n, 1, 1)
+    sys.modules["tiled_modeling"] = helpers
+    try:
+        type(module).__module__ = "tiled_modeling"
+        report = find_symmetries(module)
+    finally:
+        del sys.modules["tiled_modeling"]
+    assert report.unknown == [""] and "tiled" in report.unknown_reasons[""]
+
+
+# ---------------------------------------------------------------------- layout
+def _head_blocks(p: Projections, heads: int, kv_heads: int):
+    """Per query head ``[W_q,i^T ; b_q,i]``, per key/value head ``[W^T ; b]`` and ``W_o[:, i]``."""
+    def with_bias(weight, bias, count):
+        blocks = weight.reshape(count, -1, weight.shape[-1]).transpose(1, 2)
+        if bias is None:
+            return blocks
+        return torch.cat([blocks, bias.reshape(count, 1, -1)], dim=1)
+    q = with_bias(p.wq, p.bq, heads)
+    k = with_bias(p.wk, p.bk, kv_heads)
+    v = with_bias(p.wv, p.bv, kv_heads)
+    o = p.wo.reshape(p.wo.shape[0], heads, -1).permute(1, 0, 2)
+    return q, k, v, o
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "gpt_neox", "gptj", "bloom"])
+def test_factors_stack_the_query_heads_of_each_group(name):
+    family = FAMILIES[name]
+    model = _model(name)
+    report = find_symmetries(model)
+    params = dict(model.named_parameters())
+    layout = ParameterLayout(report, params)
+    coords = layout.to_coordinates(params)
+    factors = {(pair.module, pair.kind, pair.head): (g[index], h[index])
+               for (g, h), pairs in zip(coords.gl, coords.gl_pairs, strict=True)
+               for index, pair in enumerate(pairs)}
+    group = family.heads // family.kv_heads
+    for module_name, module in model.named_modules():
+        if type(module).__name__ != family.attention_class:
+            continue
+        q, k, v, o = _head_blocks(family.access(module, family.paths).read(), family.heads,
+                                  family.kv_heads)
+        for j in range(family.kv_heads):
+            members = slice(j * group, (j + 1) * group)
+            g, h = factors[(module_name, "qk", j)]
+            assert torch.equal(g, q[members].reshape(-1, q.shape[-1]))
+            assert torch.equal(h, k[j])
+            g, h = factors[(module_name, "vo", j)]
+            assert torch.equal(g, v[j])
+            assert torch.equal(h, o[members].reshape(-1, o.shape[-1]))
+    assert layout.bucket_rotary == [family.rotary, None]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["llama", "mistral", "gpt_neox", "bloom"])
+def test_round_trip_is_bit_identical(name, dtype):
+    model = _model(name).to(dtype) if dtype == torch.float64 else model_of(name).to(dtype)
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    report = find_symmetries(model)
+    layout = ParameterLayout(report, params)
+    coords = layout.to_coordinates(params)
+    back = layout.to_parameters(coords)
+    assert list(back) == list(params)
+    for n, tensor in back.items():
+        assert tensor.dtype == dtype and torch.equal(tensor, params[n]), n
+        assert tensor.is_contiguous()
+    storages = {t.untyped_storage().data_ptr() for g, h in coords.gl for t in (g, h)}
+    for n in report.pair_parameters:
+        assert back[n].untyped_storage().data_ptr() not in storages, n
+    # linear: the adjoint of the permutation is its inverse
+    weights = {n: torch.randn(p.shape, dtype=torch.float64).to(dtype) for n, p in params.items()}
+    leaves = [t.detach().clone().requires_grad_(True) for pair in coords.gl for t in pair]
+    gl = [(leaves[2 * i], leaves[2 * i + 1]) for i in range(len(coords.gl))]
+    rebuilt = layout.to_parameters(coords.replace(gl=gl))
+    loss = sum((weights[n].double() * rebuilt[n].double()).sum() for n in report.pair_parameters)
+    gradients = torch.autograd.grad(loss, leaves)
+    expected = [t for pair in layout.to_coordinates(weights).gl for t in pair]
+    for got, want in zip(gradients, expected, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_buckets_separate_rotary_and_plain_pairs_of_one_shape():
+    torch.manual_seed(0)
+    config = T.LlamaConfig(hidden_size=32, intermediate_size=37, num_hidden_layers=1,
+                           num_attention_heads=4, num_key_value_heads=4, vocab_size=50)
+
+    class Plain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.num_heads = 4
+            self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+                nn.Linear(32, 32, bias=False) for _ in range(4))
+
+    model = nn.ModuleDict({"rope": T.LlamaModel(config), "plain": Plain()}).double()
+    report = find_symmetries(model)
+    assert report.bucket_shapes == {(32, 32, 8): 16}
+    assert report.bucket_groups == {(32, 32, 8, (8, "rotate_half")): 4, (32, 32, 8, None): 12}
+    layout = ParameterLayout(report, dict(model.named_parameters()))
+    assert layout.bucket_rotary == [(8, "rotate_half"), None]
+    assert [len(pairs) for pairs in layout.gl_pairs] == [4, 12]
+
+
+# ---------------------------------------------------------------------- engine
+def test_engine_uses_the_rotary_quotient_for_rotary_buckets():
+    from quotientsharp.sharpness.functional import FunctionalModel
+    model = _model("gpt_neox")
+    report = find_symmetries(model)
+    functional = FunctionalModel(model)
+    layout = ParameterLayout(report, functional.theta_geometry)
+    factors = LayoutCoordinates(functional, layout, set()).factors(metric="mix")
+    quotients = [factor.quotient for factor in factors if factor.name == "gl"]
+    assert isinstance(quotients[0], RotaryQuotient)
+    assert (quotients[0].head_dim, quotients[0].rotary_dims, quotients[0].layout) == (
+        8, 4, "rotate_half")
+    assert quotients[0].group_name == "GL(1,C)^2 x GL(4)"
+    assert type(quotients[1]) is qs.GLQuotient
+
+
+# ---------------------------------------------------------------------- invariance
+def _sharpness(model, batch, metric, order):
+    with warnings.catch_warnings():
+        # parameters without gradient (unused poolers) are excluded with a UserWarning
+        warnings.simplefilter("ignore", UserWarning)
+        return qs.sharpness(model, [batch], measure="geodesic", rho=0.1, metric=metric,
+                            order=order, n_iter=5, seed=0, progress=False).value
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_group_element_by_hand_keeps_logits_and_geodesic_sharpness(name):
+    family = FAMILIES[name]
+    model = _model(name)
+    batch = family.batch()
+    moved = moved_by_hand(model, family)
+    before, after = logits(model, batch), logits(moved, batch)
+    torch.testing.assert_close(after, before, rtol=1e-10, atol=1e-10)
+    changed = [n for n, p in moved.named_parameters()
+               if not torch.equal(p, model.get_parameter(n))]
+    assert changed and set(changed) <= set(find_symmetries(model).pair_parameters)
+    for metric in ("inv", "mix"):
+        for order in (1, 2):
+            reference = _sharpness(model, batch, metric, order)
+            value = _sharpness(moved, batch, metric, order)
+            assert abs(value - reference) <= 1e-8 * abs(reference), (metric, order, value,
+                                                                     reference)
+
+
+def test_the_same_element_moves_adaptive_sharpness():
+    """The control of the invariance test: a measure without the symmetries does change."""
+    family = FAMILIES["llama"]
+    model, batch = _model("llama"), family.batch()
+    moved = moved_by_hand(model, family)
+    values = [qs.sharpness(m, [batch], measure="adaptive", rho=0.1, n_iter=5, seed=0,
+                           progress=False).value for m in (model, moved)]
+    assert abs(values[1] - values[0]) > 1e-2 * abs(values[0]), values
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt_neox", "gptj"])
+def test_a_full_gl_element_on_a_rotary_pair_changes_the_logits(name):
+    """The control: outside the centraliser the rotary query/key pair is not a symmetry."""
+    family = FAMILIES[name]
+    model = _model(name)
+    family_without_rotary = copy.copy(family)
+    family_without_rotary.rotary = None
+    family_without_rotary.kinds = ("qk",)
+    moved = moved_by_hand(model, family_without_rotary)
+    batch = family.batch()
+    assert (logits(moved, batch) - logits(model, batch)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "gpt_neox", "gptj", "bloom",
+                                  "distilbert"])
+def test_reparametrize_draws_in_the_subgroup_and_keeps_the_function(name):
+    family = FAMILIES[name]
+    model = _model(name)
+    report = find_symmetries(model)
+    moved, (matrices, _) = reparametrize(model, report, scale=1.5,
+                                         generator=torch.Generator().manual_seed(7),
+                                         return_transforms=True)
+    batch = family.batch()
+    with torch.no_grad():
+        inputs = ((batch[0],) if isinstance(batch, tuple)
+                  else {k: v for k, v in batch.items() if k != "labels"})
+        if isinstance(inputs, tuple):
+            output = torch.func.functional_call(model, moved, inputs)
+        else:
+            output = torch.func.functional_call(model, moved, (), inputs).logits
+        torch.testing.assert_close(output, logits(model, batch), rtol=1e-10, atol=1e-10)
+    layout = ParameterLayout(report, dict(model.named_parameters()))
+    for rotary, a in zip(layout.bucket_rotary, matrices, strict=True):
+        if rotary is None:
+            continue
+        rotary_dims, layout_name = rotary
+        # a commutes with the generator of every plane's rotation, nothing mixes the blocks
+        for plane in range(rotary_dims // 2):
+            i, j = ((plane, plane + rotary_dims // 2) if layout_name == "rotate_half"
+                    else (2 * plane, 2 * plane + 1))
+            turn = torch.zeros(8, 8, dtype=torch.float64)
+            turn[j, i], turn[i, j] = 1.0, -1.0
+            torch.testing.assert_close(a @ turn, turn @ a, rtol=0, atol=1e-12)
+        assert not a[:, :rotary_dims, rotary_dims:].any()
+        assert not a[:, rotary_dims:, :rotary_dims].any()
+
+
+# ---------------------------------------------------------------------- CLI
+def test_cli_shows_the_group_of_each_pair(tmp_path, capsys):
+    config = T.LlamaConfig(hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, vocab_size=50,
+                           architectures=["LlamaForCausalLM"])
+    path = tmp_path / "llama.json"
+    path.write_text(config.to_json_string())
+    assert models_cli.main(["symmetries", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "4 heads (2 key/value heads)" in out
+    assert "qk (n=64, m=32, h=8, GL(1,C)^4, rotate_half rotary on 8 dims)" in out
+    assert "vo (n=32, m=64, h=8, GL(8))" in out
+    assert "n=64, m=32, h=8, GL(1,C)^4: 4 pairs" in out
+    assert models_cli.main(["symmetries", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    qk = [pair for pair in data["pairs"] if pair["kind"] == "qk"]
+    assert {pair["group"] for pair in qk} == {"GL(1,C)^4"}
+    assert qk[0]["rotary"] == [8, "rotate_half"] and qk[0]["query_heads"] == 2
+    assert data["group_dimension"] == 2 * (2 * 8 + 2 * 64)
