@@ -26,6 +26,7 @@ _EXPORTS: dict[str, str | None] = {
     "SharpnessResult": ".sharpness",
     "SymmetryQuotient": ".quotient",
     "checks": None,
+    "models": None,
     "find_symmetries": ".models",
     "reference": None,
     "sharpness": ".sharpness",
@@ -34,11 +35,11 @@ _EXPORTS: dict[str, str | None] = {
 
 __all__ = ["AdaptiveQuotient", "ClosedFormQuotient", "DiagonalQuotient", "FrozenPoint",
            "GLQuotient", "ProductQuotient", "QuotientBinding", "RotaryQuotient", "SharpnessResult",
-           "SymmetryQuotient", "checks", "find_symmetries", "reference", "sharpness",
+           "SymmetryQuotient", "checks", "find_symmetries", "models", "reference", "sharpness",
            "value_checks", "__version__"]
 
 if TYPE_CHECKING:
-    from . import checks, reference
+    from . import checks, models, reference
     from .adaptive import AdaptiveQuotient
     from .diagonal import DiagonalQuotient
     from .frozen import FrozenPoint

@@ -34,6 +34,7 @@ import torch
 
 from . import _tuples as T
 from . import reference
+from .validation import check_time
 
 if TYPE_CHECKING:
     from .quotient import SymmetryQuotient
@@ -123,6 +124,7 @@ class FrozenPoint:
         :meth:`geodesic_exact` (``steps`` RK4 steps where there is no closed form).
         """
         order = check_order(order)
+        t = check_time(t)
         if order == 1:
             return T.axpy(t, u, self.x, self.point_ndims)
         if order == 2:
@@ -194,7 +196,13 @@ class ClosedFormPoint(FrozenPoint):
 
     def geodesic_exact(self, u: Tensors, t: float = 1.0, steps: int = 64) -> Tensors:
         def gamma(p: Tensors, w: Tensors) -> Tensors:
-            return self.quotient.frozen_point(p).christoffel(w)
+            try:
+                return self.quotient.frozen_point(p).christoffel(w)
+            except ValueError as err:
+                raise ValueError(f"the exact geodesic left the regular points of the manifold "
+                                 f"while integrating ({steps} RK4 steps to t={t}): shorten the "
+                                 f"velocity or t, or use more steps. At the moving point: {err}"
+                                 ) from err
 
         return reference.geodesic_ode(self.x, u, t, self.point_ndims, gamma, steps)
 

@@ -161,9 +161,14 @@ class ProductQuotient(ClosedFormQuotient):
         names = [q.name for q in factors] if names is None else list(names)
         if len(folded) != len(factors) or len(names) != len(factors):
             raise ValueError("folded and names need one entry per factor")
+        if any(f < 0 for f in folded):
+            raise ValueError(f"folded must hold integers >= 0, got {folded}")
         self.point_ndims = tuple(k + f for q, f in zip(factors, folded, strict=True)
                                  for k in q.point_ndims)
-        super().__init__()
+        # the factors' own shapes, where every factor has them and none folds dimensions
+        shapes = [q.point_shapes or getattr(q, "check_shapes", None) for q in factors]
+        known = all(s is not None for s in shapes) and not any(folded)
+        super().__init__([s for own in shapes for s in own] if known else None)
         self.factors = torch.nn.ModuleList(factors)
         self.folded = folded
         self.names = names
@@ -190,42 +195,53 @@ class ProductQuotient(ClosedFormQuotient):
         return x
 
     # ------------------------------------------------------------------ the product group
-    def _algebra_layout(self, x: Tensors) -> list[tuple[torch.Size, torch.Size]]:
-        """Per factor: the folded shape and the factor's algebra shape."""
+    def _layout(self, x: Tensors, group: bool = False) -> list[tuple[torch.Size, torch.Size]]:
+        """Per factor: the folded shape and the factor's algebra (or group element) shape."""
         layout = []
         for q, part, f in zip(self.factors, self.split(x), self.folded, strict=True):
             leading = [c.shape[:c.dim() - k] for c, k in zip(part, q.point_ndims, strict=True)]
             batch = torch.broadcast_shapes(*leading)
-            layout.append((batch[len(batch) - f:] if f else torch.Size(),
-                           torch.Size(q.algebra_shape(part))))
+            shape = q.group_shape(part) if group else q.algebra_shape(part)
+            layout.append((batch[len(batch) - f:] if f else torch.Size(), torch.Size(shape)))
         return layout
 
     def algebra_shape(self, x: Tensors) -> tuple[int, ...]:
-        return (sum(fold.numel() * alg.numel() for fold, alg in self._algebra_layout(x)),)
+        return (sum(fold.numel() * alg.numel() for fold, alg in self._layout(x)),)
 
-    def _split_algebra(self, x: Tensors, a: torch.Tensor) -> list[torch.Tensor]:
+    def group_shape(self, x: Tensors) -> tuple[int, ...]:
+        return (sum(fold.numel() * shape.numel() for fold, shape in self._layout(x, True)),)
+
+    def _split(self, x: Tensors, a: torch.Tensor, group: bool = False) -> list[torch.Tensor]:
+        """A flat algebra (or group) element as one element per factor."""
         pieces, start = [], 0
-        for fold, alg in self._algebra_layout(x):
-            size = fold.numel() * alg.numel()
-            pieces.append(a[..., start:start + size].reshape(*a.shape[:-1], *fold, *alg)
+        for fold, shape in self._layout(x, group):
+            size = fold.numel() * shape.numel()
+            pieces.append(a[..., start:start + size].reshape(*a.shape[:-1], *fold, *shape)
                           .contiguous())
             start += size
         return pieces
 
+    @staticmethod
+    def _flat(pieces: Sequence[torch.Tensor], batch: torch.Size,
+              layout: Sequence[tuple[torch.Size, torch.Size]]) -> torch.Tensor:
+        return torch.cat([p.expand(*batch, *fold, *shape).reshape(*batch, -1)
+                          for p, (fold, shape) in zip(pieces, layout, strict=True)], dim=-1)
+
     def vertical(self, x: Tensors, a: torch.Tensor) -> Tensors:
         return tuple(t for q, part, piece in zip(self.factors, self.split(x),
-                                                 self._split_algebra(x, a), strict=True)
+                                                 self._split(x, a), strict=True)
                      for t in q.vertical(part, piece))
 
     def act(self, x: Tensors, g: torch.Tensor) -> Tensors:
         return tuple(t for q, part, piece in zip(self.factors, self.split(x),
-                                                 self._split_algebra(x, g), strict=True)
+                                                 self._split(x, g, group=True), strict=True)
                      for t in q.act(part, piece))
 
     def act_tangent(self, x: Tensors, u: Tensors, g: torch.Tensor) -> Tensors:
         return tuple(t for q, part, tangent, piece in zip(self.factors, self.split(x),
                                                           self.split(u),
-                                                          self._split_algebra(x, g), strict=True)
+                                                          self._split(x, g, group=True),
+                                                          strict=True)
                      for t in q.act_tangent(part, tangent, piece))
 
     def group_exp(self, a: torch.Tensor) -> torch.Tensor:
@@ -235,20 +251,17 @@ class ProductQuotient(ClosedFormQuotient):
 
     def group_exp_at(self, x: Tensors, a: torch.Tensor) -> torch.Tensor:
         """The group element ``exp(a)`` of the product, factor by factor, flattened."""
-        pieces = [q.group_exp(piece) for q, piece in zip(self.factors,
-                                                          self._split_algebra(x, a), strict=True)]
-        return torch.cat([p.reshape(*a.shape[:-1], -1) for p in pieces], dim=-1)
+        pieces = [q.group_exp_at(part, piece) for q, part, piece
+                  in zip(self.factors, self.split(x), self._split(x, a), strict=True)]
+        return self._flat(pieces, a.shape[:-1], self._layout(x, group=True))
 
     def random_group_element(self, x: Tensors, *, scale: float = 1.0,
                              generator: torch.Generator | None = None) -> torch.Tensor:
         """Each factor's random group element (over its folded dimensions), flattened."""
-        batch = T.batch_shape(x, self.point_ndims)
-        pieces = []
-        for q, part, (fold, alg) in zip(self.factors, self.split(x), self._algebra_layout(x),
-                                        strict=True):
-            g = q.random_group_element(part, scale=scale, generator=generator)
-            pieces.append(g.expand(*batch, *fold, *alg).reshape(*batch, -1))
-        return torch.cat(pieces, dim=-1)
+        pieces = [q.random_group_element(part, scale=scale, generator=generator)
+                  for q, part in zip(self.factors, self.split(x), strict=True)]
+        return self._flat(pieces, T.batch_shape(x, self.point_ndims),
+                          self._layout(x, group=True))
 
     def random_point(self, batch_shape: Sequence[int] = (), *,
                      shapes: Sequence[Sequence[int]] | None = None,

@@ -120,13 +120,19 @@ class SymmetryQuotient(torch.nn.Module):
         """Group element ``exp(a)`` of an algebra element (default: elementwise exp)."""
         return reference.group_exp(a)
 
+    def group_shape(self, x: Tensors) -> tuple[int, ...]:
+        """Trailing shape of a group element at ``x`` (default: the algebra's shape; a matrix
+        subgroup given by algebra coordinates has ``h x h`` elements)."""
+        return tuple(self.algebra_shape(x))
+
     def group_exp_at(self, x: Tensors, a: torch.Tensor) -> torch.Tensor:
         """``group_exp(a)`` for an algebra element at ``x`` (a product needs the point's layout)."""
         return self.group_exp(a)
 
     def norm(self, x: Tensors, u: Tensors) -> torch.Tensor:
         """Riemannian norm ``||u||_x``, ``shape=[*batch]``."""
-        return self.frozen_point(x).norm(u)
+        x = self.check_point(x)
+        return self.frozen_point(x).norm(self.check_tangent(x, u))
 
     def vertical_projection(self, x: Tensors, u: Tensors) -> Tensors:
         """Metric-orthogonal projection onto the vertical space (tangent to the orbit)."""

@@ -60,8 +60,9 @@ def vertical_coefficients(q: SymmetryQuotient, x: Tensors, u: Tensors) -> torch.
     chol, info = torch.linalg.cholesky_ex(gram)
     if not torch.compiler.is_compiling() and bool((info != 0).any()):
         raise ValueError(
-            "the vertical directions at x are linearly dependent under the metric (degenerate "
-            "orbit: a zero or rank-deficient factor); use eps > 0 or move x off the singular set"
+            "the vertical directions at x are linearly dependent under the metric (a degenerate "
+            "orbit: a zero or rank-deficient factor); move x off the singular set (for the "
+            "attention quotients: eps > 0)"
         )
     return torch.cholesky_solve(rhs[..., :1], chol).squeeze(-1)
 
@@ -129,7 +130,8 @@ def raise_index(q: SymmetryQuotient, x: Tensors, covector: Tensors) -> Tensors:
     chol, info = torch.linalg.cholesky_ex(gmat)
     if not torch.compiler.is_compiling() and bool((info != 0).any()):
         raise ValueError("the metric is not positive definite at x (a zero entry or a "
-                         "rank-deficient factor where the metric divides); use eps > 0")
+                         "rank-deficient factor where the metric divides); move x off the "
+                         "singular set (for the attention quotients: eps > 0)")
     sol = torch.cholesky_solve(flat.unsqueeze(-1), chol).squeeze(-1)
     like = tuple(c.expand(*batch, *c.shape[c.dim() - k:]) for c, k in zip(x, ndims, strict=True))
     return T.unflatten(sol, like, ndims)

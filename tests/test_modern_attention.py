@@ -504,6 +504,24 @@ def test_rotary_dims_must_match_the_rotary_embedding():
     assert any("also feed dropped pairs" in note for note in report.notes)
 
 
+def test_rotary_layout_that_cannot_be_detected_drops_the_query_key_pair():
+    class CustomRotary(nn.Module):
+        """Rotary by its forward signature, but no rotation helper next to its class."""
+
+        def __init__(self):
+            super().__init__()
+            self.num_heads = 2
+            self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+                nn.Linear(8, 8) for _ in range(4))
+
+        def forward(self, x, position_embeddings):
+            raise NotImplementedError
+
+    report = find_symmetries(CustomRotary())
+    assert {pair.kind for pair in report.pairs} == {"vo"}
+    assert any("not detected as rotate_half or interleaved" in note for note in report.notes)
+
+
 def test_tiled_key_value_sharing_is_not_taken_for_grouped():
     class Tiled(nn.Module):
         def __init__(self):

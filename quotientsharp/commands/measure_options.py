@@ -24,10 +24,12 @@ __all__ = [
     "METRICS",
     "MeasureRun",
     "add_arguments",
+    "add_sharpness_options",
     "check_options",
     "measure_names",
     "measure_runs",
     "options_for",
+    "radii",
 ]
 
 PROG = "quotientsharp measure"
@@ -48,12 +50,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="HuggingFace model directory or torch.save'd nn.Module")
     parser.add_argument("data", help="JSONL file (text or input_ids rows) or torch.save'd "
                         "(X, Y) / {'x', 'y'} / TensorDataset")
+    add_sharpness_options(parser)
+    parser.add_argument("--json", type=Path, default=None, metavar="OUT",
+                        help="also write settings, per-batch values and values to OUT")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bars (default: only on a terminal)")
+
+
+def add_sharpness_options(parser: argparse.ArgumentParser, *, radius_list: bool = False) -> None:
+    """Declare the options that say what to measure and how to read the data: ``--measure``,
+    ``--rho``, ``--metric``, ``--order``, ..., ``--device`` (shared by ``quotientsharp measure``
+    and ``quotientsharp study``).
+
+    Parameters
+    ----------
+    parser
+        The subcommand's parser.
+    radius_list
+        ``--rho`` takes a comma list of radii (kept as text; :func:`radii` reads it) instead of
+        one number.
+    """
     parser.add_argument("--measure", action="append", default=None, metavar="NAME",
                         help="average, worst_case, adaptive, geodesic or relative_flatness; "
                         "repeat (or give a comma list) for several (default: geodesic)")
-    parser.add_argument("--rho", type=float, default=None,
-                        help="radius (standard deviation for average); required except for "
-                        "relative_flatness")
+    if radius_list:
+        parser.add_argument("--rho", default=None, metavar="R[,R...]",
+                            help="radius, or a comma list of radii such as 0.05,0.1 (standard "
+                            "deviation for average); required except for relative_flatness")
+    else:
+        parser.add_argument("--rho", type=float, default=None,
+                            help="radius (standard deviation for average); required except "
+                            "for relative_flatness")
     parser.add_argument("--metric", default="inv",
                         help="geodesic: inv, mix or euclidean, or a comma list such as mix,inv "
                         "for several in one call (default inv)")
@@ -83,10 +110,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=["float32", "float64"], default=None,
                         help="cast the model (default: as saved)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    parser.add_argument("--json", type=Path, default=None, metavar="OUT",
-                        help="also write settings, per-batch values and values to OUT")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="progress bars (default: only on a terminal)")
+
+
+def radii(text: str | None) -> list[float]:
+    """The radii of a comma list (``"0.05,0.1"``), in order, without repeats; ``[]`` for
+    ``None``. Each is checked by :func:`check_options`."""
+    if text is None:
+        return []
+    values: list[float] = []
+    for part in _items(text):
+        try:
+            value = float(part)
+        except ValueError:
+            raise InputError(f"--rho must be a number or a comma list of numbers, got "
+                             f"{part!r}") from None
+        if value not in values:
+            values.append(value)
+    return values
 
 
 def measure_names(requested: Sequence[str] | None) -> list[str]:

@@ -20,6 +20,7 @@ import importlib.util
 from collections.abc import Callable
 
 from . import plain_text
+from .process_group import DEFAULT_DIST_TIMEOUT, run_in_process_group
 
 #: What ``quotientsharp reproduce --help`` says (the module docstring is for developers).
 DESCRIPTION = """\
@@ -111,50 +112,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-#: Seconds a rank may wait in one collective (torch's gloo default). The longest waits of the
-#: studies are one unit of work (a model, a grid point) or the diagonal training on rank 0.
-DEFAULT_DIST_TIMEOUT = 1800.0
+def _with_note(module, args: argparse.Namespace) -> int:
+    """Run the study; after a successful one, rank 0 prints the sign convention of its taus
+    and where the results page is (:func:`~quotientsharp.experiments.common.sign_convention`;
+    a study module's ``GENERALISATION`` says what its taus rank sharpness against)."""
+    from ..experiments.common import is_main_rank, sign_convention
+
+    status = int(module.run(args) or 0)
+    if status == 0 and is_main_rank():
+        print(f"\n{sign_convention(getattr(module, 'GENERALISATION', None))}")
+    return status
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
+    """Run the chosen study, in torchrun's process group when torchrun started several ranks
+    (:func:`~quotientsharp.commands.process_group.run_in_process_group`)."""
     from ..experiments import load_study
 
     module = load_study(args.study)
-    prefix = f"quotientsharp reproduce {args.study}: error:"
-    try:
-        from ..distributed import torchrun_world_size
-
-        world_size = torchrun_world_size()
-    except ValueError as err:
-        print(f"{prefix} {err}", file=sys.stderr)
-        return 2
-    if world_size == 1:
-        return int(module.run(args) or 0)
-    import torch.distributed as dist
-
-    from ..distributed import init_distributed
-
-    if dist.is_available() and dist.is_initialized():
-        # a caller that set up its own process group keeps it
-        return int(module.run(args) or 0)
-    timeout = getattr(args, "dist_timeout", DEFAULT_DIST_TIMEOUT)
-    try:
-        init_distributed(timeout=timeout)
-    except (RuntimeError, ValueError) as err:
-        print(f"{prefix} cannot start the process group of {world_size} ranks: {err}",
-              file=sys.stderr)
-        return 2
-    try:
-        return int(module.run(args) or 0)
-    except RuntimeError as err:
-        from ..distributed import describe_collective_failure
-
-        message = describe_collective_failure(err, timeout)
-        if message is None:
-            raise
-        print(f"{prefix} {message}", file=sys.stderr)
-        return 1
-    finally:
-        dist.destroy_process_group()
+    return run_in_process_group(lambda: _with_note(module, args),
+                                f"quotientsharp reproduce {args.study}: error:",
+                                getattr(args, "dist_timeout", DEFAULT_DIST_TIMEOUT))

@@ -12,6 +12,7 @@ def builtin_quotients() -> list:
     from ..adaptive import AdaptiveQuotient
     from ..diagonal import DiagonalQuotient
     from ..gl import GLQuotient, RotaryQuotient
+    from ..product import ProductQuotient
 
     quotients: list = [DiagonalQuotient(metric, d=4) for metric in ("inv", "mix", "euclidean")]
     quotients += [GLQuotient(metric) for metric in ("inv", "mix", "euclidean")]
@@ -20,7 +21,20 @@ def builtin_quotients() -> list:
     quotients += [RotaryQuotient("mix", head_dim=6, rotary_dims=4, layout="interleaved")]
     quotients += [AdaptiveQuotient(metric, shapes=[(3, 4), (5,)])
                   for metric in ("adaptive", "euclidean")]
+    # products, as the sharpness engine runs them: heads folded into the point
+    network = ProductQuotient([GLQuotient("inv"), DiagonalQuotient("inv"),
+                               AdaptiveQuotient(shapes=[(3, 2), (4,)])], folded=[1, 0, 0],
+                              names=["gl", "diagonal", "other"])
+    network.point_shapes = ((2, 5, 3), (2, 4, 3), (6,), (6,), (3, 2), (4,))
+    quotients += [network, ProductQuotient([RotaryQuotient("mix", head_dim=4),
+                                            DiagonalQuotient("mix", d=3)])]
     return quotients
+
+
+def title_of(quotient) -> str:
+    """The quotient's name and settings, e.g. ``gl-inv (metric='inv', eps=0.1)``."""
+    settings = quotient.extra_repr()
+    return f"{quotient.name} ({settings})" if settings else quotient.name
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -44,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         for dtype in dtypes:
             for seed in range(args.seeds):
                 results = check_all(quotient, seed=seed, dtype=dtype)
-                title = f"{quotient.name}  dtype={str(dtype).removeprefix('torch.')}  seed={seed}"
+                title = (f"{title_of(quotient)}  dtype={str(dtype).removeprefix('torch.')}  "
+                         f"seed={seed}")
                 print(format_results(results, title))
                 failures += sum(not r.passed for r in results)
                 rows += [dict(quotient=quotient.name, dtype=str(dtype), seed=seed,

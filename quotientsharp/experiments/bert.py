@@ -46,6 +46,8 @@ from .family_training import HyperparameterSpace
 
 HELP = ("small BERTs on a generated 'A before B' task: Kendall tau of sharpness vs "
         "generalisation gap")
+#: What the taus rank sharpness against (the console's sign convention).
+GENERALISATION = "the generalisation gap"
 
 #: The paper's Kendall taus on MNLI (35 BERT-base fine-tunes), relative flatness included.
 PAPER = {"adaptive": 0.06, "geodesic_inv": 0.28, "geodesic_mix": 0.38,

@@ -36,6 +36,7 @@ from typing import Any
 
 __all__ = [
     "PLOT_INSTALL_HINT",
+    "RESULTS_PAGE",
     "SECTION_ORDER",
     "ResultsDirectory",
     "TauRow",
@@ -52,7 +53,9 @@ __all__ = [
     "scatter_plots",
     "shard_name",
     "shard_paths",
+    "sign_convention",
     "tau_table",
+    "write_csv_atomic",
     "write_json_atomic",
     "write_jsonl_atomic",
     "write_section",
@@ -60,6 +63,8 @@ __all__ = [
 
 PLOT_INSTALL_HINT = ("matplotlib is not installed, so no scatter plots were written "
                      "(pip install 'quotientsharp[plot]', or pass --no-plots)")
+#: The generated results page (``--docs docs`` rewrites it), and its place on the docs site.
+RESULTS_PAGE = "docs/results.md (the Results page of the docs site, mkdocs serve)"
 #: Order of the study sections in ``docs/results.md``; other sections follow alphabetically.
 SECTION_ORDER = ("diagonal", "vit", "bert", "invariance")
 RESULTS_PAGE_HEADER = """# Results
@@ -169,6 +174,24 @@ def tau_table(rows: Sequence[TauRow], digits: int = 2) -> str:
     return "\n".join(lines)
 
 
+def sign_convention(generalisation: str | None) -> str:
+    """The console's reading guide of a tau table, and where the results page is.
+
+    Parameters
+    ----------
+    generalisation
+        What the taus rank sharpness against (``"test loss"``, ``"generalisation gap"``);
+        ``None`` for a study without taus (the pointer to the results page only).
+    """
+    page = f"Results of every study, next to the paper's: {RESULTS_PAGE}."
+    if generalisation is None:
+        return page
+    return (f"Sign convention: Kendall tau between {generalisation} and sharpness. Positive "
+            f"tau: sharpness and {generalisation} rank alike, sharper models generalise worse "
+            "; negative tau: sharper models "
+            f"generalise better; near 0: no relation. {page}")
+
+
 # ---------------------------------------------------------------------------- environment
 def _version(module_name: str) -> str | None:
     try:
@@ -232,6 +255,28 @@ def write_jsonl_atomic(path: Path, records: Iterable[Mapping[str, Any]]) -> None
         with os.fdopen(handle, "w") as stream:
             for record in records:
                 stream.write(json.dumps(record, allow_nan=True) + "\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_csv_atomic(path: Path, columns: Sequence[str],
+                     rows: Iterable[Mapping[str, Any]]) -> None:
+    """Write a CSV file (a header, then ``rows``; missing cells empty) to a temporary file
+    beside ``path`` and rename it over ``path``: a reader, or an interruption, sees the old
+    file or the new one, never a part."""
+    path = Path(path)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(temporary, _new_file_mode())
+        with os.fdopen(handle, "w", newline="") as stream:
+            writer = csv.DictWriter(stream, fieldnames=list(columns), extrasaction="ignore")
+            writer.writeheader()
+            for row in rows:
+                writer.writerow(row)
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary, path)
@@ -509,16 +554,58 @@ def progress_bar(total: int | None, description: str, enabled: bool | None, unit
 
 
 # ---------------------------------------------------------------------------- figures
+def _two_lines(label: str, width: int = 36) -> str:
+    """A long axis label broken before its parenthesis: ``name\n(details)``."""
+    if len(label) <= width or " (" not in label:
+        return label
+    head, _, tail = label.partition(" (")
+    return f"{head}\n({tail}"
+
+
 def scatter_plots(x: Sequence[float], measures: Mapping[str, Sequence[float]], out_dir: Path,
                   *, x_label: str, prefix: str = "scatter_",
                   color: Sequence[float] | None = None, color_label: str = "",
-                  titles: Mapping[str, str] | None = None) -> list[Path] | None:
-    """One PNG per measure: ``x`` against the measure's values.
+                  titles: Mapping[str, str] | None = None,
+                  y_labels: Mapping[str, str] | None = None,
+                  notes: Mapping[str, str] | None = None) -> list[Path] | None:
+    """One PNG per measure: ``x`` against the measure's values, ``{prefix}{name}.png``.
 
-    Axes are logarithmic when every value on them is positive. Returns the written paths, or
-    ``None`` (after printing :data:`PLOT_INSTALL_HINT` to stderr) when matplotlib is missing.
-    matplotlib's Agg canvas is used directly, so no global backend is switched.
+    Parameters
+    ----------
+    x
+        The horizontal values (generalisation), one per model.
+    measures
+        Measure key (file name) -> its values, one per model.
+    out_dir
+        Folder of the PNG files (created if missing).
+    x_label
+        Label of the horizontal axis.
+    prefix
+        File-name prefix.
+    color, color_label
+        Optional colour value per model, with the colour bar's label.
+    titles
+        Measure key -> plot title (the taus: :func:`~quotientsharp.experiments.labels.tau_title`).
+    y_labels
+        Measure key -> label of the vertical axis (readable:
+        :func:`~quotientsharp.experiments.labels.measure_label`); default the key.
+    notes
+        Measure key -> a note written in the plot, below the automatic one for an axis that
+        spans many decades (:func:`~quotientsharp.experiments.labels.decades_note`).
+
+    Returns
+    -------
+    list of Path or None
+        The written paths, or ``None`` (after printing :data:`PLOT_INSTALL_HINT` to stderr)
+        when matplotlib is missing.
+
+    Notes
+    -----
+    Axes are logarithmic when every value on them is positive. matplotlib's Agg canvas is used
+    directly, so no global backend is switched.
     """
+    from .labels import decades_note
+
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -547,12 +634,16 @@ def scatter_plots(x: Sequence[float], measures: Mapping[str, Sequence[float]], o
         if keep and all(ys[i] > 0 for i in keep):
             axes.set_yscale("log")
         axes.set_xlabel(x_label)
-        axes.set_ylabel(name)
+        axes.set_ylabel(_two_lines((y_labels or {}).get(name, name)), fontsize=8)
         if titles and name in titles:
             axes.set_title(titles[name], fontsize=9)
+        remarks = [decades_note([ys[i] for i in keep]), (notes or {}).get(name)]
         if len(keep) < len(xs):
-            axes.text(0.02, 0.02, f"{len(xs) - len(keep)} non-finite point(s) not shown",
-                      transform=axes.transAxes, fontsize=7)
+            remarks.append(f"{len(xs) - len(keep)} non-finite point(s) not shown")
+        remarks = [remark for remark in remarks if remark]
+        if remarks:
+            axes.text(0.02, 0.98, "\n".join(remarks), transform=axes.transAxes, fontsize=7,
+                      verticalalignment="top", color="dimgray")
         figure.tight_layout()
         path = out_dir / f"{prefix}{name}.png"
         figure.savefig(path)

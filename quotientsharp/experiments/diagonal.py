@@ -112,11 +112,14 @@ from .diagonal_training import DIVERGENCE_LOSS, TrainedNet, compute_test_losses,
 
 HELP = ("diagonal networks (paper Sec. 5.1): 50 nets trained and measured batched, Kendall tau "
         "of test loss against adaptive and geodesic sharpness")
+#: What the taus rank sharpness against (the console's sign convention).
+GENERALISATION = "test loss"
 
 __all__ = [
     "CSV_COLUMNS",
     "CSV_FILE",
     "DIVERGENCE_LOSS",
+    "GENERALISATION",
     "HELP",
     "MEASURES",
     "MODEL_FILE",

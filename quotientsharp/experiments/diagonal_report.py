@@ -24,9 +24,10 @@ from .common import (
     tau_table,
 )
 from .diagonal_data import Hyperparameters
-from .diagonal_measures import MEASURE_NAMES, MEASURES, path_name
+from .diagonal_measures import MEASURE_NAMES, MEASURES, MeasureSpec, path_name
 from .diagonal_settings import DiagonalSettings
 from .diagonal_training import TrainedNet
+from .labels import measure_label, tau_title
 
 __all__ = [
     "CSV_COLUMNS",
@@ -39,6 +40,7 @@ __all__ = [
     "csv_row",
     "default_out",
     "kendall_taus",
+    "measure_axis_label",
     "model_record",
     "scatter_measures",
     "study_section",
@@ -231,10 +233,27 @@ def kendall_taus(records: Sequence[dict[str, Any]], counted: Sequence[int]
     return taus, table
 
 
+def measure_axis_label(spec: MeasureSpec, rho: float | None = None) -> str:
+    """The readable vertical-axis label of a measure of the study (measure, metric, order,
+    radius)."""
+    if spec.kind == "adaptive":
+        return measure_label("adaptive", rho=rho)
+    return measure_label("geodesic", metric=spec.metric, order=spec.order, rho=rho)
+
+
+#: What the plots of the mix measures with first- and second-order paths say about their
+#: spread (see the docs section: the smallest ``|beta_i|`` dominates them).
+_MIX_NOTE = "dominated by the smallest |beta_i| (see the results page)"
+
+
 def scatter_measures(records: Sequence[dict[str, Any]], counted: Sequence[int],
                      taus: dict[str, dict[str, float | None]],
-                     folder: Path) -> list[Path] | None:
-    """One scatter plot of test loss against each measure over the counted nets, in ``folder``."""
+                     folder: Path, rho: float | None = None) -> list[Path] | None:
+    """One scatter plot of test loss against each measure over the counted nets, in ``folder``.
+
+    The vertical axis names the measure, metric, order and ``rho``; the title holds our Kendall
+    taus and the paper's where it reports one; an axis spanning many decades gets a note.
+    """
     counted_records = [r for r in records if r["model"] in counted]
     return scatter_plots(
         [r["test_loss"] for r in counted_records],
@@ -243,8 +262,11 @@ def scatter_measures(records: Sequence[dict[str, Any]], counted: Sequence[int],
         folder, x_label="test loss",
         color=[math.log10(r["init_scale"]) for r in counted_records],
         color_label="log10 init scale a",
-        titles={name: f"{name}: tau-a {tau_text(t['tau_a'])}, tau-b "
-                      f"{tau_text(t['tau_b'])}" for name, t in taus.items()})
+        titles={name: tau_title(t["tau_a"], t["tau_b"], paper=t.get("paper"))
+                for name, t in taus.items()},
+        y_labels={spec.name: measure_axis_label(spec, rho) for spec in MEASURES},
+        notes={spec.name: _MIX_NOTE for spec in MEASURES
+               if spec.metric == "mix" and spec.order in (1, 2)})
 
 
 def tau_text(value: float | None) -> str:

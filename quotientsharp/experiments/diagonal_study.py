@@ -224,7 +224,8 @@ def _finish(settings: DiagonalSettings, directory: ResultsDirectory, problem: Di
 
     figure_paths: list[Path] | None = None
     if plots:
-        figure_paths = scatter_measures(records, counted, taus, directory.path)
+        figure_paths = scatter_measures(records, counted, taus, directory.path,
+                                        settings.rho)
 
     wall = time.perf_counter() - start
     result = StudyResult(records, taus, counted, unconverged, diverged, to_train, to_measure,

@@ -17,8 +17,18 @@ from .family_settings import FamilyStudy
 __all__ = [
     "csv_columns",
     "family_section",
+    "spec_label",
     "tau_rows",
 ]
+
+
+def spec_label(spec: MeasureSpec, greek: bool = True) -> str:
+    """The readable name of a measure of the study: measure, metric, order and radius."""
+    from .labels import measure_label
+
+    return measure_label(spec.measure, metric=spec.options.get("metric"),
+                         order=spec.options.get("order"), rho=spec.rho,
+                         p=spec.options.get("p"), greek=greek)
 
 
 def csv_columns(specs: Sequence[MeasureSpec]) -> list[str]:

@@ -18,7 +18,7 @@ import torch
 
 from .family_data import ClassificationData, sharpness_batches, take
 from .family_measures import MeasureSpec, family_measures, measure_model
-from .family_report import csv_columns, family_section, tau_rows
+from .family_report import csv_columns, family_section, spec_label, tau_rows
 from .family_settings import FamilySettings, FamilyStudy, study_settings
 from .family_training import draw_hyperparameters, error_rate, mean_loss, train_classifier
 
@@ -145,6 +145,7 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
         write_json_atomic,
         write_section,
     )
+    from .labels import tau_title
 
     variant = study.quick if quick else study.full
     models = _check_positive("models", models if models is not None else variant.models)
@@ -238,8 +239,11 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
                           results.path, x_label="generalisation gap (test error - train error)",
                           color=[r["train_size"] for r in counted],
                           color_label="training-set size",
-                          titles={row["key"]: f"{row['measure']}: tau-a {row['tau_a']:+.2f}"
-                                  for row in taus if row["tau_a"] is not None})
+                          titles={row["key"]: tau_title(row["tau_a"], row["tau_b"],
+                                                        paper=row["paper"],
+                                                        paper_label="paper (other setting)")
+                                  for row in taus},
+                          y_labels={spec.key: spec_label(spec) for spec in specs})
         section = family_section(study, settings, ordered, taus, wall, threads,
                                  int(results.run_info.get("resumed", 0)), world_size)
         results.file("summary.md").write_text(section)

@@ -208,6 +208,7 @@ def plot_ratios(records: Sequence[Mapping[str, Any]], path: Path) -> Path | None
     import sys
 
     from .common import PLOT_INSTALL_HINT
+    from .labels import decades_note, measure_label
 
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -220,9 +221,11 @@ def plot_ratios(records: Sequence[Mapping[str, Any]], path: Path) -> Path | None
     axes = figure.add_subplot()
     scales = [r["a"] for r in records]
     ratios_all = []
-    for (key, label, _), marker in zip(MEASURES, ("o", "s", "^"), strict=True):
+    for (key, _, options), marker in zip(MEASURES, ("o", "s", "^"), strict=True):
         ratios = [r[f"ratio_{key}"] for r in records]
         ratios_all += ratios
+        label = measure_label(options["measure"], metric=options.get("metric"),
+                              order=options.get("order"), rho=RHO)
         axes.plot(scales, ratios, marker=marker, label=label)
     axes.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
     axes.set_xscale("log")
@@ -230,8 +233,11 @@ def plot_ratios(records: Sequence[Mapping[str, Any]], path: Path) -> Path | None
         axes.set_yscale("log")
     axes.set_xlabel("a  (every head reparametrised by A = a N)")
     axes.set_ylabel("sharpness(original) / sharpness(reparametrised)")
-    axes.set_title("pretrained MiniLM along its GL(h) orbit", fontsize=9)
-    axes.legend(fontsize=8)
+    axes.set_title("pretrained MiniLM along its GL(h) orbit (1 = invariant)", fontsize=9)
+    note = decades_note(ratios_all, threshold=2.0)
+    if note is not None:
+        axes.text(0.02, 0.02, note, transform=axes.transAxes, fontsize=7, color="dimgray")
+    axes.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path)
     return path

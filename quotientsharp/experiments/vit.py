@@ -42,6 +42,8 @@ from .family_settings import FamilySettings, FamilyStudy, add_family_arguments
 from .family_training import HyperparameterSpace
 
 HELP = "small ViTs on scikit-learn's digits: Kendall tau of sharpness vs generalisation gap"
+#: What the taus rank sharpness against (the console's sign convention).
+GENERALISATION = "the generalisation gap"
 
 #: The paper's Kendall taus on ImageNet (72 CLIP ViT-B/32 fine-tunes).
 PAPER = {"adaptive": -0.41, "geodesic_inv": -0.71, "geodesic_mix": -0.70}

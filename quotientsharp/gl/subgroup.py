@@ -198,6 +198,9 @@ class RotaryQuotient(GLQuotient):
     def algebra_shape(self, x: Tensors) -> tuple[int, ...]:
         return (self.algebra_basis.shape[0],)
 
+    def group_shape(self, x: Tensors) -> tuple[int, ...]:
+        return (self.head_dim, self.head_dim)
+
     def algebra_element(self, a: torch.Tensor) -> torch.Tensor:
         """``X = sum_k a_k E_k``, ``shape=[..., h, h]``, of coordinates ``a``,
         ``shape=[..., K]``."""

@@ -206,4 +206,4 @@ def declared_rotary_dims(module: nn.Module, head_dim: int) -> tuple[int, str]:
         value = _positive_int(getattr(config, "rotary_dim", None))
         if value is not None:
             return value, f"config rotary_dim={value}"
-    return head_dim, "all head dimensions (no partial rotary declared)"
+    return head_dim, "the whole head: no partial rotary declared"

@@ -10,6 +10,10 @@ For ``nn.Linear`` projections (``y = x W^T + b``) and ``rows_i`` the output feat
 - VO: ``G = [v.weight[rows_i].T ; v.bias[rows_i]]``, ``H = o.weight[:, rows_i]`` (output bias
   excluded).
 
+With grouped-query attention one pair per key/value head stacks the blocks of its query heads
+(``G`` of qk, ``H`` of vo); with rotary embeddings the qk group is the rotations' centraliser
+``GL(1,C)^{r/2} x GL(h - r)`` (``docs/attention-variants.md``).
+
 :func:`find_symmetries` walks a model, recognises the supported attention layouts and diagonal
 ``(u, v)`` parameterisations, and returns a :class:`SymmetryReport` that says which slice of
 which parameter forms which factor. It never touches the model's tensors. Attention-like modules
@@ -22,7 +26,10 @@ The code lives in one module per stage; this module re-exports their public name
   :class:`FactorSource`, :class:`PairGroup`, :class:`DiagonalPair`, :class:`AttentionModule`,
   :class:`SymmetryReport`);
 - :mod:`quotientsharp.models.recognisers`: the per-architecture recognisers
-  (``nn.MultiheadAttention``, HF BERT/ViT, generic ``q_proj/k_proj/v_proj``, GPT-2);
+  (``nn.MultiheadAttention``, HF BERT/ViT, generic ``q_proj/k_proj/v_proj`` with grouped-query
+  attention, GPT-2, GPT-NeoX/BLOOM);
+- :mod:`quotientsharp.models.conventions`: the modeling code's conventions (rotary layout and
+  rotated dimensions, key/value head sharing), detected by probing its helpers;
 - :mod:`quotientsharp.models.walker`: :func:`find_symmetries`, the walk over the model.
 """
 

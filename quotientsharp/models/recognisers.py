@@ -222,8 +222,8 @@ def _rotary(module: nn.Module, head_dim: int) -> tuple[RotarySpec | None, list[s
     dims, declared = declared_rotary_dims(module, head_dim)
     what = f"rotary position embeddings ({', '.join(marked)})"
     if layout is None:
-        return None, [f"{what} in a layout that is neither rotate_half nor interleaved ({helper}):"
-                      " the centraliser of their rotations is unknown"], []
+        return None, [f"{what} whose plane layout was not detected as rotate_half or "
+                      f"interleaved ({helper}): the centraliser of their rotations is unknown"], []
     if dims % 2 or dims > head_dim:
         return None, [f"{what} on {dims} of {head_dim} dimensions ({declared}): not whole "
                       "rotation planes inside a head"], []

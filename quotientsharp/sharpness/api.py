@@ -40,11 +40,20 @@ from .measures import (
 )
 from .solver import AscentSettings, checkpoints
 
-__all__ = ["MEASURES", "SharpnessResult", "sharpness"]
+__all__ = ["MEASURES", "REFERENCE_ITERATIONS", "REFERENCE_RESTARTS", "SharpnessResult",
+           "reference_settings", "sharpness"]
 
 _COMMON = {"loss": None, "seed": 0, "progress": None, "keep_perturbations": False,
            "nonfinite": "raise"}
-_ASCENT = {"n_iter": 20, "eta0": None, "alpha": 0.75, "random_init": False, "restarts": 0}
+_ASCENT = {"n_iter": 20, "eta0": None, "alpha": 0.75, "random_init": False, "restarts": 0,
+           "reference_solve": None, "blockwise": False}
+#: What ``reference_solve=True`` runs: ``n_iter`` is ``REFERENCE_ITERATIONS`` times the
+#: measurement's, ``restarts`` random restarts; ``eta0`` and ``alpha`` are the measurement's.
+REFERENCE_ITERATIONS = 10
+REFERENCE_RESTARTS = 4
+#: The reference solve draws from a stream of its own, ``seed`` plus this odd constant (mod
+#: ``2**64``), so that the measured value is the same with and without it.
+_REFERENCE_SEED_OFFSET = 0x9E3779B97F4A7C15
 #: Options of each measure and their defaults.
 MEASURES: dict[str, dict[str, Any]] = {
     "average": {**_COMMON, "adaptive": False, "samples": 1},
@@ -89,7 +98,20 @@ class SharpnessResult:
     nonfinite_evaluations
         Per batch, the perturbed evaluations whose loss was NaN or inf. Always zero with
         ``nonfinite="raise"`` (the default), which raises on the first one; with
-        ``nonfinite="skip"`` they were left out (never the best iterate, not in the mean).
+        ``nonfinite="skip"`` they were left out (never the best iterate, not in the mean; the
+        reference solve's included).
+    traces
+        Ascent measures: per batch, the solver's convergence trace, the best perturbed loss
+        minus the clean loss after each evaluation (``runs * (n_iter + 1)`` entries, run after
+        run, the first the starting point): non-decreasing, its last entry is that batch's
+        value. Empty for the other measures.
+    reference_per_batch, reference_traces
+        With ``reference_solve``: per batch, the value the stronger reference solve reached
+        (best perturbed loss minus clean loss) and its trace. Empty otherwise.
+    blocks
+        With ``blockwise=True``: per batch, one dict per block of the best perturbation,
+        ``{"name", "kind", "norm_share", "loss_change"}`` (``docs/sharpness.md``); ``None``
+        otherwise.
     """
 
     measure: str
@@ -103,9 +125,62 @@ class SharpnessResult:
     perturbations: list[dict[str, torch.Tensor]] | None = None
     frozen: list[str] = field(default_factory=list)
     nonfinite_evaluations: list[int] = field(default_factory=list)
+    traces: list[list[float]] = field(default_factory=list)
+    reference_per_batch: list[float] = field(default_factory=list)
+    reference_traces: list[list[float]] = field(default_factory=list)
+    blocks: list[list[dict[str, Any]]] | None = None
 
     def __float__(self) -> float:
         return self.value
+
+    # ------------------------------------------------------------------ solver quality
+    @property
+    def reference_value(self) -> float | None:
+        """Mean over batches of the reference solve's values; ``None`` without one."""
+        if not self.reference_per_batch:
+            return None
+        return sum(self.reference_per_batch) / len(self.reference_per_batch)
+
+    @property
+    def gap_per_batch(self) -> list[float]:
+        """Per batch, ``reference - value``: how much more the reference solve found (negative
+        where it found less). Empty without a reference solve."""
+        return [r - v for r, v in zip(self.reference_per_batch, self.per_batch, strict=True)]
+
+    @property
+    def relative_gap_per_batch(self) -> list[float]:
+        """Per batch, ``(reference - value) / |reference|`` (``0`` where both are ``0``)."""
+        return [_relative(r - v, r) for r, v in zip(self.reference_per_batch, self.per_batch,
+                                                     strict=True)]
+
+    @property
+    def gap(self) -> float | None:
+        """``reference_value - value``; ``None`` without a reference solve."""
+        reference = self.reference_value
+        return None if reference is None else reference - self.value
+
+    @property
+    def relative_gap(self) -> float | None:
+        """``gap / |reference_value|``; ``None`` without a reference solve."""
+        reference, gap = self.reference_value, self.gap
+        return None if reference is None or gap is None else _relative(gap, reference)
+
+    # ------------------------------------------------------------------ blocks
+    def block_summary(self) -> list[dict[str, Any]]:
+        """Per block, ``{"name", "kind", "norm_share", "loss_change"}`` averaged over the
+        batches (in layout order); empty without ``blockwise=True``."""
+        if not self.blocks:
+            return []
+        count = len(self.blocks)
+        summary = [dict(record) for record in self.blocks[0]]
+        for records in self.blocks[1:]:
+            for total, record in zip(summary, records, strict=True):
+                total["norm_share"] += record["norm_share"]
+                total["loss_change"] += record["loss_change"]
+        for total in summary:
+            total["norm_share"] /= count
+            total["loss_change"] /= count
+        return summary
 
     @property
     def variant(self) -> str:
@@ -125,8 +200,21 @@ class SharpnessResult:
         variant = f" ({self.variant})" if self.variant else ""
         skipped = sum(self.nonfinite_evaluations)
         note = f", {skipped} non-finite evaluation(s) skipped" if skipped else ""
+        gap = self.gap
+        if gap is not None:
+            note += (f", reference solve {self.reference_value:.6g}: gap {gap:.3g} "
+                     f"({100 * self.relative_gap:.3g}%)")
         return (f"{self.measure} sharpness{variant} {self.value:.6g} over "
                 f"{len(self.per_batch)} batch(es) (rho={self.settings.get('rho')}{note})")
+
+
+def _relative(gap: float, reference: float) -> float:
+    """``gap / |reference|``; ``0`` for a zero gap, ``inf`` (signed) for a zero reference."""
+    if gap == 0:
+        return 0.0
+    if reference == 0:
+        return math.copysign(math.inf, gap)
+    return gap / abs(reference)
 
 
 # ---------------------------------------------------------------------------- option checks
@@ -204,6 +292,49 @@ def _check_nonfinite(policy: object) -> str:
     return str(policy)
 
 
+_REFERENCE_KEYS = ("n_iter", "restarts", "eta0", "alpha", "random_init")
+
+
+def reference_settings(option: object, settings: AscentSettings) -> AscentSettings | None:
+    """The solver settings of ``reference_solve`` for a measurement solved with ``settings``.
+
+    Parameters
+    ----------
+    option
+        ``None`` or ``False``: no reference solve. ``True``: ``n_iter`` =
+        :data:`REFERENCE_ITERATIONS` times the measurement's, :data:`REFERENCE_RESTARTS` random
+        restarts, the measurement's ``eta0`` and ``alpha``, the first run from ``xi = 0``. A
+        dict overrides any of ``n_iter``, ``restarts``, ``eta0``, ``alpha``, ``random_init``.
+    settings
+        The measurement's own solver settings.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming ``reference_solve`` and the offending key.
+    """
+    if option is None or option is False:
+        return None
+    if option is True:
+        given: dict[str, Any] = {}
+    elif isinstance(option, Mapping):
+        given = dict(option)
+        unknown = sorted(str(k) for k in set(given) - set(_REFERENCE_KEYS))
+        if unknown:
+            raise ValueError(f"reference_solve: unknown key(s) {unknown}; allowed: "
+                             f"{list(_REFERENCE_KEYS)}")
+    else:
+        raise TypeError(f"reference_solve must be None, True or a dict of solver settings "
+                        f"({', '.join(_REFERENCE_KEYS)}), got {option!r}")
+    resolved = {"n_iter": REFERENCE_ITERATIONS * settings.n_iter,
+                "restarts": REFERENCE_RESTARTS, "eta0": settings.eta0, "alpha": settings.alpha,
+                "random_init": False, **given}
+    try:
+        return AscentSettings(**resolved)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"reference_solve: {err}") from err
+
+
 def _resolve_options(measure: str, options: Mapping[str, Any]) -> dict[str, Any]:
     allowed = MEASURES[measure]
     unknown = sorted(set(options) - set(allowed))
@@ -275,13 +406,26 @@ def _make_measure(measure: str, model: nn.Module, functional: FunctionalModel,
                               random_init=opts["random_init"], restarts=opts["restarts"])
     extra["checkpoints"] = checkpoints(settings.n_iter)
     extra["eta0"] = settings.eta0 if settings.eta0 is not None else 2.0 * rho
+    reference = reference_settings(opts["reference_solve"], settings)
+    extra["reference_solve"] = None if reference is None else {
+        "n_iter": reference.n_iter, "restarts": reference.restarts,
+        "eta0": reference.eta0 if reference.eta0 is not None else 2.0 * rho,
+        "alpha": reference.alpha, "random_init": reference.random_init,
+        "checkpoints": checkpoints(reference.n_iter)}
+    extra["blockwise"] = _check_bool("blockwise", opts["blockwise"])
+    reference_generator = None
+    if reference is not None:
+        reference_generator = torch.Generator(device=generator.device).manual_seed(
+            (generator.initial_seed() + _REFERENCE_SEED_OFFSET) % _SEED_LIMIT)
+    ascent = {"nonfinite": opts["nonfinite"], "reference": reference,
+              "reference_generator": reference_generator, "blockwise": extra["blockwise"]}
     if measure in ("worst_case", "adaptive"):
         p = _check_p(opts["p"])
         adaptive = True if measure == "adaptive" else _check_bool("adaptive", opts["adaptive"])
         extra["p"] = "inf" if math.isinf(p) else 2
         extra["adaptive"] = adaptive
         build = plain_builder(functional, rho, p, adaptive)
-        return AscentMeasure(functional, settings, generator, build, opts["nonfinite"]), extra
+        return AscentMeasure(functional, settings, generator, build, **ascent), extra
 
     metric = opts["metric"]
     if metric not in GL_METRICS:
@@ -302,9 +446,18 @@ def _make_measure(measure: str, model: nn.Module, functional: FunctionalModel,
     exact_steps = _check_int("exact_steps", opts["exact_steps"], 1)
     layout, summary = _layout_for(model, functional, opts["symmetries"], opts["diagonal"])
     extra.update(summary)
+    if isinstance(layout, list):
+        # bindings bring their own quotients: the options of discovered symmetries do not apply
+        ignored = {k: opts[k] for k, default in (("metric", "inv"), ("eps", 0.0),
+                                                 ("diagonal", None)) if opts[k] != default}
+        if ignored:
+            warnings.warn(f"option(s) {ignored} apply to discovered symmetries only; the "
+                          "QuotientBinding quotients use their own metric", UserWarning,
+                          stacklevel=3)
+        extra.update({"metric": "the bindings' own", "eps": None, "diagonal": None})
     build = geodesic_builder(functional, rho, layout, metric, order, float(eps), exact_steps,
                              opts["other_metric"], opts["other_path"])
-    return AscentMeasure(functional, settings, generator, build, opts["nonfinite"]), extra
+    return AscentMeasure(functional, settings, generator, build, **ascent), extra
 
 
 def _progress_bar(batches: Iterable, per_batch: int, progress: bool | None, measure: str):
@@ -342,7 +495,13 @@ def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
         left out, counted in ``result.nonfinite_evaluations``, with a warning).
 
         Ascent measures (Auto-PGD, Croce & Hein 2020): ``n_iter=20``, ``eta0=None`` (``2 rho``),
-        ``alpha=0.75``, ``random_init=False``, ``restarts=0``.
+        ``alpha=0.75``, ``random_init=False``, ``restarts=0``. Solver quality:
+        ``reference_solve=None`` (``True`` or a dict of ``n_iter``, ``restarts``, ``eta0``,
+        ``alpha``, ``random_init``: a second, stronger solve per batch, default 10 times the
+        steps and 4 random restarts, whose value and gap are reported; see
+        :func:`reference_settings`). Block-wise: ``blockwise=False`` (``True``: norm share and
+        loss change of every block of the best perturbation, ``result.blocks``; one extra
+        forward per block and batch).
 
         ``average``: ``adaptive=False`` (``c = |theta|`` if true), ``samples=1``.
         ``worst_case``: ``p=2`` or ``"inf"``, ``adaptive=False``. ``adaptive``: ``p=2``.
@@ -437,6 +596,12 @@ def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
                       "best over the finite evaluations only", UserWarning, stacklevel=2)
     values = torch.stack([o.value for o in outcomes]).tolist()
     norms = [{k: float(v) for k, v in o.norms.items()} for o in outcomes]
+    traces = [(o.trace - o.clean).tolist() for o in outcomes if o.trace is not None]
+    references = [float(o.reference - o.clean) for o in outcomes if o.reference is not None]
+    reference_traces = [(o.reference_trace - o.clean).tolist() for o in outcomes
+                        if o.reference_trace is not None]
+    blocks = ([o.blocks.records() for o in outcomes if o.blocks is not None]
+              if extra.get("blockwise") else None)
     settings = {"measure": measure, "rho": rho, "n_batches": len(outcomes),
                 "geometry_dtype": str(functional.dtype).removeprefix("torch."),
                 **{k: v for k, v in opts.items() if k not in ("loss", "symmetries")},
@@ -453,4 +618,8 @@ def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
         perturbations=[o.perturbation for o in outcomes] if keep else None,
         frozen=list(functional.frozen),
         nonfinite_evaluations=skipped,
+        traces=traces,
+        reference_per_batch=references,
+        reference_traces=reference_traces,
+        blocks=blocks,
     )

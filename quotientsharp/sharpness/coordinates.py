@@ -13,6 +13,10 @@ quotient and its base point) and maps a point of the product back to parameters 
   :class:`~quotientsharp.DiagonalQuotient` factor, and the remaining parameters;
 - :class:`BoundCoordinates`: quotients a user attached with
   :class:`~quotientsharp.models.QuotientBinding`, and the remaining parameters.
+
+Each also lists its :class:`~.blocks.Block` s (``blocks()``), the parts of a perturbation that
+block-wise sharpness reports on (:mod:`.blocks`): every parameter; every attention head pair,
+diagonal pair and binding.
 """
 
 from __future__ import annotations
@@ -27,11 +31,16 @@ from ..adaptive import AdaptiveQuotient
 from ..diagonal import DiagonalQuotient
 from ..gl import GLQuotient, RotaryQuotient
 from ..quotient import SymmetryQuotient
+from .blocks import Block
 
 if TYPE_CHECKING:
     from .measures import FunctionalModel
 
 Tensors = tuple[torch.Tensor, ...]
+
+
+#: Block labels of the engine's own factors, which a user binding may not take.
+RESERVED_LABELS = frozenset({"gl", "diagonal", "other", "total"})
 
 
 @dataclass
@@ -98,6 +107,10 @@ class PlainCoordinates:
     def updates(self, point: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
         return dict(zip(self.names, point, strict=True))
 
+    def blocks(self) -> list[Block]:
+        """One block per parameter, by name (all in factor 0)."""
+        return [Block(name, "parameter", 0, (i,)) for i, name in enumerate(self.names)]
+
 
 class LayoutCoordinates:
     """Symmetry coordinates of a :class:`~quotientsharp.models.ParameterLayout`."""
@@ -140,6 +153,38 @@ class LayoutCoordinates:
             parameters.pop(name, None)
         return parameters
 
+    def blocks(self) -> list[Block]:
+        """Every attention head pair, every diagonal pair, every other parameter.
+
+        Factor order as in :meth:`factors`: the buckets of heads (tensors ``G, H``, one block per
+        head, the entry of the folded dimension), the diagonal factor (one block per
+        :class:`~quotientsharp.models.DiagonalPair`, a range of the concatenated coordinates;
+        one block ``"diagonal"`` when the layout does not say which pairs it holds), then one
+        block per other parameter.
+        """
+        blocks: list[Block] = []
+        for bucket, pairs in enumerate(self.gl_pairs):
+            tensors = (2 * bucket, 2 * bucket + 1)
+            blocks.extend(Block(f"{p.module} {p.kind} head {p.head}", "head", bucket, tensors,
+                                index=i) for i, p in enumerate(pairs))
+        factor, position = len(self.gl), 2 * len(self.gl)
+        if self.diagonal is not None:
+            tensors = (position, position + 1)
+            report = getattr(self.layout, "report", None)
+            pairs = list(getattr(report, "diagonal", None) or [])
+            if sum(p.size for p in pairs) == self.diagonal[0].shape[-1]:
+                start = 0
+                for p in pairs:
+                    blocks.append(Block(f"diagonal {p.u_name} * {p.v_name}", "diagonal",
+                                        factor, tensors, span=(start, start + p.size)))
+                    start += p.size
+            else:
+                blocks.append(Block("diagonal", "diagonal", factor, tensors))
+            factor, position = factor + 1, position + 2
+        blocks.extend(Block(name, "parameter", factor, (position + i,))
+                      for i, name in enumerate(self.other_names))
+        return blocks
+
 
 class BoundCoordinates:
     """Quotients attached by :class:`~quotientsharp.models.QuotientBinding`, then the rest."""
@@ -148,6 +193,14 @@ class BoundCoordinates:
                  excluded: set[str]) -> None:
         self.bindings = list(bindings)
         seen: dict[str, str] = {}
+        labels = [b.name for b in self.bindings]
+        for label in labels:
+            if label in RESERVED_LABELS:
+                raise ValueError(f"a binding may not be named {label!r}: the name labels a block "
+                                 f"of its own in the result (reserved: {sorted(RESERVED_LABELS)})")
+            if labels.count(label) > 1:
+                raise ValueError(f"two bindings are named {label!r}: give each its own name, "
+                                 "the per-block norms of the result are reported by name")
         for binding in self.bindings:
             for name in binding.parameters:
                 if name not in model.theta_geometry:
@@ -160,6 +213,17 @@ class BoundCoordinates:
             binding.check_round_trip(model.theta_geometry)
         self.bases = [tuple(t.detach() for t in binding.point(model.theta_geometry))
                       for binding in self.bindings]
+        for binding, base in zip(self.bindings, self.bases, strict=True):
+            ndims = binding.quotient.point_ndims
+            if len(base) != len(ndims):
+                raise ValueError(f"binding {binding.name!r}: to_point returned {len(base)} "
+                                 f"tensors, the quotient's point has {len(ndims)}")
+            leading = {t.dim() - k for t, k in zip(base, ndims, strict=True)}
+            if leading != {binding.folded}:
+                raise ValueError(f"binding {binding.name!r}: the point has {sorted(leading)} "
+                                 f"leading (batch) dimension(s) beyond the quotient's "
+                                 f"point_ndims {tuple(ndims)}, but folded={binding.folded}; "
+                                 "folded must count them (e.g. 1 for a stack of units)")
         self.other_names = [n for n in model.trainable if n not in seen and n not in excluded]
         self.other_base = tuple(model.theta_geometry[n] for n in self.other_names)
 
@@ -179,6 +243,19 @@ class BoundCoordinates:
             parameters.update(binding.parameters_of(part))
         parameters.update(zip(self.other_names, point, strict=True))
         return parameters
+
+    def blocks(self) -> list[Block]:
+        """One block per binding (as a whole), then one per other parameter."""
+        blocks: list[Block] = []
+        position = 0
+        for factor, (binding, base) in enumerate(zip(self.bindings, self.bases, strict=True)):
+            blocks.append(Block(binding.name, "binding", factor,
+                                tuple(range(position, position + len(base)))))
+            position += len(base)
+        factor = len(self.bindings)
+        blocks.extend(Block(name, "parameter", factor, (position + i,))
+                      for i, name in enumerate(self.other_names))
+        return blocks
 
 
 __all__ = ["BoundCoordinates", "Factor", "LayoutCoordinates", "PlainCoordinates",

@@ -20,6 +20,7 @@ import torch
 
 from ..frozen import check_order
 from ..product import ProductQuotient
+from ..quotient import ClosedFormQuotient
 from .ball import GeodesicBall
 from .coordinates import Factor
 
@@ -81,6 +82,16 @@ def build_geometry(factors: Sequence[Factor], radius: float, order: int | str = 
     except ValueError as err:
         culprits = "".join(_culprits(f) for f in factors)
         raise ValueError(f"the symmetry geometry at theta is degenerate{culprits}: {err}") from err
+    for factor, part in zip(factors, frozen.factors, strict=True):
+        if isinstance(factor.quotient, ClosedFormQuotient):
+            continue
+        # a user's quotient has no validation of its own beyond check_point: one projection at
+        # theta finds a degenerate orbit now, named, rather than inside the ascent
+        try:
+            part.horizontal_projection(tuple(torch.zeros_like(t) for t in factor.base))
+        except (ValueError, RuntimeError) as err:
+            raise ValueError(f"{factor.name} block ({factor.quotient.name}): the geometry is "
+                             f"degenerate at theta (e.g. a zero unit or factor): {err}") from err
     orders = [order if f.curved else 1 for f in factors]
     return GeodesicBall(frozen, radius, orders, steps=exact_steps)
 

@@ -27,6 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from ..adaptive import AdaptiveQuotient
 from .ball import BoxGeometry, GeodesicBall
 from .batches import Batch
+from .blocks import BlockOutcome, blockwise
 from .coordinates import BoundCoordinates, LayoutCoordinates, PlainCoordinates
 from .functional import FunctionalModel, checked_clean_loss
 from .geometry import build_geometry
@@ -65,9 +66,11 @@ _SKIP_HINT = ("; or pass nonfinite='skip' to keep the best over the finite evalu
 
 
 def _check_ascent(outcome: AscentOutcome, index: int, settings: AscentSettings,
-                  model: FunctionalModel, rho: float | None, policy: str) -> int:
+                  model: FunctionalModel, rho: float | None, policy: str,
+                  solve: str = "") -> int:
     """The number of non-finite evaluations of one batch's ascent; raises under ``"raise"``
-    (or when no evaluation was finite). One host sync, after the ascent."""
+    (or when no evaluation was finite). One host sync, after the ascent. ``solve`` names a
+    solve other than the measurement's own (``" (reference solve)"``) in the message."""
     if outcome.nonfinite_count is None:
         return 0
     count, best = torch.stack([outcome.nonfinite_count.to(outcome.loss.dtype),
@@ -85,7 +88,7 @@ def _check_ascent(outcome: AscentOutcome, index: int, settings: AscentSettings,
     total = settings.runs * settings.evaluations_per_run
     none_finite = " No evaluation was finite." if not math.isfinite(best) else ""
     raise NonFiniteLossError(
-        f"batch {index}: the perturbed loss is {value} at {where}{runs}; {int(count)} of "
+        f"batch {index}{solve}: the perturbed loss is {value} at {where}{runs}; {int(count)} of "
         f"{total} evaluations were not finite.{none_finite} The clean loss is finite, so the "
         f"perturbation caused it: {likely_cause(model, rho)}"
         + (_SKIP_HINT if policy == "raise" else ""))
@@ -105,7 +108,12 @@ class FirstEvaluation:
 
 @dataclass
 class BatchOutcome:
-    """One batch: sharpness, clean and perturbed loss, norms, optional displacement."""
+    """One batch: sharpness, clean and perturbed loss, norms, optional displacement.
+
+    The ascent measures add the solver's convergence ``trace`` (best loss after each
+    evaluation, ``shape=[evaluations]``), with ``reference_solve`` the ``reference`` solve's best
+    loss and its trace, and with ``blockwise`` the :class:`~.blocks.BlockOutcome`.
+    """
 
     value: torch.Tensor
     clean: torch.Tensor
@@ -113,6 +121,10 @@ class BatchOutcome:
     norms: dict[str, torch.Tensor]
     perturbation: dict[str, torch.Tensor] | None = None
     nonfinite: int = 0
+    trace: torch.Tensor | None = None
+    reference: torch.Tensor | None = None
+    reference_trace: torch.Tensor | None = None
+    blocks: BlockOutcome | None = None
 
 
 # ---------------------------------------------------------------------------- objective
@@ -228,12 +240,25 @@ class AscentMeasure:
         ``"raise"``: a NaN or inf perturbed loss raises :class:`NonFiniteLossError` after the
         ascent; ``"skip"``: such evaluations are failed steps (see :func:`.solver.ascend`),
         counted in the outcome.
+    reference
+        Settings of a second, stronger solve per batch (``reference_solve``), run after the
+        measurement's own with ``reference_generator``, so that the measured value does not
+        depend on it; ``None``: none.
+    reference_generator
+        Random starts of the reference solve.
+    blockwise
+        Also analyse the best perturbation block by block (:mod:`.blocks`).
     """
 
     def __init__(self, model: FunctionalModel, settings: AscentSettings,
-                 generator: torch.Generator, build, nonfinite: str = "raise") -> None:
+                 generator: torch.Generator, build, nonfinite: str = "raise",
+                 reference: AscentSettings | None = None,
+                 reference_generator: torch.Generator | None = None,
+                 blockwise: bool = False) -> None:
         self.model, self.settings, self.generator = model, settings, generator
         self.nonfinite = nonfinite
+        self.reference, self.reference_generator = reference, reference_generator
+        self.blockwise = blockwise
         self._build = build
         self.geometry: GeodesicBall | BoxGeometry | None = None
         self.coordinates: Any = None
@@ -249,7 +274,10 @@ class AscentMeasure:
         self.geometry.validate()
 
     def evaluations_per_batch(self) -> int:
-        return self.settings.runs * self.settings.evaluations_per_run
+        evaluations = self.settings.runs * self.settings.evaluations_per_run
+        if self.reference is not None:
+            evaluations += self.reference.runs * self.reference.evaluations_per_run
+        return evaluations
 
     def _objective(self, batch: Batch):
         return perturbed_objective(self.model, self.coordinates, self.geometry, batch)
@@ -297,14 +325,33 @@ class AscentMeasure:
                          initial=initial, skip_nonfinite=self.nonfinite == "skip")
         skipped = _check_ascent(outcome, index, self.settings, self.model,
                                 float(self.geometry.radius), self.nonfinite)
+        reference = None
+        if self.reference is not None:
+            reference = ascend(self.geometry, objective, self.reference,
+                               self.reference_generator, tick,
+                               initial=None if self.reference.random_init else initial,
+                               skip_nonfinite=self.nonfinite == "skip")
+            skipped += _check_ascent(reference, index, self.reference, self.model,
+                                     float(self.geometry.radius), self.nonfinite,
+                                     " (reference solve)")
         norms = self.geometry.block_norms(outcome.xi)
         perturbation = None
         if keep:
             with torch.no_grad():
                 moved = self.coordinates.updates(self.geometry.point(outcome.xi))
                 perturbation = {n: t - self.model.theta_geometry[n] for n, t in moved.items()}
+        blocks = None
+        if self.blockwise:
+            def loss_at(point: Tensors) -> torch.Tensor:
+                return self.model.loss(batch, self.coordinates.updates(point))
+
+            blocks = blockwise(loss_at, self.geometry, self.coordinates.blocks(), outcome.xi,
+                               clean)
         return BatchOutcome(outcome.loss - clean, clean, outcome.loss, norms, perturbation,
-                            skipped)
+                            skipped, trace=outcome.trace,
+                            reference=None if reference is None else reference.loss,
+                            reference_trace=None if reference is None else reference.trace,
+                            blocks=blocks)
 
 
 def plain_builder(model: FunctionalModel, rho: float, p: float, adaptive: bool):

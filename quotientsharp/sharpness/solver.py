@@ -13,6 +13,11 @@ One run, with ``N = n_iter`` steps and step size ``eta`` (``eta_0 = 2 rho``):
   are all reset to the best iterate's, so no stale momentum or perturbation survives a restart;
 - the best loss is tracked over every evaluated iterate, the starting point included.
 
+The convergence trace. After every evaluation the best loss so far is kept (a reference to the
+device tensor the loop holds anyway, no copy and no read): ``AscentOutcome.trace`` stacks them
+once the ascent is over, ``shape=[runs * (N + 1), *P]``, entry ``r (N + 1) + k`` the best loss
+over all runs up to step ``k`` of run ``r``. It is non-decreasing and ends at the best loss.
+
 Non-finite losses. ``new_loss > best_loss`` never selects NaN and always selects inf, so a
 non-finite evaluation would silently vanish (or win). The solver therefore records, per run and
 per problem, the first evaluation whose loss is not finite (``AscentOutcome.nonfinite_at``,
@@ -159,6 +164,10 @@ class AscentOutcome:
         Per run, ``shape=P``: the loss of that first non-finite evaluation (``0`` where none).
     nonfinite_count
         ``shape=P`` int64: non-finite evaluations over all runs.
+    trace
+        ``shape=[runs * (n_iter + 1), *P]``: the best loss over every evaluation so far, one
+        entry per evaluation (run after run; entry ``0`` the first start). Non-decreasing,
+        its last entry is :attr:`loss`. On the device: read it once, after the ascent.
     """
 
     loss: torch.Tensor
@@ -168,6 +177,7 @@ class AscentOutcome:
     nonfinite_at: list[torch.Tensor] = field(default_factory=list)
     nonfinite_loss: list[torch.Tensor] = field(default_factory=list)
     nonfinite_count: torch.Tensor | None = None
+    trace: torch.Tensor | None = None
 
 
 def _lift(flag: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -237,7 +247,7 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[
                 on_evaluation: Callable[[], None] | None,
                 initial: tuple[torch.Tensor, Tensors] | None = None,
                 skip_nonfinite: bool = False
-                ) -> tuple[torch.Tensor, Tensors, torch.Tensor, _NonFinite]:
+                ) -> tuple[torch.Tensor, Tensors, torch.Tensor, _NonFinite, torch.Tensor]:
     n_iter, alpha = settings.n_iter, settings.alpha
     marks = [w for w in checkpoints(n_iter) if w < n_iter]
 
@@ -256,6 +266,8 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[
     # the best iterate and direction are overwritten in place below, so they own their
     # storage (the start is also xi, then previous; the geometry's tensors are not ours)
     best_loss = loss
+    # the best loss after each evaluation: references to tensors the loop makes anyway
+    trace = [best_loss]
     best_xi, best_direction = (tuple(t.clone() for t in v) for v in (xi, direction))
     previous, current_loss = xi, loss
     eta = torch.zeros_like(loss) + eta0
@@ -283,6 +295,7 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[
         increases = increases + (new_loss > current_loss).to(increases.dtype)
         improved = new_loss > best_loss
         best_loss = torch.where(improved, new_loss, best_loss)
+        trace.append(best_loss)
         _choose_into(improved, new, best_xi)
         _choose_into(improved, new_direction, best_direction)
         if skip_nonfinite:
@@ -307,7 +320,7 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[
             current_loss = torch.where(restart, best_loss, current_loss)
             increases = torch.zeros_like(increases)
             last_mark = step
-    return best_loss, best_xi, start_loss, record
+    return best_loss, best_xi, start_loss, record, torch.stack(trace)
 
 
 def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSettings,
@@ -348,17 +361,22 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
     run_losses = []
     start_loss: torch.Tensor | None = None
     records: list[_NonFinite] = []
+    traces: list[torch.Tensor] = []
     for run in range(settings.runs):
         random = settings.random_init or run > 0
         start = ((lambda: geometry.random_start(generator)) if random else geometry.zeros)
-        loss, xi, first, record = _single_run(geometry, objective, start, settings, eta0,
-                                              on_evaluation, initial if run == 0 else None,
-                                              skip_nonfinite)
+        loss, xi, first, record, trace = _single_run(geometry, objective, start, settings, eta0,
+                                                     on_evaluation,
+                                                     initial if run == 0 else None,
+                                                     skip_nonfinite)
         records.append(record)
         run_losses.append(loss)
         if best_loss is None:
             best_loss, best_xi, start_loss = loss, xi, first
+            traces.append(trace)
         else:
+            # the best over the earlier runs too, chosen as the runs' best is chosen below
+            traces.append(torch.where(trace > best_loss, trace, best_loss))
             improved = loss > best_loss
             best_loss = torch.where(improved, loss, best_loss)
             best_xi = _choose(improved, xi, best_xi)
@@ -367,4 +385,5 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
     for record in records[1:]:
         count = count + record.count
     return AscentOutcome(best_loss, best_xi, run_losses, start_loss,
-                         [r.at for r in records], [r.loss for r in records], count)
+                         [r.at for r in records], [r.loss for r in records], count,
+                         traces[0] if len(traces) == 1 else torch.cat(traces))
