@@ -25,11 +25,12 @@ before it. Here the stream of batch ``i`` is instead seeded with :func:`batch_se
   ``restarts=0``, the defaults, and relative flatness): each rank makes one ``sharpness`` call
   on its share; per-batch values are bit-identical to those of
   ``quotientsharp.sharpness(model, batches, ...)`` in one process (same device, same threads);
-- randomised measures (``average``, ``random_init=True`` or ``restarts > 0``): one ``sharpness``
-  call per batch with ``seed=batch_seed(seed, i)``; per-batch values are bit-identical to this
-  function's in a single process (no process group, or world size 1) and independent of the
-  number of ranks, but not equal to one ``quotientsharp.sharpness`` call over all batches
-  (whose draws are sequential). The setup (symmetry discovery, Gram factorisations) is then
+- randomised measures (``average``, ``random_init=True`` or ``restarts > 0``, or a
+  ``reference_solve`` with random restarts, its default): one ``sharpness`` call per batch
+  with ``seed=batch_seed(seed, i)``; per-batch values are bit-identical to this function's in
+  a single process (no process group, or world size 1) and independent of the number of
+  ranks, but not equal to one ``quotientsharp.sharpness`` call over all batches (whose draws
+  are sequential). The setup (symmetry discovery, Gram factorisations) is then
   repeated per batch.
 
 Parameters without gradient are detected on the first batch of each ``sharpness`` call (on each
@@ -61,6 +62,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .sharpness import MEASURES, SharpnessResult, sharpness
+from .sharpness.api import REFERENCE_RESTARTS
 
 __all__ = [
     "batch_seed",
@@ -339,8 +341,16 @@ def is_randomised(measure: str, options: dict[str, Any]) -> bool:
         return True
     if name == "relative_flatness" or name not in MEASURES:
         return False
-    return bool(options.get("random_init", False)) or options.get("restarts", 0) not in (0,
-                                                                                         None)
+    if bool(options.get("random_init", False)) or options.get("restarts", 0) not in (0, None):
+        return True
+    # a reference solve draws its random restarts (by default 4) from a stream of its own
+    reference = options.get("reference_solve")
+    if reference is None or reference is False:
+        return False
+    if isinstance(reference, dict):
+        return (bool(reference.get("random_init", False))
+                or reference.get("restarts", REFERENCE_RESTARTS) not in (0, None))
+    return REFERENCE_RESTARTS != 0
 
 
 def _parameter_digest(model: nn.Module) -> str:
@@ -383,6 +393,12 @@ def _records(result: SharpnessResult, indices: Sequence[int]) -> list[tuple[int,
             "frozen": list(result.frozen),
             "nonfinite": (result.nonfinite_evaluations[position]
                           if result.nonfinite_evaluations else 0),
+            "trace": result.traces[position] if result.traces else None,
+            "reference": (result.reference_per_batch[position]
+                          if result.reference_per_batch else None),
+            "reference_trace": (result.reference_traces[position]
+                                if result.reference_traces else None),
+            "blocks": result.blocks[position] if result.blocks is not None else None,
             "settings": result.settings if index == indices[0] else None,
         }))
     return records
@@ -461,6 +477,12 @@ def distributed_sharpness(model: nn.Module, batches: Iterable, measure: str = "g
         perturbations=[r["perturbation"] for r in records] if keep else None,
         frozen=list(records[0]["frozen"]),
         nonfinite_evaluations=[r["nonfinite"] for r in records],
+        traces=[r["trace"] for r in records if r.get("trace") is not None],
+        reference_per_batch=[r["reference"] for r in records if r.get("reference") is not None],
+        reference_traces=[r["reference_trace"] for r in records
+                          if r.get("reference_trace") is not None],
+        blocks=([r["blocks"] for r in records] if records[0].get("blocks") is not None
+                else None),
     )
 
 

@@ -15,6 +15,7 @@ COMMANDS = {
     "symmetries": "quotientsharp.models.cli",
     "measure": "quotientsharp.commands.measure",
     "reproduce": "quotientsharp.commands.reproduce",
+    "study": "quotientsharp.commands.study",
 }
 
 _ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`([^`]+)`")

@@ -26,8 +26,15 @@ DATA is one of
 The data are split into consecutive batches of ``--batch-size`` (the last one may be smaller),
 at most ``--max-batches`` of them; every measure runs on the same batches, per batch, and
 reports the mean over batches (``quotientsharp.sharpness``). A table goes to stdout; ``--json
-OUT`` also writes the settings, every per-batch value and the values as JSON. Exit status 0 on
-success, 2 on bad input (with a one-line error on stderr).
+OUT`` also writes the settings, every per-batch value and the values as JSON (for the ascent
+measures also the solver's convergence trace per batch). Exit status 0 on success, 2 on bad
+input (with a one-line error on stderr).
+
+Solver diagnostics of the ascent measures: ``--blockwise`` adds a table of the blocks of the
+best perturbation (attention head pairs, diagonal pairs, parameters) with their norm share and
+the loss change when only that block's part is applied, and ``--plot PNG`` draws it;
+``--reference-n-iter N`` / ``--reference-restarts R`` run a stronger reference solve per batch
+and report the gap between it and the measured value.
 """
 
 from __future__ import annotations
@@ -46,11 +53,20 @@ from .measure_options import (
     InputError,
     add_arguments,
     check_options,
+    check_solver_options,
     measure_names,
     measure_runs,
     options_for,
 )
-from .measure_output import environment, measure_label, results_table, write_json
+from .measure_output import (
+    blocks_table,
+    environment,
+    measure_label,
+    reference_lines,
+    results_table,
+    solver_quality,
+    write_json,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -115,6 +131,7 @@ def _measure(args: argparse.Namespace) -> int:
 
     measures = measure_names(args.measure)
     checked = check_options(args, measures)
+    check_solver_options(args, measures)
     runs = measure_runs(measures, checked)
     device = check_device(args.device)
     model = load_measured_model(args.model)
@@ -128,7 +145,7 @@ def _measure(args: argparse.Namespace) -> int:
           f"{device}) on {examples} examples ({data_kind}) in {len(batches)} batch(es) of <= "
           f"{args.batch_size}")
 
-    rows, results = [], {}
+    rows, results, measured = [], {}, {}
     for measure_run in runs:
         measure = measure_run.measure
         rho = None if measure == "relative_flatness" else args.rho
@@ -145,13 +162,26 @@ def _measure(args: argparse.Namespace) -> int:
                "per_batch": result.per_batch, "clean_losses": result.clean_losses,
                "seconds": seconds}
         rows.append(row)
+        measured[row["label"]] = result
         results[measure_run.key] = {
             "measure": measure,
             "value": result.value, "per_batch": result.per_batch,
             "clean_losses": result.clean_losses, "perturbed_losses": result.perturbed_losses,
             "perturbation_norms": result.perturbation_norms, "excluded": result.excluded,
-            "frozen": result.frozen, "settings": result.settings, "seconds": seconds}
+            "frozen": result.frozen, "settings": result.settings, "seconds": seconds,
+            **solver_quality(result)}
     print(results_table(rows))
+    gaps = reference_lines(list(measured.items()))
+    if gaps:
+        print(gaps)
+    blockwise = {label: result for label, result in measured.items() if result.blocks}
+    for label, result in blockwise.items():
+        print()
+        print(blocks_table(label, result.block_summary()))
+    if args.plot is not None:
+        from ..sharpness.plots import plot_blocks
+
+        print(f"wrote {plot_blocks(list(blockwise.values()), args.plot)}")
 
     if args.json is not None:
         metrics, orders = checked["metrics"], checked["orders"]
@@ -166,6 +196,9 @@ def _measure(args: argparse.Namespace) -> int:
                          "samples": args.samples, "layer": args.layer, "loss": args.loss,
                          "batch_size": args.batch_size, "max_batches": args.max_batches,
                          "n_iter": args.n_iter, "seed": args.seed,
+                         "blockwise": args.blockwise,
+                         "reference_n_iter": args.reference_n_iter,
+                         "reference_restarts": args.reference_restarts,
                          "max_length": args.max_length, "dtype": args.dtype or dtypes,
                          "device": str(device)},
             "environment": environment(device),

@@ -25,7 +25,9 @@ __all__ = [
     "MeasureRun",
     "add_arguments",
     "add_sharpness_options",
+    "add_solver_options",
     "check_options",
+    "check_solver_options",
     "measure_names",
     "measure_runs",
     "options_for",
@@ -51,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("data", help="JSONL file (text or input_ids rows) or torch.save'd "
                         "(X, Y) / {'x', 'y'} / TensorDataset")
     add_sharpness_options(parser)
+    add_solver_options(parser)
     parser.add_argument("--json", type=Path, default=None, metavar="OUT",
                         help="also write settings, per-batch values and values to OUT")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -110,6 +113,53 @@ def add_sharpness_options(parser: argparse.ArgumentParser, *, radius_list: bool 
     parser.add_argument("--dtype", choices=["float32", "float64"], default=None,
                         help="cast the model (default: as saved)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+
+
+def add_solver_options(parser: argparse.ArgumentParser) -> None:
+    """Declare the options of the ascent measures' diagnostics: ``--blockwise``, ``--plot``,
+    ``--reference-n-iter`` and ``--reference-restarts`` (``quotientsharp measure``)."""
+    parser.add_argument("--blockwise", action="store_true",
+                        help="ascent measures: also report, per block (attention head pair, "
+                        "diagonal pair, parameter), the norm share of the best perturbation and "
+                        "the loss change when only that block's part is applied (one extra "
+                        "forward per block and batch)")
+    parser.add_argument("--plot", type=Path, default=None, metavar="PNG",
+                        help="with --blockwise: write a bar chart of the loss change per block "
+                        "to PNG (needs matplotlib)")
+    parser.add_argument("--reference-n-iter", type=int, default=None, metavar="N",
+                        help="ascent measures: also run a stronger reference solve of N steps "
+                        "per batch and report the gap to it (default with "
+                        "--reference-restarts: 10 x --n-iter)")
+    parser.add_argument("--reference-restarts", type=int, default=None, metavar="R",
+                        help="random restarts of the reference solve (default 4 when "
+                        "--reference-n-iter is given)")
+
+
+def check_solver_options(args: argparse.Namespace, measures: Sequence[str]) -> None:
+    """Check ``--blockwise``, ``--plot`` and the reference-solve options against the measures
+    (they need an ascent measure; ``--plot`` needs ``--blockwise`` and matplotlib)."""
+    blockwise = getattr(args, "blockwise", False)
+    plot = getattr(args, "plot", None)
+    reference_n_iter = getattr(args, "reference_n_iter", None)
+    reference_restarts = getattr(args, "reference_restarts", None)
+    ascent = [m for m in measures if m in ASCENT_MEASURES]
+    for given, option in ((blockwise, "--blockwise"),
+                          (reference_n_iter is not None, "--reference-n-iter"),
+                          (reference_restarts is not None, "--reference-restarts")):
+        if given and not ascent:
+            raise InputError(f"{option} needs an ascent measure (worst_case, adaptive or "
+                             f"geodesic); --measure gives {', '.join(measures)}")
+    _positive_int(reference_n_iter, "--reference-n-iter")
+    if reference_restarts is not None and reference_restarts < 0:
+        raise InputError(f"--reference-restarts must be an integer >= 0, got "
+                         f"{reference_restarts}")
+    if plot is not None:
+        if not blockwise:
+            raise InputError("--plot draws the loss change per block: add --blockwise")
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise InputError("--plot needs matplotlib: pip install 'quotientsharp[plot]'")
 
 
 def radii(text: str | None) -> list[float]:
@@ -229,6 +279,13 @@ def options_for(run: MeasureRun, args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {"loss": args.loss, "seed": args.seed, "progress": args.progress}
     if measure in ASCENT_MEASURES:
         options["n_iter"] = args.n_iter
+        if getattr(args, "blockwise", False):
+            options["blockwise"] = True
+        reference = {key: value for key, value in (
+            ("n_iter", getattr(args, "reference_n_iter", None)),
+            ("restarts", getattr(args, "reference_restarts", None))) if value is not None}
+        if reference:
+            options["reference_solve"] = reference
     if measure == "geodesic":
         options.update(metric=run.variant["metric"], order=run.variant["order"], eps=args.eps)
     if measure in ("worst_case", "adaptive"):

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["environment", "jsonable", "measure_label", "results_table", "write_json"]
+__all__ = ["blocks_table", "environment", "jsonable", "measure_label", "reference_lines",
+           "results_table", "solver_quality", "write_json"]
 
 
 def _installed(distribution: str) -> str | None:
@@ -81,6 +82,56 @@ def results_table(rows: Sequence[dict[str, Any]]) -> str:
                      f"{max(row['per_batch']):12.5g} "
                      f"{sum(row['clean_losses']) / len(row['clean_losses']):11.5g} "
                      f"{row['seconds']:8.2f}")
+    return "\n".join(lines)
+
+
+def solver_quality(result: Any) -> dict[str, Any]:
+    """The JSON entries of an ascent measure's solver diagnostics: the convergence ``traces``
+    and, with a reference solve, ``reference_value``, ``gap``, ``relative_gap`` and their
+    per-batch lists; with ``--blockwise``, ``blocks`` (per batch) and ``block_summary``."""
+    entries: dict[str, Any] = {}
+    if result.traces:
+        entries["traces"] = result.traces
+    if result.reference_per_batch:
+        entries.update(reference_value=result.reference_value, gap=result.gap,
+                       relative_gap=result.relative_gap,
+                       reference_per_batch=result.reference_per_batch,
+                       gap_per_batch=result.gap_per_batch,
+                       relative_gap_per_batch=result.relative_gap_per_batch,
+                       reference_traces=result.reference_traces)
+    if result.blocks is not None:
+        entries.update(blocks=result.blocks, block_summary=result.block_summary())
+    return entries
+
+
+def reference_lines(rows: Sequence[tuple[str, Any]]) -> str:
+    """One line per measure with a reference solve: its value, the gap and the relative gap."""
+    lines = []
+    for label, result in rows:
+        if result.reference_value is None:
+            continue
+        reference = result.settings["reference_solve"]
+        lines.append(f"{label}: reference solve ({reference['n_iter']} steps, "
+                     f"{reference['restarts']} restart(s)) {result.reference_value:.6g}, "
+                     f"Auto-PGD {result.value:.6g}: gap {result.gap:.3g} "
+                     f"({100 * result.relative_gap:.3g}% of the reference)")
+    return "\n".join(lines)
+
+
+def blocks_table(label: str, summary: Sequence[dict[str, Any]], top: int = 15) -> str:
+    """The block-wise table of one measure: the ``top`` blocks with the largest loss change
+    (by absolute value; mean over batches), with kind and norm share."""
+    rows = sorted(summary, key=lambda r: abs(r["loss_change"]), reverse=True)
+    width = max([28, *(len(r["name"]) for r in rows[:top])])
+    header = f"{'block':{width}s} {'kind':>9s} {'norm share':>10s} {'loss change':>12s}"
+    lines = [f"block-wise, {label}: loss change with only that block's part of the best "
+             "perturbation (mean over batches)", header, "-" * len(header)]
+    for row in rows[:top]:
+        lines.append(f"{row['name']:{width}s} {row['kind']:>9s} {row['norm_share']:10.3%} "
+                     f"{row['loss_change']:12.5g}")
+    if len(rows) > top:
+        lines.append(f"... {len(rows) - top} more block(s) with smaller loss changes "
+                     "(all in --json)")
     return "\n".join(lines)
 
 

@@ -174,22 +174,24 @@ def tau_table(rows: Sequence[TauRow], digits: int = 2) -> str:
     return "\n".join(lines)
 
 
-def sign_convention(generalisation: str | None) -> str:
+def sign_convention(generalisation: str | None, results_page: bool = True) -> str:
     """The console's reading guide of a tau table, and where the results page is.
 
     Parameters
     ----------
     generalisation
-        What the taus rank sharpness against (``"test loss"``, ``"generalisation gap"``);
+        What the taus rank sharpness against (``"test loss"``, ``"the generalisation gap"``);
         ``None`` for a study without taus (the pointer to the results page only).
+    results_page
+        Also point to the results page of the paper's studies.
     """
     page = f"Results of every study, next to the paper's: {RESULTS_PAGE}."
     if generalisation is None:
         return page
-    return (f"Sign convention: Kendall tau between {generalisation} and sharpness. Positive "
-            f"tau: sharpness and {generalisation} rank alike, sharper models generalise worse "
-            "; negative tau: sharper models "
-            f"generalise better; near 0: no relation. {page}")
+    text = (f"Sign convention: Kendall tau between {generalisation} and sharpness. Positive "
+            f"tau: sharpness and {generalisation} rank alike, sharper models generalise worse; "
+            "negative tau: sharper models generalise better; near 0: no relation.")
+    return f"{text} {page}" if results_page else text
 
 
 # ---------------------------------------------------------------------------- environment
@@ -624,9 +626,9 @@ def scatter_plots(x: Sequence[float], measures: Mapping[str, Sequence[float]], o
         figure = Figure(figsize=(4.8, 3.8), dpi=120)
         FigureCanvasAgg(figure)
         axes = figure.add_subplot()
-        points = axes.scatter([xs[i] for i in keep], [ys[i] for i in keep],
-                              c=None if color is None else [float(color[i]) for i in keep],
-                              cmap="viridis", s=18)
+        colouring = ({} if color is None
+                     else {"c": [float(color[i]) for i in keep], "cmap": "viridis"})
+        points = axes.scatter([xs[i] for i in keep], [ys[i] for i in keep], s=18, **colouring)
         if color is not None and keep:
             figure.colorbar(points, ax=axes, label=color_label)
         if keep and all(xs[i] > 0 for i in keep):
@@ -634,7 +636,7 @@ def scatter_plots(x: Sequence[float], measures: Mapping[str, Sequence[float]], o
         if keep and all(ys[i] > 0 for i in keep):
             axes.set_yscale("log")
         axes.set_xlabel(x_label)
-        axes.set_ylabel(_two_lines((y_labels or {}).get(name, name)), fontsize=8)
+        axes.set_ylabel(_two_lines((y_labels or {}).get(name, name)), fontsize=9)
         if titles and name in titles:
             axes.set_title(titles[name], fontsize=9)
         remarks = [decades_note([ys[i] for i in keep]), (notes or {}).get(name)]
@@ -642,9 +644,10 @@ def scatter_plots(x: Sequence[float], measures: Mapping[str, Sequence[float]], o
             remarks.append(f"{len(xs) - len(keep)} non-finite point(s) not shown")
         remarks = [remark for remark in remarks if remark]
         if remarks:
-            axes.text(0.02, 0.98, "\n".join(remarks), transform=axes.transAxes, fontsize=7,
-                      verticalalignment="top", color="dimgray")
-        figure.tight_layout()
+            # below the axes, as a footnote: inside them it would cover points
+            figure.text(0.01, 0.01, "\n".join(remarks), fontsize=7, color="dimgray",
+                        verticalalignment="bottom")
+        figure.tight_layout(rect=(0, 0.035 * len(remarks), 1, 1))
         path = out_dir / f"{prefix}{name}.png"
         figure.savefig(path)
         written.append(path)

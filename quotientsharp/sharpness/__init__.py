@@ -15,19 +15,28 @@
 4. solver: :func:`ascend` on :func:`perturbed_objective` -> :class:`AscentOutcome`
    (:mod:`.solver`);
 5. result: :class:`SharpnessResult`.
+
+Solver quality and block-wise sharpness (ascent measures): ``result.traces`` (the best loss per
+iteration), ``reference_solve=...`` (a stronger second solve and its gap, checked against the
+exact :func:`trust_region_maximum` in the tests), ``blockwise=True`` (:mod:`.blocks`: norm share
+and loss change per block, drawn by :func:`plot_blocks`).
 """
 
-from .api import MEASURES, SharpnessResult, sharpness
+from .api import MEASURES, SharpnessResult, reference_settings, sharpness
 from .ball import BoxGeometry, GeodesicBall
 from .batches import resolve_loss, split_batch
+from .blocks import Block, BlockOutcome, blockwise
 from .coordinates import BoundCoordinates, Factor, LayoutCoordinates, PlainCoordinates
+from .exact import TrustRegionMaximum, trust_region_maximum
 from .functional import FunctionalModel
 from .geometry import build_geometry
 from .measures import NonFiniteLossError, perturbed_objective
+from .plots import plot_blocks
 from .solver import AscentOutcome, AscentSettings, ascend, checkpoints
 
-__all__ = ["MEASURES", "AscentOutcome", "AscentSettings", "BoundCoordinates", "BoxGeometry",
-           "Factor", "FunctionalModel", "GeodesicBall", "LayoutCoordinates", "NonFiniteLossError",
-           "PlainCoordinates",
-           "SharpnessResult", "ascend", "build_geometry", "checkpoints", "perturbed_objective",
-           "resolve_loss", "sharpness", "split_batch"]
+__all__ = ["MEASURES", "AscentOutcome", "AscentSettings", "Block", "BlockOutcome",
+           "BoundCoordinates", "BoxGeometry", "Factor", "FunctionalModel", "GeodesicBall",
+           "LayoutCoordinates", "NonFiniteLossError", "PlainCoordinates", "SharpnessResult",
+           "TrustRegionMaximum", "ascend", "blockwise", "build_geometry", "checkpoints",
+           "perturbed_objective", "plot_blocks", "reference_settings", "resolve_loss",
+           "sharpness", "split_batch", "trust_region_maximum"]

@@ -21,8 +21,8 @@ Cost. The norm shares are a few reductions. The loss changes take one forward (n
 under ``torch.no_grad``) per block whose part of ``xi`` is not zero, one after the other, so the
 memory is that of one evaluation; blocks with a zero part (a parameter with ``w = 0`` under the
 adaptive metric) get exactly ``0`` without a forward. For ``K`` blocks that is ``K`` forwards per
-batch, against about ``3 (n_iter + 1)`` forward-equivalents of the ascent itself: a small BERT
-with 2 layers of 4 heads has 16 head pairs and 29 other parameters.
+batch, against about ``3 (n_iter + 1)`` forward-equivalents of the ascent itself (a BERT with
+``L`` layers of ``H`` heads has ``2 L H`` head pairs, plus its other parameters).
 """
 
 from __future__ import annotations

@@ -165,8 +165,8 @@ class LayoutCoordinates:
         blocks: list[Block] = []
         for bucket, pairs in enumerate(self.gl_pairs):
             tensors = (2 * bucket, 2 * bucket + 1)
-            blocks.extend(Block(f"{p.module} {p.kind} head {p.head}", "head", bucket, tensors,
-                                index=i) for i, p in enumerate(pairs))
+            blocks.extend(Block(f"{p.module} {p.kind} head {p.head}".strip(), "head", bucket,
+                                tensors, index=i) for i, p in enumerate(pairs))
         factor, position = len(self.gl), 2 * len(self.gl)
         if self.diagonal is not None:
             tensors = (position, position + 1)

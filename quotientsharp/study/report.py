@@ -20,6 +20,7 @@ from .manifest import ManifestEntry
 __all__ = [
     "FIXED_COLUMNS",
     "GENERALISATION_COLUMNS",
+    "command_line",
     "csv_columns",
     "csv_row",
     "gap_label",
@@ -37,6 +38,34 @@ TRAILING_COLUMNS = ("clean_loss",)
 
 def _gap_formula(gap_from: str) -> str:
     return f"test {gap_from} - train {gap_from}"
+
+
+#: Options of ``quotientsharp study`` that change the values, with their defaults: the
+#: report's command line names those that differ (the grid options are always named).
+_VALUE_OPTIONS = {"eps": 0.0, "p": "2", "samples": 1, "layer": None, "loss": "cross_entropy",
+                  "batch_size": 32, "max_batches": None, "n_iter": 20, "seed": 0,
+                  "max_length": 128, "tokenizer": None, "dtype": None, "gap_from": None}
+
+
+def command_line(manifest: str, args: Any, grid: Sequence[GridPoint]) -> str:
+    """The ``quotientsharp study`` command that reproduces the values of a run (the options
+    that determine them; output, bootstrap and display options left out)."""
+    measures = list(dict.fromkeys(point.measure for point in grid))
+    parts = ["quotientsharp study", manifest, "--data", str(args.data),
+             "--measure", ",".join(measures)]
+    rhos = list(dict.fromkeys(point.rho for point in grid if point.rho is not None))
+    if rhos:
+        parts += ["--rho", ",".join(f"{rho:g}" for rho in rhos)]
+    if "geodesic" in measures:
+        metrics = dict.fromkeys(p.metric for p in grid if p.metric is not None)
+        orders = dict.fromkeys(str(p.order) for p in grid if p.order is not None)
+        parts += ["--metric", ",".join(metrics), "--order", ",".join(orders)]
+    for name, default in _VALUE_OPTIONS.items():
+        value = getattr(args, name, default)
+        if value != default:
+            parts += [f"--{name.replace('_', '-')}", f"{value:g}" if isinstance(value, float)
+                      else str(value)]
+    return " ".join(parts)
 
 
 def reserved_columns(grid: Sequence[GridPoint]) -> list[str]:
@@ -167,7 +196,7 @@ def study_report(*, manifest: str, data: str, command: str, entries: Sequence[Ma
         "",
         f"- Models: {len(entries)} from `{manifest}` ({', '.join(classes)}).",
         f"- Generalisation: {gap_label(entries, gap_from)}; over the models from "
-        f"{min(gaps):+.4g} to {max(gaps):+.4g}.",
+        f"{min(gaps):.4g} to {max(gaps):.4g}.",
         f"- Sharpness on `{data}`: {first['examples']} examples in {first['batches']} "
         f"batch(es) of at most {settings['batch_size']}, per batch then averaged; "
         f"loss {settings['loss']}; Auto-PGD with {settings['n_iter']} steps for the ascent "
@@ -177,7 +206,7 @@ def study_report(*, manifest: str, data: str, command: str, entries: Sequence[Ma
         "tie-corrected one; the tau-a interval leans towards 0, because a draw repeats models "
         "and their copies tie).",
         "",
-        sign_convention("the generalisation gap"),
+        sign_convention("the generalisation gap", results_page=False),
         "",
         tau_table(taus),
         "",

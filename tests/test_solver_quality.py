@@ -1,0 +1,213 @@
+"""Solver quality as an output of the ascent measures: the convergence trace, the reference
+solve and its gap, bounded against the exact maximiser of the trust-region subproblem.
+
+- ``trust_region_maximum`` against multi-start SLSQP (SciPy), in the easy, interior and hard
+  cases;
+- on a quadratic loss, where the worst case over an L2 (or adaptive) ball is that subproblem,
+  the reference solve reaches the exact maximum and the reported gap is exactly how far a
+  weak Auto-PGD stays below it; the paper's default (20 steps) is within 1e-12 of it;
+- traces are non-decreasing, one entry per evaluation, and end at the value;
+- the options change nothing when off, and the reference solve leaves the measured value
+  bit-identical (its own random stream), syncs nothing inside its loop, and validates its keys.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import minimize
+from test_device_proxies import SyncRecorder, _attention_model
+from test_sharpness import DUMMY, Quadratic, _quadratic, _value_loss, classification_batches, mlp
+from test_sharpness_reuse import _token_batches
+
+import quotientsharp as qs
+from quotientsharp.sharpness import AscentSettings, reference_settings, trust_region_maximum
+
+measures_module = importlib.import_module("quotientsharp.sharpness.measures")
+
+
+def _slsqp_maximum(A: torch.Tensor, g: torch.Tensor, rho: float, c: torch.Tensor) -> float:
+    """Multi-start SLSQP on ``max (c e)^T g + (c e)^T A (c e) / 2``, ``|e| <= rho``."""
+    A_, g_, c_ = A.numpy(), g.numpy(), c.numpy()
+    rng = np.random.default_rng(0)
+    best = -math.inf
+    for _ in range(12):
+        start = rng.normal(size=len(g_))
+        start *= rho * rng.uniform() / np.linalg.norm(start)
+
+        def objective(e):
+            return -(g_ @ (c_ * e) + 0.5 * (c_ * e) @ A_ @ (c_ * e))
+
+        run = minimize(objective, start, method="SLSQP", options={"ftol": 1e-15, "maxiter": 300},
+                       constraints=[{"type": "ineq", "fun": lambda e: rho ** 2 - e @ e}])
+        best = max(best, -run.fun)
+    return best
+
+
+@pytest.mark.parametrize("case", ["indefinite", "concave-interior", "scaled"])
+def test_trust_region_maximum_matches_multistart_slsqp(case: str) -> None:
+    gen = torch.Generator().manual_seed(4)
+    M = torch.randn(5, 5, generator=gen, dtype=torch.float64)
+    A = 0.5 * (M + M.T)
+    g = torch.randn(5, generator=gen, dtype=torch.float64)
+    c = torch.ones(5, dtype=torch.float64)
+    if case == "concave-interior":
+        A, g = A - 6 * torch.eye(5, dtype=torch.float64), 0.05 * g
+    if case == "scaled":
+        c = torch.rand(5, generator=gen, dtype=torch.float64) + 0.2
+    exact = trust_region_maximum(A, g, 0.7, None if case != "scaled" else c)
+    assert exact.value == pytest.approx(_slsqp_maximum(A, g, 0.7, c), rel=1e-10, abs=1e-14)
+    assert float((exact.d / c).norm()) <= 0.7 * (1 + 1e-12)
+    assert (exact.multiplier == 0.0) == (case == "concave-interior")
+    assert exact.value == pytest.approx(float(g @ exact.d + 0.5 * exact.d @ A @ exact.d),
+                                        rel=1e-12)
+
+
+def test_trust_region_maximum_hard_case() -> None:
+    # g has no component along the top eigenvector: the maximiser needs it to fill the ball
+    A = torch.diag(torch.tensor([2.0, -1.0, 0.5], dtype=torch.float64))
+    g = torch.tensor([0.0, 0.3, 0.1], dtype=torch.float64)
+    exact = trust_region_maximum(A, g, 1.0)
+    assert exact.hard_case and exact.multiplier == 2.0
+    assert float(exact.d.norm()) == pytest.approx(1.0, rel=1e-14)
+    assert exact.value == pytest.approx(_slsqp_maximum(A, g, 1.0, torch.ones(3,
+                                                                            dtype=A.dtype)),
+                                        rel=1e-9)
+
+
+def test_trust_region_maximum_rejects_bad_input() -> None:
+    A, g = torch.eye(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="rho"):
+        trust_region_maximum(A, g, 0.0)
+    with pytest.raises(ValueError, match="symmetric"):
+        trust_region_maximum(torch.tensor([[0.0, 1.0], [0.0, 0.0]]), g, 1.0)
+    with pytest.raises(ValueError, match="scale"):
+        trust_region_maximum(A, g, 1.0, scale=-torch.ones(2))
+
+
+def _check_trace(trace: list[float], value: float, evaluations: int) -> None:
+    assert len(trace) == evaluations
+    assert all(b >= a for a, b in zip(trace, trace[1:], strict=False)), trace
+    assert trace[-1] == value
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["l2", "adaptive"])
+def test_reference_solve_bounds_the_auto_pgd_gap_on_a_quadratic(adaptive: bool) -> None:
+    A, b, theta = _quadratic(0, d=6, shift=0.8)          # indefinite: a real trust region
+    model = Quadratic(A, b, theta)
+    rho = 0.5
+    exact = trust_region_maximum(A, A @ theta + b, rho, theta.abs() if adaptive else None).value
+    measure = "adaptive" if adaptive else "worst_case"
+    options = dict(rho=rho, loss=_value_loss, progress=False)
+
+    weak = qs.sharpness(model, DUMMY, measure=measure, n_iter=2,
+                        reference_solve={"n_iter": 60, "restarts": 2}, **options)
+    # the reference solve reaches the exact maximum, and the value stays below it
+    assert weak.reference_value == pytest.approx(exact, rel=1e-12)
+    assert weak.value <= exact * (1 + 1e-12)
+    # the reported gap is exactly the reference minus the value, and here it is real
+    assert weak.gap == weak.reference_value - weak.value
+    assert weak.gap_per_batch == [weak.reference_per_batch[0] - weak.per_batch[0]]
+    assert weak.relative_gap == pytest.approx((exact - weak.value) / exact, rel=1e-8)
+    assert 1e-4 < weak.relative_gap < 1e-1
+    assert "reference solve" in weak.summary() and "gap" in weak.summary()
+    _check_trace(weak.traces[0], weak.value, 3)
+    _check_trace(weak.reference_traces[0], weak.reference_per_batch[0], 3 * 61)
+    assert weak.settings["reference_solve"]["n_iter"] == 60
+    assert weak.settings["reference_solve"]["restarts"] == 2
+
+    # the paper's solver (20 Auto-PGD steps) closes the gap on this problem
+    default = qs.sharpness(model, DUMMY, measure=measure, reference_solve=True, **options)
+    assert default.settings["reference_solve"]["n_iter"] == 200
+    assert default.settings["reference_solve"]["restarts"] == 4
+    assert abs(default.relative_gap) < 1e-12
+    assert (exact - default.value) / exact < 1e-12
+    _check_trace(default.traces[0], default.value, 21)
+
+
+def test_traces_of_every_ascent_measure_and_restarts() -> None:
+    model, batches = mlp(2), classification_batches(count=2)
+    runs = [("worst_case", {"p": "inf", "rho": 0.01}), ("adaptive", {"rho": 0.1}),
+            ("geodesic", {"rho": 0.1, "metric": "mix", "restarts": 2, "random_init": True})]
+    for measure, options in runs:
+        result = qs.sharpness(model, batches, measure=measure, n_iter=4, progress=False,
+                              **options)
+        runs_count = options.get("restarts", 0) + 1
+        assert len(result.traces) == 2
+        for trace, value in zip(result.traces, result.per_batch, strict=True):
+            _check_trace(trace, value, runs_count * 5)
+        assert result.reference_per_batch == [] and result.gap is None
+        assert result.blocks is None
+        if not options.get("random_init"):
+            assert result.traces[0][0] == 0.0             # the start xi = 0 is theta
+    average = qs.sharpness(model, batches, measure="average", rho=0.01, progress=False)
+    assert average.traces == []
+
+
+def test_the_options_leave_the_measured_values_unchanged() -> None:
+    model, batches = _attention_model(), _token_batches(count=2)
+    for options in (dict(measure="geodesic", metric="mix"),
+                    dict(measure="adaptive", restarts=1, random_init=True)):
+        plain = qs.sharpness(model, batches, rho=0.05, n_iter=4, progress=False, **options)
+        both = qs.sharpness(model, batches, rho=0.05, n_iter=4, progress=False,
+                            reference_solve={"n_iter": 6, "restarts": 1}, blockwise=True,
+                            **options)
+        assert both.per_batch == plain.per_batch
+        assert both.perturbed_losses == plain.perturbed_losses
+        assert both.perturbation_norms == plain.perturbation_norms
+        assert both.traces == plain.traces
+        assert plain.settings["reference_solve"] is None and not plain.settings["blockwise"]
+
+
+def test_the_reference_solve_never_needs_the_host(monkeypatch) -> None:
+    recorders: list[SyncRecorder] = []
+    original = measures_module.ascend
+
+    def recorded(*args, **kwargs):
+        recorder = SyncRecorder()
+        recorders.append(recorder)
+        with recorder:
+            return original(*args, **kwargs)
+
+    monkeypatch.setattr(measures_module, "ascend", recorded)
+    qs.sharpness(_attention_model(), _token_batches(count=1), measure="geodesic", rho=0.05,
+                 n_iter=3, reference_solve={"n_iter": 5, "restarts": 1}, progress=False)
+    assert len(recorders) == 2                             # the measurement, then the reference
+    for recorder in recorders:
+        assert recorder.operators > 100
+        assert not recorder.syncs, dict(recorder.syncs)
+
+
+@pytest.mark.parametrize("option, error, message", [
+    ({"steps": 10}, ValueError, r"reference_solve: unknown key\(s\) \['steps'\]"),
+    ({"n_iter": 0}, ValueError, "reference_solve: n_iter must be an integer >= 1"),
+    ({"restarts": -1}, ValueError, "reference_solve: restarts must be"),
+    (5, TypeError, "reference_solve must be None, True or a dict"),
+])
+def test_reference_solve_options_are_checked(option, error, message) -> None:
+    with pytest.raises(error, match=message):
+        qs.sharpness(mlp(0), classification_batches(count=1), measure="adaptive", rho=0.1,
+                     n_iter=2, progress=False, reference_solve=option)
+
+
+def test_option_errors_name_the_option() -> None:
+    model, batches = mlp(0), classification_batches(count=1)
+    with pytest.raises(TypeError, match="blockwise must be True or False"):
+        qs.sharpness(model, batches, measure="geodesic", rho=0.1, blockwise="yes")
+    for measure in ("average", "relative_flatness"):
+        rho = None if measure == "relative_flatness" else 0.1
+        for option in ("reference_solve", "blockwise"):
+            with pytest.raises(TypeError, match=rf"unknown option\(s\) \['{option}'\]"):
+                qs.sharpness(model, batches, measure=measure, rho=rho, **{option: True})
+
+
+def test_reference_settings_defaults_follow_the_measurement() -> None:
+    main = AscentSettings(n_iter=7, eta0=0.3, alpha=0.5)
+    assert reference_settings(None, main) is None and reference_settings(False, main) is None
+    strong = reference_settings(True, main)
+    assert (strong.n_iter, strong.restarts, strong.eta0, strong.alpha) == (70, 4, 0.3, 0.5)
+    assert reference_settings({"restarts": 0, "random_init": True}, main).random_init

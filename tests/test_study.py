@@ -1,0 +1,361 @@
+"""``quotientsharp study MANIFEST``: the paper's workflow on saved models, end to end.
+
+Five small MLPs saved with ``torch.save`` and made-up gaps, and three tiny BERTs saved with
+``save_pretrained`` whose gap is computed from train and test JSON lines, are studied through
+``quotientsharp.cli.main``. Checked: the CSV against direct ``quotientsharp.sharpness`` calls,
+the taus against the Kendall functions, the bootstrap against resampling by hand, the report
+and plot files; an interrupted run (stopped after 2 models, in this process and by SIGKILL in a
+subprocess) resumed to the very files of an uninterrupted one; a grown manifest; torchrun with
+2 gloo ranks; bad manifests rejected in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from quotientsharp import sharpness
+from quotientsharp.cli import main
+from quotientsharp.experiments.common import kendall_tau_a, kendall_tau_b, read_jsonl
+from quotientsharp.study import bootstrap_taus, kendall_with_intervals, measuring
+
+ROOT = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+GAPS = [0.30, 0.05, 0.20, 0.10, 0.40]
+GRID = ("--measure", "adaptive", "--measure", "geodesic", "--rho", "0.05,0.1",
+        "--metric", "inv,mix", "--order", "1,2")
+#: A grid of two points, for the runs in subprocesses (whose imports cost most of their time).
+SMALL = ("--measure", "adaptive,geodesic", "--metric", "mix", "--rho", "0.1")
+OPTIONS = ("--n-iter", "3", "--batch-size", "8", "--no-progress", "--bootstrap", "200")
+KEYS = ["adaptive_rho0.05", "adaptive_rho0.1"] + [
+    f"geodesic_{metric}_order{order}_rho{rho}" for metric in ("inv", "mix")
+    for order in (1, 2) for rho in ("0.05", "0.1")]
+
+
+def _mlp(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))
+    with torch.no_grad():
+        for parameter in net.parameters():
+            parameter.mul_(0.5 + 0.4 * seed)
+    return net
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    """Five MLPs (torch.save), a tensor data file and a CSV manifest with gaps and a column."""
+    root = tmp_path_factory.mktemp("study")
+    (root / "nets").mkdir()
+    for index in range(5):
+        torch.save(_mlp(index), root / "nets" / f"net{index}.pt")
+    generator = torch.Generator().manual_seed(0)
+    torch.save((torch.randn(20, 5, generator=generator),
+                torch.randint(0, 3, (20,), generator=generator)), root / "data.pt")
+    lines = ["model,gap,learning_rate"] + [f"nets/net{i}.pt,{GAPS[i]},{10.0 ** -i}"
+                                           for i in range(5)]
+    (root / "models.csv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def _study(saved: Path, out: Path, *extra: str, manifest: str = "models.csv",
+           grid: tuple[str, ...] = GRID) -> tuple[int, str, str]:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(["study", str(saved / manifest), "--data", str(saved / "data.pt"), *grid,
+                     *OPTIONS, "--out", str(out), *extra])
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.fixture(scope="module")
+def full_run(saved) -> tuple[Path, str]:
+    out = saved / "full"
+    code, stdout, stderr = _study(saved, out, "--color", "learning_rate")
+    assert code == 0, stderr
+    return out, stdout
+
+
+@pytest.fixture(scope="module")
+def small_run(saved) -> Path:
+    """The study on the grid :data:`SMALL`, uninterrupted, in this process."""
+    out = saved / "small"
+    code, _, stderr = _study(saved, out, "--no-plots", grid=SMALL)
+    assert code == 0, stderr
+    return out
+
+
+# ---------------------------------------------------------------------------- one run
+def test_csv_rows_hold_the_gaps_and_the_engines_values(saved, full_run):
+    out, _ = full_run
+    rows = _rows(out / "models.csv")
+    assert [row["name"] for row in rows] == [f"nets/net{i}.pt" for i in range(5)]
+    assert list(rows[0]) == ["name", "model", "gap", "gap_from", "learning_rate",
+                             "clean_loss", *KEYS]
+    assert [float(row["gap"]) for row in rows] == GAPS
+    assert {row["gap_from"] for row in rows} == {"manifest"}
+    data = torch.load(saved / "data.pt")
+    batches = [(data[0][i:i + 8], data[1][i:i + 8]) for i in range(0, 20, 8)]
+    for index in (0, 3):
+        model = torch.load(saved / "nets" / f"net{index}.pt", weights_only=False)
+        direct = sharpness(model, batches, measure="geodesic", rho=0.05, metric="mix", order=1,
+                           n_iter=3, progress=False)
+        assert float(rows[index]["geodesic_mix_order1_rho0.05"]) == direct.value
+    records = read_jsonl(out / "models.jsonl")
+    assert len(records) == 5 and all(len(r["per_batch"][KEYS[0]]) == 3 for r in records)
+
+
+def test_taus_and_intervals(full_run):
+    out, stdout = full_run
+    rows = _rows(out / "models.csv")
+    taus = json.loads((out / "taus.json").read_text())
+    assert [row["key"] for row in taus] == KEYS
+    for row in taus:
+        values = [float(r[row["key"]]) for r in rows]
+        assert row["tau_a"] == kendall_tau_a(GAPS, values)
+        assert row["tau_b"] == pytest.approx(kendall_tau_b(GAPS, values), abs=1e-12)
+        assert row["count"] == 5 and row["resamples"] == 200
+        for name in ("tau_a", "tau_b"):
+            assert -1 <= row[f"{name}_low"] <= row[f"{name}_high"] <= 1
+    assert taus[1]["label"] == "adaptive sharpness (rho = 0.1)"
+    assert len(_rows(out / "taus.csv")) == len(KEYS)
+    # the console: the table with readable names, the sign convention, the report
+    assert "geodesic sharpness (mix metric, order 2, rho = 0.05)" in stdout
+    assert "Positive tau: sharpness and the generalisation gap rank alike" in stdout
+    assert str(out / "report.md") in stdout
+
+
+def test_report_and_plots(full_run):
+    out, _ = full_run
+    report = (out / "report.md").read_text()
+    assert "| geodesic sharpness (inv metric, order 1, rho = 0.1) | 5 |" in report
+    assert "95% interval" in report and "bootstrap" in report
+    assert "quotientsharp study" in report and "--rho 0.05,0.1" in report
+    images = [line[line.index("](") + 2:-1] for line in report.splitlines()
+              if line.startswith("![")]
+    assert sorted(images) == sorted(f"scatter_{key}.png" for key in KEYS)
+    for image in images:
+        assert (out / image).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_bootstrap_is_resampling_of_the_models():
+    generator = np.random.default_rng(1)
+    x = generator.normal(size=7)
+    y = x + generator.normal(size=7)
+    y[2] = y[3]                                            # a tie
+    draws_a, draws_b = bootstrap_taus(x, y, 40, seed=5)
+    replay = np.random.default_rng(5)
+    for draw in range(40):
+        counts = replay.multinomial(7, np.full(7, 1 / 7))
+        index = np.repeat(np.arange(7), counts)
+        assert draws_a[draw] == pytest.approx(kendall_tau_a(x[index], y[index]), abs=1e-12)
+        tau_b = kendall_tau_b(x[index], y[index])
+        assert (np.isnan(draws_b[draw]) if tau_b is None
+                else draws_b[draw] == pytest.approx(tau_b, abs=1e-12))
+    once = kendall_with_intervals(x, y, resamples=300, seed=2)
+    assert once == kendall_with_intervals(x, y, resamples=300, seed=2)
+    assert once != kendall_with_intervals(x, y, resamples=300, seed=3)
+    assert once.tau_b_interval[0] <= once.tau_b <= once.tau_b_interval[1]
+    assert kendall_with_intervals(x, y, resamples=0).tau_a_interval is None
+
+
+# ---------------------------------------------------------------------------- interrupted
+def _stop_after(monkeypatch, models: int) -> None:
+    """Make the run stop (KeyboardInterrupt) when model ``models + 1`` starts."""
+    calls = []
+    original = measuring.measure_entry
+
+    def measure_entry(*args, **kwargs):
+        if len(calls) == models:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(measuring, "measure_entry", measure_entry)
+
+
+def test_interrupted_run_resumes_to_the_files_of_an_uninterrupted_one(saved, full_run,
+                                                                      monkeypatch):
+    out = saved / "interrupted"
+    with monkeypatch.context() as patch:
+        _stop_after(patch, 2)
+        code, _, stderr = _study(saved, out, "--color", "learning_rate")
+    assert code == 130 and "--resume" in stderr
+    assert len(_rows(out / "models.csv")) == 2 and len(read_jsonl(out / "models.jsonl")) == 2
+    code, stdout, stderr = _study(saved, out, "--color", "learning_rate", "--resume")
+    assert code == 0, stderr
+    assert "measured now: 3" in stdout
+    full, _ = full_run
+    for name in ("models.csv", "taus.json", "taus.csv"):
+        assert (out / name).read_bytes() == (full / name).read_bytes(), name
+    run = json.loads((out / "run.json").read_text())
+    assert run["resumed"] == 1 and run["status"] == "finished"
+
+
+def test_killed_subprocess_loses_no_finished_model(saved, small_run):
+    """SIGKILL in the middle of the third model: no cleanup runs, the two finished models are
+    on disk, and --resume completes the same files."""
+    out = saved / "killed"
+    argv = ["study", str(saved / "models.csv"), "--data", str(saved / "data.pt"), *SMALL,
+            *OPTIONS, "--out", str(out), "--no-plots"]
+    script = textwrap.dedent(f"""
+        import os, signal
+        from quotientsharp.cli import main
+        from quotientsharp.study import measuring
+        original, calls = measuring.measure_entry, []
+        def measure_entry(*args, **kwargs):
+            if len(calls) == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            calls.append(1)
+            return original(*args, **kwargs)
+        measuring.measure_entry = measure_entry
+        main({argv!r})
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120, check=False)
+    assert done.returncode == -9, done.stderr[-2000:]
+    assert len(read_jsonl(out / "models.jsonl")) == 2
+    assert len(_rows(out / "models.csv")) == 2
+    code, _, stderr = _study(saved, out, "--no-plots", "--resume", grid=SMALL)
+    assert code == 0, stderr
+    for name in ("models.csv", "taus.json"):
+        assert (out / name).read_bytes() == (small_run / name).read_bytes(), name
+
+
+def test_a_grown_manifest_measures_only_the_new_model(saved):
+    out = saved / "grown"
+    short = saved / "short.csv"
+    short.write_text("\n".join((saved / "models.csv").read_text().splitlines()[:4]) + "\n")
+    assert _study(saved, out, "--no-plots", manifest="short.csv")[0] == 0
+    code, stdout, stderr = _study(saved, out, "--no-plots", "--resume")
+    assert code == 0, stderr
+    assert "5 models, measured now: 2" in stdout
+    assert len(_rows(out / "models.csv")) == 5
+    # the settings that determine the values must not change on --resume
+    code, _, stderr = _study(saved, out, "--no-plots", "--resume", "--n-iter", "4")
+    assert code == 2 and "settings differ" in stderr and stderr.count("\n") == 1
+
+
+# ---------------------------------------------------------------------------- HuggingFace
+def test_hf_models_with_train_and_test_data(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    generator = torch.Generator().manual_seed(0)
+    for name in ("train", "test", "sharp"):
+        with (tmp_path / f"{name}.jsonl").open("w") as handle:
+            for row in range(8):
+                length = int(torch.randint(3, 9, (1,), generator=generator))
+                ids = torch.randint(1, 30, (length,), generator=generator).tolist()
+                handle.write(json.dumps({"input_ids": ids, "label": row % 2}) + "\n")
+    with (tmp_path / "bert.jsonl").open("w") as handle:
+        for index in range(3):
+            torch.manual_seed(index)
+            config = transformers.BertConfig(
+                hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                intermediate_size=32, vocab_size=30, max_position_embeddings=16, num_labels=2,
+                attn_implementation="eager", initializer_range=0.2 * (index + 1))
+            transformers.BertForSequenceClassification(config).save_pretrained(
+                tmp_path / f"bert{index}")
+            handle.write(json.dumps({"model": f"bert{index}", "name": f"b{index}",
+                                     "train": "train.jsonl", "test": "test.jsonl"}) + "\n")
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(["study", str(tmp_path / "bert.jsonl"), "--data",
+                     str(tmp_path / "sharp.jsonl"), "--measure", "geodesic", "--metric",
+                     "mix", "--rho", "0.1", "--n-iter", "2", "--batch-size", "4",
+                     "--out", str(tmp_path / "out"), "--no-progress", "--no-plots"])
+    assert code == 0
+    rows = _rows(tmp_path / "out" / "models.csv")
+    assert [row["name"] for row in rows] == ["b0", "b1", "b2"]
+    assert {row["gap_from"] for row in rows} == {"test error - train error"}
+    # the gap by hand: 0-1 errors of one plain forward per example
+    model = transformers.BertForSequenceClassification.from_pretrained(
+        tmp_path / "bert1", attn_implementation="eager").eval()
+    errors = {}
+    for split in ("train", "test"):
+        wrong = 0
+        for line in (tmp_path / f"{split}.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([row["input_ids"]])).logits
+            wrong += int(logits.argmax(-1).item() != row["label"])
+        errors[split] = wrong / 8
+        assert float(rows[1][f"{split}_error"]) == errors[split]
+    assert float(rows[1]["gap"]) == errors["test"] - errors["train"]
+    assert float(rows[1]["geodesic_mix_order2_rho0.1"]) > 0
+
+
+# ---------------------------------------------------------------------------- torchrun
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.skipif(not (torch.distributed.is_available()
+                         and torch.distributed.is_gloo_available()),
+                    reason="torch.distributed with gloo is not available")
+def test_two_ranks_write_the_single_process_files(saved, small_run):
+    out = saved / "ranks2"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+               "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
+               str(_free_port()), "-m", "quotientsharp", "study", str(saved / "models.csv"),
+               "--data", str(saved / "data.pt"), *SMALL, *OPTIONS, "--out", str(out),
+               "--no-plots", "--threads", "1"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.count("measured now: 5") == 1              # rank 0 alone prints
+    for name in ("models.csv", "taus.json"):
+        assert (out / name).read_bytes() == (small_run / name).read_bytes(), name
+    assert not list(out.glob("models.rank*.jsonl"))
+    assert json.loads((out / "run.json").read_text())["world_size"] == 2
+
+
+# ---------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(("manifest", "message"), [
+    ("gap\n0.1\n0.2\n", "no 'model' entry"),
+    ("model,gap\nnets/net0.pt,0.1\n", "needs at least 2"),
+    ("model,gap\nnets/net0.pt,0.1\nnets/nope.pt,0.2\n", "does not exist"),
+    ("model,gap\nnets/net0.pt,0.1\nnets/net1.pt,\n", "no 'gap' and no 'train'"),
+    ("model,gap,train,test\nnets/net0.pt,0.1,data.pt,data.pt\nnets/net1.pt,0.2,,\n",
+     "both a 'gap' and 'train'/'test'"),
+    ("model,gap,name\nnets/net0.pt,0.1,a\nnets/net1.pt,0.2,a\n", "already used on line 2"),
+    ("model,gap\nnets/net0.pt,0.1\nnets/net1.pt,high\n", "gap must be a number"),
+    ("model,gap,clean_loss\nnets/net0.pt,0.1,1\nnets/net1.pt,0.2,2\n", "output columns"),
+])
+def test_bad_manifests_end_in_one_line(saved, tmp_path, manifest, message):
+    shutil.copytree(saved / "nets", tmp_path / "nets")
+    shutil.copy(saved / "data.pt", tmp_path / "data.pt")
+    (tmp_path / "bad.csv").write_text(manifest)
+    code, _, stderr = _study(tmp_path, tmp_path / "out", manifest="bad.csv")
+    assert code == 2, stderr
+    assert stderr.startswith("quotientsharp study: error: ") and message in stderr
+    assert stderr.count("\n") == 1
+
+
+def test_bad_options_end_in_one_line(saved, tmp_path):
+    for extra, message in ((["--confidence", "1.5"], "--confidence"),
+                           (["--color", "nope"], "--color nope"),
+                           (["--gap-from", "error", "--loss", "mse"], "--gap-from error")):
+        code, _, stderr = _study(saved, tmp_path / "out", *extra)
+        assert code == 2 and message in stderr and stderr.count("\n") == 1, stderr
