@@ -191,20 +191,19 @@ def _stop_after(monkeypatch, models: int) -> None:
     monkeypatch.setattr(measuring, "measure_entry", measure_entry)
 
 
-def test_interrupted_run_resumes_to_the_files_of_an_uninterrupted_one(saved, full_run,
+def test_interrupted_run_resumes_to_the_files_of_an_uninterrupted_one(saved, small_run,
                                                                       monkeypatch):
     out = saved / "interrupted"
     with monkeypatch.context() as patch:
         _stop_after(patch, 2)
-        code, _, stderr = _study(saved, out, "--color", "learning_rate")
+        code, _, stderr = _study(saved, out, "--no-plots", grid=SMALL)
     assert code == 130 and "--resume" in stderr
     assert len(_rows(out / "models.csv")) == 2 and len(read_jsonl(out / "models.jsonl")) == 2
-    code, stdout, stderr = _study(saved, out, "--color", "learning_rate", "--resume")
+    code, stdout, stderr = _study(saved, out, "--no-plots", "--resume", grid=SMALL)
     assert code == 0, stderr
     assert "measured now: 3" in stdout
-    full, _ = full_run
     for name in ("models.csv", "taus.json", "taus.csv"):
-        assert (out / name).read_bytes() == (full / name).read_bytes(), name
+        assert (out / name).read_bytes() == (small_run / name).read_bytes(), name
     run = json.loads((out / "run.json").read_text())
     assert run["resumed"] == 1 and run["status"] == "finished"
 
@@ -359,3 +358,62 @@ def test_bad_options_end_in_one_line(saved, tmp_path):
                            (["--gap-from", "error", "--loss", "mse"], "--gap-from error")):
         code, _, stderr = _study(saved, tmp_path / "out", *extra)
         assert code == 2 and message in stderr and stderr.count("\n") == 1, stderr
+
+
+def test_study_help_imports_no_torch():
+    script = ("import contextlib, io, sys\nfrom quotientsharp.cli import main\n"
+              "stream = io.StringIO()\nwith contextlib.redirect_stdout(stream):\n"
+              "    try:\n        main(['study', '--help'])\n    except SystemExit:\n"
+              "        pass\nprint('torch' in sys.modules)\nprint(stream.getvalue())")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60, check=True)
+    imported, _, text = done.stdout.partition("\n")
+    assert imported == "False"
+    assert text.startswith("usage: quotientsharp study") and "``" not in text
+    assert "--bootstrap" in text and "--resume" in text and "--rho R[,R...]" in text
+
+
+# ---------------------------------------------------------------------------- labels (item 4)
+def test_readable_labels_of_the_studies():
+    from quotientsharp.experiments.diagonal_measures import MEASURES
+    from quotientsharp.experiments.diagonal_report import measure_axis_label
+    from quotientsharp.experiments.family_measures import family_measures
+    from quotientsharp.experiments.family_report import spec_label
+    from quotientsharp.experiments.labels import decades_note, measure_label, tau_title
+
+    labels = {spec.name: measure_axis_label(spec, 0.1) for spec in MEASURES}
+    assert labels["geodesic_mix_order2"] == "geodesic sharpness (mix metric, order 2, ρ = 0.1)"
+    assert labels["geodesic_inv_exact"] == ("geodesic sharpness (inv metric, exact geodesic, "
+                                            "ρ = 0.1)")
+    assert labels["adaptive"] == "adaptive sharpness (ρ = 0.1)"
+    family = {spec.key: spec_label(spec, greek=False)
+              for spec in family_measures(0.1, 0.02, 0.1, 0.02)}
+    assert family["geodesic_mix_o1"] == "geodesic sharpness (mix metric, order 1, rho = 0.02)"
+    assert family["relative_flatness"] == "relative flatness"
+    assert measure_label("worst_case", p="inf", rho=0.01) == ("worst-case sharpness (L∞ ball, "
+                                                              "ρ = 0.01)")
+    assert tau_title(-0.731, -0.735, paper=-0.86) == "Kendall τ-a -0.73, τ-b -0.73; paper τ -0.86"
+    assert "(N = 5)" in tau_title(0.2, 0.2, interval=(-1.0, 1.0), count=5)
+    assert decades_note([3.95e8, 2.27e20, 4.94e46]).startswith("values span 38 decades")
+    assert decades_note([0.002, 0.005]) is None and decades_note([1.0, -1.0]) is None
+
+
+def test_reproduce_console_states_the_sign_convention(monkeypatch, capsys):
+    import quotientsharp.experiments as experiments
+    from quotientsharp.commands import reproduce
+
+    class Study:
+        GENERALISATION = "test loss"
+
+        @staticmethod
+        def run(args):
+            print("the table")
+            return 0
+
+    monkeypatch.setattr(experiments, "load_study", lambda name: Study)
+    assert reproduce.run(reproduce.argparse.Namespace(study="diagonal")) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("the table")
+    assert ("Positive tau: sharpness and test loss rank alike, sharper models generalise "
+            "worse") in out
+    assert "docs/results.md" in out
