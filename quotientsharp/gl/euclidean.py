@@ -35,9 +35,11 @@ class EuclideanPoint(EuclideanMetricPoint, GLPoint):
         d = self.diagonal
         return d(self.gram_g).unsqueeze(-1) + d(self.gram_h).unsqueeze(-2)
 
-    def gram_operator(self, L: torch.Tensor) -> torch.Tensor:
+    def gram_operator_terms(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        # Gram(L) = K_G L + L K_H
         gram_g, gram_h = self._work_grams
-        return gram_g @ L + L @ gram_h
+        eye = torch.eye(gram_g.shape[-1], dtype=gram_g.dtype, device=gram_g.device)
+        return [(gram_g, eye), (eye, gram_h)]
 
     def vertical_projection(self, u: Tensors) -> Tensors:
         values_g, vectors_g, values_h, vectors_h = self.gram_eigen

@@ -56,10 +56,11 @@ class InvPoint(GLPoint):
         return (d(self.gram_g).unsqueeze(-1) * d(self.inverse_g).unsqueeze(-2)
                 + d(self.inverse_h).unsqueeze(-1) * d(self.gram_h).unsqueeze(-2))
 
-    def gram_operator(self, L: torch.Tensor) -> torch.Tensor:
+    def gram_operator_terms(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        # Gram(L) = S_H^{-1} L K_H + K_G L S_G^{-1}
         inverse_g, inverse_h = self.work_inverses
         gram_g, gram_h = self._work_grams
-        return inverse_h @ L @ gram_h + gram_g @ L @ inverse_g
+        return [(inverse_h, gram_h), (gram_g, inverse_g)]
 
     @cached_property
     def _sylvester(self) -> tuple[torch.Tensor, ...]:

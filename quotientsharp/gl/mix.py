@@ -52,10 +52,11 @@ class MixPoint(GLPoint):
         return (d(self.gram_g).unsqueeze(-1) * d(self.relaxed_h).unsqueeze(-2)
                 + d(self.relaxed_g).unsqueeze(-1) * d(self.gram_h).unsqueeze(-2))
 
-    def gram_operator(self, L: torch.Tensor) -> torch.Tensor:
+    def gram_operator_terms(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        # Gram(L) = S_G L K_H + K_G L S_H
         gram_g, gram_h = self._work_grams
         relaxed_g, relaxed_h = self._work_relaxed
-        return relaxed_g @ L @ gram_h + gram_g @ L @ relaxed_h
+        return [(relaxed_g, gram_h), (gram_g, relaxed_h)]
 
     def vertical_projection(self, u: Tensors) -> Tensors:
         G, H = self.x

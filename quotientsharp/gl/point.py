@@ -184,13 +184,18 @@ class GLPoint(ClosedFormPoint):
         """``||V(E_kl)||^2`` for the basis ``E_kl`` of ``gl(h)``, ``shape=[..., h, h]``."""
         raise NotImplementedError
 
-    def gram_operator(self, L: torch.Tensor) -> torch.Tensor:
-        """``Gram(L) = M(V(L))`` in the working dtype, for ``L`` in the working dtype.
+    def gram_operator_terms(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``[(A_1, B_1), (A_2, B_2)]`` with ``Gram(L) = A_1 L B_1 + A_2 L B_2`` (working dtype).
 
-        ``<V(X), V(L)> = <X, Gram(L)>_F``: the metric restricted to the vertical space, in
-        closed form from the Gram matrices (``h x h`` work only).
+        ``Gram(L) = M(V(L))``, so ``<V(X), V(L)> = <X, Gram(L)>_F``: the metric restricted to
+        the vertical space, in closed form from the Gram matrices (``h x h`` work only).
         """
         raise NotImplementedError
+
+    def gram_operator(self, L: torch.Tensor) -> torch.Tensor:
+        """``Gram(L) = sum_t A_t L B_t`` (:meth:`gram_operator_terms`), working dtype."""
+        terms = [a @ L @ b for a, b in self.gram_operator_terms()]
+        return terms[0] + terms[1]
 
     # ------------------------------------------------------------------ shared
     def vertical(self, X: torch.Tensor) -> Tensors:

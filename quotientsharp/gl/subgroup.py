@@ -92,12 +92,30 @@ class SubgroupPoint(GLPoint):
 
     @cached_property
     def _subgroup_cholesky(self) -> torch.Tensor:
-        """Cholesky factor of ``<E_k, Gram(E_l)>_F``, ``shape=[..., K, K]`` (working dtype)."""
-        basis = self._basis
-        batch = self._work_grams[0].shape[:-2]
-        grams = self.gram_operator(basis.reshape(basis.shape[0], *([1] * len(batch)),
-                                                 *basis.shape[1:]))        # [K, *batch, h, h]
-        matrix = torch.einsum("kij,l...ij->...kl", basis, grams)
+        """Cholesky factor of ``<E_k, Gram(E_l)>_F``, ``shape=[..., K, K]`` (working dtype).
+
+        With ``Gram(L) = sum_t A_t L B_t``, ``<E_k, A E_l B>_F = sum c_k c_l A[i, a] B[b, j]``
+        over the nonzero entries ``c_k`` at ``(i, j)`` of ``E_k`` and ``c_l`` at ``(a, b)`` of
+        ``E_l``: the basis is sparse (one or two entries per element), so the ``K x K`` matrix
+        costs gathers over pairs of entries, not ``K`` products of ``h x h`` matrices.
+        """
+        owner, rows, cols, coefficients = self.quotient.algebra_sparse
+        device = self.x[0].device
+        owner, rows, cols = owner.to(device), rows.to(device), cols.to(device)
+        coefficients = coefficients.to(device=device, dtype=self.work_dtype)
+        K = self.quotient.algebra_basis.shape[0]
+        weights = coefficients[:, None] * coefficients[None, :]               # [Z, Z]
+        pairs = None
+        for a, b in self.gram_operator_terms():
+            # A[i_p, a_q] B[b_q, j_p] for every pair (p, q) of nonzero entries
+            term = a[..., rows[:, None], rows[None, :]] * b[..., cols[None, :], cols[:, None]]
+            pairs = term if pairs is None else pairs + term
+        pairs = pairs * weights
+        batch = pairs.shape[:-2]
+        flat_index = (owner[:, None] * K + owner[None, :]).reshape(-1)
+        matrix = torch.zeros(*batch, K * K, dtype=self.work_dtype, device=device)
+        matrix.index_add_(-1, flat_index, pairs.reshape(*batch, -1))
+        matrix = matrix.reshape(*batch, K, K)
         matrix = 0.5 * (matrix + matrix.mT)
         return torch.linalg.cholesky(matrix)
 
@@ -172,6 +190,9 @@ class RotaryQuotient(GLQuotient):
         super().__init__(metric, eps, n=n, m=m, h=None if n is None else head_dim)
         self.head_dim, self.rotary_dims, self.layout = head_dim, rotary_dims, layout
         self.algebra_basis = rotary_algebra_basis(head_dim, rotary_dims, layout)
+        nonzero = self.algebra_basis.nonzero(as_tuple=True)
+        #: the basis as its nonzero entries: (element index, row, column, value)
+        self.algebra_sparse = (*nonzero, self.algebra_basis[nonzero])
         self.name = f"rotary-{self.metric.name}"
         self.check_shapes = ((head_dim + 2, head_dim), (head_dim + 1, head_dim))
 
