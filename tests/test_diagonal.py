@@ -182,3 +182,22 @@ class TestBadInput:
         u = (torch.tensor([-1.0, 0.1], dtype=torch.float64),) * 2  # b = -1: 1 + 2b < 0
         with pytest.raises(ValueError, match="leaves the manifold"):
             q.geodesic(x, u, order="exact")
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+def test_quotient_geodesic_is_the_projection_of_the_exact_geodesic(metric):
+    """``beta(t)`` in closed form equals ``u(t) v(t)`` of the exact geodesic upstairs (for a
+    horizontal velocity that keeps the path inside the manifold)."""
+    q = DiagonalQuotient(metric, d=5)
+    gen = torch.Generator().manual_seed(9)
+    x = q.random_point((3,), generator=gen, dtype=torch.float64)
+    xi = q.horizontal_projection(x, tuple(torch.randn(c.shape, generator=gen,
+                                                      dtype=torch.float64) for c in x))
+    xi = tuple(0.1 * c / q.norm(x, xi).unsqueeze(-1) * (x[0] * x[1]).abs().amin(-1,
+                                                                              keepdim=True)
+               for c in xi)
+    frozen = q.at(x)
+    for t in (0.3, 1.0):
+        upstairs = q.geodesic(x, xi, t=t, order="exact")
+        assert torch.allclose(frozen.quotient_geodesic(xi, t), upstairs[0] * upstairs[1],
+                              rtol=1e-12, atol=0)

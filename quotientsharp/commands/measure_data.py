@@ -15,7 +15,7 @@ import json
 import math
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,8 +38,9 @@ _EXPECTED = ("expected 'input_ids' (pre-tokenised, with optional 'attention_mask
              "'token_type_ids') or 'text' (with optional 'text_pair'), and 'label'")
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
+def jsonl_objects(path: Path, label: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for each non-empty line of a JSONL file; a clear error naming
+    ``label`` (e.g. ``"DATA"``), the file and the line for anything but a JSON object."""
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
@@ -47,23 +48,29 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise InputError(f"DATA {path}, line {number}: not valid JSON ({err.msg})") \
+                raise InputError(f"{label} {path}, line {number}: not valid JSON ({err.msg})") \
                     from err
             if not isinstance(row, dict):
-                raise InputError(f"DATA {path}, line {number}: expected a JSON object, got "
+                raise InputError(f"{label} {path}, line {number}: expected a JSON object, got "
                                  f"{type(row).__name__}")
-            if "label" not in row and "labels" in row:
-                row["label"] = row.pop("labels")
-            if "label" not in row:
-                raise InputError(f"DATA {path}, line {number}: no 'label' entry (keys: "
-                                 f"{sorted(row)})")
-            unknown = sorted(set(row) - set(ROW_KEYS))
-            if unknown or ("input_ids" not in row and "text" not in row):
-                what = (f"unknown key(s) {unknown}" if unknown
-                        else f"neither 'input_ids' nor 'text' (keys: {sorted(row)})")
-                raise InputError(f"DATA {path}, line {number}: {what}; {_EXPECTED}")
-            row["_line"] = number
-            rows.append(row)
+            yield number, row
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for number, row in jsonl_objects(path, "DATA"):
+        if "label" not in row and "labels" in row:
+            row["label"] = row.pop("labels")
+        if "label" not in row:
+            raise InputError(f"DATA {path}, line {number}: no 'label' entry (keys: "
+                             f"{sorted(row)})")
+        unknown = sorted(set(row) - set(ROW_KEYS))
+        if unknown or ("input_ids" not in row and "text" not in row):
+            what = (f"unknown key(s) {unknown}" if unknown
+                    else f"neither 'input_ids' nor 'text' (keys: {sorted(row)})")
+            raise InputError(f"DATA {path}, line {number}: {what}; {_EXPECTED}")
+        row["_line"] = number
+        rows.append(row)
     if not rows:
         raise InputError(f"DATA {path} holds no rows")
     return rows

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..commands.measure_data import jsonl_objects
 from ..commands.measure_options import InputError
 
 __all__ = [
@@ -121,22 +122,6 @@ def _csv_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         yield number, dict(zip(header, values, strict=True))
 
 
-def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise InputError(f"MANIFEST {path}, line {number}: not valid JSON "
-                                 f"({err.msg})") from err
-            if not isinstance(row, dict):
-                raise InputError(f"MANIFEST {path}, line {number}: expected a JSON object, got "
-                                 f"{type(row).__name__}")
-            yield number, row
-
-
 def _gap(value: Any, where: str) -> float | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
@@ -212,7 +197,7 @@ def read_manifest(path: str | os.PathLike, reserved: Sequence[str] = ()) -> list
     if suffix in CSV_SUFFIXES:
         rows = _csv_rows(path)
     elif suffix in JSONL_SUFFIXES:
-        rows = _jsonl_rows(path)
+        rows = jsonl_objects(path, "MANIFEST")
     else:
         raise InputError(f"MANIFEST {path}: unknown format {suffix or '(no suffix)'}; use a .csv "
                          "file with a header line or a .jsonl file")
