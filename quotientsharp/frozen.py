@@ -27,7 +27,7 @@ tangent vectors before delegating.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -111,6 +111,13 @@ class FrozenPoint:
         """The metric-raised Euclidean gradient, projected onto the horizontal space."""
         return self.quotient.euclidean_to_riemannian_gradient(self.x, egrad)
 
+    def riemannian_gradient_and_squared_norm(self, egrad: Tensors
+                                             ) -> tuple[Tensors, torch.Tensor]:
+        """The Riemannian gradient and its squared norm ``shape=[*batch]`` (the ascent's
+        direction needs both; a geometry may get the norm more cheaply than from scratch)."""
+        rgrad = self.riemannian_gradient(egrad)
+        return rgrad, self.squared_norm(rgrad)
+
     # ------------------------------------------------------------------ connection
     def christoffel(self, u: Tensors, v: Tensors | None = None) -> Tensors:
         """Christoffel contraction ``Gamma_x(u, v)`` (``v`` defaults to ``u``)."""
@@ -143,6 +150,18 @@ class FrozenPoint:
         Called once before an ascent (it may synchronise with the host). Default: nothing to
         check.
         """
+
+    # ------------------------------------------------------------------ coordinate subspaces
+    def on_rows(self, rows: Mapping[int, torch.Tensor]) -> FrozenPoint:
+        """The geometry on tangent vectors that vanish outside rows ``rows[i]`` (of the first
+        point dimension) of tensor ``i``, with those tensors cut to their rows.
+
+        Exact only where the metric is diagonal, so that such vectors form a subspace that
+        every operation keeps (the raised gradient of a gradient that vanishes off the rows
+        vanishes there too). A geometry without that property raises.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no coordinate-subspace form "
+                                  "(on_rows): its metric is not diagonal")
 
     # ------------------------------------------------------------------ sampling
     def isotropic(self, generator: torch.Generator | None = None) -> Tensors:

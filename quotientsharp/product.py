@@ -18,7 +18,8 @@ with ``K`` the sum of the factors' flattened algebra sizes (over their folded di
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -105,6 +106,15 @@ class ProductPoint(ClosedFormPoint):
     def riemannian_gradient(self, egrad: Tensors) -> Tensors:
         return self._map("riemannian_gradient", egrad)
 
+    def riemannian_gradient_and_squared_norm(self, egrad: Tensors
+                                             ) -> tuple[Tensors, torch.Tensor]:
+        parts = [frozen.riemannian_gradient_and_squared_norm(part)
+                 for frozen, part in zip(self.factors, self.split(egrad), strict=True)]
+        squares = [self._fold(square, f) for (_, square), f in zip(parts, self.folded,
+                                                                   strict=True)]
+        return (tuple(t for rgrad, _ in parts for t in rgrad),
+                sum(squares[1:], squares[0]).clamp_min(0))
+
     def christoffel(self, u: Tensors, v: Tensors | None = None) -> Tensors:
         if v is None:
             return self._map("christoffel", u)
@@ -133,6 +143,26 @@ class ProductPoint(ClosedFormPoint):
 
     def isotropic(self, generator: torch.Generator | None = None) -> Tensors:
         return tuple(t for frozen in self.factors for t in frozen.isotropic(generator))
+
+    def on_rows(self, rows: Mapping[int, torch.Tensor]) -> ProductPoint:
+        """The product with the factors that hold the slots of ``rows`` (positions in the flat
+        tuple) cut to those rows (:meth:`FrozenPoint.on_rows`, factor by factor)."""
+        per_factor: list[dict[int, torch.Tensor]] = [{} for _ in self.factors]
+        start = 0
+        for index, frozen in enumerate(self.factors):
+            size = len(frozen.x)
+            for slot, selected in rows.items():
+                if start <= slot < start + size:
+                    per_factor[index][slot - start] = selected
+            start += size
+        if sum(len(part) for part in per_factor) != len(rows):
+            raise ValueError(f"on_rows: slots {sorted(rows)} are not all in the product's "
+                             f"{start} tensors")
+        cut = copy.copy(self)
+        cut.factors = [frozen.on_rows(part) if part else frozen
+                       for frozen, part in zip(self.factors, per_factor, strict=True)]
+        cut.x = tuple(t for frozen in cut.factors for t in frozen.x)
+        return cut
 
 
 class ProductQuotient(ClosedFormQuotient):

@@ -38,6 +38,7 @@ from quotientsharp.models import find_symmetries, reparametrize
 from quotientsharp.sharpness.solver import AscentSettings
 
 measures_module = importlib.import_module("quotientsharp.sharpness.measures")
+solver_module = importlib.import_module("quotientsharp.sharpness.solver")
 
 SYNCING_OPERATORS = {
     torch.ops.aten._local_scalar_dense.default,
@@ -70,7 +71,12 @@ class SyncRecorder(TorchDispatchMode):
 
 @pytest.fixture
 def recorded_ascents(monkeypatch):
-    """Wraps the engine's ``ascend`` so that each call runs under a fresh recorder."""
+    """Wraps the engine's ``ascend`` so that each call runs under a fresh recorder.
+
+    On the CPU the solver reads its decisions on the host (free there); the recorder checks the
+    path a CUDA run takes, so that shortcut is switched off.
+    """
+    monkeypatch.setattr(solver_module, "HOST_DECISIONS_ON_CPU", False)
     recorders: list[SyncRecorder] = []
     original = measures_module.ascend
 
@@ -113,6 +119,7 @@ def test_the_ascent_loop_never_needs_the_host(recorded_ascents, options) -> None
 
 
 def test_the_sync_recorder_finds_an_injected_sync(monkeypatch) -> None:
+    monkeypatch.setattr(solver_module, "HOST_DECISIONS_ON_CPU", False)
     original = measures_module.ascend
     recorders: list[SyncRecorder] = []
 

@@ -164,6 +164,9 @@ def test_the_options_leave_the_measured_values_unchanged() -> None:
 
 
 def test_the_reference_solve_never_needs_the_host(monkeypatch) -> None:
+    # the path a CUDA run takes (on the CPU the solver reads its decisions on the host)
+    monkeypatch.setattr(importlib.import_module("quotientsharp.sharpness.solver"),
+                        "HOST_DECISIONS_ON_CPU", False)
     recorders: list[SyncRecorder] = []
     original = measures_module.ascend
 

@@ -114,6 +114,21 @@ def _scatter(block: torch.Tensor, source: FactorSource) -> torch.Tensor:
     return block.permute(2, 0, 1, 3).reshape(source.rows, heads, span)
 
 
+def _split_if_tiling(tensor: torch.Tensor, spans: list[tuple[int, int]],
+                     dim: int) -> list[torch.Tensor]:
+    """The ``(start, length)`` spans of ``tensor`` along ``dim``: one ``split`` when they tile
+    the dimension (sorted, contiguous, covering it), else one ``narrow`` each."""
+    position = 0
+    for start, length in spans:
+        if start != position:
+            break
+        position += length
+    else:
+        if position == tensor.shape[dim]:
+            return list(torch.split(tensor, [length for _, length in spans], dim=dim))
+    return [tensor.narrow(dim, start, length) for start, length in spans]
+
+
 def _segment(parts: list[torch.Tensor], axis: int) -> torch.Tensor:
     """The phases of one segment (each from :func:`_scatter`) as features along ``axis``."""
     # the (heads, span) dimensions sit at (axis, axis + 1) of every part
@@ -213,7 +228,8 @@ class ParameterLayout:
             probe = torch.empty(len(self.gl_pairs[block.bucket]),
                                 block.members * block.member_rows, block.head_dim, device="meta")
             # views share the ``_base`` of their root tensor: the probe itself if no copy was made
-            if self._assemble(name, [probe] * (2 * len(self.gl_pairs)))._base is probe:
+            probes = [probe] * (2 * len(self.gl_pairs))
+            if self._assemble(name, probes, self._pieces(probes, [name]))._base is probe:
                 self._scatter_views.add(name)
 
         self._diagonal = list(report.diagonal)
@@ -269,15 +285,53 @@ class ParameterLayout:
                              f"{shape[axis]} features along dimension {axis}")
         return segments
 
-    def _assemble(self, name: str, factors: list[torch.Tensor]) -> torch.Tensor:
-        """Parameter ``name`` from its buckets' factors (``factors[2 * bucket + factor]``)."""
+    def _pieces(self, factors: list[torch.Tensor], names: list[str] | None = None
+                ) -> dict[tuple[int, ...], torch.Tensor]:
+        """Every block's piece of the bucket factors, ``shape=[heads, members, rows, h]``.
+
+        Keyed by ``(2 * bucket + factor, start, heads, row, rows)``; ``names`` limits it to
+        the blocks of those parameters. Where the blocks tile a
+        factor, it is cut by one ``split`` per dimension rather than one slice per block: the
+        values are the same views, but the backward of a split joins the pieces' gradients in
+        one allocation, where each slice's backward would write a zero tensor of the whole
+        factor (for a BERT, dozens of factor-sized tensors per backward).
+        """
+        wanted: dict[int, dict[tuple[int, int], set[tuple[int, int]]]] = {}
+        shapes: dict[tuple[int, int, int], tuple[int, int]] = {}
+        for name, segments in self._segments.items():
+            if names is not None and name not in names:
+                continue
+            for segment in segments:
+                for block in segment:
+                    index = 2 * block.bucket + block.factor
+                    wanted.setdefault(index, {}).setdefault(
+                        (block.start, block.heads), set()).add((block.row, block.source.rows))
+                    shapes[(index, block.start, block.heads)] = (block.members,
+                                                                block.member_rows)
+        pieces: dict[tuple[int, ...], torch.Tensor] = {}
+        for index, ranges in wanted.items():
+            tensor = factors[index]
+            spans = sorted(ranges)
+            heads = _split_if_tiling(tensor, spans, 0)
+            for (start, count), part in zip(spans, heads, strict=True):
+                members, member_rows = shapes[(index, start, count)]
+                part = part.unflatten(1, (members, member_rows))
+                rows = sorted(ranges[(start, count)])
+                for (row, size), piece in zip(rows, _split_if_tiling(part, rows, 2),
+                                              strict=True):
+                    pieces[(index, start, count, row, size)] = piece
+        return pieces
+
+    def _assemble(self, name: str, factors: list[torch.Tensor],
+                  pieces: dict[tuple[int, ...], torch.Tensor]) -> torch.Tensor:
+        """Parameter ``name`` from its buckets' factors (``factors[2 * bucket + factor]``, cut
+        into ``pieces`` by :meth:`_pieces`)."""
         segments = []
         for segment in self._segments[name]:
             parts = []
             for block in segment:
-                bucket = factors[2 * block.bucket + block.factor]
-                piece = bucket.narrow(0, block.start, block.heads).unflatten(
-                    1, (block.members, block.member_rows)).narrow(2, block.row, block.source.rows)
+                piece = pieces[(2 * block.bucket + block.factor, block.start, block.heads,
+                                block.row, block.source.rows)]
                 parts.append(_scatter(piece, block.source))
             segments.append(_segment(parts, block.source.axis))
         axis = self._segments[name][0][0].source.axis
@@ -325,10 +379,11 @@ class ParameterLayout:
         """
         gl, diagonal, other = self._check_coordinates(coords)
         factors = [tensor for pair in gl for tensor in pair]
+        pieces = self._pieces(factors)
         result: dict[str, torch.Tensor] = {}
         for name in self.names:
             if name in self._segments:
-                tensor = self._assemble(name, factors)
+                tensor = self._assemble(name, factors, pieces)
                 segments = self._segments[name]
                 if len(segments) == 1 and len(segments[0]) == 1:
                     block = segments[0][0]

@@ -46,7 +46,7 @@ __all__ = ["MEASURES", "REFERENCE_ITERATIONS", "REFERENCE_RESTARTS", "SharpnessR
 _COMMON = {"loss": None, "seed": 0, "progress": None, "keep_perturbations": False,
            "nonfinite": "raise"}
 _ASCENT = {"n_iter": 20, "eta0": None, "alpha": 0.75, "random_init": False, "restarts": 0,
-           "reference_solve": None, "blockwise": False}
+           "reference_solve": None, "blockwise": False, "touched_rows": True}
 #: What ``reference_solve=True`` runs: ``n_iter`` is ``REFERENCE_ITERATIONS`` times the
 #: measurement's, ``restarts`` random restarts; ``eta0`` and ``alpha`` are the measurement's.
 REFERENCE_ITERATIONS = 10
@@ -418,7 +418,8 @@ def _make_measure(measure: str, model: nn.Module, functional: FunctionalModel,
         reference_generator = torch.Generator(device=generator.device).manual_seed(
             (generator.initial_seed() + _REFERENCE_SEED_OFFSET) % _SEED_LIMIT)
     ascent = {"nonfinite": opts["nonfinite"], "reference": reference,
-              "reference_generator": reference_generator, "blockwise": extra["blockwise"]}
+              "reference_generator": reference_generator, "blockwise": extra["blockwise"],
+              "touched_rows": _check_bool("touched_rows", opts["touched_rows"])}
     if measure in ("worst_case", "adaptive"):
         p = _check_p(opts["p"])
         adaptive = True if measure == "adaptive" else _check_bool("adaptive", opts["adaptive"])
@@ -501,7 +502,11 @@ def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
         steps and 4 random restarts, whose value and gap are reported; see
         :func:`reference_settings`). Block-wise: ``blockwise=False`` (``True``: norm share and
         loss change of every block of the best perturbation, ``result.blocks``; one extra
-        forward per block and batch).
+        forward per block and batch). Speed: ``touched_rows=True`` solves on the rows of the
+        embedding tables the batch looks up, when the solve starts at ``xi = 0``: the other
+        rows have no gradient and never move, so the value is the same up to the summation
+        order of the norms (``settings["restricted_rows"]`` lists, per batch, the rows kept
+        per table; ``False`` solves on the full tables).
 
         ``average``: ``adaptive=False`` (``c = |theta|`` if true), ``samples=1``.
         ``worst_case``: ``p=2`` or ``"inf"``, ``adaptive=False``. ``adaptive``: ``p=2``.
@@ -573,8 +578,9 @@ def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
             if index == 0:
                 # one forward+backward finds the parameters without gradient; the measure
                 # reuses it as the clean loss and the ascent's evaluation at xi = 0
-                with functional.checking():
+                with functional.checking(), functional.recording_tables() as tables:
                     first = FirstEvaluation(*functional.loss_and_gradients(batch))
+                first.rows = tables.rows()
                 checked_clean_loss(first.loss, index, batch, functional)
                 excluded = [n for n, g in first.gradients.items() if g is None]
                 evaluator.setup(excluded)
@@ -602,6 +608,9 @@ def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
                         if o.reference_trace is not None]
     blocks = ([o.blocks.records() for o in outcomes if o.blocks is not None]
               if extra.get("blockwise") else None)
+    restricted = getattr(evaluator, "restricted_rows", None)
+    if restricted is not None:
+        extra["restricted_rows"] = restricted
     settings = {"measure": measure, "rho": rho, "n_batches": len(outcomes),
                 "geometry_dtype": str(functional.dtype).removeprefix("torch."),
                 **{k: v for k, v in opts.items() if k not in ("loss", "symmetries")},

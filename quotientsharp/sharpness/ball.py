@@ -23,6 +23,7 @@ import torch
 from .. import _tuples as T
 from ..adaptive import safe_reciprocal
 from ..frozen import FrozenPoint
+from . import solver
 
 Tensors = tuple[torch.Tensor, ...]
 Order = int | str
@@ -73,6 +74,12 @@ class GeodesicBall:
             radius = float(radius.max())
         self.frozen.check_ball(radius, self.order)
 
+    def on_rows(self, rows: dict[int, torch.Tensor]) -> GeodesicBall:
+        """The same ball for tangent vectors that vanish outside ``rows[i]`` of tensor ``i``,
+        with those tensors cut to their rows (the frozen point's ``on_rows``)."""
+        return GeodesicBall(self.frozen.on_rows(rows), self.radius, self.order, self.steps,
+                            self.problem_shape)
+
     # ------------------------------------------------------------------ vectors
     def zeros(self) -> Tensors:
         shapes = []
@@ -105,6 +112,9 @@ class GeodesicBall:
         """``P_S`` of a vector that is horizontal already: the radial rescale into the ball."""
         norm = self.norm(xi)
         factor = (self.radius / norm.clamp_min(torch.finfo(norm.dtype).tiny)).clamp(max=1.0)
+        if solver.host_decides(factor) and bool(factor == 1.0):
+            # inside the ball: the rescale is by exactly 1, skipped where the test is free
+            return tuple(xi)
         return self._scale(xi, factor)
 
     def project(self, xi: Sequence[torch.Tensor]) -> Tensors:
@@ -113,8 +123,8 @@ class GeodesicBall:
 
     def direction(self, egrad: Sequence[torch.Tensor]) -> Tensors:
         """The Riemannian gradient (raised, then projected) normalised by its norm."""
-        rgrad = self.frozen.riemannian_gradient(tuple(egrad))
-        norm = self.norm(rgrad).clamp_min(torch.finfo(self.dtype).tiny)
+        rgrad, square = self.frozen.riemannian_gradient_and_squared_norm(tuple(egrad))
+        norm = square.sqrt().clamp_min(torch.finfo(self.dtype).tiny)
         if norm.dim() == 0:
             return T.fused_div(rgrad, norm)
         return tuple(t / _lift(norm, t) for t in rgrad)

@@ -107,6 +107,11 @@ class PlainCoordinates:
     def updates(self, point: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
         return dict(zip(self.names, point, strict=True))
 
+    def other_slot(self, name: str) -> int | None:
+        """Position of parameter ``name`` in the point, if it is a tensor of its own in the
+        parameters-outside-any-symmetry factor; else ``None``."""
+        return self.names.index(name) if name in self.names else None
+
     def blocks(self) -> list[Block]:
         """One block per parameter, by name (all in factor 0)."""
         return [Block(name, "parameter", 0, (i,)) for i, name in enumerate(self.names)]
@@ -135,6 +140,14 @@ class LayoutCoordinates:
             factors.append(other_factor([self.coords.other[n] for n in self.other_names],
                                         other_metric, other_path))
         return factors
+
+    def other_slot(self, name: str) -> int | None:
+        """Position of parameter ``name`` in the point, if it is a tensor of its own in the
+        parameters-outside-any-symmetry factor; else ``None``."""
+        if name not in self.other_names:
+            return None
+        start = 2 * len(self.gl) + (2 if self.diagonal is not None else 0)
+        return start + self.other_names.index(name)
 
     def updates(self, point: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
         point = list(point)
@@ -234,6 +247,13 @@ class BoundCoordinates:
         if self.other_names:
             factors.append(other_factor(self.other_base, other_metric, other_path))
         return factors
+
+    def other_slot(self, name: str) -> int | None:
+        """Position of parameter ``name`` in the point, if it is a tensor of its own in the
+        parameters-outside-any-symmetry factor; else ``None``."""
+        if name not in self.other_names:
+            return None
+        return sum(len(base) for base in self.bases) + self.other_names.index(name)
 
     def updates(self, point: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
         point = list(point)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .batches import IGNORE_INDEX, Batch, LossFunction, compute_loss, resolve_loss
+from .touched_rows import TableLookup, TableRecorder, embedding_tables, looked_up
 
 
 def geometry_dtype(dtypes: Sequence[torch.dtype]) -> torch.dtype:
@@ -70,7 +71,11 @@ class FunctionalModel:
                     if t.is_floating_point()}
         self.input_dtype = floating.pop() if len(floating) == 1 else None
         self.vocabulary_size = vocabulary_size(model)
+        #: trainable embedding tables whose untouched rows a solve may leave out
+        #: (:mod:`.touched_rows`)
+        self.tables = embedding_tables(model, self.trainable)
         self._checking = False
+        self._recorder: TableRecorder | None = None
 
     def check_finite(self) -> None:
         """Raise naming every trainable parameter with NaN or inf entries and every floating
@@ -103,6 +108,19 @@ class FunctionalModel:
         finally:
             self._checking = previous
 
+    @contextlib.contextmanager
+    def recording_tables(self) -> Iterator[TableRecorder]:
+        """Record what the forwards inside this block do with the embedding tables: the token
+        ids they look up and every other use in the autograd graph
+        (:class:`~.touched_rows.TableRecorder`)."""
+        recorder = TableRecorder(self.tables)
+        previous, self._recorder = self._recorder, recorder
+        try:
+            with recorder.recording():
+                yield recorder
+        finally:
+            self._recorder = previous
+
     def check_batch(self, batch: Batch) -> None:
         """Raise, naming the batch, if it is empty or its token ids (``input_ids``, or an
         integer first positional input) leave the vocabulary."""
@@ -128,20 +146,28 @@ class FunctionalModel:
             self._clones[name] = self.theta[name].clone()
         return self._clones[name]
 
-    def loss(self, batch: Batch, updates: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def loss(self, batch: Batch, updates: Mapping[str, torch.Tensor | TableLookup]
+             ) -> torch.Tensor:
         """The loss with ``updates`` (by name, geometry dtype) replacing the parameters.
 
         ``updates`` must not alias the model's own tensors (``theta``): the forward receives
-        them (cast to each parameter's dtype) and may write to its inputs.
+        them (cast to each parameter's dtype) and may write to its inputs. An embedding table
+        may come as a :class:`~.touched_rows.TableLookup` (its perturbed rows only).
         """
         if self._checking:
             self.check_batch(batch)
-        params = {name: (updates[name].to(self.dtypes[name]) if name in updates
+        lookups = {n: u for n, u in updates.items() if isinstance(u, TableLookup)}
+        params = {name: (lookups[name].placeholder(self.dtypes[name]) if name in lookups
+                         else updates[name].to(self.dtypes[name]) if name in updates
                          else self._unperturbed(name)) for name in self.theta}
-        output = torch.func.functional_call(self.model, (params, self.buffers), batch.args,
-                                            batch.kwargs)
-        return compute_loss(self.loss_function, self.builtin_loss, output, batch.target,
+        with looked_up(lookups, self.dtypes):
+            output = torch.func.functional_call(self.model, (params, self.buffers), batch.args,
+                                                batch.kwargs)
+        loss = compute_loss(self.loss_function, self.builtin_loss, output, batch.target,
                             self.dtype, batch.label, self._checking)
+        if self._recorder is not None:
+            self._recorder.observe(params, loss)
+        return loss
 
     def loss_and_gradients(self, batch: Batch
                            ) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:

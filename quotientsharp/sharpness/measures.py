@@ -14,10 +14,11 @@ perturbed values are passed through :func:`torch.func.functional_call`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ from .coordinates import BoundCoordinates, LayoutCoordinates, PlainCoordinates
 from .functional import FunctionalModel, checked_clean_loss
 from .geometry import build_geometry
 from .solver import AscentOutcome, AscentSettings, ascend
+from .touched_rows import RestrictedTable, TouchedRowCoordinates
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -99,11 +101,13 @@ class FirstEvaluation:
     """The loss at ``theta`` and its gradient by parameter name, as the setup computed them.
 
     Reused by the first batch's measurement, so that the parameter check costs no extra
-    forward+backward (``None`` gradients: parameters the loss does not depend on).
+    forward+backward (``None`` gradients: parameters the loss does not depend on). ``rows``:
+    the embedding rows the batch touches, by table (:mod:`.touched_rows`), where recorded.
     """
 
     loss: torch.Tensor
     gradients: dict[str, torch.Tensor | None]
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -248,17 +252,24 @@ class AscentMeasure:
         Random starts of the reference solve.
     blockwise
         Also analyse the best perturbation block by block (:mod:`.blocks`).
+    touched_rows
+        Solve on the rows of the embedding tables that the batch touches, where that gives the
+        same value (:mod:`.touched_rows`): the solve starts at ``xi = 0`` and the tables are in
+        the diagonal-metric factor.
     """
 
     def __init__(self, model: FunctionalModel, settings: AscentSettings,
                  generator: torch.Generator, build, nonfinite: str = "raise",
                  reference: AscentSettings | None = None,
                  reference_generator: torch.Generator | None = None,
-                 blockwise: bool = False) -> None:
+                 blockwise: bool = False, touched_rows: bool = True) -> None:
         self.model, self.settings, self.generator = model, settings, generator
         self.nonfinite = nonfinite
         self.reference, self.reference_generator = reference, reference_generator
         self.blockwise = blockwise
+        self.touched_rows = touched_rows
+        #: per batch, the rows each restricted table was solved on (empty: the full tables)
+        self.restricted_rows: list[dict[str, int]] = []
         self._build = build
         self.geometry: GeodesicBall | BoxGeometry | None = None
         self.coordinates: Any = None
@@ -300,11 +311,39 @@ class AscentMeasure:
         return tuple(torch.zeros_like(leaf) if g is None else g
                      for leaf, g in zip(leaves, grads, strict=True))
 
+    def restricts(self) -> bool:
+        """Whether this measurement's solve may run on the touched rows of embedding tables:
+        it starts at ``xi = 0`` and the model has tables that may be cut."""
+        return (self.touched_rows and bool(self.model.tables) and not self.settings.random_init
+                and self.settings.restarts == 0 and isinstance(self.geometry, GeodesicBall))
+
+    def _on_touched_rows(self, rows: Mapping[str, torch.Tensor]
+                         ) -> tuple[GeodesicBall, TouchedRowCoordinates] | None:
+        """The ball and coordinates with each table of ``rows`` cut to those rows, or ``None``
+        where no table can be cut (not in the diagonal-metric factor)."""
+        assert isinstance(self.geometry, GeodesicBall)
+        slot_of = getattr(self.coordinates, "other_slot", None)
+        tables = {}
+        for name, selected in rows.items():
+            slot = slot_of(name) if slot_of is not None else None
+            if slot is not None:
+                tables[name] = RestrictedTable.of(slot, self.model.tables[name], selected,
+                                                  self.model.theta_geometry[name].shape)
+        if not tables:
+            return None
+        try:
+            ball = self.geometry.on_rows({t.slot: t.rows for t in tables.values()})
+        except (NotImplementedError, ValueError):
+            return None
+        return ball, TouchedRowCoordinates(self.coordinates, tables)
+
     def __call__(self, batch: Batch, index: int, tick, keep: bool,
                  first: FirstEvaluation | None = None) -> BatchOutcome:
         assert self.geometry is not None and self.coordinates is not None
         objective = self._objective(batch)
         initial = None
+        rows: Mapping[str, torch.Tensor] = {}
+        restricts = self.restricts()
         if self.settings.random_init:
             if first is not None:
                 clean = first.loss
@@ -316,13 +355,38 @@ class AscentMeasure:
             # the solver's first evaluation is at xi = 0, i.e. at theta: it is the clean loss
             clean = first.loss
             initial = (first.loss, self._gradient_from_parameters(first.gradients))
+            # consumed: the parameter-sized gradients are not kept through the ascent
+            first.gradients = {}
+            rows = first.rows
         else:
-            with self.model.checking():
-                loss, grads = objective(self.geometry.zeros())
-            clean = checked_clean_loss(loss, index, batch, self.model)
-            initial = (loss, grads)
-        outcome = ascend(self.geometry, objective, self.settings, self.generator, tick,
-                         initial=initial, skip_nonfinite=self.nonfinite == "skip")
+            recording = (self.model.recording_tables() if restricts
+                         else contextlib.nullcontext())
+            with self.model.checking(), recording as recorder:
+                initial = objective(self.geometry.zeros())
+            clean = checked_clean_loss(initial[0], index, batch, self.model)
+            rows = recorder.rows() if recorder is not None else {}
+        geometry, solve, start = self.geometry, objective, initial
+        cut = self._on_touched_rows(rows) if restricts and rows else None
+        if cut is not None:
+            geometry, touched = cut
+            solve = perturbed_objective(self.model, touched, geometry, batch)
+            assert initial is not None
+            start = (initial[0], touched.restrict(initial[1]))
+        self.restricted_rows.append({} if cut is None else {
+            name: int(t.rows.numel()) for name, t in cut[1].tables.items()})
+        if self.reference is None and start is not None:
+            # handed over to the solver, which drops the gradient once it is raised
+            handed: Any = [start]
+            del start, initial
+        else:
+            handed = start
+        outcome = ascend(geometry, solve, self.settings, self.generator, tick,
+                         initial=handed, skip_nonfinite=self.nonfinite == "skip")
+        del handed
+        norms = geometry.block_norms(outcome.xi)
+        if cut is not None:
+            # the best iterate at full size (zero off the rows), for what follows
+            outcome.xi = cut[1].expand(outcome.xi)
         skipped = _check_ascent(outcome, index, self.settings, self.model,
                                 float(self.geometry.radius), self.nonfinite)
         reference = None
@@ -334,7 +398,6 @@ class AscentMeasure:
             skipped += _check_ascent(reference, index, self.reference, self.model,
                                      float(self.geometry.radius), self.nonfinite,
                                      " (reference solve)")
-        norms = self.geometry.block_norms(outcome.xi)
         perturbation = None
         if keep:
             with torch.no_grad():

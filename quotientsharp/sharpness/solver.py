@@ -29,8 +29,11 @@ becomes the best iterate nor counts as an increase, and the next step starts aga
 iterate and its direction.
 
 Everything runs on the device: decisions are ``torch.where`` on device tensors, so there is no
-host sync inside the loop. ``restarts`` extra runs start from random points of the ball; the
-best of all runs wins. Randomness comes only from the given generator.
+host sync inside the loop. The one exception is a single problem on the CPU, where reading a
+decision costs nothing (there is no device to wait for): the best iterate and the restarts are
+then chosen by reference instead of by ``torch.where`` over every parameter, with the same
+result bit for bit (:data:`HOST_DECISIONS_ON_CPU`). ``restarts`` extra runs start from random
+points of the ball; the best of all runs wins. Randomness comes only from the given generator.
 
 Many independent problems at once. The objective may return a loss of any shape ``P`` (one
 entry per problem, e.g. ``[models, batches]``) with the gradient of each problem's own loss;
@@ -180,6 +183,18 @@ class AscentOutcome:
     trace: torch.Tensor | None = None
 
 
+#: Take the solver's decisions on the host for a single problem on the CPU: the best iterate
+#: and the restart point are kept by reference (no parameter-sized ``torch.where`` per step).
+#: The values are those of the device path bit for bit; ``False`` runs the device path there too
+#: (the CPU stand-in of a CUDA run, ``tests/test_device_proxies.py``).
+HOST_DECISIONS_ON_CPU = True
+
+
+def host_decides(loss: torch.Tensor) -> bool:
+    """Whether a decision on ``loss`` (0-dim, on the CPU) is read on the host (module doc)."""
+    return HOST_DECISIONS_ON_CPU and loss.device.type == "cpu" and loss.dim() == 0
+
+
 def _lift(flag: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``flag`` (``shape=P``) with trailing singleton dims to broadcast against ``like``."""
     return flag.reshape(*flag.shape, *([1] * (like.dim() - flag.dim())))
@@ -207,16 +222,15 @@ def momentum_step(xi: Sequence[torch.Tensor], z: Sequence[torch.Tensor],
                   previous: Sequence[torch.Tensor], alpha: float) -> Tensors:
     """``xi + alpha (z - xi) + (1 - alpha)(xi - previous)`` (before ``P_S``).
 
-    Evaluated as ``(alpha (z - xi) + xi) + (1 - alpha)(xi - previous)``, which rounds exactly as
-    the left-to-right formula (addition commutes in IEEE arithmetic), with two tuples of
-    temporaries.
+    Evaluated as ``alpha z + 2 (1 - alpha) xi - (1 - alpha) previous``, the same vector in three
+    fused passes over the parameters and one tuple of storage (``alpha`` is a setting, a
+    number on the host, so this needs no sync).
     """
     if not xi:
         return ()
-    new = T.fused_mul(T.fused_sub(z, xi), alpha)
-    torch._foreach_add_(list(new), list(xi))
-    back = T.fused_mul(T.fused_sub(xi, previous), 1 - alpha)
-    torch._foreach_add_(list(new), list(back))
+    new = T.fused_mul(z, alpha)
+    torch._foreach_add_(list(new), list(xi), alpha=2.0 * (1.0 - alpha))
+    torch._foreach_add_(list(new), list(previous), alpha=-(1.0 - alpha))
     return new
 
 
@@ -245,7 +259,7 @@ class _NonFinite:
 def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[[], Tensors],
                 settings: AscentSettings, eta0: float | torch.Tensor,
                 on_evaluation: Callable[[], None] | None,
-                initial: tuple[torch.Tensor, Tensors] | None = None,
+                initial: tuple[torch.Tensor, Tensors] | list | None = None,
                 skip_nonfinite: bool = False
                 ) -> tuple[torch.Tensor, Tensors, torch.Tensor, _NonFinite, torch.Tensor]:
     n_iter, alpha = settings.n_iter, settings.alpha
@@ -253,7 +267,11 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[
 
     # the start is drawn here, so that no caller holds it once xi has moved on
     xi = start()
+    if isinstance(initial, list):
+        # handed over: after this the gradient's only reference is ``egrad``, dropped below
+        initial = initial.pop()
     loss, egrad = objective(xi) if initial is None else initial
+    initial = None
     if on_evaluation is not None:
         on_evaluation()
     start_loss = loss
@@ -263,12 +281,17 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[
     record = _NonFinite(loss)
     if skip_nonfinite:
         loss = _finite_or_lowest(loss)
-    # the best iterate and direction are overwritten in place below, so they own their
-    # storage (the start is also xi, then previous; the geometry's tensors are not ours)
+    host = host_decides(loss)
     best_loss = loss
     # the best loss after each evaluation: references to tensors the loop makes anyway
     trace = [best_loss]
-    best_xi, best_direction = (tuple(t.clone() for t in v) for v in (xi, direction))
+    if host:
+        # kept by reference: no tensor the loop holds is ever written in place
+        best_xi, best_direction = xi, direction
+    else:
+        # overwritten in place below, so they own their storage (the start is also xi, then
+        # previous; the geometry's tensors are not ours)
+        best_xi, best_direction = (tuple(t.clone() for t in v) for v in (xi, direction))
     previous, current_loss = xi, loss
     eta = torch.zeros_like(loss) + eta0
     checkpoint_eta, checkpoint_best = eta, best_loss
@@ -296,12 +319,20 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[
         improved = new_loss > best_loss
         best_loss = torch.where(improved, new_loss, best_loss)
         trace.append(best_loss)
-        _choose_into(improved, new, best_xi)
-        _choose_into(improved, new_direction, best_direction)
+        if host:
+            if bool(improved):
+                best_xi, best_direction = new, new_direction
+        else:
+            _choose_into(improved, new, best_xi)
+            _choose_into(improved, new_direction, best_direction)
         if skip_nonfinite:
             # a failed step: the next one starts again from the best iterate and its direction
-            new = _choose(failed, best_xi, new)
-            new_direction = _choose(failed, best_direction, new_direction)
+            if host:
+                if bool(failed):
+                    new, new_direction = best_xi, best_direction
+            else:
+                new = _choose(failed, best_xi, new)
+                new_direction = _choose(failed, best_direction, new_direction)
             new_loss = torch.where(failed, best_loss, new_loss)
         previous, xi, current_loss, direction = xi, new, new_loss, new_direction
         del new_direction          # direction's other name: dropped with direction next step
@@ -314,9 +345,14 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[
             restart = oscillating | stalled
             checkpoint_eta, checkpoint_best = eta, best_loss
             eta = torch.where(restart, 0.5 * eta, eta)
-            xi = _choose(restart, best_xi, xi)
-            previous = _choose(restart, best_xi, previous)
-            direction = _choose(restart, best_direction, direction)
+            if host:
+                if bool(restart):
+                    xi = previous = best_xi
+                    direction = best_direction
+            else:
+                xi = _choose(restart, best_xi, xi)
+                previous = _choose(restart, best_xi, previous)
+                direction = _choose(restart, best_direction, direction)
             current_loss = torch.where(restart, best_loss, current_loss)
             increases = torch.zeros_like(increases)
             last_mark = step
@@ -326,7 +362,7 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[
 def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSettings,
            generator: torch.Generator | None = None,
            on_evaluation: Callable[[], None] | None = None,
-           initial: tuple[torch.Tensor, Tensors] | None = None,
+           initial: tuple[torch.Tensor, Tensors] | list | None = None,
            skip_nonfinite: bool = False) -> AscentOutcome:
     """Maximise ``objective`` over the geometry's ball by Auto-PGD, per problem.
 
@@ -345,7 +381,10 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
         Called after every objective evaluation (progress bars); must not sync.
     initial
         ``objective(geometry.zeros())``, when the caller has it already: the first run then
-        starts from it instead of evaluating again. Only for ``random_init=False``.
+        starts from it instead of evaluating again. Only for ``random_init=False``. Inside a
+        one-element list it is handed over: the solver empties the list, so that once it has
+        raised the gradient no reference to it is left (one parameter-sized tuple less for
+        the whole ascent).
     skip_nonfinite
         Treat an evaluation with a NaN or inf loss as a failed step (never the best, the next
         step restarts from the best iterate) instead of comparing it. Either way the outcome

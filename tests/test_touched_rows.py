@@ -1,0 +1,289 @@
+"""The ascent on the embedding rows a batch touches gives the value of the ascent on full tables.
+
+``touched_rows=True`` (the default) cuts every plain embedding table to the rows the batch looks
+up, when that cannot change the value; ``touched_rows=False`` solves on the full tables. Both
+are run here and compared: values, per-batch losses, norms and the kept perturbation, for the
+measures whose solve starts at ``xi = 0``, with padding, two batches, a half-precision model
+and the curved path of the other parameters. Then every case where a shortcut would be wrong
+is shown to fall back to the full tables (and still agree): tied tables, a table read outside
+its module, a rescaling embedding subclass, ``max_norm``, random starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from torch import nn
+
+import quotientsharp as qs
+from quotientsharp.sharpness import NonFiniteLossError
+from quotientsharp.sharpness.touched_rows import embedding_tables, graph_uses
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 300
+
+
+def _bert(dtype: torch.dtype = torch.float64) -> nn.Module:
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        vocab_size=VOCAB, max_position_embeddings=16, num_labels=3, pad_token_id=0,
+        attn_implementation="eager", initializer_range=0.3)
+    return transformers.BertForSequenceClassification(config).to(dtype).eval()
+
+
+def _batches(count: int = 2, padded: bool = True) -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    batches = []
+    for _ in range(count):
+        ids = torch.randint(1, VOCAB, (6, 10), generator=generator)
+        mask = torch.ones_like(ids)
+        if padded:
+            ids[:3, 7:] = 0                       # padding tokens (padding_idx 0)
+            mask[:3, 7:] = 0
+        batches.append({"input_ids": ids, "attention_mask": mask,
+                        "labels": torch.randint(0, 3, (6,), generator=generator)})
+    return batches
+
+
+def _both(model: nn.Module, batches, **options):
+    common = dict(rho=0.1, n_iter=6, progress=False, keep_perturbations=True)
+    cut = qs.sharpness(model, batches, touched_rows=True, **common, **options)
+    full = qs.sharpness(model, batches, touched_rows=False, **common, **options)
+    return cut, full
+
+
+def _assert_same(cut, full, rtol: float, model: nn.Module) -> None:
+    assert cut.per_batch == pytest.approx(full.per_batch, rel=rtol, abs=0)
+    assert cut.perturbed_losses == pytest.approx(full.perturbed_losses, rel=rtol, abs=0)
+    for a, b in zip(cut.perturbation_norms, full.perturbation_norms, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key] == pytest.approx(b[key], rel=rtol, abs=0)
+    parameters = [p.detach().abs().max() for p in model.parameters()]
+    for a, b in zip(cut.perturbations, full.perturbations, strict=True):
+        assert a.keys() == b.keys()
+        # a displacement is (theta + xi) - theta, and a parameter with a gradient at rounding
+        # level (a key bias) moves by rounding noise: errors are relative to the scale of the
+        # parameters and of the whole displacement, not to each entry
+        scale = float(max(*parameters, *(t.abs().max() for t in b.values())))
+        for name in a:
+            torch.testing.assert_close(a[name], b[name], rtol=rtol, atol=rtol * scale)
+
+
+MEASURES = {
+    "adaptive": dict(measure="adaptive"),
+    "worst-case-l2": dict(measure="worst_case", p=2),
+    "geodesic-inv-2": dict(measure="geodesic", metric="inv", order=2),
+    "geodesic-mix-1": dict(measure="geodesic", metric="mix", order=1, eps=0.1),
+    "geodesic-euclidean-exact": dict(measure="geodesic", metric="euclidean", order="exact",
+                                     exact_steps=2),
+    "geodesic-curved-other": dict(measure="geodesic", metric="inv", order=2,
+                                  other_path="geodesic"),
+    "no-symmetries": dict(measure="geodesic", symmetries="none"),
+}
+
+
+@pytest.mark.parametrize("options", list(MEASURES.values()), ids=list(MEASURES))
+def test_touched_rows_give_the_value_of_the_full_tables(options) -> None:
+    model = _bert()
+    cut, full = _both(model, _batches(), **options)
+    rows = cut.settings["restricted_rows"]
+    assert len(rows) == 2 and all("bert.embeddings.word_embeddings.weight" in r for r in rows)
+    # the rows kept are the distinct token ids of each batch (padding included)
+    for batch, kept in zip(_batches(), rows, strict=True):
+        assert kept["bert.embeddings.word_embeddings.weight"] == batch["input_ids"].unique().numel()
+    assert full.settings["restricted_rows"] == [{}, {}]
+    _assert_same(cut, full, 1e-12, model)
+    # the perturbation of the table vanishes off the touched rows
+    for batch, moved in zip(_batches(), cut.perturbations, strict=True):
+        table = moved["bert.embeddings.word_embeddings.weight"]
+        untouched = torch.ones(VOCAB, dtype=torch.bool)
+        untouched[batch["input_ids"].unique()] = False
+        assert table[untouched].abs().max() == 0
+        assert table[~untouched].abs().max() > 0
+
+
+def test_touched_rows_in_float32_and_half_precision() -> None:
+    for dtype, rtol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-5)):
+        model = _bert(dtype)
+        cut, full = _both(model, _batches(1), measure="geodesic", metric="inv", order=2)
+        assert cut.settings["restricted_rows"][0]
+        _assert_same(cut, full, rtol, model)
+
+
+def test_the_shortcut_leaves_the_model_untouched_even_when_the_ascent_raises() -> None:
+    model = _bert(torch.float32)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(NonFiniteLossError):
+        # in float32 a perturbation this large overflows inside the network
+        qs.sharpness(model, _batches(1), measure="worst_case", rho=1e17, n_iter=2,
+                     progress=False)
+    for module in model.modules():
+        assert not module._forward_hooks and not module._forward_pre_hooks
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, state[key])
+
+
+# ---------------------------------------------------------------------------- fallbacks
+class TinyLM(nn.Module):
+    """An embedding, a mixing layer and an output layer; variants read the table otherwise."""
+
+    def __init__(self, kind: str = "plain") -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.kind = kind
+        self.embed = (ScaledEmbedding(40, 6) if kind == "subclass"
+                      else nn.Embedding(40, 6, max_norm=1.0 if kind == "max_norm" else None))
+        self.mix = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 40, bias=False)
+        if kind == "tied":
+            self.head.weight = self.embed.weight
+        self.double()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        hidden = torch.tanh(self.mix(self.embed(ids))).mean(1)
+        if self.kind == "reads_table":
+            # a second use of the table outside its module: reads only touched rows
+            hidden = hidden + self.embed.weight[ids].sum(1)
+        return self.head(hidden)
+
+
+class ScaledEmbedding(nn.Embedding):
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(ids) * 3.0
+
+
+def _token_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(2)
+    return [(torch.randint(0, 20, (5, 4), generator=generator),
+             torch.randint(0, 40, (5,), generator=generator)) for _ in range(2)]
+
+
+def test_a_plain_table_is_cut() -> None:
+    model = TinyLM("plain")
+    cut, full = _both(model, _token_batches(), measure="adaptive")
+    assert all(r == {"embed.weight": r["embed.weight"]} for r in cut.settings["restricted_rows"])
+    _assert_same(cut, full, 1e-12, model)
+
+
+@pytest.mark.parametrize("kind", ["tied", "reads_table", "subclass", "max_norm"])
+def test_tables_read_otherwise_are_solved_in_full(kind) -> None:
+    model = TinyLM(kind)
+    cut, full = _both(model, _token_batches(), measure="adaptive")
+    assert cut.settings["restricted_rows"] == [{}, {}]
+    assert cut.per_batch == full.per_batch
+
+
+@pytest.mark.parametrize("options", [dict(random_init=True), dict(restarts=1)],
+                         ids=["random_init", "restarts"])
+def test_random_starts_are_solved_in_full(options) -> None:
+    cut, full = _both(TinyLM("plain"), _token_batches(), measure="adaptive", **options)
+    assert cut.settings["restricted_rows"] == [{}, {}]
+    assert cut.per_batch == full.per_batch
+
+
+def test_embedding_tables_finds_plain_untied_tables_only() -> None:
+    names = lambda model: [n for n, _ in model.named_parameters()]  # noqa: E731
+    assert list(embedding_tables(TinyLM("plain"), names(TinyLM("plain")))) == ["embed.weight"]
+    for kind in ("tied", "subclass", "max_norm"):
+        model = TinyLM(kind)
+        assert embedding_tables(model, names(model)) == {}
+
+
+def test_graph_uses_counts_each_consumer_of_one_output() -> None:
+    leaf = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    other = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    # a fused operation has one node for all its outputs: only the consumers of the output
+    # in question count
+    first, second = torch._foreach_mul([leaf, other], 2.0)
+    ids = torch.tensor([0, 2])
+    loss = (nn.functional.embedding(ids, first).sum() + second.sum()
+            + nn.functional.embedding(ids, leaf).sum())
+    assert sorted(graph_uses(loss, first)) == ["EmbeddingBackward0"]
+    assert sorted(graph_uses(loss, second)) == ["SumBackward0"]
+    # a leaf: every node that takes it (the fused product and the lookup)
+    assert len(graph_uses(loss, leaf)) == 2 and "EmbeddingBackward0" in graph_uses(loss, leaf)
+    assert len(graph_uses(loss, other)) == 1
+    assert graph_uses(torch.zeros(()), leaf) == []
+
+
+# ---------------------------------------------------------------------------- the geometry
+@pytest.mark.parametrize("metric", ["adaptive", "euclidean"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_point_cut_to_rows_is_the_point_on_vectors_that_vanish_off_them(metric, seed) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    shapes = [(7, 3), (5,), (4, 2)]
+    x = tuple(torch.randn(s, generator=generator, dtype=torch.float64) for s in shapes)
+    x[0][2] = 0.0                                     # a zero weight: no room to move
+    quotient = qs.AdaptiveQuotient.of(x, metric)
+    frozen = quotient.at(x)
+    frozen.norm(x)                                    # fills the 1/|w| cache before the cut
+    rows = {0: torch.tensor([1, 2, 5]), 2: torch.tensor([3])}
+    cut = frozen.on_rows(rows)
+
+    def vanishing(v):
+        out = []
+        for i, t in enumerate(v):
+            if i in rows:
+                mask = torch.zeros(t.shape[0], dtype=torch.bool)
+                mask[rows[i]] = True
+                t = t * mask.reshape(-1, *[1] * (t.dim() - 1))
+            out.append(t)
+        return tuple(out)
+
+    def restrict(v):
+        return tuple(t.index_select(0, rows[i]) if i in rows else t for i, t in enumerate(v))
+
+    u = vanishing(tuple(torch.randn(s, generator=generator, dtype=torch.float64)
+                        for s in shapes))
+    e = vanishing(tuple(torch.randn(s, generator=generator, dtype=torch.float64)
+                        for s in shapes))
+    torch.testing.assert_close(cut.norm(restrict(u)), frozen.norm(u), rtol=1e-14, atol=0)
+    for full, part in ((frozen.riemannian_gradient(e), cut.riemannian_gradient(restrict(e))),
+                       (frozen.geodesic(u, 1.0, 2), cut.geodesic(restrict(u), 1.0, 2)),
+                       (frozen.geodesic(u, 1.0, "exact"),
+                        cut.geodesic(restrict(u), 1.0, "exact"))):
+        for a, b in zip(restrict(full), part, strict=True):
+            assert torch.equal(a, b)
+    # the raised gradient of a gradient that vanishes off the rows vanishes there too
+    assert torch.equal(torch.stack([t.abs().sum() for t in frozen.riemannian_gradient(e)]),
+                       torch.stack([t.abs().sum() for t in vanishing(
+                           frozen.riemannian_gradient(e))]))
+
+
+def test_only_a_diagonal_metric_can_be_cut_to_rows() -> None:
+    generator = torch.Generator().manual_seed(0)
+    gl = qs.GLQuotient("mix")
+    x = gl.random_point((), shapes=[(5, 2), (4, 2)], generator=generator,
+                        dtype=torch.float64)
+    with pytest.raises(NotImplementedError, match="not diagonal"):
+        gl.at(x).on_rows({0: torch.tensor([0, 1])})
+    batched = qs.AdaptiveQuotient("adaptive", point_ndims=(1,))
+    with pytest.raises(ValueError, match="unbatched"):
+        batched.at((torch.ones(3, 4, dtype=torch.float64),)).on_rows({0: torch.tensor([0])})
+    product = qs.ProductQuotient([gl, qs.AdaptiveQuotient.of([torch.ones(3)])])
+    frozen = product.at((*x, torch.ones(3, dtype=torch.float64)))
+    assert frozen.on_rows({2: torch.tensor([1])}).x[2].shape == (1,)
+    with pytest.raises(NotImplementedError):
+        frozen.on_rows({0: torch.tensor([1])})
+    with pytest.raises(ValueError, match="slots"):
+        frozen.on_rows({3: torch.tensor([1])})
+
+
+@pytest.mark.parametrize("options", [dict(measure="adaptive"),
+                                     dict(measure="geodesic", metric="mix", order=2),
+                                     dict(measure="worst_case", p=2, restarts=1)],
+                         ids=["adaptive", "geodesic-mix", "restarts"])
+def test_decisions_on_the_host_give_the_device_path_bit_for_bit(monkeypatch, options) -> None:
+    solver = importlib.import_module("quotientsharp.sharpness.solver")
+    model, batches = _bert(), _batches()
+    host = qs.sharpness(model, batches, rho=0.1, n_iter=9, progress=False, **options)
+    monkeypatch.setattr(solver, "HOST_DECISIONS_ON_CPU", False)
+    device = qs.sharpness(model, batches, rho=0.1, n_iter=9, progress=False, **options)
+    assert host.per_batch == device.per_batch
+    assert host.traces == device.traces
+    assert host.perturbation_norms == device.perturbation_norms
