@@ -63,9 +63,11 @@ Outputs (``--out``, default ``results/diagonal``)
     ``trained.jsonl``; results are identical to an uninterrupted run.
 
 Beside each Auto-PGD value (``diagonal_exact``): the exact maximum of mix exact (the
-trust-region subproblem), a strong reference ascent (400 steps, 3 random restarts) for adaptive,
-inv exact and mix exact, the value of mix exact at interpolation ``2 rho^2 lambda_max``, and the
-measures of the population loss ``||beta - beta*||^2``. The page reports every tau with a 95 %
+trust-region subproblem), a strong reference ascent for adaptive, inv exact and mix exact (4
+runs of 400 steps: from ``xi = 0``, for adaptive and inv from the maximiser of the loss's
+quadratic model and its negative, the rest from random points), the value of mix exact at
+interpolation ``2 rho^2 lambda_max``, and the measures of the population loss
+``||beta - beta*||^2``. The page reports every tau with a 95 %
 bootstrap interval, Auto-PGD as a percentage of the maximum, the confound taus of the
 hyperparameters, and the mix order-1/2 rows as diagnostics (``diagonal_analysis``,
 ``diagonal_page``).
@@ -75,7 +77,7 @@ hyperparameters, and the mix order-1/2 rows as diagnostics (``diagonal_analysis`
 data seed, their mean over seeds with intervals, and the rho sweep (``diagonal_full``).
 
 ``--quick``: 12 nets, 10 ascent steps, 2000 test inputs, at most 40000 training steps, a
-100-step reference ascent with 1 restart, 300 bootstrap resamples.
+100-step reference ascent with 2 restarts, 300 bootstrap resamples.
 
 Under torchrun (``torchrun --nproc_per_node N -m quotientsharp reproduce diagonal``) the nets
 train on rank 0 (one batch, as in one process), the measures are dealt over the ranks and rank 0

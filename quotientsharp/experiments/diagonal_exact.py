@@ -88,14 +88,11 @@ def mix_exact_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
     """
     beta = (u * v).to(torch.float64)
     inputs, targets = _check_batches(beta, inputs.to(torch.float64), targets.to(torch.float64))
-    size = inputs.shape[-2]
     out = torch.empty(inputs.shape[:2], dtype=torch.float64)
     for m in range(inputs.shape[0]):
         for k in range(inputs.shape[1]):
-            x, y = inputs[m, k], targets[m, k]
-            # L_B(beta + D) - L_B(beta) = g^T D + D^T A D / 2 with A the Hessian of the MSE
-            hessian = 2.0 * x.T @ x / size
-            gradient = 2.0 * x.T @ (x @ beta[m] - y) / size
+            hessian, gradient = _quadratic_hessian_gradient(beta[m], inputs[m, k],
+                                                            targets[m, k])
             out[m, k] = trust_region_maximum(hessian, gradient, math.sqrt(2.0) * rho).value
     return out
 
@@ -119,34 +116,65 @@ def mix_exact_at_interpolation(inputs: torch.Tensor, rho: float) -> torch.Tensor
     return 2.0 * rho ** 2 * torch.linalg.eigvalsh(second_moment)[..., -1]
 
 
-class _PerNetStarts:
-    """A batched geometry whose random starts come from one seeded stream per net.
+def _quadratic_hessian_gradient(beta: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``L_B(beta + D) - L_B(beta) = g^T D + D^T A D / 2`` for the study's mean squared error:
+    ``A = 2 X^T X / B``, ``g = 2 X^T (X beta - y) / B`` (``x`` ``shape=[B, d]``)."""
+    size = x.shape[-2]
+    return 2.0 * x.T @ x / size, 2.0 * x.T @ (x @ beta - y) / size
 
-    Each net's start is drawn by the package's own ``random_start`` on that net's ball alone,
-    so a net gets the same start whichever other nets are measured with it (a resumed run
-    measures a subset and must reproduce the uninterrupted values). Everything else is the
-    batched geometry's.
+
+def _model_rates(beta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor,
+                 rate_radius: float) -> torch.Tensor:
+    """Per net and batch, the rates ``b`` (``||b|| <= rate_radius``) that maximise the
+    quadratic model of the loss along the first-order path ``beta (1 + 2 b)``: the
+    trust-region subproblem in ``D = 2 beta b``, a ball ``||D / (2 |beta|)|| <= rate_radius``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``shape=[M, K, d]``.
+    """
+    out = torch.zeros(*inputs.shape[:2], beta.shape[-1], dtype=torch.float64)
+    for m in range(inputs.shape[0]):
+        scale = 2.0 * beta[m].abs()
+        for k in range(inputs.shape[1]):
+            hessian, gradient = _quadratic_hessian_gradient(beta[m], inputs[m, k],
+                                                            targets[m, k])
+            step = trust_region_maximum(hessian, gradient, rate_radius, scale=scale).d
+            out[m, k] = step / (2.0 * beta[m])
+    return out
+
+
+class _ReferenceStarts:
+    """A batched geometry whose restarts are, in turn, the maximiser of the loss's quadratic
+    model and its negative (``model``: near interpolation the model is nearly even in the
+    rates, the exact path is not, so both signs are tried), then random points drawn per net.
+
+    Each net's random start is drawn by the package's own ``random_start`` on that net's ball
+    alone, from a stream of its own, so a net gets the same starts whichever other nets are
+    measured with it (a resumed run measures a subset and must reproduce the uninterrupted
+    values). Everything else is the batched geometry's.
     """
 
-    def __init__(self, batched: NetBall, single: Sequence[NetBall], seeds: Sequence[int]) -> None:
+    def __init__(self, batched: NetBall, single: Sequence[NetBall], seeds: Sequence[int],
+                 model: tuple[torch.Tensor, ...] | None) -> None:
         self._batched = batched
         self._single = list(single)
         self._generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        self._models = [] if model is None else [model, tuple(-t for t in model)]
 
     def __getattr__(self, name: str):
         return getattr(self._batched, name)
 
     def random_start(self, generator: torch.Generator | None) -> tuple[torch.Tensor, ...]:
-        # ``generator`` is unused: each net draws from its own stream
+        # ``generator`` is unused: the first restarts are the model's maximiser and its
+        # negative, the others are drawn from each net's own stream
+        if self._models:
+            return self._batched.clip(self._models.pop(0))
         starts = [ball.random_start(gen) for ball, gen in zip(self._single, self._generators,
                                                               strict=True)]
         return tuple(torch.stack(parts) for parts in zip(*starts, strict=True))
-
-
-def mix_exact_population(population_loss: torch.Tensor, rho: float) -> torch.Tensor:
-    """Mix exact sharpness of the population loss ``||beta - beta*||^2`` (any ``shape``):
-    ``2 sqrt(2) rho ||beta - beta*|| + 2 rho^2``, increasing in the population loss."""
-    return 2.0 * math.sqrt(2.0) * rho * population_loss.sqrt() + 2.0 * rho ** 2
 
 
 def reference_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
@@ -155,13 +183,16 @@ def reference_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
                      measures: Sequence[MeasureSpec] = REFERENCE_MEASURES,
                      progress: bool | None = False) -> dict[str, torch.Tensor]:
     """The strong reference ascent: per measure, net and batch the best loss increase over
-    ``ascent.runs`` Auto-PGD runs of ``ascent.n_iter`` steps (the first from ``xi = 0``, the
-    others from random points of the ball).
+    ``ascent.runs`` Auto-PGD runs of ``ascent.n_iter`` steps. The first run starts from
+    ``xi = 0``; for adaptive and inv the next two from the maximiser of the quadratic model of
+    the loss along the first-order path (the trust-region subproblem: near interpolation the
+    maximum lies close to it) and from its negative; the others from random points of the
+    ball.
 
     Parameters
     ----------
     u, v
-        The nets, ``shape=[M, d]``.
+        The nets, ``shape=[M, d]``, no zero entry.
     inputs, targets
         As for :func:`~.diagonal_measures.measure_nets`.
     seeds
@@ -176,6 +207,9 @@ def reference_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
         raise ValueError(f"seeds must hold one seed per net ({u.shape[0]}), got {len(seeds)}")
     problem_shape = (u.shape[0], inputs.shape[-3])
     base_u, base_v = (t.unsqueeze(1).expand(*problem_shape, -1).contiguous() for t in (u, v))
+    beta = (u * v).to(torch.float64)
+    full_inputs, full_targets = _check_batches(beta, inputs.to(torch.float64),
+                                               targets.to(torch.float64))
     out = {}
     bar = progress_bar(len(measures) * ascent.evaluations_per_run * ascent.runs,
                        "reference ascent", progress, unit="eval")
@@ -184,13 +218,26 @@ def reference_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
             batched = geometry_for(spec, base_u, base_v, rho, problem_shape)
             single = [geometry_for(spec, base_u[m], base_v[m], rho, problem_shape[1:])
                       for m in range(problem_shape[0])]
-            geometry = _PerNetStarts(batched, single, seeds)
+            model = None
+            if spec.metric != "mix":
+                # a horizontal xi = (b u, b v) has norm sqrt(2) ||b|| in the adaptive and the
+                # inv ball. Mix exact has no model start: its exact maximum is known, and its
+                # random-start ascent is the check of this ascent the page reports
+                rates = _model_rates(beta, full_inputs, full_targets, rho / math.sqrt(2.0))
+                model = (rates * base_u, rates * base_v)
+            geometry = _ReferenceStarts(batched, single, seeds, model)
             outcome = batched_ascend(geometry, mse_objective(batched, inputs, targets), ascent,
                                      bar.update, generator=torch.Generator())
             out[spec.name] = outcome.sharpness
     finally:
         bar.close()
     return out
+
+
+def mix_exact_population(population_loss: torch.Tensor, rho: float) -> torch.Tensor:
+    """Mix exact sharpness of the population loss ``||beta - beta*||^2`` (any ``shape``):
+    ``2 sqrt(2) rho ||beta - beta*|| + 2 rho^2``, increasing in the population loss."""
+    return 2.0 * math.sqrt(2.0) * rho * population_loss.sqrt() + 2.0 * rho ** 2
 
 
 def population_batch(beta_star: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,10 +262,8 @@ def extra_values(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor, targets
 
     Parameters
     ----------
-    u, v
-        The nets, ``shape=[M, d]``.
-    inputs, targets
-        The sharpness batches (:func:`~.diagonal_measures.sharpness_batches`).
+    u, v, inputs, targets
+        The nets and the sharpness batches, as for :func:`~.diagonal_measures.measure_nets`.
     beta_star
         The ground truth, ``shape=[d]`` (for the population loss).
     ascent, reference

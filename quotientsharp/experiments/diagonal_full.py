@@ -101,11 +101,11 @@ def run_full(settings: DiagonalSettings, out: Path, *, resume: bool = False,
         "### Over data seeds, the rho sweep and a training set per net (`--full`)",
         "",
         f"Every run below keeps the hyperparameter draws of seed {settings.seed} and draws "
-        "the data (β*, training and test inputs) from the data seed. 'Mean over seeds' is the "
+        "the data (β\\*, training and test inputs) from the data seed. 'Mean over seeds' is the "
         "mean of the per-seed taus, its interval a stratified bootstrap (the nets of each seed "
         "resampled within that seed). The maximum rows are the exact (mix exact) or strong "
         "(the others) maxima; the population rows measure the population loss "
-        "||β − β*||²; the confound rows rank the test loss against a hyperparameter.",
+        "||β − β\\*||²; the confound rows rank the test loss against a hyperparameter.",
         "",
     ]
     lines += sweep_sections({f"Data seeds, {study_rho.replace('rho', 'ρ')}, the training set "

@@ -74,7 +74,7 @@ and every path moves $\beta$ coordinate by coordinate.
   the top eigenvalue of the curvature seen through the net's own coefficients. It grows with
   $\lvert \beta \rvert$ where the data are curved: a dense interpolant (large initialisation)
   spreads weight over many coordinates, a sparse one concentrates it on the support of
-  $\beta^\*$. Adaptive sharpness on $(u, v)$ has the same first-order ball (an ascent from
+  $\beta^\star$. Adaptive sharpness on $(u, v)$ has the same first-order ball (an ascent from
   $\xi = 0$ stays horizontal), so the two agree to leading order.
 - **Geodesic mix, first- and second-order paths.** The mix ball allows rates up to
   $\lvert b_i \rvert \le \rho / (\sqrt{2}\, \lvert \beta_i \rvert)$. On a coordinate with a
@@ -86,17 +86,18 @@ and every path moves $\beta$ coordinate by coordinate.
   $\min_i \lvert \beta_i \rvert$, not sharpness. We keep them as **diagnostics outside the
   validity of the expansion**, not as measures.
 - **Population loss.** For $x \sim \mathcal{N}(0, I)$ the population loss is
-  $L(\beta) = \lVert \beta - \beta^\* \rVert^2$ ($A = I$, no leftover residual), and mix exact
+  $L(\beta) = \lVert \beta - \beta^\star \rVert^2$ ($A = I$, no leftover residual), and mix exact
   sharpness has the closed form
 
   $$
-  S_{\mathrm{mix}}^{\mathrm{pop}} = 2 \sqrt{2}\, \rho\, \lVert \beta - \beta^\* \rVert + 2 \rho^2 ,
+  S_{\mathrm{mix}}^{\mathrm{pop}} = 2 \sqrt{2}\, \rho\, \lVert \beta - \beta^\star \rVert
+    + 2 \rho^2 ,
   $$
 
   increasing in the population loss: its Kendall tau with the (population) test loss is
   $+1$, the opposite sign of the paper's $-0.86$. The study evaluates every measure on the
-  population loss by one batch $X = \sqrt{d}\, I_d$, $y = X \beta^\*$, whose mean squared error
-  is exactly $\lVert \beta - \beta^\* \rVert^2$.
+  population loss by one batch $X = \sqrt{d}\, I_d$, $y = X \beta^\star$, whose mean squared error
+  is exactly $\lVert \beta - \beta^\star \rVert^2$.
 """
 
 
@@ -171,7 +172,7 @@ def paper_comparison(analysis: Mapping[str, Any]) -> str:
          "2 ρ² λ_max(A_B) for every interpolating net, so the training-set values rank only "
          "the leftover residual and the solver's error; on the population loss it increases "
          "with the test loss (τ = +1). The first- and second-order paths (the paper's Alg. 1) "
-         "leave the validity of the expansion and rank min |β_i| instead (diagnostics above)"),
+         "leave the validity of the expansion and rank min_i abs(β_i) instead (diagnostics above)"),
     ]
     lines = ["| measure | paper τ | ours (τ-b [95 % CI]) | reachable? |", "|---|---|---|---|"]
     lines += [f"| {a} | {b:+.2f} | {c} | {d} |" for a, b, c, d in rows]
@@ -187,11 +188,15 @@ def run_sections(settings: DiagonalSettings, analysis: Mapping[str, Any]) -> lis
     lines = [
         f"The maximum is exact for mix exact (the trust-region subproblem of the quadratic "
         f"batch loss over the ball ||Δβ|| ≤ √2 ρ) and, for the others, the best of a strong "
-        f"Auto-PGD: {settings.reference_iterations} steps from ξ = 0 and "
-        f"{settings.reference_restarts} random restarts. On mix exact that strong ascent "
-        f"reaches {100 * strong_mix['min']:.4f} to {100 * strong_mix['max']:.4f} % of the "
-        "exact maximum. Intervals: percentile bootstrap over the nets, "
-        f"{settings.bootstrap} resamples.",
+        f"Auto-PGD: {settings.reference_ascent.runs} runs of "
+        f"{settings.reference_iterations} steps, from ξ = 0, from the maximiser of the "
+        "quadratic model of the batch loss along the first-order path (a trust-region "
+        "subproblem in the rates) and from its negative (the model is nearly even in the "
+        "rates, the exact path is not), the rest from random points of the ball. The same "
+        "ascent on mix exact, with random starts in place of the model's, reaches "
+        f"{100 * strong_mix['min']:.4f} to {100 * strong_mix['max']:.4f} % of its exact "
+        f"maximum. Intervals: percentile bootstrap over the nets, {settings.bootstrap} "
+        "resamples.",
         "",
         THEORY,
         "Measured in this run (per net, the mean over the sharpness batches):",
@@ -212,7 +217,7 @@ def run_sections(settings: DiagonalSettings, analysis: Mapping[str, Any]) -> lis
         "",
         "### Sharpness of the population loss",
         "",
-        "The same nets, each measure on the population loss ||β − β*||² instead of the "
+        "The same nets, each measure on the population loss ||β − β\\*||² instead of the "
         "training batches (Auto-PGD as in the study; mix exact also exactly). Kendall τ against "
         "the test loss:",
         "",
@@ -227,7 +232,7 @@ def run_sections(settings: DiagonalSettings, analysis: Mapping[str, Any]) -> lis
         "",
         f"Against the population loss itself the exact mix value has τ-b "
         f"{interval_text(population['tau_population_loss'])}, and it matches the closed form "
-        f"2√2 ρ ||β − β*|| + 2ρ² within "
+        f"2√2 ρ ||β − β\\*|| + 2ρ² within "
         f"{population['closed_form_largest_relative_deviation']:.1g} (relative) for every "
         "net. (The test loss is a sample of 5000 inputs, so its ranking differs slightly "
         "from the population loss's.)",

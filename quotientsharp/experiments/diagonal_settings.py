@@ -51,8 +51,9 @@ class DiagonalSettings:
         ``"shared"`` (one training set for every net, the paper's protocol) or ``"per_net"``
         (each net draws its own training inputs, for the same ``beta*`` and test set).
     reference_iterations, reference_restarts
-        The strong reference ascent beside Auto-PGD: steps per run and random restarts
-        (a run from ``xi = 0`` comes first).
+        The strong reference ascent beside Auto-PGD: steps per run and restarts (a run from
+        ``xi = 0`` comes first; for adaptive and inv the first two restarts start from the
+        maximiser of the loss's quadratic model and its negative, the others at random).
     bootstrap
         Bootstrap resamples of the nets for the 95 % intervals of every tau.
     variant
@@ -125,7 +126,7 @@ class DiagonalSettings:
     def quick(cls, **overrides: Any) -> DiagonalSettings:
         """The reduced variant of ``--quick``."""
         base = dict(nets=12, n_iter=10, n_test=2000, max_steps=40_000, reference_iterations=100,
-                    reference_restarts=1, bootstrap=300, variant="quick")
+                    reference_restarts=2, bootstrap=300, variant="quick")
         return cls(**{**base, **overrides})
 
     def as_dict(self) -> dict[str, Any]:
