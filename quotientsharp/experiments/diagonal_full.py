@@ -122,7 +122,8 @@ def run_full(settings: DiagonalSettings, out: Path, *, resume: bool = False,
     base = results[""]
     wall = sum(result.wall_seconds for result in results.values())
     base.markdown = study_section(settings, base, base.records, wall, int(resume),
-                                  threads or torch.get_num_threads(), full=lines)
+                                  threads or torch.get_num_threads(), full=lines,
+                                  runs=len(results))
     (Path(out) / SECTION_FILE).write_text(base.markdown)
     if docs is not None:
         write_section(Path(docs), STUDY, base.markdown)

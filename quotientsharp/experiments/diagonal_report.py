@@ -116,9 +116,10 @@ def default_out(settings: DiagonalSettings) -> str:
 
 def study_section(settings: DiagonalSettings, result: StudyResult,
                   records: list[dict[str, Any]], wall: float, resumed: int, threads: int,
-                  world_size: int = 1, full: Sequence[str] = ()) -> str:
+                  world_size: int = 1, full: Sequence[str] = (), runs: int = 1) -> str:
     """The markdown section ``docs/results/diagonal.md`` (also ``diagonal.md`` in the results
-    folder); ``full``: the lines of the ``--full`` tables, placed before the per-run details."""
+    folder); ``full``: the lines of the ``--full`` tables, placed before the per-run details,
+    and ``runs`` the number of runs they took (``wall`` is their total)."""
     counted = [r for r in records if r["model"] in result.counted]
     test = [r["test_loss"] for r in counted]
     lines = [
@@ -128,8 +129,10 @@ def study_section(settings: DiagonalSettings, result: StudyResult,
         f"`{default_out(settings)}/`; add "
         "`--docs docs` to rewrite this section and regenerate this page"
         + ("" if full else "; `--full` adds the data seeds, the ρ sweep and the variants")
-        + f"). This run: {len(records)} nets, {len(counted)} counted, wall time "
-        f"{_duration(wall)} ({threads} torch thread(s)"
+        + f"). This run: {len(records)} nets, {len(counted)} counted"
+        + (f" (and {runs - 1} more runs of {len(records)} nets below)" if runs > 1 else "")
+        + f", wall time {_duration(wall)}{' in all' if runs > 1 else ''} "
+        f"({threads} torch thread(s)"
         + (f" per rank, {world_size} ranks under torchrun: training on rank 0, the measures "
            "dealt over the ranks" if world_size > 1 else "")
         + f"{', resumed' if resumed else ''}).",
