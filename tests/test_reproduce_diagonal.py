@@ -13,9 +13,12 @@ import io
 import itertools
 import json
 import math
+from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
+from scipy import stats as scipy_stats
 from torch import nn
 
 from quotientsharp import sharpness
@@ -44,6 +47,14 @@ from quotientsharp.experiments.diagonal import (
     run_study,
     sharpness_batches,
 )
+from quotientsharp.experiments.diagonal_exact import (
+    mix_exact_at_interpolation,
+    mix_exact_maxima,
+    population_batch,
+    reference_maxima,
+)
+from quotientsharp.experiments.diagonal_full import full_configurations, run_full
+from quotientsharp.experiments.tau_intervals import pooled_tau_intervals, tau_interval
 from quotientsharp.sharpness import AscentSettings
 
 
@@ -214,6 +225,129 @@ def test_batched_ascent_rejects_what_it_does_not_do() -> None:
         DiagonalHorizontalGeometry(v[:, None], v[:, None], "euclid", 1, 0.1, (3, 2))
 
 
+# ---------------------------------------------------------------------------- exact maxima
+def _interpolating(seed: int, nets: int = 4, batches: int = 2, size: int = 6, d: int = 12):
+    """Nets and batches with ``X_B beta = y_B`` exactly (``size < d``: many interpolants)."""
+    u, v, x, _ = _problem(seed, torch.float64, nets, batches, size, d)
+    y = torch.einsum("kbd,d->kb", x, (u * v)[0])
+    # every net interpolates: add to beta a null-space component of both batches
+    null = torch.linalg.svd(x.reshape(-1, d), full_matrices=True).Vh[batches * size:]
+    gen = torch.Generator().manual_seed(seed + 100)
+    beta = (u * v)[0] + torch.randn(nets, null.shape[0], generator=gen,
+                                    dtype=torch.float64) @ null
+    v = beta / u
+    return u, v, x, y
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_mix_exact_at_interpolation_is_two_rho_squared_lambda_max(seed: int) -> None:
+    u, v, x, y = _interpolating(seed)
+    assert float((torch.einsum("kbd,md->mkb", x, u * v) - y).abs().max()) < 1e-12
+    rho = 0.2
+    exact = mix_exact_maxima(u, v, x, y, rho)
+    # independent: numpy's eigh of X^T X / B, the ball ||d beta|| <= sqrt(2) rho
+    X = x.numpy()
+    top = np.array([np.linalg.eigh(b.T @ b / b.shape[0])[0][-1] for b in X])
+    expected = 2 * rho ** 2 * top
+    for net in range(u.shape[0]):
+        np.testing.assert_allclose(exact[net].numpy(), expected, rtol=1e-10)
+    np.testing.assert_allclose(mix_exact_at_interpolation(x, rho).numpy(), expected,
+                               rtol=1e-12)
+    # no point of the ball beats it: random directions at the full radius
+    gen = torch.Generator().manual_seed(seed)
+    beta = (u * v)[0]
+    for k in range(x.shape[0]):
+        d = torch.randn(500, x.shape[-1], generator=gen, dtype=torch.float64)
+        d = math.sqrt(2) * rho * d / d.norm(dim=-1, keepdim=True)
+        gain = ((beta + d) @ x[k].T - y[k]).square().mean(-1)
+        assert float(gain.max()) <= expected[k] * (1 + 1e-12)
+    # Auto-PGD never exceeds the exact maximum, and gets close to it
+    geometry = DiagonalHorizontalGeometry(u[:, None], v[:, None], "mix", "exact", rho,
+                                          (u.shape[0], x.shape[0]))
+    apgd = batched_ascend(geometry, mse_objective(geometry, x, y), AscentSettings()).sharpness
+    assert bool((apgd <= exact * (1 + 1e-12)).all())
+    assert bool((apgd >= 0.5 * exact).all())
+
+
+def test_reference_ascent_reaches_the_exact_mix_maximum_and_is_reproducible_per_net() -> None:
+    u, v, x, y = _problem(4, torch.float64, nets=3, batches=2, size=6, d=5)
+    rho = 0.5
+    ascent = AscentSettings(n_iter=60, restarts=2)
+    seeds = [11, 12, 13]
+    strong = reference_maxima(u, v, x, y, rho, ascent, seeds)
+    exact = mix_exact_maxima(u, v, x, y, rho)
+    mix = strong["geodesic_mix_exact"]
+    assert bool((mix <= exact * (1 + 1e-12)).all()) and bool((mix >= 0.999 * exact).all())
+    # a net measured alone, with its own seed, gets the same values (as after --resume)
+    alone = reference_maxima(u[1:2], v[1:2], x, y, rho, ascent, seeds[1:2])
+    for name, value in alone.items():
+        assert value[0].tolist() == strong[name][1].tolist()
+    with pytest.raises(ValueError, match="one seed per net"):
+        reference_maxima(u, v, x, y, rho, ascent, seeds[:2])
+
+
+def test_population_batch_gives_the_population_loss_and_the_mix_closed_form() -> None:
+    gen = torch.Generator().manual_seed(5)
+    d, rho = 7, 0.1
+    beta_star = torch.randn(d, generator=gen, dtype=torch.float64)
+    u = torch.randn(4, d, generator=gen, dtype=torch.float64)
+    v = torch.randn(4, d, generator=gen, dtype=torch.float64)
+    x, y = population_batch(beta_star)
+    errors = (u * v).numpy() - beta_star.numpy()
+    population = (errors ** 2).sum(-1)
+    mse = ((torch.einsum("kbd,md->mkb", x, u * v) - y) ** 2).mean(-1)[:, 0]
+    np.testing.assert_allclose(mse.numpy(), population, rtol=1e-12)
+    # a large Gaussian sample agrees (E[x x^T] = I)
+    sample = torch.randn(200_000, d, generator=gen, dtype=torch.float64)
+    sampled = ((sample @ ((u * v) - beta_star).T) ** 2).mean(0)
+    np.testing.assert_allclose(sampled.numpy(), population, rtol=0.02)
+    closed = 2 * np.sqrt(2) * rho * np.sqrt(population) + 2 * rho ** 2
+    np.testing.assert_allclose(mix_exact_maxima(u, v, x, y, rho)[:, 0].numpy(), closed,
+                               rtol=1e-10)
+
+
+# ---------------------------------------------------------------------------- intervals
+def test_tau_interval_contains_the_estimate_and_is_reproducible_by_seed() -> None:
+    gen = np.random.default_rng(0)
+    x = gen.normal(size=40)
+    y = x + gen.normal(size=40)
+    first = tau_interval(x, y, samples=500, seed=3)
+    assert first == tau_interval(x, y, samples=500, seed=3)
+    assert first != tau_interval(x, y, samples=500, seed=4)
+    assert first.a_low <= first.tau_a <= first.a_high
+    assert first.b_low <= first.tau_b <= first.b_high
+    assert first.tau_b == pytest.approx(scipy_stats.kendalltau(x, y).statistic, abs=1e-12)
+    # a column against itself, and a perfect inverse ranking: the whole interval is +-1
+    same = tau_interval(x, x, samples=200, seed=0)
+    assert (same.tau_a, same.tau_b, same.a_low, same.a_high, same.b_low, same.b_high) == (
+        1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
+    inverse = tau_interval(x, -x, samples=200, seed=0)
+    assert inverse.a_high == -1.0 and inverse.b_low == -1.0
+    # ties (a confound like the batch size): tau-b of a tied column against itself is 1
+    sizes = [10, 20, 20, 50, 10, 100, 50, 20]
+    tied = tau_interval(sizes, sizes, samples=200, seed=0)
+    assert tied.tau_b == 1.0 and tied.b_low == 1.0 and tied.tau_a < 1.0
+    with pytest.raises(ValueError, match="y has non-finite"):
+        tau_interval([1.0, 2.0, 3.0], [1.0, math.nan, 2.0])
+    with pytest.raises(ValueError, match="samples"):
+        tau_interval(x, y, samples=0)
+
+
+def test_pooled_tau_is_the_mean_of_the_seeds_with_a_stratified_interval() -> None:
+    gen = np.random.default_rng(1)
+    groups = []
+    for noise in (0.5, 1.0, 2.0):
+        x = gen.normal(size=30)
+        groups.append((x, x + noise * gen.normal(size=30)))
+    pooled = pooled_tau_intervals(groups, samples=400, seed=2)
+    points = [scipy_stats.kendalltau(x, y).statistic for x, y in groups]
+    assert pooled.tau_b == pytest.approx(np.mean(points), abs=1e-12)
+    assert pooled.b_low <= pooled.tau_b <= pooled.b_high
+    assert pooled.count == 90
+    single = pooled_tau_intervals(groups[:1], samples=400, seed=2)
+    assert single == tau_interval(*groups[0], samples=400, seed=2)
+
+
 # ---------------------------------------------------------------------------- the study
 def _cli(*argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
@@ -271,6 +405,23 @@ def test_quick_run_writes_every_output(quick_run) -> None:
     assert section in page and "Generated by" in page
     for paper in ("-0.68", "-0.83", "-0.86"):
         assert paper in section
+    # the paper's numbers only in their comparison table, never beside a measure's own row
+    main_rows = [line for line in section.splitlines() if line.startswith("| geodesic_mix_exact")]
+    assert main_rows and not any("-0.86" in line for line in main_rows)
+    comparison = section[section.index("### The paper's numbers"):]
+    assert "-0.86" in comparison.split("### Spread")[0] and "not reachable" in comparison
+    assert "### Diagnostics outside the expansion's validity" in section
+    assert r"2 \rho^2 \lambda_{\max}(A_B)" in section
+    analysis = run_info["analysis"]
+    assert set(analysis["percent_of_maximum"]) == {"adaptive", "geodesic_inv_exact",
+                                                   "geodesic_mix_exact"}
+    for spread in analysis["percent_of_maximum"].values():
+        assert 0 < spread["min"] <= spread["median"] <= spread["max"]
+    assert analysis["percent_of_maximum"]["geodesic_mix_exact"]["max"] <= 100 * (1 + 1e-12)
+    assert set(analysis["confounds"]) == {"init_scale", "learning_rate", "batch_size"}
+    # mix exact at these nearly interpolating nets: the theory's constant, up to the residual
+    assert analysis["interpolation"]["largest_relative_deviation"] < 0.05
+    assert analysis["population"]["closed_form_largest_relative_deviation"] < 1e-10
     assert "`quotientsharp reproduce diagonal --quick`" in section
     assert "| adaptive |" in stdout
 
@@ -316,10 +467,22 @@ def test_quick_run_values_recompute_from_the_saved_nets(quick_run) -> None:
     counted = [records[i] for i in run_info["counted"]]
     assert counted
     for spec in MEASURES:
+        if spec.diagnostic:   # not a measure: no tau against the test loss
+            assert spec.name not in run_info["taus"]
+            continue
         xs = [r["test_loss"] for r in counted]
         ys = [r["sharpness"][spec.name] for r in counted]
         assert run_info["taus"][spec.name]["tau_a"] == kendall_tau_a(xs, ys)
+        assert run_info["analysis"]["taus"][spec.name]["tau_a"] == kendall_tau_a(xs, ys)
         assert run_info["taus"][spec.name]["paper"] == spec.paper
+    # the exact mix column recomputes from the saved nets, by the trust region in numpy terms
+    u = torch.tensor([trained[i]["u"] for i in run_info["counted"]], dtype=torch.float64)
+    v = torch.tensor([trained[i]["v"] for i in run_info["counted"]], dtype=torch.float64)
+    exact = mix_exact_maxima(u, v, inputs, targets, settings.rho)
+    for row, record in enumerate(counted):
+        assert record["sharpness_per_batch"]["exact:geodesic_mix_exact"] == exact[row].tolist()
+        assert record["sharpness"]["geodesic_mix_exact"] <= (
+            record["sharpness"]["exact:geodesic_mix_exact"] * (1 + 1e-12))
     # the implicit bias: small initialisation, sparse interpolant, low test loss
     scales = [r["init_scale"] for r in counted]
     assert kendall_tau_a(scales, [r["test_loss"] for r in counted]) > 0.5
@@ -345,7 +508,8 @@ def test_quick_run_resume_recomputes_nothing(quick_run) -> None:
 
 TINY = dict(nets=6, d=30, n_train=20, n_test=300, support=3, batch_sizes=(5, 10, 20),
             sharpness_batch_size=10, init_scale=(0.01, 1.0), learning_rate=(0.05, 0.2),
-            max_steps=30_000, n_iter=6)
+            max_steps=30_000, n_iter=6, reference_iterations=20, reference_restarts=1,
+            bootstrap=100)
 
 
 class _Stop(KeyboardInterrupt):
@@ -394,6 +558,42 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, kind: str
     assert read_jsonl(folder / "models.jsonl") == reference.records
     assert (folder / "models.csv").read_text() == (tmp_path / "reference" /
                                                    "models.csv").read_text()
+
+
+def test_full_run_pools_data_seeds_and_trains_a_set_per_net(tmp_path) -> None:
+    settings = DiagonalSettings(**TINY)
+    base, others = run_full(settings, tmp_path, progress=False, plots=False, docs=tmp_path,
+                            rhos=(settings.rho,), data_seeds=2)
+    assert set(others) == {f"full/rho{settings.rho:g}-data1", "full/per_net-data0",
+                           "full/per_net-data1"}
+    page = (tmp_path / "results" / "diagonal.md").read_text()
+    assert page == base.markdown and "`quotientsharp reproduce diagonal --full" in page
+    assert "A training set per net" in page and "mean over seeds" in page
+    assert "#### The rho sweep" in page
+    # another data seed draws other data for the same hyperparameters
+    seed1 = json.loads((tmp_path / f"full/rho{settings.rho:g}-data1" / "run.json").read_text())
+    seed0 = json.loads((tmp_path / "run.json").read_text())
+    assert seed1["hyperparameters"] == seed0["hyperparameters"]
+    assert seed1["beta_star_support"] != seed0["beta_star_support"]
+    # a set per net: each net interpolates its own training inputs, not the shared ones
+    per_net = replace(settings, training_sets="per_net")
+    problem = make_problem(per_net)
+    assert problem.x_train.shape == (settings.nets, settings.n_train, settings.d)
+    shared = make_problem(settings).x_train
+    trained = read_jsonl(tmp_path / "full/per_net-data0" / "trained.jsonl")
+    for net in trained:
+        if not net["converged"]:
+            continue
+        beta = np.asarray(net["u"]) * np.asarray(net["v"])
+        own = problem.x_train[net["model"]].numpy()
+        target = own @ problem.beta_star.numpy()
+        assert np.mean((own @ beta - target) ** 2) < settings.target_loss
+        assert np.mean((shared.numpy() @ (beta - problem.beta_star.numpy())) ** 2) > (
+            settings.target_loss)
+    with pytest.raises(ValueError, match="rho"):
+        full_configurations(settings, rhos=(0.5,))
+    with pytest.raises(ValueError, match="training_sets"):
+        DiagonalSettings(training_sets="each")
 
 
 def test_fresh_run_replaces_old_results_and_settings_are_validated(tmp_path) -> None:

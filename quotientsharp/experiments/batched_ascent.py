@@ -23,9 +23,11 @@ outside the quotient of nonzero coordinates; the quotient geodesic continues the
 it (the loss depends on ``beta`` only), whereas the engine refuses radii that reach it
 (``rho >= min |u v| / sqrt(2)``). Inside the engine's range both agree.
 
-Only the deterministic start ``xi = 0`` without restarts is offered (the engine's default);
+The measures start from ``xi = 0`` without restarts (the engine's default);
 ``tests/test_reproduce_diagonal.py`` checks that one problem here gives the engine's value on an
-equivalent ``nn.Module``.
+equivalent ``nn.Module``. Random starts and restarts (the study's strong reference ascent) need a
+seeded generator, so that every value is reproducible; with them, give the geometry base points
+of the full ``[*P, d]`` shape, so that each problem draws its own random start.
 """
 
 from __future__ import annotations
@@ -178,7 +180,8 @@ class BatchedOutcome:
 
 def batched_ascend(geometry: NetBall, objective: BatchedObjective,
                    settings: AscentSettings,
-                   on_evaluation: Callable[[], None] | None = None) -> BatchedOutcome:
+                   on_evaluation: Callable[[], None] | None = None,
+                   generator: torch.Generator | None = None) -> BatchedOutcome:
     """Auto-PGD for every problem of ``geometry.problem_shape`` at once (module docstring).
 
     Parameters
@@ -188,14 +191,17 @@ def batched_ascend(geometry: NetBall, objective: BatchedObjective,
     objective
         ``xi -> (loss shape=[*P], euclidean gradient w.r.t. xi)``.
     settings
-        Solver settings; ``random_init`` and ``restarts`` must be off.
+        Solver settings; ``random_init`` and ``restarts`` need ``generator``.
     on_evaluation
         Called after every (batched) objective evaluation.
+    generator
+        Seeded source of the random starts (required with ``random_init`` or ``restarts``).
     """
     if not isinstance(settings, AscentSettings):
         raise TypeError(f"settings must be an AscentSettings, got {type(settings).__name__}")
-    if settings.random_init or settings.restarts:
-        raise ValueError("batched_ascend starts from xi = 0 without restarts: set "
-                         "random_init=False and restarts=0")
-    outcome = ascend(geometry, objective, settings, on_evaluation=on_evaluation)
+    if (settings.random_init or settings.restarts) and generator is None:
+        raise ValueError("random_init and restarts draw random starts: pass a seeded generator "
+                         "(without one, batched_ascend starts from xi = 0 only)")
+    outcome = ascend(geometry, objective, settings, generator=generator,
+                     on_evaluation=on_evaluation)
     return BatchedOutcome(outcome.loss, outcome.start_loss, outcome.xi)

@@ -62,7 +62,22 @@ Outputs (``--out``, default ``results/diagonal``)
     regenerated). ``--resume`` skips every net already in ``models.jsonl`` and retrains none in
     ``trained.jsonl``; results are identical to an uninterrupted run.
 
-``--quick``: 12 nets, 10 ascent steps, 2000 test inputs, at most 40000 training steps.
+Beside each Auto-PGD value (``diagonal_exact``): the exact maximum of mix exact (the
+trust-region subproblem), a strong reference ascent for adaptive, inv exact and mix exact (4
+runs of 400 steps: from ``xi = 0``, for adaptive and inv from the maximiser of the loss's
+quadratic model and its negative, the rest from random points), the value of mix exact at
+interpolation ``2 rho^2 lambda_max``, and the measures of the population loss
+``||beta - beta*||^2``. The page reports every tau with a 95 %
+bootstrap interval, Auto-PGD as a percentage of the maximum, the confound taus of the
+hyperparameters, and the mix order-1/2 rows as diagnostics (``diagonal_analysis``,
+``diagonal_page``).
+
+``--full``: the default run, then the same hyperparameters on 3 data seeds at rho 0.03, 0.1 and
+0.3, and with a training set per net, each in ``OUT/full/<run>/``; the page gets the taus per
+data seed, their mean over seeds with intervals, and the rho sweep (``diagonal_full``).
+
+``--quick``: 12 nets, 10 ascent steps, 2000 test inputs, at most 40000 training steps, a
+100-step reference ascent with 2 restarts, 300 bootstrap resamples.
 
 Under torchrun (``torchrun --nproc_per_node N -m quotientsharp reproduce diagonal``) the nets
 train on rank 0 (one batch, as in one process), the measures are dealt over the ranks and rank 0
@@ -77,8 +92,13 @@ writes every file; the values are those of one process, bit for bit (:func:`run_
 #   diagonal_training  training all nets at once, their test losses;
 #   diagonal_measures  the measures, run batched over nets and batches (the only user of
 #                      batched_ascent: measure_nets and path_name);
+#   diagonal_exact     the exact and strong maxima, the theory at interpolation, the population
+#                      loss;
+#   diagonal_analysis  the numbers of one run (taus with intervals, % of the maximum, confounds);
+#   diagonal_page      the markdown tables and the theory section of the page;
 #   diagonal_report    records, CSV rows, Kendall taus, plots, the docs section;
-#   diagonal_study     run_study, the driver (training on rank 0, measures over the ranks).
+#   diagonal_study     run_study, the driver (training on rank 0, measures over the ranks);
+#   diagonal_full      run_full, --full: data seeds, the rho sweep, a training set per net.
 
 from __future__ import annotations
 
@@ -95,6 +115,7 @@ from .diagonal_data import (
     draw_hyperparameters,
     make_problem,
 )
+from .diagonal_full import run_full
 from .diagonal_measures import MEASURES, MeasureSpec, measure_nets, sharpness_batches
 from .diagonal_report import (
     CSV_COLUMNS,
@@ -155,6 +176,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "missing ones (the settings must match)")
     parser.add_argument("--quick", action="store_true",
                         help="reduced run: 12 nets, 10 ascent steps, 2000 test inputs")
+    parser.add_argument("--full", action="store_true",
+                        help="also run 3 data seeds, the rho sweep 0.03, 0.1, 0.3 and a "
+                        "training set per net, each in OUT/full/<run>/, and write the pooled "
+                        "tables (about 10 to 20 minutes on one core)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
     parser.add_argument("--nets", type=int, default=None,
                         help="number of nets (default 50, or 12 with --quick)")
@@ -186,8 +211,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = args.out if args.out is not None else Path(default_out(settings))
     try:
-        result = run_study(settings, out, resume=args.resume, progress=args.progress,
-                           plots=args.plots, docs=args.docs, threads=args.threads)
+        if args.full:
+            result, _ = run_full(settings, out, resume=args.resume, progress=args.progress,
+                                 plots=args.plots, docs=args.docs, threads=args.threads)
+        else:
+            result = run_study(settings, out, resume=args.resume, progress=args.progress,
+                               plots=args.plots, docs=args.docs, threads=args.threads)
     except KeyboardInterrupt:
         if is_main_rank():
             print(f"\ninterrupted: finished nets are kept in {out}; continue with --resume",

@@ -37,8 +37,10 @@ def _generator(seed: int, tag: str) -> torch.Generator:
 
 @dataclass
 class DiagonalProblem:
-    """The shared regression problem: ``x_train`` ``shape=[n, d]``, ``beta_star`` ``shape=[d]``,
-    ``x_test`` ``shape=[n_test, d]``, noiseless targets, float64."""
+    """The regression problem: ``x_train`` ``shape=[n, d]`` (shared by every net) or
+    ``shape=[nets, n, d]`` (a training set per net), ``beta_star`` ``shape=[d]``, ``x_test``
+    ``shape=[n_test, d]``, noiseless targets (``y_train`` ``shape=x_train.shape[:-1]``),
+    float64."""
 
     x_train: torch.Tensor
     y_train: torch.Tensor
@@ -47,17 +49,32 @@ class DiagonalProblem:
     beta_star: torch.Tensor
     support: list[int]
 
+    @property
+    def per_net(self) -> bool:
+        """Whether every net has a training set of its own."""
+        return self.x_train.dim() == 3
+
 
 def make_problem(settings: DiagonalSettings) -> DiagonalProblem:
-    """Draw the training and test inputs and the sparse ground truth."""
+    """Draw the training and test inputs and the sparse ground truth.
+
+    With ``training_sets="per_net"`` net ``i`` gets its own training inputs from the stream
+    ``data:net<i>`` of the problem seed; ``beta*`` and the test set are those of the shared
+    problem.
+    """
     dtype = torch.float64
-    data = _generator(settings.seed, "data")
+    seed = settings.problem_seed
+    data = _generator(seed, "data")
     x_train = torch.randn(settings.n_train, settings.d, generator=data, dtype=dtype)
     support = torch.randperm(settings.d, generator=data)[:settings.support].sort().values
     beta_star = torch.zeros(settings.d, dtype=dtype)
     beta_star[support] = torch.randn(settings.support, generator=data, dtype=dtype)
     beta_star = beta_star / beta_star.norm()
-    x_test = torch.randn(settings.n_test, settings.d, generator=_generator(settings.seed, "test"),
+    if settings.training_sets == "per_net":
+        x_train = torch.stack([
+            torch.randn(settings.n_train, settings.d, generator=_generator(seed, f"data:net{i}"),
+                        dtype=dtype) for i in range(settings.nets)])
+    x_test = torch.randn(settings.n_test, settings.d, generator=_generator(seed, "test"),
                          dtype=dtype)
     return DiagonalProblem(x_train, x_train @ beta_star, x_test, x_test @ beta_star, beta_star,
                            support.tolist())

@@ -16,15 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from ..sharpness.solver import checkpoints
-from .common import (
-    TauRow,
-    kendall_tau_a,
-    kendall_tau_b,
-    scatter_plots,
-    tau_table,
-)
+from .common import kendall_tau_a, kendall_tau_b, scatter_plots
+from .diagonal_analysis import spread
 from .diagonal_data import Hyperparameters
+from .diagonal_exact import EXTRA_NAMES
 from .diagonal_measures import MEASURE_NAMES, MEASURES, MeasureSpec, path_name
+from .diagonal_page import run_sections
 from .diagonal_settings import DiagonalSettings
 from .diagonal_training import TrainedNet
 from .labels import measure_label, tau_title
@@ -32,6 +29,7 @@ from .labels import measure_label, tau_title
 __all__ = [
     "CSV_COLUMNS",
     "CSV_FILE",
+    "EXTRA_NAMES",
     "MODEL_FILE",
     "SECTION_FILE",
     "STUDY",
@@ -52,7 +50,7 @@ STUDY = "diagonal"
 MODEL_FILE, TRAINED_FILE, CSV_FILE = "models.jsonl", "trained.jsonl", "models.csv"
 SECTION_FILE = f"{STUDY}.md"
 CSV_COLUMNS = ("model", "init_scale", "learning_rate", "batch_size", "steps", "train_loss",
-               "converged", "diverged", "test_loss", *MEASURE_NAMES)
+               "converged", "diverged", "test_loss", *MEASURE_NAMES, *EXTRA_NAMES)
 
 
 @dataclass
@@ -71,6 +69,7 @@ class StudyResult:
     table: str
     out: Path
     plots: list[Path] | None = field(default=None)
+    analysis: dict[str, Any] | None = field(default=None)
 
 
 def model_record(hyper: Hyperparameters, net: TrainedNet, test_loss: float,
@@ -92,14 +91,14 @@ def model_record(hyper: Hyperparameters, net: TrainedNet, test_loss: float,
 
 def csv_row(record: dict[str, Any]) -> dict[str, Any]:
     """The ``models.csv`` row of a record (mean sharpness per measure, no per-batch values)."""
-    row = {k: record.get(k) for k in CSV_COLUMNS if k not in MEASURE_NAMES}
-    for name in MEASURE_NAMES:
+    row = {k: record.get(k) for k in CSV_COLUMNS if k not in (*MEASURE_NAMES, *EXTRA_NAMES)}
+    for name in (*MEASURE_NAMES, *EXTRA_NAMES):
         row[name] = (record["sharpness"] or {}).get(name, "")
     return row
 
 
-def _canonical_command(settings: DiagonalSettings) -> str:
-    parts = ["quotientsharp reproduce diagonal"]
+def _canonical_command(settings: DiagonalSettings, full: bool = False) -> str:
+    parts = ["quotientsharp reproduce diagonal"] + (["--full"] if full else [])
     default = DiagonalSettings.quick() if settings.variant == "quick" else DiagonalSettings()
     if settings.variant == "quick":
         parts.append("--quick")
@@ -115,34 +114,33 @@ def default_out(settings: DiagonalSettings) -> str:
     return "results/diagonal-quick" if settings.variant == "quick" else "results/diagonal"
 
 
-def _summary_stats(values: Sequence[float]) -> tuple[float, float, float]:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    median = (ordered[middle] if len(ordered) % 2
-              else 0.5 * (ordered[middle - 1] + ordered[middle]))
-    return ordered[0], median, ordered[-1]
-
-
 def study_section(settings: DiagonalSettings, result: StudyResult,
                   records: list[dict[str, Any]], wall: float, resumed: int, threads: int,
-                  world_size: int = 1) -> str:
+                  world_size: int = 1, full: Sequence[str] = (), runs: int = 1) -> str:
     """The markdown section ``docs/results/diagonal.md`` (also ``diagonal.md`` in the results
-    folder)."""
+    folder); ``full``: the lines of the ``--full`` tables, placed before the per-run details,
+    and ``runs`` the number of runs they took (``wall`` is their total)."""
     counted = [r for r in records if r["model"] in result.counted]
     test = [r["test_loss"] for r in counted]
     lines = [
         "## Diagonal networks (paper Sec. 5.1)",
         "",
-        f"Reproduce: `{_canonical_command(settings)}` (outputs in `{default_out(settings)}/`; add "
-        "`--docs docs` to rewrite this section and regenerate this page). "
-        f"This run: {len(records)} nets, {len(counted)} counted, wall time {wall:.1f} s "
+        f"Reproduce: `{_canonical_command(settings, bool(full))}` (outputs in "
+        f"`{default_out(settings)}/`; add "
+        "`--docs docs` to rewrite this section and regenerate this page"
+        + ("" if full else "; `--full` adds the data seeds, the ρ sweep and the variants")
+        + f"). This run: {len(records)} nets, {len(counted)} counted"
+        + (f" (and {runs - 1} more runs of {len(records)} nets below)" if runs > 1 else "")
+        + f", wall time {_duration(wall)}{' in all' if runs > 1 else ''} "
         f"({threads} torch thread(s)"
         + (f" per rank, {world_size} ranks under torchrun: training on rank 0, the measures "
            "dealt over the ranks" if world_size > 1 else "")
         + f"{', resumed' if resumed else ''}).",
         "",
         f"Setup (ours; the paper does not state n, rho or what varies): d = {settings.d}, "
-        f"n = {settings.n_train} Gaussian training inputs, {settings.n_test} test inputs, "
+        f"n = {settings.n_train} Gaussian training inputs "
+        f"({'one set per net' if settings.training_sets == 'per_net' else 'shared by the nets'}"
+        f"), {settings.n_test} test inputs, "
         f"beta* with {settings.support} nonzero N(0, 1) entries rescaled to unit norm, "
         f"noiseless targets; u0 = a 1, v0 = 0; per net a ~ logU{list(settings.init_scale)}, "
         f"learning rate ~ logU{list(settings.learning_rate)}, batch size ~ "
@@ -152,47 +150,41 @@ def study_section(settings: DiagonalSettings, result: StudyResult,
         f"{settings.sharpness_batch_size} (per batch, then averaged), rho = {settings.rho:g} "
         f"for every measure, Auto-PGD with N = {settings.n_iter}, "
         f"checkpoints {checkpoints(settings.n_iter)}. Generalisation: test loss. "
-        f"Seed {settings.seed}.",
+        f"Seed {settings.seed}, data seed {settings.problem_seed}.",
         "",
         "Kendall tau between test loss and sharpness (negative: sharper nets generalise "
-        "better):",
+        "better), with 95 % bootstrap intervals; the paper's values are in a separate table "
+        "below:",
         "",
         result.table,
         "",
-        "The paper's geodesic numbers are placed on the exact-geodesic rows; its Alg. 1 uses "
-        "the second-order path (order-2 rows).",
-        "",
-        "Spread of each measure over the counted nets:",
+    ]
+    if result.analysis is not None:
+        lines += run_sections(settings, result.analysis)
+    lines += [""] + list(full)
+    lines += [
+        "### Spread of each measure",
         "",
         "| measure | path | min | median | max |",
         "|---|---|---|---|---|",
     ]
     for spec in MEASURES:
         values = [r["sharpness"][spec.name] for r in counted]
-        low, mid, high = _summary_stats(values) if values else (math.nan,) * 3
-        path = path_name(spec)
-        lines.append(f"| {spec.name} | {path} | {low:.3g} | {mid:.3g} | {high:.3g} |")
+        stats = spread(values) if values else dict.fromkeys(("min", "median", "max"), math.nan)
+        label = spec.name + (" (diagnostic)" if spec.diagnostic else "")
+        lines.append(f"| {label} | {path_name(spec)} | {stats['min']:.3g} | "
+                     f"{stats['median']:.3g} | {stats['max']:.3g} |")
     lines += [
         "",
-        "Facts that hold whatever the numbers, to read the table by:",
-        "",
-        "- From `xi = 0`, the adaptive ascent on `(u, v)` never leaves the horizontal space "
+        "From `xi = 0`, the adaptive ascent on `(u, v)` never leaves the horizontal space "
         "(its raised gradient `dL/dbeta' (1 + b) beta (u, v)` is horizontal at every iterate), "
         "so it coincides with the order-1 inv geodesic ascent: those two rows agree up to "
         "rounding (order 1 under the GL(1) inv metric is exactly adaptive sharpness).",
-        "- The exact mix path `beta (1 + 2b)` is a straight line in `beta` with "
-        "`||d beta|| <= sqrt(2) rho`: plain L2 worst-case sharpness of the linear model in "
-        "`beta`. On data shared by all nets it is about `2 rho^2 lambda_max(X_B^T X_B / B)` "
-        "plus a gradient term that vanishes at interpolation, so it barely varies between "
-        "nets.",
-        "- The mix ball allows rates `|b_i|` up to `rho / (sqrt(2) |beta_i|)`: the order-1 and "
-        "order-2 mix values are dominated by the smallest `|beta_i|` and spread over many "
-        "decades.",
     ]
     if test:
-        low, mid, high = _summary_stats(test)
-        lines += ["", f"Test loss over the counted nets: min {low:.3g}, median {mid:.3g}, "
-                  f"max {high:.3g}."]
+        stats = spread(test)
+        lines += ["", f"Test loss over the counted nets: min {stats['min']:.3g}, median "
+                  f"{stats['median']:.3g}, max {stats['max']:.3g}."]
     if result.unconverged or result.diverged:
         missed = []
         if result.unconverged:
@@ -206,19 +198,24 @@ def study_section(settings: DiagonalSettings, result: StudyResult,
     return "\n".join(lines) + "\n"
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
 def kendall_taus(records: Sequence[dict[str, Any]], counted: Sequence[int]
-                 ) -> tuple[dict[str, dict[str, float | None]], str]:
-    """Kendall tau-a and tau-b between test loss and each measure over the counted nets.
+                 ) -> dict[str, dict[str, float | None]]:
+    """Kendall tau-a and tau-b between test loss and each measure over the counted nets (the
+    diagnostic rows are not measures and get none).
 
     Returns
     -------
-    tuple
-        Measure name -> ``tau_a``, ``tau_b``, the paper's value and the number of nets; and the
-        markdown table of the taus.
+    dict
+        Measure name -> ``tau_a``, ``tau_b``, the paper's value and the number of nets.
     """
     taus: dict[str, dict[str, float | None]] = {}
-    rows = []
     for spec in MEASURES:
+        if spec.diagnostic:
+            continue
         pairs = [(r["test_loss"], r["sharpness"][spec.name]) for r in records
                  if r["model"] in counted and not math.isnan(r["sharpness"][spec.name])]
         if len(pairs) >= 2:
@@ -228,9 +225,7 @@ def kendall_taus(records: Sequence[dict[str, Any]], counted: Sequence[int]
             tau_a = tau_b = None
         taus[spec.name] = {"tau_a": tau_a, "tau_b": tau_b, "paper": spec.paper,
                            "count": len(pairs)}
-        rows.append(TauRow(spec.name, tau_a, tau_b, spec.paper, spec.note))
-    table = tau_table(rows)
-    return taus, table
+    return taus
 
 
 def measure_axis_label(spec: MeasureSpec, rho: float | None = None) -> str:
@@ -247,14 +242,23 @@ _MIX_NOTE = "dominated by the smallest |beta_i| (see the results page)"
 
 
 def scatter_measures(records: Sequence[dict[str, Any]], counted: Sequence[int],
-                     taus: dict[str, dict[str, float | None]],
+                     analysis: dict[str, Any] | None,
                      folder: Path, rho: float | None = None) -> list[Path] | None:
     """One scatter plot of test loss against each measure over the counted nets, in ``folder``.
 
     The vertical axis names the measure, metric, order and ``rho``; the title holds our Kendall
-    taus and the paper's where it reports one; an axis spanning many decades gets a note.
+    taus with the bootstrap interval of tau-b (the paper's values are compared in a table of
+    their own), or says that a diagnostic row is not a measure; an axis spanning many decades
+    gets a note.
     """
     counted_records = [r for r in records if r["model"] in counted]
+    titles = {spec.name: "diagnostic, outside the expansion's validity (not a measure)"
+              for spec in MEASURES if spec.diagnostic}
+    if analysis is not None:
+        for name, t in analysis["taus"].items():
+            interval = (None if t["b_low"] is None or t["b_high"] is None
+                        else (t["b_low"], t["b_high"]))
+            titles[name] = tau_title(t["tau_a"], t["tau_b"], interval=interval)
     return scatter_plots(
         [r["test_loss"] for r in counted_records],
         {spec.name: [r["sharpness"][spec.name] for r in counted_records]
@@ -262,11 +266,9 @@ def scatter_measures(records: Sequence[dict[str, Any]], counted: Sequence[int],
         folder, x_label="test loss",
         color=[math.log10(r["init_scale"]) for r in counted_records],
         color_label="log10 init scale a",
-        titles={name: tau_title(t["tau_a"], t["tau_b"], paper=t.get("paper"))
-                for name, t in taus.items()},
+        titles=titles,
         y_labels={spec.name: measure_axis_label(spec, rho) for spec in MEASURES},
-        notes={spec.name: _MIX_NOTE for spec in MEASURES
-               if spec.metric == "mix" and spec.order in (1, 2)})
+        notes={spec.name: _MIX_NOTE for spec in MEASURES if spec.diagnostic})
 
 
 def tau_text(value: float | None) -> str:

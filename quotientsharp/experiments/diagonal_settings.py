@@ -44,6 +44,18 @@ class DiagonalSettings:
         Radius of every measure, Auto-PGD steps, size of the training batches of the measure.
     seed
         Seeds every random draw (data, hyperparameters, schedules).
+    data_seed
+        Seeds the regression problem alone (``beta*``, the training and test inputs), so that
+        the same hyperparameter draws meet other data; ``None``: ``seed``.
+    training_sets
+        ``"shared"`` (one training set for every net, the paper's protocol) or ``"per_net"``
+        (each net draws its own training inputs, for the same ``beta*`` and test set).
+    reference_iterations, reference_restarts
+        The strong reference ascent beside Auto-PGD: steps per run and restarts (a run from
+        ``xi = 0`` comes first; for adaptive and inv the first two restarts start from the
+        maximiser of the loss's quadratic model and its negative, the others at random).
+    bootstrap
+        Bootstrap resamples of the nets for the 95 % intervals of every tau.
     variant
         ``"full"`` or ``"quick"`` (only recorded).
     """
@@ -64,11 +76,17 @@ class DiagonalSettings:
     n_iter: int = 20
     sharpness_batch_size: int = 25
     seed: int = 0
+    data_seed: int | None = None
+    training_sets: str = "shared"
+    reference_iterations: int = 400
+    reference_restarts: int = 3
+    bootstrap: int = 2000
     variant: str = "full"
 
     def __post_init__(self) -> None:
         for name in ("nets", "d", "n_train", "n_test", "support", "max_steps", "check_every",
-                     "schedule_epochs", "n_iter", "sharpness_batch_size"):
+                     "schedule_epochs", "n_iter", "sharpness_batch_size", "reference_iterations",
+                     "bootstrap"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -77,6 +95,15 @@ class DiagonalSettings:
                              f"{self.nets}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        for name in ("data_seed", "reference_restarts"):
+            value = getattr(self, name)
+            if value is None and name == "data_seed":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if self.training_sets not in ("shared", "per_net"):
+            raise ValueError(f"training_sets must be 'shared' or 'per_net', got "
+                             f"{self.training_sets!r}")
         if self.support >= self.d:
             raise ValueError(f"support must be smaller than d={self.d}, got {self.support}")
         object.__setattr__(self, "init_scale", _positive_range("init_scale", self.init_scale))
@@ -98,7 +125,8 @@ class DiagonalSettings:
     @classmethod
     def quick(cls, **overrides: Any) -> DiagonalSettings:
         """The reduced variant of ``--quick``."""
-        base = dict(nets=12, n_iter=10, n_test=2000, max_steps=40_000, variant="quick")
+        base = dict(nets=12, n_iter=10, n_test=2000, max_steps=40_000, reference_iterations=100,
+                    reference_restarts=2, bootstrap=300, variant="quick")
         return cls(**{**base, **overrides})
 
     def as_dict(self) -> dict[str, Any]:
@@ -107,3 +135,14 @@ class DiagonalSettings:
     @property
     def ascent(self) -> AscentSettings:
         return AscentSettings(n_iter=self.n_iter)
+
+    @property
+    def reference_ascent(self) -> AscentSettings:
+        """The strong reference ascent: longer runs and random restarts."""
+        return AscentSettings(n_iter=self.reference_iterations,
+                              restarts=self.reference_restarts)
+
+    @property
+    def problem_seed(self) -> int:
+        """The seed of the regression problem (``data_seed``, or ``seed`` when unset)."""
+        return self.seed if self.data_seed is None else self.data_seed

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .common import ResultsDirectory, regenerate_results_page, write_section
+from .diagonal_analysis import analyse
 from .diagonal_data import (
     DiagonalProblem,
     Hyperparameters,
@@ -24,10 +25,13 @@ from .diagonal_data import (
     draw_hyperparameters,
     make_problem,
 )
+from .diagonal_exact import extra_values
 from .diagonal_measures import MEASURE_NAMES, MEASURES, measure_nets, sharpness_batches
+from .diagonal_page import tau_table
 from .diagonal_report import (
     CSV_COLUMNS,
     CSV_FILE,
+    EXTRA_NAMES,
     MODEL_FILE,
     SECTION_FILE,
     STUDY,
@@ -173,6 +177,8 @@ def _run(settings: DiagonalSettings, directory: ResultsDirectory | None,
         u = torch.tensor([trained[i].u for i in healthy], dtype=torch.float64)
         v = torch.tensor([trained[i].v for i in healthy], dtype=torch.float64)
         inputs, targets = sharpness_batches(problem, settings)
+        if problem.per_net:
+            inputs, targets = inputs[healthy], targets[healthy]
         if world_size == 1:
             values = measure_nets(u, v, inputs, targets, settings.rho, settings.ascent,
                                   progress=progress)
@@ -185,8 +191,17 @@ def _run(settings: DiagonalSettings, directory: ResultsDirectory | None,
                                       measures=[spec for _, spec in mine], progress=progress)
                 local = [(position, values[spec.name].tolist()) for position, spec in mine]
             rows = dict(zip(MEASURE_NAMES, gather_indexed(local), strict=True))
+        # the exact maxima, the strong reference ascent and the population loss: on rank 0
+        extras = run_on_rank0(lambda: {
+            name: value.tolist() for name, value in extra_values(
+                u, v, inputs, targets, problem.beta_star, settings.rho, settings.ascent,
+                settings.reference_ascent,
+                [derived_seed(settings.seed, f"reference:{i}") for i in healthy],
+                progress).items()}, share=False)
         for row, i in enumerate(healthy):
             per_batch[i] = {name: rows[name][row] for name in MEASURE_NAMES}
+            if extras is not None:
+                per_batch[i].update({name: extras[name][row] for name in EXTRA_NAMES})
     measure_seconds = time.perf_counter() - measure_start
 
     def finish() -> StudyResult:
@@ -220,16 +235,19 @@ def _finish(settings: DiagonalSettings, directory: ResultsDirectory, problem: Di
     unconverged = [r["model"] for r in records if not r["converged"] and not r["diverged"]]
     counted = [r["model"] for r in records if r["converged"]
                and math.isfinite(r["test_loss"])]
-    taus, table = kendall_taus(records, counted)
+    taus = kendall_taus(records, counted)
+    analysis = analyse(records, counted, settings) if len(counted) >= 2 else None
+    table = (tau_table(analysis) if analysis is not None
+             else f"(only {len(counted)} net(s) counted: no rank correlation)")
 
     figure_paths: list[Path] | None = None
     if plots:
-        figure_paths = scatter_measures(records, counted, taus, directory.path,
+        figure_paths = scatter_measures(records, counted, analysis, directory.path,
                                         settings.rho)
 
     wall = time.perf_counter() - start
     result = StudyResult(records, taus, counted, unconverged, diverged, to_train, to_measure,
-                         wall, "", table, directory.path, figure_paths)
+                         wall, "", table, directory.path, figure_paths, analysis)
     result.markdown = study_section(settings, result, records, wall,
                                     directory.run_info.get("resumed", 0),
                                     torch.get_num_threads(), world_size)
@@ -241,5 +259,5 @@ def _finish(settings: DiagonalSettings, directory: ResultsDirectory, problem: Di
         status="complete", wall_seconds=wall, train_seconds=train_seconds,
         measure_seconds=measure_seconds, trained_now=to_train, measured_now=to_measure,
         counted=counted, unconverged=unconverged, diverged=diverged, taus=taus,
-        threads=torch.get_num_threads())
+        analysis=analysis, threads=torch.get_num_threads())
     return result

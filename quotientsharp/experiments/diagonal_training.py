@@ -90,7 +90,7 @@ def train_nets(problem: DiagonalProblem, hyper: Sequence[Hyperparameters],
     finished = finished or {}
     nets, dtype = len(hyper), torch.float64
     x, y = problem.x_train, problem.y_train
-    x_t = x.T.contiguous()
+    x_t = x.transpose(-1, -2).contiguous()
     scale = torch.tensor([h.init_scale for h in hyper], dtype=dtype)
     rate = torch.tensor([h.learning_rate for h in hyper], dtype=dtype).unsqueeze(-1)
     u = scale.unsqueeze(-1).expand(nets, settings.d).clone()
@@ -103,13 +103,18 @@ def train_nets(problem: DiagonalProblem, hyper: Sequence[Hyperparameters],
     table, period = _schedule(hyper, settings)
     rows = torch.arange(nets)
     negative_y = y.neg().expand(nets, -1)
+    per_net = problem.per_net
     done: dict[int, TrainedNet] = {}
     remaining = int(active.sum())
     bar = progress_bar(settings.max_steps, "training nets", progress if remaining else False,
                        unit="step")
     try:
         for step in range(settings.max_steps + 1):
-            residual = torch.addmm(negative_y, u * v, x_t)               # [nets, n]
+            if per_net:   # each net on its own inputs: x [nets, n, d]
+                residual = torch.baddbmm(negative_y.unsqueeze(1), (u * v).unsqueeze(1),
+                                         x_t).squeeze(1)                   # [nets, n]
+            else:
+                residual = torch.addmm(negative_y, u * v, x_t)             # [nets, n]
             if step % settings.check_every == 0 or step == settings.max_steps:
                 loss = residual.square().mean(-1)
                 healthy = torch.isfinite(loss) & (loss < DIVERGENCE_LOSS)
@@ -132,7 +137,10 @@ def train_nets(problem: DiagonalProblem, hyper: Sequence[Hyperparameters],
                 if remaining == 0 or step == settings.max_steps:
                     break
             weights = table[rows, step % period]                          # [nets, n]
-            gradient = (weights * residual) @ x                           # dL/dbeta / 2
+            if per_net:
+                gradient = torch.bmm((weights * residual).unsqueeze(1), x).squeeze(1)
+            else:
+                gradient = (weights * residual) @ x                       # dL/dbeta / 2
             gradient = (2.0 * rate) * gradient
             mask = active.unsqueeze(-1)
             u, v = torch.where(mask, u - gradient * v, u), torch.where(mask, v - gradient * u, v)
