@@ -238,3 +238,15 @@ def test_real_minilm_body_is_the_packaged_weights():
             assert torch.equal(body[key], tensor), key
             checked += 1
     assert checked >= 100
+
+
+def test_bad_device_and_sizes_end_with_a_clear_error(tmp_path, capsys):
+    args = ["reproduce", "vit-finetune", "--quick", "--out", str(tmp_path / "x"),
+            "--no-progress"]
+    assert main([*args, "--n-iter", "0"]) == 2
+    assert "n-iter must be an integer >= 1" in capsys.readouterr().err
+    assert main([*args, "--device", "nonsense"]) == 2
+    assert "device must be a torch device" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main([*args, "--device", "cuda"]) == 2
+        assert "CUDA is not available" in capsys.readouterr().err

@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .bert import PAPER, PAPER_SETTING
 from .family_data import ClassificationData
 from .family_pretrained import load_body
 from .family_run import run_family_study
@@ -52,11 +53,6 @@ HELP = ("fine-tunes of the pretrained MiniLM on a generated sentiment task: Kend
         "sharpness vs generalisation gap")
 #: What the taus rank sharpness against (the console's sign convention).
 GENERALISATION = "the generalisation gap"
-
-#: The paper's Kendall taus on MNLI (35 BERT-base fine-tunes), relative flatness included.
-PAPER = {"adaptive": 0.06, "geodesic_inv": 0.28, "geodesic_mix": 0.38,
-         "relative_flatness": -0.09}
-PAPER_SETTING = "MNLI, 35 BERT-base fine-tunes, 1024 train points in batches of 128"
 
 SEQUENCE_LENGTH = 18
 LABEL_NOISE = 0.1

@@ -40,16 +40,12 @@ from .family_pretrained import cached_pretraining, load_body
 from .family_run import run_family_study
 from .family_settings import FamilySettings, FamilyStudy, PretrainedStart, add_family_arguments
 from .family_training import Hyperparameters, HyperparameterSpace
-from .vit import MODEL_CONFIG, RHOS
+from .vit import MODEL_CONFIG, PAPER, PAPER_SETTING, RHOS
 
 HELP = ("fine-tunes of a small ViT pretrained once (digits 0-4 -> 5-9): Kendall tau of "
         "sharpness vs generalisation gap")
 #: What the taus rank sharpness against (the console's sign convention).
 GENERALISATION = "the generalisation gap"
-
-#: The paper's Kendall taus on ImageNet (72 CLIP ViT-B/32 fine-tunes).
-PAPER = {"adaptive": -0.41, "geodesic_inv": -0.71, "geodesic_mix": -0.70}
-PAPER_SETTING = "ImageNet, 72 CLIP ViT-B/32 fine-tunes, 2048 train points in batches of 256"
 
 DATA_SEED = 0
 PRETRAIN_CLASSES, FINETUNE_CLASSES = (0, 1, 2, 3, 4), (5, 6, 7, 8, 9)
