@@ -107,6 +107,7 @@ def test_quick_outputs(runs, study):
         module.pretrained_settings(True)))
     section = (tmp / "docs" / "results" / f"{study}.md").read_text()
     assert "Common pretrained start" in section and "Confounds" in section
+    assert "Ablation sizes" in section
 
 
 def test_vit_finetune_pretrains_once_and_resume_recomputes_nothing(runs, monkeypatch):
@@ -250,3 +251,26 @@ def test_bad_device_and_sizes_end_with_a_clear_error(tmp_path, capsys):
     if not torch.cuda.is_available():
         assert main([*args, "--device", "cuda"]) == 2
         assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_ablation_rows_are_per_model_ratios():
+    from quotientsharp.experiments.family_measures import eps_sweep_measures, family_measures
+    from quotientsharp.experiments.family_report import ablation_rows
+
+    specs = family_measures(0.1, 0.1, 0.1, 0.1) + eps_sweep_measures(0.1, 0.1, (0.5,))
+    records = [{"geodesic_inv_o1": 1.0, "geodesic_inv_o2": 2.0, "geodesic_mix_o1": 4.0,
+                "geodesic_mix_o2": 1.0, "geodesic_inv_o2_eps0.5": 3.0,
+                "geodesic_mix_o2_eps0.5": 0.5},
+               {"geodesic_inv_o1": 2.0, "geodesic_inv_o2": 2.0, "geodesic_mix_o1": 0.0,
+                "geodesic_mix_o2": 0.0, "geodesic_inv_o2_eps0.5": 8.0,
+                "geodesic_mix_o2_eps0.5": 0.0},
+               {"geodesic_inv_o1": 4.0, "geodesic_inv_o2": 2.0, "geodesic_mix_o1": 1.0,
+                "geodesic_mix_o2": 3.0, "geodesic_inv_o2_eps0.5": 1.0,
+                "geodesic_mix_o2_eps0.5": 6.0}]
+    rows = {(r["metric"], r["ratio"]): r for r in ablation_rows(records, specs)}
+    inv = rows[("inv", "order 2 / order 1")]
+    assert (inv["median"], inv["min"], inv["max"], inv["count"]) == (1.0, 0.5, 2.0, 3)
+    assert rows[("inv", "eps 0.5 / eps 0 (order 2)")]["median"] == 1.5      # 1.5, 4, 0.5
+    mix = rows[("mix", "order 2 / order 1")]                 # the zero denominator is left out
+    assert (mix["count"], mix["min"], mix["max"]) == (2, 0.25, 3.0)
+    assert rows[("mix", "eps 0.5 / eps 0 (order 2)")]["median"] == 1.25      # 0.5, 2

@@ -18,6 +18,7 @@ from .family_settings import FamilyStudy
 
 __all__ = [
     "BOOTSTRAP",
+    "ablation_rows",
     "confound_rows",
     "csv_columns",
     "family_section",
@@ -90,6 +91,37 @@ def confound_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             for name in names]
 
 
+def ablation_rows(records: Sequence[Mapping[str, Any]],
+                  specs: Sequence[MeasureSpec]) -> list[dict[str, Any]]:
+    """Per-model ratios that size the geodesic ablations: order 2 over order 1 (what the
+    second-order term adds to the corrected norm), and each Gram relaxation ``eps`` over
+    ``eps = 0`` (order 2), per metric; median, minimum and maximum over the models whose
+    denominator is positive (``count`` of them)."""
+    import statistics
+
+    keys = {spec.key: spec for spec in specs}
+    rows = []
+    for metric in ("inv", "mix"):
+        base = f"geodesic_{metric}_o2"
+        if base not in keys:
+            continue
+        pairs = [("order 2 / order 1", base, f"geodesic_{metric}_o1")]
+        pairs += [(f"eps {spec.options['eps']:g} / eps 0 (order 2)", spec.key, base)
+                  for spec in specs if spec.measure == "geodesic"
+                  and spec.options.get("metric") == metric and spec.options.get("order") == 2
+                  and spec.options.get("eps", 0.0) > 0]
+        for label, top, bottom in pairs:
+            if top not in keys or bottom not in keys:
+                continue
+            ratios = [r[top] / r[bottom] for r in records if r[bottom] > 0]
+            rows.append({"metric": metric, "ratio": label, "numerator": top,
+                         "denominator": bottom, "count": len(ratios),
+                         "median": statistics.median(ratios) if ratios else None,
+                         "min": min(ratios) if ratios else None,
+                         "max": max(ratios) if ratios else None})
+    return rows
+
+
 def _interval_text(value: float | None, interval: Sequence[float] | None) -> str:
     if value is None:
         return "—"
@@ -154,10 +186,11 @@ def family_section(study: FamilyStudy, settings: Mapping[str, Any],
                    wall_seconds: float, threads: int, resumed: int,
                    world_size: int = 1,
                    confounds: Sequence[Mapping[str, Any]] = (), device: str = "cpu",
-                   pretrained_note: str = "") -> str:
+                   pretrained_note: str = "", specs: Sequence[MeasureSpec] = ()) -> str:
     """The markdown section ``docs/results/<study>.md`` (``world_size``: ranks of this session,
     mentioned when above 1; ``confounds``: :func:`confound_rows`; ``device``: where it ran;
-    ``pretrained_note``: a line on the common pretrained start)."""
+    ``pretrained_note``: a line on the common pretrained start; ``specs``: the measures, for
+    the ablation sizes of :func:`ablation_rows`)."""
     table = interval_table("measure", [
         (row["measure"] if row["rho"] is None
          else f"{row['measure']} (rho {_format_rho(row['rho'])})", row,
@@ -220,6 +253,14 @@ def family_section(study: FamilyStudy, settings: Mapping[str, Any],
         "",
         table,
     ]
+    ablation = ablation_rows(counted, specs) if specs else []
+    if ablation:
+        lines += ["", "Ablation sizes: per-model ratio of two measures (median [min, max] over "
+                  "the models).", "", "| metric | ratio | median [min, max] | models |",
+                  "|---|---|---|---|"]
+        lines += [f"| {row['metric']} | {row['ratio']} | {row['median']:.3g} "
+                  f"[{row['min']:.3g}, {row['max']:.3g}] | {row['count']} |"
+                  for row in ablation if row["median"] is not None]
     if confounds:
         lines += [
             "",

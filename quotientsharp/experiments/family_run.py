@@ -288,7 +288,7 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
                           y_labels={spec.key: spec_label(spec) for spec in specs})
         section = family_section(study, settings, ordered, taus, wall, threads,
                                  int(results.run_info.get("resumed", 0)), world_size,
-                                 confounds, device, pretrained_note)
+                                 confounds, device, pretrained_note, specs)
         results.file("summary.md").write_text(section)
         if docs is not None:
             write_section(Path(docs), study.name, section)
