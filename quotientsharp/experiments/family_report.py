@@ -28,12 +28,16 @@ __all__ = [
 
 
 def spec_label(spec: MeasureSpec, greek: bool = True) -> str:
-    """The readable name of a measure of the study: measure, metric, order and radius."""
+    """The readable name of a measure of the study: measure, metric, order, radius and (when
+    not 0) the Gram relaxation eps."""
     from .labels import measure_label
 
-    return measure_label(spec.measure, metric=spec.options.get("metric"),
-                         order=spec.options.get("order"), rho=spec.rho,
-                         p=spec.options.get("p"), greek=greek)
+    label = measure_label(spec.measure, metric=spec.options.get("metric"),
+                          order=spec.options.get("order"), rho=spec.rho,
+                          p=spec.options.get("p"), greek=greek)
+    eps = spec.options.get("eps")
+    # the Gram relaxation tells the eps-sweep variants apart
+    return label if not eps else f"{label}, eps {eps:g}"
 
 
 #: The bootstrap of every tau interval: resampled models, seed, nominal coverage.
