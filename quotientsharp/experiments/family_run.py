@@ -180,6 +180,11 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
         raise ValueError(f"device must be a torch device, got {device!r} ({err})") from err
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asked for, but CUDA is not available")
+    if device == "cuda" and distributed:
+        import os
+
+        # one GPU per rank under torchrun, as NCCL expects
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank)) % torch.cuda.device_count()}"
     data = study.load_data(quick)
     specs = family_measures(study.rhos["adaptive"], study.rhos["worst_case"],
                             study.rhos["inv"], study.rhos["mix"])
