@@ -42,7 +42,7 @@ API_OBJECTS = {
     "api/adapters": ["quotientsharp.adapters.geoopt.QuotientManifold",
                      "quotientsharp.adapters.pymanopt.PymanoptQuotient"],
 }
-STUDIES = ("diagonal", "vit", "bert", "invariance")
+STUDIES = ("diagonal", "vit", "bert", "minilm", "vit-finetune", "invariance")
 
 
 class _References(HTMLParser):

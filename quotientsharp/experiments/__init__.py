@@ -23,6 +23,8 @@ STUDIES: dict[str, str] = {
     "vit": "quotientsharp.experiments.vit",
     "bert": "quotientsharp.experiments.bert",
     "invariance": "quotientsharp.experiments.invariance",
+    "minilm": "quotientsharp.experiments.minilm",
+    "vit-finetune": "quotientsharp.experiments.vit_finetune",
 }
 
 

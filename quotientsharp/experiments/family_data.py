@@ -61,6 +61,14 @@ class ClassificationData:
     def pool_size(self) -> int:
         return int(self.train_labels.shape[0])
 
+    def to(self, device: torch.device | str) -> ClassificationData:
+        """The same data with every tensor on ``device``."""
+        return ClassificationData(
+            {k: v.to(device) for k, v in self.train_inputs.items()},
+            self.train_labels.to(device),
+            {k: v.to(device) for k, v in self.test_inputs.items()},
+            self.test_labels.to(device), self.num_labels, dict(self.description))
+
 
 def take(inputs: Mapping[str, torch.Tensor], index: torch.Tensor | slice) -> Inputs:
     """Rows ``index`` of every input tensor."""

@@ -18,6 +18,7 @@ from torch import nn
 __all__ = [
     "FAMILY_MEASURES",
     "MeasureSpec",
+    "eps_sweep_measures",
     "family_measures",
     "measure_model",
 ]
@@ -77,6 +78,28 @@ def family_measures(rho_adaptive: float, rho_worst_case: float, rho_inv: float,
         MeasureSpec("relative_flatness", "relative flatness", "relative_flatness", None, {},
                     "relative_flatness"),
     ]
+
+
+def eps_sweep_measures(rho_inv: float, rho_mix: float,
+                       eps_values: Sequence[float]) -> list[MeasureSpec]:
+    """Geodesic inv and mix (order 2) with the Gram relaxation ``eps`` of the attention pairs.
+
+    Each ``eps`` of ``eps_values`` (all ``> 0``: ``eps = 0`` is the default, measured by
+    :func:`family_measures` already) adds two measures, keys ``geodesic_inv_o2_eps<eps>`` and
+    ``geodesic_mix_o2_eps<eps>``, at the radii of the unrelaxed ones.
+    """
+    specs = []
+    for eps in eps_values:
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (
+                math.isfinite(eps) and eps > 0):
+            raise ValueError(f"eps_values must be finite numbers > 0 (eps = 0 is measured "
+                             f"already), got {eps!r}")
+        for metric, rho in (("inv", rho_inv), ("mix", rho_mix)):
+            specs.append(MeasureSpec(f"geodesic_{metric}_o2_eps{eps:g}",
+                                     f"geodesic {metric} (order 2, eps {eps:g})", "geodesic",
+                                     rho, {"metric": metric, "order": 2, "eps": float(eps)},
+                                     None))
+    return specs
 
 
 #: Placeholder so that ``from transformer_common import FAMILY_MEASURES`` documents the keys.

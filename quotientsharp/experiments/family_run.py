@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .family_data import ClassificationData, sharpness_batches, take
-from .family_measures import MeasureSpec, family_measures, measure_model
-from .family_report import csv_columns, family_section, spec_label, tau_rows
+from .family_measures import MeasureSpec, eps_sweep_measures, family_measures, measure_model
+from .family_report import confound_rows, csv_columns, family_section, spec_label, tau_rows
 from .family_settings import FamilySettings, FamilyStudy, study_settings
 from .family_training import draw_hyperparameters, error_rate, mean_loss, train_classifier
 
@@ -37,11 +37,14 @@ def _check_positive(name: str, value: int) -> int:
 
 def _model_record(study: FamilyStudy, data: ClassificationData, variant: FamilySettings,
                   specs: Sequence[MeasureSpec], batches: Sequence[Any], seed: int,
-                  index: int, bar: Any) -> dict[str, Any]:
-    """Train and measure model ``index``; a diverged training is recorded, not retried."""
+                  index: int, bar: Any, start_weights: Any = None) -> dict[str, Any]:
+    """Train and measure model ``index``; a diverged training is recorded, not retried.
+    ``start_weights``: the pretrained start of a fine-tuning family."""
     hyper = draw_hyperparameters(variant.space, seed, index)
     torch.manual_seed(hyper.init_seed)
-    model = study.build_model(data.num_labels)
+    model = (study.build_model(data.num_labels) if study.pretrained is None
+             else study.build_model(data.num_labels, start_weights))
+    model = model.to(data.train_labels.device)
     record: dict[str, Any] = {"index": index, **hyper.as_dict(), "diverged": False}
     record["parameters"] = sum(p.numel() for p in model.parameters())
     start = time.perf_counter()
@@ -90,7 +93,8 @@ class FamilyOutcome:
 def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = False,
                  models: int | None = None, seed: int = 0, resume: bool = False,
                  progress: bool | None = None, plots: bool = True, docs: Path | None = None,
-                 threads: int = 1) -> FamilyOutcome:
+                 threads: int = 1, device: str = "cpu",
+                 measuring: dict[str, int] | None = None) -> FamilyOutcome:
     """Run (or resume) a family study and write every output (see
     :mod:`quotientsharp.experiments.transformer_common`).
 
@@ -133,6 +137,12 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
         A docs folder: write ``docs/results/<name>.md`` and regenerate ``docs/results.md``.
     threads
         torch threads during the run, per rank (restored afterwards).
+    device
+        torch device of training and measuring (``"cuda"``: the whole study on the GPU; not
+        a setting, so a run may be resumed on another device; ``run.json`` records it).
+    measuring
+        Overrides of the variant's ``n_iter``, ``sharpness_points`` and
+        ``sharpness_batch_size`` (e.g. the paper's sizes on a GPU); they are settings.
     """
     from ..distributed import gather_indexed, rank_and_world_size, run_on_rank0, shard
     from .common import (
@@ -148,6 +158,13 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
     from .labels import tau_title
 
     variant = study.quick if quick else study.full
+    overrides = {k: v for k, v in (measuring or {}).items() if v is not None}
+    unknown = set(overrides) - {"n_iter", "sharpness_points", "sharpness_batch_size"}
+    if unknown:
+        raise ValueError(f"measuring overrides {sorted(unknown)} are not sizes of a variant")
+    for name, value in overrides.items():
+        _check_positive(name.replace("_", "-"), value)
+    variant = replace(variant, **overrides)
     models = _check_positive("models", models if models is not None else variant.models)
     threads = _check_positive("threads", threads)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -157,13 +174,28 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
     rank, world_size = rank_and_world_size()
     distributed = world_size > 1
 
+    try:
+        device = str(torch.device(device))
+    except RuntimeError as err:
+        raise ValueError(f"device must be a torch device, got {device!r} ({err})") from err
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but CUDA is not available")
+    if device == "cuda" and distributed:
+        import os
+
+        # one GPU per rank under torchrun, as NCCL expects
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank)) % torch.cuda.device_count()}"
     data = study.load_data(quick)
     specs = family_measures(study.rhos["adaptive"], study.rhos["worst_case"],
                             study.rhos["inv"], study.rhos["mix"])
+    specs += eps_sweep_measures(study.rhos["inv"], study.rhos["mix"], study.eps_sweep)
     settings = study_settings(study, variant, models, seed, specs, data, quick)
-    names = ["models.jsonl", "models.csv", "taus.json", "summary.md"]
+    names = ["models.jsonl", "models.csv", "taus.json", "confounds.json", "summary.md"]
     names += [f"scatter_{spec.key}.png" for spec in specs]
-    columns = csv_columns(specs)
+    drawn = [name for name, bounds in (("batch_size", variant.space.batch_size),
+                                       ("warmup_fraction", variant.space.warmup))
+             if bounds is not None]
+    columns = csv_columns(specs, drawn)
     saved_threads = torch.get_num_threads()
     # set before ResultsDirectory, so that run.json records the thread count the run uses
     torch.set_num_threads(threads)
@@ -186,6 +218,15 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
     try:
         records, previous_seconds = run_on_rank0(open_folder)
         results = folder.get("results")
+        start_weights = None
+        if study.pretrained is not None:
+            # rank 0 computes and caches a self-pretrained start; the others then read it back
+            start_weights = run_on_rank0(lambda: study.pretrained.load(out, quick), share=False)
+            if rank != 0:
+                start_weights = study.pretrained.load(out, quick)
+        if results is not None:
+            results.save_run_info(device=device)
+        data = data.to(device)
         batches = sharpness_batches(data, variant.sharpness_points,
                                     variant.sharpness_batch_size)
         start = time.perf_counter()
@@ -196,7 +237,8 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
         bar.update(len(records))
         computed: list[tuple[int, dict[str, Any]]] = []
         for position, index in mine:
-            record = _model_record(study, data, variant, specs, batches, seed, index, bar)
+            record = _model_record(study, data, variant, specs, batches, seed, index, bar,
+                                   start_weights)
             computed.append((position, record))
             if not distributed:
                 results.append("models.jsonl", record)
@@ -226,6 +268,9 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
     ordered = [records[i] for i in sorted(records)]
     counted = [r for r in ordered if not r["diverged"]]
     taus = tau_rows(counted, specs, study.paper)
+    pretrained_note = ("" if study.pretrained is None or study.pretrained.describe is None
+                       else study.pretrained.describe(start_weights))
+    confounds = confound_rows(counted)
 
     def finish() -> tuple[str, float]:
         wall = previous_seconds + time.perf_counter() - start
@@ -233,6 +278,7 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
             results.consolidate("models.jsonl", "index")
             results.write_csv("models.csv", columns, ordered)
         write_json_atomic(results.file("taus.json"), taus)
+        write_json_atomic(results.file("confounds.json"), confounds)
         if plots and counted:
             scatter_plots([r["gap"] for r in counted],
                           {spec.key: [r[spec.key] for r in counted] for spec in specs},
@@ -241,17 +287,20 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
                           color_label="training-set size",
                           titles={row["key"]: tau_title(row["tau_a"], row["tau_b"],
                                                         paper=row["paper"],
+                                                        interval=row["tau_b_interval"],
                                                         paper_label="paper (other setting)")
                                   for row in taus},
                           y_labels={spec.key: spec_label(spec) for spec in specs})
         section = family_section(study, settings, ordered, taus, wall, threads,
-                                 int(results.run_info.get("resumed", 0)), world_size)
+                                 int(results.run_info.get("resumed", 0)), world_size,
+                                 confounds, device, pretrained_note, specs)
         results.file("summary.md").write_text(section)
         if docs is not None:
             write_section(Path(docs), study.name, section)
             regenerate_results_page(Path(docs))
         results.save_run_info(status="finished", finished_models=len(ordered),
-                              wall_seconds=wall, computed_now=todo, taus=taus)
+                              wall_seconds=wall, computed_now=todo, taus=taus,
+                              confounds=confounds)
         return section, wall
 
     section, wall = run_on_rank0(finish)
@@ -269,7 +318,11 @@ def run_family_study(study: FamilyStudy, args: Any) -> int:
     try:
         outcome = family_study(study, out, quick=args.quick, models=args.models, seed=args.seed,
                                resume=args.resume, progress=args.progress, plots=args.plots,
-                               docs=args.docs, threads=args.threads)
+                               docs=args.docs, threads=args.threads,
+                               device=getattr(args, "device", "cpu"),
+                               measuring={name: getattr(args, name, None) for name in
+                                          ("n_iter", "sharpness_points",
+                                           "sharpness_batch_size")})
     except KeyboardInterrupt:
         if is_main_rank():
             print(f"\ninterrupted: finished models are kept in {out}; continue with --resume",

@@ -23,6 +23,7 @@ from .family_training import HyperparameterSpace
 __all__ = [
     "FamilySettings",
     "FamilyStudy",
+    "PretrainedStart",
     "add_family_arguments",
     "argparse_boolean",
     "study_settings",
@@ -62,6 +63,29 @@ class FamilySettings:
 
 
 @dataclass(frozen=True)
+class PretrainedStart:
+    """The one pretrained network every model of a fine-tuning family starts from.
+
+    Attributes
+    ----------
+    settings
+        ``quick -> dict``: everything that determines the pretrained weights (a model name and
+        file, or the pretraining recipe), JSON-serialisable; saved in ``run.json`` and checked
+        on ``--resume``.
+    load
+        ``(results folder, quick) -> start``: the pretrained weights (any object the study's
+        ``build_model`` takes as its second argument), computed and cached in the results
+        folder the first time if the study pretrains itself, read back afterwards.
+    describe
+        ``start -> markdown``: a line for the docs section (e.g. the pretraining's own errors).
+    """
+
+    settings: Callable[[bool], Mapping[str, Any]]
+    load: Callable[[Path, bool], Any]
+    describe: Callable[[Any], str] | None = None
+
+
+@dataclass(frozen=True)
 class FamilyStudy:
     """What distinguishes the ViT and BERT studies; the protocol is :func:`run_family_study`.
 
@@ -74,7 +98,9 @@ class FamilyStudy:
     load_data
         ``quick -> ClassificationData`` (deterministic, offline).
     build_model
-        ``(num_labels) -> nn.Module``; called right after ``torch.manual_seed(init_seed)``.
+        ``(num_labels) -> nn.Module``, or ``(num_labels, start) -> nn.Module`` when
+        ``pretrained`` is set (``start``: what ``pretrained.load`` returned); called right after
+        ``torch.manual_seed(init_seed)``, which seeds any fresh layer (the classifier head).
     model_config
         The architecture, for ``run.json`` and the docs.
     full, quick
@@ -87,6 +113,12 @@ class FamilyStudy:
         Radii ``adaptive``, ``worst_case``, ``inv``, ``mix``.
     description
         Markdown paragraph(s) for the docs section: the protocol in words.
+    pretrained
+        ``None``: every model trains from scratch; otherwise the common pretrained start of a
+        fine-tuning family.
+    eps_sweep
+        Gram relaxations ``eps > 0`` at which geodesic inv and mix (order 2) are measured as
+        well (:func:`~quotientsharp.experiments.family_measures.eps_sweep_measures`).
     """
 
     name: str
@@ -100,6 +132,8 @@ class FamilyStudy:
     paper_setting: str
     rhos: Mapping[str, float]
     description: str
+    pretrained: PretrainedStart | None = None
+    eps_sweep: tuple[float, ...] = ()
 
 
 def add_family_arguments(parser: Any, study: FamilyStudy) -> None:
@@ -126,6 +160,17 @@ def add_family_arguments(parser: Any, study: FamilyStudy) -> None:
     parser.add_argument("--docs", type=Path, default=None, metavar="DIR",
                         help=f"also write DIR/results/{study.name}.md and regenerate "
                              "DIR/results.md")
+    parser.add_argument("--device", default="cpu",
+                        help="torch device of training and measuring, e.g. cuda (default cpu)")
+    parser.add_argument("--n-iter", type=int, default=None,
+                        help=f"Auto-PGD steps per batch (default {study.full.n_iter}, or "
+                             f"{study.quick.n_iter} with --quick)")
+    parser.add_argument("--sharpness-points", type=int, default=None,
+                        help=f"training points the sharpness is measured on (default "
+                             f"{study.full.sharpness_points})")
+    parser.add_argument("--sharpness-batch-size", type=int, default=None,
+                        help=f"batch of the sharpness measurement (default "
+                             f"{study.full.sharpness_batch_size})")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads during the run (default 1: fastest for these tiny "
                              "models)")
@@ -142,12 +187,20 @@ def study_settings(study: FamilyStudy, variant: FamilySettings, models: int, see
                    specs: Sequence[MeasureSpec], data: ClassificationData,
                    quick: bool) -> dict[str, Any]:
     """Everything that determines the results (saved in ``run.json``, checked on resume)."""
+    # the fine-tuning fields only when used: run.json of the from-scratch studies is unchanged
+    extra: dict[str, Any] = {}
+    if study.pretrained is not None:
+        extra["pretrained"] = dict(study.pretrained.settings(quick))
+    space = variant.space
+    warmup = ("warm-up over a fraction of the steps drawn per model" if space.warmup is not None
+              else "5% linear warm-up")
     return {
+        **extra,
         "study": study.name, "quick": quick, "seed": seed, **variant.as_dict(), "models": models,
         "model_config": dict(study.model_config), "data": dict(data.description),
         "measures": [spec.as_dict() for spec in specs], "sharpness_seed": 0,
         "gap": "test error - train error (0-1 errors; train error on the model's own training "
                "set)",
-        "optimizer": "AdamW, 5% linear warm-up then cosine decay to 0, label-smoothed "
+        "optimizer": f"AdamW, {warmup} then cosine decay to 0, label-smoothed "
                      "cross-entropy, dropout 0",
     }

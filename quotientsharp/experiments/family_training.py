@@ -35,7 +35,10 @@ class HyperparameterSpace:
     """Ranges the per-model hyperparameters are drawn from (all bounds inclusive).
 
     Learning rate and weight decay are log-uniform, label smoothing uniform, epochs and the
-    training-set size uniform integers.
+    training-set size uniform integers. Two optional ranges, drawn only when given (after the
+    others, so that a space without them draws exactly what it drew before they existed):
+    ``batch_size``, choices drawn uniformly, and ``warmup``, the warm-up fraction of the steps,
+    uniform (``None``: the study's fixed batch size and a 5% warm-up).
     """
 
     learning_rate: tuple[float, float]
@@ -43,6 +46,8 @@ class HyperparameterSpace:
     epochs: tuple[int, int]
     label_smoothing: tuple[float, float]
     train_size: tuple[int, int]
+    batch_size: tuple[int, ...] | None = None
+    warmup: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         for name in ("learning_rate", "weight_decay"):
@@ -54,14 +59,27 @@ class HyperparameterSpace:
             if not 0 <= low <= high:
                 raise ValueError(f"{name} range must satisfy 0 <= low <= high, got "
                                  f"{(low, high)}")
+        if self.batch_size is not None and (
+                not self.batch_size or any(isinstance(b, bool) or not isinstance(b, int)
+                                           or b < 1 for b in self.batch_size)):
+            raise ValueError(f"batch_size choices must be integers >= 1, got {self.batch_size}")
+        if self.warmup is not None and not 0 <= self.warmup[0] <= self.warmup[1] < 1:
+            raise ValueError(f"warmup range must satisfy 0 <= low <= high < 1, got "
+                             f"{self.warmup}")
 
     def as_dict(self) -> dict[str, list]:
-        return {name: list(bounds) for name, bounds in asdict(self).items()}
+        # the optional ranges only when set: run.json of the older studies stays as it was
+        return {name: list(bounds) for name, bounds in asdict(self).items()
+                if bounds is not None}
 
 
 @dataclass(frozen=True)
 class Hyperparameters:
-    """One model's training settings, drawn by :func:`draw_hyperparameters`."""
+    """One model's training settings, drawn by :func:`draw_hyperparameters`.
+
+    ``batch_size`` and ``warmup_fraction`` are ``None`` when the space does not draw them (the
+    study's fixed batch size and a 5% warm-up apply).
+    """
 
     learning_rate: float
     weight_decay: float
@@ -69,9 +87,11 @@ class Hyperparameters:
     label_smoothing: float
     train_size: int
     init_seed: int
+    batch_size: int | None = None
+    warmup_fraction: float | None = None
 
     def as_dict(self) -> dict[str, float | int]:
-        return asdict(self)
+        return {name: value for name, value in asdict(self).items() if value is not None}
 
 
 def draw_hyperparameters(space: HyperparameterSpace, seed: int, index: int) -> Hyperparameters:
@@ -81,14 +101,21 @@ def draw_hyperparameters(space: HyperparameterSpace, seed: int, index: int) -> H
     def log_uniform(bounds: tuple[float, float]) -> float:
         return float(math.exp(rng.uniform(math.log(bounds[0]), math.log(bounds[1]))))
 
-    return Hyperparameters(
-        learning_rate=log_uniform(space.learning_rate),
-        weight_decay=log_uniform(space.weight_decay),
-        epochs=int(rng.integers(space.epochs[0], space.epochs[1], endpoint=True)),
-        label_smoothing=float(rng.uniform(*space.label_smoothing)),
-        train_size=int(rng.integers(space.train_size[0], space.train_size[1], endpoint=True)),
-        init_seed=int(rng.integers(0, 2**31 - 1)),
-    )
+    drawn = {
+        "learning_rate": log_uniform(space.learning_rate),
+        "weight_decay": log_uniform(space.weight_decay),
+        "epochs": int(rng.integers(space.epochs[0], space.epochs[1], endpoint=True)),
+        "label_smoothing": float(rng.uniform(*space.label_smoothing)),
+        "train_size": int(rng.integers(space.train_size[0], space.train_size[1],
+                                       endpoint=True)),
+        "init_seed": int(rng.integers(0, 2**31 - 1)),
+    }
+    # the optional draws come last, so the ones above do not depend on them
+    if space.batch_size is not None:
+        drawn["batch_size"] = int(space.batch_size[int(rng.integers(len(space.batch_size)))])
+    if space.warmup is not None:
+        drawn["warmup_fraction"] = float(rng.uniform(*space.warmup))
+    return Hyperparameters(**drawn)
 
 
 # ---------------------------------------------------------------------------- training
@@ -101,9 +128,11 @@ def train_classifier(model: nn.Module, data: ClassificationData, hyper: Hyperpar
                      batch_size: int, tick: Callable[[], None] | None = None) -> float:
     """Train ``model`` in place on the first ``hyper.train_size`` pool points.
 
-    AdamW (``lr``, decoupled ``weight_decay``), warm-up over the first 5% of the steps then
-    cosine decay to zero, label-smoothed cross-entropy. Minibatch order from the global torch
-    generator (seed it before building the model). ``tick`` is called once per epoch.
+    AdamW (``lr``, decoupled ``weight_decay``), warm-up over the first 5% of the steps (or
+    ``hyper.warmup_fraction``) then cosine decay to zero, label-smoothed cross-entropy.
+    Minibatches of ``hyper.batch_size`` if drawn, else ``batch_size``, in an order from the
+    global torch generator (seed it before building the model). ``tick`` is called once per
+    epoch.
 
     Returns
     -------
@@ -115,9 +144,12 @@ def train_classifier(model: nn.Module, data: ClassificationData, hyper: Hyperpar
                          f"({data.pool_size})")
     inputs = take(data.train_inputs, slice(0, hyper.train_size))
     labels = data.train_labels[:hyper.train_size]
+    if hyper.batch_size is not None:
+        batch_size = hyper.batch_size
     steps_per_epoch = math.ceil(hyper.train_size / batch_size)
     total_steps = max(1, hyper.epochs * steps_per_epoch)
-    warmup = max(1, round(0.05 * total_steps))
+    fraction = 0.05 if hyper.warmup_fraction is None else hyper.warmup_fraction
+    warmup = max(1, round(fraction * total_steps))
 
     def schedule(step: int) -> float:
         if step < warmup:

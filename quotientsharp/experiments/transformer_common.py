@@ -20,8 +20,16 @@ Protocol, shared by both families:
 - sharpness: every measure of :data:`FAMILY_MEASURES` on the same batches, through
   :func:`quotientsharp.sharpness` with ``seed=0`` (deterministic ascent from ``xi = 0``).
 
-Everything runs on the CPU with ``torch.set_num_threads(threads)`` (1 by default: these models
-are tiny and several threads only add synchronisation).
+Fine-tuning families (``reproduce minilm``, ``reproduce vit-finetune``) follow the same
+protocol from one common pretrained start (:class:`PretrainedStart`: MiniLM from its package,
+or a small ViT pretrained once and cached in the results folder) under a fresh head seeded by
+``init_seed_i``; they also draw the batch size and the warm-up fraction per model and measure
+geodesic sharpness at several Gram relaxations ``eps`` (:func:`eps_sweep_measures`). Every
+family reports its taus with percentile bootstrap intervals and the confound taus of the gap
+against each drawn hyperparameter (:func:`confound_rows`).
+
+Everything runs with ``torch.set_num_threads(threads)`` (1 by default: these models are tiny
+and several threads only add synchronisation), on the CPU unless ``--device`` says otherwise.
 
 The code lives in one module per stage of the protocol; this module re-exports their names:
 
@@ -32,6 +40,8 @@ The code lives in one module per stage of the protocol; this module re-exports t
   model;
 - :mod:`~quotientsharp.experiments.family_settings`: what defines a study, its variants and its
   command-line options;
+- :mod:`~quotientsharp.experiments.family_pretrained`: a pretrained body under a fresh head,
+  and a pretraining cached in the results folder;
 - :mod:`~quotientsharp.experiments.family_report`: CSV columns, Kendall taus, the docs section;
 - :mod:`~quotientsharp.experiments.family_run`: the study driver and its command-line entry.
 """
@@ -39,12 +49,19 @@ The code lives in one module per stage of the protocol; this module re-exports t
 from __future__ import annotations
 
 from .family_data import ClassificationData, Inputs, sharpness_batches, take
-from .family_measures import FAMILY_MEASURES, MeasureSpec, family_measures, measure_model
-from .family_report import csv_columns, family_section, tau_rows
+from .family_measures import (
+    FAMILY_MEASURES,
+    MeasureSpec,
+    eps_sweep_measures,
+    family_measures,
+    measure_model,
+)
+from .family_report import confound_rows, csv_columns, family_section, tau_rows
 from .family_run import FamilyOutcome, family_study, run_family_study
 from .family_settings import (
     FamilySettings,
     FamilyStudy,
+    PretrainedStart,
     add_family_arguments,
     argparse_boolean,
     study_settings,
@@ -68,10 +85,13 @@ __all__ = [
     "Hyperparameters",
     "Inputs",
     "MeasureSpec",
+    "PretrainedStart",
     "add_family_arguments",
     "argparse_boolean",
+    "confound_rows",
     "csv_columns",
     "draw_hyperparameters",
+    "eps_sweep_measures",
     "error_rate",
     "family_measures",
     "family_section",
