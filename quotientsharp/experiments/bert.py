@@ -39,11 +39,14 @@ from __future__ import annotations
 
 import argparse
 
+from .bert_options import FULL_MODELS, QUICK_MODELS, QUICK_N_ITER
 from .family_data import ClassificationData
 from .family_run import run_family_study
-from .family_settings import FamilySettings, FamilyStudy, add_family_arguments
+from .family_settings import FamilySettings, FamilyStudy
 from .family_training import HyperparameterSpace
 
+#: The torch-free module declaring this study's options (read by ``reproduce STUDY --help``).
+OPTIONS = "quotientsharp.experiments.bert_options"
 HELP = ("small BERTs on a generated 'A before B' task: Kendall tau of sharpness vs "
         "generalisation gap")
 #: What the taus rank sharpness against (the console's sign convention).
@@ -69,16 +72,17 @@ MODEL_CONFIG = {"vocab_size": VOCABULARY_SIZE, "hidden_size": 32, "num_hidden_la
 RHOS = {"adaptive": 0.1, "worst_case": 0.02, "inv": 0.1, "mix": 0.02}
 
 FULL = FamilySettings(
-    models=32,
+    models=FULL_MODELS,
     space=HyperparameterSpace(learning_rate=(5e-4, 5e-3), weight_decay=(1e-4, 1e-1),
                               epochs=(15, 40), label_smoothing=(0.0, 0.2),
                               train_size=(256, 1536)),
     train_batch_size=64, sharpness_points=256, sharpness_batch_size=64, n_iter=20)
 QUICK = FamilySettings(
-    models=6,
+    models=QUICK_MODELS,
     space=HyperparameterSpace(learning_rate=(5e-4, 5e-3), weight_decay=(1e-4, 1e-1),
                               epochs=(4, 8), label_smoothing=(0.0, 0.2), train_size=(256, 400)),
-    train_batch_size=64, sharpness_points=64, sharpness_batch_size=32, n_iter=3)
+    train_batch_size=64, sharpness_points=64, sharpness_batch_size=32,
+    n_iter=QUICK_N_ITER)
 
 
 def generate_sequences(count: int, generator, noise: float = LABEL_NOISE):
@@ -165,11 +169,6 @@ STUDY = FamilyStudy(
     name="bert", title="BERT family on a generated order task (`reproduce bert`)",
     load_data=load_data, build_model=build_model, model_config=MODEL_CONFIG, full=FULL,
     quick=QUICK, paper=PAPER, paper_setting=PAPER_SETTING, rhos=RHOS, description=DESCRIPTION)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``quotientsharp reproduce bert``."""
-    add_family_arguments(parser, STUDY)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -44,6 +44,7 @@ __all__ = [
     "kendall_tau_a",
     "kendall_tau_b",
     "kendall_tau_b_reference",
+    "log_ticks",
     "progress_bar",
     "append_jsonl",
     "current_world_size",
@@ -76,6 +77,25 @@ Do not edit by hand: rerun the study. -->
 Kendall rank correlations between generalisation and sharpness, ours next to the paper's
 (da Silva, Dangel & Oore, ICML 2025). Each section states the command that reproduces it.
 """
+#: Dated notes on the page as a whole, written by :func:`regenerate_results_page` below the
+#: header on every run (so no rerun of a study loses them). Each says when it happened, so it
+#: stays true when the sections are regenerated later.
+RESULTS_PAGE_NOTES: tuple[str, ...] = (
+    """**History: 2026-12-03.** All four sections and their figures were rerun after the float32
+invariance fix of the mix geometry. Tau-a values that moved, old → new: BERT adaptive +0.22 →
++0.31, worst-case +0.40 → +0.36, geodesic inv (orders 1 and 2) +0.31 → +0.37, geodesic mix
+order 1 +0.46 → +0.53 and order 2 +0.46 → +0.48, relative flatness +0.08 → +0.12; ViT adaptive
++0.04 → +0.06, worst-case -0.12 → -0.13, geodesic inv (orders 1 and 2) +0.01 → +0.02, geodesic
+mix order 1 -0.16 → -0.18 and order 2 -0.19 → -0.20, relative flatness +0.10 → +0.13, largest
+gap +0.107 → +0.085. The diagonal and invariance tables did not change then, apart from
+round-off on the invariance page: the max-logit-change column, and the bound on the geodesic
+ratios, 1 ± 5.8e-09 before and 1 ± 3.6e-09 after (the invariance section has since been
+extended to float32 and bfloat16 models and to more measures). The fix did not cause the ViT
+and BERT moves: rerunning the code that wrote the previous pages gives the new values, and on
+the same trained models its sharpness differs from the current code's by at most 3e-4 relative.
+The previous run trained different models, because training in float32 depends on the machine
+and thread count.""",
+)
 
 
 # ---------------------------------------------------------------------------- Kendall tau
@@ -564,6 +584,51 @@ def _two_lines(label: str, width: int = 36) -> str:
     return f"{head}\n({tail}"
 
 
+#: Mantissas tried, in turn, for the ticks of a log axis (:func:`log_ticks`).
+_TICK_MANTISSAS = ((1,), (1, 2, 5), (1, 2, 3, 5), (1, 2, 3, 4, 5, 6, 8))
+
+
+def log_ticks(low: float, high: float, least: int = 2, most: int = 6) -> list[float]:
+    """Tick values ``m 10^e`` inside ``[low, high]`` for a log axis.
+
+    The first mantissa set of ``(1)``, ``(1, 2, 5)``, ``(1, 2, 3, 5)``, ``(1, 2, 3, 4, 5, 6, 8)``
+    giving at least ``least`` ticks is used (sparse where a log axis crowds: 7 and 9 are
+    left out), thinned to at most ``most`` (every second tick, and so on). matplotlib's
+    own locator labels the minor ticks of an axis spanning less than a decade with long
+    ``2 x 10^-2`` labels that run into each other; these few ticks take short labels.
+
+    Raises ``ValueError`` unless ``0 < low <= high`` are finite.
+    """
+    if not (0 < low <= high and math.isfinite(high)):
+        raise ValueError(f"log ticks need 0 < low <= high, got low={low!r}, high={high!r}")
+    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    ticks: list[float] = []
+    for mantissas in _TICK_MANTISSAS:
+        ticks = [float(f"{m}e{e}") for e in range(first, last + 1) for m in mantissas]
+        ticks = [t for t in ticks if low * (1 - 1e-12) <= t <= high * (1 + 1e-12)]
+        if len(ticks) >= least:
+            break
+    step = math.ceil(len(ticks) / most) if ticks else 1
+    return ticks[::step]
+
+
+def tick_text(value: float) -> str:
+    """A short tick label: ``0.02``, ``300``, ``2e-05``."""
+    return f"{value:g}"
+
+
+def _readable_log_axis(axis, values: Sequence[float]) -> None:
+    """Few short labels on a log ``axis`` (:func:`log_ticks`), minor ticks unlabelled."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    ticks = log_ticks(min(values), max(values))
+    if len(ticks) < 2:
+        return              # a single value or a tiny range: matplotlib's choice stays
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: tick_text(value)))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def scatter_plots(x: Sequence[float], measures: Mapping[str, Sequence[float]], out_dir: Path,
                   *, x_label: str, prefix: str = "scatter_",
                   color: Sequence[float] | None = None, color_label: str = "",
@@ -603,8 +668,9 @@ def scatter_plots(x: Sequence[float], measures: Mapping[str, Sequence[float]], o
 
     Notes
     -----
-    Axes are logarithmic when every value on them is positive. matplotlib's Agg canvas is used
-    directly, so no global backend is switched.
+    Axes are logarithmic when every value on them is positive, with a few short tick labels
+    (:func:`log_ticks`). matplotlib's Agg canvas is used directly, so no global backend is
+    switched.
     """
     from .labels import decades_note
 
@@ -633,8 +699,10 @@ def scatter_plots(x: Sequence[float], measures: Mapping[str, Sequence[float]], o
             figure.colorbar(points, ax=axes, label=color_label)
         if keep and all(xs[i] > 0 for i in keep):
             axes.set_xscale("log")
+            _readable_log_axis(axes.xaxis, [xs[i] for i in keep])
         if keep and all(ys[i] > 0 for i in keep):
             axes.set_yscale("log")
+            _readable_log_axis(axes.yaxis, [ys[i] for i in keep])
         axes.set_xlabel(x_label)
         axes.set_ylabel(_two_lines((y_labels or {}).get(name, name)), fontsize=9)
         if titles and name in titles:
@@ -669,7 +737,8 @@ def write_section(docs_dir: Path, study: str, markdown: str) -> Path:
 def regenerate_results_page(docs_dir: Path) -> Path:
     """Rebuild ``docs_dir/results.md`` from the section files ``docs_dir/results/*.md``.
 
-    Sections appear in :data:`SECTION_ORDER`, then the others alphabetically. A registered
+    The header is followed by :data:`RESULTS_PAGE_NOTES`; sections appear in
+    :data:`SECTION_ORDER`, then the others alphabetically. A registered
     study (:data:`quotientsharp.experiments.STUDIES`) with no section file yet is listed as not
     yet run.
     """
@@ -680,7 +749,8 @@ def regenerate_results_page(docs_dir: Path) -> Path:
     present = {p.stem: p for p in folder.glob("*.md")} if folder.is_dir() else {}
     order = [s for s in SECTION_ORDER if s in present]
     order += sorted(s for s in present if s not in SECTION_ORDER)
-    parts = [RESULTS_PAGE_HEADER.rstrip()]
+    parts = [RESULTS_PAGE_HEADER.rstrip(),
+             *(note.strip().replace("\n", " ") for note in RESULTS_PAGE_NOTES)]
     for study in order:
         parts.append(present[study].read_text().rstrip())
     missing = [s for s in STUDIES if s not in present]

@@ -1,8 +1,9 @@
-"""Family studies (ViT, BERT): what defines a study, its variants and its command-line options.
+"""Family studies (ViT, BERT): what defines a study and its variants.
 
 :class:`FamilyStudy` is what distinguishes the ViT and BERT studies (data, model, radii, the
 paper's numbers), :class:`FamilySettings` the sizes of its full and ``--quick`` variants;
-:func:`add_family_arguments` declares the options of ``quotientsharp reproduce vit|bert`` and
+the options of ``quotientsharp reproduce vit|bert`` are declared, without torch, in
+:mod:`quotientsharp.experiments.family_options`;
 :func:`study_settings` collects everything that determines the results (``run.json``, checked on
 ``--resume``).
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -23,8 +23,6 @@ from .family_training import HyperparameterSpace
 __all__ = [
     "FamilySettings",
     "FamilyStudy",
-    "add_family_arguments",
-    "argparse_boolean",
     "study_settings",
 ]
 
@@ -100,42 +98,6 @@ class FamilyStudy:
     paper_setting: str
     rhos: Mapping[str, float]
     description: str
-
-
-def add_family_arguments(parser: Any, study: FamilyStudy) -> None:
-    """Command-line options of a family study (the conventions of ``reproduce diagonal``)."""
-    parser.add_argument("--out", type=Path, default=None,
-                        help=f"results folder (default results/{study.name}, or "
-                             f"results/{study.name}-quick with --quick)")
-    parser.add_argument("--resume", action="store_true",
-                        help="keep the models already in the results folder and compute only "
-                             "the missing ones (the settings must match)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"reduced run ({study.quick.models} models, tiny training, "
-                             f"{study.quick.n_iter} ascent steps): a smoke test, not a result")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="study seed: hyperparameters and initialisation of model i are "
-                             "drawn from (seed, i) (default 0)")
-    parser.add_argument("--models", type=int, default=None,
-                        help=f"number of models (default {study.full.models}, or "
-                             f"{study.quick.models} with --quick)")
-    parser.add_argument("--no-plots", dest="plots", action="store_false",
-                        help="do not write the scatter plots")
-    parser.add_argument("--progress", action=argparse_boolean(), default=None,
-                        help="show progress bars (default: on a terminal)")
-    parser.add_argument("--docs", type=Path, default=None, metavar="DIR",
-                        help=f"also write DIR/results/{study.name}.md and regenerate "
-                             "DIR/results.md")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads during the run (default 1: fastest for these tiny "
-                             "models)")
-
-
-def argparse_boolean():
-    """``--progress`` / ``--no-progress`` (``argparse.BooleanOptionalAction``)."""
-    import argparse
-
-    return argparse.BooleanOptionalAction
 
 
 def study_settings(study: FamilyStudy, variant: FamilySettings, models: int, seed: int,

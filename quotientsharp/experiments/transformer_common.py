@@ -40,13 +40,12 @@ from __future__ import annotations
 
 from .family_data import ClassificationData, Inputs, sharpness_batches, take
 from .family_measures import FAMILY_MEASURES, MeasureSpec, family_measures, measure_model
+from .family_options import add_family_arguments
 from .family_report import csv_columns, family_section, tau_rows
 from .family_run import FamilyOutcome, family_study, run_family_study
 from .family_settings import (
     FamilySettings,
     FamilyStudy,
-    add_family_arguments,
-    argparse_boolean,
     study_settings,
 )
 from .family_training import (
@@ -69,7 +68,6 @@ __all__ = [
     "Inputs",
     "MeasureSpec",
     "add_family_arguments",
-    "argparse_boolean",
     "csv_columns",
     "draw_hyperparameters",
     "error_rate",
