@@ -3,8 +3,9 @@
 The studies are listed in :data:`quotientsharp.experiments.STUDIES` (name -> module path); each
 study module supplies ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``, so a new study
 needs one registry line and no change here. A study module that imports torch names a torch-free
-module declaring its options in the string constant ``OPTIONS``; ``reproduce STUDY --help`` then
-imports only that module (and reads ``HELP`` and the docstring from the study's source).
+module declaring its options in the string constant ``OPTIONS`` (``"module.path"`` for its
+``add_arguments``, or ``"module.path:function"``); ``reproduce STUDY --help`` then imports only
+that module (and reads ``HELP`` and the docstring from the study's source).
 
 Under torchrun (``torchrun --nproc_per_node N -m quotientsharp reproduce STUDY ...``) the
 command initialises the process group (gloo on CPU, NCCL with CUDA; ``--dist-timeout`` seconds
@@ -87,7 +88,8 @@ def _study_filler(module_path: str) -> Callable[[argparse.ArgumentParser], None]
     names (so ``reproduce STUDY --help`` loads no torch), else from the study module itself;
     the description is the study module's docstring, read from its source."""
     def fill(study_parser: argparse.ArgumentParser) -> None:
-        options = _constant(module_path, "OPTIONS") or module_path
+        # "module.path" or "module.path:function" (default function: add_arguments)
+        options, _, function = (_constant(module_path, "OPTIONS") or module_path).partition(":")
         try:
             module = importlib.import_module(options)
         except ImportError as err:
@@ -96,7 +98,7 @@ def _study_filler(module_path: str) -> Callable[[argparse.ArgumentParser], None]
         docstring = ast.get_docstring(tree, clean=False) if tree is not None else None
         study_parser.description = plain_text(docstring if docstring is not None
                                               else module.__doc__)
-        module.add_arguments(study_parser)
+        getattr(module, function or "add_arguments")(study_parser)
         study_parser.add_argument(
             "--dist-timeout", type=float, default=DEFAULT_DIST_TIMEOUT, metavar="SECONDS",
             help="under torchrun: how long a rank may wait for the others in one collective "

