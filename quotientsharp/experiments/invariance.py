@@ -40,7 +40,7 @@ random ``N``; worst-case L2 sharpness moves with both.
 
 Budget: ~1 min of one core per float64 grid point (6 measures), about half that in float32,
 ~20-40 min for the full run of the three precisions. ``--quick``: 3 grid points (1e-2, 1, 1e2),
-4 sentences, 2 ascent steps.
+4 sentences, 2 ascent steps, adaptive and geodesic inv and mix at order 2.
 
 Outputs in ``--out`` (default ``results/invariance``): per precision ``DTYPE/points.jsonl``,
 ``DTYPE/invariance.csv`` (one row per grid point, written as it finishes; the original model
@@ -146,7 +146,8 @@ def log_grid(low: float, high: float, points: int) -> tuple[float, ...]:
 
 
 FULL = InvarianceSettings(grid=log_grid(1e-2, 1e2, 9), sentences=8, n_iter=8)
-QUICK = InvarianceSettings(grid=log_grid(1e-2, 1e2, 3), sentences=4, n_iter=2)
+QUICK = InvarianceSettings(grid=log_grid(1e-2, 1e2, 3), sentences=4, n_iter=2,
+                           measures=("adaptive", "geodesic_inv_o2", "geodesic_mix_o2"))
 
 
 def generate_sentences(count: int, seed: int) -> tuple[list[str], list[int]]:
@@ -331,7 +332,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "models and in float32 otherwise")
     parser.add_argument("--quick", action="store_true",
                         help=f"reduced run ({len(QUICK.grid)} grid points, "
-                             f"{QUICK.sentences} sentences, {QUICK.n_iter} ascent steps)")
+                             f"{QUICK.sentences} sentences, {QUICK.n_iter} ascent steps, "
+                             f"{len(QUICK.measures)} measures)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the head, the sentences and the matrices N (default 0)")
 

@@ -250,7 +250,7 @@ def section(runs: Mapping[str, Any], variant: InvarianceSettings, *, quick: bool
     lines = ["## Invariance along the GL(h) orbit (`reproduce invariance`)", ""]
     if quick:
         lines += [f"**A `--quick` smoke run ({len(variant.grid)} grid points, "
-                  f"{variant.n_iter} ascent steps).**", ""]
+                  f"{variant.n_iter} ascent steps, {len(variant.measures)} measures).**", ""]
     lines += [
         f"Reproduce: `{command} --docs docs` (outputs in `{folder}/`: one subfolder per "
         "precision with its JSONL, CSV and `run.json`, written as each grid point finishes; "
