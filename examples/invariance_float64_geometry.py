@@ -1,6 +1,6 @@
 """Is the float32 failure of the invariance study's ill-conditioned orbit point the geometry's?
 
-Run: ``python examples/invariance_float64_geometry.py`` (about 3 min on one core).
+Run: ``python examples/invariance_float64_geometry.py`` (under a minute on one core).
 
 ``quotientsharp reproduce invariance`` measures, in a float32 MiniLM, geodesic mix sharpness
 (order 2, rho 0.1, 8 steps) at the orbit point ``a = 10^-0.5`` of seed 0, where the largest
