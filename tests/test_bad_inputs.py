@@ -396,6 +396,31 @@ def test_help_imports_no_torch_and_shows_no_rst():
         assert study in reproduce
 
 
+@pytest.mark.parametrize("study", ["diagonal", "vit", "bert", "invariance"])
+def test_study_help_imports_no_torch(study):
+    """``reproduce STUDY --help`` declares the study's options from a torch-free module."""
+    script = textwrap.dedent(f"""
+        import contextlib, io, json, sys
+        from quotientsharp.cli import main
+        stream = io.StringIO()
+        with contextlib.redirect_stdout(stream):
+            try:
+                main(["reproduce", "{study}", "--help"])
+            except SystemExit:
+                pass
+        print(json.dumps({{"torch": "torch" in sys.modules, "text": stream.getvalue()}}))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60, check=True)
+    report = json.loads(done.stdout)
+    assert report["torch"] is False
+    text = report["text"]
+    assert text.startswith(f"usage: quotientsharp reproduce {study}")
+    for option in ("--out", "--resume", "--quick", "--seed", "--docs", "--threads",
+                   "--dist-timeout"):
+        assert option in text, option
+
+
 def test_measure_names_of_the_command_line_are_the_engines():
     from quotientsharp.commands.measure_options import MEASURE_NAMES
     from quotientsharp.sharpness import MEASURES

@@ -624,6 +624,9 @@ def test_results_page_is_regenerated_from_the_sections_present(tmp_path) -> None
     page = regenerate_results_page(tmp_path).read_text()
     assert page.startswith("# Results")
     assert page.index("## Diagonal") < page.index("## BERT") < page.index("## Extra")
+    # the page-wide dated notes survive every regeneration, above the first section
+    assert "**History: 2026-12-03.**" in page
+    assert page.index("**History: 2026-12-03.**") < page.index("## Diagonal")
     missing = [s for s in STUDIES if s not in ("bert", "diagonal")]
     for study in missing:
         assert f"quotientsharp reproduce {study}" in page

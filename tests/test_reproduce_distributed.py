@@ -270,10 +270,11 @@ def _fake_invariance(monkeypatch, calls: list) -> None:
                         lambda model, report, scale, generator: (scale, 2.0 + scale))
     monkeypatch.setattr(invariance, "_logits", lambda model, batch: torch.zeros(2))
 
-    def measure(subject, batch, n_iter):
+    def measure(subject, batch, n_iter, measures):
         calls.append(subject)
         return {key: {"value": 0.1 * (k + 1) * (1.0 + subject) ** 0.5, "clean": 0.5,
-                      "seconds": 0.0} for k, (key, _, _) in enumerate(invariance.MEASURES)}
+                      "geometry": "float64", "kept": 1.0, "seconds": 0.0}
+                for k, (key, _, _) in enumerate(measures)}
 
     monkeypatch.setattr(invariance, "_measure", measure)
 
@@ -281,18 +282,21 @@ def _fake_invariance(monkeypatch, calls: list) -> None:
 def test_invariance_resumes_from_the_shards_of_a_distributed_run(tmp_path, monkeypatch):
     calls: list = []
     _fake_invariance(monkeypatch, calls)
-    reference = invariance.invariance_study(tmp_path / "reference", quick=True, plots=False)
+    reference = invariance.invariance_study(tmp_path / "reference", quick=True, plots=False,
+                                            dtypes="float64")
     assert len(calls) == len(invariance.QUICK.grid) + 1
-    points = read_jsonl(tmp_path / "reference" / "points.jsonl")
-    folder = tmp_path / "interrupted"
-    folder.mkdir()
-    info = _run_info(tmp_path / "reference")
+    points = read_jsonl(tmp_path / "reference" / "float64" / "points.jsonl")
+    top = tmp_path / "interrupted"
+    folder = top / "float64"         # each precision's run has its own folder
+    folder.mkdir(parents=True)
+    info = _run_info(tmp_path / "reference" / "float64")
     info.update(status="running")
     (folder / "run.json").write_text(json.dumps(info))
 
     def raw(record):
-        # as a rank appends it: the ratios are only added once the original is gathered
-        return {k: v for k, v in record.items() if not k.startswith("ratio_")}
+        # as a rank appends it: the changes are only added once the original is gathered
+        return {k: v for k, v in record.items()
+                if not k.startswith("change_") and k != "clean_loss_change"}
 
     # rank 0 finished the original and point 1, rank 1 point 0, point 2 is missing
     by_point = {r["point"]: r for r in points}
@@ -301,20 +305,21 @@ def test_invariance_resumes_from_the_shards_of_a_distributed_run(tmp_path, monke
     (folder / shard_name("points.jsonl", 1)).write_text(json.dumps(raw(by_point[0])) + "\n"
                                                         + json.dumps(raw(by_point[2]))[:30])
     calls.clear()
-    resumed = invariance.invariance_study(folder, quick=True, resume=True, plots=False)
-    assert resumed.computed_now == [2] and len(calls) == 1
+    resumed = invariance.invariance_study(top, quick=True, resume=True, plots=False,
+                                          dtypes="float64")
+    assert resumed.computed_now == {"float64": [2]} and len(calls) == 1
     assert shard_paths(folder, "points.jsonl") == []
     merged = {r["point"]: r for r in read_jsonl(folder / "points.jsonl")}
     expected = {r["point"]: r for r in points}
-    # the kept points are as the shards hold them (timings too) with the ratios restored; the
+    # the kept points are as the shards hold them (timings too) with the changes restored; the
     # recomputed point differs from the reference run in its timing only
     assert {p: merged[p] for p in (-1, 0, 1)} == {p: expected[p] for p in (-1, 0, 1)}
     assert _without_timings(merged[2]) == _without_timings(expected[2])
     assert [list(merged[p]) for p in sorted(merged)] == [list(r) for r in points]
-    assert [_without_timings(r) for r in resumed.points] == [
-        _without_timings(r) for r in reference.points]
+    assert [_without_timings(r) for r in resumed.points["float64"]] == [
+        _without_timings(r) for r in reference.points["float64"]]
     assert _csv_without_timings(folder / "invariance.csv") == _csv_without_timings(
-        tmp_path / "reference" / "invariance.csv")
+        tmp_path / "reference" / "float64" / "invariance.csv")
 
 
 def _csv_without_timings(path: Path) -> list[list[str]]:

@@ -67,7 +67,8 @@ def family_runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def invariance_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("invariance")
-    return tmp, _run_quick("invariance", tmp)
+    # float64 only: the float32 and bfloat16 runs are tests/test_invariance_study.py's
+    return tmp, _run_quick("invariance", tmp, "--dtypes", "float64")
 
 
 def test_registry_has_the_three_studies():
@@ -220,21 +221,25 @@ def test_sharpness_points_lie_in_every_training_set():
 def test_invariance_quick_outputs_and_resume(invariance_run, monkeypatch):
     tmp, code = invariance_run
     assert code == 0
-    out = tmp / "invariance"
+    top = tmp / "invariance"
+    out = top / "float64"            # each precision's run in its own folder
     rows = _read_csv(out / "invariance.csv")
     assert [int(r["point"]) for r in rows] == [-1, 0, 1, 2]
+    combined = _read_csv(top / "invariance.csv")
+    assert [(r["dtype"], int(r["point"])) for r in combined] == [
+        ("float64", p) for p in (-1, 0, 1, 2)]
     grid = [float(r["a"]) for r in rows[1:]]
     assert grid == pytest.approx([1e-2, 1.0, 1e2], rel=1e-12)
     original = rows[0]
     for row in rows[1:]:
         # the reparametrisation keeps the function (float64)
         assert float(row["max_logit_change"]) < 1e-9
-        for key in ("adaptive", "geodesic_inv", "geodesic_mix"):
-            assert float(row[f"ratio_{key}"]) == pytest.approx(
-                float(original[key]) / float(row[key]), rel=1e-12)
-        assert float(row["ratio_geodesic_inv"]) == pytest.approx(1.0, abs=1e-6)
-        assert float(row["ratio_geodesic_mix"]) == pytest.approx(1.0, abs=1e-6)
-    assert (out / "invariance.png").read_bytes()[:8] == PNG_MAGIC
+        for key in ("adaptive", "geodesic_inv_o2", "geodesic_mix_o2"):
+            assert float(row[f"change_{key}"]) == pytest.approx(
+                float(row[key]) / float(original[key]) - 1.0, rel=1e-9, abs=1e-15)
+        assert float(row["change_geodesic_inv_o2"]) == pytest.approx(0.0, abs=1e-6)
+        assert float(row["change_geodesic_mix_o2"]) == pytest.approx(0.0, abs=1e-6)
+    assert (top / "invariance.png").read_bytes()[:8] == PNG_MAGIC
     run = json.loads((out / "run.json").read_text())
     assert run["status"] == "finished" and run["settings"]["grid"] == grid
     assert "Invariance" in (tmp / "docs" / "results.md").read_text()
@@ -244,6 +249,7 @@ def test_invariance_quick_outputs_and_resume(invariance_run, monkeypatch):
 
     monkeypatch.setattr(invariance_study, "load_minilm", refuse)
     before = (out / "invariance.csv").read_text()
-    outcome = invariance_study.invariance_study(out, quick=True, resume=True, plots=False)
-    assert outcome.computed_now == []
+    outcome = invariance_study.invariance_study(top, quick=True, resume=True, plots=False,
+                                                dtypes="float64")
+    assert outcome.computed_now == {"float64": []}
     assert (out / "invariance.csv").read_text() == before

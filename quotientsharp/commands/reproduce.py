@@ -2,7 +2,10 @@
 
 The studies are listed in :data:`quotientsharp.experiments.STUDIES` (name -> module path); each
 study module supplies ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``, so a new study
-needs one registry line and no change here.
+needs one registry line and no change here. A study module that imports torch names a torch-free
+module declaring its options in the string constant ``OPTIONS`` (``"module.path"`` for its
+``add_arguments``, or ``"module.path:function"``); ``reproduce STUDY --help`` then imports only
+that module (and reads ``HELP`` and the docstring from the study's source).
 
 Under torchrun (``torchrun --nproc_per_node N -m quotientsharp reproduce STUDY ...``) the
 command initialises the process group (gloo on CPU, NCCL with CUDA; ``--dist-timeout`` seconds
@@ -51,9 +54,8 @@ class _LazyStudies(argparse._SubParsersAction):
         super().__call__(parser, namespace, values, option_string)
 
 
-def _constant(module_path: str, name: str) -> str | None:
-    """The string constant ``name`` of a module, read from its source without importing it;
-    ``None`` when the module or a literal ``name`` is missing."""
+def _source_tree(module_path: str) -> ast.Module | None:
+    """The parsed source of a module, without importing it; ``None`` when it has no source."""
     try:
         spec = importlib.util.find_spec(module_path)
     except ImportError:
@@ -61,7 +63,15 @@ def _constant(module_path: str, name: str) -> str | None:
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         return None
     with open(spec.origin, encoding="utf-8") as handle:
-        tree = ast.parse(handle.read())
+        return ast.parse(handle.read())
+
+
+def _constant(module_path: str, name: str) -> str | None:
+    """The string constant ``name`` of a module, read from its source without importing it;
+    ``None`` when the module or a literal ``name`` is missing."""
+    tree = _source_tree(module_path)
+    if tree is None:
+        return None
     for node in tree.body:
         if (isinstance(node, ast.Assign) and len(node.targets) == 1
                 and isinstance(node.targets[0], ast.Name) and node.targets[0].id == name):
@@ -74,13 +84,21 @@ def _constant(module_path: str, name: str) -> str | None:
 
 
 def _study_filler(module_path: str) -> Callable[[argparse.ArgumentParser], None]:
+    """Declares a study's options when it is chosen: from the torch-free module its ``OPTIONS``
+    names (so ``reproduce STUDY --help`` loads no torch), else from the study module itself;
+    the description is the study module's docstring, read from its source."""
     def fill(study_parser: argparse.ArgumentParser) -> None:
+        # "module.path" or "module.path:function" (default function: add_arguments)
+        options, _, function = (_constant(module_path, "OPTIONS") or module_path).partition(":")
         try:
-            module = importlib.import_module(module_path)
+            module = importlib.import_module(options)
         except ImportError as err:
             study_parser.error(f"this study needs a package that is not installed: {err}")
-        study_parser.description = plain_text(module.__doc__)
-        module.add_arguments(study_parser)
+        tree = _source_tree(module_path)
+        docstring = ast.get_docstring(tree, clean=False) if tree is not None else None
+        study_parser.description = plain_text(docstring if docstring is not None
+                                              else module.__doc__)
+        getattr(module, function or "add_arguments")(study_parser)
         study_parser.add_argument(
             "--dist-timeout", type=float, default=DEFAULT_DIST_TIMEOUT, metavar="SECONDS",
             help="under torchrun: how long a rank may wait for the others in one collective "

@@ -4,7 +4,10 @@ Each study is a module with
 
 - ``HELP``: one line for ``quotientsharp reproduce --help``;
 - ``add_arguments(parser)``: its command-line options;
-- ``run(args) -> int``: the exit status.
+- ``run(args) -> int``: the exit status;
+- optionally ``OPTIONS``: the path of a torch-free module whose ``add_arguments`` (or the
+  function named after a colon, ``"module.path:function"``) declares the options, so that
+  ``quotientsharp reproduce STUDY --help`` answers without importing torch.
 
 :data:`STUDIES` maps a study name to its module path; a study module registers itself by a
 one-line entry here, and :mod:`quotientsharp.commands.reproduce` builds its subcommands from

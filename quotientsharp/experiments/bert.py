@@ -40,10 +40,14 @@ from __future__ import annotations
 import argparse
 
 from .family_data import ClassificationData
+from .family_options import BERT_SIZES
+from .family_options import add_bert_arguments as add_arguments  # noqa: F401  (the study interface)
 from .family_run import run_family_study
-from .family_settings import FamilySettings, FamilyStudy, add_family_arguments
+from .family_settings import FamilySettings, FamilyStudy
 from .family_training import HyperparameterSpace
 
+#: The torch-free module declaring this study's options (read by ``reproduce STUDY --help``).
+OPTIONS = "quotientsharp.experiments.family_options:add_bert_arguments"
 HELP = ("small BERTs on a generated 'A before B' task: Kendall tau of sharpness vs "
         "generalisation gap")
 #: What the taus rank sharpness against (the console's sign convention).
@@ -69,16 +73,17 @@ MODEL_CONFIG = {"vocab_size": VOCABULARY_SIZE, "hidden_size": 32, "num_hidden_la
 RHOS = {"adaptive": 0.1, "worst_case": 0.02, "inv": 0.1, "mix": 0.02}
 
 FULL = FamilySettings(
-    models=32,
+    models=BERT_SIZES.full_models,
     space=HyperparameterSpace(learning_rate=(5e-4, 5e-3), weight_decay=(1e-4, 1e-1),
                               epochs=(15, 40), label_smoothing=(0.0, 0.2),
                               train_size=(256, 1536)),
     train_batch_size=64, sharpness_points=256, sharpness_batch_size=64, n_iter=20)
 QUICK = FamilySettings(
-    models=6,
+    models=BERT_SIZES.quick_models,
     space=HyperparameterSpace(learning_rate=(5e-4, 5e-3), weight_decay=(1e-4, 1e-1),
                               epochs=(4, 8), label_smoothing=(0.0, 0.2), train_size=(256, 400)),
-    train_batch_size=64, sharpness_points=64, sharpness_batch_size=32, n_iter=3)
+    train_batch_size=64, sharpness_points=64, sharpness_batch_size=32,
+    n_iter=BERT_SIZES.quick_n_iter)
 
 
 def generate_sequences(count: int, generator, noise: float = LABEL_NOISE):
@@ -165,11 +170,6 @@ STUDY = FamilyStudy(
     name="bert", title="BERT family on a generated order task (`reproduce bert`)",
     load_data=load_data, build_model=build_model, model_config=MODEL_CONFIG, full=FULL,
     quick=QUICK, paper=PAPER, paper_setting=PAPER_SETTING, rhos=RHOS, description=DESCRIPTION)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``quotientsharp reproduce bert``."""
-    add_family_arguments(parser, STUDY)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -117,6 +117,7 @@ from .diagonal_data import (
 )
 from .diagonal_full import run_full
 from .diagonal_measures import MEASURES, MeasureSpec, measure_nets, sharpness_batches
+from .diagonal_options import add_arguments
 from .diagonal_report import (
     CSV_COLUMNS,
     CSV_FILE,
@@ -131,6 +132,8 @@ from .diagonal_settings import DiagonalSettings
 from .diagonal_study import run_study
 from .diagonal_training import DIVERGENCE_LOSS, TrainedNet, compute_test_losses, train_nets
 
+#: The torch-free module declaring this study's options (read by ``reproduce STUDY --help``).
+OPTIONS = "quotientsharp.experiments.diagonal_options"
 HELP = ("diagonal networks (paper Sec. 5.1): 50 nets trained and measured batched, Kendall tau "
         "of test loss against adaptive and geodesic sharpness")
 #: What the taus rank sharpness against (the console's sign convention).
@@ -164,34 +167,6 @@ __all__ = [
     "sharpness_batches",
     "train_nets",
 ]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``quotientsharp reproduce diagonal``."""
-    parser.add_argument("--out", type=Path, default=None,
-                        help="results folder (default results/diagonal, or "
-                        "results/diagonal-quick with --quick)")
-    parser.add_argument("--resume", action="store_true",
-                        help="keep the nets already in the results folder and compute only the "
-                        "missing ones (the settings must match)")
-    parser.add_argument("--quick", action="store_true",
-                        help="reduced run: 12 nets, 10 ascent steps, 2000 test inputs")
-    parser.add_argument("--full", action="store_true",
-                        help="also run 3 data seeds, the rho sweep 0.03, 0.1, 0.3 and a "
-                        "training set per net, each in OUT/full/<run>/, and write the pooled "
-                        "tables (about 10 to 20 minutes on one core)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
-    parser.add_argument("--nets", type=int, default=None,
-                        help="number of nets (default 50, or 12 with --quick)")
-    parser.add_argument("--no-plots", dest="plots", action="store_false",
-                        help="do not write the scatter plots")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="show progress bars (default: on a terminal)")
-    parser.add_argument("--docs", type=Path, default=None, metavar="DIR",
-                        help="also write DIR/results/diagonal.md and regenerate DIR/results.md")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads during the run (default 1: fastest for these small "
-                        "tensors)")
 
 
 def settings_from_args(args: argparse.Namespace) -> DiagonalSettings:

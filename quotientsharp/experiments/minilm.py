@@ -44,11 +44,14 @@ from typing import Any
 
 from .bert import PAPER, PAPER_SETTING
 from .family_data import ClassificationData
+from .family_options import MINILM_SIZES
+from .family_options import add_minilm_arguments as add_arguments  # noqa: F401  (interface)
 from .family_pretrained import load_body
 from .family_run import run_family_study
-from .family_settings import FamilySettings, FamilyStudy, PretrainedStart, add_family_arguments
+from .family_settings import FamilySettings, FamilyStudy, PretrainedStart
 from .family_training import HyperparameterSpace
 
+OPTIONS = "quotientsharp.experiments.family_options:add_minilm_arguments"
 HELP = ("fine-tunes of the pretrained MiniLM on a generated sentiment task: Kendall tau of "
         "sharpness vs generalisation gap")
 #: What the taus rank sharpness against (the console's sign convention).
@@ -80,17 +83,20 @@ RHOS = {"adaptive": 0.1, "worst_case": 0.1, "inv": 0.1, "mix": 0.1}
 EPS_SWEEP = (0.1, 1.0)
 
 FULL = FamilySettings(
-    models=30,
+    models=MINILM_SIZES.full_models,
     space=HyperparameterSpace(learning_rate=(1e-5, 3e-4), weight_decay=(1e-4, 1e-1),
                               epochs=(1, 3), label_smoothing=(0.0, 0.1), train_size=(64, 384),
                               batch_size=(8, 16, 32), warmup=(0.0, 0.2)),
-    train_batch_size=16, sharpness_points=8, sharpness_batch_size=8, n_iter=2)
+    train_batch_size=16, sharpness_points=MINILM_SIZES.full_sharpness_points,
+    sharpness_batch_size=MINILM_SIZES.full_sharpness_batch_size,
+    n_iter=MINILM_SIZES.full_n_iter)
 QUICK = FamilySettings(
-    models=3,
+    models=MINILM_SIZES.quick_models,
     space=HyperparameterSpace(learning_rate=(1e-4, 1e-3), weight_decay=(1e-4, 1e-1),
                               epochs=(1, 2), label_smoothing=(0.0, 0.1), train_size=(16, 32),
                               batch_size=(8, 16), warmup=(0.0, 0.2)),
-    train_batch_size=16, sharpness_points=8, sharpness_batch_size=8, n_iter=2)
+    train_batch_size=16, sharpness_points=8, sharpness_batch_size=8,
+    n_iter=MINILM_SIZES.quick_n_iter)
 
 
 def model_path() -> str:
@@ -213,11 +219,6 @@ STUDY = FamilyStudy(
     load_data=load_data, build_model=build_model, model_config=MODEL_CONFIG, full=FULL,
     quick=QUICK, paper=PAPER, paper_setting=PAPER_SETTING, rhos=RHOS, description=DESCRIPTION,
     pretrained=PretrainedStart(pretrained_settings, load_pretrained), eps_sweep=EPS_SWEEP)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``quotientsharp reproduce minilm``."""
-    add_family_arguments(parser, STUDY)
 
 
 def run(args: argparse.Namespace) -> int:

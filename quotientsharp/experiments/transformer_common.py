@@ -56,14 +56,13 @@ from .family_measures import (
     family_measures,
     measure_model,
 )
+from .family_options import add_family_arguments
 from .family_report import confound_rows, csv_columns, family_section, tau_rows
 from .family_run import FamilyOutcome, family_study, run_family_study
 from .family_settings import (
     FamilySettings,
     FamilyStudy,
     PretrainedStart,
-    add_family_arguments,
-    argparse_boolean,
     study_settings,
 )
 from .family_training import (
@@ -87,7 +86,6 @@ __all__ = [
     "MeasureSpec",
     "PretrainedStart",
     "add_family_arguments",
-    "argparse_boolean",
     "confound_rows",
     "csv_columns",
     "draw_hyperparameters",

@@ -37,10 +37,14 @@ from __future__ import annotations
 import argparse
 
 from .family_data import ClassificationData
+from .family_options import VIT_SIZES
+from .family_options import add_vit_arguments as add_arguments  # noqa: F401  (the study interface)
 from .family_run import run_family_study
-from .family_settings import FamilySettings, FamilyStudy, add_family_arguments
+from .family_settings import FamilySettings, FamilyStudy
 from .family_training import HyperparameterSpace
 
+#: The torch-free module declaring this study's options (read by ``reproduce STUDY --help``).
+OPTIONS = "quotientsharp.experiments.family_options:add_vit_arguments"
 HELP = "small ViTs on scikit-learn's digits: Kendall tau of sharpness vs generalisation gap"
 #: What the taus rank sharpness against (the console's sign convention).
 GENERALISATION = "the generalisation gap"
@@ -58,16 +62,17 @@ MODEL_CONFIG = {"image_size": 8, "patch_size": 2, "num_channels": 1, "hidden_siz
 RHOS = {"adaptive": 0.1, "worst_case": 0.02, "inv": 0.1, "mix": 0.02}
 
 FULL = FamilySettings(
-    models=32,
+    models=VIT_SIZES.full_models,
     space=HyperparameterSpace(learning_rate=(5e-4, 5e-3), weight_decay=(1e-4, 1e-1),
                               epochs=(20, 50), label_smoothing=(0.0, 0.2),
                               train_size=(256, POOL_SIZE)),
     train_batch_size=64, sharpness_points=256, sharpness_batch_size=64, n_iter=20)
 QUICK = FamilySettings(
-    models=6,
+    models=VIT_SIZES.quick_models,
     space=HyperparameterSpace(learning_rate=(5e-4, 5e-3), weight_decay=(1e-4, 1e-1),
                               epochs=(4, 8), label_smoothing=(0.0, 0.2), train_size=(256, 400)),
-    train_batch_size=64, sharpness_points=64, sharpness_batch_size=32, n_iter=3)
+    train_batch_size=64, sharpness_points=64, sharpness_batch_size=32,
+    n_iter=VIT_SIZES.quick_n_iter)
 
 
 def load_data(quick: bool = False) -> ClassificationData:
@@ -109,11 +114,6 @@ STUDY = FamilyStudy(
     name="vit", title="ViT family on digits (`reproduce vit`)", load_data=load_data,
     build_model=build_model, model_config=MODEL_CONFIG, full=FULL, quick=QUICK, paper=PAPER,
     paper_setting=PAPER_SETTING, rhos=RHOS, description=DESCRIPTION)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``quotientsharp reproduce vit``."""
-    add_family_arguments(parser, STUDY)
 
 
 def run(args: argparse.Namespace) -> int:

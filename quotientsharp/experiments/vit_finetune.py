@@ -36,12 +36,17 @@ from pathlib import Path
 from typing import Any
 
 from .family_data import ClassificationData
+from .family_options import VIT_FINETUNE_SIZES
+from .family_options import (  # noqa: F401  (the study interface)
+    add_vit_finetune_arguments as add_arguments,
+)
 from .family_pretrained import cached_pretraining, load_body
 from .family_run import run_family_study
-from .family_settings import FamilySettings, FamilyStudy, PretrainedStart, add_family_arguments
+from .family_settings import FamilySettings, FamilyStudy, PretrainedStart
 from .family_training import Hyperparameters, HyperparameterSpace
 from .vit import MODEL_CONFIG, PAPER, PAPER_SETTING, RHOS
 
+OPTIONS = "quotientsharp.experiments.family_options:add_vit_finetune_arguments"
 HELP = ("fine-tunes of a small ViT pretrained once (digits 0-4 -> 5-9): Kendall tau of "
         "sharpness vs generalisation gap")
 #: What the taus rank sharpness against (the console's sign convention).
@@ -59,18 +64,21 @@ PRETRAINING = {False: {"learning_rate": 2e-3, "weight_decay": 1e-2, "epochs": 40
                       "batch_size": 64, "torch_seed": 0}}
 
 FULL = FamilySettings(
-    models=32,
+    models=VIT_FINETUNE_SIZES.full_models,
     space=HyperparameterSpace(learning_rate=(1e-4, 3e-3), weight_decay=(1e-4, 1e-1),
                               epochs=(3, 30), label_smoothing=(0.0, 0.1),
                               train_size=(256, POOL_SIZE), batch_size=(16, 32, 64),
                               warmup=(0.0, 0.2)),
-    train_batch_size=64, sharpness_points=256, sharpness_batch_size=64, n_iter=20)
+    train_batch_size=64, sharpness_points=VIT_FINETUNE_SIZES.full_sharpness_points,
+    sharpness_batch_size=VIT_FINETUNE_SIZES.full_sharpness_batch_size,
+    n_iter=VIT_FINETUNE_SIZES.full_n_iter)
 QUICK = FamilySettings(
-    models=3,
+    models=VIT_FINETUNE_SIZES.quick_models,
     space=HyperparameterSpace(learning_rate=(1e-4, 3e-3), weight_decay=(1e-4, 1e-1),
                               epochs=(1, 2), label_smoothing=(0.0, 0.1), train_size=(64, 96),
                               batch_size=(32, 64), warmup=(0.0, 0.2)),
-    train_batch_size=64, sharpness_points=32, sharpness_batch_size=32, n_iter=2)
+    train_batch_size=64, sharpness_points=32, sharpness_batch_size=32,
+    n_iter=VIT_FINETUNE_SIZES.quick_n_iter)
 
 
 def _digits(classes: tuple[int, ...]):
@@ -178,11 +186,6 @@ STUDY = FamilyStudy(
     quick=QUICK, paper=PAPER, paper_setting=PAPER_SETTING, rhos=RHOS, description=DESCRIPTION,
     pretrained=PretrainedStart(pretrained_settings, load_pretrained, describe_pretrained),
     eps_sweep=EPS_SWEEP)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``quotientsharp reproduce vit-finetune``."""
-    add_family_arguments(parser, STUDY)
 
 
 def run(args: argparse.Namespace) -> int:
