@@ -109,20 +109,6 @@ class AdaptivePoint(ClosedFormPoint):
     def riemannian_gradient(self, egrad: Tensors) -> Tensors:
         return self.raise_index(egrad)
 
-    def riemannian_gradient_and_squared_norm(self, egrad: Tensors
-                                             ) -> tuple[Tensors, torch.Tensor]:
-        """On the CPU, ``||c^2 e||^2 = sum (c^2 e)^2 / c^2 = sum (c^2 e) e``: one dot product
-        of the gradient with its raised form, read in place, where the norm from scratch
-        writes a scaled copy first (memory traffic is the cost there). Every term is
-        ``>= 0``, so the sum has no cancellation."""
-        rgrad = self.riemannian_gradient(egrad)
-        if (not rgrad or rgrad[0].device.type != "cpu" or not self.unbatched
-                or any(a.dim() != t.dim() for a, t in zip(rgrad, self.x, strict=True))):
-            return rgrad, self.squared_norm(rgrad)
-        dots = [torch.dot(a.reshape(-1), e.reshape(-1)) for a, e in zip(rgrad, egrad,
-                                                                        strict=True)]
-        return rgrad, torch.stack(dots).sum().clamp_min(0)
-
     # ------------------------------------------------------------------ connection
     def christoffel(self, u: Tensors, v: Tensors | None = None) -> Tensors:
         if self.unit:

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -46,7 +48,14 @@ def test_gradient_and_momentum_steps_equal_the_per_tensor_formulas(seed, dtype,
                               for x, zz, p in zip(xi, z, previous, strict=True))
     inputs = [tuple(t.clone() for t in group) for group in (xi, z, previous, direction)]
     assert _bitwise_equal(gradient_step(xi, direction, eta), expected_step)
-    assert _bitwise_equal(momentum_step(xi, z, previous, alpha), expected_momentum)
+    # the momentum step is the same vector in three passes, alpha z + 2 (1 - alpha) xi -
+    # (1 - alpha) previous: each form rounds each of its few operations once, so the two agree
+    # to a few units of rounding of the terms' sizes
+    eps = torch.finfo(dtype).eps
+    for got, want, x, zz, p in zip(momentum_step(xi, z, previous, alpha), expected_momentum,
+                                   xi, z, previous, strict=True):
+        bound = 4 * eps * (zz.abs() + 2 * x.abs() + p.abs())
+        assert bool(((got - want).abs() <= bound).all())
     for group, kept in zip((xi, z, previous, direction), inputs, strict=True):
         assert _bitwise_equal(group, kept)          # nothing written in place
 
@@ -106,7 +115,11 @@ def _operators_of_one_step(tensors: int, with_gl: bool) -> int:
 
 
 @pytest.mark.parametrize("with_gl", [False, True], ids=["other-only", "with-gl"])
-def test_operators_per_step_do_not_grow_with_the_number_of_tensors(with_gl) -> None:
+def test_operators_per_step_do_not_grow_with_the_number_of_tensors(with_gl, monkeypatch) -> None:
+    # the count stands for kernel launches on a GPU: the GPU path (on the CPU a rescale by
+    # exactly 1 is skipped, which makes the count depend on the draw)
+    monkeypatch.setattr(importlib.import_module("quotientsharp.sharpness.solver"),
+                        "HOST_DECISIONS_ON_CPU", False)
     few, many = _operators_of_one_step(5, with_gl), _operators_of_one_step(60, with_gl)
     assert few == many, (few, many)       # a per-tensor loop would add 55 x its operators
 

@@ -636,6 +636,20 @@ def test_results_page_is_regenerated_from_the_sections_present(tmp_path) -> None
         write_section(tmp_path, "../x", "no")
 
 
+def test_a_rewritten_section_keeps_its_hand_written_part(tmp_path) -> None:
+    marker = "<!-- written by hand below: kept when the study rewrites this section -->"
+    path = write_section(tmp_path, "bert", "## BERT\n\nrun 1")
+    path.write_text(path.read_text() + f"\n{marker}\n\n### Runs made\n\nby hand\n")
+    write_section(tmp_path, "bert", "## BERT\n\nrun 2")
+    text = path.read_text()
+    assert "run 1" not in text and text.index("run 2") < text.index(marker)
+    assert text.endswith("### Runs made\n\nby hand\n") and text.count(marker) == 1
+    # without the marker, the whole file is the study's
+    plain = write_section(tmp_path, "vit", "## ViT\n\nold\n\nnotes")
+    write_section(tmp_path, "vit", "## ViT\n\nnew")
+    assert plain.read_text() == "## ViT\n\nnew\n"
+
+
 def test_reproduce_registry_builds_the_subcommands() -> None:
     module = load_study("diagonal")
     assert callable(module.add_arguments) and callable(module.run)

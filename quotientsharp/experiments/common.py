@@ -728,14 +728,28 @@ def scatter_plots(x: Sequence[float], measures: Mapping[str, Sequence[float]], o
 
 
 # ---------------------------------------------------------------------------- docs
+#: In a section file, what follows this line is written by hand (which runs were made, how to
+#: read them) and is kept when the study rewrites the section.
+HAND_WRITTEN_MARKER = "<!-- written by hand below: kept when the study rewrites this section -->"
+
+
 def write_section(docs_dir: Path, study: str, markdown: str) -> Path:
-    """Write ``docs_dir/results/<study>.md`` (a section of the generated results page)."""
+    """Write ``docs_dir/results/<study>.md`` (a section of the generated results page).
+
+    A hand-written part of the existing file, from :data:`HAND_WRITTEN_MARKER` on, is kept
+    after the new text.
+    """
     if not study or "/" in study or study.startswith("."):
         raise ValueError(f"study must be a plain name, got {study!r}")
     folder = Path(docs_dir) / "results"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{study}.md"
-    path.write_text(markdown.rstrip() + "\n")
+    kept = ""
+    if path.is_file():
+        old = path.read_text()
+        if HAND_WRITTEN_MARKER in old:
+            kept = "\n\n" + old[old.index(HAND_WRITTEN_MARKER):].rstrip()
+    path.write_text(markdown.rstrip() + kept + "\n")
     return path
 
 

@@ -85,14 +85,21 @@ class InvPoint(GLPoint):
     def raise_index(self, egrad: Tensors) -> Tensors:
         return egrad[0] @ self.relaxed_g, egrad[1] @ self.relaxed_h
 
+    @cached_property
+    def scaled_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(G S_G^{-1}, H S_H^{-1})``, ``shape=[..., n, h]`` and ``[..., m, h]``."""
+        G, H = self.x
+        return G @ self.inverse_g, H @ self.inverse_h
+
     def christoffel(self, u: Tensors, v: Tensors | None = None) -> Tensors:
         G, H = self.x
         if v is None:
-            # Gamma(u, u): the two halves of the polarisation coincide
-            return (-(u[0] @ self.inverse_g) @ moved(u[0], G)
-                    + (G @ self.inverse_g) @ (u[0].mT @ u[0]),
-                    -(u[1] @ self.inverse_h) @ moved(u[1], H)
-                    + (H @ self.inverse_h) @ (u[1].mT @ u[1]))
+            # Gamma(u, u): the two halves of the polarisation coincide. The h x h products come
+            # first and G S_G^{-1} is cached, so only four products have the factors' n rows
+            # (this runs, with its backward, at every step of an order-2 ascent)
+            scaled_g, scaled_h = self.scaled_factors
+            return (-u[0] @ (self.inverse_g @ moved(u[0], G)) + scaled_g @ (u[0].mT @ u[0]),
+                    -u[1] @ (self.inverse_h @ moved(u[1], H)) + scaled_h @ (u[1].mT @ u[1]))
         gammas = []
         for i, (factor, inverse) in enumerate(((G, self.inverse_g), (H, self.inverse_h))):
             gammas.append(-0.5 * ((u[i] @ inverse) @ moved(v[i], factor)

@@ -84,8 +84,14 @@ class FunctionalModel:
         Buffers may hold ``inf`` on purpose (e.g. ``-inf`` attention masks); NaN they may not.
         """
         buffers = [n for n, b in self.buffers.items() if b.is_floating_point()]
-        flags = torch.stack([torch.isfinite(self.theta[n]).all() for n in self.trainable]
-                            + [~torch.isnan(self.buffers[n]).any() for n in buffers])
+        # a sum is finite only if every entry is: one read of each parameter, no mask written;
+        # a sum that overflows although its entries are finite is rechecked entry by entry
+        sums = torch.stack([self.theta[n].sum(dtype=torch.float64) for n in self.trainable])
+        finite = torch.isfinite(sums).tolist()
+        flags = torch.stack([torch.ones((), dtype=torch.bool) if good
+                             else torch.isfinite(self.theta[n]).all().cpu()
+                             for n, good in zip(self.trainable, finite, strict=True)]
+                            + [(~torch.isnan(self.buffers[n]).any()).cpu() for n in buffers])
         ok = flags.tolist()
         bad = [n for n, good in zip(self.trainable, ok, strict=False) if not good]
         if bad:

@@ -14,13 +14,16 @@ that are not ``curved``).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
 
+from ..adaptive import AdaptiveQuotient
 from ..frozen import check_order
 from ..product import ProductQuotient
 from ..quotient import ClosedFormQuotient
+from ..validation import value_checks
 from .ball import GeodesicBall
 from .coordinates import Factor
 
@@ -42,7 +45,7 @@ def _culprits(factor: Factor) -> str:
 
 
 def build_geometry(factors: Sequence[Factor], radius: float, order: int | str = 1,
-                   exact_steps: int = 16) -> GeodesicBall:
+                   exact_steps: int = 16, finite_checked: bool = False) -> GeodesicBall:
     """The ball ``||xi||_theta <= radius`` of the product of ``factors`` at their base points.
 
     Parameters
@@ -55,6 +58,9 @@ def build_geometry(factors: Sequence[Factor], radius: float, order: int | str = 
         ``1``, ``2`` or ``"exact"``: the path of every curved factor.
     exact_steps
         RK4 steps of exact geodesics without a closed form (attention pairs).
+    finite_checked
+        The parameters were checked for NaN and inf already (the functional model does): the
+        trivial-group factors, which are the parameters themselves, are not read again.
 
     Raises
     ------
@@ -70,8 +76,12 @@ def build_geometry(factors: Sequence[Factor], radius: float, order: int | str = 
     product = ProductQuotient([f.quotient for f in factors], [f.folded for f in factors],
                               [f.name for f in factors])
     for factor in factors:
+        # the factor of the parameters outside any symmetry is the parameters themselves: when
+        # the caller has checked them for NaN and inf, reading all of them again is skipped
+        skip = finite_checked and isinstance(factor.quotient, AdaptiveQuotient)
         try:
-            factor.quotient.check_point(factor.base, "x")
+            with value_checks(False) if skip else contextlib.nullcontext():
+                factor.quotient.check_point(factor.base, "x")
         except ValueError as err:
             shapes = ", ".join(str(tuple(t.shape)) for t in factor.base)
             raise ValueError(f"{factor.name} block ({factor.quotient.name}, shapes "

@@ -429,7 +429,7 @@ def plain_builder(model: FunctionalModel, rho: float, p: float, adaptive: bool):
             scale = [w.abs() if adaptive else torch.ones_like(w) for w in coordinates.base]
             return BoxGeometry(coordinates.base, scale, rho), coordinates
         factors = coordinates.factors(other_metric="adaptive" if adaptive else "euclidean")
-        return build_geometry(factors, rho, order=1), coordinates
+        return build_geometry(factors, rho, order=1, finite_checked=True), coordinates
 
     return build
 
@@ -456,7 +456,7 @@ def geodesic_builder(model: FunctionalModel, rho: float, symmetries: Any, metric
             coordinates = LayoutCoordinates(model, symmetries, excluded)
         factors = coordinates.factors(metric=metric, eps=eps, other_metric=other_metric,
                                       other_path=other_path)
-        return build_geometry(factors, rho, order, exact_steps), coordinates
+        return build_geometry(factors, rho, order, exact_steps, finite_checked=True), coordinates
 
     return build
 
