@@ -287,3 +287,24 @@ def test_decisions_on_the_host_give_the_device_path_bit_for_bit(monkeypatch, opt
     assert host.per_batch == device.per_batch
     assert host.traces == device.traces
     assert host.perturbation_norms == device.perturbation_norms
+
+
+def test_float64_geometry_for_a_float32_model() -> None:
+    # the forward in float32, the geometry, gradients and iterate in float64: the measured value
+    # is that of the float32 loss, maximised in float64
+    model = _bert(torch.float32)
+    result = qs.sharpness(model, _batches(1), measure="geodesic", metric="mix", rho=0.1,
+                          n_iter=4, progress=False, geometry_dtype=torch.float64)
+    assert result.settings["geometry_dtype"] == "float64"
+    as_name = qs.sharpness(model, _batches(1), measure="geodesic", metric="mix", rho=0.1,
+                           n_iter=4, progress=False, geometry_dtype="float64")
+    assert as_name.per_batch == result.per_batch
+    default = qs.sharpness(model, _batches(1), measure="geodesic", metric="mix", rho=0.1,
+                           n_iter=4, progress=False)
+    assert default.settings["geometry_dtype"] == "float32"
+    # float32 rounding of the same maximisation
+    assert result.value == pytest.approx(default.value, rel=1e-3)
+    for bad in ("float16", torch.bfloat16, 64):
+        with pytest.raises(ValueError, match="geometry_dtype"):
+            qs.sharpness(model, _batches(1), measure="adaptive", rho=0.1, progress=False,
+                         geometry_dtype=bad)

@@ -44,6 +44,7 @@ __all__ = ["MEASURES", "REFERENCE_ITERATIONS", "REFERENCE_RESTARTS", "SharpnessR
            "reference_settings", "sharpness"]
 
 _COMMON = {"loss": None, "seed": 0, "progress": None, "keep_perturbations": False,
+           "geometry_dtype": None,
            "nonfinite": "raise"}
 _ASCENT = {"n_iter": 20, "eta0": None, "alpha": 0.75, "random_init": False, "restarts": 0,
            "reference_solve": None, "blockwise": False, "touched_rows": True}
@@ -286,6 +287,18 @@ def _check_progress(progress: object) -> bool | None:
     return progress
 
 
+def _check_geometry_dtype(dtype: object) -> torch.dtype | None:
+    if dtype is None:
+        return None
+    named = {"float32": torch.float32, "float64": torch.float64}
+    if isinstance(dtype, str) and dtype in named:
+        return named[dtype]
+    if dtype in (torch.float32, torch.float64):
+        return dtype
+    raise ValueError(f"geometry_dtype must be None, torch.float32 or torch.float64 (or their "
+                     f"names), got {dtype!r}")
+
+
 def _check_nonfinite(policy: object) -> str:
     if policy not in NONFINITE_POLICIES:
         raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {policy!r}")
@@ -493,7 +506,11 @@ def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
         ``True``/``False``; ``None`` shows it on a terminal only), ``keep_perturbations``,
         ``nonfinite`` (``"raise"``: a NaN or inf perturbed loss raises a ``ValueError`` naming
         the batch, the solver iteration and the likely cause; ``"skip"``: such evaluations are
-        left out, counted in ``result.nonfinite_evaluations``, with a warning).
+        left out, counted in ``result.nonfinite_evaluations``, with a warning). ``geometry_dtype``
+        (``None``: float64 if any parameter is float64, else float32; ``torch.float64`` or
+        ``"float64"`` keeps the geometry, the gradients and the iterate of a float32 or half
+        model in float64, which holds invariance at ill-conditioned points of the orbit
+        where float32 geometry does not; the forward still runs in the model's dtype).
 
         Ascent measures (Auto-PGD, Croce & Hein 2020): ``n_iter=20``, ``eta0=None`` (``2 rho``),
         ``alpha=0.75``, ``random_init=False``, ``restarts=0``. Solver quality:
@@ -558,7 +575,8 @@ def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
     _check_nonfinite(opts["nonfinite"])
     loss = resolve_loss(opts["loss"])
 
-    functional = FunctionalModel(model, (loss[0], loss[2]))
+    functional = FunctionalModel(model, (loss[0], loss[2]),
+                                 geometry_dtype=_check_geometry_dtype(opts["geometry_dtype"]))
     functional.check_finite()
     generator = torch.Generator(device=functional.device).manual_seed(seed)
     evaluator, extra = _make_measure(measure, model, functional, rho, opts, generator)
@@ -613,7 +631,8 @@ def sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
         extra["restricted_rows"] = restricted
     settings = {"measure": measure, "rho": rho, "n_batches": len(outcomes),
                 "geometry_dtype": str(functional.dtype).removeprefix("torch."),
-                **{k: v for k, v in opts.items() if k not in ("loss", "symmetries")},
+                **{k: v for k, v in opts.items()
+                   if k not in ("loss", "symmetries", "geometry_dtype")},
                 "loss": loss[1], **extra}
     return SharpnessResult(
         measure=measure,

@@ -16,7 +16,7 @@ from .batches import IGNORE_INDEX, Batch, LossFunction, compute_loss, resolve_lo
 from .touched_rows import TableLookup, TableRecorder, embedding_tables, looked_up
 
 
-def geometry_dtype(dtypes: Sequence[torch.dtype]) -> torch.dtype:
+def default_geometry_dtype(dtypes: Sequence[torch.dtype]) -> torch.dtype:
     """float64 if any parameter is float64, else float32 (half and bfloat16 models included)."""
     return torch.float64 if torch.float64 in dtypes else torch.float32
 
@@ -32,10 +32,14 @@ class FunctionalModel:
     loss
         ``None``/``"cross_entropy"``, ``"mse"``, a callable ``loss(output, target)``, or the
         pair ``(loss function, whether it is a built-in taking logits)``.
+    geometry_dtype
+        The dtype of the geometry, gradients and perturbations; ``None``: float64 if any
+        trainable parameter is float64, else float32.
     """
 
     def __init__(self, model: nn.Module,
-                 loss: tuple[LossFunction, bool] | str | LossFunction | None = None) -> None:
+                 loss: tuple[LossFunction, bool] | str | LossFunction | None = None,
+                 geometry_dtype: torch.dtype | None = None) -> None:
         self.model = model
         if loss is None or isinstance(loss, str) or callable(loss):
             function, _, builtin = resolve_loss(loss)
@@ -65,7 +69,8 @@ class FunctionalModel:
         self.theta = {n: p.detach() for n, p in named.items()}
         self._clones: dict[str, torch.Tensor] = {}
         self.buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
-        self.dtype = geometry_dtype([self.dtypes[n] for n in self.trainable])
+        self.dtype = (geometry_dtype if geometry_dtype is not None
+                      else default_geometry_dtype([self.dtypes[n] for n in self.trainable]))
         self.theta_geometry = {n: self.theta[n].to(self.dtype) for n in self.trainable}
         floating = {t.dtype for t in [*named.values(), *self.buffers.values()]
                     if t.is_floating_point()}
@@ -79,7 +84,7 @@ class FunctionalModel:
 
     def check_finite(self) -> None:
         """Raise naming every trainable parameter with NaN or inf entries and every floating
-        buffer with NaN entries (one host sync).
+        buffer with NaN entries (two host syncs).
 
         Buffers may hold ``inf`` on purpose (e.g. ``-inf`` attention masks); NaN they may not.
         """
@@ -87,12 +92,10 @@ class FunctionalModel:
         # a sum is finite only if every entry is: one read of each parameter, no mask written;
         # a sum that overflows although its entries are finite is rechecked entry by entry
         sums = torch.stack([self.theta[n].sum(dtype=torch.float64) for n in self.trainable])
-        finite = torch.isfinite(sums).tolist()
-        flags = torch.stack([torch.ones((), dtype=torch.bool) if good
-                             else torch.isfinite(self.theta[n]).all().cpu()
-                             for n, good in zip(self.trainable, finite, strict=True)]
-                            + [(~torch.isnan(self.buffers[n]).any()).cpu() for n in buffers])
-        ok = flags.tolist()
+        ok = [good or bool(torch.isfinite(self.theta[n]).all())
+              for n, good in zip(self.trainable, torch.isfinite(sums).tolist(), strict=True)]
+        if buffers:
+            ok += torch.stack([~torch.isnan(self.buffers[n]).any() for n in buffers]).tolist()
         bad = [n for n, good in zip(self.trainable, ok, strict=False) if not good]
         if bad:
             raise ValueError(f"parameter(s) {bad} contain non-finite values (NaN or inf)")
@@ -253,5 +256,5 @@ def checked_clean_loss(loss: torch.Tensor, index: int, batch: Batch | None = Non
     return loss
 
 
-__all__ = ["FunctionalModel", "checked_clean_loss", "clean_loss_cause", "geometry_dtype",
+__all__ = ["FunctionalModel", "checked_clean_loss", "clean_loss_cause", "default_geometry_dtype",
            "vocabulary_size"]
