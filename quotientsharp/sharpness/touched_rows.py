@@ -43,6 +43,11 @@ from torch import nn
 Tensors = tuple[torch.Tensor, ...]
 
 
+def _ids(args: tuple, kwargs: dict) -> torch.Tensor:
+    """The token ids an ``nn.Embedding`` call received, given positionally or as ``input=``."""
+    return args[0] if args else kwargs["input"]
+
+
 def embedding_tables(model: nn.Module, names: Sequence[str]) -> dict[str, nn.Embedding]:
     """The parameters among ``names`` that are the weight of exactly one plain embedding.
 
@@ -130,9 +135,10 @@ class TableRecorder:
         handles = []
         try:
             for use in self.tables.values():
-                def record(module: nn.Module, args: tuple, use: TableUse = use) -> None:
-                    use.lookups.append(args[0].detach())
-                handles.append(use.module.register_forward_pre_hook(record))
+                def record(module: nn.Module, args: tuple, kwargs: dict,
+                           use: TableUse = use) -> None:
+                    use.lookups.append(_ids(args, kwargs).detach())
+                handles.append(use.module.register_forward_pre_hook(record, with_kwargs=True))
             yield self
         finally:
             for handle in handles:
@@ -189,11 +195,11 @@ def looked_up(lookups: Mapping[str, TableLookup],
     handles = []
     try:
         for name, lookup in lookups.items():
-            def replace(module: nn.Module, args: tuple, output: torch.Tensor,
+            def replace(module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor,
                         lookup: TableLookup = lookup, dtype: torch.dtype = dtypes[name]
                         ) -> torch.Tensor:
-                return lookup.output(args[0], dtype)
-            handles.append(lookup.module.register_forward_hook(replace))
+                return lookup.output(_ids(args, kwargs), dtype)
+            handles.append(lookup.module.register_forward_hook(replace, with_kwargs=True))
         yield
     finally:
         for handle in handles:
