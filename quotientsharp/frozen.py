@@ -111,13 +111,6 @@ class FrozenPoint:
         """The metric-raised Euclidean gradient, projected onto the horizontal space."""
         return self.quotient.euclidean_to_riemannian_gradient(self.x, egrad)
 
-    def riemannian_gradient_and_squared_norm(self, egrad: Tensors
-                                             ) -> tuple[Tensors, torch.Tensor]:
-        """The Riemannian gradient and its squared norm ``shape=[*batch]`` (the ascent's
-        direction needs both; a geometry may get the norm more cheaply than from scratch)."""
-        rgrad = self.riemannian_gradient(egrad)
-        return rgrad, self.squared_norm(rgrad)
-
     # ------------------------------------------------------------------ connection
     def christoffel(self, u: Tensors, v: Tensors | None = None) -> Tensors:
         """Christoffel contraction ``Gamma_x(u, v)`` (``v`` defaults to ``u``)."""

@@ -106,15 +106,6 @@ class ProductPoint(ClosedFormPoint):
     def riemannian_gradient(self, egrad: Tensors) -> Tensors:
         return self._map("riemannian_gradient", egrad)
 
-    def riemannian_gradient_and_squared_norm(self, egrad: Tensors
-                                             ) -> tuple[Tensors, torch.Tensor]:
-        parts = [frozen.riemannian_gradient_and_squared_norm(part)
-                 for frozen, part in zip(self.factors, self.split(egrad), strict=True)]
-        squares = [self._fold(square, f) for (_, square), f in zip(parts, self.folded,
-                                                                   strict=True)]
-        return (tuple(t for rgrad, _ in parts for t in rgrad),
-                sum(squares[1:], squares[0]).clamp_min(0))
-
     def christoffel(self, u: Tensors, v: Tensors | None = None) -> Tensors:
         if v is None:
             return self._map("christoffel", u)

@@ -138,19 +138,6 @@ def test_frozen_point_against_references(quotient) -> None:
                           reference.christoffel(quotient, x, u, w)) < 1e-9
 
 
-@pytest.mark.parametrize("batch", [(3,), ()])
-def test_gradient_with_its_norm_is_the_gradient_and_its_norm(quotient, batch) -> None:
-    # the ascent's direction takes both at once: a geometry may compute the norm another way
-    # (the adaptive factor as a dot product of the gradient with its raised form)
-    x, u, _, _ = _point(quotient, 11, batch=batch)
-    frozen = quotient.at(x)
-    rgrad, square = frozen.riemannian_gradient_and_squared_norm(u)
-    assert all(torch.equal(a, b) for a, b in zip(rgrad, frozen.riemannian_gradient(u),
-                                                 strict=True))
-    assert square.shape == frozen.norm(u).shape
-    torch.testing.assert_close(square, frozen.squared_norm(rgrad), rtol=1e-12, atol=0)
-
-
 # ---------------------------------------------------------------------------- projections
 @pytest.mark.parametrize("seed", [5, 6])
 def test_projections_idempotent_complementary_orthogonal(quotient, seed) -> None:

@@ -13,21 +13,18 @@ solve and its gap, bounded against the exact maximiser of the trust-region subpr
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import numpy as np
 import pytest
 import torch
 from scipy.optimize import minimize
-from test_device_proxies import SyncRecorder, _attention_model
+from test_device_proxies import _attention_model, recorded_ascents  # noqa: F401 (fixture)
 from test_sharpness import DUMMY, Quadratic, _quadratic, _value_loss, classification_batches, mlp
 from test_sharpness_reuse import _token_batches
 
 import quotientsharp as qs
 from quotientsharp.sharpness import AscentSettings, reference_settings, trust_region_maximum
-
-measures_module = importlib.import_module("quotientsharp.sharpness.measures")
 
 
 def _slsqp_maximum(A: torch.Tensor, g: torch.Tensor, rho: float, c: torch.Tensor) -> float:
@@ -163,20 +160,8 @@ def test_the_options_leave_the_measured_values_unchanged() -> None:
         assert plain.settings["reference_solve"] is None and not plain.settings["blockwise"]
 
 
-def test_the_reference_solve_never_needs_the_host(monkeypatch) -> None:
-    # the path a CUDA run takes (on the CPU the solver reads its decisions on the host)
-    monkeypatch.setattr(importlib.import_module("quotientsharp.sharpness.solver"),
-                        "HOST_DECISIONS_ON_CPU", False)
-    recorders: list[SyncRecorder] = []
-    original = measures_module.ascend
-
-    def recorded(*args, **kwargs):
-        recorder = SyncRecorder()
-        recorders.append(recorder)
-        with recorder:
-            return original(*args, **kwargs)
-
-    monkeypatch.setattr(measures_module, "ascend", recorded)
+def test_the_reference_solve_never_needs_the_host(recorded_ascents) -> None:  # noqa: F811
+    recorders = recorded_ascents            # the GPU path, each ascent under its own recorder
     qs.sharpness(_attention_model(), _token_batches(count=1), measure="geodesic", rho=0.05,
                  n_iter=3, reference_solve={"n_iter": 5, "restarts": 1}, progress=False)
     assert len(recorders) == 2                             # the measurement, then the reference

@@ -123,8 +123,8 @@ class GeodesicBall:
 
     def direction(self, egrad: Sequence[torch.Tensor]) -> Tensors:
         """The Riemannian gradient (raised, then projected) normalised by its norm."""
-        rgrad, square = self.frozen.riemannian_gradient_and_squared_norm(tuple(egrad))
-        norm = square.sqrt().clamp_min(torch.finfo(self.dtype).tiny)
+        rgrad = self.frozen.riemannian_gradient(tuple(egrad))
+        norm = self.norm(rgrad).clamp_min(torch.finfo(self.dtype).tiny)
         if norm.dim() == 0:
             return T.fused_div(rgrad, norm)
         return tuple(t / _lift(norm, t) for t in rgrad)

@@ -156,38 +156,6 @@ class TableRecorder:
         return {name: rows for name, rows in found.items() if rows is not None}
 
 
-@dataclass
-class TableLookup:
-    """The perturbed rows of one embedding table, looked up in place of the full table.
-
-    Attributes
-    ----------
-    module
-        The embedding module.
-    remap
-        ``shape=[V]`` int64: the position of each token id among the rows (``-1`` elsewhere).
-    padding
-        The position of the module's ``padding_idx`` among the rows, or ``None``.
-    rows
-        The perturbed rows, ``shape=[R, D]``.
-    """
-
-    module: nn.Embedding
-    remap: torch.Tensor
-    padding: int | None
-    rows: torch.Tensor
-
-    def placeholder(self, dtype: torch.dtype) -> torch.Tensor:
-        """A zero-stride stand-in of the table's shape for the module's own (discarded) lookup."""
-        return torch.zeros((), dtype=dtype, device=self.rows.device).expand(
-            self.module.num_embeddings, self.module.embedding_dim)
-
-    def output(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """The module's output with the perturbed table: the rows at the remapped ids."""
-        return F.embedding(self.remap[ids], self.rows.to(dtype), self.padding, None,
-                           self.module.norm_type, self.module.scale_grad_by_freq, False)
-
-
 @contextlib.contextmanager
 def looked_up(lookups: Mapping[str, TableLookup],
               dtypes: Mapping[str, torch.dtype]) -> Iterator[None]:
@@ -229,6 +197,36 @@ class RestrictedTable:
         return cls(slot, module, rows, remap, padding, shape)
 
 
+@dataclass
+class TableLookup:
+    """The perturbed rows of one restricted embedding table, looked up in place of the table.
+
+    Attributes
+    ----------
+    table
+        Which table, and how its token ids map to the rows.
+    rows
+        The perturbed rows, ``shape=[R, D]``.
+    """
+
+    table: RestrictedTable
+    rows: torch.Tensor
+
+    @property
+    def module(self) -> nn.Embedding:
+        return self.table.module
+
+    def placeholder(self, dtype: torch.dtype) -> torch.Tensor:
+        """A zero-stride stand-in of the table's shape for the module's own (discarded) lookup."""
+        return torch.zeros((), dtype=dtype, device=self.rows.device).expand(self.table.shape)
+
+    def output(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The module's output with the perturbed table: the rows at the remapped ids."""
+        module = self.module
+        return F.embedding(self.table.remap[ids], self.rows.to(dtype), self.table.padding, None,
+                           module.norm_type, module.scale_grad_by_freq, False)
+
+
 class TouchedRowCoordinates:
     """Coordinates whose embedding tables are cut to their touched rows.
 
@@ -250,7 +248,7 @@ class TouchedRowCoordinates:
                                             device=rows[name].device).expand(table.shape)
         updates = self.coordinates.updates(point)
         for name, table in self.tables.items():
-            updates[name] = TableLookup(table.module, table.remap, table.padding, rows[name])
+            updates[name] = TableLookup(table, rows[name])
         return updates
 
     def restrict(self, vectors: Sequence[torch.Tensor]) -> Tensors:
