@@ -16,8 +16,8 @@ Gram factorisations computed once per base point, outside the step (as the engin
 Families:
 
 - diagonal networks ``y = X (u * v)`` (SPEC section 2), each with its own data (one step, as
-  above); and the full Auto-PGD ascent of :mod:`quotientsharp.experiments.batched_ascent` over
-  all nets at once against the same function looped (:func:`diagonal_ascent_family`);
+  above); and the full Auto-PGD ascent of :mod:`quotientsharp.reproduce.diagonal.batched_ascent`
+  over all nets at once against the same function looped (:func:`diagonal_ascent_family`);
 - small transformer classifiers (token embedding, ``layers`` self-attention blocks with
   ``q_proj/k_proj/v_proj/o_proj`` and a LayerNorm, mean pooling, a linear head), one shared
   batch; attention pairs in GL(h) coordinates through
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from quotientsharp import DiagonalQuotient, GLQuotient, value_checks
-from quotientsharp.adaptive import AdaptiveQuotient
+from quotientsharp.core.adaptive import AdaptiveQuotient
 from quotientsharp.models import ParameterLayout, find_symmetries
 
 __all__ = ["DiagonalNet", "Family", "TinyTransformer", "diagonal_ascent_family",
@@ -143,18 +143,18 @@ def diagonal_ascent_family(models: int, d: int, samples: int, metric: str, rho: 
                            seed: int = 0) -> tuple[Family, Callable[[], list[float]]]:
     """Geodesic sharpness (order 2, full Auto-PGD) of ``models`` diagonal nets on one batch.
 
-    ``batched``: one :func:`quotientsharp.experiments.batched_ascent.batched_ascend` call over
-    the problem shape ``[models, 1]``; ``looped``: the same function once per model (problem
+    ``batched``: one :func:`quotientsharp.reproduce.diagonal.batched_ascent.batched_ascend` call
+    over the problem shape ``[models, 1]``; ``looped``: the same function once per model (problem
     shape ``[1, 1]``). Also returns ``engine_loop``, a loop of
-    :func:`quotientsharp.sharpness` over the models as ``nn.Module`` instances (the same
+    :func:`quotientsharp.engine` over the models as ``nn.Module`` instances (the same
     quantity through the general engine).
     """
-    from quotientsharp.experiments.batched_ascent import (
+    from quotientsharp.engine import AscentSettings, sharpness
+    from quotientsharp.reproduce.diagonal.batched_ascent import (
         DiagonalHorizontalGeometry,
         batched_ascend,
         mse_objective,
     )
-    from quotientsharp.sharpness import AscentSettings, sharpness
 
     generator = torch.Generator().manual_seed(seed)
     support = torch.rand(d, generator=generator) < 0.1

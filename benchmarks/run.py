@@ -8,13 +8,13 @@ Rows (targets in brackets):
 1. cost per ascent iteration of geodesic sharpness (order 2, mix and inv) against adaptive
    sharpness on the same BERT stack (``BertConfig``, eager attention) [mix <= 1.15x, inv <= 1.3x].
    Per-iteration cost is ``(T(n_hi) - T(n_lo)) / (n_hi - n_lo)`` from whole
-   ``quotientsharp.sharpness`` calls with ``n_iter = n_lo`` and ``n_hi``: setup (symmetry
+   ``quotientsharp.engine`` calls with ``n_iter = n_lo`` and ``n_hi``: setup (symmetry
    discovery, Gram factorisations, clean loss) cancels.
 2. the engine's geometry operations of one ascent step (``P_S`` of two horizontal vectors, the
    Riemannian gradient direction, the order-2 point ``theta + xi - Gamma(xi, xi) / 2`` with its
    backward) against a plain ``functional_call`` forward+backward at the same point [<= 0.10].
 3. closed-form operators (Christoffel contraction, horizontal projection, Riemannian gradient)
-   against the generic autograd defaults of :mod:`quotientsharp.reference`, per quotient
+   against the generic autograd defaults of :mod:`quotientsharp.core.reference`, per quotient
    (diagonal inv/mix, GL inv/mix/euclidean); the figure is the smallest speed-up [>= 20x].
 4. one geodesic ascent step for a family of small models, batched (stacked tensors and
    ``torch.func.vmap``) against a Python loop over the models, for diagonal networks and small
@@ -69,7 +69,7 @@ from _common import (  # noqa: E402
 
 import quotientsharp as qs  # noqa: E402
 from quotientsharp import reference, value_checks  # noqa: E402
-from quotientsharp.sharpness.solver import gradient_step, momentum_step  # noqa: E402
+from quotientsharp.engine.solver import gradient_step, momentum_step  # noqa: E402
 
 ROWS = (1, 2, 3, 4, 5, 6, 7)
 
@@ -290,15 +290,15 @@ def _profile_hot_loop(ctx: Context, batches) -> None:
 
 # ---------------------------------------------------------------------------- row 2
 def _engine(ctx: Context, options: dict[str, Any], batch_factor: int = 1):
-    """The engine's objects for one batch, built as ``quotientsharp.sharpness`` builds them.
+    """The engine's objects for one batch, built as ``quotientsharp.engine`` builds them.
 
     ``batch_factor`` multiplies the batch size (the geometry does not depend on the batch).
     """
+    from quotientsharp.engine.batches import resolve_loss, split_batch
+    from quotientsharp.engine.functional import FunctionalModel
+    from quotientsharp.engine.measures import AscentMeasure, geodesic_builder, plain_builder
+    from quotientsharp.engine.solver import AscentSettings
     from quotientsharp.models import ParameterLayout, find_symmetries
-    from quotientsharp.sharpness.batches import resolve_loss, split_batch
-    from quotientsharp.sharpness.functional import FunctionalModel
-    from quotientsharp.sharpness.measures import AscentMeasure, geodesic_builder, plain_builder
-    from quotientsharp.sharpness.solver import AscentSettings
 
     model, rho = ctx.model, ctx.sizes.rho
     loss = resolve_loss(None)
@@ -502,7 +502,7 @@ def row_closed_forms(ctx: Context) -> Row:
                                          "speedup": speedup,
                                          "relative_difference": difference}
     worst, where = min(speedups)
-    return Row(3, "closed forms / autograd reference (quotientsharp.reference)", [
+    return Row(3, "closed forms / autograd reference (quotientsharp.core.reference)", [
         Figure(f"smallest speed-up ({where})", worst, 20.0, ">="),
     ], {"dtype": "float64", "cases": results,
         "ops": "christoffel(x, u), horizontal_projection(x, u), "
@@ -550,7 +550,7 @@ def row_families(ctx: Context) -> Row:
     details["steps"] = (
         "diagonal (batched_ascent): the full Auto-PGD ascent (geodesic mix, order 2) of every "
         "net in one batched_ascend call against the same call per net; 'engine loop' is "
-        "quotientsharp.sharpness per net. Diagonal (one step) and transformer: one geodesic "
+        "quotientsharp.engine per net. Diagonal (one step) and transformer: one geodesic "
         "ascent step (order 2, mix: point, loss and gradient through it, Riemannian direction, "
         "projected step), torch.func.vmap over stacked models against a Python loop over the "
         "same function")

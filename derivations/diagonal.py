@@ -26,7 +26,7 @@ import sympy
 import torch
 
 from quotientsharp import DiagonalQuotient
-from quotientsharp import symbolic as S
+from quotientsharp.core import symbolic as S
 
 #: relative tolerance of the float64 package code against the exact value
 TOLERANCE = 1e-12

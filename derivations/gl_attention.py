@@ -21,7 +21,7 @@ arithmetic at random rational points (no floating point, no ``simplify``):
 
 Then it compares the package code ``quotientsharp.GLQuotient`` (``inner``, ``christoffel``,
 ``horizontal_projection``, and the gradient where present) in float64 at the same points to
-``1e-10`` relative. Without ``quotientsharp.gl`` those rows are reported as skipped.
+``1e-10`` relative. Without ``quotientsharp.core.gl`` those rows are reported as skipped.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 import sympy
 import torch
 
-from quotientsharp import symbolic as S
+from quotientsharp.core import symbolic as S
 
 #: (n, m, h) shapes checked
 CASES = ((2, 2, 1), (3, 2, 2), (2, 3, 2))
@@ -259,7 +259,7 @@ def to_torch(matrices: Sequence[sympy.Matrix]) -> tuple[torch.Tensor, ...]:
 
 def load_package() -> type | None:
     try:
-        from quotientsharp.gl import GLQuotient
+        from quotientsharp.core.gl import GLQuotient
     except ImportError:
         return None
     return GLQuotient
@@ -435,7 +435,7 @@ def check_package(report: Report, section: str, shape: Shape, metric: str,
     what = "GLQuotient inner, christoffel, projection"
     if package is None:
         report.run(section, what, "numeric vs package",
-                   lambda: (SKIP, "quotientsharp.gl not importable: package not compared"))
+                   lambda: (SKIP, "quotientsharp.core.gl not importable: package not compared"))
         return
     g = shape.metrics[metric]
     # its own stream: the exact checks draw the same points with or without the package
@@ -511,7 +511,7 @@ def main(cases: Sequence[tuple[int, int, int]] = CASES,
     rng = random.Random(20250508)
     package = load_package()
     if package is None:
-        print("NOTE: quotientsharp.gl (GLQuotient) is not importable: the comparisons against "
+        print("NOTE: quotientsharp.core.gl (GLQuotient) is not importable: the comparisons against "
               "the package code are SKIPPED; the exact derivations still run.\n")
     report = Report()
     for n, m, h in cases:

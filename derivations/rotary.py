@@ -13,7 +13,7 @@ exponential). The script, in exact rational arithmetic (no floating point, no ``
 
 1. solves ``C Omega = Omega C`` for a matrix ``C`` of unknowns, with distinct rational
    frequencies, and checks that the solution space is exactly the span of the package's
-   algebra basis (``quotientsharp.gl.rotary_algebra_basis``): complex scalars
+   algebra basis (``quotientsharp.core.gl.rotary_algebra_basis``): complex scalars
    ``[[a, -b], [b, a]]`` on each plane and a free block on the non-rotary dims;
 2. checks that the solution space is closed under the matrix product (a Lie subalgebra whose
    exponential is the group ``GL(1, C)^{R/2} x GL(h - R)``);
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import sympy
 import torch
 
-from quotientsharp import symbolic as S
+from quotientsharp.core import symbolic as S
 
 #: (head_dim, rotary_dims, layout)
 CASES = ((4, 4, "rotate_half"), (6, 4, "rotate_half"), (4, 4, "interleaved"),
@@ -43,7 +43,7 @@ TOLERANCE = 1e-10
 
 def omega(head_dim: int, rotary_dims: int, layout: str) -> sympy.Matrix:
     """The generator of the rotations, with distinct rational frequencies ``1 / (d + 1)``."""
-    from quotientsharp.gl import rotary_planes
+    from quotientsharp.core.gl import rotary_planes
 
     matrix = sympy.zeros(head_dim, head_dim)
     for d, (i, j) in enumerate(rotary_planes(head_dim, rotary_dims, layout)):
@@ -64,7 +64,7 @@ def commutant(generator: sympy.Matrix) -> list[sympy.Matrix]:
 
 def package_basis(head_dim: int, rotary_dims: int, layout: str) -> list[sympy.Matrix]:
     """The package's basis, scaled back to integer entries (its ``1 / sqrt 2`` is a norm)."""
-    from quotientsharp.gl import rotary_algebra_basis
+    from quotientsharp.core.gl import rotary_algebra_basis
 
     basis = rotary_algebra_basis(head_dim, rotary_dims, layout)
     out = []
@@ -110,7 +110,7 @@ def exact_projection(metric: str, G: sympy.Matrix, H: sympy.Matrix,
 
 def check_projection(head_dim: int, rotary_dims: int, layout: str, metric: str,
                      rng: random.Random) -> tuple[bool, str]:
-    from quotientsharp.gl import RotaryQuotient
+    from quotientsharp.core.gl import RotaryQuotient
 
     n, m = head_dim + 1, head_dim + 2
     G, H = S.random_rational_matrix(n, head_dim, rng), S.random_rational_matrix(m, head_dim, rng)

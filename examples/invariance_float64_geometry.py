@@ -18,13 +18,13 @@ import sys
 import torch
 
 import quotientsharp as qs
-from quotientsharp.experiments.invariance import (
+from quotientsharp.models import find_symmetries
+from quotientsharp.reproduce.invariance.study import (
     _cast,
     _moved_model,
     generate_sentences,
     load_minilm,
 )
-from quotientsharp.models import find_symmetries
 
 
 def main() -> int:

@@ -11,10 +11,11 @@ under ``(G, H) -> (G A^{-1}, H A^T)`` and lives on the GL(h) quotient. Convergen
 on the held-out entries: ``||P_test(G H^T - M)|| / ||P_test(M)||`` (the relative RMSE).
 
 - :func:`fit_geoopt`: ``geoopt.optim.RiemannianSGD`` / ``RiemannianAdam`` on a
-  ``geoopt.ManifoldParameter`` of our :class:`~quotientsharp.adapters.QuotientManifold`. Plain
+  ``geoopt.ManifoldParameter`` of our :class:`~quotientsharp.core.adapters.QuotientManifold`. Plain
   Riemannian SGD under the mix metric is scaled gradient descent: ``grad_G = dL/dG (H^T H)^{-1}``.
 - :func:`fit_pymanopt`: pymanopt's ``TrustRegions`` (or ``ConjugateGradient``,
-  ``SteepestDescent``) on our :class:`~quotientsharp.adapters.PymanoptQuotient`, or on pymanopt's
+  ``SteepestDescent``) on our :class:`~quotientsharp.core.adapters.PymanoptQuotient`, or on
+  pymanopt's
   own ``FixedRankEmbedded`` from the same starting matrix. pymanopt 2.2 has no Hessian for
   ``FixedRankEmbedded`` (its docstring says it does not work with TrustRegions), so
   :func:`fixed_rank_derivatives` supplies the embedded-geometry Riemannian Hessian
@@ -38,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from quotientsharp.gl import GLQuotient
+from quotientsharp.core.gl import GLQuotient
 
 OPTIMIZERS = ("trust_regions", "conjugate_gradient", "steepest_descent")
 
@@ -203,7 +204,7 @@ def fit_geoopt(problem: CompletionProblem, *, metric: str = "mix", optimizer: st
     """
     import geoopt
 
-    from quotientsharp.adapters import QuotientManifold
+    from quotientsharp.core.adapters import QuotientManifold
 
     if optimizer not in ("sgd", "adam"):
         raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
@@ -374,7 +375,8 @@ def fit_pymanopt(problem: CompletionProblem, *, manifold: str = "gl", metric: st
     Parameters
     ----------
     manifold
-        ``"gl"``: our :class:`~quotientsharp.adapters.PymanoptQuotient` of ``GLQuotient(metric)``
+        ``"gl"``: our :class:`~quotientsharp.core.adapters.PymanoptQuotient` of
+        ``GLQuotient(metric)``
         on ``(G, H)``; ``"fixed_rank"``: pymanopt's ``FixedRankEmbedded`` on ``(u, s, vt)``, from
         the same starting matrix ``G_0 H_0^T``.
     derivatives
@@ -399,7 +401,7 @@ def fit_pymanopt(problem: CompletionProblem, *, manifold: str = "gl", metric: st
     import pymanopt
     from pymanopt.optimizers import ConjugateGradient, SteepestDescent, TrustRegions
 
-    from quotientsharp.adapters import PymanoptQuotient
+    from quotientsharp.core.adapters import PymanoptQuotient
 
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")

@@ -1,7 +1,21 @@
 """quotientsharp: Riemannian geometry on the symmetry quotients of neural networks.
 
+The package is in layers, each a folder that imports only from the layers below it (checked by
+``tests/test_layers.py``):
+
+1. :mod:`quotientsharp.core`: the geometry (quotients, metrics, frozen points, products,
+   checks, symbolic derivations, geoopt and pymanopt adapters);
+2. :mod:`quotientsharp.models`: symmetry discovery in torch models, parameter layouts,
+   bindings of a quotient to named parameters;
+3. :mod:`quotientsharp.engine`: the sharpness measures, the ascent solver, the result;
+4. :mod:`quotientsharp.workflows`: the study runner (manifests, grids, resumable records,
+   taus with intervals, reports, plots);
+5. :mod:`quotientsharp.reproduce`: the paper's studies, one sub-package each;
+6. :mod:`quotientsharp.cli`: the ``quotientsharp`` console script.
+
 The names below are imported on first use (PEP 562), so that ``import quotientsharp`` and the
-``quotientsharp`` console script's ``--help`` do not import torch.
+console script's ``--help`` do not import torch. Import paths of release 0.1 still work for
+one release, with a ``DeprecationWarning`` (:mod:`quotientsharp._moved`).
 """
 
 from __future__ import annotations
@@ -11,75 +25,83 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from quotientsharp import _moved
 
-#: Public name -> the module that defines it (a submodule itself where the value is ``None``).
-_EXPORTS: dict[str, str | None] = {
-    "AdaptiveQuotient": ".adaptive",
-    "ClosedFormQuotient": ".quotient",
-    "DiagonalQuotient": ".diagonal",
-    "FrozenPoint": ".frozen",
-    "GLQuotient": ".gl",
-    "ProductQuotient": ".product",
+__version__ = "0.2.0"
+
+#: Public name -> the module that defines it.
+_EXPORTS: dict[str, str] = {
+    "AdaptiveQuotient": ".core.adaptive",
+    "ClosedFormQuotient": ".core.quotient",
+    "DiagonalQuotient": ".core.diagonal",
+    "FrozenPoint": ".core.frozen",
+    "GLQuotient": ".core.gl",
+    "ProductQuotient": ".core.product",
     "QuotientBinding": ".models",
-    "RotaryQuotient": ".gl",
-    "SharpnessResult": ".sharpness",
-    "SymmetryQuotient": ".quotient",
-    "checks": None,
-    "models": None,
+    "RotaryQuotient": ".core.gl",
+    "SharpnessResult": ".engine",
+    "SymmetryQuotient": ".core.quotient",
     "find_symmetries": ".models",
-    "reference": None,
-    "sharpness": ".sharpness",
-    "value_checks": ".validation",
+    "sharpness": ".engine",
+    "value_checks": ".core.validation",
+}
+#: Public name -> the module it is.
+_MODULES: dict[str, str] = {
+    "checks": ".core.checks",
+    "core": ".core",
+    "engine": ".engine",
+    "models": ".models",
+    "reference": ".core.reference",
+    "workflows": ".workflows",
 }
 
 __all__ = ["AdaptiveQuotient", "ClosedFormQuotient", "DiagonalQuotient", "FrozenPoint",
            "GLQuotient", "ProductQuotient", "QuotientBinding", "RotaryQuotient", "SharpnessResult",
-           "SymmetryQuotient", "checks", "find_symmetries", "models", "reference", "sharpness",
-           "value_checks", "__version__"]
+           "SymmetryQuotient", "checks", "core", "engine", "find_symmetries", "models",
+           "reference", "sharpness", "value_checks", "workflows", "__version__"]
 
 if TYPE_CHECKING:
-    from . import checks, models, reference
-    from .adaptive import AdaptiveQuotient
-    from .diagonal import DiagonalQuotient
-    from .frozen import FrozenPoint
-    from .gl import GLQuotient, RotaryQuotient
-    from .models import QuotientBinding, find_symmetries
-    from .product import ProductQuotient
-    from .quotient import ClosedFormQuotient, SymmetryQuotient
-    from .sharpness import SharpnessResult, sharpness
-    from .validation import value_checks
+    from quotientsharp import core, engine, models, workflows
+    from quotientsharp.core import checks, reference
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+    from quotientsharp.core.diagonal import DiagonalQuotient
+    from quotientsharp.core.frozen import FrozenPoint
+    from quotientsharp.core.gl import GLQuotient, RotaryQuotient
+    from quotientsharp.core.product import ProductQuotient
+    from quotientsharp.core.quotient import ClosedFormQuotient, SymmetryQuotient
+    from quotientsharp.core.validation import value_checks
+    from quotientsharp.engine import SharpnessResult, sharpness
+    from quotientsharp.models import QuotientBinding, find_symmetries
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    source = _EXPORTS[name]
-    if source is None:
-        value: Any = importlib.import_module(f".{name}", __name__)
+    if name in _MODULES:
+        value: Any = importlib.import_module(_MODULES[name], __name__)
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
     else:
-        value = getattr(importlib.import_module(source, __name__), name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+    return sorted({*globals(), *_EXPORTS, *_MODULES})
 
 
 class _Package(types.ModuleType):
-    """Keeps ``quotientsharp.sharpness`` the function, as the eager import made it.
-
-    Importing the subpackage ``quotientsharp.sharpness`` (e.g. ``from quotientsharp.sharpness
-    import ascend``) sets the package attribute ``sharpness`` to the subpackage; the public
-    name is the function of the same name, so the function takes its place.
-    """
+    """Keeps a public name (``quotientsharp.sharpness``, the function) when a deprecated module
+    path of the same name (``import quotientsharp.sharpness.solver``, :mod:`._moved`) is
+    imported: the import system sets the package attribute to the module; the public name
+    stays."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "sharpness" and isinstance(value, types.ModuleType) \
-                and hasattr(value, "sharpness"):
-            value = value.sharpness
+        if name in _PUBLIC_FUNCTIONS and isinstance(value, types.ModuleType):
+            return
         super().__setattr__(name, value)
 
 
+#: Public names that are functions and also a deprecated module path.
+_PUBLIC_FUNCTIONS = frozenset({"sharpness"})
 sys.modules[__name__].__class__ = _Package
+_moved.install()

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from quotientsharp import DiagonalQuotient, SymmetryQuotient, reference
-from quotientsharp.gl import GLQuotient
+from quotientsharp.core.gl import GLQuotient
 
 geoopt = pytest.importorskip("geoopt")
 pymanopt = pytest.importorskip("pymanopt")
@@ -31,13 +31,13 @@ from pymanopt.optimizers import (  # noqa: E402
     TrustRegions,
 )
 
-from quotientsharp.adapters import (  # noqa: E402
+from quotientsharp.core.adapters import (  # noqa: E402
     PymanoptQuotient,
     QuotientManifold,
     QuotientTangentVector,
     StackedLayout,
 )
-from quotientsharp.adapters.pymanopt import riemannian_hessian  # noqa: E402
+from quotientsharp.core.adapters.pymanopt import riemannian_hessian  # noqa: E402
 
 DTYPES = [torch.float64, torch.float32]
 N, M, H_DIM, D = 5, 4, 3, 6
@@ -119,8 +119,8 @@ def run_python(code: str) -> subprocess.CompletedProcess:
 
 def test_importing_quotientsharp_never_imports_geoopt_or_pymanopt():
     result = run_python(
-        "import sys, quotientsharp, quotientsharp.adapters\n"
-        "import quotientsharp.gl, quotientsharp.diagonal\n"
+        "import sys, quotientsharp, quotientsharp.core.adapters\n"
+        "import quotientsharp.core.gl, quotientsharp.core.diagonal\n"
         "print(sorted(m for m in ('geoopt', 'pymanopt') if m in sys.modules))\n")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
@@ -132,7 +132,7 @@ def test_missing_extra_gives_clear_import_error():
         "import sys\n"
         "sys.modules['geoopt'] = None\n"
         "sys.modules['pymanopt'] = None\n"
-        "import quotientsharp.adapters as a\n"
+        "import quotientsharp.core.adapters as a\n"
         "for name in ('QuotientManifold', 'PymanoptQuotient'):\n"
         "    try:\n"
         "        getattr(a, name)\n"
@@ -148,7 +148,7 @@ def test_missing_extra_gives_clear_import_error():
 
 
 def test_unknown_adapter_name_is_an_attribute_error():
-    import quotientsharp.adapters as adapters
+    import quotientsharp.core.adapters as adapters
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         adapters.Nope  # noqa: B018
 
@@ -573,7 +573,7 @@ def test_pymanopt_optimizers_run(optimizer, quotient, shapes):
 
 class PlainInvGL(SymmetryQuotient):
     """GL(h) with the inv metric from the four required members only: every other operation
-    is the generic autograd default of :mod:`quotientsharp.reference`."""
+    is the generic autograd default of :mod:`quotientsharp.core.reference`."""
 
     point_ndims = (2, 2)
 

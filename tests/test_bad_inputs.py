@@ -25,7 +25,7 @@ from torch import nn
 
 import quotientsharp as qs
 from quotientsharp.cli import main
-from quotientsharp.sharpness import NonFiniteLossError
+from quotientsharp.engine import NonFiniteLossError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -422,8 +422,8 @@ def test_study_help_imports_no_torch(study):
 
 
 def test_measure_names_of_the_command_line_are_the_engines():
-    from quotientsharp.commands.measure_options import MEASURE_NAMES
-    from quotientsharp.sharpness import MEASURES
+    from quotientsharp.engine import MEASURES
+    from quotientsharp.workflows.options import MEASURE_NAMES
 
     assert set(MEASURE_NAMES) == set(MEASURES)
 
@@ -519,7 +519,7 @@ GLOO_TIMEOUT = ("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc
 
 
 def test_collective_failures_are_described():
-    from quotientsharp.distributed import describe_collective_failure
+    from quotientsharp.engine.distributed import describe_collective_failure
 
     timed_out = describe_collective_failure(RuntimeError(GLOO_TIMEOUT), 1800.0)
     assert "timed out waiting for the other ranks" in timed_out
@@ -534,9 +534,9 @@ def test_collective_failures_are_described():
 def test_reproduce_reports_a_distributed_timeout_in_one_line(monkeypatch, capsys):
     import torch.distributed as dist
 
-    import quotientsharp.distributed as qd
-    import quotientsharp.experiments as experiments
-    from quotientsharp.commands import reproduce
+    import quotientsharp.engine.distributed as qd
+    import quotientsharp.reproduce as experiments
+    from quotientsharp.cli import reproduce
 
     class Study:
         @staticmethod
@@ -558,7 +558,7 @@ def test_reproduce_reports_a_distributed_timeout_in_one_line(monkeypatch, capsys
 
 
 def test_results_files_are_written_with_the_usual_mode(tmp_path):
-    from quotientsharp.experiments.common import write_json_atomic, write_jsonl_atomic
+    from quotientsharp.workflows.results import write_json_atomic, write_jsonl_atomic
 
     mask = os.umask(0o022)
     try:

@@ -106,7 +106,7 @@ def test_inplace_protocol_equals_library_adaptive_sharpness(benchmark_modules, n
 
 
 def test_inplace_checkpoints_match_the_solver(benchmark_modules):
-    from quotientsharp.sharpness import checkpoints
+    from quotientsharp.engine import checkpoints
 
     for n_iter in range(1, 80):
         assert benchmark_modules.adaptive_checkpoints(n_iter) == checkpoints(n_iter)

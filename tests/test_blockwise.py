@@ -24,8 +24,8 @@ from torch import nn
 
 import quotientsharp as qs
 from quotientsharp.cli import main
+from quotientsharp.engine import plot_blocks
 from quotientsharp.models import QuotientBinding
-from quotientsharp.sharpness import plot_blocks
 
 
 class OneBlockMatters(nn.Module):

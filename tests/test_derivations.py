@@ -102,7 +102,7 @@ def test_diagonal_transcriptions_are_not_vacuous(diagonal) -> None:
 
 # ---------------------------------------------------------------------- GL(h)
 def _has_gl() -> bool:
-    return importlib.util.find_spec("quotientsharp.gl") is not None
+    return importlib.util.find_spec("quotientsharp.core.gl") is not None
 
 
 def test_gl_script_passes(gl_attention, capsys) -> None:
@@ -195,7 +195,7 @@ def test_gl_inv_condition_erratum_is_needed(gl_attention) -> None:
     # the mix condition in place of the corrected inv one is not metric-orthogonality for inv
     import random
 
-    from quotientsharp import symbolic as S
+    from quotientsharp.core import symbolic as S
 
     shape = gl_attention.Shape(3, 2, 2, metrics=("inv",))
     point = shape.random_point(random.Random(0))
@@ -212,7 +212,7 @@ def test_gl_inv_condition_erratum_is_needed(gl_attention) -> None:
 
 def test_gl_script_catches_a_sign_error_in_the_package(gl_attention, monkeypatch,
                                                         capsys) -> None:
-    gl = pytest.importorskip("quotientsharp.gl")
+    gl = pytest.importorskip("quotientsharp.core.gl")
     original = gl.GLQuotient.christoffel
 
     def flipped(self, x, u, v=None, **kwargs):
@@ -240,7 +240,7 @@ def test_rotary_script_passes(rotary, capsys) -> None:
 
 
 def test_rotary_script_catches_a_missing_basis_element(rotary, monkeypatch, capsys) -> None:
-    import quotientsharp.gl as gl
+    import quotientsharp.core.gl as gl
 
     original = gl.rotary_algebra_basis
     monkeypatch.setattr(gl, "rotary_algebra_basis",
@@ -250,7 +250,7 @@ def test_rotary_script_catches_a_missing_basis_element(rotary, monkeypatch, caps
 
 
 def test_rotary_script_catches_a_wrong_plane_layout(rotary, monkeypatch, capsys) -> None:
-    import quotientsharp.gl as gl
+    import quotientsharp.core.gl as gl
 
     # interleaved planes for a rotate_half generator: the commutant differs
     monkeypatch.setattr(gl, "rotary_algebra_basis",

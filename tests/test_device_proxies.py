@@ -27,18 +27,18 @@ from test_sharpness_reuse import AttentionWithDiagonal, _token_batches
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import quotientsharp as qs
-from quotientsharp import reference
-from quotientsharp.experiments.batched_ascent import (
+from quotientsharp.core import reference
+from quotientsharp.engine.solver import AscentSettings
+from quotientsharp.models import find_symmetries, reparametrize
+from quotientsharp.reproduce.diagonal.batched_ascent import (
     AdaptiveGeometry,
     DiagonalHorizontalGeometry,
     batched_ascend,
     mse_objective,
 )
-from quotientsharp.models import find_symmetries, reparametrize
-from quotientsharp.sharpness.solver import AscentSettings
 
-measures_module = importlib.import_module("quotientsharp.sharpness.measures")
-solver_module = importlib.import_module("quotientsharp.sharpness.solver")
+measures_module = importlib.import_module("quotientsharp.engine.measures")
+solver_module = importlib.import_module("quotientsharp.engine.solver")
 
 SYNCING_OPERATORS = {
     torch.ops.aten._local_scalar_dense.default,

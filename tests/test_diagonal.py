@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from quotientsharp import DiagonalQuotient, reference
-from quotientsharp.checks import check_all, relative_error
+from quotientsharp.core.checks import check_all, relative_error
 
 METRICS = ["inv", "mix"]
 DTYPES = [torch.float64, torch.float32]

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from quotientsharp.cli import symmetries as models_cli
 from quotientsharp.models import (
     AttentionPair,
     Coordinates,
@@ -18,7 +19,6 @@ from quotientsharp.models import (
     find_symmetries,
     reparametrize,
 )
-from quotientsharp.models import cli as models_cli
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")

@@ -1,4 +1,5 @@
-"""quotientsharp.distributed: batches and models spread over ranks give single-process results.
+"""quotientsharp.engine.distributed: batches and models spread over ranks give single-process
+results.
 
 The multi-process test launches ``torchrun`` with 2 CPU processes on gloo (127.0.0.1, a free
 port) running the worker below; rank 0 writes every value as ``float.hex``, and the test
@@ -21,7 +22,7 @@ import torch
 from torch import nn
 
 import quotientsharp as qs
-from quotientsharp import distributed as qd
+from quotientsharp.engine import distributed as qd
 from quotientsharp.models import find_symmetries
 
 WORKER = textwrap.dedent('''
@@ -33,7 +34,7 @@ WORKER = textwrap.dedent('''
     import torch
     from torch import nn
 
-    import quotientsharp.distributed as qd
+    import quotientsharp.engine.distributed as qd
 
     RHO = 0.05
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from quotientsharp.gl import GLQuotient
-from quotientsharp.sharpness.coordinates import Factor, other_factor
-from quotientsharp.sharpness.geometry import build_geometry
-from quotientsharp.sharpness.solver import _lift, gradient_step, momentum_step
+from quotientsharp.core.gl import GLQuotient
+from quotientsharp.engine.coordinates import Factor, other_factor
+from quotientsharp.engine.geometry import build_geometry
+from quotientsharp.engine.solver import _lift, gradient_step, momentum_step
 
 DTYPES = [torch.float32, torch.float64]
 
@@ -118,7 +118,7 @@ def _operators_of_one_step(tensors: int, with_gl: bool) -> int:
 def test_operators_per_step_do_not_grow_with_the_number_of_tensors(with_gl, monkeypatch) -> None:
     # the count stands for kernel launches on a GPU: the GPU path (on the CPU a rescale by
     # exactly 1 is skipped, which makes the count depend on the draw)
-    monkeypatch.setattr(importlib.import_module("quotientsharp.sharpness.solver"),
+    monkeypatch.setattr(importlib.import_module("quotientsharp.engine.solver"),
                         "HOST_DECISIONS_ON_CPU", False)
     few, many = _operators_of_one_step(5, with_gl), _operators_of_one_step(60, with_gl)
     assert few == many, (few, many)       # a per-tensor loop would add 55 x its operators
@@ -128,7 +128,7 @@ def test_operators_per_step_do_not_grow_with_the_number_of_tensors(with_gl, monk
 def test_at_most_four_tangent_tuples_are_alive_during_each_evaluation(restarts) -> None:
     import gc
 
-    from quotientsharp.sharpness.solver import AscentSettings, ascend
+    from quotientsharp.engine.solver import AscentSettings, ascend
 
     shape = (7, 13)                 # a shape no other tensor of the test has
     gen = torch.Generator().manual_seed(0)

@@ -1,6 +1,6 @@
 """GLQuotient and the Sylvester solvers: closed forms against independent references.
 
-References: the generic autograd defaults of :mod:`quotientsharp.reference` applied to the same
+References: the generic autograd defaults of :mod:`quotientsharp.core.reference` applied to the same
 ``inner`` (projections, gradients, Christoffel contractions, horizontality), dense
 Kronecker-product solves (Sylvester), ``torch.func.jvp`` (action, vertical space), RK4
 integration (geodesics) and pseudo-inverses of the dense vertical Gram matrix (degenerate
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from quotientsharp import GLQuotient, reference, value_checks
-from quotientsharp.checks import check_all, relative_error
-from quotientsharp.linalg import (
+from quotientsharp.core.checks import check_all, relative_error
+from quotientsharp.core.linalg import (
     solve_sylvester_eig,
     solve_sylvester_product_spd,
     solve_sylvester_spd,

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import quotientsharp as qs
-from quotientsharp.linalg import solve_sylvester_product_spd, solve_sylvester_spd
+from quotientsharp.core.linalg import solve_sylvester_product_spd, solve_sylvester_spd
 
 pytestmark = [
     pytest.mark.gpu,

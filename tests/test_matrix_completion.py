@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from quotientsharp import reference
+from quotientsharp.core import reference
 
 pytest.importorskip("geoopt")
 pymanopt = pytest.importorskip("pymanopt")

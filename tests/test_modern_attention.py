@@ -31,13 +31,13 @@ import torch
 from torch import nn
 
 import quotientsharp as qs
+from quotientsharp.cli import symmetries as models_cli
+from quotientsharp.engine import LayoutCoordinates
 from quotientsharp.models import ParameterLayout, find_symmetries, reparametrize
-from quotientsharp.models import cli as models_cli
-from quotientsharp.sharpness import LayoutCoordinates
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
-RotaryQuotient = pytest.importorskip("quotientsharp.gl").RotaryQuotient
+RotaryQuotient = pytest.importorskip("quotientsharp.core.gl").RotaryQuotient
 
 CONDITION = 1e3
 SEQUENCE = 6
@@ -636,7 +636,7 @@ def test_buckets_separate_rotary_and_plain_pairs_of_one_shape():
 
 # ---------------------------------------------------------------------- engine
 def test_engine_uses_the_rotary_quotient_for_rotary_buckets():
-    from quotientsharp.sharpness.functional import FunctionalModel
+    from quotientsharp.engine.functional import FunctionalModel
     model = _model("gpt_neox")
     report = find_symmetries(model)
     functional = FunctionalModel(model)

@@ -7,7 +7,8 @@ written once and parametrised over :data:`QUOTIENTS`. The properties:
 - ``check_all`` passes (every closed form against the autograd references, Taylor slopes,
   invariance, horizontality, broadcasting), in float64 and float32, over seeds;
 - ``quotient.at(x)`` is the quotient: the frozen point's operations equal the quotient-level
-  methods bit for bit (one formula), and equal the references of :mod:`quotientsharp.reference`;
+  methods bit for bit (one formula), and equal the references of
+  :mod:`quotientsharp.core.reference`;
 - projections are idempotent, complementary and metric-orthogonal; the Riemannian gradient of
   an arbitrary covector is horizontal;
 - a stack of points equals a loop over them (broadcast equals loop);
@@ -25,9 +26,9 @@ import pytest
 import torch
 
 import quotientsharp as qs
-from quotientsharp import _tuples as T
-from quotientsharp import reference
-from quotientsharp.checks import check_all, relative_error
+from quotientsharp.core import _tuples as T
+from quotientsharp.core import reference
+from quotientsharp.core.checks import check_all, relative_error
 
 TUTORIAL = Path(__file__).resolve().parents[1] / "docs" / "tutorial-custom-symmetry.md"
 

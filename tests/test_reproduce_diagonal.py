@@ -2,7 +2,7 @@
 study end to end (quick variant, once), ``--resume`` after interruptions, the docs page.
 
 Independent references: scipy's ``kendalltau`` and hand-counted pairs; the engine's
-``quotientsharp.sharpness`` on an equivalent ``nn.Module``; the exact trust-region maximum of a
+``quotientsharp.engine`` on an equivalent ``nn.Module``; the exact trust-region maximum of a
 quadratic over a Euclidean ball (for the exact mix path, a straight line in ``beta``).
 """
 
@@ -23,14 +23,30 @@ from torch import nn
 
 from quotientsharp import sharpness
 from quotientsharp.cli import main
-from quotientsharp.experiments import STUDIES, load_study
-from quotientsharp.experiments.batched_ascent import (
+from quotientsharp.engine import AscentSettings
+from quotientsharp.reproduce import STUDIES, load_study
+from quotientsharp.reproduce.diagonal.batched_ascent import (
     AdaptiveGeometry,
     DiagonalHorizontalGeometry,
     batched_ascend,
     mse_objective,
 )
-from quotientsharp.experiments.common import (
+from quotientsharp.reproduce.diagonal.entry import (
+    MEASURES,
+    DiagonalSettings,
+    compute_test_losses,
+    make_problem,
+    run_study,
+    sharpness_batches,
+)
+from quotientsharp.reproduce.diagonal.exact import (
+    mix_exact_at_interpolation,
+    mix_exact_maxima,
+    population_batch,
+    reference_maxima,
+)
+from quotientsharp.reproduce.diagonal.full import full_configurations, run_full
+from quotientsharp.workflows.results import (
     ResultsDirectory,
     kendall_tau_a,
     kendall_tau_b,
@@ -39,23 +55,7 @@ from quotientsharp.experiments.common import (
     regenerate_results_page,
     write_section,
 )
-from quotientsharp.experiments.diagonal import (
-    MEASURES,
-    DiagonalSettings,
-    compute_test_losses,
-    make_problem,
-    run_study,
-    sharpness_batches,
-)
-from quotientsharp.experiments.diagonal_exact import (
-    mix_exact_at_interpolation,
-    mix_exact_maxima,
-    population_batch,
-    reference_maxima,
-)
-from quotientsharp.experiments.diagonal_full import full_configurations, run_full
-from quotientsharp.experiments.tau_intervals import pooled_tau_intervals, tau_interval
-from quotientsharp.sharpness import AscentSettings
+from quotientsharp.workflows.tau_intervals import pooled_tau_intervals, tau_interval
 
 
 class DiagonalNet(nn.Module):
@@ -433,7 +433,7 @@ def test_quick_run_values_recompute_from_the_saved_nets(quick_run) -> None:
     records = {r["model"]: r for r in read_jsonl(out / "models.jsonl")}
     trained = {r["model"]: r for r in read_jsonl(out / "trained.jsonl")}
     assert sorted(trained) == sorted(records)
-    from quotientsharp.experiments.diagonal import TrainedNet
+    from quotientsharp.reproduce.diagonal.entry import TrainedNet
 
     nets = [TrainedNet.from_record(trained[i]) for i in sorted(trained)]
     for net, test_loss in zip(nets, compute_test_losses(problem, nets), strict=True):
@@ -670,7 +670,7 @@ def _cli_help(*argv: str) -> tuple[int, str, str]:
 
 
 def test_plots_without_matplotlib_print_a_hint(tmp_path, monkeypatch, capsys) -> None:
-    from quotientsharp.experiments.common import PLOT_INSTALL_HINT, scatter_plots
+    from quotientsharp.workflows.results import PLOT_INSTALL_HINT, scatter_plots
 
     for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
         monkeypatch.setitem(__import__("sys").modules, name, None)   # import raises

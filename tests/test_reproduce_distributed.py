@@ -27,9 +27,10 @@ import pytest
 import torch
 
 from quotientsharp.cli import main
-from quotientsharp.distributed import run_on_rank0, torchrun_world_size
-from quotientsharp.experiments import common, invariance
-from quotientsharp.experiments.common import (
+from quotientsharp.engine.distributed import run_on_rank0, torchrun_world_size
+from quotientsharp.reproduce.invariance import study as invariance
+from quotientsharp.workflows import results as common
+from quotientsharp.workflows.results import (
     ResultsDirectory,
     read_jsonl,
     shard_name,
@@ -196,7 +197,7 @@ def test_interrupted_distributed_run_resumes_to_the_same_records(vit_runs):
 
 def common_family():
     """The module whose ``train_classifier`` and ``measure_model`` family_study calls."""
-    from quotientsharp.experiments import family_run
+    from quotientsharp.reproduce.families import run as family_run
 
     return family_run
 

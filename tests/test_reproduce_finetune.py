@@ -24,18 +24,19 @@ pytest.importorskip("matplotlib")
 scipy_stats = pytest.importorskip("scipy.stats")
 
 from quotientsharp.cli import main  # noqa: E402
-from quotientsharp.experiments import STUDIES, family_run, load_study  # noqa: E402
-from quotientsharp.experiments import minilm as minilm_study  # noqa: E402
-from quotientsharp.experiments import vit_finetune as vit_finetune_study  # noqa: E402
-from quotientsharp.experiments.family_pretrained import (  # noqa: E402
+from quotientsharp.reproduce import STUDIES, load_study  # noqa: E402
+from quotientsharp.reproduce.families import minilm as minilm_study  # noqa: E402
+from quotientsharp.reproduce.families import run as family_run  # noqa: E402
+from quotientsharp.reproduce.families import vit_finetune as vit_finetune_study  # noqa: E402
+from quotientsharp.reproduce.families.pretrained import (  # noqa: E402
     cached_pretraining,
     load_body,
 )
-from quotientsharp.experiments.family_training import (  # noqa: E402
+from quotientsharp.reproduce.families.sentiment_task import generate_sentences  # noqa: E402
+from quotientsharp.reproduce.families.training import (  # noqa: E402
     HyperparameterSpace,
     draw_hyperparameters,
 )
-from quotientsharp.experiments.sentiment_task import generate_sentences  # noqa: E402
 
 MEASURES = ("adaptive", "worst_case", "geodesic_inv_o1", "geodesic_inv_o2", "geodesic_mix_o1",
             "geodesic_mix_o2", "relative_flatness", "geodesic_inv_o2_eps0.1",
@@ -254,8 +255,8 @@ def test_bad_device_and_sizes_end_with_a_clear_error(tmp_path, capsys):
 
 
 def test_ablation_rows_are_per_model_ratios():
-    from quotientsharp.experiments.family_measures import eps_sweep_measures, family_measures
-    from quotientsharp.experiments.family_report import ablation_rows
+    from quotientsharp.reproduce.families.measures import eps_sweep_measures, family_measures
+    from quotientsharp.reproduce.families.report import ablation_rows
 
     specs = family_measures(0.1, 0.1, 0.1, 0.1) + eps_sweep_measures(0.1, 0.1, (0.5,))
     records = [{"geodesic_inv_o1": 1.0, "geodesic_inv_o2": 2.0, "geodesic_mix_o1": 4.0,

@@ -22,11 +22,12 @@ pytest.importorskip("matplotlib")
 scipy_stats = pytest.importorskip("scipy.stats")
 
 from quotientsharp.cli import main  # noqa: E402
-from quotientsharp.experiments import STUDIES, family_run, load_study  # noqa: E402
-from quotientsharp.experiments import bert as bert_study  # noqa: E402
-from quotientsharp.experiments import invariance as invariance_study  # noqa: E402
-from quotientsharp.experiments import transformer_common as common  # noqa: E402
-from quotientsharp.experiments import vit as vit_study  # noqa: E402
+from quotientsharp.reproduce import STUDIES, load_study  # noqa: E402
+from quotientsharp.reproduce.families import bert as bert_study  # noqa: E402
+from quotientsharp.reproduce.families import run as family_run  # noqa: E402
+from quotientsharp.reproduce.families import transformer_common as common  # noqa: E402
+from quotientsharp.reproduce.families import vit as vit_study  # noqa: E402
+from quotientsharp.reproduce.invariance import study as invariance_study  # noqa: E402
 
 MEASURE_KEYS = ("adaptive", "worst_case", "geodesic_inv_o1", "geodesic_inv_o2",
                 "geodesic_mix_o1", "geodesic_mix_o2", "relative_flatness")

@@ -1,4 +1,4 @@
-"""``quotientsharp.sharpness`` on tiny models against independent computations.
+"""``quotientsharp.engine`` on tiny models against independent computations.
 
 - worst-case L2 on a quadratic: the trust-region maximum from a 1-D search over the multiplier;
 - worst-case L-infinity on a convex quadratic: brute force over the box's vertices;
@@ -314,7 +314,7 @@ def test_geodesic_sharpness_invariant_on_tiny_attention_for_every_order(metric: 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_matches_cpu_and_the_ascent_loop_never_syncs(monkeypatch) -> None:
-    import quotientsharp.sharpness.measures as measures
+    import quotientsharp.engine.measures as measures
 
     original = measures.ascend
 

@@ -1,8 +1,8 @@
 """The sharpness engine's geometry stage against independent references.
 
 The engine runs the product of the layout's quotients frozen at ``theta``
-(:func:`quotientsharp.sharpness.geometry.build_geometry`). GL buckets (heads folded into the
-point): against the autograd reference of :mod:`quotientsharp.reference` built from the metric
+(:func:`quotientsharp.engine.geometry.build_geometry`). GL buckets (heads folded into the
+point): against the autograd reference of :mod:`quotientsharp.core.reference` built from the metric
 alone (a stand-in quotient defined here) and against Christoffel symbols written out with
 explicit inverses. Diagonal factor: against ``DiagonalQuotient`` and the GL(1) case of the GL
 Euclidean metric. Adaptive factor: against its closed forms. The ball: projections, directions
@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from quotientsharp import DiagonalQuotient, reference
-from quotientsharp.gl import GLQuotient
-from quotientsharp.quotient import SymmetryQuotient
-from quotientsharp.sharpness.ball import BoxGeometry
-from quotientsharp.sharpness.coordinates import Factor, other_factor
-from quotientsharp.sharpness.geometry import build_geometry
-from quotientsharp.sharpness.solver import checkpoints
+from quotientsharp.core.gl import GLQuotient
+from quotientsharp.core.quotient import SymmetryQuotient
+from quotientsharp.engine.ball import BoxGeometry
+from quotientsharp.engine.coordinates import Factor, other_factor
+from quotientsharp.engine.geometry import build_geometry
+from quotientsharp.engine.solver import checkpoints
 
 METRICS = ("inv", "mix", "euclidean")
 

@@ -20,19 +20,19 @@ import torch
 from torch import nn
 
 from quotientsharp import DiagonalQuotient, GLQuotient, sharpness
-from quotientsharp.experiments.batched_ascent import (
+from quotientsharp.engine import api
+from quotientsharp.engine.ball import BoxGeometry, GeodesicBall
+from quotientsharp.engine.batches import resolve_loss, split_batch
+from quotientsharp.engine.coordinates import Factor, other_factor
+from quotientsharp.engine.functional import FunctionalModel
+from quotientsharp.engine.geometry import build_geometry
+from quotientsharp.engine.measures import FirstEvaluation
+from quotientsharp.engine.solver import AscentSettings, ascend
+from quotientsharp.reproduce.diagonal.batched_ascent import (
     AdaptiveGeometry,
     DiagonalHorizontalGeometry,
     mse_objective,
 )
-from quotientsharp.sharpness import api
-from quotientsharp.sharpness.ball import BoxGeometry, GeodesicBall
-from quotientsharp.sharpness.batches import resolve_loss, split_batch
-from quotientsharp.sharpness.coordinates import Factor, other_factor
-from quotientsharp.sharpness.functional import FunctionalModel
-from quotientsharp.sharpness.geometry import build_geometry
-from quotientsharp.sharpness.measures import FirstEvaluation
-from quotientsharp.sharpness.solver import AscentSettings, ascend
 
 
 def _max_relative(a, b) -> float:

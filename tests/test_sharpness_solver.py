@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from quotientsharp.sharpness.coordinates import other_factor
-from quotientsharp.sharpness.geometry import build_geometry
-from quotientsharp.sharpness.solver import AscentSettings, ascend
+from quotientsharp.engine.coordinates import other_factor
+from quotientsharp.engine.geometry import build_geometry
+from quotientsharp.engine.solver import AscentSettings, ascend
 
 
 def _objective_numpy(point: np.ndarray, seed: int) -> tuple[float, np.ndarray]:

@@ -24,7 +24,7 @@ from test_sharpness import DUMMY, Quadratic, _quadratic, _value_loss, classifica
 from test_sharpness_reuse import _token_batches
 
 import quotientsharp as qs
-from quotientsharp.sharpness import AscentSettings, reference_settings, trust_region_maximum
+from quotientsharp.engine import AscentSettings, reference_settings, trust_region_maximum
 
 
 def _slsqp_maximum(A: torch.Tensor, g: torch.Tensor, rho: float, c: torch.Tensor) -> float:

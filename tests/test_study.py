@@ -2,7 +2,7 @@
 
 Five small MLPs saved with ``torch.save`` and made-up gaps, and three tiny BERTs saved with
 ``save_pretrained`` whose gap is computed from train and test JSON lines, are studied through
-``quotientsharp.cli.main``. Checked: the CSV against direct ``quotientsharp.sharpness`` calls,
+``quotientsharp.cli.main``. Checked: the CSV against direct ``quotientsharp.engine`` calls,
 the taus against the Kendall functions, the bootstrap against resampling by hand, the report
 and plot files; an interrupted run (stopped after 2 models, in this process and by SIGKILL in a
 subprocess) resumed to the very files of an uninterrupted one; a grown manifest; torchrun with
@@ -30,8 +30,8 @@ from torch import nn
 
 from quotientsharp import sharpness
 from quotientsharp.cli import main
-from quotientsharp.experiments.common import kendall_tau_a, kendall_tau_b, read_jsonl
-from quotientsharp.study import bootstrap_taus, kendall_with_intervals, measuring
+from quotientsharp.workflows import bootstrap_taus, kendall_with_intervals, measuring
+from quotientsharp.workflows.results import kendall_tau_a, kendall_tau_b, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -217,7 +217,7 @@ def test_killed_subprocess_loses_no_finished_model(saved, small_run):
     script = textwrap.dedent(f"""
         import os, signal
         from quotientsharp.cli import main
-        from quotientsharp.study import measuring
+        from quotientsharp.workflows import measuring
         original, calls = measuring.measure_entry, []
         def measure_entry(*args, **kwargs):
             if len(calls) == 2:
@@ -375,11 +375,11 @@ def test_study_help_imports_no_torch():
 
 # ---------------------------------------------------------------------------- labels (item 4)
 def test_readable_labels_of_the_studies():
-    from quotientsharp.experiments.diagonal_measures import MEASURES
-    from quotientsharp.experiments.diagonal_report import measure_axis_label
-    from quotientsharp.experiments.family_measures import family_measures
-    from quotientsharp.experiments.family_report import spec_label
-    from quotientsharp.experiments.labels import decades_note, measure_label, tau_title
+    from quotientsharp.reproduce.diagonal.measures import MEASURES
+    from quotientsharp.reproduce.diagonal.report import measure_axis_label
+    from quotientsharp.reproduce.families.measures import family_measures
+    from quotientsharp.reproduce.families.report import spec_label
+    from quotientsharp.workflows.labels import decades_note, measure_label, tau_title
 
     labels = {spec.name: measure_axis_label(spec, 0.1) for spec in MEASURES}
     assert labels["geodesic_mix_order2"] == "geodesic sharpness (mix metric, order 2, ρ = 0.1)"
@@ -399,8 +399,8 @@ def test_readable_labels_of_the_studies():
 
 
 def test_reproduce_console_states_the_sign_convention(monkeypatch, capsys):
-    import quotientsharp.experiments as experiments
-    from quotientsharp.commands import reproduce
+    import quotientsharp.reproduce as experiments
+    from quotientsharp.cli import reproduce
 
     class Study:
         GENERALISATION = "test loss"

@@ -1,4 +1,4 @@
-"""Tests of quotientsharp.symbolic against textbook geometry and against torch autograd."""
+"""Tests of quotientsharp.core.symbolic against textbook geometry and against torch autograd."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 sympy = pytest.importorskip("sympy")
 torch = pytest.importorskip("torch")
 
-from quotientsharp import symbolic as S  # noqa: E402
+from quotientsharp.core import symbolic as S  # noqa: E402
 
 x, y = sympy.symbols("x y", real=True)
 r, theta = sympy.symbols("r theta", positive=True)

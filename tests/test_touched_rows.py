@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 import quotientsharp as qs
-from quotientsharp.sharpness import NonFiniteLossError
-from quotientsharp.sharpness.touched_rows import embedding_tables, graph_uses
+from quotientsharp.engine import NonFiniteLossError
+from quotientsharp.engine.touched_rows import embedding_tables, graph_uses
 
 transformers = pytest.importorskip("transformers")
 
@@ -280,7 +280,7 @@ def test_only_a_diagonal_metric_can_be_cut_to_rows() -> None:
                                      dict(measure="worst_case", p=2, restarts=1)],
                          ids=["adaptive", "geodesic-mix", "restarts"])
 def test_decisions_on_the_host_give_the_device_path_bit_for_bit(monkeypatch, options) -> None:
-    solver = importlib.import_module("quotientsharp.sharpness.solver")
+    solver = importlib.import_module("quotientsharp.engine.solver")
     model, batches = _bert(), _batches()
     host = qs.sharpness(model, batches, rho=0.1, n_iter=9, progress=False, **options)
     monkeypatch.setattr(solver, "HOST_DECISIONS_ON_CPU", False)

@@ -33,10 +33,10 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:
-    from .binding import QuotientBinding
-    from .layout import Coordinates, ParameterLayout
-    from .reparametrize import reparametrize
-    from .report import (
+    from quotientsharp.models.binding import QuotientBinding
+    from quotientsharp.models.layout import Coordinates, ParameterLayout
+    from quotientsharp.models.reparametrize import reparametrize
+    from quotientsharp.models.report import (
         AttentionModule,
         AttentionPair,
         DiagonalPair,
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
         PairGroup,
         SymmetryReport,
     )
-    from .walker import find_symmetries
+    from quotientsharp.models.walker import find_symmetries
 
 
 def __getattr__(name: str) -> Any:

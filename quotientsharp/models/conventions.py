@@ -3,7 +3,7 @@
 **Rotary position embeddings.** Rotary embeddings rotate each query and key, per plane of two
 head dimensions, by an angle proportional to its position. The query/key symmetry then shrinks
 from ``GL(h)`` to the centraliser of the rotations, ``GL(1,C)^{R/2} x GL(h - R)`` for ``R``
-rotated dimensions (:class:`~quotientsharp.gl.RotaryQuotient`). Which dimensions form a plane
+rotated dimensions (:class:`~quotientsharp.core.gl.RotaryQuotient`). Which dimensions form a plane
 is a convention of the modeling code:
 
 - ``"rotate_half"`` (HF Llama, Qwen2, Mistral, GPT-NeoX): plane ``d`` is ``(d, d + R/2)``;

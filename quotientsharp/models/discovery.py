@@ -35,8 +35,8 @@ The code lives in one module per stage; this module re-exports their public name
 
 from __future__ import annotations
 
-from .recognisers import HEAD_COUNT_ATTRIBUTES
-from .report import (
+from quotientsharp.models.recognisers import HEAD_COUNT_ATTRIBUTES
+from quotientsharp.models.report import (
     PAIR_KINDS,
     AttentionModule,
     AttentionPair,
@@ -45,7 +45,7 @@ from .report import (
     PairGroup,
     SymmetryReport,
 )
-from .walker import find_symmetries
+from quotientsharp.models.walker import find_symmetries
 
 __all__ = [
     "HEAD_COUNT_ATTRIBUTES",

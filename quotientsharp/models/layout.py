@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .report import AttentionPair, FactorSource, PairGroup, SymmetryReport
+from quotientsharp.models.report import AttentionPair, FactorSource, PairGroup, SymmetryReport
 
 __all__ = ["Coordinates", "ParameterLayout"]
 

@@ -32,8 +32,13 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from .conventions import RotarySpec, declared_rotary_dims, detect_kv_sharing, detect_layout
-from .report import FactorSource, PairGroup
+from quotientsharp.models.conventions import (
+    RotarySpec,
+    declared_rotary_dims,
+    detect_kv_sharing,
+    detect_layout,
+)
+from quotientsharp.models.report import FactorSource, PairGroup
 
 __all__ = [
     "HANDLERS",

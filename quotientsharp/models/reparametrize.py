@@ -19,10 +19,10 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from ..gl import rotary_planes
-from .conventions import RotarySpec
-from .layout import ParameterLayout
-from .report import SymmetryReport
+from quotientsharp.core.gl import rotary_planes
+from quotientsharp.models.conventions import RotarySpec
+from quotientsharp.models.layout import ParameterLayout
+from quotientsharp.models.report import SymmetryReport
 
 __all__ = ["reparametrize"]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .conventions import RotarySpec, rotary_group_dimension, rotary_group_name
+from quotientsharp.models.conventions import RotarySpec, rotary_group_dimension, rotary_group_name
 
 __all__ = [
     "PAIR_KINDS",

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from .recognisers import (
+from quotientsharp.models.recognisers import (
     HANDLERS,
     QKV_LIKE_NAMES,
     Finding,
@@ -23,7 +23,7 @@ from .recognisers import (
     looks_like_attention,
     own_qkv_like_count,
 )
-from .report import AttentionModule, DiagonalPair, PairGroup, SymmetryReport
+from quotientsharp.models.report import AttentionModule, DiagonalPair, PairGroup, SymmetryReport
 
 __all__ = ["find_symmetries"]
 

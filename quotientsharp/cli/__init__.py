@@ -1,0 +1,96 @@
+"""The ``quotientsharp`` console script: the top layer, one module per subcommand.
+
+Building the parser imports no torch (the subcommands import it when they run), so
+``quotientsharp --help`` and every subcommand's ``--help`` answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import sys
+from collections.abc import Sequence
+
+#: Subcommand -> its module. Every module exposes ``add_parser(subparsers)`` and
+#: ``run(args) -> int`` and imports torch inside ``run``, so ``--help`` stays fast.
+COMMANDS = {
+    "verify": "quotientsharp.cli.verify",
+    "symmetries": "quotientsharp.cli.symmetries",
+    "measure": "quotientsharp.cli.measure",
+    "reproduce": "quotientsharp.cli.reproduce",
+    "study": "quotientsharp.cli.study",
+}
+
+_ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`([^`]+)`")
+_LITERAL = re.compile(r"``(.+?)``", re.DOTALL)
+
+
+def _role_text(match: re.Match[str]) -> str:
+    text = match.group(1)
+    titled = re.fullmatch(r"(.+?)\s*<[^>]+>", text, re.DOTALL)
+    if titled:
+        return titled.group(1)
+    return text[1:].rsplit(".", 1)[-1] if text.startswith("~") else text
+
+
+def plain_text(text: str | None) -> str | None:
+    """A docstring as terminal help: RST roles (``:func:`~a.b```) and double backticks
+    stripped to their text."""
+    if text is None:
+        return None
+    return _LITERAL.sub(r"\1", _ROLE.sub(_role_text, text))
+
+
+__all__ = ["COMMANDS", "build_parser", "main", "plain_text"]
+
+#: Exit status after the reader of stdout went away (``... | head``): 128 + SIGPIPE.
+BROKEN_PIPE_STATUS = 141
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="quotientsharp",
+        description="Riemannian geometry on symmetry quotients of neural networks, and "
+                    "geodesic sharpness.")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for module_name in COMMANDS.values():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as err:
+            # a subcommand whose optional extra is missing is left out, not fatal
+            if getattr(err, "name", None) and str(err.name).startswith("quotientsharp"):
+                continue
+            raise
+        module.add_parser(subparsers)
+    return parser
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at the null device, so that the interpreter's final flush cannot fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    module = importlib.import_module(COMMANDS[args.command])
+    try:
+        status = int(module.run(args) or 0)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away (``quotientsharp symmetries --json | head``): stop quietly
+        _quiet_stdout()
+        return BROKEN_PIPE_STATUS
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""``quotientsharp measure MODEL DATA``: sharpness of a saved model on a dataset.
+
+MODEL is one of
+
+- a HuggingFace model directory (``config.json`` and the weights, as ``save_pretrained``
+  writes them). The class named in ``config.json``'s ``architectures`` is loaded (e.g.
+  ``BertForSequenceClassification``), offline, with eager attention; every weight must be in
+  the directory (a missing tensor, such as an untrained classification head, is an error);
+- a file written by ``torch.save(module)`` (a whole ``nn.Module``, loaded with
+  ``weights_only=False``: only load files you trust).
+
+DATA is one of
+
+- a JSON-lines file (``.jsonl``, one object per line). Either text rows
+  ``{"text": "...", "label": 1}`` (optional ``"text_pair"`` for sentence pairs), tokenised with
+  the tokenizer saved in the MODEL directory (or ``--tokenizer DIR``), offline; or pre-tokenised
+  rows ``{"input_ids": [101, 7592, 102], "label": 1}`` with optional ``"attention_mask"`` and
+  ``"token_type_ids"`` (lists of the same length), padded per batch with the config's
+  ``pad_token_id`` (0 if it has none) and attention mask 0. Rows with ``input_ids`` need no
+  tokenizer. Labels are integers (cross-entropy) or numbers (``--loss mse``); ``"labels"`` is
+  accepted for ``"label"``;
+- a file written by ``torch.save``: a tuple ``(X, Y)``, a dict with ``"x"`` and ``"y"``, or a
+  ``torch.utils.data.TensorDataset`` (the last tensor is the target, the others are the
+  inputs, passed positionally). Batches are ``model(X[i:i + B])`` against ``Y[i:i + B]``.
+
+The data are split into consecutive batches of ``--batch-size`` (the last one may be smaller),
+at most ``--max-batches`` of them; every measure runs on the same batches, per batch, and
+reports the mean over batches (``quotientsharp.engine``). A table goes to stdout; ``--json
+OUT`` also writes the settings, every per-batch value and the values as JSON (for the ascent
+measures also the solver's convergence trace per batch). Exit status 0 on success, 2 on bad
+input (with a one-line error on stderr).
+
+Solver diagnostics of the ascent measures: ``--blockwise`` adds a table of the blocks of the
+best perturbation (attention head pairs, diagonal pairs, parameters) with their norm share and
+the loss change when only that block's part is applied, and ``--plot PNG`` draws it;
+``--reference-n-iter N`` / ``--reference-restarts R`` run a stronger reference solve per batch
+and report the gap between it and the measured value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from quotientsharp.cli import plain_text
+from quotientsharp.cli.measure_output import (
+    blocks_table,
+    environment,
+    measure_label,
+    reference_lines,
+    results_table,
+    solver_quality,
+    write_json,
+)
+from quotientsharp.workflows.data import JSONL_SUFFIXES, TOKENIZER_FILES, load_batches
+from quotientsharp.workflows.options import (
+    ASCENT_MEASURES,
+    PROG,
+    InputError,
+    add_arguments,
+    check_options,
+    check_solver_options,
+    measure_names,
+    measure_runs,
+    options_for,
+)
+from quotientsharp.workflows.saved_models import load_measured_model
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "ASCENT_MEASURES",
+    "JSONL_SUFFIXES",
+    "PROG",
+    "TOKENIZER_FILES",
+    "InputError",
+    "add_parser",
+    "check_device",
+    "load_batches",
+    "load_measured_model",
+    "run",
+]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register the ``measure`` subcommand on an ``argparse`` subparsers object."""
+    parser = subparsers.add_parser(
+        "measure", help="sharpness of a saved model (HuggingFace directory or torch.save'd "
+        "module) on a dataset (JSONL or torch.save'd tensors)", description=plain_text(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def check_device(text: str) -> torch.device:
+    """The device of ``--device``, or an :class:`InputError` (one line, exit 2) when this torch
+    build or machine does not have it."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except RuntimeError as err:
+        raise InputError(f"--device {text!r}: {err}") from err
+    if device.type == "meta":
+        raise InputError("--device meta holds no data: choose cpu or an accelerator")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = ("this torch build has no CUDA support" if torch.version.cuda is None
+                   else "no CUDA device is visible")
+            raise InputError(f"--device {text}: CUDA is not available ({why}; torch "
+                             f"{torch.__version__}); use --device cpu")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise InputError(f"--device {text}: this machine has {count} CUDA device(s)")
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(f"--device {text} is not usable here: {first}") from err
+    return device
+
+
+def _measure(args: argparse.Namespace) -> int:
+    import torch
+
+    from quotientsharp.engine import sharpness
+
+    measures = measure_names(args.measure)
+    checked = check_options(args, measures)
+    check_solver_options(args, measures)
+    runs = measure_runs(measures, checked)
+    device = check_device(args.device)
+    model = load_measured_model(args.model)
+    model = model.to(device=device)
+    if args.dtype is not None:
+        model = model.to(dtype=getattr(torch, args.dtype))
+    batches, examples, data_kind = load_batches(args.data, model, args.model, args)
+    parameters = sum(p.numel() for p in model.parameters())
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
+    print(f"{PROG}: {type(model).__name__} ({parameters:,} parameters, {', '.join(dtypes)}, "
+          f"{device}) on {examples} examples ({data_kind}) in {len(batches)} batch(es) of <= "
+          f"{args.batch_size}")
+
+    rows, results, measured = [], {}, {}
+    for measure_run in runs:
+        measure = measure_run.measure
+        rho = None if measure == "relative_flatness" else args.rho
+        tic = time.perf_counter()
+        try:
+            result = sharpness(model, batches, measure=measure, rho=rho,
+                               **options_for(measure_run, args))
+        except (TypeError, ValueError, IndexError, RuntimeError) as err:
+            # the model and the data do not fit together (or an option does not fit the model)
+            raise InputError(f"{measure_label(measure, measure_run.variant or {})} sharpness "
+                             f"of MODEL {args.model} on DATA {args.data} failed: {err}") from err
+        seconds = time.perf_counter() - tic
+        row = {"label": measure_label(measure, result.settings), "value": result.value,
+               "per_batch": result.per_batch, "clean_losses": result.clean_losses,
+               "seconds": seconds}
+        rows.append(row)
+        measured[row["label"]] = result
+        results[measure_run.key] = {
+            "measure": measure,
+            "value": result.value, "per_batch": result.per_batch,
+            "clean_losses": result.clean_losses, "perturbed_losses": result.perturbed_losses,
+            "perturbation_norms": result.perturbation_norms, "excluded": result.excluded,
+            "frozen": result.frozen, "settings": result.settings, "seconds": seconds,
+            **solver_quality(result)}
+    print(results_table(rows))
+    gaps = reference_lines(list(measured.items()))
+    if gaps:
+        print(gaps)
+    blockwise = {label: result for label, result in measured.items() if result.blocks}
+    for label, result in blockwise.items():
+        print()
+        print(blocks_table(label, result.block_summary()))
+    if args.plot is not None:
+        from quotientsharp.engine.plots import plot_blocks
+
+        print(f"wrote {plot_blocks(list(blockwise.values()), args.plot)}")
+
+    if args.json is not None:
+        metrics, orders = checked["metrics"], checked["orders"]
+        document = {
+            "model": str(args.model), "data": str(args.data),
+            "model_class": type(model).__name__, "parameters": parameters,
+            "examples": examples, "data_kind": data_kind, "batches": len(batches),
+            "settings": {"measures": measures, "keys": [r.key for r in runs], "rho": args.rho,
+                         "metric": metrics[0] if len(metrics) == 1 else metrics,
+                         "order": orders[0] if len(orders) == 1 else orders,
+                         "eps": args.eps, "p": args.p,
+                         "samples": args.samples, "layer": args.layer, "loss": args.loss,
+                         "batch_size": args.batch_size, "max_batches": args.max_batches,
+                         "n_iter": args.n_iter, "seed": args.seed,
+                         "blockwise": args.blockwise,
+                         "reference_n_iter": args.reference_n_iter,
+                         "reference_restarts": args.reference_restarts,
+                         "max_length": args.max_length, "dtype": args.dtype or dtypes,
+                         "device": str(device)},
+            "environment": environment(device),
+            "results": results,
+            "value": {key: result["value"] for key, result in results.items()},
+        }
+        write_json(args.json, document)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute the subcommand; returns the process exit status (2 on bad input)."""
+    try:
+        return _measure(args)
+    except (OSError, ValueError, TypeError, KeyError, IndexError, RuntimeError) as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return 2

@@ -1,0 +1,141 @@
+"""``quotientsharp measure``: what goes out, the table on stdout and the ``--json`` document."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+import os
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["blocks_table", "environment", "jsonable", "measure_label", "reference_lines",
+           "results_table", "solver_quality", "write_json"]
+
+
+def _installed(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """What the numbers were computed with: versions of Python, torch, quotientsharp and
+    transformers, the platform, the device (and its name on CUDA) and torch's thread counts."""
+    import torch
+
+    from quotientsharp import __version__
+
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "quotientsharp": __version__,
+        "transformers": _installed("transformers"),
+        "numpy": _installed("numpy"),
+        "platform": platform.platform(),
+        "device": str(device),
+        "cuda": torch.version.cuda,
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+    }
+    if device.type == "cuda":
+        info["device_name"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def measure_label(measure: str, settings: dict[str, Any]) -> str:
+    """The name of ``measure`` in the table, with the settings that tell its variants apart."""
+    if measure == "geodesic":
+        return f"geodesic ({settings['metric']}, order {settings['order']})"
+    if measure in ("worst_case", "adaptive") and settings.get("p") == "inf":
+        return f"{measure} (Linf)"
+    return measure
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON types: tuples to lists, dtypes and other objects to strings, inf to 'inf'."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def results_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The text table of stdout: one line per measure (value, batch range, clean loss, time)."""
+    header = (f"{'measure':28s} {'value':>12s} {'min batch':>12s} {'max batch':>12s} "
+              f"{'clean loss':>11s} {'seconds':>8s}")
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        lines.append(f"{row['label']:28s} {row['value']:12.5g} {min(row['per_batch']):12.5g} "
+                     f"{max(row['per_batch']):12.5g} "
+                     f"{sum(row['clean_losses']) / len(row['clean_losses']):11.5g} "
+                     f"{row['seconds']:8.2f}")
+    return "\n".join(lines)
+
+
+def solver_quality(result: Any) -> dict[str, Any]:
+    """The JSON entries of an ascent measure's solver diagnostics: the convergence ``traces``
+    and, with a reference solve, ``reference_value``, ``gap``, ``relative_gap`` and their
+    per-batch lists; with ``--blockwise``, ``blocks`` (per batch) and ``block_summary``."""
+    entries: dict[str, Any] = {}
+    if result.traces:
+        entries["traces"] = result.traces
+    if result.reference_per_batch:
+        entries.update(reference_value=result.reference_value, gap=result.gap,
+                       relative_gap=result.relative_gap,
+                       reference_per_batch=result.reference_per_batch,
+                       gap_per_batch=result.gap_per_batch,
+                       relative_gap_per_batch=result.relative_gap_per_batch,
+                       reference_traces=result.reference_traces)
+    if result.blocks is not None:
+        entries.update(blocks=result.blocks, block_summary=result.block_summary())
+    return entries
+
+
+def reference_lines(rows: Sequence[tuple[str, Any]]) -> str:
+    """One line per measure with a reference solve: its value, the gap and the relative gap."""
+    lines = []
+    for label, result in rows:
+        if result.reference_value is None:
+            continue
+        reference = result.settings["reference_solve"]
+        lines.append(f"{label}: reference solve ({reference['n_iter']} steps, "
+                     f"{reference['restarts']} restart(s)) {result.reference_value:.6g}, "
+                     f"Auto-PGD {result.value:.6g}: gap {result.gap:.3g} "
+                     f"({100 * result.relative_gap:.3g}% of the reference)")
+    return "\n".join(lines)
+
+
+def blocks_table(label: str, summary: Sequence[dict[str, Any]], top: int = 15) -> str:
+    """The block-wise table of one measure: the ``top`` blocks with the largest loss change
+    (by absolute value; mean over batches), with kind and norm share."""
+    rows = sorted(summary, key=lambda r: abs(r["loss_change"]), reverse=True)
+    width = max([28, *(len(r["name"]) for r in rows[:top])])
+    header = f"{'block':{width}s} {'kind':>9s} {'norm share':>10s} {'loss change':>12s}"
+    lines = [f"block-wise, {label}: loss change with only that block's part of the best "
+             "perturbation (mean over batches)", header, "-" * len(header)]
+    for row in rows[:top]:
+        lines.append(f"{row['name']:{width}s} {row['kind']:>9s} {row['norm_share']:10.3%} "
+                     f"{row['loss_change']:12.5g}")
+    if len(rows) > top:
+        lines.append(f"... {len(rows) - top} more block(s) with smaller loss changes "
+                     "(all in --json)")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    """Write ``document`` to ``path`` (folders created) as indented JSON of plain types."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(jsonable(document), indent=2))

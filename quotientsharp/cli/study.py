@@ -1,0 +1,137 @@
+"""quotientsharp study MANIFEST --data DATA: sharpness against generalisation on your own models.
+
+MANIFEST lists saved models (a CSV file with a header line, or JSON lines), one per row:
+
+- model: a HuggingFace model directory (save_pretrained) or a torch.save'd module, as
+  ``quotientsharp measure`` reads MODEL (paths relative to the manifest's folder);
+- gap: the model's generalisation gap, or train and test: two data files (as measure reads
+  DATA) to compute it from (--gap-from error: test error - train error, the default; loss:
+  test loss - train loss);
+- name (optional): the model's name in the outputs (default: the model entry);
+- any other column (hyperparameters, seeds) is carried to models.csv; --color KEY colours
+  the plots by one.
+
+DATA is the data file every model is measured on (JSONL or torch.save'd tensors, as measure
+reads it; text rows are tokenised with each model's tokenizer). The grid of measures is given
+with measure's options, --rho taking a comma list: --measure adaptive --measure geodesic --rho
+0.05,0.1 --metric inv,mix --order 1,2 measures 2 adaptive and 8 geodesic variants per model,
+all on the same batches.
+
+Outputs in --out (default results/<manifest name>): models.csv (one row per model: gap,
+manifest columns, one column per measure; rewritten as each model finishes), models.jsonl
+(full records: per-batch values, timings), taus.json and taus.csv (Kendall tau-a and tau-b of
+each measure against the gap, with percentile bootstrap intervals over the models),
+scatter_<measure>.png, report.md (the table and the plots), run.json. A killed run loses no
+finished model; --resume measures only the models missing (the manifest may have grown; the
+settings that determine the values must not change). Under torchrun (torchrun
+--nproc_per_node N -m quotientsharp study ...) the models are dealt over the ranks.
+
+Sign convention: positive tau means that sharpness and the gap rank alike (sharper models
+generalise worse). Exit status 0, 2 on bad input (one line on stderr), 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from quotientsharp.cli import plain_text
+from quotientsharp.workflows.options import add_sharpness_options
+from quotientsharp.workflows.process_group import DEFAULT_DIST_TIMEOUT, run_in_process_group
+
+__all__ = ["PROG", "add_arguments", "add_parser", "run"]
+
+PROG = "quotientsharp study"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the arguments and options of ``quotientsharp study``."""
+    parser.add_argument("manifest", help="CSV or JSONL file: one saved model per row, with "
+                        "its gap or its train and test data")
+    parser.add_argument("--data", required=True, metavar="DATA",
+                        help="the data every model is measured on (JSONL or torch.save'd "
+                        "tensors, as quotientsharp measure reads DATA)")
+    add_sharpness_options(parser, radius_list=True)
+    parser.add_argument("--gap-from", choices=["error", "loss"], default=None,
+                        help="rows with train and test data: the gap is test - train of the "
+                        "0-1 error (default with cross_entropy) or of the loss (default with "
+                        "mse)")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="results folder (default results/<manifest name>)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the models already measured in --out and measure only the "
+                        "missing ones (the settings must match)")
+    parser.add_argument("--bootstrap", type=int, default=1000, metavar="N",
+                        help="bootstrap draws of the models for the tau intervals (default "
+                        "1000; 0: no intervals)")
+    parser.add_argument("--confidence", type=float, default=0.95,
+                        help="coverage of the intervals (default 0.95)")
+    parser.add_argument("--bootstrap-seed", type=int, default=0,
+                        help="seed of the bootstrap draws (default 0)")
+    parser.add_argument("--color", default=None, metavar="KEY",
+                        help="colour the plots by this numeric column of the manifest")
+    parser.add_argument("--no-plots", dest="plots", action="store_false",
+                        help="do not write the scatter plots")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bar over the models (default: only on a terminal)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads during the run, per rank (default: torch's)")
+    parser.add_argument("--dist-timeout", type=float, default=DEFAULT_DIST_TIMEOUT,
+                        metavar="SECONDS",
+                        help="under torchrun: how long a rank may wait for the others "
+                        f"(default {DEFAULT_DIST_TIMEOUT:g} s); ignored without torchrun")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register the ``study`` subcommand on an ``argparse`` subparsers object."""
+    parser = subparsers.add_parser(
+        "study", help="Kendall tau of sharpness against the generalisation gap over your own "
+        "saved models (a manifest), with bootstrap intervals, plots and a report",
+        description=plain_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _check(args: argparse.Namespace) -> None:
+    from quotientsharp.workflows.options import InputError
+
+    if args.bootstrap < 0:
+        raise InputError(f"--bootstrap must be >= 0, got {args.bootstrap}")
+    if not 0 < args.confidence < 1:
+        raise InputError(f"--confidence must be in (0, 1), got {args.confidence}")
+    if args.bootstrap_seed < 0:
+        raise InputError(f"--bootstrap-seed must be >= 0, got {args.bootstrap_seed}")
+    if args.threads is not None and args.threads < 1:
+        raise InputError(f"--threads must be >= 1, got {args.threads}")
+
+
+def _study(args: argparse.Namespace) -> int:
+    from quotientsharp.engine.distributed import describe_collective_failure
+    from quotientsharp.workflows.results import is_main_rank
+    from quotientsharp.workflows.runner import default_out, run_study
+
+    try:
+        _check(args)
+        outcome = run_study(args.manifest, args)
+    except KeyboardInterrupt:
+        if is_main_rank():
+            out = args.out if args.out is not None else default_out(args.manifest)
+            print(f"\ninterrupted: the models measured so far are kept in {out}; continue "
+                  "with --resume", file=sys.stderr)
+        return 130
+    except (OSError, ValueError, TypeError, KeyError, IndexError, RuntimeError) as err:
+        if isinstance(err, RuntimeError) and describe_collective_failure(err) is not None:
+            raise                   # reported by run_in_process_group
+        if is_main_rank() or getattr(err, "raised_on_this_rank", False):
+            message = err.args[0] if isinstance(err, KeyError) and err.args else err
+            print(f"{PROG}: error: {message}", file=sys.stderr)
+        return 2
+    if is_main_rank():
+        print(outcome.summary)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute the subcommand; returns the process exit status."""
+    return run_in_process_group(lambda: _study(args), f"{PROG}: error:", args.dist_timeout)

@@ -1,0 +1,111 @@
+"""``quotientsharp symmetries MODEL``: print the symmetries a model carries.
+
+MODEL is a HuggingFace config JSON file, a directory holding ``config.json`` (the architecture
+is built from the config alone, on the meta device: no weights, no download), or a file saved
+with ``torch.save(module)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:       # torch is imported when a command runs, not for --help
+
+    from quotientsharp.models.report import SymmetryReport
+
+__all__ = ["add_parser", "main", "report_to_dict", "run"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register the ``symmetries`` subcommand on an ``argparse`` subparsers object."""
+    parser = subparsers.add_parser(
+        "symmetries", help="list the symmetry groups (attention GL(h) pairs, diagonal GL(1)) of a "
+        "model", description=_plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="HuggingFace config JSON, a directory with config.json, "
+                        "or a torch.save'd nn.Module file")
+    parser.add_argument("--diagonal", action="append", default=[], metavar="U,V",
+                        help="declare parameters U and V a diagonal parameterisation "
+                        "(repeatable)")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _plain(text: str | None) -> str | None:
+    from quotientsharp.cli import plain_text
+
+    return plain_text(text)
+
+
+def report_to_dict(report: SymmetryReport) -> dict:
+    """JSON-serialisable view of a report."""
+    return {
+        "model_type": report.model_type,
+        "gl_count": report.gl_count,
+        "group_count": report.group_count,
+        "group_dimension": report.group_dimension,
+        "diagonal_size": report.diagonal_size,
+        "buckets": [{"n": n, "m": m, "h": h, "pairs": c}
+                    for (n, m, h), c in report.bucket_shapes.items()],
+        "modules": [{"name": mod.name, "type": mod.type_name, "layout": mod.layout,
+                     "heads": mod.heads, "kv_heads": mod.kv_heads, "kinds": list(mod.kinds)}
+                    for mod in report.modules],
+        "pairs": [{**vars(pair), "group": pair.group} for pair in report.pairs],
+        "diagonal": [vars(pair) for pair in report.diagonal],
+        "parameter_counts": {"pairs": report.pair_parameter_count,
+                             "diagonal": report.diagonal_parameter_count,
+                             "other": report.other_parameter_count,
+                             "frozen": report.frozen_parameter_count},
+        "other": report.other,
+        "frozen": report.frozen,
+        "unknown": [{"module": name, "reason": report.unknown_reasons.get(name, "")}
+                    for name in report.unknown],
+        "notes": report.notes,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute the subcommand; returns the process exit status."""
+    diagonal = []
+    for item in args.diagonal:
+        parts = item.split(",")
+        if len(parts) != 2 or not all(parts):
+            print(f"quotientsharp symmetries: error: --diagonal expects U,V, got {item!r}",
+                  file=sys.stderr)
+            return 2
+        diagonal.append((parts[0], parts[1]))
+    from quotientsharp.models.walker import find_symmetries
+
+    try:
+        from quotientsharp.models.loading import load_model
+
+        model = load_model(args.model)
+        report = find_symmetries(model, diagonal=diagonal or None)
+    except (OSError, ValueError, TypeError, RuntimeError) as err:
+        print(f"quotientsharp symmetries: error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report_to_dict(report), indent=2))
+    else:
+        print(report.summary())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Standalone entry point: ``python -m quotientsharp.cli.symmetries MODEL``."""
+    parser = argparse.ArgumentParser(prog="quotientsharp")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_parser(subparsers)
+    arguments = list(argv) if argv is not None else sys.argv[1:]
+    if not arguments or arguments[0] != "symmetries":
+        arguments = ["symmetries", *arguments]
+    args = parser.parse_args(arguments)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,15 @@
+"""The geometry core: quotients, their metrics, frozen points, products and their checks.
+
+Nothing here knows about models or sharpness; every layer above builds on it.
+
+- :mod:`.quotient`: :class:`~quotientsharp.core.quotient.SymmetryQuotient`, the abstract base
+  (metric ``inner``, action ``act``, infinitesimal action ``vertical``), and the generic
+  defaults of :mod:`.reference` (horizontal projection, Riemannian gradient, Christoffel
+  contraction, geodesics by autograd and ODE integration);
+- :mod:`.frozen`: the geometry at one base point, batched over leading dimensions;
+- :mod:`.gl`, :mod:`.diagonal`, :mod:`.adaptive`: the built-in quotients, one metric object
+  per file; :mod:`.product`: products of quotients;
+- :mod:`.checks`: assertable checks of a quotient's closed forms against the references;
+  :mod:`.symbolic`: sympy derivations; :mod:`.adapters`: geoopt and pymanopt;
+- :mod:`.linalg`, :mod:`.metric`, :mod:`.validation`, :mod:`._tuples`: shared arithmetic.
+"""

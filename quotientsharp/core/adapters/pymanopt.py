@@ -1,0 +1,324 @@
+"""A pymanopt ``Manifold`` presenting any symmetry quotient.
+
+pymanopt works with numpy arrays: a point is a tuple (or list, or pymanopt product point) of
+float64 arrays, one per component of the quotient's point, and the cost function receives the
+components as separate arguments (``cost(G, H)`` for GL(h)). Every operation converts to torch
+float64, calls the quotient, and converts back. Tangent vectors come back as
+:class:`QuotientTangentVector`, a tuple of arrays with the vector-space arithmetic pymanopt's
+optimizers use.
+
+Geometry (the quotient's own, through its horizontal lift):
+
+- ``projection`` / ``to_tangent_space``: horizontal projection; ``transport(a, b, v)``:
+  horizontal projection of ``v`` at ``b`` (a vector transport on the quotient);
+- ``euclidean_to_riemannian_gradient``: the quotient's Riemannian gradient;
+- ``euclidean_to_riemannian_hessian``: the Riemannian Hessian of the quotient (see
+  :func:`riemannian_hessian`);
+- ``retraction``: the order-2 geodesic ``x + v - Gamma(v, v) / 2`` by default, a second-order
+  retraction (TrustRegions keeps its superlinear local rate with it); ``exp``: the exact geodesic;
+- ``dist`` and ``log`` are not available (no closed form on a quotient).
+
+Array shapes may carry leading batch dimensions shared by all components (``shapes`` given as
+``((k, n, h), (k, m, h))`` is a product of ``k`` GL(h) quotients); inner products sum over them.
+
+pymanopt is an optional extra: ``pip install quotientsharp[pymanopt]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from quotientsharp.core import _tuples as T
+from quotientsharp.core.quotient import SymmetryQuotient
+from quotientsharp.core.validation import value_checks
+
+try:
+    from pymanopt.manifolds.manifold import Manifold as _PymanoptManifold
+except ImportError as err:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(
+        "quotientsharp.core.adapters.pymanopt needs the optional dependency pymanopt: "
+        "pip install quotientsharp[pymanopt]"
+    ) from err
+
+Tensors = tuple[torch.Tensor, ...]
+
+RETRACTIONS = (1, 2, "exact")
+
+
+class QuotientTangentVector(tuple):
+    """A tangent vector: a tuple of numpy arrays with vector-space arithmetic.
+
+    ``+``, ``-`` (with another tangent vector), ``*`` and ``/`` (by a scalar) and negation act
+    componentwise, unlike plain tuples (where ``+`` concatenates and ``*`` repeats).
+    """
+
+    # make numpy scalars (np.float64 * vector) defer to our __rmul__ instead of broadcasting
+    __array_ufunc__ = None
+    __array_priority__ = 1000
+
+    def __new__(cls, parts: Sequence[np.ndarray]) -> QuotientTangentVector:
+        return super().__new__(cls, tuple(parts))
+
+    def _other(self, other: object, op: str) -> Sequence[Any]:
+        if not isinstance(other, (tuple, list)) or len(other) != len(self):
+            raise TypeError(f"cannot {op} a tangent vector of {len(self)} components and "
+                            f"{type(other).__name__}")
+        return other
+
+    def __add__(self, other: object) -> QuotientTangentVector:  # type: ignore[override]
+        return QuotientTangentVector([a + b for a, b in zip(self, self._other(other, "add"),
+                                                            strict=True)])
+
+    __radd__ = __add__
+
+    def __sub__(self, other: object) -> QuotientTangentVector:
+        return QuotientTangentVector([a - b for a, b in zip(self, self._other(other, "subtract"),
+                                                            strict=True)])
+
+    def __rsub__(self, other: object) -> QuotientTangentVector:
+        return QuotientTangentVector([b - a for a, b in zip(self, self._other(other, "subtract"),
+                                                            strict=True)])
+
+    def __mul__(self, scalar: object) -> QuotientTangentVector:  # type: ignore[override]
+        if not np.isscalar(scalar) and not (isinstance(scalar, np.ndarray) and scalar.ndim == 0):
+            raise TypeError(f"a tangent vector can only be scaled by a scalar, got "
+                            f"{type(scalar).__name__}")
+        return QuotientTangentVector([scalar * a for a in self])
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, scalar: object) -> QuotientTangentVector:
+        return self * (1.0 / scalar)  # type: ignore[operator]
+
+    def __neg__(self) -> QuotientTangentVector:
+        return QuotientTangentVector([-a for a in self])
+
+    def __pos__(self) -> QuotientTangentVector:
+        return self
+
+
+def riemannian_hessian(quotient: SymmetryQuotient, x: Tensors, egrad: Tensors, ehess: Tensors,
+                       xi: Tensors) -> Tensors:
+    """Riemannian Hessian of the quotient applied to the horizontal vector ``xi``.
+
+    For a cost ``f`` invariant under the group, with Riemannian gradient
+    ``grad f(x) = P_h(x) g(x)^{-1} egrad(x)`` (the quotient's
+    ``euclidean_to_riemannian_gradient``), the horizontal lift of the quotient's Hessian is
+
+        Hess f(x)[xi] = P_h( D(grad f)(x)[xi] + Gamma_x(grad f(x), xi) )
+
+    the horizontal part of the Levi-Civita derivative upstairs. ``D(grad f)(x)[xi]`` is the
+    derivative of ``(y, e) -> euclidean_to_riemannian_gradient(y, e)`` along ``(xi, ehess)``:
+    the point moves along ``xi`` and the Euclidean gradient along its own derivative, the
+    Euclidean Hessian-vector product ``ehess = D(egrad)(x)[xi]``. It is one forward-mode
+    (``torch.func.jvp``) pass through the quotient's closed forms.
+
+    Parameters
+    ----------
+    x, egrad, ehess, xi
+        Point, Euclidean gradient, Euclidean Hessian-vector product along ``xi``, and the
+        horizontal direction ``xi``; tuples in the quotient's layout.
+    """
+    x = quotient.check_point(x)
+    egrad = quotient.check_tangent(x, egrad, name="egrad")
+    ehess = quotient.check_tangent(x, ehess, name="ehess")
+    xi = quotient.check_tangent(x, xi, name="xi")
+    with value_checks(False):  # inputs validated above; forward-mode duals need no host syncs
+        rgrad, drgrad = torch.func.jvp(quotient.euclidean_to_riemannian_gradient,
+                                       (tuple(x), tuple(egrad)), (tuple(xi), tuple(ehess)))
+        connection = quotient.christoffel(x, rgrad, xi)
+        return quotient.horizontal_projection(x, T.add(drgrad, connection))
+
+
+class PymanoptQuotient(_PymanoptManifold):
+    """A symmetry quotient as a pymanopt manifold on tuples of numpy float64 arrays.
+
+    Parameters
+    ----------
+    quotient
+        Any :class:`~quotientsharp.SymmetryQuotient`.
+    shapes
+        Full array shape of each component, e.g. ``((n, h), (m, h))`` for GL(h); leading
+        dimensions beyond the quotient's ``point_ndims`` are batch dimensions, shared by all
+        components. Defaults to ``quotient.point_shapes``.
+    retraction
+        ``2`` (default): order-2 geodesic; ``1``: ``x + v``; ``"exact"``: exact geodesic.
+    typical_dist
+        Scale used by ``TrustRegions`` for its default trust-region radius (``Delta_bar``);
+        default ``sqrt(dim)``. The right scale depends on the problem (under the mix metric
+        lengths are in units of ``G H^T``): pass ``Delta_bar`` to ``TrustRegions.run`` or set
+        this for fast convergence.
+    rng
+        numpy generator (or seed) for :meth:`random_point` and :meth:`random_tangent_vector`;
+        default: numpy's global generator, as pymanopt's own manifolds use (so
+        ``np.random.seed`` makes runs reproducible).
+
+    Notes
+    -----
+    ``dim`` is the quotient's dimension: the number of coordinates minus the group dimension
+    (``(n + m) h - h^2`` per GL(h) pair), which TrustRegions uses as its default inner-iteration
+    cap. Random points and tangent vectors draw from numpy's global generator (``np.random.seed``
+    makes them reproducible) unless ``rng`` is given.
+    """
+
+    def __init__(self, quotient: SymmetryQuotient, shapes: Sequence[Sequence[int]] | None = None,
+                 *, retraction: int | str = 2, typical_dist: float | None = None,
+                 rng: np.random.Generator | int | None = None) -> None:
+        if not isinstance(quotient, SymmetryQuotient):
+            raise TypeError(f"quotient must be a SymmetryQuotient, got {type(quotient).__name__}")
+        if shapes is None:
+            shapes = quotient.point_shapes
+            if shapes is None:
+                raise ValueError(f"{type(quotient).__name__} has no point_shapes: pass shapes=")
+        if retraction not in RETRACTIONS:
+            raise ValueError(f"retraction must be one of {RETRACTIONS}, got {retraction!r}")
+        ndims = tuple(quotient.point_ndims)
+        shapes = tuple(tuple(int(s) for s in shape) for shape in shapes)
+        if len(shapes) != len(ndims):
+            raise ValueError(f"shapes must have {len(ndims)} entries for "
+                             f"{type(quotient).__name__}, got {len(shapes)}")
+        batches = set()
+        for i, (shape, k) in enumerate(zip(shapes, ndims, strict=True)):
+            if len(shape) < k or any(s < 1 for s in shape):
+                raise ValueError(f"shapes[{i}] must have at least {k} positive sizes, got {shape}")
+            batches.add(shape[:len(shape) - k])
+        if len(batches) != 1:
+            raise ValueError(f"the components' leading (batch) shapes must agree, got {shapes}")
+        self.quotient = quotient
+        self.shapes = shapes
+        self.batch_shape = batches.pop()
+        self.trailing_shapes = tuple(s[len(s) - k:] for s, k in zip(shapes, ndims, strict=True))
+        self.retraction_order = retraction
+        self._rng = None if rng is None else np.random.default_rng(rng)
+        probe = quotient.random_point(self.batch_shape, shapes=self.trailing_shapes,
+                                      dtype=torch.float64)
+        group_dim = math.prod(quotient.algebra_shape(probe)) * math.prod(self.batch_shape)
+        dimension = sum(math.prod(s) for s in shapes) - group_dim
+        if dimension < 0:
+            raise ValueError(f"shapes {shapes} are smaller than the group of {quotient.name}")
+        self._typical_dist = (math.sqrt(dimension) if typical_dist is None
+                              else float(typical_dist))
+        super().__init__(f"{quotient.name} quotient of shapes {shapes}", dimension,
+                         point_layout=len(shapes))
+
+    # ------------------------------------------------------------------ conversion
+    def _torch(self, arrays: object, name: str) -> Tensors:
+        if isinstance(arrays, np.ndarray) or not isinstance(arrays, (tuple, list)):
+            raise TypeError(f"{name} must be a tuple of {len(self.shapes)} numpy arrays, got "
+                            f"{type(arrays).__name__}")
+        if len(arrays) != len(self.shapes):
+            raise ValueError(f"{name} must have {len(self.shapes)} components, got "
+                             f"{len(arrays)}")
+        out = []
+        for i, (a, shape) in enumerate(zip(arrays, self.shapes, strict=True)):
+            a = np.ascontiguousarray(a, dtype=np.float64)
+            if a.shape != shape:
+                raise ValueError(f"{name}[{i}] must have shape {shape}, got {a.shape}")
+            out.append(torch.from_numpy(a))
+        return tuple(out)
+
+    @staticmethod
+    def _vector(tensors: Sequence[torch.Tensor]) -> QuotientTangentVector:
+        return QuotientTangentVector([t.detach().numpy() for t in tensors])
+
+    @staticmethod
+    def _point(tensors: Sequence[torch.Tensor]) -> tuple[np.ndarray, ...]:
+        return tuple(t.detach().numpy() for t in tensors)
+
+    def _xv(self, point: object, vector: object, name: str = "tangent_vector"
+            ) -> tuple[Tensors, Tensors]:
+        x = self.quotient.check_point(self._torch(point, "point"), name="point")
+        v = self.quotient.check_tangent(x, self._torch(vector, name), name=name, x_name="point")
+        return x, v
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def typical_dist(self) -> float:
+        return self._typical_dist
+
+    # ------------------------------------------------------------------ metric
+    def inner_product(self, point: object, tangent_vector_a: object,
+                      tangent_vector_b: object) -> float:
+        x, a = self._xv(point, tangent_vector_a, "tangent_vector_a")
+        b = self.quotient.check_tangent(x, self._torch(tangent_vector_b, "tangent_vector_b"),
+                                        name="tangent_vector_b", x_name="point")
+        return float(self.quotient.inner(x, a, b).sum())
+
+    def norm(self, point: object, tangent_vector: object) -> float:
+        x, v = self._xv(point, tangent_vector)
+        return math.sqrt(max(float(self.quotient.inner(x, v, v).sum()), 0.0))
+
+    def dist(self, point_a: object, point_b: object) -> float:
+        raise NotImplementedError(
+            "the geodesic distance on a symmetry quotient is a minimisation over the group (no "
+            "closed form); PymanoptQuotient provides no dist, so optimizers that need it "
+            "(NelderMead, ParticleSwarm) are not supported")
+
+    # ------------------------------------------------------------------ tangent spaces
+    def projection(self, point: object, vector: object) -> QuotientTangentVector:
+        x, v = self._xv(point, vector, "vector")
+        return self._vector(self.quotient.horizontal_projection(x, v))
+
+    to_tangent_space = projection
+
+    def zero_vector(self, point: object) -> QuotientTangentVector:
+        x = self._torch(point, "point")
+        return self._vector(T.zeros_like(x))
+
+    def transport(self, point_a: object, point_b: object,
+                  tangent_vector_a: object) -> QuotientTangentVector:
+        """Horizontal projection of ``tangent_vector_a`` at ``point_b``."""
+        return self.projection(point_b, tangent_vector_a)
+
+    # ------------------------------------------------------------------ derivatives
+    def euclidean_to_riemannian_gradient(self, point: object,
+                                         euclidean_gradient: object) -> QuotientTangentVector:
+        x, g = self._xv(point, euclidean_gradient, "euclidean_gradient")
+        return self._vector(self.quotient.euclidean_to_riemannian_gradient(x, g))
+
+    def euclidean_to_riemannian_hessian(self, point: object, euclidean_gradient: object,
+                                        euclidean_hessian: object,
+                                        tangent_vector: object) -> QuotientTangentVector:
+        """Riemannian Hessian along ``tangent_vector``: see :func:`riemannian_hessian`."""
+        x = self._torch(point, "point")
+        return self._vector(riemannian_hessian(
+            self.quotient, x, self._torch(euclidean_gradient, "euclidean_gradient"),
+            self._torch(euclidean_hessian, "euclidean_hessian"),
+            self._torch(tangent_vector, "tangent_vector")))
+
+    # ------------------------------------------------------------------ moving
+    def retraction(self, point: object, tangent_vector: object) -> tuple[np.ndarray, ...]:
+        x, v = self._xv(point, tangent_vector)
+        return self._point(self.quotient.geodesic(x, v, 1.0, order=self.retraction_order))
+
+    def exp(self, point: object, tangent_vector: object) -> tuple[np.ndarray, ...]:
+        x, v = self._xv(point, tangent_vector)
+        return self._point(self.quotient.geodesic(x, v, 1.0, order="exact"))
+
+    # ------------------------------------------------------------------ sampling
+    def _generator(self) -> torch.Generator:
+        if self._rng is not None:
+            seed = int(self._rng.integers(0, 2**62))
+        else:  # pymanopt's convention: the global numpy generator
+            seed = int(np.random.randint(0, 2**62))  # noqa: NPY002
+        return torch.Generator().manual_seed(seed)
+
+    def random_point(self) -> tuple[np.ndarray, ...]:
+        point = self.quotient.random_point(self.batch_shape, shapes=self.trailing_shapes,
+                                           generator=self._generator(), dtype=torch.float64)
+        return self._point(point)
+
+    def random_tangent_vector(self, point: object) -> QuotientTangentVector:
+        """A random horizontal tangent vector of unit norm (over all batch elements)."""
+        x = self.quotient.check_point(self._torch(point, "point"), name="point")
+        v = self.quotient.random_tangent(x, generator=self._generator())
+        total = self.quotient.inner(x, v, v).sum().clamp_min(0).sqrt()
+        return self._vector(tuple(c / total for c in v))
+
+
+__all__ = ["PymanoptQuotient", "QuotientTangentVector", "riemannian_hessian"]

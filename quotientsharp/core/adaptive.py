@@ -1,0 +1,241 @@
+"""Parameters outside any symmetry: the trivial-group quotient with the metric ``diag(1 / c^2)``.
+
+A point is any tuple of tensors ``w`` (one per parameter, each with its own number of trailing
+point dimensions, :attr:`AdaptiveQuotient.point_ndims`). The group is trivial, so every tangent
+vector is horizontal and the quotient is the parameter space itself. The metric is
+``<u, v>_w = sum u v / c^2``:
+
+- ``"adaptive"``: ``c = |w|``, the metric of adaptive sharpness (Kwon et al. 2021): a ball in
+  it is the ball of ``||xi / |w| ||_2``. It is invariant under the elementwise rescalings
+  ``w -> a w``, so it leaves no scale of a parameter preferred. Each coordinate is the flat line
+  ``log |w|``: ``Gamma(u, v) = -u v / w``, the exact geodesic is ``w exp(t u / w)``, and the
+  order-2 point is ``w + u + u^2 / (2 w)``;
+- ``"euclidean"``: ``c = 1``, flat (``Gamma = 0``, straight geodesics).
+
+Coordinates with ``c = 0`` (a zero weight under the adaptive metric) have no room to move: the
+metric is infinite there. Every operation keeps them at exactly zero displacement and zero
+contribution to the norm, never NaN (the raised gradient is ``c^2 e = 0``, ``1 / c`` is taken
+as 0).
+
+This quotient spans nearly every parameter of a network in the sharpness engine, so its frozen
+point keeps one parameter-sized cache, ``1 / c`` (for the norm); ``c^2`` for the gradient is
+formed on the fly, ``1 / w`` only for curved paths, and unbatched points use torch's fused
+``_foreach`` operators (one dispatch for all parameter tensors).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+
+import torch
+
+from quotientsharp.core import _tuples as T
+from quotientsharp.core.frozen import ClosedFormPoint
+from quotientsharp.core.quotient import ClosedFormQuotient
+
+Tensors = tuple[torch.Tensor, ...]
+
+METRICS = ("adaptive", "euclidean")
+
+
+def safe_reciprocal(c: torch.Tensor) -> torch.Tensor:
+    """``1 / c`` where ``c != 0`` and ``0`` where ``c = 0``."""
+    return torch.where(c == 0, torch.zeros_like(c), 1.0 / c.masked_fill(c == 0, 1.0))
+
+
+class AdaptivePoint(ClosedFormPoint):
+    """The metric ``diag(1 / c^2)`` at frozen parameters ``w`` (module docstring)."""
+
+    def __init__(self, quotient: AdaptiveQuotient, x: Sequence[torch.Tensor]) -> None:
+        super().__init__(quotient, x)
+        self.unit = quotient.metric == "euclidean"
+        # unbatched points (the engine's) reduce every tensor fully: fused operators apply
+        self.unbatched = quotient.fused and all(
+            t.dim() == k for t, k in zip(self.x, self.point_ndims, strict=True))
+
+    @cached_property
+    def inverse_scale(self) -> Tensors:
+        """``1 / c`` per tensor (``0`` where ``c = 0``)."""
+        return tuple(safe_reciprocal(w.abs()) for w in self.x)
+
+    @cached_property
+    def inverse_base(self) -> Tensors:
+        """``1 / w`` per tensor (``0`` where ``w = 0``): the curvature of the adaptive metric."""
+        return tuple(safe_reciprocal(w) for w in self.x)
+
+    def _reduce(self, t: torch.Tensor, k: int) -> torch.Tensor:
+        return t.sum(tuple(range(-k, 0))) if k else t
+
+    # ------------------------------------------------------------------ metric
+    def inner(self, u: Tensors, v: Tensors) -> torch.Tensor:
+        terms = []
+        for i, (a, b, k) in enumerate(zip(u, v, self.point_ndims, strict=True)):
+            product = a * b if self.unit else a * b * self.inverse_scale[i].square()
+            terms.append(self._reduce(product, k))
+        return sum(terms[1:], terms[0])
+
+    def squared_norm(self, u: Tensors) -> torch.Tensor:
+        """``sum (u / c)^2``: ``u / c`` first, the form that rounds alike batched or not."""
+        if self.unbatched and all(a.dim() == t.dim() for a, t in zip(u, self.x, strict=True)):
+            return T.fused_square_norms(u if self.unit else T.fused_mul(u, self.inverse_scale))
+        scaled = u if self.unit else tuple(a * r for a, r in zip(u, self.inverse_scale,
+                                                                 strict=True))
+        terms = [self._reduce(a.square(), k) for a, k in zip(scaled, self.point_ndims,
+                                                             strict=True)]
+        return sum(terms[1:], terms[0]).clamp_min(0)
+
+    # ------------------------------------------------------------------ trivial group
+    def horizontal_projection(self, u: Tensors) -> Tensors:
+        return tuple(u)
+
+    def vertical_projection(self, u: Tensors) -> Tensors:
+        return tuple(torch.zeros_like(a) for a in u)
+
+    def horizontality_error(self, u: Tensors) -> torch.Tensor:
+        return torch.zeros_like(self.squared_norm(u))
+
+    def raise_index(self, egrad: Tensors) -> Tensors:
+        if self.unit or not egrad:
+            return tuple(egrad)
+        if not self.unbatched:
+            return tuple(e * (w * w) for e, w in zip(egrad, self.x, strict=True))
+        # e * c^2 with c^2 = w * w: fused, formed per call, no parameter-sized cache
+        raised = T.fused_mul(self.x, self.x)
+        torch._foreach_mul_(list(raised), list(egrad))
+        return raised
+
+    def riemannian_gradient(self, egrad: Tensors) -> Tensors:
+        return self.raise_index(egrad)
+
+    # ------------------------------------------------------------------ connection
+    def christoffel(self, u: Tensors, v: Tensors | None = None) -> Tensors:
+        if self.unit:
+            return tuple(torch.zeros_like(a) for a in u)
+        if v is None:
+            return tuple(-a.square() * r for a, r in zip(u, self.inverse_base, strict=True))
+        return tuple(-a * b * r for a, b, r in zip(u, v, self.inverse_base, strict=True))
+
+    def geodesic(self, u: Tensors, t: float = 1.0, order: int | str = 2,
+                 steps: int = 64) -> Tensors:
+        if order == 1 or self.unit:
+            if t == 1.0 and self.unbatched:
+                return T.fused_add(self.x, u)
+            return tuple(w + t * a for w, a in zip(self.x, u, strict=True))
+        if order == 2:
+            # w + t u - t^2/2 Gamma(u, u) = w + t u + t^2 u^2 / (2 w)
+            return tuple(w + t * a + 0.5 * t * t * a.square() * r
+                         for w, a, r in zip(self.x, u, self.inverse_base, strict=True))
+        return super().geodesic(u, t, order, steps)
+
+    def geodesic_exact(self, u: Tensors, t: float = 1.0, steps: int = 64) -> Tensors:
+        if self.unit:
+            return tuple(w + t * a for w, a in zip(self.x, u, strict=True))
+        return tuple(w * torch.exp(t * a * r)
+                     for w, a, r in zip(self.x, u, self.inverse_base, strict=True))
+
+    # ------------------------------------------------------------------ coordinate subspaces
+    def on_rows(self, rows: Mapping[int, torch.Tensor]) -> AdaptivePoint:
+        """The same metric on the tangent vectors that vanish outside ``rows[i]`` of tensor
+        ``i`` (its first dimension): the point with those tensors, and the caches computed so
+        far, cut to their rows. The metric is diagonal, so every operation on such a vector is
+        the operation on its rows, and the raised gradient of a gradient that vanishes off the
+        rows vanishes there too.
+
+        Raises
+        ------
+        ValueError
+            For a batched point (its first dimension is not a row of the point) or a slot out
+            of range.
+        """
+        if not self.unbatched and not all(t.dim() == k for t, k in zip(self.x, self.point_ndims,
+                                                                         strict=True)):
+            raise ValueError("on_rows needs an unbatched point (rows of the point itself)")
+        for slot in rows:
+            if not 0 <= slot < len(self.x) or self.x[slot].dim() < 1:
+                raise ValueError(f"on_rows: slot {slot} is not a tensor of rows of the point "
+                                 f"({len(self.x)} tensors)")
+        cut = copy.copy(self)
+
+        def select(tensors: Tensors) -> Tensors:
+            return tuple(t.index_select(0, rows[i]) if i in rows else t
+                         for i, t in enumerate(tensors))
+
+        cut.x = select(self.x)
+        for cache in ("inverse_scale", "inverse_base"):
+            if cache in self.__dict__:
+                cut.__dict__[cache] = select(self.__dict__[cache])
+        return cut
+
+    # ------------------------------------------------------------------ sampling
+    def isotropic(self, generator: torch.Generator | None = None) -> Tensors:
+        noise = tuple(torch.randn(w.shape, generator=generator, dtype=w.dtype, device=w.device)
+                      for w in self.x)
+        return noise if self.unit else tuple(n * w.abs() for n, w in zip(noise, self.x,
+                                                                          strict=True))
+
+
+class AdaptiveQuotient(ClosedFormQuotient):
+    """Parameters ``w`` with the metric ``diag(1 / c^2)`` and the trivial group.
+
+    Parameters
+    ----------
+    metric
+        ``"adaptive"`` (``c = |w|``) or ``"euclidean"`` (``c = 1``).
+    point_ndims
+        Trailing point dimensions of each component (one per parameter tensor); leading
+        dimensions beyond them are batch dimensions. Default: from ``shapes``.
+    shapes
+        Optional trailing shape of each component (sets ``point_ndims`` and is used by
+        :meth:`random_point`).
+    fused
+        Use torch's ``_foreach`` operators on unbatched points (one dispatch for all tensors).
+        A fused norm sums in another order than the per-tensor loop, so a caller that must
+        round alike for a point alone and the same point inside a batch passes ``False``.
+    """
+
+    point_type = AdaptivePoint
+
+    def __init__(self, metric: str = "adaptive", point_ndims: Sequence[int] | None = None,
+                 shapes: Sequence[Sequence[int]] | None = None, fused: bool = True) -> None:
+        if metric not in METRICS:
+            raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+        if point_ndims is None:
+            if shapes is None:
+                raise ValueError("pass point_ndims or shapes")
+            point_ndims = tuple(len(s) for s in shapes)
+        self.point_ndims = tuple(int(k) for k in point_ndims)
+        if not self.point_ndims or any(k < 0 for k in self.point_ndims):
+            raise ValueError(f"point_ndims must be non-empty and >= 0, got {point_ndims}")
+        super().__init__(shapes)
+        self.metric = metric
+        self.name = metric
+        self.fused = bool(fused)
+        self.invariant = True
+
+    @classmethod
+    def of(cls, tensors: Sequence[torch.Tensor], metric: str = "adaptive") -> AdaptiveQuotient:
+        """The quotient whose point is ``tensors`` as they are (no batch dimensions)."""
+        return cls(metric, point_ndims=[t.dim() for t in tensors])
+
+    def algebra_shape(self, x: Tensors) -> tuple[int, ...]:
+        return (0,)
+
+    def vertical(self, x: Tensors, a: torch.Tensor) -> Tensors:
+        batch = a.shape[:-1]
+        return tuple(torch.zeros(torch.broadcast_shapes(batch, c.shape[:c.dim() - k])
+                                 + c.shape[c.dim() - k:], dtype=c.dtype, device=c.device)
+                     for c, k in zip(x, self.point_ndims, strict=True))
+
+    def act(self, x: Tensors, g: torch.Tensor) -> Tensors:
+        return tuple(x)
+
+    def act_tangent(self, x: Tensors, u: Tensors, g: torch.Tensor) -> Tensors:
+        return tuple(u)
+
+    def extra_repr(self) -> str:
+        return f"metric={self.metric!r}, point_ndims={self.point_ndims}"
+
+
+__all__ = ["AdaptivePoint", "AdaptiveQuotient", "METRICS", "safe_reciprocal"]

@@ -1,0 +1,347 @@
+"""Assertable checks of a quotient's geometry: numbers and a pass flag, never plots.
+
+Each check compares one operation with an independent reference (the generic autograd default
+of :mod:`quotientsharp.core.reference`, finite differences, an ODE integration) or measures a
+property (idempotence, invariance, Taylor slopes). ``check_all`` runs them all::
+
+    >>> results = check_all(DiagonalQuotient("mix"))
+    >>> all(r.passed for r in results)
+    True
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from quotientsharp.core import _tuples as T
+from quotientsharp.core import reference
+from quotientsharp.core.quotient import ClosedFormQuotient, SymmetryQuotient
+
+Tensors = tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Outcome of one check.
+
+    Attributes
+    ----------
+    name
+        What was checked.
+    error
+        The measured quantity: a relative error, or a slope for Taylor and order checks.
+    tolerance
+        The bound the error was held to (for slopes: the expected slope).
+    passed
+        Whether the check passed.
+    detail
+        Free text: what was compared with what.
+    """
+
+    name: str
+    error: float
+    tolerance: float
+    passed: bool
+    detail: str = ""
+
+
+def relative_error(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
+    """``max |a - b| / max(|a|, |b|)`` over all components (0 when both are exactly zero)."""
+    diff = max(float((p - r).abs().max()) for p, r in zip(a, b, strict=True))
+    size = max(max(float(p.abs().max()), float(r.abs().max())) for p, r in zip(a, b, strict=True))
+    if diff == 0.0:
+        return 0.0
+    return diff / max(size, 1e-300)
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    return 1e-10 if dtype == torch.float64 else 1e-4
+
+
+def _overrides(quotient: SymmetryQuotient, method: str) -> bool:
+    return getattr(type(quotient), method) is not getattr(SymmetryQuotient, method)
+
+
+def _no_override(quotient: SymmetryQuotient, method: str) -> str:
+    """A note for a check that compares the generic default with itself."""
+    if isinstance(quotient, ClosedFormQuotient) or _overrides(quotient, method):
+        return ""
+    return " (no override: the generic default against itself)"
+
+
+def _random_tangent_raw(x: Tensors, ndims: Sequence[int], gen: torch.Generator) -> Tensors:
+    batch = T.batch_shape(x, ndims)
+    return tuple(torch.randn(*batch, *c.shape[c.dim() - k:], generator=gen, dtype=c.dtype,
+                             device=gen.device).to(c.device)
+                 for c, k in zip(x, ndims, strict=True))
+
+
+def _to(device: torch.device, values: Sequence[torch.Tensor]) -> Tensors:
+    return tuple(t.to(device) for t in values)
+
+
+def _test_function(x: Tensors, gen: torch.Generator) -> Callable[[Tensors], torch.Tensor]:
+    """A smooth non-quadratic scalar function of a point, summed over the batch."""
+    weights = [torch.randn(c.shape, generator=gen, dtype=c.dtype, device=gen.device)
+               .to(c.device) for c in x]
+    shifts = [torch.randn(c.shape, generator=gen, dtype=c.dtype, device=gen.device)
+              .to(c.device) for c in x]
+
+    def f(y: Tensors) -> torch.Tensor:
+        linear = sum((w * c).sum() for w, c in zip(weights, y, strict=True))
+        wave = sum(torch.sin(0.5 * c + s).sum() for c, s in zip(y, shifts, strict=True))
+        return wave + 0.1 * linear * linear
+    return f
+
+
+def _slope_result(name: str, ts: torch.Tensor, errors: torch.Tensor, expected: float,
+                  detail: str, floor: float) -> CheckResult:
+    errors = errors.to(ts.device)
+    if float(errors.max()) <= floor:
+        return CheckResult(name, math.inf, expected, True, detail + " (error at rounding: exact)")
+    keep = errors > floor
+    if int(keep.sum()) < 3:
+        return CheckResult(name, math.nan, expected, False, detail + " (too few points above "
+                           "rounding to fit a slope)")
+    slope = reference.taylor_slope(ts[keep], errors[keep])
+    return CheckResult(name, slope, expected, abs(slope - expected) <= 0.25, detail)
+
+
+def _within_domain(q: SymmetryQuotient, x: Tensors, h: Tensors) -> Tensors:
+    """Shrink ``h`` until the geodesics the checks integrate stay inside the manifold.
+
+    A unit-norm vector can still be long in coordinates where the metric is small (for the
+    mix metric, near ``u * v = 0``), and the geodesic then leaves the manifold before ``t = 1``.
+    """
+    nd = q.point_ndims
+    for _ in range(30):
+        try:
+            v = T.scale(0.3, h, nd)
+            ends = (q.geodesic(x, v, order="exact", steps=8),
+                    reference.geodesic_ode(x, v, 1.0, nd, q.christoffel, steps=16))
+            if all(bool(torch.isfinite(c).all()) for end in ends for c in end):
+                return h
+        except ValueError:
+            pass
+        h = T.scale(0.5, h, nd)
+    raise ValueError("could not find a velocity whose geodesic stays inside the manifold")
+
+
+def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = torch.float64,
+              point: Tensors | None = None, batch_shape: Sequence[int] = (3,),
+              device: torch.device | str | None = None) -> list[CheckResult]:
+    """Run every check on ``quotient`` at a random point (or ``point``).
+
+    Parameters
+    ----------
+    quotient
+        The quotient to check.
+    seed
+        Seed of all random draws.
+    dtype
+        Floating dtype of the random point. Tolerances: ``1e-10`` relative in float64,
+        ``1e-4`` otherwise; Taylor slopes are fitted in float64 only.
+    point
+        Check at this point instead of a random one.
+    batch_shape
+        Batch shape of the random point.
+    device
+        Device of the random point (default CPU). The random draws are made on the CPU
+        whatever the device, so a check on CUDA uses the same point and vectors.
+
+    Returns
+    -------
+    list[CheckResult]
+    """
+    if not isinstance(quotient, SymmetryQuotient):
+        raise TypeError(f"quotient must be a SymmetryQuotient instance (e.g. GLQuotient('inv')), "
+                        f"got {type(quotient).__name__} {quotient!r}")
+    gen = torch.Generator().manual_seed(seed)
+    if point is None:
+        shapes = quotient.point_shapes or getattr(quotient, "check_shapes", None)
+        if shapes is None:
+            raise ValueError(f"{type(quotient).__name__} has no point_shapes: pass point=...")
+        x = quotient.random_point(batch_shape, shapes=shapes, generator=gen, dtype=dtype)
+        x = tuple(c.to(device) for c in x) if device is not None else x
+    else:
+        x = quotient.check_point(tuple(point), "point")
+    # every random draw comes from the CPU generator, so a device changes no draw
+    on_host = _to(gen.device, x)
+    tol = _tolerance(x[0].dtype)
+    nd = quotient.point_ndims
+    q = quotient
+    results: list[CheckResult] = []
+
+    def add(name: str, err: float, detail: str, bound: float = tol) -> None:
+        results.append(CheckResult(name, err, bound, bool(err <= bound), detail))
+
+    u = _random_tangent_raw(x, nd, gen)
+    w = _random_tangent_raw(x, nd, gen)
+
+    # --- projections
+    hu = q.horizontal_projection(x, u)
+    vu = q.vertical_projection(x, u)
+    add("horizontal_projection_vs_reference", relative_error(hu, reference.horizontal_projection(
+        q, x, u)), "closed form against the normal equations over the vertical basis"
+        + _no_override(q, "horizontal_projection"))
+    add("projection_idempotent", relative_error(q.horizontal_projection(x, hu), hu),
+        "P(P u) = P u")
+    add("projections_sum_to_identity", relative_error(T.add(hu, vu), u), "P_h u + P_v u = u")
+    cross = (q.inner(x, hu, vu).abs() / q.inner(x, u, u)).max()
+    add("projections_metric_orthogonal", float(cross), "<P_h u, P_v u> / <u, u>")
+    add("projection_horizontal", float(reference.horizontality_error(q, x, hu).max()),
+        "reference horizontality error of P_h u")
+    add("horizontality_error_vs_reference",
+        abs(float((q.horizontality_error(x, u) - reference.horizontality_error(q, x, u))
+                  .abs().max())), "this class's horizontality measure against the reference's",
+        bound=max(tol, 1e-8))
+
+    # --- the frozen point: what optimisers and the sharpness engine run
+    frozen = q.at(x)
+    # its own generator, so that the draws of every other check do not depend on it
+    gen_frozen = torch.Generator().manual_seed(seed + 7919)
+    egrad_like = _random_tangent_raw(x, nd, gen_frozen)
+    frozen_pairs = [
+        (frozen.horizontal_projection(u), reference.horizontal_projection(q, x, u)),
+        (frozen.riemannian_gradient(egrad_like),
+         reference.euclidean_to_riemannian_gradient(q, x, egrad_like)),
+        (frozen.christoffel(u, w), reference.christoffel(q, x, u, w)),
+        ((frozen.norm(u),), (q.inner(x, u, u).clamp_min(0).sqrt(),)),
+    ]
+    add("frozen_point_vs_reference", max(relative_error(a, b) for a, b in frozen_pairs),
+        "quotient.at(x): projection, gradient, Christoffel and norm against the references")
+    iso = q.at(on_host).isotropic(gen_frozen)  # drawn on the CPU, like every draw here
+    add("frozen_point_isotropic_finite",
+        0.0 if all(bool(torch.isfinite(t).all()) for t in iso) else math.inf,
+        "a metric-isotropic draw at x is finite")
+
+    # --- group action
+    a = torch.randn(*T.batch_shape(x, nd), *q.algebra_shape(x), generator=gen,
+                    dtype=x[0].dtype, device=gen.device).to(x[0].device)
+    s0 = torch.zeros((), dtype=x[0].dtype, device=x[0].device)
+    _, orbit_velocity = torch.func.jvp(lambda s: q.act(x, q.group_exp_at(x, s * a)), (s0,),
+                                       (torch.ones_like(s0),))
+    add("vertical_is_orbit_velocity", relative_error(q.vertical(x, a), orbit_velocity),
+        "vertical(x, a) = d/ds act(x, exp(s a)) at s = 0")
+    g = q.random_group_element(on_host, generator=gen).to(x[0].device)
+    if _overrides(q, "act_tangent"):
+        _, pushed = torch.func.jvp(lambda y: q.act(y, g), (x,), (u,))
+        add("act_tangent_vs_jvp", relative_error(q.act_tangent(x, u, g), pushed),
+            "closed-form pushforward against the jvp of act")
+    if getattr(q, "invariant", True):
+        gx = q.act(x, g)
+        lhs = q.inner(gx, q.act_tangent(x, u, g), q.act_tangent(x, w, g))
+        rhs = q.inner(x, u, w)
+        scale = (q.norm(x, u) * q.norm(x, w)).clamp_min(1e-300)
+        add("metric_invariance", float(((lhs - rhs).abs() / scale).max()),
+            "<g.u, g.w>_{g.x} = <u, w>_x for a random group element", bound=max(tol, 1e-9))
+
+    # --- Christoffel
+    add("christoffel_vs_reference", relative_error(q.christoffel(x, u, w),
+                                                   reference.christoffel(q, x, u, w)),
+        "bilinear Gamma(u, w) against autograd on the metric" + _no_override(q, "christoffel"))
+    add("christoffel_quadratic_vs_reference", relative_error(q.christoffel(x, u),
+                                                             reference.christoffel(q, x, u)),
+        "Gamma(u, u) against autograd on the metric")
+    add("christoffel_symmetric", relative_error(q.christoffel(x, u, w), q.christoffel(x, w, u)),
+        "Gamma(u, w) = Gamma(w, u)")
+
+    # --- Riemannian gradient
+    f = _test_function(x, gen)
+    xg = tuple(c.detach().requires_grad_(True) for c in x)
+    egrad = torch.autograd.grad(f(xg), xg)
+    rgrad = q.euclidean_to_riemannian_gradient(x, egrad)
+    add("gradient_vs_reference", relative_error(
+        rgrad, reference.euclidean_to_riemannian_gradient(q, x, egrad)),
+        "closed form against the dense metric solve"
+        + _no_override(q, "euclidean_to_riemannian_gradient"))
+    add("gradient_horizontal", float(reference.horizontality_error(q, x, rgrad).max()),
+        "reference horizontality error of the gradient")
+    if x[0].dtype == torch.float64:
+        h = _to(x[0].device, q.random_tangent(on_host, generator=gen))
+        ts = torch.logspace(-4, -1.5, 9, dtype=torch.float64, device=gen.device)
+        f0 = f(x)
+        slope = float(q.inner(x, rgrad, h).sum())
+        errors = torch.stack([(f(T.axpy(float(t), h, x, nd)) - f0 - t * slope).abs()
+                              for t in ts])
+        results.append(_slope_result("gradient_taylor_slope", ts, errors, 2.0,
+                                     "|f(x + t h) - f(x) - t <grad f, h>| ~ t^2, h horizontal",
+                                     floor=1e-13 * max(1.0, float(f0.abs()))))
+
+        # --- geodesics
+        h = _within_domain(q, x, _to(x[0].device, q.random_tangent(on_host, generator=gen)))
+        ts = torch.logspace(-3, -1, 7, dtype=torch.float64, device=gen.device)
+        # 8 RK4 steps leave an error ~ t^5 / 8^4, far below the t^3 being measured
+        # all step sizes at once, on a new leading batch dimension
+        xs = tuple(c.expand(len(ts), *c.shape) for c in x)
+        hs = tuple(ts.to(c).reshape(-1, *([1] * c.dim())) * c for c in h)
+        exact = q.geodesic(xs, hs, order="exact", steps=8)
+        for order, expected in ((1, 2.0), (2, 3.0)):
+            approx = q.geodesic(xs, hs, order=order)
+            errs = torch.stack([(p - r).abs().flatten(1).amax(1)
+                                for p, r in zip(approx, exact, strict=True)]).amax(0)
+            results.append(_slope_result(f"geodesic_order{order}_slope", ts, errs,
+                                         expected, f"|order-{order} - exact| ~ t^{expected:.0f}",
+                                         floor=1e-14 * max(float(c.abs().max()) for c in x)))
+        if _overrides(q, "geodesic_exact"):
+            v = T.scale(0.3, h, nd)
+            # RK4 on this class's Gamma, which christoffel_vs_reference holds against autograd
+            ode = reference.geodesic_ode(x, v, 1.0, nd, q.christoffel, steps=128)
+            add("exact_geodesic_vs_ode", relative_error(q.geodesic(x, v, order="exact"), ode),
+                "closed-form exact geodesic against RK4 integration of the geodesic equation",
+                bound=1e-7)
+        if getattr(q, "invariant", True):
+            v = T.scale(0.3, h, nd)
+            step = 1e-4
+            times = torch.tensor([0.5 + step, 0.5 - step, 0.5], dtype=torch.float64,
+                                 device=gen.device)
+            x3 = tuple(c.expand(3, *c.shape) for c in x)
+            v3 = tuple(times.to(c).reshape(-1, *([1] * c.dim())) * c for c in v)
+            ends = q.geodesic(x3, v3, order="exact", steps=16)
+            ahead, behind, mid = (tuple(c[i] for c in ends) for i in range(3))
+            velocity = tuple((p - r) / (2 * step) for p, r in zip(ahead, behind, strict=True))
+            add("geodesic_stays_horizontal",
+                float(reference.horizontality_error(q, mid, velocity).max()),
+                "a geodesic with horizontal start stays horizontal (velocity at t = 0.5)",
+                bound=1e-6)
+
+    # --- broadcasting: a stack equals a loop
+    batch = T.batch_shape(x, nd)
+    if len(batch) >= 1 and batch[0] > 1:
+        def at(i: int, y: Tensors) -> Tensors:
+            return tuple(c.expand(*batch, *c.shape[c.dim() - k:])[i] for c, k in
+                         zip(y, nd, strict=True))
+        ops: list[tuple[str, Callable[[Tensors, Tensors, Tensors], Tensors]]] = [
+            ("horizontal_projection", lambda y, p, _: q.horizontal_projection(y, p)),
+            ("christoffel", lambda y, p, r: q.christoffel(y, p, r)),
+            ("gradient", lambda y, p, _: q.euclidean_to_riemannian_gradient(y, p)),
+            ("inner", lambda y, p, r: (q.inner(y, p, r),)),
+        ]
+        worst = 0.0
+        for _, op in ops:
+            stacked = op(x, u, w)
+            looped = [op(at(i, x), at(i, u), at(i, w)) for i in range(batch[0])]
+            looped_stack = tuple(torch.stack([lp[j] for lp in looped])
+                                 for j in range(len(stacked)))
+            worst = max(worst, relative_error(stacked, looped_stack))
+        add("broadcast_equals_loop", worst,
+            "projection, Christoffel, gradient, inner on a stack against a loop")
+    return results
+
+
+def format_results(results: Sequence[CheckResult], title: str = "") -> str:
+    """A plain-text table of check results."""
+    lines = [title] if title else []
+    width = max(len(r.name) for r in results)
+    for r in results:
+        mark = "pass" if r.passed else "FAIL"
+        value = f"{r.error:.3e}" if math.isfinite(r.error) else str(r.error)
+        lines.append(f"  {r.name:<{width}}  {value:>10}  (tol/expected {r.tolerance:.1e})  {mark}")
+    return "\n".join(lines)
+
+
+__all__ = ["CheckResult", "check_all", "format_results", "relative_error"]

@@ -1,0 +1,158 @@
+"""The GL(1)^d quotient of diagonal networks ``y = x^T (u * v)``.
+
+The rescaling ``(a * u, v / a)``, ``a`` in ``(R \\ {0})^d``, leaves ``beta = u * v`` and hence the
+network unchanged. The metric is an object (:mod:`.metric`); each metric's formulas are in its
+own module and frozen-point class (``derivations/diagonal.py`` derives and checks them):
+
+- :mod:`.inv`: ``<eta, nu> = sum eta_u nu_u / u^2 + eta_v nu_v / v^2`` (invariant);
+- :mod:`.mix`: ``<eta, nu> = sum eta_u nu_u v^2 + eta_v nu_v u^2`` (invariant);
+- :mod:`.euclidean`: ``<eta, nu> = sum eta_u nu_u + eta_v nu_v`` (not invariant).
+
+The invariant metrics descend to the quotient. Their exact geodesics are closed forms that hold
+for any initial velocity, not only horizontal ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from quotientsharp.core.diagonal.euclidean import DiagonalEuclideanMetric
+from quotientsharp.core.diagonal.inv import DiagonalInvMetric
+from quotientsharp.core.diagonal.metric import DiagonalMetric
+from quotientsharp.core.diagonal.mix import DiagonalMixMetric
+from quotientsharp.core.quotient import ClosedFormQuotient
+from quotientsharp.core.validation import value_checks_enabled
+
+Tensors = tuple[torch.Tensor, ...]
+
+#: The built-in metrics by name.
+METRIC_TYPES: dict[str, type[DiagonalMetric]] = {"inv": DiagonalInvMetric,
+                                                 "mix": DiagonalMixMetric,
+                                                 "euclidean": DiagonalEuclideanMetric}
+METRICS = tuple(METRIC_TYPES)
+
+
+def _transformed(tensor: object) -> bool:
+    """Whether ``tensor`` is a ``torch.func`` wrapper (inside vmap, grad or jvp)."""
+    return isinstance(tensor, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(
+        tensor)
+
+
+class DiagonalQuotient(ClosedFormQuotient):
+    """Diagonal networks ``(u, v)``, ``shape=[..., d]`` each, modulo coordinatewise rescaling.
+
+    Parameters
+    ----------
+    metric
+        A :class:`~quotientsharp.core.diagonal.metric.DiagonalMetric` or its name: ``"inv"``,
+        ``"mix"`` (both invariant) or ``"euclidean"`` (the GL(1) case of the Euclidean metric
+        on attention pairs).
+    d
+        Optional width, used only by :meth:`random_point`.
+    """
+
+    point_ndims = (1, 1)
+
+    def __init__(self, metric: str | DiagonalMetric = "inv", d: int | None = None) -> None:
+        metric = DiagonalMetric.resolve(metric, METRIC_TYPES)
+        super().__init__(None if d is None else ((d,), (d,)))
+        self.metric = metric
+        self.point_type = metric.point_type
+        self.name = f"diagonal-{metric.name}"
+        self.invariant = metric.group_invariant
+
+    # ------------------------------------------------------------------ definition
+    def vertical(self, x: Tensors, a: torch.Tensor) -> Tensors:
+        return a * x[0], -a * x[1]
+
+    def act(self, x: Tensors, g: torch.Tensor) -> Tensors:
+        return g * x[0], x[1] / g
+
+    def act_tangent(self, x: Tensors, u: Tensors, g: torch.Tensor) -> Tensors:
+        return g * u[0], u[1] / g
+
+    def algebra_shape(self, x: Tensors) -> tuple[int, ...]:
+        return (x[0].shape[-1],)
+
+    def check_point(self, x: object, name: str = "x") -> Tensors:
+        x = super().check_point(x, name)
+        if x[0].shape[-1] != x[1].shape[-1]:
+            raise ValueError(f"{name}[0] (u) and {name}[1] (v) must have the same last dimension, "
+                             f"got {tuple(x[0].shape)} and {tuple(x[1].shape)}")
+        if value_checks_enabled():
+            if self.metric.group_invariant:
+                for index, label in ((0, "u"), (1, "v")):
+                    zero = x[index] == 0
+                    if bool(zero.any()):
+                        where = zero.reshape(-1, zero.shape[-1]).any(0).nonzero().flatten()
+                        raise ValueError(
+                            f"{name}[{index}] ({label}) has zero entries ({label} = 0 at "
+                            f"coordinates {where.tolist()[:5]}), which the {self.metric.name} "
+                            "metric divides "
+                            "by (the orbit is degenerate there)")
+            else:
+                both = (x[0] == 0) & (x[1] == 0)
+                if bool(both.any()):
+                    where = both.reshape(-1, both.shape[-1]).any(0).nonzero().flatten()
+                    raise ValueError(f"{name} has u = v = 0 at coordinates {where.tolist()[:5]}: "
+                                     "the orbit is degenerate there")
+        return x
+
+    def inner(self, x: Tensors, u: Tensors, v: Tensors) -> torch.Tensor:
+        """Metric ``<u, v>_x``; with value checks on, zero coordinates of an invariant metric
+        raise as in :meth:`check_point` (the inv metric divides by them, the mix metric is
+        degenerate there). Skipped inside ``torch.func`` transforms, where the point was
+        checked by the caller."""
+        self._check_metric_defined(x)
+        return super().inner(x, u, v)
+
+    def norm(self, x: Tensors, u: Tensors) -> torch.Tensor:
+        """Riemannian norm ``||u||_x``; zero coordinates raise as in :meth:`inner`."""
+        self._check_metric_defined(x)
+        return super().norm(x, u)
+
+    def _check_metric_defined(self, x: Tensors) -> None:
+        if isinstance(x, (tuple, list)) and any(_transformed(t) for t in x):
+            return
+        if value_checks_enabled() and self.metric.group_invariant:
+            self.check_point(x)
+        else:
+            super().check_point(x)      # a tuple of floating tensors: free checks only
+
+    def submersion(self, x: Tensors) -> torch.Tensor:
+        """The quotient map ``pi(u, v) = u v``, ``shape=[..., d]``: what the network sees."""
+        return self.frozen_point(x).submersion()
+
+    # ------------------------------------------------------------------ sampling
+    def random_point(self, batch_shape: Sequence[int] = (), *,
+                     shapes: Sequence[Sequence[int]] | None = None,
+                     generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
+                     device: torch.device | str | None = None) -> Tensors:
+        """Entries of random sign with log-uniform magnitudes in ``[1e-1, 1e1]``.
+
+        The device is ``device``, else the generator's, else torch's default device.
+        """
+        if device is None and generator is not None:
+            device = generator.device
+        out = []
+        for s in self._shapes(shapes):
+            mag = torch.rand(*batch_shape, *s, generator=generator, dtype=dtype, device=device)
+            sign = torch.randint(0, 2, (*batch_shape, *s), generator=generator,
+                                 device=device).to(mag.dtype) * 2 - 1
+            out.append(sign * torch.pow(10.0, 2.0 * mag - 1.0))
+        return tuple(out)
+
+    def random_group_element(self, x: Tensors, *, scale: float = 1.0,
+                             generator: torch.Generator | None = None) -> torch.Tensor:
+        """Nonzero rescalings of random sign, ``|a| = exp(scale * N(0, 1))``."""
+        g = super().random_group_element(x, scale=scale, generator=generator)
+        sign = torch.randint(0, 2, g.shape, generator=generator, device=g.device).to(g.dtype)
+        return g * (2 * sign - 1)
+
+    def extra_repr(self) -> str:
+        return f"metric={self.metric.name!r}"
+
+
+__all__ = ["DiagonalQuotient", "METRICS", "METRIC_TYPES"]

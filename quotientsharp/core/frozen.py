@@ -1,0 +1,252 @@
+"""The geometry of a quotient at one frozen base point: what an optimiser at ``x`` needs.
+
+``quotient.at(x)`` returns a :class:`FrozenPoint`. It offers, batched over the leading
+dimensions of ``x`` (and of the tangent vectors, which broadcast against it):
+
+- the metric: :meth:`~FrozenPoint.inner` and :meth:`~FrozenPoint.norm`, ``shape=[*batch]``;
+- the fiber-bundle split of a tangent vector: :meth:`~FrozenPoint.horizontal_projection`,
+  :meth:`~FrozenPoint.vertical_projection`, :meth:`~FrozenPoint.horizontality_error`;
+- the index raising of a Euclidean gradient, :meth:`~FrozenPoint.raise_index`, and the
+  Riemannian gradient (raised, then projected), :meth:`~FrozenPoint.riemannian_gradient`;
+- the Christoffel contraction and the geodesic from ``x`` at order 1, 2 or exactly;
+- a metric-isotropic Gaussian vector, :meth:`~FrozenPoint.isotropic` (random starts).
+
+Why a frozen point: an ascent (sharpness, Riemannian SGD at one iterate, a line search) calls
+these operations many times at the same ``x``. Everything that depends on ``x`` alone (Gram
+matrices, their factorisations, ``1 / |w|``) is computed once, on first use, and kept.
+
+This class is the generic default: every operation calls the quotient's own method (which a
+subclass may override with a closed form; otherwise it is the numerical default of
+:mod:`quotientsharp.core.reference`). Built-in quotients return subclasses that hold their closed
+forms, and their quotient-level methods delegate to them, so each formula exists once.
+
+Tangent arguments are not validated here (no host synchronisation in a hot loop): the
+quotient validates the point when it builds the frozen point, and its own methods validate
+tangent vectors before delegating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from quotientsharp.core import _tuples as T
+from quotientsharp.core import reference
+from quotientsharp.core.validation import check_time
+
+if TYPE_CHECKING:
+    from quotientsharp.core.quotient import SymmetryQuotient
+
+Tensors = tuple[torch.Tensor, ...]
+
+ORDERS = (1, 2, "exact")
+
+
+def check_order(order: object) -> int | str:
+    """Validate a geodesic order: ``1``, ``2`` or ``"exact"``."""
+    if isinstance(order, bool) or order not in ORDERS:
+        raise ValueError(f"order must be 1, 2 or 'exact', got {order!r}")
+    return order  # type: ignore[return-value]
+
+
+class FrozenPoint:
+    """A quotient's geometry at the base point ``x`` (generic default, see the module docstring).
+
+    Parameters
+    ----------
+    quotient
+        The quotient.
+    x
+        The base point, already validated by the quotient (tuple of tensors,
+        ``shape=[*batch, ...]`` each).
+    """
+
+    def __init__(self, quotient: SymmetryQuotient, x: Sequence[torch.Tensor]) -> None:
+        self.quotient = quotient
+        self.x: Tensors = tuple(x)
+
+    @property
+    def point_ndims(self) -> tuple[int, ...]:
+        return tuple(self.quotient.point_ndims)
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        """Leading (batch) shape of the base point."""
+        return T.batch_shape(self.x, self.point_ndims)
+
+    # ------------------------------------------------------------------ metric
+    def inner(self, u: Tensors, v: Tensors) -> torch.Tensor:
+        """``<u, v>_x``, ``shape=[*batch]``."""
+        return self.quotient.inner(self.x, u, v)
+
+    def squared_norm(self, u: Tensors) -> torch.Tensor:
+        """``||u||_x^2``, ``shape=[*batch]``."""
+        return self.inner(u, u).clamp_min(0)
+
+    def norm(self, u: Tensors) -> torch.Tensor:
+        """``||u||_x``, ``shape=[*batch]``."""
+        return self.squared_norm(u).sqrt()
+
+    # ------------------------------------------------------------------ fiber-bundle split
+    def horizontal_projection(self, u: Tensors) -> Tensors:
+        """Metric-orthogonal projection onto the horizontal space (orthogonal to the orbit)."""
+        return self.quotient.horizontal_projection(self.x, u)
+
+    def vertical_projection(self, u: Tensors) -> Tensors:
+        """Metric-orthogonal projection onto the vertical space (tangent to the orbit)."""
+        return self.quotient.vertical_projection(self.x, u)
+
+    def horizontality_error(self, u: Tensors) -> torch.Tensor:
+        """Largest normalised metric product of ``u`` with a vertical vector, ``shape=[*batch]``."""
+        return self.quotient.horizontality_error(self.x, u)
+
+    # ------------------------------------------------------------------ gradients
+    def raise_index(self, egrad: Tensors) -> Tensors:
+        """The vector ``g(x)^{-1} egrad`` (not projected)."""
+        return self.quotient.raise_index(self.x, egrad)
+
+    def riemannian_gradient(self, egrad: Tensors) -> Tensors:
+        """The metric-raised Euclidean gradient, projected onto the horizontal space."""
+        return self.quotient.euclidean_to_riemannian_gradient(self.x, egrad)
+
+    # ------------------------------------------------------------------ connection
+    def christoffel(self, u: Tensors, v: Tensors | None = None) -> Tensors:
+        """Christoffel contraction ``Gamma_x(u, v)`` (``v`` defaults to ``u``)."""
+        return self.quotient.christoffel(self.x, u, v)
+
+    def geodesic(self, u: Tensors, t: float = 1.0, order: int | str = 2,
+                 steps: int = 64) -> Tensors:
+        """Point at time ``t`` on the geodesic from ``x`` with initial velocity ``u``.
+
+        ``order=1``: ``x + t u``; ``2``: ``x + t u - t^2/2 Gamma(u, u)``; ``"exact"``:
+        :meth:`geodesic_exact` (``steps`` RK4 steps where there is no closed form).
+        """
+        order = check_order(order)
+        t = check_time(t)
+        if order == 1:
+            return T.axpy(t, u, self.x, self.point_ndims)
+        if order == 2:
+            gamma = self.christoffel(u)
+            return tuple(a + t * b - 0.5 * t * t * c
+                         for a, b, c in zip(self.x, u, gamma, strict=True))
+        return self.geodesic_exact(u, t, steps)
+
+    def geodesic_exact(self, u: Tensors, t: float = 1.0, steps: int = 64) -> Tensors:
+        """The exact geodesic (the point moves, so this integrates with the quotient's Gamma)."""
+        return self.quotient.geodesic_exact(self.x, u, t, steps=steps)
+
+    def check_ball(self, radius: float, order: int | str) -> None:
+        """Raise if a path of this order with ``||u|| <= radius`` may leave the manifold.
+
+        Called once before an ascent (it may synchronise with the host). Default: nothing to
+        check.
+        """
+
+    # ------------------------------------------------------------------ coordinate subspaces
+    def on_rows(self, rows: Mapping[int, torch.Tensor]) -> FrozenPoint:
+        """The geometry on tangent vectors that vanish outside rows ``rows[i]`` (of the first
+        point dimension) of tensor ``i``, with those tensors cut to their rows.
+
+        Exact only where the metric is diagonal, so that such vectors form a subspace that
+        every operation keeps (the raised gradient of a gradient that vanishes off the rows
+        vanishes there too). A geometry without that property raises.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no coordinate-subspace form "
+                                  "(on_rows): its metric is not diagonal")
+
+    # ------------------------------------------------------------------ sampling
+    def isotropic(self, generator: torch.Generator | None = None) -> Tensors:
+        """A Gaussian tangent vector with covariance ``g(x)^{-1}`` (identity in the metric).
+
+        Not projected: apply :meth:`horizontal_projection` for a horizontal one. Generic
+        default: the Cholesky factor ``L`` of the dense metric, ``u = L^{-T} z``.
+        """
+        q, x = self.quotient, self.x
+        ndims = self.point_ndims
+        batch = self.batch_shape
+        gram = reference.metric_matrix(q, x)
+        chol = torch.linalg.cholesky(gram)
+        noise = torch.randn(*batch, gram.shape[-1], 1, generator=generator, dtype=x[0].dtype,
+                            device=x[0].device)
+        flat = torch.linalg.solve_triangular(chol.mT, noise, upper=True).squeeze(-1)
+        like = tuple(c.expand(*batch, *c.shape[c.dim() - k:]) for c, k in zip(x, ndims,
+                                                                                strict=True))
+        return T.unflatten(flat, like, ndims)
+
+
+class ClosedFormPoint(FrozenPoint):
+    """Base of the frozen points of quotients that delegate their methods to the frozen point.
+
+    Such a quotient's methods call this object, so its defaults must not call them back: an
+    operation a subclass does not override falls back to :mod:`quotientsharp.core.reference`
+    directly, and the exact geodesic integrates the geodesic equation by RK4 with the
+    subclass's own Christoffel contraction at the moving point.
+    """
+
+    def inner(self, u: Tensors, v: Tensors) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must define inner(u, v)")
+
+    def horizontal_projection(self, u: Tensors) -> Tensors:
+        return reference.horizontal_projection(self.quotient, self.x, u)
+
+    def vertical_projection(self, u: Tensors) -> Tensors:
+        return reference.vertical_projection(self.quotient, self.x, u)
+
+    def horizontality_error(self, u: Tensors) -> torch.Tensor:
+        return reference.horizontality_error(self.quotient, self.x, u)
+
+    def raise_index(self, egrad: Tensors) -> Tensors:
+        return reference.raise_index(self.quotient, self.x, egrad)
+
+    def riemannian_gradient(self, egrad: Tensors) -> Tensors:
+        return self.horizontal_projection(self.raise_index(egrad))
+
+    def christoffel(self, u: Tensors, v: Tensors | None = None) -> Tensors:
+        return reference.christoffel(self.quotient, self.x, u, v)
+
+    def geodesic_exact(self, u: Tensors, t: float = 1.0, steps: int = 64) -> Tensors:
+        def gamma(p: Tensors, w: Tensors) -> Tensors:
+            try:
+                return self.quotient.frozen_point(p).christoffel(w)
+            except ValueError as err:
+                raise ValueError(f"the exact geodesic left the regular points of the manifold "
+                                 f"while integrating ({steps} RK4 steps to t={t}): shorten the "
+                                 f"velocity or t, or use more steps. At the moving point: {err}"
+                                 ) from err
+
+        return reference.geodesic_ode(self.x, u, t, self.point_ndims, gamma, steps)
+
+
+class EuclideanMetricPoint(ClosedFormPoint):
+    """The formulas of the Euclidean metric ``<u, v> = sum u v``, for any quotient.
+
+    Flat: ``Gamma = 0`` and geodesics are straight lines; the index raising is the identity
+    and an isotropic draw is standard normal. A quotient's Euclidean frozen point adds only its
+    projections (which depend on the group).
+    """
+
+    def inner(self, u: Tensors, v: Tensors) -> torch.Tensor:
+        terms = [(a * b).sum(tuple(range(-k, 0))) if k else a * b
+                 for a, b, k in zip(u, v, self.point_ndims, strict=True)]
+        return sum(terms[1:], terms[0])
+
+    def raise_index(self, egrad: Tensors) -> Tensors:
+        return tuple(egrad)
+
+    def christoffel(self, u: Tensors, v: Tensors | None = None) -> Tensors:
+        v = u if v is None else v
+        return tuple(torch.zeros(torch.broadcast_shapes(a.shape, b.shape, c.shape),
+                                 dtype=a.dtype, device=a.device)
+                     for a, b, c in zip(self.x, u, v, strict=True))
+
+    def geodesic_exact(self, u: Tensors, t: float = 1.0, steps: int = 64) -> Tensors:
+        return tuple(a + t * b for a, b in zip(self.x, u, strict=True))
+
+    def isotropic(self, generator: torch.Generator | None = None) -> Tensors:
+        return tuple(torch.randn(c.shape, generator=generator, dtype=c.dtype, device=c.device)
+                     for c in self.x)
+
+
+__all__ = ["ClosedFormPoint", "EuclideanMetricPoint", "FrozenPoint", "ORDERS", "check_order"]

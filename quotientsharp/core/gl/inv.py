@@ -1,0 +1,124 @@
+"""The inv metric on GL(h) factor pairs: ``<u, v> = Tr(S_G^{-1} u_G^T v_G + S_H^{-1} u_H^T v_H)``.
+
+With ``S_G = G^T G + eps I`` and ``S_H = H^T H + eps I`` (``derivations/gl_attention.py``
+derives every formula below with sympy and checks it in exact arithmetic). At ``eps = 0`` the
+metric is GL(h)-invariant: ``(G A^{-1})^T (G A^{-1}) = A^{-T} K_G A^{-1}`` and ``u_G -> u_G A^{-1}``
+cancel in the trace.
+
+- Moment: ``M(u) = S_H^{-1} u_H^T H - G^T u_G S_G^{-1}``; vertical norms
+  ``||V(E_kl)||^2 = (K_G)_kk (S_G^{-1})_ll + (S_H^{-1})_kk (K_H)_ll``.
+- Vertical part: ``Gram(L) = S_H^{-1} L K_H + K_G L S_G^{-1} = M(u)``. Multiplying by ``S_H`` on
+  the left and ``S_G`` on the right gives the Sylvester equation
+  ``(S_H K_G) L + L (K_H S_G) = u_H^T H S_G - S_H G^T u_G`` with coefficients similar to SPD
+  ones. With Cholesky factors ``S_G = E E^T``, ``S_H = F F^T`` and ``L = F Y E^T`` it is the SPD
+  equation ``(B_G^T B_G) Y + Y (B_H^T B_H) = F^{-1} C E^{-T}``, ``B_G = G F``, ``B_H = H E``.
+  ``B_G`` and ``B_H`` are invariant under the action (``F -> A F``, ``E -> A^{-T} E`` up to
+  orthogonal factors), so an ill-conditioned ``A`` costs accuracy once, not squared. The
+  vertical part is ``V(L) = (-B_G Y E^T, B_H Y^T F^T)``.
+- Raised gradient: ``(dL/dG S_G, dL/dH S_H)``.
+- Christoffel contraction (polarised; ``D_G(w) = w^T G + G^T w``, ``sym(W) = (W + W^T) / 2``):
+  ``Gamma_G(u, v) = -(u_G S_G^{-1} D_G(v) + v_G S_G^{-1} D_G(u)) / 2 + G S_G^{-1} sym(u_G^T v_G)``,
+  ``Gamma_H`` likewise. ``eps`` is a constant shift, so the derivative of ``S_G`` is still
+  ``D_G`` and the forms stay exact for any ``eps >= 0``.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import torch
+
+from quotientsharp.core.gl.metric import GLMetric
+from quotientsharp.core.gl.point import GLPoint, moved, symmetric_part
+
+Tensors = tuple[torch.Tensor, ...]
+
+
+class InvPoint(GLPoint):
+    """The inv metric's formulas at a frozen ``(G, H)`` (module docstring)."""
+
+    def inner(self, u: Tensors, v: Tensors) -> torch.Tensor:
+        return (((u[0] @ self.inverse_g) * v[0]).sum((-2, -1))
+                + ((u[1] @ self.inverse_h) * v[1]).sum((-2, -1)))
+
+    def squared_norm(self, u: Tensors) -> torch.Tensor:
+        # ||u_G E^{-T}||^2 + ||u_H F^{-T}||^2 with S_G = E E^T, S_H = F F^T: a sum of squares,
+        # accurate to rounding however ill-conditioned S is, unlike u S^{-1} u^T summed
+        return ((u[0] @ self.inverse_factor_g.mT).square().sum((-2, -1))
+                + (u[1] @ self.inverse_factor_h.mT).square().sum((-2, -1)))
+
+    def moment(self, u: Tensors) -> torch.Tensor:
+        G, H = self.x
+        return self.inverse_h @ (u[1].mT @ H) - (G.mT @ u[0]) @ self.inverse_g
+
+    def vertical_norms_squared(self) -> torch.Tensor:
+        d = self.diagonal
+        return (d(self.gram_g).unsqueeze(-1) * d(self.inverse_g).unsqueeze(-2)
+                + d(self.inverse_h).unsqueeze(-1) * d(self.gram_h).unsqueeze(-2))
+
+    def gram_operator_terms(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        # Gram(L) = S_H^{-1} L K_H + K_G L S_G^{-1}
+        inverse_g, inverse_h = self.work_inverses
+        gram_g, gram_h = self._work_grams
+        return [(inverse_h, gram_h), (gram_g, inverse_g)]
+
+    @cached_property
+    def _sylvester(self) -> tuple[torch.Tensor, ...]:
+        """``B_G = G F``, ``B_H = H E`` and the eigen-solution of their Gram matrices."""
+        G, H = self._work_x
+        chol_g, chol_h = self._work_cholesky
+        b_g, b_h = G @ chol_h, H @ chol_g
+        values_p, vectors_p = torch.linalg.eigh(b_g.mT @ b_g)
+        values_q, vectors_q = torch.linalg.eigh(b_h.mT @ b_h)
+        # B_G, B_H meet tangents: the point's dtype; the eigenbases stay in the working dtype
+        return (self._cast(b_g), self._cast(b_h), vectors_p, vectors_q,
+                values_p.unsqueeze(-1) + values_q.unsqueeze(-2))
+
+    def vertical_projection(self, u: Tensors) -> Tensors:
+        b_g, b_h, vectors_p, vectors_q, denominators = self._sylvester
+        # F^{-1} C E^{-T} with C = u_H^T H S_G - S_H G^T u_G, through B_G and B_H
+        rhs = ((u[1] @ self.inverse_factor_h.mT).mT @ b_h
+               - b_g.mT @ (u[0] @ self.inverse_factor_g.mT))
+        y = self.solve_in_eigenbases((vectors_p, vectors_q), denominators, rhs)
+        return -(b_g @ y) @ self.cholesky_g.mT, (b_h @ y.mT) @ self.cholesky_h.mT
+
+    def raise_index(self, egrad: Tensors) -> Tensors:
+        return egrad[0] @ self.relaxed_g, egrad[1] @ self.relaxed_h
+
+    @cached_property
+    def scaled_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(G S_G^{-1}, H S_H^{-1})``, ``shape=[..., n, h]`` and ``[..., m, h]``."""
+        G, H = self.x
+        return G @ self.inverse_g, H @ self.inverse_h
+
+    def christoffel(self, u: Tensors, v: Tensors | None = None) -> Tensors:
+        G, H = self.x
+        if v is None:
+            # Gamma(u, u): the two halves of the polarisation coincide. The h x h products come
+            # first and G S_G^{-1} is cached, so only four products have the factors' n rows
+            # (this runs, with its backward, at every step of an order-2 ascent)
+            scaled_g, scaled_h = self.scaled_factors
+            return (-u[0] @ (self.inverse_g @ moved(u[0], G)) + scaled_g @ (u[0].mT @ u[0]),
+                    -u[1] @ (self.inverse_h @ moved(u[1], H)) + scaled_h @ (u[1].mT @ u[1]))
+        gammas = []
+        for i, (factor, inverse) in enumerate(((G, self.inverse_g), (H, self.inverse_h))):
+            gammas.append(-0.5 * ((u[i] @ inverse) @ moved(v[i], factor)
+                                  + (v[i] @ inverse) @ moved(u[i], factor))
+                          + (factor @ inverse) @ symmetric_part(u[i].mT @ v[i]))
+        return tuple(gammas)
+
+    def isotropic(self, generator: torch.Generator | None = None) -> Tensors:
+        # rows of u_G have the metric S_G^{-1}: covariance S_G = E E^T, so u_G = z E^T
+        noise = tuple(torch.randn(t.shape, generator=generator, dtype=t.dtype, device=t.device)
+                      for t in self.x)
+        return noise[0] @ self.cholesky_g.mT, noise[1] @ self.cholesky_h.mT
+
+
+class InvMetric(GLMetric):
+    """``Tr(S_G^{-1} u_G^T v_G + S_H^{-1} u_H^T v_H)``: GL(h)-invariant at ``eps = 0``."""
+
+    name = "inv"
+    point_type = InvPoint
+
+
+__all__ = ["InvMetric", "InvPoint"]

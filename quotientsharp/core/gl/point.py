@@ -1,0 +1,239 @@
+"""What every GL(h) metric shares at a frozen point ``(G, H)``: Gram matrices and factors.
+
+:class:`GLPoint` holds the Gram matrices ``K_G = G^T G``, ``K_H = H^T H``, their relaxations
+``S = K + eps I`` and the Cholesky factors of the relaxations, computed once (and checked for
+rank there, which is the point's validation). Everything else is computed on first use and
+kept: ``S^{-1}``, inverse Cholesky factors, the eigenbases of the Sylvester equation of the
+horizontal projection. The metric subclasses (:mod:`.inv`, :mod:`.mix`, :mod:`.euclidean`) hold
+the formulas.
+
+The vertical space is spanned by ``V(X) = (-G X, H X^T)``, ``X`` in ``gl(h)``. Writing
+``<V(X), u> = <X, M(u)>_F`` (the moment ``M`` of ``u``), ``u`` is horizontal iff ``M(u) = 0``,
+and the vertical part of ``u`` is ``V(L)`` with ``Gram(L) = M(u)``, where
+``Gram(L) = M(V(L))``. Each metric supplies ``M``, the diagonal of ``Gram`` (for the
+horizontality measure) and a solver of ``Gram(L) = M(u)``.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+import torch
+
+from quotientsharp.core.frozen import ClosedFormPoint
+from quotientsharp.core.linalg import solve_sylvester_eig
+from quotientsharp.core.validation import value_checks_enabled
+
+if TYPE_CHECKING:
+    from quotientsharp.core.gl.quotient import GLQuotient
+
+Tensors = tuple[torch.Tensor, ...]
+
+#: Dtypes whose points get their h x h algebra in float64.
+LOW_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def vertical_vector(G: torch.Tensor, H: torch.Tensor, X: torch.Tensor) -> Tensors:
+    """``V(X) = (-G X, H X^T)``: the orbit velocity of ``X`` in ``gl(h)``."""
+    return -G @ X, H @ X.mT
+
+
+def cholesky_or_raise(quotient: GLQuotient, G: torch.Tensor, H: torch.Tensor,
+                      relaxed: tuple[torch.Tensor, torch.Tensor], name: str) -> Tensors:
+    """Lower Cholesky factors of ``(S_G, S_H)``; a clear error where one is singular.
+
+    The shape test (more columns than rows with ``eps = 0``) is free and always runs; the test
+    on values (a failed factorisation, or a pivot at rounding level of the largest diagonal
+    entry) synchronises with the host and runs only while value checks are on.
+    """
+    h = G.shape[-1]
+    if quotient.eps == 0.0:
+        for which, rows in (("g", G.shape[-2]), ("h", H.shape[-2])):
+            if rows < h:
+                raise quotient.rank_error(which, name, rows, h, G.dtype)
+    factors, infos = zip(*(torch.linalg.cholesky_ex(s) for s in relaxed), strict=True)
+    if value_checks_enabled() and not torch.compiler.is_compiling():
+        # a Cholesky pivot p_k satisfies p_k^2 >= lambda_min; a pivot at rounding level of
+        # the largest diagonal entry means the Gram matrix is singular to working precision
+        tolerance = 8 * h * torch.finfo(G.dtype).eps
+        flags = []
+        for chol, info, s in zip(factors, infos, relaxed, strict=True):
+            pivots = chol.diagonal(dim1=-2, dim2=-1).square().amin(-1)
+            scale = s.diagonal(dim1=-2, dim2=-1).amax(-1)
+            flags.append(((info != 0) | ~(pivots > tolerance * scale)).any())
+        bad = torch.stack(flags).tolist()
+        for which, rows, is_bad in (("g", G.shape[-2], bad[0]), ("h", H.shape[-2], bad[1])):
+            if is_bad:
+                raise quotient.rank_error(which, name, rows, h, G.dtype)
+    return tuple(factors)
+
+
+class GLPoint(ClosedFormPoint):
+    """A GL(h) factor pair ``(G, H)``, ``shape=[..., n, h]`` and ``[..., m, h]``, frozen.
+
+    Parameters
+    ----------
+    quotient
+        The :class:`~quotientsharp.core.gl.GLQuotient` (its metric object and ``eps``).
+    x
+        ``(G, H)``, validated for layout by the quotient.
+    name
+        Name of the point in error messages.
+    """
+
+    #: Whether the metric needs the Cholesky factors of ``S_G`` and ``S_H``.
+    needs_factors: bool = True
+
+    def __init__(self, quotient: GLQuotient, x: Tensors, name: str = "x") -> None:
+        super().__init__(quotient, x)
+        self.eps = quotient.eps
+        G, H = self.x
+        self.dtype = G.dtype
+        # The h x h algebra runs in float64 for float32 and half-precision points: a Gram
+        # matrix squares the condition of its factor, and a group element of condition 1e3
+        # already makes K_G singular to float32 working precision. It is cheap next to a
+        # forward pass; results are cast back to the point's dtype where they meet tangents.
+        self.work_dtype = torch.float64 if G.dtype in LOW_PRECISION else G.dtype
+        G_work, H_work = G.to(self.work_dtype), H.to(self.work_dtype)
+        self._work_x = (G_work, H_work)
+        gram_g, gram_h = G_work.mT @ G_work, H_work.mT @ H_work
+        if self.eps == 0.0:
+            relaxed_g, relaxed_h = gram_g, gram_h
+        else:
+            eye = torch.eye(G.shape[-1], dtype=self.work_dtype, device=G.device)
+            relaxed_g, relaxed_h = gram_g + self.eps * eye, gram_h + self.eps * eye
+        self._work_grams = (gram_g, gram_h)
+        self._work_relaxed = (relaxed_g, relaxed_h)
+        self.gram_g, self.gram_h = self._cast(gram_g), self._cast(gram_h)
+        self.relaxed_g, self.relaxed_h = self._cast(relaxed_g), self._cast(relaxed_h)
+        self._work_cholesky: tuple[torch.Tensor, ...] = ()
+        self.cholesky_g: torch.Tensor | None = None
+        self.cholesky_h: torch.Tensor | None = None
+        if self.needs_factors:
+            self._work_cholesky = cholesky_or_raise(quotient, G_work, H_work,
+                                                    (relaxed_g, relaxed_h), name)
+            self.cholesky_g, self.cholesky_h = (self._cast(c) for c in self._work_cholesky)
+
+    def _cast(self, t: torch.Tensor) -> torch.Tensor:
+        """An h x h result of the float64 algebra in the point's dtype."""
+        return t.to(self.dtype)
+
+    # ------------------------------------------------------------------ cached factors
+    # S^{-1} by a Cholesky solve against a batch of identities rather than
+    # torch.cholesky_inverse or a broadcast identity: in torch 2.13 the forward-mode derivative
+    # (jvp) of both is wrong, and the autograd references differentiate the metric by jvp
+    @staticmethod
+    def _inverse(cholesky: torch.Tensor) -> torch.Tensor:
+        identities = torch.diag_embed(torch.ones(cholesky.shape[:-1], dtype=cholesky.dtype,
+                                                 device=cholesky.device))
+        return torch.cholesky_solve(identities, cholesky)
+
+    @staticmethod
+    def _inverse_factor(cholesky: torch.Tensor) -> torch.Tensor:
+        identities = torch.diag_embed(torch.ones(cholesky.shape[:-1], dtype=cholesky.dtype,
+                                                 device=cholesky.device))
+        return torch.linalg.solve_triangular(cholesky, identities, upper=False)
+
+    @cached_property
+    def work_inverses(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``S_G^{-1}`` and ``S_H^{-1}`` in the working dtype."""
+        return self._inverse(self._work_cholesky[0]), self._inverse(self._work_cholesky[1])
+
+    @cached_property
+    def inverse_g(self) -> torch.Tensor:
+        """``S_G^{-1}``, ``shape=[..., h, h]``."""
+        return self._cast(self._inverse(self._work_cholesky[0]))
+
+    @cached_property
+    def inverse_h(self) -> torch.Tensor:
+        """``S_H^{-1}``."""
+        return self._cast(self._inverse(self._work_cholesky[1]))
+
+    @cached_property
+    def inverse_factor_g(self) -> torch.Tensor:
+        """``E^{-1}`` for the Cholesky factor ``S_G = E E^T``."""
+        return self._cast(self._inverse_factor(self._work_cholesky[0]))
+
+    @cached_property
+    def inverse_factor_h(self) -> torch.Tensor:
+        """``F^{-1}`` for the Cholesky factor ``S_H = F F^T``."""
+        return self._cast(self._inverse_factor(self._work_cholesky[1]))
+
+    @cached_property
+    def gram_eigen(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Eigenvalues (clamped at 0: PSD) and eigenvectors of ``K_G`` and ``K_H``, in the
+        working dtype (the Sylvester solves on ``h x h`` matrices run there too)."""
+        values_g, vectors_g = torch.linalg.eigh(self._work_grams[0])
+        values_h, vectors_h = torch.linalg.eigh(self._work_grams[1])
+        return values_g.clamp_min(0), vectors_g, values_h.clamp_min(0), vectors_h
+
+    def solve_in_eigenbases(self, bases: tuple[torch.Tensor, torch.Tensor],
+                            denominators: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+        """:func:`~quotientsharp.core.linalg.solve_sylvester_eig` of an ``h x h`` right-hand side in
+        the working dtype, the solution cast back to the point's dtype."""
+        return self._cast(solve_sylvester_eig(*bases, denominators,
+                                              rhs.to(self.work_dtype)))
+
+    # ------------------------------------------------------------------ per metric
+    def moment(self, u: Tensors) -> torch.Tensor:
+        """``M(u)`` with ``<V(X), u> = <X, M(u)>_F``, ``shape=[..., h, h]``."""
+        raise NotImplementedError
+
+    def vertical_norms_squared(self) -> torch.Tensor:
+        """``||V(E_kl)||^2`` for the basis ``E_kl`` of ``gl(h)``, ``shape=[..., h, h]``."""
+        raise NotImplementedError
+
+    def gram_operator_terms(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``[(A_1, B_1), (A_2, B_2)]`` with ``Gram(L) = A_1 L B_1 + A_2 L B_2`` (working dtype).
+
+        ``Gram(L) = M(V(L))``, so ``<V(X), V(L)> = <X, Gram(L)>_F``: the metric restricted to
+        the vertical space, in closed form from the Gram matrices (``h x h`` work only).
+        """
+        raise NotImplementedError
+
+    def gram_operator(self, L: torch.Tensor) -> torch.Tensor:
+        """``Gram(L) = sum_t A_t L B_t`` (:meth:`gram_operator_terms`), working dtype."""
+        terms = [a @ L @ b for a, b in self.gram_operator_terms()]
+        return terms[0] + terms[1]
+
+    # ------------------------------------------------------------------ shared
+    def vertical(self, X: torch.Tensor) -> Tensors:
+        return vertical_vector(*self.x, X)
+
+    def horizontal_projection(self, u: Tensors) -> Tensors:
+        vertical = self.vertical_projection(u)
+        return u[0] - vertical[0], u[1] - vertical[1]
+
+    def riemannian_gradient(self, egrad: Tensors) -> Tensors:
+        return self.horizontal_projection(self.raise_index(egrad))
+
+    def horizontality_error(self, u: Tensors) -> torch.Tensor:
+        """``max_{k,l} |<V_kl, u>| / (||V_kl|| ||u||)`` over the basis ``E_kl`` of gl(h).
+
+        The quantity of :func:`quotientsharp.core.reference.horizontality_error` in closed form:
+        ``<V_kl, u> = M(u)_kl``. Zero exactly for horizontal ``u``, in ``[0, 1]``, unchanged
+        when ``u`` is rescaled. ``shape=[*batch]``.
+        """
+        moment = self.moment(u)
+        denominators = (self.vertical_norms_squared().clamp_min(0).sqrt()
+                        * self.norm(u).unsqueeze(-1).unsqueeze(-1))
+        tiny = torch.finfo(moment.dtype).tiny
+        return (moment.abs() / denominators.clamp_min(tiny)).amax(dim=(-2, -1))
+
+    @staticmethod
+    def diagonal(a: torch.Tensor) -> torch.Tensor:
+        return a.diagonal(dim1=-2, dim2=-1)
+
+
+def moved(w: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """``D(w) = w^T F + F^T w``: the derivative of ``F^T F`` along ``w``."""
+    cross = w.mT @ factor
+    return cross + cross.mT
+
+
+def symmetric_part(a: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (a + a.mT)
+
+
+__all__ = ["GLPoint", "cholesky_or_raise", "moved", "symmetric_part", "vertical_vector"]

@@ -1,0 +1,556 @@
+"""Symbolic Riemannian geometry with sympy: Christoffel symbols, geodesics, horizontal spaces.
+
+This module is for derivations and checks (``derivations/``, the test-suite), never for the hot
+path: it needs sympy (``pip install quotientsharp[symbolic]``) and is not imported by the
+package ``__init__``.
+
+Everything works on an explicit metric matrix ``g`` over a list of coordinate symbols:
+
+- :func:`christoffel_symbols` and :func:`christoffel_contraction` use the Koszul formula
+  ``Gamma^k_ij = 1/2 g^{kl} (d_i g_lj + d_j g_li - d_l g_ij)`` with plain :func:`sympy.diff`.
+  ``sympy.diffgeom`` is deliberately not used: it silently returns zero Christoffel symbols for
+  metrics written in plain ``Symbol`` coordinates.
+- :func:`christoffel_symbols_at` differentiates symbolically but inverts the metric only after
+  substituting an exact (rational) point, which keeps metrics over ten or more coordinates cheap.
+- :func:`geodesic_residual` returns ``x'' + Gamma(x', x')`` along a path given in closed form.
+- :func:`horizontal_projection_matrix` projects metric-orthogonally off a set of vertical
+  generators.
+- :func:`random_rationals`, :func:`evaluate_exact` and :func:`is_exactly_zero` check identities
+  exactly at random rational points instead of calling a long ``simplify``.
+- :func:`to_torch_function` turns sympy expressions into torch functions that keep autograd and
+  ``torch.vmap`` working.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+try:
+    import sympy
+    from sympy.printing.pytorch import TorchPrinter
+except ImportError as err:  # pragma: no cover - exercised only without the extra
+    raise ImportError("quotientsharp.core.symbolic needs sympy: "
+                      "pip install 'quotientsharp[symbolic]'") from err
+
+import torch
+
+Expr = sympy.Expr
+Gamma = list[list[list[sympy.Expr]]]
+Simplifier = Callable[[sympy.Expr], sympy.Expr] | None
+
+
+# ---------------------------------------------------------------------- small constructors
+def symbol_matrix(name: str, rows: int, cols: int, **assumptions: Any) -> sympy.Matrix:
+    """A ``rows x cols`` matrix of fresh symbols ``name_i_j`` (``real=True`` unless overridden)."""
+    assumptions.setdefault("real", True)
+    return sympy.Matrix(rows, cols,
+                        lambda i, j: sympy.Symbol(f"{name}_{i}_{j}", **assumptions))
+
+
+def flat(*matrices: sympy.MatrixBase) -> list[sympy.Expr]:
+    """The entries of the matrices in row-major order, concatenated (torch ``reshape`` order)."""
+    out: list[sympy.Expr] = []
+    for m in matrices:
+        out.extend(sympy.Matrix(m).reshape(1, len(m)).tolist()[0])
+    return out
+
+
+def unflat(entries: Sequence[sympy.Expr], shapes: Sequence[tuple[int, int]]
+           ) -> list[sympy.Matrix]:
+    """Inverse of :func:`flat`: split a flat list (or column vector) into matrices of ``shapes``."""
+    entries = list(entries)
+    total = sum(r * c for r, c in shapes)
+    if len(entries) != total:
+        raise ValueError(f"entries has {len(entries)} elements but shapes {list(shapes)} need "
+                         f"{total}")
+    out, start = [], 0
+    for r, c in shapes:
+        out.append(sympy.Matrix(r, c, entries[start:start + r * c]))
+        start += r * c
+    return out
+
+
+def _as_column(vector: Sequence[sympy.Expr] | sympy.MatrixBase, n: int, name: str
+               ) -> sympy.Matrix:
+    column = sympy.Matrix(list(vector)) if not isinstance(vector, sympy.MatrixBase) \
+        else sympy.Matrix(vector).reshape(len(vector), 1)
+    if column.shape != (n, 1):
+        raise ValueError(f"{name} must have {n} entries (one per coordinate), got {len(column)}")
+    return column
+
+
+def _check_metric(metric: sympy.MatrixBase, coords: Sequence[sympy.Symbol]) -> sympy.Matrix:
+    metric = sympy.Matrix(metric)
+    n = len(coords)
+    if metric.shape != (n, n):
+        raise ValueError(f"metric must be {n} x {n} (one row per coordinate), got {metric.shape}")
+    if not all(isinstance(c, sympy.Symbol) for c in coords):
+        raise TypeError("coords must be sympy Symbols")
+    if len(set(coords)) != n:
+        raise ValueError("coords must be distinct symbols")
+    if metric != metric.T:
+        # structurally different entries may still agree; expand before refusing
+        left = [e for e in (metric - metric.T).applyfunc(sympy.cancel) if e != 0]
+        if any(sympy.simplify(e) != 0 for e in left):
+            raise ValueError("metric must be symmetric")
+    return metric
+
+
+def metric_from_bilinear(form: sympy.Expr, first: Sequence[sympy.Symbol],
+                         second: Sequence[sympy.Symbol]) -> sympy.Matrix:
+    """The matrix ``g_kl = d^2 form / (d first_k d second_l)`` of a bilinear form.
+
+    Parameters
+    ----------
+    form
+        An expression bilinear in the symbols ``first`` and ``second`` (two tangent vectors).
+    first, second
+        The coordinates of the two vectors, ``len = N`` each.
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[N, N]``.
+    """
+    if len(first) != len(second):
+        raise ValueError(f"first and second must have the same length, got {len(first)} and "
+                         f"{len(second)}")
+    return sympy.Matrix(len(first), len(second),
+                        lambda k, l: sympy.diff(form, first[k], second[l]))
+
+
+# ---------------------------------------------------------------------- Christoffel symbols
+def metric_derivatives(metric: sympy.MatrixBase, coords: Sequence[sympy.Symbol]
+                       ) -> list[sympy.Matrix]:
+    """``[d g / d x^l for l]``: the coordinate derivatives of the metric (``N`` of ``N x N``)."""
+    metric = _check_metric(metric, coords)
+    return [metric.diff(c) for c in coords]
+
+
+def _koszul(inverse: sympy.Matrix, derivatives: Sequence[sympy.Matrix],
+            simplify: Simplifier) -> Gamma:
+    """``Gamma^k_ij = 1/2 g^{kl} (d_i g_lj + d_j g_li - d_l g_ij)`` from ``g^{-1}`` and ``dg``."""
+    n = inverse.shape[0]
+    # the lowered symbols Gamma_{l,ij}, symmetric in (i, j)
+    lowered = [[[None] * n for _ in range(n)] for _ in range(n)]
+    for l in range(n):
+        for i in range(n):
+            for j in range(i, n):
+                value = (derivatives[i][l, j] + derivatives[j][l, i] - derivatives[l][i, j]) / 2
+                lowered[l][i][j] = lowered[l][j][i] = value
+    gamma: Gamma = [[[sympy.S.Zero] * n for _ in range(n)] for _ in range(n)]
+    for k in range(n):
+        for i in range(n):
+            for j in range(i, n):
+                value = sympy.Add(*[inverse[k, l] * lowered[l][i][j] for l in range(n)
+                                    if inverse[k, l] != 0 and lowered[l][i][j] != 0])
+                if simplify is not None:
+                    value = simplify(value)
+                gamma[k][i][j] = gamma[k][j][i] = value
+    return gamma
+
+
+def christoffel_symbols(metric: sympy.MatrixBase, coords: Sequence[sympy.Symbol], *,
+                        simplify: Simplifier = sympy.cancel) -> Gamma:
+    """Christoffel symbols of the Levi-Civita connection, ``Gamma[k][i][j] = Gamma^k_ij``.
+
+    Parameters
+    ----------
+    metric
+        Symmetric metric matrix in the coordinates, ``shape=[N, N]``.
+    coords
+        The ``N`` coordinate symbols.
+    simplify
+        Applied to every symbol (default :func:`sympy.cancel`, which suits rational metrics);
+        ``None`` leaves the raw Koszul sums.
+
+    Returns
+    -------
+    list
+        Nested list ``N x N x N``, symmetric in the last two indices.
+    """
+    metric = _check_metric(metric, coords)
+    inverse = metric.inv()
+    if simplify is not None:
+        inverse = inverse.applyfunc(simplify)
+    return _koszul(inverse, metric_derivatives(metric, coords), simplify)
+
+
+def christoffel_symbols_at(metric: sympy.MatrixBase, coords: Sequence[sympy.Symbol],
+                           point: Mapping[sympy.Symbol, sympy.Expr],
+                           derivatives: Sequence[sympy.Matrix] | None = None) -> Gamma:
+    """Christoffel symbols at one point, exact when ``point`` holds rationals.
+
+    The metric is differentiated symbolically, then ``point`` is substituted and the metric is
+    inverted there, so no symbolic inverse of a large metric is ever formed.
+
+    Parameters
+    ----------
+    metric, coords
+        As in :func:`christoffel_symbols`.
+    point
+        Values of (at least) all coordinates, e.g. from :func:`random_rationals`.
+    derivatives
+        Optional precomputed :func:`metric_derivatives` (reuse them across points).
+    """
+    metric = _check_metric(metric, coords)
+    if derivatives is None:
+        derivatives = metric_derivatives(metric, coords)
+    g_at = evaluate_exact(metric, point)
+    if g_at.det() == 0:
+        raise ValueError("the metric is singular at point")
+    inverse = g_at.inv()
+    dg_at = [evaluate_exact(d, point) for d in derivatives]
+    return _koszul(inverse, dg_at, None)
+
+
+def contract(gamma: Gamma, u: Sequence[sympy.Expr] | sympy.MatrixBase,
+             v: Sequence[sympy.Expr] | sympy.MatrixBase | None = None) -> sympy.Matrix:
+    """``Gamma^k(u, v) = sum_ij Gamma^k_ij u^i v^j``, ``shape=[N, 1]`` (``v`` defaults to ``u``)."""
+    n = len(gamma)
+    u = _as_column(u, n, "u")
+    v = u if v is None else _as_column(v, n, "v")
+    return sympy.Matrix([sympy.Add(*[gamma[k][i][j] * u[i] * v[j]
+                                     for i in range(n) for j in range(n) if gamma[k][i][j] != 0])
+                         for k in range(n)])
+
+
+def christoffel_contraction(metric: sympy.MatrixBase, coords: Sequence[sympy.Symbol],
+                            u: Sequence[sympy.Expr] | sympy.MatrixBase,
+                            v: Sequence[sympy.Expr] | sympy.MatrixBase | None = None, *,
+                            simplify: Simplifier = sympy.cancel) -> sympy.Matrix:
+    """The vector ``Gamma^k(u, v)`` of the Levi-Civita connection, ``shape=[N, 1]``.
+
+    ``u`` and ``v`` are tangent vectors given by their ``N`` components (symbols or expressions);
+    ``v`` defaults to ``u``.
+    """
+    out = contract(christoffel_symbols(metric, coords, simplify=simplify), u, v)
+    return out if simplify is None else out.applyfunc(simplify)
+
+
+def geodesic_residual(metric: sympy.MatrixBase, coords: Sequence[sympy.Symbol],
+                      path: Sequence[sympy.Expr], t: sympy.Symbol, *,
+                      gamma: Gamma | None = None, simplify: Simplifier = None) -> sympy.Matrix:
+    """``x''(t) + Gamma_{x(t)}(x'(t), x'(t))`` along ``path``: zero iff ``path`` is a geodesic.
+
+    Parameters
+    ----------
+    metric, coords
+        As in :func:`christoffel_symbols`.
+    path
+        ``N`` expressions in ``t``, the coordinates along the curve.
+    t
+        The curve parameter.
+    gamma
+        Optional precomputed :func:`christoffel_symbols` (symbolic in ``coords``).
+    simplify
+        Applied to each component of the residual (default: none; transcendental paths
+        usually need a problem-specific rewrite first, e.g. division by the path).
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[N, 1]``.
+    """
+    n = len(coords)
+    if len(path) != n:
+        raise ValueError(f"path must have {n} components (one per coordinate), got {len(path)}")
+    if gamma is None:
+        gamma = christoffel_symbols(metric, coords)
+    along = dict(zip(coords, path, strict=True))
+    velocity = [sympy.diff(p, t) for p in path]
+    acceleration = [sympy.diff(w, t) for w in velocity]
+    gamma_along = [[[g.xreplace(along) for g in row] for row in block] for block in gamma]
+    quadratic = contract(gamma_along, velocity)
+    residual = sympy.Matrix([acceleration[k] + quadratic[k] for k in range(n)])
+    return residual if simplify is None else residual.applyfunc(simplify)
+
+
+# ---------------------------------------------------------------------- vertical / horizontal
+def vertical_matrix(generators: Sequence[Sequence[sympy.Expr] | sympy.MatrixBase]
+                    ) -> sympy.Matrix:
+    """The vertical generators as the columns of an ``N x K`` matrix."""
+    if len(generators) == 0:
+        raise ValueError("generators must hold at least one vertical vector")
+    columns = [sympy.Matrix(list(g)) if not isinstance(g, sympy.MatrixBase)
+               else sympy.Matrix(g).reshape(len(g), 1) for g in generators]
+    n = columns[0].shape[0]
+    for i, c in enumerate(columns):
+        if c.shape[0] != n:
+            raise ValueError(f"generators[{i}] has {c.shape[0]} entries, generators[0] has {n}")
+    return sympy.Matrix.hstack(*columns)
+
+
+def metric_products(metric: sympy.MatrixBase,
+                    generators: Sequence[Sequence[sympy.Expr] | sympy.MatrixBase],
+                    vector: Sequence[sympy.Expr] | sympy.MatrixBase) -> sympy.Matrix:
+    """``[<V_k, vector>_g for k]``, ``shape=[K, 1]``: zero iff ``vector`` is horizontal."""
+    basis = vertical_matrix(generators)
+    vector = _as_column(vector, basis.shape[0], "vector")
+    return basis.T * sympy.Matrix(metric) * vector
+
+
+def vertical_projection_matrix(metric: sympy.MatrixBase,
+                               generators: Sequence[Sequence[sympy.Expr] | sympy.MatrixBase],
+                               *, simplify: Simplifier = sympy.cancel) -> sympy.Matrix:
+    """Metric-orthogonal projection onto the span of the generators: ``V (V^T g V)^{-1} V^T g``.
+
+    ``shape=[N, N]``. The generators must be linearly independent (a degenerate orbit raises).
+    """
+    basis = vertical_matrix(generators)
+    metric = sympy.Matrix(metric)
+    if metric.shape != (basis.shape[0], basis.shape[0]):
+        raise ValueError(f"metric must be {basis.shape[0]} x {basis.shape[0]}, got {metric.shape}")
+    gram = basis.T * metric * basis
+    if simplify is not None:
+        gram = gram.applyfunc(simplify)
+    det = gram.det()
+    if (simplify(det) if simplify is not None else det) == 0:
+        raise ValueError("the vertical generators are linearly dependent under the metric")
+    out = basis * gram.inv() * basis.T * metric
+    return out if simplify is None else out.applyfunc(simplify)
+
+
+def horizontal_projection_matrix(metric: sympy.MatrixBase,
+                                 generators: Sequence[Sequence[sympy.Expr] | sympy.MatrixBase],
+                                 *, simplify: Simplifier = sympy.cancel) -> sympy.Matrix:
+    """Metric-orthogonal projection onto the horizontal space, ``I - V (V^T g V)^{-1} V^T g``.
+
+    ``shape=[N, N]``; works on symbolic metrics and, much faster, on metrics evaluated at an
+    exact point.
+    """
+    vertical = vertical_projection_matrix(metric, generators, simplify=simplify)
+    out = sympy.eye(vertical.shape[0]) - vertical
+    return out if simplify is None else out.applyfunc(simplify)
+
+
+def pullback_metric(metric: sympy.MatrixBase, coords: Sequence[sympy.Symbol],
+                    action: Sequence[sympy.Expr]) -> sympy.Matrix:
+    """``J^T g(psi(x)) J`` for the map ``x -> psi(x) = action``, ``J = d psi / d x``.
+
+    The metric is invariant under ``psi`` iff this equals ``metric``.
+    """
+    metric = _check_metric(metric, coords)
+    if len(action) != len(coords):
+        raise ValueError(f"action must have {len(coords)} components, got {len(action)}")
+    jacobian = sympy.Matrix(list(action)).jacobian(list(coords))
+    moved = metric.xreplace(dict(zip(coords, action, strict=True)))
+    return jacobian.T * moved * jacobian
+
+
+# ---------------------------------------------------------------------- exact evaluation
+def random_rational(rng: random.Random, *, bound: int = 3, max_denominator: int = 7,
+                    nonzero: bool = True) -> sympy.Rational:
+    """A random rational ``p / q`` with ``|p / q| <= bound`` and ``1 <= q <= max_denominator``."""
+    if bound < 1 or max_denominator < 1:
+        raise ValueError("bound and max_denominator must be >= 1")
+    while True:
+        q = rng.randint(1, max_denominator)
+        p = rng.randint(-bound * q, bound * q)
+        if p != 0 or not nonzero:
+            return sympy.Rational(p, q)
+
+
+def random_rationals(symbols: Sequence[sympy.Symbol], rng: random.Random, **kwargs: Any
+                     ) -> dict[sympy.Symbol, sympy.Rational]:
+    """``{symbol: random_rational(rng, **kwargs)}`` for every symbol (nonzero by default)."""
+    return {s: random_rational(rng, **kwargs) for s in symbols}
+
+
+def random_rational_matrix(rows: int, cols: int, rng: random.Random, **kwargs: Any
+                           ) -> sympy.Matrix:
+    """A ``rows x cols`` matrix of :func:`random_rational` entries."""
+    return sympy.Matrix(rows, cols, lambda i, j: random_rational(rng, **kwargs))
+
+
+def random_invertible_rational_matrix(n: int, rng: random.Random, **kwargs: Any
+                                      ) -> sympy.Matrix:
+    """A random invertible ``n x n`` rational matrix (redrawn until its determinant is nonzero)."""
+    while True:
+        m = random_rational_matrix(n, n, rng, nonzero=False, **kwargs)
+        if m.det() != 0:
+            return m
+
+
+def evaluate_exact(expr: Any, values: Mapping[sympy.Symbol, sympy.Expr]) -> Any:
+    """Substitute ``values`` into an expression or matrix without floats or simplification.
+
+    Uses ``xreplace`` (simultaneous, structural); sympy's constructors fold the rational
+    arithmetic. Raises if a free symbol is left over, so a forgotten coordinate is not mistaken
+    for a symbolic result.
+    """
+    if not hasattr(expr, "xreplace"):
+        expr = sympy.sympify(expr)
+    out = expr.xreplace(dict(values))
+    left = getattr(out, "free_symbols", set())
+    if left:
+        names = ", ".join(sorted(str(s) for s in left))
+        raise ValueError(f"values leave free symbols in the expression: {names}")
+    return out
+
+
+def _entries(value: Any) -> list[sympy.Expr]:
+    if isinstance(value, sympy.MatrixBase):
+        return list(value)
+    if isinstance(value, (list, tuple)):
+        return [e for v in value for e in _entries(v)]
+    return [sympy.sympify(value)]
+
+
+def is_exactly_zero(value: Any) -> bool:
+    """Whether every entry of a number, matrix or nested list is exactly ``0``.
+
+    Entries must already be rational numbers (e.g. from :func:`evaluate_exact` at a rational
+    point): anything else raises, so an inexact comparison never passes silently.
+    """
+    for e in _entries(value):
+        if e.free_symbols:
+            raise ValueError(f"is_exactly_zero needs numbers, got the expression {e}")
+        if not e.is_Rational:
+            raise ValueError(f"is_exactly_zero needs rational entries, got {e}")
+        if e != 0:
+            return False
+    return True
+
+
+def max_abs(value: Any) -> sympy.Rational:
+    """Largest absolute entry (exact) of a rational number, matrix or nested list."""
+    entries = _entries(value)
+    return max((abs(e) for e in entries), default=sympy.S.Zero)
+
+
+def to_tensor(value: Any, dtype: torch.dtype = torch.float64,
+              device: torch.device | str | None = None) -> torch.Tensor:
+    """A numeric sympy matrix (kept 2-D), list or number as a torch tensor of ``dtype``."""
+    if isinstance(value, sympy.MatrixBase):
+        return torch.tensor([[float(e) for e in row] for row in value.tolist()], dtype=dtype,
+                            device=device)
+    if isinstance(value, (list, tuple)):
+        return torch.stack([to_tensor(v, dtype, device) for v in value])
+    return torch.tensor(float(value), dtype=dtype, device=device)
+
+
+# ---------------------------------------------------------------------- sympy -> torch
+class _FixedTorchPrinter(TorchPrinter):
+    """sympy's torch printer with a working transpose.
+
+    sympy 1.14 prints ``Transpose(A)`` of a square matrix as ``torch.transpose(A).t()``, which
+    raises; ``.mT`` transposes the last two dimensions and batches.
+    """
+
+    def _print_Transpose(self, expr: sympy.Expr) -> str:  # noqa: N802 - sympy's naming
+        return f"({self._print(expr.arg)}).mT"
+
+
+def to_torch_function(exprs: Any, symbols: Sequence[sympy.Symbol]
+                      ) -> Callable[..., torch.Tensor]:
+    """Compile sympy expressions to a torch function that keeps autograd and vmap working.
+
+    Parameters
+    ----------
+    exprs
+        A scalar expression, an explicit ``sympy.Matrix`` (any shape), a nested list of
+        expressions, or a matrix expression over ``MatrixSymbol`` arguments.
+    symbols
+        The arguments of the returned function, in order (``Symbol`` or ``MatrixSymbol``).
+
+    Returns
+    -------
+    callable
+        ``f(*tensors)``: for scalar symbols, tensors (or numbers) that broadcast to a common
+        ``shape=[*batch]``; the result has ``shape=[*batch, *exprs_shape]``. Explicit matrices
+        are compiled entry by entry and assembled with ``torch.stack``, never with
+        ``torch.tensor`` (which would detach autograd and break ``torch.vmap``). A matrix
+        expression over ``MatrixSymbol`` arguments is compiled as one expression.
+    """
+    symbols = tuple(symbols)
+    if isinstance(exprs, sympy.MatrixExpr) and not isinstance(exprs, sympy.MatrixBase):
+        return sympy.lambdify(symbols, exprs, modules="torch", printer=_FixedTorchPrinter)
+
+    if isinstance(exprs, sympy.MatrixBase):
+        shape: tuple[int, ...] = tuple(exprs.shape)
+        entries = list(exprs)
+    elif isinstance(exprs, (list, tuple)):
+        array = sympy.Array(exprs)
+        shape = tuple(array.shape)
+        entries = list(array)
+    else:
+        shape = ()
+        entries = [sympy.sympify(exprs)]
+    unknown = set().union(*[e.free_symbols for e in entries]) - set(symbols)
+    if unknown:
+        names = ", ".join(sorted(str(s) for s in unknown))
+        raise ValueError(f"exprs depend on symbols missing from symbols: {names}")
+    # one function returning a Python list: the printer's list literal, not torch.tensor
+    compiled = sympy.lambdify(symbols, list(entries), modules="torch",
+                              printer=_FixedTorchPrinter)
+
+    def function(*args: torch.Tensor | float) -> torch.Tensor:
+        if len(args) != len(symbols):
+            raise TypeError(f"expected {len(symbols)} arguments ({', '.join(map(str, symbols))}),"
+                            f" got {len(args)}")
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        device = tensors[0].device if tensors else None
+        floating = [a.dtype for a in tensors if a.is_floating_point() or a.is_complex()]
+        dtype = floating[0] if floating else torch.get_default_dtype()
+        for other in floating[1:]:
+            dtype = torch.promote_types(dtype, other)
+        args = tuple(a.to(dtype) if isinstance(a, torch.Tensor)
+                     else torch.as_tensor(a, dtype=dtype, device=device) for a in args)
+        batch = torch.broadcast_shapes(*(a.shape for a in args)) if args else torch.Size()
+        # torch.func.jvp gives float64 tangents for (0-dim float32 tensor) * (Python float)
+        # (torch 2.13); computing on at least 1-dim tensors avoids it
+        work = batch if len(batch) else torch.Size([1])
+        values = compiled(*(a.reshape(1) if a.dim() == 0 else a for a in args))
+        columns = [torch.broadcast_to(v.to(dtype), work) if isinstance(v, torch.Tensor)
+                   else torch.full(work, float(v), dtype=dtype, device=device) for v in values]
+        if not shape:
+            return columns[0].reshape(batch)
+        return torch.stack(columns, dim=-1).reshape(*batch, *shape)
+
+    function.__doc__ = f"torch function of ({', '.join(map(str, symbols))}) from sympy"
+    return function
+
+
+def package_relative_error(package: Sequence[torch.Tensor], exact: Sequence[sympy.Expr]) -> float:
+    """``max |package - exact| / max |exact|`` over all entries (absolute when exact is 0).
+
+    Compares the package's torch output (any shapes, flattened in order) with exact values.
+    """
+    got = torch.cat([p.reshape(-1) for p in package]).to(torch.float64)
+    want = torch.tensor([float(e) for e in exact], dtype=torch.float64)
+    if got.shape != want.shape:
+        raise ValueError(f"package returned {got.numel()} numbers, expected {want.numel()}")
+    scale = float(want.abs().max()) or 1.0
+    return float((got - want).abs().max()) / scale
+
+
+__all__ = [
+    "package_relative_error",
+    "christoffel_contraction",
+    "christoffel_symbols",
+    "christoffel_symbols_at",
+    "contract",
+    "evaluate_exact",
+    "flat",
+    "geodesic_residual",
+    "horizontal_projection_matrix",
+    "is_exactly_zero",
+    "max_abs",
+    "metric_derivatives",
+    "metric_from_bilinear",
+    "metric_products",
+    "pullback_metric",
+    "random_invertible_rational_matrix",
+    "random_rational",
+    "random_rational_matrix",
+    "random_rationals",
+    "symbol_matrix",
+    "to_tensor",
+    "to_torch_function",
+    "unflat",
+    "vertical_matrix",
+    "vertical_projection_matrix",
+]

@@ -1,0 +1,47 @@
+"""Sharpness: average, worst-case, adaptive, geodesic and relative sharpness.
+
+>>> from quotientsharp import sharpness
+>>> result = sharpness(model, batches, measure="geodesic", rho=0.1, metric="inv", order=2)
+>>> result.value, result.per_batch
+
+:func:`sharpness` runs visible stages, each public and returning a typed object:
+
+1. discovery: :func:`quotientsharp.find_symmetries` -> :class:`~quotientsharp.models.SymmetryReport`
+   (or your own :class:`~quotientsharp.models.QuotientBinding`);
+2. layout: :class:`~quotientsharp.models.ParameterLayout`, and the factors of the product
+   quotient, :class:`LayoutCoordinates` (:mod:`.coordinates`);
+3. geometry: :func:`build_geometry` -> :class:`GeodesicBall`, the product quotient frozen at
+   ``theta`` with the radius (:mod:`.geometry`, :mod:`.ball`);
+4. solver: :func:`ascend` on :func:`perturbed_objective` -> :class:`AscentOutcome`
+   (:mod:`.solver`);
+5. result: :class:`SharpnessResult`.
+
+Solver quality and block-wise sharpness (ascent measures): ``result.traces`` (the best loss per
+iteration), ``reference_solve=...`` (a stronger second solve and its gap, checked against the
+exact :func:`trust_region_maximum` in the tests), ``blockwise=True`` (:mod:`.blocks`: norm share
+and loss change per block, drawn by :func:`plot_blocks`).
+"""
+
+from quotientsharp.engine.api import MEASURES, SharpnessResult, reference_settings, sharpness
+from quotientsharp.engine.ball import BoxGeometry, GeodesicBall
+from quotientsharp.engine.batches import resolve_loss, split_batch
+from quotientsharp.engine.blocks import Block, BlockOutcome, blockwise
+from quotientsharp.engine.coordinates import (
+           BoundCoordinates,
+           Factor,
+           LayoutCoordinates,
+           PlainCoordinates,
+)
+from quotientsharp.engine.exact import TrustRegionMaximum, trust_region_maximum
+from quotientsharp.engine.functional import FunctionalModel
+from quotientsharp.engine.geometry import build_geometry
+from quotientsharp.engine.measures import NonFiniteLossError, perturbed_objective
+from quotientsharp.engine.plots import plot_blocks
+from quotientsharp.engine.solver import AscentOutcome, AscentSettings, ascend, checkpoints
+
+__all__ = ["MEASURES", "AscentOutcome", "AscentSettings", "Block", "BlockOutcome",
+           "BoundCoordinates", "BoxGeometry", "Factor", "FunctionalModel", "GeodesicBall",
+           "LayoutCoordinates", "NonFiniteLossError", "PlainCoordinates", "SharpnessResult",
+           "TrustRegionMaximum", "ascend", "blockwise", "build_geometry", "checkpoints",
+           "perturbed_objective", "plot_blocks", "reference_settings", "resolve_loss",
+           "sharpness", "split_batch", "trust_region_maximum"]

@@ -1,0 +1,193 @@
+"""The feasible sets of the ascent: a geodesic ball at a frozen point, or an L-infinity box.
+
+:class:`GeodesicBall` is ``{xi horizontal at theta : ||xi||_theta <= rho}`` for any frozen point
+of any quotient (:mod:`quotientsharp.core.frozen`): a product over a whole network, a single
+quotient, or a stack of independent problems on leading dimensions (the frozen point's batch
+shape, ``problem_shape``), each with its own ball. The perturbed point is the geodesic from
+``theta`` along ``xi`` at the chosen order, one order per factor of a product if wanted.
+
+It offers the solver (:mod:`.solver`) what it needs: the start ``xi = 0``, the radial rescale
+``P_S`` of a horizontal vector into the ball (``clip``), the ascent direction (the Riemannian
+gradient normalised by its norm) and random starts. Every operation is the frozen point's; the
+ball only adds the radius.
+
+:class:`BoxGeometry` is the L-infinity box ``|delta / c| <= rho`` (straight lines, sign ascent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from quotientsharp.core import _tuples as T
+from quotientsharp.core.adaptive import safe_reciprocal
+from quotientsharp.core.frozen import FrozenPoint
+from quotientsharp.engine import solver
+
+Tensors = tuple[torch.Tensor, ...]
+Order = int | str
+
+
+def _lift(factor: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``factor`` (``shape=P``) with trailing singleton dims to broadcast against ``like``."""
+    return factor.reshape(*factor.shape, *([1] * (like.dim() - factor.dim())))
+
+
+class GeodesicBall:
+    """The ball of radius ``radius`` in the horizontal space at a frozen point.
+
+    Parameters
+    ----------
+    frozen
+        The frozen base point (``quotient.at(theta)``).
+    radius
+        ``rho``; a number, or a tensor of ``shape=problem_shape``.
+    order
+        Path from the base point: ``1``, ``2`` or ``"exact"``; for a product, optionally one
+        per factor.
+    steps
+        RK4 steps of exact geodesics without a closed form.
+    problem_shape
+        Leading shape of independent problems (``()``: one problem). Tangent vectors have it as
+        their leading shape; norms have ``shape=problem_shape``.
+    """
+
+    def __init__(self, frozen: FrozenPoint, radius: float | torch.Tensor,
+                 order: Order | Sequence[Order] = 1, steps: int = 16,
+                 problem_shape: Sequence[int] = ()) -> None:
+        self.frozen = frozen
+        self.base: Tensors = frozen.x
+        if not self.base:
+            raise ValueError("the geometry has no coordinates to perturb")
+        self.radius = radius if isinstance(radius, torch.Tensor) else float(radius)
+        self.order = order
+        self.steps = int(steps)
+        self.problem_shape = tuple(int(s) for s in problem_shape)
+        self.dtype = self.base[0].dtype
+        self.device = self.base[0].device
+
+    def validate(self) -> None:
+        """Up-front checks on values (host syncs): paths that may leave the manifold."""
+        radius = self.radius
+        if isinstance(radius, torch.Tensor):
+            radius = float(radius.max())
+        self.frozen.check_ball(radius, self.order)
+
+    def on_rows(self, rows: dict[int, torch.Tensor]) -> GeodesicBall:
+        """The same ball for tangent vectors that vanish outside ``rows[i]`` of tensor ``i``,
+        with those tensors cut to their rows (the frozen point's ``on_rows``)."""
+        return GeodesicBall(self.frozen.on_rows(rows), self.radius, self.order, self.steps,
+                            self.problem_shape)
+
+    # ------------------------------------------------------------------ vectors
+    def zeros(self) -> Tensors:
+        shapes = []
+        for t, k in zip(self.base, self.frozen.point_ndims, strict=True):
+            batch = torch.broadcast_shapes(t.shape[:t.dim() - k], self.problem_shape)
+            shapes.append((*batch, *t.shape[t.dim() - k:]))
+        return tuple(torch.zeros(s, dtype=t.dtype, device=t.device)
+                     for s, t in zip(shapes, self.base, strict=True))
+
+    def norm(self, xi: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``||xi||_theta``, ``shape=problem_shape``."""
+        return self.frozen.norm(tuple(xi))
+
+    def block_norms(self, xi: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``{"total": ||xi||}`` and, for a product, the norm per factor label."""
+        named = getattr(self.frozen, "named_norms", None)
+        return named(tuple(xi)) if named is not None else {"total": self.norm(xi)}
+
+    def _scale(self, xi: Sequence[torch.Tensor], factor: torch.Tensor) -> Tensors:
+        if factor.dim() == 0:
+            return T.fused_mul(tuple(xi), factor)
+        return tuple(_lift(factor, t) * t for t in xi)
+
+    def point(self, xi: Sequence[torch.Tensor]) -> Tensors:
+        """``gamma_xi(1)``: the perturbed parameters in the quotient's coordinates."""
+        return self.frozen.geodesic(tuple(xi), 1.0, self.order, self.steps)
+
+    # ------------------------------------------------------------------ solver interface
+    def clip(self, xi: Sequence[torch.Tensor]) -> Tensors:
+        """``P_S`` of a vector that is horizontal already: the radial rescale into the ball."""
+        norm = self.norm(xi)
+        factor = (self.radius / norm.clamp_min(torch.finfo(norm.dtype).tiny)).clamp(max=1.0)
+        if solver.host_decides(factor) and bool(factor == 1.0):
+            # inside the ball: the rescale is by exactly 1, skipped where the test is free
+            return tuple(xi)
+        return self._scale(xi, factor)
+
+    def project(self, xi: Sequence[torch.Tensor]) -> Tensors:
+        """``P_S``: horizontal projection, then the radial rescale."""
+        return self.clip(self.frozen.horizontal_projection(tuple(xi)))
+
+    def direction(self, egrad: Sequence[torch.Tensor]) -> Tensors:
+        """The Riemannian gradient (raised, then projected) normalised by its norm."""
+        rgrad = self.frozen.riemannian_gradient(tuple(egrad))
+        norm = self.norm(rgrad).clamp_min(torch.finfo(self.dtype).tiny)
+        if norm.dim() == 0:
+            return T.fused_div(rgrad, norm)
+        return tuple(t / _lift(norm, t) for t in rgrad)
+
+    def random_start(self, generator: torch.Generator | None) -> Tensors:
+        """Horizontal projection of a metric-isotropic Gaussian, radius ``rho * U(0, 1)``."""
+        direction = self.frozen.horizontal_projection(self.frozen.isotropic(generator))
+        if self.problem_shape:
+            direction = tuple(d + z for d, z in zip(direction, self.zeros(), strict=True))
+        radius = self.radius * torch.rand(self.problem_shape, generator=generator,
+                                          dtype=self.dtype, device=self.device)
+        norm = self.norm(direction).clamp_min(torch.finfo(self.dtype).tiny)
+        return self._scale(direction, radius / norm)
+
+
+class BoxGeometry:
+    """The L-infinity ball ``|delta / c| <= rho`` (elementwise) around the parameters.
+
+    Straight lines only; the ascent direction is ``c * sign(gradient)`` (sign ascent in the
+    scaled variable ``delta / c``), the projection is a clamp. ``c = 0`` coordinates are fixed.
+    """
+
+    def __init__(self, base: Sequence[torch.Tensor], scale: Sequence[torch.Tensor],
+                 radius: float) -> None:
+        self.base = tuple(base)
+        if not self.base:
+            raise ValueError("the geometry has no coordinates to perturb")
+        self.scale = tuple(scale)
+        self.radius = float(radius)
+        self.order = 1
+        self.dtype = self.base[0].dtype
+        self.device = self.base[0].device
+        self._bounds = tuple(self.radius * c for c in self.scale)
+        self._inv_scale = tuple(safe_reciprocal(c) for c in self.scale)
+
+    def validate(self) -> None:
+        """Nothing can be singular."""
+
+    def zeros(self) -> Tensors:
+        return tuple(torch.zeros_like(t) for t in self.base)
+
+    def point(self, xi: Sequence[torch.Tensor]) -> Tensors:
+        return tuple(w + d for w, d in zip(self.base, xi, strict=True))
+
+    def project(self, xi: Sequence[torch.Tensor]) -> Tensors:
+        return tuple(torch.maximum(torch.minimum(d, b), -b)
+                     for d, b in zip(xi, self._bounds, strict=True))
+
+    def clip(self, xi: Sequence[torch.Tensor]) -> Tensors:
+        """There is no quotient here: the clamp of :meth:`project`."""
+        return self.project(xi)
+
+    def direction(self, egrad: Sequence[torch.Tensor]) -> Tensors:
+        return tuple(c * torch.sign(e) for c, e in zip(self.scale, egrad, strict=True))
+
+    def random_start(self, generator: torch.Generator | None) -> Tensors:
+        return tuple(b * (2 * torch.rand(b.shape, generator=generator, dtype=b.dtype,
+                                         device=b.device) - 1) for b in self._bounds)
+
+    def block_norms(self, xi: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        largest = torch.stack([(d * inv).abs().amax() if d.numel() else d.new_zeros(())
+                               for d, inv in zip(xi, self._inv_scale, strict=True)]).amax()
+        return {"total": largest}
+
+
+__all__ = ["BoxGeometry", "GeodesicBall"]

@@ -1,0 +1,282 @@
+"""The layout stage of the engine: a model's parameters as the factors of a product quotient.
+
+Each class here turns the model's parameters ``theta`` into a list of :class:`Factor` (a
+quotient and its base point) and maps a point of the product back to parameters by name:
+
+- :class:`PlainCoordinates`: every perturbed parameter in one trivial-group factor
+  (:class:`~quotientsharp.core.adaptive.AdaptiveQuotient`): worst-case, adaptive and average
+  sharpness, and geodesic sharpness without symmetries;
+- :class:`LayoutCoordinates`: the discovered symmetries of a
+  :class:`~quotientsharp.models.ParameterLayout`: one :class:`~quotientsharp.GLQuotient` factor
+  per bucket of attention heads (the heads folded into the point; a
+  :class:`~quotientsharp.core.gl.RotaryQuotient` for a bucket of rotary query/key pairs), one
+  :class:`~quotientsharp.DiagonalQuotient` factor, and the remaining parameters;
+- :class:`BoundCoordinates`: quotients a user attached with
+  :class:`~quotientsharp.models.QuotientBinding`, and the remaining parameters.
+
+Each also lists its :class:`~.blocks.Block` s (``blocks()``), the parts of a perturbation that
+block-wise sharpness reports on (:mod:`.blocks`): every parameter; every attention head pair,
+diagonal pair and binding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from quotientsharp.core.adaptive import AdaptiveQuotient
+from quotientsharp.core.diagonal import DiagonalQuotient
+from quotientsharp.core.gl import GLQuotient, RotaryQuotient
+from quotientsharp.core.quotient import SymmetryQuotient
+from quotientsharp.engine.blocks import Block
+
+if TYPE_CHECKING:
+    from quotientsharp.engine.measures import FunctionalModel
+
+Tensors = tuple[torch.Tensor, ...]
+
+
+#: Block labels of the engine's own factors, which a user binding may not take.
+RESERVED_LABELS = frozenset({"gl", "diagonal", "other", "total"})
+
+
+@dataclass
+class Factor:
+    """One factor of the product: a quotient at its base point.
+
+    Attributes
+    ----------
+    quotient
+        The quotient.
+    base
+        Its base point, from ``theta``.
+    name
+        Label in the per-block norms (``"gl"``, ``"diagonal"``, ``"other"``, a binding's name).
+    folded
+        Leading dimensions of the base point that belong to the point (stacked heads).
+    curved
+        Whether the path follows the geodesic at the requested order (``False``: a straight
+        line whatever the order, as for the other parameters by default).
+    labels
+        Readable name per folded entry (for error messages), e.g. one per attention head.
+    """
+
+    quotient: SymmetryQuotient
+    base: Tensors
+    name: str
+    folded: int = 0
+    curved: bool = True
+    labels: list[str] = field(default_factory=list)
+
+
+def pair_quotient(metric: str, eps: float, pairs: Sequence[Any]) -> GLQuotient:
+    """The quotient of one bucket of attention pairs (all of one shape and group).
+
+    ``GLQuotient(metric, eps)``, or for rotary query/key pairs (``pair.rotary`` is
+    ``(rotary_dims, layout)``) the quotient by the rotations' centraliser,
+    ``RotaryQuotient(metric, eps, head_dim=h, rotary_dims=..., layout=...)``.
+    """
+    rotary = getattr(pairs[0], "rotary", None) if pairs else None
+    if rotary is None:
+        return GLQuotient(metric, eps)
+    return RotaryQuotient(metric, eps, head_dim=pairs[0].h, rotary_dims=rotary[0],
+                          layout=rotary[1])
+
+
+def other_factor(tensors: Sequence[torch.Tensor], other_metric: str,
+                 other_path: str) -> Factor:
+    """The parameters outside any symmetry: the adaptive (or Euclidean) trivial-group factor."""
+    return Factor(AdaptiveQuotient.of(tensors, other_metric), tuple(tensors), "other",
+                  curved=other_path == "geodesic")
+
+
+class PlainCoordinates:
+    """Each perturbed parameter is its own coordinate tensor, in one trivial-group factor."""
+
+    def __init__(self, model: FunctionalModel, names: Sequence[str]) -> None:
+        self.names = list(names)
+        self.base = tuple(model.theta_geometry[n] for n in self.names)
+
+    def factors(self, other_metric: str = "adaptive", other_path: str = "line",
+                **_: Any) -> list[Factor]:
+        return [other_factor(self.base, other_metric, other_path)]
+
+    def updates(self, point: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        return dict(zip(self.names, point, strict=True))
+
+    def other_slot(self, name: str) -> int | None:
+        """Position of parameter ``name`` in the point, if it is a tensor of its own in the
+        parameters-outside-any-symmetry factor; else ``None``."""
+        return self.names.index(name) if name in self.names else None
+
+    def blocks(self) -> list[Block]:
+        """One block per parameter, by name (all in factor 0)."""
+        return [Block(name, "parameter", 0, (i,)) for i, name in enumerate(self.names)]
+
+
+class LayoutCoordinates:
+    """Symmetry coordinates of a :class:`~quotientsharp.models.ParameterLayout`."""
+
+    def __init__(self, model: FunctionalModel, layout: Any, excluded: set[str]) -> None:
+        self.layout = layout
+        self.coords = layout.to_coordinates(model.theta_geometry)
+        self.gl = [tuple(pair) for pair in self.coords.gl]
+        self.gl_pairs = list(self.coords.gl_pairs)
+        self.diagonal = self.coords.diagonal
+        self.other_names = [n for n in self.coords.other if n not in excluded]
+        self._fixed_other = [n for n in self.coords.other if n in excluded]
+
+    def factors(self, metric: str = "inv", eps: float = 0.0, other_metric: str = "adaptive",
+                other_path: str = "line", **_: Any) -> list[Factor]:
+        factors = [Factor(pair_quotient(metric, eps, pairs), (G, H), "gl", folded=1,
+                          labels=[f"{p.module} {p.kind} head {p.head}" for p in pairs])
+                   for (G, H), pairs in zip(self.gl, self.gl_pairs, strict=True)]
+        if self.diagonal is not None:
+            factors.append(Factor(DiagonalQuotient(metric), tuple(self.diagonal), "diagonal"))
+        if self.other_names:
+            factors.append(other_factor([self.coords.other[n] for n in self.other_names],
+                                        other_metric, other_path))
+        return factors
+
+    def other_slot(self, name: str) -> int | None:
+        """Position of parameter ``name`` in the point, if it is a tensor of its own in the
+        parameters-outside-any-symmetry factor; else ``None``."""
+        if name not in self.other_names:
+            return None
+        start = 2 * len(self.gl) + (2 if self.diagonal is not None else 0)
+        return start + self.other_names.index(name)
+
+    def updates(self, point: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        point = list(point)
+        gl = [(point[2 * i], point[2 * i + 1]) for i in range(len(self.gl))]
+        rest = point[2 * len(self.gl):]
+        diagonal = None
+        if self.diagonal is not None:
+            diagonal, rest = (rest[0], rest[1]), rest[2:]
+        other = dict(self.coords.other)
+        other.update(zip(self.other_names, rest, strict=True))
+        parameters = self.layout.to_parameters(self.coords.replace(gl=gl, diagonal=diagonal,
+                                                                   other=other))
+        # unperturbed other parameters would be the base tensors themselves: leave them to the
+        # functional model, which passes a private copy
+        for name in self._fixed_other:
+            parameters.pop(name, None)
+        return parameters
+
+    def blocks(self) -> list[Block]:
+        """Every attention head pair, every diagonal pair, every other parameter.
+
+        Factor order as in :meth:`factors`: the buckets of heads (tensors ``G, H``, one block per
+        head, the entry of the folded dimension), the diagonal factor (one block per
+        :class:`~quotientsharp.models.DiagonalPair`, a range of the concatenated coordinates;
+        one block ``"diagonal"`` when the layout does not say which pairs it holds), then one
+        block per other parameter.
+        """
+        blocks: list[Block] = []
+        for bucket, pairs in enumerate(self.gl_pairs):
+            tensors = (2 * bucket, 2 * bucket + 1)
+            blocks.extend(Block(f"{p.module} {p.kind} head {p.head}".strip(), "head", bucket,
+                                tensors, index=i) for i, p in enumerate(pairs))
+        factor, position = len(self.gl), 2 * len(self.gl)
+        if self.diagonal is not None:
+            tensors = (position, position + 1)
+            report = getattr(self.layout, "report", None)
+            pairs = list(getattr(report, "diagonal", None) or [])
+            if sum(p.size for p in pairs) == self.diagonal[0].shape[-1]:
+                start = 0
+                for p in pairs:
+                    blocks.append(Block(f"diagonal {p.u_name} * {p.v_name}", "diagonal",
+                                        factor, tensors, span=(start, start + p.size)))
+                    start += p.size
+            else:
+                blocks.append(Block("diagonal", "diagonal", factor, tensors))
+            factor, position = factor + 1, position + 2
+        blocks.extend(Block(name, "parameter", factor, (position + i,))
+                      for i, name in enumerate(self.other_names))
+        return blocks
+
+
+class BoundCoordinates:
+    """Quotients attached by :class:`~quotientsharp.models.QuotientBinding`, then the rest."""
+
+    def __init__(self, model: FunctionalModel, bindings: Sequence[Any],
+                 excluded: set[str]) -> None:
+        self.bindings = list(bindings)
+        seen: dict[str, str] = {}
+        labels = [b.name for b in self.bindings]
+        for label in labels:
+            if label in RESERVED_LABELS:
+                raise ValueError(f"a binding may not be named {label!r}: the name labels a block "
+                                 f"of its own in the result (reserved: {sorted(RESERVED_LABELS)})")
+            if labels.count(label) > 1:
+                raise ValueError(f"two bindings are named {label!r}: give each its own name, "
+                                 "the per-block norms of the result are reported by name")
+        for binding in self.bindings:
+            for name in binding.parameters:
+                if name not in model.theta_geometry:
+                    raise ValueError(f"binding {binding.name!r} names {name!r}, which is not a "
+                                     "trainable parameter of the model")
+                if name in seen:
+                    raise ValueError(f"parameter {name!r} is in two bindings ({seen[name]!r} "
+                                     f"and {binding.name!r})")
+                seen[name] = binding.name
+            binding.check_round_trip(model.theta_geometry)
+        self.bases = [tuple(t.detach() for t in binding.point(model.theta_geometry))
+                      for binding in self.bindings]
+        for binding, base in zip(self.bindings, self.bases, strict=True):
+            ndims = binding.quotient.point_ndims
+            if len(base) != len(ndims):
+                raise ValueError(f"binding {binding.name!r}: to_point returned {len(base)} "
+                                 f"tensors, the quotient's point has {len(ndims)}")
+            leading = {t.dim() - k for t, k in zip(base, ndims, strict=True)}
+            if leading != {binding.folded}:
+                raise ValueError(f"binding {binding.name!r}: the point has {sorted(leading)} "
+                                 f"leading (batch) dimension(s) beyond the quotient's "
+                                 f"point_ndims {tuple(ndims)}, but folded={binding.folded}; "
+                                 "folded must count them (e.g. 1 for a stack of units)")
+        self.other_names = [n for n in model.trainable if n not in seen and n not in excluded]
+        self.other_base = tuple(model.theta_geometry[n] for n in self.other_names)
+
+    def factors(self, other_metric: str = "adaptive", other_path: str = "line",
+                **_: Any) -> list[Factor]:
+        factors = [Factor(b.quotient, base, b.name, folded=b.folded)
+                   for b, base in zip(self.bindings, self.bases, strict=True)]
+        if self.other_names:
+            factors.append(other_factor(self.other_base, other_metric, other_path))
+        return factors
+
+    def other_slot(self, name: str) -> int | None:
+        """Position of parameter ``name`` in the point, if it is a tensor of its own in the
+        parameters-outside-any-symmetry factor; else ``None``."""
+        if name not in self.other_names:
+            return None
+        return sum(len(base) for base in self.bases) + self.other_names.index(name)
+
+    def updates(self, point: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        point = list(point)
+        parameters: dict[str, torch.Tensor] = {}
+        for binding, base in zip(self.bindings, self.bases, strict=True):
+            part, point = point[:len(base)], point[len(base):]
+            parameters.update(binding.parameters_of(part))
+        parameters.update(zip(self.other_names, point, strict=True))
+        return parameters
+
+    def blocks(self) -> list[Block]:
+        """One block per binding (as a whole), then one per other parameter."""
+        blocks: list[Block] = []
+        position = 0
+        for factor, (binding, base) in enumerate(zip(self.bindings, self.bases, strict=True)):
+            blocks.append(Block(binding.name, "binding", factor,
+                                tuple(range(position, position + len(base)))))
+            position += len(base)
+        factor = len(self.bindings)
+        blocks.extend(Block(name, "parameter", factor, (position + i,))
+                      for i, name in enumerate(self.other_names))
+        return blocks
+
+
+__all__ = ["BoundCoordinates", "Factor", "LayoutCoordinates", "PlainCoordinates",
+           "other_factor", "pair_quotient"]

@@ -1,0 +1,271 @@
+"""The model stage of the engine: the loss of a model at given parameters, never touching it.
+
+:class:`FunctionalModel` evaluates ``L(theta')`` by :func:`torch.func.functional_call` on
+perturbed clones: the model's own parameters and buffers are never handed to its forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from quotientsharp.engine.batches import (
+    IGNORE_INDEX,
+    Batch,
+    LossFunction,
+    compute_loss,
+    resolve_loss,
+)
+from quotientsharp.engine.touched_rows import (
+    TableLookup,
+    TableRecorder,
+    embedding_tables,
+    looked_up,
+)
+
+
+def default_geometry_dtype(dtypes: Sequence[torch.dtype]) -> torch.dtype:
+    """float64 if any parameter is float64, else float32 (half and bfloat16 models included)."""
+    return torch.float64 if torch.float64 in dtypes else torch.float32
+
+
+class FunctionalModel:
+    """The loss of a model at given parameter values; the model's tensors are never used.
+
+    Parameters
+    ----------
+    model
+        The network (only read: its parameters are shared, never handed to the forward,
+        and its buffers are cloned once).
+    loss
+        ``None``/``"cross_entropy"``, ``"mse"``, a callable ``loss(output, target)``, or the
+        pair ``(loss function, whether it is a built-in taking logits)``.
+    geometry_dtype
+        The dtype of the geometry, gradients and perturbations; ``None``: float64 if any
+        trainable parameter is float64, else float32.
+    """
+
+    def __init__(self, model: nn.Module,
+                 loss: tuple[LossFunction, bool] | str | LossFunction | None = None,
+                 geometry_dtype: torch.dtype | None = None) -> None:
+        self.model = model
+        if loss is None or isinstance(loss, str) or callable(loss):
+            function, _, builtin = resolve_loss(loss)
+            loss = (function, builtin)
+        self.loss_function, self.builtin_loss = loss
+        named = dict(model.named_parameters())
+        if not named:
+            raise ValueError("the model has no parameters")
+        self.dtypes = {n: p.dtype for n, p in named.items()}
+        self.trainable = [n for n, p in named.items() if p.requires_grad]
+        #: parameters with ``requires_grad=False``: never perturbed (``SharpnessResult.frozen``)
+        self.frozen = [n for n, p in named.items() if not p.requires_grad]
+        if not self.trainable:
+            raise ValueError("the model has no trainable parameters (requires_grad=True)")
+        for name, tensor in named.items():
+            if not tensor.is_floating_point():
+                raise TypeError(f"parameter {name!r} has non-floating dtype {tensor.dtype}")
+        devices = {p.device for p in named.values()}
+        if len(devices) != 1:
+            raise ValueError("the model's parameters are on several devices "
+                             f"{sorted(map(str, devices))}")
+        self.device = devices.pop()
+        # ``theta`` shares the model's storage and is only ever read by this package. The
+        # forward never receives it: perturbed parameters are new tensors (base + xi) and the
+        # ones passed unperturbed get a private clone (``_unperturbed``), so whatever the forward
+        # does to its inputs the model's own tensors stay intact, without a copy of the model.
+        self.theta = {n: p.detach() for n, p in named.items()}
+        self._clones: dict[str, torch.Tensor] = {}
+        self.buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+        self.dtype = (geometry_dtype if geometry_dtype is not None
+                      else default_geometry_dtype([self.dtypes[n] for n in self.trainable]))
+        self.theta_geometry = {n: self.theta[n].to(self.dtype) for n in self.trainable}
+        floating = {t.dtype for t in [*named.values(), *self.buffers.values()]
+                    if t.is_floating_point()}
+        self.input_dtype = floating.pop() if len(floating) == 1 else None
+        self.vocabulary_size = vocabulary_size(model)
+        #: trainable embedding tables whose untouched rows a solve may leave out
+        #: (:mod:`.touched_rows`)
+        self.tables = embedding_tables(model, self.trainable)
+        self._checking = False
+        self._recorder: TableRecorder | None = None
+
+    def check_finite(self) -> None:
+        """Raise naming every trainable parameter with NaN or inf entries and every floating
+        buffer with NaN entries (two host syncs).
+
+        Buffers may hold ``inf`` on purpose (e.g. ``-inf`` attention masks); NaN they may not.
+        """
+        buffers = [n for n, b in self.buffers.items() if b.is_floating_point()]
+        # a sum is finite only if every entry is: one read of each parameter, no mask written;
+        # a sum that overflows although its entries are finite is rechecked entry by entry
+        sums = torch.stack([self.theta[n].sum(dtype=torch.float64) for n in self.trainable])
+        ok = [good or bool(torch.isfinite(self.theta[n]).all())
+              for n, good in zip(self.trainable, torch.isfinite(sums).tolist(), strict=True)]
+        if buffers:
+            ok += torch.stack([~torch.isnan(self.buffers[n]).any() for n in buffers]).tolist()
+        bad = [n for n, good in zip(self.trainable, ok, strict=False) if not good]
+        if bad:
+            raise ValueError(f"parameter(s) {bad} contain non-finite values (NaN or inf)")
+        bad = [n for n, good in zip(buffers, ok[len(self.trainable):], strict=True) if not good]
+        if bad:
+            raise ValueError(f"buffer(s) {bad} contain NaN values: every loss would be NaN")
+
+    @contextlib.contextmanager
+    def checking(self) -> Iterator[None]:
+        """Check each batch's values inside this block (the clean evaluation of every batch).
+
+        :meth:`loss` then also checks the token ids against the vocabulary and the class labels
+        against the output (:meth:`check_batch`, one or two host syncs); the ascent's
+        evaluations run outside it, without a sync.
+        """
+        previous, self._checking = self._checking, True
+        try:
+            yield
+        finally:
+            self._checking = previous
+
+    @contextlib.contextmanager
+    def recording_tables(self) -> Iterator[TableRecorder]:
+        """Record what the forwards inside this block do with the embedding tables: the token
+        ids they look up and every other use in the autograd graph
+        (:class:`~.touched_rows.TableRecorder`)."""
+        recorder = TableRecorder(self.tables)
+        previous, self._recorder = self._recorder, recorder
+        try:
+            with recorder.recording():
+                yield recorder
+        finally:
+            self._recorder = previous
+
+    def check_batch(self, batch: Batch) -> None:
+        """Raise, naming the batch, if it is empty or its token ids (``input_ids``, or an
+        integer first positional input) leave the vocabulary."""
+        target = batch.target
+        if isinstance(target, torch.Tensor) and target.numel() == 0:
+            raise ValueError(f"{batch.label} is empty: its target has shape "
+                             f"{tuple(target.shape)}")
+        ids = batch.kwargs.get("input_ids", batch.args[0] if batch.args else None)
+        if (self.vocabulary_size is not None and isinstance(ids, torch.Tensor)
+                and not ids.is_floating_point() and ids.numel()):
+            low, high = torch.stack([ids.min(), ids.max()]).tolist()
+            if low < 0 or high >= self.vocabulary_size:
+                value = high if high >= self.vocabulary_size else low
+                name = "input_ids" if "input_ids" in batch.kwargs else "input 0"
+                raise ValueError(f"{batch.label}: {name} holds token id {value}, outside the "
+                                 f"model's vocabulary [0, {self.vocabulary_size}) (the size of "
+                                 "its input embedding): was the data tokenised for another "
+                                 "model?")
+
+    def _unperturbed(self, name: str) -> torch.Tensor:
+        """A private copy of parameter ``name``, made the first time it is passed as is."""
+        if name not in self._clones:
+            self._clones[name] = self.theta[name].clone()
+        return self._clones[name]
+
+    def loss(self, batch: Batch, updates: Mapping[str, torch.Tensor | TableLookup]
+             ) -> torch.Tensor:
+        """The loss with ``updates`` (by name, geometry dtype) replacing the parameters.
+
+        ``updates`` must not alias the model's own tensors (``theta``): the forward receives
+        them (cast to each parameter's dtype) and may write to its inputs. An embedding table
+        may come as a :class:`~.touched_rows.TableLookup` (its perturbed rows only).
+        """
+        if self._checking:
+            self.check_batch(batch)
+        lookups = {n: u for n, u in updates.items() if isinstance(u, TableLookup)}
+        params = {name: (lookups[name].placeholder(self.dtypes[name]) if name in lookups
+                         else updates[name].to(self.dtypes[name]) if name in updates
+                         else self._unperturbed(name)) for name in self.theta}
+        with looked_up(lookups, self.dtypes):
+            output = torch.func.functional_call(self.model, (params, self.buffers), batch.args,
+                                                batch.kwargs)
+        loss = compute_loss(self.loss_function, self.builtin_loss, output, batch.target,
+                            self.dtype, batch.label, self._checking)
+        if self._recorder is not None:
+            self._recorder.observe(params, loss)
+        return loss
+
+    def loss_and_gradients(self, batch: Batch
+                           ) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
+        """The loss at ``theta`` and its gradient per trainable parameter (geometry dtype).
+
+        A parameter the loss does not depend on gets ``None``. The leaves are private copies
+        of the parameters, so the forward may write to them without touching the model.
+        """
+        leaves = {n: self.theta_geometry[n].clone().requires_grad_(True) for n in self.trainable}
+        with torch.enable_grad():
+            loss = self.loss(batch, leaves)
+            if not loss.requires_grad:
+                return loss.detach(), dict.fromkeys(self.trainable)
+            grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+        return loss.detach(), dict(zip(leaves, grads, strict=True))
+
+    def parameters_without_gradient(self, batch: Batch) -> list[str]:
+        """Trainable parameters the loss on ``batch`` does not depend on (autograd ``None``)."""
+        return [n for n, g in self.loss_and_gradients(batch)[1].items() if g is None]
+
+
+def vocabulary_size(model: nn.Module) -> int | None:
+    """Rows of the model's input embedding (``get_input_embeddings()``), else
+    ``model.config.vocab_size``; ``None`` when the model has neither."""
+    get = getattr(model, "get_input_embeddings", None)
+    if callable(get):
+        try:
+            embedding = get()
+        except (NotImplementedError, AttributeError):
+            embedding = None
+        if isinstance(embedding, nn.Embedding):
+            return embedding.num_embeddings
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
+def _input_tensors(batch: Batch) -> list[tuple[str, torch.Tensor]]:
+    named = [(f"input {i}", t) for i, t in enumerate(batch.args)] + list(batch.kwargs.items())
+    return [(n, t) for n, t in named if isinstance(t, torch.Tensor)]
+
+
+def clean_loss_cause(batch: Batch, model: FunctionalModel | None = None) -> str:
+    """Why the loss at the unperturbed parameters is not finite: the first cause found among an
+    empty batch, labels all ``-100``, a non-finite target or input, a NaN buffer; else the
+    forward itself (an overflow)."""
+    target = batch.target
+    if isinstance(target, torch.Tensor):
+        if target.numel() == 0:
+            return "the batch is empty"
+        if not target.is_floating_point() and bool((target == IGNORE_INDEX).all()):
+            return (f"every label is {IGNORE_INDEX} (the ignore_index), so the cross-entropy "
+                    "averages over no target")
+        if target.is_floating_point() and not bool(torch.isfinite(target).all()):
+            return "the target contains NaN or inf"
+    inputs = [n for n, t in _input_tensors(batch)
+              if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if inputs:
+        return f"the input(s) {inputs} contain NaN or inf"
+    if model is not None:
+        buffers = [n for n, b in model.buffers.items()
+                   if b.is_floating_point() and bool(torch.isnan(b).any())]
+        if buffers:
+            return f"the buffer(s) {buffers} contain NaN"
+        dtypes = sorted({str(d).removeprefix("torch.") for d in model.dtypes.values()})
+        return (f"the model's output at the unperturbed parameters is not finite (an overflow "
+                f"in {', '.join(dtypes)}? float16 overflows above 65504)")
+    return "the model's output at the unperturbed parameters is not finite"
+
+
+def checked_clean_loss(loss: torch.Tensor, index: int, batch: Batch | None = None,
+                       model: FunctionalModel | None = None) -> torch.Tensor:
+    """``loss`` if finite, else a ``ValueError`` naming the batch and, given the batch, the
+    likely cause (:func:`clean_loss_cause`). One host sync per batch."""
+    if not bool(torch.isfinite(loss)):
+        cause = f": {clean_loss_cause(batch, model)}" if batch is not None else ""
+        raise ValueError(f"the clean loss on batch {index} is not finite ({float(loss)}){cause}")
+    return loss
+
+
+__all__ = ["FunctionalModel", "checked_clean_loss", "clean_loss_cause", "default_geometry_dtype",
+           "vocabulary_size"]

@@ -1,0 +1,577 @@
+"""The sharpness measures, one batch at a time (definitions: ``docs/sharpness.md``).
+
+Every loss is evaluated functionally (:class:`FunctionalModel`): the model's own parameters and
+buffers are never handed to its forward; clones taken once per call stand in for them, and
+perturbed values are passed through :func:`torch.func.functional_call`.
+
+- :class:`AverageMeasure`: ``L(theta + delta) - L(theta)``, ``delta ~ N(0, rho^2 diag(c^2))``;
+- :class:`AscentMeasure`: Auto-PGD (:mod:`.solver`) over a ball (:mod:`.ball`) built by the
+  geometry stage (:mod:`.geometry`): the worst case in an L2 ball (plain or adaptive: the
+  trivial-group :class:`~quotientsharp.core.adaptive.AdaptiveQuotient`) or an L-infinity box, or
+  geodesic sharpness over the product of the layout's quotients (:mod:`.coordinates`);
+- :class:`RelativeFlatness`: Petzka et al. 2021 for one layer, from Hessian-vector products.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from quotientsharp.core.adaptive import AdaptiveQuotient
+from quotientsharp.engine.ball import BoxGeometry, GeodesicBall
+from quotientsharp.engine.batches import Batch
+from quotientsharp.engine.blocks import BlockOutcome, blockwise
+from quotientsharp.engine.coordinates import BoundCoordinates, LayoutCoordinates, PlainCoordinates
+from quotientsharp.engine.functional import FunctionalModel, checked_clean_loss
+from quotientsharp.engine.geometry import build_geometry
+from quotientsharp.engine.solver import AscentOutcome, AscentSettings, ascend
+from quotientsharp.engine.touched_rows import RestrictedTable, TouchedRowCoordinates
+
+Tensors = tuple[torch.Tensor, ...]
+
+#: What to do with a NaN or inf perturbed loss: ``"raise"`` (default) a
+#: :class:`NonFiniteLossError`, or ``"skip"`` the evaluation (never the best; counted in
+#: ``SharpnessResult.nonfinite_evaluations``, with a warning).
+NONFINITE_POLICIES = ("raise", "skip")
+
+
+class NonFiniteLossError(ValueError):
+    """A perturbed loss was NaN or inf (``nonfinite="raise"``); the message names the batch,
+    the evaluation and the likely cause."""
+
+
+def likely_cause(model: FunctionalModel, rho: float | None) -> str:
+    """The likely reason for a non-finite perturbed loss, and what to do about it."""
+    half = sorted({str(d).removeprefix("torch.") for d in model.dtypes.values()
+                   if d in (torch.float16, torch.bfloat16)})
+    if half:
+        return (f"likely cause: half-precision overflow: the model runs in {', '.join(half)} "
+                "(float16's largest finite value is 65504), so a perturbed forward overflowed; "
+                "measure a float32 copy (model.float()) or use a smaller rho")
+    radius = "" if rho is None else f"rho={rho:g} "
+    dtype = str(model.dtype).removeprefix("torch.")
+    return (f"likely cause: the radius {radius}is too large for {dtype}: the perturbed "
+            "parameters or activations overflow (or leave the loss's domain); use a smaller "
+            "rho")
+
+
+_SKIP_HINT = ("; or pass nonfinite='skip' to keep the best over the finite evaluations "
+              "(recorded in result.settings and result.nonfinite_evaluations)")
+
+
+def _check_ascent(outcome: AscentOutcome, index: int, settings: AscentSettings,
+                  model: FunctionalModel, rho: float | None, policy: str,
+                  solve: str = "") -> int:
+    """The number of non-finite evaluations of one batch's ascent; raises under ``"raise"``
+    (or when no evaluation was finite). One host sync, after the ascent. ``solve`` names a
+    solve other than the measurement's own (``" (reference solve)"``) in the message."""
+    if outcome.nonfinite_count is None:
+        return 0
+    count, best = torch.stack([outcome.nonfinite_count.to(outcome.loss.dtype),
+                               outcome.loss]).tolist()
+    if count == 0:
+        return 0
+    if policy == "skip" and math.isfinite(best):
+        return int(count)
+    at = torch.stack(outcome.nonfinite_at).tolist()
+    run = next(r for r, k in enumerate(at) if k >= 0)
+    value = float(outcome.nonfinite_loss[run])
+    where = "the starting point (iteration 0)" if at[run] == 0 else (
+        f"solver iteration {at[run]} of {settings.n_iter}")
+    runs = f" of run {run} (of {settings.runs})" if settings.runs > 1 else ""
+    total = settings.runs * settings.evaluations_per_run
+    none_finite = " No evaluation was finite." if not math.isfinite(best) else ""
+    raise NonFiniteLossError(
+        f"batch {index}{solve}: the perturbed loss is {value} at {where}{runs}; {int(count)} of "
+        f"{total} evaluations were not finite.{none_finite} The clean loss is finite, so the "
+        f"perturbation caused it: {likely_cause(model, rho)}"
+        + (_SKIP_HINT if policy == "raise" else ""))
+
+
+@dataclass
+class FirstEvaluation:
+    """The loss at ``theta`` and its gradient by parameter name, as the setup computed them.
+
+    Reused by the first batch's measurement, so that the parameter check costs no extra
+    forward+backward (``None`` gradients: parameters the loss does not depend on). ``rows``:
+    the embedding rows the batch touches, by table (:mod:`.touched_rows`), where recorded.
+    """
+
+    loss: torch.Tensor
+    gradients: dict[str, torch.Tensor | None]
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class BatchOutcome:
+    """One batch: sharpness, clean and perturbed loss, norms, optional displacement.
+
+    The ascent measures add the solver's convergence ``trace`` (best loss after each
+    evaluation, ``shape=[evaluations]``), with ``reference_solve`` the ``reference`` solve's best
+    loss and its trace, and with ``blockwise`` the :class:`~.blocks.BlockOutcome`.
+    """
+
+    value: torch.Tensor
+    clean: torch.Tensor
+    perturbed: torch.Tensor
+    norms: dict[str, torch.Tensor]
+    perturbation: dict[str, torch.Tensor] | None = None
+    nonfinite: int = 0
+    trace: torch.Tensor | None = None
+    reference: torch.Tensor | None = None
+    reference_trace: torch.Tensor | None = None
+    blocks: BlockOutcome | None = None
+
+
+# ---------------------------------------------------------------------------- objective
+def perturbed_objective(model: FunctionalModel, coordinates: Any, geometry: Any, batch: Batch):
+    """``xi -> (L(theta'), dL/dxi)``: the solver's objective on one batch.
+
+    ``theta'`` is the end of the geometry's path along ``xi`` (``geometry.point``), mapped to
+    parameters by the layout (``coordinates.updates``); the gradient flows back through both.
+    Parameters the loss does not reach get a zero gradient.
+    """
+
+    def objective(xi: Tensors) -> tuple[torch.Tensor, Tensors]:
+        leaves = tuple(t.detach().requires_grad_(True) for t in xi)
+        with torch.enable_grad():
+            loss = model.loss(batch, coordinates.updates(geometry.point(leaves)))
+            if loss.requires_grad:
+                grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+            else:
+                grads = (None,) * len(leaves)
+        grads = tuple(torch.zeros_like(leaf) if g is None else g
+                      for leaf, g in zip(leaves, grads, strict=True))
+        return loss.detach(), grads
+
+    return objective
+
+
+# ---------------------------------------------------------------------------- measures
+class AverageMeasure:
+    """``E_delta[L(theta + delta)] - L(theta)``, ``delta ~ N(0, rho^2 diag(c^2))``.
+
+    ``c = |theta|`` with ``adaptive``, else ``1``; ``samples`` draws per batch. The reported
+    norm is the mean ``||delta / c||_2`` of the draws, the kept perturbation the last draw. A
+    draw with a NaN or inf loss raises (``nonfinite="raise"``) or is left out of the mean
+    (``"skip"``; with no finite draw the batch raises).
+    """
+
+    def __init__(self, model: FunctionalModel, rho: float, adaptive: bool, samples: int,
+                 generator: torch.Generator, nonfinite: str = "raise") -> None:
+        self.model, self.rho, self.adaptive, self.samples = model, rho, adaptive, samples
+        self.generator, self.nonfinite = generator, nonfinite
+        self.coordinates: PlainCoordinates | None = None
+
+    def setup(self, excluded: Sequence[str]) -> None:
+        warn_excluded(excluded, set())
+        names = [n for n in self.model.trainable if n not in excluded]
+        if not names:
+            raise ValueError("no parameter is left to perturb")
+        self.coordinates = PlainCoordinates(self.model, names)
+        quotient = AdaptiveQuotient.of(self.coordinates.base,
+                                       "adaptive" if self.adaptive else "euclidean")
+        # delta ~ N(0, rho^2 diag(c^2)) is rho times the metric's isotropic Gaussian
+        self.frozen = quotient.frozen_point(self.coordinates.base)
+
+    def evaluations_per_batch(self) -> int:
+        return self.samples
+
+    def __call__(self, batch: Batch, index: int, tick, keep: bool,
+                 first: FirstEvaluation | None = None) -> BatchOutcome:
+        assert self.coordinates is not None
+        if first is not None:
+            clean = first.loss
+        else:
+            with torch.no_grad(), self.model.checking():
+                clean = checked_clean_loss(self.model.loss(batch, {}), index, batch, self.model)
+        total = torch.zeros((), dtype=self.model.dtype, device=self.model.device)
+        norm_sum = torch.zeros_like(total)
+        finite = torch.zeros((), dtype=torch.int64, device=self.model.device)
+        first_bad = torch.full_like(finite, -1)
+        bad_loss = torch.zeros_like(total)
+        for sample in range(self.samples):
+            deltas = tuple(self.rho * d for d in self.frozen.isotropic(self.generator))
+            point = tuple(w + d for w, d in zip(self.coordinates.base, deltas, strict=True))
+            with torch.no_grad():
+                loss = self.model.loss(batch, self.coordinates.updates(point))
+            ok = torch.isfinite(loss)
+            new_bad = ~ok & (first_bad < 0)
+            first_bad = torch.where(new_bad, sample, first_bad)
+            bad_loss = torch.where(new_bad, loss, bad_loss)
+            total = total + torch.where(ok, loss, torch.zeros_like(loss))
+            finite = finite + ok.to(finite.dtype)
+            norm_sum = norm_sum + self.frozen.norm(deltas)
+            tick()
+        count, at = torch.stack([finite, first_bad]).tolist()
+        if at >= 0 and (self.nonfinite == "raise" or count == 0):
+            none = " No draw was finite." if count == 0 else ""
+            raise NonFiniteLossError(
+                f"batch {index}: the perturbed loss is {float(bad_loss)} at draw {at} of "
+                f"{self.samples}; {self.samples - count} of {self.samples} draws were not "
+                f"finite.{none} The clean loss is finite, so the perturbation caused it: "
+                f"{likely_cause(self.model, self.rho)}"
+                + (_SKIP_HINT if self.nonfinite == "raise" else ""))
+        mean = total / count
+        perturbation = (dict(zip(self.coordinates.names, deltas, strict=True)) if keep else None)
+        return BatchOutcome(mean - clean, clean, mean, {"total": norm_sum / self.samples},
+                            perturbation, self.samples - count)
+
+
+class AscentMeasure:
+    """Auto-PGD ascent in a geometry built once from ``theta`` (worst-case or geodesic).
+
+    Parameters
+    ----------
+    model
+        The functional model.
+    settings
+        Solver settings.
+    generator
+        Random starts.
+    build
+        ``excluded -> (geometry, coordinates)``: called once, after the first batch has told
+        which parameters receive no gradient.
+    nonfinite
+        ``"raise"``: a NaN or inf perturbed loss raises :class:`NonFiniteLossError` after the
+        ascent; ``"skip"``: such evaluations are failed steps (see :func:`.solver.ascend`),
+        counted in the outcome.
+    reference
+        Settings of a second, stronger solve per batch (``reference_solve``), run after the
+        measurement's own with ``reference_generator``, so that the measured value does not
+        depend on it; ``None``: none.
+    reference_generator
+        Random starts of the reference solve.
+    blockwise
+        Also analyse the best perturbation block by block (:mod:`.blocks`).
+    touched_rows
+        Solve on the rows of the embedding tables that the batch touches, where that gives the
+        same value (:mod:`.touched_rows`): the solve starts at ``xi = 0`` and the tables are in
+        the diagonal-metric factor.
+    """
+
+    def __init__(self, model: FunctionalModel, settings: AscentSettings,
+                 generator: torch.Generator, build, nonfinite: str = "raise",
+                 reference: AscentSettings | None = None,
+                 reference_generator: torch.Generator | None = None,
+                 blockwise: bool = False, touched_rows: bool = True) -> None:
+        self.model, self.settings, self.generator = model, settings, generator
+        self.nonfinite = nonfinite
+        self.reference, self.reference_generator = reference, reference_generator
+        self.blockwise = blockwise
+        self.touched_rows = touched_rows
+        #: per batch, the rows each restricted table was solved on (empty: the full tables)
+        self.restricted_rows: list[dict[str, int]] = []
+        self._build = build
+        self.geometry: GeodesicBall | BoxGeometry | None = None
+        self.coordinates: Any = None
+
+    def setup(self, excluded: Sequence[str]) -> None:
+        self.geometry, self.coordinates = self._build(set(excluded))
+        covered: set[str] = set()
+        if isinstance(self.coordinates, LayoutCoordinates):
+            covered = set(excluded) - set(self.coordinates.coords.other)
+        elif isinstance(self.coordinates, BoundCoordinates):
+            covered = {n for b in self.coordinates.bindings for n in b.parameters} & set(excluded)
+        warn_excluded(excluded, covered)
+        self.geometry.validate()
+
+    def evaluations_per_batch(self) -> int:
+        evaluations = self.settings.runs * self.settings.evaluations_per_run
+        if self.reference is not None:
+            evaluations += self.reference.runs * self.reference.evaluations_per_run
+        return evaluations
+
+    def _objective(self, batch: Batch):
+        return perturbed_objective(self.model, self.coordinates, self.geometry, batch)
+
+    def _gradient_from_parameters(self, gradients: Mapping[str, torch.Tensor | None]) -> Tensors:
+        """The gradient in ``xi`` at ``xi = 0`` from the gradient in the parameters.
+
+        The chain rule through the (cheap) map ``xi -> parameters``: one backward through the
+        geometry's path and the layout, none through the model.
+        """
+        assert self.geometry is not None and self.coordinates is not None
+        leaves = tuple(t.detach().requires_grad_(True) for t in self.geometry.zeros())
+        with torch.enable_grad():
+            moved = self.coordinates.updates(self.geometry.point(leaves))
+            pairs = [(moved[n], g) for n, g in gradients.items()
+                     if g is not None and n in moved and moved[n].requires_grad]
+            grads = (torch.autograd.grad([t for t, _ in pairs], leaves,
+                                         grad_outputs=[g for _, g in pairs], allow_unused=True)
+                     if pairs else (None,) * len(leaves))
+        return tuple(torch.zeros_like(leaf) if g is None else g
+                     for leaf, g in zip(leaves, grads, strict=True))
+
+    def restricts(self) -> bool:
+        """Whether this measurement's solve may run on the touched rows of embedding tables:
+        it starts at ``xi = 0`` and the model has tables that may be cut."""
+        return (self.touched_rows and bool(self.model.tables) and not self.settings.random_init
+                and self.settings.restarts == 0 and isinstance(self.geometry, GeodesicBall))
+
+    def _on_touched_rows(self, rows: Mapping[str, torch.Tensor]
+                         ) -> tuple[GeodesicBall, TouchedRowCoordinates] | None:
+        """The ball and coordinates with each table of ``rows`` cut to those rows, or ``None``
+        where no table can be cut (not in the diagonal-metric factor)."""
+        assert isinstance(self.geometry, GeodesicBall)
+        slot_of = getattr(self.coordinates, "other_slot", None)
+        tables = {}
+        for name, selected in rows.items():
+            slot = slot_of(name) if slot_of is not None else None
+            if slot is not None:
+                tables[name] = RestrictedTable.of(slot, self.model.tables[name], selected,
+                                                  self.model.theta_geometry[name].shape)
+        if not tables:
+            return None
+        try:
+            ball = self.geometry.on_rows({t.slot: t.rows for t in tables.values()})
+        except (NotImplementedError, ValueError):
+            return None
+        return ball, TouchedRowCoordinates(self.coordinates, tables)
+
+    def __call__(self, batch: Batch, index: int, tick, keep: bool,
+                 first: FirstEvaluation | None = None) -> BatchOutcome:
+        assert self.geometry is not None and self.coordinates is not None
+        objective = self._objective(batch)
+        initial = None
+        rows: Mapping[str, torch.Tensor] = {}
+        restricts = self.restricts()
+        if self.settings.random_init:
+            if first is not None:
+                clean = first.loss
+            else:
+                with torch.no_grad(), self.model.checking():
+                    clean = checked_clean_loss(self.model.loss(batch, {}), index, batch,
+                                               self.model)
+        elif first is not None:
+            # the solver's first evaluation is at xi = 0, i.e. at theta: it is the clean loss
+            clean = first.loss
+            initial = (first.loss, self._gradient_from_parameters(first.gradients))
+            # consumed: the parameter-sized gradients are not kept through the ascent
+            first.gradients = {}
+            rows = first.rows
+        else:
+            recording = (self.model.recording_tables() if restricts
+                         else contextlib.nullcontext())
+            with self.model.checking(), recording as recorder:
+                initial = objective(self.geometry.zeros())
+            clean = checked_clean_loss(initial[0], index, batch, self.model)
+            rows = recorder.rows() if recorder is not None else {}
+        geometry, solve, start = self.geometry, objective, initial
+        cut = self._on_touched_rows(rows) if restricts and rows else None
+        if cut is not None:
+            geometry, touched = cut
+            solve = perturbed_objective(self.model, touched, geometry, batch)
+            assert initial is not None
+            start = (initial[0], touched.restrict(initial[1]))
+        self.restricted_rows.append({} if cut is None else {
+            name: int(t.rows.numel()) for name, t in cut[1].tables.items()})
+        if self.reference is None and start is not None:
+            # handed over to the solver, which drops the gradient once it is raised
+            handed: Any = [start]
+            del start, initial
+        else:
+            handed = start
+        outcome = ascend(geometry, solve, self.settings, self.generator, tick,
+                         initial=handed, skip_nonfinite=self.nonfinite == "skip")
+        del handed
+        norms = geometry.block_norms(outcome.xi)
+        if cut is not None:
+            # the best iterate at full size (zero off the rows), for what follows
+            outcome.xi = cut[1].expand(outcome.xi)
+        skipped = _check_ascent(outcome, index, self.settings, self.model,
+                                float(self.geometry.radius), self.nonfinite)
+        reference = None
+        if self.reference is not None:
+            reference = ascend(self.geometry, objective, self.reference,
+                               self.reference_generator, tick,
+                               initial=None if self.reference.random_init else initial,
+                               skip_nonfinite=self.nonfinite == "skip")
+            skipped += _check_ascent(reference, index, self.reference, self.model,
+                                     float(self.geometry.radius), self.nonfinite,
+                                     " (reference solve)")
+        perturbation = None
+        if keep:
+            with torch.no_grad():
+                moved = self.coordinates.updates(self.geometry.point(outcome.xi))
+                perturbation = {n: t - self.model.theta_geometry[n] for n, t in moved.items()}
+        blocks = None
+        if self.blockwise:
+            def loss_at(point: Tensors) -> torch.Tensor:
+                return self.model.loss(batch, self.coordinates.updates(point))
+
+            blocks = blockwise(loss_at, self.geometry, self.coordinates.blocks(), outcome.xi,
+                               clean)
+        return BatchOutcome(outcome.loss - clean, clean, outcome.loss, norms, perturbation,
+                            skipped, trace=outcome.trace,
+                            reference=None if reference is None else reference.loss,
+                            reference_trace=None if reference is None else reference.trace,
+                            blocks=blocks)
+
+
+def plain_builder(model: FunctionalModel, rho: float, p: float, adaptive: bool):
+    """Builder of the worst-case geometry: L2 ball or L-infinity box, ``c = |theta|`` or 1."""
+
+    def build(excluded: set[str]):
+        names = [n for n in model.trainable if n not in excluded]
+        if not names:
+            raise ValueError("no parameter is left to perturb")
+        coordinates = PlainCoordinates(model, names)
+        if math.isinf(p):
+            scale = [w.abs() if adaptive else torch.ones_like(w) for w in coordinates.base]
+            return BoxGeometry(coordinates.base, scale, rho), coordinates
+        factors = coordinates.factors(other_metric="adaptive" if adaptive else "euclidean")
+        return build_geometry(factors, rho, order=1, finite_checked=True), coordinates
+
+    return build
+
+
+def geodesic_builder(model: FunctionalModel, rho: float, symmetries: Any, metric: str,
+                     order: int | str, eps: float, exact_steps: int, other_metric: str,
+                     other_path: str):
+    """Builder of the geodesic geometry over the symmetries' coordinates.
+
+    ``symmetries`` is ``None`` (every parameter in the adaptive factor), a
+    :class:`~quotientsharp.models.ParameterLayout`, or a list of
+    :class:`~quotientsharp.models.QuotientBinding`.
+    """
+
+    def build(excluded: set[str]):
+        if symmetries is None:
+            names = [n for n in model.trainable if n not in excluded]
+            if not names:
+                raise ValueError("no parameter is left to perturb")
+            coordinates: Any = PlainCoordinates(model, names)
+        elif isinstance(symmetries, list):
+            coordinates = BoundCoordinates(model, symmetries, excluded)
+        else:
+            coordinates = LayoutCoordinates(model, symmetries, excluded)
+        factors = coordinates.factors(metric=metric, eps=eps, other_metric=other_metric,
+                                      other_path=other_path)
+        return build_geometry(factors, rho, order, exact_steps, finite_checked=True), coordinates
+
+    return build
+
+
+# ---------------------------------------------------------------------------- relative flatness
+def default_layer(model: nn.Module) -> str:
+    """Name of the last ``nn.Linear`` (in ``named_modules`` order) with a trainable weight."""
+    found = [name for name, module in model.named_modules()
+             if isinstance(module, nn.Linear) and module.weight.requires_grad]
+    if not found:
+        raise ValueError("the model has no trainable nn.Linear layer: pass layer='module name'")
+    return found[-1]
+
+
+def layer_weight_name(model: nn.Module, layer: str) -> str:
+    """The ``named_parameters`` name of ``layer``'s weight."""
+    modules = dict(model.named_modules())
+    if layer not in modules:
+        raise ValueError(f"layer {layer!r} is not a module of the model")
+    weight = getattr(modules[layer], "weight", None)
+    if not isinstance(weight, nn.Parameter):
+        raise ValueError(f"layer {layer!r} has no weight parameter")
+    for name, tensor in model.named_parameters():
+        if tensor is weight:
+            if not tensor.requires_grad:
+                raise ValueError(f"the weight of layer {layer!r} is frozen")
+            if tensor.dim() < 2:
+                raise ValueError(f"the weight of layer {layer!r} has shape "
+                                 f"{tuple(tensor.shape)}; relative flatness needs rows w_s")
+            return name
+    raise ValueError(f"the weight of layer {layer!r} is not among the model's parameters")
+
+
+class RelativeFlatness:
+    """``kappa = sum_{s,s'} <w_s, w_s'> Tr(H_{s,s'})`` for the rows ``w_s`` of one layer.
+
+    With ``W W^T = sum_r lambda_r q_r q_r^T`` and ``H_k`` the Hessian block of column ``k``,
+    ``kappa = sum_k Tr(W W^T H_k) = sum_{r,k} lambda_r (q_r e_k^T) : H (q_r e_k^T)``: one
+    Hessian-vector product per nonzero eigenvalue and input feature, batched ``chunk`` at a time
+    (double backward; attention runs the math SDPA kernel, which supports it). The Hessian is
+    never formed.
+    """
+
+    def __init__(self, model: FunctionalModel, weight_name: str, chunk: int) -> None:
+        self.model, self.weight_name, self.chunk = model, weight_name, chunk
+        weight = model.theta_geometry[weight_name]
+        self.rows = weight.reshape(weight.shape[0], -1)
+        values, vectors = torch.linalg.eigh(self.rows @ self.rows.mT)
+        rank = min(self.rows.shape)
+        self.values, self.vectors = values[-rank:], vectors[:, -rank:]   # [r], [out, r]
+
+    def setup(self, excluded: Sequence[str]) -> None:
+        if self.weight_name in excluded:
+            raise ValueError(f"parameter {self.weight_name!r} receives no gradient")
+
+    def evaluations_per_batch(self) -> int:
+        return 1
+
+    def _directions(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.rows.shape[1]
+        index = torch.arange(start, stop, device=self.rows.device)
+        r, k = index // features, index % features
+        directions = torch.zeros(stop - start, *self.rows.shape, dtype=self.rows.dtype,
+                                 device=self.rows.device)
+        chunk = torch.arange(stop - start, device=self.rows.device)
+        directions[chunk, :, k] = self.vectors[:, r].mT
+        return directions, self.values[r]
+
+    def __call__(self, batch: Batch, index: int, tick, keep: bool,
+                 first: FirstEvaluation | None = None) -> BatchOutcome:
+        shape = self.model.theta_geometry[self.weight_name].shape
+        weight = self.rows.detach().clone().requires_grad_(True)
+        total = torch.zeros((), dtype=self.rows.dtype, device=self.rows.device)
+        count = self.values.numel() * self.rows.shape[1]
+        with torch.enable_grad(), sdpa_kernel(SDPBackend.MATH):
+            with self.model.checking():
+                loss = self.model.loss(batch, {self.weight_name: weight.reshape(shape)})
+            clean = first.loss if first is not None else checked_clean_loss(
+                loss.detach(), index, batch, self.model)
+            (grad,) = torch.autograd.grad(loss, weight, create_graph=True)
+            if grad.requires_grad:
+                for start in range(0, count, self.chunk):
+                    stop = min(start + self.chunk, count)
+                    directions, weights = self._directions(start, stop)
+                    products = self._hvp(grad, weight, directions)
+                    total = total + (weights * (directions * products).sum((-2, -1))).sum()
+        tick()
+        if not bool(torch.isfinite(total)):
+            raise NonFiniteLossError(
+                f"batch {index}: relative flatness is {float(total)}: the Hessian-vector "
+                f"products of layer weight {self.weight_name!r} are not finite although the "
+                f"clean loss is (an overflow in "
+                f"{str(self.model.dtype).removeprefix('torch.')}?)")
+        return BatchOutcome(total.detach(), clean, clean, {})
+
+    @staticmethod
+    def _hvp(grad: torch.Tensor, weight: torch.Tensor, directions: torch.Tensor) -> torch.Tensor:
+        try:
+            (products,) = torch.autograd.grad(grad, weight, grad_outputs=directions,
+                                              is_grads_batched=True, retain_graph=True)
+            return products
+        except RuntimeError:
+            # some operators have no batching rule for their double backward: one at a time
+            return torch.stack([torch.autograd.grad(grad, weight, grad_outputs=d,
+                                                    retain_graph=True)[0] for d in directions])
+
+
+def warn_excluded(names: Sequence[str], covered: set[str]) -> None:
+    """Warn about parameters without gradient: excluded, or (if in a symmetry) only noted."""
+    dropped = [n for n in names if n not in covered]
+    kept = [n for n in names if n in covered]
+    if dropped:
+        warnings.warn(f"parameter(s) {dropped} receive no gradient from the loss: excluded from "
+                      "the perturbation (kept fixed)", UserWarning, stacklevel=4)
+    if kept:
+        warnings.warn(f"parameter(s) {kept} receive no gradient from the loss but belong to a "
+                      "symmetry pair: they stay in the geometry with a zero gradient",
+                      UserWarning, stacklevel=4)

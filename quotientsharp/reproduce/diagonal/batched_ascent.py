@@ -1,0 +1,207 @@
+"""Auto-PGD over many independent problems at once (a leading problem shape), for diagonal nets.
+
+:func:`batched_ascend` is :func:`quotientsharp.engine.solver.ascend` (the engine's solver,
+which takes each decision per problem for a loss of shape ``P``) on a
+:class:`~quotientsharp.engine.ball.GeodesicBall` whose frozen point carries the nets on
+leading dimensions, where ``P`` is ``[models, batches]`` in the study: the step size ``eta``,
+the checkpoint tests, the best loss and iterate and the momentum are all per problem. The
+geometry is the library's own quotient classes, the same code the engine and
+:func:`quotientsharp.core.checks.check_all` run:
+
+- :class:`DiagonalHorizontalGeometry`: :class:`~quotientsharp.DiagonalQuotient` (``inv`` or
+  ``mix``) frozen at the nets' ``(u, v)``. The iterate is the horizontal ``xi = (b u, b v)``;
+  the net's function is ``beta = u v`` at the end of the path, which multiplies ``beta`` by
+  ``(1 + b)^2`` (order 1), ``(1 + b + b^2 / 2)^2`` (inv, order 2), ``(1 + b - b^2 / 2)^2``
+  (mix, order 2), ``exp(2 b)`` (inv, exact) or ``1 + 2 b`` (mix, exact: the quotient's
+  geodesic, :meth:`~quotientsharp.core.diagonal.DiagonalPoint.quotient_geodesic`).
+- :class:`AdaptiveGeometry`: worst-case adaptive L2 sharpness on the raw parameters ``(u, v)``:
+  the trivial-group :class:`~quotientsharp.core.adaptive.AdaptiveQuotient`, straight lines.
+
+The exact mix path ``beta (1 + 2 b)`` is the straight line of the quotient metric
+``d beta^2 / 2`` (flat in ``beta``). Where ``1 + 2 b < 0`` it crosses ``beta_i = 0``, a point
+outside the quotient of nonzero coordinates; the quotient geodesic continues the line through
+it (the loss depends on ``beta`` only), whereas the engine refuses radii that reach it
+(``rho >= min |u v| / sqrt(2)``). Inside the engine's range both agree.
+
+The measures start from ``xi = 0`` without restarts (the engine's default);
+``tests/test_reproduce_diagonal.py`` checks that one problem here gives the engine's value on an
+equivalent ``nn.Module``. Random starts and restarts (the study's strong reference ascent) need a
+seeded generator, so that every value is reproducible; with them, give the geometry base points
+of the full ``[*P, d]`` shape, so that each problem draws its own random start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from quotientsharp.core.adaptive import AdaptiveQuotient
+from quotientsharp.core.diagonal import DiagonalQuotient
+from quotientsharp.core.frozen import check_order
+from quotientsharp.engine.ball import GeodesicBall
+from quotientsharp.engine.solver import AscentSettings, ascend
+
+Tensors = tuple[torch.Tensor, ...]
+BatchedObjective = Callable[[Tensors], tuple[torch.Tensor, Tensors]]
+
+__all__ = [
+    "AdaptiveGeometry",
+    "BatchedOutcome",
+    "DiagonalHorizontalGeometry",
+    "NetBall",
+    "PATH_NAMES",
+    "batched_ascend",
+    "mse_objective",
+]
+
+#: ``(metric, order)`` -> readable path of ``beta`` along a horizontal rate ``b``.
+PATH_NAMES = {
+    ("inv", 1): "beta (1 + b)^2", ("mix", 1): "beta (1 + b)^2",
+    ("inv", 2): "beta (1 + b + b^2/2)^2", ("mix", 2): "beta (1 + b - b^2/2)^2",
+    ("inv", "exact"): "beta exp(2 b)", ("mix", "exact"): "beta (1 + 2 b)",
+}
+
+
+class NetBall(GeodesicBall):
+    """A geodesic ball over diagonal nets whose perturbed point is read as ``beta = u v``."""
+
+    def beta(self, xi: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``beta`` at the end of the path from the nets along ``xi``, ``shape=[*P, d]``."""
+        quotient_path = getattr(self.frozen, "quotient_geodesic", None)
+        if self.order == "exact" and quotient_path is not None:
+            return quotient_path(tuple(xi))
+        u, v = self.point(xi)
+        return u * v
+
+
+def _problem_shape(u: torch.Tensor, v: torch.Tensor, problem_shape: Sequence[int]) -> tuple:
+    if u.shape != v.shape:
+        raise ValueError(f"u and v must have the same shape, got {tuple(u.shape)} and "
+                         f"{tuple(v.shape)}")
+    return tuple(int(s) for s in problem_shape)
+
+
+class DiagonalHorizontalGeometry(NetBall):
+    """Horizontal perturbations of diagonal nets in the ``inv`` or ``mix`` quotient.
+
+    Parameters
+    ----------
+    u, v
+        Base points, ``shape=[*P, d]`` or broadcastable to it (``[M, 1, d]`` for ``P = [M, K]``),
+        no zero entry.
+    metric
+        ``"inv"`` or ``"mix"``.
+    order
+        ``1``, ``2`` or ``"exact"`` (see the module docstring).
+    radius
+        ``rho``, a number or a tensor of ``shape=[*P]``.
+    problem_shape
+        ``P``.
+    """
+
+    def __init__(self, u: torch.Tensor, v: torch.Tensor, metric: str, order: int | str,
+                 radius: torch.Tensor | float, problem_shape: Sequence[int]) -> None:
+        if metric not in ("inv", "mix"):
+            raise ValueError(f"metric must be 'inv' or 'mix', got {metric!r}")
+        order = check_order(order)
+        problem_shape = _problem_shape(u, v, problem_shape)
+        frozen = DiagonalQuotient(metric).at((u, v))
+        super().__init__(frozen, radius, order, problem_shape=problem_shape)
+        self.metric = metric
+
+
+class AdaptiveGeometry(NetBall):
+    """Worst-case adaptive L2 ball around the raw parameters ``(u, v)``, straight lines.
+
+    Parameters
+    ----------
+    u, v
+        Base points, ``shape=[*P, d]`` or broadcastable to it.
+    radius
+        ``rho``, a number or a tensor of ``shape=[*P]``.
+    problem_shape
+        ``P``.
+    """
+
+    def __init__(self, u: torch.Tensor, v: torch.Tensor, radius: torch.Tensor | float,
+                 problem_shape: Sequence[int]) -> None:
+        problem_shape = _problem_shape(u, v, problem_shape)
+        # unfused: a net alone rounds as it does among others (bit-identical resumed runs)
+        frozen = AdaptiveQuotient("adaptive", point_ndims=(1, 1), fused=False).frozen_point(
+            (u, v))
+        super().__init__(frozen, radius, 1, problem_shape=problem_shape)
+
+
+def mse_objective(geometry: NetBall, inputs: torch.Tensor,
+                  targets: torch.Tensor) -> BatchedObjective:
+    """Per-problem mean squared error ``||X_k beta - y_k||^2 / B`` and its gradient in ``xi``.
+
+    Parameters
+    ----------
+    geometry
+        Maps ``xi`` to ``beta``, ``shape=[M, K, d]`` (``P = [M, K]``).
+    inputs, targets
+        The ``K`` batches, ``shape=[K, B, d]`` and ``shape=[K, B]``.
+
+    The problems are independent, so the gradient of the summed loss is each problem's own.
+    The prediction is an elementwise product summed over ``d`` rather than a matrix product:
+    a matrix product's rounding depends on how many rows share the call (the BLAS blocking),
+    a per-row reduction does not, so a model measured alone or among others (as after
+    ``--resume``) gets the same value to the last bit.
+    """
+
+    def objective(xi: Tensors) -> tuple[torch.Tensor, Tensors]:
+        leaves = tuple(t.detach().requires_grad_(True) for t in xi)
+        with torch.enable_grad():
+            beta = geometry.beta(leaves)                               # [M, K, d]
+            prediction = (beta.unsqueeze(-2) * inputs).sum(-1)         # [M, K, B]
+            loss = (prediction - targets).square().mean(-1)            # [M, K]
+            grads = torch.autograd.grad(loss.sum(), leaves)
+        return loss.detach(), grads
+
+    return objective
+
+
+@dataclass
+class BatchedOutcome:
+    """Per problem: the best loss found, the clean loss (at ``xi = 0``) and the best iterate."""
+
+    loss: torch.Tensor
+    clean: torch.Tensor
+    xi: Tensors
+
+    @property
+    def sharpness(self) -> torch.Tensor:
+        """Best perturbed loss minus clean loss, ``shape=[*P]``."""
+        return self.loss - self.clean
+
+
+def batched_ascend(geometry: NetBall, objective: BatchedObjective,
+                   settings: AscentSettings,
+                   on_evaluation: Callable[[], None] | None = None,
+                   generator: torch.Generator | None = None) -> BatchedOutcome:
+    """Auto-PGD for every problem of ``geometry.problem_shape`` at once (module docstring).
+
+    Parameters
+    ----------
+    geometry
+        :class:`DiagonalHorizontalGeometry`, :class:`AdaptiveGeometry` or alike.
+    objective
+        ``xi -> (loss shape=[*P], euclidean gradient w.r.t. xi)``.
+    settings
+        Solver settings; ``random_init`` and ``restarts`` need ``generator``.
+    on_evaluation
+        Called after every (batched) objective evaluation.
+    generator
+        Seeded source of the random starts (required with ``random_init`` or ``restarts``).
+    """
+    if not isinstance(settings, AscentSettings):
+        raise TypeError(f"settings must be an AscentSettings, got {type(settings).__name__}")
+    if (settings.random_init or settings.restarts) and generator is None:
+        raise ValueError("random_init and restarts draw random starts: pass a seeded generator "
+                         "(without one, batched_ascend starts from xi = 0 only)")
+    outcome = ascend(geometry, objective, settings, generator=generator,
+                     on_evaluation=on_evaluation)
+    return BatchedOutcome(outcome.loss, outcome.start_loss, outcome.xi)

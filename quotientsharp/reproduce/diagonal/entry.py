@@ -1,0 +1,224 @@
+"""``quotientsharp reproduce diagonal``: sharpness against generalisation on diagonal networks.
+
+The study of the paper's Sec. 5.1: many diagonal networks ``y = x^T (u * v)`` fit the same
+sparse regression problem with different hyperparameters; the Kendall rank correlation between
+their test loss and each sharpness measure says which measure tracks generalisation. The paper
+reports tau = -0.68 (adaptive), -0.83 (geodesic inv) and -0.86 (geodesic mix). It does not
+state ``n``, ``rho``, or what varies across its 50 nets; the choices below are ours, fixed
+before looking at any correlation (no tuning, no seed picking).
+
+Problem (one draw, seeded, shared by every net)
+    ``d = 200`` features, ``n = 100 < d`` training inputs and 5000 fresh test inputs, all
+    ``N(0, I_d)``. Ground truth ``beta*`` is 90% sparse: 20 coordinates chosen at random carry
+    ``N(0, 1)`` values, rescaled to ``||beta*||_2 = 1``. Targets are noiseless,
+    ``y = X beta*``, so every net can interpolate.
+
+Nets and training
+    ``u_0 = a 1``, ``v_0 = 0`` (the ``u * v`` form of ``w_+^2 - w_-^2`` with equal initial
+    weights, the standard setting of the implicit-bias literature: small ``a`` leads to
+    sparse, large ``a`` to dense interpolants). Loss ``||X (u * v) - y||^2 / n`` on minibatches.
+    Per net, drawn once from a seeded generator: the initialisation scale ``a`` log-uniform in
+    ``[1e-3, 1]``, the learning rate log-uniform in ``[0.02, 0.2]``, the batch size uniform
+    in ``{10, 20, 25, 50, 100}`` (100 = full batch). Each net partitions the training set into
+    batches of its size in a random order of its own, reshuffled for each of 4 epochs, and this
+    4-epoch schedule repeats. All nets train together as one ``[nets, d]`` tensor (one matrix
+    product per step for all of them, per-net learning rates and batch masks); a net stops at
+    the first check (every 50 steps) where its full training loss is below ``1e-5``, and is
+    frozen from then on. Nets that have not reached ``1e-5`` after 100000 steps (or diverge)
+    are reported and left out of the correlations.
+
+Generalisation
+    Test loss ``||X_test (u * v) - y_test||^2 / 5000`` (equal to the generalisation gap up to
+    the training loss, which is below ``1e-5`` for every counted net).
+
+Sharpness (the measures of ``docs/sharpness.md``, Auto-PGD ascent)
+    On the training set, in 4 fixed batches of 25 (contiguous blocks of the i.i.d. inputs):
+    Auto-PGD per batch, ``N = 20`` steps, ``eta_0 = 2 rho``, ``alpha = 0.75``, start
+    ``xi = 0``, no restarts; the per-batch best loss minus the clean loss, averaged over the 4
+    batches. Measures:
+
+    - ``adaptive``: worst-case adaptive L2 sharpness on ``(u, v)``,
+      ``||xi_u / |u| ||^2 + ||xi_v / |v| ||^2 <= rho^2`` (the paper's baseline);
+    - ``geodesic_{inv,mix}_exact``: geodesic sharpness on the ``GL(1)^d`` quotient with the exact
+      geodesics (``beta exp(2 b)`` for inv, ``beta (1 + 2 b)`` for mix, continued through
+      ``beta_i = 0``: see :mod:`quotientsharp.reproduce.diagonal.batched_ascent`);
+    - ``geodesic_{inv,mix}_order{1,2}``: the same with the first- and second-order paths
+      (order 2 is the path of the paper's Alg. 1).
+
+    The radius is ``rho = 0.1`` for every measure. It is comparable across them: a horizontal
+    ``xi = (b u, b v)`` has the same norm ``sqrt(2) ||b||`` under the adaptive and the inv
+    metric, so those balls share their horizontal part, and with ``||beta*|| = 1`` the mix ball
+    ``sqrt(2) ||beta b|| <= rho`` moves ``beta`` by up to ``sqrt(2) rho`` in L2, while the inv
+    ball moves it by up to ``sqrt(2) rho max_i |beta_i| <= sqrt(2) rho``, to first order.
+    All measures of all nets run batched over ``[nets, batches]``
+    (:func:`~quotientsharp.reproduce.diagonal.batched_ascent.batched_ascend`).
+
+Outputs (``--out``, default ``results/diagonal``)
+    ``run.json`` (settings, per-net hyperparameters, seeds, package versions, timings, taus),
+    ``trained.jsonl`` (each net's final ``u``, ``v`` as soon as it stops), ``models.jsonl``
+    and ``models.csv`` (per-net values, appended as nets are finished), one
+    ``scatter_<measure>.png`` per measure, ``diagonal.md`` (the docs section; with
+    ``--docs DIR`` also written to ``DIR/results/diagonal.md`` and ``DIR/results.md``
+    regenerated). ``--resume`` skips every net already in ``models.jsonl`` and retrains none in
+    ``trained.jsonl``; results are identical to an uninterrupted run.
+
+Beside each Auto-PGD value (``diagonal_exact``): the exact maximum of mix exact (the
+trust-region subproblem), a strong reference ascent for adaptive, inv exact and mix exact (4
+runs of 400 steps: from ``xi = 0``, for adaptive and inv from the maximiser of the loss's
+quadratic model and its negative, the rest from random points), the value of mix exact at
+interpolation ``2 rho^2 lambda_max``, and the measures of the population loss
+``||beta - beta*||^2``. The page reports every tau with a 95 %
+bootstrap interval, Auto-PGD as a percentage of the maximum, the confound taus of the
+hyperparameters, and the mix order-1/2 rows as diagnostics (``diagonal_analysis``,
+``diagonal_page``).
+
+``--full``: the default run, then the same hyperparameters on 3 data seeds at rho 0.03, 0.1 and
+0.3, and with a training set per net, each in ``OUT/full/<run>/``; the page gets the taus per
+data seed, their mean over seeds with intervals, and the rho sweep (``diagonal_full``).
+
+``--quick``: 12 nets, 10 ascent steps, 2000 test inputs, at most 40000 training steps, a
+100-step reference ascent with 2 restarts, 300 bootstrap resamples.
+
+Under torchrun (``torchrun --nproc_per_node N -m quotientsharp reproduce diagonal``) the nets
+train on rank 0 (one batch, as in one process), the measures are dealt over the ranks and rank 0
+writes every file; the values are those of one process, bit for bit (:func:`run_study`).
+"""
+
+
+# The study lives in one module per stage; this module is the command-line entry and re-exports
+# their public names (its docstring above is the ``--help`` text):
+#   diagonal_settings  DiagonalSettings, everything that determines the numbers;
+#   diagonal_data      the seeded draws: the regression problem, the per-net hyperparameters;
+#   diagonal_training  training all nets at once, their test losses;
+#   diagonal_measures  the measures, run batched over nets and batches (the only user of
+#                      batched_ascent: measure_nets and path_name);
+#   diagonal_exact     the exact and strong maxima, the theory at interpolation, the population
+#                      loss;
+#   diagonal_analysis  the numbers of one run (taus with intervals, % of the maximum, confounds);
+#   diagonal_page      the markdown tables and the theory section of the page;
+#   diagonal_report    records, CSV rows, Kendall taus, plots, the docs section;
+#   diagonal_study     run_study, the driver (training on rank 0, measures over the ranks);
+#   diagonal_full      run_full, --full: data seeds, the rho sweep, a training set per net.
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from quotientsharp.reproduce.diagonal.data import (
+    DiagonalProblem,
+    Hyperparameters,
+    draw_hyperparameters,
+    make_problem,
+)
+from quotientsharp.reproduce.diagonal.full import run_full
+from quotientsharp.reproduce.diagonal.measures import (
+    MEASURES,
+    MeasureSpec,
+    measure_nets,
+    sharpness_batches,
+)
+from quotientsharp.reproduce.diagonal.options import add_arguments
+from quotientsharp.reproduce.diagonal.report import (
+    CSV_COLUMNS,
+    CSV_FILE,
+    MODEL_FILE,
+    SECTION_FILE,
+    STUDY,
+    TRAINED_FILE,
+    StudyResult,
+    default_out,
+)
+from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
+from quotientsharp.reproduce.diagonal.study import run_study
+from quotientsharp.reproduce.diagonal.training import (
+    DIVERGENCE_LOSS,
+    TrainedNet,
+    compute_test_losses,
+    train_nets,
+)
+from quotientsharp.workflows.results import is_main_rank
+
+#: The torch-free module declaring this study's options (read by ``reproduce STUDY --help``).
+OPTIONS = "quotientsharp.reproduce.diagonal.options"
+HELP = ("diagonal networks (paper Sec. 5.1): 50 nets trained and measured batched, Kendall tau "
+        "of test loss against adaptive and geodesic sharpness")
+#: What the taus rank sharpness against (the console's sign convention).
+GENERALISATION = "test loss"
+
+__all__ = [
+    "CSV_COLUMNS",
+    "CSV_FILE",
+    "DIVERGENCE_LOSS",
+    "GENERALISATION",
+    "HELP",
+    "MEASURES",
+    "MODEL_FILE",
+    "SECTION_FILE",
+    "STUDY",
+    "TRAINED_FILE",
+    "DiagonalProblem",
+    "DiagonalSettings",
+    "Hyperparameters",
+    "MeasureSpec",
+    "StudyResult",
+    "TrainedNet",
+    "add_arguments",
+    "compute_test_losses",
+    "draw_hyperparameters",
+    "make_problem",
+    "measure_nets",
+    "run",
+    "run_study",
+    "settings_from_args",
+    "sharpness_batches",
+    "train_nets",
+]
+
+
+def settings_from_args(args: argparse.Namespace) -> DiagonalSettings:
+    overrides: dict[str, Any] = {"seed": args.seed}
+    if args.nets is not None:
+        overrides["nets"] = args.nets
+    return DiagonalSettings.quick(**overrides) if args.quick else replace(DiagonalSettings(),
+                                                                          **overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``quotientsharp reproduce diagonal``."""
+    try:
+        settings = settings_from_args(args)
+    except ValueError as err:
+        print(f"quotientsharp reproduce diagonal: error: {err}", file=sys.stderr)
+        return 2
+    out = args.out if args.out is not None else Path(default_out(settings))
+    try:
+        if args.full:
+            result, _ = run_full(settings, out, resume=args.resume, progress=args.progress,
+                                 plots=args.plots, docs=args.docs, threads=args.threads)
+        else:
+            result = run_study(settings, out, resume=args.resume, progress=args.progress,
+                               plots=args.plots, docs=args.docs, threads=args.threads)
+    except KeyboardInterrupt:
+        if is_main_rank():
+            print(f"\ninterrupted: finished nets are kept in {out}; continue with --resume",
+                  file=sys.stderr)
+        return 130
+    except (ValueError, NotADirectoryError) as err:
+        # under torchrun every rank raises the same error (run_on_rank0): rank 0 reports it
+        if is_main_rank():
+            print(f"quotientsharp reproduce diagonal: error: {err}", file=sys.stderr)
+        return 2
+    if not is_main_rank():
+        return 0
+    print(result.table)
+    print(f"\n{len(result.counted)}/{settings.nets} nets counted; not converged: "
+          f"{result.unconverged or 'none'}; diverged: {result.diverged or 'none'}")
+    print(f"trained now: {len(result.trained_now)}, measured now: {len(result.measured_now)}, "
+          f"wall time {result.wall_seconds:.1f} s")
+    print(f"results in {result.out}" + ("" if args.docs is None else
+                                        f"; docs section in {args.docs}/results/diagonal.md"))
+    return 0

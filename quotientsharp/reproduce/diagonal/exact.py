@@ -1,0 +1,302 @@
+"""``reproduce diagonal``: the maxima the Auto-PGD values are measured against.
+
+- :func:`mix_exact_maxima`: geodesic mix sharpness with the exact path, exactly. The path
+  ``beta (1 + 2 b)`` moves ``beta`` by ``D = 2 beta b`` with ``||D|| = sqrt(2) ||xi||_mix``, so
+  its ball is the Euclidean ball ``||D|| <= sqrt(2) rho`` in ``beta``, and the batch loss
+  ``||X_B (beta + D) - y_B||^2 / B`` is quadratic in ``D``: the maximum is the trust-region
+  subproblem, solved by :func:`quotientsharp.engine.exact.trust_region_maximum`.
+- :func:`mix_exact_at_interpolation`: its value at an interpolating net, the same for every
+  net, ``2 rho^2 lambda_max(X_B^T X_B / B)`` (``docs/results/diagonal.md``).
+- :func:`reference_maxima`: a strong multi-start Auto-PGD (many steps, random restarts, the
+  package's solver) for the measures without a closed form (adaptive, inv exact), and for mix
+  exact as a check of that ascent against the exact maximum.
+- :func:`population_batch`: one batch whose mean squared error is the population loss
+  ``E_x (x^T beta - x^T beta*)^2 = ||beta - beta*||^2`` of ``x ~ N(0, I)``, so every measure
+  of the study runs on the population loss unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from quotientsharp.engine.exact import trust_region_maximum
+from quotientsharp.engine.solver import AscentSettings
+from quotientsharp.reproduce.diagonal.batched_ascent import NetBall, batched_ascend, mse_objective
+from quotientsharp.reproduce.diagonal.measures import (
+    MEASURES,
+    MeasureSpec,
+    geometry_for,
+    measure_nets,
+)
+from quotientsharp.workflows.results import progress_bar
+
+__all__ = [
+    "EXTRA_NAMES",
+    "REFERENCE_MEASURES",
+    "extra_values",
+    "mix_exact_at_interpolation",
+    "mix_exact_maxima",
+    "mix_exact_population",
+    "population_batch",
+    "reference_maxima",
+]
+
+#: The measures given a strong reference ascent beside their Auto-PGD value.
+REFERENCE_MEASURES: tuple[MeasureSpec, ...] = tuple(
+    m for m in MEASURES if m.name in ("adaptive", "geodesic_inv_exact", "geodesic_mix_exact"))
+#: The names of :func:`extra_values`, in the order of the records and the CSV columns.
+EXTRA_NAMES: tuple[str, ...] = (
+    *(f"strong:{m.name}" for m in REFERENCE_MEASURES), "exact:geodesic_mix_exact",
+    *(f"population:{m.name}" for m in REFERENCE_MEASURES),
+    "population_exact:geodesic_mix_exact", "interpolation:geodesic_mix_exact",
+    "population_loss")
+
+
+def _check_batches(beta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Broadcast shared batches to every net: ``[M, K, B, d]`` and ``[M, K, B]``."""
+    if beta.dim() != 2:
+        raise ValueError(f"beta must have shape [M, d], got {tuple(beta.shape)}")
+    if inputs.dim() == 3:
+        inputs, targets = inputs.expand(beta.shape[0], *inputs.shape), targets.expand(
+            beta.shape[0], *targets.shape)
+    if inputs.dim() != 4 or inputs.shape[0] != beta.shape[0] or inputs.shape[-1] != beta.shape[1]:
+        raise ValueError(f"inputs must have shape [K, B, d] or [M, K, B, d] with M, d = "
+                         f"{tuple(beta.shape)}, got {tuple(inputs.shape)}")
+    if targets.shape != inputs.shape[:-1]:
+        raise ValueError(f"targets must have shape {tuple(inputs.shape[:-1])}, got "
+                         f"{tuple(targets.shape)}")
+    return inputs, targets
+
+
+def mix_exact_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
+                     targets: torch.Tensor, rho: float) -> torch.Tensor:
+    """Exact geodesic mix sharpness (exact path) per net and batch (module docstring).
+
+    Parameters
+    ----------
+    u, v
+        The nets, ``shape=[M, d]``.
+    inputs, targets
+        Batches, ``shape=[K, B, d]`` and ``shape=[K, B]``, or per net ``[M, K, B, d]`` and
+        ``[M, K, B]``.
+    rho
+        Radius of the mix ball.
+
+    Returns
+    -------
+    torch.Tensor
+        ``shape=[M, K]``: ``max_{||D|| <= sqrt(2) rho} L_B(beta + D) - L_B(beta)``.
+    """
+    beta = (u * v).to(torch.float64)
+    inputs, targets = _check_batches(beta, inputs.to(torch.float64), targets.to(torch.float64))
+    out = torch.empty(inputs.shape[:2], dtype=torch.float64)
+    for m in range(inputs.shape[0]):
+        for k in range(inputs.shape[1]):
+            hessian, gradient = _quadratic_hessian_gradient(beta[m], inputs[m, k],
+                                                            targets[m, k])
+            out[m, k] = trust_region_maximum(hessian, gradient, math.sqrt(2.0) * rho).value
+    return out
+
+
+def mix_exact_at_interpolation(inputs: torch.Tensor, rho: float) -> torch.Tensor:
+    """``2 rho^2 lambda_max(X_B^T X_B / B)`` per batch: mix exact sharpness of every net that
+    interpolates the batch.
+
+    Parameters
+    ----------
+    inputs
+        ``shape=[..., K, B, d]``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``shape=[..., K]``.
+    """
+    x = inputs.to(torch.float64)
+    second_moment = x.transpose(-1, -2) @ x / x.shape[-2]
+    return 2.0 * rho ** 2 * torch.linalg.eigvalsh(second_moment)[..., -1]
+
+
+def _quadratic_hessian_gradient(beta: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``L_B(beta + D) - L_B(beta) = g^T D + D^T A D / 2`` for the study's mean squared error:
+    ``A = 2 X^T X / B``, ``g = 2 X^T (X beta - y) / B`` (``x`` ``shape=[B, d]``)."""
+    size = x.shape[-2]
+    return 2.0 * x.T @ x / size, 2.0 * x.T @ (x @ beta - y) / size
+
+
+def _model_rates(beta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor,
+                 rate_radius: float) -> torch.Tensor:
+    """Per net and batch, the rates ``b`` (``||b|| <= rate_radius``) that maximise the
+    quadratic model of the loss along the first-order path ``beta (1 + 2 b)``: the
+    trust-region subproblem in ``D = 2 beta b``, a ball ``||D / (2 |beta|)|| <= rate_radius``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``shape=[M, K, d]``.
+    """
+    out = torch.zeros(*inputs.shape[:2], beta.shape[-1], dtype=torch.float64)
+    for m in range(inputs.shape[0]):
+        scale = 2.0 * beta[m].abs()
+        for k in range(inputs.shape[1]):
+            hessian, gradient = _quadratic_hessian_gradient(beta[m], inputs[m, k],
+                                                            targets[m, k])
+            step = trust_region_maximum(hessian, gradient, rate_radius, scale=scale).d
+            out[m, k] = step / (2.0 * beta[m])
+    return out
+
+
+class _ReferenceStarts:
+    """A batched geometry whose restarts are, in turn, the maximiser of the loss's quadratic
+    model and its negative (``model``: near interpolation the model is nearly even in the
+    rates, the exact path is not, so both signs are tried), then random points drawn per net.
+
+    Each net's random start is drawn by the package's own ``random_start`` on that net's ball
+    alone, from a stream of its own, so a net gets the same starts whichever other nets are
+    measured with it (a resumed run measures a subset and must reproduce the uninterrupted
+    values). Everything else is the batched geometry's.
+    """
+
+    def __init__(self, batched: NetBall, single: Sequence[NetBall], seeds: Sequence[int],
+                 model: tuple[torch.Tensor, ...] | None) -> None:
+        self._batched = batched
+        self._single = list(single)
+        self._generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        self._models = [] if model is None else [model, tuple(-t for t in model)]
+
+    def __getattr__(self, name: str):
+        return getattr(self._batched, name)
+
+    def random_start(self, generator: torch.Generator | None) -> tuple[torch.Tensor, ...]:
+        # ``generator`` is unused: the first restarts are the model's maximiser and its
+        # negative, the others are drawn from each net's own stream
+        if self._models:
+            return self._batched.clip(self._models.pop(0))
+        starts = [ball.random_start(gen) for ball, gen in zip(self._single, self._generators,
+                                                              strict=True)]
+        return tuple(torch.stack(parts) for parts in zip(*starts, strict=True))
+
+
+def reference_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
+                     targets: torch.Tensor, rho: float, ascent: AscentSettings,
+                     seeds: Sequence[int],
+                     measures: Sequence[MeasureSpec] = REFERENCE_MEASURES,
+                     progress: bool | None = False) -> dict[str, torch.Tensor]:
+    """The strong reference ascent: per measure, net and batch the best loss increase over
+    ``ascent.runs`` Auto-PGD runs of ``ascent.n_iter`` steps. The first run starts from
+    ``xi = 0``; for adaptive and inv the next two from the maximiser of the quadratic model of
+    the loss along the first-order path (the trust-region subproblem: near interpolation the
+    maximum lies close to it) and from its negative; the others from random points of the
+    ball.
+
+    Parameters
+    ----------
+    u, v
+        The nets, ``shape=[M, d]``, no zero entry.
+    inputs, targets
+        As for :func:`~.diagonal_measures.measure_nets`.
+    seeds
+        One seed per net for its random starts, ``len(seeds) == M``.
+
+    Returns
+    -------
+    dict
+        Measure name -> ``shape=[M, K]``.
+    """
+    if len(seeds) != u.shape[0]:
+        raise ValueError(f"seeds must hold one seed per net ({u.shape[0]}), got {len(seeds)}")
+    problem_shape = (u.shape[0], inputs.shape[-3])
+    base_u, base_v = (t.unsqueeze(1).expand(*problem_shape, -1).contiguous() for t in (u, v))
+    beta = (u * v).to(torch.float64)
+    full_inputs, full_targets = _check_batches(beta, inputs.to(torch.float64),
+                                               targets.to(torch.float64))
+    out = {}
+    bar = progress_bar(len(measures) * ascent.evaluations_per_run * ascent.runs,
+                       "reference ascent", progress, unit="eval")
+    try:
+        for spec in measures:
+            batched = geometry_for(spec, base_u, base_v, rho, problem_shape)
+            single = [geometry_for(spec, base_u[m], base_v[m], rho, problem_shape[1:])
+                      for m in range(problem_shape[0])]
+            model = None
+            if spec.metric != "mix":
+                # a horizontal xi = (b u, b v) has norm sqrt(2) ||b|| in the adaptive and the
+                # inv ball. Mix exact has no model start: its exact maximum is known, and its
+                # random-start ascent is the check of this ascent the page reports
+                rates = _model_rates(beta, full_inputs, full_targets, rho / math.sqrt(2.0))
+                model = (rates * base_u, rates * base_v)
+            geometry = _ReferenceStarts(batched, single, seeds, model)
+            outcome = batched_ascend(geometry, mse_objective(batched, inputs, targets), ascent,
+                                     bar.update, generator=torch.Generator())
+            out[spec.name] = outcome.sharpness
+    finally:
+        bar.close()
+    return out
+
+
+def mix_exact_population(population_loss: torch.Tensor, rho: float) -> torch.Tensor:
+    """Mix exact sharpness of the population loss ``||beta - beta*||^2`` (any ``shape``):
+    ``2 sqrt(2) rho ||beta - beta*|| + 2 rho^2``, increasing in the population loss."""
+    return 2.0 * math.sqrt(2.0) * rho * population_loss.sqrt() + 2.0 * rho ** 2
+
+
+def population_batch(beta_star: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch ``X = sqrt(d) I_d``, ``y = X beta*``: its mean squared error is
+    ``||beta - beta*||^2``, the population loss of ``x ~ N(0, I_d)``.
+
+    Returns
+    -------
+    tuple
+        ``shape=[1, d, d]`` and ``shape=[1, d]``.
+    """
+    d = beta_star.shape[-1]
+    x = math.sqrt(d) * torch.eye(d, dtype=torch.float64)
+    return x.unsqueeze(0), (x @ beta_star.to(torch.float64)).unsqueeze(0)
+
+
+def extra_values(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor,
+                 beta_star: torch.Tensor, rho: float, ascent: AscentSettings,
+                 reference: AscentSettings, seeds: Sequence[int],
+                 progress: bool | None = False) -> dict[str, torch.Tensor]:
+    """Every value the study reports beside its Auto-PGD measures, per net and batch.
+
+    Parameters
+    ----------
+    u, v, inputs, targets
+        The nets and the sharpness batches, as for :func:`~.diagonal_measures.measure_nets`.
+    beta_star
+        The ground truth, ``shape=[d]`` (for the population loss).
+    ascent, reference
+        The study's Auto-PGD and the strong reference ascent.
+    seeds
+        Per net, the seed of its random starts in the reference ascent.
+
+    Returns
+    -------
+    dict
+        ``strong:<measure>`` (reference ascent) and ``exact:geodesic_mix_exact`` (trust region)
+        ``shape=[M, K]``; on the population loss (one batch) ``population:<measure>`` (Auto-PGD
+        as in the study), ``population_exact:geodesic_mix_exact`` and ``population_loss``
+        (``||beta - beta*||^2``), ``shape=[M, 1]``; ``interpolation:geodesic_mix_exact``
+        (:func:`mix_exact_at_interpolation`), ``shape=[M, K]``.
+    """
+    out = {f"strong:{name}": value for name, value in reference_maxima(
+        u, v, inputs, targets, rho, reference, seeds, progress=progress).items()}
+    out["exact:geodesic_mix_exact"] = mix_exact_maxima(u, v, inputs, targets, rho)
+    population_x, population_y = population_batch(beta_star)
+    out.update({f"population:{name}": value for name, value in measure_nets(
+        u, v, population_x, population_y, rho, ascent, REFERENCE_MEASURES,
+        progress=progress).items()})
+    out["population_exact:geodesic_mix_exact"] = mix_exact_maxima(u, v, population_x,
+                                                                  population_y, rho)
+    constant = mix_exact_at_interpolation(inputs, rho)
+    out["interpolation:geodesic_mix_exact"] = constant.expand(u.shape[0], constant.shape[-1])
+    # the population loss itself, as the mean squared error of the population batch
+    out["population_loss"] = ((u * v).unsqueeze(1).unsqueeze(-2) * population_x).sum(-1).sub(
+        population_y).square().mean(-1)
+    return out

@@ -1,0 +1,148 @@
+"""``reproduce diagonal``: the settings, everything that determines the study's numbers.
+
+:class:`DiagonalSettings` holds the problem sizes, the ranges of the per-net draws, the stopping
+rule of training and the sharpness settings, checks them, and gives the reduced ``--quick``
+variant. The study is described in :mod:`quotientsharp.reproduce.diagonal.entry`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from quotientsharp.engine.solver import AscentSettings
+
+__all__ = ["DiagonalSettings"]
+
+
+def _positive_range(name: str, value: Sequence[float]) -> tuple[float, float]:
+    low, high = (float(x) for x in value)
+    if not (0 < low <= high and math.isfinite(high)):
+        raise ValueError(f"{name} must be a range 0 < low <= high, got {tuple(value)}")
+    return low, high
+
+
+@dataclass(frozen=True)
+class DiagonalSettings:
+    """Everything that determines the study's numbers (see
+    :mod:`quotientsharp.reproduce.diagonal.entry`).
+
+    Attributes
+    ----------
+    nets, d, n_train, n_test, support
+        Number of nets, input dimension, training and test set sizes, nonzeros of ``beta*``.
+    init_scale, learning_rate
+        Log-uniform ranges of the per-net initialisation scale ``a`` and learning rate.
+    batch_sizes
+        Per-net batch size, uniform over these (each must divide ``n_train``).
+    target_loss, max_steps, check_every, schedule_epochs
+        Stopping rule (full training loss below ``target_loss``, checked every ``check_every``
+        steps, at most ``max_steps``) and length of the repeating minibatch schedule.
+    rho, n_iter, sharpness_batch_size
+        Radius of every measure, Auto-PGD steps, size of the training batches of the measure.
+    seed
+        Seeds every random draw (data, hyperparameters, schedules).
+    data_seed
+        Seeds the regression problem alone (``beta*``, the training and test inputs), so that
+        the same hyperparameter draws meet other data; ``None``: ``seed``.
+    training_sets
+        ``"shared"`` (one training set for every net, the paper's protocol) or ``"per_net"``
+        (each net draws its own training inputs, for the same ``beta*`` and test set).
+    reference_iterations, reference_restarts
+        The strong reference ascent beside Auto-PGD: steps per run and restarts (a run from
+        ``xi = 0`` comes first; for adaptive and inv the first two restarts start from the
+        maximiser of the loss's quadratic model and its negative, the others at random).
+    bootstrap
+        Bootstrap resamples of the nets for the 95 % intervals of every tau.
+    variant
+        ``"full"`` or ``"quick"`` (only recorded).
+    """
+
+    nets: int = 50
+    d: int = 200
+    n_train: int = 100
+    n_test: int = 5000
+    support: int = 20
+    init_scale: tuple[float, float] = (1e-3, 1.0)
+    learning_rate: tuple[float, float] = (0.02, 0.2)
+    batch_sizes: tuple[int, ...] = (10, 20, 25, 50, 100)
+    target_loss: float = 1e-5
+    max_steps: int = 100_000
+    check_every: int = 50
+    schedule_epochs: int = 4
+    rho: float = 0.1
+    n_iter: int = 20
+    sharpness_batch_size: int = 25
+    seed: int = 0
+    data_seed: int | None = None
+    training_sets: str = "shared"
+    reference_iterations: int = 400
+    reference_restarts: int = 3
+    bootstrap: int = 2000
+    variant: str = "full"
+
+    def __post_init__(self) -> None:
+        for name in ("nets", "d", "n_train", "n_test", "support", "max_steps", "check_every",
+                     "schedule_epochs", "n_iter", "sharpness_batch_size", "reference_iterations",
+                     "bootstrap"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.nets < 2:
+            raise ValueError(f"nets must be at least 2 (a rank correlation needs pairs), got "
+                             f"{self.nets}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        for name in ("data_seed", "reference_restarts"):
+            value = getattr(self, name)
+            if value is None and name == "data_seed":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if self.training_sets not in ("shared", "per_net"):
+            raise ValueError(f"training_sets must be 'shared' or 'per_net', got "
+                             f"{self.training_sets!r}")
+        if self.support >= self.d:
+            raise ValueError(f"support must be smaller than d={self.d}, got {self.support}")
+        object.__setattr__(self, "init_scale", _positive_range("init_scale", self.init_scale))
+        object.__setattr__(self, "learning_rate",
+                           _positive_range("learning_rate", self.learning_rate))
+        sizes = tuple(int(b) for b in self.batch_sizes)
+        if not sizes or any(b < 1 or self.n_train % b for b in sizes):
+            raise ValueError(f"batch_sizes must be positive divisors of n_train={self.n_train}, "
+                             f"got {self.batch_sizes}")
+        object.__setattr__(self, "batch_sizes", sizes)
+        if self.n_train % self.sharpness_batch_size:
+            raise ValueError(f"sharpness_batch_size must divide n_train={self.n_train}, got "
+                             f"{self.sharpness_batch_size}")
+        for name in ("target_loss", "rho"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> DiagonalSettings:
+        """The reduced variant of ``--quick``."""
+        base = dict(nets=12, n_iter=10, n_test=2000, max_steps=40_000, reference_iterations=100,
+                    reference_restarts=2, bootstrap=300, variant="quick")
+        return cls(**{**base, **overrides})
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def ascent(self) -> AscentSettings:
+        return AscentSettings(n_iter=self.n_iter)
+
+    @property
+    def reference_ascent(self) -> AscentSettings:
+        """The strong reference ascent: longer runs and random restarts."""
+        return AscentSettings(n_iter=self.reference_iterations,
+                              restarts=self.reference_restarts)
+
+    @property
+    def problem_seed(self) -> int:
+        """The seed of the regression problem (``data_seed``, or ``seed`` when unset)."""
+        return self.seed if self.data_seed is None else self.data_seed

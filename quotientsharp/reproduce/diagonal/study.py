@@ -1,0 +1,273 @@
+"""``reproduce diagonal``: the study driver, train, measure, then write every output.
+
+:func:`run_study` runs (or resumes) the whole study, under torchrun too: training on rank 0, the
+measures dealt over the ranks, every file written by rank 0. The study is described in
+:mod:`quotientsharp.reproduce.diagonal.entry`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quotientsharp.reproduce.diagonal.analysis import analyse
+from quotientsharp.reproduce.diagonal.data import (
+    DiagonalProblem,
+    Hyperparameters,
+    derived_seed,
+    draw_hyperparameters,
+    make_problem,
+)
+from quotientsharp.reproduce.diagonal.exact import extra_values
+from quotientsharp.reproduce.diagonal.measures import (
+    MEASURE_NAMES,
+    MEASURES,
+    measure_nets,
+    sharpness_batches,
+)
+from quotientsharp.reproduce.diagonal.page import tau_table
+from quotientsharp.reproduce.diagonal.report import (
+    CSV_COLUMNS,
+    CSV_FILE,
+    EXTRA_NAMES,
+    MODEL_FILE,
+    SECTION_FILE,
+    STUDY,
+    TRAINED_FILE,
+    StudyResult,
+    csv_row,
+    kendall_taus,
+    model_record,
+    scatter_measures,
+    study_section,
+)
+from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
+from quotientsharp.reproduce.diagonal.training import TrainedNet, compute_test_losses, train_nets
+from quotientsharp.workflows.results import ResultsDirectory, regenerate_results_page, write_section
+
+__all__ = ["run_study"]
+
+
+def run_study(settings: DiagonalSettings, out: Path, *, resume: bool = False,
+              progress: bool | None = None, plots: bool = True, docs: Path | None = None,
+              threads: int | None = 1,
+              on_record: Callable[[str, int], None] | None = None) -> StudyResult:
+    """Run (or resume) the study and write every output (see
+    :mod:`quotientsharp.reproduce.diagonal.entry`).
+
+    Parameters
+    ----------
+    settings
+        :class:`DiagonalSettings`.
+    out
+        Results folder.
+    resume
+        Keep finished nets (settings must match ``run.json``).
+    progress
+        tqdm bars (``None``: on a terminal only).
+    plots
+        Write the scatter plots (needs matplotlib).
+    docs
+        A docs folder: write ``docs/results/diagonal.md`` and regenerate ``docs/results.md``.
+    threads
+        torch threads during the run (restored afterwards; ``None`` leaves them). The tensors
+        are small: one thread was measured fastest on a shared 2-core machine.
+    on_record
+        Called with ``("trained" | "model", index)`` after each record is written (on rank 0).
+
+    Under torchrun (an initialised process group of ``W > 1`` ranks) call it on every rank with
+    the same arguments; every rank returns the same result, and the values equal those of one
+    process bit for bit. How the work is split, and why there:
+
+    - training runs on rank 0 alone, as one batched computation over every net still to train
+      (exactly as in one process), and the trained nets are broadcast. It is not split over
+      nets because each net's rounding depends on the shape of the batch it trains in (the
+      matrix products take other code paths for other row counts: training the 12 quick nets
+      in batches of 1 to 3 instead of 12 changes the last bits of ``u``, ``v`` and the final
+      loss), and splitting while keeping the full batch shape would not shorten the training,
+      whose length is set by the slowest net;
+    - the measures are dealt over the ranks (:func:`~quotientsharp.engine.distributed.shard` over
+      :data:`MEASURES`): each rank calls :func:`measure_nets` for its measures on every net,
+      so each measure runs on the same ``[nets, batches]`` problem as in one process, and the
+      per-measure values are all-gathered;
+    - rank 0 alone writes: ``run.json``, ``trained.jsonl`` (each net as it stops),
+      ``models.jsonl`` and ``models.csv`` (once the nets are measured, as in one process),
+      plots and sections. A finished record is on disk as soon as it is in one process, so an
+      interrupted run resumes, under any number of ranks or none, exactly as an interrupted
+      single-process run does.
+    """
+    from quotientsharp.engine.distributed import rank_and_world_size, run_on_rank0
+
+    start = time.perf_counter()
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+        torch.set_num_threads(threads)
+    owned = [MODEL_FILE, TRAINED_FILE, CSV_FILE, SECTION_FILE,
+             *[f"scatter_{name}.png" for name in MEASURE_NAMES]]
+    rank, _ = rank_and_world_size()
+    directory = None
+    try:
+        # rank 0 alone opens (and on --resume checks) the folder; its errors reach every rank
+        directory = run_on_rank0(lambda: ResultsDirectory(Path(out), STUDY, settings.as_dict(),
+                                                          resume, owned), share=False)
+        result = _run(settings, directory, progress if rank == 0 else False, plots, docs,
+                      on_record, start)
+    except BaseException as err:
+        if directory is not None:
+            directory.save_run_info(status="interrupted" if isinstance(err, KeyboardInterrupt)
+                                    else f"failed: {type(err).__name__}: {err}")
+        raise
+    finally:
+        torch.set_num_threads(previous_threads)
+    return result
+
+
+def _run(settings: DiagonalSettings, directory: ResultsDirectory | None,
+         progress: bool | None, plots: bool, docs: Path | None,
+         on_record: Callable[[str, int], None] | None, start: float) -> StudyResult:
+    """The study; ``directory`` is rank 0's (``None`` on the other ranks under torchrun)."""
+    from quotientsharp.engine.distributed import (
+        gather_indexed,
+        rank_and_world_size,
+        run_on_rank0,
+        shard,
+    )
+
+    _, world_size = rank_and_world_size()
+    problem = make_problem(settings)
+    hyper = draw_hyperparameters(settings)
+
+    def train() -> tuple[dict[int, dict[str, Any]], dict[int, TrainedNet], list[int], float]:
+        directory.save_run_info(
+            hyperparameters=[asdict(h) for h in hyper],
+            seeds={"seed": settings.seed,
+                   **{tag: derived_seed(settings.seed, tag)
+                      for tag in ("data", "test", "hyperparameters")}},
+            beta_star_support=problem.support,
+            measures=[asdict(m) for m in MEASURES])
+        finished_records = {int(r["model"]): r for r in directory.records(MODEL_FILE)}
+        trained = {int(r["model"]): TrainedNet.from_record(r)
+                   for r in directory.records(TRAINED_FILE)}
+        directory.write_csv(CSV_FILE, CSV_COLUMNS,
+                            [csv_row(finished_records[i]) for i in sorted(finished_records)])
+
+        def saved(net: TrainedNet) -> None:
+            directory.append(TRAINED_FILE, net.record())
+            if on_record is not None:
+                on_record("trained", net.model)
+
+        to_train = [i for i in range(settings.nets)
+                    if i not in finished_records and i not in trained]
+        train_start = time.perf_counter()
+        if to_train:
+            frozen = {i: net for i, net in trained.items()}
+            for i in finished_records:
+                if i not in frozen:
+                    raise ValueError(f"--resume: model {i} is in {MODEL_FILE} but not in "
+                                     f"{TRAINED_FILE}; the folder is inconsistent, rerun "
+                                     "without --resume")
+            trained.update(train_nets(problem, hyper, settings, frozen, saved, progress))
+        return finished_records, trained, to_train, time.perf_counter() - train_start
+
+    finished_records, trained, to_train, train_seconds = run_on_rank0(train)
+
+    to_measure = [i for i in range(settings.nets) if i not in finished_records]
+    measure_start = time.perf_counter()
+    healthy = [i for i in to_measure if not trained[i].diverged]
+    per_batch: dict[int, dict[str, list[float]]] = {}
+    if healthy:
+        u = torch.tensor([trained[i].u for i in healthy], dtype=torch.float64)
+        v = torch.tensor([trained[i].v for i in healthy], dtype=torch.float64)
+        inputs, targets = sharpness_batches(problem, settings)
+        if problem.per_net:
+            inputs, targets = inputs[healthy], targets[healthy]
+        if world_size == 1:
+            values = measure_nets(u, v, inputs, targets, settings.rho, settings.ascent,
+                                  progress=progress)
+            rows = {name: values[name].tolist() for name in MEASURE_NAMES}
+        else:
+            mine = shard(MEASURES)
+            local: list[tuple[int, list[list[float]]]] = []
+            if mine:
+                values = measure_nets(u, v, inputs, targets, settings.rho, settings.ascent,
+                                      measures=[spec for _, spec in mine], progress=progress)
+                local = [(position, values[spec.name].tolist()) for position, spec in mine]
+            rows = dict(zip(MEASURE_NAMES, gather_indexed(local), strict=True))
+        # the exact maxima, the strong reference ascent and the population loss: on rank 0
+        extras = run_on_rank0(lambda: {
+            name: value.tolist() for name, value in extra_values(
+                u, v, inputs, targets, problem.beta_star, settings.rho, settings.ascent,
+                settings.reference_ascent,
+                [derived_seed(settings.seed, f"reference:{i}") for i in healthy],
+                progress).items()}, share=False)
+        for row, i in enumerate(healthy):
+            per_batch[i] = {name: rows[name][row] for name in MEASURE_NAMES}
+            if extras is not None:
+                per_batch[i].update({name: extras[name][row] for name in EXTRA_NAMES})
+    measure_seconds = time.perf_counter() - measure_start
+
+    def finish() -> StudyResult:
+        return _finish(settings, directory, problem, hyper, trained, finished_records,
+                       per_batch, to_train, to_measure, train_seconds, measure_seconds, plots,
+                       docs, on_record, start, world_size)
+
+    return run_on_rank0(finish)
+
+
+def _finish(settings: DiagonalSettings, directory: ResultsDirectory, problem: DiagonalProblem,
+            hyper: Sequence[Hyperparameters], trained: dict[int, TrainedNet],
+            finished_records: dict[int, dict[str, Any]],
+            per_batch: dict[int, dict[str, list[float]]], to_train: list[int],
+            to_measure: list[int], train_seconds: float, measure_seconds: float, plots: bool,
+            docs: Path | None, on_record: Callable[[str, int], None] | None, start: float,
+            world_size: int) -> StudyResult:
+    """Rank 0: the records of the nets measured now, the taus, plots and sections."""
+    losses = dict(zip(to_measure, compute_test_losses(problem, [trained[i] for i in to_measure]),
+                      strict=True))
+    for i in to_measure:
+        record = model_record(hyper[i], trained[i], losses[i], per_batch.get(i))
+        directory.append(MODEL_FILE, record)
+        directory.append_csv(CSV_FILE, CSV_COLUMNS, csv_row(record))
+        finished_records[i] = record
+        if on_record is not None:
+            on_record("model", i)
+
+    records = [finished_records[i] for i in range(settings.nets)]
+    diverged = [r["model"] for r in records if r["diverged"]]
+    unconverged = [r["model"] for r in records if not r["converged"] and not r["diverged"]]
+    counted = [r["model"] for r in records if r["converged"]
+               and math.isfinite(r["test_loss"])]
+    taus = kendall_taus(records, counted)
+    analysis = analyse(records, counted, settings) if len(counted) >= 2 else None
+    table = (tau_table(analysis) if analysis is not None
+             else f"(only {len(counted)} net(s) counted: no rank correlation)")
+
+    figure_paths: list[Path] | None = None
+    if plots:
+        figure_paths = scatter_measures(records, counted, analysis, directory.path,
+                                        settings.rho)
+
+    wall = time.perf_counter() - start
+    result = StudyResult(records, taus, counted, unconverged, diverged, to_train, to_measure,
+                         wall, "", table, directory.path, figure_paths, analysis)
+    result.markdown = study_section(settings, result, records, wall,
+                                    directory.run_info.get("resumed", 0),
+                                    torch.get_num_threads(), world_size)
+    (directory.file(SECTION_FILE)).write_text(result.markdown)
+    if docs is not None:
+        write_section(Path(docs), STUDY, result.markdown)
+        regenerate_results_page(Path(docs))
+    directory.save_run_info(
+        status="complete", wall_seconds=wall, train_seconds=train_seconds,
+        measure_seconds=measure_seconds, trained_now=to_train, measured_now=to_measure,
+        counted=counted, unconverged=unconverged, diverged=diverged, taus=taus,
+        analysis=analysis, threads=torch.get_num_threads())
+    return result

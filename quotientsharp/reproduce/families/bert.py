@@ -1,0 +1,177 @@
+"""``quotientsharp reproduce bert``: sharpness vs generalisation on a family of small BERTs.
+
+The paper's MNLI study (35 BERT-base fine-tunes) scaled down to what runs offline on two CPU
+cores, on a generated task whose rule needs attention ("does A come before B?"):
+
+- vocabulary of 50 tokens: 0 = padding (unused), 1 = ``[CLS]``, 2 = ``A``, 3 = ``B``,
+  4..49 = 46 filler tokens. Each sequence has length 16: ``[CLS]`` at position 0, then 15 tokens
+  of which exactly one is ``A`` and one is ``B`` at two distinct random positions, the others
+  fillers drawn uniformly (with repetition). Clean label: 1 if ``A`` comes before ``B``, else 0
+  (balanced). Label noise: each label is flipped independently with probability
+  ``p = 0.1``, in the training pool and the test set alike (a noisy distribution: the Bayes
+  test error is 0.1). Deciding the label requires relating two positions chosen at random, so
+  a bag-of-tokens model cannot beat chance;
+- data: a training pool of 2048 and a test set of 1024 sequences from ``torch.Generator``
+  seed 0 (the same for every model);
+- models: ``transformers.BertForSequenceClassification`` (eager attention), hidden size 32,
+  2 layers, 4 heads of dimension 8, intermediate size 64, 16 positions, dropout 0; ~26k
+  parameters;
+- per model ``i``, drawn from ``numpy.random.default_rng([seed, i])``: learning rate
+  log-uniform in [5e-4, 5e-3], weight decay log-uniform in [1e-4, 1e-1], epochs uniform in
+  [15, 40], label smoothing uniform in [0, 0.2], training-set size uniform in [256, 1536];
+  AdamW, batch 64, 5% warm-up then cosine decay;
+- generalisation gap: test error - train error (0-1, against the noisy labels);
+- sharpness on the first 256 pool sequences (in every training set), 4 batches of 64, Auto-PGD
+  with 20 steps: adaptive (rho 0.1), plain L2 worst case (rho 0.02), geodesic inv (rho 0.1) and
+  mix (rho 0.02) at orders 1 and 2, relative flatness of the classifier;
+- 32 models; ``--quick``: 6 models, 4-8 epochs on 256-400 sequences, 64 sharpness points in 2
+  batches of 32, 3 ascent steps.
+
+The radii are those of the ViT study (fixed once from pilot models, never adjusted to the
+correlations). Budget: about 18 s of one core per model (~10 min for 32 models on an idle
+2-core machine).
+
+Outputs in ``--out`` (default ``results/bert``), as for ``reproduce vit``; with ``--docs docs``
+the section ``docs/results/bert.md`` and the regenerated ``docs/results.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from quotientsharp.reproduce.families.data import ClassificationData
+from quotientsharp.reproduce.families.options import BERT_SIZES
+from quotientsharp.reproduce.families.options import add_bert_arguments as add_arguments  # noqa: F401  (the study interface)
+from quotientsharp.reproduce.families.run import run_family_study
+from quotientsharp.reproduce.families.settings import FamilySettings, FamilyStudy
+from quotientsharp.reproduce.families.training import HyperparameterSpace
+
+#: The torch-free module declaring this study's options (read by ``reproduce STUDY --help``).
+OPTIONS = "quotientsharp.reproduce.families.options:add_bert_arguments"
+HELP = ("small BERTs on a generated 'A before B' task: Kendall tau of sharpness vs "
+        "generalisation gap")
+#: What the taus rank sharpness against (the console's sign convention).
+GENERALISATION = "the generalisation gap"
+
+#: The paper's Kendall taus on MNLI (35 BERT-base fine-tunes), relative flatness included.
+PAPER = {"adaptive": 0.06, "geodesic_inv": 0.28, "geodesic_mix": 0.38,
+         "relative_flatness": -0.09}
+PAPER_SETTING = "MNLI, 35 BERT-base fine-tunes, 1024 train points in batches of 128"
+
+VOCABULARY_SIZE = 50
+SEQUENCE_LENGTH = 16
+PAD, CLS, TOKEN_A, TOKEN_B, FIRST_FILLER = 0, 1, 2, 3, 4
+LABEL_NOISE = 0.1
+POOL_SIZE, TEST_SIZE = 2048, 1024
+DATA_SEED = 0
+
+MODEL_CONFIG = {"vocab_size": VOCABULARY_SIZE, "hidden_size": 32, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "intermediate_size": 64,
+                "max_position_embeddings": SEQUENCE_LENGTH, "type_vocab_size": 1,
+                "pad_token_id": PAD, "hidden_dropout_prob": 0.0,
+                "attention_probs_dropout_prob": 0.0, "attn_implementation": "eager"}
+RHOS = {"adaptive": 0.1, "worst_case": 0.02, "inv": 0.1, "mix": 0.02}
+
+FULL = FamilySettings(
+    models=BERT_SIZES.full_models,
+    space=HyperparameterSpace(learning_rate=(5e-4, 5e-3), weight_decay=(1e-4, 1e-1),
+                              epochs=(15, 40), label_smoothing=(0.0, 0.2),
+                              train_size=(256, 1536)),
+    train_batch_size=64, sharpness_points=256, sharpness_batch_size=64, n_iter=20)
+QUICK = FamilySettings(
+    models=BERT_SIZES.quick_models,
+    space=HyperparameterSpace(learning_rate=(5e-4, 5e-3), weight_decay=(1e-4, 1e-1),
+                              epochs=(4, 8), label_smoothing=(0.0, 0.2), train_size=(256, 400)),
+    train_batch_size=64, sharpness_points=64, sharpness_batch_size=32,
+    n_iter=BERT_SIZES.quick_n_iter)
+
+
+def generate_sequences(count: int, generator, noise: float = LABEL_NOISE):
+    """``count`` sequences of the "A before B" task and their noisy labels.
+
+    Parameters
+    ----------
+    count
+        Number of sequences.
+    generator
+        A CPU ``torch.Generator``.
+    noise
+        Probability of flipping each label.
+
+    Returns
+    -------
+    input_ids : Tensor
+        ``shape=[count, 16]``, int64.
+    labels : Tensor
+        ``shape=[count]``, int64 in {0, 1} (after the flips).
+    clean_labels : Tensor
+        ``shape=[count]``, the rule's labels before the flips.
+    """
+    import torch
+
+    if not 0.0 <= noise <= 0.5:
+        raise ValueError(f"noise must be in [0, 0.5], got {noise!r}")
+    ids = torch.randint(FIRST_FILLER, VOCABULARY_SIZE, (count, SEQUENCE_LENGTH),
+                        generator=generator)
+    ids[:, 0] = CLS
+    # two distinct positions among 1..15: the first two entries of a random permutation
+    keys = torch.rand(count, SEQUENCE_LENGTH - 1, generator=generator)
+    positions = keys.argsort(dim=1)[:, :2] + 1
+    rows = torch.arange(count)
+    ids[rows, positions[:, 0]] = TOKEN_A
+    ids[rows, positions[:, 1]] = TOKEN_B
+    clean = (positions[:, 0] < positions[:, 1]).long()
+    flips = torch.rand(count, generator=generator) < noise
+    return ids, torch.where(flips, 1 - clean, clean), clean
+
+
+def load_data(quick: bool = False) -> ClassificationData:
+    """Training pool (2048) and test set (1024) of the task, ``torch.Generator`` seed 0."""
+    import torch
+
+    generator = torch.Generator().manual_seed(DATA_SEED)
+    train_ids, train_labels, _ = generate_sequences(POOL_SIZE, generator)
+    test_ids, test_labels, _ = generate_sequences(TEST_SIZE, generator)
+    return ClassificationData(
+        train_inputs={"input_ids": train_ids, "attention_mask": torch.ones_like(train_ids)},
+        train_labels=train_labels,
+        test_inputs={"input_ids": test_ids, "attention_mask": torch.ones_like(test_ids)},
+        test_labels=test_labels, num_labels=2,
+        description={"task": "label 1 iff token A (id 2) comes before token B (id 3)",
+                     "vocabulary": f"{VOCABULARY_SIZE} tokens: 0 pad (unused), 1 [CLS], 2 A, "
+                                   f"3 B, 4..{VOCABULARY_SIZE - 1} fillers",
+                     "sequence": f"length {SEQUENCE_LENGTH}: [CLS], then one A and one B at "
+                                 "two distinct uniform positions among 1..15, fillers uniform "
+                                 "with repetition elsewhere",
+                     "label_noise": f"each label flipped with p = {LABEL_NOISE}, training pool "
+                                    "and test set alike",
+                     "generator_seed": DATA_SEED, "pool_size": POOL_SIZE,
+                     "test_size": TEST_SIZE})
+
+
+def build_model(num_labels: int):
+    """A fresh ``BertForSequenceClassification`` of :data:`MODEL_CONFIG` (seed torch first)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    return BertForSequenceClassification(BertConfig(num_labels=num_labels, **MODEL_CONFIG))
+
+
+DESCRIPTION = f"""
+A family of small BERTs (`transformers.BertForSequenceClassification`, eager attention) trained
+from scratch on a generated task: sequences of {SEQUENCE_LENGTH} tokens from a vocabulary of
+{VOCABULARY_SIZE} (`[CLS]`, then one `A` and one `B` at two random positions, uniform filler
+tokens elsewhere); the label says whether `A` comes before `B`, flipped with probability
+{LABEL_NOISE} (training pool and test set alike, so the best possible test error is
+{LABEL_NOISE}). Training pool: {POOL_SIZE} sequences; test set: {TEST_SIZE}; generator seed
+{DATA_SEED}. Each model trains on the first n sequences of the pool, n drawn per model.
+"""
+
+STUDY = FamilyStudy(
+    name="bert", title="BERT family on a generated order task (`reproduce bert`)",
+    load_data=load_data, build_model=build_model, model_config=MODEL_CONFIG, full=FULL,
+    quick=QUICK, paper=PAPER, paper_setting=PAPER_SETTING, rhos=RHOS, description=DESCRIPTION)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the study (see the module docstring); the exit status."""
+    return run_family_study(STUDY, args)

@@ -1,0 +1,96 @@
+"""Family studies (ViT, BERT): the data, a training pool and a test set, and the sharpness batches.
+
+:class:`ClassificationData` holds a family's keyword inputs and labels; model ``i`` trains on the
+first ``train_size_i`` points of the pool, and :func:`sharpness_batches` cuts the first
+``sharpness_points`` pool points, inside every training set, into the fixed sharpness batches.
+The protocol is described in :mod:`quotientsharp.reproduce.families.transformer_common`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = [
+    "ClassificationData",
+    "Inputs",
+    "sharpness_batches",
+    "take",
+]
+
+
+Inputs = dict[str, torch.Tensor]
+
+
+@dataclass
+class ClassificationData:
+    """A training pool and a test set, inputs as keyword tensors of the model's forward.
+
+    Attributes
+    ----------
+    train_inputs, test_inputs
+        Keyword inputs, every tensor batched on dim 0 (e.g. ``{"pixel_values": [N, 1, 8, 8]}``
+        or ``{"input_ids": [N, T], "attention_mask": [N, T]}``).
+    train_labels, test_labels
+        Class indices, ``shape=[N]`` (int64).
+    num_labels
+        Number of classes.
+    description
+        What the data is, for the docs and ``run.json``.
+    """
+
+    train_inputs: Inputs
+    train_labels: torch.Tensor
+    test_inputs: Inputs
+    test_labels: torch.Tensor
+    num_labels: int
+    description: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for which, inputs, labels in (("train", self.train_inputs, self.train_labels),
+                                      ("test", self.test_inputs, self.test_labels)):
+            sizes = {int(t.shape[0]) for t in inputs.values()} | {int(labels.shape[0])}
+            if len(sizes) != 1:
+                raise ValueError(f"{which} inputs and labels disagree on the number of points: "
+                                 f"{sorted(sizes)}")
+
+    @property
+    def pool_size(self) -> int:
+        return int(self.train_labels.shape[0])
+
+    def to(self, device: torch.device | str) -> ClassificationData:
+        """The same data with every tensor on ``device``."""
+        return ClassificationData(
+            {k: v.to(device) for k, v in self.train_inputs.items()},
+            self.train_labels.to(device),
+            {k: v.to(device) for k, v in self.test_inputs.items()},
+            self.test_labels.to(device), self.num_labels, dict(self.description))
+
+
+def take(inputs: Mapping[str, torch.Tensor], index: torch.Tensor | slice) -> Inputs:
+    """Rows ``index`` of every input tensor."""
+    return {name: tensor[index] for name, tensor in inputs.items()}
+
+
+def sharpness_batches(data: ClassificationData, points: int, batch_size: int) -> list[dict]:
+    """The fixed sharpness batches: the first ``points`` pool points, ``batch_size`` at a time.
+
+    Returns
+    -------
+    list[dict]
+        HuggingFace-style batches (keyword inputs plus ``"labels"``), ``points / batch_size`` of
+        them (``points`` must be a multiple of ``batch_size``).
+    """
+    if points < 1 or batch_size < 1 or points % batch_size:
+        raise ValueError(f"sharpness points ({points}) must be a positive multiple of the "
+                         f"sharpness batch size ({batch_size})")
+    if points > data.pool_size:
+        raise ValueError(f"sharpness points ({points}) exceed the training pool "
+                         f"({data.pool_size})")
+    return [{**take(data.train_inputs, slice(start, start + batch_size)),
+             "labels": data.train_labels[start:start + batch_size]}
+            for start in range(0, points, batch_size)]
+

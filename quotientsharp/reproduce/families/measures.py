@@ -1,0 +1,151 @@
+"""Family studies (ViT, BERT): the sharpness measures and their radii, run on one trained model.
+
+:func:`family_measures` lists the measures of the studies (:class:`MeasureSpec`: CSV key, label,
+measure, radius, options, paper column) and :func:`measure_model` runs them all through
+:func:`quotientsharp.engine` on the fixed sharpness batches.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+__all__ = [
+    "FAMILY_MEASURES",
+    "MeasureSpec",
+    "eps_sweep_measures",
+    "family_measures",
+    "measure_model",
+]
+
+
+@dataclass(frozen=True)
+class MeasureSpec:
+    """One sharpness measure of a study.
+
+    Attributes
+    ----------
+    key
+        Column name in the CSV (``"geodesic_inv_o2"``).
+    label
+        Readable name for tables and plots.
+    measure
+        The ``measure`` argument of :func:`quotientsharp.engine`.
+    rho
+        The radius (``None`` for relative flatness).
+    options
+        Further keyword options (``metric``, ``order``, ...).
+    paper_key
+        Which column of the paper's row this measure is compared with (or ``None``).
+    """
+
+    key: str
+    label: str
+    measure: str
+    rho: float | None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    paper_key: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "label": self.label, "measure": self.measure,
+                "rho": self.rho, "options": dict(self.options), "paper_key": self.paper_key}
+
+
+def family_measures(rho_adaptive: float, rho_worst_case: float, rho_inv: float,
+                    rho_mix: float) -> list[MeasureSpec]:
+    """The measures of the family studies with their radii.
+
+    Adaptive (L2, ``c = |theta|``), plain L2 worst case, geodesic inv and mix at orders 1 and 2
+    (non-attention parameters in the adaptive metric, straight lines), relative flatness of the
+    classifier layer (the last ``nn.Linear``).
+    """
+    return [
+        MeasureSpec("adaptive", "adaptive", "adaptive", rho_adaptive, {}, "adaptive"),
+        MeasureSpec("worst_case", "worst-case (L2)", "worst_case", rho_worst_case, {}, None),
+        MeasureSpec("geodesic_inv_o1", "geodesic inv (order 1)", "geodesic", rho_inv,
+                    {"metric": "inv", "order": 1}, None),
+        MeasureSpec("geodesic_inv_o2", "geodesic inv (order 2)", "geodesic", rho_inv,
+                    {"metric": "inv", "order": 2}, "geodesic_inv"),
+        MeasureSpec("geodesic_mix_o1", "geodesic mix (order 1)", "geodesic", rho_mix,
+                    {"metric": "mix", "order": 1}, None),
+        MeasureSpec("geodesic_mix_o2", "geodesic mix (order 2)", "geodesic", rho_mix,
+                    {"metric": "mix", "order": 2}, "geodesic_mix"),
+        MeasureSpec("relative_flatness", "relative flatness", "relative_flatness", None, {},
+                    "relative_flatness"),
+    ]
+
+
+def eps_sweep_measures(rho_inv: float, rho_mix: float,
+                       eps_values: Sequence[float]) -> list[MeasureSpec]:
+    """Geodesic inv and mix (order 2) with the Gram relaxation ``eps`` of the attention pairs.
+
+    Each ``eps`` of ``eps_values`` (all ``> 0``: ``eps = 0`` is the default, measured by
+    :func:`family_measures` already) adds two measures, keys ``geodesic_inv_o2_eps<eps>`` and
+    ``geodesic_mix_o2_eps<eps>``, at the radii of the unrelaxed ones.
+    """
+    specs = []
+    for eps in eps_values:
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (
+                math.isfinite(eps) and eps > 0):
+            raise ValueError(f"eps_values must be finite numbers > 0 (eps = 0 is measured "
+                             f"already), got {eps!r}")
+        for metric, rho in (("inv", rho_inv), ("mix", rho_mix)):
+            specs.append(MeasureSpec(f"geodesic_{metric}_o2_eps{eps:g}",
+                                     f"geodesic {metric} (order 2, eps {eps:g})", "geodesic",
+                                     rho, {"metric": metric, "order": 2, "eps": float(eps)},
+                                     None))
+    return specs
+
+
+#: Placeholder so that ``from transformer_common import FAMILY_MEASURES`` documents the keys.
+FAMILY_MEASURES: tuple[str, ...] = tuple(spec.key for spec in family_measures(1, 1, 1, 1))
+
+
+def measure_model(model: nn.Module, batches: Sequence[Any], specs: Sequence[MeasureSpec],
+                  n_iter: int, seed: int = 0,
+                  tick: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+    """Every measure of ``specs`` on ``batches``.
+
+    Parameters
+    ----------
+    model
+        The trained network (not modified).
+    batches
+        The fixed sharpness batches.
+    specs
+        The measures.
+    n_iter
+        Auto-PGD steps per batch for the ascent measures.
+    seed
+        The ``seed`` option of :func:`quotientsharp.engine`.
+    tick
+        Called with the measure key after each measure.
+
+    Returns
+    -------
+    dict
+        Per measure key: ``value`` (mean over batches), ``per_batch``, ``seconds``.
+    """
+    from quotientsharp.engine import sharpness
+
+    results: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        options = dict(spec.options)
+        if spec.measure != "relative_flatness":
+            options["n_iter"] = n_iter
+        start = time.perf_counter()
+        result = sharpness(model, batches, measure=spec.measure, rho=spec.rho, seed=seed,
+                           progress=False, **options)
+        results[spec.key] = {"value": float(result.value), "per_batch": list(result.per_batch),
+                             "seconds": time.perf_counter() - start}
+        if not math.isfinite(result.value):
+            raise FloatingPointError(f"{spec.label} sharpness is not finite ({result.value})")
+        if tick is not None:
+            tick(spec.key)
+    return results
+

@@ -1,0 +1,365 @@
+"""Family studies (ViT, BERT): the study driver, from the drawn models to every output.
+
+:func:`family_study` trains and measures every model still missing (one record per model, dealt
+over the ranks under torchrun), writes the records as they finish, then the taus, plots and
+sections; :func:`run_family_study` is its command-line entry. The protocol is described in
+:mod:`quotientsharp.reproduce.families.transformer_common`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quotientsharp.reproduce.families.data import ClassificationData, sharpness_batches, take
+from quotientsharp.reproduce.families.measures import (
+    MeasureSpec,
+    eps_sweep_measures,
+    family_measures,
+    measure_model,
+)
+from quotientsharp.reproduce.families.report import (
+    confound_rows,
+    csv_columns,
+    family_section,
+    spec_label,
+    tau_rows,
+)
+from quotientsharp.reproduce.families.settings import FamilySettings, FamilyStudy, study_settings
+from quotientsharp.reproduce.families.training import (
+    draw_hyperparameters,
+    error_rate,
+    mean_loss,
+    train_classifier,
+)
+
+__all__ = [
+    "FamilyOutcome",
+    "family_study",
+    "run_family_study",
+]
+
+
+def _check_positive(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _model_record(study: FamilyStudy, data: ClassificationData, variant: FamilySettings,
+                  specs: Sequence[MeasureSpec], batches: Sequence[Any], seed: int,
+                  index: int, bar: Any, start_weights: Any = None) -> dict[str, Any]:
+    """Train and measure model ``index``; a diverged training is recorded, not retried.
+    ``start_weights``: the pretrained start of a fine-tuning family."""
+    hyper = draw_hyperparameters(variant.space, seed, index)
+    torch.manual_seed(hyper.init_seed)
+    model = (study.build_model(data.num_labels) if study.pretrained is None
+             else study.build_model(data.num_labels, start_weights))
+    model = model.to(data.train_labels.device)
+    record: dict[str, Any] = {"index": index, **hyper.as_dict(), "diverged": False}
+    record["parameters"] = sum(p.numel() for p in model.parameters())
+    start = time.perf_counter()
+    bar.set_postfix_str(f"model {index}: training {hyper.epochs} epochs")
+    try:
+        record["final_train_objective"] = train_classifier(model, data, hyper,
+                                                           variant.train_batch_size)
+    except FloatingPointError as err:
+        # kept in the records (and out of the taus) so that no model is silently dropped
+        record.update(diverged=True, reason=str(err), train_seconds=time.perf_counter() - start)
+        return record
+    record["train_seconds"] = time.perf_counter() - start
+    train_inputs = take(data.train_inputs, slice(0, hyper.train_size))
+    train_labels = data.train_labels[:hyper.train_size]
+    record["train_error"] = error_rate(model, train_inputs, train_labels)
+    record["test_error"] = error_rate(model, data.test_inputs, data.test_labels)
+    record["gap"] = record["test_error"] - record["train_error"]
+    record["train_loss"] = mean_loss(model, train_inputs, train_labels)
+    record["test_loss"] = mean_loss(model, data.test_inputs, data.test_labels)
+    start = time.perf_counter()
+
+    def tick(key: str) -> None:
+        bar.set_postfix_str(f"model {index}: {key} done")
+
+    measured = measure_model(model, batches, specs, variant.n_iter, tick=tick)
+    for key, result in measured.items():
+        record[key] = result["value"]
+        record[f"{key}_per_batch"] = result["per_batch"]
+        record[f"{key}_seconds"] = result["seconds"]
+    record["measure_seconds"] = time.perf_counter() - start
+    return record
+
+
+@dataclass
+class FamilyOutcome:
+    """What :func:`family_study` did: the records, the taus, what was computed now."""
+
+    out: Path
+    records: list[dict[str, Any]]
+    taus: list[dict[str, Any]]
+    computed_now: list[int]
+    section: str
+    wall_seconds: float
+
+
+def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = False,
+                 models: int | None = None, seed: int = 0, resume: bool = False,
+                 progress: bool | None = None, plots: bool = True, docs: Path | None = None,
+                 threads: int = 1, device: str = "cpu",
+                 measuring: dict[str, int] | None = None) -> FamilyOutcome:
+    """Run (or resume) a family study and write every output (see
+    :mod:`quotientsharp.reproduce.families.transformer_common`).
+
+    Under torchrun (an initialised process group of ``W > 1`` ranks), call it on every rank
+    with the same arguments. The models still missing are dealt round-robin over the ranks
+    (:func:`quotientsharp.engine.distributed.shard`); each is trained and measured whole on its
+    rank,
+    from seeds that depend on ``(seed, index)`` only, so its record is the one a single process
+    computes. Writing, in one sentence: rank 0 alone creates, checks and finishes the results
+    folder, and during the run each rank ``r`` appends each model it finishes, flushed, to its
+    own shard ``models.rank{r}.jsonl``. Why shards and not a gather after each round of ``W``
+    models: a model is safe on disk the moment it finishes, whichever rank computed it, so an
+    interrupted run loses no finished model (a per-round gather loses the models of the
+    unfinished round), and no rank waits for the others before the end. There is one writer per
+    file, so no locking is needed. Rank 0 rewrites ``models.csv`` and ``run.json`` from the
+    file and the shards as its own models finish; at the end the records are all-gathered and
+    rank 0 folds the shards into ``models.jsonl`` (sorted by index, the single-process order) and
+    deletes them. ``--resume``, under any number of ranks or none, reads ``models.jsonl``
+    together with any shards left by an interrupted run, so it recomputes exactly the missing
+    models. Every rank returns the same outcome.
+
+    Parameters
+    ----------
+    study
+        The family.
+    out
+        Results folder (default ``results/<name>`` or ``results/<name>-quick``).
+    quick
+        The reduced variant.
+    models
+        Number of models (default the variant's).
+    seed
+        Study seed.
+    resume
+        Keep the finished models of the run in ``out`` (same settings required).
+    progress
+        tqdm bar (``None``: on a terminal only; rank 0 only under torchrun).
+    plots
+        Write the scatter plots.
+    docs
+        A docs folder: write ``docs/results/<name>.md`` and regenerate ``docs/results.md``.
+    threads
+        torch threads during the run, per rank (restored afterwards).
+    device
+        torch device of training and measuring (``"cuda"``: the whole study on the GPU; not
+        a setting, so a run may be resumed on another device; ``run.json`` records it).
+    measuring
+        Overrides of the variant's ``n_iter``, ``sharpness_points`` and
+        ``sharpness_batch_size`` (e.g. the paper's sizes on a GPU); they are settings.
+    """
+    from quotientsharp.engine.distributed import (
+        gather_indexed,
+        rank_and_world_size,
+        run_on_rank0,
+        shard,
+    )
+    from quotientsharp.workflows.labels import tau_title
+    from quotientsharp.workflows.results import (
+        ResultsDirectory,
+        append_jsonl,
+        progress_bar,
+        regenerate_results_page,
+        scatter_plots,
+        shard_name,
+        write_json_atomic,
+        write_section,
+    )
+
+    variant = study.quick if quick else study.full
+    overrides = {k: v for k, v in (measuring or {}).items() if v is not None}
+    unknown = set(overrides) - {"n_iter", "sharpness_points", "sharpness_batch_size"}
+    if unknown:
+        raise ValueError(f"measuring overrides {sorted(unknown)} are not sizes of a variant")
+    for name, value in overrides.items():
+        _check_positive(name.replace("_", "-"), value)
+    variant = replace(variant, **overrides)
+    models = _check_positive("models", models if models is not None else variant.models)
+    threads = _check_positive("threads", threads)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    out = Path(out) if out is not None else Path(
+        f"results/{study.name}-quick" if quick else f"results/{study.name}")
+    rank, world_size = rank_and_world_size()
+    distributed = world_size > 1
+
+    try:
+        device = str(torch.device(device))
+    except RuntimeError as err:
+        raise ValueError(f"device must be a torch device, got {device!r} ({err})") from err
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but CUDA is not available")
+    if device == "cuda" and distributed:
+        import os
+
+        # one GPU per rank under torchrun, as NCCL expects
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank)) % torch.cuda.device_count()}"
+    data = study.load_data(quick)
+    specs = family_measures(study.rhos["adaptive"], study.rhos["worst_case"],
+                            study.rhos["inv"], study.rhos["mix"])
+    specs += eps_sweep_measures(study.rhos["inv"], study.rhos["mix"], study.eps_sweep)
+    settings = study_settings(study, variant, models, seed, specs, data, quick)
+    names = ["models.jsonl", "models.csv", "taus.json", "confounds.json", "summary.md"]
+    names += [f"scatter_{spec.key}.png" for spec in specs]
+    drawn = [name for name, bounds in (("batch_size", variant.space.batch_size),
+                                       ("warmup_fraction", variant.space.warmup))
+             if bounds is not None]
+    columns = csv_columns(specs, drawn)
+    saved_threads = torch.get_num_threads()
+    # set before ResultsDirectory, so that run.json records the thread count the run uses
+    torch.set_num_threads(threads)
+    bar = None
+    # rank 0's ResultsDirectory; the other ranks never write through one
+    folder: dict[str, ResultsDirectory] = {}
+
+    def open_folder() -> tuple[dict[int, dict[str, Any]], float]:
+        results = ResultsDirectory(out, study.name, settings, resume, names,
+                                   sharded=["models.jsonl"])
+        folder["results"] = results
+        # shards of an interrupted distributed run join models.jsonl before anything else
+        finished = {r["index"]: r for r in results.consolidate("models.jsonl", "index")
+                    if r["index"] < models}
+        if resume:
+            # the CSV mirrors the JSONL: a run cut between the two writes is repaired here
+            results.write_csv("models.csv", columns, [finished[i] for i in sorted(finished)])
+        return finished, float(results.run_info.get("wall_seconds", 0.0))
+
+    try:
+        records, previous_seconds = run_on_rank0(open_folder)
+        results = folder.get("results")
+        start_weights = None
+        if study.pretrained is not None:
+            # rank 0 computes and caches a self-pretrained start; the others then read it back
+            start_weights = run_on_rank0(lambda: study.pretrained.load(out, quick), share=False)
+            if rank != 0:
+                start_weights = study.pretrained.load(out, quick)
+        if results is not None:
+            results.save_run_info(device=device)
+        data = data.to(device)
+        batches = sharpness_batches(data, variant.sharpness_points,
+                                    variant.sharpness_batch_size)
+        start = time.perf_counter()
+        todo = [i for i in range(models) if i not in records]
+        mine = shard(todo)                   # (position in todo, model index)
+        bar = progress_bar(len(records) + len(mine), f"{study.name} models",
+                           progress if rank == 0 else False, unit="model")
+        bar.update(len(records))
+        computed: list[tuple[int, dict[str, Any]]] = []
+        for position, index in mine:
+            record = _model_record(study, data, variant, specs, batches, seed, index, bar,
+                                   start_weights)
+            computed.append((position, record))
+            if not distributed:
+                results.append("models.jsonl", record)
+                records[index] = record
+                results.write_csv("models.csv", columns, [records[i] for i in sorted(records)])
+                bar.update(1)
+                results.save_run_info(finished_models=len(records),
+                                      wall_seconds=previous_seconds + time.perf_counter() - start)
+                continue
+            append_jsonl(out / shard_name("models.jsonl", rank), record)
+            bar.update(1)
+            if rank == 0:
+                # a live mirror of every rank's finished models (shards read, never repaired)
+                live = {r["index"]: r for r in results.merged_records("models.jsonl", "index",
+                                                                      repair=False)}
+                results.write_csv("models.csv", columns, [live[i] for i in sorted(live)])
+                results.save_run_info(finished_models=len(live),
+                                      wall_seconds=previous_seconds + time.perf_counter() - start)
+        if distributed:
+            for position, record in enumerate(gather_indexed(computed)):
+                records[todo[position]] = record
+    finally:
+        if bar is not None:
+            bar.close()
+        torch.set_num_threads(saved_threads)
+
+    ordered = [records[i] for i in sorted(records)]
+    counted = [r for r in ordered if not r["diverged"]]
+    taus = tau_rows(counted, specs, study.paper)
+    pretrained_note = ("" if study.pretrained is None or study.pretrained.describe is None
+                       else study.pretrained.describe(start_weights))
+    confounds = confound_rows(counted)
+
+    def finish() -> tuple[str, float]:
+        wall = previous_seconds + time.perf_counter() - start
+        if distributed:
+            results.consolidate("models.jsonl", "index")
+            results.write_csv("models.csv", columns, ordered)
+        write_json_atomic(results.file("taus.json"), taus)
+        write_json_atomic(results.file("confounds.json"), confounds)
+        if plots and counted:
+            scatter_plots([r["gap"] for r in counted],
+                          {spec.key: [r[spec.key] for r in counted] for spec in specs},
+                          results.path, x_label="generalisation gap (test error - train error)",
+                          color=[r["train_size"] for r in counted],
+                          color_label="training-set size",
+                          titles={row["key"]: tau_title(row["tau_a"], row["tau_b"],
+                                                        paper=row["paper"],
+                                                        interval=row["tau_b_interval"],
+                                                        paper_label="paper (other setting)")
+                                  for row in taus},
+                          y_labels={spec.key: spec_label(spec) for spec in specs})
+        section = family_section(study, settings, ordered, taus, wall, threads,
+                                 int(results.run_info.get("resumed", 0)), world_size,
+                                 confounds, device, pretrained_note, specs)
+        results.file("summary.md").write_text(section)
+        if docs is not None:
+            write_section(Path(docs), study.name, section)
+            regenerate_results_page(Path(docs))
+        results.save_run_info(status="finished", finished_models=len(ordered),
+                              wall_seconds=wall, computed_now=todo, taus=taus,
+                              confounds=confounds)
+        return section, wall
+
+    section, wall = run_on_rank0(finish)
+    return FamilyOutcome(out, ordered, taus, todo, section, wall)
+
+
+def run_family_study(study: FamilyStudy, args: Any) -> int:
+    """Command-line entry of a family study; returns the exit status (printing on rank 0)."""
+    import sys
+
+    from quotientsharp.workflows.results import is_main_rank
+
+    out = args.out if args.out is not None else Path(
+        f"results/{study.name}-quick" if args.quick else f"results/{study.name}")
+    try:
+        outcome = family_study(study, out, quick=args.quick, models=args.models, seed=args.seed,
+                               resume=args.resume, progress=args.progress, plots=args.plots,
+                               docs=args.docs, threads=args.threads,
+                               device=getattr(args, "device", "cpu"),
+                               measuring={name: getattr(args, name, None) for name in
+                                          ("n_iter", "sharpness_points",
+                                           "sharpness_batch_size")})
+    except KeyboardInterrupt:
+        if is_main_rank():
+            print(f"\ninterrupted: finished models are kept in {out}; continue with --resume",
+                  file=sys.stderr)
+        return 130
+    except (ValueError, NotADirectoryError) as err:
+        # under torchrun every rank raises the same error (run_on_rank0): rank 0 reports it
+        if is_main_rank():
+            print(f"quotientsharp reproduce {study.name}: error: {err}", file=sys.stderr)
+        return 2
+    if not is_main_rank():
+        return 0
+    print(outcome.section)
+    print(f"computed now: {len(outcome.computed_now)} model(s), wall time "
+          f"{outcome.wall_seconds:.1f} s; results in {outcome.out}"
+          + ("" if args.docs is None else
+             f"; docs section in {args.docs}/results/{study.name}.md"))
+    return 0

@@ -1,0 +1,193 @@
+"""``quotientsharp reproduce vit-finetune``: fine-tunes of one small ViT pretrained once.
+
+The paper's ImageNet study fine-tunes one pretrained CLIP ViT-B/32 72 times with random
+hyperparameters. Here, on scikit-learn's bundled 8x8 digits (offline):
+
+- pretraining, once: the small ViT of ``reproduce vit`` (patch size 2, hidden size 32, 2
+  layers, 4 heads of dimension 8, ~18k parameters) trained on the digits 0-4 (a five-class
+  head): the first 720 images of classes 0-4 in a fixed permutation (``numpy`` seed 0), the
+  other 181 held out to report its own error; AdamW, learning rate 2e-3, weight decay 1e-2, 40
+  epochs, batch 64, 5% warm-up then cosine decay, torch seed 0. Cached in the results folder
+  (``pretrained.pt``, with its settings) and reused by every fine-tune and every ``--resume``;
+- fine-tuning task: the digits 5-9 (labels 0-4), a training pool of 600 images and a test set of
+  the other 296 (same permutation); the pretrained body under a fresh five-class head, every
+  weight fine-tuned;
+- per model ``i``, drawn from ``numpy.random.default_rng([seed, i])``: learning rate
+  log-uniform in [1e-4, 3e-3], weight decay log-uniform in [1e-4, 1e-1], epochs uniform in
+  [3, 30], label smoothing uniform in [0, 0.1], training-set size uniform in [256, 600], batch
+  size uniform in {16, 32, 64}, warm-up fraction uniform in [0, 0.2], head seed;
+- generalisation gap: test error - train error (0-1);
+- sharpness on the first 256 pool images (inside every training set), 4 batches of 64,
+  Auto-PGD with 20 steps, the radii of ``reproduce vit``: adaptive, plain L2 worst case,
+  geodesic inv and mix at orders 1 and 2, relative flatness of the classifier, and geodesic
+  inv and mix (order 2) at Gram relaxations eps 0.1 and 1;
+- 32 models; ``--quick``: 2 pretraining epochs, 3 models of 1-2 epochs on 64-96 images, 32
+  sharpness points, 2 ascent steps.
+
+Outputs in ``--out`` (default ``results/vit-finetune``), as for ``reproduce vit``, plus the
+cached ``pretrained.pt``; with ``--docs docs`` the section ``docs/results/vit-finetune.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from quotientsharp.reproduce.families.data import ClassificationData
+from quotientsharp.reproduce.families.options import VIT_FINETUNE_SIZES
+from quotientsharp.reproduce.families.options import (  # noqa: F401  (the study interface)
+    add_vit_finetune_arguments as add_arguments,
+)
+from quotientsharp.reproduce.families.pretrained import cached_pretraining, load_body
+from quotientsharp.reproduce.families.run import run_family_study
+from quotientsharp.reproduce.families.settings import FamilySettings, FamilyStudy, PretrainedStart
+from quotientsharp.reproduce.families.training import Hyperparameters, HyperparameterSpace
+from quotientsharp.reproduce.families.vit import MODEL_CONFIG, PAPER, PAPER_SETTING, RHOS
+
+OPTIONS = "quotientsharp.reproduce.families.options:add_vit_finetune_arguments"
+HELP = ("fine-tunes of a small ViT pretrained once (digits 0-4 -> 5-9): Kendall tau of "
+        "sharpness vs generalisation gap")
+#: What the taus rank sharpness against (the console's sign convention).
+GENERALISATION = "the generalisation gap"
+
+DATA_SEED = 0
+PRETRAIN_CLASSES, FINETUNE_CLASSES = (0, 1, 2, 3, 4), (5, 6, 7, 8, 9)
+PRETRAIN_TRAIN = 720
+POOL_SIZE = 600
+EPS_SWEEP = (0.1, 1.0)
+#: The pretraining recipe (full, quick): the settings of ``pretrained.pt``.
+PRETRAINING = {False: {"learning_rate": 2e-3, "weight_decay": 1e-2, "epochs": 40,
+                       "batch_size": 64, "torch_seed": 0},
+               True: {"learning_rate": 2e-3, "weight_decay": 1e-2, "epochs": 2,
+                      "batch_size": 64, "torch_seed": 0}}
+
+FULL = FamilySettings(
+    models=VIT_FINETUNE_SIZES.full_models,
+    space=HyperparameterSpace(learning_rate=(1e-4, 3e-3), weight_decay=(1e-4, 1e-1),
+                              epochs=(3, 30), label_smoothing=(0.0, 0.1),
+                              train_size=(256, POOL_SIZE), batch_size=(16, 32, 64),
+                              warmup=(0.0, 0.2)),
+    train_batch_size=64, sharpness_points=VIT_FINETUNE_SIZES.full_sharpness_points,
+    sharpness_batch_size=VIT_FINETUNE_SIZES.full_sharpness_batch_size,
+    n_iter=VIT_FINETUNE_SIZES.full_n_iter)
+QUICK = FamilySettings(
+    models=VIT_FINETUNE_SIZES.quick_models,
+    space=HyperparameterSpace(learning_rate=(1e-4, 3e-3), weight_decay=(1e-4, 1e-1),
+                              epochs=(1, 2), label_smoothing=(0.0, 0.1), train_size=(64, 96),
+                              batch_size=(32, 64), warmup=(0.0, 0.2)),
+    train_batch_size=64, sharpness_points=32, sharpness_batch_size=32,
+    n_iter=VIT_FINETUNE_SIZES.quick_n_iter)
+
+
+def _digits(classes: tuple[int, ...]):
+    """Images ``shape=[N, 1, 8, 8]`` in [0, 1] and labels ``classes.index(digit)``, in the
+    order of the fixed permutation."""
+    import numpy as np
+    import torch
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    order = np.random.default_rng(DATA_SEED).permutation(len(digits.target))
+    order = order[np.isin(digits.target[order], classes)]
+    images = torch.tensor(digits.images[order], dtype=torch.float32)[:, None] / 16.0
+    labels = torch.tensor([classes.index(int(d)) for d in digits.target[order]])
+    return images, labels
+
+
+def pretraining_data() -> ClassificationData:
+    """Digits 0-4: 720 pretraining images, the rest held out."""
+    images, labels = _digits(PRETRAIN_CLASSES)
+    return ClassificationData(
+        {"pixel_values": images[:PRETRAIN_TRAIN]}, labels[:PRETRAIN_TRAIN],
+        {"pixel_values": images[PRETRAIN_TRAIN:]}, labels[PRETRAIN_TRAIN:],
+        num_labels=len(PRETRAIN_CLASSES))
+
+
+def load_data(quick: bool = False) -> ClassificationData:
+    """Digits 5-9 (labels 0-4): training pool 600, test set the other 296."""
+    images, labels = _digits(FINETUNE_CLASSES)
+    return ClassificationData(
+        train_inputs={"pixel_values": images[:POOL_SIZE]}, train_labels=labels[:POOL_SIZE],
+        test_inputs={"pixel_values": images[POOL_SIZE:]}, test_labels=labels[POOL_SIZE:],
+        num_labels=len(FINETUNE_CLASSES),
+        description={"source": "sklearn.datasets.load_digits (bundled, offline)",
+                     "images": "8x8, 1 channel, pixels / 16",
+                     "classes": "digits 5-9 as labels 0-4 (pretraining: digits 0-4)",
+                     "split": f"numpy permutation seed {DATA_SEED}, restricted to 5-9: first "
+                              f"{POOL_SIZE} = training pool, remaining {len(labels) - POOL_SIZE}"
+                              " = test set",
+                     "pool_size": POOL_SIZE, "test_size": len(labels) - POOL_SIZE})
+
+
+def pretrained_settings(quick: bool) -> dict[str, Any]:
+    """The pretraining recipe (``run.json``, and the key of the cache)."""
+    return {"architecture": "the ViT of reproduce vit", "classes": list(PRETRAIN_CLASSES),
+            "train_images": PRETRAIN_TRAIN, "data_seed": DATA_SEED, **PRETRAINING[quick],
+            "schedule": "5% warm-up then cosine decay, no label smoothing"}
+
+
+def _pretrain(quick: bool) -> dict[str, Any]:
+    import torch
+
+    from quotientsharp.reproduce.families.training import error_rate, train_classifier
+    from quotientsharp.reproduce.families.vit import build_model as build_vit
+
+    recipe = PRETRAINING[quick]
+    data = pretraining_data()
+    torch.manual_seed(recipe["torch_seed"])
+    model = build_vit(data.num_labels)
+    hyper = Hyperparameters(recipe["learning_rate"], recipe["weight_decay"], recipe["epochs"],
+                            0.0, data.pool_size, recipe["torch_seed"])
+    start = time.perf_counter()
+    train_classifier(model, data, hyper, recipe["batch_size"])
+    return {"state": model.state_dict(), "seconds": time.perf_counter() - start,
+            "train_error": error_rate(model, data.train_inputs,
+                                      data.train_labels),
+            "test_error": error_rate(model, data.test_inputs, data.test_labels)}
+
+
+def load_pretrained(folder: Path, quick: bool) -> dict[str, Any]:
+    """The pretrained ViT, from ``folder/pretrained.pt`` or pretrained now and cached there."""
+    return cached_pretraining(folder, pretrained_settings(quick), lambda: _pretrain(quick))
+
+
+def describe_pretrained(start: dict[str, Any]) -> str:
+    """The pretraining's own result, for the docs section."""
+    return (f"Pretrained model on digits 0-4: train error {start['train_error']:.3f}, held-out "
+            f"error {start['test_error']:.3f}, {start['seconds']:.0f} s of training when it "
+            "was computed.")
+
+
+def build_model(num_labels: int, start: dict[str, Any]):
+    """The ViT of ``reproduce vit`` with the pretrained body and a fresh ``num_labels`` head."""
+    from quotientsharp.reproduce.families.vit import build_model as build_vit
+
+    model = build_vit(num_labels)
+    load_body(model, start["state"], head_prefix="classifier.")
+    return model
+
+
+DESCRIPTION = """
+Fine-tunes of one pretrained network: the small ViT of `reproduce vit`, pretrained once on the
+digits 0-4 of scikit-learn's bundled 8x8 digits, then fine-tuned under a fresh five-class head
+(every weight trained) on the digits 5-9: a different but related task (same images, strokes
+and patch statistics; new classes). Training pool: 600 images of 5-9; test set: the other 296.
+Each model trains on the first n images of the pool, n drawn per model. Geodesic order 1 is the
+ablation "corrected norm only" of the paper (the quotient metric's ball, straight path); order
+2 adds the second-order (Christoffel) term; the eps rows relax the Gram matrices of the
+attention pairs by eps times the identity.
+"""
+
+STUDY = FamilyStudy(
+    name="vit-finetune", title="ViT fine-tunes, digits 0-4 to 5-9 (`reproduce vit-finetune`)",
+    load_data=load_data, build_model=build_model, model_config=MODEL_CONFIG, full=FULL,
+    quick=QUICK, paper=PAPER, paper_setting=PAPER_SETTING, rhos=RHOS, description=DESCRIPTION,
+    pretrained=PretrainedStart(pretrained_settings, load_pretrained, describe_pretrained),
+    eps_sweep=EPS_SWEEP)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the study (see the module docstring); the exit status."""
+    return run_family_study(STUDY, args)

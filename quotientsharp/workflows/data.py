@@ -1,0 +1,287 @@
+"""``quotientsharp measure``: reading DATA into batches, JSON lines or ``torch.save``'d tensors.
+
+:func:`load_batches` is the entry point (the accepted forms are described in
+:mod:`quotientsharp.cli.measure`). JSON lines hold text rows, tokenised with the tokenizer
+of the MODEL directory (or ``--tokenizer``), or pre-tokenised rows padded per batch; tensor
+files hold ``(X, Y)``, ``{"x", "y"}`` or a ``TensorDataset``. Both are cut into consecutive
+batches of ``--batch-size``, at most ``--max-batches`` of them. ``torch`` is imported only when
+data are read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pickle
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from quotientsharp.workflows.options import InputError
+from quotientsharp.workflows.saved_models import import_transformers, quiet_transformers
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+__all__ = ["JSONL_SUFFIXES", "TOKENIZER_FILES", "load_batches"]
+
+#: Files whose presence in a model directory means that it holds a tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
+                   "spiece.model", "sentencepiece.bpe.model", "tokenizer.model")
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+#: The keys a JSONL row may have ("labels" is read as "label").
+ROW_KEYS = ("input_ids", "attention_mask", "token_type_ids", "text", "text_pair", "label")
+_EXPECTED = ("expected 'input_ids' (pre-tokenised, with optional 'attention_mask' and "
+             "'token_type_ids') or 'text' (with optional 'text_pair'), and 'label'")
+
+
+def jsonl_objects(path: Path, label: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for each non-empty line of a JSONL file; a clear error naming
+    ``label`` (e.g. ``"DATA"``), the file and the line for anything but a JSON object."""
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise InputError(f"{label} {path}, line {number}: not valid JSON ({err.msg})") \
+                    from err
+            if not isinstance(row, dict):
+                raise InputError(f"{label} {path}, line {number}: expected a JSON object, got "
+                                 f"{type(row).__name__}")
+            yield number, row
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for number, row in jsonl_objects(path, "DATA"):
+        if "label" not in row and "labels" in row:
+            row["label"] = row.pop("labels")
+        if "label" not in row:
+            raise InputError(f"DATA {path}, line {number}: no 'label' entry (keys: "
+                             f"{sorted(row)})")
+        unknown = sorted(set(row) - set(ROW_KEYS))
+        if unknown or ("input_ids" not in row and "text" not in row):
+            what = (f"unknown key(s) {unknown}" if unknown
+                    else f"neither 'input_ids' nor 'text' (keys: {sorted(row)})")
+            raise InputError(f"DATA {path}, line {number}: {what}; {_EXPECTED}")
+        row["_line"] = number
+        rows.append(row)
+    if not rows:
+        raise InputError(f"DATA {path} holds no rows")
+    return rows
+
+
+def _labels(rows: Sequence[dict[str, Any]], path: Path, loss: str,
+            num_labels: int | None) -> torch.Tensor:
+    import torch
+
+    values = [row["label"] for row in rows]
+    integer = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+    for row, value in zip(rows, values, strict=True):
+        flat = value if isinstance(value, list) else [value]
+        if not flat or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                               and math.isfinite(v) for v in flat):
+            raise InputError(f"DATA {path}, line {row['_line']}: label must be a number or a "
+                             f"list of numbers, got {value!r}")
+    if loss == "cross_entropy":
+        if not integer:
+            raise InputError(f"DATA {path}: cross-entropy needs integer class labels; for "
+                             "real-valued targets pass --loss mse")
+        bad = [(row["_line"], v) for row, v in zip(rows, values, strict=True)
+               if v < 0 or (num_labels is not None and v >= num_labels)]
+        if bad:
+            line, value = bad[0]
+            limit = (f" in [0, {num_labels}): the model has {num_labels} labels"
+                     if num_labels is not None else " (negative)")
+            raise InputError(f"DATA {path}, line {line}: label {value} is not a class "
+                             f"index{limit}")
+        return torch.tensor(values, dtype=torch.long)
+    try:
+        return torch.tensor(values, dtype=torch.float32)
+    except ValueError as err:
+        raise InputError(f"DATA {path}: labels of unequal lengths ({err})") from err
+
+
+def _token_list(row: dict[str, Any], key: str, path: Path, length: int | None) -> list[int]:
+    value = row[key]
+    if (not isinstance(value, list) or not value
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        raise InputError(f"DATA {path}, line {row['_line']}: {key!r} must be a non-empty list "
+                         "of integers")
+    if length is not None and len(value) != length:
+        raise InputError(f"DATA {path}, line {row['_line']}: {key!r} has {len(value)} entries, "
+                         f"input_ids has {length}")
+    return value
+
+
+def _pretokenised_batch(rows: Sequence[dict[str, Any]], path: Path,
+                        pad_id: int) -> dict[str, torch.Tensor]:
+    import torch
+
+    ids = [_token_list(row, "input_ids", path, None) for row in rows]
+    width = max(len(i) for i in ids)
+    batch = {"input_ids": torch.full((len(rows), width), pad_id, dtype=torch.long),
+             "attention_mask": torch.zeros(len(rows), width, dtype=torch.long)}
+    with_types = any("token_type_ids" in row for row in rows)
+    if with_types:
+        batch["token_type_ids"] = torch.zeros(len(rows), width, dtype=torch.long)
+    for index, (row, tokens) in enumerate(zip(rows, ids, strict=True)):
+        batch["input_ids"][index, :len(tokens)] = torch.tensor(tokens)
+        mask = (_token_list(row, "attention_mask", path, len(tokens))
+                if "attention_mask" in row else [1] * len(tokens))
+        batch["attention_mask"][index, :len(tokens)] = torch.tensor(mask)
+        if with_types and "token_type_ids" in row:
+            batch["token_type_ids"][index, :len(tokens)] = torch.tensor(
+                _token_list(row, "token_type_ids", path, len(tokens)))
+    return batch
+
+
+def _find_tokenizer(model_path: Path, tokenizer_dir: str | None):
+    """A tokenizer from ``--tokenizer`` or the MODEL directory, or ``None`` if there is none."""
+    directory = Path(tokenizer_dir) if tokenizer_dir is not None else model_path
+    if tokenizer_dir is not None and not directory.is_dir():
+        raise FileNotFoundError(f"--tokenizer {directory} is not a directory")
+    if not directory.is_dir() or not any((directory / f).is_file() for f in TOKENIZER_FILES):
+        if tokenizer_dir is not None:
+            raise InputError(f"--tokenizer {directory} holds no tokenizer files "
+                             f"({', '.join(TOKENIZER_FILES)})")
+        return None
+    transformers = import_transformers("tokenising text rows")
+    restore = quiet_transformers()
+    try:
+        return transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    finally:
+        restore()
+
+
+def _text_batch(rows: Sequence[dict[str, Any]], path: Path, tokenizer,
+                max_length: int) -> dict[str, torch.Tensor]:
+    for row in rows:
+        if not isinstance(row.get("text"), str):
+            raise InputError(f"DATA {path}, line {row['_line']}: 'text' must be a string (or "
+                             "give pre-tokenised 'input_ids')")
+    pairs = [row.get("text_pair") for row in rows]
+    if any(p is not None for p in pairs) and not all(isinstance(p, str) for p in pairs):
+        raise InputError(f"DATA {path}: 'text_pair' must be a string on every row or on none")
+    texts = [row["text"] for row in rows]
+    encoded = tokenizer(texts, *([pairs] if pairs[0] is not None else []), padding=True,
+                        truncation=True, max_length=max_length, return_tensors="pt")
+    return {key: value for key, value in encoded.items()
+            if key in ("input_ids", "attention_mask", "token_type_ids")}
+
+
+def _jsonl_batches(path: Path, model: nn.Module, model_path: Path, args: argparse.Namespace
+                   ) -> tuple[list[dict[str, torch.Tensor]], int, str]:
+    rows = _read_jsonl(path)
+    config = getattr(model, "config", None)
+    num_labels = getattr(config, "num_labels", None) if config is not None else None
+    pretokenised = "input_ids" in rows[0]
+    for row in rows:
+        if ("input_ids" in row) != pretokenised:
+            raise InputError(f"DATA {path}, line {row['_line']}: mixes pre-tokenised rows "
+                             "('input_ids') and text rows ('text'); use one kind")
+    tokenizer = None
+    if not pretokenised:
+        tokenizer = _find_tokenizer(model_path, args.tokenizer)
+        if tokenizer is None:
+            raise InputError(f"DATA {path} has text rows but MODEL {model_path} has no "
+                             "tokenizer (none of " + ", ".join(TOKENIZER_FILES) + "); pass "
+                             "--tokenizer DIR or give pre-tokenised rows {\"input_ids\": [...], "
+                             "\"attention_mask\": [...], \"label\": ...}")
+    pad_id = getattr(config, "pad_token_id", None) if config is not None else None
+    pad_id = pad_id if isinstance(pad_id, int) else 0
+    batches = []
+    for start in range(0, len(rows), args.batch_size):
+        if args.max_batches is not None and len(batches) >= args.max_batches:
+            break
+        chunk = rows[start:start + args.batch_size]
+        inputs = (_pretokenised_batch(chunk, path, pad_id) if pretokenised
+                  else _text_batch(chunk, path, tokenizer, args.max_length))
+        batches.append({**inputs, "labels": _labels(chunk, path, args.loss, num_labels)})
+    kind = "pre-tokenised JSONL" if pretokenised else "text JSONL"
+    return batches, sum(len(b["labels"]) for b in batches), kind
+
+
+def _tensor_pair(loaded: Any, path: Path) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    import torch
+    from torch.utils.data import TensorDataset
+
+    if isinstance(loaded, TensorDataset):
+        tensors = tuple(loaded.tensors)
+        if len(tensors) < 2:
+            raise InputError(f"DATA {path}: the TensorDataset holds {len(tensors)} tensor(s); "
+                             "it needs inputs and a target")
+        inputs, target = tensors[:-1], tensors[-1]
+    elif isinstance(loaded, dict):
+        keys = {str(k).lower(): k for k in loaded}
+        if "x" not in keys or "y" not in keys:
+            raise InputError(f"DATA {path}: a dict needs entries 'x' and 'y', got "
+                             f"{sorted(map(str, loaded))}")
+        inputs, target = (loaded[keys["x"]],), loaded[keys["y"]]
+    elif isinstance(loaded, (tuple, list)) and len(loaded) == 2:
+        inputs, target = (loaded[0],), loaded[1]
+    else:
+        raise InputError(f"DATA {path} holds a {type(loaded).__name__}; expected a tuple (X, Y), "
+                         "a dict with 'x' and 'y', or a TensorDataset")
+    for name, tensor in [*(("X", t) for t in inputs), ("Y", target)]:
+        if not isinstance(tensor, torch.Tensor):
+            raise InputError(f"DATA {path}: {name} is a {type(tensor).__name__}, not a tensor")
+        if tensor.dim() == 0:
+            raise InputError(f"DATA {path}: {name} is a 0-dim tensor; the first dimension "
+                             "indexes examples")
+    sizes = {t.shape[0] for t in (*inputs, target)}
+    if len(sizes) != 1:
+        raise InputError(f"DATA {path}: inputs and target disagree in their number of examples "
+                         f"({sorted(sizes)})")
+    if target.shape[0] == 0:
+        raise InputError(f"DATA {path} holds no examples")
+    return tuple(inputs), target
+
+
+def _tensor_batches(path: Path, args: argparse.Namespace) -> tuple[list[tuple], int, str]:
+    import torch
+
+    unreadable = (pickle.UnpicklingError, RuntimeError, EOFError, ImportError, AttributeError,
+                  ValueError)
+    try:
+        try:
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            # a TensorDataset is a pickled object: trusted like the module file itself
+            loaded = torch.load(path, map_location="cpu", weights_only=False)
+    except unreadable as err:
+        raise InputError(f"DATA {path} is neither JSON lines ({', '.join(JSONL_SUFFIXES)}) nor "
+                         f"a torch.save file: {str(err).splitlines()[0]}") from err
+    inputs, target = _tensor_pair(loaded, path)
+    if args.loss == "cross_entropy" and target.is_floating_point() and target.dim() == 1:
+        raise InputError(f"DATA {path}: Y is a floating vector; cross-entropy needs integer "
+                         "class labels (or class probabilities [N, C]); pass --loss mse for "
+                         "regression")
+    batches = []
+    count = target.shape[0]
+    for start in range(0, count, args.batch_size):
+        if args.max_batches is not None and len(batches) >= args.max_batches:
+            break
+        stop = start + args.batch_size
+        x = tuple(t[start:stop] for t in inputs)
+        batches.append((x[0] if len(x) == 1 else x, target[start:stop]))
+    return batches, sum(len(b[1]) for b in batches), "tensors"
+
+
+def load_batches(data_path: str | os.PathLike, model: nn.Module, model_path: str | os.PathLike,
+                 args: argparse.Namespace) -> tuple[list, int, str]:
+    """``(batches, number of examples used, data kind)`` for DATA (see
+    :mod:`quotientsharp.cli.measure`)."""
+    path, model_path = Path(data_path), Path(model_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"DATA {path} does not exist" if not path.exists()
+                                else f"DATA {path} is not a file")
+    if path.suffix.lower() in JSONL_SUFFIXES:
+        return _jsonl_batches(path, model, model_path, args)
+    return _tensor_batches(path, args)
+

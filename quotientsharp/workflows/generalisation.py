@@ -1,0 +1,113 @@
+"""``quotientsharp study``: a model's generalisation gap from its train and test data.
+
+:func:`evaluate` runs a model over batches (as ``quotientsharp measure`` reads DATA) and returns
+its mean loss and, for class labels, its 0-1 error; :func:`generalisation` does it on the train
+and test files of a manifest row and forms the gap, ``test - train`` of the error
+(``--gap-from error``, the default with cross-entropy) or of the loss (``--gap-from loss``, the
+only choice with ``--loss mse``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from quotientsharp.workflows.options import InputError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = ["GAP_KINDS", "evaluate", "gap_kind", "generalisation"]
+
+#: What the gap is computed from: ``error`` (0-1, class labels) or ``loss``.
+GAP_KINDS = ("error", "loss")
+
+
+def gap_kind(requested: str | None, loss: str) -> str:
+    """The ``--gap-from`` of the options: ``error`` by default with cross-entropy, ``loss``
+    with mse (where there is no 0-1 error)."""
+    kind = requested or ("error" if loss == "cross_entropy" else "loss")
+    if kind not in GAP_KINDS:
+        raise InputError(f"--gap-from must be error or loss, got {kind!r}")
+    if kind == "error" and loss != "cross_entropy":
+        raise InputError("--gap-from error needs class labels (--loss cross_entropy); with "
+                         "--loss mse use --gap-from loss")
+    return kind
+
+
+def evaluate(model: nn.Module, batches: Sequence[Any], loss: str) -> dict[str, float | None]:
+    """Mean loss and 0-1 error of ``model`` over ``batches``, weighted by examples.
+
+    Parameters
+    ----------
+    model
+        In eval mode; not modified.
+    batches
+        ``(x, y)`` pairs or dicts with ``"labels"`` (:mod:`quotientsharp.engine.batches`).
+    loss
+        ``"cross_entropy"`` or ``"mse"``.
+
+    Returns
+    -------
+    dict
+        ``loss`` (each batch's mean loss weighted by its number of examples) and ``error`` (the
+        share of labels, ``-100`` left out, whose class is not the largest logit; ``None``
+        with mse).
+    """
+    import torch
+
+    from quotientsharp.engine.batches import compute_loss, output_tensor, resolve_loss, split_batch
+
+    function, _, builtin = resolve_loss(loss)
+    parameter = next(model.parameters())
+    input_dtype = parameter.dtype if parameter.is_floating_point() else None
+    total_loss = examples = wrong = labelled = 0.0
+    with torch.no_grad():
+        for index, raw in enumerate(batches):
+            batch = split_batch(raw, index, parameter.device, input_dtype)
+            output = model(*batch.args, **batch.kwargs)
+            value = compute_loss(function, builtin, output, batch.target, torch.float64,
+                                 batch.label, check=True)
+            if not torch.isfinite(value):
+                raise InputError(f"{batch.label}: the loss is {float(value)}")
+            count = int(batch.target.shape[0]) if batch.target.dim() else 1
+            total_loss += float(value) * count
+            examples += count
+            if loss == "cross_entropy":
+                logits = output_tensor(output)
+                target = batch.target
+                if target.is_floating_point():          # class probabilities
+                    target = target.argmax(-1)
+                predicted = (logits.argmax(-1) if target.shape == logits.shape[:-1]
+                             else logits.argmax(1))
+                valid = target != -100
+                wrong += float((predicted != target)[valid].sum())
+                labelled += float(valid.sum())
+    return {"loss": total_loss / examples,
+            "error": wrong / labelled if loss == "cross_entropy" and labelled else None}
+
+
+def generalisation(model: nn.Module, model_path: Path, train: Path, test: Path,
+                   args: argparse.Namespace, kind: str) -> dict[str, float | None]:
+    """Train and test loss and error of ``model`` and its gap (``test - train`` of ``kind``).
+
+    The files are read as ``quotientsharp measure`` reads DATA (the tokenizer of the model's
+    directory or ``--tokenizer``), in batches of ``--batch-size``, every example
+    (``--max-batches`` applies to the sharpness data only).
+    """
+    from quotientsharp.workflows.data import load_batches
+
+    every = argparse.Namespace(**{**vars(args), "max_batches": None})
+    out: dict[str, float | None] = {}
+    for split, path in (("train", train), ("test", test)):
+        batches, examples, _ = load_batches(path, model, model_path, every)
+        try:
+            values = evaluate(model, batches, args.loss)
+        except (TypeError, ValueError, IndexError, RuntimeError) as err:
+            raise InputError(f"{split} data {path} of model {model_path}: {err}") from err
+        out[f"{split}_loss"], out[f"{split}_error"] = values["loss"], values["error"]
+        out[f"{split}_examples"] = examples
+    out["gap"] = out[f"test_{kind}"] - out[f"train_{kind}"]
+    return out

@@ -1,0 +1,105 @@
+"""``quotientsharp study``: the grid of measures x radii x metrics and orders.
+
+The options are those of ``quotientsharp measure`` (:mod:`quotientsharp.workflows.options`)
+with ``--rho`` a comma list: ``--measure adaptive --measure geodesic --rho 0.05,0.1 --metric
+inv,mix --order 1,2`` is 2 adaptive and 8 geodesic grid points. Each :class:`GridPoint` is one
+call of :func:`quotientsharp.engine` per model, named by a column key
+(``geodesic_mix_order2_rho0.1``) and a readable label (``geodesic sharpness (mix metric, order
+2, ρ = 0.1)``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from quotientsharp.workflows.labels import measure_label
+from quotientsharp.workflows.options import (
+    ASCENT_MEASURES,
+    MeasureRun,
+    check_options,
+    measure_names,
+    measure_runs,
+    options_for,
+    radii,
+)
+
+__all__ = ["GridPoint", "build_grid"]
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One measure with one radius (and, for geodesic sharpness, one metric and order).
+
+    Attributes
+    ----------
+    key
+        The column of the output CSV and the name of its plot (``scatter_{key}.png``).
+    measure
+        The measure of :func:`quotientsharp.engine`.
+    rho
+        The radius (``None`` for relative flatness).
+    metric, order
+        Geodesic sharpness only.
+    p
+        Worst-case and adaptive sharpness: ``"2"`` or ``"inf"``.
+    """
+
+    key: str
+    measure: str
+    rho: float | None
+    metric: str | None = None
+    order: int | str | None = None
+    p: str | None = None
+
+    def label(self, greek: bool = True) -> str:
+        """The readable name: measure, metric, order and radius."""
+        return measure_label(self.measure, metric=self.metric, order=self.order, rho=self.rho,
+                             p=self.p, greek=greek)
+
+    def options(self, args: argparse.Namespace) -> dict[str, Any]:
+        """Keyword options of :func:`quotientsharp.engine` (no progress bar of its own)."""
+        variant = {} if self.metric is None else {"metric": self.metric, "order": self.order}
+        options = options_for(MeasureRun(self.key, self.measure, variant), args)
+        options["progress"] = False
+        return options
+
+    def as_dict(self) -> dict[str, Any]:
+        """The point as plain JSON (``run.json``, ``taus.json``)."""
+        return {"key": self.key, "label": self.label(greek=False), "measure": self.measure,
+                "rho": self.rho, "metric": self.metric, "order": self.order, "p": self.p}
+
+
+def _key(measure: str, rho: float | None, variant: dict[str, Any], p: str | None) -> str:
+    parts = [measure]
+    if variant:
+        parts.append(f"{variant['metric']}_order{variant['order']}")
+    if p == "inf":
+        parts.append("linf")
+    if rho is not None:
+        parts.append(f"rho{rho:g}")
+    return "_".join(parts)
+
+
+def build_grid(args: argparse.Namespace) -> list[GridPoint]:
+    """The grid of the options (``--measure``, ``--rho``, ``--metric``, ``--order``, ``--p``...).
+
+    Ordered by measure (as given), then metric and order, then radius. The options are checked
+    as ``quotientsharp measure`` checks them, once per radius; a bad one raises
+    :class:`~quotientsharp.workflows.options.InputError`.
+    """
+    measures = measure_names(args.measure)
+    rhos: Sequence[float | None] = radii(args.rho) or [None]
+    checked: dict[str, Any] = {}
+    for rho in rhos:
+        checked = check_options(argparse.Namespace(**{**vars(args), "rho": rho}), measures)
+    grid: list[GridPoint] = []
+    for run in measure_runs(measures, checked):
+        p = args.p if run.measure in ASCENT_MEASURES and run.measure != "geodesic" else None
+        for rho in ([None] if run.measure == "relative_flatness" else rhos):
+            variant = dict(run.variant)
+            grid.append(GridPoint(_key(run.measure, rho, variant, p), run.measure, rho,
+                                  variant.get("metric"), variant.get("order"), p))
+    return grid

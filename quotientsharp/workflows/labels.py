@@ -1,0 +1,136 @@
+"""Readable names of sharpness measures for plots, tables and the console.
+
+Internal keys such as ``geodesic_mix_order2`` name columns and files; people read
+:func:`measure_label` instead: ``geodesic sharpness (mix metric, order 2, ρ = 0.1)``. The
+studies of ``quotientsharp reproduce`` and ``quotientsharp study`` label their plot axes with
+it; :func:`tau_title` writes the Kendall taus (and the paper's, where one exists) of a plot's
+title, and :func:`decades_note` the comment on an axis that spans many decades.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+__all__ = [
+    "DECADES_NOTE_THRESHOLD",
+    "MEASURE_NAMES",
+    "decades_note",
+    "measure_label",
+    "tau_title",
+]
+
+#: The measures of :func:`quotientsharp.engine`, in words.
+MEASURE_NAMES = {
+    "average": "average sharpness",
+    "worst_case": "worst-case sharpness",
+    "adaptive": "adaptive sharpness",
+    "geodesic": "geodesic sharpness",
+    "relative_flatness": "relative flatness",
+}
+#: An axis whose positive values span at least this many decades gets a note
+#: (:func:`decades_note`).
+DECADES_NOTE_THRESHOLD = 4.0
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+def measure_label(measure: str, *, metric: str | None = None, order: int | str | None = None,
+                  rho: float | None = None, p: str | float | None = None,
+                  greek: bool = True) -> str:
+    """The readable name of a measure with the settings that tell its variants apart.
+
+    Parameters
+    ----------
+    measure
+        A measure of :func:`quotientsharp.engine` (``"geodesic"``, ``"adaptive"``, ...).
+    metric, order
+        Geodesic sharpness: the quotient metric and the order of the path (``1``, ``2`` or
+        ``"exact"``).
+    rho
+        The radius (standard deviation for ``average``); ``None`` leaves it out.
+    p
+        Worst-case and adaptive sharpness: ``"inf"`` (or ``math.inf``) marks the box ball;
+        ``2`` is the default and is not shown.
+    greek
+        Write ``ρ`` and ``L∞`` (plots) rather than ``rho`` and ``Linf`` (plain text).
+
+    Returns
+    -------
+    str
+        For example ``"geodesic sharpness (mix metric, order 2, ρ = 0.1)"``,
+        ``"adaptive sharpness (ρ = 0.1)"``, ``"relative flatness"``.
+
+    Examples
+    --------
+    >>> measure_label("geodesic", metric="inv", order="exact", rho=0.1, greek=False)
+    'geodesic sharpness (inv metric, exact geodesic, rho = 0.1)'
+    """
+    name = MEASURE_NAMES.get(measure, measure.replace("_", " "))
+    details = []
+    if metric is not None:
+        details.append(f"{metric} metric")
+    if order is not None:
+        details.append("exact geodesic" if order == "exact" else f"order {order}")
+    if p is not None and str(p) in ("inf", str(math.inf)):
+        details.append("L∞ ball" if greek else "Linf ball")
+    if rho is not None:
+        details.append(f"{'ρ' if greek else 'rho'} = {_number(rho)}")
+    return f"{name} ({', '.join(details)})" if details else name
+
+
+def _signed(value: float | None) -> str:
+    return "undefined" if value is None else f"{value:+.2f}"
+
+
+def tau_title(tau_a: float | None, tau_b: float | None, paper: float | None = None,
+              interval: tuple[float, float] | None = None, count: int | None = None,
+              paper_label: str = "paper") -> str:
+    """A plot title: our Kendall taus, the bootstrap interval of tau-b and the paper's tau.
+
+    Parameters
+    ----------
+    tau_a, tau_b
+        Our taus (``None``: undefined).
+    paper
+        The paper's tau for this measure, if it reports one.
+    interval
+        A bootstrap interval of tau-b, written after it.
+    count
+        The number of models, written as ``(N = count)``.
+    paper_label
+        How the paper's value is introduced (``"paper (other setting)"``).
+
+    >>> tau_title(-0.731, -0.735, paper=-0.86)
+    'Kendall τ-a -0.73, τ-b -0.73; paper τ -0.86'
+    """
+    text = f"Kendall τ-a {_signed(tau_a)}, τ-b {_signed(tau_b)}"
+    if interval is not None:
+        text += f" [{interval[0]:+.2f}, {interval[1]:+.2f}]"
+    if count is not None:
+        text += f" (N = {count})"
+    if paper is not None:
+        text += f"; {paper_label} τ {paper:+.2f}"
+    return text
+
+
+def decades_note(values: Sequence[float],
+                 threshold: float = DECADES_NOTE_THRESHOLD) -> str | None:
+    """A note for an axis whose finite positive values span at least ``threshold`` decades.
+
+    ``None`` when the span is smaller, or when fewer than two values are finite and positive
+    (a linear axis then, on which decades say nothing).
+
+    >>> decades_note([3.95e8, 2.27e20, 4.94e46])
+    'values span 38 decades (4e+08 to 4.9e+46): log scale'
+    """
+    positive = [float(v) for v in values if math.isfinite(float(v)) and float(v) > 0]
+    if len(positive) < 2:
+        return None
+    low, high = min(positive), max(positive)
+    span = math.log10(high / low)
+    if span < threshold:
+        return None
+    return f"values span {span:.0f} decades ({low:.2g} to {high:.2g}): log scale"

@@ -1,0 +1,227 @@
+"""``quotientsharp study``: reading the manifest, the list of models and their generalisation.
+
+A manifest is a CSV file (a header line, then one line per model) or a JSON-lines file (one
+object per line) with the keys
+
+``model`` (required)
+    A HuggingFace model directory (``save_pretrained``) or a file written by
+    ``torch.save(module)``, as ``quotientsharp measure`` reads them.
+``name`` (optional)
+    How the model is named in the outputs; default the ``model`` entry as written. Unique.
+``gap``
+    The model's generalisation gap (any number: test error - train error, test loss - train
+    loss, ...), or
+``train`` and ``test``
+    two data files (as ``quotientsharp measure`` reads DATA) from which the gap is computed
+    (``--gap-from error``: test error - train error; ``loss``: test loss - train loss).
+
+Each model has ``gap`` or ``train`` and ``test``, not both. Every other key is carried to the
+output CSV as it is (hyperparameters, seeds: ``--color KEY`` colours the plots by one). Paths
+are relative to the manifest's folder. Blank lines and, in a CSV file, lines starting with
+``#`` are skipped. Bad input raises :class:`~quotientsharp.workflows.options.InputError`
+naming the file and line.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quotientsharp.workflows.data import jsonl_objects
+from quotientsharp.workflows.options import InputError
+
+__all__ = [
+    "MANIFEST_KEYS",
+    "ManifestEntry",
+    "read_manifest",
+]
+
+#: The keys of a manifest row with a meaning; any other key is carried to the outputs.
+MANIFEST_KEYS = ("name", "model", "gap", "train", "test")
+CSV_SUFFIXES = (".csv",)
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One model of a study.
+
+    Attributes
+    ----------
+    name
+        Its name in the outputs.
+    model
+        Its path (resolved against the manifest's folder).
+    gap
+        The generalisation gap given in the manifest, or ``None`` when it is computed from
+        ``train`` and ``test``.
+    train, test
+        Data files to compute the gap from (both or neither).
+    extra
+        The row's other keys, as text (numbers as JSON writes them).
+    line
+        The line of the manifest it came from.
+    written
+        The ``model`` entry as written in the manifest (shown in the outputs).
+    """
+
+    name: str
+    model: Path
+    gap: float | None = None
+    train: Path | None = None
+    test: Path | None = None
+    extra: Mapping[str, str] = field(default_factory=dict)
+    line: int = 0
+    written: str = ""
+
+    @property
+    def computes_gap(self) -> bool:
+        """Whether the gap is computed from ``train`` and ``test`` data."""
+        return self.gap is None
+
+    def identity(self) -> dict[str, str | None]:
+        """What a finished record must match to be kept on ``--resume``: the model and the
+        data of its gap (a gap given in the manifest may change without remeasuring)."""
+        return {"model": str(self.model),
+                "train": None if self.train is None else str(self.train),
+                "test": None if self.test is None else str(self.test)}
+
+
+def _text(value: Any) -> str:
+    """A manifest value as text: strings stripped, numbers as JSON writes them."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value.strip()
+    return json.dumps(value)
+
+
+def _csv_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    with path.open(encoding="utf-8", newline="") as handle:
+        lines = [(number, line) for number, line in enumerate(handle, start=1)
+                 if line.strip() and not line.lstrip().startswith("#")]
+    if not lines:
+        raise InputError(f"MANIFEST {path} is empty: it needs a header line (model,gap,...) "
+                         "and one line per model")
+    numbers = [number for number, _ in lines]
+    reader = csv.reader(line for _, line in lines)
+    header = [column.strip() for column in next(reader)]
+    if len(set(header)) != len(header) or "" in header:
+        raise InputError(f"MANIFEST {path}, line {numbers[0]}: the header has empty or "
+                         f"repeated column names ({header})")
+    for number, values in zip(numbers[1:], reader, strict=True):
+        if len(values) != len(header):
+            raise InputError(f"MANIFEST {path}, line {number}: {len(values)} value(s) for the "
+                             f"{len(header)} column(s) of the header")
+        yield number, dict(zip(header, values, strict=True))
+
+
+def _gap(value: Any, where: str) -> float | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, bool):
+        raise InputError(f"{where}: gap must be a number, got {value!r}")
+    try:
+        gap = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{where}: gap must be a number, got {value!r}") from None
+    if not math.isfinite(gap):
+        raise InputError(f"{where}: gap must be finite, got {value!r}")
+    return gap
+
+
+def _path(value: Any, folder: Path, key: str, where: str, directory_ok: bool) -> Path | None:
+    text = _text(value)
+    if not text:
+        return None
+    path = Path(os.path.expanduser(text))
+    path = path if path.is_absolute() else folder / path
+    if not path.exists():
+        raise InputError(f"{where}: {key} {path} does not exist")
+    if not directory_ok and not path.is_file():
+        raise InputError(f"{where}: {key} {path} is not a file")
+    return path
+
+
+def _entry(row: Mapping[str, Any], folder: Path, where: str, number: int) -> ManifestEntry:
+    model_text = _text(row.get("model"))
+    if not model_text:
+        raise InputError(f"{where}: no 'model' entry (keys: {sorted(row)}); each row names a "
+                         "model directory or torch.save file")
+    model = _path(model_text, folder, "model", where, directory_ok=True)
+    gap = _gap(row.get("gap"), where)
+    train = _path(row.get("train"), folder, "train", where, directory_ok=False)
+    test = _path(row.get("test"), folder, "test", where, directory_ok=False)
+    if (train is None) != (test is None):
+        raise InputError(f"{where}: give both 'train' and 'test' data (to compute the gap) or "
+                         "neither")
+    if gap is None and train is None:
+        raise InputError(f"{where}: no 'gap' and no 'train' and 'test' data: give the model's "
+                         "generalisation gap, or the data to compute it from")
+    if gap is not None and train is not None:
+        raise InputError(f"{where}: both a 'gap' and 'train'/'test' data: give one of them, "
+                         "so that it is clear which gap is used")
+    name = _text(row.get("name")) or model_text.rstrip("/\\")
+    extra = {str(key): _text(value) for key, value in row.items()
+             if key not in MANIFEST_KEYS}
+    return ManifestEntry(name, model, gap, train, test, extra, number, model_text)
+
+
+def read_manifest(path: str | os.PathLike, reserved: Sequence[str] = ()) -> list[ManifestEntry]:
+    """The models of a manifest (see the module docstring), in file order.
+
+    Parameters
+    ----------
+    path
+        A ``.csv`` or ``.jsonl`` file.
+    reserved
+        Column names of the outputs that a key of the manifest may not take (its other keys
+        are carried to the output CSV next to them).
+
+    Returns
+    -------
+    list of ManifestEntry
+        At least two (a rank correlation needs pairs), with distinct names and models.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"MANIFEST {path} does not exist" if not path.exists()
+                                else f"MANIFEST {path} is not a file")
+    suffix = path.suffix.lower()
+    if suffix in CSV_SUFFIXES:
+        rows = _csv_rows(path)
+    elif suffix in JSONL_SUFFIXES:
+        rows = jsonl_objects(path, "MANIFEST")
+    else:
+        raise InputError(f"MANIFEST {path}: unknown format {suffix or '(no suffix)'}; use a .csv "
+                         "file with a header line or a .jsonl file")
+    folder = path.resolve().parent
+    entries: list[ManifestEntry] = []
+    names: dict[str, int] = {}
+    models: dict[Path, int] = {}
+    for number, row in rows:
+        where = f"MANIFEST {path}, line {number}"
+        entry = _entry(row, folder, where, number)
+        clash = sorted(set(entry.extra) & set(reserved))
+        if clash:
+            raise InputError(f"{where}: the key(s) {clash} are names of output columns; rename "
+                             "them in the manifest")
+        if entry.name in names:
+            raise InputError(f"{where}: the name {entry.name!r} is already used on line "
+                             f"{names[entry.name]}; names must be unique")
+        resolved = entry.model.resolve()
+        if resolved in models:
+            raise InputError(f"{where}: model {entry.model} is already listed on line "
+                             f"{models[resolved]}")
+        names[entry.name], models[resolved] = number, number
+        entries.append(entry)
+    if len(entries) < 2:
+        raise InputError(f"MANIFEST {path} lists {len(entries)} model(s); a rank correlation "
+                         "needs at least 2")
+    return entries

@@ -1,0 +1,88 @@
+"""``quotientsharp study``: one model measured, from its manifest row to its record.
+
+:func:`measure_entry` loads the model as ``quotientsharp measure`` does, reads the shared
+sharpness data with the model's tokenizer, computes the gap when the manifest gives train and
+test data instead of a gap, and runs every point of the grid on the same batches. The record it
+returns is one line of ``models.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from quotientsharp.workflows.grid import GridPoint
+from quotientsharp.workflows.manifest import ManifestEntry
+from quotientsharp.workflows.options import InputError
+
+__all__ = ["measure_entry"]
+
+
+def measure_entry(entry: ManifestEntry, grid: Sequence[GridPoint], args: argparse.Namespace,
+                  device: Any, gap_from: str,
+                  tick: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measure one model of the manifest.
+
+    Parameters
+    ----------
+    entry
+        The manifest row.
+    grid
+        The measures to run, each on the same batches of ``args.data``.
+    args
+        The command's options (``data``, ``batch_size``, ``loss``, ``dtype``, ...).
+    device
+        The torch device.
+    gap_from
+        ``"error"`` or ``"loss"``: what the gap is computed from, when it is.
+    tick
+        Called with a short status after each step (the progress bar's postfix).
+
+    Returns
+    -------
+    dict
+        ``name``, ``identity`` (:meth:`ManifestEntry.identity`), ``model_class``,
+        ``parameters``, ``examples`` and ``batches`` of the sharpness data, ``generalisation``
+        (train/test loss and error and the gap, or ``None`` when the manifest gives the gap),
+        ``sharpness`` (grid key -> value), ``per_batch`` (grid key -> per-batch values),
+        ``clean_loss`` (mean clean loss on the sharpness data), ``seconds`` (grid key ->
+        seconds) and ``device``.
+    """
+    import torch
+
+    from quotientsharp.engine import sharpness
+    from quotientsharp.workflows.data import load_batches
+    from quotientsharp.workflows.generalisation import generalisation
+    from quotientsharp.workflows.saved_models import load_measured_model
+
+    tick = tick or (lambda status: None)
+    model = load_measured_model(entry.model).to(device=device)
+    if args.dtype is not None:
+        model = model.to(dtype=getattr(torch, args.dtype))
+    batches, examples, _ = load_batches(args.data, model, entry.model, args)
+    record: dict[str, Any] = {
+        "name": entry.name, "identity": entry.identity(), "model_class": type(model).__name__,
+        "parameters": sum(p.numel() for p in model.parameters()), "examples": examples,
+        "batches": len(batches), "device": str(device), "generalisation": None,
+        "sharpness": {}, "per_batch": {}, "clean_loss": None, "seconds": {}}
+    if entry.computes_gap:
+        tick("gap")
+        record["generalisation"] = generalisation(model, entry.model, entry.train, entry.test,
+                                                  args, gap_from)
+    for point in grid:
+        tick(point.key)
+        start = time.perf_counter()
+        try:
+            result = sharpness(model, batches, measure=point.measure, rho=point.rho,
+                               **point.options(args))
+        except (TypeError, ValueError, IndexError, RuntimeError) as err:
+            raise InputError(f"{point.label(greek=False)} of model {entry.name} "
+                             f"({entry.model}) on {args.data} failed: {err}") from err
+        record["sharpness"][point.key] = float(result.value)
+        record["per_batch"][point.key] = [float(v) for v in result.per_batch]
+        record["seconds"][point.key] = time.perf_counter() - start
+        if record["clean_loss"] is None:
+            record["clean_loss"] = sum(result.clean_losses) / len(result.clean_losses)
+    return record

@@ -1,0 +1,227 @@
+"""``quotientsharp study``: the per-model CSV rows, the tau table and the markdown report.
+
+:func:`csv_columns` and :func:`csv_row` lay out ``models.csv`` (one row per model, in manifest
+order; no timings, so that a resumed run writes the same file as an uninterrupted one),
+:func:`tau_rows` computes the Kendall taus of every grid point with their bootstrap intervals,
+:func:`tau_table` formats them (markdown or plain text) and :func:`study_report` writes
+``report.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from quotientsharp.workflows.bootstrap import kendall_with_intervals
+from quotientsharp.workflows.grid import GridPoint
+from quotientsharp.workflows.manifest import ManifestEntry
+from quotientsharp.workflows.results import sign_convention
+
+__all__ = [
+    "FIXED_COLUMNS",
+    "GENERALISATION_COLUMNS",
+    "command_line",
+    "csv_columns",
+    "csv_row",
+    "gap_label",
+    "gap_of",
+    "reserved_columns",
+    "study_report",
+    "tau_rows",
+    "tau_table",
+]
+
+FIXED_COLUMNS = ("name", "model", "gap", "gap_from")
+GENERALISATION_COLUMNS = ("train_loss", "test_loss", "train_error", "test_error")
+TRAILING_COLUMNS = ("clean_loss",)
+
+
+def _gap_formula(gap_from: str) -> str:
+    return f"test {gap_from} - train {gap_from}"
+
+
+#: Options of ``quotientsharp study`` that change the values, with their defaults: the
+#: report's command line names those that differ (the grid options are always named).
+_VALUE_OPTIONS = {"eps": 0.0, "p": "2", "samples": 1, "layer": None, "loss": "cross_entropy",
+                  "batch_size": 32, "max_batches": None, "n_iter": 20, "seed": 0,
+                  "max_length": 128, "tokenizer": None, "dtype": None, "gap_from": None}
+
+
+def command_line(manifest: str, args: Any, grid: Sequence[GridPoint]) -> str:
+    """The ``quotientsharp study`` command that reproduces the values of a run (the options
+    that determine them; output, bootstrap and display options left out)."""
+    measures = list(dict.fromkeys(point.measure for point in grid))
+    parts = ["quotientsharp study", manifest, "--data", str(args.data),
+             "--measure", ",".join(measures)]
+    rhos = list(dict.fromkeys(point.rho for point in grid if point.rho is not None))
+    if rhos:
+        parts += ["--rho", ",".join(f"{rho:g}" for rho in rhos)]
+    if "geodesic" in measures:
+        metrics = dict.fromkeys(p.metric for p in grid if p.metric is not None)
+        orders = dict.fromkeys(str(p.order) for p in grid if p.order is not None)
+        parts += ["--metric", ",".join(metrics), "--order", ",".join(orders)]
+    for name, default in _VALUE_OPTIONS.items():
+        value = getattr(args, name, default)
+        if value != default:
+            parts += [f"--{name.replace('_', '-')}", f"{value:g}" if isinstance(value, float)
+                      else str(value)]
+    return " ".join(parts)
+
+
+def reserved_columns(grid: Sequence[GridPoint]) -> list[str]:
+    """The output columns a manifest key may not take."""
+    return [*FIXED_COLUMNS, *GENERALISATION_COLUMNS, *TRAILING_COLUMNS,
+            *(point.key for point in grid)]
+
+
+def csv_columns(entries: Sequence[ManifestEntry], grid: Sequence[GridPoint]) -> list[str]:
+    """The columns of ``models.csv``: the model, its gap, how the gap was obtained, the train
+    and test losses and errors (when some gap is computed), the manifest's other keys, the
+    clean loss on the sharpness data and one column per grid point."""
+    extra: list[str] = []
+    for entry in entries:
+        extra += [key for key in entry.extra if key not in extra]
+    computed = any(entry.computes_gap for entry in entries)
+    return [*FIXED_COLUMNS, *(GENERALISATION_COLUMNS if computed else ()), *extra,
+            *TRAILING_COLUMNS, *(point.key for point in grid)]
+
+
+def gap_of(entry: ManifestEntry, record: Mapping[str, Any]) -> float:
+    """The model's gap: from the manifest, or computed from its train and test data."""
+    return entry.gap if entry.gap is not None else float(record["generalisation"]["gap"])
+
+
+def csv_row(entry: ManifestEntry, record: Mapping[str, Any], gap_from: str) -> dict[str, Any]:
+    """One row of ``models.csv``."""
+    row: dict[str, Any] = {"name": entry.name, "model": entry.written or str(entry.model),
+                           "gap": gap_of(entry, record),
+                           "gap_from": "manifest" if entry.gap is not None
+                           else _gap_formula(gap_from)}
+    if record.get("generalisation"):
+        row.update({key: record["generalisation"].get(key) for key in GENERALISATION_COLUMNS})
+    row.update(entry.extra)
+    row["clean_loss"] = record.get("clean_loss")
+    row.update(record["sharpness"])
+    return row
+
+
+def gap_label(entries: Sequence[ManifestEntry], gap_from: str) -> str:
+    """What the gap is, for the plots' horizontal axis."""
+    given = {entry.gap is not None for entry in entries}
+    if given == {True}:
+        return "generalisation gap (from the manifest)"
+    if given == {False}:
+        return f"generalisation gap ({_gap_formula(gap_from)})"
+    return f"generalisation gap (manifest, or {_gap_formula(gap_from)})"
+
+
+def tau_rows(gaps: Sequence[float], values: Mapping[str, Sequence[float]],
+             grid: Sequence[GridPoint], *, resamples: int, confidence: float,
+             seed: int) -> list[dict[str, Any]]:
+    """Kendall tau-a and tau-b between the gap and each grid point, with bootstrap intervals.
+
+    Parameters
+    ----------
+    gaps
+        One gap per model.
+    values
+        Grid key -> one value per model (in the order of ``gaps``).
+    grid
+        The grid points, in table order.
+    resamples, confidence, seed
+        The bootstrap (:func:`~quotientsharp.workflows.bootstrap.kendall_with_intervals`).
+
+    Returns
+    -------
+    list of dict
+        Per point: its description (:meth:`GridPoint.as_dict`), ``count``, ``tau_a``,
+        ``tau_a_low``, ``tau_a_high``, ``tau_b``, ``tau_b_low``, ``tau_b_high``, ``resamples``
+        and ``confidence`` (``None`` where undefined).
+    """
+    rows = []
+    for point in grid:
+        estimate = kendall_with_intervals(gaps, values[point.key], resamples=resamples,
+                                          confidence=confidence, seed=seed)
+        a_low, a_high = estimate.tau_a_interval or (None, None)
+        b_low, b_high = estimate.tau_b_interval or (None, None)
+        rows.append({**point.as_dict(), "count": estimate.count, "tau_a": estimate.tau_a,
+                     "tau_a_low": a_low, "tau_a_high": a_high, "tau_b": estimate.tau_b,
+                     "tau_b_low": b_low, "tau_b_high": b_high,
+                     "resamples": estimate.resamples, "confidence": confidence})
+    return rows
+
+
+def _with_interval(value: float | None, low: float | None, high: float | None) -> str:
+    if value is None:
+        return "undefined"
+    text = f"{value:+.2f}"
+    return text if low is None else f"{text} [{low:+.2f}, {high:+.2f}]"
+
+
+def tau_table(taus: Sequence[Mapping[str, Any]], markdown: bool = True) -> str:
+    """The taus as a markdown table, or as aligned plain text for the console."""
+    level = f"{100 * taus[0]['confidence']:g}%" if taus else "95%"
+    header = ["measure", "N", f"Kendall tau-a [{level} interval]",
+              f"Kendall tau-b [{level} interval]"]
+    cells = [[row["label"], str(row["count"]),
+              _with_interval(row["tau_a"], row["tau_a_low"], row["tau_a_high"]),
+              _with_interval(row["tau_b"], row["tau_b_low"], row["tau_b_high"])]
+             for row in taus]
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|---|---|---|---|"]
+        lines += ["| " + " | ".join(row) + " |" for row in cells]
+        return "\n".join(lines)
+    widths = [max(len(line[i]) for line in [header, *cells]) for i in range(len(header))]
+    lines = ["  ".join(text.ljust(width) for text, width in zip(line, widths, strict=True))
+             .rstrip() for line in [header, *cells]]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def study_report(*, manifest: str, data: str, command: str, entries: Sequence[ManifestEntry],
+                 records: Mapping[str, Mapping[str, Any]], grid: Sequence[GridPoint],
+                 taus: Sequence[Mapping[str, Any]], settings: Mapping[str, Any],
+                 gap_from: str, plots: Sequence[str], bootstrap: Mapping[str, Any],
+                 world_size: int, resumed: int, wall_seconds: float) -> str:
+    """The markdown report ``report.md``: what was measured, the tau table, the plots."""
+    gaps = [gap_of(entry, records[entry.name]) for entry in entries]
+    first = records[entries[0].name]
+    classes = sorted({records[entry.name]["model_class"] for entry in entries})
+    lines = [
+        f"# Sharpness against generalisation: `{manifest}`",
+        "",
+        f"Made by `{command}` ({len(entries)} models, wall time {wall_seconds:.1f} s"
+        + (f", {world_size} ranks under torchrun" if world_size > 1 else "")
+        + (", resumed" if resumed else "") + ").",
+        "",
+        f"- Models: {len(entries)} from `{manifest}` ({', '.join(classes)}).",
+        f"- Generalisation: {gap_label(entries, gap_from)}; over the models from "
+        f"{min(gaps):.4g} to {max(gaps):.4g}.",
+        f"- Sharpness on `{data}`: {first['examples']} examples in {first['batches']} "
+        f"batch(es) of at most {settings['batch_size']}, per batch then averaged; "
+        f"loss {settings['loss']}; Auto-PGD with {settings['n_iter']} steps for the ascent "
+        f"measures; seed {settings['seed']}.",
+        f"- Intervals: percentile bootstrap over the models, {bootstrap['resamples']} draws, "
+        f"seed {bootstrap['seed']}, {100 * bootstrap['confidence']:g}% (tau-b is the "
+        "tie-corrected one; the tau-a interval leans towards 0, because a draw repeats models "
+        "and their copies tie).",
+        "",
+        sign_convention("the generalisation gap", results_page=False),
+        "",
+        tau_table(taus),
+        "",
+    ]
+    if plots:
+        lines += ["## Plots", ""]
+        by_key = {point.key: point for point in grid}
+        for name in plots:
+            key = name.removeprefix("scatter_").removesuffix(".png")
+            label = by_key[key].label(greek=False) if key in by_key else key
+            lines += [f"![{label}]({name})", ""]
+    lines += ["## Files", "",
+              "- `models.csv`: one row per model (the gap, the manifest's other keys, one "
+              "column per measure);",
+              "- `models.jsonl`: the full record of each model (per-batch values, timings);",
+              "- `taus.json`, `taus.csv`: the table above, every number;",
+              "- `run.json`: settings, versions, timings (checked by `--resume`)."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,309 @@
+"""``quotientsharp study``: the driver, from the manifest to every output, resumable, on ranks.
+
+:func:`run_study` measures every model of the manifest not yet measured, writes each record as
+it finishes, then the taus, the plots and the report. The results folder works as those of
+``quotientsharp reproduce`` (:class:`~quotientsharp.workflows.results.ResultsDirectory`):
+
+- ``models.jsonl`` gets one record per model, appended and synced as the model finishes
+  (under torchrun each rank ``r`` appends to its own ``models.rank{r}.jsonl``, folded into
+  ``models.jsonl`` at the end); ``models.csv`` is rewritten from the records after each model
+  (atomically), so a killed run loses no finished model;
+- ``--resume`` keeps the records of the models still in the manifest (same model and data,
+  else an error) and measures the others: a manifest may grow between runs. The settings that
+  determine the values (the grid, the sharpness data's content, the batches, the loss, ...)
+  must equal those saved in ``run.json``; the bootstrap and plot options may change;
+- under torchrun the models still missing are dealt round-robin over the ranks
+  (:func:`quotientsharp.engine.distributed.shard`), each measured whole on one rank; rank 0 alone
+  creates, checks and finishes the folder (:func:`quotientsharp.engine.distributed.run_on_rank0`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quotientsharp.workflows import measuring
+from quotientsharp.workflows.grid import GridPoint, build_grid
+from quotientsharp.workflows.manifest import ManifestEntry, read_manifest
+from quotientsharp.workflows.report import (
+    command_line,
+    csv_columns,
+    csv_row,
+    gap_label,
+    gap_of,
+    reserved_columns,
+    study_report,
+    tau_rows,
+    tau_table,
+)
+
+__all__ = ["STUDY", "StudyOutcome", "default_out", "run_study", "study_settings"]
+
+#: The study name in ``run.json`` (checked by ``--resume``).
+STUDY = "quotientsharp study"
+MODELS, CSV, REPORT = "models.jsonl", "models.csv", "report.md"
+TAUS_JSON, TAUS_CSV = "taus.json", "taus.csv"
+TAU_COLUMNS = ("key", "label", "measure", "metric", "order", "rho", "p", "count", "tau_a",
+               "tau_a_low", "tau_a_high", "tau_b", "tau_b_low", "tau_b_high", "resamples",
+               "confidence")
+
+
+@dataclass
+class StudyOutcome:
+    """What :func:`run_study` did and found.
+
+    Attributes
+    ----------
+    out
+        The results folder.
+    rows
+        The rows of ``models.csv`` (manifest order).
+    taus
+        The rows of ``taus.json``.
+    computed_now
+        Names of the models measured in this session.
+    ignored
+        Names of records in the folder whose model is no longer in the manifest.
+    summary
+        The console summary (the tau table, the sign convention, where the files are).
+    plots
+        The plot files written (``None`` without matplotlib or with ``--no-plots``).
+    wall_seconds
+        Wall time of every session of the run.
+    """
+
+    out: Path
+    rows: list[dict[str, Any]]
+    taus: list[dict[str, Any]]
+    computed_now: list[str]
+    ignored: list[str]
+    summary: str
+    plots: list[Path] | None
+    wall_seconds: float
+
+
+def default_out(manifest: str | Path) -> Path:
+    """The default results folder: ``results/<manifest stem>``."""
+    return Path("results") / Path(manifest).stem
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def study_settings(args: argparse.Namespace, grid: Sequence[GridPoint],
+                   gap_from: str) -> dict[str, Any]:
+    """Everything that determines the values (saved in ``run.json``, checked on resume)."""
+    data = Path(args.data)
+    if not data.is_file():
+        raise FileNotFoundError(f"--data {data} does not exist" if not data.exists()
+                                else f"--data {data} is not a file")
+    return {"data": {"name": data.name, "sha256": _digest(data)},
+            "grid": [point.as_dict() for point in grid], "gap_from": gap_from,
+            "loss": args.loss, "batch_size": args.batch_size, "max_batches": args.max_batches,
+            "n_iter": args.n_iter, "seed": args.seed, "eps": args.eps,
+            "samples": args.samples, "layer": args.layer, "max_length": args.max_length,
+            "tokenizer": args.tokenizer, "dtype": args.dtype}
+
+
+def _check_identities(finished: dict[str, dict[str, Any]],
+                      entries: Sequence[ManifestEntry], folder: Path) -> None:
+    for entry in entries:
+        record = finished.get(entry.name)
+        if record is not None and record.get("identity") != entry.identity():
+            raise ValueError(f"--resume: {folder} holds a record of {entry.name!r} made from "
+                             f"{record.get('identity')}, but the manifest now gives "
+                             f"{entry.identity()}; rename the model in the manifest, use "
+                             "another --out, or run without --resume")
+
+
+def _colors(entries: Sequence[ManifestEntry], key: str | None) -> list[float] | None:
+    if key is None:
+        return None
+    values = []
+    for entry in entries:
+        try:
+            values.append(float(entry.extra[key]))
+        except KeyError:
+            raise ValueError(f"--color {key}: model {entry.name!r} (line {entry.line}) has no "
+                             f"such key; the manifest's other keys are "
+                             f"{sorted(entry.extra)}") from None
+        except ValueError:
+            raise ValueError(f"--color {key}: model {entry.name!r} (line {entry.line}) has "
+                             f"the non-numeric value {entry.extra[key]!r}") from None
+    return values
+
+
+def run_study(manifest: str | Path, args: argparse.Namespace) -> StudyOutcome:
+    """Run (or resume) the study of a manifest and write every output (module docstring).
+
+    Call it on every rank under torchrun, with the same arguments; every rank returns the same
+    outcome.
+
+    Parameters
+    ----------
+    manifest
+        The manifest file (:mod:`quotientsharp.workflows.manifest`).
+    args
+        The options of ``quotientsharp study`` (``data``, the sharpness options of
+        ``quotientsharp measure``, ``gap_from``, ``out``, ``resume``, ``bootstrap``,
+        ``confidence``, ``bootstrap_seed``, ``color``, ``plots``, ``progress``, ``threads``).
+    """
+    import torch
+
+    from quotientsharp.cli.measure import check_device
+    from quotientsharp.engine.distributed import (
+        gather_indexed,
+        rank_and_world_size,
+        run_on_rank0,
+        shard,
+    )
+    from quotientsharp.workflows.generalisation import gap_kind
+    from quotientsharp.workflows.plots import study_plots
+    from quotientsharp.workflows.results import (
+        ResultsDirectory,
+        append_jsonl,
+        progress_bar,
+        shard_name,
+        sign_convention,
+        write_csv_atomic,
+        write_json_atomic,
+    )
+
+    grid = build_grid(args)
+    gap_from = gap_kind(args.gap_from, args.loss)
+    entries = read_manifest(manifest, reserved=reserved_columns(grid))
+    colors = _colors(entries, args.color)
+    device = check_device(args.device)
+    settings = study_settings(args, grid, gap_from)
+    out = Path(args.out) if args.out is not None else default_out(manifest)
+    columns = csv_columns(entries, grid)
+    names = [MODELS, CSV, REPORT, TAUS_JSON, TAUS_CSV, *(f"scatter_{p.key}.png" for p in grid)]
+    by_name = {entry.name: entry for entry in entries}
+    rank, world_size = rank_and_world_size()
+    distributed = world_size > 1
+    folder: dict[str, ResultsDirectory] = {}       # rank 0's; the other ranks never write
+
+    def write_rows(records: dict[str, dict[str, Any]]) -> None:
+        write_csv_atomic(folder["results"].file(CSV), columns,
+                         [csv_row(e, records[e.name], gap_from) for e in entries
+                          if e.name in records])
+
+    def open_folder() -> tuple[dict[str, dict[str, Any]], float]:
+        results = ResultsDirectory(out, STUDY, settings, args.resume, names, sharded=[MODELS])
+        folder["results"] = results
+        # shards of an interrupted distributed run join models.jsonl before anything else
+        finished = {r["name"]: r for r in results.consolidate(MODELS, "name")}
+        _check_identities(finished, entries, out)
+        if args.resume:
+            # the CSV mirrors the JSONL: a run cut between the two writes is repaired here
+            write_rows(finished)
+        return finished, float(results.run_info.get("wall_seconds", 0.0))
+
+    saved_threads = torch.get_num_threads()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    bar = None
+    try:
+        finished, previous_seconds = run_on_rank0(open_folder)
+        start = time.perf_counter()
+        todo = [entry.name for entry in entries if entry.name not in finished]
+        mine = shard(todo)                              # (position in todo, name)
+        records = {name: r for name, r in finished.items() if name in by_name}
+        bar = progress_bar(len(records) + len(mine), "study models",
+                           args.progress if rank == 0 else False, unit="model")
+        bar.update(len(records))
+        computed: list[tuple[int, dict[str, Any]]] = []
+        for position, name in mine:
+            def tick(status: str, name: str = name) -> None:
+                bar.set_postfix_str(f"{name}: {status}")
+
+            try:
+                record = measuring.measure_entry(by_name[name], grid, args, device, gap_from,
+                                                 tick)
+            except Exception as err:
+                # under torchrun the other ranks do not see this error: this rank reports it
+                err.raised_on_this_rank = True
+                raise
+            computed.append((position, record))
+            bar.update(1)
+            if not distributed:
+                results = folder["results"]
+                results.append(MODELS, record)
+                records[name] = record
+                write_rows(records)
+                results.save_run_info(finished_models=len(records),
+                                      wall_seconds=previous_seconds + time.perf_counter() - start)
+                continue
+            append_jsonl(out / shard_name(MODELS, rank), record)
+            if rank == 0:
+                # a live mirror of every rank's finished models (shards read, never repaired)
+                results = folder["results"]
+                live = {r["name"]: r for r in results.merged_records(MODELS, "name",
+                                                                     repair=False)}
+                write_rows(live)
+                results.save_run_info(finished_models=len(live),
+                                      wall_seconds=previous_seconds + time.perf_counter() - start)
+        if distributed:
+            for position, record in enumerate(gather_indexed(computed)):
+                records[todo[position]] = record
+    finally:
+        if bar is not None:
+            bar.close()
+        torch.set_num_threads(saved_threads)
+
+    rows = [csv_row(entry, records[entry.name], gap_from) for entry in entries]
+    gaps = [gap_of(entry, records[entry.name]) for entry in entries]
+    values = {point.key: [records[e.name]["sharpness"][point.key] for e in entries]
+              for point in grid}
+    bootstrap = {"resamples": args.bootstrap, "confidence": args.confidence,
+                 "seed": args.bootstrap_seed}
+    taus = tau_rows(gaps, values, grid, resamples=args.bootstrap, confidence=args.confidence,
+                    seed=args.bootstrap_seed)
+    ignored = sorted(name for name in finished if name not in by_name)
+
+    def finish() -> tuple[list[Path] | None, float]:
+        results = folder["results"]
+        wall = previous_seconds + time.perf_counter() - start
+        if distributed:
+            results.consolidate(MODELS, "name")
+        write_csv_atomic(results.file(CSV), columns, rows)
+        write_json_atomic(results.file(TAUS_JSON), taus)
+        write_csv_atomic(results.file(TAUS_CSV), TAU_COLUMNS, taus)
+        plots = None
+        if args.plots:
+            plots = study_plots(gaps, values, grid, taus, results.path,
+                                x_label=gap_label(entries, gap_from), color=colors,
+                                color_label=args.color or "")
+        report = study_report(
+            manifest=str(manifest), data=str(args.data),
+            command=command_line(str(manifest), args, grid), entries=entries, records=records,
+            grid=grid, taus=taus, settings=settings, gap_from=gap_from,
+            plots=[path.name for path in plots or []], bootstrap=bootstrap,
+            world_size=world_size, resumed=int(results.run_info.get("resumed", 0)),
+            wall_seconds=wall)
+        results.file(REPORT).write_text(report)
+        results.save_run_info(status="finished", finished_models=len(rows), wall_seconds=wall,
+                              computed_now=todo, ignored_records=ignored, bootstrap=bootstrap,
+                              taus=taus)
+        return plots, wall
+
+    plots, wall = run_on_rank0(finish)
+    summary = "\n".join([
+        tau_table(taus, markdown=False), "",
+        f"{len(rows)} models, measured now: {len(todo)}"
+        + (f"; records of {len(ignored)} model(s) no longer in the manifest left out: "
+           f"{ignored[:5]}" if ignored else "")
+        + f"; wall time {wall:.1f} s",
+        sign_convention("the generalisation gap", results_page=False),
+        f"Report: {out / REPORT} (models.csv, taus.json, plots and run.json beside it)."])
+    return StudyOutcome(out, rows, taus, todo, ignored, summary, plots, wall)

@@ -1,0 +1,98 @@
+"""``quotientsharp measure``: loading MODEL, a HuggingFace directory or a ``torch.save``'d module.
+
+:func:`load_measured_model` is the entry point (the accepted forms are described in
+:mod:`quotientsharp.cli.measure`). :func:`import_transformers` and
+:func:`quiet_transformers` are also used to load tokenizers (:mod:`.measure_data`).
+``transformers`` and ``torch`` are imported only when a model is loaded.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from quotientsharp.workflows.options import InputError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = ["import_transformers", "load_measured_model", "quiet_transformers"]
+
+
+def quiet_transformers():
+    """Silence transformers' load reports and progress bars; returns a restore function."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+    def restore() -> None:
+        hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()
+
+    return restore
+
+
+def import_transformers(what: str):
+    """``transformers``, offline; :class:`InputError` naming ``what`` needs it if missing."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        import transformers
+    except ImportError as err:
+        raise InputError(f"{what} needs the 'transformers' package (pip install "
+                         "quotientsharp[hf])") from err
+    return transformers
+
+
+def _load_pretrained(directory: Path) -> nn.Module:
+    from torch import nn
+
+    transformers = import_transformers(f"MODEL directory {directory}")
+    restore = quiet_transformers()
+    try:
+        config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+        architectures = getattr(config, "architectures", None) or []
+        model_class = getattr(transformers, architectures[0], None) if architectures else None
+        if not (isinstance(model_class, type) and issubclass(model_class, nn.Module)):
+            model_class = transformers.AutoModelForSequenceClassification
+        model, info = model_class.from_pretrained(directory, local_files_only=True,
+                                                  attn_implementation="eager",
+                                                  output_loading_info=True)
+    finally:
+        restore()
+    missing = list(info.get("missing_keys") or [])
+    if missing:
+        shown = ", ".join(sorted(missing)[:6]) + (", ..." if len(missing) > 6 else "")
+        raise InputError(f"MODEL {directory}: the weights lack {len(missing)} tensor(s) of "
+                         f"{model_class.__name__} ({shown}); a fresh, untrained part would be "
+                         "measured. Save the complete model with save_pretrained")
+    return model
+
+
+def load_measured_model(path: str | os.PathLike) -> nn.Module:
+    """The model behind MODEL (see :mod:`quotientsharp.cli.measure`), in eval mode, on
+    the CPU."""
+    from torch import nn
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"MODEL {path} does not exist")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise InputError(f"MODEL directory {path} has no config.json (expected a "
+                             "HuggingFace model saved with save_pretrained)")
+        model = _load_pretrained(path)
+    else:
+        from quotientsharp.models.loading import load_model
+
+        model = load_model(path)
+        if any(p.is_meta for p in model.parameters()):
+            raise InputError(f"MODEL {path} is a config without weights; give a directory "
+                             "written by save_pretrained or a torch.save'd module")
+    if not isinstance(model, nn.Module):
+        raise InputError(f"MODEL {path} holds a {type(model).__name__}, not a torch.nn.Module")
+    return model.eval()
+
