@@ -146,7 +146,7 @@ def diagonal_ascent_family(models: int, d: int, samples: int, metric: str, rho: 
     ``batched``: one :func:`quotientsharp.reproduce.diagonal.batched_ascent.batched_ascend` call
     over the problem shape ``[models, 1]``; ``looped``: the same function once per model (problem
     shape ``[1, 1]``). Also returns ``engine_loop``, a loop of
-    :func:`quotientsharp.engine` over the models as ``nn.Module`` instances (the same
+    :func:`quotientsharp.sharpness` over the models as ``nn.Module`` instances (the same
     quantity through the general engine).
     """
     from quotientsharp.engine import AscentSettings, sharpness

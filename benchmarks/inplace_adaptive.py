@@ -5,7 +5,7 @@ A straightforward reimplementation, from SPEC section 6, of the protocol of Andr
 that code works: the perturbation ``delta`` is written into the model's parameters before every
 forward/backward (``p <- w + delta``, a parameter copy per step), the gradient is read from
 ``p.grad``, and the original weights are copied back afterwards. It exists only as the baseline
-of row 6 of ``benchmarks/run.py``; the library's :func:`quotientsharp.engine` evaluates
+of row 6 of ``benchmarks/run.py``; the library's :func:`quotientsharp.sharpness` evaluates
 functionally and never writes to the model.
 
 The ascent is Auto-PGD with the defaults of SPEC section 6 (``xi = 0`` start, ``eta_0 = 2 rho``,

@@ -5,7 +5,7 @@ all trainable, embeddings included) with a fresh seeded 2-class head, float32. T
 ``sentences`` texts of ``tokens`` tokens (several generated sentences joined and truncated,
 so every text fills the length). Figures, each a ratio of one run:
 
-- the cost of one ascent iteration (the slope between whole ``quotientsharp.engine`` calls
+- the cost of one ascent iteration (the slope between whole ``quotientsharp.sharpness`` calls
   with ``n_iter = n_lo`` and ``n_hi``, setup cancels) over one plain functional
   forward+backward of the same batch, for adaptive and geodesic mix and inv (order 2);
 - the setup of one call (everything but the iterations: symmetry discovery, layout, the
@@ -30,7 +30,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parent / "examples"
 
-#: the row's measures (the options of ``quotientsharp.engine``)
+#: the row's measures (the options of ``quotientsharp.sharpness``)
 MEASURES: dict[str, dict[str, Any]] = {
     "adaptive": {"measure": "adaptive"},
     "geodesic mix": {"measure": "geodesic", "metric": "mix", "order": 2},

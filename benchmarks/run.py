@@ -8,7 +8,7 @@ Rows (targets in brackets):
 1. cost per ascent iteration of geodesic sharpness (order 2, mix and inv) against adaptive
    sharpness on the same BERT stack (``BertConfig``, eager attention) [mix <= 1.15x, inv <= 1.3x].
    Per-iteration cost is ``(T(n_hi) - T(n_lo)) / (n_hi - n_lo)`` from whole
-   ``quotientsharp.engine`` calls with ``n_iter = n_lo`` and ``n_hi``: setup (symmetry
+   ``quotientsharp.sharpness`` calls with ``n_iter = n_lo`` and ``n_hi``: setup (symmetry
    discovery, Gram factorisations, clean loss) cancels.
 2. the engine's geometry operations of one ascent step (``P_S`` of two horizontal vectors, the
    Riemannian gradient direction, the order-2 point ``theta + xi - Gamma(xi, xi) / 2`` with its
@@ -290,7 +290,7 @@ def _profile_hot_loop(ctx: Context, batches) -> None:
 
 # ---------------------------------------------------------------------------- row 2
 def _engine(ctx: Context, options: dict[str, Any], batch_factor: int = 1):
-    """The engine's objects for one batch, built as ``quotientsharp.engine`` builds them.
+    """The engine's objects for one batch, built as ``quotientsharp.sharpness`` builds them.
 
     ``batch_factor`` multiplies the batch size (the geometry does not depend on the batch).
     """
@@ -550,7 +550,7 @@ def row_families(ctx: Context) -> Row:
     details["steps"] = (
         "diagonal (batched_ascent): the full Auto-PGD ascent (geodesic mix, order 2) of every "
         "net in one batched_ascend call against the same call per net; 'engine loop' is "
-        "quotientsharp.engine per net. Diagonal (one step) and transformer: one geodesic "
+        "quotientsharp.sharpness per net. Diagonal (one step) and transformer: one geodesic "
         "ascent step (order 2, mix: point, loss and gradient through it, Riemannian direction, "
         "projected step), torch.func.vmap over stacked models against a Python loop over the "
         "same function")

@@ -3,7 +3,7 @@
 
 ``measure`` is held against independent computations: the clean losses against a plain forward
 of every example on its own (no padding), the sharpness values against direct calls of
-``quotientsharp.engine`` on batches built here.
+``quotientsharp.sharpness`` on batches built here.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 study end to end (quick variant, once), ``--resume`` after interruptions, the docs page.
 
 Independent references: scipy's ``kendalltau`` and hand-counted pairs; the engine's
-``quotientsharp.engine`` on an equivalent ``nn.Module``; the exact trust-region maximum of a
+``quotientsharp.sharpness`` on an equivalent ``nn.Module``; the exact trust-region maximum of a
 quadratic over a Euclidean ball (for the exact mix path, a straight line in ``beta``).
 """
 

@@ -1,4 +1,4 @@
-"""``quotientsharp.engine`` on tiny models against independent computations.
+"""``quotientsharp.sharpness`` on tiny models against independent computations.
 
 - worst-case L2 on a quadratic: the trust-region maximum from a 1-D search over the multiplier;
 - worst-case L-infinity on a convex quadratic: brute force over the box's vertices;

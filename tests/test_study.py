@@ -2,7 +2,7 @@
 
 Five small MLPs saved with ``torch.save`` and made-up gaps, and three tiny BERTs saved with
 ``save_pretrained`` whose gap is computed from train and test JSON lines, are studied through
-``quotientsharp.cli.main``. Checked: the CSV against direct ``quotientsharp.engine`` calls,
+``quotientsharp.cli.main``. Checked: the CSV against direct ``quotientsharp.sharpness`` calls,
 the taus against the Kendall functions, the bootstrap against resampling by hand, the report
 and plot files; an interrupted run (stopped after 2 models, in this process and by SIGKILL in a
 subprocess) resumed to the very files of an uninterrupted one; a grown manifest; torchrun with

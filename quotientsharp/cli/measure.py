@@ -25,7 +25,7 @@ DATA is one of
 
 The data are split into consecutive batches of ``--batch-size`` (the last one may be smaller),
 at most ``--max-batches`` of them; every measure runs on the same batches, per batch, and
-reports the mean over batches (``quotientsharp.engine``). A table goes to stdout; ``--json
+reports the mean over batches (``quotientsharp.sharpness``). A table goes to stdout; ``--json
 OUT`` also writes the settings, every per-batch value and the values as JSON (for the ascent
 measures also the solver's convergence trace per batch). Exit status 0 on success, 2 on bad
 input (with a one-line error on stderr).

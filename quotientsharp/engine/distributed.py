@@ -11,12 +11,12 @@ Launch with ``torchrun`` (``gloo`` on CPU, ``nccl`` on GPUs)::
         print(result.value, result.per_batch)       # every rank holds the full result
 
 Batches are dealt round-robin (batch ``i`` to rank ``i % world_size``), every rank measures
-its own with :func:`quotientsharp.engine`, and the per-batch outcomes are all-gathered and
+its own with :func:`quotientsharp.sharpness`, and the per-batch outcomes are all-gathered and
 put back in batch order, so the result has the layout of a single-process one.
 
 Equality with a single process. Sharpness is computed on each batch separately, then averaged
 over the batches (see ``docs/sharpness.md``); a batch's value depends on the model, the batch,
-the options and, for randomised measures, the random stream. ``quotientsharp.engine``
+the options and, for randomised measures, the random stream. ``quotientsharp.sharpness``
 draws from one generator seeded once per call, so the draws a batch sees depend on the batches
 before it. Here the stream of batch ``i`` is instead seeded with :func:`batch_seed`
 ``(seed, i)``, which depends on the batch index and never on the rank:
@@ -24,12 +24,12 @@ before it. Here the stream of batch ``i`` is instead seeded with :func:`batch_se
 - measures without randomness (ascent measures with ``random_init=False`` and
   ``restarts=0``, the defaults, and relative flatness): each rank makes one ``sharpness`` call
   on its share; per-batch values are bit-identical to those of
-  ``quotientsharp.engine(model, batches, ...)`` in one process (same device, same threads);
+  ``quotientsharp.sharpness(model, batches, ...)`` in one process (same device, same threads);
 - randomised measures (``average``, ``random_init=True`` or ``restarts > 0``, or a
   ``reference_solve`` with random restarts, its default): one ``sharpness`` call per batch
   with ``seed=batch_seed(seed, i)``; per-batch values are bit-identical to this function's in
   a single process (no process group, or world size 1) and independent of the number of
-  ranks, but not equal to one ``quotientsharp.engine`` call over all batches (whose draws
+  ranks, but not equal to one ``quotientsharp.sharpness`` call over all batches (whose draws
   are sequential). The setup (symmetry discovery, Gram factorisations) is then
   repeated per batch.
 
@@ -407,7 +407,7 @@ def _records(result: SharpnessResult, indices: Sequence[int]) -> list[tuple[int,
 def distributed_sharpness(model: nn.Module, batches: Iterable, measure: str = "geodesic",
                           rho: float | None = None, *, group: Any = None,
                           check_same_model: bool = True, **options: Any) -> SharpnessResult:
-    """:func:`quotientsharp.engine` with the batches spread over the ranks.
+    """:func:`quotientsharp.sharpness` with the batches spread over the ranks.
 
     Call it on every rank with the same model, batches and options; every rank returns the
     full result (all batches, in order). Without a process group it runs in this process.
@@ -418,10 +418,10 @@ def distributed_sharpness(model: nn.Module, batches: Iterable, measure: str = "g
         The network, with the same weights on every rank (checked by a digest when
         ``check_same_model``); on each rank's own device.
     batches
-        Batches as for :func:`quotientsharp.engine`; a sequence is only indexed at this
+        Batches as for :func:`quotientsharp.sharpness`; a sequence is only indexed at this
         rank's positions, any other iterable must yield the same batches on every rank.
     measure, rho, **options
-        As for :func:`quotientsharp.engine`. ``seed`` is the base of the per-batch seeds
+        As for :func:`quotientsharp.sharpness`. ``seed`` is the base of the per-batch seeds
         (:func:`batch_seed`) of randomised measures.
     group
         Process group (default: the world).
@@ -492,7 +492,7 @@ def models_sharpness(models: Sequence[nn.Module], batches: Sequence, measure: st
     """Sharpness of every model (each measured whole on one rank), in order, on every rank.
 
     ``batches`` must be a sequence (it is iterated once per model). Each model is measured by
-    :func:`quotientsharp.engine` with the same options, so results are bit-identical to a
+    :func:`quotientsharp.sharpness` with the same options, so results are bit-identical to a
     loop in one process. Perturbations kept with ``keep_perturbations=True`` come back on the
     CPU.
     """

@@ -2,7 +2,7 @@
 
 Discovery (:func:`~quotientsharp.models.find_symmetries`) knows attention heads and diagonal
 networks. For any other symmetry, a :class:`QuotientBinding` says which parameters form a point
-of a quotient and how they map to and from it; ``quotientsharp.engine(model, batches,
+of a quotient and how they map to and from it; ``quotientsharp.sharpness(model, batches,
 measure="geodesic", symmetries=[binding, ...])`` then measures with that quotient, and every
 other trainable parameter gets the adaptive geometry.
 
@@ -31,7 +31,7 @@ class QuotientBinding:
     ----------
     quotient
         The quotient (its metric is the one measured; the ``metric`` option of
-        :func:`~quotientsharp.engine` applies to discovered symmetries only).
+        :func:`~quotientsharp.sharpness` applies to discovered symmetries only).
     parameters
         Names (as in ``model.named_parameters()``) of the parameters the point is made of;
         no parameter may belong to two bindings.

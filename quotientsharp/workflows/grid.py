@@ -3,7 +3,7 @@
 The options are those of ``quotientsharp measure`` (:mod:`quotientsharp.workflows.options`)
 with ``--rho`` a comma list: ``--measure adaptive --measure geodesic --rho 0.05,0.1 --metric
 inv,mix --order 1,2`` is 2 adaptive and 8 geodesic grid points. Each :class:`GridPoint` is one
-call of :func:`quotientsharp.engine` per model, named by a column key
+call of :func:`quotientsharp.sharpness` per model, named by a column key
 (``geodesic_mix_order2_rho0.1``) and a readable label (``geodesic sharpness (mix metric, order
 2, ρ = 0.1)``).
 """
@@ -38,7 +38,7 @@ class GridPoint:
     key
         The column of the output CSV and the name of its plot (``scatter_{key}.png``).
     measure
-        The measure of :func:`quotientsharp.engine`.
+        The measure of :func:`quotientsharp.sharpness`.
     rho
         The radius (``None`` for relative flatness).
     metric, order
@@ -60,7 +60,7 @@ class GridPoint:
                              p=self.p, greek=greek)
 
     def options(self, args: argparse.Namespace) -> dict[str, Any]:
-        """Keyword options of :func:`quotientsharp.engine` (no progress bar of its own)."""
+        """Keyword options of :func:`quotientsharp.sharpness` (no progress bar of its own)."""
         variant = {} if self.metric is None else {"metric": self.metric, "order": self.order}
         options = options_for(MeasureRun(self.key, self.measure, variant), args)
         options["progress"] = False

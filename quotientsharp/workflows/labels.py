@@ -20,7 +20,7 @@ __all__ = [
     "tau_title",
 ]
 
-#: The measures of :func:`quotientsharp.engine`, in words.
+#: The measures of :func:`quotientsharp.sharpness`, in words.
 MEASURE_NAMES = {
     "average": "average sharpness",
     "worst_case": "worst-case sharpness",
@@ -45,7 +45,7 @@ def measure_label(measure: str, *, metric: str | None = None, order: int | str |
     Parameters
     ----------
     measure
-        A measure of :func:`quotientsharp.engine` (``"geodesic"``, ``"adaptive"``, ...).
+        A measure of :func:`quotientsharp.sharpness` (``"geodesic"``, ``"adaptive"``, ...).
     metric, order
         Geodesic sharpness: the quotient metric and the order of the path (``1``, ``2`` or
         ``"exact"``).

@@ -2,7 +2,7 @@
 
 :func:`add_arguments` declares the options of the subcommand, :func:`check_options` and
 :func:`measure_names` validate them before anything is loaded, and :func:`options_for` turns
-them into the keyword options of :func:`quotientsharp.engine` for one measure. Bad input of
+them into the keyword options of :func:`quotientsharp.sharpness` for one measure. Bad input of
 any stage (options, model, data) raises :class:`InputError`: one line on stderr, exit status 2
 (:func:`quotientsharp.cli.measure.run`).
 """
@@ -36,7 +36,7 @@ __all__ = [
 
 PROG = "quotientsharp measure"
 ASCENT_MEASURES = ("worst_case", "adaptive", "geodesic")
-#: The measures of :func:`quotientsharp.engine` (``tests/test_bad_inputs.py`` holds this
+#: The measures of :func:`quotientsharp.sharpness` (``tests/test_bad_inputs.py`` holds this
 #: list to ``quotientsharp.engine.MEASURES``; it is repeated here so that checking
 #: ``--measure`` imports no torch).
 MEASURE_NAMES = ("average", "worst_case", "adaptive", "geodesic", "relative_flatness")
@@ -220,7 +220,7 @@ def _order(text: str) -> int | str:
 
 @dataclass(frozen=True)
 class MeasureRun:
-    """One call of :func:`quotientsharp.engine`: a measure and, for geodesic sharpness, one
+    """One call of :func:`quotientsharp.sharpness`: a measure and, for geodesic sharpness, one
     metric and order. ``key`` names its entry in the JSON document."""
 
     key: str
@@ -274,7 +274,7 @@ def check_options(args: argparse.Namespace, measures: Sequence[str]) -> dict[str
 
 
 def options_for(run: MeasureRun, args: argparse.Namespace) -> dict[str, Any]:
-    """Keyword options of :func:`quotientsharp.engine` for one run from the arguments."""
+    """Keyword options of :func:`quotientsharp.sharpness` for one run from the arguments."""
     measure = run.measure
     options: dict[str, Any] = {"loss": args.loss, "seed": args.seed, "progress": args.progress}
     if measure in ASCENT_MEASURES:

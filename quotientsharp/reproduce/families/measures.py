@@ -2,7 +2,7 @@
 
 :func:`family_measures` lists the measures of the studies (:class:`MeasureSpec`: CSV key, label,
 measure, radius, options, paper column) and :func:`measure_model` runs them all through
-:func:`quotientsharp.engine` on the fixed sharpness batches.
+:func:`quotientsharp.sharpness` on the fixed sharpness batches.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class MeasureSpec:
     label
         Readable name for tables and plots.
     measure
-        The ``measure`` argument of :func:`quotientsharp.engine`.
+        The ``measure`` argument of :func:`quotientsharp.sharpness`.
     rho
         The radius (``None`` for relative flatness).
     options
@@ -122,7 +122,7 @@ def measure_model(model: nn.Module, batches: Sequence[Any], specs: Sequence[Meas
     n_iter
         Auto-PGD steps per batch for the ascent measures.
     seed
-        The ``seed`` option of :func:`quotientsharp.engine`.
+        The ``seed`` option of :func:`quotientsharp.sharpness`.
     tick
         Called with the measure key after each measure.
 

@@ -18,7 +18,7 @@ Protocol, shared by both families:
   cosine decay to zero, cross-entropy with label smoothing, dropout off; the initialisation and
   the order of the minibatches come from ``torch.manual_seed(init_seed_i)``;
 - sharpness: every measure of :data:`FAMILY_MEASURES` on the same batches, through
-  :func:`quotientsharp.engine` with ``seed=0`` (deterministic ascent from ``xi = 0``).
+  :func:`quotientsharp.sharpness` with ``seed=0`` (deterministic ascent from ``xi = 0``).
 
 Fine-tuning families (``reproduce minilm``, ``reproduce vit-finetune``) follow the same
 protocol from one common pretrained start (:class:`PretrainedStart`: MiniLM from its package,
