@@ -20,8 +20,9 @@ are read with a stride (:class:`~quotientsharp.models.FactorSource`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -51,7 +52,7 @@ class Coordinates:
     diagonal: tuple[torch.Tensor, torch.Tensor] | None
     other: dict[str, torch.Tensor]
 
-    def replace(self, **changes: object) -> Coordinates:
+    def replace(self, **changes: Any) -> Coordinates:
         """A copy with some fields replaced (``gl=...``, ``diagonal=...``, ``other=...``)."""
         return replace(self, **changes)
 
@@ -396,6 +397,7 @@ class ParameterLayout:
             elif name in other:
                 result[name] = other[name]
         if self._diagonal:
+            assert diagonal is not None  # _check_coordinates demands (u, v) when there are pairs
             sizes = [p.size for p in self._diagonal]
             for factor, attribute in ((0, "u_name"), (1, "v_name")):
                 # clone so that results never share storage with the coordinates
@@ -418,7 +420,8 @@ class ParameterLayout:
                 raise ValueError(f"params[{name!r}] has shape {tuple(tensor.shape)}, expected "
                                  f"{self._shapes[name]}")
 
-    def _check_coordinates(self, coords: Coordinates) -> tuple[list, object, dict]:
+    def _check_coordinates(self, coords: Coordinates) -> tuple[
+            list[Any], Sequence[torch.Tensor] | None, Mapping[str, torch.Tensor]]:
         gl = getattr(coords, "gl", None)
         if not isinstance(gl, (list, tuple)) or len(gl) != len(self.bucket_shapes):
             raise ValueError(f"coords.gl must be a list of {len(self.bucket_shapes)} (G, H) "

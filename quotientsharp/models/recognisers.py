@@ -29,7 +29,9 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypeGuard, cast
 
+import torch
 from torch import nn
 
 from quotientsharp.models.conventions import (
@@ -112,7 +114,7 @@ def _parameter_name(names: dict[int, str], tensor: object, what: str) -> str:
     return names[id(tensor)]
 
 
-def _linear_rows(linear: nn.Module, names: dict[int, str], what: str) -> tuple[FactorSource, ...]:
+def _linear_rows(linear: nn.Linear, names: dict[int, str], what: str) -> tuple[FactorSource, ...]:
     """Sources ``[weight[rows].T ; bias[rows]]`` of an ``nn.Linear`` q/k/v projection."""
     weight = _parameter_name(names, linear.weight, f"{what}.weight")
     sources = [FactorSource(weight, "weight", 0, 0, int(linear.weight.shape[1]))]
@@ -122,7 +124,7 @@ def _linear_rows(linear: nn.Module, names: dict[int, str], what: str) -> tuple[F
     return tuple(sources)
 
 
-def _linear_columns(linear: nn.Module, names: dict[int, str], what: str) -> tuple[FactorSource]:
+def _linear_columns(linear: nn.Linear, names: dict[int, str], what: str) -> tuple[FactorSource]:
     """Source ``weight[:, rows]`` of an ``nn.Linear`` output projection (its bias is excluded)."""
     weight = _parameter_name(names, linear.weight, f"{what}.weight")
     return (FactorSource(weight, "weight", 1, 0, int(linear.weight.shape[0])),)
@@ -330,7 +332,7 @@ def _qkvo_groups(name: str, module: nn.Module, heads: int, q: nn.Linear, k: nn.L
     return split, groups, notes
 
 
-def _is_linear(module: object) -> bool:
+def _is_linear(module: object) -> TypeGuard[nn.Linear]:
     return isinstance(module, nn.Linear)
 
 
@@ -425,11 +427,13 @@ def _handle_gpt2(name: str, module: nn.Module, names: dict[int, str]) -> Finding
         return None
     if getattr(module, "is_cross_attention", False) or "q_attn" in module._modules:
         raise Unsupported("GPT-2 cross-attention (q_attn) is not supported")
-    embed = int(c_attn.weight.shape[0])
-    if tuple(c_attn.weight.shape) != (embed, 3 * embed) or tuple(c_proj.weight.shape) != (embed,
-                                                                                           embed):
-        raise Unsupported(f"c_attn {tuple(c_attn.weight.shape)} / c_proj "
-                           f"{tuple(c_proj.weight.shape)} are not [E, 3E] / [E, E]")
+    # transformers' Conv1D keeps its weight as a Parameter; nn.Module.__getattr__ cannot say so
+    attn_weight, proj_weight = cast(torch.Tensor, c_attn.weight), cast(torch.Tensor, c_proj.weight)
+    embed = int(attn_weight.shape[0])
+    if tuple(attn_weight.shape) != (embed, 3 * embed) or tuple(proj_weight.shape) != (embed,
+                                                                                       embed):
+        raise Unsupported(f"c_attn {tuple(attn_weight.shape)} / c_proj "
+                           f"{tuple(proj_weight.shape)} are not [E, 3E] / [E, E]")
     heads = _head_count(module, embed)
     if embed % heads:
         raise Unsupported(f"{heads} heads do not divide the width {embed}")
@@ -483,7 +487,8 @@ def _handle_fused_per_head(name: str, module: nn.Module, names: dict[int, str]) 
             sources.append(FactorSource(bias, "bias", 0, 0, 1, 3 * head_dim, phase))
         projections.append(tuple(sources))
     out = _linear_columns(dense, names, f"{prefix}dense")
-    groups, notes = _pair_groups(name, module, split, *projections, out)
+    q, k, v = projections
+    groups, notes = _pair_groups(name, module, split, q, k, v, out)
     return Finding("fused_per_head", heads, groups, notes, heads)
 
 

@@ -85,7 +85,9 @@ def reparametrize(model_or_params: nn.Module | Mapping[str, torch.Tensor],
                   kinds: Sequence[str] = ("qk", "vo", "diagonal"),
                   return_transforms: bool = False,
                   max_condition: float = MAX_CONDITION,
-                  ) -> dict[str, torch.Tensor] | tuple[dict[str, torch.Tensor], list]:
+                  ) -> (dict[str, torch.Tensor]
+                        | tuple[dict[str, torch.Tensor],
+                                tuple[list[torch.Tensor], torch.Tensor | None]]):
     """Apply a random symmetry to every pair; the network's function is unchanged.
 
     Parameters
@@ -115,6 +117,7 @@ def reparametrize(model_or_params: nn.Module | Mapping[str, torch.Tensor],
         tensors of the original dtype and device, the others are the input tensors.
         With ``return_transforms``: ``(params, (bucket_matrices, diagonal_factors))``.
     """
+    params: dict[str, torch.Tensor]
     if isinstance(model_or_params, nn.Module):
         params = dict(model_or_params.named_parameters())
     elif isinstance(model_or_params, Mapping):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -230,7 +231,8 @@ def reference_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
                 # random-start ascent is the check of this ascent the page reports
                 rates = _model_rates(beta, full_inputs, full_targets, rho / math.sqrt(2.0))
                 model = (rates * base_u, rates * base_v)
-            geometry = _ReferenceStarts(batched, single, seeds, model)
+            # a proxy of the batched NetBall: what it does not override it forwards to it
+            geometry = cast(NetBall, _ReferenceStarts(batched, single, seeds, model))
             outcome = batched_ascend(geometry, mse_objective(batched, inputs, targets), ascent,
                                      bar.update, generator=torch.Generator())
             out[spec.name] = outcome.sharpness

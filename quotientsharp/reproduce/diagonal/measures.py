@@ -122,10 +122,13 @@ def geometry_for(spec: MeasureSpec, u: torch.Tensor, v: torch.Tensor, rho: float
     ``[*problem_shape, d]``)."""
     if spec.kind == "adaptive":
         return AdaptiveGeometry(u, v, rho, problem_shape)
+    assert spec.metric is not None  # every geodesic measure names its metric
     return DiagonalHorizontalGeometry(u, v, spec.metric, spec.order, rho, problem_shape)
 
 
 def path_name(spec: MeasureSpec) -> str:
     """The perturbation path of ``spec``, as the report's spread table names it."""
-    return ("(u + xi_u)(v + xi_v)" if spec.kind == "adaptive"
-            else PATH_NAMES[(spec.metric, spec.order)])
+    if spec.kind == "adaptive":
+        return "(u + xi_u)(v + xi_v)"
+    assert spec.metric is not None  # every geodesic measure names its metric
+    return PATH_NAMES[(spec.metric, spec.order)]

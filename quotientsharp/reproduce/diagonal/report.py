@@ -223,6 +223,8 @@ def kendall_taus(records: Sequence[dict[str, Any]], counted: Sequence[int]
             continue
         pairs = [(r["test_loss"], r["sharpness"][spec.name]) for r in records
                  if r["model"] in counted and not math.isnan(r["sharpness"][spec.name])]
+        tau_a: float | None
+        tau_b: float | None
         if len(pairs) >= 2:
             xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
             tau_a, tau_b = kendall_tau_a(xs, ys), kendall_tau_b(xs, ys)

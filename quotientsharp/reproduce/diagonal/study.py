@@ -146,6 +146,7 @@ def _run(settings: DiagonalSettings, directory: ResultsDirectory | None,
     hyper = draw_hyperparameters(settings)
 
     def train() -> tuple[dict[int, dict[str, Any]], dict[int, TrainedNet], list[int], float]:
+        assert directory is not None  # train runs on rank 0, which holds the folder
         directory.save_run_info(
             hyperparameters=[asdict(h) for h in hyper],
             seeds={"seed": settings.seed,
@@ -177,7 +178,9 @@ def _run(settings: DiagonalSettings, directory: ResultsDirectory | None,
             trained.update(train_nets(problem, hyper, settings, frozen, saved, progress))
         return finished_records, trained, to_train, time.perf_counter() - train_start
 
-    finished_records, trained, to_train, train_seconds = run_on_rank0(train)
+    trained_state = run_on_rank0(train)
+    assert trained_state is not None  # shared with every rank
+    finished_records, trained, to_train, train_seconds = trained_state
 
     to_measure = [i for i in range(settings.nets) if i not in finished_records]
     measure_start = time.perf_counter()
@@ -215,11 +218,14 @@ def _run(settings: DiagonalSettings, directory: ResultsDirectory | None,
     measure_seconds = time.perf_counter() - measure_start
 
     def finish() -> StudyResult:
+        assert directory is not None  # finish runs on rank 0, which holds the folder
         return _finish(settings, directory, problem, hyper, trained, finished_records,
                        per_batch, to_train, to_measure, train_seconds, measure_seconds, plots,
                        docs, on_record, start, world_size)
 
-    return run_on_rank0(finish)
+    result = run_on_rank0(finish)
+    assert result is not None  # shared with every rank
+    return result
 
 
 def _finish(settings: DiagonalSettings, directory: ResultsDirectory, problem: DiagonalProblem,

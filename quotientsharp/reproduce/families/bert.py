@@ -38,6 +38,7 @@ the section ``docs/results/bert.md`` and the regenerated ``docs/results.md``.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from quotientsharp.reproduce.families.data import ClassificationData
 from quotientsharp.reproduce.families.options import BERT_SIZES
@@ -65,11 +66,12 @@ LABEL_NOISE = 0.1
 POOL_SIZE, TEST_SIZE = 2048, 1024
 DATA_SEED = 0
 
-MODEL_CONFIG = {"vocab_size": VOCABULARY_SIZE, "hidden_size": 32, "num_hidden_layers": 2,
-                "num_attention_heads": 4, "intermediate_size": 64,
-                "max_position_embeddings": SEQUENCE_LENGTH, "type_vocab_size": 1,
-                "pad_token_id": PAD, "hidden_dropout_prob": 0.0,
-                "attention_probs_dropout_prob": 0.0, "attn_implementation": "eager"}
+MODEL_CONFIG: dict[str, Any] = {
+    "vocab_size": VOCABULARY_SIZE, "hidden_size": 32, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 64,
+    "max_position_embeddings": SEQUENCE_LENGTH, "type_vocab_size": 1,
+    "pad_token_id": PAD, "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0, "attn_implementation": "eager"}
 RHOS = {"adaptive": 0.1, "worst_case": 0.02, "inv": 0.1, "mix": 0.02}
 
 FULL = FamilySettings(
@@ -153,7 +155,9 @@ def build_model(num_labels: int):
     """A fresh ``BertForSequenceClassification`` of :data:`MODEL_CONFIG` (seed torch first)."""
     from transformers import BertConfig, BertForSequenceClassification
 
-    return BertForSequenceClassification(BertConfig(num_labels=num_labels, **MODEL_CONFIG))
+    # num_labels: transformers 5 wraps a config's __init__ to take PretrainedConfig's keyword
+    # arguments, which the typed signature it shows mypy leaves out
+    return BertForSequenceClassification(BertConfig(num_labels=num_labels, **MODEL_CONFIG))  # type: ignore[call-arg]
 
 
 DESCRIPTION = f"""

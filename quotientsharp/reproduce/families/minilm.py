@@ -64,15 +64,17 @@ POOL_SEED, TEST_SEED = 0, 1
 
 #: MiniLM's architecture as packaged (checked against the wheel's config on loading), with
 #: dropout off as in every family study.
-MODEL_CONFIG = {"vocab_size": 30522, "hidden_size": 384, "num_hidden_layers": 6,
-                "num_attention_heads": 12, "intermediate_size": 1536, "hidden_act": "gelu",
-                "max_position_embeddings": 512, "type_vocab_size": 2, "pad_token_id": 0,
-                "layer_norm_eps": 1e-12, "hidden_dropout_prob": 0.0,
-                "attention_probs_dropout_prob": 0.0, "attn_implementation": "eager"}
+MODEL_CONFIG: dict[str, Any] = {
+    "vocab_size": 30522, "hidden_size": 384, "num_hidden_layers": 6,
+    "num_attention_heads": 12, "intermediate_size": 1536, "hidden_act": "gelu",
+    "max_position_embeddings": 512, "type_vocab_size": 2, "pad_token_id": 0,
+    "layer_norm_eps": 1e-12, "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0, "attn_implementation": "eager"}
 #: The ``--quick`` stand-in: MiniLM's vocabulary and shape family, tiny and random.
-QUICK_CONFIG = {**MODEL_CONFIG, "hidden_size": 32, "num_hidden_layers": 2,
-                "num_attention_heads": 4, "intermediate_size": 64,
-                "max_position_embeddings": SEQUENCE_LENGTH}
+QUICK_CONFIG: dict[str, Any] = {
+    **MODEL_CONFIG, "hidden_size": 32, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 64,
+    "max_position_embeddings": SEQUENCE_LENGTH}
 ARCHITECTURE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "hidden_act", "max_position_embeddings",
                      "type_vocab_size", "layer_norm_eps")
@@ -114,7 +116,9 @@ def tokenize(texts: list[str]) -> dict[str, Any]:
     ValueError
         If a text needs more than :data:`SEQUENCE_LENGTH` tokens (nothing is cut silently).
     """
-    from transformers import BertTokenizerFast
+    # transformers 5 keeps BertTokenizerFast as an alias of BertTokenizer that its typed
+    # exports do not list; in 4.x (also supported) it is the separate fast tokenizer
+    from transformers import BertTokenizerFast  # type: ignore[attr-defined]
 
     tokenizer = BertTokenizerFast.from_pretrained(model_path())
     encoded = tokenizer(texts, padding="max_length", max_length=SEQUENCE_LENGTH,
@@ -193,7 +197,9 @@ def build_model(num_labels: int, start: dict[str, Any]):
     """A ``BertForSequenceClassification`` with the start's body and a fresh head."""
     from transformers import BertConfig, BertForSequenceClassification
 
-    model = BertForSequenceClassification(BertConfig(num_labels=num_labels, **start["config"]))
+    # num_labels: transformers 5 wraps a config's __init__ to take PretrainedConfig's keyword
+    # arguments, which the typed signature it shows mypy leaves out
+    model = BertForSequenceClassification(BertConfig(num_labels=num_labels, **start["config"]))  # type: ignore[call-arg]
     load_body(model.bert, start["state"], head_prefix=None)
     return model
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from quotientsharp.reproduce.families.measures import MeasureSpec
 from quotientsharp.reproduce.families.settings import FamilyStudy
@@ -40,8 +40,14 @@ def spec_label(spec: MeasureSpec, greek: bool = True) -> str:
     return label if not eps else f"{label}, eps {eps:g}"
 
 
+class _BootstrapSettings(TypedDict):
+    resamples: int
+    seed: int
+    confidence: float
+
+
 #: The bootstrap of every tau interval: resampled models, seed, nominal coverage.
-BOOTSTRAP = {"resamples": 1000, "seed": 0, "confidence": 0.95}
+BOOTSTRAP: _BootstrapSettings = {"resamples": 1000, "seed": 0, "confidence": 0.95}
 
 #: Hyperparameters a confound tau is computed for, when the study draws them.
 CONFOUNDS = ("learning_rate", "weight_decay", "epochs", "label_smoothing", "train_size",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -101,7 +102,7 @@ def draw_hyperparameters(space: HyperparameterSpace, seed: int, index: int) -> H
     def log_uniform(bounds: tuple[float, float]) -> float:
         return float(math.exp(rng.uniform(math.log(bounds[0]), math.log(bounds[1]))))
 
-    drawn = {
+    drawn: dict[str, Any] = {
         "learning_rate": log_uniform(space.learning_rate),
         "weight_decay": log_uniform(space.weight_decay),
         "epochs": int(rng.integers(space.epochs[0], space.epochs[1], endpoint=True)),

@@ -35,6 +35,7 @@ per model, written as it finishes), ``taus.json``, ``scatter_<measure>.png``, ``
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from quotientsharp.reproduce.families.data import ClassificationData
 from quotientsharp.reproduce.families.options import VIT_SIZES
@@ -55,10 +56,11 @@ PAPER_SETTING = "ImageNet, 72 CLIP ViT-B/32 fine-tunes, 2048 train points in bat
 
 POOL_SIZE = 1200
 DATA_SEED = 0
-MODEL_CONFIG = {"image_size": 8, "patch_size": 2, "num_channels": 1, "hidden_size": 32,
-                "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
-                "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
-                "attn_implementation": "eager"}
+MODEL_CONFIG: dict[str, Any] = {
+    "image_size": 8, "patch_size": 2, "num_channels": 1, "hidden_size": 32,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
+    "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+    "attn_implementation": "eager"}
 RHOS = {"adaptive": 0.1, "worst_case": 0.02, "inv": 0.1, "mix": 0.02}
 
 FULL = FamilySettings(
@@ -100,7 +102,9 @@ def build_model(num_labels: int):
     """A fresh ``ViTForImageClassification`` of :data:`MODEL_CONFIG` (seed torch first)."""
     from transformers import ViTConfig, ViTForImageClassification
 
-    return ViTForImageClassification(ViTConfig(num_labels=num_labels, **MODEL_CONFIG))
+    # num_labels: transformers 5 wraps a config's __init__ to take PretrainedConfig's keyword
+    # arguments, which the typed signature it shows mypy leaves out
+    return ViTForImageClassification(ViTConfig(num_labels=num_labels, **MODEL_CONFIG))  # type: ignore[call-arg]
 
 
 DESCRIPTION = """

@@ -33,7 +33,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from quotientsharp.reproduce.families.data import ClassificationData
 from quotientsharp.reproduce.families.options import VIT_FINETUNE_SIZES
@@ -57,11 +57,22 @@ PRETRAIN_CLASSES, FINETUNE_CLASSES = (0, 1, 2, 3, 4), (5, 6, 7, 8, 9)
 PRETRAIN_TRAIN = 720
 POOL_SIZE = 600
 EPS_SWEEP = (0.1, 1.0)
+
+
+class _Pretraining(TypedDict):
+    learning_rate: float
+    weight_decay: float
+    epochs: int
+    batch_size: int
+    torch_seed: int
+
+
 #: The pretraining recipe (full, quick): the settings of ``pretrained.pt``.
-PRETRAINING = {False: {"learning_rate": 2e-3, "weight_decay": 1e-2, "epochs": 40,
-                       "batch_size": 64, "torch_seed": 0},
-               True: {"learning_rate": 2e-3, "weight_decay": 1e-2, "epochs": 2,
-                      "batch_size": 64, "torch_seed": 0}}
+PRETRAINING: dict[bool, _Pretraining] = {
+    False: {"learning_rate": 2e-3, "weight_decay": 1e-2, "epochs": 40, "batch_size": 64,
+            "torch_seed": 0},
+    True: {"learning_rate": 2e-3, "weight_decay": 1e-2, "epochs": 2, "batch_size": 64,
+           "torch_seed": 0}}
 
 FULL = FamilySettings(
     models=VIT_FINETUNE_SIZES.full_models,
