@@ -200,8 +200,8 @@ class SymmetryQuotient(torch.nn.Module, abc.ABC):
     # ------------------------------------------------------------------ generic defaults
     def act_tangent(self, x: Tensors, u: Tensors, g: torch.Tensor) -> Tensors:
         """Push a tangent vector forward by the action of ``g`` (the differential of ``act``)."""
-        _, pushed = torch.func.jvp(lambda y: self.act(y, g), (tuple(x),), (tuple(u),))
-        return pushed
+        _, pushed = reference.jvp_pair(lambda y: self.act(y, g), (tuple(x),), (tuple(u),))
+        return tuple(pushed)
 
     def group_exp(self, a: torch.Tensor) -> torch.Tensor:
         """Group element ``exp(a)`` of an algebra element (default: elementwise exp)."""
