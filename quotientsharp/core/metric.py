@@ -75,6 +75,7 @@ class MetricRegistry(Generic[MetricT_co]):
 
     Examples
     --------
+    >>> from quotientsharp import GLQuotient
     >>> GLQuotient.metrics.names
     ('inv', 'mix', 'euclidean')
     >>> GLQuotient.metrics.resolve("mix")
