@@ -51,6 +51,9 @@ class MetricOnlyGL(SymmetryQuotient):
     def vertical(self, x, a):
         return -x[0] @ a, x[1] @ a.mT
 
+    def act(self, x, g):
+        return x[0] @ torch.linalg.inv(g), x[1] @ g.mT
+
     def algebra_shape(self, x):
         return (x[0].shape[-1], x[0].shape[-1])
 

@@ -80,7 +80,8 @@ Factor = torch.Tensor | float | Sequence[torch.Tensor]
 
 
 def _factor(factor: Factor) -> torch.Tensor | float | list[torch.Tensor]:
-    return list(factor) if isinstance(factor, (tuple, list)) else factor
+    # a number or one tensor passes as it is; a sequence of tensors becomes the list _foreach takes
+    return factor if isinstance(factor, (torch.Tensor, int, float)) else list(factor)
 
 
 def fused_mul(a: Sequence[torch.Tensor], factor: Factor) -> Tensors:

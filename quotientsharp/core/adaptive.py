@@ -28,16 +28,16 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from functools import cached_property
+from typing import ClassVar
 
 import torch
 
 from quotientsharp.core import _tuples as T
 from quotientsharp.core.frozen import ClosedFormPoint
-from quotientsharp.core.quotient import ClosedFormQuotient
+from quotientsharp.core.metric import Metric, MetricRegistry
+from quotientsharp.core.quotient import MetricFamilyQuotient
 
 Tensors = tuple[torch.Tensor, ...]
-
-METRICS = ("adaptive", "euclidean")
 
 
 def safe_reciprocal(c: torch.Tensor) -> torch.Tensor:
@@ -46,11 +46,19 @@ def safe_reciprocal(c: torch.Tensor) -> torch.Tensor:
 
 
 class AdaptivePoint(ClosedFormPoint):
-    """The metric ``diag(1 / c^2)`` at frozen parameters ``w`` (module docstring)."""
+    """The metric ``diag(1 / c^2)`` at frozen parameters ``w`` (module docstring): ``c = |w|``
+    here, ``c = 1`` in :class:`AdaptiveEuclideanPoint`.
+
+    Both scales share every formula below (``c = 1`` drops the factor ``1 / c`` and the
+    curvature), so the scale is a class constant of the metric's point class, :attr:`unit`,
+    rather than a second copy of each formula.
+    """
+
+    #: Whether the scale is ``c = 1`` (the Euclidean metric) rather than ``c = |w|``.
+    unit: ClassVar[bool] = False
 
     def __init__(self, quotient: AdaptiveQuotient, x: Sequence[torch.Tensor]) -> None:
         super().__init__(quotient, x)
-        self.unit = quotient.metric == "euclidean"
         # unbatched points (the engine's) reduce every tensor fully: fused operators apply
         self.unbatched = quotient.fused and all(
             t.dim() == k for t, k in zip(self.x, self.point_ndims, strict=True))
@@ -176,13 +184,61 @@ class AdaptivePoint(ClosedFormPoint):
                                                                           strict=True))
 
 
-class AdaptiveQuotient(ClosedFormQuotient):
+class AdaptiveEuclideanPoint(AdaptivePoint):
+    """The Euclidean metric ``sum u v`` (``c = 1``) at frozen parameters ``w``: flat, straight
+    geodesics, the raised gradient is the Euclidean one."""
+
+    unit = True
+
+
+class ScaledEuclideanMetric(Metric):
+    """A metric ``diag(1 / c^2)`` on parameters with the trivial group.
+
+    Attributes
+    ----------
+    name
+        ``"adaptive"`` or ``"euclidean"``.
+    point_type
+        The :class:`AdaptivePoint` class holding the formulas.
+    group_invariant
+        ``True``: the trivial group leaves every metric invariant.
+    """
+
+    name: ClassVar[str] = "scaled"
+    point_type: ClassVar[type[AdaptivePoint]] = AdaptivePoint
+    group_invariant: ClassVar[bool] = True
+
+
+class AdaptiveMetric(ScaledEuclideanMetric):
+    """``c = |w|``: the metric of adaptive sharpness, flat in ``log |w|``."""
+
+    name = "adaptive"
+    point_type = AdaptivePoint
+
+
+class AdaptiveEuclideanMetric(ScaledEuclideanMetric):
+    """``c = 1``: the Euclidean metric, flat."""
+
+    name = "euclidean"
+    point_type = AdaptiveEuclideanPoint
+
+
+#: The metrics :class:`AdaptiveQuotient` resolves ``metric=`` in.
+ADAPTIVE_METRICS: MetricRegistry[ScaledEuclideanMetric] = MetricRegistry(
+    "AdaptiveQuotient", ScaledEuclideanMetric, [AdaptiveMetric, AdaptiveEuclideanMetric])
+#: The metric names.
+METRICS = ADAPTIVE_METRICS.names
+
+
+class AdaptiveQuotient(MetricFamilyQuotient):
     """Parameters ``w`` with the metric ``diag(1 / c^2)`` and the trivial group.
 
     Parameters
     ----------
     metric
-        ``"adaptive"`` (``c = |w|``) or ``"euclidean"`` (``c = 1``).
+        A :class:`ScaledEuclideanMetric` or its name: ``"adaptive"`` (``c = |w|``,
+        :class:`AdaptiveMetric`) or ``"euclidean"`` (``c = 1``,
+        :class:`AdaptiveEuclideanMetric`).
     point_ndims
         Trailing point dimensions of each component (one per parameter tensor); leading
         dimensions beyond them are batch dimensions. Default: from ``shapes``.
@@ -193,14 +249,19 @@ class AdaptiveQuotient(ClosedFormQuotient):
         Use torch's ``_foreach`` operators on unbatched points (one dispatch for all tensors).
         A fused norm sums in another order than the per-tensor loop, so a caller that must
         round alike for a point alone and the same point inside a batch passes ``False``.
+
+    Attributes
+    ----------
+    metric
+        The selected :class:`ScaledEuclideanMetric`; ``metric.name`` is its name.
     """
 
-    point_type = AdaptivePoint
+    metrics = ADAPTIVE_METRICS
+    metric: ScaledEuclideanMetric
 
-    def __init__(self, metric: str = "adaptive", point_ndims: Sequence[int] | None = None,
+    def __init__(self, metric: str | ScaledEuclideanMetric = "adaptive",
+                 point_ndims: Sequence[int] | None = None,
                  shapes: Sequence[Sequence[int]] | None = None, fused: bool = True) -> None:
-        if metric not in METRICS:
-            raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
         if point_ndims is None:
             if shapes is None:
                 raise ValueError("pass point_ndims or shapes")
@@ -208,16 +269,18 @@ class AdaptiveQuotient(ClosedFormQuotient):
         self.point_ndims = tuple(int(k) for k in point_ndims)
         if not self.point_ndims or any(k < 0 for k in self.point_ndims):
             raise ValueError(f"point_ndims must be non-empty and >= 0, got {point_ndims}")
-        super().__init__(shapes)
-        self.metric = metric
-        self.name = metric
+        super().__init__(metric, shapes)
+        self.name = self.metric.name
         self.fused = bool(fused)
-        self.invariant = True
 
     @classmethod
-    def of(cls, tensors: Sequence[torch.Tensor], metric: str = "adaptive") -> AdaptiveQuotient:
+    def of(cls, tensors: Sequence[torch.Tensor],
+           metric: str | ScaledEuclideanMetric = "adaptive") -> AdaptiveQuotient:
         """The quotient whose point is ``tensors`` as they are (no batch dimensions)."""
         return cls(metric, point_ndims=[t.dim() for t in tensors])
+
+    def frozen_point(self, x: Tensors) -> AdaptivePoint:
+        return self.metric.point_type(self, x)
 
     def algebra_shape(self, x: Tensors) -> tuple[int, ...]:
         return (0,)
@@ -235,7 +298,9 @@ class AdaptiveQuotient(ClosedFormQuotient):
         return tuple(u)
 
     def extra_repr(self) -> str:
-        return f"metric={self.metric!r}, point_ndims={self.point_ndims}"
+        return f"metric={self.metric.name!r}, point_ndims={self.point_ndims}"
 
 
-__all__ = ["AdaptivePoint", "AdaptiveQuotient", "METRICS", "safe_reciprocal"]
+__all__ = ["ADAPTIVE_METRICS", "AdaptiveEuclideanMetric", "AdaptiveEuclideanPoint",
+           "AdaptiveMetric", "AdaptivePoint", "AdaptiveQuotient", "METRICS",
+           "ScaledEuclideanMetric", "safe_reciprocal"]

@@ -46,9 +46,9 @@ ORDERS = (1, 2, "exact")
 
 def check_order(order: object) -> int | str:
     """Validate a geodesic order: ``1``, ``2`` or ``"exact"``."""
-    if isinstance(order, bool) or order not in ORDERS:
+    if isinstance(order, bool) or not isinstance(order, (int, str)) or order not in ORDERS:
         raise ValueError(f"order must be 1, 2 or 'exact', got {order!r}")
-    return order  # type: ignore[return-value]
+    return order
 
 
 class FrozenPoint:

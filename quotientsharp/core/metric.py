@@ -1,46 +1,47 @@
-"""The base of metric objects: a metric names the frozen-point class that holds its formulas.
+"""Metric objects and the one registry through which every quotient selects its metric.
 
 A quotient with several metrics (:class:`~quotientsharp.GLQuotient`,
-:class:`~quotientsharp.DiagonalQuotient`) takes a metric object or its name; each metric is a
-small class (:class:`Metric` subclass) with its formulas in a frozen-point class of its own
-module, so that each file reads as one derivation.
+:class:`~quotientsharp.DiagonalQuotient`, :class:`~quotientsharp.AdaptiveQuotient`) takes
+``metric=`` as a metric object or its name. Each metric is a small :class:`Metric` subclass
+that names the frozen-point class holding its formulas (in a module of its own, so that each
+file reads as one derivation). Each family of quotients lists its metrics in one
+:class:`MetricRegistry`; the quotient resolves ``metric=`` there once, at construction, and
+keeps the object as ``quotient.metric`` (``quotient.metric.name`` is the name). No method
+compares metric names afterwards: what differs between metrics is in their frozen-point
+classes and in the class attributes of their metric objects.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import ClassVar
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from quotientsharp.core.frozen import ClosedFormPoint
 
 
 class Metric:
-    """A metric of a family of quotients.
+    """A metric of a family of quotients: the name, the formulas' class, and invariance.
 
     Attributes
     ----------
     name
-        Short name (``"inv"``, ``"mix"``, ``"euclidean"``).
+        Short name (``"inv"``, ``"mix"``, ``"euclidean"``, ``"adaptive"``), unique in its
+        family's :class:`MetricRegistry`.
     point_type
-        The frozen-point class holding the formulas.
+        The :class:`~quotientsharp.core.frozen.ClosedFormPoint` subclass holding the formulas.
     group_invariant
         Whether the metric is invariant under the whole group (so that it descends to the
         quotient), for the relaxation ``eps = 0`` where there is one.
+
+    Notes
+    -----
+    Metric objects carry no state: two are equal when they are of the same class.
     """
 
     name: ClassVar[str] = "metric"
-    point_type: ClassVar[type]
+    point_type: ClassVar[type[ClosedFormPoint]]
     group_invariant: ClassVar[bool] = True
-
-    @classmethod
-    def resolve(cls, metric: object, types: Mapping[str, type[Metric]]) -> Metric:
-        """The metric object for ``metric``: an instance of ``cls`` or a key of ``types``."""
-        if isinstance(metric, str):
-            if metric not in types:
-                raise ValueError(f"metric must be one of {tuple(types)}, got {metric!r}")
-            return types[metric]()
-        if not isinstance(metric, cls):
-            raise TypeError(f"metric must be a metric name {tuple(types)} or a {cls.__name__}, "
-                            f"got {type(metric).__name__}")
-        return metric
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self)
@@ -55,4 +56,84 @@ class Metric:
         return self.name
 
 
-__all__ = ["Metric"]
+# covariant: a registry of GL metrics is a registry of metrics (it only hands metrics out)
+MetricT_co = TypeVar("MetricT_co", bound=Metric, covariant=True)
+
+
+class MetricRegistry(Generic[MetricT_co]):
+    """The metrics of one family of quotients, by name.
+
+    Parameters
+    ----------
+    family
+        The quotient class's name, for error messages (``"GLQuotient"``).
+    base
+        The metric class of the family: a metric object passed to the quotient must be an
+        instance of it (a GL metric has no formulas for diagonal networks).
+    metrics
+        The metric classes, each with a distinct :attr:`Metric.name`.
+
+    Examples
+    --------
+    >>> from quotientsharp import GLQuotient
+    >>> GLQuotient.metrics.names
+    ('inv', 'mix', 'euclidean')
+    >>> GLQuotient.metrics.resolve("mix")
+    MixMetric()
+    """
+
+    def __init__(self, family: str, base: type[MetricT_co],
+                 metrics: Sequence[type[MetricT_co]]) -> None:
+        types = {metric.name: metric for metric in metrics}
+        if len(types) != len(metrics):
+            raise ValueError(f"the metrics of {family} must have distinct names, got "
+                             f"{[metric.name for metric in metrics]}")
+        self.family = family
+        self.base = base
+        self._types: dict[str, type[MetricT_co]] = types
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The metric names, in registration order."""
+        return tuple(self._types)
+
+    @property
+    def types(self) -> Mapping[str, type[MetricT_co]]:
+        """The metric classes by name (read-only)."""
+        return dict(self._types)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._types)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._types
+
+    def __len__(self) -> int:
+        return len(self._types)
+
+    def resolve(self, metric: object) -> MetricT_co:
+        """The metric object for ``metric``: one of :attr:`names` or an instance of the base.
+
+        Raises
+        ------
+        ValueError
+            For a name that is not registered (the message lists the names).
+        TypeError
+            For anything else than a name or a metric object of this family.
+        """
+        if isinstance(metric, str):
+            if metric not in self._types:
+                raise ValueError(f"metric must be one of {self.names} for {self.family}, got "
+                                 f"{metric!r}")
+            return self._types[metric]()
+        if not isinstance(metric, self.base):
+            raise TypeError(f"metric must be a metric name {self.names} or a "
+                            f"{self.base.__name__} for {self.family}, got "
+                            f"{type(metric).__name__}")
+        return metric
+
+    def __repr__(self) -> str:
+        return f"MetricRegistry({self.family!r}, {self.names})"
+
+
+__all__ = ["Metric", "MetricRegistry"]

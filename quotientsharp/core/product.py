@@ -19,7 +19,8 @@ with ``K`` the sum of the factors' flattened algebra sizes (over their folded di
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import cast
 
 import torch
 
@@ -31,11 +32,21 @@ Tensors = tuple[torch.Tensor, ...]
 Order = int | str
 
 
+class QuotientList(torch.nn.ModuleList):
+    """The factors of a product: a ``ModuleList`` (so that ``.to()`` and ``state_dict`` reach
+    them) whose iteration is typed as quotients, which ``ModuleList`` types as plain modules."""
+
+    def __iter__(self) -> Iterator[SymmetryQuotient]:
+        return cast(Iterator[SymmetryQuotient], super().__iter__())
+
+
 class ProductPoint(ClosedFormPoint):
     """The product's geometry at a frozen point: one frozen point per factor.
 
     Every tangent vector is a flat tuple (the factors' tensors in factor order).
     """
+
+    quotient: ProductQuotient
 
     def __init__(self, quotient: ProductQuotient, x: Sequence[torch.Tensor]) -> None:
         super().__init__(quotient, x)
@@ -188,9 +199,10 @@ class ProductQuotient(ClosedFormQuotient):
                                  for k in q.point_ndims)
         # the factors' own shapes, where every factor has them and none folds dimensions
         shapes = [q.point_shapes or getattr(q, "check_shapes", None) for q in factors]
+        own_shapes = [s for own in shapes if own is not None for s in own]
         known = all(s is not None for s in shapes) and not any(folded)
-        super().__init__([s for own in shapes for s in own] if known else None)
-        self.factors = torch.nn.ModuleList(factors)
+        super().__init__(own_shapes if known else None)
+        self.factors = QuotientList(factors)
         self.folded = folded
         self.names = names
         self.name = " x ".join(q.name for q in factors)
@@ -290,7 +302,8 @@ class ProductQuotient(ClosedFormQuotient):
                      device: torch.device | str | None = None) -> Tensors:
         """Each factor's random point (its folded dimensions leading its shapes)."""
         resolved = self._shapes(shapes)
-        parts, start = [], 0
+        parts: list[torch.Tensor] = []
+        start = 0
         for q, f, size in zip(self.factors, self.folded, self._sizes, strict=True):
             own = resolved[start:start + size]
             start += size
@@ -303,4 +316,4 @@ class ProductQuotient(ClosedFormQuotient):
         return f"folded={self.folded}, names={self.names}"
 
 
-__all__ = ["ProductPoint", "ProductQuotient"]
+__all__ = ["ProductPoint", "ProductQuotient", "QuotientList"]

@@ -1,47 +1,98 @@
 """The base class of every symmetry quotient.
 
-A subclass supplies the geometry upstairs, on the total space of parameters:
+A subclass supplies the geometry upstairs, on the total space of parameters. Four methods are
+abstract (a subclass without one of them cannot be instantiated, and the error names it):
 
 - ``inner(x, u, v)``: the metric, invariant under the group action if it is to descend;
 - ``vertical(x, a)``: the infinitesimal action, a Lie-algebra element ``a`` to a vertical vector;
 - ``act(x, g)``: the group action on points;
-- ``point_ndims`` (class attribute) and ``algebra_shape(x)``: the layout of points and of
-  algebra elements.
+- ``algebra_shape(x)``: the trailing shape of a Lie-algebra element at ``x``.
 
-Everything else has a generic numerical default from :mod:`quotientsharp.core.reference`, and
-:mod:`quotientsharp.core.checks` compares any closed form a subclass supplies with it. Points and
-tangent vectors are tuples of tensors batched over leading dimensions; device and dtype follow
-the inputs.
+and ``point_ndims`` (a class attribute, or an instance attribute set before
+``super().__init__()``) gives the layout of points. Everything else has a generic numerical
+default from :mod:`quotientsharp.core.reference`, and :mod:`quotientsharp.core.checks` compares
+any closed form a subclass supplies with it. Points and tangent vectors are tuples of tensors
+batched over leading dimensions; device and dtype follow the inputs.
 
 ``quotient.at(x)`` freezes the base point: a :class:`~quotientsharp.core.frozen.FrozenPoint` that
 offers every operation an optimiser at ``x`` needs and keeps what depends on ``x`` alone. The
 built-in quotients derive from :class:`ClosedFormQuotient`: their closed forms live in their
 frozen-point classes, and their quotient-level methods delegate there, so each formula is
 written once and the sharpness engine runs exactly what :func:`quotientsharp.core.checks.check_all`
-verifies.
+verifies. Those with several metrics derive from :class:`MetricFamilyQuotient`, which selects
+the metric object (and with it the frozen-point class) by name through its family's
+:class:`~quotientsharp.core.metric.MetricRegistry`.
 """
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
 from quotientsharp.core import _tuples as T
 from quotientsharp.core import reference
 from quotientsharp.core.frozen import ClosedFormPoint, FrozenPoint
+from quotientsharp.core.metric import Metric, MetricRegistry
 from quotientsharp.core.validation import check_finite, check_same_layout, check_tensors, check_time
 
 Tensors = tuple[torch.Tensor, ...]
+QuotientT = TypeVar("QuotientT", bound="SymmetryQuotient")
+
+#: Where a user reads how to write a quotient (named in the instantiation error).
+TUTORIAL = "docs/tutorial-custom-symmetry.md"
+
+#: What each abstract method of :class:`SymmetryQuotient` is, for the instantiation error.
+REQUIRED_METHODS = {
+    "inner": "inner(x, u, v): the metric <u, v>_x, shape=[*batch]",
+    "vertical": "vertical(x, a): the vertical vector of the Lie-algebra element a",
+    "act": "act(x, g): the group element g applied to the point x",
+    "algebra_shape": "algebra_shape(x): the trailing shape of a Lie-algebra element at x",
+}
+#: The members a subclass of :class:`ClosedFormQuotient` or :class:`MetricFamilyQuotient`
+#: must set besides, for the instantiation error.
+REQUIRED_ATTRIBUTES = {
+    "point_type": "point_type: the ClosedFormPoint subclass that holds the closed forms (or "
+                  "override frozen_point)",
+    "metrics": "metrics: the MetricRegistry of the family's metrics, by name",
+}
 
 
-class SymmetryQuotient(torch.nn.Module):
+def unimplemented_message(cls: type, missing: Sequence[str]) -> str:
+    """The instantiation error of a quotient class that lacks ``missing`` members."""
+    lines = [f"Can't instantiate abstract class {cls.__name__}: it does not implement "
+             f"{', '.join(missing)}. Define in {cls.__name__}:"]
+    for name in missing:
+        if name in REQUIRED_METHODS or name in REQUIRED_ATTRIBUTES:
+            lines.append(f"  - {REQUIRED_METHODS.get(name) or REQUIRED_ATTRIBUTES[name]}")
+        else:
+            owner = next((base.__name__ for base in cls.__mro__
+                          if name in getattr(base, "__abstractmethods__", ())
+                          and name in vars(base)), "a base class")
+            lines.append(f"  - {name} (abstract in {owner})")
+    lines.append("A SymmetryQuotient needs inner, vertical, act and algebra_shape (and "
+                 f"point_ndims); everything else has a generic default. See {TUTORIAL}.")
+    return "\n".join(lines)
+
+
+class SymmetryQuotient(torch.nn.Module, abc.ABC):
     """A manifold of parameters modulo a group of symmetries, with a Riemannian metric.
+
+    A subclass defines :meth:`inner`, :meth:`vertical`, :meth:`act`, :meth:`algebra_shape`
+    (abstract: instantiating a subclass without one raises a ``TypeError`` naming it) and
+    :attr:`point_ndims`.
 
     Parameters
     ----------
     point_shapes
         Optional trailing shape of each component of a point, used by :meth:`random_point`.
+
+    Raises
+    ------
+    TypeError
+        At instantiation, for a subclass that lacks an abstract method or ``point_ndims``.
     """
 
     #: Short name used in tables and error messages.
@@ -49,34 +100,70 @@ class SymmetryQuotient(torch.nn.Module):
     #: Number of trailing (non-batch) dimensions of each component of a point.
     point_ndims: tuple[int, ...] = ()
 
+    def __new__(cls: type[QuotientT], *args: Any, **kwargs: Any) -> QuotientT:
+        # Python's own error ("Can't instantiate abstract class X with abstract methods act")
+        # says neither what the methods are nor where to read about them: this one does both
+        missing = cls.unimplemented_members()
+        if missing:
+            raise TypeError(unimplemented_message(cls, missing))
+        # object.__new__ rejects the constructor's arguments once __new__ is overridden
+        return super().__new__(cls)
+
+    @classmethod
+    def unimplemented_members(cls) -> list[str]:
+        """The abstract members ``cls`` lacks, the required methods first (empty if none)."""
+        abstract = set(getattr(cls, "__abstractmethods__", ()))
+        return ([name for name in REQUIRED_METHODS if name in abstract]
+                + sorted(abstract - set(REQUIRED_METHODS)))
+
     def __init__(self, point_shapes: Sequence[Sequence[int]] | None = None) -> None:
         super().__init__()
+        if not self.point_ndims:
+            raise TypeError(f"{type(self).__name__} must set point_ndims (the number of trailing "
+                            "dimensions of each component of a point, e.g. (2, 2) for a pair "
+                            "of matrices) as a class attribute or before super().__init__(); "
+                            f"see {TUTORIAL}")
+        shapes: tuple[tuple[int, ...], ...] | None = None
         if point_shapes is not None:
-            point_shapes = tuple(tuple(int(s) for s in shape) for shape in point_shapes)
-            if len(point_shapes) != len(self.point_ndims):
+            shapes = tuple(tuple(int(s) for s in shape) for shape in point_shapes)
+            if len(shapes) != len(self.point_ndims):
                 raise ValueError(f"point_shapes must have {len(self.point_ndims)} entries, got "
-                                 f"{len(point_shapes)}")
-            for shape, k in zip(point_shapes, self.point_ndims, strict=True):
+                                 f"{len(shapes)}")
+            for shape, k in zip(shapes, self.point_ndims, strict=True):
                 if len(shape) != k:
                     raise ValueError(f"point_shapes entry {shape} must have {k} dimensions")
-        self.point_shapes = point_shapes
+        self.point_shapes = shapes
 
     # ------------------------------------------------------------------ to be supplied
+    @abc.abstractmethod
     def inner(self, x: Tensors, u: Tensors, v: Tensors) -> torch.Tensor:
-        """Metric ``<u, v>_x``, ``shape=[*batch]``."""
-        raise NotImplementedError(f"{type(self).__name__} must define inner(x, u, v)")
+        """Metric ``<u, v>_x``, ``shape=[*batch]`` (abstract).
 
+        Invariant under :meth:`act` if the metric is to descend to the quotient. It must be
+        differentiable by ``torch.func``: the generic defaults differentiate it.
+        """
+        raise NotImplementedError
+
+    @abc.abstractmethod
     def vertical(self, x: Tensors, a: torch.Tensor) -> Tensors:
-        """Vertical vector generated by the algebra element ``a``, ``shape=[*batch, *algebra]``."""
-        raise NotImplementedError(f"{type(self).__name__} must define vertical(x, a)")
+        """Vertical vector generated by the algebra element ``a``,
+        ``shape=[*batch, *algebra_shape(x)]`` (abstract).
 
+        The velocity of ``act(x, group_exp(s a))`` at ``s = 0``; linear in ``a``.
+        """
+        raise NotImplementedError
+
+    @abc.abstractmethod
     def act(self, x: Tensors, g: torch.Tensor) -> Tensors:
-        """The group element ``g`` applied to the point ``x``."""
-        raise NotImplementedError(f"{type(self).__name__} must define act(x, g)")
+        """The group element ``g``, ``shape=[*batch, *group_shape(x)]``, applied to the point
+        ``x`` (abstract)."""
+        raise NotImplementedError
 
+    @abc.abstractmethod
     def algebra_shape(self, x: Tensors) -> tuple[int, ...]:
-        """Trailing shape of a Lie-algebra (and group) element at ``x``."""
-        raise NotImplementedError(f"{type(self).__name__} must define algebra_shape(x)")
+        """Trailing shape of a Lie-algebra element at ``x`` (abstract); also of a group element
+        unless :meth:`group_shape` says otherwise."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ validation
     def check_point(self, x: object, name: str = "x") -> Tensors:
@@ -113,8 +200,8 @@ class SymmetryQuotient(torch.nn.Module):
     # ------------------------------------------------------------------ generic defaults
     def act_tangent(self, x: Tensors, u: Tensors, g: torch.Tensor) -> Tensors:
         """Push a tangent vector forward by the action of ``g`` (the differential of ``act``)."""
-        _, pushed = torch.func.jvp(lambda y: self.act(y, g), (tuple(x),), (tuple(u),))
-        return pushed
+        _, pushed = reference.jvp_pair(lambda y: self.act(y, g), (tuple(x),), (tuple(u),))
+        return tuple(pushed)
 
     def group_exp(self, a: torch.Tensor) -> torch.Tensor:
         """Group element ``exp(a)`` of an algebra element (default: elementwise exp)."""
@@ -242,15 +329,28 @@ class ClosedFormQuotient(SymmetryQuotient):
     """A quotient whose closed forms live in its frozen-point class.
 
     A subclass sets :attr:`point_type` to a :class:`~quotientsharp.core.frozen.ClosedFormPoint`
-    subclass (or overrides :meth:`frozen_point`). Every operation below validates its
-    arguments and delegates to the frozen point, so the quotient-level methods and
-    ``quotient.at(x)`` run the same formula.
+    subclass (or overrides :meth:`frozen_point`; without either it cannot be instantiated).
+    Every operation below validates its arguments and delegates to the frozen point, so the
+    quotient-level methods and ``quotient.at(x)`` run the same formula. :meth:`inner` is
+    defined here (the frozen point's); ``vertical``, ``act`` and ``algebra_shape`` remain
+    abstract.
     """
 
-    #: The frozen-point class that holds the closed forms.
-    point_type: type[ClosedFormPoint] = ClosedFormPoint
+    #: The frozen-point class that holds the closed forms (``None``: :meth:`frozen_point` is
+    #: overridden instead).
+    point_type: ClassVar[type[ClosedFormPoint] | None] = None
+
+    @classmethod
+    def unimplemented_members(cls) -> list[str]:
+        missing = super().unimplemented_members()
+        if cls.point_type is None and cls.frozen_point is ClosedFormQuotient.frozen_point:
+            # without it every operation would fail at its first call, not here
+            missing.append("point_type")
+        return missing
 
     def frozen_point(self, x: Tensors) -> ClosedFormPoint:
+        # unimplemented_members guarantees a point_type wherever this is not overridden
+        assert self.point_type is not None
         return self.point_type(self, x)
 
     def _checked(self, x: object, u: object, name: str = "u") -> tuple[Tensors, Tensors]:
@@ -292,3 +392,56 @@ class ClosedFormQuotient(SymmetryQuotient):
 
     def geodesic_exact(self, x: Tensors, u: Tensors, t: float = 1.0, steps: int = 64) -> Tensors:
         return self.frozen_point(x).geodesic_exact(u, check_time(t), steps)
+
+
+class MetricFamilyQuotient(ClosedFormQuotient):
+    """A closed-form quotient with a family of metrics, one selected by name at construction.
+
+    Every built-in quotient with several metrics (GL, diagonal, adaptive) selects it the same
+    way: ``metric=`` is a name of the class's :attr:`metrics` registry or a metric object of its
+    family, resolved once into :attr:`metric`; the metric object names the frozen-point class
+    that holds its formulas, so no method compares metric names.
+
+    Parameters
+    ----------
+    metric
+        A name in :attr:`metrics` (``metrics.names``) or an instance of ``metrics.base``.
+    point_shapes
+        As for :class:`SymmetryQuotient`.
+
+    Raises
+    ------
+    ValueError
+        For an unknown metric name (the message lists the names).
+    TypeError
+        For a metric object of another family.
+    """
+
+    #: The metrics of the family, by name (each subclass sets its own registry).
+    metrics: ClassVar[MetricRegistry[Metric]]
+    #: The selected metric object; ``metric.name`` is its name.
+    metric: Metric
+
+    def __init__(self, metric: str | Metric,
+                 point_shapes: Sequence[Sequence[int]] | None = None) -> None:
+        # the one place a metric name is read; methods use the object's classes and flags
+        self.metric = self.metrics.resolve(metric)
+        super().__init__(point_shapes)
+
+    @classmethod
+    def unimplemented_members(cls) -> list[str]:
+        missing = super().unimplemented_members()
+        if "point_type" in missing:
+            missing.remove("point_type")     # the metric object names it
+        if not isinstance(getattr(cls, "metrics", None), MetricRegistry):
+            missing.append("metrics")
+        return missing
+
+    @property
+    def invariant(self) -> bool:
+        """Whether the metric is invariant under the whole group (descends to the quotient)."""
+        return self.metric.group_invariant
+
+    def frozen_point(self, x: Tensors) -> ClosedFormPoint:
+        """The selected metric's formulas at ``x`` (``metric.point_type``), not validated."""
+        return self.metric.point_type(self, x)

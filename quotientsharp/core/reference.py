@@ -11,7 +11,7 @@ for checks and small user quotients but not for a whole transformer.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
 
@@ -21,6 +21,17 @@ if TYPE_CHECKING:
     from quotientsharp.core.quotient import SymmetryQuotient
 
 Tensors = tuple[torch.Tensor, ...]
+
+
+def jvp_pair(function: Callable[..., Any], primals: tuple[Any, ...],
+             tangents: tuple[Any, ...]) -> tuple[Any, Any]:
+    """``(function(*primals), d function(*primals)[tangents])`` by ``torch.func.jvp``.
+
+    ``torch.func.jvp`` is annotated to return a pair or (with ``has_aux``) a triple, so
+    unpacking its pair does not type-check; this names the pair once.
+    """
+    result = torch.func.jvp(function, primals, tangents)
+    return result[0], result[1]
 
 
 def _algebra_basis(q: SymmetryQuotient, x: Tensors) -> tuple[torch.Tensor, torch.Size]:
@@ -155,7 +166,7 @@ def christoffel_covector(q: SymmetryQuotient, x: Tensors, v: Tensors) -> Tensors
     def lowered_at(y: Tensors) -> Tensors:
         return lower(q, y, v)
 
-    _, dgv = torch.func.jvp(lowered_at, (x,), (v,))
+    _, dgv = jvp_pair(lowered_at, (x,), (v,))
     dquad = torch.func.grad(lambda y: q.inner(y, v, v).sum())(x)
     return tuple(a - 0.5 * b for a, b in zip(dgv, dquad, strict=True))
 
@@ -174,7 +185,19 @@ def christoffel(q: SymmetryQuotient, x: Tensors, u: Tensors, v: Tensors | None =
     return raise_index(q, x, tuple(0.25 * (a - b) for a, b in zip(plus, minus, strict=True)))
 
 
-def geodesic_ode(x: Tensors, u: Tensors, t: float, ndims: tuple[int, ...],
+@overload
+def geodesic_ode(x: Tensors, u: Tensors, t: float | torch.Tensor, ndims: tuple[int, ...],
+                 gamma: Callable[[Tensors, Tensors], Tensors], steps: int = 64,
+                 return_velocity: Literal[False] = False) -> Tensors: ...
+
+
+@overload
+def geodesic_ode(x: Tensors, u: Tensors, t: float | torch.Tensor, ndims: tuple[int, ...],
+                 gamma: Callable[[Tensors, Tensors], Tensors], steps: int = 64, *,
+                 return_velocity: Literal[True]) -> tuple[Tensors, Tensors]: ...
+
+
+def geodesic_ode(x: Tensors, u: Tensors, t: float | torch.Tensor, ndims: tuple[int, ...],
                  gamma: Callable[[Tensors, Tensors], Tensors], steps: int = 64,
                  return_velocity: bool = False) -> Tensors | tuple[Tensors, Tensors]:
     """Integrate the geodesic equation ``x'' = -Gamma_x(x', x')`` from ``(x, u)`` to time ``t``.
@@ -238,6 +261,7 @@ __all__ = [
     "geodesic",
     "geodesic_ode",
     "group_exp",
+    "jvp_pair",
     "horizontal_projection",
     "horizontality_error",
     "lower",

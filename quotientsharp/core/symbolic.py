@@ -384,7 +384,7 @@ def evaluate_exact(expr: Any, values: Mapping[sympy.Symbol, sympy.Expr]) -> Any:
     if not hasattr(expr, "xreplace"):
         expr = sympy.sympify(expr)
     out = expr.xreplace(dict(values))
-    left = getattr(out, "free_symbols", set())
+    left: set[Any] = getattr(out, "free_symbols", set())
     if left:
         names = ", ".join(sorted(str(s) for s in left))
         raise ValueError(f"values leave free symbols in the expression: {names}")
@@ -497,13 +497,13 @@ def to_torch_function(exprs: Any, symbols: Sequence[sympy.Symbol]
         dtype = floating[0] if floating else torch.get_default_dtype()
         for other in floating[1:]:
             dtype = torch.promote_types(dtype, other)
-        args = tuple(a.to(dtype) if isinstance(a, torch.Tensor)
-                     else torch.as_tensor(a, dtype=dtype, device=device) for a in args)
-        batch = torch.broadcast_shapes(*(a.shape for a in args)) if args else torch.Size()
+        inputs = tuple(a.to(dtype) if isinstance(a, torch.Tensor)
+                       else torch.as_tensor(a, dtype=dtype, device=device) for a in args)
+        batch = torch.broadcast_shapes(*(a.shape for a in inputs)) if inputs else torch.Size()
         # torch.func.jvp gives float64 tangents for (0-dim float32 tensor) * (Python float)
         # (torch 2.13); computing on at least 1-dim tensors avoids it
         work = batch if len(batch) else torch.Size([1])
-        values = compiled(*(a.reshape(1) if a.dim() == 0 else a for a in args))
+        values = compiled(*(a.reshape(1) if a.dim() == 0 else a for a in inputs))
         columns = [torch.broadcast_to(v.to(dtype), work) if isinstance(v, torch.Tensor)
                    else torch.full(work, float(v), dtype=dtype, device=device) for v in values]
         if not shape:

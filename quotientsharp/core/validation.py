@@ -11,6 +11,7 @@ import contextlib
 import math
 import numbers
 from collections.abc import Iterator, Sequence
+from typing import overload
 
 import torch
 
@@ -69,10 +70,10 @@ def check_tensors(name: str, tensors: object, ndims: Sequence[int],
                 raise TypeError(f"{name}[{i}] has dtype {t.dtype} but {name}[0] has {first.dtype}")
             if t.device != first.device:
                 raise ValueError(f"{name}[{i}] is on {t.device} but {name}[0] is on {first.device}")
-        if trailing is not None and trailing[i] is not None:
-            if tuple(t.shape[t.dim() - k:]) != tuple(trailing[i]):
-                raise ValueError(f"{name}[{i}] must end in shape {tuple(trailing[i])}, got "
-                                 f"{tuple(t.shape)}")
+        expected = None if trailing is None else trailing[i]
+        if expected is not None and tuple(t.shape[t.dim() - k:]) != tuple(expected):
+            raise ValueError(f"{name}[{i}] must end in shape {tuple(expected)}, got "
+                             f"{tuple(t.shape)}")
     return tuple(tensors)
 
 
@@ -109,10 +110,23 @@ def check_nonzero(name: str, tensor: torch.Tensor, why: str) -> None:
         raise ValueError(f"{name} has zero entries, {why}")
 
 
+@overload
+def check_time(t: float, name: str = "t") -> float: ...
+
+
+@overload
+def check_time(t: torch.Tensor, name: str = "t") -> torch.Tensor: ...
+
+
+@overload
+def check_time(t: object, name: str = "t") -> float | torch.Tensor: ...
+
+
 def check_time(t: object, name: str = "t") -> float | torch.Tensor:
     """Check a geodesic time: a finite real number (or a floating tensor of finite values).
 
-    A tensor's values are checked only when value checks are on (a host sync).
+    A tensor's values are checked only when value checks are on (a host sync). A number is
+    returned as a Python ``float``.
     """
     if isinstance(t, torch.Tensor):
         if not t.is_floating_point():
@@ -125,4 +139,5 @@ def check_time(t: object, name: str = "t") -> float | torch.Tensor:
         raise TypeError(f"{name} must be a real number, got {type(t).__name__} {t!r}")
     if not math.isfinite(t):
         raise ValueError(f"{name} must be finite, got {t!r}")
-    return t
+    # int, numpy scalars, ...: the formulas are written for a Python float (the same value)
+    return float(t)

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from quotientsharp.core import _tuples as T
+from quotientsharp.core import reference
 from quotientsharp.core.quotient import SymmetryQuotient
 from quotientsharp.core.validation import value_checks
 
@@ -70,7 +71,7 @@ class QuotientTangentVector(tuple):
                             f"{type(other).__name__}")
         return other
 
-    def __add__(self, other: object) -> QuotientTangentVector:  # type: ignore[override]
+    def __add__(self, other: object) -> QuotientTangentVector:
         return QuotientTangentVector([a + b for a, b in zip(self, self._other(other, "add"),
                                                             strict=True)])
 
@@ -84,7 +85,7 @@ class QuotientTangentVector(tuple):
         return QuotientTangentVector([b - a for a, b in zip(self, self._other(other, "subtract"),
                                                             strict=True)])
 
-    def __mul__(self, scalar: object) -> QuotientTangentVector:  # type: ignore[override]
+    def __mul__(self, scalar: object) -> QuotientTangentVector:
         if not np.isscalar(scalar) and not (isinstance(scalar, np.ndarray) and scalar.ndim == 0):
             raise TypeError(f"a tangent vector can only be scaled by a scalar, got "
                             f"{type(scalar).__name__}")
@@ -129,8 +130,8 @@ def riemannian_hessian(quotient: SymmetryQuotient, x: Tensors, egrad: Tensors, e
     ehess = quotient.check_tangent(x, ehess, name="ehess")
     xi = quotient.check_tangent(x, xi, name="xi")
     with value_checks(False):  # inputs validated above; forward-mode duals need no host syncs
-        rgrad, drgrad = torch.func.jvp(quotient.euclidean_to_riemannian_gradient,
-                                       (tuple(x), tuple(egrad)), (tuple(xi), tuple(ehess)))
+        rgrad, drgrad = reference.jvp_pair(quotient.euclidean_to_riemannian_gradient,
+                                           (tuple(x), tuple(egrad)), (tuple(xi), tuple(ehess)))
         connection = quotient.christoffel(x, rgrad, xi)
         return quotient.horizontal_projection(x, T.add(drgrad, connection))
 

@@ -22,16 +22,20 @@ from quotientsharp.core.diagonal.euclidean import DiagonalEuclideanMetric
 from quotientsharp.core.diagonal.inv import DiagonalInvMetric
 from quotientsharp.core.diagonal.metric import DiagonalMetric
 from quotientsharp.core.diagonal.mix import DiagonalMixMetric
-from quotientsharp.core.quotient import ClosedFormQuotient
+from quotientsharp.core.diagonal.point import DiagonalPoint
+from quotientsharp.core.metric import MetricRegistry
+from quotientsharp.core.quotient import MetricFamilyQuotient
 from quotientsharp.core.validation import value_checks_enabled
 
 Tensors = tuple[torch.Tensor, ...]
 
-#: The built-in metrics by name.
-METRIC_TYPES: dict[str, type[DiagonalMetric]] = {"inv": DiagonalInvMetric,
-                                                 "mix": DiagonalMixMetric,
-                                                 "euclidean": DiagonalEuclideanMetric}
-METRICS = tuple(METRIC_TYPES)
+#: The built-in metrics, the registry :class:`DiagonalQuotient` resolves ``metric=`` in.
+DIAGONAL_METRICS: MetricRegistry[DiagonalMetric] = MetricRegistry(
+    "DiagonalQuotient", DiagonalMetric,
+    [DiagonalInvMetric, DiagonalMixMetric, DiagonalEuclideanMetric])
+#: The built-in metrics by name (a copy of ``DIAGONAL_METRICS.types``).
+METRIC_TYPES: dict[str, type[DiagonalMetric]] = dict(DIAGONAL_METRICS.types)
+METRICS = DIAGONAL_METRICS.names
 
 
 def _transformed(tensor: object) -> bool:
@@ -40,7 +44,7 @@ def _transformed(tensor: object) -> bool:
         tensor)
 
 
-class DiagonalQuotient(ClosedFormQuotient):
+class DiagonalQuotient(MetricFamilyQuotient):
     """Diagonal networks ``(u, v)``, ``shape=[..., d]`` each, modulo coordinatewise rescaling.
 
     Parameters
@@ -51,17 +55,26 @@ class DiagonalQuotient(ClosedFormQuotient):
         on attention pairs).
     d
         Optional width, used only by :meth:`random_point`.
+
+    Attributes
+    ----------
+    metric
+        The selected :class:`~quotientsharp.core.diagonal.metric.DiagonalMetric`;
+        ``metric.name`` is its name.
+    invariant
+        Whether the metric is invariant under the rescalings (inv and mix).
     """
 
+    metrics = DIAGONAL_METRICS
+    metric: DiagonalMetric
     point_ndims = (1, 1)
 
     def __init__(self, metric: str | DiagonalMetric = "inv", d: int | None = None) -> None:
-        metric = DiagonalMetric.resolve(metric, METRIC_TYPES)
-        super().__init__(None if d is None else ((d,), (d,)))
-        self.metric = metric
-        self.point_type = metric.point_type
-        self.name = f"diagonal-{metric.name}"
-        self.invariant = metric.group_invariant
+        super().__init__(metric, None if d is None else ((d,), (d,)))
+        self.name = f"diagonal-{self.metric.name}"
+
+    def frozen_point(self, x: Tensors) -> DiagonalPoint:
+        return self.metric.point_type(self, x)
 
     # ------------------------------------------------------------------ definition
     def vertical(self, x: Tensors, a: torch.Tensor) -> Tensors:
@@ -155,4 +168,4 @@ class DiagonalQuotient(ClosedFormQuotient):
         return f"metric={self.metric.name!r}"
 
 
-__all__ = ["DiagonalQuotient", "METRICS", "METRIC_TYPES"]
+__all__ = ["DIAGONAL_METRICS", "DiagonalQuotient", "METRICS", "METRIC_TYPES"]

@@ -45,7 +45,8 @@ class EuclideanPoint(EuclideanMetricPoint, GLPoint):
         values_g, vectors_g, values_h, vectors_h = self.gram_eigen
         denominators = values_g.unsqueeze(-1) + values_h.unsqueeze(-2)
         lagrange = self.solve_in_eigenbases((vectors_g, vectors_h), denominators, self.moment(u))
-        return vertical_vector(*self.x, lagrange)
+        G, H = self.x
+        return vertical_vector(G, H, lagrange)
 
 
 class EuclideanMetric(GLMetric):

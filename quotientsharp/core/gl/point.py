@@ -17,7 +17,7 @@ horizontality measure) and a solver of ``Gram(L) = M(u)``.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -83,7 +83,7 @@ class GLPoint(ClosedFormPoint):
     """
 
     #: Whether the metric needs the Cholesky factors of ``S_G`` and ``S_H``.
-    needs_factors: bool = True
+    needs_factors: ClassVar[bool] = True
 
     def __init__(self, quotient: GLQuotient, x: Tensors, name: str = "x") -> None:
         super().__init__(quotient, x)
@@ -108,12 +108,29 @@ class GLPoint(ClosedFormPoint):
         self.gram_g, self.gram_h = self._cast(gram_g), self._cast(gram_h)
         self.relaxed_g, self.relaxed_h = self._cast(relaxed_g), self._cast(relaxed_h)
         self._work_cholesky: tuple[torch.Tensor, ...] = ()
-        self.cholesky_g: torch.Tensor | None = None
-        self.cholesky_h: torch.Tensor | None = None
+        self._cholesky: tuple[torch.Tensor, ...] = ()
         if self.needs_factors:
             self._work_cholesky = cholesky_or_raise(quotient, G_work, H_work,
                                                     (relaxed_g, relaxed_h), name)
-            self.cholesky_g, self.cholesky_h = (self._cast(c) for c in self._work_cholesky)
+            self._cholesky = tuple(self._cast(c) for c in self._work_cholesky)
+
+    @property
+    def cholesky_g(self) -> torch.Tensor:
+        """Lower Cholesky factor ``E`` of ``S_G = E E^T``, ``shape=[..., h, h]``, in the point's
+        dtype (only for a metric with :attr:`needs_factors`)."""
+        return self._cholesky_factor(0)
+
+    @property
+    def cholesky_h(self) -> torch.Tensor:
+        """Lower Cholesky factor ``F`` of ``S_H = F F^T``, ``shape=[..., h, h]``."""
+        return self._cholesky_factor(1)
+
+    def _cholesky_factor(self, index: int) -> torch.Tensor:
+        if not self._cholesky:
+            # a metric without a Gram matrix in its formulas (euclidean) never factorises
+            raise AttributeError(f"{type(self).__name__} has no Cholesky factors "
+                                 "(needs_factors is False)")
+        return self._cholesky[index]
 
     def _cast(self, t: torch.Tensor) -> torch.Tensor:
         """An h x h result of the float64 algebra in the point's dtype."""
@@ -199,7 +216,8 @@ class GLPoint(ClosedFormPoint):
 
     # ------------------------------------------------------------------ shared
     def vertical(self, X: torch.Tensor) -> Tensors:
-        return vertical_vector(*self.x, X)
+        G, H = self.x
+        return vertical_vector(G, H, X)
 
     def horizontal_projection(self, u: Tensors) -> Tensors:
         vertical = self.vertical_projection(u)

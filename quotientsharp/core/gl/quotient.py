@@ -38,19 +38,22 @@ from quotientsharp.core.gl.inv import InvMetric
 from quotientsharp.core.gl.metric import GLMetric
 from quotientsharp.core.gl.mix import MixMetric
 from quotientsharp.core.gl.point import GLPoint, vertical_vector
-from quotientsharp.core.quotient import ClosedFormQuotient
+from quotientsharp.core.metric import MetricRegistry
+from quotientsharp.core.quotient import MetricFamilyQuotient
 from quotientsharp.core.validation import value_checks_enabled
 
 Tensors = tuple[torch.Tensor, ...]
 
-#: The built-in metrics by name.
-METRIC_TYPES: dict[str, type[GLMetric]] = {"inv": InvMetric, "mix": MixMetric,
-                                           "euclidean": EuclideanMetric}
-METRICS = tuple(METRIC_TYPES)
+#: The built-in metrics, the registry :class:`GLQuotient` resolves ``metric=`` in.
+GL_METRICS: MetricRegistry[GLMetric] = MetricRegistry("GLQuotient", GLMetric,
+                                                      [InvMetric, MixMetric, EuclideanMetric])
+#: The built-in metrics by name (a copy of ``GL_METRICS.types``).
+METRIC_TYPES: dict[str, type[GLMetric]] = dict(GL_METRICS.types)
+METRICS = GL_METRICS.names
 GROUP_ELEMENT_KINDS = ("exp", "svd", "gaussian")
 
 
-class GLQuotient(ClosedFormQuotient):
+class GLQuotient(MetricFamilyQuotient):
     """Attention factor pairs ``(G, H)`` modulo ``GL(h)``, ``(G, H) ~ (G A^{-1}, H A^T)``.
 
     Parameters
@@ -71,6 +74,9 @@ class GLQuotient(ClosedFormQuotient):
 
     Attributes
     ----------
+    metric
+        The selected :class:`~quotientsharp.core.gl.metric.GLMetric`; ``metric.name`` is its
+        name.
     invariant
         Whether the metric is invariant under the whole group (``True`` for inv and mix with
         ``eps = 0``), i.e. whether it descends to the quotient.
@@ -83,6 +89,8 @@ class GLQuotient(ClosedFormQuotient):
     the factorisations (the sharpness engine does this at ``theta``).
     """
 
+    metrics = GL_METRICS
+    metric: GLMetric
     point_ndims = (2, 2)
     #: Default ``((n, h), (m, h))`` of the random points of
     #: :func:`quotientsharp.core.checks.check_all`
@@ -91,7 +99,6 @@ class GLQuotient(ClosedFormQuotient):
 
     def __init__(self, metric: str | GLMetric = "inv", eps: float = 0.0, *, n: int | None = None,
                  m: int | None = None, h: int | None = None) -> None:
-        metric = GLMetric.resolve(metric, METRIC_TYPES)
         if isinstance(eps, bool) or not isinstance(eps, (int, float)):
             raise TypeError(f"eps must be a number >= 0, got {type(eps).__name__} {eps!r}")
         eps = float(eps)
@@ -100,12 +107,16 @@ class GLQuotient(ClosedFormQuotient):
         dims = (n, m, h)
         if any(d is None for d in dims) and not all(d is None for d in dims):
             raise ValueError(f"pass all of n, m, h or none of them, got n={n}, m={m}, h={h}")
-        shapes = None if n is None else ((n, h), (m, h))
-        super().__init__(shapes)
-        self.metric = metric
+        shapes = None if n is None or m is None or h is None else ((n, h), (m, h))
+        super().__init__(metric, shapes)
         self.eps = eps
-        self.name = f"gl-{metric.name}"
-        self.invariant = metric.group_invariant and eps == 0.0
+        self.name = f"gl-{self.metric.name}"
+
+    @property
+    def invariant(self) -> bool:
+        """Whether the metric descends to the quotient: a GL(h)-invariant metric at ``eps = 0``
+        (``eps > 0`` keeps invariance under the orthogonal subgroup only)."""
+        return self.metric.group_invariant and self.eps == 0.0
 
     # ------------------------------------------------------------------ validation
     def check_point(self, x: object, name: str = "x") -> Tensors:
@@ -278,4 +289,4 @@ class GLQuotient(ClosedFormQuotient):
         return f"metric={self.metric.name!r}, eps={self.eps}"
 
 
-__all__ = ["GLQuotient", "METRICS", "METRIC_TYPES"]
+__all__ = ["GLQuotient", "GL_METRICS", "GROUP_ELEMENT_KINDS", "METRICS", "METRIC_TYPES"]

@@ -85,6 +85,8 @@ class SubgroupPoint(GLPoint):
     the metric class this is mixed into; this class replaces the projections.
     """
 
+    quotient: RotaryQuotient
+
     @cached_property
     def _basis(self) -> torch.Tensor:
         """The algebra basis ``[K, h, h]`` on the point's device, in the working dtype."""
@@ -105,11 +107,12 @@ class SubgroupPoint(GLPoint):
         coefficients = coefficients.to(device=device, dtype=self.work_dtype)
         K = self.quotient.algebra_basis.shape[0]
         weights = coefficients[:, None] * coefficients[None, :]               # [Z, Z]
-        pairs = None
-        for a, b in self.gram_operator_terms():
-            # A[i_p, a_q] B[b_q, j_p] for every pair (p, q) of nonzero entries
-            term = a[..., rows[:, None], rows[None, :]] * b[..., cols[None, :], cols[:, None]]
-            pairs = term if pairs is None else pairs + term
+        # A[i_p, a_q] B[b_q, j_p] for every pair (p, q) of nonzero entries, summed over terms
+        terms = [a[..., rows[:, None], rows[None, :]] * b[..., cols[None, :], cols[:, None]]
+                 for a, b in self.gram_operator_terms()]
+        pairs = terms[0]
+        for term in terms[1:]:
+            pairs = pairs + term
         pairs = pairs * weights
         batch = pairs.shape[:-2]
         flat_index = (owner[:, None] * K + owner[None, :]).reshape(-1)
@@ -173,6 +176,11 @@ class RotaryQuotient(GLQuotient):
         Optional rows of ``G`` and ``H`` for :meth:`random_point`.
     """
 
+    #: The Frobenius-orthonormal basis ``E_1..E_K`` of the subalgebra, ``shape=[K, h, h]``.
+    algebra_basis: torch.Tensor
+    #: The basis as its nonzero entries: (element index, row, column, value), ``shape=[Z]``.
+    algebra_sparse: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
     def __init__(self, metric: str | GLMetric = "inv", eps: float = 0.0, *, head_dim: int,
                  rotary_dims: int | None = None, layout: str = "rotate_half",
                  n: int | None = None, m: int | None = None) -> None:
@@ -190,9 +198,8 @@ class RotaryQuotient(GLQuotient):
         super().__init__(metric, eps, n=n, m=m, h=None if n is None else head_dim)
         self.head_dim, self.rotary_dims, self.layout = head_dim, rotary_dims, layout
         self.algebra_basis = rotary_algebra_basis(head_dim, rotary_dims, layout)
-        nonzero = self.algebra_basis.nonzero(as_tuple=True)
-        #: the basis as its nonzero entries: (element index, row, column, value)
-        self.algebra_sparse = (*nonzero, self.algebra_basis[nonzero])
+        owner, rows, cols = self.algebra_basis.nonzero(as_tuple=True)
+        self.algebra_sparse = (owner, rows, cols, self.algebra_basis[owner, rows, cols])
         self.name = f"rotary-{self.metric.name}"
         self.check_shapes = ((head_dim + 2, head_dim), (head_dim + 1, head_dim))
 
