@@ -263,3 +263,18 @@ def test_the_adaptive_metrics_are_point_classes_like_the_others():
     # 1 / c^2, and c = 0 contributes 0 (the fused norm rounds: not compared bit for bit)
     assert float(adaptive.squared_norm(u)) == pytest.approx(4.0 + 0.25, rel=1e-14)
     assert float(euclidean.squared_norm(u)) == pytest.approx(3.0, rel=1e-14)
+
+
+@pytest.mark.parametrize("quotient, name", [
+    (qs.AdaptiveQuotient("euclidean", point_ndims=(1,)), "euclidean"),
+    (qs.GLQuotient("mix"), "mix"),
+    (qs.DiagonalQuotient("inv"), "inv")])
+def test_a_metric_compared_with_its_0_1_string_still_matches_and_warns(quotient, name):
+    """0.1 kept ``AdaptiveQuotient.metric`` as the name: such comparisons keep their answer for
+    one release, with a warning, instead of turning silently false."""
+    other = next(n for n in type(quotient).metrics.names if n != name)
+    with pytest.warns(DeprecationWarning, match="metric.name"):
+        assert quotient.metric == name
+    with pytest.warns(DeprecationWarning):
+        assert quotient.metric != other
+    assert quotient.metric.name == name
