@@ -35,9 +35,10 @@ from quotientsharp.engine.coordinates import (
 from quotientsharp.engine.exact import TrustRegionMaximum, trust_region_maximum
 from quotientsharp.engine.functional import FunctionalModel
 from quotientsharp.engine.geometry import build_geometry
-from quotientsharp.engine.measures import NonFiniteLossError, perturbed_objective
+from quotientsharp.engine.measures import NonFiniteLossError
 from quotientsharp.engine.plots import plot_blocks
 from quotientsharp.engine.solver import AscentOutcome, AscentSettings, ascend, checkpoints
+from quotientsharp.engine.space import perturbed_objective
 
 __all__ = ["MEASURES", "AscentOutcome", "AscentSettings", "Block", "BlockOutcome",
            "BoundCoordinates", "BoxGeometry", "Factor", "FunctionalModel", "GeodesicBall",
