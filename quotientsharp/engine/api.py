@@ -105,8 +105,10 @@ def _progress_bar(batches: Iterable[Any], per_batch: int, progress: bool | None,
                 leave=False)
 
 
-def _first_evaluation(functional: FunctionalModel, batch: Batch) -> FirstEvaluation:
-    """The clean loss and its gradient on batch 0, with the embedding rows it touches.
+def _first_evaluation(functional: FunctionalModel, batch: Batch
+                      ) -> tuple[FirstEvaluation, list[str]]:
+    """The clean loss and its gradient on batch 0, with the embedding rows it touches, and
+    the parameters without gradient (``excluded``).
 
     One forward+backward finds the parameters without gradient; the measure reuses it as the
     clean loss and the ascent's evaluation at ``xi = 0``.
@@ -115,7 +117,7 @@ def _first_evaluation(functional: FunctionalModel, batch: Batch) -> FirstEvaluat
         first = FirstEvaluation(*functional.loss_and_gradients(batch))
     first.rows = tables.rows()
     checked_clean_loss(first.loss, 0, batch, functional)
-    return first
+    return first, [n for n, g in first.gradients.items() if g is None]
 
 
 def _split_batches(batches: Iterable[Any], functional: FunctionalModel
@@ -223,14 +225,15 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: str = "geodesic
         head = next(stream, None)
         if head is None:
             raise ValueError("batches is empty: sharpness needs at least one batch")
-        first: FirstEvaluation | None = _first_evaluation(functional, head[1])
-        excluded = [n for n, g in first.gradients.items() if g is None]
+        first, excluded = _first_evaluation(functional, head[1])
         evaluator.setup(excluded)           # the geometry is built here, once
+        # reused by batch 0 alone: popped, so that its parameter-sized gradients die with it
+        reusable = [first]
+        del first
         for index, batch in itertools.chain([head], stream):
             with value_checks(False):
-                outcomes.append(evaluator(batch, index, bar.update,
-                                          opts["keep_perturbations"], first))
-            first = None    # the gradients are parameter-sized: not kept past the first batch
+                outcomes.append(evaluator(batch, index, bar.update, opts["keep_perturbations"],
+                                          reusable.pop() if reusable else None))
 
     settings = {"measure": spec.name, "rho": rho, "n_batches": len(outcomes),
                 "geometry_dtype": str(functional.dtype).removeprefix("torch."),

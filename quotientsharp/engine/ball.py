@@ -72,7 +72,8 @@ class GeodesicBall:
         radius = self.radius
         if isinstance(radius, torch.Tensor):
             radius = float(radius.max())
-        self.frozen.check_ball(radius, self.order)
+        # a product's frozen point takes one order per factor; FrozenPoint (core) names one
+        self.frozen.check_ball(radius, self.order)  # type: ignore[arg-type]
 
     def on_rows(self, rows: dict[int, torch.Tensor]) -> GeodesicBall:
         """The same ball for tangent vectors that vanish outside ``rows[i]`` of tensor ``i``,
@@ -105,7 +106,9 @@ class GeodesicBall:
 
     def point(self, xi: Sequence[torch.Tensor]) -> Tensors:
         """``gamma_xi(1)``: the perturbed parameters in the quotient's coordinates."""
-        return self.frozen.geodesic(tuple(xi), 1.0, self.order, self.steps)
+        # a product's frozen point takes one order per factor; FrozenPoint (core) names one
+        return self.frozen.geodesic(tuple(xi), 1.0, self.order,  # type: ignore[arg-type]
+                                    self.steps)
 
     # ------------------------------------------------------------------ solver interface
     def clip(self, xi: Sequence[torch.Tensor], decisions: Decisions = ON_DEVICE) -> Tensors:

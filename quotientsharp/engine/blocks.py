@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from quotientsharp.core.adaptive import AdaptivePoint
+from quotientsharp.core.product import ProductPoint
 from quotientsharp.engine.ball import BoxGeometry, GeodesicBall
 
 Tensors = tuple[torch.Tensor, ...]
@@ -131,9 +132,9 @@ def _factor_parts(geometry: GeodesicBall, xi: Tensors) -> tuple[list[Any], list[
     """The frozen point, part of ``xi``, folded dimensions and first flat position of every
     factor of the geometry (a geometry that is not a product is one factor)."""
     frozen = geometry.frozen
-    factors = getattr(frozen, "factors", None)
-    if factors is None:
+    if not isinstance(frozen, ProductPoint):
         return [frozen], [xi], [0], [0]
+    factors = frozen.factors
     parts = frozen.split(xi)
     offsets, start = [], 0
     for part in parts:

@@ -177,8 +177,9 @@ class FunctionalModel:
         if self._checking:
             self.check_batch(batch)
         lookups = {n: u for n, u in updates.items() if isinstance(u, TableLookup)}
+        tensors = {n: u for n, u in updates.items() if not isinstance(u, TableLookup)}
         params = {name: (lookups[name].placeholder(self.dtypes[name]) if name in lookups
-                         else updates[name].to(self.dtypes[name]) if name in updates
+                         else tensors[name].to(self.dtypes[name]) if name in tensors
                          else self._unperturbed(name)) for name in self.theta}
         with looked_up(lookups, self.dtypes):
             output = torch.func.functional_call(self.model, (params, self.buffers), batch.args,

@@ -21,7 +21,7 @@ import torch
 
 from quotientsharp.core.adaptive import AdaptiveQuotient
 from quotientsharp.core.frozen import check_order
-from quotientsharp.core.product import ProductQuotient
+from quotientsharp.core.product import ProductPoint, ProductQuotient
 from quotientsharp.core.quotient import ClosedFormQuotient
 from quotientsharp.core.validation import value_checks
 from quotientsharp.engine.ball import GeodesicBall
@@ -92,6 +92,8 @@ def build_geometry(factors: Sequence[Factor], radius: float, order: int | str = 
     except ValueError as err:
         culprits = "".join(_culprits(f) for f in factors)
         raise ValueError(f"the symmetry geometry at theta is degenerate{culprits}: {err}") from err
+    # a product's frozen point has one part per factor
+    assert isinstance(frozen, ProductPoint)
     for factor, part in zip(factors, frozen.factors, strict=True):
         if isinstance(factor.quotient, ClosedFormQuotient):
             continue

@@ -72,9 +72,9 @@ def plot_blocks(results: SharpnessResult | Sequence[SharpnessResult]
     if isinstance(results, Mapping):
         items = list(results.items())
     elif isinstance(results, Sequence):
-        items = [(None, result) for result in results]
+        items = [("", result) for result in results]
     else:
-        items = [(None, results)]
+        items = [("", results)]
     if not items:
         raise ValueError("results: nothing to plot")
     for title, result in items:

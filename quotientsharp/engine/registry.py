@@ -84,12 +84,20 @@ class MeasureSetup:
 class MeasureSpec(Protocol):
     """One measure of the registry: its options, and how to build it."""
 
-    #: The measure's name (``SharpnessResult.measure``).
-    name: str
-    #: Every option the measure takes, with its default.
-    defaults: Mapping[str, Any]
-    #: Whether ``rho`` is required (else it must be left unset).
-    needs_rho: bool
+    @property
+    def name(self) -> str:
+        """The measure's name (``SharpnessResult.measure``)."""
+        ...
+
+    @property
+    def defaults(self) -> Mapping[str, Any]:
+        """Every option the measure takes, with its default."""
+        ...
+
+    @property
+    def needs_rho(self) -> bool:
+        """Whether ``rho`` is required (else it must be left unset)."""
+        ...
 
     def build(self, setup: MeasureSetup) -> tuple[Measure, dict[str, Any]]:
         """Check the measure's own options; the measure and the settings it resolved."""

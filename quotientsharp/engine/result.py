@@ -10,7 +10,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -75,7 +75,7 @@ class SharpnessResult:
     clean_losses: list[float] = field(default_factory=list)
     perturbed_losses: list[float] = field(default_factory=list)
     excluded: list[str] = field(default_factory=list)
-    perturbations: list[dict[str, torch.Tensor] | None] | None = None
+    perturbations: list[dict[str, torch.Tensor]] | None = None
     frozen: list[str] = field(default_factory=list)
     nonfinite_evaluations: list[int] = field(default_factory=list)
     traces: list[list[float]] = field(default_factory=list)
@@ -153,10 +153,10 @@ class SharpnessResult:
         variant = f" ({self.variant})" if self.variant else ""
         skipped = sum(self.nonfinite_evaluations)
         note = f", {skipped} non-finite evaluation(s) skipped" if skipped else ""
-        gap = self.gap
-        if gap is not None:
+        gap, relative = self.gap, self.relative_gap
+        if gap is not None and relative is not None:
             note += (f", reference solve {self.reference_value:.6g}: gap {gap:.3g} "
-                     f"({100 * self.relative_gap:.3g}%)")
+                     f"({100 * relative:.3g}%)")
         return (f"{self.measure} sharpness{variant} {self.value:.6g} over "
                 f"{len(self.per_batch)} batch(es) (rho={self.settings.get('rho')}{note})")
 
@@ -193,7 +193,7 @@ def assemble_result(measure: str, outcomes: Sequence[BatchOutcome],
         clean_losses=torch.stack([o.clean for o in outcomes]).tolist(),
         perturbed_losses=torch.stack([o.perturbed for o in outcomes]).tolist(),
         excluded=list(excluded),
-        perturbations=[o.perturbation for o in outcomes] if keep else None,
+        perturbations=_kept(outcomes) if keep else None,
         frozen=list(frozen),
         nonfinite_evaluations=skipped,
         traces=[(o.trace - o.clean).tolist() for o in outcomes if o.trace is not None],
@@ -204,3 +204,13 @@ def assemble_result(measure: str, outcomes: Sequence[BatchOutcome],
         blocks=([o.blocks.records() for o in outcomes if o.blocks is not None]
                 if blockwise else None),
     )
+
+
+def _kept(outcomes: Sequence[BatchOutcome]) -> list[dict[str, torch.Tensor]]:
+    """The kept perturbation of every batch, as the outcomes hold them.
+
+    The annotation of :attr:`SharpnessResult.perturbations` is the public one (every ascent and
+    average measure keeps a dict); relative flatness perturbs nothing and keeps ``None``, which
+    is passed on unchanged rather than invented.
+    """
+    return cast(list[dict[str, torch.Tensor]], [o.perturbation for o in outcomes])

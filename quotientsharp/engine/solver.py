@@ -364,7 +364,7 @@ class _Run:
 
 def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[[], Tensors],
                 settings: AscentSettings, eta0: float | torch.Tensor,
-                on_evaluation: Callable[[], None] | None,
+                on_evaluation: Callable[[], object] | None,
                 initial: Initial | None = None, skip_nonfinite: bool = False,
                 host_decisions: bool = True
                 ) -> tuple[torch.Tensor, Tensors, torch.Tensor, _NonFinite, torch.Tensor]:
@@ -401,7 +401,7 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[
 
 def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSettings,
            generator: torch.Generator | None = None,
-           on_evaluation: Callable[[], None] | None = None,
+           on_evaluation: Callable[[], object] | None = None,
            initial: Initial | None = None, skip_nonfinite: bool = False,
            host_decisions: bool = True) -> AscentOutcome:
     """Maximise ``objective`` over the geometry's ball by Auto-PGD, per problem.

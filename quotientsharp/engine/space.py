@@ -32,7 +32,8 @@ from quotientsharp.engine.touched_rows import RestrictedTable, TouchedRowCoordin
 
 Tensors = tuple[torch.Tensor, ...]
 Objective = Callable[[Tensors], tuple[torch.Tensor, Tensors]]
-Coordinates = PlainCoordinates | LayoutCoordinates | BoundCoordinates | TouchedRowCoordinates
+#: The layout's coordinates of a full space (a touched-row space has its own).
+Coordinates = PlainCoordinates | LayoutCoordinates | BoundCoordinates
 
 
 def perturbed_objective(model: FunctionalModel, coordinates: Any, geometry: Any,
@@ -109,10 +110,15 @@ class AscentSpace:
 
 
 @dataclass
-class TouchedSpace(AscentSpace):
+class TouchedSpace:
     """An :class:`AscentSpace` cut to the rows of the embedding tables a batch touches."""
 
+    geometry: GeodesicBall
     coordinates: TouchedRowCoordinates
+
+    def objective(self, model: FunctionalModel, batch: Batch) -> Objective:
+        """The solver's objective on ``batch``, on the rows (:func:`perturbed_objective`)."""
+        return perturbed_objective(model, self.coordinates, self.geometry, batch)
 
     def restrict(self, vectors: Sequence[torch.Tensor]) -> Tensors:
         """Full-size tangent vectors cut to the rows."""
@@ -130,7 +136,10 @@ class TouchedSpace(AscentSpace):
 class GeometryPlan(Protocol):
     """How to build an :class:`AscentSpace` once the parameters without gradient are known."""
 
-    radius: float
+    @property
+    def radius(self) -> float:
+        """``rho``."""
+        ...
 
     def build(self, model: FunctionalModel, excluded: set[str]) -> AscentSpace:
         """The space over the trainable parameters of ``model`` minus ``excluded``."""
