@@ -33,8 +33,6 @@ from quotientsharp.engine.batches import Batch, resolve_loss, split_batch
 from quotientsharp.engine.functional import FunctionalModel, checked_clean_loss
 from quotientsharp.engine.measures import BatchOutcome, FirstEvaluation
 from quotientsharp.engine.options import (
-    REFERENCE_ITERATIONS,
-    REFERENCE_RESTARTS,
     check_batches,
     check_bool,
     check_geometry_dtype,
@@ -44,15 +42,17 @@ from quotientsharp.engine.options import (
     check_radius_fits,
     check_rho,
     check_seed,
-    reference_settings,
     resolve_options,
 )
 from quotientsharp.engine.registry import (
     ALIASES,
     MEASURE_REGISTRY,
+    REFERENCE_ITERATIONS,
+    REFERENCE_RESTARTS,
     MeasureSetup,
     MeasureSpec,
     measure_defaults,
+    reference_settings,
 )
 from quotientsharp.engine.result import SharpnessResult, assemble_result
 
@@ -70,7 +70,8 @@ _UNRECORDED = ("loss", "symmetries", "geometry_dtype", "host_decisions")
 def _validated(model: object, batches: object, measure: object, rho: object,
                options: dict[str, Any]) -> tuple[MeasureSpec, float | None, dict[str, Any]]:
     """Validate stage: the measure's spec, the checked ``rho`` and the options resolved (the
-    options every measure shares checked; the measure's own are its spec's to check)."""
+    options every measure shares checked, ``geometry_dtype`` resolved; the measure's own are its
+    spec's to check)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     spec = MEASURE_REGISTRY[check_measure(measure, MEASURE_REGISTRY, ALIASES)]
@@ -81,7 +82,8 @@ def _validated(model: object, batches: object, measure: object, rho: object,
     check_bool("keep_perturbations", opts["keep_perturbations"])
     check_progress(opts["progress"])
     check_nonfinite(opts["nonfinite"])
-    return spec, checked_rho, opts
+    return spec, checked_rho, {**opts, "geometry_dtype": check_geometry_dtype(
+        opts["geometry_dtype"])}
 
 
 @contextlib.contextmanager
@@ -212,7 +214,7 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: str = "geodesic
     spec, rho, opts = _validated(model, batches, measure, rho, options)
     loss = resolve_loss(opts["loss"])
     functional = FunctionalModel(model, (loss[0], loss[2]),
-                                 geometry_dtype=check_geometry_dtype(opts["geometry_dtype"]))
+                                 geometry_dtype=opts["geometry_dtype"])
     functional.check_finite()
     generator = torch.Generator(device=functional.device).manual_seed(opts["seed"])
     evaluator, extra = spec.build(MeasureSetup(model, functional, rho, opts, generator))

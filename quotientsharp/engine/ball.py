@@ -119,7 +119,8 @@ class GeodesicBall:
         """
         norm = self.norm(xi)
         factor = (self.radius / norm.clamp_min(torch.finfo(norm.dtype).tiny)).clamp(max=1.0)
-        if decisions.is_one(factor):
+        if (decisions.skips_unit_rescale and factor.dim() == 0
+                and factor.device.type == "cpu" and bool(factor == 1.0)):
             return tuple(xi)
         return self._scale(xi, factor)
 

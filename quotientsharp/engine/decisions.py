@@ -42,6 +42,10 @@ def choose_into(flag: torch.Tensor, new: Sequence[torch.Tensor],
 class Decisions(Protocol):
     """How the solver applies a per-problem decision (a boolean tensor of ``shape=P``)."""
 
+    #: Whether a rescale by exactly 1 may be skipped after testing the factor on the host
+    #: (:meth:`~.ball.GeodesicBall.clip`; a flag, not a call, as it is read on every clip).
+    skips_unit_rescale: bool
+
     def own(self, tensors: Sequence[torch.Tensor]) -> Tensors:
         """The best iterate's first value: storage :meth:`keep` may write to, or a reference."""
         ...
@@ -54,10 +58,6 @@ class Decisions(Protocol):
         """``a`` where ``flag``, else ``b`` (a restart, a failed step)."""
         ...
 
-    def is_one(self, factor: torch.Tensor) -> bool:
-        """Whether a rescale by ``factor`` may be skipped, ``factor`` being exactly 1."""
-        ...
-
 
 class OnDevice:
     """Every decision a ``torch.where`` on the device: no host sync, ever.
@@ -65,6 +65,8 @@ class OnDevice:
     The best iterate owns its storage and is overwritten in place (:func:`choose_into`), so
     that no second parameter-sized tuple is alive while it is chosen.
     """
+
+    skips_unit_rescale = False
 
     def own(self, tensors: Sequence[torch.Tensor]) -> Tensors:
         return tuple(t.clone() for t in tensors)
@@ -76,9 +78,6 @@ class OnDevice:
     def pick(self, flag: torch.Tensor, a: Tensors, b: Tensors) -> Tensors:
         return choose(flag, a, b)
 
-    def is_one(self, factor: torch.Tensor) -> bool:
-        return False
-
 
 class OnHost:
     """Decisions of a single problem on the CPU, read on the host (free there).
@@ -86,6 +85,8 @@ class OnHost:
     The chosen tuple is kept by reference: no tensor the solver holds is ever written in place,
     so sharing is safe, and no parameter-sized ``torch.where`` runs per step.
     """
+
+    skips_unit_rescale = True
 
     def own(self, tensors: Sequence[torch.Tensor]) -> Tensors:
         return tuple(tensors)
@@ -95,9 +96,6 @@ class OnHost:
 
     def pick(self, flag: torch.Tensor, a: Tensors, b: Tensors) -> Tensors:
         return a if bool(flag) else b
-
-    def is_one(self, factor: torch.Tensor) -> bool:
-        return factor.dim() == 0 and factor.device.type == "cpu" and bool(factor == 1.0)
 
 
 ON_DEVICE: Decisions = OnDevice()

@@ -355,25 +355,6 @@ class AscentMeasure:
                 and self.settings.restarts == 0 and isinstance(self.geometry, GeodesicBall))
 
     # ------------------------------------------------------------------ per batch
-    def _gradient_from_parameters(self, gradients: Mapping[str, torch.Tensor | None]) -> Tensors:
-        """The gradient in ``xi`` at ``xi = 0`` from the gradient in the parameters.
-
-        The chain rule through the (cheap) map ``xi -> parameters``: one backward through the
-        geometry's path and the layout, none through the model.
-        """
-        space = self.space
-        leaves = tuple(t.detach().requires_grad_(True) for t in space.geometry.zeros())
-        with torch.enable_grad():
-            moved = space.coordinates.updates(space.geometry.point(leaves))
-            pairs = [(moved[n], g) for n, g in gradients.items()
-                     if g is not None and n in moved and moved[n].requires_grad]
-            grads: Sequence[torch.Tensor | None] = (
-                torch.autograd.grad([t for t, _ in pairs], leaves,
-                                    grad_outputs=[g for _, g in pairs], allow_unused=True)
-                if pairs else (None,) * len(leaves))
-        return tuple(torch.zeros_like(leaf) if g is None else g
-                     for leaf, g in zip(leaves, grads, strict=True))
-
     def _starting_point(self, batch: Batch, index: int, objective: Objective,
                         first: FirstEvaluation | None, restricts: bool
                         ) -> tuple[torch.Tensor, tuple[torch.Tensor, Tensors] | None,
@@ -388,7 +369,7 @@ class AscentMeasure:
             return clean, None, {}
         if first is not None:
             # the solver's first evaluation is at xi = 0, i.e. at theta: it is the clean loss
-            initial = (first.loss, self._gradient_from_parameters(first.gradients))
+            initial = (first.loss, self.space.gradient_at_zero(first.gradients))
             # consumed: the parameter-sized gradients are not kept through the ascent
             first.gradients = {}
             return first.loss, initial, first.rows

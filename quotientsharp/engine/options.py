@@ -14,10 +14,9 @@ from typing import Any
 import torch
 
 from quotientsharp.engine.measures import NONFINITE_POLICIES
-from quotientsharp.engine.solver import AscentSettings
 
-__all__ = ["ASCENT_OPTIONS", "COMMON_OPTIONS", "REFERENCE_ITERATIONS", "REFERENCE_RESTARTS",
-           "reference_settings"]
+__all__ = ["ASCENT_OPTIONS", "COMMON_OPTIONS", "check_bool", "check_int", "check_rho",
+           "resolve_options"]
 
 #: Options of every measure, and their defaults.
 COMMON_OPTIONS: dict[str, Any] = {"loss": None, "seed": 0, "progress": None,
@@ -28,15 +27,6 @@ ASCENT_OPTIONS: dict[str, Any] = {"n_iter": 20, "eta0": None, "alpha": 0.75,
                                   "random_init": False, "restarts": 0, "reference_solve": None,
                                   "blockwise": False, "touched_rows": True,
                                   "host_decisions": True}
-#: What ``reference_solve=True`` runs: ``n_iter`` is ``REFERENCE_ITERATIONS`` times the
-#: measurement's, ``restarts`` random restarts; ``eta0`` and ``alpha`` are the measurement's.
-REFERENCE_ITERATIONS = 10
-REFERENCE_RESTARTS = 4
-#: The reference solve draws from a stream of its own, ``seed`` plus this odd constant (mod
-#: ``2**64``), so that the measured value is the same with and without it.
-REFERENCE_SEED_OFFSET = 0x9E3779B97F4A7C15
-
-
 def check_measure(measure: object, known: Iterable[str], aliases: Mapping[str, str]) -> str:
     """The measure's registered name (``"worst-case"`` is ``"worst_case"``)."""
     if not isinstance(measure, str) or aliases.get(measure, measure) not in known:
@@ -90,14 +80,6 @@ def check_radius_fits(rho: float | None, eta0: float | None, dtype: torch.dtype)
                              f"silently shrink every step to zero; use {label} < {limit:.3g}")
 
 
-def check_p(p: object) -> float:
-    if p in ("inf", "Linf", "linf") or (isinstance(p, float) and math.isinf(p) and p > 0):
-        return math.inf
-    if p in (2, 2.0, "2", "L2"):
-        return 2.0
-    raise ValueError(f"p must be 2 or 'inf', got {p!r}")
-
-
 def check_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
@@ -145,48 +127,3 @@ def check_nonfinite(policy: object) -> str:
     if policy not in NONFINITE_POLICIES:
         raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {policy!r}")
     return str(policy)
-
-
-REFERENCE_KEYS = ("n_iter", "restarts", "eta0", "alpha", "random_init")
-
-
-def reference_settings(option: object, settings: AscentSettings) -> AscentSettings | None:
-    """The solver settings of ``reference_solve`` for a measurement solved with ``settings``.
-
-    Parameters
-    ----------
-    option
-        ``None`` or ``False``: no reference solve. ``True``: ``n_iter`` =
-        :data:`REFERENCE_ITERATIONS` times the measurement's, :data:`REFERENCE_RESTARTS` random
-        restarts, the measurement's ``eta0`` and ``alpha``, the first run from ``xi = 0``. A
-        dict overrides any of ``n_iter``, ``restarts``, ``eta0``, ``alpha``, ``random_init``.
-    settings
-        The measurement's own solver settings.
-
-    Raises
-    ------
-    TypeError, ValueError
-        Naming ``reference_solve`` and the offending key.
-    """
-    if option is None or option is False:
-        return None
-    if option is True:
-        given: dict[str, Any] = {}
-    elif isinstance(option, Mapping):
-        given = dict(option)
-        unknown = sorted(str(k) for k in set(given) - set(REFERENCE_KEYS))
-        if unknown:
-            raise ValueError(f"reference_solve: unknown key(s) {unknown}; allowed: "
-                             f"{list(REFERENCE_KEYS)}")
-    else:
-        raise TypeError(f"reference_solve must be None, True or a dict of solver settings "
-                        f"({', '.join(REFERENCE_KEYS)}), got {option!r}")
-    resolved = {"n_iter": REFERENCE_ITERATIONS * settings.n_iter,
-                "restarts": REFERENCE_RESTARTS, "eta0": settings.eta0, "alpha": settings.alpha,
-                "random_init": False, **given}
-    try:
-        return AscentSettings(**resolved)
-    except (TypeError, ValueError) as err:
-        raise type(err)(f"reference_solve: {err}") from err
-
-

@@ -36,17 +36,23 @@ from quotientsharp.engine.measures import (
 from quotientsharp.engine.options import (
     ASCENT_OPTIONS,
     COMMON_OPTIONS,
-    REFERENCE_SEED_OFFSET,
     SEED_LIMIT,
     check_bool,
     check_int,
-    check_p,
-    reference_settings,
 )
 from quotientsharp.engine.solver import AscentSettings, checkpoints
 from quotientsharp.engine.space import GeodesicGeometry, GeometryPlan, PlainGeometry
 
-__all__ = ["ALIASES", "MEASURE_REGISTRY", "MeasureSetup", "MeasureSpec", "measure_defaults"]
+__all__ = ["ALIASES", "MEASURE_REGISTRY", "REFERENCE_ITERATIONS", "REFERENCE_RESTARTS",
+           "MeasureSetup", "MeasureSpec", "measure_defaults", "reference_settings"]
+
+#: What ``reference_solve=True`` runs: ``n_iter`` is ``REFERENCE_ITERATIONS`` times the
+#: measurement's, ``restarts`` random restarts; ``eta0`` and ``alpha`` are the measurement's.
+REFERENCE_ITERATIONS = 10
+REFERENCE_RESTARTS = 4
+#: The reference solve draws from a stream of its own, ``seed`` plus this odd constant (mod
+#: ``2**64``), so that the measured value is the same with and without it.
+REFERENCE_SEED_OFFSET = 0x9E3779B97F4A7C15
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,49 @@ class AverageSpec:
 
 
 # ---------------------------------------------------------------------------- ascent measures
+REFERENCE_KEYS = ("n_iter", "restarts", "eta0", "alpha", "random_init")
+
+
+def reference_settings(option: object, settings: AscentSettings) -> AscentSettings | None:
+    """The solver settings of ``reference_solve`` for a measurement solved with ``settings``.
+
+    Parameters
+    ----------
+    option
+        ``None`` or ``False``: no reference solve. ``True``: ``n_iter`` =
+        :data:`REFERENCE_ITERATIONS` times the measurement's, :data:`REFERENCE_RESTARTS` random
+        restarts, the measurement's ``eta0`` and ``alpha``, the first run from ``xi = 0``. A
+        dict overrides any of ``n_iter``, ``restarts``, ``eta0``, ``alpha``, ``random_init``.
+    settings
+        The measurement's own solver settings.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming ``reference_solve`` and the offending key.
+    """
+    if option is None or option is False:
+        return None
+    if option is True:
+        given: dict[str, Any] = {}
+    elif isinstance(option, Mapping):
+        given = dict(option)
+        unknown = sorted(str(k) for k in set(given) - set(REFERENCE_KEYS))
+        if unknown:
+            raise ValueError(f"reference_solve: unknown key(s) {unknown}; allowed: "
+                             f"{list(REFERENCE_KEYS)}")
+    else:
+        raise TypeError(f"reference_solve must be None, True or a dict of solver settings "
+                        f"({', '.join(REFERENCE_KEYS)}), got {option!r}")
+    resolved = {"n_iter": REFERENCE_ITERATIONS * settings.n_iter,
+                "restarts": REFERENCE_RESTARTS, "eta0": settings.eta0, "alpha": settings.alpha,
+                "random_init": False, **given}
+    try:
+        return AscentSettings(**resolved)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"reference_solve: {err}") from err
+
+
 def _eta0(settings: AscentSettings, rho: float) -> float:
     return settings.eta0 if settings.eta0 is not None else 2.0 * rho
 
@@ -174,6 +223,14 @@ class AscentOptions:
         return measure, {**self.resolved, **extra}
 
 
+def _check_p(p: object) -> float:
+    if p in ("inf", "Linf", "linf") or (isinstance(p, float) and math.isinf(p) and p > 0):
+        return math.inf
+    if p in (2, 2.0, "2", "L2"):
+        return 2.0
+    raise ValueError(f"p must be 2 or 'inf', got {p!r}")
+
+
 class WorstCaseSpec:
     """``worst_case``: Auto-PGD in an L2 ball or an L-infinity box, ``c = |theta|`` or 1."""
 
@@ -187,7 +244,7 @@ class WorstCaseSpec:
 
     def build(self, setup: MeasureSetup) -> tuple[Measure, dict[str, Any]]:
         ascent = AscentOptions.check(setup)
-        p = check_p(setup.options["p"])
+        p = _check_p(setup.options["p"])
         adaptive = self._adaptive(setup.options)
         extra = {"p": "inf" if math.isinf(p) else 2, "adaptive": adaptive}
         return ascent.measure(setup, PlainGeometry(setup.radius, p, adaptive), extra)

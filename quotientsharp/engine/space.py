@@ -79,6 +79,25 @@ class AscentSpace:
         """The solver's objective on ``batch`` (:func:`perturbed_objective`)."""
         return perturbed_objective(model, self.coordinates, self.geometry, batch)
 
+    def gradient_at_zero(self, gradients: Mapping[str, torch.Tensor | None]) -> Tensors:
+        """The gradient in ``xi`` at ``xi = 0`` from the gradient in the parameters.
+
+        The chain rule through the (cheap) map ``xi -> parameters``: one backward through the
+        geometry's path and the layout, none through the model. ``None`` gradients (parameters
+        the loss does not reach) contribute nothing.
+        """
+        leaves = tuple(t.detach().requires_grad_(True) for t in self.geometry.zeros())
+        with torch.enable_grad():
+            moved = self.coordinates.updates(self.geometry.point(leaves))
+            pairs = [(moved[n], g) for n, g in gradients.items()
+                     if g is not None and n in moved and moved[n].requires_grad]
+            grads: Sequence[torch.Tensor | None] = (
+                torch.autograd.grad([t for t, _ in pairs], leaves,
+                                    grad_outputs=[g for _, g in pairs], allow_unused=True)
+                if pairs else (None,) * len(leaves))
+        return tuple(torch.zeros_like(leaf) if g is None else g
+                     for leaf, g in zip(leaves, grads, strict=True))
+
     def parameters(self, xi: Sequence[torch.Tensor]) -> dict[str, Any]:
         """The perturbed parameters at ``xi`` by name (no gradient)."""
         with torch.no_grad():
@@ -93,13 +112,11 @@ class AscentSpace:
         """
         if not isinstance(self.geometry, GeodesicBall):
             return None
-        slot_of = getattr(self.coordinates, "other_slot", None)
-        tables = {}
-        for name, selected in rows.items():
-            slot = slot_of(name) if slot_of is not None else None
-            if slot is not None:
-                tables[name] = RestrictedTable.of(slot, model.tables[name], selected,
-                                                  model.theta_geometry[name].shape)
+        # first every table's slot in the diagonal-metric factor, then the cut tables
+        slots = {name: self.coordinates.other_slot(name) for name in rows}
+        tables = {name: RestrictedTable.of(slot, model.tables[name], rows[name],
+                                           model.theta_geometry[name].shape)
+                  for name, slot in slots.items() if slot is not None}
         if not tables:
             return None
         try:
