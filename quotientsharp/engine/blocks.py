@@ -1,5 +1,8 @@
 """Block-wise sharpness: the best perturbation of an ascent, block by block.
 
+Stage: measure (after the solver, ``blockwise=True``). It touches the geometry's norms, the
+layout's blocks and a loss callable; no solver state, no options.
+
 After the ascent of one batch has found its best perturbation ``xi`` (a tangent vector of the
 geometry, :mod:`.ball`), each block of the layout (:mod:`.coordinates`) gets
 

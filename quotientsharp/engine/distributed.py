@@ -1,5 +1,8 @@
 """Sharpness over many batches and many models, spread over the ranks of ``torch.distributed``.
 
+Stage: above the pipeline (it calls :func:`~.api.sharpness` per rank and gathers the results);
+it touches process groups and results, never the stages' internals.
+
 Launch with ``torchrun`` (``gloo`` on CPU, ``nccl`` on GPUs)::
 
     # measure.py, run as: torchrun --nproc_per_node 4 measure.py

@@ -1,5 +1,8 @@
 """The model stage of the engine: the loss of a model at given parameters, never touching it.
 
+Stage: functional model (built once per call, after validation). It touches the user's module
+(read-only: its parameters and buffers are cloned once) and the batches; no geometry, no solver.
+
 :class:`FunctionalModel` evaluates ``L(theta')`` by :func:`torch.func.functional_call` on
 perturbed clones: the model's own parameters and buffers are never handed to its forward.
 """

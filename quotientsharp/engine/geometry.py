@@ -1,5 +1,8 @@
 """The geometry stage of the engine: the product of the layout's factors, frozen at ``theta``.
 
+Stage: geometry (run once per call, from :mod:`.space`). It touches the layout's factors and the
+quotient classes of :mod:`quotientsharp.core`; no model, no batch, no solver.
+
 :func:`build_geometry` takes the :class:`~.coordinates.Factor` list of a layout, forms the
 :class:`~quotientsharp.core.product.ProductQuotient` of their quotients, freezes it at ``theta``
 (every factorisation that depends on ``theta`` alone is done here, once) and returns the

@@ -1,5 +1,7 @@
 """Figures of a :class:`~quotientsharp.engine.SharpnessResult`: block-wise sharpness.
 
+Stage: result (after it; reads :class:`~.result.SharpnessResult` only, draws with matplotlib).
+
 :func:`plot_blocks` draws, for one or several results measured with ``blockwise=True``, a
 horizontal bar chart of the loss change per block (mean over batches), largest first, each bar
 labelled with the block's norm share. matplotlib is optional (``pip install

@@ -476,3 +476,23 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
     return AscentOutcome(best_loss, best_xi, run_losses, start_loss,
                          [r.at for r in records], [r.loss for r in records], count,
                          traces[0] if len(traces) == 1 else torch.cat(traces))
+
+
+def host_decides(loss: torch.Tensor) -> bool:
+    """Deprecated: whether :func:`ascend` reads its decisions on ``loss`` on the host (a 0-dim
+    loss on the CPU); see :func:`.decisions.decisions_for` and ``ascend(host_decisions=...)``."""
+    warnings.warn("host_decides is deprecated: the solver chooses its decisions once per run "
+                  "(quotientsharp.engine.decisions.decisions_for; ascend(host_decisions=...))",
+                  DeprecationWarning, stacklevel=2)
+    return loss.device.type == "cpu" and loss.dim() == 0
+
+
+def __getattr__(name: str) -> object:
+    # HOST_DECISIONS_ON_CPU was a module switch; reading it still works, setting it does
+    # nothing: the switch is now the host_decisions parameter of ascend and sharpness
+    if name == "HOST_DECISIONS_ON_CPU":
+        warnings.warn("HOST_DECISIONS_ON_CPU is deprecated and has no effect: pass "
+                      "host_decisions=False to ascend or sharpness instead",
+                      DeprecationWarning, stacklevel=2)
+        return True
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
