@@ -211,15 +211,20 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: str = "geodesic
     float32 (float64 if any parameter is float64); perturbed parameters are cast back to each
     parameter's own dtype for the forward.
     """
+    # 1. validate: the measure's registry entry, rho, the options every measure shares
     spec, rho, opts = _validated(model, batches, measure, rho, options)
+    # 2. the functional model: clones of the parameters, the loss at given parameters
     loss = resolve_loss(opts["loss"])
     functional = FunctionalModel(model, (loss[0], loss[2]),
                                  geometry_dtype=opts["geometry_dtype"])
     functional.check_finite()
+    # 3. the measure, from the registry (its own options checked; symmetries discovered)
     generator = torch.Generator(device=functional.device).manual_seed(opts["seed"])
     evaluator, extra = spec.build(MeasureSetup(model, functional, rho, opts, generator))
     check_radius_fits(rho, extra.get("eta0"), functional.dtype)
 
+    # 4. the batches: batch 0's clean forward+backward tells which parameters have no gradient,
+    # the measure builds its geometry once, then measures every batch
     outcomes: list[BatchOutcome] = []
     with _in_eval_mode(model), contextlib.closing(_progress_bar(
             batches, evaluator.evaluations_per_batch(), opts["progress"], spec.name)) as bar:
@@ -237,6 +242,7 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: str = "geodesic
                 outcomes.append(evaluator(batch, index, bar.update, opts["keep_perturbations"],
                                           reusable.pop() if reusable else None))
 
+    # 5. the result
     settings = {"measure": spec.name, "rho": rho, "n_batches": len(outcomes),
                 "geometry_dtype": str(functional.dtype).removeprefix("torch."),
                 **{k: v for k, v in opts.items() if k not in _UNRECORDED},

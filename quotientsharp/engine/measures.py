@@ -32,7 +32,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from quotientsharp.core.adaptive import AdaptiveQuotient
-from quotientsharp.engine.ball import GeodesicBall
+from quotientsharp.engine.ball import BoxGeometry, GeodesicBall
 from quotientsharp.engine.batches import Batch
 from quotientsharp.engine.blocks import BlockOutcome, blockwise
 from quotientsharp.engine.coordinates import BoundCoordinates, LayoutCoordinates, PlainCoordinates
@@ -46,6 +46,7 @@ from quotientsharp.engine.solver import (
 )
 from quotientsharp.engine.space import (
     AscentSpace,
+    Coordinates,
     GeodesicGeometry,
     GeometryPlan,
     PlainGeometry,
@@ -330,12 +331,12 @@ class AscentMeasure:
         return self._space
 
     @property
-    def geometry(self) -> Any:
+    def geometry(self) -> GeodesicBall | BoxGeometry:
         """The feasible set of the ascent (``space.geometry``)."""
         return self.space.geometry
 
     @property
-    def coordinates(self) -> Any:
+    def coordinates(self) -> Coordinates:
         """The layout's coordinates (``space.coordinates``)."""
         return self.space.coordinates
 
@@ -381,14 +382,14 @@ class AscentMeasure:
 
     def __call__(self, batch: Batch, index: int, tick: Tick, keep: bool,
                  first: FirstEvaluation | None = None) -> BatchOutcome:
-        space = self.space
+        space, restricts = self.space, self.restricts()
         objective = space.objective(self.model, batch)
-        restricts = self.restricts()
         clean, initial, rows = self._starting_point(batch, index, objective, first, restricts)
         # the per-batch step of the geometry: the space cut to the rows this batch touches
         touched = space.on_touched_rows(self.model, rows) if restricts and rows else None
         self.restricted_rows.append({} if touched is None else touched.row_counts())
         solved: AscentSpace | TouchedSpace = space if touched is None else touched
+        solve = objective if touched is None else touched.objective(self.model, batch)
         start = initial
         if touched is not None:
             assert initial is not None
@@ -399,9 +400,8 @@ class AscentMeasure:
             handed = HandedOver(*start)
             start = initial = None
         skip = self.nonfinite == "skip"
-        outcome = ascend(solved.geometry, solved.objective(self.model, batch), self.settings,
-                         self.generator, tick, initial=handed, skip_nonfinite=skip,
-                         host_decisions=self.host_decisions)
+        outcome = ascend(solved.geometry, solve, self.settings, self.generator, tick,
+                         initial=handed, skip_nonfinite=skip, host_decisions=self.host_decisions)
         del handed, start
         norms = solved.geometry.block_norms(outcome.xi)
         if touched is not None:

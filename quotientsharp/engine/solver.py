@@ -368,6 +368,13 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[
                 initial: Initial | None = None, skip_nonfinite: bool = False,
                 host_decisions: bool = True
                 ) -> tuple[torch.Tensor, Tensors, torch.Tensor, _NonFinite, torch.Tensor]:
+    """One run from ``start()`` (or from ``initial``, the evaluation there).
+
+    Returns
+    -------
+    (best loss, best iterate, loss at the start, non-finite record, trace)
+        The trace has ``shape=[n_iter + 1, *P]``.
+    """
     marks = [w for w in checkpoints(settings.n_iter) if w < settings.n_iter]
     # the start is drawn here, so that no caller holds it once xi has moved on
     xi = start()
