@@ -123,8 +123,8 @@ def restrict(xi: Sequence[torch.Tensor], block: Block) -> Tensors:
             part = torch.zeros_like(tensor)
             if block.index is not None:
                 part[block.index] = tensor[block.index]
-            else:
-                start, stop = block.span  # type: ignore[misc]
+            elif block.span is not None:
+                start, stop = block.span
                 part[..., start:stop] = tensor[..., start:stop]
             parts.append(part)
     return tuple(parts)
