@@ -69,6 +69,7 @@ from _common import (  # noqa: E402
 
 import quotientsharp as qs  # noqa: E402
 from quotientsharp import reference, value_checks  # noqa: E402
+from quotientsharp.engine.decisions import decisions_for  # noqa: E402
 from quotientsharp.engine.solver import gradient_step, momentum_step  # noqa: E402
 
 ROWS = (1, 2, 3, 4, 5, 6, 7)
@@ -296,21 +297,22 @@ def _engine(ctx: Context, options: dict[str, Any], batch_factor: int = 1):
     """
     from quotientsharp.engine.batches import resolve_loss, split_batch
     from quotientsharp.engine.functional import FunctionalModel
-    from quotientsharp.engine.measures import AscentMeasure, geodesic_builder, plain_builder
+    from quotientsharp.engine.measures import AscentMeasure
     from quotientsharp.engine.solver import AscentSettings
+    from quotientsharp.engine.space import GeodesicGeometry, PlainGeometry
     from quotientsharp.models import ParameterLayout, find_symmetries
 
     model, rho = ctx.model, ctx.sizes.rho
     loss = resolve_loss(None)
     functional = FunctionalModel(model, (loss[0], loss[2]))
     if options["measure"] == "adaptive":
-        build = plain_builder(functional, rho, 2.0, True)
+        plan: PlainGeometry | GeodesicGeometry = PlainGeometry(rho, 2.0, True)
     else:
         layout = ParameterLayout(find_symmetries(model), functional.theta_geometry)
-        build = geodesic_builder(functional, rho, layout, options["metric"], options["order"],
-                                 0.0, 16, "adaptive", "line")
+        plan = GeodesicGeometry(rho, layout, options["metric"], options["order"], 0.0, 16,
+                                "adaptive", "line")
     generator = torch.Generator(device=ctx.device).manual_seed(0)
-    measure = AscentMeasure(functional, AscentSettings(), generator, build)
+    measure = AscentMeasure(functional, AscentSettings(), generator, plan)
     measure.setup([])
     sizes = ctx.sizes
     raw = bert_batch(sizes.bert_batch * batch_factor, sizes.bert_seq, sizes.bert_vocab,
@@ -321,7 +323,7 @@ def _engine(ctx: Context, options: dict[str, Any], batch_factor: int = 1):
 
 
 def _objective(functional, geometry, coordinates, batch):
-    """The engine's objective (``AscentMeasure._objective``): loss and gradient in ``xi``."""
+    """The engine's objective (``AscentSpace.objective``): loss and gradient in ``xi``."""
 
     def objective(xi):
         leaves = tuple(t.detach().requires_grad_(True) for t in xi)
@@ -353,12 +355,14 @@ def _step_parts(ctx: Context, options: dict[str, Any],
 
     eta_tensor = torch.tensor(eta, dtype=geometry.dtype, device=geometry.device)
 
+    decide = decisions_for(eta_tensor)       # as the solver chooses them (on the CPU: the host)
+
     def geometry_ops():
-        # the geometry of one solver step (solver._single_run): P_S of a horizontal vector
+        # the geometry of one solver step (solver._Run.proposal): P_S of a horizontal vector
         # (clip) after the gradient step and after the momentum step, the point with the
         # backward through it, and the next direction
-        z = geometry.clip(gradient_step(xi, direction, eta_tensor))
-        new = geometry.clip(momentum_step(xi, z, previous, alpha))
+        z = geometry.clip(gradient_step(xi, direction, eta_tensor), decide)
+        new = geometry.clip(momentum_step(xi, z, previous, alpha), decide)
         leaves = tuple(t.detach().requires_grad_(True) for t in new)
         with torch.enable_grad():
             moved = geometry.point(leaves)

@@ -38,7 +38,6 @@ from quotientsharp.reproduce.diagonal.batched_ascent import (
 )
 
 measures_module = importlib.import_module("quotientsharp.engine.measures")
-solver_module = importlib.import_module("quotientsharp.engine.solver")
 
 SYNCING_OPERATORS = {
     torch.ops.aten._local_scalar_dense.default,
@@ -74,13 +73,13 @@ def recorded_ascents(monkeypatch):
     """Wraps the engine's ``ascend`` so that each call runs under a fresh recorder.
 
     On the CPU the solver reads its decisions on the host (free there); the recorder checks the
-    path a CUDA run takes, so that shortcut is switched off.
+    path a CUDA run takes, so that shortcut is switched off (``host_decisions=False``).
     """
-    monkeypatch.setattr(solver_module, "HOST_DECISIONS_ON_CPU", False)
     recorders: list[SyncRecorder] = []
     original = measures_module.ascend
 
     def recorded(*args, **kwargs):
+        kwargs["host_decisions"] = False
         recorder = SyncRecorder()
         recorders.append(recorder)
         with recorder:
@@ -119,11 +118,11 @@ def test_the_ascent_loop_never_needs_the_host(recorded_ascents, options) -> None
 
 
 def test_the_sync_recorder_finds_an_injected_sync(monkeypatch) -> None:
-    monkeypatch.setattr(solver_module, "HOST_DECISIONS_ON_CPU", False)
     original = measures_module.ascend
     recorders: list[SyncRecorder] = []
 
     def syncing(geometry, objective, *args, **kwargs):
+        kwargs["host_decisions"] = False                  # the path a CUDA run takes
         def objective_that_reads_its_loss(xi):
             loss, gradient = objective(xi)
             if float(loss) < 0:                           # a host read, as careless code has

@@ -9,16 +9,15 @@
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from quotientsharp.core.gl import GLQuotient
 from quotientsharp.engine.coordinates import Factor, other_factor
+from quotientsharp.engine.decisions import ON_DEVICE, lift
 from quotientsharp.engine.geometry import build_geometry
-from quotientsharp.engine.solver import _lift, gradient_step, momentum_step
+from quotientsharp.engine.solver import gradient_step, momentum_step
 
 DTYPES = [torch.float32, torch.float64]
 
@@ -43,7 +42,7 @@ def test_gradient_and_momentum_steps_equal_the_per_tensor_formulas(seed, dtype,
     gen = torch.Generator().manual_seed(seed + 99)
     eta = torch.rand(problems, generator=gen, dtype=dtype) + 0.1
     alpha = 0.75
-    expected_step = tuple(x + _lift(eta, x) * d for x, d in zip(xi, direction, strict=True))
+    expected_step = tuple(x + lift(eta, x) * d for x, d in zip(xi, direction, strict=True))
     expected_momentum = tuple(x + alpha * (zz - x) + (1 - alpha) * (x - p)
                               for x, zz, p in zip(xi, z, previous, strict=True))
     inputs = [tuple(t.clone() for t in group) for group in (xi, z, previous, direction)]
@@ -108,18 +107,16 @@ def _operators_of_one_step(tensors: int, with_gl: bool) -> int:
     counter = _CountComputing()
     with counter:
         direction = geometry.direction(egrad)
-        z = geometry.clip(gradient_step(xi, direction, eta))
-        new = geometry.clip(momentum_step(xi, z, previous, 0.75))
+        z = geometry.clip(gradient_step(xi, direction, eta), ON_DEVICE)
+        new = geometry.clip(momentum_step(xi, z, previous, 0.75), ON_DEVICE)
         geometry.point(new)
     return counter.count
 
 
 @pytest.mark.parametrize("with_gl", [False, True], ids=["other-only", "with-gl"])
-def test_operators_per_step_do_not_grow_with_the_number_of_tensors(with_gl, monkeypatch) -> None:
-    # the count stands for kernel launches on a GPU: the GPU path (on the CPU a rescale by
-    # exactly 1 is skipped, which makes the count depend on the draw)
-    monkeypatch.setattr(importlib.import_module("quotientsharp.engine.solver"),
-                        "HOST_DECISIONS_ON_CPU", False)
+def test_operators_per_step_do_not_grow_with_the_number_of_tensors(with_gl) -> None:
+    # the count stands for kernel launches on a GPU: the GPU path, ON_DEVICE (on the host a
+    # rescale by exactly 1 is skipped, which makes the count depend on the draw)
     few, many = _operators_of_one_step(5, with_gl), _operators_of_one_step(60, with_gl)
     assert few == many, (few, many)       # a per-tensor loop would add 55 x its operators
 

@@ -20,13 +20,14 @@ import torch
 from torch import nn
 
 from quotientsharp import DiagonalQuotient, GLQuotient, sharpness
-from quotientsharp.engine import api
 from quotientsharp.engine.ball import BoxGeometry, GeodesicBall
 from quotientsharp.engine.batches import resolve_loss, split_batch
 from quotientsharp.engine.coordinates import Factor, other_factor
 from quotientsharp.engine.functional import FunctionalModel
 from quotientsharp.engine.geometry import build_geometry
 from quotientsharp.engine.measures import FirstEvaluation
+from quotientsharp.engine.options import resolve_options
+from quotientsharp.engine.registry import MEASURE_REGISTRY, MeasureSetup
 from quotientsharp.engine.solver import AscentSettings, ascend
 from quotientsharp.reproduce.diagonal.batched_ascent import (
     AdaptiveGeometry,
@@ -92,12 +93,14 @@ def _mlp_batches(count: int = 2, seed: int = 1):
 
 
 def _prepared(model: nn.Module, measure: str, rho: float, raw, **options):
-    """The evaluator of ``measure`` set up as :func:`sharpness` sets it up on batch 0."""
-    opts = api._resolve_options(measure, options)
+    """The evaluator of ``measure`` set up as :func:`sharpness` sets it up on batch 0: built by
+    the measure's registry entry, set up with the parameters without gradient."""
+    spec = MEASURE_REGISTRY[measure]
+    opts = resolve_options(measure, spec.defaults, options)
     loss = resolve_loss(opts["loss"])
     functional = FunctionalModel(model, (loss[0], loss[2]))
-    evaluator, _ = api._make_measure(measure, model, functional, rho, opts,
-                                     torch.Generator().manual_seed(0))
+    evaluator, _ = spec.build(MeasureSetup(model, functional, rho, opts,
+                                           torch.Generator().manual_seed(0)))
     batch = split_batch(raw, 0, functional.device, functional.input_dtype)
     first = FirstEvaluation(*functional.loss_and_gradients(batch))
     evaluator.setup([n for n, g in first.gradients.items() if g is None])
@@ -142,8 +145,8 @@ def test_initial_gradient_by_the_chain_rule_equals_autograd_through_the_model(
     if kind == "attention" and options.get("symmetries") != "none":
         coordinates = evaluator.coordinates
         assert coordinates.gl_pairs and coordinates.diagonal is not None    # both block kinds
-    loss, direct = evaluator._objective(batch)(evaluator.geometry.zeros())
-    chained = evaluator._gradient_from_parameters(first.gradients)
+    loss, direct = evaluator.space.objective(evaluator.model, batch)(evaluator.geometry.zeros())
+    chained = evaluator.space.gradient_at_zero(first.gradients)
     assert torch.equal(loss, first.loss)
     assert [g.shape for g in chained] == [g.shape for g in direct]
     assert _max_relative(chained, direct) <= 1e-12

@@ -11,8 +11,6 @@ its module, a rescaling embedding subclass, ``max_norm``, random starts.
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 from torch import nn
@@ -279,12 +277,11 @@ def test_only_a_diagonal_metric_can_be_cut_to_rows() -> None:
                                      dict(measure="geodesic", metric="mix", order=2),
                                      dict(measure="worst_case", p=2, restarts=1)],
                          ids=["adaptive", "geodesic-mix", "restarts"])
-def test_decisions_on_the_host_give_the_device_path_bit_for_bit(monkeypatch, options) -> None:
-    solver = importlib.import_module("quotientsharp.engine.solver")
+def test_decisions_on_the_host_give_the_device_path_bit_for_bit(options) -> None:
     model, batches = _bert(), _batches()
     host = qs.sharpness(model, batches, rho=0.1, n_iter=9, progress=False, **options)
-    monkeypatch.setattr(solver, "HOST_DECISIONS_ON_CPU", False)
-    device = qs.sharpness(model, batches, rho=0.1, n_iter=9, progress=False, **options)
+    device = qs.sharpness(model, batches, rho=0.1, n_iter=9, progress=False,
+                          host_decisions=False, **options)
     assert host.per_batch == device.per_batch
     assert host.traces == device.traces
     assert host.perturbation_norms == device.perturbation_norms

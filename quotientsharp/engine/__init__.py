@@ -4,17 +4,25 @@
 >>> result = sharpness(model, batches, measure="geodesic", rho=0.1, metric="inv", order=2)
 >>> result.value, result.per_batch
 
-:func:`sharpness` runs visible stages, each public and returning a typed object:
+:func:`sharpness` runs visible stages, each public and returning a typed object; every module
+of this package belongs to one stage and says which, and what it may touch, in its docstring:
 
+0. validation: :mod:`.options` (the options every measure shares) and the measure's entry in
+   the registry, :data:`MEASURE_REGISTRY` (:mod:`.registry`: name -> :class:`MeasureSpec`, its
+   options' defaults, its own option checks, and how it builds its :class:`Measure`);
 1. discovery: :func:`quotientsharp.find_symmetries` -> :class:`~quotientsharp.models.SymmetryReport`
-   (or your own :class:`~quotientsharp.models.QuotientBinding`);
+   (or your own :class:`~quotientsharp.models.QuotientBinding`), :mod:`.layouts`;
 2. layout: :class:`~quotientsharp.models.ParameterLayout`, and the factors of the product
    quotient, :class:`LayoutCoordinates` (:mod:`.coordinates`);
 3. geometry: :func:`build_geometry` -> :class:`GeodesicBall`, the product quotient frozen at
-   ``theta`` with the radius (:mod:`.geometry`, :mod:`.ball`);
+   ``theta`` with the radius (:mod:`.geometry`, :mod:`.ball`), built once before the batch loop
+   as an :class:`~.space.AscentSpace` (:mod:`.space`; its one per-batch step, the touched rows
+   of embedding tables, is :meth:`~.space.AscentSpace.on_touched_rows`);
 4. solver: :func:`ascend` on :func:`perturbed_objective` -> :class:`AscentOutcome`
-   (:mod:`.solver`);
-5. result: :class:`SharpnessResult`.
+   (:mod:`.solver`, one loop; :mod:`.decisions` holds where its decisions are read), over any
+   :class:`AscentGeometry`;
+5. measure and result: a :class:`Measure` per batch (:mod:`.measures`), then
+   :class:`SharpnessResult` (:mod:`.result`).
 
 Solver quality and block-wise sharpness (ascent measures): ``result.traces`` (the best loss per
 iteration), ``reference_solve=...`` (a stronger second solve and its gap, checked against the
@@ -35,13 +43,23 @@ from quotientsharp.engine.coordinates import (
 from quotientsharp.engine.exact import TrustRegionMaximum, trust_region_maximum
 from quotientsharp.engine.functional import FunctionalModel
 from quotientsharp.engine.geometry import build_geometry
-from quotientsharp.engine.measures import NonFiniteLossError, perturbed_objective
+from quotientsharp.engine.measures import Measure, NonFiniteLossError
 from quotientsharp.engine.plots import plot_blocks
-from quotientsharp.engine.solver import AscentOutcome, AscentSettings, ascend, checkpoints
+from quotientsharp.engine.registry import MEASURE_REGISTRY, MeasureSpec
+from quotientsharp.engine.solver import (
+           AscentGeometry,
+           AscentOutcome,
+           AscentSettings,
+           HandedOver,
+           ascend,
+           checkpoints,
+)
+from quotientsharp.engine.space import perturbed_objective
 
-__all__ = ["MEASURES", "AscentOutcome", "AscentSettings", "Block", "BlockOutcome",
-           "BoundCoordinates", "BoxGeometry", "Factor", "FunctionalModel", "GeodesicBall",
-           "LayoutCoordinates", "NonFiniteLossError", "PlainCoordinates", "SharpnessResult",
+__all__ = ["MEASURES", "MEASURE_REGISTRY", "AscentGeometry", "AscentOutcome", "AscentSettings",
+           "Block", "BlockOutcome", "BoundCoordinates", "BoxGeometry", "Factor",
+           "FunctionalModel", "GeodesicBall", "HandedOver", "LayoutCoordinates", "Measure",
+           "MeasureSpec", "NonFiniteLossError", "PlainCoordinates", "SharpnessResult",
            "TrustRegionMaximum", "ascend", "blockwise", "build_geometry", "checkpoints",
            "perturbed_objective", "plot_blocks", "reference_settings", "resolve_loss",
            "sharpness", "split_batch", "trust_region_maximum"]

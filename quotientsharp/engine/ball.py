@@ -1,4 +1,8 @@
-"""The feasible sets of the ascent: a geodesic ball at a frozen point, or an L-infinity box.
+"""Geometry stage: the feasible sets of the ascent, a geodesic ball or an L-infinity box.
+
+They touch the frozen point of a quotient (:mod:`quotientsharp.core`) and tangent tuples only:
+no model, no batch, no solver state. Both satisfy :class:`~.solver.AscentGeometry` (the typed
+assignments at the end of this module are checked by mypy).
 
 :class:`GeodesicBall` is ``{xi horizontal at theta : ||xi||_theta <= rho}`` for any frozen point
 of any quotient (:mod:`quotientsharp.core.frozen`): a product over a whole network, a single
@@ -23,15 +27,11 @@ import torch
 from quotientsharp.core import _tuples as T
 from quotientsharp.core.adaptive import safe_reciprocal
 from quotientsharp.core.frozen import FrozenPoint
-from quotientsharp.engine import solver
+from quotientsharp.engine.decisions import ON_DEVICE, Decisions, lift
+from quotientsharp.engine.solver import AscentGeometry
 
 Tensors = tuple[torch.Tensor, ...]
 Order = int | str
-
-
-def _lift(factor: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``factor`` (``shape=P``) with trailing singleton dims to broadcast against ``like``."""
-    return factor.reshape(*factor.shape, *([1] * (like.dim() - factor.dim())))
 
 
 class GeodesicBall:
@@ -72,7 +72,8 @@ class GeodesicBall:
         radius = self.radius
         if isinstance(radius, torch.Tensor):
             radius = float(radius.max())
-        self.frozen.check_ball(radius, self.order)
+        # a product's frozen point takes one order per factor; FrozenPoint (core) names one
+        self.frozen.check_ball(radius, self.order)  # type: ignore[arg-type]
 
     def on_rows(self, rows: dict[int, torch.Tensor]) -> GeodesicBall:
         """The same ball for tangent vectors that vanish outside ``rows[i]`` of tensor ``i``,
@@ -101,19 +102,25 @@ class GeodesicBall:
     def _scale(self, xi: Sequence[torch.Tensor], factor: torch.Tensor) -> Tensors:
         if factor.dim() == 0:
             return T.fused_mul(tuple(xi), factor)
-        return tuple(_lift(factor, t) * t for t in xi)
+        return tuple(lift(factor, t) * t for t in xi)
 
     def point(self, xi: Sequence[torch.Tensor]) -> Tensors:
         """``gamma_xi(1)``: the perturbed parameters in the quotient's coordinates."""
-        return self.frozen.geodesic(tuple(xi), 1.0, self.order, self.steps)
+        # a product's frozen point takes one order per factor; FrozenPoint (core) names one
+        return self.frozen.geodesic(tuple(xi), 1.0, self.order,  # type: ignore[arg-type]
+                                    self.steps)
 
     # ------------------------------------------------------------------ solver interface
-    def clip(self, xi: Sequence[torch.Tensor]) -> Tensors:
-        """``P_S`` of a vector that is horizontal already: the radial rescale into the ball."""
+    def clip(self, xi: Sequence[torch.Tensor], decisions: Decisions = ON_DEVICE) -> Tensors:
+        """``P_S`` of a vector that is horizontal already: the radial rescale into the ball.
+
+        With ``decisions`` on the host (:mod:`.decisions`) a rescale by exactly 1 (``xi``
+        inside the ball) is skipped, where the test is free; the values are the same.
+        """
         norm = self.norm(xi)
         factor = (self.radius / norm.clamp_min(torch.finfo(norm.dtype).tiny)).clamp(max=1.0)
-        if solver.host_decides(factor) and bool(factor == 1.0):
-            # inside the ball: the rescale is by exactly 1, skipped where the test is free
+        if (decisions.skips_unit_rescale and factor.dim() == 0
+                and factor.device.type == "cpu" and bool(factor == 1.0)):
             return tuple(xi)
         return self._scale(xi, factor)
 
@@ -127,7 +134,7 @@ class GeodesicBall:
         norm = self.norm(rgrad).clamp_min(torch.finfo(self.dtype).tiny)
         if norm.dim() == 0:
             return T.fused_div(rgrad, norm)
-        return tuple(t / _lift(norm, t) for t in rgrad)
+        return tuple(t / lift(norm, t) for t in rgrad)
 
     def random_start(self, generator: torch.Generator | None) -> Tensors:
         """Horizontal projection of a metric-isotropic Gaussian, radius ``rho * U(0, 1)``."""
@@ -173,8 +180,8 @@ class BoxGeometry:
         return tuple(torch.maximum(torch.minimum(d, b), -b)
                      for d, b in zip(xi, self._bounds, strict=True))
 
-    def clip(self, xi: Sequence[torch.Tensor]) -> Tensors:
-        """There is no quotient here: the clamp of :meth:`project`."""
+    def clip(self, xi: Sequence[torch.Tensor], decisions: Decisions = ON_DEVICE) -> Tensors:
+        """There is no quotient here: the clamp of :meth:`project` (no decision to take)."""
         return self.project(xi)
 
     def direction(self, egrad: Sequence[torch.Tensor]) -> Tensors:
@@ -188,6 +195,10 @@ class BoxGeometry:
         largest = torch.stack([(d * inv).abs().amax() if d.numel() else d.new_zeros(())
                                for d, inv in zip(xi, self._inv_scale, strict=True)]).amax()
         return {"total": largest}
+
+
+#: The solver runs on these geometries: mypy checks that each satisfies its protocol.
+SOLVER_GEOMETRIES: tuple[type[AscentGeometry], ...] = (GeodesicBall, BoxGeometry)
 
 
 __all__ = ["BoxGeometry", "GeodesicBall"]

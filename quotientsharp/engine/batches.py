@@ -1,5 +1,8 @@
 """Batches, model outputs and losses.
 
+Stage: validation and the functional model (the ``loss`` option, each batch split and checked).
+It touches batches and model outputs only: no parameters, no geometry.
+
 A batch is either
 
 - a pair ``(x, y)``: ``x`` a tensor (``model(x)``), a tuple or list of positional inputs

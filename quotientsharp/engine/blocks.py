@@ -1,5 +1,8 @@
 """Block-wise sharpness: the best perturbation of an ascent, block by block.
 
+Stage: measure (after the solver, ``blockwise=True``). It touches the geometry's norms, the
+layout's blocks and a loss callable; no solver state, no options.
+
 After the ascent of one batch has found its best perturbation ``xi`` (a tangent vector of the
 geometry, :mod:`.ball`), each block of the layout (:mod:`.coordinates`) gets
 
@@ -34,6 +37,7 @@ from typing import Any
 import torch
 
 from quotientsharp.core.adaptive import AdaptivePoint
+from quotientsharp.core.product import ProductPoint
 from quotientsharp.engine.ball import BoxGeometry, GeodesicBall
 
 Tensors = tuple[torch.Tensor, ...]
@@ -119,8 +123,8 @@ def restrict(xi: Sequence[torch.Tensor], block: Block) -> Tensors:
             part = torch.zeros_like(tensor)
             if block.index is not None:
                 part[block.index] = tensor[block.index]
-            else:
-                start, stop = block.span  # type: ignore[misc]
+            elif block.span is not None:
+                start, stop = block.span
                 part[..., start:stop] = tensor[..., start:stop]
             parts.append(part)
     return tuple(parts)
@@ -131,9 +135,9 @@ def _factor_parts(geometry: GeodesicBall, xi: Tensors) -> tuple[list[Any], list[
     """The frozen point, part of ``xi``, folded dimensions and first flat position of every
     factor of the geometry (a geometry that is not a product is one factor)."""
     frozen = geometry.frozen
-    factors = getattr(frozen, "factors", None)
-    if factors is None:
+    if not isinstance(frozen, ProductPoint):
         return [frozen], [xi], [0], [0]
+    factors = frozen.factors
     parts = frozen.split(xi)
     offsets, start = [], 0
     for part in parts:

@@ -1,5 +1,9 @@
 """The layout stage of the engine: a model's parameters as the factors of a product quotient.
 
+Stage: discovery/layout. It touches the functional model's parameters (read-only) and the
+layout or bindings of the models layer; the geometry stage (:mod:`.geometry`) builds on its
+factors. No batch, no solver.
+
 Each class here turns the model's parameters ``theta`` into a list of :class:`Factor` (a
 quotient and its base point) and maps a point of the product back to parameters by name:
 

@@ -1,5 +1,8 @@
 """Sharpness over many batches and many models, spread over the ranks of ``torch.distributed``.
 
+Stage: above the pipeline (it calls :func:`~.api.sharpness` per rank and gathers the results);
+it touches process groups and results, never the stages' internals.
+
 Launch with ``torchrun`` (``gloo`` on CPU, ``nccl`` on GPUs)::
 
     # measure.py, run as: torchrun --nproc_per_node 4 measure.py
@@ -54,7 +57,7 @@ import hashlib
 import os
 import pickle
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from typing import Any, TypeVar
 
 import torch
@@ -223,9 +226,12 @@ def shard(items: Iterable[Item], rank: int | None = None, world_size: int | None
     if isinstance(items, (str, bytes, torch.Tensor, Mapping)):
         raise TypeError(f"items must be an iterable of items (not a mapping, string or "
                         f"tensor), got {type(items).__name__}")
-    if isinstance(items, Sequence) or (hasattr(items, "__len__")
-                                       and hasattr(items, "__getitem__")):
+    if isinstance(items, Sequence):
         return [(i, items[i]) for i in range(rank, len(items), world_size)]
+    if isinstance(items, Sized) and hasattr(items, "__getitem__"):
+        # indexable without being a Sequence (a torch Dataset with a length)
+        indexable: Any = items
+        return [(i, indexable[i]) for i in range(rank, len(items), world_size)]
     if not isinstance(items, Iterable):
         raise TypeError(f"items must be an iterable, got {type(items).__name__}")
     return [(i, item) for i, item in enumerate(items) if i % world_size == rank]
@@ -380,9 +386,9 @@ def _records(result: SharpnessResult, indices: Sequence[int]) -> list[tuple[int,
     records = []
     for position, index in enumerate(indices):
         perturbation = None
-        if result.perturbations is not None:
-            perturbation = {k: v.detach().cpu() for k, v in
-                            result.perturbations[position].items()}
+        kept = None if result.perturbations is None else result.perturbations[position]
+        if kept is not None:
+            perturbation = {k: v.detach().cpu() for k, v in kept.items()}
         records.append((index, {
             "value": result.per_batch[position],
             "norms": result.perturbation_norms[position],
@@ -503,7 +509,8 @@ def models_sharpness(models: Sequence[nn.Module], batches: Sequence, measure: st
     def measure_one(model: nn.Module) -> SharpnessResult:
         result = sharpness(model, batches, measure, rho, **options)
         if result.perturbations is not None:
-            result.perturbations = [{k: v.detach().cpu() for k, v in p.items()}
+            result.perturbations = [None if p is None else {k: v.detach().cpu()
+                                                            for k, v in p.items()}
                                     for p in result.perturbations]
         return result
 

@@ -1,5 +1,8 @@
 """Exact maximisers where the maximum is known: the trust-region subproblem.
 
+Stage: solver (a reference for it, used by the tests and the solver-quality checks). It
+touches matrices and vectors only.
+
 For a quadratic loss ``L(theta + d) - L(theta) = g^T d + d^T A d / 2`` the worst case over an
 L2 ball, or over the ball of a diagonal metric ``||d / c||_2 <= rho`` (adaptive sharpness, with
 ``c = |theta|``), is the trust-region subproblem. Its global maximum is known exactly (Moré &

@@ -1,5 +1,8 @@
 """The model stage of the engine: the loss of a model at given parameters, never touching it.
 
+Stage: functional model (built once per call, after validation). It touches the user's module
+(read-only: its parameters and buffers are cloned once) and the batches; no geometry, no solver.
+
 :class:`FunctionalModel` evaluates ``L(theta')`` by :func:`torch.func.functional_call` on
 perturbed clones: the model's own parameters and buffers are never handed to its forward.
 """
@@ -177,8 +180,9 @@ class FunctionalModel:
         if self._checking:
             self.check_batch(batch)
         lookups = {n: u for n, u in updates.items() if isinstance(u, TableLookup)}
+        tensors = {n: u for n, u in updates.items() if not isinstance(u, TableLookup)}
         params = {name: (lookups[name].placeholder(self.dtypes[name]) if name in lookups
-                         else updates[name].to(self.dtypes[name]) if name in updates
+                         else tensors[name].to(self.dtypes[name]) if name in tensors
                          else self._unperturbed(name)) for name in self.theta}
         with looked_up(lookups, self.dtypes):
             output = torch.func.functional_call(self.model, (params, self.buffers), batch.args,

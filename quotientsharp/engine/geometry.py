@@ -1,5 +1,8 @@
 """The geometry stage of the engine: the product of the layout's factors, frozen at ``theta``.
 
+Stage: geometry (run once per call, from :mod:`.space`). It touches the layout's factors and the
+quotient classes of :mod:`quotientsharp.core`; no model, no batch, no solver.
+
 :func:`build_geometry` takes the :class:`~.coordinates.Factor` list of a layout, forms the
 :class:`~quotientsharp.core.product.ProductQuotient` of their quotients, freezes it at ``theta``
 (every factorisation that depends on ``theta`` alone is done here, once) and returns the
@@ -21,7 +24,7 @@ import torch
 
 from quotientsharp.core.adaptive import AdaptiveQuotient
 from quotientsharp.core.frozen import check_order
-from quotientsharp.core.product import ProductQuotient
+from quotientsharp.core.product import ProductPoint, ProductQuotient
 from quotientsharp.core.quotient import ClosedFormQuotient
 from quotientsharp.core.validation import value_checks
 from quotientsharp.engine.ball import GeodesicBall
@@ -92,6 +95,8 @@ def build_geometry(factors: Sequence[Factor], radius: float, order: int | str = 
     except ValueError as err:
         culprits = "".join(_culprits(f) for f in factors)
         raise ValueError(f"the symmetry geometry at theta is degenerate{culprits}: {err}") from err
+    # a product's frozen point has one part per factor
+    assert isinstance(frozen, ProductPoint)
     for factor, part in zip(factors, frozen.factors, strict=True):
         if isinstance(factor.quotient, ClosedFormQuotient):
             continue

@@ -1,4 +1,10 @@
-"""The sharpness measures, one batch at a time (definitions: ``docs/sharpness.md``).
+"""Measure stage: the sharpness measures, one batch at a time (``docs/sharpness.md``).
+
+A measure (:class:`Measure`) is set up once, before the batch loop, with the parameters that
+receive no gradient (an ascent measure builds its geometry there, :mod:`.space`), then called
+once per batch for a :class:`BatchOutcome`. A measure touches the functional model, its own
+geometry and the solver; it never reads options (the registry, :mod:`.registry`, checks and
+resolves them) and never assembles the result (:mod:`.result`).
 
 Every loss is evaluated functionally (:class:`FunctionalModel`): the model's own parameters and
 buffers are never handed to its forward; clones taken once per call stand in for them, and
@@ -17,9 +23,9 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -31,11 +37,28 @@ from quotientsharp.engine.batches import Batch
 from quotientsharp.engine.blocks import BlockOutcome, blockwise
 from quotientsharp.engine.coordinates import BoundCoordinates, LayoutCoordinates, PlainCoordinates
 from quotientsharp.engine.functional import FunctionalModel, checked_clean_loss
-from quotientsharp.engine.geometry import build_geometry
-from quotientsharp.engine.solver import AscentOutcome, AscentSettings, ascend
-from quotientsharp.engine.touched_rows import RestrictedTable, TouchedRowCoordinates
+from quotientsharp.engine.solver import (
+    AscentOutcome,
+    AscentSettings,
+    HandedOver,
+    Objective,
+    ascend,
+)
+from quotientsharp.engine.space import (
+    AscentSpace,
+    Coordinates,
+    GeodesicGeometry,
+    GeometryPlan,
+    PlainGeometry,
+    TouchedSpace,
+)
+from quotientsharp.engine.space import (
+    perturbed_objective as perturbed_objective,
+)
 
 Tensors = tuple[torch.Tensor, ...]
+#: Called after every loss evaluation (a progress bar's update).
+Tick = Callable[[], object]
 
 #: What to do with a NaN or inf perturbed loss: ``"raise"`` (default) a
 #: :class:`NonFiniteLossError`, or ``"skip"`` the evaluation (never the best; counted in
@@ -131,28 +154,33 @@ class BatchOutcome:
     blocks: BlockOutcome | None = None
 
 
-# ---------------------------------------------------------------------------- objective
-def perturbed_objective(model: FunctionalModel, coordinates: Any, geometry: Any, batch: Batch):
-    """``xi -> (L(theta'), dL/dxi)``: the solver's objective on one batch.
+# ---------------------------------------------------------------------------- protocol
+class Measure(Protocol):
+    """What :func:`~.api.sharpness` asks of a measure, built by its registry entry.
 
-    ``theta'`` is the end of the geometry's path along ``xi`` (``geometry.point``), mapped to
-    parameters by the layout (``coordinates.updates``); the gradient flows back through both.
-    Parameters the loss does not reach get a zero gradient.
+    Setup, once before the batch loop: :meth:`setup` with the parameters that receive no
+    gradient (ascent measures build their geometry there). Per batch: ``measure(batch, index,
+    tick, keep, first)`` returns that batch's :class:`BatchOutcome`. After the batches:
+    :meth:`settings_after`.
     """
 
-    def objective(xi: Tensors) -> tuple[torch.Tensor, Tensors]:
-        leaves = tuple(t.detach().requires_grad_(True) for t in xi)
-        with torch.enable_grad():
-            loss = model.loss(batch, coordinates.updates(geometry.point(leaves)))
-            if loss.requires_grad:
-                grads = torch.autograd.grad(loss, leaves, allow_unused=True)
-            else:
-                grads = (None,) * len(leaves)
-        grads = tuple(torch.zeros_like(leaf) if g is None else g
-                      for leaf, g in zip(leaves, grads, strict=True))
-        return loss.detach(), grads
+    def setup(self, excluded: Sequence[str]) -> None:
+        """Prepare the batch loop; ``excluded``: parameters the loss does not reach."""
+        ...
 
-    return objective
+    def evaluations_per_batch(self) -> int:
+        """Loss evaluations per batch (the progress bar's unit)."""
+        ...
+
+    def __call__(self, batch: Batch, index: int, tick: Tick, keep: bool,
+                 first: FirstEvaluation | None = None) -> BatchOutcome:
+        """Sharpness of batch ``index``; ``tick()`` after each evaluation; ``keep``: return the
+        best perturbation; ``first``: the setup's evaluation of this batch, to reuse."""
+        ...
+
+    def settings_after(self) -> dict[str, Any]:
+        """What the measurement adds to ``SharpnessResult.settings`` after the batches."""
+        ...
 
 
 # ---------------------------------------------------------------------------- measures
@@ -185,7 +213,10 @@ class AverageMeasure:
     def evaluations_per_batch(self) -> int:
         return self.samples
 
-    def __call__(self, batch: Batch, index: int, tick, keep: bool,
+    def settings_after(self) -> dict[str, Any]:
+        return {}
+
+    def __call__(self, batch: Batch, index: int, tick: Tick, keep: bool,
                  first: FirstEvaluation | None = None) -> BatchOutcome:
         assert self.coordinates is not None
         if first is not None:
@@ -237,9 +268,10 @@ class AscentMeasure:
         Solver settings.
     generator
         Random starts.
-    build
-        ``excluded -> (geometry, coordinates)``: called once, after the first batch has told
-        which parameters receive no gradient.
+    geometry
+        How to build the space of the ascent (:class:`~.space.PlainGeometry`,
+        :class:`~.space.GeodesicGeometry`): built once, in :meth:`setup`, after the first batch
+        has told which parameters receive no gradient.
     nonfinite
         ``"raise"``: a NaN or inf perturbed loss raises :class:`NonFiniteLossError` after the
         ascent; ``"skip"``: such evaluations are failed steps (see :func:`.solver.ascend`),
@@ -256,33 +288,57 @@ class AscentMeasure:
         Solve on the rows of the embedding tables that the batch touches, where that gives the
         same value (:mod:`.touched_rows`): the solve starts at ``xi = 0`` and the tables are in
         the diagonal-metric factor.
+    host_decisions
+        Passed to :func:`.solver.ascend`: ``False`` runs the solver's device path on the CPU
+        too (same values bit for bit).
     """
 
     def __init__(self, model: FunctionalModel, settings: AscentSettings,
-                 generator: torch.Generator, build, nonfinite: str = "raise",
+                 generator: torch.Generator, geometry: GeometryPlan, nonfinite: str = "raise",
                  reference: AscentSettings | None = None,
                  reference_generator: torch.Generator | None = None,
-                 blockwise: bool = False, touched_rows: bool = True) -> None:
+                 blockwise: bool = False, touched_rows: bool = True,
+                 host_decisions: bool = True) -> None:
         self.model, self.settings, self.generator = model, settings, generator
+        self.plan = geometry
         self.nonfinite = nonfinite
         self.reference, self.reference_generator = reference, reference_generator
         self.blockwise = blockwise
         self.touched_rows = touched_rows
+        self.host_decisions = host_decisions
         #: per batch, the rows each restricted table was solved on (empty: the full tables)
         self.restricted_rows: list[dict[str, int]] = []
-        self._build = build
-        self.geometry: GeodesicBall | BoxGeometry | None = None
-        self.coordinates: Any = None
+        self._space: AscentSpace | None = None
 
+    # ------------------------------------------------------------------ setup
     def setup(self, excluded: Sequence[str]) -> None:
-        self.geometry, self.coordinates = self._build(set(excluded))
+        """Build the space of the ascent, once (the geometry stage, :mod:`.space`)."""
+        self._space = self.plan.build(self.model, set(excluded))
+        coordinates = self._space.coordinates
         covered: set[str] = set()
-        if isinstance(self.coordinates, LayoutCoordinates):
-            covered = set(excluded) - set(self.coordinates.coords.other)
-        elif isinstance(self.coordinates, BoundCoordinates):
-            covered = {n for b in self.coordinates.bindings for n in b.parameters} & set(excluded)
+        if isinstance(coordinates, LayoutCoordinates):
+            covered = set(excluded) - set(coordinates.coords.other)
+        elif isinstance(coordinates, BoundCoordinates):
+            covered = {n for b in coordinates.bindings for n in b.parameters} & set(excluded)
         warn_excluded(excluded, covered)
-        self.geometry.validate()
+        self._space.geometry.validate()
+
+    @property
+    def space(self) -> AscentSpace:
+        """The space built by :meth:`setup`."""
+        if self._space is None:
+            raise RuntimeError("AscentMeasure.setup has not run: the space is not built yet")
+        return self._space
+
+    @property
+    def geometry(self) -> GeodesicBall | BoxGeometry:
+        """The feasible set of the ascent (``space.geometry``)."""
+        return self.space.geometry
+
+    @property
+    def coordinates(self) -> Coordinates:
+        """The layout's coordinates (``space.coordinates``)."""
+        return self.space.coordinates
 
     def evaluations_per_batch(self) -> int:
         evaluations = self.settings.runs * self.settings.evaluations_per_run
@@ -290,26 +346,8 @@ class AscentMeasure:
             evaluations += self.reference.runs * self.reference.evaluations_per_run
         return evaluations
 
-    def _objective(self, batch: Batch):
-        return perturbed_objective(self.model, self.coordinates, self.geometry, batch)
-
-    def _gradient_from_parameters(self, gradients: Mapping[str, torch.Tensor | None]) -> Tensors:
-        """The gradient in ``xi`` at ``xi = 0`` from the gradient in the parameters.
-
-        The chain rule through the (cheap) map ``xi -> parameters``: one backward through the
-        geometry's path and the layout, none through the model.
-        """
-        assert self.geometry is not None and self.coordinates is not None
-        leaves = tuple(t.detach().requires_grad_(True) for t in self.geometry.zeros())
-        with torch.enable_grad():
-            moved = self.coordinates.updates(self.geometry.point(leaves))
-            pairs = [(moved[n], g) for n, g in gradients.items()
-                     if g is not None and n in moved and moved[n].requires_grad]
-            grads = (torch.autograd.grad([t for t, _ in pairs], leaves,
-                                         grad_outputs=[g for _, g in pairs], allow_unused=True)
-                     if pairs else (None,) * len(leaves))
-        return tuple(torch.zeros_like(leaf) if g is None else g
-                     for leaf, g in zip(leaves, grads, strict=True))
+    def settings_after(self) -> dict[str, Any]:
+        return {"restricted_rows": self.restricted_rows}
 
     def restricts(self) -> bool:
         """Whether this measurement's solve may run on the touched rows of embedding tables:
@@ -317,148 +355,108 @@ class AscentMeasure:
         return (self.touched_rows and bool(self.model.tables) and not self.settings.random_init
                 and self.settings.restarts == 0 and isinstance(self.geometry, GeodesicBall))
 
-    def _on_touched_rows(self, rows: Mapping[str, torch.Tensor]
-                         ) -> tuple[GeodesicBall, TouchedRowCoordinates] | None:
-        """The ball and coordinates with each table of ``rows`` cut to those rows, or ``None``
-        where no table can be cut (not in the diagonal-metric factor)."""
-        assert isinstance(self.geometry, GeodesicBall)
-        slot_of = getattr(self.coordinates, "other_slot", None)
-        tables = {}
-        for name, selected in rows.items():
-            slot = slot_of(name) if slot_of is not None else None
-            if slot is not None:
-                tables[name] = RestrictedTable.of(slot, self.model.tables[name], selected,
-                                                  self.model.theta_geometry[name].shape)
-        if not tables:
-            return None
-        try:
-            ball = self.geometry.on_rows({t.slot: t.rows for t in tables.values()})
-        except (NotImplementedError, ValueError):
-            return None
-        return ball, TouchedRowCoordinates(self.coordinates, tables)
-
-    def __call__(self, batch: Batch, index: int, tick, keep: bool,
-                 first: FirstEvaluation | None = None) -> BatchOutcome:
-        assert self.geometry is not None and self.coordinates is not None
-        objective = self._objective(batch)
-        initial = None
-        rows: Mapping[str, torch.Tensor] = {}
-        restricts = self.restricts()
+    # ------------------------------------------------------------------ per batch
+    def _starting_point(self, batch: Batch, index: int, objective: Objective,
+                        first: FirstEvaluation | None, restricts: bool
+                        ) -> tuple[torch.Tensor, tuple[torch.Tensor, Tensors] | None,
+                                   Mapping[str, torch.Tensor]]:
+        """The clean loss, the evaluation at ``xi = 0`` (``None`` for a random start) and
+        the embedding rows the batch touches (recorded where the solve may be cut to them)."""
         if self.settings.random_init:
             if first is not None:
-                clean = first.loss
-            else:
-                with torch.no_grad(), self.model.checking():
-                    clean = checked_clean_loss(self.model.loss(batch, {}), index, batch,
-                                               self.model)
-        elif first is not None:
+                return first.loss, None, {}
+            with torch.no_grad(), self.model.checking():
+                clean = checked_clean_loss(self.model.loss(batch, {}), index, batch, self.model)
+            return clean, None, {}
+        if first is not None:
             # the solver's first evaluation is at xi = 0, i.e. at theta: it is the clean loss
-            clean = first.loss
-            initial = (first.loss, self._gradient_from_parameters(first.gradients))
+            initial = (first.loss, self.space.gradient_at_zero(first.gradients))
             # consumed: the parameter-sized gradients are not kept through the ascent
             first.gradients = {}
-            rows = first.rows
-        else:
-            recording = (self.model.recording_tables() if restricts
-                         else contextlib.nullcontext())
-            with self.model.checking(), recording as recorder:
-                initial = objective(self.geometry.zeros())
-            clean = checked_clean_loss(initial[0], index, batch, self.model)
-            rows = recorder.rows() if recorder is not None else {}
-        geometry, solve, start = self.geometry, objective, initial
-        cut = self._on_touched_rows(rows) if restricts and rows else None
-        if cut is not None:
-            geometry, touched = cut
-            solve = perturbed_objective(self.model, touched, geometry, batch)
+            return first.loss, initial, first.rows
+        recording = (self.model.recording_tables() if restricts else contextlib.nullcontext())
+        with self.model.checking(), recording as recorder:
+            initial = objective(self.space.geometry.zeros())
+        clean = checked_clean_loss(initial[0], index, batch, self.model)
+        return clean, initial, recorder.rows() if recorder is not None else {}
+
+    def __call__(self, batch: Batch, index: int, tick: Tick, keep: bool,
+                 first: FirstEvaluation | None = None) -> BatchOutcome:
+        space, restricts = self.space, self.restricts()
+        objective = space.objective(self.model, batch)
+        clean, initial, rows = self._starting_point(batch, index, objective, first, restricts)
+        # the per-batch step of the geometry: the space cut to the rows this batch touches
+        touched = space.on_touched_rows(self.model, rows) if restricts and rows else None
+        self.restricted_rows.append({} if touched is None else touched.row_counts())
+        solved: AscentSpace | TouchedSpace = space if touched is None else touched
+        solve = objective if touched is None else touched.objective(self.model, batch)
+        start = initial
+        if touched is not None:
             assert initial is not None
             start = (initial[0], touched.restrict(initial[1]))
-        self.restricted_rows.append({} if cut is None else {
-            name: int(t.rows.numel()) for name, t in cut[1].tables.items()})
+        handed: tuple[torch.Tensor, Tensors] | HandedOver | None = start
         if self.reference is None and start is not None:
             # handed over to the solver, which drops the gradient once it is raised
-            handed: Any = [start]
-            del start, initial
-        else:
-            handed = start
-        outcome = ascend(geometry, solve, self.settings, self.generator, tick,
-                         initial=handed, skip_nonfinite=self.nonfinite == "skip")
-        del handed
-        norms = geometry.block_norms(outcome.xi)
-        if cut is not None:
+            handed = HandedOver(*start)
+            start = initial = None
+        skip = self.nonfinite == "skip"
+        outcome = ascend(solved.geometry, solve, self.settings, self.generator, tick,
+                         initial=handed, skip_nonfinite=skip, host_decisions=self.host_decisions)
+        del handed, start
+        norms = solved.geometry.block_norms(outcome.xi)
+        if touched is not None:
             # the best iterate at full size (zero off the rows), for what follows
-            outcome.xi = cut[1].expand(outcome.xi)
-        skipped = _check_ascent(outcome, index, self.settings, self.model,
-                                float(self.geometry.radius), self.nonfinite)
+            outcome.xi = touched.expand(outcome.xi)
+        radius = float(space.geometry.radius)
+        skipped = _check_ascent(outcome, index, self.settings, self.model, radius,
+                                self.nonfinite)
         reference = None
         if self.reference is not None:
-            reference = ascend(self.geometry, objective, self.reference,
+            reference = ascend(space.geometry, objective, self.reference,
                                self.reference_generator, tick,
                                initial=None if self.reference.random_init else initial,
-                               skip_nonfinite=self.nonfinite == "skip")
-            skipped += _check_ascent(reference, index, self.reference, self.model,
-                                     float(self.geometry.radius), self.nonfinite,
-                                     " (reference solve)")
+                               skip_nonfinite=skip, host_decisions=self.host_decisions)
+            skipped += _check_ascent(reference, index, self.reference, self.model, radius,
+                                     self.nonfinite, " (reference solve)")
         perturbation = None
         if keep:
+            moved = space.parameters(outcome.xi)
             with torch.no_grad():
-                moved = self.coordinates.updates(self.geometry.point(outcome.xi))
                 perturbation = {n: t - self.model.theta_geometry[n] for n, t in moved.items()}
-        blocks = None
-        if self.blockwise:
-            def loss_at(point: Tensors) -> torch.Tensor:
-                return self.model.loss(batch, self.coordinates.updates(point))
-
-            blocks = blockwise(loss_at, self.geometry, self.coordinates.blocks(), outcome.xi,
-                               clean)
+        blocks = self._blocks(batch, outcome.xi, clean) if self.blockwise else None
         return BatchOutcome(outcome.loss - clean, clean, outcome.loss, norms, perturbation,
                             skipped, trace=outcome.trace,
                             reference=None if reference is None else reference.loss,
                             reference_trace=None if reference is None else reference.trace,
                             blocks=blocks)
 
+    def _blocks(self, batch: Batch, xi: Tensors, clean: torch.Tensor) -> BlockOutcome:
+        """The best perturbation block by block (:mod:`.blocks`)."""
+        space = self.space
 
-def plain_builder(model: FunctionalModel, rho: float, p: float, adaptive: bool):
-    """Builder of the worst-case geometry: L2 ball or L-infinity box, ``c = |theta|`` or 1."""
+        def loss_at(point: Tensors) -> torch.Tensor:
+            return self.model.loss(batch, space.coordinates.updates(point))
 
-    def build(excluded: set[str]):
-        names = [n for n in model.trainable if n not in excluded]
-        if not names:
-            raise ValueError("no parameter is left to perturb")
-        coordinates = PlainCoordinates(model, names)
-        if math.isinf(p):
-            scale = [w.abs() if adaptive else torch.ones_like(w) for w in coordinates.base]
-            return BoxGeometry(coordinates.base, scale, rho), coordinates
-        factors = coordinates.factors(other_metric="adaptive" if adaptive else "euclidean")
-        return build_geometry(factors, rho, order=1, finite_checked=True), coordinates
+        return blockwise(loss_at, space.geometry, space.coordinates.blocks(), xi, clean)
 
-    return build
+
+def plain_builder(model: FunctionalModel, rho: float, p: float, adaptive: bool) -> PlainGeometry:
+    """Deprecated: the worst-case geometry's plan, :class:`~.space.PlainGeometry` (``model``
+    is passed to its ``build`` instead)."""
+    warnings.warn("plain_builder is deprecated: use quotientsharp.engine.space.PlainGeometry",
+                  DeprecationWarning, stacklevel=2)
+    return PlainGeometry(rho, p, adaptive)
 
 
 def geodesic_builder(model: FunctionalModel, rho: float, symmetries: Any, metric: str,
                      order: int | str, eps: float, exact_steps: int, other_metric: str,
-                     other_path: str):
-    """Builder of the geodesic geometry over the symmetries' coordinates.
-
-    ``symmetries`` is ``None`` (every parameter in the adaptive factor), a
-    :class:`~quotientsharp.models.ParameterLayout`, or a list of
-    :class:`~quotientsharp.models.QuotientBinding`.
-    """
-
-    def build(excluded: set[str]):
-        if symmetries is None:
-            names = [n for n in model.trainable if n not in excluded]
-            if not names:
-                raise ValueError("no parameter is left to perturb")
-            coordinates: Any = PlainCoordinates(model, names)
-        elif isinstance(symmetries, list):
-            coordinates = BoundCoordinates(model, symmetries, excluded)
-        else:
-            coordinates = LayoutCoordinates(model, symmetries, excluded)
-        factors = coordinates.factors(metric=metric, eps=eps, other_metric=other_metric,
-                                      other_path=other_path)
-        return build_geometry(factors, rho, order, exact_steps, finite_checked=True), coordinates
-
-    return build
+                     other_path: str) -> GeodesicGeometry:
+    """Deprecated: the geodesic geometry's plan, :class:`~.space.GeodesicGeometry`."""
+    warnings.warn("geodesic_builder is deprecated: use "
+                  "quotientsharp.engine.space.GeodesicGeometry", DeprecationWarning,
+                  stacklevel=2)
+    return GeodesicGeometry(rho, symmetries, metric, order, eps, exact_steps, other_metric,
+                            other_path)
 
 
 # ---------------------------------------------------------------------------- relative flatness
@@ -515,6 +513,9 @@ class RelativeFlatness:
     def evaluations_per_batch(self) -> int:
         return 1
 
+    def settings_after(self) -> dict[str, Any]:
+        return {}
+
     def _directions(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         features = self.rows.shape[1]
         index = torch.arange(start, stop, device=self.rows.device)
@@ -525,7 +526,7 @@ class RelativeFlatness:
         directions[chunk, :, k] = self.vectors[:, r].mT
         return directions, self.values[r]
 
-    def __call__(self, batch: Batch, index: int, tick, keep: bool,
+    def __call__(self, batch: Batch, index: int, tick: Tick, keep: bool,
                  first: FirstEvaluation | None = None) -> BatchOutcome:
         shape = self.model.theta_geometry[self.weight_name].shape
         weight = self.rows.detach().clone().requires_grad_(True)

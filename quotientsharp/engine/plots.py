@@ -1,5 +1,7 @@
 """Figures of a :class:`~quotientsharp.engine.SharpnessResult`: block-wise sharpness.
 
+Stage: result (after it; reads :class:`~.result.SharpnessResult` only, draws with matplotlib).
+
 :func:`plot_blocks` draws, for one or several results measured with ``blockwise=True``, a
 horizontal bar chart of the loss change per block (mean over batches), largest first, each bar
 labelled with the block's norm share. matplotlib is optional (``pip install
@@ -72,9 +74,9 @@ def plot_blocks(results: SharpnessResult | Sequence[SharpnessResult]
     if isinstance(results, Mapping):
         items = list(results.items())
     elif isinstance(results, Sequence):
-        items = [(None, result) for result in results]
+        items = [("", result) for result in results]
     else:
-        items = [(None, results)]
+        items = [("", results)]
     if not items:
         raise ValueError("results: nothing to plot")
     for title, result in items:

@@ -1,4 +1,7 @@
-"""Auto-PGD ascent over a perturbation ``xi`` (Croce & Hein 2020; the paper's Algorithm 1).
+"""Solver stage: Auto-PGD ascent over a perturbation ``xi`` (Croce & Hein 2020; Algorithm 1).
+
+It touches only what :class:`AscentGeometry` offers and the objective ``xi -> (loss,
+gradient)``: no model, no layout, no measure options.
 
 One run, with ``N = n_iter`` steps and step size ``eta`` (``eta_0 = 2 rho``):
 
@@ -32,7 +35,9 @@ Everything runs on the device: decisions are ``torch.where`` on device tensors, 
 host sync inside the loop. The one exception is a single problem on the CPU, where reading a
 decision costs nothing (there is no device to wait for): the best iterate and the restarts are
 then chosen by reference instead of by ``torch.where`` over every parameter, with the same
-result bit for bit (:data:`HOST_DECISIONS_ON_CPU`). ``restarts`` extra runs start from random
+result bit for bit. The loop has one code path; the difference is the strategy object of
+:mod:`.decisions`, chosen once per run (``ascend(host_decisions=False)`` forces the device
+path). ``restarts`` extra runs start from random
 points of the ball; the best of all runs wins. Randomness comes only from the given generator.
 
 Many independent problems at once. The objective may return a loss of any shape ``P`` (one
@@ -51,32 +56,53 @@ horizontal projection runs once per gradient, inside ``direction``.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from quotientsharp.core import _tuples as T
+from quotientsharp.engine.decisions import ON_DEVICE, Decisions, choose, decisions_for, lift
 
 Tensors = tuple[torch.Tensor, ...]
 Objective = Callable[[Tensors], tuple[torch.Tensor, Tensors]]
 
 
+@runtime_checkable
 class AscentGeometry(Protocol):
-    """What the solver needs from a geometry (see :mod:`.geometry`)."""
+    """What the solver needs from a geometry (see :mod:`.geometry`).
 
-    radius: float | torch.Tensor
-    dtype: torch.dtype
-    device: torch.device
+    :class:`~.ball.GeodesicBall` and :class:`~.ball.BoxGeometry` satisfy it (checked by mypy
+    in :mod:`.ball` and by ``isinstance`` in the tests). Tangent tuples have the problems'
+    leading shape ``P``; ``radius`` is a number or a tensor of ``shape=P``.
+    """
 
-    def zeros(self) -> Tensors: ...
-    def clip(self, xi: Sequence[torch.Tensor]) -> Tensors:
-        """Bring a horizontal ``xi`` into the ball (``P_S`` restricted to horizontal vectors)."""
+    @property
+    def radius(self) -> float | torch.Tensor: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+    @property
+    def device(self) -> torch.device: ...
+
+    def zeros(self) -> Tensors:
+        """The start ``xi = 0``."""
+        ...
+
+    def clip(self, xi: Sequence[torch.Tensor], decisions: Decisions = ON_DEVICE) -> Tensors:
+        """Bring a horizontal ``xi`` into the ball (``P_S`` restricted to horizontal vectors);
+        ``decisions`` says whether a rescale by exactly 1 may be skipped (:mod:`.decisions`)."""
+        ...
+
     def direction(self, egrad: Sequence[torch.Tensor]) -> Tensors:
         """The horizontal ascent direction at the base point from a Euclidean gradient."""
-    def random_start(self, generator: torch.Generator | None) -> Tensors: ...
+        ...
+
+    def random_start(self, generator: torch.Generator | None) -> Tensors:
+        """A random point of the ball."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -183,38 +209,10 @@ class AscentOutcome:
     trace: torch.Tensor | None = None
 
 
-#: Take the solver's decisions on the host for a single problem on the CPU: the best iterate
-#: and the restart point are kept by reference (no parameter-sized ``torch.where`` per step).
-#: The values are those of the device path bit for bit; ``False`` runs the device path there too
-#: (the CPU stand-in of a CUDA run, ``tests/test_device_proxies.py``).
-HOST_DECISIONS_ON_CPU = True
-
-
-def host_decides(loss: torch.Tensor) -> bool:
-    """Whether a decision on ``loss`` (0-dim, on the CPU) is read on the host (module doc)."""
-    return HOST_DECISIONS_ON_CPU and loss.device.type == "cpu" and loss.dim() == 0
-
-
-def _lift(flag: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``flag`` (``shape=P``) with trailing singleton dims to broadcast against ``like``."""
-    return flag.reshape(*flag.shape, *([1] * (like.dim() - flag.dim())))
-
-
-def _choose(flag: torch.Tensor, a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> Tensors:
-    return tuple(torch.where(_lift(flag, x), x, y) for x, y in zip(a, b, strict=True))
-
-
-def _choose_into(flag: torch.Tensor, new: Sequence[torch.Tensor],
-                 best: Sequence[torch.Tensor]) -> None:
-    """``best <- where(flag, new, best)`` in place: no second tuple alive while it is chosen."""
-    for x, b in zip(new, best, strict=True):
-        torch.where(_lift(flag, x), x, b, out=b)
-
-
 def gradient_step(xi: Sequence[torch.Tensor], direction: Sequence[torch.Tensor],
                   eta: torch.Tensor) -> Tensors:
     """``xi + eta d`` (before ``P_S``); ``eta`` 0-dim, or ``shape=P`` with one step per problem."""
-    factor = eta if eta.dim() == 0 else [_lift(eta, x) for x in xi]
+    factor = eta if eta.dim() == 0 else [lift(eta, x) for x in xi]
     return T.fused_add(xi, T.fused_mul(direction, factor))
 
 
@@ -256,114 +254,163 @@ class _NonFinite:
         self.count = self.count + bad.to(torch.int64)
 
 
+class HandedOver:
+    """An evaluation at ``xi = 0`` handed over to :func:`ascend` (its ownership rule).
+
+    ``ascend(initial=(loss, gradient))`` only reads the pair: the caller keeps its references
+    and the solver never writes to it. ``ascend(initial=HandedOver(loss, gradient))`` hands it
+    over: the solver :meth:`take` s the pair, which leaves this object empty, so that once the
+    gradient is raised to a direction no reference to it is left (one parameter-sized tuple less
+    for the whole ascent). Build it in the call, or drop your own references before the call.
+    """
+
+    def __init__(self, loss: torch.Tensor, gradient: Tensors) -> None:
+        self._pair: tuple[torch.Tensor, Tensors] | None = (loss, gradient)
+
+    def take(self) -> tuple[torch.Tensor, Tensors]:
+        """The pair, once; raises if it was taken already."""
+        if self._pair is None:
+            raise ValueError("this HandedOver evaluation was taken already")
+        pair, self._pair = self._pair, None
+        return pair
+
+
+Initial = tuple[torch.Tensor, Tensors] | HandedOver
+
+
+class _Run:
+    """The state of one Auto-PGD run (module doc): iterate, momentum, best iterate, step size.
+
+    Tangent tuples alive between steps: ``xi``, ``previous``, ``direction`` and the best pair.
+    The per-problem decisions go through :attr:`decide` (:mod:`.decisions`), chosen once from
+    the first loss.
+    """
+
+    def __init__(self, geometry: AscentGeometry, xi: Tensors, loss: torch.Tensor,
+                 direction: Tensors, eta0: float | torch.Tensor, skip_nonfinite: bool,
+                 host_decisions: bool) -> None:
+        self.geometry, self.skip_nonfinite = geometry, skip_nonfinite
+        # non-finite evaluations: recorded on the device, checked by the caller after the ascent
+        self.record = _NonFinite(loss)
+        self.start_loss = loss
+        if skip_nonfinite:
+            loss = _finite_or_lowest(loss)
+        self.decide = decisions_for(loss, host_decisions)
+        self.best_loss = loss
+        # the best loss after each evaluation: references to tensors the loop makes anyway
+        self.trace = [loss]
+        # the start is also xi, then previous; on the device the best pair is overwritten in
+        # place, so it owns its storage there (the geometry's tensors are not ours)
+        self.best_xi, self.best_direction = self.decide.own(xi), self.decide.own(direction)
+        self.xi, self.previous, self.direction = xi, xi, direction
+        self.current_loss = loss
+        self.eta = torch.zeros_like(loss) + eta0
+        self.checkpoint_eta, self.checkpoint_best = self.eta, loss
+        self.increases = torch.zeros_like(loss)
+        self.last_mark = 0
+
+    def proposal(self, k: int, alpha: float) -> Tensors:
+        """``xi_{k+1}`` before it is evaluated; drops ``direction`` and ``previous``.
+
+        They are not needed again (both are replaced by :meth:`accept`): freed before the
+        forward+backward, whose peak they would otherwise raise by two tangent-sized tuples.
+        """
+        clip, decide = self.geometry.clip, self.decide
+        z = clip(gradient_step(self.xi, self.direction, self.eta), decide)
+        previous = self.previous
+        self.direction = self.previous = ()
+        return z if k == 0 else clip(momentum_step(self.xi, z, previous, alpha), decide)
+
+    def accept(self, new: Tensors, new_loss: torch.Tensor, new_direction: Tensors,
+               evaluation: int) -> None:
+        """Record the evaluation of ``new`` and move on to it (or back to the best iterate,
+        for a failed step under ``skip_nonfinite``)."""
+        decide = self.decide
+        self.record.update(new_loss, evaluation)
+        failed = None
+        if self.skip_nonfinite:
+            failed = ~torch.isfinite(new_loss)
+            new_loss = _finite_or_lowest(new_loss)
+        self.increases = self.increases + (new_loss > self.current_loss).to(self.increases.dtype)
+        improved = new_loss > self.best_loss
+        self.best_loss = torch.where(improved, new_loss, self.best_loss)
+        self.trace.append(self.best_loss)
+        self.best_xi = decide.keep(improved, new, self.best_xi)
+        self.best_direction = decide.keep(improved, new_direction, self.best_direction)
+        if failed is not None:
+            # a failed step: the next one starts again from the best iterate and its direction
+            new = decide.pick(failed, self.best_xi, new)
+            new_direction = decide.pick(failed, self.best_direction, new_direction)
+            new_loss = torch.where(failed, self.best_loss, new_loss)
+        self.previous, self.xi = self.xi, new
+        self.current_loss, self.direction = new_loss, new_direction
+
+    def checkpoint(self, step: int) -> None:
+        """At checkpoint ``step``: halve ``eta`` and restart from the best iterate where the
+        run oscillates or stalls (module doc)."""
+        decide = self.decide
+        oscillating = self.increases < 0.75 * (step - self.last_mark)
+        stalled = (self.eta == self.checkpoint_eta) & (self.best_loss == self.checkpoint_best)
+        restart = oscillating | stalled
+        self.checkpoint_eta, self.checkpoint_best = self.eta, self.best_loss
+        self.eta = torch.where(restart, 0.5 * self.eta, self.eta)
+        self.xi = decide.pick(restart, self.best_xi, self.xi)
+        self.previous = decide.pick(restart, self.best_xi, self.previous)
+        self.direction = decide.pick(restart, self.best_direction, self.direction)
+        self.current_loss = torch.where(restart, self.best_loss, self.current_loss)
+        self.increases = torch.zeros_like(self.increases)
+        self.last_mark = step
+
+
 def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[[], Tensors],
                 settings: AscentSettings, eta0: float | torch.Tensor,
-                on_evaluation: Callable[[], None] | None,
-                initial: tuple[torch.Tensor, Tensors] | list | None = None,
-                skip_nonfinite: bool = False
+                on_evaluation: Callable[[], object] | None,
+                initial: Initial | None = None, skip_nonfinite: bool = False,
+                host_decisions: bool = True
                 ) -> tuple[torch.Tensor, Tensors, torch.Tensor, _NonFinite, torch.Tensor]:
-    n_iter, alpha = settings.n_iter, settings.alpha
-    marks = [w for w in checkpoints(n_iter) if w < n_iter]
+    """One run from ``start()`` (or from ``initial``, the evaluation there).
 
+    Returns
+    -------
+    (best loss, best iterate, loss at the start, non-finite record, trace)
+        The trace has ``shape=[n_iter + 1, *P]``.
+    """
+    marks = [w for w in checkpoints(settings.n_iter) if w < settings.n_iter]
     # the start is drawn here, so that no caller holds it once xi has moved on
     xi = start()
-    if isinstance(initial, list):
-        # handed over: after this the gradient's only reference is ``egrad``, dropped below
-        initial = initial.pop()
+    if isinstance(initial, HandedOver):
+        # after this the gradient's only reference is ``egrad``, dropped below
+        initial = initial.take()
     loss, egrad = objective(xi) if initial is None else initial
     initial = None
     if on_evaluation is not None:
         on_evaluation()
-    start_loss = loss
     direction = geometry.direction(egrad)
     del egrad
-    # non-finite evaluations: recorded on the device, checked by the caller after the ascent
-    record = _NonFinite(loss)
-    if skip_nonfinite:
-        loss = _finite_or_lowest(loss)
-    host = host_decides(loss)
-    best_loss = loss
-    # the best loss after each evaluation: references to tensors the loop makes anyway
-    trace = [best_loss]
-    if host:
-        # kept by reference: no tensor the loop holds is ever written in place
-        best_xi, best_direction = xi, direction
-    else:
-        # overwritten in place below, so they own their storage (the start is also xi, then
-        # previous; the geometry's tensors are not ours)
-        best_xi, best_direction = (tuple(t.clone() for t in v) for v in (xi, direction))
-    previous, current_loss = xi, loss
-    eta = torch.zeros_like(loss) + eta0
-    checkpoint_eta, checkpoint_best = eta, best_loss
-    increases = torch.zeros_like(loss)
-    last_mark = 0
-    for k in range(n_iter):
-        z = geometry.clip(gradient_step(xi, direction, eta))
-        new = z if k == 0 else geometry.clip(momentum_step(xi, z, previous, alpha))
-        # z, the direction and the iterate before xi are not needed again (the last two are
-        # replaced below): freed before the forward+backward, whose peak they would otherwise
-        # raise by three tangent-sized tuples. What stays alive is xi, new, the best iterate
-        # and its direction; the gradient is dropped as soon as it is raised, and the best
-        # pair is overwritten in place.
-        del z, direction, previous
+    run = _Run(geometry, xi, loss, direction, eta0, skip_nonfinite, host_decisions)
+    del xi, direction
+    for k in range(settings.n_iter):
+        new = run.proposal(k, settings.alpha)
+        # what stays alive through the forward+backward: xi, new and the best pair; the
+        # gradient is dropped as soon as it is raised
         new_loss, egrad = objective(new)
         if on_evaluation is not None:
             on_evaluation()
         new_direction = geometry.direction(egrad)
         del egrad
-        record.update(new_loss, k + 1)
-        if skip_nonfinite:
-            failed = ~torch.isfinite(new_loss)
-            new_loss = _finite_or_lowest(new_loss)
-        increases = increases + (new_loss > current_loss).to(increases.dtype)
-        improved = new_loss > best_loss
-        best_loss = torch.where(improved, new_loss, best_loss)
-        trace.append(best_loss)
-        if host:
-            if bool(improved):
-                best_xi, best_direction = new, new_direction
-        else:
-            _choose_into(improved, new, best_xi)
-            _choose_into(improved, new_direction, best_direction)
-        if skip_nonfinite:
-            # a failed step: the next one starts again from the best iterate and its direction
-            if host:
-                if bool(failed):
-                    new, new_direction = best_xi, best_direction
-            else:
-                new = _choose(failed, best_xi, new)
-                new_direction = _choose(failed, best_direction, new_direction)
-            new_loss = torch.where(failed, best_loss, new_loss)
-        previous, xi, current_loss, direction = xi, new, new_loss, new_direction
-        del new_direction          # direction's other name: dropped with direction next step
-
-        step = k + 1
-        if marks and step == marks[0]:
+        run.accept(new, new_loss, new_direction, k + 1)
+        del new, new_direction
+        if marks and k + 1 == marks[0]:
             marks.pop(0)
-            oscillating = increases < 0.75 * (step - last_mark)
-            stalled = (eta == checkpoint_eta) & (best_loss == checkpoint_best)
-            restart = oscillating | stalled
-            checkpoint_eta, checkpoint_best = eta, best_loss
-            eta = torch.where(restart, 0.5 * eta, eta)
-            if host:
-                if bool(restart):
-                    xi = previous = best_xi
-                    direction = best_direction
-            else:
-                xi = _choose(restart, best_xi, xi)
-                previous = _choose(restart, best_xi, previous)
-                direction = _choose(restart, best_direction, direction)
-            current_loss = torch.where(restart, best_loss, current_loss)
-            increases = torch.zeros_like(increases)
-            last_mark = step
-    return best_loss, best_xi, start_loss, record, torch.stack(trace)
+            run.checkpoint(k + 1)
+    return run.best_loss, run.best_xi, run.start_loss, run.record, torch.stack(run.trace)
 
 
 def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSettings,
            generator: torch.Generator | None = None,
-           on_evaluation: Callable[[], None] | None = None,
-           initial: tuple[torch.Tensor, Tensors] | list | None = None,
-           skip_nonfinite: bool = False) -> AscentOutcome:
+           on_evaluation: Callable[[], object] | None = None,
+           initial: Initial | None = None, skip_nonfinite: bool = False,
+           host_decisions: bool = True) -> AscentOutcome:
     """Maximise ``objective`` over the geometry's ball by Auto-PGD, per problem.
 
     Parameters
@@ -381,16 +428,26 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
         Called after every objective evaluation (progress bars); must not sync.
     initial
         ``objective(geometry.zeros())``, when the caller has it already: the first run then
-        starts from it instead of evaluating again. Only for ``random_init=False``. Inside a
-        one-element list it is handed over: the solver empties the list, so that once it has
-        raised the gradient no reference to it is left (one parameter-sized tuple less for
-        the whole ascent).
+        starts from it instead of evaluating again. Only for ``random_init=False``. Ownership:
+        a ``(loss, gradient)`` tuple is only read (the solver never writes to what it is
+        given); a :class:`HandedOver` is taken (emptied), so that once the gradient is raised
+        no reference to it is left. (A one-element list, the old way to hand it over, still
+        works with a ``DeprecationWarning``.)
     skip_nonfinite
         Treat an evaluation with a NaN or inf loss as a failed step (never the best, the next
         step restarts from the best iterate) instead of comparing it. Either way the outcome
         records the non-finite evaluations (``nonfinite_at``, ``nonfinite_count``) for the
         caller to check once, after the ascent.
+    host_decisions
+        ``True``: a single problem on the CPU reads its decisions on the host (the best iterate
+        kept by reference, rescales by exactly 1 skipped; :mod:`.decisions`). ``False``: the
+        device path everywhere (what a CUDA run does, no host sync). Same values bit for bit.
     """
+    if isinstance(initial, list):
+        warnings.warn("ascend(initial=[pair]) is deprecated: pass initial=HandedOver(loss, "
+                      "gradient) to hand the evaluation over, or the pair to lend it",
+                      DeprecationWarning, stacklevel=2)
+        initial = HandedOver(*initial.pop())
     if initial is not None and settings.random_init:
         raise ValueError("initial is the evaluation at xi = 0, but random_init=True starts "
                          "elsewhere")
@@ -407,7 +464,7 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
         loss, xi, first, record, trace = _single_run(geometry, objective, start, settings, eta0,
                                                      on_evaluation,
                                                      initial if run == 0 else None,
-                                                     skip_nonfinite)
+                                                     skip_nonfinite, host_decisions)
         records.append(record)
         run_losses.append(loss)
         if best_loss is None:
@@ -418,7 +475,7 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
             traces.append(torch.where(trace > best_loss, trace, best_loss))
             improved = loss > best_loss
             best_loss = torch.where(improved, loss, best_loss)
-            best_xi = _choose(improved, xi, best_xi)
+            best_xi = choose(improved, xi, best_xi)
     assert best_loss is not None and start_loss is not None
     count = records[0].count
     for record in records[1:]:
@@ -426,3 +483,23 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
     return AscentOutcome(best_loss, best_xi, run_losses, start_loss,
                          [r.at for r in records], [r.loss for r in records], count,
                          traces[0] if len(traces) == 1 else torch.cat(traces))
+
+
+def host_decides(loss: torch.Tensor) -> bool:
+    """Deprecated: whether :func:`ascend` reads its decisions on ``loss`` on the host (a 0-dim
+    loss on the CPU); see :func:`.decisions.decisions_for` and ``ascend(host_decisions=...)``."""
+    warnings.warn("host_decides is deprecated: the solver chooses its decisions once per run "
+                  "(quotientsharp.engine.decisions.decisions_for; ascend(host_decisions=...))",
+                  DeprecationWarning, stacklevel=2)
+    return loss.device.type == "cpu" and loss.dim() == 0
+
+
+def __getattr__(name: str) -> object:
+    # HOST_DECISIONS_ON_CPU was a module switch; reading it still works, setting it does
+    # nothing: the switch is now the host_decisions parameter of ascend and sharpness
+    if name == "HOST_DECISIONS_ON_CPU":
+        warnings.warn("HOST_DECISIONS_ON_CPU is deprecated and has no effect: pass "
+                      "host_decisions=False to ascend or sharpness instead",
+                      DeprecationWarning, stacklevel=2)
+        return True
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

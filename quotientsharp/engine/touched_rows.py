@@ -1,5 +1,9 @@
 """The rows of embedding tables a batch touches: the ascent on those rows alone, same value.
 
+Stage: geometry, its one per-batch step (:meth:`.space.AscentSpace.on_touched_rows`), and the
+functional model's lookup of the restricted rows. It touches embedding modules (hooks removed
+after each call), token ids and tangent tuples; no solver state.
+
 An input-embedding table ``W``, ``shape=[V, D]``, enters the loss only through the rows of the
 tokens in the batch. Every other row has a gradient of exactly zero at every perturbation. An
 ascent that starts at ``xi = 0`` in a factor whose metric is diagonal (the adaptive or Euclidean

@@ -1,0 +1,129 @@
+"""Validation stage: the checks of the options every measure shares, and their defaults.
+
+Each check takes the raw option and returns it resolved, or raises a ``TypeError`` or
+``ValueError`` naming the option. The options of one measure alone are checked by its entry in
+the registry (:mod:`.registry`). Nothing here touches a model or a tensor beyond ``rho``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from quotientsharp.engine.measures import NONFINITE_POLICIES
+
+__all__ = ["ASCENT_OPTIONS", "COMMON_OPTIONS", "check_bool", "check_int", "check_rho",
+           "resolve_options"]
+
+#: Options of every measure, and their defaults.
+COMMON_OPTIONS: dict[str, Any] = {"loss": None, "seed": 0, "progress": None,
+                                  "keep_perturbations": False, "geometry_dtype": None,
+                                  "nonfinite": "raise"}
+#: Options of the ascent measures (``worst_case``, ``adaptive``, ``geodesic``).
+ASCENT_OPTIONS: dict[str, Any] = {"n_iter": 20, "eta0": None, "alpha": 0.75,
+                                  "random_init": False, "restarts": 0, "reference_solve": None,
+                                  "blockwise": False, "touched_rows": True,
+                                  "host_decisions": True}
+def check_measure(measure: object, known: Iterable[str], aliases: Mapping[str, str]) -> str:
+    """The measure's registered name (``"worst-case"`` is ``"worst_case"``)."""
+    if not isinstance(measure, str) or aliases.get(measure, measure) not in known:
+        raise ValueError(f"unknown measure {measure!r}; choose one of {sorted(known)}")
+    return aliases.get(measure, measure)
+
+
+def check_batches(batches: object) -> Iterable[Any]:
+    """``batches`` if it is an iterable of batches (not a tensor or a string)."""
+    if isinstance(batches, (torch.Tensor, str, bytes)) or not isinstance(batches, Iterable):
+        raise TypeError(f"batches must be an iterable of batches, got {type(batches).__name__}")
+    return batches
+
+
+def resolve_options(measure: str, defaults: Mapping[str, Any],
+                    options: Mapping[str, Any]) -> dict[str, Any]:
+    """``defaults`` updated by ``options``; an option ``defaults`` lacks raises a TypeError."""
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        raise TypeError(f"unknown option(s) {unknown} for measure {measure!r}; allowed: "
+                        f"{sorted(defaults)}")
+    return {**defaults, **options}
+
+
+def check_rho(rho: object, needed: bool) -> float | None:
+    if not needed:
+        if rho is not None:
+            raise ValueError("relative_flatness has no radius: leave rho unset")
+        return None
+    if rho is None:
+        raise ValueError("rho is required (the radius of the perturbation)")
+    if isinstance(rho, torch.Tensor) and rho.numel() == 1:
+        rho = float(rho)
+    if isinstance(rho, bool) or not isinstance(rho, (int, float)):
+        raise TypeError(f"rho must be a number, got {type(rho).__name__}")
+    if not math.isfinite(rho) or rho <= 0:
+        raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
+    return float(rho)
+
+
+def check_radius_fits(rho: float | None, eta0: float | None, dtype: torch.dtype) -> None:
+    """Raise when ``rho`` (or the step ``eta0``) is so large that the squared norm of a
+    perturbation overflows the geometry's dtype: the ball's rescale would silently return 0."""
+    limit = math.sqrt(torch.finfo(dtype).max) / 16
+    name = str(dtype).removeprefix("torch.")
+    for label, value in (("rho", rho), ("eta0", eta0)):
+        if value is not None and value >= limit:
+            raise ValueError(f"{label}={value:g} is too large for the geometry's {name}: the "
+                             f"squared norm of a perturbation that size overflows (largest "
+                             f"finite {name}: {torch.finfo(dtype).max:.3g}), which would "
+                             f"silently shrink every step to zero; use {label} < {limit:.3g}")
+
+
+def check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+#: ``torch.Generator.manual_seed`` takes 64-bit seeds.
+SEED_LIMIT = 2 ** 64
+
+
+def check_seed(seed: object) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an integer, got {type(seed).__name__}")
+    if not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+    return seed
+
+
+def check_progress(progress: object) -> bool | None:
+    if progress is not None and not isinstance(progress, bool):
+        raise TypeError(f"progress must be a bool or None (None: a bar only on a terminal), "
+                        f"got {progress!r}")
+    return progress
+
+
+def check_geometry_dtype(dtype: object) -> torch.dtype | None:
+    if dtype is None:
+        return None
+    named = {"float32": torch.float32, "float64": torch.float64}
+    if isinstance(dtype, str) and dtype in named:
+        return named[dtype]
+    if dtype in (torch.float32, torch.float64):
+        return dtype
+    raise ValueError(f"geometry_dtype must be None, torch.float32 or torch.float64 (or their "
+                     f"names), got {dtype!r}")
+
+
+def check_nonfinite(policy: object) -> str:
+    if policy not in NONFINITE_POLICIES:
+        raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {policy!r}")
+    return str(policy)

@@ -1,0 +1,216 @@
+"""Result stage: :class:`SharpnessResult` and its assembly from the per-batch outcomes.
+
+It touches the measure's :class:`~.measures.BatchOutcome` list and the resolved options only
+(no model, no geometry, no solver); every tensor is read to the host here, once.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+
+from quotientsharp.engine.measures import BatchOutcome
+
+__all__ = ["SharpnessResult", "assemble_result"]
+
+
+@dataclass
+class SharpnessResult:
+    """What :func:`sharpness` measured.
+
+    Attributes
+    ----------
+    measure
+        The measure's name.
+    value
+        Mean over batches of the per-batch sharpness.
+    per_batch
+        Sharpness of each batch (best perturbed loss minus clean loss for ascent measures).
+    settings
+        Every resolved option (defaults filled in), plus ``rho``, the geometry dtype, the
+        solver checkpoints, the number of batches and the symmetry summary.
+    perturbation_norms
+        Per batch, the norms of the best perturbation: ``"total"`` (the constraint's norm) and,
+        for geodesic sharpness, one entry per block kind (``"gl"``, ``"diagonal"``, ``"other"``).
+    clean_losses, perturbed_losses
+        Per batch, ``L(theta)`` and the (best or mean) perturbed loss.
+    excluded
+        Parameters left out of the perturbation because they receive no gradient.
+    perturbations
+        With ``keep_perturbations=True``: per batch, the parameter-space displacement of the
+        best perturbation by parameter name (geometry dtype; ``None`` for relative flatness,
+        which perturbs nothing); otherwise ``None``.
+    frozen
+        Parameters with ``requires_grad=False``: never perturbed (they keep their values, as in
+        training), so they are outside every measure.
+    nonfinite_evaluations
+        Per batch, the perturbed evaluations whose loss was NaN or inf. Always zero with
+        ``nonfinite="raise"`` (the default), which raises on the first one; with
+        ``nonfinite="skip"`` they were left out (never the best iterate, not in the mean; the
+        reference solve's included).
+    traces
+        Ascent measures: per batch, the solver's convergence trace, the best perturbed loss
+        minus the clean loss after each evaluation (``runs * (n_iter + 1)`` entries, run after
+        run, the first the starting point): non-decreasing, its last entry is that batch's
+        value. Empty for the other measures.
+    reference_per_batch, reference_traces
+        With ``reference_solve``: per batch, the value the stronger reference solve reached
+        (best perturbed loss minus clean loss) and its trace. Empty otherwise.
+    blocks
+        With ``blockwise=True``: per batch, one dict per block of the best perturbation,
+        ``{"name", "kind", "norm_share", "loss_change"}`` (``docs/sharpness.md``); ``None``
+        otherwise.
+    """
+
+    measure: str
+    value: float
+    per_batch: list[float]
+    settings: dict[str, Any]
+    perturbation_norms: list[dict[str, float]]
+    clean_losses: list[float] = field(default_factory=list)
+    perturbed_losses: list[float] = field(default_factory=list)
+    excluded: list[str] = field(default_factory=list)
+    perturbations: list[dict[str, torch.Tensor]] | None = None
+    frozen: list[str] = field(default_factory=list)
+    nonfinite_evaluations: list[int] = field(default_factory=list)
+    traces: list[list[float]] = field(default_factory=list)
+    reference_per_batch: list[float] = field(default_factory=list)
+    reference_traces: list[list[float]] = field(default_factory=list)
+    blocks: list[list[dict[str, Any]]] | None = None
+
+    def __float__(self) -> float:
+        return self.value
+
+    # ------------------------------------------------------------------ solver quality
+    @property
+    def reference_value(self) -> float | None:
+        """Mean over batches of the reference solve's values; ``None`` without one."""
+        if not self.reference_per_batch:
+            return None
+        return sum(self.reference_per_batch) / len(self.reference_per_batch)
+
+    @property
+    def gap_per_batch(self) -> list[float]:
+        """Per batch, ``reference - value``: how much more the reference solve found (negative
+        where it found less). Empty without a reference solve."""
+        return [r - v for r, v in zip(self.reference_per_batch, self.per_batch, strict=True)]
+
+    @property
+    def relative_gap_per_batch(self) -> list[float]:
+        """Per batch, ``(reference - value) / |reference|`` (``0`` where both are ``0``)."""
+        return [_relative(r - v, r) for r, v in zip(self.reference_per_batch, self.per_batch,
+                                                     strict=True)]
+
+    @property
+    def gap(self) -> float | None:
+        """``reference_value - value``; ``None`` without a reference solve."""
+        reference = self.reference_value
+        return None if reference is None else reference - self.value
+
+    @property
+    def relative_gap(self) -> float | None:
+        """``gap / |reference_value|``; ``None`` without a reference solve."""
+        reference, gap = self.reference_value, self.gap
+        return None if reference is None or gap is None else _relative(gap, reference)
+
+    # ------------------------------------------------------------------ blocks
+    def block_summary(self) -> list[dict[str, Any]]:
+        """Per block, ``{"name", "kind", "norm_share", "loss_change"}`` averaged over the
+        batches (in layout order); empty without ``blockwise=True``."""
+        if not self.blocks:
+            return []
+        count = len(self.blocks)
+        summary = [dict(record) for record in self.blocks[0]]
+        for records in self.blocks[1:]:
+            for total, record in zip(summary, records, strict=True):
+                total["norm_share"] += record["norm_share"]
+                total["loss_change"] += record["loss_change"]
+        for total in summary:
+            total["norm_share"] /= count
+            total["loss_change"] /= count
+        return summary
+
+    @property
+    def variant(self) -> str:
+        """The settings that tell this measure's variants apart: ``"metric mix, order 2"``
+        for geodesic sharpness, ``"p=inf"`` for a box, ``""`` otherwise."""
+        settings = self.settings
+        if self.measure == "geodesic":
+            return f"metric {settings.get('metric')}, order {settings.get('order')}"
+        if self.measure in ("worst_case", "adaptive") and settings.get("p") == "inf":
+            return "p=inf"
+        if self.measure == "relative_flatness" and settings.get("layer"):
+            return f"layer {settings['layer']}"
+        return ""
+
+    def summary(self) -> str:
+        """One readable line: measure (with metric and order for geodesic), value, batches, rho."""
+        variant = f" ({self.variant})" if self.variant else ""
+        skipped = sum(self.nonfinite_evaluations)
+        note = f", {skipped} non-finite evaluation(s) skipped" if skipped else ""
+        gap, relative = self.gap, self.relative_gap
+        if gap is not None and relative is not None:
+            note += (f", reference solve {self.reference_value:.6g}: gap {gap:.3g} "
+                     f"({100 * relative:.3g}%)")
+        return (f"{self.measure} sharpness{variant} {self.value:.6g} over "
+                f"{len(self.per_batch)} batch(es) (rho={self.settings.get('rho')}{note})")
+
+
+def _relative(gap: float, reference: float) -> float:
+    """``gap / |reference|``; ``0`` for a zero gap, ``inf`` (signed) for a zero reference."""
+    if gap == 0:
+        return 0.0
+    if reference == 0:
+        return math.copysign(math.inf, gap)
+    return gap / abs(reference)
+
+
+def assemble_result(measure: str, outcomes: Sequence[BatchOutcome],
+                    settings: dict[str, Any], excluded: Sequence[str], frozen: Sequence[str],
+                    keep: bool, blockwise: bool) -> SharpnessResult:
+    """The :class:`SharpnessResult` of ``outcomes`` (one per batch, in order).
+
+    ``settings`` is stored as given; ``n_batches`` is added. Warns when evaluations with a NaN
+    or inf loss were skipped (the warning points at the caller of :func:`~.api.sharpness`).
+    """
+    skipped = [o.nonfinite for o in outcomes]
+    if sum(skipped):
+        warnings.warn(f"{sum(skipped)} perturbed evaluation(s) with a NaN or inf loss were "
+                      f"skipped (nonfinite='skip'; per batch: {skipped}): the values are the "
+                      "best over the finite evaluations only", UserWarning, stacklevel=3)
+    values = torch.stack([o.value for o in outcomes]).tolist()
+    return SharpnessResult(
+        measure=measure,
+        value=sum(values) / len(values),
+        per_batch=values,
+        settings=settings,
+        perturbation_norms=[{k: float(v) for k, v in o.norms.items()} for o in outcomes],
+        clean_losses=torch.stack([o.clean for o in outcomes]).tolist(),
+        perturbed_losses=torch.stack([o.perturbed for o in outcomes]).tolist(),
+        excluded=list(excluded),
+        perturbations=_kept(outcomes) if keep else None,
+        frozen=list(frozen),
+        nonfinite_evaluations=skipped,
+        traces=[(o.trace - o.clean).tolist() for o in outcomes if o.trace is not None],
+        reference_per_batch=[float(o.reference - o.clean) for o in outcomes
+                             if o.reference is not None],
+        reference_traces=[(o.reference_trace - o.clean).tolist() for o in outcomes
+                          if o.reference_trace is not None],
+        blocks=([o.blocks.records() for o in outcomes if o.blocks is not None]
+                if blockwise else None),
+    )
+
+
+def _kept(outcomes: Sequence[BatchOutcome]) -> list[dict[str, torch.Tensor]]:
+    """The kept perturbation of every batch, as the outcomes hold them.
+
+    The annotation of :attr:`SharpnessResult.perturbations` is the public one (every ascent and
+    average measure keeps a dict); relative flatness perturbs nothing and keeps ``None``, which
+    is passed on unchanged rather than invented.
+    """
+    return cast(list[dict[str, torch.Tensor]], [o.perturbation for o in outcomes])
