@@ -27,12 +27,25 @@ decisions, result: 15 engine modules instead of 9), entered in turn by the pipel
 measure module boundaries crossed, and there are more of them, so they grew (by about a fifth).
 The order they are crossed in is the stages' (``--sequence``): validate, registry, layout,
 first evaluation, geometry once, then per batch space, solver, and the result last.
+
+A hop count also grows with every loop that calls into another module (discovery's walker
+trying each recogniser on each module is most of the package's count), so the script also
+counts *callbacks* (:func:`traced_callbacks`): calls into a module that is still running
+further down the stack, the back and forth of tangled modules. On 7441d5a (release 0.1): 20
+callbacks, 4 pairs: ``gl.inv -> gl.point`` 14, ``sharpness.ball -> sharpness.solver`` 3 (the
+ball calling the solver's ``_lift``), ``sharpness.solver -> sharpness.measures`` 2 (the
+objective closure handed down), ``product -> quotient`` 1. Now: 26 callbacks, 1 pair,
+``core.gl.inv -> core.gl.point``: a metric's frozen point (``inv.py``) is a subclass of the GL
+point (``point.py``) whose template methods call the metric's formulas, which call the base's
+helpers (inheritance, not a tangle; more calls now because the metric objects of every family
+resolve through the same registry). The engine has no callback left.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
@@ -116,6 +129,59 @@ def traced_modules(call: Callable[[], Any]) -> tuple[list[str], Any]:
     return modules, value
 
 
+def traced_callbacks(call: Callable[[], Any]) -> tuple[Counter[tuple[str, str]], int, Any]:
+    """Calls back into a module that is still running further down the call stack.
+
+    A layered call flows down and returns: ``api`` calls ``solver``, which calls ``ball``,
+    which returns. A *callback* is a call from a module ``C`` into a module ``M`` (``M != C``)
+    while a frame of ``M`` is active below ``C``'s: control went ``M -> ... -> C -> M``, the
+    back and forth of tangled modules (a closure handed down, a helper of the caller's module
+    imported by the callee). Frames of other packages are skipped.
+
+    Returns
+    -------
+    (Counter, int, Any)
+        Callbacks by ``(caller module, callee module)``, the number of ``quotientsharp`` calls,
+        and what ``call`` returned.
+    """
+    callbacks: Counter[tuple[str, str]] = Counter()
+    calls = 0
+
+    def module_of(frame: FrameType) -> str:
+        name = frame.f_globals.get("__name__", "")
+        return name if isinstance(name, str) else ""
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        nonlocal calls
+        if event != "call":
+            return
+        module = module_of(frame)
+        if not module.startswith(PACKAGE):
+            return
+        calls += 1
+        below = frame.f_back
+        caller = None
+        while below is not None:
+            name = module_of(below)
+            if name.startswith(PACKAGE):
+                if caller is None:
+                    caller = name
+                    if caller == module:
+                        return
+                elif name == module:
+                    callbacks[caller, module] += 1
+                    return
+            below = below.f_back
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        value = call()
+    finally:
+        sys.setprofile(previous)
+    return callbacks, calls, value
+
+
 def trace_modules(call: Callable[[], Any], prefix: str = PACKAGE) -> tuple[ModuleTrace, Any]:
     """:class:`ModuleTrace` of ``call()`` among the modules under ``prefix``, and its value."""
     modules, value = traced_modules(call)
@@ -147,7 +213,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sequence", action="store_true", help="print every module visited")
     args = parser.parse_args(argv)
-    modules, result = traced_modules(small_bert_call())
+    call = small_bert_call()
+    modules, result = traced_modules(call)
     print(f"geodesic sharpness {result.value:.6g}, traced to the end of the call")
     for prefix in (PACKAGE, PACKAGE + ".engine"):
         trace = ModuleTrace.of(modules, prefix)
@@ -155,6 +222,12 @@ def main(argv: list[str] | None = None) -> None:
               f"re-entries, {len(trace.modules)} modules")
         if args.sequence:
             print("  " + " -> ".join(name.removeprefix(PACKAGE + ".") for name in trace.sequence))
+    callbacks, calls, _ = traced_callbacks(call)
+    print(f"callbacks into a module still running below the caller: {sum(callbacks.values())} "
+          f"of {calls} calls, {len(callbacks)} distinct (caller -> callee) pairs")
+    for (caller, callee), count in callbacks.most_common():
+        print(f"  {count:5d}  {caller.removeprefix(PACKAGE + '.')} -> "
+              f"{callee.removeprefix(PACKAGE + '.')}")
 
 
 if __name__ == "__main__":
