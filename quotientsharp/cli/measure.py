@@ -55,6 +55,7 @@ from quotientsharp.cli.measure_output import (
     write_json,
 )
 from quotientsharp.workflows.data import JSONL_SUFFIXES, TOKENIZER_FILES, load_batches
+from quotientsharp.workflows.devices import check_device
 from quotientsharp.workflows.options import (
     ASCENT_MEASURES,
     PROG,
@@ -69,7 +70,7 @@ from quotientsharp.workflows.options import (
 from quotientsharp.workflows.saved_models import load_measured_model
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 __all__ = [
     "ASCENT_MEASURES",
@@ -94,34 +95,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_arguments(parser)
     parser.set_defaults(func=run)
     return parser
-
-
-def check_device(text: str) -> torch.device:
-    """The device of ``--device``, or an :class:`InputError` (one line, exit 2) when this torch
-    build or machine does not have it."""
-    import torch
-
-    try:
-        device = torch.device(text)
-    except RuntimeError as err:
-        raise InputError(f"--device {text!r}: {err}") from err
-    if device.type == "meta":
-        raise InputError("--device meta holds no data: choose cpu or an accelerator")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            why = ("this torch build has no CUDA support" if torch.version.cuda is None
-                   else "no CUDA device is visible")
-            raise InputError(f"--device {text}: CUDA is not available ({why}; torch "
-                             f"{torch.__version__}); use --device cpu")
-        count = torch.cuda.device_count()
-        if device.index is not None and device.index >= count:
-            raise InputError(f"--device {text}: this machine has {count} CUDA device(s)")
-    try:
-        torch.empty(0, device=device)
-    except (RuntimeError, AssertionError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InputError(f"--device {text} is not usable here: {first}") from err
-    return device
 
 
 def _measure(args: argparse.Namespace) -> int:

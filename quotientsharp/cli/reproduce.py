@@ -132,13 +132,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def _with_note(module, args: argparse.Namespace) -> int:
     """Run the study; after a successful one, rank 0 prints the sign convention of its taus
-    and where the results page is (:func:`~quotientsharp.workflows.results.sign_convention`;
+    and where the results page is (:func:`~quotientsharp.reproduce.results_page.reading_guide`;
     a study module's ``GENERALISATION`` says what its taus rank sharpness against)."""
-    from quotientsharp.workflows.results import is_main_rank, sign_convention
+    from quotientsharp.reproduce.results_page import reading_guide
+    from quotientsharp.workflows.records import is_main_rank
 
     status = int(module.run(args) or 0)
     if status == 0 and is_main_rank():
-        print(f"\n{sign_convention(getattr(module, 'GENERALISATION', None))}")
+        print(f"\n{reading_guide(getattr(module, 'GENERALISATION', None))}")
     return status
 
 

@@ -1,7 +1,7 @@
 """``quotientsharp study``: Kendall tau-a and tau-b with bootstrap intervals over the models.
 
-The point estimates are :func:`~quotientsharp.workflows.results.kendall_tau_a` and
-:func:`~quotientsharp.workflows.results.kendall_tau_b` (SciPy's, when installed). The interval
+The point estimates are :func:`~quotientsharp.workflows.taus.kendall_tau_a` and
+:func:`~quotientsharp.workflows.taus.kendall_tau_b` (SciPy's, when installed). The interval
 is the percentile bootstrap: the models are drawn with replacement ``resamples`` times (a
 ``numpy`` generator seeded with ``seed``: the same seed, the same draws, and the same draws for
 every measure, so that intervals of different measures are paired), both taus are computed on
@@ -122,7 +122,7 @@ def kendall_with_intervals(x: Sequence[float], y: Sequence[float], *, resamples:
     seed
         Seed of the draws.
     """
-    from quotientsharp.workflows.results import kendall_tau_a, kendall_tau_b
+    from quotientsharp.workflows.taus import kendall_tau_a, kendall_tau_b
 
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")

@@ -160,24 +160,19 @@ def run_study(manifest: str | Path, args: argparse.Namespace) -> StudyOutcome:
     """
     import torch
 
-    from quotientsharp.cli.measure import check_device
     from quotientsharp.engine.distributed import (
         gather_indexed,
         rank_and_world_size,
         run_on_rank0,
         shard,
     )
+    from quotientsharp.workflows.devices import check_device
+    from quotientsharp.workflows.files import append_jsonl, write_csv_atomic, write_json_atomic
     from quotientsharp.workflows.generalisation import gap_kind
     from quotientsharp.workflows.plots import study_plots
-    from quotientsharp.workflows.results import (
-        ResultsDirectory,
-        append_jsonl,
-        progress_bar,
-        shard_name,
-        sign_convention,
-        write_csv_atomic,
-        write_json_atomic,
-    )
+    from quotientsharp.workflows.progress import progress_bar
+    from quotientsharp.workflows.records import ResultsDirectory, shard_name
+    from quotientsharp.workflows.taus import sign_convention
 
     grid = build_grid(args)
     gap_from = gap_kind(args.gap_from, args.loss)
@@ -304,6 +299,6 @@ def run_study(manifest: str | Path, args: argparse.Namespace) -> StudyOutcome:
         + (f"; records of {len(ignored)} model(s) no longer in the manifest left out: "
            f"{ignored[:5]}" if ignored else "")
         + f"; wall time {wall:.1f} s",
-        sign_convention("the generalisation gap", results_page=False),
+        sign_convention("the generalisation gap"),
         f"Report: {out / REPORT} (models.csv, taus.json, plots and run.json beside it)."])
     return StudyOutcome(out, rows, taus, todo, ignored, summary, plots, wall)

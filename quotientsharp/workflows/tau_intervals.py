@@ -1,7 +1,7 @@
 """Kendall tau-a and tau-b with percentile bootstrap intervals, for one sample or several.
 
-The point estimates are :func:`~quotientsharp.workflows.results.kendall_tau_a` and
-:func:`~quotientsharp.workflows.results.kendall_tau_b` on the sample itself. The interval
+The point estimates are :func:`~quotientsharp.workflows.taus.kendall_tau_a` and
+:func:`~quotientsharp.workflows.taus.kendall_tau_b` on the sample itself. The interval
 resamples the models with replacement (seeded, so it is reproducible) and takes the
 ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of the resampled taus. A resample holds
 some models twice; a pair of two copies of one model says nothing about the ranking, so such
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from quotientsharp.workflows.results import kendall_tau_a, kendall_tau_b
+from quotientsharp.workflows.taus import kendall_tau_a, kendall_tau_b
 
 __all__ = ["TauInterval", "pooled_tau_intervals", "tau_interval"]
 

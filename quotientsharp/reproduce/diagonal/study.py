@@ -49,7 +49,8 @@ from quotientsharp.reproduce.diagonal.report import (
 )
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
 from quotientsharp.reproduce.diagonal.training import TrainedNet, compute_test_losses, train_nets
-from quotientsharp.workflows.results import ResultsDirectory, regenerate_results_page, write_section
+from quotientsharp.reproduce.results_page import regenerate_results_page, write_section
+from quotientsharp.workflows.records import ResultsDirectory
 
 __all__ = ["run_study"]
 

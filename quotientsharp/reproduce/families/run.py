@@ -167,17 +167,12 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
         run_on_rank0,
         shard,
     )
+    from quotientsharp.reproduce.results_page import regenerate_results_page, write_section
+    from quotientsharp.workflows.files import append_jsonl, write_json_atomic
     from quotientsharp.workflows.labels import tau_title
-    from quotientsharp.workflows.results import (
-        ResultsDirectory,
-        append_jsonl,
-        progress_bar,
-        regenerate_results_page,
-        scatter_plots,
-        shard_name,
-        write_json_atomic,
-        write_section,
-    )
+    from quotientsharp.workflows.plots import scatter_plots
+    from quotientsharp.workflows.progress import progress_bar
+    from quotientsharp.workflows.records import ResultsDirectory, shard_name
 
     variant = study.quick if quick else study.full
     overrides = {k: v for k, v in (measuring or {}).items() if v is not None}
@@ -333,7 +328,7 @@ def run_family_study(study: FamilyStudy, args: Any) -> int:
     """Command-line entry of a family study; returns the exit status (printing on rank 0)."""
     import sys
 
-    from quotientsharp.workflows.results import is_main_rank
+    from quotientsharp.workflows.records import is_main_rank
 
     out = args.out if args.out is not None else Path(
         f"results/{study.name}-quick" if args.quick else f"results/{study.name}")

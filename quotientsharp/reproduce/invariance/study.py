@@ -404,7 +404,8 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
         plot_relative_changes,
         section,
     )
-    from quotientsharp.workflows.results import write_csv_atomic, write_section
+    from quotientsharp.reproduce.results_page import write_section
+    from quotientsharp.workflows.files import write_csv_atomic
 
     variant = settings if settings is not None else QUICK if quick else FULL
     dtypes = parse_dtypes(dtypes)
@@ -421,7 +422,7 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
             for dtype in dtypes}
 
     def finish() -> str:
-        from quotientsharp.workflows.results import regenerate_results_page
+        from quotientsharp.reproduce.results_page import regenerate_results_page
 
         figure = None
         if plots:
@@ -475,13 +476,9 @@ def _dtype_study(out: Path, dtype: str, variant: InvarianceSettings, *, quick: b
         shard,
     )
     from quotientsharp.models import find_symmetries
-    from quotientsharp.workflows.results import (
-        ResultsDirectory,
-        append_jsonl,
-        progress_bar,
-        shard_name,
-        write_jsonl_atomic,
-    )
+    from quotientsharp.workflows.files import append_jsonl, write_jsonl_atomic
+    from quotientsharp.workflows.progress import progress_bar
+    from quotientsharp.workflows.records import ResultsDirectory, shard_name
 
     chosen = variant.selected()
     sentences, labels = generate_sentences(variant.sentences, seed)
@@ -646,7 +643,7 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``quotientsharp reproduce invariance``."""
     import sys
 
-    from quotientsharp.workflows.results import is_main_rank
+    from quotientsharp.workflows.records import is_main_rank
 
     out = args.out if args.out is not None else Path(
         "results/invariance-quick" if args.quick else "results/invariance")
