@@ -366,7 +366,7 @@ def test_quick_run_writes_every_output(quick_run) -> None:
     out, docs, stdout = quick_run
     settings = DiagonalSettings.quick()
     run_info = json.loads((out / "run.json").read_text())
-    assert run_info["status"] == "complete"
+    assert run_info["status"] == "finished"
     assert run_info["settings"] == json.loads(json.dumps(settings.as_dict()))
     for package in ("python", "torch", "numpy", "quotientsharp"):
         assert run_info["environment"][package]

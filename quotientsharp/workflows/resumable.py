@@ -173,7 +173,8 @@ class ResumableRun(Generic[Key]):
         self._start = time.perf_counter()
         return dict(finished)
 
-    def run(self, work: Work[Key]) -> dict[Key, Record]:
+    def run(self, work: Work[Key],
+            saved: Callable[[Key], None] | None = None) -> dict[Key, Record]:
         """Compute every unit not yet finished, this rank's share here; every record.
 
         Parameters
@@ -182,6 +183,9 @@ class ResumableRun(Generic[Key]):
             ``work(unit, status)`` -> the unit's record (holding the unit's key under
             ``key``). An exception stops the run, marked ``raised_on_this_rank`` (under
             torchrun the other ranks do not see it: this rank reports it).
+        saved
+            Called with a unit's key once its record is on disk (on the rank that computed
+            it).
 
         Returns
         -------
@@ -206,6 +210,8 @@ class ResumableRun(Generic[Key]):
                 computed.append((position, record))
                 bar.update(1)
                 self._save(key, record)
+                if saved is not None:
+                    saved(key)
         finally:
             bar.close()
         if self.distributed:
@@ -226,7 +232,7 @@ class ResumableRun(Generic[Key]):
         from quotientsharp.engine.distributed import run_on_rank0
 
         def complete() -> Value:
-            folder = self._folder()
+            folder = self.rank0_folder()
             wall = self.wall_seconds()
             folder.consolidate(self.records_file, self.key)
             if self.mirror is not None:
@@ -248,7 +254,9 @@ class ResumableRun(Generic[Key]):
     def _count_field(self) -> str:
         return f"finished_{self.unit}s"
 
-    def _folder(self) -> ResultsDirectory:
+    def rank0_folder(self) -> ResultsDirectory:
+        """Rank 0's results folder (:attr:`folder`); an error on the other ranks or before
+        :meth:`open`."""
         if self.folder is None:
             raise RuntimeError("the results folder is rank 0's, after open()")
         return self.folder
@@ -259,7 +267,7 @@ class ResumableRun(Generic[Key]):
     def _save(self, key: Key, record: Record) -> None:
         """Put one finished record on disk (module docstring) and refresh rank 0's mirror."""
         if not self.distributed:
-            folder = self._folder()
+            folder = self.rank0_folder()
             folder.append(self.records_file, record)
             self._records[key] = record
             self._refresh(folder, self._in_unit_order(self._records))
@@ -268,7 +276,7 @@ class ResumableRun(Generic[Key]):
         if self.rank == 0:
             # a live mirror of every rank's finished records (shards read, never repaired:
             # another rank may be writing its last line)
-            folder = self._folder()
+            folder = self.rank0_folder()
             live = {r[self.key]: r for r in folder.merged_records(self.records_file, self.key,
                                                                   repair=False)}
             self._refresh(folder, self._in_unit_order(live))
