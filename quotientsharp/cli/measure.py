@@ -42,7 +42,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from quotientsharp.cli import plain_text
 from quotientsharp.cli.measure_output import (
@@ -70,7 +70,7 @@ from quotientsharp.workflows.options import (
 from quotientsharp.workflows.saved_models import load_measured_model
 
 if TYPE_CHECKING:
-    pass
+    from quotientsharp.engine import SharpnessResult
 
 __all__ = [
     "ASCENT_MEASURES",
@@ -118,7 +118,9 @@ def _measure(args: argparse.Namespace) -> int:
           f"{device}) on {examples} examples ({data_kind}) in {len(batches)} batch(es) of <= "
           f"{args.batch_size}")
 
-    rows, results, measured = [], {}, {}
+    rows: list[dict[str, Any]] = []
+    results: dict[str, dict[str, Any]] = {}
+    measured: dict[str, SharpnessResult] = {}
     for measure_run in runs:
         measure = measure_run.measure
         rho = None if measure == "relative_flatness" else args.rho
@@ -131,11 +133,10 @@ def _measure(args: argparse.Namespace) -> int:
             raise InputError(f"{measure_label(measure, measure_run.variant or {})} sharpness "
                              f"of MODEL {args.model} on DATA {args.data} failed: {err}") from err
         seconds = time.perf_counter() - tic
-        row = {"label": measure_label(measure, result.settings), "value": result.value,
-               "per_batch": result.per_batch, "clean_losses": result.clean_losses,
-               "seconds": seconds}
-        rows.append(row)
-        measured[row["label"]] = result
+        label = measure_label(measure, result.settings)
+        rows.append({"label": label, "value": result.value, "per_batch": result.per_batch,
+                     "clean_losses": result.clean_losses, "seconds": seconds})
+        measured[label] = result
         results[measure_run.key] = {
             "measure": measure,
             "value": result.value, "per_batch": result.per_batch,

@@ -23,6 +23,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["TauEstimate", "bootstrap_taus", "kendall_with_intervals"]
 
@@ -56,7 +60,7 @@ class TauEstimate:
 
 
 def bootstrap_taus(x: Sequence[float], y: Sequence[float], resamples: int, seed: int,
-                   chunk: int = 256):
+                   chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:
     """Tau-a and tau-b on ``resamples`` bootstrap draws of the pairs ``(x_i, y_i)``.
 
     Returns
@@ -94,7 +98,7 @@ def bootstrap_taus(x: Sequence[float], y: Sequence[float], resamples: int, seed:
     return tau_a, tau_b
 
 
-def _interval(values, confidence: float) -> tuple[float, float] | None:
+def _interval(values: np.ndarray, confidence: float) -> tuple[float, float] | None:
     import numpy as np
 
     finite = values[np.isfinite(values)]

@@ -15,10 +15,13 @@ import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quotientsharp.workflows.grid import GridPoint
 from quotientsharp.workflows.labels import decades_note, tau_title
+
+if TYPE_CHECKING:
+    from matplotlib.axis import Axis
 
 __all__ = ["PLOT_INSTALL_HINT", "log_ticks", "scatter_plots", "study_plots", "tick_text"]
 
@@ -67,7 +70,7 @@ def tick_text(value: float) -> str:
     return f"{value:g}"
 
 
-def _readable_log_axis(axis, values: Sequence[float]) -> None:
+def _readable_log_axis(axis: Axis, values: Sequence[float]) -> None:
     """Few short labels on a log ``axis`` (:func:`log_ticks`), minor ticks unlabelled."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
@@ -141,9 +144,10 @@ def scatter_plots(x: Sequence[float], measures: Mapping[str, Sequence[float]], o
         figure = Figure(figsize=(4.8, 3.8), dpi=120)
         FigureCanvasAgg(figure)
         axes = figure.add_subplot()
-        colouring = ({} if color is None
-                     else {"c": [float(color[i]) for i in keep], "cmap": "viridis"})
-        points = axes.scatter([xs[i] for i in keep], [ys[i] for i in keep], s=18, **colouring)
+        shown_x, shown_y = [xs[i] for i in keep], [ys[i] for i in keep]
+        points = (axes.scatter(shown_x, shown_y, s=18) if color is None
+                  else axes.scatter(shown_x, shown_y, s=18, c=[float(color[i]) for i in keep],
+                                    cmap="viridis"))
         if color is not None and keep:
             figure.colorbar(points, ax=axes, label=color_label)
         if keep and all(xs[i] > 0 for i in keep):
@@ -160,10 +164,10 @@ def scatter_plots(x: Sequence[float], measures: Mapping[str, Sequence[float]], o
             if len(title) > 55 and "; " in title:
                 title = title.replace("; ", "\n", 1)
             axes.set_title(title, fontsize=9)
-        remarks = [decades_note([ys[i] for i in keep]), (notes or {}).get(name)]
+        candidates = [decades_note([ys[i] for i in keep]), (notes or {}).get(name)]
         if len(keep) < len(xs):
-            remarks.append(f"{len(xs) - len(keep)} non-finite point(s) not shown")
-        remarks = [remark for remark in remarks if remark]
+            candidates.append(f"{len(xs) - len(keep)} non-finite point(s) not shown")
+        remarks = [remark for remark in candidates if remark]
         if remarks:
             # below the axes, as a footnote: inside them it would cover points
             figure.text(0.01, 0.01, "\n".join(remarks), fontsize=7, color="dimgray",

@@ -38,7 +38,7 @@ from quotientsharp.workflows.files import append_jsonl
 from quotientsharp.workflows.progress import progress_bar
 from quotientsharp.workflows.records import ResultsDirectory, shard_name
 
-__all__ = ["Mirror", "Record", "ResumableRun", "Work"]
+__all__ = ["Mirror", "Record", "ResumableRun", "Work", "rank0_value"]
 
 #: A unit's key: a model's name or index, a grid point.
 Key = TypeVar("Key", bound=Hashable)
@@ -167,7 +167,7 @@ class ResumableRun(Generic[Key]):
             ignored = [key for key in on_disk if key not in finished]
             return finished, ignored, float(folder.run_info.get("wall_seconds", 0.0))
 
-        finished, ignored, self._previous_seconds = _on_rank0(open_folder)
+        finished, ignored, self._previous_seconds = rank0_value(open_folder)
         self.ignored = ignored
         self._records = dict(finished)
         self._start = time.perf_counter()
@@ -288,11 +288,16 @@ class ResumableRun(Generic[Key]):
                              wall_seconds=self.wall_seconds())
 
 
-def _on_rank0(function: Callable[[], Value]) -> Value:
-    """``function()`` on rank 0, its value shared with every rank (it is never ``None``)."""
+def rank0_value(function: Callable[[], Value | None]) -> Value:
+    """``function()`` called on rank 0 and its value shared with every rank, never ``None``.
+
+    :func:`quotientsharp.engine.distributed.run_on_rank0` with the value typed as
+    ``function``'s (that function's ``None`` stands for "not shared"); an exception on rank 0
+    reaches every rank.
+    """
     from quotientsharp.engine.distributed import run_on_rank0
 
     value = run_on_rank0(function)
     if value is None:
-        raise RuntimeError("rank 0's step returned nothing")
+        raise RuntimeError("rank 0 shared no value")
     return value

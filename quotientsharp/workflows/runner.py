@@ -115,7 +115,7 @@ def study_settings(args: argparse.Namespace, grid: Sequence[GridPoint],
             "tokenizer": args.tokenizer, "dtype": args.dtype}
 
 
-def _check_identities(finished: dict[str, dict[str, Any]],
+def _check_identities(finished: Mapping[str, dict[str, Any]],
                       entries: Sequence[ManifestEntry], folder: Path) -> None:
     for entry in entries:
         record = finished.get(entry.name)

@@ -165,8 +165,9 @@ def pooled_tau_intervals(groups: Sequence[tuple[Sequence[float], Sequence[float]
         draws_a.append(resampled_a)
         draws_b.append(resampled_b)
         count += int(xs.size)
-    tau_b = (None if any(b is None for b in point_b)
-             else math.fsum(point_b) / len(point_b))
+    known_b = [b for b in point_b if b is not None]
+    # undefined for every seed when undefined for one (a constant variable there)
+    tau_b = (None if len(known_b) < len(point_b) else math.fsum(known_b) / len(known_b))
     return TauInterval(math.fsum(point_a) / len(point_a), tau_b,
                        *_bounds(np.mean(draws_a, axis=0), level),
                        *_bounds(np.mean(draws_b, axis=0), level), count, samples, level, seed)

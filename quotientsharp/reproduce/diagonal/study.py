@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
@@ -49,11 +49,9 @@ from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
 from quotientsharp.reproduce.diagonal.training import TrainedNet, compute_test_losses, train_nets
 from quotientsharp.reproduce.results_page import regenerate_results_page, write_section
 from quotientsharp.workflows.records import ResultsDirectory
-from quotientsharp.workflows.resumable import ResumableRun
+from quotientsharp.workflows.resumable import ResumableRun, rank0_value
 
 __all__ = ["run_study"]
-
-Value = TypeVar("Value")
 
 
 def run_study(settings: DiagonalSettings, out: Path, *, resume: bool = False,
@@ -180,7 +178,7 @@ def _run(settings: DiagonalSettings, run: ResumableRun[int],
             trained.update(train_nets(problem, hyper, settings, frozen, saved, progress))
         return trained, to_train, time.perf_counter() - train_start
 
-    trained, to_train, train_seconds = _shared(run_on_rank0(train))
+    trained, to_train, train_seconds = rank0_value(train)
 
     to_measure = [i for i in range(settings.nets) if i not in finished_records]
     measure_start = time.perf_counter()
@@ -234,13 +232,6 @@ def _run(settings: DiagonalSettings, run: ResumableRun[int],
                        train_seconds, measure_seconds, plots, docs, wall, world_size)
 
     return run.finish(finish)
-
-
-def _shared(value: Value | None) -> Value:
-    """A value :func:`~quotientsharp.engine.distributed.run_on_rank0` shared with every rank."""
-    if value is None:
-        raise RuntimeError("rank 0 shared no value")
-    return value
 
 
 def _finish(settings: DiagonalSettings, directory: ResultsDirectory,

@@ -112,7 +112,7 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
                  models: int | None = None, seed: int = 0, resume: bool = False,
                  progress: bool | None = None, plots: bool = True, docs: Path | None = None,
                  threads: int = 1, device: str = "cpu",
-                 measuring: dict[str, int] | None = None) -> FamilyOutcome:
+                 measuring: Mapping[str, int | None] | None = None) -> FamilyOutcome:
     """Run (or resume) a family study and write every output (see
     :mod:`quotientsharp.reproduce.families.transformer_common`).
 
@@ -171,7 +171,11 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
         raise ValueError(f"measuring overrides {sorted(unknown)} are not sizes of a variant")
     for name, value in overrides.items():
         _check_positive(name.replace("_", "-"), value)
-    variant = replace(variant, **overrides)
+    variant = replace(variant, n_iter=overrides.get("n_iter", variant.n_iter),
+                      sharpness_points=overrides.get("sharpness_points",
+                                                     variant.sharpness_points),
+                      sharpness_batch_size=overrides.get("sharpness_batch_size",
+                                                         variant.sharpness_batch_size))
     models = _check_positive("models", models if models is not None else variant.models)
     threads = _check_positive("threads", threads)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:

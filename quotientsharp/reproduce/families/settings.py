@@ -123,7 +123,7 @@ class FamilyStudy:
     name: str
     title: str
     load_data: Callable[[bool], ClassificationData]
-    build_model: Callable[[int], nn.Module]
+    build_model: Callable[..., nn.Module]
     model_config: Mapping[str, Any]
     full: FamilySettings
     quick: FamilySettings

