@@ -13,7 +13,6 @@ unit is :class:`quotientsharp.workflows.resumable.ResumableRun`.
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import platform
@@ -26,6 +25,7 @@ from typing import Any
 from quotientsharp.workflows.files import (
     append_jsonl,
     read_jsonl,
+    write_csv_atomic,
     write_json_atomic,
     write_jsonl_atomic,
 )
@@ -264,21 +264,7 @@ class ResultsDirectory:
 
     def write_csv(self, name: str, columns: Sequence[str],
                   rows: Iterable[Mapping[str, Any]]) -> None:
-        """(Re)write CSV file ``name`` with a header and ``rows``."""
-        with self.file(name).open("w", newline="") as stream:
-            writer = csv.DictWriter(stream, fieldnames=list(columns), extrasaction="ignore")
-            writer.writeheader()
-            for row in rows:
-                writer.writerow(row)
-
-    def append_csv(self, name: str, columns: Sequence[str], row: Mapping[str, Any]) -> None:
-        """Append one row to CSV file ``name`` (header first if the file is new), flushed."""
-        path = self.file(name)
-        new = not path.exists() or path.stat().st_size == 0
-        with path.open("a", newline="") as stream:
-            writer = csv.DictWriter(stream, fieldnames=list(columns), extrasaction="ignore")
-            if new:
-                writer.writeheader()
-            writer.writerow(row)
-            stream.flush()
+        """(Re)write CSV file ``name`` with a header and ``rows``, atomically (a reader, or an
+        interruption, sees the old file or the new one)."""
+        write_csv_atomic(self.file(name), columns, rows)
 
