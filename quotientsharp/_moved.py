@@ -51,7 +51,7 @@ MOVED: dict[str, str] = {
     "commands.study": "cli.study",
     "commands.verify": "cli.verify",
     "experiments": "reproduce",
-    "experiments.common": "workflows.results",
+    "experiments.common": "workflows.records",
     "experiments.labels": "workflows.labels",
     "experiments.tau_intervals": "workflows.tau_intervals",
     "experiments.study_options": "reproduce.options",

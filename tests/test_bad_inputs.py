@@ -558,7 +558,7 @@ def test_reproduce_reports_a_distributed_timeout_in_one_line(monkeypatch, capsys
 
 
 def test_results_files_are_written_with_the_usual_mode(tmp_path):
-    from quotientsharp.workflows.results import write_json_atomic, write_jsonl_atomic
+    from quotientsharp.workflows.files import write_json_atomic, write_jsonl_atomic
 
     mask = os.umask(0o022)
     try:

@@ -46,16 +46,11 @@ from quotientsharp.reproduce.diagonal.exact import (
     reference_maxima,
 )
 from quotientsharp.reproduce.diagonal.full import full_configurations, run_full
-from quotientsharp.workflows.results import (
-    ResultsDirectory,
-    kendall_tau_a,
-    kendall_tau_b,
-    kendall_tau_b_reference,
-    read_jsonl,
-    regenerate_results_page,
-    write_section,
-)
+from quotientsharp.reproduce.results_page import regenerate_results_page, write_section
+from quotientsharp.workflows.files import read_jsonl
+from quotientsharp.workflows.records import ResultsDirectory
 from quotientsharp.workflows.tau_intervals import pooled_tau_intervals, tau_interval
+from quotientsharp.workflows.taus import kendall_tau_a, kendall_tau_b, kendall_tau_b_reference
 
 
 class DiagonalNet(nn.Module):
@@ -371,7 +366,7 @@ def test_quick_run_writes_every_output(quick_run) -> None:
     out, docs, stdout = quick_run
     settings = DiagonalSettings.quick()
     run_info = json.loads((out / "run.json").read_text())
-    assert run_info["status"] == "complete"
+    assert run_info["status"] == "finished"
     assert run_info["settings"] == json.loads(json.dumps(settings.as_dict()))
     for package in ("python", "torch", "numpy", "quotientsharp"):
         assert run_info["environment"][package]
@@ -670,7 +665,7 @@ def _cli_help(*argv: str) -> tuple[int, str, str]:
 
 
 def test_plots_without_matplotlib_print_a_hint(tmp_path, monkeypatch, capsys) -> None:
-    from quotientsharp.workflows.results import PLOT_INSTALL_HINT, scatter_plots
+    from quotientsharp.workflows.plots import PLOT_INSTALL_HINT, scatter_plots
 
     for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
         monkeypatch.setitem(__import__("sys").modules, name, None)   # import raises

@@ -29,13 +29,9 @@ import torch
 from quotientsharp.cli import main
 from quotientsharp.engine.distributed import run_on_rank0, torchrun_world_size
 from quotientsharp.reproduce.invariance import study as invariance
-from quotientsharp.workflows import results as common
-from quotientsharp.workflows.results import (
-    ResultsDirectory,
-    read_jsonl,
-    shard_name,
-    shard_paths,
-)
+from quotientsharp.workflows import files as common
+from quotientsharp.workflows.files import read_jsonl
+from quotientsharp.workflows.records import ResultsDirectory, shard_name, shard_paths
 
 if not (torch.distributed.is_available() and torch.distributed.is_gloo_available()):
     pytest.skip("torch.distributed with gloo is not available: torchrun cannot run",

@@ -31,7 +31,8 @@ from torch import nn
 from quotientsharp import sharpness
 from quotientsharp.cli import main
 from quotientsharp.workflows import bootstrap_taus, kendall_with_intervals, measuring
-from quotientsharp.workflows.results import kendall_tau_a, kendall_tau_b, read_jsonl
+from quotientsharp.workflows.files import read_jsonl
+from quotientsharp.workflows.taus import kendall_tau_a, kendall_tau_b
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

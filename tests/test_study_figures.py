@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from quotientsharp.workflows.results import log_ticks
+from quotientsharp.workflows.plots import log_ticks
 
 matplotlib = pytest.importorskip("matplotlib")
 
@@ -42,7 +42,7 @@ def test_scatter_tick_labels_do_not_overlap(tmp_path, monkeypatch):
     """The ViT case that overlapped: a gap axis spanning less than a decade (0.017-0.09)."""
     import matplotlib.figure
 
-    from quotientsharp.workflows.results import scatter_plots
+    from quotientsharp.workflows.plots import scatter_plots
 
     rng = random.Random(0)
     x = [10 ** rng.uniform(-1.77, -1.05) for _ in range(32)]

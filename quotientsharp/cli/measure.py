@@ -42,7 +42,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from quotientsharp.cli import plain_text
 from quotientsharp.cli.measure_output import (
@@ -55,6 +55,7 @@ from quotientsharp.cli.measure_output import (
     write_json,
 )
 from quotientsharp.workflows.data import JSONL_SUFFIXES, TOKENIZER_FILES, load_batches
+from quotientsharp.workflows.devices import check_device
 from quotientsharp.workflows.options import (
     ASCENT_MEASURES,
     PROG,
@@ -69,7 +70,7 @@ from quotientsharp.workflows.options import (
 from quotientsharp.workflows.saved_models import load_measured_model
 
 if TYPE_CHECKING:
-    import torch
+    from quotientsharp.engine import SharpnessResult
 
 __all__ = [
     "ASCENT_MEASURES",
@@ -96,34 +97,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def check_device(text: str) -> torch.device:
-    """The device of ``--device``, or an :class:`InputError` (one line, exit 2) when this torch
-    build or machine does not have it."""
-    import torch
-
-    try:
-        device = torch.device(text)
-    except RuntimeError as err:
-        raise InputError(f"--device {text!r}: {err}") from err
-    if device.type == "meta":
-        raise InputError("--device meta holds no data: choose cpu or an accelerator")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            why = ("this torch build has no CUDA support" if torch.version.cuda is None
-                   else "no CUDA device is visible")
-            raise InputError(f"--device {text}: CUDA is not available ({why}; torch "
-                             f"{torch.__version__}); use --device cpu")
-        count = torch.cuda.device_count()
-        if device.index is not None and device.index >= count:
-            raise InputError(f"--device {text}: this machine has {count} CUDA device(s)")
-    try:
-        torch.empty(0, device=device)
-    except (RuntimeError, AssertionError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InputError(f"--device {text} is not usable here: {first}") from err
-    return device
-
-
 def _measure(args: argparse.Namespace) -> int:
     import torch
 
@@ -145,7 +118,9 @@ def _measure(args: argparse.Namespace) -> int:
           f"{device}) on {examples} examples ({data_kind}) in {len(batches)} batch(es) of <= "
           f"{args.batch_size}")
 
-    rows, results, measured = [], {}, {}
+    rows: list[dict[str, Any]] = []
+    results: dict[str, dict[str, Any]] = {}
+    measured: dict[str, SharpnessResult] = {}
     for measure_run in runs:
         measure = measure_run.measure
         rho = None if measure == "relative_flatness" else args.rho
@@ -158,11 +133,10 @@ def _measure(args: argparse.Namespace) -> int:
             raise InputError(f"{measure_label(measure, measure_run.variant or {})} sharpness "
                              f"of MODEL {args.model} on DATA {args.data} failed: {err}") from err
         seconds = time.perf_counter() - tic
-        row = {"label": measure_label(measure, result.settings), "value": result.value,
-               "per_batch": result.per_batch, "clean_losses": result.clean_losses,
-               "seconds": seconds}
-        rows.append(row)
-        measured[row["label"]] = result
+        label = measure_label(measure, result.settings)
+        rows.append({"label": label, "value": result.value, "per_batch": result.per_batch,
+                     "clean_losses": result.clean_losses, "seconds": seconds})
+        measured[label] = result
         results[measure_run.key] = {
             "measure": measure,
             "value": result.value, "per_batch": result.per_batch,

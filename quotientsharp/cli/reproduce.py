@@ -21,6 +21,8 @@ import ast
 import importlib
 import importlib.util
 from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
 from quotientsharp.cli import plain_text
 from quotientsharp.workflows.process_group import DEFAULT_DIST_TIMEOUT, run_in_process_group
@@ -43,11 +45,12 @@ class _LazyStudies(argparse._SubParsersAction):
     """Study subparsers whose options are declared only when the study is chosen, so that
     ``reproduce --help`` lists the studies without importing them (nor torch)."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pending: dict[str, Callable[[argparse.ArgumentParser], None]] = {}
 
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
         fill = self.pending.pop(values[0], None) if values else None
         if fill is not None:
             fill(self._name_parser_map[values[0]])
@@ -130,15 +133,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def _with_note(module, args: argparse.Namespace) -> int:
+def _with_note(module: ModuleType, args: argparse.Namespace) -> int:
     """Run the study; after a successful one, rank 0 prints the sign convention of its taus
-    and where the results page is (:func:`~quotientsharp.workflows.results.sign_convention`;
+    and where the results page is (:func:`~quotientsharp.reproduce.results_page.reading_guide`;
     a study module's ``GENERALISATION`` says what its taus rank sharpness against)."""
-    from quotientsharp.workflows.results import is_main_rank, sign_convention
+    from quotientsharp.reproduce.results_page import reading_guide
+    from quotientsharp.workflows.records import is_main_rank
 
     status = int(module.run(args) or 0)
     if status == 0 and is_main_rank():
-        print(f"\n{sign_convention(getattr(module, 'GENERALISATION', None))}")
+        print(f"\n{reading_guide(getattr(module, 'GENERALISATION', None))}")
     return status
 
 

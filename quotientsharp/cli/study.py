@@ -108,7 +108,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def _study(args: argparse.Namespace) -> int:
     from quotientsharp.engine.distributed import describe_collective_failure
-    from quotientsharp.workflows.results import is_main_rank
+    from quotientsharp.workflows.records import is_main_rank
     from quotientsharp.workflows.runner import default_out, run_study
 
     try:

@@ -5,16 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from quotientsharp.core.quotient import SymmetryQuotient
 
 
-def builtin_quotients() -> list:
+def builtin_quotients() -> list[SymmetryQuotient]:
     """One instance of every built-in quotient and metric (the engine's factors)."""
     from quotientsharp.core.adaptive import AdaptiveQuotient
     from quotientsharp.core.diagonal import DiagonalQuotient
     from quotientsharp.core.gl import GLQuotient, RotaryQuotient
     from quotientsharp.core.product import ProductQuotient
 
-    quotients: list = [DiagonalQuotient(metric, d=4) for metric in ("inv", "mix", "euclidean")]
+    quotients: list[SymmetryQuotient] = [DiagonalQuotient(metric, d=4)
+                                         for metric in ("inv", "mix", "euclidean")]
     quotients += [GLQuotient(metric) for metric in ("inv", "mix", "euclidean")]
     quotients += [GLQuotient(metric, eps=0.1) for metric in ("inv", "mix")]
     quotients += [RotaryQuotient(metric, head_dim=4) for metric in ("inv", "mix")]
@@ -31,7 +36,7 @@ def builtin_quotients() -> list:
     return quotients
 
 
-def title_of(quotient) -> str:
+def title_of(quotient: SymmetryQuotient) -> str:
     """The quotient's name and settings, e.g. ``gl-inv (metric='inv', eps=0.1)``."""
     settings = quotient.extra_repr()
     return f"{quotient.name} ({settings})" if settings else quotient.name

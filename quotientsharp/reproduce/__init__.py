@@ -11,8 +11,11 @@ Each study is a module with
 
 :data:`STUDIES` maps a study name to its module path; a study module registers itself by a
 one-line entry here, and :mod:`quotientsharp.cli.reproduce` builds its subcommands from
-the registry. Shared machinery (Kendall tau, results files, ``--resume``, ``run.json``, plots,
-the generated ``docs/results.md``) lives in :mod:`quotientsharp.workflows.results`.
+the registry. Each study hands its units of work (a model, a grid point) to the runner that
+``quotientsharp study`` uses (:class:`quotientsharp.workflows.resumable.ResumableRun`: records
+written as they finish, ``--resume``, ranks under torchrun); Kendall tau, results files and
+plots are in :mod:`quotientsharp.workflows` too. The generated ``docs/results.md`` and its
+sections are :mod:`quotientsharp.reproduce.results_page`.
 """
 
 from __future__ import annotations

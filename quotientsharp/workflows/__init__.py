@@ -13,8 +13,13 @@ measure, with bootstrap intervals, scatter plots and a markdown report. One stag
 - :mod:`.bootstrap`: Kendall tau-a and tau-b with percentile bootstrap intervals
   (:func:`kendall_with_intervals`);
 - :mod:`.report` and :mod:`.plots`: ``models.csv``, the tau table, ``report.md``, the plots;
-- :mod:`.runner`: the driver (:func:`run_study`): records written as models finish,
-  ``--resume``, models dealt over the ranks of torchrun.
+- :mod:`.runner`: the driver (:func:`run_study`), from the manifest to every output;
+- :mod:`.resumable`: the runner of every study, this one and the paper's
+  (:class:`~quotientsharp.workflows.resumable.ResumableRun`): records written as units finish,
+  ``--resume``, units dealt over the ranks of torchrun;
+- the parts it is built from: :mod:`.records` (the results folder, ``run.json``, per-rank
+  shards), :mod:`.files` (atomic writes, JSONL), :mod:`.taus` (Kendall tau-a and tau-b),
+  :mod:`.tau_intervals`, :mod:`.progress`, :mod:`.devices` (``--device``).
 
 The command line is :mod:`quotientsharp.cli.study`; ``docs/study.md`` describes the
 manifest, the options and the outputs. Nothing here imports torch until a model is measured.

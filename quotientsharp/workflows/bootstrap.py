@@ -1,7 +1,7 @@
 """``quotientsharp study``: Kendall tau-a and tau-b with bootstrap intervals over the models.
 
-The point estimates are :func:`~quotientsharp.workflows.results.kendall_tau_a` and
-:func:`~quotientsharp.workflows.results.kendall_tau_b` (SciPy's, when installed). The interval
+The point estimates are :func:`~quotientsharp.workflows.taus.kendall_tau_a` and
+:func:`~quotientsharp.workflows.taus.kendall_tau_b` (SciPy's, when installed). The interval
 is the percentile bootstrap: the models are drawn with replacement ``resamples`` times (a
 ``numpy`` generator seeded with ``seed``: the same seed, the same draws, and the same draws for
 every measure, so that intervals of different measures are paired), both taus are computed on
@@ -23,6 +23,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["TauEstimate", "bootstrap_taus", "kendall_with_intervals"]
 
@@ -56,7 +60,7 @@ class TauEstimate:
 
 
 def bootstrap_taus(x: Sequence[float], y: Sequence[float], resamples: int, seed: int,
-                   chunk: int = 256):
+                   chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:
     """Tau-a and tau-b on ``resamples`` bootstrap draws of the pairs ``(x_i, y_i)``.
 
     Returns
@@ -94,7 +98,7 @@ def bootstrap_taus(x: Sequence[float], y: Sequence[float], resamples: int, seed:
     return tau_a, tau_b
 
 
-def _interval(values, confidence: float) -> tuple[float, float] | None:
+def _interval(values: np.ndarray, confidence: float) -> tuple[float, float] | None:
     import numpy as np
 
     finite = values[np.isfinite(values)]
@@ -122,7 +126,7 @@ def kendall_with_intervals(x: Sequence[float], y: Sequence[float], *, resamples:
     seed
         Seed of the draws.
     """
-    from quotientsharp.workflows.results import kendall_tau_a, kendall_tau_b
+    from quotientsharp.workflows.taus import kendall_tau_a, kendall_tau_b
 
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")

@@ -141,7 +141,7 @@ def _pretokenised_batch(rows: Sequence[dict[str, Any]], path: Path,
     return batch
 
 
-def _find_tokenizer(model_path: Path, tokenizer_dir: str | None):
+def _find_tokenizer(model_path: Path, tokenizer_dir: str | None) -> Any:
     """A tokenizer from ``--tokenizer`` or the MODEL directory, or ``None`` if there is none."""
     directory = Path(tokenizer_dir) if tokenizer_dir is not None else model_path
     if tokenizer_dir is not None and not directory.is_dir():
@@ -159,7 +159,7 @@ def _find_tokenizer(model_path: Path, tokenizer_dir: str | None):
         restore()
 
 
-def _text_batch(rows: Sequence[dict[str, Any]], path: Path, tokenizer,
+def _text_batch(rows: Sequence[dict[str, Any]], path: Path, tokenizer: Any,
                 max_length: int) -> dict[str, torch.Tensor]:
     for row in rows:
         if not isinstance(row.get("text"), str):
@@ -195,7 +195,7 @@ def _jsonl_batches(path: Path, model: nn.Module, model_path: Path, args: argpars
                              "\"attention_mask\": [...], \"label\": ...}")
     pad_id = getattr(config, "pad_token_id", None) if config is not None else None
     pad_id = pad_id if isinstance(pad_id, int) else 0
-    batches = []
+    batches: list[dict[str, torch.Tensor]] = []
     for start in range(0, len(rows), args.batch_size):
         if args.max_batches is not None and len(batches) >= args.max_batches:
             break
@@ -243,7 +243,8 @@ def _tensor_pair(loaded: Any, path: Path) -> tuple[tuple[torch.Tensor, ...], tor
     return tuple(inputs), target
 
 
-def _tensor_batches(path: Path, args: argparse.Namespace) -> tuple[list[tuple], int, str]:
+def _tensor_batches(path: Path, args: argparse.Namespace
+                    ) -> tuple[list[tuple[Any, torch.Tensor]], int, str]:
     import torch
 
     unreadable = (pickle.UnpicklingError, RuntimeError, EOFError, ImportError, AttributeError,
@@ -262,7 +263,7 @@ def _tensor_batches(path: Path, args: argparse.Namespace) -> tuple[list[tuple], 
         raise InputError(f"DATA {path}: Y is a floating vector; cross-entropy needs integer "
                          "class labels (or class probabilities [N, C]); pass --loss mse for "
                          "regression")
-    batches = []
+    batches: list[tuple[Any, torch.Tensor]] = []
     count = target.shape[0]
     for start in range(0, count, args.batch_size):
         if args.max_batches is not None and len(batches) >= args.max_batches:

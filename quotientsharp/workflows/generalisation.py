@@ -78,6 +78,9 @@ def evaluate(model: nn.Module, batches: Sequence[Any], loss: str) -> dict[str, f
             if loss == "cross_entropy":
                 logits = output_tensor(output)
                 target = batch.target
+                if logits is None or target is None:
+                    raise InputError(f"{batch.label}: no logits or no labels, so no error "
+                                     "rate")
                 if target.is_floating_point():          # class probabilities
                     target = target.argmax(-1)
                 predicted = (logits.argmax(-1) if target.shape == logits.shape[:-1]
@@ -109,5 +112,9 @@ def generalisation(model: nn.Module, model_path: Path, train: Path, test: Path,
             raise InputError(f"{split} data {path} of model {model_path}: {err}") from err
         out[f"{split}_loss"], out[f"{split}_error"] = values["loss"], values["error"]
         out[f"{split}_examples"] = examples
-    out["gap"] = out[f"test_{kind}"] - out[f"train_{kind}"]
+    test_value, train_value = out[f"test_{kind}"], out[f"train_{kind}"]
+    if test_value is None or train_value is None:
+        raise InputError(f"model {model_path}: no {kind} to take the gap of (the error needs "
+                         "--loss cross_entropy)")
+    out["gap"] = test_value - train_value
     return out

@@ -155,6 +155,8 @@ def _entry(row: Mapping[str, Any], folder: Path, where: str, number: int) -> Man
         raise InputError(f"{where}: no 'model' entry (keys: {sorted(row)}); each row names a "
                          "model directory or torch.save file")
     model = _path(model_text, folder, "model", where, directory_ok=True)
+    if model is None:
+        raise InputError(f"{where}: the 'model' entry is empty")
     gap = _gap(row.get("gap"), where)
     train = _path(row.get("train"), folder, "train", where, directory_ok=False)
     test = _path(row.get("test"), folder, "test", where, directory_ok=False)

@@ -68,6 +68,9 @@ def measure_entry(entry: ManifestEntry, grid: Sequence[GridPoint], args: argpars
         "batches": len(batches), "device": str(device), "generalisation": None,
         "sharpness": {}, "per_batch": {}, "clean_loss": None, "seconds": {}}
     if entry.computes_gap:
+        if entry.train is None or entry.test is None:
+            raise InputError(f"model {entry.name!r} (line {entry.line}): no gap and no train "
+                             "and test data to compute it from")
         tick("gap")
         record["generalisation"] = generalisation(model, entry.model, entry.train, entry.test,
                                                   args, gap_from)

@@ -15,7 +15,7 @@ from typing import Any
 from quotientsharp.workflows.bootstrap import kendall_with_intervals
 from quotientsharp.workflows.grid import GridPoint
 from quotientsharp.workflows.manifest import ManifestEntry
-from quotientsharp.workflows.results import sign_convention
+from quotientsharp.workflows.taus import sign_convention
 
 __all__ = [
     "FIXED_COLUMNS",
@@ -206,7 +206,7 @@ def study_report(*, manifest: str, data: str, command: str, entries: Sequence[Ma
         "tie-corrected one; the tau-a interval leans towards 0, because a draw repeats models "
         "and their copies tie).",
         "",
-        sign_convention("the generalisation gap", results_page=False),
+        sign_convention("the generalisation gap"),
         "",
         tau_table(taus),
         "",

@@ -1,8 +1,9 @@
 """``quotientsharp study``: the driver, from the manifest to every output, resumable, on ranks.
 
 :func:`run_study` measures every model of the manifest not yet measured, writes each record as
-it finishes, then the taus, the plots and the report. The results folder works as those of
-``quotientsharp reproduce`` (:class:`~quotientsharp.workflows.results.ResultsDirectory`):
+it finishes, then the taus, the plots and the report. Each model is a unit of work of the
+runner every study uses (:class:`~quotientsharp.workflows.resumable.ResumableRun`), so the
+results folder works as those of ``quotientsharp reproduce``:
 
 - ``models.jsonl`` gets one record per model, appended and synced as the model finishes
   (under torchrun each rank ``r`` appends to its own ``models.rank{r}.jsonl``, folded into
@@ -21,8 +22,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,7 +115,7 @@ def study_settings(args: argparse.Namespace, grid: Sequence[GridPoint],
             "tokenizer": args.tokenizer, "dtype": args.dtype}
 
 
-def _check_identities(finished: dict[str, dict[str, Any]],
+def _check_identities(finished: Mapping[str, dict[str, Any]],
                       entries: Sequence[ManifestEntry], folder: Path) -> None:
     for entry in entries:
         record = finished.get(entry.name)
@@ -160,24 +160,13 @@ def run_study(manifest: str | Path, args: argparse.Namespace) -> StudyOutcome:
     """
     import torch
 
-    from quotientsharp.cli.measure import check_device
-    from quotientsharp.engine.distributed import (
-        gather_indexed,
-        rank_and_world_size,
-        run_on_rank0,
-        shard,
-    )
+    from quotientsharp.workflows.devices import check_device
+    from quotientsharp.workflows.files import write_csv_atomic, write_json_atomic
     from quotientsharp.workflows.generalisation import gap_kind
     from quotientsharp.workflows.plots import study_plots
-    from quotientsharp.workflows.results import (
-        ResultsDirectory,
-        append_jsonl,
-        progress_bar,
-        shard_name,
-        sign_convention,
-        write_csv_atomic,
-        write_json_atomic,
-    )
+    from quotientsharp.workflows.records import ResultsDirectory
+    from quotientsharp.workflows.resumable import ResumableRun
+    from quotientsharp.workflows.taus import sign_convention
 
     grid = build_grid(args)
     gap_from = gap_kind(args.gap_from, args.loss)
@@ -189,77 +178,30 @@ def run_study(manifest: str | Path, args: argparse.Namespace) -> StudyOutcome:
     columns = csv_columns(entries, grid)
     names = [MODELS, CSV, REPORT, TAUS_JSON, TAUS_CSV, *(f"scatter_{p.key}.png" for p in grid)]
     by_name = {entry.name: entry for entry in entries}
-    rank, world_size = rank_and_world_size()
-    distributed = world_size > 1
-    folder: dict[str, ResultsDirectory] = {}       # rank 0's; the other ranks never write
 
-    def write_rows(records: dict[str, dict[str, Any]]) -> None:
-        write_csv_atomic(folder["results"].file(CSV), columns,
-                         [csv_row(e, records[e.name], gap_from) for e in entries
-                          if e.name in records])
+    def mirror(folder: ResultsDirectory, records: Mapping[str, dict[str, Any]]) -> None:
+        write_csv_atomic(folder.file(CSV), columns,
+                         [csv_row(by_name[name], record, gap_from)
+                          for name, record in records.items()])
 
-    def open_folder() -> tuple[dict[str, dict[str, Any]], float]:
-        results = ResultsDirectory(out, STUDY, settings, args.resume, names, sharded=[MODELS])
-        folder["results"] = results
-        # shards of an interrupted distributed run join models.jsonl before anything else
-        finished = {r["name"]: r for r in results.consolidate(MODELS, "name")}
-        _check_identities(finished, entries, out)
-        if args.resume:
-            # the CSV mirrors the JSONL: a run cut between the two writes is repaired here
-            write_rows(finished)
-        return finished, float(results.run_info.get("wall_seconds", 0.0))
+    def measure(name: str, status: Callable[[str], None]) -> dict[str, Any]:
+        return measuring.measure_entry(by_name[name], grid, args, device, gap_from,
+                                       lambda text: status(f"{name}: {text}"))
 
+    run = ResumableRun(out, list(by_name), study=STUDY, settings=settings, resume=args.resume,
+                       owned=names, records=MODELS, key="name", unit="model",
+                       description="study models", progress=args.progress, mirror=mirror,
+                       check=lambda finished: _check_identities(finished, entries, out))
     saved_threads = torch.get_num_threads()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    bar = None
     try:
-        finished, previous_seconds = run_on_rank0(open_folder)
-        start = time.perf_counter()
-        todo = [entry.name for entry in entries if entry.name not in finished]
-        mine = shard(todo)                              # (position in todo, name)
-        records = {name: r for name, r in finished.items() if name in by_name}
-        bar = progress_bar(len(records) + len(mine), "study models",
-                           args.progress if rank == 0 else False, unit="model")
-        bar.update(len(records))
-        computed: list[tuple[int, dict[str, Any]]] = []
-        for position, name in mine:
-            def tick(status: str, name: str = name) -> None:
-                bar.set_postfix_str(f"{name}: {status}")
-
-            try:
-                record = measuring.measure_entry(by_name[name], grid, args, device, gap_from,
-                                                 tick)
-            except Exception as err:
-                # under torchrun the other ranks do not see this error: this rank reports it
-                err.raised_on_this_rank = True
-                raise
-            computed.append((position, record))
-            bar.update(1)
-            if not distributed:
-                results = folder["results"]
-                results.append(MODELS, record)
-                records[name] = record
-                write_rows(records)
-                results.save_run_info(finished_models=len(records),
-                                      wall_seconds=previous_seconds + time.perf_counter() - start)
-                continue
-            append_jsonl(out / shard_name(MODELS, rank), record)
-            if rank == 0:
-                # a live mirror of every rank's finished models (shards read, never repaired)
-                results = folder["results"]
-                live = {r["name"]: r for r in results.merged_records(MODELS, "name",
-                                                                     repair=False)}
-                write_rows(live)
-                results.save_run_info(finished_models=len(live),
-                                      wall_seconds=previous_seconds + time.perf_counter() - start)
-        if distributed:
-            for position, record in enumerate(gather_indexed(computed)):
-                records[todo[position]] = record
+        run.open()
+        records = run.run(measure)
     finally:
-        if bar is not None:
-            bar.close()
         torch.set_num_threads(saved_threads)
+    todo = run.computed_now
+    world_size = run.world_size
 
     rows = [csv_row(entry, records[entry.name], gap_from) for entry in entries]
     gaps = [gap_of(entry, records[entry.name]) for entry in entries]
@@ -269,14 +211,9 @@ def run_study(manifest: str | Path, args: argparse.Namespace) -> StudyOutcome:
                  "seed": args.bootstrap_seed}
     taus = tau_rows(gaps, values, grid, resamples=args.bootstrap, confidence=args.confidence,
                     seed=args.bootstrap_seed)
-    ignored = sorted(name for name in finished if name not in by_name)
+    ignored = sorted(run.ignored)
 
-    def finish() -> tuple[list[Path] | None, float]:
-        results = folder["results"]
-        wall = previous_seconds + time.perf_counter() - start
-        if distributed:
-            results.consolidate(MODELS, "name")
-        write_csv_atomic(results.file(CSV), columns, rows)
+    def finish(results: ResultsDirectory, wall: float) -> tuple[list[Path] | None, float]:
         write_json_atomic(results.file(TAUS_JSON), taus)
         write_csv_atomic(results.file(TAUS_CSV), TAU_COLUMNS, taus)
         plots = None
@@ -292,18 +229,16 @@ def run_study(manifest: str | Path, args: argparse.Namespace) -> StudyOutcome:
             world_size=world_size, resumed=int(results.run_info.get("resumed", 0)),
             wall_seconds=wall)
         results.file(REPORT).write_text(report)
-        results.save_run_info(status="finished", finished_models=len(rows), wall_seconds=wall,
-                              computed_now=todo, ignored_records=ignored, bootstrap=bootstrap,
-                              taus=taus)
+        results.save_run_info(ignored_records=ignored, bootstrap=bootstrap, taus=taus)
         return plots, wall
 
-    plots, wall = run_on_rank0(finish)
+    plots, wall = run.finish(finish)
     summary = "\n".join([
         tau_table(taus, markdown=False), "",
         f"{len(rows)} models, measured now: {len(todo)}"
         + (f"; records of {len(ignored)} model(s) no longer in the manifest left out: "
            f"{ignored[:5]}" if ignored else "")
         + f"; wall time {wall:.1f} s",
-        sign_convention("the generalisation gap", results_page=False),
+        sign_convention("the generalisation gap"),
         f"Report: {out / REPORT} (models.csv, taus.json, plots and run.json beside it)."])
     return StudyOutcome(out, rows, taus, todo, ignored, summary, plots, wall)

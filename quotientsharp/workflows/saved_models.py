@@ -9,8 +9,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from quotientsharp.workflows.options import InputError
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["import_transformers", "load_measured_model", "quiet_transformers"]
 
 
-def quiet_transformers():
+def quiet_transformers() -> Callable[[], None]:
     """Silence transformers' load reports and progress bars; returns a restore function."""
     from transformers.utils import logging as hf_logging
 
@@ -36,7 +37,7 @@ def quiet_transformers():
     return restore
 
 
-def import_transformers(what: str):
+def import_transformers(what: str) -> Any:
     """``transformers``, offline; :class:`InputError` naming ``what`` needs it if missing."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -55,7 +56,9 @@ def _load_pretrained(directory: Path) -> nn.Module:
     try:
         config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
         architectures = getattr(config, "architectures", None) or []
-        model_class = getattr(transformers, architectures[0], None) if architectures else None
+        # a transformers class, looked up by name: typed Any, as the module's attributes are
+        model_class: Any = (getattr(transformers, architectures[0], None) if architectures
+                            else None)
         if not (isinstance(model_class, type) and issubclass(model_class, nn.Module)):
             model_class = transformers.AutoModelForSequenceClassification
         model, info = model_class.from_pretrained(directory, local_files_only=True,

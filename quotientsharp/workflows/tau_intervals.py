@@ -1,7 +1,7 @@
 """Kendall tau-a and tau-b with percentile bootstrap intervals, for one sample or several.
 
-The point estimates are :func:`~quotientsharp.workflows.results.kendall_tau_a` and
-:func:`~quotientsharp.workflows.results.kendall_tau_b` on the sample itself. The interval
+The point estimates are :func:`~quotientsharp.workflows.taus.kendall_tau_a` and
+:func:`~quotientsharp.workflows.taus.kendall_tau_b` on the sample itself. The interval
 resamples the models with replacement (seeded, so it is reproducible) and takes the
 ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of the resampled taus. A resample holds
 some models twice; a pair of two copies of one model says nothing about the ranking, so such
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from quotientsharp.workflows.results import kendall_tau_a, kendall_tau_b
+from quotientsharp.workflows.taus import kendall_tau_a, kendall_tau_b
 
 __all__ = ["TauInterval", "pooled_tau_intervals", "tau_interval"]
 
@@ -165,8 +165,9 @@ def pooled_tau_intervals(groups: Sequence[tuple[Sequence[float], Sequence[float]
         draws_a.append(resampled_a)
         draws_b.append(resampled_b)
         count += int(xs.size)
-    tau_b = (None if any(b is None for b in point_b)
-             else math.fsum(point_b) / len(point_b))
+    known_b = [b for b in point_b if b is not None]
+    # undefined for every seed when undefined for one (a constant variable there)
+    tau_b = (None if len(known_b) < len(point_b) else math.fsum(known_b) / len(known_b))
     return TauInterval(math.fsum(point_a) / len(point_a), tau_b,
                        *_bounds(np.mean(draws_a, axis=0), level),
                        *_bounds(np.mean(draws_b, axis=0), level), count, samples, level, seed)

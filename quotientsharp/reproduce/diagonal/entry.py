@@ -140,7 +140,7 @@ from quotientsharp.reproduce.diagonal.training import (
     compute_test_losses,
     train_nets,
 )
-from quotientsharp.workflows.results import is_main_rank
+from quotientsharp.workflows.records import is_main_rank
 
 #: The torch-free module declaring this study's options (read by ``reproduce STUDY --help``).
 OPTIONS = "quotientsharp.reproduce.diagonal.options"

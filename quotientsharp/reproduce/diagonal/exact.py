@@ -32,7 +32,7 @@ from quotientsharp.reproduce.diagonal.measures import (
     geometry_for,
     measure_nets,
 )
-from quotientsharp.workflows.results import progress_bar
+from quotientsharp.workflows.progress import progress_bar
 
 __all__ = [
     "EXTRA_NAMES",

@@ -24,7 +24,7 @@ from quotientsharp.reproduce.diagonal.page import SweepRun, rho_table, sweep_sec
 from quotientsharp.reproduce.diagonal.report import SECTION_FILE, STUDY, StudyResult, study_section
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
 from quotientsharp.reproduce.diagonal.study import run_study
-from quotientsharp.workflows.results import regenerate_results_page, write_section
+from quotientsharp.reproduce.results_page import regenerate_results_page, write_section
 
 __all__ = ["FULL_DATA_SEEDS", "FULL_RHOS", "Configuration", "full_configurations", "run_full"]
 

@@ -24,7 +24,7 @@ from quotientsharp.reproduce.diagonal.batched_ascent import (
 )
 from quotientsharp.reproduce.diagonal.data import DiagonalProblem
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
-from quotientsharp.workflows.results import progress_bar
+from quotientsharp.workflows.progress import progress_bar
 
 __all__ = [
     "MEASURES",

@@ -29,7 +29,8 @@ from quotientsharp.reproduce.diagonal.page import run_sections
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
 from quotientsharp.reproduce.diagonal.training import TrainedNet
 from quotientsharp.workflows.labels import measure_label, tau_title
-from quotientsharp.workflows.results import kendall_tau_a, kendall_tau_b, scatter_plots
+from quotientsharp.workflows.plots import scatter_plots
+from quotientsharp.workflows.taus import kendall_tau_a, kendall_tau_b
 
 __all__ = [
     "CSV_COLUMNS",

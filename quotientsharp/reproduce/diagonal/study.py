@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -18,8 +18,6 @@ import torch
 
 from quotientsharp.reproduce.diagonal.analysis import analyse
 from quotientsharp.reproduce.diagonal.data import (
-    DiagonalProblem,
-    Hyperparameters,
     derived_seed,
     draw_hyperparameters,
     make_problem,
@@ -49,7 +47,9 @@ from quotientsharp.reproduce.diagonal.report import (
 )
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
 from quotientsharp.reproduce.diagonal.training import TrainedNet, compute_test_losses, train_nets
-from quotientsharp.workflows.results import ResultsDirectory, regenerate_results_page, write_section
+from quotientsharp.reproduce.results_page import regenerate_results_page, write_section
+from quotientsharp.workflows.records import ResultsDirectory
+from quotientsharp.workflows.resumable import ResumableRun, rank0_value
 
 __all__ = ["run_study"]
 
@@ -96,15 +96,16 @@ def run_study(settings: DiagonalSettings, out: Path, *, resume: bool = False,
       :data:`MEASURES`): each rank calls :func:`measure_nets` for its measures on every net,
       so each measure runs on the same ``[nets, batches]`` problem as in one process, and the
       per-measure values are all-gathered;
-    - rank 0 alone writes: ``run.json``, ``trained.jsonl`` (each net as it stops),
-      ``models.jsonl`` and ``models.csv`` (once the nets are measured, as in one process),
+    - the records of the measured nets are units of work of the runner every study uses
+      (:class:`~quotientsharp.workflows.resumable.ResumableRun`): each net's record is made
+      from the batched values above (shared with every rank) and written to ``models.jsonl``
+      (under torchrun to its rank's shard, folded in at the end), ``models.csv`` mirroring
+      them; ``--resume`` skips the nets that have a record;
+    - rank 0 alone writes the rest: ``run.json``, ``trained.jsonl`` (each net as it stops),
       plots and sections. A finished record is on disk as soon as it is in one process, so an
       interrupted run resumes, under any number of ranks or none, exactly as an interrupted
       single-process run does.
     """
-    from quotientsharp.engine.distributed import rank_and_world_size, run_on_rank0
-
-    start = time.perf_counter()
     previous_threads = torch.get_num_threads()
     if threads is not None:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
@@ -112,41 +113,43 @@ def run_study(settings: DiagonalSettings, out: Path, *, resume: bool = False,
         torch.set_num_threads(threads)
     owned = [MODEL_FILE, TRAINED_FILE, CSV_FILE, SECTION_FILE,
              *[f"scatter_{name}.png" for name in MEASURE_NAMES]]
-    rank, _ = rank_and_world_size()
-    directory = None
+
+    def mirror(folder: ResultsDirectory, records: Mapping[int, dict[str, Any]]) -> None:
+        folder.write_csv(CSV_FILE, CSV_COLUMNS, [csv_row(record) for record in records.values()])
+
+    # the records are made from batched values, instantly: no bar of their own
+    run = ResumableRun(Path(out), range(settings.nets), study=STUDY,
+                       settings=settings.as_dict(), resume=resume, owned=owned,
+                       records=MODEL_FILE, key="model", unit="net",
+                       description="diagonal records", progress=False, mirror=mirror)
     try:
         # rank 0 alone opens (and on --resume checks) the folder; its errors reach every rank
-        directory = run_on_rank0(lambda: ResultsDirectory(Path(out), STUDY, settings.as_dict(),
-                                                          resume, owned), share=False)
-        result = _run(settings, directory, progress if rank == 0 else False, plots, docs,
-                      on_record, start)
+        finished = run.open()
+        result = _run(settings, run, finished, progress if run.rank == 0 else False, plots,
+                      docs, on_record)
     except BaseException as err:
-        if directory is not None:
-            directory.save_run_info(status="interrupted" if isinstance(err, KeyboardInterrupt)
-                                    else f"failed: {type(err).__name__}: {err}")
+        if run.folder is not None:
+            run.folder.save_run_info(status="interrupted" if isinstance(err, KeyboardInterrupt)
+                                     else f"failed: {type(err).__name__}: {err}")
         raise
     finally:
         torch.set_num_threads(previous_threads)
     return result
 
 
-def _run(settings: DiagonalSettings, directory: ResultsDirectory | None,
-         progress: bool | None, plots: bool, docs: Path | None,
-         on_record: Callable[[str, int], None] | None, start: float) -> StudyResult:
-    """The study; ``directory`` is rank 0's (``None`` on the other ranks under torchrun)."""
-    from quotientsharp.engine.distributed import (
-        gather_indexed,
-        rank_and_world_size,
-        run_on_rank0,
-        shard,
-    )
+def _run(settings: DiagonalSettings, run: ResumableRun[int],
+         finished_records: dict[int, dict[str, Any]], progress: bool | None, plots: bool,
+         docs: Path | None, on_record: Callable[[str, int], None] | None) -> StudyResult:
+    """The study after the folder is open; ``run.folder`` is rank 0's (``None`` on the other
+    ranks under torchrun)."""
+    from quotientsharp.engine.distributed import gather_indexed, run_on_rank0, shard
 
-    _, world_size = rank_and_world_size()
+    world_size = run.world_size
     problem = make_problem(settings)
     hyper = draw_hyperparameters(settings)
 
-    def train() -> tuple[dict[int, dict[str, Any]], dict[int, TrainedNet], list[int], float]:
-        assert directory is not None  # train runs on rank 0, which holds the folder
+    def train() -> tuple[dict[int, TrainedNet], list[int], float]:
+        directory = run.rank0_folder()
         directory.save_run_info(
             hyperparameters=[asdict(h) for h in hyper],
             seeds={"seed": settings.seed,
@@ -154,11 +157,8 @@ def _run(settings: DiagonalSettings, directory: ResultsDirectory | None,
                       for tag in ("data", "test", "hyperparameters")}},
             beta_star_support=problem.support,
             measures=[asdict(m) for m in MEASURES])
-        finished_records = {int(r["model"]): r for r in directory.records(MODEL_FILE)}
         trained = {int(r["model"]): TrainedNet.from_record(r)
                    for r in directory.records(TRAINED_FILE)}
-        directory.write_csv(CSV_FILE, CSV_COLUMNS,
-                            [csv_row(finished_records[i]) for i in sorted(finished_records)])
 
         def saved(net: TrainedNet) -> None:
             directory.append(TRAINED_FILE, net.record())
@@ -176,11 +176,9 @@ def _run(settings: DiagonalSettings, directory: ResultsDirectory | None,
                                      f"{TRAINED_FILE}; the folder is inconsistent, rerun "
                                      "without --resume")
             trained.update(train_nets(problem, hyper, settings, frozen, saved, progress))
-        return finished_records, trained, to_train, time.perf_counter() - train_start
+        return trained, to_train, time.perf_counter() - train_start
 
-    trained_state = run_on_rank0(train)
-    assert trained_state is not None  # shared with every rank
-    finished_records, trained, to_train, train_seconds = trained_state
+    trained, to_train, train_seconds = rank0_value(train)
 
     to_measure = [i for i in range(settings.nets) if i not in finished_records]
     measure_start = time.perf_counter()
@@ -204,49 +202,43 @@ def _run(settings: DiagonalSettings, directory: ResultsDirectory | None,
                                       measures=[spec for _, spec in mine], progress=progress)
                 local = [(position, values[spec.name].tolist()) for position, spec in mine]
             rows = dict(zip(MEASURE_NAMES, gather_indexed(local), strict=True))
-        # the exact maxima, the strong reference ascent and the population loss: on rank 0
+        # the exact maxima, the strong reference ascent and the population loss: on rank 0,
+        # shared, since each rank makes the records of its share of the nets
         extras = run_on_rank0(lambda: {
             name: value.tolist() for name, value in extra_values(
                 u, v, inputs, targets, problem.beta_star, settings.rho, settings.ascent,
                 settings.reference_ascent,
                 [derived_seed(settings.seed, f"reference:{i}") for i in healthy],
-                progress).items()}, share=False)
+                progress).items()})
         for row, i in enumerate(healthy):
             per_batch[i] = {name: rows[name][row] for name in MEASURE_NAMES}
             if extras is not None:
                 per_batch[i].update({name: extras[name][row] for name in EXTRA_NAMES})
     measure_seconds = time.perf_counter() - measure_start
 
-    def finish() -> StudyResult:
-        assert directory is not None  # finish runs on rank 0, which holds the folder
-        return _finish(settings, directory, problem, hyper, trained, finished_records,
-                       per_batch, to_train, to_measure, train_seconds, measure_seconds, plots,
-                       docs, on_record, start, world_size)
+    def record(i: int, status: Callable[[str], None]) -> dict[str, Any]:
+        # the test loss is one product per net: computed here, on the rank making the record
+        [test_loss] = compute_test_losses(problem, [trained[i]])
+        return model_record(hyper[i], trained[i], test_loss, per_batch.get(i))
 
-    result = run_on_rank0(finish)
-    assert result is not None  # shared with every rank
-    return result
-
-
-def _finish(settings: DiagonalSettings, directory: ResultsDirectory, problem: DiagonalProblem,
-            hyper: Sequence[Hyperparameters], trained: dict[int, TrainedNet],
-            finished_records: dict[int, dict[str, Any]],
-            per_batch: dict[int, dict[str, list[float]]], to_train: list[int],
-            to_measure: list[int], train_seconds: float, measure_seconds: float, plots: bool,
-            docs: Path | None, on_record: Callable[[str, int], None] | None, start: float,
-            world_size: int) -> StudyResult:
-    """Rank 0: the records of the nets measured now, the taus, plots and sections."""
-    losses = dict(zip(to_measure, compute_test_losses(problem, [trained[i] for i in to_measure]),
-                      strict=True))
-    for i in to_measure:
-        record = model_record(hyper[i], trained[i], losses[i], per_batch.get(i))
-        directory.append(MODEL_FILE, record)
-        directory.append_csv(CSV_FILE, CSV_COLUMNS, csv_row(record))
-        finished_records[i] = record
+    def saved(i: int) -> None:
         if on_record is not None:
             on_record("model", i)
 
-    records = [finished_records[i] for i in range(settings.nets)]
+    records = run.run(record, saved)
+
+    def finish(directory: ResultsDirectory, wall: float) -> StudyResult:
+        return _finish(settings, directory, list(records.values()), to_train, to_measure,
+                       train_seconds, measure_seconds, plots, docs, wall, world_size)
+
+    return run.finish(finish)
+
+
+def _finish(settings: DiagonalSettings, directory: ResultsDirectory,
+            records: list[dict[str, Any]], to_train: list[int], to_measure: list[int],
+            train_seconds: float, measure_seconds: float, plots: bool, docs: Path | None,
+            wall: float, world_size: int) -> StudyResult:
+    """Rank 0: the taus, plots and sections of every net's record."""
     diverged = [r["model"] for r in records if r["diverged"]]
     unconverged = [r["model"] for r in records if not r["converged"] and not r["diverged"]]
     counted = [r["model"] for r in records if r["converged"]
@@ -261,7 +253,6 @@ def _finish(settings: DiagonalSettings, directory: ResultsDirectory, problem: Di
         figure_paths = scatter_measures(records, counted, analysis, directory.path,
                                         settings.rho)
 
-    wall = time.perf_counter() - start
     result = StudyResult(records, taus, counted, unconverged, diverged, to_train, to_measure,
                          wall, "", table, directory.path, figure_paths, analysis)
     result.markdown = study_section(settings, result, records, wall,
@@ -272,7 +263,7 @@ def _finish(settings: DiagonalSettings, directory: ResultsDirectory, problem: Di
         write_section(Path(docs), STUDY, result.markdown)
         regenerate_results_page(Path(docs))
     directory.save_run_info(
-        status="complete", wall_seconds=wall, train_seconds=train_seconds,
+        train_seconds=train_seconds,
         measure_seconds=measure_seconds, trained_now=to_train, measured_now=to_measure,
         counted=counted, unconverged=unconverged, diverged=diverged, taus=taus,
         analysis=analysis, threads=torch.get_num_threads())

@@ -15,7 +15,7 @@ import torch
 
 from quotientsharp.reproduce.diagonal.data import DiagonalProblem, Hyperparameters
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
-from quotientsharp.workflows.results import progress_bar
+from quotientsharp.workflows.progress import progress_bar
 
 __all__ = [
     "DIVERGENCE_LOSS",

@@ -1,7 +1,8 @@
 """Family studies (ViT, BERT): the study driver, from the drawn models to every output.
 
-:func:`family_study` trains and measures every model still missing (one record per model, dealt
-over the ranks under torchrun), writes the records as they finish, then the taus, plots and
+:func:`family_study` hands the training and measuring of each model to the runner of every
+study (:class:`~quotientsharp.workflows.resumable.ResumableRun`: one record per model, written
+as it finishes, dealt over the ranks under torchrun), then writes the taus, plots and
 sections; :func:`run_family_study` is its command-line entry. The protocol is described in
 :mod:`quotientsharp.reproduce.families.transformer_common`.
 """
@@ -9,7 +10,7 @@ sections; :func:`run_family_study` is its command-line entry. The protocol is de
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,8 @@ def _check_positive(name: str, value: int) -> int:
 
 def _model_record(study: FamilyStudy, data: ClassificationData, variant: FamilySettings,
                   specs: Sequence[MeasureSpec], batches: Sequence[Any], seed: int,
-                  index: int, bar: Any, start_weights: Any = None) -> dict[str, Any]:
+                  index: int, status: Callable[[str], None],
+                  start_weights: Any = None) -> dict[str, Any]:
     """Train and measure model ``index``; a diverged training is recorded, not retried.
     ``start_weights``: the pretrained start of a fine-tuning family."""
     hyper = draw_hyperparameters(variant.space, seed, index)
@@ -64,7 +66,7 @@ def _model_record(study: FamilyStudy, data: ClassificationData, variant: FamilyS
     record: dict[str, Any] = {"index": index, **hyper.as_dict(), "diverged": False}
     record["parameters"] = sum(p.numel() for p in model.parameters())
     start = time.perf_counter()
-    bar.set_postfix_str(f"model {index}: training {hyper.epochs} epochs")
+    status(f"model {index}: training {hyper.epochs} epochs")
     try:
         record["final_train_objective"] = train_classifier(model, data, hyper,
                                                            variant.train_batch_size)
@@ -83,7 +85,7 @@ def _model_record(study: FamilyStudy, data: ClassificationData, variant: FamilyS
     start = time.perf_counter()
 
     def tick(key: str) -> None:
-        bar.set_postfix_str(f"model {index}: {key} done")
+        status(f"model {index}: {key} done")
 
     measured = measure_model(model, batches, specs, variant.n_iter, tick=tick)
     for key, result in measured.items():
@@ -110,27 +112,20 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
                  models: int | None = None, seed: int = 0, resume: bool = False,
                  progress: bool | None = None, plots: bool = True, docs: Path | None = None,
                  threads: int = 1, device: str = "cpu",
-                 measuring: dict[str, int] | None = None) -> FamilyOutcome:
+                 measuring: Mapping[str, int | None] | None = None) -> FamilyOutcome:
     """Run (or resume) a family study and write every output (see
     :mod:`quotientsharp.reproduce.families.transformer_common`).
 
     Under torchrun (an initialised process group of ``W > 1`` ranks), call it on every rank
-    with the same arguments. The models still missing are dealt round-robin over the ranks
-    (:func:`quotientsharp.engine.distributed.shard`); each is trained and measured whole on its
-    rank,
-    from seeds that depend on ``(seed, index)`` only, so its record is the one a single process
-    computes. Writing, in one sentence: rank 0 alone creates, checks and finishes the results
-    folder, and during the run each rank ``r`` appends each model it finishes, flushed, to its
-    own shard ``models.rank{r}.jsonl``. Why shards and not a gather after each round of ``W``
-    models: a model is safe on disk the moment it finishes, whichever rank computed it, so an
-    interrupted run loses no finished model (a per-round gather loses the models of the
-    unfinished round), and no rank waits for the others before the end. There is one writer per
-    file, so no locking is needed. Rank 0 rewrites ``models.csv`` and ``run.json`` from the
-    file and the shards as its own models finish; at the end the records are all-gathered and
-    rank 0 folds the shards into ``models.jsonl`` (sorted by index, the single-process order) and
-    deletes them. ``--resume``, under any number of ranks or none, reads ``models.jsonl``
-    together with any shards left by an interrupted run, so it recomputes exactly the missing
-    models. Every rank returns the same outcome.
+    with the same arguments; every rank returns the same outcome. Each model is a unit of work
+    of :class:`~quotientsharp.workflows.resumable.ResumableRun`, the runner of every study:
+    the models still missing are dealt round-robin over the ranks, each trained and measured
+    whole on its rank from seeds that depend on ``(seed, index)`` only, so its record is the
+    one a single process computes; each record is on disk (``models.jsonl``, or rank ``r``'s
+    shard ``models.rank{r}.jsonl``) as soon as it is computed, rank 0 mirrors every rank's
+    finished models in ``models.csv`` and ``run.json``, and at the end folds the shards into
+    ``models.jsonl`` (sorted by index, the single-process order). ``--resume``, under any
+    number of ranks or none, computes exactly the missing models.
 
     Parameters
     ----------
@@ -161,23 +156,13 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
         Overrides of the variant's ``n_iter``, ``sharpness_points`` and
         ``sharpness_batch_size`` (e.g. the paper's sizes on a GPU); they are settings.
     """
-    from quotientsharp.engine.distributed import (
-        gather_indexed,
-        rank_and_world_size,
-        run_on_rank0,
-        shard,
-    )
+    from quotientsharp.engine.distributed import rank_and_world_size, run_on_rank0
+    from quotientsharp.reproduce.results_page import regenerate_results_page, write_section
+    from quotientsharp.workflows.files import write_json_atomic
     from quotientsharp.workflows.labels import tau_title
-    from quotientsharp.workflows.results import (
-        ResultsDirectory,
-        append_jsonl,
-        progress_bar,
-        regenerate_results_page,
-        scatter_plots,
-        shard_name,
-        write_json_atomic,
-        write_section,
-    )
+    from quotientsharp.workflows.plots import scatter_plots
+    from quotientsharp.workflows.records import ResultsDirectory
+    from quotientsharp.workflows.resumable import ResumableRun
 
     variant = study.quick if quick else study.full
     overrides = {k: v for k, v in (measuring or {}).items() if v is not None}
@@ -186,7 +171,11 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
         raise ValueError(f"measuring overrides {sorted(unknown)} are not sizes of a variant")
     for name, value in overrides.items():
         _check_positive(name.replace("_", "-"), value)
-    variant = replace(variant, **overrides)
+    variant = replace(variant, n_iter=overrides.get("n_iter", variant.n_iter),
+                      sharpness_points=overrides.get("sharpness_points",
+                                                     variant.sharpness_points),
+                      sharpness_batch_size=overrides.get("sharpness_batch_size",
+                                                         variant.sharpness_batch_size))
     models = _check_positive("models", models if models is not None else variant.models)
     threads = _check_positive("threads", threads)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -218,87 +207,48 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
                                        ("warmup_fraction", variant.space.warmup))
              if bounds is not None]
     columns = csv_columns(specs, drawn)
+
+    def mirror(folder: ResultsDirectory, records: Mapping[int, dict[str, Any]]) -> None:
+        folder.write_csv("models.csv", columns, records.values())
+
+    run = ResumableRun(out, range(models), study=study.name, settings=settings, resume=resume,
+                       owned=names, records="models.jsonl", key="index", unit="model",
+                       description=f"{study.name} models", progress=progress, mirror=mirror)
     saved_threads = torch.get_num_threads()
-    # set before ResultsDirectory, so that run.json records the thread count the run uses
+    # set before the folder is opened, so that run.json records the thread count the run uses
     torch.set_num_threads(threads)
-    bar = None
-    # rank 0's ResultsDirectory; the other ranks never write through one
-    folder: dict[str, ResultsDirectory] = {}
-
-    def open_folder() -> tuple[dict[int, dict[str, Any]], float]:
-        results = ResultsDirectory(out, study.name, settings, resume, names,
-                                   sharded=["models.jsonl"])
-        folder["results"] = results
-        # shards of an interrupted distributed run join models.jsonl before anything else
-        finished = {r["index"]: r for r in results.consolidate("models.jsonl", "index")
-                    if r["index"] < models}
-        if resume:
-            # the CSV mirrors the JSONL: a run cut between the two writes is repaired here
-            results.write_csv("models.csv", columns, [finished[i] for i in sorted(finished)])
-        return finished, float(results.run_info.get("wall_seconds", 0.0))
-
     try:
-        records, previous_seconds = run_on_rank0(open_folder)
-        results = folder.get("results")
+        run.open()
         start_weights = None
         if study.pretrained is not None:
+            pretrained = study.pretrained
             # rank 0 computes and caches a self-pretrained start; the others then read it back
-            start_weights = run_on_rank0(lambda: study.pretrained.load(out, quick), share=False)
+            start_weights = run_on_rank0(lambda: pretrained.load(out, quick), share=False)
             if rank != 0:
-                start_weights = study.pretrained.load(out, quick)
-        if results is not None:
-            results.save_run_info(device=device)
+                start_weights = pretrained.load(out, quick)
+        if run.folder is not None:
+            run.folder.save_run_info(device=device)
         data = data.to(device)
         batches = sharpness_batches(data, variant.sharpness_points,
                                     variant.sharpness_batch_size)
-        start = time.perf_counter()
-        todo = [i for i in range(models) if i not in records]
-        mine = shard(todo)                   # (position in todo, model index)
-        bar = progress_bar(len(records) + len(mine), f"{study.name} models",
-                           progress if rank == 0 else False, unit="model")
-        bar.update(len(records))
-        computed: list[tuple[int, dict[str, Any]]] = []
-        for position, index in mine:
-            record = _model_record(study, data, variant, specs, batches, seed, index, bar,
-                                   start_weights)
-            computed.append((position, record))
-            if not distributed:
-                results.append("models.jsonl", record)
-                records[index] = record
-                results.write_csv("models.csv", columns, [records[i] for i in sorted(records)])
-                bar.update(1)
-                results.save_run_info(finished_models=len(records),
-                                      wall_seconds=previous_seconds + time.perf_counter() - start)
-                continue
-            append_jsonl(out / shard_name("models.jsonl", rank), record)
-            bar.update(1)
-            if rank == 0:
-                # a live mirror of every rank's finished models (shards read, never repaired)
-                live = {r["index"]: r for r in results.merged_records("models.jsonl", "index",
-                                                                      repair=False)}
-                results.write_csv("models.csv", columns, [live[i] for i in sorted(live)])
-                results.save_run_info(finished_models=len(live),
-                                      wall_seconds=previous_seconds + time.perf_counter() - start)
-        if distributed:
-            for position, record in enumerate(gather_indexed(computed)):
-                records[todo[position]] = record
-    finally:
-        if bar is not None:
-            bar.close()
-        torch.set_num_threads(saved_threads)
 
-    ordered = [records[i] for i in sorted(records)]
+        def train_and_measure(index: int, status: Callable[[str], None]) -> dict[str, Any]:
+            return _model_record(study, data, variant, specs, batches, seed, index, status,
+                                 start_weights)
+
+        records = run.run(train_and_measure)
+    finally:
+        torch.set_num_threads(saved_threads)
+    todo = run.computed_now
+
+    ordered = list(records.values())
     counted = [r for r in ordered if not r["diverged"]]
     taus = tau_rows(counted, specs, study.paper)
     pretrained_note = ("" if study.pretrained is None or study.pretrained.describe is None
                        else study.pretrained.describe(start_weights))
     confounds = confound_rows(counted)
 
-    def finish() -> tuple[str, float]:
-        wall = previous_seconds + time.perf_counter() - start
-        if distributed:
-            results.consolidate("models.jsonl", "index")
-            results.write_csv("models.csv", columns, ordered)
+    def finish(results: ResultsDirectory, wall: float) -> tuple[str, float]:
         write_json_atomic(results.file("taus.json"), taus)
         write_json_atomic(results.file("confounds.json"), confounds)
         if plots and counted:
@@ -320,12 +270,10 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
         if docs is not None:
             write_section(Path(docs), study.name, section)
             regenerate_results_page(Path(docs))
-        results.save_run_info(status="finished", finished_models=len(ordered),
-                              wall_seconds=wall, computed_now=todo, taus=taus,
-                              confounds=confounds)
+        results.save_run_info(taus=taus, confounds=confounds)
         return section, wall
 
-    section, wall = run_on_rank0(finish)
+    section, wall = run.finish(finish)
     return FamilyOutcome(out, ordered, taus, todo, section, wall)
 
 
@@ -333,7 +281,7 @@ def run_family_study(study: FamilyStudy, args: Any) -> int:
     """Command-line entry of a family study; returns the exit status (printing on rank 0)."""
     import sys
 
-    from quotientsharp.workflows.results import is_main_rank
+    from quotientsharp.workflows.records import is_main_rank
 
     out = args.out if args.out is not None else Path(
         f"results/{study.name}-quick" if args.quick else f"results/{study.name}")

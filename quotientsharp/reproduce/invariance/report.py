@@ -179,7 +179,7 @@ def plot_relative_changes(points: Mapping[str, Sequence[Mapping[str, Any]]],
     Exact zeros (possible in float64) cannot be drawn on a log axis: the panel says how many
     were left out.
     """
-    from quotientsharp.workflows.results import PLOT_INSTALL_HINT
+    from quotientsharp.workflows.plots import PLOT_INSTALL_HINT
 
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg

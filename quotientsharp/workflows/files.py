@@ -1,0 +1,133 @@
+"""Files a reader may open while they are written: atomic rewrites and append-only JSONL.
+
+A rewritten file (:func:`write_json_atomic`, :func:`write_jsonl_atomic`,
+:func:`write_csv_atomic`) goes to a temporary file beside it that is then renamed over it, so a
+reader, or an interruption, sees the old file or the new one, never a part. A JSONL file grows
+by :func:`append_jsonl`, one synced line per record; :func:`read_jsonl` drops a torn last line
+(a write cut short) and can cut it from the file.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "append_jsonl",
+    "read_jsonl",
+    "write_csv_atomic",
+    "write_json_atomic",
+    "write_jsonl_atomic",
+]
+
+
+def _new_file_mode() -> int:
+    """``0666`` less the umask: the mode ``open(path, "w")`` gives a new file (``mkstemp``'s
+    temporary files are ``0600``, which the renamed result would otherwise keep)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to a temporary file beside ``path`` and rename it over ``path``."""
+    path = Path(path)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(temporary, _new_file_mode())
+        with os.fdopen(handle, "w") as stream:
+            json.dump(data, stream, indent=1, sort_keys=False)
+            stream.write("\n")
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_jsonl_atomic(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
+    """Write ``records`` one JSON object per line to a temporary file, then rename it over
+    ``path`` (a reader sees the old file or the new one, never a mix)."""
+    path = Path(path)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(temporary, _new_file_mode())
+        with os.fdopen(handle, "w") as stream:
+            for record in records:
+                stream.write(json.dumps(record, allow_nan=True) + "\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_csv_atomic(path: Path, columns: Sequence[str],
+                     rows: Iterable[Mapping[str, Any]]) -> None:
+    """Write a CSV file (a header, then ``rows``; missing cells empty) to a temporary file
+    beside ``path`` and rename it over ``path``: a reader, or an interruption, sees the old
+    file or the new one, never a part."""
+    path = Path(path)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(temporary, _new_file_mode())
+        with os.fdopen(handle, "w", newline="") as stream:
+            writer = csv.DictWriter(stream, fieldnames=list(columns), extrasaction="ignore")
+            writer.writeheader()
+            for row in rows:
+                writer.writerow(row)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
+    """Append one record to a JSONL file, flushed and synced before returning.
+
+    One ``write`` of the whole line: a concurrent reader sees the line complete or as a torn
+    last line (which :func:`read_jsonl` drops).
+    """
+    line = json.dumps(record, allow_nan=True)
+    with Path(path).open("a") as stream:
+        stream.write(line + "\n")
+        stream.flush()
+        os.fsync(stream.fileno())
+
+
+def read_jsonl(path: Path, repair: bool = False) -> list[dict[str, Any]]:
+    """The records of a JSONL file, one JSON object per line; ``[]`` if it does not exist.
+
+    A last line without its newline (a write cut short by an interruption) is dropped, and with
+    ``repair`` it is also cut from the file so that later appends start on a clean line. A
+    malformed line anywhere else is an error naming the file and line.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    text = path.read_text()
+    lines = text.split("\n")
+    torn = lines[-1] != ""
+    complete, records = lines[:-1], []
+    for number, line in enumerate(complete, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: line {number} is not valid JSON ({err})") from err
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}: line {number} is not a JSON object")
+        records.append(record)
+    if torn and repair:
+        with path.open("r+") as stream:
+            stream.truncate(len(text) - len(lines[-1]))
+    return records
+

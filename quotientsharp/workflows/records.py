@@ -1,0 +1,270 @@
+"""A study's results folder: ``run.json``, the record files and their per-rank shards.
+
+:class:`ResultsDirectory` owns the folder: ``run.json`` (settings, seeds, package versions,
+timings, status), append-only JSONL files written record by record and synced (an interrupted
+run keeps every finished record; a torn last line is dropped on resume), CSV files, and the
+``--resume`` check (the saved settings must equal the current ones). Under torchrun each rank
+``r`` appends to its own shard ``models.rank{r}.jsonl`` (:func:`shard_name`,
+:func:`shard_paths`); :meth:`ResultsDirectory.merged_records` reads a file together with its
+shards and :meth:`ResultsDirectory.consolidate` folds the shards back into the one file.
+``run.json`` records the ``world_size`` of each session. The loop that fills the folder unit by
+unit is :class:`quotientsharp.workflows.resumable.ResumableRun`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from quotientsharp.workflows.files import (
+    append_jsonl,
+    read_jsonl,
+    write_csv_atomic,
+    write_json_atomic,
+    write_jsonl_atomic,
+)
+
+__all__ = [
+    "ResultsDirectory",
+    "current_world_size",
+    "environment_versions",
+    "is_main_rank",
+    "shard_name",
+    "shard_paths",
+]
+
+
+def _version(module_name: str) -> str | None:
+    try:
+        module = __import__(module_name)
+    except ImportError:
+        return None
+    return str(getattr(module, "__version__", "unknown"))
+
+
+def environment_versions() -> dict[str, Any]:
+    """Python, torch, numpy, quotientsharp (and scipy, matplotlib when present), the platform,
+    the CPU count and torch's thread count."""
+    import torch
+
+    from quotientsharp import __version__
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": _version("numpy"),
+        "quotientsharp": __version__,
+        "scipy": _version("scipy"),
+        "matplotlib": _version("matplotlib"),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def shard_name(name: str, rank: int) -> str:
+    """The per-rank shard of a JSONL file: ``shard_name("models.jsonl", 3)`` is
+    ``"models.rank3.jsonl"``."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"rank must be an integer >= 0, got {rank!r}")
+    stem, dot, suffix = name.rpartition(".")
+    return f"{stem}.rank{rank}.{suffix}" if dot else f"{name}.rank{rank}"
+
+
+def shard_paths(folder: Path, name: str) -> list[Path]:
+    """The shard files of ``name`` present in ``folder`` (any world size), by rank."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    stem, dot, suffix = name.rpartition(".")
+    pattern = (re.escape(stem) + r"\.rank(\d+)\." + re.escape(suffix) if dot
+               else re.escape(name) + r"\.rank(\d+)")
+    matcher = re.compile(pattern + "$")
+    found = []
+    for path in folder.iterdir():
+        match = matcher.match(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def is_main_rank() -> bool:
+    """Whether this process reports (prints): rank 0 of the process group, or the only one."""
+    from quotientsharp.engine.distributed import rank_and_world_size
+
+    return rank_and_world_size()[0] == 0
+
+
+def current_world_size() -> int:
+    """World size of the initialised default process group; 1 without one."""
+    from quotientsharp.engine.distributed import rank_and_world_size
+
+    return rank_and_world_size()[1]
+
+
+class ResultsDirectory:
+    """A study's output folder, with ``run.json`` and ``--resume``.
+
+    Parameters
+    ----------
+    path
+        The folder (created if missing).
+    study
+        The study's name, recorded in ``run.json``.
+    settings
+        Everything that determines the results (JSON-serialisable). With ``resume`` it must equal
+        the settings saved in ``run.json`` by the run being resumed.
+    resume
+        Keep the existing records and skip what they cover. Without it the study's files
+        (``owned``) are deleted first and the run starts afresh.
+    owned
+        File names inside ``path`` that the study writes (JSONL, CSV, figures, sections).
+    sharded
+        JSONL files among ``owned`` that ranks of a distributed run may write as per-rank
+        shards (:func:`shard_name`); their shards are deleted with them on a fresh start and
+        read with them by :meth:`merged_records`.
+
+    Attributes
+    ----------
+    run_info
+        The content of ``run.json``; ``world_size`` is the number of processes of the current
+        session (1 without torchrun) and ``world_sizes`` lists it for every session (the first
+        run, then each ``--resume``).
+    """
+
+    def __init__(self, path: Path, study: str, settings: Mapping[str, Any], resume: bool,
+                 owned: Iterable[str], sharded: Iterable[str] = ()) -> None:
+        self.path = Path(path)
+        self.study = study
+        self.settings = json.loads(json.dumps(dict(settings)))   # as it will read back
+        self.resume = bool(resume)
+        self.sharded = sorted(set(sharded))
+        self.owned = sorted(set(owned) | {"run.json"} | set(self.sharded))
+        if self.path.exists() and not self.path.is_dir():
+            raise NotADirectoryError(f"--out {self.path} exists and is not a directory")
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.run_file = self.path / "run.json"
+        previous = self._previous_run()
+        if self.resume and previous is None:
+            leftovers = [name for name in self.owned if (self.path / name).exists()]
+            leftovers += [path.name for name in self.sharded
+                          for path in shard_paths(self.path, name)]
+            if leftovers:
+                raise ValueError(f"--resume: {self.path} holds {leftovers[:3]} but no run.json, "
+                                 "so its settings cannot be checked; run without --resume to "
+                                 "start afresh")
+        if self.resume and previous is not None:
+            self._check_same_settings(previous)
+            self.run_info: dict[str, Any] = previous
+            self.run_info["resumed"] = previous.get("resumed", 0) + 1
+        else:
+            for name in self.owned:
+                (self.path / name).unlink(missing_ok=True)
+            for name in self.sharded:
+                for shard in shard_paths(self.path, name):
+                    shard.unlink(missing_ok=True)
+            self.run_info = {"study": study, "status": "running", "settings": self.settings,
+                             "resumed": 0}
+        self.run_info["status"] = "running"
+        # not a setting: a run may be resumed under any number of processes
+        self.run_info["world_size"] = current_world_size()
+        self.run_info["world_sizes"] = [*self.run_info.get("world_sizes", []),
+                                        self.run_info["world_size"]]
+        self.run_info["environment"] = environment_versions()
+        self.run_info["command"] = " ".join(sys.argv) if sys.argv else ""
+        self.save_run_info()
+
+    def _previous_run(self) -> dict[str, Any] | None:
+        if not self.run_file.exists():
+            return None
+        try:
+            data = json.loads(self.run_file.read_text())
+        except json.JSONDecodeError as err:
+            if self.resume:
+                raise ValueError(f"--resume: {self.run_file} is not valid JSON ({err}); "
+                                 "delete the folder or run without --resume") from err
+            return None
+        if self.resume and (not isinstance(data, dict) or data.get("study") != self.study):
+            raise ValueError(f"--resume: {self.run_file} belongs to study "
+                             f"{data.get('study') if isinstance(data, dict) else None!r}, not "
+                             f"{self.study!r}; choose another --out")
+        return data
+
+    def _check_same_settings(self, previous: Mapping[str, Any]) -> None:
+        saved = previous.get("settings", {})
+        keys = sorted(set(saved) | set(self.settings))
+        differing = [k for k in keys if saved.get(k) != self.settings.get(k)]
+        if differing:
+            details = ", ".join(f"{k}: saved {saved.get(k)!r}, now {self.settings.get(k)!r}"
+                                for k in differing[:6])
+            raise ValueError(f"--resume: the settings differ from the run saved in "
+                             f"{self.run_file} ({details}); use the same options or another "
+                             "--out, or run without --resume to start afresh")
+
+    def file(self, name: str) -> Path:
+        """Path of one of the study's files."""
+        return self.path / name
+
+    def save_run_info(self, **updates: Any) -> None:
+        """Merge ``updates`` into ``run.json`` and write it atomically."""
+        self.run_info.update(updates)
+        write_json_atomic(self.run_file, self.run_info)
+
+    # ------------------------------------------------------------------ records
+    def records(self, name: str) -> list[dict[str, Any]]:
+        """The finished records of JSONL file ``name`` (a torn last line is repaired away)."""
+        return read_jsonl(self.file(name), repair=True)
+
+    def append(self, name: str, record: Mapping[str, Any]) -> None:
+        """Append one record to JSONL file ``name``, flushed and synced before returning."""
+        append_jsonl(self.file(name), record)
+
+    def shard_file(self, name: str, rank: int) -> Path:
+        """Path of rank ``rank``'s shard of JSONL file ``name``."""
+        return self.path / shard_name(name, rank)
+
+    def merged_records(self, name: str, key: str, repair: bool = True) -> list[dict[str, Any]]:
+        """The records of ``name`` and of its rank shards, one per ``key`` value.
+
+        The file's own records come first, in file order, then those of the shards (by rank)
+        whose ``key`` is new; a record present twice (a consolidation cut short between writing
+        the file and deleting the shards) is kept once. ``repair=False`` leaves torn last
+        lines in place: use it while other ranks may still be appending to their shards.
+        """
+        records: dict[Any, dict[str, Any]] = {}
+        for path in [self.file(name), *shard_paths(self.path, name)]:
+            for record in read_jsonl(path, repair=repair):
+                if key not in record:
+                    raise ValueError(f"{path}: a record without {key!r}")
+                records.setdefault(record[key], record)
+        return list(records.values())
+
+    def consolidate(self, name: str, key: str) -> list[dict[str, Any]]:
+        """Fold the rank shards of ``name`` into it; the merged records.
+
+        Without shards nothing is written (a single-process run keeps its file as appended).
+        With shards, ``name`` is rewritten atomically with every record sorted by ``key`` and
+        the shards are deleted afterwards, so an interruption at any point loses nothing. Call
+        it only when no other rank is writing.
+        """
+        shards = shard_paths(self.path, name)
+        records = self.merged_records(name, key)
+        if shards:
+            records = sorted(records, key=lambda record: record[key])
+            write_jsonl_atomic(self.file(name), records)
+            for shard in shards:
+                shard.unlink(missing_ok=True)
+        return records
+
+    def write_csv(self, name: str, columns: Sequence[str],
+                  rows: Iterable[Mapping[str, Any]]) -> None:
+        """(Re)write CSV file ``name`` with a header and ``rows``, atomically (a reader, or an
+        interruption, sees the old file or the new one)."""
+        write_csv_atomic(self.file(name), columns, rows)
+

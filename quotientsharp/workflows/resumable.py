@@ -1,0 +1,303 @@
+"""The one resumable runner: units of work, a record each, written as each finishes.
+
+Every study, a user's manifest (``quotientsharp study``) and the paper's
+(``quotientsharp reproduce``), is a list of units of work (a saved model, a model to train, a
+point of an orbit) whose results are records, one JSON object per unit. :class:`ResumableRun`
+is the loop around them, in three calls made on every rank:
+
+1. :meth:`ResumableRun.open`: rank 0 alone creates the results folder, or on ``--resume``
+   checks it (:class:`~quotientsharp.workflows.records.ResultsDirectory`), folds the shards an
+   interrupted distributed run left behind into the records file and reads the finished
+   records; every rank gets them;
+2. :meth:`ResumableRun.run`: the units not yet finished are dealt round-robin over the ranks
+   (:func:`quotientsharp.engine.distributed.shard`), each computed whole on one rank by
+   ``work(unit, status)``. Each record is on disk the moment it is computed: in one process it
+   is appended to the records file; under torchrun rank ``r`` appends it to its own shard
+   ``<records>.rank{r}.jsonl`` (one writer per file, no locking, and no rank waits for the
+   others), and rank 0 keeps a live mirror of every rank's finished records (the caller's
+   ``mirror``, e.g. a CSV, and ``run.json``). At the end the records are all-gathered, so every
+   rank returns all of them;
+3. :meth:`ResumableRun.finish`: rank 0 folds the shards into the records file (sorted by key),
+   writes the mirror once more, calls the caller's ``write`` (taus, plots, report), and marks
+   the run finished in ``run.json``; every rank gets ``write``'s value.
+
+Why shards and not a gather after each round of units: a unit is safe on disk the moment it
+finishes, whichever rank computed it, so an interrupted run loses no finished unit, and a
+``--resume`` under any number of ranks (or none) reads the records file together with any
+shards and computes exactly the missing units.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Generic, TypeVar, cast
+
+from quotientsharp.workflows.files import append_jsonl
+from quotientsharp.workflows.progress import progress_bar
+from quotientsharp.workflows.records import ResultsDirectory, shard_name
+
+__all__ = ["Mirror", "Record", "ResumableRun", "Work", "rank0_value"]
+
+#: A unit's key: a model's name or index, a grid point.
+Key = TypeVar("Key", bound=Hashable)
+Value = TypeVar("Value")
+#: One unit's record (JSON-serialisable; it holds its key under the runner's ``key`` field).
+Record = dict[str, Any]
+#: ``work(unit, status)``: the record of one unit; ``status(text)`` shows what it is doing.
+Work = Callable[[Key, Callable[[str], None]], Record]
+#: ``mirror(folder, records)``: rank 0 rewrites its view of the finished records (a CSV), given
+#: them in the order of the units.
+Mirror = Callable[[ResultsDirectory, Mapping[Key, Record]], None]
+
+
+class ResumableRun(Generic[Key]):
+    """A study's units of work, run resumably on one process or on every rank of torchrun.
+
+    Make one on every rank with the same arguments, then call :meth:`open`, :meth:`run` and
+    :meth:`finish` on every rank (module docstring).
+
+    Parameters
+    ----------
+    out
+        The results folder.
+    units
+        Every unit's key, in the order of the outputs (the records file of a distributed run
+        is sorted by key at the end; a single-process one keeps the order of computation).
+    study
+        The study's name in ``run.json`` (``--resume`` checks it).
+    settings
+        Everything that determines the records (``--resume`` requires the saved ones).
+    resume
+        Keep the finished records of the run in ``out`` and compute the others only.
+    owned
+        The files the study writes in ``out`` (deleted on a fresh start).
+    records
+        The records file (JSONL) among them, e.g. ``"models.jsonl"``.
+    key
+        The field of a record holding its unit's key (``"index"``, ``"name"``, ``"point"``).
+    unit
+        What a unit is (``"model"``): the progress bar's unit, and ``run.json`` counts the
+        finished units in ``finished_<unit>s``.
+    description
+        The progress bar's label.
+    progress
+        Show the bar (``None``: on a terminal only); only rank 0 shows one.
+    mirror
+        Rank 0's view of the finished records, rewritten after each unit, on ``--resume``
+        (a run cut between the two writes is repaired) and at the end.
+    check
+        Called on rank 0 with the finished records read back on ``--resume``, before anything
+        is computed: raise to refuse the folder (its error reaches every rank).
+
+    Attributes
+    ----------
+    folder
+        Rank 0's :class:`~quotientsharp.workflows.records.ResultsDirectory` (``None`` on the
+        other ranks, which never write through one), after :meth:`open`.
+    computed_now
+        The keys computed in this session (by every rank), after :meth:`run`.
+    ignored
+        The keys of records in the folder that are not among ``units`` (left out of
+        everything), after :meth:`open`.
+    rank, world_size
+        This process's rank and the number of processes.
+    """
+
+    def __init__(self, out: Path, units: Sequence[Key], *, study: str,
+                 settings: Mapping[str, Any], resume: bool, owned: Iterable[str], records: str,
+                 key: str, unit: str, description: str, progress: bool | None,
+                 mirror: Mirror[Key] | None = None,
+                 check: Callable[[Mapping[Key, Record]], None] | None = None) -> None:
+        from quotientsharp.engine.distributed import rank_and_world_size
+
+        if len(set(units)) != len(units):
+            raise ValueError(f"{study}: the units of work must be distinct")
+        self.out = Path(out)
+        self.units = list(units)
+        self.study = study
+        self.settings = settings
+        self.resume = resume
+        self.owned = [*owned]
+        self.records_file = records
+        self.key = key
+        self.unit = unit
+        self.description = description
+        self.progress = progress
+        self.mirror = mirror
+        self.check = check
+        self.rank, self.world_size = rank_and_world_size()
+        self.folder: ResultsDirectory | None = None
+        self.computed_now: list[Key] = []
+        self.ignored: list[Key] = []
+        self._records: dict[Key, Record] = {}
+        self._previous_seconds = 0.0
+        self._start = time.perf_counter()
+
+    @property
+    def distributed(self) -> bool:
+        """Whether several ranks share the units."""
+        return self.world_size > 1
+
+    # ------------------------------------------------------------------ the three steps
+    def open(self) -> dict[Key, Record]:
+        """Open (or on ``--resume`` check) the folder on rank 0; the finished records.
+
+        Returns
+        -------
+        dict
+            Key -> record of the units finished by earlier sessions, in the order of the units
+            (the same on every rank).
+        """
+
+        def open_folder() -> tuple[dict[Key, Record], list[Key], float]:
+            folder = ResultsDirectory(self.out, self.study, self.settings, self.resume,
+                                      self.owned, sharded=[self.records_file])
+            self.folder = folder
+            # shards of an interrupted distributed run join the records file before anything
+            on_disk = {record[self.key]: record
+                       for record in folder.consolidate(self.records_file, self.key)}
+            finished = self._in_unit_order(on_disk)
+            if self.check is not None:
+                self.check(finished)
+            if self.resume and self.mirror is not None:
+                # the mirror follows the records file: a run cut between the two is repaired
+                self.mirror(folder, finished)
+            ignored = [key for key in on_disk if key not in finished]
+            return finished, ignored, float(folder.run_info.get("wall_seconds", 0.0))
+
+        finished, ignored, self._previous_seconds = rank0_value(open_folder)
+        self.ignored = ignored
+        self._records = dict(finished)
+        self._start = time.perf_counter()
+        return dict(finished)
+
+    def run(self, work: Work[Key],
+            saved: Callable[[Key], None] | None = None) -> dict[Key, Record]:
+        """Compute every unit not yet finished, this rank's share here; every record.
+
+        Parameters
+        ----------
+        work
+            ``work(unit, status)`` -> the unit's record (holding the unit's key under
+            ``key``). An exception stops the run, marked ``raised_on_this_rank`` (under
+            torchrun the other ranks do not see it: this rank reports it).
+        saved
+            Called with a unit's key once its record is on disk (on the rank that computed
+            it).
+
+        Returns
+        -------
+        dict
+            Key -> record of every unit, in the order of the units (the same on every rank).
+        """
+        from quotientsharp.engine.distributed import gather_indexed, shard
+
+        todo = [key for key in self.units if key not in self._records]
+        mine = shard(todo)                          # (position in todo, key)
+        bar = progress_bar(len(self._records) + len(mine), self.description,
+                           self.progress if self.rank == 0 else False, unit=self.unit)
+        computed: list[tuple[int, Record]] = []
+        try:
+            bar.update(len(self._records))
+            for position, key in mine:
+                try:
+                    record = work(key, bar.set_postfix_str)
+                except Exception as err:
+                    err.raised_on_this_rank = True  # type: ignore[attr-defined]  # read by the CLI
+                    raise
+                computed.append((position, record))
+                bar.update(1)
+                self._save(key, record)
+                if saved is not None:
+                    saved(key)
+        finally:
+            bar.close()
+        if self.distributed:
+            for position, record in enumerate(gather_indexed(computed)):
+                self._records[todo[position]] = record
+        self._records = self._in_unit_order(self._records)
+        self.computed_now = todo
+        return dict(self._records)
+
+    def finish(self, write: Callable[[ResultsDirectory, float], Value]) -> Value:
+        """Rank 0 completes the folder; ``write``'s value, on every rank.
+
+        Rank 0 folds the shards into the records file, rewrites the mirror, calls
+        ``write(folder, wall_seconds)`` (the study's own outputs; ``wall_seconds`` counts every
+        session of the run), then records in ``run.json`` that the run finished, with
+        ``finished_<unit>s``, ``wall_seconds`` and ``computed_now``.
+        """
+        from quotientsharp.engine.distributed import run_on_rank0
+
+        def complete() -> Value:
+            folder = self.rank0_folder()
+            wall = self.wall_seconds()
+            folder.consolidate(self.records_file, self.key)
+            if self.mirror is not None:
+                self.mirror(folder, self._records)
+            value = write(folder, wall)
+            folder.save_run_info(status="finished", **{self._count_field: len(self._records)},
+                                 wall_seconds=wall, computed_now=self.computed_now)
+            return value
+
+        # the value is shared with every rank, so ``None`` only when ``write`` returned it
+        return cast(Value, run_on_rank0(complete))
+
+    # ------------------------------------------------------------------ helpers
+    def wall_seconds(self) -> float:
+        """Wall time of every session of the run so far (this one since :meth:`open`)."""
+        return self._previous_seconds + time.perf_counter() - self._start
+
+    @property
+    def _count_field(self) -> str:
+        return f"finished_{self.unit}s"
+
+    def rank0_folder(self) -> ResultsDirectory:
+        """Rank 0's results folder (:attr:`folder`); an error on the other ranks or before
+        :meth:`open`."""
+        if self.folder is None:
+            raise RuntimeError("the results folder is rank 0's, after open()")
+        return self.folder
+
+    def _in_unit_order(self, records: Mapping[Key, Record]) -> dict[Key, Record]:
+        return {key: records[key] for key in self.units if key in records}
+
+    def _save(self, key: Key, record: Record) -> None:
+        """Put one finished record on disk (module docstring) and refresh rank 0's mirror."""
+        if not self.distributed:
+            folder = self.rank0_folder()
+            folder.append(self.records_file, record)
+            self._records[key] = record
+            self._refresh(folder, self._in_unit_order(self._records))
+            return
+        append_jsonl(self.out / shard_name(self.records_file, self.rank), record)
+        if self.rank == 0:
+            # a live mirror of every rank's finished records (shards read, never repaired:
+            # another rank may be writing its last line)
+            folder = self.rank0_folder()
+            live = {r[self.key]: r for r in folder.merged_records(self.records_file, self.key,
+                                                                  repair=False)}
+            self._refresh(folder, self._in_unit_order(live))
+
+    def _refresh(self, folder: ResultsDirectory, records: Mapping[Key, Record]) -> None:
+        if self.mirror is not None:
+            self.mirror(folder, records)
+        folder.save_run_info(**{self._count_field: len(records)},
+                             wall_seconds=self.wall_seconds())
+
+
+def rank0_value(function: Callable[[], Value | None]) -> Value:
+    """``function()`` called on rank 0 and its value shared with every rank, never ``None``.
+
+    :func:`quotientsharp.engine.distributed.run_on_rank0` with the value typed as
+    ``function``'s (that function's ``None`` stands for "not shared"); an exception on rank 0
+    reaches every rank.
+    """
+    from quotientsharp.engine.distributed import run_on_rank0
+
+    value = run_on_rank0(function)
+    if value is None:
+        raise RuntimeError("rank 0 shared no value")
+    return value
