@@ -14,6 +14,7 @@ only here, when such a directory is loaded.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +103,11 @@ def load_peft_directory(path: str | Path) -> nn.Module:
     from quotientsharp.models.loading import _config_model
 
     base = _config_model(_base_config(path, settings))
-    model = peft.PeftModel.from_pretrained(base, str(path), is_trainable=True)
+    with warnings.catch_warnings():
+        # PEFT copies the saved values into the meta adapters, a no-op that torch warns about:
+        # _load_values assigns them instead
+        warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter",
+                                category=UserWarning)
+        model = peft.PeftModel.from_pretrained(base, str(path), is_trainable=True)
     _load_values(model, path, "default")
     return model
