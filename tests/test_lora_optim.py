@@ -218,3 +218,24 @@ def test_the_report_of_the_optimizer_keeps_degenerate_adapters_as_pairs():
                             eps=1e-3)
     pair_names = {id(p) for p in optimizer.param_groups[0]["params"]}
     assert all(id(t) in pair_names for n, t in model.named_parameters() if "lora_" in n)
+
+
+def test_the_benchmark_runs_with_tiny_sizes(tmp_path):
+    pytest.importorskip("matplotlib")
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "lora_optimizer.py"
+    spec = importlib.util.spec_from_file_location("lora_optimizer_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    threads = torch.get_num_threads()
+    try:
+        results = module.main(["--quick", "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    assert (tmp_path / "lora_optimizer.png").stat().st_size > 0
+    assert set(results["methods"]) == {"QuotientSGD mix", "AdamW"}
+    for method in results["methods"].values():
+        assert len(method["losses"]) == 30 and method["seconds_per_step"] > 0
+        assert method["losses"][-1] < method["losses"][0]
