@@ -24,7 +24,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 #: Pages written with runnable code, and how many blocks each has at least.
 PAGES_WITH_CODE = {"attention.md": 6, "adapters.md": 2, "sharpness.md": 6, "cli.md": 1,
                    "tutorial-custom-symmetry.md": 4, "attention-variants.md": 5,
-                   "study.md": 2}
+                   "study.md": 2, "lora.md": 4}
 
 
 def python_blocks(path: Path) -> list[tuple[int, bool]]:

@@ -2,7 +2,9 @@
 
 MODEL is a HuggingFace config JSON file, a directory holding ``config.json`` (the architecture
 is built from the config alone, on the meta device: no weights, no download), or a file saved
-with ``torch.save(module)``.
+with ``torch.save(module)`` (a ``peft.PeftModel`` included), or a saved PEFT LoRA adapter
+directory (``adapter_config.json``; the base model's ``config.json`` beside it or in the local
+directory its ``base_model_name_or_path`` names): each adapter is listed with its rank.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "symmetries", help="list the symmetry groups (attention GL(h) pairs, diagonal GL(1)) of a "
         "model", description=_plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="HuggingFace config JSON, a directory with config.json, "
-                        "or a torch.save'd nn.Module file")
+                        "a saved PEFT adapter directory (adapter_config.json, with the base "
+                        "model's config.json beside it), or a torch.save'd nn.Module file")
     parser.add_argument("--diagonal", action="append", default=[], metavar="U,V",
                         help="declare parameters U and V a diagonal parameterisation "
                         "(repeatable)")
@@ -65,6 +68,7 @@ def report_to_dict(report: SymmetryReport) -> dict:
         "unknown": [{"module": name, "reason": report.unknown_reasons.get(name, "")}
                     for name in report.unknown],
         "notes": report.notes,
+        "adapters": [{**vars(adapter), "group": adapter.group} for adapter in report.adapters],
     }
 
 

@@ -24,9 +24,11 @@ _EXPORTS = {
     "Coordinates": ".layout",
     "DiagonalPair": ".report",
     "FactorSource": ".report",
+    "LoraAdapter": ".lora",
     "PairGroup": ".report",
     "ParameterLayout": ".layout",
     "QuotientBinding": ".binding",
+    "QuotientSGD": ".optim",
     "SymmetryReport": ".report",
     "find_symmetries": ".walker",
     "reparametrize": ".reparametrize",
@@ -35,6 +37,8 @@ _EXPORTS = {
 if TYPE_CHECKING:
     from quotientsharp.models.binding import QuotientBinding
     from quotientsharp.models.layout import Coordinates, ParameterLayout
+    from quotientsharp.models.lora import LoraAdapter
+    from quotientsharp.models.optim import QuotientSGD
     from quotientsharp.models.reparametrize import reparametrize
     from quotientsharp.models.report import (
         AttentionModule,
@@ -78,9 +82,11 @@ __all__ = [
     "Coordinates",
     "DiagonalPair",
     "FactorSource",
+    "LoraAdapter",
     "PairGroup",
     "ParameterLayout",
     "QuotientBinding",
+    "QuotientSGD",
     "SymmetryReport",
     "find_symmetries",
     "reparametrize",

@@ -250,10 +250,18 @@ class ParameterLayout:
             raise ValueError(f"parameter {name!r} is read inconsistently by the report")
         role, axis = roles.pop(), axes.pop()
         expected_ndim = 1 if role == "bias" else 2
-        if len(shape) != expected_ndim:
+        # a convolution weight [features, in, *kernel] (axis 0: rows = in * kernel) or
+        # [out, features, 1, ...] (axis 1, a 1 x 1 kernel) reads as the matrix of its flattening
+        flat = shape
+        if role == "weight" and len(shape) > 2 and (axis == 0 or set(shape[2:]) == {1}):
+            rest = 1
+            for extent in shape[1:] if axis == 0 else ():
+                rest *= extent
+            flat = (shape[0], rest) if axis == 0 else shape[:2]
+        if len(flat) != expected_ndim:
             raise ValueError(f"parameter {name!r} of shape {shape} cannot be a {role} source")
         for block in blocks:
-            if role == "weight" and shape[1 - axis] != block.source.rows:
+            if role == "weight" and flat[1 - axis] != block.source.rows:
                 raise ValueError(f"parameter {name!r} of shape {shape}: a block expects "
                                  f"{block.source.rows} rows")
             if block.source.phase < 0 or block.source.phase + block.span > block.stride:
@@ -336,7 +344,9 @@ class ParameterLayout:
                 parts.append(_scatter(piece, block.source))
             segments.append(_segment(parts, block.source.axis))
         axis = self._segments[name][0][0].source.axis
-        return segments[0] if len(segments) == 1 else torch.cat(segments, dim=axis)
+        joined = segments[0] if len(segments) == 1 else torch.cat(segments, dim=axis)
+        # a no-op view but for convolution weights, assembled as the matrix of their flattening
+        return joined.reshape(self._shapes[name])
 
     # ------------------------------------------------------------------ maps
     def to_coordinates(self, params: Mapping[str, torch.Tensor]) -> Coordinates:

@@ -1,5 +1,5 @@
-"""Loading a model for discovery: a HuggingFace config, a directory with ``config.json`` or a
-``torch.save``'d module.
+"""Loading a model for discovery: a HuggingFace config, a directory with ``config.json``, a saved
+PEFT adapter directory (:mod:`.peft_loading`) or a ``torch.save``'d module.
 
 A config is built on the meta device: the architecture without weights, and no download.
 ``torch`` and ``transformers`` are imported only when a model is loaded.
@@ -56,6 +56,10 @@ def load_model(path: str | os.PathLike) -> nn.Module:
 
     path = Path(path)
     if path.is_dir():
+        if (path / "adapter_config.json").is_file():   # a saved PEFT adapter
+            from quotientsharp.models.peft_loading import load_peft_directory
+
+            return load_peft_directory(path)
         config_file = path / "config.json"
         if not config_file.is_file():
             raise FileNotFoundError(f"MODEL directory {path} has no config.json")

@@ -40,6 +40,7 @@ from quotientsharp.models.conventions import (
     detect_kv_sharing,
     detect_layout,
 )
+from quotientsharp.models.lora import base_layer_of
 from quotientsharp.models.report import FactorSource, PairGroup
 
 __all__ = [
@@ -333,6 +334,11 @@ def _qkvo_groups(name: str, module: nn.Module, heads: int, q: nn.Linear, k: nn.L
 
 
 def _is_linear(module: object) -> TypeGuard[nn.Linear]:
+    # a PEFT LoRA layer around an nn.Linear reads as its base layer (weight, bias, features:
+    # it forwards them, so the guard holds for what the recognisers read); the walker then
+    # drops the pairs that touch a base weight carrying active adapters
+    if isinstance(module, nn.Module) and isinstance(base_layer_of(module), nn.Linear):
+        return True
     return isinstance(module, nn.Linear)
 
 

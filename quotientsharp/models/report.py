@@ -14,10 +14,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from quotientsharp.models.conventions import RotarySpec, rotary_group_dimension, rotary_group_name
+
+if TYPE_CHECKING:
+    from quotientsharp.models.lora import LoraAdapter
 
 __all__ = [
     "PAIR_KINDS",
@@ -249,6 +253,9 @@ class SymmetryReport:
         shared parameters).
     parameter_shapes, parameter_dtypes
         Shape and dtype of every parameter of the model (frozen included).
+    adapters
+        Every LoRA adapter found (:class:`~quotientsharp.models.lora.LoraAdapter`), pair or
+        not, with its rank and why it is not a pair; its pairs are groups of kind ``"lora"``.
     model_type
         Class name of the model.
     """
@@ -265,6 +272,7 @@ class SymmetryReport:
     parameter_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     parameter_dtypes: dict[str, torch.dtype] = field(default_factory=dict)
     model_type: str = ""
+    adapters: list[LoraAdapter] = field(default_factory=list)
 
     # ------------------------------------------------------------------ summary numbers
     @property
@@ -385,6 +393,10 @@ class SymmetryReport:
             for (n, m, h, spec), count in self.bucket_groups.items():
                 lines.append(f"    n={n}, m={m}, h={h}, {rotary_group_name(h, spec)}: "
                              f"{count} pairs")
+        if self.adapters:
+            pairs = sum(a.status == "pair" for a in self.adapters)
+            lines.append(f"  LoRA adapters ({len(self.adapters)}, {pairs} GL(r) pairs):")
+            lines.extend(f"    {adapter.summary_line()}" for adapter in self.adapters)
         if self.diagonal:
             lines.append("  diagonal parameterisations:")
             for pair in self.diagonal:

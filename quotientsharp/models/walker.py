@@ -5,7 +5,8 @@ claims its whole subtree), lists the attention-like modules that none understood
 diagonal ``(u, v)`` parameterisations (``diagonal = True`` modules and explicit pairs), keeps only
 the pair groups whose parameters are trainable, unshared and of one dtype and device (and, for
 rotary query/key groups, whose rotated dimensions match the model's rotary embedding), and sorts
-every remaining trainable parameter into "other". It never touches the model's tensors.
+every remaining trainable parameter into "other". LoRA adapters (:mod:`.lora`) become ``GL(r)``
+pairs. It never writes the model's tensors, and reads values only for the rank of LoRA factors.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from quotientsharp.models.lora import find_lora_adapters, mark_dropped
 from quotientsharp.models.recognisers import (
     HANDLERS,
     QKV_LIKE_NAMES,
@@ -45,7 +47,8 @@ def _rotary_embedding_sizes(model: nn.Module) -> set[int]:
 
 # ---------------------------------------------------------------------- entry point
 def find_symmetries(model: nn.Module,
-                    diagonal: Sequence[tuple[str, str]] | None = None) -> SymmetryReport:
+                    diagonal: Sequence[tuple[str, str]] | None = None,
+                    degenerate: str = "adaptive") -> SymmetryReport:
     """Find the attention ``GL(h)`` pairs and diagonal ``GL(1)`` parameterisations of a model.
 
     Parameters
@@ -56,6 +59,11 @@ def find_symmetries(model: nn.Module,
         Optional explicit diagonal parameterisations: pairs of parameter names ``(u, v)`` of equal
         shape. Modules with ``diagonal = True`` and own parameters ``u`` and ``v`` are found
         without this.
+    degenerate
+        LoRA adapters (:mod:`.lora`) that are rank-deficient (a fresh PEFT adapter has
+        ``B = 0``): ``"adaptive"`` (default) puts their factors in the adaptive block, with a note
+        and a warning; ``"pair"`` keeps them as ``GL(r)`` pairs, to be measured with ``eps > 0``.
+        Only this test reads tensor values (the adapters' singular values).
 
     Returns
     -------
@@ -98,6 +106,8 @@ def find_symmetries(model: nn.Module,
                 findings.append((module_name, module, finding))
                 break
 
+    lora = find_lora_adapters(model, names, frozen, degenerate)
+
     # attention-like modules that no handler claimed
     for module_name, module in model.named_modules():
         if any(_inside(module_name, prefix) for prefix in claimed):
@@ -132,6 +142,7 @@ def find_symmetries(model: nn.Module,
     # decide which groups survive: all their parameters trainable, not shared with another module
     candidates = [(module_name, group) for module_name, _, finding in findings
                   for group in finding.groups]
+    candidates += [(group.module, group) for group in lora.groups]
     touching: dict[str, set[int]] = defaultdict(set)
     owners: dict[str, set[str]] = defaultdict(set)
     for index, (module_name, group) in enumerate(candidates):
@@ -153,6 +164,10 @@ def find_symmetries(model: nn.Module,
         elif frozen_here:
             report.notes.append(f"{module_name or '<root>'}: {group.kind} pairs dropped, frozen "
                                 f"parameter(s) {', '.join(frozen_here)}")
+        elif adapted := [p for p in group.parameters if p in lora.adapted_bases]:
+            report.notes.append(f"{module_name or '<root>'}: {group.kind} pairs dropped, "
+                                f"parameter(s) {', '.join(adapted)} carry LoRA adapters (the "
+                                "weight is W0 + s B A, which the pairs' action does not move)")
         elif shared:
             report.notes.append(f"{module_name or '<root>'}: {group.kind} pairs dropped, "
                                 f"parameter(s) {', '.join(shared)} shared with another symmetry")
@@ -186,6 +201,11 @@ def find_symmetries(model: nn.Module,
         report.modules.append(AttentionModule(module_name, type(module).__name__, finding.layout,
                                               finding.heads, tuple(g.kind for g in kept),
                                               finding.kv_heads))
+    kept_lora = [group for group in lora.groups if group.module in kept_by_module
+                 and group in kept_by_module[group.module]]
+    report.groups.extend(kept_lora)
+    report.notes.extend(lora.notes)
+    report.adapters = mark_dropped(lora.adapters, {group.module for group in kept_lora})
     report.pairs = [pair for group in report.groups for pair in group.pairs()]
 
     covered = set(report.pair_parameters)

@@ -1,0 +1,445 @@
+"""Low-rank adapters (LoRA, as built by PEFT) as ``GL(r)`` factor pairs.
+
+A LoRA adapter of rank ``r`` adds ``s B A`` to a frozen weight ``W0`` (``y = x (W0 + s B A)^T``),
+with ``B``, ``shape=[out, r]``, ``A``, ``shape=[r, in]`` and a scaling ``s`` (``alpha / r``, or
+``alpha / sqrt(r)`` with rsLoRA). The network sees only the product ``B A``, so every ``M`` in
+``GL(r)`` acting by ``(A, B) -> (M A, B M^{-1})`` leaves it unchanged. In the factor-pair
+convention of the attention pairs (``G H^T`` seen, ``(G, H) -> (G M^{-1}, H M^T)``) the adapter
+is the pair ``(G, H) = (B, A^T)``: :class:`~quotientsharp.models.PairGroup` of kind ``"lora"``,
+one pair, head dimension ``r``; ``G`` reads the columns of ``lora_B``'s weight, ``H`` the rows of
+``lora_A``'s weight. The scaling multiplies the product and does not touch the action.
+
+Layers (PEFT's ``LoraLayer`` subclasses, recognised by their structure, so that this module never
+imports ``peft``):
+
+- ``Linear`` (and quantised linear layers with the same ``lora_A``/``lora_B`` structure);
+- ``Embedding``: ``A`` (``lora_embedding_A``, ``shape=[r, vocab]``) is looked up by row of
+  ``A^T``, ``B`` (``lora_embedding_B``, ``shape=[dim, r]``) maps back: the same pair;
+- ``Conv1d/2d/3d``: ``A`` is a convolution to ``r`` channels (``H`` is its weight with the input
+  channels and kernel flattened into rows), ``B`` a ``1 x 1`` convolution (``G`` its weight).
+  A grouped base convolution makes ``B`` grouped, which breaks ``GL(r)``: not a pair.
+
+DoRA rescales ``W0 + s B A`` column-wise by a magnitude vector ``m``: ``B A`` still enters only
+as a product, so ``GL(r)`` still acts; ``m`` is an ordinary parameter (the adaptive block). A
+bias on ``B`` (``lora_bias``) is added after ``B`` and is outside the pair too.
+
+An adapter is a pair only when it reaches the output and is a point of the quotient:
+
+- ``merged``: merged into the base weight, it has no symmetry left (and PEFT's forward skips
+  every adapter of a layer that holds a merged one);
+- ``inactive``: not among the layer's active adapters (or adapters disabled);
+- ``frozen``: ``A`` or ``B`` does not require gradients;
+- ``degenerate``: ``B`` or ``A`` has rank below ``r`` (a fresh PEFT adapter has ``B = 0``). The
+  ``GL(r)`` action is not free there, the inv and mix metrics are singular, and the point is not
+  on the quotient. By default such an adapter goes to the adaptive block with a note (and a
+  warning); ``find_symmetries(model, degenerate="pair")`` keeps it as a pair, for a measurement
+  with ``eps > 0`` (``S = K + eps I``) or for :class:`~quotientsharp.models.optim.QuotientSGD`
+  with ``eps > 0``;
+- ``unsupported``: a LoRA variant other than plain LoRA and DoRA, a LoRA layer type whose
+  factors are not a plain product (PEFT's ``MultiheadAttention`` and ``ParamWrapper``), or a
+  grouped convolution.
+
+Discovery reads the values of ``A`` and ``B`` only for the rank test (singular values in
+float64, numerical rank as ``numpy.linalg.matrix_rank`` counts it); on the meta device (a model
+built from configs) the values are unknown and the test is skipped, with a note.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from quotientsharp.models.report import FactorSource, PairGroup
+
+__all__ = [
+    "ADAPTER_STATUSES",
+    "DEGENERATE_POLICIES",
+    "LoraAdapter",
+    "LoraFinding",
+    "base_layer_of",
+    "find_lora_adapters",
+    "is_lora_layer",
+]
+
+#: What discovery decided for an adapter (:attr:`LoraAdapter.status`).
+ADAPTER_STATUSES = ("pair", "degenerate", "merged", "inactive", "frozen", "unsupported",
+                    "dropped")
+#: ``find_symmetries(model, degenerate=...)``: where a rank-deficient adapter goes.
+DEGENERATE_POLICIES = ("adaptive", "pair")
+#: PEFT LoRA layer classes whose adapters are not a plain product ``B A`` of two factors.
+_UNSUPPORTED_LAYERS = frozenset({"MultiheadAttention", "ParamWrapper"})
+_CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    """One named adapter of one LoRA layer, and what discovery made of it.
+
+    Attributes
+    ----------
+    module
+        Qualified name of the LoRA layer, e.g. ``"base_model.model.encoder.layer.0.attention.
+        self.query"``.
+    adapter
+        The adapter's name (PEFT's ``"default"`` unless named).
+    layer
+        ``"linear"``, ``"embedding"``, ``"conv"``, or the class name of an unsupported layer.
+    r
+        Rank: the group is ``GL(r)``.
+    alpha, scaling
+        ``lora_alpha`` and the factor ``s`` of ``s B A`` (``alpha / r``; ``alpha / sqrt(r)``
+        with rsLoRA). The scaling does not affect the ``GL(r)`` action.
+    rslora, dora
+        Whether the adapter uses rank-stabilised scaling, and DoRA's magnitude vector.
+    a_parameter, b_parameter
+        Names of the parameters holding ``A`` (``shape=[r, ...]``) and ``B``
+        (``shape=[out, r, ...]``).
+    magnitude_parameter
+        DoRA's magnitude vector (in the adaptive block), else ``None``.
+    status
+        One of :data:`ADAPTER_STATUSES`: ``"pair"`` when the adapter is a ``GL(r)`` pair of
+        the report; ``"dropped"`` when it was one but the walker dropped it (see the notes).
+    reason
+        Why the adapter is not a pair (empty for pairs).
+    rank_a, rank_b
+        Numerical ranks of ``A`` and ``B`` (``None`` when the values were not read).
+    """
+
+    module: str
+    adapter: str
+    layer: str
+    r: int
+    alpha: float
+    scaling: float
+    rslora: bool = False
+    dora: bool = False
+    a_parameter: str | None = None
+    b_parameter: str | None = None
+    magnitude_parameter: str | None = None
+    status: str = "pair"
+    reason: str = ""
+    rank_a: int | None = None
+    rank_b: int | None = None
+
+    @property
+    def label(self) -> str:
+        """``module[adapter]``: the adapter's name in notes and in the pair labels."""
+        return f"{self.module}[{self.adapter}]"
+
+    @property
+    def group(self) -> str:
+        """The symmetry group, ``"GL(r)"``."""
+        return f"GL({self.r})"
+
+    def summary_line(self) -> str:
+        """One readable line: name, layer, rank, scaling and what discovery made of it."""
+        extras = "".join(text for flag, text in ((self.rslora, ", rsLoRA"),
+                                                 (self.dora, ", DoRA")) if flag)
+        head = (f"{self.label}  {self.layer}  r={self.r}  alpha={self.alpha:g}  "
+                f"scaling={self.scaling:.4g}{extras}")
+        if self.status == "pair":
+            return f"{head}  -> {self.group} pair"
+        return f"{head}  -> {self.status}: {self.reason}"
+
+
+@dataclass
+class LoraFinding:
+    """What :func:`find_lora_adapters` found.
+
+    Attributes
+    ----------
+    groups
+        One :class:`~quotientsharp.models.PairGroup` (kind ``"lora"``, one pair) per adapter
+        with status ``"pair"`` (and ``"degenerate"`` under ``degenerate="pair"``).
+    adapters
+        Every adapter of every LoRA layer, in ``named_modules`` order.
+    notes
+        Readable remarks for the report.
+    adapted_bases
+        Base-layer parameter names of the layers whose adapters reach the output: a symmetry of
+        the base weight alone (an attention head's) is not one of ``W0 + s B A``.
+    """
+
+    groups: list[PairGroup] = field(default_factory=list)
+    adapters: list[LoraAdapter] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    adapted_bases: dict[str, str] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------- structure
+def is_lora_layer(module: nn.Module) -> bool:
+    """Whether ``module`` is a PEFT LoRA layer (by structure: ``base_layer``, ``lora_A`` and
+    ``lora_B`` module dicts, and the per-adapter dicts ``r`` and ``scaling``)."""
+    return (isinstance(getattr(module, "lora_A", None), nn.ModuleDict)
+            and isinstance(getattr(module, "lora_B", None), nn.ModuleDict)
+            and isinstance(getattr(module, "r", None), dict)
+            and isinstance(getattr(module, "scaling", None), dict)
+            and isinstance(getattr(module, "base_layer", None), nn.Module))
+
+
+def base_layer_of(module: nn.Module) -> nn.Module | None:
+    """The innermost base layer of a LoRA layer (layers may wrap layers); ``None`` otherwise."""
+    if not is_lora_layer(module):
+        return None
+    base: Any = module.base_layer
+    while is_lora_layer(base):
+        base = base.base_layer
+    return base if isinstance(base, nn.Module) else None
+
+
+def _names(module: Any) -> list[str]:
+    """Adapter names of a LoRA layer, in insertion order (linear/conv first, then embedding)."""
+    names = list(module.lora_A.keys())
+    embedding = getattr(module, "lora_embedding_A", None)
+    if isinstance(embedding, nn.ParameterDict):
+        names += [name for name in embedding.keys() if name not in names]
+    return names
+
+
+def _active(module: Any) -> list[str]:
+    active = getattr(module, "active_adapters", None)
+    if active is None:
+        active = getattr(module, "active_adapter", [])
+    return [active] if isinstance(active, str) else list(active)
+
+
+def _numerical_rank(tensor: torch.Tensor) -> int:
+    """Rank of a matrix to rounding: singular values above ``max(shape) * eps * s_max``
+    (``eps`` of the tensor's dtype), the rule of ``numpy.linalg.matrix_rank``."""
+    with torch.no_grad():
+        values = torch.linalg.svdvals(tensor.detach().to(torch.float64))
+    if values.numel() == 0 or float(values[0]) == 0.0:
+        return 0
+    tolerance = max(tensor.shape) * torch.finfo(tensor.dtype).eps * float(values[0])
+    return int((values > tolerance).sum())
+
+
+# ---------------------------------------------------------------------- one adapter
+@dataclass
+class _Factors:
+    """The tensors of one adapter and how they form the pair."""
+
+    layer: str
+    a: torch.Tensor
+    b: torch.Tensor
+    a_matrix: torch.Tensor        # shape [r, rows of H]
+    b_matrix: torch.Tensor        # shape [rows of G, r]
+    problem: str = ""
+
+
+def _factors(module: Any, adapter: str) -> _Factors | str:
+    """The adapter's ``A`` and ``B`` (and their matrix views), or why it is not a pair."""
+    kind = type(module).__name__
+    if kind in _UNSUPPORTED_LAYERS:
+        return (f"PEFT's LoRA {kind} layer does not add a plain product B A of two factors "
+                "on its own output")
+    embedding_a = getattr(module, "lora_embedding_A", None)
+    if isinstance(embedding_a, nn.ParameterDict) and adapter in embedding_a:
+        a, b = embedding_a[adapter], module.lora_embedding_B[adapter]
+        if a.dim() != 2 or b.dim() != 2:
+            return f"embedding factors of shapes {tuple(a.shape)}, {tuple(b.shape)}"
+        return _Factors("embedding", a, b, a, b)
+    lora_a, lora_b = module.lora_A[adapter], module.lora_B[adapter]
+    if isinstance(lora_a, nn.Linear) and isinstance(lora_b, nn.Linear):
+        return _Factors("linear", lora_a.weight, lora_b.weight, lora_a.weight, lora_b.weight)
+    if isinstance(lora_a, _CONVOLUTIONS) and isinstance(lora_b, _CONVOLUTIONS):
+        if lora_b.groups != 1 or lora_a.groups != 1:
+            return (f"grouped convolution (groups={lora_b.groups}): B mixes the r channels only "
+                    "within each group, so the symmetry shrinks to a block-diagonal subgroup of "
+                    "GL(r), not supported")
+        a, b = lora_a.weight, lora_b.weight
+        if any(size != 1 for size in b.shape[2:]):
+            return f"B is a convolution with kernel {tuple(b.shape[2:])}, not 1 x 1"
+        return _Factors("conv", a, b, a.reshape(a.shape[0], -1), b.reshape(b.shape[0], -1))
+    return (f"lora_A / lora_B are {type(lora_a).__name__} / {type(lora_b).__name__}, not "
+            "Linear or convolution layers")
+
+
+def _sources(names: dict[int, str], factors: _Factors) -> tuple[FactorSource, FactorSource]:
+    """``G = B`` (features along dimension 1 of B's weight) and ``H = A^T`` (along dimension 0
+    of A's weight; a convolution's input channels and kernel flattened into the rows)."""
+    rows_g = int(factors.b_matrix.shape[0])
+    rows_h = int(factors.a_matrix.shape[1])
+    return (FactorSource(names[id(factors.b)], "weight", 1, 0, rows_g),
+            FactorSource(names[id(factors.a)], "weight", 0, 0, rows_h))
+
+
+def _scalar(value: object, default: float = math.nan) -> float:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return default
+
+
+def _adapter(module_name: str, module: Any, adapter: str, names: dict[int, str],
+             frozen: set[str]) -> tuple[LoraAdapter, _Factors | None]:
+    r = module.r.get(adapter)
+    variant = getattr(module, "lora_variant", {}).get(adapter)
+    use_dora = getattr(module, "use_dora", {})
+    dora = bool(use_dora.get(adapter, False)) or (
+        variant is not None and type(variant).__name__.startswith("Dora"))
+    magnitude = None
+    magnitudes = getattr(module, "lora_magnitude_vector", None)
+    if dora and isinstance(magnitudes, nn.ModuleDict) and adapter in magnitudes:
+        weight = getattr(magnitudes[adapter], "weight", None)
+        if isinstance(weight, nn.Parameter):
+            magnitude = names.get(id(weight))
+    record = LoraAdapter(
+        module=module_name, adapter=adapter, layer=type(module).__name__,
+        r=r if isinstance(r, int) else -1,
+        alpha=_scalar(getattr(module, "lora_alpha", {}).get(adapter)),
+        scaling=_scalar(module.scaling.get(adapter)),
+        rslora=bool(getattr(module, "use_rslora", {}).get(adapter, False)), dora=dora,
+        magnitude_parameter=magnitude)
+
+    def verdict(status: str, reason: str) -> tuple[LoraAdapter, None]:
+        return replace(record, status=status, reason=reason), None
+
+    if not isinstance(r, int) or r <= 0:
+        return verdict("unsupported", f"rank r={r!r} is not a positive integer")
+    if variant is not None and not dora:
+        return verdict("unsupported", f"LoRA variant {type(variant).__name__}: only plain LoRA "
+                                      "and DoRA are known to keep B A a product")
+    factors = _factors(module, adapter)
+    if isinstance(factors, str):
+        return verdict("unsupported", factors)
+    record = replace(record, layer=factors.layer)
+    if id(factors.a) not in names or id(factors.b) not in names:
+        return verdict("unsupported", "A or B is not a registered parameter of the model")
+    record = replace(record, a_parameter=names[id(factors.a)], b_parameter=names[id(factors.b)])
+    if tuple(factors.a_matrix.shape[:1]) != (r,) or factors.b_matrix.shape[1] != r:
+        return verdict("unsupported", f"A {tuple(factors.a.shape)} and B "
+                                      f"{tuple(factors.b.shape)} do not meet in r={r} channels")
+    merged = list(getattr(module, "merged_adapters", []))
+    if adapter in merged:
+        return verdict("merged", "merged into the base weight: B A no longer reaches the "
+                                 "output, no symmetry is left")
+    if merged:
+        return verdict("merged", f"the layer holds merged adapter(s) {merged}, and PEFT's "
+                                 "forward then skips its other adapters too")
+    if getattr(module, "disable_adapters", False) is True:
+        return verdict("inactive", "adapters are disabled on this layer")
+    if adapter not in _active(module):
+        return verdict("inactive", f"not an active adapter (active: {_active(module)})")
+    if record.a_parameter in frozen or record.b_parameter in frozen:
+        return verdict("frozen", "A or B does not require gradients")
+    if factors.a.is_meta or factors.b.is_meta:
+        return record, factors
+    rank_a, rank_b = _numerical_rank(factors.a_matrix), _numerical_rank(factors.b_matrix)
+    record = replace(record, rank_a=rank_a, rank_b=rank_b)
+    if rank_a < r or rank_b < r:
+        what = ("B = 0 (a fresh adapter)" if rank_b == 0 else
+                "A = 0" if rank_a == 0 else f"rank(B) = {rank_b}, rank(A) = {rank_a} < r = {r}")
+        return replace(record, status="degenerate",
+                       reason=f"{what}: not a point of the GL({r}) quotient"), factors
+    return record, factors
+
+
+# ---------------------------------------------------------------------- the walk
+def find_lora_adapters(model: nn.Module, names: dict[int, str], frozen: Iterable[str],
+                       degenerate: str = "adaptive") -> LoraFinding:
+    """Every adapter of every LoRA layer of ``model``, and the ``GL(r)`` pairs among them.
+
+    Parameters
+    ----------
+    model
+        The network, e.g. a ``peft.PeftModel``.
+    names
+        ``id(parameter) -> name`` for the model's parameters.
+    frozen
+        Names of the parameters with ``requires_grad=False``.
+    degenerate
+        ``"adaptive"`` (default): a rank-deficient adapter is not a pair, its factors join the
+        adaptive block (noted); ``"pair"``: it stays a pair, for measurements with ``eps > 0``.
+
+    Returns
+    -------
+    LoraFinding
+    """
+    if degenerate not in DEGENERATE_POLICIES:
+        raise ValueError(f"degenerate must be one of {DEGENERATE_POLICIES}, got {degenerate!r}")
+    frozen = set(frozen)
+    finding = LoraFinding()
+    unread = []
+    for module_name, module in model.named_modules():
+        if not is_lora_layer(module):
+            continue
+        reaching = False
+        for adapter in _names(module):
+            record, factors = _adapter(module_name, module, adapter, names, frozen)
+            # an active adapter, pair or not, changes what the base weight means
+            reaching = reaching or record.status not in ("merged", "inactive")
+            if record.status in ("pair", "degenerate") and factors is not None:
+                keep = record.status == "pair" or degenerate == "pair"
+                if keep:
+                    g, h = _sources(names, factors)
+                    finding.groups.append(PairGroup(record.label, "lora", 1, record.r, (g,),
+                                                    (h,)))
+                if record.rank_a is None:
+                    unread.append(record.label)
+            finding.adapters.append(record)
+        if reaching:
+            base = base_layer_of(module)
+            for parameter in (base.parameters() if base is not None else ()):
+                if id(parameter) in names:
+                    finding.adapted_bases[names[id(parameter)]] = module_name
+    _summary_notes(finding, degenerate)
+    if unread:
+        finding.notes.append(f"{len(unread)} LoRA adapter(s) on the meta device (built from "
+                             "configs): their values are unknown, so a degenerate adapter "
+                             "(B = 0, rank < r) cannot be detected")
+    return finding
+
+
+def _summary_notes(finding: LoraFinding, degenerate: str) -> None:
+    """One note per kind of remark (the adapters' own lines list which adapter is which)."""
+    relaxed = [r.label for r in finding.adapters if r.status == "degenerate"]
+    if relaxed and degenerate == "pair":
+        finding.notes.append(f"{len(relaxed)} degenerate LoRA adapter(s) (B = 0 or rank < r) "
+                             "kept as GL(r) pairs: measure them with eps > 0, which relaxes "
+                             "B^T B and A A^T to B^T B + eps I and A A^T + eps I")
+    elif relaxed:
+        finding.notes.append(f"{len(relaxed)} degenerate LoRA adapter(s) (B = 0 or rank < r, "
+                             "e.g. " + relaxed[0] + "): not points of the GL(r) quotient, their "
+                             "factors are in the adaptive block; "
+                             "find_symmetries(model, degenerate='pair') keeps them as pairs, to "
+                             "be measured with eps > 0")
+        warnings.warn(f"{len(relaxed)} LoRA adapter(s) are degenerate (B = 0 or rank < r: not "
+                      f"points of the GL(r) quotient), e.g. {relaxed[0]}: their factors are in "
+                      "the adaptive block, not measured as pairs; "
+                      "find_symmetries(model, degenerate='pair') with eps > 0 relaxes them "
+                      "instead", UserWarning, stacklevel=4)
+    others: dict[str, int] = {}
+    for record in finding.adapters:
+        if record.status not in ("pair", "degenerate"):
+            others[record.status] = others.get(record.status, 0) + 1
+    if others:
+        counts = ", ".join(f"{status}: {count}" for status, count in others.items())
+        finding.notes.append(f"{sum(others.values())} LoRA adapter(s) are not pairs ({counts}); "
+                             "their trainable factors are in the adaptive block")
+    dora = [r for r in finding.adapters if r.dora and r.status in ("pair", "degenerate")]
+    if dora:
+        finding.notes.append(f"DoRA: the magnitude vectors of {len(dora)} adapter(s) are in the "
+                             "adaptive block (the GL(r) action leaves them alone)")
+
+
+def mark_dropped(adapters: list[LoraAdapter], kept: set[str]) -> list[LoraAdapter]:
+    """The adapters with status ``"dropped"`` where a pair did not survive the walker's checks
+    (``kept``: labels of the surviving ``lora`` groups)."""
+    result = []
+    for record in adapters:
+        is_pair = record.status == "pair" or (record.status == "degenerate"
+                                              and record.label in kept)
+        if record.status == "pair" and record.label not in kept:
+            record = replace(record, status="dropped",
+                             reason="the walker dropped its pair (see the notes)")
+        elif is_pair and record.status == "degenerate":
+            record = replace(record, reason=record.reason + " (kept as a relaxed pair)")
+        result.append(record)
+    return result
