@@ -23,6 +23,7 @@ Everything works on an explicit metric matrix ``g`` over a list of coordinate sy
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -527,7 +528,150 @@ def package_relative_error(package: Sequence[torch.Tensor], exact: Sequence[symp
     return float((got - want).abs().max()) / scale
 
 
+# ---------------------------------------------------------------------- a user's class
+def _point_tensors(values: Sequence[sympy.Expr], shapes: Sequence[Sequence[int]]
+                   ) -> tuple[torch.Tensor, ...]:
+    """Split flat exact values into float64 tensors of ``shapes`` (row-major, as :func:`flat`)."""
+    out, start = [], 0
+    for shape in shapes:
+        size = math.prod(shape)
+        chunk = [float(v) for v in values[start:start + size]]
+        out.append(torch.tensor(chunk, dtype=torch.float64).reshape(tuple(shape)))
+        start += size
+    return tuple(out)
+
+
+def check_quotient(quotient: Any, metric: sympy.MatrixBase, coords: Sequence[sympy.Symbol],
+                   vertical: Sequence[Sequence[sympy.Expr]] | None = None, *, points: int = 3,
+                   seed: int = 0, tolerance: float = 1e-10) -> list[Any]:
+    """Check a quotient class against exact values derived from its metric, in one call.
+
+    At ``points`` random rational points (and rational tangent vectors) the exact values are
+    derived from ``metric`` alone: the metric itself, the Christoffel contraction (Koszul
+    formula), and, given the vertical generators, the horizontal and vertical projections
+    ``I - V (V^T g V)^{-1} V^T g`` and the Riemannian gradient ``P_h g^{-1} egrad``. Each is
+    compared with what ``quotient`` computes in float64, whether the class overrides the
+    operation with a closed form or keeps the generic default.
+
+    Parameters
+    ----------
+    quotient
+        A :class:`~quotientsharp.SymmetryQuotient` with ``point_shapes`` (no batch dimensions).
+    metric
+        The metric matrix, ``shape=[N, N]``, over ``coords`` (e.g. from
+        :func:`metric_from_bilinear`).
+    coords
+        The ``N`` coordinate symbols: the entries of the point's components, flattened
+        row-major and concatenated in component order (the order of :func:`flat`).
+    vertical
+        Optional vertical generators: one list of ``N`` expressions in ``coords`` per element of
+        the Lie algebra's standard basis, in the row-major order of ``algebra_shape``. With
+        them, ``vertical``, the projections and the gradient are checked too.
+    points
+        Number of random rational points.
+    seed
+        Seed of the rational draws.
+    tolerance
+        Bound on the relative error of each float64 operation against the exact value.
+
+    Returns
+    -------
+    list[CheckResult]
+        One row per operation (``inner_vs_exact``, ``christoffel_vs_exact``, ...), its error the
+        largest relative error over the points; print them with
+        :func:`quotientsharp.core.checks.format_results`.
+
+    Examples
+    --------
+    >>> results = check_quotient(MyQuotient(point_shapes=[(2,), (1,)]), g, coords, [v])  # +SKIP
+    >>> [r.name for r in results if not r.passed]                         # doctest: +SKIP
+    []
+    """
+    from quotientsharp.core.checks import CheckResult
+    from quotientsharp.core.quotient import SymmetryQuotient
+
+    if not isinstance(quotient, SymmetryQuotient):
+        raise TypeError(f"quotient must be a SymmetryQuotient instance, got "
+                        f"{type(quotient).__name__}")
+    shapes = quotient.point_shapes
+    if shapes is None:
+        raise ValueError(f"{type(quotient).__name__} has no point_shapes: build it with "
+                         f"point_shapes=[...] (no batch dimensions)")
+    metric = _check_metric(metric, coords)
+    n = len(coords)
+    if sum(math.prod(s) for s in shapes) != n:
+        raise ValueError(f"coords has {n} symbols but the point shapes {list(shapes)} hold "
+                         f"{sum(math.prod(s) for s in shapes)} entries")
+    basis = None if vertical is None else vertical_matrix(vertical)
+    if basis is not None and basis.shape[0] != n:
+        raise ValueError(f"each vertical generator must have {n} entries, got {basis.shape[0]}")
+    rng = random.Random(seed)
+    derivatives = metric_derivatives(metric, coords)
+    worst: dict[str, float] = {}
+
+    def record(name: str, package: Sequence[torch.Tensor], exact: Sequence[sympy.Expr]) -> None:
+        worst[name] = max(worst.get(name, 0.0), package_relative_error(package, exact))
+
+    def column(values: sympy.Matrix) -> tuple[torch.Tensor, ...]:
+        return _point_tensors(list(values), shapes)
+
+    for _ in range(points):
+        for _ in range(20):   # redraw where the metric is singular
+            point = random_rationals(coords, rng)
+            g_at = evaluate_exact(metric, point)
+            if g_at.det() != 0:
+                break
+        else:
+            raise ValueError("the metric is singular at 20 random rational points")
+        x = _point_tensors([point[c] for c in coords], shapes)
+        u, w, egrad = (random_rational_matrix(n, 1, rng, nonzero=False) for _ in range(3))
+        tu, tw = column(u), column(w)
+        record("inner_vs_exact", (quotient.inner(x, tu, tw).reshape(1),), [(u.T * g_at * w)[0]])
+        gamma = christoffel_symbols_at(metric, coords, point, derivatives)
+        record("christoffel_vs_exact", quotient.christoffel(x, tu, tw), list(contract(gamma, u, w)))
+        record("christoffel_quadratic_vs_exact", quotient.christoffel(x, tu),
+               list(contract(gamma, u)))
+        if basis is None:
+            continue
+        v_at = evaluate_exact(basis, point)
+        algebra = tuple(quotient.algebra_shape(x))
+        if math.prod(algebra) != v_at.shape[1]:
+            raise ValueError(f"vertical has {v_at.shape[1]} generators but the algebra of "
+                             f"{type(quotient).__name__} has {math.prod(algebra)} elements "
+                             f"(algebra_shape {algebra})")
+        vertical_error = 0.0
+        for k in range(v_at.shape[1]):
+            a = torch.zeros(math.prod(algebra), dtype=torch.float64)
+            a[k] = 1.0
+            vertical_error = max(vertical_error, package_relative_error(
+                quotient.vertical(x, a.reshape(algebra)), list(v_at[:, k])))
+        worst["vertical_vs_exact"] = max(worst.get("vertical_vs_exact", 0.0), vertical_error)
+        horizontal = horizontal_projection_matrix(g_at, [v_at[:, k] for k in
+                                                         range(v_at.shape[1])], simplify=None)
+        record("horizontal_projection_vs_exact", quotient.horizontal_projection(x, tu),
+               list(horizontal * u))
+        record("vertical_projection_vs_exact", quotient.vertical_projection(x, tu),
+               list(u - horizontal * u))
+        record("gradient_vs_exact", quotient.euclidean_to_riemannian_gradient(x, column(egrad)),
+               list(horizontal * g_at.inv() * egrad))
+
+    methods = {"inner_vs_exact": "inner", "christoffel_vs_exact": "christoffel",
+               "christoffel_quadratic_vs_exact": "christoffel", "vertical_vs_exact": "vertical",
+               "horizontal_projection_vs_exact": "horizontal_projection",
+               "vertical_projection_vs_exact": "vertical_projection",
+               "gradient_vs_exact": "euclidean_to_riemannian_gradient"}
+    results = []
+    for name, error in worst.items():
+        method = methods[name]
+        own = getattr(type(quotient), method) is not getattr(SymmetryQuotient, method)
+        detail = (f"{method} ({'this class' if own else 'the generic default'}) against the "
+                  f"exact value from the metric at {points} rational points")
+        results.append(CheckResult(name, error, tolerance, bool(error <= tolerance), detail))
+    return results
+
+
 __all__ = [
+    "check_quotient",
     "package_relative_error",
     "christoffel_contraction",
     "christoffel_symbols",
