@@ -7,10 +7,12 @@ start (seed 0). It prints three tables:
 1. **largest stable step size per metric**: RiemannianSGD on
    ``QuotientManifold(GLQuotient(metric))`` (default retraction) for ``--steps`` steps at every
    ``lr`` of a grid with four points per decade; a run is stable when it raises nothing and
-   ends below the starting error. The largest stable ``lr`` is the largest whose run, and the
-   run of every smaller ``lr`` of the grid, is stable. Also the best final relative error and
-   its ``lr``. The start is scaled by ``--scales`` (both factors), which shows that the inv
-   metric's stable step depends on the size of the weights and the mix metric's does not.
+   ends below the starting error. Beside it, the stability bound of gradient descent at the
+   start, ``2 / curvature`` (see :func:`predicted_lr`). The largest stable ``lr`` is the
+   largest whose run, and the run of every smaller ``lr`` of the grid, is stable. Also the
+   best final relative error and its ``lr``. The start is scaled by ``--scales`` (both
+   factors), which shows that the inv metric's stable step depends on the size of the
+   weights and the mix metric's does not.
 2. **retraction orders**: for the mix metric at ``lr = 0.5``, the CPU time of one optimizer
    step (median over interleaved repetitions, one thread), that time relative to order 1, and
    the steps needed to reach a relative error of ``1e-9``.
@@ -85,6 +87,22 @@ def run_sgd(metric: str, lr: float, steps: int, *, scale: float = 1.0,
     return {"stable": stable, "error": error, "steps_to_tol": reached}
 
 
+def predicted_lr(metric: str, scale: float) -> float | None:
+    """The stability bound ``2 / curvature`` of gradient descent at the start, per metric.
+
+    The loss's curvature along ``G`` is ``H^T H`` (along ``H``: ``G^T G``). The Riemannian
+    gradient applies the inverse metric: ``euclidean`` leaves it, so the bound is about
+    ``2 / (l_G + l_H)`` (``l`` the largest eigenvalue of the Gram matrix, the two blocks
+    coupled); ``inv`` multiplies it by ``G^T G`` (``H^T H``), giving ``2 / (l_G l_H)``; ``mix``
+    multiplies it by ``(H^T H)^{-1}`` (``(G^T G)^{-1}``), which cancels it: ``None``, no bound
+    that depends on the weights.
+    """
+    _, (G, Hm) = problem(scale)
+    l_g = float(torch.linalg.eigvalsh(G.T @ G)[-1])
+    l_h = float(torch.linalg.eigvalsh(Hm.T @ Hm)[-1])
+    return {"inv": 2 / (l_g * l_h), "euclidean": 2 / (l_g + l_h)}.get(metric)
+
+
 def lr_grid(low: float = 1e-5, high: float = 10.0, per_decade: int = 4) -> list[float]:
     count = round(math.log10(high / low) * per_decade)
     return [float(f"{low * 10 ** (k / per_decade):.3g}") for k in range(count + 1)]
@@ -142,17 +160,20 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     print(f"1. RiemannianSGD, default retraction, {args.steps} steps, lr grid "
           f"{grid[0]:g} .. {grid[-1]:g} ({len(grid)} values)")
-    print(f"   {'metric':<10} {'scale':>5} {'largest stable lr':>18} {'best lr':>8} "
-          f"{'best rel. error':>16}")
+    print(f"   {'metric':<10} {'scale':>5} {'largest stable lr':>18} {'predicted':>10} "
+          f"{'best lr':>8} {'best rel. error':>16}")
     for metric in METRICS:
         for scale in args.scales:
             runs = [(lr, run_sgd(metric, lr, args.steps, scale=scale)) for lr in grid]
             stable = largest_stable(runs)
             finite = [(o["error"], lr) for lr, o in runs if o["stable"]]
             best_error, best_lr = min(finite) if finite else (math.inf, None)
+            bound = predicted_lr(metric, scale)
             out["stable"].append(dict(metric=metric, scale=scale, largest_stable_lr=stable,
-                                      best_lr=best_lr, best_error=best_error))
+                                      predicted_lr=bound, best_lr=best_lr,
+                                      best_error=best_error))
             print(f"   {metric:<10} {scale:>5g} {stable if stable is not None else '-':>18} "
+                  f"{f'{bound:.2g}' if bound is not None else 'scale-free':>10} "
                   f"{best_lr if best_lr is not None else '-':>8} {best_error:>16.1e}")
 
     print("\n2. retraction orders, mix metric, lr 0.5: CPU time per optimizer step (one thread,"

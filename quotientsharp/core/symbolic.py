@@ -19,6 +19,8 @@ Everything works on an explicit metric matrix ``g`` over a list of coordinate sy
   exactly at random rational points instead of calling a long ``simplify``.
 - :func:`to_torch_function` turns sympy expressions into torch functions that keep autograd and
   ``torch.vmap`` working.
+- :func:`check_quotient` holds a quotient class (its closed forms and the generic defaults it
+  keeps) against the exact geometry of a metric written with sympy, in one call.
 """
 
 from __future__ import annotations
@@ -44,14 +46,41 @@ Simplifier = Callable[[sympy.Expr], sympy.Expr] | None
 
 # ---------------------------------------------------------------------- small constructors
 def symbol_matrix(name: str, rows: int, cols: int, **assumptions: Any) -> sympy.Matrix:
-    """A ``rows x cols`` matrix of fresh symbols ``name_i_j`` (``real=True`` unless overridden)."""
+    """A ``rows x cols`` matrix of fresh symbols ``name_i_j``.
+
+    Parameters
+    ----------
+    name
+        Prefix of the symbols' names.
+    rows, cols
+        Shape of the matrix.
+    **assumptions
+        sympy assumptions of every symbol (``real=True`` unless overridden).
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[rows, cols]``.
+    """
     assumptions.setdefault("real", True)
     return sympy.Matrix(rows, cols,
                         lambda i, j: sympy.Symbol(f"{name}_{i}_{j}", **assumptions))
 
 
 def flat(*matrices: sympy.MatrixBase) -> list[sympy.Expr]:
-    """The entries of the matrices in row-major order, concatenated (torch ``reshape`` order)."""
+    """The entries of the matrices in row-major order, concatenated (torch ``reshape`` order).
+
+    Parameters
+    ----------
+    *matrices
+        Matrices (or anything :class:`sympy.Matrix` accepts), e.g. the components of a point.
+
+    Returns
+    -------
+    list
+        ``sum(len(m))`` expressions: the coordinates of a point in the order the package
+        flattens it.
+    """
     out: list[sympy.Expr] = []
     for m in matrices:
         out.extend(sympy.Matrix(m).reshape(1, len(m)).tolist()[0])
@@ -60,7 +89,19 @@ def flat(*matrices: sympy.MatrixBase) -> list[sympy.Expr]:
 
 def unflat(entries: Sequence[sympy.Expr], shapes: Sequence[tuple[int, int]]
            ) -> list[sympy.Matrix]:
-    """Inverse of :func:`flat`: split a flat list (or column vector) into matrices of ``shapes``."""
+    """Inverse of :func:`flat`: split a flat list (or column vector) into matrices of ``shapes``.
+
+    Parameters
+    ----------
+    entries
+        ``sum(r * c)`` expressions.
+    shapes
+        ``(rows, cols)`` of each matrix.
+
+    Returns
+    -------
+    list[sympy.Matrix]
+    """
     entries = list(entries)
     total = sum(r * c for r, c in shapes)
     if len(entries) != total:
@@ -125,7 +166,19 @@ def metric_from_bilinear(form: sympy.Expr, first: Sequence[sympy.Symbol],
 # ---------------------------------------------------------------------- Christoffel symbols
 def metric_derivatives(metric: sympy.MatrixBase, coords: Sequence[sympy.Symbol]
                        ) -> list[sympy.Matrix]:
-    """``[d g / d x^l for l]``: the coordinate derivatives of the metric (``N`` of ``N x N``)."""
+    """The coordinate derivatives of the metric, ``[d g / d x^l for l]``.
+
+    Parameters
+    ----------
+    metric, coords
+        As in :func:`christoffel_symbols`.
+
+    Returns
+    -------
+    list[sympy.Matrix]
+        ``N`` matrices of ``shape=[N, N]``; pass them to :func:`christoffel_symbols_at` to
+        reuse them across points.
+    """
     metric = _check_metric(metric, coords)
     return [metric.diff(c) for c in coords]
 
@@ -195,6 +248,11 @@ def christoffel_symbols_at(metric: sympy.MatrixBase, coords: Sequence[sympy.Symb
         Values of (at least) all coordinates, e.g. from :func:`random_rationals`.
     derivatives
         Optional precomputed :func:`metric_derivatives` (reuse them across points).
+
+    Returns
+    -------
+    list
+        Nested list ``N x N x N`` of exact numbers, ``Gamma[k][i][j] = Gamma^k_ij`` at ``point``.
     """
     metric = _check_metric(metric, coords)
     if derivatives is None:
@@ -209,7 +267,20 @@ def christoffel_symbols_at(metric: sympy.MatrixBase, coords: Sequence[sympy.Symb
 
 def contract(gamma: Gamma, u: Sequence[sympy.Expr] | sympy.MatrixBase,
              v: Sequence[sympy.Expr] | sympy.MatrixBase | None = None) -> sympy.Matrix:
-    """``Gamma^k(u, v) = sum_ij Gamma^k_ij u^i v^j``, ``shape=[N, 1]`` (``v`` defaults to ``u``)."""
+    """The contraction ``Gamma^k(u, v) = sum_ij Gamma^k_ij u^i v^j``.
+
+    Parameters
+    ----------
+    gamma
+        Christoffel symbols, from :func:`christoffel_symbols` or :func:`christoffel_symbols_at`.
+    u, v
+        Tangent vectors by their ``N`` components; ``v`` defaults to ``u``.
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[N, 1]``.
+    """
     n = len(gamma)
     u = _as_column(u, n, "u")
     v = u if v is None else _as_column(v, n, "v")
@@ -222,10 +293,22 @@ def christoffel_contraction(metric: sympy.MatrixBase, coords: Sequence[sympy.Sym
                             u: Sequence[sympy.Expr] | sympy.MatrixBase,
                             v: Sequence[sympy.Expr] | sympy.MatrixBase | None = None, *,
                             simplify: Simplifier = sympy.cancel) -> sympy.Matrix:
-    """The vector ``Gamma^k(u, v)`` of the Levi-Civita connection, ``shape=[N, 1]``.
+    """The vector ``Gamma^k(u, v)`` of the Levi-Civita connection.
 
-    ``u`` and ``v`` are tangent vectors given by their ``N`` components (symbols or expressions);
-    ``v`` defaults to ``u``.
+    Parameters
+    ----------
+    metric, coords
+        As in :func:`christoffel_symbols`.
+    u, v
+        Tangent vectors by their ``N`` components (symbols or expressions); ``v`` defaults to
+        ``u``, which gives the quadratic form of the geodesic equation.
+    simplify
+        Applied to the symbols and to each component (default :func:`sympy.cancel`).
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[N, 1]``.
     """
     out = contract(christoffel_symbols(metric, coords, simplify=simplify), u, v)
     return out if simplify is None else out.applyfunc(simplify)
@@ -272,7 +355,18 @@ def geodesic_residual(metric: sympy.MatrixBase, coords: Sequence[sympy.Symbol],
 # ---------------------------------------------------------------------- vertical / horizontal
 def vertical_matrix(generators: Sequence[Sequence[sympy.Expr] | sympy.MatrixBase]
                     ) -> sympy.Matrix:
-    """The vertical generators as the columns of an ``N x K`` matrix."""
+    """The vertical generators as the columns of a matrix.
+
+    Parameters
+    ----------
+    generators
+        ``K`` vectors of ``N`` components each (lists or column matrices).
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[N, K]``.
+    """
     if len(generators) == 0:
         raise ValueError("generators must hold at least one vertical vector")
     columns = [sympy.Matrix(list(g)) if not isinstance(g, sympy.MatrixBase)
@@ -287,7 +381,22 @@ def vertical_matrix(generators: Sequence[Sequence[sympy.Expr] | sympy.MatrixBase
 def metric_products(metric: sympy.MatrixBase,
                     generators: Sequence[Sequence[sympy.Expr] | sympy.MatrixBase],
                     vector: Sequence[sympy.Expr] | sympy.MatrixBase) -> sympy.Matrix:
-    """``[<V_k, vector>_g for k]``, ``shape=[K, 1]``: zero iff ``vector`` is horizontal."""
+    """The metric products ``[<V_k, vector>_g for k]`` with every vertical generator.
+
+    Parameters
+    ----------
+    metric
+        Metric matrix, ``shape=[N, N]``.
+    generators
+        The ``K`` vertical generators (see :func:`vertical_matrix`).
+    vector
+        ``N`` components.
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[K, 1]``; zero iff ``vector`` is horizontal.
+    """
     basis = vertical_matrix(generators)
     vector = _as_column(vector, basis.shape[0], "vector")
     return basis.T * sympy.Matrix(metric) * vector
@@ -298,7 +407,20 @@ def vertical_projection_matrix(metric: sympy.MatrixBase,
                                *, simplify: Simplifier = sympy.cancel) -> sympy.Matrix:
     """Metric-orthogonal projection onto the span of the generators: ``V (V^T g V)^{-1} V^T g``.
 
-    ``shape=[N, N]``. The generators must be linearly independent (a degenerate orbit raises).
+    Parameters
+    ----------
+    metric
+        Metric matrix, ``shape=[N, N]`` (symbolic, or evaluated at an exact point).
+    generators
+        The ``K`` vertical generators, linearly independent (a degenerate orbit raises).
+    simplify
+        Applied to the Gram matrix and to every entry (default :func:`sympy.cancel`); ``None``
+        for numbers.
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[N, N]``.
     """
     basis = vertical_matrix(generators)
     metric = sympy.Matrix(metric)
@@ -319,8 +441,17 @@ def horizontal_projection_matrix(metric: sympy.MatrixBase,
                                  *, simplify: Simplifier = sympy.cancel) -> sympy.Matrix:
     """Metric-orthogonal projection onto the horizontal space, ``I - V (V^T g V)^{-1} V^T g``.
 
-    ``shape=[N, N]``; works on symbolic metrics and, much faster, on metrics evaluated at an
-    exact point.
+    Works on symbolic metrics and, much faster, on metrics evaluated at an exact point.
+
+    Parameters
+    ----------
+    metric, generators, simplify
+        As in :func:`vertical_projection_matrix`.
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[N, N]``.
     """
     vertical = vertical_projection_matrix(metric, generators, simplify=simplify)
     out = sympy.eye(vertical.shape[0]) - vertical
@@ -329,9 +460,21 @@ def horizontal_projection_matrix(metric: sympy.MatrixBase,
 
 def pullback_metric(metric: sympy.MatrixBase, coords: Sequence[sympy.Symbol],
                     action: Sequence[sympy.Expr]) -> sympy.Matrix:
-    """``J^T g(psi(x)) J`` for the map ``x -> psi(x) = action``, ``J = d psi / d x``.
+    """The pulled-back metric ``J^T g(psi(x)) J`` of the map ``x -> psi(x)``, ``J = d psi / dx``.
 
     The metric is invariant under ``psi`` iff this equals ``metric``.
+
+    Parameters
+    ----------
+    metric, coords
+        As in :func:`christoffel_symbols`.
+    action
+        ``psi(x)``: ``N`` expressions in ``coords``, e.g. a group element acting.
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[N, N]``.
     """
     metric = _check_metric(metric, coords)
     if len(action) != len(coords):
@@ -344,7 +487,21 @@ def pullback_metric(metric: sympy.MatrixBase, coords: Sequence[sympy.Symbol],
 # ---------------------------------------------------------------------- exact evaluation
 def random_rational(rng: random.Random, *, bound: int = 3, max_denominator: int = 7,
                     nonzero: bool = True) -> sympy.Rational:
-    """A random rational ``p / q`` with ``|p / q| <= bound`` and ``1 <= q <= max_denominator``."""
+    """A random rational ``p / q`` with ``|p / q| <= bound`` and ``1 <= q <= max_denominator``.
+
+    Parameters
+    ----------
+    rng
+        The source of randomness.
+    bound, max_denominator
+        Limits of the value and of its denominator (both ``>= 1``).
+    nonzero
+        Redraw zeros (default), e.g. for coordinates a metric divides by.
+
+    Returns
+    -------
+    sympy.Rational
+    """
     if bound < 1 or max_denominator < 1:
         raise ValueError("bound and max_denominator must be >= 1")
     while True:
@@ -356,19 +513,64 @@ def random_rational(rng: random.Random, *, bound: int = 3, max_denominator: int 
 
 def random_rationals(symbols: Sequence[sympy.Symbol], rng: random.Random, **kwargs: Any
                      ) -> dict[sympy.Symbol, sympy.Rational]:
-    """``{symbol: random_rational(rng, **kwargs)}`` for every symbol (nonzero by default)."""
+    """A random rational value for every symbol: a point where identities hold exactly.
+
+    Parameters
+    ----------
+    symbols
+        The coordinates.
+    rng
+        The source of randomness.
+    **kwargs
+        Passed to :func:`random_rational` (nonzero by default).
+
+    Returns
+    -------
+    dict
+        ``{symbol: rational}``, ready for :func:`evaluate_exact`.
+    """
     return {s: random_rational(rng, **kwargs) for s in symbols}
 
 
 def random_rational_matrix(rows: int, cols: int, rng: random.Random, **kwargs: Any
                            ) -> sympy.Matrix:
-    """A ``rows x cols`` matrix of :func:`random_rational` entries."""
+    """A matrix of :func:`random_rational` entries.
+
+    Parameters
+    ----------
+    rows, cols
+        Its shape.
+    rng
+        The source of randomness.
+    **kwargs
+        Passed to :func:`random_rational`.
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[rows, cols]``.
+    """
     return sympy.Matrix(rows, cols, lambda i, j: random_rational(rng, **kwargs))
 
 
 def random_invertible_rational_matrix(n: int, rng: random.Random, **kwargs: Any
                                       ) -> sympy.Matrix:
-    """A random invertible ``n x n`` rational matrix (redrawn until its determinant is nonzero)."""
+    """A random invertible rational matrix (redrawn until its determinant is nonzero).
+
+    Parameters
+    ----------
+    n
+        Its size.
+    rng
+        The source of randomness.
+    **kwargs
+        Passed to :func:`random_rational` (entries may be zero).
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[n, n]``, e.g. a group element of GL(n).
+    """
     while True:
         m = random_rational_matrix(n, n, rng, nonzero=False, **kwargs)
         if m.det() != 0:
@@ -379,8 +581,25 @@ def evaluate_exact(expr: Any, values: Mapping[sympy.Symbol, sympy.Expr]) -> Any:
     """Substitute ``values`` into an expression or matrix without floats or simplification.
 
     Uses ``xreplace`` (simultaneous, structural); sympy's constructors fold the rational
-    arithmetic. Raises if a free symbol is left over, so a forgotten coordinate is not mistaken
-    for a symbolic result.
+    arithmetic.
+
+    Parameters
+    ----------
+    expr
+        An expression, a matrix, or anything :func:`sympy.sympify` accepts.
+    values
+        ``{symbol: value}``, e.g. from :func:`random_rationals`.
+
+    Returns
+    -------
+    object
+        ``expr`` at ``values``: exact numbers when the values are rational.
+
+    Raises
+    ------
+    ValueError
+        A free symbol is left over, so a forgotten coordinate is not mistaken for a symbolic
+        result.
     """
     if not hasattr(expr, "xreplace"):
         expr = sympy.sympify(expr)
@@ -403,8 +622,19 @@ def _entries(value: Any) -> list[sympy.Expr]:
 def is_exactly_zero(value: Any) -> bool:
     """Whether every entry of a number, matrix or nested list is exactly ``0``.
 
-    Entries must already be rational numbers (e.g. from :func:`evaluate_exact` at a rational
-    point): anything else raises, so an inexact comparison never passes silently.
+    Parameters
+    ----------
+    value
+        Rational numbers (e.g. from :func:`evaluate_exact` at a rational point).
+
+    Returns
+    -------
+    bool
+
+    Raises
+    ------
+    ValueError
+        An entry is symbolic or not rational, so an inexact comparison never passes silently.
     """
     for e in _entries(value):
         if e.free_symbols:
@@ -417,14 +647,38 @@ def is_exactly_zero(value: Any) -> bool:
 
 
 def max_abs(value: Any) -> sympy.Rational:
-    """Largest absolute entry (exact) of a rational number, matrix or nested list."""
+    """Largest absolute entry (exact) of a rational number, matrix or nested list.
+
+    Parameters
+    ----------
+    value
+        Numbers, a matrix or a nested list of them.
+
+    Returns
+    -------
+    sympy.Rational
+        ``0`` for an empty value.
+    """
     entries = _entries(value)
     return max((abs(e) for e in entries), default=sympy.S.Zero)
 
 
 def to_tensor(value: Any, dtype: torch.dtype = torch.float64,
               device: torch.device | str | None = None) -> torch.Tensor:
-    """A numeric sympy matrix (kept 2-D), list or number as a torch tensor of ``dtype``."""
+    """A numeric sympy matrix (kept 2-D), list or number as a torch tensor.
+
+    Parameters
+    ----------
+    value
+        Exact or floating numbers: a matrix, a (nested) list or a number.
+    dtype, device
+        Of the tensor.
+
+    Returns
+    -------
+    torch.Tensor
+        A matrix keeps its two dimensions; a list is stacked.
+    """
     if isinstance(value, sympy.MatrixBase):
         return torch.tensor([[float(e) for e in row] for row in value.tolist()], dtype=dtype,
                             device=device)
@@ -518,7 +772,17 @@ def to_torch_function(exprs: Any, symbols: Sequence[sympy.Symbol]
 def package_relative_error(package: Sequence[torch.Tensor], exact: Sequence[sympy.Expr]) -> float:
     """``max |package - exact| / max |exact|`` over all entries (absolute when exact is 0).
 
-    Compares the package's torch output (any shapes, flattened in order) with exact values.
+    Parameters
+    ----------
+    package
+        The package's torch output, any shapes, flattened in order (e.g. a point tuple).
+    exact
+        The exact values, as many as ``package`` has entries.
+
+    Returns
+    -------
+    float
+        The relative error in float64.
     """
     got = torch.cat([p.reshape(-1) for p in package]).to(torch.float64)
     want = torch.tensor([float(e) for e in exact], dtype=torch.float64)

@@ -172,8 +172,8 @@ class QuotientManifold(geoopt.Manifold):
         for order 2 and 124 exact; at lr 0.8 order 1 stays bounded where order 2 diverges), and
         diagonal-network regression (identical under inv; under mix with a sparse target both
         blow up, order 2 sooner). ``benchmarks/step_sizes.py`` measures the cost: order 2
-        adds the Christoffel contraction (under 10% of a step for GL), ``"exact"`` integrates
-        the geodesic equation (about 60 times a step). Second-order methods want
+        adds the Christoffel contraction (up to 20% of a step for GL), ``"exact"`` integrates
+        the geodesic equation (35 to 65 times a step). Second-order methods want
         ``retraction=2``.
 
     Examples
