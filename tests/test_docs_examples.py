@@ -9,6 +9,7 @@ cannot run offline. This file checks, with Sybil's own parser, that each page li
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 from sybil import Document
 from sybil.evaluators.python import PythonEvaluator
 from sybil.evaluators.skip import Skipper
-from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
+from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 #: Pages written with runnable code, and how many blocks each has at least.
@@ -40,6 +41,48 @@ def python_blocks(path: Path) -> list[tuple[int, bool]]:
             blocks.append((example.line, skip_next or skipping))
             skip_next = False
     return blocks
+
+
+def output_blocks(path: Path) -> list[int]:
+    """Lines of the ```output blocks of a page (each one a test: docs/conftest.py)."""
+    return [example.line for example in
+            Document.parse(str(path), CodeBlockParser(language="output")).examples()]
+
+
+def _conftest():
+    """docs/conftest.py as a module (it is pytest's conftest of docs/, not a package)."""
+    spec = importlib.util.spec_from_file_location("quotientsharp_docs_conftest",
+                                                  DOCS / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_outputs_match_words_numbers_and_ellipsis() -> None:
+    match = _conftest().outputs_match
+    assert match("error 1.2e-16 after 100 steps", "error 4.4e-16 after 100 steps")
+    assert match("value 0.00743579", "value 0.0074360")               # within 2 %
+    assert not match("value 0.00743579", "value 0.0080")              # 8 % off
+    assert not match("error 1.2e-16 after 100 steps", "error 1.2e-16 after 101 steps")
+    assert not match("christoffel  pass", "christoffel  FAIL")
+    assert not match("[0.0156, 1.177]", "[0.0156, 1.177, 3.0]")
+    assert match("first\n...\nlast", "first\nmiddle\nmore\nlast")
+    assert match("first\n...\nlast", "first\nlast")
+    assert not match("first\nlast", "first\nmiddle\nlast")
+    assert match("  trailing   \n", "  trailing")
+
+
+@pytest.mark.parametrize("name", ["tutorial-custom-symmetry.md", "adapters.md"])
+def test_every_printing_block_shows_its_output(name: str) -> None:
+    """On these pages each python block that prints is followed by its ```output block."""
+    text = (DOCS / name).read_text()
+    blocks = list(re.finditer(r"```python\n(.*?)```\n", text, flags=re.S))
+    printing = [b for b in blocks if re.search(r"^\s*print\(", b.group(1), flags=re.M)]
+    assert len(printing) >= 3, name
+    for block in printing:
+        after = text[block.end():].lstrip("\n")
+        line = text[:block.start()].count("\n") + 1
+        assert after.startswith("```output\n"), f"{name}:{line}: a print without its output"
 
 
 def test_block_parsing_sees_skip_markers_and_order(tmp_path) -> None:
@@ -71,7 +114,8 @@ def test_sybil_collects_every_block_of_the_top_level_pages() -> None:
         if "::line:" in line:
             page = line.split("::")[0]
             collected[page] = collected.get(page, 0) + 1
-    expected = {f"docs/{p.name}": len(python_blocks(p)) for p in sorted(DOCS.glob("*.md"))}
+    expected = {f"docs/{p.name}": len(python_blocks(p)) + len(output_blocks(p))
+                for p in sorted(DOCS.glob("*.md"))}
     expected = {page: count for page, count in expected.items() if count}
     # Sybil also collects each skip marker as an item of its own
     markers = {f"docs/{p.name}": p.read_text().count("<!-- skip:") for p in DOCS.glob("*.md")}

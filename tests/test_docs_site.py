@@ -41,7 +41,15 @@ API_OBJECTS = {
     "api/reference": ["quotientsharp.core.reference.christoffel"],
     "api/adapters": ["quotientsharp.core.adapters.geoopt.QuotientManifold",
                      "quotientsharp.core.adapters.pymanopt.PymanoptQuotient"],
+    "api/symbolic": ["quotientsharp.core.symbolic.check_quotient",
+                     "quotientsharp.core.symbolic.christoffel_symbols",
+                     "quotientsharp.core.symbolic.horizontal_projection_matrix"],
 }
+#: pages that write their formulas in KaTeX only (no formula as inline code)
+KATEX_PAGES = ("tutorial-custom-symmetry", "adapters")
+#: the longest line a code block of the home page may have without being cut off in a
+#: narrow window (the theme scrolls code blocks instead of wrapping them)
+HOME_LINE = 60
 STUDIES = ("diagonal", "vit", "bert", "minilm", "vit-finetune", "invariance")
 
 
@@ -171,3 +179,64 @@ def test_figures_hook_embeds_the_files_present_and_only_those(tmp_path) -> None:
     section = hook._figures_section("vit", tmp_path)
     assert re.findall(r"!\[[^]]*\]\(([^ )]+)", section) == [
         "figures/vit/scatter_a.png", "figures/vit/scatter_b.png"]
+
+
+def _math(html: str) -> tuple[list[str], list[str]]:
+    inline = re.findall(r'<span class="arithmatex">\\\((.+?)\\\)</span>', html, flags=re.S)
+    display = re.findall(r'<div class="arithmatex">\\\[(.+?)\\\]</div>', html, flags=re.S)
+    return inline, display
+
+
+def test_tutorial_and_adapter_pages_write_math_in_katex(site) -> None:
+    for name in KATEX_PAGES:
+        html = (site / name / "index.html").read_text()
+        inline, _ = _math(html)
+        assert len(inline) >= 10, (name, len(inline))
+        text = re.sub(r"<(pre|script)\b.*?</\1>", "", html, flags=re.S)
+        text = re.sub(r'<(span|div) class="arithmatex">.*?</\1>', "", text, flags=re.S)
+        assert "$" not in text, f"{name}: a $ outside math (unconverted formula?)"
+        # formulas once written as inline code: none is left outside code blocks
+        codes = re.findall(r"<code>(.*?)</code>", text, flags=re.S)
+        for pattern in (r"\^T\b", r"Gamma\(", r"\|w_in\|", r"^O\(", r"G H\^"):
+            offenders = [c for c in codes if re.search(pattern, c)]
+            assert not offenders, (name, pattern, offenders)
+
+
+def test_home_page_code_is_not_cut_off(site) -> None:
+    html = (site / "index.html").read_text()
+    blocks = re.findall(r"<pre\b.*?</pre>", html, flags=re.S)
+    assert blocks
+    for block in blocks:
+        text = re.sub(r"<[^>]+>", "", block)
+        for line in text.splitlines():
+            assert len(line.rstrip()) <= HOME_LINE, line
+
+
+def test_results_pages_state_their_heading_once(site) -> None:
+    for page in sorted((ROOT / "docs" / "results").glob("*.md")):
+        html = (site / "results" / page.stem / "index.html").read_text()
+        titles = re.findall(r"<h1\b[^>]*>(.*?)</h1>", html, flags=re.S)
+        assert len(titles) == 1, (page.name, titles)
+        title = re.sub(r"<[^>]+>|&para;|¶", "", titles[0]).strip()
+        heading = page.read_text().lstrip().splitlines()[0].lstrip("#").strip()
+        assert title == re.sub(r"`", "", heading), (page.name, title, heading)
+        subheadings = [re.sub(r"<[^>]+>|&para;|¶", "", h).strip()
+                       for h in re.findall(r"<h2\b[^>]*>(.*?)</h2>", html, flags=re.S)]
+        assert title not in subheadings, page.name
+
+
+def test_derivations_readme_is_a_page_listing_every_script(site) -> None:
+    readme = (ROOT / "derivations" / "README.md").read_text()
+    scripts = sorted(p.name for p in (ROOT / "derivations").glob("*.py"))
+    assert len(scripts) >= 3
+    html = (site / "derivations" / "index.html").read_text()
+    for script in scripts:
+        assert f"**`{script}`**" in readme, f"derivations/README.md does not describe {script}"
+        assert f"<code>{script}</code>" in html, script
+    # the page is the README: a sentence from its middle is on it
+    sentence = "exits with status 0 when every check passes"
+    page_text = " ".join(re.sub(r"<[^>]+>", "", html).split())
+    assert sentence in " ".join(readme.split()) and sentence in page_text
+    links = re.findall(r'href="([^"]*derivations/)"', (site / "tutorial-custom-symmetry" /
+                                                          "index.html").read_text())
+    assert links, "the tutorial links the derivations page"

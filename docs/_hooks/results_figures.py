@@ -5,7 +5,8 @@ committed, and its page section to ``docs/results/STUDY.md``, which it rewrites 
 with ``--docs docs``. So the figures are embedded here, at build time, rather than in the
 generated page: every PNG in ``docs/results/figures/STUDY/`` is appended to that study's page
 under "Figures"; with none there, the section says how to make them. Only files that exist are
-referenced.
+referenced. A results page's headings are raised one level (:func:`promote_headings`), so that
+its generated heading is the page's title rather than a repetition of it.
 """
 
 from __future__ import annotations
@@ -36,9 +37,40 @@ def _figures_section(study: str, docs_dir: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def promote_headings(markdown: str) -> str:
+    """Raise every heading one level when the page has no level-1 heading.
+
+    A study's section file starts with a level-2 heading, because the same file is also a
+    section of ``results.md``. Shown as a page of its own, the theme would add the navigation
+    title as a level-1 heading above it, so the page would open with its title twice; with its
+    own heading promoted to level 1, the page has one title, the study's. Lines inside fenced
+    code blocks are left alone.
+    """
+    lines = markdown.split("\n")
+    fenced = False
+    has_title = False
+    for line in lines:
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("# "):
+            has_title = True
+    if has_title:
+        return markdown
+    out, fenced = [], False
+    for line in lines:
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("##"):
+            line = line[1:]
+        out.append(line)
+    return "\n".join(out)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
     path = page.file.src_uri
     docs_dir = Path(config["docs_dir"])
+    if path.startswith("results/"):
+        markdown = promote_headings(markdown)
     if path.startswith("results/") and Path(path).stem in STUDIES:
         return markdown.rstrip() + "\n" + _figures_section(Path(path).stem, docs_dir)
     if path == "results.md":

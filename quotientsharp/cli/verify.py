@@ -1,14 +1,26 @@
-"""``quotientsharp verify``: run every geometry check on every built-in quotient."""
+"""``quotientsharp verify``: run every geometry check on every built-in quotient, or on yours.
+
+``--quotient MODULE:NAME`` checks a user's quotient instead: ``NAME`` is an instance, a class
+that can be built without arguments, or a function of no arguments returning one. The exit
+status is 0 when every check passes, 1 on any failure (including a check that raised), and 2
+on bad input (one line on stderr, naming the flag).
+"""
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from quotientsharp.cli.user_objects import UserInputError, import_object
 
 if TYPE_CHECKING:
     from quotientsharp.core.quotient import SymmetryQuotient
+
+PROG = "quotientsharp verify"
 
 
 def builtin_quotients() -> list[SymmetryQuotient]:
@@ -42,9 +54,57 @@ def title_of(quotient: SymmetryQuotient) -> str:
     return f"{quotient.name} ({settings})" if settings else quotient.name
 
 
+def user_quotient(spec: str) -> Any:
+    """The quotient that ``--quotient MODULE:NAME`` names, built if ``NAME`` is a class or function.
+
+    Raises
+    ------
+    UserInputError
+        The module or name is missing, building it failed, or it is not a quotient with
+        ``point_shapes`` (which the checks need to draw a random point).
+    """
+    from quotientsharp.core.quotient import SymmetryQuotient
+
+    flag = "--quotient"
+    value = import_object(spec, flag)
+    what = "instance"
+    if isinstance(value, type) or (callable(value) and not isinstance(value, SymmetryQuotient)):
+        what = "class" if isinstance(value, type) else "function"
+        if isinstance(value, type) and not issubclass(value, SymmetryQuotient):
+            raise UserInputError(f"{flag} {spec!r}: class {value.__name__} is not a "
+                                 f"SymmetryQuotient subclass")
+        if inspect.isabstract(value):
+            raise UserInputError(f"{flag} {spec!r}: class {value.__name__} is abstract "
+                                 f"(it does not define every required method)")
+        try:
+            value = value()
+        except Exception as err:
+            message = " ".join(str(err).split())
+            raise UserInputError(
+                f"{flag} {spec!r}: calling {what} {spec.partition(':')[2]}() with no arguments "
+                f"failed ({type(err).__name__}: {message}); name an instance, or a function "
+                f"of no arguments that returns one") from err
+    if not isinstance(value, SymmetryQuotient):
+        got = (f"it is of type {type(value).__name__}" if what == "instance"
+               else f"the {what} returned a value of type {type(value).__name__}")
+        raise UserInputError(f"{flag} {spec!r}: expected a SymmetryQuotient instance, a "
+                             f"subclass or a function returning one; {got}")
+    if value.point_shapes is None and getattr(value, "check_shapes", None) is None:
+        raise UserInputError(f"{flag} {spec!r}: {type(value).__name__} has no point_shapes, "
+                             f"so the checks cannot draw a point; name an instance built with "
+                             f"point_shapes=[...] (or a function returning one)")
+    return value
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("verify", help="check every built-in quotient's closed forms "
-                              "against autograd references, Taylor slopes and invariances")
+                              "against autograd references, Taylor slopes and invariances "
+                              "(or your own quotient's, with --quotient)")
+    p.add_argument("--quotient", action="append", default=None, metavar="MODULE:NAME",
+                   help="check this quotient instead of the built-in ones: NAME in MODULE "
+                        "(imported from the working directory or sys.path) is an instance, a "
+                        "class constructible without arguments, or a function returning one; "
+                        "repeat to check several")
     p.add_argument("--seeds", type=int, default=2, help="number of random seeds (default 2)")
     p.add_argument("--dtype", choices=["float64", "float32", "both"], default="both",
                    help="dtype of the random points (default both)")
@@ -58,20 +118,43 @@ def run(args: argparse.Namespace) -> int:
 
     dtypes = {"float64": [torch.float64], "float32": [torch.float32],
               "both": [torch.float64, torch.float32]}[args.dtype]
-    failures, rows = 0, []
-    for quotient in builtin_quotients():
+    if args.quotient:
+        try:
+            quotients = [user_quotient(spec) for spec in args.quotient]
+        except UserInputError as err:
+            print(f"{PROG}: error: {err}", file=sys.stderr)
+            return 2
+    else:
+        quotients = builtin_quotients()
+    failures, rows, crashed = 0, [], 0
+    for quotient in quotients:
         for dtype in dtypes:
             for seed in range(args.seeds):
-                results = check_all(quotient, seed=seed, dtype=dtype)
                 title = (f"{title_of(quotient)}  dtype={str(dtype).removeprefix('torch.')}  "
                          f"seed={seed}")
+                try:
+                    results = check_all(quotient, seed=seed, dtype=dtype)
+                except Exception as err:
+                    # a user's class that raises is a failure to report, not a traceback
+                    message = " ".join(str(err).split())
+                    print(f"{title}\n  FAIL: check_all raised {type(err).__name__}: {message}")
+                    crashed += 1
+                    continue
                 print(format_results(results, title))
                 failures += sum(not r.passed for r in results)
                 rows += [dict(quotient=quotient.name, dtype=str(dtype), seed=seed,
                               name=r.name, error=r.error, tolerance=r.tolerance,
-                              passed=r.passed) for r in results]
-    total = len(rows)
-    print(f"\n{total - failures} passed, {failures} failed")
+                              passed=r.passed, status=r.status) for r in results]
+    unchecked = sum(r["status"] == "no override" for r in rows)
+    passed = len(rows) - failures - unchecked
+    summary = f"\n{passed} passed, {failures} failed"
+    if unchecked:
+        summary += (f", {unchecked} no override (the class keeps the generic default, "
+                    f"compared with itself)")
+    if crashed:
+        summary += f", {crashed} runs raised"
+    print(summary)
+    failures += crashed
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=1))

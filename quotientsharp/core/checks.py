@@ -38,9 +38,14 @@ class CheckResult:
     tolerance
         The bound the error was held to (for slopes: the expected slope).
     passed
-        Whether the check passed.
+        Whether the check passed. A ``no_override`` check passes: it found nothing wrong,
+        though it tested nothing either.
     detail
         Free text: what was compared with what.
+    no_override
+        ``True`` when the class does not override the operation, so the check compared the
+        generic default with itself (its error is 0 by construction). :func:`format_results`
+        marks such a row "no override" rather than "pass".
     """
 
     name: str
@@ -48,6 +53,14 @@ class CheckResult:
     tolerance: float
     passed: bool
     detail: str = ""
+    no_override: bool = False
+
+    @property
+    def status(self) -> str:
+        """``"pass"``, ``"FAIL"`` or ``"no override"`` (a default compared with itself)."""
+        if not self.passed:
+            return "FAIL"
+        return "no override" if self.no_override else "pass"
 
 
 def relative_error(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
@@ -67,11 +80,13 @@ def _overrides(quotient: SymmetryQuotient, method: str) -> bool:
     return getattr(type(quotient), method) is not getattr(SymmetryQuotient, method)
 
 
-def _no_override(quotient: SymmetryQuotient, method: str) -> str:
-    """A note for a check that compares the generic default with itself."""
-    if isinstance(quotient, ClosedFormQuotient) or _overrides(quotient, method):
-        return ""
-    return " (no override: the generic default against itself)"
+def _no_override(quotient: SymmetryQuotient, method: str) -> bool:
+    """Whether a check of ``method`` against its reference compares the default with itself."""
+    return not (isinstance(quotient, ClosedFormQuotient) or _overrides(quotient, method))
+
+
+#: appended to the detail of a check that compared the generic default with itself
+_NO_OVERRIDE_NOTE = " (no override: the generic default against itself)"
 
 
 def _random_tangent_raw(x: Tensors, ndims: Sequence[int], gen: torch.Generator) -> Tensors:
@@ -179,8 +194,12 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
     q = quotient
     results: list[CheckResult] = []
 
-    def add(name: str, err: float, detail: str, bound: float = tol) -> None:
-        results.append(CheckResult(name, err, bound, bool(err <= bound), detail))
+    def add(name: str, err: float, detail: str, bound: float = tol,
+            default_of: str | None = None) -> None:
+        # default_of: the method whose override this check tests against its reference
+        same = default_of is not None and _no_override(q, default_of)
+        results.append(CheckResult(name, err, bound, bool(err <= bound),
+                                   detail + (_NO_OVERRIDE_NOTE if same else ""), same))
 
     u = _random_tangent_raw(x, nd, gen)
     w = _random_tangent_raw(x, nd, gen)
@@ -189,8 +208,8 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
     hu = q.horizontal_projection(x, u)
     vu = q.vertical_projection(x, u)
     add("horizontal_projection_vs_reference", relative_error(hu, reference.horizontal_projection(
-        q, x, u)), "closed form against the normal equations over the vertical basis"
-        + _no_override(q, "horizontal_projection"))
+        q, x, u)), "closed form against the normal equations over the vertical basis",
+        default_of="horizontal_projection")
     add("projection_idempotent", relative_error(q.horizontal_projection(x, hu), hu),
         "P(P u) = P u")
     add("projections_sum_to_identity", relative_error(T.add(hu, vu), u), "P_h u + P_v u = u")
@@ -246,10 +265,10 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
     # --- Christoffel
     add("christoffel_vs_reference", relative_error(q.christoffel(x, u, w),
                                                    reference.christoffel(q, x, u, w)),
-        "bilinear Gamma(u, w) against autograd on the metric" + _no_override(q, "christoffel"))
+        "bilinear Gamma(u, w) against autograd on the metric", default_of="christoffel")
     add("christoffel_quadratic_vs_reference", relative_error(q.christoffel(x, u),
                                                              reference.christoffel(q, x, u)),
-        "Gamma(u, u) against autograd on the metric")
+        "Gamma(u, u) against autograd on the metric", default_of="christoffel")
     add("christoffel_symmetric", relative_error(q.christoffel(x, u, w), q.christoffel(x, w, u)),
         "Gamma(u, w) = Gamma(w, u)")
 
@@ -260,8 +279,8 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
     rgrad = q.euclidean_to_riemannian_gradient(x, egrad)
     add("gradient_vs_reference", relative_error(
         rgrad, reference.euclidean_to_riemannian_gradient(q, x, egrad)),
-        "closed form against the dense metric solve"
-        + _no_override(q, "euclidean_to_riemannian_gradient"))
+        "closed form against the dense metric solve",
+        default_of="euclidean_to_riemannian_gradient")
     add("gradient_horizontal", float(reference.horizontality_error(q, x, rgrad).max()),
         "reference horizontality error of the gradient")
     if x[0].dtype == torch.float64:
@@ -337,13 +356,29 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
 
 
 def format_results(results: Sequence[CheckResult], title: str = "") -> str:
-    """A plain-text table of check results."""
+    """A plain-text table of check results, one row per check.
+
+    Each row ends in the check's :attr:`CheckResult.status`: ``pass``, ``FAIL``, or
+    ``no override`` where the class keeps the generic default, so that the check compared the
+    default with itself and tested nothing.
+
+    Parameters
+    ----------
+    results
+        From :func:`check_all`.
+    title
+        A first line, e.g. the quotient's name.
+
+    Returns
+    -------
+    str
+    """
     lines = [title] if title else []
     width = max(len(r.name) for r in results)
     for r in results:
-        mark = "pass" if r.passed else "FAIL"
         value = f"{r.error:.3e}" if math.isfinite(r.error) else str(r.error)
-        lines.append(f"  {r.name:<{width}}  {value:>10}  (tol/expected {r.tolerance:.1e})  {mark}")
+        lines.append(f"  {r.name:<{width}}  {value:>10}  (tol/expected {r.tolerance:.1e})  "
+                     f"{r.status}")
     return "\n".join(lines)
 
 

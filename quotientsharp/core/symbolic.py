@@ -19,10 +19,13 @@ Everything works on an explicit metric matrix ``g`` over a list of coordinate sy
   exactly at random rational points instead of calling a long ``simplify``.
 - :func:`to_torch_function` turns sympy expressions into torch functions that keep autograd and
   ``torch.vmap`` working.
+- :func:`check_quotient` holds a quotient class (its closed forms and the generic defaults it
+  keeps) against the exact geometry of a metric written with sympy, in one call.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -43,14 +46,41 @@ Simplifier = Callable[[sympy.Expr], sympy.Expr] | None
 
 # ---------------------------------------------------------------------- small constructors
 def symbol_matrix(name: str, rows: int, cols: int, **assumptions: Any) -> sympy.Matrix:
-    """A ``rows x cols`` matrix of fresh symbols ``name_i_j`` (``real=True`` unless overridden)."""
+    """A ``rows x cols`` matrix of fresh symbols ``name_i_j``.
+
+    Parameters
+    ----------
+    name
+        Prefix of the symbols' names.
+    rows, cols
+        Shape of the matrix.
+    **assumptions
+        sympy assumptions of every symbol (``real=True`` unless overridden).
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[rows, cols]``.
+    """
     assumptions.setdefault("real", True)
     return sympy.Matrix(rows, cols,
                         lambda i, j: sympy.Symbol(f"{name}_{i}_{j}", **assumptions))
 
 
 def flat(*matrices: sympy.MatrixBase) -> list[sympy.Expr]:
-    """The entries of the matrices in row-major order, concatenated (torch ``reshape`` order)."""
+    """The entries of the matrices in row-major order, concatenated (torch ``reshape`` order).
+
+    Parameters
+    ----------
+    *matrices
+        Matrices (or anything :class:`sympy.Matrix` accepts), e.g. the components of a point.
+
+    Returns
+    -------
+    list
+        ``sum(len(m))`` expressions: the coordinates of a point in the order the package
+        flattens it.
+    """
     out: list[sympy.Expr] = []
     for m in matrices:
         out.extend(sympy.Matrix(m).reshape(1, len(m)).tolist()[0])
@@ -59,7 +89,19 @@ def flat(*matrices: sympy.MatrixBase) -> list[sympy.Expr]:
 
 def unflat(entries: Sequence[sympy.Expr], shapes: Sequence[tuple[int, int]]
            ) -> list[sympy.Matrix]:
-    """Inverse of :func:`flat`: split a flat list (or column vector) into matrices of ``shapes``."""
+    """Inverse of :func:`flat`: split a flat list (or column vector) into matrices of ``shapes``.
+
+    Parameters
+    ----------
+    entries
+        ``sum(r * c)`` expressions.
+    shapes
+        ``(rows, cols)`` of each matrix.
+
+    Returns
+    -------
+    list[sympy.Matrix]
+    """
     entries = list(entries)
     total = sum(r * c for r, c in shapes)
     if len(entries) != total:
@@ -124,7 +166,19 @@ def metric_from_bilinear(form: sympy.Expr, first: Sequence[sympy.Symbol],
 # ---------------------------------------------------------------------- Christoffel symbols
 def metric_derivatives(metric: sympy.MatrixBase, coords: Sequence[sympy.Symbol]
                        ) -> list[sympy.Matrix]:
-    """``[d g / d x^l for l]``: the coordinate derivatives of the metric (``N`` of ``N x N``)."""
+    """The coordinate derivatives of the metric, ``[d g / d x^l for l]``.
+
+    Parameters
+    ----------
+    metric, coords
+        As in :func:`christoffel_symbols`.
+
+    Returns
+    -------
+    list[sympy.Matrix]
+        ``N`` matrices of ``shape=[N, N]``; pass them to :func:`christoffel_symbols_at` to
+        reuse them across points.
+    """
     metric = _check_metric(metric, coords)
     return [metric.diff(c) for c in coords]
 
@@ -194,6 +248,11 @@ def christoffel_symbols_at(metric: sympy.MatrixBase, coords: Sequence[sympy.Symb
         Values of (at least) all coordinates, e.g. from :func:`random_rationals`.
     derivatives
         Optional precomputed :func:`metric_derivatives` (reuse them across points).
+
+    Returns
+    -------
+    list
+        Nested list ``N x N x N`` of exact numbers, ``Gamma[k][i][j] = Gamma^k_ij`` at ``point``.
     """
     metric = _check_metric(metric, coords)
     if derivatives is None:
@@ -208,7 +267,20 @@ def christoffel_symbols_at(metric: sympy.MatrixBase, coords: Sequence[sympy.Symb
 
 def contract(gamma: Gamma, u: Sequence[sympy.Expr] | sympy.MatrixBase,
              v: Sequence[sympy.Expr] | sympy.MatrixBase | None = None) -> sympy.Matrix:
-    """``Gamma^k(u, v) = sum_ij Gamma^k_ij u^i v^j``, ``shape=[N, 1]`` (``v`` defaults to ``u``)."""
+    """The contraction ``Gamma^k(u, v) = sum_ij Gamma^k_ij u^i v^j``.
+
+    Parameters
+    ----------
+    gamma
+        Christoffel symbols, from :func:`christoffel_symbols` or :func:`christoffel_symbols_at`.
+    u, v
+        Tangent vectors by their ``N`` components; ``v`` defaults to ``u``.
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[N, 1]``.
+    """
     n = len(gamma)
     u = _as_column(u, n, "u")
     v = u if v is None else _as_column(v, n, "v")
@@ -221,10 +293,22 @@ def christoffel_contraction(metric: sympy.MatrixBase, coords: Sequence[sympy.Sym
                             u: Sequence[sympy.Expr] | sympy.MatrixBase,
                             v: Sequence[sympy.Expr] | sympy.MatrixBase | None = None, *,
                             simplify: Simplifier = sympy.cancel) -> sympy.Matrix:
-    """The vector ``Gamma^k(u, v)`` of the Levi-Civita connection, ``shape=[N, 1]``.
+    """The vector ``Gamma^k(u, v)`` of the Levi-Civita connection.
 
-    ``u`` and ``v`` are tangent vectors given by their ``N`` components (symbols or expressions);
-    ``v`` defaults to ``u``.
+    Parameters
+    ----------
+    metric, coords
+        As in :func:`christoffel_symbols`.
+    u, v
+        Tangent vectors by their ``N`` components (symbols or expressions); ``v`` defaults to
+        ``u``, which gives the quadratic form of the geodesic equation.
+    simplify
+        Applied to the symbols and to each component (default :func:`sympy.cancel`).
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[N, 1]``.
     """
     out = contract(christoffel_symbols(metric, coords, simplify=simplify), u, v)
     return out if simplify is None else out.applyfunc(simplify)
@@ -271,7 +355,18 @@ def geodesic_residual(metric: sympy.MatrixBase, coords: Sequence[sympy.Symbol],
 # ---------------------------------------------------------------------- vertical / horizontal
 def vertical_matrix(generators: Sequence[Sequence[sympy.Expr] | sympy.MatrixBase]
                     ) -> sympy.Matrix:
-    """The vertical generators as the columns of an ``N x K`` matrix."""
+    """The vertical generators as the columns of a matrix.
+
+    Parameters
+    ----------
+    generators
+        ``K`` vectors of ``N`` components each (lists or column matrices).
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[N, K]``.
+    """
     if len(generators) == 0:
         raise ValueError("generators must hold at least one vertical vector")
     columns = [sympy.Matrix(list(g)) if not isinstance(g, sympy.MatrixBase)
@@ -286,7 +381,22 @@ def vertical_matrix(generators: Sequence[Sequence[sympy.Expr] | sympy.MatrixBase
 def metric_products(metric: sympy.MatrixBase,
                     generators: Sequence[Sequence[sympy.Expr] | sympy.MatrixBase],
                     vector: Sequence[sympy.Expr] | sympy.MatrixBase) -> sympy.Matrix:
-    """``[<V_k, vector>_g for k]``, ``shape=[K, 1]``: zero iff ``vector`` is horizontal."""
+    """The metric products ``[<V_k, vector>_g for k]`` with every vertical generator.
+
+    Parameters
+    ----------
+    metric
+        Metric matrix, ``shape=[N, N]``.
+    generators
+        The ``K`` vertical generators (see :func:`vertical_matrix`).
+    vector
+        ``N`` components.
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[K, 1]``; zero iff ``vector`` is horizontal.
+    """
     basis = vertical_matrix(generators)
     vector = _as_column(vector, basis.shape[0], "vector")
     return basis.T * sympy.Matrix(metric) * vector
@@ -297,7 +407,20 @@ def vertical_projection_matrix(metric: sympy.MatrixBase,
                                *, simplify: Simplifier = sympy.cancel) -> sympy.Matrix:
     """Metric-orthogonal projection onto the span of the generators: ``V (V^T g V)^{-1} V^T g``.
 
-    ``shape=[N, N]``. The generators must be linearly independent (a degenerate orbit raises).
+    Parameters
+    ----------
+    metric
+        Metric matrix, ``shape=[N, N]`` (symbolic, or evaluated at an exact point).
+    generators
+        The ``K`` vertical generators, linearly independent (a degenerate orbit raises).
+    simplify
+        Applied to the Gram matrix and to every entry (default :func:`sympy.cancel`); ``None``
+        for numbers.
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[N, N]``.
     """
     basis = vertical_matrix(generators)
     metric = sympy.Matrix(metric)
@@ -318,8 +441,17 @@ def horizontal_projection_matrix(metric: sympy.MatrixBase,
                                  *, simplify: Simplifier = sympy.cancel) -> sympy.Matrix:
     """Metric-orthogonal projection onto the horizontal space, ``I - V (V^T g V)^{-1} V^T g``.
 
-    ``shape=[N, N]``; works on symbolic metrics and, much faster, on metrics evaluated at an
-    exact point.
+    Works on symbolic metrics and, much faster, on metrics evaluated at an exact point.
+
+    Parameters
+    ----------
+    metric, generators, simplify
+        As in :func:`vertical_projection_matrix`.
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[N, N]``.
     """
     vertical = vertical_projection_matrix(metric, generators, simplify=simplify)
     out = sympy.eye(vertical.shape[0]) - vertical
@@ -328,9 +460,21 @@ def horizontal_projection_matrix(metric: sympy.MatrixBase,
 
 def pullback_metric(metric: sympy.MatrixBase, coords: Sequence[sympy.Symbol],
                     action: Sequence[sympy.Expr]) -> sympy.Matrix:
-    """``J^T g(psi(x)) J`` for the map ``x -> psi(x) = action``, ``J = d psi / d x``.
+    """The pulled-back metric ``J^T g(psi(x)) J`` of the map ``x -> psi(x)``, ``J = d psi / dx``.
 
     The metric is invariant under ``psi`` iff this equals ``metric``.
+
+    Parameters
+    ----------
+    metric, coords
+        As in :func:`christoffel_symbols`.
+    action
+        ``psi(x)``: ``N`` expressions in ``coords``, e.g. a group element acting.
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[N, N]``.
     """
     metric = _check_metric(metric, coords)
     if len(action) != len(coords):
@@ -343,7 +487,21 @@ def pullback_metric(metric: sympy.MatrixBase, coords: Sequence[sympy.Symbol],
 # ---------------------------------------------------------------------- exact evaluation
 def random_rational(rng: random.Random, *, bound: int = 3, max_denominator: int = 7,
                     nonzero: bool = True) -> sympy.Rational:
-    """A random rational ``p / q`` with ``|p / q| <= bound`` and ``1 <= q <= max_denominator``."""
+    """A random rational ``p / q`` with ``|p / q| <= bound`` and ``1 <= q <= max_denominator``.
+
+    Parameters
+    ----------
+    rng
+        The source of randomness.
+    bound, max_denominator
+        Limits of the value and of its denominator (both ``>= 1``).
+    nonzero
+        Redraw zeros (default), e.g. for coordinates a metric divides by.
+
+    Returns
+    -------
+    sympy.Rational
+    """
     if bound < 1 or max_denominator < 1:
         raise ValueError("bound and max_denominator must be >= 1")
     while True:
@@ -355,19 +513,64 @@ def random_rational(rng: random.Random, *, bound: int = 3, max_denominator: int 
 
 def random_rationals(symbols: Sequence[sympy.Symbol], rng: random.Random, **kwargs: Any
                      ) -> dict[sympy.Symbol, sympy.Rational]:
-    """``{symbol: random_rational(rng, **kwargs)}`` for every symbol (nonzero by default)."""
+    """A random rational value for every symbol: a point where identities hold exactly.
+
+    Parameters
+    ----------
+    symbols
+        The coordinates.
+    rng
+        The source of randomness.
+    **kwargs
+        Passed to :func:`random_rational` (nonzero by default).
+
+    Returns
+    -------
+    dict
+        ``{symbol: rational}``, ready for :func:`evaluate_exact`.
+    """
     return {s: random_rational(rng, **kwargs) for s in symbols}
 
 
 def random_rational_matrix(rows: int, cols: int, rng: random.Random, **kwargs: Any
                            ) -> sympy.Matrix:
-    """A ``rows x cols`` matrix of :func:`random_rational` entries."""
+    """A matrix of :func:`random_rational` entries.
+
+    Parameters
+    ----------
+    rows, cols
+        Its shape.
+    rng
+        The source of randomness.
+    **kwargs
+        Passed to :func:`random_rational`.
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[rows, cols]``.
+    """
     return sympy.Matrix(rows, cols, lambda i, j: random_rational(rng, **kwargs))
 
 
 def random_invertible_rational_matrix(n: int, rng: random.Random, **kwargs: Any
                                       ) -> sympy.Matrix:
-    """A random invertible ``n x n`` rational matrix (redrawn until its determinant is nonzero)."""
+    """A random invertible rational matrix (redrawn until its determinant is nonzero).
+
+    Parameters
+    ----------
+    n
+        Its size.
+    rng
+        The source of randomness.
+    **kwargs
+        Passed to :func:`random_rational` (entries may be zero).
+
+    Returns
+    -------
+    sympy.Matrix
+        ``shape=[n, n]``, e.g. a group element of GL(n).
+    """
     while True:
         m = random_rational_matrix(n, n, rng, nonzero=False, **kwargs)
         if m.det() != 0:
@@ -378,8 +581,25 @@ def evaluate_exact(expr: Any, values: Mapping[sympy.Symbol, sympy.Expr]) -> Any:
     """Substitute ``values`` into an expression or matrix without floats or simplification.
 
     Uses ``xreplace`` (simultaneous, structural); sympy's constructors fold the rational
-    arithmetic. Raises if a free symbol is left over, so a forgotten coordinate is not mistaken
-    for a symbolic result.
+    arithmetic.
+
+    Parameters
+    ----------
+    expr
+        An expression, a matrix, or anything :func:`sympy.sympify` accepts.
+    values
+        ``{symbol: value}``, e.g. from :func:`random_rationals`.
+
+    Returns
+    -------
+    object
+        ``expr`` at ``values``: exact numbers when the values are rational.
+
+    Raises
+    ------
+    ValueError
+        A free symbol is left over, so a forgotten coordinate is not mistaken for a symbolic
+        result.
     """
     if not hasattr(expr, "xreplace"):
         expr = sympy.sympify(expr)
@@ -402,8 +622,19 @@ def _entries(value: Any) -> list[sympy.Expr]:
 def is_exactly_zero(value: Any) -> bool:
     """Whether every entry of a number, matrix or nested list is exactly ``0``.
 
-    Entries must already be rational numbers (e.g. from :func:`evaluate_exact` at a rational
-    point): anything else raises, so an inexact comparison never passes silently.
+    Parameters
+    ----------
+    value
+        Rational numbers (e.g. from :func:`evaluate_exact` at a rational point).
+
+    Returns
+    -------
+    bool
+
+    Raises
+    ------
+    ValueError
+        An entry is symbolic or not rational, so an inexact comparison never passes silently.
     """
     for e in _entries(value):
         if e.free_symbols:
@@ -416,14 +647,38 @@ def is_exactly_zero(value: Any) -> bool:
 
 
 def max_abs(value: Any) -> sympy.Rational:
-    """Largest absolute entry (exact) of a rational number, matrix or nested list."""
+    """Largest absolute entry (exact) of a rational number, matrix or nested list.
+
+    Parameters
+    ----------
+    value
+        Numbers, a matrix or a nested list of them.
+
+    Returns
+    -------
+    sympy.Rational
+        ``0`` for an empty value.
+    """
     entries = _entries(value)
     return max((abs(e) for e in entries), default=sympy.S.Zero)
 
 
 def to_tensor(value: Any, dtype: torch.dtype = torch.float64,
               device: torch.device | str | None = None) -> torch.Tensor:
-    """A numeric sympy matrix (kept 2-D), list or number as a torch tensor of ``dtype``."""
+    """A numeric sympy matrix (kept 2-D), list or number as a torch tensor.
+
+    Parameters
+    ----------
+    value
+        Exact or floating numbers: a matrix, a (nested) list or a number.
+    dtype, device
+        Of the tensor.
+
+    Returns
+    -------
+    torch.Tensor
+        A matrix keeps its two dimensions; a list is stacked.
+    """
     if isinstance(value, sympy.MatrixBase):
         return torch.tensor([[float(e) for e in row] for row in value.tolist()], dtype=dtype,
                             device=device)
@@ -517,7 +772,17 @@ def to_torch_function(exprs: Any, symbols: Sequence[sympy.Symbol]
 def package_relative_error(package: Sequence[torch.Tensor], exact: Sequence[sympy.Expr]) -> float:
     """``max |package - exact| / max |exact|`` over all entries (absolute when exact is 0).
 
-    Compares the package's torch output (any shapes, flattened in order) with exact values.
+    Parameters
+    ----------
+    package
+        The package's torch output, any shapes, flattened in order (e.g. a point tuple).
+    exact
+        The exact values, as many as ``package`` has entries.
+
+    Returns
+    -------
+    float
+        The relative error in float64.
     """
     got = torch.cat([p.reshape(-1) for p in package]).to(torch.float64)
     want = torch.tensor([float(e) for e in exact], dtype=torch.float64)
@@ -527,7 +792,150 @@ def package_relative_error(package: Sequence[torch.Tensor], exact: Sequence[symp
     return float((got - want).abs().max()) / scale
 
 
+# ---------------------------------------------------------------------- a user's class
+def _point_tensors(values: Sequence[sympy.Expr], shapes: Sequence[Sequence[int]]
+                   ) -> tuple[torch.Tensor, ...]:
+    """Split flat exact values into float64 tensors of ``shapes`` (row-major, as :func:`flat`)."""
+    out, start = [], 0
+    for shape in shapes:
+        size = math.prod(shape)
+        chunk = [float(v) for v in values[start:start + size]]
+        out.append(torch.tensor(chunk, dtype=torch.float64).reshape(tuple(shape)))
+        start += size
+    return tuple(out)
+
+
+def check_quotient(quotient: Any, metric: sympy.MatrixBase, coords: Sequence[sympy.Symbol],
+                   vertical: Sequence[Sequence[sympy.Expr]] | None = None, *, points: int = 3,
+                   seed: int = 0, tolerance: float = 1e-10) -> list[Any]:
+    """Check a quotient class against exact values derived from its metric, in one call.
+
+    At ``points`` random rational points (and rational tangent vectors) the exact values are
+    derived from ``metric`` alone: the metric itself, the Christoffel contraction (Koszul
+    formula), and, given the vertical generators, the horizontal and vertical projections
+    ``I - V (V^T g V)^{-1} V^T g`` and the Riemannian gradient ``P_h g^{-1} egrad``. Each is
+    compared with what ``quotient`` computes in float64, whether the class overrides the
+    operation with a closed form or keeps the generic default.
+
+    Parameters
+    ----------
+    quotient
+        A :class:`~quotientsharp.SymmetryQuotient` with ``point_shapes`` (no batch dimensions).
+    metric
+        The metric matrix, ``shape=[N, N]``, over ``coords`` (e.g. from
+        :func:`metric_from_bilinear`).
+    coords
+        The ``N`` coordinate symbols: the entries of the point's components, flattened
+        row-major and concatenated in component order (the order of :func:`flat`).
+    vertical
+        Optional vertical generators: one list of ``N`` expressions in ``coords`` per element of
+        the Lie algebra's standard basis, in the row-major order of ``algebra_shape``. With
+        them, ``vertical``, the projections and the gradient are checked too.
+    points
+        Number of random rational points.
+    seed
+        Seed of the rational draws.
+    tolerance
+        Bound on the relative error of each float64 operation against the exact value.
+
+    Returns
+    -------
+    list[CheckResult]
+        One row per operation (``inner_vs_exact``, ``christoffel_vs_exact``, ...), its error the
+        largest relative error over the points; print them with
+        :func:`quotientsharp.core.checks.format_results`.
+
+    Examples
+    --------
+    >>> results = check_quotient(MyQuotient(point_shapes=[(2,), (1,)]), g, coords, [v])  # +SKIP
+    >>> [r.name for r in results if not r.passed]                         # doctest: +SKIP
+    []
+    """
+    from quotientsharp.core.checks import CheckResult
+    from quotientsharp.core.quotient import SymmetryQuotient
+
+    if not isinstance(quotient, SymmetryQuotient):
+        raise TypeError(f"quotient must be a SymmetryQuotient instance, got "
+                        f"{type(quotient).__name__}")
+    shapes = quotient.point_shapes
+    if shapes is None:
+        raise ValueError(f"{type(quotient).__name__} has no point_shapes: build it with "
+                         f"point_shapes=[...] (no batch dimensions)")
+    metric = _check_metric(metric, coords)
+    n = len(coords)
+    if sum(math.prod(s) for s in shapes) != n:
+        raise ValueError(f"coords has {n} symbols but the point shapes {list(shapes)} hold "
+                         f"{sum(math.prod(s) for s in shapes)} entries")
+    basis = None if vertical is None else vertical_matrix(vertical)
+    if basis is not None and basis.shape[0] != n:
+        raise ValueError(f"each vertical generator must have {n} entries, got {basis.shape[0]}")
+    rng = random.Random(seed)
+    derivatives = metric_derivatives(metric, coords)
+    worst: dict[str, float] = {}
+
+    def record(name: str, package: Sequence[torch.Tensor], exact: Sequence[sympy.Expr]) -> None:
+        worst[name] = max(worst.get(name, 0.0), package_relative_error(package, exact))
+
+    def column(values: sympy.Matrix) -> tuple[torch.Tensor, ...]:
+        return _point_tensors(list(values), shapes)
+
+    for _ in range(points):
+        for _ in range(20):   # redraw where the metric is singular
+            point = random_rationals(coords, rng)
+            g_at = evaluate_exact(metric, point)
+            if g_at.det() != 0:
+                break
+        else:
+            raise ValueError("the metric is singular at 20 random rational points")
+        x = _point_tensors([point[c] for c in coords], shapes)
+        u, w, egrad = (random_rational_matrix(n, 1, rng, nonzero=False) for _ in range(3))
+        tu, tw = column(u), column(w)
+        record("inner_vs_exact", (quotient.inner(x, tu, tw).reshape(1),), [(u.T * g_at * w)[0]])
+        gamma = christoffel_symbols_at(metric, coords, point, derivatives)
+        record("christoffel_vs_exact", quotient.christoffel(x, tu, tw), list(contract(gamma, u, w)))
+        record("christoffel_quadratic_vs_exact", quotient.christoffel(x, tu),
+               list(contract(gamma, u)))
+        if basis is None:
+            continue
+        v_at = evaluate_exact(basis, point)
+        algebra = tuple(quotient.algebra_shape(x))
+        if math.prod(algebra) != v_at.shape[1]:
+            raise ValueError(f"vertical has {v_at.shape[1]} generators but the algebra of "
+                             f"{type(quotient).__name__} has {math.prod(algebra)} elements "
+                             f"(algebra_shape {algebra})")
+        vertical_error = 0.0
+        for k in range(v_at.shape[1]):
+            a = torch.zeros(math.prod(algebra), dtype=torch.float64)
+            a[k] = 1.0
+            vertical_error = max(vertical_error, package_relative_error(
+                quotient.vertical(x, a.reshape(algebra)), list(v_at[:, k])))
+        worst["vertical_vs_exact"] = max(worst.get("vertical_vs_exact", 0.0), vertical_error)
+        horizontal = horizontal_projection_matrix(g_at, [v_at[:, k] for k in
+                                                         range(v_at.shape[1])], simplify=None)
+        record("horizontal_projection_vs_exact", quotient.horizontal_projection(x, tu),
+               list(horizontal * u))
+        record("vertical_projection_vs_exact", quotient.vertical_projection(x, tu),
+               list(u - horizontal * u))
+        record("gradient_vs_exact", quotient.euclidean_to_riemannian_gradient(x, column(egrad)),
+               list(horizontal * g_at.inv() * egrad))
+
+    methods = {"inner_vs_exact": "inner", "christoffel_vs_exact": "christoffel",
+               "christoffel_quadratic_vs_exact": "christoffel", "vertical_vs_exact": "vertical",
+               "horizontal_projection_vs_exact": "horizontal_projection",
+               "vertical_projection_vs_exact": "vertical_projection",
+               "gradient_vs_exact": "euclidean_to_riemannian_gradient"}
+    results = []
+    for name, error in worst.items():
+        method = methods[name]
+        own = getattr(type(quotient), method) is not getattr(SymmetryQuotient, method)
+        detail = (f"{method} ({'this class' if own else 'the generic default'}) against the "
+                  f"exact value from the metric at {points} rational points")
+        results.append(CheckResult(name, error, tolerance, bool(error <= tolerance), detail))
+    return results
+
+
 __all__ = [
+    "check_quotient",
     "package_relative_error",
     "christoffel_contraction",
     "christoffel_symbols",

@@ -21,15 +21,21 @@ Geometry (all of it the quotient's own, through its horizontal lift):
 
 - ``proju``: horizontal projection; ``egrad2rgrad``: the quotient's Riemannian gradient;
 - ``retr``: ``x + u`` by default (``retraction=2``: the order-2 geodesic
-  ``x + u - Gamma(u, u) / 2``; ``"exact"``: the exact geodesic); ``expmap``: the exact geodesic;
+  ``x + u - Gamma(u, u) / 2``; ``"exact"``: the exact geodesic, RK4 unless the quotient has a
+  closed form); ``expmap``: the exact geodesic;
 - ``transp(x, y, v)``: horizontal projection of ``v`` at ``y``. On the quotient this is a valid
   vector transport: it is smooth, and at ``y = x`` it is the identity on horizontal vectors;
 - ``projx``: the identity. The total space (full-rank factors, nonzero diagonal entries) is open,
   so there is nothing to project onto; points off it are reported by the quotient's checks.
 
+- ``dist``, ``dist2`` and ``logmap`` raise ``NotImplementedError`` (no closed form on a quotient),
+  with what to use instead.
+
 Every call validates its inputs through the quotient (finite values, nonzero / full-rank
 factors), which syncs with the host; wrap a long GPU training loop in
-``quotientsharp.value_checks(False)`` to skip the checks on values.
+``quotientsharp.value_checks(False)`` to skip the checks on values. An iterate the optimizer
+made that fails these checks (a step size too large for the metric) raises a ``ValueError``
+that names the retraction step, how far it moved the point, and suggests a smaller step size.
 
 geoopt is an optional extra: ``pip install quotientsharp[geoopt]``.
 """
@@ -43,6 +49,7 @@ import torch
 
 from quotientsharp.core._tuples import batch_shape
 from quotientsharp.core.quotient import SymmetryQuotient
+from quotientsharp.core.validation import value_checks_enabled
 
 try:
     import geoopt
@@ -164,7 +171,10 @@ class QuotientManifold(geoopt.Manifold):
         with RiemannianSGD (``benchmarks/matrix_completion.py``: 120 steps to 1e-9 against 123
         for order 2 and 124 exact; at lr 0.8 order 1 stays bounded where order 2 diverges), and
         diagonal-network regression (identical under inv; under mix with a sparse target both
-        blow up, order 2 sooner). Second-order methods want ``retraction=2``.
+        blow up, order 2 sooner). ``benchmarks/step_sizes.py`` measures the cost: order 2
+        adds the Christoffel contraction (up to 20% of a step for GL), ``"exact"`` integrates
+        the geodesic equation (35 to 65 times a step). Second-order methods want
+        ``retraction=2``.
 
     Examples
     --------
@@ -199,6 +209,9 @@ class QuotientManifold(geoopt.Manifold):
         self.ndim = self.stacked.ndim
         self.retraction = retraction
         self.name = f"Quotient[{quotient.name}]"
+        # what the last retraction did, for the error on an iterate that diverged
+        self._retractions = 0
+        self._last_step = math.nan
 
     # ------------------------------------------------------------------ layout
     @property
@@ -278,27 +291,99 @@ class QuotientManifold(geoopt.Manifold):
 
     def proju(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """Horizontal projection of ``u`` at ``x``."""
-        return self.merge(self.quotient.horizontal_projection(self._plain(x), self._plain(u)))
+        try:
+            return self.merge(self.quotient.horizontal_projection(self._plain(x),
+                                                                  self._plain(u)))
+        except ValueError as err:
+            raise self._diverged(err) from err
 
     def egrad2rgrad(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """The quotient's Riemannian gradient from the Euclidean gradient ``u``."""
-        return self.merge(self.quotient.euclidean_to_riemannian_gradient(self._plain(x),
-                                                                         self._plain(u)))
+        try:
+            return self.merge(self.quotient.euclidean_to_riemannian_gradient(self._plain(x),
+                                                                             self._plain(u)))
+        except ValueError as err:
+            raise self._diverged(err) from err
+
+    def _step_advice(self) -> str:
+        """Which step sizes suit this quotient's metric (measured in docs/adapters.md)."""
+        # the built-in quotients are named after their metric: "gl-inv", "diagonal-inv"
+        name = str(getattr(self.quotient, "name", ""))
+        advice = "use a smaller step size (lr), e.g. 10 times smaller"
+        if name == "inv" or name.endswith("-inv"):
+            advice += (": the inv metric scales the gradient by the squared size of the weights,"
+                       " so its stable lr shrinks as they grow (about 1e-3 where mix takes 0.5 "
+                       "on the matrix factorisation of docs/adapters.md)")
+        return advice + "; docs/adapters.md, section 'Step sizes', lists measured step sizes"
+
+    def _diverged(self, err: ValueError) -> ValueError:
+        """``err`` on an iterate made by retraction steps: name the step, suggest a smaller lr.
+
+        Errors on a point no retraction has produced yet (the user's own start) are returned
+        unchanged.
+        """
+        if self._retractions == 0:
+            return err
+        return ValueError(f"the optimizer has diverged: retraction step {self._retractions} on "
+                          f"this manifold (retraction={self.retraction!r}) moved the point by "
+                          f"{self._last_step:.3g} times its norm, and the point it made fails "
+                          f"the quotient's check ({err}); {self._step_advice()}")
 
     def projx(self, x: torch.Tensor) -> torch.Tensor:
         """The identity (the total space is open); the point is validated."""
         self.quotient.check_point(self._plain(x))
         return x
 
+    def _move(self, x: torch.Tensor, u: torch.Tensor, order: int | str) -> torch.Tensor:
+        """The geodesic of ``order`` from ``x`` along ``u``, refusing a non-finite result."""
+        xs, us = self._plain(x), self._plain(u)
+        self._retractions += 1
+        if value_checks_enabled():
+            # host syncs, as every check on values; value_checks(False) skips them
+            size = math.sqrt(sum(float(c.detach().square().sum()) for c in xs))
+            self._last_step = math.sqrt(sum(float(c.detach().square().sum()) for c in us)) / max(
+                size, 1e-300)
+        try:
+            y = self.quotient.geodesic(xs, us, 1.0, order=order)
+        except ValueError as err:
+            raise self._diverged(err) from err
+        if value_checks_enabled() and not all(bool(torch.isfinite(c).all()) for c in y):
+            raise ValueError(f"retraction step {self._retractions} on this manifold "
+                             f"(retraction={order!r}) produced a non-finite point from a finite "
+                             f"one: the step moved the point by {self._last_step:.3g} times its "
+                             f"norm; {self._step_advice()}")
+        return self.merge(y)
+
     def retr(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        """The retraction chosen by ``retraction`` (default: ``x + u``)."""
-        return self.merge(self.quotient.geodesic(self._plain(x), self._plain(u), 1.0,
-                                                 order=self.retraction))
+        """The retraction chosen by ``retraction`` (default ``1``: ``x + u``).
+
+        Raises
+        ------
+        ValueError
+            The step leaves the manifold or gives non-finite values: the message names the
+            step and suggests a smaller step size.
+        """
+        return self._move(x, u, self.retraction)
 
     def expmap(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """The exact geodesic at time 1."""
-        return self.merge(self.quotient.geodesic(self._plain(x), self._plain(u), 1.0,
-                                                 order="exact"))
+        return self._move(x, u, "exact")
+
+    def dist(self, x: torch.Tensor, y: torch.Tensor, *, keepdim: bool = False) -> torch.Tensor:
+        """Not available: raises ``NotImplementedError`` saying what to use instead."""
+        raise NotImplementedError(
+            "QuotientManifold has no dist (nor dist2): the geodesic distance on a symmetry "
+            "quotient is a minimisation over the group, with no closed form. Compare points "
+            "through a group-invariant function of them instead (for GL pairs, G @ H.mT), or "
+            "measure a step with manifold.norm(x, u)")
+
+    def logmap(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Not available: raises ``NotImplementedError`` saying what to use instead."""
+        raise NotImplementedError(
+            "QuotientManifold has no logmap: inverting the geodesic on a symmetry quotient is a "
+            "boundary-value problem over the group, with no closed form. For nearby points, "
+            "manifold.proju(x, y - x) is a first-order approximation; expmap and retr go the "
+            "other way (from a tangent vector to a point)")
 
     def transp(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Vector transport to ``y``: horizontal projection of ``v`` at ``y``."""

@@ -258,7 +258,24 @@ class PymanoptQuotient(_PymanoptManifold):
         raise NotImplementedError(
             "the geodesic distance on a symmetry quotient is a minimisation over the group (no "
             "closed form); PymanoptQuotient provides no dist, so optimizers that need it "
-            "(NelderMead, ParticleSwarm) are not supported")
+            "(NelderMead, ParticleSwarm) are not supported: use SteepestDescent, "
+            "ConjugateGradient or TrustRegions, and compare points through a group-invariant "
+            "function of them (for GL pairs, G @ H.T)")
+
+    def log(self, point_a: object, point_b: object) -> QuotientTangentVector:
+        raise NotImplementedError(
+            "PymanoptQuotient has no log: inverting the geodesic on a symmetry quotient is a "
+            "boundary-value problem over the group, with no closed form. For nearby points, the "
+            "horizontal projection at point_a of the componentwise difference, projection("
+            "point_a, [b - a for a, b in zip(point_a, point_b)]), is a first-order "
+            "approximation; exp and retraction go the other way")
+
+    def pair_mean(self, point_a: object, point_b: object) -> tuple[np.ndarray, ...]:
+        raise NotImplementedError(
+            "PymanoptQuotient has no pair_mean: the geodesic midpoint needs log, which has no "
+            "closed form on a symmetry quotient; retraction(point_a, projection(point_a, "
+            "[(b - a) / 2 for a, b in zip(point_a, point_b)])) is a first-order "
+            "approximation")
 
     # ------------------------------------------------------------------ tangent spaces
     def projection(self, point: object, vector: object) -> QuotientTangentVector:
