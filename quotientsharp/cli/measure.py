@@ -122,8 +122,9 @@ def _measure(args: argparse.Namespace) -> int:
     if args.dtype is not None:
         model = model.to(dtype=getattr(torch, args.dtype))
     batches, examples, data_kind = load_batches(args.data, model, args.model, args)
-    if args.symmetry is not None:
-        args.bindings = load_symmetry(args.symmetry, model)
+    symmetry = getattr(args, "symmetry", None)
+    if symmetry is not None:
+        args.bindings = load_symmetry(symmetry, model)
     parameters = sum(p.numel() for p in model.parameters())
     dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
     print(f"{PROG}: {type(model).__name__} ({parameters:,} parameters, {', '.join(dtypes)}, "
@@ -190,7 +191,7 @@ def _measure(args: argparse.Namespace) -> int:
             "settings": {"measures": measures, "keys": [r.key for r in runs], "rho": args.rho,
                          "metric": metrics[0] if len(metrics) == 1 else metrics,
                          "order": orders[0] if len(orders) == 1 else orders,
-                         "eps": args.eps, "p": args.p, "symmetry": args.symmetry,
+                         "eps": args.eps, "p": args.p, "symmetry": symmetry,
                          "samples": args.samples, "layer": args.layer, "loss": args.loss,
                          "batch_size": args.batch_size, "max_batches": args.max_batches,
                          "n_iter": args.n_iter, "seed": args.seed,
