@@ -35,12 +35,15 @@ _EXPORTS: dict[str, str] = {
     "ClosedFormQuotient": ".core.quotient",
     "DiagonalQuotient": ".core.diagonal",
     "FrozenPoint": ".core.frozen",
+    "NoSymmetryWarning": ".engine",
     "GLQuotient": ".core.gl",
     "ProductQuotient": ".core.product",
     "QuotientBinding": ".models",
     "RotaryQuotient": ".core.gl",
     "SharpnessResult": ".engine",
+    "SymmetryCheckError": ".models",
     "SymmetryQuotient": ".core.quotient",
+    "check_symmetry": ".models",
     "find_symmetries": ".models",
     "sharpness": ".engine",
     "value_checks": ".core.validation",
@@ -56,9 +59,10 @@ _MODULES: dict[str, str] = {
 }
 
 __all__ = ["AdaptiveQuotient", "ClosedFormQuotient", "DiagonalQuotient", "FrozenPoint",
-           "GLQuotient", "ProductQuotient", "QuotientBinding", "RotaryQuotient", "SharpnessResult",
-           "SymmetryQuotient", "checks", "core", "engine", "find_symmetries", "models",
-           "reference", "sharpness", "value_checks", "workflows", "__version__"]
+           "GLQuotient", "NoSymmetryWarning", "ProductQuotient", "QuotientBinding",
+           "RotaryQuotient", "SharpnessResult", "SymmetryCheckError", "SymmetryQuotient",
+           "check_symmetry", "checks", "core", "engine", "find_symmetries", "models", "reference",
+           "sharpness", "value_checks", "workflows", "__version__"]
 
 if TYPE_CHECKING:
     from quotientsharp import core, engine, models, workflows
@@ -70,8 +74,13 @@ if TYPE_CHECKING:
     from quotientsharp.core.product import ProductQuotient
     from quotientsharp.core.quotient import ClosedFormQuotient, SymmetryQuotient
     from quotientsharp.core.validation import value_checks
-    from quotientsharp.engine import SharpnessResult, sharpness
-    from quotientsharp.models import QuotientBinding, find_symmetries
+    from quotientsharp.engine import NoSymmetryWarning, SharpnessResult, sharpness
+    from quotientsharp.models import (
+        QuotientBinding,
+        SymmetryCheckError,
+        check_symmetry,
+        find_symmetries,
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -26,6 +26,10 @@ from test_sharpness_reuse import _token_batches
 import quotientsharp as qs
 from quotientsharp.engine import AscentSettings, reference_settings, trust_region_maximum
 
+#: These tests measure geodesic sharpness on MLPs, where discovery finds no symmetry: the
+#: warning that says so is expected here (tests/test_symmetry_check.py checks it).
+pytestmark = pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+
 
 def _slsqp_maximum(A: torch.Tensor, g: torch.Tensor, rho: float, c: torch.Tensor) -> float:
     """Multi-start SLSQP on ``max (c e)^T g + (c e)^T A (c e) / 2``, ``|e| <= rho``."""

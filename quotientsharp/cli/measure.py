@@ -35,6 +35,12 @@ best perturbation (attention head pairs, diagonal pairs, parameters) with their 
 the loss change when only that block's part is applied, and ``--plot PNG`` draws it;
 ``--reference-n-iter N`` / ``--reference-restarts R`` run a stronger reference solve per batch
 and report the gap between it and the measured value.
+
+``--symmetry MODULE:FUNCTION`` measures geodesic sharpness with a symmetry of your own:
+``FUNCTION(model)`` returns a ``QuotientBinding`` or a list of them (MODULE is imported from
+the working directory or sys.path), as ``symmetries=`` does in the API; each binding is checked
+against the model on the first batch. Where no symmetry is found or bound, a note under the
+table says that geodesic equals adaptive sharpness there.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ from quotientsharp.workflows.options import (
     options_for,
 )
 from quotientsharp.workflows.saved_models import load_measured_model
+from quotientsharp.workflows.user_symmetry import load_symmetry
 
 if TYPE_CHECKING:
     from quotientsharp.engine import SharpnessResult
@@ -98,9 +105,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def _measure(args: argparse.Namespace) -> int:
+    import warnings
+
     import torch
 
-    from quotientsharp.engine import sharpness
+    from quotientsharp.engine import NoSymmetryWarning, sharpness
+    from quotientsharp.engine.layouts import NO_SYMMETRY_NOTE
 
     measures = measure_names(args.measure)
     checked = check_options(args, measures)
@@ -112,6 +122,9 @@ def _measure(args: argparse.Namespace) -> int:
     if args.dtype is not None:
         model = model.to(dtype=getattr(torch, args.dtype))
     batches, examples, data_kind = load_batches(args.data, model, args.model, args)
+    symmetry = getattr(args, "symmetry", None)
+    if symmetry is not None:
+        args.bindings = load_symmetry(symmetry, model)
     parameters = sum(p.numel() for p in model.parameters())
     dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
     print(f"{PROG}: {type(model).__name__} ({parameters:,} parameters, {', '.join(dtypes)}, "
@@ -121,13 +134,23 @@ def _measure(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     results: dict[str, dict[str, Any]] = {}
     measured: dict[str, SharpnessResult] = {}
+    no_symmetry = False
     for measure_run in runs:
         measure = measure_run.measure
         rho = None if measure == "relative_flatness" else args.rho
         tic = time.perf_counter()
         try:
-            result = sharpness(model, batches, measure=measure, rho=rho,
-                               **options_for(measure_run, args))
+            # said once, as a note under the table, rather than as a warning per measure
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", NoSymmetryWarning)
+                result = sharpness(model, batches, measure=measure, rho=rho,
+                                   **options_for(measure_run, args))
+            for warning in caught:
+                if issubclass(warning.category, NoSymmetryWarning):
+                    no_symmetry = True
+                else:
+                    warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                                           warning.lineno)
         except (TypeError, ValueError, IndexError, RuntimeError) as err:
             # the model and the data do not fit together (or an option does not fit the model)
             raise InputError(f"{measure_label(measure, measure_run.variant or {})} sharpness "
@@ -145,6 +168,8 @@ def _measure(args: argparse.Namespace) -> int:
             "frozen": result.frozen, "settings": result.settings, "seconds": seconds,
             **solver_quality(result)}
     print(results_table(rows))
+    if no_symmetry:
+        print(f"note: {NO_SYMMETRY_NOTE}")
     gaps = reference_lines(list(measured.items()))
     if gaps:
         print(gaps)
@@ -166,7 +191,7 @@ def _measure(args: argparse.Namespace) -> int:
             "settings": {"measures": measures, "keys": [r.key for r in runs], "rho": args.rho,
                          "metric": metrics[0] if len(metrics) == 1 else metrics,
                          "order": orders[0] if len(orders) == 1 else orders,
-                         "eps": args.eps, "p": args.p,
+                         "eps": args.eps, "p": args.p, "symmetry": symmetry,
                          "samples": args.samples, "layer": args.layer, "loss": args.loss,
                          "batch_size": args.batch_size, "max_batches": args.max_batches,
                          "n_iter": args.n_iter, "seed": args.seed,

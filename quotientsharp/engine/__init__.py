@@ -43,6 +43,7 @@ from quotientsharp.engine.coordinates import (
 from quotientsharp.engine.exact import TrustRegionMaximum, trust_region_maximum
 from quotientsharp.engine.functional import FunctionalModel
 from quotientsharp.engine.geometry import build_geometry
+from quotientsharp.engine.layouts import NoSymmetryWarning
 from quotientsharp.engine.measures import Measure, NonFiniteLossError
 from quotientsharp.engine.plots import plot_blocks
 from quotientsharp.engine.registry import MEASURE_REGISTRY, MeasureSpec
@@ -59,7 +60,8 @@ from quotientsharp.engine.space import perturbed_objective
 __all__ = ["MEASURES", "MEASURE_REGISTRY", "AscentGeometry", "AscentOutcome", "AscentSettings",
            "Block", "BlockOutcome", "BoundCoordinates", "BoxGeometry", "Factor",
            "FunctionalModel", "GeodesicBall", "HandedOver", "LayoutCoordinates", "Measure",
-           "MeasureSpec", "NonFiniteLossError", "PlainCoordinates", "SharpnessResult",
+           "MeasureSpec", "NoSymmetryWarning", "NonFiniteLossError", "PlainCoordinates",
+           "SharpnessResult",
            "TrustRegionMaximum", "ascend", "blockwise", "build_geometry", "checkpoints",
            "perturbed_objective", "plot_blocks", "reference_settings", "resolve_loss",
            "sharpness", "split_batch", "trust_region_maximum"]

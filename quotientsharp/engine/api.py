@@ -30,6 +30,7 @@ from torch import nn
 
 from quotientsharp.core.validation import value_checks
 from quotientsharp.engine.batches import Batch, resolve_loss, split_batch
+from quotientsharp.engine.binding_checks import check_user_bindings, user_bindings
 from quotientsharp.engine.functional import FunctionalModel, checked_clean_loss
 from quotientsharp.engine.measures import BatchOutcome, FirstEvaluation
 from quotientsharp.engine.options import (
@@ -190,7 +191,16 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: str = "geodesic
         included, attached to named parameters, measured with its own metric), ``other_metric``
         (``"adaptive"``: ``diag(1/w^2)``, the metric of adaptive sharpness, or
         ``"euclidean"``), ``other_path`` (``"line"``: ``w + xi``; ``"geodesic"``:
-        the adaptive metric's geodesic, ``w * exp(xi / w)`` for ``order="exact"``).
+        the adaptive metric's geodesic, ``w * exp(xi / w)`` for ``order="exact"``),
+        ``check_symmetry=True`` (each binding is checked on the first batch, before the
+        ascent: random group elements of its quotient must leave the loss and the outputs
+        unchanged to ``sqrt(eps)`` of the forward's dtype, else a
+        :class:`~quotientsharp.models.SymmetryCheckError` names the binding; ``False`` skips
+        that check, recorded in ``result.settings``. The structure of every binding is checked
+        always: a gradient through ``from_point``, the shapes ``vertical()`` returns, an
+        overriding ``horizontal_projection`` idempotent and horizontal). With ``symmetries=
+        "auto"`` and no symmetry found, a :class:`NoSymmetryWarning` says that geodesic equals
+        adaptive sharpness there.
 
         ``relative_flatness``: ``layer`` (module name, default the last ``nn.Linear``),
         ``hvp_chunk=64`` (Hessian-vector products per batched double backward).
@@ -234,6 +244,11 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: str = "geodesic
             raise ValueError("batches is empty: sharpness needs at least one batch")
         first, excluded = _first_evaluation(functional, head[1])
         evaluator.setup(excluded)           # the geometry is built here, once
+        # the caller's bindings checked against the model on batch 0, before any ascent
+        bindings = user_bindings(opts.get("symmetries"))
+        if bindings:
+            check_user_bindings(functional, head[1], bindings, opts["check_symmetry"],
+                                opts["seed"])
         # reused by batch 0 alone: popped, so that its parameter-sized gradients die with it
         reusable = [first]
         del first

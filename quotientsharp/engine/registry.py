@@ -267,7 +267,7 @@ class GeodesicSpec:
     defaults: ClassVar[dict[str, Any]] = {
         **COMMON_OPTIONS, **ASCENT_OPTIONS, "metric": "inv", "order": 2, "eps": 0.0,
         "symmetries": "auto", "diagonal": None, "other_metric": "adaptive",
-        "other_path": "line", "exact_steps": 16}
+        "other_path": "line", "exact_steps": 16, "check_symmetry": True}
     needs_rho = True
     #: Options of discovered symmetries that bindings ignore, with their defaults.
     _DISCOVERY_ONLY = (("metric", "inv"), ("eps", 0.0), ("diagonal", None))
@@ -297,6 +297,7 @@ class GeodesicSpec:
         opts = setup.options
         ascent = AscentOptions.check(setup)
         order, eps, exact_steps = self._check(opts)
+        check_bool("check_symmetry", opts["check_symmetry"])
         layout, extra = symmetry_layout(setup.model, setup.functional, opts["symmetries"],
                                         opts["diagonal"])
         if isinstance(layout, list):

@@ -6,7 +6,8 @@
 >>> params = layout.to_parameters(coords)          # bit-identical, differentiable
 >>> moved = reparametrize(model, report, scale=2.0) # same function, other parameters
 
-Any other symmetry: attach its quotient to named parameters with :class:`QuotientBinding`.
+Any other symmetry: attach its quotient to named parameters with :class:`QuotientBinding`, and
+check it against the model with :func:`check_symmetry`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ _EXPORTS = {
     "ParameterLayout": ".layout",
     "QuotientBinding": ".binding",
     "QuotientSGD": ".optim",
+    "SymmetryCheck": ".symmetry_check",
+    "SymmetryCheckError": ".symmetry_check",
     "SymmetryReport": ".report",
+    "check_symmetry": ".symmetry_check",
     "find_symmetries": ".walker",
     "reparametrize": ".reparametrize",
 }
@@ -47,6 +51,11 @@ if TYPE_CHECKING:
         FactorSource,
         PairGroup,
         SymmetryReport,
+    )
+    from quotientsharp.models.symmetry_check import (
+        SymmetryCheck,
+        SymmetryCheckError,
+        check_symmetry,
     )
     from quotientsharp.models.walker import find_symmetries
 
@@ -87,7 +96,10 @@ __all__ = [
     "ParameterLayout",
     "QuotientBinding",
     "QuotientSGD",
+    "SymmetryCheck",
+    "SymmetryCheckError",
     "SymmetryReport",
+    "check_symmetry",
     "find_symmetries",
     "reparametrize",
 ]

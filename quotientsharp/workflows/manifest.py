@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: The keys of a manifest row with a meaning; any other key is carried to the outputs.
-MANIFEST_KEYS = ("name", "model", "gap", "train", "test")
+MANIFEST_KEYS = ("name", "model", "gap", "train", "test", "symmetry")
 CSV_SUFFIXES = (".csv",)
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
@@ -69,6 +69,9 @@ class ManifestEntry:
         The line of the manifest it came from.
     written
         The ``model`` entry as written in the manifest (shown in the outputs).
+    symmetry
+        ``MODULE:FUNCTION`` of a symmetry of the user's own for this model (as
+        ``--symmetry``), or ``None``.
     """
 
     name: str
@@ -79,6 +82,7 @@ class ManifestEntry:
     extra: Mapping[str, str] = field(default_factory=dict)
     line: int = 0
     written: str = ""
+    symmetry: str | None = None
 
     @property
     def computes_gap(self) -> bool:
@@ -90,7 +94,8 @@ class ManifestEntry:
         data of its gap (a gap given in the manifest may change without remeasuring)."""
         return {"model": str(self.model),
                 "train": None if self.train is None else str(self.train),
-                "test": None if self.test is None else str(self.test)}
+                "test": None if self.test is None else str(self.test),
+                **({"symmetry": self.symmetry} if self.symmetry else {})}
 
 
 def _text(value: Any) -> str:
@@ -172,7 +177,8 @@ def _entry(row: Mapping[str, Any], folder: Path, where: str, number: int) -> Man
     name = _text(row.get("name")) or model_text.rstrip("/\\")
     extra = {str(key): _text(value) for key, value in row.items()
              if key not in MANIFEST_KEYS}
-    return ManifestEntry(name, model, gap, train, test, extra, number, model_text)
+    symmetry = _text(row.get("symmetry")) or None
+    return ManifestEntry(name, model, gap, train, test, extra, number, model_text, symmetry)
 
 
 def read_manifest(path: str | os.PathLike, reserved: Sequence[str] = ()) -> list[ManifestEntry]:

@@ -16,8 +16,13 @@ from typing import Any
 from quotientsharp.workflows.grid import GridPoint
 from quotientsharp.workflows.manifest import ManifestEntry
 from quotientsharp.workflows.options import InputError
+from quotientsharp.workflows.records import is_main_rank
+from quotientsharp.workflows.user_symmetry import load_symmetry
 
 __all__ = ["measure_entry"]
+
+#: Models whose geodesic measures found no symmetry, noted once each in this process.
+_NOTED: set[str] = set()
 
 
 def measure_entry(entry: ManifestEntry, grid: Sequence[GridPoint], args: argparse.Namespace,
@@ -50,9 +55,12 @@ def measure_entry(entry: ManifestEntry, grid: Sequence[GridPoint], args: argpars
         ``clean_loss`` (mean clean loss on the sharpness data), ``seconds`` (grid key ->
         seconds) and ``device``.
     """
+    import warnings
+
     import torch
 
-    from quotientsharp.engine import sharpness
+    from quotientsharp.engine import NoSymmetryWarning, sharpness
+    from quotientsharp.engine.layouts import NO_SYMMETRY_NOTE
     from quotientsharp.workflows.data import load_batches
     from quotientsharp.workflows.generalisation import generalisation
     from quotientsharp.workflows.saved_models import load_measured_model
@@ -62,11 +70,19 @@ def measure_entry(entry: ManifestEntry, grid: Sequence[GridPoint], args: argpars
     if args.dtype is not None:
         model = model.to(dtype=getattr(torch, args.dtype))
     batches, examples, _ = load_batches(args.data, model, entry.model, args)
+    # the row's own symmetry, else --symmetry: bindings passed as the API's symmetries=
+    symmetry = entry.symmetry or getattr(args, "symmetry", None)
+    if symmetry:
+        flag = (f"the 'symmetry' field of model {entry.name!r} (line {entry.line})"
+                if entry.symmetry else "--symmetry")
+        args = argparse.Namespace(**{**vars(args), "bindings": load_symmetry(symmetry, model,
+                                                                            flag)})
     record: dict[str, Any] = {
         "name": entry.name, "identity": entry.identity(), "model_class": type(model).__name__,
         "parameters": sum(p.numel() for p in model.parameters()), "examples": examples,
         "batches": len(batches), "device": str(device), "generalisation": None,
-        "sharpness": {}, "per_batch": {}, "clean_loss": None, "seconds": {}}
+        "sharpness": {}, "per_batch": {}, "clean_loss": None, "seconds": {},
+        "symmetry": symmetry}
     if entry.computes_gap:
         if entry.train is None or entry.test is None:
             raise InputError(f"model {entry.name!r} (line {entry.line}): no gap and no train "
@@ -78,8 +94,18 @@ def measure_entry(entry: ManifestEntry, grid: Sequence[GridPoint], args: argpars
         tick(point.key)
         start = time.perf_counter()
         try:
-            result = sharpness(model, batches, measure=point.measure, rho=point.rho,
-                               **point.options(args))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", NoSymmetryWarning)
+                result = sharpness(model, batches, measure=point.measure, rho=point.rho,
+                                   **point.options(args))
+            for warning in caught:
+                if not issubclass(warning.category, NoSymmetryWarning):
+                    warnings.warn_explicit(warning.message, warning.category,
+                                           warning.filename, warning.lineno)
+                elif entry.name not in _NOTED and is_main_rank():
+                    # once per model, in the study's output
+                    _NOTED.add(entry.name)
+                    print(f"note: model {entry.name}: {NO_SYMMETRY_NOTE}")
         except (TypeError, ValueError, IndexError, RuntimeError) as err:
             raise InputError(f"{point.label(greek=False)} of model {entry.name} "
                              f"({entry.model}) on {args.data} failed: {err}") from err

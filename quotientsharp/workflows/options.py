@@ -89,6 +89,10 @@ def add_sharpness_options(parser: argparse.ArgumentParser, *, radius_list: bool 
                         "for several in one call (default inv)")
     parser.add_argument("--order", default="2", help="geodesic: 1, 2 or exact, or a comma list "
                         "such as 1,2 (default 2)")
+    parser.add_argument("--symmetry", default=None, metavar="MODULE:FUNCTION",
+                        help="geodesic: a symmetry of your own; FUNCTION(model) returns a "
+                        "QuotientBinding or a list of them (MODULE imported from the working "
+                        "directory or sys.path); it replaces discovery, as in the API")
     parser.add_argument("--eps", type=float, default=0.0,
                         help="geodesic: Gram relaxation G^T G + eps I (default 0)")
     parser.add_argument("--p", default="2", help="worst_case and adaptive: 2 or inf "
@@ -288,6 +292,11 @@ def options_for(run: MeasureRun, args: argparse.Namespace) -> dict[str, Any]:
             options["reference_solve"] = reference
     if measure == "geodesic":
         options.update(metric=run.variant["metric"], order=run.variant["order"], eps=args.eps)
+        bindings = getattr(args, "bindings", None)
+        if bindings:
+            # the bindings' quotients bring their own metric (the API warns about the option)
+            options["symmetries"] = bindings
+            del options["metric"], options["eps"]
     if measure in ("worst_case", "adaptive"):
         options["p"] = 2 if args.p == "2" else "inf"
     if measure == "average":

@@ -112,7 +112,9 @@ def study_settings(args: argparse.Namespace, grid: Sequence[GridPoint],
             "loss": args.loss, "batch_size": args.batch_size, "max_batches": args.max_batches,
             "n_iter": args.n_iter, "seed": args.seed, "eps": args.eps,
             "samples": args.samples, "layer": args.layer, "max_length": args.max_length,
-            "tokenizer": args.tokenizer, "dtype": args.dtype}
+            "tokenizer": args.tokenizer, "dtype": args.dtype,
+            # only when given, so that the run.json of a study without one still resumes
+            **({"symmetry": args.symmetry} if getattr(args, "symmetry", None) else {})}
 
 
 def _check_identities(finished: Mapping[str, dict[str, Any]],

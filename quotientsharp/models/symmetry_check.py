@@ -1,0 +1,344 @@
+"""Check a :class:`~.binding.QuotientBinding` against the model it is attached to.
+
+A binding is a claim: *the model's function does not change when the quotient's group acts on
+these parameters*. Nothing in the binding proves it, and a binding that is wrong still yields a
+number (a quotient that is not a symmetry of the model measures an arbitrary subspace). Three
+checks, all on the binding's point at ``theta``:
+
+- **structure** (:func:`check_structure`, no forward): a gradient reaches every bound parameter
+  through ``from_point`` (the ascent backpropagates through it; a detaching map silently
+  leaves the bound parameters still); ``vertical()`` returns tangent vectors of the point's
+  shapes; an overriding ``horizontal_projection`` is idempotent and horizontal (measured with
+  the quotient's own ``inner`` and ``vertical``, the generic reference of
+  :mod:`quotientsharp.core.reference`).
+- **invariance** (:func:`check_bindings`): a few random group elements, from the quotient's own
+  :meth:`~quotientsharp.SymmetryQuotient.random_group_element`, applied through ``to_point``,
+  ``act`` and ``from_point``; the relative change of the loss and of the outputs must stay
+  below :func:`symmetry_tolerance`.
+
+:func:`check_symmetry` runs both for a model and a batch; ``quotientsharp.sharpness`` runs them
+on its first batch, through its own functional model, for every binding the caller passes.
+
+Tolerance
+---------
+A true symmetry changes the outputs by rounding only: a few units of the forward's machine
+epsilon ``eps``, times the condition of the forward and of the group element (moderate here,
+see :func:`group_scale`). A binding that is not a symmetry changes them at first order in
+``g - 1``, of the order of the algebra element's size (``~0.1``-``0.5``). The tolerance
+``sqrt(eps)`` sits between the two on a log scale: ``1.5e-8`` for float64, ``3.5e-4`` for
+float32, ``3.1e-2`` for float16, ``8.8e-2`` for bfloat16 (the least precise dtype among the
+bound parameters, which is what the forward runs in).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from quotientsharp.core import reference
+from quotientsharp.core.quotient import SymmetryQuotient
+from quotientsharp.models.binding import QuotientBinding
+
+Tensors = tuple[torch.Tensor, ...]
+#: ``params -> (loss, outputs)``: the model on one batch with ``params`` (by name) replaced.
+Evaluate = Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor | None]]
+
+#: Group elements drawn per binding.
+SAMPLES = 3
+#: Standard deviation of the algebra element before the division by ``sqrt(n)``
+#: (:func:`group_scale`).
+ALGEBRA_SCALE = 0.5
+
+__all__ = ["SymmetryCheck", "SymmetryCheckError", "check_bindings", "check_structure",
+           "check_symmetry", "group_scale", "symmetry_tolerance"]
+
+
+class SymmetryCheckError(ValueError):
+    """A binding fails its check: the group does not leave the model's function unchanged,
+    no gradient reaches its parameters, or an override of its quotient is inconsistent."""
+
+
+@dataclass(frozen=True)
+class SymmetryCheck:
+    """The invariance check of one binding.
+
+    Attributes
+    ----------
+    binding
+        The binding's name.
+    loss_change, output_change
+        The largest relative change over the group elements drawn: ``|L(g.theta) - L(theta)|
+        / |L(theta)|`` and ``max |f(g.theta) - f(theta)| / max |f(theta)|`` (``nan`` when the
+        model has no tensor output).
+    tolerance
+        :func:`symmetry_tolerance` of the forward's dtype.
+    samples
+        Group elements drawn.
+    """
+
+    binding: str
+    loss_change: float
+    output_change: float
+    tolerance: float
+    samples: int
+
+    @property
+    def passed(self) -> bool:
+        """Whether both changes are within the tolerance."""
+        return all(not change > self.tolerance
+                   for change in (self.loss_change, self.output_change))
+
+    def message(self) -> str:
+        """One line: the binding, the changes, the tolerance and the verdict."""
+        verdict = "holds" if self.passed else "does NOT hold"
+        return (f"binding {self.binding!r}: the symmetry {verdict} in the model (relative "
+                f"change under {self.samples} random group elements: loss {self.loss_change:.3g}, "
+                f"outputs {self.output_change:.3g}; tolerance {self.tolerance:.3g})")
+
+
+def symmetry_tolerance(dtype: torch.dtype) -> float:
+    """``sqrt(eps)`` of the forward's ``dtype`` (see the module docstring for why)."""
+    return math.sqrt(torch.finfo(dtype).eps)
+
+
+def group_scale(quotient: SymmetryQuotient, x: Tensors) -> float:
+    """Scale of the random algebra element: ``0.5 / sqrt(n)``, ``n`` the largest dimension of
+    the algebra's shape at ``x``.
+
+    A ``k x k`` Gaussian matrix has spectral norm about ``2 sqrt(k)``, so the group element
+    ``exp(0.5 A / sqrt(k))`` has a condition number near ``e^2`` whatever ``k``: moderate, so
+    that a true symmetry shows rounding only. Scalar groups (``n = 1``) get ``exp(0.5 z)``.
+    """
+    shape = tuple(quotient.algebra_shape(x))
+    return ALGEBRA_SCALE / math.sqrt(max(shape, default=1))
+
+
+def _relative(new: torch.Tensor, old: torch.Tensor) -> float:
+    """``max |new - old| / max |old|`` in float64 (``0`` when both are zero)."""
+    new, old = new.detach().to(torch.float64), old.detach().to(torch.float64)
+    diff = float((new - old).abs().max()) if old.numel() else 0.0
+    size = float(old.abs().max()) if old.numel() else 0.0
+    if diff == 0.0:
+        return 0.0
+    return diff / max(size, torch.finfo(torch.float64).tiny)
+
+
+def _overrides(quotient: SymmetryQuotient, method: str) -> bool:
+    return getattr(type(quotient), method) is not getattr(SymmetryQuotient, method)
+
+
+def _check_gradient(binding: QuotientBinding, x: Tensors) -> None:
+    leaves = tuple(t.detach().clone().requires_grad_(True) for t in x)
+    with torch.enable_grad():
+        params = binding.parameters_of(leaves)
+        detached = [n for n in binding.parameters if not params[n].requires_grad]
+        if detached:
+            raise SymmetryCheckError(
+                f"binding {binding.name!r}: no gradient reaches {detached} through from_point "
+                "(it returns them detached from the point). The ascent backpropagates through "
+                "from_point: build the parameters with differentiable torch operations (no "
+                ".detach(), .data, torch.no_grad() or numpy)")
+        # a random direction per parameter, so that no component's gradient cancels by luck
+        generator = torch.Generator(device=x[0].device).manual_seed(0)
+        total = sum((params[n] * torch.randn(params[n].shape, generator=generator,
+                                             dtype=params[n].dtype, device=params[n].device)
+                     ).sum() for n in binding.parameters)
+        assert isinstance(total, torch.Tensor)
+        grads = torch.autograd.grad(total, leaves, allow_unused=True)
+    unused = [i for i, g in enumerate(grads) if g is None]
+    if unused:
+        raise SymmetryCheckError(
+            f"binding {binding.name!r}: component(s) {unused} of the point reach no parameter "
+            "through from_point (no gradient flows back to them)")
+
+
+def _check_vertical(binding: QuotientBinding, x: Tensors) -> None:
+    quotient = binding.quotient
+    shape = tuple(quotient.algebra_shape(x))
+    batch = x[0].shape[:x[0].dim() - quotient.point_ndims[0]]
+    generator = torch.Generator(device=x[0].device).manual_seed(1)
+    a = torch.randn(*batch, *shape, generator=generator, dtype=x[0].dtype, device=x[0].device)
+    v = tuple(quotient.vertical(x, a))
+    got = [tuple(t.shape) for t in v]
+    want = [tuple(t.shape) for t in x]
+    if got != want:
+        raise SymmetryCheckError(
+            f"binding {binding.name!r}: {type(quotient).__name__}.vertical() returns shapes "
+            f"{got} for a point of shapes {want} (algebra element of shape "
+            f"{(*batch, *shape)}): a vertical vector is a tangent vector, of the point's shapes; "
+            "a broadcastable shape would silently measure another space")
+
+
+def _check_projection(binding: QuotientBinding, x: Tensors, tolerance: float) -> None:
+    quotient = binding.quotient
+    if not _overrides(quotient, "horizontal_projection"):
+        return
+    generator = torch.Generator(device=x[0].device).manual_seed(2)
+    u = tuple(torch.randn(t.shape, generator=generator, dtype=t.dtype, device=t.device)
+              for t in x)
+    h = tuple(quotient.horizontal_projection(x, u))
+    again = tuple(quotient.horizontal_projection(x, h))
+    diff = tuple(a - b for a, b in zip(again, h, strict=True))
+    size = float(quotient.inner(x, h, h).clamp_min(0).sqrt().max())
+    idempotence = float(quotient.inner(x, diff, diff).clamp_min(0).sqrt().max()) / max(
+        size, torch.finfo(x[0].dtype).tiny)
+    # the reference measures horizontality with the quotient's own inner and vertical
+    horizontality = float(reference.horizontality_error(quotient, x, h).max())
+    name = f"{type(quotient).__name__}.horizontal_projection"
+    if not idempotence <= tolerance:
+        raise SymmetryCheckError(
+            f"binding {binding.name!r}: {name} is not idempotent at the point (relative change "
+            f"{idempotence:.3g} when applied twice; tolerance {tolerance:.3g})")
+    if not horizontality <= tolerance:
+        raise SymmetryCheckError(
+            f"binding {binding.name!r}: {name} does not return horizontal vectors at the point "
+            f"(largest normalised metric product with a vertical vector {horizontality:.3g}; "
+            f"tolerance {tolerance:.3g})")
+
+
+def check_structure(binding: QuotientBinding, params: Mapping[str, torch.Tensor]) -> None:
+    """Raise a :class:`SymmetryCheckError` unless ``binding`` is consistent at ``params``.
+
+    Checks, at the binding's point: a gradient reaches every bound parameter through
+    ``from_point``; ``vertical()`` returns the point's shapes; an overriding
+    ``horizontal_projection`` is idempotent and horizontal (to ``sqrt(eps)`` of the point's
+    dtype). No forward of the model.
+    """
+    x = tuple(t.detach() for t in binding.point(params))
+    _check_gradient(binding, x)
+    _check_vertical(binding, x)
+    _check_projection(binding, x, symmetry_tolerance(x[0].dtype))
+
+
+def check_bindings(bindings: Sequence[QuotientBinding], params: Mapping[str, torch.Tensor],
+                   evaluate: Evaluate, forward_dtype: torch.dtype, *, seed: int = 0,
+                   samples: int = SAMPLES) -> list[SymmetryCheck]:
+    """The invariance check of each binding (no error raised: see :attr:`SymmetryCheck.passed`).
+
+    Parameters
+    ----------
+    bindings
+        The bindings, each checked with the others' parameters at ``theta``.
+    params
+        ``theta`` by name (every bound parameter at least).
+    evaluate
+        ``params -> (loss, outputs)`` with the given parameters replaced; a scalar loss and the
+        output tensor (``None`` if the model has none).
+    forward_dtype
+        The dtype the forward runs in (sets the tolerance).
+    seed, samples
+        The group elements: ``samples`` draws from a generator seeded with ``seed`` (the
+        global random state is not touched).
+    """
+    tolerance = symmetry_tolerance(forward_dtype)
+    with torch.no_grad():
+        loss0, out0 = evaluate(params)
+        results = []
+        for binding in bindings:
+            quotient = binding.quotient
+            x = tuple(t.detach() for t in binding.point(params))
+            generator = torch.Generator(device=x[0].device).manual_seed(seed)
+            scale = group_scale(quotient, x)
+            loss_change = output_change = 0.0
+            for _ in range(samples):
+                g = quotient.random_group_element(x, scale=scale, generator=generator)
+                moved = binding.parameters_of(tuple(quotient.act(x, g)))
+                loss, out = evaluate({**params, **moved})
+                loss_change = max(loss_change, _relative(loss, loss0))
+                output_change = (math.nan if out is None or out0 is None
+                                 else max(output_change, _relative(out, out0)))
+            results.append(SymmetryCheck(binding.name, loss_change, output_change, tolerance,
+                                         samples))
+    return results
+
+
+# ---------------------------------------------------------------------------- model and batch
+def _output_tensor(output: Any) -> torch.Tensor | None:
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if logits is None and isinstance(output, Mapping):
+        logits = output.get("logits")
+    if logits is None and isinstance(output, (tuple, list)) and output:
+        logits = output[0]
+    return logits if isinstance(logits, torch.Tensor) else None
+
+
+def check_symmetry(model: nn.Module, bindings: QuotientBinding | Sequence[QuotientBinding],
+                   batch: Any, *, loss: Callable[[Any, Any], torch.Tensor] | None = None,
+                   seed: int = 0, samples: int = SAMPLES) -> list[SymmetryCheck]:
+    """Check that each binding is a symmetry of ``model`` on ``batch``.
+
+    Parameters
+    ----------
+    model
+        The model, run as it is (its mode is not changed: a BatchNorm in eval mode uses its
+        running statistics, in train mode the batch's).
+    bindings
+        One binding or several.
+    batch
+        ``(x, y)``: ``x`` a tensor (``model(x)``), a tuple (``model(*x)``) or a dict
+        (``model(**x)``); or a dict with ``"labels"`` whose other entries are keyword inputs.
+    loss
+        ``loss(output, y)``; default: the cross-entropy of the logits for integer ``y``, the
+        mean squared error for floating ``y``.
+    seed, samples
+        The group elements drawn per binding.
+
+    Returns
+    -------
+    list of SymmetryCheck
+        One per binding, in order: the relative changes and the tolerance
+        (:func:`symmetry_tolerance` of the least precise bound parameter's dtype).
+
+    Raises
+    ------
+    SymmetryCheckError
+        For a binding whose structure is inconsistent (:func:`check_structure`); a binding whose
+        symmetry does not hold is reported (``passed`` false), not raised.
+    """
+    bindings = [bindings] if isinstance(bindings, QuotientBinding) else list(bindings)
+    named = dict(model.named_parameters())
+    for binding in bindings:
+        missing = [n for n in binding.parameters if n not in named]
+        if missing:
+            raise SymmetryCheckError(f"binding {binding.name!r} names {missing}, which the "
+                                     "model has no parameter of")
+    params = {n: p.detach() for n, p in named.items()}
+    buffers = dict(model.named_buffers())
+    if isinstance(batch, Mapping):
+        args: tuple = ()
+        kwargs = {k: v for k, v in batch.items() if k != "labels"}
+        target = batch["labels"]
+    else:
+        x, target = batch
+        args, kwargs = (((), dict(x)) if isinstance(x, Mapping)
+                        else (tuple(x), {}) if isinstance(x, (tuple, list)) else ((x,), {}))
+
+    def evaluate(values: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # clones: a forward that writes to its buffers (BatchNorm in train mode) leaves the
+        # model untouched
+        output = torch.func.functional_call(
+            model, ({**values}, {n: b.clone() for n, b in buffers.items()}), args, kwargs)
+        logits = _output_tensor(output)
+        if loss is not None:
+            value = loss(logits if logits is not None else output, target)
+        elif logits is None:
+            raise TypeError("the model returned no tensor: pass loss=callable(output, target)")
+        elif target.is_floating_point():
+            value = F.mse_loss(logits, target)
+        else:
+            value = F.cross_entropy(logits.flatten(0, -2), target.flatten())
+        return value, logits
+
+    for binding in bindings:
+        check_structure(binding, params)
+    dtypes = [params[n].dtype for b in bindings for n in b.parameters]
+    forward_dtype = max(dtypes, key=lambda d: torch.finfo(d).eps)
+    return check_bindings(bindings, params, evaluate, forward_dtype, seed=seed, samples=samples)

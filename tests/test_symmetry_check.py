@@ -1,0 +1,224 @@
+"""A binding is checked against the model (issue 22, item 1; issue 24's silent binding cases)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import quotientsharp as qs
+from tests.bottleneck_symmetry import (
+    BottleneckGL,
+    bottleneck_batches,
+    bottleneck_binding,
+    bottleneck_model,
+)
+
+
+class RowScale(qs.SymmetryQuotient):
+    """Positive scaling of each incoming row (with its bias) of a layer."""
+
+    name = "row-scale"
+    point_ndims = (1,)
+
+    def inner(self, x, u, v):
+        return (u[0] * v[0]).sum(-1) / x[0].square().sum(-1)
+
+    def vertical(self, x, a):
+        return (a * x[0],)
+
+    def act(self, x, g):
+        return (g * x[0],)
+
+    def algebra_shape(self, x):
+        return (1,)
+
+
+def _rows_binding(name="bn rows", quotient=None, from_point=None):
+    def to_point(p):
+        return (torch.cat([p["0.weight"], p["0.bias"][:, None]], 1),)
+
+    def back(x):
+        return {"0.weight": x[0][:, :-1], "0.bias": x[0][:, -1]}
+
+    return qs.QuotientBinding(quotient or RowScale(), ["0.weight", "0.bias"], to_point,
+                              from_point or back, folded=1, name=name)
+
+
+def _batchnorm_model(dtype=torch.float64):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    model = model.to(dtype)
+    x = torch.randn(32, 5, dtype=dtype)
+    model.train()
+    with torch.no_grad():
+        for _ in range(3):              # running statistics away from their initial values
+            model(x)
+    return model, [(x, torch.randint(0, 3, (32,)))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_batchnorm_rows_in_eval_mode_are_refused_naming_the_binding(dtype):
+    model, batches = _batchnorm_model(dtype)
+    model.eval()
+    with pytest.raises(qs.SymmetryCheckError, match="binding 'bn rows'.*does NOT hold") as err:
+        qs.sharpness(model, batches, rho=0.05, symmetries=_rows_binding(), n_iter=3,
+                     progress=False)
+    assert isinstance(err.value, ValueError)
+    assert "tolerance" in str(err.value)
+    assert model.training is False          # the mode restored
+    report = qs.models.check_symmetry(model, _rows_binding(), batches[0])
+    assert not report[0].passed and report[0].output_change > 1e-2
+
+
+def test_batchnorm_rows_in_train_mode_change_by_the_eps_of_batchnorm_only():
+    model, batches = _batchnorm_model()
+    model.train()
+    (check,) = qs.models.check_symmetry(model, _rows_binding(), batches[0])
+    # BatchNorm's eps breaks the symmetry slightly: far below the eval-mode change, yet above
+    # float64 rounding, so the float64 check sees it
+    assert 1e-8 < check.output_change < 1e-3
+
+
+def test_opting_out_is_recorded_in_the_settings():
+    model, batches = _batchnorm_model()
+    model.eval()
+    result = qs.sharpness(model, batches, rho=0.05, symmetries=_rows_binding(), n_iter=3,
+                          progress=False, check_symmetry=False)
+    assert result.settings["check_symmetry"] is False
+    on = qs.sharpness(bottleneck_model(), bottleneck_batches(), rho=0.1, n_iter=3,
+                      symmetries=bottleneck_binding(None), progress=False)
+    assert on.settings["check_symmetry"] is True
+    with pytest.raises(TypeError, match="check_symmetry"):
+        qs.sharpness(model, batches, rho=0.05, symmetries=_rows_binding(), n_iter=3,
+                     progress=False, check_symmetry="no")
+
+
+def test_a_parameter_without_symmetry_is_refused():
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3)).double()
+    batch = (torch.randn(16, 5, dtype=torch.float64), torch.randint(0, 3, (16,)))
+    with pytest.raises(qs.SymmetryCheckError, match="binding 'rows alone'"):
+        qs.sharpness(mlp, [batch], rho=0.05, symmetries=_rows_binding("rows alone"),
+                     n_iter=3, progress=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_bottleneck_passes_its_check_in_each_dtype(dtype):
+    model = bottleneck_model().to(dtype)
+    x, y = bottleneck_batches()[0]
+    (check,) = qs.models.check_symmetry(model, bottleneck_binding(model), (x.to(dtype), y))
+    assert check.passed
+    assert check.output_change < 100 * torch.finfo(dtype).eps
+    assert check.tolerance == pytest.approx(torch.finfo(dtype).eps ** 0.5)
+
+
+def test_the_bottleneck_is_checked_at_an_ill_conditioned_point():
+    model = bottleneck_model()
+    with torch.no_grad():
+        scale = torch.tensor([1e-3, 1.0, 1e3], dtype=torch.float64)
+        model[0].weight.mul_(scale[:, None])
+        model[1].weight.div_(scale)
+    batches = bottleneck_batches()
+    (check,) = qs.models.check_symmetry(model, bottleneck_binding(model), batches[0])
+    assert check.passed
+
+
+def test_the_bottleneck_gl_symmetry_is_invariant_where_adaptive_moves():
+    model, batches = bottleneck_model(), bottleneck_batches()
+    g = torch.linalg.matrix_exp(torch.randn(3, 3, dtype=torch.float64,
+                                            generator=torch.Generator().manual_seed(5)))
+    moved = bottleneck_model()
+    with torch.no_grad():
+        moved[0].weight.copy_(g @ model[0].weight)
+        moved[1].weight.copy_(model[1].weight @ torch.linalg.inv(g))
+    options = {"rho": 0.1, "n_iter": 10, "progress": False}
+    values = [qs.sharpness(net, batches, symmetries=bottleneck_binding(net), **options).value
+              for net in (model, moved)]
+    assert values[0] > 0
+    assert abs(values[1] - values[0]) <= 1e-8 * values[0]
+    adaptive = [qs.sharpness(net, batches, measure="adaptive", **options).value
+                for net in (model, moved)]
+    assert abs(adaptive[1] - adaptive[0]) > 0.1 * adaptive[0]
+
+
+def test_a_detached_from_point_is_an_error_naming_the_binding():
+    model, batches = _batchnorm_model()
+    model.train()
+
+    def detached(x):
+        return {"0.weight": x[0][:, :-1].detach(), "0.bias": x[0][:, -1].detach()}
+
+    with pytest.raises(qs.SymmetryCheckError, match="binding 'bn rows'.*no gradient reaches"):
+        qs.sharpness(model, batches, rho=0.05, symmetries=_rows_binding(from_point=detached),
+                     check_symmetry=False, n_iter=3, progress=False)
+
+
+def test_a_wrong_shaped_vertical_is_an_error_naming_vertical_and_the_shapes():
+    class NarrowVertical(RowScale):
+        def vertical(self, x, a):
+            return (a * x[0][..., :1],)     # shape (8, 1) for an (8, 6) factor: broadcasts
+
+    model, batches = _batchnorm_model()
+    with pytest.raises(qs.SymmetryCheckError,
+                       match=r"vertical\(\) returns shapes \[\(8, 1\)\].*\[\(8, 6\)\]"):
+        qs.sharpness(model, batches, rho=0.05, symmetries=_rows_binding(
+            quotient=NarrowVertical()), check_symmetry=False, n_iter=3, progress=False)
+
+
+class _Halved(RowScale):
+    def horizontal_projection(self, x, u):      # not idempotent: P(P(u)) = P(u) / 2
+        return tuple(0.5 * t for t in qs.reference.horizontal_projection(self, x, u))
+
+
+class _PlusVertical(RowScale):
+    def horizontal_projection(self, x, u):      # idempotent, but adds a vertical vector
+        h = qs.reference.horizontal_projection(self, x, u)
+        return (h[0] + 0.1 * x[0],)
+
+
+@pytest.mark.parametrize(("cls", "words"), [(_Halved, "not idempotent"),
+                                             (_PlusVertical, "horizontal vectors")])
+def test_a_broken_horizontal_projection_is_refused(cls, words):
+    model, batches = _batchnorm_model()
+    with pytest.raises(qs.SymmetryCheckError, match=f"{cls.__name__}.horizontal_projection.*"
+                                                    f"{words}"):
+        qs.sharpness(model, batches, rho=0.05, symmetries=_rows_binding(quotient=cls()),
+                     check_symmetry=False, n_iter=3, progress=False)
+
+
+def test_a_correct_closed_form_projection_passes():
+    class Fast(RowScale):
+        def horizontal_projection(self, x, u):
+            a = (u[0] * x[0]).sum(-1, keepdim=True) / x[0].square().sum(-1, keepdim=True)
+            return (u[0] - a * x[0],)
+
+    model, batches = _batchnorm_model()
+    model.train()
+    qs.models.check_symmetry(model, _rows_binding(quotient=Fast()), batches[0])
+
+
+def test_a_parameter_the_model_lacks_is_named():
+    model = bottleneck_model()
+    binding = qs.QuotientBinding(BottleneckGL(), ["0.weight", "2.weight"], name="b")
+    with pytest.raises(qs.SymmetryCheckError, match=r"'2.weight'"):
+        qs.models.check_symmetry(model, binding, bottleneck_batches()[0])
+
+
+def test_geodesic_without_symmetry_warns_and_says_how_to_bind_one():
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3))
+    batch = (torch.randn(16, 5), torch.randint(0, 3, (16,)))
+    with pytest.warns(qs.NoSymmetryWarning, match="geodesic sharpness equals adaptive") as got:
+        result = qs.sharpness(mlp, [batch], rho=0.05, n_iter=3, progress=False)
+    assert issubclass(qs.NoSymmetryWarning, UserWarning)
+    assert "--symmetry" in str(got[0].message)
+    assert result.settings["symmetry_found"] is False
+    adaptive = qs.sharpness(mlp, [batch], rho=0.05, n_iter=3, progress=False,
+                            measure="adaptive")
+    assert result.value == pytest.approx(adaptive.value, rel=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        qs.sharpness(mlp, [batch], rho=0.05, n_iter=3, progress=False, symmetries="none")
