@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quotientsharp.cli.user_objects import UserInputError, import_object
+from quotientsharp.workflows.user_objects import UserInputError, import_object
 
 if TYPE_CHECKING:
     from quotientsharp.core.quotient import SymmetryQuotient

@@ -11,12 +11,10 @@ binding, a parameter the model lacks.
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 from typing import Any
 
 from quotientsharp.workflows.options import InputError
+from quotientsharp.workflows.user_objects import import_object
 
 __all__ = ["load_symmetry"]
 
@@ -41,21 +39,11 @@ def load_symmetry(spec: str, model: Any, flag: str = "--symmetry") -> list[Any]:
     """
     from quotientsharp.models import QuotientBinding
 
-    module_name, sep, function_name = spec.partition(":")
-    if not sep or not module_name or not function_name:
-        raise InputError(f"{flag} must be MODULE:FUNCTION (e.g. mysym:bind), got {spec!r}")
-    # the working directory first, as `python -m` does, so that a file next to the data works
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise InputError(f"{flag} {spec}: cannot import module {module_name!r} from the working "
-                         f"directory or sys.path ({err})") from err
-    function = getattr(module, function_name, None)
-    if function is None or not callable(function):
-        raise InputError(f"{flag} {spec}: module {module_name!r} has no function "
-                         f"{function_name!r}")
+    function = import_object(spec, flag)
+    function_name = spec.partition(":")[2]
+    if not callable(function):
+        raise InputError(f"{flag} {spec}: {function_name} is a {type(function).__name__}, not "
+                         "a function of the model")
     try:
         returned = function(model)
     except Exception as err:

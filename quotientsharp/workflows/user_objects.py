@@ -2,8 +2,9 @@
 
 ``MODULE`` is imported like any Python module, from the working directory first and then from
 ``sys.path``; ``NAME`` is an attribute of it (dotted names reach into classes and submodules).
-Every failure is a :class:`UserInputError` whose message is one line naming the flag, so a
-command can print it as ``quotientsharp COMMAND: error: MESSAGE`` and exit with status 2.
+Every failure is a :class:`UserInputError` (an :class:`~.options.InputError`) whose message is
+one line naming the flag, so a command can print it as ``quotientsharp COMMAND: error:
+MESSAGE`` and exit with status 2. ``verify --quotient`` and ``--symmetry`` both use it.
 
 Nothing here imports torch: the command line's parser stays instant.
 """
@@ -15,8 +16,12 @@ import os
 import sys
 from typing import Any
 
+from quotientsharp.workflows.options import InputError
 
-class UserInputError(ValueError):
+__all__ = ["UserInputError", "import_object"]
+
+
+class UserInputError(InputError):
     """A ``MODULE:NAME`` argument that names nothing usable; the message is one line."""
 
 
@@ -49,8 +54,8 @@ def import_object(spec: str, flag: str) -> Any:
     """
     module_name, sep, name = spec.partition(":")
     if not sep or not module_name or not name:
-        raise UserInputError(f"{flag} {spec!r}: expected MODULE:NAME, e.g. "
-                             f"my_quotients:MyQuotient for MyQuotient in ./my_quotients.py")
+        raise UserInputError(f"{flag} {spec!r}: expected MODULE:NAME, e.g. mine:thing for "
+                             f"the name thing in ./mine.py")
     # a console script's sys.path[0] is the script's folder, not the working directory
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
