@@ -444,3 +444,18 @@ def test_a_non_utf8_manifest_and_data_file_are_named(study_files, tmp_path):
         code = main(["measure", str(study_files / "net0.pt"), str(data), "--measure",
                      "adaptive", "--rho", "0.1", "--no-progress"])
     assert code == 2 and str(data) in stderr_io.getvalue()
+
+
+# ---------------------------------------------------------------------------- pinned behaviour
+def test_the_model_runs_in_eval_mode_and_its_modes_come_back():
+    # a dropout left in train mode by the test: only sharpness() itself can switch it off
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Dropout(0.5), nn.Linear(8, 3))
+    assert model.training
+    first = _measure(model, _batches(), "worst_case")
+    second = _measure(model, _batches(), "worst_case")
+    assert model.training and all(m.training for m in model.modules())
+    # the value of the same weights without any dropout at all: eval mode, whatever the caller's
+    without = nn.Sequential(*[m for m in model if not isinstance(m, nn.Dropout)])
+    reference = _measure(without, _batches(), "worst_case")
+    assert first.value == second.value == pytest.approx(reference.value, rel=1e-6)

@@ -76,6 +76,21 @@ def test_trust_region_maximum_hard_case() -> None:
                                         rel=1e-9)
 
 
+@pytest.mark.parametrize("rho", [0.5, 2.0])
+def test_trust_region_maximum_hard_case_away_from_rho_one(rho: float) -> None:
+    # at rho = 1, rho and rho^2 coincide: a maximiser that fills the ball with rho in place of
+    # rho^2 passes the test above. A = diag(2, -1), g = (0, 1): the hard case for rho >= 1/3,
+    # with d = (sqrt(rho^2 - 1/9), 1/3) and the value g.d + d^T A d / 2 = rho^2 + 1/6 by hand
+    A = torch.diag(torch.tensor([2.0, -1.0], dtype=torch.float64))
+    g = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    exact = trust_region_maximum(A, g, rho)
+    assert exact.hard_case and exact.multiplier == 2.0
+    assert float(exact.d.norm()) == pytest.approx(rho, rel=1e-14)
+    assert abs(float(exact.d[0])) == pytest.approx(math.sqrt(rho ** 2 - 1 / 9), rel=1e-12)
+    assert float(exact.d[1]) == pytest.approx(1 / 3, rel=1e-12)
+    assert exact.value == pytest.approx(rho ** 2 + 1 / 6, rel=1e-12)
+
+
 def test_trust_region_maximum_rejects_bad_input() -> None:
     A, g = torch.eye(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64)
     with pytest.raises(ValueError, match="rho"):
