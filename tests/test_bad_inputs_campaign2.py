@@ -459,3 +459,16 @@ def test_the_model_runs_in_eval_mode_and_its_modes_come_back():
     without = nn.Sequential(*[m for m in model if not isinstance(m, nn.Dropout)])
     reference = _measure(without, _batches(), "worst_case")
     assert first.value == second.value == pytest.approx(reference.value, rel=1e-6)
+
+
+def test_an_hf_config_that_does_not_match_its_weights_is_named(bert, tmp_path):
+    from quotientsharp.workflows.saved_models import load_measured_model
+
+    bert.save_pretrained(tmp_path / "bert")
+    config = json.loads((tmp_path / "bert" / "config.json").read_text())
+    config["intermediate_size"] = 48                    # the weights have 32
+    (tmp_path / "bert" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config.json does not match the weights.*"
+                                         r"intermediate.dense.weight: weights \(32, 16\), "
+                                         r"config \(48, 16\)"):
+        load_measured_model(tmp_path / "bert")
