@@ -263,6 +263,8 @@ def test_one_tensor_for_a_tuple_is_named():
     x = quotient.random_point(shapes=[(5, 2), (4, 2)], dtype=torch.float64)
     with pytest.raises(TypeError, match="u must be a tuple of 2 tensors.*got Tensor"):
         quotient.horizontal_projection(x, x[0])
+    with pytest.raises(TypeError, match="x must be a tuple of 2 tensors.*got Tensor"):
+        quotient.inner(x[0], x, x)
     with pytest.raises(TypeError, match="batches must be an iterable of batches, got Tensor"):
         _measure(_mlp(), _batches()[0][0])
 

@@ -370,6 +370,8 @@ class ClosedFormQuotient(SymmetryQuotient):
         Only shapes are checked (this method is called inside ``torch.func`` transforms by
         :mod:`quotientsharp.core.reference`).
         """
+        for name, value in (("x", x), ("u", u), ("v", v)):
+            _check_tuple(name, value, len(self.point_ndims))
         return self.frozen_point(x).inner(u, v)
 
     def vertical_projection(self, x: Tensors, u: Tensors) -> Tensors:
@@ -464,3 +466,13 @@ def _check_floating_point(method: str, x: object) -> None:
         if isinstance(c, torch.Tensor) and not c.is_floating_point():
             raise TypeError(f"{method}: x[{i}] has dtype {c.dtype}; a point has floating "
                             "entries (a Gaussian draw of its shape and dtype)")
+
+
+def _check_tuple(name: str, value: object, size: int) -> None:
+    """A tuple (or list) of ``size`` components, not one tensor: a tensor would be unpacked
+    row by row ("too many values to unpack") far from the call that passed it."""
+    if isinstance(value, torch.Tensor) or not isinstance(value, (tuple, list)):
+        raise TypeError(f"{name} must be a tuple of {size} tensors (one per factor), got "
+                        f"{type(value).__name__}")
+    if len(value) != size:
+        raise ValueError(f"{name} must have {size} components, got {len(value)}")
