@@ -120,3 +120,37 @@ def test_invariance_and_equivariance_under_the_group(drawn, condition):
         < 1e-8
     assert _relative(there.horizontal_projection(moved_u),
                      quotient.act_tangent(x, here.horizontal_projection(u), A)) < 1e-7
+
+
+@FAST
+@given(points())
+def test_the_gram_operator_is_the_moment_of_the_orbit_velocity(drawn):
+    # Gram(L) = M(V(L)): the vertical metric in closed form from the h x h Gram matrices
+    quotient, x, _, _, generator = drawn
+    frozen = quotient.at(x)
+    h = x[0].shape[-1]
+    L = torch.randn(*x[0].shape[:-2], h, h, generator=generator, dtype=torch.float64)
+    direct = frozen.moment(frozen.vertical(L.to(x[0].dtype))).double()
+    closed = frozen.gram_operator(L.to(frozen.gram_operator_terms()[0][0].dtype)).double()
+    assert _relative((closed,), (direct,)) < _tolerance(x) * 10
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix", "euclidean"])
+def test_isotropic_draws_follow_the_generator_and_the_factor_shapes(metric):
+    quotient = GLQuotient(metric=metric)
+    x = quotient.random_point(shapes=[(6, 2), (3, 2)], dtype=torch.float64,
+                              generator=torch.Generator().manual_seed(0))
+    frozen = quotient.at(x)
+    torch.manual_seed(1)
+    first = frozen.isotropic(torch.Generator().manual_seed(5))
+    torch.manual_seed(2)                     # another global state: the same draw
+    second = frozen.isotropic(torch.Generator().manual_seed(5))
+    assert [tuple(c.shape) for c in first] == [(6, 2), (3, 2)]
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    # the two factors' noises are independent draws (not one reused for both)
+    draws = [frozen.isotropic(torch.Generator().manual_seed(s)) for s in range(400)]
+    g_part = torch.stack([d[0][:3].flatten() for d in draws])
+    h_part = torch.stack([d[1].flatten() for d in draws])
+    covariance = (g_part - g_part.mean(0)).T @ (h_part - h_part.mean(0)) / len(draws)
+    scale = g_part.std(0)[:, None] * h_part.std(0)[None, :]
+    assert float((covariance / scale).abs().max()) < 0.3
