@@ -24,6 +24,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 work=${MUTATION_DIR:-$(mktemp -d -t quotientsharp-mutation.XXXXXX)}
 command -v mutmut >/dev/null || { echo "mutmut is not installed: pip install 'mutmut>=3.3'" >&2; exit 2; }
 
+# MUTATION_GROUPS, MUTATION_PATTERNS (mutant name globs) and MUTATION_TESTS (test files) narrow a
+# run, e.g. MUTATION_GROUPS=measures MUTATION_PATTERNS='quotientsharp.engine.measures.x__check_ascent*'
 # three groups, each with the tests that pin it (mutmut runs, per mutant, those among them
 # that reach the mutated function); MUTATION_GROUPS picks some ("gl exact measures")
 declare -A MUTATED=(
@@ -48,7 +50,7 @@ declare -A TESTED=(
 run_group() {
     local group=$1 dir="$work/$1" tests=""
     mkdir -p "$dir"
-    for t in ${TESTED[$group]}; do
+    for t in ${MUTATION_TESTS:-${TESTED[$group]}}; do
         [ -e "$root/$t" ] && tests="$tests${tests:+, }\"$t\""
     done
     # the working tree as it is (tracked and untracked, not ignored), without git's history
@@ -90,7 +92,7 @@ TOML
     start=$(date +%s)
     # mutmut puts mutants/ first on sys.path; PYTHONPATH keeps an editable install elsewhere out
     (cd "$dir" && PYTHONPATH="$dir/mutants" nice -n 10 \
-        mutmut run --max-children "${MUTATION_CHILDREN:-1}" ${PATTERNS[$group]} \
+        mutmut run --max-children "${MUTATION_CHILDREN:-1}" ${MUTATION_PATTERNS:-${PATTERNS[$group]}} \
         > "$dir/run.log" 2>&1) || true
     echo "== $group: $(( $(date +%s) - start )) s" >&2
     (cd "$dir" && PYTHONPATH="$dir/mutants" mutmut results --all true > "$dir/results.txt" 2>&1) || true

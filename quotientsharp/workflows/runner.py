@@ -174,7 +174,11 @@ def run_study(manifest: str | Path, args: argparse.Namespace) -> StudyOutcome:
     import torch
 
     from quotientsharp.workflows.devices import check_device
-    from quotientsharp.workflows.files import write_csv_atomic, write_json_atomic
+    from quotientsharp.workflows.files import (
+        write_csv_atomic,
+        write_json_atomic,
+        write_text_atomic,
+    )
     from quotientsharp.workflows.generalisation import gap_kind
     from quotientsharp.workflows.plots import study_plots
     from quotientsharp.workflows.records import ResultsDirectory
@@ -241,7 +245,7 @@ def run_study(manifest: str | Path, args: argparse.Namespace) -> StudyOutcome:
             plots=[path.name for path in plots or []], bootstrap=bootstrap,
             world_size=world_size, resumed=int(results.run_info.get("resumed", 0)),
             wall_seconds=wall)
-        results.file(REPORT).write_text(report)
+        write_text_atomic(results.file(REPORT), report)
         results.save_run_info(ignored_records=ignored, bootstrap=bootstrap, taus=taus)
         return plots, wall
 
