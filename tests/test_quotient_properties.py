@@ -1,9 +1,9 @@
 """Property-based tests (hypothesis) of the quotient contract of the GL metrics: over the
-shapes of the factors, the batch shape, the dtype, the Gram relaxation ``eps`` and the
+shapes of the factors, the batch shape (none, one or two dimensions), the dtype, the Gram relaxation ``eps`` and the
 conditioning of the point.
 
 Drawn per example: ``n, m`` rows of ``G, H`` and their ``h`` columns (``h <= min(n, m)``, full
-rank), a batch of 0 or 2 points, float64 or float32, ``eps``, and a condition ``10^c`` of the
+rank), a batch shape (), (2,) or (2, 3), float64 or float32, ``eps``, and a condition ``10^c`` of the
 point (its columns rescaled by a geometric range, ``G S`` and ``H S^{-1}``, which leaves ``G H^T``
 and so the network's function alone). Checked at every draw:
 
@@ -37,7 +37,7 @@ def points(draw, metrics=("inv", "mix", "euclidean"), relaxed=True):
     metric = draw(st.sampled_from(metrics))
     h = draw(st.integers(1, 3))
     n, m = draw(st.integers(h, 6)), draw(st.integers(h, 6))
-    batch = draw(st.sampled_from([(), (2,)]))
+    batch = draw(st.sampled_from([(), (2,), (2, 3)]))
     dtype = draw(st.sampled_from([torch.float64, torch.float32]))
     eps = draw(st.sampled_from([0.0, 1e-3, 0.5])) if relaxed else 0.0
     condition = draw(st.floats(0.0, 2.0))                # 10^condition between the columns
