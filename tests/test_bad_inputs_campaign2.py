@@ -474,3 +474,15 @@ def test_an_hf_config_that_does_not_match_its_weights_is_named(bert, tmp_path):
                                          r"intermediate.dense.weight: weights \(32, 16\), "
                                          r"config \(48, 16\)"):
         load_measured_model(tmp_path / "bert")
+
+
+def test_the_average_measure_reports_the_mean_norm_of_its_draws():
+    # delta ~ N(0, rho^2 I) in 67 coordinates: E ||delta|| = rho sqrt(2) Gamma(34) / Gamma(33.5),
+    # about rho sqrt(66.5); 64 draws put the mean within 1 % of it (a mutation survivor
+    # subtracted the norms)
+    model = _mlp()
+    dimension = sum(p.numel() for p in model.parameters())
+    result = _measure(model, _batches(), "average", samples=64)
+    expected = 0.1 * math.sqrt(2) * math.exp(math.lgamma((dimension + 1) / 2)
+                                             - math.lgamma(dimension / 2))
+    assert result.perturbation_norms[0]["total"] == pytest.approx(expected, rel=0.05)

@@ -1,11 +1,11 @@
 """Property-based tests (hypothesis) of the quotient contract of the GL metrics: over the
-shapes of the factors, the batch shape (none, one or two dimensions), the dtype, the Gram relaxation ``eps`` and the
+shapes of the factors, the batch shape, the dtype, the Gram relaxation ``eps`` and the
 conditioning of the point.
 
 Drawn per example: ``n, m`` rows of ``G, H`` and their ``h`` columns (``h <= min(n, m)``, full
-rank), a batch shape (), (2,) or (2, 3), float64 or float32, ``eps``, and a condition ``10^c`` of the
-point (its columns rescaled by a geometric range, ``G S`` and ``H S^{-1}``, which leaves ``G H^T``
-and so the network's function alone). Checked at every draw:
+rank), a batch shape ``()``, ``(2,)`` or ``(2, 3)``, float64 or float32, ``eps``, and a
+condition ``10^c`` of the point (its columns rescaled by a geometric range, ``G S`` and
+``H S^{-1}``, which leaves ``G H^T`` and so the network's function alone). Checked at every draw:
 
 - the horizontal projection is idempotent, the two projections add up to the vector and are
   orthogonal in the metric;
