@@ -301,11 +301,23 @@ def test_clip_is_the_full_projection_on_horizontal_vectors(seed, metric, dtype) 
     assert _max_relative(geometry.clip(raw), geometry.project(raw)) > 1e-3
 
 
-def test_box_clip_is_its_clamp() -> None:
-    w = torch.randn(5, 3, dtype=torch.float64)
+def test_box_clip_clamps_each_entry_to_its_bound() -> None:
+    # the reference, entry by entry in Python floats: |xi_i| <= rho |w_i|, the sign kept
+    generator = torch.Generator().manual_seed(0)
+    w = torch.randn(5, 3, dtype=torch.float64, generator=generator)
     box = BoxGeometry([w], [w.abs()], 0.1)
-    xi = (torch.randn(5, 3, dtype=torch.float64),)
-    assert torch.equal(box.clip(xi)[0], box.project(xi)[0])
+    xi = (0.2 * torch.randn(5, 3, dtype=torch.float64, generator=generator),)
+    clipped, projected = box.clip(xi)[0], box.project(xi)[0]
+    inside = outside = 0
+    for value, weight, got, got_projected in zip(xi[0].flatten().tolist(),
+                                                 w.flatten().tolist(), clipped.flatten().tolist(),
+                                                 projected.flatten().tolist(), strict=True):
+        bound = 0.1 * abs(weight)
+        expected = value if abs(value) <= bound else math.copysign(bound, value)
+        inside, outside = inside + (abs(value) <= bound), outside + (abs(value) > bound)
+        assert got == pytest.approx(expected, rel=1e-15, abs=0.0)
+        assert got_projected == pytest.approx(expected, rel=1e-15, abs=0.0)
+    assert inside and outside                       # both branches of the clamp are exercised
 
 
 # ---------------------------------------------------------------------------- the model's storage

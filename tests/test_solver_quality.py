@@ -80,6 +80,21 @@ def test_trust_region_maximum_hard_case() -> None:
                                         rel=1e-9)
 
 
+@pytest.mark.parametrize("rho", [0.5, 2.0])
+def test_trust_region_maximum_hard_case_away_from_rho_one(rho: float) -> None:
+    # at rho = 1, rho and rho^2 coincide: a maximiser that fills the ball with rho in place of
+    # rho^2 passes the test above. A = diag(2, -1), g = (0, 1): the hard case for rho >= 1/3,
+    # with d = (sqrt(rho^2 - 1/9), 1/3) and the value g.d + d^T A d / 2 = rho^2 + 1/6 by hand
+    A = torch.diag(torch.tensor([2.0, -1.0], dtype=torch.float64))
+    g = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    exact = trust_region_maximum(A, g, rho)
+    assert exact.hard_case and exact.multiplier == 2.0
+    assert float(exact.d.norm()) == pytest.approx(rho, rel=1e-14)
+    assert abs(float(exact.d[0])) == pytest.approx(math.sqrt(rho ** 2 - 1 / 9), rel=1e-12)
+    assert float(exact.d[1]) == pytest.approx(1 / 3, rel=1e-12)
+    assert exact.value == pytest.approx(rho ** 2 + 1 / 6, rel=1e-12)
+
+
 def test_trust_region_maximum_rejects_bad_input() -> None:
     A, g = torch.eye(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64)
     with pytest.raises(ValueError, match="rho"):
@@ -203,3 +218,88 @@ def test_reference_settings_defaults_follow_the_measurement() -> None:
     strong = reference_settings(True, main)
     assert (strong.n_iter, strong.restarts, strong.eta0, strong.alpha) == (70, 4, 0.3, 0.5)
     assert reference_settings({"restarts": 0, "random_init": True}, main).random_init
+
+
+# ---------------------------------------------------------------------------- mutation survivors
+def _boundary_maximum(A: torch.Tensor, g: torch.Tensor, rho: float) -> float:
+    """``max g.d + d^T A d / 2`` over the circle ``||d|| = rho`` (2-D), by a fine grid of
+    angles: an independent reference where the maximum is on the boundary."""
+    theta = torch.linspace(0, 2 * math.pi, 400_001, dtype=torch.float64)
+    d = rho * torch.stack([theta.cos(), theta.sin()], dim=-1)
+    values = d @ g + 0.5 * ((d @ A) * d).sum(-1)
+    return float(values.max())
+
+
+@pytest.mark.parametrize("diagonal, g, rho", [
+    ((0.3, -0.5), (0.2, 0.1), 1.0),      # indefinite, multiplier in (0.3, 1): lower bound 0
+    ((0.5, -1.0), (0.01, 0.01), 1.0),    # 0 < top < 1 and a small stationary point inside
+    ((-1.0, -1.0), (1.5, 0.0), 1.0),     # concave, unconstrained maximiser outside the ball
+    ((0.5, -1.0), (0.0, 1.0), 1.0),      # the hard case with 0 < top < 1
+])
+def test_trust_region_maximum_against_a_grid_of_the_circle(diagonal, g, rho) -> None:
+    A = torch.diag(torch.tensor(diagonal, dtype=torch.float64))
+    g = torch.tensor(g, dtype=torch.float64)
+    exact = trust_region_maximum(A, g, rho)
+    assert float(exact.d.norm()) <= rho * (1 + 1e-12)
+    assert exact.value == pytest.approx(float(g @ exact.d + 0.5 * exact.d @ A @ exact.d),
+                                        rel=1e-12)
+    assert exact.value == pytest.approx(_boundary_maximum(A, g, rho), rel=1e-8, abs=1e-10)
+
+
+def test_trust_region_maximum_reports_the_case_and_returns_float64_on_the_cpu() -> None:
+    easy = trust_region_maximum(torch.tensor([[1.0, 0.2], [0.2, -1.0]]),
+                                torch.tensor([0.3, 0.4]), 0.5)      # float32 in
+    assert easy.hard_case is False
+    assert easy.d.dtype == torch.float64 and easy.d.device.type == "cpu"
+    reference = trust_region_maximum(torch.tensor([[1.0, 0.2], [0.2, -1.0]], dtype=torch.float64),
+                                     torch.tensor([0.3, 0.4], dtype=torch.float64), 0.5)
+    # float32 inputs widened first: the solve itself runs in float64
+    assert easy.value == pytest.approx(reference.value, rel=1e-7)
+    # top = 0 with g orthogonal to it: the hard case, the ball filled
+    hard = trust_region_maximum(torch.diag(torch.tensor([0.0, -1.0], dtype=torch.float64)),
+                                torch.tensor([0.0, 0.5], dtype=torch.float64), 1.0)
+    assert hard.hard_case is True and float(hard.d.norm()) == pytest.approx(1.0, rel=1e-12)
+
+
+def test_trust_region_maximum_fixes_coordinates_of_zero_scale() -> None:
+    A = torch.tensor([[1.0, 0.3], [0.3, 0.5]], dtype=torch.float64)
+    g = torch.tensor([0.2, 0.4], dtype=torch.float64)
+    exact = trust_region_maximum(A, g, 0.7, scale=torch.tensor([0.0, 2.0], dtype=torch.float64))
+    assert float(exact.d[0]) == 0.0
+    # one free coordinate d_1 = 2 e, |e| <= 0.7: a parabola, maximal at the edge e = 0.7
+    assert exact.value == pytest.approx(0.4 * 1.4 + 0.5 * 0.5 * 1.4 ** 2, rel=1e-12)
+
+
+def test_trust_region_maximum_errors_name_the_shapes_and_bounds() -> None:
+    g2 = torch.ones(2, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"A must be \[n, n\] and g \[n\], got A \(2, 3\) and "
+                                         r"g \(2,\)"):
+        trust_region_maximum(torch.ones(2, 3, dtype=torch.float64), g2, 1.0)
+    with pytest.raises(ValueError, match=r"got A \(2, 2\) and g \(3,\)"):
+        trust_region_maximum(torch.eye(2, dtype=torch.float64), torch.ones(3), 1.0)
+    with pytest.raises(ValueError, match=r"got A \(2,\) and g \(2,\)"):
+        trust_region_maximum(torch.ones(2, dtype=torch.float64), g2, 1.0)
+    with pytest.raises(ValueError, match=r"scale must have shape \(2,\), got \(3,\)"):
+        trust_region_maximum(torch.eye(2, dtype=torch.float64), g2, 1.0, scale=torch.ones(3))
+    with pytest.raises(ValueError, match="^scale must be >= 0$"):
+        trust_region_maximum(torch.eye(2, dtype=torch.float64), g2, 1.0,
+                             scale=torch.tensor([1.0, -1.0]))
+    for rho in (True, math.inf, 0.0, -1.0):
+        with pytest.raises(ValueError, match="rho must be a finite number > 0"):
+            trust_region_maximum(torch.eye(2, dtype=torch.float64), g2, rho)
+
+
+@pytest.mark.parametrize("A, symmetric", [
+    ([[1.0, 1.0 + 1e-7], [1.0, 1.0]], False),      # 1e-7 relative: above rtol 1e-10
+    ([[1.0, 1.0 + 1e-9], [1.0, 1.0]], False),      # above atol 1e-12 + rtol 1e-10
+    ([[1.0, 1.5e-12], [0.0, 1.0]], False),         # atol is 1e-12 for |A| <= 1
+    ([[1e6, 5e-7], [0.0, 1e6]], True),             # atol scales with max |A|: 1e-6 here
+])
+def test_trust_region_maximum_symmetry_tolerance(A, symmetric) -> None:
+    A = torch.tensor(A, dtype=torch.float64)
+    g = torch.ones(2, dtype=torch.float64)
+    if symmetric:
+        trust_region_maximum(A, g, 1.0)
+    else:
+        with pytest.raises(ValueError, match="^A must be symmetric$"):
+            trust_region_maximum(A, g, 1.0)

@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quotientsharp.cli import plain_text
@@ -62,6 +63,7 @@ from quotientsharp.cli.measure_output import (
 )
 from quotientsharp.workflows.data import JSONL_SUFFIXES, TOKENIZER_FILES, load_batches
 from quotientsharp.workflows.devices import check_device
+from quotientsharp.workflows.locks import OutputLock
 from quotientsharp.workflows.options import (
     ASCENT_MEASURES,
     PROG,
@@ -112,6 +114,9 @@ def _measure(args: argparse.Namespace) -> int:
     from quotientsharp.engine import NoSymmetryWarning, sharpness
     from quotientsharp.engine.layouts import NO_SYMMETRY_NOTE
 
+    # one writer per --json file: a second measure to it fails here, at once (held until the
+    # function returns, by this name)
+    json_lock = None if args.json is None else OutputLock(Path(args.json), "--json").acquire()
     measures = measure_names(args.measure)
     checked = check_options(args, measures)
     check_solver_options(args, measures)
@@ -206,6 +211,8 @@ def _measure(args: argparse.Namespace) -> int:
         }
         write_json(args.json, document)
         print(f"wrote {args.json}")
+    if json_lock is not None:
+        json_lock.release()
     return 0
 
 

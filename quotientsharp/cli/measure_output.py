@@ -137,5 +137,9 @@ def blocks_table(label: str, summary: Sequence[dict[str, Any]], top: int = 15) -
 
 def write_json(path: Path, document: dict[str, Any]) -> None:
     """Write ``document`` to ``path`` (folders created) as indented JSON of plain types."""
+    from quotientsharp.workflows.files import write_text_atomic
+
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(jsonable(document), indent=2))
+    # atomic: a reader, or a kill mid-write, sees the old document or the new one
+    write_text_atomic(path, json.dumps(jsonable(document), indent=2))

@@ -300,11 +300,17 @@ class SymmetryQuotient(torch.nn.Module, abc.ABC):
         """
         if device is None and generator is not None:
             device = generator.device
+        if dtype is not None and not dtype.is_floating_point:
+            # torch's own message ("normal_kernel_cpu" not implemented for 'Long') names no
+            # argument
+            raise TypeError(f"random_point: dtype must be a floating dtype (a Gaussian draw), "
+                            f"got {dtype}")
         return tuple(torch.randn(*batch_shape, *s, generator=generator, dtype=dtype,
                                  device=device) for s in self._shapes(shapes))
 
     def random_tangent(self, x: Tensors, *, generator: torch.Generator | None = None) -> Tensors:
         """A random horizontal tangent vector of unit norm at ``x``."""
+        _check_floating_point("random_tangent", x)
         batch = T.batch_shape(x, self.point_ndims)
         u = tuple(torch.randn(*batch, *c.shape[c.dim() - k:], generator=generator,
                               dtype=c.dtype, device=c.device)
@@ -315,6 +321,7 @@ class SymmetryQuotient(torch.nn.Module, abc.ABC):
     def random_group_element(self, x: Tensors, *, scale: float = 1.0,
                              generator: torch.Generator | None = None) -> torch.Tensor:
         """A random group element, ``group_exp`` of a Gaussian algebra element times ``scale``."""
+        _check_floating_point("random_group_element", x)
         batch = T.batch_shape(x, self.point_ndims)
         shape = tuple(self.algebra_shape(x))
         a = torch.randn(*batch, *shape, generator=generator, dtype=x[0].dtype,
@@ -363,6 +370,8 @@ class ClosedFormQuotient(SymmetryQuotient):
         Only shapes are checked (this method is called inside ``torch.func`` transforms by
         :mod:`quotientsharp.core.reference`).
         """
+        for name, value in (("x", x), ("u", u), ("v", v)):
+            _check_tuple(name, value, len(self.point_ndims))
         return self.frozen_point(x).inner(u, v)
 
     def vertical_projection(self, x: Tensors, u: Tensors) -> Tensors:
@@ -445,3 +454,25 @@ class MetricFamilyQuotient(ClosedFormQuotient):
     def frozen_point(self, x: Tensors) -> ClosedFormPoint:
         """The selected metric's formulas at ``x`` (``metric.point_type``), not validated."""
         return self.metric.point_type(self, x)
+
+
+def _check_floating_point(method: str, x: object) -> None:
+    """A Gaussian draw shaped like ``x`` needs floating tensors (integer ones would reach
+    ``torch.randn`` with an integer dtype, whose error names no argument)."""
+    if isinstance(x, torch.Tensor):
+        raise TypeError(f"{method}: x must be a tuple of tensors (one per factor), got one "
+                        "tensor")
+    for i, c in enumerate(x if isinstance(x, (tuple, list)) else ()):
+        if isinstance(c, torch.Tensor) and not c.is_floating_point():
+            raise TypeError(f"{method}: x[{i}] has dtype {c.dtype}; a point has floating "
+                            "entries (a Gaussian draw of its shape and dtype)")
+
+
+def _check_tuple(name: str, value: object, size: int) -> None:
+    """A tuple (or list) of ``size`` components, not one tensor: a tensor would be unpacked
+    row by row ("too many values to unpack") far from the call that passed it."""
+    if isinstance(value, torch.Tensor) or not isinstance(value, (tuple, list)):
+        raise TypeError(f"{name} must be a tuple of {size} tensors (one per factor), got "
+                        f"{type(value).__name__}")
+    if len(value) != size:
+        raise ValueError(f"{name} must have {size} components, got {len(value)}")

@@ -80,6 +80,13 @@ def check_tensors(name: str, tensors: object, ndims: Sequence[int],
 def check_same_layout(name: str, u: Sequence[torch.Tensor], x_name: str,
                       x: Sequence[torch.Tensor], ndims: Sequence[int]) -> None:
     """Check that tangent ``u`` matches point ``x`` in trailing shapes, dtype and device."""
+    for label, value in ((name, u), (x_name, x)):
+        # one tensor for a tuple iterates over its rows: zip's "argument 2 is shorter"
+        if isinstance(value, torch.Tensor) or not isinstance(value, (tuple, list)):
+            raise TypeError(f"{label} must be a tuple of {len(ndims)} tensors (one per "
+                            f"factor), got {type(value).__name__}")
+        if len(value) != len(ndims):
+            raise ValueError(f"{label} must have {len(ndims)} components, got {len(value)}")
     for i, (a, b, k) in enumerate(zip(u, x, ndims, strict=True)):
         if tuple(a.shape[a.dim() - k:]) != tuple(b.shape[b.dim() - k:]):
             raise ValueError(f"{name}[{i}] has shape {tuple(a.shape)}, incompatible with "

@@ -21,9 +21,10 @@ stages only: it computes nothing itself.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
-from collections.abc import Iterable, Iterator, Sized
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sized
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
@@ -31,6 +32,11 @@ from torch import nn
 from quotientsharp.core.validation import value_checks
 from quotientsharp.engine.batches import Batch, resolve_loss, split_batch
 from quotientsharp.engine.binding_checks import check_user_bindings, user_bindings
+from quotientsharp.engine.determinism import (
+    check_deterministic,
+    global_states,
+    kept_global_random_state,
+)
 from quotientsharp.engine.functional import FunctionalModel, checked_clean_loss
 from quotientsharp.engine.measures import BatchOutcome, FirstEvaluation
 from quotientsharp.engine.options import (
@@ -66,6 +72,7 @@ MEASURES: dict[str, dict[str, Any]] = measure_defaults()
 #: recorded in their own form, the geometry dtype as resolved; ``host_decisions`` changes no
 #: value.
 _UNRECORDED = ("loss", "symmetries", "geometry_dtype", "host_decisions")
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _validated(model: object, batches: object, measure: object, rho: object,
@@ -116,9 +123,12 @@ def _first_evaluation(functional: FunctionalModel, batch: Batch
     One forward+backward finds the parameters without gradient; the measure reuses it as the
     clean loss and the ascent's evaluation at ``xi = 0``.
     """
+    before = global_states()
     with functional.checking(), functional.recording_tables() as tables:
         first = FirstEvaluation(*functional.loss_and_gradients(batch))
     first.rows = tables.rows()
+    # before the loss's value: a forward that draws random numbers is the first thing wrong
+    check_deterministic(before, batch)
     checked_clean_loss(first.loss, 0, batch, functional)
     return first, [n for n, g in first.gradients.items() if g is None]
 
@@ -130,7 +140,20 @@ def _split_batches(batches: Iterable[Any], functional: FunctionalModel
         yield index, split_batch(raw, index, functional.device, functional.input_dtype)
 
 
+def _keeping_global_random_state(function: _F) -> _F:
+    """``function`` run inside :func:`.determinism.kept_global_random_state`: the caller's
+    global random state is the same after the call, whether it returns or raises."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with kept_global_random_state():
+            return function(*args, **kwargs)
+
+    return cast(_F, wrapper)
+
+
 # ---------------------------------------------------------------------------- entry point
+@_keeping_global_random_state
 def sharpness(model: nn.Module, batches: Iterable[Any], measure: str = "geodesic",
               rho: float | None = None, **options: Any) -> SharpnessResult:
     """Sharpness of ``model`` on ``batches``, per batch then averaged.

@@ -49,16 +49,22 @@ class Batch:
         return "the batch" if self.index is None else f"batch {self.index}"
 
 
-def _move(obj: Any, device: torch.device, float_dtype: torch.dtype | None) -> Any:
+def _move(obj: Any, device: torch.device, float_dtype: torch.dtype | None,
+          where: str = "the batch") -> Any:
     """Tensors to ``device``; floating input tensors to ``float_dtype`` when given."""
     if isinstance(obj, torch.Tensor):
+        if obj.is_meta and device.type != "meta":
+            # torch's own message ("Cannot copy out of meta tensor") names no tensor
+            raise ValueError(f"{where} holds a tensor on the meta device (shape "
+                             f"{tuple(obj.shape)}, no data): batches need real tensors")
         if float_dtype is not None and obj.is_floating_point():
             return obj.to(device=device, dtype=float_dtype)
         return obj.to(device=device)
     if isinstance(obj, Mapping):
-        return {k: _move(v, device, float_dtype) for k, v in obj.items()}
+        return {k: _move(v, device, float_dtype, f"{where}, entry {k!r},") for k, v in obj.items()}
     if isinstance(obj, (tuple, list)):
-        return type(obj)(_move(v, device, float_dtype) for v in obj)
+        return type(obj)(_move(v, device, float_dtype, f"{where}, item {i},")
+                         for i, v in enumerate(obj))
     return obj
 
 
@@ -82,16 +88,17 @@ def split_batch(batch: Any, index: int, device: torch.device,
             raise ValueError(f"batch {index} is a dict without a 'labels' entry (keys: "
                              f"{sorted(map(str, batch))})")
         inputs = {k: v for k, v in batch.items() if k != "labels"}
-        return Batch((), _move(inputs, device, input_dtype), _move(batch["labels"], device, None),
-                     index)
+        return Batch((), _move(inputs, device, input_dtype, f"batch {index}"),
+                     _move(batch["labels"], device, None, f"batch {index}'s labels"), index)
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
         x, y = batch
-        target = _move(y, device, None)
+        target = _move(y, device, None, f"batch {index}'s target")
+        where = f"batch {index}'s inputs"
         if isinstance(x, Mapping):
-            return Batch((), _move(dict(x), device, input_dtype), target, index)
+            return Batch((), _move(dict(x), device, input_dtype, where), target, index)
         if isinstance(x, (tuple, list)):
-            return Batch(tuple(_move(list(x), device, input_dtype)), {}, target, index)
-        return Batch((_move(x, device, input_dtype),), {}, target, index)
+            return Batch(tuple(_move(list(x), device, input_dtype, where)), {}, target, index)
+        return Batch((_move(x, device, input_dtype, where),), {}, target, index)
     raise TypeError(f"batch {index} must be an (inputs, target) pair or a dict with 'labels', "
                     f"got {type(batch).__name__}"
                     + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
@@ -254,7 +261,13 @@ def compute_loss(function: LossFunction, builtin: bool, output: Any, target: Any
     if value.numel() != 1:
         raise ValueError(f"{batch}: the loss must return a scalar, got shape "
                          f"{tuple(value.shape)}")
-    if not (value.is_floating_point() or value.is_complex()):
+    if value.is_complex():
+        # the cast to a real dtype would drop the imaginary part with only a warning: the
+        # ascent would maximise the real part of whatever the loss computes
+        raise TypeError(f"{batch}: the loss returned a complex tensor "
+                        f"({str(value.dtype).removeprefix('torch.')}); it must be a real "
+                        "floating scalar (take .real or .abs() in the loss if that is meant)")
+    if not value.is_floating_point():
         raise TypeError(f"{batch}: the loss returned a tensor of dtype "
                         f"{str(value.dtype).removeprefix('torch.')}; it must be a floating "
                         "scalar that depends on the parameters")

@@ -71,6 +71,12 @@ class FunctionalModel:
         for name, tensor in named.items():
             if not tensor.is_floating_point():
                 raise TypeError(f"parameter {name!r} has non-floating dtype {tensor.dtype}")
+        meta = [n for n, t in [*named.items(), *model.named_buffers()] if t.is_meta]
+        if meta:
+            # torch's own message ("Cannot copy out of meta tensor; no data!") names nothing
+            raise ValueError(f"the model's tensor(s) {meta[:5]} are on the meta device (shapes "
+                             "without data): load the weights first (model.to_empty(device=...) "
+                             "and load_state_dict, or from_pretrained without a meta device map)")
         devices = {p.device for p in named.values()}
         if len(devices) != 1:
             raise ValueError("the model's parameters are on several devices "
@@ -151,6 +157,7 @@ class FunctionalModel:
         if isinstance(target, torch.Tensor) and target.numel() == 0:
             raise ValueError(f"{batch.label} is empty: its target has shape "
                              f"{tuple(target.shape)}")
+        self._check_attention_mask(batch)
         ids = batch.kwargs.get("input_ids", batch.args[0] if batch.args else None)
         if (self.vocabulary_size is not None and isinstance(ids, torch.Tensor)
                 and not ids.is_floating_point() and ids.numel()):
@@ -162,6 +169,18 @@ class FunctionalModel:
                                  f"model's vocabulary [0, {self.vocabulary_size}) (the size of "
                                  "its input embedding): was the data tokenised for another "
                                  "model?")
+
+    @staticmethod
+    def _check_attention_mask(batch: Batch) -> None:
+        """An ``attention_mask`` must have the shape of ``input_ids``: transformers drops an
+        all-ones mask of another shape without a word (and a value measured with it would
+        silently stand for another mask)."""
+        mask, ids = batch.kwargs.get("attention_mask"), batch.kwargs.get("input_ids")
+        if (isinstance(mask, torch.Tensor) and isinstance(ids, torch.Tensor)
+                and mask.shape != ids.shape):
+            raise ValueError(f"{batch.label}: attention_mask has shape {tuple(mask.shape)} but "
+                             f"input_ids has shape {tuple(ids.shape)}; they must be equal "
+                             "(one mask entry per token)")
 
     def _unperturbed(self, name: str) -> torch.Tensor:
         """A private copy of parameter ``name``, made the first time it is passed as is."""
@@ -185,13 +204,37 @@ class FunctionalModel:
                          else tensors[name].to(self.dtypes[name]) if name in tensors
                          else self._unperturbed(name)) for name in self.theta}
         with looked_up(lookups, self.dtypes):
-            output = torch.func.functional_call(self.model, (params, self.buffers), batch.args,
-                                                batch.kwargs)
+            if self._checking:
+                output = self._checked_forward(params, batch)
+            else:
+                output = torch.func.functional_call(self.model, (params, self.buffers),
+                                                    batch.args, batch.kwargs)
         loss = compute_loss(self.loss_function, self.builtin_loss, output, batch.target,
                             self.dtype, batch.label, self._checking)
         if self._recorder is not None:
             self._recorder.observe(params, loss)
         return loss
+
+    def _checked_forward(self, params: dict[str, torch.Tensor], batch: Batch) -> object:
+        """The forward of a batch's clean evaluation, its raw torch errors (wrong input shape
+        or dtype, an index out of range) turned into a ``ValueError`` naming the batch and its
+        inputs' shapes and dtypes."""
+        try:
+            return torch.func.functional_call(self.model, (params, self.buffers), batch.args,
+                                              batch.kwargs)
+        except (RuntimeError, IndexError) as err:
+            if type(err) not in (RuntimeError, IndexError):
+                raise           # a subclass (out of memory, a user's own): unchanged
+            inputs = ", ".join(f"{name}: {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+                               for name, t in _input_tensors(batch)) or "none"
+            dtypes = sorted({str(d).removeprefix("torch.") for d in self.dtypes.values()})
+            embeddings = [f"{n} ({m.num_embeddings} rows)" for n, m in
+                          self.model.named_modules() if isinstance(m, nn.Embedding)]
+            hint = (f"; its embedding tables: {', '.join(embeddings[:4])}: token ids must lie "
+                    "in [0, rows)" if isinstance(err, IndexError) and embeddings else "")
+            raise ValueError(f"{batch.label}: the model's forward failed on inputs {{{inputs}}} "
+                             f"(parameters {', '.join(dtypes)}){hint}: {type(err).__name__}: "
+                             f"{err}") from err
 
     def loss_and_gradients(self, batch: Batch
                            ) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
@@ -225,7 +268,11 @@ def vocabulary_size(model: nn.Module) -> int | None:
         if isinstance(embedding, nn.Embedding):
             return embedding.num_embeddings
     size = getattr(getattr(model, "config", None), "vocab_size", None)
-    return size if isinstance(size, int) and not isinstance(size, bool) else None
+    if isinstance(size, int) and not isinstance(size, bool):
+        return size
+    # a model of one's own with a single embedding table: the token ids index it
+    tables = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    return tables[0].num_embeddings if len(tables) == 1 else None
 
 
 def _input_tensors(batch: Batch) -> list[tuple[str, torch.Tensor]]:
@@ -255,6 +302,13 @@ def clean_loss_cause(batch: Batch, model: FunctionalModel | None = None) -> str:
                    if b.is_floating_point() and bool(torch.isnan(b).any())]
         if buffers:
             return f"the buffer(s) {buffers} contain NaN"
+        # inf is allowed in a buffer (a -inf attention mask), but with a non-finite loss it is
+        # the likely culprit, persistent or not
+        buffers = [n for n, b in model.buffers.items()
+                   if b.is_floating_point() and not bool(torch.isfinite(b).all())]
+        if buffers:
+            return (f"the buffer(s) {buffers} contain inf (buffers are not checked for inf, "
+                    "which masks use on purpose)")
         dtypes = sorted({str(d).removeprefix("torch.") for d in model.dtypes.values()})
         return (f"the model's output at the unperturbed parameters is not finite (an overflow "
                 f"in {', '.join(dtypes)}? float16 overflows above 65504)")

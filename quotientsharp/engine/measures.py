@@ -94,7 +94,8 @@ def _check_ascent(outcome: AscentOutcome, index: int, settings: AscentSettings,
                   model: FunctionalModel, rho: float | None, policy: str,
                   solve: str = "") -> int:
     """The number of non-finite evaluations of one batch's ascent; raises under ``"raise"``
-    (or when no evaluation was finite). One host sync, after the ascent. ``solve`` names a
+    (or when no perturbed evaluation was finite: the clean loss at a start ``xi = 0`` is no
+    perturbed value). One host sync, after the ascent. ``solve`` names a
     solve other than the measurement's own (``" (reference solve)"``) in the message."""
     if outcome.nonfinite_count is None:
         return 0
@@ -102,7 +103,12 @@ def _check_ascent(outcome: AscentOutcome, index: int, settings: AscentSettings,
                                outcome.loss]).tolist()
     if count == 0:
         return 0
-    if policy == "skip" and math.isfinite(best):
+    total = settings.runs * settings.evaluations_per_run
+    # a run started at xi = 0 begins with the clean loss, which is finite: its best is finite
+    # even when every perturbed evaluation was not, and would report a sharpness of 0
+    perturbed = total - (0 if settings.random_init else 1)
+    none_finite = not math.isfinite(best) or count >= perturbed
+    if policy == "skip" and not none_finite:
         return int(count)
     at = torch.stack(outcome.nonfinite_at).tolist()
     run = next(r for r, k in enumerate(at) if k >= 0)
@@ -110,13 +116,13 @@ def _check_ascent(outcome: AscentOutcome, index: int, settings: AscentSettings,
     where = "the starting point (iteration 0)" if at[run] == 0 else (
         f"solver iteration {at[run]} of {settings.n_iter}")
     runs = f" of run {run} (of {settings.runs})" if settings.runs > 1 else ""
-    total = settings.runs * settings.evaluations_per_run
-    none_finite = " No evaluation was finite." if not math.isfinite(best) else ""
+    none = (" No perturbed evaluation was finite, so there is no value to report (under "
+            "nonfinite='skip' too)." if none_finite else "")
     raise NonFiniteLossError(
         f"batch {index}{solve}: the perturbed loss is {value} at {where}{runs}; {int(count)} of "
-        f"{total} evaluations were not finite.{none_finite} The clean loss is finite, so the "
+        f"{total} evaluations were not finite.{none} The clean loss is finite, so the "
         f"perturbation caused it: {likely_cause(model, rho)}"
-        + (_SKIP_HINT if policy == "raise" else ""))
+        + (_SKIP_HINT if policy == "raise" and not none_finite else ""))
 
 
 @dataclass

@@ -62,6 +62,10 @@ def check_rho(rho: object, needed: bool) -> float | None:
         rho = float(rho)
     if isinstance(rho, bool) or not isinstance(rho, (int, float)):
         raise TypeError(f"rho must be a number, got {type(rho).__name__}")
+    if isinstance(rho, int) and abs(rho) > 2 ** 1023:
+        # beyond float64 (float(10**400) raises an OverflowError that names no option)
+        raise ValueError(f"rho must be a finite number > 0 that fits in a float64, got an "
+                         f"integer of {len(str(abs(rho)))} digits")
     if not math.isfinite(rho) or rho <= 0:
         raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
     return float(rho)

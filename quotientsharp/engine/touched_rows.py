@@ -124,7 +124,9 @@ class TableUse:
             return None
         if self.uses != ["EmbeddingBackward0"] * len(self.lookups):
             return None
-        return torch.unique(torch.cat([ids.reshape(-1) for ids in self.lookups]))
+        # int64 rows whatever the ids' integer dtype: index_copy_ and index_select take int64
+        # only, and int32 ids look up the same rows
+        return torch.unique(torch.cat([ids.reshape(-1).long() for ids in self.lookups]))
 
 
 class TableRecorder:

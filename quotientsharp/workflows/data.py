@@ -38,22 +38,37 @@ _EXPECTED = ("expected 'input_ids' (pre-tokenised, with optional 'attention_mask
              "'token_type_ids') or 'text' (with optional 'text_pair'), and 'label'")
 
 
+def utf8_lines(path: Path, label: str) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of a UTF-8 text file (newlines kept, as ``open`` gives them);
+    bytes that are not UTF-8 raise an :class:`InputError` naming ``label``, the file and the
+    line (Python's own ``UnicodeDecodeError`` names neither)."""
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise InputError(f"{label} {path}, line {number}: not UTF-8 text (byte "
+                                 f"{raw[err.start]:#04x} at column {err.start + 1}); save the "
+                                 "file as UTF-8") from None
+            # universal newlines, as text mode reads them
+            yield number, text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def jsonl_objects(path: Path, label: str) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, object)`` for each non-empty line of a JSONL file; a clear error naming
     ``label`` (e.g. ``"DATA"``), the file and the line for anything but a JSON object."""
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise InputError(f"{label} {path}, line {number}: not valid JSON ({err.msg})") \
-                    from err
-            if not isinstance(row, dict):
-                raise InputError(f"{label} {path}, line {number}: expected a JSON object, got "
-                                 f"{type(row).__name__}")
-            yield number, row
+    for number, line in utf8_lines(path, label):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InputError(f"{label} {path}, line {number}: not valid JSON ({err.msg})") \
+                from err
+        if not isinstance(row, dict):
+            raise InputError(f"{label} {path}, line {number}: expected a JSON object, got "
+                             f"{type(row).__name__}")
+        yield number, row
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

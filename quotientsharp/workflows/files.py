@@ -5,6 +5,10 @@ A rewritten file (:func:`write_json_atomic`, :func:`write_jsonl_atomic`,
 reader, or an interruption, sees the old file or the new one, never a part. A JSONL file grows
 by :func:`append_jsonl`, one synced line per record; :func:`read_jsonl` drops a torn last line
 (a write cut short) and can cut it from the file.
+
+A process killed mid-write (SIGKILL) cannot remove its temporary file (``.<name>.*.tmp``): the
+next writer of the folder or file removes it when it takes the output's lock
+(:class:`~.locks.OutputLock`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ __all__ = [
     "append_jsonl",
     "read_jsonl",
     "write_csv_atomic",
+    "write_text_atomic",
     "write_json_atomic",
     "write_jsonl_atomic",
 ]
@@ -43,6 +48,22 @@ def write_json_atomic(path: Path, data: Any) -> None:
         with os.fdopen(handle, "w") as stream:
             json.dump(data, stream, indent=1, sort_keys=False)
             stream.write("\n")
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to a temporary file beside ``path`` and rename it over ``path``."""
+    path = Path(path)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(temporary, _new_file_mode())
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

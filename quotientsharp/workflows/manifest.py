@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quotientsharp.workflows.data import jsonl_objects
+from quotientsharp.workflows.data import jsonl_objects, utf8_lines
 from quotientsharp.workflows.options import InputError
 
 __all__ = [
@@ -108,9 +108,8 @@ def _text(value: Any) -> str:
 
 
 def _csv_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with path.open(encoding="utf-8", newline="") as handle:
-        lines = [(number, line) for number, line in enumerate(handle, start=1)
-                 if line.strip() and not line.lstrip().startswith("#")]
+    lines = [(number, line) for number, line in utf8_lines(path, "MANIFEST")
+             if line.strip() and not line.lstrip().startswith("#")]
     if not lines:
         raise InputError(f"MANIFEST {path} is empty: it needs a header line (model,gap,...) "
                          "and one line per model")

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from quotientsharp.workflows.fingerprints import content_identity
 from quotientsharp.workflows.grid import GridPoint
 from quotientsharp.workflows.manifest import ManifestEntry
 from quotientsharp.workflows.options import InputError
@@ -48,7 +49,8 @@ def measure_entry(entry: ManifestEntry, grid: Sequence[GridPoint], args: argpars
     Returns
     -------
     dict
-        ``name``, ``identity`` (:meth:`ManifestEntry.identity`), ``model_class``,
+        ``name``, ``identity`` (:func:`~.fingerprints.content_identity`: paths and SHA-256 of the
+        model and the gap's data), ``model_class``,
         ``parameters``, ``examples`` and ``batches`` of the sharpness data, ``generalisation``
         (train/test loss and error and the gap, or ``None`` when the manifest gives the gap),
         ``sharpness`` (grid key -> value), ``per_batch`` (grid key -> per-batch values),
@@ -66,6 +68,8 @@ def measure_entry(entry: ManifestEntry, grid: Sequence[GridPoint], args: argpars
     from quotientsharp.workflows.saved_models import load_measured_model
 
     tick = tick or (lambda status: None)
+    # hashed before loading: the record holds what was measured, not what is there later
+    identity = content_identity(entry)
     model = load_measured_model(entry.model).to(device=device)
     if args.dtype is not None:
         model = model.to(dtype=getattr(torch, args.dtype))
@@ -78,7 +82,7 @@ def measure_entry(entry: ManifestEntry, grid: Sequence[GridPoint], args: argpars
         args = argparse.Namespace(**{**vars(args), "bindings": load_symmetry(symmetry, model,
                                                                             flag)})
     record: dict[str, Any] = {
-        "name": entry.name, "identity": entry.identity(), "model_class": type(model).__name__,
+        "name": entry.name, "identity": identity, "model_class": type(model).__name__,
         "parameters": sum(p.numel() for p in model.parameters()), "examples": examples,
         "batches": len(batches), "device": str(device), "generalisation": None,
         "sharpness": {}, "per_batch": {}, "clean_loss": None, "seconds": {},

@@ -29,6 +29,7 @@ from quotientsharp.workflows.files import (
     write_json_atomic,
     write_jsonl_atomic,
 )
+from quotientsharp.workflows.locks import OutputLock
 
 __all__ = [
     "ResultsDirectory",
@@ -149,6 +150,16 @@ class ResultsDirectory:
         if self.path.exists() and not self.path.is_dir():
             raise NotADirectoryError(f"--out {self.path} exists and is not a directory")
         self.path.mkdir(parents=True, exist_ok=True)
+        # one writer per folder: a second run on it fails here, before reading anything
+        self.lock = OutputLock(self.path, "--out").acquire()
+        try:
+            self._open(study)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _open(self, study: str) -> None:
+        """Check (``--resume``) or clear the folder, and write ``run.json``; under the lock."""
         self.run_file = self.path / "run.json"
         previous = self._previous_run()
         if self.resume and previous is None:
@@ -206,6 +217,10 @@ class ResultsDirectory:
             raise ValueError(f"--resume: the settings differ from the run saved in "
                              f"{self.run_file} ({details}); use the same options or another "
                              "--out, or run without --resume to start afresh")
+
+    def close(self) -> None:
+        """Release the folder's lock (:mod:`.locks`); the process's end releases it too."""
+        self.lock.release()
 
     def file(self, name: str) -> Path:
         """Path of one of the study's files."""

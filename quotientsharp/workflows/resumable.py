@@ -240,6 +240,7 @@ class ResumableRun(Generic[Key]):
             value = write(folder, wall)
             folder.save_run_info(status="finished", **{self._count_field: len(self._records)},
                                  wall_seconds=wall, computed_now=self.computed_now)
+            folder.close()          # the last write: another run may take the folder now
             return value
 
         # the value is shared with every rank, so ``None`` only when ``write`` returned it

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from quotientsharp.workflows import measuring
+from quotientsharp.workflows.fingerprints import content_identity
 from quotientsharp.workflows.grid import GridPoint, build_grid
 from quotientsharp.workflows.manifest import ManifestEntry, read_manifest
 from quotientsharp.workflows.report import (
@@ -121,11 +122,23 @@ def _check_identities(finished: Mapping[str, dict[str, Any]],
                       entries: Sequence[ManifestEntry], folder: Path) -> None:
     for entry in entries:
         record = finished.get(entry.name)
-        if record is not None and record.get("identity") != entry.identity():
+        if record is None:
+            continue
+        saved = record.get("identity")
+        paths = entry.identity()
+        if not isinstance(saved, dict) or {k: saved.get(k) for k in paths} != paths:
             raise ValueError(f"--resume: {folder} holds a record of {entry.name!r} made from "
-                             f"{record.get('identity')}, but the manifest now gives "
-                             f"{entry.identity()}; rename the model in the manifest, use "
-                             "another --out, or run without --resume")
+                             f"{saved}, but the manifest now gives {paths}; rename the model "
+                             "in the manifest, use another --out, or run without --resume")
+        # the same paths: the same bytes? (a checkpoint replaced in place keeps its path)
+        now = content_identity(entry)
+        changed = [f"{key} {paths[key]}" for key in ("model", "train", "test")
+                   if now[f"{key}_sha256"] != saved.get(f"{key}_sha256")]
+        if changed:
+            raise ValueError(f"--resume: the record of {entry.name!r} in {folder} was measured "
+                             f"from other contents of {', '.join(changed)} (SHA-256 differs, "
+                             "or the record predates content hashes): it would be stale. Run "
+                             "without --resume to remeasure every model, or use another --out")
 
 
 def _colors(entries: Sequence[ManifestEntry], key: str | None) -> list[float] | None:
@@ -163,7 +176,11 @@ def run_study(manifest: str | Path, args: argparse.Namespace) -> StudyOutcome:
     import torch
 
     from quotientsharp.workflows.devices import check_device
-    from quotientsharp.workflows.files import write_csv_atomic, write_json_atomic
+    from quotientsharp.workflows.files import (
+        write_csv_atomic,
+        write_json_atomic,
+        write_text_atomic,
+    )
     from quotientsharp.workflows.generalisation import gap_kind
     from quotientsharp.workflows.plots import study_plots
     from quotientsharp.workflows.records import ResultsDirectory
@@ -230,7 +247,7 @@ def run_study(manifest: str | Path, args: argparse.Namespace) -> StudyOutcome:
             plots=[path.name for path in plots or []], bootstrap=bootstrap,
             world_size=world_size, resumed=int(results.run_info.get("resumed", 0)),
             wall_seconds=wall)
-        results.file(REPORT).write_text(report)
+        write_text_atomic(results.file(REPORT), report)
         results.save_run_info(ignored_records=ignored, bootstrap=bootstrap, taus=taus)
         return plots, wall
 

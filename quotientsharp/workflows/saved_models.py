@@ -61,9 +61,13 @@ def _load_pretrained(directory: Path) -> nn.Module:
                             else None)
         if not (isinstance(model_class, type) and issubclass(model_class, nn.Module)):
             model_class = transformers.AutoModelForSequenceClassification
-        model, info = model_class.from_pretrained(directory, local_files_only=True,
-                                                  attn_implementation="eager",
-                                                  output_loading_info=True)
+        try:
+            model, info = model_class.from_pretrained(directory, local_files_only=True,
+                                                      attn_implementation="eager",
+                                                      output_loading_info=True)
+        except RuntimeError as err:
+            # transformers' own message points at a report it printed (silenced here)
+            raise _config_mismatch(directory, model_class, err) from err
     finally:
         restore()
     missing = list(info.get("missing_keys") or [])
@@ -73,6 +77,29 @@ def _load_pretrained(directory: Path) -> nn.Module:
                          f"{model_class.__name__} ({shown}); a fresh, untrained part would be "
                          "measured. Save the complete model with save_pretrained")
     return model
+
+
+def _config_mismatch(directory: Path, model_class: Any, err: RuntimeError) -> Exception:
+    """An :class:`InputError` naming the tensors whose shapes in the weights differ from those
+    ``config.json`` gives (a config edited or copied from another model), or ``err`` itself
+    when the failure is not a shape mismatch."""
+    try:
+        _, info = model_class.from_pretrained(directory, local_files_only=True,
+                                              attn_implementation="eager",
+                                              output_loading_info=True,
+                                              ignore_mismatched_sizes=True)
+    except Exception:  # noqa: BLE001 - the original error is the one to report
+        return err
+    mismatched = list(info.get("mismatched_keys") or [])
+    if not mismatched:
+        return err
+    shown = "; ".join(f"{entry[0]}: weights {tuple(entry[1])}, config {tuple(entry[2])}"
+                      if isinstance(entry, (tuple, list)) and len(entry) == 3 else str(entry)
+                      for entry in mismatched[:4])
+    more = f" (and {len(mismatched) - 4} more)" if len(mismatched) > 4 else ""
+    return InputError(f"MODEL {directory}: config.json does not match the weights: "
+                      f"{len(mismatched)} tensor(s) have other shapes ({shown}{more}); was "
+                      "config.json edited or copied from another model?")
 
 
 def load_measured_model(path: str | os.PathLike) -> nn.Module:

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Mutation testing (mutmut 3) of the GL metrics' closed forms, the exact trust-region solver
+# and the engine's measures, restricted so that it finishes on a 2-core machine in well under an
+# hour. Run from anywhere:  bash benchmarks/mutation.sh [mutant-glob ...]
+#
+# The run happens in a scratch copy of the working tree (MUTATION_DIR, default a fresh temporary
+# folder) whose pyproject.toml gets a [tool.mutmut] table, so the project's own configuration
+# and tree stay untouched. mutmut maps every test to the functions it runs and runs, per
+# mutant, only the tests that reach the mutated function, one process at a time (-n 0: a
+# mutant's tests stay in one process; nice: the machine is shared).
+#
+# What is mutated (MUTATED below) and what is left out, and why:
+# - quotientsharp/core/gl/{inv,mix,euclidean}.py: the three GL metrics' closed forms (metric,
+#   moment, vertical projection, raised gradient, Christoffel contraction, isotropic draw);
+# - quotientsharp/engine/exact.py: the exact trust-region maximum (the solver's reference);
+# - quotientsharp/engine/measures.py: the measures (average, ascent, relative flatness);
+# - left out: engine/solver.py (Auto-PGD: its step-size schedule is heuristic, so most of its
+#   mutants change the path of the ascent but not a tested bound, and the run would take hours),
+#   core/gl/point.py and core/gl/subgroup.py (shared helpers; test_gl.py reaches them through
+#   the metrics above). mutmut does not mutate decorated functions (cached_property), so
+#   InvPoint._sylvester and InvPoint.scaled_factors are reached only through their callers.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=${MUTATION_DIR:-$(mktemp -d -t quotientsharp-mutation.XXXXXX)}
+command -v mutmut >/dev/null || { echo "mutmut is not installed: pip install 'mutmut>=3.3'" >&2; exit 2; }
+
+# MUTATION_GROUPS, MUTATION_PATTERNS (mutant name globs) and MUTATION_TESTS (test files) narrow a
+# run, e.g. MUTATION_GROUPS=measures MUTATION_PATTERNS='quotientsharp.engine.measures.x__check_ascent*'
+# three groups, each with the tests that pin it (mutmut runs, per mutant, those among them
+# that reach the mutated function); MUTATION_GROUPS picks some ("gl exact measures")
+declare -A MUTATED=(
+    [gl]='"quotientsharp/core/gl/inv.py", "quotientsharp/core/gl/mix.py", "quotientsharp/core/gl/euclidean.py"'
+    [exact]='"quotientsharp/engine/exact.py"'
+    [measures]='"quotientsharp/engine/measures.py"'
+)
+# which of a group's mutants run (mutmut's name globs; empty: all of them). measures.py: the
+# functions and classes that compute a value or decide an error (the ascent's bookkeeping is
+# the solver's, reached through them)
+declare -A PATTERNS=(
+    [gl]=""
+    [exact]=""
+    [measures]="quotientsharp.engine.measures.x__check_ascent* quotientsharp.engine.measures.x_likely_cause* quotientsharp.engine.measures.xǁAverageMeasureǁ* quotientsharp.engine.measures.xǁRelativeFlatnessǁ* quotientsharp.engine.measures.x_layer_weight_name* quotientsharp.engine.measures.x_default_layer*"
+)
+declare -A TESTED=(
+    [gl]="tests/test_gl.py tests/test_quotient_properties.py"
+    [exact]="tests/test_solver_quality.py tests/test_bad_inputs_campaign2.py"
+    [measures]="tests/test_sharpness.py tests/test_bad_inputs.py tests/test_bad_inputs_campaign2.py"
+)
+
+run_group() {
+    local group=$1 dir="$work/$1" tests=""
+    mkdir -p "$dir"
+    for t in ${MUTATION_TESTS:-${TESTED[$group]}}; do
+        [ -e "$root/$t" ] && tests="$tests${tests:+, }\"$t\""
+    done
+    # the working tree as it is (tracked and untracked, not ignored), without git's history
+    (cd "$root" && git ls-files -z --cached --others --exclude-standard \
+        | xargs -0 cp --parents -t "$dir" 2>/dev/null || true)
+    # the tests must import the mutated copy: an editable install of the project elsewhere
+    # (a meta-path finder) would otherwise answer "import quotientsharp" in mutmut's workers
+    cat >> "$dir/tests/conftest.py" <<'PY'
+
+
+# added by benchmarks/mutation.sh (the scratch copy only): the package under mutants/, never an
+# editable install elsewhere
+import sys as _sys  # noqa: E402
+from pathlib import Path as _Path  # noqa: E402
+
+import importlib as _importlib  # noqa: E402
+
+_HERE = str(_Path(__file__).resolve().parents[1])
+# a path finder cached for mutants/ before mutmut filled it would find nothing there
+_importlib.invalidate_caches()
+_sys.meta_path[:] = [f for f in _sys.meta_path if "editable" not in repr(f).lower()]
+if _HERE not in _sys.path:
+    _sys.path.insert(0, _HERE)
+for _name in [n for n in _sys.modules if n.split(".")[0] == "quotientsharp"]:
+    if not str(getattr(_sys.modules[_name], "__file__", "") or "").startswith(_HERE):
+        del _sys.modules[_name]
+PY
+    cat >> "$dir/pyproject.toml" <<TOML
+
+[tool.mutmut]
+source_paths = ["quotientsharp"]
+also_copy = ["benchmarks", "derivations", "docs", "examples", "mkdocs.yml", "README.md", "CHANGELOG.md"]
+only_mutate = [${MUTATED[$group]}]
+pytest_add_cli_args = ["-n", "0", "-p", "no:cacheprovider", "-q", "-x"]
+pytest_add_cli_args_test_selection = [$tests]
+TOML
+    echo "== $group: mutation run in $dir" >&2
+    local start
+    start=$(date +%s)
+    # mutmut puts mutants/ first on sys.path; PYTHONPATH keeps an editable install elsewhere out
+    (cd "$dir" && PYTHONPATH="$dir/mutants" nice -n 10 \
+        mutmut run --max-children "${MUTATION_CHILDREN:-1}" ${MUTATION_PATTERNS:-${PATTERNS[$group]}} \
+        > "$dir/run.log" 2>&1) || true
+    echo "== $group: $(( $(date +%s) - start )) s" >&2
+    (cd "$dir" && PYTHONPATH="$dir/mutants" mutmut results --all true > "$dir/results.txt" 2>&1) || true
+    echo "== $group: $(grep -c ': killed' "$dir/results.txt") killed; not killed:" >&2
+    grep -v ': killed' "$dir/results.txt" >&2 || true
+}
+
+for group in ${MUTATION_GROUPS:-exact measures gl}; do
+    run_group "$group"
+done

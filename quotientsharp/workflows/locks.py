@@ -1,0 +1,138 @@
+"""One writer per output: a file lock on each results folder and ``--json`` file.
+
+Two processes writing one results folder interleave their records (duplicates in the JSONL
+file) and mix settings (a CSV of one run beside the ``run.json`` of another); two ``measure
+--json`` to one file lose the first result. A :class:`OutputLock` makes the second writer fail
+at once, with a message naming the output and the process that holds it.
+
+The lock is an OS lock (``flock``/``LockFileEx``, through the ``filelock`` package) on a hidden
+file beside the output, so the operating system releases it when its process ends, however it
+ends (a SIGKILL included): a stale lock cannot block the next run. The holder (pid, host, start
+time, command) is written to a second file beside the lock once it is held, since ``filelock``
+truncates the lock file itself on every attempt to take it.
+
+Within one process the lock is re-entrant (``filelock``'s singleton locks): a run that opens its
+folder again, e.g. a resume after an error in the same Python session, is not refused by its
+own earlier open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+__all__ = ["OutputLock", "OutputLockedError"]
+
+
+class OutputLockedError(RuntimeError):
+    """Another process writes the same output folder or file."""
+
+
+class OutputLock:
+    """An exclusive, non-blocking lock on one output (a folder or a file).
+
+    Parameters
+    ----------
+    output
+        The folder (its lock is ``<folder>/.quotientsharp.lock``) or file (its lock is
+        ``.<name>.lock`` beside it).
+    what
+        How the message names the output (``"--out"``, ``"--json"``).
+    """
+
+    def __init__(self, output: Path, what: str = "output") -> None:
+        self.output = Path(output)
+        self.what = what
+        if self.output.is_dir():
+            self.lock_path = self.output / ".quotientsharp.lock"
+        else:
+            self.lock_path = self.output.parent / f".{self.output.name}.lock"
+        self.holder_path = self.lock_path.with_name(self.lock_path.name + ".holder.json")
+        # one object per lock file in this process: re-entrant here, exclusive across processes
+        self._lock = FileLock(str(self.lock_path), timeout=0, thread_local=False,
+                              is_singleton=True)
+        self._held = False
+
+    def holder(self) -> dict[str, Any] | None:
+        """What the holder wrote about itself; ``None`` if unreadable or absent."""
+        try:
+            data = json.loads(self.holder_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def acquire(self) -> OutputLock:
+        """Take the lock now, or raise :class:`OutputLockedError` naming the holder."""
+        if self._held:
+            return self
+        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+        first = not self._lock.is_locked
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            holder = self.holder()
+            who = ("another process (it has not written its details yet)" if holder is None
+                   else f"process {holder.get('pid')} on host {holder.get('host')!r} since "
+                        f"{holder.get('since')} ({holder.get('command') or 'no command'})")
+            raise OutputLockedError(
+                f"{self.what} {self.output} is being written by {who}; the lock is "
+                f"{self.lock_path}. Wait for that run to finish, or choose another "
+                f"{self.what}") from None
+        self._held = True
+        if first:
+            self._remove_stale_temporaries()
+            self._write_holder()
+        return self
+
+    def _remove_stale_temporaries(self) -> None:
+        """Delete the temporary files an earlier writer left when it was killed mid-write
+        (``.<name>.*.tmp``, :mod:`.files`): only the lock's holder writes here, so no temporary
+        file of a live writer can match."""
+        if self.output.is_dir():
+            stale = self.output.glob(".*.tmp")
+        else:
+            stale = self.output.parent.glob(f".{self.output.name}.*.tmp")
+        for path in stale:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+    def _write_holder(self) -> None:
+        info = {"pid": os.getpid(), "host": socket.gethostname(),
+                "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "command": " ".join(sys.argv) if sys.argv else ""}
+        temporary = self.holder_path.with_name(f".{self.holder_path.name}.{os.getpid()}.tmp")
+        try:
+            temporary.write_text(json.dumps(info) + "\n", encoding="utf-8")
+            os.replace(temporary, self.holder_path)
+        except OSError:
+            # the details are a courtesy for the message; the lock itself is held
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+
+    def release(self) -> None:
+        """Release the lock (once per :meth:`acquire`); the holder file goes with the last."""
+        if not self._held:
+            return
+        self._held = False
+        if self._lock.lock_counter == 1:
+            with contextlib.suppress(OSError):
+                self.holder_path.unlink()
+        self._lock.release()
+
+    def __enter__(self) -> OutputLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.release()
