@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch import nn
 
-from quotientsharp import sharpness
+from quotientsharp import NoSymmetryWarning, sharpness
 from quotientsharp.cli import symmetries as symmetries_cli
 from quotientsharp.models import ParameterLayout, find_symmetries
 
@@ -249,7 +249,9 @@ def test_a_fresh_adapter_is_reported_degenerate_and_measured_in_the_adaptive_blo
     assert all(a.rank_b == 0 and "B = 0" in a.reason for a in report.adapters)
     assert report.gl_count == 0
     assert all(a.a_parameter in report.other for a in report.adapters)
-    with pytest.warns(UserWarning, match="degenerate"):
+    # every adapter is degenerate, so no symmetry is left: the measurement says both
+    with pytest.warns(UserWarning, match="degenerate"), \
+            pytest.warns(NoSymmetryWarning, match="equals adaptive"):
         result = sharpness(model, batches(), measure="geodesic", rho=0.05, n_iter=2,
                            progress=False)
     assert math.isfinite(result.value) and result.settings["gl_pairs"] == 0

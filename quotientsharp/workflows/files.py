@@ -13,13 +13,14 @@ next writer of the folder or file removes it when it takes the output's lock
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 __all__ = [
     "append_jsonl",
@@ -39,53 +40,44 @@ def _new_file_mode() -> int:
     return 0o666 & ~mask
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to a temporary file beside ``path`` and rename it over ``path``."""
+@contextlib.contextmanager
+def _atomic_stream(path: Path, newline: str | None = None) -> Iterator[TextIO]:
+    """A UTF-8 text stream to a temporary file beside ``path``, renamed over ``path`` when the
+    block ends (synced first); on any error, or an interruption, the temporary file is removed
+    and ``path`` is untouched."""
     path = Path(path)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.chmod(temporary, _new_file_mode())
-        with os.fdopen(handle, "w") as stream:
-            json.dump(data, stream, indent=1, sort_keys=False)
-            stream.write("\n")
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to a temporary file beside ``path`` and rename it over ``path``."""
-    path = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(temporary, _new_file_mode())
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
+        with os.fdopen(handle, "w", encoding="utf-8", newline=newline) as stream:
+            yield stream
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to a temporary file beside ``path`` and rename it over ``path``."""
+    with _atomic_stream(path) as stream:
+        json.dump(data, stream, indent=1, sort_keys=False)
+        stream.write("\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to a temporary file beside ``path`` and rename it over ``path``."""
+    with _atomic_stream(path) as stream:
+        stream.write(text)
 
 
 def write_jsonl_atomic(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
     """Write ``records`` one JSON object per line to a temporary file, then rename it over
     ``path`` (a reader sees the old file or the new one, never a mix)."""
-    path = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(temporary, _new_file_mode())
-        with os.fdopen(handle, "w") as stream:
-            for record in records:
-                stream.write(json.dumps(record, allow_nan=True) + "\n")
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    with _atomic_stream(path) as stream:
+        for record in records:
+            stream.write(json.dumps(record, allow_nan=True) + "\n")
 
 
 def write_csv_atomic(path: Path, columns: Sequence[str],
@@ -93,21 +85,11 @@ def write_csv_atomic(path: Path, columns: Sequence[str],
     """Write a CSV file (a header, then ``rows``; missing cells empty) to a temporary file
     beside ``path`` and rename it over ``path``: a reader, or an interruption, sees the old
     file or the new one, never a part."""
-    path = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(temporary, _new_file_mode())
-        with os.fdopen(handle, "w", newline="") as stream:
-            writer = csv.DictWriter(stream, fieldnames=list(columns), extrasaction="ignore")
-            writer.writeheader()
-            for row in rows:
-                writer.writerow(row)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    with _atomic_stream(path, newline="") as stream:
+        writer = csv.DictWriter(stream, fieldnames=list(columns), extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(row)
 
 
 def append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
