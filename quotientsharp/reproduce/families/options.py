@@ -1,6 +1,6 @@
 """Command-line options and sizes of the family studies, without torch.
 
-The studies: ``reproduce vit``, ``bert``, ``vit-finetune`` and ``minilm``.
+The studies: ``reproduce vit``, ``bert``, ``vit-finetune``, ``minilm`` and ``lora``.
 
 ``reproduce vit --help`` imports only this module (the study names
 ``family_options:add_vit_arguments`` in ``OPTIONS``), so the help answers without loading
@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from quotientsharp.reproduce.options import add_common_options
 
-__all__ = ["BERT_SIZES", "MINILM_SIZES", "VIT_FINETUNE_SIZES", "VIT_SIZES", "FamilySizes",
-           "add_bert_arguments", "add_family_arguments", "add_minilm_arguments",
+__all__ = ["BERT_SIZES", "LORA_SIZES", "MINILM_SIZES", "VIT_FINETUNE_SIZES", "VIT_SIZES",
+           "FamilySizes", "add_bert_arguments", "add_family_arguments", "add_lora_arguments",
+           "add_minilm_arguments",
            "add_vit_arguments", "add_vit_finetune_arguments"]
 
 
@@ -38,6 +39,9 @@ VIT_FINETUNE_SIZES = FamilySizes(full_models=32, quick_models=3, quick_n_iter=2)
 #: the MiniLM family's default measurement is reduced to run on a CPU (its results page)
 MINILM_SIZES = FamilySizes(full_models=30, quick_models=3, quick_n_iter=2, full_n_iter=2,
                            full_sharpness_points=8, full_sharpness_batch_size=8)
+#: the LoRA family's default is reduced too (20 models, 16 points, 3 steps): one CPU core
+LORA_SIZES = FamilySizes(full_models=20, quick_models=3, quick_n_iter=2, full_n_iter=3,
+                         full_sharpness_points=16, full_sharpness_batch_size=16)
 
 
 def add_family_arguments(parser: argparse.ArgumentParser, name: str, sizes: FamilySizes) -> None:
@@ -83,3 +87,8 @@ def add_vit_finetune_arguments(parser: argparse.ArgumentParser) -> None:
 def add_minilm_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``quotientsharp reproduce minilm``."""
     add_family_arguments(parser, "minilm", MINILM_SIZES)
+
+
+def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``quotientsharp reproduce lora``."""
+    add_family_arguments(parser, "lora", LORA_SIZES)

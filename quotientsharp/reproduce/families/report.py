@@ -51,7 +51,7 @@ BOOTSTRAP: _BootstrapSettings = {"resamples": 1000, "seed": 0, "confidence": 0.9
 
 #: Hyperparameters a confound tau is computed for, when the study draws them.
 CONFOUNDS = ("learning_rate", "weight_decay", "epochs", "label_smoothing", "train_size",
-             "batch_size", "warmup_fraction")
+             "batch_size", "warmup_fraction", "rank")
 
 
 def csv_columns(specs: Sequence[MeasureSpec],
@@ -183,6 +183,8 @@ def _recipe_text(settings: Mapping[str, Any]) -> str:
         text += f", batch size uniform among {space['batch_size']}"
     if "warmup" in space:
         text += f", warm-up fraction of the steps uniform in {space['warmup']}"
+    if "rank" in space:
+        text += f", adapter rank uniform among {space['rank']}"
     text += ", initialisation seed (of the fresh layers). AdamW, "
     if "batch_size" not in space:
         text += f"batch {settings['train_batch_size']}, "
@@ -249,11 +251,12 @@ def family_section(study: FamilyStudy, settings: Mapping[str, Any],
         f"model (the first points of the pool, inside every training set), in "
         f"{settings['sharpness_points'] // settings['sharpness_batch_size']} batches of "
         f"{settings['sharpness_batch_size']}, per batch then averaged; Auto-PGD with "
-        f"{settings['n_iter']} steps from xi = 0, eta0 = 2 rho. Geodesic: attention heads in "
-        "the GL(h) quotient, every other parameter in the adaptive metric along straight "
-        "lines. Radii fixed once, before the study, from pilot models (on which the perturbed "
-        "loss rose by about 0.005-0.5 nats, far above round-off); the same for every model "
-        "and never adjusted to any correlation.",
+        f"{settings['n_iter']} steps from xi = 0, eta0 = 2 rho. "
+        + (study.measurement_note or "Geodesic: attention heads in the GL(h) quotient, every "
+           "other parameter in the adaptive metric along straight lines. Radii fixed once, "
+           "before the study, from pilot models (on which the perturbed loss rose by about "
+           "0.005-0.5 nats, far above round-off); the same for every model and never adjusted "
+           "to any correlation."),
         f"- Intervals: percentile bootstrap over the models, {BOOTSTRAP['resamples']} draws, "
         f"seed {BOOTSTRAP['seed']}, the same draws for every row.",
         "",

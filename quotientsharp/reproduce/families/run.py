@@ -62,6 +62,8 @@ def _model_record(study: FamilyStudy, data: ClassificationData, variant: FamilyS
     torch.manual_seed(hyper.init_seed)
     model = (study.build_model(data.num_labels) if study.pretrained is None
              else study.build_model(data.num_labels, start_weights))
+    if study.adapt is not None:
+        model = study.adapt(model, hyper)
     model = model.to(data.train_labels.device)
     record: dict[str, Any] = {"index": index, **hyper.as_dict(), "diverged": False}
     record["parameters"] = sum(p.numel() for p in model.parameters())
@@ -200,11 +202,17 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
     specs = family_measures(study.rhos["adaptive"], study.rhos["worst_case"],
                             study.rhos["inv"], study.rhos["mix"])
     specs += eps_sweep_measures(study.rhos["inv"], study.rhos["mix"], study.eps_sweep)
+    if study.measure_keys is not None:
+        unknown_keys = set(study.measure_keys) - {spec.key for spec in specs}
+        if unknown_keys:
+            raise ValueError(f"measure_keys {sorted(unknown_keys)} are not family measures")
+        specs = [spec for spec in specs if spec.key in study.measure_keys]
     settings = study_settings(study, variant, models, seed, specs, data, quick)
     names = ["models.jsonl", "models.csv", "taus.json", "confounds.json", "summary.md"]
     names += [f"scatter_{spec.key}.png" for spec in specs]
     drawn = [name for name, bounds in (("batch_size", variant.space.batch_size),
-                                       ("warmup_fraction", variant.space.warmup))
+                                       ("warmup_fraction", variant.space.warmup),
+                                       ("rank", variant.space.rank))
              if bounds is not None]
     columns = csv_columns(specs, drawn)
 

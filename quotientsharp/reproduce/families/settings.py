@@ -19,7 +19,7 @@ from torch import nn
 
 from quotientsharp.reproduce.families.data import ClassificationData
 from quotientsharp.reproduce.families.measures import MeasureSpec
-from quotientsharp.reproduce.families.training import HyperparameterSpace
+from quotientsharp.reproduce.families.training import Hyperparameters, HyperparameterSpace
 
 __all__ = [
     "FamilySettings",
@@ -118,6 +118,16 @@ class FamilyStudy:
     eps_sweep
         Gram relaxations ``eps > 0`` at which geodesic inv and mix (order 2) are measured as
         well (:func:`~quotientsharp.reproduce.families.measures.eps_sweep_measures`).
+    adapt
+        ``(model, hyperparameters) -> model``, applied to each built model before training
+        (e.g. wrapping it with low-rank adapters of the drawn rank); ``None``: train the model
+        as built.
+    measure_keys
+        The keys of the measures this study runs, a subset of the family measures and the
+        eps sweep (``None``: all of them).
+    measurement_note
+        Sentences for the docs section on what the geodesic measures treat as the quotient and
+        how the radii were fixed (``None``: the text of the attention families).
     """
 
     name: str
@@ -133,6 +143,9 @@ class FamilyStudy:
     description: str
     pretrained: PretrainedStart | None = None
     eps_sweep: tuple[float, ...] = ()
+    adapt: Callable[[nn.Module, Hyperparameters], nn.Module] | None = None
+    measure_keys: tuple[str, ...] | None = None
+    measurement_note: str | None = None
 
 
 def study_settings(study: FamilyStudy, variant: FamilySettings, models: int, seed: int,

@@ -36,10 +36,11 @@ class HyperparameterSpace:
     """Ranges the per-model hyperparameters are drawn from (all bounds inclusive).
 
     Learning rate and weight decay are log-uniform, label smoothing uniform, epochs and the
-    training-set size uniform integers. Two optional ranges, drawn only when given (after the
+    training-set size uniform integers. Optional ranges, drawn only when given (after the
     others, so that a space without them draws exactly what it drew before they existed):
-    ``batch_size``, choices drawn uniformly, and ``warmup``, the warm-up fraction of the steps,
-    uniform (``None``: the study's fixed batch size and a 5% warm-up).
+    ``batch_size``, choices drawn uniformly, ``warmup``, the warm-up fraction of the steps,
+    uniform (``None``: the study's fixed batch size and a 5% warm-up), and ``rank``, the rank
+    of a low-rank adapter, choices drawn uniformly (``None``: no adapter).
     """
 
     learning_rate: tuple[float, float]
@@ -49,6 +50,7 @@ class HyperparameterSpace:
     train_size: tuple[int, int]
     batch_size: tuple[int, ...] | None = None
     warmup: tuple[float, float] | None = None
+    rank: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("learning_rate", "weight_decay"):
@@ -67,6 +69,10 @@ class HyperparameterSpace:
         if self.warmup is not None and not 0 <= self.warmup[0] <= self.warmup[1] < 1:
             raise ValueError(f"warmup range must satisfy 0 <= low <= high < 1, got "
                              f"{self.warmup}")
+        if self.rank is not None and (
+                not self.rank or any(isinstance(r, bool) or not isinstance(r, int) or r < 1
+                                     for r in self.rank)):
+            raise ValueError(f"rank choices must be integers >= 1, got {self.rank}")
 
     def as_dict(self) -> dict[str, list]:
         # the optional ranges only when set: run.json of the older studies stays as it was
@@ -79,7 +85,8 @@ class Hyperparameters:
     """One model's training settings, drawn by :func:`draw_hyperparameters`.
 
     ``batch_size`` and ``warmup_fraction`` are ``None`` when the space does not draw them (the
-    study's fixed batch size and a 5% warm-up apply).
+    study's fixed batch size and a 5% warm-up apply); ``rank`` (of a low-rank adapter) is
+    ``None`` when the study fine-tunes no adapter.
     """
 
     learning_rate: float
@@ -90,6 +97,7 @@ class Hyperparameters:
     init_seed: int
     batch_size: int | None = None
     warmup_fraction: float | None = None
+    rank: int | None = None
 
     def as_dict(self) -> dict[str, float | int]:
         return {name: value for name, value in asdict(self).items() if value is not None}
@@ -116,6 +124,8 @@ def draw_hyperparameters(space: HyperparameterSpace, seed: int, index: int) -> H
         drawn["batch_size"] = int(space.batch_size[int(rng.integers(len(space.batch_size)))])
     if space.warmup is not None:
         drawn["warmup_fraction"] = float(rng.uniform(*space.warmup))
+    if space.rank is not None:
+        drawn["rank"] = int(space.rank[int(rng.integers(len(space.rank)))])
     return Hyperparameters(**drawn)
 
 
