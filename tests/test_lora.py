@@ -323,6 +323,43 @@ def test_geodesic_sharpness_is_invariant_under_gl_r_by_hand_float64(build, order
         assert relative(*adaptive) > 1e-2, adaptive
 
 
+def test_reparametrize_moves_every_adapter_along_its_orbit():
+    from quotientsharp.models import reparametrize
+
+    model = with_adapters(tiny_bert(), ("query", "value"), r=3, modules_to_save=["classifier"])
+    report = find_symmetries(model)
+    assert report.gl_count == len(report.adapters) == 4
+    params = dict(model.named_parameters())
+    moved = reparametrize(model, report, scale=3.0, generator=torch.Generator().manual_seed(2))
+    for adapter in report.adapters:
+        a, b = params[adapter.a_parameter], params[adapter.b_parameter]
+        new_a, new_b = moved[adapter.a_parameter], moved[adapter.b_parameter]
+        assert not torch.allclose(new_a, a) and not torch.allclose(new_b, b)
+        # the product the network sees is unchanged: B' A' = B M^-1 M A = B A
+        torch.testing.assert_close(new_b @ new_a, b @ a, rtol=1e-10, atol=1e-12)
+    for name, tensor in params.items():
+        if name not in report.pair_parameters:
+            assert moved[name] is tensor, name
+    data = batches()
+    inputs = {k: v for k, v in data[0].items() if k != "labels"}
+    with torch.no_grad():
+        logits = model(**inputs).logits
+        moved_logits = torch.func.functional_call(model, moved, kwargs=inputs).logits
+    torch.testing.assert_close(moved_logits, logits, rtol=0, atol=1e-12)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, tensor in other.named_parameters():
+            tensor.copy_(moved[name])
+    geodesic = [sharpness(m, data, measure="geodesic", **MEASURE).value for m in (model, other)]
+    adaptive = [sharpness(m, data, measure="adaptive", **MEASURE).value for m in (model, other)]
+    assert relative(*geodesic) < 1e-8, geodesic
+    assert relative(*adaptive) > 1e-2, adaptive
+    # without "lora" among the kinds, the adapters stay where they are
+    kept = reparametrize(model, report, kinds=("qk", "vo", "diagonal"),
+                         generator=torch.Generator().manual_seed(2))
+    assert all(kept[n] is params[n] or torch.equal(kept[n], params[n]) for n in params)
+
+
 def test_invariance_holds_for_the_mix_metric_and_an_ill_conditioned_group_element():
     model = with_adapters(tiny_llama(), ("q_proj", "k_proj", "v_proj", "o_proj"), r=4)
     moved = act_by_hand(model, seed=5, condition=1e3)
@@ -388,6 +425,41 @@ def test_symmetries_command_lists_each_adapter_of_a_saved_peft_model(tmp_path, c
     (tmp_path / "adapter" / "config.json").unlink()
     assert symmetries_cli.main([str(tmp_path / "adapter")]) == 2
     assert "config.json" in capsys.readouterr().err
+
+
+def test_a_saved_directory_of_named_adapters_loads_each_under_its_name(tmp_path):
+    from quotientsharp.models.loading import load_model
+
+    torch.manual_seed(0)
+    model = peft.get_peft_model(tiny_bert(), peft.LoraConfig(r=2, target_modules=["query"]),
+                                adapter_name="mine")
+    model.add_adapter("other", peft.LoraConfig(r=3, target_modules=["value"]))
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if "lora_" in name:
+                tensor.copy_(torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype))
+    saved = {n: t.detach().clone() for n, t in model.named_parameters() if "lora_" in n}
+    model.save_pretrained(tmp_path / "adapters")
+    # PEFT's layout: no adapter named "default", so each adapter is in a folder of its name
+    assert not (tmp_path / "adapters" / "adapter_config.json").exists()
+    assert (tmp_path / "adapters" / "other" / "adapter_config.json").is_file()
+    config = model.base_model.model.config
+    config.architectures = ["BertForSequenceClassification"]
+    config.to_json_file(tmp_path / "adapters" / "config.json")
+
+    loaded = load_model(tmp_path / "adapters")
+    values = {n: t for n, t in loaded.named_parameters() if "lora_" in n}
+    assert values.keys() == saved.keys()
+    for name, tensor in saved.items():
+        # the base is built from its config (float32): the saved values, rounded to it
+        assert torch.equal(values[name].detach(), tensor.to(values[name].dtype)), name
+    report = find_symmetries(loaded)
+    found = {(a.adapter, a.r) for a in report.adapters}
+    assert found == {("mine", 2), ("other", 3)} and len(report.adapters) == 4
+    # the active one (the first in sorted order: the files do not say) is a pair, the other not
+    assert {a.adapter for a in report.adapters if a.status == "pair"} == {"mine"}
+    assert {a.status for a in report.adapters if a.adapter == "other"} == {"inactive"}
 
 
 # ---------------------------------------------------------------------- the real MiniLM

@@ -56,8 +56,9 @@ def load_model(path: str | os.PathLike) -> nn.Module:
 
     path = Path(path)
     if path.is_dir():
-        if (path / "adapter_config.json").is_file():   # a saved PEFT adapter
-            from quotientsharp.models.peft_loading import load_peft_directory
+        from quotientsharp.models.peft_loading import load_peft_directory, saved_adapters
+
+        if saved_adapters(path):   # saved PEFT adapters (in it, or in named subdirectories)
 
             return load_peft_directory(path)
         config_file = path / "config.json"

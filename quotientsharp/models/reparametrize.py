@@ -1,8 +1,9 @@
 """Move a network along its symmetry orbit: same function, different parameters.
 
 Each attention pair gets ``(G A^{-1}, H A^T)`` with its own random ``A = scale * N``
-(``N`` standard Gaussian, ``h x h``); each diagonal coordinate gets ``(c u, v / c)`` with
-``c = scale * N``. The network computes the same function (exactly in exact arithmetic), while
+(``N`` standard Gaussian, ``h x h``); each LoRA adapter, the pair ``(G, H) = (B, A_lora^T)`` of
+kind ``"lora"``, likewise gets ``(B M^{-1}, (M A_lora)^T)`` with ``M = scale * N``, ``r x r``;
+each diagonal coordinate gets ``(c u, v / c)`` with ``c = scale * N``. The network computes the same function (exactly in exact arithmetic), while
 Euclidean sharpness measures change: the experiment behind the paper's motivation.
 
 A rotary query/key pair draws ``N`` in its group ``GL(1,C)^{R/2} x GL(h - R)``: a complex
@@ -82,7 +83,7 @@ def _sample_matrices(count: int, size: int, generator: torch.Generator | None,
 def reparametrize(model_or_params: nn.Module | Mapping[str, torch.Tensor],
                   report: SymmetryReport, scale: float = 1.0,
                   generator: torch.Generator | None = None,
-                  kinds: Sequence[str] = ("qk", "vo", "diagonal"),
+                  kinds: Sequence[str] = ("qk", "vo", "lora", "diagonal"),
                   return_transforms: bool = False,
                   max_condition: float = MAX_CONDITION,
                   ) -> (dict[str, torch.Tensor]
@@ -102,7 +103,8 @@ def reparametrize(model_or_params: nn.Module | Mapping[str, torch.Tensor],
     generator
         A CPU ``torch.Generator`` for reproducible draws.
     kinds
-        Which symmetries to apply: any of ``"qk"``, ``"vo"``, ``"diagonal"``.
+        Which symmetries to apply: any of ``"qk"``, ``"vo"``, ``"lora"`` (LoRA adapters:
+        ``(A, B) -> (M A, B M^{-1})``), ``"diagonal"``.
     return_transforms
         Also return, per bucket, ``A`` ``shape=[P, h, h]`` (float64, CPU; identity for kinds not
         applied; in the rotary subgroup for rotary buckets), and the diagonal factor ``c``
@@ -132,9 +134,10 @@ def reparametrize(model_or_params: nn.Module | Mapping[str, torch.Tensor],
     scale = float(scale)
     if not (scale == scale and abs(scale) != float("inf") and scale != 0.0):
         raise ValueError(f"scale must be finite and nonzero, got {scale}")
-    unknown_kinds = set(kinds) - {"qk", "vo", "diagonal"}
+    unknown_kinds = set(kinds) - {"qk", "vo", "lora", "diagonal"}
     if unknown_kinds:
-        raise ValueError(f"kinds must be among 'qk', 'vo', 'diagonal', got {sorted(unknown_kinds)}")
+        raise ValueError(f"kinds must be among 'qk', 'vo', 'lora', 'diagonal', got "
+                         f"{sorted(unknown_kinds)}")
     if generator is not None and generator.device.type != "cpu":
         raise ValueError(f"generator must be a CPU generator, got one on {generator.device}")
     if not max_condition > 1:
