@@ -397,7 +397,7 @@ def test_help_imports_no_torch_and_shows_no_rst():
     reproduce = report["texts"]["reproduce"]
     for internal in ("add_arguments", "STUDIES", "module path", "run(args)"):
         assert internal not in reproduce
-    for study in ("diagonal", "vit", "bert", "minilm", "vit-finetune", "invariance"):
+    for study in ("diagonal", "vit", "bert", "minilm", "vit-finetune", "lora", "invariance"):
         assert study in reproduce
 
 

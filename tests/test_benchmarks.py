@@ -59,6 +59,9 @@ def test_quick_run_values_agree(quick_results):
     assert sum(numbers["in_table"] for numbers in families.values()) == 2
     for name, numbers in families.items():
         assert numbers["max_relative_difference_batched_vs_looped"] <= 1e-4, name
+    lora = rows[8]["details"]
+    assert Path(lora["figure_path"]).stat().st_size > 0          # the loss curves were drawn
+    assert set(lora["final_loss"]) == {"QuotientSGD mix", "AdamW"}
 
 
 @pytest.fixture()

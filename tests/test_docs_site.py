@@ -50,7 +50,7 @@ KATEX_PAGES = ("tutorial-custom-symmetry", "adapters")
 #: the longest line a code block of the home page may have without being cut off in a
 #: narrow window (the theme scrolls code blocks instead of wrapping them)
 HOME_LINE = 60
-STUDIES = ("diagonal", "vit", "bert", "minilm", "vit-finetune", "invariance")
+STUDIES = ("diagonal", "vit", "bert", "minilm", "vit-finetune", "lora", "invariance")
 
 
 class _References(HTMLParser):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-STUDIES = ("diagonal", "vit", "bert", "minilm", "vit-finetune", "invariance")
+STUDIES = ("diagonal", "vit", "bert", "minilm", "vit-finetune", "lora", "invariance")
 
 
 def _figures_section(study: str, docs_dir: Path) -> str:
