@@ -10,7 +10,8 @@ adaptive and worst-case ones do. With ``--results results/lora`` it also prints 
 recorded values next to the rebuilt model's (training is deterministic on one machine and
 thread count, not across machines).
 
-Run: ``python examples/lora_family_orbit.py --models 0 1 2 [--scale 1] [--results results/lora]``
+Run: ``python examples/lora_family_orbit.py --models 0 1 2 [--scale 1] [--results results/lora]
+[--geometry-float64]``
 (about a minute per model on one CPU core).
 """
 
@@ -30,6 +31,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0, help="the study's seed")
+    parser.add_argument("--geometry-float64", action="store_true",
+                        help="measure with geometry_dtype=torch.float64 (the study measures "
+                             "with the default: float32 geometry for its float32 models)")
     parser.add_argument("--results", type=Path, default=None,
                         help="a results folder of reproduce lora, to compare with")
     args = parser.parse_args(argv)
@@ -73,11 +77,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"model {index}: rank {hyper.rank}, {report.gl_count} GL({hyper.rank}) pairs, "
               f"max logit change after the move {change:.2e}")
         for key, (options, rho) in measures.items():
+            if args.geometry_float64:
+                options = {**options, "geometry_dtype": torch.float64}
             values = [sharpness(m, batches, rho=rho, n_iter=variant.n_iter, seed=0,
                                 progress=False, **options).value for m in (model, moved)]
             ratio = values[1] / values[0]
             line = (f"  {key:<16} before {values[0]:.6g}  after {values[1]:.6g}  "
-                    f"after/before {ratio:.6g}")
+                    f"after/before {ratio:.8g}")
             if index in recorded:
                 line += f"  (study's record {recorded[index][key]:.6g})"
             print(line, flush=True)
