@@ -29,22 +29,29 @@ command -v mutmut >/dev/null || { echo "mutmut is not installed: pip install 'mu
 # three groups, each with the tests that pin it (mutmut runs, per mutant, those among them
 # that reach the mutated function); MUTATION_GROUPS picks some ("gl exact measures")
 declare -A MUTATED=(
-    [gl]='"quotientsharp/core/gl/inv.py", "quotientsharp/core/gl/mix.py", "quotientsharp/core/gl/euclidean.py"'
+    [gl]='"quotientsharp/core/gl/*.py"'
+    [diagonal]='"quotientsharp/core/diagonal/*.py"'
+    [adaptive]='"quotientsharp/core/adaptive.py", "quotientsharp/core/product.py"'
+    [solver]='"quotientsharp/engine/solver.py", "quotientsharp/engine/ball.py"'
     [exact]='"quotientsharp/engine/exact.py"'
     [measures]='"quotientsharp/engine/measures.py"'
 )
-# which of a group's mutants run (mutmut's name globs; empty: all of them). measures.py: the
-# functions and classes that compute a value or decide an error (the ascent's bookkeeping is
-# the solver's, reached through them)
+# which of a group's mutants run (mutmut's name globs; empty: all of them)
 declare -A PATTERNS=(
     [gl]=""
+    [diagonal]=""
+    [adaptive]=""
+    [solver]=""
     [exact]=""
-    [measures]="quotientsharp.engine.measures.x__check_ascent* quotientsharp.engine.measures.x_likely_cause* quotientsharp.engine.measures.xǁAverageMeasureǁ* quotientsharp.engine.measures.xǁRelativeFlatnessǁ* quotientsharp.engine.measures.x_layer_weight_name* quotientsharp.engine.measures.x_default_layer*"
+    [measures]=""
 )
 declare -A TESTED=(
-    [gl]="tests/test_gl.py tests/test_quotient_properties.py"
+    [gl]="tests/test_gl.py tests/test_quotient_properties.py tests/test_quotient_contract.py tests/test_mutation_kills.py"
+    [diagonal]="tests/test_diagonal.py tests/test_quotient_contract.py tests/test_mutation_kills.py"
+    [adaptive]="tests/test_quotient_contract.py tests/test_quotient_abstract.py tests/test_touched_rows.py tests/test_mutation_kills.py"
+    [solver]="tests/test_sharpness_solver.py tests/test_solver_quality.py tests/test_sharpness_geometry.py tests/test_mutation_kills.py"
     [exact]="tests/test_solver_quality.py tests/test_bad_inputs_campaign2.py"
-    [measures]="tests/test_sharpness.py tests/test_bad_inputs.py tests/test_bad_inputs_campaign2.py"
+    [measures]="tests/test_sharpness.py tests/test_bad_inputs.py tests/test_bad_inputs_campaign2.py tests/test_mutation_kills.py"
 )
 
 run_group() {
@@ -91,7 +98,7 @@ TOML
     local start
     start=$(date +%s)
     # mutmut puts mutants/ first on sys.path; PYTHONPATH keeps an editable install elsewhere out
-    (cd "$dir" && PYTHONPATH="$dir/mutants" nice -n 10 \
+    (cd "$dir" && PYTHONPATH="$dir/mutants" nice -n "${MUTATION_NICE:-15}" \
         mutmut run --max-children "${MUTATION_CHILDREN:-1}" ${MUTATION_PATTERNS:-${PATTERNS[$group]}} \
         > "$dir/run.log" 2>&1) || true
     echo "== $group: $(( $(date +%s) - start )) s" >&2
@@ -100,6 +107,6 @@ TOML
     grep -v ': killed' "$dir/results.txt" >&2 || true
 }
 
-for group in ${MUTATION_GROUPS:-exact measures gl}; do
+for group in ${MUTATION_GROUPS:-exact measures solver gl diagonal adaptive}; do
     run_group "$group"
 done
