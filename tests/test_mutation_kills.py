@@ -490,3 +490,92 @@ def test_the_box_clamps_signs_and_measures_in_scaled_units():
                                                                   strict=True))
     with pytest.raises(ValueError, match="no coordinates to perturb"):
         BoxGeometry((), (), 0.5)
+
+
+def test_validate_checks_the_largest_radius_of_a_batch():
+    from quotientsharp.core.diagonal import DiagonalQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+
+    quotient = DiagonalQuotient("mix", d=4)
+    x = quotient.random_point(generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    frozen = quotient.at(x)
+    limit = float((x[0] * x[1]).abs().min()) / 2 ** 0.5      # min |u v| / sqrt(2)
+    GeodesicBall(frozen, torch.tensor([0.1, 0.5]) * limit, "exact", problem_shape=(2,)).validate()
+    with pytest.raises(ValueError, match=r"order='exact' with the mix metric: rho=") as err:
+        GeodesicBall(frozen, torch.tensor([0.1, 2.0]) * limit, "exact",
+                     problem_shape=(2,)).validate()
+    assert f"rho={2 * limit:g}" in str(err.value)
+
+
+def test_block_norms_of_a_plain_ball_are_its_total_norm():
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+
+    base = (torch.tensor([1.0, -2.0]), torch.tensor([[4.0]]))
+    ball = GeodesicBall(AdaptiveQuotient.of(base, "adaptive").frozen_point(base), 1.0)
+    norms = ball.block_norms((torch.tensor([3.0, 0.0]), torch.tensor([[16.0]])))
+    assert list(norms) == ["total"]
+    torch.testing.assert_close(norms["total"], torch.tensor(5.0))     # |(3 / 1, 16 / 4)|
+
+
+def test_the_ball_point_uses_its_order_and_steps():
+    quotient, x, frozen, _, generator = _gl_ball("inv", torch.float64, 6, 1.0)
+    from quotientsharp.engine.ball import GeodesicBall
+
+    u = tuple(0.8 * t for t in quotient.random_tangent(x, generator=generator))
+    coarse = GeodesicBall(frozen, 1.0, "exact", steps=1).point(u)
+    fine = GeodesicBall(frozen, 1.0, "exact", steps=64).point(u)
+    straight = GeodesicBall(frozen, 1.0, 1).point(u)
+    for c, f, s, w, d in zip(coarse, fine, straight, x, u, strict=True):
+        torch.testing.assert_close(s, w + d)
+        assert float((c - f).abs().max()) > 1e-8          # one RK4 step is not 64
+    torch.testing.assert_close(fine[0], frozen.geodesic(u, 1.0, "exact", 64)[0])
+
+
+def test_skip_nonfinite_never_keeps_a_nonfinite_step():
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+    from quotientsharp.engine.solver import ascend
+
+    base = (torch.zeros(2, dtype=torch.float64),)
+    ball = GeodesicBall(AdaptiveQuotient.of(base, "euclidean").frozen_point(base), 1.0)
+
+    def objective(xi):
+        v = xi[0]
+        # increases along the first axis; NaN past 0.5 (the finite maximum is 0.5 on the ray)
+        loss = torch.where(v[0] > 0.5, torch.tensor(float("nan"), dtype=v.dtype), v[0])
+        return loss, (torch.tensor([1.0, 0.0], dtype=v.dtype),)
+
+    for skip in (True, False):
+        outcome = ascend(ball, objective, AscentSettings(n_iter=12), skip_nonfinite=skip)
+        assert outcome.nonfinite_count is not None and int(outcome.nonfinite_count) > 0
+        assert int(outcome.nonfinite_at[0]) == 1          # the first step, to xi = (1, 0)
+        assert torch.isnan(outcome.nonfinite_loss[0])
+        if skip:
+            assert 0 < float(outcome.loss) <= 0.5
+            assert torch.isfinite(outcome.trace).all()
+
+
+def test_a_handed_over_evaluation_is_taken_once():
+    from quotientsharp.engine.solver import HandedOver
+
+    pair = HandedOver(torch.tensor(1.0), (torch.ones(2),))
+    loss, gradient = pair.take()
+    assert float(loss) == 1.0 and gradient[0].shape == (2,)
+    with pytest.raises(ValueError, match="this HandedOver evaluation was taken already"):
+        pair.take()
+
+
+def test_the_deprecated_solver_names_warn_and_answer_as_before():
+    from quotientsharp.engine import solver
+
+    with pytest.warns(DeprecationWarning, match="HOST_DECISIONS_ON_CPU is deprecated and has no "
+                                                "effect: pass host_decisions=False") as caught:
+        assert solver.HOST_DECISIONS_ON_CPU is True
+    assert caught[0].filename == __file__
+    with pytest.warns(DeprecationWarning, match="host_decides is deprecated") as caught:
+        assert solver.host_decides(torch.tensor(1.0)) is True
+        assert solver.host_decides(torch.ones(2)) is False
+    assert caught[0].filename == __file__
+    with pytest.raises(AttributeError, match="has no attribute 'NO_SUCH_NAME'"):
+        _ = solver.NO_SUCH_NAME
