@@ -579,3 +579,51 @@ def test_the_deprecated_solver_names_warn_and_answer_as_before():
     assert caught[0].filename == __file__
     with pytest.raises(AttributeError, match="has no attribute 'NO_SUCH_NAME'"):
         _ = solver.NO_SUCH_NAME
+
+
+@pytest.mark.parametrize("host_decisions", [True, False])
+def test_a_batch_of_problems_is_solved_as_if_each_were_alone(host_decisions):
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+    from quotientsharp.engine.solver import ascend
+
+    shifts, radii, n_iter = (0.0, 1.0, -0.5), (0.7, 1.3, 0.4), 16
+    problems = [_wavy(s)[0] for s in shifts]
+    base = (torch.zeros(12, dtype=torch.float64),)
+    frozen = AdaptiveQuotient.of(base, "euclidean").frozen_point(base)
+    ball = GeodesicBall(frozen, torch.tensor(radii, dtype=torch.float64), problem_shape=(3,))
+
+    def objective(xi):
+        pairs = [f(v) for f, v in zip(problems, xi[0], strict=True)]
+        return (torch.tensor([p[0] for p in pairs], dtype=torch.float64),
+                (torch.stack([p[1] for p in pairs]),))
+
+    outcome = ascend(ball, objective, AscentSettings(n_iter=n_iter),
+                     host_decisions=host_decisions)
+    assert outcome.trace is not None and outcome.trace.shape == (n_iter + 1, 3)
+    for i, (flat, rho) in enumerate(zip(problems, radii, strict=True)):
+        best, best_x, trace = _reference_apgd(flat, torch.zeros(12, dtype=torch.float64), rho,
+                                              n_iter, 0.75, 2 * rho)
+        torch.testing.assert_close(outcome.trace[:, i], torch.tensor(trace, dtype=torch.float64),
+                                   rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(outcome.xi[0][i], best_x, rtol=1e-10, atol=1e-12)
+
+
+def test_a_nonfinite_start_is_recorded_at_evaluation_zero():
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+    from quotientsharp.engine.solver import ascend
+
+    base = (torch.zeros(2, dtype=torch.float64),)
+    ball = GeodesicBall(AdaptiveQuotient.of(base, "euclidean").frozen_point(base), 1.0)
+
+    def objective(xi):
+        v = xi[0]
+        loss = torch.where(v.abs().sum() == 0, torch.tensor(float("inf"), dtype=v.dtype), v[0])
+        return loss, (torch.tensor([1.0, 0.0], dtype=v.dtype),)
+
+    outcome = ascend(ball, objective, AscentSettings(n_iter=3), skip_nonfinite=True)
+    assert outcome.nonfinite_at[0].dtype == torch.int64
+    assert int(outcome.nonfinite_at[0]) == 0 and int(outcome.nonfinite_count) == 1
+    assert float(outcome.nonfinite_loss[0]) == float("inf")
+    assert float(outcome.loss) == pytest.approx(1.0)     # the finite maximum, on the sphere
