@@ -9,16 +9,22 @@
 # mutant, only the tests that reach the mutated function, one process at a time (-n 0: a
 # mutant's tests stay in one process; nice: the machine is shared).
 #
-# What is mutated (MUTATED below) and what is left out, and why:
-# - quotientsharp/core/gl/{inv,mix,euclidean}.py: the three GL metrics' closed forms (metric,
-#   moment, vertical projection, raised gradient, Christoffel contraction, isotropic draw);
-# - quotientsharp/engine/exact.py: the exact trust-region maximum (the solver's reference);
-# - quotientsharp/engine/measures.py: the measures (average, ascent, relative flatness);
-# - left out: engine/solver.py (Auto-PGD: its step-size schedule is heuristic, so most of its
-#   mutants change the path of the ascent but not a tested bound, and the run would take hours),
-#   core/gl/point.py and core/gl/subgroup.py (shared helpers; test_gl.py reaches them through
-#   the metrics above). mutmut does not mutate decorated functions (cached_property), so
-#   InvPoint._sylvester and InvPoint.scaled_factors are reached only through their callers.
+# What is mutated (MUTATED below), one group each, with the tests that pin it (TESTED):
+# - gl, diagonal, adaptive: the core geometry (quotientsharp/core/gl/*, core/diagonal/*,
+#   core/adaptive.py and core/product.py): metrics, moments, projections, raised gradients,
+#   Christoffel contractions, isotropic draws, frozen points;
+# - solver: engine/solver.py (Auto-PGD) and engine/ball.py (the trust regions), pinned by an
+#   independent Auto-PGD written from its definition and the trust-region contracts
+#   (tests/test_mutation_kills.py);
+# - exact: engine/exact.py, the exact trust-region maximum (the solver's reference);
+# - measures: engine/measures.py (average, ascent, relative flatness and their errors).
+# mutmut does not mutate decorated functions (cached_property), so those are reached only
+# through their callers. benchmarks/mutation_survivors.md gives the last run's scores and
+# explains every survivor.
+#
+# On a shared 2-core machine a whole run takes hours: narrow it and run it in chunks (results
+# are kept per mutant in MUTATION_DIR, so a second run with the same MUTATION_DIR goes on where
+# the first stopped; naming mutants reruns them).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=${MUTATION_DIR:-$(mktemp -d -t quotientsharp-mutation.XXXXXX)}
@@ -26,25 +32,32 @@ command -v mutmut >/dev/null || { echo "mutmut is not installed: pip install 'mu
 
 # MUTATION_GROUPS, MUTATION_PATTERNS (mutant name globs) and MUTATION_TESTS (test files) narrow a
 # run, e.g. MUTATION_GROUPS=measures MUTATION_PATTERNS='quotientsharp.engine.measures.x__check_ascent*'
-# three groups, each with the tests that pin it (mutmut runs, per mutant, those among them
-# that reach the mutated function); MUTATION_GROUPS picks some ("gl exact measures")
+# Each group has the tests that pin it (mutmut runs, per mutant, those among them that reach
+# the mutated function); MUTATION_GROUPS picks some ("solver measures")
 declare -A MUTATED=(
-    [gl]='"quotientsharp/core/gl/inv.py", "quotientsharp/core/gl/mix.py", "quotientsharp/core/gl/euclidean.py"'
+    [gl]='"quotientsharp/core/gl/*.py"'
+    [diagonal]='"quotientsharp/core/diagonal/*.py"'
+    [adaptive]='"quotientsharp/core/adaptive.py", "quotientsharp/core/product.py"'
+    [solver]='"quotientsharp/engine/solver.py", "quotientsharp/engine/ball.py"'
     [exact]='"quotientsharp/engine/exact.py"'
     [measures]='"quotientsharp/engine/measures.py"'
 )
-# which of a group's mutants run (mutmut's name globs; empty: all of them). measures.py: the
-# functions and classes that compute a value or decide an error (the ascent's bookkeeping is
-# the solver's, reached through them)
+# which of a group's mutants run (mutmut's name globs; empty: all of them)
 declare -A PATTERNS=(
     [gl]=""
+    [diagonal]=""
+    [adaptive]=""
+    [solver]=""
     [exact]=""
-    [measures]="quotientsharp.engine.measures.x__check_ascent* quotientsharp.engine.measures.x_likely_cause* quotientsharp.engine.measures.xǁAverageMeasureǁ* quotientsharp.engine.measures.xǁRelativeFlatnessǁ* quotientsharp.engine.measures.x_layer_weight_name* quotientsharp.engine.measures.x_default_layer*"
+    [measures]=""
 )
 declare -A TESTED=(
-    [gl]="tests/test_gl.py tests/test_quotient_properties.py"
+    [gl]="tests/test_gl.py tests/test_quotient_properties.py tests/test_quotient_contract.py tests/test_mutation_kills.py"
+    [diagonal]="tests/test_diagonal.py tests/test_quotient_contract.py tests/test_mutation_kills.py"
+    [adaptive]="tests/test_quotient_contract.py tests/test_quotient_abstract.py tests/test_touched_rows.py tests/test_mutation_kills.py"
+    [solver]="tests/test_sharpness_solver.py tests/test_solver_quality.py tests/test_sharpness_geometry.py tests/test_mutation_kills.py"
     [exact]="tests/test_solver_quality.py tests/test_bad_inputs_campaign2.py"
-    [measures]="tests/test_sharpness.py tests/test_bad_inputs.py tests/test_bad_inputs_campaign2.py"
+    [measures]="tests/test_sharpness.py tests/test_bad_inputs.py tests/test_bad_inputs_campaign2.py tests/test_mutation_kills.py"
 )
 
 run_group() {
@@ -91,7 +104,7 @@ TOML
     local start
     start=$(date +%s)
     # mutmut puts mutants/ first on sys.path; PYTHONPATH keeps an editable install elsewhere out
-    (cd "$dir" && PYTHONPATH="$dir/mutants" nice -n 10 \
+    (cd "$dir" && PYTHONPATH="$dir/mutants" nice -n "${MUTATION_NICE:-15}" \
         mutmut run --max-children "${MUTATION_CHILDREN:-1}" ${MUTATION_PATTERNS:-${PATTERNS[$group]}} \
         > "$dir/run.log" 2>&1) || true
     echo "== $group: $(( $(date +%s) - start )) s" >&2
@@ -100,6 +113,6 @@ TOML
     grep -v ': killed' "$dir/results.txt" >&2 || true
 }
 
-for group in ${MUTATION_GROUPS:-exact measures gl}; do
+for group in ${MUTATION_GROUPS:-exact measures solver gl diagonal adaptive}; do
     run_group "$group"
 done

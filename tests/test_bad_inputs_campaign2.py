@@ -375,6 +375,65 @@ def test_a_second_study_on_a_held_folder_fails_at_once_and_changes_nothing(study
     assert len(read_jsonl(out / "models.jsonl")) == 3
 
 
+# each process imports the package first, then waits for the go file, so that both runs start
+# their study at the same moment; a short pause per model keeps the winner's run (and its lock)
+# alive while the other one starts
+_RACER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from quotientsharp.cli import main
+    from quotientsharp.workflows import measuring
+    go, original = Path(sys.argv[1]), measuring.measure_entry
+    def paused(*args, **kwargs):
+        time.sleep(0.2)
+        return original(*args, **kwargs)
+    measuring.measure_entry = paused
+    print("ready", flush=True)
+    while not go.exists():
+        time.sleep(0.002)
+    sys.exit(main(sys.argv[2:]))
+""")
+
+
+def test_two_studies_started_at_once_on_one_folder_one_refuses_nothing_mixed(study_files,
+                                                                            tmp_path):
+    out, go = tmp_path / "out", tmp_path / "go"
+    racers = {}
+    for rho in ("0.1", "0.2"):
+        argv = ["study", str(study_files / "models.csv"), "--data", str(study_files / "data.pt"),
+                "--measure", "adaptive", "--rho", rho, "--n-iter", "2", "--no-progress",
+                "--no-plots", "--bootstrap", "20", "--out", str(out)]
+        racers[rho] = subprocess.Popen(
+            [sys.executable, "-c", _RACER, str(go), *argv], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    for racer in racers.values():
+        assert racer.stdout is not None and racer.stdout.readline().strip() == "ready"
+    go.touch()
+    finished = {rho: (racer.wait(timeout=120), *racer.communicate())
+                for rho, racer in racers.items()}
+    codes = sorted(code for code, _, _ in finished.values())
+    assert codes == [0, 2], finished
+    winner = next(rho for rho, (code, _, _) in finished.items() if code == 0)
+    loser = next(rho for rho in finished if rho != winner)
+    stderr = finished[loser][2]
+    assert f"--out {out} is being written by process {racers[winner].pid}" in stderr
+    assert "host" in stderr
+    # the winner's outputs are complete, and hold its measurement and nothing of the other's
+    key, other = f"adaptive_rho{winner}", f"adaptive_rho{loser}"
+    records = read_jsonl(out / "models.jsonl")
+    assert sorted(r["name"] for r in records) == ["net0.pt", "net1.pt", "net2.pt"]
+    assert all(list(r["sharpness"]) == [key] for r in records)
+    header, *rows = (out / "models.csv").read_text().splitlines()
+    assert header.split(",")[-1] == key and len(rows) == 3
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "finished"
+    assert [entry["key"] for entry in run["settings"]["grid"]] == [key]
+    for name in ("models.csv", "taus.json", "taus.csv", "report.md", "run.json"):
+        assert other not in (out / name).read_text(), name
+    assert not list(out.glob("*.tmp")) and not list(out.glob(".*.tmp"))
+
+
 def test_a_second_measure_json_to_the_same_file_fails_at_once(study_files, tmp_path):
     target = tmp_path / "result.json"
     holder = _hold(target)
@@ -384,6 +443,22 @@ def test_a_second_measure_json_to_the_same_file_fails_at_once(study_files, tmp_p
             code = main(["measure", str(study_files / "net0.pt"), str(study_files / "data.pt"),
                          "--measure", "adaptive", "--rho", "0.1", "--n-iter", "2",
                          "--no-progress", "--json", str(target)])
+        assert code == 2
+        assert f"--json {target} is being written by process {holder.pid}" in stderr.getvalue()
+        assert not target.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+
+
+def test_a_second_verify_json_to_the_same_file_fails_at_once(tmp_path):
+    target = tmp_path / "rows.json"
+    holder = _hold(target)
+    try:
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+            code = main(["verify", "--seeds", "1", "--dtype", "float64", "--json", str(target)])
         assert code == 2
         assert f"--json {target} is being written by process {holder.pid}" in stderr.getvalue()
         assert not target.exists()
@@ -490,3 +565,42 @@ def test_the_average_measure_reports_the_mean_norm_of_its_draws():
     expected = 0.1 * math.sqrt(2) * math.exp(math.lgamma((dimension + 1) / 2)
                                              - math.lgamma(dimension / 2))
     assert result.perturbation_norms[0]["total"] == pytest.approx(expected, rel=0.05)
+
+
+class TwoTables(nn.Module):
+    """Word and kind embeddings, each indexed by its own input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(6)
+        self.words, self.kinds = nn.Embedding(10, 4), nn.Embedding(3, 4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, ids: torch.Tensor, kinds: torch.Tensor) -> torch.Tensor:
+        return self.head((self.words(ids) + self.kinds(kinds)).mean(1))
+
+
+@pytest.mark.parametrize("touched_rows", [True, False])
+@pytest.mark.parametrize("words_shift, kinds_shift, named", [
+    (0, 3, r"input 1 holds index [3-5], outside the embedding table 'kinds' \(rows \[0, 3\)\)"),
+    (0, -3, r"input 1 holds index -[1-3], outside the embedding table 'kinds' \(rows \[0, 3\)\)"),
+    (-10, 0, r"input 0 holds index -[1-9]0?, outside the embedding table 'words' "
+             r"\(rows \[0, 10\)\)"),
+])
+def test_ids_outside_one_of_several_tables_name_the_table_and_input(words_shift, kinds_shift,
+                                                                    named, touched_rows):
+    ids, labels = _ids()
+    kinds = torch.remainder(ids, 3)
+    with pytest.raises(ValueError, match=f"batch 0: .*{named}"):
+        _measure(TwoTables(), [((ids + words_shift, kinds + kinds_shift), labels)],
+                 touched_rows=touched_rows)
+
+
+@pytest.mark.parametrize("token_type", [2, -1])
+def test_token_type_ids_outside_bert_name_the_token_type_table(bert, token_type):
+    batch = _bert_batch()
+    batch["token_type_ids"] = torch.full_like(batch["input_ids"], token_type)
+    with pytest.raises(ValueError, match=f"token_type_ids holds index {token_type}, outside the "
+                                         r"embedding table 'bert.embeddings.token_type_embeddings"
+                                         r"' \(rows \[0, 2\)\)"):
+        _measure(bert, [batch], "geodesic", n_iter=2)

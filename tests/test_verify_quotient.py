@@ -156,6 +156,20 @@ def test_several_quotients_and_json(user_module, tmp_path, capsys) -> None:
     assert sorted(set(statuses.values())) == ["FAIL", "no override", "pass"]
 
 
+def test_json_replaces_the_file_whole_and_leaves_no_temporary_file(user_module, tmp_path,
+                                                                   capsys) -> None:
+    (tmp_path / "results").mkdir()
+    out = tmp_path / "results" / "rows.json"
+    out.write_text("an earlier document")
+    (tmp_path / "results" / ".rows.json.123.tmp").write_text("left by a killed writer")
+    assert verify("--quotient", f"{user_module}:Neuron", "--json", str(out)) == 0
+    rows = json.loads(out.read_text())
+    assert {r["quotient"] for r in rows} == {"relu-neuron"} and rows
+    left = sorted(p.name for p in out.parent.iterdir())
+    assert "rows.json" in left and not [n for n in left if n.endswith((".tmp", ".holder.json"))]
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize("spec, expected", [
     ("no_such_module_here:Q", "no module named 'no_such_module_here'"),
     ("{m}:Missing", "has no attribute 'Missing'"),

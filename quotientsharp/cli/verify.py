@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quotientsharp.workflows.files import write_text_atomic
+from quotientsharp.workflows.locks import OutputLock, OutputLockedError
 from quotientsharp.workflows.user_objects import UserInputError, import_object
 
 if TYPE_CHECKING:
@@ -126,6 +128,15 @@ def run(args: argparse.Namespace) -> int:
             return 2
     else:
         quotients = builtin_quotients()
+    # one writer per --json file: a second verify (or measure) to it fails here, at once,
+    # naming the holder (the lock is held until this process ends or releases it)
+    json_lock = None
+    if args.json is not None:
+        try:
+            json_lock = OutputLock(Path(args.json), "--json").acquire()
+        except (OutputLockedError, OSError) as err:
+            print(f"{PROG}: error: {err}", file=sys.stderr)
+            return 2
     failures, rows, crashed = 0, [], 0
     for quotient in quotients:
         for dtype in dtypes:
@@ -156,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
     print(summary)
     failures += crashed
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=1))
+        # atomic: a reader, or a kill mid-write, sees the old document or the new one
+        write_text_atomic(Path(args.json), json.dumps(rows, indent=1))
+    if json_lock is not None:
+        json_lock.release()
     return 1 if failures else 0

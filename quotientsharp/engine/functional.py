@@ -22,6 +22,7 @@ from quotientsharp.engine.batches import (
     compute_loss,
     resolve_loss,
 )
+from quotientsharp.engine.lookup_check import out_of_range_lookup
 from quotientsharp.engine.touched_rows import (
     TableLookup,
     TableRecorder,
@@ -230,8 +231,13 @@ class FunctionalModel:
             dtypes = sorted({str(d).removeprefix("torch.") for d in self.dtypes.values()})
             embeddings = [f"{n} ({m.num_embeddings} rows)" for n, m in
                           self.model.named_modules() if isinstance(m, nn.Embedding)]
-            hint = (f"; its embedding tables: {', '.join(embeddings[:4])}: token ids must lie "
-                    "in [0, rows)" if isinstance(err, IndexError) and embeddings else "")
+            culprit = (out_of_range_lookup(
+                self.model, lambda: torch.func.functional_call(
+                    self.model, (params, self.buffers), batch.args, batch.kwargs),
+                _input_tensors(batch)) if isinstance(err, IndexError) else None)
+            hint = (f": {culprit}" if culprit is not None
+                    else f"; its embedding tables: {', '.join(embeddings[:4])}: token ids must "
+                    "lie in [0, rows)" if isinstance(err, IndexError) and embeddings else "")
             raise ValueError(f"{batch.label}: the model's forward failed on inputs {{{inputs}}} "
                              f"(parameters {', '.join(dtypes)}){hint}: {type(err).__name__}: "
                              f"{err}") from err

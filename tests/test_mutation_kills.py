@@ -1,0 +1,657 @@
+"""Tests written against the survivors of the mutation run (``benchmarks/mutation.sh``).
+
+Each test pins a behaviour that a surviving mutant changed without any test noticing; the
+survivors file (``benchmarks/mutation_survivors.md``) names the mutants each one kills. They
+use independent references (a hand-written Monte Carlo average, the definition of a
+trust-region step) or the documented contract, never the code under test's own output.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import quotientsharp as qs
+from quotientsharp.engine.functional import FunctionalModel
+from quotientsharp.engine.measures import NonFiniteLossError, _check_ascent
+from quotientsharp.engine.solver import AscentOutcome, AscentSettings
+
+
+def _mlp(seed: int = 0, dtype: torch.dtype = torch.float32) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 5), nn.Tanh(),
+                         nn.Linear(5, 3)).to(dtype)
+
+
+def _batch(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return (torch.randn(10, 4, generator=generator, dtype=dtype),
+            torch.randint(0, 3, (10,), generator=generator))
+
+
+# ------------------------------------------------------------------ _check_ascent's bookkeeping
+def _outcome(count: int, at: list[int], best: float = 1.0) -> AscentOutcome:
+    return AscentOutcome(
+        loss=torch.tensor(best), xi=(), run_losses=[], start_loss=torch.tensor(0.5),
+        nonfinite_at=[torch.tensor(k) for k in at],
+        nonfinite_loss=[torch.tensor(float("inf") if k >= 0 else 0.0) for k in at],
+        nonfinite_count=torch.tensor(count))
+
+
+@pytest.fixture(scope="module")
+def functional() -> FunctionalModel:
+    return FunctionalModel(_mlp())
+
+
+def test_no_count_means_no_nonfinite_evaluation(functional):
+    outcome = AscentOutcome(loss=torch.tensor(1.0), xi=(), run_losses=[],
+                            start_loss=torch.tensor(0.5))
+    assert _check_ascent(outcome, 0, AscentSettings(n_iter=3), functional, 0.1, "raise") == 0
+
+
+@pytest.mark.parametrize("random_init", [False, True])
+def test_skip_keeps_a_run_with_one_finite_perturbed_evaluation(functional, random_init):
+    settings = AscentSettings(n_iter=4, random_init=random_init)
+    total = settings.evaluations_per_run
+    # the perturbed evaluations: all of them from a random start, all but the clean start at 0
+    perturbed = total if random_init else total - 1
+    count = perturbed - 1          # one perturbed evaluation was finite: a value to report
+    assert _check_ascent(_outcome(count, [1]), 0, settings, functional, 0.1, "skip") == count
+    with pytest.raises(NonFiniteLossError, match="No perturbed evaluation was finite"):
+        _check_ascent(_outcome(perturbed, [1]), 0, settings, functional, 0.1, "skip")
+
+
+def test_the_message_names_the_first_run_and_evaluation_that_failed(functional):
+    settings = AscentSettings(n_iter=5, restarts=2)
+    # run 0 failed at its starting point (evaluation 0), run 2 at step 3
+    with pytest.raises(NonFiniteLossError) as err:
+        _check_ascent(_outcome(2, [0, -1, 3]), 4, settings, functional, 0.25, "raise")
+    message = str(err.value)
+    assert message.startswith("batch 4: the perturbed loss is inf at the starting point "
+                              "(iteration 0) of run 0 (of 3); 2 of 18 evaluations")
+    assert "No perturbed evaluation was finite" not in message
+    assert "rho=0.25 is too large for float32" in message
+    assert "nonfinite='skip'" in message
+    with pytest.raises(NonFiniteLossError) as err:
+        _check_ascent(_outcome(1, [-1, 3, -1]), 0, settings, functional, None, "raise")
+    assert "at solver iteration 3 of 5 of run 1 (of 3)" in str(err.value)
+    assert "the radius is too large" in str(err.value)
+    with pytest.raises(NonFiniteLossError) as err:     # one run: no run named
+        _check_ascent(_outcome(1, [2]), 0, AscentSettings(n_iter=5), functional, 0.1, "raise")
+    assert "at solver iteration 2 of 5;" in str(err.value)
+
+
+def test_a_half_precision_model_is_named_as_the_likely_cause():
+    model = FunctionalModel(_mlp(dtype=torch.bfloat16))
+    with pytest.raises(NonFiniteLossError,
+                       match=r"half-precision overflow: the model runs in bfloat16 \(float16's "
+                             r"largest finite value is 65504\).*model\.float\(\)"):
+        _check_ascent(_outcome(1, [2]), 0, AscentSettings(n_iter=5), model, 0.1, "raise")
+
+
+# ------------------------------------------------------------------------- the average measure
+@pytest.mark.parametrize("adaptive", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_average_is_a_hand_written_monte_carlo_mean(adaptive, dtype):
+    model, (x, y) = _mlp(3, dtype), _batch(dtype)
+    rho, samples, seed = 0.3, 5, 11
+    result = qs.sharpness(model, [(x, y)], measure="average", rho=rho, samples=samples,
+                          adaptive=adaptive, seed=seed, progress=False, keep_perturbations=True)
+    # the reference: delta ~ rho * c * N(0, 1) per entry, drawn parameter by parameter
+    generator = torch.Generator().manual_seed(seed)
+    names = [n for n, _ in model.named_parameters()]
+    base = {n: p.detach().clone() for n, p in model.named_parameters()}
+    loss = nn.CrossEntropyLoss()
+    with torch.no_grad():
+        clean = loss(torch.func.functional_call(model, base, (x,)), y)
+        losses, norms = [], []
+        for _ in range(samples):
+            noise = {n: torch.randn(base[n].shape, generator=generator, dtype=dtype)
+                     for n in names}
+            delta = {n: rho * noise[n] * (base[n].abs() if adaptive else 1) for n in names}
+            point = {n: base[n] + delta[n] for n in names}
+            losses.append(loss(torch.func.functional_call(model, point, (x,)), y))
+            norms.append(rho * torch.sqrt(sum(noise[n].square().sum() for n in names)))
+    expected = torch.stack(losses).mean() - clean
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-12
+    assert result.value == pytest.approx(float(expected), rel=tolerance, abs=tolerance)
+    assert result.perturbation_norms[0]["total"] == pytest.approx(
+        float(torch.stack(norms).mean()), rel=tolerance)
+    # the kept perturbation is the last draw, by parameter name
+    assert result.perturbations is not None
+    kept = result.perturbations[0]
+    assert sorted(kept) == sorted(names)
+    for n in names:
+        torch.testing.assert_close(kept[n].to(dtype), delta[n], rtol=tolerance, atol=tolerance)
+
+
+class _Exploding(nn.Module):
+    """A loss that is NaN when the first weight moves further than a threshold from 1."""
+
+    def __init__(self, threshold: float) -> None:
+        super().__init__()
+        self.threshold = threshold
+        self.w = nn.Parameter(torch.tensor([1.0, -0.5]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = x * self.w
+        moved = (self.w[0] - 1.0).abs() > self.threshold
+        return torch.where(moved, torch.full_like(logits, float("nan")),
+                           logits)
+
+
+def test_average_raises_on_one_nonfinite_draw_by_default_and_skips_it_on_request():
+    x, y = torch.ones(4, 2), torch.tensor([0, 1, 0, 1])
+    # rho * |N(0, 1)| above 0.5 in some but not all of 40 draws (|N(0, 1)| > 1: a third)
+    options = dict(measure="average", rho=0.5, samples=40, seed=0, progress=False)
+    with pytest.raises(NonFiniteLossError, match=r"batch 0: the perturbed loss is nan at draw "
+                                                 r"\d+ of 40; \d+ of 40 draws were not finite"
+                                                 r"\. The clean loss is finite") as err:
+        qs.sharpness(_Exploding(0.5), [(x, y)], **options)
+    assert "nonfinite='skip'" in str(err.value) and "No draw was finite" not in str(err.value)
+    bad = int(str(err.value).split("; ")[1].split(" of ")[0])
+    assert 0 < bad < 40
+    with pytest.warns(UserWarning, match=f"{bad} perturbed evaluation"):
+        skipped = qs.sharpness(_Exploding(0.5), [(x, y)], nonfinite="skip", **options)
+    assert skipped.nonfinite_evaluations == [bad]
+    with pytest.raises(NonFiniteLossError, match="No draw was finite") as err:
+        qs.sharpness(_Exploding(0.0), [(x, y)], nonfinite="skip", **options)
+    assert "nonfinite='skip'" not in str(err.value)
+
+
+# --------------------------------------------------------------------------- layer defaults
+class _Three(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.middle, self.last = nn.Linear(4, 5), nn.Linear(5, 6), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(torch.tanh(self.middle(torch.tanh(self.first(x)))))
+
+
+def test_relative_flatness_defaults_to_the_last_linear_layer():
+    x, y = _batch()
+    default = qs.sharpness(_Three(), [(x, y)], measure="relative_flatness", progress=False)
+    named = qs.sharpness(_Three(), [(x, y)], measure="relative_flatness", layer="last",
+                         progress=False)
+    middle = qs.sharpness(_Three(), [(x, y)], measure="relative_flatness", layer="middle",
+                          progress=False)
+    assert default.value == named.value and default.value != middle.value
+
+
+@pytest.mark.parametrize("layer, message", [
+    ("nope", "nope"),
+    ("act", "layer 'act' has no weight parameter"),
+])
+def test_a_bad_relative_flatness_layer_is_named(layer, message):
+    model = nn.Sequential()
+    model.add_module("lin", nn.Linear(4, 3))
+    model.add_module("act", nn.Tanh())
+    with pytest.raises(ValueError, match=message):
+        qs.sharpness(model, [_batch()], measure="relative_flatness", layer=layer,
+                     progress=False)
+
+
+def test_a_frozen_relative_flatness_layer_is_named():
+    model = _Three()
+    model.last.weight.requires_grad_(False)
+    with pytest.raises(ValueError, match="the weight of layer 'last' is frozen"):
+        qs.sharpness(model, [_batch()], measure="relative_flatness", layer="last",
+                     progress=False)
+
+
+def test_no_linear_layer_is_named():
+    class Scale(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(4, 3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.w
+
+    with pytest.raises(ValueError, match="the model has no trainable nn.Linear layer: pass "
+                                         "layer='module name'"):
+        qs.sharpness(Scale(), [_batch()], measure="relative_flatness", progress=False)
+
+
+def test_the_deprecated_builders_warn_and_build_their_replacements():
+    from quotientsharp.engine import measures, space
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plain = measures.plain_builder(None, 0.2, 2.0, True)
+        geodesic = measures.geodesic_builder(None, 0.3, "sym", "inv", 2, 0.01, 3, "mix", "exp")
+    assert [w.category for w in caught] == [DeprecationWarning, DeprecationWarning]
+    assert "plain_builder is deprecated: use quotientsharp.engine.space.PlainGeometry" in str(
+        caught[0].message)
+    assert ("geodesic_builder is deprecated: use quotientsharp.engine.space.GeodesicGeometry"
+            in str(caught[1].message))
+    assert plain == space.PlainGeometry(0.2, 2.0, True)
+    assert geodesic == space.GeodesicGeometry(0.3, "sym", "inv", 2, 0.01, 3, "mix", "exp")
+
+
+# ----------------------------------------------------------------- the solver: an independent APGD
+def _reference_checkpoints(n_iter: int) -> list[int]:
+    """``ceil(p_j N)`` for ``p_0 = 0, p_1 = 0.22, p_{j+1} = p_j + max(p_j - p_{j-1} - 0.03,
+    0.06)``, in exact fractions (Croce & Hein 2020)."""
+    from fractions import Fraction
+
+    marks, previous, current = [], Fraction(0), Fraction(22, 100)
+    while current <= 1:
+        w = -((-current * n_iter) // 1)
+        if w >= 1 and w not in marks:
+            marks.append(int(w))
+        previous, current = current, current + max(current - previous - Fraction(3, 100),
+                                                   Fraction(6, 100))
+    return marks
+
+
+def _reference_apgd(objective, x0: torch.Tensor, rho: float, n_iter: int, alpha: float,
+                    eta0: float) -> tuple[float, torch.Tensor, list[float]]:
+    """Auto-PGD in a Euclidean ball, written from its definition (one flat float64 vector)."""
+    def clip(v: torch.Tensor) -> torch.Tensor:
+        norm = float(v.norm())
+        return v if norm <= rho else v * (rho / norm)
+
+    def evaluate(v: torch.Tensor) -> tuple[float, torch.Tensor]:
+        loss, grad = objective(v)
+        return loss, grad / grad.norm()
+
+    x = prev = x0
+    current, d = evaluate(x)
+    best, best_x, best_d = current, x, d
+    eta, mark_eta, mark_best, increases, last = eta0, eta0, best, 0, 0
+    marks = [w for w in _reference_checkpoints(n_iter) if w < n_iter]
+    trace = [best]
+    for k in range(n_iter):
+        z = clip(x + eta * d)
+        new = z if k == 0 else clip(x + alpha * (z - x) + (1 - alpha) * (x - prev))
+        loss, new_d = evaluate(new)
+        increases += loss > current
+        if loss > best:
+            best, best_x, best_d = loss, new, new_d
+        trace.append(best)
+        prev, x, current, d = x, new, loss, new_d
+        if k + 1 in marks:
+            oscillating = increases < 0.75 * (k + 1 - last)
+            stalled = eta == mark_eta and best == mark_best
+            mark_eta, mark_best = eta, best
+            if oscillating or stalled:
+                eta /= 2
+                x = prev = best_x
+                d, current = best_d, best
+            increases, last = 0, k + 1
+    return best, best_x, trace
+
+
+def _wavy(shift: float):
+    """A smooth non-concave objective on R^12 with its gradient, as a tuple of two tensors
+    (shapes (3, 2) and (6,)), and the same objective on the flat vector."""
+    generator = torch.Generator().manual_seed(7)
+    matrix = torch.randn(9, 12, generator=generator, dtype=torch.float64)
+    offset = torch.randn(9, generator=generator, dtype=torch.float64) + shift
+
+    def flat(v: torch.Tensor) -> tuple[float, torch.Tensor]:
+        u = matrix @ v + offset
+        return float(torch.sin(3 * u).sum() + 0.5 * u.square().sum()), matrix.T @ (
+            3 * torch.cos(3 * u) + u)
+
+    def split(xi):
+        v = torch.cat([xi[0].reshape(-1), xi[1]])
+        loss, grad = flat(v)
+        return torch.tensor(loss, dtype=torch.float64), (grad[:6].reshape(3, 2), grad[6:])
+    return flat, split
+
+
+@pytest.mark.parametrize("n_iter, alpha, shift, rho", [
+    (20, 0.75, 0.0, 0.7), (9, 0.5, 1.0, 1.3), (33, 1.0, -0.5, 0.4), (14, 0.75, 0.3, 2.5)])
+@pytest.mark.parametrize("host_decisions", [True, False])
+def test_ascend_follows_auto_pgd_step_by_step(n_iter, alpha, shift, rho, host_decisions):
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+    from quotientsharp.engine.solver import ascend
+
+    base = (torch.ones(3, 2, dtype=torch.float64), torch.ones(6, dtype=torch.float64))
+    ball = GeodesicBall(AdaptiveQuotient.of(base, "euclidean").frozen_point(base), rho)
+    flat, split = _wavy(shift)
+    outcome = ascend(ball, split, AscentSettings(n_iter=n_iter, alpha=alpha),
+                     host_decisions=host_decisions)
+    best, best_x, trace = _reference_apgd(flat, torch.zeros(12, dtype=torch.float64), rho,
+                                          n_iter, alpha, 2 * rho)
+    assert outcome.trace is not None
+    torch.testing.assert_close(outcome.trace, torch.tensor(trace, dtype=torch.float64),
+                               rtol=1e-10, atol=1e-12)
+    assert float(outcome.loss) == pytest.approx(best, rel=1e-12)
+    torch.testing.assert_close(torch.cat([outcome.xi[0].reshape(-1), outcome.xi[1]]), best_x,
+                               rtol=1e-10, atol=1e-12)
+    # the contracts: the best iterate lies in the ball, and its loss is the reported one
+    assert float(ball.norm(outcome.xi)) <= rho * (1 + 1e-12)
+    assert float(split(outcome.xi)[0]) == pytest.approx(float(outcome.loss), rel=1e-12)
+    assert float(outcome.start_loss) == pytest.approx(flat(torch.zeros(12,
+                                                                       dtype=torch.float64))[0])
+
+
+@pytest.mark.parametrize("random_init, restarts", [(True, 0), (False, 2), (True, 3)])
+def test_restarts_keep_the_best_run_and_a_monotone_trace(random_init, restarts):
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+    from quotientsharp.engine.solver import ascend
+
+    base = (torch.ones(3, 2, dtype=torch.float64), torch.ones(6, dtype=torch.float64))
+    rho, n_iter = 0.9, 7
+    ball = GeodesicBall(AdaptiveQuotient.of(base, "euclidean").frozen_point(base), rho)
+    flat, split = _wavy(0.2)
+    generator = torch.Generator().manual_seed(3)
+    settings = AscentSettings(n_iter=n_iter, random_init=random_init, restarts=restarts)
+    outcome = ascend(ball, split, settings, generator)
+    runs = [float(r) for r in outcome.run_losses]
+    assert len(runs) == restarts + 1
+    assert float(outcome.loss) == max(runs)
+    assert outcome.trace is not None and outcome.trace.shape == ((restarts + 1) * (n_iter + 1),)
+    steps = outcome.trace.diff()
+    assert bool((steps >= 0).all()) and float(outcome.trace[-1]) == float(outcome.loss)
+    # every run's own best appears in the trace by the end of that run
+    for r, value in enumerate(runs):
+        assert float(outcome.trace[(r + 1) * (n_iter + 1) - 1]) >= value
+    assert float(ball.norm(outcome.xi)) <= rho * (1 + 1e-12)
+    assert float(split(outcome.xi)[0]) == pytest.approx(float(outcome.loss), rel=1e-12)
+    # a random first start is not the origin, a start at the origin is
+    start = flat(torch.zeros(12, dtype=torch.float64))[0]
+    assert (float(outcome.start_loss) == pytest.approx(start)) != random_init
+
+
+# ------------------------------------------------------------------ the trust region's contracts
+def _gl_ball(metric: str, dtype: torch.dtype, seed: int, rho, problem_shape=()):
+    from quotientsharp.core.gl import GLQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+
+    quotient = GLQuotient(metric, n=5, m=4, h=3)
+    generator = torch.Generator().manual_seed(seed)
+    x = quotient.random_point(generator=generator, dtype=dtype)
+    frozen = quotient.at(x)
+    return quotient, x, frozen, GeodesicBall(frozen, rho, problem_shape=problem_shape), generator
+
+
+def _metric_norm(quotient, x, u) -> torch.Tensor:
+    return quotient.inner(x, u, u).sqrt()
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix", "euclidean"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_clip_rescales_radially_onto_the_sphere_and_keeps_the_inside(metric, dtype, seed):
+    from quotientsharp.engine.decisions import ON_DEVICE, decisions_for
+
+    rho = 0.4
+    quotient, x, frozen, ball, generator = _gl_ball(metric, dtype, seed, rho)
+    u = quotient.random_tangent(x, generator=generator)          # unit, horizontal
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    host = decisions_for(torch.zeros((), dtype=dtype), True)
+    for scale in (3.0, 0.5, 1.0):          # outside, inside, on the sphere (rho = 0.4)
+        v = tuple(scale * rho * t for t in u)
+        for decisions in (ON_DEVICE, host):
+            clipped = ball.clip(v, decisions)
+            factor = min(1.0, 1.0 / scale)
+            for c, t in zip(clipped, v, strict=True):
+                torch.testing.assert_close(c, factor * t, rtol=tol, atol=tol)
+            assert float(_metric_norm(quotient, x, clipped)) == pytest.approx(
+                min(scale, 1.0) * rho, rel=tol)
+    # project: the horizontal part of a vector with a vertical component, then the rescale
+    noise = tuple(torch.randn(t.shape, generator=generator, dtype=dtype) for t in x)
+    vertical = frozen.vertical_projection(noise)
+    projected = ball.project(tuple(3 * rho * a + b for a, b in zip(u, vertical, strict=True)))
+    for p, a in zip(projected, u, strict=True):
+        torch.testing.assert_close(p, rho * a, rtol=10 * tol, atol=10 * tol)
+    assert ball.norm(projected).dtype == dtype
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+def test_direction_is_the_unit_riemannian_gradient(metric):
+    quotient, x, frozen, ball, generator = _gl_ball(metric, torch.float64, 4, 0.3)
+    egrad = tuple(torch.randn(t.shape, generator=generator, dtype=torch.float64) for t in x)
+    d = ball.direction(egrad)
+    assert float(ball.norm(d)) == pytest.approx(1.0, rel=1e-12)
+    # <d, v>_x = <egrad, v>_E / ||grad|| for every horizontal v: the gradient's defining property
+    norm = float(frozen.norm(frozen.riemannian_gradient(egrad)))
+    for _ in range(3):
+        v = quotient.random_tangent(x, generator=generator)
+        euclidean = sum(float((e * t).sum()) for e, t in zip(egrad, v, strict=True))
+        assert float(quotient.inner(x, d, v)) == pytest.approx(euclidean / norm, rel=1e-9,
+                                                               abs=1e-12)
+    assert float(ball.norm(ball.direction(tuple(torch.zeros_like(t) for t in x)))) == 0.0
+
+
+def test_random_starts_are_horizontal_inside_the_ball_with_uniform_radius():
+    rho = 0.7
+    quotient, x, frozen, ball, generator = _gl_ball("mix", torch.float64, 5, rho)
+    radii = []
+    for _ in range(400):
+        start = ball.random_start(generator)
+        radii.append(float(ball.norm(start)))
+        assert all(s.shape == t.shape for s, t in zip(start, x, strict=True))
+    vertical = frozen.vertical_projection(start)
+    assert sum(float(v.abs().max()) for v in vertical) < 1e-10
+    radii_t = torch.tensor(radii) / rho
+    assert float(radii_t.max()) <= 1 + 1e-12 and float(radii_t.min()) >= 0
+    # U(0, 1): mean 1/2 and variance 1/12, checked within five standard errors
+    assert abs(float(radii_t.mean()) - 0.5) < 5 * (1 / 12 / 400) ** 0.5
+    assert float((radii_t < 0.5).float().mean()) == pytest.approx(0.5, abs=0.13)
+
+
+def test_a_batch_of_problems_is_clipped_and_started_problem_by_problem():
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+
+    base = (torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64),)
+    frozen = AdaptiveQuotient.of(base, "adaptive").frozen_point(base)
+    radius = torch.tensor([0.1, 1.0, 10.0], dtype=torch.float64)
+    ball = GeodesicBall(frozen, radius, problem_shape=(3,))
+    zeros = ball.zeros()
+    assert zeros[0].shape == (3, 3) and not zeros[0].any()
+    xi = (torch.tensor([[0.3, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]],
+                       dtype=torch.float64),)
+    # adaptive norms ||xi / |w| ||: 0.3, 0.5 and 2, against radii 0.1, 1 and 10
+    clipped = ball.clip(xi)[0]
+    torch.testing.assert_close(clipped, torch.stack([xi[0][0] / 3, xi[0][1], xi[0][2]]))
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        norms = ball.norm(ball.random_start(generator))
+        assert norms.shape == (3,) and bool((norms <= radius * (1 + 1e-12)).all())
+
+
+def test_the_box_clamps_signs_and_measures_in_scaled_units():
+    from quotientsharp.engine.ball import BoxGeometry
+
+    base = (torch.tensor([1.0, -2.0, 0.0]), torch.tensor([[3.0]]))
+    scale = (base[0].abs(), torch.ones(1, 1))
+    box = BoxGeometry(base, scale, 0.5)
+    xi = (torch.tensor([2.0, -0.4, 5.0]), torch.tensor([[-0.7]]))
+    expected = (torch.tensor([0.5, -0.4, 0.0]), torch.tensor([[-0.5]]))
+    for got, want in zip(box.clip(xi), expected, strict=True):
+        torch.testing.assert_close(got, want)
+    for got, want in zip(box.point(xi), (base[0] + xi[0], base[1] + xi[1]), strict=True):
+        torch.testing.assert_close(got, want)
+    direction = box.direction((torch.tensor([-3.0, 2.0, 1.0]), torch.tensor([[-1e-9]])))
+    torch.testing.assert_close(direction[0], torch.tensor([-1.0, 2.0, 0.0]))
+    torch.testing.assert_close(direction[1], torch.tensor([[-1.0]]))
+    # |xi / c| largest entry; a c = 0 coordinate counts 0 (it cannot move)
+    torch.testing.assert_close(box.block_norms(xi)["total"], torch.tensor(2.0))
+    generator = torch.Generator().manual_seed(1)
+    draws = torch.stack([box.random_start(generator)[0] for _ in range(300)])
+    assert bool((draws[:, 0].abs() <= 0.5).all()) and bool((draws[:, 1].abs() <= 1.0).all())
+    assert not draws[:, 2].any()
+    assert float(draws[:, 0].min()) < -0.4 and float(draws[:, 0].max()) > 0.4
+    assert all(not z.any() and z.shape == b.shape for z, b in zip(box.zeros(), base,
+                                                                  strict=True))
+    with pytest.raises(ValueError, match="no coordinates to perturb"):
+        BoxGeometry((), (), 0.5)
+
+
+def test_validate_checks_the_largest_radius_of_a_batch():
+    from quotientsharp.core.diagonal import DiagonalQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+
+    quotient = DiagonalQuotient("mix", d=4)
+    x = quotient.random_point(generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    frozen = quotient.at(x)
+    limit = float((x[0] * x[1]).abs().min()) / 2 ** 0.5      # min |u v| / sqrt(2)
+    GeodesicBall(frozen, torch.tensor([0.1, 0.5]) * limit, "exact", problem_shape=(2,)).validate()
+    with pytest.raises(ValueError, match=r"order='exact' with the mix metric: rho=") as err:
+        GeodesicBall(frozen, torch.tensor([0.1, 2.0]) * limit, "exact",
+                     problem_shape=(2,)).validate()
+    assert f"rho={2 * limit:g}" in str(err.value)
+
+
+def test_block_norms_of_a_plain_ball_are_its_total_norm():
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+
+    base = (torch.tensor([1.0, -2.0]), torch.tensor([[4.0]]))
+    ball = GeodesicBall(AdaptiveQuotient.of(base, "adaptive").frozen_point(base), 1.0)
+    norms = ball.block_norms((torch.tensor([3.0, 0.0]), torch.tensor([[16.0]])))
+    assert list(norms) == ["total"]
+    torch.testing.assert_close(norms["total"], torch.tensor(5.0))     # |(3 / 1, 16 / 4)|
+
+
+def test_the_ball_point_uses_its_order_and_steps():
+    quotient, x, frozen, _, generator = _gl_ball("inv", torch.float64, 6, 1.0)
+    from quotientsharp.engine.ball import GeodesicBall
+
+    u = tuple(0.8 * t for t in quotient.random_tangent(x, generator=generator))
+    coarse = GeodesicBall(frozen, 1.0, "exact", steps=1).point(u)
+    fine = GeodesicBall(frozen, 1.0, "exact", steps=64).point(u)
+    straight = GeodesicBall(frozen, 1.0, 1).point(u)
+    for c, f, s, w, d in zip(coarse, fine, straight, x, u, strict=True):
+        torch.testing.assert_close(s, w + d)
+        assert float((c - f).abs().max()) > 1e-8          # one RK4 step is not 64
+    torch.testing.assert_close(fine[0], frozen.geodesic(u, 1.0, "exact", 64)[0])
+
+
+def test_skip_nonfinite_never_keeps_a_nonfinite_step():
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+    from quotientsharp.engine.solver import ascend
+
+    base = (torch.zeros(2, dtype=torch.float64),)
+    ball = GeodesicBall(AdaptiveQuotient.of(base, "euclidean").frozen_point(base), 1.0)
+
+    def objective(xi):
+        v = xi[0]
+        # increases along the first axis; NaN past 0.5 (the finite maximum is 0.5 on the ray)
+        loss = torch.where(v[0] > 0.5, torch.tensor(float("nan"), dtype=v.dtype), v[0])
+        return loss, (torch.tensor([1.0, 0.0], dtype=v.dtype),)
+
+    for skip in (True, False):
+        outcome = ascend(ball, objective, AscentSettings(n_iter=12), skip_nonfinite=skip)
+        assert outcome.nonfinite_count is not None and int(outcome.nonfinite_count) > 0
+        assert int(outcome.nonfinite_at[0]) == 1          # the first step, to xi = (1, 0)
+        assert torch.isnan(outcome.nonfinite_loss[0])
+        if skip:
+            assert 0 < float(outcome.loss) <= 0.5
+            assert torch.isfinite(outcome.trace).all()
+
+
+def test_a_handed_over_evaluation_is_taken_once():
+    from quotientsharp.engine.solver import HandedOver
+
+    pair = HandedOver(torch.tensor(1.0), (torch.ones(2),))
+    loss, gradient = pair.take()
+    assert float(loss) == 1.0 and gradient[0].shape == (2,)
+    with pytest.raises(ValueError, match="this HandedOver evaluation was taken already"):
+        pair.take()
+
+
+def test_the_deprecated_solver_names_warn_and_answer_as_before():
+    from quotientsharp.engine import solver
+
+    with pytest.warns(DeprecationWarning, match="HOST_DECISIONS_ON_CPU is deprecated and has no "
+                                                "effect: pass host_decisions=False"):
+        assert solver.HOST_DECISIONS_ON_CPU is True
+    with pytest.warns(DeprecationWarning, match="host_decides is deprecated"):
+        assert solver.host_decides(torch.tensor(1.0)) is True
+        assert solver.host_decides(torch.ones(2)) is False
+    with pytest.raises(AttributeError, match="has no attribute 'NO_SUCH_NAME'"):
+        _ = solver.NO_SUCH_NAME
+
+
+@pytest.mark.parametrize("host_decisions", [True, False])
+def test_a_batch_of_problems_is_solved_as_if_each_were_alone(host_decisions):
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+    from quotientsharp.engine.solver import ascend
+
+    shifts, radii, n_iter = (0.0, 1.0, -0.5), (0.7, 1.3, 0.4), 16
+    problems = [_wavy(s)[0] for s in shifts]
+    base = (torch.zeros(12, dtype=torch.float64),)
+    frozen = AdaptiveQuotient.of(base, "euclidean").frozen_point(base)
+    ball = GeodesicBall(frozen, torch.tensor(radii, dtype=torch.float64), problem_shape=(3,))
+
+    def objective(xi):
+        pairs = [f(v) for f, v in zip(problems, xi[0], strict=True)]
+        return (torch.tensor([p[0] for p in pairs], dtype=torch.float64),
+                (torch.stack([p[1] for p in pairs]),))
+
+    outcome = ascend(ball, objective, AscentSettings(n_iter=n_iter),
+                     host_decisions=host_decisions)
+    assert outcome.trace is not None and outcome.trace.shape == (n_iter + 1, 3)
+    for i, (flat, rho) in enumerate(zip(problems, radii, strict=True)):
+        best, best_x, trace = _reference_apgd(flat, torch.zeros(12, dtype=torch.float64), rho,
+                                              n_iter, 0.75, 2 * rho)
+        torch.testing.assert_close(outcome.trace[:, i], torch.tensor(trace, dtype=torch.float64),
+                                   rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(outcome.xi[0][i], best_x, rtol=1e-10, atol=1e-12)
+
+
+def test_a_nonfinite_start_is_recorded_at_evaluation_zero():
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+    from quotientsharp.engine.solver import ascend
+
+    base = (torch.zeros(2, dtype=torch.float64),)
+    ball = GeodesicBall(AdaptiveQuotient.of(base, "euclidean").frozen_point(base), 1.0)
+
+    def objective(xi):
+        v = xi[0]
+        # inf at the start, NaN past 0.9 (where the first step lands), finite in between
+        loss = torch.where(v.abs().sum() == 0, torch.tensor(float("inf"), dtype=v.dtype),
+                           torch.where(v[0] > 0.9, torch.tensor(float("nan"), dtype=v.dtype),
+                                       v[0]))
+        return loss, (torch.tensor([1.0, 0.0], dtype=v.dtype),)
+
+    outcome = ascend(ball, objective, AscentSettings(n_iter=6), skip_nonfinite=True)
+    assert outcome.nonfinite_at[0].dtype == torch.int64
+    assert outcome.nonfinite_count is not None and outcome.nonfinite_count.dtype == torch.int64
+    assert int(outcome.nonfinite_at[0]) == 0 and int(outcome.nonfinite_count) >= 2
+    assert float(outcome.nonfinite_loss[0]) == float("inf")       # the first, not the NaN
+    assert 0 < float(outcome.loss) <= 0.9
+
+
+def test_checkpoints_follow_their_definition():
+    from quotientsharp.engine.solver import checkpoints
+
+    for n_iter in range(1, 160):
+        assert checkpoints(n_iter) == _reference_checkpoints(n_iter), n_iter
+
+
+def test_zeros_have_the_points_batch_shape_and_draws_follow_the_generator():
+    from quotientsharp.core.gl import GLQuotient
+    from quotientsharp.engine.ball import BoxGeometry, GeodesicBall
+
+    quotient = GLQuotient("mix", n=5, m=4, h=3)
+    x = quotient.random_point((2,), generator=torch.Generator().manual_seed(8),
+                              dtype=torch.float64)
+    ball = GeodesicBall(quotient.at(x), 0.5)
+    assert [z.shape for z in ball.zeros()] == [t.shape for t in x]
+    assert all(z.dtype == torch.float64 and not z.any() for z in ball.zeros())
+    box = BoxGeometry(x, tuple(t.abs() for t in x), 0.5)
+    for geometry in (ball, box):
+        first = geometry.random_start(torch.Generator().manual_seed(3))
+        again = geometry.random_start(torch.Generator().manual_seed(3))
+        other = geometry.random_start(torch.Generator().manual_seed(4))
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+        assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
+        assert all(f.dtype == torch.float64 for f in first)
