@@ -91,9 +91,11 @@ class AscentGeometry(Protocol):
         """The start ``xi = 0``."""
         ...
 
-    def clip(self, xi: Sequence[torch.Tensor], decisions: Decisions = ON_DEVICE) -> Tensors:
+    def clip(self, xi: Sequence[torch.Tensor], decisions: Decisions = ON_DEVICE,
+             fresh: bool = False) -> Tensors:
         """Bring a horizontal ``xi`` into the ball (``P_S`` restricted to horizontal vectors);
-        ``decisions`` says whether a rescale by exactly 1 may be skipped (:mod:`.decisions`)."""
+        ``decisions`` says whether a rescale by exactly 1 may be skipped (:mod:`.decisions`);
+        ``fresh``: nothing else references ``xi``, so it may be rescaled in place."""
         ...
 
     def direction(self, egrad: Sequence[torch.Tensor]) -> Tensors:
@@ -213,7 +215,12 @@ def gradient_step(xi: Sequence[torch.Tensor], direction: Sequence[torch.Tensor],
                   eta: torch.Tensor) -> Tensors:
     """``xi + eta d`` (before ``P_S``); ``eta`` 0-dim, or ``shape=P`` with one step per problem."""
     factor = eta if eta.dim() == 0 else [lift(eta, x) for x in xi]
-    return T.fused_add(xi, T.fused_mul(direction, factor))
+    # eta d + xi, summed into the fresh product: the same sums as xi + eta d, bit for bit, with
+    # one parameter-sized tuple allocated instead of two
+    step = T.fused_mul(direction, factor)
+    if step:
+        torch._foreach_add_(list(step), list(xi))
+    return step
 
 
 def momentum_step(xi: Sequence[torch.Tensor], z: Sequence[torch.Tensor],
@@ -316,10 +323,12 @@ class _Run:
         forward+backward, whose peak they would otherwise raise by two tangent-sized tuples.
         """
         clip, decide = self.geometry.clip, self.decide
-        z = clip(gradient_step(self.xi, self.direction, self.eta), decide)
+        # both steps return new tuples that nothing else references: rescaled in place
+        z = clip(gradient_step(self.xi, self.direction, self.eta), decide, fresh=True)
         previous = self.previous
         self.direction = self.previous = ()
-        return z if k == 0 else clip(momentum_step(self.xi, z, previous, alpha), decide)
+        return z if k == 0 else clip(momentum_step(self.xi, z, previous, alpha), decide,
+                                     fresh=True)
 
     def accept(self, new: Tensors, new_loss: torch.Tensor, new_direction: Tensors,
                evaluation: int) -> None:

@@ -81,10 +81,11 @@ class MixPoint(GLPoint):
         if v is None:
             # the h x h products first: four products with the factors' n rows instead of five
             # (this runs, with its backward, at every step of an order-2 ascent)
-            return (u[0] @ (moved(u[1], H) @ self.inverse_h)
-                    - G @ ((u[1].mT @ u[1]) @ self.inverse_h),
-                    u[1] @ (moved(u[0], G) @ self.inverse_g)
-                    - H @ ((u[0].mT @ u[0]) @ self.inverse_g))
+            # (the difference is written into the first product, which is new)
+            return ((u[0] @ (moved(u[1], H) @ self.inverse_h))
+                    .sub_(G @ ((u[1].mT @ u[1]) @ self.inverse_h)),
+                    (u[1] @ (moved(u[0], G) @ self.inverse_g))
+                    .sub_(H @ ((u[0].mT @ u[0]) @ self.inverse_g)))
         return ((0.5 * (u[0] @ moved(v[1], H) + v[0] @ moved(u[1], H))
                  - G @ symmetric_part(u[1].mT @ v[1])) @ self.inverse_h,
                 (0.5 * (u[1] @ moved(v[0], G) + v[1] @ moved(u[0], G))
