@@ -30,6 +30,9 @@ Rows (targets in brackets):
    iteration over one plain forward+backward [adaptive <= 1.15x, geodesic mix and inv
    <= 1.25x], the setup of one call [<= 3 forward+backwards] and the peak memory beyond the
    forward+backward [<= 4x the parameter bytes]. Needs the ``pretrained`` extra.
+8. a BERT-base-sized model built from its config (109M parameters, 12 heads of 64;
+   ``benchmarks/bert_base.py``) at 8 x 32 tokens: one ascent iteration over one plain
+   forward+backward [adaptive <= 1.10x, geodesic mix and inv <= 1.20x] and the setup.
 
 Nothing is asserted about absolute times; ``--quick`` shrinks every size (for the smoke test).
 On CPU the default is one intra-op thread and the process CPU time as clock (stable ratios on a
@@ -72,7 +75,7 @@ from quotientsharp import reference, value_checks  # noqa: E402
 from quotientsharp.engine.decisions import decisions_for  # noqa: E402
 from quotientsharp.engine.solver import gradient_step, momentum_step  # noqa: E402
 
-ROWS = (1, 2, 3, 4, 5, 6, 7)
+ROWS = (1, 2, 3, 4, 5, 6, 7, 8)
 
 
 # ---------------------------------------------------------------------------- configuration
@@ -124,6 +127,11 @@ class Sizes:
     minilm_iters: tuple[int, int] = (2, 10)
     minilm_repeats: int = 3
     minilm_memory: bool = True
+    # row 8 (empty: BERT-base's own shape, benchmarks/bert_base.py)
+    base_shape: tuple[tuple[str, int], ...] = ()
+    base_batches: tuple[tuple[int, int], ...] = ((8, 32),)
+    base_iters: tuple[int, int] = (1, 4)
+    base_repeats: int = 3
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -137,7 +145,9 @@ class Sizes:
                    transformer_layers=1, transformer_tokens=8, transformer_batch=4,
                    family_repeats=2, family_iters=3,
                    minilm_shapes=((2, 8),), minilm_iters=(1, 2), minilm_repeats=1,
-                   minilm_memory=False)
+                   minilm_memory=False,
+                   base_shape=(("hidden", 32), ("layers", 1), ("heads", 2), ("vocab", 100)),
+                   base_batches=((2, 8),), base_iters=(1, 2), base_repeats=1)
 
 
 @dataclass
@@ -361,8 +371,8 @@ def _step_parts(ctx: Context, options: dict[str, Any],
         # the geometry of one solver step (solver._Run.proposal): P_S of a horizontal vector
         # (clip) after the gradient step and after the momentum step, the point with the
         # backward through it, and the next direction
-        z = geometry.clip(gradient_step(xi, direction, eta_tensor), decide)
-        new = geometry.clip(momentum_step(xi, z, previous, alpha), decide)
+        z = geometry.clip(gradient_step(xi, direction, eta_tensor), decide, fresh=True)
+        new = geometry.clip(momentum_step(xi, z, previous, alpha), decide, fresh=True)
         leaves = tuple(t.detach().requires_grad_(True) for t in new)
         with torch.enable_grad():
             moved = geometry.point(leaves)
@@ -734,8 +744,39 @@ def _profile_minilm(ctx: Context, model, batch, shape: str) -> None:
         handle.write("\n".join(lines) + "\n")
 
 
+# ---------------------------------------------------------------------------- row 8
+def row_bert_base(ctx: Context) -> Row:
+    import bert_base
+    import minilm
+
+    s = ctx.sizes
+    shape = dict(s.base_shape)
+    figures: list[Figure] = []
+    details: dict[str, Any] = {"model": "BertForSequenceClassification from a BERT-base "
+                               "config (random, eager attention, float32)",
+                               "shape": {**bert_base.BASE, **shape},
+                               "n_iter": list(s.base_iters), "batches": {}}
+    for sentences, tokens in s.base_batches:
+        model = bert_base.load(ctx.device, tokens, shape)
+        details["parameters"] = sum(p.numel() for p in model.parameters())
+        batch = bert_base.make_batch(sentences, tokens, ctx.device, shape)
+        measured = minilm.measure(model, batch, ctx.device, s.base_repeats, s.base_iters,
+                                  memory=False)
+        label = f"{sentences}x{tokens}"
+        details["batches"][label] = measured
+        for name, value in measured["per_iteration_over_forward_backward"].items():
+            figures.append(Figure(f"{label}: {name} iteration / fwd+bwd", value,
+                                  bert_base.TARGETS[name], "<="))
+        figures.append(Figure(f"{label}: setup / fwd+bwd (worst measure)",
+                              max(measured["setup_over_forward_backward"].values()),
+                              minilm.SETUP_TARGET, "<="))
+    return Row(8, "BERT-base-sized model from its config: cost of the ascent", figures,
+               details)
+
+
 ROW_FUNCTIONS = {1: row_ascent_cost, 2: row_geometry_share, 3: row_closed_forms,
-                 4: row_families, 5: row_memory, 6: row_inplace, 7: row_minilm}
+                 4: row_families, 5: row_memory, 6: row_inplace, 7: row_minilm,
+                 8: row_bert_base}
 
 
 # ---------------------------------------------------------------------------- output

@@ -64,6 +64,8 @@ class GeodesicBall:
         self.order = order
         self.steps = int(steps)
         self.problem_shape = tuple(int(s) for s in problem_shape)
+        #: :meth:`direction` returns new tensors: the solver may overwrite them
+        self.new_directions = True
         self.dtype = self.base[0].dtype
         self.device = self.base[0].device
 
@@ -187,6 +189,8 @@ class BoxGeometry:
         self.scale = tuple(scale)
         self.radius = float(radius)
         self.order = 1
+        #: :meth:`direction` returns new tensors (``c * sign(g)``): the solver may overwrite them
+        self.new_directions = True
         self.dtype = self.base[0].dtype
         self.device = self.base[0].device
         self._bounds = tuple(self.radius * c for c in self.scale)
