@@ -47,8 +47,10 @@ class InvPoint(GLPoint):
     def squared_norm(self, u: Tensors) -> torch.Tensor:
         # ||u_G E^{-T}||^2 + ||u_H F^{-T}||^2 with S_G = E E^T, S_H = F F^T: a sum of squares,
         # accurate to rounding however ill-conditioned S is, unlike u S^{-1} u^T summed
-        return ((u[0] @ self.inverse_factor_g.mT).square().sum((-2, -1))
-                + (u[1] @ self.inverse_factor_h.mT).square().sum((-2, -1)))
+        # (the Frobenius norm of each product, squared: no second factor-sized tensor)
+        return (torch.linalg.vector_norm(u[0] @ self.inverse_factor_g.mT, dim=(-2, -1)).square()
+                + torch.linalg.vector_norm(u[1] @ self.inverse_factor_h.mT,
+                                           dim=(-2, -1)).square())
 
     def moment(self, u: Tensors) -> torch.Tensor:
         G, H = self.x

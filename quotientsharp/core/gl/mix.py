@@ -40,8 +40,9 @@ class MixPoint(GLPoint):
         # ||u_G F||^2 + ||u_H E||^2 with S_H = F F^T, S_G = E E^T: a sum of squares, accurate to
         # rounding however ill-conditioned S is (u S u^T summed cancels), so a vector rescaled
         # onto the sphere is on it to rounding
-        return ((u[0] @ self.cholesky_h).square().sum((-2, -1))
-                + (u[1] @ self.cholesky_g).square().sum((-2, -1)))
+        # (the Frobenius norm of each product, squared: no second factor-sized tensor)
+        return (torch.linalg.vector_norm(u[0] @ self.cholesky_h, dim=(-2, -1)).square()
+                + torch.linalg.vector_norm(u[1] @ self.cholesky_g, dim=(-2, -1)).square())
 
     def moment(self, u: Tensors) -> torch.Tensor:
         G, H = self.x
