@@ -107,12 +107,13 @@ class InvPoint(GLPoint):
         G, H = self.x
         if v is None:
             # Gamma(u, u): the two halves of the polarisation coincide. The h x h products come
-            # first and G S_G^{-1} is cached, so only four products have the factors' n rows
-            # (this runs, with its backward, at every step of an order-2 ascent)
-            # -a + b as b - a, written into the product b (new): no pass negating u
-            scaled_g, scaled_h = self.scaled_factors
-            return ((scaled_g @ (u[0].mT @ u[0])).sub_(u[0] @ (self.inverse_g @ moved(u[0], G))),
-                    (scaled_h @ (u[1].mT @ u[1])).sub_(u[1] @ (self.inverse_h @ moved(u[1], H))))
+            # first (G (S_G^{-1} u^T u), no cached n x h factor), so only four products have the
+            # factors' n rows (this runs, with its backward, at every step of an order-2
+            # ascent); -a + b as b - a, written into the product b (new): no pass negating u
+            return ((G @ (self.inverse_g @ (u[0].mT @ u[0])))
+                    .sub_(u[0] @ (self.inverse_g @ moved(u[0], G))),
+                    (H @ (self.inverse_h @ (u[1].mT @ u[1])))
+                    .sub_(u[1] @ (self.inverse_h @ moved(u[1], H))))
         gammas = []
         for i, (factor, inverse) in enumerate(((G, self.inverse_g), (H, self.inverse_h))):
             gammas.append(-0.5 * ((u[i] @ inverse) @ moved(v[i], factor)
