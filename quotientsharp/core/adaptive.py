@@ -54,6 +54,8 @@ class AdaptivePoint(ClosedFormPoint):
     rather than a second copy of each formula.
     """
 
+    new_gradients = True
+
     #: Whether the scale is ``c = 1`` (the Euclidean metric) rather than ``c = |w|``.
     unit: ClassVar[bool] = False
 

@@ -63,6 +63,11 @@ class FrozenPoint:
         ``shape=[*batch, ...]`` each).
     """
 
+    #: Whether :meth:`riemannian_gradient` returns tensors made by the call (or the gradient's
+    #: own), never a tensor the point keeps: the caller may then overwrite them in place. The
+    #: built-in closed forms say so; a user's frozen point is not assumed to.
+    new_gradients: bool = False
+
     def __init__(self, quotient: SymmetryQuotient, x: Sequence[torch.Tensor]) -> None:
         self.quotient = quotient
         self.x: Tensors = tuple(x)
@@ -129,7 +134,11 @@ class FrozenPoint:
             return T.axpy(t, u, self.x, self.point_ndims)
         if order == 2:
             gamma = self.christoffel(u)
-            return tuple(a + t * b - 0.5 * t * t * c
+            # x + t u - (t^2 / 2) Gamma, with the subtraction written into the new sum: one
+            # tensor allocated per component instead of four (t u is skipped at t = 1, where
+            # it is u exactly; at t = 1 the scaled subtraction is bit for bit the same)
+            half = 0.5 * t * t
+            return tuple((a + b if t == 1.0 else a + t * b).sub_(c, alpha=half)
                          for a, b, c in zip(self.x, u, gamma, strict=True))
         return self.geodesic_exact(u, t, steps)
 

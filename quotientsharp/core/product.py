@@ -55,6 +55,7 @@ class ProductPoint(ClosedFormPoint):
                                                                  strict=True)]
         self.folded = quotient.folded
         self.names = quotient.names
+        self.new_gradients = all(frozen.new_gradients for frozen in self.factors)
 
     def split(self, u: Sequence[torch.Tensor]) -> list[Tensors]:
         return self.quotient.split(u)

@@ -64,6 +64,8 @@ class GeodesicBall:
         self.order = order
         self.steps = int(steps)
         self.problem_shape = tuple(int(s) for s in problem_shape)
+        #: :meth:`direction` returns new tensors: the solver may overwrite them
+        self.new_directions = True
         self.dtype = self.base[0].dtype
         self.device = self.base[0].device
 
@@ -99,7 +101,17 @@ class GeodesicBall:
         named = getattr(self.frozen, "named_norms", None)
         return named(tuple(xi)) if named is not None else {"total": self.norm(xi)}
 
-    def _scale(self, xi: Sequence[torch.Tensor], factor: torch.Tensor) -> Tensors:
+    def _scale(self, xi: Sequence[torch.Tensor], factor: torch.Tensor,
+               fresh: bool = False) -> Tensors:
+        """``xi`` times ``factor`` (``shape=problem_shape``); in place where ``fresh``."""
+        if fresh:
+            # the same products written into xi: no parameter-sized allocation
+            if factor.dim() == 0:
+                torch._foreach_mul_(list(xi), factor)
+            else:
+                for t in xi:
+                    t.mul_(lift(factor, t))
+            return tuple(xi)
         if factor.dim() == 0:
             return T.fused_mul(tuple(xi), factor)
         return tuple(lift(factor, t) * t for t in xi)
@@ -111,18 +123,21 @@ class GeodesicBall:
                                     self.steps)
 
     # ------------------------------------------------------------------ solver interface
-    def clip(self, xi: Sequence[torch.Tensor], decisions: Decisions = ON_DEVICE) -> Tensors:
+    def clip(self, xi: Sequence[torch.Tensor], decisions: Decisions = ON_DEVICE,
+             fresh: bool = False) -> Tensors:
         """``P_S`` of a vector that is horizontal already: the radial rescale into the ball.
 
         With ``decisions`` on the host (:mod:`.decisions`) a rescale by exactly 1 (``xi``
         inside the ball) is skipped, where the test is free; the values are the same.
+        ``fresh``: the caller made ``xi`` and holds no other reference to it, so it is
+        rescaled in place (same values, no new parameter-sized tuple).
         """
         norm = self.norm(xi)
         factor = (self.radius / norm.clamp_min(torch.finfo(norm.dtype).tiny)).clamp(max=1.0)
         if (decisions.skips_unit_rescale and factor.dim() == 0
                 and factor.device.type == "cpu" and bool(factor == 1.0)):
             return tuple(xi)
-        return self._scale(xi, factor)
+        return self._scale(xi, factor, fresh)
 
     def project(self, xi: Sequence[torch.Tensor]) -> Tensors:
         """``P_S``: horizontal projection, then the radial rescale."""
@@ -132,9 +147,21 @@ class GeodesicBall:
         """The Riemannian gradient (raised, then projected) normalised by its norm."""
         rgrad = self.frozen.riemannian_gradient(tuple(egrad))
         norm = self.norm(rgrad).clamp_min(torch.finfo(self.dtype).tiny)
+        # the gradient's new tensors are divided in place (same values, no new tuple); one
+        # that is the gradient's own tensor or a view is divided into a new one, so that a
+        # gradient the caller lent is never written
+        lent = {e.untyped_storage().data_ptr() for e in egrad}
+        mine = [self.frozen.new_gradients and t._base is None and not t.requires_grad
+                and t.untyped_storage().data_ptr() not in lent for t in rgrad]
         if norm.dim() == 0:
-            return T.fused_div(rgrad, norm)
-        return tuple(t / lift(norm, t) for t in rgrad)
+            owned = [t for t, m in zip(rgrad, mine, strict=True) if m]
+            if owned:
+                torch._foreach_div_(owned, norm)
+            others = iter(T.fused_div([t for t, m in zip(rgrad, mine, strict=True) if not m],
+                                      norm))
+            return tuple(t if m else next(others) for t, m in zip(rgrad, mine, strict=True))
+        return tuple(t.div_(lift(norm, t)) if m else t / lift(norm, t)
+                     for t, m in zip(rgrad, mine, strict=True))
 
     def random_start(self, generator: torch.Generator | None) -> Tensors:
         """Horizontal projection of a metric-isotropic Gaussian, radius ``rho * U(0, 1)``."""
@@ -162,6 +189,8 @@ class BoxGeometry:
         self.scale = tuple(scale)
         self.radius = float(radius)
         self.order = 1
+        #: :meth:`direction` returns new tensors (``c * sign(g)``): the solver may overwrite them
+        self.new_directions = True
         self.dtype = self.base[0].dtype
         self.device = self.base[0].device
         self._bounds = tuple(self.radius * c for c in self.scale)
@@ -180,7 +209,8 @@ class BoxGeometry:
         return tuple(torch.maximum(torch.minimum(d, b), -b)
                      for d, b in zip(xi, self._bounds, strict=True))
 
-    def clip(self, xi: Sequence[torch.Tensor], decisions: Decisions = ON_DEVICE) -> Tensors:
+    def clip(self, xi: Sequence[torch.Tensor], decisions: Decisions = ON_DEVICE,
+             fresh: bool = False) -> Tensors:
         """There is no quotient here: the clamp of :meth:`project` (no decision to take)."""
         return self.project(xi)
 

@@ -91,9 +91,11 @@ class AscentGeometry(Protocol):
         """The start ``xi = 0``."""
         ...
 
-    def clip(self, xi: Sequence[torch.Tensor], decisions: Decisions = ON_DEVICE) -> Tensors:
+    def clip(self, xi: Sequence[torch.Tensor], decisions: Decisions = ON_DEVICE,
+             fresh: bool = False) -> Tensors:
         """Bring a horizontal ``xi`` into the ball (``P_S`` restricted to horizontal vectors);
-        ``decisions`` says whether a rescale by exactly 1 may be skipped (:mod:`.decisions`)."""
+        ``decisions`` says whether a rescale by exactly 1 may be skipped (:mod:`.decisions`);
+        ``fresh``: nothing else references ``xi``, so it may be rescaled in place."""
         ...
 
     def direction(self, egrad: Sequence[torch.Tensor]) -> Tensors:
@@ -210,23 +212,42 @@ class AscentOutcome:
 
 
 def gradient_step(xi: Sequence[torch.Tensor], direction: Sequence[torch.Tensor],
-                  eta: torch.Tensor) -> Tensors:
-    """``xi + eta d`` (before ``P_S``); ``eta`` 0-dim, or ``shape=P`` with one step per problem."""
+                  eta: torch.Tensor, overwrite: bool = False) -> Tensors:
+    """``xi + eta d`` (before ``P_S``); ``eta`` 0-dim, or ``shape=P`` with one step per problem.
+
+    ``overwrite``: ``direction`` is not needed again and nothing else references it, so the
+    step is written into it (the same values, no new parameter-sized tuple).
+    """
+    if not direction:
+        return ()
     factor = eta if eta.dim() == 0 else [lift(eta, x) for x in xi]
-    return T.fused_add(xi, T.fused_mul(direction, factor))
+    # eta d + xi, summed into the product: the same sums as xi + eta d, bit for bit
+    if overwrite:
+        torch._foreach_mul_(list(direction), factor)
+        step = tuple(direction)
+    else:
+        step = T.fused_mul(direction, factor)
+    torch._foreach_add_(list(step), list(xi))
+    return step
 
 
 def momentum_step(xi: Sequence[torch.Tensor], z: Sequence[torch.Tensor],
-                  previous: Sequence[torch.Tensor], alpha: float) -> Tensors:
+                  previous: Sequence[torch.Tensor], alpha: float,
+                  overwrite: bool = False) -> Tensors:
     """``xi + alpha (z - xi) + (1 - alpha)(xi - previous)`` (before ``P_S``).
 
     Evaluated as ``alpha z + 2 (1 - alpha) xi - (1 - alpha) previous``, the same vector in three
     fused passes over the parameters and one tuple of storage (``alpha`` is a setting, a
-    number on the host, so this needs no sync).
+    number on the host, so this needs no sync). ``overwrite``: ``z`` is not needed again and
+    nothing else references it, so that storage is the result's (the same values).
     """
     if not xi:
         return ()
-    new = T.fused_mul(z, alpha)
+    if overwrite:
+        torch._foreach_mul_(list(z), alpha)
+        new = tuple(z)
+    else:
+        new = T.fused_mul(z, alpha)
     torch._foreach_add_(list(new), list(xi), alpha=2.0 * (1.0 - alpha))
     torch._foreach_add_(list(new), list(previous), alpha=-(1.0 - alpha))
     return new
@@ -316,10 +337,25 @@ class _Run:
         forward+backward, whose peak they would otherwise raise by two tangent-sized tuples.
         """
         clip, decide = self.geometry.clip, self.decide
-        z = clip(gradient_step(self.xi, self.direction, self.eta), decide)
+        # the direction's storage becomes the step's where the run alone holds it; z, made
+        # here, becomes the momentum step's; both are rescaled in place: no parameter-sized
+        # allocation in the common case, the same values
+        z = clip(gradient_step(self.xi, self.direction, self.eta,
+                               overwrite=self._owns_direction()), decide, fresh=True)
         previous = self.previous
         self.direction = self.previous = ()
-        return z if k == 0 else clip(momentum_step(self.xi, z, previous, alpha), decide)
+        return z if k == 0 else clip(momentum_step(self.xi, z, previous, alpha,
+                                                   overwrite=True), decide, fresh=True)
+
+    def _owns_direction(self) -> bool:
+        """Whether :attr:`direction` may be overwritten: the geometry made it new (it says so,
+        ``new_directions``) and it shares no storage with the best pair, which keeps it by
+        reference on the host or after a restart."""
+        if not getattr(self.geometry, "new_directions", False):
+            return False
+        kept = {t.untyped_storage().data_ptr() for t in (*self.best_direction, *self.best_xi,
+                                                         *self.xi, *self.previous)}
+        return not any(t.untyped_storage().data_ptr() in kept for t in self.direction)
 
     def accept(self, new: Tensors, new_loss: torch.Tensor, new_direction: Tensors,
                evaluation: int) -> None:

@@ -23,6 +23,8 @@ Tensors = tuple[torch.Tensor, ...]
 class DiagonalPoint(ClosedFormPoint):
     """Diagonal coordinates ``(u, v)``, ``shape=[..., d]`` each, frozen (module docstring)."""
 
+    new_gradients = True
+
     # ------------------------------------------------------------------ fiber bundle
     def submersion(self, x: Tensors | None = None) -> torch.Tensor:
         """``beta = u v``, the point of the quotient (of ``x``, default the base point)."""

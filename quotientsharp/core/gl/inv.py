@@ -14,7 +14,9 @@ cancel in the trace.
   equation ``(B_G^T B_G) Y + Y (B_H^T B_H) = F^{-1} C E^{-T}``, ``B_G = G F``, ``B_H = H E``.
   ``B_G`` and ``B_H`` are invariant under the action (``F -> A F``, ``E -> A^{-T} E`` up to
   orthogonal factors), so an ill-conditioned ``A`` costs accuracy once, not squared. The
-  vertical part is ``V(L) = (-B_G Y E^T, B_H Y^T F^T)``.
+  vertical part is ``V(L) = (-B_G Y E^T, B_H Y^T F^T) = (-G L, H L^T)`` with
+  ``L = F Y E^T``; the right-hand side is ``F^{-1} (u_H^T H) E - F^T (G^T u_G) E^{-T}``, so that
+  only two products of each kind meet the factors' ``n`` rows.
 - Raised gradient: ``(dL/dG S_G, dL/dH S_H)``.
 - Christoffel contraction (polarised; ``D_G(w) = w^T G + G^T w``, ``sym(W) = (W + W^T) / 2``):
   ``Gamma_G(u, v) = -(u_G S_G^{-1} D_G(v) + v_G S_G^{-1} D_G(u)) / 2 + G S_G^{-1} sym(u_G^T v_G)``,
@@ -29,7 +31,8 @@ from functools import cached_property
 import torch
 
 from quotientsharp.core.gl.metric import GLMetric
-from quotientsharp.core.gl.point import GLPoint, moved, symmetric_part
+from quotientsharp.core.gl.point import GLPoint, moved, symmetric_part, vertical_vector
+from quotientsharp.core.linalg import solve_sylvester_eig
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -44,8 +47,10 @@ class InvPoint(GLPoint):
     def squared_norm(self, u: Tensors) -> torch.Tensor:
         # ||u_G E^{-T}||^2 + ||u_H F^{-T}||^2 with S_G = E E^T, S_H = F F^T: a sum of squares,
         # accurate to rounding however ill-conditioned S is, unlike u S^{-1} u^T summed
-        return ((u[0] @ self.inverse_factor_g.mT).square().sum((-2, -1))
-                + (u[1] @ self.inverse_factor_h.mT).square().sum((-2, -1)))
+        # (the Frobenius norm of each product, squared: no second factor-sized tensor)
+        return (torch.linalg.vector_norm(u[0] @ self.inverse_factor_g.mT, dim=(-2, -1)).square()
+                + torch.linalg.vector_norm(u[1] @ self.inverse_factor_h.mT,
+                                           dim=(-2, -1)).square())
 
     def moment(self, u: Tensors) -> torch.Tensor:
         G, H = self.x
@@ -64,23 +69,30 @@ class InvPoint(GLPoint):
 
     @cached_property
     def _sylvester(self) -> tuple[torch.Tensor, ...]:
-        """``B_G = G F``, ``B_H = H E`` and the eigen-solution of their Gram matrices."""
+        """The eigen-solution of the Gram matrices of ``B_G = G F`` and ``B_H = H E`` and the
+        inverse Cholesky factors ``E^{-1}``, ``F^{-1}``, all in the working dtype."""
         G, H = self._work_x
         chol_g, chol_h = self._work_cholesky
         b_g, b_h = G @ chol_h, H @ chol_g
         values_p, vectors_p = torch.linalg.eigh(b_g.mT @ b_g)
         values_q, vectors_q = torch.linalg.eigh(b_h.mT @ b_h)
-        # B_G, B_H meet tangents: the point's dtype; the eigenbases stay in the working dtype
-        return (self._cast(b_g), self._cast(b_h), vectors_p, vectors_q,
-                values_p.unsqueeze(-1) + values_q.unsqueeze(-2))
+        return (vectors_p, vectors_q, values_p.unsqueeze(-1) + values_q.unsqueeze(-2),
+                self._inverse_factor(chol_g), self._inverse_factor(chol_h))
 
     def vertical_projection(self, u: Tensors) -> Tensors:
-        b_g, b_h, vectors_p, vectors_q, denominators = self._sylvester
-        # F^{-1} C E^{-T} with C = u_H^T H S_G - S_H G^T u_G, through B_G and B_H
-        rhs = ((u[1] @ self.inverse_factor_h.mT).mT @ b_h
-               - b_g.mT @ (u[0] @ self.inverse_factor_g.mT))
-        y = self.solve_in_eigenbases((vectors_p, vectors_q), denominators, rhs)
-        return -(b_g @ y) @ self.cholesky_g.mT, (b_h @ y.mT) @ self.cholesky_h.mT
+        vectors_p, vectors_q, denominators, inverse_e, inverse_f = self._sylvester
+        chol_g, chol_h = self._work_cholesky
+        G, H = self.x
+        # F^{-1} C E^{-T} with C = u_H^T H S_G - S_H G^T u_G is
+        # F^{-1} (u_H^T H) E - F^T (G^T u_G) E^{-T}: the two products with the factors' n rows
+        # come first (in the point's dtype, as everywhere a tangent meets a factor) and the
+        # rest is h x h algebra in the working dtype
+        cross_h = (u[1].mT @ H).to(self.work_dtype)
+        cross_g = (G.mT @ u[0]).to(self.work_dtype)
+        rhs = inverse_f @ cross_h @ chol_g - chol_h.mT @ cross_g @ inverse_e.mT
+        y = solve_sylvester_eig(vectors_p, vectors_q, denominators, rhs)
+        # V(L) with L = F Y E^T: (-B_G Y E^T, B_H Y^T F^T) = (-G L, H L^T), two n-row products
+        return vertical_vector(G, H, self._cast(chol_h @ y @ chol_g.mT))
 
     def raise_index(self, egrad: Tensors) -> Tensors:
         return egrad[0] @ self.relaxed_g, egrad[1] @ self.relaxed_h
@@ -95,11 +107,13 @@ class InvPoint(GLPoint):
         G, H = self.x
         if v is None:
             # Gamma(u, u): the two halves of the polarisation coincide. The h x h products come
-            # first and G S_G^{-1} is cached, so only four products have the factors' n rows
-            # (this runs, with its backward, at every step of an order-2 ascent)
-            scaled_g, scaled_h = self.scaled_factors
-            return (-u[0] @ (self.inverse_g @ moved(u[0], G)) + scaled_g @ (u[0].mT @ u[0]),
-                    -u[1] @ (self.inverse_h @ moved(u[1], H)) + scaled_h @ (u[1].mT @ u[1]))
+            # first (G (S_G^{-1} u^T u), no cached n x h factor), so only four products have the
+            # factors' n rows (this runs, with its backward, at every step of an order-2
+            # ascent); -a + b as b - a, written into the product b (new): no pass negating u
+            return ((G @ (self.inverse_g @ (u[0].mT @ u[0])))
+                    .sub_(u[0] @ (self.inverse_g @ moved(u[0], G))),
+                    (H @ (self.inverse_h @ (u[1].mT @ u[1])))
+                    .sub_(u[1] @ (self.inverse_h @ moved(u[1], H))))
         gammas = []
         for i, (factor, inverse) in enumerate(((G, self.inverse_g), (H, self.inverse_h))):
             gammas.append(-0.5 * ((u[i] @ inverse) @ moved(v[i], factor)

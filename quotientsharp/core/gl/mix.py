@@ -40,8 +40,9 @@ class MixPoint(GLPoint):
         # ||u_G F||^2 + ||u_H E||^2 with S_H = F F^T, S_G = E E^T: a sum of squares, accurate to
         # rounding however ill-conditioned S is (u S u^T summed cancels), so a vector rescaled
         # onto the sphere is on it to rounding
-        return ((u[0] @ self.cholesky_h).square().sum((-2, -1))
-                + (u[1] @ self.cholesky_g).square().sum((-2, -1)))
+        # (the Frobenius norm of each product, squared: no second factor-sized tensor)
+        return (torch.linalg.vector_norm(u[0] @ self.cholesky_h, dim=(-2, -1)).square()
+                + torch.linalg.vector_norm(u[1] @ self.cholesky_g, dim=(-2, -1)).square())
 
     def moment(self, u: Tensors) -> torch.Tensor:
         G, H = self.x
@@ -81,10 +82,11 @@ class MixPoint(GLPoint):
         if v is None:
             # the h x h products first: four products with the factors' n rows instead of five
             # (this runs, with its backward, at every step of an order-2 ascent)
-            return (u[0] @ (moved(u[1], H) @ self.inverse_h)
-                    - G @ ((u[1].mT @ u[1]) @ self.inverse_h),
-                    u[1] @ (moved(u[0], G) @ self.inverse_g)
-                    - H @ ((u[0].mT @ u[0]) @ self.inverse_g))
+            # (the difference is written into the first product, which is new)
+            return ((u[0] @ (moved(u[1], H) @ self.inverse_h))
+                    .sub_(G @ ((u[1].mT @ u[1]) @ self.inverse_h)),
+                    (u[1] @ (moved(u[0], G) @ self.inverse_g))
+                    .sub_(H @ ((u[0].mT @ u[0]) @ self.inverse_g)))
         return ((0.5 * (u[0] @ moved(v[1], H) + v[0] @ moved(u[1], H))
                  - G @ symmetric_part(u[1].mT @ v[1])) @ self.inverse_h,
                 (0.5 * (u[1] @ moved(v[0], G) + v[1] @ moved(u[0], G))

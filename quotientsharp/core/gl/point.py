@@ -36,7 +36,8 @@ LOW_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
 
 def vertical_vector(G: torch.Tensor, H: torch.Tensor, X: torch.Tensor) -> Tensors:
     """``V(X) = (-G X, H X^T)``: the orbit velocity of ``X`` in ``gl(h)``."""
-    return -G @ X, H @ X.mT
+    # the sign on the h x h side: negating G would cost a pass over the n x h factor
+    return G @ -X, H @ X.mT
 
 
 def cholesky_or_raise(quotient: GLQuotient, G: torch.Tensor, H: torch.Tensor,
@@ -81,6 +82,8 @@ class GLPoint(ClosedFormPoint):
     name
         Name of the point in error messages.
     """
+
+    new_gradients = True
 
     #: Whether the metric needs the Cholesky factors of ``S_G`` and ``S_H``.
     needs_factors: ClassVar[bool] = True
@@ -221,7 +224,9 @@ class GLPoint(ClosedFormPoint):
 
     def horizontal_projection(self, u: Tensors) -> Tensors:
         vertical = self.vertical_projection(u)
-        return u[0] - vertical[0], u[1] - vertical[1]
+        # u - V as -V + u written into the vertical part, which is new: the same values, one
+        # factor-sized allocation less per component
+        return vertical[0].neg_().add_(u[0]), vertical[1].neg_().add_(u[1])
 
     def riemannian_gradient(self, egrad: Tensors) -> Tensors:
         return self.horizontal_projection(self.raise_index(egrad))
