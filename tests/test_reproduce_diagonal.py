@@ -642,7 +642,8 @@ def test_a_rewritten_section_keeps_its_hand_written_part(tmp_path) -> None:
     # without the marker, the whole file is the study's
     plain = write_section(tmp_path, "vit", "## ViT\n\nold\n\nnotes")
     write_section(tmp_path, "vit", "## ViT\n\nnew")
-    assert plain.read_text() == "## ViT\n\nnew\n"
+    head, stamp, body = plain.read_text().split("\n\n")
+    assert (head, body) == ("## ViT", "new\n") and stamp.startswith("*Made by")
 
 
 def test_reproduce_registry_builds_the_subcommands() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from quotientsharp.reproduce import STUDIES
+from quotientsharp.reproduce.provenance import Provenance, current_provenance, provenance_line
 from quotientsharp.workflows.taus import sign_convention
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "SECTION_ORDER",
     "reading_guide",
     "regenerate_results_page",
+    "stamped",
     "write_section",
 ]
 
@@ -80,11 +82,28 @@ def reading_guide(generalisation: str | None) -> str:
 HAND_WRITTEN_MARKER = "<!-- written by hand below: kept when the study rewrites this section -->"
 
 
-def write_section(docs_dir: Path, study: str, markdown: str) -> Path:
+def write_section(docs_dir: Path, study: str, markdown: str, *, command: str | None = None,
+                  provenance: Provenance | None = None) -> Path:
     """Write ``docs_dir/results/<study>.md`` (a section of the generated results page).
 
-    A hand-written part of the existing file, from :data:`HAND_WRITTEN_MARKER` on, is kept
-    after the new text.
+    The section is stamped, below its heading, with what made it
+    (:func:`~quotientsharp.reproduce.provenance.provenance_line`: the command, the package
+    version, the git commit and whether the working tree had changes). A hand-written part of
+    the existing file, from :data:`HAND_WRITTEN_MARKER` on, is kept after the new text.
+
+    Parameters
+    ----------
+    docs_dir
+        The docs folder.
+    study
+        The section's name (a plain file name).
+    markdown
+        The study's section, starting with its ``##`` heading.
+    command
+        The command that made the section (default: this process's command line).
+    provenance
+        The stamp itself (default :func:`~quotientsharp.reproduce.provenance.
+        current_provenance` of ``command``); tests pass a fixed one.
     """
     if not study or "/" in study or study.startswith("."):
         raise ValueError(f"study must be a plain name, got {study!r}")
@@ -96,8 +115,20 @@ def write_section(docs_dir: Path, study: str, markdown: str) -> Path:
         old = path.read_text()
         if HAND_WRITTEN_MARKER in old:
             kept = "\n\n" + old[old.index(HAND_WRITTEN_MARKER):].rstrip()
-    path.write_text(markdown.rstrip() + kept + "\n")
+    stamp = provenance_line(provenance if provenance is not None
+                            else current_provenance(command))
+    path.write_text(stamped(markdown, stamp).rstrip() + kept + "\n")
     return path
+
+
+def stamped(markdown: str, stamp: str) -> str:
+    """``markdown`` with ``stamp`` as a paragraph after its first line when that line is a
+    heading, else before it."""
+    text = markdown.strip()
+    head, _, rest = text.partition("\n")
+    if head.startswith("#"):
+        return f"{head}\n\n{stamp}\n\n{rest.lstrip()}".rstrip()
+    return f"{stamp}\n\n{text}"
 
 
 def regenerate_results_page(docs_dir: Path) -> Path:
