@@ -31,6 +31,7 @@ STUDIES: dict[str, str] = {
     "invariance": "quotientsharp.reproduce.invariance.study",
     "minilm": "quotientsharp.reproduce.families.minilm",
     "vit-finetune": "quotientsharp.reproduce.families.vit_finetune",
+    "summary": "quotientsharp.reproduce.summary",
 }
 
 

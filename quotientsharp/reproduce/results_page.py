@@ -19,6 +19,7 @@ __all__ = [
     "HAND_WRITTEN_MARKER",
     "RESULTS_PAGE",
     "RESULTS_PAGE_NOTES",
+    "DERIVED",
     "SECTION_ORDER",
     "reading_guide",
     "regenerate_results_page",
@@ -29,7 +30,8 @@ __all__ = [
 #: The generated results page (``--docs docs`` rewrites it), and its place on the docs site.
 RESULTS_PAGE = "docs/results.md (the Results page of the docs site, mkdocs serve)"
 #: Order of the study sections in ``docs/results.md``; other sections follow alphabetically.
-#: ``summary`` is written by hand (docs/results/summary.md), the others by their studies
+#: ``summary``'s tables are generated from the studies' headline files
+#: (:mod:`quotientsharp.reproduce.summary`), its prose is written by hand
 SECTION_ORDER = ("summary", "diagonal", "vit", "bert", "vit-finetune", "minilm", "invariance")
 RESULTS_PAGE_HEADER = """# Results
 
@@ -76,6 +78,10 @@ def reading_guide(generalisation: str | None) -> str:
         return page
     return f"{sign_convention(generalisation)} {page}"
 
+
+#: Registered commands that derive their section from other studies' outputs: never "not yet
+#: run" on their own.
+DERIVED = ("summary",)
 
 #: In a section file, what follows this line is written by hand (which runs were made, how to
 #: read them) and is kept when the study rewrites the section.
@@ -134,12 +140,19 @@ def stamped(markdown: str, stamp: str) -> str:
 def regenerate_results_page(docs_dir: Path) -> Path:
     """Rebuild ``docs_dir/results.md`` from the section files ``docs_dir/results/*.md``.
 
+    First the summary section is regenerated from the headline files
+    (:func:`quotientsharp.reproduce.summary.write_summary`; nothing when there is none).
+
     The header is followed by :data:`RESULTS_PAGE_NOTES`; sections appear in
     :data:`SECTION_ORDER`, then the others alphabetically. A registered
     study (:data:`quotientsharp.reproduce.STUDIES`) with no section file yet is listed as not
     yet run.
     """
+    from quotientsharp.reproduce.summary import write_summary
+
     docs_dir = Path(docs_dir)
+    # the summary's tables come from the headline files the studies write
+    write_summary(docs_dir)
     folder = docs_dir / "results"
     present = {p.stem: p for p in folder.glob("*.md")} if folder.is_dir() else {}
     order = [s for s in SECTION_ORDER if s in present]
@@ -148,7 +161,7 @@ def regenerate_results_page(docs_dir: Path) -> Path:
              *(note.strip().replace("\n", " ") for note in RESULTS_PAGE_NOTES)]
     for study in order:
         parts.append(present[study].read_text().rstrip())
-    missing = [s for s in STUDIES if s not in present]
+    missing = [s for s in STUDIES if s not in present and s not in DERIVED]
     if missing:
         parts.append("## Not yet run\n\n" + "\n".join(
             f"- `{s}`: `quotientsharp reproduce {s} --docs docs`" for s in missing))
