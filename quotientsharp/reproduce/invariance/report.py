@@ -237,6 +237,8 @@ def plot_relative_changes(points: Mapping[str, Sequence[Mapping[str, Any]]],
     figure.legend(handles=handles, loc="lower center", ncol=4, fontsize=7, frameon=False)
     figure.tight_layout(rect=(0, 0.12, 1, 1))
     figure.savefig(path)
+    # the vector twin, for print
+    figure.savefig(Path(path).with_suffix(".svg"))
     return path
 
 

@@ -461,7 +461,8 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
             if figure is not None:
                 folder = Path(docs) / "results" / "figures" / "invariance"
                 folder.mkdir(parents=True, exist_ok=True)
-                (folder / "invariance.png").write_bytes(figure.read_bytes())
+                for twin in (figure, figure.with_suffix(".svg")):
+                    (folder / twin.name).write_bytes(twin.read_bytes())
             write_section(Path(docs), "invariance", text)
             regenerate_results_page(Path(docs))
         return text
