@@ -32,6 +32,7 @@ STUDIES: dict[str, str] = {
     "minilm": "quotientsharp.reproduce.families.minilm",
     "vit-finetune": "quotientsharp.reproduce.families.vit_finetune",
     "summary": "quotientsharp.reproduce.summary",
+    "reach": "quotientsharp.reproduce.reach",
 }
 
 

@@ -85,10 +85,10 @@ def check_rows(rows: Sequence[Mapping[str, Any]], study: str = "rows") -> list[d
         if low > high:
             raise ValueError(f"{where}: low {low} > high {high}")
         paper = None if row["paper"] is None else _number(row, "paper", where)
-        key = (row["setting"], row["measure"])
-        if key in seen:
-            raise ValueError(f"{where}: setting {key[0]!r} has measure {key[1]!r} twice")
-        seen.add(key)
+        pair = (row["setting"], row["measure"])
+        if pair in seen:
+            raise ValueError(f"{where}: setting {pair[0]!r} has measure {pair[1]!r} twice")
+        seen.add(pair)
         checked.append({"setting": row["setting"], "measure": row["measure"], "tau": tau,
                         "low": low, "high": high, "paper": paper, "note": row["note"]})
     return checked

@@ -81,26 +81,31 @@ def cluster_bootstrap_tau(x: Sequence[float], y: Sequence[float], clusters: Sequ
     names = list(dict.fromkeys(labels))
     if not names:
         raise ValueError("clusters is empty: at least one cluster of 2 models is needed")
-    groups = []
-    for name in names:
-        members = np.asarray([k for k, label in enumerate(labels) if label == name])
+    groups, own = [], []
+    for cluster in names:
+        members = np.asarray([k for k, label in enumerate(labels) if label == cluster])
         if members.size < 2:
-            raise ValueError(f"cluster {name!r} has {members.size} model(s): every cluster "
+            raise ValueError(f"cluster {cluster!r} has {members.size} model(s): every cluster "
                              "needs at least 2 members")
         cx, cy = xs[members], ys[members]
-        if _tau_b(cx, cy, np.arange(cx.size)) is None:
-            raise ValueError(f"cluster {name!r}: x or y is constant, its tau-b is undefined")
+        tau = _tau_b(cx, cy, np.arange(cx.size))
+        if tau is None:
+            raise ValueError(f"cluster {cluster!r}: x or y is constant, its tau-b is undefined")
         groups.append((cx, cy))
-    point = float(np.mean([_tau_b(cx, cy, np.arange(cx.size)) for cx, cy in groups]))
+        own.append(tau)
+    point = float(np.mean(own))
     rng = np.random.default_rng(seed)
     stats = []
     for _ in range(n_boot):
         picks = rng.integers(0, len(groups), size=len(groups))
-        taus = []
+        taus: list[float] = []
         for pick in picks:
             cx, cy = groups[int(pick)]
-            taus.append(_tau_b(cx, cy, rng.integers(0, cx.size, size=cx.size)))
-        if all(t is not None for t in taus):
+            tau = _tau_b(cx, cy, rng.integers(0, cx.size, size=cx.size))
+            if tau is None:
+                break
+            taus.append(tau)
+        else:
             stats.append(float(np.mean(taus)))
     if not stats:
         raise ValueError("every bootstrap resample had a constant variable in some cluster: "

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from quotientsharp.core.adaptive import AdaptiveQuotient
-from quotientsharp.core.diagonal import DiagonalQuotient
+from quotientsharp.core.diagonal import DiagonalPoint, DiagonalQuotient
 from quotientsharp.core.frozen import check_order
 from quotientsharp.engine.ball import GeodesicBall
 from quotientsharp.engine.solver import AscentSettings, ascend
@@ -134,7 +134,11 @@ class RateBallMixGeometry(DiagonalHorizontalGeometry):
         super().__init__(u, v, "inv", "exact", radius, problem_shape)
         self.metric = "mix"
         # the path is the mix quotient's own geodesic; only the ball is inv's
-        self._mix = DiagonalQuotient("mix").at((u, v))
+        mix = DiagonalQuotient("mix").at((u, v))
+        if not isinstance(mix, DiagonalPoint):
+            raise TypeError(f"the mix quotient's point is a {type(mix).__name__}, not a "
+                            "DiagonalPoint")
+        self._mix = mix
 
     def beta(self, xi: Sequence[torch.Tensor]) -> torch.Tensor:
         """``u v (1 + 2 b)``, ``b`` the rate of ``xi`` (the mix quotient's geodesic)."""

@@ -136,8 +136,8 @@ def run_full(settings: DiagonalSettings, out: Path, *, resume: bool = False,
               for title, key in (("shared", study_rho), ("per_net", "per_net"))}
     lines += ball_section(pooled["shared"])
     lines += ["#### The rho sweep", "",
-              "Kendall τ-b pooled over the seeds [95 % cluster bootstrap CI], and Auto-PGD as a percentage of "
-              "the maximum (min / median / max over the nets of every seed):", ""]
+              "Kendall τ-b pooled over the seeds [95 % cluster bootstrap CI], and Auto-PGD as "
+              "a percentage of the maximum (min / median / max over the nets of every seed):", ""]
     lines += rho_table({rho: groups[f"rho = {rho:g}"] for rho in rhos}, samples, seed)
     lines.append("")
     base = results[""]
@@ -145,6 +145,10 @@ def run_full(settings: DiagonalSettings, out: Path, *, resume: bool = False,
     base.markdown = study_section(settings, base, base.records, wall, int(resume),
                                   threads or torch.get_num_threads(), full=lines,
                                   runs=len(results))
+    if tuple(rhos) != FULL_RHOS:
+        base.markdown = base.markdown.replace(
+            "reproduce diagonal --full",
+            f"reproduce diagonal --full --rhos {','.join(f'{r:g}' for r in rhos)}", 1)
     (Path(out) / SECTION_FILE).write_text(base.markdown)
     if docs is not None:
         write_headline(Path(docs), STUDY, headline_rows(pooled, len(groups[study_rho]),
