@@ -212,7 +212,9 @@ def ball_section(pooled: dict[str, dict[str, Any]]) -> list[str]:
         "ball is also the only one of the two that the paper's two metrics share, so a "
         "protocol that scales one perturbation to radius ρ for both metrics gets it. The "
         "paper does not state its ball, so this is an inference from the numbers, not a "
-        "reading of its code.",
+        "reading of its code. How far the default ascent gets under each ball, against ρ, is "
+        "on the solver-reach page (`quotientsharp reproduce reach`, docs/results/reach.md): "
+        "compare measures where each reaches close to its maximum.",
         "",
         f"The paper's adaptive -0.68 lies {'inside' if inside else 'outside'} our pooled "
         f"interval for adaptive (Auto-PGD) {interval_text(adaptive)}"
