@@ -98,14 +98,14 @@ def cluster_bootstrap_tau(x: Sequence[float], y: Sequence[float], clusters: Sequ
     stats = []
     for _ in range(n_boot):
         picks = rng.integers(0, len(groups), size=len(groups))
-        taus: list[float] = []
-        for pick in picks:
-            cx, cy = groups[int(pick)]
-            tau = _tau_b(cx, cy, rng.integers(0, cx.size, size=cx.size))
-            if tau is None:
-                break
-            taus.append(tau)
-        else:
+        # every drawn cluster draws its members, even after an undefined tau-b, so that the
+        # stream of draws is the protocol's
+        drawn = [_tau_b(groups[int(pick)][0], groups[int(pick)][1],
+                        rng.integers(0, groups[int(pick)][0].size,
+                                     size=groups[int(pick)][0].size))
+                 for pick in picks]
+        taus = [tau for tau in drawn if tau is not None]
+        if len(taus) == len(drawn):
             stats.append(float(np.mean(taus)))
     if not stats:
         raise ValueError("every bootstrap resample had a constant variable in some cluster: "
