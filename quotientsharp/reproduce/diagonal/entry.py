@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
                     else tuple(float(r) for r in args.rhos.split(",") if r.strip()))
             result, _ = run_full(settings, out, resume=args.resume, progress=args.progress,
                                  plots=args.plots, docs=args.docs, threads=args.threads,
-                                 rhos=rhos)
+                                 rhos=rhos, per_net_seeds=getattr(args, "per_net_seeds", None))
         else:
             result = run_study(settings, out, resume=args.resume, progress=args.progress,
                                plots=args.plots, docs=args.docs, threads=args.threads)

@@ -55,8 +55,11 @@ class Configuration:
 
 
 def full_configurations(settings: DiagonalSettings, rhos: Sequence[float] = FULL_RHOS,
-                        data_seeds: int = FULL_DATA_SEEDS) -> list[Configuration]:
-    """The runs of ``--full``: the first is ``settings`` itself (the default study)."""
+                        data_seeds: int = FULL_DATA_SEEDS,
+                        per_net_seeds: int | None = None) -> list[Configuration]:
+    """The runs of ``--full``: the first is ``settings`` itself (the default study); the
+    training-set-per-net variant runs on the first ``per_net_seeds`` seeds (default all,
+    ``0`` for none)."""
     if settings.rho not in rhos:
         raise ValueError(f"rhos must contain the study's rho {settings.rho}, got {tuple(rhos)}")
     if isinstance(data_seeds, bool) or not isinstance(data_seeds, int) or data_seeds < 1:
@@ -78,7 +81,11 @@ def full_configurations(settings: DiagonalSettings, rhos: Sequence[float] = FULL
                 continue
             runs.append(Configuration(f"full/rho{rho:g}-seed{ds}", f"rho = {rho:g}",
                                       f"seed {ds}", variant(ds, rho=rho)))
-    for ds in seeds:
+    count = data_seeds if per_net_seeds is None else per_net_seeds
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= data_seeds:
+        raise ValueError(f"per_net_seeds must be an integer from 0 to data_seeds={data_seeds}, "
+                         f"got {per_net_seeds!r}")
+    for ds in seeds[:count]:
         runs.append(Configuration(f"full/per_net-seed{ds}", "per_net", f"seed {ds}",
                                   variant(ds, training_sets="per_net")))
     return runs
@@ -87,7 +94,8 @@ def full_configurations(settings: DiagonalSettings, rhos: Sequence[float] = FULL
 def run_full(settings: DiagonalSettings, out: Path, *, resume: bool = False,
              progress: bool | None = None, plots: bool = True, docs: Path | None = None,
              threads: int | None = 1, rhos: Sequence[float] = FULL_RHOS,
-             data_seeds: int = FULL_DATA_SEEDS) -> tuple[StudyResult, dict[str, StudyResult]]:
+             data_seeds: int = FULL_DATA_SEEDS, per_net_seeds: int | None = None
+             ) -> tuple[StudyResult, dict[str, StudyResult]]:
     """Run every configuration of :func:`full_configurations` and write the full page.
 
     Returns
@@ -96,7 +104,7 @@ def run_full(settings: DiagonalSettings, out: Path, *, resume: bool = False,
         The default study's result (its ``markdown`` is the full page) and the results of the
         other runs by subfolder.
     """
-    configurations = full_configurations(settings, rhos, data_seeds)
+    configurations = full_configurations(settings, rhos, data_seeds, per_net_seeds)
     results: dict[str, StudyResult] = {}
     for configuration in configurations:
         folder = Path(out) / configuration.folder if configuration.folder else Path(out)
@@ -112,7 +120,7 @@ def run_full(settings: DiagonalSettings, out: Path, *, resume: bool = False,
     samples, seed = settings.bootstrap, derived_seed(settings.seed, "bootstrap")
     study_rho = f"rho = {settings.rho:g}"
     lines = [
-        "### Over data seeds, the rho sweep and a training set per net (`--full`)",
+        "### Over seeds, the rho sweep and a training set per net (`--full`)",
         "",
         "Each seed below draws its own hyperparameters (init scale, learning rate, batch "
         "size), its own data (β\\*, training and test inputs) and its own schedules: the seeds "
@@ -125,15 +133,17 @@ def run_full(settings: DiagonalSettings, out: Path, *, resume: bool = False,
         "hyperparameter.",
         "",
     ]
-    lines += sweep_sections({f"Data seeds, {study_rho.replace('rho', 'ρ')}, the training set "
+    lines += sweep_sections({f"Seeds, {study_rho.replace('rho', 'ρ')}, the training set "
                              "shared by the nets (the paper's protocol)": groups[study_rho]},
                             samples, seed)
-    lines += sweep_sections({f"A training set per net ({study_rho.replace('rho', 'ρ')}): each "
-                             "net trains and is measured on its own 100 inputs": groups["per_net"]},
-                            samples, seed)
+    if "per_net" in groups:
+        lines += sweep_sections({f"A training set per net ({study_rho.replace('rho', 'ρ')}): "
+                                 "each net trains and is measured on its own 100 inputs":
+                                 groups["per_net"]}, samples, seed)
     pooled = {title: {row.label: pooled_over_seeds(groups[key], row, samples, seed)
                       for row in SWEEP_ROWS}
-              for title, key in (("shared", study_rho), ("per_net", "per_net"))}
+              for title, key in (("shared", study_rho), ("per_net", "per_net"))
+              if key in groups}
     lines += ball_section(pooled["shared"])
     lines += ["#### The rho sweep", "",
               "Kendall τ-b pooled over the seeds [95 % cluster bootstrap CI], and Auto-PGD as "
@@ -145,14 +155,17 @@ def run_full(settings: DiagonalSettings, out: Path, *, resume: bool = False,
     base.markdown = study_section(settings, base, base.records, wall, int(resume),
                                   threads or torch.get_num_threads(), full=lines,
                                   runs=len(results))
-    if tuple(rhos) != FULL_RHOS:
-        base.markdown = base.markdown.replace(
-            "reproduce diagonal --full",
-            f"reproduce diagonal --full --rhos {','.join(f'{r:g}' for r in rhos)}", 1)
+    options = ("" if tuple(rhos) == FULL_RHOS
+               else f" --rhos {','.join(f'{r:g}' for r in rhos)}")
+    options += ("" if per_net_seeds is None or per_net_seeds == data_seeds
+                else f" --per-net-seeds {per_net_seeds}")
+    if options:
+        base.markdown = base.markdown.replace("reproduce diagonal --full",
+                                              f"reproduce diagonal --full{options}", 1)
     (Path(out) / SECTION_FILE).write_text(base.markdown)
     if docs is not None:
-        write_headline(Path(docs), STUDY, headline_rows(pooled, len(groups[study_rho]),
-                                                        settings.rho))
+        write_headline(Path(docs), STUDY, headline_rows(
+            pooled, {key: len(runs) for key, runs in groups.items()}, settings.rho))
         write_section(Path(docs), STUDY, base.markdown)
         regenerate_results_page(Path(docs))
     return base, {k: v for k, v in results.items() if k}
@@ -226,8 +239,8 @@ def ball_section(pooled: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
-def headline_rows(pooled: dict[str, dict[str, dict[str, Any]]], seeds: int, rho: float
-                  ) -> list[dict[str, Any]]:
+def headline_rows(pooled: dict[str, dict[str, dict[str, Any]]], seeds: dict[str, int],
+                  rho: float) -> list[dict[str, Any]]:
     """The study's rows of ``docs/results/data/diagonal.json``
     (:func:`~quotientsharp.reproduce.headline.write_headline`), pooled over the seeds.
 
@@ -236,15 +249,16 @@ def headline_rows(pooled: dict[str, dict[str, dict[str, Any]]], seeds: int, rho:
     pooled
         ``"shared"`` and ``"per_net"`` -> sweep row label -> pooled tau.
     seeds
-        Seeds per setting.
+        Seeds per group of runs (``"rho = 0.1"``, ``"per_net"``).
     rho
         The study's radius.
     """
-    where = f"{seeds} seeds, ρ = {rho:g}"
+    shared = f"{seeds[f'rho = {rho:g}']} seeds, ρ = {rho:g}"
+    own = f"{seeds.get('per_net', 0)} seed(s), ρ = {rho:g}"
     settings = (
-        ("shared", f"diagonal nets, Auto-PGD, {where}", " (Auto-PGD)"),
-        ("shared", f"diagonal nets, exact or strong maximum, {where}", None),
-        ("per_net", f"diagonal nets, a training set per net, Auto-PGD, {where}", " (Auto-PGD)"),
+        ("shared", f"diagonal nets, Auto-PGD, {shared}", " (Auto-PGD)"),
+        ("shared", f"diagonal nets, exact or strong maximum, {shared}", None),
+        ("per_net", f"diagonal nets, a training set per net, Auto-PGD, {own}", " (Auto-PGD)"),
     )
     maxima = {"adaptive": "adaptive (strong maximum)",
               "geodesic_inv": "geodesic_inv_exact (strong maximum)",
@@ -259,6 +273,8 @@ def headline_rows(pooled: dict[str, dict[str, dict[str, Any]]], seeds: int, rho:
              "geodesic_mix_rateball": "rate ball ||b|| <= rho/sqrt(2)"}
     rows = []
     for group, setting, suffix in settings:
+        if group not in pooled:
+            continue
         for measure, name in names.items():
             label = maxima[measure] if suffix is None else name + suffix
             tau = _pooled(pooled[group], label)

@@ -189,7 +189,8 @@ def run_sections(settings: DiagonalSettings, analysis: Mapping[str, Any]) -> lis
     strong_mix = analysis["strong_over_exact_mix"]
     lines = [
         f"The maximum is exact for mix exact (the trust-region subproblem of the quadratic "
-        f"batch loss over the ball ||Δβ|| ≤ √2 ρ) and, for the others, the best of a strong "
+        f"batch loss over the ball ||Δβ|| ≤ √2 ρ, and over the scaled ball "
+        f"||Δβ / (2 |β|)|| ≤ ρ/√2 for the rate ball) and, for the others, the best of a strong "
         f"Auto-PGD: {settings.reference_ascent.runs} runs of "
         f"{settings.reference_iterations} steps, from ξ = 0, from the maximiser of the "
         "quadratic model of the batch loss along the first-order path (a trust-region "
