@@ -46,7 +46,12 @@ from quotientsharp.reproduce.diagonal.exact import (
     reference_maxima,
 )
 from quotientsharp.reproduce.diagonal.full import full_configurations, run_full
-from quotientsharp.reproduce.results_page import regenerate_results_page, write_section
+from quotientsharp.reproduce.headline import read_headlines
+from quotientsharp.reproduce.results_page import (
+    DERIVED,
+    regenerate_results_page,
+    write_section,
+)
 from quotientsharp.workflows.files import read_jsonl
 from quotientsharp.workflows.records import ResultsDirectory
 from quotientsharp.workflows.tau_intervals import pooled_tau_intervals, tau_interval
@@ -559,23 +564,31 @@ def test_full_run_pools_data_seeds_and_trains_a_set_per_net(tmp_path) -> None:
     settings = DiagonalSettings(**TINY)
     base, others = run_full(settings, tmp_path, progress=False, plots=False, docs=tmp_path,
                             rhos=(settings.rho,), data_seeds=2)
-    assert set(others) == {f"full/rho{settings.rho:g}-data1", "full/per_net-data0",
-                           "full/per_net-data1"}
+    assert set(others) == {f"full/rho{settings.rho:g}-seed1", "full/per_net-seed0",
+                           "full/per_net-seed1"}
     page = (tmp_path / "results" / "diagonal.md").read_text()
-    assert page == base.markdown and "`quotientsharp reproduce diagonal --full" in page
-    assert "A training set per net" in page and "mean over seeds" in page
-    assert "#### The rho sweep" in page
-    # another data seed draws other data for the same hyperparameters
-    seed1 = json.loads((tmp_path / f"full/rho{settings.rho:g}-data1" / "run.json").read_text())
+    # the page is the run's section, stamped with what made it below its heading
+    head, body = base.markdown.split("\n", 1)
+    assert page.startswith(head + "\n\n*Made by") and page.endswith(body.lstrip())
+    assert "`quotientsharp reproduce diagonal --full" in page
+    assert "A training set per net" in page and "pooled over seeds" in page
+    assert "#### The rho sweep" in page and "#### The ball" in page
+    assert "Which ball the paper's protocol most likely used" in page
+    # another seed draws its own hyperparameters and its own data (no pseudo-replication)
+    seed1 = json.loads((tmp_path / f"full/rho{settings.rho:g}-seed1" / "run.json").read_text())
     seed0 = json.loads((tmp_path / "run.json").read_text())
-    assert seed1["hyperparameters"] == seed0["hyperparameters"]
+    assert seed1["hyperparameters"] != seed0["hyperparameters"]
     assert seed1["beta_star_support"] != seed0["beta_star_support"]
+    # the headline file: pooled rows of both balls
+    rows = read_headlines(tmp_path)["diagonal"]
+    measures = {row["measure"] for row in rows}
+    assert {"adaptive", "geodesic_inv", "geodesic_mix", "geodesic_mix_rateball"} <= measures
     # a set per net: each net interpolates its own training inputs, not the shared ones
     per_net = replace(settings, training_sets="per_net")
     problem = make_problem(per_net)
     assert problem.x_train.shape == (settings.nets, settings.n_train, settings.d)
     shared = make_problem(settings).x_train
-    trained = read_jsonl(tmp_path / "full/per_net-data0" / "trained.jsonl")
+    trained = read_jsonl(tmp_path / "full/per_net-seed0" / "trained.jsonl")
     for net in trained:
         if not net["converged"]:
             continue
@@ -622,7 +635,7 @@ def test_results_page_is_regenerated_from_the_sections_present(tmp_path) -> None
     # the page-wide dated notes survive every regeneration, above the first section
     assert "**History: 2026-12-03.**" in page
     assert page.index("**History: 2026-12-03.**") < page.index("## Diagonal")
-    missing = [s for s in STUDIES if s not in ("bert", "diagonal")]
+    missing = [s for s in STUDIES if s not in ("bert", "diagonal", *DERIVED)]
     for study in missing:
         assert f"quotientsharp reproduce {study}" in page
     (tmp_path / "results" / "bert.md").unlink()
@@ -642,7 +655,8 @@ def test_a_rewritten_section_keeps_its_hand_written_part(tmp_path) -> None:
     # without the marker, the whole file is the study's
     plain = write_section(tmp_path, "vit", "## ViT\n\nold\n\nnotes")
     write_section(tmp_path, "vit", "## ViT\n\nnew")
-    assert plain.read_text() == "## ViT\n\nnew\n"
+    head, stamp, body = plain.read_text().split("\n\n")
+    assert (head, body) == ("## ViT", "new\n") and stamp.startswith("*Made by")
 
 
 def test_reproduce_registry_builds_the_subcommands() -> None:

@@ -1,4 +1,4 @@
-"""MkDocs hook: show each study's figures on its results page.
+"""MkDocs hook: show each study's figures on its results page (and link their SVG twins).
 
 ``quotientsharp reproduce STUDY`` writes its figures (PNG) to ``results/STUDY/``, which is not
 committed, and its page section to ``docs/results/STUDY.md``, which it rewrites on every run
@@ -18,10 +18,12 @@ STUDIES = ("diagonal", "vit", "bert", "minilm", "vit-finetune", "lora", "invaria
 
 def _figures_section(study: str, docs_dir: Path) -> str:
     folder = docs_dir / "results" / "figures" / study
-    figures = sorted(folder.glob("*.png")) if folder.is_dir() else []
+    # the multi-panel figure of every measure first, then one per measure
+    figures = (sorted(folder.glob("*.png"), key=lambda f: ("panels" not in f.stem, f.name))
+               if folder.is_dir() else [])
     lines = ["", "## Figures", ""]
     copy = (f"`mkdir -p docs/results/figures/{study} && "
-            f"cp results/{study}/*.png docs/results/figures/{study}/`")
+            f"cp results/{study}/*.png results/{study}/*.svg docs/results/figures/{study}/`")
     if not figures:
         lines.append(
             f"No figures are committed for this study. `quotientsharp reproduce {study} "
@@ -32,8 +34,14 @@ def _figures_section(study: str, docs_dir: Path) -> str:
               f"refresh: `quotientsharp reproduce {study} --docs docs`, then {copy}.", ""]
     # several figures: two per row
     size = '{ width="49%" }' if len(figures) > 1 else ""
-    lines.append("\n".join(f'![{figure.stem}](figures/{study}/{figure.name} "{figure.name}"){size}'
-                           for figure in figures))
+    lines.append("\n".join(
+        f'![{figure.stem}](figures/{study}/{figure.name} "{figure.name}")'
+        + ("" if "panels" in figure.stem else size) for figure in figures))
+    vectors = [figure.with_suffix(".svg") for figure in figures
+               if figure.with_suffix(".svg").is_file()]
+    if vectors:
+        lines += ["", "Vector versions (SVG, for print): " + ", ".join(
+            f"[{vector.name}](figures/{study}/{vector.name})" for vector in vectors) + "."]
     return "\n".join(lines) + "\n"
 
 

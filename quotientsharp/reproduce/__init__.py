@@ -32,6 +32,8 @@ STUDIES: dict[str, str] = {
     "minilm": "quotientsharp.reproduce.families.minilm",
     "vit-finetune": "quotientsharp.reproduce.families.vit_finetune",
     "lora": "quotientsharp.reproduce.families.lora",
+    "summary": "quotientsharp.reproduce.summary",
+    "reach": "quotientsharp.reproduce.reach",
 }
 
 

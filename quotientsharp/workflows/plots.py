@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,8 @@ from quotientsharp.workflows.labels import decades_note, tau_title
 if TYPE_CHECKING:
     from matplotlib.axis import Axis
 
-__all__ = ["PLOT_INSTALL_HINT", "log_ticks", "scatter_plots", "study_plots", "tick_text"]
+__all__ = ["MAX_CATEGORIES", "PLOT_INSTALL_HINT", "ColorMapping", "color_mapping", "log_ticks",
+           "scatter_plots", "study_plots", "tick_text"]
 
 PLOT_INSTALL_HINT = ("matplotlib is not installed, so no scatter plots were written "
                      "(pip install 'quotientsharp[plot]', or pass --no-plots)")
@@ -87,8 +89,11 @@ def scatter_plots(x: Sequence[float], measures: Mapping[str, Sequence[float]], o
                   color: Sequence[float] | None = None, color_label: str = "",
                   titles: Mapping[str, str] | None = None,
                   y_labels: Mapping[str, str] | None = None,
-                  notes: Mapping[str, str] | None = None) -> list[Path] | None:
-    """One PNG per measure: ``x`` against the measure's values, ``{prefix}{name}.png``.
+                  notes: Mapping[str, str] | None = None, color_scale: str = "auto",
+                  vector: bool = True, panels: str | None = "panels") -> list[Path] | None:
+    """One PNG per measure: ``x`` against the measure's values, ``{prefix}{name}.png``; beside
+    each an SVG (``vector``), and one multi-panel figure of every measure
+    (``{prefix}{panels}.png`` and ``.svg``).
 
     Parameters
     ----------
@@ -112,12 +117,23 @@ def scatter_plots(x: Sequence[float], measures: Mapping[str, Sequence[float]], o
     notes
         Measure key -> a note written in the plot, below the automatic one for an axis that
         spans many decades (:func:`~quotientsharp.workflows.labels.decades_note`).
+    color_scale
+        How ``color`` maps to colours (:func:`color_mapping`): ``"categorical"`` (one colour
+        per distinct value, with a legend), ``"log"``, ``"linear"``, or ``"auto"``
+        (categorical for at most :data:`MAX_CATEGORIES` distinct values, log for positive
+        values spanning a decade or more, else linear).
+    vector
+        Also write each figure as SVG beside its PNG (same name, ``.svg``).
+    panels
+        File stem (after ``prefix``) of the multi-panel figure of every measure, or ``None``
+        for none.
 
     Returns
     -------
     list of Path or None
-        The written paths, or ``None`` (after printing :data:`PLOT_INSTALL_HINT` to stderr)
-        when matplotlib is missing.
+        The per-measure PNG paths (the SVGs and the multi-panel figure are written beside
+        them), or ``None`` (after printing :data:`PLOT_INSTALL_HINT` to stderr) when
+        matplotlib is missing.
 
     Notes
     -----
@@ -135,49 +151,174 @@ def scatter_plots(x: Sequence[float], measures: Mapping[str, Sequence[float]], o
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     xs = [float(value) for value in x]
-    written = []
+    colours = None if color is None else [float(value) for value in color]
+    if colours is not None and len(colours) != len(xs):
+        raise ValueError(f"color has {len(colours)} values for {len(xs)} x values")
+    mapping = None if colours is None else color_mapping(colours, color_scale)
+    columns = {}
     for name, values in measures.items():
         ys = [float(value) for value in values]
         if len(ys) != len(xs):
             raise ValueError(f"measure {name!r} has {len(ys)} values for {len(xs)} x values")
-        keep = [i for i in range(len(xs)) if math.isfinite(xs[i]) and math.isfinite(ys[i])]
+        columns[name] = ys
+    written = []
+    for name, ys in columns.items():
         figure = Figure(figsize=(4.8, 3.8), dpi=120)
         FigureCanvasAgg(figure)
         axes = figure.add_subplot()
-        shown_x, shown_y = [xs[i] for i in keep], [ys[i] for i in keep]
-        points = (axes.scatter(shown_x, shown_y, s=18) if color is None
-                  else axes.scatter(shown_x, shown_y, s=18, c=[float(color[i]) for i in keep],
-                                    cmap="viridis"))
-        if color is not None and keep:
-            figure.colorbar(points, ax=axes, label=color_label)
-        if keep and all(xs[i] > 0 for i in keep):
-            axes.set_xscale("log")
-            _readable_log_axis(axes.xaxis, [xs[i] for i in keep])
-        if keep and all(ys[i] > 0 for i in keep):
-            axes.set_yscale("log")
-            _readable_log_axis(axes.yaxis, [ys[i] for i in keep])
-        axes.set_xlabel(x_label)
-        axes.set_ylabel(_two_lines((y_labels or {}).get(name, name)), fontsize=9)
-        if titles and name in titles:
-            # two lines when long: one line wider than the figure is cut at both ends
-            title = titles[name]
-            if len(title) > 55 and "; " in title:
-                title = title.replace("; ", "\n", 1)
-            axes.set_title(title, fontsize=9)
-        candidates = [decades_note([ys[i] for i in keep]), (notes or {}).get(name)]
-        if len(keep) < len(xs):
-            candidates.append(f"{len(xs) - len(keep)} non-finite point(s) not shown")
-        remarks = [remark for remark in candidates if remark]
+        remarks = _draw_scatter(figure, axes, xs, ys, mapping, color_label, x_label,
+                                (y_labels or {}).get(name, name), (titles or {}).get(name),
+                                (notes or {}).get(name), legend=True)
         if remarks:
             # below the axes, as a footnote: inside them it would cover points
             figure.text(0.01, 0.01, "\n".join(remarks), fontsize=7, color="dimgray",
                         verticalalignment="bottom")
         figure.tight_layout(rect=(0, 0.035 * len(remarks), 1, 1))
         path = out_dir / f"{prefix}{name}.png"
-        figure.savefig(path)
+        _save(figure, path, vector)
         written.append(path)
+    if panels is not None and len(columns) > 1:
+        _save(_panel_figure(xs, columns, mapping, color_label, x_label, titles, y_labels,
+                            notes), out_dir / f"{prefix}{panels}.png", vector)
     return written
 
+
+#: At most this many distinct colour values are drawn as categories (``color_scale="auto"``).
+MAX_CATEGORIES = 8
+
+
+@dataclass(frozen=True)
+class ColorMapping:
+    """How the colour values of the points become colours.
+
+    Attributes
+    ----------
+    kind
+        ``"categorical"``, ``"log"`` or ``"linear"``.
+    values
+        The colour value of every point.
+    categories
+        The distinct values, sorted (categorical only).
+    """
+
+    kind: str
+    values: tuple[float, ...]
+    categories: tuple[float, ...] = ()
+
+
+def color_mapping(values: Sequence[float], scale: str = "auto") -> ColorMapping:
+    """The colour scale of ``values`` (see :func:`scatter_plots`, ``color_scale``).
+
+    Raises
+    ------
+    ValueError
+        An unknown ``scale``, or ``"log"`` with a value that is not positive.
+    """
+    if scale not in ("auto", "categorical", "log", "linear"):
+        raise ValueError(f"color_scale must be 'auto', 'categorical', 'log' or 'linear', got "
+                         f"{scale!r}")
+    finite = [v for v in values if math.isfinite(v)]
+    distinct = tuple(sorted(set(finite)))
+    if scale == "auto":
+        positive = bool(finite) and min(finite) > 0
+        if 1 < len(distinct) <= MAX_CATEGORIES:
+            scale = "categorical"
+        elif positive and max(finite) >= 10 * min(finite):
+            scale = "log"
+        else:
+            scale = "linear"
+    if scale == "log" and finite and min(finite) <= 0:
+        raise ValueError(f"color_scale 'log' needs positive colour values, got {min(finite)}")
+    return ColorMapping(scale, tuple(values), distinct if scale == "categorical" else ())
+
+
+def _draw_scatter(figure: Any, axes: Any, xs: Sequence[float], ys: Sequence[float],
+                  mapping: ColorMapping | None, color_label: str, x_label: str, y_label: str,
+                  title: str | None, note: str | None, legend: bool) -> list[str]:
+    """One scatter on ``axes``; returns the remarks for below the figure."""
+    from matplotlib.colors import LogNorm, Normalize
+
+    keep = [i for i in range(len(xs)) if math.isfinite(xs[i]) and math.isfinite(ys[i])]
+    shown_x, shown_y = [xs[i] for i in keep], [ys[i] for i in keep]
+    if mapping is None:
+        axes.scatter(shown_x, shown_y, s=18)
+    elif mapping.kind == "categorical":
+        palette = _categorical_palette(len(mapping.categories))
+        for colour, category in zip(palette, mapping.categories, strict=True):
+            chosen = [i for i in keep if mapping.values[i] == category]
+            axes.scatter([xs[i] for i in chosen], [ys[i] for i in chosen], s=18,
+                         color=colour, label=f"{category:g}")
+        if legend and keep:
+            axes.legend(title=color_label or None, fontsize=6, title_fontsize=7,
+                        loc="best", markerscale=0.8)
+    else:
+        shown_c = [mapping.values[i] for i in keep]
+        norm = (LogNorm(min(shown_c), max(shown_c)) if mapping.kind == "log" and shown_c
+                else Normalize(min(shown_c), max(shown_c)) if shown_c else None)
+        points = axes.scatter(shown_x, shown_y, s=18, c=shown_c, cmap="viridis", norm=norm)
+        if keep:
+            figure.colorbar(points, ax=axes, label=color_label)
+    if keep and all(xs[i] > 0 for i in keep):
+        axes.set_xscale("log")
+        _readable_log_axis(axes.xaxis, [xs[i] for i in keep])
+    if keep and all(ys[i] > 0 for i in keep):
+        axes.set_yscale("log")
+        _readable_log_axis(axes.yaxis, [ys[i] for i in keep])
+    axes.set_xlabel(x_label)
+    axes.set_ylabel(_two_lines(y_label), fontsize=9)
+    if title:
+        # two lines when long: one line wider than the figure is cut at both ends
+        if len(title) > 55 and "; " in title:
+            title = title.replace("; ", "\n", 1)
+        axes.set_title(title, fontsize=9)
+    candidates = [decades_note([ys[i] for i in keep]), note]
+    if len(keep) < len(xs):
+        candidates.append(f"{len(xs) - len(keep)} non-finite point(s) not shown")
+    return [remark for remark in candidates if remark]
+
+
+def _categorical_palette(count: int) -> list[Any]:
+    """``count`` colours that stay apart (matplotlib's tab10, ordered as the values)."""
+    from matplotlib import colormaps
+
+    table = colormaps["tab10"]
+    return [table(k % 10) for k in range(count)]
+
+
+def _panel_figure(xs: Sequence[float], columns: Mapping[str, Sequence[float]],
+                  mapping: ColorMapping | None, color_label: str, x_label: str,
+                  titles: Mapping[str, str] | None, y_labels: Mapping[str, str] | None,
+                  notes: Mapping[str, str] | None) -> Any:
+    """Every measure in one figure, three panels a row, one shared colour key."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    count = len(columns)
+    ncols = min(3, count)
+    nrows = math.ceil(count / ncols)
+    figure = Figure(figsize=(4.2 * ncols, 3.5 * nrows), dpi=120, layout="constrained")
+    FigureCanvasAgg(figure)
+    grid = figure.subplots(nrows, ncols, squeeze=False)
+    for index, (name, ys) in enumerate(columns.items()):
+        axes = grid[index // ncols][index % ncols]
+        letter = chr(ord("a") + index) if index < 26 else str(index)
+        remarks = _draw_scatter(figure, axes, xs, ys, mapping, color_label, x_label,
+                                (y_labels or {}).get(name, name),
+                                f"({letter}) " + (titles or {}).get(name, ""),
+                                (notes or {}).get(name), legend=index == 0)
+        if remarks:
+            axes.text(0.01, 0.01, "\n".join(remarks), transform=axes.transAxes, fontsize=6,
+                      color="dimgray", verticalalignment="bottom")
+    for index in range(count, nrows * ncols):
+        grid[index // ncols][index % ncols].set_visible(False)
+    return figure
+
+
+def _save(figure: Any, path: Path, vector: bool) -> None:
+    """``path`` (PNG) and, with ``vector``, the same figure as SVG beside it."""
+    figure.savefig(path)
+    if vector:
+        figure.savefig(path.with_suffix(".svg"))
 
 
 def study_plots(gaps: Sequence[float], values: Mapping[str, Sequence[float]],

@@ -27,8 +27,9 @@ __all__ = ["CONFOUNDS", "MAXIMUM_OF", "analyse", "maximum_values", "spread"]
 CONFOUNDS = ("init_scale", "learning_rate", "batch_size")
 #: Measure -> the record key of its maximum: the exact maximum where there is one (the trust
 #: region of mix exact), else the strong reference ascent.
-MAXIMUM_OF = {spec.name: ("exact:" if spec.name == "geodesic_mix_exact" else "strong:")
-              + spec.name for spec in REFERENCE_MEASURES}
+MAXIMUM_OF = {**{spec.name: ("exact:" if spec.name == "geodesic_mix_exact" else "strong:")
+                 + spec.name for spec in REFERENCE_MEASURES},
+              "geodesic_mix_exact_rateball": "exact:geodesic_mix_exact_rateball"}
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -76,7 +77,10 @@ def analyse(records: Sequence[Mapping[str, Any]], counted: Sequence[int],
             **{m.name: tau([r["sharpness"][f"population:{m.name}"] for r in rows])
                for m in REFERENCE_MEASURES},
             "geodesic_mix_exact_max": tau(
-                [r["sharpness"]["population_exact:geodesic_mix_exact"] for r in rows])},
+                [r["sharpness"]["population_exact:geodesic_mix_exact"] for r in rows]),
+            "geodesic_mix_exact_rateball_max": tau(
+                [r["sharpness"]["population_exact:geodesic_mix_exact_rateball"]
+                 for r in rows])},
         "confounds": {name: tau([float(r[name]) for r in rows]) for name in CONFOUNDS},
     }
     percent = {}

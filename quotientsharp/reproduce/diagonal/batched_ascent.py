@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from quotientsharp.core.adaptive import AdaptiveQuotient
-from quotientsharp.core.diagonal import DiagonalQuotient
+from quotientsharp.core.diagonal import DiagonalPoint, DiagonalQuotient
 from quotientsharp.core.frozen import check_order
 from quotientsharp.engine.ball import GeodesicBall
 from quotientsharp.engine.solver import AscentSettings, ascend
@@ -49,6 +49,7 @@ BatchedObjective = Callable[[Tensors], tuple[torch.Tensor, Tensors]]
 __all__ = [
     "AdaptiveGeometry",
     "BatchedOutcome",
+    "RateBallMixGeometry",
     "DiagonalHorizontalGeometry",
     "NetBall",
     "PATH_NAMES",
@@ -110,6 +111,38 @@ class DiagonalHorizontalGeometry(NetBall):
         frozen = DiagonalQuotient(metric).at((u, v))
         super().__init__(frozen, radius, order, problem_shape=problem_shape)
         self.metric = metric
+
+
+class RateBallMixGeometry(DiagonalHorizontalGeometry):
+    """The exact mix path ``beta (1 + 2 b)`` over the *rate ball* ``||b|| <= rho / sqrt(2)``.
+
+    The mix metric's own ball is ``sqrt(2) ||beta b|| <= rho``: rates up to
+    ``rho / (sqrt(2) |beta_i|)`` on coordinates with a tiny ``|beta_i|``. The rate ball bounds
+    the rates themselves, as the inv metric does (the inv norm of a horizontal ``(b u, b v)`` is
+    ``sqrt(2) ||b||``), so this geometry is the inv quotient (its ball, projection and raised
+    gradient) with the mix geodesic as the path. It is the ball a protocol gets that takes the
+    rate ``b`` as the perturbation and bounds it, whatever the metric.
+
+    Parameters
+    ----------
+    u, v, radius, problem_shape
+        As :class:`DiagonalHorizontalGeometry`.
+    """
+
+    def __init__(self, u: torch.Tensor, v: torch.Tensor, radius: torch.Tensor | float,
+                 problem_shape: Sequence[int]) -> None:
+        super().__init__(u, v, "inv", "exact", radius, problem_shape)
+        self.metric = "mix"
+        # the path is the mix quotient's own geodesic; only the ball is inv's
+        mix = DiagonalQuotient("mix").at((u, v))
+        if not isinstance(mix, DiagonalPoint):
+            raise TypeError(f"the mix quotient's point is a {type(mix).__name__}, not a "
+                            "DiagonalPoint")
+        self._mix = mix
+
+    def beta(self, xi: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``u v (1 + 2 b)``, ``b`` the rate of ``xi`` (the mix quotient's geodesic)."""
+        return self._mix.quotient_geodesic(tuple(xi))
 
 
 class AdaptiveGeometry(NetBall):

@@ -114,7 +114,7 @@ from quotientsharp.reproduce.diagonal.data import (
     draw_hyperparameters,
     make_problem,
 )
-from quotientsharp.reproduce.diagonal.full import run_full
+from quotientsharp.reproduce.diagonal.full import FULL_RHOS, run_full
 from quotientsharp.reproduce.diagonal.measures import (
     MEASURES,
     MeasureSpec,
@@ -197,8 +197,11 @@ def run(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else Path(default_out(settings))
     try:
         if args.full:
+            rhos = (FULL_RHOS if getattr(args, "rhos", None) is None
+                    else tuple(float(r) for r in args.rhos.split(",") if r.strip()))
             result, _ = run_full(settings, out, resume=args.resume, progress=args.progress,
-                                 plots=args.plots, docs=args.docs, threads=args.threads)
+                                 plots=args.plots, docs=args.docs, threads=args.threads,
+                                 rhos=rhos, per_net_seeds=getattr(args, "per_net_seeds", None))
         else:
             result = run_study(settings, out, resume=args.resume, progress=args.progress,
                                plots=args.plots, docs=args.docs, threads=args.threads)

@@ -41,6 +41,7 @@ __all__ = [
     "mix_exact_at_interpolation",
     "mix_exact_maxima",
     "mix_exact_population",
+    "mix_rate_ball_maxima",
     "population_batch",
     "reference_maxima",
 ]
@@ -51,9 +52,10 @@ REFERENCE_MEASURES: tuple[MeasureSpec, ...] = tuple(
 #: The names of :func:`extra_values`, in the order of the records and the CSV columns.
 EXTRA_NAMES: tuple[str, ...] = (
     *(f"strong:{m.name}" for m in REFERENCE_MEASURES), "exact:geodesic_mix_exact",
+    "exact:geodesic_mix_exact_rateball",
     *(f"population:{m.name}" for m in REFERENCE_MEASURES),
-    "population_exact:geodesic_mix_exact", "interpolation:geodesic_mix_exact",
-    "population_loss")
+    "population_exact:geodesic_mix_exact", "population_exact:geodesic_mix_exact_rateball",
+    "interpolation:geodesic_mix_exact", "population_loss")
 
 
 def _check_batches(beta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor
@@ -100,6 +102,28 @@ def mix_exact_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
             hessian, gradient = _quadratic_hessian_gradient(beta[m], inputs[m, k],
                                                             targets[m, k])
             out[m, k] = trust_region_maximum(hessian, gradient, math.sqrt(2.0) * rho).value
+    return out
+
+
+def mix_rate_ball_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
+                         targets: torch.Tensor, rho: float) -> torch.Tensor:
+    """Exact mix-path sharpness over the rate ball ``||b|| <= rho / sqrt(2)``, per net and batch.
+
+    The path ``beta (1 + 2 b)`` moves ``beta`` by ``D = 2 beta b``; the rate ball is the
+    scaled ball ``||D / (2 |beta|)|| <= rho / sqrt(2)``, and the batch loss is quadratic in
+    ``D``: the trust-region subproblem with a scale
+    (:func:`quotientsharp.engine.exact.trust_region_maximum`). Shapes as
+    :func:`mix_exact_maxima`.
+    """
+    beta = (u * v).to(torch.float64)
+    inputs, targets = _check_batches(beta, inputs.to(torch.float64), targets.to(torch.float64))
+    out = torch.empty(inputs.shape[:2], dtype=torch.float64)
+    for m in range(inputs.shape[0]):
+        for k in range(inputs.shape[1]):
+            hessian, gradient = _quadratic_hessian_gradient(beta[m], inputs[m, k],
+                                                            targets[m, k])
+            out[m, k] = trust_region_maximum(hessian, gradient, rho / math.sqrt(2.0),
+                                             scale=2.0 * beta[m].abs()).value
     return out
 
 
@@ -281,21 +305,25 @@ def extra_values(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor, targets
     Returns
     -------
     dict
-        ``strong:<measure>`` (reference ascent) and ``exact:geodesic_mix_exact`` (trust region)
-        ``shape=[M, K]``; on the population loss (one batch) ``population:<measure>`` (Auto-PGD
-        as in the study), ``population_exact:geodesic_mix_exact`` and ``population_loss``
+        ``strong:<measure>`` (reference ascent), ``exact:geodesic_mix_exact`` and
+        ``exact:geodesic_mix_exact_rateball`` (trust region) ``shape=[M, K]``; on the
+        population loss (one batch) ``population:<measure>`` (Auto-PGD as in the study),
+        ``population_exact:geodesic_mix_exact`` (and ``..._rateball``) and ``population_loss``
         (``||beta - beta*||^2``), ``shape=[M, 1]``; ``interpolation:geodesic_mix_exact``
         (:func:`mix_exact_at_interpolation`), ``shape=[M, K]``.
     """
     out = {f"strong:{name}": value for name, value in reference_maxima(
         u, v, inputs, targets, rho, reference, seeds, progress=progress).items()}
     out["exact:geodesic_mix_exact"] = mix_exact_maxima(u, v, inputs, targets, rho)
+    out["exact:geodesic_mix_exact_rateball"] = mix_rate_ball_maxima(u, v, inputs, targets, rho)
     population_x, population_y = population_batch(beta_star)
     out.update({f"population:{name}": value for name, value in measure_nets(
         u, v, population_x, population_y, rho, ascent, REFERENCE_MEASURES,
         progress=progress).items()})
     out["population_exact:geodesic_mix_exact"] = mix_exact_maxima(u, v, population_x,
                                                                   population_y, rho)
+    out["population_exact:geodesic_mix_exact_rateball"] = mix_rate_ball_maxima(
+        u, v, population_x, population_y, rho)
     constant = mix_exact_at_interpolation(inputs, rho)
     out["interpolation:geodesic_mix_exact"] = constant.expand(u.shape[0], constant.shape[-1])
     # the population loss itself, as the mean squared error of the population batch

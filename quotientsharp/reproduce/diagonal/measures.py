@@ -19,6 +19,7 @@ from quotientsharp.reproduce.diagonal.batched_ascent import (
     PATH_NAMES,
     AdaptiveGeometry,
     DiagonalHorizontalGeometry,
+    RateBallMixGeometry,
     batched_ascend,
     mse_objective,
 )
@@ -39,7 +40,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class MeasureSpec:
-    """One sharpness measure of the study: ``kind`` ``"adaptive"`` or ``"geodesic"``."""
+    """One sharpness measure of the study: ``kind`` ``"adaptive"`` or ``"geodesic"``;
+    ``ball`` ``"own"`` (the metric's own ball) or ``"rate"`` (``||b|| <= rho / sqrt(2)`` in
+    the rates, :class:`~quotientsharp.reproduce.diagonal.batched_ascent.RateBallMixGeometry`)."""
 
     name: str
     kind: str
@@ -48,6 +51,7 @@ class MeasureSpec:
     paper: float | None = None
     note: str = ""
     diagnostic: bool = False
+    ball: str = "own"
 
 
 MEASURES: tuple[MeasureSpec, ...] = (
@@ -57,6 +61,10 @@ MEASURES: tuple[MeasureSpec, ...] = (
                 "exact geodesic, beta exp(2b)"),
     MeasureSpec("geodesic_mix_exact", "geodesic", "mix", "exact", -0.86,
                 "exact geodesic, beta (1 + 2b)"),
+    # the same path over the rate ball ||b|| <= rho / sqrt(2) (inv's own ball) in place of
+    # the mix ball ||beta b|| <= rho / sqrt(2): the ball the verdict on -0.86 depends on
+    MeasureSpec("geodesic_mix_exact_rateball", "geodesic", "mix", "exact", -0.86,
+                "exact geodesic, beta (1 + 2b), rate ball ||b|| <= rho/sqrt(2)", ball="rate"),
     MeasureSpec("geodesic_inv_order1", "geodesic", "inv", 1, note="first-order path"),
     MeasureSpec("geodesic_inv_order2", "geodesic", "inv", 2,
                 note="second-order path (paper's Alg. 1)"),
@@ -123,6 +131,11 @@ def geometry_for(spec: MeasureSpec, u: torch.Tensor, v: torch.Tensor, rho: float
     if spec.kind == "adaptive":
         return AdaptiveGeometry(u, v, rho, problem_shape)
     assert spec.metric is not None  # every geodesic measure names its metric
+    if spec.ball == "rate":
+        if (spec.metric, spec.order) != ("mix", "exact"):
+            raise ValueError(f"the rate ball is implemented for mix exact only (inv's own ball "
+                             f"is the rate ball), got {spec.metric} order {spec.order}")
+        return RateBallMixGeometry(u, v, rho, problem_shape)
     return DiagonalHorizontalGeometry(u, v, spec.metric, spec.order, rho, problem_shape)
 
 

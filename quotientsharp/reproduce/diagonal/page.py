@@ -16,7 +16,8 @@ from typing import Any
 from quotientsharp.reproduce.diagonal.analysis import MAXIMUM_OF, spread
 from quotientsharp.reproduce.diagonal.measures import MEASURES
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
-from quotientsharp.workflows.tau_intervals import pooled_tau_intervals
+from quotientsharp.workflows.cluster_bootstrap import cluster_bootstrap_tau
+from quotientsharp.workflows.tau_intervals import tau_interval
 
 __all__ = [
     "THEORY",
@@ -25,6 +26,7 @@ __all__ = [
     "SweepRun",
     "interval_text",
     "paper_comparison",
+    "pooled_over_seeds",
     "rho_table",
     "run_sections",
     "sweep_sections",
@@ -187,7 +189,8 @@ def run_sections(settings: DiagonalSettings, analysis: Mapping[str, Any]) -> lis
     strong_mix = analysis["strong_over_exact_mix"]
     lines = [
         f"The maximum is exact for mix exact (the trust-region subproblem of the quadratic "
-        f"batch loss over the ball ||Δβ|| ≤ √2 ρ) and, for the others, the best of a strong "
+        f"batch loss over the ball ||Δβ|| ≤ √2 ρ, and over the scaled ball "
+        f"||Δβ / (2 |β|)|| ≤ ρ/√2 for the rate ball) and, for the others, the best of a strong "
         f"Auto-PGD: {settings.reference_ascent.runs} runs of "
         f"{settings.reference_iterations} steps, from ξ = 0, from the maximiser of the "
         "quadratic model of the batch loss along the first-order path (a trust-region "
@@ -301,6 +304,8 @@ SWEEP_ROWS: tuple[Row, ...] = (
         _sharpness("population:geodesic_inv_exact")),
     Row("population: geodesic_mix_exact (exact maximum)",
         _sharpness("population_exact:geodesic_mix_exact")),
+    Row("population: geodesic_mix_exact_rateball (exact maximum)",
+        _sharpness("population_exact:geodesic_mix_exact_rateball")),
     Row("confound: init_scale", _field("init_scale")),
     Row("confound: learning_rate", _field("learning_rate")),
     Row("confound: batch_size", _field("batch_size")),
@@ -320,54 +325,66 @@ def _pairs(run: SweepRun, row: Row) -> tuple[list[float], list[float]]:
     return [r["test_loss"] for r in run.records], [row.value(r) for r in run.records]
 
 
-def _pooled(runs: Sequence[SweepRun], row: Row, samples: int, seed: int) -> dict[str, Any]:
-    return pooled_tau_intervals([_pairs(run, row) for run in runs], samples, seed).as_dict()
+def _single(run: SweepRun, row: Row, samples: int, seed: int) -> dict[str, Any]:
+    return tau_interval(*_pairs(run, row), samples, seed).as_dict()
 
 
-def _seed_table(runs: Sequence[SweepRun], samples: int, seed: int, which: str) -> list[str]:
+def pooled_over_seeds(runs: Sequence[SweepRun], row: Row, samples: int, seed: int
+                      ) -> dict[str, Any]:
+    """The mean over the runs (seeds) of their tau-b, with its two-stage cluster bootstrap
+    interval (:func:`~quotientsharp.workflows.cluster_bootstrap.cluster_bootstrap_tau`), as a
+    dict :func:`interval_text` reads (``tau_b``, ``b_low``, ``b_high``)."""
+    xs, ys, clusters = [], [], []
+    for index, run in enumerate(runs):
+        x, y = _pairs(run, row)
+        xs += x
+        ys += y
+        clusters += [index] * len(x)
+    tau, low, high = cluster_bootstrap_tau(xs, ys, clusters, samples, seed)
+    return {"tau_b": tau, "b_low": low, "b_high": high}
+
+
+def _seed_table(runs: Sequence[SweepRun], samples: int, seed: int) -> list[str]:
     header = " | ".join(run.label for run in runs)
-    lines = [f"| measure | {header} | mean over seeds |",
+    lines = [f"| measure | {header} | pooled over seeds |",
              "|---|" + "---|" * (len(runs) + 1)]
     for row in SWEEP_ROWS:
-        cells = [interval_text(_pooled([run], row, samples, seed), which) for run in runs]
-        pooled = interval_text(_pooled(runs, row, samples, seed), which)
+        cells = [interval_text(_single(run, row, samples, seed)) for run in runs]
+        pooled = interval_text(pooled_over_seeds(runs, row, samples, seed))
         lines.append(f"| {row.label} | {' | '.join(cells)} | {pooled} |")
     return lines
 
 
 def sweep_sections(groups: Mapping[str, Sequence[SweepRun]], samples: int, seed: int
                    ) -> list[str]:
-    """The tables of ``--full``: one per group of runs (data seeds of one setting), tau-a and
-    tau-b per seed with intervals and their mean over seeds with a stratified interval; then
-    the rho sweep, the pooled tau-b per rho side by side.
+    """The tables of ``--full``: one per group of runs (seeds of one setting), tau-b per seed
+    with its interval and pooled over the seeds with a cluster bootstrap interval.
 
     Parameters
     ----------
     groups
-        Title -> the runs of that setting, one per data seed (the rho sweep's groups have
-        titles ``rho = ...``).
+        Title -> the runs of that setting, one per seed.
     samples, seed
         Bootstrap resamples and seed.
     """
     lines: list[str] = []
     for title, runs in groups.items():
-        lines += [f"#### {title}", "", f"Kendall τ-b [95 % CI] per data seed, N = "
+        lines += [f"#### {title}", "", f"Kendall τ-b [95 % CI] per seed, N = "
                   f"{', '.join(str(len(r.records)) for r in runs)} nets:", ""]
-        lines += _seed_table(runs, samples, seed, "b")
-        lines += ["", "Kendall τ-a [95 % CI]:", ""]
-        lines += _seed_table(runs, samples, seed, "a")
+        lines += _seed_table(runs, samples, seed)
         lines.append("")
     return lines
 
 
 def rho_table(groups: Mapping[float, Sequence[SweepRun]], samples: int, seed: int) -> list[str]:
-    """One table with a column per rho: the mean over data seeds of tau-b, with its
-    stratified interval."""
+    """One table with a column per rho: tau-b pooled over the seeds, with its cluster
+    bootstrap interval."""
     rhos = sorted(groups)
     lines = ["| measure | " + " | ".join(f"ρ = {rho:g}" for rho in rhos) + " |",
              "|---|" + "---|" * len(rhos)]
     for row in SWEEP_ROWS:
-        cells = [interval_text(_pooled(groups[rho], row, samples, seed), "b") for rho in rhos]
+        cells = [interval_text(pooled_over_seeds(groups[rho], row, samples, seed))
+                 for rho in rhos]
         lines.append(f"| {row.label} | {' | '.join(cells)} |")
     for name, key in MAXIMUM_OF.items():
         cells = []

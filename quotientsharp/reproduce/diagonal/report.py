@@ -272,8 +272,8 @@ def scatter_measures(records: Sequence[dict[str, Any]], counted: Sequence[int],
         {spec.name: [r["sharpness"][spec.name] for r in counted_records]
          for spec in MEASURES},
         folder, x_label="test loss",
-        color=[math.log10(r["init_scale"]) for r in counted_records],
-        color_label="log10 init scale a",
+        color=[r["init_scale"] for r in counted_records],
+        color_label="init scale a", color_scale="log",
         titles=titles,
         y_labels={spec.name: measure_axis_label(spec, rho) for spec in MEASURES},
         notes={spec.name: _MIX_NOTE for spec in MEASURES if spec.diagnostic})

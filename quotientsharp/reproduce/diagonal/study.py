@@ -112,7 +112,8 @@ def run_study(settings: DiagonalSettings, out: Path, *, resume: bool = False,
             raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
         torch.set_num_threads(threads)
     owned = [MODEL_FILE, TRAINED_FILE, CSV_FILE, SECTION_FILE,
-             *[f"scatter_{name}.png" for name in MEASURE_NAMES]]
+             *[f"scatter_{name}.{kind}" for name in (*MEASURE_NAMES, "panels")
+               for kind in ("png", "svg")]]
 
     def mirror(folder: ResultsDirectory, records: Mapping[int, dict[str, Any]]) -> None:
         folder.write_csv(CSV_FILE, CSV_COLUMNS, [csv_row(record) for record in records.values()])

@@ -17,7 +17,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from quotientsharp.reproduce.invariance.study import DTYPES, MEASURES, RHO, InvarianceSettings
+from quotientsharp.reproduce.invariance.study import (
+    DTYPES,
+    FULL,
+    MEASURES,
+    QUICK,
+    RHO,
+    InvarianceSettings,
+)
 
 __all__ = [
     "combined_rows",
@@ -230,6 +237,8 @@ def plot_relative_changes(points: Mapping[str, Sequence[Mapping[str, Any]]],
     figure.legend(handles=handles, loc="lower center", ncol=4, fontsize=7, frameon=False)
     figure.tight_layout(rect=(0, 0.12, 1, 1))
     figure.savefig(path)
+    # the vector twin, for print
+    figure.savefig(Path(path).with_suffix(".svg"))
     return path
 
 
@@ -251,7 +260,9 @@ def section(runs: Mapping[str, Any], variant: InvarianceSettings, *, quick: bool
     dtypes = list(runs)
     default = tuple(dtypes) == DTYPES
     command = ("quotientsharp reproduce invariance" + (" --quick" if quick else "")
-               + ("" if default else f" --dtypes {','.join(dtypes)}"))
+               + ("" if default else f" --dtypes {','.join(dtypes)}")
+               + ("" if variant.measures == (QUICK if quick else FULL).measures
+                  else f" --measures {','.join(variant.measures)}"))
     folder = "results/invariance" + ("-quick" if quick else "")
     walls = ", ".join(f"{d} {r.wall / 60:.1f} min" + (" (resumed)" if r.resumed else "")
                       + (f" ({r.world_size} ranks)" if r.world_size > 1 else "")

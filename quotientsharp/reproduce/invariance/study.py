@@ -354,6 +354,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{len(QUICK.measures)} measures)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the head, the sentences and the matrices N (default 0)")
+    parser.add_argument("--measures", default=None, metavar="LIST",
+                        help="measures to run, comma-separated, from "
+                             f"{', '.join(key for key, _, _ in MEASURES)} (default: all six, "
+                             "or the quick variant's three with --quick); a reduced run of "
+                             "the full grid")
 
 
 @dataclass
@@ -456,7 +461,8 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
             if figure is not None:
                 folder = Path(docs) / "results" / "figures" / "invariance"
                 folder.mkdir(parents=True, exist_ok=True)
-                (folder / "invariance.png").write_bytes(figure.read_bytes())
+                for twin in (figure, figure.with_suffix(".svg")):
+                    (folder / twin.name).write_bytes(twin.read_bytes())
             write_section(Path(docs), "invariance", text)
             regenerate_results_page(Path(docs))
         return text
@@ -621,9 +627,16 @@ def run(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else Path(
         "results/invariance-quick" if args.quick else "results/invariance")
     try:
+        variant = None
+        if args.measures is not None:
+            base = QUICK if args.quick else FULL
+            variant = InvarianceSettings(
+                grid=base.grid, sentences=base.sentences, n_iter=base.n_iter,
+                measures=tuple(m.strip() for m in args.measures.split(",") if m.strip()))
         outcome = invariance_study(out, quick=args.quick, seed=args.seed, dtypes=args.dtypes,
                                    resume=args.resume, progress=args.progress,
-                                   plots=args.plots, docs=args.docs, threads=args.threads)
+                                   plots=args.plots, docs=args.docs, threads=args.threads,
+                                   settings=variant)
     except KeyboardInterrupt:
         if is_main_rank():
             print(f"\ninterrupted: finished grid points are kept in {out}; continue with "

@@ -1,0 +1,130 @@
+"""The machine-readable headline numbers of each study: ``docs/results/data/<study>.json``.
+
+Each study's ``--docs`` run writes its headline Kendall taus here next to its page
+(:func:`write_headline`); the summary table of the results page is generated from these files
+(:mod:`quotientsharp.reproduce.summary`), and a test checks the summary's hand-written prose
+against them, so a number quoted in the prose is one that a study wrote.
+
+The file is ``{"study": str, "rows": [row, ...]}``, each row
+
+``setting``
+    What was run, in words (``"BERT from scratch (generated order task)"``).
+``measure``
+    ``"adaptive"``, ``"geodesic_inv"``, ``"geodesic_mix"`` (the three compared with the
+    paper), or any other name (``"worst_case"``, ``"confound: train_size"``).
+``tau``, ``low``, ``high``
+    Kendall tau and its 95 % interval.
+``paper``
+    The paper's value for that measure, or ``None``.
+``note``
+    Free text (``""`` for none).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from quotientsharp.workflows.files import write_json_atomic
+
+__all__ = ["HEADLINE_MEASURES", "ROW_KEYS", "check_rows", "headline_path", "read_headlines",
+           "write_headline"]
+
+#: The measures the summary table compares with the paper, in column order.
+HEADLINE_MEASURES = ("adaptive", "geodesic_inv", "geodesic_mix")
+#: Keys of a row, in the order they are written.
+ROW_KEYS = ("setting", "measure", "tau", "low", "high", "paper", "note")
+
+
+def headline_path(docs_dir: Path, study: str) -> Path:
+    """``docs_dir/results/data/<study>.json``."""
+    if not isinstance(study, str) or not study or "/" in study or study.startswith("."):
+        raise ValueError(f"study must be a plain name, got {study!r}")
+    return Path(docs_dir) / "results" / "data" / f"{study}.json"
+
+
+def _number(row: Mapping[str, Any], key: str, where: str) -> float:
+    value = row[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}: {key} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or not -1.0 <= value <= 1.0:
+        raise ValueError(f"{where}: {key} must be a finite Kendall tau in [-1, 1], got {value}")
+    return value
+
+
+def check_rows(rows: Sequence[Mapping[str, Any]], study: str = "rows") -> list[dict[str, Any]]:
+    """The rows as plain dicts in :data:`ROW_KEYS` order; a clear error for a bad row.
+
+    Raises
+    ------
+    ValueError
+        A missing or extra key, an empty setting or measure, a tau or bound that is not a
+        finite number in [-1, 1], ``low > high``, or the same (setting, measure) twice.
+    """
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
+        raise ValueError(f"{study}: rows must be a list of dicts, got {type(rows).__name__}")
+    checked, seen = [], set()
+    for index, row in enumerate(rows):
+        where = f"{study}: rows[{index}]"
+        if not isinstance(row, Mapping):
+            raise ValueError(f"{where} must be a dict, got {type(row).__name__}")
+        if set(row) != set(ROW_KEYS):
+            raise ValueError(f"{where} must have exactly the keys {list(ROW_KEYS)}; missing "
+                             f"{sorted(set(ROW_KEYS) - set(row))}, extra "
+                             f"{sorted(set(row) - set(ROW_KEYS))}")
+        for key in ("setting", "measure", "note"):
+            if not isinstance(row[key], str):
+                raise ValueError(f"{where}: {key} must be a string, got {row[key]!r}")
+        if not row["setting"].strip() or not row["measure"].strip():
+            raise ValueError(f"{where}: setting and measure must be non-empty")
+        tau, low, high = (_number(row, key, where) for key in ("tau", "low", "high"))
+        if low > high:
+            raise ValueError(f"{where}: low {low} > high {high}")
+        paper = None if row["paper"] is None else _number(row, "paper", where)
+        pair = (row["setting"], row["measure"])
+        if pair in seen:
+            raise ValueError(f"{where}: setting {pair[0]!r} has measure {pair[1]!r} twice")
+        seen.add(pair)
+        checked.append({"setting": row["setting"], "measure": row["measure"], "tau": tau,
+                        "low": low, "high": high, "paper": paper, "note": row["note"]})
+    return checked
+
+
+def write_headline(docs_dir: Path, study: str, rows: list[dict[str, Any]]) -> Path:
+    """Write ``docs_dir/results/data/<study>.json`` (module docstring) and return its path.
+
+    Parameters
+    ----------
+    docs_dir
+        The docs folder.
+    study
+        The study's name (a plain file name: ``"diagonal"``, ``"bert"``).
+    rows
+        The headline rows (:data:`ROW_KEYS`), in the order the summary shows them.
+    """
+    path = headline_path(docs_dir, study)
+    checked = check_rows(rows, study)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, {"study": study, "rows": checked})
+    return path
+
+
+def read_headlines(docs_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every study's headline rows, ``{study: rows}``, from ``docs_dir/results/data/*.json``
+    (empty when there is none), each file checked as :func:`write_headline` writes it."""
+    folder = Path(docs_dir) / "results" / "data"
+    headlines: dict[str, list[dict[str, Any]]] = {}
+    if not folder.is_dir():
+        return headlines
+    for path in sorted(folder.glob("*.json")):
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or set(data) != {"study", "rows"}:
+            raise ValueError(f"{path}: expected an object with the keys 'study' and 'rows'")
+        if data["study"] != path.stem:
+            raise ValueError(f"{path}: study {data['study']!r} does not match the file name")
+        headlines[path.stem] = check_rows(data["rows"], path.stem)
+    return headlines

@@ -1,0 +1,120 @@
+"""Where a results page came from: the package version, the git commit and the command.
+
+:func:`~quotientsharp.reproduce.results_page.write_section` stamps every section it writes
+with :func:`provenance_line`, so that a reader of a page can rerun exactly what made it. The
+commit is that of the checkout the imported package lives in; an installed package (no git
+checkout around it) or a machine without git gives ``commit=None``, said so on the page, never
+an error.
+"""
+
+from __future__ import annotations
+
+import datetime
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["PROVENANCE_PREFIX", "Provenance", "current_provenance", "default_command", "git_state",
+           "provenance_line"]
+
+#: Start of the provenance line in a section (tests and readers find it by this).
+PROVENANCE_PREFIX = "*Made by"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What made a page.
+
+    Attributes
+    ----------
+    version
+        ``quotientsharp.__version__``.
+    commit
+        Full hash of ``HEAD`` of the checkout holding the package; ``None`` outside a checkout.
+    dirty
+        Whether tracked files differed from ``commit`` (``None`` when ``commit`` is).
+    command
+        The command line, as a user would type it.
+    date
+        UTC date, ``YYYY-MM-DD``.
+    """
+
+    version: str
+    commit: str | None
+    dirty: bool | None
+    command: str
+    date: str
+
+
+def git_state(package_dir: Path) -> tuple[str | None, bool | None]:
+    """``(commit, dirty)`` of the git checkout whose top level holds ``package_dir``.
+
+    ``(None, None)`` when git is missing, ``package_dir`` is not inside a checkout, or the
+    checkout is another project's (an installed package inside some unrelated repository).
+    """
+    package_dir = Path(package_dir).resolve()
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(package_dir), *args], capture_output=True,
+                                  text=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != package_dir.parent:
+        return None, None
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return None, None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return commit, (None if status is None else bool(status))
+
+
+def default_command(argv: Sequence[str] | None = None) -> str:
+    """The command line of this process as a user types it: ``quotientsharp ...`` when it is
+    the package's command-line interface (``quotientsharp`` or ``python -m quotientsharp``),
+    ``python ARGV`` otherwise."""
+    argv = list(sys.argv if argv is None else argv)
+    if not argv:
+        return "python"
+    head = Path(argv[0])
+    if head.name == "quotientsharp" or (head.name == "__main__.py"
+                                         and head.parent.name == "quotientsharp"):
+        return shlex.join(["quotientsharp", *argv[1:]])
+    return shlex.join(["python", *argv])
+
+
+def current_provenance(command: str | None = None) -> Provenance:
+    """The provenance of a page written now by the imported package.
+
+    Parameters
+    ----------
+    command
+        The command that made the page (default :func:`default_command`).
+    """
+    import quotientsharp
+
+    commit, dirty = git_state(Path(quotientsharp.__file__).parent)
+    if command is not None and not command.strip():
+        raise ValueError("command must be a non-empty command line or None")
+    return Provenance(version=quotientsharp.__version__, commit=commit, dirty=dirty,
+                      command=command if command is not None else default_command(),
+                      date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"))
+
+
+def provenance_line(provenance: Provenance) -> str:
+    """One Markdown line naming the command, the version, the commit and the date."""
+    if provenance.commit is None:
+        where = "outside a git checkout (commit unknown)"
+    else:
+        state = {True: ", with uncommitted changes to tracked files",
+                 False: ", clean working tree", None: ""}[provenance.dirty]
+        where = f"at commit `{provenance.commit[:12]}`{state}"
+    command = provenance.command.replace("`", "'")
+    return (f"{PROVENANCE_PREFIX} `{command}` with quotientsharp {provenance.version} "
+            f"{where}, {provenance.date} (UTC).*")
