@@ -269,7 +269,8 @@ def family_section(study: FamilyStudy, settings: Mapping[str, Any],
                      f"models {diverged}.")
     lines += [
         f"- Sharpness on the same {settings['sharpness_points']} training points for every "
-        f"model (the first points of the pool, inside every training set), in "
+        f"model{' of a study seed' if seeded is not None else ''} (the first points of the "
+        "pool, inside every training set), in "
         f"{settings['sharpness_points'] // settings['sharpness_batch_size']} batches of "
         f"{settings['sharpness_batch_size']}, per batch then averaged; Auto-PGD with "
         f"{settings['n_iter']} steps from xi = 0, eta0 = 2 rho. Geodesic: attention heads in "
