@@ -70,9 +70,9 @@ def _cluster_bootstrap(x: Sequence[float], ys: Sequence[Sequence[float]],
             raise ValueError(f"x, y and clusters must have the same length, got {xs.size}, "
                              f"{column.size} and {len(labels)}"
                              + ("" if len(columns) == 1 else f" (y number {k})"))
-    for name, values in [("x", xs)] + [("y", column) for column in columns]:
+    for which, values in [("x", xs)] + [("y", column) for column in columns]:
         if not np.isfinite(values).all():
-            raise ValueError(f"{name} has non-finite values at positions "
+            raise ValueError(f"{which} has non-finite values at positions "
                              f"{np.flatnonzero(~np.isfinite(values))[:5].tolist()}")
     if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
         raise ValueError(f"n_boot must be an integer >= 1, got {n_boot!r}")
