@@ -137,6 +137,11 @@ def _cell(tau: float | None, interval: Sequence[float] | None, undefined: str = 
     return f"{tau:+.2f} [{interval[0]:+.2f}, {interval[1]:+.2f}]"
 
 
+def _p_text(p_value: float, resamples: int) -> str:
+    """A bootstrap p-value; 0 (no resample on the other side of 0) as a bound."""
+    return f"< {1 / resamples:.2g}" if p_value == 0.0 else f"{p_value:.3f}"
+
+
 def _name(row: Mapping[str, Any]) -> str:
     return row["measure"] if row["rho"] is None else f"{row['measure']} (rho {row['rho']:g})"
 
@@ -150,15 +155,16 @@ def _verdict(differences: Sequence[Mapping[str, Any]]) -> str:
     level = f"{100 * FAMILY_WISE_LEVEL:g} %"
     if not ahead:
         return (f"After Holm's correction over the {len(tested)} comparisons (family-wise "
-                f"level {level}), no measure ranks the gap significantly better than another: "
-                "the page names no winner.")
+                f"level {level}), no two of these measures have significantly different pooled "
+                "taus: the page names no winner.")
     said = []
     for row in ahead:
         first, second = _SHORT[row["first"]], _SHORT[row["second"]]
         said.append(f"{first} > {second}" if row["difference"] > 0 else f"{second} > {first}")
     return (f"After Holm's correction over the {len(tested)} comparisons (family-wise level "
-            f"{level}), only these orderings hold: {', '.join(said)}; every other pair is not "
-            "significantly different.")
+            f"{level}), only these orderings of the pooled taus hold: {', '.join(said)} "
+            "(a higher tau: the measure ranks alike with the gap more strongly); every other "
+            "pair is not significantly different.")
 
 
 def seeded_tables(stats: Mapping[str, Any]) -> list[str]:
@@ -195,7 +201,8 @@ def seeded_tables(stats: Mapping[str, Any]) -> list[str]:
             lines.append(f"| {row['label']} | undefined ({row['undefined']}) | — | — |")
             continue
         lines.append(f"| {row['label']} | {_cell(row['difference'], row['interval'])} | "
-                     f"{row['p_value']:.3f} | {row['p_holm']:.3f} |")
+                     f"{_p_text(row['p_value'], boot['resamples'])} | "
+                     f"{_p_text(row['p_holm'], boot['resamples'])} |")
     lines += ["", _verdict(stats["differences"])]
     if stats["confounds"]:
         lines += ["", "Confounds: pooled Kendall tau-b between the gap and each drawn "
