@@ -161,20 +161,22 @@ def test_study_seeds_must_be_positive(tmp_path, capsys, value):
     assert "study-seeds must be an integer >= 1" in capsys.readouterr().err
 
 
-def test_fine_tuning_family_runs_over_study_seeds(tmp_path):
-    """The fine-tuning families take the option through the same driver: a tiny run of the
-    ViT fine-tunes, two seeds of two models, every model of its seed's draws."""
-    from quotientsharp.reproduce.families import vit_finetune
+@pytest.mark.parametrize("name", ["vit-finetune", "minilm"])
+def test_fine_tuning_family_runs_over_study_seeds(tmp_path, name):
+    """The fine-tuning families take the option through the same driver: a tiny run, two
+    seeds of three models, every model of its seed's draws."""
+    from quotientsharp.reproduce import load_study
 
-    out = tmp_path / "vit-finetune"
-    code = main(["reproduce", "vit-finetune", "--quick", "--study-seeds", "2", "--models", "3",
+    study = load_study(name).STUDY
+    out = tmp_path / name
+    code = main(["reproduce", name, "--quick", "--study-seeds", "2", "--models", "3",
                  "--out", str(out), "--no-progress", "--no-plots"])
     assert code == 0
     records = _read_jsonl(out / "models.jsonl")
     assert sorted((r["study_seed"], r["index"]) for r in records) == [
         (s, i) for s in (0, 1) for i in range(3)]
     for record in records:
-        drawn = draw_hyperparameters(vit_finetune.STUDY.quick.space, record["study_seed"],
+        drawn = draw_hyperparameters(study.quick.space, record["study_seed"],
                                      record["index"]).as_dict()
         assert {key: record[key] for key in drawn} == drawn
     stats = json.loads((out / "seeds.json").read_text())
