@@ -7,7 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from quotientsharp.workflows.cluster_bootstrap import cluster_bootstrap_tau
+from quotientsharp.workflows.cluster_bootstrap import (
+    cluster_bootstrap_difference,
+    cluster_bootstrap_tau,
+    holm_adjust,
+)
 from quotientsharp.workflows.taus import kendall_tau_b_reference
 
 
@@ -104,3 +108,91 @@ def test_bad_input_is_refused(args, message) -> None:
 def test_bad_resample_count_is_refused(n_boot) -> None:
     with pytest.raises(ValueError, match="n_boot"):
         cluster_bootstrap_tau([1.0, 2.0], [1.0, 2.0], [0, 0], n_boot, 0)
+
+
+def _difference_reference(x, y1, y2, clusters, n_boot, seed):
+    """The paired protocol with loops: the draws of the single-measure protocol, each drawn
+    cluster's members used for both measures; resamples where any drawn tau-b is undefined
+    are left out; p = 2 min(share <= 0, share >= 0), capped at 1."""
+    names = list(dict.fromkeys(clusters))
+    members = {c: [k for k, name in enumerate(clusters) if name == c] for c in names}
+    sub = {c: ([x[k] for k in members[c]], [y1[k] for k in members[c]],
+               [y2[k] for k in members[c]]) for c in names}
+    point = float(np.mean([kendall_tau_b_reference(sub[c][0], sub[c][1]) for c in names])
+                  - np.mean([kendall_tau_b_reference(sub[c][0], sub[c][2]) for c in names]))
+    rng = np.random.default_rng(seed)
+    diffs = []
+    for _ in range(n_boot):
+        picks = rng.integers(0, len(names), size=len(names))
+        first, second = [], []
+        for p in picks:
+            cx, c1, c2 = sub[names[p]]
+            idx = rng.integers(0, len(cx), size=len(cx)).tolist()
+            first.append(_tau_b_brute(cx, c1, idx))
+            second.append(_tau_b_brute(cx, c2, idx))
+        if all(t is not None for t in first + second):
+            diffs.append(float(np.mean(first)) - float(np.mean(second)))
+    low, high = np.quantile(diffs, [0.025, 0.975])
+    below = sum(d <= 0 for d in diffs) / len(diffs)
+    above = sum(d >= 0 for d in diffs) / len(diffs)
+    return point, float(low), float(high), min(1.0, 2 * min(below, above))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_difference_matches_the_brute_force_reference(seed) -> None:
+    rng = np.random.default_rng(200 + seed)
+    sizes = [5, 6 + seed, 4]
+    clusters = [c for c, n in zip(["a", "b", "c"], sizes, strict=True) for _ in range(n)]
+    x = np.round(rng.normal(size=len(clusters)), 1)
+    y1 = np.round(x + rng.normal(scale=0.5, size=len(clusters)), 1)
+    y2 = np.round(rng.normal(size=len(clusters)), 1)
+    got = cluster_bootstrap_difference(x.tolist(), y1.tolist(), y2.tolist(), clusters, 150,
+                                       seed)
+    want = _difference_reference(x.tolist(), y1.tolist(), y2.tolist(), clusters, 150, seed)
+    assert got == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
+def test_difference_of_a_measure_with_itself_is_zero() -> None:
+    rng = np.random.default_rng(7)
+    clusters = [0] * 6 + [1] * 6
+    x, y = rng.normal(size=12).tolist(), rng.normal(size=12).tolist()
+    value, low, high, p_value = cluster_bootstrap_difference(x, y, y, clusters, 100, 0)
+    assert (value, low, high, p_value) == (0.0, 0.0, 0.0, 1.0)
+
+
+def test_difference_tau_matches_the_single_measure_taus() -> None:
+    rng = np.random.default_rng(8)
+    clusters = [0] * 7 + [1] * 5 + [2] * 6
+    x, y1, y2 = (rng.normal(size=18).tolist() for _ in range(3))
+    value = cluster_bootstrap_difference(x, y1, y2, clusters, 50, 3)[0]
+    first = cluster_bootstrap_tau(x, y1, clusters, 50, 3)[0]
+    second = cluster_bootstrap_tau(x, y2, clusters, 50, 3)[0]
+    assert value == pytest.approx(first - second, abs=1e-14)
+
+
+def _holm_reference(p_values: list[float], alpha: float) -> list[bool]:
+    """Holm's procedure as a sequence of tests: reject in ascending order while
+    p_(k) <= alpha / (m - k + 1), stop at the first that fails."""
+    order = sorted(range(len(p_values)), key=lambda k: p_values[k])
+    rejected = [False] * len(p_values)
+    for step, k in enumerate(order):
+        if p_values[k] > alpha / (len(p_values) - step):
+            break
+        rejected[k] = True
+    return rejected
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_holm_adjusted_p_values_reject_what_the_step_down_test_rejects(seed) -> None:
+    rng = np.random.default_rng(seed)
+    p_values = rng.uniform(0, 0.2, size=int(rng.integers(1, 7))).tolist()
+    adjusted = holm_adjust(p_values)
+    for alpha in (0.01, 0.05, 0.1):
+        assert [a <= alpha for a in adjusted] == _holm_reference(p_values, alpha)
+    assert all(a >= p for a, p in zip(adjusted, p_values, strict=True))
+    assert all(a <= 1.0 for a in adjusted)
+
+
+def test_holm_refuses_p_values_outside_0_1() -> None:
+    with pytest.raises(ValueError, match=r"p_values\[1\]"):
+        holm_adjust([0.1, 1.5])

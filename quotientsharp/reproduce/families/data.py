@@ -18,6 +18,7 @@ __all__ = [
     "ClassificationData",
     "Inputs",
     "sharpness_batches",
+    "shuffled_pool",
     "take",
 ]
 
@@ -94,3 +95,21 @@ def sharpness_batches(data: ClassificationData, points: int, batch_size: int) ->
              "labels": data.train_labels[start:start + batch_size]}
             for start in range(0, points, batch_size)]
 
+
+
+def shuffled_pool(data: ClassificationData, seed: int) -> ClassificationData:
+    """The same data with the training pool in the order of a permutation drawn from
+    ``torch.Generator().manual_seed(seed)`` (test set unchanged).
+
+    A study seed's new draw of the data: each model's training set (the first
+    ``train_size`` pool points) and the sharpness set (the first ``sharpness_points``) are
+    then new samples of the pool, while every model of the seed still shares the sharpness set
+    and every training set still contains it.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    order = torch.randperm(data.pool_size, generator=torch.Generator().manual_seed(seed))
+    order = order.to(data.train_labels.device)
+    return ClassificationData(take(data.train_inputs, order), data.train_labels[order],
+                              dict(data.test_inputs), data.test_labels, data.num_labels,
+                              {**data.description, "pool_order_seed": seed})

@@ -53,6 +53,13 @@ def add_family_arguments(parser: argparse.ArgumentParser, name: str, sizes: Fami
     parser.add_argument("--seed", type=int, default=0,
                         help="study seed: hyperparameters and initialisation of model i are "
                              "drawn from (seed, i) (default 0)")
+    parser.add_argument("--study-seeds", type=int, default=None, metavar="S",
+                        help="replicate over S study seeds (--seed, --seed + 1, ...): each "
+                             "draws new hyperparameters, initialisations and training-pool "
+                             "order for its --models models; the page gives per-seed taus, "
+                             "taus pooled over the seeds with a cluster bootstrap interval, "
+                             "and Holm-corrected paired differences (default: one seed, the "
+                             "single-seed study)")
     parser.add_argument("--models", type=int, default=None,
                         help=f"number of models (default {sizes.full_models}, or "
                              f"{sizes.quick_models} with --quick)")

@@ -22,6 +22,7 @@ __all__ = [
     "confound_rows",
     "csv_columns",
     "family_section",
+    "seeded_folder",
     "spec_label",
     "tau_rows",
 ]
@@ -151,6 +152,11 @@ def interval_table(first: str, rows: Sequence[tuple[str, Mapping[str, Any], str]
     return "\n".join(lines)
 
 
+def seeded_folder(name: str, quick: bool) -> str:
+    """Default results folder of a study over several study seeds."""
+    return f"results/{name}-seeds" + ("-quick" if quick else "")
+
+
 def _ranks_text(world_size: int) -> str:
     return (f" per rank, {world_size} ranks under torchrun, each model trained and measured "
             "whole on one rank") if world_size > 1 else ""
@@ -174,7 +180,10 @@ def _format_rho(rho: float | None) -> str:
 def _recipe_text(settings: Mapping[str, Any]) -> str:
     """The per-model draws and the optimiser, in words."""
     space = settings["hyperparameter_space"]
-    text = (f"- Per model i, drawn from `numpy.random.default_rng([{settings['seed']}, i])` (no "
+    seeds = settings.get("study_seeds")
+    source = (f"`numpy.random.default_rng([s, i])` for study seed s in {seeds}" if seeds
+              else f"`numpy.random.default_rng([{settings['seed']}, i])`")
+    text = (f"- Per model i, drawn from {source} (no "
             f"model is filtered or redrawn): learning rate log-uniform in "
             f"{space['learning_rate']}, weight decay log-uniform in {space['weight_decay']}, "
             f"epochs uniform in {space['epochs']}, label smoothing uniform in "
@@ -190,6 +199,10 @@ def _recipe_text(settings: Mapping[str, Any]) -> str:
         text += f"batch {settings['train_batch_size']}, "
     text += ("5% warm-up" if "warmup" not in space else "linear warm-up") + \
         " then cosine decay to 0, dropout 0."
+    if seeds:
+        text += (" Each study seed s also draws its own order of the training pool "
+                 "(`torch.randperm` with `torch.Generator().manual_seed(s)`): the models' "
+                 "training sets and the sharpness set are new samples of the pool per seed.")
     return text
 
 
@@ -198,11 +211,15 @@ def family_section(study: FamilyStudy, settings: Mapping[str, Any],
                    wall_seconds: float, threads: int, resumed: int,
                    world_size: int = 1,
                    confounds: Sequence[Mapping[str, Any]] = (), device: str = "cpu",
-                   pretrained_note: str = "", specs: Sequence[MeasureSpec] = ()) -> str:
+                   pretrained_note: str = "", specs: Sequence[MeasureSpec] = (),
+                   seeded: Mapping[str, Any] | None = None) -> str:
     """The markdown section ``docs/results/<study>.md`` (``world_size``: ranks of this session,
     mentioned when above 1; ``confounds``: :func:`confound_rows`; ``device``: where it ran;
     ``pretrained_note``: a line on the common pretrained start; ``specs``: the measures, for
-    the ablation sizes of :func:`ablation_rows`)."""
+    the ablation sizes of :func:`ablation_rows`; ``seeded``: the statistics of a study over
+    several study seeds,
+    :func:`~quotientsharp.reproduce.families.seeds_report.seeded_statistics`, whose tables
+    replace the single-seed ones)."""
     table = interval_table("measure", [
         (row["measure"] if row["rho"] is None
          else f"{row['measure']} (rho {_format_rho(row['rho'])})", row,
@@ -212,7 +229,13 @@ def family_section(study: FamilyStudy, settings: Mapping[str, Any],
     diverged = [r["index"] for r in records if r["diverged"]]
     quick = settings["quick"]
     command = f"quotientsharp reproduce {study.name}" + (" --quick" if quick else "")
+    if seeded is not None:
+        command += (f" --study-seeds {len(settings['study_seeds'])} --models "
+                    f"{settings['models']}" + (f" --seed {settings['seed']}"
+                                               if settings["seed"] else ""))
     folder = f"results/{study.name}" + ("-quick" if quick else "")
+    if seeded is not None:
+        folder = seeded_folder(study.name, quick)
     lines = [f"## {study.title}", ""]
     if quick:
         lines += ["**A `--quick` smoke run (tiny training, few ascent steps): the numbers mean "
@@ -248,7 +271,8 @@ def family_section(study: FamilyStudy, settings: Mapping[str, Any],
                      f"models {diverged}.")
     lines += [
         f"- Sharpness on the same {settings['sharpness_points']} training points for every "
-        f"model (the first points of the pool, inside every training set), in "
+        f"model{' of a study seed' if seeded is not None else ''} (the first points of the "
+        "pool, inside every training set), in "
         f"{settings['sharpness_points'] // settings['sharpness_batch_size']} batches of "
         f"{settings['sharpness_batch_size']}, per batch then averaged; Auto-PGD with "
         f"{settings['n_iter']} steps from xi = 0, eta0 = 2 rho. "
@@ -257,15 +281,24 @@ def family_section(study: FamilyStudy, settings: Mapping[str, Any],
            "before the study, from pilot models (on which the perturbed loss rose by about "
            "0.005-0.5 nats, far above round-off); the same for every model and never adjusted "
            "to any correlation."),
-        f"- Intervals: percentile bootstrap over the models, {BOOTSTRAP['resamples']} draws, "
-        f"seed {BOOTSTRAP['seed']}, the same draws for every row.",
-        "",
-        f"Kendall tau between the gap and each sharpness measure over the {len(counted)} "
-        f"counted models. The paper's column is {study.paper_setting}: a different setting "
-        "(large pretrained models, fine-tuned), shown for orientation only.",
-        "",
-        table,
     ]
+    if seeded is None:
+        lines += [
+            f"- Intervals: percentile bootstrap over the models, {BOOTSTRAP['resamples']} "
+            f"draws, seed {BOOTSTRAP['seed']}, the same draws for every row.",
+            "",
+            f"Kendall tau between the gap and each sharpness measure over the {len(counted)} "
+            f"counted models. The paper's column is {study.paper_setting}: a different "
+            "setting (large pretrained models, fine-tuned), shown for orientation only.",
+            "",
+            table,
+        ]
+    else:
+        from quotientsharp.reproduce.families.seeds_report import seeded_tables
+
+        lines += ["", f"The paper's column is {study.paper_setting}: a different setting "
+                  "(large pretrained models, fine-tuned), shown for orientation only.", ""]
+        lines += seeded_tables(seeded)
     ablation = ablation_rows(counted, specs) if specs else []
     if ablation:
         lines += ["", "Ablation sizes: per-model ratio of two measures (median [min, max] over "
@@ -274,7 +307,7 @@ def family_section(study: FamilyStudy, settings: Mapping[str, Any],
         lines += [f"| {row['metric']} | {row['ratio']} | {row['median']:.3g} "
                   f"[{row['min']:.3g}, {row['max']:.3g}] | {row['count']} |"
                   for row in ablation if row["median"] is not None]
-    if confounds:
+    if confounds and seeded is None:
         lines += [
             "",
             "Confounds: Kendall tau between the gap and each drawn hyperparameter. A measure "

@@ -17,7 +17,12 @@ from typing import Any
 
 import torch
 
-from quotientsharp.reproduce.families.data import ClassificationData, sharpness_batches, take
+from quotientsharp.reproduce.families.data import (
+    ClassificationData,
+    sharpness_batches,
+    shuffled_pool,
+    take,
+)
 from quotientsharp.reproduce.families.measures import (
     MeasureSpec,
     eps_sweep_measures,
@@ -28,9 +33,11 @@ from quotientsharp.reproduce.families.report import (
     confound_rows,
     csv_columns,
     family_section,
+    seeded_folder,
     spec_label,
     tau_rows,
 )
+from quotientsharp.reproduce.families.seeds_report import headline_rows, seeded_statistics
 from quotientsharp.reproduce.families.settings import FamilySettings, FamilyStudy, study_settings
 from quotientsharp.reproduce.families.training import (
     draw_hyperparameters,
@@ -50,6 +57,13 @@ def _check_positive(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     return value
+
+
+def default_out(name: str, quick: bool, study_seeds: int | None) -> Path:
+    """Default results folder: ``results/<name>[-seeds][-quick]``."""
+    if study_seeds is not None:
+        return Path(seeded_folder(name, quick))
+    return Path(f"results/{name}-quick" if quick else f"results/{name}")
 
 
 def _model_record(study: FamilyStudy, data: ClassificationData, variant: FamilySettings,
@@ -111,7 +125,8 @@ class FamilyOutcome:
 
 
 def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = False,
-                 models: int | None = None, seed: int = 0, resume: bool = False,
+                 models: int | None = None, seed: int = 0, study_seeds: int | None = None,
+                 resume: bool = False,
                  progress: bool | None = None, plots: bool = True, docs: Path | None = None,
                  threads: int = 1, device: str = "cpu",
                  measuring: Mapping[str, int | None] | None = None) -> FamilyOutcome:
@@ -140,7 +155,17 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
     models
         Number of models (default the variant's).
     seed
-        Study seed.
+        Study seed (the first one with ``study_seeds``).
+    study_seeds
+        ``None``: one study seed, ``seed``, on the pool in its own order (the single-seed
+        study). ``S >= 1``: the study seeds ``seed, ..., seed + S - 1``, ``models`` models
+        each; each seed draws its models' hyperparameters and initialisations from
+        ``(study seed, index)`` and its own order of the training pool
+        (:func:`~quotientsharp.reproduce.families.data.shuffled_pool`), so training sets and
+        sharpness set are new draws too. One unit of the runner per (seed, model); the
+        records carry ``study_seed`` and ``index``, keyed by ``unit`` (``k * models + index``
+        for the ``k``-th seed). The taus are then per seed and pooled over the seeds with a
+        cluster bootstrap (:mod:`quotientsharp.reproduce.families.seeds_report`).
     resume
         Keep the finished models of the run in ``out`` (same settings required).
     progress
@@ -159,6 +184,7 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
         ``sharpness_batch_size`` (e.g. the paper's sizes on a GPU); they are settings.
     """
     from quotientsharp.engine.distributed import rank_and_world_size, run_on_rank0
+    from quotientsharp.reproduce.headline import write_headline
     from quotientsharp.reproduce.results_page import regenerate_results_page, write_section
     from quotientsharp.workflows.files import write_json_atomic
     from quotientsharp.workflows.labels import tau_title
@@ -182,8 +208,10 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
     threads = _check_positive("threads", threads)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-    out = Path(out) if out is not None else Path(
-        f"results/{study.name}-quick" if quick else f"results/{study.name}")
+    seeded = study_seeds is not None
+    seeds = [seed] if study_seeds is None else [
+        seed + k for k in range(_check_positive("study-seeds", study_seeds))]
+    out = Path(out) if out is not None else default_out(study.name, quick, study_seeds)
     rank, world_size = rank_and_world_size()
     distributed = world_size > 1
 
@@ -208,19 +236,26 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
             raise ValueError(f"measure_keys {sorted(unknown_keys)} are not family measures")
         specs = [spec for spec in specs if spec.key in study.measure_keys]
     settings = study_settings(study, variant, models, seed, specs, data, quick)
+    if seeded:
+        # only in the seeded study, so that run.json of a single-seed study is unchanged
+        settings["study_seeds"] = seeds
+        settings["pool_order"] = ("per study seed s, the training pool permuted by "
+                                  "torch.randperm with torch.Generator().manual_seed(s)")
     names = ["models.jsonl", "models.csv", "taus.json", "confounds.json", "summary.md"]
+    names += ["seeds.json"] if seeded else []
     names += [f"scatter_{spec.key}.png" for spec in specs]
     drawn = [name for name, bounds in (("batch_size", variant.space.batch_size),
                                        ("warmup_fraction", variant.space.warmup),
                                        ("rank", variant.space.rank))
              if bounds is not None]
-    columns = csv_columns(specs, drawn)
+    columns = (["unit", "study_seed"] if seeded else []) + csv_columns(specs, drawn)
 
     def mirror(folder: ResultsDirectory, records: Mapping[int, dict[str, Any]]) -> None:
         folder.write_csv("models.csv", columns, records.values())
 
-    run = ResumableRun(out, range(models), study=study.name, settings=settings, resume=resume,
-                       owned=names, records="models.jsonl", key="index", unit="model",
+    run = ResumableRun(out, range(models * len(seeds)), study=study.name, settings=settings,
+                       resume=resume, owned=names, records="models.jsonl",
+                       key="unit" if seeded else "index", unit="model",
                        description=f"{study.name} models", progress=progress, mirror=mirror)
     saved_threads = torch.get_num_threads()
     # set before the folder is opened, so that run.json records the thread count the run uses
@@ -237,12 +272,17 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
         if run.folder is not None:
             run.folder.save_run_info(device=device)
         data = data.to(device)
-        batches = sharpness_batches(data, variant.sharpness_points,
-                                    variant.sharpness_batch_size)
+        # per study seed: its data (the pool in the seed's order when seeded) and batches
+        seed_data = {s: shuffled_pool(data, s) if seeded else data for s in seeds}
+        seed_batches = {s: sharpness_batches(seed_data[s], variant.sharpness_points,
+                                             variant.sharpness_batch_size) for s in seeds}
 
-        def train_and_measure(index: int, status: Callable[[str], None]) -> dict[str, Any]:
-            return _model_record(study, data, variant, specs, batches, seed, index, status,
-                                 start_weights)
+        def train_and_measure(unit: int, status: Callable[[str], None]) -> dict[str, Any]:
+            study_seed, index = seeds[unit // models], unit % models
+            record = _model_record(study, seed_data[study_seed], variant, specs,
+                                   seed_batches[study_seed], study_seed, index, status,
+                                   start_weights)
+            return {"unit": unit, "study_seed": study_seed, **record} if seeded else record
 
         records = run.run(train_and_measure)
     finally:
@@ -252,13 +292,19 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
     ordered = list(records.values())
     counted = [r for r in ordered if not r["diverged"]]
     taus = tau_rows(counted, specs, study.paper)
+    seed_stats = seeded_statistics(counted, specs, study.paper) if seeded else None
+    if seed_stats is not None:
+        # the pooled taus replace the taus over all models, which would ignore the seeds
+        taus = seed_stats["pooled"]
     pretrained_note = ("" if study.pretrained is None or study.pretrained.describe is None
                        else study.pretrained.describe(start_weights))
-    confounds = confound_rows(counted)
+    confounds = confound_rows(counted) if seed_stats is None else seed_stats["confounds"]
 
     def finish(results: ResultsDirectory, wall: float) -> tuple[str, float]:
         write_json_atomic(results.file("taus.json"), taus)
         write_json_atomic(results.file("confounds.json"), confounds)
+        if seed_stats is not None:
+            write_json_atomic(results.file("seeds.json"), seed_stats)
         if plots and counted:
             scatter_plots([r["gap"] for r in counted],
                           {spec.key: [r[spec.key] for r in counted] for spec in specs},
@@ -273,7 +319,10 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
                           y_labels={spec.key: spec_label(spec) for spec in specs})
         section = family_section(study, settings, ordered, taus, wall, threads,
                                  int(results.run_info.get("resumed", 0)), world_size,
-                                 confounds, device, pretrained_note, specs)
+                                 confounds, device, pretrained_note, specs,
+                                 seeded=seed_stats)
+        if seed_stats is not None and docs is not None:
+            write_headline(Path(docs), study.name, headline_rows(study, settings, seed_stats))
         results.file("summary.md").write_text(section)
         if docs is not None:
             write_section(Path(docs), study.name, section)
@@ -291,10 +340,11 @@ def run_family_study(study: FamilyStudy, args: Any) -> int:
 
     from quotientsharp.workflows.records import is_main_rank
 
-    out = args.out if args.out is not None else Path(
-        f"results/{study.name}-quick" if args.quick else f"results/{study.name}")
+    out = args.out if args.out is not None else default_out(
+        study.name, args.quick, getattr(args, "study_seeds", None))
     try:
         outcome = family_study(study, out, quick=args.quick, models=args.models, seed=args.seed,
+                               study_seeds=getattr(args, "study_seeds", None),
                                resume=args.resume, progress=args.progress, plots=args.plots,
                                docs=args.docs, threads=args.threads,
                                device=getattr(args, "device", "cpu"),
