@@ -89,7 +89,7 @@ from quotientsharp import reference, value_checks  # noqa: E402
 from quotientsharp.engine.decisions import decisions_for  # noqa: E402
 from quotientsharp.engine.solver import gradient_step, momentum_step  # noqa: E402
 
-ROWS = (1, 2, 3, 4, 5, 6, 7, 8)
+ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 
 
 # ---------------------------------------------------------------------------- configuration

@@ -321,8 +321,10 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
                                  int(results.run_info.get("resumed", 0)), world_size,
                                  confounds, device, pretrained_note, specs,
                                  seeded=seed_stats)
-        if seed_stats is not None and docs is not None:
-            write_headline(Path(docs), study.name, headline_rows(study, settings, seed_stats))
+        if docs is not None:
+            headline = (seed_stats if seed_stats is not None
+                        else {"pooled": taus, "confounds": confounds})
+            write_headline(Path(docs), study.name, headline_rows(study, settings, headline))
         results.file("summary.md").write_text(section)
         if docs is not None:
             write_section(Path(docs), study.name, section)

@@ -229,11 +229,20 @@ def _headline_measure(spec_key: str, paper_key: str | None) -> str:
 def headline_rows(study: FamilyStudy, settings: Mapping[str, Any],
                   stats: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Rows of ``docs/results/data/<study>.json``: the pooled taus with their cluster
-    intervals (measures, then confounds); undefined ones are left out, said in a note."""
+    intervals (measures, then confounds); undefined ones are left out, said in a note.
+
+    ``stats`` is :func:`seeded_statistics`'s mapping, or, for a study of one seed,
+    ``{"pooled": taus, "confounds": confounds}`` with the taus and confounds over the models
+    and their percentile-bootstrap intervals (no ``"seeds"`` entry).
+    """
     paper_keys = {m["key"]: m.get("paper_key") for m in settings["measures"]}
-    setting = (f"{study.title.split(' (')[0]}: {len(stats['seeds'])} study seeds x "
-               f"{settings['models']} models")
-    note = "pooled over study seeds; two-stage cluster bootstrap interval"
+    if stats.get("seeds"):
+        setting = (f"{study.title.split(' (')[0]}: {len(stats['seeds'])} study seeds x "
+                   f"{settings['models']} models")
+        note = "pooled over study seeds; two-stage cluster bootstrap interval"
+    else:
+        setting = f"{study.title.split(' (')[0]}: one study seed x {settings['models']} models"
+        note = "one study seed; percentile bootstrap over the models"
     rows = []
     for row in stats["pooled"]:
         if row["tau_b"] is None:
