@@ -239,10 +239,10 @@ def headline_rows(study: FamilyStudy, settings: Mapping[str, Any],
     if stats.get("seeds"):
         setting = (f"{study.title.split(' (')[0]}: {len(stats['seeds'])} study seeds x "
                    f"{settings['models']} models")
-        note = "pooled over study seeds; two-stage cluster bootstrap interval"
+        note = "cluster bootstrap over the seeds"
     else:
         setting = f"{study.title.split(' (')[0]}: one study seed x {settings['models']} models"
-        note = "one study seed; percentile bootstrap over the models"
+        note = ""   # the ordinary bootstrap over the models, as on the single-seed pages
     rows = []
     for row in stats["pooled"]:
         if row["tau_b"] is None:
