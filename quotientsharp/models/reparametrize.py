@@ -3,8 +3,9 @@
 Each attention pair gets ``(G A^{-1}, H A^T)`` with its own random ``A = scale * N``
 (``N`` standard Gaussian, ``h x h``); each LoRA adapter, the pair ``(G, H) = (B, A_lora^T)`` of
 kind ``"lora"``, likewise gets ``(B M^{-1}, (M A_lora)^T)`` with ``M = scale * N``, ``r x r``;
-each diagonal coordinate gets ``(c u, v / c)`` with ``c = scale * N``. The network computes the same function (exactly in exact arithmetic), while
-Euclidean sharpness measures change: the experiment behind the paper's motivation.
+each diagonal coordinate gets ``(c u, v / c)`` with ``c = scale * N``. The network computes the
+same function (exactly in exact arithmetic), while Euclidean sharpness measures change: the
+experiment behind the paper's motivation.
 
 A rotary query/key pair draws ``N`` in its group ``GL(1,C)^{R/2} x GL(h - R)``: a complex
 scalar ``[[a, -b], [b, a]]`` (``a, b`` standard Gaussian) on each rotation plane, a standard
