@@ -35,7 +35,8 @@ class Provenance:
     commit
         Full hash of ``HEAD`` of the checkout holding the package; ``None`` outside a checkout.
     dirty
-        Whether tracked files differed from ``commit`` (``None`` when ``commit`` is).
+        Whether tracked files outside ``docs/`` differed from ``commit`` (``None`` when
+        ``commit`` is).
     command
         The command line, as a user would type it.
     date
@@ -71,7 +72,9 @@ def git_state(package_dir: Path) -> tuple[str | None, bool | None]:
     commit = git("rev-parse", "HEAD")
     if commit is None:
         return None, None
-    status = git("status", "--porcelain", "--untracked-files=no")
+    # the pages and figures the studies write live under docs/: a regeneration of several
+    # pages in turn must not count its own earlier outputs as changes to the code
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs")
     return commit, (None if status is None else bool(status))
 
 
@@ -112,8 +115,8 @@ def provenance_line(provenance: Provenance) -> str:
     if provenance.commit is None:
         where = "outside a git checkout (commit unknown)"
     else:
-        state = {True: ", with uncommitted changes to tracked files",
-                 False: ", clean working tree", None: ""}[provenance.dirty]
+        state = {True: ", with uncommitted changes to tracked files outside docs/",
+                 False: ", clean working tree outside docs/", None: ""}[provenance.dirty]
         where = f"at commit `{provenance.commit[:12]}`{state}"
     command = provenance.command.replace("`", "'")
     return (f"{PROVENANCE_PREFIX} `{command}` with quotientsharp {provenance.version} "
