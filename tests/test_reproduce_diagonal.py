@@ -375,7 +375,8 @@ def test_quick_run_writes_every_output(quick_run) -> None:
     assert run_info["settings"] == json.loads(json.dumps(settings.as_dict()))
     for package in ("python", "torch", "numpy", "quotientsharp"):
         assert run_info["environment"][package]
-    assert run_info["wall_seconds"] < 60
+    # recorded, not timed: speed targets live in benchmarks/, never in a unit test
+    assert run_info["wall_seconds"] > 0
     assert len(run_info["hyperparameters"]) == settings.nets
     records = read_jsonl(out / "models.jsonl")
     assert [r["model"] for r in records] == list(range(settings.nets))
