@@ -94,15 +94,7 @@ def mix_exact_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
     torch.Tensor
         ``shape=[M, K]``: ``max_{||D|| <= sqrt(2) rho} L_B(beta + D) - L_B(beta)``.
     """
-    beta = (u * v).to(torch.float64)
-    inputs, targets = _check_batches(beta, inputs.to(torch.float64), targets.to(torch.float64))
-    out = torch.empty(inputs.shape[:2], dtype=torch.float64)
-    for m in range(inputs.shape[0]):
-        for k in range(inputs.shape[1]):
-            hessian, gradient = _quadratic_hessian_gradient(beta[m], inputs[m, k],
-                                                            targets[m, k])
-            out[m, k] = trust_region_maximum(hessian, gradient, math.sqrt(2.0) * rho).value
-    return out
+    return _ball_maxima(u, v, inputs, targets, math.sqrt(2.0) * rho, scaled=False)
 
 
 def mix_rate_ball_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
@@ -115,6 +107,14 @@ def mix_rate_ball_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
     (:func:`quotientsharp.engine.exact.trust_region_maximum`). Shapes as
     :func:`mix_exact_maxima`.
     """
+    return _ball_maxima(u, v, inputs, targets, rho / math.sqrt(2.0), scaled=True)
+
+
+def _ball_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
+                 targets: torch.Tensor, radius: float, scaled: bool) -> torch.Tensor:
+    """``max L_B(beta + D) - L_B(beta)`` per net and batch, ``shape=[M, K]``, over the ball
+    ``||D|| <= radius`` or, with ``scaled``, the rate ball ``||D / (2 |beta|)|| <= radius``
+    (the batch loss is quadratic in ``D``: one trust-region subproblem each)."""
     beta = (u * v).to(torch.float64)
     inputs, targets = _check_batches(beta, inputs.to(torch.float64), targets.to(torch.float64))
     out = torch.empty(inputs.shape[:2], dtype=torch.float64)
@@ -122,8 +122,8 @@ def mix_rate_ball_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
         for k in range(inputs.shape[1]):
             hessian, gradient = _quadratic_hessian_gradient(beta[m], inputs[m, k],
                                                             targets[m, k])
-            out[m, k] = trust_region_maximum(hessian, gradient, rho / math.sqrt(2.0),
-                                             scale=2.0 * beta[m].abs()).value
+            scale = 2.0 * beta[m].abs() if scaled else None
+            out[m, k] = trust_region_maximum(hessian, gradient, radius, scale=scale).value
     return out
 
 
