@@ -136,3 +136,68 @@ def test_gpu_step_script_runs_its_python_part_on_the_cpu(tmp_path):
     assert min(eager["launches_per_iteration"].values()) >= eager["forward_backward_launches"]
     assert "skipped" in report["variants"]["cudagraphs"]
     assert "gpu_step.py" in (BENCHMARKS / "gpu.sh").read_text()
+
+
+STUBBORN_STEP = r"""
+import os, signal, subprocess, sys, time
+# a child that ignores SIGTERM and holds the step's output open, like a compile worker
+child = subprocess.Popen([sys.executable, "-c",
+                          "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                          "time.sleep(120)"])
+with open(sys.argv[1], "w") as handle:
+    handle.write(str(child.pid))
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("step started", flush=True)
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    # a killed child not yet reaped by its (killed) parent is a zombie: gone for our purpose
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def test_a_bounded_step_ends_at_its_limit_with_everything_it_started(tmp_path):
+    # benchmarks/gpu.sh runs each step through bounded_step.sh: a step and a child that both
+    # ignore SIGTERM, the child holding the output open, must still end soon after the limit,
+    # with the step's output printed and no process left behind
+    pid_file, log = tmp_path / "child.pid", tmp_path / "logs" / "step.log"
+    completed = subprocess.run(
+        ["bash", str(BENCHMARKS / "bounded_step.sh"), "2", str(log), sys.executable, "-c",
+         STUBBORN_STEP, str(pid_file)],
+        capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 137, completed.stderr
+    assert "step started" in completed.stdout
+    assert "stopped at its limit of 2 s" in completed.stderr
+    assert not _alive(int(pid_file.read_text()))
+
+
+def test_a_bounded_step_passes_its_exit_status_and_output_through(tmp_path):
+    log = tmp_path / "ok.log"
+    completed = subprocess.run(
+        ["bash", str(BENCHMARKS / "bounded_step.sh"), "30", str(log), sys.executable, "-c",
+         "import sys; print('done'); sys.exit(3)"],
+        capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 3
+    assert completed.stdout == "done\n" == log.read_text()
+    assert "stopped" not in completed.stderr
+
+
+def test_gpu_script_bounds_every_step():
+    script = (BENCHMARKS / "gpu.sh").read_text()
+    steps = [line for line in script.splitlines() if "benchmarks/" in line and ".py" in line
+             and not line.lstrip().startswith("#")]
+    assert steps and all(line.startswith("bounded ") for line in steps), steps
+    assert "| tee" not in script.replace("`timeout | tee`", "")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a CPU machine")
+def test_gpu_script_refuses_without_a_cuda_device():
+    completed = subprocess.run(["bash", str(BENCHMARKS / "gpu.sh")], capture_output=True,
+                               text=True, timeout=120, cwd=ROOT)
+    assert completed.returncode == 1
+    assert "no CUDA device visible to torch" in completed.stderr
