@@ -201,3 +201,19 @@ def test_gpu_script_refuses_without_a_cuda_device():
                                text=True, timeout=120, cwd=ROOT)
     assert completed.returncode == 1
     assert "no CUDA device visible to torch" in completed.stderr
+
+
+def test_end_to_end_memory_runs_the_command_and_its_baseline(tmp_path):
+    # benchmarks/peak_rss.py --end-to-end: the `measure` command per measure against a process
+    # that loads the same files and runs forward+backward; here on a tiny BERT
+    completed = subprocess.run([sys.executable, str(BENCHMARKS / "peak_rss.py"), "--end-to-end",
+                                "--hidden", "64", "--layers", "1", "--n-iter", "1"],
+                               capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    results = [json.loads(line) for line in completed.stdout.splitlines()]
+    assert [r["measure"] for r in results] == ["adaptive", "geodesic mix", "geodesic inv"]
+    for result in results:
+        assert result["command_peak_bytes"] > result["parameter_bytes"] > 0
+        assert result["beyond_baseline_over_parameter_bytes"] == pytest.approx(
+            (result["command_peak_bytes"] - result["baseline_peak_bytes"])
+            / result["parameter_bytes"])
