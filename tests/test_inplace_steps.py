@@ -208,3 +208,53 @@ def test_ascent_values_do_not_depend_on_overwriting(host, metric) -> None:
     assert torch.equal(runs[0].loss, runs[1].loss)
     assert _equal(runs[0].xi, runs[1].xi)
     assert torch.equal(runs[0].trace, runs[1].trace)
+
+
+def _adaptive_point(seed: int, dtype: torch.dtype, zero: bool):
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+
+    gen = torch.Generator().manual_seed(seed)
+    # ill-scaled weights (1e-3 to 1e3) and, where asked, zero weights and a zero tensor
+    x = [torch.randn(*s, generator=gen, dtype=dtype) * 10.0 ** torch.randint(-3, 4, (), generator=gen)
+         for s in [(9, 4), (4,), (3, 5, 2), (17,)]]
+    if zero:
+        x[0][1, 2] = 0.0
+        x[3].zero_()
+    return AdaptiveQuotient.of(x).frozen_point(tuple(x)), gen
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("zero", [False, True], ids=["nonzero", "zero-weights"])
+def test_adaptive_norm_through_its_scratch_buffer_equals_the_fused_norm(dtype, seed,
+                                                                        zero) -> None:
+    # the norm the ascent takes two or three times per step writes u / c into one buffer,
+    # tensor by tensor; it equals the fused form (a new tuple u / c) bit for bit, and the
+    # buffer is reused, not grown, from one call to the next
+    from quotientsharp.core import _tuples as T
+
+    point, gen = _adaptive_point(seed, dtype, zero)
+    assert point.unbatched
+    for _ in range(3):
+        u = tuple(torch.randn(t.shape, generator=gen, dtype=dtype) for t in point.x)
+        assert point._fits_scratch(u)
+        plain = T.fused_square_norms(T.fused_mul(u, point.inverse_scale))
+        assert torch.equal(point.squared_norm(u), plain)
+    assert point._scratch.numel() == max(t.numel() for t in point.x)
+    # the Python-loop reference of the metric: sum over entries of (u / |w|)^2, 0 where w = 0
+    reference = sum(float(torch.where(w == 0, 0.0, a / w.abs()).double().square().sum())
+                    for a, w in zip(u, point.x, strict=True))
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-12
+    assert float(point.squared_norm(u)) == pytest.approx(reference, rel=tolerance)
+
+
+def test_adaptive_norm_of_a_vector_with_history_keeps_its_gradient() -> None:
+    # out= takes no autograd history: a vector that requires grad takes the fused form,
+    # whose gradient is the metric's 2 u / c^2
+    point, gen = _adaptive_point(3, torch.float64, zero=True)
+    u = tuple(torch.randn(t.shape, generator=gen, dtype=torch.float64).requires_grad_()
+              for t in point.x)
+    assert not point._fits_scratch(u)
+    grads = torch.autograd.grad(point.squared_norm(u), u)
+    for g, a, r in zip(grads, u, point.inverse_scale, strict=True):
+        assert torch.allclose(g, 2 * a.detach() * r.square(), rtol=1e-12, atol=0)

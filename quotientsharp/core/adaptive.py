@@ -89,12 +89,48 @@ class AdaptivePoint(ClosedFormPoint):
     def squared_norm(self, u: Tensors) -> torch.Tensor:
         """``sum (u / c)^2``: ``u / c`` first, the form that rounds alike batched or not."""
         if self.unbatched and all(a.dim() == t.dim() for a, t in zip(u, self.x, strict=True)):
-            return T.fused_square_norms(u if self.unit else T.fused_mul(u, self.inverse_scale))
+            if self.unit:
+                return T.fused_square_norms(u)
+            if self._fits_scratch(u):
+                return self._scratch_square_norms(u)
+            return T.fused_square_norms(T.fused_mul(u, self.inverse_scale))
         scaled = u if self.unit else tuple(a * r for a, r in zip(u, self.inverse_scale,
                                                                  strict=True))
         terms = [self._reduce(a.square(), k) for a, k in zip(scaled, self.point_ndims,
                                                              strict=True)]
         return sum(terms[1:], terms[0]).clamp_min(0)
+
+    @cached_property
+    def _scratch(self) -> torch.Tensor:
+        """One flat buffer the size of the largest parameter tensor, reused by every norm.
+
+        The ascent takes two or three norms per step; each as a new tuple ``u / c`` would cost
+        more than its arithmetic on a CPU, where the allocator returns such tensors to the
+        kernel when they are freed and page-faults them again at the next step. Written one
+        tensor at a time, the products share this buffer and no tuple is made.
+        """
+        largest = max(self.x, key=lambda t: t.numel())
+        return torch.empty(largest.numel(), dtype=largest.dtype, device=largest.device)
+
+    def _fits_scratch(self, u: Tensors) -> bool:
+        # out= takes no autograd history, and the buffer has one dtype and device
+        if torch.is_grad_enabled() and any(a.requires_grad for a in u):
+            return False
+        if any(r.requires_grad for r in self.inverse_scale):
+            return False
+        first = self.x[0]
+        return all(a.dtype == first.dtype == w.dtype and a.device == first.device == w.device
+                   and a.shape == w.shape for a, w in zip(u, self.x, strict=True))
+
+    def _scratch_square_norms(self, u: Tensors) -> torch.Tensor:
+        """``sum ||u / c||^2`` with each product written into :attr:`_scratch` in turn (the
+        same products and reductions as the fused form, so the same value bit for bit)."""
+        norms = []
+        for a, r in zip(u, self.inverse_scale, strict=True):
+            product = self._scratch[:a.numel()].view(a.shape)
+            torch.mul(a, r, out=product)
+            norms.append(torch.linalg.vector_norm(product))
+        return torch.stack(norms).square().sum()
 
     # ------------------------------------------------------------------ trivial group
     def horizontal_projection(self, u: Tensors) -> Tensors:
