@@ -215,7 +215,8 @@ def _adaptive_point(seed: int, dtype: torch.dtype, zero: bool):
 
     gen = torch.Generator().manual_seed(seed)
     # ill-scaled weights (1e-3 to 1e3) and, where asked, zero weights and a zero tensor
-    x = [torch.randn(*s, generator=gen, dtype=dtype) * 10.0 ** torch.randint(-3, 4, (), generator=gen)
+    x = [torch.randn(*s, generator=gen, dtype=dtype)
+         * 10.0 ** torch.randint(-3, 4, (), generator=gen)
          for s in [(9, 4), (4,), (3, 5, 2), (17,)]]
     if zero:
         x[0][1, 2] = 0.0
