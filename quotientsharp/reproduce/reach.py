@@ -18,12 +18,25 @@ maximum.
   ``initializer_range`` 0.3 so that attention matters, random token batches): adaptive,
   geodesic inv and mix of order 2 (the family studies' measures), the strong ascent the
   engine's ``reference_solve=True`` (10 times the steps, 4 random restarts).
+- **Trained models of the families** (:mod:`quotientsharp.reproduce.reach_models`): the first
+  models of ``reproduce vit`` and ``reproduce minilm`` (the real pretrained MiniLM), drawn,
+  built and trained by the family studies' own code, on the first batch of their sharpness
+  sets: adaptive, plain worst case, geodesic inv and mix of order 2 with the study's own ascent
+  (20 steps for the ViTs, 2 for MiniLM, whose 20-step default ascent is reported beside it),
+  at :data:`RHOS` and the radii the family pages compare at (ViT: 0.02 and 0.1; MiniLM: 0.1).
+  Strong ascent: 10 times the steps, 4 random restarts for the ViTs, 2 for MiniLM (CPU
+  budget). The family pages state the reach of their measures from these data
+  (:mod:`quotientsharp.reproduce.reach_statements`).
 
 Reported per measure and radius: min / median over the problems of
-``100 * default / best``. The full run measures 6 diagonal nets and 2 BERT batches;
-``--quick`` runs 2 radii, 2 nets and 1 BERT batch (for tests).
+``100 * value / best``. The full run measures 6 diagonal nets, 2 BERT batches and 2 models of
+each family (about 75 min of one core; under torchrun the units are dealt over the ranks);
+``--quick`` runs 2 radii, 2 nets, 1 BERT batch and one model of each family's quick variant
+(for tests). The units (the diagonal nets, the tiny BERT, each family model) are written to
+``OUT/units.jsonl`` as each finishes (``--resume`` computes the missing ones).
 Outputs: ``OUT/reach.json`` and ``OUT/reach.md``; with ``--docs DIR`` the page
-``DIR/results/reach.md`` (and the regenerated ``DIR/results.md``).
+``DIR/results/reach.md``, its data ``DIR/results/data/reach.json`` (and the regenerated
+``DIR/results.md``, with the family pages' reach statements).
 """
 
 from __future__ import annotations
