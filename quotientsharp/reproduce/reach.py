@@ -163,8 +163,9 @@ def reach_page(results: dict[str, Any], command: str) -> str:
     rhos = results["rhos"]
     lines = ["## Solver reach against rho (`reproduce reach`)", "",
              f"Reproduce: `{command}` (outputs in `{results['out']}/`). This run: wall time "
-             f"{results['wall_seconds'] / 60:.1f} min, {results['threads']} torch thread(s)"
-             f" per process, {results['world_size']} process(es).",
+             f"{results['wall_seconds'] / 60:.1f} min over {len(results['world_sizes'])} "
+             f"session(s) of {', '.join(map(str, results['world_sizes']))} process(es) "
+             f"(torchrun ranks), {results['threads']} torch thread(s) each.",
              "",
              "Each cell: the measured ascent (Auto-PGD from ξ = 0; 20 steps, the engine's and "
              "the studies' default, unless a section says otherwise) as a percentage of the "
@@ -319,7 +320,8 @@ def reach_study(out: Path, *, quick: bool = False, seed: int = 0, threads: int =
     def finish(folder: Any, wall: float) -> dict[str, Any]:
         results: dict[str, Any] = {
             "rhos": list(rhos), "seed": seed, "threads": threads, "out": str(out),
-            "world_size": run.world_size, "wall_seconds": wall,
+            "world_sizes": folder.run_info.get("world_sizes", [run.world_size]),
+            "wall_seconds": wall,
             "diagonal_nets": nets, "bert_batches": batches,
             "diagonal": {measure: {rho: {"ascent": entry} for rho, entry in by_rho.items()}
                          for measure, by_rho in records["diagonal"]["reach"].items()},
