@@ -94,7 +94,7 @@ def test_the_statement_quotes_each_measure_at_the_page_radius_and_judges_it() ->
     assert "1.00 /" not in good and "within solver error." in good
     bad = reach_statement("vit", _reach(73.25))
     assert bad is not None and "Not every comparison" in bad
-    assert "geodesic mix (order 2) (73.25 %)" in bad
+    assert "reaches only geodesic mix (order 2) 73.25 %, so" in bad
     # a page measured on another family says so; a page without a source gets nothing
     assert "not on these BERT models" in (reach_statement("bert", _reach(99.2)) or "")
     assert reach_statement("minilm", _reach(99.2)) is None

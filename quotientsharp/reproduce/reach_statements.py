@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from quotientsharp.reproduce.reach_models import DEFAULT_STEPS
+
 __all__ = ["BEGIN", "END", "PAGE_SOURCES", "SOLVER_ERROR_PERCENT", "reach_statement",
            "refresh_reach_statements"]
 
@@ -69,7 +71,7 @@ def reach_statement(page: str, reach: Mapping[str, Any]) -> str | None:
         return None
     radii = family["page_rhos"]
     models = len([m for m in family["models"] if not m["diverged"]])
-    parts, short = [], []
+    parts, defaults, short = [], [], []
     for key, (label, radius_key) in _LABELS.items():
         rho = radii[radius_key]
         entry = family["reach"][key].get(f"{rho:g}")
@@ -78,28 +80,36 @@ def reach_statement(page: str, reach: Mapping[str, Any]) -> str | None:
                              "rerun quotientsharp reproduce reach")
         if "refused" in entry:
             parts.append(f"{label} (ρ = {rho:g}) refused by the engine")
-            short.append(label)
+            short.append(f"{label} (refused)")
             continue
         share = entry["ascent"]
         parts.append(f"{label} (ρ = {rho:g}) {share['min']:.2f} / {share['median']:.2f} %")
         if share["min"] < SOLVER_ERROR_PERCENT:
-            short.append(f"{label} ({share['min']:.2f} %)")
+            short.append(f"{label} {share['min']:.2f} %")
+        if "default" in entry:
+            defaults.append(f"{label} {entry['default']['min']:.2f} / "
+                            f"{entry['default']['median']:.2f} %")
     steps = family["ascent_steps"]
     if short:
-        verdict = (f"Not every comparison on this page is within solver error: "
-                   f"{', '.join(short)} stays below {SOLVER_ERROR_PERCENT:g} % of the best "
-                   "value found on some problem, so its values, and a difference between it "
-                   "and another measure, may be the solver's shortfall as much as the "
-                   "landscape.")
+        verdict = (f"Not every comparison on this page is within solver error (taken here as "
+                   f"reaching {SOLVER_ERROR_PERCENT:g} % of the best value found on every "
+                   f"problem): on some problem the ascent reaches only {', '.join(short)}, so "
+                   "these measures' values, and their differences to other measures, may be "
+                   "the solver's shortfall as much as the landscape.")
     else:
         verdict = (f"Every compared measure reaches at least {SOLVER_ERROR_PERCENT:g} % of "
                    "the best value found on every problem: the comparisons on this page are "
                    "within solver error.")
+    default = ("" if not defaults else
+               f" The default {DEFAULT_STEPS}-step ascent reaches, on the same problems and "
+               f"radii: {'; '.join(defaults)}.")
+    batches = family["batches"]
     text = (f"**Solver reach at this page's radii** (from the Solver reach page, `quotientsharp "
             f"reproduce reach --docs docs`). {note + ' ' if note else ''}The study's ascent "
             f"({steps} Auto-PGD steps from ξ = 0) reaches, as a share of the best value found "
-            f"(min / median over {models} models, {family['batches']} batch(es) each): "
-            f"{'; '.join(parts)}. {verdict}")
+            f"(min / median over {models} models, {batches} "
+            f"batch{'es' if batches > 1 else ''} each): {'; '.join(parts)}.{default} "
+            f"{verdict}")
     return "\n".join([BEGIN, text, END])
 
 
