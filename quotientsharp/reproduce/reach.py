@@ -153,7 +153,9 @@ def _family_lines(name: str, family: dict[str, Any]) -> list[str]:
     if any("default" in entry for by_rho in family["reach"].values()
            for entry in by_rho.values()):
         lines += [f"The default ascent ({DEFAULT_STEPS} steps from ξ = 0, the strong ascent's "
-                  "first run), on the same problems:", ""]
+                  "first run), on the same problems. Its best value found includes the "
+                  "restarts of the same length only, so 100 % here says that no restart did "
+                  "better, not that the maximum is reached:", ""]
         lines += _table(family["reach"], family["rhos"], "default")
     return lines
 
