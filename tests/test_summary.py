@@ -125,3 +125,11 @@ def test_the_committed_summary_prose_quotes_only_numbers_of_the_data_files() -> 
     # the generated table is the one the files give
     generated = text[:text.index(HAND_WRITTEN_MARKER)]
     assert summary_markdown(headlines).split("\n", 1)[1].strip() in generated
+
+
+def test_the_reach_data_beside_the_headline_files_is_not_read_as_one(tmp_path) -> None:
+    write_headline(tmp_path, "bert", [_row(setting="b")])
+    (tmp_path / "results" / "data" / "reach.json").write_text(json.dumps({"families": {}}))
+    assert read_headlines(tmp_path) == {"bert": [_row(setting="b")]}
+    with pytest.raises(ValueError, match="not a headline file"):
+        write_headline(tmp_path, "reach", [_row()])

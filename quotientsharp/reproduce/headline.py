@@ -30,11 +30,14 @@ from typing import Any
 
 from quotientsharp.workflows.files import write_json_atomic
 
-__all__ = ["HEADLINE_MEASURES", "ROW_KEYS", "check_rows", "headline_path", "read_headlines",
-           "write_headline"]
+__all__ = ["HEADLINE_MEASURES", "NOT_HEADLINES", "ROW_KEYS", "check_rows", "headline_path",
+           "read_headlines", "write_headline"]
 
 #: The measures the summary table compares with the paper, in column order.
 HEADLINE_MEASURES = ("adaptive", "geodesic_inv", "geodesic_mix")
+#: Data files in the same folder that are not headline files: ``reach.json``, the solver reach
+#: study's results, which the family pages' reach statements read.
+NOT_HEADLINES = ("reach",)
 #: Keys of a row, in the order they are written.
 ROW_KEYS = ("setting", "measure", "tau", "low", "high", "paper", "note")
 
@@ -106,6 +109,8 @@ def write_headline(docs_dir: Path, study: str, rows: list[dict[str, Any]]) -> Pa
     rows
         The headline rows (:data:`ROW_KEYS`), in the order the summary shows them.
     """
+    if study in NOT_HEADLINES:
+        raise ValueError(f"{study!r} names a data file that is not a headline file")
     path = headline_path(docs_dir, study)
     checked = check_rows(rows, study)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -115,12 +120,15 @@ def write_headline(docs_dir: Path, study: str, rows: list[dict[str, Any]]) -> Pa
 
 def read_headlines(docs_dir: Path) -> dict[str, list[dict[str, Any]]]:
     """Every study's headline rows, ``{study: rows}``, from ``docs_dir/results/data/*.json``
-    (empty when there is none), each file checked as :func:`write_headline` writes it."""
+    (empty when there is none), each file checked as :func:`write_headline` writes it; the
+    files of :data:`NOT_HEADLINES` are left out."""
     folder = Path(docs_dir) / "results" / "data"
     headlines: dict[str, list[dict[str, Any]]] = {}
     if not folder.is_dir():
         return headlines
     for path in sorted(folder.glob("*.json")):
+        if path.stem in NOT_HEADLINES:
+            continue
         data = json.loads(path.read_text())
         if not isinstance(data, dict) or set(data) != {"study", "rows"}:
             raise ValueError(f"{path}: expected an object with the keys 'study' and 'rows'")

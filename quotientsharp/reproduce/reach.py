@@ -18,19 +18,30 @@ maximum.
   ``initializer_range`` 0.3 so that attention matters, random token batches): adaptive,
   geodesic inv and mix of order 2 (the family studies' measures), the strong ascent the
   engine's ``reference_solve=True`` (10 times the steps, 4 random restarts).
+- **Trained models of the families** (:mod:`quotientsharp.reproduce.reach_models`): the first
+  models of ``reproduce vit`` and ``reproduce minilm`` (the real pretrained MiniLM), drawn,
+  built and trained by the family studies' own code, on the first batch of their sharpness
+  sets: adaptive, plain worst case, geodesic inv and mix of order 2 with the study's own ascent
+  (20 steps for the ViTs, 2 for MiniLM, whose 20-step default ascent is reported beside it),
+  at :data:`RHOS` and the radii the family pages compare at (ViT: 0.02 and 0.1; MiniLM: 0.1).
+  Strong ascent: 10 times the steps, 4 random restarts for the ViTs, 2 for MiniLM (CPU
+  budget). The family pages state the reach of their measures from these data
+  (:mod:`quotientsharp.reproduce.reach_statements`).
 
 Reported per measure and radius: min / median over the problems of
-``100 * default / best``. The full run measures 6 diagonal nets and 2 BERT batches;
-``--quick`` runs 2 radii, 2 nets and 1 BERT batch (for tests).
+``100 * value / best``. The full run measures 6 diagonal nets, 2 BERT batches and 2 models of
+each family (about 75 min of one core; under torchrun the units are dealt over the ranks);
+``--quick`` runs 2 radii, 2 nets, 1 BERT batch and one model of each family's quick variant
+(for tests). The units (the diagonal nets, the tiny BERT, each family model) are written to
+``OUT/units.jsonl`` as each finishes (``--resume`` computes the missing ones).
 Outputs: ``OUT/reach.json`` and ``OUT/reach.md``; with ``--docs DIR`` the page
-``DIR/results/reach.md`` (and the regenerated ``DIR/results.md``).
+``DIR/results/reach.md``, its data ``DIR/results/data/reach.json`` (and the regenerated
+``DIR/results.md``, with the family pages' reach statements).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,22 +52,6 @@ HELP = "solver reach against rho: the default ascent's share of the best-found m
 
 #: The radii of the study (``--quick``: the first two).
 RHOS = (0.05, 0.1, 0.3, 0.5)
-#: Steps of the default ascent (the engine's default).
-DEFAULT_STEPS = 20
-
-
-def _percent(values: Sequence[float], best: Sequence[float]) -> dict[str, float]:
-    """min and median of ``100 * value / best`` (``best > 0`` checked)."""
-    shares = []
-    for value, top in zip(values, best, strict=True):
-        if not (math.isfinite(value) and math.isfinite(top)) or top <= 0:
-            raise ValueError(f"reach needs a finite, positive best value, got best={top!r}, "
-                             f"value={value!r}")
-        shares.append(100.0 * value / top)
-    shares.sort()
-    middle = len(shares) // 2
-    median = shares[middle] if len(shares) % 2 else 0.5 * (shares[middle - 1] + shares[middle])
-    return {"min": shares[0], "median": median, "problems": len(shares)}
 
 
 def diagonal_reach(rhos: Sequence[float], nets: int, seed: int,
@@ -80,6 +75,7 @@ def diagonal_reach(rhos: Sequence[float], nets: int, seed: int,
     from quotientsharp.reproduce.diagonal.measures import MEASURES, measure_nets, sharpness_batches
     from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
     from quotientsharp.reproduce.diagonal.training import train_nets
+    from quotientsharp.reproduce.reach_models import DEFAULT_STEPS, percent
 
     settings = DiagonalSettings.quick(**{"nets": nets, "seed": seed,
                                          "reference_iterations": 400, "reference_restarts": 3,
@@ -111,59 +107,57 @@ def diagonal_reach(rhos: Sequence[float], nets: int, seed: int,
             if spec.name in exact:
                 candidates.append(exact[spec.name](u, v, inputs, targets, rho))
             best = torch.stack(candidates).amax(0)
-            out[spec.name][f"{rho:g}"] = _percent(default[spec.name].flatten().tolist(),
+            out[spec.name][f"{rho:g}"] = percent(default[spec.name].flatten().tolist(),
                                                   best.flatten().tolist())
     return out
 
 
-def _tiny_bert(seed: int) -> Any:
-    import torch
-    import transformers
-
-    torch.manual_seed(seed)
-    config = transformers.BertConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        vocab_size=50, max_position_embeddings=32, num_labels=3, attn_implementation="eager",
-        initializer_range=0.3)  # type: ignore[call-arg]
-    model: Any = transformers.BertForSequenceClassification(config)
-    return model.to(torch.float64).eval()
-
-
-def bert_reach(rhos: Sequence[float], batches: int, seed: int) -> dict[str, dict[str, Any]]:
-    """Measure -> rho -> reach on a tiny float64 BERT (module docstring); a radius the engine
-    refuses for a measure is recorded with its reason."""
-    import torch
-
-    import quotientsharp as qs
-
-    model = _tiny_bert(seed)
-    generator = torch.Generator().manual_seed(1000 + seed)
-    data = [{"input_ids": torch.randint(0, 50, (8, 12), generator=generator),
-             "attention_mask": torch.ones(8, 12, dtype=torch.long),
-             "labels": torch.randint(0, 3, (8,), generator=generator)}
-            for _ in range(batches)]
-    measures: dict[str, dict[str, Any]] = {"adaptive": {"measure": "adaptive"},
-                "geodesic_inv_order2": {"measure": "geodesic", "metric": "inv", "order": 2},
-                "geodesic_mix_order2": {"measure": "geodesic", "metric": "mix", "order": 2}}
-    out: dict[str, dict[str, Any]] = {name: {} for name in measures}
-    for name, options in measures.items():
-        for rho in rhos:
-            try:
-                result = qs.sharpness(model, data, rho=rho, n_iter=DEFAULT_STEPS, seed=seed,
-                                      progress=False, reference_solve=True, **options)
-            except ValueError as err:
-                out[name][f"{rho:g}"] = {"refused": str(err).split("\n")[0]}
-                continue
-            best = [max(v, r) for v, r in zip(result.per_batch, result.reference_per_batch,
-                                              strict=True)]
-            out[name][f"{rho:g}"] = _percent(result.per_batch, best)
-    return out
-
-
-def _cell(entry: dict[str, Any]) -> str:
+def _cell(entry: dict[str, Any], column: str = "ascent") -> str:
     if "refused" in entry:
         return "refused by the engine"
-    return f"{entry['min']:.2f} / {entry['median']:.2f}"
+    if column not in entry:
+        return "—"
+    return f"{entry[column]['min']:.2f} / {entry[column]['median']:.2f}"
+
+
+def _table(reach: dict[str, dict[str, Any]], rhos: Sequence[float],
+           column: str = "ascent") -> list[str]:
+    lines = ["| measure | " + " | ".join(f"ρ = {rho:g}" for rho in rhos) + " |",
+             "|---|" + "---|" * len(rhos)]
+    for measure, by_rho in reach.items():
+        lines.append(f"| {measure} | "
+                     + " | ".join(_cell(by_rho[f"{rho:g}"], column) for rho in rhos) + " |")
+    return lines + [""]
+
+
+def _family_lines(name: str, family: dict[str, Any]) -> list[str]:
+    from quotientsharp.reproduce.reach_models import DEFAULT_STEPS
+
+    models = family["models"]
+    trained = ", ".join(f"model {m['index']}: " + ("diverged" if m["diverged"] else
+                                                   f"train error {m['train_error']:.3f}, "
+                                                   f"test error {m['test_error']:.3f}")
+                        for m in models)
+    steps = family["ascent_steps"]
+    reference = family["reference"]
+    lines = [f"### {family['title']}", "",
+             f"The first {len(models)} models of `quotientsharp reproduce {name}` (study seed "
+             f"0: the study's own hyperparameter draws, model builder and training; "
+             f"{trained}), each on the first {family['batches']} batch(es) of the study's "
+             f"sharpness set. The measured ascent is the study's own ({steps} Auto-PGD steps "
+             f"from ξ = 0); strong ascent: {reference['n_iter']} steps, "
+             f"{reference['restarts']} random restart(s) (the engine's reference_solve). "
+             f"Radii: the four above and the ones the `{name}` page compares its measures at "
+             f"({family['page_radii']}).", ""]
+    lines += _table(family["reach"], family["rhos"])
+    if any("default" in entry for by_rho in family["reach"].values()
+           for entry in by_rho.values()):
+        lines += [f"The default ascent ({DEFAULT_STEPS} steps from ξ = 0, the strong ascent's "
+                  "first run), on the same problems. Its best value found includes the "
+                  "restarts of the same length only, so 100 % here says that no restart did "
+                  "better, not that the maximum is reached:", ""]
+        lines += _table(family["reach"], family["rhos"], "default")
+    return lines
 
 
 def reach_page(results: dict[str, Any], command: str) -> str:
@@ -171,15 +165,17 @@ def reach_page(results: dict[str, Any], command: str) -> str:
     rhos = results["rhos"]
     lines = ["## Solver reach against rho (`reproduce reach`)", "",
              f"Reproduce: `{command}` (outputs in `{results['out']}/`). This run: wall time "
-             f"{results['wall_seconds'] / 60:.1f} min, {results['threads']} torch thread(s).",
+             f"{results['wall_seconds'] / 60:.1f} min over {len(results['world_sizes'])} "
+             f"session(s) of {', '.join(map(str, results['world_sizes']))} process(es) "
+             f"(torchrun ranks), {results['threads']} torch thread(s) each.",
              "",
-             "Each cell: the default ascent (Auto-PGD, 20 steps from ξ = 0, the engine's and "
-             "the studies' default) as a percentage of the best value found for the same "
-             "problem (a net or model and one batch), min / median over the problems. The best "
-             "value is the largest of the default ascent, a strong ascent and, for mix on the "
-             "diagonal nets, the exact maximum. A measure whose reach falls with rho is ranked "
-             "partly by its solver's shortfall: compare measures at a radius where every "
-             "one of them reaches close to 100 %.", ""]
+             "Each cell: the measured ascent (Auto-PGD from ξ = 0; 20 steps, the engine's and "
+             "the studies' default, unless a section says otherwise) as a percentage of the "
+             "best value found for the same problem (a net or model and one batch), min / "
+             "median over the problems. The best value is the largest of the measured ascent, "
+             "a strong ascent and, for mix on the diagonal nets, the exact maximum. A measure "
+             "whose reach falls with rho is ranked partly by its solver's shortfall: compare "
+             "measures at a radius where every one of them reaches close to 100 %.", ""]
     for family, title, note in (
             ("diagonal", "Diagonal nets",
              f"{results['diagonal_nets']} nets of the diagonal study's quick size (d = 200, "
@@ -191,72 +187,167 @@ def reach_page(results: dict[str, Any], command: str) -> str:
              f"{results['bert_batches']} random batch(es) of 8 sequences of 12 tokens; "
              "strong ascent: the engine's reference_solve=True (200 steps, 4 random "
              "restarts).")):
-        lines += [f"### {title}", "", note, "",
-                  "| measure | " + " | ".join(f"ρ = {rho:g}" for rho in rhos) + " |",
-                  "|---|" + "---|" * len(rhos)]
-        for measure, by_rho in results[family].items():
-            lines.append(f"| {measure} | "
-                         + " | ".join(_cell(by_rho[f"{rho:g}"]) for rho in rhos) + " |")
-        lines.append("")
+        lines += [f"### {title}", "", note, ""] + _table(results[family], rhos)
+    for name, family in results["families"].items():
+        lines += _family_lines(name, family)
     return "\n".join(lines)
+
+
+def _pooled(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The values of several models' records, each list the batches of every model."""
+    pooled: dict[str, dict[str, Any]] = {}
+    for record in records:
+        for measure, by_rho in record["values"].items():
+            for rho, entry in by_rho.items():
+                into = pooled.setdefault(measure, {}).setdefault(rho, {})
+                if "refused" in entry:
+                    into["refused"] = entry["refused"]
+                    continue
+                for column, values in entry.items():
+                    into.setdefault(column, []).extend(values)
+    return pooled
+
+
+def _family_results(family: Any, rhos: Sequence[float],
+                    records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    from quotientsharp.reproduce.reach_models import family_study_of, reach_shares
+
+    study = family_study_of(family.study)
+    measured = [r for r in records if r["values"] is not None]
+    if not measured:
+        raise ValueError(f"every {family.study} model diverged: no reach to report")
+    own = study.rhos
+    return {"title": study.title, "models": [
+                {key: r.get(key) for key in ("index", "diverged", "train_error", "test_error",
+                                             "gap", "train_seconds", "measure_seconds")}
+                for r in records],
+            "batches": family.batches, "rhos": list(rhos),
+            "ascent_steps": records[0]["ascent_steps"], "reference": records[0]["reference"],
+            "page_radii": (f"adaptive {own['adaptive']:g}, worst case {own['worst_case']:g}, "
+                           f"inv {own['inv']:g}, mix {own['mix']:g}"),
+            "page_rhos": {key: float(own[key]) for key in ("adaptive", "worst_case", "inv",
+                                                           "mix")},
+            "reach": reach_shares(_pooled(measured))}
 
 
 def reach_study(out: Path, *, quick: bool = False, seed: int = 0, threads: int = 1,
                 docs: Path | None = None, command: str | None = None,
                 rhos: Sequence[float] | None = None, nets: int | None = None,
-                batches: int | None = None,
-                diagonal_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run the study, write ``out/reach.json`` and ``out/reach.md`` (and, with ``docs``, the
-    page); returns the results.
+                batches: int | None = None, resume: bool = False,
+                diagonal_overrides: dict[str, Any] | None = None,
+                families: Sequence[Any] | None = None,
+                progress: bool | None = False) -> dict[str, Any]:
+    """Run (or resume) the study, write ``out/reach.json`` and ``out/reach.md`` (and, with
+    ``docs``, the page and ``docs/results/data/reach.json``); returns the results.
+
+    The units of work (:class:`~quotientsharp.workflows.resumable.ResumableRun`, records in
+    ``out/units.jsonl`` as each finishes, dealt over the ranks under torchrun) are the
+    diagonal nets, the tiny BERT and each model of each family.
 
     Parameters
     ----------
     out
         Results folder.
     quick
-        The smoke size (2 radii, 2 nets, 1 BERT batch).
+        The smoke size (2 radii, 2 nets, 1 BERT batch, one model of each family's quick
+        variant).
     seed, threads
-        Seed of every draw; torch threads during the run.
+        Seed of the diagonal and tiny BERT draws (the families use their study seed 0);
+        torch threads during the run.
     docs
         Docs folder of the page.
     command
         The command the page names (default: this study's).
-    rhos, nets, batches, diagonal_overrides
-        Sizes other than the full and quick ones (tests and explorations).
+    rhos, nets, batches, diagonal_overrides, families
+        Sizes other than the full and quick ones (tests and explorations); ``families``:
+        :class:`~quotientsharp.reproduce.reach_models.FamilyReach` entries.
+    resume
+        Keep the finished units in ``out`` (same settings required).
+    progress
+        A progress bar over the units (``None``: on a terminal only).
     """
     import torch
 
+    from quotientsharp.reproduce.reach_models import (
+        FAMILIES,
+        QUICK_FAMILIES,
+        family_rhos,
+        family_unit,
+        reach_shares,
+        tiny_bert_unit,
+    )
     from quotientsharp.reproduce.results_page import regenerate_results_page, write_section
     from quotientsharp.workflows.files import write_json_atomic
+    from quotientsharp.workflows.resumable import ResumableRun
 
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
     rhos = tuple(rhos) if rhos is not None else RHOS[:2] if quick else RHOS
     nets = nets if nets is not None else 2 if quick else 6
     batches = batches if batches is not None else 1 if quick else 2
+    families = tuple(families) if families is not None else (
+        QUICK_FAMILIES if quick else FAMILIES)
+    radii = {f.study: family_rhos(f.study, rhos) for f in families}
+    by_unit = {f"{f.study}:{index}": (f, index) for f in families for index in range(f.models)}
+    units = ["diagonal", "tiny-bert", *by_unit]
+    settings = {"rhos": list(rhos), "seed": seed, "quick": quick,
+                "diagonal": {"nets": nets, "overrides": diagonal_overrides or {}},
+                "tiny_bert": {"batches": batches},
+                "families": {f.study: {**f.as_dict(), "rhos": radii[f.study]}
+                             for f in families}}
+    out = Path(out)
+
+    def work(unit: str, status: Any) -> dict[str, Any]:
+        if unit == "diagonal":
+            return {"unit": unit, "reach": diagonal_reach(rhos, nets, seed, diagonal_overrides)}
+        if unit == "tiny-bert":
+            return {"unit": unit, "values": tiny_bert_unit(rhos, batches, seed)}
+        family, index = by_unit[unit]
+        return {"unit": unit, **family_unit(family, index, radii[family.study], quick, out,
+                                            status)}
+
+    run = ResumableRun(out, units, study="reach", settings=settings, resume=resume,
+                       owned=["units.jsonl", "reach.json", "reach.md"], records="units.jsonl",
+                       key="unit", unit="unit", description="reach", progress=progress)
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
-    start = time.perf_counter()
     try:
-        results: dict[str, Any] = {
-            "rhos": list(rhos), "seed": seed, "threads": threads, "out": str(out),
-            "diagonal_nets": nets, "bert_batches": batches,
-            "diagonal": diagonal_reach(rhos, nets, seed, diagonal_overrides),
-            "bert": bert_reach(rhos, batches, seed)}
+        run.open()
+        records = run.run(work)
     finally:
         torch.set_num_threads(saved)
-    results["wall_seconds"] = time.perf_counter() - start
     command = command or ("quotientsharp reproduce reach" + (" --quick" if quick else "")
                           + (f" --seed {seed}" if seed else "") + " --docs docs")
-    text = reach_page(results, command)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "reach.json", results)
-    (out / "reach.md").write_text(text)
-    if docs is not None:
-        write_section(Path(docs), "reach", text)
-        regenerate_results_page(Path(docs))
-    return results
+
+    def finish(folder: Any, wall: float) -> dict[str, Any]:
+        results: dict[str, Any] = {
+            "rhos": list(rhos), "seed": seed, "threads": threads, "out": str(out),
+            "world_sizes": folder.run_info.get("world_sizes", [run.world_size]),
+            "wall_seconds": wall,
+            "diagonal_nets": nets, "bert_batches": batches,
+            "diagonal": {measure: {rho: {"ascent": entry} for rho, entry in by_rho.items()}
+                         for measure, by_rho in records["diagonal"]["reach"].items()},
+            "bert": reach_shares(records["tiny-bert"]["values"]),
+            "families": {f.study: _family_results(
+                f, radii[f.study], [records[f"{f.study}:{i}"] for i in range(f.models)])
+                for f in families}}
+        text = reach_page(results, command)
+        write_json_atomic(folder.file("reach.json"), results)
+        folder.file("reach.md").write_text(text)
+        if docs is not None:
+            reach_data_path(Path(docs)).parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(reach_data_path(Path(docs)), results)
+            write_section(Path(docs), "reach", text)
+            regenerate_results_page(Path(docs))
+        return results
+
+    return run.finish(finish)
+
+
+def reach_data_path(docs_dir: Path) -> Path:
+    """``docs_dir/results/data/reach.json``: the study's results, read by the family pages'
+    reach statements (:mod:`quotientsharp.reproduce.reach_statements`)."""
+    return Path(docs_dir) / "results" / "data" / "reach.json"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -265,9 +356,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="results folder (default results/reach, or results/reach-quick "
                              "with --quick)")
     parser.add_argument("--docs", type=Path, default=None, metavar="DIR",
-                        help="also write DIR/results/reach.md and regenerate DIR/results.md")
+                        help="also write DIR/results/reach.md, DIR/results/data/reach.json "
+                             "and regenerate DIR/results.md")
     parser.add_argument("--quick", action="store_true",
-                        help="2 radii, 2 diagonal nets, 1 BERT batch (a smoke run)")
+                        help="2 radii, 2 diagonal nets, 1 BERT batch, one model of each "
+                             "family's quick variant (a smoke run)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the finished units of the run in --out")
     parser.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads during the run (default 1)")
@@ -277,13 +372,17 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``quotientsharp reproduce reach``."""
     import sys
 
+    from quotientsharp.workflows.records import is_main_rank
+
     out = args.out if args.out is not None else Path(
         "results/reach-quick" if args.quick else "results/reach")
     try:
         results = reach_study(out, quick=args.quick, seed=args.seed, threads=args.threads,
-                              docs=args.docs)
+                              docs=args.docs, resume=args.resume)
     except ValueError as err:
-        print(f"quotientsharp reproduce reach: error: {err}", file=sys.stderr)
+        if is_main_rank():
+            print(f"quotientsharp reproduce reach: error: {err}", file=sys.stderr)
         return 2
-    print(reach_page(results, "quotientsharp reproduce reach"))
+    if is_main_rank():
+        print(reach_page(results, "quotientsharp reproduce reach"))
     return 0

@@ -142,18 +142,24 @@ def regenerate_results_page(docs_dir: Path) -> Path:
     """Rebuild ``docs_dir/results.md`` from the section files ``docs_dir/results/*.md``.
 
     First the summary section is regenerated from the headline files
-    (:func:`quotientsharp.reproduce.summary.write_summary`; nothing when there is none).
+    (:func:`quotientsharp.reproduce.summary.write_summary`; nothing when there is none), and
+    the family sections' solver reach statements from the reach study's data
+    (:func:`quotientsharp.reproduce.reach_statements.refresh_reach_statements`; nothing
+    without it).
 
     The header is followed by :data:`RESULTS_PAGE_NOTES`; sections appear in
     :data:`SECTION_ORDER`, then the others alphabetically. A registered
     study (:data:`quotientsharp.reproduce.STUDIES`) with no section file yet is listed as not
     yet run.
     """
+    from quotientsharp.reproduce.reach_statements import refresh_reach_statements
     from quotientsharp.reproduce.summary import write_summary
 
     docs_dir = Path(docs_dir)
     # the summary's tables come from the headline files the studies write
     write_summary(docs_dir)
+    # and the family pages' reach statements from the reach study's data
+    refresh_reach_statements(docs_dir)
     folder = docs_dir / "results"
     present = {p.stem: p for p in folder.glob("*.md")} if folder.is_dir() else {}
     order = [s for s in SECTION_ORDER if s in present]

@@ -50,6 +50,7 @@ __all__ = [
     "FamilyOutcome",
     "family_study",
     "run_family_study",
+    "train_family_model",
 ]
 
 
@@ -66,12 +67,20 @@ def default_out(name: str, quick: bool, study_seeds: int | None) -> Path:
     return Path(f"results/{name}-quick" if quick else f"results/{name}")
 
 
-def _model_record(study: FamilyStudy, data: ClassificationData, variant: FamilySettings,
-                  specs: Sequence[MeasureSpec], batches: Sequence[Any], seed: int,
-                  index: int, status: Callable[[str], None],
-                  start_weights: Any = None) -> dict[str, Any]:
-    """Train and measure model ``index``; a diverged training is recorded, not retried.
-    ``start_weights``: the pretrained start of a fine-tuning family."""
+def train_family_model(study: FamilyStudy, data: ClassificationData, variant: FamilySettings,
+                       seed: int, index: int, status: Callable[[str], None],
+                       start_weights: Any = None) -> tuple[torch.nn.Module | None,
+                                                           dict[str, Any]]:
+    """Model ``index`` of study seed ``seed``, built and trained as the family study does
+    (``start_weights``: the pretrained start of a fine-tuning family).
+
+    Returns
+    -------
+    tuple
+        ``(model, record)``: the trained model (``None`` when training diverged, which the
+        record says with its reason) and the record so far (hyperparameters, parameter count,
+        training time, train and test errors and losses, gap).
+    """
     hyper = draw_hyperparameters(variant.space, seed, index)
     torch.manual_seed(hyper.init_seed)
     model = (study.build_model(data.num_labels) if study.pretrained is None
@@ -89,7 +98,7 @@ def _model_record(study: FamilyStudy, data: ClassificationData, variant: FamilyS
     except FloatingPointError as err:
         # kept in the records (and out of the taus) so that no model is silently dropped
         record.update(diverged=True, reason=str(err), train_seconds=time.perf_counter() - start)
-        return record
+        return None, record
     record["train_seconds"] = time.perf_counter() - start
     train_inputs = take(data.train_inputs, slice(0, hyper.train_size))
     train_labels = data.train_labels[:hyper.train_size]
@@ -98,6 +107,19 @@ def _model_record(study: FamilyStudy, data: ClassificationData, variant: FamilyS
     record["gap"] = record["test_error"] - record["train_error"]
     record["train_loss"] = mean_loss(model, train_inputs, train_labels)
     record["test_loss"] = mean_loss(model, data.test_inputs, data.test_labels)
+    return model, record
+
+
+def _model_record(study: FamilyStudy, data: ClassificationData, variant: FamilySettings,
+                  specs: Sequence[MeasureSpec], batches: Sequence[Any], seed: int,
+                  index: int, status: Callable[[str], None],
+                  start_weights: Any = None) -> dict[str, Any]:
+    """Train and measure model ``index``; a diverged training is recorded, not retried.
+    ``start_weights``: the pretrained start of a fine-tuning family."""
+    model, record = train_family_model(study, data, variant, seed, index, status,
+                                       start_weights)
+    if model is None:
+        return record
     start = time.perf_counter()
 
     def tick(key: str) -> None:

@@ -1,0 +1,284 @@
+"""Solver reach on transformer models: a tiny float64 BERT and trained models of the families.
+
+One measuring routine serves both parts of ``quotientsharp reproduce reach``
+(:mod:`quotientsharp.reproduce.reach`): :func:`measure_reach` runs each measure at each radius
+through :func:`quotientsharp.sharpness` with the engine's ``reference_solve``, and keeps per
+batch the measured ascent's value, the reference's and, when the reference's first run is a
+default ascent (20 steps from ``xi = 0``), that run's value, read off the reference's trace;
+:func:`reach_shares` turns them into percentages of the best value found.
+
+The family part (:func:`family_unit`) takes the models of a family study
+(:mod:`quotientsharp.reproduce.families`) as that study makes them: its hyperparameter draws
+for study seed 0, its model builder and training (:func:`~quotientsharp.reproduce.families.
+run.train_family_model`), its sharpness set and its ascent (the study's ``n_iter``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DEFAULT_STEPS",
+    "FAMILIES",
+    "QUICK_FAMILIES",
+    "REACH_MEASURES",
+    "FamilyReach",
+    "family_rhos",
+    "family_study_of",
+    "family_unit",
+    "measure_reach",
+    "percent",
+    "reach_shares",
+    "tiny_bert_unit",
+]
+
+#: Steps of the default ascent (the engine's default).
+DEFAULT_STEPS = 20
+#: The family measures whose reach is measured: the ones the family pages compare (orders 1
+#: and the eps sweep are variants of these and cost as much again).
+REACH_MEASURES = ("adaptive", "worst_case", "geodesic_inv_o2", "geodesic_mix_o2")
+
+
+@dataclass(frozen=True)
+class FamilyReach:
+    """The size of the reach measurement on one family.
+
+    Attributes
+    ----------
+    study
+        The family study's name (``"vit"``, ``"minilm"``).
+    models
+        Its first models of study seed 0 (indices ``0 .. models - 1``).
+    batches
+        The first batches of its sharpness set.
+    restarts
+        Random restarts of the strong ascent, which runs ``10 * n_iter`` steps (the engine's
+        ``reference_solve``; 4 restarts is the engine's default, fewer where the CPU budget
+        asks for it).
+    """
+
+    study: str
+    models: int
+    batches: int
+    restarts: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+#: The full run: 2 ViTs (engine's reference, 4 restarts) and 2 MiniLM fine-tunes (2 restarts:
+#: a 20-step MiniLM ascent costs about 15 s of one core per measure and radius).
+FAMILIES = (FamilyReach("vit", models=2, batches=1, restarts=4),
+            FamilyReach("minilm", models=2, batches=1, restarts=2))
+#: ``--quick``: one model of each family's quick variant (MiniLM's is a tiny random BERT).
+QUICK_FAMILIES = (FamilyReach("vit", models=1, batches=1, restarts=1),
+                  FamilyReach("minilm", models=1, batches=1, restarts=1))
+
+
+def percent(values: Sequence[float], best: Sequence[float]) -> dict[str, float]:
+    """min and median of ``100 * value / best`` over the problems (``best > 0`` checked)."""
+    shares = []
+    for value, top in zip(values, best, strict=True):
+        if not (math.isfinite(value) and math.isfinite(top)) or top <= 0:
+            raise ValueError(f"reach needs a finite, positive best value, got best={top!r}, "
+                             f"value={value!r}")
+        shares.append(100.0 * value / top)
+    if not shares:
+        raise ValueError("reach needs at least one problem")
+    shares.sort()
+    middle = len(shares) // 2
+    median = shares[middle] if len(shares) % 2 else 0.5 * (shares[middle - 1] + shares[middle])
+    return {"min": shares[0], "median": median, "problems": len(shares)}
+
+
+def measure_reach(model: Any, batches: Sequence[Any], measures: Mapping[str, Mapping[str, Any]],
+                  rhos: Sequence[float], n_iter: int, reference: bool | Mapping[str, Any],
+                  seed: int = 0) -> dict[str, dict[str, Any]]:
+    """Each measure at each radius, with a strong second ascent.
+
+    Parameters
+    ----------
+    model
+        The network (not modified).
+    batches
+        The sharpness batches (the problems are the batches).
+    measures
+        Name -> options of :func:`quotientsharp.sharpness` (``measure``, ``metric``, ...).
+    rhos
+        The radii.
+    n_iter
+        Steps of the measured ascent (Auto-PGD from ``xi = 0``).
+    reference
+        The ``reference_solve`` option: ``True`` (``10 * n_iter`` steps, 4 random restarts) or
+        a dict of solver settings.
+    seed
+        The ``seed`` option.
+
+    Returns
+    -------
+    dict
+        Name -> ``f"{rho:g}"`` -> per batch lists ``ascent``, ``reference`` and, when the
+        reference runs :data:`DEFAULT_STEPS` steps and ``n_iter`` differs, ``default`` (its
+        first run, which starts at ``xi = 0`` with the measurement's step size: the default
+        ascent); or ``{"refused": reason}`` for a radius the engine refuses.
+    """
+    import quotientsharp as qs
+    from quotientsharp.engine.registry import REFERENCE_ITERATIONS
+
+    given = {} if reference is True else dict(reference)  # type: ignore[arg-type]
+    reference_steps = int(given.get("n_iter", REFERENCE_ITERATIONS * n_iter))
+    out: dict[str, dict[str, Any]] = {name: {} for name in measures}
+    for name, options in measures.items():
+        for rho in rhos:
+            try:
+                result = qs.sharpness(model, batches, rho=rho, n_iter=n_iter, seed=seed,
+                                      progress=False, reference_solve=reference, **options)
+            except ValueError as err:
+                out[name][f"{rho:g}"] = {"refused": str(err).split("\n")[0]}
+                continue
+            entry = {"ascent": list(result.per_batch),
+                     "reference": list(result.reference_per_batch)}
+            if reference_steps == DEFAULT_STEPS and n_iter != DEFAULT_STEPS:
+                # the trace holds the best value after each evaluation, run after run, the
+                # first entry the start: entry DEFAULT_STEPS ends the first run
+                entry["default"] = [trace[DEFAULT_STEPS] for trace in result.reference_traces]
+            out[name][f"{rho:g}"] = entry
+    return out
+
+
+def reach_shares(values: Mapping[str, Mapping[str, Any]],
+                 ) -> dict[str, dict[str, dict[str, Any]]]:
+    """Name -> rho -> ``{"ascent": percent, "default": percent}`` (``default`` where measured)
+    from :func:`measure_reach`'s values, pooled over the problems of a list of them.
+
+    ``values`` maps a measure to its radii as :func:`measure_reach` returns them, except that
+    each list may hold the batches of several models. The best value of a problem is the
+    largest of the ascent, the reference and the default ascent.
+    """
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, by_rho in values.items():
+        out[name] = {}
+        for rho, entry in by_rho.items():
+            if "refused" in entry:
+                out[name][rho] = {"refused": entry["refused"]}
+                continue
+            columns = [entry["ascent"], entry["reference"]] + (
+                [entry["default"]] if "default" in entry else [])
+            best = [max(column) for column in zip(*columns, strict=True)]
+            out[name][rho] = {"ascent": percent(entry["ascent"], best)}
+            if "default" in entry:
+                out[name][rho]["default"] = percent(entry["default"], best)
+    return out
+
+
+def _tiny_bert(seed: int) -> Any:
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        vocab_size=50, max_position_embeddings=32, num_labels=3, attn_implementation="eager",
+        initializer_range=0.3)  # type: ignore[call-arg]
+    model: Any = transformers.BertForSequenceClassification(config)
+    return model.to(torch.float64).eval()
+
+
+#: The tiny BERT's measures: the family studies' adaptive, geodesic inv and mix of order 2.
+TINY_BERT_MEASURES: dict[str, dict[str, Any]] = {
+    "adaptive": {"measure": "adaptive"},
+    "geodesic_inv_order2": {"measure": "geodesic", "metric": "inv", "order": 2},
+    "geodesic_mix_order2": {"measure": "geodesic", "metric": "mix", "order": 2}}
+
+
+def tiny_bert_unit(rhos: Sequence[float], batches: int, seed: int) -> dict[str, Any]:
+    """The values of :func:`measure_reach` on a tiny float64 BERT (2 layers, 4 heads of
+    dimension 8, random weights with ``initializer_range`` 0.3 so that attention matters) and
+    ``batches`` random batches of 8 sequences of 12 tokens; default ascent, engine's
+    reference."""
+    import torch
+
+    model = _tiny_bert(seed)
+    generator = torch.Generator().manual_seed(1000 + seed)
+    data = [{"input_ids": torch.randint(0, 50, (8, 12), generator=generator),
+             "attention_mask": torch.ones(8, 12, dtype=torch.long),
+             "labels": torch.randint(0, 3, (8,), generator=generator)}
+            for _ in range(batches)]
+    return measure_reach(model, data, TINY_BERT_MEASURES, rhos, DEFAULT_STEPS, True, seed)
+
+
+def family_study_of(name: str) -> Any:
+    """The :class:`~quotientsharp.reproduce.families.settings.FamilyStudy` of family study
+    ``name``."""
+    from quotientsharp.reproduce import STUDIES
+
+    if name not in STUDIES or not STUDIES[name].startswith("quotientsharp.reproduce.families"):
+        raise ValueError(f"family must be a family study, got {name!r}")
+    return importlib.import_module(STUDIES[name]).STUDY
+
+
+def family_rhos(name: str, rhos: Sequence[float]) -> list[float]:
+    """``rhos`` and the radii the family's page compares its measures at, ascending."""
+    study = family_study_of(name)
+    own = {float(study.rhos[key]) for key in ("adaptive", "worst_case", "inv", "mix")}
+    return sorted({float(rho) for rho in rhos} | own)
+
+
+def family_unit(family: FamilyReach, index: int, rhos: Sequence[float], quick: bool,
+                out: Path, status: Callable[[str], None]) -> dict[str, Any]:
+    """Train model ``index`` of the family as its study does (study seed 0) and measure the
+    reach of :data:`REACH_MEASURES` on its first sharpness batches.
+
+    Parameters
+    ----------
+    family
+        The family and the size of its measurement.
+    index
+        The model.
+    rhos
+        The radii (:func:`family_rhos`).
+    quick
+        The family's quick variant.
+    out
+        The results folder (a self-pretraining family caches its start there).
+    status
+        Shows what the unit is doing.
+
+    Returns
+    -------
+    dict
+        The family study's record of the model (hyperparameters, errors, gap; ``diverged``),
+        ``ascent_steps``, ``reference`` and ``values`` (:func:`measure_reach`; ``None`` for a
+        diverged model).
+    """
+    import time
+
+    from quotientsharp.reproduce.families.data import sharpness_batches
+    from quotientsharp.reproduce.families.measures import family_measures
+    from quotientsharp.reproduce.families.run import train_family_model
+
+    study = family_study_of(family.study)
+    variant = study.quick if quick else study.full
+    data = study.load_data(quick)
+    start_weights = None if study.pretrained is None else study.pretrained.load(out, quick)
+    model, record = train_family_model(study, data, variant, 0, index, status, start_weights)
+    reference = {"n_iter": 10 * variant.n_iter, "restarts": family.restarts}
+    record.update(family=family.study, ascent_steps=variant.n_iter, reference=reference,
+                  values=None)
+    if model is None:
+        return record
+    batches = sharpness_batches(data, variant.sharpness_points,
+                                variant.sharpness_batch_size)[:family.batches]
+    specs = family_measures(1.0, 1.0, 1.0, 1.0)   # the radii come from ``rhos``
+    measures = {spec.key: {"measure": spec.measure, **spec.options} for spec in specs
+                if spec.key in REACH_MEASURES}
+    status(f"{family.study} model {index}: measuring")
+    start = time.perf_counter()
+    record["values"] = measure_reach(model, batches, measures, rhos, variant.n_iter, reference)
+    record["measure_seconds"] = time.perf_counter() - start
+    return record
