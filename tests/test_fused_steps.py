@@ -114,11 +114,23 @@ def _operators_of_one_step(tensors: int, with_gl: bool) -> int:
 
 
 @pytest.mark.parametrize("with_gl", [False, True], ids=["other-only", "with-gl"])
-def test_operators_per_step_do_not_grow_with_the_number_of_tensors(with_gl) -> None:
+def test_operators_per_step_do_not_grow_with_the_number_of_tensors(with_gl,
+                                                                    monkeypatch) -> None:
     # the count stands for kernel launches on a GPU: the GPU path, ON_DEVICE (on the host a
-    # rescale by exactly 1 is skipped, which makes the count depend on the draw)
+    # rescale by exactly 1 is skipped, which makes the count depend on the draw), and the
+    # adaptive norm's fused form, which runs on every device but the CPU
+    from quotientsharp.core.adaptive import AdaptivePoint
+
+    monkeypatch.setattr(AdaptivePoint, "scratch_norm_devices", frozenset())
     few, many = _operators_of_one_step(5, with_gl), _operators_of_one_step(60, with_gl)
     assert few == many, (few, many)       # a per-tensor loop would add 55 x its operators
+
+
+def test_on_the_cpu_the_adaptive_norm_goes_tensor_by_tensor() -> None:
+    # the CPU trades a dispatch per tensor for no new parameter-sized tuple; the count grows
+    # by the same few operators per tensor, so it is this branch that the test above excludes
+    few, many = _operators_of_one_step(5, False), _operators_of_one_step(60, False)
+    assert many > few and (many - few) % 55 == 0, (few, many)
 
 
 @pytest.mark.parametrize("restarts", [0, 1])

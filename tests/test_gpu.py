@@ -171,3 +171,17 @@ def test_sharpness_accepts_cpu_batches_for_a_cuda_model():
     got = qs.sharpness(model.to(CUDA), batches, measure="geodesic", rho=0.05, n_iter=3,
                        progress=False)
     assert got.value == pytest.approx(expected.value, rel=1e-8)
+
+
+def test_the_adaptive_norm_stays_fused_on_cuda() -> None:
+    # a GPU launches a kernel per dispatch: the norm keeps its fused form there, and it
+    # equals the CPU's tensor-by-tensor form to rounding
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+
+    gen = torch.Generator().manual_seed(0)
+    x = [torch.randn(*s, generator=gen, dtype=torch.float64) for s in [(6, 3), (5,), (2, 4)]]
+    u = [torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in x]
+    on_cpu = AdaptiveQuotient.of(x).frozen_point(tuple(x))
+    on_cuda = AdaptiveQuotient.of(_to_cuda(x)).frozen_point(tuple(_to_cuda(x)))
+    assert on_cpu._fits_scratch(tuple(u)) and not on_cuda._fits_scratch(tuple(_to_cuda(u)))
+    _close(on_cuda.squared_norm(tuple(_to_cuda(u))), on_cpu.squared_norm(tuple(u)))

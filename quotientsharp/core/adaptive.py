@@ -59,6 +59,12 @@ class AdaptivePoint(ClosedFormPoint):
     #: Whether the scale is ``c = 1`` (the Euclidean metric) rather than ``c = |w|``.
     unit: ClassVar[bool] = False
 
+    #: Devices on which the norm goes tensor by tensor through :attr:`_scratch`. On a CPU a
+    #: new parameter-sized tuple costs more than a dispatch per tensor; on a GPU each dispatch
+    #: is a kernel launch and the caching allocator makes new tensors cheap, so the fused form
+    #: (a fixed number of launches however many tensors) stays there.
+    scratch_norm_devices: ClassVar[frozenset[str]] = frozenset({"cpu"})
+
     def __init__(self, quotient: AdaptiveQuotient, x: Sequence[torch.Tensor]) -> None:
         super().__init__(quotient, x)
         # unbatched points (the engine's) reduce every tensor fully: fused operators apply
@@ -119,6 +125,8 @@ class AdaptivePoint(ClosedFormPoint):
         if any(r.requires_grad for r in self.inverse_scale):
             return False
         first = self.x[0]
+        if first.device.type not in self.scratch_norm_devices:
+            return False
         return all(a.dtype == first.dtype == w.dtype and a.device == first.device == w.device
                    and a.shape == w.shape for a, w in zip(u, self.x, strict=True))
 
