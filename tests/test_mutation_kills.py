@@ -1126,3 +1126,131 @@ def test_the_box_direction_of_a_zero_gradient_is_zero_and_its_clip_copies():
     torch.testing.assert_close(clipped[0], torch.tensor([0.5, 0.1, -1.5]))
     # an empty block (a zero-size tensor) counts 0 in the largest scaled entry
     torch.testing.assert_close(box.block_norms(xi)["total"], torch.tensor(3.0))
+
+
+# ------------------------------------------------------------------ engine: measures' edge paths
+def test_the_likely_cause_of_a_float_model_says_what_to_do(functional):
+    with pytest.raises(NonFiniteLossError,
+                       match=r"the perturbed parameters or activations overflow \(or leave the "
+                             r"loss's domain\); use a smaller rho"):
+        _check_ascent(_outcome(1, [2]), 0, AscentSettings(n_iter=5), functional, 0.1, "raise")
+
+
+class _NanAtBatch(nn.Module):
+    """A linear model whose output is NaN on inputs whose first entry is exactly 7."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.lin(x)
+        return torch.where((x[:, :1] == 7.0), torch.full_like(out, float("nan")), out)
+
+
+@pytest.mark.parametrize("measure", ["average", "relative_flatness"])
+def test_a_nonfinite_clean_loss_names_its_batch_and_cause(measure):
+    x, y = _batch()
+    bad = x.clone()
+    bad[0, 0] = 7.0
+    options = {"rho": 0.1, "samples": 2} if measure == "average" else {"layer": "lin"}
+    with pytest.raises(ValueError, match=r"the clean loss on batch 1 is not finite \(nan\): the "
+                                         r"model's output at the unperturbed parameters is not "
+                                         r"finite \(an overflow in float32\?"):
+        qs.sharpness(_NanAtBatch(), [(x, y), (bad, y)], measure=measure, progress=False,
+                     **options)
+
+
+def test_average_with_every_parameter_excluded_is_named():
+    class Frozen(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(4, 3))
+            self.unused = nn.Parameter(torch.ones(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.w.detach()
+
+    with pytest.raises(ValueError, match="no parameter is left to perturb"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        qs.sharpness(Frozen(), [_batch()], measure="average", rho=0.1, samples=2,
+                     progress=False)
+
+
+def test_relative_flatness_names_a_weight_without_rows_or_gradient():
+    class Vector(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 3)
+            self.scale = nn.Module()
+            self.scale.weight = nn.Parameter(torch.ones(3))
+            self.dead = nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) * self.scale.weight
+
+    with pytest.raises(ValueError, match=r"the weight of layer 'scale' has shape \(3,\); "
+                                         r"relative flatness needs rows w_s"):
+        qs.sharpness(Vector(), [_batch()], measure="relative_flatness", layer="scale",
+                     progress=False)
+    with pytest.raises(ValueError, match="parameter 'dead.weight' receives no gradient"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        qs.sharpness(Vector(), [_batch()], measure="relative_flatness", layer="dead",
+                     progress=False)
+
+
+class _CubeRoot(nn.Module):
+    """``sign(z) |z|^(4/3)`` of a linear layer: finite loss and gradient at ``z = 0``, an
+    infinite second derivative there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.lin(x)
+        return z.sign() * z.abs().pow(4.0 / 3.0)
+
+
+def test_relative_flatness_with_infinite_curvature_names_the_layer_and_dtype():
+    x, y = _batch(torch.float64)
+    x[0] = 0.0                                     # z = 0 on the first sample
+    model = _CubeRoot().to(torch.float64)
+    with pytest.raises(NonFiniteLossError,
+                       match=r"batch 0: relative flatness is (nan|inf): the Hessian-vector "
+                             r"products of layer weight 'lin.weight' are not finite although "
+                             r"the clean loss is \(an overflow in float64\?\)"):
+        qs.sharpness(model, [(x, y)], measure="relative_flatness", layer="lin", progress=False)
+
+
+def test_relative_flatness_hessian_products_one_at_a_time_equal_the_batched_ones(monkeypatch):
+    """The fallback for operators without a batched double backward gives the same
+    products."""
+    from quotientsharp.engine.measures import RelativeFlatness
+
+    generator = torch.Generator().manual_seed(40)
+    weight = torch.randn(3, 4, generator=generator, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(5, 4, generator=generator, dtype=torch.float64)
+    with torch.enable_grad():
+        loss = torch.tanh(x @ weight.T).pow(3).sum()
+        (grad,) = torch.autograd.grad(loss, weight, create_graph=True)
+    directions = torch.randn(6, 3, 4, generator=generator, dtype=torch.float64)
+    batched = RelativeFlatness._hvp(grad, weight, directions)
+    original = torch.autograd.grad
+
+    def no_batching(*args, **kwargs):
+        if kwargs.get("is_grads_batched"):
+            raise RuntimeError("no batching rule")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", no_batching)
+    single = RelativeFlatness._hvp(grad, weight, directions)
+    monkeypatch.undo()
+    torch.testing.assert_close(single, batched)
+    # and the reference: each product by its own autograd call, direction by direction
+    for d, product in zip(directions, single, strict=True):
+        (expected,) = torch.autograd.grad(grad, weight, grad_outputs=d, retain_graph=True)
+        torch.testing.assert_close(product, expected)
