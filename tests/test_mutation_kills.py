@@ -1254,3 +1254,161 @@ def test_relative_flatness_hessian_products_one_at_a_time_equal_the_batched_ones
     for d, product in zip(directions, single, strict=True):
         (expected,) = torch.autograd.grad(grad, weight, grad_outputs=d, retain_graph=True)
         torch.testing.assert_close(product, expected)
+
+
+# ------------------------------------------------------------------ engine: ascend's bookkeeping
+def _euclidean_ball(rho: float = 1.3):
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+
+    base = (torch.ones(3, 2, dtype=torch.float64), torch.ones(6, dtype=torch.float64))
+    return GeodesicBall(AdaptiveQuotient.of(base, "euclidean").frozen_point(base), rho)
+
+
+class _Counted:
+    """An objective that counts its calls and its non-finite losses."""
+
+    def __init__(self, split) -> None:
+        self.split, self.calls, self.nonfinite = split, 0, 0
+
+    def __call__(self, xi):
+        self.calls += 1
+        loss, grad = self.split(xi)
+        self.nonfinite += int(not bool(torch.isfinite(loss)))
+        return loss, grad
+
+
+@pytest.mark.parametrize("restarts", [0, 2])
+def test_a_handed_over_start_saves_one_evaluation_and_changes_nothing(restarts):
+    from quotientsharp.engine.solver import HandedOver, ascend
+
+    ball = _euclidean_ball()
+    settings = AscentSettings(n_iter=7, restarts=restarts)
+    _, split = _wavy(0.2)
+    plain = _Counted(split)
+    ticks: list[int] = []
+    reference = ascend(ball, plain, settings, generator=torch.Generator().manual_seed(5),
+                       on_evaluation=lambda: ticks.append(1))
+    assert plain.calls == len(ticks) == settings.runs * settings.evaluations_per_run
+    lent = _Counted(split)
+    start = split(ball.zeros())
+    outcome = ascend(ball, lent, settings, generator=torch.Generator().manual_seed(5),
+                     initial=HandedOver(*start))
+    assert lent.calls == plain.calls - 1
+    torch.testing.assert_close(outcome.trace, reference.trace, rtol=0, atol=0)
+    for a, b in zip(outcome.xi, reference.xi, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # the deprecated one-element list hands it over too
+    listed = _Counted(split)
+    with pytest.warns(DeprecationWarning, match=r"ascend\(initial=\[pair\]\) is deprecated: "
+                                                r"pass initial=HandedOver\(loss, gradient\) to "
+                                                r"hand the evaluation over, or the pair to lend "
+                                                r"it"):
+        again = ascend(ball, listed, settings, generator=torch.Generator().manual_seed(5),
+                       initial=[split(ball.zeros())])
+    assert listed.calls == plain.calls - 1
+    torch.testing.assert_close(again.trace, reference.trace, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"initial is the evaluation at xi = 0, but "
+                                         r"random_init=True starts elsewhere"):
+        ascend(ball, split, AscentSettings(n_iter=3, random_init=True),
+               initial=HandedOver(*start))
+
+
+def test_ascend_does_not_skip_nonfinite_steps_unless_asked():
+    from quotientsharp.engine.solver import ascend
+
+    ball = _euclidean_ball()
+    _, split = _plateau_or_nan(0.3, None, 1.1)      # NaN beyond 1.1 in a ball of 1.3
+    settings = AscentSettings(n_iter=12)
+    default = ascend(ball, split, settings)
+    compared = ascend(ball, split, settings, skip_nonfinite=False)
+    skipped = ascend(ball, split, settings, skip_nonfinite=True)
+    torch.testing.assert_close(default.trace, compared.trace, rtol=0, atol=0, equal_nan=True)
+    assert not torch.equal(default.trace, skipped.trace)
+
+
+def test_ascend_starts_with_the_settings_step_size():
+    flat, split = _wavy(0.4)
+    from quotientsharp.engine.solver import ascend
+
+    rho, eta0 = 1.3, 0.11
+    outcome = ascend(_euclidean_ball(rho), split, AscentSettings(n_iter=15, eta0=eta0))
+    best, _, trace = _reference_apgd(flat, torch.zeros(12, dtype=torch.float64), rho, 15, 0.75,
+                                     eta0)
+    torch.testing.assert_close(outcome.trace, torch.tensor(trace, dtype=torch.float64),
+                               rtol=1e-10, atol=1e-12)
+
+
+def test_random_restarts_follow_the_generator_not_the_global_state():
+    from quotientsharp.engine.solver import ascend
+
+    _, split = _wavy(0.1)
+    settings = AscentSettings(n_iter=5, restarts=1, random_init=True)
+    torch.manual_seed(1)
+    first = ascend(_euclidean_ball(), split, settings, generator=torch.Generator().manual_seed(9))
+    torch.manual_seed(2)
+    again = ascend(_euclidean_ball(), split, settings, generator=torch.Generator().manual_seed(9))
+    torch.testing.assert_close(first.trace, again.trace, rtol=0, atol=0)
+    # one trace entry per evaluation, run after run
+    assert first.trace.shape == (settings.runs * (settings.n_iter + 1),)
+
+
+def test_nonfinite_evaluations_are_counted_over_every_run():
+    from quotientsharp.engine.solver import ascend
+
+    _, split = _plateau_or_nan(0.3, None, 0.6)
+    counted = _Counted(split)
+    outcome = ascend(_euclidean_ball(), counted, AscentSettings(n_iter=8, restarts=3,
+                                                                random_init=True),
+                     generator=torch.Generator().manual_seed(2), skip_nonfinite=True)
+    per_run = [int(a) for a in outcome.nonfinite_at]
+    assert sum(k > 0 for k in per_run) >= 3              # several runs saw a NaN
+    assert int(outcome.nonfinite_count) == counted.nonfinite > 0
+
+
+class _LendingGeometry:
+    """A geometry that keeps the directions it hands out and does not say the solver may
+    overwrite them (no ``new_directions``)."""
+
+    def __init__(self, ball) -> None:
+        self.ball, self.handed = ball, []
+        self.radius, self.dtype, self.device = ball.radius, ball.dtype, ball.device
+
+    def direction(self, egrad):
+        d = self.ball.direction(egrad)
+        self.handed.append((d, tuple(t.clone() for t in d)))
+        return d
+
+    def __getattr__(self, name):
+        return getattr(self.ball, name)
+
+
+def test_the_solver_never_writes_into_directions_it_was_lent():
+    from quotientsharp.engine.solver import ascend
+
+    _, split = _wavy(0.2)
+    geometry = _LendingGeometry(_euclidean_ball())
+    ascend(geometry, split, AscentSettings(n_iter=9))
+    assert geometry.handed
+    for d, copy in geometry.handed:
+        assert all(torch.equal(a, b) for a, b in zip(d, copy, strict=True))
+
+
+def test_ball_defaults_and_an_empty_point():
+    from quotientsharp.engine.ball import GeodesicBall
+
+    quotient, x, frozen, _, generator = _gl_ball("inv", torch.float64, 6, 1.0)
+    u = tuple(0.8 * t for t in quotient.random_tangent(x, generator=generator))
+    for p, w, d in zip(GeodesicBall(frozen, 1.0).point(u), x, u, strict=True):
+        torch.testing.assert_close(p, w + d)                 # order 1 by default
+    exact = GeodesicBall(frozen, 1.0, "exact").point(u)      # 16 RK4 steps by default
+    for a, b in zip(exact, frozen.geodesic(u, 1.0, "exact", 16), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert any(not torch.equal(a, b) for a, b in
+               zip(exact, frozen.geodesic(u, 1.0, "exact", 17), strict=True))
+
+    class Empty:
+        x: tuple = ()
+
+    with pytest.raises(ValueError, match="the geometry has no coordinates to perturb"):
+        GeodesicBall(Empty(), 1.0)                          # type: ignore[arg-type]
