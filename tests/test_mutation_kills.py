@@ -1005,19 +1005,21 @@ def _reference_apgd_skipping(objective, rho: float, n_iter: int, alpha: float):
     return best, best_x, trace
 
 
-@pytest.mark.parametrize("cap, nan_beyond, skip", [
-    (None, 0.9, True), (4.0, None, False), (4.0, 1.1, True)])
-def test_ascend_follows_auto_pgd_through_ties_and_failed_steps(cap, nan_beyond, skip):
+@pytest.mark.parametrize("shift, cap, nan_beyond, skip, n_iter", [
+    (0.3, None, 0.9, True, 24), (0.3, 4.0, None, False, 24), (0.3, 4.0, 1.1, True, 24),
+    (0.3, None, 1.1, True, 24)])
+def test_ascend_follows_auto_pgd_through_ties_and_failed_steps(shift, cap, nan_beyond, skip,
+                                                               n_iter):
     """Ties (a capped objective) are neither increases nor improvements; under
     ``skip_nonfinite`` a NaN step is never kept and the next starts from the best iterate."""
     from quotientsharp.core.adaptive import AdaptiveQuotient
     from quotientsharp.engine.ball import GeodesicBall
     from quotientsharp.engine.solver import ascend
 
-    rho, n_iter, alpha = 1.3, 24, 0.75
+    rho, alpha = 1.3, 0.75
     base = (torch.ones(3, 2, dtype=torch.float64), torch.ones(6, dtype=torch.float64))
     ball = GeodesicBall(AdaptiveQuotient.of(base, "euclidean").frozen_point(base), rho)
-    flat, split = _plateau_or_nan(0.3, cap, nan_beyond)
+    flat, split = _plateau_or_nan(shift, cap, nan_beyond)
     outcome = ascend(ball, split, AscentSettings(n_iter=n_iter, alpha=alpha),
                      skip_nonfinite=skip)
     best, best_x, trace = _reference_apgd_skipping(flat, rho, n_iter, alpha)
