@@ -822,6 +822,9 @@ def test_diagonal_zero_entries_are_named_with_their_coordinates():
                                          r"is degenerate there"):
         euclidean.check_point((a, b * torch.tensor([1.0, 1.0, 0.0, 1.0],
                                                    dtype=torch.float64)), "w")
+    with pytest.raises(ValueError, match=r"x has u = v = 0 at coordinates \[0, 3\]"):
+        euclidean.check_point((a[0], torch.tensor([0.0, 1.0, 1.0, 0.0],
+                                                  dtype=torch.float64)))  # one point, no batch
 
 
 def test_diagonal_point_checks_name_the_argument_and_both_shapes():
