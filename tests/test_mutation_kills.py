@@ -1385,6 +1385,8 @@ class _LendingGeometry:
         return d
 
     def __getattr__(self, name):
+        if name == "new_directions":         # not declared: the solver may not overwrite
+            raise AttributeError(name)
         return getattr(self.ball, name)
 
 
@@ -1417,3 +1419,22 @@ def test_ball_defaults_and_an_empty_point():
 
     with pytest.raises(ValueError, match="the geometry has no coordinates to perturb"):
         GeodesicBall(Empty(), 1.0)                          # type: ignore[arg-type]
+
+
+def test_a_batch_of_problems_gets_unit_directions_problem_by_problem():
+    """Batched GL points (new raised gradients, divided in place) with one problem each."""
+    from quotientsharp.core.gl import GLQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+
+    quotient = GLQuotient("mix", n=5, m=4, h=3)
+    generator = torch.Generator().manual_seed(41)
+    x = quotient.random_point((2,), generator=generator, dtype=torch.float64)
+    frozen = quotient.at(x)
+    ball = GeodesicBall(frozen, 0.5, problem_shape=(2,))
+    egrad = tuple(torch.randn(t.shape, generator=generator, dtype=torch.float64) for t in x)
+    d = ball.direction(egrad)
+    g = frozen.riemannian_gradient(egrad)
+    norm = quotient.norm(x, g)
+    for a, b in zip(d, g, strict=True):
+        torch.testing.assert_close(a, b / norm.reshape(2, *([1] * (b.dim() - 1))))
+    torch.testing.assert_close(ball.norm(d), torch.ones(2, dtype=torch.float64))
