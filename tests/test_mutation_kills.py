@@ -1438,3 +1438,26 @@ def test_a_batch_of_problems_gets_unit_directions_problem_by_problem():
     for a, b in zip(d, g, strict=True):
         torch.testing.assert_close(a, b / norm.reshape(2, *([1] * (b.dim() - 1))))
     torch.testing.assert_close(ball.norm(d), torch.ones(2, dtype=torch.float64))
+
+
+def test_two_runs_are_named_in_the_message(functional):
+    settings = AscentSettings(n_iter=5, restarts=1)
+    with pytest.raises(NonFiniteLossError, match=r"at solver iteration 3 of 5 of run 1 \(of 2\)"):
+        _check_ascent(_outcome(1, [-1, 3]), 0, settings, functional, 0.1, "raise")
+
+
+def test_a_nonfinite_average_names_the_radius():
+    x, y = torch.ones(4, 2), torch.tensor([0, 1, 0, 1])
+    with pytest.raises(NonFiniteLossError, match=r"rho=0\.5 is too large for float32"):
+        qs.sharpness(_Exploding(0.5), [(x, y)], measure="average", rho=0.5, samples=40, seed=0,
+                     progress=False)
+
+
+def test_a_weight_that_is_not_a_registered_parameter_is_named():
+    model = _Three()
+    # an nn.Parameter stored as a plain attribute: the module has it, the model does not list it
+    object.__setattr__(model.middle, "weight", nn.Parameter(torch.ones(6, 5)))
+    with pytest.raises(ValueError, match="the weight of layer 'middle' is not among the "
+                                         "model's parameters"):
+        qs.sharpness(model, [_batch()], measure="relative_flatness", layer="middle",
+                     progress=False)
