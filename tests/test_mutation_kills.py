@@ -1376,7 +1376,8 @@ class _LendingGeometry:
     overwrite them (no ``new_directions``)."""
 
     def __init__(self, ball) -> None:
-        self.ball, self.handed = ball, []
+        self.ball = ball
+        self.handed: list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = []
         self.radius, self.dtype, self.device = ball.radius, ball.dtype, ball.device
 
     def direction(self, egrad):
@@ -1418,7 +1419,7 @@ def test_ball_defaults_and_an_empty_point():
         x: tuple = ()
 
     with pytest.raises(ValueError, match="the geometry has no coordinates to perturb"):
-        GeodesicBall(Empty(), 1.0)                          # type: ignore[arg-type]
+        GeodesicBall(Empty(), 1.0)
 
 
 def test_a_batch_of_problems_gets_unit_directions_problem_by_problem():
