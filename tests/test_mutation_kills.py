@@ -1154,12 +1154,16 @@ class _NanAtBatch(nn.Module):
         return torch.where((x[:, :1] == 7.0), torch.full_like(out, float("nan")), out)
 
 
-@pytest.mark.parametrize("measure", ["average", "relative_flatness"])
+@pytest.mark.parametrize("measure", ["average", "relative_flatness", "worst_case",
+                                     "worst_case_random"])
 def test_a_nonfinite_clean_loss_names_its_batch_and_cause(measure):
     x, y = _batch()
     bad = x.clone()
     bad[0, 0] = 7.0
-    options = {"rho": 0.1, "samples": 2} if measure == "average" else {"layer": "lin"}
+    options = {"average": {"rho": 0.1, "samples": 2}, "relative_flatness": {"layer": "lin"},
+               "worst_case": {"rho": 0.1, "n_iter": 2},
+               "worst_case_random": {"rho": 0.1, "n_iter": 2, "random_init": True}}[measure]
+    measure = measure.removesuffix("_random")
     with pytest.raises(ValueError, match=r"the clean loss on batch 1 is not finite \(nan\): the "
                                          r"model's output at the unperturbed parameters is not "
                                          r"finite \(an overflow in float32\?"):
