@@ -60,7 +60,7 @@ declare -A TESTED=(
     [adaptive]="tests/test_quotient_contract.py tests/test_quotient_abstract.py tests/test_touched_rows.py tests/test_mutation_kills.py"
     [solver]="tests/test_sharpness_solver.py tests/test_solver_quality.py tests/test_sharpness_geometry.py tests/test_mutation_kills.py"
     [exact]="tests/test_solver_quality.py tests/test_bad_inputs_campaign2.py"
-    [measures]="tests/test_sharpness.py tests/test_bad_inputs.py tests/test_bad_inputs_campaign2.py tests/test_mutation_kills.py tests/test_blockwise.py"
+    [measures]="tests/test_sharpness.py tests/test_bad_inputs.py tests/test_bad_inputs_campaign2.py tests/test_mutation_kills.py tests/test_blockwise.py tests/test_touched_rows.py"
 )
 
 run_group() {
