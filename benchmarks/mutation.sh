@@ -24,7 +24,10 @@
 #
 # On a shared 2-core machine a whole run takes hours: narrow it and run it in chunks (results
 # are kept per mutant in MUTATION_DIR, so a second run with the same MUTATION_DIR goes on where
-# the first stopped; naming mutants reruns them).
+# the first stopped; naming mutants reruns them). mutmut maps tests to functions once and then
+# only adds new tests: after the code or the tests changed, delete MUTATION_DIR/<group>/mutants/
+# mutmut-stats.json for a fresh map (verdicts are kept). Changing a group's test files makes
+# mutmut forget every verdict of that group.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=${MUTATION_DIR:-$(mktemp -d -t quotientsharp-mutation.XXXXXX)}
@@ -57,7 +60,7 @@ declare -A TESTED=(
     [adaptive]="tests/test_quotient_contract.py tests/test_quotient_abstract.py tests/test_touched_rows.py tests/test_mutation_kills.py"
     [solver]="tests/test_sharpness_solver.py tests/test_solver_quality.py tests/test_sharpness_geometry.py tests/test_mutation_kills.py"
     [exact]="tests/test_solver_quality.py tests/test_bad_inputs_campaign2.py"
-    [measures]="tests/test_sharpness.py tests/test_bad_inputs.py tests/test_bad_inputs_campaign2.py tests/test_mutation_kills.py"
+    [measures]="tests/test_sharpness.py tests/test_bad_inputs.py tests/test_bad_inputs_campaign2.py tests/test_mutation_kills.py tests/test_blockwise.py tests/test_touched_rows.py"
 )
 
 run_group() {

@@ -655,3 +655,814 @@ def test_zeros_have_the_points_batch_shape_and_draws_follow_the_generator():
         assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
         assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
         assert all(f.dtype == torch.float64 for f in first)
+
+
+# ------------------------------------------------------------------ core/diagonal
+def _diagonal_point(metric: str, seed: int, batch=(3,), d: int = 4):
+    from quotientsharp.core.diagonal import DiagonalQuotient
+
+    quotient = DiagonalQuotient(metric, d=d)
+    x = quotient.random_point(batch, generator=torch.Generator().manual_seed(seed),
+                              dtype=torch.float64)
+    return quotient, x
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+def test_exact_diagonal_geodesics_default_to_time_one(metric):
+    """Called without ``t``, the closed-form geodesic and quotient geodesic are those at t = 1,
+    held against RK4 integration of the geodesic equation (an independent reference)."""
+    from quotientsharp.core import reference
+
+    quotient, x = _diagonal_point(metric, 11)
+    generator = torch.Generator().manual_seed(12)
+    u = tuple(0.2 * c * torch.randn(c.shape, generator=generator, dtype=c.dtype) for c in x)
+    frozen = quotient.at(x)
+    ode = reference.geodesic_ode(x, u, 1.0, quotient.point_ndims, quotient.christoffel,
+                                 steps=256)
+    for got, want in zip(frozen.geodesic_exact(u), ode, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=0.0)
+    # the quotient geodesic is the image of the geodesic of a horizontal velocity
+    h = frozen.horizontal_projection(u)
+    ode = reference.geodesic_ode(x, h, 1.0, quotient.point_ndims, quotient.christoffel,
+                                 steps=256)
+    torch.testing.assert_close(frozen.quotient_geodesic(h), ode[0] * ode[1], rtol=1e-9, atol=0.0)
+
+
+def test_the_mix_geodesic_may_pass_round_the_origin_of_the_complex_plane():
+    """``1 + t (alpha + beta)`` negative with a nonzero imaginary part ``t (alpha - beta)``: the
+    path goes round ``u v = 0`` and stays on the manifold (RK4 reaches the same point)."""
+    from quotientsharp.core import reference
+    from quotientsharp.core.diagonal import DiagonalQuotient
+
+    quotient = DiagonalQuotient("mix")
+    x = (torch.tensor([1.0, -2.0], dtype=torch.float64), torch.tensor([0.5, 3.0],
+                                                                      dtype=torch.float64))
+    # alpha = u_u / u = -1.5, beta = u_v / v = -0.5: re = -1, im = -1 at t = 1
+    u = (-1.5 * x[0], -0.5 * x[1])
+    ode = reference.geodesic_ode(x, u, 1.0, quotient.point_ndims, quotient.christoffel,
+                                 steps=512)
+    for got, want in zip(quotient.at(x).geodesic_exact(u, 1.0), ode, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-8, atol=0.0)
+
+
+def test_a_mix_geodesic_that_reaches_the_origin_at_t_is_refused():
+    """``alpha = beta = -1/2``: ``u(t) v(t) = u v (1 - t)^2`` is 0 at t = 1 exactly."""
+    from quotientsharp.core.diagonal import DiagonalQuotient
+
+    quotient = DiagonalQuotient("mix")
+    x = (torch.tensor([1.5, -2.0], dtype=torch.float64), torch.tensor([0.5, 3.0],
+                                                                      dtype=torch.float64))
+    u = (-0.5 * x[0], -0.5 * x[1])
+    with pytest.raises(ValueError, match="shorten t or the velocity u"):
+        quotient.at(x).geodesic_exact(u, 1.0)
+    # just before, the path is still on the manifold
+    assert bool((quotient.at(x).quotient_geodesic(u, 0.99) != 0).all())
+
+
+def test_the_exact_mix_ball_limit_is_where_a_horizontal_geodesic_reaches_the_origin():
+    """A horizontal ``xi = b (u, v)`` on the coordinate of least ``|u v|`` with norm ``rho``
+    reaches ``u v = 0`` by t = 1 exactly when rho >= that coordinate's limit: the ball is
+    accepted below the limit and refused at and above it."""
+    from quotientsharp.core.diagonal import DiagonalQuotient
+
+    quotient = DiagonalQuotient("mix")
+    x = (torch.tensor([1.5, -0.25, 2.0], dtype=torch.float64),
+         torch.tensor([0.5, 0.75, -3.0], dtype=torch.float64))
+    frozen = quotient.at(x)
+    i = int((x[0] * x[1]).abs().argmin())
+    unit = torch.zeros(3, dtype=torch.float64)
+    unit[i] = -1.0
+    xi = (unit * x[0], unit * x[1])                 # b = -1 on coordinate i, horizontal
+    length = float(quotient.norm(x, xi))
+    # the exact geodesic of xi scaled to norm r leaves the manifold by t = 1 iff r >= limit:
+    # bisect for the limit on the geodesic itself
+    low, high = 0.0, 10.0 * length
+    for _ in range(80):
+        mid = 0.5 * (low + high)
+        try:
+            frozen.geodesic_exact(tuple(mid / length * c for c in xi), 1.0)
+            low = mid
+        except ValueError:
+            high = mid
+    frozen.check_ball(0.99 * low, "exact")
+    with pytest.raises(ValueError, match=r"leave the manifold \(reach") as err:
+        frozen.check_ball(1.01 * high, "exact")
+    assert "or order=2" in str(err.value)
+    # the same for a batch of radii: only the largest counts
+    frozen.check_ball(0.5 * low, 2)                 # not exact: nothing can leave
+
+
+def test_diagonal_vertical_products_are_metric_products_with_the_vertical_vectors():
+    for metric in ("inv", "mix"):
+        quotient, x = _diagonal_point(metric, 13)
+        frozen = quotient.at(x)
+        generator = torch.Generator().manual_seed(14)
+        u = tuple(torch.randn(c.shape, generator=generator, dtype=c.dtype) for c in x)
+        dots, norms = frozen.vertical_products(u)
+        for i in range(x[0].shape[-1]):
+            e = torch.zeros(x[0].shape[-1], dtype=torch.float64)
+            e[i] = 1.0
+            vertical = (x[0] * e, -x[1] * e)         # V_i = (u_i, -v_i) e_i
+            torch.testing.assert_close(dots[..., i], quotient.inner(x, vertical, u))
+            torch.testing.assert_close(norms[..., i],
+                                       quotient.inner(x, vertical, vertical).sqrt())
+
+
+def test_diagonal_horizontality_error_over_two_batch_dimensions():
+    for metric in ("inv", "mix"):
+        quotient, x = _diagonal_point(metric, 15, batch=(2, 3))
+        frozen = quotient.at(x)
+        generator = torch.Generator().manual_seed(16)
+        u = tuple(torch.randn(c.shape, generator=generator, dtype=c.dtype) for c in x)
+        error = frozen.horizontality_error(u)
+        assert error.shape == (2, 3)
+        for j in range(2):
+            for k in range(3):
+                point = (x[0][j, k], x[1][j, k])
+                tangent = (u[0][j, k], u[1][j, k])
+                torch.testing.assert_close(error[j, k],
+                                           quotient.at(point).horizontality_error(tangent))
+
+
+def test_diagonal_submersion_of_another_point_and_without_a_closed_form():
+    from quotientsharp.core.diagonal import DiagonalQuotient
+
+    quotient, x = _diagonal_point("inv", 17)
+    _, y = _diagonal_point("inv", 18)
+    torch.testing.assert_close(quotient.at(x).submersion(y), y[0] * y[1])
+    torch.testing.assert_close(quotient.submersion(y), y[0] * y[1])
+    euclidean = DiagonalQuotient("euclidean")
+    with pytest.raises(NotImplementedError, match="DiagonalEuclideanPoint has no closed-form"):
+        euclidean.at(x).quotient_geodesic(x)
+
+
+def test_diagonal_zero_entries_are_named_with_their_coordinates():
+    from quotientsharp.core.diagonal import DiagonalQuotient
+
+    u = torch.ones(2, 5, dtype=torch.float64)
+    v = torch.ones(2, 5, dtype=torch.float64)
+    v[0, 1] = 0.0
+    v[1, 3] = 0.0
+    for metric in ("inv", "mix"):
+        quotient = DiagonalQuotient(metric)
+        with pytest.raises(ValueError, match=r"w\[1\] \(v\) has zero entries \(v = 0 at "
+                                             r"coordinates \[1, 3\]\), which the "
+                                             + metric + r" metric divides by \(the orbit is "
+                                             r"degenerate there\)"):
+            quotient.check_point((u, v), "w")
+        # the metric itself refuses them too, outside torch.func transforms
+        with pytest.raises(ValueError, match="has zero entries"):
+            quotient.inner((u, v), (u, u), (u, u))
+    # the Euclidean metric refuses only u = v = 0
+    euclidean = DiagonalQuotient("euclidean")
+    a = torch.tensor([[0.0, 1.0, 2.0, 0.0], [1.0, 0.0, 0.0, 3.0]], dtype=torch.float64)
+    b = torch.tensor([[1.0, 0.0, 2.0, 4.0], [0.0, 1.0, 1.0, 3.0]], dtype=torch.float64)
+    euclidean.check_point((a, b))                    # u = 0 or v = 0 alone: allowed
+    with pytest.raises(ValueError, match=r"w has u = v = 0 at coordinates \[2\]: the orbit "
+                                         r"is degenerate there"):
+        euclidean.check_point((a, b * torch.tensor([1.0, 1.0, 0.0, 1.0],
+                                                   dtype=torch.float64)), "w")
+    with pytest.raises(ValueError, match=r"x has u = v = 0 at coordinates \[0, 3\]"):
+        euclidean.check_point((a[0], torch.tensor([0.0, 1.0, 1.0, 0.0],
+                                                  dtype=torch.float64)))  # one point, no batch
+
+
+def test_diagonal_point_checks_name_the_argument_and_both_shapes():
+    from quotientsharp.core.diagonal import DiagonalQuotient
+
+    quotient = DiagonalQuotient("inv")
+    with pytest.raises(ValueError, match=r"theta.*\(3,\).*\(4,\)"):
+        quotient.check_point((torch.ones(3), torch.ones(4)), "theta")
+    with pytest.raises(ValueError, match="theta"):
+        quotient.check_point((torch.ones(3), torch.tensor([1.0, float("nan"), 1.0])), "theta")
+    assert DiagonalQuotient().metric.name == "inv"          # the documented default
+
+
+def test_the_diagonal_metric_works_inside_vmap():
+    """Inside ``torch.func`` transforms the zero check (a data-dependent branch) is skipped."""
+    quotient, x = _diagonal_point("mix", 19, batch=(3,))
+    inner = torch.func.vmap(lambda a, b: quotient.inner((a, b), (a, b), (a, b)))(x[0], x[1])
+    torch.testing.assert_close(inner, quotient.inner(x, x, x))
+
+
+def test_diagonal_random_points_are_log_uniform_with_random_signs():
+    """``|x|`` log-uniform on [1e-1, 1e1] (log10 |x| uniform on [-1, 1]), signs fair coins;
+    the batch shape is kept; no generator needed; a generator makes draws reproducible."""
+    from quotientsharp.core.diagonal import DiagonalQuotient
+
+    quotient = DiagonalQuotient("inv", d=50)
+    x = quotient.random_point((200,), generator=torch.Generator().manual_seed(20),
+                              dtype=torch.float64)
+    assert [c.shape for c in x] == [(200, 50), (200, 50)]
+    for c in x:
+        logs = c.abs().log10().flatten()
+        n = logs.numel()
+        assert float(logs.min()) >= -1.0 and float(logs.max()) <= 1.0
+        # uniform on [-1, 1]: mean 0 and variance 1/3, within six standard errors
+        assert abs(float(logs.mean())) < 6 * (1 / 3 / n) ** 0.5
+        assert abs(float(logs.var()) - 1 / 3) < 6 * (4 / 45 / n) ** 0.5
+        negative = float((c < 0).double().mean())
+        assert abs(negative - 0.5) < 6 * (0.25 / n) ** 0.5
+    assert all(c.dtype == torch.float32 for c in quotient.random_point((2,)))
+    first = quotient.random_point((2,), generator=torch.Generator().manual_seed(21))
+    again = quotient.random_point((2,), generator=torch.Generator().manual_seed(21))
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    meta = quotient.random_point((2,), device="meta")
+    assert all(c.device.type == "meta" for c in meta)
+
+
+def test_diagonal_group_elements_are_signed_log_normal_and_reproducible():
+    """``|a| = exp(scale N(0, 1))`` with a fair random sign; the same generator seed gives the
+    same element."""
+    quotient, x = _diagonal_point("mix", 22, batch=(400,), d=50)
+    for scale, kwargs in ((1.0, {}), (0.5, {"scale": 0.5})):
+        g = quotient.random_group_element(x, generator=torch.Generator().manual_seed(23),
+                                          **kwargs)
+        logs = g.abs().log().flatten()
+        n = logs.numel()
+        assert abs(float(logs.mean())) < 6 * scale / n ** 0.5
+        assert abs(float(logs.std()) - scale) < 6 * scale / (2 * n) ** 0.5
+        assert abs(float((g < 0).double().mean()) - 0.5) < 6 * (0.25 / n) ** 0.5
+    first = quotient.random_group_element(x, generator=torch.Generator().manual_seed(24))
+    again = quotient.random_group_element(x, generator=torch.Generator().manual_seed(24))
+    assert torch.equal(first, again)
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+def test_diagonal_isotropic_draws_follow_the_generator_in_the_points_dtype(metric):
+    quotient, x = _diagonal_point(metric, 25)
+    frozen = quotient.at(x)
+    first = frozen.isotropic(torch.Generator().manual_seed(26))
+    again = frozen.isotropic(torch.Generator().manual_seed(26))
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    # drawn in float64, not drawn in float32 and widened: the standard normals carry more
+    # than float32's 24 bits
+    scale = (x[0].abs(), x[1].abs()) if metric == "inv" else (1 / x[1].abs(), 1 / x[0].abs())
+    for draw, s in zip(first, scale, strict=True):
+        assert draw.dtype == torch.float64
+        normal = draw / s
+        assert float((normal - normal.float().double()).abs().max()) > 1e-12
+
+
+# ------------------------------------------------------------------ engine: settings, steps, balls
+def test_ascent_settings_accept_their_boundaries_and_name_bad_values():
+    AscentSettings(n_iter=1, eta0=0.5, alpha=1.0, restarts=0, random_init=False)
+    AscentSettings(n_iter=1, eta0=2, alpha=0.25, restarts=1, random_init=True)
+    bad = [({"n_iter": 0}, ValueError, "n_iter must be an integer >= 1"),
+           ({"n_iter": True}, ValueError, "n_iter must be an integer >= 1"),
+           ({"n_iter": 1.5}, ValueError, "n_iter must be an integer >= 1"),
+           ({"eta0": 0.0}, ValueError, "eta0 must be a finite number > 0"),
+           ({"eta0": True}, ValueError, "eta0 must be a finite number > 0"),
+           ({"alpha": True}, ValueError, r"alpha must be in \(0, 1\]"),
+           ({"alpha": 0.0}, ValueError, r"alpha must be in \(0, 1\]"),
+           ({"restarts": True}, ValueError, "restarts must be an integer >= 0"),
+           ({"restarts": -1}, ValueError, "restarts must be an integer >= 0"),
+           ({"random_init": 1}, TypeError, "random_init must be a bool, got int")]
+    for kwargs, error, message in bad:
+        with pytest.raises(error, match=message):
+            AscentSettings(**kwargs)
+
+
+def test_the_step_formulas_leave_their_inputs_alone_by_default():
+    """``gradient_step`` and ``momentum_step`` write into an input only when told to."""
+    from quotientsharp.engine.solver import gradient_step, momentum_step
+
+    generator = torch.Generator().manual_seed(30)
+    xi, d, z, previous = ([torch.randn(3, 2, generator=generator, dtype=torch.float64)
+                           for _ in range(2)] for _ in range(4))
+    copies = [[t.clone() for t in v] for v in (xi, d, z, previous)]
+    eta = torch.tensor(0.3, dtype=torch.float64)
+    step = gradient_step(xi, d, eta)
+    new = momentum_step(xi, z, previous, 0.75)
+    for v, c in zip((xi, d, z, previous), copies, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(v, c, strict=True))
+    for s, x, e in zip(step, xi, d, strict=True):
+        torch.testing.assert_close(s, x + 0.3 * e)
+    for n, x, a, p in zip(new, xi, z, previous, strict=True):
+        torch.testing.assert_close(n, x + 0.75 * (a - x) + 0.25 * (x - p))
+    assert gradient_step((), (), eta) == () and momentum_step((), (), (), 0.5) == ()
+
+
+def _plateau_or_nan(shift: float, cap: float | None, nan_beyond: float | None):
+    """The wavy objective, capped at ``cap`` (ties between iterates) and NaN beyond the
+    radius ``nan_beyond`` (failed steps)."""
+    flat, _ = _wavy(shift)
+
+    def capped(v: torch.Tensor) -> tuple[float, torch.Tensor]:
+        loss, grad = flat(v)
+        if cap is not None:
+            loss = min(loss, cap)
+        if nan_beyond is not None and float(v.norm()) > nan_beyond:
+            loss = float("nan")
+        return loss, grad
+
+    def split(xi):
+        v = torch.cat([xi[0].reshape(-1), xi[1]])
+        loss, grad = capped(v)
+        return torch.tensor(loss, dtype=torch.float64), (grad[:6].reshape(3, 2), grad[6:])
+    return capped, split
+
+
+def _reference_apgd_skipping(objective, rho: float, n_iter: int, alpha: float):
+    """:func:`_reference_apgd` with the skip rule: a NaN evaluation counts as the lowest loss
+    (never best, never an increase) and the next step starts again from the best iterate."""
+    import math
+
+    def clip(v):
+        norm = float(v.norm())
+        return v if norm <= rho else v * (rho / norm)
+
+    def evaluate(v):
+        loss, grad = objective(v)
+        return loss, grad / grad.norm()
+
+    x = prev = torch.zeros(12, dtype=torch.float64)
+    current, d = evaluate(x)
+    best, best_x, best_d = current, x, d
+    eta = mark_eta = 2 * rho
+    mark_best, increases, last = best, 0, 0
+    marks = [w for w in _reference_checkpoints(n_iter) if w < n_iter]
+    trace = [best]
+    for k in range(n_iter):
+        z = clip(x + eta * d)
+        new = z if k == 0 else clip(x + alpha * (z - x) + (1 - alpha) * (x - prev))
+        loss, new_d = evaluate(new)
+        failed = not math.isfinite(loss)
+        loss = -math.inf if failed else loss
+        increases += loss > current
+        if loss > best:
+            best, best_x, best_d = loss, new, new_d
+        trace.append(best)
+        if failed:
+            new, new_d, loss = best_x, best_d, best
+        prev, x, current, d = x, new, loss, new_d
+        if k + 1 in marks:
+            oscillating = increases < 0.75 * (k + 1 - last)
+            stalled = eta == mark_eta and best == mark_best
+            mark_eta, mark_best = eta, best
+            if oscillating or stalled:
+                eta /= 2
+                x = prev = best_x
+                d, current = best_d, best
+            increases, last = 0, k + 1
+    return best, best_x, trace
+
+
+@pytest.mark.parametrize("shift, cap, nan_beyond, skip, n_iter", [
+    (0.3, None, 0.9, True, 24), (0.3, 4.0, None, False, 24), (0.3, 4.0, 1.1, True, 24),
+    (0.3, None, 1.1, True, 24)])
+def test_ascend_follows_auto_pgd_through_ties_and_failed_steps(shift, cap, nan_beyond, skip,
+                                                               n_iter):
+    """Ties (a capped objective) are neither increases nor improvements; under
+    ``skip_nonfinite`` a NaN step is never kept and the next starts from the best iterate."""
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+    from quotientsharp.engine.solver import ascend
+
+    rho, alpha = 1.3, 0.75
+    base = (torch.ones(3, 2, dtype=torch.float64), torch.ones(6, dtype=torch.float64))
+    ball = GeodesicBall(AdaptiveQuotient.of(base, "euclidean").frozen_point(base), rho)
+    flat, split = _plateau_or_nan(shift, cap, nan_beyond)
+    outcome = ascend(ball, split, AscentSettings(n_iter=n_iter, alpha=alpha),
+                     skip_nonfinite=skip)
+    best, best_x, trace = _reference_apgd_skipping(flat, rho, n_iter, alpha)
+    torch.testing.assert_close(outcome.trace, torch.tensor(trace, dtype=torch.float64),
+                               rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(torch.cat([outcome.xi[0].reshape(-1), outcome.xi[1]]), best_x,
+                               rtol=1e-10, atol=1e-12)
+    assert float(outcome.loss) == pytest.approx(best, rel=1e-12)
+    if nan_beyond is None:
+        assert int(outcome.nonfinite_at[0]) == -1 and int(outcome.nonfinite_count) == 0
+    else:
+        assert int(outcome.nonfinite_at[0]) > 0
+    assert outcome.nonfinite_count.dtype == torch.int64
+
+
+def test_the_ball_direction_never_writes_a_gradient_the_caller_lent():
+    """The Euclidean metric's raised gradient is the gradient itself (or a view of it): the
+    normalisation must divide into new tensors, for one problem and for a batch."""
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+
+    generator = torch.Generator().manual_seed(31)
+    # (an unbatched adaptive point does not take a batch of gradients: its in-place raise
+    # cannot broadcast, a loud RuntimeError, so the batch runs with the Euclidean metric)
+    for metric, problem_shape in (("euclidean", ()), ("euclidean", (2,)), ("adaptive", ())):
+        base = (torch.rand(2, 3, generator=generator, dtype=torch.float64) + 0.5,
+                torch.rand(4, generator=generator, dtype=torch.float64) + 0.5)
+        frozen = AdaptiveQuotient.of(base, metric).frozen_point(base)
+        ball = GeodesicBall(frozen, 1.0, problem_shape=problem_shape)
+        egrad = tuple(torch.randn(*problem_shape, *t.shape, generator=generator,
+                                  dtype=torch.float64) for t in base)
+        kept = tuple(e.clone() for e in egrad)
+        d = ball.direction(egrad)
+        assert all(torch.equal(e, k) for e, k in zip(egrad, kept, strict=True))
+        # the unit Riemannian gradient: g / ||g||, problem by problem
+        g = frozen.riemannian_gradient(kept)
+        norm = ball.norm(g)
+        for a, b in zip(d, g, strict=True):
+            lifted = norm.reshape(*norm.shape, *([1] * (b.dim() - norm.dim())))
+            torch.testing.assert_close(a, b / lifted)
+
+
+def test_a_ball_on_rows_is_the_ball_of_the_point_on_those_rows():
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+
+    base = (torch.tensor([[1.0, 2.0], [3.0, -1.0], [0.5, 4.0]], dtype=torch.float64),
+            torch.tensor([2.0, -3.0], dtype=torch.float64))
+    frozen = AdaptiveQuotient.of(base, "adaptive").frozen_point(base)
+    ball = GeodesicBall(frozen, 0.7, "exact", steps=5, problem_shape=(2,))
+    rows = {0: torch.tensor([0, 2])}
+    cut = ball.on_rows(rows)
+    assert (cut.radius, cut.order, cut.steps, cut.problem_shape) == (0.7, "exact", 5, (2,))
+    torch.testing.assert_close(cut.base[0], base[0][[0, 2]])
+    torch.testing.assert_close(cut.base[1], base[1])
+    # the norm of a vector on those rows is the full ball's norm of it written into them
+    xi = (torch.tensor([[[1.0, 0.0], [0.0, 2.0]]] * 2, dtype=torch.float64),
+          torch.ones(2, 2, dtype=torch.float64))
+    full = (torch.zeros(2, 3, 2, dtype=torch.float64).index_copy(1, rows[0], xi[0]), xi[1])
+    torch.testing.assert_close(cut.norm(xi), ball.norm(full))
+
+
+def test_block_norms_of_a_product_ball_name_its_factors():
+    import quotientsharp as qs
+    from quotientsharp.engine.ball import GeodesicBall
+
+    quotient = qs.ProductQuotient([qs.GLQuotient("inv", n=3, m=2, h=2),
+                                   qs.DiagonalQuotient("mix", d=3)])
+    generator = torch.Generator().manual_seed(32)
+    x = quotient.random_point(generator=generator, dtype=torch.float64)
+    ball = GeodesicBall(quotient.at(x), 1.0)
+    xi = quotient.horizontal_projection(x, tuple(torch.randn(t.shape, generator=generator,
+                                                             dtype=torch.float64) for t in x))
+    norms = ball.block_norms(xi)
+    assert len(norms) == 3 and "total" in norms
+    torch.testing.assert_close(norms["total"], ball.norm(xi))
+    parts = [v for k, v in norms.items() if k != "total"]
+    torch.testing.assert_close(sum(p.square() for p in parts), ball.norm(xi).square())
+
+
+def test_random_starts_are_drawn_in_the_points_dtype():
+    """A float64 point gets float64 radii and box offsets, not widened float32 draws."""
+    from quotientsharp.engine.ball import BoxGeometry
+
+    _, x, _, ball, _ = _gl_ball("mix", torch.float64, 33, 0.5)
+    generator = torch.Generator().manual_seed(34)
+    radii = torch.stack([ball.norm(ball.random_start(generator)) / 0.5 for _ in range(20)])
+    assert float((radii - radii.float().double()).abs().max()) > 1e-12
+    box = BoxGeometry(x, tuple(torch.ones_like(t) for t in x), 0.5)
+    start = box.random_start(generator)
+    assert all(s.dtype == torch.float64 for s in start)
+    assert float(max((s - s.float().double()).abs().max() for s in start)) > 1e-12
+
+
+def test_the_box_direction_of_a_zero_gradient_is_zero_and_its_clip_copies():
+    from quotientsharp.engine.ball import BoxGeometry
+
+    base = (torch.tensor([1.0, -2.0, 3.0]), torch.zeros(0))
+    box = BoxGeometry(base, (base[0].abs(), torch.zeros(0)), 0.5)
+    direction = box.direction((torch.tensor([0.0, -1.0, 2.0]), torch.zeros(0)))
+    torch.testing.assert_close(direction[0], torch.tensor([0.0, -2.0, 3.0]))
+    xi = (torch.tensor([2.0, 0.1, -9.0]), torch.zeros(0))
+    kept = xi[0].clone()
+    clipped = box.clip(xi)
+    assert torch.equal(xi[0], kept)                  # the caller's vector is not clamped
+    torch.testing.assert_close(clipped[0], torch.tensor([0.5, 0.1, -1.5]))
+    # an empty block (a zero-size tensor) counts 0 in the largest scaled entry
+    torch.testing.assert_close(box.block_norms(xi)["total"], torch.tensor(3.0))
+
+
+# ------------------------------------------------------------------ engine: measures' edge paths
+def test_the_likely_cause_of_a_float_model_says_what_to_do(functional):
+    with pytest.raises(NonFiniteLossError,
+                       match=r"the perturbed parameters or activations overflow \(or leave the "
+                             r"loss's domain\); use a smaller rho"):
+        _check_ascent(_outcome(1, [2]), 0, AscentSettings(n_iter=5), functional, 0.1, "raise")
+
+
+class _NanAtBatch(nn.Module):
+    """A linear model whose output is NaN on inputs whose first entry is exactly 7."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.lin(x)
+        return torch.where((x[:, :1] == 7.0), torch.full_like(out, float("nan")), out)
+
+
+@pytest.mark.parametrize("measure", ["average", "relative_flatness", "worst_case",
+                                     "worst_case_random"])
+def test_a_nonfinite_clean_loss_names_its_batch_and_cause(measure):
+    x, y = _batch()
+    bad = x.clone()
+    bad[0, 0] = 7.0
+    options = {"average": {"rho": 0.1, "samples": 2}, "relative_flatness": {"layer": "lin"},
+               "worst_case": {"rho": 0.1, "n_iter": 2},
+               "worst_case_random": {"rho": 0.1, "n_iter": 2, "random_init": True}}[measure]
+    measure = measure.removesuffix("_random")
+    with pytest.raises(ValueError, match=r"the clean loss on batch 1 is not finite \(nan\): the "
+                                         r"model's output at the unperturbed parameters is not "
+                                         r"finite \(an overflow in float32\?"):
+        qs.sharpness(_NanAtBatch(), [(x, y), (bad, y)], measure=measure, progress=False,
+                     **options)
+
+
+def test_average_with_every_parameter_excluded_is_named():
+    class Frozen(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(4, 3))
+            self.unused = nn.Parameter(torch.ones(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.w.detach()
+
+    with pytest.raises(ValueError, match="no parameter is left to perturb"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        qs.sharpness(Frozen(), [_batch()], measure="average", rho=0.1, samples=2,
+                     progress=False)
+
+
+def test_relative_flatness_names_a_weight_without_rows_or_gradient():
+    class Vector(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 3)
+            self.scale = nn.Module()
+            self.scale.weight = nn.Parameter(torch.ones(3))
+            self.dead = nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) * self.scale.weight
+
+    with pytest.raises(ValueError, match=r"the weight of layer 'scale' has shape \(3,\); "
+                                         r"relative flatness needs rows w_s"):
+        qs.sharpness(Vector(), [_batch()], measure="relative_flatness", layer="scale",
+                     progress=False)
+    with pytest.raises(ValueError, match="parameter 'dead.weight' receives no gradient"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        qs.sharpness(Vector(), [_batch()], measure="relative_flatness", layer="dead",
+                     progress=False)
+
+
+class _CubeRoot(nn.Module):
+    """``sign(z) |z|^(4/3)`` of a linear layer: finite loss and gradient at ``z = 0``, an
+    infinite second derivative there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.lin(x)
+        return z.sign() * z.abs().pow(4.0 / 3.0)
+
+
+def test_relative_flatness_with_infinite_curvature_names_the_layer_and_dtype():
+    x, y = _batch(torch.float64)
+    x[0] = 0.0                                     # z = 0 on the first sample
+    model = _CubeRoot().to(torch.float64)
+    with pytest.raises(NonFiniteLossError,
+                       match=r"batch 0: relative flatness is (nan|inf): the Hessian-vector "
+                             r"products of layer weight 'lin.weight' are not finite although "
+                             r"the clean loss is \(an overflow in float64\?\)"):
+        qs.sharpness(model, [(x, y)], measure="relative_flatness", layer="lin", progress=False)
+
+
+def test_relative_flatness_hessian_products_one_at_a_time_equal_the_batched_ones(monkeypatch):
+    """The fallback for operators without a batched double backward gives the same
+    products."""
+    from quotientsharp.engine.measures import RelativeFlatness
+
+    generator = torch.Generator().manual_seed(40)
+    weight = torch.randn(3, 4, generator=generator, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(5, 4, generator=generator, dtype=torch.float64)
+    with torch.enable_grad():
+        loss = torch.tanh(x @ weight.T).pow(3).sum()
+        (grad,) = torch.autograd.grad(loss, weight, create_graph=True)
+    directions = torch.randn(6, 3, 4, generator=generator, dtype=torch.float64)
+    batched = RelativeFlatness._hvp(grad, weight, directions)
+    original = torch.autograd.grad
+
+    def no_batching(*args, **kwargs):
+        if kwargs.get("is_grads_batched"):
+            raise RuntimeError("no batching rule")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", no_batching)
+    single = RelativeFlatness._hvp(grad, weight, directions)
+    monkeypatch.undo()
+    torch.testing.assert_close(single, batched)
+    # and the reference: each product by its own autograd call, direction by direction
+    for d, product in zip(directions, single, strict=True):
+        (expected,) = torch.autograd.grad(grad, weight, grad_outputs=d, retain_graph=True)
+        torch.testing.assert_close(product, expected)
+
+
+# ------------------------------------------------------------------ engine: ascend's bookkeeping
+def _euclidean_ball(rho: float = 1.3):
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+
+    base = (torch.ones(3, 2, dtype=torch.float64), torch.ones(6, dtype=torch.float64))
+    return GeodesicBall(AdaptiveQuotient.of(base, "euclidean").frozen_point(base), rho)
+
+
+class _Counted:
+    """An objective that counts its calls and its non-finite losses."""
+
+    def __init__(self, split) -> None:
+        self.split, self.calls, self.nonfinite = split, 0, 0
+
+    def __call__(self, xi):
+        self.calls += 1
+        loss, grad = self.split(xi)
+        self.nonfinite += int(not bool(torch.isfinite(loss)))
+        return loss, grad
+
+
+@pytest.mark.parametrize("restarts", [0, 2])
+def test_a_handed_over_start_saves_one_evaluation_and_changes_nothing(restarts):
+    from quotientsharp.engine.solver import HandedOver, ascend
+
+    ball = _euclidean_ball()
+    settings = AscentSettings(n_iter=7, restarts=restarts)
+    _, split = _wavy(0.2)
+    plain = _Counted(split)
+    ticks: list[int] = []
+    reference = ascend(ball, plain, settings, generator=torch.Generator().manual_seed(5),
+                       on_evaluation=lambda: ticks.append(1))
+    assert plain.calls == len(ticks) == settings.runs * settings.evaluations_per_run
+    lent = _Counted(split)
+    start = split(ball.zeros())
+    outcome = ascend(ball, lent, settings, generator=torch.Generator().manual_seed(5),
+                     initial=HandedOver(*start))
+    assert lent.calls == plain.calls - 1
+    torch.testing.assert_close(outcome.trace, reference.trace, rtol=0, atol=0)
+    for a, b in zip(outcome.xi, reference.xi, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # the deprecated one-element list hands it over too
+    listed = _Counted(split)
+    with pytest.warns(DeprecationWarning, match=r"ascend\(initial=\[pair\]\) is deprecated: "
+                                                r"pass initial=HandedOver\(loss, gradient\) to "
+                                                r"hand the evaluation over, or the pair to lend "
+                                                r"it"):
+        again = ascend(ball, listed, settings, generator=torch.Generator().manual_seed(5),
+                       initial=[split(ball.zeros())])
+    assert listed.calls == plain.calls - 1
+    torch.testing.assert_close(again.trace, reference.trace, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"initial is the evaluation at xi = 0, but "
+                                         r"random_init=True starts elsewhere"):
+        ascend(ball, split, AscentSettings(n_iter=3, random_init=True),
+               initial=HandedOver(*start))
+
+
+def test_ascend_does_not_skip_nonfinite_steps_unless_asked():
+    from quotientsharp.engine.solver import ascend
+
+    ball = _euclidean_ball()
+    _, split = _plateau_or_nan(0.3, None, 1.1)      # NaN beyond 1.1 in a ball of 1.3
+    settings = AscentSettings(n_iter=12)
+    default = ascend(ball, split, settings)
+    compared = ascend(ball, split, settings, skip_nonfinite=False)
+    skipped = ascend(ball, split, settings, skip_nonfinite=True)
+    torch.testing.assert_close(default.trace, compared.trace, rtol=0, atol=0, equal_nan=True)
+    assert not torch.equal(default.trace, skipped.trace)
+
+
+def test_ascend_starts_with_the_settings_step_size():
+    flat, split = _wavy(0.4)
+    from quotientsharp.engine.solver import ascend
+
+    rho, eta0 = 1.3, 0.11
+    outcome = ascend(_euclidean_ball(rho), split, AscentSettings(n_iter=15, eta0=eta0))
+    best, _, trace = _reference_apgd(flat, torch.zeros(12, dtype=torch.float64), rho, 15, 0.75,
+                                     eta0)
+    torch.testing.assert_close(outcome.trace, torch.tensor(trace, dtype=torch.float64),
+                               rtol=1e-10, atol=1e-12)
+
+
+def test_random_restarts_follow_the_generator_not_the_global_state():
+    from quotientsharp.engine.solver import ascend
+
+    _, split = _wavy(0.1)
+    settings = AscentSettings(n_iter=5, restarts=1, random_init=True)
+    torch.manual_seed(1)
+    first = ascend(_euclidean_ball(), split, settings, generator=torch.Generator().manual_seed(9))
+    torch.manual_seed(2)
+    again = ascend(_euclidean_ball(), split, settings, generator=torch.Generator().manual_seed(9))
+    torch.testing.assert_close(first.trace, again.trace, rtol=0, atol=0)
+    # one trace entry per evaluation, run after run
+    assert first.trace.shape == (settings.runs * (settings.n_iter + 1),)
+
+
+def test_nonfinite_evaluations_are_counted_over_every_run():
+    from quotientsharp.engine.solver import ascend
+
+    _, split = _plateau_or_nan(0.3, None, 0.6)
+    counted = _Counted(split)
+    outcome = ascend(_euclidean_ball(), counted, AscentSettings(n_iter=8, restarts=3,
+                                                                random_init=True),
+                     generator=torch.Generator().manual_seed(2), skip_nonfinite=True)
+    per_run = [int(a) for a in outcome.nonfinite_at]
+    assert sum(k > 0 for k in per_run) >= 3              # several runs saw a NaN
+    assert int(outcome.nonfinite_count) == counted.nonfinite > 0
+
+
+class _LendingGeometry:
+    """A geometry that keeps the directions it hands out and does not say the solver may
+    overwrite them (no ``new_directions``)."""
+
+    def __init__(self, ball) -> None:
+        self.ball = ball
+        self.handed: list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = []
+        self.radius, self.dtype, self.device = ball.radius, ball.dtype, ball.device
+
+    def direction(self, egrad):
+        d = self.ball.direction(egrad)
+        self.handed.append((d, tuple(t.clone() for t in d)))
+        return d
+
+    def __getattr__(self, name):
+        if name == "new_directions":         # not declared: the solver may not overwrite
+            raise AttributeError(name)
+        return getattr(self.ball, name)
+
+
+def test_the_solver_never_writes_into_directions_it_was_lent():
+    from quotientsharp.engine.solver import ascend
+
+    _, split = _wavy(0.2)
+    geometry = _LendingGeometry(_euclidean_ball())
+    ascend(geometry, split, AscentSettings(n_iter=9))
+    assert geometry.handed
+    for d, copy in geometry.handed:
+        assert all(torch.equal(a, b) for a, b in zip(d, copy, strict=True))
+
+
+def test_ball_defaults_and_an_empty_point():
+    from quotientsharp.engine.ball import GeodesicBall
+
+    quotient, x, frozen, _, generator = _gl_ball("inv", torch.float64, 6, 1.0)
+    u = tuple(0.8 * t for t in quotient.random_tangent(x, generator=generator))
+    for p, w, d in zip(GeodesicBall(frozen, 1.0).point(u), x, u, strict=True):
+        torch.testing.assert_close(p, w + d)                 # order 1 by default
+    exact = GeodesicBall(frozen, 1.0, "exact").point(u)      # 16 RK4 steps by default
+    for a, b in zip(exact, frozen.geodesic(u, 1.0, "exact", 16), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert any(not torch.equal(a, b) for a, b in
+               zip(exact, frozen.geodesic(u, 1.0, "exact", 17), strict=True))
+
+    class Empty:
+        x: tuple = ()
+
+    with pytest.raises(ValueError, match="the geometry has no coordinates to perturb"):
+        GeodesicBall(Empty(), 1.0)
+
+
+def test_a_batch_of_problems_gets_unit_directions_problem_by_problem():
+    """Batched GL points (new raised gradients, divided in place) with one problem each."""
+    from quotientsharp.core.gl import GLQuotient
+    from quotientsharp.engine.ball import GeodesicBall
+
+    quotient = GLQuotient("mix", n=5, m=4, h=3)
+    generator = torch.Generator().manual_seed(41)
+    x = quotient.random_point((2,), generator=generator, dtype=torch.float64)
+    frozen = quotient.at(x)
+    ball = GeodesicBall(frozen, 0.5, problem_shape=(2,))
+    egrad = tuple(torch.randn(t.shape, generator=generator, dtype=torch.float64) for t in x)
+    d = ball.direction(egrad)
+    g = frozen.riemannian_gradient(egrad)
+    norm = quotient.norm(x, g)
+    for a, b in zip(d, g, strict=True):
+        torch.testing.assert_close(a, b / norm.reshape(2, *([1] * (b.dim() - 1))))
+    torch.testing.assert_close(ball.norm(d), torch.ones(2, dtype=torch.float64))
+
+
+def test_two_runs_are_named_in_the_message(functional):
+    settings = AscentSettings(n_iter=5, restarts=1)
+    with pytest.raises(NonFiniteLossError, match=r"at solver iteration 3 of 5 of run 1 \(of 2\)"):
+        _check_ascent(_outcome(1, [-1, 3]), 0, settings, functional, 0.1, "raise")
+
+
+def test_a_nonfinite_average_names_the_radius():
+    x, y = torch.ones(4, 2), torch.tensor([0, 1, 0, 1])
+    with pytest.raises(NonFiniteLossError, match=r"rho=0\.5 is too large for float32"):
+        qs.sharpness(_Exploding(0.5), [(x, y)], measure="average", rho=0.5, samples=40, seed=0,
+                     progress=False)
+
+
+def test_a_weight_that_is_not_a_registered_parameter_is_named():
+    model = _Three()
+    # an nn.Parameter stored as a plain attribute: the module has it, the model does not list it
+    object.__setattr__(model.middle, "weight", nn.Parameter(torch.ones(6, 5)))
+    with pytest.raises(ValueError, match="the weight of layer 'middle' is not among the "
+                                         "model's parameters"):
+        qs.sharpness(model, [_batch()], measure="relative_flatness", layer="middle",
+                     progress=False)
