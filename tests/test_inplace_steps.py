@@ -259,3 +259,18 @@ def test_adaptive_norm_of_a_vector_with_history_keeps_its_gradient() -> None:
     grads = torch.autograd.grad(point.squared_norm(u), u)
     for g, a, r in zip(grads, u, point.inverse_scale, strict=True):
         assert torch.allclose(g, 2 * a.detach() * r.square(), rtol=1e-12, atol=0)
+
+
+def test_adaptive_raise_of_a_batch_of_gradients_broadcasts_like_the_formula() -> None:
+    # an unbatched point (the engine's, fused) given gradients with a leading batch dimension
+    # raises each of them: e * w^2, broadcast, as at a batched point
+    point, gen = _adaptive_point(4, torch.float64, zero=True)
+    egrad = tuple(torch.randn(3, *t.shape, generator=gen, dtype=torch.float64)
+                  for t in point.x)
+    raised = point.raise_index(egrad)
+    for r, e, w in zip(raised, egrad, point.x, strict=True):
+        assert r.shape == e.shape
+        assert torch.equal(r, e * (w * w))
+    single = point.raise_index(tuple(e[1] for e in egrad))
+    for r, one in zip(raised, single, strict=True):
+        assert torch.equal(r[1], one)

@@ -153,7 +153,9 @@ class AdaptivePoint(ClosedFormPoint):
     def raise_index(self, egrad: Tensors) -> Tensors:
         if self.unit or not egrad:
             return tuple(egrad)
-        if not self.unbatched:
+        if not self.unbatched or any(e.shape != w.shape
+                                     for e, w in zip(egrad, self.x, strict=True)):
+            # a batch of gradients at one point broadcasts; the in-place fused form cannot
             return tuple(e * (w * w) for e, w in zip(egrad, self.x, strict=True))
         # e * c^2 with c^2 = w * w: fused, formed per call, no parameter-sized cache
         raised = T.fused_mul(self.x, self.x)
