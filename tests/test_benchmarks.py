@@ -217,3 +217,14 @@ def test_end_to_end_memory_runs_the_command_and_its_baseline(tmp_path):
         assert result["beyond_baseline_over_parameter_bytes"] == pytest.approx(
             (result["command_peak_bytes"] - result["baseline_peak_bytes"])
             / result["parameter_bytes"])
+
+
+def test_step_ab_prints_one_ratio_per_measure():
+    completed = subprocess.run([sys.executable, str(BENCHMARKS / "step_ab.py"), "--tiny",
+                                "--iters", "1", "2"],
+                               capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    result = json.loads(completed.stdout)
+    assert result["forward_backward_s"] > 0
+    for name in ("adaptive", "geodesic mix", "geodesic inv"):
+        assert math.isfinite(result[name]), name

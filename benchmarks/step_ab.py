@@ -1,0 +1,76 @@
+"""Per-iteration cost of the ascent in one whole process, for comparing two trees (A/B).
+
+The benchmark table (rows 7 and 8) interleaves every measure within one process, which is
+the right figure for a target but cannot compare two versions of the package. This script
+measures one version: it builds the row's model and batch, times one plain forward+backward
+(the best of three), then whole ``quotientsharp.sharpness`` calls at ``n_iter = lo`` and
+``hi`` per measure (process CPU time, one thread), and prints one JSON line with
+``(t_hi - t_lo) / (hi - lo)`` over the forward+backward per measure. Run it alternately on
+two trees, A B A B ..., and compare the pairs: pairing keeps the comparison meaningful when
+the machine's speed drifts.
+
+Run: ``PYTHONPATH=TREE python benchmarks/step_ab.py --model minilm`` (or ``bert-base``;
+``--tiny`` for the smoke test), where ``TREE`` holds the version of ``quotientsharp`` to time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+
+def _cpu_seconds(function) -> float:
+    start = time.process_time()
+    function()
+    return time.process_time() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="minilm", choices=("minilm", "bert-base"))
+    parser.add_argument("--tiny", action="store_true", help="a tiny BERT (smoke test)")
+    parser.add_argument("--iters", type=int, nargs=2, default=(2, 10))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    import minilm
+    from _common import bert_batch, bert_model
+
+    import quotientsharp as qs
+
+    device = torch.device("cpu")
+    if args.tiny:
+        model = bert_model(32, 1, 2, 64, 100, 2, torch.float32, device)
+        batch = bert_batch(2, 8, 100, 2, device)
+    elif args.model == "minilm":
+        model, tokenizer = minilm.load(device)
+        batch = minilm.make_batch(tokenizer, 8, 32, device)
+    else:
+        model = bert_model(768, 12, 12, 512, 30522, 2, torch.float32, device)
+        batch = bert_batch(8, 32, 30522, 2, device)
+    minilm.forward_backward(model, batch)
+    unit = min(_cpu_seconds(lambda: minilm.forward_backward(model, batch)) for _ in range(3))
+    low, high = args.iters
+    result: dict[str, object] = {"quotientsharp": str(Path(qs.__file__).parent),
+                                 "model": "tiny" if args.tiny else args.model,
+                                 "forward_backward_s": unit}
+    for name, options in minilm.MEASURES.items():
+        def call(n_iter: int, options=options) -> None:
+            qs.sharpness(model, [batch], rho=0.05, n_iter=n_iter, progress=False, **options)
+
+        spent = {n: _cpu_seconds(lambda n=n: call(n)) for n in (low, high)}
+        result[name] = (spent[high] - spent[low]) / (high - low) / unit
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
