@@ -8,6 +8,7 @@ trust-region step) or the documented contract, never the code under test's own o
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -252,7 +253,11 @@ def _reference_checkpoints(n_iter: int) -> list[int]:
 
 def _reference_apgd(objective, x0: torch.Tensor, rho: float, n_iter: int, alpha: float,
                     eta0: float) -> tuple[float, torch.Tensor, list[float]]:
-    """Auto-PGD in a Euclidean ball, written from its definition (one flat float64 vector)."""
+    """Auto-PGD in a Euclidean ball, written from its definition (one flat float64 vector).
+
+    With the skip rule for non-finite evaluations (a no-op while every loss is finite): a NaN
+    evaluation counts as the lowest loss (never best, never an increase) and the next step
+    starts again from the best iterate."""
     def clip(v: torch.Tensor) -> torch.Tensor:
         norm = float(v.norm())
         return v if norm <= rho else v * (rho / norm)
@@ -271,10 +276,14 @@ def _reference_apgd(objective, x0: torch.Tensor, rho: float, n_iter: int, alpha:
         z = clip(x + eta * d)
         new = z if k == 0 else clip(x + alpha * (z - x) + (1 - alpha) * (x - prev))
         loss, new_d = evaluate(new)
+        failed = not math.isfinite(loss)
+        loss = -math.inf if failed else loss
         increases += loss > current
         if loss > best:
             best, best_x, best_d = loss, new, new_d
         trace.append(best)
+        if failed:
+            new, new_d, loss = best_x, best_d, best
         prev, x, current, d = x, new, loss, new_d
         if k + 1 in marks:
             oscillating = increases < 0.75 * (k + 1 - last)
@@ -964,48 +973,9 @@ def _plateau_or_nan(shift: float, cap: float | None, nan_beyond: float | None):
 
 
 def _reference_apgd_skipping(objective, rho: float, n_iter: int, alpha: float):
-    """:func:`_reference_apgd` with the skip rule: a NaN evaluation counts as the lowest loss
-    (never best, never an increase) and the next step starts again from the best iterate."""
-    import math
-
-    def clip(v):
-        norm = float(v.norm())
-        return v if norm <= rho else v * (rho / norm)
-
-    def evaluate(v):
-        loss, grad = objective(v)
-        return loss, grad / grad.norm()
-
-    x = prev = torch.zeros(12, dtype=torch.float64)
-    current, d = evaluate(x)
-    best, best_x, best_d = current, x, d
-    eta = mark_eta = 2 * rho
-    mark_best, increases, last = best, 0, 0
-    marks = [w for w in _reference_checkpoints(n_iter) if w < n_iter]
-    trace = [best]
-    for k in range(n_iter):
-        z = clip(x + eta * d)
-        new = z if k == 0 else clip(x + alpha * (z - x) + (1 - alpha) * (x - prev))
-        loss, new_d = evaluate(new)
-        failed = not math.isfinite(loss)
-        loss = -math.inf if failed else loss
-        increases += loss > current
-        if loss > best:
-            best, best_x, best_d = loss, new, new_d
-        trace.append(best)
-        if failed:
-            new, new_d, loss = best_x, best_d, best
-        prev, x, current, d = x, new, loss, new_d
-        if k + 1 in marks:
-            oscillating = increases < 0.75 * (k + 1 - last)
-            stalled = eta == mark_eta and best == mark_best
-            mark_eta, mark_best = eta, best
-            if oscillating or stalled:
-                eta /= 2
-                x = prev = best_x
-                d, current = best_d, best
-            increases, last = 0, k + 1
-    return best, best_x, trace
+    """:func:`_reference_apgd` from 0 with the solver's default first step, 2 rho."""
+    return _reference_apgd(objective, torch.zeros(12, dtype=torch.float64), rho, n_iter, alpha,
+                           2 * rho)
 
 
 @pytest.mark.parametrize("shift, cap, nan_beyond, skip, n_iter", [
