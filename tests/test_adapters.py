@@ -363,7 +363,8 @@ def test_geoopt_on_cuda_matches_cpu():
                          dtype=torch.float64)
     finals = []
     for device in ("cpu", "cuda"):
-        param = geoopt.ManifoldParameter(start.to(device), manifold=manifold)
+        # a copy per device: on the CPU, .to() returns ``start`` itself, which the steps update
+        param = geoopt.ManifoldParameter(start.clone().to(device), manifold=manifold)
         opt = geoopt.optim.RiemannianSGD([param], lr=0.05, momentum=0.5)
         for _ in range(20):
             opt.zero_grad()
@@ -371,7 +372,7 @@ def test_geoopt_on_cuda_matches_cpu():
             (0.5 * ((G @ H.mT - target.to(device)) ** 2).sum()).backward()
             opt.step()
         assert param.device.type == device
-        finals.append(param.detach().cpu())
+        finals.append(param.detach().cpu().clone())
     torch.testing.assert_close(finals[0], finals[1], rtol=1e-9, atol=1e-9)
 
 

@@ -10,6 +10,7 @@ orbits).
 import pytest
 import torch
 
+import quotientsharp as qs
 from quotientsharp import GLQuotient, reference, value_checks
 from quotientsharp.core.checks import check_all, relative_error
 from quotientsharp.core.linalg import (
@@ -757,3 +758,38 @@ def test_cuda_matches_cpu(metric, eps, dtype):
 
 def cast_to(tensors, device):
     return tuple(t.to(device) for t in tensors)
+
+
+
+@pytest.mark.parametrize("quotient", [GLQuotient("inv"), GLQuotient("mix"),
+                                      GLQuotient("euclidean"), GLQuotient("mix", eps=1e-3),
+                                      GLQuotient("inv", eps=1e-3),
+                                      qs.RotaryQuotient("inv", head_dim=4, rotary_dims=2),
+                                      qs.RotaryQuotient("mix", head_dim=4, rotary_dims=2)],
+                         ids=repr)
+def test_after_factorise_the_ascent_operations_factorise_nothing(quotient, monkeypatch):
+    # On CUDA an eigendecomposition or a checked Cholesky factorisation waits for the device.
+    # factorise() does them before the ascent loop (the GPU test in tests/test_sharpness.py
+    # checks that the loop never waits); here: none is left for the loop, values unchanged.
+    shapes = ((6, 4), (5, 4))
+    x = quotient.random_point((2,), shapes=shapes, generator=torch.Generator().manual_seed(0),
+                              dtype=torch.float64)
+    u = tuple(torch.randn(t.shape, dtype=torch.float64,
+                          generator=torch.Generator().manual_seed(1)) for t in x)
+    lazy, eager = quotient.frozen_point(x), quotient.frozen_point(x)
+    eager.factorise()
+    calls: list[str] = []
+    for name in ("eigh", "cholesky", "eigvalsh", "inv", "solve"):
+        original = getattr(torch.linalg, name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            calls.append(_name)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(torch.linalg, name, counted)
+    operations = ("horizontal_projection", "riemannian_gradient", "vertical_projection")
+    factorised = {m: getattr(eager, m)(u) for m in operations}
+    assert calls == [], f"the operations after factorise() still call torch.linalg.{calls}"
+    for method in operations:
+        for a, b in zip(factorised[method], getattr(lazy, method)(u), strict=True):
+            assert torch.equal(a, b)

@@ -16,6 +16,7 @@ import contextlib
 import copy
 import itertools
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -325,7 +326,9 @@ def test_cuda_matches_cpu_and_the_ascent_loop_never_syncs(monkeypatch) -> None:
     original = measures.ascend
 
     def strict_ascend(*args, **kwargs):
-        torch.cuda.set_sync_debug_mode("error")
+        with warnings.catch_warnings():     # torch warns that the debug mode is a prototype
+            warnings.filterwarnings("ignore", "Synchronization debug mode", UserWarning)
+            torch.cuda.set_sync_debug_mode("error")
         try:
             return original(*args, **kwargs)
         finally:

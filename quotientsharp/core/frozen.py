@@ -81,6 +81,15 @@ class FrozenPoint:
         """Leading (batch) shape of the base point."""
         return T.batch_shape(self.x, self.point_ndims)
 
+    def factorise(self) -> None:
+        """Compute now the factorisations that the operations at this point share.
+
+        They are otherwise computed at first use. Some of them wait for the device: an
+        eigendecomposition or a checked Cholesky factorisation on CUDA copies its convergence
+        flag to the host. Calling this before a loop of operations (the sharpness ascent) keeps
+        those waits out of the loop. Values do not change. The default has nothing to compute.
+        """
+
     # ------------------------------------------------------------------ metric
     def inner(self, u: Tensors, v: Tensors) -> torch.Tensor:
         """``<u, v>_x``, ``shape=[*batch]``."""

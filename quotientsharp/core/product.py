@@ -60,6 +60,10 @@ class ProductPoint(ClosedFormPoint):
     def split(self, u: Sequence[torch.Tensor]) -> list[Tensors]:
         return self.quotient.split(u)
 
+    def factorise(self) -> None:
+        for frozen in self.factors:
+            frozen.factorise()
+
     def _map(self, method: str, u: Sequence[torch.Tensor], *args: object) -> Tensors:
         return tuple(t for frozen, part in zip(self.factors, self.split(u), strict=True)
                      for t in getattr(frozen, method)(part, *args))

@@ -76,6 +76,8 @@ class GeodesicBall:
             radius = float(radius.max())
         # a product's frozen point takes one order per factor; FrozenPoint (core) names one
         self.frozen.check_ball(radius, self.order)  # type: ignore[arg-type]
+        # the point's device-waiting factorisations now, so that the ascent loop never waits
+        self.frozen.factorise()
 
     def on_rows(self, rows: dict[int, torch.Tensor]) -> GeodesicBall:
         """The same ball for tangent vectors that vanish outside ``rows[i]`` of tensor ``i``,

@@ -68,6 +68,9 @@ class DiagonalQuotient(MetricFamilyQuotient):
     metrics = DIAGONAL_METRICS
     metric: DiagonalMetric
     point_ndims = (1, 1)
+    #: Default ``((d,), (d,))`` of the random points of
+    #: :func:`quotientsharp.core.checks.check_all` for an instance built without ``d``.
+    check_shapes = ((6,), (6,))
 
     def __init__(self, metric: str | DiagonalMetric = "inv", d: int | None = None) -> None:
         super().__init__(metric, None if d is None else ((d,), (d,)))

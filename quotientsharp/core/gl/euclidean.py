@@ -27,6 +27,9 @@ class EuclideanPoint(EuclideanMetricPoint, GLPoint):
 
     needs_factors = False
 
+    def factorise(self) -> None:
+        _ = self.gram_eigen                 # eigendecompositions of the projection
+
     def moment(self, u: Tensors) -> torch.Tensor:
         G, H = self.x
         return u[1].mT @ H - G.mT @ u[0]

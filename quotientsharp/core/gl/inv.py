@@ -40,6 +40,9 @@ Tensors = tuple[torch.Tensor, ...]
 class InvPoint(GLPoint):
     """The inv metric's formulas at a frozen ``(G, H)`` (module docstring)."""
 
+    def factorise(self) -> None:
+        _ = self._sylvester                 # eigendecompositions of the projection
+
     def inner(self, u: Tensors, v: Tensors) -> torch.Tensor:
         return (((u[0] @ self.inverse_g) * v[0]).sum((-2, -1))
                 + ((u[1] @ self.inverse_h) * v[1]).sum((-2, -1)))

@@ -32,6 +32,10 @@ Tensors = tuple[torch.Tensor, ...]
 class MixPoint(GLPoint):
     """The mix metric's formulas at a frozen ``(G, H)`` (module docstring)."""
 
+    def factorise(self) -> None:
+        if self.eps != 0.0:                 # at eps = 0 the projection solves by Cholesky
+            _ = self.gram_eigen
+
     def inner(self, u: Tensors, v: Tensors) -> torch.Tensor:
         return (((u[0] @ self.relaxed_h) * v[0]).sum((-2, -1))
                 + ((u[1] @ self.relaxed_g) * v[1]).sum((-2, -1)))

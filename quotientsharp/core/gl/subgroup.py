@@ -87,6 +87,10 @@ class SubgroupPoint(GLPoint):
 
     quotient: RotaryQuotient
 
+    def factorise(self) -> None:
+        # the subgroup's projections replace the metric's, and their eigendecompositions
+        _ = self._subgroup_cholesky
+
     @cached_property
     def _basis(self) -> torch.Tensor:
         """The algebra basis ``[K, h, h]`` on the point's device, in the working dtype."""
