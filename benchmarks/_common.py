@@ -18,6 +18,7 @@ counted; they are negligible here.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import statistics
@@ -35,6 +36,7 @@ __all__ = [
     "bert_model",
     "device_synchronize",
     "operator_counts",
+    "operator_names",
     "peak_memory",
     "tensor_bytes",
     "time_interleaved",
@@ -130,6 +132,7 @@ class _OperatorCounter(TorchDispatchMode):
         super().__init__()
         self.computing = 0
         self.views = 0
+        self.names: collections.Counter[str] = collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # a view returns an alias of its input that it does not write (view, expand, detach,
@@ -140,6 +143,7 @@ class _OperatorCounter(TorchDispatchMode):
             self.views += 1
         else:
             self.computing += 1
+            self.names[func.overloadpacket.__name__] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -152,6 +156,14 @@ def operator_counts(function: Callable[[], object]) -> dict[str, int]:
     with counter:
         function()
     return {"computing": counter.computing, "views": counter.views}
+
+
+def operator_names(function: Callable[[], object]) -> collections.Counter[str]:
+    """The computing operators of :func:`operator_counts`, counted by name."""
+    counter = _OperatorCounter()
+    with counter:
+        function()
+    return counter.names
 
 
 def peak_memory(function: Callable[[], object], device: torch.device) -> int:

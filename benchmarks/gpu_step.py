@@ -24,6 +24,7 @@ Run: ``python benchmarks/gpu_step.py --device cuda --json results/gpu_step.json`
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import json
 import sys
@@ -41,7 +42,7 @@ from _common import (  # noqa: E402
     bert_batch,
     bert_model,
     device_synchronize,
-    operator_counts,
+    operator_names,
     peak_memory,
     tensor_bytes,
     time_interleaved,
@@ -59,17 +60,29 @@ def _model(variant: str, model: torch.nn.Module) -> torch.nn.Module:
     return torch.compile(model, mode="reduce-overhead")  # type: ignore[return-value]
 
 
-def launches(function, device: torch.device) -> int:
-    """Kernel launches of ``function()``: device kernels on CUDA, computing operators on CPU."""
+def launches(function, device: torch.device) -> collections.Counter[str]:
+    """Kernel launches of ``function()`` by name: device kernels (and copies, fills) on CUDA,
+    computing operators on CPU. ``sum(...values())`` is the count."""
     if device.type != "cuda":
-        return operator_counts(function)["computing"]
+        return operator_names(function)
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         function()
         device_synchronize(device)
-    return sum(1 for event in prof.events()
-               if event.device_type == torch.autograd.DeviceType.CUDA)
+    return collections.Counter(event.name for event in prof.events()
+                               if event.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def _per_iteration_beyond(counts: list[collections.Counter[str]], plain: collections.Counter[str],
+                          span: int, top: int = 20) -> list[tuple[str, float]]:
+    """The launches per iteration beyond one forward+backward, by name: the ``top`` largest
+    differences (a negative count: fewer than the forward+backward, e.g. no gradient
+    accumulation into ``.grad``)."""
+    names = set(counts[0]) | set(counts[1]) | set(plain)
+    extra = {n: (counts[1][n] - counts[0][n]) / span - plain[n] for n in names}
+    ranked = sorted(extra.items(), key=lambda item: -abs(item[1]))
+    return [(n[:160], round(v, 2)) for n, v in ranked[:top] if v != 0]
 
 
 def measure_variant(variant: str, model, batch, device: torch.device, iters: tuple[int, int],
@@ -96,18 +109,23 @@ def measure_variant(variant: str, model, batch, device: torch.device, iters: tup
             functions[f"{name} {n_iter}"] = functools.partial(run, n_iter, options)
     timings = time_interleaved(functions, repeats, device)
     unit = timings["forward+backward"].median
-    plain_launches = launches(plain, device)
+    plain_kernels = launches(plain, device)
+    plain_launches = sum(plain_kernels.values())
     parameter_bytes = tensor_bytes(p for p in model.parameters())
     baseline = peak_memory(plain, device)
     result.update({"forward_backward_s": unit, "forward_backward_launches": plain_launches,
                    "per_iteration_over_forward_backward": {}, "launches_per_iteration": {},
+                   "launches_per_iteration_beyond_forward_backward_by_name": {},
                    "memory_beyond_forward_backward_over_parameter_bytes": {}})
     for name, options in MEASURES.items():
         slope = ((timings[f"{name} {high}"].median - timings[f"{name} {low}"].median)
                  / (high - low))
         result["per_iteration_over_forward_backward"][name] = slope / unit
         counts = [launches(functools.partial(run, n, options), device) for n in iters]
-        result["launches_per_iteration"][name] = (counts[1] - counts[0]) / (high - low)
+        result["launches_per_iteration"][name] = (
+            (sum(counts[1].values()) - sum(counts[0].values())) / (high - low))
+        result["launches_per_iteration_beyond_forward_backward_by_name"][name] = (
+            _per_iteration_beyond(counts, plain_kernels, high - low))
         peak = peak_memory(functools.partial(run, low, options), device)
         result["memory_beyond_forward_backward_over_parameter_bytes"][name] = (
             (peak - baseline) / parameter_bytes)
