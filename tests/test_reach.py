@@ -98,6 +98,11 @@ def test_the_statement_quotes_each_measure_at_the_page_radius_and_judges_it() ->
     # a page measured on another family says so; a page without a source gets nothing
     assert "not on these BERT models" in (reach_statement("bert", _reach(99.2)) or "")
     assert reach_statement("minilm", _reach(99.2)) is None
+    # where the page's own family was measured, its own data, without the note
+    both = _reach(99.2)
+    both["families"]["bert"] = _reach(50.0)["families"]["vit"]
+    own = reach_statement("bert", both) or ""
+    assert "reaches only geodesic mix (order 2) 50.00 %" in own and "not on these" not in own
     assert reach_statement("diagonal", _reach(99.2)) is None
     missing = _reach(99.2)
     del missing["families"]["vit"]["reach"]["adaptive"]["0.1"]

@@ -19,21 +19,23 @@ maximum.
   geodesic inv and mix of order 2 (the family studies' measures), the strong ascent the
   engine's ``reference_solve=True`` (10 times the steps, 4 random restarts).
 - **Trained models of the families** (:mod:`quotientsharp.reproduce.reach_models`): the first
-  models of ``reproduce vit`` and ``reproduce minilm`` (the real pretrained MiniLM), drawn,
-  built and trained by the family studies' own code, on the first batch of their sharpness
-  sets: adaptive, plain worst case, geodesic inv and mix of order 2 with the study's own ascent
-  (20 steps for the ViTs, 2 for MiniLM, whose 20-step default ascent is reported beside it),
-  at :data:`RHOS` and the radii the family pages compare at (ViT: 0.02 and 0.1; MiniLM: 0.1).
-  Strong ascent: 10 times the steps, 4 random restarts for the ViTs, 2 for MiniLM (CPU
+  models of ``reproduce vit``, ``minilm`` (the real pretrained MiniLM), ``bert``,
+  ``vit-finetune`` and ``lora`` (adapters on the real MiniLM), drawn, built and trained by
+  the family studies' own code, on the first batch of their sharpness sets: adaptive, plain
+  worst case, geodesic inv and mix of order 2 with the study's own ascent (20 steps for the
+  ViTs and BERT, 2 for MiniLM and 3 for LoRA, whose 20-step default ascents are reported
+  beside them), at :data:`RHOS` and the radii the family pages compare at (0.02 and 0.1, or
+  0.1). Strong ascent: 10 times the steps, 4 random restarts, 2 for MiniLM and LoRA (CPU
   budget). The family pages state the reach of their measures from these data
   (:mod:`quotientsharp.reproduce.reach_statements`).
 
 Reported per measure and radius: min / median over the problems of
-``100 * value / best``. The full run measures 6 diagonal nets, 2 BERT batches and 2 models of
-each family (about 75 min of one core; under torchrun the units are dealt over the ranks);
-``--quick`` runs 2 radii, 2 nets, 1 BERT batch and one model of each family's quick variant
-(for tests). The units (the diagonal nets, the tiny BERT, each family model) are written to
-``OUT/units.jsonl`` as each finishes (``--resume`` computes the missing ones).
+``100 * value / best``. The full run measures 6 diagonal nets, 2 BERT batches, 2 models of
+``vit`` and ``minilm`` and 1 of each other family (about 2 h of one core; under torchrun the
+units are dealt over the ranks); ``--quick`` runs 2 radii, 2 nets, 1 BERT batch and one model
+of each family's quick variant (for tests). The units (the diagonal nets, the tiny BERT, each
+family model) are written to ``OUT/units.jsonl`` as each finishes (``--resume`` computes the
+missing ones).
 Outputs: ``OUT/reach.json`` and ``OUT/reach.md``; with ``--docs DIR`` the page
 ``DIR/results/reach.md``, its data ``DIR/results/data/reach.json`` (and the regenerated
 ``DIR/results.md``, with the family pages' reach statements).

@@ -72,12 +72,18 @@ class FamilyReach:
 
 
 #: The full run: 2 ViTs (engine's reference, 4 restarts) and 2 MiniLM fine-tunes (2 restarts:
-#: a 20-step MiniLM ascent costs about 15 s of one core per measure and radius).
+#: a 20-step MiniLM ascent costs about 15 s of one core per measure and radius), then one
+#: model each of BERT from scratch, the ViT fine-tunes and the LoRA adapters (the CPU budget:
+#: a family model costs 10 to 20 min of one core).
 FAMILIES = (FamilyReach("vit", models=2, batches=1, restarts=4),
-            FamilyReach("minilm", models=2, batches=1, restarts=2))
-#: ``--quick``: one model of each family's quick variant (MiniLM's is a tiny random BERT).
-QUICK_FAMILIES = (FamilyReach("vit", models=1, batches=1, restarts=1),
-                  FamilyReach("minilm", models=1, batches=1, restarts=1))
+            FamilyReach("minilm", models=2, batches=1, restarts=2),
+            FamilyReach("bert", models=1, batches=1, restarts=4),
+            FamilyReach("vit-finetune", models=1, batches=1, restarts=4),
+            FamilyReach("lora", models=1, batches=1, restarts=2))
+#: ``--quick``: one model of each family's quick variant (MiniLM's and LoRA's are tiny random
+#: BERTs).
+QUICK_FAMILIES = tuple(FamilyReach(family.study, models=1, batches=1, restarts=1)
+                       for family in FAMILIES)
 
 
 def percent(values: Sequence[float], best: Sequence[float]) -> dict[str, float]:

@@ -32,8 +32,9 @@ END = "<!-- /reach statement -->"
 #: not the landscape, can decide a difference between measures.
 SOLVER_ERROR_PERCENT = 99.0
 
-#: Family page -> (the family whose reach was measured, what that means for this page). A page
-#: whose own models were not measured is given its closest measured family, and says so.
+#: Family page -> (the closest other family, what that means for this page). A page's own
+#: family is used where the reach data has it; a page whose own models were not measured (reach
+#: data of an earlier run) is given its closest measured family, and says so.
 PAGE_SOURCES: dict[str, tuple[str, str]] = {
     "vit": ("vit", ""),
     "vit-finetune": ("vit", "Measured on the ViT family (`reproduce vit`), whose models have "
@@ -65,8 +66,9 @@ def reach_statement(page: str, reach: Mapping[str, Any]) -> str | None:
     """
     if page not in PAGE_SOURCES:
         return None
-    source, note = PAGE_SOURCES[page]
-    family = reach.get("families", {}).get(source)
+    families = reach.get("families", {})
+    source, note = (page, "") if page in families else PAGE_SOURCES[page]
+    family = families.get(source)
     if family is None:
         return None
     radii = family["page_rhos"]
