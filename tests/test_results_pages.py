@@ -114,19 +114,28 @@ def test_reach_page_regenerated_through_its_command_path(tmp_path) -> None:
                         "quotientsharp reproduce reach --quick --docs docs")
     for heading in ("### Diagonal nets", "### Tiny float64 BERT",
                     "### ViT family on digits (`reproduce vit`)",
-                    "### MiniLM fine-tunes on a generated sentiment task (`reproduce minilm`)"):
+                    "### MiniLM fine-tunes on a generated sentiment task (`reproduce minilm`)",
+                    "### BERT family on a generated order task (`reproduce bert`)",
+                    "### ViT fine-tunes, digits 0-4 to 5-9 (`reproduce vit-finetune`)",
+                    "### LoRA fine-tunes of MiniLM on a generated sentiment task "
+                    "(`reproduce lora`)"):
         assert heading in lines
     rows = [line for line in lines if re.match(r"\| (adaptive|geodesic|worst_case)", line)]
-    # diagonal 4, tiny BERT 3, ViT 4, MiniLM 4 and its default ascent's 4
-    assert len(rows) == 4 + 3 + 4 + 4 + 4
-    # the families add the radii their pages compare at: ViT's 0.02 (mix, worst case)
-    assert results["families"]["vit"]["rhos"] == [0.02, 0.1]
-    assert results["families"]["minilm"]["rhos"] == [0.1]
+    # diagonal 4, tiny BERT 3, the quick ViT and BERT 4 each (3 steps), the quick ViT
+    # fine-tunes, MiniLM and LoRA 4 and their default ascent's 4 (2 steps: the strong ascent
+    # runs 20 steps, the default ascent's length, whose first run is read off)
+    assert len(rows) == 4 + 3 + 2 * 4 + 3 * (4 + 4)
+    # the families add the radii their pages compare at: 0.02 for mix and worst case on the
+    # 20-step families
+    for name in ("vit", "bert", "vit-finetune"):
+        assert results["families"][name]["rhos"] == [0.02, 0.1]
+    for name in ("minilm", "lora"):
+        assert results["families"][name]["rhos"] == [0.1]
     shares = [entry[column] for part in (results["diagonal"], results["bert"],
                                          *(f["reach"] for f in results["families"].values()))
               for by_rho in part.values() for entry in by_rho.values()
               for column in ("ascent", "default") if column in entry]
-    assert len(shares) == 4 + 3 + 2 * 4 + 4 + 4
+    assert len(shares) == 4 + 3 + 2 * (2 * 4) + 2 * (2 * 4) + 2 * (4 + 4)
     for share in shares:
         # a share of the best value found, which includes the measured ascent itself
         assert 0 < share["min"] <= share["median"] <= 100 + 1e-9
@@ -145,7 +154,8 @@ def test_reach_page_regenerated_through_its_command_path(tmp_path) -> None:
     out = tmp_path / "out"
     units = (out / "units.jsonl").read_text().splitlines()
     assert [json.loads(u)["unit"] for u in units] == ["diagonal", "tiny-bert", "vit:0",
-                                                      "minilm:0"]
+                                                      "minilm:0", "bert:0", "vit-finetune:0",
+                                                      "lora:0"]
     again = reach_study(out, quick=True, rhos=(0.1,), nets=2, batches=1, resume=True,
                         diagonal_overrides=tiny)
     assert (out / "units.jsonl").read_text().splitlines() == units

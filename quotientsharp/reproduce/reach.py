@@ -23,8 +23,8 @@ maximum.
   ``vit-finetune`` and ``lora`` (adapters on the real MiniLM), drawn, built and trained by
   the family studies' own code, on the first batch of their sharpness sets: adaptive, plain
   worst case, geodesic inv and mix of order 2 with the study's own ascent (20 steps for the
-  ViTs and BERT, 2 for MiniLM and 3 for LoRA, whose 20-step default ascents are reported
-  beside them), at :data:`RHOS` and the radii the family pages compare at (0.02 and 0.1, or
+  ViTs and BERT, 3 for LoRA, and 2 for MiniLM, whose 20-step default ascent is reported beside
+  it), at :data:`RHOS` and the radii the family pages compare at (0.02 and 0.1, or
   0.1). Strong ascent: 10 times the steps, 4 random restarts, 2 for MiniLM and LoRA (CPU
   budget). The family pages state the reach of their measures from these data
   (:mod:`quotientsharp.reproduce.reach_statements`).
