@@ -1582,3 +1582,22 @@ def test_the_progress_bar_counts_every_evaluation(monkeypatch, measure, options)
     x, y = _batch()
     qs.sharpness(_mlp(), [(x, y), (x[:6], y[:6])], measure=measure, seed=0, **options)
     assert bars[0].total > 0 and bars[0].updates == bars[0].total
+
+
+def test_parameters_without_gradient_are_named_as_dropped_or_kept():
+    from quotientsharp.engine.measures import warn_excluded
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_excluded(["a", "b", "c"], {"b"})
+    assert [(w.category, str(w.message)) for w in caught] == [
+        (UserWarning, "parameter(s) ['a', 'c'] receive no gradient from the loss: excluded "
+                      "from the perturbation (kept fixed)"),
+        (UserWarning, "parameter(s) ['b'] receive no gradient from the loss but belong to a "
+                      "symmetry pair: they stay in the geometry with a zero gradient")]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_excluded(["b"], {"b"})
+        warn_excluded([], set())
+    assert len(caught) == 1 and "['b'] receive no gradient from the loss but" in str(
+        caught[0].message)
