@@ -1436,3 +1436,168 @@ def test_a_weight_that_is_not_a_registered_parameter_is_named():
                                          "model's parameters"):
         qs.sharpness(model, [_batch()], measure="relative_flatness", layer="middle",
                      progress=False)
+
+
+# ------------------------------------------------------------------ engine: the reference solve
+class _NanFrom:
+    """Cross-entropy until call ``after`` (0-based), NaN from then on: one batch, so call ``k``
+    is the batch's evaluation ``k`` (0: the clean one; then the measurement's steps, then the
+    reference solve's)."""
+
+    def __init__(self, after: int) -> None:
+        self.after, self.calls = after, 0
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        loss = nn.functional.cross_entropy(output, target)
+        return loss * math.nan if self.calls > self.after else loss
+
+
+@pytest.mark.parametrize("after, solve, iteration", [(2, "", "2 of 5"),
+                                                     (7, " (reference solve)", "2 of 7")])
+def test_a_nonfinite_solve_names_itself_its_batch_and_radius(after, solve, iteration):
+    # measurement: evaluations 0 (clean) to 5; the reference solve: its steps 1 to 7 (its
+    # evaluation at xi = 0 is the measurement's); poisoned from evaluation `after` on
+    x, y = _batch()
+    with pytest.raises(NonFiniteLossError) as err:
+        qs.sharpness(_mlp(), [(x, y)], measure="worst_case", rho=0.1, n_iter=5, seed=0,
+                     progress=False, loss=_NanFrom(after),
+                     reference_solve={"n_iter": 7, "restarts": 0})
+    total = 6 if not solve else 8
+    assert str(err.value).startswith(
+        f"batch 0{solve}: the perturbed loss is nan at solver iteration {iteration}; "
+        f"{total - 2} of {total} evaluations were not finite. The clean loss is finite, so "
+        "the perturbation caused it: likely cause: the radius rho=0.1 is too large for "
+        "float32")
+    assert str(err.value).endswith("(recorded in result.settings and "
+                                   "result.nonfinite_evaluations)")         # the skip hint
+
+
+class _Counting(nn.Module):
+    """NaN, with a NaN gradient, where the first weight moved further than ``threshold`` from
+    1 (so that a step from there is NaN too unless it is skipped); counts its forward passes."""
+
+    def __init__(self, threshold: float) -> None:
+        super().__init__()
+        self.threshold, self.forwards = threshold, 0
+        self.w = nn.Parameter(torch.tensor([1.0, -0.5]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.forwards += 1
+        return x * self.w + 0.0 * torch.sqrt(self.threshold - (self.w[0] - 1.0).abs())
+
+
+@pytest.mark.parametrize("measure", ["worst_case", "adaptive"])
+def test_the_reference_solve_is_its_settings_solve_run_second_and_skips_alike(measure):
+    # without restarts, a solve from xi = 0 draws nothing: the reference solve must be the
+    # measurement a run with its settings would make, and under nonfinite='skip' the batch
+    # counts the skipped evaluations of both solves
+    x, y = torch.ones(4, 2), torch.tensor([0, 1, 0, 1])
+    options = dict(measure=measure, rho=1.0, seed=0, progress=False, nonfinite="skip")
+    runs = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)        # the skipped-evaluations warning
+        for name, n_iter, reference in (("own", 5, None), ("alone", 7, None),
+                                        ("both", 5, {"n_iter": 7, "restarts": 0})):
+            model = _Counting(0.5)
+            runs[name] = (qs.sharpness(model, [(x, y)], n_iter=n_iter,
+                                       reference_solve=reference, **options), model.forwards)
+    (own, own_forwards), (alone, alone_forwards), (both, both_forwards) = (
+        runs["own"], runs["alone"], runs["both"])
+    assert own.nonfinite_evaluations[0] > 0 and alone.nonfinite_evaluations[0] > 0
+    assert both.value == own.value
+    assert both.reference_per_batch == [alone.value]
+    assert both.nonfinite_evaluations == [own.nonfinite_evaluations[0]
+                                          + alone.nonfinite_evaluations[0]]
+    # the reference solve starts from the measurement's evaluation at xi = 0: its 7 steps
+    assert both_forwards - own_forwards == 7 == alone_forwards - own_forwards + 5
+
+
+@pytest.mark.parametrize("random_init", [False, True])
+def test_the_reference_solve_draws_from_its_own_generator(random_init):
+    x, y = _batch()
+    traces = []
+    for state in (1, 2):
+        model = _mlp()                                  # (it seeds the global state)
+        torch.manual_seed(state)                        # the global state must not matter
+        result = qs.sharpness(model, [(x, y)], measure="worst_case", rho=0.1, n_iter=2,
+                              seed=0, progress=False,
+                              reference_solve={"n_iter": 2, "restarts": 2,
+                                               "random_init": random_init})
+        assert result.reference_traces is not None
+        traces.append(result.reference_traces[0])
+    assert traces[0] == traces[1] and len(traces[0]) == 3 * 3      # three runs of 2 steps
+
+
+@pytest.mark.parametrize("policy", ["raise", "skip"])
+def test_both_solves_follow_the_nonfinite_policy(monkeypatch, policy):
+    # on this network, skipping a failed step and comparing it take the same path (the loss
+    # pins neither); the policy reaching both solves is what `nonfinite` promises
+    import quotientsharp.engine.measures as measures
+
+    solve = measures.ascend
+    seen: list[object] = []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("skip_nonfinite"))
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(measures, "ascend", spy)
+    qs.sharpness(_mlp(), [_batch()], measure="worst_case", rho=0.1, n_iter=2, seed=0,
+                 progress=False, nonfinite=policy, reference_solve={"n_iter": 2, "restarts": 0})
+    assert seen == [policy == "skip"] * 2
+
+
+class _Bar:
+    """A progress bar that counts its updates."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.updates = total, 0
+
+    def update(self, n: int = 1) -> None:
+        self.updates += n
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("measure, options", [
+    ("worst_case", {}), ("worst_case", {"reference_solve": {"n_iter": 3, "restarts": 1}}),
+    ("adaptive", {"restarts": 1, "reference_solve": {"n_iter": 2, "restarts": 0}}),
+    ("average", {"samples": 3}), ("relative_flatness", {})])
+def test_the_progress_bar_counts_every_evaluation(monkeypatch, measure, options):
+    import quotientsharp.engine.api as api
+
+    bars: list[_Bar] = []
+
+    def bar(batches, per_batch, progress, name):
+        bars.append(_Bar(len(batches) * per_batch))
+        return bars[-1]
+
+    monkeypatch.setattr(api, "_progress_bar", bar)
+    if measure in ("worst_case", "adaptive"):
+        options = {"n_iter": 4, **options}
+    if measure != "relative_flatness":
+        options = {"rho": 0.1, **options}
+    x, y = _batch()
+    qs.sharpness(_mlp(), [(x, y), (x[:6], y[:6])], measure=measure, seed=0, **options)
+    assert bars[0].total > 0 and bars[0].updates == bars[0].total
+
+
+def test_parameters_without_gradient_are_named_as_dropped_or_kept():
+    from quotientsharp.engine.measures import warn_excluded
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_excluded(["a", "b", "c"], {"b"})
+    assert [(w.category, str(w.message)) for w in caught] == [
+        (UserWarning, "parameter(s) ['a', 'c'] receive no gradient from the loss: excluded "
+                      "from the perturbation (kept fixed)"),
+        (UserWarning, "parameter(s) ['b'] receive no gradient from the loss but belong to a "
+                      "symmetry pair: they stay in the geometry with a zero gradient")]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_excluded(["b"], {"b"})
+        warn_excluded([], set())
+    assert len(caught) == 1 and "['b'] receive no gradient from the loss but" in str(
+        caught[0].message)
