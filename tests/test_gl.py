@@ -793,3 +793,36 @@ def test_after_factorise_the_ascent_operations_factorise_nothing(quotient, monke
     for method in operations:
         for a, b in zip(factorised[method], getattr(lazy, method)(u), strict=True):
             assert torch.equal(a, b)
+
+
+def test_a_product_factorises_every_factor(monkeypatch):
+    # the engine's point at theta is a product: its factorise() must reach each GL factor
+    gl = GLQuotient("inv")
+    product = qs.ProductQuotient([gl, qs.DiagonalQuotient("mix"), GLQuotient("euclidean")])
+    generator = torch.Generator().manual_seed(2)
+    parts = [gl.random_point((), shapes=((6, 3), (5, 3)), generator=generator,
+                             dtype=torch.float64),
+             qs.DiagonalQuotient("mix").random_point((), shapes=((4,), (4,)),
+                                                     generator=generator, dtype=torch.float64),
+             GLQuotient("euclidean").random_point((), shapes=((5, 2), (4, 2)),
+                                                  generator=generator, dtype=torch.float64)]
+    x = tuple(t for part in parts for t in part)
+    u = tuple(torch.randn(t.shape, dtype=torch.float64, generator=generator) for t in x)
+    frozen = product.frozen_point(x)
+    frozen.factorise()
+    calls: list[str] = []
+    original = torch.linalg.eigh
+
+    def counted(*args, **kwargs):
+        calls.append("eigh")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, "eigh", counted)
+    frozen.horizontal_projection(u)
+    frozen.riemannian_gradient(u)
+    assert calls == []
+    monkeypatch.setattr(torch.linalg, "eigh", original)
+    lazy = product.frozen_point(x)
+    monkeypatch.setattr(torch.linalg, "eigh", counted)
+    lazy.horizontal_projection(u)
+    assert len(calls) == 4, "inv and euclidean each eigendecompose two Gram matrices on use"
