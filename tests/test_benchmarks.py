@@ -228,3 +228,30 @@ def test_step_ab_prints_one_ratio_per_measure():
     assert result["forward_backward_s"] > 0
     for name in ("adaptive", "geodesic mix", "geodesic inv"):
         assert math.isfinite(result[name]), name
+
+
+def test_fused_paths_switches_the_order_two_point_and_prints_its_figures(benchmark_modules):
+    import importlib
+
+    import quotientsharp as qs
+
+    module = importlib.import_module("fused_paths")
+    switch = module.Switch()
+    gen = torch.Generator().manual_seed(0)
+    frozen = qs.GLQuotient("mix").at(tuple(torch.randn(2, 5, 3, generator=gen)
+                                           for _ in range(2)))
+    u = tuple(torch.randn(2, 5, 3, generator=gen).requires_grad_(True) for _ in range(2))
+    names = {}
+    for variant in ("fused", "elementary"):
+        switch(variant)
+        names[variant] = type(frozen.geodesic(u, 1.0, 2)[0].grad_fn).__name__
+    switch.restore()
+    assert names["fused"] == "OrderTwoGLPathBackward" and names["elementary"] != names["fused"]
+    completed = subprocess.run([sys.executable, str(BENCHMARKS / "fused_paths.py"), "--tiny",
+                                "--rounds", "1"],
+                               capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    figures = json.loads(completed.stdout)
+    for key in ("point mix fused ms", "point inv elementary ms", "forward_backward ms",
+                "step geodesic mix fused minus elementary ms per iteration"):
+        assert math.isfinite(figures[key]), key

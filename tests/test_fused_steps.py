@@ -79,6 +79,41 @@ def test_adaptive_factor_equals_the_per_tensor_formulas(seed, dtype, scale) -> N
                           tuple(w + d for w, d in zip(base, xi, strict=True)))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t", [1.0, 0.35])
+def test_adaptive_order_two_point_and_its_backward_equal_the_elementary_form(dtype, t) -> None:
+    # the fused path (OrderTwoAdaptivePath) against w + t u + t^2 u^2 / (2 w) written out and
+    # differentiated by autograd; a zero weight (1/w taken as 0) among the coordinates
+    base = _tensors(3, dtype, count=7)
+    base[1][0, 0] = 0.0
+    frozen = build_geometry([other_factor(base, "adaptive", "line")], 1.0).frozen
+    inverse = tuple(torch.where(w == 0, torch.zeros_like(w), 1 / w) for w in base)
+    u = tuple(v.requires_grad_(True) for v in _tensors(4, dtype, count=7))
+    weights = _tensors(5, dtype, count=7)                # a covector to pull back
+    fused = frozen.geodesic(u, t, 2)
+    plain = tuple(w + t * a + 0.5 * t * t * a * a * r
+                  for w, a, r in zip(base, u, inverse, strict=True))
+    tolerance = 4 * torch.finfo(dtype).eps
+    for f, p in zip(fused, plain, strict=True):
+        assert float((f - p).detach().abs().max()) <= tolerance * float(p.detach().abs().max())
+    pulled = torch.autograd.grad(fused, u, grad_outputs=weights)
+    expected = torch.autograd.grad(plain, u, grad_outputs=weights)
+    for a, b in zip(pulled, expected, strict=True):
+        assert float((a - b).abs().max()) <= tolerance * float(b.abs().max())
+    assert torch.equal(pulled[1][0, 0], weights[1][0, 0] * t)     # dp/du = t where 1/w = 0
+
+
+def test_adaptive_order_two_point_passes_gradcheck() -> None:
+    from quotientsharp.core.adaptive import OrderTwoAdaptivePath
+
+    base = _tensors(6, torch.float64, count=5)
+    inverse = tuple(1 / w for w in base)
+    u = tuple(v.requires_grad_(True) for v in _tensors(7, torch.float64, count=5))
+    for t in (1.0, -0.6):
+        assert torch.autograd.gradcheck(
+            lambda *a, t=t: OrderTwoAdaptivePath.apply(t, 5, *base, *inverse, *a), u)
+
+
 class _CountComputing(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()

@@ -826,3 +826,100 @@ def test_a_product_factorises_every_factor(monkeypatch):
     monkeypatch.setattr(torch.linalg, "eigh", counted)
     lazy.horizontal_projection(u)
     assert len(calls) == 4, "inv and euclidean each eigendecompose two Gram matrices on use"
+
+
+# ---------------------------------------------------------------------------- fused order 2
+def _order_two_case(quotient, dtype, batch, seed):
+    gen = torch.Generator().manual_seed(seed)
+    shapes = quotient.point_shapes or getattr(quotient, "check_shapes", None) or ((7, 3), (5, 3))
+    x = quotient.random_point(batch, shapes=shapes, generator=gen, dtype=torch.float64)
+    u = tuple(0.3 * torch.randn(c.shape, generator=gen, dtype=torch.float64) for c in x)
+    pull = tuple(torch.randn(c.shape, generator=gen, dtype=torch.float64) for c in x)
+    return (tuple(c.to(dtype) for c in x), tuple(c.to(dtype) for c in u),
+            tuple(c.to(dtype) for c in pull))
+
+
+ORDER_TWO_QUOTIENTS = {
+    "mix": lambda: GLQuotient("mix"), "inv": lambda: GLQuotient("inv"),
+    "mix-eps": lambda: GLQuotient("mix", eps=0.3), "inv-eps": lambda: GLQuotient("inv", eps=0.3),
+    "rotary-mix": lambda: qs.RotaryQuotient("mix", head_dim=4),
+    "rotary-inv-partial": lambda: qs.RotaryQuotient("inv", head_dim=6, rotary_dims=4),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ORDER_TWO_QUOTIENTS))
+@pytest.mark.parametrize("t", [1.0, 0.4, -1.3])
+@pytest.mark.parametrize("batch", [(), (2, 3)])
+def test_fused_order_two_point_and_backward_against_the_reference(name, t, batch):
+    # OrderTwoGLPath against x + t u - t^2/2 Gamma(u, u) with Gamma from the autograd
+    # reference (no closed form), and its backward against autograd through that formula
+    quotient = ORDER_TWO_QUOTIENTS[name]()
+    x, u, pull = _order_two_case(quotient, torch.float64, batch, seed=5)
+    leaves = tuple(c.clone().requires_grad_(True) for c in u)
+    fused = quotient.at(x).geodesic(leaves, t, 2)
+    gamma = reference.christoffel(quotient, x, leaves)
+    plain = tuple(a + t * b - 0.5 * t * t * c for a, b, c in zip(x, leaves, gamma, strict=True))
+    assert relative_error(tuple(f.detach() for f in fused),
+                          tuple(p.detach() for p in plain)) < 1e-12
+    got = torch.autograd.grad(fused, leaves, pull)
+    want = torch.autograd.grad(plain, leaves, pull)
+    assert relative_error(got, want) < 1e-11
+
+
+@pytest.mark.parametrize("metric", ["mix", "inv"])
+@pytest.mark.parametrize("t", [1.0, 0.7])
+def test_fused_order_two_point_passes_gradcheck(metric, t):
+    from quotientsharp.core.gl.point import OrderTwoGLPath
+
+    quotient = GLQuotient(metric, eps=0.1)
+    x, u, _ = _order_two_case(quotient, torch.float64, (2,), seed=6)
+    frozen = quotient.at(x)
+    leaves = tuple(c.clone().requires_grad_(True) for c in u)
+    assert torch.autograd.gradcheck(lambda a, b: OrderTwoGLPath.apply(t, frozen, a, b), leaves)
+
+
+@pytest.mark.parametrize("metric", ["mix", "inv"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_order_two_point_at_zero_velocity_is_the_base_point(metric, dtype):
+    # the base is carried exactly (F + u C + F D with u = 0 and D = 0), and so is its
+    # gradient: the pullback at u = 0 is the covector itself
+    quotient = GLQuotient(metric)
+    x, _, pull = _order_two_case(quotient, dtype, (3,), seed=7)
+    zero = tuple(torch.zeros_like(c, requires_grad=True) for c in x)
+    point = quotient.at(x).geodesic(zero, 1.0, 2)
+    assert all(torch.equal(p, c) for p, c in zip(point, x, strict=True))
+    pulled = torch.autograd.grad(point, zero, pull)
+    assert all(torch.equal(g, c) for g, c in zip(pulled, pull, strict=True))
+
+
+@pytest.mark.parametrize("metric", ["mix", "inv"])
+def test_fused_order_two_point_in_float32_is_within_rounding_of_float64(metric):
+    quotient = GLQuotient(metric)
+    x, u, pull = _order_two_case(quotient, torch.float64, (4,), seed=8)
+    values = []
+    for dtype in (torch.float32, torch.float64):
+        leaves = tuple(c.to(dtype).requires_grad_(True) for c in u)
+        point = quotient.at(tuple(c.to(dtype) for c in x)).geodesic(leaves, 1.0, 2)
+        grads = torch.autograd.grad(point, leaves, tuple(c.to(dtype) for c in pull))
+        values.append(tuple(v.detach().double() for v in (*point, *grads)))
+    assert relative_error(values[0], values[1]) < 1e-5
+
+
+@pytest.mark.parametrize("metric", ["mix", "inv"])
+def test_order_two_point_under_torch_func_transforms_takes_the_elementary_form(metric):
+    # torch.func cannot see through the fused function's own backward: under grad and vmap
+    # the point is the elementary form, with the same values and gradient
+    quotient = GLQuotient(metric)
+    x, u, pull = _order_two_case(quotient, torch.float64, (3,), seed=9)
+    frozen = quotient.at(x)
+
+    def loss(a, b):
+        return sum((p * c).sum() for p, c in zip(frozen.geodesic((a, b), 1.0, 2), pull,
+                                                  strict=True))
+
+    transformed = torch.func.grad(loss, argnums=(0, 1))(*u)
+    leaves = tuple(c.clone().requires_grad_(True) for c in u)
+    plain = torch.autograd.grad(loss(*leaves), leaves)
+    assert relative_error(transformed, plain) < 1e-12
+    per_problem = torch.func.vmap(lambda a, b: loss(a, b))(*(c.unsqueeze(0) for c in u))
+    assert torch.allclose(per_problem[0], loss(*u))

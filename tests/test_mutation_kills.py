@@ -1601,3 +1601,53 @@ def test_parameters_without_gradient_are_named_as_dropped_or_kept():
         warn_excluded([], set())
     assert len(caught) == 1 and "['b'] receive no gradient from the loss but" in str(
         caught[0].message)
+
+
+# ------------------------------------------------------------------ AscentMeasure.setup
+class _GateWithDetachedHalf(nn.Module):
+    """``head(x * (u * v))`` with ``v`` read through ``detach``: the rescaling ``(a u, v / a)``
+    is a symmetry of the function, but ``v`` receives no gradient; ``unused`` is never read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(2)
+        self.u = nn.Parameter(torch.rand(4, generator=gen, dtype=torch.float64) + 0.5)
+        self.v = nn.Parameter(torch.rand(4, generator=gen, dtype=torch.float64) + 0.5)
+        self.unused = nn.Parameter(torch.ones(2, dtype=torch.float64))
+        self.head = nn.Linear(4, 3).double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x * (self.u * self.v.detach()))
+
+
+def test_a_bound_parameter_without_gradient_is_kept_and_an_unbound_one_dropped():
+    # the binding's coordinates decide: v is in the binding (kept in the geometry, zero
+    # gradient), unused is not (dropped); a setup that lost the coordinates, or named every
+    # bound parameter, or failed to intersect, would warn otherwise (or not at all)
+    torch.manual_seed(0)
+    model = _GateWithDetachedHalf()
+    gen = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(8, 4, generator=gen, dtype=torch.float64),
+                torch.randint(0, 3, (8,), generator=gen))]
+    binding = qs.QuotientBinding(qs.DiagonalQuotient("inv"), ["u", "v"], name="gate")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = qs.sharpness(model, batches, measure="geodesic", rho=0.05, n_iter=3,
+                              symmetries=[binding], progress=False)
+    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    dropped = [m for m in messages if "excluded from the perturbation" in m]
+    kept = [m for m in messages if "belong to a symmetry pair" in m]
+    assert len(dropped) == 1 and "['unused']" in dropped[0], messages
+    assert len(kept) == 1 and "['v']" in kept[0], messages
+    assert math.isfinite(result.value)
+
+
+def test_the_space_before_setup_is_an_error(functional):
+    from quotientsharp.engine.measures import AscentMeasure
+    from quotientsharp.engine.space import PlainGeometry
+
+    measure = AscentMeasure(functional, AscentSettings(n_iter=2), torch.Generator(),
+                            PlainGeometry(0.1, 2.0, True))
+    for name in ("space", "geometry", "coordinates"):
+        with pytest.raises(RuntimeError, match="setup has not run"):
+            getattr(measure, name)

@@ -177,6 +177,57 @@ def test_broadcast_equals_loop(quotient) -> None:
             assert relative_error(tuple(c[i] for c in together), single) < 1e-12
 
 
+# ---------------------------------------------------------------------------- gradient + norm
+def _metric_squared_norm(quotient, x, u) -> torch.Tensor:
+    """``u^T g u`` from the autograd metric matrix (no closed form of the quotient)."""
+    nd = quotient.point_ndims
+    flat = torch.cat([c.reshape(*c.shape[:c.dim() - k], -1) for c, k in zip(u, nd, strict=True)],
+                     dim=-1)
+    matrix = reference.metric_matrix(quotient, x)
+    return (flat.unsqueeze(-2) @ matrix @ flat.unsqueeze(-1)).squeeze(-1).squeeze(-1)
+
+
+@pytest.mark.parametrize("batch", [(), (3,)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_gradient_with_its_norm_against_references(quotient, batch, dtype) -> None:
+    # the ascent's direction takes both in one call, which a metric may shortcut (the adaptive
+    # one does, unbatched): the gradient against the autograd reference, the norm against the
+    # autograd metric matrix at the reference gradient, in the point's own dtype
+    x64, e64, _, _ = _point(quotient, 12, batch=batch)
+    x, e = tuple(c.to(dtype) for c in x64), tuple(c.to(dtype) for c in e64)
+    gradient, squared = quotient.at(x).riemannian_gradient_and_squared_norm(e)
+    expected = reference.euclidean_to_riemannian_gradient(quotient, x64, e64)
+    tolerance = 1e-10 if dtype == torch.float64 else 2e-4
+    assert all(g.dtype == dtype for g in gradient) and squared.dtype == dtype
+    assert squared.shape == torch.Size(batch)
+    assert relative_error(gradient, expected) < tolerance
+    assert relative_error((squared,), (_metric_squared_norm(quotient, x64, expected),)) < tolerance
+
+
+@pytest.mark.parametrize("metric", ["adaptive", "euclidean"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_gradient_with_its_norm_at_zero_weights_equals_the_plain_path(metric, dtype) -> None:
+    # zero weights (c = 0 under the adaptive metric): no room to move and no NaN, exactly as
+    # the gradient followed by its norm; low precision too
+    gen = torch.Generator().manual_seed(13)
+    q = qs.AdaptiveQuotient(metric, shapes=[(6, 5), (7,), (2, 3, 4)])
+    x = tuple(torch.randn(s, generator=gen).to(dtype) for s in q.point_shapes)
+    x[0][1:3] = 0
+    x[1][0] = 0
+    x[2].zero_()
+    e = tuple(torch.randn(c.shape, generator=gen).to(dtype) for c in x)
+    frozen = q.at(x)
+    gradient, squared = frozen.riemannian_gradient_and_squared_norm(e)
+    plain = frozen.riemannian_gradient(e)
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-2 if dtype == torch.bfloat16 else 1e-5
+    assert relative_error(gradient, plain) < tolerance
+    assert float((squared - frozen.squared_norm(plain)).abs() / frozen.squared_norm(plain)) \
+        < tolerance
+    assert bool(torch.isfinite(squared))
+    if metric == "adaptive":
+        assert float(gradient[0][1:3].abs().max()) == 0.0 and float(gradient[2].abs().max()) == 0.0
+
+
 # ---------------------------------------------------------------------------- invariance
 def _bad_group_element(q, x, gen):
     if isinstance(q, qs.RotaryQuotient):

@@ -114,3 +114,14 @@ def fused_square_norms(a: Sequence[torch.Tensor]) -> torch.Tensor:
     if not a:
         raise ValueError("no tensors to take the norm of")
     return torch.stack(torch._foreach_norm(list(a))).square().sum()
+
+
+def under_function_transform(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether any tensor is wrapped by a ``torch.func`` transform (``grad``, ``vmap``, ...).
+
+    The fused autograd functions of the order-2 points have a backward of their own, which
+    ``torch.func`` transforms cannot see through; their callers take the elementary form then.
+    """
+    wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+    return wrapped is not None and any(wrapped(t) for t in tensors)
+

@@ -125,6 +125,17 @@ class FrozenPoint:
         """The metric-raised Euclidean gradient, projected onto the horizontal space."""
         return self.quotient.euclidean_to_riemannian_gradient(self.x, egrad)
 
+    def riemannian_gradient_and_squared_norm(self, egrad: Tensors
+                                             ) -> tuple[Tensors, torch.Tensor]:
+        """The Riemannian gradient and its squared norm, ``shape=[*batch]``.
+
+        The ascent needs both at every step (its direction is the gradient over its norm). The
+        default is :meth:`riemannian_gradient`, then :meth:`squared_norm`; a point whose metric
+        gives the norm on the way to the gradient overrides it (same values, to rounding).
+        """
+        gradient = self.riemannian_gradient(egrad)
+        return gradient, self.squared_norm(gradient)
+
     # ------------------------------------------------------------------ connection
     def christoffel(self, u: Tensors, v: Tensors | None = None) -> Tensors:
         """Christoffel contraction ``Gamma_x(u, v)`` (``v`` defaults to ``u``)."""

@@ -122,6 +122,18 @@ class ProductPoint(ClosedFormPoint):
     def riemannian_gradient(self, egrad: Tensors) -> Tensors:
         return self._map("riemannian_gradient", egrad)
 
+    def riemannian_gradient_and_squared_norm(self, egrad: Tensors
+                                             ) -> tuple[Tensors, torch.Tensor]:
+        """Each factor's gradient and squared norm (its own shortcut, if it has one), the
+        squares summed over folded dimensions and factors."""
+        gradient: list[torch.Tensor] = []
+        squares = []
+        for frozen, part, f in zip(self.factors, self.split(egrad), self.folded, strict=True):
+            factor_gradient, square = frozen.riemannian_gradient_and_squared_norm(part)
+            gradient.extend(factor_gradient)
+            squares.append(self._fold(square, f))
+        return tuple(gradient), sum(squares[1:], squares[0]).clamp_min(0)
+
     def christoffel(self, u: Tensors, v: Tensors | None = None) -> Tensors:
         if v is None:
             return self._map("christoffel", u)

@@ -147,8 +147,9 @@ class GeodesicBall:
 
     def direction(self, egrad: Sequence[torch.Tensor]) -> Tensors:
         """The Riemannian gradient (raised, then projected) normalised by its norm."""
-        rgrad = self.frozen.riemannian_gradient(tuple(egrad))
-        norm = self.norm(rgrad).clamp_min(torch.finfo(self.dtype).tiny)
+        # the gradient and its norm in one call: a metric may get the norm on the way
+        rgrad, squared = self.frozen.riemannian_gradient_and_squared_norm(tuple(egrad))
+        norm = squared.sqrt().clamp_min(torch.finfo(self.dtype).tiny)
         # the gradient's new tensors are divided in place (same values, no new tuple); one
         # that is the gradient's own tensor or a view is divided into a new one, so that a
         # gradient the caller lent is never written

@@ -106,17 +106,20 @@ class InvPoint(GLPoint):
         G, H = self.x
         return G @ self.inverse_g, H @ self.inverse_h
 
+    coefficient_christoffel = True
+
+    def christoffel_coefficients(self, reductions: list[tuple[torch.Tensor, torch.Tensor]]
+                                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        # Gamma_F(u, u) = -u_F S_F^{-1} D_F(u_F) + F S_F^{-1} u_F^T u_F for F = G, H
+        return [(-(inverse @ moved_), -(inverse @ square))
+                for (moved_, square), inverse in zip(reductions,
+                                                     (self.inverse_g, self.inverse_h),
+                                                     strict=True)]
+
     def christoffel(self, u: Tensors, v: Tensors | None = None) -> Tensors:
-        G, H = self.x
         if v is None:
-            # Gamma(u, u): the two halves of the polarisation coincide. The h x h products come
-            # first (G (S_G^{-1} u^T u), no cached n x h factor), so only four products have the
-            # factors' n rows (this runs, with its backward, at every step of an order-2
-            # ascent); -a + b as b - a, written into the product b (new): no pass negating u
-            return ((G @ (self.inverse_g @ (u[0].mT @ u[0])))
-                    .sub_(u[0] @ (self.inverse_g @ moved(u[0], G))),
-                    (H @ (self.inverse_h @ (u[1].mT @ u[1])))
-                    .sub_(u[1] @ (self.inverse_h @ moved(u[1], H))))
+            return super().christoffel(u)          # the coefficient form above
+        G, H = self.x
         gammas = []
         for i, (factor, inverse) in enumerate(((G, self.inverse_g), (H, self.inverse_h))):
             gammas.append(-0.5 * ((u[i] @ inverse) @ moved(v[i], factor)

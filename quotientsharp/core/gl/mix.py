@@ -81,16 +81,19 @@ class MixPoint(GLPoint):
     def raise_index(self, egrad: Tensors) -> Tensors:
         return egrad[0] @ self.inverse_h, egrad[1] @ self.inverse_g
 
+    coefficient_christoffel = True
+
+    def christoffel_coefficients(self, reductions: list[tuple[torch.Tensor, torch.Tensor]]
+                                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        # Gamma_G(u, u) = u_G D_H(u_H) S_H^{-1} - G (u_H^T u_H) S_H^{-1}, H with G exchanged
+        (moved_g, square_g), (moved_h, square_h) = reductions
+        return [(moved_h @ self.inverse_h, square_h @ self.inverse_h),
+                (moved_g @ self.inverse_g, square_g @ self.inverse_g)]
+
     def christoffel(self, u: Tensors, v: Tensors | None = None) -> Tensors:
-        G, H = self.x
         if v is None:
-            # the h x h products first: four products with the factors' n rows instead of five
-            # (this runs, with its backward, at every step of an order-2 ascent)
-            # (the difference is written into the first product, which is new)
-            return ((u[0] @ (moved(u[1], H) @ self.inverse_h))
-                    .sub_(G @ ((u[1].mT @ u[1]) @ self.inverse_h)),
-                    (u[1] @ (moved(u[0], G) @ self.inverse_g))
-                    .sub_(H @ ((u[0].mT @ u[0]) @ self.inverse_g)))
+            return super().christoffel(u)          # the coefficient form above
+        G, H = self.x
         return ((0.5 * (u[0] @ moved(v[1], H) + v[0] @ moved(u[1], H))
                  - G @ symmetric_part(u[1].mT @ v[1])) @ self.inverse_h,
                 (0.5 * (u[1] @ moved(v[0], G) + v[1] @ moved(u[0], G))

@@ -16,14 +16,16 @@ horizontality measure) and a solver of ``Gram(L) = M(u)``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from quotientsharp.core.frozen import ClosedFormPoint
+from quotientsharp.core._tuples import under_function_transform
+from quotientsharp.core.frozen import ClosedFormPoint, check_order
 from quotientsharp.core.linalg import solve_sylvester_eig
-from quotientsharp.core.validation import value_checks_enabled
+from quotientsharp.core.validation import check_time, value_checks_enabled
 
 if TYPE_CHECKING:
     from quotientsharp.core.gl.quotient import GLQuotient
@@ -68,6 +70,75 @@ def cholesky_or_raise(quotient: GLQuotient, G: torch.Tensor, H: torch.Tensor,
             if is_bad:
                 raise quotient.rank_error(which, name, rows, h, G.dtype)
     return tuple(factors)
+
+
+class OrderTwoGLPath(torch.autograd.Function):
+    """The order-2 point ``x + t u - t^2/2 Gamma(u, u)`` of a GL(h) pair, with its backward.
+
+    Both metrics' contraction has the form ``Gamma_F(u, u) = u_F A_F - F B_F`` for each factor
+    ``F`` of ``(G, H)``, with ``h x h`` coefficients ``(A_F, B_F)`` that depend on ``u`` only
+    through ``D(u_S) = u_S^T S + S^T u_S`` and ``u_S^T u_S`` of a source factor ``S``
+    (:meth:`GLPoint.christoffel_coefficients`). So the point is
+    ``p_F = F + u_F (t I - a A_F) + F (a B_F)`` with ``a = t^2 / 2``: two products with the
+    factor's ``n`` rows, written into one new tensor, and two more for the reductions. The
+    backward is written out the same way: ``g_F (t I - a A_F)^T`` plus ``S X`` and ``u_S Y`` for
+    the ``h x h`` adjoints ``X``, ``Y`` of the reductions (differentiated by autograd on the
+    ``h x h`` matrices alone), five products per factor and no pass over ``n x h`` tensors
+    beyond them. Autograd on the elementary form makes about eight more such passes (signs,
+    scalings, sums of the three uses of ``u``). The same values to rounding:
+    ``tests/test_gl.py`` checks them against the elementary form and ``gradcheck``.
+
+    Inputs: ``t``, the frozen point, then ``u_G`` and ``u_H`` with the shapes of ``G`` and ``H``.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, t: float, point: GLPoint, u_g: torch.Tensor, u_h: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        u = (u_g, u_h)
+        reductions = point.christoffel_reductions(u)
+        coefficients = point.christoffel_coefficients(reductions)
+        half = 0.5 * t * t
+        eye = torch.eye(u_g.shape[-1], dtype=u_g.dtype, device=u_g.device)
+        velocity = [t * eye - half * a for a, _ in coefficients]   # t I - a A_F
+        outputs = []
+        for factor, tangent, scale, (_, b) in zip(point.x, u, velocity, coefficients,
+                                                  strict=True):
+            # F + u_F (t I - a A_F) + F (a B_F): the base carried exactly, one new tensor
+            moved = torch.matmul(tangent, scale).add_(factor)
+            outputs.append(moved.add_(factor @ (half * b)))
+        ctx.t, ctx.point = t, point
+        ctx.save_for_backward(u_g, u_h, *velocity, *(r for pair in reductions for r in pair))
+        return outputs[0], outputs[1]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_g: torch.Tensor, grad_h: torch.Tensor
+                 ) -> tuple[None, None, torch.Tensor, torch.Tensor]:
+        point: GLPoint = ctx.point
+        u_g, u_h, scale_g, scale_h, *flat = ctx.saved_tensors
+        half = 0.5 * ctx.t * ctx.t
+        grads, u = (grad_g, grad_h), (u_g, u_h)
+        # d/dA_F = -a u_F^T g_F, d/dB_F = a F^T g_F: h x h reductions of the upstream gradient
+        adjoint_coefficients = [((-half) * (tangent.mT @ g), half * (factor.mT @ g))
+                                for factor, tangent, g in zip(point.x, u, grads, strict=True)]
+        leaves = [r.detach().requires_grad_(True) for r in flat]
+        with torch.enable_grad():
+            coefficients = point.christoffel_coefficients([(leaves[0], leaves[1]),
+                                                           (leaves[2], leaves[3])])
+            adjoints = torch.autograd.grad([c for pair in coefficients for c in pair], leaves,
+                                           [c for pair in adjoint_coefficients for c in pair],
+                                           allow_unused=True)
+        result = []
+        for i, (factor, tangent, g, scale) in enumerate(zip(point.x, u, grads,
+                                                             (scale_g, scale_h), strict=True)):
+            out = g @ scale.mT
+            moved_adjoint, square_adjoint = adjoints[2 * i], adjoints[2 * i + 1]
+            if moved_adjoint is not None:        # D(u) = u^T F + F^T u: F (X + X^T)
+                out.add_(factor @ (moved_adjoint + moved_adjoint.mT))
+            if square_adjoint is not None:       # u^T u: u (Y + Y^T)
+                out.add_(tangent @ (square_adjoint + square_adjoint.mT))
+            result.append(out)
+        return None, None, result[0], result[1]
 
 
 class GLPoint(ClosedFormPoint):
@@ -216,6 +287,42 @@ class GLPoint(ClosedFormPoint):
         """``Gram(L) = sum_t A_t L B_t`` (:meth:`gram_operator_terms`), working dtype."""
         terms = [a @ L @ b for a, b in self.gram_operator_terms()]
         return terms[0] + terms[1]
+
+    # ------------------------------------------------------------------ connection
+    #: Whether the metric's contraction has the coefficient form of
+    #: :meth:`christoffel_coefficients` (then order-2 points take :class:`OrderTwoGLPath`).
+    coefficient_christoffel: ClassVar[bool] = False
+
+    def christoffel_reductions(self, u: Sequence[torch.Tensor]
+                               ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``[(D_G(u_G), u_G^T u_G), (D_H(u_H), u_H^T u_H)]`` with ``D_F(w) = w^T F + F^T w``:
+        what the contraction ``Gamma(u, u)`` of either metric reads of ``u``, ``h x h``."""
+        return [(moved(tangent, factor), tangent.mT @ tangent)
+                for tangent, factor in zip(u, self.x, strict=True)]
+
+    def christoffel_coefficients(self, reductions: list[tuple[torch.Tensor, torch.Tensor]]
+                                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``[(A_G, B_G), (A_H, B_H)]`` with ``Gamma_F(u, u) = u_F A_F - F B_F``, ``h x h``,
+        from :meth:`christoffel_reductions` (only for :attr:`coefficient_christoffel`)."""
+        raise NotImplementedError
+
+    def christoffel(self, u: Tensors, v: Tensors | None = None) -> Tensors:
+        if v is not None or not self.coefficient_christoffel:
+            return super().christoffel(u, v)
+        # Gamma(u, u) = u_F A_F - F B_F: the h x h coefficients first, so that only four
+        # products meet the factors' n rows; the difference written into the first product
+        coefficients = self.christoffel_coefficients(self.christoffel_reductions(u))
+        return tuple((tangent @ a).sub_(factor @ b) for tangent, factor, (a, b)
+                     in zip(u, self.x, coefficients, strict=True))
+
+    def geodesic(self, u: Tensors, t: float = 1.0, order: int | str = 2,
+                 steps: int = 64) -> Tensors:
+        order, t = check_order(order), check_time(t)
+        if (order == 2 and self.coefficient_christoffel and isinstance(t, float)
+                and len(u) == 2 and not under_function_transform(u)
+                and all(a.shape == f.shape for a, f in zip(u, self.x, strict=True))):
+            return OrderTwoGLPath.apply(t, self, u[0], u[1])
+        return super().geodesic(u, t, order, steps)
 
     # ------------------------------------------------------------------ shared
     def vertical(self, X: torch.Tensor) -> Tensors:
