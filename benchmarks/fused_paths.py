@@ -1,4 +1,4 @@
-"""The GL factors' fused order-2 point against its elementary form, in one process (A/B).
+"""The ascent's fused paths against their elementary forms, in one process (A/B).
 
 The order-2 point of a GL(h) pair runs, with its backward, at every step of a geodesic ascent.
 ``OrderTwoGLPath`` (``quotientsharp/core/gl/point.py``) computes it as one autograd function
@@ -11,7 +11,10 @@ drift of the machine's speed cancels. Two figures, process CPU time, one thread:
   pairs, 385 x 32, float32), in ms per call, fused and elementary;
 - ``step``: whole ``quotientsharp.sharpness`` calls (geodesic mix and inv, order 2,
   ``n_iter = 10``) on the real MiniLM at 8 x 32 tokens, the paired difference per iteration in
-  ms and over one plain forward+backward.
+  ms and over one plain forward+backward;
+- ``step adaptive``: the same for adaptive sharpness, switching the adaptive metric's gradient
+  with its norm in one call (``AdaptivePoint.riemannian_gradient_and_squared_norm``) against
+  the gradient followed by its norm (the ``FrozenPoint`` default).
 
 Run: ``python benchmarks/fused_paths.py [--rounds 8] [--tiny]`` (``--tiny``: small blocks and
 a tiny BERT, the smoke test).
@@ -41,16 +44,19 @@ def _cpu_seconds(function: Callable[[], object]) -> float:
 
 
 class Switch:
-    """Selects the fused or the elementary order-2 point of every GL frozen point."""
+    """Selects the fused or the elementary form of one method (default: the order-2 point of
+    every GL frozen point)."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: type | None = None, name: str = "geodesic") -> None:
         from quotientsharp.core.frozen import FrozenPoint
         from quotientsharp.core.gl.point import GLPoint
 
-        self._owner, self._fused, self._plain = GLPoint, GLPoint.geodesic, FrozenPoint.geodesic
+        self._owner = owner or GLPoint
+        self._name = name
+        self._fused, self._plain = getattr(self._owner, name), getattr(FrozenPoint, name)
 
     def __call__(self, variant: str) -> None:
-        self._owner.geodesic = self._fused if variant == "fused" else self._plain  # type: ignore[method-assign]
+        setattr(self._owner, self._name, self._fused if variant == "fused" else self._plain)
 
     def restore(self) -> None:
         self("fused")
@@ -98,7 +104,9 @@ def point_figures(switch: Switch, rounds: int, pairs: int, rows: int, head: int
     return figures
 
 
-def step_figures(switch: Switch, rounds: int, tiny: bool) -> dict[str, float]:
+def step_figures(switch: Switch, rounds: int, tiny: bool,
+                 measures: tuple[str, ...] = ("geodesic mix", "geodesic inv")
+                 ) -> dict[str, float]:
     """Whole ascents at ``n_iter = 10``: the paired difference per iteration."""
     import minilm
     from _common import bert_batch, bert_model
@@ -115,7 +123,7 @@ def step_figures(switch: Switch, rounds: int, tiny: bool) -> dict[str, float]:
     minilm.forward_backward(model, batch)
     unit = min(_cpu_seconds(lambda: minilm.forward_backward(model, batch)) for _ in range(3))
     figures: dict[str, float] = {"forward_backward ms": 1000 * unit}
-    for name in ("geodesic mix", "geodesic inv"):
+    for name in measures:
         def call(options=minilm.MEASURES[name]) -> None:
             qs.sharpness(model, [batch], rho=0.05, n_iter=10, progress=False, **options)
 
@@ -139,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     sizes = (4, 9, 4) if args.tiny else (72, 385, 32)
     figures = point_figures(switch, args.rounds, *sizes)
     figures.update(step_figures(switch, args.rounds, args.tiny))
+    from quotientsharp.core.adaptive import AdaptivePoint
+
+    adaptive = Switch(AdaptivePoint, "riemannian_gradient_and_squared_norm")
+    figures.update(step_figures(adaptive, args.rounds, args.tiny, ("adaptive",)))
     print(json.dumps({k: round(v, 4) for k, v in figures.items()}), flush=True)
     return 0
 

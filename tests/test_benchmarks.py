@@ -253,5 +253,41 @@ def test_fused_paths_switches_the_order_two_point_and_prints_its_figures(benchma
     assert completed.returncode == 0, completed.stderr[-4000:]
     figures = json.loads(completed.stdout)
     for key in ("point mix fused ms", "point inv elementary ms", "forward_backward ms",
-                "step geodesic mix fused minus elementary ms per iteration"):
+                "step geodesic mix fused minus elementary ms per iteration",
+                "step adaptive fused minus elementary ms per iteration"):
         assert math.isfinite(figures[key]), key
+
+
+def test_phases_splits_an_iteration_without_counting_twice():
+    import importlib
+
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    module = importlib.import_module("phases")
+    clock = module.PhaseClock()
+
+    def inner() -> None:
+        sum(range(20000))
+
+    outer_inner = clock.wrap(inner, "inner")
+
+    def outer() -> None:
+        outer_inner()
+        sum(range(20000))
+
+    total = module.time.process_time()
+    clock.wrap(outer, "outer")()
+    spent = module.time.process_time() - total
+    assert 0 < clock.seconds["inner"] and 0 < clock.seconds["outer"]
+    assert clock.seconds["inner"] + clock.seconds["outer"] <= spent + 1e-6
+    completed = subprocess.run([sys.executable, str(BENCHMARKS / "phases.py"), "--tiny",
+                                "--iters", "1", "2", "--repeats", "1"],
+                               capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    result = json.loads(completed.stdout)
+    for name in ("adaptive", "geodesic mix", "geodesic inv"):
+        phases = result[name]
+        assert {"model forward ms", "backward ms", "path ms", "direction ms", "rescale ms",
+                "other ms", "total ms"} <= set(phases), phases
+        named = sum(v for k, v in phases.items() if k.endswith(" ms") and k != "total ms")
+        assert named == pytest.approx(phases["total ms"], abs=0.05)
