@@ -154,3 +154,25 @@ def test_rotary_phases_are_uniform_on_the_circle():
         bound = 5 / math.sqrt(2 * phase.numel())
         assert abs(float(phase.cos().mean())) < bound
         assert abs(float(phase.sin().mean())) < bound
+
+
+@pytest.mark.parametrize("rotary_dims", [2, 0], ids=["one-plane", "one-free-dimension"])
+def test_a_single_block_has_the_scale_as_its_singular_values(rotary_dims):
+    # one block (one plane, or one dimension outside the planes): no spread to make, so
+    # every singular value is the scale, 1 by default, whatever the condition asked for
+    q = qs.RotaryQuotient("mix", head_dim=2 if rotary_dims else 1, rotary_dims=rotary_dims)
+    h = q.head_dim
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(3, 7, h, generator=gen, dtype=torch.float64),
+         torch.randn(3, 5, h, generator=gen, dtype=torch.float64))
+    for options, expected in (({"condition": 5.0}, 1.0), ({"condition": 5.0, "scale": 0.3}, 0.3),
+                              ({"kind": "svd"}, 1.0)):
+        values = torch.linalg.svdvals(_draw(q, x, 1, **options))
+        assert torch.allclose(values, torch.full_like(values, expected), rtol=1e-12), options
+
+
+def test_the_default_scale_of_a_conditioned_element_is_one():
+    q, x = _point("gl", (5,), (5,))
+    values = torch.linalg.svdvals(_draw(q, x, 2, condition=7.0))
+    assert torch.allclose(values.log().mean(-1).exp(), torch.ones(5, dtype=torch.float64),
+                          rtol=1e-12)

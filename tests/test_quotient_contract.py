@@ -177,6 +177,19 @@ def test_broadcast_equals_loop(quotient) -> None:
             assert relative_error(tuple(c[i] for c in together), single) < 1e-12
 
 
+@pytest.mark.parametrize("scale", [0.1, 1.0, 10.0])
+def test_horizontality_error_equals_the_reference_at_every_scale(quotient, scale):
+    # the closed form against its definition over a vertical basis (reference), at points
+    # whose vertical vectors are short (|V_k|^2 < 1), of order 1 and long: a clamp or a
+    # normalisation on the wrong side of 1 would show at one of them
+    x, u, _, _ = _point(quotient, 14)
+    x = tuple(scale * c for c in x)
+    got = quotient.at(x).horizontality_error(u)
+    want = reference.horizontality_error(quotient, x, u)
+    assert got.shape == want.shape
+    assert float((got - want).abs().max()) <= 1e-9 * max(1.0, float(want.abs().max()))
+
+
 # ---------------------------------------------------------------------------- gradient + norm
 def _metric_squared_norm(quotient, x, u) -> torch.Tensor:
     """``u^T g u`` from the autograd metric matrix (no closed form of the quotient)."""
