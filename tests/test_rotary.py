@@ -107,3 +107,71 @@ def test_bad_arguments_are_named() -> None:
         qs.RotaryQuotient(head_dim=4, layout="neox")
     with pytest.raises(ValueError, match="head_dim=4"):
         qs.RotaryQuotient(head_dim=4).at((torch.randn(6, 3), torch.randn(5, 3)))
+
+
+# ---------------------------------------------------------------------------- contract details
+@pytest.mark.parametrize("layout", ["rotate_half", "interleaved"])
+@pytest.mark.parametrize("rotary_dims", [4, 2, 0])
+def test_the_algebra_basis_is_frobenius_orthonormal(layout, rotary_dims):
+    from quotientsharp.core.gl.subgroup import rotary_algebra_basis
+
+    basis = rotary_algebra_basis(4, rotary_dims, layout)
+    assert basis.dtype == torch.float64
+    gram = torch.einsum("kij,lij->kl", basis, basis)
+    assert torch.allclose(gram, torch.eye(basis.shape[0], dtype=torch.float64), atol=1e-15)
+    assert rotary_algebra_basis(4, rotary_dims, layout, dtype=torch.float32).dtype == torch.float32
+
+
+def test_a_wrong_head_dimension_names_the_point_and_both_dimensions():
+    q = qs.RotaryQuotient("mix", head_dim=4)
+    x = (torch.randn(7, 6, dtype=torch.float64), torch.randn(5, 6, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"^layer3 has head dimension 6, this rotary quotient "
+                                         r"was built for head_dim=4"):
+        q.frozen_point(x, "layer3")
+
+
+def test_a_singular_point_is_named_in_its_error():
+    q = qs.RotaryQuotient("inv", head_dim=4)
+    G = torch.randn(7, 4, dtype=torch.float64)
+    G[:, 3] = G[:, 2]                                    # rank 3 < 4
+    with pytest.raises(ValueError, match="layer3"):
+        q.frozen_point((G, torch.randn(5, 4, dtype=torch.float64)), "layer3")
+
+
+def test_vertical_refuses_a_wrong_algebra_element_naming_both_sizes():
+    q = qs.RotaryQuotient("mix", head_dim=6, rotary_dims=4)      # 2 planes x 2 + 2 x 2 = 8
+    gen = torch.Generator().manual_seed(0)
+    x = q.random_point((), generator=gen, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"algebra dimension 8, got \(2, 5\)"):
+        q.vertical(x, torch.zeros(2, 5, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"algebra dimension 8, got \[0\.0\]"):
+        q.vertical(x, [0.0])
+
+
+def test_random_point_draws_from_its_generator_only_and_keeps_point_shapes():
+    q = qs.RotaryQuotient("mix", head_dim=4, n=9, m=5)
+    state = torch.get_rng_state()
+    one = q.random_point((2,), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    assert torch.equal(torch.get_rng_state(), state)
+    two = q.random_point((2,), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
+    assert [tuple(c.shape) for c in one] == [(2, 9, 4), (2, 5, 4)]
+
+
+def test_the_subgroup_point_type_is_made_once_per_metric():
+    # the classes are cached by metric; emptied here so that the construction itself runs
+    from quotientsharp.core.gl import subgroup
+    from quotientsharp.core.gl.inv import InvPoint
+    from quotientsharp.core.gl.mix import MixPoint
+
+    saved = dict(subgroup._POINT_TYPES)
+    subgroup._POINT_TYPES.clear()
+    try:
+        made = subgroup.subgroup_point_type(MixPoint)
+        assert made.__name__ == "SubgroupMixPoint"
+        assert made.__bases__ == (subgroup.SubgroupPoint, MixPoint)
+        assert subgroup.subgroup_point_type(MixPoint) is made
+        assert subgroup.subgroup_point_type(InvPoint) is not made
+    finally:
+        subgroup._POINT_TYPES.clear()
+        subgroup._POINT_TYPES.update(saved)
