@@ -923,3 +923,27 @@ def test_order_two_point_under_torch_func_transforms_takes_the_elementary_form(m
     assert relative_error(transformed, plain) < 1e-12
     per_problem = torch.func.vmap(lambda a, b: loss(a, b))(*(c.unsqueeze(0) for c in u))
     assert torch.allclose(per_problem[0], loss(*u))
+
+
+@pytest.mark.parametrize("metric", ["mix", "inv"])
+def test_the_order_two_point_of_a_gl_pair_takes_the_fused_path_with_the_documented_defaults(
+        metric):
+    # the dispatch: an order-2 point of a pair with velocities of the factors' shapes is the
+    # fused function (its backward node says so); the defaults are t = 1 and order 2, and the
+    # exact geodesic's default is 64 RK4 steps
+    quotient = GLQuotient(metric)
+    x, u, _ = _order_two_case(quotient, torch.float64, (2,), seed=10)
+    frozen = quotient.at(x)
+    leaves = tuple(c.clone().requires_grad_(True) for c in u)
+    point = frozen.geodesic(leaves, 1.0, 2)
+    assert all(type(p.grad_fn).__name__ == "OrderTwoGLPathBackward" for p in point)
+    assert all(torch.equal(a, b) for a, b in zip(frozen.geodesic(leaves), point, strict=True))
+    small = tuple(0.1 * c for c in u)
+    assert all(torch.equal(a, b) for a, b in zip(frozen.geodesic(small, 1.0, "exact"),
+                                                 frozen.geodesic(small, 1.0, "exact", 64),
+                                                 strict=True))
+    # a velocity that is not of the factors' shapes (a batch of problems) takes the elementary
+    # form, with the same values
+    stacked = tuple(torch.stack([c, c]) for c in u)
+    both = frozen.geodesic(stacked, 1.0, 2)
+    assert relative_error(tuple(b[0] for b in both), tuple(p.detach() for p in point)) < 1e-12
