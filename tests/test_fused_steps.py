@@ -198,3 +198,89 @@ def test_at_most_four_tangent_tuples_are_alive_during_each_evaluation(restarts) 
     assert max(alive[:per_run]) <= 4, alive
     assert max(alive[per_run:], default=0) <= 5, alive
     assert float(outcome.loss) > -float((base - target).square().sum())
+
+
+# ------------------------------------------------------------------ adaptive paths, by definition
+def _adaptive_point(metric: str, batch: tuple[int, ...] = (), seed: int = 8):
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+
+    base = tuple(torch.randn(*batch, *s, generator=torch.Generator().manual_seed(seed),
+                             dtype=torch.float64) for s in [(3,), (4, 2), (2, 3, 2)])
+    shapes = [tuple(t.shape[len(batch):]) for t in base]
+    quotient = AdaptiveQuotient(metric, shapes=shapes)
+    u = tuple(0.1 * torch.randn(t.shape, generator=torch.Generator().manual_seed(seed + 1),
+                                dtype=torch.float64) for t in base)
+    return quotient.at(base), base, u
+
+
+@pytest.mark.parametrize("metric", ["adaptive", "euclidean"])
+@pytest.mark.parametrize("batch", [(), (2,)])
+@pytest.mark.parametrize("t", [1.0, 0.3, -0.7])
+def test_adaptive_paths_equal_their_definitions(metric, batch, t) -> None:
+    # order 1: w + t u; order 2: w + t u + t^2 u^2 / (2 w) (a straight line for the euclidean
+    # metric); exact: w exp(t u / w) (a straight line for the euclidean metric); defaults t = 1
+    # and order 2
+    frozen, w, u = _adaptive_point(metric, batch)
+    curved = metric == "adaptive"
+    expected = {
+        1: tuple(a + t * b for a, b in zip(w, u, strict=True)),
+        2: tuple(a + t * b + (0.5 * t * t * b * b / a if curved else 0)
+                 for a, b in zip(w, u, strict=True)),
+        "exact": tuple(a * torch.exp(t * b / a) if curved else a + t * b
+                       for a, b in zip(w, u, strict=True)),
+    }
+    for order, want in expected.items():
+        got = frozen.geodesic(u, t, order)
+        assert all(torch.allclose(g, e, rtol=1e-13, atol=0) for g, e in zip(got, want,
+                                                                          strict=True)), order
+    assert all(torch.allclose(g, e, rtol=1e-13, atol=0)
+               for g, e in zip(frozen.geodesic_exact(u, t), expected["exact"], strict=True))
+    default = expected[2] if t == 1.0 else frozen.geodesic(u, 1.0, 2)
+    assert all(torch.allclose(g, e, rtol=1e-13, atol=0)
+               for g, e in zip(frozen.geodesic(u), default, strict=True))
+    assert all(torch.equal(g, e) for g, e in zip(frozen.geodesic_exact(u),
+                                                 frozen.geodesic_exact(u, 1.0), strict=True))
+
+
+def test_the_unbatched_adaptive_order_two_point_takes_the_fused_path() -> None:
+    frozen, _, u = _adaptive_point("adaptive")
+    leaves = tuple(t.clone().requires_grad_(True) for t in u)
+    point = frozen.geodesic(leaves, 0.5, 2)
+    assert all(type(p.grad_fn).__name__ == "OrderTwoAdaptivePathBackward" for p in point)
+    batched, _, v = _adaptive_point("adaptive", (2,))
+    point = batched.geodesic(tuple(t.clone().requires_grad_(True) for t in v), 0.5, 2)
+    assert all(type(p.grad_fn).__name__ != "OrderTwoAdaptivePathBackward" for p in point)
+
+
+def test_the_adaptive_gradient_with_its_norm_takes_its_own_path(monkeypatch) -> None:
+    # the unbatched adaptive metric never takes the norm of the finished gradient (that is
+    # the point of the shortcut); the euclidean one and a batched point do
+    from quotientsharp.core.adaptive import AdaptivePoint
+
+    calls = []
+    plain = AdaptivePoint.squared_norm
+    monkeypatch.setattr(AdaptivePoint, "squared_norm",
+                        lambda self, u: calls.append(1) or plain(self, u))
+    frozen, _, e = _adaptive_point("adaptive")
+    frozen.riemannian_gradient_and_squared_norm(e)
+    assert calls == []
+    for metric, batch in (("euclidean", ()), ("adaptive", (2,))):
+        other, _, e = _adaptive_point(metric, batch)
+        other.riemannian_gradient_and_squared_norm(e)
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("scale", [1e-4, 1.0])
+def test_a_products_gradient_norm_is_not_clamped_away_from_small_values(scale) -> None:
+    import quotientsharp as qs
+
+    product = qs.ProductQuotient([qs.GLQuotient("mix"), qs.AdaptiveQuotient("adaptive",
+                                                                           shapes=[(3,)])])
+    gen = torch.Generator().manual_seed(4)
+    x = product.random_point((), shapes=((5, 2), (4, 2), (3,)), generator=gen,
+                             dtype=torch.float64)
+    e = tuple(scale * torch.randn(c.shape, generator=gen, dtype=torch.float64) for c in x)
+    frozen = product.at(x)
+    gradient, squared = frozen.riemannian_gradient_and_squared_norm(e)
+    expected = frozen.squared_norm(frozen.riemannian_gradient(e))
+    assert float(abs(squared - expected)) <= 1e-12 * float(expected)
