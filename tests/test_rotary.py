@@ -118,7 +118,7 @@ def test_the_algebra_basis_is_frobenius_orthonormal(layout, rotary_dims):
     basis = rotary_algebra_basis(4, rotary_dims, layout)
     assert basis.dtype == torch.float64
     gram = torch.einsum("kij,lij->kl", basis, basis)
-    assert torch.allclose(gram, torch.eye(basis.shape[0], dtype=torch.float64), atol=1e-15)
+    assert torch.allclose(gram, torch.eye(basis.shape[0], dtype=torch.float64), rtol=0, atol=1e-15)
     assert rotary_algebra_basis(4, rotary_dims, layout, dtype=torch.float32).dtype == torch.float32
 
 
@@ -175,3 +175,20 @@ def test_the_subgroup_point_type_is_made_once_per_metric():
     finally:
         subgroup._POINT_TYPES.clear()
         subgroup._POINT_TYPES.update(saved)
+
+
+def test_head_dimension_errors_name_the_point_for_batched_points_too():
+    q = qs.RotaryQuotient("mix", head_dim=4)
+    x = (torch.randn(2, 7, 6, dtype=torch.float64), torch.randn(2, 5, 6, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"^layer3 has head dimension 6, this rotary"):
+        q.frozen_point(x, "layer3")
+    mixed = (torch.randn(7, 4, dtype=torch.float64), torch.randn(5, 6, dtype=torch.float64))
+    with pytest.raises(ValueError, match="layer3"):
+        q.frozen_point(mixed, "layer3")
+
+
+def test_constructor_errors_say_what_is_wrong():
+    with pytest.raises(ValueError, match=r"head_dim must be >= 1, got 0"):
+        qs.RotaryQuotient("mix", head_dim=0)
+    with pytest.raises(ValueError, match=r"pass both n and m or neither, got n=9, m=None"):
+        qs.RotaryQuotient("mix", head_dim=4, n=9)
