@@ -224,3 +224,20 @@ def bert_batch(batch_size: int, seq: int, vocab: int, labels: int, device: torch
             .to(device),
             "attention_mask": torch.ones(batch_size, seq, dtype=torch.long, device=device),
             "labels": torch.randint(0, labels, (batch_size,), generator=generator).to(device)}
+
+
+def benchmark_model(model: str, device: torch.device, tiny: bool = False, sentences: int = 8,
+                    tokens: int = 32) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """The model and batch of rows 7 and 8: ``"minilm"`` (the real pretrained MiniLM) or
+    ``"bert-base"`` (a BERT-base-sized model from its config), ``sentences x tokens``;
+    ``tiny``: a tiny BERT of 2 x 8 tokens instead (the scripts' smoke tests)."""
+    if tiny:
+        return (bert_model(32, 1, 2, 64, 100, 2, torch.float32, device),
+                bert_batch(2, 8, 100, 2, device))
+    if model == "minilm":
+        import minilm
+
+        loaded, tokenizer = minilm.load(device)
+        return loaded, minilm.make_batch(tokenizer, sentences, tokens, device)
+    return (bert_model(768, 12, 12, 512, 30522, 2, torch.float32, device),
+            bert_batch(sentences, tokens, 30522, 2, device))

@@ -109,17 +109,12 @@ def step_figures(switch: Switch, rounds: int, tiny: bool,
                  ) -> dict[str, float]:
     """Whole ascents at ``n_iter = 10``: the paired difference per iteration."""
     import minilm
-    from _common import bert_batch, bert_model
+    from _common import benchmark_model
 
     import quotientsharp as qs
 
     device = torch.device("cpu")
-    if tiny:
-        model = bert_model(32, 1, 2, 64, 100, 2, torch.float32, device)
-        batch = bert_batch(2, 8, 100, 2, device)
-    else:
-        model, tokenizer = minilm.load(device)
-        batch = minilm.make_batch(tokenizer, 8, 32, device)
+    model, batch = benchmark_model("minilm", device, tiny)
     minilm.forward_backward(model, batch)
     unit = min(_cpu_seconds(lambda: minilm.forward_backward(model, batch)) for _ in range(3))
     figures: dict[str, float] = {"forward_backward ms": 1000 * unit}

@@ -109,17 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     import minilm
-    from _common import bert_batch, bert_model
+    from _common import benchmark_model
 
     import quotientsharp as qs
 
     device = torch.device("cpu")
-    if args.tiny:
-        model = bert_model(32, 1, 2, 64, 100, 2, torch.float32, device)
-        batch = bert_batch(2, 8, 100, 2, device)
-    else:
-        model, tokenizer = minilm.load(device)
-        batch = minilm.make_batch(tokenizer, args.sentences, args.tokens, device)
+    model, batch = benchmark_model("minilm", device, args.tiny, args.sentences, args.tokens)
 
     def cpu(function: Callable[[], object]) -> float:
         start = time.process_time()

@@ -42,20 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     import minilm
-    from _common import bert_batch, bert_model
+    from _common import benchmark_model
 
     import quotientsharp as qs
 
     device = torch.device("cpu")
-    if args.tiny:
-        model = bert_model(32, 1, 2, 64, 100, 2, torch.float32, device)
-        batch = bert_batch(2, 8, 100, 2, device)
-    elif args.model == "minilm":
-        model, tokenizer = minilm.load(device)
-        batch = minilm.make_batch(tokenizer, 8, 32, device)
-    else:
-        model = bert_model(768, 12, 12, 512, 30522, 2, torch.float32, device)
-        batch = bert_batch(8, 32, 30522, 2, device)
+    model, batch = benchmark_model(args.model, device, args.tiny)
     minilm.forward_backward(model, batch)
     unit = min(_cpu_seconds(lambda: minilm.forward_backward(model, batch)) for _ in range(3))
     low, high = args.iters
