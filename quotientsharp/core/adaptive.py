@@ -52,8 +52,9 @@ class OrderTwoAdaptivePath(torch.autograd.Function):
     nearly every parameter of a network, with its backward. Written with autograd's elementary
     operations it makes about six new parameter-sized tuples forward and as many backward;
     here the forward makes two (``s = u / w``, kept for the backward, and ``p``) and the
-    backward one. The same values to rounding: ``tests/test_adaptive.py`` checks both against
-    the elementary form and ``torch.autograd.gradcheck``. Inputs: ``t``, the number ``k`` of
+    backward one. The same values to rounding: ``tests/test_fused_steps.py`` checks both
+    against the elementary form (the batched branch of :meth:`AdaptivePoint.geodesic`) and
+    ``torch.autograd.gradcheck``. Inputs: ``t``, the number ``k`` of
     tensors, then ``w`` (k tensors), ``1 / w`` (0 where ``w = 0``, k tensors) and ``u``
     (k tensors, the shapes of ``w``); ``w`` and ``1 / w`` get no gradient.
     """
