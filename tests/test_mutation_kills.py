@@ -1651,3 +1651,20 @@ def test_the_space_before_setup_is_an_error(functional):
     for name in ("space", "geometry", "coordinates"):
         with pytest.raises(RuntimeError, match="setup has not run"):
             getattr(measure, name)
+
+
+@pytest.mark.parametrize("bad", ["nan", "rank"])
+def test_the_frozen_point_errors_name_the_point_given_to_at(bad) -> None:
+    # GLQuotient.at(x, name): both the point check and the frozen point's own rank check
+    # name the caller's point, not the default "x"
+    import quotientsharp as qs
+
+    gen = torch.Generator().manual_seed(0)
+    G = torch.randn(7, 3, generator=gen, dtype=torch.float64)
+    H = torch.randn(5, 3, generator=gen, dtype=torch.float64)
+    if bad == "nan":
+        G[0, 0] = float("nan")
+    else:
+        G[:, 1] = G[:, 0]                     # linearly dependent columns: G^T G singular
+    with pytest.raises(ValueError, match=r"theta\[0\]"):
+        qs.GLQuotient("mix").at((G, H), "theta")
