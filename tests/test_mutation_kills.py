@@ -1657,8 +1657,6 @@ def test_the_space_before_setup_is_an_error(functional):
 def test_the_frozen_point_errors_name_the_point_given_to_at(bad) -> None:
     # GLQuotient.at(x, name): both the point check and the frozen point's own rank check
     # name the caller's point, not the default "x"
-    import quotientsharp as qs
-
     gen = torch.Generator().manual_seed(0)
     G = torch.randn(7, 3, generator=gen, dtype=torch.float64)
     H = torch.randn(5, 3, generator=gen, dtype=torch.float64)
