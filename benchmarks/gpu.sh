@@ -8,7 +8,8 @@
 # `tee`: read results/gpu_*.log instead.
 #
 # Results: results/gpu_step.json (one ascent step on BERT-base's shape: per-iteration ratio,
-# kernel launches per step, peak memory; eager, torch.compile and CUDA graphs),
+# kernel launches per step, peak memory; eager, torch.compile of the model, compiled solver
+# steps and CUDA graphs),
 # results/benchmarks_cuda.json (table, ratios, details; rewritten after every row, so a row cut
 # off at the limit keeps the ones before it), the logs results/gpu_*.log, and the pytest
 # summary. Rows 7 and 8 (the real MiniLM and the BERT-base-sized model) run first.

@@ -6,6 +6,8 @@ per variant of the model's forward:
 - ``eager``: the model as it is;
 - ``compile``: the model wrapped in ``torch.compile`` (default mode), compile time reported
   as setup (the first call), the compiled code reused by every later call;
+- ``compile-steps``: the model as it is, the solver's per-iteration geometry compiled
+  (``sharpness(..., compile_steps=True)``), its compile reported as setup;
 - ``cudagraphs``: ``torch.compile(mode="reduce-overhead")``, which replays CUDA graphs
   (CUDA only).
 
@@ -49,11 +51,11 @@ from _common import (  # noqa: E402
 )
 from minilm import MEASURES, forward_backward  # noqa: E402
 
-VARIANTS = ("eager", "compile", "cudagraphs")
+VARIANTS = ("eager", "compile", "compile-steps", "cudagraphs")
 
 
 def _model(variant: str, model: torch.nn.Module) -> torch.nn.Module:
-    if variant == "eager":
+    if variant in ("eager", "compile-steps"):
         return model
     if variant == "compile":
         return torch.compile(model)  # type: ignore[return-value]
@@ -94,13 +96,14 @@ def measure_variant(variant: str, model, batch, device: torch.device, iters: tup
     plain = functools.partial(forward_backward, model, batch)
 
     def run(n_iter: int, options: dict[str, Any]) -> None:
-        qs.sharpness(wrapped, [batch], rho=0.05, n_iter=n_iter, progress=False, **options)
+        qs.sharpness(wrapped, [batch], rho=0.05, n_iter=n_iter, progress=False,
+                     compile_steps=variant == "compile-steps", **options)
 
     result: dict[str, Any] = {"setup_s": {}}
     for name, options in MEASURES.items():
         device_synchronize(device)
         start = time.perf_counter()
-        run(low, options)           # the first call: compilation, counted as setup
+        run(max(low, 2), options)   # the first call: compilation, counted as setup
         device_synchronize(device)
         result["setup_s"][name] = time.perf_counter() - start
     functions = {"forward+backward": plain}

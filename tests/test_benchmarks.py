@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 
 transformers = pytest.importorskip("transformers")
+from tests.tiny_models import tiny_bert_classifier  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -73,14 +74,7 @@ def benchmark_modules(monkeypatch):
 
 
 def _tiny_bert():
-    torch.manual_seed(0)
-    config = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=32, vocab_size=30,
-                                     max_position_embeddings=8, num_labels=3,
-                                     attn_implementation="eager", initializer_range=0.3)
-    model = transformers.BertForSequenceClassification(config).double()
-    with torch.no_grad():          # zero weights must stay fixed, never 0/0
-        model.bert.encoder.layer[0].attention.self.query.weight[0, :4] = 0.0
+    model = tiny_bert_classifier()
     generator = torch.Generator().manual_seed(1)
     batches = [{"input_ids": torch.randint(0, 30, (4, 8), generator=generator),
                 "attention_mask": torch.ones(4, 8, dtype=torch.long),
@@ -291,3 +285,20 @@ def test_phases_splits_an_iteration_without_counting_twice():
                 "other ms", "total ms"} <= set(phases), phases
         named = sum(v for k, v in phases.items() if k.endswith(" ms") and k != "total ms")
         assert named == pytest.approx(phases["total ms"], abs=0.05)
+
+
+def test_compiled_steps_benchmark_times_both_paths_and_the_compile():
+    completed = subprocess.run([sys.executable, str(BENCHMARKS / "compiled_steps.py"), "--tiny",
+                                "--iters", "2", "3", "--repeats", "1", "--measures", "adaptive"],
+                               capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    result = json.loads(completed.stdout)
+    assert list(result["per_iteration_over_forward_backward"]) == ["adaptive"]
+    ratios = result["per_iteration_over_forward_backward"]["adaptive"]
+    assert all(math.isfinite(ratios[k]) for k in ("eager", "compiled",
+                                                  "compiled_minus_eager_ms"))
+    compile_seconds = result["compile_s"]["adaptive"]
+    assert compile_seconds["first_call_wall_s"] > 0
+    # the three batches look up different rows: the compile is measured on a new row count
+    assert len(set(result["rows"])) == 3, result["rows"]
+    assert result["max_relative_value_difference"]["adaptive"] < 1e-5

@@ -222,9 +222,23 @@ def test_measure_command_reports_blocks_and_the_reference_gap(saved, tmp_path, c
 
 @pytest.mark.parametrize("arguments, message", [
     (["--measure", "average", "--blockwise"], "--blockwise needs an ascent measure"),
+    (["--measure", "average", "--compile-steps"], "--compile-steps needs an ascent measure"),
     (["--measure", "adaptive", "--plot", "x.png"], "--plot draws the loss change per block"),
     (["--measure", "adaptive", "--reference-n-iter", "0"], "--reference-n-iter must be"),
 ])
 def test_measure_command_rejects_bad_solver_options(saved, capsys, arguments, message) -> None:
     assert _measure(saved, *arguments) == 2
     assert message in capsys.readouterr().err
+
+
+def test_measure_command_compiles_the_solver_steps_on_request(saved, tmp_path) -> None:
+    plain, compiled = tmp_path / "plain.json", tmp_path / "compiled.json"
+    assert _measure(saved, "--measure", "adaptive", "--json", str(plain)) == 0
+    assert _measure(saved, "--measure", "adaptive", "--compile-steps", "--json",
+                    str(compiled)) == 0
+    eager = json.loads(plain.read_text())["results"]["adaptive"]
+    fast = json.loads(compiled.read_text())["results"]["adaptive"]
+    assert fast["settings"]["compile_steps"] is True
+    assert eager["settings"]["compile_steps"] is False
+    # the same value to rounding (the compiled graphs sum the norms in another order)
+    assert fast["value"] == pytest.approx(eager["value"], rel=1e-5, abs=0)

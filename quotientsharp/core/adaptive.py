@@ -155,7 +155,10 @@ class AdaptivePoint(ClosedFormPoint):
         return torch.empty(largest.numel(), dtype=largest.dtype, device=largest.device)
 
     def _fits_scratch(self, u: Tensors) -> bool:
-        # out= takes no autograd history, and the buffer has one dtype and device
+        # out= takes no autograd history, and the buffer has one dtype and device; a compiled
+        # graph fuses the product into the reduction, with no buffer to write
+        if torch.compiler.is_compiling():
+            return False
         if torch.is_grad_enabled() and any(a.requires_grad for a in u):
             return False
         if any(r.requires_grad for r in self.inverse_scale):

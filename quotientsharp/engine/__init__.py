@@ -51,6 +51,7 @@ from quotientsharp.engine.solver import (
            AscentGeometry,
            AscentOutcome,
            AscentSettings,
+           CompiledSteps,
            HandedOver,
            ascend,
            checkpoints,
@@ -58,7 +59,7 @@ from quotientsharp.engine.solver import (
 from quotientsharp.engine.space import perturbed_objective
 
 __all__ = ["MEASURES", "MEASURE_REGISTRY", "AscentGeometry", "AscentOutcome", "AscentSettings",
-           "Block", "BlockOutcome", "BoundCoordinates", "BoxGeometry", "Factor",
+           "Block", "BlockOutcome", "BoundCoordinates", "BoxGeometry", "CompiledSteps", "Factor",
            "FunctionalModel", "GeodesicBall", "HandedOver", "LayoutCoordinates", "Measure",
            "MeasureSpec", "NoSymmetryWarning", "NonFiniteLossError", "PlainCoordinates",
            "SharpnessResult",

@@ -198,7 +198,12 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: str = "geodesic
         problem on the CPU reads the solver's decisions on the host, where that is free
         (:mod:`quotientsharp.engine.decisions`); ``False`` runs the device path there too (the
         CPU stand-in of a CUDA run). The values are the same bit for bit, so it is not
-        recorded in ``result.settings``.
+        recorded in ``result.settings``. ``compile_steps=False``: ``True`` runs the solver's
+        per-iteration geometry (direction, steps, rescales) as ``torch.compile`` graphs
+        (:class:`quotientsharp.engine.solver.CompiledSteps`), with the decisions on the device:
+        its elementwise passes fuse, for about half their eager cost on a CPU, but the first
+        compile takes tens of seconds (seconds from torch's on-disk cache), so it pays on long
+        runs. Equal to the eager values to rounding; recorded in ``result.settings``.
 
         ``average``: ``adaptive=False`` (``c = |theta|`` if true), ``samples=1``.
         ``worst_case``: ``p=2`` or ``"inf"``, ``adaptive=False``. ``adaptive``: ``p=2``.

@@ -150,6 +150,9 @@ class GeodesicBall:
         # the gradient and its norm in one call: a metric may get the norm on the way
         rgrad, squared = self.frozen.riemannian_gradient_and_squared_norm(tuple(egrad))
         norm = squared.sqrt().clamp_min(torch.finfo(self.dtype).tiny)
+        if torch.compiler.is_compiling():
+            # a graph makes new tensors anyway (and cannot read storage addresses)
+            return tuple(t / lift(norm, t) for t in rgrad)
         # the gradient's new tensors are divided in place (same values, no new tuple); one
         # that is the gradient's own tensor or a view is divided into a new one, so that a
         # gradient the caller lent is never written

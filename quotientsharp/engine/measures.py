@@ -40,6 +40,7 @@ from quotientsharp.engine.functional import FunctionalModel, checked_clean_loss
 from quotientsharp.engine.solver import (
     AscentOutcome,
     AscentSettings,
+    CompiledSteps,
     HandedOver,
     Objective,
     ascend,
@@ -297,6 +298,10 @@ class AscentMeasure:
     host_decisions
         Passed to :func:`.solver.ascend`: ``False`` runs the solver's device path on the CPU
         too (same values bit for bit).
+    compile_steps
+        Run the solver's per-iteration geometry as ``torch.compile`` graphs
+        (:meth:`.solver.CompiledSteps.shared`, reused by every batch and call): equal to
+        the eager path to rounding, its compile paid in the setup of the first batch.
     """
 
     def __init__(self, model: FunctionalModel, settings: AscentSettings,
@@ -304,7 +309,7 @@ class AscentMeasure:
                  reference: AscentSettings | None = None,
                  reference_generator: torch.Generator | None = None,
                  blockwise: bool = False, touched_rows: bool = True,
-                 host_decisions: bool = True) -> None:
+                 host_decisions: bool = True, compile_steps: bool = False) -> None:
         self.model, self.settings, self.generator = model, settings, generator
         self.plan = geometry
         self.nonfinite = nonfinite
@@ -312,6 +317,7 @@ class AscentMeasure:
         self.blockwise = blockwise
         self.touched_rows = touched_rows
         self.host_decisions = host_decisions
+        self.compiled = CompiledSteps.shared() if compile_steps else None
         #: per batch, the rows each restricted table was solved on (empty: the full tables)
         self.restricted_rows: list[dict[str, int]] = []
         self._space: AscentSpace | None = None
@@ -407,7 +413,8 @@ class AscentMeasure:
             start = initial = None
         skip = self.nonfinite == "skip"
         outcome = ascend(solved.geometry, solve, self.settings, self.generator, tick,
-                         initial=handed, skip_nonfinite=skip, host_decisions=self.host_decisions)
+                         initial=handed, skip_nonfinite=skip, host_decisions=self.host_decisions,
+                         compiled=self.compiled)
         del handed, start
         norms = solved.geometry.block_norms(outcome.xi)
         if touched is not None:
@@ -421,7 +428,8 @@ class AscentMeasure:
             reference = ascend(space.geometry, objective, self.reference,
                                self.reference_generator, tick,
                                initial=None if self.reference.random_init else initial,
-                               skip_nonfinite=skip, host_decisions=self.host_decisions)
+                               skip_nonfinite=skip, host_decisions=self.host_decisions,
+                               compiled=self.compiled)
             skipped += _check_ascent(reference, index, self.reference, self.model, radius,
                                      self.nonfinite, " (reference solve)")
         perturbation = None

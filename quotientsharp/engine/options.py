@@ -26,7 +26,7 @@ COMMON_OPTIONS: dict[str, Any] = {"loss": None, "seed": 0, "progress": None,
 ASCENT_OPTIONS: dict[str, Any] = {"n_iter": 20, "eta0": None, "alpha": 0.75,
                                   "random_init": False, "restarts": 0, "reference_solve": None,
                                   "blockwise": False, "touched_rows": True,
-                                  "host_decisions": True}
+                                  "host_decisions": True, "compile_steps": False}
 def check_measure(measure: object, known: Iterable[str], aliases: Mapping[str, str]) -> str:
     """The measure's registered name (``"worst-case"`` is ``"worst_case"``)."""
     if not isinstance(measure, str) or aliases.get(measure, measure) not in known:

@@ -184,6 +184,7 @@ class AscentOptions:
     blockwise: bool
     touched_rows: bool
     host_decisions: bool
+    compile_steps: bool
     #: What they resolve to, for ``SharpnessResult.settings``.
     resolved: dict[str, Any]
 
@@ -210,7 +211,8 @@ class AscentOptions:
                 device=setup.generator.device).manual_seed(seed)
         return cls(settings, reference, reference_generator, resolved["blockwise"],
                    check_bool("touched_rows", opts["touched_rows"]),
-                   check_bool("host_decisions", opts["host_decisions"]), resolved)
+                   check_bool("host_decisions", opts["host_decisions"]),
+                   check_bool("compile_steps", opts["compile_steps"]), resolved)
 
     def measure(self, setup: MeasureSetup, plan: GeometryPlan, extra: dict[str, Any]
                 ) -> tuple[Measure, dict[str, Any]]:
@@ -219,7 +221,8 @@ class AscentOptions:
                                 nonfinite=setup.options["nonfinite"], reference=self.reference,
                                 reference_generator=self.reference_generator,
                                 blockwise=self.blockwise, touched_rows=self.touched_rows,
-                                host_decisions=self.host_decisions)
+                                host_decisions=self.host_decisions,
+                                compile_steps=self.compile_steps)
         return measure, {**self.resolved, **extra}
 
 

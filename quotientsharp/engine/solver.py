@@ -51,6 +51,13 @@ ball. Every vector the loop combines (the iterates, the normalised Riemannian gr
 start) is already horizontal and the horizontal space at the fixed base point is linear, so
 the loop only calls the geometry's ``clip`` (the rescale, or the clamp of a box); the
 horizontal projection runs once per gradient, inside ``direction``.
+
+Compiled steps. ``ascend(compiled=CompiledSteps())`` runs the per-iteration geometry (the
+direction from the gradient, the momentum step with its gradient step and both rescales) as
+``torch.compile`` graphs of the same functions, with the decisions on the device: the
+elementwise passes over the parameters fuse. The compile is paid once per geometry's shapes
+(tens of seconds) and reused across batches and calls by the same :class:`CompiledSteps`.
+Values equal the eager path's to rounding (the fused kernels sum in another order).
 """
 
 from __future__ import annotations
@@ -60,7 +67,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -253,6 +260,81 @@ def momentum_step(xi: Sequence[torch.Tensor], z: Sequence[torch.Tensor],
     return new
 
 
+def proposal_step(geometry: AscentGeometry, xi: Sequence[torch.Tensor],
+                  direction: Sequence[torch.Tensor], previous: Sequence[torch.Tensor],
+                  eta: torch.Tensor, alpha: float, momentum: bool) -> Tensors:
+    """``xi_{k+1}`` before it is evaluated, with the decisions on the device (module doc).
+
+    ``z = P_S(xi + eta d)``; with ``momentum``, ``P_S`` of the momentum step from ``z``. What
+    :class:`CompiledSteps` compiles: new tensors only (nothing given is written), so a graph
+    may fuse the passes.
+    """
+    z = geometry.clip(gradient_step(xi, direction, eta), ON_DEVICE, fresh=True)
+    if not momentum:
+        return z
+    return geometry.clip(momentum_step(xi, z, previous, alpha, overwrite=True), ON_DEVICE,
+                         fresh=True)
+
+
+def _direction_step(geometry: AscentGeometry, egrad: Sequence[torch.Tensor]) -> Tensors:
+    return geometry.direction(egrad)
+
+
+class CompiledSteps:
+    """The ascent's per-iteration geometry as ``torch.compile`` graphs (module doc).
+
+    One object holds the compiled :func:`proposal_step` (with momentum) and
+    ``geometry.direction``; pass the same object to every :func:`ascend` call that should
+    reuse them (:meth:`shared` is the one the engine passes, for every measurement of the
+    process). A run's first direction and first step run eager: they compute the frozen
+    point's cached quantities, which a graph cannot (dynamo breaks on ``cached_property``'s
+    lock). A geometry with new shapes (another model, or another number of touched embedding
+    rows) compiles again once; dynamo then marks the changing sizes dynamic. Another radius
+    recompiles too (the radius is a constant of the graph).
+
+    Parameters
+    ----------
+    mode
+        ``torch.compile``'s mode (``None``: its default).
+    """
+
+    def __init__(self, mode: str | None = None) -> None:
+        self.mode = mode
+        self._proposal = torch.compile(proposal_step, mode=mode)
+        self._direction = torch.compile(_direction_step, mode=mode)
+
+    def proposal(self, geometry: AscentGeometry, xi: Sequence[torch.Tensor],
+                 direction: Sequence[torch.Tensor], previous: Sequence[torch.Tensor],
+                 eta: torch.Tensor, alpha: float, momentum: bool) -> Tensors:
+        """:func:`proposal_step`, compiled."""
+        return self._call(self._proposal, geometry, xi, direction, previous, eta, alpha,
+                          momentum)
+
+    def direction(self, geometry: AscentGeometry, egrad: Sequence[torch.Tensor]) -> Tensors:
+        """``geometry.direction(egrad)``, compiled."""
+        return self._call(self._direction, geometry, egrad)
+
+    @staticmethod
+    def _call(function: Callable[..., Sequence[torch.Tensor]], *args: object) -> Tensors:
+        try:
+            return tuple(function(*args))
+        except torch._dynamo.exc.BackendCompilerFailed as error:
+            # most often no working C++ compiler for inductor's CPU kernels
+            raise RuntimeError(
+                "compile_steps=True: torch.compile could not build the solver's steps "
+                f"({type(error.inner_exception).__name__}: {error.inner_exception}); run "
+                "with compile_steps=False (the eager steps, the same values)") from error
+
+    @classmethod
+    def shared(cls) -> CompiledSteps:
+        """One object for the whole process: its graphs are reused by every later call."""
+        if cls._shared is None:
+            cls._shared = cls()
+        return cls._shared
+
+    _shared: ClassVar[CompiledSteps | None] = None
+
+
 def _finite_or_lowest(loss: torch.Tensor) -> torch.Tensor:
     """``loss`` with NaN and inf entries replaced by ``-inf`` (never selected as the best)."""
     return torch.where(torch.isfinite(loss), loss, torch.full_like(loss, -math.inf))
@@ -309,8 +391,9 @@ class _Run:
 
     def __init__(self, geometry: AscentGeometry, xi: Tensors, loss: torch.Tensor,
                  direction: Tensors, eta0: float | torch.Tensor, skip_nonfinite: bool,
-                 host_decisions: bool) -> None:
+                 host_decisions: bool, compiled: CompiledSteps | None = None) -> None:
         self.geometry, self.skip_nonfinite = geometry, skip_nonfinite
+        self.compiled = compiled
         # non-finite evaluations: recorded on the device, checked by the caller after the ascent
         self.record = _NonFinite(loss)
         self.start_loss = loss
@@ -336,6 +419,20 @@ class _Run:
         They are not needed again (both are replaced by :meth:`accept`): freed before the
         forward+backward, whose peak they would otherwise raise by two tangent-sized tuples.
         """
+        if self.compiled is not None and k > 0:
+            # one graph, new tensors: the passes fuse; nothing given is written. The first
+            # step runs eager: it computes the frozen point's cached quantities (a graph
+            # cannot: dynamo breaks on cached_property's lock), and its graph without
+            # momentum would be compiled for one step per run
+            previous = self.previous
+            if any(p is x for p, x in zip(previous, self.xi, strict=True)):
+                # after a restart both are the best iterate: a graph for aliased inputs
+                # would be compiled too, which costs more than this copy
+                previous = tuple(t.clone() for t in previous)
+            new = self.compiled.proposal(self.geometry, self.xi, self.direction, previous,
+                                         self.eta, alpha, True)
+            self.direction = self.previous = ()
+            return new
         clip, decide = self.geometry.clip, self.decide
         # the direction's storage becomes the step's where the run alone holds it; z, made
         # here, becomes the momentum step's; both are rescaled in place: no parameter-sized
@@ -402,7 +499,7 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[
                 settings: AscentSettings, eta0: float | torch.Tensor,
                 on_evaluation: Callable[[], object] | None,
                 initial: Initial | None = None, skip_nonfinite: bool = False,
-                host_decisions: bool = True
+                host_decisions: bool = True, compiled: CompiledSteps | None = None
                 ) -> tuple[torch.Tensor, Tensors, torch.Tensor, _NonFinite, torch.Tensor]:
     """One run from ``start()`` (or from ``initial``, the evaluation there).
 
@@ -421,9 +518,13 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[
     initial = None
     if on_evaluation is not None:
         on_evaluation()
+    # the first direction eager, like the first step (see _Run.proposal)
     direction = geometry.direction(egrad)
     del egrad
-    run = _Run(geometry, xi, loss, direction, eta0, skip_nonfinite, host_decisions)
+    directions: Callable[[Tensors], Tensors] = (
+        geometry.direction if compiled is None
+        else lambda egrad: compiled.direction(geometry, egrad))
+    run = _Run(geometry, xi, loss, direction, eta0, skip_nonfinite, host_decisions, compiled)
     del xi, direction
     for k in range(settings.n_iter):
         new = run.proposal(k, settings.alpha)
@@ -432,7 +533,7 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[
         new_loss, egrad = objective(new)
         if on_evaluation is not None:
             on_evaluation()
-        new_direction = geometry.direction(egrad)
+        new_direction = directions(egrad)
         del egrad
         run.accept(new, new_loss, new_direction, k + 1)
         del new, new_direction
@@ -446,7 +547,8 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
            generator: torch.Generator | None = None,
            on_evaluation: Callable[[], object] | None = None,
            initial: Initial | None = None, skip_nonfinite: bool = False,
-           host_decisions: bool = True) -> AscentOutcome:
+           host_decisions: bool = True, compiled: CompiledSteps | None = None
+           ) -> AscentOutcome:
     """Maximise ``objective`` over the geometry's ball by Auto-PGD, per problem.
 
     Parameters
@@ -478,6 +580,9 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
         ``True``: a single problem on the CPU reads its decisions on the host (the best iterate
         kept by reference, rescales by exactly 1 skipped; :mod:`.decisions`). ``False``: the
         device path everywhere (what a CUDA run does, no host sync). Same values bit for bit.
+    compiled
+        :class:`CompiledSteps`: run the per-iteration geometry as its compiled graphs (module
+        doc; the decisions are then on the device). Equal to the eager path to rounding.
     """
     if isinstance(initial, list):
         warnings.warn("ascend(initial=[pair]) is deprecated: pass initial=HandedOver(loss, "
@@ -500,7 +605,7 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
         loss, xi, first, record, trace = _single_run(geometry, objective, start, settings, eta0,
                                                      on_evaluation,
                                                      initial if run == 0 else None,
-                                                     skip_nonfinite, host_decisions)
+                                                     skip_nonfinite, host_decisions, compiled)
         records.append(record)
         run_losses.append(loss)
         if best_loss is None:

@@ -121,12 +121,17 @@ def add_sharpness_options(parser: argparse.ArgumentParser, *, radius_list: bool 
 
 def add_solver_options(parser: argparse.ArgumentParser) -> None:
     """Declare the options of the ascent measures' diagnostics: ``--blockwise``, ``--plot``,
-    ``--reference-n-iter`` and ``--reference-restarts`` (``quotientsharp measure``)."""
+    ``--reference-n-iter`` and ``--reference-restarts``, and ``--compile-steps``
+    (``quotientsharp measure``)."""
     parser.add_argument("--blockwise", action="store_true",
                         help="ascent measures: also report, per block (attention head pair, "
                         "diagonal pair, parameter), the norm share of the best perturbation and "
                         "the loss change when only that block's part is applied (one extra "
                         "forward per block and batch)")
+    parser.add_argument("--compile-steps", action="store_true",
+                        help="ascent measures: run the solver's per-iteration geometry as "
+                        "torch.compile graphs (the same values to rounding, faster per "
+                        "iteration; the first batch compiles for tens of seconds)")
     parser.add_argument("--plot", type=Path, default=None, metavar="PNG",
                         help="with --blockwise: write a bar chart of the loss change per block "
                         "to PNG (needs matplotlib)")
@@ -140,14 +145,16 @@ def add_solver_options(parser: argparse.ArgumentParser) -> None:
 
 
 def check_solver_options(args: argparse.Namespace, measures: Sequence[str]) -> None:
-    """Check ``--blockwise``, ``--plot`` and the reference-solve options against the measures
-    (they need an ascent measure; ``--plot`` needs ``--blockwise`` and matplotlib)."""
+    """Check ``--blockwise``, ``--plot``, ``--compile-steps`` and the reference-solve options
+    against the measures (they need an ascent measure; ``--plot`` needs ``--blockwise`` and
+    matplotlib)."""
     blockwise = getattr(args, "blockwise", False)
     plot = getattr(args, "plot", None)
     reference_n_iter = getattr(args, "reference_n_iter", None)
     reference_restarts = getattr(args, "reference_restarts", None)
     ascent = [m for m in measures if m in ASCENT_MEASURES]
     for given, option in ((blockwise, "--blockwise"),
+                          (getattr(args, "compile_steps", False), "--compile-steps"),
                           (reference_n_iter is not None, "--reference-n-iter"),
                           (reference_restarts is not None, "--reference-restarts")):
         if given and not ascent:
@@ -285,6 +292,8 @@ def options_for(run: MeasureRun, args: argparse.Namespace) -> dict[str, Any]:
         options["n_iter"] = args.n_iter
         if getattr(args, "blockwise", False):
             options["blockwise"] = True
+        if getattr(args, "compile_steps", False):
+            options["compile_steps"] = True
         reference = {key: value for key, value in (
             ("n_iter", getattr(args, "reference_n_iter", None)),
             ("restarts", getattr(args, "reference_restarts", None))) if value is not None}
