@@ -17,8 +17,12 @@ reports, for adaptive and geodesic mix and inv (order 2), on the real MiniLM:
 The compile goes through torch's on-disk cache: ``--cold`` points it at a fresh folder (the
 first compile a user pays), without it the compile may be read from an earlier run's cache.
 
+``--dynamic`` compiles with symbolic sizes from the start (``CompiledSteps(dynamic=True)``):
+one longer compile, none for a new number of rows.
+
 Run: ``python benchmarks/compiled_steps.py [--sentences 8 --tokens 32] [--repeats 5]
-[--cold] [--tiny]`` (``--tiny``: a tiny BERT, the smoke test). Prints one JSON object.
+[--cold] [--dynamic] [--measures adaptive ...] [--tiny]`` (``--tiny``: a tiny BERT, the smoke
+test). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold", action="store_true",
                         help="compile into a fresh on-disk cache (the first compile a user pays)")
     parser.add_argument("--tiny", action="store_true", help="a tiny BERT (smoke test)")
+    parser.add_argument("--dynamic", action="store_true",
+                        help="compile with symbolic sizes from the start (CompiledSteps("
+                        "dynamic=True)) instead of the package's default")
     parser.add_argument("--measures", nargs="+", default=None, metavar="NAME",
                         help="some of the measures only (default: adaptive, geodesic mix, "
                         "geodesic inv)")
@@ -68,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     from _common import benchmark_model, time_interleaved
 
     import quotientsharp as qs
+    from quotientsharp.engine.solver import CompiledSteps
+
+    if args.dynamic:
+        # the object the engine passes (CompiledSteps.shared), built with symbolic sizes
+        CompiledSteps._shared = CompiledSteps(dynamic=True)
 
     measures = {name: options for name, options in minilm.MEASURES.items()
                 if args.measures is None or name in args.measures}
@@ -75,14 +87,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--measures: choose among {sorted(minilm.MEASURES)}")
     device = torch.device("cpu")
     model, batch = benchmark_model("minilm", device, args.tiny, args.sentences, args.tokens)
-    # two more batches with the same shape whose texts touch other numbers of embedding rows
+    # two more batches of the same shape that look up one and two rows fewer: a token the
+    # batch holds once, then two such, replaced by a token that the batch holds several times
+    ids = batch["input_ids"].flatten()
+    counts = torch.bincount(ids)
+    once = [k for k in range(ids.numel()) if counts[ids[k]] == 1][:2]
+    common = int(counts.argmax())
+    if len(once) < 2:
+        parser.error("the batch holds fewer than two tokens once: no batches with fewer rows")
     others = []
-    for shift in (1, 2):
-        other = dict(batch)
-        other["input_ids"] = torch.roll(batch["input_ids"], shifts=shift, dims=0).clone()
-        # one token in the first columns of every text: fewer distinct rows
-        other["input_ids"][:, 1:1 + shift] = batch["input_ids"][0, 1]
-        others.append(other)
+    for positions in (once[:1], once):
+        flat = ids.clone()
+        flat[positions] = common
+        others.append({**batch, "input_ids": flat.view_as(batch["input_ids"])})
     low, high = args.iters
 
     def run(n_iter: int, compiled: bool, options: dict[str, Any], data: Any = batch) -> float:
@@ -91,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result: dict[str, Any] = {"sentences": args.sentences, "tokens": args.tokens,
                               "tiny": args.tiny, "cold_cache": args.cold,
+                              "dynamic": args.dynamic,
                               "rows": [int(b["input_ids"].unique().numel())
                                        for b in (batch, *others)],
                               "torch": torch.__version__}

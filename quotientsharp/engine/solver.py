@@ -296,12 +296,16 @@ class CompiledSteps:
     ----------
     mode
         ``torch.compile``'s mode (``None``: its default).
+    dynamic
+        ``torch.compile``'s ``dynamic``: ``None`` compiles for the first shapes and again,
+        with the changed sizes symbolic, when they change; ``True`` compiles symbolic sizes
+        from the start.
     """
 
-    def __init__(self, mode: str | None = None) -> None:
-        self.mode = mode
-        self._proposal = torch.compile(proposal_step, mode=mode)
-        self._direction = torch.compile(_direction_step, mode=mode)
+    def __init__(self, mode: str | None = None, dynamic: bool | None = None) -> None:
+        self.mode, self.dynamic = mode, dynamic
+        self._proposal = torch.compile(proposal_step, mode=mode, dynamic=dynamic)
+        self._direction = torch.compile(_direction_step, mode=mode, dynamic=dynamic)
 
     def proposal(self, geometry: AscentGeometry, xi: Sequence[torch.Tensor],
                  direction: Sequence[torch.Tensor], previous: Sequence[torch.Tensor],
