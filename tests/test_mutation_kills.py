@@ -1666,3 +1666,71 @@ def test_the_frozen_point_errors_name_the_point_given_to_at(bad) -> None:
         G[:, 1] = G[:, 0]                     # linearly dependent columns: G^T G singular
     with pytest.raises(ValueError, match=r"theta\[0\]"):
         qs.GLQuotient("mix").at((G, H), "theta")
+
+
+# ------------------------------------------------------------------ the adaptive frozen point
+def _adaptive_point(metric: str = "adaptive", fused: bool = True):
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+
+    generator = torch.Generator().manual_seed(5)
+    x = (torch.randn(4, 3, generator=generator, dtype=torch.float64),
+         torch.randn(5, generator=generator, dtype=torch.float64),
+         torch.randn((), generator=generator, dtype=torch.float64))
+    quotient = AdaptiveQuotient(metric, point_ndims=[2, 1, 0], fused=fused)
+    u = tuple(torch.randn(t.shape, generator=generator, dtype=torch.float64) for t in x)
+    return quotient, quotient.at(x), x, u
+
+
+@pytest.mark.parametrize("metric", ["adaptive", "euclidean"])
+def test_adaptive_point_refuses_a_tangent_tuple_of_another_length(metric) -> None:
+    # a shorter tuple would otherwise be paired with the first tensors and silently cut
+    _, point, _, u = _adaptive_point(metric)
+    short = u[:-1]
+    operations = [lambda: point.geodesic_exact(short), lambda: point.geodesic(short, 0.5, order=1),
+                  lambda: point.geodesic(short, order=2), lambda: point.squared_norm(short)]
+    if metric == "adaptive":
+        # (the Euclidean metric's connection is zero: its Christoffel term pairs no tuples)
+        operations += [lambda: point.christoffel(short), lambda: point.christoffel(u, short),
+                       lambda: point.christoffel(short, u)]
+    for operation in operations:
+        with pytest.raises(ValueError):
+            operation()
+
+
+def test_adaptive_point_on_rows_works_unfused_and_names_a_bad_slot() -> None:
+    _, fused, x, u = _adaptive_point()
+    _, unfused, _, _ = _adaptive_point(fused=False)
+    rows = {0: torch.tensor([0, 2])}
+    # the unfused point is unbatched too: the same cut, the same norm of a cut vector
+    cut_u = (u[0][[0, 2]], u[1], u[2])
+    assert torch.allclose(unfused.on_rows(rows).squared_norm(cut_u),
+                          fused.on_rows(rows).squared_norm(cut_u), rtol=1e-14, atol=0)
+    assert torch.equal(unfused.on_rows(rows).x[0], x[0][[0, 2]])
+    for slot in (3, 7, -1, 2):           # out of range, or the 0-dim tensor (no rows)
+        with pytest.raises(ValueError, match=f"slot {slot} is not a tensor of rows"):
+            fused.on_rows({slot: torch.tensor([0])})
+
+
+def test_adaptive_point_on_rows_refuses_a_batched_point() -> None:
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+
+    quotient = AdaptiveQuotient("adaptive", point_ndims=[1])
+    batched = quotient.at((torch.randn(3, 4, dtype=torch.float64),))
+    with pytest.raises(ValueError, match="on_rows needs an unbatched point"):
+        batched.on_rows({0: torch.tensor([0])})
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_adaptive_vertical_vectors_are_zeros_shaped_like_batched_tangent_vectors(dtype) -> None:
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+
+    quotient = AdaptiveQuotient("adaptive", point_ndims=[2, 1])
+    x = (torch.randn(2, 4, 3, dtype=dtype), torch.randn(1, 5, dtype=dtype))   # batch (2,), (1,)
+    # each component's batch broadcast with the algebra element's
+    for algebra_batch, shapes in (((), [(2, 4, 3), (1, 5)]),
+                                  ((7, 1), [(7, 2, 4, 3), (7, 1, 5)]),
+                                  ((2,), [(2, 4, 3), (2, 5)])):
+        a = torch.zeros(*algebra_batch, 0, dtype=dtype)          # the trivial group: dimension 0
+        vertical = quotient.vertical(x, a)
+        assert [tuple(v.shape) for v in vertical] == shapes
+        assert all(v.dtype == dtype and not v.any() for v in vertical)
