@@ -1734,3 +1734,36 @@ def test_adaptive_vertical_vectors_are_zeros_shaped_like_batched_tangent_vectors
         vertical = quotient.vertical(x, a)
         assert [tuple(v.shape) for v in vertical] == shapes
         assert all(v.dtype == dtype and not v.any() for v in vertical)
+
+
+def test_adaptive_norm_is_differentiable_in_the_vector_and_the_point() -> None:
+    # sum (u / |w|)^2: d/du = 2 u / w^2, d/dw = -2 u^2 sign(w) / |w|^3, written out here
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+
+    generator = torch.Generator().manual_seed(8)
+    x = tuple(torch.randn(s, generator=generator, dtype=torch.float64) + 3.0
+              for s in [(4, 3), (5,)])
+    u = tuple(torch.randn(t.shape, generator=generator, dtype=torch.float64) for t in x)
+    leaves = tuple(t.clone().requires_grad_(True) for t in x)
+    point = AdaptiveQuotient("adaptive", point_ndims=[2, 1]).at(leaves)
+    grads = torch.autograd.grad(point.squared_norm(u), leaves)
+    for g, w, a in zip(grads, x, u, strict=True):
+        assert torch.allclose(g, -2 * a.square() * w.sign() / w.abs() ** 3, rtol=1e-12, atol=0)
+    vectors = tuple(a.clone().requires_grad_(True) for a in u)
+    plain = AdaptiveQuotient("adaptive", point_ndims=[2, 1]).at(x)
+    grads = torch.autograd.grad(plain.squared_norm(vectors), vectors)
+    for g, w, a in zip(grads, x, u, strict=True):
+        assert torch.allclose(g, 2 * a / w.square(), rtol=1e-12, atol=0)
+
+
+def test_adaptive_norm_of_a_float64_vector_at_a_float32_point_is_promoted() -> None:
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+
+    generator = torch.Generator().manual_seed(9)
+    x = tuple(torch.randn(s, generator=generator) for s in [(4, 3), (5,)])
+    u = tuple(torch.randn(t.shape, generator=generator, dtype=torch.float64) for t in x)
+    norm = AdaptiveQuotient("adaptive", point_ndims=[2, 1]).at(x).squared_norm(u)
+    # 1 / |w| in the point's float32 (the point's own precision), the rest in float64
+    expected = sum(float((a * (1 / w.abs())).square().sum()) for a, w in zip(u, x, strict=True))
+    assert norm.dtype == torch.float64
+    assert abs(float(norm) - expected) <= 1e-12 * expected
