@@ -1681,10 +1681,11 @@ def _adaptive_point(metric: str = "adaptive", fused: bool = True):
     return quotient, quotient.at(x), x, u
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("metric", ["adaptive", "euclidean"])
-def test_adaptive_point_refuses_a_tangent_tuple_of_another_length(metric) -> None:
+def test_adaptive_point_refuses_a_tangent_tuple_of_another_length(metric, fused) -> None:
     # a shorter tuple would otherwise be paired with the first tensors and silently cut
-    _, point, _, u = _adaptive_point(metric)
+    _, point, _, u = _adaptive_point(metric, fused)
     short = u[:-1]
     operations = [lambda: point.geodesic_exact(short), lambda: point.geodesic(short, 0.5, order=1),
                   lambda: point.geodesic(short, order=2), lambda: point.squared_norm(short)]
@@ -1734,6 +1735,8 @@ def test_adaptive_vertical_vectors_are_zeros_shaped_like_batched_tangent_vectors
         vertical = quotient.vertical(x, a)
         assert [tuple(v.shape) for v in vertical] == shapes
         assert all(v.dtype == dtype and not v.any() for v in vertical)
+    with pytest.raises(ValueError):              # one tensor fewer than the quotient's
+        quotient.vertical(x[:1], torch.zeros(0, dtype=dtype))
 
 
 def test_adaptive_norm_is_differentiable_in_the_vector_and_the_point() -> None:
