@@ -1688,7 +1688,10 @@ def test_adaptive_point_refuses_a_tangent_tuple_of_another_length(metric, fused)
     _, point, _, u = _adaptive_point(metric, fused)
     short = u[:-1]
     operations = [lambda: point.geodesic_exact(short), lambda: point.geodesic(short, 0.5, order=1),
-                  lambda: point.geodesic(short, order=2), lambda: point.squared_norm(short)]
+                  lambda: point.geodesic(short, order=2), lambda: point.squared_norm(short),
+                  lambda: point.inner(short, u), lambda: point.inner(u, short),
+                  lambda: point.raise_index(short),
+                  lambda: point.riemannian_gradient_and_squared_norm(short)]
     if metric == "adaptive":
         # (the Euclidean metric's connection is zero: its Christoffel term pairs no tuples)
         operations += [lambda: point.christoffel(short), lambda: point.christoffel(u, short),
@@ -1770,3 +1773,41 @@ def test_adaptive_norm_of_a_float64_vector_at_a_float32_point_is_promoted() -> N
     expected = sum(float((a * (1 / w.abs())).square().sum()) for a, w in zip(u, x, strict=True))
     assert norm.dtype == torch.float64
     assert abs(float(norm) - expected) <= 1e-12 * expected
+
+
+def test_adaptive_norm_has_a_finite_derivative_at_a_zero_weight() -> None:
+    # c = 0 coordinates are fixed (1 / c read as 0): the derivative there is 0, never 0 * inf
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+
+    w = torch.tensor([[0.5, 0.0, -2.0], [0.0, 1.5, 3.0]], dtype=torch.float64,
+                     requires_grad=True)
+    u = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=torch.float64)
+    point = AdaptiveQuotient("adaptive", point_ndims=[2]).at((w,))
+    (grad,) = torch.autograd.grad(point.squared_norm((u,)), (w,))
+    assert torch.isfinite(grad).all()
+    expected = torch.where(w == 0, 0.0, -2 * u.square() * w.sign() / w.detach().abs() ** 3)
+    assert torch.allclose(grad, expected, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_adaptive_batched_norms_and_inner_products_equal_the_loop(fused) -> None:
+    # a 0-dim component too: its reduction over no dimensions must keep the batch
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+
+    generator = torch.Generator().manual_seed(11)
+    quotient = AdaptiveQuotient("adaptive", point_ndims=[2, 0], fused=fused)
+    x = (torch.randn(3, 4, 2, generator=generator, dtype=torch.float64),
+         torch.randn(3, generator=generator, dtype=torch.float64))
+    u = tuple(torch.randn(t.shape, generator=generator, dtype=torch.float64) for t in x)
+    v = tuple(torch.randn(t.shape, generator=generator, dtype=torch.float64) for t in x)
+    batched = quotient.at(x)
+    norms, inner = batched.squared_norm(u), batched.inner(u, v)
+    assert norms.shape == inner.shape == (3,)
+    for b in range(3):
+        single = tuple(t[b] for t in x)
+        loop_norm = sum(float(((a[b] / w.abs()) ** 2).sum()) for a, w in zip(u, single,
+                                                                             strict=True))
+        loop_inner = sum(float((a[b] * c[b] / w.square()).sum())
+                         for a, c, w in zip(u, v, single, strict=True))
+        assert abs(float(norms[b]) - loop_norm) <= 1e-12 * loop_norm
+        assert abs(float(inner[b]) - loop_inner) <= 1e-12 * abs(loop_inner)

@@ -190,6 +190,11 @@ class AdaptivePoint(ClosedFormPoint):
         return torch.zeros_like(self.squared_norm(u))
 
     def raise_index(self, egrad: Tensors) -> Tensors:
+        if len(egrad) != len(self.x):
+            # the Euclidean raise pairs nothing with the point: a tuple of another length
+            # would pass through it unnoticed
+            raise ValueError(f"raise_index: {len(egrad)} gradient tensors for a point of "
+                             f"{len(self.x)}")
         if self.unit or not egrad:
             return tuple(egrad)
         if not self.unbatched or any(e.shape != w.shape
