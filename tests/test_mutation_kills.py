@@ -9,6 +9,7 @@ trust-region step) or the documented contract, never the code under test's own o
 from __future__ import annotations
 
 import math
+import re
 import warnings
 
 import pytest
@@ -1811,3 +1812,15 @@ def test_adaptive_batched_norms_and_inner_products_equal_the_loop(fused) -> None
                          for a, c, w in zip(u, v, single, strict=True))
         assert abs(float(norms[b]) - loop_norm) <= 1e-12 * loop_norm
         assert abs(float(inner[b]) - loop_inner) <= 1e-12 * abs(loop_inner)
+
+
+def test_adaptive_quotient_names_what_its_constructor_lacks() -> None:
+    from quotientsharp.core.adaptive import AdaptiveQuotient
+
+    with pytest.raises(ValueError, match="^pass point_ndims or shapes$"):
+        AdaptiveQuotient("adaptive")
+    for point_ndims in ([], [2, -1]):
+        with pytest.raises(ValueError, match=r"point_ndims must be non-empty and >= 0, got "
+                                             + re.escape(str(point_ndims))):
+            AdaptiveQuotient("adaptive", point_ndims=point_ndims)
+    assert AdaptiveQuotient("adaptive", point_ndims=[0, 1]).point_ndims == (0, 1)
