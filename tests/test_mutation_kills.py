@@ -1721,7 +1721,7 @@ def test_adaptive_point_on_rows_refuses_a_batched_point() -> None:
 
     quotient = AdaptiveQuotient("adaptive", point_ndims=[1])
     batched = quotient.at((torch.randn(3, 4, dtype=torch.float64),))
-    with pytest.raises(ValueError, match="on_rows needs an unbatched point"):
+    with pytest.raises(ValueError, match="^on_rows needs an unbatched point "):
         batched.on_rows({0: torch.tensor([0])})
 
 
