@@ -115,7 +115,8 @@ def test_gpu_step_script_runs_its_python_part_on_the_cpu(tmp_path):
     # tiny model (CUDA graphs need a device: recorded as skipped, never silently)
     out = tmp_path / "gpu_step.json"
     completed = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_step.py"), "--device",
-                                "cpu", "--tiny", "--variants", "eager", "cudagraphs",
+                                "cpu", "--tiny", "--variants", "eager", "compile-steps",
+                                "cudagraphs",
                                 "--iters", "1", "2", "--repeats", "1", "--json", str(out)],
                                capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert completed.returncode == 0, completed.stderr[-4000:]
@@ -128,6 +129,9 @@ def test_gpu_step_script_runs_its_python_part_on_the_cpu(tmp_path):
         assert all(math.isfinite(v) for v in eager[key].values()), key
     # a step dispatches at least the work of its forward+backward
     assert min(eager["launches_per_iteration"].values()) >= eager["forward_backward_launches"]
+    compiled = report["variants"]["compile-steps"]
+    assert "error" not in compiled, compiled
+    assert all(math.isfinite(v) for v in compiled["per_iteration_over_forward_backward"].values())
     assert "skipped" in report["variants"]["cudagraphs"]
     assert "gpu_step.py" in (BENCHMARKS / "gpu.sh").read_text()
 
