@@ -64,9 +64,18 @@ class ProductPoint(ClosedFormPoint):
         for frozen in self.factors:
             frozen.factorise()
 
-    def _map(self, method: str, u: Sequence[torch.Tensor], *args: object) -> Tensors:
+    def _map(self, method: str, u: Sequence[torch.Tensor]) -> Tensors:
         return tuple(t for frozen, part in zip(self.factors, self.split(u), strict=True)
-                     for t in getattr(frozen, method)(part, *args))
+                     for t in getattr(frozen, method)(part))
+
+    def _orders(self, order: Order | Sequence[Order]) -> list[Order]:
+        """One validated geodesic order per factor (``order`` is one for all, or one each)."""
+        orders = ([check_order(order)] * len(self.factors) if isinstance(order, (int, str))
+                  else [check_order(o) for o in order])
+        if len(orders) != len(self.factors):
+            raise ValueError(f"order needs one entry per factor ({len(self.factors)}), got "
+                             f"{len(orders)}")
+        return orders
 
     @staticmethod
     def _fold(value: torch.Tensor, folded: int) -> torch.Tensor:
@@ -143,12 +152,7 @@ class ProductPoint(ClosedFormPoint):
     def geodesic(self, u: Tensors, t: float = 1.0, order: Order | Sequence[Order] = 2,
                  steps: int = 64) -> Tensors:
         """The geodesic of every factor; ``order`` may give one order per factor."""
-        orders = ([check_order(order)] * len(self.factors) if isinstance(order, (int, str))
-                  else [check_order(o) for o in order])
-        if len(orders) != len(self.factors):
-            raise ValueError(f"order needs one entry per factor ({len(self.factors)}), got "
-                             f"{len(orders)}")
-        return tuple(p for frozen, part, o in zip(self.factors, self.split(u), orders,
+        return tuple(p for frozen, part, o in zip(self.factors, self.split(u), self._orders(order),
                                                   strict=True)
                      for p in frozen.geodesic(part, t, o, steps))
 
@@ -156,8 +160,7 @@ class ProductPoint(ClosedFormPoint):
         return self.geodesic(u, t, "exact", steps)
 
     def check_ball(self, radius: float, order: Order | Sequence[Order]) -> None:
-        orders = [order] * len(self.factors) if isinstance(order, (int, str)) else list(order)
-        for frozen, o in zip(self.factors, orders, strict=True):
+        for frozen, o in zip(self.factors, self._orders(order), strict=True):
             frozen.check_ball(radius, o)
 
     def isotropic(self, generator: torch.Generator | None = None) -> Tensors:
