@@ -55,7 +55,7 @@ declare -A PATTERNS=(
     [measures]=""
 )
 declare -A TESTED=(
-    [gl]="tests/test_gl.py tests/test_rotary.py tests/test_quotient_properties.py tests/test_quotient_contract.py tests/test_mutation_kills.py tests/test_group_elements.py"
+    [gl]="tests/test_gl.py tests/test_rotary.py tests/test_quotient_properties.py tests/test_quotient_contract.py tests/test_mutation_kills.py tests/test_group_elements.py tests/test_invariance_conditioning.py"
     [diagonal]="tests/test_diagonal.py tests/test_quotient_contract.py tests/test_mutation_kills.py"
     [adaptive]="tests/test_quotient_contract.py tests/test_quotient_abstract.py tests/test_fused_steps.py tests/test_inplace_steps.py tests/test_touched_rows.py tests/test_mutation_kills.py tests/test_sharpness_geometry.py tests/test_product_quotient.py"
     [solver]="tests/test_sharpness_solver.py tests/test_solver_quality.py tests/test_sharpness_geometry.py tests/test_mutation_kills.py"

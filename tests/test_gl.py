@@ -203,7 +203,9 @@ def test_closed_forms_match_reference(metric, eps, shape, dtype):
 
 
 @pytest.mark.parametrize("metric", METRICS)
-@pytest.mark.parametrize("eps", [0.0, 0.3])
+# eps = 1 as well as 0.3: a branch on "eps is zero" that compared eps with 1 instead would add
+# eps I everywhere except at eps = 1, unseen at 0 and 0.3
+@pytest.mark.parametrize("eps", [0.0, 0.3, 1.0])
 def test_inner_matches_trace_formula(metric, eps):
     x = gaussian_point(5, 4, 3, 0, batch=(2,))
     u, w = gaussian_tangent(x, 0), gaussian_tangent(x, 1)
@@ -487,6 +489,69 @@ def test_rank_checks_follow_value_checks_switch():
         GLQuotient("mix", eps=1e-300).inner(x, u, u)
 
 
+@pytest.mark.parametrize("metric", INVARIANT_METRICS)
+def test_rank_errors_give_the_factor_its_shape_and_the_dtype(metric):
+    # the shape test (more columns than rows) and the test on values (a zero column) both say
+    # which factor, its n x h and the dtype the check ran in
+    q = GLQuotient(metric)
+    with pytest.raises(ValueError, match=r"^x\[0\] \(G, 2 x 3\) is rank-deficient .* in "
+                                         r"torch\.float64, so G\^T G is singular"):
+        q.at(wide_g(30))
+    G, H = zero_column(31)
+    with pytest.raises(ValueError, match=r"^W\[1\] \(H, 5 x 3\) is rank-deficient .* in "
+                                         r"torch\.float64, so H\^T H is singular"):
+        q.at((H, G), name="W")
+    # a point built directly (not through ``at``) names its factors x[0], x[1]
+    with pytest.raises(ValueError, match=r"^x\[0\] \(G, 5 x 3\) is rank-deficient"):
+        q.metric.point_type(q, (G, H))
+
+
+@pytest.mark.parametrize("metric", INVARIANT_METRICS)
+def test_square_factors_are_full_rank_at_eps_zero(metric):
+    # h = n is the smallest full-rank factor: random_point draws it, and the metric is defined
+    q = GLQuotient(metric)
+    x = q.random_point(shapes=((3, 3), (4, 3)), generator=torch.Generator().manual_seed(32),
+                       dtype=torch.float64)
+    u = gaussian_tangent(x, 32)
+    expected = reference.horizontal_projection(q, x, u)
+    assert relative_error(q.horizontal_projection(x, u), expected) <= 1e-10
+    with pytest.raises(ValueError, match=r"^shapes \(\(3, 3\), \(2, 3\)\) give rank-deficient"):
+        q.random_point(shapes=((3, 3), (2, 3)))
+
+
+@pytest.mark.parametrize("metric", INVARIANT_METRICS)
+def test_the_rank_test_is_relative_to_each_batch_element(metric):
+    # one head 1e-10 times smaller than the other is full rank: its pivots are compared with its
+    # own largest Gram entry, not with the batch's; and a batch equals its elements one by one
+    G, H = gaussian_point(5, 4, 3, 33, batch=(2,))
+    G, H = G.clone(), H.clone()
+    G[1], H[1] = 1e-10 * G[1], 1e-10 * H[1]
+    u = gaussian_tangent((G, H), 33)
+    q = GLQuotient(metric)
+    batched = q.horizontal_projection((G, H), u)
+    for b in range(2):
+        alone = q.horizontal_projection((G[b], H[b]), (u[0][b], u[1][b]))
+        assert relative_error((batched[0][b], batched[1][b]), alone) <= 1e-12
+
+
+@pytest.mark.parametrize("h", [2, 4])
+def test_a_pivot_at_rounding_level_of_the_gram_diagonal_is_singular(h):
+    # G has orthogonal columns of squared norms 1, ..., 1, t: a Gram pivot t relative to the
+    # largest diagonal entry 1. At t = 2 h eps (a few roundings of the diagonal) G^T G is
+    # singular to working precision; at t = 64 h eps it is a valid, ill-conditioned point
+    eps64 = torch.finfo(torch.float64).eps
+    q = GLQuotient("inv")
+    H = gaussian_point(5, 4, h, 34)[1]
+    for t, singular in ((2 * h * eps64, True), (64 * h * eps64, False)):
+        G = torch.zeros(h + 1, h, dtype=torch.float64)
+        G[:h, :h] = torch.diag(torch.tensor([1.0] * (h - 1) + [t ** 0.5], dtype=torch.float64))
+        if singular:
+            with pytest.raises(ValueError, match=r"^x\[0\] \(G, .* singular to working precision"):
+                q.at((G, H))
+        else:
+            q.at((G, H))
+
+
 def test_euclidean_needs_no_full_rank():
     q = GLQuotient("euclidean")
     x = zero_column(19)
@@ -537,6 +602,72 @@ def test_argument_errors():
         q.random_point()
     with pytest.raises(ValueError, match="eps > 0"):
         q.random_point(shapes=((2, 3), (4, 3)))
+
+
+def test_the_default_metric_is_inv_and_eps_errors_give_the_type():
+    assert GLQuotient().metric.name == "inv" and GLQuotient().eps == 0.0
+    with pytest.raises(TypeError, match=r"^eps must be a number >= 0, got str '0\.1'$"):
+        GLQuotient("inv", eps="0.1")
+
+
+def test_head_dimension_errors_name_the_argument_and_both_shapes():
+    q = GLQuotient("mix")
+    x = gaussian_point(5, 4, 3, 35, batch=(2,))
+    bad = (x[0], x[1][..., :2])
+    a = torch.zeros(3, 3, dtype=torch.float64)
+    both = (r"{}\[0\] \(G, shape \(2, 5, 3\)\) and {}\[1\] \(H, shape \(2, 4, 2\)\) must "
+            r"have the same head dimension h \(last dimension\): got h=3 for G and h=2 for H$")
+    for call in (lambda: q.vertical(bad, a), lambda: q.act(bad, a),
+                 lambda: q.random_group_element(bad)):
+        with pytest.raises(ValueError, match="^" + both.format("x", "x")):
+            call()
+    for call in (lambda: q.check_point(bad, "W"), lambda: q.frozen_point(bad, "W"),
+                 lambda: q.at(bad, "W")):
+        with pytest.raises(ValueError, match="^" + both.format("W", "W")):
+            call()
+
+
+def test_algebra_and_group_arguments_are_named():
+    q = GLQuotient("inv")
+    x = gaussian_point(5, 4, 3, 36)
+    u = gaussian_tangent(x, 36)
+    for name, call in (("a", lambda g: q.vertical(x, g)), ("g", lambda g: q.act(x, g)),
+                       ("g", lambda g: q.act_tangent(x, u, g))):
+        with pytest.raises(TypeError, match=rf"^{name} must be a torch\.Tensor, got list$"):
+            call([[1.0, 0.0, 0.0]] * 3)
+        with pytest.raises(ValueError, match=rf"^{name} must end in shape \(3, 3\) \(h x h for "
+                                             r"h=3\), got \(3, 2\)$"):
+            call(torch.zeros(3, 2, dtype=torch.float64))
+    for call in (lambda: q.act(x, torch.zeros(3, 3, dtype=torch.float64)),
+                 lambda: q.act_tangent(x, u, torch.zeros(3, 3, dtype=torch.float64))):
+        with pytest.raises(ValueError,
+                           match=r"^the group element g is singular \(not in GL\(h\)\)$"):
+            call()
+
+
+def test_random_point_shape_errors_say_what_is_wrong():
+    q = GLQuotient("inv", eps=0.1)
+    with pytest.raises(ValueError, match=r"^shapes must be \(\(n, h\), \(m, h\)\), got "
+                                         r"\(\(5, 3\), \(4, 3\), \(2, 3\)\)$"):
+        q.random_point(shapes=((5, 3), (4, 3), (2, 3)))
+    with pytest.raises(ValueError, match=r"^shapes must be \(\(n, h\), \(m, h\)\), got "
+                                         r"\(\(5, 3\), \(4, 3, 1\)\)$"):
+        q.random_point(shapes=((5, 3), (4, 3, 1)))
+    with pytest.raises(ValueError, match=r"^shapes must share the head dimension h, got "
+                                         r"\(\(5, 3\), \(4, 2\)\)$"):
+        q.random_point(shapes=((5, 3), (4, 2)))
+
+
+def test_only_a_metric_with_factors_has_cholesky_factors():
+    x = gaussian_point(5, 4, 3, 37)
+    frozen = GLQuotient("euclidean").at(x)
+    for attribute in ("cholesky_g", "cholesky_h"):
+        with pytest.raises(AttributeError, match=r"^EuclideanPoint has no Cholesky factors "
+                                                 r"\(needs_factors is False\)$"):
+            getattr(frozen, attribute)
+    frozen = GLQuotient("mix").at(x)
+    for factor, cholesky in zip(x, (frozen.cholesky_g, frozen.cholesky_h), strict=True):
+        assert relative_error((cholesky @ cholesky.mT,), (factor.mT @ factor,)) <= 1e-13
 
 
 # ====================================================================== Christoffel, gradient
