@@ -617,7 +617,7 @@ def test_head_dimension_errors_name_the_argument_and_both_shapes():
     a = torch.zeros(3, 3, dtype=torch.float64)
     both = (r"{}\[0\] \(G, shape \(2, 5, 3\)\) and {}\[1\] \(H, shape \(2, 4, 2\)\) must "
             r"have the same head dimension h \(last dimension\): got h=3 for G and h=2 for H$")
-    for call in (lambda: q.vertical(bad, a), lambda: q.act(bad, a),
+    for call in (lambda: q.check_point(bad), lambda: q.vertical(bad, a), lambda: q.act(bad, a),
                  lambda: q.random_group_element(bad)):
         with pytest.raises(ValueError, match="^" + both.format("x", "x")):
             call()
