@@ -1700,6 +1700,10 @@ def test_adaptive_point_refuses_a_tangent_tuple_of_another_length(metric, fused)
     for operation in operations:
         with pytest.raises(ValueError):
             operation()
+    # the raise pairs nothing with the point under the Euclidean metric: its own message
+    with pytest.raises(ValueError, match=rf"^raise_index: {len(short)} gradient tensors for a "
+                                         rf"point of {len(u)}$"):
+        point.raise_index(short)
 
 
 def test_adaptive_point_on_rows_works_unfused_and_names_a_bad_slot() -> None:
