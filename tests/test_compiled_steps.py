@@ -149,9 +149,14 @@ def test_sharpness_with_compiled_steps_equals_eager(options) -> None:
     model, batches = _tiny_bert()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     eager = qs.sharpness(model, batches, rho=0.05, n_iter=6, progress=False, **options)
+    counters = torch._dynamo.utils.counters
+    assert not counters["stats"]["unique_graphs"]         # the eager call builds no graph
     compiled = qs.sharpness(model, batches, rho=0.05, n_iter=6, progress=False,
                             compile_steps=True, **options)
-    assert not torch._dynamo.utils.counters["graph_break"]
+    # the option reached the solver: its steps ran as graphs (equal values alone would not
+    # show that compile_steps=True was silently run eager)
+    assert counters["stats"]["unique_graphs"] >= 2
+    assert not counters["graph_break"]
     assert compiled.settings["compile_steps"] is True
     assert eager.settings["compile_steps"] is False
     for a, b in zip(compiled.per_batch, eager.per_batch, strict=True):

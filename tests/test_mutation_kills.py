@@ -1828,3 +1828,46 @@ def test_adaptive_quotient_names_what_its_constructor_lacks() -> None:
                                              + re.escape(str(point_ndims))):
             AdaptiveQuotient("adaptive", point_ndims=point_ndims)
     assert AdaptiveQuotient("adaptive", point_ndims=[0, 1]).point_ndims == (0, 1)
+
+
+class _CountingEmbedding(nn.Module):
+    """A bag-of-words classifier that counts its forward calls (one embedding table, so the
+    touched-rows cut applies)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(5)
+        self.table = nn.Embedding(12, 4)
+        self.head = nn.Linear(4, 2)
+        with torch.no_grad():
+            self.table.weight.copy_(torch.randn(12, 4, generator=gen))
+            self.head.weight.copy_(torch.randn(2, 4, generator=gen))
+        self.forwards = 0
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        self.forwards += 1
+        return self.head(self.table(ids).mean(-2))
+
+
+@pytest.mark.parametrize("measure", ["adaptive", "worst_case"])
+def test_the_touched_rows_solve_starts_from_the_clean_evaluation(measure):
+    # the cut solve reuses the evaluation at xi = 0 as the full one does: as many forwards
+    ids, y = torch.tensor([[1, 3, 3], [5, 1, 7]]), torch.tensor([0, 1])
+    forwards = {}
+    for touched in (True, False):
+        model = _CountingEmbedding()
+        qs.sharpness(model, [(ids, y)], measure=measure, rho=0.05, n_iter=4, seed=0,
+                     progress=False, touched_rows=touched)
+        forwards[touched] = model.forwards
+    assert forwards[True] == forwards[False]
+
+
+def test_sharpness_without_compile_steps_compiles_nothing():
+    # compile_steps is opt-in: a default call builds no graph (and pays no compile time)
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    qs.sharpness(_CountingEmbedding(), [(torch.tensor([[1, 3]]), torch.tensor([0]))],
+                 measure="adaptive", rho=0.05, n_iter=3, seed=0, progress=False)
+    assert not torch._dynamo.utils.counters["stats"]["unique_graphs"]
