@@ -156,6 +156,9 @@ def test_sharpness_with_compiled_steps_equals_eager(options) -> None:
     # the option reached the solver: its steps ran as graphs (equal values alone would not
     # show that compile_steps=True was silently run eager)
     assert counters["stats"]["unique_graphs"] >= 2
+    # and every frame dynamo tried was compiled: one that fails to trace runs eager instead,
+    # silently, with the same values
+    assert counters["frames"]["ok"] == counters["frames"]["total"]
     assert not counters["graph_break"]
     assert compiled.settings["compile_steps"] is True
     assert eager.settings["compile_steps"] is False
