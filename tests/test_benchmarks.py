@@ -136,6 +136,22 @@ def test_gpu_step_script_runs_its_python_part_on_the_cpu(tmp_path):
     assert "gpu_step.py" in (BENCHMARKS / "gpu.sh").read_text()
 
 
+def test_launches_counts_the_cuda_path_by_operator_on_the_cpu(tmp_path):
+    out = tmp_path / "launches.json"
+    completed = subprocess.run([sys.executable, str(BENCHMARKS / "launches.py"), "--tiny",
+                                "--iters", "1", "3", "--json", str(out)],
+                               capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert set(report["measures"]) == {"adaptive", "geodesic mix", "geodesic inv"}
+    for name, row in report["measures"].items():
+        # an iteration is at least a forward and a backward of the model
+        assert row["per iteration"] >= report["forward+backward"] / 2, name
+        assert row["beyond forward+backward"] == pytest.approx(
+            row["per iteration"] - report["forward+backward"]), name
+        assert row["largest beyond forward+backward"], name
+
+
 STUBBORN_STEP = r"""
 import os, signal, subprocess, sys, time
 # a child that ignores SIGTERM and holds the step's output open, like a compile worker

@@ -85,7 +85,12 @@ def test_compiled_direction_and_proposal_equal_the_eager_ones(metric, dtype) -> 
     assert not torch._dynamo.utils.counters["graph_break"]
 
 
-def test_a_compiled_ascent_equals_the_eager_one_and_reuses_its_graphs() -> None:
+@pytest.mark.parametrize(("host_decisions", "skip_nonfinite"), [(True, False), (False, True)],
+                         ids=["host", "device-skipping"])
+def test_a_compiled_ascent_equals_the_eager_one_and_reuses_its_graphs(
+        host_decisions, skip_nonfinite) -> None:
+    # on the device the iterate comes from a flat-buffer decision every step (a failed step's
+    # pick under skip_nonfinite): that must not change the graphs' input types
     geometry, gen = _geometry(torch.float64, "mix", seed=3)
     target = tuple(torch.randn(t.shape, generator=gen, dtype=torch.float64)
                    for t in geometry.zeros())
@@ -102,7 +107,8 @@ def test_a_compiled_ascent_equals_the_eager_one_and_reuses_its_graphs() -> None:
     settings = AscentSettings(n_iter=12)
     steps = CompiledSteps()
     eager = ascend(geometry, objective, settings, host_decisions=False)
-    compiled = ascend(geometry, objective, settings, compiled=steps)
+    compiled = ascend(geometry, objective, settings, compiled=steps,
+                      host_decisions=host_decisions, skip_nonfinite=skip_nonfinite)
     assert abs(float(compiled.loss - eager.loss)) <= TOLERANCE[torch.float64] * abs(
         float(eager.loss))
     assert _relative(compiled.xi, eager.xi) < 1e-10
@@ -112,7 +118,8 @@ def test_a_compiled_ascent_equals_the_eager_one_and_reuses_its_graphs() -> None:
     assert counters["stats"]["unique_graphs"] == 2
     assert not counters["graph_break"]
     frames = dict(counters["frames"])
-    again = ascend(geometry, objective, settings, compiled=steps)
+    again = ascend(geometry, objective, settings, compiled=steps,
+                   host_decisions=host_decisions, skip_nonfinite=skip_nonfinite)
     assert dict(torch._dynamo.utils.counters["frames"]) == frames       # nothing compiled
     assert float(again.loss) == float(compiled.loss)
 

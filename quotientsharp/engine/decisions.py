@@ -10,6 +10,12 @@ kept by reference instead. Both give the same values bit for bit.
 That one difference lives here, in two small strategy objects chosen once per run by
 :func:`decisions_for`; the loop itself has one code path. This module touches tangent tuples
 only (no geometry, no model).
+
+On a device, a ``torch.where`` per tensor is a kernel launch per tensor: four or five per
+parameter tensor and iteration (the best pair kept, a failed step undone), which made the
+step launch-bound on a GPU. For a single problem the device path therefore keeps the best pair
+in a few flat buffers (:class:`FlatTuple`) and decides over a whole buffer at once: one
+``cat`` and one ``where`` per buffer, however many tensors it holds.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ Tensors = tuple[torch.Tensor, ...]
 
 def lift(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``values`` (``shape=P``) with trailing singleton dims to broadcast against ``like``."""
-    return values.reshape(*values.shape, *([1] * (like.dim() - values.dim())))
+    # one shape argument: the unpacked form is an empty call for two 0-dim tensors
+    return values.reshape(tuple(values.shape) + (1,) * (like.dim() - values.dim()))
 
 
 def choose(flag: torch.Tensor, a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> Tensors:
@@ -37,6 +44,90 @@ def choose_into(flag: torch.Tensor, new: Sequence[torch.Tensor],
     """``best <- where(flag, new, best)`` in place: no second tuple alive while it is chosen."""
     for x, b in zip(new, best, strict=True):
         torch.where(lift(flag, x), x, b, out=b)
+
+
+class FlatTuple(tuple[torch.Tensor, ...]):
+    """A tuple of tensors that are views of a few flat buffers, one per span of the tuple.
+
+    The tensors are contiguous views, shaped as usual: to everything but this module it is a
+    tuple. :attr:`spans` are ``(start, stop)`` indices into the tuple and :attr:`buffers` the
+    matching 1-D buffers, so that one ``torch.where`` over a buffer decides for all the
+    tensors of its span. A span holds tensors of one dtype and device, at most
+    :func:`span_limit` elements: a buffer-sized temporary (the other side of a decision,
+    concatenated) then stays a fraction of the tuple.
+    """
+
+    spans: tuple[tuple[int, int], ...]
+    buffers: tuple[torch.Tensor, ...]
+
+    @classmethod
+    def copy_of(cls, tensors: Sequence[torch.Tensor]) -> FlatTuple:
+        """A copy of ``tensors`` in new flat buffers (``cat`` per span: a few launches)."""
+        spans = flat_spans(tensors)
+        buffers = tuple(_concatenated(tensors, span) for span in spans)
+        return cls._over(tensors, spans, buffers)
+
+    @classmethod
+    def _over(cls, like: Sequence[torch.Tensor], spans: tuple[tuple[int, int], ...],
+              buffers: tuple[torch.Tensor, ...]) -> FlatTuple:
+        views = []
+        for (start, stop), buffer in zip(spans, buffers, strict=True):
+            offset = 0
+            for t in like[start:stop]:
+                views.append(buffer[offset:offset + t.numel()].view(t.shape))
+                offset += t.numel()
+        flat = cls(views)
+        flat.spans, flat.buffers = spans, buffers
+        return flat
+
+
+def span_limit(tensors: Sequence[torch.Tensor]) -> int:
+    """The most elements a span of :class:`FlatTuple` holds: the largest tensor, or an eighth
+    of the tuple if that is more (about eight ``where`` launches per tuple)."""
+    sizes = [t.numel() for t in tensors]
+    return max(max(sizes, default=0), -(-sum(sizes) // 8))
+
+
+def flat_spans(tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, int], ...]:
+    """Consecutive runs of ``tensors`` of one dtype and device, each of at most
+    :func:`span_limit` elements: the spans of a :class:`FlatTuple` over them."""
+    limit = span_limit(tensors)
+    spans: list[tuple[int, int]] = []
+    start, size = 0, 0
+    for i, t in enumerate(tensors):
+        first = tensors[start]
+        if i > start and (t.dtype != first.dtype or t.device != first.device
+                          or size + t.numel() > limit):
+            spans.append((start, i))
+            start, size = i, 0
+        size += t.numel()
+    if tensors:
+        spans.append((start, len(tensors)))
+    return tuple(spans)
+
+
+def _concatenated(tensors: Sequence[torch.Tensor], span: tuple[int, int]) -> torch.Tensor:
+    """The span's tensors flattened into one new 1-D tensor (one ``cat``)."""
+    start, stop = span
+    return torch.cat([t.reshape(-1) for t in tensors[start:stop]])
+
+
+def _flat_compatible(flag: torch.Tensor, a: Sequence[torch.Tensor],
+                     b: Sequence[torch.Tensor]) -> bool:
+    """Whether a flat decision applies: one problem (a 0-dim flag), and two tuples of the same
+    length whose tensors match in shape, dtype and device (no broadcasting)."""
+    return (flag.dim() == 0 and len(a) == len(b) > 0
+            and all(x.shape == y.shape and x.dtype == y.dtype and x.device == y.device
+                    for x, y in zip(a, b, strict=True)))
+
+
+def _buffer(tensors: Sequence[torch.Tensor], span: tuple[int, int]) -> torch.Tensor:
+    """The span of ``tensors`` as one 1-D tensor: their own buffer where ``tensors`` is a
+    :class:`FlatTuple` with that span (the shapes are checked equal by the caller), else a
+    new concatenation."""
+    if isinstance(tensors, FlatTuple) and span in tensors.spans:
+        return tensors.buffers[tensors.spans.index(span)]
+    return _concatenated(tensors, span)
 
 
 class Decisions(Protocol):
@@ -62,21 +153,35 @@ class Decisions(Protocol):
 class OnDevice:
     """Every decision a ``torch.where`` on the device: no host sync, ever.
 
-    The best iterate owns its storage and is overwritten in place (:func:`choose_into`), so
-    that no second parameter-sized tuple is alive while it is chosen.
+    The best iterate owns its storage and is overwritten in place, so that no second
+    parameter-sized tuple is alive while it is chosen. For one problem (a 0-dim flag) it is a
+    :class:`FlatTuple` and every decision runs over whole flat buffers: a few launches per
+    tuple instead of one per tensor, the same values bit for bit. Batched problems (a flag of
+    ``shape=P``) decide per tensor, the flag lifted to each.
     """
 
     skips_unit_rescale = False
 
     def own(self, tensors: Sequence[torch.Tensor]) -> Tensors:
-        return tuple(t.clone() for t in tensors)
+        return FlatTuple.copy_of(tensors) if tensors else ()
 
     def keep(self, flag: torch.Tensor, new: Tensors, best: Tensors) -> Tensors:
+        if isinstance(best, FlatTuple) and _flat_compatible(flag, new, best):
+            # a span of new at a time: the temporary is at most span_limit elements
+            for span, buffer in zip(best.spans, best.buffers, strict=True):
+                torch.where(flag, _buffer(new, span), buffer, out=buffer)
+            return best
         choose_into(flag, new, best)
         return best
 
     def pick(self, flag: torch.Tensor, a: Tensors, b: Tensors) -> Tensors:
-        return choose(flag, a, b)
+        if not _flat_compatible(flag, a, b):
+            return choose(flag, a, b)
+        # b's copy is the result's storage (a new tuple, as choose makes), a decided into it
+        result = FlatTuple.copy_of(b)
+        for span, buffer in zip(result.spans, result.buffers, strict=True):
+            torch.where(flag, _buffer(a, span), buffer, out=buffer)
+        return result
 
 
 class OnHost:
@@ -111,5 +216,5 @@ def decisions_for(loss: torch.Tensor, host_decisions: bool = True) -> Decisions:
     return ON_DEVICE
 
 
-__all__ = ["ON_DEVICE", "ON_HOST", "Decisions", "OnDevice", "OnHost", "choose", "choose_into",
-           "decisions_for", "lift"]
+__all__ = ["ON_DEVICE", "ON_HOST", "Decisions", "FlatTuple", "OnDevice", "OnHost", "choose",
+           "choose_into", "decisions_for", "flat_spans", "lift", "span_limit"]

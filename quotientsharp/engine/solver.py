@@ -433,8 +433,10 @@ class _Run:
                 # after a restart both are the best iterate: a graph for aliased inputs
                 # would be compiled too, which costs more than this copy
                 previous = tuple(t.clone() for t in previous)
-            new = self.compiled.proposal(self.geometry, self.xi, self.direction, previous,
-                                         self.eta, alpha, True)
+            # plain tuples: the device decisions' FlatTuple would be guarded as another type
+            # and compile a third graph
+            new = self.compiled.proposal(self.geometry, tuple(self.xi), tuple(self.direction),
+                                         tuple(previous), self.eta, alpha, True)
             self.direction = self.previous = ()
             return new
         clip, decide = self.geometry.clip, self.decide
