@@ -39,10 +39,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="minilm", choices=("minilm", "bert-base"))
     parser.add_argument("--tiny", action="store_true", help="a tiny BERT (smoke test)")
     parser.add_argument("--iters", type=int, nargs=2, default=(2, 10))
+    parser.add_argument("--measures", nargs="+", default=None,
+                        help="measures of benchmarks/launches.py's COUNTED (default: the "
+                             "table's three)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     import minilm
     from _common import benchmark_model
+    from launches import COUNTED
+
+    measures = minilm.MEASURES if args.measures is None else {
+        name: COUNTED[name] for name in args.measures if name in COUNTED}
+    if args.measures is not None and len(measures) != len(args.measures):
+        parser.error(f"--measures: choose from {sorted(COUNTED)}")
 
     import quotientsharp as qs
 
@@ -54,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, object] = {"quotientsharp": str(Path(qs.__file__).parent),
                                  "model": "tiny" if args.tiny else args.model,
                                  "forward_backward_s": unit}
-    for name, options in minilm.MEASURES.items():
+    for name, options in measures.items():
         def call(n_iter: int, options=options) -> None:
             qs.sharpness(model, [batch], rho=0.05, n_iter=n_iter, progress=False, **options)
 

@@ -143,7 +143,8 @@ def test_launches_counts_the_cuda_path_by_operator_on_the_cpu(tmp_path):
                                capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert completed.returncode == 0, completed.stderr[-4000:]
     report = json.loads(out.read_text())
-    assert set(report["measures"]) == {"adaptive", "geodesic mix", "geodesic inv"}
+    assert set(report["measures"]) == {"adaptive", "geodesic mix", "geodesic inv",
+                                       "worst-case linf"}
     for name, row in report["measures"].items():
         # an iteration is at least a forward and a backward of the model
         assert row["per iteration"] >= report["forward+backward"] / 2, name

@@ -75,6 +75,8 @@ def _assert_same(cut, full, rtol: float, model: nn.Module) -> None:
 MEASURES = {
     "adaptive": dict(measure="adaptive"),
     "worst-case-l2": dict(measure="worst_case", p=2),
+    "worst-case-linf": dict(measure="worst_case", p="inf"),
+    "adaptive-linf": dict(measure="adaptive", p="inf"),
     "geodesic-inv-2": dict(measure="geodesic", metric="inv", order=2),
     "geodesic-mix-1": dict(measure="geodesic", metric="mix", order=1, eps=0.1),
     "geodesic-euclidean-exact": dict(measure="geodesic", metric="euclidean", order="exact",

@@ -191,7 +191,8 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: str = "geodesic
         :func:`reference_settings`). Block-wise: ``blockwise=False`` (``True``: norm share and
         loss change of every block of the best perturbation, ``result.blocks``; one extra
         forward per block and batch). Speed: ``touched_rows=True`` solves on the rows of the
-        embedding tables the batch looks up, when the solve starts at ``xi = 0``: the other
+        embedding tables the batch looks up, when the solve starts at ``xi = 0`` (any
+        ascent measure, ``p="inf"`` included): the other
         rows have no gradient and never move, so the value is the same up to the summation
         order of the norms (``settings["restricted_rows"]`` lists, per batch, the rows kept
         per table; ``False`` solves on the full tables). ``host_decisions=True``: a single

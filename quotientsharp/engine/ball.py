@@ -20,7 +20,9 @@ ball only adds the radius.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Mapping, Sequence
+from functools import cached_property
 
 import torch
 
@@ -185,6 +187,10 @@ class BoxGeometry:
 
     Straight lines only; the ascent direction is ``c * sign(gradient)`` (sign ascent in the
     scaled variable ``delta / c``), the projection is a clamp. ``c = 0`` coordinates are fixed.
+
+    Every per-iteration operation is one fused (``torch._foreach_*``) call over the tuple: on a
+    device each per-tensor operation would be a kernel launch per parameter tensor (the clamp,
+    taken twice a step, was three).
     """
 
     def __init__(self, base: Sequence[torch.Tensor], scale: Sequence[torch.Tensor],
@@ -200,28 +206,77 @@ class BoxGeometry:
         self.dtype = self.base[0].dtype
         self.device = self.base[0].device
         self._bounds = tuple(self.radius * c for c in self.scale)
-        self._inv_scale = tuple(safe_reciprocal(c) for c in self.scale)
+        # the lower bounds are kept rather than negated at every clamp; 1 / c is needed only
+        # for the block report (:attr:`_inv_scale`), so the cached tuples stay three
+        self._lower = tuple(torch._foreach_neg(list(self._bounds)))
+
+    @cached_property
+    def _inv_scale(self) -> Tensors:
+        """``1 / c`` per tensor (``0`` where ``c = 0``), for the block norms."""
+        return tuple(safe_reciprocal(c) for c in self.scale)
 
     def validate(self) -> None:
         """Nothing can be singular."""
+
+    def on_rows(self, rows: Mapping[int, torch.Tensor]) -> BoxGeometry:
+        """The same box for tangent vectors that vanish outside ``rows[i]`` of tensor ``i`` (its
+        first dimension), with those tensors cut to their rows.
+
+        Every operation of the box is elementwise, and the sign of a zero gradient is zero: an
+        ascent from ``xi = 0`` never moves a row whose gradient vanishes, so solving on the rows
+        visits the same iterates. The other tensors, their bounds included, are shared with
+        this box, not copied.
+
+        Raises
+        ------
+        ValueError
+            For a slot out of range or a 0-dim tensor (no rows).
+        """
+        for slot in rows:
+            if not 0 <= slot < len(self.base) or self.base[slot].dim() < 1:
+                raise ValueError(f"on_rows: slot {slot} is not a tensor of rows of the box "
+                                 f"({len(self.base)} tensors)")
+        cut = copy.copy(self)
+
+        def select(tensors: Tensors) -> Tensors:
+            return tuple(t.index_select(0, rows[i]) if i in rows else t
+                         for i, t in enumerate(tensors))
+
+        cut.base, cut.scale = select(self.base), select(self.scale)
+        cut._bounds, cut._lower = select(self._bounds), select(self._lower)
+        if "_inv_scale" in self.__dict__:
+            cut.__dict__["_inv_scale"] = select(self.__dict__["_inv_scale"])
+        return cut
 
     def zeros(self) -> Tensors:
         return tuple(torch.zeros_like(t) for t in self.base)
 
     def point(self, xi: Sequence[torch.Tensor]) -> Tensors:
-        return tuple(w + d for w, d in zip(self.base, xi, strict=True))
+        _check_length(xi, self.base, "xi")
+        return tuple(torch._foreach_add(list(self.base), list(xi)))
 
     def project(self, xi: Sequence[torch.Tensor]) -> Tensors:
-        return tuple(torch.maximum(torch.minimum(d, b), -b)
-                     for d, b in zip(xi, self._bounds, strict=True))
+        """``max(min(xi, rho c), -rho c)`` per tensor, into new tensors."""
+        _check_length(xi, self.base, "xi")
+        clamped = torch._foreach_minimum(list(xi), list(self._bounds))
+        torch._foreach_maximum_(clamped, list(self._lower))
+        return tuple(clamped)
 
     def clip(self, xi: Sequence[torch.Tensor], decisions: Decisions = ON_DEVICE,
              fresh: bool = False) -> Tensors:
-        """There is no quotient here: the clamp of :meth:`project` (no decision to take)."""
-        return self.project(xi)
+        """There is no quotient here: the clamp of :meth:`project` (no decision to take); in
+        place when ``fresh`` (the caller made ``xi`` and gives it up)."""
+        if not fresh or any(d.shape != b.shape for d, b in zip(xi, self._bounds, strict=True)):
+            return self.project(xi)
+        torch._foreach_minimum_(list(xi), list(self._bounds))
+        torch._foreach_maximum_(list(xi), list(self._lower))
+        return tuple(xi)
 
     def direction(self, egrad: Sequence[torch.Tensor]) -> Tensors:
-        return tuple(c * torch.sign(e) for c, e in zip(self.scale, egrad, strict=True))
+        _check_length(egrad, self.base, "egrad")
+        signs = torch._foreach_sign(list(egrad))
+        torch._foreach_mul_(signs, list(self.scale))
+        return tuple(signs)
 
     def random_start(self, generator: torch.Generator | None) -> Tensors:
         return tuple(b * (2 * torch.rand(b.shape, generator=generator, dtype=b.dtype,
@@ -231,6 +286,14 @@ class BoxGeometry:
         largest = torch.stack([(d * inv).abs().amax() if d.numel() else d.new_zeros(())
                                for d, inv in zip(xi, self._inv_scale, strict=True)]).amax()
         return {"total": largest}
+
+
+def _check_length(tensors: Sequence[torch.Tensor], base: Sequence[torch.Tensor],
+                  name: str) -> None:
+    # the fused calls pair lists of any equal length: a tuple of another length than the
+    # coordinates is refused here, as the strict zips did
+    if len(tensors) != len(base):
+        raise ValueError(f"{name} has {len(tensors)} tensors, the geometry {len(base)}")
 
 
 #: The solver runs on these geometries: mypy checks that each satisfies its protocol.

@@ -365,7 +365,8 @@ class AscentMeasure:
         """Whether this measurement's solve may run on the touched rows of embedding tables:
         it starts at ``xi = 0`` and the model has tables that may be cut."""
         return (self.touched_rows and bool(self.model.tables) and not self.settings.random_init
-                and self.settings.restarts == 0 and isinstance(self.geometry, GeodesicBall))
+                and self.settings.restarts == 0
+                and isinstance(self.geometry, (GeodesicBall, BoxGeometry)))
 
     # ------------------------------------------------------------------ per batch
     def _starting_point(self, batch: Batch, index: int, objective: Objective,

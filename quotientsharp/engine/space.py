@@ -110,7 +110,7 @@ class AscentSpace:
         ``None`` where no table can be cut (not in the diagonal-metric factor, or the
         geometry has no row restriction).
         """
-        if not isinstance(self.geometry, GeodesicBall):
+        if not isinstance(self.geometry, (GeodesicBall, BoxGeometry)):
             return None
         # first every table's slot in the diagonal-metric factor, then the cut tables
         slots = {name: self.coordinates.other_slot(name) for name in rows}
@@ -130,7 +130,7 @@ class AscentSpace:
 class TouchedSpace:
     """An :class:`AscentSpace` cut to the rows of the embedding tables a batch touches."""
 
-    geometry: GeodesicBall
+    geometry: GeodesicBall | BoxGeometry
     coordinates: TouchedRowCoordinates
 
     def objective(self, model: FunctionalModel, batch: Batch) -> Objective:

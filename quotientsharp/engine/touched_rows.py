@@ -31,7 +31,9 @@ Conditions, checked before a batch is restricted (otherwise the full table is us
 - the solve starts at ``xi = 0`` (no random start, no restart): a random start moves every row;
 - the table sits in a factor that supports
   :meth:`~quotientsharp.core.adaptive.AdaptivePoint.on_rows`
-  (a diagonal metric).
+  (a diagonal metric), or in the L-infinity box of worst-case and adaptive sharpness with
+  ``p = inf`` (:meth:`~.ball.BoxGeometry.on_rows`: every operation elementwise, and the sign
+  ascent's direction ``c * sign(0) = 0`` on a row the batch does not touch).
 """
 
 from __future__ import annotations

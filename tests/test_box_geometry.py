@@ -1,0 +1,174 @@
+"""The L-infinity box's fused operations against their per-tensor definitions.
+
+``BoxGeometry`` runs its point, clamp and sign direction as ``torch._foreach_*`` calls, so that
+a step on a device is a few launches however many parameter tensors there are. These tests
+hold each fused call to the per-tensor formula it replaces, bit for bit: over seeds and
+dtypes, with zero scales (fixed coordinates), signed zeros, infinities and NaN, and with a
+batch of problems broadcast against one point.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from quotientsharp.engine.ball import BoxGeometry
+
+SHAPES = [(4, 3), (), (0, 2), (5,), (2, 2, 3)]
+INTEGER_VIEW = {torch.float16: torch.int16, torch.float32: torch.int32,
+                torch.float64: torch.int64}
+
+
+def _same_bits(a, b) -> bool:
+    return len(a) == len(b) and all(
+        x.shape == y.shape and x.dtype == y.dtype
+        and torch.equal(x.contiguous().view(INTEGER_VIEW[x.dtype]),
+                        y.contiguous().view(INTEGER_VIEW[y.dtype]))
+        for x, y in zip(a, b, strict=True))
+
+
+def _box(seed: int, dtype: torch.dtype, radius: float = 0.3):
+    gen = torch.Generator().manual_seed(seed)
+    base = tuple(torch.randn(s, generator=gen, dtype=torch.float64).to(dtype) for s in SHAPES)
+    scale = tuple(w.abs() for w in base)
+    for c in scale:
+        if c.numel() > 1:
+            c.view(-1)[0] = 0.0                # a fixed coordinate: its bound is 0
+    return BoxGeometry(base, scale, radius), gen
+
+
+def _special(seed: int, like, batch=()):
+    """Tangent tuples with signed zeros, values beyond the bounds, infinities and NaN."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for t in like:
+        v = torch.randn((*batch, *t.shape), generator=gen, dtype=torch.float64).to(t.dtype)
+        flat = v.view(-1)
+        for i, value in enumerate([-0.0, 0.0, 5.0, -5.0, float("inf"), float("nan")]):
+            if i < flat.numel():
+                flat[i] = value
+        out.append(v)
+    return tuple(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("batch", [(), (3,)], ids=["one", "batched"])
+def test_fused_box_operations_equal_the_per_tensor_formulas_bit_for_bit(dtype, seed,
+                                                                         batch) -> None:
+    box, _ = _box(seed, dtype)
+    xi = _special(seed + 1, box.base, batch)
+    bounds = tuple(box.radius * c for c in box.scale)
+    clamped = tuple(torch.maximum(torch.minimum(d, b), -b)
+                    for d, b in zip(xi, bounds, strict=True))
+    assert _same_bits(box.project(xi), clamped)
+    assert _same_bits(box.clip(xi), clamped)
+    assert _same_bits(box.point(xi), tuple(w + d for w, d in zip(box.base, xi, strict=True)))
+    assert _same_bits(box.direction(xi), tuple(c * torch.sign(e) for c, e in
+                                               zip(box.scale, xi, strict=True)))
+    # a fresh tuple is clamped in place: the same values, the caller's storage
+    fresh = tuple(d.clone() for d in xi)
+    clipped = box.clip(fresh, fresh=True)
+    assert _same_bits(clipped, clamped)
+    if not batch:
+        assert all(a is b for a, b in zip(clipped, fresh, strict=True))
+    # fixed coordinates stay where they are, and nothing leaves the box but NaN
+    for d, b in zip(box.project(xi), bounds, strict=True):
+        inside = d.isnan() | ((d <= b) & (d >= -b))
+        assert bool(inside.all())
+
+
+def test_project_and_a_clip_not_fresh_leave_their_input_alone() -> None:
+    box, _ = _box(5, torch.float64)
+    xi = _special(6, box.base)
+    copies = tuple(d.clone() for d in xi)
+    box.project(xi)
+    box.clip(xi)
+    assert _same_bits(xi, copies)
+
+
+@pytest.mark.parametrize("method", ["point", "project", "direction"])
+def test_a_tuple_of_another_length_is_refused_by_name(method) -> None:
+    box, _ = _box(7, torch.float64)
+    name = "egrad" if method == "direction" else "xi"
+    with pytest.raises(ValueError, match=rf"^{name} has 4 tensors, the geometry 5$"):
+        getattr(box, method)(box.zeros()[:4])
+
+
+class _Computing(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not all(r.alias_info is not None and not r.alias_info.is_write
+                   for r in func._schema.returns):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _operators_of_one_step(count: int) -> int:
+    gen = torch.Generator().manual_seed(count)
+    base = tuple(torch.randn(3, generator=gen, dtype=torch.float64) for _ in range(count))
+    box = BoxGeometry(base, tuple(w.abs() for w in base), 0.2)
+    xi = box.random_start(gen)
+    egrad = tuple(torch.randn(3, generator=gen, dtype=torch.float64) for _ in range(count))
+    counter = _Computing()
+    with counter:
+        direction = box.direction(egrad)
+        moved = box.clip(tuple(torch._foreach_add(list(xi), list(direction), alpha=0.1)),
+                         fresh=True)
+        box.project(moved)
+        box.point(moved)
+    return counter.count
+
+
+def test_operators_of_a_box_step_do_not_grow_with_the_number_of_tensors() -> None:
+    few, many = _operators_of_one_step(5), _operators_of_one_step(60)
+    assert few == many, (few, many)      # a per-tensor loop would add 55 x its operators
+
+
+# ------------------------------------------------------------------------ touched rows
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_box_cut_to_rows_is_the_box_on_vectors_that_vanish_off_them(seed) -> None:
+    box, gen = _box(seed, torch.float64)
+    box.block_norms(box.zeros())                      # fills the 1/c cache before the cut
+    rows = {0: torch.tensor([0, 2, 3]), 4: torch.tensor([1])}
+    cut = box.on_rows(rows)
+
+    def restrict(v):
+        return tuple(t.index_select(0, rows[i]) if i in rows else t for i, t in enumerate(v))
+
+    def vanishing(v):
+        out = []
+        for i, t in enumerate(v):
+            if i in rows:
+                mask = torch.zeros(t.shape[0], dtype=torch.bool)
+                mask[rows[i]] = True
+                t = t * mask.reshape(-1, *[1] * (t.dim() - 1))
+            out.append(t)
+        return tuple(out)
+
+    xi = vanishing(_special(seed + 1, box.base))
+    egrad = vanishing(tuple(torch.randn(t.shape, generator=gen, dtype=torch.float64)
+                            for t in box.base))
+    for full, part in ((box.project(xi), cut.project(restrict(xi))),
+                       (box.point(xi), cut.point(restrict(xi))),
+                       (box.direction(egrad), cut.direction(restrict(egrad)))):
+        assert _same_bits(restrict(full), part)
+    # the sign of a vanishing gradient vanishes: the ascent never leaves the rows
+    assert _same_bits(box.direction(egrad), vanishing(box.direction(egrad)))
+    inside = vanishing(box.random_start(gen))
+    assert torch.equal(cut.block_norms(restrict(inside))["total"],
+                       box.block_norms(inside)["total"])
+    # tensors off the cut are shared, not copied
+    assert cut.base[1] is box.base[1] and cut._bounds[1] is box._bounds[1]
+    assert cut.base[0].shape == (3, 3) and box.base[0].shape == (4, 3)
+
+
+@pytest.mark.parametrize("slot", [-1, 5, 1])
+def test_a_box_refuses_rows_of_a_missing_or_0_dim_slot(slot) -> None:
+    box, _ = _box(0, torch.float64)              # slot 1 is the 0-dim tensor
+    with pytest.raises(ValueError, match=rf"^on_rows: slot {slot} is not a tensor of rows"):
+        box.on_rows({slot: torch.tensor([0])})
