@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from quotientsharp.engine.ball import BoxGeometry
+from tests.tuple_helpers import ComputingOperators, vanishing_off_rows
 
 SHAPES = [(4, 3), (), (0, 2), (5,), (2, 2, 3)]
 INTEGER_VIEW = {torch.float16: torch.int16, torch.float32: torch.int32,
@@ -96,25 +96,13 @@ def test_a_tuple_of_another_length_is_refused_by_name(method) -> None:
         getattr(box, method)(box.zeros()[:4])
 
 
-class _Computing(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not all(r.alias_info is not None and not r.alias_info.is_write
-                   for r in func._schema.returns):
-            self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _operators_of_one_step(count: int) -> int:
     gen = torch.Generator().manual_seed(count)
     base = tuple(torch.randn(3, generator=gen, dtype=torch.float64) for _ in range(count))
     box = BoxGeometry(base, tuple(w.abs() for w in base), 0.2)
     xi = box.random_start(gen)
     egrad = tuple(torch.randn(3, generator=gen, dtype=torch.float64) for _ in range(count))
-    counter = _Computing()
+    counter = ComputingOperators()
     with counter:
         direction = box.direction(egrad)
         moved = box.clip(tuple(torch._foreach_add(list(xi), list(direction), alpha=0.1)),
@@ -140,26 +128,16 @@ def test_a_box_cut_to_rows_is_the_box_on_vectors_that_vanish_off_them(seed) -> N
     def restrict(v):
         return tuple(t.index_select(0, rows[i]) if i in rows else t for i, t in enumerate(v))
 
-    def vanishing(v):
-        out = []
-        for i, t in enumerate(v):
-            if i in rows:
-                mask = torch.zeros(t.shape[0], dtype=torch.bool)
-                mask[rows[i]] = True
-                t = t * mask.reshape(-1, *[1] * (t.dim() - 1))
-            out.append(t)
-        return tuple(out)
-
-    xi = vanishing(_special(seed + 1, box.base))
-    egrad = vanishing(tuple(torch.randn(t.shape, generator=gen, dtype=torch.float64)
-                            for t in box.base))
+    xi = vanishing_off_rows(_special(seed + 1, box.base), rows)
+    egrad = vanishing_off_rows(tuple(torch.randn(t.shape, generator=gen, dtype=torch.float64)
+                                     for t in box.base), rows)
     for full, part in ((box.project(xi), cut.project(restrict(xi))),
                        (box.point(xi), cut.point(restrict(xi))),
                        (box.direction(egrad), cut.direction(restrict(egrad)))):
         assert _same_bits(restrict(full), part)
     # the sign of a vanishing gradient vanishes: the ascent never leaves the rows
-    assert _same_bits(box.direction(egrad), vanishing(box.direction(egrad)))
-    inside = vanishing(box.random_start(gen))
+    assert _same_bits(box.direction(egrad), vanishing_off_rows(box.direction(egrad), rows))
+    inside = vanishing_off_rows(box.random_start(gen), rows)
     assert torch.equal(cut.block_norms(restrict(inside))["total"],
                        box.block_norms(inside)["total"])
     # tensors off the cut are shared, not copied

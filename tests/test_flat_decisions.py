@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
 
 from quotientsharp.engine import AscentSettings, ascend, build_geometry
 from quotientsharp.engine.coordinates import other_factor
@@ -25,6 +25,7 @@ from quotientsharp.engine.decisions import (
     flat_spans,
     span_limit,
 )
+from tests.tuple_helpers import ComputingOperators
 
 SHAPES = [(3, 4), (), (0, 5), (7,), (2, 3, 2), (1,), (6, 1)]
 INTEGER_VIEW = {torch.float16: torch.int16, torch.bfloat16: torch.int16,
@@ -131,22 +132,6 @@ def test_spans_cover_the_tuple_in_order_each_of_one_dtype_within_the_limit(seed)
                 or sum(sizes[start:stop + 1]) > limit)
 
 
-class _Recorder(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.computing = 0
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if not all(r.alias_info is not None and not r.alias_info.is_write
-                   for r in func._schema.returns):
-            self.computing += 1
-            if isinstance(out, torch.Tensor) and func is not torch.ops.aten.where.self_out:
-                self.largest = max(self.largest, out.numel())
-        return out
-
-
 @pytest.mark.parametrize("count", [10, 200])
 def test_a_decision_dispatches_per_span_not_per_tensor(count) -> None:
     # a span holds up to an eighth of the tuple and two neighbouring spans more than that
@@ -158,13 +143,13 @@ def test_a_decision_dispatches_per_span_not_per_tensor(count) -> None:
     spans = len(best.spans)
     assert spans <= 17
     flag = torch.tensor(True)
-    keep, pick = _Recorder(), _Recorder()
+    keep, pick = ComputingOperators(), ComputingOperators()
     with keep:
         ON_DEVICE.keep(flag, new, best)
     with pick:
         ON_DEVICE.pick(flag, best, new)
-    assert keep.computing == 2 * spans        # a cat of the new span, a where into its buffer
-    assert pick.computing == 2 * spans        # a cat of b (the result), a where into it
+    assert keep.count == 2 * spans        # a cat of the new span, a where into its buffer
+    assert pick.count == 2 * spans        # a cat of b (the result), a where into it
     # the temporary of keep is one span of new, never the whole tuple
     assert keep.largest <= span_limit(new) < count * size
 
@@ -234,11 +219,11 @@ def _operators_per_iteration(count: int) -> float:
                    for _ in range(count))
     counts = []
     for n_iter in (4, 8):
-        recorder = _Recorder()
+        recorder = ComputingOperators()
         with recorder:
             ascend(geometry, _objective(target), AscentSettings(n_iter=n_iter),
                    skip_nonfinite=True, host_decisions=False)
-        counts.append(recorder.computing)
+        counts.append(recorder.count)
     return (counts[1] - counts[0]) / 4
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from quotientsharp.core.gl import GLQuotient
 from quotientsharp.engine.coordinates import Factor, other_factor
 from quotientsharp.engine.decisions import ON_DEVICE, lift
 from quotientsharp.engine.geometry import build_geometry
 from quotientsharp.engine.solver import gradient_step, momentum_step
+from tests.tuple_helpers import ComputingOperators
 
 DTYPES = [torch.float32, torch.float64]
 
@@ -114,18 +114,6 @@ def test_adaptive_order_two_point_passes_gradcheck() -> None:
             lambda *a, t=t: OrderTwoAdaptivePath.apply(t, 5, *base, *inverse, *a), u)
 
 
-class _CountComputing(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not all(r.alias_info is not None and not r.alias_info.is_write
-                   for r in func._schema.returns):
-            self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _operators_of_one_step(tensors: int, with_gl: bool) -> int:
     gen = torch.Generator().manual_seed(0)
     factors = []
@@ -139,7 +127,7 @@ def _operators_of_one_step(tensors: int, with_gl: bool) -> int:
     previous = geometry.project(geometry.random_start(gen))
     egrad = geometry.random_start(gen)
     eta = torch.tensor(0.2, dtype=torch.float64)
-    counter = _CountComputing()
+    counter = ComputingOperators()
     with counter:
         direction = geometry.direction(egrad)
         z = geometry.clip(gradient_step(xi, direction, eta), ON_DEVICE)

@@ -18,6 +18,7 @@ from torch import nn
 import quotientsharp as qs
 from quotientsharp.engine import NonFiniteLossError
 from quotientsharp.engine.touched_rows import embedding_tables, graph_uses
+from tests.tuple_helpers import vanishing_off_rows
 
 transformers = pytest.importorskip("transformers")
 
@@ -226,23 +227,13 @@ def test_a_point_cut_to_rows_is_the_point_on_vectors_that_vanish_off_them(metric
     rows = {0: torch.tensor([1, 2, 5]), 2: torch.tensor([3])}
     cut = frozen.on_rows(rows)
 
-    def vanishing(v):
-        out = []
-        for i, t in enumerate(v):
-            if i in rows:
-                mask = torch.zeros(t.shape[0], dtype=torch.bool)
-                mask[rows[i]] = True
-                t = t * mask.reshape(-1, *[1] * (t.dim() - 1))
-            out.append(t)
-        return tuple(out)
-
     def restrict(v):
         return tuple(t.index_select(0, rows[i]) if i in rows else t for i, t in enumerate(v))
 
-    u = vanishing(tuple(torch.randn(s, generator=generator, dtype=torch.float64)
-                        for s in shapes))
-    e = vanishing(tuple(torch.randn(s, generator=generator, dtype=torch.float64)
-                        for s in shapes))
+    u = vanishing_off_rows(tuple(torch.randn(s, generator=generator, dtype=torch.float64)
+                                 for s in shapes), rows)
+    e = vanishing_off_rows(tuple(torch.randn(s, generator=generator, dtype=torch.float64)
+                                 for s in shapes), rows)
     torch.testing.assert_close(cut.norm(restrict(u)), frozen.norm(u), rtol=1e-14, atol=0)
     for full, part in ((frozen.riemannian_gradient(e), cut.riemannian_gradient(restrict(e))),
                        (frozen.geodesic(u, 1.0, 2), cut.geodesic(restrict(u), 1.0, 2)),
@@ -252,8 +243,8 @@ def test_a_point_cut_to_rows_is_the_point_on_vectors_that_vanish_off_them(metric
             assert torch.equal(a, b)
     # the raised gradient of a gradient that vanishes off the rows vanishes there too
     assert torch.equal(torch.stack([t.abs().sum() for t in frozen.riemannian_gradient(e)]),
-                       torch.stack([t.abs().sum() for t in vanishing(
-                           frozen.riemannian_gradient(e))]))
+                       torch.stack([t.abs().sum() for t in vanishing_off_rows(
+                           frozen.riemannian_gradient(e), rows)]))
 
 
 def test_only_a_diagonal_metric_can_be_cut_to_rows() -> None:

@@ -7,7 +7,7 @@ Tangent vectors and Euclidean gradients use the same layout.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -125,3 +125,21 @@ def under_function_transform(tensors: Sequence[torch.Tensor]) -> bool:
     wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
     return wrapped is not None and any(wrapped(t) for t in tensors)
 
+
+
+def cut_to_rows(tensors: Sequence[torch.Tensor], rows: Mapping[int, torch.Tensor],
+                what: str) -> Tensors:
+    """``tensors`` with tensor ``i`` cut to ``rows[i]`` of its first dimension (the others as
+    they are, shared): the one row cut of every ``on_rows``.
+
+    Raises
+    ------
+    ValueError
+        For a slot of ``rows`` out of range or naming a 0-dim tensor; ``what`` names the
+        tuple in the message.
+    """
+    for slot in rows:
+        if not 0 <= slot < len(tensors) or tensors[slot].dim() < 1:
+            raise ValueError(f"on_rows: slot {slot} is not a tensor of rows of the {what} "
+                             f"({len(tensors)} tensors)")
+    return tuple(t.index_select(0, rows[i]) if i in rows else t for i, t in enumerate(tensors))

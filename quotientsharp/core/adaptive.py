@@ -273,20 +273,11 @@ class AdaptivePoint(ClosedFormPoint):
         if not self.unbatched and not all(t.dim() == k for t, k in zip(self.x, self.point_ndims,
                                                                          strict=True)):
             raise ValueError("on_rows needs an unbatched point (rows of the point itself)")
-        for slot in rows:
-            if not 0 <= slot < len(self.x) or self.x[slot].dim() < 1:
-                raise ValueError(f"on_rows: slot {slot} is not a tensor of rows of the point "
-                                 f"({len(self.x)} tensors)")
         cut = copy.copy(self)
-
-        def select(tensors: Tensors) -> Tensors:
-            return tuple(t.index_select(0, rows[i]) if i in rows else t
-                         for i, t in enumerate(tensors))
-
-        cut.x = select(self.x)
+        cut.x = T.cut_to_rows(self.x, rows, "point")
         for cache in ("inverse_scale", "inverse_base"):
             if cache in self.__dict__:
-                cut.__dict__[cache] = select(self.__dict__[cache])
+                cut.__dict__[cache] = T.cut_to_rows(self.__dict__[cache], rows, "point")
         return cut
 
     # ------------------------------------------------------------------ sampling

@@ -232,20 +232,12 @@ class BoxGeometry:
         ValueError
             For a slot out of range or a 0-dim tensor (no rows).
         """
-        for slot in rows:
-            if not 0 <= slot < len(self.base) or self.base[slot].dim() < 1:
-                raise ValueError(f"on_rows: slot {slot} is not a tensor of rows of the box "
-                                 f"({len(self.base)} tensors)")
         cut = copy.copy(self)
-
-        def select(tensors: Tensors) -> Tensors:
-            return tuple(t.index_select(0, rows[i]) if i in rows else t
-                         for i, t in enumerate(tensors))
-
-        cut.base, cut.scale = select(self.base), select(self.scale)
-        cut._bounds, cut._lower = select(self._bounds), select(self._lower)
+        cut.base, cut.scale, cut._bounds, cut._lower = (
+            T.cut_to_rows(tensors, rows, "box")
+            for tensors in (self.base, self.scale, self._bounds, self._lower))
         if "_inv_scale" in self.__dict__:
-            cut.__dict__["_inv_scale"] = select(self.__dict__["_inv_scale"])
+            cut.__dict__["_inv_scale"] = T.cut_to_rows(self.__dict__["_inv_scale"], rows, "box")
         return cut
 
     def zeros(self) -> Tensors:
