@@ -1,4 +1,4 @@
-"""Where one ascent iteration's time goes, phase by phase, on the real MiniLM.
+"""Where one ascent iteration's time goes, phase by phase, on the real MiniLM or BERT-base.
 
 The table's ratio says how much an iteration costs; this says what for. It wraps the phases
 of an ascent step with process-CPU timers (one thread) and reports, per measure, each phase's
@@ -16,7 +16,8 @@ time per iteration (the difference between whole calls at ``n_iter = hi`` and ``
 
 A timer inside another is not counted twice: each phase's time excludes the phases it calls.
 
-Run: ``python benchmarks/phases.py [--sentences 8 --tokens 32] [--tiny]`` (``--tiny``: a tiny
+Run: ``python benchmarks/phases.py [--model minilm|bert-base] [--measures adaptive ...]
+[--sentences 8 --tokens 32] [--tiny]`` (``--tiny``: a tiny
 BERT, the smoke test). Prints one JSON object.
 """
 
@@ -106,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, nargs=2, default=(2, 10))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tiny", action="store_true", help="a tiny BERT (smoke test)")
+    parser.add_argument("--model", default="minilm", choices=("minilm", "bert-base"),
+                        help="the real MiniLM (row 7) or the BERT-base-sized model (row 8)")
+    parser.add_argument("--measures", nargs="+", default=None,
+                        help="a subset of the table's measures (default: all three)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     import minilm
@@ -114,7 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     import quotientsharp as qs
 
     device = torch.device("cpu")
-    model, batch = benchmark_model("minilm", device, args.tiny, args.sentences, args.tokens)
+    measures = {name: options for name, options in minilm.MEASURES.items()
+                if args.measures is None or name in args.measures}
+    if not measures:
+        parser.error(f"--measures: choose from {sorted(minilm.MEASURES)}")
+    model, batch = benchmark_model(args.model, device, args.tiny, args.sentences, args.tokens)
 
     def cpu(function: Callable[[], object]) -> float:
         start = time.process_time()
@@ -129,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     low, high = args.iters
     result: dict[str, Any] = {"forward_backward_ms": 1000 * unit}
     try:
-        for name, options in minilm.MEASURES.items():
+        for name, options in measures.items():
             def call(n_iter: int, options: dict[str, Any] = options) -> None:
                 qs.sharpness(model, [batch], rho=0.05, n_iter=n_iter, progress=False,
                              **options)
