@@ -126,6 +126,16 @@ class GeodesicBall:
         return self.frozen.geodesic(tuple(xi), 1.0, self.order,  # type: ignore[arg-type]
                                     self.steps)
 
+    def line(self, xi: Sequence[torch.Tensor]) -> Tensors:
+        """``theta + xi`` in the quotient's coordinates: the path of order 1.
+
+        Every path of the ball starts at ``theta`` with velocity ``xi`` (``gamma(0) = theta``,
+        ``gamma'(0) = xi``; the order-2 term is quadratic in ``xi``), so its Jacobian at
+        ``xi = 0`` is the identity, as the line's is: a gradient at ``xi = 0`` may be taken
+        through the line, without the path's second-order term and its backward.
+        """
+        return self.frozen.geodesic(tuple(xi), 1.0, 1, self.steps)
+
     # ------------------------------------------------------------------ solver interface
     def clip(self, xi: Sequence[torch.Tensor], decisions: Decisions = ON_DEVICE,
              fresh: bool = False) -> Tensors:
@@ -246,6 +256,10 @@ class BoxGeometry:
     def point(self, xi: Sequence[torch.Tensor]) -> Tensors:
         _check_length(xi, self.base, "xi")
         return tuple(torch._foreach_add(list(self.base), list(xi)))
+
+    def line(self, xi: Sequence[torch.Tensor]) -> Tensors:
+        """``theta + xi``: the box's only path (:meth:`point`)."""
+        return self.point(xi)
 
     def project(self, xi: Sequence[torch.Tensor]) -> Tensors:
         """``max(min(xi, rho c), -rho c)`` per tensor, into new tensors."""

@@ -83,12 +83,15 @@ class AscentSpace:
         """The gradient in ``xi`` at ``xi = 0`` from the gradient in the parameters.
 
         The chain rule through the (cheap) map ``xi -> parameters``: one backward through the
-        geometry's path and the layout, none through the model. ``None`` gradients (parameters
+        geometry's line (the path's Jacobian at ``xi = 0``) and the layout, none through the
+        model. ``None`` gradients (parameters
         the loss does not reach) contribute nothing.
         """
         leaves = tuple(t.detach().requires_grad_(True) for t in self.geometry.zeros())
         with torch.enable_grad():
-            moved = self.coordinates.updates(self.geometry.point(leaves))
+            # at xi = 0 every path has the line's Jacobian, the identity (``line``): the same
+            # gradient without the order-2 term's products and their backward
+            moved = self.coordinates.updates(self.geometry.line(leaves))
             pairs = [(moved[n], g) for n, g in gradients.items()
                      if g is not None and n in moved and moved[n].requires_grad]
             grads: Sequence[torch.Tensor | None] = (
