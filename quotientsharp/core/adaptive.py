@@ -40,9 +40,20 @@ from quotientsharp.core.quotient import MetricFamilyQuotient
 Tensors = tuple[torch.Tensor, ...]
 
 
-def safe_reciprocal(c: torch.Tensor) -> torch.Tensor:
-    """``1 / c`` where ``c != 0`` and ``0`` where ``c = 0``."""
-    return torch.where(c == 0, torch.zeros_like(c), 1.0 / c.masked_fill(c == 0, 1.0))
+def safe_reciprocal(c: torch.Tensor, absolute: bool = False) -> torch.Tensor:
+    """``1 / c`` (``1 / |c|`` with ``absolute``) where ``c != 0``, and ``0`` where ``c = 0``.
+
+    Computed per call over nearly every parameter (the adaptive metric's ``1 / |w|``), so
+    without autograd it makes one new tensor, written in place (the reciprocal, then the zeros
+    filled in): the same values as the differentiable form, which keeps ``1 / 0`` out of the
+    graph.
+    """
+    if torch.is_grad_enabled() and c.requires_grad:
+        base = c.abs() if absolute else c
+        return torch.where(base == 0, torch.zeros_like(base),
+                           1.0 / base.masked_fill(base == 0, 1.0))
+    inverse = c.abs().reciprocal_() if absolute else torch.reciprocal(c)
+    return inverse.masked_fill_(c == 0, 0.0)
 
 
 class OrderTwoAdaptivePath(torch.autograd.Function):
@@ -110,7 +121,7 @@ class AdaptivePoint(ClosedFormPoint):
     @cached_property
     def inverse_scale(self) -> Tensors:
         """``1 / c`` per tensor (``0`` where ``c = 0``)."""
-        return tuple(safe_reciprocal(w.abs()) for w in self.x)
+        return tuple(safe_reciprocal(w, absolute=True) for w in self.x)
 
     @cached_property
     def inverse_base(self) -> Tensors:
