@@ -5,7 +5,8 @@ the right figure for a target but cannot compare two versions of the package. Th
 measures one version: it builds the row's model and batch, times one plain forward+backward
 (the best of three), then whole ``quotientsharp.sharpness`` calls at ``n_iter = lo`` and
 ``hi`` per measure (process CPU time, one thread), and prints one JSON line with
-``(t_hi - t_lo) / (hi - lo)`` over the forward+backward per measure. Run it alternately on
+``(t_hi - t_lo) / (hi - lo)`` over the forward+backward per measure, and the CPU seconds of the
+whole call at ``lo`` (setup included). Run it alternately on
 two trees, A B A B ..., and compare the pairs: pairing keeps the comparison meaningful when
 the machine's speed drifts.
 
@@ -69,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
 
         spent = {n: _cpu_seconds(lambda n=n: call(n)) for n in (low, high)}
         result[name] = (spent[high] - spent[low]) / (high - low) / unit
+        # the whole call at n_iter = lo, setup included (the measure's first call here)
+        result[f"{name}: call at n_iter={low}, s"] = spent[low]
     print(json.dumps(result), flush=True)
     return 0
 
