@@ -79,7 +79,8 @@ def profile_tables(model, batch, out: Path, steps: int = 4, rows: int = 40) -> l
     written.append(path)
     for name, options in MEASURES.items():
         def run(n_iter: int, options: dict[str, Any] = options) -> None:
-            qs.sharpness(model, [batch], rho=0.05, n_iter=n_iter, progress=False, **options)
+            qs.sharpness(model, [batch], rho=0.05, n_iter=n_iter, progress=False, reach=False,
+                         **options)
 
         run(1)
         text = [table(lambda: run(1), f"{name}, n_iter=1"),

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     low, high = args.iters
 
     def run(n_iter: int, compiled: bool, options: dict[str, Any], data: Any = batch) -> float:
-        return qs.sharpness(model, [data], rho=0.05, n_iter=n_iter, progress=False,
+        return qs.sharpness(model, [data], rho=0.05, n_iter=n_iter, progress=False, reach=False,
                             compile_steps=compiled, **options).value
 
     result: dict[str, Any] = {"sentences": args.sentences, "tokens": args.tokens,

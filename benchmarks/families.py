@@ -188,7 +188,7 @@ def diagonal_ascent_family(models: int, d: int, samples: int, metric: str, rho: 
 
     def engine_loop() -> list[float]:
         return [sharpness(net, [(inputs, targets)], measure="geodesic", metric=metric, order=2,
-                          rho=rho, n_iter=n_iter, loss="mse", progress=False).value
+                          rho=rho, n_iter=n_iter, loss="mse", progress=False, reach=False).value
                 for net in nets]
 
     def check() -> float:

@@ -96,7 +96,7 @@ def measure_variant(variant: str, model, batch, device: torch.device, iters: tup
     plain = functools.partial(forward_backward, model, batch)
 
     def run(n_iter: int, options: dict[str, Any]) -> None:
-        qs.sharpness(wrapped, [batch], rho=0.05, n_iter=n_iter, progress=False,
+        qs.sharpness(wrapped, [batch], rho=0.05, n_iter=n_iter, progress=False, reach=False,
                      compile_steps=variant == "compile-steps", **options)
 
     result: dict[str, Any] = {"setup_s": {}}

@@ -48,7 +48,7 @@ def cuda_path_counts(model: torch.nn.Module, batch: dict[str, torch.Tensor],
     import quotientsharp as qs
 
     def run(n_iter: int) -> None:
-        qs.sharpness(model, [batch], rho=0.05, n_iter=n_iter, progress=False,
+        qs.sharpness(model, [batch], rho=0.05, n_iter=n_iter, progress=False, reach=False,
                      host_decisions=False, **options)
 
     run(iters[0])               # caches, first-call work

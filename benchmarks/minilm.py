@@ -92,7 +92,8 @@ def measure(model, batch, device: torch.device, repeats: int, iters: tuple[int, 
     import quotientsharp as qs
 
     def run(n_iter: int, options: dict[str, Any]):
-        return qs.sharpness(model, [batch], rho=rho, n_iter=n_iter, progress=False, **options)
+        return qs.sharpness(model, [batch], rho=rho, n_iter=n_iter, progress=False,
+                            reach=False, **options)
 
     low, high = iters
     functions = {"forward+backward": functools.partial(forward_backward, model, batch)}

@@ -1,10 +1,11 @@
 """How often a ``sharpness`` call hops between quotientsharp modules.
 
-Traces one ``sharpness(model, batches, measure="geodesic", rho=0.1, n_iter=2, progress=False)``
-call on a small seeded BERT (the README's configuration, one batch) with :func:`sys.setprofile`
-and counts module transitions among the ``quotientsharp`` modules, from the call's start **to the
-end of the call** (with one batch the per-batch value is the call's only one, so the end of the
-call is when the result it feeds is assembled):
+Traces one ``sharpness(model, batches, measure="geodesic", rho=0.1, n_iter=2, progress=False,
+reach=False)`` call (one ascent: the per-iteration structure) on a small seeded BERT (the
+README's configuration, one batch) with :func:`sys.setprofile` and counts module transitions
+among the ``quotientsharp`` modules, from the call's start **to the end of the call** (with
+one batch the per-batch value is the call's only one, so the end of the call is when the result
+it feeds is assembled):
 
 - a *hop*: two consecutive ``quotientsharp`` frames (``call`` events, frames of other packages
   skipped) in different modules;
@@ -204,9 +205,9 @@ def small_bert_call() -> Callable[[], Any]:
     batches = [{"input_ids": torch.randint(0, 100, (8, 12), generator=generator),
                 "labels": torch.randint(0, 2, (8,), generator=generator)}]
     # one untraced call first: lazy imports and first-call caches are not the engine's structure
-    qs.sharpness(model, batches, measure="geodesic", rho=0.1, n_iter=2, progress=False)
+    qs.sharpness(model, batches, measure="geodesic", rho=0.1, n_iter=2, progress=False, reach=False)
     return lambda: qs.sharpness(model, batches, measure="geodesic", rho=0.1, n_iter=2,
-                                progress=False)
+                                progress=False, reach=False)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, options in measures.items():
             def call(n_iter: int, options: dict[str, Any] = options) -> None:
-                qs.sharpness(model, [batch], rho=0.05, n_iter=n_iter, progress=False,
+                qs.sharpness(model, [batch], rho=0.05, n_iter=n_iter, progress=False, reach=False,
                              **options)
 
             call(1)

@@ -255,6 +255,7 @@ MEASURES: dict[str, dict[str, Any]] = {
 
 def _run_sharpness(ctx: Context, batches, n_iter: int, options: dict[str, Any]):
     return qs.sharpness(ctx.model, batches, rho=ctx.sizes.rho, n_iter=n_iter, progress=False,
+                        reach=False,
                         **options)
 
 
@@ -759,7 +760,7 @@ def _profile_minilm(ctx: Context, model, batch, shape: str) -> None:
     for name, options in minilm.MEASURES.items():
         with profile(activities=activities) as prof:
             qs.sharpness(model, [batch], rho=0.05, n_iter=ctx.sizes.minilm_iters[1],
-                         progress=False, **options)
+                         progress=False, reach=False, **options)
         lines.append(f"=== MiniLM {shape}, {name}, n_iter={ctx.sizes.minilm_iters[1]} ===")
         lines.append(prof.key_averages().table(sort_by=sort, row_limit=25))
     with ctx.profile_path.open("a") as handle:

@@ -36,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "DiagonalQuotient": ".core.diagonal",
     "FrozenPoint": ".core.frozen",
     "NoSymmetryWarning": ".engine",
+    "ReachWarning": ".engine",
     "GLQuotient": ".core.gl",
     "ProductQuotient": ".core.product",
     "QuotientBinding": ".models",
@@ -59,7 +60,7 @@ _MODULES: dict[str, str] = {
 }
 
 __all__ = ["AdaptiveQuotient", "ClosedFormQuotient", "DiagonalQuotient", "FrozenPoint",
-           "GLQuotient", "NoSymmetryWarning", "ProductQuotient", "QuotientBinding",
+           "GLQuotient", "NoSymmetryWarning", "ProductQuotient", "QuotientBinding", "ReachWarning",
            "RotaryQuotient", "SharpnessResult", "SymmetryCheckError", "SymmetryQuotient",
            "check_symmetry", "checks", "core", "engine", "find_symmetries", "models", "reference",
            "sharpness", "value_checks", "workflows", "__version__"]
@@ -74,7 +75,7 @@ if TYPE_CHECKING:
     from quotientsharp.core.product import ProductQuotient
     from quotientsharp.core.quotient import ClosedFormQuotient, SymmetryQuotient
     from quotientsharp.core.validation import value_checks
-    from quotientsharp.engine import NoSymmetryWarning, SharpnessResult, sharpness
+    from quotientsharp.engine import NoSymmetryWarning, ReachWarning, SharpnessResult, sharpness
     from quotientsharp.models import (
         QuotientBinding,
         SymmetryCheckError,

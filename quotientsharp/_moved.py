@@ -53,7 +53,7 @@ MOVED: dict[str, str] = {
     "experiments": "reproduce",
     "experiments.common": "workflows.records",
     "experiments.labels": "workflows.labels",
-    "experiments.tau_intervals": "workflows.tau_intervals",
+    "experiments.tau_intervals": "workflows.taus",
     "experiments.study_options": "reproduce.options",
     "experiments.batched_ascent": "reproduce.diagonal.batched_ascent",
     "experiments.diagonal": "reproduce.diagonal.entry",

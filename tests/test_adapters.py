@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from quotientsharp import DiagonalQuotient, SymmetryQuotient, reference
+from quotientsharp import DiagonalQuotient, ProductQuotient, SymmetryQuotient, reference
 from quotientsharp.core.gl import GLQuotient
 
 geoopt = pytest.importorskip("geoopt")
@@ -473,7 +473,8 @@ def test_pymanopt_dimension_typical_dist_and_errors():
     assert space.dim == (5 + 4) * 3 - 9
     assert space.point_layout == 2
     assert math.isclose(space.typical_dist, math.sqrt(space.dim))
-    batched = PymanoptQuotient(GLQuotient("mix"), ((2, 5, 3), (2, 4, 3)), typical_dist=7.0)
+    batched = PymanoptQuotient(GLQuotient("mix"), ((5, 3), (4, 3)), batch_shape=(2,),
+                               typical_dist=7.0)
     assert batched.dim == 2 * ((5 + 4) * 3 - 9) and batched.typical_dist == 7.0
     assert PymanoptQuotient(DiagonalQuotient("inv"), ((D,), (D,))).dim == D
     x = space.random_point()
@@ -613,3 +614,115 @@ def test_user_quotient_with_generic_defaults_through_both_adapters():
     egrad = manifolds[0].merge(tuple(torch.from_numpy(c) for c in xi))
     torch.testing.assert_close(manifolds[0].egrad2rgrad(xs, egrad),
                                manifolds[1].egrad2rgrad(xs, egrad), rtol=1e-10, atol=1e-10)
+
+
+# ---------------------------------------------------------------------- one shape convention
+STACKED = 3   # pairs stacked in front of one GL point
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+@pytest.mark.parametrize("seed", range(3))
+def test_both_adapters_take_trailing_shapes_and_leading_batch(metric, seed):
+    """The same ``shapes`` (one point's trailing shapes) in both adapters; the stacked pairs
+    are geoopt's tensor batch and pymanopt's ``batch_shape``; their geometry agrees."""
+    quotient, shapes = GLQuotient(metric), ((N, H_DIM), (M, H_DIM))
+    manifold = QuotientManifold(quotient, shapes)
+    space = PymanoptQuotient(quotient, shapes, batch_shape=(STACKED,))
+    assert manifold.shapes == space.shapes == space.trailing_shapes == shapes
+    assert space.batch_shape == (STACKED,)
+    assert space.array_shapes == ((STACKED, N, H_DIM), (STACKED, M, H_DIM))
+    x = well_conditioned_point(quotient, shapes, seed, batch=(STACKED,))
+    gen = torch.Generator().manual_seed(100 + seed)
+    egrad = tuple(torch.randn(c.shape, generator=gen, dtype=torch.float64) for c in x)
+    stacked = manifold.merge(x)
+    assert stacked.shape == (STACKED, N + M, H_DIM)
+    inner = manifold.inner(stacked, manifold.merge(egrad))
+    assert inner.shape == (STACKED,)          # one value per pair in geoopt
+    arrays = tuple(c.numpy() for c in x)
+    grad_arrays = tuple(c.numpy() for c in egrad)
+    assert math.isclose(space.inner_product(arrays, grad_arrays, grad_arrays),
+                        float(inner.sum()), rel_tol=1e-12)   # summed over the batch
+    rgrad = manifold.split(manifold.egrad2rgrad(stacked, manifold.merge(egrad)))
+    for a, b in zip(space.euclidean_to_riemannian_gradient(arrays, grad_arrays), rgrad,
+                    strict=True):
+        np.testing.assert_allclose(a, b.numpy(), rtol=1e-12, atol=1e-12)
+    assert all(a.shape == s for a, s in zip(space.random_point(), space.array_shapes,
+                                            strict=True))
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+@pytest.mark.parametrize("seed", range(2))
+def test_product_quotient_folded_dimensions_are_part_of_shapes(metric, seed):
+    """A ProductQuotient's folded dimensions belong to its point: trailing in both adapters,
+    no batch, no warning."""
+    quotient = ProductQuotient([GLQuotient(metric)], folded=[1])
+    shapes = ((STACKED, N, H_DIM), (STACKED, M, H_DIM))
+    manifold = QuotientManifold(quotient, shapes)
+    space = PymanoptQuotient(quotient, shapes)
+    assert manifold.shapes == space.shapes == shapes and space.batch_shape == ()
+    x = well_conditioned_point(GLQuotient(metric), ((N, H_DIM), (M, H_DIM)), seed,
+                               batch=(STACKED,))
+    stacked = manifold.merge(x)
+    assert manifold.inner(stacked, stacked).shape == ()       # the folded heads are one point
+    arrays = tuple(c.numpy() for c in x)
+    assert math.isclose(space.inner_product(arrays, arrays, arrays),
+                        float(manifold.inner(stacked, stacked)), rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+@pytest.mark.parametrize("seed", range(2))
+def test_old_spelling_with_batch_in_shapes(metric, seed):
+    """pymanopt's 0.1 spelling works with a DeprecationWarning and means what it meant; next to
+    batch_shape it is refused; geoopt refuses it, naming the shapes to pass."""
+    quotient, trailing = GLQuotient(metric), ((N, H_DIM), (M, H_DIM))
+    old = ((STACKED, N, H_DIM), (STACKED, M, H_DIM))
+    with pytest.warns(DeprecationWarning, match=r"batch_shape=\(3,\)"):
+        deprecated = PymanoptQuotient(quotient, old)
+    new = PymanoptQuotient(quotient, trailing, batch_shape=(STACKED,))
+    assert (deprecated.shapes, deprecated.batch_shape, deprecated.array_shapes, deprecated.dim) \
+        == (new.shapes, new.batch_shape, new.array_shapes, new.dim)
+    x = tuple(c.numpy() for c in well_conditioned_point(quotient, trailing, seed,
+                                                       batch=(STACKED,)))
+    assert deprecated.inner_product(x, x, x) == new.inner_product(x, x, x)
+    with pytest.raises(ValueError, match="batch_shape=\\(3,\\) is given too"):
+        PymanoptQuotient(quotient, old, batch_shape=(STACKED,))
+    with pytest.raises(ValueError, match=r"pass shapes=\(\(5, 3\), \(4, 3\)\)"):
+        QuotientManifold(quotient, old)
+    with pytest.raises(ValueError, match="batch_shape must hold positive sizes"):
+        PymanoptQuotient(quotient, trailing, batch_shape=(0,))
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+@pytest.mark.parametrize("seed", range(2))
+def test_riemannian_adam_is_invariant_and_coordinatewise_adam_is_not(metric, seed):
+    """docs/adapters.md: geoopt's RiemannianAdam keeps one second moment per point (the metric
+    norm), so from starts related by a group element the products G H^T agree; torch's Adam
+    does not."""
+    quotient, shapes = GLQuotient(metric), ((N, H_DIM), (M, H_DIM))
+    manifold = QuotientManifold(quotient, shapes)
+    x = well_conditioned_point(quotient, shapes, seed, batch=(2,))
+    gen = torch.Generator().manual_seed(seed)
+    target = torch.randn(2, N, M, generator=gen, dtype=torch.float64)
+    basis = torch.linalg.qr(torch.randn(2, H_DIM, H_DIM, generator=gen,
+                                        dtype=torch.float64)).Q
+    a = basis @ torch.diag(torch.tensor([1.0, 3.0, 10.0], dtype=torch.float64))
+    starts = [x, (x[0] @ a, x[1] @ torch.linalg.inv(a).mT)]
+
+    def products(make):
+        out = []
+        for start in starts:
+            param = geoopt.ManifoldParameter(manifold.merge(start), manifold=manifold)
+            opt = make([param])
+            for _ in range(10):
+                opt.zero_grad()
+                G, H = manifold.split(param)
+                (G @ H.mT - target).square().sum().backward()
+                opt.step()
+            with torch.no_grad():
+                G, H = manifold.split(param)
+                out.append(G @ H.mT)
+        return float((out[0] - out[1]).norm() / out[0].norm())
+
+    assert products(lambda p: geoopt.optim.RiemannianAdam(p, lr=0.02)) < 1e-10
+    assert products(lambda p: geoopt.optim.RiemannianSGD(p, lr=1e-3)) < 1e-10
+    assert products(lambda p: torch.optim.Adam(p, lr=0.02)) > 1e-3

@@ -105,7 +105,7 @@ def test_skip_policy_is_recorded_counted_and_warned(mlp_and_batches):
     net, batches = mlp_and_batches
     with pytest.warns(UserWarning, match="2 perturbed evaluation"):
         result = _adaptive(net, batches[:1], loss=_PoisonedLoss(math.nan, after=2),
-                           nonfinite="skip")
+                           nonfinite="skip", reach=False)
     assert result.settings["nonfinite"] == "skip"
     assert result.nonfinite_evaluations == [2]
     assert result.value > 0.0                       # the first step's loss, a finite one
@@ -116,9 +116,9 @@ def test_skip_policy_is_recorded_counted_and_warned(mlp_and_batches):
 
 def test_skip_keeps_the_best_finite_iterate(mlp_and_batches):
     net, batches = mlp_and_batches
-    clean = _adaptive(net, batches[:1], n_iter=2)
+    clean = _adaptive(net, batches[:1], n_iter=2, reach=False)
     with pytest.warns(UserWarning):
-        skipped = _adaptive(net, batches[:1], n_iter=4, nonfinite="skip",
+        skipped = _adaptive(net, batches[:1], n_iter=4, nonfinite="skip", reach=False,
                             loss=_PoisonedLoss(math.inf, after=3))
     # steps 1 and 2 are those of the unpoisoned two-step run; 3 and 4 were skipped
     assert skipped.nonfinite_evaluations == [2]

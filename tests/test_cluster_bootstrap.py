@@ -7,12 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from quotientsharp.workflows.cluster_bootstrap import (
+from quotientsharp.workflows.taus import (
     cluster_bootstrap_difference,
     cluster_bootstrap_tau,
     holm_adjust,
+    kendall_tau_b_reference,
 )
-from quotientsharp.workflows.taus import kendall_tau_b_reference
 
 
 def _tau_b_brute(x: list[float], y: list[float], idx: list[int]) -> float | None:

@@ -38,6 +38,7 @@ from quotientsharp.reproduce.diagonal.batched_ascent import (
 )
 
 measures_module = importlib.import_module("quotientsharp.engine.measures")
+solver_module = importlib.import_module("quotientsharp.engine.solver")
 
 SYNCING_OPERATORS = {
     torch.ops.aten._local_scalar_dense.default,
@@ -70,13 +71,14 @@ class SyncRecorder(TorchDispatchMode):
 
 @pytest.fixture
 def recorded_ascents(monkeypatch):
-    """Wraps the engine's ``ascend`` so that each call runs under a fresh recorder.
+    """Wraps the engine's ``ascend`` so that each call runs under a fresh recorder: the
+    measurement's own ascent, the reach search's further ones and the reference solve.
 
     On the CPU the solver reads its decisions on the host (free there); the recorder checks the
     path a CUDA run takes, so that shortcut is switched off (``host_decisions=False``).
     """
     recorders: list[SyncRecorder] = []
-    original = measures_module.ascend
+    original = solver_module.ascend
 
     def recorded(*args, **kwargs):
         kwargs["host_decisions"] = False
@@ -86,6 +88,7 @@ def recorded_ascents(monkeypatch):
             return original(*args, **kwargs)
 
     monkeypatch.setattr(measures_module, "ascend", recorded)
+    monkeypatch.setattr(solver_module, "ascend", recorded)
     return recorders
 
 
@@ -111,7 +114,8 @@ def test_the_ascent_loop_never_needs_the_host(recorded_ascents, options) -> None
     result = qs.sharpness(_attention_model(), _token_batches(count=2), rho=0.05, n_iter=9,
                           progress=False, **options)
     assert result.value > 0
-    assert len(recorded_ascents) == 2                       # one ascent per batch
+    # at least two chains per batch, each at least one ascent
+    assert len(recorded_ascents) >= 2 * 2
     for recorder in recorded_ascents:
         assert recorder.operators > 100                     # the recorder saw the loop
         assert not recorder.syncs, dict(recorder.syncs)
@@ -136,9 +140,29 @@ def test_the_sync_recorder_finds_an_injected_sync(monkeypatch) -> None:
 
     monkeypatch.setattr(measures_module, "ascend", syncing)
     qs.sharpness(_attention_model(), _token_batches(count=1), measure="adaptive", rho=0.05,
-                 n_iter=4, progress=False)
+                 n_iter=4, progress=False, reach=False)
     assert sum(recorders[0].syncs.values()) == 4          # n_iter evaluations, the first reused
     assert all("_local_scalar_dense" in key for key in recorders[0].syncs)
+
+
+def test_the_search_reads_a_few_numbers_per_ascent(monkeypatch) -> None:
+    # between its ascents the reach search decides on the host (continue a chain, add one):
+    # a bounded number of reads per ascent, none inside an ascent (the test above)
+    original, counts = solver_module.search, []
+
+    def recorded(*args, **kwargs):
+        kwargs["host_decisions"] = False
+        with SyncRecorder() as recorder:
+            found = original(*args, **kwargs)
+        counts.append((sum(recorder.syncs.values()), len(found.solves)))
+        return found
+
+    monkeypatch.setattr(measures_module, "search", recorded)
+    qs.sharpness(_attention_model(), _token_batches(count=2), measure="geodesic", rho=0.05,
+                 n_iter=6, progress=False, reach={"chains": 3, "min_chains": 3})
+    assert len(counts) == 2
+    for syncs, ascents in counts:
+        assert ascents >= 3 and 0 < syncs <= 4 * ascents
 
 
 @pytest.mark.parametrize("path", ["adaptive", "inv-2", "mix-exact"])

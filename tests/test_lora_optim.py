@@ -17,6 +17,7 @@ from torch import nn
 
 from quotientsharp.core.gl import GLQuotient
 from quotientsharp.models import QuotientBinding, QuotientSGD, find_symmetries
+from tests.tiny_models import Factored
 
 peft = pytest.importorskip("peft")
 
@@ -172,16 +173,6 @@ def test_float32_model_steps_and_state_dict_round_trips():
 
 
 def test_bindings_step_like_the_discovered_pairs():
-    class Factored(nn.Module):
-        def __init__(self):
-            super().__init__()
-            generator = torch.Generator().manual_seed(0)
-            self.left = nn.Parameter(torch.randn(5, 2, generator=generator, dtype=torch.float64))
-            self.right = nn.Parameter(torch.randn(2, 4, generator=generator, dtype=torch.float64))
-
-        def forward(self, x):
-            return x @ (self.left @ self.right).T
-
     x = torch.randn(16, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     y = torch.randn(16, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     binding = QuotientBinding(GLQuotient("mix"), ["left", "right"],

@@ -28,6 +28,7 @@ import quotientsharp as qs
 from quotientsharp.core import _tuples as T
 from quotientsharp.core import reference
 from quotientsharp.core.checks import check_all, relative_error
+from quotientsharp.engine.ball import GeodesicBall
 
 TUTORIAL = Path(__file__).resolve().parents[1] / "docs" / "tutorial-custom-symmetry.md"
 
@@ -266,6 +267,24 @@ def test_invariance_under_ill_conditioned_group_elements(name, seed) -> None:
     # the horizontal projection and the Riemannian gradient are equivariant
     assert relative_error(moved.horizontal_projection(gu),
                           q.act_tangent(x, frozen.horizontal_projection(u), g)) < 1e-7
+
+
+@pytest.mark.parametrize("name", INVARIANT)
+@pytest.mark.parametrize("seed", [8, 9])
+def test_isotropic_draws_and_random_starts_are_equivariant(name, seed) -> None:
+    # the same generator state at x and at g x: draws related by the group's tangent action,
+    # so that a search with random starts gives the same value on every point of an orbit
+    q = QUOTIENTS[name]()
+    x, _, _, gen = _point(q, seed)
+    g = _bad_group_element(q, x, gen)
+    gx = q.act(x, g)
+    frozen, moved = q.at(x), q.at(gx)
+    draw = frozen.isotropic(torch.Generator().manual_seed(seed))
+    moved_draw = moved.isotropic(torch.Generator().manual_seed(seed))
+    assert relative_error(moved_draw, q.act_tangent(x, draw, g)) < 1e-7
+    start = GeodesicBall(frozen, 0.3).random_start(torch.Generator().manual_seed(seed))
+    moved_start = GeodesicBall(moved, 0.3).random_start(torch.Generator().manual_seed(seed))
+    assert relative_error(moved_start, q.act_tangent(x, start, g)) < 1e-7
 
 
 def test_isotropic_draws_have_the_metric_covariance(quotient) -> None:

@@ -120,7 +120,7 @@ def test_reference_solve_bounds_the_auto_pgd_gap_on_a_quadratic(adaptive: bool) 
     measure = "adaptive" if adaptive else "worst_case"
     options = dict(rho=rho, loss=_value_loss, progress=False)
 
-    weak = qs.sharpness(model, DUMMY, measure=measure, n_iter=2,
+    weak = qs.sharpness(model, DUMMY, measure=measure, n_iter=2, reach=False,
                         reference_solve={"n_iter": 60, "restarts": 2}, **options)
     # the reference solve reaches the exact maximum, and the value stays below it
     assert weak.reference_value == pytest.approx(exact, rel=1e-12)
@@ -136,13 +136,15 @@ def test_reference_solve_bounds_the_auto_pgd_gap_on_a_quadratic(adaptive: bool) 
     assert weak.settings["reference_solve"]["n_iter"] == 60
     assert weak.settings["reference_solve"]["restarts"] == 2
 
-    # the paper's solver (20 Auto-PGD steps) closes the gap on this problem
+    # the paper's solver (20 Auto-PGD steps) closes the gap on this problem, and the default
+    # search confirms it: every chain reached the exact maximum
     default = qs.sharpness(model, DUMMY, measure=measure, reference_solve=True, **options)
     assert default.settings["reference_solve"]["n_iter"] == 200
     assert default.settings["reference_solve"]["restarts"] == 4
     assert abs(default.relative_gap) < 1e-12
     assert (exact - default.value) / exact < 1e-12
-    _check_trace(default.traces[0], default.value, 21)
+    assert default.reach[0] >= 0.99 and default.chains[0][0] == pytest.approx(exact, rel=1e-12)
+    _check_trace(default.traces[0], default.value, default.evaluations[0])
 
 
 def test_traces_of_every_ascent_measure_and_restarts() -> None:
@@ -151,7 +153,7 @@ def test_traces_of_every_ascent_measure_and_restarts() -> None:
             ("geodesic", {"rho": 0.1, "metric": "mix", "restarts": 2, "random_init": True})]
     for measure, options in runs:
         result = qs.sharpness(model, batches, measure=measure, n_iter=4, progress=False,
-                              **options)
+                              reach=False, **options)
         runs_count = options.get("restarts", 0) + 1
         assert len(result.traces) == 2
         for trace, value in zip(result.traces, result.per_batch, strict=True):
@@ -183,7 +185,8 @@ def test_the_reference_solve_never_needs_the_host(recorded_ascents) -> None:  # 
     recorders = recorded_ascents            # the GPU path, each ascent under its own recorder
     qs.sharpness(_attention_model(), _token_batches(count=1), measure="geodesic", rho=0.05,
                  n_iter=3, reference_solve={"n_iter": 5, "restarts": 1}, progress=False)
-    assert len(recorders) == 2                             # the measurement, then the reference
+    # the measurement's search (at least two chains), then the reference
+    assert len(recorders) >= 3
     for recorder in recorders:
         assert recorder.operators > 100
         assert not recorder.syncs, dict(recorder.syncs)

@@ -23,14 +23,13 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from quotientsharp import sharpness
 from quotientsharp.cli import main
-from quotientsharp.workflows import bootstrap_taus, kendall_with_intervals, measuring
+from quotientsharp.workflows import measuring
 from quotientsharp.workflows.files import read_jsonl
 from quotientsharp.workflows.taus import kendall_tau_a, kendall_tau_b
 
@@ -158,27 +157,6 @@ def test_report_and_plots(full_run):
     assert sorted(images) == sorted(f"scatter_{key}.png" for key in KEYS)
     for image in images:
         assert (out / image).read_bytes()[:8] == PNG_MAGIC
-
-
-def test_bootstrap_is_resampling_of_the_models():
-    generator = np.random.default_rng(1)
-    x = generator.normal(size=7)
-    y = x + generator.normal(size=7)
-    y[2] = y[3]                                            # a tie
-    draws_a, draws_b = bootstrap_taus(x, y, 40, seed=5)
-    replay = np.random.default_rng(5)
-    for draw in range(40):
-        counts = replay.multinomial(7, np.full(7, 1 / 7))
-        index = np.repeat(np.arange(7), counts)
-        assert draws_a[draw] == pytest.approx(kendall_tau_a(x[index], y[index]), abs=1e-12)
-        tau_b = kendall_tau_b(x[index], y[index])
-        assert (np.isnan(draws_b[draw]) if tau_b is None
-                else draws_b[draw] == pytest.approx(tau_b, abs=1e-12))
-    once = kendall_with_intervals(x, y, resamples=300, seed=2)
-    assert once == kendall_with_intervals(x, y, resamples=300, seed=2)
-    assert once != kendall_with_intervals(x, y, resamples=300, seed=3)
-    assert once.tau_b_interval[0] <= once.tau_b <= once.tau_b_interval[1]
-    assert kendall_with_intervals(x, y, resamples=0).tau_a_interval is None
 
 
 # ---------------------------------------------------------------------------- interrupted

@@ -49,7 +49,9 @@ def _batches(count: int = 2, padded: bool = True) -> list[dict[str, torch.Tensor
 
 
 def _both(model: nn.Module, batches, **options):
-    common = dict(rho=0.1, n_iter=6, progress=False, keep_perturbations=True)
+    # one ascent: the search's further chains start from random points of the touched rows
+    # with touched_rows=True and of the whole tables without (test below)
+    common = dict(rho=0.1, n_iter=6, progress=False, keep_perturbations=True, reach=False)
     cut = qs.sharpness(model, batches, touched_rows=True, **common, **options)
     full = qs.sharpness(model, batches, touched_rows=False, **common, **options)
     return cut, full
@@ -106,6 +108,25 @@ def test_touched_rows_give_the_value_of_the_full_tables(options) -> None:
         untouched[batch["input_ids"].unique()] = False
         assert table[untouched].abs().max() == 0
         assert table[~untouched].abs().max() > 0
+
+
+@pytest.mark.parametrize("options", [MEASURES["worst-case-l2"], MEASURES["geodesic-inv-2"]],
+                         ids=["worst-case-l2", "geodesic-inv-2"])
+def test_the_search_on_touched_rows_starts_its_chains_there(options) -> None:
+    model = _bert()
+    common = dict(rho=0.1, n_iter=6, progress=False, keep_perturbations=True,
+                  reach={"chains": 3, "min_chains": 3, "continuations": 0})
+    cut = qs.sharpness(model, _batches(), touched_rows=True, **common, **options)
+    full = qs.sharpness(model, _batches(), touched_rows=False, **common, **options)
+    # the first chain is the measurement's ascent from xi = 0: the same on both
+    for a, b in zip(cut.chains, full.chains, strict=True):
+        assert a[0] == pytest.approx(b[0], rel=1e-12)
+    # every chain of the cut search, random starts included, leaves the other rows alone
+    for batch, moved in zip(_batches(), cut.perturbations, strict=True):
+        table = moved["bert.embeddings.word_embeddings.weight"]
+        untouched = torch.ones(VOCAB, dtype=torch.bool)
+        untouched[batch["input_ids"].unique()] = False
+        assert table[untouched].abs().max() == 0
 
 
 def test_touched_rows_in_float32_and_half_precision() -> None:

@@ -1,6 +1,7 @@
 """Small models that several test modules share."""
 
 import torch
+from torch import nn
 
 
 def tiny_bert_classifier():
@@ -17,3 +18,16 @@ def tiny_bert_classifier():
     with torch.no_grad():
         model.bert.encoder.layer[0].attention.self.query.weight[0, :4] = 0.0
     return model
+
+
+class Factored(nn.Module):
+    """``x (left right)^T``: one GL(2) pair of a 5 x 2 and a 2 x 4 factor, float64, seeded."""
+
+    def __init__(self):
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.left = nn.Parameter(torch.randn(5, 2, generator=generator, dtype=torch.float64))
+        self.right = nn.Parameter(torch.randn(2, 4, generator=generator, dtype=torch.float64))
+
+    def forward(self, x):
+        return x @ (self.left @ self.right).T

@@ -13,6 +13,8 @@ import re
 import sys
 from collections.abc import Sequence
 
+from quotientsharp.cli.output_errors import OUTPUT_ERRORS, output_error_message
+
 #: Subcommand -> its module. Every module exposes ``add_parser(subparsers)`` and
 #: ``run(args) -> int`` and imports torch inside ``run``, so ``--help`` stays fast.
 COMMANDS = {
@@ -78,6 +80,17 @@ def _quiet_stdout() -> None:
         os.close(devnull)
 
 
+def _report_output_error(args: argparse.Namespace, err: BaseException) -> None:
+    """Print ``quotientsharp COMMAND: error: MESSAGE`` (:mod:`.output_errors`), on rank 0 or
+    on the rank that raised it."""
+    from quotientsharp.workflows.records import is_main_rank
+
+    if is_main_rank() or getattr(err, "raised_on_this_rank", False):
+        study = getattr(args, "study", None) if args.command == "reproduce" else None
+        print(f"quotientsharp {args.command}{f' {study}' if study else ''}: error: "
+              f"{output_error_message(err)}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -89,6 +102,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the reader went away (``quotientsharp symmetries --json | head``): stop quietly
         _quiet_stdout()
         return BROKEN_PIPE_STATUS
+    except OUTPUT_ERRORS as err:
+        # a locked, read-only or full output, from any command and stage: one line
+        _report_output_error(args, err)
+        return 2
+    except (SystemExit, KeyboardInterrupt) as err:
+        # sys.exit or an interrupt in the user's code: one line naming its module, non-zero
+        from quotientsharp.cli.user_exits import exit_status, user_exit_message
+
+        message = user_exit_message(err)
+        if message is None:
+            raise
+        print(f"quotientsharp {args.command}: error: {message}", file=sys.stderr)
+        return exit_status(err)
     return status
 
 

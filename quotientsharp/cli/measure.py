@@ -163,7 +163,8 @@ def _measure(args: argparse.Namespace) -> int:
         seconds = time.perf_counter() - tic
         label = measure_label(measure, result.settings)
         rows.append({"label": label, "value": result.value, "per_batch": result.per_batch,
-                     "clean_losses": result.clean_losses, "seconds": seconds})
+                     "clean_losses": result.clean_losses, "reach": result.min_reach,
+                     "local": result.local, "seconds": seconds})
         measured[label] = result
         results[measure_run.key] = {
             "measure": measure,
@@ -175,6 +176,10 @@ def _measure(args: argparse.Namespace) -> int:
     print(results_table(rows))
     if no_symmetry:
         print(f"note: {NO_SYMMETRY_NOTE}")
+    if symmetry is not None and "geodesic" in measures and args.metric is not None:
+        print(f"note: --metric {args.metric} did not apply: with --symmetry {symmetry} geodesic "
+              "sharpness measures with the metric of each binding's own quotient (named in its "
+              "row)")
     gaps = reference_lines(list(measured.items()))
     if gaps:
         print(gaps)
@@ -221,6 +226,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _measure(args)
     except (OSError, ValueError, TypeError, KeyError, IndexError, RuntimeError) as err:
-        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        from quotientsharp.cli.output_errors import error_text
+
+        message = error_text(err)
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return 2

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quotientsharp.workflows.labels import bindings_metric
+
 if TYPE_CHECKING:
     import torch
 
@@ -53,7 +55,11 @@ def environment(device: torch.device) -> dict[str, Any]:
 def measure_label(measure: str, settings: dict[str, Any]) -> str:
     """The name of ``measure`` in the table, with the settings that tell its variants apart."""
     if measure == "geodesic":
-        return f"geodesic ({settings['metric']}, order {settings['order']})"
+        # a user's bindings measure with their own quotients' metric: named by binding
+        bindings = settings.get("bindings")
+        metric = (f"{bindings_metric(bindings)} metric" if bindings
+                  else settings.get("metric"))
+        return f"geodesic ({metric}, order {settings['order']})"
     if measure in ("worst_case", "adaptive") and settings.get("p") == "inf":
         return f"{measure} (Linf)"
     return measure
@@ -73,23 +79,31 @@ def jsonable(value: Any) -> Any:
 
 
 def results_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The text table of stdout: one line per measure (value, batch range, clean loss, time)."""
+    """The text table of stdout: one line per measure (value, batch range, clean loss, the
+    lowest reach estimate over the batches, whether every ball was local, time)."""
     header = (f"{'measure':28s} {'value':>12s} {'min batch':>12s} {'max batch':>12s} "
-              f"{'clean loss':>11s} {'seconds':>8s}")
+              f"{'clean loss':>11s} {'reach':>6s} {'local':>5s} {'seconds':>8s}")
     lines = [header, "-" * len(header)]
     for row in rows:
+        reach = "-" if row.get("reach") is None else f"{row['reach']:.3f}"
+        local = {None: "-", True: "yes", False: "no"}[row.get("local")]
         lines.append(f"{row['label']:28s} {row['value']:12.5g} {min(row['per_batch']):12.5g} "
                      f"{max(row['per_batch']):12.5g} "
                      f"{sum(row['clean_losses']) / len(row['clean_losses']):11.5g} "
-                     f"{row['seconds']:8.2f}")
+                     f"{reach:>6s} {local:>5s} {row['seconds']:8.2f}")
     return "\n".join(lines)
 
 
 def solver_quality(result: Any) -> dict[str, Any]:
-    """The JSON entries of an ascent measure's solver diagnostics: the convergence ``traces``
-    and, with a reference solve, ``reference_value``, ``gap``, ``relative_gap`` and their
+    """The JSON entries of an ascent measure's solver diagnostics: the reach estimates, the
+    chains' values, the evaluations spent and the locality per batch, the convergence
+    ``traces`` and, with a reference solve, ``reference_value``, ``gap``, ``relative_gap`` and their
     per-batch lists; with ``--blockwise``, ``blocks`` (per batch) and ``block_summary``."""
     entries: dict[str, Any] = {}
+    if result.evaluations:
+        entries.update(reach=result.reach, min_reach=result.min_reach, chains=result.chains,
+                       evaluations=result.evaluations, locality=result.locality,
+                       local=result.local)
     if result.traces:
         entries["traces"] = result.traces
     if result.reference_per_batch:

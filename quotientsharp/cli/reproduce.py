@@ -137,9 +137,14 @@ def _with_note(module: ModuleType, args: argparse.Namespace) -> int:
     """Run the study; after a successful one, rank 0 prints the sign convention of its taus
     and where the results page is (:func:`~quotientsharp.reproduce.results_page.reading_guide`;
     a study module's ``GENERALISATION`` says what its taus rank sharpness against)."""
+    from quotientsharp.cli.output_errors import check_output_folder
     from quotientsharp.reproduce.results_page import reading_guide
     from quotientsharp.workflows.records import is_main_rank
 
+    # a folder another run holds is refused before the study computes anything (by rank 0
+    # alone: under torchrun the other ranks would find rank 0's own lock)
+    if is_main_rank():
+        check_output_folder(getattr(args, "out", None))
     status = int(module.run(args) or 0)
     if status == 0 and is_main_rank():
         print(f"\n{reading_guide(getattr(module, 'GENERALISATION', None))}")

@@ -114,8 +114,15 @@ def _study(args: argparse.Namespace) -> int:
     try:
         _check(args)
         outcome = run_study(args.manifest, args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
+        from quotientsharp.cli.user_exits import user_exit_message
+
         if is_main_rank():
+            # an interrupt from the user's code is named; either way the finished models
+            # are kept and --resume continues
+            message = user_exit_message(err)
+            if message is not None:
+                print(f"quotientsharp study: error: {message}", file=sys.stderr)
             out = args.out if args.out is not None else default_out(args.manifest)
             print(f"\ninterrupted: the models measured so far are kept in {out}; continue "
                   "with --resume", file=sys.stderr)
@@ -124,7 +131,9 @@ def _study(args: argparse.Namespace) -> int:
         if isinstance(err, RuntimeError) and describe_collective_failure(err) is not None:
             raise                   # reported by run_in_process_group
         if is_main_rank() or getattr(err, "raised_on_this_rank", False):
-            message = err.args[0] if isinstance(err, KeyError) and err.args else err
+            from quotientsharp.cli.output_errors import error_text
+
+            message = error_text(err)
             print(f"{PROG}: error: {message}", file=sys.stderr)
         return 2
     if is_main_rank():

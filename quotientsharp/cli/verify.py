@@ -120,6 +120,11 @@ def run(args: argparse.Namespace) -> int:
 
     dtypes = {"float64": [torch.float64], "float32": [torch.float32],
               "both": [torch.float64, torch.float32]}[args.dtype]
+    if args.seeds < 1:
+        # zero seeds would run no check and pass any quotient
+        print(f"{PROG}: error: --seeds must be an integer >= 1, got {args.seeds}",
+              file=sys.stderr)
+        return 2
     if args.quotient:
         try:
             quotients = [user_quotient(spec) for spec in args.quotient]

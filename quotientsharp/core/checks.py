@@ -21,6 +21,7 @@ import torch
 from quotientsharp.core import _tuples as T
 from quotientsharp.core import reference
 from quotientsharp.core.quotient import ClosedFormQuotient, SymmetryQuotient
+from quotientsharp.core.validation import check_count
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -149,6 +150,34 @@ def _within_domain(q: SymmetryQuotient, x: Tensors, h: Tensors) -> Tensors:
     raise ValueError("could not find a velocity whose geodesic stays inside the manifold")
 
 
+def _vertical_check(q: SymmetryQuotient, x: Tensors, a: torch.Tensor) -> tuple[str, float, str]:
+    """``vertical(x, a)`` against the velocity of ``act(x, exp(s a))`` at ``s = 0``."""
+    s0 = torch.zeros((), dtype=x[0].dtype, device=x[0].device)
+    _, orbit_velocity = reference.jvp_pair(lambda s: q.act(x, q.group_exp_at(x, s * a)), (s0,),
+                                           (torch.ones_like(s0),))
+    return ("vertical_is_orbit_velocity", relative_error(q.vertical(x, a), orbit_velocity),
+            "vertical(x, a) = d/ds act(x, exp(s a)) at s = 0")
+
+
+def _act_tangent_check(q: SymmetryQuotient, x: Tensors, u: Tensors, g: torch.Tensor
+                       ) -> tuple[str, float, str]:
+    """An overriding ``act_tangent`` against the jvp of ``act``."""
+    _, pushed = reference.jvp_pair(lambda y: q.act(y, g), (x,), (u,))
+    return ("act_tangent_vs_jvp", relative_error(q.act_tangent(x, u, g), pushed),
+            "closed-form pushforward against the jvp of act")
+
+
+def _invariance_check(q: SymmetryQuotient, x: Tensors, u: Tensors, w: Tensors,
+                      g: torch.Tensor) -> tuple[str, float, str]:
+    """``<g.u, g.w>_{g.x} = <u, w>_x``, relative to ``||u|| ||w||``."""
+    gx = q.act(x, g)
+    lhs = q.inner(gx, q.act_tangent(x, u, g), q.act_tangent(x, w, g))
+    rhs = q.inner(x, u, w)
+    scale = (q.norm(x, u) * q.norm(x, w)).clamp_min(1e-300)
+    return ("metric_invariance", float(((lhs - rhs).abs() / scale).max()),
+            "<g.u, g.w>_{g.x} = <u, w>_x for a random group element")
+
+
 def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = torch.float64,
               point: Tensors | None = None, batch_shape: Sequence[int] = (3,),
               device: torch.device | str | None = None) -> list[CheckResult]:
@@ -178,6 +207,9 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
     if not isinstance(quotient, SymmetryQuotient):
         raise TypeError(f"quotient must be a SymmetryQuotient instance (e.g. GLQuotient('inv')), "
                         f"got {type(quotient).__name__} {quotient!r}")
+    seed = check_count("seed", seed, minimum=0)
+    # an empty batch would pass every check without testing anything
+    batch_shape = [check_count("batch_shape entries", n) for n in batch_shape]
     gen = torch.Generator().manual_seed(seed)
     if point is None:
         shapes = quotient.point_shapes or getattr(quotient, "check_shapes", None)
@@ -244,23 +276,12 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
     # --- group action
     a = torch.randn(*T.batch_shape(x, nd), *q.algebra_shape(x), generator=gen,
                     dtype=x[0].dtype, device=gen.device).to(x[0].device)
-    s0 = torch.zeros((), dtype=x[0].dtype, device=x[0].device)
-    _, orbit_velocity = reference.jvp_pair(lambda s: q.act(x, q.group_exp_at(x, s * a)), (s0,),
-                                           (torch.ones_like(s0),))
-    add("vertical_is_orbit_velocity", relative_error(q.vertical(x, a), orbit_velocity),
-        "vertical(x, a) = d/ds act(x, exp(s a)) at s = 0")
+    add(*_vertical_check(q, x, a))
     g = q.random_group_element(on_host, generator=gen).to(x[0].device)
     if _overrides(q, "act_tangent"):
-        _, pushed = reference.jvp_pair(lambda y: q.act(y, g), (x,), (u,))
-        add("act_tangent_vs_jvp", relative_error(q.act_tangent(x, u, g), pushed),
-            "closed-form pushforward against the jvp of act")
+        add(*_act_tangent_check(q, x, u, g))
     if getattr(q, "invariant", True):
-        gx = q.act(x, g)
-        lhs = q.inner(gx, q.act_tangent(x, u, g), q.act_tangent(x, w, g))
-        rhs = q.inner(x, u, w)
-        scale = (q.norm(x, u) * q.norm(x, w)).clamp_min(1e-300)
-        add("metric_invariance", float(((lhs - rhs).abs() / scale).max()),
-            "<g.u, g.w>_{g.x} = <u, w>_x for a random group element", bound=max(tol, 1e-9))
+        add(*_invariance_check(q, x, u, w, g), bound=max(tol, 1e-9))
 
     # --- Christoffel
     add("christoffel_vs_reference", relative_error(q.christoffel(x, u, w),
@@ -355,6 +376,165 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
     return results
 
 
+#: Relative error the contract of :func:`check_contract` is held to. It runs in float64 at a
+#: model's real point, which may be ill-conditioned (rounding ``~ eps * condition``, ``1e-10``
+#: at a condition of ``1e6``); a wrong formula is off at order one (the defects found: 3-14 %).
+CONTRACT_TOLERANCE = 1e-4
+#: Largest ``algebra dimension x point size`` for which :func:`check_contract` forms the
+#: vertical basis (the reference projection); above it, random vertical vectors stand in.
+CONTRACT_BASIS_BUDGET = 4_000_000
+#: The operations whose overrides :func:`check_contract` holds to their references.
+CONTRACT_METHODS = ("horizontal_projection", "vertical_projection", "raise_index",
+                    "euclidean_to_riemannian_gradient", "christoffel", "geodesic",
+                    "geodesic_exact", "frozen_point")
+
+
+def _pairing(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], ndims: Sequence[int]
+             ) -> torch.Tensor:
+    """The Euclidean pairing ``a . b`` per batch element, ``shape=[*batch]``."""
+    return cast(torch.Tensor, sum((p * r).sum(tuple(range(-k, 0))) if k else p * r
+                                  for p, r, k in zip(a, b, ndims, strict=True)))
+
+
+def _horizontality(q: SymmetryQuotient, x: Tensors, u: Tensors, gen: torch.Generator,
+                   basis: bool) -> float:
+    """Largest normalised metric product of ``u`` with a vertical vector: over the algebra's
+    basis (``basis``), else over four random algebra elements."""
+    if basis:
+        return float(reference.horizontality_error(q, x, u).max())
+    worst = 0.0
+    norm_u = q.norm(x, u)
+    for _ in range(4):
+        a = torch.randn(*T.batch_shape(x, q.point_ndims), *q.algebra_shape(x), generator=gen,
+                        dtype=x[0].dtype, device=gen.device).to(x[0].device)
+        v = q.vertical(x, a)
+        ratio = q.inner(x, v, u).abs() / (q.norm(x, v) * norm_u).clamp_min(1e-300)
+        worst = max(worst, float(ratio.max()))
+    return worst
+
+
+def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
+                   tolerance: float = CONTRACT_TOLERANCE, group_scale: float = 1.0
+                   ) -> list[CheckResult]:
+    """The contract of a quotient at the point ``x``, cheaply: what the sharpness engine
+    relies on, checked before it measures with a user's quotient.
+
+    Always: ``vertical()`` against the derivative of ``act()``
+    (``vertical_is_orbit_velocity``), the symmetry of ``inner`` (``inner_symmetric``) and its
+    invariance under a random group element (``metric_invariance``, unless the quotient says
+    ``invariant = False``), an overriding ``act_tangent`` against the jvp of ``act``. Then,
+    when the class overrides one of :data:`CONTRACT_METHODS`, the operations of its frozen
+    point ``quotient.at(x)`` (what the engine runs) against their references: the horizontal
+    projection against the normal equations over the vertical basis, the Riemannian gradient
+    by its defining property (horizontal, and ``<grad, h>_x = egrad . h`` for horizontal
+    ``h``), the Christoffel contraction and ``raise_index`` by the lowered forms of
+    :mod:`~quotientsharp.core.reference` (``g(x) Gamma(v, v)`` is the Christoffel covector,
+    autograd on ``inner``), the geodesics of orders 1 and 2 against their formulas and the
+    exact one against RK4 integration over a short time.
+
+    Every reference is matrix-free (no ``N x N`` metric): the cost is a few evaluations of
+    ``inner`` and its autograd, plus ``K`` vertical vectors for the projection, ``K`` the
+    algebra's dimension (random vertical vectors instead when ``K x size(x)`` exceeds
+    :data:`CONTRACT_BASIS_BUDGET`).
+
+    Parameters
+    ----------
+    quotient
+        The quotient.
+    x
+        The point (float64 recommended: the tolerance is relative, ``1e-4`` by default).
+    seed
+        Seed of the random tangent vectors and group element (drawn on ``x``'s device).
+    tolerance
+        Bound of every relative error.
+    group_scale
+        Scale of the random group element's algebra element (``random_group_element``).
+
+    Returns
+    -------
+    list[CheckResult]
+        One per property checked, in the order above.
+    """
+    q = quotient
+    x = q.check_point(tuple(x), "x")
+    nd = q.point_ndims
+    gen = torch.Generator(device=x[0].device).manual_seed(check_count("seed", seed, minimum=0))
+    results: list[CheckResult] = []
+
+    def add(name: str, err: float, detail: str) -> None:
+        results.append(CheckResult(name, err, tolerance, bool(err <= tolerance), detail))
+
+    u = _random_tangent_raw(x, nd, gen)
+    w = _random_tangent_raw(x, nd, gen)
+    a = torch.randn(*T.batch_shape(x, nd), *q.algebra_shape(x), generator=gen,
+                    dtype=x[0].dtype, device=gen.device).to(x[0].device)
+    add(*_vertical_check(q, x, a))
+    add("inner_symmetric", relative_error((q.inner(x, u, w),), (q.inner(x, w, u),)),
+        "<u, w>_x = <w, u>_x")
+    g = q.random_group_element(x, scale=group_scale, generator=gen)
+    if _overrides(q, "act_tangent"):
+        add(*_act_tangent_check(q, x, u, g))
+    if getattr(q, "invariant", True):
+        add(*_invariance_check(q, x, u, w, g))
+    if not any(_overrides(q, m) for m in CONTRACT_METHODS):
+        return results
+
+    frozen = q.at(x)
+    algebra = torch.Size(q.algebra_shape(x)).numel()
+    basis = algebra * sum(c.numel() for c in x) <= CONTRACT_BASIS_BUDGET
+    # --- the horizontal projection
+    hu = tuple(frozen.horizontal_projection(u))
+    if basis:
+        add("horizontal_projection_vs_reference",
+            relative_error(hu, reference.horizontal_projection(q, x, u)),
+            "against the normal equations over the vertical basis")
+    else:
+        add("projection_horizontal", _horizontality(q, x, hu, gen, basis=False),
+            "metric products of P_h u with random vertical vectors")
+        add("projection_idempotent", relative_error(frozen.horizontal_projection(hu), hu),
+            "P(P u) = P u")
+    # horizontal test vectors from the reference (or the projection just checked)
+    h = reference.horizontal_projection(q, x, w) if basis else frozen.horizontal_projection(w)
+    # --- the Riemannian gradient: horizontal, and <grad, h>_x = egrad . h for horizontal h
+    egrad = _random_tangent_raw(x, nd, gen)
+    rgrad, squared = frozen.riemannian_gradient_and_squared_norm(egrad)
+    add("gradient_vs_reference", max(
+        relative_error((q.inner(x, rgrad, h),), (_pairing(egrad, h, nd),)),
+        relative_error((q.inner(x, rgrad, hu),), (_pairing(egrad, hu, nd),)),
+        relative_error((squared,), (q.inner(x, rgrad, rgrad),))),
+        "<grad, h>_x = egrad . h for horizontal h, and its squared norm")
+    add("gradient_horizontal", _horizontality(q, x, rgrad, gen, basis),
+        "metric products of the gradient with vertical vectors")
+    # --- raise_index: g(x) raise(c) = c
+    add("raise_index_vs_reference",
+        relative_error(reference.lower(q, x, frozen.raise_index(egrad)), egrad),
+        "g(x) raise_index(c) = c (the metric by autograd of inner)")
+    # --- the Christoffel contraction, lowered: g(x) Gamma(v, v) = the Christoffel covector
+    quadratic = q.inner(x, frozen.christoffel(u), w)
+    covector = _pairing(reference.christoffel_covector(q, x, u), w, nd)
+    bilinear = q.inner(x, frozen.christoffel(u, hu), w)
+    polarised = 0.25 * (_pairing(reference.christoffel_covector(q, x, T.add(u, hu)), w, nd)
+                        - _pairing(reference.christoffel_covector(q, x, T.sub(u, hu)), w, nd))
+    add("christoffel_vs_reference", max(relative_error((quadratic,), (covector,)),
+                                        relative_error((bilinear,), (polarised,))),
+        "<Gamma(u, v), w>_x against the covector D(g v)[v] - grad <v, v> / 2 by autograd")
+    # --- geodesics: orders 1 and 2 by their formulas, the exact one against RK4
+    size = max(float(c.abs().max()) for c in x)
+    speed = max(float(c.abs().max()) for c in h)
+    v = T.scale(1e-2 * size / max(speed, 1e-300), h, nd)
+    gamma = frozen.christoffel(v)
+    second = tuple(p + r - 0.5 * c for p, r, c in zip(x, v, gamma, strict=True))
+    for order, want in ((1, T.add(x, v)), (2, second)):
+        add(f"geodesic_order{order}_vs_formula",
+            relative_error(T.sub(frozen.geodesic(v, order=order), x), T.sub(want, x)),
+            "x + t u" if order == 1 else "x + t u - t^2/2 Gamma(u, u)")
+    ode = reference.geodesic_ode(x, v, 1.0, nd, q.christoffel, steps=8)
+    add("exact_geodesic_vs_ode",
+        relative_error(T.sub(frozen.geodesic(v, order="exact", steps=8), x), T.sub(ode, x)),
+        "the exact geodesic against RK4 integration of the geodesic equation (8 steps)")
+    return results
+
+
 def format_results(results: Sequence[CheckResult], title: str = "") -> str:
     """A plain-text table of check results, one row per check.
 
@@ -382,4 +562,5 @@ def format_results(results: Sequence[CheckResult], title: str = "") -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CheckResult", "check_all", "format_results", "relative_error"]
+__all__ = ["CONTRACT_TOLERANCE", "CheckResult", "check_all", "check_contract",
+           "format_results", "relative_error"]

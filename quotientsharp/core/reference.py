@@ -25,13 +25,20 @@ Tensors = tuple[torch.Tensor, ...]
 
 def jvp_pair(function: Callable[..., Any], primals: tuple[Any, ...],
              tangents: tuple[Any, ...]) -> tuple[Any, Any]:
-    """``(function(*primals), d function(*primals)[tangents])`` by ``torch.func.jvp``.
+    """``(function(*primals), d function(*primals)[tangents])`` by reverse mode twice.
 
-    ``torch.func.jvp`` is annotated to return a pair or (with ``has_aux``) a triple, so
-    unpacking its pair does not type-check; this names the pair once.
+    ``J t`` is the vector-Jacobian product of the linear map ``c -> J^T c`` (itself a
+    ``torch.func.vjp``) with cotangent ``t``. Forward-mode AD (``torch.func.jvp``) is not used:
+    its first call in a process makes torch script its jvp decompositions, a
+    ``DeprecationWarning`` (``torch.jit.script``) that reaches the user and fails
+    ``pytest -W error``.
     """
-    result = torch.func.jvp(function, primals, tangents)
-    return result[0], result[1]
+    # torch.func.vjp is annotated as a pair or (with has_aux) a triple: indexed, not unpacked
+    first = torch.func.vjp(function, *primals)
+    output, pull = first[0], first[1]
+    dummy = torch.utils._pytree.tree_map(torch.zeros_like, output)
+    (pushed,) = torch.func.vjp(pull, dummy)[1](tuple(tangents))
+    return output, pushed
 
 
 def _algebra_basis(q: SymmetryQuotient, x: Tensors) -> tuple[torch.Tensor, torch.Size]:

@@ -148,3 +148,16 @@ def check_time(t: object, name: str = "t") -> float | torch.Tensor:
         raise ValueError(f"{name} must be finite, got {t!r}")
     # int, numpy scalars, ...: the formulas are written for a Python float (the same value)
     return float(t)
+
+
+def check_count(name: str, value: object, minimum: int = 1) -> int:
+    """``value`` as an ``int`` if it is an integer ``>= minimum``; else a ``ValueError``
+    naming ``name``.
+
+    A count below its minimum makes a check vacuous (zero seeds, samples or models pass
+    anything), so it is refused rather than run; ``bool`` and non-integers (``2.0``) are
+    refused too.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)

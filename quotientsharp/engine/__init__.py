@@ -47,6 +47,7 @@ from quotientsharp.engine.layouts import NoSymmetryWarning
 from quotientsharp.engine.measures import Measure, NonFiniteLossError
 from quotientsharp.engine.plots import plot_blocks
 from quotientsharp.engine.registry import MEASURE_REGISTRY, MeasureSpec
+from quotientsharp.engine.result import ReachWarning
 from quotientsharp.engine.solver import (
            AscentGeometry,
            AscentOutcome,
@@ -62,6 +63,7 @@ __all__ = ["MEASURES", "MEASURE_REGISTRY", "AscentGeometry", "AscentOutcome", "A
            "Block", "BlockOutcome", "BoundCoordinates", "BoxGeometry", "CompiledSteps", "Factor",
            "FunctionalModel", "GeodesicBall", "HandedOver", "LayoutCoordinates", "Measure",
            "MeasureSpec", "NoSymmetryWarning", "NonFiniteLossError", "PlainCoordinates",
+           "ReachWarning",
            "SharpnessResult",
            "TrustRegionMaximum", "ascend", "blockwise", "build_geometry", "checkpoints",
            "perturbed_objective", "plot_blocks", "reference_settings", "resolve_loss",

@@ -123,7 +123,7 @@ def _first_evaluation(functional: FunctionalModel, batch: Batch
     One forward+backward finds the parameters without gradient; the measure reuses it as the
     clean loss and the ascent's evaluation at ``xi = 0``.
     """
-    before = global_states()
+    before = global_states(functional.model)
     with functional.checking(), functional.recording_tables() as tables:
         first = FirstEvaluation(*functional.loss_and_gradients(batch))
     first.rows = tables.rows()
@@ -282,9 +282,11 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: str = "geodesic
         reusable = [first]
         del first
         for index, batch in itertools.chain([head], stream):
+            before = global_states(model)   # every batch: a draw on any forward is refused
             with value_checks(False):
                 outcomes.append(evaluator(batch, index, bar.update, opts["keep_perturbations"],
                                           reusable.pop() if reusable else None))
+            check_deterministic(before, batch, "its ascent")
 
     # 5. the result
     settings = {"measure": spec.name, "rho": rho, "n_batches": len(outcomes),

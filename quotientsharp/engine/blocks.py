@@ -30,6 +30,7 @@ batch, against about ``3 (n_iter + 1)`` forward-equivalents of the ascent itself
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +46,8 @@ Tensors = tuple[torch.Tensor, ...]
 #: The kinds of block: a parameter by name, an attention head pair, a diagonal pair, a binding.
 BLOCK_KINDS = ("parameter", "head", "diagonal", "binding")
 
-__all__ = ["BLOCK_KINDS", "Block", "BlockOutcome", "block_loss_changes",
+__all__ = ["BLOCK_KINDS", "LOCAL_DISPLACEMENT", "LOCAL_SECOND_ORDER", "Block", "BlockOutcome",
+           "Locality", "block_loss_changes", "locality",
            "block_squared_norms", "blockwise", "restrict"]
 
 
@@ -232,3 +234,137 @@ def blockwise(loss_at: Callable[[Tensors], torch.Tensor], geometry: GeodesicBall
     squares = block_squared_norms(geometry, blocks, xi)
     changes = block_loss_changes(loss_at, geometry, blocks, xi, clean, squares.tolist())
     return BlockOutcome(blocks, squares, changes)
+
+
+# ---------------------------------------------------------------------------- locality
+#: A ball is *local* at its best perturbation when no parameter tensor moves by more than its
+#: own norm and, on every curved symmetry factor, the path's second-order term is at most half
+#: its first-order term (``docs/sharpness.md``, "Locality").
+LOCAL_DISPLACEMENT = 1.0
+LOCAL_SECOND_ORDER = 0.5
+
+
+@dataclass(frozen=True)
+class Locality:
+    """How far the best perturbation of one batch moved the model, and how curved its path is.
+
+    Attributes
+    ----------
+    displacement
+        Largest ``||theta'_t - theta_t|| / ||theta_t||`` over the parameter tensors ``t``
+        (``theta'`` the perturbed parameters; tensors with ``theta_t = 0`` left out).
+    parameter
+        The tensor of :attr:`displacement`.
+    factor_displacement
+        Geodesic measures: largest ``||x'_f - x_f|| / ||x_f||`` over the tensors of the
+        symmetry factors (per attention head: ``G`` and ``H`` of each pair), ``None`` without
+        a symmetry factor.
+    factor
+        The block of :attr:`factor_displacement` (``"... head 3"``, a binding's name).
+    second_order
+        Geodesic measures: largest ``||Gamma(xi, xi) / 2|| / ||xi||`` (Frobenius norms) over the
+        tensors of the curved symmetry factors, the size of the path's second-order term
+        against its first; ``None`` without a curved factor (order 1, no symmetry).
+    second_order_factor
+        The block of :attr:`second_order`.
+    """
+
+    displacement: float
+    parameter: str
+    factor_displacement: float | None = None
+    factor: str | None = None
+    second_order: float | None = None
+    second_order_factor: str | None = None
+
+    @property
+    def local(self) -> bool:
+        """Whether the ball is local here (:data:`LOCAL_DISPLACEMENT`,
+        :data:`LOCAL_SECOND_ORDER`)."""
+        return self.displacement <= LOCAL_DISPLACEMENT and (
+            self.second_order is None or self.second_order <= LOCAL_SECOND_ORDER)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"displacement": self.displacement, "parameter": self.parameter,
+                "factor_displacement": self.factor_displacement, "factor": self.factor,
+                "second_order": self.second_order,
+                "second_order_factor": self.second_order_factor, "local": self.local}
+
+
+def _entry_ratios(top: Sequence[torch.Tensor], bottom: Sequence[torch.Tensor],
+                  ndims: Sequence[int]) -> torch.Tensor:
+    """Per tensor and folded entry, ``||top|| / ||bottom||`` over the point's own dimensions
+    (entries with ``bottom = 0`` give ``0``), ``shape=[tensors, entries]``."""
+    rows = []
+    for a, b, k in zip(top, bottom, ndims, strict=True):
+        dims = tuple(range(a.dim() - k, a.dim()))
+        num = torch.linalg.vector_norm(a, dim=dims).reshape(-1)
+        den = torch.linalg.vector_norm(b, dim=dims).reshape(-1)
+        rows.append(torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny),
+                                torch.zeros_like(num)))
+    width = max(r.numel() for r in rows)
+    return torch.stack([torch.nn.functional.pad(r, (0, width - r.numel())) for r in rows])
+
+
+def _worst(ratios: list[tuple[torch.Tensor, list[str]]]) -> tuple[float | None, str | None]:
+    """The largest entry of several ``[tensors, entries]`` ratio tables and its label."""
+    best: tuple[float | None, str | None] = (None, None)
+    for table, labels in ratios:
+        value, flat = table.reshape(-1).max(0)
+        if best[0] is None or float(value) > best[0]:
+            best = (float(value), labels[int(flat) % table.shape[1]])
+    return best
+
+
+def locality(geometry: GeodesicBall | BoxGeometry, coordinates: Any, blocks: Sequence[Block],
+             theta: dict[str, torch.Tensor], xi: Sequence[torch.Tensor]) -> Locality:
+    """The :class:`Locality` of the best perturbation ``xi`` (a tangent vector of ``geometry``).
+
+    ``coordinates`` maps a point of the geometry to parameters by name (``updates``),
+    ``blocks`` names the folded entries (``coordinates.blocks()``), ``theta`` holds the
+    unperturbed parameters in the geometry's dtype. One path evaluation and, for curved
+    factors, one Christoffel contraction: no forward.
+    """
+    xi = tuple(xi)
+    with torch.no_grad():
+        point = geometry.point(xi)
+        moved = coordinates.updates(point)
+        names, tops, bottoms = [], [], []
+        for name, value in moved.items():
+            names.append(name)
+            tops.append((value - theta[name]).reshape(-1))
+            bottoms.append(theta[name].reshape(-1))
+        table = _entry_ratios(tops, bottoms, [1] * len(tops))[:, 0]
+        index = int(table.argmax())
+        result: dict[str, Any] = {"displacement": float(table[index]),
+                                  "parameter": names[index]}
+        if isinstance(geometry, GeodesicBall):
+            result.update(_factor_locality(geometry, blocks, xi, point))
+    return Locality(**result)
+
+
+def _factor_locality(geometry: GeodesicBall, blocks: Sequence[Block], xi: Tensors,
+                     point: Tensors) -> dict[str, Any]:
+    """Displacement and second-order ratio of the symmetry factors (not the adaptive one)."""
+    frozen, parts, _, _ = _factor_parts(geometry, xi)
+    moved = _factor_parts(geometry, point)[1]
+    orders = (list(geometry.order) if isinstance(geometry.order, (list, tuple))
+              else [geometry.order] * len(frozen))
+    displaced, curved = [], []
+    for f, (factor, part, new) in enumerate(zip(frozen, parts, moved, strict=True)):
+        if isinstance(factor, AdaptivePoint):
+            continue
+        ndims = factor.point_ndims
+        entries = math.prod(factor.x[0].shape[:factor.x[0].dim() - ndims[0]])
+        # a head of a bucket is a block with an index; a binding or the diagonal pairs are one
+        named = {b.index: b.name for b in blocks if b.factor == f}
+        whole = named.get(None, next(iter(named.values()), f"factor {f}"))
+        labels = [named.get(i, whole) for i in range(entries)]
+        displaced.append((_entry_ratios([n - b for n, b in zip(new, factor.x, strict=True)],
+                                        factor.x, ndims), labels))
+        if orders[f] != 1:
+            half = tuple(0.5 * g for g in factor.christoffel(part))
+            curved.append((_entry_ratios(half, part, ndims), labels))
+    value, label = _worst(displaced)
+    second, second_label = _worst(curved)
+    return {"factor_displacement": value, "factor": label, "second_order": second,
+            "second_order_factor": second_label}

@@ -36,15 +36,12 @@ from quotientsharp.core.diagonal import DiagonalQuotient
 from quotientsharp.core.gl import GLQuotient, RotaryQuotient
 from quotientsharp.core.quotient import SymmetryQuotient
 from quotientsharp.engine.blocks import Block
+from quotientsharp.models.binding import validate_bindings
 
 if TYPE_CHECKING:
     from quotientsharp.engine.measures import FunctionalModel
 
 Tensors = tuple[torch.Tensor, ...]
-
-
-#: Block labels of the engine's own factors, which a user binding may not take.
-RESERVED_LABELS = frozenset({"gl", "diagonal", "other", "total"})
 
 
 @dataclass
@@ -209,38 +206,9 @@ class BoundCoordinates:
     def __init__(self, model: FunctionalModel, bindings: Sequence[Any],
                  excluded: set[str]) -> None:
         self.bindings = list(bindings)
-        seen: dict[str, str] = {}
-        labels = [b.name for b in self.bindings]
-        for label in labels:
-            if label in RESERVED_LABELS:
-                raise ValueError(f"a binding may not be named {label!r}: the name labels a block "
-                                 f"of its own in the result (reserved: {sorted(RESERVED_LABELS)})")
-            if labels.count(label) > 1:
-                raise ValueError(f"two bindings are named {label!r}: give each its own name, "
-                                 "the per-block norms of the result are reported by name")
-        for binding in self.bindings:
-            for name in binding.parameters:
-                if name not in model.theta_geometry:
-                    raise ValueError(f"binding {binding.name!r} names {name!r}, which is not a "
-                                     "trainable parameter of the model")
-                if name in seen:
-                    raise ValueError(f"parameter {name!r} is in two bindings ({seen[name]!r} "
-                                     f"and {binding.name!r})")
-                seen[name] = binding.name
-            binding.check_round_trip(model.theta_geometry)
-        self.bases = [tuple(t.detach() for t in binding.point(model.theta_geometry))
-                      for binding in self.bindings]
-        for binding, base in zip(self.bindings, self.bases, strict=True):
-            ndims = binding.quotient.point_ndims
-            if len(base) != len(ndims):
-                raise ValueError(f"binding {binding.name!r}: to_point returned {len(base)} "
-                                 f"tensors, the quotient's point has {len(ndims)}")
-            leading = {t.dim() - k for t, k in zip(base, ndims, strict=True)}
-            if leading != {binding.folded}:
-                raise ValueError(f"binding {binding.name!r}: the point has {sorted(leading)} "
-                                 f"leading (batch) dimension(s) beyond the quotient's "
-                                 f"point_ndims {tuple(ndims)}, but folded={binding.folded}; "
-                                 "folded must count them (e.g. 1 for a stack of units)")
+        # the rules QuotientSGD applies too (quotientsharp.models.binding)
+        self.bases = validate_bindings(self.bindings, model.theta_geometry)
+        seen = {name for binding in self.bindings for name in binding.parameters}
         self.other_names = [n for n in model.trainable if n not in seen and n not in excluded]
         self.other_base = tuple(model.theta_geometry[n] for n in self.other_names)
 

@@ -31,6 +31,33 @@ from quotientsharp.engine.touched_rows import (
 )
 
 
+class _DenseGradient(torch.autograd.Function):
+    """The identity (a copy) whose backward turns a sparse gradient into a dense one.
+
+    ``nn.Embedding(sparse=True)`` hands its weight a sparse COO gradient; the geometry and the
+    solver run dense elementwise and ``_foreach`` operations that have no sparse kernel. The
+    copy (not a view) lets the forward write to its input as with any other parameter.
+    """
+
+    @staticmethod
+    def forward(ctx: object, tensor: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return tensor.clone()
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return grad.to_dense() if grad.layout != torch.strided else grad
+
+
+def sparse_gradient_weights(model: nn.Module) -> set[str]:
+    """Names of the parameters that are the weight of an ``nn.Embedding(sparse=True)`` (or an
+    ``nn.EmbeddingBag(sparse=True)``): their gradient comes sparse from the forward."""
+    names: set[str] = set()
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse:
+            names.add(f"{module_name}.weight" if module_name else "weight")
+    return names
+
+
 def default_geometry_dtype(dtypes: Sequence[torch.dtype]) -> torch.dtype:
     """float64 if any parameter is float64, else float32 (half and bfloat16 models included)."""
     return torch.float64 if torch.float64 in dtypes else torch.float32
@@ -100,6 +127,8 @@ class FunctionalModel:
         #: trainable embedding tables whose untouched rows a solve may leave out
         #: (:mod:`.touched_rows`)
         self.tables = embedding_tables(model, self.trainable)
+        #: weights of sparse embeddings: their gradient is made dense where it leaves the forward
+        self.sparse_gradients = sparse_gradient_weights(model) & set(self.trainable)
         self._checking = False
         self._recorder: TableRecorder | None = None
 
@@ -204,6 +233,9 @@ class FunctionalModel:
         params = {name: (lookups[name].placeholder(self.dtypes[name]) if name in lookups
                          else tensors[name].to(self.dtypes[name]) if name in tensors
                          else self._unperturbed(name)) for name in self.theta}
+        for name in self.sparse_gradients:
+            if params[name].requires_grad:
+                params[name] = _DenseGradient.apply(params[name])
         with looked_up(lookups, self.dtypes):
             if self._checking:
                 output = self._checked_forward(params, batch)

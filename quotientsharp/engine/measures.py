@@ -34,7 +34,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from quotientsharp.core.adaptive import AdaptiveQuotient
 from quotientsharp.engine.ball import BoxGeometry, GeodesicBall
 from quotientsharp.engine.batches import Batch
-from quotientsharp.engine.blocks import BlockOutcome, blockwise
+from quotientsharp.engine.blocks import BlockOutcome, Locality, blockwise, locality
 from quotientsharp.engine.coordinates import BoundCoordinates, LayoutCoordinates, PlainCoordinates
 from quotientsharp.engine.functional import FunctionalModel, checked_clean_loss
 from quotientsharp.engine.solver import (
@@ -43,7 +43,9 @@ from quotientsharp.engine.solver import (
     CompiledSteps,
     HandedOver,
     Objective,
+    SearchSettings,
     ascend,
+    search,
 )
 from quotientsharp.engine.space import (
     AscentSpace,
@@ -145,8 +147,11 @@ class BatchOutcome:
     """One batch: sharpness, clean and perturbed loss, norms, optional displacement.
 
     The ascent measures add the solver's convergence ``trace`` (best loss after each
-    evaluation, ``shape=[evaluations]``), with ``reference_solve`` the ``reference`` solve's best
-    loss and its trace, and with ``blockwise`` the :class:`~.blocks.BlockOutcome`.
+    evaluation, ``shape=[evaluations]``), the number of loss ``evaluations``, the value each
+    search chain reached and the ``reach`` estimate (``None`` with ``reach=False``), the
+    :class:`~.blocks.Locality` of the best perturbation, with ``reference_solve`` the
+    ``reference`` solve's best loss and its trace, and with ``blockwise`` the
+    :class:`~.blocks.BlockOutcome`.
     """
 
     value: torch.Tensor
@@ -159,6 +164,10 @@ class BatchOutcome:
     reference: torch.Tensor | None = None
     reference_trace: torch.Tensor | None = None
     blocks: BlockOutcome | None = None
+    chains: list[float] | None = None
+    reach: float | None = None
+    evaluations: int = 0
+    locality: Locality | None = None
 
 
 # ---------------------------------------------------------------------------- protocol
@@ -302,6 +311,12 @@ class AscentMeasure:
         Run the solver's per-iteration geometry as ``torch.compile`` graphs
         (:meth:`.solver.CompiledSteps.shared`, reused by every batch and call): equal to
         the eager path to rounding, its compile paid in the setup of the first batch.
+    reach
+        The search beyond the first ascent and its reach estimate
+        (:class:`~.solver.SearchSettings`, :func:`.solver.search`); ``None``: one ascent, no
+        estimate.
+    probe_generator
+        Random starts of the search's further chains (a stream of their own).
     """
 
     def __init__(self, model: FunctionalModel, settings: AscentSettings,
@@ -309,7 +324,10 @@ class AscentMeasure:
                  reference: AscentSettings | None = None,
                  reference_generator: torch.Generator | None = None,
                  blockwise: bool = False, touched_rows: bool = True,
-                 host_decisions: bool = True, compile_steps: bool = False) -> None:
+                 host_decisions: bool = True, compile_steps: bool = False,
+                 reach: SearchSettings | None = None,
+                 probe_generator: torch.Generator | None = None) -> None:
+        self.reach, self.probe_generator = reach, probe_generator
         self.model, self.settings, self.generator = model, settings, generator
         self.plan = geometry
         self.nonfinite = nonfinite
@@ -354,6 +372,9 @@ class AscentMeasure:
 
     def evaluations_per_batch(self) -> int:
         evaluations = self.settings.runs * self.settings.evaluations_per_run
+        if self.reach is not None:
+            # the fewest chains; continuations and further chains are counted as they run
+            evaluations += (self.reach.min_chains - 1) * self.settings.evaluations_per_run
         if self.reference is not None:
             evaluations += self.reference.runs * self.reference.evaluations_per_run
         return evaluations
@@ -413,17 +434,32 @@ class AscentMeasure:
             handed = HandedOver(*start)
             start = initial = None
         skip = self.nonfinite == "skip"
-        outcome = ascend(solved.geometry, solve, self.settings, self.generator, tick,
-                         initial=handed, skip_nonfinite=skip, host_decisions=self.host_decisions,
-                         compiled=self.compiled)
+        if self.reach is None:
+            outcome = ascend(solved.geometry, solve, self.settings, self.generator, tick,
+                             initial=handed, skip_nonfinite=skip,
+                             host_decisions=self.host_decisions, compiled=self.compiled)
+            solves = [(self.settings, outcome, "")]
+            chains, reach = None, None
+            evaluations = self.settings.runs * self.settings.evaluations_per_run
+        else:
+            found = search(solved.geometry, solve, self.settings, self.reach, clean.item(),
+                           self.generator, self.probe_generator, tick, initial=handed,
+                           skip_nonfinite=skip, host_decisions=self.host_decisions,
+                           compiled=self.compiled)
+            outcome = AscentOutcome(found.loss, found.xi, [], found.solves[0][1].start_loss,
+                                    trace=found.trace)
+            solves = [(s, o, "" if i == 0 else " (reach search)")
+                      for i, (s, o) in enumerate(found.solves)]
+            chains, reach, evaluations = found.chains, found.reach, found.evaluations
         del handed, start
         norms = solved.geometry.block_norms(outcome.xi)
         if touched is not None:
             # the best iterate at full size (zero off the rows), for what follows
             outcome.xi = touched.expand(outcome.xi)
         radius = float(space.geometry.radius)
-        skipped = _check_ascent(outcome, index, self.settings, self.model, radius,
-                                self.nonfinite)
+        skipped = sum(_check_ascent(o, index, s, self.model, radius, self.nonfinite, label)
+                      for s, o, label in solves)
+        del solves
         reference = None
         if self.reference is not None:
             reference = ascend(space.geometry, objective, self.reference,
@@ -439,11 +475,14 @@ class AscentMeasure:
             with torch.no_grad():
                 perturbation = {n: t - self.model.theta_geometry[n] for n, t in moved.items()}
         blocks = self._blocks(batch, outcome.xi, clean) if self.blockwise else None
+        where = locality(space.geometry, space.coordinates, space.coordinates.blocks(),
+                         self.model.theta_geometry, outcome.xi)
         return BatchOutcome(outcome.loss - clean, clean, outcome.loss, norms, perturbation,
                             skipped, trace=outcome.trace,
                             reference=None if reference is None else reference.loss,
                             reference_trace=None if reference is None else reference.trace,
-                            blocks=blocks)
+                            blocks=blocks, chains=chains, reach=reach,
+                            evaluations=evaluations, locality=where)
 
     def _blocks(self, batch: Batch, xi: Tensors, clean: torch.Tensor) -> BlockOutcome:
         """The best perturbation block by block (:mod:`.blocks`)."""

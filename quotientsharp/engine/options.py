@@ -24,7 +24,8 @@ COMMON_OPTIONS: dict[str, Any] = {"loss": None, "seed": 0, "progress": None,
                                   "nonfinite": "raise"}
 #: Options of the ascent measures (``worst_case``, ``adaptive``, ``geodesic``).
 ASCENT_OPTIONS: dict[str, Any] = {"n_iter": 20, "eta0": None, "alpha": 0.75,
-                                  "random_init": False, "restarts": 0, "reference_solve": None,
+                                  "random_init": False, "restarts": 0, "reach": True,
+                                  "reference_solve": None,
                                   "blockwise": False, "touched_rows": True,
                                   "host_decisions": True, "compile_steps": False}
 def check_measure(measure: object, known: Iterable[str], aliases: Mapping[str, str]) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -40,7 +40,7 @@ from quotientsharp.engine.options import (
     check_bool,
     check_int,
 )
-from quotientsharp.engine.solver import AscentSettings, checkpoints
+from quotientsharp.engine.solver import AscentSettings, SearchSettings, checkpoints
 from quotientsharp.engine.space import GeodesicGeometry, GeometryPlan, PlainGeometry
 
 __all__ = ["ALIASES", "MEASURE_REGISTRY", "REFERENCE_ITERATIONS", "REFERENCE_RESTARTS",
@@ -53,6 +53,9 @@ REFERENCE_RESTARTS = 4
 #: The reference solve draws from a stream of its own, ``seed`` plus this odd constant (mod
 #: ``2**64``), so that the measured value is the same with and without it.
 REFERENCE_SEED_OFFSET = 0x9E3779B97F4A7C15
+#: The reach search's further chains draw from ``seed`` plus this odd constant: the first
+#: chain, the measurement's own ascent, is the same with and without them.
+SEARCH_SEED_OFFSET = 0x632BE59BD9B4E019
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,29 @@ def reference_settings(option: object, settings: AscentSettings) -> AscentSettin
         raise type(err)(f"reference_solve: {err}") from err
 
 
+SEARCH_KEYS = ("chains", "min_chains", "continuations", "target", "stall", "warm_step")
+
+
+def search_settings(option: object) -> SearchSettings | None:
+    """The reach search of the ``reach`` option.
+
+    ``True``: :class:`~.solver.SearchSettings`' defaults; ``False``: none (one ascent, no
+    reach estimate); a dict overrides any of ``chains``, ``min_chains``, ``continuations``,
+    ``target``, ``stall``. Errors name ``reach`` and the offending key.
+    """
+    if option is False:
+        return None
+    if option is True:
+        return SearchSettings()
+    if not isinstance(option, Mapping):
+        raise TypeError(f"reach must be True, False or a dict of search settings "
+                        f"({', '.join(SEARCH_KEYS)}), got {option!r}")
+    unknown = sorted(str(k) for k in set(option) - set(SEARCH_KEYS))
+    if unknown:
+        raise ValueError(f"reach: unknown key(s) {unknown}; allowed: {list(SEARCH_KEYS)}")
+    return SearchSettings(**option)
+
+
 def _eta0(settings: AscentSettings, rho: float) -> float:
     return settings.eta0 if settings.eta0 is not None else 2.0 * rho
 
@@ -181,6 +207,8 @@ class AscentOptions:
     settings: AscentSettings
     reference: AscentSettings | None
     reference_generator: torch.Generator | None
+    search: SearchSettings | None
+    search_generator: torch.Generator | None
     blockwise: bool
     touched_rows: bool
     host_decisions: bool
@@ -195,7 +223,9 @@ class AscentOptions:
                                   alpha=opts["alpha"], random_init=opts["random_init"],
                                   restarts=opts["restarts"])
         reference = reference_settings(opts["reference_solve"], settings)
+        found = search_settings(opts["reach"])
         resolved: dict[str, Any] = {
+            "reach": None if found is None else asdict(found),
             "checkpoints": checkpoints(settings.n_iter), "eta0": _eta0(settings, rho),
             "reference_solve": None if reference is None else {
                 "n_iter": reference.n_iter, "restarts": reference.restarts,
@@ -203,13 +233,13 @@ class AscentOptions:
                 "random_init": reference.random_init,
                 "checkpoints": checkpoints(reference.n_iter)},
             "blockwise": check_bool("blockwise", opts["blockwise"])}
-        reference_generator = None
-        if reference is not None:
-            # a stream of its own, so that the measured value is the same without it
-            seed = (setup.generator.initial_seed() + REFERENCE_SEED_OFFSET) % SEED_LIMIT
-            reference_generator = torch.Generator(
-                device=setup.generator.device).manual_seed(seed)
-        return cls(settings, reference, reference_generator, resolved["blockwise"],
+        # streams of their own, so that the measured first ascent is the same without them
+        reference_generator = (None if reference is None
+                               else _stream(setup.generator, REFERENCE_SEED_OFFSET))
+        search_generator = None if found is None else _stream(setup.generator,
+                                                              SEARCH_SEED_OFFSET)
+        return cls(settings, reference, reference_generator, found, search_generator,
+                   resolved["blockwise"],
                    check_bool("touched_rows", opts["touched_rows"]),
                    check_bool("host_decisions", opts["host_decisions"]),
                    check_bool("compile_steps", opts["compile_steps"]), resolved)
@@ -222,8 +252,15 @@ class AscentOptions:
                                 reference_generator=self.reference_generator,
                                 blockwise=self.blockwise, touched_rows=self.touched_rows,
                                 host_decisions=self.host_decisions,
-                                compile_steps=self.compile_steps)
+                                compile_steps=self.compile_steps, reach=self.search,
+                                probe_generator=self.search_generator)
         return measure, {**self.resolved, **extra}
+
+
+def _stream(generator: torch.Generator, offset: int) -> torch.Generator:
+    """A generator on ``generator``'s device seeded with its seed plus ``offset``."""
+    seed = (generator.initial_seed() + offset) % SEED_LIMIT
+    return torch.Generator(device=generator.device).manual_seed(seed)
 
 
 def _check_p(p: object) -> float:

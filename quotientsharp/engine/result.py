@@ -16,7 +16,21 @@ import torch
 
 from quotientsharp.engine.measures import BatchOutcome
 
-__all__ = ["SharpnessResult", "assemble_result"]
+__all__ = ["ReachWarning", "SharpnessResult", "assemble_result"]
+
+#: The reach below which a value is reported as short of its maximum (the search's default
+#: target, :class:`~.solver.SearchSettings`).
+REACH_TARGET = 0.99
+
+
+class ReachWarning(UserWarning):
+    """A sharpness value may be short of its maximum, or its ball is not local.
+
+    Raised (as a warning) by :func:`~quotientsharp.sharpness` once per call, naming the batches
+    whose reach estimate is below 0.99 or whose best perturbation is not local
+    (``docs/sharpness.md``, "Reach and locality"), and what to do. Filter it with
+    ``warnings.filterwarnings("ignore", category=quotientsharp.ReachWarning)``.
+    """
 
 
 @dataclass
@@ -65,6 +79,20 @@ class SharpnessResult:
         With ``blockwise=True``: per batch, one dict per block of the best perturbation,
         ``{"name", "kind", "norm_share", "loss_change"}`` (``docs/sharpness.md``); ``None``
         otherwise.
+    reach
+        Ascent measures: per batch, the estimate of the share of the maximum the value
+        reached (``docs/sharpness.md``, "Reach"): the second-best chain of the search over the
+        best; ``None`` with ``reach=False``. Empty for the other measures.
+    chains
+        Ascent measures with the search: per batch, the value each chain reached, in order
+        (the first from the measurement's own start).
+    evaluations
+        Ascent measures: per batch, the loss evaluations (forward+backward passes) spent,
+        reference solve excluded: the cost of the value.
+    locality
+        Ascent measures: per batch, :class:`~quotientsharp.engine.blocks.Locality` of the best
+        perturbation as a dict (``displacement``, ``parameter``, ``factor_displacement``,
+        ``factor``, ``second_order``, ``second_order_factor``, ``local``).
     """
 
     measure: str
@@ -82,9 +110,46 @@ class SharpnessResult:
     reference_per_batch: list[float] = field(default_factory=list)
     reference_traces: list[list[float]] = field(default_factory=list)
     blocks: list[list[dict[str, Any]]] | None = None
+    reach: list[float | None] = field(default_factory=list)
+    chains: list[list[float]] = field(default_factory=list)
+    evaluations: list[int] = field(default_factory=list)
+    locality: list[dict[str, Any]] = field(default_factory=list)
 
     def __float__(self) -> float:
         return self.value
+
+    # ------------------------------------------------------------------ reach and locality
+    @property
+    def min_reach(self) -> float | None:
+        """The lowest reach estimate over the batches; ``None`` without estimates."""
+        known = [r for r in self.reach if r is not None]
+        return min(known) if known else None
+
+    @property
+    def local(self) -> bool | None:
+        """Whether every batch's best perturbation is local; ``None`` without locality."""
+        return all(x["local"] for x in self.locality) if self.locality else None
+
+    def shortfalls(self) -> list[str]:
+        """Per batch that falls short, why: a reach estimate below 0.99 or a ball that is not
+        local at the best perturbation (empty when the value earns the word maximum)."""
+        notes = []
+        for index, reach in enumerate(self.reach):
+            if reach is not None and reach < REACH_TARGET:
+                found = ", ".join(f"{c:.4g}" for c in self.chains[index])
+                notes.append(f"batch {index}: reach estimate {reach:.3f} (the search's chains "
+                             f"reached {found}: the best was not confirmed)")
+        for index, where in enumerate(self.locality):
+            if not where["local"]:
+                second = where["second_order"]
+                curved = ("" if second is None else f", second-order term {second:.3g} x the "
+                          f"first ({where['second_order_factor']})")
+                notes.append(f"batch {index}: the ball is not local (parameter "
+                             f"{where['parameter']} moves by {where['displacement']:.3g} x its "
+                             f"norm{curved}; the loss there has many local maxima, so the "
+                             "value and its reach estimate are the best found, not the "
+                             "maximum)")
+        return notes
 
     # ------------------------------------------------------------------ solver quality
     @property
@@ -157,6 +222,10 @@ class SharpnessResult:
         if gap is not None and relative is not None:
             note += (f", reference solve {self.reference_value:.6g}: gap {gap:.3g} "
                      f"({100 * relative:.3g}%)")
+        if self.min_reach is not None:
+            note += f", reach >= {self.min_reach:.3f}"
+        if self.local is False:
+            note += ", ball not local"
         return (f"{self.measure} sharpness{variant} {self.value:.6g} over "
                 f"{len(self.per_batch)} batch(es) (rho={self.settings.get('rho')}{note})")
 
@@ -184,7 +253,8 @@ def assemble_result(measure: str, outcomes: Sequence[BatchOutcome],
                       f"skipped (nonfinite='skip'; per batch: {skipped}): the values are the "
                       "best over the finite evaluations only", UserWarning, stacklevel=3)
     values = torch.stack([o.value for o in outcomes]).tolist()
-    return SharpnessResult(
+    ascent = any(o.trace is not None for o in outcomes)
+    result = SharpnessResult(
         measure=measure,
         value=sum(values) / len(values),
         per_batch=values,
@@ -203,7 +273,21 @@ def assemble_result(measure: str, outcomes: Sequence[BatchOutcome],
                           if o.reference_trace is not None],
         blocks=([o.blocks.records() for o in outcomes if o.blocks is not None]
                 if blockwise else None),
+        reach=[o.reach for o in outcomes] if ascent else [],
+        chains=[o.chains for o in outcomes if o.chains is not None],
+        evaluations=[o.evaluations for o in outcomes] if ascent else [],
+        locality=[o.locality.as_dict() for o in outcomes if o.locality is not None],
     )
+    notes = result.shortfalls()
+    if notes:
+        warnings.warn(
+            f"{result.measure} sharpness{' (' + result.variant + ')' if result.variant else ''}"
+            f" at rho={settings.get('rho')} may not be the maximum it claims: "
+            + "; ".join(notes) + ". Where the reach is low, search longer (reach={'chains': "
+            "8}, n_iter=50); where the ball is not local, use a smaller rho, order='exact' or "
+            "the inv metric (docs/sharpness.md, 'Reach and locality').", ReachWarning,
+            stacklevel=3)
+    return result
 
 
 def _kept(outcomes: Sequence[BatchOutcome]) -> list[dict[str, torch.Tensor]]:

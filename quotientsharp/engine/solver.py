@@ -202,6 +202,8 @@ class AscentOutcome:
         Per run, ``shape=P``: the loss of that first non-finite evaluation (``0`` where none).
     nonfinite_count
         ``shape=P`` int64: non-finite evaluations over all runs.
+    eta
+        ``shape=P``: the step size at the end of the last run (after its last checkpoint).
     trace
         ``shape=[runs * (n_iter + 1), *P]``: the best loss over every evaluation so far, one
         entry per evaluation (run after run; entry ``0`` the first start). Non-decreasing,
@@ -215,6 +217,7 @@ class AscentOutcome:
     nonfinite_at: list[torch.Tensor] = field(default_factory=list)
     nonfinite_loss: list[torch.Tensor] = field(default_factory=list)
     nonfinite_count: torch.Tensor | None = None
+    eta: torch.Tensor | None = None
     trace: torch.Tensor | None = None
 
 
@@ -506,13 +509,14 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[
                 on_evaluation: Callable[[], object] | None,
                 initial: Initial | None = None, skip_nonfinite: bool = False,
                 host_decisions: bool = True, compiled: CompiledSteps | None = None
-                ) -> tuple[torch.Tensor, Tensors, torch.Tensor, _NonFinite, torch.Tensor]:
+                ) -> tuple[torch.Tensor, Tensors, torch.Tensor, _NonFinite, torch.Tensor,
+                           torch.Tensor]:
     """One run from ``start()`` (or from ``initial``, the evaluation there).
 
     Returns
     -------
-    (best loss, best iterate, loss at the start, non-finite record, trace)
-        The trace has ``shape=[n_iter + 1, *P]``.
+    (best loss, best iterate, loss at the start, non-finite record, trace, final step size)
+        The trace has ``shape=[n_iter + 1, *P]``, the step size ``shape=P``.
     """
     marks = [w for w in checkpoints(settings.n_iter) if w < settings.n_iter]
     # the start is drawn here, so that no caller holds it once xi has moved on
@@ -546,15 +550,16 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[
         if marks and k + 1 == marks[0]:
             marks.pop(0)
             run.checkpoint(k + 1)
-    return run.best_loss, run.best_xi, run.start_loss, run.record, torch.stack(run.trace)
+    return (run.best_loss, run.best_xi, run.start_loss, run.record, torch.stack(run.trace),
+            run.eta)
 
 
 def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSettings,
            generator: torch.Generator | None = None,
            on_evaluation: Callable[[], object] | None = None,
            initial: Initial | None = None, skip_nonfinite: bool = False,
-           host_decisions: bool = True, compiled: CompiledSteps | None = None
-           ) -> AscentOutcome:
+           host_decisions: bool = True, compiled: CompiledSteps | None = None,
+           start: Tensors | None = None) -> AscentOutcome:
     """Maximise ``objective`` over the geometry's ball by Auto-PGD, per problem.
 
     Parameters
@@ -589,6 +594,10 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
     compiled
         :class:`CompiledSteps`: run the per-iteration geometry as its compiled graphs (module
         doc; the decisions are then on the device). Equal to the eager path to rounding.
+    start
+        A point of the ball to start the first run from instead of ``xi = 0`` (a warm start:
+        the continuation of an earlier ascent from its best iterate); only read. Not with
+        ``initial`` or ``random_init``.
     """
     if isinstance(initial, list):
         warnings.warn("ascend(initial=[pair]) is deprecated: pass initial=HandedOver(loss, "
@@ -598,6 +607,9 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
     if initial is not None and settings.random_init:
         raise ValueError("initial is the evaluation at xi = 0, but random_init=True starts "
                          "elsewhere")
+    if start is not None and (initial is not None or settings.random_init):
+        raise ValueError("start is where the first run begins: it excludes initial (the "
+                         "evaluation at xi = 0) and random_init")
     eta0 = settings.eta0 if settings.eta0 is not None else 2.0 * geometry.radius
     best_loss: torch.Tensor | None = None
     best_xi: Tensors = ()
@@ -607,8 +619,13 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
     traces: list[torch.Tensor] = []
     for run in range(settings.runs):
         random = settings.random_init or run > 0
-        start = ((lambda: geometry.random_start(generator)) if random else geometry.zeros)
-        loss, xi, first, record, trace = _single_run(geometry, objective, start, settings, eta0,
+        begin: Callable[[], Tensors] = (
+            (lambda: geometry.random_start(generator)) if random
+            else geometry.zeros if start is None
+            # a copy: the run writes its iterates in place, and the caller's start is only read
+            else (lambda: tuple(t.clone() for t in start)))
+        loss, xi, first, record, trace, eta = _single_run(geometry, objective, begin, settings,
+                                                          eta0,
                                                      on_evaluation,
                                                      initial if run == 0 else None,
                                                      skip_nonfinite, host_decisions, compiled)
@@ -628,8 +645,202 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
     for record in records[1:]:
         count = count + record.count
     return AscentOutcome(best_loss, best_xi, run_losses, start_loss,
-                         [r.at for r in records], [r.loss for r in records], count,
+                         [r.at for r in records], [r.loss for r in records], count, eta,
                          traces[0] if len(traces) == 1 else torch.cat(traces))
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """How far a measurement looks beyond its first ascent, and how its reach is estimated.
+
+    A *chain* is one Auto-PGD ascent followed by its warm continuations: while the last 30 %
+    of a run still raised the chain's value by more than ``stall`` of it, another run of the
+    same length starts from the chain's best iterate with a fresh step size (at most
+    ``continuations`` of them). The first chain starts where the measurement's settings say
+    (``xi = 0`` by default); the others from random points of the ball. Chains are added until
+    the two best agree to ``target`` (the best value is *confirmed*) or ``chains`` have run.
+
+    The reach estimate of the value (the best over all chains) is the second-best chain's
+    value over the best's (``docs/sharpness.md``, "Reach"): ``1`` where another chain found the
+    same maximum, lower where only one chain found it; and at most ``1 - s`` where the best
+    chain was still climbing when its continuations ran out, ``s`` the share of its value that
+    its last run added.
+
+    Attributes
+    ----------
+    chains
+        Most chains, the first included (``>= min_chains``).
+    min_chains
+        Fewest chains (``>= 2``: a value is only confirmed by a second chain).
+    continuations
+        Most warm continuations of one chain (``>= 0``).
+    target
+        The reach at which the search stops, in ``(0, 1]``.
+    stall
+        A run whose last 30 % raised its chain's value by at most this share of it has
+        stalled (no continuation), in ``[0, 1)``.
+    warm_step
+        The first step size of a continuation: ``"continue"``, twice the step size the run
+        ended with (at most the run's first), so that the continuation goes on where the run's
+        schedule stopped; ``"reset"``, the run's own first step size.
+    """
+
+    chains: int = 4
+    min_chains: int = 2
+    continuations: int = 2
+    target: float = 0.99
+    stall: float = 1e-3
+    warm_step: str = "continue"
+
+    def __post_init__(self) -> None:
+        for name, low in (("min_chains", 2), ("chains", self.min_chains),
+                          ("continuations", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"reach: {name} must be an integer >= {low}, got {value!r}")
+        for name, ok in (("target", lambda v: 0 < v <= 1), ("stall", lambda v: 0 <= v < 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+                bounds = "(0, 1]" if name == "target" else "[0, 1)"
+                raise ValueError(f"reach: {name} must be a number in {bounds}, got {value!r}")
+        if self.warm_step not in ("continue", "reset"):
+            raise ValueError(f"reach: warm_step must be 'continue' or 'reset', got "
+                             f"{self.warm_step!r}")
+
+
+@dataclass
+class SearchOutcome:
+    """The best iterate of a search (:func:`search`), with what each chain reached.
+
+    Attributes
+    ----------
+    loss, xi
+        The best loss over every chain (0-dim) and its iterate.
+    chains
+        Per chain, in order, its best loss minus ``clean`` (the first chain's first).
+    reach
+        The reach estimate (:class:`SearchSettings`): the second-best chain over the best
+        (``1`` where the best is not above ``clean``), and at most ``1 - shortfall`` of the best
+        chain.
+    evaluations
+        Loss evaluations of the whole search (each a forward+backward).
+    trace
+        The best loss over every evaluation so far, ``shape=[evaluations]``: non-decreasing,
+        its last entry is :attr:`loss`.
+    solves
+        Every ascent of the search with its settings, in order, for the caller's checks of
+        non-finite evaluations.
+    shortfalls
+        Per chain, ``0`` where its last run stalled (converged), else the share of its value
+        that its last run added (the last 30 % of a chain of one run): a chain still climbing
+        when its continuations ran out is short by about that much.
+    """
+
+    loss: torch.Tensor
+    xi: Tensors
+    chains: list[float]
+    reach: float
+    evaluations: int
+    trace: torch.Tensor
+    solves: list[tuple[AscentSettings, AscentOutcome]]
+    shortfalls: list[float] = field(default_factory=list)
+
+
+def reach_estimate(chains: Sequence[float]) -> float:
+    """Second-best of ``chains`` (each a value, best loss minus clean loss) over the best.
+
+    ``1`` for fewer than two chains' worth of evidence of a shortfall: a best value at or below
+    zero has nothing to reach; a negative second value counts as zero.
+    """
+    ordered = sorted(chains, reverse=True)
+    if not ordered or ordered[0] <= 0:
+        return 1.0
+    second = ordered[1] if len(ordered) > 1 else ordered[0]
+    return max(second, 0.0) / ordered[0]
+
+
+def _climbing(trace: torch.Tensor, n_iter: int, clean: float, stall: float) -> bool:
+    """Whether the last run of ``trace`` rose by more than ``stall`` of its value over its last
+    30 % of steps (one host read)."""
+    run = trace[-(n_iter + 1):]
+    late = math.ceil(0.7 * n_iter)
+    end, before = run[-1].item(), run[late].item()
+    top = end - clean
+    return math.isfinite(end) and top > 0 and end - before > stall * top
+
+
+def search(geometry: AscentGeometry, objective: Objective, settings: AscentSettings,
+           reach: SearchSettings, clean: float, generator: torch.Generator | None,
+           probe_generator: torch.Generator | None,
+           on_evaluation: Callable[[], object] | None = None, initial: Initial | None = None,
+           skip_nonfinite: bool = False, host_decisions: bool = True,
+           compiled: CompiledSteps | None = None) -> SearchOutcome:
+    """Chains of Auto-PGD ascents until the best value is confirmed (:class:`SearchSettings`).
+
+    One problem (a 0-dim loss). The first chain is :func:`ascend` with ``settings``,
+    ``generator`` and ``initial``; the others start from random points drawn from
+    ``probe_generator`` (a stream of their own, so that the first chain is the same with and
+    without them). ``clean`` is the loss at ``theta`` (values are measured from it). Reads a
+    few numbers on the host per run (the continuation and stopping tests).
+    """
+    solves: list[tuple[AscentSettings, AscentOutcome]] = []
+    eta0 = settings.eta0 if settings.eta0 is not None else 2.0 * float(geometry.radius)
+    probe = AscentSettings(n_iter=settings.n_iter, eta0=settings.eta0, alpha=settings.alpha,
+                           random_init=True)
+
+    def run(chain_settings: AscentSettings, stream: torch.Generator | None,
+            first: Initial | None, start: Tensors | None) -> AscentOutcome:
+        outcome = ascend(geometry, objective, chain_settings, stream, on_evaluation,
+                         initial=first, skip_nonfinite=skip_nonfinite,
+                         host_decisions=host_decisions, compiled=compiled, start=start)
+        solves.append((chain_settings, outcome))
+        return outcome
+
+    def chain(chain_settings: AscentSettings, stream: torch.Generator | None,
+              first: Initial | None) -> tuple[torch.Tensor, Tensors, float]:
+        outcome = run(chain_settings, stream, first, None)
+        loss, xi = outcome.loss, outcome.xi
+        before = None
+        for done in range(reach.continuations + 1):
+            assert outcome.trace is not None and outcome.eta is not None
+            if not _climbing(outcome.trace, settings.n_iter, clean, reach.stall):
+                return loss, xi, 0.0
+            if done == reach.continuations:
+                break
+            step = eta0 if reach.warm_step == "reset" else min(eta0, 2 * outcome.eta.item())
+            warm = AscentSettings(n_iter=settings.n_iter, eta0=step, alpha=settings.alpha)
+            before = loss
+            outcome = run(warm, None, None, xi)
+            if bool(outcome.loss > loss):
+                loss, xi = outcome.loss, outcome.xi
+        # still climbing when its continuations ran out: what the last run added (its last
+        # 30 % for a chain of one run) is taken as what the next would add
+        assert outcome.trace is not None
+        late = outcome.trace[-(settings.n_iter + 1):][math.ceil(0.7 * settings.n_iter)]
+        added = (loss - (late if before is None else before)).item()
+        return loss, xi, max(0.0, added) / max(loss.item() - clean, tiny)
+
+    tiny = torch.finfo(torch.float64).tiny
+    best_loss, best_xi, shortfall = chain(settings, generator, initial)
+    values, shortfalls = [best_loss.item() - clean], [shortfall]
+
+    def estimate() -> float:
+        # the chains' agreement, and the best chain's own convergence
+        best = max(range(len(values)), key=values.__getitem__)
+        return min(reach_estimate(values), 1.0 - shortfalls[best])
+
+    while len(values) < reach.chains and (len(values) < reach.min_chains
+                                          or estimate() < reach.target):
+        loss, xi, shortfall = chain(probe, probe_generator, None)
+        values.append(loss.item() - clean)
+        shortfalls.append(shortfall)
+        if bool(loss > best_loss):
+            best_loss, best_xi = loss, xi
+    traces = [outcome.trace for _, outcome in solves if outcome.trace is not None]
+    trace = torch.cummax(torch.cat(traces), dim=0).values
+    evaluations = sum(s.runs * s.evaluations_per_run for s, _ in solves)
+    return SearchOutcome(best_loss, best_xi, values, estimate(), evaluations, trace, solves,
+                         shortfalls)
 
 
 def host_decides(loss: torch.Tensor) -> bool:

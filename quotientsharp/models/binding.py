@@ -103,4 +103,69 @@ class QuotientBinding:
                                  f"to_point on {name!r} (largest difference {error:.3g})")
 
 
-__all__ = ["QuotientBinding"]
+#: Block labels of the result that a binding may not take as its name.
+RESERVED_LABELS = frozenset({"gl", "diagonal", "other", "total"})
+
+
+def validate_bindings(bindings: Sequence[QuotientBinding],
+                      trainable: Mapping[str, torch.Tensor]) -> list[Tensors]:
+    """Refuse bindings that :func:`quotientsharp.sharpness` and
+    :class:`~quotientsharp.models.QuotientSGD` cannot use; return each binding's point.
+
+    One rule set for every consumer of bindings, so that what one accepts the other accepts:
+    names unique and not reserved; every bound name a trainable parameter; no parameter in two
+    bindings; ``from_point(to_point(theta)) = theta``; ``to_point`` returning the quotient's
+    number of tensors, with ``folded`` leading dimensions.
+
+    Parameters
+    ----------
+    bindings
+        The caller's bindings.
+    trainable
+        The model's trainable parameters by name (``requires_grad``), at ``theta``.
+
+    Returns
+    -------
+    list of tuple of torch.Tensor
+        Each binding's point at ``theta``, detached.
+
+    Raises
+    ------
+    ValueError
+        Naming the binding (and the parameter) that breaks a rule.
+    """
+    labels = [b.name for b in bindings]
+    for label in labels:
+        if label in RESERVED_LABELS:
+            raise ValueError(f"a binding may not be named {label!r}: the name labels a block "
+                             f"of its own in the result (reserved: {sorted(RESERVED_LABELS)})")
+        if labels.count(label) > 1:
+            raise ValueError(f"two bindings are named {label!r}: give each its own name, "
+                             "the per-block norms of the result are reported by name")
+    seen: dict[str, str] = {}
+    for binding in bindings:
+        for name in binding.parameters:
+            if name not in trainable:
+                raise ValueError(f"binding {binding.name!r} names {name!r}, which is not a "
+                                 "trainable parameter of the model")
+            if name in seen:
+                raise ValueError(f"parameter {name!r} is in two bindings ({seen[name]!r} "
+                                 f"and {binding.name!r})")
+            seen[name] = binding.name
+        binding.check_round_trip(trainable)
+    bases = [tuple(t.detach() for t in binding.point(trainable)) for binding in bindings]
+    for binding, base in zip(bindings, bases, strict=True):
+        ndims = binding.quotient.point_ndims
+        if len(base) != len(ndims):
+            raise ValueError(f"binding {binding.name!r}: to_point returned {len(base)} "
+                             f"tensors, the quotient's point has {len(ndims)}")
+        leading = {t.dim() - k for t, k in zip(base, ndims, strict=True)}
+        if leading != {binding.folded}:
+            raise ValueError(f"binding {binding.name!r}: the point has {sorted(leading)} "
+                             f"leading (batch) dimension(s) beyond the quotient's "
+                             f"point_ndims {tuple(ndims)}, but folded={binding.folded}; "
+                             "folded must count them (e.g. 1 for a stack of units)")
+    return bases
+
+
+__all__ = ["RESERVED_LABELS", "QuotientBinding", "validate_bindings"]

@@ -36,9 +36,11 @@ import torch
 from torch import nn
 
 from quotientsharp.core.gl import GLQuotient, RotaryQuotient
-from quotientsharp.models.binding import QuotientBinding
+from quotientsharp.core.reference import jvp_pair
+from quotientsharp.models.binding import QuotientBinding, validate_bindings
 from quotientsharp.models.layout import ParameterLayout
 from quotientsharp.models.report import SymmetryReport
+from quotientsharp.models.symmetry_check import check_structure
 
 __all__ = ["QuotientSGD"]
 
@@ -76,8 +78,13 @@ class QuotientSGD(torch.optim.Optimizer):
         ``"auto"``: :func:`~quotientsharp.models.find_symmetries` with
         ``degenerate="pair"`` (fresh adapters are pairs; use ``eps > 0``); a
         :class:`~quotientsharp.models.SymmetryReport`; or a list of
-        :class:`~quotientsharp.models.QuotientBinding` whose quotients are
-        :class:`~quotientsharp.core.gl.GLQuotient` s (their own metric and ``eps`` are used).
+        :class:`~quotientsharp.models.QuotientBinding`: exactly those
+        :func:`~quotientsharp.sharpness` accepts (the same rules,
+        :func:`~quotientsharp.models.binding.validate_bindings`, and the same structure check,
+        :func:`~quotientsharp.models.symmetry_check.check_structure`: overlapping bindings, a
+        name that is no trainable parameter, a broken quotient are refused with the same
+        messages), any quotient, stepped with its own metric (a ``GLQuotient``'s own ``eps``);
+        the direction reaches the parameters through the differential of ``from_point``.
 
     Notes
     -----
@@ -137,14 +144,11 @@ class QuotientSGD(torch.optim.Optimizer):
         elif not isinstance(symmetries, str) and isinstance(symmetries, Sequence) and all(
                 isinstance(b, QuotientBinding) for b in symmetries):
             self._bindings = [b for b in symmetries if isinstance(b, QuotientBinding)]
+            # the rules and the structure check of sharpness(): what it refuses is refused here
+            trainable = {n: t.detach() for n, t in named.items() if t.requires_grad}
+            validate_bindings(self._bindings, trainable)
             for binding in self._bindings:
-                if not isinstance(binding.quotient, GLQuotient):
-                    raise TypeError(f"binding {binding.name!r}: QuotientSGD steps GL pairs, got "
-                                    f"a {type(binding.quotient).__name__}")
-                missing = [n for n in binding.parameters if n not in named]
-                if missing:
-                    raise ValueError(f"binding {binding.name!r} names {missing}, not parameters "
-                                     "of the model")
+                check_structure(binding, trainable)
             pair_names = list(dict.fromkeys(n for b in self._bindings for n in b.parameters))
         else:
             raise TypeError(f"symmetries must be 'auto', a SymmetryReport or QuotientBinding(s), "
@@ -219,8 +223,10 @@ class QuotientSGD(torch.optim.Optimizer):
             detached = tuple(t.detach() for t in point)
             frozen = self._frozen(binding.quotient, detached, binding.name, [])
             direction = tuple(frozen.riemannian_gradient(egrad))
-            # tangent vectors map like points under the (linear) binding maps
-            result.update({n: t.detach() for n, t in binding.parameters_of(direction).items()})
+            # a tangent vector maps by the differential of from_point (an affine or nonlinear
+            # map moves points and tangent vectors differently)
+            _, pushed = jvp_pair(binding.parameters_of, (detached,), (direction,))
+            result.update({n: t.detach() for n, t in pushed.items()})
         return result
 
     @staticmethod
@@ -229,6 +235,8 @@ class QuotientSGD(torch.optim.Optimizer):
         try:
             return quotient.at(point)
         except ValueError as err:
+            if not isinstance(quotient, GLQuotient):
+                raise ValueError(f"QuotientSGD: binding {where!r}: {err}") from err
             named = f" ({', '.join(labels[:3])}{', ...' if len(labels) > 3 else ''})"
             raise ValueError(f"QuotientSGD: the pairs of {where}{named if labels else ''} are "
                              f"degenerate for the {quotient.metric.name} metric at eps="

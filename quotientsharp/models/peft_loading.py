@@ -1,11 +1,16 @@
-"""Loading a saved PEFT LoRA adapter for discovery offline: a directory with adapter_config.json.
+"""Loading a saved PEFT LoRA adapter offline: a directory with adapter_config.json.
 
 ``peft_model.save_pretrained(path)`` writes ``adapter_config.json`` and the adapter weights
-(``adapter_model.safetensors``), but not the base model. The base model's architecture is read
-from a ``config.json`` beside ``adapter_config.json``, or else from the local directory that
-``base_model_name_or_path`` names (no download). The base is built on the meta device (no base
-weights are read or allocated); the adapters are injected with ``peft`` and trainable, and
-their saved values are loaded, so that discovery can tell degenerate adapters (``B = 0``) apart.
+(``adapter_model.safetensors``), but not the base model. The base is built as PEFT's
+``AutoPeftModelFor...`` builds it: ``task_type`` picks the transformers class
+(``SEQ_CLS`` -> ``AutoModelForSequenceClassification``, ...; :data:`TASK_CLASSES`), so the head
+saved in ``modules_to_save`` (a classifier) has its module, and ``base_model_name_or_path``
+gives the weights, read from a local directory or the local cache (no download). For
+discovery alone (``quotientsharp symmetries``) a base without local weights is built from its
+``config.json`` (beside ``adapter_config.json``, or in the base's directory) on the meta
+device. The adapters are injected with ``peft``, trainable, and their saved values loaded;
+every saved tensor is then checked to be in the model with its value, and a directory whose
+values do not load is refused (never a fresh adapter, ``B = 0``, measured in its place).
 
 The adapters' names come from PEFT's layout of the saved files: ``save_pretrained`` writes the
 adapter named ``"default"`` into the directory itself and every other named adapter into a
@@ -20,8 +25,11 @@ only here, when such a directory is loaded.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -93,7 +101,7 @@ def _load_values(model: nn.Module, path: Path, adapter: str) -> int:
                 if owner is module:
                     full = f"{name}.{local}" if name else local
                     break
-            key = full.replace(f".{adapter}.", ".")
+            key = full.replace(f".modules_to_save.{adapter}.", ".").replace(f".{adapter}.", ".")
             if key.endswith(f".{adapter}"):
                 key = key[: -len(adapter) - 1]
             if key in saved and tuple(saved[key].shape) == tuple(parameter.shape):
@@ -114,17 +122,192 @@ def _lora_settings(folder: Path) -> dict[str, Any]:
     return settings
 
 
-def load_peft_directory(path: str | Path) -> nn.Module:
-    """A ``peft.PeftModel`` from a saved adapter directory (see the module docstring), every
-    saved adapter loaded under its name.
+#: PEFT's ``task_type`` -> the transformers class its ``AutoPeftModelFor...`` builds the base
+#: with (so that the head saved in ``modules_to_save`` has a module to load into).
+TASK_CLASSES = {
+    "SEQ_CLS": "AutoModelForSequenceClassification",
+    "TOKEN_CLS": "AutoModelForTokenClassification",
+    "CAUSAL_LM": "AutoModelForCausalLM",
+    "SEQ_2_SEQ_LM": "AutoModelForSeq2SeqLM",
+    "QUESTION_ANS": "AutoModelForQuestionAnswering",
+    "FEATURE_EXTRACTION": "AutoModel",
+}
+#: The warnings building a base and injecting saved adapters raise that the user did not
+#: cause (this module reports what matters itself: adapter values that do not load).
+_BUILD_WARNINGS = (
+    r".*copying from a non-meta parameter",
+    r".*[Ff]ound missing adapter keys",
+    r".*is_gradient_checkpointing.* is deprecated",
+    r".*[Ss]ome weights of .* were not initialized",
+    r".*were not used when initializing",
+)
+
+
+@contextlib.contextmanager
+def _quiet_build() -> Iterator[None]:
+    """Silence, for the block only, the warnings of :data:`_BUILD_WARNINGS`, transformers'
+    load report and its progress bars (restored afterwards)."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            for message in _BUILD_WARNINGS:
+                warnings.filterwarnings("ignore", message=message)
+            yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()
+
+
+def _target_class(settings: dict[str, Any]) -> Any:
+    """The transformers class PEFT builds the base with: from ``task_type``, else from the
+    ``auto_mapping`` PEFT records for a model without a task type; ``None`` when neither says
+    (the base config's ``architectures`` decide)."""
+    import transformers
+
+    task = settings.get("task_type")
+    if task is not None:
+        name = TASK_CLASSES.get(str(task))
+        if name is None:
+            raise ValueError(f"adapter_config.json: task_type {task!r} is not one of "
+                             f"{sorted(TASK_CLASSES)}")
+        return getattr(transformers, name)
+    mapping = settings.get("auto_mapping")
+    if isinstance(mapping, dict) and str(mapping.get("parent_library", "")).startswith(
+            "transformers"):
+        return getattr(transformers, str(mapping.get("base_model_class")), None)
+    return None
+
+
+def _saved_tensors(folder: Path) -> dict[str, Any]:
+    """The tensors of the adapter saved in ``folder`` (safetensors or ``.bin``)."""
+    import torch
+
+    weights = folder / "adapter_model.safetensors"
+    if weights.is_file():
+        from safetensors.torch import load_file
+
+        return dict(load_file(str(weights)))
+    if (folder / "adapter_model.bin").is_file():
+        return dict(torch.load(folder / "adapter_model.bin", map_location="cpu",
+                               weights_only=True))
+    raise FileNotFoundError(f"{folder} has {ADAPTER_CONFIG} but no adapter_model.safetensors "
+                            "or adapter_model.bin: the adapter's values were not saved")
+
+
+def _head_labels(settings: dict[str, Any], saved: dict[str, Any]) -> int | None:
+    """The number of labels of a classification head saved in ``modules_to_save`` (the rows
+    of its last weight), or ``None`` when no such head is saved."""
+    if settings.get("task_type") not in ("SEQ_CLS", "TOKEN_CLS"):
+        return None
+    for module in settings.get("modules_to_save") or []:
+        for key in (f".{module}.weight", f".{module}.out_proj.weight"):
+            rows = [t.shape[0] for k, t in saved.items() if k.endswith(key) and t.ndim == 2]
+            if rows:
+                return int(rows[0])
+    return None
+
+
+def _base_model(path: Path, folder: Path, settings: dict[str, Any], labels: int | None,
+                weights: bool) -> nn.Module:
+    """The base model as PEFT builds it: the class of :func:`_target_class` from
+    ``base_model_name_or_path`` with its weights (offline); without local weights and with
+    ``weights=False``, that class built from the base's config on the meta device."""
+    import torch
+    import transformers
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    target = _target_class(settings)
+    base = settings.get("base_model_name_or_path")
+    extra: dict[str, Any] = {} if labels is None else {"num_labels": labels}
+    if isinstance(base, str) and base:
+        load: Any = target or transformers.AutoModel
+        try:
+            with _quiet_build():
+                return load.from_pretrained(base, local_files_only=True,
+                                            attn_implementation="eager", **extra)
+        except (OSError, ValueError) as err:
+            if weights:
+                raise FileNotFoundError(
+                    f"{folder / ADAPTER_CONFIG} names the base model {base!r}, which cannot "
+                    f"be loaded offline with its weights ({type(err).__name__}: "
+                    f"{' '.join(str(err).split())[:200]}); the adapter is measured on its base: "
+                    "make base_model_name_or_path a local directory written by "
+                    "save_pretrained") from err
+    elif weights:
+        raise FileNotFoundError(f"{folder / ADAPTER_CONFIG} names no base model "
+                                "(base_model_name_or_path); the adapter is measured on its "
+                                "base: set it to the base model's local directory")
+    from quotientsharp.models.loading import _config_model
+
+    config_file = _base_config(path, folder, settings)
+    if target is None:
+        return _config_model(config_file)
+    config = transformers.AutoConfig.from_pretrained(str(config_file.parent), **extra)
+    with torch.device("meta"), _quiet_build():
+        if hasattr(target, "from_config"):
+            return target.from_config(config, attn_implementation="eager")
+        return target(config)
+
+
+def _check_loaded(model: nn.Module, folder: Path, adapter: str,
+                  saved: dict[str, Any]) -> None:
+    """Refuse a model whose adapter ``adapter`` does not hold every saved value: keys the
+    model expects but the file lacks, keys the model has no place for, or other values."""
+    import peft
+    import torch
+
+    state = peft.get_peft_model_state_dict(model, adapter_name=adapter)
+    missing = sorted(set(state) - set(saved))
+    unused = sorted(set(saved) - set(state))
+    other = sorted(k for k in set(state) & set(saved)
+                   if state[k].is_meta or state[k].shape != saved[k].shape
+                   or not torch.equal(state[k].detach().cpu(),
+                                      saved[k].to(state[k].dtype)))
+    problems = [f"{len(keys)} {what} ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})"
+                for what, keys in (("missing from the saved file", missing),
+                                   ("saved for modules the model lacks", unused),
+                                   ("with other values after loading", other)) if keys]
+    if problems:
+        raise ValueError(f"{folder}: the saved values of adapter {adapter!r} do not load into "
+                         f"{type(getattr(model.base_model, 'model', model)).__name__}: tensors "
+                         f"{'; '.join(problems)}; a fresh or partial adapter would be measured. "
+                         "Save it again with save_pretrained from the model it was trained on, "
+                         "or check base_model_name_or_path and task_type in "
+                         f"{ADAPTER_CONFIG}")
+
+
+def load_peft_directory(path: str | Path, weights: bool = False) -> nn.Module:
+    """A ``peft.PeftModel`` from a saved adapter directory, every saved adapter loaded under
+    its name and checked to hold its saved values.
+
+    The base is built as PEFT's ``AutoPeftModelFor...`` builds it: the transformers class of
+    the adapter's ``task_type`` (so the head saved in ``modules_to_save``, a classifier, loads),
+    from ``base_model_name_or_path`` with its weights, offline; a classification head's
+    number of labels is read from the saved head. Without local base weights and with
+    ``weights=False`` (discovery), the base is built from its config on the meta device (see
+    the module docstring). The adapters are trainable (``is_trainable=True``), as when the
+    adapter was trained.
+
+    Parameters
+    ----------
+    path
+        The directory ``save_pretrained`` wrote.
+    weights
+        Require the base model's weights (measuring); otherwise its config suffices.
 
     Raises
     ------
     RuntimeError
         If ``peft`` is not installed.
     FileNotFoundError, ValueError
-        If ``path`` holds no saved adapter, the base model's config cannot be found offline,
-        or an ``adapter_config.json`` is not a LoRA adapter's.
+        If ``path`` holds no saved adapter, the base model cannot be found offline (with its
+        weights when ``weights``), an ``adapter_config.json`` is not a LoRA adapter's, or the
+        saved values do not load (missing, unused or changed tensors).
     """
     path = Path(path)
     adapters = saved_adapters(path)
@@ -137,19 +320,18 @@ def load_peft_directory(path: str | Path) -> nn.Module:
     except ImportError as err:
         raise RuntimeError("reading a saved PEFT adapter needs the 'peft' package "
                            "(pip install quotientsharp[lora])") from err
-    from quotientsharp.models.loading import _config_model
 
     first, first_folder = adapters[0]
-    base = _config_model(_base_config(path, first_folder, settings[first]))
-    with warnings.catch_warnings():
-        # PEFT copies the saved values into the meta adapters, a no-op that torch warns about:
-        # _load_values assigns them instead
-        warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter",
-                                category=UserWarning)
+    saved = {name: _saved_tensors(folder) for name, folder in adapters}
+    base = _base_model(path, first_folder, settings[first],
+                       _head_labels(settings[first], saved[first]), weights)
+    with _quiet_build():
+        # on a meta base PEFT's copy of the saved values is a no-op: _load_values assigns them
         model = peft.PeftModel.from_pretrained(base, str(first_folder), adapter_name=first,
                                                is_trainable=True)
         for name, folder in adapters[1:]:
             model.load_adapter(str(folder), adapter_name=name, is_trainable=True)
     for name, folder in adapters:
         _load_values(model, folder, name)
+        _check_loaded(model, folder, name, saved[name])
     return model

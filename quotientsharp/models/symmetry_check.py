@@ -42,7 +42,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from quotientsharp.core import reference
+from quotientsharp.core.checks import check_contract
 from quotientsharp.core.quotient import SymmetryQuotient
+from quotientsharp.core.validation import check_count
 from quotientsharp.models.binding import QuotientBinding
 
 Tensors = tuple[torch.Tensor, ...]
@@ -51,12 +53,15 @@ Evaluate = Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, torch.Tens
 
 #: Group elements drawn per binding.
 SAMPLES = 3
+#: Entries of each folded dimension that the contract check runs on (:func:`contract_point`).
+CONTRACT_UNITS = 2
 #: Standard deviation of the algebra element before the division by ``sqrt(n)``
 #: (:func:`group_scale`).
 ALGEBRA_SCALE = 0.5
 
-__all__ = ["SymmetryCheck", "SymmetryCheckError", "check_bindings", "check_structure",
-           "check_symmetry", "group_scale", "symmetry_tolerance"]
+__all__ = ["SymmetryCheck", "SymmetryCheckError", "builtin_quotient", "check_bindings",
+           "check_structure", "check_symmetry", "contract_point", "group_scale",
+           "symmetry_tolerance"]
 
 
 class SymmetryCheckError(ValueError):
@@ -202,18 +207,71 @@ def _check_projection(binding: QuotientBinding, x: Tensors, tolerance: float) ->
             f"tolerance {tolerance:.3g})")
 
 
-def check_structure(binding: QuotientBinding, params: Mapping[str, torch.Tensor]) -> None:
+def builtin_quotient(quotient: SymmetryQuotient) -> bool:
+    """Whether ``quotient`` is one of the package's own classes (a product: of them only),
+    whose contract the test suite verifies; a subclass defined elsewhere is not."""
+    from quotientsharp.core.product import ProductQuotient
+
+    if not type(quotient).__module__.startswith("quotientsharp."):
+        return False
+    if isinstance(quotient, ProductQuotient):
+        return all(builtin_quotient(factor) for factor in quotient.factors)
+    return True
+
+
+def contract_point(binding: QuotientBinding, x: Tensors) -> Tensors:
+    """The point :func:`check_contract` runs at: the binding's point at ``theta``, its folded
+    (stacked) dimensions cut to their first :data:`CONTRACT_UNITS` entries, in float64.
+
+    The real point, so that a defect that shows only at the model's values (a scale, a sign,
+    a norm near zero) is seen; a few units of it, since every unit runs the same code; float64,
+    so that a relative tolerance (``1e-4``) separates rounding from a wrong formula.
+    """
+    folded = binding.folded
+    index = (slice(0, CONTRACT_UNITS),) * folded
+    return tuple(t[index].detach().to(torch.float64) for t in x)
+
+
+def _check_contract(binding: QuotientBinding, x: Tensors, seed: int) -> None:
+    quotient = binding.quotient
+    try:
+        point = contract_point(binding, x)
+        results = check_contract(quotient, point, seed=seed,
+                                 group_scale=group_scale(quotient, point))
+    except SymmetryCheckError:
+        raise
+    except Exception as err:
+        message = " ".join(str(err).split())
+        raise SymmetryCheckError(
+            f"binding {binding.name!r}: the contract check of {type(quotient).__name__} "
+            f"raised {type(err).__name__}: {message}") from err
+    for result in results:
+        if not result.passed:
+            raise SymmetryCheckError(
+                f"binding {binding.name!r}: {type(quotient).__name__} fails "
+                f"{result.name} at the binding's point (relative error {result.error:.3g}, "
+                f"tolerance {result.tolerance:.3g}: {result.detail}). The engine would measure "
+                f"with a wrong geometry; `quotientsharp verify --quotient` runs the full checks")
+
+
+def check_structure(binding: QuotientBinding, params: Mapping[str, torch.Tensor], *,
+                    seed: int = 0) -> None:
     """Raise a :class:`SymmetryCheckError` unless ``binding`` is consistent at ``params``.
 
     Checks, at the binding's point: a gradient reaches every bound parameter through
     ``from_point``; ``vertical()`` returns the point's shapes; an overriding
     ``horizontal_projection`` is idempotent and horizontal (to ``sqrt(eps)`` of the point's
-    dtype). No forward of the model.
+    dtype); and, for a quotient that is not one of the package's own
+    (:func:`builtin_quotient`), its contract (:func:`quotientsharp.core.checks.check_contract`
+    at :func:`contract_point`: ``vertical`` against ``act``, ``inner`` symmetric and invariant,
+    every overridden operation against its reference). No forward of the model.
     """
     x = tuple(t.detach() for t in binding.point(params))
     _check_gradient(binding, x)
     _check_vertical(binding, x)
     _check_projection(binding, x, symmetry_tolerance(x[0].dtype))
+    if not builtin_quotient(binding.quotient):
+        _check_contract(binding, x, seed)
 
 
 def check_bindings(bindings: Sequence[QuotientBinding], params: Mapping[str, torch.Tensor],
@@ -236,6 +294,9 @@ def check_bindings(bindings: Sequence[QuotientBinding], params: Mapping[str, tor
         The group elements: ``samples`` draws from a generator seeded with ``seed`` (the
         global random state is not touched).
     """
+    # zero samples would declare any binding a symmetry
+    samples = check_count("samples", samples)
+    seed = check_count("seed", seed, minimum=0)
     tolerance = symmetry_tolerance(forward_dtype)
     with torch.no_grad():
         loss0, out0 = evaluate(params)
@@ -303,6 +364,8 @@ def check_symmetry(model: nn.Module, bindings: QuotientBinding | Sequence[Quotie
         For a binding whose structure is inconsistent (:func:`check_structure`); a binding whose
         symmetry does not hold is reported (``passed`` false), not raised.
     """
+    samples = check_count("samples", samples)
+    seed = check_count("seed", seed, minimum=0)
     bindings = [bindings] if isinstance(bindings, QuotientBinding) else list(bindings)
     named = dict(model.named_parameters())
     for binding in bindings:

@@ -1,5 +1,11 @@
-"""``quotientsharp reproduce reach``: how much of the best-found maximum the default ascent
+"""``quotientsharp reproduce reach``: how much of the best-found maximum a single ascent
 reaches, per measure, against the radius rho.
+
+The ascent measured here is one Auto-PGD ascent of 20 steps from ``xi = 0`` (``reach=False``),
+the solver of the releases before 0.3 and the one the family studies' pages were measured
+with. The engine's default is now a search that reports its own reach estimate and locality
+(``docs/sharpness.md``, "Reach and locality"); ``benchmarks/solver_reach.py`` compares the two
+against a strong solve.
 
 A sharpness value is the best loss increase an ascent finds in the ball, a lower bound of the
 maximum. Comparing measures compares their values, so a measure whose default ascent falls

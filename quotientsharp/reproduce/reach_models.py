@@ -142,8 +142,11 @@ def measure_reach(model: Any, batches: Sequence[Any], measures: Mapping[str, Map
     for name, options in measures.items():
         for rho in rhos:
             try:
+                # one ascent (reach=False): the study measures what a single Auto-PGD ascent
+                # reaches, the solver of the releases before the reach search
                 result = qs.sharpness(model, batches, rho=rho, n_iter=n_iter, seed=seed,
-                                      progress=False, reference_solve=reference, **options)
+                                      progress=False, reference_solve=reference, reach=False,
+                                      **options)
             except ValueError as err:
                 out[name][f"{rho:g}"] = {"refused": str(err).split("\n")[0]}
                 continue

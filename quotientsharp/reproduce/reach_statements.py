@@ -99,9 +99,16 @@ def reach_statement(page: str, reach: Mapping[str, Any]) -> str | None:
                    "these measures' values, and their differences to other measures, may be "
                    "the solver's shortfall as much as the landscape.")
     else:
-        verdict = (f"Every compared measure reaches at least {SOLVER_ERROR_PERCENT:g} % of "
-                   "the best value found on every problem: the comparisons on this page are "
-                   "within solver error.")
+        reference = family.get("reference") or {}
+        strong = (f" (a solve of {reference['n_iter']} steps with {reference['restarts']} "
+                  "random restarts of the same length, itself a lower bound of the maximum)"
+                  if reference else "")
+        verdict = (f"On these {models} model(s) and {family['batches']} batch(es) each, every "
+                   f"compared measure reaches at least {SOLVER_ERROR_PERCENT:g} % of the best "
+                   f"value found{strong}: within solver error there. That is a sample, not "
+                   "every model and batch of the page, and these values predate the reach "
+                   "search and the locality report of the engine (docs/sharpness.md, 'Reach "
+                   "and locality'), so whether their balls were local is not known.")
     default = ("" if not defaults else
                f" The default {DEFAULT_STEPS}-step ascent reaches, on the same problems and "
                f"radii: {'; '.join(defaults)}.")

@@ -10,16 +10,17 @@ measure, with bootstrap intervals, scatter plots and a markdown report. One stag
   (:func:`build_grid`, :class:`GridPoint`);
 - :mod:`.generalisation`: a gap from train and test data (loss and 0-1 error);
 - :mod:`.measuring`: one model, from its manifest row to its record;
-- :mod:`.bootstrap`: Kendall tau-a and tau-b with percentile bootstrap intervals
-  (:func:`kendall_with_intervals`);
+- :mod:`.taus`: Kendall tau-a and tau-b, with percentile bootstrap intervals
+  (:func:`~quotientsharp.workflows.taus.tau_interval`, :class:`TauInterval`; pooled over
+  seeds, stratified or by a two-stage cluster bootstrap);
 - :mod:`.report` and :mod:`.plots`: ``models.csv``, the tau table, ``report.md``, the plots;
 - :mod:`.runner`: the driver (:func:`run_study`), from the manifest to every output;
 - :mod:`.resumable`: the runner of every study, this one and the paper's
   (:class:`~quotientsharp.workflows.resumable.ResumableRun`): records written as units finish,
   ``--resume``, units dealt over the ranks of torchrun;
 - the parts it is built from: :mod:`.records` (the results folder, ``run.json``, per-rank
-  shards), :mod:`.files` (atomic writes, JSONL), :mod:`.taus` (Kendall tau-a and tau-b),
-  :mod:`.tau_intervals`, :mod:`.progress`, :mod:`.devices` (``--device``).
+  shards), :mod:`.files` (atomic writes, JSONL), :mod:`.progress`, :mod:`.devices`
+  (``--device``).
 
 The command line is :mod:`quotientsharp.cli.study`; ``docs/study.md`` describes the
 manifest, the options and the outputs. Nothing here imports torch until a model is measured.
@@ -27,19 +28,18 @@ manifest, the options and the outputs. Nothing here imports torch until a model 
 
 from __future__ import annotations
 
-from quotientsharp.workflows.bootstrap import TauEstimate, bootstrap_taus, kendall_with_intervals
 from quotientsharp.workflows.grid import GridPoint, build_grid
 from quotientsharp.workflows.manifest import ManifestEntry, read_manifest
 from quotientsharp.workflows.runner import StudyOutcome, run_study
+from quotientsharp.workflows.taus import TauInterval, tau_interval
 
 __all__ = [
     "GridPoint",
     "ManifestEntry",
     "StudyOutcome",
-    "TauEstimate",
-    "bootstrap_taus",
+    "TauInterval",
     "build_grid",
-    "kendall_with_intervals",
     "read_manifest",
     "run_study",
+    "tau_interval",
 ]

@@ -8,18 +8,34 @@ identity and the resume refuses the folder (:func:`~.runner.run_study`), naming 
 
 Hashing reads each file once per process (the result is kept by path, size and modification
 time), far less than loading and measuring the model it names.
+
+A user's symmetry (``--symmetry MODULE:FUNCTION`` or a manifest row's ``symmetry`` field) is
+identified by content too (:func:`symmetry_fingerprint`): the SHA-256 of the source file of
+every module of the user's code it runs (the function's module, the modules of each binding's
+quotient class and its base classes, of ``to_point`` and ``from_point``; the package's own
+modules and torch's are covered by the versions ``run.json`` records) and a hash of what the
+function returned (each binding's name, parameters, ``folded``, quotient class, metric and
+the quotient's other settings and tensors). A record keeps the fingerprint it was measured
+with; ``--resume`` recomputes it and refuses, naming what changed (:func:`fingerprint_change`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
+import json
 import os
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from quotientsharp.workflows.manifest import ManifestEntry
 
-__all__ = ["content_identity", "content_sha256"]
+__all__ = ["content_identity", "content_sha256", "fingerprint_change", "symmetry_fingerprint"]
+
+#: Top-level packages whose code the recorded versions identify (not hashed file by file).
+_VERSIONED = ("quotientsharp", "torch", "builtins")
 
 _CACHE: dict[tuple[str, int, int], str] = {}
 
@@ -57,3 +73,88 @@ def content_identity(entry: ManifestEntry) -> dict[str, Any]:
     for key, path in (("model", entry.model), ("train", entry.train), ("test", entry.test)):
         identity[f"{key}_sha256"] = None if path is None else content_sha256(path)
     return identity
+
+
+def _user_modules(objects: Sequence[Any]) -> dict[str, str]:
+    """Module name -> source file of the modules defining ``objects`` (and, for classes, their
+    bases), other than the versioned packages' and modules without a source file."""
+    modules: dict[str, str] = {}
+    for obj in objects:
+        owners = inspect.getmro(obj) if inspect.isclass(obj) else (obj,)
+        for owner in owners:
+            name = getattr(owner, "__module__", None)
+            if not isinstance(name, str) or name.partition(".")[0] in _VERSIONED:
+                continue
+            module = sys.modules.get(name)
+            file = getattr(module, "__file__", None)
+            if isinstance(file, str) and Path(file).is_file():
+                modules[name] = file
+    return modules
+
+
+def _describe(value: Any) -> Any:
+    """A JSON-able description of one setting of a quotient (tensors by the hash of their
+    bytes, metric objects by class and name, other objects by class)."""
+    import torch
+
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_describe(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        data = value.detach().cpu().contiguous()
+        return {"tensor": list(data.shape), "dtype": str(data.dtype),
+                "sha256": hashlib.sha256(data.reshape(-1).view(torch.uint8).numpy().tobytes()
+                                         if data.numel() else b"").hexdigest()}
+    kind = type(value)
+    return {"object": f"{kind.__module__}.{kind.__qualname__}",
+            **({"name": value.name} if isinstance(getattr(value, "name", None), str) else {})}
+
+
+def _binding_description(binding: Any) -> dict[str, Any]:
+    quotient = binding.quotient
+    kind = type(quotient)
+    settings = {key: _describe(value) for key, value in sorted(vars(quotient).items())
+                if not key.startswith("_") and key != "training"}
+    tensors = {key: _describe(value) for key, value in quotient.state_dict().items()}
+    return {"name": binding.name, "parameters": list(binding.parameters),
+            "folded": binding.folded, "quotient": f"{kind.__module__}.{kind.__qualname__}",
+            "settings": settings, "tensors": tensors,
+            "to_point": None if binding.to_point is None else binding.to_point.__qualname__,
+            "from_point": None if binding.from_point is None
+            else binding.from_point.__qualname__}
+
+
+def symmetry_fingerprint(function: Any, bindings: Sequence[Any]) -> dict[str, Any]:
+    """What a user's symmetry is, by content: ``{"modules": {module: sha256 of its source
+    file}, "bindings": sha256}`` (module docstring).
+
+    Parameters
+    ----------
+    function
+        The user's ``FUNCTION`` (``--symmetry MODULE:FUNCTION``).
+    bindings
+        The :class:`~quotientsharp.models.QuotientBinding` objects it returned for the model.
+    """
+    objects: list[Any] = [function]
+    for binding in bindings:
+        objects += [type(binding.quotient), binding.to_point, binding.from_point]
+    modules = _user_modules([o for o in objects if o is not None])
+    described = json.dumps([_binding_description(b) for b in bindings], sort_keys=True)
+    return {"modules": {name: _file_sha256(Path(file)) for name, file in sorted(modules.items())},
+            "bindings": hashlib.sha256(described.encode()).hexdigest()}
+
+
+def fingerprint_change(saved: Any, now: Mapping[str, Any]) -> str | None:
+    """What differs between a recorded :func:`symmetry_fingerprint` and the current one, in a
+    few words (``None`` when nothing does)."""
+    if not isinstance(saved, Mapping):
+        return "the record predates symmetry fingerprints"
+    old, new = saved.get("modules") or {}, now["modules"]
+    changed = [name for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
+    if changed:
+        return "the source of module(s) " + ", ".join(changed) + " changed"
+    if saved.get("bindings") != now["bindings"]:
+        return ("the bindings it returns changed (their names, parameters, quotient class, "
+                "metric or settings)")
+    return None

@@ -45,6 +45,9 @@ class GridPoint:
         Geodesic sharpness only.
     p
         Worst-case and adaptive sharpness: ``"2"`` or ``"inf"``.
+    symmetry
+        Geodesic sharpness with ``--symmetry MODULE:FUNCTION``: the bindings it returns measure
+        with their own quotients' metric (``metric`` does not apply), and the label says so.
     """
 
     key: str
@@ -53,10 +56,13 @@ class GridPoint:
     metric: str | None = None
     order: int | str | None = None
     p: str | None = None
+    symmetry: str | None = None
 
     def label(self, greek: bool = True) -> str:
-        """The readable name: measure, metric, order and radius."""
-        return measure_label(self.measure, metric=self.metric, order=self.order, rho=self.rho,
+        """The readable name: measure, metric (a user's symmetry: its bindings' own), order
+        and radius."""
+        metric = self.metric if self.symmetry is None else f"{self.symmetry} bindings'"
+        return measure_label(self.measure, metric=metric, order=self.order, rho=self.rho,
                              p=self.p, greek=greek)
 
     def options(self, args: argparse.Namespace) -> dict[str, Any]:
@@ -68,14 +74,20 @@ class GridPoint:
 
     def as_dict(self) -> dict[str, Any]:
         """The point as plain JSON (``run.json``, ``taus.json``)."""
-        return {"key": self.key, "label": self.label(greek=False), "measure": self.measure,
-                "rho": self.rho, "metric": self.metric, "order": self.order, "p": self.p}
+        point = {"key": self.key, "label": self.label(greek=False), "measure": self.measure,
+                 "rho": self.rho, "metric": self.metric, "order": self.order, "p": self.p}
+        if self.symmetry is not None:
+            point["symmetry"] = self.symmetry
+        return point
 
 
-def _key(measure: str, rho: float | None, variant: dict[str, Any], p: str | None) -> str:
+def _key(measure: str, rho: float | None, variant: dict[str, Any], p: str | None,
+         symmetry: str | None = None) -> str:
     parts = [measure]
     if variant:
-        parts.append(f"{variant['metric']}_order{variant['order']}")
+        # a user's symmetry measures with its own metric: "own", not the unused --metric
+        metric = "own" if symmetry is not None else variant["metric"]
+        parts.append(f"{metric}_order{variant['order']}")
     if p == "inf":
         parts.append("linf")
     if rho is not None:
@@ -96,10 +108,12 @@ def build_grid(args: argparse.Namespace) -> list[GridPoint]:
     for rho in rhos:
         checked = check_options(argparse.Namespace(**{**vars(args), "rho": rho}), measures)
     grid: list[GridPoint] = []
+    symmetry = getattr(args, "symmetry", None)
     for run in measure_runs(measures, checked):
         p = args.p if run.measure in ASCENT_MEASURES and run.measure != "geodesic" else None
+        own = symmetry if run.measure == "geodesic" else None
         for rho in ([None] if run.measure == "relative_flatness" else rhos):
             variant = dict(run.variant)
-            grid.append(GridPoint(_key(run.measure, rho, variant, p), run.measure, rho,
-                                  variant.get("metric"), variant.get("order"), p))
+            grid.append(GridPoint(_key(run.measure, rho, variant, p, own), run.measure, rho,
+                                  variant.get("metric"), variant.get("order"), p, own))
     return grid

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 __all__ = [
     "DECADES_NOTE_THRESHOLD",
     "MEASURE_NAMES",
+    "bindings_metric",
     "decades_note",
     "measure_label",
     "tau_title",
@@ -79,6 +80,30 @@ def measure_label(measure: str, *, metric: str | None = None, order: int | str |
     if rho is not None:
         details.append(f"{'ρ' if greek else 'rho'} = {_number(rho)}")
     return f"{name} ({', '.join(details)})" if details else name
+
+
+def bindings_metric(bindings: Sequence[object]) -> str:
+    """The metric of geodesic sharpness with a user's bindings, named by binding and quotient.
+
+    Parameters
+    ----------
+    bindings
+        ``QuotientBinding`` objects, or their records ``{"name": ..., "quotient": ...}``
+        (``result.settings["bindings"]``).
+
+    >>> bindings_metric([{"name": "relu units", "quotient": "relu-neuron"}])
+    "binding 'relu units' (relu-neuron)"
+    """
+    named = []
+    for binding in bindings:
+        if isinstance(binding, dict):
+            name, quotient = binding.get("name"), binding.get("quotient")
+        else:
+            name = getattr(binding, "name", "?")
+            quotient = getattr(getattr(binding, "quotient", None), "name", "?")
+        named.append(f"binding {name!r} ({quotient})")
+    plural = "s" if len(named) > 1 else ""
+    return f"binding{plural} " + ", ".join(n.removeprefix("binding ") for n in named)
 
 
 def _signed(value: float | None) -> str:

@@ -13,17 +13,34 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from quotientsharp.workflows.fingerprints import content_identity
+from quotientsharp.workflows.fingerprints import content_identity, symmetry_fingerprint
 from quotientsharp.workflows.grid import GridPoint
 from quotientsharp.workflows.manifest import ManifestEntry
 from quotientsharp.workflows.options import InputError
 from quotientsharp.workflows.records import is_main_rank
+from quotientsharp.workflows.user_objects import import_object
 from quotientsharp.workflows.user_symmetry import load_symmetry
 
-__all__ = ["measure_entry"]
+__all__ = ["entry_symmetry", "measure_entry"]
 
 #: Models whose geodesic measures found no symmetry, noted once each in this process.
 _NOTED: set[str] = set()
+
+
+def entry_symmetry(entry: ManifestEntry, args: argparse.Namespace, model: Any
+                   ) -> tuple[str, list[Any], dict[str, Any]] | None:
+    """The user's symmetry of one manifest row, if any: its ``MODULE:FUNCTION``, the bindings
+    it returns for ``model`` and their :func:`~.fingerprints.symmetry_fingerprint`.
+
+    The row's own ``symmetry`` field, else ``--symmetry``; ``None`` without either.
+    """
+    spec = entry.symmetry or getattr(args, "symmetry", None)
+    if not spec:
+        return None
+    flag = (f"the 'symmetry' field of model {entry.name!r} (line {entry.line})"
+            if entry.symmetry else "--symmetry")
+    bindings = load_symmetry(spec, model, flag)
+    return spec, bindings, symmetry_fingerprint(import_object(spec, flag), bindings)
 
 
 def measure_entry(entry: ManifestEntry, grid: Sequence[GridPoint], args: argparse.Namespace,
@@ -55,13 +72,14 @@ def measure_entry(entry: ManifestEntry, grid: Sequence[GridPoint], args: argpars
         (train/test loss and error and the gap, or ``None`` when the manifest gives the gap),
         ``sharpness`` (grid key -> value), ``per_batch`` (grid key -> per-batch values),
         ``clean_loss`` (mean clean loss on the sharpness data), ``seconds`` (grid key ->
-        seconds) and ``device``.
+        seconds), ``device``, ``symmetry`` (the user's ``MODULE:FUNCTION`` or ``None``) and
+        ``symmetry_fingerprint`` (:func:`~.fingerprints.symmetry_fingerprint`, or ``None``).
     """
     import warnings
 
     import torch
 
-    from quotientsharp.engine import NoSymmetryWarning, sharpness
+    from quotientsharp.engine import NoSymmetryWarning, ReachWarning, sharpness
     from quotientsharp.engine.layouts import NO_SYMMETRY_NOTE
     from quotientsharp.workflows.data import load_batches
     from quotientsharp.workflows.generalisation import generalisation
@@ -75,18 +93,17 @@ def measure_entry(entry: ManifestEntry, grid: Sequence[GridPoint], args: argpars
         model = model.to(dtype=getattr(torch, args.dtype))
     batches, examples, _ = load_batches(args.data, model, entry.model, args)
     # the row's own symmetry, else --symmetry: bindings passed as the API's symmetries=
-    symmetry = entry.symmetry or getattr(args, "symmetry", None)
-    if symmetry:
-        flag = (f"the 'symmetry' field of model {entry.name!r} (line {entry.line})"
-                if entry.symmetry else "--symmetry")
-        args = argparse.Namespace(**{**vars(args), "bindings": load_symmetry(symmetry, model,
-                                                                            flag)})
+    bound = entry_symmetry(entry, args, model)
+    symmetry, fingerprint = (None, None) if bound is None else (bound[0], bound[2])
+    if bound is not None:
+        args = argparse.Namespace(**{**vars(args), "bindings": bound[1]})
     record: dict[str, Any] = {
         "name": entry.name, "identity": identity, "model_class": type(model).__name__,
         "parameters": sum(p.numel() for p in model.parameters()), "examples": examples,
         "batches": len(batches), "device": str(device), "generalisation": None,
-        "sharpness": {}, "per_batch": {}, "clean_loss": None, "seconds": {},
-        "symmetry": symmetry}
+        "sharpness": {}, "per_batch": {}, "reach": {}, "locality": {}, "evaluations": {},
+        "clean_loss": None, "seconds": {},
+        "symmetry": symmetry, "symmetry_fingerprint": fingerprint}
     if entry.computes_gap:
         if entry.train is None or entry.test is None:
             raise InputError(f"model {entry.name!r} (line {entry.line}): no gap and no train "
@@ -103,6 +120,8 @@ def measure_entry(entry: ManifestEntry, grid: Sequence[GridPoint], args: argpars
                 result = sharpness(model, batches, measure=point.measure, rho=point.rho,
                                    **point.options(args))
             for warning in caught:
+                if issubclass(warning.category, ReachWarning):
+                    continue    # in the record (reach, locality) and beside the taus
                 if not issubclass(warning.category, NoSymmetryWarning):
                     warnings.warn_explicit(warning.message, warning.category,
                                            warning.filename, warning.lineno)
@@ -115,6 +134,9 @@ def measure_entry(entry: ManifestEntry, grid: Sequence[GridPoint], args: argpars
                              f"({entry.model}) on {args.data} failed: {err}") from err
         record["sharpness"][point.key] = float(result.value)
         record["per_batch"][point.key] = [float(v) for v in result.per_batch]
+        record["reach"][point.key] = result.reach
+        record["locality"][point.key] = result.locality
+        record["evaluations"][point.key] = result.evaluations
         record["seconds"][point.key] = time.perf_counter() - start
         if record["clean_loss"] is None:
             record["clean_loss"] = sum(result.clean_losses) / len(result.clean_losses)

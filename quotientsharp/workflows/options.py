@@ -84,7 +84,8 @@ def add_sharpness_options(parser: argparse.ArgumentParser, *, radius_list: bool 
         parser.add_argument("--rho", type=float, default=None,
                             help="radius (standard deviation for average); required except "
                             "for relative_flatness")
-    parser.add_argument("--metric", default="inv",
+    # None: not given (inv), so that a note can say when a given --metric did not apply
+    parser.add_argument("--metric", default=None,
                         help="geodesic: inv, mix or euclidean, or a comma list such as mix,inv "
                         "for several in one call (default inv)")
     parser.add_argument("--order", default="2", help="geodesic: 1, 2 or exact, or a comma list "
@@ -261,11 +262,18 @@ def check_options(args: argparse.Namespace, measures: Sequence[str]) -> dict[str
     """Validated options shared by all measures."""
     if args.loss not in ("cross_entropy", "mse"):
         raise InputError(f"--loss must be cross_entropy or mse, got {args.loss!r}")
-    metrics = _items(args.metric)
+    metrics = _items(args.metric if args.metric is not None else "inv")
     for metric in metrics:
         if metric not in METRICS:
             raise InputError(f"--metric must be inv, mix or euclidean (or a comma list of "
                              f"them), got {metric!r}")
+    symmetry = getattr(args, "symmetry", None)
+    if symmetry is not None and "geodesic" in measures and len(metrics) > 1:
+        # each metric would give the same value under a different label
+        raise InputError(f"--metric {args.metric}: with --symmetry {symmetry} geodesic "
+                         "sharpness measures with the metric of each binding's own quotient, "
+                         "so every --metric gives the same value; leave --metric out (or give "
+                         "one)")
     if args.p not in ("2", "inf"):
         raise InputError(f"--p must be 2 or inf, got {args.p!r}")
     for value, option in ((args.batch_size, "--batch-size"), (args.max_batches, "--max-batches"),

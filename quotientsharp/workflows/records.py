@@ -69,6 +69,11 @@ def environment_versions() -> dict[str, Any]:
     }
 
 
+#: The versions a ``--resume`` must share with the run it continues (``run.json``'s
+#: ``environment``): records of two versions of the package or of torch would be mixed.
+RESUME_VERSIONS = ("quotientsharp", "torch")
+
+
 def shard_name(name: str, rank: int) -> str:
     """The per-rank shard of a JSONL file: ``shard_name("models.jsonl", 3)`` is
     ``"models.rank3.jsonl"``."""
@@ -136,7 +141,10 @@ class ResultsDirectory:
     run_info
         The content of ``run.json``; ``world_size`` is the number of processes of the current
         session (1 without torchrun) and ``world_sizes`` lists it for every session (the first
-        run, then each ``--resume``).
+        run, then each ``--resume``). ``environment`` (:func:`environment_versions`) and
+        ``command`` are the first session's and never rewritten: a ``--resume`` under another
+        version of the package or torch is refused, and its command joins
+        ``resume_commands``.
     """
 
     def __init__(self, path: Path, study: str, settings: Mapping[str, Any], resume: bool,
@@ -170,8 +178,11 @@ class ResultsDirectory:
                 raise ValueError(f"--resume: {self.path} holds {leftovers[:3]} but no run.json, "
                                  "so its settings cannot be checked; run without --resume to "
                                  "start afresh")
+        environment = environment_versions()
+        command = " ".join(sys.argv) if sys.argv else ""
         if self.resume and previous is not None:
             self._check_same_settings(previous)
+            self._check_same_versions(previous, environment)
             self.run_info: dict[str, Any] = previous
             self.run_info["resumed"] = previous.get("resumed", 0) + 1
         else:
@@ -187,8 +198,12 @@ class ResultsDirectory:
         self.run_info["world_size"] = current_world_size()
         self.run_info["world_sizes"] = [*self.run_info.get("world_sizes", []),
                                         self.run_info["world_size"]]
-        self.run_info["environment"] = environment_versions()
-        self.run_info["command"] = " ".join(sys.argv) if sys.argv else ""
+        # what the first session recorded stays as it is: a resume adds its command only
+        if "environment" in self.run_info:
+            self.run_info["resume_commands"] = [*self.run_info.get("resume_commands", []),
+                                                command]
+        else:
+            self.run_info["environment"], self.run_info["command"] = environment, command
         self.save_run_info()
 
     def _previous_run(self) -> dict[str, Any] | None:
@@ -217,6 +232,21 @@ class ResultsDirectory:
             raise ValueError(f"--resume: the settings differ from the run saved in "
                              f"{self.run_file} ({details}); use the same options or another "
                              "--out, or run without --resume to start afresh")
+
+    def _check_same_versions(self, previous: Mapping[str, Any],
+                             environment: Mapping[str, Any]) -> None:
+        """Refuse a resume under another version of the package or torch than the recorded
+        one (:data:`RESUME_VERSIONS`; a ``run.json`` without versions is not checked)."""
+        saved = previous.get("environment")
+        if not isinstance(saved, Mapping):
+            return
+        changed = [f"{name} {saved[name]} -> {environment.get(name)}" for name in RESUME_VERSIONS
+                   if saved.get(name) is not None and saved[name] != environment.get(name)]
+        if changed:
+            raise ValueError(f"--resume: {self.run_file} was recorded under other versions "
+                             f"({', '.join(changed)}); records of two versions would be mixed: "
+                             "install the recorded versions, use another --out, or run without "
+                             "--resume to start afresh")
 
     def close(self) -> None:
         """Release the folder's lock (:mod:`.locks`); the process's end releases it too."""

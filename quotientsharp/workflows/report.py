@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from quotientsharp.workflows.bootstrap import kendall_with_intervals
 from quotientsharp.workflows.grid import GridPoint
 from quotientsharp.workflows.manifest import ManifestEntry
-from quotientsharp.workflows.taus import sign_convention
+from quotientsharp.workflows.taus import sign_convention, tau_interval, without_nan
 
 __all__ = [
     "FIXED_COLUMNS",
@@ -27,6 +26,7 @@ __all__ = [
     "gap_of",
     "reserved_columns",
     "study_report",
+    "solver_quality",
     "tau_rows",
     "tau_table",
 ]
@@ -129,26 +129,52 @@ def tau_rows(gaps: Sequence[float], values: Mapping[str, Sequence[float]],
     grid
         The grid points, in table order.
     resamples, confidence, seed
-        The bootstrap (:func:`~quotientsharp.workflows.bootstrap.kendall_with_intervals`).
+        The bootstrap (:func:`~quotientsharp.workflows.taus.tau_interval`; pairs with a NaN
+        are left out, ``resamples=0`` gives no interval).
 
     Returns
     -------
     list of dict
         Per point: its description (:meth:`GridPoint.as_dict`), ``count``, ``tau_a``,
         ``tau_a_low``, ``tau_a_high``, ``tau_b``, ``tau_b_low``, ``tau_b_high``, ``resamples``
-        and ``confidence`` (``None`` where undefined).
+        (the draws asked) and ``confidence`` (``None`` where undefined; every tau ``None``
+        with fewer than 2 models left).
     """
     rows = []
     for point in grid:
-        estimate = kendall_with_intervals(gaps, values[point.key], resamples=resamples,
-                                          confidence=confidence, seed=seed)
-        a_low, a_high = estimate.tau_a_interval or (None, None)
-        b_low, b_high = estimate.tau_b_interval or (None, None)
-        rows.append({**point.as_dict(), "count": estimate.count, "tau_a": estimate.tau_a,
-                     "tau_a_low": a_low, "tau_a_high": a_high, "tau_b": estimate.tau_b,
-                     "tau_b_low": b_low, "tau_b_high": b_high,
-                     "resamples": estimate.resamples, "confidence": confidence})
+        kept = without_nan(gaps, values[point.key])
+        row: dict[str, Any] = dict.fromkeys(("tau_a", "tau_a_low", "tau_a_high", "tau_b",
+                                             "tau_b_low", "tau_b_high"))
+        if len(kept[0]) >= 2:
+            tau = tau_interval(*kept, resamples, seed, confidence)
+            row.update(tau_a=tau.tau_a, tau_a_low=tau.a_low, tau_a_high=tau.a_high,
+                       tau_b=tau.tau_b, tau_b_low=tau.b_low, tau_b_high=tau.b_high)
+        rows.append({**point.as_dict(), "count": len(kept[0]), **row, "resamples": resamples,
+                     "confidence": confidence})
     return rows
+
+
+def solver_quality(records: Sequence[Mapping[str, Any]], key: str) -> dict[str, Any]:
+    """How trustworthy the values of grid point ``key`` are over the models' records.
+
+    Returns ``reach_min`` (the lowest reach estimate over every model and batch), ``reached``
+    (the share of (model, batch) values whose reach estimate is at least 0.99), ``local`` (the
+    share whose ball is local at the best perturbation) and ``second_order_max`` (the largest
+    ratio of the path's second-order to first-order term); ``None`` where the measure has none
+    (not an ascent, ``reach=False``, or records written before these were kept).
+    """
+    reaches = [r for record in records for r in record.get("reach", {}).get(key) or []
+               if r is not None]
+    places = [x for record in records for x in record.get("locality", {}).get(key) or []]
+    seconds = [x["second_order"] for x in places if x.get("second_order") is not None]
+    return {"reach_min": min(reaches) if reaches else None,
+            "reached": (sum(r >= 0.99 for r in reaches) / len(reaches)) if reaches else None,
+            "local": (sum(bool(x["local"]) for x in places) / len(places)) if places else None,
+            "second_order_max": max(seconds) if seconds else None}
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f} %"
 
 
 def _with_interval(value: float | None, low: float | None, high: float | None) -> str:
@@ -167,8 +193,15 @@ def tau_table(taus: Sequence[Mapping[str, Any]], markdown: bool = True) -> str:
               _with_interval(row["tau_a"], row["tau_a_low"], row["tau_a_high"]),
               _with_interval(row["tau_b"], row["tau_b_low"], row["tau_b_high"])]
              for row in taus]
+    if any("reached" in row for row in taus):
+        # beside each tau, how far its values can be trusted (solver_quality)
+        header += ["reach >= 0.99", "min reach", "local"]
+        for cell, row in zip(cells, taus, strict=True):
+            low = row.get("reach_min")
+            cell += [_share(row.get("reached")), "-" if low is None else f"{low:.3f}",
+                     _share(row.get("local"))]
     if markdown:
-        lines = ["| " + " | ".join(header) + " |", "|---|---|---|---|"]
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(row) + " |" for row in cells]
         return "\n".join(lines)
     widths = [max(len(line[i]) for line in [header, *cells]) for i in range(len(header))]
@@ -202,9 +235,9 @@ def study_report(*, manifest: str, data: str, command: str, entries: Sequence[Ma
         f"loss {settings['loss']}; Auto-PGD with {settings['n_iter']} steps for the ascent "
         f"measures; seed {settings['seed']}.",
         f"- Intervals: percentile bootstrap over the models, {bootstrap['resamples']} draws, "
-        f"seed {bootstrap['seed']}, {100 * bootstrap['confidence']:g}% (tau-b is the "
-        "tie-corrected one; the tau-a interval leans towards 0, because a draw repeats models "
-        "and their copies tie).",
+        f"seed {bootstrap['seed']}, {100 * bootstrap['confidence']:g}% (a draw repeats "
+        "models; a pair of two copies of one model says nothing about the ranking and is left "
+        "out of both taus).",
         "",
         sign_convention("the generalisation gap"),
         "",

@@ -38,6 +38,7 @@ from quotientsharp.workflows.report import (
     gap_label,
     gap_of,
     reserved_columns,
+    solver_quality,
     study_report,
     tau_rows,
     tau_table,
@@ -51,7 +52,7 @@ MODELS, CSV, REPORT = "models.jsonl", "models.csv", "report.md"
 TAUS_JSON, TAUS_CSV = "taus.json", "taus.csv"
 TAU_COLUMNS = ("key", "label", "measure", "metric", "order", "rho", "p", "count", "tau_a",
                "tau_a_low", "tau_a_high", "tau_b", "tau_b_low", "tau_b_high", "resamples",
-               "confidence")
+               "confidence", "reach_min", "reached", "local", "second_order_max")
 
 
 @dataclass
@@ -119,7 +120,8 @@ def study_settings(args: argparse.Namespace, grid: Sequence[GridPoint],
 
 
 def _check_identities(finished: Mapping[str, dict[str, Any]],
-                      entries: Sequence[ManifestEntry], folder: Path) -> None:
+                      entries: Sequence[ManifestEntry], folder: Path,
+                      args: argparse.Namespace | None = None) -> None:
     for entry in entries:
         record = finished.get(entry.name)
         if record is None:
@@ -139,6 +141,33 @@ def _check_identities(finished: Mapping[str, dict[str, Any]],
                              f"from other contents of {', '.join(changed)} (SHA-256 differs, "
                              "or the record predates content hashes): it would be stale. Run "
                              "without --resume to remeasure every model, or use another --out")
+        if args is not None and record.get("symmetry"):
+            _check_symmetry(entry, record, folder, args)
+
+
+def _check_symmetry(entry: ManifestEntry, record: Mapping[str, Any], folder: Path,
+                    args: argparse.Namespace) -> None:
+    """Refuse a record measured with other code or other bindings of the user's symmetry
+    than those it would be measured with now (:func:`.fingerprints.fingerprint_change`)."""
+    import torch
+
+    from quotientsharp.workflows.fingerprints import fingerprint_change
+    from quotientsharp.workflows.measuring import entry_symmetry
+    from quotientsharp.workflows.saved_models import load_measured_model
+
+    model = load_measured_model(entry.model)
+    if args.dtype is not None:
+        model = model.to(dtype=getattr(torch, args.dtype))
+    bound = entry_symmetry(entry, args, model)
+    spec = None if bound is None else bound[0]
+    change = (f"its symmetry is now {spec}, not {record['symmetry']}"
+              if spec != record["symmetry"] or bound is None
+              else fingerprint_change(record.get("symmetry_fingerprint"), bound[2]))
+    if change is not None:
+        raise ValueError(f"--resume: the record of {entry.name!r} in {folder} was measured "
+                         f"with another symmetry {record['symmetry']}: {change}; values of "
+                         "two symmetries would be mixed. Run without --resume to remeasure "
+                         "every model, or use another --out")
 
 
 def _colors(entries: Sequence[ManifestEntry], key: str | None) -> list[float] | None:
@@ -210,7 +239,7 @@ def run_study(manifest: str | Path, args: argparse.Namespace) -> StudyOutcome:
     run = ResumableRun(out, list(by_name), study=STUDY, settings=settings, resume=args.resume,
                        owned=names, records=MODELS, key="name", unit="model",
                        description="study models", progress=args.progress, mirror=mirror,
-                       check=lambda finished: _check_identities(finished, entries, out))
+                       check=lambda finished: _check_identities(finished, entries, out, args))
     saved_threads = torch.get_num_threads()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -230,6 +259,8 @@ def run_study(manifest: str | Path, args: argparse.Namespace) -> StudyOutcome:
                  "seed": args.bootstrap_seed}
     taus = tau_rows(gaps, values, grid, resamples=args.bootstrap, confidence=args.confidence,
                     seed=args.bootstrap_seed)
+    for point, row in zip(grid, taus, strict=True):
+        row.update(solver_quality([records[e.name] for e in entries], point.key))
     ignored = sorted(run.ignored)
 
     def finish(results: ResultsDirectory, wall: float) -> tuple[list[Path] | None, float]:

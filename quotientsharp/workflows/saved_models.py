@@ -102,6 +102,13 @@ def _config_mismatch(directory: Path, model_class: Any, err: RuntimeError) -> Ex
                       "config.json edited or copied from another model?")
 
 
+def _adapter_directory(path: Path) -> bool:
+    """Whether ``path`` holds a saved PEFT adapter (``adapter_config.json``)."""
+    from quotientsharp.models.peft_loading import saved_adapters
+
+    return bool(saved_adapters(path))
+
+
 def load_measured_model(path: str | os.PathLike) -> nn.Module:
     """The model behind MODEL (see :mod:`quotientsharp.cli.measure`), in eval mode, on
     the CPU."""
@@ -110,7 +117,12 @@ def load_measured_model(path: str | os.PathLike) -> nn.Module:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"MODEL {path} does not exist")
-    if path.is_dir():
+    if path.is_dir() and _adapter_directory(path):
+        from quotientsharp.models.peft_loading import load_peft_directory
+
+        # a saved PEFT adapter: its base (with weights) and head, as PEFT builds them
+        model = load_peft_directory(path, weights=True)
+    elif path.is_dir():
         if not (path / "config.json").is_file():
             raise InputError(f"MODEL directory {path} has no config.json (expected a "
                              "HuggingFace model saved with save_pretrained)")

@@ -6,6 +6,10 @@
   on tuples of numpy float64 arrays, for ``SteepestDescent``, ``ConjugateGradient`` and
   ``TrustRegions``.
 
+Both take ``shapes`` as the trailing shapes of one point's components (``quotient.point_shapes``,
+e.g. ``((n, h), (m, h))`` for GL(h)); leading dimensions are batch dimensions, read from the
+tensor by ``QuotientManifold`` and given as ``batch_shape=`` to ``PymanoptQuotient``.
+
 geoopt and pymanopt are optional extras (``pip install quotientsharp[geoopt]``,
 ``pip install quotientsharp[pymanopt]``). Importing :mod:`quotientsharp` or this package never
 imports them: each adapter's module is imported on first access to its name, and a missing extra

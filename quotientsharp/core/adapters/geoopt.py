@@ -13,9 +13,11 @@ tuples to the quotient:
 - ``"flat"``: every component is flattened and the results concatenated along the last
   dimension, ``shape=[..., N]``. Works for any quotient.
 
-Leading dimensions are batch dimensions, as everywhere in geoopt: a parameter of
-``shape=[k, n + m, h]`` holds ``k`` independent GL pairs, and :meth:`QuotientManifold.inner`
-returns one value per pair (so ``RiemannianAdam`` adapts its step per pair).
+Leading dimensions are batch dimensions, as everywhere in geoopt and in
+:class:`~quotientsharp.FrozenPoint`: a parameter of ``shape=[k, n + m, h]`` holds ``k``
+independent GL pairs, and :meth:`QuotientManifold.inner` returns one value per pair (so
+``RiemannianAdam`` adapts its step per pair, by one second moment: the pair's squared norm in
+the quotient's metric, which the group action does not change). ``shapes`` never holds them.
 
 Geometry (all of it the quotient's own, through its horizontal lift):
 
@@ -159,8 +161,11 @@ class QuotientManifold(geoopt.Manifold):
     quotient
         Any :class:`~quotientsharp.SymmetryQuotient` (``GLQuotient``, ``DiagonalQuotient``, ...).
     shapes
-        Trailing shape of each component of a point, e.g. ``((n, h), (m, h))`` for GL(h);
-        defaults to ``quotient.point_shapes``.
+        Trailing shape of each component of a point, e.g. ``((n, h), (m, h))`` for GL(h),
+        ``point_ndims[i]`` dimensions each (the folded dimensions of a ``ProductQuotient``
+        included); defaults to ``quotient.point_shapes``. The same ``shapes`` as
+        :class:`~quotientsharp.core.adapters.PymanoptQuotient` takes; shapes with leading batch
+        dimensions are refused (the batch comes with the tensor).
     layout
         ``"concat"`` (default where possible), ``"stack"`` or ``"flat"``: see the module docstring.
     retraction
@@ -202,10 +207,19 @@ class QuotientManifold(geoopt.Manifold):
         self.quotient = quotient
         self.stacked = StackedLayout(shapes, layout)
         shapes = self.stacked.shapes
-        if tuple(len(s) for s in shapes) != tuple(quotient.point_ndims):
+        ndims = tuple(quotient.point_ndims)
+        if tuple(len(s) for s in shapes) != ndims:
+            hint = ""
+            if len(shapes) == len(ndims) and all(len(s) > k for s, k in zip(shapes, ndims,
+                                                                             strict=True)):
+                trailing = tuple(s[len(s) - k:] for s, k in zip(shapes, ndims, strict=True))
+                hint = (f"; shapes are the trailing shapes of one point, without batch "
+                        f"dimensions: pass shapes={trailing}, and the leading (batch) "
+                        f"dimensions come with the tensor (PymanoptQuotient takes them as "
+                        f"batch_shape=)")
             raise ValueError(f"shapes {shapes} do not match the point layout of "
-                             f"{type(quotient).__name__} ({len(quotient.point_ndims)} components "
-                             f"with {tuple(quotient.point_ndims)} trailing dimensions)")
+                             f"{type(quotient).__name__} ({len(ndims)} components "
+                             f"with {ndims} trailing dimensions){hint}")
         self.ndim = self.stacked.ndim
         self.retraction = retraction
         self.name = f"Quotient[{quotient.name}]"

@@ -18,8 +18,14 @@ Geometry (the quotient's own, through its horizontal lift):
   retraction (TrustRegions keeps its superlinear local rate with it); ``exp``: the exact geodesic;
 - ``dist`` and ``log`` are not available (no closed form on a quotient).
 
-Array shapes may carry leading batch dimensions shared by all components (``shapes`` given as
-``((k, n, h), (k, m, h))`` is a product of ``k`` GL(h) quotients); inner products sum over them.
+Shapes, as in :class:`~quotientsharp.core.adapters.QuotientManifold` and
+:class:`~quotientsharp.FrozenPoint`: ``shapes`` are the trailing shapes of one point's components
+(``quotient.point_shapes``: ``((n, h), (m, h))`` for GL(h), the folded dimensions of a
+``ProductQuotient`` included), and ``batch_shape`` the leading dimensions shared by all
+components: ``shapes=((n, h), (m, h)), batch_shape=(k,)`` is a product of ``k`` GL(h) quotients,
+arrays ``[k, n, h]`` and ``[k, m, h]``. A pymanopt problem has one cost, so inner products sum
+over the batch. ``shapes`` that carry the batch dimensions themselves (``((k, n, h), (k, m,
+h))``, the spelling of 0.1) are deprecated.
 
 pymanopt is an optional extra: ``pip install quotientsharp[pymanopt]``.
 """
@@ -27,6 +33,7 @@ pymanopt is an optional extra: ``pip install quotientsharp[pymanopt]``.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -136,6 +143,49 @@ def riemannian_hessian(quotient: SymmetryQuotient, x: Tensors, egrad: Tensors, e
         return quotient.horizontal_projection(x, T.add(drgrad, connection))
 
 
+def _split_shapes(quotient: SymmetryQuotient, shapes: Sequence[Sequence[int]],
+                  batch_shape: Sequence[int] | None
+                  ) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+    """``(trailing shapes, batch shape)`` from the constructor's ``shapes`` and ``batch_shape``.
+
+    ``shapes`` with more than ``point_ndims`` dimensions carry the batch in front (the deprecated
+    spelling): accepted with a ``DeprecationWarning`` alone, refused next to ``batch_shape``.
+    """
+    ndims = tuple(quotient.point_ndims)
+    if isinstance(shapes, (str, bytes)) or not isinstance(shapes, Sequence):
+        raise TypeError(f"shapes must be a sequence of shapes, got {shapes!r}")
+    parsed = tuple(tuple(int(s) for s in shape) for shape in shapes)
+    if len(parsed) != len(ndims):
+        raise ValueError(f"shapes must have {len(ndims)} entries for "
+                         f"{type(quotient).__name__}, got {len(parsed)}")
+    batches = set()
+    for i, (shape, k) in enumerate(zip(parsed, ndims, strict=True)):
+        if len(shape) < k or any(s < 1 for s in shape):
+            raise ValueError(f"shapes[{i}] must have {k} positive sizes (the trailing shape of "
+                             f"component {i} of one point), got {shape}")
+        batches.add(shape[:len(shape) - k])
+    trailing = tuple(s[len(s) - k:] for s, k in zip(parsed, ndims, strict=True))
+    leading = batches.pop() if len(batches) == 1 else None
+    if leading == ():
+        batch = () if batch_shape is None else tuple(int(s) for s in batch_shape)
+        if any(s < 1 for s in batch):
+            raise ValueError(f"batch_shape must hold positive sizes, got {batch}")
+        return trailing, batch
+    if batch_shape is not None:
+        raise ValueError(f"shapes {parsed} carry leading batch dimensions and batch_shape="
+                         f"{tuple(batch_shape)} is given too: shapes are the trailing shapes of "
+                         f"one point ({trailing}, point_ndims {ndims}); give the batch in "
+                         f"batch_shape alone")
+    if leading is None:
+        raise ValueError(f"the components' leading (batch) shapes must agree, got {parsed}; "
+                         f"pass shapes={trailing} and batch_shape=... instead")
+    warnings.warn(f"PymanoptQuotient(shapes={parsed}) with leading batch dimensions is "
+                  f"deprecated: pass shapes={trailing}, batch_shape={leading} (shapes are the "
+                  f"trailing shapes of one point, as QuotientManifold takes them)",
+                  DeprecationWarning, stacklevel=3)
+    return trailing, leading
+
+
 class PymanoptQuotient(_PymanoptManifold):
     """A symmetry quotient as a pymanopt manifold on tuples of numpy float64 arrays.
 
@@ -144,9 +194,18 @@ class PymanoptQuotient(_PymanoptManifold):
     quotient
         Any :class:`~quotientsharp.SymmetryQuotient`.
     shapes
-        Full array shape of each component, e.g. ``((n, h), (m, h))`` for GL(h); leading
-        dimensions beyond the quotient's ``point_ndims`` are batch dimensions, shared by all
-        components. Defaults to ``quotient.point_shapes``.
+        Trailing shape of each component of one point, e.g. ``((n, h), (m, h))`` for GL(h),
+        ``point_ndims[i]`` dimensions each (the same ``shapes`` as
+        :class:`~quotientsharp.core.adapters.QuotientManifold` takes). Defaults to
+        ``quotient.point_shapes``.
+
+        .. deprecated:: 0.2
+            Shapes with leading batch dimensions (``((k, n, h), (k, m, h))``) still work, with a
+            ``DeprecationWarning``; pass ``shapes=((n, h), (m, h)), batch_shape=(k,)``. They are
+            refused together with ``batch_shape``.
+    batch_shape
+        Leading dimensions shared by all components (default ``()``): the arrays have shape
+        ``[*batch_shape, *shapes[i]]``, and inner products sum over the batch.
     retraction
         ``2`` (default): order-2 geodesic; ``1``: ``x + v``; ``"exact"``: exact geodesic.
     typical_dist
@@ -161,14 +220,17 @@ class PymanoptQuotient(_PymanoptManifold):
 
     Notes
     -----
-    ``dim`` is the quotient's dimension: the number of coordinates minus the group dimension
-    (``(n + m) h - h^2`` per GL(h) pair), which TrustRegions uses as its default inner-iteration
-    cap. Random points and tangent vectors draw from numpy's global generator (``np.random.seed``
-    makes them reproducible) unless ``rng`` is given.
+    The attribute ``shapes`` holds the trailing shapes (since 0.2; before, the arrays' full
+    shapes, now ``array_shapes``), ``batch_shape`` the batch shape. ``dim`` is the quotient's
+    dimension: the number of coordinates minus the group dimension (``(n + m) h - h^2`` per
+    GL(h) pair), which TrustRegions uses as its default inner-iteration cap. Random points and
+    tangent vectors draw from numpy's global generator (``np.random.seed`` makes them
+    reproducible) unless ``rng`` is given.
     """
 
     def __init__(self, quotient: SymmetryQuotient, shapes: Sequence[Sequence[int]] | None = None,
-                 *, retraction: int | str = 2, typical_dist: float | None = None,
+                 *, batch_shape: Sequence[int] | None = None, retraction: int | str = 2,
+                 typical_dist: float | None = None,
                  rng: np.random.Generator | int | None = None) -> None:
         if not isinstance(quotient, SymmetryQuotient):
             raise TypeError(f"quotient must be a SymmetryQuotient, got {type(quotient).__name__}")
@@ -178,34 +240,28 @@ class PymanoptQuotient(_PymanoptManifold):
                 raise ValueError(f"{type(quotient).__name__} has no point_shapes: pass shapes=")
         if retraction not in RETRACTIONS:
             raise ValueError(f"retraction must be one of {RETRACTIONS}, got {retraction!r}")
-        ndims = tuple(quotient.point_ndims)
-        shapes = tuple(tuple(int(s) for s in shape) for shape in shapes)
-        if len(shapes) != len(ndims):
-            raise ValueError(f"shapes must have {len(ndims)} entries for "
-                             f"{type(quotient).__name__}, got {len(shapes)}")
-        batches = set()
-        for i, (shape, k) in enumerate(zip(shapes, ndims, strict=True)):
-            if len(shape) < k or any(s < 1 for s in shape):
-                raise ValueError(f"shapes[{i}] must have at least {k} positive sizes, got {shape}")
-            batches.add(shape[:len(shape) - k])
-        if len(batches) != 1:
-            raise ValueError(f"the components' leading (batch) shapes must agree, got {shapes}")
+        trailing, batch = _split_shapes(quotient, shapes, batch_shape)
         self.quotient = quotient
-        self.shapes = shapes
-        self.batch_shape = batches.pop()
-        self.trailing_shapes = tuple(s[len(s) - k:] for s, k in zip(shapes, ndims, strict=True))
+        #: trailing shape of each component, as ``QuotientManifold.shapes``
+        self.shapes = trailing
+        self.trailing_shapes = trailing
+        #: leading dimensions shared by all components
+        self.batch_shape = batch
+        #: full shape of each component's array, ``(*batch_shape, *shapes[i])``
+        self.array_shapes = tuple((*batch, *s) for s in trailing)
         self.retraction_order = retraction
         self._rng = None if rng is None else np.random.default_rng(rng)
         probe = quotient.random_point(self.batch_shape, shapes=self.trailing_shapes,
                                       dtype=torch.float64)
         group_dim = math.prod(quotient.algebra_shape(probe)) * math.prod(self.batch_shape)
-        dimension = sum(math.prod(s) for s in shapes) - group_dim
+        dimension = sum(math.prod(s) for s in self.array_shapes) - group_dim
         if dimension < 0:
-            raise ValueError(f"shapes {shapes} are smaller than the group of {quotient.name}")
+            raise ValueError(f"shapes {self.array_shapes} are smaller than the group of "
+                             f"{quotient.name}")
         self._typical_dist = (math.sqrt(dimension) if typical_dist is None
                               else float(typical_dist))
-        super().__init__(f"{quotient.name} quotient of shapes {shapes}", dimension,
-                         point_layout=len(shapes))
+        super().__init__(f"{quotient.name} quotient of shapes {trailing}, batch shape {batch}",
+                         dimension, point_layout=len(trailing))
 
     # ------------------------------------------------------------------ conversion
     def _torch(self, arrays: object, name: str) -> Tensors:
@@ -216,7 +272,7 @@ class PymanoptQuotient(_PymanoptManifold):
             raise ValueError(f"{name} must have {len(self.shapes)} components, got "
                              f"{len(arrays)}")
         out = []
-        for i, (a, shape) in enumerate(zip(arrays, self.shapes, strict=True)):
+        for i, (a, shape) in enumerate(zip(arrays, self.array_shapes, strict=True)):
             a = np.ascontiguousarray(a, dtype=np.float64)
             if a.shape != shape:
                 raise ValueError(f"{name}[{i}] must have shape {shape}, got {a.shape}")

@@ -48,7 +48,7 @@ class DiagonalInvPoint(DiagonalPoint):
 
     def isotropic(self, generator: torch.Generator | None = None) -> Tensors:
         return tuple(torch.randn(c.shape, generator=generator, dtype=c.dtype, device=c.device)
-                     * c.abs() for c in self.x)
+                     * c for c in self.x)   # times c, not |c|: equivariant for a < 0 too
 
 
 class DiagonalInvMetric(DiagonalMetric):

@@ -95,10 +95,9 @@ class DiagonalMixPoint(DiagonalPoint):
 
     def isotropic(self, generator: torch.Generator | None = None) -> Tensors:
         a, b = self.x
-        return (torch.randn(a.shape, generator=generator, dtype=a.dtype, device=a.device)
-                / b.abs(),
-                torch.randn(b.shape, generator=generator, dtype=b.dtype, device=b.device)
-                / a.abs())
+        # over b, not |b|: (a u, v / a) maps the draw to (a xi_u, xi_v / a) for a < 0 too
+        return (torch.randn(a.shape, generator=generator, dtype=a.dtype, device=a.device) / b,
+                torch.randn(b.shape, generator=generator, dtype=b.dtype, device=b.device) / a)
 
 
 class DiagonalMixMetric(DiagonalMetric):

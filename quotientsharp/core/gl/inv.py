@@ -128,10 +128,11 @@ class InvPoint(GLPoint):
         return tuple(gammas)
 
     def isotropic(self, generator: torch.Generator | None = None) -> Tensors:
-        # rows of u_G have the metric S_G^{-1}: covariance S_G = E E^T, so u_G = z E^T
-        noise = tuple(torch.randn(t.shape, generator=generator, dtype=t.dtype, device=t.device)
-                      for t in self.x)
-        return noise[0] @ self.cholesky_g.mT, noise[1] @ self.cholesky_h.mT
+        # rows of u_G have the metric S_G^{-1}, so covariance S_G = G^T G + eps I: u_G =
+        # W G + sqrt(eps) Z, equivariant (u_G A^{-1} at G A^{-1} from the same draws)
+        G, H = self.x
+        return (self.mixed_noise(G.shape[-2], G, generator),
+                self.mixed_noise(H.shape[-2], H, generator))
 
 
 class InvMetric(GLMetric):

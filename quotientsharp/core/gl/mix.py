@@ -100,10 +100,11 @@ class MixPoint(GLPoint):
                  - H @ symmetric_part(u[0].mT @ v[0])) @ self.inverse_g)
 
     def isotropic(self, generator: torch.Generator | None = None) -> Tensors:
-        # rows of u_G have the metric S_H = F F^T: covariance S_H^{-1}, so u_G = z F^{-1}
-        noise = tuple(torch.randn(t.shape, generator=generator, dtype=t.dtype, device=t.device)
-                      for t in self.x)
-        return noise[0] @ self.inverse_factor_h, noise[1] @ self.inverse_factor_g
+        # rows of u_G have the metric S_H: covariance S_H^{-1} = S_H^{-1} (H^T H + eps I)
+        # S_H^{-1}, so u_G = (W H + sqrt(eps) Z) S_H^{-1}, equivariant like H S_H^{-1}
+        G, H = self.x
+        return (self.mixed_noise(G.shape[-2], H, generator) @ self.inverse_h,
+                self.mixed_noise(H.shape[-2], G, generator) @ self.inverse_g)
 
 
 class MixMetric(GLMetric):

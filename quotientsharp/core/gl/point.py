@@ -210,6 +210,30 @@ class GLPoint(ClosedFormPoint):
         """An h x h result of the float64 algebra in the point's dtype."""
         return t.to(self.dtype)
 
+    # ------------------------------------------------------------------ random draws
+    def mixed_noise(self, rows: int, factor: torch.Tensor,
+                    generator: torch.Generator | None) -> torch.Tensor:
+        """``W F + sqrt(eps) Z`` for ``F = factor`` (``shape=[..., m, h]``), with ``W``
+        (``shape=[..., rows, m]``) and ``Z`` (``shape=[..., rows, h]``) standard Gaussian.
+
+        Its rows have covariance ``F^T F + eps I``. The noise ``W`` mixes the rows of ``F``
+        and never touches its columns, where the group acts: under ``F -> F A`` the draw
+        becomes ``W F A`` from the same generator state (at ``eps = 0``), which makes the
+        metric-isotropic draws of the metrics equivariant. ``W`` is drawn a few heads at a
+        time, so its memory stays below about 16M entries.
+        """
+        m, h = factor.shape[-2:]
+        flat = factor.reshape(-1, m, h)
+        chunk = max(1, (1 << 24) // max(1, rows * m))
+        parts = [torch.randn(len(piece), rows, m, generator=generator, dtype=factor.dtype,
+                             device=factor.device) @ piece for piece in flat.split(chunk)]
+        mixed = torch.cat(parts).reshape(*factor.shape[:-2], rows, h)
+        if self.eps != 0.0:
+            mixed = mixed + self.eps ** 0.5 * torch.randn(mixed.shape, generator=generator,
+                                                          dtype=mixed.dtype,
+                                                          device=mixed.device)
+        return mixed
+
     # ------------------------------------------------------------------ cached factors
     # S^{-1} by a Cholesky solve against a batch of identities rather than
     # torch.cholesky_inverse or a broadcast identity: in torch 2.13 the forward-mode derivative

@@ -19,7 +19,7 @@ from quotientsharp.reproduce.diagonal.data import derived_seed
 from quotientsharp.reproduce.diagonal.exact import REFERENCE_MEASURES, mix_exact_population
 from quotientsharp.reproduce.diagonal.measures import MEASURES
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
-from quotientsharp.workflows.tau_intervals import tau_interval
+from quotientsharp.workflows.taus import tau_interval
 
 __all__ = ["CONFOUNDS", "MAXIMUM_OF", "analyse", "maximum_values", "spread"]
 

@@ -126,7 +126,7 @@ def run_full(settings: DiagonalSettings, out: Path, *, resume: bool = False,
         "size), its own data (β\\*, training and test inputs) and its own schedules: the seeds "
         "are independent replicates of the design. 'Pooled over seeds' is the mean of the "
         "per-seed τ-b, its interval a two-stage cluster bootstrap (the seeds resampled, then "
-        "the nets within each drawn seed: `quotientsharp.workflows.cluster_bootstrap`), so it "
+        "the nets within each drawn seed: `quotientsharp.workflows.taus`), so it "
         "accounts for the variation between seeds. The maximum rows are the exact (mix exact, "
         "both balls) or strong (the others) maxima; the population rows measure the "
         "population loss ||β − β\\*||²; the confound rows rank the test loss against a "

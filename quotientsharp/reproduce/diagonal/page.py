@@ -16,8 +16,7 @@ from typing import Any
 from quotientsharp.reproduce.diagonal.analysis import MAXIMUM_OF, spread
 from quotientsharp.reproduce.diagonal.measures import MEASURES
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
-from quotientsharp.workflows.cluster_bootstrap import cluster_bootstrap_tau
-from quotientsharp.workflows.tau_intervals import tau_interval
+from quotientsharp.workflows.taus import cluster_bootstrap_tau, tau_interval
 
 __all__ = [
     "THEORY",
@@ -50,56 +49,59 @@ A horizontal perturbation is a rate vector $b \in \mathbb{R}^d$ ($\xi = (b \odot
 and every path moves $\beta$ coordinate by coordinate.
 
 - **Geodesic mix, exact path.** The path is $\beta \odot (1 + 2 b)$, so
-  $\Delta = 2 \beta \odot b$, and the mix ball $\sqrt{2}\, \lVert \beta \odot b \rVert \le \rho$
-  is exactly the Euclidean ball $\lVert \Delta \rVert \le \sqrt{2}\, \rho$: every direction of
-  $\beta$-space, whatever the net. The maximum of $\Delta^\top A_B \Delta$ over that ball is
+    $\Delta = 2 \beta \odot b$, and the mix ball $\sqrt{2}\, \lVert \beta \odot b \rVert \le \rho$
+    is exactly the Euclidean ball $\lVert \Delta \rVert \le \sqrt{2}\, \rho$: every direction of
+    $\beta$-space, whatever the net. The maximum of $\Delta^\top A_B \Delta$ over that ball is
 
-  $$
-  S_{\mathrm{mix}} = 2 \rho^2 \lambda_{\max}(A_B),
-  $$
+    $$
+    S_{\mathrm{mix}} = 2 \rho^2 \lambda_{\max}(A_B),
+    $$
 
-  a property of the data alone: **the same number for every interpolating net**. Differences
-  between nets come only from their leftover training residual (and, for Auto-PGD, from how
-  close the ascent gets to the maximum). Its rank correlation with the test loss therefore
-  measures noise, and its sign can flip between data draws. (Away from interpolation a gradient
-  term $2 r^\top X_B \Delta / m$ adds to it; the exact maximum of the quadratic over the ball
-  is the trust-region subproblem, which the study solves exactly.)
+    a property of the data alone: **the same number for every interpolating net**. Differences
+    between nets come only from their leftover training residual (and, for Auto-PGD, from how
+    close the ascent gets to the maximum). Its rank correlation with the test loss therefore
+    measures noise, and its sign can flip between data draws. (Away from interpolation a gradient
+    term $2 r^\top X_B \Delta / m$ adds to it; the exact maximum of the quadratic over the ball
+    is the trust-region subproblem, which the study solves exactly.)
+
 - **Geodesic inv, exact path, and adaptive sharpness.** The inv path is
-  $\beta \odot e^{2 b}$, so $\Delta \approx 2 \beta \odot b$ with
-  $\lVert b \rVert \le \rho / \sqrt{2}$: to leading order
+    $\beta \odot e^{2 b}$, so $\Delta \approx 2 \beta \odot b$ with
+    $\lVert b \rVert \le \rho / \sqrt{2}$: to leading order
 
-  $$
-  S_{\mathrm{inv}} \approx 2 \rho^2 \lambda_{\max}(D_\beta A_B D_\beta),
-  \qquad D_\beta = \operatorname{diag}(\beta),
-  $$
+    $$
+    S_{\mathrm{inv}} \approx 2 \rho^2 \lambda_{\max}(D_\beta A_B D_\beta),
+    \qquad D_\beta = \operatorname{diag}(\beta),
+    $$
 
-  the top eigenvalue of the curvature seen through the net's own coefficients. It grows with
-  $\lvert \beta \rvert$ where the data are curved: a dense interpolant (large initialisation)
-  spreads weight over many coordinates, a sparse one concentrates it on the support of
-  $\beta^\star$. Adaptive sharpness on $(u, v)$ has the same first-order ball (an ascent from
-  $\xi = 0$ stays horizontal), so the two agree to leading order.
+    the top eigenvalue of the curvature seen through the net's own coefficients. It grows with
+    $\lvert \beta \rvert$ where the data are curved: a dense interpolant (large initialisation)
+    spreads weight over many coordinates, a sparse one concentrates it on the support of
+    $\beta^\star$. Adaptive sharpness on $(u, v)$ has the same first-order ball (an ascent from
+    $\xi = 0$ stays horizontal), so the two agree to leading order.
+
 - **Geodesic mix, first- and second-order paths.** The mix ball allows rates up to
-  $\lvert b_i \rvert \le \rho / (\sqrt{2}\, \lvert \beta_i \rvert)$. On a coordinate with a
-  tiny $\lvert \beta_i \rvert$ (most of the $d$ coordinates of a sparse interpolant) that is
-  $\lvert b_i \rvert \gg 1$, where the truncated paths $\beta (1 + b)^2$ and
-  $\beta (1 + b - b^2/2)^2$ are no longer close to the geodesic $\beta (1 + 2b)$: they reach
-  $\beta_i b_i^2 \sim \rho^2 / \lvert \beta_i \rvert$, so the values blow up as
-  $1 / \min_i \lvert \beta_i \rvert$ (and its square for order 2). They rank
-  $\min_i \lvert \beta_i \rvert$, not sharpness. We keep them as **diagnostics outside the
-  validity of the expansion**, not as measures.
+    $\lvert b_i \rvert \le \rho / (\sqrt{2}\, \lvert \beta_i \rvert)$. On a coordinate with a
+    tiny $\lvert \beta_i \rvert$ (most of the $d$ coordinates of a sparse interpolant) that is
+    $\lvert b_i \rvert \gg 1$, where the truncated paths $\beta (1 + b)^2$ and
+    $\beta (1 + b - b^2/2)^2$ are no longer close to the geodesic $\beta (1 + 2b)$: they reach
+    $\beta_i b_i^2 \sim \rho^2 / \lvert \beta_i \rvert$, so the values blow up as
+    $1 / \min_i \lvert \beta_i \rvert$ (and its square for order 2). They rank
+    $\min_i \lvert \beta_i \rvert$, not sharpness. We keep them as **diagnostics outside the
+    validity of the expansion**, not as measures.
+
 - **Population loss.** For $x \sim \mathcal{N}(0, I)$ the population loss is
-  $L(\beta) = \lVert \beta - \beta^\star \rVert^2$ ($A = I$, no leftover residual), and mix exact
-  sharpness has the closed form
+    $L(\beta) = \lVert \beta - \beta^\star \rVert^2$ ($A = I$, no leftover residual), and mix exact
+    sharpness has the closed form
 
-  $$
-  S_{\mathrm{mix}}^{\mathrm{pop}} = 2 \sqrt{2}\, \rho\, \lVert \beta - \beta^\star \rVert
+    $$
+    S_{\mathrm{mix}}^{\mathrm{pop}} = 2 \sqrt{2}\, \rho\, \lVert \beta - \beta^\star \rVert
     + 2 \rho^2 ,
-  $$
+    $$
 
-  increasing in the population loss: its Kendall tau with the (population) test loss is
-  $+1$, the opposite sign of the paper's $-0.86$. The study evaluates every measure on the
-  population loss by one batch $X = \sqrt{d}\, I_d$, $y = X \beta^\star$, whose mean squared error
-  is exactly $\lVert \beta - \beta^\star \rVert^2$.
+    increasing in the population loss: its Kendall tau with the (population) test loss is
+    $+1$, the opposite sign of the paper's $-0.86$. The study evaluates every measure on the
+    population loss by one batch $X = \sqrt{d}\, I_d$, $y = X \beta^\star$, whose mean squared error
+    is exactly $\lVert \beta - \beta^\star \rVert^2$.
 """
 
 
@@ -108,8 +110,8 @@ def _signed(value: float | None) -> str:
 
 
 def interval_text(tau: Mapping[str, Any], which: str = "b") -> str:
-    """``+0.49 [+0.31, +0.62]`` for tau-``which`` of a :class:`~.tau_intervals.TauInterval`
-    dict."""
+    """``+0.49 [+0.31, +0.62]`` for tau-``which`` of a
+    :class:`~quotientsharp.workflows.taus.TauInterval` dict."""
     low, high = tau.get(f"{which}_low"), tau.get(f"{which}_high")
     text = _signed(tau[f"tau_{which}"])
     return text if low is None or high is None else f"{text} [{low:+.2f}, {high:+.2f}]"
@@ -332,7 +334,7 @@ def _single(run: SweepRun, row: Row, samples: int, seed: int) -> dict[str, Any]:
 def pooled_over_seeds(runs: Sequence[SweepRun], row: Row, samples: int, seed: int
                       ) -> dict[str, Any]:
     """The mean over the runs (seeds) of their tau-b, with its two-stage cluster bootstrap
-    interval (:func:`~quotientsharp.workflows.cluster_bootstrap.cluster_bootstrap_tau`), as a
+    interval (:func:`~quotientsharp.workflows.taus.cluster_bootstrap_tau`), as a
     dict :func:`interval_text` reads (``tau_b``, ``b_low``, ``b_high``)."""
     xs, ys, clusters = [], [], []
     for index, run in enumerate(runs):

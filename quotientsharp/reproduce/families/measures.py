@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,9 +130,11 @@ def measure_model(model: nn.Module, batches: Sequence[Any], specs: Sequence[Meas
     Returns
     -------
     dict
-        Per measure key: ``value`` (mean over batches), ``per_batch``, ``seconds``.
+        Per measure key: ``value`` (mean over batches), ``per_batch``, ``seconds``, and the
+        ascent measures' ``reach``, ``locality`` and ``evaluations`` per batch
+        (:class:`~quotientsharp.SharpnessResult`).
     """
-    from quotientsharp.engine import sharpness
+    from quotientsharp.engine import ReachWarning, sharpness
 
     results: dict[str, dict[str, Any]] = {}
     for spec in specs:
@@ -139,10 +142,14 @@ def measure_model(model: nn.Module, batches: Sequence[Any], specs: Sequence[Meas
         if spec.measure != "relative_flatness":
             options["n_iter"] = n_iter
         start = time.perf_counter()
-        result = sharpness(model, batches, measure=spec.measure, rho=spec.rho, seed=seed,
-                           progress=False, **options)
+        with warnings.catch_warnings():
+            # recorded per batch below and reported on the study's page
+            warnings.simplefilter("ignore", ReachWarning)
+            result = sharpness(model, batches, measure=spec.measure, rho=spec.rho, seed=seed,
+                               progress=False, **options)
         results[spec.key] = {"value": float(result.value), "per_batch": list(result.per_batch),
-                             "seconds": time.perf_counter() - start}
+                             "seconds": time.perf_counter() - start, "reach": result.reach,
+                             "locality": result.locality, "evaluations": result.evaluations}
         if not math.isfinite(result.value):
             raise FloatingPointError(f"{spec.label} sharpness is not finite ({result.value})")
         if tick is not None:

@@ -67,19 +67,18 @@ def csv_columns(specs: Sequence[MeasureSpec],
 
 
 def _taus(gaps: Sequence[float], values: Sequence[float]) -> dict[str, Any]:
-    """Tau-a, tau-b and their bootstrap intervals (``None`` where undefined)."""
-    from quotientsharp.workflows.bootstrap import kendall_with_intervals
+    """Tau-a, tau-b and their bootstrap intervals (``None`` where undefined; pairs with a NaN
+    left out), by :func:`~quotientsharp.workflows.taus.tau_interval`."""
+    from quotientsharp.workflows.taus import tau_interval, without_nan
 
-    if len(gaps) < 2:
+    kept = without_nan(gaps, values)
+    if len(kept[0]) < 2:
         return {"tau_a": None, "tau_b": None, "tau_a_interval": None, "tau_b_interval": None}
-    estimate = kendall_with_intervals(gaps, values, resamples=BOOTSTRAP["resamples"],
-                                      confidence=BOOTSTRAP["confidence"],
-                                      seed=BOOTSTRAP["seed"])
-    return {"tau_a": estimate.tau_a, "tau_b": estimate.tau_b,
-            "tau_a_interval": (None if estimate.tau_a_interval is None
-                               else list(estimate.tau_a_interval)),
-            "tau_b_interval": (None if estimate.tau_b_interval is None
-                               else list(estimate.tau_b_interval))}
+    tau = tau_interval(*kept, BOOTSTRAP["resamples"], BOOTSTRAP["seed"],
+                       BOOTSTRAP["confidence"])
+    return {"tau_a": tau.tau_a, "tau_b": tau.tau_b,
+            "tau_a_interval": None if tau.a_low is None else [tau.a_low, tau.a_high],
+            "tau_b_interval": None if tau.b_low is None else [tau.b_low, tau.b_high]}
 
 
 def tau_rows(records: Sequence[Mapping[str, Any]], specs: Sequence[MeasureSpec],
@@ -131,6 +130,32 @@ def ablation_rows(records: Sequence[Mapping[str, Any]],
                          "min": min(ratios) if ratios else None,
                          "max": max(ratios) if ratios else None})
     return rows
+
+
+def solver_table(records: Sequence[Mapping[str, Any]], specs: Sequence[MeasureSpec]) -> str:
+    """Markdown: per ascent measure, how far its values can be trusted over the models and
+    batches (:func:`quotientsharp.workflows.report.solver_quality`); empty for records written
+    before reach and locality were kept."""
+    from quotientsharp.workflows.report import solver_quality
+
+    lines = []
+    for spec in specs:
+        flat = [{"reach": {spec.key: r.get(f"{spec.key}_reach")},
+                 "locality": {spec.key: r.get(f"{spec.key}_locality")}} for r in records]
+        quality = solver_quality(flat, spec.key)
+        if quality["reach_min"] is None and quality["local"] is None:
+            continue
+        second = quality["second_order_max"]
+        lines.append(
+            f"| {spec_label(spec)} | "
+            + ("-" if quality["reached"] is None else f"{100 * quality['reached']:.0f} %")
+            + " | " + ("-" if quality["reach_min"] is None else f"{quality['reach_min']:.3f}")
+            + " | " + ("-" if quality["local"] is None else f"{100 * quality['local']:.0f} %")
+            + " | " + ("-" if second is None else f"{second:.3g}") + " |")
+    if not lines:
+        return ""
+    return "\n".join(["| measure | reach >= 0.99 | min reach | local | largest second-order "
+                      "ratio |", "|---|---|---|---|---|", *lines])
 
 
 def _interval_text(value: float | None, interval: Sequence[float] | None) -> str:
@@ -299,6 +324,13 @@ def family_section(study: FamilyStudy, settings: Mapping[str, Any],
         lines += ["", f"The paper's column is {study.paper_setting}: a different setting "
                   "(large pretrained models, fine-tuned), shown for orientation only.", ""]
         lines += seeded_tables(seeded)
+    solver = solver_table(counted, specs) if specs else ""
+    if solver:
+        lines += ["", "How far each measure's values can be trusted, over every model and batch "
+                  "(reach estimate of the search, share of values whose ball is local at the "
+                  "best perturbation; docs/sharpness.md, 'Reach and locality'). A tau of values "
+                  "that are not maxima of local balls compares solver outcomes, not sharpness.",
+                  "", solver]
     ablation = ablation_rows(counted, specs) if specs else []
     if ablation:
         lines += ["", "Ablation sizes: per-model ratio of two measures (median [min, max] over "

@@ -9,6 +9,7 @@ sections; :func:`run_family_study` is its command-line entry. The protocol is de
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -130,6 +131,9 @@ def _model_record(study: FamilyStudy, data: ClassificationData, variant: FamilyS
         record[key] = result["value"]
         record[f"{key}_per_batch"] = result["per_batch"]
         record[f"{key}_seconds"] = result["seconds"]
+        record[f"{key}_reach"] = result["reach"]
+        record[f"{key}_locality"] = result["locality"]
+        record[f"{key}_evaluations"] = result["evaluations"]
     record["measure_seconds"] = time.perf_counter() - start
     return record
 
@@ -294,16 +298,20 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
         if run.folder is not None:
             run.folder.save_run_info(device=device)
         data = data.to(device)
-        # per study seed: its data (the pool in the seed's order when seeded) and batches
-        seed_data = {s: shuffled_pool(data, s) if seeded else data for s in seeds}
-        seed_batches = {s: sharpness_batches(seed_data[s], variant.sharpness_points,
-                                             variant.sharpness_batch_size) for s in seeds}
+        # per study seed: its data (the pool in the seed's order when seeded) and batches,
+        # built when its first model is (units run in order: one seed's data alive at a time,
+        # whatever --study-seeds)
+        @functools.lru_cache(maxsize=1)
+        def seed_inputs(study_seed: int) -> tuple[Any, Any]:
+            pool = shuffled_pool(data, study_seed) if seeded else data
+            return pool, sharpness_batches(pool, variant.sharpness_points,
+                                           variant.sharpness_batch_size)
 
         def train_and_measure(unit: int, status: Callable[[str], None]) -> dict[str, Any]:
             study_seed, index = seeds[unit // models], unit % models
-            record = _model_record(study, seed_data[study_seed], variant, specs,
-                                   seed_batches[study_seed], study_seed, index, status,
-                                   start_weights)
+            pool, batches = seed_inputs(study_seed)
+            record = _model_record(study, pool, variant, specs, batches, study_seed, index,
+                                   status, start_weights)
             return {"unit": unit, "study_seed": study_seed, **record} if seeded else record
 
         records = run.run(train_and_measure)

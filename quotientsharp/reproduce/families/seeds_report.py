@@ -7,7 +7,7 @@ then gives
 - per seed, the Kendall taus of :func:`~quotientsharp.reproduce.families.report.tau_rows`
   (bootstrap over that seed's models);
 - pooled over the seeds, the mean of the per-seed tau-b, with the two-stage cluster bootstrap
-  interval of :func:`~quotientsharp.workflows.cluster_bootstrap.cluster_bootstrap_tau`
+  interval of :func:`~quotientsharp.workflows.taus.cluster_bootstrap_tau`
   (seeds resampled, then models within each seed: the interval accounts for the variation
   between seeds, which a bootstrap over all models as if independent ignores);
 - the paired differences of the pooled taus of the three measures compared with the paper
@@ -42,7 +42,7 @@ _SHORT = {"adaptive": "adaptive", "geodesic_inv": "inv", "geodesic_mix": "mix"}
 def _pooled(gaps: Sequence[float], values: Sequence[float],
             seeds: Sequence[int]) -> dict[str, Any]:
     """Pooled tau-b and its cluster bootstrap interval, or ``None`` with the reason."""
-    from quotientsharp.workflows.cluster_bootstrap import cluster_bootstrap_tau
+    from quotientsharp.workflows.taus import cluster_bootstrap_tau
 
     try:
         tau, low, high = cluster_bootstrap_tau(gaps, values, seeds,
@@ -76,7 +76,7 @@ def seeded_statistics(records: Sequence[Mapping[str, Any]], specs: Sequence[Meas
         pooled taus of the drawn hyperparameters; ``differences``: the :data:`COMPARISONS`;
         ``bootstrap``: its settings.
     """
-    from quotientsharp.workflows.cluster_bootstrap import (
+    from quotientsharp.workflows.taus import (
         cluster_bootstrap_difference,
         holm_adjust,
     )
@@ -229,7 +229,8 @@ def _headline_measure(spec_key: str, paper_key: str | None) -> str:
 def headline_rows(study: FamilyStudy, settings: Mapping[str, Any],
                   stats: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Rows of ``docs/results/data/<study>.json``: the pooled taus with their cluster
-    intervals (measures, then confounds); undefined ones are left out, said in a note.
+    intervals (measures, then confounds); undefined ones (a tau or its interval) are left
+    out, said in a note.
 
     ``stats`` is :func:`seeded_statistics`'s mapping, or, for a study of one seed,
     ``{"pooled": taus, "confounds": confounds}`` with the taus and confounds over the models
@@ -245,14 +246,14 @@ def headline_rows(study: FamilyStudy, settings: Mapping[str, Any],
         note = ""   # the ordinary bootstrap over the models, as on the single-seed pages
     rows = []
     for row in stats["pooled"]:
-        if row["tau_b"] is None:
+        if row["tau_b"] is None or row["tau_b_interval"] is None:
             continue
         rows.append({"setting": setting,
                      "measure": _headline_measure(row["key"], paper_keys.get(row["key"])),
                      "tau": row["tau_b"], "low": row["tau_b_interval"][0],
                      "high": row["tau_b_interval"][1], "paper": row["paper"], "note": note})
     for row in stats["confounds"]:
-        if row["tau_b"] is None:
+        if row["tau_b"] is None or row["tau_b_interval"] is None:
             continue
         rows.append({"setting": setting, "measure": f"confound: {row['hyperparameter']}",
                      "tau": row["tau_b"], "low": row["tau_b_interval"][0],

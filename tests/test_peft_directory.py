@@ -1,0 +1,147 @@
+"""A saved PEFT LoRA adapter directory is read as PEFT reads it, by every command.
+
+A tiny BERT base is saved with ``save_pretrained``; a sequence-classification LoRA on it
+(``task_type="SEQ_CLS"``, its classifier in ``modules_to_save``) is trained a few steps, so
+``B != 0``, and saved with ``save_pretrained``. ``symmetries``, ``measure`` and ``study`` on the
+directory must give what they give on the in-memory model (``torch.save``'d): the same
+symmetries, the same sharpness values. A fresh adapter (``B = 0``) is degenerate, not a pair;
+a directory whose saved values do not load is refused, never measured with fresh values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from quotientsharp.cli import main
+from quotientsharp.cli.symmetries import report_to_dict
+from quotientsharp.models import find_symmetries
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+OPTIONS = ["--rho", "0.1", "--n-iter", "3", "--batch-size", "8", "--no-progress"]
+
+
+def _call(*arguments: object) -> tuple[int, str, str]:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main([*map(str, arguments)])
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def _lora(base: Path, steps: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(
+            base, num_labels=3, attn_implementation="eager")
+        model = peft.get_peft_model(model, peft.LoraConfig(
+            task_type="SEQ_CLS", r=4, lora_alpha=8, target_modules=["query", "value"]))
+    optimiser = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        ids = torch.randint(0, 40, (8, 10), generator=generator)
+        labels = torch.randint(0, 3, (8,), generator=generator)
+        model(input_ids=ids, labels=labels).loss.backward()
+        optimiser.step()
+        optimiser.zero_grad()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    """``base/`` (a tiny BertModel), ``adapter/`` (trained), ``fresh/`` (B = 0), the trained
+    in-memory model as ``model.pt``, and token data ``data.pt``."""
+    root = tmp_path_factory.mktemp("peft")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=32, vocab_size=40,
+                                     max_position_embeddings=16, initializer_range=0.3,
+                                     attn_implementation="eager")
+    transformers.BertModel(config).save_pretrained(root / "base")
+    trained = _lora(root / "base", steps=4)
+    assert any(float(p.detach().abs().max()) > 0 for n, p in trained.named_parameters()
+               if "lora_B" in n)
+    trained.save_pretrained(root / "adapter")
+    torch.save(trained, root / "model.pt")
+    _lora(root / "base", steps=0).save_pretrained(root / "fresh")
+    generator = torch.Generator().manual_seed(2)
+    torch.save((torch.randint(0, 40, (16, 10), generator=generator),
+                torch.randint(0, 3, (16,), generator=generator)), root / "data.pt")
+    return root
+
+
+def test_symmetries_of_the_directory_are_those_of_the_in_memory_model(saved):
+    code, stdout, stderr = _call("symmetries", saved / "adapter", "--json")
+    assert code == 0, stderr
+    in_memory = report_to_dict(find_symmetries(torch.load(saved / "model.pt",
+                                                          weights_only=False)))
+    assert json.loads(stdout) == json.loads(json.dumps(in_memory))
+    assert [a["status"] for a in json.loads(stdout)["adapters"]] == ["pair"] * 4
+    assert "classifier" in stdout                  # the head is loaded, not dropped
+
+
+def test_a_fresh_saved_adapter_is_degenerate(saved):
+    with pytest.warns(UserWarning, match="degenerate"):
+        code, stdout, stderr = _call("symmetries", saved / "fresh", "--json")
+    assert code == 0, stderr
+    assert {a["status"] for a in json.loads(stdout)["adapters"]} == {"degenerate"}
+
+
+def test_measure_of_the_directory_equals_the_in_memory_model(saved, tmp_path):
+    values = []
+    for model in (saved / "adapter", saved / "model.pt"):
+        out = tmp_path / f"{model.stem}.json"
+        code, _, stderr = _call("measure", model, saved / "data.pt", *OPTIONS, "--measure",
+                                "adaptive,geodesic", "--metric", "mix", "--json", out)
+        assert code == 0, stderr
+        values.append({k: r["value"] for k, r in json.loads(out.read_text())["results"].items()})
+    assert values[0] == values[1]
+    assert len(values[0]) == 2
+
+
+def test_study_value_of_the_directory_equals_the_in_memory_model(saved, tmp_path):
+    (tmp_path / "models.csv").write_text(f"name,model,gap\ndir,{saved / 'adapter'},0.1\n"
+                                         f"file,{saved / 'model.pt'},0.2\n")
+    code, _, stderr = _call("study", tmp_path / "models.csv", "--data", saved / "data.pt",
+                            *OPTIONS, "--measure", "geodesic", "--metric", "mix",
+                            "--bootstrap", "0", "--no-plots", "--out", tmp_path / "out")
+    assert code == 0, stderr
+    with (tmp_path / "out" / "models.csv").open() as handle:
+        rows = {row["name"]: row for row in csv.DictReader(handle)}
+    keys = [k for k in rows["dir"] if k.startswith("geodesic")]
+    assert keys and all(rows["dir"][k] == rows["file"][k] for k in keys)
+
+
+def test_loading_the_directory_raises_no_warning(saved):
+    from quotientsharp.workflows.saved_models import load_measured_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = load_measured_model(saved / "adapter")
+    assert type(model.base_model.model).__name__ == "BertForSequenceClassification"
+
+
+def test_values_that_do_not_load_are_refused_by_every_command(saved, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_bytes(
+        (saved / "adapter" / "adapter_config.json").read_bytes())
+    tensors = safetensors_torch.load_file(str(saved / "adapter" / "adapter_model.safetensors"))
+    dropped = next(k for k in tensors if "lora_B" in k)
+    del tensors[dropped]
+    safetensors_torch.save_file(tensors, str(broken / "adapter_model.safetensors"))
+    code, _, stderr = _call("symmetries", broken)
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert "do not load" in stderr and "missing" in stderr
+    code, _, stderr = _call("measure", broken, saved / "data.pt", *OPTIONS)
+    assert code == 2 and "do not load" in stderr, stderr

@@ -1,0 +1,128 @@
+"""``study --resume`` identifies a user's symmetry by content and the run by its versions.
+
+A record keeps the fingerprint of the symmetry it was measured with (the source of the user's
+modules and a hash of the bindings); ``run.json`` keeps the package and torch versions of the
+first session. A resume after the symmetry module's source changed, or under another version,
+refuses in one line naming what changed; an unchanged resume works and rewrites nothing it
+recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import quotientsharp as qs
+from quotientsharp.cli import main
+from quotientsharp.workflows.fingerprints import fingerprint_change, symmetry_fingerprint
+from tests.bottleneck_symmetry import (
+    BottleneckGL,
+    bottleneck_batches,
+    bottleneck_binding,
+    bottleneck_model,
+)
+
+HERE = Path(__file__).parent
+OPTIONS = ["--rho", "0.1", "--n-iter", "4", "--batch-size", "16", "--no-progress",
+           "--measure", "geodesic", "--bootstrap", "0", "--no-plots"]
+
+
+def _call(*arguments: object) -> tuple[int, str, str]:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main([*map(str, arguments)])
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+@pytest.fixture
+def study(tmp_path, monkeypatch, request) -> tuple[Path, Path, list[object]]:
+    """A finished study of two bottleneck models with a symmetry module of the test's own
+    (imported modules are cached: one name per test): the module, the output folder and the
+    command that made it."""
+    module = f"fp_{request.node.name.replace('[', '_').replace(']', '').replace('-', '_')}"
+    shutil.copy(HERE / "bottleneck_symmetry.py", tmp_path / f"{module}.py")
+    torch.save(bottleneck_model(), tmp_path / "net.pt")
+    torch.save(bottleneck_model(seed=3), tmp_path / "net2.pt")
+    x = torch.cat([b[0] for b in bottleneck_batches()])
+    y = torch.cat([b[1] for b in bottleneck_batches()])
+    torch.save((x, y), tmp_path / "data.pt")
+    (tmp_path / "models.csv").write_text("name,model,gap\na,net.pt,0.1\nb,net2.pt,0.2\n")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    command: list[object] = ["study", tmp_path / "models.csv", "--data", tmp_path / "data.pt",
+                             *OPTIONS, "--symmetry", f"{module}:bottleneck_binding",
+                             "--out", out]
+    code, _, stderr = _call(*command)
+    assert code == 0, stderr
+    return tmp_path / f"{module}.py", out, command
+
+
+def _recorded(out: Path) -> dict[str, object]:
+    run = json.loads((out / "run.json").read_text())
+    return {key: run[key] for key in ("settings", "environment", "command", "study")}
+
+
+def test_unchanged_resume_works_and_rewrites_nothing_recorded(study):
+    _, out, command = study
+    records = (out / "models.jsonl").read_bytes()
+    recorded = _recorded(out)
+    assert all(json.loads(line)["symmetry_fingerprint"]["modules"]
+               for line in records.splitlines())
+    code, _, stderr = _call(*command, "--resume")
+    assert code == 0, stderr
+    assert (out / "models.jsonl").read_bytes() == records
+    assert _recorded(out) == recorded
+    run = json.loads((out / "run.json").read_text())
+    assert run["resumed"] == 1 and len(run["resume_commands"]) == 1
+
+
+def test_resume_after_the_symmetry_source_changed_refuses(study):
+    source, out, command = study
+    records = (out / "models.jsonl").read_bytes()
+    source.write_text(source.read_text() + "\n# an edit after the first run\n")
+    code, _, stderr = _call(*command, "--resume")
+    assert code != 0
+    assert stderr.count("\n") == 1, stderr
+    assert "--resume" in stderr and source.stem in stderr and "source" in stderr
+    assert (out / "models.jsonl").read_bytes() == records
+
+
+@pytest.mark.parametrize("package", ["torch", "quotientsharp"])
+def test_resume_under_another_version_refuses_and_keeps_the_recorded_one(study, package):
+    _, out, command = study
+    run = json.loads((out / "run.json").read_text())
+    run["environment"][package] = "0.0.1"
+    (out / "run.json").write_text(json.dumps(run))
+    code, _, stderr = _call(*command, "--resume")
+    assert code != 0
+    assert stderr.count("\n") == 1, stderr
+    assert f"{package} 0.0.1 -> " in stderr
+    assert json.loads((out / "run.json").read_text())["environment"][package] == "0.0.1"
+
+
+def test_fingerprint_sees_the_bindings_not_only_the_function():
+    model = bottleneck_model()
+    binding = bottleneck_binding(model)
+    same = symmetry_fingerprint(bottleneck_binding, [bottleneck_binding(model)])
+    assert fingerprint_change(same, symmetry_fingerprint(bottleneck_binding, [binding])) is None
+    assert "tests.bottleneck_symmetry" in same["modules"]
+    other = [
+        qs.QuotientBinding(BottleneckGL(), ["0.weight", "1.weight"], name="renamed"),
+        qs.QuotientBinding(BottleneckGL(), ["1.weight", "0.weight"], name="bottleneck"),
+        qs.QuotientBinding(qs.GLQuotient("mix"), ["0.weight", "1.weight"], name="bottleneck"),
+    ]
+    for changed in other:
+        change = fingerprint_change(same, symmetry_fingerprint(bottleneck_binding, [changed]))
+        assert change is not None and "bindings" in change
+    mix = symmetry_fingerprint(bottleneck_binding, [qs.QuotientBinding(
+        qs.GLQuotient("mix"), ["0.weight", "1.weight"])])
+    inv = symmetry_fingerprint(bottleneck_binding, [qs.QuotientBinding(
+        qs.GLQuotient("inv"), ["0.weight", "1.weight"])])
+    assert mix["bindings"] != inv["bindings"]
+    assert "predates" in str(fingerprint_change(None, same))

@@ -1,0 +1,271 @@
+"""The reach search (``reach=``), its estimate, its warning, and the locality of a value.
+
+References are independent of the code under test: the exact maximum of a quadratic over a
+ball (a trust-region subproblem, solved by bisection), the kept perturbations of the engine's
+own result (``keep_perturbations``), and the Christoffel contraction by autograd from the
+metric alone (:func:`quotientsharp.core.reference.christoffel`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+
+import pytest
+import torch
+
+import quotientsharp as qs
+from quotientsharp.core import reference
+from quotientsharp.engine.ball import GeodesicBall
+from quotientsharp.engine.blocks import locality
+from quotientsharp.engine.solver import SearchSettings, reach_estimate
+
+DUMMY = [(torch.zeros(1), torch.zeros(1))]
+
+
+class QuadraticLoss(torch.nn.Module):
+    """``f(theta) = theta^T A theta / 2 + b^T theta`` as the model's output."""
+
+    def __init__(self, A: torch.Tensor, b: torch.Tensor, theta: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("A", A)
+        self.register_buffer("b", b)
+        self.theta = torch.nn.Parameter(theta.clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * self.theta @ self.A @ self.theta + self.b @ self.theta
+
+
+class TwoModes(torch.nn.Module):
+    """``f(theta) = theta_2 + 5 theta_1^2 - 2 theta_1^3`` at ``theta = 0``, as the output.
+
+    The gradient at ``theta`` is ``e_2``: an ascent from ``xi = 0`` stays on the line
+    ``theta_1 = 0`` (exactly: the gradient has no ``e_1`` part there) and stops at ``rho e_2``,
+    a saddle of ``f`` on the sphere. The maxima lie on the sphere towards ``-e_1`` (the higher)
+    and ``+e_1``; random starts reach them.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.theta = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.theta
+        return b + 5 * a ** 2 - 2 * a ** 3
+
+
+def _worst_case(model: torch.nn.Module, rho: float, **options: object) -> qs.SharpnessResult:
+    return qs.sharpness(model, DUMMY, measure="worst_case", rho=rho,
+                        loss=lambda output, target: output, progress=False, **options)
+
+
+def _two_modes_maximum(rho: float) -> float:
+    """The maximum of :class:`TwoModes` over the ball, by a dense search over the sphere (no
+    interior critical point: the gradient's second entry is 1) refined by bisection."""
+    phi = torch.linspace(-math.pi, math.pi, 200001, dtype=torch.float64)
+    a, b = rho * torch.sin(phi), rho * torch.cos(phi)
+    return float((b + 5 * a ** 2 - 2 * a ** 3).max())
+
+
+def _exact(model: QuadraticLoss, rho: float) -> float:
+    gradient = model.A @ model.theta + model.b
+    return qs.engine.trust_region_maximum(model.A, gradient, rho).value
+
+
+# ---------------------------------------------------------------------------- the estimate
+@pytest.mark.parametrize("seed", range(5))
+def test_reach_estimate_is_second_over_best(seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    values = (torch.rand(6, generator=generator, dtype=torch.float64) + 0.1).tolist()
+    ordered = sorted(values)
+    for permutation in itertools.islice(itertools.permutations(values), 20):
+        assert reach_estimate(permutation) == ordered[-2] / ordered[-1]
+    assert reach_estimate([values[0], values[0]]) == 1.0
+    assert reach_estimate([ordered[-1], -1.0]) == 0.0
+    assert reach_estimate([0.0, 0.0]) == 1.0 and reach_estimate([-1.0, -2.0]) == 1.0
+
+
+@pytest.mark.parametrize("key, value", [("chains", 1), ("min_chains", 1), ("continuations", -1),
+                                        ("target", 0.0), ("target", 1.5), ("stall", 1.0),
+                                        ("chains", True), ("stall", "x")])
+def test_search_settings_refuse_vacuous_values(key: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"reach: {key}"):
+        SearchSettings(**{key: value})
+
+
+@pytest.mark.parametrize("option, error", [({"chain": 3}, ValueError), ("yes", TypeError),
+                                           (None, TypeError), ({"chains": 1}, ValueError)])
+def test_reach_option_is_checked(option: object, error: type[Exception]) -> None:
+    model = TwoModes()
+    with pytest.raises(error, match="reach"):
+        _worst_case(model, 0.5, reach=option)
+
+
+# ---------------------------------------------------------------------------- the search
+@pytest.mark.parametrize("rho", [0.3, 0.5, 1.0])
+def test_search_finds_the_higher_mode_and_confirms_it(rho: float) -> None:
+    model = TwoModes()
+    exact = _two_modes_maximum(rho)
+    single = _worst_case(model, rho, reach=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        searched = _worst_case(model, rho, reach={"chains": 8})
+    assert single.reach == [None] and single.chains == []
+    # the single ascent stops at the saddle rho e_2; the search finds the maximum
+    assert single.value == pytest.approx(rho, rel=1e-9) and single.value < 0.9 * exact
+    assert searched.value == pytest.approx(exact, rel=1e-5)
+    assert searched.reach[0] >= 0.99
+    assert searched.chains[0][0] == pytest.approx(single.value, rel=1e-9)
+    assert searched.evaluations[0] == len(searched.traces[0])
+    assert searched.traces[0][-1] == searched.value
+
+
+def test_an_unconfirmed_value_warns_and_names_the_batch() -> None:
+    with pytest.warns(qs.ReachWarning, match=r"batch 0: reach estimate 0\.\d+"):
+        result = _worst_case(TwoModes(), 0.5, reach={"chains": 2, "continuations": 0})
+    assert result.reach[0] < 0.99
+    assert result.reach[0] == pytest.approx(min(result.chains[0]) / max(result.chains[0]))
+    assert "reach >=" in result.summary()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_no_warning_where_the_default_reaches_the_maximum(seed: int) -> None:
+    # a convex quadratic with a strong gradient: one maximum, reached by every chain
+    generator = torch.Generator().manual_seed(seed)
+    M = torch.randn(5, 5, generator=generator, dtype=torch.float64)
+    A = M @ M.T / 5
+    b = 10 * torch.randn(5, generator=generator, dtype=torch.float64)
+    model = QuadraticLoss(A, b, torch.zeros(5, dtype=torch.float64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = _worst_case(model, 0.3)
+    assert result.value == pytest.approx(_exact(model, 0.3), rel=1e-6)
+    assert result.reach[0] >= 0.99 and len(result.chains[0]) == 2
+
+
+def test_first_chain_is_the_single_ascent_bit_for_bit() -> None:
+    single = _worst_case(TwoModes(), 0.5, reach=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", qs.ReachWarning)
+        searched = _worst_case(TwoModes(), 0.5, reach={"continuations": 0, "chains": 3})
+    assert searched.chains[0][0] == single.value
+    assert searched.traces[0][:len(single.traces[0])] == single.traces[0]
+
+
+def test_search_is_reproducible_and_follows_the_seed() -> None:
+    options = {"reach": {"chains": 3, "min_chains": 3}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", qs.ReachWarning)
+        first = _worst_case(TwoModes(), 0.5, seed=3, **options)
+        again = _worst_case(TwoModes(), 0.5, seed=3, **options)
+        other = _worst_case(TwoModes(), 0.5, seed=4, **options)
+    assert first.chains == again.chains and first.value == again.value
+    assert first.chains[0][1:] != other.chains[0][1:]
+
+
+def test_continuation_runs_while_the_ascent_climbs() -> None:
+    # a tiny first step: the 5-step ascent along e_2 is still climbing at its end
+    single = _worst_case(TwoModes(), 1.0, reach=False, n_iter=5, eta0=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", qs.ReachWarning)
+        searched = _worst_case(TwoModes(), 1.0, reach={"chains": 2, "continuations": 3},
+                               n_iter=5, eta0=1e-3)
+        stopped = _worst_case(TwoModes(), 1.0, reach={"chains": 2, "continuations": 0},
+                              n_iter=5, eta0=1e-3)
+    assert searched.chains[0][0] > single.value == stopped.chains[0][0]
+    assert searched.evaluations[0] > stopped.evaluations[0]
+
+
+def test_a_chain_still_climbing_when_its_continuations_end_lowers_the_reach() -> None:
+    # steps of 1e-3 along e_2, where the value is the distance gone: every run climbs to its
+    # end, and what the last run added is what the next one would add
+    options = dict(n_iter=5, eta0=1e-3, reach={"chains": 2, "continuations": 1})
+    with pytest.warns(qs.ReachWarning, match="batch 0: reach estimate"):
+        result = _worst_case(TwoModes(), 1.0, **options)
+    # the first chain went 5 + 5 steps of about 1e-3 and 2e-3 up e_2: its last run added
+    # about 2/3 of its value, so the reach is at most about 1/3, whatever the other chain did
+    first = result.chains[0][0]
+    assert 0.01 < first < 0.03
+    assert result.reach[0] <= 0.5
+    converged = _worst_case(TwoModes(), 1.0, reach={"chains": 8})
+    assert converged.reach[0] >= 0.99
+
+
+# ---------------------------------------------------------------------------- locality
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("measure, options", [("adaptive", {}),
+                                              ("geodesic", {"metric": "mix"}),
+                                              ("geodesic", {"metric": "inv"})])
+def test_displacement_matches_the_kept_perturbation(seed: int, measure: str,
+                                                    options: dict[str, object]) -> None:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True,
+                                                                 dropout=0.0),
+                                torch.nn.Flatten(), torch.nn.Linear(24, 3)).double()
+    batch = (torch.randn(4, 3, 8, dtype=torch.float64), torch.randint(0, 3, (4,)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", qs.ReachWarning)
+        result = qs.sharpness(model, [batch], measure=measure, rho=0.2, n_iter=4,
+                              keep_perturbations=True, progress=False, **options)
+    assert result.perturbations is not None
+    theta = {name: p.detach() for name, p in model.named_parameters()}
+    ratios = {name: float(delta.norm() / theta[name].norm())
+              for name, delta in result.perturbations[0].items() if theta[name].norm() > 0}
+    worst = max(ratios, key=ratios.__getitem__)
+    where = result.locality[0]
+    assert where["parameter"] == worst
+    assert where["displacement"] == pytest.approx(ratios[worst], rel=1e-9)
+    if measure == "adaptive":
+        # ||delta_t|| <= rho max |w_t| <= rho ||w_t||: the adaptive ball moves no tensor more
+        assert where["displacement"] <= 0.2 * (1 + 1e-12)
+        assert where["second_order"] is None and where["local"]
+    else:
+        assert where["second_order"] is not None and where["factor"].endswith(("0", "1"))
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+@pytest.mark.parametrize("seed", range(3))
+def test_second_order_ratio_against_autograd_christoffel(metric: str, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    quotient = qs.GLQuotient(metric)
+    G = torch.randn(2, 5, 3, generator=generator, dtype=torch.float64)
+    H = torch.randn(2, 4, 3, generator=generator, dtype=torch.float64)
+    G[1] *= 1e-2                                    # a small factor: a curved path there
+    frozen = quotient.at((G, H))
+    xi = frozen.horizontal_projection(tuple(0.1 * torch.randn(t.shape, generator=generator,
+                                                              dtype=torch.float64)
+                                            for t in (G, H)))
+    ball = GeodesicBall(frozen, 10.0, order=2)
+
+    class Pairs:
+        def updates(self, point: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+            return {"G": point[0], "H": point[1]}
+
+    where = locality(ball, Pairs(), [], {"G": G, "H": H}, xi)
+    gamma = reference.christoffel(quotient, (G, H), xi)
+    expected = max(float(0.5 * g[i].norm() / x[i].norm())
+                   for g, x in zip(gamma, xi, strict=True) for i in range(2))
+    assert where.second_order == pytest.approx(expected, rel=1e-8)
+    moved = ball.point(xi)
+    assert where.displacement == pytest.approx(
+        max(float((m - b).norm() / b.norm()) for m, b in zip(moved, (G, H), strict=True)),
+        rel=1e-10)
+    assert where.local == (where.displacement <= 1.0 and where.second_order <= 0.5)
+
+
+def test_a_non_local_ball_warns() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True,
+                                                                 dropout=0.0),
+                                torch.nn.Flatten(), torch.nn.Linear(24, 3)).double()
+    with torch.no_grad():
+        attention = model[0].self_attn
+        attention.in_proj_weight[16:] *= 1e-3      # small value factors: the mix ball is wide
+    batch = (torch.randn(4, 3, 8, dtype=torch.float64), torch.randint(0, 3, (4,)))
+    with pytest.warns(qs.ReachWarning, match="batch 0: the ball is not local"):
+        result = qs.sharpness(model, [batch], measure="geodesic", metric="mix", rho=0.3,
+                              n_iter=4, progress=False, reach=False)
+    assert result.local is False and not result.locality[0]["local"]
+    assert result.locality[0]["second_order"] > 0.5 or result.locality[0]["displacement"] > 1
+    assert math.isfinite(result.value)
