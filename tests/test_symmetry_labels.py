@@ -99,3 +99,25 @@ def test_the_study_report_and_columns_use_the_symmetry_label(folder):
     assert f"{spec} bindings' metric" in report and "inv metric" not in report
     taus = json.loads((path / "out" / "taus.json").read_text())
     assert "inv metric" not in json.dumps(taus)
+
+
+def test_rows_with_their_own_symmetry_are_named_in_the_label(folder):
+    # no --symmetry, but one manifest row binds its own: that row's value is not "inv metric"
+    path, spec = folder
+    (path / "models.csv").write_text(
+        f"name,model,gap,symmetry\na,net.pt,0.1,{spec}\nb,net2.pt,0.2,\n")
+    code, stdout, stderr = _call("study", path / "models.csv", "--data", path / "data.pt",
+                                 "--measure", "geodesic", *OPTIONS, "--bootstrap", "0",
+                                 "--no-plots", "--out", path / "out")
+    assert code == 0, stderr
+    report = (path / "out" / "report.md").read_text()
+    assert "inv or a row's own symmetry's metric" in report
+    taus = json.loads((path / "out" / "taus.json").read_text())
+    assert taus[0]["symmetry"] == "rows' own" and taus[0]["key"] == "geodesic_inv_order2_rho0.1"
+    # a manifest without a symmetry column keeps the plain label
+    (path / "plain.csv").write_text("name,model,gap\na,net.pt,0.1\nb,net2.pt,0.2\n")
+    code, _, stderr = _call("study", path / "plain.csv", "--data", path / "data.pt",
+                            "--measure", "geodesic", *OPTIONS, "--bootstrap", "0",
+                            "--no-plots", "--out", path / "plain")
+    assert code == 0, stderr
+    assert "or a row's own" not in (path / "plain" / "report.md").read_text()

@@ -11,6 +11,7 @@ call of :func:`quotientsharp.sharpness` per model, named by a column key
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,24 @@ from quotientsharp.workflows.options import (
     radii,
 )
 
-__all__ = ["GridPoint", "build_grid"]
+__all__ = ["ROWS_OWN", "GridPoint", "build_grid", "with_row_symmetries"]
+
+
+#: ``GridPoint.symmetry`` of a study whose manifest binds a symmetry of its own on some rows
+#: (the ``symmetry`` column): those rows measure with their bindings' metric, the others with
+#: ``metric``.
+ROWS_OWN = "rows' own"
+
+
+def with_row_symmetries(grid: list[GridPoint], any_row_binds: bool) -> list[GridPoint]:
+    """``grid`` with its geodesic points labelled for a manifest some of whose rows bind their
+    own symmetry (their keys unchanged); ``grid`` itself where none does or where
+    ``--symmetry`` binds every row."""
+    if not any_row_binds:
+        return grid
+    return [dataclasses.replace(point, symmetry=ROWS_OWN)
+            if point.measure == "geodesic" and point.symmetry is None else point
+            for point in grid]
 
 
 @dataclass(frozen=True)
@@ -61,7 +79,9 @@ class GridPoint:
     def label(self, greek: bool = True) -> str:
         """The readable name: measure, metric (a user's symmetry: its bindings' own), order
         and radius."""
-        metric = self.metric if self.symmetry is None else f"{self.symmetry} bindings'"
+        metric = (self.metric if self.symmetry is None
+                  else f"{self.metric} or a row's own symmetry's" if self.symmetry == ROWS_OWN
+                  else f"{self.symmetry} bindings'")
         return measure_label(self.measure, metric=metric, order=self.order, rho=self.rho,
                              p=self.p, greek=greek)
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from quotientsharp.workflows import measuring
 from quotientsharp.workflows.fingerprints import content_identity
-from quotientsharp.workflows.grid import GridPoint, build_grid
+from quotientsharp.workflows.grid import GridPoint, build_grid, with_row_symmetries
 from quotientsharp.workflows.manifest import ManifestEntry, read_manifest
 from quotientsharp.workflows.report import (
     command_line,
@@ -219,6 +219,8 @@ def run_study(manifest: str | Path, args: argparse.Namespace) -> StudyOutcome:
     grid = build_grid(args)
     gap_from = gap_kind(args.gap_from, args.loss)
     entries = read_manifest(manifest, reserved=reserved_columns(grid))
+    # rows with a symmetry of their own measure with its metric: the labels say so
+    grid = with_row_symmetries(grid, any(entry.symmetry for entry in entries))
     colors = _colors(entries, args.color)
     device = check_device(args.device)
     settings = study_settings(args, grid, gap_from)
