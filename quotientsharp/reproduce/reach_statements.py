@@ -106,9 +106,9 @@ def reach_statement(page: str, reach: Mapping[str, Any]) -> str | None:
         verdict = (f"On these {models} model(s) and {family['batches']} batch(es) each, every "
                    f"compared measure reaches at least {SOLVER_ERROR_PERCENT:g} % of the best "
                    f"value found{strong}: within solver error there. That is a sample, not "
-                   "every model and batch of the page, and these values predate the reach "
-                   "search and the locality report of the engine (docs/sharpness.md, 'Reach "
-                   "and locality'), so whether their balls were local is not known.")
+                   "every model and batch of the page; a page measured with the engine's reach "
+                   "search has its own table of the reach estimate and the locality of every "
+                   "value (docs/sharpness.md, 'Reach and locality').")
     default = ("" if not defaults else
                f" The default {DEFAULT_STEPS}-step ascent reaches, on the same problems and "
                f"radii: {'; '.join(defaults)}.")

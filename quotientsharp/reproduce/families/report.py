@@ -261,6 +261,7 @@ def family_section(study: FamilyStudy, settings: Mapping[str, Any],
     folder = f"results/{study.name}" + ("-quick" if quick else "")
     if seeded is not None:
         folder = seeded_folder(study.name, quick)
+    solver = solver_table(counted, specs) if specs else ""
     lines = [f"## {study.title}", ""]
     if quick:
         lines += ["**A `--quick` smoke run (tiny training, few ascent steps): the numbers mean "
@@ -300,7 +301,10 @@ def family_section(study: FamilyStudy, settings: Mapping[str, Any],
         "pool, inside every training set), in "
         f"{settings['sharpness_points'] // settings['sharpness_batch_size']} batches of "
         f"{settings['sharpness_batch_size']}, per batch then averaged; Auto-PGD with "
-        f"{settings['n_iter']} steps from xi = 0, eta0 = 2 rho. "
+        f"{settings['n_iter']} steps from xi = 0, eta0 = 2 rho"
+        + (", in the engine's reach search (chains of ascents, the first from xi = 0, the "
+           "others from random points of the ball, until two agree to 1 %). "
+           if solver else ". ")
         + (study.measurement_note or "Geodesic: attention heads in the GL(h) quotient, every "
            "other parameter in the adaptive metric along straight lines. Radii fixed once, "
            "before the study, from pilot models (on which the perturbed loss rose by about "
@@ -324,7 +328,6 @@ def family_section(study: FamilyStudy, settings: Mapping[str, Any],
         lines += ["", f"The paper's column is {study.paper_setting}: a different setting "
                   "(large pretrained models, fine-tuned), shown for orientation only.", ""]
         lines += seeded_tables(seeded)
-    solver = solver_table(counted, specs) if specs else ""
     if solver:
         lines += ["", "How far each measure's values can be trusted, over every model and batch "
                   "(reach estimate of the search, share of values whose ball is local at the "
