@@ -7,6 +7,7 @@ autograd reference, and the batched family steps of row 4 agree with the looped 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -323,3 +324,22 @@ def test_compiled_steps_benchmark_times_both_paths_and_the_compile():
     # the three batches look up different rows: the compile is measured on a new row count
     assert len(set(result["rows"])) == 3, result["rows"]
     assert result["max_relative_value_difference"]["adaptive"] < 1e-5
+
+
+def test_solver_reach_table_counts_reach_and_flags_per_problem():
+    # the table's shares are of the best value any option found for the same problem, and
+    # its flag columns split the values at 99 % of that best
+    spec = importlib.util.spec_from_file_location("solver_reach", BENCHMARKS / "solver_reach.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    problem = {"model": "m", "measure": "geodesic mix", "rho": 0.1, "batch": 0}
+    records = [{**problem, "option": "one ascent (20 steps)", "value": 0.5, "evaluations": 21,
+                "flagged": True},
+               {**problem, "option": "search (default)", "value": 0.995, "evaluations": 60,
+                "flagged": False},
+               {**problem, "option": "reference (100 steps, 4 restarts)", "value": 1.0,
+                "evaluations": 505, "flagged": False}]
+    rows = {line.split(" | ")[1]: line for line in module.table(records).splitlines()[2:]}
+    assert rows["one ascent (20 steps)"].endswith("| 50.0 % | 50.0 % | 21 | 1 / 1 | 0 / 0 |")
+    assert rows["search (default)"].endswith("| 99.5 % | 99.5 % | 60 | 0 / 0 | 0 / 1 |")
+    assert "reference (100 steps, 4 restarts)" in rows
