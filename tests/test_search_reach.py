@@ -269,3 +269,21 @@ def test_a_non_local_ball_warns() -> None:
     assert result.local is False and not result.locality[0]["local"]
     assert result.locality[0]["second_order"] > 0.5 or result.locality[0]["displacement"] > 1
     assert math.isfinite(result.value)
+
+
+@pytest.mark.parametrize("given, taken", [(2.0, 2), (1.0, 1)])
+def test_an_integral_float_order_is_that_order(given: float, taken: int) -> None:
+    # 0.1 accepted order=2.0; 0.2 refused it with no changelog line (campaign 2)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True,
+                                                                 dropout=0.0),
+                                torch.nn.Flatten(), torch.nn.Linear(24, 3)).double()
+    batch = (torch.randn(4, 3, 8, dtype=torch.float64), torch.randint(0, 3, (4,)))
+    options = dict(measure="geodesic", rho=0.05, n_iter=3, progress=False, reach=False)
+    as_float = qs.sharpness(model, [batch], order=given, **options)
+    as_int = qs.sharpness(model, [batch], order=taken, **options)
+    assert as_float.per_batch == as_int.per_batch
+    assert as_float.settings["order"] == taken and isinstance(as_float.settings["order"], int)
+    for wrong in (2.5, 3.0, float("nan")):
+        with pytest.raises(ValueError, match="order must be 1, 2 or 'exact'"):
+            qs.sharpness(model, [batch], order=wrong, **options)

@@ -349,6 +349,7 @@ class GeodesicSpec:
                               "QuotientBinding quotients use their own metric", UserWarning,
                               stacklevel=3)
             extra.update({"metric": "the bindings' own", "eps": None, "diagonal": None})
+        extra["order"] = order           # as checked: 2.0 is recorded as the order 2
         plan = GeodesicGeometry(setup.radius, layout, opts["metric"], order, eps, exact_steps,
                                 opts["other_metric"], opts["other_path"])
         return ascent.measure(setup, plan, extra)
