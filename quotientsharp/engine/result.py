@@ -23,6 +23,12 @@ __all__ = ["ReachWarning", "SharpnessResult", "assemble_result"]
 REACH_TARGET = 0.99
 
 
+#: What else keeps a ball local, by measure (the warning's advice).
+_LOCAL_ADVICE = {"geodesic": "use order='exact' (no extrapolation) or the inv metric, or ",
+                 "worst_case": "measure adaptive sharpness (its ball moves every weight in "
+                               "proportion to its size), or "}
+
+
 class ReachWarning(UserWarning):
     """A sharpness value may be short of its maximum, or its ball is not local.
 
@@ -144,11 +150,14 @@ class SharpnessResult:
                 second = where["second_order"]
                 curved = ("" if second is None else f", second-order term {second:.3g} x the "
                           f"first ({where['second_order_factor']})")
+                extrapolated = (second is not None and second > 0.5)
                 notes.append(f"batch {index}: the ball is not local (parameter "
                              f"{where['parameter']} moves by {where['displacement']:.3g} x its "
-                             f"norm{curved}; the loss there has many local maxima, so the "
-                             "value and its reach estimate are the best found, not the "
-                             "maximum)")
+                             f"norm{curved}): the value describes the loss far from theta, not "
+                             "in a neighbourhood of it"
+                             + ("; the order-2 path there is an extrapolation with many local "
+                                "maxima, so the value and its reach estimate are the best "
+                                "found, not the maximum" if extrapolated else ""))
         return notes
 
     # ------------------------------------------------------------------ solver quality
@@ -284,8 +293,8 @@ def assemble_result(measure: str, outcomes: Sequence[BatchOutcome],
             f"{result.measure} sharpness{' (' + result.variant + ')' if result.variant else ''}"
             f" at rho={settings.get('rho')} may not be the maximum it claims: "
             + "; ".join(notes) + ". Where the reach is low, search longer (reach={'chains': "
-            "8}, n_iter=50); where the ball is not local, use a smaller rho, order='exact' or "
-            "the inv metric (docs/sharpness.md, 'Reach and locality').", ReachWarning,
+            f"8}}, n_iter=50); where the ball is not local, {_LOCAL_ADVICE.get(measure, '')}"
+            "use a smaller rho (docs/sharpness.md, 'Reach and locality').", ReachWarning,
             stacklevel=3)
     return result
 
