@@ -4,8 +4,8 @@ On a GPU a small step is launch-bound: each operator the step dispatches is at l
 launch, whatever the size of its tensors. The GPU run of ``benchmarks/gpu.sh`` (H200, BERT-base's
 shape) measured about 800 launches per iteration beyond the forward+backward, alike for every
 measure, without saying which. This script says which, on any machine: it runs the path a CUDA
-run takes (the decisions on the device, ``host_decisions=False``; the adaptive norm's fused form,
-which every device but the CPU uses) and counts the computing operators of whole
+run takes (the decisions on the device, the solver's ``host_decisions=False``; the adaptive
+norm's fused form, which every device but the CPU uses) and counts the computing operators of whole
 ``quotientsharp.sharpness`` calls at ``n_iter = lo`` and ``hi``. The difference over
 ``hi - lo`` is the count per iteration, setup cancelled.
 
@@ -45,11 +45,21 @@ def cuda_path_counts(model: torch.nn.Module, batch: dict[str, torch.Tensor],
                      options: dict[str, Any], iters: tuple[int, int]
                      ) -> dict[str, float]:
     """Operators per iteration of one measure on the CUDA path, by name."""
+    from unittest import mock
+
     import quotientsharp as qs
+    from quotientsharp.engine import measures
+
+    solve = measures.ascend
+
+    def on_device(*args: Any, **kwargs: Any) -> Any:
+        # the solver's decisions on the device, as on CUDA (on the CPU it reads them on the host)
+        return solve(*args, **{**kwargs, "host_decisions": False})
 
     def run(n_iter: int) -> None:
-        qs.sharpness(model, [batch], rho=0.05, n_iter=n_iter, progress=False, reach=False,
-                     host_decisions=False, **options)
+        with mock.patch.object(measures, "ascend", on_device):
+            qs.sharpness(model, [batch], rho=0.05, n_iter=n_iter, progress=False, reach=False,
+                         **options)
 
     run(iters[0])               # caches, first-call work
     low, high = (operator_names(functools.partial(run, n)) for n in iters)

@@ -189,12 +189,10 @@ def trace_modules(call: Callable[[], Any], prefix: str = PACKAGE) -> tuple[Modul
     return ModuleTrace.of(modules, prefix), value
 
 
-def small_bert_call() -> Callable[[], Any]:
-    """The traced call: geodesic sharpness of a seeded 2-layer BERT on one batch."""
+def small_bert() -> tuple[Any, list[dict[str, Any]]]:
+    """A seeded 2-layer BERT (eager attention) and one batch of 8 x 12 random tokens."""
     import torch
     import transformers
-
-    import quotientsharp as qs
 
     torch.manual_seed(0)
     config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -204,6 +202,14 @@ def small_bert_call() -> Callable[[], Any]:
     generator = torch.Generator().manual_seed(1)
     batches = [{"input_ids": torch.randint(0, 100, (8, 12), generator=generator),
                 "labels": torch.randint(0, 2, (8,), generator=generator)}]
+    return model, batches
+
+
+def small_bert_call() -> Callable[[], Any]:
+    """The traced call: geodesic sharpness of :func:`small_bert` on its batch."""
+    import quotientsharp as qs
+
+    model, batches = small_bert()
     # one untraced call first: lazy imports and first-call caches are not the engine's structure
     qs.sharpness(model, batches, measure="geodesic", rho=0.1, n_iter=2, progress=False, reach=False)
     return lambda: qs.sharpness(model, batches, measure="geodesic", rho=0.1, n_iter=2,

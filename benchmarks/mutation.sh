@@ -15,7 +15,7 @@
 #   Christoffel contractions, isotropic draws, frozen points;
 # - solver: engine/solver.py (Auto-PGD) and engine/ball.py (the trust regions), pinned by an
 #   independent Auto-PGD written from its definition and the trust-region contracts
-#   (tests/test_mutation_kills.py), and the fast paths (in-place, fused) against the plain
+#   (tests/test_sharpness_solver.py, tests/test_ball.py), and the fast paths (in-place, fused) against the plain
 #   formulas. Not tests/test_compiled_steps.py: mutmut's trampolines read a ContextVar, which
 #   dynamo cannot trace, so the compiled tests' "no graph break" assertion fails on every run;
 # - exact: engine/exact.py, the exact trust-region maximum (the solver's reference);
@@ -57,12 +57,12 @@ declare -A PATTERNS=(
     [measures]=""
 )
 declare -A TESTED=(
-    [gl]="tests/test_gl.py tests/test_rotary.py tests/test_quotient_properties.py tests/test_quotient_contract.py tests/test_mutation_kills.py tests/test_group_elements.py tests/test_invariance_conditioning.py"
-    [diagonal]="tests/test_diagonal.py tests/test_quotient_contract.py tests/test_mutation_kills.py"
-    [adaptive]="tests/test_quotient_contract.py tests/test_quotient_abstract.py tests/test_fused_steps.py tests/test_inplace_steps.py tests/test_touched_rows.py tests/test_mutation_kills.py tests/test_sharpness_geometry.py tests/test_product_quotient.py"
-    [solver]="tests/test_sharpness_solver.py tests/test_solver_quality.py tests/test_sharpness_geometry.py tests/test_mutation_kills.py tests/test_fused_steps.py tests/test_inplace_steps.py"
-    [exact]="tests/test_solver_quality.py tests/test_bad_inputs_campaign2.py"
-    [measures]="tests/test_sharpness.py tests/test_bad_inputs.py tests/test_bad_inputs_campaign2.py tests/test_mutation_kills.py tests/test_blockwise.py tests/test_touched_rows.py"
+    [gl]="tests/test_gl.py tests/test_rotary.py tests/test_quotient_properties.py tests/test_quotient_contract.py tests/test_ball.py tests/test_group_elements.py tests/test_invariance_conditioning.py"
+    [diagonal]="tests/test_diagonal.py tests/test_quotient_contract.py tests/test_ball.py"
+    [adaptive]="tests/test_quotient_contract.py tests/test_quotient_abstract.py tests/test_fused_steps.py tests/test_inplace_steps.py tests/test_touched_rows.py tests/test_adaptive.py tests/test_ball.py tests/test_sharpness_geometry.py tests/test_product_quotient.py"
+    [solver]="tests/test_sharpness_solver.py tests/test_solver_quality.py tests/test_sharpness_geometry.py tests/test_ball.py tests/test_measures.py tests/test_fused_steps.py tests/test_inplace_steps.py"
+    [exact]="tests/test_solver_quality.py tests/test_functional.py tests/test_batches.py tests/test_measures.py"
+    [measures]="tests/test_sharpness.py tests/test_measures.py tests/test_functional.py tests/test_batches.py tests/test_options.py tests/test_blockwise.py tests/test_touched_rows.py"
 )
 
 run_group() {

@@ -68,7 +68,7 @@ class PhaseClock:
 
 def instrument(clock: PhaseClock) -> Callable[[], None]:
     """Wrap the phases (module docstring); returns the function that undoes it."""
-    from quotientsharp.engine import ball, functional, space
+    from quotientsharp.engine import ball, functional, geometry
 
     patches = [(ball.GeodesicBall, "point", "path"),
                (ball.GeodesicBall, "direction", "direction"),
@@ -78,7 +78,7 @@ def instrument(clock: PhaseClock) -> Callable[[], None]:
     for owner, attribute, name in patches:
         setattr(owner, attribute, clock.wrap(getattr(owner, attribute), name))
     grad = torch.autograd.grad
-    objective = space.perturbed_objective
+    objective = geometry.perturbed_objective
 
     def timed_objective(*args: Any, **kwargs: Any) -> Any:
         inner = objective(*args, **kwargs)
@@ -91,12 +91,12 @@ def instrument(clock: PhaseClock) -> Callable[[], None]:
                 torch.autograd.grad = grad          # type: ignore[assignment]
         return call
 
-    space.perturbed_objective = timed_objective  # type: ignore[assignment]
+    geometry.perturbed_objective = timed_objective  # type: ignore[assignment]
 
     def undo() -> None:
         for owner, attribute, original in originals:
             setattr(owner, attribute, original)
-        space.perturbed_objective = objective  # type: ignore[assignment]
+        geometry.perturbed_objective = objective  # type: ignore[assignment]
     return undo
 
 

@@ -86,8 +86,7 @@ from _common import (  # noqa: E402
 
 import quotientsharp as qs  # noqa: E402
 from quotientsharp import reference, value_checks  # noqa: E402
-from quotientsharp.engine.decisions import decisions_for  # noqa: E402
-from quotientsharp.engine.solver import gradient_step, momentum_step  # noqa: E402
+from quotientsharp.engine.solver import decisions_for, gradient_step, momentum_step  # noqa: E402
 
 ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 
@@ -330,9 +329,9 @@ def _engine(ctx: Context, options: dict[str, Any], batch_factor: int = 1):
     """
     from quotientsharp.engine.batches import resolve_loss, split_batch
     from quotientsharp.engine.functional import FunctionalModel
+    from quotientsharp.engine.geometry import GeodesicGeometry, PlainGeometry
     from quotientsharp.engine.measures import AscentMeasure
     from quotientsharp.engine.solver import AscentSettings
-    from quotientsharp.engine.space import GeodesicGeometry, PlainGeometry
     from quotientsharp.models import ParameterLayout, find_symmetries
 
     model, rho = ctx.model, ctx.sizes.rho

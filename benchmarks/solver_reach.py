@@ -38,6 +38,11 @@ MEASURES: dict[str, dict[str, Any]] = {
     "adaptive": {"measure": "adaptive"},
     "geodesic inv": {"measure": "geodesic", "metric": "inv", "order": 2},
     "geodesic mix": {"measure": "geodesic", "metric": "mix", "order": 2},
+    # the same ball along exact geodesics: is the order-2 extrapolation what defeats the
+    # solver? Exact mix geodesics from small factors can overflow the network in float32: the
+    # best over the finite evaluations is kept (``nonfinite_evaluations`` in the records)
+    "geodesic mix exact": {"measure": "geodesic", "metric": "mix", "order": "exact",
+                           "nonfinite": "skip"},
 }
 #: The solver options compared. ``one ascent`` is the solver of the earlier releases.
 OPTIONS: dict[str, dict[str, Any]] = {
@@ -131,7 +136,8 @@ def _value(model: torch.nn.Module, batch: Any, rho: float, options: dict[str, An
     flagged = [str(w.message) for w in caught if issubclass(w.category, qs.ReachWarning)]
     return {"value": result.value, "evaluations": result.evaluations[0],
             "reach": result.reach[0], "chains": result.chains[0] if result.chains else None,
-            "locality": result.locality[0], "flagged": bool(flagged), "seconds": seconds}
+            "locality": result.locality[0], "flagged": bool(flagged), "seconds": seconds,
+            "nonfinite": result.nonfinite_evaluations[0]}
 
 
 def run(kinds: list[str], rhos: list[float], batches: int, log: Callable[[str], None],
@@ -193,7 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["scratch", "lora", "minilm"],
                         choices=["minilm", "scratch", "lora"])
-    parser.add_argument("--measures", nargs="+", default=list(MEASURES), choices=list(MEASURES))
+    parser.add_argument("--measures", nargs="+", default=list(MEASURES)[:3],
+                        choices=list(MEASURES))
     parser.add_argument("--rhos", nargs="+", type=float, default=[0.02, 0.1, 0.3])
     parser.add_argument("--batches", type=int, default=1)
     parser.add_argument("--options", nargs="+", default=list(OPTIONS), choices=list(OPTIONS),

@@ -26,6 +26,7 @@ Then it compares the package code ``quotientsharp.GLQuotient`` (``inner``, ``chr
 
 from __future__ import annotations
 
+import functools
 import random
 import sys
 import time
@@ -265,190 +266,246 @@ def load_package() -> type | None:
     return GLQuotient
 
 
+class MetricCase:
+    """One metric at one ``(n, m, h)``, shared by the checks of :data:`METRIC_CHECKS`.
+
+    ``points``: :data:`POINTS` random rational ``(G, H)``; ``gammas``: the Christoffel symbols
+    ``Gamma^k_ij`` of the metric at each, by the Koszul formula; ``tangents``: a pair
+    ``((xi_G, xi_H), (nu_G, nu_H))`` of random rational tangent vectors at each. The checks that
+    draw more (random ``A``, gradients) draw from ``rng`` in the order of the table.
+    """
+
+    def __init__(self, shape: Shape, metric: str, rng: random.Random) -> None:
+        self.shape, self.metric, self.rng = shape, metric, rng
+        self.section = f"{metric} {shape.name}"
+        self.g = shape.metrics[metric]
+        self.points = [shape.random_point(rng) for _ in range(POINTS)]
+        self.gammas = [S.christoffel_symbols_at(self.g, shape.coords, p,
+                                                shape.derivatives[metric])
+                       for p in self.points]
+        self.tangents = [(shape.random_tangent(rng), shape.random_tangent(rng))
+                         for _ in self.points]
+
+    def xi_symbols(self) -> list[sympy.Matrix]:
+        """A symbolic tangent ``(xi_G, xi_H)``, of shapes ``(n, h)`` and ``(m, h)``."""
+        shape = self.shape
+        return [S.symbol_matrix("xi_G", shape.n, shape.h),
+                S.symbol_matrix("xi_H", shape.m, shape.h)]
+
+
+def quadratic_coefficients(quadratic: sympy.Expr, variables: Sequence[sympy.Symbol]
+                           ) -> list[list[sympy.Expr]]:
+    """The symmetric ``C`` (``len(variables)`` square) with ``quadratic = sum_ij C_ij v_i v_j``.
+
+    The coefficient of ``v_i v_j`` is ``C_ii`` on the diagonal and ``2 C_ij`` off it. Raises
+    ``ValueError`` (its message the exponents) at a term that is not of degree 2.
+    """
+    size = len(variables)
+    coefficients = [[sympy.S.Zero] * size for _ in range(size)]
+    for powers, coefficient in sympy.Poly(quadratic, *variables).terms():
+        if coefficient == 0:
+            continue
+        used = [i for i, p in enumerate(powers) for _ in range(p)]
+        if len(used) != 2:
+            raise ValueError(f"{powers}")
+        i, j = used
+        coefficients[i][j] = coefficients[j][i] = coefficient if i == j else coefficient / 2
+    return coefficients
+
+
+def christoffel_components(case: MetricCase) -> tuple[bool, str]:
+    """Each Koszul ``Gamma^k_ij`` equals the coefficient of ``xi_i xi_j`` in the closed form."""
+    xi_symbols = case.xi_symbols()
+    xi_flat = S.flat(*xi_symbols)
+    size = len(xi_flat)
+    worst = sympy.S.Zero
+    for point, gamma in zip(case.points, case.gammas, strict=True):
+        G, H = case.shape.at(point)
+        formula = S.flat(*spec_christoffel(case.metric, G, H, *xi_symbols))
+        for k, quadratic in enumerate(formula):
+            try:
+                from_formula = quadratic_coefficients(quadratic, xi_flat)
+            except ValueError as err:
+                return False, f"Gamma^{k} formula is not quadratic in xi: {err}"
+            for i in range(size):
+                for j in range(i, size):
+                    worst = max(worst, abs(from_formula[i][j] - gamma[k][i][j]))
+    count = size ** 2 * (size + 1) // 2
+    return worst == 0, (f"all {count} Gamma^k_ij equal at {len(case.points)} points"
+                        if worst == 0 else f"max |Koszul - formula| = {worst}")
+
+
+def christoffel_contraction(case: MetricCase) -> tuple[bool, str]:
+    """``Gamma(xi, nu)`` from the Koszul symbols equals the polarised closed form."""
+    diffs = []
+    for point, gamma, (xi, nu) in zip(case.points, case.gammas, case.tangents, strict=True):
+        G, H = case.shape.at(point)
+        derived = S.contract(gamma, S.flat(*xi), S.flat(*nu))
+        plus = spec_christoffel(case.metric, G, H, xi[0] + nu[0], xi[1] + nu[1])
+        minus = spec_christoffel(case.metric, G, H, xi[0] - nu[0], xi[1] - nu[1])
+        polarised = [(p - q) / 4 for p, q in zip(S.flat(*plus), S.flat(*minus), strict=True)]
+        diffs.append(derived - sympy.Matrix(polarised))
+    return exact_zero(diffs)
+
+
+def pulled_back_metric(case: MetricCase) -> tuple[sympy.Matrix, sympy.Matrix]:
+    """``(J^T g(G A^-1, H A^T) J, A)``: the metric pulled back by the action of a random ``A``.
+
+    ``A`` is a random rational invertible ``h x h`` matrix drawn from ``case.rng``.
+    """
+    shape = case.shape
+    matrix = S.random_invertible_rational_matrix(shape.h, case.rng)
+    action = S.flat(shape.G * matrix.inv(), shape.H * matrix.T)
+    return S.pullback_metric(case.g, shape.coords, action), matrix
+
+
+def invariance(case: MetricCase) -> tuple[bool, str]:
+    """``J^T g(G A^-1, H A^T) J = g`` at the points; euclidean, as a control, must move."""
+    pulled, matrix = pulled_back_metric(case)
+    diffs = [S.evaluate_exact(pulled - case.g, p) for p in case.points]
+    if case.metric != "euclidean":
+        return exact_zero(diffs, "J^T g(psi x) J - g")
+    # control: the check must be able to fail, and euclidean is not invariant
+    moved = any(not S.is_exactly_zero(d) for d in diffs)
+    if case.shape.h == 1 and not moved and matrix[0, 0] ** 2 == 1:
+        return True, "A = +-1 leaves euclidean invariant too"
+    return moved, ("not invariant (control), as expected" if moved
+                   else "euclidean unexpectedly invariant")
+
+
+def symbolic_invariance(case: MetricCase) -> tuple[bool, str]:
+    """The invariance with ``(G, H)`` left symbolic (run for mix, where it expands cheaply)."""
+    pulled, _ = pulled_back_metric(case)
+    left = (pulled - case.g).applyfunc(sympy.expand)
+    return left.is_zero_matrix, ("expands to 0 for symbolic (G, H)"
+                                 if left.is_zero_matrix else "nonzero")
+
+
+def horizontal_conditions(case: MetricCase) -> tuple[bool, str]:
+    """The horizontal condition cuts out the metric-orthogonal complement of the vertical space.
+
+    Compared by ranks of the linear constraints on ``xi``; for inv (``h > 1``) also a control:
+    the mix condition is rejected.
+    """
+    h = case.shape.h
+    xi_symbols = case.xi_symbols()
+    xi_flat = S.flat(*xi_symbols)
+    details = []
+    for point in case.points:
+        G, H = case.shape.at(point)
+        g_at = S.evaluate_exact(case.g, point)
+        products = S.metric_products(g_at, case.shape.vertical_generators(G, H), xi_flat)
+        orthogonality = products.jacobian(xi_flat)
+        condition = sympy.Matrix(S.flat(horizontal_condition(case.metric, G, H, *xi_symbols)))
+        condition = condition.jacobian(xi_flat)
+        ranks = (orthogonality.rank(), condition.rank(),
+                 sympy.Matrix.vstack(orthogonality, condition).rank())
+        if ranks != (h * h,) * 3:
+            return False, f"ranks (orthogonality, condition, both) = {ranks}"
+        if case.metric == "inv" and h > 1:
+            # control: the mix condition is not the inv one (for h = 1 they coincide),
+            # and the rank test can tell them apart
+            other = sympy.Matrix(S.flat(horizontal_condition("mix", G, H, *xi_symbols)))
+            stacked = sympy.Matrix.vstack(orthogonality, other.jacobian(xi_flat))
+            details.append(stacked.rank())
+    detail = f"same {h * h}-dim. constraint space at {len(case.points)} points"
+    if details:
+        if min(details) <= h * h:
+            return False, "the mix condition is indistinguishable from inv here"
+        detail += f"; mix condition rejected for inv (rank {max(details)})"
+    return True, detail
+
+
+def projection(case: MetricCase) -> tuple[bool, str]:
+    """``(xi_G + G L, xi_H - H L^T)`` is horizontal and the metric-orthogonal projection."""
+    diffs = []
+    for point, (xi, _) in zip(case.points, case.tangents, strict=True):
+        G, H = case.shape.at(point)
+        shift = spec_projection_shift(case.metric, G, H, *xi)
+        projected = S.flat(xi[0] + G * shift, xi[1] - H * shift.T)
+        generators = case.shape.vertical_generators(G, H)
+        g_at = S.evaluate_exact(case.g, point)
+        diffs.append(S.metric_products(g_at, generators, projected))
+        diffs.append(horizontal_condition(case.metric, G, H,
+                                          *S.unflat(projected, case.shape.shapes)))
+        projector = S.horizontal_projection_matrix(g_at, generators, simplify=None)
+        diffs.append(projector * sympy.Matrix(S.flat(*xi)) - sympy.Matrix(projected))
+    return exact_zero(diffs)
+
+
+def gradient(case: MetricCase) -> tuple[bool, str]:
+    """``g^-1 egrad`` is the closed-form gradient, and horizontal for an invariant loss."""
+    diffs = []
+    for point in case.points:
+        G, H = case.shape.at(point)
+        g_at = S.evaluate_exact(case.g, point)
+        egrad = case.shape.random_tangent(case.rng)
+        raised = g_at.solve(sympy.Matrix(S.flat(*egrad)))
+        diffs.append(raised - sympy.Matrix(S.flat(*spec_gradient(case.metric, G, H, *egrad))))
+        # an invariant loss f(G H^T) has egrad (D H, D^T G): the raise is horizontal
+        direction = S.random_rational_matrix(case.shape.n, case.shape.m, case.rng, nonzero=False)
+        invariant = g_at.solve(sympy.Matrix(S.flat(direction * H, direction.T * G)))
+        diffs.append(S.metric_products(g_at, case.shape.vertical_generators(G, H), invariant))
+    return exact_zero(diffs)
+
+
+#: the horizontal condition of each metric, as its row of the table shows it
+HORIZONTAL_LABELS = {"mix": "G^T xi_G H^T H = G^T G xi_H^T H",
+                     "inv": "xi_G^T G H^T H = G^T G H^T xi_H",
+                     "euclidean": "xi_G^T G = H^T xi_H"}
+#: how each metric's projection shift ``L`` is obtained
+PROJECTION_METHODS = {"mix": "closed-form L", "inv": "Sylvester A L^T + L^T A = B",
+                      "euclidean": "Sylvester"}
+
+#: The exact checks of one metric: (check, with ``{horizontal}`` and ``{projection}`` filled in
+#: from the tables above, method, function, metrics it runs for). In the order they run: the
+#: order fixes the rows of the table and what each check draws from the shared random stream.
+METRIC_CHECKS: tuple[tuple[str, str, Callable[[MetricCase], tuple[bool | str, str]],
+                           tuple[str, ...]], ...] = (
+    ("Koszul Gamma^k_ij = Gamma_G, Gamma_H", "exact rational", christoffel_components, METRICS),
+    ("Koszul Gamma(xi,nu) = polarised formula", "exact rational", christoffel_contraction,
+     METRICS),
+    ("J^T g(G A^-1, H A^T) J = g, random A", "exact rational", invariance, METRICS),
+    ("invariance for symbolic (G, H)", "symbolic expand", symbolic_invariance, ("mix",)),
+    ("horizontal <=> {horizontal}", "exact rank", horizontal_conditions, METRICS),
+    ("projection ({projection}) = I - V(V^T g V)^-1 V^T g", "exact rational", projection,
+     METRICS),
+    ("g^-1 egrad = closed-form gradient; f(GH^T) horizontal", "exact rational", gradient,
+     METRICS),
+)
+
+
 def check_metric(report: Report, shape: Shape, metric: str, rng: random.Random,
                  package: type | None) -> None:
     """Every exact check of one metric at one ``(n, m, h)``, then the package comparison."""
-    h = shape.h
-    section = f"{metric} {shape.name}"
-    g = shape.metrics[metric]
-    points = [shape.random_point(rng) for _ in range(POINTS)]
-    gammas = [S.christoffel_symbols_at(g, shape.coords, p, shape.derivatives[metric])
-              for p in points]
-
-    # --- Christoffel symbols, component by component
-    def components() -> tuple[bool, str]:
-        xi_symbols = [S.symbol_matrix("xi_G", shape.n, h), S.symbol_matrix("xi_H", shape.m, h)]
-        xi_flat = S.flat(*xi_symbols)
-        worst = sympy.S.Zero
-        for point, gamma in zip(points, gammas, strict=True):
-            G, H = shape.at(point)
-            formula = S.flat(*spec_christoffel(metric, G, H, *xi_symbols))
-            size = len(xi_flat)
-            for k, quadratic in enumerate(formula):
-                # Gamma^k(xi, xi) = sum_ij Gamma^k_ij xi^i xi^j: the coefficient of xi_i xi_j
-                # is Gamma^k_ii on the diagonal and 2 Gamma^k_ij off it
-                from_formula = [[sympy.S.Zero] * size for _ in range(size)]
-                for powers, coefficient in sympy.Poly(quadratic, *xi_flat).terms():
-                    if coefficient == 0:
-                        continue
-                    used = [i for i, p in enumerate(powers) for _ in range(p)]
-                    if len(used) != 2:
-                        return False, f"Gamma^{k} formula is not quadratic in xi: {powers}"
-                    i, j = used
-                    value = coefficient if i == j else coefficient / 2
-                    from_formula[i][j] = from_formula[j][i] = value
-                for i in range(size):
-                    for j in range(i, size):
-                        worst = max(worst, abs(from_formula[i][j] - gamma[k][i][j]))
-        count = len(xi_flat) ** 2 * (len(xi_flat) + 1) // 2
-        return worst == 0, (f"all {count} Gamma^k_ij equal at {len(points)} points"
-                            if worst == 0 else f"max |Koszul - formula| = {worst}")
-
-    report.run(section, "Koszul Gamma^k_ij = Gamma_G, Gamma_H", "exact rational", components)
-
-    tangents = [(shape.random_tangent(rng), shape.random_tangent(rng)) for _ in points]
-
-    def contraction() -> tuple[bool, str]:
-        diffs = []
-        for point, gamma, (xi, nu) in zip(points, gammas, tangents, strict=True):
-            G, H = shape.at(point)
-            derived = S.contract(gamma, S.flat(*xi), S.flat(*nu))
-            plus = spec_christoffel(metric, G, H, xi[0] + nu[0], xi[1] + nu[1])
-            minus = spec_christoffel(metric, G, H, xi[0] - nu[0], xi[1] - nu[1])
-            polarised = [(p - q) / 4 for p, q in zip(S.flat(*plus), S.flat(*minus),
-                                                    strict=True)]
-            diffs.append(derived - sympy.Matrix(polarised))
-        return exact_zero(diffs)
-
-    report.run(section, "Koszul Gamma(xi,nu) = polarised formula", "exact rational",
-               contraction)
-
-    # --- invariance under (G A^{-1}, H A^T)
-    def invariance() -> tuple[bool, str]:
-        matrix = S.random_invertible_rational_matrix(h, rng)
-        action = S.flat(shape.G * matrix.inv(), shape.H * matrix.T)
-        pulled = S.pullback_metric(g, shape.coords, action)
-        diffs = [S.evaluate_exact(pulled - g, p) for p in points]
-        if metric == "euclidean":
-            # control: the check must be able to fail, and euclidean is not invariant
-            moved = any(not S.is_exactly_zero(d) for d in diffs)
-            if h == 1 and all(S.is_exactly_zero(d) for d in diffs) and matrix[0, 0] ** 2 == 1:
-                return True, "A = +-1 leaves euclidean invariant too"
-            return moved, ("not invariant (control), as expected" if moved
-                           else "euclidean unexpectedly invariant")
-        return exact_zero(diffs, "J^T g(psi x) J - g")
-
-    report.run(section, "J^T g(G A^-1, H A^T) J = g, random A", "exact rational", invariance)
-
-    if metric == "mix":
-        def symbolic_invariance() -> tuple[bool, str]:
-            matrix = S.random_invertible_rational_matrix(h, rng)
-            action = S.flat(shape.G * matrix.inv(), shape.H * matrix.T)
-            pulled = S.pullback_metric(g, shape.coords, action)
-            left = (pulled - g).applyfunc(sympy.expand)
-            return left.is_zero_matrix, ("expands to 0 for symbolic (G, H)"
-                                         if left.is_zero_matrix else "nonzero")
-
-        report.run(section, "invariance for symbolic (G, H)", "symbolic expand",
-                   symbolic_invariance)
-
-    # --- horizontal conditions = orthogonality to every vertical vector
-    def conditions() -> tuple[bool, str]:
-        xi_symbols = [S.symbol_matrix("xi_G", shape.n, h), S.symbol_matrix("xi_H", shape.m, h)]
-        xi_flat = S.flat(*xi_symbols)
-        details = []
-        for point in points:
-            G, H = shape.at(point)
-            g_at = S.evaluate_exact(g, point)
-            products = S.metric_products(g_at, shape.vertical_generators(G, H), xi_flat)
-            orthogonality = products.jacobian(xi_flat)
-            condition = sympy.Matrix(S.flat(horizontal_condition(metric, G, H, *xi_symbols)))
-            condition = condition.jacobian(xi_flat)
-            ranks = (orthogonality.rank(), condition.rank(),
-                     sympy.Matrix.vstack(orthogonality, condition).rank())
-            if ranks != (h * h,) * 3:
-                return False, f"ranks (orthogonality, condition, both) = {ranks}"
-            if metric == "inv" and h > 1:
-                # control: the mix condition is not the inv one (for h = 1 they coincide),
-                # and the rank test can tell them apart
-                other = sympy.Matrix(S.flat(horizontal_condition("mix", G, H, *xi_symbols)))
-                stacked = sympy.Matrix.vstack(orthogonality, other.jacobian(xi_flat))
-                details.append(stacked.rank())
-        detail = f"same {h * h}-dim. constraint space at {len(points)} points"
-        if details:
-            if min(details) <= h * h:
-                return False, "the mix condition is indistinguishable from inv here"
-            detail += f"; mix condition rejected for inv (rank {max(details)})"
-        return True, detail
-
-    label = {"mix": "G^T xi_G H^T H = G^T G xi_H^T H",
-             "inv": "xi_G^T G H^T H = G^T G H^T xi_H",
-             "euclidean": "xi_G^T G = H^T xi_H"}[metric]
-    report.run(section, f"horizontal <=> {label}", "exact rank", conditions)
-
-    # --- horizontal projection via L
-    def projection() -> tuple[bool, str]:
-        diffs = []
-        for point, (xi, _) in zip(points, tangents, strict=True):
-            G, H = shape.at(point)
-            shift = spec_projection_shift(metric, G, H, *xi)
-            projected = S.flat(xi[0] + G * shift, xi[1] - H * shift.T)
-            generators = shape.vertical_generators(G, H)
-            g_at = S.evaluate_exact(g, point)
-            diffs.append(S.metric_products(g_at, generators, projected))
-            diffs.append(horizontal_condition(metric, G, H, *S.unflat(projected,
-                                                                      shape.shapes)))
-            projector = S.horizontal_projection_matrix(g_at, generators, simplify=None)
-            diffs.append(projector * sympy.Matrix(S.flat(*xi)) - sympy.Matrix(projected))
-        return exact_zero(diffs)
-
-    method = {"mix": "closed-form L", "inv": "Sylvester A L^T + L^T A = B",
-              "euclidean": "Sylvester"}[metric]
-    report.run(section, f"projection ({method}) = I - V(V^T g V)^-1 V^T g",
-               "exact rational", projection)
-
-    # --- Riemannian gradient
-    def gradient() -> tuple[bool, str]:
-        diffs = []
-        for point in points:
-            G, H = shape.at(point)
-            g_at = S.evaluate_exact(g, point)
-            egrad = shape.random_tangent(rng)
-            raised = g_at.solve(sympy.Matrix(S.flat(*egrad)))
-            diffs.append(raised - sympy.Matrix(S.flat(*spec_gradient(metric, G, H, *egrad))))
-            # an invariant loss f(G H^T) has egrad (D H, D^T G): the raise is horizontal
-            direction = S.random_rational_matrix(shape.n, shape.m, rng, nonzero=False)
-            invariant = g_at.solve(sympy.Matrix(S.flat(direction * H, direction.T * G)))
-            diffs.append(S.metric_products(g_at, shape.vertical_generators(G, H), invariant))
-        return exact_zero(diffs)
-
-    report.run(section, "g^-1 egrad = closed-form gradient; f(GH^T) horizontal", "exact rational",
-               gradient)
-
-    check_package(report, section, shape, metric, points, gammas, tangents, package)
+    case = MetricCase(shape, metric, rng)
+    for what, method, check, metrics in METRIC_CHECKS:
+        if metric in metrics:
+            label = what.format(horizontal=HORIZONTAL_LABELS[metric],
+                                projection=PROJECTION_METHODS[metric])
+            report.run(case.section, label, method, functools.partial(check, case))
+    check_package(report, case, package)
 
 
-def check_package(report: Report, section: str, shape: Shape, metric: str,
-                  points: list[dict], gammas: list[S.Gamma],
-                  tangents: list[tuple[tuple[sympy.Matrix, sympy.Matrix], ...]],
-                  package: type | None) -> None:
+def check_package(report: Report, case: MetricCase, package: type | None) -> None:
+    """``package`` (``GLQuotient``) in float64 against the exact values at the case's points."""
+    section, shape = case.section, case.shape
     what = "GLQuotient inner, christoffel, projection"
     if package is None:
         report.run(section, what, "numeric vs package",
                    lambda: (SKIP, "quotientsharp.core.gl not importable: package not compared"))
         return
-    g = shape.metrics[metric]
     # its own stream: the exact checks draw the same points with or without the package
     rng = random.Random(f"package {section}")
 
     def compare() -> tuple[bool, str]:
-        quotient = package(metric, eps=0.0)
+        quotient = package(case.metric, eps=0.0)
         errors = []
-        for point, gamma, (xi, nu) in zip(points, gammas, tangents, strict=True):
+        for point, gamma, (xi, nu) in zip(case.points, case.gammas, case.tangents, strict=True):
             G, H = shape.at(point)
             x, u, w = to_torch((G, H)), to_torch(xi), to_torch(nu)
             xi_flat, nu_flat = S.flat(*xi), S.flat(*nu)
-            g_at = S.evaluate_exact(g, point)
+            g_at = S.evaluate_exact(case.g, point)
             inner = (sympy.Matrix(xi_flat).T * g_at * sympy.Matrix(nu_flat))[0]
             errors.append(relative_error([quotient.inner(x, u, w)], [inner]))
             errors.append(relative_error(quotient.christoffel(x, u, w),
@@ -468,13 +525,13 @@ def check_package(report: Report, section: str, shape: Shape, metric: str,
 
     def compare_gradient() -> tuple[bool, str]:
         # at an invariant loss's gradient the raise is horizontal, so projecting or not agrees
-        quotient = package(metric, eps=0.0)
+        quotient = package(case.metric, eps=0.0)
         errors = []
-        for point in points:
+        for point in case.points:
             G, H = shape.at(point)
             direction = S.random_rational_matrix(shape.n, shape.m, rng, nonzero=False)
             egrad = (direction * H, direction.T * G)
-            exact = spec_gradient(metric, G, H, *egrad)
+            exact = spec_gradient(case.metric, G, H, *egrad)
             got = quotient.euclidean_to_riemannian_gradient(to_torch((G, H)), to_torch(egrad))
             errors.append(relative_error(got, S.flat(*exact)))
         return numeric_agreement(errors)

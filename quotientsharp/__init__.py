@@ -14,20 +14,13 @@ The package is in layers, each a folder that imports only from the layers below 
 6. :mod:`quotientsharp.cli`: the ``quotientsharp`` console script.
 
 The names below are imported on first use (PEP 562), so that ``import quotientsharp`` and the
-console script's ``--help`` do not import torch. Import paths of release 0.1 still work for
-one release, with a ``DeprecationWarning`` (:mod:`quotientsharp._moved`).
+console script's ``--help`` do not import torch.
 """
 
-from __future__ import annotations
+from importlib import import_module as _import_module
+from typing import TYPE_CHECKING
 
-import importlib
-import sys
-import types
-from typing import TYPE_CHECKING, Any
-
-from quotientsharp import _moved
-
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 #: Public name -> the module that defines it.
 _EXPORTS: dict[str, str] = {
@@ -47,6 +40,12 @@ _EXPORTS: dict[str, str] = {
     "check_symmetry": ".models",
     "find_symmetries": ".models",
     "sharpness": ".engine",
+    "AverageSpec": ".engine",
+    "WorstCaseSpec": ".engine",
+    "AdaptiveSpec": ".engine",
+    "GeodesicSpec": ".engine",
+    "RelativeFlatnessSpec": ".engine",
+    "measure_from": ".engine",
     "value_checks": ".core.validation",
 }
 #: Public name -> the module it is.
@@ -63,7 +62,9 @@ __all__ = ["AdaptiveQuotient", "ClosedFormQuotient", "DiagonalQuotient", "Frozen
            "GLQuotient", "NoSymmetryWarning", "ProductQuotient", "QuotientBinding", "ReachWarning",
            "RotaryQuotient", "SharpnessResult", "SymmetryCheckError", "SymmetryQuotient",
            "check_symmetry", "checks", "core", "engine", "find_symmetries", "models", "reference",
-           "sharpness", "value_checks", "workflows", "__version__"]
+           "sharpness", "value_checks", "workflows", "__version__",
+           "AdaptiveSpec", "AverageSpec", "GeodesicSpec", "RelativeFlatnessSpec", "WorstCaseSpec",
+           "measure_from"]
 
 if TYPE_CHECKING:
     from quotientsharp import core, engine, models, workflows
@@ -75,7 +76,18 @@ if TYPE_CHECKING:
     from quotientsharp.core.product import ProductQuotient
     from quotientsharp.core.quotient import ClosedFormQuotient, SymmetryQuotient
     from quotientsharp.core.validation import value_checks
-    from quotientsharp.engine import NoSymmetryWarning, ReachWarning, SharpnessResult, sharpness
+    from quotientsharp.engine import (
+        AdaptiveSpec,
+        AverageSpec,
+        GeodesicSpec,
+        NoSymmetryWarning,
+        ReachWarning,
+        RelativeFlatnessSpec,
+        SharpnessResult,
+        WorstCaseSpec,
+        measure_from,
+        sharpness,
+    )
     from quotientsharp.models import (
         QuotientBinding,
         SymmetryCheckError,
@@ -84,11 +96,11 @@ if TYPE_CHECKING:
     )
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _MODULES:
-        value: Any = importlib.import_module(_MODULES[name], __name__)
+        value = _import_module(_MODULES[name], __name__)
     elif name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+        value = getattr(_import_module(_EXPORTS[name], __name__), name)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value
@@ -96,22 +108,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS, *_MODULES})
-
-
-class _Package(types.ModuleType):
-    """Keeps a public name (``quotientsharp.sharpness``, the function) when a deprecated module
-    path of the same name (``import quotientsharp.sharpness.solver``, :mod:`._moved`) is
-    imported: the import system sets the package attribute to the module; the public name
-    stays."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _PUBLIC_FUNCTIONS and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-#: Public names that are functions and also a deprecated module path.
-_PUBLIC_FUNCTIONS = frozenset({"sharpness"})
-sys.modules[__name__].__class__ = _Package
-_moved.install()
+    # the public names only: the helpers this module imports for itself are not the API
+    return sorted(__all__)

@@ -19,6 +19,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
+pytestmark = pytest.mark.benchmark
 
 transformers = pytest.importorskip("transformers")
 from tests.tiny_models import tiny_bert_classifier  # noqa: E402

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from quotientsharp.engine.ball import BoxGeometry
+from tests.test_ball import _gl_ball
 from tests.tuple_helpers import ComputingOperators, vanishing_off_rows
 
 SHAPES = [(4, 3), (), (0, 2), (5,), (2, 2, 3)]
@@ -150,3 +151,61 @@ def test_a_box_refuses_rows_of_a_missing_or_0_dim_slot(slot) -> None:
     box, _ = _box(0, torch.float64)              # slot 1 is the 0-dim tensor
     with pytest.raises(ValueError, match=rf"^on_rows: slot {slot} is not a tensor of rows"):
         box.on_rows({slot: torch.tensor([0])})
+
+
+def test_the_box_clamps_signs_and_measures_in_scaled_units():
+    from quotientsharp.engine.ball import BoxGeometry
+
+    base = (torch.tensor([1.0, -2.0, 0.0]), torch.tensor([[3.0]]))
+    scale = (base[0].abs(), torch.ones(1, 1))
+    box = BoxGeometry(base, scale, 0.5)
+    xi = (torch.tensor([2.0, -0.4, 5.0]), torch.tensor([[-0.7]]))
+    expected = (torch.tensor([0.5, -0.4, 0.0]), torch.tensor([[-0.5]]))
+    for got, want in zip(box.clip(xi), expected, strict=True):
+        torch.testing.assert_close(got, want)
+    for got, want in zip(box.point(xi), (base[0] + xi[0], base[1] + xi[1]), strict=True):
+        torch.testing.assert_close(got, want)
+    direction = box.direction((torch.tensor([-3.0, 2.0, 1.0]), torch.tensor([[-1e-9]])))
+    torch.testing.assert_close(direction[0], torch.tensor([-1.0, 2.0, 0.0]))
+    torch.testing.assert_close(direction[1], torch.tensor([[-1.0]]))
+    # |xi / c| largest entry; a c = 0 coordinate counts 0 (it cannot move)
+    torch.testing.assert_close(box.block_norms(xi)["total"], torch.tensor(2.0))
+    generator = torch.Generator().manual_seed(1)
+    draws = torch.stack([box.random_start(generator)[0] for _ in range(300)])
+    assert bool((draws[:, 0].abs() <= 0.5).all()) and bool((draws[:, 1].abs() <= 1.0).all())
+    assert not draws[:, 2].any()
+    assert float(draws[:, 0].min()) < -0.4 and float(draws[:, 0].max()) > 0.4
+    assert all(not z.any() and z.shape == b.shape for z, b in zip(box.zeros(), base,
+                                                                  strict=True))
+    with pytest.raises(ValueError, match="no coordinates to perturb"):
+        BoxGeometry((), (), 0.5)
+
+
+def test_random_starts_are_drawn_in_the_points_dtype():
+    """A float64 point gets float64 radii and box offsets, not widened float32 draws."""
+    from quotientsharp.engine.ball import BoxGeometry
+
+    _, x, _, ball, _ = _gl_ball("mix", torch.float64, 33, 0.5)
+    generator = torch.Generator().manual_seed(34)
+    radii = torch.stack([ball.norm(ball.random_start(generator)) / 0.5 for _ in range(20)])
+    assert float((radii - radii.float().double()).abs().max()) > 1e-12
+    box = BoxGeometry(x, tuple(torch.ones_like(t) for t in x), 0.5)
+    start = box.random_start(generator)
+    assert all(s.dtype == torch.float64 for s in start)
+    assert float(max((s - s.float().double()).abs().max() for s in start)) > 1e-12
+
+
+def test_the_box_direction_of_a_zero_gradient_is_zero_and_its_clip_copies():
+    from quotientsharp.engine.ball import BoxGeometry
+
+    base = (torch.tensor([1.0, -2.0, 3.0]), torch.zeros(0))
+    box = BoxGeometry(base, (base[0].abs(), torch.zeros(0)), 0.5)
+    direction = box.direction((torch.tensor([0.0, -1.0, 2.0]), torch.zeros(0)))
+    torch.testing.assert_close(direction[0], torch.tensor([0.0, -2.0, 3.0]))
+    xi = (torch.tensor([2.0, 0.1, -9.0]), torch.zeros(0))
+    kept = xi[0].clone()
+    clipped = box.clip(xi)
+    assert torch.equal(xi[0], kept)                  # the caller's vector is not clamped
+    torch.testing.assert_close(clipped[0], torch.tensor([0.5, 0.1, -1.5]))
+    # an empty block (a zero-size tensor) counts 0 in the largest scaled entry
+    torch.testing.assert_close(box.block_norms(xi)["total"], torch.tensor(3.0))

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import quotientsharp as qs
 from quotientsharp import sharpness
 from quotientsharp.cli import main
 
@@ -290,3 +291,83 @@ def test_symmetries_of_a_saved_config(tmp_path, capsys) -> None:
     assert shapes == {(HIDDEN + 1, HIDDEN + 1, head_dim): LAYERS * HEADS,
                       (HIDDEN + 1, HIDDEN, head_dim): LAYERS * HEADS}
     assert main(["symmetries", str(tmp_path / "absent")]) == 2
+
+
+def _measure(saved, *arguments: str) -> int:
+    return main(["measure", str(saved["net"]), str(saved["data"]), "--rho", "0.1", "--n-iter",
+                 "2", "--batch-size", "4", "--no-progress", *arguments])
+
+
+@pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:3", "nonsense", "meta"])
+def test_measure_on_an_unavailable_device_is_one_line_and_exit_2(saved_mlp, capsys, device):
+    assert _measure(saved_mlp, "--device", device) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("quotientsharp measure: error: --device") and err.count("\n") == 1
+
+
+@pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+def test_jsonl_rows_with_unknown_keys_say_which_are_expected(saved_mlp, tmp_path, capsys):
+    data = tmp_path / "rows.jsonl"
+    for row, expected in (({"tokens": [1, 2], "label": 0}, "unknown key(s) ['tokens']"),
+                          ({"label": 0}, "neither 'input_ids' nor 'text'"),
+                          ({"input_ids": [1, 2], "attention_masks": [1, 1], "label": 0},
+                           "unknown key(s) ['attention_masks']")):
+        data.write_text(json.dumps(row) + "\n")
+        assert main(["measure", str(saved_mlp["net"]), str(data), "--rho", "0.1"]) == 2
+        err = capsys.readouterr().err
+        assert expected in err and "expected 'input_ids'" in err and err.count("\n") == 1
+
+
+@pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+def test_several_metrics_and_orders_in_one_call(saved_mlp, tmp_path, capsys):
+    out = tmp_path / "out.json"
+    assert _measure(saved_mlp, "--measure", "geodesic,adaptive", "--metric", "mix,inv",
+                    "--order", "1,2", "--json", str(out)) == 0
+    document = json.loads(out.read_text())
+    keys = [f"geodesic_{m}_order{o}" for m in ("mix", "inv") for o in (1, 2)] + ["adaptive"]
+    assert document["settings"]["keys"] == keys and list(document["results"]) == keys
+    assert list(document["value"]) == keys
+    for key in keys[:-1]:
+        _, metric, order = key.split("_")
+        settings = document["results"][key]["settings"]
+        assert (settings["metric"], f"order{settings['order']}") == (metric, order)
+    net = torch.load(saved_mlp["net"], weights_only=False)
+    x, y = torch.load(saved_mlp["data"])
+    direct = qs.sharpness(net, [(x[:4], y[:4]), (x[4:], y[4:])], measure="geodesic", rho=0.1,
+                          metric="inv", order=1, n_iter=2, progress=False)
+    assert document["value"]["geodesic_inv_order1"] == direct.value
+    environment = document["environment"]
+    assert environment["torch"] == torch.__version__ and environment["quotientsharp"]
+    assert environment["device"] == "cpu" and environment["threads"] >= 1
+    assert environment["python"].count(".") == 2
+    assert "geodesic (mix, order 1)" in capsys.readouterr().out
+
+
+@pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+def test_one_geodesic_variant_keeps_the_plain_key(saved_mlp, tmp_path):
+    out = tmp_path / "out.json"
+    assert _measure(saved_mlp, "--metric", "mix", "--json", str(out)) == 0
+    document = json.loads(out.read_text())
+    assert list(document["results"]) == ["geodesic"]
+    assert document["settings"]["metric"] == "mix" and document["settings"]["order"] == 2
+
+
+@pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+def test_bad_metric_in_a_list_is_named(saved_mlp, capsys):
+    assert _measure(saved_mlp, "--metric", "mix,riemann") == 2
+    assert "'riemann'" in capsys.readouterr().err
+
+
+def test_measure_names_of_the_command_line_are_the_engines():
+    # the command line keeps its own torch-free list of measures: the names it accepts and
+    # offers in its error must be those of the engine's registry
+    from quotientsharp.engine import MEASURES
+    from quotientsharp.workflows.options import InputError, measure_names
+
+    assert measure_names(",".join(MEASURES)) == list(MEASURES)
+    with pytest.raises(InputError, match="choose from") as error:
+        measure_names("nonexistent")
+    offered = str(error.value).split("choose from ")[1].split(", ")
+    assert set(offered) == set(MEASURES)

@@ -7,7 +7,10 @@ import contextlib
 import csv
 import io
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,3 +123,20 @@ def test_measure_without_symmetry_prints_the_note(folder, tmp_path):
     assert code == 0, stderr
     assert stdout.count("note: no symmetry was found or bound") == 1
     assert "geodesic sharpness equals adaptive sharpness" in stdout and "--symmetry" in stdout
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+def test_symmetries_into_a_closed_pipe_ends_quietly(saved_mlp):
+    read, write = os.pipe()
+    os.close(read)                                   # the reader (``head``) has gone
+    try:
+        done = subprocess.run([sys.executable, "-m", "quotientsharp", "symmetries",
+                               str(saved_mlp["net"]), "--json"], stdout=write,
+                              stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=120)
+    finally:
+        os.close(write)
+    assert done.returncode == 141, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr

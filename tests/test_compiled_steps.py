@@ -16,17 +16,19 @@ from __future__ import annotations
 import pytest
 import torch
 
+import quotientsharp as qs
 from quotientsharp.core.gl import GLQuotient
 from quotientsharp.engine.coordinates import Factor, other_factor
-from quotientsharp.engine.decisions import ON_DEVICE
 from quotientsharp.engine.geometry import build_geometry
 from quotientsharp.engine.solver import (
+    ON_DEVICE,
     AscentSettings,
     CompiledSteps,
     ascend,
     gradient_step,
     momentum_step,
 )
+from tests.test_touched_rows import _CountingEmbedding
 from tests.tiny_models import tiny_bert_classifier
 
 #: largest relative difference, compiled against eager: reassociated sums of < 100 terms
@@ -196,3 +198,14 @@ def test_a_compile_that_fails_says_how_to_run_without_it() -> None:
     with pytest.raises(RuntimeError, match="compile_steps=False") as caught:
         steps.direction(geometry, egrad)
     assert "no C++ compiler found" in str(caught.value)
+
+
+def test_sharpness_without_compile_steps_compiles_nothing():
+    # compile_steps is opt-in: a default call builds no graph (and pays no compile time)
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    qs.sharpness(_CountingEmbedding(), [(torch.tensor([[1, 3]]), torch.tensor([0]))],
+                 measure="adaptive", rho=0.05, n_iter=3, seed=0, progress=False)
+    assert not torch._dynamo.utils.counters["stats"]["unique_graphs"]

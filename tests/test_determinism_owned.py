@@ -7,12 +7,14 @@ from its second call on, gave a value that changed from call to call without an 
 
 from __future__ import annotations
 
+import random
 import re
 import time
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import quotientsharp as qs
@@ -21,6 +23,9 @@ from quotientsharp.engine.determinism import (
     global_states,
     owned_generators,
 )
+from tests.test_functional import _batches as _mlp_batches
+from tests.test_functional import _measure as _measure_mlp
+from tests.test_functional import _mlp
 
 
 class OwnedTorchNoise(nn.Module):
@@ -117,3 +122,58 @@ def test_reading_the_states_is_cheap_for_a_large_module_tree():
     for _ in range(20):
         global_states(tree)
     assert (time.perf_counter() - start) / 20 < 0.02
+
+
+def _global_states():
+    return (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())  # noqa: NPY002
+
+
+def _same_states(a, b) -> bool:
+    return torch.equal(a[0], b[0]) and a[1] == b[1] and bool((a[2] == b[2]).all())
+
+
+class ForcedDropout(nn.Module):
+    """Dropout forced on in the forward, whatever the module's mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.last = nn.Linear(4, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(F.dropout(torch.tanh(self.first(x)), 0.5, training=True))
+
+
+class NumpyNoise(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x) * float(1 + 0.01 * np.random.rand())  # noqa: NPY002
+
+
+@pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+@pytest.mark.parametrize("measure", ["worst_case", "geodesic", "average"])
+def test_forced_dropout_raises_and_leaves_the_global_random_state(measure):
+    torch.manual_seed(3)
+    model = ForcedDropout()
+    before = _global_states()
+    with pytest.raises(ValueError, match="forward is not deterministic.*torch's global "
+                                         "generator.*F.dropout"):
+        _measure_mlp(model, _mlp_batches(), measure)
+    assert _same_states(before, _global_states())
+
+
+@pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+def test_numpy_draws_in_the_forward_are_found_too():
+    with pytest.raises(ValueError, match="not deterministic.*NumPy"):
+        _measure_mlp(NumpyNoise(), _mlp_batches())
+
+
+@pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+def test_a_successful_call_leaves_the_global_random_state():
+    model = _mlp()
+    before = _global_states()
+    _measure_mlp(model, _mlp_batches(), "average", samples=2)
+    _measure_mlp(model, _mlp_batches(), "worst_case", random_init=True)
+    assert _same_states(before, _global_states())

@@ -21,6 +21,8 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
+pytestmark = pytest.mark.pages
+
 ROOT = Path(__file__).resolve().parents[1]
 KATEX = ("assets/katex/katex.min.js", "assets/katex/contrib/auto-render.min.js",
          "assets/javascripts/katex-init.js")

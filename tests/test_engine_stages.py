@@ -1,8 +1,9 @@
 """The engine's declared stages: the measure registry, the solver's geometry protocol, the
-ownership rule of ``ascend(initial=...)``, the deprecated names, and the module trace script."""
+ownership rule of ``ascend(initial=...)``, the removed names, and the module trace script."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 import warnings
@@ -25,7 +26,7 @@ from quotientsharp.engine import (
     build_geometry,
 )
 from quotientsharp.engine.coordinates import other_factor
-from quotientsharp.engine.decisions import ON_DEVICE, ON_HOST, decisions_for
+from quotientsharp.engine.solver import ON_DEVICE, ON_HOST, decisions_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,10 +50,10 @@ def _quadratic(target: torch.Tensor):
 # ---------------------------------------------------------------------------- registry
 def test_the_registry_holds_every_measure_with_its_options() -> None:
     assert set(MEASURE_REGISTRY) == set(MEASURES)
-    for name, spec in MEASURE_REGISTRY.items():
-        assert spec.name == name
-        assert dict(spec.defaults) == MEASURES[name]
-        assert spec.needs_rho == (name != "relative_flatness")
+    for name, kind in MEASURE_REGISTRY.items():
+        assert kind.name == name
+        assert kind.defaults() == MEASURES[name]
+        assert kind.needs_rho == (name != "relative_flatness")
 
 
 def test_each_measure_checks_its_own_options() -> None:
@@ -114,31 +115,15 @@ def test_a_lent_initial_evaluation_is_never_written() -> None:
         handed.take()
 
 
-def test_the_one_element_list_still_hands_over_with_a_deprecation() -> None:
-    ball = _ball()
-    target = torch.randn(5, 3, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-    objective, _ = _quadratic(target)
-    reference = ascend(ball, objective, AscentSettings(n_iter=6))
-    pair = [objective(ball.zeros())]
-    with pytest.warns(DeprecationWarning, match="HandedOver"):
-        listed = ascend(ball, objective, AscentSettings(n_iter=6), initial=pair)
-    assert pair == []
-    assert torch.equal(reference.loss, listed.loss)
-
-
-def test_removed_names_warn_and_work() -> None:
-    from quotientsharp.engine import measures, solver
-    from quotientsharp.engine.space import GeodesicGeometry, PlainGeometry
-
-    with pytest.warns(DeprecationWarning):
-        assert solver.HOST_DECISIONS_ON_CPU is True
-    with pytest.warns(DeprecationWarning):
-        assert solver.host_decides(torch.zeros(()))
-    with pytest.warns(DeprecationWarning):
-        assert isinstance(measures.plain_builder(None, 0.1, 2.0, True), PlainGeometry)
-    with pytest.warns(DeprecationWarning):
-        plan = measures.geodesic_builder(None, 0.1, None, "inv", 2, 0.0, 16, "adaptive", "line")
-    assert isinstance(plan, GeodesicGeometry)
+@pytest.mark.parametrize(("module", "name"), [
+    ("measures", "plain_builder"), ("measures", "geodesic_builder"),
+    ("solver", "host_decides"), ("solver", "HOST_DECISIONS_ON_CPU")])
+def test_the_names_0_2_deprecated_are_gone(module: str, name: str) -> None:
+    """0.3 removed them (CHANGELOG): reading one raises, with no warning first."""
+    loaded = importlib.import_module(f"quotientsharp.engine.{module}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not hasattr(loaded, name)
 
 
 # ---------------------------------------------------------------------------- module trace
@@ -175,5 +160,5 @@ def test_the_module_trace_of_a_sharpness_call() -> None:
     assert 0 <= trace.reentries <= trace.hops < trace.calls
     assert trace.hops == len(trace.sequence) - 1
     assert {"quotientsharp.engine.solver", "quotientsharp.engine.registry",
-            "quotientsharp.engine.space"} <= trace.modules
+            "quotientsharp.engine.geometry"} <= trace.modules
     assert sys.getprofile() is profile          # the profiler is removed afterwards

@@ -14,9 +14,8 @@ import torch
 
 from quotientsharp.core.gl import GLQuotient
 from quotientsharp.engine.coordinates import Factor, other_factor
-from quotientsharp.engine.decisions import ON_DEVICE, lift
 from quotientsharp.engine.geometry import build_geometry
-from quotientsharp.engine.solver import gradient_step, momentum_step
+from quotientsharp.engine.solver import ON_DEVICE, gradient_step, lift, momentum_step
 from tests.tuple_helpers import ComputingOperators
 
 DTYPES = [torch.float32, torch.float64]

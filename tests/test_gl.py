@@ -1078,3 +1078,18 @@ def test_the_order_two_point_of_a_gl_pair_takes_the_fused_path_with_the_document
     stacked = tuple(torch.stack([c, c]) for c in u)
     both = frozen.geodesic(stacked, 1.0, 2)
     assert relative_error(tuple(b[0] for b in both), tuple(p.detach() for p in point)) < 1e-12
+
+
+@pytest.mark.parametrize("bad", ["nan", "rank"])
+def test_the_frozen_point_errors_name_the_point_given_to_at(bad) -> None:
+    # GLQuotient.at(x, name): both the point check and the frozen point's own rank check
+    # name the caller's point, not the default "x"
+    gen = torch.Generator().manual_seed(0)
+    G = torch.randn(7, 3, generator=gen, dtype=torch.float64)
+    H = torch.randn(5, 3, generator=gen, dtype=torch.float64)
+    if bad == "nan":
+        G[0, 0] = float("nan")
+    else:
+        G[:, 1] = G[:, 0]                     # linearly dependent columns: G^T G singular
+    with pytest.raises(ValueError, match=r"theta\[0\]"):
+        qs.GLQuotient("mix").at((G, H), "theta")

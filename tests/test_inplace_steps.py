@@ -14,8 +14,8 @@ import torch
 
 from quotientsharp.core.gl import GLQuotient
 from quotientsharp.engine.coordinates import Factor, other_factor
-from quotientsharp.engine.decisions import lift
 from quotientsharp.engine.geometry import build_geometry
+from quotientsharp.engine.solver import lift
 
 DTYPES = [torch.float32, torch.float64]
 

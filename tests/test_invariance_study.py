@@ -45,6 +45,7 @@ def _bound(outcome, dtype: str) -> tuple[float, float]:
     return abs(moved[f"change_{KEY}"]), 2 * forward + 2 * gradient
 
 
+@pytest.mark.study
 def test_float32_change_stays_within_the_float32_floors(outcome):
     change, bound = _bound(outcome, "float32")
     (moved,) = outcome.points["float32"]
@@ -56,6 +57,7 @@ def test_float32_change_stays_within_the_float32_floors(outcome):
     assert moved[f"{KEY}_kept"] == pytest.approx(1.0, abs=1e-6)
 
 
+@pytest.mark.study
 def test_bfloat16_model_is_measured_with_float32_geometry_within_its_floors(outcome):
     original = outcome.original["bfloat16"]
     (moved,) = outcome.points["bfloat16"]
@@ -72,6 +74,8 @@ def test_bfloat16_model_is_measured_with_float32_geometry_within_its_floors(outc
     assert moved["gradient_error"] > 100 * outcome.points["float32"][0]["gradient_error"]
 
 
+@pytest.mark.pages
+@pytest.mark.study
 def test_the_page_puts_the_precisions_side_by_side(outcome):
     section = outcome.section
     header = next(line for line in section.splitlines() if line.startswith("| measure |"))

@@ -4,8 +4,8 @@
   reproduce -> cli) holds on the source, static imports and imports inside functions alike;
 - measuring sharpness loads no module of a layer above the engine, at run time too;
 - ``import quotientsharp.<sub> as m`` gives a module for every subpackage;
-- every import path of release 0.1 still works for one release, warns, and names the very
-  module at its new home (no second copy of a module, so no second copy of a class).
+- the import paths of release 0.1 (``quotientsharp.gl``, ``quotientsharp.sharpness.solver``,
+  ``quotientsharp.experiments``...) are gone since 0.3: they raise ``ModuleNotFoundError``.
 """
 
 from __future__ import annotations
@@ -34,8 +34,13 @@ def _run_python(code: str) -> subprocess.CompletedProcess[str]:
 def test_the_contract_lists_the_layers_bottom_up_as_the_package_docstring_does():
     tomllib = pytest.importorskip("tomllib")        # the standard library's from Python 3.11
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
-    (contract,) = config["contracts"]
+    contract, argparse_contract = config["contracts"]
     assert contract["type"] == "layers"
+    # the command line alone parses arguments: every layer below cli is forbidden argparse
+    assert argparse_contract["type"] == "forbidden"
+    assert argparse_contract["forbidden_modules"] == ["argparse"]
+    assert sorted(argparse_contract["source_modules"]) == sorted(
+        f"quotientsharp.{name}" for name in LAYERS if name != "cli")
     assert contract["layers"] == [f"quotientsharp.{name}" for name in reversed(LAYERS)]
     folders = {p.name for p in (ROOT / "quotientsharp").iterdir()
                if p.is_dir() and (p / "__init__.py").is_file()}
@@ -49,7 +54,25 @@ def test_no_import_runs_up_the_layers():
                                 "sys.exit(lint_imports(config_filename='pyproject.toml'))"],
                                capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-2000:]
-    assert "1 kept, 0 broken" in completed.stdout
+    assert "2 kept, 0 broken" in completed.stdout
+
+
+def test_the_argparse_contract_breaks_on_an_argparse_import_below_cli(tmp_path):
+    """The forbidden contract can fail: a copy of the package with argparse imported in the
+    engine breaks it."""
+    pytest.importorskip("importlinter")
+    import shutil
+    shutil.copytree(ROOT / "quotientsharp", tmp_path / "quotientsharp")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    with open(tmp_path / "quotientsharp" / "engine" / "options.py", "a") as handle:
+        handle.write("\nimport argparse  # noqa: E402\n")
+    completed = subprocess.run([sys.executable, "-c",
+                                "import sys; sys.path.insert(0, '.'); "
+                                "from importlinter.cli import lint_imports; "
+                                "sys.exit(lint_imports(config_filename='pyproject.toml'))"],
+                               capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert completed.returncode != 0
+    assert "quotientsharp.engine is not allowed to import argparse" in completed.stdout
 
 
 def test_measuring_loads_nothing_above_the_engine():
@@ -98,65 +121,35 @@ def test_the_public_entry_point_stays_the_function():
     assert quotientsharp.sharpness is engine.sharpness
 
 
-def test_every_old_import_path_warns_and_gives_the_module_at_its_new_home():
-    from quotientsharp._moved import MOVED
-
-    old_names = sorted(MOVED)
+@pytest.mark.parametrize("old", ["quotientsharp.gl", "quotientsharp.gl.point",
+                                 "quotientsharp.sharpness.solver", "quotientsharp.study",
+                                 "quotientsharp.commands.measure", "quotientsharp.experiments",
+                                 "quotientsharp.experiments.diagonal", "quotientsharp.checks"])
+def test_an_import_path_of_release_0_1_is_gone(old):
+    """0.3 removed the 0.1 paths that 0.2 kept with a ``DeprecationWarning``; the names they
+    held are imported from the layers (``quotientsharp.core.gl``, ``quotientsharp.engine``...)."""
     completed = _run_python(f"""
-        import importlib, sys, warnings
-        failures = []
-        for old in {old_names!r}:
-            full = "quotientsharp." + old
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                module = importlib.import_module(full)
-            from quotientsharp._moved import new_name
-            target = importlib.import_module(new_name(full))
-            deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning)
-                            and full in str(w.message)]
-            if module is not target:
-                failures.append(f"{{full}}: another module than {{target.__name__}}")
-            elif not deprecations:
-                failures.append(f"{{full}}: no DeprecationWarning")
-            elif module.__spec__.name != target.__name__:
-                failures.append(f"{{full}}: the new module's spec was overwritten")
-        print("\\n".join(failures))
-    """)
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    assert completed.stdout.strip() == ""
-
-
-def test_a_submodule_of_an_old_package_path_is_the_same_module_and_class():
-    completed = _run_python("""
-        import warnings
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from quotientsharp.gl.point import GLPoint as old_point
-        from quotientsharp.sharpness.solver import ascend as old_ascend
-        from quotientsharp.study import run_study as old_run_study
-        from quotientsharp.core.gl.point import GLPoint
-        from quotientsharp.engine.solver import ascend
-        from quotientsharp.workflows import run_study
-        import quotientsharp as qs
-        assert old_point is GLPoint and old_ascend is ascend and old_run_study is run_study
-        assert callable(qs.sharpness) and qs.sharpness.__module__ == "quotientsharp.engine.api"
-        print("ok")
-    """)
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    assert completed.stdout.strip() == "ok"
-
-
-def test_an_old_path_is_an_error_under_warnings_as_errors():
-    """What a user's test suite with ``filterwarnings = error`` sees: the warning names the
-    new path."""
-    completed = _run_python("""
-        import warnings
-        warnings.simplefilter("error", DeprecationWarning)
+        import importlib, warnings
+        warnings.simplefilter("error")
         try:
-            import quotientsharp.checks
-        except DeprecationWarning as warning:
-            print(warning)
+            importlib.import_module({old!r})
+        except ModuleNotFoundError:
+            print("gone")
     """)
-    assert "moved to quotientsharp.core.checks" in completed.stdout
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert completed.stdout.strip() == "gone"
+
+
+def test_the_layers_give_what_the_old_paths_gave():
+    from quotientsharp.core.gl.point import GLPoint
+    from quotientsharp.engine.solver import ascend
+    from quotientsharp.workflows import run_study
+
+    assert GLPoint.__module__ == "quotientsharp.core.gl.point"
+    assert ascend.__module__ == "quotientsharp.engine.solver"
+    assert run_study.__module__ == "quotientsharp.workflows.runner"
+    assert callable(quotientsharp.sharpness)
+    assert quotientsharp.sharpness.__module__ == "quotientsharp.engine.api"
 
 
 def test_a_path_that_never_existed_is_still_not_found():

@@ -24,6 +24,7 @@ def _html(text: str) -> str:
                              extension_configs={"pymdownx.arithmatex": {"generic": True}})
 
 
+@pytest.mark.pages
 @pytest.mark.parametrize("text", [THEORY, (DOCS / "results" / "diagonal.md").read_text(),
                                   (DOCS / "results.md").read_text()],
                          ids=["generator", "diagonal.md", "results.md"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import copy
+import math
 import pickle
 import re
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from quotientsharp.core.quotient import (
     MetricFamilyQuotient,
     SymmetryQuotient,
 )
+from tests.test_functional import _batches, _measure, _mlp
 
 REQUIRED = ("inner", "vertical", "act", "algebra_shape")
 
@@ -269,12 +271,55 @@ def test_the_adaptive_metrics_are_point_classes_like_the_others():
     (qs.AdaptiveQuotient("euclidean", point_ndims=(1,)), "euclidean"),
     (qs.GLQuotient("mix"), "mix"),
     (qs.DiagonalQuotient("inv"), "inv")])
-def test_a_metric_compared_with_its_0_1_string_still_matches_and_warns(quotient, name):
-    """0.1 kept ``AdaptiveQuotient.metric`` as the name: such comparisons keep their answer for
-    one release, with a warning, instead of turning silently false."""
-    other = next(n for n in type(quotient).metrics.names if n != name)
-    with pytest.warns(DeprecationWarning, match="metric.name"):
-        assert quotient.metric == name
-    with pytest.warns(DeprecationWarning):
-        assert quotient.metric != other
+def test_a_metric_never_equals_a_string(quotient, name):
+    """0.1 kept ``AdaptiveQuotient.metric`` as the name; 0.2 compared a metric with its name
+    and warned; 0.3 answers unequal, without a warning (the test run makes warnings errors):
+    compare ``metric.name``."""
+    assert quotient.metric != name
+    assert not quotient.metric == name
     assert quotient.metric.name == name
+
+
+def _diagonal_point(zero: bool):
+    u = torch.tensor([[1.0, 0.0 if zero else 0.5]], dtype=torch.float64)
+    v = torch.tensor([[2.0, 3.0]], dtype=torch.float64)
+    return (u, v), (torch.ones_like(u), torch.ones_like(v))
+
+
+@pytest.mark.parametrize("t, error", [(math.nan, ValueError), (math.inf, ValueError),
+                                      ("1", TypeError), (True, TypeError), (None, TypeError)])
+def test_geodesic_time_is_validated(t, error):
+    gl = qs.GLQuotient("mix")
+    generator = torch.Generator().manual_seed(0)
+    x = gl.random_point((2,), shapes=((5, 2), (4, 2)), generator=generator,
+                        dtype=torch.float64)
+    u = gl.random_tangent(x, generator=generator)
+    diagonal = qs.DiagonalQuotient("inv")
+    y, w = _diagonal_point(zero=False)
+    for call in (lambda: gl.geodesic(x, u, t=t), lambda: gl.geodesic(x, u, t=t, order="exact"),
+                 lambda: gl.geodesic_exact(x, u, t=t), lambda: diagonal.geodesic(y, w, t=t)):
+        with pytest.raises(error, match="^t must be"):
+            call()
+    assert torch.allclose(gl.geodesic(x, u, t=0.5, order=1)[0], x[0] + 0.5 * u[0])
+
+
+@pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+def test_integer_tensors_never_reach_a_normal_draw():
+    quotient = qs.GLQuotient(metric="inv")
+    with pytest.raises(TypeError, match="random_point: dtype must be a floating dtype"):
+        quotient.random_point(shapes=[(5, 2), (4, 2)], dtype=torch.int64)
+    x = quotient.random_point(shapes=[(5, 2), (4, 2)], dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"random_tangent: x\[0\] has dtype torch.int64"):
+        quotient.random_tangent(tuple(t.long() for t in x))
+
+
+@pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+def test_one_tensor_for_a_tuple_is_named():
+    quotient = qs.GLQuotient(metric="inv")
+    x = quotient.random_point(shapes=[(5, 2), (4, 2)], dtype=torch.float64)
+    with pytest.raises(TypeError, match="u must be a tuple of 2 tensors.*got Tensor"):
+        quotient.horizontal_projection(x, x[0])
+    with pytest.raises(TypeError, match="x must be a tuple of 2 tensors.*got Tensor"):
+        quotient.inner(x[0], x, x)
+    with pytest.raises(TypeError, match="batches must be an iterable of batches, got Tensor"):
+        _measure(_mlp(), _batches()[0][0])

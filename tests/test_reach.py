@@ -87,6 +87,7 @@ def _reach(mix_min: float) -> dict:
         "ascent_steps": 20, "reach": by_measure}}}
 
 
+@pytest.mark.pages
 def test_the_statement_quotes_each_measure_at_the_page_radius_and_judges_it() -> None:
     good = reach_statement("vit", _reach(99.2))
     assert good is not None and good.startswith(BEGIN) and good.endswith(END)
@@ -113,6 +114,7 @@ def test_the_statement_quotes_each_measure_at_the_page_radius_and_judges_it() ->
         reach_statement("vit", missing)
 
 
+@pytest.mark.pages
 def test_refresh_puts_the_statement_before_the_hand_written_part_once(tmp_path) -> None:
     folder = tmp_path / "results"
     (folder / "data").mkdir(parents=True)
@@ -133,6 +135,7 @@ def test_refresh_puts_the_statement_before_the_hand_written_part_once(tmp_path) 
     assert refresh_reach_statements(tmp_path) == []
 
 
+@pytest.mark.pages
 def test_the_committed_family_pages_state_the_committed_reach_data() -> None:
     data = DOCS / "results" / "data" / "reach.json"
     if not data.is_file():

@@ -2,7 +2,7 @@
 
 The studies run through ``python -m torch.distributed.run --nproc_per_node 2 ... -m
 quotientsharp reproduce STUDY`` (2 CPU processes, gloo, 127.0.0.1 and a free port, as in
-tests/test_distributed.py), and the same settings run in this process through
+as every torchrun test of this file), and the same settings run in this process through
 ``quotientsharp.cli.main``. The per-model records must be equal bit for bit (timings aside):
 every number of a model depends on its index only, never on the rank that computed it or on
 the models computed before it in the same process. Then ``--resume`` without torchrun must
@@ -27,10 +27,16 @@ import pytest
 import torch
 
 from quotientsharp.cli import main
-from quotientsharp.engine.distributed import run_on_rank0, torchrun_world_size
 from quotientsharp.reproduce.invariance import study as invariance
 from quotientsharp.workflows import files as common
 from quotientsharp.workflows.files import read_jsonl
+from quotientsharp.workflows.process_group import (
+    gather_indexed,
+    init_distributed,
+    run_on_rank0,
+    shard,
+    torchrun_world_size,
+)
 from quotientsharp.workflows.records import ResultsDirectory, shard_name, shard_paths
 
 if not (torch.distributed.is_available() and torch.distributed.is_gloo_available()):
@@ -91,6 +97,7 @@ def diagonal_runs(tmp_path_factory):
     return root, _two_ranks_and_one(root, DIAGONAL, "--docs", str(root / "docs"))
 
 
+@pytest.mark.study
 def test_diagonal_two_ranks_give_the_single_process_files(diagonal_runs):
     root, launched = diagonal_runs
     two, one = root / "ranks2", root / "single"
@@ -108,6 +115,7 @@ def test_diagonal_two_ranks_give_the_single_process_files(diagonal_runs):
     assert launched.stdout.count("nets counted") == 1
 
 
+@pytest.mark.study
 def test_diagonal_resume_of_a_distributed_run_recomputes_nothing(diagonal_runs):
     root, _ = diagonal_runs
     two = root / "ranks2"
@@ -132,6 +140,7 @@ def vit_runs(tmp_path_factory):
     return root, _two_ranks_and_one(root, VIT)
 
 
+@pytest.mark.study
 def test_vit_two_ranks_give_the_single_process_records(vit_runs):
     root, launched = vit_runs
     two, one = root / "ranks2", root / "single"
@@ -149,6 +158,7 @@ def test_vit_two_ranks_give_the_single_process_records(vit_runs):
     assert launched.stdout.count("computed now:") == 1
 
 
+@pytest.mark.study
 def test_vit_resume_after_a_distributed_run_recomputes_nothing(vit_runs, monkeypatch):
     root, _ = vit_runs
     two = root / "ranks2"
@@ -166,6 +176,7 @@ def test_vit_resume_after_a_distributed_run_recomputes_nothing(vit_runs, monkeyp
     assert _run_info(two)["world_sizes"] == [2, 1]
 
 
+@pytest.mark.study
 def test_interrupted_distributed_run_resumes_to_the_same_records(vit_runs):
     root, _ = vit_runs
     two, one = root / "ranks2", root / "single"
@@ -216,6 +227,45 @@ def test_run_on_rank0_without_a_process_group_is_a_call():
         run_on_rank0(lambda: {}["missing"])
 
 
+def test_shard_deals_round_robin_and_covers_everything():
+    items = list("abcdefg")
+    shares = [shard(items, rank, 3) for rank in range(3)]
+    assert shares[0] == [(0, "a"), (3, "d"), (6, "g")]
+    assert shares[2] == [(2, "c"), (5, "f")]
+    assert sorted(i for share in shares for i, _ in share) == list(range(7))
+    # a plain iterable is dealt the same way as a sequence
+    assert shard(iter(items), 1, 3) == shard(items, 1, 3)
+    assert shard(items) == list(enumerate(items))       # no process group: everything
+
+
+@pytest.mark.parametrize("rank, world", [(2, 2), (-1, 2), (0, 0)])
+def test_shard_rejects_bad_ranks(rank, world):
+    with pytest.raises(ValueError, match="rank"):
+        shard([1, 2], rank, world)
+
+
+def test_shard_rejects_half_given_ranks_and_non_iterables():
+    with pytest.raises(ValueError, match="both rank and world_size"):
+        shard([1, 2], rank=0)
+    with pytest.raises(TypeError, match="iterable"):
+        shard(torch.zeros(3), 0, 1)
+
+
+def test_gather_indexed_orders_and_checks_indices():
+    assert gather_indexed([(2, "c"), (0, "a"), (1, "b")]) == ["a", "b", "c"]
+    with pytest.raises(ValueError, match="exactly once"):
+        gather_indexed([(0, "a"), (2, "c")])
+
+
+def test_init_distributed_without_torchrun_says_how(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    if torch.distributed.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    with pytest.raises(RuntimeError, match="torchrun"):
+        init_distributed()
+
+
 def test_shard_files_are_named_found_merged_and_folded(tmp_path):
     assert shard_name("models.jsonl", 3) == "models.rank3.jsonl"
     with pytest.raises(ValueError, match="rank"):
@@ -224,7 +274,8 @@ def test_shard_files_are_named_found_merged_and_folded(tmp_path):
                               owned=["models.jsonl"], sharded=["models.jsonl"])
     folder.append("models.jsonl", {"index": 2, "v": 0.5})
     for rank, index in ((10, 3), (1, 0), (1, 2)):
-        common.append_jsonl(folder.shard_file("models.jsonl", rank), {"index": index, "v": rank})
+        common.append_jsonl(folder.path / shard_name("models.jsonl", rank),
+                            {"index": index, "v": rank})
     (folder.path / "models.rankx.jsonl").write_text("not a shard\n")
     assert [p.name for p in shard_paths(folder.path, "models.jsonl")] == [
         "models.rank1.jsonl", "models.rank10.jsonl"]
@@ -241,12 +292,12 @@ def test_shard_files_are_named_found_merged_and_folded(tmp_path):
     folder.consolidate("models.jsonl", "index")
     assert folder.file("models.jsonl").read_text() == text
     # a fresh run deletes the shards of an earlier one; --resume refuses them without run.json
-    common.append_jsonl(folder.shard_file("models.jsonl", 4), {"index": 9})
+    common.append_jsonl(folder.path / shard_name("models.jsonl", 4), {"index": 9})
     ResultsDirectory(folder.path, "demo", {"a": 1}, resume=False, owned=["models.jsonl"],
                      sharded=["models.jsonl"])
     assert shard_paths(folder.path, "models.jsonl") == []
     (folder.path / "run.json").unlink()
-    common.append_jsonl(folder.shard_file("models.jsonl", 4), {"index": 9})
+    common.append_jsonl(folder.path / shard_name("models.jsonl", 4), {"index": 9})
     with pytest.raises(ValueError, match="no run.json"):
         ResultsDirectory(folder.path, "demo", {"a": 1}, resume=True, owned=["models.jsonl"],
                          sharded=["models.jsonl"])
@@ -323,3 +374,20 @@ def _csv_without_timings(path: Path) -> list[list[str]]:
     rows = [line.split(",") for line in path.read_text().splitlines()]
     keep = [k for k, column in enumerate(rows[0]) if not column.endswith("seconds")]
     return [[row[k] for k in keep] for row in rows]
+
+
+GLOO_TIMEOUT = ("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out "
+                "waiting 1800000ms for recv operation to complete")
+
+
+def test_collective_failures_are_described():
+    from quotientsharp.workflows.process_group import describe_collective_failure
+
+    timed_out = describe_collective_failure(RuntimeError(GLOO_TIMEOUT), 1800.0)
+    assert "timed out waiting for the other ranks" in timed_out
+    assert "--dist-timeout 1800 s" in timed_out and "--resume" in timed_out
+    assert GLOO_TIMEOUT in timed_out
+    lost = describe_collective_failure(RuntimeError("[gloo] Connection closed by peer "
+                                                    "[127.0.0.1]:1234"))
+    assert "lost contact with another rank" in lost and "--resume" in lost
+    assert describe_collective_failure(RuntimeError("shape mismatch")) is None

@@ -71,6 +71,7 @@ def test_registry_has_the_fine_tuning_studies():
         assert STUDIES[name] == module.__name__ == load_study(name).__name__
 
 
+@pytest.mark.study
 @pytest.mark.parametrize("study", list(MODULES))
 def test_quick_outputs(runs, study):
     tmp, codes = runs
@@ -111,6 +112,7 @@ def test_quick_outputs(runs, study):
     assert "Ablation sizes" in section
 
 
+@pytest.mark.study
 def test_vit_finetune_pretrains_once_and_resume_recomputes_nothing(runs, monkeypatch):
     tmp, codes = runs
     assert codes["vit-finetune"] == 0
@@ -129,6 +131,7 @@ def test_vit_finetune_pretrains_once_and_resume_recomputes_nothing(runs, monkeyp
     assert (out / "pretrained.pt").stat().st_mtime_ns == cache
 
 
+@pytest.mark.study
 def test_fine_tunes_start_from_the_pretrained_body(runs):
     tmp, _ = runs
     start = vit_finetune_study.load_pretrained(tmp / "vit-finetune", True)
@@ -147,6 +150,7 @@ def test_fine_tunes_start_from_the_pretrained_body(runs):
             assert torch.equal(a, b) and torch.equal(a, start["state"][name]), name
 
 
+@pytest.mark.study
 def test_cached_pretraining_recomputes_only_for_other_settings(tmp_path):
     calls = []
 

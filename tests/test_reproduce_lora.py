@@ -63,6 +63,7 @@ def test_registered_like_the_other_studies():
     assert SECTION_ORDER.index("minilm") < SECTION_ORDER.index("lora")
 
 
+@pytest.mark.study
 def test_quick_outputs(run):
     tmp, code = run
     assert code == 0
@@ -96,6 +97,8 @@ def test_quick_outputs(run):
     assert settings["hyperparameter_space"]["rank"] == list(lora_study.QUICK.space.rank)
 
 
+@pytest.mark.pages
+@pytest.mark.study
 def test_page_structure(run):
     tmp, code = run
     assert code == 0

@@ -48,6 +48,7 @@ def seeded_run(tmp_path_factory):
     return tmp, code
 
 
+@pytest.mark.study
 def test_records_carry_their_seed_and_its_draws(seeded_run):
     tmp, code = seeded_run
     assert code == 0
@@ -79,6 +80,7 @@ def test_each_seed_draws_its_own_pool_order():
                            second.train_inputs["input_ids"][:64])
 
 
+@pytest.mark.study
 def test_statistics_against_independent_recomputations(seeded_run):
     tmp, _ = seeded_run
     records = [r for r in _read_jsonl(tmp / "bert" / "models.jsonl") if not r["diverged"]]
@@ -107,6 +109,8 @@ def test_statistics_against_independent_recomputations(seeded_run):
         assert row["significant"] == (row["p_holm"] < 0.05)
 
 
+@pytest.mark.pages
+@pytest.mark.study
 def test_page_shows_seeds_pooled_taus_and_paired_differences(seeded_run):
     tmp, _ = seeded_run
     page = (tmp / "docs" / "results" / "bert.md").read_text()
@@ -124,6 +128,7 @@ def test_page_shows_seeds_pooled_taus_and_paired_differences(seeded_run):
             assert f"{row['tau_b']:+.2f} [{low:+.2f}, {high:+.2f}]" in table[0]
 
 
+@pytest.mark.study
 def test_headline_file_holds_the_pooled_rows(seeded_run):
     tmp, _ = seeded_run
     headline = json.loads((tmp / "docs" / "results" / "data" / "bert.json").read_text())
@@ -137,6 +142,7 @@ def test_headline_file_holds_the_pooled_rows(seeded_run):
         assert "2 study seeds" in rows[measure]["setting"]
 
 
+@pytest.mark.study
 def test_resume_recomputes_nothing(seeded_run, monkeypatch):
     tmp, _ = seeded_run
     out = tmp / "bert"
@@ -161,6 +167,7 @@ def test_study_seeds_must_be_positive(tmp_path, capsys, value):
     assert "study-seeds must be an integer >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.study
 @pytest.mark.parametrize("name", ["vit-finetune", "minilm"])
 def test_fine_tuning_family_runs_over_study_seeds(tmp_path, name):
     """The fine-tuning families take the option through the same driver: a tiny run, two

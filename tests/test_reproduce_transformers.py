@@ -25,8 +25,10 @@ from quotientsharp.cli import main  # noqa: E402
 from quotientsharp.reproduce import STUDIES, load_study  # noqa: E402
 from quotientsharp.reproduce.families import bert as bert_study  # noqa: E402
 from quotientsharp.reproduce.families import run as family_run  # noqa: E402
-from quotientsharp.reproduce.families import transformer_common as common  # noqa: E402
 from quotientsharp.reproduce.families import vit as vit_study  # noqa: E402
+from quotientsharp.reproduce.families.data import sharpness_batches  # noqa: E402
+from quotientsharp.reproduce.families.run import family_study  # noqa: E402
+from quotientsharp.reproduce.families.training import draw_hyperparameters  # noqa: E402
 from quotientsharp.reproduce.invariance import study as invariance_study  # noqa: E402
 
 MEASURE_KEYS = ("adaptive", "worst_case", "geodesic_inv_o1", "geodesic_inv_o2",
@@ -76,9 +78,10 @@ def test_registry_has_the_three_studies():
     for name in ("vit", "bert", "invariance"):
         module = load_study(name)
         assert STUDIES[name] == module.__name__
-        assert callable(module.add_arguments) and callable(module.run) and module.HELP
+        assert callable(module.run) and module.HELP
 
 
+@pytest.mark.study
 @pytest.mark.parametrize("study", ["vit", "bert"])
 def test_family_quick_outputs(family_runs, study):
     tmp, codes = family_runs
@@ -101,7 +104,7 @@ def test_family_quick_outputs(family_runs, study):
             assert record[key] >= 0.0
             assert len(record[f"{key}_per_batch"]) == (module.QUICK.sharpness_points
                                                        // module.QUICK.sharpness_batch_size)
-        hyper = common.draw_hyperparameters(module.QUICK.space, 0, record["index"])
+        hyper = draw_hyperparameters(module.QUICK.space, 0, record["index"])
         assert record["learning_rate"] == hyper.learning_rate
         assert record["train_size"] == hyper.train_size
 
@@ -132,6 +135,7 @@ def test_family_quick_outputs(family_runs, study):
     assert section.splitlines()[0] in page
 
 
+@pytest.mark.study
 def test_family_resume_recomputes_nothing(family_runs, monkeypatch):
     tmp, codes = family_runs
     assert codes["vit"] == 0
@@ -144,12 +148,13 @@ def test_family_resume_recomputes_nothing(family_runs, monkeypatch):
     # patched where family_study's per-model step looks them up
     monkeypatch.setattr(family_run, "train_classifier", refuse)
     monkeypatch.setattr(family_run, "measure_model", refuse)
-    outcome = common.family_study(vit_study.STUDY, out, quick=True, resume=True, plots=False)
+    outcome = family_study(vit_study.STUDY, out, quick=True, resume=True, plots=False)
     assert outcome.computed_now == []
     assert (out / "models.csv").read_text() == before
     assert json.loads((out / "run.json").read_text())["resumed"] == 1
 
 
+@pytest.mark.study
 def test_family_resume_recomputes_exactly_the_missing_model(family_runs):
     tmp, codes = family_runs
     assert codes["bert"] == 0
@@ -158,7 +163,7 @@ def test_family_resume_recomputes_exactly_the_missing_model(family_runs):
     dropped = json.loads(lines[-1])
     # an interrupted run: the last record was never written, its half line is torn
     (out / "models.jsonl").write_text("".join(lines[:-1]) + lines[-1][:40])
-    outcome = common.family_study(bert_study.STUDY, out, quick=True, resume=True, plots=False)
+    outcome = family_study(bert_study.STUDY, out, quick=True, resume=True, plots=False)
     assert outcome.computed_now == [dropped["index"]]
     again = outcome.records[-1]
     # same (seed, index): same hyperparameters, initialisation and data order, same numbers
@@ -167,10 +172,11 @@ def test_family_resume_recomputes_exactly_the_missing_model(family_runs):
     assert len(_read_csv(out / "models.csv")) == bert_study.QUICK.models
 
 
+@pytest.mark.study
 def test_resume_refuses_other_settings(family_runs):
     tmp, _ = family_runs
     with pytest.raises(ValueError, match="settings differ"):
-        common.family_study(vit_study.STUDY, tmp / "vit", quick=True, resume=True, seed=1)
+        family_study(vit_study.STUDY, tmp / "vit", quick=True, resume=True, seed=1)
     code = main(["reproduce", "vit", "--quick", "--out", str(tmp / "vit"), "--resume",
                  "--models", "0", "--no-progress"])
     assert code == 2
@@ -178,9 +184,9 @@ def test_resume_refuses_other_settings(family_runs):
 
 def test_hyperparameters_depend_on_seed_and_index_only():
     space = vit_study.FULL.space
-    first = [common.draw_hyperparameters(space, 3, i) for i in range(40)]
-    assert first == [common.draw_hyperparameters(space, 3, i) for i in range(40)]
-    assert first != [common.draw_hyperparameters(space, 4, i) for i in range(40)]
+    first = [draw_hyperparameters(space, 3, i) for i in range(40)]
+    assert first == [draw_hyperparameters(space, 3, i) for i in range(40)]
+    assert first != [draw_hyperparameters(space, 4, i) for i in range(40)]
     for hyper in first:
         assert space.learning_rate[0] <= hyper.learning_rate <= space.learning_rate[1]
         assert space.weight_decay[0] <= hyper.weight_decay <= space.weight_decay[1]
@@ -209,15 +215,16 @@ def test_bert_task_follows_its_rule():
 
 def test_sharpness_points_lie_in_every_training_set():
     data = vit_study.load_data()
-    batches = common.sharpness_batches(data, vit_study.FULL.sharpness_points,
+    batches = sharpness_batches(data, vit_study.FULL.sharpness_points,
                                        vit_study.FULL.sharpness_batch_size)
     assert len(batches) == 4
     assert vit_study.FULL.space.train_size[0] >= vit_study.FULL.sharpness_points
     assert torch.equal(batches[1]["pixel_values"], data.train_inputs["pixel_values"][64:128])
     with pytest.raises(ValueError, match="multiple"):
-        common.sharpness_batches(data, 100, 64)
+        sharpness_batches(data, 100, 64)
 
 
+@pytest.mark.study
 @pytest.mark.slow
 def test_invariance_quick_outputs_and_resume(invariance_run, monkeypatch):
     tmp, code = invariance_run

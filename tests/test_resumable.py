@@ -1,7 +1,7 @@
 """The one resumable runner (quotientsharp.workflows.resumable), in one process.
 
-Under torchrun it is exercised by every study in tests/test_reproduce_distributed.py and
-tests/test_distributed.py; here: records on disk as each unit finishes, the mirror, run.json,
+Under torchrun it is exercised by every study in tests/test_reproduce_distributed.py; here:
+records on disk as each unit finishes, the mirror, run.json,
 --resume computing exactly the missing units, records of units no longer asked for left out.
 """
 

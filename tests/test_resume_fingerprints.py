@@ -20,6 +20,8 @@ import torch
 
 import quotientsharp as qs
 from quotientsharp.cli import main
+from quotientsharp.workflows import measuring
+from quotientsharp.workflows.files import read_jsonl
 from quotientsharp.workflows.fingerprints import fingerprint_change, symmetry_fingerprint
 from tests.bottleneck_symmetry import (
     BottleneckGL,
@@ -27,6 +29,8 @@ from tests.bottleneck_symmetry import (
     bottleneck_binding,
     bottleneck_model,
 )
+from tests.test_functional import _mlp
+from tests.test_locks import _study
 
 HERE = Path(__file__).parent
 OPTIONS = ["--rho", "0.1", "--n-iter", "4", "--batch-size", "16", "--no-progress",
@@ -126,3 +130,35 @@ def test_fingerprint_sees_the_bindings_not_only_the_function():
         qs.GLQuotient("inv"), ["0.weight", "1.weight"])])
     assert mix["bindings"] != inv["bindings"]
     assert "predates" in str(fingerprint_change(None, same))
+
+
+@pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+def test_a_checkpoint_replaced_in_place_refuses_the_resume(study_files, monkeypatch, tmp_path):
+    root = tmp_path / "models"
+    root.mkdir()
+    for name in ("net0.pt", "net1.pt", "net2.pt", "data.pt", "models.csv"):
+        (root / name).write_bytes((study_files / name).read_bytes())
+    out = tmp_path / "out"
+    calls = []
+    original = measuring.measure_entry
+
+    def stop_at_the_third(*args, **kwargs):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(measuring, "measure_entry", stop_at_the_third)
+        assert _study(root, out)[0] == 130
+    records = read_jsonl(out / "models.jsonl")
+    assert len(records) == 2 and all(r["identity"]["model_sha256"] for r in records)
+    torch.save(_mlp(7), root / "net0.pt")             # same path, other weights
+    code, _, stderr = _study(root, out, "--resume")
+    assert code == 2
+    assert "record of 'net0.pt'" in stderr and "model " in stderr and "SHA-256" in stderr
+    # an unchanged checkpoint resumes
+    (root / "net0.pt").write_bytes((study_files / "net0.pt").read_bytes())
+    code, stdout, stderr = _study(root, out, "--resume")
+    assert code == 0, stderr
+    assert "measured now: 1" in stdout

@@ -27,6 +27,7 @@ from torch import nn
 import quotientsharp as qs
 from quotientsharp import SharpnessResult, sharpness
 from quotientsharp.models import find_symmetries, reparametrize
+from tests.test_functional import _adaptive, _batches, _measure
 
 #: These tests measure geodesic sharpness on MLPs, where discovery finds no symmetry: the
 #: warning that says so is expected here (tests/test_symmetry_check.py checks it).
@@ -657,3 +658,36 @@ def test_non_finite_clean_loss_names_the_batch() -> None:
     batches[1][0][0, 0] = float("nan")
     with pytest.raises(ValueError, match="clean loss on batch 1 is not finite"):
         sharpness(mlp(), batches, measure="adaptive", rho=0.1, progress=False)
+
+
+def _mlp(widths=(5, 8, 3), activation=nn.Tanh) -> nn.Module:
+    layers: list[nn.Module] = []
+    for a, b in zip(widths[:-1], widths[1:], strict=True):
+        layers += [nn.Linear(a, b), activation()]
+    return nn.Sequential(*layers[:-1])
+
+
+def test_frozen_parameters_are_listed_and_never_perturbed(mlp_and_batches):
+    net, batches = mlp_and_batches
+    net[0].weight.requires_grad_(False)
+    for measure in ("geodesic", "adaptive", "average"):
+        extra = {} if measure == "average" else {"n_iter": 2}
+        result = qs.sharpness(net, batches, measure=measure, rho=0.1, progress=False,
+                              keep_perturbations=True, **extra)
+        assert result.frozen == ["0.weight"] and result.excluded == []
+        assert all("0.weight" not in p for p in result.perturbations)
+    assert _adaptive(_mlp(), batches).frozen == []
+
+
+def test_the_model_runs_in_eval_mode_and_its_modes_come_back():
+    # a dropout left in train mode by the test: only sharpness() itself can switch it off
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Dropout(0.5), nn.Linear(8, 3))
+    assert model.training
+    first = _measure(model, _batches(), "worst_case")
+    second = _measure(model, _batches(), "worst_case")
+    assert model.training and all(m.training for m in model.modules())
+    # the value of the same weights without any dropout at all: eval mode, whatever the caller's
+    without = nn.Sequential(*[m for m in model if not isinstance(m, nn.Dropout)])
+    reference = _measure(without, _batches(), "worst_case")
+    assert first.value == second.value == pytest.approx(reference.value, rel=1e-6)

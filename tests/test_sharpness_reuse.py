@@ -26,8 +26,7 @@ from quotientsharp.engine.coordinates import Factor, other_factor
 from quotientsharp.engine.functional import FunctionalModel
 from quotientsharp.engine.geometry import build_geometry
 from quotientsharp.engine.measures import FirstEvaluation
-from quotientsharp.engine.options import resolve_options
-from quotientsharp.engine.registry import MEASURE_REGISTRY, MeasureSetup
+from quotientsharp.engine.registry import measure_from
 from quotientsharp.engine.solver import AscentSettings, ascend
 from quotientsharp.reproduce.diagonal.batched_ascent import (
     AdaptiveGeometry,
@@ -98,13 +97,11 @@ def _mlp_batches(count: int = 2, seed: int = 1):
 
 def _prepared(model: nn.Module, measure: str, rho: float, raw, **options):
     """The evaluator of ``measure`` set up as :func:`sharpness` sets it up on batch 0: built by
-    the measure's registry entry, set up with the parameters without gradient."""
-    spec = MEASURE_REGISTRY[measure]
-    opts = resolve_options(measure, spec.defaults, options)
-    loss = resolve_loss(opts["loss"])
+    the typed measure, set up with the parameters without gradient."""
+    spec = measure_from(measure, rho, options)
+    loss = resolve_loss(spec.loss)
     functional = FunctionalModel(model, (loss[0], loss[2]))
-    evaluator, _ = spec.build(MeasureSetup(model, functional, rho, opts,
-                                           torch.Generator().manual_seed(0)))
+    evaluator, _ = spec.build(model, functional, torch.Generator().manual_seed(0))
     batch = split_batch(raw, 0, functional.device, functional.input_dtype)
     first = FirstEvaluation(*functional.loss_and_gradients(batch))
     evaluator.setup([n for n, g in first.gradients.items() if g is None])

@@ -105,6 +105,7 @@ def small_run(saved) -> Path:
 # ---------------------------------------------------------------------------- one run
 # the MLPs have no symmetry discovery knows: the direct calls warn that geodesic equals
 # adaptive (the study itself prints it as a note, checked below)
+@pytest.mark.study
 @pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
 def test_csv_rows_hold_the_gaps_and_the_engines_values(saved, full_run):
     out, stdout = full_run
@@ -126,6 +127,7 @@ def test_csv_rows_hold_the_gaps_and_the_engines_values(saved, full_run):
     assert len(records) == 5 and all(len(r["per_batch"][KEYS[0]]) == 3 for r in records)
 
 
+@pytest.mark.study
 def test_taus_and_intervals(full_run):
     out, stdout = full_run
     rows = _rows(out / "models.csv")
@@ -146,6 +148,7 @@ def test_taus_and_intervals(full_run):
     assert str(out / "report.md") in stdout
 
 
+@pytest.mark.study
 def test_report_and_plots(full_run):
     out, _ = full_run
     report = (out / "report.md").read_text()
@@ -174,6 +177,7 @@ def _stop_after(monkeypatch, models: int) -> None:
     monkeypatch.setattr(measuring, "measure_entry", measure_entry)
 
 
+@pytest.mark.study
 def test_interrupted_run_resumes_to_the_files_of_an_uninterrupted_one(saved, small_run,
                                                                       monkeypatch):
     out = saved / "interrupted"
@@ -191,6 +195,7 @@ def test_interrupted_run_resumes_to_the_files_of_an_uninterrupted_one(saved, sma
     assert run["resumed"] == 1 and run["status"] == "finished"
 
 
+@pytest.mark.study
 def test_killed_subprocess_loses_no_finished_model(saved, small_run):
     """SIGKILL in the middle of the third model: no cleanup runs, the two finished models are
     on disk, and --resume completes the same files."""
@@ -221,6 +226,50 @@ def test_killed_subprocess_loses_no_finished_model(saved, small_run):
         assert (out / name).read_bytes() == (small_run / name).read_bytes(), name
 
 
+@pytest.mark.study
+def test_the_library_runs_the_study_of_the_command_line(saved, small_run):
+    """``run_study(manifest, StudyConfig(...))`` without a command line writes the files of
+    ``quotientsharp study`` with the same settings."""
+    from quotientsharp.workflows import StudyConfig, run_study
+    from quotientsharp.workflows.options import (
+        BatchSettings,
+        BootstrapSettings,
+        SolverSettings,
+    )
+
+    out = saved / "library"
+    outcome = run_study(saved / "models.csv", StudyConfig(
+        data=saved / "data.pt", measures=["adaptive", "geodesic"], metrics=["mix"], rho=0.1,
+        out=out, batches=BatchSettings(batch_size=8), solver=SolverSettings(n_iter=3),
+        bootstrap=BootstrapSettings(resamples=200), progress=False, plots=False))
+    assert outcome.out == out and len(outcome.rows) == 5 and len(outcome.computed_now) == 5
+    assert outcome.plots is None
+    for name in ("models.csv", "taus.json", "taus.csv"):
+        assert (out / name).read_bytes() == (small_run / name).read_bytes(), name
+    settings = [json.loads((folder / "run.json").read_text())["settings"]
+                for folder in (out, small_run)]
+    assert settings[0] == settings[1]
+
+
+def test_a_study_config_checks_and_normalises_itself():
+    from quotientsharp.workflows import StudyConfig
+    from quotientsharp.workflows.options import InputError
+
+    config = StudyConfig(data="data.pt", measures="worst-case,geodesic", rho=1, p=2,
+                         orders=["1", 2, "exact"], eps=0)
+    assert config.measures == ("worst_case", "geodesic") and config.radii == (1.0,)
+    assert config.p == "2" and config.orders == (1, 2, "exact") and config.eps == 0.0
+    assert config.gap_kind == "error"
+    for fields, message in (({}, "--rho is required for geodesic"),
+                            ({"rho": -0.1}, "--rho must be a finite number > 0, got -0.1"),
+                            ({"rho": 0.1, "orders": [3]}, "--order must be 1, 2 or exact"),
+                            ({"rho": 0.1, "measures": ["sam"]}, "unknown measure 'sam'"),
+                            ({"rho": 0.1, "threads": 0}, "--threads must be >= 1, got 0")):
+        with pytest.raises(InputError, match=message):
+            StudyConfig(data="data.pt", **fields)
+
+
+@pytest.mark.study
 def test_a_grown_manifest_measures_only_the_new_model(saved):
     out = saved / "grown"
     short = saved / "short.csv"
@@ -236,6 +285,7 @@ def test_a_grown_manifest_measures_only_the_new_model(saved):
 
 
 # ---------------------------------------------------------------------------- HuggingFace
+@pytest.mark.study
 def test_hf_models_with_train_and_test_data(tmp_path):
     transformers = pytest.importorskip("transformers")
     generator = torch.Generator().manual_seed(0)
@@ -290,6 +340,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.study
 @pytest.mark.skipif(not (torch.distributed.is_available()
                          and torch.distributed.is_gloo_available()),
                     reason="torch.distributed with gloo is not available")

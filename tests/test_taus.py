@@ -23,7 +23,6 @@ from quotientsharp.workflows.taus import (
     cluster_bootstrap_tau,
     kendall_tau_a,
     kendall_tau_b,
-    pooled_tau_intervals,
     tau_interval,
     without_nan,
 )
@@ -160,24 +159,6 @@ def test_interval_is_the_quantile_of_resamples_with_copies_removed_pairwise(size
         assert (got.b_low, got.b_high) == pytest.approx(tuple(want_b), abs=1e-12)
     else:
         assert (got.b_low, got.b_high) == (None, None)
-
-
-@pytest.mark.parametrize("size", [3, 9, 25])
-@pytest.mark.parametrize("seed", range(3))
-def test_pooled_over_one_sample_is_the_single_sample_interval(size, seed) -> None:
-    x, y = _tied_sample(seed, size)
-    assert pooled_tau_intervals([(x, y)], samples=250, seed=seed) == tau_interval(
-        x, y, samples=250, seed=seed)
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_pooled_is_the_mean_of_the_samples(seed) -> None:
-    groups = [_tied_sample(10 * seed + k, 8 + 3 * k) for k in range(3)]
-    pooled = pooled_tau_intervals(groups, samples=200, seed=seed)
-    assert pooled.tau_a == pytest.approx(np.mean([_brute_taus(*g)[0] for g in groups]),
-                                         abs=1e-15)
-    assert pooled.count == sum(len(g[0]) for g in groups)
-    assert pooled.a_low <= pooled.a_high
 
 
 @pytest.mark.parametrize("samples", [-1, 2.5, True])

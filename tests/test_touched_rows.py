@@ -17,7 +17,9 @@ from torch import nn
 
 import quotientsharp as qs
 from quotientsharp.engine import NonFiniteLossError
+from quotientsharp.engine import measures as measures_module
 from quotientsharp.engine.touched_rows import embedding_tables, graph_uses
+from tests.test_functional import Bag, _bert_batch, _ids, _measure
 from tests.tuple_helpers import vanishing_off_rows
 
 transformers = pytest.importorskip("transformers")
@@ -287,15 +289,25 @@ def test_only_a_diagonal_metric_can_be_cut_to_rows() -> None:
         frozen.on_rows({3: torch.tensor([1])})
 
 
+def _on_device(solve):
+    """``solve`` (the solver's ``ascend`` or ``search``) with its decisions on the device."""
+
+    def on_device(*args, **kwargs):
+        return solve(*args, **{**kwargs, "host_decisions": False})
+
+    return on_device
+
+
 @pytest.mark.parametrize("options", [dict(measure="adaptive"),
                                      dict(measure="geodesic", metric="mix", order=2),
                                      dict(measure="worst_case", p=2, restarts=1)],
                          ids=["adaptive", "geodesic-mix", "restarts"])
-def test_decisions_on_the_host_give_the_device_path_bit_for_bit(options) -> None:
+def test_decisions_on_the_host_give_the_device_path_bit_for_bit(options, monkeypatch) -> None:
     model, batches = _bert(), _batches()
     host = qs.sharpness(model, batches, rho=0.1, n_iter=9, progress=False, **options)
-    device = qs.sharpness(model, batches, rho=0.1, n_iter=9, progress=False,
-                          host_decisions=False, **options)
+    for name in ("ascend", "search"):       # the path a CUDA run takes, on the CPU
+        monkeypatch.setattr(measures_module, name, _on_device(getattr(measures_module, name)))
+    device = qs.sharpness(model, batches, rho=0.1, n_iter=9, progress=False, **options)
     assert host.per_batch == device.per_batch
     assert host.traces == device.traces
     assert host.perturbation_norms == device.perturbation_norms
@@ -320,3 +332,52 @@ def test_float64_geometry_for_a_float32_model() -> None:
         with pytest.raises(ValueError, match="geometry_dtype"):
             qs.sharpness(model, _batches(1), measure="adaptive", rho=0.1, progress=False,
                          geometry_dtype=bad)
+
+
+class _CountingEmbedding(nn.Module):
+    """A bag-of-words classifier that counts its forward calls (one embedding table, so the
+    touched-rows cut applies)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(5)
+        self.table = nn.Embedding(12, 4)
+        self.head = nn.Linear(4, 2)
+        with torch.no_grad():
+            self.table.weight.copy_(torch.randn(12, 4, generator=gen))
+            self.head.weight.copy_(torch.randn(2, 4, generator=gen))
+        self.forwards = 0
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        self.forwards += 1
+        return self.head(self.table(ids).mean(-2))
+
+
+@pytest.mark.parametrize("measure", ["adaptive", "worst_case"])
+def test_the_touched_rows_solve_starts_from_the_clean_evaluation(measure):
+    # the cut solve reuses the evaluation at xi = 0 as the full one does: as many forwards
+    ids, y = torch.tensor([[1, 3, 3], [5, 1, 7]]), torch.tensor([0, 1])
+    forwards = {}
+    for touched in (True, False):
+        model = _CountingEmbedding()
+        qs.sharpness(model, [(ids, y)], measure=measure, rho=0.05, n_iter=4, seed=0,
+                     progress=False, touched_rows=touched)
+        forwards[touched] = model.forwards
+    assert forwards[True] == forwards[False]
+
+
+@pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+def test_int32_token_ids_equal_int64_on_bert(bert):
+    wide = _measure(bert, [_bert_batch(torch.int64)], "geodesic", n_iter=2)
+    narrow = _measure(bert, [_bert_batch(torch.int32)], "geodesic", n_iter=2)
+    assert narrow.settings["touched_rows"] is True
+    assert narrow.value == pytest.approx(wide.value, rel=1e-6, abs=1e-9)
+    assert narrow.settings["restricted_rows"] == wide.settings["restricted_rows"]
+
+
+@pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+def test_int32_token_ids_equal_int64_on_a_custom_embedding():
+    ids, labels = _ids()
+    wide = _measure(Bag(), [(ids, labels)], "adaptive")
+    narrow = _measure(Bag(), [(ids.int(), labels)], "adaptive")
+    assert narrow.value == pytest.approx(wide.value, rel=1e-6)

@@ -45,7 +45,7 @@ def plain_text(text: str | None) -> str | None:
     return _LITERAL.sub(r"\1", _ROLE.sub(_role_text, text))
 
 
-__all__ = ["COMMANDS", "build_parser", "main", "plain_text"]
+__all__ = ["main"]
 
 #: Exit status after the reader of stdout went away (``... | head``): 128 + SIGPIPE.
 BROKEN_PIPE_STATUS = 141

@@ -61,17 +61,18 @@ from quotientsharp.cli.measure_output import (
     solver_quality,
     write_json,
 )
-from quotientsharp.workflows.data import JSONL_SUFFIXES, TOKENIZER_FILES, load_batches
+from quotientsharp.cli.sharpness_options import (
+    add_sharpness_options,
+    add_solver_options,
+    sharpness_config,
+)
+from quotientsharp.workflows.data import load_batches
 from quotientsharp.workflows.devices import check_device
 from quotientsharp.workflows.locks import OutputLock
 from quotientsharp.workflows.options import (
-    ASCENT_MEASURES,
-    PROG,
     InputError,
-    add_arguments,
-    check_options,
-    check_solver_options,
-    measure_names,
+    MeasureRun,
+    SharpnessConfig,
     measure_runs,
     options_for,
 )
@@ -81,18 +82,32 @@ from quotientsharp.workflows.user_symmetry import load_symmetry
 if TYPE_CHECKING:
     from quotientsharp.engine import SharpnessResult
 
-__all__ = [
-    "ASCENT_MEASURES",
-    "JSONL_SUFFIXES",
-    "PROG",
-    "TOKENIZER_FILES",
-    "InputError",
-    "add_parser",
-    "check_device",
-    "load_batches",
-    "load_measured_model",
-    "run",
-]
+PROG = "quotientsharp measure"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the positional arguments and options of ``quotientsharp measure``."""
+    parser.add_argument("model", help="HuggingFace model directory or torch.save'd nn.Module")
+    parser.add_argument("data", help="JSONL file (text or input_ids rows) or torch.save'd "
+                        "(X, Y) / {'x', 'y'} / TensorDataset")
+    add_sharpness_options(parser)
+    add_solver_options(parser)
+    parser.add_argument("--json", type=Path, default=None, metavar="OUT",
+                        help="also write settings, per-batch values and values to OUT")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bars (default: only on a terminal)")
+
+
+def _check_plot(args: argparse.Namespace) -> None:
+    """``--plot`` draws the blocks of ``--blockwise``, with matplotlib."""
+    if args.plot is None:
+        return
+    if not args.blockwise:
+        raise InputError("--plot draws the loss change per block: add --blockwise")
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise InputError("--plot needs matplotlib: pip install 'quotientsharp[plot]'")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -106,80 +121,49 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def _measure(args: argparse.Namespace) -> int:
+def _sharpness(model: Any, batches: list, measure_run: MeasureRun, config: SharpnessConfig,
+               bindings: list[Any] | None, args: argparse.Namespace
+               ) -> tuple[SharpnessResult, bool]:
+    """One measure's result, and whether it found no symmetry (said once, as a note under the
+    table, rather than as a warning per measure)."""
     import warnings
 
-    import torch
+    from quotientsharp.engine import NoSymmetryWarning, measure_from, sharpness
 
-    from quotientsharp.engine import NoSymmetryWarning, sharpness
+    measure = measure_run.measure
+    rho = None if measure == "relative_flatness" else args.rho
+    no_symmetry = False
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", NoSymmetryWarning)
+            # the engine's typed measure, as the study's grid points make theirs
+            spec = measure_from(measure, rho, options_for(measure_run, config, bindings))
+            result = sharpness(model, batches, spec)
+        for warning in caught:
+            if issubclass(warning.category, NoSymmetryWarning):
+                no_symmetry = True
+            else:
+                warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                                       warning.lineno)
+    except (TypeError, ValueError, IndexError, RuntimeError) as err:
+        # the model and the data do not fit together (or an option does not fit the model)
+        raise InputError(f"{measure_label(measure, measure_run.variant or {})} sharpness "
+                         f"of MODEL {args.model} on DATA {args.data} failed: {err}") from err
+    return result, no_symmetry
+
+
+def _print_notes(args: argparse.Namespace, config: SharpnessConfig, no_symmetry: bool,
+                 measured: dict[str, SharpnessResult]) -> None:
+    """The notes and diagnostics under the table: no symmetry found, an unused ``--metric``,
+    the reference solves' gaps, the blocks (and their plot)."""
     from quotientsharp.engine.layouts import NO_SYMMETRY_NOTE
 
-    # one writer per --json file: a second measure to it fails here, at once (held until the
-    # function returns, by this name)
-    json_lock = None if args.json is None else OutputLock(Path(args.json), "--json").acquire()
-    measures = measure_names(args.measure)
-    checked = check_options(args, measures)
-    check_solver_options(args, measures)
-    runs = measure_runs(measures, checked)
-    device = check_device(args.device)
-    model = load_measured_model(args.model)
-    model = model.to(device=device)
-    if args.dtype is not None:
-        model = model.to(dtype=getattr(torch, args.dtype))
-    batches, examples, data_kind = load_batches(args.data, model, args.model, args)
-    symmetry = getattr(args, "symmetry", None)
-    if symmetry is not None:
-        args.bindings = load_symmetry(symmetry, model)
-    parameters = sum(p.numel() for p in model.parameters())
-    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
-    print(f"{PROG}: {type(model).__name__} ({parameters:,} parameters, {', '.join(dtypes)}, "
-          f"{device}) on {examples} examples ({data_kind}) in {len(batches)} batch(es) of <= "
-          f"{args.batch_size}")
-
-    rows: list[dict[str, Any]] = []
-    results: dict[str, dict[str, Any]] = {}
-    measured: dict[str, SharpnessResult] = {}
-    no_symmetry = False
-    for measure_run in runs:
-        measure = measure_run.measure
-        rho = None if measure == "relative_flatness" else args.rho
-        tic = time.perf_counter()
-        try:
-            # said once, as a note under the table, rather than as a warning per measure
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", NoSymmetryWarning)
-                result = sharpness(model, batches, measure=measure, rho=rho,
-                                   **options_for(measure_run, args))
-            for warning in caught:
-                if issubclass(warning.category, NoSymmetryWarning):
-                    no_symmetry = True
-                else:
-                    warnings.warn_explicit(warning.message, warning.category, warning.filename,
-                                           warning.lineno)
-        except (TypeError, ValueError, IndexError, RuntimeError) as err:
-            # the model and the data do not fit together (or an option does not fit the model)
-            raise InputError(f"{measure_label(measure, measure_run.variant or {})} sharpness "
-                             f"of MODEL {args.model} on DATA {args.data} failed: {err}") from err
-        seconds = time.perf_counter() - tic
-        label = measure_label(measure, result.settings)
-        rows.append({"label": label, "value": result.value, "per_batch": result.per_batch,
-                     "clean_losses": result.clean_losses, "reach": result.min_reach,
-                     "local": result.local, "seconds": seconds})
-        measured[label] = result
-        results[measure_run.key] = {
-            "measure": measure,
-            "value": result.value, "per_batch": result.per_batch,
-            "clean_losses": result.clean_losses, "perturbed_losses": result.perturbed_losses,
-            "perturbation_norms": result.perturbation_norms, "excluded": result.excluded,
-            "frozen": result.frozen, "settings": result.settings, "seconds": seconds,
-            **solver_quality(result)}
-    print(results_table(rows))
     if no_symmetry:
         print(f"note: {NO_SYMMETRY_NOTE}")
-    if symmetry is not None and "geodesic" in measures and args.metric is not None:
-        print(f"note: --metric {args.metric} did not apply: with --symmetry {symmetry} geodesic "
-              "sharpness measures with the metric of each binding's own quotient (named in its "
-              "row)")
+    if config.symmetry is not None and "geodesic" in config.measures and args.metric is not None:
+        print(f"note: --metric {args.metric} did not apply: with --symmetry {config.symmetry} "
+              "geodesic sharpness measures with the metric of each binding's own quotient "
+              "(named in its row)")
     gaps = reference_lines(list(measured.items()))
     if gaps:
         print(gaps)
@@ -188,20 +172,68 @@ def _measure(args: argparse.Namespace) -> int:
         print()
         print(blocks_table(label, result.block_summary()))
     if args.plot is not None:
-        from quotientsharp.engine.plots import plot_blocks
+        from quotientsharp.engine.blocks import plot_blocks
 
         print(f"wrote {plot_blocks(list(blockwise.values()), args.plot)}")
 
+
+def _measure(args: argparse.Namespace) -> int:
+    import torch
+
+    # one writer per --json file: a second measure to it fails here, at once (held until the
+    # function returns, by this name)
+    json_lock = None if args.json is None else OutputLock(Path(args.json), "--json").acquire()
+    config = sharpness_config(args)
+    _check_plot(args)
+    runs = measure_runs(config)
+    device = check_device(config.device)
+    model = load_measured_model(args.model)
+    model = model.to(device=device)
+    if config.dtype is not None:
+        model = model.to(dtype=getattr(torch, config.dtype))
+    batches, examples, data_kind = load_batches(args.data, model, args.model, config.batches)
+    bindings = None if config.symmetry is None else load_symmetry(config.symmetry, model)
+    parameters = sum(p.numel() for p in model.parameters())
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
+    print(f"{PROG}: {type(model).__name__} ({parameters:,} parameters, {', '.join(dtypes)}, "
+          f"{device}) on {examples} examples ({data_kind}) in {len(batches)} batch(es) of <= "
+          f"{config.batches.batch_size}")
+
+    rows: list[dict[str, Any]] = []
+    results: dict[str, dict[str, Any]] = {}
+    measured: dict[str, SharpnessResult] = {}
+    no_symmetry = False
+    for measure_run in runs:
+        tic = time.perf_counter()
+        result, none_found = _sharpness(model, batches, measure_run, config, bindings, args)
+        no_symmetry = no_symmetry or none_found
+        seconds = time.perf_counter() - tic
+        label = measure_label(measure_run.measure, result.settings)
+        rows.append({"label": label, "value": result.value, "per_batch": result.per_batch,
+                     "clean_losses": result.clean_losses, "reach": result.min_reach,
+                     "local": result.local, "seconds": seconds})
+        measured[label] = result
+        results[measure_run.key] = {
+            "measure": measure_run.measure,
+            "value": result.value, "per_batch": result.per_batch,
+            "clean_losses": result.clean_losses, "perturbed_losses": result.perturbed_losses,
+            "perturbation_norms": result.perturbation_norms, "excluded": result.excluded,
+            "frozen": result.frozen, "settings": result.settings, "seconds": seconds,
+            **solver_quality(result)}
+    print(results_table(rows))
+    _print_notes(args, config, no_symmetry, measured)
+
     if args.json is not None:
-        metrics, orders = checked["metrics"], checked["orders"]
+        metrics, orders = list(config.metrics), list(config.orders)
         document = {
             "model": str(args.model), "data": str(args.data),
             "model_class": type(model).__name__, "parameters": parameters,
             "examples": examples, "data_kind": data_kind, "batches": len(batches),
-            "settings": {"measures": measures, "keys": [r.key for r in runs], "rho": args.rho,
+            "settings": {"measures": list(config.measures), "keys": [r.key for r in runs],
+                         "rho": args.rho,
                          "metric": metrics[0] if len(metrics) == 1 else metrics,
                          "order": orders[0] if len(orders) == 1 else orders,
-                         "eps": args.eps, "p": args.p, "symmetry": symmetry,
+                         "eps": args.eps, "p": args.p, "symmetry": config.symmetry,
                          "samples": args.samples, "layer": args.layer, "loss": args.loss,
                          "batch_size": args.batch_size, "max_batches": args.max_batches,
                          "n_iter": args.n_iter, "seed": args.seed,

@@ -16,9 +16,6 @@ from quotientsharp.workflows.labels import bindings_metric
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["blocks_table", "environment", "jsonable", "measure_label", "reference_lines",
-           "results_table", "solver_quality", "write_json"]
-
 
 def _installed(distribution: str) -> str | None:
     try:

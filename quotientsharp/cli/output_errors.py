@@ -21,8 +21,6 @@ from pathlib import Path
 
 from quotientsharp.workflows.locks import OutputLock, OutputLockedError
 
-__all__ = ["OUTPUT_ERRORS", "check_output_folder", "error_text", "output_error_message"]
-
 #: What :func:`quotientsharp.cli.main` reports in one line (``BrokenPipeError`` aside).
 OUTPUT_ERRORS = (OutputLockedError, OSError)
 

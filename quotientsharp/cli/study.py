@@ -36,10 +36,14 @@ import argparse
 import sys
 
 from quotientsharp.cli import plain_text
-from quotientsharp.workflows.options import add_sharpness_options
+from quotientsharp.cli.sharpness_options import add_sharpness_options, radii, sharpness_fields
+from quotientsharp.workflows.options import (
+    BootstrapSettings,
+    InputError,
+    StudyConfig,
+    measure_names,
+)
 from quotientsharp.workflows.process_group import DEFAULT_DIST_TIMEOUT, run_in_process_group
-
-__all__ = ["PROG", "add_arguments", "add_parser", "run"]
 
 PROG = "quotientsharp study"
 
@@ -93,27 +97,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def _check(args: argparse.Namespace) -> None:
-    from quotientsharp.workflows.options import InputError
-
-    if args.bootstrap < 0:
-        raise InputError(f"--bootstrap must be >= 0, got {args.bootstrap}")
-    if not 0 < args.confidence < 1:
-        raise InputError(f"--confidence must be in (0, 1), got {args.confidence}")
-    if args.bootstrap_seed < 0:
-        raise InputError(f"--bootstrap-seed must be >= 0, got {args.bootstrap_seed}")
+def study_config(args: argparse.Namespace) -> StudyConfig:
+    """The library's settings of the parsed options (:func:`add_arguments`), checked: a bad
+    one raises :class:`~quotientsharp.workflows.options.InputError`."""
+    bootstrap = BootstrapSettings(resamples=args.bootstrap, confidence=args.confidence,
+                                  seed=args.bootstrap_seed)
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads must be >= 1, got {args.threads}")
+    measure_names(args.measure)             # an unknown measure before a bad radius
+    return StudyConfig(**sharpness_fields(args, radii(args.rho)), data=args.data,
+                       gap_from=args.gap_from, out=args.out, resume=args.resume,
+                       bootstrap=bootstrap, color=args.color, plots=args.plots,
+                       threads=args.threads)
 
 
 def _study(args: argparse.Namespace) -> int:
-    from quotientsharp.engine.distributed import describe_collective_failure
+    from quotientsharp.workflows.process_group import describe_collective_failure
     from quotientsharp.workflows.records import is_main_rank
     from quotientsharp.workflows.runner import default_out, run_study
 
     try:
-        _check(args)
-        outcome = run_study(args.manifest, args)
+        outcome = run_study(args.manifest, study_config(args))
     except KeyboardInterrupt as err:
         from quotientsharp.cli.user_exits import user_exit_message
 

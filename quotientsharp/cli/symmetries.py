@@ -19,8 +19,6 @@ if TYPE_CHECKING:       # torch is imported when a command runs, not for --help
 
     from quotientsharp.models.report import SymmetryReport
 
-__all__ = ["add_parser", "main", "report_to_dict", "run"]
-
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register the ``symmetries`` subcommand on an ``argparse`` subparsers object."""

@@ -19,8 +19,6 @@ import site
 import sysconfig
 from types import TracebackType
 
-__all__ = ["exit_status", "user_exit_message", "user_frame"]
-
 _PACKAGE = "quotientsharp"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -17,9 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from quotientsharp.workflows.files import write_text_atomic
 from quotientsharp.workflows.locks import OutputLock, OutputLockedError
+from quotientsharp.workflows.options import InputError
 from quotientsharp.workflows.user_objects import UserInputError, import_object
 
 if TYPE_CHECKING:
+    import torch
+
+    from quotientsharp.core.checks import CheckResult
     from quotientsharp.core.quotient import SymmetryQuotient
 
 PROG = "quotientsharp verify"
@@ -113,54 +118,46 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=Path, default=None, help="also write the results as JSON")
 
 
-def run(args: argparse.Namespace) -> int:
-    import torch
+def _quotients(specs: list[str] | None) -> list[SymmetryQuotient]:
+    """The quotients that ``--quotient`` names, else the built-in ones.
 
+    Raises
+    ------
+    UserInputError
+        A ``MODULE:NAME`` names no usable quotient (see :func:`user_quotient`).
+    """
+    if specs:
+        return [user_quotient(spec) for spec in specs]
+    return builtin_quotients()
+
+
+def _lock_json(path: Path) -> OutputLock:
+    """The ``--json`` file's lock, held; an :class:`InputError` if another process holds it."""
+    try:
+        return OutputLock(path, "--json").acquire()
+    except (OutputLockedError, OSError) as err:
+        raise InputError(str(err)) from err
+
+
+def _check_and_print(quotient: SymmetryQuotient, dtype: torch.dtype, seed: int
+                     ) -> list[CheckResult] | None:
+    """Run and print :func:`check_all` at one dtype and seed; ``None`` (reported) if it raised."""
     from quotientsharp.core.checks import check_all, format_results
 
-    dtypes = {"float64": [torch.float64], "float32": [torch.float32],
-              "both": [torch.float64, torch.float32]}[args.dtype]
-    if args.seeds < 1:
-        # zero seeds would run no check and pass any quotient
-        print(f"{PROG}: error: --seeds must be an integer >= 1, got {args.seeds}",
-              file=sys.stderr)
-        return 2
-    if args.quotient:
-        try:
-            quotients = [user_quotient(spec) for spec in args.quotient]
-        except UserInputError as err:
-            print(f"{PROG}: error: {err}", file=sys.stderr)
-            return 2
-    else:
-        quotients = builtin_quotients()
-    # one writer per --json file: a second verify (or measure) to it fails here, at once,
-    # naming the holder (the lock is held until this process ends or releases it)
-    json_lock = None
-    if args.json is not None:
-        try:
-            json_lock = OutputLock(Path(args.json), "--json").acquire()
-        except (OutputLockedError, OSError) as err:
-            print(f"{PROG}: error: {err}", file=sys.stderr)
-            return 2
-    failures, rows, crashed = 0, [], 0
-    for quotient in quotients:
-        for dtype in dtypes:
-            for seed in range(args.seeds):
-                title = (f"{title_of(quotient)}  dtype={str(dtype).removeprefix('torch.')}  "
-                         f"seed={seed}")
-                try:
-                    results = check_all(quotient, seed=seed, dtype=dtype)
-                except Exception as err:
-                    # a user's class that raises is a failure to report, not a traceback
-                    message = " ".join(str(err).split())
-                    print(f"{title}\n  FAIL: check_all raised {type(err).__name__}: {message}")
-                    crashed += 1
-                    continue
-                print(format_results(results, title))
-                failures += sum(not r.passed for r in results)
-                rows += [dict(quotient=quotient.name, dtype=str(dtype), seed=seed,
-                              name=r.name, error=r.error, tolerance=r.tolerance,
-                              passed=r.passed, status=r.status) for r in results]
+    title = f"{title_of(quotient)}  dtype={str(dtype).removeprefix('torch.')}  seed={seed}"
+    try:
+        results = check_all(quotient, seed=seed, dtype=dtype)
+    except Exception as err:
+        # a user's class that raises is a failure to report, not a traceback
+        message = " ".join(str(err).split())
+        print(f"{title}\n  FAIL: check_all raised {type(err).__name__}: {message}")
+        return None
+    print(format_results(results, title))
+    return results
+
+
+def _summary(rows: list[dict[str, Any]], failures: int, crashed: int) -> str:
+    """The closing line: passed, failed, unchecked (no override) and crashed counts."""
     unchecked = sum(r["status"] == "no override" for r in rows)
     passed = len(rows) - failures - unchecked
     summary = f"\n{passed} passed, {failures} failed"
@@ -169,11 +166,38 @@ def run(args: argparse.Namespace) -> int:
                     f"compared with itself)")
     if crashed:
         summary += f", {crashed} runs raised"
-    print(summary)
-    failures += crashed
-    if args.json is not None:
+    return summary
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    dtypes = {"float64": [torch.float64], "float32": [torch.float32],
+              "both": [torch.float64, torch.float32]}[args.dtype]
+    try:
+        if args.seeds < 1:
+            # zero seeds would run no check and pass any quotient
+            raise InputError(f"--seeds must be an integer >= 1, got {args.seeds}")
+        quotients = _quotients(args.quotient)
+        # one writer per --json file: a second verify (or measure) to it fails here, at once,
+        # naming the holder (the lock is held until this process ends or releases it)
+        json_lock = None if args.json is None else _lock_json(Path(args.json))
+    except InputError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    failures, rows, crashed = 0, [], 0
+    for quotient, dtype, seed in itertools.product(quotients, dtypes, range(args.seeds)):
+        results = _check_and_print(quotient, dtype, seed)
+        if results is None:
+            crashed += 1
+            continue
+        failures += sum(not r.passed for r in results)
+        rows += [dict(quotient=quotient.name, dtype=str(dtype), seed=seed,
+                      name=r.name, error=r.error, tolerance=r.tolerance,
+                      passed=r.passed, status=r.status) for r in results]
+    print(_summary(rows, failures, crashed))
+    if json_lock is not None:
         # atomic: a reader, or a kill mid-write, sees the old document or the new one
         write_text_atomic(Path(args.json), json.dumps(rows, indent=1))
-    if json_lock is not None:
         json_lock.release()
-    return 1 if failures else 0
+    return 1 if failures + crashed else 0

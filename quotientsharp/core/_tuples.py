@@ -101,13 +101,6 @@ def fused_add(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> Tensors:
     return tuple(torch._foreach_add(list(a), list(b))) if a else ()
 
 
-def fused_sub(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> Tensors:
-    """``x - y`` componentwise."""
-    if len(a) != len(b):
-        raise ValueError(f"tuples of different lengths: {len(a)} and {len(b)}")
-    return tuple(torch._foreach_sub(list(a), list(b))) if a else ()
-
-
 def fused_square_norms(a: Sequence[torch.Tensor]) -> torch.Tensor:
     """``sum_i ||x_i||^2`` over every entry of every tensor, 0-dim (one reduction per tensor,
     fused; the sum order differs from a Python loop's, so it agrees to rounding, not bits)."""

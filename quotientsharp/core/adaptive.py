@@ -414,8 +414,3 @@ class AdaptiveQuotient(MetricFamilyQuotient):
 
     def extra_repr(self) -> str:
         return f"metric={self.metric.name!r}, point_ndims={self.point_ndims}"
-
-
-__all__ = ["ADAPTIVE_METRICS", "AdaptiveEuclideanMetric", "AdaptiveEuclideanPoint",
-           "AdaptiveMetric", "AdaptivePoint", "AdaptiveQuotient", "METRICS",
-           "ScaledEuclideanMetric", "safe_reciprocal"]

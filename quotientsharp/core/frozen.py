@@ -279,6 +279,3 @@ class EuclideanMetricPoint(ClosedFormPoint):
     def isotropic(self, generator: torch.Generator | None = None) -> Tensors:
         return tuple(torch.randn(c.shape, generator=generator, dtype=c.dtype, device=c.device)
                      for c in self.x)
-
-
-__all__ = ["ClosedFormPoint", "EuclideanMetricPoint", "FrozenPoint", "ORDERS", "check_order"]

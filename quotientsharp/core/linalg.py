@@ -17,12 +17,6 @@ from __future__ import annotations
 
 import torch
 
-__all__ = [
-    "solve_sylvester_eig",
-    "solve_sylvester_product_spd",
-    "solve_sylvester_spd",
-]
-
 
 def _default_rcond(p: int, q: int, dtype: torch.dtype) -> float:
     return max(p, q) * torch.finfo(dtype).eps

@@ -13,7 +13,6 @@ classes and in the class attributes of their metric objects.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
@@ -37,9 +36,9 @@ class Metric:
 
     Notes
     -----
-    Metric objects carry no state: two are equal when they are of the same class. Compared
-    with a string, a metric compares its name and warns (``DeprecationWarning``, until 0.3):
-    ``AdaptiveQuotient.metric`` was the name itself in 0.1.
+    Metric objects carry no state: two are equal when they are of the same class. A metric
+    never equals a string (compare ``metric.name``; 0.1's ``AdaptiveQuotient.metric`` was the
+    name itself).
     """
 
     name: ClassVar[str] = "metric"
@@ -47,11 +46,6 @@ class Metric:
     group_invariant: ClassVar[bool] = True
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, str):
-            warnings.warn(f"comparing a metric object with the string {other!r} is deprecated "
-                          "and will be an inequality in quotientsharp 0.3: compare "
-                          "quotient.metric.name instead", DeprecationWarning, stacklevel=2)
-            return other == self.name
         return type(other) is type(self)
 
     def __hash__(self) -> int:
@@ -142,6 +136,3 @@ class MetricRegistry(Generic[MetricT_co]):
 
     def __repr__(self) -> str:
         return f"MetricRegistry({self.family!r}, {self.names})"
-
-
-__all__ = ["Metric", "MetricRegistry"]

@@ -334,6 +334,3 @@ class ProductQuotient(ClosedFormQuotient):
 
     def extra_repr(self) -> str:
         return f"folded={self.folded}, names={self.names}"
-
-
-__all__ = ["ProductPoint", "ProductQuotient", "QuotientList"]

@@ -259,24 +259,3 @@ def taylor_slope(ts: torch.Tensor, errors: torch.Tensor) -> float:
     lt, le = torch.log(ts.double()), torch.log(errors.double().clamp_min(1e-300))
     lt = lt - lt.mean()
     return float((lt * (le - le.mean())).sum() / (lt * lt).sum())
-
-
-__all__ = [
-    "christoffel",
-    "christoffel_covector",
-    "euclidean_to_riemannian_gradient",
-    "geodesic",
-    "geodesic_ode",
-    "group_exp",
-    "jvp_pair",
-    "horizontal_projection",
-    "horizontality_error",
-    "lower",
-    "metric_matrix",
-    "raise_index",
-    "taylor_slope",
-    "vertical_basis",
-    "vertical_coefficients",
-    "vertical_projection",
-]
-

@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 try:
@@ -805,6 +807,164 @@ def _point_tensors(values: Sequence[sympy.Expr], shapes: Sequence[Sequence[int]]
     return tuple(out)
 
 
+@dataclass
+class _ExactPoint:
+    """One random rational point of :func:`check_quotient`, its exact values and its tensors.
+
+    Attributes
+    ----------
+    quotient, shapes
+        The quotient under check and its point shapes.
+    point
+        ``coordinate -> rational value``.
+    g
+        The metric at the point, exact, ``shape=[N, N]``.
+    u, w, egrad
+        Rational column vectors, ``shape=[N, 1]``.
+    metric, coords, derivatives, basis
+        The metric, its coordinates, its derivatives and the vertical generators (or ``None``).
+    """
+
+    quotient: Any
+    shapes: Sequence[Sequence[int]]
+    point: dict[sympy.Symbol, sympy.Expr]
+    g: sympy.Matrix
+    u: sympy.Matrix
+    w: sympy.Matrix
+    egrad: sympy.Matrix
+    metric: sympy.Matrix
+    coords: Sequence[sympy.Symbol]
+    derivatives: list[sympy.Matrix]
+    basis: sympy.Matrix | None
+
+    def tensors(self, values: sympy.MatrixBase) -> tuple[torch.Tensor, ...]:
+        """A column of exact values as the point's float64 components."""
+        return _point_tensors(list(values), self.shapes)
+
+    @cached_property
+    def x(self) -> tuple[torch.Tensor, ...]:
+        return _point_tensors([self.point[c] for c in self.coords], self.shapes)
+
+    @cached_property
+    def gamma(self) -> Gamma:
+        return christoffel_symbols_at(self.metric, self.coords, self.point, self.derivatives)
+
+    @cached_property
+    def vertical(self) -> sympy.Matrix:
+        """The vertical generators at the point, one per column (needs ``basis``)."""
+        return evaluate_exact(self.basis, self.point)
+
+    @cached_property
+    def horizontal(self) -> sympy.Matrix:
+        """The exact horizontal projection ``I - V (V^T g V)^{-1} V^T g``."""
+        v_at = self.vertical
+        return horizontal_projection_matrix(self.g, [v_at[:, k] for k in range(v_at.shape[1])],
+                                            simplify=None)
+
+
+def _draw_exact_point(quotient: Any, shapes: Sequence[Sequence[int]], metric: sympy.Matrix,
+                      coords: Sequence[sympy.Symbol], derivatives: list[sympy.Matrix],
+                      basis: sympy.Matrix | None, rng: random.Random) -> _ExactPoint:
+    """A random rational point where the metric is invertible, and three rational vectors."""
+    for _ in range(20):   # redraw where the metric is singular
+        point = random_rationals(coords, rng)
+        g_at = evaluate_exact(metric, point)
+        if g_at.det() != 0:
+            break
+    else:
+        raise ValueError("the metric is singular at 20 random rational points")
+    u, w, egrad = (random_rational_matrix(len(coords), 1, rng, nonzero=False) for _ in range(3))
+    return _ExactPoint(quotient, shapes, point, g_at, u, w, egrad, metric, coords, derivatives,
+                       basis)
+
+
+def _inner_error(at: _ExactPoint) -> float:
+    return package_relative_error((at.quotient.inner(at.x, at.tensors(at.u), at.tensors(at.w))
+                                   .reshape(1),), [(at.u.T * at.g * at.w)[0]])
+
+
+def _christoffel_error(at: _ExactPoint) -> float:
+    return package_relative_error(at.quotient.christoffel(at.x, at.tensors(at.u), at.tensors(at.w)),
+                                  list(contract(at.gamma, at.u, at.w)))
+
+
+def _christoffel_quadratic_error(at: _ExactPoint) -> float:
+    return package_relative_error(at.quotient.christoffel(at.x, at.tensors(at.u)),
+                                  list(contract(at.gamma, at.u)))
+
+
+def _vertical_error(at: _ExactPoint) -> float:
+    """Largest error of ``vertical`` over the algebra's standard basis."""
+    v_at, quotient = at.vertical, at.quotient
+    algebra = tuple(quotient.algebra_shape(at.x))
+    if math.prod(algebra) != v_at.shape[1]:
+        raise ValueError(f"vertical has {v_at.shape[1]} generators but the algebra of "
+                         f"{type(quotient).__name__} has {math.prod(algebra)} elements "
+                         f"(algebra_shape {algebra})")
+    vertical_error = 0.0
+    for k in range(v_at.shape[1]):
+        a = torch.zeros(math.prod(algebra), dtype=torch.float64)
+        a[k] = 1.0
+        vertical_error = max(vertical_error, package_relative_error(
+            quotient.vertical(at.x, a.reshape(algebra)), list(v_at[:, k])))
+    return vertical_error
+
+
+def _horizontal_projection_error(at: _ExactPoint) -> float:
+    return package_relative_error(at.quotient.horizontal_projection(at.x, at.tensors(at.u)),
+                                  list(at.horizontal * at.u))
+
+
+def _vertical_projection_error(at: _ExactPoint) -> float:
+    return package_relative_error(at.quotient.vertical_projection(at.x, at.tensors(at.u)),
+                                  list(at.u - at.horizontal * at.u))
+
+
+def _gradient_error(at: _ExactPoint) -> float:
+    return package_relative_error(
+        at.quotient.euclidean_to_riemannian_gradient(at.x, at.tensors(at.egrad)),
+        list(at.horizontal * at.g.inv() * at.egrad))
+
+
+#: The rows of :func:`check_quotient`, in order: name, the method checked, whether it needs the
+#: vertical generators, and the relative error at one exact point.
+_EXACT_CHECKS: tuple[tuple[str, str, bool, Callable[[_ExactPoint], float]], ...] = (
+    ("inner_vs_exact", "inner", False, _inner_error),
+    ("christoffel_vs_exact", "christoffel", False, _christoffel_error),
+    ("christoffel_quadratic_vs_exact", "christoffel", False, _christoffel_quadratic_error),
+    ("vertical_vs_exact", "vertical", True, _vertical_error),
+    ("horizontal_projection_vs_exact", "horizontal_projection", True,
+     _horizontal_projection_error),
+    ("vertical_projection_vs_exact", "vertical_projection", True, _vertical_projection_error),
+    ("gradient_vs_exact", "euclidean_to_riemannian_gradient", True, _gradient_error),
+)
+
+
+def _check_quotient_inputs(quotient: Any, metric: sympy.MatrixBase,
+                           coords: Sequence[sympy.Symbol],
+                           vertical: Sequence[Sequence[sympy.Expr]] | None
+                           ) -> tuple[Sequence[Sequence[int]], sympy.Matrix, sympy.Matrix | None]:
+    """The point shapes, the checked metric and the vertical basis of :func:`check_quotient`."""
+    from quotientsharp.core.quotient import SymmetryQuotient
+
+    if not isinstance(quotient, SymmetryQuotient):
+        raise TypeError(f"quotient must be a SymmetryQuotient instance, got "
+                        f"{type(quotient).__name__}")
+    shapes = quotient.point_shapes
+    if shapes is None:
+        raise ValueError(f"{type(quotient).__name__} has no point_shapes: build it with "
+                         f"point_shapes=[...] (no batch dimensions)")
+    metric = _check_metric(metric, coords)
+    n = len(coords)
+    if sum(math.prod(s) for s in shapes) != n:
+        raise ValueError(f"coords has {n} symbols but the point shapes {list(shapes)} hold "
+                         f"{sum(math.prod(s) for s in shapes)} entries")
+    basis = None if vertical is None else vertical_matrix(vertical)
+    if basis is not None and basis.shape[0] != n:
+        raise ValueError(f"each vertical generator must have {n} entries, got {basis.shape[0]}")
+    return shapes, metric, basis
+
+
 def check_quotient(quotient: Any, metric: sympy.MatrixBase, coords: Sequence[sympy.Symbol],
                    vertical: Sequence[Sequence[sympy.Expr]] | None = None, *, points: int = 3,
                    seed: int = 0, tolerance: float = 1e-10) -> list[Any]:
@@ -854,111 +1014,24 @@ def check_quotient(quotient: Any, metric: sympy.MatrixBase, coords: Sequence[sym
     from quotientsharp.core.checks import CheckResult
     from quotientsharp.core.quotient import SymmetryQuotient
 
-    if not isinstance(quotient, SymmetryQuotient):
-        raise TypeError(f"quotient must be a SymmetryQuotient instance, got "
-                        f"{type(quotient).__name__}")
-    shapes = quotient.point_shapes
-    if shapes is None:
-        raise ValueError(f"{type(quotient).__name__} has no point_shapes: build it with "
-                         f"point_shapes=[...] (no batch dimensions)")
-    metric = _check_metric(metric, coords)
-    n = len(coords)
-    if sum(math.prod(s) for s in shapes) != n:
-        raise ValueError(f"coords has {n} symbols but the point shapes {list(shapes)} hold "
-                         f"{sum(math.prod(s) for s in shapes)} entries")
-    basis = None if vertical is None else vertical_matrix(vertical)
-    if basis is not None and basis.shape[0] != n:
-        raise ValueError(f"each vertical generator must have {n} entries, got {basis.shape[0]}")
+    shapes, metric, basis = _check_quotient_inputs(quotient, metric, coords, vertical)
     rng = random.Random(seed)
     derivatives = metric_derivatives(metric, coords)
     worst: dict[str, float] = {}
-
-    def record(name: str, package: Sequence[torch.Tensor], exact: Sequence[sympy.Expr]) -> None:
-        worst[name] = max(worst.get(name, 0.0), package_relative_error(package, exact))
-
-    def column(values: sympy.Matrix) -> tuple[torch.Tensor, ...]:
-        return _point_tensors(list(values), shapes)
-
     for _ in range(points):
-        for _ in range(20):   # redraw where the metric is singular
-            point = random_rationals(coords, rng)
-            g_at = evaluate_exact(metric, point)
-            if g_at.det() != 0:
-                break
-        else:
-            raise ValueError("the metric is singular at 20 random rational points")
-        x = _point_tensors([point[c] for c in coords], shapes)
-        u, w, egrad = (random_rational_matrix(n, 1, rng, nonzero=False) for _ in range(3))
-        tu, tw = column(u), column(w)
-        record("inner_vs_exact", (quotient.inner(x, tu, tw).reshape(1),), [(u.T * g_at * w)[0]])
-        gamma = christoffel_symbols_at(metric, coords, point, derivatives)
-        record("christoffel_vs_exact", quotient.christoffel(x, tu, tw), list(contract(gamma, u, w)))
-        record("christoffel_quadratic_vs_exact", quotient.christoffel(x, tu),
-               list(contract(gamma, u)))
-        if basis is None:
-            continue
-        v_at = evaluate_exact(basis, point)
-        algebra = tuple(quotient.algebra_shape(x))
-        if math.prod(algebra) != v_at.shape[1]:
-            raise ValueError(f"vertical has {v_at.shape[1]} generators but the algebra of "
-                             f"{type(quotient).__name__} has {math.prod(algebra)} elements "
-                             f"(algebra_shape {algebra})")
-        vertical_error = 0.0
-        for k in range(v_at.shape[1]):
-            a = torch.zeros(math.prod(algebra), dtype=torch.float64)
-            a[k] = 1.0
-            vertical_error = max(vertical_error, package_relative_error(
-                quotient.vertical(x, a.reshape(algebra)), list(v_at[:, k])))
-        worst["vertical_vs_exact"] = max(worst.get("vertical_vs_exact", 0.0), vertical_error)
-        horizontal = horizontal_projection_matrix(g_at, [v_at[:, k] for k in
-                                                         range(v_at.shape[1])], simplify=None)
-        record("horizontal_projection_vs_exact", quotient.horizontal_projection(x, tu),
-               list(horizontal * u))
-        record("vertical_projection_vs_exact", quotient.vertical_projection(x, tu),
-               list(u - horizontal * u))
-        record("gradient_vs_exact", quotient.euclidean_to_riemannian_gradient(x, column(egrad)),
-               list(horizontal * g_at.inv() * egrad))
+        at = _draw_exact_point(quotient, shapes, metric, coords, derivatives, basis, rng)
+        for name, _, needs_vertical, error in _EXACT_CHECKS:
+            if needs_vertical and basis is None:
+                continue
+            worst[name] = max(worst.get(name, 0.0), error(at))
 
-    methods = {"inner_vs_exact": "inner", "christoffel_vs_exact": "christoffel",
-               "christoffel_quadratic_vs_exact": "christoffel", "vertical_vs_exact": "vertical",
-               "horizontal_projection_vs_exact": "horizontal_projection",
-               "vertical_projection_vs_exact": "vertical_projection",
-               "gradient_vs_exact": "euclidean_to_riemannian_gradient"}
+    methods = {name: method for name, method, _, _ in _EXACT_CHECKS}
     results = []
-    for name, error in worst.items():
+    for name, error_value in worst.items():
         method = methods[name]
         own = getattr(type(quotient), method) is not getattr(SymmetryQuotient, method)
         detail = (f"{method} ({'this class' if own else 'the generic default'}) against the "
                   f"exact value from the metric at {points} rational points")
-        results.append(CheckResult(name, error, tolerance, bool(error <= tolerance), detail))
+        results.append(CheckResult(name, error_value, tolerance, bool(error_value <= tolerance),
+                                   detail))
     return results
-
-
-__all__ = [
-    "check_quotient",
-    "package_relative_error",
-    "christoffel_contraction",
-    "christoffel_symbols",
-    "christoffel_symbols_at",
-    "contract",
-    "evaluate_exact",
-    "flat",
-    "geodesic_residual",
-    "horizontal_projection_matrix",
-    "is_exactly_zero",
-    "max_abs",
-    "metric_derivatives",
-    "metric_from_bilinear",
-    "metric_products",
-    "pullback_metric",
-    "random_invertible_rational_matrix",
-    "random_rational",
-    "random_rational_matrix",
-    "random_rationals",
-    "symbol_matrix",
-    "to_tensor",
-    "to_torch_function",
-    "unflat",
-    "vertical_matrix",
-    "vertical_projection_matrix",
-]

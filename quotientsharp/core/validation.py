@@ -33,6 +33,39 @@ def value_checks_enabled() -> bool:
     return _VALUE_CHECKS
 
 
+def _check_sequence(name: str, value: object, ndims: Sequence[int], what: str = ""
+                    ) -> Sequence[object]:
+    """Check that ``value`` is a tuple or list of ``len(ndims)`` items (``what``: a note after
+    "tensors" in the message)."""
+    # one tensor for a tuple would iterate over its rows: zip's "argument 2 is shorter"
+    if isinstance(value, torch.Tensor) or not isinstance(value, (tuple, list)):
+        raise TypeError(f"{name} must be a tuple of {len(ndims)} tensors{what}, got "
+                        f"{type(value).__name__}")
+    if len(value) != len(ndims):
+        raise ValueError(f"{name} must have {len(ndims)} components, got {len(value)}")
+    return value
+
+
+def _check_component(name: str, i: int, t: object, k: int, first: torch.Tensor | None
+                     ) -> torch.Tensor:
+    """Check component ``i``: a floating tensor with at least ``k`` dimensions, of the dtype and
+    device of component 0, ``first`` (``None`` for component 0 itself)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}[{i}] must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name}[{i}] must have a floating dtype, got {t.dtype}")
+    if t.dim() < k:
+        raise ValueError(f"{name}[{i}] must have at least {k} dimensions, got shape "
+                         f"{tuple(t.shape)}")
+    if first is None:
+        return t
+    if t.dtype != first.dtype:
+        raise TypeError(f"{name}[{i}] has dtype {t.dtype} but {name}[0] has {first.dtype}")
+    if t.device != first.device:
+        raise ValueError(f"{name}[{i}] is on {t.device} but {name}[0] is on {first.device}")
+    return t
+
+
 def check_tensors(name: str, tensors: object, ndims: Sequence[int],
                   trailing: Sequence[torch.Size | None] | None = None) -> tuple[torch.Tensor, ...]:
     """Check that ``tensors`` is a tuple of floating tensors of one dtype and device.
@@ -48,45 +81,22 @@ def check_tensors(name: str, tensors: object, ndims: Sequence[int],
     trailing
         Optional expected trailing shape of each component (``None`` entries are not checked).
     """
-    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (tuple, list)):
-        raise TypeError(
-            f"{name} must be a tuple of {len(ndims)} tensors, got {type(tensors).__name__}"
-        )
-    if len(tensors) != len(ndims):
-        raise ValueError(f"{name} must have {len(ndims)} components, got {len(tensors)}")
-    first = None
-    for i, (t, k) in enumerate(zip(tensors, ndims, strict=True)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}[{i}] must be a torch.Tensor, got {type(t).__name__}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name}[{i}] must have a floating dtype, got {t.dtype}")
-        if t.dim() < k:
-            raise ValueError(f"{name}[{i}] must have at least {k} dimensions, got shape "
-                             f"{tuple(t.shape)}")
-        if first is None:
-            first = t
-        else:
-            if t.dtype != first.dtype:
-                raise TypeError(f"{name}[{i}] has dtype {t.dtype} but {name}[0] has {first.dtype}")
-            if t.device != first.device:
-                raise ValueError(f"{name}[{i}] is on {t.device} but {name}[0] is on {first.device}")
+    checked: list[torch.Tensor] = []
+    for i, (item, k) in enumerate(zip(_check_sequence(name, tensors, ndims), ndims, strict=True)):
+        t = _check_component(name, i, item, k, checked[0] if checked else None)
         expected = None if trailing is None else trailing[i]
         if expected is not None and tuple(t.shape[t.dim() - k:]) != tuple(expected):
             raise ValueError(f"{name}[{i}] must end in shape {tuple(expected)}, got "
                              f"{tuple(t.shape)}")
-    return tuple(tensors)
+        checked.append(t)
+    return tuple(checked)
 
 
 def check_same_layout(name: str, u: Sequence[torch.Tensor], x_name: str,
                       x: Sequence[torch.Tensor], ndims: Sequence[int]) -> None:
     """Check that tangent ``u`` matches point ``x`` in trailing shapes, dtype and device."""
     for label, value in ((name, u), (x_name, x)):
-        # one tensor for a tuple iterates over its rows: zip's "argument 2 is shorter"
-        if isinstance(value, torch.Tensor) or not isinstance(value, (tuple, list)):
-            raise TypeError(f"{label} must be a tuple of {len(ndims)} tensors (one per "
-                            f"factor), got {type(value).__name__}")
-        if len(value) != len(ndims):
-            raise ValueError(f"{label} must have {len(ndims)} components, got {len(value)}")
+        _check_sequence(label, value, ndims, " (one per factor)")
     for i, (a, b, k) in enumerate(zip(u, x, ndims, strict=True)):
         if tuple(a.shape[a.dim() - k:]) != tuple(b.shape[b.dim() - k:]):
             raise ValueError(f"{name}[{i}] has shape {tuple(a.shape)}, incompatible with "
@@ -108,13 +118,6 @@ def check_finite(name: str, tensors: Sequence[torch.Tensor]) -> None:
     for i, t in enumerate(tensors):
         if not bool(torch.isfinite(t).all()):
             raise ValueError(f"{name}[{i}] contains non-finite values (NaN or inf)")
-
-
-def check_nonzero(name: str, tensor: torch.Tensor, why: str) -> None:
-    if not _VALUE_CHECKS:
-        return
-    if bool((tensor == 0).any()):
-        raise ValueError(f"{name} has zero entries, {why}")
 
 
 @overload

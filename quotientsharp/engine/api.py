@@ -1,14 +1,19 @@
-"""``sharpness(model, batches, measure=..., rho=..., **options)``: the entry point of all measures.
+"""``sharpness(model, batches, measure)``: the entry point of all measures.
+
+``measure`` is a typed :class:`~.registry.MeasureSpec` (``GeodesicSpec(rho=0.1, metric="mix")``),
+or the string form ``measure="geodesic", rho=0.1, **options``, which :func:`~.registry.measure_from`
+turns into one at once: below this function, the engine sees the typed object only.
 
 The call runs the engine's stages in order, each in a module of its own:
 
-1. validate the options (:mod:`.options`; a measure's own options: its registry entry);
+1. validate: the typed measure checks its options when it is made (:mod:`.registry`, with the
+   checks of :mod:`.options`);
 2. build the functional model (:mod:`.functional`): the model is never written, parameters and
    buffers are cloned once and every loss is a :func:`torch.func.functional_call`;
-3. build the measure from the registry (:mod:`.registry`, :mod:`.measures`); symmetry
+3. build the runtime measure, ``spec.build(...)`` (:mod:`.registry`, :mod:`.measures`); symmetry
    discovery and layout (:mod:`.layouts`) happen here for geodesic sharpness;
 4. loop over the batches: the first batch's clean forward+backward finds the parameters without
-   gradient, then the measure's geometry is built, once (:mod:`.space`), and every batch is
+   gradient, then the measure's geometry is built, once (:mod:`.geometry`), and every batch is
    measured (the solver, :mod:`.solver`, for ascent measures);
 5. assemble the result (:mod:`.result`).
 
@@ -31,7 +36,6 @@ from torch import nn
 
 from quotientsharp.core.validation import value_checks
 from quotientsharp.engine.batches import Batch, resolve_loss, split_batch
-from quotientsharp.engine.binding_checks import check_user_bindings, user_bindings
 from quotientsharp.engine.determinism import (
     check_deterministic,
     global_states,
@@ -39,59 +43,31 @@ from quotientsharp.engine.determinism import (
 )
 from quotientsharp.engine.functional import FunctionalModel, checked_clean_loss
 from quotientsharp.engine.measures import BatchOutcome, FirstEvaluation
-from quotientsharp.engine.options import (
-    check_batches,
-    check_bool,
-    check_geometry_dtype,
-    check_measure,
-    check_nonfinite,
-    check_progress,
-    check_radius_fits,
-    check_rho,
-    check_seed,
-    resolve_options,
-)
-from quotientsharp.engine.registry import (
-    ALIASES,
-    MEASURE_REGISTRY,
-    REFERENCE_ITERATIONS,
-    REFERENCE_RESTARTS,
-    MeasureSetup,
-    MeasureSpec,
-    measure_defaults,
-    reference_settings,
-)
+from quotientsharp.engine.options import check_batches, check_radius_fits
+from quotientsharp.engine.registry import MeasureSpec, measure_defaults, measure_from
 from quotientsharp.engine.result import SharpnessResult, assemble_result
 
-__all__ = ["MEASURES", "REFERENCE_ITERATIONS", "REFERENCE_RESTARTS", "SharpnessResult",
-           "reference_settings", "sharpness"]
-
-#: Options of each measure and their defaults (a view of the registry, :mod:`.registry`).
+#: Options of each measure and their defaults (the fields of its :class:`~.registry.MeasureSpec`).
 MEASURES: dict[str, dict[str, Any]] = measure_defaults()
-#: Options that are not recorded in ``result.settings``: the loss and the symmetries are
-#: recorded in their own form, the geometry dtype as resolved; ``host_decisions`` changes no
-#: value.
-_UNRECORDED = ("loss", "symmetries", "geometry_dtype", "host_decisions")
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _validated(model: object, batches: object, measure: object, rho: object,
-               options: dict[str, Any]) -> tuple[MeasureSpec, float | None, dict[str, Any]]:
-    """Validate stage: the measure's spec, the checked ``rho`` and the options resolved (the
-    options every measure shares checked, ``geometry_dtype`` resolved; the measure's own are its
-    spec's to check)."""
+def _validated(model: object, batches: object, measure: MeasureSpec | str, rho: float | None,
+               options: dict[str, Any]) -> MeasureSpec:
+    """Validate stage: the typed measure, made from the string form if need be (it checks its
+    options when it is made)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    spec = MEASURE_REGISTRY[check_measure(measure, MEASURE_REGISTRY, ALIASES)]
-    opts = resolve_options(spec.name, spec.defaults, options)
-    checked_rho = check_rho(rho, spec.needs_rho)
+    if isinstance(measure, MeasureSpec):
+        if rho is not None or options:
+            raise TypeError(f"{type(measure).__name__} holds rho and every option: pass them to "
+                            f"it, not to sharpness (got rho={rho!r} and options "
+                            f"{sorted(options)})")
+        spec = measure
+    else:
+        spec = measure_from(measure, rho, options)
     check_batches(batches)
-    check_seed(opts["seed"])
-    check_bool("keep_perturbations", opts["keep_perturbations"])
-    check_progress(opts["progress"])
-    check_nonfinite(opts["nonfinite"])
-    return spec, checked_rho, {**opts, "geometry_dtype": check_geometry_dtype(
-        opts["geometry_dtype"])}
+    return spec
 
 
 @contextlib.contextmanager
@@ -154,7 +130,7 @@ def _keeping_global_random_state(function: _F) -> _F:
 
 # ---------------------------------------------------------------------------- entry point
 @_keeping_global_random_state
-def sharpness(model: nn.Module, batches: Iterable[Any], measure: str = "geodesic",
+def sharpness(model: nn.Module, batches: Iterable[Any], measure: MeasureSpec | str = "geodesic",
               rho: float | None = None, **options: Any) -> SharpnessResult:
     """Sharpness of ``model`` on ``batches``, per batch then averaged.
 
@@ -167,72 +143,19 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: str = "geodesic
         A non-empty iterable of batches, each ``(x, y)`` or a dict with ``"labels"``
         (see :mod:`quotientsharp.engine.batches`); iterated once.
     measure
-        ``"average"``, ``"worst_case"``, ``"adaptive"`` (worst case with ``c = |theta|``),
-        ``"geodesic"`` or ``"relative_flatness"``.
+        The measure with ``rho`` and every option: a :class:`~.registry.MeasureSpec`,
+        :class:`~.registry.AverageSpec`, :class:`~.registry.WorstCaseSpec`,
+        :class:`~.registry.AdaptiveSpec` (worst case with ``c = |theta|``),
+        :class:`~.registry.GeodesicSpec` or :class:`~.registry.RelativeFlatnessSpec`, whose
+        fields document each option. Or its name, ``"average"``, ``"worst_case"``,
+        ``"adaptive"``, ``"geodesic"`` or ``"relative_flatness"``, with ``rho`` and
+        ``**options`` (the same fields by keyword): ``measure_from(measure, rho, options)``.
     rho
-        Radius (standard deviation for ``"average"``); required except for relative flatness.
+        With a name only: the radius (standard deviation for ``"average"``); required except
+        for relative flatness.
     **options
-        Common: ``loss`` (``None``/``"cross_entropy"``, ``"mse"`` or ``loss(output, target)``),
-        ``seed`` (random starts and draws; same seed, same value), ``progress`` (tqdm bar:
-        ``True``/``False``; ``None`` shows it on a terminal only), ``keep_perturbations``,
-        ``nonfinite`` (``"raise"``: a NaN or inf perturbed loss raises a ``ValueError`` naming
-        the batch, the solver iteration and the likely cause; ``"skip"``: such evaluations are
-        left out, counted in ``result.nonfinite_evaluations``, with a warning). ``geometry_dtype``
-        (``None``: float64 if any parameter is float64, else float32; ``torch.float64`` or
-        ``"float64"`` keeps the geometry, the gradients and the iterate of a float32 or half
-        model in float64, which holds invariance at ill-conditioned points of the orbit
-        where float32 geometry does not; the forward still runs in the model's dtype).
-
-        Ascent measures (Auto-PGD, Croce & Hein 2020): ``n_iter=20``, ``eta0=None`` (``2 rho``),
-        ``alpha=0.75``, ``random_init=False``, ``restarts=0``. Solver quality:
-        ``reference_solve=None`` (``True`` or a dict of ``n_iter``, ``restarts``, ``eta0``,
-        ``alpha``, ``random_init``: a second, stronger solve per batch, default 10 times the
-        steps and 4 random restarts, whose value and gap are reported; see
-        :func:`reference_settings`). Block-wise: ``blockwise=False`` (``True``: norm share and
-        loss change of every block of the best perturbation, ``result.blocks``; one extra
-        forward per block and batch). Speed: ``touched_rows=True`` solves on the rows of the
-        embedding tables the batch looks up, when the solve starts at ``xi = 0`` (any
-        ascent measure, ``p="inf"`` included): the other
-        rows have no gradient and never move, so the value is the same up to the summation
-        order of the norms (``settings["restricted_rows"]`` lists, per batch, the rows kept
-        per table; ``False`` solves on the full tables). ``host_decisions=True``: a single
-        problem on the CPU reads the solver's decisions on the host, where that is free
-        (:mod:`quotientsharp.engine.decisions`); ``False`` runs the device path there too (the
-        CPU stand-in of a CUDA run). The values are the same bit for bit, so it is not
-        recorded in ``result.settings``. ``compile_steps=False``: ``True`` runs the solver's
-        per-iteration geometry (direction, steps, rescales) as ``torch.compile`` graphs
-        (:class:`quotientsharp.engine.solver.CompiledSteps`), with the decisions on the device:
-        its elementwise passes fuse, for about half their eager cost on a CPU, but the first
-        compile takes tens of seconds (seconds from torch's on-disk cache), so it pays on long
-        runs. Equal to the eager values to rounding; recorded in ``result.settings``.
-
-        ``average``: ``adaptive=False`` (``c = |theta|`` if true), ``samples=1``.
-        ``worst_case``: ``p=2`` or ``"inf"``, ``adaptive=False``. ``adaptive``: ``p=2``.
-
-        ``geodesic``: ``metric`` (``"inv"``, ``"mix"``, ``"euclidean"``), ``order`` (``1``,
-        ``2``, ``"exact"``: GL pairs by RK4 with ``exact_steps=16``, diagonal pairs in closed
-        form; with the mix metric ``rho`` must keep them inside the manifold, else a
-        ``ValueError`` says how small), ``eps=0.0`` (Gram relaxation of GL pairs; diagonal pairs
-        have none and reject zero coordinates), ``symmetries`` (``"auto"``: discovered by
-        :func:`quotientsharp.models.find_symmetries`, ``diagonal`` passed on; ``"none"``: every
-        parameter in the adaptive block; a ``SymmetryReport`` / ``ParameterLayout``; or one or a
-        list of :class:`~quotientsharp.models.QuotientBinding`: any quotient, a user's own
-        included, attached to named parameters, measured with its own metric), ``other_metric``
-        (``"adaptive"``: ``diag(1/w^2)``, the metric of adaptive sharpness, or
-        ``"euclidean"``), ``other_path`` (``"line"``: ``w + xi``; ``"geodesic"``:
-        the adaptive metric's geodesic, ``w * exp(xi / w)`` for ``order="exact"``),
-        ``check_symmetry=True`` (each binding is checked on the first batch, before the
-        ascent: random group elements of its quotient must leave the loss and the outputs
-        unchanged to ``sqrt(eps)`` of the forward's dtype, else a
-        :class:`~quotientsharp.models.SymmetryCheckError` names the binding; ``False`` skips
-        that check, recorded in ``result.settings``. The structure of every binding is checked
-        always: a gradient through ``from_point``, the shapes ``vertical()`` returns, an
-        overriding ``horizontal_projection`` idempotent and horizontal). With ``symmetries=
-        "auto"`` and no symmetry found, a :class:`NoSymmetryWarning` says that geodesic equals
-        adaptive sharpness there.
-
-        ``relative_flatness``: ``layer`` (module name, default the last ``nn.Linear``),
-        ``hvp_chunk=64`` (Hessian-vector products per batched double backward).
+        With a name only: the measure's options (:data:`MEASURES` lists them with their
+        defaults); one it does not have raises a ``TypeError`` naming it.
 
     Returns
     -------
@@ -250,48 +173,43 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: str = "geodesic
     float32 (float64 if any parameter is float64); perturbed parameters are cast back to each
     parameter's own dtype for the forward.
     """
-    # 1. validate: the measure's registry entry, rho, the options every measure shares
-    spec, rho, opts = _validated(model, batches, measure, rho, options)
+    # 1. validate: the typed measure (made from the string form if need be) checked its options
+    spec = _validated(model, batches, measure, rho, options)
     # 2. the functional model: clones of the parameters, the loss at given parameters
-    loss = resolve_loss(opts["loss"])
+    loss = resolve_loss(spec.loss)
     functional = FunctionalModel(model, (loss[0], loss[2]),
-                                 geometry_dtype=opts["geometry_dtype"])
+                                 geometry_dtype=spec.resolved_geometry_dtype)
     functional.check_finite()
-    # 3. the measure, from the registry (its own options checked; symmetries discovered)
-    generator = torch.Generator(device=functional.device).manual_seed(opts["seed"])
-    evaluator, extra = spec.build(MeasureSetup(model, functional, rho, opts, generator))
-    check_radius_fits(rho, extra.get("eta0"), functional.dtype)
+    # 3. the runtime measure, built by the typed one (symmetries discovered here)
+    generator = torch.Generator(device=functional.device).manual_seed(spec.seed)
+    evaluator, extra = spec.build(model, functional, generator)
+    check_radius_fits(spec.rho, extra.get("eta0"), functional.dtype)
 
     # 4. the batches: batch 0's clean forward+backward tells which parameters have no gradient,
     # the measure builds its geometry once, then measures every batch
     outcomes: list[BatchOutcome] = []
     with _in_eval_mode(model), contextlib.closing(_progress_bar(
-            batches, evaluator.evaluations_per_batch(), opts["progress"], spec.name)) as bar:
+            batches, evaluator.evaluations_per_batch(), spec.progress, spec.name)) as bar:
         stream = _split_batches(batches, functional)
         head = next(stream, None)
         if head is None:
             raise ValueError("batches is empty: sharpness needs at least one batch")
         first, excluded = _first_evaluation(functional, head[1])
         evaluator.setup(excluded)           # the geometry is built here, once
-        # the caller's bindings checked against the model on batch 0, before any ascent
-        bindings = user_bindings(opts.get("symmetries"))
-        if bindings:
-            check_user_bindings(functional, head[1], bindings, opts["check_symmetry"],
-                                opts["seed"])
+        spec.check_first_batch(functional, head[1])     # the caller's bindings, before any ascent
         # reused by batch 0 alone: popped, so that its parameter-sized gradients die with it
         reusable = [first]
         del first
         for index, batch in itertools.chain([head], stream):
             before = global_states(model)   # every batch: a draw on any forward is refused
             with value_checks(False):
-                outcomes.append(evaluator(batch, index, bar.update, opts["keep_perturbations"],
+                outcomes.append(evaluator(batch, index, bar.update, spec.keep_perturbations,
                                           reusable.pop() if reusable else None))
             check_deterministic(before, batch, "its ascent")
 
     # 5. the result
-    settings = {"measure": spec.name, "rho": rho, "n_batches": len(outcomes),
+    settings = {"measure": spec.name, "rho": spec.rho, "n_batches": len(outcomes),
                 "geometry_dtype": str(functional.dtype).removeprefix("torch."),
-                **{k: v for k, v in opts.items() if k not in _UNRECORDED},
-                "loss": loss[1], **extra, **evaluator.settings_after()}
+                **spec.settings(), "loss": loss[1], **extra, **evaluator.settings_after()}
     return assemble_result(spec.name, outcomes, settings, excluded, functional.frozen,
-                           opts["keep_perturbations"], bool(extra.get("blockwise")))
+                           spec.keep_perturbations, bool(extra.get("blockwise")))

@@ -1,8 +1,8 @@
 """Geometry stage: the feasible sets of the ascent, a geodesic ball or an L-infinity box.
 
 They touch the frozen point of a quotient (:mod:`quotientsharp.core`) and tangent tuples only:
-no model, no batch, no solver state. Both satisfy :class:`~.solver.AscentGeometry` (the typed
-assignments at the end of this module are checked by mypy).
+no model, no batch, no solver state. Both satisfy :class:`~.solver.AscentGeometry` (mypy
+checks it where the measures pass them to the solver).
 
 :class:`GeodesicBall` is ``{xi horizontal at theta : ||xi||_theta <= rho}`` for any frozen point
 of any quotient (:mod:`quotientsharp.core.frozen`): a product over a whole network, a single
@@ -29,8 +29,7 @@ import torch
 from quotientsharp.core import _tuples as T
 from quotientsharp.core.adaptive import safe_reciprocal
 from quotientsharp.core.frozen import FrozenPoint
-from quotientsharp.engine.decisions import ON_DEVICE, Decisions, lift
-from quotientsharp.engine.solver import AscentGeometry
+from quotientsharp.engine.solver import ON_DEVICE, Decisions, lift
 
 Tensors = tuple[torch.Tensor, ...]
 Order = int | str
@@ -141,7 +140,7 @@ class GeodesicBall:
              fresh: bool = False) -> Tensors:
         """``P_S`` of a vector that is horizontal already: the radial rescale into the ball.
 
-        With ``decisions`` on the host (:mod:`.decisions`) a rescale by exactly 1 (``xi``
+        With ``decisions`` on the host (:class:`~.solver.OnHost`) a rescale by exactly 1 (``xi``
         inside the ball) is skipped, where the test is free; the values are the same.
         ``fresh``: the caller made ``xi`` and holds no other reference to it, so it is
         rescaled in place (same values, no new parameter-sized tuple).
@@ -301,9 +300,3 @@ def _check_length(tensors: Sequence[torch.Tensor], base: Sequence[torch.Tensor],
     if len(tensors) != len(base):
         raise ValueError(f"{name} has {len(tensors)} tensors, the geometry {len(base)}")
 
-
-#: The solver runs on these geometries: mypy checks that each satisfies its protocol.
-SOLVER_GEOMETRIES: tuple[type[AscentGeometry], ...] = (GeodesicBall, BoxGeometry)
-
-
-__all__ = ["BoxGeometry", "GeodesicBall"]

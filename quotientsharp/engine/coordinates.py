@@ -248,7 +248,3 @@ class BoundCoordinates:
         blocks.extend(Block(name, "parameter", factor, (position + i,))
                       for i, name in enumerate(self.other_names))
         return blocks
-
-
-__all__ = ["BoundCoordinates", "Factor", "LayoutCoordinates", "PlainCoordinates",
-           "other_factor", "pair_quotient"]

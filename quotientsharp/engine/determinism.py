@@ -46,9 +46,6 @@ from torch import nn
 
 from quotientsharp.engine.batches import Batch
 
-__all__ = ["NondeterministicForwardError", "check_deterministic", "global_states",
-           "global_torch_states", "kept_global_random_state", "owned_generators"]
-
 #: ``(where, generator, state)`` of a generator a model owns.
 OwnedState = tuple[str, Any, Any]
 

@@ -25,8 +25,6 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["TrustRegionMaximum", "trust_region_maximum"]
-
 
 @dataclass(frozen=True)
 class TrustRegionMaximum:

@@ -5,12 +5,20 @@ Stage: functional model (built once per call, after validation). It touches the 
 
 :class:`FunctionalModel` evaluates ``L(theta')`` by :func:`torch.func.functional_call` on
 perturbed clones: the model's own parameters and buffers are never handed to its forward.
+
+Which embedding table an out-of-range index reached, and through which input: torch's message
+for an index outside an embedding table ("IndexError: index out of range in self") names
+neither the table nor the input, which leaves the user of a model with several tables (word,
+token-type and position embeddings in BERT) guessing. After such a failure,
+:func:`out_of_range_lookup` runs the failed forward once more with a check on every
+``nn.Embedding`` and ``nn.EmbeddingBag`` and names the first table whose indices leave its rows,
+and the batch input that holds them. Only the failure path pays for it.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -22,7 +30,6 @@ from quotientsharp.engine.batches import (
     compute_loss,
     resolve_loss,
 )
-from quotientsharp.engine.lookup_check import out_of_range_lookup
 from quotientsharp.engine.touched_rows import (
     TableLookup,
     TableRecorder,
@@ -289,10 +296,6 @@ class FunctionalModel:
             grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
         return loss.detach(), dict(zip(leaves, grads, strict=True))
 
-    def parameters_without_gradient(self, batch: Batch) -> list[str]:
-        """Trainable parameters the loss on ``batch`` does not depend on (autograd ``None``)."""
-        return [n for n, g in self.loss_and_gradients(batch)[1].items() if g is None]
-
 
 def vocabulary_size(model: nn.Module) -> int | None:
     """Rows of the model's input embedding (``get_input_embeddings()``), else
@@ -363,5 +366,66 @@ def checked_clean_loss(loss: torch.Tensor, index: int, batch: Batch | None = Non
     return loss
 
 
-__all__ = ["FunctionalModel", "checked_clean_loss", "clean_loss_cause", "default_geometry_dtype",
-           "vocabulary_size"]
+# ---------------------------------------------------------------------------- out-of-range lookups
+class _Found(Exception):
+    """Raised from inside the forward at the first out-of-range lookup, to stop it there."""
+
+
+def _source(ids: torch.Tensor, inputs: Sequence[tuple[str, torch.Tensor]]) -> str:
+    """The batch input that is ``ids`` (the same tensor, or one equal to it), else a phrase
+    saying the forward computed the indices itself."""
+    for name, tensor in inputs:
+        if tensor is ids:
+            return name
+    for name, tensor in inputs:
+        if (tensor.shape == ids.shape and tensor.dtype == ids.dtype
+                and tensor.device == ids.device and bool(torch.equal(tensor, ids))):
+            return name
+    return "indices the forward computes itself"
+
+
+def out_of_range_lookup(model: nn.Module, forward: Callable[[], object],
+                        inputs: Sequence[tuple[str, torch.Tensor]]) -> str | None:
+    """Run ``forward`` (the failed call, again) and describe its first embedding lookup outside
+    the table's rows: the table's module name, its row count, the offending index and the input
+    holding it. ``None`` when no lookup leaves its table (the failure lies elsewhere).
+
+    Parameters
+    ----------
+    model
+        The network whose ``nn.Embedding``/``nn.EmbeddingBag`` modules are checked.
+    forward
+        The failed forward, called once more (no gradient is taken).
+    inputs
+        The batch's tensors by name (``"input 0"``, ``"input_ids"``, ...), to name the source.
+    """
+    found: list[str] = []
+
+    def check(name: str, rows: int) -> Callable[[nn.Module, tuple[object, ...]], None]:
+        def hook(module: nn.Module, args: tuple[object, ...]) -> None:
+            ids = args[0] if args else None
+            if (not isinstance(ids, torch.Tensor) or ids.is_floating_point()
+                    or ids.numel() == 0):
+                return
+            low, high = torch.stack([ids.min(), ids.max()]).tolist()
+            if low < 0 or high >= rows:
+                value = low if low < 0 else high
+                found.append(f"{_source(ids, inputs)} holds index {value}, outside the "
+                             f"embedding table {name!r} (rows [0, {rows}))")
+                raise _Found
+        return hook
+
+    tables = [(n, m) for n, m in model.named_modules()
+              if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
+    handles = [m.register_forward_pre_hook(check(n, m.num_embeddings)) for n, m in tables]
+    try:
+        with torch.no_grad():
+            forward()
+    except _Found:
+        return found[0]
+    except Exception:       # noqa: BLE001 - the original error is reported by the caller
+        return None
+    finally:
+        for handle in handles:
+            handle.remove()
+    return None

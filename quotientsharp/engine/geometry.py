@@ -1,24 +1,40 @@
-"""The geometry stage of the engine: the product of the layout's factors, frozen at ``theta``.
+"""The geometry stage of the engine: the space an ascent runs in, built once per call.
 
-Stage: geometry (run once per call, from :mod:`.space`). It touches the layout's factors and the
-quotient classes of :mod:`quotientsharp.core`; no model, no batch, no solver.
+Stage: geometry (run once per call, before the batch loop; restricted per batch). It touches
+the layout's factors, the quotient classes of :mod:`quotientsharp.core`, and the functional
+model only through its loss and its parameter tables; it holds no solver state and no measure
+options.
 
 :func:`build_geometry` takes the :class:`~.coordinates.Factor` list of a layout, forms the
 :class:`~quotientsharp.core.product.ProductQuotient` of their quotients, freezes it at ``theta``
 (every factorisation that depends on ``theta`` alone is done here, once) and returns the
 :class:`~.ball.GeodesicBall` of radius ``rho`` that the solver maximises over. Every operation
 the ascent runs is a method of the quotient classes, the same code that
-:func:`quotientsharp.core.checks.check_all` verifies against autograd.
+:func:`quotientsharp.core.checks.check_all` verifies against autograd. The metric of the
+product is the sum of the factors' metrics, so squared norms add; the path from ``theta`` is
+each factor's geodesic at the requested order (a straight line for factors that are not
+``curved``).
 
-The metric of the product is the sum of the factors' metrics, so squared norms add; the path
-from ``theta`` is each factor's geodesic at the requested order (a straight line for factors
-that are not ``curved``).
+An :class:`AscentSpace` pairs the feasible set (:class:`~.ball.GeodesicBall` or
+:class:`~.ball.BoxGeometry`) with the coordinates that map its points to parameters (the
+layout stage, :mod:`.coordinates`). A :class:`GeometryPlan` says how to build it:
+:class:`PlainGeometry` (worst case: an L2 ball or an L-infinity box) or
+:class:`GeodesicGeometry` (the product quotient of the symmetries). The plan is built once,
+before the batch loop, as soon as the first batch has told which parameters receive no
+gradient (``excluded``).
+
+The one step that depends on the batch is explicit: :meth:`AscentSpace.on_touched_rows`, the
+same space for a batch that looks up only some rows of the embedding tables
+(:mod:`.touched_rows`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
@@ -27,8 +43,16 @@ from quotientsharp.core.frozen import check_order
 from quotientsharp.core.product import ProductPoint, ProductQuotient
 from quotientsharp.core.quotient import ClosedFormQuotient
 from quotientsharp.core.validation import value_checks
-from quotientsharp.engine.ball import GeodesicBall
-from quotientsharp.engine.coordinates import Factor
+from quotientsharp.engine.ball import BoxGeometry, GeodesicBall
+from quotientsharp.engine.batches import Batch
+from quotientsharp.engine.coordinates import (
+    BoundCoordinates,
+    Factor,
+    LayoutCoordinates,
+    PlainCoordinates,
+)
+from quotientsharp.engine.functional import FunctionalModel
+from quotientsharp.engine.touched_rows import RestrictedTable, TouchedRowCoordinates
 
 OTHER_PATHS = ("line", "geodesic")
 
@@ -111,4 +135,198 @@ def build_geometry(factors: Sequence[Factor], radius: float, order: int | str = 
     return GeodesicBall(frozen, radius, orders, steps=exact_steps)
 
 
-__all__ = ["OTHER_PATHS", "build_geometry"]
+# ---------------------------------------------------------------------------- ascent space
+Tensors = tuple[torch.Tensor, ...]
+Objective = Callable[[Tensors], tuple[torch.Tensor, Tensors]]
+#: The layout's coordinates of a full space (a touched-row space has its own).
+Coordinates = PlainCoordinates | LayoutCoordinates | BoundCoordinates
+
+
+def perturbed_objective(model: FunctionalModel, coordinates: Any, geometry: Any,
+                        batch: Batch) -> Objective:
+    """``xi -> (L(theta'), dL/dxi)``: the solver's objective on one batch.
+
+    ``theta'`` is the end of the geometry's path along ``xi`` (``geometry.point``), mapped to
+    parameters by the layout (``coordinates.updates``); the gradient flows back through both.
+    Parameters the loss does not reach get a zero gradient.
+    """
+
+    def objective(xi: Tensors) -> tuple[torch.Tensor, Tensors]:
+        leaves = tuple(t.detach().requires_grad_(True) for t in xi)
+        with torch.enable_grad():
+            loss = model.loss(batch, coordinates.updates(geometry.point(leaves)))
+            raw: Sequence[torch.Tensor | None] = (
+                torch.autograd.grad(loss, leaves, allow_unused=True) if loss.requires_grad
+                else (None,) * len(leaves))
+        grads = tuple(torch.zeros_like(leaf) if g is None else g
+                      for leaf, g in zip(leaves, raw, strict=True))
+        return loss.detach(), grads
+
+    return objective
+
+
+@dataclass
+class AscentSpace:
+    """A feasible set and the coordinates that map its points to parameters.
+
+    Attributes
+    ----------
+    geometry
+        The ball (or box) the solver maximises over.
+    coordinates
+        ``point -> {name: parameter}`` (:mod:`.coordinates`, or :mod:`.touched_rows` for a
+        space cut to the touched rows).
+    """
+
+    geometry: GeodesicBall | BoxGeometry
+    coordinates: Coordinates
+
+    def objective(self, model: FunctionalModel, batch: Batch) -> Objective:
+        """The solver's objective on ``batch`` (:func:`perturbed_objective`)."""
+        return perturbed_objective(model, self.coordinates, self.geometry, batch)
+
+    def gradient_at_zero(self, gradients: Mapping[str, torch.Tensor | None]) -> Tensors:
+        """The gradient in ``xi`` at ``xi = 0`` from the gradient in the parameters.
+
+        The chain rule through the (cheap) map ``xi -> parameters``: one backward through the
+        geometry's line (the path's Jacobian at ``xi = 0``) and the layout, none through the
+        model. ``None`` gradients (parameters
+        the loss does not reach) contribute nothing.
+        """
+        leaves = tuple(t.detach().requires_grad_(True) for t in self.geometry.zeros())
+        with torch.enable_grad():
+            # at xi = 0 every path has the line's Jacobian, the identity (``line``): the same
+            # gradient without the order-2 term's products and their backward
+            moved = self.coordinates.updates(self.geometry.line(leaves))
+            pairs = [(moved[n], g) for n, g in gradients.items()
+                     if g is not None and n in moved and moved[n].requires_grad]
+            grads: Sequence[torch.Tensor | None] = (
+                torch.autograd.grad([t for t, _ in pairs], leaves,
+                                    grad_outputs=[g for _, g in pairs], allow_unused=True)
+                if pairs else (None,) * len(leaves))
+        return tuple(torch.zeros_like(leaf) if g is None else g
+                     for leaf, g in zip(leaves, grads, strict=True))
+
+    def parameters(self, xi: Sequence[torch.Tensor]) -> dict[str, Any]:
+        """The perturbed parameters at ``xi`` by name (no gradient)."""
+        with torch.no_grad():
+            return self.coordinates.updates(self.geometry.point(tuple(xi)))
+
+    def on_touched_rows(self, model: FunctionalModel, rows: Mapping[str, torch.Tensor]
+                        ) -> TouchedSpace | None:
+        """The per-batch step: this space with each table of ``rows`` cut to those rows.
+
+        ``None`` where no table can be cut (not in the diagonal-metric factor, or the
+        geometry has no row restriction).
+        """
+        if not isinstance(self.geometry, (GeodesicBall, BoxGeometry)):
+            return None
+        # first every table's slot in the diagonal-metric factor, then the cut tables
+        slots = {name: self.coordinates.other_slot(name) for name in rows}
+        tables = {name: RestrictedTable.of(slot, model.tables[name], rows[name],
+                                           model.theta_geometry[name].shape)
+                  for name, slot in slots.items() if slot is not None}
+        if not tables:
+            return None
+        try:
+            ball = self.geometry.on_rows({t.slot: t.rows for t in tables.values()})
+        except (NotImplementedError, ValueError):
+            return None
+        return TouchedSpace(ball, TouchedRowCoordinates(self.coordinates, tables))
+
+
+@dataclass
+class TouchedSpace:
+    """An :class:`AscentSpace` cut to the rows of the embedding tables a batch touches."""
+
+    geometry: GeodesicBall | BoxGeometry
+    coordinates: TouchedRowCoordinates
+
+    def objective(self, model: FunctionalModel, batch: Batch) -> Objective:
+        """The solver's objective on ``batch``, on the rows (:func:`perturbed_objective`)."""
+        return perturbed_objective(model, self.coordinates, self.geometry, batch)
+
+    def restrict(self, vectors: Sequence[torch.Tensor]) -> Tensors:
+        """Full-size tangent vectors cut to the rows."""
+        return self.coordinates.restrict(vectors)
+
+    def expand(self, vectors: Sequence[torch.Tensor]) -> Tensors:
+        """Tangent vectors on the rows at full size (zero off the rows)."""
+        return self.coordinates.expand(vectors)
+
+    def row_counts(self) -> dict[str, int]:
+        """The number of rows kept, per table."""
+        return {name: int(t.rows.numel()) for name, t in self.coordinates.tables.items()}
+
+
+class GeometryPlan(Protocol):
+    """How to build an :class:`AscentSpace` once the parameters without gradient are known."""
+
+    @property
+    def radius(self) -> float:
+        """``rho``."""
+        ...
+
+    def build(self, model: FunctionalModel, excluded: set[str]) -> AscentSpace:
+        """The space over the trainable parameters of ``model`` minus ``excluded``."""
+        ...
+
+
+def _plain_coordinates(model: FunctionalModel, excluded: set[str]) -> PlainCoordinates:
+    names = [n for n in model.trainable if n not in excluded]
+    if not names:
+        raise ValueError("no parameter is left to perturb")
+    return PlainCoordinates(model, names)
+
+
+@dataclass(frozen=True)
+class PlainGeometry:
+    """The worst-case geometry: an L2 ball (``p = 2``) or an L-infinity box (``p = inf``),
+    with ``c = |theta|`` (``adaptive``) or ``c = 1``."""
+
+    radius: float
+    p: float
+    adaptive: bool
+
+    def build(self, model: FunctionalModel, excluded: set[str]) -> AscentSpace:
+        coordinates = _plain_coordinates(model, excluded)
+        if math.isinf(self.p):
+            scale = [w.abs() if self.adaptive else torch.ones_like(w) for w in coordinates.base]
+            return AscentSpace(BoxGeometry(coordinates.base, scale, self.radius), coordinates)
+        factors = coordinates.factors(other_metric="adaptive" if self.adaptive else "euclidean")
+        return AscentSpace(build_geometry(factors, self.radius, order=1, finite_checked=True),
+                           coordinates)
+
+
+@dataclass(frozen=True)
+class GeodesicGeometry:
+    """The geodesic geometry over the symmetries' coordinates.
+
+    ``symmetries`` is ``None`` (every parameter in the adaptive factor), a
+    :class:`~quotientsharp.models.ParameterLayout`, or a list of
+    :class:`~quotientsharp.models.QuotientBinding`; the other fields are the options of
+    geodesic sharpness (``docs/sharpness.md``).
+    """
+
+    radius: float
+    symmetries: Any
+    metric: str
+    order: int | str
+    eps: float
+    exact_steps: int
+    other_metric: str
+    other_path: str
+
+    def build(self, model: FunctionalModel, excluded: set[str]) -> AscentSpace:
+        coordinates: PlainCoordinates | LayoutCoordinates | BoundCoordinates
+        if self.symmetries is None:
+            coordinates = _plain_coordinates(model, excluded)
+        elif isinstance(self.symmetries, list):
+            coordinates = BoundCoordinates(model, self.symmetries, excluded)
+        else:
+            coordinates = LayoutCoordinates(model, self.symmetries, excluded)
+        factors = coordinates.factors(metric=self.metric, eps=self.eps,
+                                      other_metric=self.other_metric,
+                                      other_path=self.other_path)
+        return AscentSpace(build_geometry(factors, self.radius, self.order, self.exact_steps,
+                                          finite_checked=True), coordinates)

@@ -1,7 +1,7 @@
 """Measure stage: the sharpness measures, one batch at a time (``docs/sharpness.md``).
 
 A measure (:class:`Measure`) is set up once, before the batch loop, with the parameters that
-receive no gradient (an ascent measure builds its geometry there, :mod:`.space`), then called
+receive no gradient (an ascent measure builds its geometry there, :mod:`.geometry`), then called
 once per batch for a :class:`BatchOutcome`. A measure touches the functional model, its own
 geometry and the solver; it never reads options (the registry, :mod:`.registry`, checks and
 resolves them) and never assembles the result (:mod:`.result`).
@@ -37,6 +37,12 @@ from quotientsharp.engine.batches import Batch
 from quotientsharp.engine.blocks import BlockOutcome, Locality, blockwise, locality
 from quotientsharp.engine.coordinates import BoundCoordinates, LayoutCoordinates, PlainCoordinates
 from quotientsharp.engine.functional import FunctionalModel, checked_clean_loss
+from quotientsharp.engine.geometry import (
+    AscentSpace,
+    Coordinates,
+    GeometryPlan,
+    TouchedSpace,
+)
 from quotientsharp.engine.solver import (
     AscentOutcome,
     AscentSettings,
@@ -46,17 +52,6 @@ from quotientsharp.engine.solver import (
     SearchSettings,
     ascend,
     search,
-)
-from quotientsharp.engine.space import (
-    AscentSpace,
-    Coordinates,
-    GeodesicGeometry,
-    GeometryPlan,
-    PlainGeometry,
-    TouchedSpace,
-)
-from quotientsharp.engine.space import (
-    perturbed_objective as perturbed_objective,
 )
 
 Tensors = tuple[torch.Tensor, ...]
@@ -285,8 +280,8 @@ class AscentMeasure:
     generator
         Random starts.
     geometry
-        How to build the space of the ascent (:class:`~.space.PlainGeometry`,
-        :class:`~.space.GeodesicGeometry`): built once, in :meth:`setup`, after the first batch
+        How to build the space of the ascent (:class:`~.geometry.PlainGeometry`,
+        :class:`~.geometry.GeodesicGeometry`): built once, in :meth:`setup`, after the first batch
         has told which parameters receive no gradient.
     nonfinite
         ``"raise"``: a NaN or inf perturbed loss raises :class:`NonFiniteLossError` after the
@@ -342,7 +337,7 @@ class AscentMeasure:
 
     # ------------------------------------------------------------------ setup
     def setup(self, excluded: Sequence[str]) -> None:
-        """Build the space of the ascent, once (the geometry stage, :mod:`.space`)."""
+        """Build the space of the ascent, once (the geometry stage, :mod:`.geometry`)."""
         self._space = self.plan.build(self.model, set(excluded))
         coordinates = self._space.coordinates
         covered: set[str] = set()
@@ -492,25 +487,6 @@ class AscentMeasure:
             return self.model.loss(batch, space.coordinates.updates(point))
 
         return blockwise(loss_at, space.geometry, space.coordinates.blocks(), xi, clean)
-
-
-def plain_builder(model: FunctionalModel, rho: float, p: float, adaptive: bool) -> PlainGeometry:
-    """Deprecated: the worst-case geometry's plan, :class:`~.space.PlainGeometry` (``model``
-    is passed to its ``build`` instead)."""
-    warnings.warn("plain_builder is deprecated: use quotientsharp.engine.space.PlainGeometry",
-                  DeprecationWarning, stacklevel=2)
-    return PlainGeometry(rho, p, adaptive)
-
-
-def geodesic_builder(model: FunctionalModel, rho: float, symmetries: Any, metric: str,
-                     order: int | str, eps: float, exact_steps: int, other_metric: str,
-                     other_path: str) -> GeodesicGeometry:
-    """Deprecated: the geodesic geometry's plan, :class:`~.space.GeodesicGeometry`."""
-    warnings.warn("geodesic_builder is deprecated: use "
-                  "quotientsharp.engine.space.GeodesicGeometry", DeprecationWarning,
-                  stacklevel=2)
-    return GeodesicGeometry(rho, symmetries, metric, order, eps, exact_steps, other_metric,
-                            other_path)
 
 
 # ---------------------------------------------------------------------------- relative flatness

@@ -1,8 +1,8 @@
-"""Validation stage: the checks of the options every measure shares, and their defaults.
+"""Validation stage: the checks of the options every measure shares.
 
 Each check takes the raw option and returns it resolved, or raises a ``TypeError`` or
-``ValueError`` naming the option. The options of one measure alone are checked by its entry in
-the registry (:mod:`.registry`). Nothing here touches a model or a tensor beyond ``rho``.
+``ValueError`` naming the option. The typed measures of :mod:`.registry` call them when they are
+made; their fields hold the defaults. Nothing here touches a model or a tensor beyond ``rho``.
 """
 
 from __future__ import annotations
@@ -15,19 +15,7 @@ import torch
 
 from quotientsharp.engine.measures import NONFINITE_POLICIES
 
-__all__ = ["ASCENT_OPTIONS", "COMMON_OPTIONS", "check_bool", "check_int", "check_rho",
-           "resolve_options"]
 
-#: Options of every measure, and their defaults.
-COMMON_OPTIONS: dict[str, Any] = {"loss": None, "seed": 0, "progress": None,
-                                  "keep_perturbations": False, "geometry_dtype": None,
-                                  "nonfinite": "raise"}
-#: Options of the ascent measures (``worst_case``, ``adaptive``, ``geodesic``).
-ASCENT_OPTIONS: dict[str, Any] = {"n_iter": 20, "eta0": None, "alpha": 0.75,
-                                  "random_init": False, "restarts": 0, "reach": True,
-                                  "reference_solve": None,
-                                  "blockwise": False, "touched_rows": True,
-                                  "host_decisions": True, "compile_steps": False}
 def check_measure(measure: object, known: Iterable[str], aliases: Mapping[str, str]) -> str:
     """The measure's registered name (``"worst-case"`` is ``"worst_case"``)."""
     if not isinstance(measure, str) or aliases.get(measure, measure) not in known:
@@ -40,16 +28,6 @@ def check_batches(batches: object) -> Iterable[Any]:
     if isinstance(batches, (torch.Tensor, str, bytes)) or not isinstance(batches, Iterable):
         raise TypeError(f"batches must be an iterable of batches, got {type(batches).__name__}")
     return batches
-
-
-def resolve_options(measure: str, defaults: Mapping[str, Any],
-                    options: Mapping[str, Any]) -> dict[str, Any]:
-    """``defaults`` updated by ``options``; an option ``defaults`` lacks raises a TypeError."""
-    unknown = sorted(set(options) - set(defaults))
-    if unknown:
-        raise TypeError(f"unknown option(s) {unknown} for measure {measure!r}; allowed: "
-                        f"{sorted(defaults)}")
-    return {**defaults, **options}
 
 
 def check_rho(rho: object, needed: bool) -> float | None:

@@ -1,10 +1,14 @@
-"""Measure stage: the registry of measures, ``name -> spec``, in place of an if-chain.
+"""Measure stage: one typed description of each measure and its options, and the registry of
+them, ``name -> class``, in place of an if-chain.
 
-A :class:`MeasureSpec` is everything :func:`~.api.sharpness` needs to know about one measure:
-its options and their defaults (``spec.defaults``), whether it has a radius, and
-``spec.build(setup)``, which checks the measure's own options and returns the
-:class:`~.measures.Measure` with the settings it resolved. The options every measure shares
-are checked by :mod:`.options`, before. A spec touches the options, the functional model and
+A :class:`MeasureSpec` is a frozen dataclass, one per measure (:class:`AverageSpec`,
+:class:`WorstCaseSpec`, :class:`AdaptiveSpec`, :class:`GeodesicSpec`,
+:class:`RelativeFlatnessSpec`): its fields are the measure's options, each documented and
+checked when the object is made, so that a bad value or an unknown option fails there. It holds
+everything :func:`~.api.sharpness` needs to know about the measure: ``rho``, whether it needs
+one, and ``spec.build(model, functional, generator)``, which returns the runtime
+:class:`~.measures.Measure` with the settings it resolved. :func:`measure_from` makes one from
+the string form ``(name, rho, options)``. A spec touches its options, the functional model and
 the generator; the geometry it describes is built later, once, by the measure's ``setup``.
 """
 
@@ -12,9 +16,10 @@ from __future__ import annotations
 
 import math
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Protocol
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -22,9 +27,15 @@ from torch import nn
 from quotientsharp.core.adaptive import METRICS as OTHER_METRICS
 from quotientsharp.core.frozen import check_order
 from quotientsharp.core.gl import METRICS as GL_METRICS
+from quotientsharp.engine.batches import Batch, LossFunction, resolve_loss
 from quotientsharp.engine.functional import FunctionalModel
-from quotientsharp.engine.geometry import OTHER_PATHS
-from quotientsharp.engine.layouts import symmetry_layout
+from quotientsharp.engine.geometry import (
+    OTHER_PATHS,
+    GeodesicGeometry,
+    GeometryPlan,
+    PlainGeometry,
+)
+from quotientsharp.engine.layouts import check_user_bindings, symmetry_layout, user_bindings
 from quotientsharp.engine.measures import (
     AscentMeasure,
     AverageMeasure,
@@ -34,17 +45,17 @@ from quotientsharp.engine.measures import (
     layer_weight_name,
 )
 from quotientsharp.engine.options import (
-    ASCENT_OPTIONS,
-    COMMON_OPTIONS,
     SEED_LIMIT,
     check_bool,
+    check_geometry_dtype,
     check_int,
+    check_measure,
+    check_nonfinite,
+    check_progress,
+    check_rho,
+    check_seed,
 )
 from quotientsharp.engine.solver import AscentSettings, SearchSettings, checkpoints
-from quotientsharp.engine.space import GeodesicGeometry, GeometryPlan, PlainGeometry
-
-__all__ = ["ALIASES", "MEASURE_REGISTRY", "REFERENCE_ITERATIONS", "REFERENCE_RESTARTS",
-           "MeasureSetup", "MeasureSpec", "measure_defaults", "reference_settings"]
 
 #: What ``reference_solve=True`` runs: ``n_iter`` is ``REFERENCE_ITERATIONS`` times the
 #: measurement's, ``restarts`` random restarts; ``eta0`` and ``alpha`` are the measurement's.
@@ -58,75 +69,139 @@ REFERENCE_SEED_OFFSET = 0x9E3779B97F4A7C15
 SEARCH_SEED_OFFSET = 0x632BE59BD9B4E019
 
 
-@dataclass(frozen=True)
-class MeasureSetup:
-    """What a spec builds its measure from.
+@dataclass(frozen=True, kw_only=True)
+class MeasureSpec(ABC):
+    """One measure and every option of it, checked when it is made (the options every measure
+    shares are these fields; each measure adds its own).
 
     Attributes
     ----------
-    model
-        The user's module (discovery reads it; it is never run).
-    functional
-        The functional model the measure evaluates.
     rho
-        The checked radius; ``None`` for a measure without one.
-    options
-        Every option, defaults filled in; the common ones checked already.
-    generator
-        The measurement's random stream (seeded with ``seed``).
+        The radius of the perturbation (the standard deviation for :class:`AverageSpec`);
+        required, except for :class:`RelativeFlatnessSpec`, which has none. A one-element
+        tensor or an integer is stored as a float.
+    loss
+        ``None`` or ``"cross_entropy"``, ``"mse"``, or a callable ``loss(output, target)``.
+    seed
+        The measurement's random stream (random starts and draws): same seed, same value.
+    progress
+        The tqdm bar: ``True``/``False``; ``None`` shows it on a terminal only.
+    keep_perturbations
+        Keep each batch's best perturbation in the result.
+    geometry_dtype
+        ``None``: float64 if any parameter is float64, else float32. ``torch.float64`` or
+        ``"float64"`` keeps the geometry, the gradients and the iterate of a float32 or half
+        model in float64, which holds invariance at ill-conditioned points of the orbit where
+        float32 geometry does not; the forward still runs in the model's dtype.
+    nonfinite
+        ``"raise"``: a NaN or inf perturbed loss raises a ``ValueError`` naming the batch, the
+        solver iteration and the likely cause; ``"skip"``: such evaluations are left out,
+        counted in ``result.nonfinite_evaluations``, with a warning.
+
+    Raises
+    ------
+    TypeError, ValueError
+        From the constructor, naming the first field with a bad value.
     """
 
-    model: nn.Module
-    functional: FunctionalModel
-    rho: float | None
-    options: Mapping[str, Any]
-    generator: torch.Generator
+    #: The measure's name (``SharpnessResult.measure``, the string form of :func:`measure_from`).
+    name: ClassVar[str]
+    #: Whether ``rho`` is required (else it must be left unset).
+    needs_rho: ClassVar[bool] = True
+    #: Fields ``result.settings`` records in a form of its own, or not at all.
+    UNRECORDED: ClassVar[tuple[str, ...]] = ("rho", "loss", "symmetries", "geometry_dtype")
+
+    rho: float | None = None
+    loss: str | LossFunction | None = None
+    seed: int = 0
+    progress: bool | None = None
+    keep_perturbations: bool = False
+    geometry_dtype: torch.dtype | str | None = None
+    nonfinite: str = "raise"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rho", check_rho(self.rho, self.needs_rho))
+        check_seed(self.seed)
+        check_bool("keep_perturbations", self.keep_perturbations)
+        check_progress(self.progress)
+        check_nonfinite(self.nonfinite)
+        check_geometry_dtype(self.geometry_dtype)
+        resolve_loss(self.loss)
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Every option of the measure (its fields but ``rho``) and its default."""
+        return {f.name: f.default for f in fields(cls) if f.name != "rho"}
+
+    def options(self) -> dict[str, Any]:
+        """Every option (the fields but ``rho``) as given: ``measure_from(spec.name, spec.rho,
+        spec.options()) == spec``."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "rho"}
+
+    def settings(self) -> dict[str, Any]:
+        """The options ``result.settings`` records as given (those in :attr:`UNRECORDED` are
+        recorded as resolved by :func:`~.api.sharpness`, or not at all)."""
+        return {k: v for k, v in self.options().items() if k not in self.UNRECORDED}
 
     @property
     def radius(self) -> float:
-        """``rho``, for a measure that has one (checked by :func:`.options.check_rho`)."""
+        """``rho``, for a measure that has one."""
         if self.rho is None:
             raise ValueError("rho is required (the radius of the perturbation)")
         return self.rho
 
-
-class MeasureSpec(Protocol):
-    """One measure of the registry: its options, and how to build it."""
-
     @property
-    def name(self) -> str:
-        """The measure's name (``SharpnessResult.measure``)."""
-        ...
+    def resolved_geometry_dtype(self) -> torch.dtype | None:
+        """``geometry_dtype`` as a ``torch.dtype`` (``None``: the model's, see above)."""
+        return check_geometry_dtype(self.geometry_dtype)
 
-    @property
-    def defaults(self) -> Mapping[str, Any]:
-        """Every option the measure takes, with its default."""
-        ...
+    @abstractmethod
+    def build(self, model: nn.Module, functional: FunctionalModel, generator: torch.Generator
+              ) -> tuple[Measure, dict[str, Any]]:
+        """The runtime :class:`~.measures.Measure` and the settings it resolved.
 
-    @property
-    def needs_rho(self) -> bool:
-        """Whether ``rho`` is required (else it must be left unset)."""
-        ...
+        Parameters
+        ----------
+        model
+            The user's module (discovery reads it; it is never run).
+        functional
+            The functional model the measure evaluates.
+        generator
+            The measurement's random stream (seeded with ``seed``).
+        """
 
-    def build(self, setup: MeasureSetup) -> tuple[Measure, dict[str, Any]]:
-        """Check the measure's own options; the measure and the settings it resolved."""
-        ...
+    def check_first_batch(self, functional: FunctionalModel, batch: Batch) -> None:
+        """Checks against the model on batch 0, before any measurement (none by default)."""
+        return None
 
 
 # ---------------------------------------------------------------------------- average
-class AverageSpec:
-    """``average``: ``E[L(theta + delta)] - L(theta)`` (:class:`~.measures.AverageMeasure`)."""
+@dataclass(frozen=True, kw_only=True)
+class AverageSpec(MeasureSpec):
+    """``average``: ``E[L(theta + delta)] - L(theta)`` (:class:`~.measures.AverageMeasure`).
 
-    name = "average"
-    defaults: ClassVar[dict[str, Any]] = {**COMMON_OPTIONS, "adaptive": False, "samples": 1}
-    needs_rho = True
+    Attributes
+    ----------
+    adaptive
+        Scale the Gaussian noise by ``c = |theta|``.
+    samples
+        Noise draws per batch (an integer >= 1).
+    """
 
-    def build(self, setup: MeasureSetup) -> tuple[Measure, dict[str, Any]]:
-        opts = setup.options
-        samples = check_int("samples", opts["samples"], 1)
-        adaptive = check_bool("adaptive", opts["adaptive"])
-        return AverageMeasure(setup.functional, setup.radius, adaptive, samples,
-                              setup.generator, opts["nonfinite"]), {}
+    name: ClassVar[str] = "average"
+
+    adaptive: bool = False
+    samples: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int("samples", self.samples, 1)
+        check_bool("adaptive", self.adaptive)
+
+    def build(self, model: nn.Module, functional: FunctionalModel, generator: torch.Generator
+              ) -> tuple[Measure, dict[str, Any]]:
+        return AverageMeasure(functional, self.radius, self.adaptive, self.samples, generator,
+                              self.nonfinite), {}
 
 
 # ---------------------------------------------------------------------------- ascent measures
@@ -200,30 +275,78 @@ def _eta0(settings: AscentSettings, rho: float) -> float:
     return settings.eta0 if settings.eta0 is not None else 2.0 * rho
 
 
-@dataclass(frozen=True)
-class AscentOptions:
-    """The solver's options, shared by every ascent measure, checked (:meth:`check`)."""
+def _stream(generator: torch.Generator, offset: int) -> torch.Generator:
+    """A generator on ``generator``'s device seeded with its seed plus ``offset``."""
+    seed = (generator.initial_seed() + offset) % SEED_LIMIT
+    return torch.Generator(device=generator.device).manual_seed(seed)
 
-    settings: AscentSettings
-    reference: AscentSettings | None
-    reference_generator: torch.Generator | None
-    search: SearchSettings | None
-    search_generator: torch.Generator | None
-    blockwise: bool
-    touched_rows: bool
-    host_decisions: bool
-    compile_steps: bool
-    #: What they resolve to, for ``SharpnessResult.settings``.
-    resolved: dict[str, Any]
 
-    @classmethod
-    def check(cls, setup: MeasureSetup) -> AscentOptions:
-        opts, rho = setup.options, setup.radius
-        settings = AscentSettings(n_iter=opts["n_iter"], eta0=opts["eta0"],
-                                  alpha=opts["alpha"], random_init=opts["random_init"],
-                                  restarts=opts["restarts"])
-        reference = reference_settings(opts["reference_solve"], settings)
-        found = search_settings(opts["reach"])
+@dataclass(frozen=True, kw_only=True)
+class AscentSpec(MeasureSpec):
+    """The options of the ascent measures (Auto-PGD, Croce & Hein 2020), shared by
+    :class:`WorstCaseSpec`, :class:`AdaptiveSpec` and :class:`GeodesicSpec`.
+
+    Attributes
+    ----------
+    n_iter, eta0, alpha, random_init, restarts
+        The solver's settings (:class:`~.solver.AscentSettings`): steps per run, the initial
+        step (``None``: ``2 rho``), the momentum weight in ``(0, 1]``, a random first start,
+        extra runs from random starts.
+    reach
+        ``True``: the reach search beyond the first ascent and its estimate
+        (:class:`~.solver.SearchSettings`' defaults); ``False``: one ascent, no estimate; a
+        dict overrides any of ``chains``, ``min_chains``, ``continuations``, ``target``,
+        ``stall``, ``warm_step``.
+    reference_solve
+        ``None``; ``True`` or a dict of ``n_iter``, ``restarts``, ``eta0``, ``alpha``,
+        ``random_init``: a second, stronger solve per batch (default 10 times the steps and 4
+        random restarts), whose value and gap are reported (:func:`reference_settings`).
+    blockwise
+        Norm share and loss change of every block of the best perturbation (``result.blocks``;
+        one extra forward per block and batch).
+    touched_rows
+        Solve on the rows of the embedding tables the batch looks up, when the solve starts at
+        ``xi = 0``: the other rows have no gradient and never move, so the value is the same up
+        to the summation order of the norms (``settings["restricted_rows"]`` lists, per batch,
+        the rows kept per table); ``False`` solves on the full tables.
+    compile_steps
+        Run the solver's per-iteration geometry as ``torch.compile`` graphs
+        (:class:`~.solver.CompiledSteps`): about half the eager cost of its elementwise passes
+        on a CPU, but the first compile takes tens of seconds; equal to the eager values to
+        rounding.
+    """
+
+    n_iter: int = 20
+    eta0: float | None = None
+    alpha: float = 0.75
+    random_init: bool = False
+    restarts: int = 0
+    reach: bool | Mapping[str, Any] = True
+    reference_solve: bool | Mapping[str, Any] | None = None
+    blockwise: bool = False
+    touched_rows: bool = True
+    compile_steps: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        reference_settings(self.reference_solve, self.solver())
+        search_settings(self.reach)
+        check_bool("blockwise", self.blockwise)
+        check_bool("touched_rows", self.touched_rows)
+        check_bool("compile_steps", self.compile_steps)
+
+    def solver(self) -> AscentSettings:
+        """The measurement's own solver settings."""
+        return AscentSettings(n_iter=self.n_iter, eta0=self.eta0, alpha=self.alpha,
+                              random_init=self.random_init, restarts=self.restarts)
+
+    def ascent(self, functional: FunctionalModel, generator: torch.Generator,
+               plan: GeometryPlan, extra: dict[str, Any]) -> tuple[Measure, dict[str, Any]]:
+        """The :class:`~.measures.AscentMeasure` over ``plan``'s geometry, and its settings
+        (the solver's resolved, then ``extra``)."""
+        settings, rho = self.solver(), self.radius
+        reference = reference_settings(self.reference_solve, settings)
+        found = search_settings(self.reach)
         resolved: dict[str, Any] = {
             "reach": None if found is None else asdict(found),
             "checkpoints": checkpoints(settings.n_iter), "eta0": _eta0(settings, rho),
@@ -232,35 +355,17 @@ class AscentOptions:
                 "eta0": _eta0(reference, rho), "alpha": reference.alpha,
                 "random_init": reference.random_init,
                 "checkpoints": checkpoints(reference.n_iter)},
-            "blockwise": check_bool("blockwise", opts["blockwise"])}
+            "blockwise": self.blockwise}
         # streams of their own, so that the measured first ascent is the same without them
-        reference_generator = (None if reference is None
-                               else _stream(setup.generator, REFERENCE_SEED_OFFSET))
-        search_generator = None if found is None else _stream(setup.generator,
-                                                              SEARCH_SEED_OFFSET)
-        return cls(settings, reference, reference_generator, found, search_generator,
-                   resolved["blockwise"],
-                   check_bool("touched_rows", opts["touched_rows"]),
-                   check_bool("host_decisions", opts["host_decisions"]),
-                   check_bool("compile_steps", opts["compile_steps"]), resolved)
-
-    def measure(self, setup: MeasureSetup, plan: GeometryPlan, extra: dict[str, Any]
-                ) -> tuple[Measure, dict[str, Any]]:
-        """The :class:`~.measures.AscentMeasure` over ``plan``'s geometry, and its settings."""
-        measure = AscentMeasure(setup.functional, self.settings, setup.generator, plan,
-                                nonfinite=setup.options["nonfinite"], reference=self.reference,
-                                reference_generator=self.reference_generator,
-                                blockwise=self.blockwise, touched_rows=self.touched_rows,
-                                host_decisions=self.host_decisions,
-                                compile_steps=self.compile_steps, reach=self.search,
-                                probe_generator=self.search_generator)
-        return measure, {**self.resolved, **extra}
-
-
-def _stream(generator: torch.Generator, offset: int) -> torch.Generator:
-    """A generator on ``generator``'s device seeded with its seed plus ``offset``."""
-    seed = (generator.initial_seed() + offset) % SEED_LIMIT
-    return torch.Generator(device=generator.device).manual_seed(seed)
+        measure = AscentMeasure(
+            functional, settings, generator, plan, nonfinite=self.nonfinite,
+            reference=reference,
+            reference_generator=(None if reference is None
+                                 else _stream(generator, REFERENCE_SEED_OFFSET)),
+            blockwise=self.blockwise, touched_rows=self.touched_rows,
+            compile_steps=self.compile_steps, reach=found,
+            probe_generator=None if found is None else _stream(generator, SEARCH_SEED_OFFSET))
+        return measure, {**resolved, **extra}
 
 
 def _check_p(p: object) -> float:
@@ -271,117 +376,236 @@ def _check_p(p: object) -> float:
     raise ValueError(f"p must be 2 or 'inf', got {p!r}")
 
 
-class WorstCaseSpec:
-    """``worst_case``: Auto-PGD in an L2 ball or an L-infinity box, ``c = |theta|`` or 1."""
-
-    name = "worst_case"
-    defaults: ClassVar[dict[str, Any]] = {**COMMON_OPTIONS, **ASCENT_OPTIONS, "p": 2,
-                                          "adaptive": False}
-    needs_rho = True
-
-    def _adaptive(self, options: Mapping[str, Any]) -> bool:
-        return check_bool("adaptive", options["adaptive"])
-
-    def build(self, setup: MeasureSetup) -> tuple[Measure, dict[str, Any]]:
-        ascent = AscentOptions.check(setup)
-        p = _check_p(setup.options["p"])
-        adaptive = self._adaptive(setup.options)
-        extra = {"p": "inf" if math.isinf(p) else 2, "adaptive": adaptive}
-        return ascent.measure(setup, PlainGeometry(setup.radius, p, adaptive), extra)
+def _plain(spec: AscentSpec, functional: FunctionalModel, generator: torch.Generator,
+           p: object, adaptive: bool) -> tuple[Measure, dict[str, Any]]:
+    """The ascent in an L2 ball (``p=2``) or an L-infinity box (``p="inf"``), ``c = |theta|``
+    if ``adaptive`` else 1."""
+    norm = _check_p(p)
+    extra = {"p": "inf" if math.isinf(norm) else 2, "adaptive": adaptive}
+    return spec.ascent(functional, generator, PlainGeometry(spec.radius, norm, adaptive), extra)
 
 
-class AdaptiveSpec(WorstCaseSpec):
-    """``adaptive``: the worst case with ``c = |theta|`` (no ``adaptive`` option)."""
+@dataclass(frozen=True, kw_only=True)
+class WorstCaseSpec(AscentSpec):
+    """``worst_case``: Auto-PGD in an L2 ball or an L-infinity box.
 
-    name = "adaptive"
-    defaults: ClassVar[dict[str, Any]] = {**COMMON_OPTIONS, **ASCENT_OPTIONS, "p": 2}
+    Attributes
+    ----------
+    p
+        ``2`` (an L2 ball) or ``"inf"`` (an L-infinity box).
+    adaptive
+        ``c = |theta|`` (else 1).
+    """
 
-    def _adaptive(self, options: Mapping[str, Any]) -> bool:
-        return True
+    name: ClassVar[str] = "worst_case"
+
+    p: int | float | str = 2
+    adaptive: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_p(self.p)
+        check_bool("adaptive", self.adaptive)
+
+    def build(self, model: nn.Module, functional: FunctionalModel, generator: torch.Generator
+              ) -> tuple[Measure, dict[str, Any]]:
+        return _plain(self, functional, generator, self.p, self.adaptive)
 
 
-class GeodesicSpec:
-    """``geodesic``: Auto-PGD over the product quotient of the symmetries (the paper's)."""
+@dataclass(frozen=True, kw_only=True)
+class AdaptiveSpec(AscentSpec):
+    """``adaptive``: the worst case with ``c = |theta|``.
 
-    name = "geodesic"
-    defaults: ClassVar[dict[str, Any]] = {
-        **COMMON_OPTIONS, **ASCENT_OPTIONS, "metric": "inv", "order": 2, "eps": 0.0,
-        "symmetries": "auto", "diagonal": None, "other_metric": "adaptive",
-        "other_path": "line", "exact_steps": 16, "check_symmetry": True}
-    needs_rho = True
-    #: Options of discovered symmetries that bindings ignore, with their defaults.
-    _DISCOVERY_ONLY = (("metric", "inv"), ("eps", 0.0), ("diagonal", None))
+    Attributes
+    ----------
+    p
+        ``2`` (an L2 ball) or ``"inf"`` (an L-infinity box).
+    """
 
-    @staticmethod
-    def _check(opts: Mapping[str, Any]) -> tuple[int | str, float, int]:
-        """The checked ``order``, ``eps`` and ``exact_steps``; the metrics' names checked."""
-        if opts["metric"] not in GL_METRICS:
-            raise ValueError(f"metric must be one of {GL_METRICS}, got {opts['metric']!r}")
-        order = check_order(opts["order"])
-        eps = opts["eps"]
+    name: ClassVar[str] = "adaptive"
+
+    p: int | float | str = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_p(self.p)
+
+    def build(self, model: nn.Module, functional: FunctionalModel, generator: torch.Generator
+              ) -> tuple[Measure, dict[str, Any]]:
+        return _plain(self, functional, generator, self.p, True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GeodesicSpec(AscentSpec):
+    """``geodesic``: Auto-PGD over the product quotient of the symmetries (the paper's).
+
+    Attributes
+    ----------
+    metric
+        The metric of the GL quotients: ``"inv"``, ``"mix"`` or ``"euclidean"``.
+    order
+        ``1``, ``2`` or ``"exact"``: GL pairs by RK4 with ``exact_steps`` steps, diagonal pairs
+        in closed form; with the mix metric ``rho`` must keep them inside the manifold, else a
+        ``ValueError`` says how small.
+    eps
+        Gram relaxation of GL pairs (a number >= 0); diagonal pairs have none and reject zero
+        coordinates.
+    symmetries
+        ``"auto"``: discovered by :func:`quotientsharp.models.find_symmetries` (``diagonal``
+        passed on); ``"none"``: every parameter in the adaptive block; a ``SymmetryReport`` or
+        ``ParameterLayout``; or one or a list of :class:`~quotientsharp.models.QuotientBinding`:
+        any quotient, a user's own included, attached to named parameters, measured with its
+        own metric. With ``"auto"`` and no symmetry found, a :class:`NoSymmetryWarning` says
+        that geodesic equals adaptive sharpness there.
+    diagonal
+        Passed on to discovery.
+    other_metric
+        The metric of the parameters outside every symmetry: ``"adaptive"`` (``diag(1/w^2)``,
+        that of adaptive sharpness) or ``"euclidean"``.
+    other_path
+        Their path: ``"line"`` (``w + xi``) or ``"geodesic"`` (the adaptive metric's geodesic,
+        ``w * exp(xi / w)`` for ``order="exact"``; needs ``other_metric="adaptive"``).
+    exact_steps
+        RK4 steps of ``order="exact"`` (an integer >= 1).
+    check_symmetry
+        Check each binding on the first batch, before the ascent: random group elements of its
+        quotient must leave the loss and the outputs unchanged to ``sqrt(eps)`` of the
+        forward's dtype, else a :class:`~quotientsharp.models.SymmetryCheckError` names the
+        binding. The structure of every binding is checked always.
+    """
+
+    name: ClassVar[str] = "geodesic"
+    #: Options of discovered symmetries that bindings ignore (their defaults are the fields').
+    DISCOVERY_ONLY: ClassVar[tuple[str, ...]] = ("metric", "eps", "diagonal")
+
+    metric: str = "inv"
+    order: int | str = 2
+    eps: float = 0.0
+    symmetries: Any = "auto"
+    diagonal: Any = None
+    other_metric: str = "adaptive"
+    other_path: str = "line"
+    exact_steps: int = 16
+    check_symmetry: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.metric not in GL_METRICS:
+            raise ValueError(f"metric must be one of {GL_METRICS}, got {self.metric!r}")
+        check_order(self.order)
+        eps = self.eps
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (
                 math.isfinite(eps) and eps >= 0):
             raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
-        if opts["other_metric"] not in OTHER_METRICS:
+        if self.other_metric not in OTHER_METRICS:
             raise ValueError(f"other_metric must be 'adaptive' or 'euclidean', got "
-                             f"{opts['other_metric']!r}")
-        if opts["other_path"] not in OTHER_PATHS:
+                             f"{self.other_metric!r}")
+        if self.other_path not in OTHER_PATHS:
             raise ValueError(f"other_path must be one of {OTHER_PATHS}, got "
-                             f"{opts['other_path']!r}")
-        if opts["other_path"] == "geodesic" and opts["other_metric"] != "adaptive":
+                             f"{self.other_path!r}")
+        if self.other_path == "geodesic" and self.other_metric != "adaptive":
             raise ValueError("other_path='geodesic' follows the adaptive metric's geodesic "
                              "w * exp(xi / w): it needs other_metric='adaptive'")
-        return order, float(eps), check_int("exact_steps", opts["exact_steps"], 1)
+        check_int("exact_steps", self.exact_steps, 1)
+        check_bool("check_symmetry", self.check_symmetry)
 
-    def build(self, setup: MeasureSetup) -> tuple[Measure, dict[str, Any]]:
-        opts = setup.options
-        ascent = AscentOptions.check(setup)
-        order, eps, exact_steps = self._check(opts)
-        check_bool("check_symmetry", opts["check_symmetry"])
-        layout, extra = symmetry_layout(setup.model, setup.functional, opts["symmetries"],
-                                        opts["diagonal"])
+    def build(self, model: nn.Module, functional: FunctionalModel, generator: torch.Generator
+              ) -> tuple[Measure, dict[str, Any]]:
+        layout, extra = symmetry_layout(model, functional, self.symmetries, self.diagonal)
         if isinstance(layout, list):
             # bindings bring their own quotients: the options of discovered symmetries do not
             # apply
-            ignored = {k: opts[k] for k, default in self._DISCOVERY_ONLY if opts[k] != default}
+            defaults = self.defaults()
+            ignored = {k: getattr(self, k) for k in self.DISCOVERY_ONLY
+                       if getattr(self, k) != defaults[k]}
             if ignored:
                 warnings.warn(f"option(s) {ignored} apply to discovered symmetries only; the "
                               "QuotientBinding quotients use their own metric", UserWarning,
                               stacklevel=3)
             extra.update({"metric": "the bindings' own", "eps": None, "diagonal": None})
+        order = check_order(self.order)
         extra["order"] = order           # as checked: 2.0 is recorded as the order 2
-        plan = GeodesicGeometry(setup.radius, layout, opts["metric"], order, eps, exact_steps,
-                                opts["other_metric"], opts["other_path"])
-        return ascent.measure(setup, plan, extra)
+        plan = GeodesicGeometry(self.radius, layout, self.metric, order, float(self.eps),
+                                self.exact_steps, self.other_metric, self.other_path)
+        return self.ascent(functional, generator, plan, extra)
+
+    def check_first_batch(self, functional: FunctionalModel, batch: Batch) -> None:
+        """The caller's bindings checked against the model on batch 0, before any ascent."""
+        bindings = user_bindings(self.symmetries)
+        if bindings:
+            check_user_bindings(functional, batch, bindings, self.check_symmetry, self.seed)
 
 
 # ---------------------------------------------------------------------------- relative flatness
-class RelativeFlatnessSpec:
-    """``relative_flatness``: Petzka et al. 2021 for one layer (no radius)."""
+@dataclass(frozen=True, kw_only=True)
+class RelativeFlatnessSpec(MeasureSpec):
+    """``relative_flatness``: Petzka et al. 2021 for one layer (no radius: leave ``rho`` unset).
 
-    name = "relative_flatness"
-    defaults: ClassVar[dict[str, Any]] = {**COMMON_OPTIONS, "layer": None, "hvp_chunk": 64}
-    needs_rho = False
+    Attributes
+    ----------
+    layer
+        The module's name; ``None``: the last ``nn.Linear`` with a trainable weight.
+    hvp_chunk
+        Hessian-vector products per batched double backward (an integer >= 1).
+    """
 
-    def build(self, setup: MeasureSetup) -> tuple[Measure, dict[str, Any]]:
-        opts = setup.options
-        layer = opts["layer"] if opts["layer"] is not None else default_layer(setup.model)
-        if not isinstance(layer, str):
-            raise TypeError(f"layer must be a module name, got {type(layer).__name__}")
-        chunk = check_int("hvp_chunk", opts["hvp_chunk"], 1)
-        measure = RelativeFlatness(setup.functional, layer_weight_name(setup.model, layer),
-                                   chunk)
+    name: ClassVar[str] = "relative_flatness"
+    needs_rho: ClassVar[bool] = False
+
+    layer: str | None = None
+    hvp_chunk: int = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.layer is not None and not isinstance(self.layer, str):
+            raise TypeError(f"layer must be a module name, got {type(self.layer).__name__}")
+        check_int("hvp_chunk", self.hvp_chunk, 1)
+
+    def build(self, model: nn.Module, functional: FunctionalModel, generator: torch.Generator
+              ) -> tuple[Measure, dict[str, Any]]:
+        layer = self.layer if self.layer is not None else default_layer(model)
+        measure = RelativeFlatness(functional, layer_weight_name(model, layer), self.hvp_chunk)
         return measure, {"layer": layer}
 
 
-#: The measures by name. A new measure is one more spec here.
-MEASURE_REGISTRY: dict[str, MeasureSpec] = {
-    spec.name: spec for spec in (AverageSpec(), WorstCaseSpec(), AdaptiveSpec(),
-                                 GeodesicSpec(), RelativeFlatnessSpec())}
+#: The measures by name. A new measure is one more :class:`MeasureSpec` here.
+MEASURE_REGISTRY: dict[str, type[MeasureSpec]] = {
+    spec.name: spec for spec in (AverageSpec, WorstCaseSpec, AdaptiveSpec, GeodesicSpec,
+                                 RelativeFlatnessSpec)}
 #: Other spellings of the measures' names.
 ALIASES = {"worst-case": "worst_case", "relative-flatness": "relative_flatness"}
 
 
+def measure_from(measure: object, rho: float | None = None,
+                 options: Mapping[str, Any] | None = None) -> MeasureSpec:
+    """The typed measure of the string form ``sharpness(..., measure, rho, **options)``.
+
+    Parameters
+    ----------
+    measure
+        A name of :data:`MEASURE_REGISTRY` or :data:`ALIASES` (``"worst-case"``).
+    rho
+        The radius (``None`` for ``"relative_flatness"``).
+    options
+        The measure's options by name (the fields of its :class:`MeasureSpec`).
+
+    Raises
+    ------
+    ValueError
+        For an unknown measure, or an option's bad value.
+    TypeError
+        Naming the options the measure does not have, or an option's value of a wrong type.
+    """
+    kind = MEASURE_REGISTRY[check_measure(measure, MEASURE_REGISTRY, ALIASES)]
+    given = dict(options or {})
+    allowed = kind.defaults()
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise TypeError(f"unknown option(s) {unknown} for measure {kind.name!r}; allowed: "
+                        f"{sorted(allowed)}")
+    return kind(rho=rho, **given)
+
+
 def measure_defaults() -> dict[str, dict[str, Any]]:
     """Every measure's options and their defaults, by measure name (``MEASURES``)."""
-    return {name: dict(spec.defaults) for name, spec in MEASURE_REGISTRY.items()}
+    return {name: kind.defaults() for name, kind in MEASURE_REGISTRY.items()}

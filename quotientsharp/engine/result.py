@@ -16,8 +16,6 @@ import torch
 
 from quotientsharp.engine.measures import BatchOutcome
 
-__all__ = ["ReachWarning", "SharpnessResult", "assemble_result"]
-
 #: The reach below which a value is reported as short of its maximum (the search's default
 #: target, :class:`~.solver.SearchSettings`).
 REACH_TARGET = 0.99

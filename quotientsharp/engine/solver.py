@@ -36,7 +36,7 @@ host sync inside the loop. The one exception is a single problem on the CPU, whe
 decision costs nothing (there is no device to wait for): the best iterate and the restarts are
 then chosen by reference instead of by ``torch.where`` over every parameter, with the same
 result bit for bit. The loop has one code path; the difference is the strategy object of
-:mod:`.decisions`, chosen once per run (``ascend(host_decisions=False)`` forces the device
+:class:`Decisions`, chosen once per run (``ascend(host_decisions=False)`` forces the device
 path). ``restarts`` extra runs start from random
 points of the ball; the best of all runs wins. Randomness comes only from the given generator.
 
@@ -58,12 +58,25 @@ direction from the gradient, the momentum step with its gradient step and both r
 elementwise passes over the parameters fuse. The compile is paid once per geometry's shapes
 (tens of seconds) and reused across batches and calls by the same :class:`CompiledSteps`.
 Values equal the eager path's to rounding (the fused kernels sum in another order).
+
+Decisions on the host or the device. The solver decides, per problem, whether a step improved
+the best loss, whether a step failed, whether to restart at a checkpoint; the ball
+(:mod:`.ball`) decides whether a rescale is by exactly 1. On a device every decision is a
+``torch.where`` over the tensors involved, so that nothing waits for the device. For a single
+problem on the CPU reading a decision is free, so it is read and the chosen tensors are kept by
+reference instead. Both give the same values bit for bit. That one difference lives in two small
+strategy objects (:class:`OnHost`, :class:`OnDevice`) chosen once per run by
+:func:`decisions_for`; they touch tangent tuples only (no geometry, no model). On a device, a
+``torch.where`` per tensor is a kernel launch per tensor: four or five per parameter tensor and
+iteration (the best pair kept, a failed step undone), which made the step launch-bound on a GPU.
+For a single problem the device path therefore keeps the best pair in a few flat buffers
+(:class:`FlatTuple`) and decides over a whole buffer at once: one ``cat`` and one ``where`` per
+buffer, however many tensors it holds.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -72,9 +85,200 @@ from typing import ClassVar, Protocol, runtime_checkable
 import torch
 
 from quotientsharp.core import _tuples as T
-from quotientsharp.engine.decisions import ON_DEVICE, Decisions, choose, decisions_for, lift
 
+# ---------------------------------------------------------------------------- decisions
 Tensors = tuple[torch.Tensor, ...]
+
+
+def lift(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``values`` (``shape=P``) with trailing singleton dims to broadcast against ``like``."""
+    # one shape argument: the unpacked form is an empty call for two 0-dim tensors
+    return values.reshape(tuple(values.shape) + (1,) * (like.dim() - values.dim()))
+
+
+def choose(flag: torch.Tensor, a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> Tensors:
+    """``where(flag, a, b)`` per tensor, ``flag`` of ``shape=P`` lifted to each tensor."""
+    return tuple(torch.where(lift(flag, x), x, y) for x, y in zip(a, b, strict=True))
+
+
+def choose_into(flag: torch.Tensor, new: Sequence[torch.Tensor],
+                best: Sequence[torch.Tensor]) -> None:
+    """``best <- where(flag, new, best)`` in place: no second tuple alive while it is chosen."""
+    for x, b in zip(new, best, strict=True):
+        torch.where(lift(flag, x), x, b, out=b)
+
+
+class FlatTuple(tuple[torch.Tensor, ...]):
+    """A tuple of tensors that are views of a few flat buffers, one per span of the tuple.
+
+    The tensors are contiguous views, shaped as usual: to everything but this module it is a
+    tuple. :attr:`spans` are ``(start, stop)`` indices into the tuple and :attr:`buffers` the
+    matching 1-D buffers, so that one ``torch.where`` over a buffer decides for all the
+    tensors of its span. A span holds tensors of one dtype and device, at most
+    :func:`span_limit` elements: a buffer-sized temporary (the other side of a decision,
+    concatenated) then stays a fraction of the tuple.
+    """
+
+    spans: tuple[tuple[int, int], ...]
+    buffers: tuple[torch.Tensor, ...]
+
+    @classmethod
+    def copy_of(cls, tensors: Sequence[torch.Tensor]) -> FlatTuple:
+        """A copy of ``tensors`` in new flat buffers (``cat`` per span: a few launches)."""
+        spans = flat_spans(tensors)
+        buffers = tuple(_concatenated(tensors, span) for span in spans)
+        return cls._over(tensors, spans, buffers)
+
+    @classmethod
+    def _over(cls, like: Sequence[torch.Tensor], spans: tuple[tuple[int, int], ...],
+              buffers: tuple[torch.Tensor, ...]) -> FlatTuple:
+        views = []
+        for (start, stop), buffer in zip(spans, buffers, strict=True):
+            offset = 0
+            for t in like[start:stop]:
+                views.append(buffer[offset:offset + t.numel()].view(t.shape))
+                offset += t.numel()
+        flat = cls(views)
+        flat.spans, flat.buffers = spans, buffers
+        return flat
+
+
+def span_limit(tensors: Sequence[torch.Tensor]) -> int:
+    """The most elements a span of :class:`FlatTuple` holds: the largest tensor, or an eighth
+    of the tuple if that is more (about eight ``where`` launches per tuple)."""
+    sizes = [t.numel() for t in tensors]
+    return max(max(sizes, default=0), -(-sum(sizes) // 8))
+
+
+def flat_spans(tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, int], ...]:
+    """Consecutive runs of ``tensors`` of one dtype and device, each of at most
+    :func:`span_limit` elements: the spans of a :class:`FlatTuple` over them."""
+    limit = span_limit(tensors)
+    spans: list[tuple[int, int]] = []
+    start, size = 0, 0
+    for i, t in enumerate(tensors):
+        first = tensors[start]
+        if i > start and (t.dtype != first.dtype or t.device != first.device
+                          or size + t.numel() > limit):
+            spans.append((start, i))
+            start, size = i, 0
+        size += t.numel()
+    if tensors:
+        spans.append((start, len(tensors)))
+    return tuple(spans)
+
+
+def _concatenated(tensors: Sequence[torch.Tensor], span: tuple[int, int]) -> torch.Tensor:
+    """The span's tensors flattened into one new 1-D tensor (one ``cat``)."""
+    start, stop = span
+    return torch.cat([t.reshape(-1) for t in tensors[start:stop]])
+
+
+def _flat_compatible(flag: torch.Tensor, a: Sequence[torch.Tensor],
+                     b: Sequence[torch.Tensor]) -> bool:
+    """Whether a flat decision applies: one problem (a 0-dim flag), and two tuples of the same
+    length whose tensors match in shape, dtype and device (no broadcasting)."""
+    return (flag.dim() == 0 and len(a) == len(b) > 0
+            and all(x.shape == y.shape and x.dtype == y.dtype and x.device == y.device
+                    for x, y in zip(a, b, strict=True)))
+
+
+def _buffer(tensors: Sequence[torch.Tensor], span: tuple[int, int]) -> torch.Tensor:
+    """The span of ``tensors`` as one 1-D tensor: their own buffer where ``tensors`` is a
+    :class:`FlatTuple` with that span (the shapes are checked equal by the caller), else a
+    new concatenation."""
+    if isinstance(tensors, FlatTuple) and span in tensors.spans:
+        return tensors.buffers[tensors.spans.index(span)]
+    return _concatenated(tensors, span)
+
+
+class Decisions(Protocol):
+    """How the solver applies a per-problem decision (a boolean tensor of ``shape=P``)."""
+
+    #: Whether a rescale by exactly 1 may be skipped after testing the factor on the host
+    #: (:meth:`~.ball.GeodesicBall.clip`; a flag, not a call, as it is read on every clip).
+    skips_unit_rescale: bool
+
+    def own(self, tensors: Sequence[torch.Tensor]) -> Tensors:
+        """The best iterate's first value: storage :meth:`keep` may write to, or a reference."""
+        ...
+
+    def keep(self, flag: torch.Tensor, new: Tensors, best: Tensors) -> Tensors:
+        """The best iterate after a step: ``new`` where ``flag``, else ``best``."""
+        ...
+
+    def pick(self, flag: torch.Tensor, a: Tensors, b: Tensors) -> Tensors:
+        """``a`` where ``flag``, else ``b`` (a restart, a failed step)."""
+        ...
+
+
+class OnDevice:
+    """Every decision a ``torch.where`` on the device: no host sync, ever.
+
+    The best iterate owns its storage and is overwritten in place, so that no second
+    parameter-sized tuple is alive while it is chosen. For one problem (a 0-dim flag) it is a
+    :class:`FlatTuple` and every decision runs over whole flat buffers: a few launches per
+    tuple instead of one per tensor, the same values bit for bit. Batched problems (a flag of
+    ``shape=P``) decide per tensor, the flag lifted to each.
+    """
+
+    skips_unit_rescale = False
+
+    def own(self, tensors: Sequence[torch.Tensor]) -> Tensors:
+        return FlatTuple.copy_of(tensors) if tensors else ()
+
+    def keep(self, flag: torch.Tensor, new: Tensors, best: Tensors) -> Tensors:
+        if isinstance(best, FlatTuple) and _flat_compatible(flag, new, best):
+            # a span of new at a time: the temporary is at most span_limit elements
+            for span, buffer in zip(best.spans, best.buffers, strict=True):
+                torch.where(flag, _buffer(new, span), buffer, out=buffer)
+            return best
+        choose_into(flag, new, best)
+        return best
+
+    def pick(self, flag: torch.Tensor, a: Tensors, b: Tensors) -> Tensors:
+        if not _flat_compatible(flag, a, b):
+            return choose(flag, a, b)
+        # b's copy is the result's storage (a new tuple, as choose makes), a decided into it
+        result = FlatTuple.copy_of(b)
+        for span, buffer in zip(result.spans, result.buffers, strict=True):
+            torch.where(flag, _buffer(a, span), buffer, out=buffer)
+        return result
+
+
+class OnHost:
+    """Decisions of a single problem on the CPU, read on the host (free there).
+
+    The chosen tuple is kept by reference: no tensor the solver holds is ever written in place,
+    so sharing is safe, and no parameter-sized ``torch.where`` runs per step.
+    """
+
+    skips_unit_rescale = True
+
+    def own(self, tensors: Sequence[torch.Tensor]) -> Tensors:
+        return tuple(tensors)
+
+    def keep(self, flag: torch.Tensor, new: Tensors, best: Tensors) -> Tensors:
+        return new if bool(flag) else best
+
+    def pick(self, flag: torch.Tensor, a: Tensors, b: Tensors) -> Tensors:
+        return a if bool(flag) else b
+
+
+ON_DEVICE: Decisions = OnDevice()
+ON_HOST: Decisions = OnHost()
+
+
+def decisions_for(loss: torch.Tensor, host_decisions: bool = True) -> Decisions:
+    """:data:`ON_HOST` for one problem (a 0-dim ``loss``) on the CPU when ``host_decisions``,
+    else :data:`ON_DEVICE` (``host_decisions=False`` runs the device path on the CPU too: the
+    CPU stand-in of a CUDA run, with the same values bit for bit)."""
+    if host_decisions and loss.device.type == "cpu" and loss.dim() == 0:
+        return ON_HOST
+    return ON_DEVICE
+
+
+# ---------------------------------------------------------------------------- ascent
 Objective = Callable[[Tensors], tuple[torch.Tensor, Tensors]]
 
 
@@ -101,7 +305,7 @@ class AscentGeometry(Protocol):
     def clip(self, xi: Sequence[torch.Tensor], decisions: Decisions = ON_DEVICE,
              fresh: bool = False) -> Tensors:
         """Bring a horizontal ``xi`` into the ball (``P_S`` restricted to horizontal vectors);
-        ``decisions`` says whether a rescale by exactly 1 may be skipped (:mod:`.decisions`);
+        ``decisions`` says whether a rescale by exactly 1 may be skipped (:class:`Decisions`);
         ``fresh``: nothing else references ``xi``, so it may be rescaled in place."""
         ...
 
@@ -392,7 +596,7 @@ class _Run:
     """The state of one Auto-PGD run (module doc): iterate, momentum, best iterate, step size.
 
     Tangent tuples alive between steps: ``xi``, ``previous``, ``direction`` and the best pair.
-    The per-problem decisions go through :attr:`decide` (:mod:`.decisions`), chosen once from
+    The per-problem decisions go through :attr:`decide` (:class:`Decisions`), chosen once from
     the first loss.
     """
 
@@ -580,8 +784,7 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
         starts from it instead of evaluating again. Only for ``random_init=False``. Ownership:
         a ``(loss, gradient)`` tuple is only read (the solver never writes to what it is
         given); a :class:`HandedOver` is taken (emptied), so that once the gradient is raised
-        no reference to it is left. (A one-element list, the old way to hand it over, still
-        works with a ``DeprecationWarning``.)
+        no reference to it is left.
     skip_nonfinite
         Treat an evaluation with a NaN or inf loss as a failed step (never the best, the next
         step restarts from the best iterate) instead of comparing it. Either way the outcome
@@ -589,7 +792,7 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
         caller to check once, after the ascent.
     host_decisions
         ``True``: a single problem on the CPU reads its decisions on the host (the best iterate
-        kept by reference, rescales by exactly 1 skipped; :mod:`.decisions`). ``False``: the
+        kept by reference, rescales by exactly 1 skipped; :class:`OnHost`). ``False``: the
         device path everywhere (what a CUDA run does, no host sync). Same values bit for bit.
     compiled
         :class:`CompiledSteps`: run the per-iteration geometry as its compiled graphs (module
@@ -599,11 +802,6 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
         the continuation of an earlier ascent from its best iterate); only read. Not with
         ``initial`` or ``random_init``.
     """
-    if isinstance(initial, list):
-        warnings.warn("ascend(initial=[pair]) is deprecated: pass initial=HandedOver(loss, "
-                      "gradient) to hand the evaluation over, or the pair to lend it",
-                      DeprecationWarning, stacklevel=2)
-        initial = HandedOver(*initial.pop())
     if initial is not None and settings.random_init:
         raise ValueError("initial is the evaluation at xi = 0, but random_init=True starts "
                          "elsewhere")
@@ -842,22 +1040,3 @@ def search(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
     return SearchOutcome(best_loss, best_xi, values, estimate(), evaluations, trace, solves,
                          shortfalls)
 
-
-def host_decides(loss: torch.Tensor) -> bool:
-    """Deprecated: whether :func:`ascend` reads its decisions on ``loss`` on the host (a 0-dim
-    loss on the CPU); see :func:`.decisions.decisions_for` and ``ascend(host_decisions=...)``."""
-    warnings.warn("host_decides is deprecated: the solver chooses its decisions once per run "
-                  "(quotientsharp.engine.decisions.decisions_for; ascend(host_decisions=...))",
-                  DeprecationWarning, stacklevel=2)
-    return loss.device.type == "cpu" and loss.dim() == 0
-
-
-def __getattr__(name: str) -> object:
-    # HOST_DECISIONS_ON_CPU was a module switch; reading it still works, setting it does
-    # nothing: the switch is now the host_decisions parameter of ascend and sharpness
-    if name == "HOST_DECISIONS_ON_CPU":
-        warnings.warn("HOST_DECISIONS_ON_CPU is deprecated and has no effect: pass "
-                      "host_decisions=False to ascend or sharpness instead",
-                      DeprecationWarning, stacklevel=2)
-        return True
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """The rows of embedding tables a batch touches: the ascent on those rows alone, same value.
 
-Stage: geometry, its one per-batch step (:meth:`.space.AscentSpace.on_touched_rows`), and the
+Stage: geometry, its one per-batch step (:meth:`.geometry.AscentSpace.on_touched_rows`), and the
 functional model's lookup of the restricted rows. It touches embedding modules (hooks removed
 after each call), token ids and tangent tuples; no solver state.
 
@@ -276,7 +276,3 @@ class TouchedRowCoordinates:
             full.index_copy_(0, table.rows, rows)
             vectors[table.slot] = full
         return tuple(vectors)
-
-
-__all__ = ["RestrictedTable", "TableLookup", "TableRecorder", "TableUse",
-           "TouchedRowCoordinates", "embedding_tables", "graph_uses", "looked_up"]

@@ -107,6 +107,47 @@ class QuotientBinding:
 RESERVED_LABELS = frozenset({"gl", "diagonal", "other", "total"})
 
 
+def _check_labels(labels: list[str]) -> None:
+    """Binding names: unique, and none a block label of the result."""
+    for label in labels:
+        if label in RESERVED_LABELS:
+            raise ValueError(f"a binding may not be named {label!r}: the name labels a block "
+                             f"of its own in the result (reserved: {sorted(RESERVED_LABELS)})")
+        if labels.count(label) > 1:
+            raise ValueError(f"two bindings are named {label!r}: give each its own name, "
+                             "the per-block norms of the result are reported by name")
+
+
+def _check_parameters(bindings: Sequence[QuotientBinding],
+                      trainable: Mapping[str, torch.Tensor]) -> None:
+    """Each bound name a trainable parameter, in one binding only; each binding round-trips."""
+    seen: dict[str, str] = {}
+    for binding in bindings:
+        for name in binding.parameters:
+            if name not in trainable:
+                raise ValueError(f"binding {binding.name!r} names {name!r}, which is not a "
+                                 "trainable parameter of the model")
+            if name in seen:
+                raise ValueError(f"parameter {name!r} is in two bindings ({seen[name]!r} "
+                                 f"and {binding.name!r})")
+            seen[name] = binding.name
+        binding.check_round_trip(trainable)
+
+
+def _check_point_layout(binding: QuotientBinding, base: Tensors) -> None:
+    """``to_point`` gave the quotient's number of tensors, with ``folded`` leading dimensions."""
+    ndims = binding.quotient.point_ndims
+    if len(base) != len(ndims):
+        raise ValueError(f"binding {binding.name!r}: to_point returned {len(base)} "
+                         f"tensors, the quotient's point has {len(ndims)}")
+    leading = {t.dim() - k for t, k in zip(base, ndims, strict=True)}
+    if leading != {binding.folded}:
+        raise ValueError(f"binding {binding.name!r}: the point has {sorted(leading)} "
+                         f"leading (batch) dimension(s) beyond the quotient's "
+                         f"point_ndims {tuple(ndims)}, but folded={binding.folded}; "
+                         "folded must count them (e.g. 1 for a stack of units)")
+
+
 def validate_bindings(bindings: Sequence[QuotientBinding],
                       trainable: Mapping[str, torch.Tensor]) -> list[Tensors]:
     """Refuse bindings that :func:`quotientsharp.sharpness` and
@@ -134,38 +175,9 @@ def validate_bindings(bindings: Sequence[QuotientBinding],
     ValueError
         Naming the binding (and the parameter) that breaks a rule.
     """
-    labels = [b.name for b in bindings]
-    for label in labels:
-        if label in RESERVED_LABELS:
-            raise ValueError(f"a binding may not be named {label!r}: the name labels a block "
-                             f"of its own in the result (reserved: {sorted(RESERVED_LABELS)})")
-        if labels.count(label) > 1:
-            raise ValueError(f"two bindings are named {label!r}: give each its own name, "
-                             "the per-block norms of the result are reported by name")
-    seen: dict[str, str] = {}
-    for binding in bindings:
-        for name in binding.parameters:
-            if name not in trainable:
-                raise ValueError(f"binding {binding.name!r} names {name!r}, which is not a "
-                                 "trainable parameter of the model")
-            if name in seen:
-                raise ValueError(f"parameter {name!r} is in two bindings ({seen[name]!r} "
-                                 f"and {binding.name!r})")
-            seen[name] = binding.name
-        binding.check_round_trip(trainable)
+    _check_labels([b.name for b in bindings])
+    _check_parameters(bindings, trainable)
     bases = [tuple(t.detach() for t in binding.point(trainable)) for binding in bindings]
     for binding, base in zip(bindings, bases, strict=True):
-        ndims = binding.quotient.point_ndims
-        if len(base) != len(ndims):
-            raise ValueError(f"binding {binding.name!r}: to_point returned {len(base)} "
-                             f"tensors, the quotient's point has {len(ndims)}")
-        leading = {t.dim() - k for t, k in zip(base, ndims, strict=True)}
-        if leading != {binding.folded}:
-            raise ValueError(f"binding {binding.name!r}: the point has {sorted(leading)} "
-                             f"leading (batch) dimension(s) beyond the quotient's "
-                             f"point_ndims {tuple(ndims)}, but folded={binding.folded}; "
-                             "folded must count them (e.g. 1 for a stack of units)")
+        _check_point_layout(binding, base)
     return bases
-
-
-__all__ = ["RESERVED_LABELS", "QuotientBinding", "validate_bindings"]

@@ -32,20 +32,6 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = [
-    "KV_SHARING_HELPERS",
-    "ROTATION_HELPERS",
-    "RotarySpec",
-    "declared_rotary_dims",
-    "detect_kv_sharing",
-    "detect_layout",
-    "modeling_helper",
-    "probe_kv_sharing",
-    "probe_layout",
-    "rotary_group_dimension",
-    "rotary_group_name",
-]
-
 #: ``(rotary_dims, layout)`` of a rotary query/key pair.
 RotarySpec = tuple[int, str]
 #: Names of the module-level helpers that rotate a query's planes, in the order they are tried.

@@ -20,6 +20,7 @@ are read with a stride (:class:`~quotientsharp.models.FactorSource`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,8 +28,6 @@ from typing import Any
 import torch
 
 from quotientsharp.models.report import AttentionPair, FactorSource, PairGroup, SymmetryReport
-
-__all__ = ["Coordinates", "ParameterLayout"]
 
 
 @dataclass
@@ -137,6 +136,46 @@ def _segment(parts: list[torch.Tensor], axis: int) -> torch.Tensor:
     return joined.flatten(axis, axis + 1)
 
 
+def _check_reference(report: SymmetryReport, params: Mapping[str, torch.Tensor]) -> None:
+    """Each trainable parameter of the report in ``params``, with the report's shape."""
+    for name in report.trainable:
+        tensor = params.get(name)
+        if not isinstance(tensor, torch.Tensor):
+            raise KeyError(f"params has no tensor {name!r} (a trainable parameter of the "
+                           "model the report was made for)")
+        if tuple(tensor.shape) != report.parameter_shapes[name]:
+            raise ValueError(f"params[{name!r}] has shape {tuple(tensor.shape)}, the report "
+                             f"expects {report.parameter_shapes[name]}")
+
+
+def _matrix_shape(name: str, shape: tuple[int, ...], role: str, axis: int) -> tuple[int, ...]:
+    """The shape of parameter ``name`` as the matrix (weight) or vector (bias) its blocks read.
+
+    A convolution weight ``[features, in, *kernel]`` (axis 0: rows = in * kernel) or
+    ``[out, features, 1, ...]`` (axis 1, a 1 x 1 kernel) reads as the matrix of its flattening.
+    """
+    flat = shape
+    if role == "weight" and len(shape) > 2 and (axis == 0 or set(shape[2:]) == {1}):
+        flat = (shape[0], math.prod(shape[1:])) if axis == 0 else shape[:2]
+    if len(flat) != (1 if role == "bias" else 2):
+        raise ValueError(f"parameter {name!r} of shape {shape} cannot be a {role} source")
+    return flat
+
+
+def _check_phases(name: str, offset: int, segment: list[_Block]) -> None:
+    """The interleaved blocks at ``offset``, in phase order, tile their stride exactly."""
+    phase = 0
+    for block in segment:
+        if block.source.phase != phase:
+            raise ValueError(f"parameter {name!r}: the interleaved blocks at offset "
+                             f"{offset} do not tile their stride (gap or overlap at "
+                             f"phase {phase})")
+        phase += block.span
+    if phase != segment[0].stride:
+        raise ValueError(f"parameter {name!r}: the interleaved blocks at offset {offset} "
+                         f"cover {phase} of each stride of {segment[0].stride}")
+
+
 class ParameterLayout:
     """The map between a model's parameter dict and symmetry :class:`Coordinates`.
 
@@ -166,24 +205,32 @@ class ParameterLayout:
             raise TypeError(f"params must be a dict of tensors, got {type(params).__name__}")
         self.report = report
         self.names = report.trainable
-        for name in self.names:
-            tensor = params.get(name)
-            if not isinstance(tensor, torch.Tensor):
-                raise KeyError(f"params has no tensor {name!r} (a trainable parameter of the "
-                               "model the report was made for)")
-            if tuple(tensor.shape) != report.parameter_shapes[name]:
-                raise ValueError(f"params[{name!r}] has shape {tuple(tensor.shape)}, the report "
-                                 f"expects {report.parameter_shapes[name]}")
+        _check_reference(report, params)
         self._shapes = {name: tuple(params[name].shape) for name in self.names}
         self._dtypes = {name: params[name].dtype for name in self.names}
         self._devices = {name: params[name].device for name in self.names}
+        self._build_buckets(report.groups)
+        # per covered parameter, its segments along the head-feature axis: a block of
+        # back-to-back features alone, or the phases of one strided range in phase order
+        self._segments: dict[str, list[list[_Block]]] = {
+            name: self._check_tiling(name, parameter_blocks)
+            for name, parameter_blocks in self._blocks_by_parameter().items()}
+        self._scatter_views = self._find_scatter_views()
+        self._diagonal = list(report.diagonal)
+        self._other = list(report.other)
+        covered = set(self._segments) | {n for p in self._diagonal for n in (p.u_name, p.v_name)}
+        missing = [n for n in self.names if n not in covered and n not in set(self._other)]
+        if missing:
+            raise ValueError(f"report does not place parameter(s) {missing}: it was made for "
+                             "another model")
 
-        # buckets: equal (n, m, h) and group; dtype and device too, so that stacking never
-        # converts
+    def _build_buckets(self, groups: list[PairGroup]) -> None:
+        """Sort the groups into buckets of equal ``(n, m, h)`` and group; dtype and device too,
+        so that stacking never converts."""
         bucket_keys: list[tuple] = []
         self._bucket_groups: list[list[tuple[int, PairGroup]]] = []
         self.gl_pairs: list[list[AttentionPair]] = []
-        for group in report.groups:
+        for group in groups:
             dtype = self._dtypes[group.parameters[0]]
             device = self._devices[group.parameters[0]]
             key = (group.n, group.m, group.head_dim, group.rotary, dtype, device)
@@ -201,7 +248,8 @@ class ParameterLayout:
         self._bucket_dtypes = [key[4] for key in bucket_keys]
         self._bucket_devices = [key[5] for key in bucket_keys]
 
-        # per covered parameter, its blocks sorted along the head-feature axis
+    def _blocks_by_parameter(self) -> dict[str, list[_Block]]:
+        """Per covered parameter, the blocks that read it, in bucket order."""
         blocks: dict[str, list[_Block]] = {}
         for bucket, entries in enumerate(self._bucket_groups):
             for start, group in entries:
@@ -214,14 +262,11 @@ class ParameterLayout:
                             _Block(bucket, factor, start, group.heads, group.head_dim, members,
                                    member_rows, row, source))
                         row += source.rows
-        # per covered parameter, its segments along the head-feature axis: a block of
-        # back-to-back features alone, or the phases of one strided range in phase order
-        self._segments: dict[str, list[list[_Block]]] = {}
-        for name, parameter_blocks in blocks.items():
-            self._segments[name] = self._check_tiling(name, parameter_blocks)
+        return blocks
 
-        # single-block parameters whose scatter from a contiguous bucket would be a mere view
-        self._scatter_views: set[str] = set()
+    def _find_scatter_views(self) -> set[str]:
+        """Single-block parameters whose scatter from a contiguous bucket would be a mere view."""
+        views: set[str] = set()
         for name, segments in self._segments.items():
             if len(segments) != 1 or len(segments[0]) != 1:
                 continue
@@ -231,15 +276,8 @@ class ParameterLayout:
             # views share the ``_base`` of their root tensor: the probe itself if no copy was made
             probes = [probe] * (2 * len(self.gl_pairs))
             if self._assemble(name, probes, self._pieces(probes, [name]))._base is probe:
-                self._scatter_views.add(name)
-
-        self._diagonal = list(report.diagonal)
-        self._other = list(report.other)
-        covered = set(self._segments) | {n for p in self._diagonal for n in (p.u_name, p.v_name)}
-        missing = [n for n in self.names if n not in covered and n not in set(self._other)]
-        if missing:
-            raise ValueError(f"report does not place parameter(s) {missing}: it was made for "
-                             "another model")
+                views.add(name)
+        return views
 
     def _check_tiling(self, name: str, blocks: list[_Block]) -> list[list[_Block]]:
         """The blocks of parameter ``name`` as segments that tile its head-feature axis."""
@@ -249,17 +287,7 @@ class ParameterLayout:
         if len(roles) != 1 or len(axes) != 1:
             raise ValueError(f"parameter {name!r} is read inconsistently by the report")
         role, axis = roles.pop(), axes.pop()
-        expected_ndim = 1 if role == "bias" else 2
-        # a convolution weight [features, in, *kernel] (axis 0: rows = in * kernel) or
-        # [out, features, 1, ...] (axis 1, a 1 x 1 kernel) reads as the matrix of its flattening
-        flat = shape
-        if role == "weight" and len(shape) > 2 and (axis == 0 or set(shape[2:]) == {1}):
-            rest = 1
-            for extent in shape[1:] if axis == 0 else ():
-                rest *= extent
-            flat = (shape[0], rest) if axis == 0 else shape[:2]
-        if len(flat) != expected_ndim:
-            raise ValueError(f"parameter {name!r} of shape {shape} cannot be a {role} source")
+        flat = _matrix_shape(name, shape, role, axis)
         for block in blocks:
             if role == "weight" and flat[1 - axis] != block.source.rows:
                 raise ValueError(f"parameter {name!r} of shape {shape}: a block expects "
@@ -277,16 +305,7 @@ class ParameterLayout:
             if offset != position or len({(b.heads, b.stride) for b in segment}) != 1:
                 raise ValueError(f"parameter {name!r}: pairs do not tile dimension {axis} "
                                  f"(gap or overlap at {position})")
-            phase = 0
-            for block in segment:
-                if block.source.phase != phase:
-                    raise ValueError(f"parameter {name!r}: the interleaved blocks at offset "
-                                     f"{offset} do not tile their stride (gap or overlap at "
-                                     f"phase {phase})")
-                phase += block.span
-            if phase != segment[0].stride:
-                raise ValueError(f"parameter {name!r}: the interleaved blocks at offset {offset} "
-                                 f"cover {phase} of each stride of {segment[0].stride}")
+            _check_phases(name, offset, segment)
             segments.append(segment)
             position += segment[0].extent
         if position != shape[axis]:
@@ -432,7 +451,13 @@ class ParameterLayout:
 
     def _check_coordinates(self, coords: Coordinates) -> tuple[
             list[Any], Sequence[torch.Tensor] | None, Mapping[str, torch.Tensor]]:
-        gl = getattr(coords, "gl", None)
+        return (self._check_gl_coordinates(getattr(coords, "gl", None)),
+                self._check_diagonal_coordinates(getattr(coords, "diagonal", None)),
+                self._check_other_coordinates(getattr(coords, "other", None)))
+
+    def _check_gl_coordinates(self, gl: object) -> list[Any]:
+        """``coords.gl``: one ``(G, H)`` pair per bucket, ``shape=[pairs, n, h]`` and
+        ``[pairs, m, h]``."""
         if not isinstance(gl, (list, tuple)) or len(gl) != len(self.bucket_shapes):
             raise ValueError(f"coords.gl must be a list of {len(self.bucket_shapes)} (G, H) "
                              f"tuples, got {type(gl).__name__}"
@@ -448,7 +473,10 @@ class ParameterLayout:
                     got = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor)
                     raise ValueError(f"coords.gl[{b}][{factor}] must have shape {expected}, got "
                                      f"{got}")
-        diagonal = getattr(coords, "diagonal", None)
+        return list(gl)
+
+    def _check_diagonal_coordinates(self, diagonal: Any) -> Sequence[torch.Tensor] | None:
+        """``coords.diagonal``: ``(u, v)`` of all diagonal pairs' coordinates, or ``None``."""
         if self._diagonal:
             size = sum(p.size for p in self._diagonal)
             if (not isinstance(diagonal, (tuple, list)) or len(diagonal) != 2
@@ -458,7 +486,10 @@ class ParameterLayout:
                                  "tensors")
         elif diagonal is not None:
             raise ValueError("coords.diagonal must be None: the model has no diagonal pairs")
-        other = getattr(coords, "other", None)
+        return diagonal
+
+    def _check_other_coordinates(self, other: object) -> Mapping[str, torch.Tensor]:
+        """``coords.other``: a tensor of the reference shape for every other parameter."""
         if not isinstance(other, Mapping):
             raise ValueError("coords.other must be a dict of tensors")
         for name in self._other:
@@ -466,7 +497,7 @@ class ParameterLayout:
             if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != self._shapes[name]:
                 raise ValueError(f"coords.other[{name!r}] must be a tensor of shape "
                                  f"{self._shapes[name]}")
-        return list(gl), diagonal, other
+        return other
 
     def __repr__(self) -> str:
         buckets = ", ".join(f"{len(p)}x(n={n}, m={m}, h={h}, {p[0].group})"

@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["load_model"]
-
 
 def _config_model(config_file: Path) -> nn.Module:
     import torch

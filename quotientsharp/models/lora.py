@@ -57,16 +57,6 @@ from torch import nn
 
 from quotientsharp.models.report import FactorSource, PairGroup
 
-__all__ = [
-    "ADAPTER_STATUSES",
-    "DEGENERATE_POLICIES",
-    "LoraAdapter",
-    "LoraFinding",
-    "base_layer_of",
-    "find_lora_adapters",
-    "is_lora_layer",
-]
-
 #: What discovery decided for an adapter (:attr:`LoraAdapter.status`).
 ADAPTER_STATUSES = ("pair", "degenerate", "merged", "inactive", "frozen", "unsupported",
                     "dropped")
@@ -277,33 +267,77 @@ def _scalar(value: object, default: float = math.nan) -> float:
         return default
 
 
-def _adapter(module_name: str, module: Any, adapter: str, names: dict[int, str],
-             frozen: set[str]) -> tuple[LoraAdapter, _Factors | None]:
+def _magnitude_parameter(module: Any, adapter: str, names: dict[int, str]) -> str | None:
+    """Name of a DoRA adapter's magnitude vector, if it is a registered parameter."""
+    magnitudes = getattr(module, "lora_magnitude_vector", None)
+    if not isinstance(magnitudes, nn.ModuleDict) or adapter not in magnitudes:
+        return None
+    weight = getattr(magnitudes[adapter], "weight", None)
+    return names.get(id(weight)) if isinstance(weight, nn.Parameter) else None
+
+
+def _new_record(module_name: str, module: Any, adapter: str, names: dict[int, str]
+                ) -> LoraAdapter:
+    """The adapter's settings, before any verdict (status ``"pair"``)."""
     r = module.r.get(adapter)
     variant = getattr(module, "lora_variant", {}).get(adapter)
     use_dora = getattr(module, "use_dora", {})
     dora = bool(use_dora.get(adapter, False)) or (
         variant is not None and type(variant).__name__.startswith("Dora"))
-    magnitude = None
-    magnitudes = getattr(module, "lora_magnitude_vector", None)
-    if dora and isinstance(magnitudes, nn.ModuleDict) and adapter in magnitudes:
-        weight = getattr(magnitudes[adapter], "weight", None)
-        if isinstance(weight, nn.Parameter):
-            magnitude = names.get(id(weight))
-    record = LoraAdapter(
+    return LoraAdapter(
         module=module_name, adapter=adapter, layer=type(module).__name__,
         r=r if isinstance(r, int) else -1,
         alpha=_scalar(getattr(module, "lora_alpha", {}).get(adapter)),
         scaling=_scalar(module.scaling.get(adapter)),
         rslora=bool(getattr(module, "use_rslora", {}).get(adapter, False)), dora=dora,
-        magnitude_parameter=magnitude)
+        magnitude_parameter=_magnitude_parameter(module, adapter, names) if dora else None)
+
+
+def _layer_state(module: Any, adapter: str) -> tuple[str, str] | None:
+    """``(status, reason)`` when the layer keeps ``B A`` from reaching its output: a merged
+    adapter (this one or another) or an inactive one; ``None`` when it reaches it."""
+    merged = list(getattr(module, "merged_adapters", []))
+    if adapter in merged:
+        return ("merged", "merged into the base weight: B A no longer reaches the output, no "
+                          "symmetry is left")
+    if merged:
+        return ("merged", f"the layer holds merged adapter(s) {merged}, and PEFT's forward then "
+                          "skips its other adapters too")
+    if getattr(module, "disable_adapters", False) is True:
+        return "inactive", "adapters are disabled on this layer"
+    if adapter not in _active(module):
+        return "inactive", f"not an active adapter (active: {_active(module)})"
+    return None
+
+
+def _with_ranks(record: LoraAdapter, factors: _Factors, r: int) -> LoraAdapter:
+    """``record`` with the factors' numerical ranks, ``"degenerate"`` below ``r``; as it is on
+    the meta device (no values to read)."""
+    if factors.a.is_meta or factors.b.is_meta:
+        return record
+    rank_a, rank_b = _numerical_rank(factors.a_matrix), _numerical_rank(factors.b_matrix)
+    record = replace(record, rank_a=rank_a, rank_b=rank_b)
+    if rank_a >= r and rank_b >= r:
+        return record
+    what = ("B = 0 (a fresh adapter)" if rank_b == 0 else
+            "A = 0" if rank_a == 0 else f"rank(B) = {rank_b}, rank(A) = {rank_a} < r = {r}")
+    return replace(record, status="degenerate",
+                   reason=f"{what}: not a point of the GL({r}) quotient")
+
+
+def _adapter(module_name: str, module: Any, adapter: str, names: dict[int, str],
+             frozen: set[str]) -> tuple[LoraAdapter, _Factors | None]:
+    """What one adapter is (a record with its status), and its factors when it may be a pair."""
+    record = _new_record(module_name, module, adapter, names)
 
     def verdict(status: str, reason: str) -> tuple[LoraAdapter, None]:
         return replace(record, status=status, reason=reason), None
 
+    r = module.r.get(adapter)
+    variant = getattr(module, "lora_variant", {}).get(adapter)
     if not isinstance(r, int) or r <= 0:
         return verdict("unsupported", f"rank r={r!r} is not a positive integer")
-    if variant is not None and not dora:
+    if variant is not None and not record.dora:
         return verdict("unsupported", f"LoRA variant {type(variant).__name__}: only plain LoRA "
                                       "and DoRA are known to keep B A a product")
     factors = _factors(module, adapter)
@@ -316,29 +350,35 @@ def _adapter(module_name: str, module: Any, adapter: str, names: dict[int, str],
     if tuple(factors.a_matrix.shape[:1]) != (r,) or factors.b_matrix.shape[1] != r:
         return verdict("unsupported", f"A {tuple(factors.a.shape)} and B "
                                       f"{tuple(factors.b.shape)} do not meet in r={r} channels")
-    merged = list(getattr(module, "merged_adapters", []))
-    if adapter in merged:
-        return verdict("merged", "merged into the base weight: B A no longer reaches the "
-                                 "output, no symmetry is left")
-    if merged:
-        return verdict("merged", f"the layer holds merged adapter(s) {merged}, and PEFT's "
-                                 "forward then skips its other adapters too")
-    if getattr(module, "disable_adapters", False) is True:
-        return verdict("inactive", "adapters are disabled on this layer")
-    if adapter not in _active(module):
-        return verdict("inactive", f"not an active adapter (active: {_active(module)})")
+    if (state := _layer_state(module, adapter)) is not None:
+        return verdict(*state)
     if record.a_parameter in frozen or record.b_parameter in frozen:
         return verdict("frozen", "A or B does not require gradients")
-    if factors.a.is_meta or factors.b.is_meta:
-        return record, factors
-    rank_a, rank_b = _numerical_rank(factors.a_matrix), _numerical_rank(factors.b_matrix)
-    record = replace(record, rank_a=rank_a, rank_b=rank_b)
-    if rank_a < r or rank_b < r:
-        what = ("B = 0 (a fresh adapter)" if rank_b == 0 else
-                "A = 0" if rank_a == 0 else f"rank(B) = {rank_b}, rank(A) = {rank_a} < r = {r}")
-        return replace(record, status="degenerate",
-                       reason=f"{what}: not a point of the GL({r}) quotient"), factors
-    return record, factors
+    return _with_ranks(record, factors, r), factors
+
+
+def _add_layer(finding: LoraFinding, unread: list[str], module_name: str, module: Any,
+               names: dict[int, str], frozen: set[str], degenerate: str) -> None:
+    """Add the adapters of one LoRA layer to ``finding`` (their pairs, and the base weights
+    they adapt); the labels of pairs whose values could not be read go to ``unread``."""
+    reaching = False
+    for adapter in _names(module):
+        record, factors = _adapter(module_name, module, adapter, names, frozen)
+        # an active adapter, pair or not, changes what the base weight means
+        reaching = reaching or record.status not in ("merged", "inactive")
+        if record.status in ("pair", "degenerate") and factors is not None:
+            if record.status == "pair" or degenerate == "pair":
+                g, h = _sources(names, factors)
+                finding.groups.append(PairGroup(record.label, "lora", 1, record.r, (g,), (h,)))
+            if record.rank_a is None:
+                unread.append(record.label)
+        finding.adapters.append(record)
+    if not reaching:
+        return
+    base = base_layer_of(module)
+    for parameter in (base.parameters() if base is not None else ()):
+        if id(parameter) in names:
+            finding.adapted_bases[names[id(parameter)]] = module_name
 
 
 # ---------------------------------------------------------------------- the walk
@@ -366,29 +406,10 @@ def find_lora_adapters(model: nn.Module, names: dict[int, str], frozen: Iterable
         raise ValueError(f"degenerate must be one of {DEGENERATE_POLICIES}, got {degenerate!r}")
     frozen = set(frozen)
     finding = LoraFinding()
-    unread = []
+    unread: list[str] = []
     for module_name, module in model.named_modules():
-        if not is_lora_layer(module):
-            continue
-        reaching = False
-        for adapter in _names(module):
-            record, factors = _adapter(module_name, module, adapter, names, frozen)
-            # an active adapter, pair or not, changes what the base weight means
-            reaching = reaching or record.status not in ("merged", "inactive")
-            if record.status in ("pair", "degenerate") and factors is not None:
-                keep = record.status == "pair" or degenerate == "pair"
-                if keep:
-                    g, h = _sources(names, factors)
-                    finding.groups.append(PairGroup(record.label, "lora", 1, record.r, (g,),
-                                                    (h,)))
-                if record.rank_a is None:
-                    unread.append(record.label)
-            finding.adapters.append(record)
-        if reaching:
-            base = base_layer_of(module)
-            for parameter in (base.parameters() if base is not None else ()):
-                if id(parameter) in names:
-                    finding.adapted_bases[names[id(parameter)]] = module_name
+        if is_lora_layer(module):
+            _add_layer(finding, unread, module_name, module, names, frozen, degenerate)
     _summary_notes(finding, degenerate)
     if unread:
         finding.notes.append(f"{len(unread)} LoRA adapter(s) on the meta device (built from "

@@ -42,8 +42,6 @@ from quotientsharp.models.layout import ParameterLayout
 from quotientsharp.models.report import SymmetryReport
 from quotientsharp.models.symmetry_check import check_structure
 
-__all__ = ["QuotientSGD"]
-
 _METRICS = ("mix", "inv")
 
 
@@ -54,6 +52,22 @@ def _check_number(name: str, value: object, minimum: float, strict: bool = False
         relation = ">" if strict else ">="
         raise ValueError(f"{name} must be {relation} {minimum}, got {value!r}")
     return float(value)
+
+
+def _param_groups(named: dict[str, nn.Parameter], pair_names: list[str]
+                  ) -> list[dict[str, Any]]:
+    """The non-empty param groups: the pairs' parameters, then every other trainable one."""
+    frozen = [n for n in pair_names if not named[n].requires_grad]
+    if frozen:
+        raise ValueError(f"symmetries: pair parameter(s) {frozen} do not require gradients")
+    in_pairs = set(pair_names)
+    other = [t for n, t in named.items() if t.requires_grad and n not in in_pairs]
+    groups = [{"params": [named[n] for n in pair_names], "kind": "pairs"},
+              {"params": other, "kind": "other"}]
+    groups = [g for g in groups if g["params"]]
+    if not groups:
+        raise ValueError("model has no trainable parameter")
+    return groups
 
 
 class QuotientSGD(torch.optim.Optimizer):
@@ -124,49 +138,48 @@ class QuotientSGD(torch.optim.Optimizer):
 
             symmetries = find_symmetries(model, degenerate="pair")
         if isinstance(symmetries, SymmetryReport):
-            self._layout = ParameterLayout(symmetries, named)
-            for shape, rotary, pairs in zip(self._layout.bucket_shapes,
-                                            self._layout.bucket_rotary,
-                                            self._layout.gl_pairs, strict=True):
-                # one quotient per bucket, the metric object of the core (no formula here)
-                if rotary is None:
-                    self._quotients.append(GLQuotient(metric, eps))
-                else:
-                    self._quotients.append(RotaryQuotient(metric, eps, head_dim=shape[2],
-                                                          rotary_dims=rotary[0],
-                                                          layout=rotary[1]))
-                self._labels.append([f"{p.module} {p.kind} head {p.head}" for p in pairs])
-            pair_names = [n for n in self._layout.names
-                          if n not in set(symmetries.other) | set(symmetries.diagonal_parameters)]
-            if symmetries.diagonal:
-                raise ValueError("symmetries: diagonal GL(1) pairs are not supported by "
-                                 "QuotientSGD (GL pairs only)")
+            pair_names = self._use_report(symmetries, metric, eps)
         elif not isinstance(symmetries, str) and isinstance(symmetries, Sequence) and all(
                 isinstance(b, QuotientBinding) for b in symmetries):
-            self._bindings = [b for b in symmetries if isinstance(b, QuotientBinding)]
-            # the rules and the structure check of sharpness(): what it refuses is refused here
-            trainable = {n: t.detach() for n, t in named.items() if t.requires_grad}
-            validate_bindings(self._bindings, trainable)
-            for binding in self._bindings:
-                check_structure(binding, trainable)
-            pair_names = list(dict.fromkeys(n for b in self._bindings for n in b.parameters))
+            pair_names = self._use_bindings(symmetries)
         else:
             raise TypeError(f"symmetries must be 'auto', a SymmetryReport or QuotientBinding(s), "
                             f"got {type(symmetries).__name__}")
-        frozen = [n for n in pair_names if not named[n].requires_grad]
-        if frozen:
-            raise ValueError(f"symmetries: pair parameter(s) {frozen} do not require gradients")
-        in_pairs = set(pair_names)
-        other = [t for n, t in named.items() if t.requires_grad and n not in in_pairs]
-        groups = [{"params": [named[n] for n in pair_names], "kind": "pairs"},
-                  {"params": other, "kind": "other"}]
-        groups = [g for g in groups if g["params"]]
-        if not groups:
-            raise ValueError("model has no trainable parameter")
+        groups = _param_groups(named, pair_names)
         defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay}
         super().__init__(groups, defaults)
         self.metric, self.eps = metric, eps
         self._pair_names = pair_names
+
+    def _use_report(self, report: SymmetryReport, metric: str, eps: float) -> list[str]:
+        """Step the pairs of ``report``: one quotient per bucket of its layout; the pairs'
+        parameter names."""
+        self._layout = ParameterLayout(report, self._named)
+        for shape, rotary, pairs in zip(self._layout.bucket_shapes, self._layout.bucket_rotary,
+                                        self._layout.gl_pairs, strict=True):
+            # one quotient per bucket, the metric object of the core (no formula here)
+            if rotary is None:
+                self._quotients.append(GLQuotient(metric, eps))
+            else:
+                self._quotients.append(RotaryQuotient(metric, eps, head_dim=shape[2],
+                                                      rotary_dims=rotary[0], layout=rotary[1]))
+            self._labels.append([f"{p.module} {p.kind} head {p.head}" for p in pairs])
+        pair_names = [n for n in self._layout.names
+                      if n not in set(report.other) | set(report.diagonal_parameters)]
+        if report.diagonal:
+            raise ValueError("symmetries: diagonal GL(1) pairs are not supported by "
+                             "QuotientSGD (GL pairs only)")
+        return pair_names
+
+    def _use_bindings(self, bindings: Sequence[object]) -> list[str]:
+        """Step ``bindings``, refused by the rules and the structure check of sharpness() (what
+        it refuses is refused here); their parameter names."""
+        self._bindings = [b for b in bindings if isinstance(b, QuotientBinding)]
+        trainable = {n: t.detach() for n, t in self._named.items() if t.requires_grad}
+        validate_bindings(self._bindings, trainable)
+        for binding in self._bindings:
+            check_structure(binding, trainable)
+        return list(dict.fromkeys(n for b in self._bindings for n in b.parameters))
 
     # ------------------------------------------------------------------ steps
     def _descend(self, group: dict[str, Any], params: list[torch.Tensor],

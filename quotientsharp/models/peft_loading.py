@@ -36,8 +36,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["ADAPTER_CONFIG", "load_peft_directory", "saved_adapters"]
-
 #: The file that marks a directory as a saved PEFT adapter.
 ADAPTER_CONFIG = "adapter_config.json"
 #: The name PEFT gives the adapter it saves into the directory itself.

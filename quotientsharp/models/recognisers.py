@@ -43,16 +43,6 @@ from quotientsharp.models.conventions import (
 from quotientsharp.models.lora import base_layer_of
 from quotientsharp.models.report import FactorSource, PairGroup
 
-__all__ = [
-    "HANDLERS",
-    "HEAD_COUNT_ATTRIBUTES",
-    "QKV_LIKE_NAMES",
-    "Finding",
-    "Unsupported",
-    "looks_like_attention",
-    "own_qkv_like_count",
-]
-
 #: Attributes that hold the number of attention heads, in the order they are tried.
 HEAD_COUNT_ATTRIBUTES = ("num_heads", "num_attention_heads", "n_heads", "heads")
 #: Child (or parameter) names that make a module look like attention when no handler knows it.
@@ -146,14 +136,8 @@ def _head_count(module: nn.Module, q_features: int) -> int:
                        + ", head_dim or config.num_attention_heads)")
 
 
-def _check_head_split(module: nn.Module, heads: int, query_width: int, key_width: int,
-                      value_width: int, output_width: int) -> HeadSplit:
-    """The head split of a q/k/v/o attention from its projection widths, after consistency checks.
-
-    Keys narrower than queries mean grouped- or multi-query attention: ``kv_heads`` key/value
-    heads of the query head dimension, each shared by ``heads / kv_heads`` query heads in the
-    HF ``repeat_kv`` convention (checked against the module's ``repeat_kv`` helper if any).
-    """
+def _check_declared_head_dim(module: nn.Module, heads: int, query_width: int) -> int:
+    """The query head dimension ``query_width / heads``, checked against the module's own."""
     if query_width % heads:
         raise Unsupported(f"{heads} heads do not divide the query width {query_width}")
     head_dim_k = query_width // heads
@@ -162,31 +146,34 @@ def _check_head_split(module: nn.Module, heads: int, query_width: int, key_width
         if isinstance(declared, int) and not isinstance(declared, bool) and declared != head_dim_k:
             raise Unsupported(f"{attribute}={declared} but the query width {query_width} and "
                                f"{heads} heads give {head_dim_k}")
-    if key_width == query_width:
-        if value_width % heads:
-            raise Unsupported(f"{heads} heads do not divide the value width {value_width}")
-        split = HeadSplit(heads, heads, head_dim_k, value_width // heads)
-    else:
-        grouped = (f"grouped/multi-query attention (key width {key_width}, query width "
-                   f"{query_width})")
-        kv_heads = 0 if key_width % head_dim_k else key_width // head_dim_k
-        if kv_heads == 0 or heads % kv_heads:
-            raise Unsupported(f"{grouped}: the keys do not split into heads of the query head "
-                               f"dimension {head_dim_k} whose number divides {heads}")
-        if value_width % kv_heads or output_width != heads * (value_width // kv_heads):
-            raise Unsupported(f"{grouped}: {kv_heads} key heads, but values of width "
-                               f"{value_width} and an output projection reading {output_width} "
-                               f"features do not split into {kv_heads} value heads shared by "
-                               f"{heads // kv_heads} query heads each")
-        sharing, source = detect_kv_sharing(module)
-        if sharing != "grouped":
-            raise Unsupported(f"{grouped}: {source} shares key/value heads "
-                               f"{'tiled' if sharing else 'in an unknown way'}, not as "
-                               "repeat_interleave (query head i reads key/value head i // g)")
-        split = HeadSplit(heads, kv_heads, head_dim_k, value_width // kv_heads)
-    if output_width != split.heads * split.head_dim_v:
-        raise Unsupported(f"output projection reads {output_width} features, values have "
-                           f"{split.heads * split.head_dim_v} after sharing")
+    return head_dim_k
+
+
+def _grouped_split(module: nn.Module, heads: int, head_dim_k: int, query_width: int,
+                   key_width: int, value_width: int, output_width: int) -> HeadSplit:
+    """The head split when keys are narrower than queries (grouped- or multi-query attention)."""
+    grouped = (f"grouped/multi-query attention (key width {key_width}, query width "
+               f"{query_width})")
+    kv_heads = 0 if key_width % head_dim_k else key_width // head_dim_k
+    if kv_heads == 0 or heads % kv_heads:
+        raise Unsupported(f"{grouped}: the keys do not split into heads of the query head "
+                           f"dimension {head_dim_k} whose number divides {heads}")
+    if value_width % kv_heads or output_width != heads * (value_width // kv_heads):
+        raise Unsupported(f"{grouped}: {kv_heads} key heads, but values of width "
+                           f"{value_width} and an output projection reading {output_width} "
+                           f"features do not split into {kv_heads} value heads shared by "
+                           f"{heads // kv_heads} query heads each")
+    sharing, source = detect_kv_sharing(module)
+    if sharing != "grouped":
+        raise Unsupported(f"{grouped}: {source} shares key/value heads "
+                           f"{'tiled' if sharing else 'in an unknown way'}, not as "
+                           "repeat_interleave (query head i reads key/value head i // g)")
+    return HeadSplit(heads, kv_heads, head_dim_k, value_width // kv_heads)
+
+
+def _check_declared_sharing(module: nn.Module, split: HeadSplit, key_width: int) -> None:
+    """The module's own ``num_key_value_groups`` and ``num_key_value_heads`` agree with
+    ``split``."""
     declared_groups = getattr(module, "num_key_value_groups", None)
     if isinstance(declared_groups, int) and declared_groups != split.group_size:
         raise Unsupported(f"num_key_value_groups={declared_groups} but the projection widths "
@@ -195,6 +182,28 @@ def _check_head_split(module: nn.Module, heads: int, query_width: int, key_width
     if isinstance(declared_kv, int) and declared_kv != split.kv_heads:
         raise Unsupported(f"num_key_value_heads={declared_kv} but the key width {key_width} "
                            f"gives {split.kv_heads}")
+
+
+def _check_head_split(module: nn.Module, heads: int, query_width: int, key_width: int,
+                      value_width: int, output_width: int) -> HeadSplit:
+    """The head split of a q/k/v/o attention from its projection widths, after consistency checks.
+
+    Keys narrower than queries mean grouped- or multi-query attention: ``kv_heads`` key/value
+    heads of the query head dimension, each shared by ``heads / kv_heads`` query heads in the
+    HF ``repeat_kv`` convention (checked against the module's ``repeat_kv`` helper if any).
+    """
+    head_dim_k = _check_declared_head_dim(module, heads, query_width)
+    if key_width == query_width:
+        if value_width % heads:
+            raise Unsupported(f"{heads} heads do not divide the value width {value_width}")
+        split = HeadSplit(heads, heads, head_dim_k, value_width // heads)
+    else:
+        split = _grouped_split(module, heads, head_dim_k, query_width, key_width, value_width,
+                               output_width)
+    if output_width != split.heads * split.head_dim_v:
+        raise Unsupported(f"output projection reads {output_width} features, values have "
+                           f"{split.heads * split.head_dim_v} after sharing")
+    _check_declared_sharing(module, split, key_width)
     return split
 
 

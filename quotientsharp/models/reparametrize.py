@@ -26,8 +26,6 @@ from quotientsharp.models.conventions import RotarySpec
 from quotientsharp.models.layout import ParameterLayout
 from quotientsharp.models.report import SymmetryReport
 
-__all__ = ["reparametrize"]
-
 #: Resample a Gaussian factor whose 2-norm condition number exceeds this.
 MAX_CONDITION = 1e6
 #: Resample a diagonal factor smaller than this in magnitude (the 1-D analogue of conditioning).
@@ -81,6 +79,73 @@ def _sample_matrices(count: int, size: int, generator: torch.Generator | None,
                        f"below {max_condition:g}")
 
 
+def _parameters_of(model_or_params: object) -> dict[str, torch.Tensor]:
+    """A new dict of the module's ``named_parameters()`` (frozen included), or of the dict."""
+    if isinstance(model_or_params, nn.Module):
+        return dict(model_or_params.named_parameters())
+    if isinstance(model_or_params, Mapping):
+        return dict(model_or_params)
+    raise TypeError("model_or_params must be a torch.nn.Module or a dict of tensors, got "
+                    f"{type(model_or_params).__name__}")
+
+
+def _check_scale(scale: object) -> float:
+    """``scale`` as a finite nonzero float."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float, got {type(scale).__name__}")
+    scale = float(scale)
+    if not (scale == scale and abs(scale) != float("inf") and scale != 0.0):
+        raise ValueError(f"scale must be finite and nonzero, got {scale}")
+    return scale
+
+
+def _move_bucket(g_factor: torch.Tensor, h_factor: torch.Tensor, applied: list[bool],
+                 rotary: RotarySpec | None, scale: float, generator: torch.Generator | None,
+                 max_condition: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(G A^{-1}, H A^T, A)`` for one bucket, ``G`` ``shape=[P, n, h]``, ``H`` ``[P, m, h]``.
+
+    ``A`` ``shape=[P, h, h]`` (float64, CPU) is ``scale`` times a random group element where
+    ``applied``, the identity elsewhere; a random element is drawn for every pair all the same.
+    """
+    count, size = g_factor.shape[0], g_factor.shape[-1]
+    matrices = scale * _sample_matrices(count, size, generator, max_condition, rotary)
+    applied_mask = torch.tensor(applied, device="cpu")
+    identity = torch.eye(size, dtype=torch.float64, device="cpu").expand(count, size, size)
+    matrices = torch.where(applied_mask[:, None, None], matrices, identity)
+    dtype = _compute_dtype(g_factor.device)
+    on_device = matrices.to(device=g_factor.device, dtype=dtype)
+    # G A^{-1}: solve X A = G rather than forming the inverse
+    new_g = torch.linalg.solve(on_device, g_factor.to(dtype), left=False)
+    new_h = h_factor.to(dtype) @ on_device.mT
+    return new_g.to(g_factor.dtype), new_h.to(h_factor.dtype), matrices
+
+
+def _move_diagonal(diagonal: Sequence[torch.Tensor], scale: float,
+                   generator: torch.Generator | None, applied: bool
+                   ) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``((u c, v / c), c)`` for the diagonal coordinates ``(u, v)``, ``shape=[D]``.
+
+    ``c`` (float64, CPU) is ``scale`` times Gaussian draws redrawn below
+    :data:`MIN_DIAGONAL_FACTOR` in size, or ones if not ``applied`` (drawn all the same).
+    """
+    u, v = diagonal
+    draws = torch.randn(u.shape[0], generator=generator, dtype=torch.float64, device="cpu")
+    for _ in range(_MAX_RESAMPLES):
+        small = draws.abs() < MIN_DIAGONAL_FACTOR
+        if not bool(small.any()):
+            break
+        draws[small] = torch.randn(int(small.sum()), generator=generator,
+                                   dtype=torch.float64, device="cpu")
+    diagonal_factors = scale * draws
+    if not applied:
+        diagonal_factors = torch.ones_like(diagonal_factors)
+    dtype = _compute_dtype(u.device)
+    factors = diagonal_factors.to(device=u.device, dtype=dtype)
+    new_u = (u.to(dtype) * factors).to(u.dtype)
+    new_v = (v.to(dtype) / factors).to(v.dtype)
+    return (new_u, new_v), diagonal_factors
+
+
 def reparametrize(model_or_params: nn.Module | Mapping[str, torch.Tensor],
                   report: SymmetryReport, scale: float = 1.0,
                   generator: torch.Generator | None = None,
@@ -120,21 +185,10 @@ def reparametrize(model_or_params: nn.Module | Mapping[str, torch.Tensor],
         tensors of the original dtype and device, the others are the input tensors.
         With ``return_transforms``: ``(params, (bucket_matrices, diagonal_factors))``.
     """
-    params: dict[str, torch.Tensor]
-    if isinstance(model_or_params, nn.Module):
-        params = dict(model_or_params.named_parameters())
-    elif isinstance(model_or_params, Mapping):
-        params = dict(model_or_params)
-    else:
-        raise TypeError("model_or_params must be a torch.nn.Module or a dict of tensors, got "
-                        f"{type(model_or_params).__name__}")
+    params = _parameters_of(model_or_params)
     if not isinstance(report, SymmetryReport):
         raise TypeError(f"report must be a SymmetryReport, got {type(report).__name__}")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float, got {type(scale).__name__}")
-    scale = float(scale)
-    if not (scale == scale and abs(scale) != float("inf") and scale != 0.0):
-        raise ValueError(f"scale must be finite and nonzero, got {scale}")
+    scale = _check_scale(scale)
     unknown_kinds = set(kinds) - {"qk", "vo", "lora", "diagonal"}
     if unknown_kinds:
         raise ValueError(f"kinds must be among 'qk', 'vo', 'lora', 'diagonal', got "
@@ -149,40 +203,19 @@ def reparametrize(model_or_params: nn.Module | Mapping[str, torch.Tensor],
         coords = layout.to_coordinates(params)
         new_gl = []
         matrices_per_bucket = []
+        # bucket by bucket, then the diagonal: the order of the generator's draws
         for (g_factor, h_factor), pairs, rotary in zip(coords.gl, coords.gl_pairs,
                                                        layout.bucket_rotary, strict=True):
-            count, size = g_factor.shape[0], g_factor.shape[-1]
-            matrices = scale * _sample_matrices(count, size, generator, max_condition, rotary)
-            applied = torch.tensor([pair.kind in kinds for pair in pairs], device="cpu")
-            identity = torch.eye(size, dtype=torch.float64, device="cpu").expand(count, size,
-                                                                                 size)
-            matrices = torch.where(applied[:, None, None], matrices, identity)
+            applied = [pair.kind in kinds for pair in pairs]
+            new_g, new_h, matrices = _move_bucket(g_factor, h_factor, applied, rotary, scale,
+                                                  generator, max_condition)
+            new_gl.append((new_g, new_h))
             matrices_per_bucket.append(matrices)
-            dtype = _compute_dtype(g_factor.device)
-            on_device = matrices.to(device=g_factor.device, dtype=dtype)
-            # G A^{-1}: solve X A = G rather than forming the inverse
-            new_g = torch.linalg.solve(on_device, g_factor.to(dtype), left=False)
-            new_h = h_factor.to(dtype) @ on_device.mT
-            new_gl.append((new_g.to(g_factor.dtype), new_h.to(h_factor.dtype)))
         diagonal_factors = None
         new_diagonal = coords.diagonal
         if coords.diagonal is not None:
-            u, v = coords.diagonal
-            draws = torch.randn(u.shape[0], generator=generator, dtype=torch.float64,
-                                device="cpu")
-            for _ in range(_MAX_RESAMPLES):
-                small = draws.abs() < MIN_DIAGONAL_FACTOR
-                if not bool(small.any()):
-                    break
-                draws[small] = torch.randn(int(small.sum()), generator=generator,
-                                           dtype=torch.float64, device="cpu")
-            diagonal_factors = scale * draws
-            if "diagonal" not in kinds:
-                diagonal_factors = torch.ones_like(diagonal_factors)
-            dtype = _compute_dtype(u.device)
-            factors = diagonal_factors.to(device=u.device, dtype=dtype)
-            new_diagonal = ((u.to(dtype) * factors).to(u.dtype),
-                            (v.to(dtype) / factors).to(v.dtype))
+            new_diagonal, diagonal_factors = _move_diagonal(coords.diagonal, scale, generator,
+                                                            "diagonal" in kinds)
         moved = layout.to_parameters(coords.replace(gl=new_gl, diagonal=new_diagonal))
     result = dict(params)
     for name in report.pair_parameters + report.diagonal_parameters:

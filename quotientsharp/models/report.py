@@ -23,16 +23,6 @@ from quotientsharp.models.conventions import RotarySpec, rotary_group_dimension,
 if TYPE_CHECKING:
     from quotientsharp.models.lora import LoraAdapter
 
-__all__ = [
-    "PAIR_KINDS",
-    "AttentionModule",
-    "AttentionPair",
-    "DiagonalPair",
-    "FactorSource",
-    "PairGroup",
-    "SymmetryReport",
-]
-
 PAIR_KINDS = ("qk", "vo")
 
 
@@ -361,60 +351,84 @@ class SymmetryReport:
     # ------------------------------------------------------------------ text
     def summary(self) -> str:
         """Readable multi-line description: modules, pair counts, head dims, what was not found."""
+        sections = (self._totals_lines, self._module_lines, self._bucket_lines,
+                    self._adapter_lines, self._diagonal_lines, self._frozen_lines,
+                    self._note_lines, self._unknown_lines)
+        return "\n".join(line for section in sections for line in section())
+
+    def _totals_lines(self) -> list[str]:
+        """The pair, coordinate and parameter counts."""
         rotary = sum(pair.rotary is not None for pair in self.pairs)
         rotary_text = (f" ({rotary} of them rotary query/key pairs, group GL(1,C)^(R/2) x "
                        "GL(h-R))") if rotary else ""
-        lines = [f"Symmetries of {self.model_type or 'model'}: {self.gl_count} GL(h) pairs"
-                 f"{rotary_text} in {len(self.bucket_groups)} shape bucket(s), "
-                 f"{self.diagonal_size} diagonal GL(1) coordinate(s), group dimension "
-                 f"{self.group_dimension}"]
-        lines.append(f"  parameters: {self.pair_parameter_count:,} in attention pairs, "
-                     f"{self.diagonal_parameter_count:,} diagonal, "
-                     f"{self.other_parameter_count:,} other (adaptive), "
-                     f"{self.frozen_parameter_count:,} frozen (excluded)")
-        if self.modules:
-            lines.append(f"  attention modules ({len(self.modules)}):")
-            by_module: dict[str, list[PairGroup]] = defaultdict(list)
-            for group in self.groups:
-                by_module[group.module].append(group)
-            for module in self.modules:
-                kinds = "  ".join(
-                    f"{g.kind} (n={g.n}, m={g.m}, h={g.head_dim}, {g.group}"
-                    + (f", {g.rotary[1]} rotary on {g.rotary[0]} dims" if g.rotary else "") + ")"
-                    for g in by_module.get(module.name, []))
-                heads = f"{module.heads} heads"
-                if module.kv_heads is not None and module.kv_heads != module.heads:
-                    plural = "s" if module.kv_heads > 1 else ""
-                    heads += f" ({module.kv_heads} key/value head{plural})"
-                lines.append(f"    {module.name or '<root>'}  {module.type_name}  "
-                             f"[{module.layout}]  {heads}  {kinds or 'no pairs'}")
-        if self.pairs:
-            lines.append("  buckets (all heads of all layers with one shape and group):")
-            for (n, m, h, spec), count in self.bucket_groups.items():
-                lines.append(f"    n={n}, m={m}, h={h}, {rotary_group_name(h, spec)}: "
-                             f"{count} pairs")
-        if self.adapters:
-            pairs = sum(a.status == "pair" for a in self.adapters)
-            lines.append(f"  LoRA adapters ({len(self.adapters)}, {pairs} GL(r) pairs):")
-            lines.extend(f"    {adapter.summary_line()}" for adapter in self.adapters)
-        if self.diagonal:
-            lines.append("  diagonal parameterisations:")
-            for pair in self.diagonal:
-                lines.append(f"    ({pair.u_name}, {pair.v_name}): {pair.size} coordinates")
-        if self.frozen:
-            shown = ", ".join(self.frozen[:10]) + (", ..." if len(self.frozen) > 10 else "")
-            lines.append(f"  frozen parameters ({len(self.frozen)}): {shown}")
-        for note in self.notes:
-            lines.append(f"  note: {note}")
-        if self.unknown:
-            lines.append(f"  WARNING: {len(self.unknown)} attention-like module(s) NOT understood; "
-                         "no symmetry is used for them, their parameters are plain 'other' "
-                         "parameters:")
-            for name in self.unknown:
-                lines.append(f"    {name or '<root>'}: {self.unknown_reasons.get(name, '')}")
-        else:
-            lines.append("  every attention-like module was understood")
-        return "\n".join(lines)
+        return [f"Symmetries of {self.model_type or 'model'}: {self.gl_count} GL(h) pairs"
+                f"{rotary_text} in {len(self.bucket_groups)} shape bucket(s), "
+                f"{self.diagonal_size} diagonal GL(1) coordinate(s), group dimension "
+                f"{self.group_dimension}",
+                f"  parameters: {self.pair_parameter_count:,} in attention pairs, "
+                f"{self.diagonal_parameter_count:,} diagonal, "
+                f"{self.other_parameter_count:,} other (adaptive), "
+                f"{self.frozen_parameter_count:,} frozen (excluded)"]
+
+    def _module_lines(self) -> list[str]:
+        """One line per recognised attention module: layout, heads, pair groups."""
+        if not self.modules:
+            return []
+        lines = [f"  attention modules ({len(self.modules)}):"]
+        by_module: dict[str, list[PairGroup]] = defaultdict(list)
+        for group in self.groups:
+            by_module[group.module].append(group)
+        for module in self.modules:
+            kinds = "  ".join(
+                f"{g.kind} (n={g.n}, m={g.m}, h={g.head_dim}, {g.group}"
+                + (f", {g.rotary[1]} rotary on {g.rotary[0]} dims" if g.rotary else "") + ")"
+                for g in by_module.get(module.name, []))
+            heads = f"{module.heads} heads"
+            if module.kv_heads is not None and module.kv_heads != module.heads:
+                plural = "s" if module.kv_heads > 1 else ""
+                heads += f" ({module.kv_heads} key/value head{plural})"
+            lines.append(f"    {module.name or '<root>'}  {module.type_name}  "
+                         f"[{module.layout}]  {heads}  {kinds or 'no pairs'}")
+        return lines
+
+    def _bucket_lines(self) -> list[str]:
+        if not self.pairs:
+            return []
+        return ["  buckets (all heads of all layers with one shape and group):"] + [
+            f"    n={n}, m={m}, h={h}, {rotary_group_name(h, spec)}: {count} pairs"
+            for (n, m, h, spec), count in self.bucket_groups.items()]
+
+    def _adapter_lines(self) -> list[str]:
+        if not self.adapters:
+            return []
+        pairs = sum(a.status == "pair" for a in self.adapters)
+        return [f"  LoRA adapters ({len(self.adapters)}, {pairs} GL(r) pairs):"] + [
+            f"    {adapter.summary_line()}" for adapter in self.adapters]
+
+    def _diagonal_lines(self) -> list[str]:
+        if not self.diagonal:
+            return []
+        return ["  diagonal parameterisations:"] + [
+            f"    ({pair.u_name}, {pair.v_name}): {pair.size} coordinates"
+            for pair in self.diagonal]
+
+    def _frozen_lines(self) -> list[str]:
+        if not self.frozen:
+            return []
+        shown = ", ".join(self.frozen[:10]) + (", ..." if len(self.frozen) > 10 else "")
+        return [f"  frozen parameters ({len(self.frozen)}): {shown}"]
+
+    def _note_lines(self) -> list[str]:
+        return [f"  note: {note}" for note in self.notes]
+
+    def _unknown_lines(self) -> list[str]:
+        """The attention-like modules not understood, or that there were none."""
+        if not self.unknown:
+            return ["  every attention-like module was understood"]
+        return [f"  WARNING: {len(self.unknown)} attention-like module(s) NOT understood; "
+                "no symmetry is used for them, their parameters are plain 'other' "
+                "parameters:"] + [f"    {name or '<root>'}: {self.unknown_reasons.get(name, '')}"
+                                  for name in self.unknown]
 
     def __str__(self) -> str:
         return self.summary()

@@ -59,10 +59,6 @@ CONTRACT_UNITS = 2
 #: (:func:`group_scale`).
 ALGEBRA_SCALE = 0.5
 
-__all__ = ["SymmetryCheck", "SymmetryCheckError", "builtin_quotient", "check_bindings",
-           "check_structure", "check_symmetry", "contract_point", "group_scale",
-           "symmetry_tolerance"]
-
 
 class SymmetryCheckError(ValueError):
     """A binding fails its check: the group does not leave the model's function unchanged,

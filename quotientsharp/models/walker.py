@@ -11,12 +11,14 @@ pairs. It never writes the model's tensors, and reads values only for the rank o
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from torch import nn
 
-from quotientsharp.models.lora import find_lora_adapters, mark_dropped
+from quotientsharp.models.lora import LoraFinding, find_lora_adapters, mark_dropped
 from quotientsharp.models.recognisers import (
     HANDLERS,
     QKV_LIKE_NAMES,
@@ -27,7 +29,31 @@ from quotientsharp.models.recognisers import (
 )
 from quotientsharp.models.report import AttentionModule, DiagonalPair, PairGroup, SymmetryReport
 
-__all__ = ["find_symmetries"]
+
+@dataclass
+class _Recognised:
+    """What the recognisers made of the modules (the first pass of :func:`find_symmetries`).
+
+    Attributes
+    ----------
+    findings
+        ``(module name, module, finding)`` of each recognised module, in module order.
+    claimed
+        Roots of the subtrees handled or rejected by a recogniser: nothing below is looked at.
+    handled
+        The recognised modules.
+    diagonal
+        ``(u, v)`` names of the ``diagonal = True`` modules.
+    """
+
+    findings: list[tuple[str, nn.Module, Finding]] = field(default_factory=list)
+    claimed: list[str] = field(default_factory=list)
+    handled: list[str] = field(default_factory=list)
+    diagonal: list[tuple[str, str]] = field(default_factory=list)
+
+    def claims(self, module_name: str) -> bool:
+        """Whether ``module_name`` lies in a subtree a recogniser already handled or rejected."""
+        return any(_inside(module_name, prefix) for prefix in self.claimed)
 
 
 def _inside(name: str, prefix: str) -> bool:
@@ -43,6 +69,206 @@ def _rotary_embedding_sizes(model: nn.Module) -> set[int]:
     """
     return {2 * buffer.numel() for name, buffer in model.named_buffers()
             if name.rsplit(".", 1)[-1] == "inv_freq"}
+
+
+def _dropped(module_name: str, group: PairGroup, reason: str) -> str:
+    """The note that the pairs of ``group`` are dropped, and why."""
+    return f"{module_name or '<root>'}: {group.kind} pairs dropped, {reason}"
+
+
+# ---------------------------------------------------------------------- pass 1: recognise
+def _own_diagonal_pair(module: nn.Module, names: dict[int, str]) -> tuple[str, str] | None:
+    """``(u, v)`` names of a ``diagonal = True`` module's own parameters ``u`` and ``v``."""
+    if getattr(module, "diagonal", False) is not True:
+        return None
+    u, v = module._parameters.get("u"), module._parameters.get("v")
+    if isinstance(u, nn.Parameter) and isinstance(v, nn.Parameter):
+        return names[id(u)], names[id(v)]
+    return None
+
+
+def _recognise(model: nn.Module, names: dict[int, str], report: SymmetryReport) -> _Recognised:
+    """Run the recognisers over every module not inside a claimed subtree.
+
+    The first recogniser that understands a module (a :class:`Finding`) or rejects it
+    (:class:`Unsupported`, listed in ``report.unknown``) claims its whole subtree.
+    """
+    found = _Recognised()
+    for module_name, module in model.named_modules():
+        if found.claims(module_name):
+            continue
+        if (pair := _own_diagonal_pair(module, names)) is not None:
+            found.diagonal.append(pair)
+        for handler in HANDLERS:
+            try:
+                finding = handler(module_name, module, names)
+            except Unsupported as reason:
+                found.claimed.append(module_name)
+                report.unknown.append(module_name)
+                report.unknown_reasons[module_name] = f"{type(module).__name__}: {reason}"
+                break
+            if finding is not None:
+                found.claimed.append(module_name)
+                found.handled.append(module_name)
+                found.findings.append((module_name, module, finding))
+                break
+    return found
+
+
+def _is_unrecognised_attention(module_name: str, module: nn.Module, found: _Recognised) -> bool:
+    """Whether an unclaimed module with parameters looks like attention that no recogniser
+    understood (a module whose recognised descendants own all its q/k/v-like children is not)."""
+    if found.claims(module_name):
+        return False
+    if not looks_like_attention(module) or next(module.parameters(), None) is None:
+        return False
+    has_handled_descendant = any(_inside(h, module_name) for h in found.handled)
+    return not (has_handled_descendant and own_qkv_like_count(module) == 0)
+
+
+def _list_unrecognised_attention(model: nn.Module, found: _Recognised,
+                                 report: SymmetryReport) -> None:
+    """Add the attention-like modules no recogniser claimed to ``report.unknown``, then sort
+    ``report.unknown`` in module order."""
+    for module_name, module in model.named_modules():
+        if not _is_unrecognised_attention(module_name, module, found):
+            continue
+        report.unknown.append(module_name)
+        report.unknown_reasons[module_name] = (
+            f"{type(module).__name__}: attention-like (class name or q/k/v-looking children: "
+            f"{sorted({c for c in module._modules} & QKV_LIKE_NAMES) or 'none'}) but no "
+            "supported layout (nn.MultiheadAttention, BERT/ViT query/key/value + output.dense, "
+            "q_proj/k_proj/v_proj/o_proj|out_proj or q_lin/k_lin/v_lin/out_lin with a head "
+            "count, GPT-2 c_attn/c_proj, GPT-NeoX/BLOOM query_key_value/dense)")
+    module_order = {module_name: i for i, (module_name, _) in enumerate(model.named_modules())}
+    report.unknown.sort(key=module_order.__getitem__)
+
+
+def _add_explicit_diagonals(found: list[tuple[str, str]],
+                            explicit_pairs: Sequence[tuple[str, str]] | None,
+                            named: dict[str, nn.Parameter]) -> None:
+    """Check the user's ``diagonal`` pairs and append the new ones to ``found``."""
+    for explicit in explicit_pairs or ():
+        if (not isinstance(explicit, (tuple, list)) or len(explicit) != 2
+                or not all(isinstance(s, str) for s in explicit)):
+            raise TypeError(f"diagonal must be a list of (u_name, v_name) string pairs, got "
+                            f"{explicit!r}")
+        for item in explicit:
+            if item not in named:
+                raise ValueError(f"diagonal: no parameter named {item!r} in the model")
+        if (explicit[0], explicit[1]) not in found:  # may repeat a diagonal=True module
+            found.append((explicit[0], explicit[1]))
+
+
+# ---------------------------------------------------------------------- pass 2: keep or drop
+@dataclass
+class _Usability:
+    """What decides whether a candidate pair group can be kept (see :func:`_drop_reason`)."""
+
+    named: dict[str, nn.Parameter]
+    frozen: set[str]
+    owners: dict[str, set[str]]       # parameter -> modules whose candidate groups read it
+    diagonal_names: set[str]
+    rotary_sizes: set[int]
+    adapted_bases: dict[str, str]     # base weights that carry LoRA adapters
+
+
+def _drop_reason(group: PairGroup, usable: _Usability) -> str | None:
+    """Why the pairs of ``group`` cannot be kept on their own, or ``None`` if they can."""
+    rotary_sizes = usable.rotary_sizes
+    if group.rotary is not None and rotary_sizes and group.rotary[0] not in rotary_sizes:
+        return (f"the module declares {group.rotary[0]} rotary dimensions but the model's "
+                f"rotary embedding(s) rotate {sorted(rotary_sizes)}")
+    if frozen_here := [p for p in group.parameters if p in usable.frozen]:
+        return f"frozen parameter(s) {', '.join(frozen_here)}"
+    if adapted := [p for p in group.parameters if p in usable.adapted_bases]:
+        return (f"parameter(s) {', '.join(adapted)} carry LoRA adapters (the weight is "
+                "W0 + s B A, which the pairs' action does not move)")
+    if shared := [p for p in group.parameters
+                  if len(usable.owners[p]) > 1 or p in usable.diagonal_names]:
+        return f"parameter(s) {', '.join(shared)} shared with another symmetry"
+    dtypes = {usable.named[p].dtype for p in group.parameters}
+    devices = {usable.named[p].device for p in group.parameters}
+    if len(dtypes) > 1 or len(devices) > 1:
+        return "its parameters mix dtypes or devices"
+    return None
+
+
+def _drop_unusable(candidates: list[tuple[str, PairGroup]], usable: _Usability,
+                   notes: list[str]) -> set[int]:
+    """Indices of the candidate groups to drop, each with a note in ``notes``.
+
+    A group goes if it cannot be kept on its own (:func:`_drop_reason`), and then, until nothing
+    changes, if one of its parameters also feeds a dropped group: a parameter is covered only if
+    every group that reads it survives.
+    """
+    touching: dict[str, set[int]] = defaultdict(set)
+    for index, (_, group) in enumerate(candidates):
+        for parameter in group.parameters:
+            touching[parameter].add(index)
+    dropped: set[int] = set()
+    for index, (module_name, group) in enumerate(candidates):
+        if (reason := _drop_reason(group, usable)) is not None:
+            notes.append(_dropped(module_name, group, reason))
+            dropped.add(index)
+    changed = True
+    while changed:
+        changed = False
+        for index, (module_name, group) in enumerate(candidates):
+            if index in dropped:
+                continue
+            if blocking := [p for p in group.parameters if touching[p] & dropped]:
+                dropped.add(index)
+                changed = True
+                notes.append(_dropped(module_name, group, f"parameter(s) {', '.join(blocking)} "
+                                                          "also feed dropped pairs"))
+    return dropped
+
+
+# ---------------------------------------------------------------------- pass 3: report
+def _record_groups(report: SymmetryReport, recognised: _Recognised, lora: LoraFinding,
+                   candidates: list[tuple[str, PairGroup]], dropped: set[int]) -> None:
+    """Write the kept groups, the recognised modules, the adapters and their notes to ``report``."""
+    kept_by_module: dict[str, list[PairGroup]] = defaultdict(list)
+    for index, (module_name, group) in enumerate(candidates):
+        if index not in dropped:
+            kept_by_module[module_name].append(group)
+    for module_name, module, finding in recognised.findings:
+        kept = kept_by_module.get(module_name, [])
+        report.groups.extend(kept)
+        report.notes.extend(finding.notes)
+        report.modules.append(AttentionModule(module_name, type(module).__name__, finding.layout,
+                                              finding.heads, tuple(g.kind for g in kept),
+                                              finding.kv_heads))
+    kept_lora = [group for group in lora.groups if group in kept_by_module.get(group.module, [])]
+    report.groups.extend(kept_lora)
+    report.notes.extend(lora.notes)
+    report.adapters = mark_dropped(lora.adapters, {group.module for group in kept_lora})
+    report.pairs = [pair for group in report.groups for pair in group.pairs()]
+
+
+def _record_diagonals(report: SymmetryReport, diagonal_found: list[tuple[str, str]],
+                      named: dict[str, nn.Parameter], frozen: set[str]) -> set[str]:
+    """Check the diagonal pairs, add the kept ones to ``report.diagonal``; their parameters."""
+    covered = set(report.pair_parameters)
+    seen_diagonal: set[str] = set()
+    shapes = report.parameter_shapes
+    for u_name, v_name in diagonal_found:
+        if shapes[u_name] != shapes[v_name]:
+            raise ValueError(f"diagonal: {u_name!r} has shape {shapes[u_name]} "
+                             f"but {v_name!r} has {shapes[v_name]}")
+        if u_name == v_name or {u_name, v_name} & (seen_diagonal | covered):
+            raise ValueError(f"diagonal: ({u_name!r}, {v_name!r}) reuses a parameter that is "
+                             "already in a symmetry")
+        if u_name in frozen or v_name in frozen:
+            report.notes.append(f"diagonal ({u_name}, {v_name}) dropped: a factor is frozen")
+            continue
+        if (named[u_name].dtype != named[v_name].dtype
+                or named[u_name].device != named[v_name].device):
+            raise ValueError(f"diagonal: {u_name!r} and {v_name!r} differ in dtype or device")
+        seen_diagonal.update((u_name, v_name))
+        report.diagonal.append(DiagonalPair(u_name, v_name, math.prod(shapes[u_name])))
+    return seen_diagonal
 
 
 # ---------------------------------------------------------------------- entry point
@@ -81,154 +307,26 @@ def find_symmetries(model: nn.Module,
     report.frozen = [name for name, t in named.items() if not t.requires_grad]
     frozen = set(report.frozen)
 
-    claimed: list[str] = []            # subtrees handled (or rejected) by a handler
-    handled: list[str] = []            # modules recognised by a handler
-    findings: list[tuple[str, nn.Module, Finding]] = []
-    diagonal_found: list[tuple[str, str]] = []
-    for module_name, module in model.named_modules():
-        if any(_inside(module_name, prefix) for prefix in claimed):
-            continue
-        if getattr(module, "diagonal", False) is True:
-            u, v = module._parameters.get("u"), module._parameters.get("v")
-            if isinstance(u, nn.Parameter) and isinstance(v, nn.Parameter):
-                diagonal_found.append((names[id(u)], names[id(v)]))
-        for handler in HANDLERS:
-            try:
-                finding = handler(module_name, module, names)
-            except Unsupported as reason:
-                claimed.append(module_name)
-                report.unknown.append(module_name)
-                report.unknown_reasons[module_name] = f"{type(module).__name__}: {reason}"
-                break
-            if finding is not None:
-                claimed.append(module_name)
-                handled.append(module_name)
-                findings.append((module_name, module, finding))
-                break
-
+    recognised = _recognise(model, names, report)
+    # called from here: its warning's stacklevel points at the caller of find_symmetries
     lora = find_lora_adapters(model, names, frozen, degenerate)
+    _list_unrecognised_attention(model, recognised, report)
+    diagonal_found = recognised.diagonal
+    _add_explicit_diagonals(diagonal_found, diagonal, named)
 
-    # attention-like modules that no handler claimed
-    for module_name, module in model.named_modules():
-        if any(_inside(module_name, prefix) for prefix in claimed):
-            continue
-        if not looks_like_attention(module) or next(module.parameters(), None) is None:
-            continue
-        has_handled_descendant = any(_inside(h, module_name) for h in handled)
-        if has_handled_descendant and own_qkv_like_count(module) == 0:
-            continue
-        report.unknown.append(module_name)
-        report.unknown_reasons[module_name] = (
-            f"{type(module).__name__}: attention-like (class name or q/k/v-looking children: "
-            f"{sorted({c for c in module._modules} & QKV_LIKE_NAMES) or 'none'}) but no "
-            "supported layout (nn.MultiheadAttention, BERT/ViT query/key/value + output.dense, "
-            "q_proj/k_proj/v_proj/o_proj|out_proj or q_lin/k_lin/v_lin/out_lin with a head "
-            "count, GPT-2 c_attn/c_proj, GPT-NeoX/BLOOM query_key_value/dense)")
-
-    module_order = {module_name: i for i, (module_name, _) in enumerate(model.named_modules())}
-    report.unknown.sort(key=module_order.__getitem__)
-
-    for explicit in diagonal or ():
-        if (not isinstance(explicit, (tuple, list)) or len(explicit) != 2
-                or not all(isinstance(s, str) for s in explicit)):
-            raise TypeError(f"diagonal must be a list of (u_name, v_name) string pairs, got "
-                            f"{explicit!r}")
-        for item in explicit:
-            if item not in named:
-                raise ValueError(f"diagonal: no parameter named {item!r} in the model")
-        if (explicit[0], explicit[1]) not in diagonal_found:  # may repeat a diagonal=True module
-            diagonal_found.append((explicit[0], explicit[1]))
-
-    # decide which groups survive: all their parameters trainable, not shared with another module
-    candidates = [(module_name, group) for module_name, _, finding in findings
+    candidates = [(module_name, group) for module_name, _, finding in recognised.findings
                   for group in finding.groups]
     candidates += [(group.module, group) for group in lora.groups]
-    touching: dict[str, set[int]] = defaultdict(set)
     owners: dict[str, set[str]] = defaultdict(set)
-    for index, (module_name, group) in enumerate(candidates):
+    for module_name, group in candidates:
         for parameter in group.parameters:
-            touching[parameter].add(index)
             owners[parameter].add(module_name)
-    diagonal_names = {name for pair in diagonal_found for name in pair}
-    rotary_sizes = _rotary_embedding_sizes(model)
-    dropped: set[int] = set()
-    for index, (module_name, group) in enumerate(candidates):
-        frozen_here = [p for p in group.parameters if p in frozen]
-        shared = [p for p in group.parameters if len(owners[p]) > 1 or p in diagonal_names]
-        dtypes = {report.parameter_dtypes[p] for p in group.parameters}
-        devices = {named[p].device for p in group.parameters}
-        if group.rotary is not None and rotary_sizes and group.rotary[0] not in rotary_sizes:
-            report.notes.append(f"{module_name or '<root>'}: {group.kind} pairs dropped, the "
-                                f"module declares {group.rotary[0]} rotary dimensions but the "
-                                f"model's rotary embedding(s) rotate {sorted(rotary_sizes)}")
-        elif frozen_here:
-            report.notes.append(f"{module_name or '<root>'}: {group.kind} pairs dropped, frozen "
-                                f"parameter(s) {', '.join(frozen_here)}")
-        elif adapted := [p for p in group.parameters if p in lora.adapted_bases]:
-            report.notes.append(f"{module_name or '<root>'}: {group.kind} pairs dropped, "
-                                f"parameter(s) {', '.join(adapted)} carry LoRA adapters (the "
-                                "weight is W0 + s B A, which the pairs' action does not move)")
-        elif shared:
-            report.notes.append(f"{module_name or '<root>'}: {group.kind} pairs dropped, "
-                                f"parameter(s) {', '.join(shared)} shared with another symmetry")
-        elif len(dtypes) > 1 or len(devices) > 1:
-            report.notes.append(f"{module_name or '<root>'}: {group.kind} pairs dropped, its "
-                                "parameters mix dtypes or devices")
-        else:
-            continue
-        dropped.add(index)
-    changed = True
-    while changed:  # a parameter is covered only if every group that reads it survives
-        changed = False
-        for index, (module_name, group) in enumerate(candidates):
-            if index in dropped:
-                continue
-            blocking = [p for p in group.parameters if touching[p] & dropped]
-            if blocking:
-                dropped.add(index)
-                changed = True
-                report.notes.append(f"{module_name or '<root>'}: {group.kind} pairs dropped, "
-                                    f"parameter(s) {', '.join(blocking)} also feed dropped pairs")
+    usable = _Usability(named, frozen, owners, {name for pair in diagonal_found for name in pair},
+                        _rotary_embedding_sizes(model), lora.adapted_bases)
+    dropped = _drop_unusable(candidates, usable, report.notes)
+    _record_groups(report, recognised, lora, candidates, dropped)
 
-    kept_by_module: dict[str, list[PairGroup]] = defaultdict(list)
-    for index, (module_name, group) in enumerate(candidates):
-        if index not in dropped:
-            kept_by_module[module_name].append(group)
-    for module_name, module, finding in findings:
-        kept = kept_by_module.get(module_name, [])
-        report.groups.extend(kept)
-        report.notes.extend(finding.notes)
-        report.modules.append(AttentionModule(module_name, type(module).__name__, finding.layout,
-                                              finding.heads, tuple(g.kind for g in kept),
-                                              finding.kv_heads))
-    kept_lora = [group for group in lora.groups if group.module in kept_by_module
-                 and group in kept_by_module[group.module]]
-    report.groups.extend(kept_lora)
-    report.notes.extend(lora.notes)
-    report.adapters = mark_dropped(lora.adapters, {group.module for group in kept_lora})
-    report.pairs = [pair for group in report.groups for pair in group.pairs()]
-
-    covered = set(report.pair_parameters)
-    seen_diagonal: set[str] = set()
-    for u_name, v_name in diagonal_found:
-        if report.parameter_shapes[u_name] != report.parameter_shapes[v_name]:
-            raise ValueError(f"diagonal: {u_name!r} has shape {report.parameter_shapes[u_name]} "
-                             f"but {v_name!r} has {report.parameter_shapes[v_name]}")
-        if u_name == v_name or {u_name, v_name} & (seen_diagonal | covered):
-            raise ValueError(f"diagonal: ({u_name!r}, {v_name!r}) reuses a parameter that is "
-                             "already in a symmetry")
-        if u_name in frozen or v_name in frozen:
-            report.notes.append(f"diagonal ({u_name}, {v_name}) dropped: a factor is frozen")
-            continue
-        if (named[u_name].dtype != named[v_name].dtype
-                or named[u_name].device != named[v_name].device):
-            raise ValueError(f"diagonal: {u_name!r} and {v_name!r} differ in dtype or device")
-        seen_diagonal.update((u_name, v_name))
-        size = 1
-        for extent in report.parameter_shapes[u_name]:
-            size *= extent
-        report.diagonal.append(DiagonalPair(u_name, v_name, size))
-
-    in_symmetry = covered | seen_diagonal
+    in_symmetry = set(report.pair_parameters) | _record_diagonals(report, diagonal_found, named,
+                                                                  frozen)
     report.other = [name for name in named if name not in frozen and name not in in_symmetry]
     return report

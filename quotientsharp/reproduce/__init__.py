@@ -3,19 +3,21 @@
 Each study is a module with
 
 - ``HELP``: one line for ``quotientsharp reproduce --help``;
-- ``add_arguments(parser)``: its command-line options;
-- ``run(args) -> int``: the exit status;
-- optionally ``OPTIONS``: the path of a torch-free module whose ``add_arguments`` (or the
-  function named after a colon, ``"module.path:function"``) declares the options, so that
-  ``quotientsharp reproduce STUDY --help`` answers without importing torch.
+- ``run(config) -> int``: the exit status, for its configuration, a frozen dataclass of
+  :mod:`quotientsharp.reproduce.config` (:class:`~quotientsharp.reproduce.config.StudyConfig`
+  and the fields of its kind of study).
+
+Its command-line options, and the configuration they make, are declared in
+:mod:`quotientsharp.cli.reproduce_options`.
 
 :data:`STUDIES` maps a study name to its module path; a study module registers itself by a
-one-line entry here, and :mod:`quotientsharp.cli.reproduce` builds its subcommands from
-the registry. Each study hands its units of work (a model, a grid point) to the runner that
-``quotientsharp study`` uses (:class:`quotientsharp.workflows.resumable.ResumableRun`: records
-written as they finish, ``--resume``, ranks under torchrun); Kendall tau, results files and
-plots are in :mod:`quotientsharp.workflows` too. The generated ``docs/results.md`` and its
-sections are :mod:`quotientsharp.reproduce.results_page`.
+one-line entry here (and one in the options' table), and :mod:`quotientsharp.cli.reproduce`
+builds its subcommands from the registry. Each study hands its units of work (a model, a grid
+point) to the runner that ``quotientsharp study`` uses
+(:class:`quotientsharp.workflows.resumable.ResumableRun`: records written as they finish,
+``--resume``, ranks under torchrun); Kendall tau, results files and plots are in
+:mod:`quotientsharp.workflows` too. The generated ``docs/results.md`` and its sections are
+:mod:`quotientsharp.reproduce.results_page`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-#: Study name -> module path. Later studies (``vit``, ``bert``, ``invariance``) add a line.
+#: Study name -> module path.
 STUDIES: dict[str, str] = {
     "diagonal": "quotientsharp.reproduce.diagonal.entry",
     "vit": "quotientsharp.reproduce.families.vit",
@@ -42,10 +44,8 @@ def load_study(name: str) -> ModuleType:
     if name not in STUDIES:
         raise ValueError(f"unknown study {name!r}; choose one of {sorted(STUDIES)}")
     module = importlib.import_module(STUDIES[name])
-    missing = [attr for attr in ("add_arguments", "run") if not callable(getattr(module, attr,
-                                                                                  None))]
-    if missing:
-        raise TypeError(f"study module {STUDIES[name]!r} lacks {missing}")
+    if not callable(getattr(module, "run", None)):
+        raise TypeError(f"study module {STUDIES[name]!r} lacks ['run']")
     return module
 
 

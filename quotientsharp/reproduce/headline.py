@@ -30,9 +30,6 @@ from typing import Any
 
 from quotientsharp.workflows.files import write_json_atomic
 
-__all__ = ["HEADLINE_MEASURES", "NOT_HEADLINES", "ROW_KEYS", "check_rows", "headline_path",
-           "read_headlines", "write_headline"]
-
 #: The measures the summary table compares with the paper, in column order.
 HEADLINE_MEASURES = ("adaptive", "geodesic_inv", "geodesic_mix")
 #: Data files in the same folder that are not headline files: ``reach.json``, the solver reach

@@ -17,9 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PROVENANCE_PREFIX", "Provenance", "current_provenance", "default_command", "git_state",
-           "provenance_line"]
-
 #: Start of the provenance line in a section (tests and readers find it by this).
 PROVENANCE_PREFIX = "*Made by"
 

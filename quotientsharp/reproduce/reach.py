@@ -49,12 +49,11 @@ Outputs: ``OUT/reach.json`` and ``OUT/reach.md``; with ``--docs DIR`` the page
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HELP", "RHOS", "add_arguments", "reach_page", "reach_study", "run"]
+from quotientsharp.reproduce.config import ReachConfig
 
 HELP = "solver reach against rho: the default ascent's share of the best-found maximum"
 
@@ -358,39 +357,14 @@ def reach_data_path(docs_dir: Path) -> Path:
     return Path(docs_dir) / "results" / "data" / "reach.json"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``quotientsharp reproduce reach``."""
-    parser.add_argument("--out", type=Path, default=None,
-                        help="results folder (default results/reach, or results/reach-quick "
-                             "with --quick)")
-    parser.add_argument("--docs", type=Path, default=None, metavar="DIR",
-                        help="also write DIR/results/reach.md, DIR/results/data/reach.json "
-                             "and regenerate DIR/results.md")
-    parser.add_argument("--quick", action="store_true",
-                        help="2 radii, 2 diagonal nets, 1 BERT batch, one model of each "
-                             "family's quick variant (a smoke run)")
-    parser.add_argument("--resume", action="store_true",
-                        help="keep the finished units of the run in --out")
-    parser.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads during the run (default 1)")
+def run(config: ReachConfig) -> int:
+    """Run ``quotientsharp reproduce reach`` as ``config`` says; the exit status."""
+    from quotientsharp.reproduce.command import run_study_command
 
-
-def run(args: argparse.Namespace) -> int:
-    """Entry point of ``quotientsharp reproduce reach``."""
-    import sys
-
-    from quotientsharp.workflows.records import is_main_rank
-
-    out = args.out if args.out is not None else Path(
-        "results/reach-quick" if args.quick else "results/reach")
-    try:
-        results = reach_study(out, quick=args.quick, seed=args.seed, threads=args.threads,
-                              docs=args.docs, resume=args.resume)
-    except ValueError as err:
-        if is_main_rank():
-            print(f"quotientsharp reproduce reach: error: {err}", file=sys.stderr)
-        return 2
-    if is_main_rank():
-        print(reach_page(results, "quotientsharp reproduce reach"))
-    return 0
+    out = config.out if config.out is not None else Path(
+        "results/reach-quick" if config.quick else "results/reach")
+    return run_study_command(
+        "reach", "units", out,
+        lambda: reach_study(out, quick=config.quick, seed=config.seed, threads=config.threads,
+                            docs=config.docs, resume=config.resume),
+        lambda results: print(reach_page(results, "quotientsharp reproduce reach")))

@@ -22,21 +22,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "DEFAULT_STEPS",
-    "FAMILIES",
-    "QUICK_FAMILIES",
-    "REACH_MEASURES",
-    "FamilyReach",
-    "family_rhos",
-    "family_study_of",
-    "family_unit",
-    "measure_reach",
-    "percent",
-    "reach_shares",
-    "tiny_bert_unit",
-]
-
 #: Steps of the default ascent (the engine's default).
 DEFAULT_STEPS = 20
 #: The family measures whose reach is measured: the ones the family pages compare (orders 1

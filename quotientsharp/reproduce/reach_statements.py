@@ -21,9 +21,6 @@ from typing import Any
 
 from quotientsharp.reproduce.reach_models import DEFAULT_STEPS
 
-__all__ = ["BEGIN", "END", "PAGE_SOURCES", "SOLVER_ERROR_PERCENT", "reach_statement",
-           "refresh_reach_statements"]
-
 BEGIN = ("<!-- reach statement: generated from docs/results/data/reach.json (quotientsharp "
          "reproduce reach --docs docs) with the results page; do not edit -->")
 END = "<!-- /reach statement -->"

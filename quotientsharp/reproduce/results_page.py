@@ -15,18 +15,6 @@ from quotientsharp.reproduce import STUDIES
 from quotientsharp.reproduce.provenance import Provenance, current_provenance, provenance_line
 from quotientsharp.workflows.taus import sign_convention
 
-__all__ = [
-    "HAND_WRITTEN_MARKER",
-    "RESULTS_PAGE",
-    "RESULTS_PAGE_NOTES",
-    "DERIVED",
-    "SECTION_ORDER",
-    "reading_guide",
-    "regenerate_results_page",
-    "stamped",
-    "write_section",
-]
-
 #: The generated results page (``--docs docs`` rewrites it), and its place on the docs site.
 RESULTS_PAGE = "docs/results.md (the Results page of the docs site, mkdocs serve)"
 #: Order of the study sections in ``docs/results.md``; other sections follow alphabetically.

@@ -13,16 +13,13 @@ whenever a study rewrites its section; this command rewrites it alone.
 
 from __future__ import annotations
 
-import argparse
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from quotientsharp.reproduce.config import SummaryConfig
 from quotientsharp.reproduce.headline import HEADLINE_MEASURES, read_headlines
-
-__all__ = ["HELP", "add_arguments", "prose_numbers", "run", "summary_markdown",
-           "unsupported_numbers", "write_summary"]
 
 HELP = "the summary section of the results page, regenerated from docs/results/data/*.json"
 
@@ -144,28 +141,22 @@ def unsupported_numbers(prose: str, headlines: Mapping[str, Sequence[Mapping[str
     return bad
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``quotientsharp reproduce summary``."""
-    parser.add_argument("--docs", type=Path, default=Path("docs"), metavar="DIR",
-                        help="docs folder: reads DIR/results/data/*.json, rewrites "
-                             "DIR/results/summary.md and DIR/results.md (default docs)")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Entry point of ``quotientsharp reproduce summary``."""
+def run(config: SummaryConfig) -> int:
+    """Run ``quotientsharp reproduce summary`` on ``config.docs``; the exit status."""
     import sys
 
     from quotientsharp.reproduce.results_page import regenerate_results_page
 
+    docs = config.docs if config.docs is not None else Path("docs")
     try:
-        path = write_summary(args.docs)
+        path = write_summary(docs)
     except ValueError as err:
         print(f"quotientsharp reproduce summary: error: {err}", file=sys.stderr)
         return 2
     if path is None:
         print(f"quotientsharp reproduce summary: error: no headline file in "
-              f"{args.docs}/results/data/; run a study with --docs first", file=sys.stderr)
+              f"{docs}/results/data/; run a study with --docs first", file=sys.stderr)
         return 2
-    regenerate_results_page(args.docs)
+    regenerate_results_page(docs)
     print(f"summary written to {path}")
     return 0

@@ -7,12 +7,13 @@ measure, with bootstrap intervals, scatter plots and a markdown report. One stag
 
 - :mod:`.manifest`: reading the manifest (:func:`read_manifest`, :class:`ManifestEntry`);
 - :mod:`.grid`: the grid of measures from the options of ``quotientsharp measure``
-  (:func:`build_grid`, :class:`GridPoint`);
+  (:func:`~quotientsharp.workflows.grid.build_grid`,
+  :class:`~quotientsharp.workflows.grid.GridPoint`);
 - :mod:`.generalisation`: a gap from train and test data (loss and 0-1 error);
 - :mod:`.measuring`: one model, from its manifest row to its record;
 - :mod:`.taus`: Kendall tau-a and tau-b, with percentile bootstrap intervals
   (:func:`~quotientsharp.workflows.taus.tau_interval`, :class:`TauInterval`; pooled over
-  seeds, stratified or by a two-stage cluster bootstrap);
+  seeds by a two-stage cluster bootstrap);
 - :mod:`.report` and :mod:`.plots`: ``models.csv``, the tau table, ``report.md``, the plots;
 - :mod:`.runner`: the driver (:func:`run_study`), from the manifest to every output;
 - :mod:`.resumable`: the runner of every study, this one and the paper's
@@ -28,17 +29,16 @@ manifest, the options and the outputs. Nothing here imports torch until a model 
 
 from __future__ import annotations
 
-from quotientsharp.workflows.grid import GridPoint, build_grid
 from quotientsharp.workflows.manifest import ManifestEntry, read_manifest
+from quotientsharp.workflows.options import StudyConfig
 from quotientsharp.workflows.runner import StudyOutcome, run_study
 from quotientsharp.workflows.taus import TauInterval, tau_interval
 
 __all__ = [
-    "GridPoint",
     "ManifestEntry",
+    "StudyConfig",
     "StudyOutcome",
     "TauInterval",
-    "build_grid",
     "read_manifest",
     "run_study",
     "tau_interval",

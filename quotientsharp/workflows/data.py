@@ -10,7 +10,6 @@ data are read.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -19,14 +18,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quotientsharp.workflows.options import InputError
+from quotientsharp.workflows.options import BatchSettings, InputError
 from quotientsharp.workflows.saved_models import import_transformers, quiet_transformers
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-
-__all__ = ["JSONL_SUFFIXES", "TOKENIZER_FILES", "load_batches"]
 
 #: Files whose presence in a model directory means that it holds a tokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
@@ -190,7 +187,7 @@ def _text_batch(rows: Sequence[dict[str, Any]], path: Path, tokenizer: Any,
             if key in ("input_ids", "attention_mask", "token_type_ids")}
 
 
-def _jsonl_batches(path: Path, model: nn.Module, model_path: Path, args: argparse.Namespace
+def _jsonl_batches(path: Path, model: nn.Module, model_path: Path, settings: BatchSettings
                    ) -> tuple[list[dict[str, torch.Tensor]], int, str]:
     rows = _read_jsonl(path)
     config = getattr(model, "config", None)
@@ -202,7 +199,7 @@ def _jsonl_batches(path: Path, model: nn.Module, model_path: Path, args: argpars
                              "('input_ids') and text rows ('text'); use one kind")
     tokenizer = None
     if not pretokenised:
-        tokenizer = _find_tokenizer(model_path, args.tokenizer)
+        tokenizer = _find_tokenizer(model_path, settings.tokenizer)
         if tokenizer is None:
             raise InputError(f"DATA {path} has text rows but MODEL {model_path} has no "
                              "tokenizer (none of " + ", ".join(TOKENIZER_FILES) + "); pass "
@@ -211,19 +208,20 @@ def _jsonl_batches(path: Path, model: nn.Module, model_path: Path, args: argpars
     pad_id = getattr(config, "pad_token_id", None) if config is not None else None
     pad_id = pad_id if isinstance(pad_id, int) else 0
     batches: list[dict[str, torch.Tensor]] = []
-    for start in range(0, len(rows), args.batch_size):
-        if args.max_batches is not None and len(batches) >= args.max_batches:
+    for start in range(0, len(rows), settings.batch_size):
+        if settings.max_batches is not None and len(batches) >= settings.max_batches:
             break
-        chunk = rows[start:start + args.batch_size]
+        chunk = rows[start:start + settings.batch_size]
         inputs = (_pretokenised_batch(chunk, path, pad_id) if pretokenised
-                  else _text_batch(chunk, path, tokenizer, args.max_length))
-        batches.append({**inputs, "labels": _labels(chunk, path, args.loss, num_labels)})
+                  else _text_batch(chunk, path, tokenizer, settings.max_length))
+        batches.append({**inputs, "labels": _labels(chunk, path, settings.loss, num_labels)})
     kind = "pre-tokenised JSONL" if pretokenised else "text JSONL"
     return batches, sum(len(b["labels"]) for b in batches), kind
 
 
-def _tensor_pair(loaded: Any, path: Path) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    import torch
+def _unpack(loaded: Any, path: Path) -> tuple[tuple[Any, ...], Any]:
+    """``(inputs, target)`` of a loaded DATA file: a tuple or list ``(X, Y)``, a dict with
+    ``x`` and ``y`` (any case), or a ``TensorDataset`` (its last tensor the target)."""
     from torch.utils.data import TensorDataset
 
     if isinstance(loaded, TensorDataset):
@@ -231,18 +229,25 @@ def _tensor_pair(loaded: Any, path: Path) -> tuple[tuple[torch.Tensor, ...], tor
         if len(tensors) < 2:
             raise InputError(f"DATA {path}: the TensorDataset holds {len(tensors)} tensor(s); "
                              "it needs inputs and a target")
-        inputs, target = tensors[:-1], tensors[-1]
-    elif isinstance(loaded, dict):
+        return tensors[:-1], tensors[-1]
+    if isinstance(loaded, dict):
         keys = {str(k).lower(): k for k in loaded}
         if "x" not in keys or "y" not in keys:
             raise InputError(f"DATA {path}: a dict needs entries 'x' and 'y', got "
                              f"{sorted(map(str, loaded))}")
-        inputs, target = (loaded[keys["x"]],), loaded[keys["y"]]
-    elif isinstance(loaded, (tuple, list)) and len(loaded) == 2:
-        inputs, target = (loaded[0],), loaded[1]
-    else:
-        raise InputError(f"DATA {path} holds a {type(loaded).__name__}; expected a tuple (X, Y), "
-                         "a dict with 'x' and 'y', or a TensorDataset")
+        return (loaded[keys["x"]],), loaded[keys["y"]]
+    if isinstance(loaded, (tuple, list)) and len(loaded) == 2:
+        return (loaded[0],), loaded[1]
+    raise InputError(f"DATA {path} holds a {type(loaded).__name__}; expected a tuple (X, Y), "
+                     "a dict with 'x' and 'y', or a TensorDataset")
+
+
+def _tensor_pair(loaded: Any, path: Path) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """The inputs and target of a loaded DATA file, checked: tensors with the same number of
+    examples (their first dimension), at least one."""
+    import torch
+
+    inputs, target = _unpack(loaded, path)
     for name, tensor in [*(("X", t) for t in inputs), ("Y", target)]:
         if not isinstance(tensor, torch.Tensor):
             raise InputError(f"DATA {path}: {name} is a {type(tensor).__name__}, not a tensor")
@@ -258,7 +263,7 @@ def _tensor_pair(loaded: Any, path: Path) -> tuple[tuple[torch.Tensor, ...], tor
     return tuple(inputs), target
 
 
-def _tensor_batches(path: Path, args: argparse.Namespace
+def _tensor_batches(path: Path, settings: BatchSettings
                     ) -> tuple[list[tuple[Any, torch.Tensor]], int, str]:
     import torch
 
@@ -274,30 +279,30 @@ def _tensor_batches(path: Path, args: argparse.Namespace
         raise InputError(f"DATA {path} is neither JSON lines ({', '.join(JSONL_SUFFIXES)}) nor "
                          f"a torch.save file: {str(err).splitlines()[0]}") from err
     inputs, target = _tensor_pair(loaded, path)
-    if args.loss == "cross_entropy" and target.is_floating_point() and target.dim() == 1:
+    if settings.loss == "cross_entropy" and target.is_floating_point() and target.dim() == 1:
         raise InputError(f"DATA {path}: Y is a floating vector; cross-entropy needs integer "
                          "class labels (or class probabilities [N, C]); pass --loss mse for "
                          "regression")
     batches: list[tuple[Any, torch.Tensor]] = []
     count = target.shape[0]
-    for start in range(0, count, args.batch_size):
-        if args.max_batches is not None and len(batches) >= args.max_batches:
+    for start in range(0, count, settings.batch_size):
+        if settings.max_batches is not None and len(batches) >= settings.max_batches:
             break
-        stop = start + args.batch_size
+        stop = start + settings.batch_size
         x = tuple(t[start:stop] for t in inputs)
         batches.append((x[0] if len(x) == 1 else x, target[start:stop]))
     return batches, sum(len(b[1]) for b in batches), "tensors"
 
 
 def load_batches(data_path: str | os.PathLike, model: nn.Module, model_path: str | os.PathLike,
-                 args: argparse.Namespace) -> tuple[list, int, str]:
-    """``(batches, number of examples used, data kind)`` for DATA (see
-    :mod:`quotientsharp.cli.measure`)."""
+                 settings: BatchSettings) -> tuple[list, int, str]:
+    """``(batches, number of examples used, data kind)`` for DATA (the forms are those of
+    :mod:`quotientsharp.cli.measure`), cut into batches as ``settings`` say."""
     path, model_path = Path(data_path), Path(model_path)
     if not path.is_file():
         raise FileNotFoundError(f"DATA {path} does not exist" if not path.exists()
                                 else f"DATA {path} is not a file")
     if path.suffix.lower() in JSONL_SUFFIXES:
-        return _jsonl_batches(path, model, model_path, args)
-    return _tensor_batches(path, args)
+        return _jsonl_batches(path, model, model_path, settings)
+    return _tensor_batches(path, settings)
 

@@ -14,8 +14,6 @@ from quotientsharp.workflows.options import InputError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["check_device"]
-
 
 def check_device(text: str) -> torch.device:
     """The device of ``--device``, or an :class:`InputError` (one line, exit 2) when this torch

@@ -22,15 +22,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = [
-    "append_jsonl",
-    "read_jsonl",
-    "write_csv_atomic",
-    "write_text_atomic",
-    "write_json_atomic",
-    "write_jsonl_atomic",
-]
-
 
 def _new_file_mode() -> int:
     """``0666`` less the umask: the mode ``open(path, "w")`` gives a new file (``mkstemp``'s

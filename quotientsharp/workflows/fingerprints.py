@@ -32,8 +32,6 @@ from typing import Any
 
 from quotientsharp.workflows.manifest import ManifestEntry
 
-__all__ = ["content_identity", "content_sha256", "fingerprint_change", "symmetry_fingerprint"]
-
 #: Top-level packages whose code the recorded versions identify (not hashed file by file).
 _VERSIONED = ("quotientsharp", "torch", "builtins")
 

@@ -9,32 +9,15 @@ only choice with ``--loss mse``).
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quotientsharp.workflows.options import InputError
+from quotientsharp.workflows.options import BatchSettings, InputError
 
 if TYPE_CHECKING:
     from torch import nn
-
-__all__ = ["GAP_KINDS", "evaluate", "gap_kind", "generalisation"]
-
-#: What the gap is computed from: ``error`` (0-1, class labels) or ``loss``.
-GAP_KINDS = ("error", "loss")
-
-
-def gap_kind(requested: str | None, loss: str) -> str:
-    """The ``--gap-from`` of the options: ``error`` by default with cross-entropy, ``loss``
-    with mse (where there is no 0-1 error)."""
-    kind = requested or ("error" if loss == "cross_entropy" else "loss")
-    if kind not in GAP_KINDS:
-        raise InputError(f"--gap-from must be error or loss, got {kind!r}")
-    if kind == "error" and loss != "cross_entropy":
-        raise InputError("--gap-from error needs class labels (--loss cross_entropy); with "
-                         "--loss mse use --gap-from loss")
-    return kind
 
 
 def evaluate(model: nn.Module, batches: Sequence[Any], loss: str) -> dict[str, float | None]:
@@ -93,21 +76,21 @@ def evaluate(model: nn.Module, batches: Sequence[Any], loss: str) -> dict[str, f
 
 
 def generalisation(model: nn.Module, model_path: Path, train: Path, test: Path,
-                   args: argparse.Namespace, kind: str) -> dict[str, float | None]:
+                   batches: BatchSettings, kind: str) -> dict[str, float | None]:
     """Train and test loss and error of ``model`` and its gap (``test - train`` of ``kind``).
 
     The files are read as ``quotientsharp measure`` reads DATA (the tokenizer of the model's
-    directory or ``--tokenizer``), in batches of ``--batch-size``, every example
-    (``--max-batches`` applies to the sharpness data only).
+    directory or ``batches.tokenizer``), in batches of ``batches.batch_size``, every example
+    (``max_batches`` applies to the sharpness data only).
     """
     from quotientsharp.workflows.data import load_batches
 
-    every = argparse.Namespace(**{**vars(args), "max_batches": None})
+    every = dataclasses.replace(batches, max_batches=None)
     out: dict[str, float | None] = {}
     for split, path in (("train", train), ("test", test)):
-        batches, examples, _ = load_batches(path, model, model_path, every)
+        split_batches, examples, _ = load_batches(path, model, model_path, every)
         try:
-            values = evaluate(model, batches, args.loss)
+            values = evaluate(model, split_batches, batches.loss)
         except (TypeError, ValueError, IndexError, RuntimeError) as err:
             raise InputError(f"{split} data {path} of model {model_path}: {err}") from err
         out[f"{split}_loss"], out[f"{split}_error"] = values["loss"], values["error"]

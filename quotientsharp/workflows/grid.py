@@ -1,34 +1,32 @@
 """``quotientsharp study``: the grid of measures x radii x metrics and orders.
 
-The options are those of ``quotientsharp measure`` (:mod:`quotientsharp.workflows.options`)
-with ``--rho`` a comma list: ``--measure adaptive --measure geodesic --rho 0.05,0.1 --metric
-inv,mix --order 1,2`` is 2 adaptive and 8 geodesic grid points. Each :class:`GridPoint` is one
-call of :func:`quotientsharp.sharpness` per model, named by a column key
+The grid is that of a :class:`~quotientsharp.workflows.options.SharpnessConfig` with several
+radii: ``measures=("adaptive", "geodesic"), rho=(0.05, 0.1), metrics=("inv", "mix"),
+orders=(1, 2)`` (on the command line ``--measure adaptive --measure geodesic --rho 0.05,0.1
+--metric inv,mix --order 1,2``) is 2 adaptive and 8 geodesic grid points. Each
+:class:`GridPoint` is one call of :func:`quotientsharp.sharpness` per model, named by a column key
 (``geodesic_mix_order2_rho0.1``) and a readable label (``geodesic sharpness (mix metric, order
 2, ρ = 0.1)``).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quotientsharp.workflows.labels import measure_label
 from quotientsharp.workflows.options import (
     ASCENT_MEASURES,
     MeasureRun,
-    check_options,
-    measure_names,
+    SharpnessConfig,
     measure_runs,
     options_for,
-    radii,
 )
 
-__all__ = ["ROWS_OWN", "GridPoint", "build_grid", "with_row_symmetries"]
-
+if TYPE_CHECKING:
+    from quotientsharp.engine import MeasureSpec
 
 #: ``GridPoint.symmetry`` of a study whose manifest binds a symmetry of its own on some rows
 #: (the ``symmetry`` column): those rows measure with their bindings' metric, the others with
@@ -85,12 +83,24 @@ class GridPoint:
         return measure_label(self.measure, metric=metric, order=self.order, rho=self.rho,
                              p=self.p, greek=greek)
 
-    def options(self, args: argparse.Namespace) -> dict[str, Any]:
-        """Keyword options of :func:`quotientsharp.sharpness` (no progress bar of its own)."""
+    def options(self, config: SharpnessConfig,
+                symmetries: Sequence[Any] | None = None) -> dict[str, Any]:
+        """Keyword options of :func:`quotientsharp.sharpness` (no progress bar of its own),
+        from the settings ``config`` and the bindings of a user's symmetry, if any
+        (:func:`~quotientsharp.workflows.options.options_for`)."""
         variant = {} if self.metric is None else {"metric": self.metric, "order": self.order}
-        options = options_for(MeasureRun(self.key, self.measure, variant), args)
+        options = options_for(MeasureRun(self.key, self.measure, variant), config, symmetries)
         options["progress"] = False
         return options
+
+    def spec(self, config: SharpnessConfig, symmetries: Sequence[Any] | None = None
+             ) -> MeasureSpec:
+        """The engine's typed measure of the point (:func:`quotientsharp.engine.measure_from`
+        of its measure, radius and :meth:`options`), for ``sharpness(model, batches, spec)``;
+        a bad option raises the engine's ``ValueError`` or ``TypeError``."""
+        from quotientsharp.engine import measure_from
+
+        return measure_from(self.measure, self.rho, self.options(config, symmetries))
 
     def as_dict(self) -> dict[str, Any]:
         """The point as plain JSON (``run.json``, ``taus.json``)."""
@@ -115,23 +125,17 @@ def _key(measure: str, rho: float | None, variant: dict[str, Any], p: str | None
     return "_".join(parts)
 
 
-def build_grid(args: argparse.Namespace) -> list[GridPoint]:
-    """The grid of the options (``--measure``, ``--rho``, ``--metric``, ``--order``, ``--p``...).
+def build_grid(config: SharpnessConfig) -> list[GridPoint]:
+    """The grid of the settings: every measure, metric and order, and radius.
 
-    Ordered by measure (as given), then metric and order, then radius. The options are checked
-    as ``quotientsharp measure`` checks them, once per radius; a bad one raises
-    :class:`~quotientsharp.workflows.options.InputError`.
+    Ordered by measure (as given), then metric and order, then radius (relative flatness has
+    none). The settings checked themselves when made.
     """
-    measures = measure_names(args.measure)
-    rhos: Sequence[float | None] = radii(args.rho) or [None]
-    checked: dict[str, Any] = {}
-    for rho in rhos:
-        checked = check_options(argparse.Namespace(**{**vars(args), "rho": rho}), measures)
+    rhos: Sequence[float | None] = config.radii or [None]
     grid: list[GridPoint] = []
-    symmetry = getattr(args, "symmetry", None)
-    for run in measure_runs(measures, checked):
-        p = args.p if run.measure in ASCENT_MEASURES and run.measure != "geodesic" else None
-        own = symmetry if run.measure == "geodesic" else None
+    for run in measure_runs(config):
+        p = config.p if run.measure in ASCENT_MEASURES and run.measure != "geodesic" else None
+        own = config.symmetry if run.measure == "geodesic" else None
         for rho in ([None] if run.measure == "relative_flatness" else rhos):
             variant = dict(run.variant)
             grid.append(GridPoint(_key(run.measure, rho, variant, p, own), run.measure, rho,

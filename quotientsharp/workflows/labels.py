@@ -12,15 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = [
-    "DECADES_NOTE_THRESHOLD",
-    "MEASURE_NAMES",
-    "bindings_metric",
-    "decades_note",
-    "measure_label",
-    "tau_title",
-]
-
 #: The measures of :func:`quotientsharp.sharpness`, in words.
 MEASURE_NAMES = {
     "average": "average sharpness",

@@ -29,8 +29,6 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-__all__ = ["OutputLock", "OutputLockedError"]
-
 
 class OutputLockedError(RuntimeError):
     """Another process writes the same output folder or file."""

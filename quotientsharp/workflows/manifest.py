@@ -36,12 +36,6 @@ from typing import Any
 from quotientsharp.workflows.data import jsonl_objects, utf8_lines
 from quotientsharp.workflows.options import InputError
 
-__all__ = [
-    "MANIFEST_KEYS",
-    "ManifestEntry",
-    "read_manifest",
-]
-
 #: The keys of a manifest row with a meaning; any other key is carried to the outputs.
 MANIFEST_KEYS = ("name", "model", "gap", "train", "test", "symmetry")
 CSV_SUFFIXES = (".csv",)

@@ -24,9 +24,6 @@ from quotientsharp.workflows.labels import decades_note, tau_title
 if TYPE_CHECKING:
     from matplotlib.axis import Axis
 
-__all__ = ["MAX_CATEGORIES", "PLOT_INSTALL_HINT", "ColorMapping", "color_mapping", "log_ticks",
-           "scatter_plots", "study_plots", "tick_text"]
-
 PLOT_INSTALL_HINT = ("matplotlib is not installed, so no scatter plots were written "
                      "(pip install 'quotientsharp[plot]', or pass --no-plots)")
 
@@ -232,16 +229,18 @@ def color_mapping(values: Sequence[float], scale: str = "auto") -> ColorMapping:
     return ColorMapping(scale, tuple(values), distinct if scale == "categorical" else ())
 
 
-def _draw_scatter(figure: Any, axes: Any, xs: Sequence[float], ys: Sequence[float],
-                  mapping: ColorMapping | None, color_label: str, x_label: str, y_label: str,
-                  title: str | None, note: str | None, legend: bool) -> list[str]:
-    """One scatter on ``axes``; returns the remarks for below the figure."""
+def _draw_points(figure: Any, axes: Any, xs: Sequence[float], ys: Sequence[float],
+                 keep: Sequence[int], mapping: ColorMapping | None, color_label: str,
+                 legend: bool) -> None:
+    """The points ``keep`` of ``(xs, ys)``, coloured by ``mapping``, with its key.
+
+    Categorical: one scatter per category (a legend when ``legend``); log or linear: one
+    coloured scatter and a colour bar; ``None``: plain points.
+    """
     from matplotlib.colors import LogNorm, Normalize
 
-    keep = [i for i in range(len(xs)) if math.isfinite(xs[i]) and math.isfinite(ys[i])]
-    shown_x, shown_y = [xs[i] for i in keep], [ys[i] for i in keep]
     if mapping is None:
-        axes.scatter(shown_x, shown_y, s=18)
+        axes.scatter([xs[i] for i in keep], [ys[i] for i in keep], s=18)
     elif mapping.kind == "categorical":
         palette = _categorical_palette(len(mapping.categories))
         for colour, category in zip(palette, mapping.categories, strict=True):
@@ -255,15 +254,24 @@ def _draw_scatter(figure: Any, axes: Any, xs: Sequence[float], ys: Sequence[floa
         shown_c = [mapping.values[i] for i in keep]
         norm = (LogNorm(min(shown_c), max(shown_c)) if mapping.kind == "log" and shown_c
                 else Normalize(min(shown_c), max(shown_c)) if shown_c else None)
-        points = axes.scatter(shown_x, shown_y, s=18, c=shown_c, cmap="viridis", norm=norm)
+        points = axes.scatter([xs[i] for i in keep], [ys[i] for i in keep], s=18, c=shown_c,
+                              cmap="viridis", norm=norm)
         if keep:
             figure.colorbar(points, ax=axes, label=color_label)
-    if keep and all(xs[i] > 0 for i in keep):
-        axes.set_xscale("log")
-        _readable_log_axis(axes.xaxis, [xs[i] for i in keep])
-    if keep and all(ys[i] > 0 for i in keep):
-        axes.set_yscale("log")
-        _readable_log_axis(axes.yaxis, [ys[i] for i in keep])
+
+
+def _draw_scatter(figure: Any, axes: Any, xs: Sequence[float], ys: Sequence[float],
+                  mapping: ColorMapping | None, color_label: str, x_label: str, y_label: str,
+                  title: str | None, note: str | None, legend: bool) -> list[str]:
+    """One scatter on ``axes``; returns the remarks for below the figure."""
+    keep = [i for i in range(len(xs)) if math.isfinite(xs[i]) and math.isfinite(ys[i])]
+    _draw_points(figure, axes, xs, ys, keep, mapping, color_label, legend)
+    # a log axis where every shown value is positive: the measures span decades
+    for values, axis, set_scale in ((xs, axes.xaxis, axes.set_xscale),
+                                    (ys, axes.yaxis, axes.set_yscale)):
+        if keep and all(values[i] > 0 for i in keep):
+            set_scale("log")
+            _readable_log_axis(axis, [values[i] for i in keep])
     axes.set_xlabel(x_label)
     axes.set_ylabel(_two_lines(y_label), fontsize=9)
     if title:

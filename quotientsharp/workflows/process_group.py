@@ -1,19 +1,37 @@
-"""Running a command under torchrun: the process group around it, and its failures in one line.
+"""Running under torchrun: the process group, dealing work over its ranks, and its failures.
 
-:func:`run_in_process_group` is shared by ``quotientsharp reproduce`` and ``quotientsharp
-study``. Without torchrun (or with one process) it calls the command as it is; with ``W > 1``
-processes it initialises the default process group (gloo on CPU, NCCL with CUDA; ``timeout``
-seconds for every collective), runs the command, reports a collective that timed out or lost a
-rank as one line on stderr (exit status 1), and destroys the group at the end. A caller that
-set up its own process group keeps it. torch is imported only when the command runs.
+The study runner (:mod:`.resumable`, :mod:`.records`, the studies of
+:mod:`quotientsharp.reproduce`) runs one program on every rank of ``torch.distributed``:
+
+- :func:`run_in_process_group`, shared by ``quotientsharp reproduce`` and ``quotientsharp
+  study``: without torchrun (or with one process) it calls the command as it is; with ``W > 1``
+  processes it initialises the default process group (:func:`init_distributed`: gloo on CPU,
+  NCCL with CUDA; ``timeout`` seconds for every collective), runs the command, reports a
+  collective that timed out or lost a rank as one line on stderr
+  (:func:`describe_collective_failure`, exit status 1), and destroys the group at the end. A
+  caller that set up its own process group keeps it;
+- :func:`shard` deals a list of units of work (models, grid points) round-robin over the ranks
+  and :func:`gather_indexed` puts the per-unit results back in order on every rank;
+- :func:`run_on_rank0` runs a step (writing files, checking a results folder) on rank 0 only and
+  hands its value, or its exception, to every rank;
+- :func:`torchrun_world_size` reads whether torchrun asked for several processes and
+  :func:`rank_and_world_size` where this process stands (``0, 1`` without a process group).
+
+torch is imported only when a function runs, so that the commands' ``--help`` never imports it.
 """
 
 from __future__ import annotations
 
+import datetime
+import os
+import pickle
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
+from typing import Any, TypeVar
 
-__all__ = ["DEFAULT_DIST_TIMEOUT", "run_in_process_group"]
+Item = TypeVar("Item")
+Value = TypeVar("Value")
 
 #: Seconds a rank may wait in one collective (torch's gloo default). The longest waits of the
 #: commands are one unit of work (a model, a grid point) or the diagonal training on rank 0.
@@ -39,8 +57,6 @@ def run_in_process_group(command: Callable[[], int], prefix: str,
         ``command()``'s status; 2 when torchrun's environment is malformed or the process group
         cannot start; 1 after a collective that timed out or lost a rank.
     """
-    from quotientsharp.engine.distributed import torchrun_world_size
-
     try:
         world_size = torchrun_world_size()
     except ValueError as err:
@@ -49,8 +65,6 @@ def run_in_process_group(command: Callable[[], int], prefix: str,
     if world_size == 1:
         return int(command() or 0)
     import torch.distributed as dist
-
-    from quotientsharp.engine.distributed import init_distributed
 
     if dist.is_available() and dist.is_initialized():
         # a caller that set up its own process group keeps it
@@ -64,8 +78,6 @@ def run_in_process_group(command: Callable[[], int], prefix: str,
     try:
         return int(command() or 0)
     except RuntimeError as err:
-        from quotientsharp.engine.distributed import describe_collective_failure
-
         message = describe_collective_failure(err, timeout)
         if message is None:
             raise
@@ -73,3 +85,243 @@ def run_in_process_group(command: Callable[[], int], prefix: str,
         return 1
     finally:
         dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------- process group
+def init_distributed(backend: str | None = None,
+                     timeout: float | datetime.timedelta | None = None) -> tuple[int, int]:
+    """Initialise the default process group from torchrun's environment, if not yet done.
+
+    Parameters
+    ----------
+    backend
+        ``"gloo"`` or ``"nccl"``; default ``"nccl"`` when CUDA is available, else ``"gloo"``.
+        With NCCL the current CUDA device is set to ``LOCAL_RANK``.
+    timeout
+        Seconds (or a ``timedelta``) that the rendezvous and every collective may wait before
+        raising; ``None``: torch's default (30 minutes for gloo, 10 for NCCL).
+
+    Returns
+    -------
+    tuple
+        ``(rank, world_size)``.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise RuntimeError("torch.distributed is not available in this build of torch")
+    if not dist.is_initialized():
+        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+                   if k not in os.environ]
+        if missing:
+            raise RuntimeError(f"init_distributed reads torchrun's environment, but {missing} "
+                               "are not set: launch with torchrun, or call "
+                               "torch.distributed.init_process_group yourself")
+        if backend is None:
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if timeout is None:
+            dist.init_process_group(backend)
+        else:
+            if not isinstance(timeout, datetime.timedelta):
+                if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+                        or not timeout > 0:
+                    raise ValueError(f"timeout must be a number of seconds > 0 or a "
+                                     f"timedelta, got {timeout!r}")
+                timeout = datetime.timedelta(seconds=float(timeout))
+            dist.init_process_group(backend, timeout=timeout)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def torchrun_world_size(environ: Mapping[str, str] | None = None) -> int:
+    """The world size torchrun asks for: ``WORLD_SIZE`` when ``RANK`` and it are set, else 1.
+
+    A value above 1 means "initialise a process group" (:func:`init_distributed`); 1 (no
+    torchrun, or ``--nproc_per_node 1``) means "run in this process alone".
+    """
+    environ = os.environ if environ is None else environ
+    if "RANK" not in environ or "WORLD_SIZE" not in environ:
+        return 1
+    try:
+        world_size = int(environ["WORLD_SIZE"])
+    except ValueError:
+        raise ValueError(f"WORLD_SIZE must be an integer, got {environ['WORLD_SIZE']!r}") from None
+    if world_size < 1:
+        raise ValueError(f"WORLD_SIZE must be >= 1, got {world_size}")
+    return world_size
+
+
+def rank_and_world_size(group: Any = None) -> tuple[int, int]:
+    """``(rank, world_size)`` in ``group``; ``(0, 1)`` without an initialised process group."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(group), dist.get_world_size(group)
+    return 0, 1
+
+
+def _check_rank(rank: int | None, world_size: int | None, group: Any) -> tuple[int, int]:
+    if rank is None and world_size is None:
+        return rank_and_world_size(group)
+    if rank is None or world_size is None:
+        raise ValueError("pass both rank and world_size, or neither")
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, "
+                         f"world_size={world_size}")
+    return rank, world_size
+
+
+_TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+_LOST = re.compile(r"connection (closed|reset) by peer|pair closure|broken pipe|"
+                   r"communicator was aborted|socket closed", re.IGNORECASE)
+
+
+def describe_collective_failure(error: BaseException,
+                                timeout: float | datetime.timedelta | None = None) -> str | None:
+    """One readable line for a collective that timed out or lost a rank; ``None`` for others.
+
+    The backends report these as raw messages (gloo: ``[.../unbound_buffer.cc:81] Timed out
+    waiting 1800000ms for recv operation to complete``); this says what happened, what to look
+    at and that ``--resume`` continues a study where it stopped.
+    """
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else type(error).__name__
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    rank, world_size = rank_and_world_size()
+    who = f"rank {rank} of {world_size}"
+    resume = ("Every unit of work finished so far is saved: rerun the same command with "
+              "--resume to continue where it stopped")
+    if _TIMED_OUT.search(text):
+        limit = f" (--dist-timeout {timeout:g} s)" if timeout else ""
+        return (f"{who} timed out waiting for the other ranks in a collective operation"
+                f"{limit}: another rank probably failed (see its error above) or is still "
+                f"busy with one long unit of work. {resume}, with a larger --dist-timeout if a "
+                f"single unit takes longer. [backend: {first}]")
+    if _LOST.search(text):
+        return (f"{who} lost contact with another rank during a collective operation: that "
+                f"rank probably stopped (see its error above). {resume}. [backend: {first}]")
+    return None
+
+
+# ---------------------------------------------------------------------------- dealing and gathering
+def shard(items: Iterable[Item], rank: int | None = None, world_size: int | None = None,
+          group: Any = None) -> list[tuple[int, Item]]:
+    """This rank's share of ``items``: ``(index, item)`` for every ``index % world_size == rank``.
+
+    Round-robin dealing balances ranks when item costs are similar. A sequence (``len`` and
+    indexing) is only indexed at this rank's positions; any other iterable is iterated in full
+    on every rank (it must yield the same items in the same order everywhere).
+
+    Parameters
+    ----------
+    items
+        Models, batches, configurations...
+    rank, world_size
+        Default: those of the process group (``0, 1`` without one).
+    group
+        Process group (default: the world).
+    """
+    import torch
+
+    rank, world_size = _check_rank(rank, world_size, group)
+    if isinstance(items, (str, bytes, torch.Tensor, Mapping)):
+        raise TypeError(f"items must be an iterable of items (not a mapping, string or "
+                        f"tensor), got {type(items).__name__}")
+    if isinstance(items, Sequence):
+        return [(i, items[i]) for i in range(rank, len(items), world_size)]
+    if isinstance(items, Sized) and hasattr(items, "__getitem__"):
+        # indexable without being a Sequence (a torch Dataset with a length)
+        indexable: Any = items
+        return [(i, indexable[i]) for i in range(rank, len(items), world_size)]
+    if not isinstance(items, Iterable):
+        raise TypeError(f"items must be an iterable, got {type(items).__name__}")
+    return [(i, item) for i, item in enumerate(items) if i % world_size == rank]
+
+
+def gather_indexed(local: Sequence[tuple[int, Value]], group: Any = None) -> list[Value]:
+    """All-gather ``(index, value)`` pairs from every rank; the values in index order.
+
+    Values travel pickled (``all_gather_object``): move tensors to the CPU first when ranks
+    hold different devices. With NCCL each rank's current CUDA device must be its own
+    (:func:`init_distributed` sets it). Indices must be distinct and, together, ``0 .. N-1``.
+    """
+    import torch.distributed as dist
+
+    pairs = list(local)
+    rank, world_size = rank_and_world_size(group)
+    if world_size > 1:
+        gathered: list[Any] = [None] * world_size
+        dist.all_gather_object(gathered, pairs, group=group)
+        pairs = [pair for part in gathered for pair in part]
+    indices = sorted(i for i, _ in pairs)
+    if indices != list(range(len(indices))):
+        raise ValueError(f"gathered indices are not 0..{len(indices) - 1} exactly once each "
+                         f"(got {indices[:10]}{'...' if len(indices) > 10 else ''}); was every "
+                         "rank given the same items?")
+    by_index = dict(pairs)
+    return [by_index[i] for i in range(len(indices))]
+
+
+def _portable_error(error: Exception) -> Exception:
+    """``error`` if it survives pickling, else a RuntimeError carrying its type and message."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+    return error
+
+
+def run_on_rank0(function: Callable[[], Value], *, share: bool = True,
+                 group: Any = None) -> Value | None:
+    """Call ``function()`` on rank 0 only; its value, or its exception, reaches every rank.
+
+    The single-writer pattern: rank 0 touches the files (creates a results folder, checks the
+    settings of a run being resumed, writes the summary) and the other ranks learn the outcome
+    from one ``broadcast_object_list``. An exception raised by ``function`` on rank 0 is raised
+    again on every rank (the same type and message, when it can be pickled), so that all ranks
+    stop with the same error instead of some of them waiting in a later collective. Without a
+    process group (or world size 1) this is ``function()``.
+
+    Parameters
+    ----------
+    function
+        Called with no argument, on rank 0 only.
+    share
+        Send the value to the other ranks (it must be picklable); otherwise they get ``None``
+        (and still learn about an exception).
+    group
+        Process group (default: the world); ``function`` runs on its rank 0.
+
+    Returns
+    -------
+    object
+        On rank 0 the value itself; on the other ranks an unpickled copy (or ``None``).
+    """
+    import torch.distributed as dist
+
+    rank, world_size = rank_and_world_size(group)
+    if world_size == 1:
+        return function()
+    source = 0 if group is None else dist.get_global_rank(group, 0)
+    box: list[Any] = [None]
+    if rank == 0:
+        try:
+            value = function()
+        except Exception as error:
+            box[0] = ("error", _portable_error(error))
+            dist.broadcast_object_list(box, src=source, group=group)
+            raise
+        box[0] = ("ok", value if share else None)
+        dist.broadcast_object_list(box, src=source, group=group)
+        return value
+    dist.broadcast_object_list(box, src=source, group=group)
+    status, payload = box[0]
+    if status == "error":
+        raise payload
+    return payload

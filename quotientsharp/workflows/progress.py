@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["progress_bar"]
-
 
 def progress_bar(total: int | None, description: str, enabled: bool | None,
                  unit: str = "it") -> Any:

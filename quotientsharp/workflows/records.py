@@ -30,15 +30,7 @@ from quotientsharp.workflows.files import (
     write_jsonl_atomic,
 )
 from quotientsharp.workflows.locks import OutputLock
-
-__all__ = [
-    "ResultsDirectory",
-    "current_world_size",
-    "environment_versions",
-    "is_main_rank",
-    "shard_name",
-    "shard_paths",
-]
+from quotientsharp.workflows.process_group import rank_and_world_size
 
 
 def _version(module_name: str) -> str | None:
@@ -102,15 +94,11 @@ def shard_paths(folder: Path, name: str) -> list[Path]:
 
 def is_main_rank() -> bool:
     """Whether this process reports (prints): rank 0 of the process group, or the only one."""
-    from quotientsharp.engine.distributed import rank_and_world_size
-
     return rank_and_world_size()[0] == 0
 
 
 def current_world_size() -> int:
     """World size of the initialised default process group; 1 without one."""
-    from quotientsharp.engine.distributed import rank_and_world_size
-
     return rank_and_world_size()[1]
 
 
@@ -269,10 +257,6 @@ class ResultsDirectory:
     def append(self, name: str, record: Mapping[str, Any]) -> None:
         """Append one record to JSONL file ``name``, flushed and synced before returning."""
         append_jsonl(self.file(name), record)
-
-    def shard_file(self, name: str, rank: int) -> Path:
-        """Path of rank ``rank``'s shard of JSONL file ``name``."""
-        return self.path / shard_name(name, rank)
 
     def merged_records(self, name: str, key: str, repair: bool = True) -> list[dict[str, Any]]:
         """The records of ``name`` and of its rank shards, one per ``key`` value.

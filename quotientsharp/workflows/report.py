@@ -14,22 +14,8 @@ from typing import Any
 
 from quotientsharp.workflows.grid import GridPoint
 from quotientsharp.workflows.manifest import ManifestEntry
+from quotientsharp.workflows.options import StudyConfig
 from quotientsharp.workflows.taus import sign_convention, tau_interval, without_nan
-
-__all__ = [
-    "FIXED_COLUMNS",
-    "GENERALISATION_COLUMNS",
-    "command_line",
-    "csv_columns",
-    "csv_row",
-    "gap_label",
-    "gap_of",
-    "reserved_columns",
-    "study_report",
-    "solver_quality",
-    "tau_rows",
-    "tau_table",
-]
 
 FIXED_COLUMNS = ("name", "model", "gap", "gap_from")
 GENERALISATION_COLUMNS = ("train_loss", "test_loss", "train_error", "test_error")
@@ -47,11 +33,21 @@ _VALUE_OPTIONS = {"eps": 0.0, "p": "2", "samples": 1, "layer": None, "loss": "cr
                   "max_length": 128, "tokenizer": None, "dtype": None, "gap_from": None}
 
 
-def command_line(manifest: str, args: Any, grid: Sequence[GridPoint]) -> str:
+def _option_values(config: StudyConfig) -> dict[str, Any]:
+    """The values of :data:`_VALUE_OPTIONS` in ``config``, by option name."""
+    batches = config.batches
+    return {"eps": config.eps, "p": config.p, "samples": config.samples, "layer": config.layer,
+            "loss": batches.loss, "batch_size": batches.batch_size,
+            "max_batches": batches.max_batches, "n_iter": config.solver.n_iter,
+            "seed": config.seed, "max_length": batches.max_length,
+            "tokenizer": batches.tokenizer, "dtype": config.dtype, "gap_from": config.gap_from}
+
+
+def command_line(manifest: str, config: StudyConfig, grid: Sequence[GridPoint]) -> str:
     """The ``quotientsharp study`` command that reproduces the values of a run (the options
     that determine them; output, bootstrap and display options left out)."""
     measures = list(dict.fromkeys(point.measure for point in grid))
-    parts = ["quotientsharp study", manifest, "--data", str(args.data),
+    parts = ["quotientsharp study", manifest, "--data", str(config.data),
              "--measure", ",".join(measures)]
     rhos = list(dict.fromkeys(point.rho for point in grid if point.rho is not None))
     if rhos:
@@ -60,8 +56,9 @@ def command_line(manifest: str, args: Any, grid: Sequence[GridPoint]) -> str:
         metrics = dict.fromkeys(p.metric for p in grid if p.metric is not None)
         orders = dict.fromkeys(str(p.order) for p in grid if p.order is not None)
         parts += ["--metric", ",".join(metrics), "--order", ",".join(orders)]
+    values = _option_values(config)
     for name, default in _VALUE_OPTIONS.items():
-        value = getattr(args, name, default)
+        value = values[name]
         if value != default:
             parts += [f"--{name.replace('_', '-')}", f"{value:g}" if isinstance(value, float)
                       else str(value)]

@@ -10,7 +10,7 @@ is the loop around them, in three calls made on every rank:
    interrupted distributed run left behind into the records file and reads the finished
    records; every rank gets them;
 2. :meth:`ResumableRun.run`: the units not yet finished are dealt round-robin over the ranks
-   (:func:`quotientsharp.engine.distributed.shard`), each computed whole on one rank by
+   (:func:`~quotientsharp.workflows.process_group.shard`), each computed whole on one rank by
    ``work(unit, status)``. Each record is on disk the moment it is computed: in one process it
    is appended to the records file; under torchrun rank ``r`` appends it to its own shard
    ``<records>.rank{r}.jsonl`` (one writer per file, no locking, and no rank waits for the
@@ -35,10 +35,14 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
 from quotientsharp.workflows.files import append_jsonl
+from quotientsharp.workflows.process_group import (
+    gather_indexed,
+    rank_and_world_size,
+    run_on_rank0,
+    shard,
+)
 from quotientsharp.workflows.progress import progress_bar
 from quotientsharp.workflows.records import ResultsDirectory, shard_name
-
-__all__ = ["Mirror", "Record", "ResumableRun", "Work", "rank0_value"]
 
 #: A unit's key: a model's name or index, a grid point.
 Key = TypeVar("Key", bound=Hashable)
@@ -110,8 +114,6 @@ class ResumableRun(Generic[Key]):
                  key: str, unit: str, description: str, progress: bool | None,
                  mirror: Mirror[Key] | None = None,
                  check: Callable[[Mapping[Key, Record]], None] | None = None) -> None:
-        from quotientsharp.engine.distributed import rank_and_world_size
-
         if len(set(units)) != len(units):
             raise ValueError(f"{study}: the units of work must be distinct")
         self.out = Path(out)
@@ -192,8 +194,6 @@ class ResumableRun(Generic[Key]):
         dict
             Key -> record of every unit, in the order of the units (the same on every rank).
         """
-        from quotientsharp.engine.distributed import gather_indexed, shard
-
         todo = [key for key in self.units if key not in self._records]
         mine = shard(todo)                          # (position in todo, key)
         bar = progress_bar(len(self._records) + len(mine), self.description,
@@ -229,8 +229,6 @@ class ResumableRun(Generic[Key]):
         session of the run), then records in ``run.json`` that the run finished, with
         ``finished_<unit>s``, ``wall_seconds`` and ``computed_now``.
         """
-        from quotientsharp.engine.distributed import run_on_rank0
-
         def complete() -> Value:
             folder = self.rank0_folder()
             wall = self.wall_seconds()
@@ -292,12 +290,10 @@ class ResumableRun(Generic[Key]):
 def rank0_value(function: Callable[[], Value | None]) -> Value:
     """``function()`` called on rank 0 and its value shared with every rank, never ``None``.
 
-    :func:`quotientsharp.engine.distributed.run_on_rank0` with the value typed as
+    :func:`~quotientsharp.workflows.process_group.run_on_rank0` with the value typed as
     ``function``'s (that function's ``None`` stands for "not shared"); an exception on rank 0
     reaches every rank.
     """
-    from quotientsharp.engine.distributed import run_on_rank0
-
     value = run_on_rank0(function)
     if value is None:
         raise RuntimeError("rank 0 shared no value")

@@ -14,23 +14,24 @@ results folder works as those of ``quotientsharp reproduce``:
   determine the values (the grid, the sharpness data's content, the batches, the loss, ...)
   must equal those saved in ``run.json``; the bootstrap and plot options may change;
 - under torchrun the models still missing are dealt round-robin over the ranks
-  (:func:`quotientsharp.engine.distributed.shard`), each measured whole on one rank; rank 0 alone
-  creates, checks and finishes the folder (:func:`quotientsharp.engine.distributed.run_on_rank0`).
+  (:func:`.process_group.shard`), each measured whole on one rank; rank 0 alone
+  creates, checks and finishes the folder (:func:`.process_group.run_on_rank0`).
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quotientsharp.workflows import measuring
 from quotientsharp.workflows.fingerprints import content_identity
 from quotientsharp.workflows.grid import GridPoint, build_grid, with_row_symmetries
 from quotientsharp.workflows.manifest import ManifestEntry, read_manifest
+from quotientsharp.workflows.options import StudyConfig
 from quotientsharp.workflows.report import (
     command_line,
     csv_columns,
@@ -44,7 +45,9 @@ from quotientsharp.workflows.report import (
     tau_table,
 )
 
-__all__ = ["STUDY", "StudyOutcome", "default_out", "run_study", "study_settings"]
+if TYPE_CHECKING:
+    from quotientsharp.workflows.records import ResultsDirectory
+    from quotientsharp.workflows.resumable import ResumableRun
 
 #: The study name in ``run.json`` (checked by ``--resume``).
 STUDY = "quotientsharp study"
@@ -102,26 +105,27 @@ def _digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def study_settings(args: argparse.Namespace, grid: Sequence[GridPoint],
-                   gap_from: str) -> dict[str, Any]:
+def study_settings(config: StudyConfig, grid: Sequence[GridPoint]) -> dict[str, Any]:
     """Everything that determines the values (saved in ``run.json``, checked on resume)."""
-    data = Path(args.data)
+    data = Path(config.data)
     if not data.is_file():
         raise FileNotFoundError(f"--data {data} does not exist" if not data.exists()
                                 else f"--data {data} is not a file")
+    batches = config.batches
     return {"data": {"name": data.name, "sha256": _digest(data)},
-            "grid": [point.as_dict() for point in grid], "gap_from": gap_from,
-            "loss": args.loss, "batch_size": args.batch_size, "max_batches": args.max_batches,
-            "n_iter": args.n_iter, "seed": args.seed, "eps": args.eps,
-            "samples": args.samples, "layer": args.layer, "max_length": args.max_length,
-            "tokenizer": args.tokenizer, "dtype": args.dtype,
+            "grid": [point.as_dict() for point in grid], "gap_from": config.gap_kind,
+            "loss": batches.loss, "batch_size": batches.batch_size,
+            "max_batches": batches.max_batches, "n_iter": config.solver.n_iter,
+            "seed": config.seed, "eps": config.eps, "samples": config.samples,
+            "layer": config.layer, "max_length": batches.max_length,
+            "tokenizer": batches.tokenizer, "dtype": config.dtype,
             # only when given, so that the run.json of a study without one still resumes
-            **({"symmetry": args.symmetry} if getattr(args, "symmetry", None) else {})}
+            **({"symmetry": config.symmetry} if config.symmetry else {})}
 
 
 def _check_identities(finished: Mapping[str, dict[str, Any]],
                       entries: Sequence[ManifestEntry], folder: Path,
-                      args: argparse.Namespace | None = None) -> None:
+                      config: StudyConfig) -> None:
     for entry in entries:
         record = finished.get(entry.name)
         if record is None:
@@ -141,12 +145,12 @@ def _check_identities(finished: Mapping[str, dict[str, Any]],
                              f"from other contents of {', '.join(changed)} (SHA-256 differs, "
                              "or the record predates content hashes): it would be stale. Run "
                              "without --resume to remeasure every model, or use another --out")
-        if args is not None and record.get("symmetry"):
-            _check_symmetry(entry, record, folder, args)
+        if record.get("symmetry"):
+            _check_symmetry(entry, record, folder, config)
 
 
 def _check_symmetry(entry: ManifestEntry, record: Mapping[str, Any], folder: Path,
-                    args: argparse.Namespace) -> None:
+                    config: StudyConfig) -> None:
     """Refuse a record measured with other code or other bindings of the user's symmetry
     than those it would be measured with now (:func:`.fingerprints.fingerprint_change`)."""
     import torch
@@ -156,9 +160,9 @@ def _check_symmetry(entry: ManifestEntry, record: Mapping[str, Any], folder: Pat
     from quotientsharp.workflows.saved_models import load_measured_model
 
     model = load_measured_model(entry.model)
-    if args.dtype is not None:
-        model = model.to(dtype=getattr(torch, args.dtype))
-    bound = entry_symmetry(entry, args, model)
+    if config.dtype is not None:
+        model = model.to(dtype=getattr(torch, config.dtype))
+    bound = entry_symmetry(entry, config.symmetry, model)
     spec = None if bound is None else bound[0]
     change = (f"its symmetry is now {spec}, not {record['symmetry']}"
               if spec != record["symmetry"] or bound is None
@@ -187,7 +191,129 @@ def _colors(entries: Sequence[ManifestEntry], key: str | None) -> list[float] | 
     return values
 
 
-def run_study(manifest: str | Path, args: argparse.Namespace) -> StudyOutcome:
+@dataclass
+class _Plan:
+    """A study's units and what they are measured and written with (before any model is
+    loaded)."""
+
+    manifest: str | Path
+    config: StudyConfig
+    entries: list[ManifestEntry]
+    grid: list[GridPoint]
+    settings: dict[str, Any]
+    out: Path
+    colors: list[float] | None
+    device: Any
+
+    @property
+    def by_name(self) -> dict[str, ManifestEntry]:
+        return {entry.name: entry for entry in self.entries}
+
+
+def _plan(manifest: str | Path, config: StudyConfig) -> _Plan:
+    """Read the manifest and check everything that can be checked before a model is loaded."""
+    from quotientsharp.workflows.devices import check_device
+
+    grid = build_grid(config)
+    entries = read_manifest(manifest, reserved=reserved_columns(grid))
+    # rows with a symmetry of their own measure with its metric: the labels say so
+    grid = with_row_symmetries(grid, any(entry.symmetry for entry in entries))
+    colors = _colors(entries, config.color)
+    device = check_device(config.device)
+    settings = study_settings(config, grid)
+    out = Path(config.out) if config.out is not None else default_out(manifest)
+    return _Plan(manifest, config, entries, grid, settings, out, colors, device)
+
+
+def _measure_units(plan: _Plan) -> tuple[dict[str, dict[str, Any]], ResumableRun]:
+    """Measure the models not yet measured (a unit each, written as it finishes); every
+    record, in manifest order, and the run (to finish)."""
+    import torch
+
+    from quotientsharp.workflows.files import write_csv_atomic
+    from quotientsharp.workflows.resumable import ResumableRun
+
+    config, by_name, gap_from = plan.config, plan.by_name, plan.config.gap_kind
+    columns = csv_columns(plan.entries, plan.grid)
+    owned = [MODELS, CSV, REPORT, TAUS_JSON, TAUS_CSV,
+             *(f"scatter_{p.key}.png" for p in plan.grid)]
+
+    def mirror(folder: ResultsDirectory, records: Mapping[str, dict[str, Any]]) -> None:
+        write_csv_atomic(folder.file(CSV), columns,
+                         [csv_row(by_name[name], record, gap_from)
+                          for name, record in records.items()])
+
+    def measure(name: str, status: Callable[[str], None]) -> dict[str, Any]:
+        return measuring.measure_entry(by_name[name], plan.grid, config, plan.device,
+                                       lambda text: status(f"{name}: {text}"))
+
+    run = ResumableRun(plan.out, list(by_name), study=STUDY, settings=plan.settings,
+                       resume=config.resume, owned=owned, records=MODELS, key="name",
+                       unit="model", description="study models", progress=config.progress,
+                       mirror=mirror,
+                       check=lambda done: _check_identities(done, plan.entries, plan.out, config))
+    saved_threads = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    try:
+        run.open()
+        records = run.run(measure)
+    finally:
+        torch.set_num_threads(saved_threads)
+    return records, run
+
+
+def _tau_rows(plan: _Plan, records: Mapping[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of ``taus.json``: each grid point's taus against the gap, with the solver's
+    quality over the models."""
+    gaps = [gap_of(entry, records[entry.name]) for entry in plan.entries]
+    bootstrap = plan.config.bootstrap
+    taus = tau_rows(gaps, _values(plan, records), plan.grid, resamples=bootstrap.resamples,
+                    confidence=bootstrap.confidence, seed=bootstrap.seed)
+    for point, row in zip(plan.grid, taus, strict=True):
+        row.update(solver_quality([records[e.name] for e in plan.entries], point.key))
+    return taus
+
+
+def _values(plan: _Plan, records: Mapping[str, dict[str, Any]]) -> dict[str, list[float]]:
+    return {point.key: [records[e.name]["sharpness"][point.key] for e in plan.entries]
+            for point in plan.grid}
+
+
+def _write_outputs(plan: _Plan, records: Mapping[str, dict[str, Any]],
+                   taus: list[dict[str, Any]], ignored: list[str], world_size: int,
+                   results: ResultsDirectory, wall: float) -> tuple[list[Path] | None, float]:
+    """Write the taus, the plots, the report and ``run.json`` (rank 0, at the end)."""
+    from quotientsharp.workflows.files import (
+        write_csv_atomic,
+        write_json_atomic,
+        write_text_atomic,
+    )
+    from quotientsharp.workflows.plots import study_plots
+
+    config, entries, gap_from = plan.config, plan.entries, plan.config.gap_kind
+    write_json_atomic(results.file(TAUS_JSON), taus)
+    write_csv_atomic(results.file(TAUS_CSV), TAU_COLUMNS, taus)
+    plots = None
+    if config.plots:
+        gaps = [gap_of(entry, records[entry.name]) for entry in entries]
+        plots = study_plots(gaps, _values(plan, records), plan.grid, taus, results.path,
+                            x_label=gap_label(entries, gap_from), color=plan.colors,
+                            color_label=config.color or "")
+    bootstrap = dataclasses.asdict(config.bootstrap)
+    report = study_report(
+        manifest=str(plan.manifest), data=str(config.data),
+        command=command_line(str(plan.manifest), config, plan.grid), entries=entries,
+        records=records, grid=plan.grid, taus=taus, settings=plan.settings, gap_from=gap_from,
+        plots=[path.name for path in plots or []], bootstrap=bootstrap,
+        world_size=world_size, resumed=int(results.run_info.get("resumed", 0)),
+        wall_seconds=wall)
+    write_text_atomic(results.file(REPORT), report)
+    results.save_run_info(ignored_records=ignored, bootstrap=bootstrap, taus=taus)
+    return plots, wall
+
+
+def run_study(manifest: str | Path, config: StudyConfig) -> StudyOutcome:
     """Run (or resume) the study of a manifest and write every output (module docstring).
 
     Call it on every rank under torchrun, with the same arguments; every rank returns the same
@@ -197,94 +323,29 @@ def run_study(manifest: str | Path, args: argparse.Namespace) -> StudyOutcome:
     ----------
     manifest
         The manifest file (:mod:`quotientsharp.workflows.manifest`).
-    args
-        The options of ``quotientsharp study`` (``data``, the sharpness options of
-        ``quotientsharp measure``, ``gap_from``, ``out``, ``resume``, ``bootstrap``,
-        ``confidence``, ``bootstrap_seed``, ``color``, ``plots``, ``progress``, ``threads``).
-    """
-    import torch
+    config
+        The data, the grid of measures and the study's options
+        (:class:`~quotientsharp.workflows.options.StudyConfig`).
 
-    from quotientsharp.workflows.devices import check_device
-    from quotientsharp.workflows.files import (
-        write_csv_atomic,
-        write_json_atomic,
-        write_text_atomic,
-    )
-    from quotientsharp.workflows.generalisation import gap_kind
-    from quotientsharp.workflows.plots import study_plots
-    from quotientsharp.workflows.records import ResultsDirectory
-    from quotientsharp.workflows.resumable import ResumableRun
+    Examples
+    --------
+    >>> from quotientsharp.workflows import StudyConfig, run_study
+    >>> outcome = run_study("models.csv", StudyConfig(
+    ...     data="data.pt", measures=["adaptive", "geodesic"], rho=[0.05, 0.1],
+    ...     out="results/mine"))                                    # doctest: +SKIP
+    >>> print(outcome.summary)                                     # doctest: +SKIP
+    """
     from quotientsharp.workflows.taus import sign_convention
 
-    grid = build_grid(args)
-    gap_from = gap_kind(args.gap_from, args.loss)
-    entries = read_manifest(manifest, reserved=reserved_columns(grid))
-    # rows with a symmetry of their own measure with its metric: the labels say so
-    grid = with_row_symmetries(grid, any(entry.symmetry for entry in entries))
-    colors = _colors(entries, args.color)
-    device = check_device(args.device)
-    settings = study_settings(args, grid, gap_from)
-    out = Path(args.out) if args.out is not None else default_out(manifest)
-    columns = csv_columns(entries, grid)
-    names = [MODELS, CSV, REPORT, TAUS_JSON, TAUS_CSV, *(f"scatter_{p.key}.png" for p in grid)]
-    by_name = {entry.name: entry for entry in entries}
-
-    def mirror(folder: ResultsDirectory, records: Mapping[str, dict[str, Any]]) -> None:
-        write_csv_atomic(folder.file(CSV), columns,
-                         [csv_row(by_name[name], record, gap_from)
-                          for name, record in records.items()])
-
-    def measure(name: str, status: Callable[[str], None]) -> dict[str, Any]:
-        return measuring.measure_entry(by_name[name], grid, args, device, gap_from,
-                                       lambda text: status(f"{name}: {text}"))
-
-    run = ResumableRun(out, list(by_name), study=STUDY, settings=settings, resume=args.resume,
-                       owned=names, records=MODELS, key="name", unit="model",
-                       description="study models", progress=args.progress, mirror=mirror,
-                       check=lambda finished: _check_identities(finished, entries, out, args))
-    saved_threads = torch.get_num_threads()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    try:
-        run.open()
-        records = run.run(measure)
-    finally:
-        torch.set_num_threads(saved_threads)
-    todo = run.computed_now
-    world_size = run.world_size
-
-    rows = [csv_row(entry, records[entry.name], gap_from) for entry in entries]
-    gaps = [gap_of(entry, records[entry.name]) for entry in entries]
-    values = {point.key: [records[e.name]["sharpness"][point.key] for e in entries]
-              for point in grid}
-    bootstrap = {"resamples": args.bootstrap, "confidence": args.confidence,
-                 "seed": args.bootstrap_seed}
-    taus = tau_rows(gaps, values, grid, resamples=args.bootstrap, confidence=args.confidence,
-                    seed=args.bootstrap_seed)
-    for point, row in zip(grid, taus, strict=True):
-        row.update(solver_quality([records[e.name] for e in entries], point.key))
+    plan = _plan(manifest, config)
+    records, run = _measure_units(plan)
+    gap_from = config.gap_kind
+    rows = [csv_row(entry, records[entry.name], gap_from) for entry in plan.entries]
+    taus = _tau_rows(plan, records)
     ignored = sorted(run.ignored)
-
-    def finish(results: ResultsDirectory, wall: float) -> tuple[list[Path] | None, float]:
-        write_json_atomic(results.file(TAUS_JSON), taus)
-        write_csv_atomic(results.file(TAUS_CSV), TAU_COLUMNS, taus)
-        plots = None
-        if args.plots:
-            plots = study_plots(gaps, values, grid, taus, results.path,
-                                x_label=gap_label(entries, gap_from), color=colors,
-                                color_label=args.color or "")
-        report = study_report(
-            manifest=str(manifest), data=str(args.data),
-            command=command_line(str(manifest), args, grid), entries=entries, records=records,
-            grid=grid, taus=taus, settings=settings, gap_from=gap_from,
-            plots=[path.name for path in plots or []], bootstrap=bootstrap,
-            world_size=world_size, resumed=int(results.run_info.get("resumed", 0)),
-            wall_seconds=wall)
-        write_text_atomic(results.file(REPORT), report)
-        results.save_run_info(ignored_records=ignored, bootstrap=bootstrap, taus=taus)
-        return plots, wall
-
-    plots, wall = run.finish(finish)
+    plots, wall = run.finish(lambda results, wall: _write_outputs(
+        plan, records, taus, ignored, run.world_size, results, wall))
+    todo = run.computed_now
     summary = "\n".join([
         tau_table(taus, markdown=False), "",
         f"{len(rows)} models, measured now: {len(todo)}"
@@ -292,5 +353,5 @@ def run_study(manifest: str | Path, args: argparse.Namespace) -> StudyOutcome:
            f"{ignored[:5]}" if ignored else "")
         + f"; wall time {wall:.1f} s",
         sign_convention("the generalisation gap"),
-        f"Report: {out / REPORT} (models.csv, taus.json, plots and run.json beside it)."])
-    return StudyOutcome(out, rows, taus, todo, ignored, summary, plots, wall)
+        f"Report: {plan.out / REPORT} (models.csv, taus.json, plots and run.json beside it)."])
+    return StudyOutcome(plan.out, rows, taus, todo, ignored, summary, plots, wall)

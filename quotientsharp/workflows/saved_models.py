@@ -18,8 +18,6 @@ from quotientsharp.workflows.options import InputError
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["import_transformers", "load_measured_model", "quiet_transformers"]
-
 
 def quiet_transformers() -> Callable[[], None]:
     """Silence transformers' load reports and progress bars; returns a restore function."""

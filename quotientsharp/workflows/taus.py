@@ -3,7 +3,7 @@ intervals, and how to read them. The one module every study takes its taus from.
 
 Point estimates: :func:`kendall_tau_a`, the statistic the paper reports, and
 :func:`kendall_tau_b`, the tie-corrected variant (SciPy's default, computed here from exact
-pair counts; :func:`kendall_tau_b_reference` is the same formula as a plain loop).
+pair counts).
 
 Intervals (:class:`TauInterval`, the one result type):
 
@@ -11,9 +11,6 @@ Intervals (:class:`TauInterval`, the one result type):
   with replacement (``numpy.random.default_rng(seed)``: the same seed, the same draws, the same
   draws for every measure of a study, so intervals are paired), both taus are computed on each
   resample and the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles are reported.
-- :func:`pooled_tau_intervals`: several samples (data seeds) with the seeds fixed: the mean of
-  the per-sample taus, and a stratified bootstrap (each sample resampled within itself, the
-  per-sample taus of one resample averaged). For one sample it is :func:`tau_interval`.
 - :func:`cluster_bootstrap_tau` and :func:`cluster_bootstrap_difference`: several samples that
   are themselves replicates (study or data seeds): the mean of the per-sample tau-b with a
   two-stage cluster bootstrap (the samples resampled, then the models within each), which
@@ -44,22 +41,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-
-__all__ = [
-    "TauInterval",
-    "TauRow",
-    "cluster_bootstrap_difference",
-    "cluster_bootstrap_tau",
-    "holm_adjust",
-    "kendall_tau_a",
-    "kendall_tau_b",
-    "kendall_tau_b_reference",
-    "pooled_tau_intervals",
-    "sign_convention",
-    "tau_interval",
-    "tau_table",
-    "without_nan",
-]
 
 #: Resamples are processed in chunks of this many (bounds the ``[chunk, n, n]`` pair arrays).
 _CHUNK = 256
@@ -144,35 +125,10 @@ def kendall_tau_a(x: Sequence[float], y: Sequence[float]) -> float:
 
 def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float | None:
     """Kendall tau-b (SciPy's default variant), ``S / sqrt((P - T_x)(P - T_y))`` from exact pair
-    counts (:func:`kendall_tau_b_reference`): equal to ``scipy.stats.kendalltau`` up to
-    round-off, and exactly +-1 for a perfect ranking. ``None`` for a constant variable."""
+    counts (``S`` the tau-a numerator, ``P`` the pairs, ``T_x`` and ``T_y`` the pairs tied in
+    ``x`` and in ``y``): equal to ``scipy.stats.kendalltau`` up to round-off, and exactly +-1
+    for a perfect ranking. ``None`` for a constant variable."""
     return _point(*_paired(x, y))[1]
-
-
-def _sign(value: float) -> int:
-    return (value > 0) - (value < 0)
-
-
-def kendall_tau_b_reference(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Kendall tau-b as a plain loop over the pairs: ``S / sqrt((P - T_x)(P - T_y))``.
-
-    ``S`` is the tau-a numerator, ``P = M (M - 1) / 2`` the number of pairs, ``T_x`` and ``T_y``
-    the pairs tied in ``x`` and in ``y``. ``None`` when one of the variables is constant (the
-    statistic is undefined there).
-    """
-    xs, ys = (values.tolist() for values in _paired(x, y))
-    total = tied_x = tied_y = 0
-    count = len(xs)
-    for i in range(count):
-        for j in range(i + 1, count):
-            sx, sy = _sign(xs[i] - xs[j]), _sign(ys[i] - ys[j])
-            total += sx * sy
-            tied_x += sx == 0
-            tied_y += sy == 0
-    pairs = count * (count - 1) // 2
-    if tied_x == pairs or tied_y == pairs:
-        return None
-    return total / math.sqrt((pairs - tied_x) * (pairs - tied_y))
 
 
 # ---------------------------------------------------------------------------- intervals
@@ -187,7 +143,7 @@ class TauInterval:
     a_low, a_high, b_low, b_high
         Percentile interval bounds (``None`` where undefined, or for ``samples=0``).
     count
-        Models (pairs of values), summed over the samples when pooled.
+        Models (pairs of values).
     samples, level, seed
         Bootstrap resamples, coverage and seed.
     """
@@ -274,41 +230,6 @@ def tau_interval(x: Sequence[float], y: Sequence[float], samples: int = 2000, se
     return _interval(*_point(xs, ys), draws_a, draws_b, int(xs.size), samples, level, seed)
 
 
-def pooled_tau_intervals(groups: Sequence[tuple[Sequence[float], Sequence[float]]],
-                         samples: int = 2000, seed: int = 0, level: float = 0.95
-                         ) -> TauInterval:
-    """The mean over samples (e.g. data seeds, held fixed) of Kendall tau-a and tau-b, with a
-    stratified percentile bootstrap interval (each sample resampled within itself, from one
-    generator, in order). For one sample it equals :func:`tau_interval`.
-
-    Parameters
-    ----------
-    groups
-        ``(x, y)`` per sample.
-    samples, seed, level
-        As in :func:`tau_interval`.
-    """
-    if not groups:
-        raise ValueError("groups must hold at least one (x, y) sample")
-    _check_settings(samples, level)
-    rng = np.random.default_rng(seed)
-    point_a, point_b, draws_a, draws_b, count = [], [], [], [], 0
-    for x, y in groups:
-        xs, ys = _paired(x, y)
-        tau_a, tau_b = _point(xs, ys)
-        point_a.append(tau_a)
-        point_b.append(tau_b)
-        resampled_a, resampled_b = _resampled_taus(xs, ys, samples, rng)
-        draws_a.append(resampled_a)
-        draws_b.append(resampled_b)
-        count += int(xs.size)
-    known_b = [b for b in point_b if b is not None]
-    # undefined for every seed when undefined for one (a constant variable there)
-    pooled_b = None if len(known_b) < len(point_b) else math.fsum(known_b) / len(known_b)
-    return _interval(math.fsum(point_a) / len(point_a), pooled_b, np.mean(draws_a, axis=0),
-                     np.mean(draws_b, axis=0), count, samples, level, seed)
-
-
 # ---------------------------------------------------------------------------- clusters
 # A tau pooled over clusters (seeds) with a two-stage cluster bootstrap. Pairs are compared
 # only within a cluster (a model of one seed is never ranked against another seed's); each
@@ -326,18 +247,16 @@ def _tau_b(xs: np.ndarray, ys: np.ndarray, idx: np.ndarray) -> float | None:
     return None if np.isnan(tau_b) else float(tau_b)
 
 
-def _cluster_bootstrap(x: Sequence[float], ys: Sequence[Sequence[float]],
-                       clusters: Sequence[Hashable], n_boot: int,
-                       seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pooled tau-b of ``x`` against each of ``ys`` and their resamples, with the same draws.
+#: one cluster: its x, shape=[n], and each y, shape=[n]
+_Cluster = tuple[np.ndarray, list[np.ndarray]]
 
-    Returns
-    -------
-    points
-        ``shape=[len(ys)]``, the pooled taus.
-    stats
-        ``shape=[B, len(ys)]``, the resampled pooled taus of the ``B <= n_boot`` resamples on
-        which every drawn cluster has a defined tau-b for every ``y``.
+
+def _checked_values(x: Sequence[float], ys: Sequence[Sequence[float]],
+                    clusters: Sequence[Hashable], n_boot: int
+                    ) -> tuple[np.ndarray, list[np.ndarray], list[Hashable]]:
+    """``x`` and each of ``ys`` as float64 arrays, ``shape=[M]``, and the ``M`` labels, checked.
+
+    Raises ``ValueError`` on lengths that differ, a non-finite value, or ``n_boot < 1``.
     """
     xs = np.asarray([float(v) for v in x], dtype=np.float64)
     columns = [np.asarray([float(v) for v in y], dtype=np.float64) for y in ys]
@@ -353,6 +272,12 @@ def _cluster_bootstrap(x: Sequence[float], ys: Sequence[Sequence[float]],
                              f"{np.flatnonzero(~np.isfinite(values))[:5].tolist()}")
     if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
         raise ValueError(f"n_boot must be an integer >= 1, got {n_boot!r}")
+    return xs, columns, labels
+
+
+def _split_clusters(xs: np.ndarray, columns: list[np.ndarray],
+                    labels: list[Hashable]) -> list[_Cluster]:
+    """The clusters in order of first appearance; each of >= 2 models with a defined tau-b."""
     names = list(dict.fromkeys(labels))
     if not names:
         raise ValueError("clusters is empty: at least one cluster of 2 models is needed")
@@ -366,17 +291,44 @@ def _cluster_bootstrap(x: Sequence[float], ys: Sequence[Sequence[float]],
         if any(_tau_b(cx, cy, np.arange(cx.size)) is None for cy in cys):
             raise ValueError(f"cluster {name!r}: x or y is constant, its tau-b is undefined")
         groups.append((cx, cys))
+    return groups
+
+
+def _resample(groups: list[_Cluster], rng: np.random.Generator) -> list[list[float | None]]:
+    """One two-stage resample: per drawn cluster, the tau-b of each ``y`` (``None``: undefined).
+
+    Draws the clusters, then each pick's members in order (the protocol above :func:`_tau_b`).
+    """
+    picks = rng.integers(0, len(groups), size=len(groups))
+    taus = []
+    for pick in picks:
+        cx, cys = groups[int(pick)]
+        idx = rng.integers(0, cx.size, size=cx.size)
+        taus.append([_tau_b(cx, cy, idx) for cy in cys])
+    return taus
+
+
+def _cluster_bootstrap(x: Sequence[float], ys: Sequence[Sequence[float]],
+                       clusters: Sequence[Hashable], n_boot: int,
+                       seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pooled tau-b of ``x`` against each of ``ys`` and their resamples, with the same draws.
+
+    Returns
+    -------
+    points
+        ``shape=[len(ys)]``, the pooled taus.
+    stats
+        ``shape=[B, len(ys)]``, the resampled pooled taus of the ``B <= n_boot`` resamples on
+        which every drawn cluster has a defined tau-b for every ``y``.
+    """
+    xs, columns, labels = _checked_values(x, ys, clusters, n_boot)
+    groups = _split_clusters(xs, columns, labels)
     points = np.asarray([np.mean([_tau_b(cx, cys[j], np.arange(cx.size)) for cx, cys in groups])
                          for j in range(len(columns))])
     rng = np.random.default_rng(seed)
     stats = []
     for _ in range(n_boot):
-        picks = rng.integers(0, len(groups), size=len(groups))
-        taus = []
-        for pick in picks:
-            cx, cys = groups[int(pick)]
-            idx = rng.integers(0, cx.size, size=cx.size)
-            taus.append([_tau_b(cx, cy, idx) for cy in cys])
+        taus = _resample(groups, rng)
         if all(t is not None for row in taus for t in row):
             stats.append(np.mean(np.asarray(taus, dtype=np.float64), axis=0))
     if not stats:

@@ -18,8 +18,6 @@ from typing import Any
 
 from quotientsharp.workflows.options import InputError
 
-__all__ = ["UserInputError", "import_object"]
-
 
 class UserInputError(InputError):
     """A ``MODULE:NAME`` argument that names nothing usable; the message is one line."""
@@ -81,6 +79,3 @@ def import_object(spec: str, flag: str) -> Any:
                                  f"{name!r} (it defines: {shown or 'nothing public'})")
         value = getattr(value, part)
     return value
-
-
-__all__ = ["UserInputError", "import_object"]

@@ -16,8 +16,6 @@ from typing import Any
 from quotientsharp.workflows.options import InputError
 from quotientsharp.workflows.user_objects import import_object
 
-__all__ = ["load_symmetry"]
-
 
 def load_symmetry(spec: str, model: Any, flag: str = "--symmetry") -> list[Any]:
     """The bindings ``FUNCTION(model)`` returns, checked against ``model``.

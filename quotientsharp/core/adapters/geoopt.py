@@ -67,6 +67,39 @@ LAYOUTS = ("concat", "stack", "flat")
 RETRACTIONS = (1, 2, "exact")
 
 
+def _parse_shapes(shapes: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    """``shapes`` as tuples of ints, each non-empty with positive sizes."""
+    if isinstance(shapes, (str, bytes)) or not isinstance(shapes, Sequence) or not shapes:
+        raise TypeError(f"shapes must be a non-empty sequence of shapes, got {shapes!r}")
+    parsed = []
+    for i, shape in enumerate(shapes):
+        if not isinstance(shape, Sequence) or isinstance(shape, (str, bytes)):
+            raise TypeError(f"shapes[{i}] must be a sequence of ints, got {shape!r}")
+        shape = tuple(int(s) for s in shape)
+        if not shape or any(s < 1 for s in shape):
+            raise ValueError(f"shapes[{i}] must be a non-empty shape of positive sizes, "
+                             f"got {shape}")
+        parsed.append(shape)
+    return tuple(parsed)
+
+
+def _resolve_layout(shapes: tuple[tuple[int, ...], ...], layout: str | None) -> str:
+    """``layout`` checked against ``shapes``; for ``None``, ``"concat"`` where the shapes allow
+    it, else ``"flat"``."""
+    concat_ok = len({len(s) for s in shapes}) == 1 and len({s[1:] for s in shapes}) == 1
+    if layout is None:
+        return "concat" if concat_ok else "flat"
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "concat" and not concat_ok:
+        raise ValueError(f"layout='concat' needs components of one rank whose shapes agree "
+                         f"beyond their first dimension, got shapes {shapes}")
+    if layout == "stack" and len(set(shapes)) != 1:
+        raise ValueError(f"layout='stack' needs components of identical shape, got shapes "
+                         f"{shapes}")
+    return layout
+
+
 class StackedLayout:
     """How the components of a quotient point sit side by side in one tensor.
 
@@ -80,32 +113,8 @@ class StackedLayout:
     """
 
     def __init__(self, shapes: Sequence[Sequence[int]], layout: str | None = None) -> None:
-        if isinstance(shapes, (str, bytes)) or not isinstance(shapes, Sequence) or not shapes:
-            raise TypeError(f"shapes must be a non-empty sequence of shapes, got {shapes!r}")
-        parsed = []
-        for i, shape in enumerate(shapes):
-            if not isinstance(shape, Sequence) or isinstance(shape, (str, bytes)):
-                raise TypeError(f"shapes[{i}] must be a sequence of ints, got {shape!r}")
-            shape = tuple(int(s) for s in shape)
-            if not shape or any(s < 1 for s in shape):
-                raise ValueError(f"shapes[{i}] must be a non-empty shape of positive sizes, "
-                                 f"got {shape}")
-            parsed.append(shape)
-        self.shapes: tuple[tuple[int, ...], ...] = tuple(parsed)
-        concat_ok = (len({len(s) for s in self.shapes}) == 1
-                     and len({s[1:] for s in self.shapes}) == 1)
-        stack_ok = len(set(self.shapes)) == 1
-        if layout is None:
-            layout = "concat" if concat_ok else "flat"
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        if layout == "concat" and not concat_ok:
-            raise ValueError(f"layout='concat' needs components of one rank whose shapes agree "
-                             f"beyond their first dimension, got shapes {self.shapes}")
-        if layout == "stack" and not stack_ok:
-            raise ValueError(f"layout='stack' needs components of identical shape, got shapes "
-                             f"{self.shapes}")
-        self.layout = layout
+        self.shapes: tuple[tuple[int, ...], ...] = _parse_shapes(shapes)
+        self.layout = layout = _resolve_layout(self.shapes, layout)
         rank = len(self.shapes[0])
         if layout == "concat":
             self.stacked_shape = (sum(s[0] for s in self.shapes), *self.shapes[0][1:])
@@ -446,6 +455,3 @@ class QuotientManifold(geoopt.Manifold):
     def extra_repr(self) -> str:
         return (f"quotient={self.quotient.name!r}, shapes={self.shapes}, "
                 f"layout={self.stacked.layout!r}, retraction={self.retraction!r}")
-
-
-__all__ = ["LAYOUTS", "QuotientManifold", "StackedLayout"]

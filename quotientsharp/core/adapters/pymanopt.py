@@ -25,7 +25,7 @@ Shapes, as in :class:`~quotientsharp.core.adapters.QuotientManifold` and
 components: ``shapes=((n, h), (m, h)), batch_shape=(k,)`` is a product of ``k`` GL(h) quotients,
 arrays ``[k, n, h]`` and ``[k, m, h]``. A pymanopt problem has one cost, so inner products sum
 over the batch. ``shapes`` that carry the batch dimensions themselves (``((k, n, h), (k, m,
-h))``, the spelling of 0.1) are deprecated.
+h))``, the spelling of 0.1) are refused.
 
 pymanopt is an optional extra: ``pip install quotientsharp[pymanopt]``.
 """
@@ -33,7 +33,6 @@ pymanopt is an optional extra: ``pip install quotientsharp[pymanopt]``.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -148,8 +147,8 @@ def _split_shapes(quotient: SymmetryQuotient, shapes: Sequence[Sequence[int]],
                   ) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
     """``(trailing shapes, batch shape)`` from the constructor's ``shapes`` and ``batch_shape``.
 
-    ``shapes`` with more than ``point_ndims`` dimensions carry the batch in front (the deprecated
-    spelling): accepted with a ``DeprecationWarning`` alone, refused next to ``batch_shape``.
+    ``shapes`` with more than ``point_ndims`` dimensions carry the batch in front (0.1's
+    spelling, removed in 0.3): refused, naming the trailing shapes to pass.
     """
     ndims = tuple(quotient.point_ndims)
     if isinstance(shapes, (str, bytes)) or not isinstance(shapes, Sequence):
@@ -158,32 +157,20 @@ def _split_shapes(quotient: SymmetryQuotient, shapes: Sequence[Sequence[int]],
     if len(parsed) != len(ndims):
         raise ValueError(f"shapes must have {len(ndims)} entries for "
                          f"{type(quotient).__name__}, got {len(parsed)}")
-    batches = set()
     for i, (shape, k) in enumerate(zip(parsed, ndims, strict=True)):
         if len(shape) < k or any(s < 1 for s in shape):
             raise ValueError(f"shapes[{i}] must have {k} positive sizes (the trailing shape of "
                              f"component {i} of one point), got {shape}")
-        batches.add(shape[:len(shape) - k])
     trailing = tuple(s[len(s) - k:] for s, k in zip(parsed, ndims, strict=True))
-    leading = batches.pop() if len(batches) == 1 else None
-    if leading == ():
-        batch = () if batch_shape is None else tuple(int(s) for s in batch_shape)
-        if any(s < 1 for s in batch):
-            raise ValueError(f"batch_shape must hold positive sizes, got {batch}")
-        return trailing, batch
-    if batch_shape is not None:
-        raise ValueError(f"shapes {parsed} carry leading batch dimensions and batch_shape="
-                         f"{tuple(batch_shape)} is given too: shapes are the trailing shapes of "
-                         f"one point ({trailing}, point_ndims {ndims}); give the batch in "
-                         f"batch_shape alone")
-    if leading is None:
-        raise ValueError(f"the components' leading (batch) shapes must agree, got {parsed}; "
-                         f"pass shapes={trailing} and batch_shape=... instead")
-    warnings.warn(f"PymanoptQuotient(shapes={parsed}) with leading batch dimensions is "
-                  f"deprecated: pass shapes={trailing}, batch_shape={leading} (shapes are the "
-                  f"trailing shapes of one point, as QuotientManifold takes them)",
-                  DeprecationWarning, stacklevel=3)
-    return trailing, leading
+    if trailing != parsed:
+        raise ValueError(f"shapes {parsed} carry leading batch dimensions: shapes are the "
+                         f"trailing shapes of one point (point_ndims {ndims}), as "
+                         f"QuotientManifold takes them: pass shapes={trailing}, and the "
+                         f"leading (batch) dimensions as batch_shape=")
+    batch = () if batch_shape is None else tuple(int(s) for s in batch_shape)
+    if any(s < 1 for s in batch):
+        raise ValueError(f"batch_shape must hold positive sizes, got {batch}")
+    return trailing, batch
 
 
 class PymanoptQuotient(_PymanoptManifold):
@@ -197,12 +184,9 @@ class PymanoptQuotient(_PymanoptManifold):
         Trailing shape of each component of one point, e.g. ``((n, h), (m, h))`` for GL(h),
         ``point_ndims[i]`` dimensions each (the same ``shapes`` as
         :class:`~quotientsharp.core.adapters.QuotientManifold` takes). Defaults to
-        ``quotient.point_shapes``.
-
-        .. deprecated:: 0.2
-            Shapes with leading batch dimensions (``((k, n, h), (k, m, h))``) still work, with a
-            ``DeprecationWarning``; pass ``shapes=((n, h), (m, h)), batch_shape=(k,)``. They are
-            refused together with ``batch_shape``.
+        ``quotient.point_shapes``. Shapes with leading batch dimensions
+        (``((k, n, h), (k, m, h))``, 0.1) are refused: pass ``shapes=((n, h), (m, h)),
+        batch_shape=(k,)``.
     batch_shape
         Leading dimensions shared by all components (default ``()``): the arrays have shape
         ``[*batch_shape, *shapes[i]]``, and inner products sum over the batch.
@@ -393,6 +377,3 @@ class PymanoptQuotient(_PymanoptManifold):
         v = self.quotient.random_tangent(x, generator=self._generator())
         total = self.quotient.inner(x, v, v).sum().clamp_min(0).sqrt()
         return self._vector(tuple(c / total for c in v))
-
-
-__all__ = ["PymanoptQuotient", "QuotientTangentVector", "riemannian_hessian"]

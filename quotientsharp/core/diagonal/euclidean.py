@@ -42,6 +42,3 @@ class DiagonalEuclideanMetric(DiagonalMetric):
     name = "euclidean"
     point_type = DiagonalEuclideanPoint
     group_invariant = False
-
-
-__all__ = ["DiagonalEuclideanMetric", "DiagonalEuclideanPoint"]

@@ -56,6 +56,3 @@ class DiagonalInvMetric(DiagonalMetric):
 
     name = "inv"
     point_type = DiagonalInvPoint
-
-
-__all__ = ["DiagonalInvMetric", "DiagonalInvPoint"]

@@ -29,6 +29,3 @@ class DiagonalMetric(Metric):
     name: ClassVar[str] = "diagonal"
     point_type: ClassVar[type[DiagonalPoint]] = DiagonalPoint
     group_invariant: ClassVar[bool] = True
-
-
-__all__ = ["DiagonalMetric"]

@@ -105,6 +105,3 @@ class DiagonalMixMetric(DiagonalMetric):
 
     name = "mix"
     point_type = DiagonalMixPoint
-
-
-__all__ = ["DiagonalMixMetric", "DiagonalMixPoint"]

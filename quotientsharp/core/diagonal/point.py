@@ -68,6 +68,3 @@ class DiagonalPoint(ClosedFormPoint):
     def quotient_geodesic(self, u: Tensors, t: float = 1.0) -> torch.Tensor:
         """``beta(t)`` on the geodesic of the quotient with velocity ``d beta = d pi(u)``."""
         raise NotImplementedError(f"{type(self).__name__} has no closed-form quotient geodesic")
-
-
-__all__ = ["DiagonalPoint"]

@@ -169,6 +169,3 @@ class DiagonalQuotient(MetricFamilyQuotient):
 
     def extra_repr(self) -> str:
         return f"metric={self.metric.name!r}"
-
-
-__all__ = ["DIAGONAL_METRICS", "DiagonalQuotient", "METRICS", "METRIC_TYPES"]

@@ -58,6 +58,3 @@ class EuclideanMetric(GLMetric):
     name = "euclidean"
     point_type = EuclideanPoint
     group_invariant = False
-
-
-__all__ = ["EuclideanMetric", "EuclideanPoint"]

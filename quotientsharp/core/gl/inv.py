@@ -100,12 +100,6 @@ class InvPoint(GLPoint):
     def raise_index(self, egrad: Tensors) -> Tensors:
         return egrad[0] @ self.relaxed_g, egrad[1] @ self.relaxed_h
 
-    @cached_property
-    def scaled_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(G S_G^{-1}, H S_H^{-1})``, ``shape=[..., n, h]`` and ``[..., m, h]``."""
-        G, H = self.x
-        return G @ self.inverse_g, H @ self.inverse_h
-
     coefficient_christoffel = True
 
     def christoffel_coefficients(self, reductions: list[tuple[torch.Tensor, torch.Tensor]]
@@ -140,6 +134,3 @@ class InvMetric(GLMetric):
 
     name = "inv"
     point_type = InvPoint
-
-
-__all__ = ["InvMetric", "InvPoint"]

@@ -31,6 +31,3 @@ class GLMetric(Metric):
     name: ClassVar[str] = "gl"
     point_type: ClassVar[type[GLPoint]] = GLPoint
     group_invariant: ClassVar[bool] = True
-
-
-__all__ = ["GLMetric"]

@@ -112,6 +112,3 @@ class MixMetric(GLMetric):
 
     name = "mix"
     point_type = MixPoint
-
-
-__all__ = ["MixMetric", "MixPoint"]

@@ -388,6 +388,3 @@ def moved(w: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
 
 def symmetric_part(a: torch.Tensor) -> torch.Tensor:
     return 0.5 * (a + a.mT)
-
-
-__all__ = ["GLPoint", "cholesky_or_raise", "moved", "symmetric_part", "vertical_vector"]

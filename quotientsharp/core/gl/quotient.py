@@ -287,6 +287,3 @@ class GLQuotient(MetricFamilyQuotient):
 
     def extra_repr(self) -> str:
         return f"metric={self.metric.name!r}, eps={self.eps}"
-
-
-__all__ = ["GLQuotient", "GL_METRICS", "GROUP_ELEMENT_KINDS", "METRICS", "METRIC_TYPES"]

@@ -305,7 +305,3 @@ class RotaryQuotient(GLQuotient):
     def extra_repr(self) -> str:
         return (f"metric={self.metric.name!r}, eps={self.eps}, head_dim={self.head_dim}, "
                 f"rotary_dims={self.rotary_dims}, layout={self.layout!r}")
-
-
-__all__ = ["LAYOUTS", "RotaryQuotient", "SubgroupPoint", "rotary_algebra_basis",
-           "rotary_planes", "subgroup_point_type"]

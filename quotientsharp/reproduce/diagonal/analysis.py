@@ -21,8 +21,6 @@ from quotientsharp.reproduce.diagonal.measures import MEASURES
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
 from quotientsharp.workflows.taus import tau_interval
 
-__all__ = ["CONFOUNDS", "MAXIMUM_OF", "analyse", "maximum_values", "spread"]
-
 #: The hyperparameters drawn per net, whose rank correlation with the test loss is reported.
 CONFOUNDS = ("init_scale", "learning_rate", "batch_size")
 #: Measure -> the record key of its maximum: the exact maximum where there is one (the trust

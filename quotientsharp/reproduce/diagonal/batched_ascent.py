@@ -46,17 +46,6 @@ from quotientsharp.engine.solver import AscentSettings, ascend
 Tensors = tuple[torch.Tensor, ...]
 BatchedObjective = Callable[[Tensors], tuple[torch.Tensor, Tensors]]
 
-__all__ = [
-    "AdaptiveGeometry",
-    "BatchedOutcome",
-    "RateBallMixGeometry",
-    "DiagonalHorizontalGeometry",
-    "NetBall",
-    "PATH_NAMES",
-    "batched_ascend",
-    "mse_objective",
-]
-
 #: ``(metric, order)`` -> readable path of ``beta`` along a horizontal rate ``b``.
 PATH_NAMES = {
     ("inv", 1): "beta (1 + b)^2", ("mix", 1): "beta (1 + b)^2",

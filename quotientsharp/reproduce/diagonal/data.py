@@ -16,14 +16,6 @@ import torch
 
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
 
-__all__ = [
-    "DiagonalProblem",
-    "Hyperparameters",
-    "derived_seed",
-    "draw_hyperparameters",
-    "make_problem",
-]
-
 
 def derived_seed(seed: int, tag: str) -> int:
     """An independent 63-bit seed per purpose, so one stream never shifts another."""

@@ -81,147 +81,84 @@ data seed, their mean over seeds with intervals, and the rho sweep (``diagonal_f
 
 Under torchrun (``torchrun --nproc_per_node N -m quotientsharp reproduce diagonal``) the nets
 train on rank 0 (one batch, as in one process), the measures are dealt over the ranks and rank 0
-writes every file; the values are those of one process, bit for bit (:func:`run_study`).
+writes every file; the values are those of one process, bit for bit (:func:`diagonal_study`).
 """
 
 
-# The study lives in one module per stage; this module is the command-line entry and re-exports
-# their public names (its docstring above is the ``--help`` text):
-#   diagonal_settings  DiagonalSettings, everything that determines the numbers;
-#   diagonal_data      the seeded draws: the regression problem, the per-net hyperparameters;
-#   diagonal_training  training all nets at once, their test losses;
-#   diagonal_measures  the measures, run batched over nets and batches (the only user of
-#                      batched_ascent: measure_nets and path_name);
-#   diagonal_exact     the exact and strong maxima, the theory at interpolation, the population
-#                      loss;
-#   diagonal_analysis  the numbers of one run (taus with intervals, % of the maximum, confounds);
-#   diagonal_page      the markdown tables and the theory section of the page;
-#   diagonal_report    records, CSV rows, Kendall taus, plots, the docs section;
-#   diagonal_study     run_study, the driver (training on rank 0, measures over the ranks);
-#   diagonal_full      run_full, --full: data seeds, the rho sweep, a training set per net.
+# The study lives in one module per stage of quotientsharp.reproduce.diagonal; this module is
+# the study's entry (its docstring above is the ``--help`` text):
+#   settings  DiagonalSettings, everything that determines the numbers;
+#   data      the seeded draws: the regression problem, the per-net hyperparameters;
+#   training  training all nets at once, their test losses;
+#   measures  the measures, run batched over nets and batches (the only user of
+#             batched_ascent: measure_nets and path_name);
+#   exact     the exact and strong maxima, the theory at interpolation, the population loss;
+#   analysis  the numbers of one run (taus with intervals, % of the maximum, confounds);
+#   page      the markdown tables and the theory section of the page;
+#   report    records, CSV rows, Kendall taus, plots, the docs section;
+#   study     diagonal_study, the driver (training on rank 0, measures over the ranks);
+#   full      run_full, --full: data seeds, the rho sweep, a training set per net.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from quotientsharp.reproduce.diagonal.data import (
-    DiagonalProblem,
-    Hyperparameters,
-    draw_hyperparameters,
-    make_problem,
-)
+from quotientsharp.reproduce.command import run_study_command
+from quotientsharp.reproduce.config import DiagonalConfig
 from quotientsharp.reproduce.diagonal.full import FULL_RHOS, run_full
-from quotientsharp.reproduce.diagonal.measures import (
-    MEASURES,
-    MeasureSpec,
-    measure_nets,
-    sharpness_batches,
-)
-from quotientsharp.reproduce.diagonal.options import add_arguments
-from quotientsharp.reproduce.diagonal.report import (
-    CSV_COLUMNS,
-    CSV_FILE,
-    MODEL_FILE,
-    SECTION_FILE,
-    STUDY,
-    TRAINED_FILE,
-    StudyResult,
-    default_out,
-)
+from quotientsharp.reproduce.diagonal.report import StudyResult, default_out
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
-from quotientsharp.reproduce.diagonal.study import run_study
-from quotientsharp.reproduce.diagonal.training import (
-    DIVERGENCE_LOSS,
-    TrainedNet,
-    compute_test_losses,
-    train_nets,
-)
-from quotientsharp.workflows.records import is_main_rank
+from quotientsharp.reproduce.diagonal.study import diagonal_study
 
-#: The torch-free module declaring this study's options (read by ``reproduce STUDY --help``).
-OPTIONS = "quotientsharp.reproduce.diagonal.options"
 HELP = ("diagonal networks (paper Sec. 5.1): 50 nets trained and measured batched, Kendall tau "
         "of test loss against adaptive and geodesic sharpness")
 #: What the taus rank sharpness against (the console's sign convention).
 GENERALISATION = "test loss"
 
-__all__ = [
-    "CSV_COLUMNS",
-    "CSV_FILE",
-    "DIVERGENCE_LOSS",
-    "GENERALISATION",
-    "HELP",
-    "MEASURES",
-    "MODEL_FILE",
-    "SECTION_FILE",
-    "STUDY",
-    "TRAINED_FILE",
-    "DiagonalProblem",
-    "DiagonalSettings",
-    "Hyperparameters",
-    "MeasureSpec",
-    "StudyResult",
-    "TrainedNet",
-    "add_arguments",
-    "compute_test_losses",
-    "draw_hyperparameters",
-    "make_problem",
-    "measure_nets",
-    "run",
-    "run_study",
-    "settings_from_args",
-    "sharpness_batches",
-    "train_nets",
-]
+
+def settings_from_config(config: DiagonalConfig) -> DiagonalSettings:
+    """The study's settings: the full or quick variant, with the config's seed and nets."""
+    overrides: dict[str, Any] = {"seed": config.seed}
+    if config.nets is not None:
+        overrides["nets"] = config.nets
+    return (DiagonalSettings.quick(**overrides) if config.quick
+            else replace(DiagonalSettings(), **overrides))
 
 
-def settings_from_args(args: argparse.Namespace) -> DiagonalSettings:
-    overrides: dict[str, Any] = {"seed": args.seed}
-    if args.nets is not None:
-        overrides["nets"] = args.nets
-    return DiagonalSettings.quick(**overrides) if args.quick else replace(DiagonalSettings(),
-                                                                          **overrides)
+def _run_settings(settings: DiagonalSettings, out: Path, config: DiagonalConfig) -> StudyResult:
+    """The default run, or with ``config.full`` the full sweep too; the default run's result."""
+    common: dict[str, Any] = {"resume": config.resume, "progress": config.progress,
+                              "plots": config.plots, "docs": config.docs,
+                              "threads": config.threads}
+    if not config.full:
+        return diagonal_study(settings, out, **common)
+    result, _ = run_full(settings, out, rhos=FULL_RHOS if config.rhos is None else config.rhos,
+                         per_net_seeds=config.per_net_seeds, **common)
+    return result
 
 
-def run(args: argparse.Namespace) -> int:
-    """Entry point of ``quotientsharp reproduce diagonal``."""
-    try:
-        settings = settings_from_args(args)
-    except ValueError as err:
-        print(f"quotientsharp reproduce diagonal: error: {err}", file=sys.stderr)
-        return 2
-    out = args.out if args.out is not None else Path(default_out(settings))
-    try:
-        if args.full:
-            rhos = (FULL_RHOS if getattr(args, "rhos", None) is None
-                    else tuple(float(r) for r in args.rhos.split(",") if r.strip()))
-            result, _ = run_full(settings, out, resume=args.resume, progress=args.progress,
-                                 plots=args.plots, docs=args.docs, threads=args.threads,
-                                 rhos=rhos, per_net_seeds=getattr(args, "per_net_seeds", None))
-        else:
-            result = run_study(settings, out, resume=args.resume, progress=args.progress,
-                               plots=args.plots, docs=args.docs, threads=args.threads)
-    except KeyboardInterrupt:
-        if is_main_rank():
-            print(f"\ninterrupted: finished nets are kept in {out}; continue with --resume",
-                  file=sys.stderr)
-        return 130
-    except (ValueError, NotADirectoryError) as err:
-        # under torchrun every rank raises the same error (run_on_rank0): rank 0 reports it
-        if is_main_rank():
-            print(f"quotientsharp reproduce diagonal: error: {err}", file=sys.stderr)
-        return 2
-    if not is_main_rank():
-        return 0
+def _print_result(result: StudyResult, settings: DiagonalSettings, docs: Path | None) -> None:
+    """The console report of rank 0: the taus, the counted nets, what ran now."""
     print(result.table)
     print(f"\n{len(result.counted)}/{settings.nets} nets counted; not converged: "
           f"{result.unconverged or 'none'}; diverged: {result.diverged or 'none'}")
     print(f"trained now: {len(result.trained_now)}, measured now: {len(result.measured_now)}, "
           f"wall time {result.wall_seconds:.1f} s")
-    print(f"results in {result.out}" + ("" if args.docs is None else
-                                        f"; docs section in {args.docs}/results/diagonal.md"))
-    return 0
+    print(f"results in {result.out}" + ("" if docs is None else
+                                        f"; docs section in {docs}/results/diagonal.md"))
+
+
+def run(config: DiagonalConfig) -> int:
+    """Run ``quotientsharp reproduce diagonal`` as ``config`` says; the exit status."""
+    try:
+        settings = settings_from_config(config)
+    except ValueError as err:
+        print(f"quotientsharp reproduce diagonal: error: {err}", file=sys.stderr)
+        return 2
+    out = config.out if config.out is not None else Path(default_out(settings))
+    return run_study_command("diagonal", "nets", out,
+                             lambda: _run_settings(settings, out, config),
+                             lambda result: _print_result(result, settings, config.docs))

@@ -34,18 +34,6 @@ from quotientsharp.reproduce.diagonal.measures import (
 )
 from quotientsharp.workflows.progress import progress_bar
 
-__all__ = [
-    "EXTRA_NAMES",
-    "REFERENCE_MEASURES",
-    "extra_values",
-    "mix_exact_at_interpolation",
-    "mix_exact_maxima",
-    "mix_exact_population",
-    "mix_rate_ball_maxima",
-    "population_batch",
-    "reference_maxima",
-]
-
 #: The measures given a strong reference ascent beside their Auto-PGD value.
 REFERENCE_MEASURES: tuple[MeasureSpec, ...] = tuple(
     m for m in MEASURES if m.name in ("adaptive", "geodesic_inv_exact", "geodesic_mix_exact"))

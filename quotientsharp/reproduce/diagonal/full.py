@@ -31,12 +31,9 @@ from quotientsharp.reproduce.diagonal.page import (
 )
 from quotientsharp.reproduce.diagonal.report import SECTION_FILE, STUDY, StudyResult, study_section
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
-from quotientsharp.reproduce.diagonal.study import run_study
+from quotientsharp.reproduce.diagonal.study import diagonal_study
 from quotientsharp.reproduce.headline import write_headline
 from quotientsharp.reproduce.results_page import regenerate_results_page, write_section
-
-__all__ = ["FULL_DATA_SEEDS", "FULL_RHOS", "Configuration", "ball_section",
-           "full_configurations", "headline_rows", "run_full"]
 
 #: Radii of the rho sweep, and the number of data draws per setting.
 FULL_RHOS = (0.03, 0.1, 0.3)
@@ -108,7 +105,7 @@ def run_full(settings: DiagonalSettings, out: Path, *, resume: bool = False,
     results: dict[str, StudyResult] = {}
     for configuration in configurations:
         folder = Path(out) / configuration.folder if configuration.folder else Path(out)
-        results[configuration.folder] = run_study(
+        results[configuration.folder] = diagonal_study(
             configuration.settings, folder, resume=resume, progress=progress,
             plots=plots and not configuration.folder, docs=None, threads=threads)
     groups: dict[str, list[SweepRun]] = {}

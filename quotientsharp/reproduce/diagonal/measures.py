@@ -27,16 +27,6 @@ from quotientsharp.reproduce.diagonal.data import DiagonalProblem
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
 from quotientsharp.workflows.progress import progress_bar
 
-__all__ = [
-    "MEASURES",
-    "MEASURE_NAMES",
-    "MeasureSpec",
-    "geometry_for",
-    "measure_nets",
-    "path_name",
-    "sharpness_batches",
-]
-
 
 @dataclass(frozen=True)
 class MeasureSpec:

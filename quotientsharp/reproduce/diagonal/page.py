@@ -18,20 +18,6 @@ from quotientsharp.reproduce.diagonal.measures import MEASURES
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
 from quotientsharp.workflows.taus import cluster_bootstrap_tau, tau_interval
 
-__all__ = [
-    "THEORY",
-    "Row",
-    "SWEEP_ROWS",
-    "SweepRun",
-    "interval_text",
-    "paper_comparison",
-    "pooled_over_seeds",
-    "rho_table",
-    "run_sections",
-    "sweep_sections",
-    "tau_table",
-]
-
 Record = Mapping[str, Any]
 
 #: What each measure is at interpolation, in our words (the results section of the page).

@@ -32,26 +32,6 @@ from quotientsharp.workflows.labels import measure_label, tau_title
 from quotientsharp.workflows.plots import scatter_plots
 from quotientsharp.workflows.taus import kendall_tau_a, kendall_tau_b
 
-__all__ = [
-    "CSV_COLUMNS",
-    "CSV_FILE",
-    "EXTRA_NAMES",
-    "MODEL_FILE",
-    "SECTION_FILE",
-    "STUDY",
-    "TRAINED_FILE",
-    "StudyResult",
-    "csv_row",
-    "default_out",
-    "kendall_taus",
-    "measure_axis_label",
-    "model_record",
-    "scatter_measures",
-    "study_section",
-    "tau_text",
-]
-
-
 STUDY = "diagonal"
 MODEL_FILE, TRAINED_FILE, CSV_FILE = "models.jsonl", "trained.jsonl", "models.csv"
 SECTION_FILE = f"{STUDY}.md"
@@ -61,7 +41,7 @@ CSV_COLUMNS = ("model", "init_scale", "learning_rate", "batch_size", "steps", "t
 
 @dataclass
 class StudyResult:
-    """What :func:`run_study` did and found."""
+    """What :func:`diagonal_study` did and found."""
 
     records: list[dict[str, Any]]
     taus: dict[str, dict[str, float | None]]

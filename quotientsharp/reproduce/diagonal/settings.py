@@ -14,7 +14,11 @@ from typing import Any
 
 from quotientsharp.engine.solver import AscentSettings
 
-__all__ = ["DiagonalSettings"]
+
+def _check_integer(name: str, value: Any, minimum: int) -> None:
+    """Raise ``ValueError`` unless ``value`` is an integer (not a bool) >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 def _positive_range(name: str, value: Sequence[float]) -> tuple[float, float]:
@@ -87,25 +91,27 @@ class DiagonalSettings:
         for name in ("nets", "d", "n_train", "n_test", "support", "max_steps", "check_every",
                      "schedule_epochs", "n_iter", "sharpness_batch_size", "reference_iterations",
                      "bootstrap"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            _check_integer(name, getattr(self, name), 1)
         if self.nets < 2:
             raise ValueError(f"nets must be at least 2 (a rank correlation needs pairs), got "
                              f"{self.nets}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
-        for name in ("data_seed", "reference_restarts"):
-            value = getattr(self, name)
-            if value is None and name == "data_seed":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        _check_integer("seed", self.seed, 0)
+        if self.data_seed is not None:
+            _check_integer("data_seed", self.data_seed, 0)
+        _check_integer("reference_restarts", self.reference_restarts, 0)
         if self.training_sets not in ("shared", "per_net"):
             raise ValueError(f"training_sets must be 'shared' or 'per_net', got "
                              f"{self.training_sets!r}")
         if self.support >= self.d:
             raise ValueError(f"support must be smaller than d={self.d}, got {self.support}")
+        self._check_draws_and_batches()
+        for name in ("target_loss", "rho"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+    def _check_draws_and_batches(self) -> None:
+        """Check the drawn ranges and the batch sizes, stored as tuples (of floats, of ints)."""
         object.__setattr__(self, "init_scale", _positive_range("init_scale", self.init_scale))
         object.__setattr__(self, "learning_rate",
                            _positive_range("learning_rate", self.learning_rate))
@@ -117,10 +123,6 @@ class DiagonalSettings:
         if self.n_train % self.sharpness_batch_size:
             raise ValueError(f"sharpness_batch_size must divide n_train={self.n_train}, got "
                              f"{self.sharpness_batch_size}")
-        for name in ("target_loss", "rho"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
     @classmethod
     def quick(cls, **overrides: Any) -> DiagonalSettings:

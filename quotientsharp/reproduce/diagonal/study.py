@@ -1,7 +1,7 @@
 """``reproduce diagonal``: the study driver, train, measure, then write every output.
 
-:func:`run_study` runs (or resumes) the whole study, under torchrun too: training on rank 0, the
-measures dealt over the ranks, every file written by rank 0. The study is described in
+:func:`diagonal_study` runs (or resumes) the whole study, under torchrun too: training on
+rank 0, the measures dealt over the ranks, every file written by rank 0. The study is described in
 :mod:`quotientsharp.reproduce.diagonal.entry`.
 """
 
@@ -18,6 +18,8 @@ import torch
 
 from quotientsharp.reproduce.diagonal.analysis import analyse
 from quotientsharp.reproduce.diagonal.data import (
+    DiagonalProblem,
+    Hyperparameters,
     derived_seed,
     draw_hyperparameters,
     make_problem,
@@ -51,10 +53,8 @@ from quotientsharp.reproduce.results_page import regenerate_results_page, write_
 from quotientsharp.workflows.records import ResultsDirectory
 from quotientsharp.workflows.resumable import ResumableRun, rank0_value
 
-__all__ = ["run_study"]
 
-
-def run_study(settings: DiagonalSettings, out: Path, *, resume: bool = False,
+def diagonal_study(settings: DiagonalSettings, out: Path, *, resume: bool = False,
               progress: bool | None = None, plots: bool = True, docs: Path | None = None,
               threads: int | None = 1,
               on_record: Callable[[str, int], None] | None = None) -> StudyResult:
@@ -92,8 +92,9 @@ def run_study(settings: DiagonalSettings, out: Path, *, resume: bool = False,
       in batches of 1 to 3 instead of 12 changes the last bits of ``u``, ``v`` and the final
       loss), and splitting while keeping the full batch shape would not shorten the training,
       whose length is set by the slowest net;
-    - the measures are dealt over the ranks (:func:`~quotientsharp.engine.distributed.shard` over
-      :data:`MEASURES`): each rank calls :func:`measure_nets` for its measures on every net,
+    - the measures are dealt over the ranks
+      (:func:`~quotientsharp.workflows.process_group.shard` over :data:`MEASURES`): each rank
+      calls :func:`measure_nets` for its measures on every net,
       so each measure runs on the same ``[nets, batches]`` problem as in one process, and the
       per-measure values are all-gathered;
     - the records of the measured nets are units of work of the runner every study uses
@@ -143,78 +144,16 @@ def _run(settings: DiagonalSettings, run: ResumableRun[int],
          docs: Path | None, on_record: Callable[[str, int], None] | None) -> StudyResult:
     """The study after the folder is open; ``run.folder`` is rank 0's (``None`` on the other
     ranks under torchrun)."""
-    from quotientsharp.engine.distributed import gather_indexed, run_on_rank0, shard
-
-    world_size = run.world_size
     problem = make_problem(settings)
     hyper = draw_hyperparameters(settings)
-
-    def train() -> tuple[dict[int, TrainedNet], list[int], float]:
-        directory = run.rank0_folder()
-        directory.save_run_info(
-            hyperparameters=[asdict(h) for h in hyper],
-            seeds={"seed": settings.seed,
-                   **{tag: derived_seed(settings.seed, tag)
-                      for tag in ("data", "test", "hyperparameters")}},
-            beta_star_support=problem.support,
-            measures=[asdict(m) for m in MEASURES])
-        trained = {int(r["model"]): TrainedNet.from_record(r)
-                   for r in directory.records(TRAINED_FILE)}
-
-        def saved(net: TrainedNet) -> None:
-            directory.append(TRAINED_FILE, net.record())
-            if on_record is not None:
-                on_record("trained", net.model)
-
-        to_train = [i for i in range(settings.nets)
-                    if i not in finished_records and i not in trained]
-        train_start = time.perf_counter()
-        if to_train:
-            frozen = {i: net for i, net in trained.items()}
-            for i in finished_records:
-                if i not in frozen:
-                    raise ValueError(f"--resume: model {i} is in {MODEL_FILE} but not in "
-                                     f"{TRAINED_FILE}; the folder is inconsistent, rerun "
-                                     "without --resume")
-            trained.update(train_nets(problem, hyper, settings, frozen, saved, progress))
-        return trained, to_train, time.perf_counter() - train_start
-
-    trained, to_train, train_seconds = rank0_value(train)
+    trained, to_train, train_seconds = rank0_value(
+        lambda: _train(settings, run, problem, hyper, finished_records, progress, on_record))
 
     to_measure = [i for i in range(settings.nets) if i not in finished_records]
     measure_start = time.perf_counter()
     healthy = [i for i in to_measure if not trained[i].diverged]
-    per_batch: dict[int, dict[str, list[float]]] = {}
-    if healthy:
-        u = torch.tensor([trained[i].u for i in healthy], dtype=torch.float64)
-        v = torch.tensor([trained[i].v for i in healthy], dtype=torch.float64)
-        inputs, targets = sharpness_batches(problem, settings)
-        if problem.per_net:
-            inputs, targets = inputs[healthy], targets[healthy]
-        if world_size == 1:
-            values = measure_nets(u, v, inputs, targets, settings.rho, settings.ascent,
-                                  progress=progress)
-            rows = {name: values[name].tolist() for name in MEASURE_NAMES}
-        else:
-            mine = shard(MEASURES)
-            local: list[tuple[int, list[list[float]]]] = []
-            if mine:
-                values = measure_nets(u, v, inputs, targets, settings.rho, settings.ascent,
-                                      measures=[spec for _, spec in mine], progress=progress)
-                local = [(position, values[spec.name].tolist()) for position, spec in mine]
-            rows = dict(zip(MEASURE_NAMES, gather_indexed(local), strict=True))
-        # the exact maxima, the strong reference ascent and the population loss: on rank 0,
-        # shared, since each rank makes the records of its share of the nets
-        extras = run_on_rank0(lambda: {
-            name: value.tolist() for name, value in extra_values(
-                u, v, inputs, targets, problem.beta_star, settings.rho, settings.ascent,
-                settings.reference_ascent,
-                [derived_seed(settings.seed, f"reference:{i}") for i in healthy],
-                progress).items()})
-        for row, i in enumerate(healthy):
-            per_batch[i] = {name: rows[name][row] for name in MEASURE_NAMES}
-            if extras is not None:
-                per_batch[i].update({name: extras[name][row] for name in EXTRA_NAMES})
+    per_batch = (_measure(settings, problem, [trained[i] for i in healthy], healthy,
+                          run.world_size, progress) if healthy else {})
     measure_seconds = time.perf_counter() - measure_start
 
     def record(i: int, status: Callable[[str], None]) -> dict[str, Any]:
@@ -230,9 +169,97 @@ def _run(settings: DiagonalSettings, run: ResumableRun[int],
 
     def finish(directory: ResultsDirectory, wall: float) -> StudyResult:
         return _finish(settings, directory, list(records.values()), to_train, to_measure,
-                       train_seconds, measure_seconds, plots, docs, wall, world_size)
+                       train_seconds, measure_seconds, plots, docs, wall, run.world_size)
 
     return run.finish(finish)
+
+
+def _train(settings: DiagonalSettings, run: ResumableRun[int], problem: DiagonalProblem,
+           hyper: list[Hyperparameters], finished_records: dict[int, dict[str, Any]],
+           progress: bool | None, on_record: Callable[[str, int], None] | None
+           ) -> tuple[dict[int, TrainedNet], list[int], float]:
+    """Rank 0: record the draws in ``run.json``, then train every net that has neither a
+    record nor a trained state (each appended to ``trained.jsonl`` as it stops).
+
+    Returns
+    -------
+    tuple
+        ``(trained, to_train, seconds)``: every net's trained state by index, the nets trained
+        now, the training time.
+    """
+    directory = run.rank0_folder()
+    directory.save_run_info(
+        hyperparameters=[asdict(h) for h in hyper],
+        seeds={"seed": settings.seed,
+               **{tag: derived_seed(settings.seed, tag)
+                  for tag in ("data", "test", "hyperparameters")}},
+        beta_star_support=problem.support,
+        measures=[asdict(m) for m in MEASURES])
+    trained = {int(r["model"]): TrainedNet.from_record(r)
+               for r in directory.records(TRAINED_FILE)}
+
+    def saved(net: TrainedNet) -> None:
+        directory.append(TRAINED_FILE, net.record())
+        if on_record is not None:
+            on_record("trained", net.model)
+
+    to_train = [i for i in range(settings.nets)
+                if i not in finished_records and i not in trained]
+    train_start = time.perf_counter()
+    if to_train:
+        frozen = dict(trained)
+        for i in finished_records:
+            if i not in frozen:
+                raise ValueError(f"--resume: model {i} is in {MODEL_FILE} but not in "
+                                 f"{TRAINED_FILE}; the folder is inconsistent, rerun "
+                                 "without --resume")
+        trained.update(train_nets(problem, hyper, settings, frozen, saved, progress))
+    return trained, to_train, time.perf_counter() - train_start
+
+
+def _measure(settings: DiagonalSettings, problem: DiagonalProblem, nets: list[TrainedNet],
+             indices: list[int], world_size: int, progress: bool | None
+             ) -> dict[int, dict[str, list[float]]]:
+    """The per-batch values of every measure and extra on the trained ``nets`` (all
+    converged or not, none diverged), by net index (``indices``), on every rank.
+
+    The measures run batched over ``[nets, batches]``, under torchrun dealt over the ranks
+    (each rank runs its measures on every net) and all-gathered; the extras (exact maxima,
+    strong reference ascent, population loss) run on rank 0 and are shared.
+    """
+    from quotientsharp.workflows.process_group import gather_indexed, run_on_rank0, shard
+
+    u = torch.tensor([net.u for net in nets], dtype=torch.float64)
+    v = torch.tensor([net.v for net in nets], dtype=torch.float64)
+    inputs, targets = sharpness_batches(problem, settings)
+    if problem.per_net:
+        inputs, targets = inputs[indices], targets[indices]
+    if world_size == 1:
+        values = measure_nets(u, v, inputs, targets, settings.rho, settings.ascent,
+                              progress=progress)
+        rows = {name: values[name].tolist() for name in MEASURE_NAMES}
+    else:
+        mine = shard(MEASURES)
+        local: list[tuple[int, list[list[float]]]] = []
+        if mine:
+            values = measure_nets(u, v, inputs, targets, settings.rho, settings.ascent,
+                                  measures=[spec for _, spec in mine], progress=progress)
+            local = [(position, values[spec.name].tolist()) for position, spec in mine]
+        rows = dict(zip(MEASURE_NAMES, gather_indexed(local), strict=True))
+    # the exact maxima, the strong reference ascent and the population loss: on rank 0,
+    # shared, since each rank makes the records of its share of the nets
+    extras = run_on_rank0(lambda: {
+        name: value.tolist() for name, value in extra_values(
+            u, v, inputs, targets, problem.beta_star, settings.rho, settings.ascent,
+            settings.reference_ascent,
+            [derived_seed(settings.seed, f"reference:{i}") for i in indices],
+            progress).items()})
+    per_batch: dict[int, dict[str, list[float]]] = {}
+    for row, i in enumerate(indices):
+        per_batch[i] = {name: rows[name][row] for name in MEASURE_NAMES}
+        if extras is not None:
+            per_batch[i].update({name: extras[name][row] for name in EXTRA_NAMES})
+    return per_batch
 
 
 def _finish(settings: DiagonalSettings, directory: ResultsDirectory,

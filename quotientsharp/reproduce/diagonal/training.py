@@ -17,13 +17,6 @@ from quotientsharp.reproduce.diagonal.data import DiagonalProblem, Hyperparamete
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
 from quotientsharp.workflows.progress import progress_bar
 
-__all__ = [
-    "DIVERGENCE_LOSS",
-    "TrainedNet",
-    "compute_test_losses",
-    "train_nets",
-]
-
 
 def _schedule(hyper: Sequence[Hyperparameters], settings: DiagonalSettings
               ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,6 +64,32 @@ class TrainedNet:
 DIVERGENCE_LOSS = 1e6
 
 
+def _stop_nets(step: int, residual: torch.Tensor, active: torch.Tensor, u: torch.Tensor,
+               v: torch.Tensor, settings: DiagonalSettings) -> list[TrainedNet]:
+    """At a check of step ``step``: the active nets that stop now (converged, diverged, or
+    at the last step), in index order.
+
+    Parameters
+    ----------
+    residual
+        ``shape=[nets, n]``, the training residuals of every net.
+    active
+        ``shape=[nets]``, bool: the nets still training.
+    u, v
+        ``shape=[nets, d]``: the factors.
+    """
+    loss = residual.square().mean(-1)
+    healthy = torch.isfinite(loss) & (loss < DIVERGENCE_LOSS)
+    reached = active & (loss < settings.target_loss)
+    failed = active & ~healthy
+    stop = reached | failed
+    if step == settings.max_steps:
+        stop = stop | active
+    return [TrainedNet(index, step, float(loss[index]), bool(reached[index]),
+                       bool(failed[index]), u[index].tolist(), v[index].tolist())
+            for index in stop.nonzero().flatten().tolist()]
+
+
 def train_nets(problem: DiagonalProblem, hyper: Sequence[Hyperparameters],
                settings: DiagonalSettings, finished: dict[int, TrainedNet] | None = None,
                on_trained: Callable[[TrainedNet], None] | None = None,
@@ -116,20 +135,12 @@ def train_nets(problem: DiagonalProblem, hyper: Sequence[Hyperparameters],
             else:
                 residual = torch.addmm(negative_y, u * v, x_t)             # [nets, n]
             if step % settings.check_every == 0 or step == settings.max_steps:
-                loss = residual.square().mean(-1)
-                healthy = torch.isfinite(loss) & (loss < DIVERGENCE_LOSS)
-                reached = active & (loss < settings.target_loss)
-                failed = active & ~healthy
-                stop = reached | failed
-                if step == settings.max_steps:
-                    stop = stop | active
-                for index in stop.nonzero().flatten().tolist():
-                    net = TrainedNet(index, step, float(loss[index]), bool(reached[index]),
-                                     bool(failed[index]), u[index].tolist(), v[index].tolist())
-                    done[index] = net
+                stopped = _stop_nets(step, residual, active, u, v, settings)
+                for net in stopped:
+                    done[net.model] = net
                     if on_trained is not None:
                         on_trained(net)
-                active = active & ~stop
+                active[[net.model for net in stopped]] = False
                 remaining = int(active.sum())
                 if step:
                     bar.update(settings.check_every)

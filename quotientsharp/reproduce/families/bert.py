@@ -37,18 +37,15 @@ the section ``docs/results/bert.md`` and the regenerated ``docs/results.md``.
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
+from quotientsharp.reproduce.config import FamilyConfig
 from quotientsharp.reproduce.families.data import ClassificationData
-from quotientsharp.reproduce.families.options import BERT_SIZES
-from quotientsharp.reproduce.families.options import add_bert_arguments as add_arguments  # noqa: F401  (the study interface)
 from quotientsharp.reproduce.families.run import run_family_study
 from quotientsharp.reproduce.families.settings import FamilySettings, FamilyStudy
+from quotientsharp.reproduce.families.sizes import BERT_SIZES
 from quotientsharp.reproduce.families.training import HyperparameterSpace
 
-#: The torch-free module declaring this study's options (read by ``reproduce STUDY --help``).
-OPTIONS = "quotientsharp.reproduce.families.options:add_bert_arguments"
 HELP = ("small BERTs on a generated 'A before B' task: Kendall tau of sharpness vs "
         "generalisation gap")
 #: What the taus rank sharpness against (the console's sign convention).
@@ -176,6 +173,6 @@ STUDY = FamilyStudy(
     quick=QUICK, paper=PAPER, paper_setting=PAPER_SETTING, rhos=RHOS, description=DESCRIPTION)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(config: FamilyConfig) -> int:
     """Run the study (see the module docstring); the exit status."""
-    return run_family_study(STUDY, args)
+    return run_family_study(STUDY, config)

@@ -14,15 +14,6 @@ from typing import Any
 
 import torch
 
-__all__ = [
-    "ClassificationData",
-    "Inputs",
-    "sharpness_batches",
-    "shuffled_pool",
-    "take",
-]
-
-
 Inputs = dict[str, torch.Tensor]
 
 

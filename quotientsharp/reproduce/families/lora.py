@@ -34,21 +34,19 @@ quotientsharp[lora]``).
 
 from __future__ import annotations
 
-import argparse
 import warnings
 from typing import Any
 
 from torch import nn
 
+from quotientsharp.reproduce.config import FamilyConfig
 from quotientsharp.reproduce.families import minilm
 from quotientsharp.reproduce.families.bert import PAPER, PAPER_SETTING
-from quotientsharp.reproduce.families.options import LORA_SIZES
-from quotientsharp.reproduce.families.options import add_lora_arguments as add_arguments  # noqa: F401  (interface)
 from quotientsharp.reproduce.families.run import run_family_study
 from quotientsharp.reproduce.families.settings import FamilySettings, FamilyStudy, PretrainedStart
+from quotientsharp.reproduce.families.sizes import LORA_SIZES
 from quotientsharp.reproduce.families.training import Hyperparameters, HyperparameterSpace
 
-OPTIONS = "quotientsharp.reproduce.families.options:add_lora_arguments"
 HELP = ("LoRA fine-tunes (PEFT) of the pretrained MiniLM on a generated sentiment task: Kendall "
         "tau of sharpness of the adapters vs generalisation gap")
 #: What the taus rank sharpness against (the console's sign convention).
@@ -163,6 +161,6 @@ STUDY = FamilyStudy(
     measurement_note=MEASUREMENT)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(config: FamilyConfig) -> int:
     """Run the study (see the module docstring); the exit status."""
-    return run_family_study(STUDY, args)
+    return run_family_study(STUDY, config)

@@ -16,14 +16,6 @@ from typing import Any
 
 from torch import nn
 
-__all__ = [
-    "FAMILY_MEASURES",
-    "MeasureSpec",
-    "eps_sweep_measures",
-    "family_measures",
-    "measure_model",
-]
-
 
 @dataclass(frozen=True)
 class MeasureSpec:

@@ -39,19 +39,17 @@ Outputs in ``--out`` (default ``results/minilm``), as for ``reproduce vit``; wit
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
+from quotientsharp.reproduce.config import FamilyConfig
 from quotientsharp.reproduce.families.bert import PAPER, PAPER_SETTING
 from quotientsharp.reproduce.families.data import ClassificationData
-from quotientsharp.reproduce.families.options import MINILM_SIZES
-from quotientsharp.reproduce.families.options import add_minilm_arguments as add_arguments  # noqa: F401  (interface)
 from quotientsharp.reproduce.families.pretrained import load_body
 from quotientsharp.reproduce.families.run import run_family_study
 from quotientsharp.reproduce.families.settings import FamilySettings, FamilyStudy, PretrainedStart
+from quotientsharp.reproduce.families.sizes import MINILM_SIZES
 from quotientsharp.reproduce.families.training import HyperparameterSpace
 
-OPTIONS = "quotientsharp.reproduce.families.options:add_minilm_arguments"
 HELP = ("fine-tunes of the pretrained MiniLM on a generated sentiment task: Kendall tau of "
         "sharpness vs generalisation gap")
 #: What the taus rank sharpness against (the console's sign convention).
@@ -227,6 +225,6 @@ STUDY = FamilyStudy(
     pretrained=PretrainedStart(pretrained_settings, load_pretrained), eps_sweep=EPS_SWEEP)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(config: FamilyConfig) -> int:
     """Run the study (see the module docstring); the exit status."""
-    return run_family_study(STUDY, args)
+    return run_family_study(STUDY, config)

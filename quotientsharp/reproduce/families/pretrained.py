@@ -17,8 +17,6 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["PRETRAINED_FILE", "cached_pretraining", "load_body"]
-
 #: File name of a cached pretraining inside a study's results folder.
 PRETRAINED_FILE = "pretrained.pt"
 

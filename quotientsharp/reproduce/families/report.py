@@ -16,17 +16,6 @@ from typing import Any, TypedDict
 from quotientsharp.reproduce.families.measures import MeasureSpec
 from quotientsharp.reproduce.families.settings import FamilyStudy
 
-__all__ = [
-    "BOOTSTRAP",
-    "ablation_rows",
-    "confound_rows",
-    "csv_columns",
-    "family_section",
-    "seeded_folder",
-    "spec_label",
-    "tau_rows",
-]
-
 
 def spec_label(spec: MeasureSpec, greek: bool = True) -> str:
     """The readable name of a measure of the study: measure, metric, order, radius and (when
@@ -328,6 +317,16 @@ def family_section(study: FamilyStudy, settings: Mapping[str, Any],
         lines += ["", f"The paper's column is {study.paper_setting}: a different setting "
                   "(large pretrained models, fine-tuned), shown for orientation only.", ""]
         lines += seeded_tables(seeded)
+    lines += _trust_lines(solver, counted, specs, confounds if seeded is None else ())
+    return "\n".join(lines) + "\n"
+
+
+def _trust_lines(solver: str, counted: Sequence[Mapping[str, Any]],
+                 specs: Sequence[MeasureSpec], confounds: Sequence[Mapping[str, Any]]
+                 ) -> list[str]:
+    """The end of a family section: the solver's reach and locality table, the ablation
+    sizes and the confounds (each when there is one)."""
+    lines: list[str] = []
     if solver:
         lines += ["", "How far each measure's values can be trusted, over every model and batch "
                   "(reach estimate of the search, share of values whose ball is local at the "
@@ -342,7 +341,7 @@ def family_section(study: FamilyStudy, settings: Mapping[str, Any],
         lines += [f"| {row['metric']} | {row['ratio']} | {row['median']:.3g} "
                   f"[{row['min']:.3g}, {row['max']:.3g}] | {row['count']} |"
                   for row in ablation if row["median"] is not None]
-    if confounds and seeded is None:
+    if confounds:
         lines += [
             "",
             "Confounds: Kendall tau between the gap and each drawn hyperparameter. A measure "
@@ -351,4 +350,4 @@ def family_section(study: FamilyStudy, settings: Mapping[str, Any],
             interval_table("hyperparameter", [(row["hyperparameter"], row, "")
                                               for row in confounds]),
         ]
-    return "\n".join(lines) + "\n"
+    return lines

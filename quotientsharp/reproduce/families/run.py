@@ -3,7 +3,7 @@
 :func:`family_study` hands the training and measuring of each model to the runner of every
 study (:class:`~quotientsharp.workflows.resumable.ResumableRun`: one record per model, written
 as it finishes, dealt over the ranks under torchrun), then writes the taus, plots and
-sections; :func:`run_family_study` is its command-line entry. The protocol is described in
+sections; :func:`run_family_study` runs it for a study's configuration. The protocol is in
 :mod:`quotientsharp.reproduce.families.transformer_common`.
 """
 
@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from quotientsharp.reproduce.command import run_study_command
+from quotientsharp.reproduce.config import FamilyConfig
 from quotientsharp.reproduce.families.data import (
     ClassificationData,
     sharpness_batches,
@@ -46,13 +48,8 @@ from quotientsharp.reproduce.families.training import (
     mean_loss,
     train_classifier,
 )
-
-__all__ = [
-    "FamilyOutcome",
-    "family_study",
-    "run_family_study",
-    "train_family_model",
-]
+from quotientsharp.workflows.records import ResultsDirectory
+from quotientsharp.workflows.resumable import ResumableRun
 
 
 def _check_positive(name: str, value: int) -> int:
@@ -209,195 +206,263 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
         Overrides of the variant's ``n_iter``, ``sharpness_points`` and
         ``sharpness_batch_size`` (e.g. the paper's sizes on a GPU); they are settings.
     """
-    from quotientsharp.engine.distributed import rank_and_world_size, run_on_rank0
-    from quotientsharp.reproduce.headline import write_headline
-    from quotientsharp.reproduce.results_page import regenerate_results_page, write_section
-    from quotientsharp.workflows.files import write_json_atomic
-    from quotientsharp.workflows.labels import tau_title
-    from quotientsharp.workflows.plots import scatter_plots
-    from quotientsharp.workflows.records import ResultsDirectory
-    from quotientsharp.workflows.resumable import ResumableRun
+    from quotientsharp.workflows.process_group import rank_and_world_size
 
-    variant = study.quick if quick else study.full
+    variant = _measured_variant(study.quick if quick else study.full, measuring)
+    models = _check_positive("models", models if models is not None else variant.models)
+    threads = _check_positive("threads", threads)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    seeds = [seed] if study_seeds is None else [
+        seed + k for k in range(_check_positive("study-seeds", study_seeds))]
+    out = Path(out) if out is not None else default_out(study.name, quick, study_seeds)
+    rank, world_size = rank_and_world_size()
+    plan = _FamilyPlan(study, variant, quick, models, seeds, study_seeds is not None, out,
+                       _rank_device(device, rank, world_size), threads)
+    data = study.load_data(quick)
+    specs = _study_specs(study)
+    settings = study_settings(study, variant, models, seed, specs, data, quick)
+    if plan.seeded:
+        # only in the seeded study, so that run.json of a single-seed study is unchanged
+        settings["study_seeds"] = seeds
+        settings["pool_order"] = ("per study seed s, the training pool permuted by "
+                                  "torch.randperm with torch.Generator().manual_seed(s)")
+    run = _resumable_run(plan, specs, settings, resume, progress)
+    records, start_weights = _train_and_measure_all(plan, run, data, specs)
+    ordered = list(records.values())
+    counted = [r for r in ordered if not r["diverged"]]
+    taus, confounds, seed_stats = _family_taus(counted, specs, study.paper, plan.seeded)
+    pretrained_note = ("" if study.pretrained is None or study.pretrained.describe is None
+                       else study.pretrained.describe(start_weights))
+
+    def finish(results: ResultsDirectory, wall: float) -> tuple[str, float]:
+        section = family_section(study, settings, ordered, taus, wall, threads,
+                                 int(results.run_info.get("resumed", 0)), world_size,
+                                 confounds, plan.device, pretrained_note, specs,
+                                 seeded=seed_stats)
+        _write_family_outputs(results, study, settings, specs, counted, taus, confounds,
+                              seed_stats, section, plots=plots, docs=docs)
+        return section, wall
+
+    section, wall = run.finish(finish)
+    return FamilyOutcome(out, ordered, taus, run.computed_now, section, wall)
+
+
+@dataclass(frozen=True)
+class _FamilyPlan:
+    """What one run of a family study does: the variant, its models and seeds, where and how."""
+
+    study: FamilyStudy
+    variant: FamilySettings
+    quick: bool
+    models: int
+    seeds: list[int]
+    seeded: bool
+    out: Path
+    device: str
+    threads: int
+
+
+def _measured_variant(variant: FamilySettings,
+                      measuring: Mapping[str, int | None] | None) -> FamilySettings:
+    """``variant`` with the measurement sizes of ``measuring`` that are given (checked)."""
     overrides = {k: v for k, v in (measuring or {}).items() if v is not None}
     unknown = set(overrides) - {"n_iter", "sharpness_points", "sharpness_batch_size"}
     if unknown:
         raise ValueError(f"measuring overrides {sorted(unknown)} are not sizes of a variant")
     for name, value in overrides.items():
         _check_positive(name.replace("_", "-"), value)
-    variant = replace(variant, n_iter=overrides.get("n_iter", variant.n_iter),
-                      sharpness_points=overrides.get("sharpness_points",
-                                                     variant.sharpness_points),
-                      sharpness_batch_size=overrides.get("sharpness_batch_size",
-                                                         variant.sharpness_batch_size))
-    models = _check_positive("models", models if models is not None else variant.models)
-    threads = _check_positive("threads", threads)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-    seeded = study_seeds is not None
-    seeds = [seed] if study_seeds is None else [
-        seed + k for k in range(_check_positive("study-seeds", study_seeds))]
-    out = Path(out) if out is not None else default_out(study.name, quick, study_seeds)
-    rank, world_size = rank_and_world_size()
-    distributed = world_size > 1
+    return replace(variant, n_iter=overrides.get("n_iter", variant.n_iter),
+                   sharpness_points=overrides.get("sharpness_points", variant.sharpness_points),
+                   sharpness_batch_size=overrides.get("sharpness_batch_size",
+                                                      variant.sharpness_batch_size))
 
+
+def _rank_device(device: str, rank: int, world_size: int) -> str:
+    """The torch device of this rank, checked: ``"cuda"`` under torchrun is one GPU per rank,
+    as NCCL expects."""
     try:
         device = str(torch.device(device))
     except RuntimeError as err:
         raise ValueError(f"device must be a torch device, got {device!r} ({err})") from err
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asked for, but CUDA is not available")
-    if device == "cuda" and distributed:
+    if device == "cuda" and world_size > 1:
         import os
 
-        # one GPU per rank under torchrun, as NCCL expects
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank)) % torch.cuda.device_count()}"
-    data = study.load_data(quick)
+    return device
+
+
+def _study_specs(study: FamilyStudy) -> list[MeasureSpec]:
+    """The measures of the family: the common ones, its eps sweep, restricted to its
+    ``measure_keys`` when it names some."""
     specs = family_measures(study.rhos["adaptive"], study.rhos["worst_case"],
                             study.rhos["inv"], study.rhos["mix"])
     specs += eps_sweep_measures(study.rhos["inv"], study.rhos["mix"], study.eps_sweep)
-    if study.measure_keys is not None:
-        unknown_keys = set(study.measure_keys) - {spec.key for spec in specs}
-        if unknown_keys:
-            raise ValueError(f"measure_keys {sorted(unknown_keys)} are not family measures")
-        specs = [spec for spec in specs if spec.key in study.measure_keys]
-    settings = study_settings(study, variant, models, seed, specs, data, quick)
-    if seeded:
-        # only in the seeded study, so that run.json of a single-seed study is unchanged
-        settings["study_seeds"] = seeds
-        settings["pool_order"] = ("per study seed s, the training pool permuted by "
-                                  "torch.randperm with torch.Generator().manual_seed(s)")
+    if study.measure_keys is None:
+        return specs
+    unknown_keys = set(study.measure_keys) - {spec.key for spec in specs}
+    if unknown_keys:
+        raise ValueError(f"measure_keys {sorted(unknown_keys)} are not family measures")
+    return [spec for spec in specs if spec.key in study.measure_keys]
+
+
+def _resumable_run(plan: _FamilyPlan, specs: Sequence[MeasureSpec], settings: dict[str, Any],
+                   resume: bool, progress: bool | None) -> ResumableRun[int]:
+    """The runner of the study's models: one unit per (study seed, model), ``models.csv``
+    mirroring the finished ones."""
+    variant = plan.variant
     names = ["models.jsonl", "models.csv", "taus.json", "confounds.json", "summary.md"]
-    names += ["seeds.json"] if seeded else []
+    names += ["seeds.json"] if plan.seeded else []
     names += [f"scatter_{spec.key}.png" for spec in specs]
     drawn = [name for name, bounds in (("batch_size", variant.space.batch_size),
                                        ("warmup_fraction", variant.space.warmup),
                                        ("rank", variant.space.rank))
              if bounds is not None]
-    columns = (["unit", "study_seed"] if seeded else []) + csv_columns(specs, drawn)
+    columns = (["unit", "study_seed"] if plan.seeded else []) + csv_columns(specs, drawn)
 
     def mirror(folder: ResultsDirectory, records: Mapping[int, dict[str, Any]]) -> None:
         folder.write_csv("models.csv", columns, records.values())
 
-    run = ResumableRun(out, range(models * len(seeds)), study=study.name, settings=settings,
-                       resume=resume, owned=names, records="models.jsonl",
-                       key="unit" if seeded else "index", unit="model",
-                       description=f"{study.name} models", progress=progress, mirror=mirror)
+    name = plan.study.name
+    return ResumableRun(plan.out, range(plan.models * len(plan.seeds)), study=name,
+                        settings=settings, resume=resume, owned=names, records="models.jsonl",
+                        key="unit" if plan.seeded else "index", unit="model",
+                        description=f"{name} models", progress=progress, mirror=mirror)
+
+
+def _start_weights(plan: _FamilyPlan, rank: int) -> Any:
+    """The pretrained start of a fine-tuning family (``None`` for a family from scratch):
+    rank 0 computes and caches a self-pretrained start, the other ranks then read it back."""
+    from quotientsharp.workflows.process_group import run_on_rank0
+
+    pretrained = plan.study.pretrained
+    if pretrained is None:
+        return None
+    start_weights = run_on_rank0(lambda: pretrained.load(plan.out, plan.quick), share=False)
+    if rank != 0:
+        start_weights = pretrained.load(plan.out, plan.quick)
+    return start_weights
+
+
+def _train_and_measure_all(plan: _FamilyPlan, run: ResumableRun[int], data: ClassificationData,
+                           specs: Sequence[MeasureSpec]
+                           ) -> tuple[Mapping[int, dict[str, Any]], Any]:
+    """Open the folder and compute the missing models (with ``plan.threads`` torch threads,
+    restored afterwards); every model's record and the pretrained start."""
     saved_threads = torch.get_num_threads()
     # set before the folder is opened, so that run.json records the thread count the run uses
-    torch.set_num_threads(threads)
+    torch.set_num_threads(plan.threads)
     try:
         run.open()
-        start_weights = None
-        if study.pretrained is not None:
-            pretrained = study.pretrained
-            # rank 0 computes and caches a self-pretrained start; the others then read it back
-            start_weights = run_on_rank0(lambda: pretrained.load(out, quick), share=False)
-            if rank != 0:
-                start_weights = pretrained.load(out, quick)
+        start_weights = _start_weights(plan, run.rank)
         if run.folder is not None:
-            run.folder.save_run_info(device=device)
-        data = data.to(device)
+            run.folder.save_run_info(device=plan.device)
+        data = data.to(plan.device)
+        variant, models, seeds = plan.variant, plan.models, plan.seeds
+
         # per study seed: its data (the pool in the seed's order when seeded) and batches,
         # built when its first model is (units run in order: one seed's data alive at a time,
         # whatever --study-seeds)
         @functools.lru_cache(maxsize=1)
         def seed_inputs(study_seed: int) -> tuple[Any, Any]:
-            pool = shuffled_pool(data, study_seed) if seeded else data
+            pool = shuffled_pool(data, study_seed) if plan.seeded else data
             return pool, sharpness_batches(pool, variant.sharpness_points,
                                            variant.sharpness_batch_size)
 
         def train_and_measure(unit: int, status: Callable[[str], None]) -> dict[str, Any]:
             study_seed, index = seeds[unit // models], unit % models
             pool, batches = seed_inputs(study_seed)
-            record = _model_record(study, pool, variant, specs, batches, study_seed, index,
+            record = _model_record(plan.study, pool, variant, specs, batches, study_seed, index,
                                    status, start_weights)
-            return {"unit": unit, "study_seed": study_seed, **record} if seeded else record
+            return {"unit": unit, "study_seed": study_seed, **record} if plan.seeded else record
 
         records = run.run(train_and_measure)
     finally:
         torch.set_num_threads(saved_threads)
-    todo = run.computed_now
+    return records, start_weights
 
-    ordered = list(records.values())
-    counted = [r for r in ordered if not r["diverged"]]
-    taus = tau_rows(counted, specs, study.paper)
-    seed_stats = seeded_statistics(counted, specs, study.paper) if seeded else None
+
+def _family_taus(counted: Sequence[dict[str, Any]], specs: Sequence[MeasureSpec],
+                 paper: Mapping[str, float], seeded: bool
+                 ) -> tuple[list[dict[str, Any]], Any, dict[str, Any] | None]:
+    """The taus and confounds of the counted models, and with several study seeds the
+    per-seed statistics (whose pooled taus then replace the taus over all models, which
+    would ignore the seeds)."""
+    if not seeded:
+        return tau_rows(counted, specs, paper), confound_rows(counted), None
+    seed_stats = seeded_statistics(counted, specs, paper)
+    return seed_stats["pooled"], seed_stats["confounds"], seed_stats
+
+
+def _write_family_outputs(results: ResultsDirectory, study: FamilyStudy,
+                          settings: dict[str, Any], specs: Sequence[MeasureSpec],
+                          counted: Sequence[dict[str, Any]], taus: list[dict[str, Any]],
+                          confounds: Any, seed_stats: dict[str, Any] | None, section: str, *,
+                          plots: bool, docs: Path | None) -> None:
+    """Rank 0: the taus, confounds, plots, section, headline and docs pages of the study."""
+    from quotientsharp.reproduce.headline import write_headline
+    from quotientsharp.reproduce.results_page import regenerate_results_page, write_section
+    from quotientsharp.workflows.files import write_json_atomic
+
+    write_json_atomic(results.file("taus.json"), taus)
+    write_json_atomic(results.file("confounds.json"), confounds)
     if seed_stats is not None:
-        # the pooled taus replace the taus over all models, which would ignore the seeds
-        taus = seed_stats["pooled"]
-    pretrained_note = ("" if study.pretrained is None or study.pretrained.describe is None
-                       else study.pretrained.describe(start_weights))
-    confounds = confound_rows(counted) if seed_stats is None else seed_stats["confounds"]
-
-    def finish(results: ResultsDirectory, wall: float) -> tuple[str, float]:
-        write_json_atomic(results.file("taus.json"), taus)
-        write_json_atomic(results.file("confounds.json"), confounds)
-        if seed_stats is not None:
-            write_json_atomic(results.file("seeds.json"), seed_stats)
-        if plots and counted:
-            scatter_plots([r["gap"] for r in counted],
-                          {spec.key: [r[spec.key] for r in counted] for spec in specs},
-                          results.path, x_label="generalisation gap (test error - train error)",
-                          color=[r["train_size"] for r in counted],
-                          color_label="training-set size",
-                          titles={row["key"]: tau_title(row["tau_a"], row["tau_b"],
-                                                        paper=row["paper"],
-                                                        interval=row["tau_b_interval"],
-                                                        paper_label="paper (other setting)")
-                                  for row in taus},
-                          y_labels={spec.key: spec_label(spec) for spec in specs})
-        section = family_section(study, settings, ordered, taus, wall, threads,
-                                 int(results.run_info.get("resumed", 0)), world_size,
-                                 confounds, device, pretrained_note, specs,
-                                 seeded=seed_stats)
-        if docs is not None:
-            headline = (seed_stats if seed_stats is not None
-                        else {"pooled": taus, "confounds": confounds})
-            write_headline(Path(docs), study.name, headline_rows(study, settings, headline))
-        results.file("summary.md").write_text(section)
-        if docs is not None:
-            write_section(Path(docs), study.name, section)
-            regenerate_results_page(Path(docs))
-        results.save_run_info(taus=taus, confounds=confounds)
-        return section, wall
-
-    section, wall = run.finish(finish)
-    return FamilyOutcome(out, ordered, taus, todo, section, wall)
+        write_json_atomic(results.file("seeds.json"), seed_stats)
+    if plots and counted:
+        _scatter(results.path, counted, specs, taus)
+    if docs is not None:
+        headline = (seed_stats if seed_stats is not None
+                    else {"pooled": taus, "confounds": confounds})
+        write_headline(Path(docs), study.name, headline_rows(study, settings, headline))
+    results.file("summary.md").write_text(section)
+    if docs is not None:
+        write_section(Path(docs), study.name, section)
+        regenerate_results_page(Path(docs))
+    results.save_run_info(taus=taus, confounds=confounds)
 
 
-def run_family_study(study: FamilyStudy, args: Any) -> int:
-    """Command-line entry of a family study; returns the exit status (printing on rank 0)."""
-    import sys
+def _scatter(folder: Path, counted: Sequence[dict[str, Any]], specs: Sequence[MeasureSpec],
+             taus: Sequence[dict[str, Any]]) -> None:
+    """One scatter plot per measure: the gap against the measure, coloured by training-set
+    size, titled with its tau."""
+    from quotientsharp.workflows.labels import tau_title
+    from quotientsharp.workflows.plots import scatter_plots
 
-    from quotientsharp.workflows.records import is_main_rank
+    scatter_plots([r["gap"] for r in counted],
+                  {spec.key: [r[spec.key] for r in counted] for spec in specs},
+                  folder, x_label="generalisation gap (test error - train error)",
+                  color=[r["train_size"] for r in counted],
+                  color_label="training-set size",
+                  titles={row["key"]: tau_title(row["tau_a"], row["tau_b"],
+                                                paper=row["paper"],
+                                                interval=row["tau_b_interval"],
+                                                paper_label="paper (other setting)")
+                          for row in taus},
+                  y_labels={spec.key: spec_label(spec) for spec in specs})
 
-    out = args.out if args.out is not None else default_out(
-        study.name, args.quick, getattr(args, "study_seeds", None))
-    try:
-        outcome = family_study(study, out, quick=args.quick, models=args.models, seed=args.seed,
-                               study_seeds=getattr(args, "study_seeds", None),
-                               resume=args.resume, progress=args.progress, plots=args.plots,
-                               docs=args.docs, threads=args.threads,
-                               device=getattr(args, "device", "cpu"),
-                               measuring={name: getattr(args, name, None) for name in
-                                          ("n_iter", "sharpness_points",
-                                           "sharpness_batch_size")})
-    except KeyboardInterrupt:
-        if is_main_rank():
-            print(f"\ninterrupted: finished models are kept in {out}; continue with --resume",
-                  file=sys.stderr)
-        return 130
-    except (ValueError, NotADirectoryError) as err:
-        # under torchrun every rank raises the same error (run_on_rank0): rank 0 reports it
-        if is_main_rank():
-            print(f"quotientsharp reproduce {study.name}: error: {err}", file=sys.stderr)
-        return 2
-    if not is_main_rank():
-        return 0
-    print(outcome.section)
-    print(f"computed now: {len(outcome.computed_now)} model(s), wall time "
-          f"{outcome.wall_seconds:.1f} s; results in {outcome.out}"
-          + ("" if args.docs is None else
-             f"; docs section in {args.docs}/results/{study.name}.md"))
-    return 0
+
+def run_family_study(study: FamilyStudy, config: FamilyConfig) -> int:
+    """Run family study ``study`` as ``config`` says; the exit status (printing on rank 0)."""
+    out = config.out if config.out is not None else default_out(
+        study.name, config.quick, config.study_seeds)
+
+    def compute() -> FamilyOutcome:
+        return family_study(study, out, quick=config.quick, models=config.models,
+                            seed=config.seed, study_seeds=config.study_seeds,
+                            resume=config.resume, progress=config.progress,
+                            plots=config.plots, docs=config.docs, threads=config.threads,
+                            device=config.device,
+                            measuring={"n_iter": config.n_iter,
+                                       "sharpness_points": config.sharpness_points,
+                                       "sharpness_batch_size": config.sharpness_batch_size})
+
+    def report(outcome: FamilyOutcome) -> None:
+        print(outcome.section)
+        print(f"computed now: {len(outcome.computed_now)} model(s), wall time "
+              f"{outcome.wall_seconds:.1f} s; results in {outcome.out}"
+              + ("" if config.docs is None else
+                 f"; docs section in {config.docs}/results/{study.name}.md"))
+
+    return run_study_command(study.name, "models", out, compute, report)

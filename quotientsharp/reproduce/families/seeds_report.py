@@ -28,9 +28,6 @@ from quotientsharp.reproduce.families.measures import MeasureSpec
 from quotientsharp.reproduce.families.report import BOOTSTRAP, CONFOUNDS, tau_rows
 from quotientsharp.reproduce.families.settings import FamilyStudy
 
-__all__ = ["COMPARISONS", "FAMILY_WISE_LEVEL", "headline_rows", "seeded_statistics",
-           "seeded_tables"]
-
 #: The paired comparisons ``(first, second)`` of paper keys, first minus second.
 COMPARISONS = (("geodesic_inv", "adaptive"), ("geodesic_mix", "geodesic_inv"),
                ("geodesic_mix", "adaptive"))

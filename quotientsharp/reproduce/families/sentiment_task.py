@@ -24,15 +24,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = [
-    "HELD_OUT",
-    "NEGATIVE",
-    "POSITIVE",
-    "Sentence",
-    "clause_sentiment",
-    "generate_sentences",
-]
-
 SUBJECTS = ("the waiter", "the movie", "the hotel", "the food", "the service", "the book",
             "the concert", "the room", "the staff", "the game", "the car", "the show",
             "the teacher", "the meal", "the trip", "the song")

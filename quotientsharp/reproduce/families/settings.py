@@ -1,9 +1,8 @@
 """Family studies (ViT, BERT): what defines a study and its variants.
 
 :class:`FamilyStudy` is what distinguishes the ViT and BERT studies (data, model, radii, the
-paper's numbers), :class:`FamilySettings` the sizes of its full and ``--quick`` variants;
-the options of ``quotientsharp reproduce vit|bert`` are declared, without torch, in
-:mod:`quotientsharp.reproduce.families.options`;
+paper's numbers), :class:`FamilySettings` the sizes of its full and ``--quick`` variants
+(their sizes, without torch, in :mod:`quotientsharp.reproduce.families.sizes`);
 :func:`study_settings` collects everything that determines the results (``run.json``, checked on
 ``--resume``).
 """
@@ -20,13 +19,6 @@ from torch import nn
 from quotientsharp.reproduce.families.data import ClassificationData
 from quotientsharp.reproduce.families.measures import MeasureSpec
 from quotientsharp.reproduce.families.training import Hyperparameters, HyperparameterSpace
-
-__all__ = [
-    "FamilySettings",
-    "FamilyStudy",
-    "PretrainedStart",
-    "study_settings",
-]
 
 
 @dataclass(frozen=True)

@@ -20,15 +20,6 @@ from torch import nn
 
 from quotientsharp.reproduce.families.data import ClassificationData, Inputs, take
 
-__all__ = [
-    "HyperparameterSpace",
-    "Hyperparameters",
-    "draw_hyperparameters",
-    "error_rate",
-    "mean_loss",
-    "train_classifier",
-]
-
 
 # ---------------------------------------------------------------------------- hyperparameters
 @dataclass(frozen=True)

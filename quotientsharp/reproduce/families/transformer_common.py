@@ -31,7 +31,7 @@ against each drawn hyperparameter (:func:`confound_rows`).
 Everything runs with ``torch.set_num_threads(threads)`` (1 by default: these models are tiny
 and several threads only add synchronisation), on the CPU unless ``--device`` says otherwise.
 
-The code lives in one module per stage of the protocol; this module re-exports their names:
+The code lives in one module per stage of the protocol (this module only describes it):
 
 - :mod:`~quotientsharp.reproduce.families.data`: the training pool, the test set and the fixed
   sharpness batches;
@@ -45,71 +45,3 @@ The code lives in one module per stage of the protocol; this module re-exports t
 - :mod:`~quotientsharp.reproduce.families.report`: CSV columns, Kendall taus, the docs section;
 - :mod:`~quotientsharp.reproduce.families.run`: the study driver and its command-line entry.
 """
-
-from __future__ import annotations
-
-from quotientsharp.reproduce.families.data import (
-    ClassificationData,
-    Inputs,
-    sharpness_batches,
-    take,
-)
-from quotientsharp.reproduce.families.measures import (
-    FAMILY_MEASURES,
-    MeasureSpec,
-    eps_sweep_measures,
-    family_measures,
-    measure_model,
-)
-from quotientsharp.reproduce.families.options import add_family_arguments
-from quotientsharp.reproduce.families.report import (
-    confound_rows,
-    csv_columns,
-    family_section,
-    tau_rows,
-)
-from quotientsharp.reproduce.families.run import FamilyOutcome, family_study, run_family_study
-from quotientsharp.reproduce.families.settings import (
-    FamilySettings,
-    FamilyStudy,
-    PretrainedStart,
-    study_settings,
-)
-from quotientsharp.reproduce.families.training import (
-    Hyperparameters,
-    HyperparameterSpace,
-    draw_hyperparameters,
-    error_rate,
-    mean_loss,
-    train_classifier,
-)
-
-__all__ = [
-    "FAMILY_MEASURES",
-    "ClassificationData",
-    "FamilyOutcome",
-    "FamilySettings",
-    "FamilyStudy",
-    "HyperparameterSpace",
-    "Hyperparameters",
-    "Inputs",
-    "MeasureSpec",
-    "PretrainedStart",
-    "add_family_arguments",
-    "confound_rows",
-    "csv_columns",
-    "draw_hyperparameters",
-    "eps_sweep_measures",
-    "error_rate",
-    "family_measures",
-    "family_section",
-    "family_study",
-    "mean_loss",
-    "measure_model",
-    "run_family_study",
-    "sharpness_batches",
-    "study_settings",
-    "take",
-    "tau_rows",
-    "train_classifier",
-]

@@ -34,18 +34,15 @@ per model, written as it finishes), ``taus.json``, ``scatter_<measure>.png``, ``
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
+from quotientsharp.reproduce.config import FamilyConfig
 from quotientsharp.reproduce.families.data import ClassificationData
-from quotientsharp.reproduce.families.options import VIT_SIZES
-from quotientsharp.reproduce.families.options import add_vit_arguments as add_arguments  # noqa: F401  (the study interface)
 from quotientsharp.reproduce.families.run import run_family_study
 from quotientsharp.reproduce.families.settings import FamilySettings, FamilyStudy
+from quotientsharp.reproduce.families.sizes import VIT_SIZES
 from quotientsharp.reproduce.families.training import HyperparameterSpace
 
-#: The torch-free module declaring this study's options (read by ``reproduce STUDY --help``).
-OPTIONS = "quotientsharp.reproduce.families.options:add_vit_arguments"
 HELP = "small ViTs on scikit-learn's digits: Kendall tau of sharpness vs generalisation gap"
 #: What the taus rank sharpness against (the console's sign convention).
 GENERALISATION = "the generalisation gap"
@@ -120,6 +117,6 @@ STUDY = FamilyStudy(
     paper_setting=PAPER_SETTING, rhos=RHOS, description=DESCRIPTION)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(config: FamilyConfig) -> int:
     """Run the study (see the module docstring); the exit status."""
-    return run_family_study(STUDY, args)
+    return run_family_study(STUDY, config)

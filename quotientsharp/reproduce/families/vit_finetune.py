@@ -30,23 +30,19 @@ cached ``pretrained.pt``; with ``--docs docs`` the section ``docs/results/vit-fi
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 from typing import Any, TypedDict
 
+from quotientsharp.reproduce.config import FamilyConfig
 from quotientsharp.reproduce.families.data import ClassificationData
-from quotientsharp.reproduce.families.options import VIT_FINETUNE_SIZES
-from quotientsharp.reproduce.families.options import (  # noqa: F401  (the study interface)
-    add_vit_finetune_arguments as add_arguments,
-)
 from quotientsharp.reproduce.families.pretrained import cached_pretraining, load_body
 from quotientsharp.reproduce.families.run import run_family_study
 from quotientsharp.reproduce.families.settings import FamilySettings, FamilyStudy, PretrainedStart
+from quotientsharp.reproduce.families.sizes import VIT_FINETUNE_SIZES
 from quotientsharp.reproduce.families.training import Hyperparameters, HyperparameterSpace
 from quotientsharp.reproduce.families.vit import MODEL_CONFIG, PAPER, PAPER_SETTING, RHOS
 
-OPTIONS = "quotientsharp.reproduce.families.options:add_vit_finetune_arguments"
 HELP = ("fine-tunes of a small ViT pretrained once (digits 0-4 -> 5-9): Kendall tau of "
         "sharpness vs generalisation gap")
 #: What the taus rank sharpness against (the console's sign convention).
@@ -199,6 +195,6 @@ STUDY = FamilyStudy(
     eps_sweep=EPS_SWEEP)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(config: FamilyConfig) -> int:
     """Run the study (see the module docstring); the exit status."""
-    return run_family_study(STUDY, args)
+    return run_family_study(STUDY, config)

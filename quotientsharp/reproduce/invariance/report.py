@@ -26,17 +26,6 @@ from quotientsharp.reproduce.invariance.study import (
     InvarianceSettings,
 )
 
-__all__ = [
-    "combined_rows",
-    "csv_columns",
-    "forward_floor",
-    "largest_change",
-    "median_change",
-    "plot_relative_changes",
-    "section",
-    "side_by_side_table",
-]
-
 _GEOMETRY = {"float64": "float64",
              "float32": "float32 (h x h GL algebra in float64)",
              "bfloat16": "float32 (h x h GL algebra in float64)"}

@@ -62,7 +62,6 @@ rank appends its finished points to ``points.rank{r}.jsonl`` and rank 0 folds th
 
 from __future__ import annotations
 
-import argparse
 import copy
 import math
 import os
@@ -72,6 +71,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from quotientsharp.reproduce.config import InvarianceConfig
 
 if TYPE_CHECKING:
     import torch
@@ -336,31 +337,6 @@ def _logits(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
     return logits.to(torch.float64)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``quotientsharp reproduce invariance``."""
-    from quotientsharp.reproduce.options import add_common_options
-
-    add_common_options(parser, "invariance", "grid points",
-                       out_note="; one subfolder per precision",
-                       docs_note=" (and its figure in DIR/results/figures/invariance/)")
-    parser.add_argument("--dtypes", default=",".join(DTYPES), metavar="LIST",
-                        help="model precisions, comma-separated, from "
-                             f"{', '.join(DTYPES)} (default all three): weights and forward "
-                             "in that precision; the geometry runs in float64 for float64 "
-                             "models and in float32 otherwise")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"reduced run ({len(QUICK.grid)} grid points, "
-                             f"{QUICK.sentences} sentences, {QUICK.n_iter} ascent steps, "
-                             f"{len(QUICK.measures)} measures)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the head, the sentences and the matrices N (default 0)")
-    parser.add_argument("--measures", default=None, metavar="LIST",
-                        help="measures to run, comma-separated, from "
-                             f"{', '.join(key for key, _, _ in MEASURES)} (default: all six, "
-                             "or the quick variant's three with --quick); a reduced run of "
-                             "the full grid")
-
-
 @dataclass
 class InvarianceOutcome:
     """What :func:`invariance_study` did.
@@ -618,41 +594,35 @@ def _with_all_changes(records: Mapping[int, Mapping[str, Any]]) -> dict[int, dic
             for point, record in records.items()}
 
 
-def run(args: argparse.Namespace) -> int:
-    """Entry point of ``quotientsharp reproduce invariance``."""
-    import sys
+def _variant(config: InvarianceConfig) -> InvarianceSettings | None:
+    """The variant of ``config.measures`` (``None``: the full or quick variant as it is)."""
+    if config.measures is None:
+        return None
+    base = QUICK if config.quick else FULL
+    return InvarianceSettings(grid=base.grid, sentences=base.sentences, n_iter=base.n_iter,
+                              measures=config.measures)
 
-    from quotientsharp.workflows.records import is_main_rank
 
-    out = args.out if args.out is not None else Path(
-        "results/invariance-quick" if args.quick else "results/invariance")
-    try:
-        variant = None
-        if args.measures is not None:
-            base = QUICK if args.quick else FULL
-            variant = InvarianceSettings(
-                grid=base.grid, sentences=base.sentences, n_iter=base.n_iter,
-                measures=tuple(m.strip() for m in args.measures.split(",") if m.strip()))
-        outcome = invariance_study(out, quick=args.quick, seed=args.seed, dtypes=args.dtypes,
-                                   resume=args.resume, progress=args.progress,
-                                   plots=args.plots, docs=args.docs, threads=args.threads,
-                                   settings=variant)
-    except KeyboardInterrupt:
-        if is_main_rank():
-            print(f"\ninterrupted: finished grid points are kept in {out}; continue with "
-                  "--resume", file=sys.stderr)
-        return 130
-    except (ValueError, NotADirectoryError) as err:
-        # under torchrun every rank raises the same error (run_on_rank0): rank 0 reports it
-        if is_main_rank():
-            print(f"quotientsharp reproduce invariance: error: {err}", file=sys.stderr)
-        return 2
-    if not is_main_rank():
-        return 0
-    print(outcome.section)
-    walls = ", ".join(f"{d} {w:.1f} s" for d, w in outcome.wall_seconds.items())
-    print(f"computed now: {sum(map(len, outcome.computed_now.values()))} point(s); wall time "
-          f"{walls}; results in {outcome.out}"
-          + ("" if args.docs is None else
-             f"; docs section in {args.docs}/results/invariance.md"))
-    return 0
+def run(config: InvarianceConfig) -> int:
+    """Run ``quotientsharp reproduce invariance`` as ``config`` says; the exit status."""
+    from quotientsharp.reproduce.command import run_study_command
+
+    out = config.out if config.out is not None else Path(
+        "results/invariance-quick" if config.quick else "results/invariance")
+
+    def compute() -> InvarianceOutcome:
+        return invariance_study(out, quick=config.quick, seed=config.seed,
+                                dtypes=DTYPES if config.dtypes is None else config.dtypes,
+                                resume=config.resume, progress=config.progress,
+                                plots=config.plots, docs=config.docs, threads=config.threads,
+                                settings=_variant(config))
+
+    def report(outcome: InvarianceOutcome) -> None:
+        print(outcome.section)
+        walls = ", ".join(f"{d} {w:.1f} s" for d, w in outcome.wall_seconds.items())
+        print(f"computed now: {sum(map(len, outcome.computed_now.values()))} point(s); wall "
+              f"time {walls}; results in {outcome.out}"
+              + ("" if config.docs is None else
+                 f"; docs section in {config.docs}/results/invariance.md"))
+
+    return run_study_command("invariance", "grid points", out, compute, report)

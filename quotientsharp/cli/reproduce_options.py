@@ -1,0 +1,218 @@
+"""The options of every ``quotientsharp reproduce STUDY`` and the study's configuration they
+make, without torch (``reproduce STUDY --help`` imports this module and no study).
+
+:data:`STUDY_OPTIONS` maps a study name of :data:`quotientsharp.reproduce.STUDIES` to the
+function declaring its options and the configuration class
+(:mod:`quotientsharp.reproduce.config`) its ``run`` takes; :func:`study_config` turns the parsed
+options into that configuration (an option's ``dest`` is the field's name).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+from quotientsharp.reproduce.config import (
+    DiagonalConfig,
+    FamilyConfig,
+    InvarianceConfig,
+    ReachConfig,
+    StudyConfig,
+    SummaryConfig,
+)
+from quotientsharp.reproduce.families.sizes import (
+    BERT_SIZES,
+    LORA_SIZES,
+    MINILM_SIZES,
+    VIT_FINETUNE_SIZES,
+    VIT_SIZES,
+    FamilySizes,
+)
+
+
+def add_common_options(parser: argparse.ArgumentParser, name: str, units: str,
+                       out_note: str = "", docs_note: str = "") -> None:
+    """``--out``, ``--resume``, ``--no-plots``, ``--progress``, ``--docs`` and ``--threads``.
+
+    Parameters
+    ----------
+    parser
+        The study's subparser.
+    name
+        Study name: the default results folder ``results/NAME`` and the docs section.
+    units
+        What the results folder holds, in words (``"nets"``, ``"models"``, ...): ``--resume``
+        keeps those already there.
+    out_note, docs_note
+        Text appended to the help of ``--out`` and ``--docs``.
+    """
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"results folder (default results/{name}, or "
+                             f"results/{name}-quick with --quick){out_note}")
+    parser.add_argument("--resume", action="store_true",
+                        help=f"keep the {units} already in the results folder and compute only "
+                             "the missing ones (the settings must match)")
+    parser.add_argument("--no-plots", dest="plots", action="store_false",
+                        help="do not write the figures")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="show progress bars (default: on a terminal)")
+    parser.add_argument("--docs", type=Path, default=None, metavar="DIR",
+                        help=f"also write DIR/results/{name}.md{docs_note} and regenerate "
+                             "DIR/results.md")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads during the run (default 1: fastest for these "
+                             "small tensors)")
+
+
+def add_diagonal_options(parser: argparse.ArgumentParser) -> None:
+    """Options of ``quotientsharp reproduce diagonal``."""
+    add_common_options(parser, "diagonal", "nets")
+    parser.add_argument("--quick", action="store_true",
+                        help="reduced run: 12 nets, 10 ascent steps, 2000 test inputs")
+    parser.add_argument("--full", action="store_true",
+                        help="also run 3 data seeds, the rho sweep 0.03, 0.1, 0.3 and a "
+                        "training set per net, each in OUT/full/<run>/, and write the pooled "
+                        "tables (about 10 to 20 minutes on one core)")
+    parser.add_argument("--rhos", default=None, metavar="LIST",
+                        help="with --full: the radii of the rho sweep, comma-separated "
+                             "(default 0.03,0.1,0.3; must contain the study's 0.1); fewer "
+                             "radii make a shorter run")
+    parser.add_argument("--per-net-seeds", type=int, default=None, metavar="N",
+                        help="with --full: run the training-set-per-net variant on the first "
+                             "N seeds only (default all 3; 0 for none)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
+    parser.add_argument("--nets", type=int, default=None,
+                        help="number of nets (default 50, or 12 with --quick)")
+
+
+def _add_family_options(parser: argparse.ArgumentParser, name: str,
+                        sizes: FamilySizes) -> None:
+    """Command-line options of a family study (the conventions of ``reproduce diagonal``)."""
+    add_common_options(parser, name, "models")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"reduced run ({sizes.quick_models} models, tiny training, "
+                             f"{sizes.quick_n_iter} ascent steps): a smoke test, not a result")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="study seed: hyperparameters and initialisation of model i are "
+                             "drawn from (seed, i) (default 0)")
+    parser.add_argument("--study-seeds", type=int, default=None, metavar="S",
+                        help="replicate over S study seeds (--seed, --seed + 1, ...): each "
+                             "draws new hyperparameters, initialisations and training-pool "
+                             "order for its --models models; the page gives per-seed taus, "
+                             "taus pooled over the seeds with a cluster bootstrap interval, "
+                             "and Holm-corrected paired differences (default: one seed, the "
+                             "single-seed study)")
+    parser.add_argument("--models", type=int, default=None,
+                        help=f"number of models (default {sizes.full_models}, or "
+                             f"{sizes.quick_models} with --quick)")
+    parser.add_argument("--device", default="cpu",
+                        help="torch device of training and measuring, e.g. cuda (default cpu)")
+    parser.add_argument("--n-iter", type=int, default=None,
+                        help=f"Auto-PGD steps per batch (default {sizes.full_n_iter}, or "
+                             f"{sizes.quick_n_iter} with --quick)")
+    parser.add_argument("--sharpness-points", type=int, default=None,
+                        help=f"training points the sharpness is measured on (default "
+                             f"{sizes.full_sharpness_points})")
+    parser.add_argument("--sharpness-batch-size", type=int, default=None,
+                        help=f"batch of the sharpness measurement (default "
+                             f"{sizes.full_sharpness_batch_size})")
+
+
+def _family_options(name: str, sizes: FamilySizes) -> Callable[[argparse.ArgumentParser], None]:
+    """The options of family study ``name``, whose variants have ``sizes``."""
+    def add(parser: argparse.ArgumentParser) -> None:
+        _add_family_options(parser, name, sizes)
+
+    return add
+
+
+def add_invariance_options(parser: argparse.ArgumentParser) -> None:
+    """Options of ``quotientsharp reproduce invariance``."""
+    # torch-free: the study module imports torch only inside its functions
+    from quotientsharp.reproduce.invariance.study import DTYPES, MEASURES, QUICK
+
+    add_common_options(parser, "invariance", "grid points",
+                       out_note="; one subfolder per precision",
+                       docs_note=" (and its figure in DIR/results/figures/invariance/)")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), metavar="LIST",
+                        help="model precisions, comma-separated, from "
+                             f"{', '.join(DTYPES)} (default all three): weights and forward "
+                             "in that precision; the geometry runs in float64 for float64 "
+                             "models and in float32 otherwise")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"reduced run ({len(QUICK.grid)} grid points, "
+                             f"{QUICK.sentences} sentences, {QUICK.n_iter} ascent steps, "
+                             f"{len(QUICK.measures)} measures)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the head, the sentences and the matrices N (default 0)")
+    parser.add_argument("--measures", default=None, metavar="LIST",
+                        help="measures to run, comma-separated, from "
+                             f"{', '.join(key for key, _, _ in MEASURES)} (default: all six, "
+                             "or the quick variant's three with --quick); a reduced run of "
+                             "the full grid")
+
+
+def add_reach_options(parser: argparse.ArgumentParser) -> None:
+    """Options of ``quotientsharp reproduce reach``."""
+    parser.add_argument("--out", type=Path, default=None,
+                        help="results folder (default results/reach, or results/reach-quick "
+                             "with --quick)")
+    parser.add_argument("--docs", type=Path, default=None, metavar="DIR",
+                        help="also write DIR/results/reach.md, DIR/results/data/reach.json "
+                             "and regenerate DIR/results.md")
+    parser.add_argument("--quick", action="store_true",
+                        help="2 radii, 2 diagonal nets, 1 BERT batch, one model of each "
+                             "family's quick variant (a smoke run)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the finished units of the run in --out")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads during the run (default 1)")
+
+
+def add_summary_options(parser: argparse.ArgumentParser) -> None:
+    """Options of ``quotientsharp reproduce summary``."""
+    parser.add_argument("--docs", type=Path, default=Path("docs"), metavar="DIR",
+                        help="docs folder: reads DIR/results/data/*.json, rewrites "
+                             "DIR/results/summary.md and DIR/results.md (default docs)")
+
+
+#: Study name -> (declares its options, the configuration its ``run`` takes).
+STUDY_OPTIONS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], type[StudyConfig]]] = {
+    "diagonal": (add_diagonal_options, DiagonalConfig),
+    "vit": (_family_options("vit", VIT_SIZES), FamilyConfig),
+    "bert": (_family_options("bert", BERT_SIZES), FamilyConfig),
+    "invariance": (add_invariance_options, InvarianceConfig),
+    "minilm": (_family_options("minilm", MINILM_SIZES), FamilyConfig),
+    "vit-finetune": (_family_options("vit-finetune", VIT_FINETUNE_SIZES), FamilyConfig),
+    "lora": (_family_options("lora", LORA_SIZES), FamilyConfig),
+    "summary": (add_summary_options, SummaryConfig),
+    "reach": (add_reach_options, ReachConfig),
+}
+
+
+def _comma_list(text: str) -> list[str]:
+    """The non-empty entries of a comma-separated option, stripped."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def study_config(args: argparse.Namespace) -> StudyConfig:
+    """The configuration of ``args.study`` from its parsed options; an option the namespace
+    lacks keeps the field's default.
+
+    Raises ``ValueError`` for a ``--rhos`` entry that is not a number (the study's error).
+    """
+    _, config_class = STUDY_OPTIONS[args.study]
+    given = vars(args)
+    values = {field.name: given[field.name] for field in dataclasses.fields(config_class)
+              if field.name in given}
+    # the comma-separated options become the tuples the configuration holds
+    if values.get("rhos") is not None:
+        # read with --full only, as the option says (without it, it is ignored)
+        values["rhos"] = (tuple(float(entry) for entry in _comma_list(values["rhos"]))
+                          if values.get("full") else None)
+    if values.get("measures") is not None:
+        values["measures"] = tuple(_comma_list(values["measures"]))
+    return config_class(**values)

@@ -1,0 +1,160 @@
+"""The command-line options of what to measure, shared by ``measure`` and ``study``.
+
+:func:`add_sharpness_options` and :func:`add_solver_options` declare them;
+:func:`sharpness_config` reads the parsed options (comma lists such as ``--metric inv,mix``
+or ``--rho 0.05,0.1`` included) into the library's typed settings,
+:class:`~quotientsharp.workflows.options.SharpnessConfig`, which checks them. A bad value
+raises :class:`~quotientsharp.workflows.options.InputError` (one line on stderr, exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from quotientsharp.workflows.options import (
+    BatchSettings,
+    InputError,
+    SharpnessConfig,
+    SolverSettings,
+    measure_names,
+)
+
+
+def add_sharpness_options(parser: argparse.ArgumentParser, *, radius_list: bool = False) -> None:
+    """Declare the options that say what to measure and how to read the data: ``--measure``,
+    ``--rho``, ``--metric``, ``--order``, ..., ``--device`` (shared by ``quotientsharp measure``
+    and ``quotientsharp study``).
+
+    Parameters
+    ----------
+    parser
+        The subcommand's parser.
+    radius_list
+        ``--rho`` takes a comma list of radii (kept as text; :func:`radii` reads it) instead of
+        one number.
+    """
+    parser.add_argument("--measure", action="append", default=None, metavar="NAME",
+                        help="average, worst_case, adaptive, geodesic or relative_flatness; "
+                        "repeat (or give a comma list) for several (default: geodesic)")
+    if radius_list:
+        parser.add_argument("--rho", default=None, metavar="R[,R...]",
+                            help="radius, or a comma list of radii such as 0.05,0.1 (standard "
+                            "deviation for average); required except for relative_flatness")
+    else:
+        parser.add_argument("--rho", type=float, default=None,
+                            help="radius (standard deviation for average); required except "
+                            "for relative_flatness")
+    # None: not given (inv), so that a note can say when a given --metric did not apply
+    parser.add_argument("--metric", default=None,
+                        help="geodesic: inv, mix or euclidean, or a comma list such as mix,inv "
+                        "for several in one call (default inv)")
+    parser.add_argument("--order", default="2", help="geodesic: 1, 2 or exact, or a comma list "
+                        "such as 1,2 (default 2)")
+    parser.add_argument("--symmetry", default=None, metavar="MODULE:FUNCTION",
+                        help="geodesic: a symmetry of your own; FUNCTION(model) returns a "
+                        "QuotientBinding or a list of them (MODULE imported from the working "
+                        "directory or sys.path); it replaces discovery, as in the API")
+    parser.add_argument("--eps", type=float, default=0.0,
+                        help="geodesic: Gram relaxation G^T G + eps I (default 0)")
+    parser.add_argument("--p", default="2", help="worst_case and adaptive: 2 or inf "
+                        "(default 2)")
+    parser.add_argument("--samples", type=int, default=1,
+                        help="average: Gaussian draws per batch (default 1)")
+    parser.add_argument("--layer", default=None, help="relative_flatness: module name "
+                        "(default: the last nn.Linear)")
+    parser.add_argument("--loss", default="cross_entropy",
+                        help="cross_entropy (default) or mse")
+    parser.add_argument("--batch-size", type=int, default=32, help="examples per batch "
+                        "(default 32)")
+    parser.add_argument("--max-batches", type=int, default=None,
+                        help="use at most this many batches (default: all)")
+    parser.add_argument("--n-iter", type=int, default=20,
+                        help="Auto-PGD steps of the ascent measures (default 20)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--max-length", type=int, default=128,
+                        help="text rows: truncate to this many tokens (default 128)")
+    parser.add_argument("--tokenizer", default=None, metavar="DIR",
+                        help="tokenizer directory for text rows (default: the MODEL directory)")
+    parser.add_argument("--dtype", choices=["float32", "float64"], default=None,
+                        help="cast the model (default: as saved)")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+
+
+def add_solver_options(parser: argparse.ArgumentParser) -> None:
+    """Declare the options of the ascent measures' diagnostics: ``--blockwise``, ``--plot``,
+    ``--reference-n-iter`` and ``--reference-restarts``, and ``--compile-steps``
+    (``quotientsharp measure``)."""
+    parser.add_argument("--blockwise", action="store_true",
+                        help="ascent measures: also report, per block (attention head pair, "
+                        "diagonal pair, parameter), the norm share of the best perturbation and "
+                        "the loss change when only that block's part is applied (one extra "
+                        "forward per block and batch)")
+    parser.add_argument("--compile-steps", action="store_true",
+                        help="ascent measures: run the solver's per-iteration geometry as "
+                        "torch.compile graphs (the same values to rounding, faster per "
+                        "iteration; the first batch compiles for tens of seconds)")
+    parser.add_argument("--plot", type=Path, default=None, metavar="PNG",
+                        help="with --blockwise: write a bar chart of the loss change per block "
+                        "to PNG (needs matplotlib)")
+    parser.add_argument("--reference-n-iter", type=int, default=None, metavar="N",
+                        help="ascent measures: also run a stronger reference solve of N steps "
+                        "per batch and report the gap to it (default with "
+                        "--reference-restarts: 10 x --n-iter)")
+    parser.add_argument("--reference-restarts", type=int, default=None, metavar="R",
+                        help="random restarts of the reference solve (default 4 when "
+                        "--reference-n-iter is given)")
+
+
+def comma_items(text: str) -> list[str]:
+    """The entries of a comma list, stripped, in order, without repeats."""
+    items: list[str] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if part not in items:
+            items.append(part)
+    return items
+
+
+def radii(text: str | None) -> list[float]:
+    """The radii of a comma list (``"0.05,0.1"``), in order, without repeats; ``[]`` for
+    ``None``. Each is checked by :class:`~quotientsharp.workflows.options.SharpnessConfig`."""
+    if text is None:
+        return []
+    values: list[float] = []
+    for part in comma_items(text):
+        try:
+            value = float(part)
+        except ValueError:
+            raise InputError(f"--rho must be a number or a comma list of numbers, got "
+                             f"{part!r}") from None
+        if value not in values:
+            values.append(value)
+    return values
+
+
+def sharpness_fields(args: argparse.Namespace, rho: list[float]) -> dict[str, Any]:
+    """The fields of :class:`~quotientsharp.workflows.options.SharpnessConfig` from the parsed
+    options of :func:`add_sharpness_options` (and, where declared, :func:`add_solver_options`),
+    with the radii ``rho``; checked in the order the options are listed."""
+    batches = BatchSettings(batch_size=args.batch_size, max_batches=args.max_batches,
+                            max_length=args.max_length, tokenizer=args.tokenizer,
+                            loss=args.loss)
+    solver = SolverSettings(
+        n_iter=args.n_iter, blockwise=getattr(args, "blockwise", False),
+        compile_steps=getattr(args, "compile_steps", False),
+        reference_n_iter=getattr(args, "reference_n_iter", None),
+        reference_restarts=getattr(args, "reference_restarts", None))
+    return {"measures": measure_names(args.measure), "rho": rho,
+            "metrics": comma_items(args.metric if args.metric is not None else "inv"),
+            "orders": comma_items(args.order), "symmetry": getattr(args, "symmetry", None),
+            "eps": args.eps, "p": args.p, "samples": args.samples, "layer": args.layer,
+            "seed": args.seed, "batches": batches, "solver": solver, "dtype": args.dtype,
+            "device": args.device, "progress": getattr(args, "progress", None)}
+
+
+def sharpness_config(args: argparse.Namespace) -> SharpnessConfig:
+    """The settings of ``quotientsharp measure``'s options (one radius, ``--rho``)."""
+    measure_names(args.measure)             # an unknown measure is the first error
+    return SharpnessConfig(**sharpness_fields(args, [] if args.rho is None else [args.rho]))

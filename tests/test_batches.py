@@ -1,0 +1,68 @@
+"""The per-batch checks of ``quotientsharp.engine.batches``: labels and outputs that do not fit
+the loss raise naming the batch; integer labels of any width measure the same.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tests.test_functional import _adaptive, _batches, _measure, _mlp
+
+#: these tests measure small MLPs without symmetry: the warning that says so is
+#: expected here (tests/test_symmetry_check.py checks it)
+pytestmark = pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+
+
+class _ArgmaxModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x).argmax(-1)
+
+
+@pytest.mark.parametrize("case", ["sizes differ", "label out of range", "float labels",
+                                  "bool labels", "mse with class labels", "mse sizes differ",
+                                  "integer output"])
+def test_bad_batches_raise_naming_the_batch(mlp_and_batches, case):
+    net, batches = mlp_and_batches
+    x, y = batches[0]
+    options = {}
+    bad = {"sizes differ": (x, y[:4]), "label out of range": (x, y + 5),
+           "float labels": (x, y.float()), "bool labels": (x, y.bool()),
+           "mse with class labels": (x, y), "mse sizes differ": (x, torch.randn(4, 3)),
+           "integer output": (x, y)}[case]
+    if case.startswith("mse"):
+        options["loss"] = "mse"
+    if case == "integer output":
+        net = _ArgmaxModel()
+    error, expected = {
+        "sizes differ": (ValueError, r"output has shape \(6, 3\).*labels have shape \(4,\)"),
+        "label out of range": (ValueError, r"label [5-7] is out of range.*\[0, 3\)"),
+        "float labels": (TypeError, r"float32 target of shape \(6,\).*loss='mse'"),
+        "bool labels": (TypeError, "integer class labels"),
+        "mse with class labels": (ValueError, r"loss='mse' got integer class labels"),
+        "mse sizes differ": (ValueError, r"output \(6, 3\), target \(4, 3\)"),
+        "integer output": (TypeError, r"dtype int64 .*not integer predictions"),
+    }[case]
+    index = 0 if case == "integer output" or case.startswith("mse") else 1
+    with pytest.raises(error, match=f"^batch {index}: .*{expected}"):
+        _adaptive(net, batches[:1] + [bad] if index else [bad], **options)
+
+
+def test_integer_labels_of_any_width_measure_the_same(mlp_and_batches):
+    net, batches = mlp_and_batches
+    x, y = batches[0]
+    assert _adaptive(net, [(x, y.int())]).value == _adaptive(net, [(x, y)]).value
+
+
+def test_a_complex_loss_is_refused():
+    def complex_loss(output, target):
+        return F.cross_entropy(output, target).to(torch.complex64)
+
+    with pytest.raises(TypeError, match="batch 0: the loss returned a complex tensor"):
+        _measure(_mlp(), _batches(), loss=complex_loss)

@@ -1,0 +1,42 @@
+"""The ``quotientsharp`` console script as a whole: every command's help imports no torch and
+shows no reStructuredText markup.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_help_imports_no_torch_and_shows_no_rst():
+    script = textwrap.dedent("""
+        import contextlib, io, json, sys
+        from quotientsharp.cli import main
+        texts = {}
+        for argv in ([], ["verify"], ["symmetries"], ["measure"], ["reproduce"]):
+            stream = io.StringIO()
+            with contextlib.redirect_stdout(stream):
+                try:
+                    main([*argv, "--help"])
+                except SystemExit:
+                    pass
+            texts[" ".join(argv)] = stream.getvalue()
+        print(json.dumps({"torch": "torch" in sys.modules, "texts": texts}))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60, check=True)
+    report = json.loads(done.stdout)
+    assert report["torch"] is False
+    for command, text in report["texts"].items():
+        assert text.startswith("usage: quotientsharp"), command
+        assert "``" not in text and ":func:" not in text and ":data:" not in text, command
+    reproduce = report["texts"]["reproduce"]
+    for internal in ("add_arguments", "STUDIES", "module path", "run(args)"):
+        assert internal not in reproduce
+    for study in ("diagonal", "vit", "bert", "minilm", "vit-finetune", "lora", "invariance"):
+        assert study in reproduce

@@ -1,0 +1,197 @@
+"""The typed measures (``quotientsharp.engine.registry``): each field's bad value fails when the
+object is made, with the error the string form gives; an unknown option fails by the type; the
+string form and the typed form measure the same, bit for bit."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import pickle
+
+import pytest
+import torch
+from test_sharpness_reuse import AttentionWithDiagonal, _token_batches
+from torch import nn
+
+import quotientsharp as qs
+from quotientsharp.engine import (
+    MEASURES,
+    AdaptiveSpec,
+    AverageSpec,
+    GeodesicSpec,
+    MeasureSpec,
+    RelativeFlatnessSpec,
+    WorstCaseSpec,
+    measure_from,
+)
+
+COMMON = {"loss": None, "seed": 0, "progress": None, "keep_perturbations": False,
+          "geometry_dtype": None, "nonfinite": "raise"}
+ASCENT = {"n_iter": 20, "eta0": None, "alpha": 0.75, "random_init": False, "restarts": 0,
+          "reach": True, "reference_solve": None, "blockwise": False, "touched_rows": True,
+          "compile_steps": False}
+
+
+def test_the_defaults_of_every_measure() -> None:
+    assert MEASURES == {
+        "average": {**COMMON, "adaptive": False, "samples": 1},
+        "worst_case": {**COMMON, **ASCENT, "p": 2, "adaptive": False},
+        "adaptive": {**COMMON, **ASCENT, "p": 2},
+        "geodesic": {**COMMON, **ASCENT, "metric": "inv", "order": 2, "eps": 0.0,
+                     "symmetries": "auto", "diagonal": None, "other_metric": "adaptive",
+                     "other_path": "line", "exact_steps": 16, "check_symmetry": True},
+        "relative_flatness": {**COMMON, "layer": None, "hvp_chunk": 64}}
+
+
+# (class, field, bad value, error, message)
+COMMON_BAD = [
+    ("rho", None, ValueError, "rho is required"),
+    ("rho", "0.1", TypeError, "rho must be a number"),
+    ("rho", 0.0, ValueError, "rho must be a finite number > 0"),
+    ("rho", math.inf, ValueError, "rho must be a finite number > 0"),
+    ("rho", 10 ** 400, ValueError, "fits in a float64"),
+    ("loss", "hinge", ValueError, "loss must be one of"),
+    ("loss", 3, TypeError, "loss must be a callable"),
+    ("seed", 1.5, TypeError, "seed must be an integer"),
+    ("seed", -1, ValueError, r"seed must be an integer in \[0, 2\*\*64\)"),
+    ("progress", "yes", TypeError, "progress must be a bool or None"),
+    ("keep_perturbations", 1, TypeError, "keep_perturbations must be True or False"),
+    ("geometry_dtype", torch.float16, ValueError, "geometry_dtype must be None"),
+    ("nonfinite", "ignore", ValueError, "nonfinite must be one of"),
+]
+ASCENT_BAD = [
+    ("n_iter", 0, ValueError, "n_iter must be an integer >= 1"),
+    ("eta0", -1.0, ValueError, "eta0 must be a finite number > 0"),
+    ("alpha", 1.5, ValueError, r"alpha must be in \(0, 1\]"),
+    ("random_init", 1, TypeError, "random_init must be a bool"),
+    ("restarts", -1, ValueError, "restarts must be an integer >= 0"),
+    ("reach", "yes", TypeError, "reach must be True, False or a dict"),
+    ("reach", {"chain": 2}, ValueError, r"reach: unknown key\(s\) \['chain'\]"),
+    ("reference_solve", 3, TypeError, "reference_solve must be None, True or a dict"),
+    ("reference_solve", {"steps": 3}, ValueError, r"reference_solve: unknown key\(s\)"),
+    ("reference_solve", {"n_iter": 0}, ValueError, "reference_solve: n_iter must be"),
+    ("blockwise", "no", TypeError, "blockwise must be True or False"),
+    ("touched_rows", None, TypeError, "touched_rows must be True or False"),
+    ("compile_steps", 0, TypeError, "compile_steps must be True or False"),
+]
+OWN_BAD = [
+    (AverageSpec, "samples", 0, ValueError, "samples must be an integer >= 1"),
+    (AverageSpec, "adaptive", "yes", TypeError, "adaptive must be True or False"),
+    (WorstCaseSpec, "p", 3, ValueError, "p must be 2 or 'inf'"),
+    (WorstCaseSpec, "adaptive", 1, TypeError, "adaptive must be True or False"),
+    (AdaptiveSpec, "p", 1, ValueError, "p must be 2 or 'inf'"),
+    (GeodesicSpec, "metric", "riemann", ValueError, "metric must be one of"),
+    (GeodesicSpec, "order", 3, ValueError, "order"),
+    (GeodesicSpec, "eps", -0.1, ValueError, "eps must be a finite number >= 0"),
+    (GeodesicSpec, "eps", True, ValueError, "eps must be a finite number >= 0"),
+    (GeodesicSpec, "other_metric", "inv", ValueError, "other_metric must be 'adaptive'"),
+    (GeodesicSpec, "other_path", "curve", ValueError, "other_path must be one of"),
+    (GeodesicSpec, "exact_steps", 0, ValueError, "exact_steps must be an integer >= 1"),
+    (GeodesicSpec, "check_symmetry", "no", TypeError, "check_symmetry must be True or False"),
+    (RelativeFlatnessSpec, "rho", 0.1, ValueError, "relative_flatness has no radius"),
+    (RelativeFlatnessSpec, "layer", 3, TypeError, "layer must be a module name"),
+    (RelativeFlatnessSpec, "hvp_chunk", 0, ValueError, "hvp_chunk must be an integer >= 1"),
+]
+WITH_RHO = (AverageSpec, WorstCaseSpec, AdaptiveSpec, GeodesicSpec)
+ASCENT_KINDS = (WorstCaseSpec, AdaptiveSpec, GeodesicSpec)
+BAD = ([(kind, *case) for kind in WITH_RHO for case in COMMON_BAD]
+       + [(RelativeFlatnessSpec, *case) for case in COMMON_BAD if case[0] != "rho"]
+       + [(kind, *case) for kind in ASCENT_KINDS for case in ASCENT_BAD] + OWN_BAD)
+
+
+@pytest.mark.parametrize(("kind", "field", "value", "error", "message"), BAD,
+                         ids=[f"{k.name}-{f}-{v!r}"[:60] for k, f, v, _, _ in BAD])
+def test_each_bad_value_fails_when_the_measure_is_made(kind, field, value, error, message
+                                                       ) -> None:
+    rho = None if kind is RelativeFlatnessSpec else 0.1
+    given = {"rho": rho, field: value}
+    with pytest.raises(error, match=message):
+        kind(**given)
+    # the string form says the same, through the same checks
+    options = {k: v for k, v in given.items() if k != "rho"}
+    with pytest.raises(error, match=message):
+        measure_from(kind.name, given["rho"], options)
+
+
+def test_the_discovery_only_check_of_other_path_needs_the_adaptive_metric() -> None:
+    with pytest.raises(ValueError, match="needs other_metric='adaptive'"):
+        GeodesicSpec(rho=0.1, other_path="geodesic", other_metric="euclidean")
+
+
+def test_an_unknown_option_fails_by_the_type() -> None:
+    with pytest.raises(TypeError, match="host_decisions"):
+        GeodesicSpec(rho=0.1, host_decisions=False)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['p'\] for measure 'average'"):
+        measure_from("average", 0.1, {"p": 2})
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['host_decisions'\]"):
+        measure_from("geodesic", 0.1, {"host_decisions": False})
+    with pytest.raises(ValueError, match="unknown measure 'sam'"):
+        measure_from("sam", 0.1)
+
+
+def test_a_measure_is_frozen_and_made_again_from_its_string_form() -> None:
+    spec = GeodesicSpec(rho=torch.tensor(0.25), metric="mix", order="exact", n_iter=3,
+                        reach={"chains": 3})
+    assert spec.rho == 0.25 and type(spec.rho) is float          # a tensor stored as a float
+    assert isinstance(spec, MeasureSpec) and spec.name == "geodesic"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.n_iter = 5  # type: ignore[misc]
+    assert measure_from(spec.name, spec.rho, spec.options()) == spec
+    assert measure_from("worst-case", 0.1) == WorstCaseSpec(rho=0.1)
+    assert measure_from("relative-flatness") == RelativeFlatnessSpec()
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3)).double().eval()
+
+
+def _batches():
+    gen = torch.Generator().manual_seed(1)
+    return [(torch.randn(8, 4, generator=gen, dtype=torch.float64),
+             torch.randint(0, 3, (8,), generator=gen)) for _ in range(2)]
+
+
+def _attention() -> nn.Module:
+    torch.manual_seed(0)
+    return AttentionWithDiagonal().double().eval()
+
+
+def _record(result) -> bytes:
+    return pickle.dumps((result.value, result.per_batch, result.traces,
+                         result.perturbation_norms, result.settings, list(result.settings)))
+
+
+FORMS = [
+    ("average", 0.1, {"samples": 2}, AverageSpec(rho=0.1, samples=2)),
+    ("worst_case", 0.1, {"n_iter": 4, "p": "inf"}, WorstCaseSpec(rho=0.1, n_iter=4, p="inf")),
+    ("adaptive", 0.1, {"n_iter": 4, "reference_solve": {"n_iter": 2}},
+     AdaptiveSpec(rho=0.1, n_iter=4, reference_solve={"n_iter": 2})),
+    ("geodesic", 0.1, {"n_iter": 4, "metric": "mix", "seed": 3},
+     GeodesicSpec(rho=0.1, n_iter=4, metric="mix", seed=3)),
+    ("geodesic", 0.1, {"n_iter": 4, "symmetries": "none", "blockwise": True},
+     GeodesicSpec(rho=0.1, n_iter=4, symmetries="none", blockwise=True)),
+    ("relative_flatness", None, {"hvp_chunk": 4}, RelativeFlatnessSpec(hvp_chunk=4)),
+]
+
+
+@pytest.mark.parametrize(("name", "rho", "options", "typed"), FORMS,
+                         ids=[form[0] for form in FORMS])
+def test_the_string_form_and_the_typed_form_measure_the_same(name, rho, options, typed
+                                                             ) -> None:
+    # an attention block, whose symmetries discovery finds, for the geodesic measure
+    model, batches = ((_mlp, _batches) if name != "geodesic"
+                      else (_attention, functools.partial(_token_batches, count=2)))
+    by_name = qs.sharpness(model(), batches(), measure=name, rho=rho, progress=False,
+                           **options)
+    by_type = qs.sharpness(model(), batches(), dataclasses.replace(typed, progress=False))
+    assert _record(by_name) == _record(by_type)
+    assert by_type.measure == name and by_type.settings["rho"] == rho
+
+
+def test_a_typed_measure_takes_no_further_rho_or_option() -> None:
+    with pytest.raises(TypeError, match="holds rho and every option"):
+        qs.sharpness(_mlp(), _batches(), AverageSpec(rho=0.1), rho=0.2)
+    with pytest.raises(TypeError, match=r"options \['seed'\]"):
+        qs.sharpness(_mlp(), _batches(), AverageSpec(rho=0.1), seed=1)
