@@ -36,7 +36,7 @@ work=${MUTATION_DIR:-$(mktemp -d -t quotientsharp-mutation.XXXXXX)}
 command -v mutmut >/dev/null || { echo "mutmut is not installed: pip install 'mutmut>=3.3'" >&2; exit 2; }
 
 # MUTATION_GROUPS, MUTATION_PATTERNS (mutant name globs) and MUTATION_TESTS (test files) narrow a
-# run, e.g. MUTATION_GROUPS=measures MUTATION_PATTERNS='quotientsharp.engine.measures.x__check_ascent*'
+# run, e.g. MUTATION_GROUPS=measures MUTATION_PATTERNS='quotientsharp.engine.measures.x__check_ascents*'
 # Each group has the tests that pin it (mutmut runs, per mutant, those among them that reach
 # the mutated function); MUTATION_GROUPS picks some ("solver measures")
 declare -A MUTATED=(

@@ -19,7 +19,7 @@ from torch import nn
 
 import quotientsharp as qs
 from quotientsharp.engine.functional import FunctionalModel
-from quotientsharp.engine.measures import NonFiniteLossError, _check_ascent
+from quotientsharp.engine.measures import NonFiniteLossError, _check_ascents
 from quotientsharp.engine.solver import AscentOutcome, AscentSettings
 from tests.test_functional import _adaptive, _batches, _measure
 from tests.test_functional import _mlp as _small_mlp
@@ -45,6 +45,12 @@ def _outcome(count: int, at: list[int], best: float = 1.0) -> AscentOutcome:
         nonfinite_count=torch.tensor(count))
 
 
+def _check_ascent(outcome: AscentOutcome, index: int, settings: AscentSettings,
+                  model: FunctionalModel, rho: float | None, policy: str) -> int:
+    """One solve alone: the measurement's own ascent."""
+    return _check_ascents([(settings, outcome, "")], index, model, rho, policy)
+
+
 @pytest.fixture(scope="module")
 def functional() -> FunctionalModel:
     return FunctionalModel(_mlp())
@@ -66,6 +72,29 @@ def test_skip_keeps_a_run_with_one_finite_perturbed_evaluation(functional, rando
     assert _check_ascent(_outcome(count, [1]), 0, settings, functional, 0.1, "skip") == count
     with pytest.raises(NonFiniteLossError, match="No perturbed evaluation was finite"):
         _check_ascent(_outcome(perturbed, [1]), 0, settings, functional, 0.1, "skip")
+
+
+def test_a_search_chain_with_nothing_finite_leaves_the_others_value(functional):
+    # the reach search: the first chain from xi = 0 found a finite perturbed value, a further
+    # chain from a random start found none; under "skip" the batch keeps its value
+    first, probe = AscentSettings(n_iter=4), AscentSettings(n_iter=4, random_init=True)
+    total = first.evaluations_per_run
+    finite = _outcome(2, [1])
+    nothing = _outcome(total, [0], best=-math.inf)
+    solves = [(first, finite, ""), (probe, nothing, " (reach search)")]
+    assert _check_ascents(solves, 0, functional, 0.1, "skip") == 2 + total
+    # the other order: a further chain found values where the first found nothing
+    empty_first = _outcome(total - 1, [1], best=0.5)
+    solves = [(first, empty_first, ""), (probe, _outcome(1, [2]), " (reach search)")]
+    assert _check_ascents(solves, 0, functional, 0.1, "skip") == total
+    # no chain found anything: nothing to report, under "skip" too
+    solves = [(first, empty_first, ""), (probe, nothing, " (reach search)")]
+    with pytest.raises(NonFiniteLossError, match="batch 3: .*No perturbed evaluation was finite"):
+        _check_ascents(solves, 3, functional, 0.1, "skip")
+    # "raise" stops at the first solve with a non-finite evaluation, naming it
+    with pytest.raises(NonFiniteLossError, match=r"batch 0 \(reach search\): the perturbed loss"):
+        _check_ascents([(first, _outcome(0, [-1]), ""), (probe, nothing, " (reach search)")],
+                       0, functional, 0.1, "raise")
 
 
 def test_the_message_names_the_first_run_and_evaluation_that_failed(functional):

@@ -88,39 +88,51 @@ _SKIP_HINT = ("; or pass nonfinite='skip' to keep the best over the finite evalu
               "(recorded in result.settings and result.nonfinite_evaluations)")
 
 
-def _check_ascent(outcome: AscentOutcome, index: int, settings: AscentSettings,
-                  model: FunctionalModel, rho: float | None, policy: str,
-                  solve: str = "") -> int:
-    """The number of non-finite evaluations of one batch's ascent; raises under ``"raise"``
-    (or when no perturbed evaluation was finite: the clean loss at a start ``xi = 0`` is no
-    perturbed value). One host sync, after the ascent. ``solve`` names a
-    solve other than the measurement's own (``" (reference solve)"``) in the message."""
+def _nonfinite(outcome: AscentOutcome, settings: AscentSettings) -> tuple[int, bool]:
+    """The number of non-finite evaluations of one ascent, and whether none of its perturbed
+    evaluations was finite (the clean loss at a start ``xi = 0`` is no perturbed value). One
+    host sync, after the ascent."""
     if outcome.nonfinite_count is None:
-        return 0
+        return 0, False
     count, best = torch.stack([outcome.nonfinite_count.to(outcome.loss.dtype),
                                outcome.loss]).tolist()
     if count == 0:
-        return 0
+        return 0, False
     total = settings.runs * settings.evaluations_per_run
     # a run started at xi = 0 begins with the clean loss, which is finite: its best is finite
     # even when every perturbed evaluation was not, and would report a sharpness of 0
     perturbed = total - (0 if settings.random_init else 1)
-    none_finite = not math.isfinite(best) or count >= perturbed
-    if policy == "skip" and not none_finite:
-        return int(count)
+    return int(count), not math.isfinite(best) or count >= perturbed
+
+
+def _check_ascents(solves: Sequence[tuple[AscentSettings, AscentOutcome, str]], index: int,
+                   model: FunctionalModel, rho: float | None, policy: str) -> int:
+    """The non-finite evaluations of one batch's solves (the measurement's ascent, and the
+    search's further chains, whose ``label`` names them). Raises under ``"raise"`` at the
+    first non-finite evaluation, and under ``"skip"`` when no solve had a finite perturbed
+    evaluation: a chain of the search that found nothing finite leaves the others' value."""
+    found = [(_nonfinite(outcome, settings), settings, outcome, label)
+             for settings, outcome, label in solves]
+    failed = [f for f in found if f[0][0] > 0]
+    if not failed:
+        return 0
+    if policy == "skip" and not all(none for (_, none), *_ in found):
+        return sum(count for (count, _), *_ in found)
+    (count, none), settings, outcome, label = failed[0]
+    none = none and all(n for (_, n), *_ in found)
     at = torch.stack(outcome.nonfinite_at).tolist()
     run = next(r for r, k in enumerate(at) if k >= 0)
     value = float(outcome.nonfinite_loss[run])
     where = "the starting point (iteration 0)" if at[run] == 0 else (
         f"solver iteration {at[run]} of {settings.n_iter}")
     runs = f" of run {run} (of {settings.runs})" if settings.runs > 1 else ""
-    none = (" No perturbed evaluation was finite, so there is no value to report (under "
-            "nonfinite='skip' too)." if none_finite else "")
+    nothing = (" No perturbed evaluation was finite, so there is no value to report (under "
+               "nonfinite='skip' too)." if none else "")
     raise NonFiniteLossError(
-        f"batch {index}{solve}: the perturbed loss is {value} at {where}{runs}; {int(count)} of "
-        f"{total} evaluations were not finite.{none} The clean loss is finite, so the "
-        f"perturbation caused it: {likely_cause(model, rho)}"
-        + (_SKIP_HINT if policy == "raise" and not none_finite else ""))
+        f"batch {index}{label}: the perturbed loss is {value} at {where}{runs}; {count} of "
+        f"{settings.runs * settings.evaluations_per_run} evaluations were not finite.{nothing} "
+        f"The clean loss is finite, so the perturbation caused it: {likely_cause(model, rho)}"
+        + (_SKIP_HINT if policy == "raise" and not none else ""))
 
 
 @dataclass
@@ -452,8 +464,7 @@ class AscentMeasure:
             # the best iterate at full size (zero off the rows), for what follows
             outcome.xi = touched.expand(outcome.xi)
         radius = float(space.geometry.radius)
-        skipped = sum(_check_ascent(o, index, s, self.model, radius, self.nonfinite, label)
-                      for s, o, label in solves)
+        skipped = _check_ascents(solves, index, self.model, radius, self.nonfinite)
         del solves
         reference = None
         if self.reference is not None:
@@ -462,8 +473,8 @@ class AscentMeasure:
                                initial=None if self.reference.random_init else initial,
                                skip_nonfinite=skip, host_decisions=self.host_decisions,
                                compiled=self.compiled)
-            skipped += _check_ascent(reference, index, self.reference, self.model, radius,
-                                     self.nonfinite, " (reference solve)")
+            skipped += _check_ascents([(self.reference, reference, " (reference solve)")],
+                                      index, self.model, radius, self.nonfinite)
         perturbation = None
         if keep:
             moved = space.parameters(outcome.xi)
