@@ -40,3 +40,20 @@ def test_help_imports_no_torch_and_shows_no_rst():
         assert internal not in reproduce
     for study in ("diagonal", "vit", "bert", "minilm", "vit-finetune", "lora", "invariance"):
         assert study in reproduce
+
+
+def test_version_names_the_installed_release_without_importing_torch():
+    script = ("import contextlib, io, json, sys\n"
+              "from quotientsharp.cli import main\n"
+              "stream = io.StringIO()\n"
+              "with contextlib.redirect_stdout(stream):\n"
+              "    try:\n"
+              "        main(['--version'])\n"
+              "    except SystemExit as exit:\n"
+              "        code = exit.code\n"
+              "print(json.dumps([stream.getvalue(), code, 'torch' in sys.modules]))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60, check=True)
+    tomllib = __import__("tomllib")
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert json.loads(done.stdout) == [f"quotientsharp {version}\n", 0, False]

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import linecache
 import math
 import pickle
+import warnings
 
+import numpy as np
 import pytest
 import torch
 from test_sharpness_reuse import AttentionWithDiagonal, _token_batches
@@ -54,6 +57,8 @@ COMMON_BAD = [
     ("loss", "hinge", ValueError, "loss must be one of"),
     ("loss", 3, TypeError, "loss must be a callable"),
     ("seed", 1.5, TypeError, "seed must be an integer"),
+    ("seed", np.bool_(False), TypeError, "seed must be an integer"),
+    ("rho", np.bool_(True), TypeError, "rho must be a number"),
     ("seed", -1, ValueError, r"seed must be an integer in \[0, 2\*\*64\)"),
     ("progress", "yes", TypeError, "progress must be a bool or None"),
     ("keep_perturbations", 1, TypeError, "keep_perturbations must be True or False"),
@@ -68,6 +73,13 @@ ASCENT_BAD = [
     ("restarts", -1, ValueError, "restarts must be an integer >= 0"),
     ("reach", "yes", TypeError, "reach must be True, False or a dict"),
     ("reach", {"chain": 2}, ValueError, r"reach: unknown key\(s\) \['chain'\]"),
+    # the user set min_chains only: the message names the default chains they never set
+    ("reach", {"min_chains": 5}, ValueError,
+     r"reach: min_chains=5 is more than chains=4 \(the default\); raise chains too"),
+    ("reach", {"chains": 3, "min_chains": 4}, ValueError,
+     r"reach: chains must be an integer >= min_chains=4, got 3"),
+    ("n_iter", np.bool_(True), ValueError, "n_iter must be an integer >= 1"),
+    ("alpha", np.bool_(True), ValueError, r"alpha must be in \(0, 1\]"),
     ("reference_solve", 3, TypeError, "reference_solve must be None, True or a dict"),
     ("reference_solve", {"steps": 3}, ValueError, r"reference_solve: unknown key\(s\)"),
     ("reference_solve", {"n_iter": 0}, ValueError, "reference_solve: n_iter must be"),
@@ -89,6 +101,16 @@ OWN_BAD = [
     (GeodesicSpec, "other_path", "curve", ValueError, "other_path must be one of"),
     (GeodesicSpec, "exact_steps", 0, ValueError, "exact_steps must be an integer >= 1"),
     (GeodesicSpec, "check_symmetry", "no", TypeError, "check_symmetry must be True or False"),
+    # symmetries and diagonal: their structure, checked without the model, the value named
+    (GeodesicSpec, "symmetries", "foo", ValueError, r"symmetries must be 'auto', 'none'.*'foo'"),
+    (GeodesicSpec, "symmetries", None, TypeError, "symmetries must be .*got NoneType None"),
+    (GeodesicSpec, "symmetries", 42, TypeError, "symmetries must be .*got int 42"),
+    (GeodesicSpec, "symmetries", [], TypeError, r"symmetries: .*QuotientBinding.*got \[\]"),
+    (GeodesicSpec, "symmetries", ["auto"], TypeError, r"symmetries: .*got \['auto'\]"),
+    (GeodesicSpec, "diagonal", 3, TypeError, "diagonal must be None or a list of .* got 3"),
+    (GeodesicSpec, "diagonal", "foo", TypeError, "diagonal must be None .* got 'foo'"),
+    (GeodesicSpec, "diagonal", [("u",)], TypeError, r"diagonal must be .* got \[\('u',\)\]"),
+    (GeodesicSpec, "diagonal", [("u", 1)], TypeError, r"diagonal must be .* got \[\('u', 1\)\]"),
     (RelativeFlatnessSpec, "rho", 0.1, ValueError, "relative_flatness has no radius"),
     (RelativeFlatnessSpec, "layer", 3, TypeError, "layer must be a module name"),
     (RelativeFlatnessSpec, "hvp_chunk", 0, ValueError, "hvp_chunk must be an integer >= 1"),
@@ -195,3 +217,120 @@ def test_a_typed_measure_takes_no_further_rho_or_option() -> None:
         qs.sharpness(_mlp(), _batches(), AverageSpec(rho=0.1), rho=0.2)
     with pytest.raises(TypeError, match=r"options \['seed'\]"):
         qs.sharpness(_mlp(), _batches(), AverageSpec(rho=0.1), seed=1)
+
+
+# (class, field, NumPy value, the Python value it is stored as)
+NUMPY = [(kind, "rho", np.float32(0.1), float(np.float32(0.1))) for kind in WITH_RHO] + [
+    (kind, "seed", np.uint64(2 ** 63), 2 ** 63) for kind in WITH_RHO] + [
+    (kind, field, value, python) for kind in ASCENT_KINDS
+    for field, value, python in (("n_iter", np.int64(3), 3), ("restarts", np.int8(1), 1),
+                                 ("eta0", np.float64(0.2), 0.2), ("alpha", np.float32(0.5), 0.5))
+] + [(AverageSpec, "samples", np.int32(2), 2), (GeodesicSpec, "eps", np.float16(0.5), 0.5),
+     (GeodesicSpec, "exact_steps", np.int64(4), 4),
+     (RelativeFlatnessSpec, "hvp_chunk", np.uint8(8), 8)]
+
+
+@pytest.mark.parametrize(("kind", "field", "value", "python"), NUMPY,
+                         ids=[f"{k.name}-{f}-{v!r}" for k, f, v, _ in NUMPY])
+def test_a_numpy_number_is_taken_and_stored_as_a_python_number(kind, field, value, python
+                                                               ) -> None:
+    rho = None if kind is RelativeFlatnessSpec else 0.1
+    given = {"rho": rho, field: value}
+    spec = kind(**given)
+    assert getattr(spec, field) == python and type(getattr(spec, field)) is type(python)
+    assert spec == kind(**{**given, field: python})
+    assert measure_from(kind.name, given.pop("rho"), given) == spec
+
+
+@pytest.mark.parametrize("value", [0.1, 0.30000000000000004, 1e-300, 2 ** -1074, 7.0])
+def test_a_python_float_is_kept_bit_for_bit(value: float) -> None:
+    spec = GeodesicSpec(rho=value, eta0=value, eps=value, alpha=min(value, 1.0))
+    for field in ("rho", "eta0", "eps"):
+        assert getattr(spec, field).hex() == value.hex()
+    assert type(GeodesicSpec(rho=0.1, eta0=2).eta0) is int      # recorded as given
+
+
+def test_numpy_numbers_in_reach_and_reference_solve_are_python_numbers_in_the_settings(
+        ) -> None:
+    spec = AdaptiveSpec(rho=0.1, n_iter=np.int64(2), progress=False,
+                        reach={"chains": np.int64(2), "target": np.float32(0.5)},
+                        reference_solve={"n_iter": np.int64(3)})
+    settings = qs.sharpness(_mlp(), _batches(), spec).settings
+    assert settings["reach"]["chains"] == 2 and type(settings["reach"]["chains"]) is int
+    assert type(settings["reach"]["target"]) is float
+    assert type(settings["reference_solve"]["n_iter"]) is int and type(settings["n_iter"]) is int
+
+
+SAME = [(AdaptiveSpec, {"p": 2}, {"p": "L2"}), (AdaptiveSpec, {"p": 2.0}, {"p": "2"}),
+        (WorstCaseSpec, {"p": "inf"}, {"p": math.inf}), (WorstCaseSpec, {"p": "Linf"}, {}),
+        (GeodesicSpec, {"geometry_dtype": "float64"}, {"geometry_dtype": torch.float64}),
+        (GeodesicSpec, {"order": 2.0}, {"order": 2}),
+        (AverageSpec, {"geometry_dtype": "float32"}, {"geometry_dtype": torch.float32})]
+
+
+@pytest.mark.parametrize(("kind", "one", "other"), SAME, ids=[f"{k.name}-{o}" for k, o, _ in SAME])
+def test_two_spellings_of_one_measure_compare_and_hash_equal(kind, one, other) -> None:
+    if kind is WorstCaseSpec and not other:
+        other = {"p": "inf"}
+    first, second = kind(rho=0.1, **one), kind(rho=0.1, **other)
+    assert first == second and hash(first) == hash(second)
+
+
+def test_the_recorded_p_is_the_same_for_every_spelling() -> None:
+    records = [_record(qs.sharpness(_mlp(), _batches(), AdaptiveSpec(
+        rho=0.1, p=p, n_iter=2, reach=False, progress=False))) for p in (2, 2.0, "2", "L2")]
+    assert records[1:] == records[:-1]
+
+
+def test_replace_checks_again_and_a_dict_or_binding_field_is_not_hashable() -> None:
+    spec = GeodesicSpec(rho=0.1)
+    assert dataclasses.replace(spec, rho=0.2).rho == 0.2
+    with pytest.raises(ValueError, match="rho must be a finite number > 0"):
+        dataclasses.replace(spec, rho=-1.0)
+    with pytest.raises(TypeError, match="diagonal must be None"):
+        dataclasses.replace(spec, diagonal=3)
+    hash(spec)
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(dataclasses.replace(spec, reach={"chains": 3}))
+
+
+def _warnings_of(call) -> list[warnings.WarningMessage]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    return list(caught)
+
+
+def _no_symmetry() -> None:
+    qs.sharpness(_mlp(), _batches(), GeodesicSpec(rho=0.1, n_iter=2, reach=False,
+                                                  progress=False))
+
+
+def _unconfirmed() -> None:
+    from test_search_reach import DUMMY, TwoModes
+    qs.sharpness(TwoModes(), DUMMY, measure="worst_case", rho=0.5, progress=False,
+                 loss=lambda output, target: output, reach={"chains": 2, "continuations": 0})
+
+
+def _skipped_nonfinite() -> None:
+    from test_measures import _Exploding
+    x, y = torch.ones(4, 2), torch.tensor([0, 1, 0, 1])
+    qs.sharpness(_Exploding(0.5), [(x, y)], measure="average", rho=0.5, samples=40,
+                 progress=False, nonfinite="skip")
+
+
+WARNS = [(_no_symmetry, qs.NoSymmetryWarning, "equals adaptive"),
+         (_unconfirmed, qs.ReachWarning, "reach estimate"),
+         (_skipped_nonfinite, UserWarning, "perturbed evaluation")]
+
+
+@pytest.mark.parametrize(("call", "category", "message"), WARNS,
+                         ids=[c.__name__ for c, _, _ in WARNS])
+def test_a_warning_of_sharpness_points_at_the_callers_line(call, category, message) -> None:
+    found = [w for w in _warnings_of(call) if issubclass(w.category, category)
+             and message in str(w.message)]
+    assert found
+    for w in found:
+        # this file, at the line of the sharpness() call (not a line of the package)
+        assert w.filename == __file__, (w.filename, w.lineno)
+        assert "qs.sharpness(" in linecache.getline(__file__, w.lineno)

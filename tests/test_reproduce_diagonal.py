@@ -672,14 +672,14 @@ def test_every_study_has_its_options_and_configuration() -> None:
     import dataclasses
 
     from quotientsharp.cli.reproduce_options import STUDY_OPTIONS, study_config
-    from quotientsharp.reproduce.config import StudyConfig
+    from quotientsharp.reproduce.config import ReproduceConfig
 
     assert set(STUDY_OPTIONS) == set(STUDIES)
     for name, (add_options, config_class) in STUDY_OPTIONS.items():
         parser = argparse.ArgumentParser()
         add_options(parser)
         config = study_config(argparse.Namespace(study=name, **vars(parser.parse_args([]))))
-        assert isinstance(config, config_class) and issubclass(config_class, StudyConfig)
+        assert isinstance(config, config_class) and issubclass(config_class, ReproduceConfig)
         # every option lands in a field of the configuration, under its own name
         fields = {field.name for field in dataclasses.fields(config_class)}
         assert set(vars(parser.parse_args([]))) <= fields, name

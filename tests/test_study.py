@@ -260,11 +260,11 @@ def test_a_study_config_checks_and_normalises_itself():
     assert config.measures == ("worst_case", "geodesic") and config.radii == (1.0,)
     assert config.p == "2" and config.orders == (1, 2, "exact") and config.eps == 0.0
     assert config.gap_kind == "error"
-    for fields, message in (({}, "--rho is required for geodesic"),
-                            ({"rho": -0.1}, "--rho must be a finite number > 0, got -0.1"),
-                            ({"rho": 0.1, "orders": [3]}, "--order must be 1, 2 or exact"),
+    for fields, message in (({}, "rho is required for geodesic"),
+                            ({"rho": -0.1}, "rho must be a finite number > 0, got -0.1"),
+                            ({"rho": 0.1, "orders": [3]}, "orders must be 1, 2 or exact"),
                             ({"rho": 0.1, "measures": ["sam"]}, "unknown measure 'sam'"),
-                            ({"rho": 0.1, "threads": 0}, "--threads must be >= 1, got 0")):
+                            ({"rho": 0.1, "threads": 0}, "threads must be an integer >= 1, got 0")):
         with pytest.raises(InputError, match=message):
             StudyConfig(data="data.pt", **fields)
 

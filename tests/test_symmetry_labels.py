@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from quotientsharp.cli.sharpness_options import add_sharpness_options, radii, sharpness_fields
+from quotientsharp.cli.sharpness_options import add_sharpness_options, sharpness_config
 from quotientsharp.workflows.grid import build_grid
-from quotientsharp.workflows.options import InputError, SharpnessConfig
+from quotientsharp.workflows.options import InputError
 from tests.bottleneck_symmetry import bottleneck_batches, bottleneck_model
 from tests.test_cli_symmetry import _call  # (code, stdout, stderr) of the CLI
 
@@ -71,7 +71,7 @@ def _grid(*arguments: str):
     parser = argparse.ArgumentParser()
     add_sharpness_options(parser, radius_list=True)
     args = parser.parse_args(list(arguments))
-    return build_grid(SharpnessConfig(**sharpness_fields(args, radii(args.rho))))
+    return build_grid(sharpness_config(args))
 
 
 def test_the_study_grid_names_a_user_symmetry_not_the_unused_metric():

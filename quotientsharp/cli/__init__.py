@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="quotientsharp",
         description="Riemannian geometry on symmetry quotients of neural networks, and "
                     "geodesic sharpness.")
+    from quotientsharp import __version__
+
+    parser.add_argument("--version", action="version", version=f"quotientsharp {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module_name in COMMANDS.values():
         try:

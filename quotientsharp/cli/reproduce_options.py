@@ -19,7 +19,7 @@ from quotientsharp.reproduce.config import (
     FamilyConfig,
     InvarianceConfig,
     ReachConfig,
-    StudyConfig,
+    ReproduceConfig,
     SummaryConfig,
 )
 from quotientsharp.reproduce.families.sizes import (
@@ -180,7 +180,8 @@ def add_summary_options(parser: argparse.ArgumentParser) -> None:
 
 
 #: Study name -> (declares its options, the configuration its ``run`` takes).
-STUDY_OPTIONS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], type[StudyConfig]]] = {
+STUDY_OPTIONS: dict[str, tuple[Callable[[argparse.ArgumentParser], None],
+                              type[ReproduceConfig]]] = {
     "diagonal": (add_diagonal_options, DiagonalConfig),
     "vit": (_family_options("vit", VIT_SIZES), FamilyConfig),
     "bert": (_family_options("bert", BERT_SIZES), FamilyConfig),
@@ -193,26 +194,21 @@ STUDY_OPTIONS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], type[S
 }
 
 
-def _comma_list(text: str) -> list[str]:
-    """The non-empty entries of a comma-separated option, stripped."""
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
-def study_config(args: argparse.Namespace) -> StudyConfig:
+def study_config(args: argparse.Namespace) -> ReproduceConfig:
     """The configuration of ``args.study`` from its parsed options; an option the namespace
     lacks keeps the field's default.
 
-    Raises ``ValueError`` for a ``--rhos`` entry that is not a number (the study's error).
+    Raises ``ValueError`` for a value the configuration refuses, its message naming the option
+    (``n-iter``) where the configuration's names the field (``n_iter``).
     """
     _, config_class = STUDY_OPTIONS[args.study]
     given = vars(args)
     values = {field.name: given[field.name] for field in dataclasses.fields(config_class)
               if field.name in given}
-    # the comma-separated options become the tuples the configuration holds
-    if values.get("rhos") is not None:
-        # read with --full only, as the option says (without it, it is ignored)
-        values["rhos"] = (tuple(float(entry) for entry in _comma_list(values["rhos"]))
-                          if values.get("full") else None)
-    if values.get("measures") is not None:
-        values["measures"] = tuple(_comma_list(values["measures"]))
-    return config_class(**values)
+    if not values.get("full"):
+        values.pop("rhos", None)     # --rhos is read with --full only, as its help says
+    try:
+        return config_class(**values)
+    except (TypeError, ValueError) as err:
+        field, _, rest = str(err).partition(" ")
+        raise ValueError(f"{field.replace('_', '-')} {rest}") from err

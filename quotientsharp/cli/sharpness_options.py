@@ -15,9 +15,9 @@ from typing import Any
 
 from quotientsharp.workflows.options import (
     BatchSettings,
-    InputError,
     SharpnessConfig,
     SolverSettings,
+    command_line_names,
     measure_names,
 )
 
@@ -32,8 +32,8 @@ def add_sharpness_options(parser: argparse.ArgumentParser, *, radius_list: bool 
     parser
         The subcommand's parser.
     radius_list
-        ``--rho`` takes a comma list of radii (kept as text; :func:`radii` reads it) instead of
-        one number.
+        ``--rho`` takes a comma list of radii (kept as text; the settings read it) instead
+        of one number.
     """
     parser.add_argument("--measure", action="append", default=None, metavar="NAME",
                         help="average, worst_case, adaptive, geodesic or relative_flatness; "
@@ -107,37 +107,13 @@ def add_solver_options(parser: argparse.ArgumentParser) -> None:
                         "--reference-n-iter is given)")
 
 
-def comma_items(text: str) -> list[str]:
-    """The entries of a comma list, stripped, in order, without repeats."""
-    items: list[str] = []
-    for part in str(text).split(","):
-        part = part.strip()
-        if part not in items:
-            items.append(part)
-    return items
-
-
-def radii(text: str | None) -> list[float]:
-    """The radii of a comma list (``"0.05,0.1"``), in order, without repeats; ``[]`` for
-    ``None``. Each is checked by :class:`~quotientsharp.workflows.options.SharpnessConfig`."""
-    if text is None:
-        return []
-    values: list[float] = []
-    for part in comma_items(text):
-        try:
-            value = float(part)
-        except ValueError:
-            raise InputError(f"--rho must be a number or a comma list of numbers, got "
-                             f"{part!r}") from None
-        if value not in values:
-            values.append(value)
-    return values
-
-
-def sharpness_fields(args: argparse.Namespace, rho: list[float]) -> dict[str, Any]:
+def sharpness_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The fields of :class:`~quotientsharp.workflows.options.SharpnessConfig` from the parsed
-    options of :func:`add_sharpness_options` (and, where declared, :func:`add_solver_options`),
-    with the radii ``rho``; checked in the order the options are listed."""
+    options of :func:`add_sharpness_options` (and, where declared, :func:`add_solver_options`);
+    comma lists (``--rho 0.05,0.1``, ``--metric inv,mix``) are passed on as text, which the
+    settings read. Call it, and make the settings, within
+    :func:`~quotientsharp.workflows.options.command_line_names`, so that errors name the
+    options."""
     batches = BatchSettings(batch_size=args.batch_size, max_batches=args.max_batches,
                             max_length=args.max_length, tokenizer=args.tokenizer,
                             loss=args.loss)
@@ -146,15 +122,18 @@ def sharpness_fields(args: argparse.Namespace, rho: list[float]) -> dict[str, An
         compile_steps=getattr(args, "compile_steps", False),
         reference_n_iter=getattr(args, "reference_n_iter", None),
         reference_restarts=getattr(args, "reference_restarts", None))
-    return {"measures": measure_names(args.measure), "rho": rho,
-            "metrics": comma_items(args.metric if args.metric is not None else "inv"),
-            "orders": comma_items(args.order), "symmetry": getattr(args, "symmetry", None),
+    return {"measures": args.measure, "rho": args.rho,
+            "metrics": args.metric if args.metric is not None else "inv",
+            "orders": args.order, "symmetry": getattr(args, "symmetry", None),
             "eps": args.eps, "p": args.p, "samples": args.samples, "layer": args.layer,
             "seed": args.seed, "batches": batches, "solver": solver, "dtype": args.dtype,
             "device": args.device, "progress": getattr(args, "progress", None)}
 
 
 def sharpness_config(args: argparse.Namespace) -> SharpnessConfig:
-    """The settings of ``quotientsharp measure``'s options (one radius, ``--rho``)."""
-    measure_names(args.measure)             # an unknown measure is the first error
-    return SharpnessConfig(**sharpness_fields(args, [] if args.rho is None else [args.rho]))
+    """The settings of ``quotientsharp measure``'s options (one radius, ``--rho``; a comma
+    list where declared so), checked: a bad one raises
+    :class:`~quotientsharp.workflows.options.InputError` naming its option."""
+    with command_line_names():
+        measure_names(args.measure)             # an unknown measure is the first error
+        return SharpnessConfig(**sharpness_fields(args))

@@ -36,11 +36,11 @@ import argparse
 import sys
 
 from quotientsharp.cli import plain_text
-from quotientsharp.cli.sharpness_options import add_sharpness_options, radii, sharpness_fields
+from quotientsharp.cli.sharpness_options import add_sharpness_options, sharpness_fields
 from quotientsharp.workflows.options import (
     BootstrapSettings,
-    InputError,
     StudyConfig,
+    command_line_names,
     measure_names,
 )
 from quotientsharp.workflows.process_group import DEFAULT_DIST_TIMEOUT, run_in_process_group
@@ -99,16 +99,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def study_config(args: argparse.Namespace) -> StudyConfig:
     """The library's settings of the parsed options (:func:`add_arguments`), checked: a bad
-    one raises :class:`~quotientsharp.workflows.options.InputError`."""
-    bootstrap = BootstrapSettings(resamples=args.bootstrap, confidence=args.confidence,
-                                  seed=args.bootstrap_seed)
-    if args.threads is not None and args.threads < 1:
-        raise InputError(f"--threads must be >= 1, got {args.threads}")
-    measure_names(args.measure)             # an unknown measure before a bad radius
-    return StudyConfig(**sharpness_fields(args, radii(args.rho)), data=args.data,
-                       gap_from=args.gap_from, out=args.out, resume=args.resume,
-                       bootstrap=bootstrap, color=args.color, plots=args.plots,
-                       threads=args.threads)
+    one raises :class:`~quotientsharp.workflows.options.InputError` naming its option."""
+    with command_line_names():
+        bootstrap = BootstrapSettings(resamples=args.bootstrap, confidence=args.confidence,
+                                      seed=args.bootstrap_seed)
+        measure_names(args.measure)             # an unknown measure before a bad radius
+        return StudyConfig(**sharpness_fields(args), data=args.data, gap_from=args.gap_from,
+                           out=args.out, resume=args.resume, bootstrap=bootstrap,
+                           color=args.color, plots=args.plots, threads=args.threads)
 
 
 def _study(args: argparse.Namespace) -> int:

@@ -6,7 +6,8 @@ checked.
 :class:`~quotientsharp.models.ParameterLayout` (discovered by
 :func:`quotientsharp.models.find_symmetries`, or given) or a list of
 :class:`~quotientsharp.models.QuotientBinding`. It touches the model (discovery reads its
-modules) and the models layer; no geometry, no batch.
+modules) and the models layer; no geometry, no batch. What can be checked without the model,
+:func:`check_symmetries` and :func:`check_diagonal`, the typed measure checks when it is made.
 
 The caller's own bindings (:func:`user_bindings`) are checked against the model on the first
 batch, before the ascent: :func:`check_user_bindings` runs
@@ -20,7 +21,6 @@ functional model and the first batch; no geometry, no solver.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,6 +29,7 @@ from torch import nn
 
 from quotientsharp.engine.batches import Batch, compute_loss, output_tensor
 from quotientsharp.engine.functional import FunctionalModel
+from quotientsharp.engine.options import warn_at_caller
 from quotientsharp.models.binding import QuotientBinding
 from quotientsharp.models.symmetry_check import (
     SymmetryCheckError,
@@ -48,43 +49,79 @@ class NoSymmetryWarning(UserWarning):
     """Geodesic sharpness was asked for on a model where discovery found no symmetry."""
 
 
-def symmetry_layout(model: nn.Module, functional: FunctionalModel, symmetries: Any,
-                diagonal: Any) -> tuple[Any | None, dict[str, Any]]:
-    """The symmetry layout (``None``, a layout or a list of bindings) and a settings summary."""
-    if isinstance(symmetries, QuotientBinding):
-        symmetries = [symmetries]
-    if isinstance(symmetries, (list, tuple)):
-        if not symmetries or not all(isinstance(b, QuotientBinding) for b in symmetries):
-            raise TypeError("a list of symmetries must hold QuotientBinding objects only")
-        return list(symmetries), {"symmetries": "bindings", "symmetry_found": True,
-                                  "bindings": [{"name": b.name, "quotient": b.quotient.name,
-                                                "parameters": list(b.parameters)}
-                                               for b in symmetries]}
+#: What the ``symmetries`` option may be, in the words of its errors.
+SYMMETRIES_ALLOWED = ("'auto', 'none', a SymmetryReport, a ParameterLayout or one or a list of "
+                      "QuotientBinding")
+
+
+def _is_layout(symmetries: object) -> bool:
+    """Whether ``symmetries`` is a layout (it maps parameters to coordinates and back)."""
+    return hasattr(symmetries, "to_coordinates") and hasattr(symmetries, "to_parameters")
+
+
+def check_symmetries(symmetries: object) -> None:
+    """Raise unless ``symmetries`` is one of :data:`SYMMETRIES_ALLOWED` (what can be checked
+    without the model: the typed measure checks it when it is made).
+
+    Raises
+    ------
+    ValueError
+        For a string other than ``"auto"`` and ``"none"``, or an empty list.
+    TypeError
+        For a value of another type, or a list that holds anything but bindings.
+    """
+    from quotientsharp.models import SymmetryReport
     if isinstance(symmetries, str):
-        if symmetries == "none":
-            return None, {"symmetries": "none", "symmetry_found": False}
-        if symmetries != "auto":
-            raise ValueError(f"symmetries must be 'auto', 'none', a SymmetryReport, a "
-                             f"ParameterLayout or QuotientBinding(s), got {symmetries!r}")
+        if symmetries not in ("auto", "none"):
+            raise ValueError(f"symmetries must be {SYMMETRIES_ALLOWED}, got {symmetries!r}")
+    elif isinstance(symmetries, (list, tuple)):
+        if not symmetries or not all(isinstance(b, QuotientBinding) for b in symmetries):
+            raise TypeError(f"symmetries: a list of symmetries must hold QuotientBinding "
+                            f"objects only (at least one), got {symmetries!r}")
+    elif not (isinstance(symmetries, (QuotientBinding, SymmetryReport))
+              or _is_layout(symmetries)):
+        raise TypeError(f"symmetries must be {SYMMETRIES_ALLOWED}, got "
+                        f"{type(symmetries).__name__} {symmetries!r}")
+
+
+def check_diagonal(diagonal: object) -> None:
+    """Raise a ``TypeError`` unless ``diagonal`` is ``None`` or a list of ``(u_name, v_name)``
+    pairs of parameter names (whether the model has them is checked by discovery)."""
+    if diagonal is None:
+        return
+    if isinstance(diagonal, (list, tuple)) and all(
+            isinstance(pair, (list, tuple)) and len(pair) == 2
+            and all(isinstance(name, str) for name in pair) for pair in diagonal):
+        return
+    raise TypeError(f"diagonal must be None or a list of (u_name, v_name) pairs of parameter "
+                    f"names, got {diagonal!r}")
+
+
+def symmetry_layout(model: nn.Module, functional: FunctionalModel, symmetries: Any,
+                    diagonal: Any) -> tuple[Any | None, dict[str, Any]]:
+    """The symmetry layout (``None``, a layout or a list of bindings) and a settings summary
+    (``symmetries`` was checked by :func:`check_symmetries` when the measure was made)."""
+    bindings = user_bindings(symmetries)
+    if bindings:
+        return bindings, {"symmetries": "bindings", "symmetry_found": True,
+                          "bindings": [{"name": b.name, "quotient": b.quotient.name,
+                                        "parameters": list(b.parameters)} for b in bindings]}
+    if symmetries == "none":
+        return None, {"symmetries": "none", "symmetry_found": False}
+    if _is_layout(symmetries):
+        return symmetries, {"symmetries": type(symmetries).__name__, "symmetry_found": True}
+    if symmetries == "auto":
         from quotientsharp.models import find_symmetries
         report = find_symmetries(model, diagonal=diagonal)
-    elif hasattr(symmetries, "to_coordinates") and hasattr(symmetries, "to_parameters"):
-        return symmetries, {"symmetries": type(symmetries).__name__, "symmetry_found": True}
     else:
-        from quotientsharp.models import SymmetryReport
-        if not isinstance(symmetries, SymmetryReport):
-            raise TypeError(f"symmetries must be 'auto', 'none', a SymmetryReport, a "
-                            f"ParameterLayout or QuotientBinding(s), got "
-                            f"{type(symmetries).__name__} {symmetries!r}")
         report = symmetries
     from quotientsharp.models import ParameterLayout
     if report.unknown:
-        warnings.warn(f"attention-like module(s) {report.unknown} were not understood: their "
-                      "parameters are measured with the adaptive geometry", UserWarning,
-                      stacklevel=4)
+        warn_at_caller(f"attention-like module(s) {report.unknown} were not understood: their "
+                       "parameters are measured with the adaptive geometry", UserWarning)
     layout = ParameterLayout(report, functional.theta_geometry)
     if not report.pairs and not report.diagonal:
-        warnings.warn(NO_SYMMETRY_NOTE, NoSymmetryWarning, stacklevel=4)
+        warn_at_caller(NO_SYMMETRY_NOTE, NoSymmetryWarning)
     summary = {"symmetries": "report", "symmetry_found": bool(report.pairs or report.diagonal),
                "gl_pairs": len(report.pairs),
                "gl_buckets": [list(shape) for shape in layout.bucket_shapes],

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -43,6 +42,7 @@ from quotientsharp.engine.geometry import (
     GeometryPlan,
     TouchedSpace,
 )
+from quotientsharp.engine.options import warn_at_caller
 from quotientsharp.engine.solver import (
     AscentOutcome,
     AscentSettings,
@@ -57,12 +57,6 @@ from quotientsharp.engine.solver import (
 Tensors = tuple[torch.Tensor, ...]
 #: Called after every loss evaluation (a progress bar's update).
 Tick = Callable[[], object]
-
-#: What to do with a NaN or inf perturbed loss: ``"raise"`` (default) a
-#: :class:`NonFiniteLossError`, or ``"skip"`` the evaluation (never the best; counted in
-#: ``SharpnessResult.nonfinite_evaluations``, with a warning).
-NONFINITE_POLICIES = ("raise", "skip")
-
 
 class NonFiniteLossError(ValueError):
     """A perturbed loss was NaN or inf (``nonfinite="raise"``); the message names the batch,
@@ -611,9 +605,9 @@ def warn_excluded(names: Sequence[str], covered: set[str]) -> None:
     dropped = [n for n in names if n not in covered]
     kept = [n for n in names if n in covered]
     if dropped:
-        warnings.warn(f"parameter(s) {dropped} receive no gradient from the loss: excluded from "
-                      "the perturbation (kept fixed)", UserWarning, stacklevel=4)
+        warn_at_caller(f"parameter(s) {dropped} receive no gradient from the loss: excluded "
+                       "from the perturbation (kept fixed)", UserWarning)
     if kept:
-        warnings.warn(f"parameter(s) {kept} receive no gradient from the loss but belong to a "
-                      "symmetry pair: they stay in the geometry with a zero gradient",
-                      UserWarning, stacklevel=4)
+        warn_at_caller(f"parameter(s) {kept} receive no gradient from the loss but belong to a "
+                       "symmetry pair: they stay in the geometry with a zero gradient",
+                       UserWarning)

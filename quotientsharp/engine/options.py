@@ -8,12 +8,56 @@ made; their fields hold the defaults. Nothing here touches a model or a tensor b
 from __future__ import annotations
 
 import math
+import numbers
+import os
+import sys
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
-from quotientsharp.engine.measures import NONFINITE_POLICIES
+#: The package's own folder: a warning points at the first frame outside it.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def warn_at_caller(message: str, category: type[Warning]) -> None:
+    """``warnings.warn`` reported at the line of the code that called into the package (the
+    user's call of :func:`~.api.sharpness`), however many of the package's frames lie between:
+    a counted ``stacklevel`` breaks with every wrapper added."""
+    frame = sys._getframe(1)
+    level = 2                   # the caller of this function
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+
+#: What to do with a NaN or inf perturbed loss: ``"raise"`` (default) a
+#: :class:`~.measures.NonFiniteLossError`, or ``"skip"`` the evaluation (never the best; counted
+#: in ``SharpnessResult.nonfinite_evaluations``, with a warning).
+NONFINITE_POLICIES = ("raise", "skip")
+
+
+def as_integer(value: object) -> int | None:
+    """``value`` as an ``int`` if it is an integer (a NumPy one included), else ``None``.
+
+    A bool (Python's or NumPy's) is no integer here: ``n_iter=True`` is a mistake.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None          # NumPy's bool is not an Integral, so it ends here too
+    return int(value)
+
+
+def as_real(value: object) -> float | None:
+    """``value`` if it is a real number, else ``None``; no bool.
+
+    A Python ``int`` or ``float`` is returned as it is (a recorded setting keeps the form it
+    was given in), any other real number (a NumPy one) as a ``float``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    if isinstance(value, numbers.Integral) and abs(int(value)) > 2 ** 1023:
+        return None          # beyond float64: float() would raise an error naming no option
+    return value if type(value) in (int, float) else float(value)  # type: ignore[return-value]
 
 
 def check_measure(measure: object, known: Iterable[str], aliases: Mapping[str, str]) -> str:
@@ -31,6 +75,7 @@ def check_batches(batches: object) -> Iterable[Any]:
 
 
 def check_rho(rho: object, needed: bool) -> float | None:
+    """``rho`` as a float (a one-element tensor, an integer or a NumPy number converted)."""
     if not needed:
         if rho is not None:
             raise ValueError("relative_flatness has no radius: leave rho unset")
@@ -39,15 +84,25 @@ def check_rho(rho: object, needed: bool) -> float | None:
         raise ValueError("rho is required (the radius of the perturbation)")
     if isinstance(rho, torch.Tensor) and rho.numel() == 1:
         rho = float(rho)
-    if isinstance(rho, bool) or not isinstance(rho, (int, float)):
-        raise TypeError(f"rho must be a number, got {type(rho).__name__}")
-    if isinstance(rho, int) and abs(rho) > 2 ** 1023:
-        # beyond float64 (float(10**400) raises an OverflowError that names no option)
+    integer = as_integer(rho)
+    if integer is not None and abs(integer) > 2 ** 1023:
         raise ValueError(f"rho must be a finite number > 0 that fits in a float64, got an "
-                         f"integer of {len(str(abs(rho)))} digits")
-    if not math.isfinite(rho) or rho <= 0:
+                         f"integer of {len(str(abs(integer)))} digits")
+    value = as_real(rho)
+    if value is None:
+        raise TypeError(f"rho must be a number, got {type(rho).__name__}")
+    if not math.isfinite(value) or value <= 0:
         raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
-    return float(rho)
+    return value
+
+
+def check_real(name: str, value: object, bounds: str, inside: Any) -> float:
+    """``value`` as a float if it is a real number with ``inside(value)`` true, else a
+    ``ValueError`` naming ``name`` and the ``bounds`` in words."""
+    number = as_real(value)
+    if number is None or not inside(number):
+        raise ValueError(f"{name} must be {bounds}, got {value!r}")
+    return number
 
 
 def check_radius_fits(rho: float | None, eta0: float | None, dtype: torch.dtype) -> None:
@@ -64,9 +119,11 @@ def check_radius_fits(rho: float | None, eta0: float | None, dtype: torch.dtype)
 
 
 def check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    """``value`` as an int (a NumPy integer converted) if it is an integer >= ``minimum``."""
+    number = as_integer(value)
+    if number is None or number < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
+    return number
 
 
 def check_bool(name: str, value: object) -> bool:
@@ -80,11 +137,13 @@ SEED_LIMIT = 2 ** 64
 
 
 def check_seed(seed: object) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, int):
+    """``seed`` as an int (a NumPy integer converted) in ``[0, 2**64)``."""
+    number = as_integer(seed)
+    if number is None:
         raise TypeError(f"seed must be an integer, got {type(seed).__name__}")
-    if not 0 <= seed < SEED_LIMIT:
+    if not 0 <= number < SEED_LIMIT:
         raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
-    return seed
+    return number
 
 
 def check_progress(progress: object) -> bool | None:

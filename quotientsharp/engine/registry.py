@@ -15,7 +15,6 @@ the generator; the geometry it describes is built later, once, by the measure's 
 from __future__ import annotations
 
 import math
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
@@ -35,7 +34,13 @@ from quotientsharp.engine.geometry import (
     GeometryPlan,
     PlainGeometry,
 )
-from quotientsharp.engine.layouts import check_user_bindings, symmetry_layout, user_bindings
+from quotientsharp.engine.layouts import (
+    check_diagonal,
+    check_symmetries,
+    check_user_bindings,
+    symmetry_layout,
+    user_bindings,
+)
 from quotientsharp.engine.measures import (
     AscentMeasure,
     AverageMeasure,
@@ -52,8 +57,10 @@ from quotientsharp.engine.options import (
     check_measure,
     check_nonfinite,
     check_progress,
+    check_real,
     check_rho,
     check_seed,
+    warn_at_caller,
 )
 from quotientsharp.engine.solver import AscentSettings, SearchSettings, checkpoints
 
@@ -98,6 +105,14 @@ class MeasureSpec(ABC):
         solver iteration and the likely cause; ``"skip"``: such evaluations are left out,
         counted in ``result.nonfinite_evaluations``, with a warning.
 
+    Notes
+    -----
+    A number may be a Python or a NumPy number (not a bool); it is stored as a Python ``int``
+    or ``float`` (a Python float as it is, bit for bit). Fields with several spellings are
+    stored in one (``p``, ``geometry_dtype``), so that equal measures compare equal.
+    ``dataclasses.replace`` checks the new measure again. A measure holding a dict
+    (``reach``, ``reference_solve``) or a list of bindings cannot be hashed.
+
     Raises
     ------
     TypeError, ValueError
@@ -120,13 +135,20 @@ class MeasureSpec(ABC):
     nonfinite: str = "raise"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "rho", check_rho(self.rho, self.needs_rho))
-        check_seed(self.seed)
+        self._store("rho", check_rho(self.rho, self.needs_rho))
+        self._store("seed", check_seed(self.seed))
         check_bool("keep_perturbations", self.keep_perturbations)
         check_progress(self.progress)
         check_nonfinite(self.nonfinite)
-        check_geometry_dtype(self.geometry_dtype)
+        # one spelling of each dtype, so that equal measures compare equal (never recorded as
+        # given: result.settings holds the dtype the geometry ran in)
+        self._store("geometry_dtype", check_geometry_dtype(self.geometry_dtype))
         resolve_loss(self.loss)
+
+    def _store(self, name: str, value: object) -> None:
+        """Set the field ``name`` to its checked value (a NumPy number as a Python one) on the
+        frozen dataclass."""
+        object.__setattr__(self, name, value)
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -195,7 +217,7 @@ class AverageSpec(MeasureSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_int("samples", self.samples, 1)
+        self._store("samples", check_int("samples", self.samples, 1))
         check_bool("adaptive", self.adaptive)
 
     def build(self, model: nn.Module, functional: FunctionalModel, generator: torch.Generator
@@ -256,7 +278,7 @@ def search_settings(option: object) -> SearchSettings | None:
 
     ``True``: :class:`~.solver.SearchSettings`' defaults; ``False``: none (one ascent, no
     reach estimate); a dict overrides any of ``chains``, ``min_chains``, ``continuations``,
-    ``target``, ``stall``. Errors name ``reach`` and the offending key.
+    ``target``, ``stall``, ``warm_step``. Errors name ``reach`` and the offending key.
     """
     if option is False:
         return None
@@ -329,7 +351,10 @@ class AscentSpec(MeasureSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        reference_settings(self.reference_solve, self.solver())
+        solver = self.solver()             # checks the solver's fields, NumPy numbers converted
+        for name in ("n_iter", "eta0", "alpha", "restarts"):
+            self._store(name, getattr(solver, name))
+        reference_settings(self.reference_solve, solver)
         search_settings(self.reach)
         check_bool("blockwise", self.blockwise)
         check_bool("touched_rows", self.touched_rows)
@@ -368,11 +393,12 @@ class AscentSpec(MeasureSpec):
         return measure, {**resolved, **extra}
 
 
-def _check_p(p: object) -> float:
+def _check_p(p: object) -> int | str:
+    """``p`` in the form ``result.settings`` records: ``2`` or ``"inf"``."""
     if p in ("inf", "Linf", "linf") or (isinstance(p, float) and math.isinf(p) and p > 0):
-        return math.inf
-    if p in (2, 2.0, "2", "L2"):
-        return 2.0
+        return "inf"
+    if p in (2, 2.0, "2", "L2") and not isinstance(p, bool):
+        return 2
     raise ValueError(f"p must be 2 or 'inf', got {p!r}")
 
 
@@ -380,8 +406,9 @@ def _plain(spec: AscentSpec, functional: FunctionalModel, generator: torch.Gener
            p: object, adaptive: bool) -> tuple[Measure, dict[str, Any]]:
     """The ascent in an L2 ball (``p=2``) or an L-infinity box (``p="inf"``), ``c = |theta|``
     if ``adaptive`` else 1."""
-    norm = _check_p(p)
-    extra = {"p": "inf" if math.isinf(norm) else 2, "adaptive": adaptive}
+    form = _check_p(p)
+    norm = math.inf if form == "inf" else 2.0
+    extra = {"p": form, "adaptive": adaptive}
     return spec.ascent(functional, generator, PlainGeometry(spec.radius, norm, adaptive), extra)
 
 
@@ -404,7 +431,7 @@ class WorstCaseSpec(AscentSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_p(self.p)
+        self._store("p", _check_p(self.p))        # p=2 and p="L2" are the same measure
         check_bool("adaptive", self.adaptive)
 
     def build(self, model: nn.Module, functional: FunctionalModel, generator: torch.Generator
@@ -428,7 +455,7 @@ class AdaptiveSpec(AscentSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_p(self.p)
+        self._store("p", _check_p(self.p))
 
     def build(self, model: nn.Module, functional: FunctionalModel, generator: torch.Generator
               ) -> tuple[Measure, dict[str, Any]]:
@@ -458,7 +485,10 @@ class GeodesicSpec(AscentSpec):
         own metric. With ``"auto"`` and no symmetry found, a :class:`NoSymmetryWarning` says
         that geodesic equals adaptive sharpness there.
     diagonal
-        Passed on to discovery.
+        ``None`` or a list of ``(u_name, v_name)`` pairs of parameter names, passed on to
+        discovery. Its structure and that of ``symmetries`` are checked when the measure is
+        made (:func:`~.layouts.check_symmetries`, :func:`~.layouts.check_diagonal`); whether
+        the model has the named parameters, when it is measured.
     other_metric
         The metric of the parameters outside every symmetry: ``"adaptive"`` (``diag(1/w^2)``,
         that of adaptive sharpness) or ``"euclidean"``.
@@ -492,11 +522,11 @@ class GeodesicSpec(AscentSpec):
         super().__post_init__()
         if self.metric not in GL_METRICS:
             raise ValueError(f"metric must be one of {GL_METRICS}, got {self.metric!r}")
-        check_order(self.order)
-        eps = self.eps
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (
-                math.isfinite(eps) and eps >= 0):
-            raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+        self._store("order", check_order(self.order))     # 2.0 is the order 2
+        self._store("eps", check_real("eps", self.eps, "a finite number >= 0",
+                                      lambda v: math.isfinite(v) and v >= 0))
+        check_symmetries(self.symmetries)
+        check_diagonal(self.diagonal)
         if self.other_metric not in OTHER_METRICS:
             raise ValueError(f"other_metric must be 'adaptive' or 'euclidean', got "
                              f"{self.other_metric!r}")
@@ -506,7 +536,7 @@ class GeodesicSpec(AscentSpec):
         if self.other_path == "geodesic" and self.other_metric != "adaptive":
             raise ValueError("other_path='geodesic' follows the adaptive metric's geodesic "
                              "w * exp(xi / w): it needs other_metric='adaptive'")
-        check_int("exact_steps", self.exact_steps, 1)
+        self._store("exact_steps", check_int("exact_steps", self.exact_steps, 1))
         check_bool("check_symmetry", self.check_symmetry)
 
     def build(self, model: nn.Module, functional: FunctionalModel, generator: torch.Generator
@@ -519,9 +549,8 @@ class GeodesicSpec(AscentSpec):
             ignored = {k: getattr(self, k) for k in self.DISCOVERY_ONLY
                        if getattr(self, k) != defaults[k]}
             if ignored:
-                warnings.warn(f"option(s) {ignored} apply to discovered symmetries only; the "
-                              "QuotientBinding quotients use their own metric", UserWarning,
-                              stacklevel=3)
+                warn_at_caller(f"option(s) {ignored} apply to discovered symmetries only; the "
+                               "QuotientBinding quotients use their own metric", UserWarning)
             extra.update({"metric": "the bindings' own", "eps": None, "diagonal": None})
         order = check_order(self.order)
         extra["order"] = order           # as checked: 2.0 is recorded as the order 2
@@ -559,7 +588,7 @@ class RelativeFlatnessSpec(MeasureSpec):
         super().__post_init__()
         if self.layer is not None and not isinstance(self.layer, str):
             raise TypeError(f"layer must be a module name, got {type(self.layer).__name__}")
-        check_int("hvp_chunk", self.hvp_chunk, 1)
+        self._store("hvp_chunk", check_int("hvp_chunk", self.hvp_chunk, 1))
 
     def build(self, model: nn.Module, functional: FunctionalModel, generator: torch.Generator
               ) -> tuple[Measure, dict[str, Any]]:

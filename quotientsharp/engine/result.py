@@ -7,7 +7,6 @@ It touches the measure's :class:`~.measures.BatchOutcome` list and the resolved 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -15,6 +14,7 @@ from typing import Any, cast
 import torch
 
 from quotientsharp.engine.measures import BatchOutcome
+from quotientsharp.engine.options import warn_at_caller
 
 #: The reach below which a value is reported as short of its maximum (the search's default
 #: target, :class:`~.solver.SearchSettings`).
@@ -256,9 +256,9 @@ def assemble_result(measure: str, outcomes: Sequence[BatchOutcome],
     """
     skipped = [o.nonfinite for o in outcomes]
     if sum(skipped):
-        warnings.warn(f"{sum(skipped)} perturbed evaluation(s) with a NaN or inf loss were "
-                      f"skipped (nonfinite='skip'; per batch: {skipped}): the values are the "
-                      "best over the finite evaluations only", UserWarning, stacklevel=3)
+        warn_at_caller(f"{sum(skipped)} perturbed evaluation(s) with a NaN or inf loss were "
+                       f"skipped (nonfinite='skip'; per batch: {skipped}): the values are the "
+                       "best over the finite evaluations only", UserWarning)
     values = torch.stack([o.value for o in outcomes]).tolist()
     ascent = any(o.trace is not None for o in outcomes)
     result = SharpnessResult(
@@ -287,13 +287,12 @@ def assemble_result(measure: str, outcomes: Sequence[BatchOutcome],
     )
     notes = result.shortfalls()
     if notes:
-        warnings.warn(
+        warn_at_caller(
             f"{result.measure} sharpness{' (' + result.variant + ')' if result.variant else ''}"
             f" at rho={settings.get('rho')} may not be the maximum it claims: "
             + "; ".join(notes) + ". Where the reach is low, search longer (reach={'chains': "
             f"8}}, n_iter=50); where the ball is not local, {_LOCAL_ADVICE.get(measure, '')}"
-            "use a smaller rho (docs/sharpness.md, 'Reach and locality').", ReachWarning,
-            stacklevel=3)
+            "use a smaller rho (docs/sharpness.md, 'Reach and locality').", ReachWarning)
     return result
 
 

@@ -85,6 +85,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import torch
 
 from quotientsharp.core import _tuples as T
+from quotientsharp.engine.options import check_int, check_real
 
 # ---------------------------------------------------------------------------- decisions
 Tensors = tuple[torch.Tensor, ...]
@@ -343,20 +344,16 @@ class AscentSettings:
     restarts: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.n_iter, bool) or not isinstance(self.n_iter, int) or self.n_iter < 1:
-            raise ValueError(f"n_iter must be an integer >= 1, got {self.n_iter!r}")
+        # a NumPy number is stored as a Python one (object.__setattr__: the class is frozen)
+        object.__setattr__(self, "n_iter", check_int("n_iter", self.n_iter, 1))
         if self.eta0 is not None:
-            if isinstance(self.eta0, bool) or not isinstance(self.eta0, (int, float)) or not (
-                    math.isfinite(self.eta0) and self.eta0 > 0):
-                raise ValueError(f"eta0 must be a finite number > 0, got {self.eta0!r}")
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not (
-                0 < self.alpha <= 1):
-            raise ValueError(f"alpha must be in (0, 1], got {self.alpha!r}")
+            object.__setattr__(self, "eta0", check_real(
+                "eta0", self.eta0, "a finite number > 0", lambda v: math.isfinite(v) and v > 0))
+        object.__setattr__(self, "alpha", check_real("alpha", self.alpha, "in (0, 1]",
+                                                     lambda v: 0 < v <= 1))
         if not isinstance(self.random_init, bool):
             raise TypeError(f"random_init must be a bool, got {type(self.random_init).__name__}")
-        if (isinstance(self.restarts, bool) or not isinstance(self.restarts, int)
-                or self.restarts < 0):
-            raise ValueError(f"restarts must be an integer >= 0, got {self.restarts!r}")
+        object.__setattr__(self, "restarts", check_int("restarts", self.restarts, 0))
 
     @property
     def runs(self) -> int:
@@ -891,16 +888,24 @@ class SearchSettings:
     warm_step: str = "continue"
 
     def __post_init__(self) -> None:
-        for name, low in (("min_chains", 2), ("chains", self.min_chains),
-                          ("continuations", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"reach: {name} must be an integer >= {low}, got {value!r}")
-        for name, ok in (("target", lambda v: 0 < v <= 1), ("stall", lambda v: 0 <= v < 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-                bounds = "(0, 1]" if name == "target" else "[0, 1)"
-                raise ValueError(f"reach: {name} must be a number in {bounds}, got {value!r}")
+        try:
+            object.__setattr__(self, "min_chains", check_int("min_chains", self.min_chains, 2))
+            object.__setattr__(self, "chains", check_int("chains", self.chains, 1))
+            object.__setattr__(self, "continuations",
+                               check_int("continuations", self.continuations, 0))
+            object.__setattr__(self, "target", check_real(
+                "target", self.target, "a number in (0, 1]", lambda v: 0 < v <= 1))
+            object.__setattr__(self, "stall", check_real(
+                "stall", self.stall, "a number in [0, 1)", lambda v: 0 <= v < 1))
+        except ValueError as err:
+            raise ValueError(f"reach: {err}") from err
+        if self.chains < self.min_chains and self.chains == type(self).chains:
+            # the user raised min_chains alone: chains is the default, which they never set
+            raise ValueError(f"reach: min_chains={self.min_chains} is more than chains="
+                             f"{self.chains} (the default); raise chains too")
+        if self.chains < self.min_chains:
+            raise ValueError(f"reach: chains must be an integer >= min_chains="
+                             f"{self.min_chains}, got {self.chains}")
         if self.warm_step not in ("continue", "reset"):
             raise ValueError(f"reach: warm_step must be 'continue' or 'reset', got "
                              f"{self.warm_step!r}")

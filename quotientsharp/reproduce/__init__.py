@@ -4,7 +4,7 @@ Each study is a module with
 
 - ``HELP``: one line for ``quotientsharp reproduce --help``;
 - ``run(config) -> int``: the exit status, for its configuration, a frozen dataclass of
-  :mod:`quotientsharp.reproduce.config` (:class:`~quotientsharp.reproduce.config.StudyConfig`
+  :mod:`quotientsharp.reproduce.config` (:class:`~quotientsharp.reproduce.config.ReproduceConfig`
   and the fields of its kind of study).
 
 Its command-line options, and the configuration they make, are declared in

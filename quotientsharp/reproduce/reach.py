@@ -53,7 +53,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from quotientsharp.reproduce.config import ReachConfig
+from quotientsharp.reproduce.config import ReachConfig, check_config
 
 HELP = "solver reach against rho: the default ascent's share of the best-found maximum"
 
@@ -358,9 +358,24 @@ def reach_data_path(docs_dir: Path) -> Path:
 
 
 def run(config: ReachConfig) -> int:
-    """Run ``quotientsharp reproduce reach`` as ``config`` says; the exit status."""
+    """Run ``quotientsharp reproduce reach`` as ``config`` says; the exit status.
+
+    Returns
+    -------
+    int
+        0 done; 2 for a setting refused when the study runs (e.g. another run's
+        ``--resume`` settings) or an unusable results folder, the reason printed to stderr;
+        130 when interrupted (the finished units are kept).
+
+    Raises
+    ------
+    TypeError
+        ``config`` is not a :class:`~quotientsharp.reproduce.config.ReachConfig` (what can be
+        checked early is checked when the configuration is made).
+    """
     from quotientsharp.reproduce.command import run_study_command
 
+    check_config(config, ReachConfig, "reach")
     out = config.out if config.out is not None else Path(
         "results/reach-quick" if config.quick else "results/reach")
     return run_study_command(

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from quotientsharp.reproduce.config import SummaryConfig
+from quotientsharp.reproduce.config import SummaryConfig, check_config
 from quotientsharp.reproduce.headline import HEADLINE_MEASURES, read_headlines
 
 HELP = "the summary section of the results page, regenerated from docs/results/data/*.json"
@@ -142,7 +142,20 @@ def unsupported_numbers(prose: str, headlines: Mapping[str, Sequence[Mapping[str
 
 
 def run(config: SummaryConfig) -> int:
-    """Run ``quotientsharp reproduce summary`` on ``config.docs``; the exit status."""
+    """Run ``quotientsharp reproduce summary`` on ``config.docs``; the exit status.
+
+    Returns
+    -------
+    int
+        0 done; 2 when ``docs/results/data/`` holds no headline file or a headline the
+        summary refuses, the reason printed to stderr.
+
+    Raises
+    ------
+    TypeError
+        ``config`` is not a :class:`~quotientsharp.reproduce.config.SummaryConfig`.
+    """
+    check_config(config, SummaryConfig, "summary")
     import sys
 
     from quotientsharp.reproduce.results_page import regenerate_results_page

@@ -30,12 +30,22 @@ manifest, the options and the outputs. Nothing here imports torch until a model 
 from __future__ import annotations
 
 from quotientsharp.workflows.manifest import ManifestEntry, read_manifest
-from quotientsharp.workflows.options import StudyConfig
+from quotientsharp.workflows.options import (
+    BatchSettings,
+    BootstrapSettings,
+    InputError,
+    SolverSettings,
+    StudyConfig,
+)
 from quotientsharp.workflows.runner import StudyOutcome, run_study
 from quotientsharp.workflows.taus import TauInterval, tau_interval
 
 __all__ = [
+    "BatchSettings",
+    "BootstrapSettings",
+    "InputError",
     "ManifestEntry",
+    "SolverSettings",
     "StudyConfig",
     "StudyOutcome",
     "TauInterval",

@@ -3,9 +3,12 @@
 :class:`SharpnessConfig` says which measures to run (with their radii, metrics and orders) and
 with which options; :class:`BatchSettings` how a data file becomes batches and
 :class:`SolverSettings` how the ascent measures solve. Each checks itself when it is made: a
-bad value raises :class:`InputError` (one line on stderr, exit status 2 on the command line),
-whose text names the command-line option that sets it. :func:`measure_runs` and
-:func:`options_for` turn a configuration into the calls of :func:`quotientsharp.sharpness`.
+bad value (a wrong type, a bool for a number, a number out of range) raises
+:class:`InputError`, whose text names the field (``rho``, ``BatchSettings.batch_size``); the
+command line builds them inside :func:`command_line_names`, so that its errors name the options
+instead (``--rho``, ``--batch-size``; one line on stderr, exit status 2).
+:func:`measure_runs` and :func:`options_for` turn a configuration into the calls of
+:func:`quotientsharp.sharpness`.
 
 The command-line options that fill these settings are declared in
 :mod:`quotientsharp.cli.sharpness_options`; the library takes the settings themselves.
@@ -14,7 +17,11 @@ The command-line options that fill these settings are declared in
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import numbers
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,14 +35,114 @@ METRICS = ("inv", "mix", "euclidean")
 LOSSES = ("cross_entropy", "mse")
 DTYPES = ("float32", "float64")
 
+#: The command-line option of each field, as the errors name it on the command line
+#: (``docs/study.md`` has the same table for readers).
+OPTION_OF_FIELD = {
+    "measures": "--measure", "rho": "--rho", "metrics": "--metric", "orders": "--order",
+    "symmetry": "--symmetry", "eps": "--eps", "p": "--p", "samples": "--samples",
+    "layer": "--layer", "seed": "--seed", "dtype": "--dtype", "device": "--device",
+    "progress": "--progress", "data": "--data", "gap_from": "--gap-from", "out": "--out",
+    "resume": "--resume", "color": "--color", "plots": "--no-plots", "threads": "--threads",
+    "BatchSettings.batch_size": "--batch-size", "BatchSettings.max_batches": "--max-batches",
+    "BatchSettings.max_length": "--max-length", "BatchSettings.tokenizer": "--tokenizer",
+    "BatchSettings.loss": "--loss", "SolverSettings.n_iter": "--n-iter",
+    "SolverSettings.blockwise": "--blockwise", "SolverSettings.compile_steps": "--compile-steps",
+    "SolverSettings.reference_n_iter": "--reference-n-iter",
+    "SolverSettings.reference_restarts": "--reference-restarts",
+    "BootstrapSettings.resamples": "--bootstrap", "BootstrapSettings.confidence": "--confidence",
+    "BootstrapSettings.seed": "--bootstrap-seed",
+}
+
+# True while the command line builds settings: errors then name options, not fields
+_NAMING_OPTIONS: ContextVar[bool] = ContextVar("naming_options", default=False)
+
 
 class InputError(ValueError):
     """Bad user input: reported as one line on stderr, exit status 2."""
 
 
-def _positive_int(value: int | None, option: str) -> None:
-    if value is not None and value < 1:
-        raise InputError(f"{option} must be an integer >= 1, got {value}")
+@contextmanager
+def command_line_names() -> Iterator[None]:
+    """Within this block, the settings' errors name the command-line options
+    (:data:`OPTION_OF_FIELD`) instead of the fields."""
+    token = _NAMING_OPTIONS.set(True)
+    try:
+        yield
+    finally:
+        _NAMING_OPTIONS.reset(token)
+
+
+def _name(field_name: str) -> str:
+    """How an error names a field: the field, or its option on the command line."""
+    return OPTION_OF_FIELD.get(field_name, field_name) if _NAMING_OPTIONS.get() else field_name
+
+
+def _integer(value: object, field_name: str, minimum: int, *, optional: bool = False) -> Any:
+    """``value`` as an ``int`` >= ``minimum`` (``None`` too where ``optional``); a bool is not
+    a number here."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise InputError(f"{_name(field_name)} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _number(value: object, field_name: str, *, positive: bool) -> float:
+    """``value`` as a finite ``float``, > 0 where ``positive``, else >= 0."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        number = float(value)
+        if math.isfinite(number) and (number > 0 if positive else number >= 0):
+            return number
+    raise InputError(f"{_name(field_name)} must be a finite number {'> 0' if positive else '>= 0'}"
+                     f", got {value!r}")
+
+
+def _flag(value: object, field_name: str, *, optional: bool = False) -> None:
+    """Refuse anything but ``True`` and ``False`` (and ``None`` where ``optional``): a string
+    such as ``"no"`` would read as true."""
+    if not (isinstance(value, bool) or (optional and value is None)):
+        raise InputError(f"{_name(field_name)} must be True or False"
+                         f"{' (or None)' if optional else ''}, got {value!r}")
+
+
+def _text(value: object, field_name: str, *, optional: bool = True, path: bool = False) -> None:
+    """Refuse anything but a string (or a path where ``path``; ``None`` where ``optional``)."""
+    kinds: tuple[type, ...] = (str, os.PathLike) if path else (str,)
+    if not (isinstance(value, kinds) or (optional and value is None)):
+        what = "a string or a path" if path else "a string"
+        raise InputError(f"{_name(field_name)} must be {what}{' (or None)' if optional else ''}"
+                         f", got {type(value).__name__} {value!r}")
+
+
+def _part(value: object, kind: type, field_name: str) -> None:
+    """Refuse a part of the settings that is not of its class (e.g. a dict for
+    ``batches``)."""
+    if not isinstance(value, kind):
+        raise InputError(f"{_name(field_name)} must be a {kind.__name__}, got "
+                         f"{type(value).__name__}")
+
+
+def _items(value: object, field_name: str, *, empty: bool = False) -> list[Any]:
+    """The entries of a comma list (``"mix,inv"``, stripped) or of a list or tuple; one
+    entry that is neither (a number) is a list of one. Refuses an empty list unless
+    ``empty``."""
+    if isinstance(value, str):
+        items: list[Any] = [part.strip() for part in value.split(",")]
+    elif isinstance(value, Iterable) and not isinstance(value, (Mapping, bytes)):
+        items = list(value)
+    elif isinstance(value, numbers.Real):
+        items = [value]
+    else:
+        raise InputError(f"{_name(field_name)} must be a value, a comma list or a list of "
+                         f"them, got {type(value).__name__}")
+    if not (items or empty):
+        raise InputError(f"{_name(field_name)} must not be empty")
+    return items
+
+
+def _unique(values: Iterable[Any]) -> tuple[Any, ...]:
+    """``values`` in order, without repeats."""
+    return tuple(dict.fromkeys(values))
 
 
 def _set(instance: object, name: str, value: Any) -> None:
@@ -69,11 +176,12 @@ class BatchSettings:
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
-            raise InputError(f"--loss must be cross_entropy or mse, got {self.loss!r}")
-        for value, option in ((self.batch_size, "--batch-size"),
-                              (self.max_batches, "--max-batches"),
-                              (self.max_length, "--max-length")):
-            _positive_int(value, option)
+            raise InputError(f"{_name('BatchSettings.loss')} must be cross_entropy or mse, got "
+                             f"{self.loss!r}")
+        for name in ("batch_size", "max_batches", "max_length"):
+            _set(self, name, _integer(getattr(self, name), f"BatchSettings.{name}", 1,
+                                      optional=name == "max_batches"))
+        _text(self.tokenizer, "BatchSettings.tokenizer", path=True)
         if self.tokenizer is not None:
             _set(self, "tokenizer", str(self.tokenizer))
 
@@ -102,19 +210,21 @@ class SolverSettings:
     reference_restarts: int | None = None
 
     def __post_init__(self) -> None:
-        _positive_int(self.n_iter, "--n-iter")
-        _positive_int(self.reference_n_iter, "--reference-n-iter")
-        if self.reference_restarts is not None and self.reference_restarts < 0:
-            raise InputError(f"--reference-restarts must be an integer >= 0, got "
-                             f"{self.reference_restarts}")
+        _set(self, "n_iter", _integer(self.n_iter, "SolverSettings.n_iter", 1))
+        _set(self, "reference_n_iter", _integer(
+            self.reference_n_iter, "SolverSettings.reference_n_iter", 1, optional=True))
+        _set(self, "reference_restarts", _integer(
+            self.reference_restarts, "SolverSettings.reference_restarts", 0, optional=True))
+        _flag(self.blockwise, "SolverSettings.blockwise")
+        _flag(self.compile_steps, "SolverSettings.compile_steps")
 
     def diagnostics(self) -> list[str]:
-        """The command-line options of the diagnostics asked for (they need an ascent
-        measure)."""
-        return [option for given, option in (
-            (self.blockwise, "--blockwise"), (self.compile_steps, "--compile-steps"),
-            (self.reference_n_iter is not None, "--reference-n-iter"),
-            (self.reference_restarts is not None, "--reference-restarts")) if given]
+        """The fields of the diagnostics asked for (they need an ascent measure), named as
+        the errors name them."""
+        return [_name(f"SolverSettings.{name}") for name, given in (
+            ("blockwise", self.blockwise), ("compile_steps", self.compile_steps),
+            ("reference_n_iter", self.reference_n_iter is not None),
+            ("reference_restarts", self.reference_restarts is not None)) if given]
 
     def options(self) -> dict[str, Any]:
         """Keyword options of :func:`quotientsharp.sharpness` for an ascent measure."""
@@ -133,30 +243,40 @@ class SolverSettings:
 
 def measure_names(requested: str | Sequence[str] | None) -> list[str]:
     """The measures asked for (names, aliases such as ``worst-case``, comma lists), in order,
-    without repeats; ``["geodesic"]`` for ``None``."""
+    without repeats; ``["geodesic"]`` for ``None``; an empty list is refused."""
     aliases = {"worst-case": "worst_case", "relative-flatness": "relative_flatness"}
-    if isinstance(requested, str):
-        requested = [requested]
     names: list[str] = []
-    for item in requested or ["geodesic"]:
+    for item in _items(["geodesic"] if requested is None else requested, "measures"):
+        if not isinstance(item, str):
+            raise InputError(f"{_name('measures')} must be measure names such as 'adaptive' "
+                             f"(the radius goes in rho), got {type(item).__name__}")
         for part in item.split(","):
             part = part.strip()
             name = aliases.get(part, part)
             if name not in MEASURE_NAMES:
-                raise InputError(f"--measure: unknown measure {part!r}; choose from "
+                raise InputError(f"{_name('measures')}: unknown measure {part!r}; choose from "
                                  f"{', '.join(sorted(MEASURE_NAMES))}")
             if name not in names:
                 names.append(name)
     return names
 
 
-def _order(value: int | str) -> int | str:
+def _order(value: object) -> int | str:
     """A geodesic order: 1, 2 (also as text) or ``"exact"``."""
     if value in ("1", "2") or (value in (1, 2) and not isinstance(value, bool)):
         return int(value)
     if value == "exact":
+        return "exact"
+    raise InputError(f"{_name('orders')} must be 1, 2 or exact (or a comma list of them), got "
+                     f"{value!r}")
+
+
+def _metric(value: object) -> str:
+    """A geodesic metric: ``"inv"``, ``"mix"`` or ``"euclidean"``."""
+    if isinstance(value, str) and value in METRICS:
         return value
-    raise InputError(f"--order must be 1, 2 or exact (or a comma list of them), got {value!r}")
+    raise InputError(f"{_name('metrics')} must be inv, mix or euclidean (or a comma list of "
+                     f"them), got {value!r}")
 
 
 def _p(value: object) -> str:
@@ -165,16 +285,21 @@ def _p(value: object) -> str:
         return str(value) if isinstance(value, str) else "2"
     if isinstance(value, float) and value == math.inf:
         return "inf"
-    raise InputError(f"--p must be 2 or inf, got {value!r}")
+    raise InputError(f"{_name('p')} must be 2 or inf, got {value!r}")
 
 
-def _radii(rho: float | Sequence[float] | None) -> tuple[float, ...]:
-    """The radii as floats, in order, without repeats."""
-    if rho is None:
-        return ()
-    if isinstance(rho, (int, float)):
-        return (float(rho),)
-    return tuple(dict.fromkeys(float(value) for value in rho))
+def _radius(value: object) -> float:
+    """A radius: a finite number > 0 (an entry of a comma list is read as a number)."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise InputError(f"{_name('rho')} must be a number or a comma list of numbers, got "
+                             f"{value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InputError(f"{_name('rho')} must be a number or a comma list of numbers, got "
+                         f"{type(value).__name__} {value!r}")
+    return _number(value, "rho", positive=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,11 +314,12 @@ class SharpnessConfig:
         Measures of :func:`quotientsharp.sharpness` (``"geodesic"``, ``"adaptive"``, ...);
         aliases and comma lists are read. Stored as a tuple of names, in order, no repeats.
     rho
-        The radius, or several (a study measures each); stored as a tuple of floats. Required
-        except for relative flatness.
+        The radius, or several (a study measures each; a list or a comma list such as
+        ``"0.05,0.1"``); stored as a tuple of floats. Required except for relative flatness.
     metrics, orders
         Geodesic sharpness: the metrics (``"inv"``, ``"mix"``, ``"euclidean"``) and orders
-        (1, 2, ``"exact"``) to measure with, each pair one measurement.
+        (1, 2, ``"exact"``) to measure with, each pair one measurement; a list, or a comma
+        list such as ``"inv,mix"``. Stored as tuples, in order, no repeats.
     symmetry
         Geodesic sharpness: ``"MODULE:FUNCTION"``, a symmetry of your own (its bindings
         measure with their own quotients' metric, so one metric at most).
@@ -236,22 +362,23 @@ class SharpnessConfig:
 
     def __post_init__(self) -> None:
         _set(self, "measures", tuple(measure_names(self.measures)))
-        _set(self, "metrics", tuple(dict.fromkeys(
-            [self.metrics] if isinstance(self.metrics, str) else self.metrics)))
+        _set(self, "metrics", _unique(_metric(m) for m in _items(self.metrics, "metrics")))
+        _text(self.symmetry, "symmetry")
         self._check_metrics()
         _set(self, "p", _p(self.p))
-        _positive_int(self.samples, "--samples")
-        if self.seed < 0:
-            raise InputError(f"--seed must be >= 0, got {self.seed}")
+        _set(self, "samples", _integer(self.samples, "samples", 1))
+        _set(self, "seed", _integer(self.seed, "seed", 0))
         self._check_radii()
-        _set(self, "eps", float(self.eps))
-        if not (math.isfinite(self.eps) and self.eps >= 0):
-            raise InputError(f"--eps must be a finite number >= 0, got {self.eps}")
-        _set(self, "orders", tuple(dict.fromkeys(_order(order) for order in (
-            [self.orders] if isinstance(self.orders, (int, str)) else self.orders))))
+        _set(self, "eps", _number(self.eps, "eps", positive=False))
+        _set(self, "orders", _unique(_order(order) for order in _items(self.orders, "orders")))
+        _part(self.batches, BatchSettings, "batches")
+        _part(self.solver, SolverSettings, "solver")
         self._check_solver()
         if self.dtype not in (None, *DTYPES):
-            raise InputError(f"--dtype must be float32 or float64, got {self.dtype!r}")
+            raise InputError(f"{_name('dtype')} must be float32 or float64, got {self.dtype!r}")
+        _text(self.layer, "layer")
+        _text(self.device, "device", optional=False)
+        _flag(self.progress, "progress", optional=True)
 
     @property
     def radii(self) -> tuple[float, ...]:
@@ -259,33 +386,29 @@ class SharpnessConfig:
         return self.rho  # type: ignore[return-value]
 
     def _check_metrics(self) -> None:
-        for metric in self.metrics:
-            if metric not in METRICS:
-                raise InputError(f"--metric must be inv, mix or euclidean (or a comma list of "
-                                 f"them), got {metric!r}")
         if self.symmetry is not None and "geodesic" in self.measures and len(self.metrics) > 1:
             # each metric would give the same value under a different label
-            raise InputError(f"--metric {','.join(self.metrics)}: with --symmetry "
+            metric, symmetry = _name("metrics"), _name("symmetry")
+            raise InputError(f"{metric} {','.join(self.metrics)}: with {symmetry} "
                              f"{self.symmetry} geodesic sharpness measures with the metric of "
-                             "each binding's own quotient, so every --metric gives the same "
-                             "value; leave --metric out (or give one)")
+                             f"each binding's own quotient, so every {metric} gives the same "
+                             f"value; leave {metric} out (or give one)")
 
     def _check_radii(self) -> None:
-        radii = _radii(self.rho)
+        # no radius is an error only for the measures that need one
+        radii = () if self.rho is None else _unique(
+            _radius(rho) for rho in _items(self.rho, "rho", empty=True))
         _set(self, "rho", radii)
         needs_radius = [m for m in self.measures if m != "relative_flatness"]
         if needs_radius and not radii:
-            raise InputError(f"--rho is required for {', '.join(needs_radius)}")
-        for rho in radii:
-            if not (math.isfinite(rho) and rho > 0):
-                raise InputError(f"--rho must be a finite number > 0, got {rho}")
+            raise InputError(f"{_name('rho')} is required for {', '.join(needs_radius)}")
 
     def _check_solver(self) -> None:
         if any(m in ASCENT_MEASURES for m in self.measures):
             return
         for option in self.solver.diagnostics():
             raise InputError(f"{option} needs an ascent measure (worst_case, adaptive or "
-                             f"geodesic); --measure gives {', '.join(self.measures)}")
+                             f"geodesic); {_name('measures')} gives {', '.join(self.measures)}")
 
 
 #: What a study's gap is computed from: ``error`` (0-1, class labels) or ``loss``.
@@ -311,12 +434,14 @@ class BootstrapSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.resamples < 0:
-            raise InputError(f"--bootstrap must be >= 0, got {self.resamples}")
-        if not 0 < self.confidence < 1:
-            raise InputError(f"--confidence must be in (0, 1), got {self.confidence}")
-        if self.seed < 0:
-            raise InputError(f"--bootstrap-seed must be >= 0, got {self.seed}")
+        _set(self, "resamples", _integer(self.resamples, "BootstrapSettings.resamples", 0))
+        confidence = self.confidence
+        if (isinstance(confidence, bool) or not isinstance(confidence, numbers.Real)
+                or not 0 < confidence < 1):
+            raise InputError(f"{_name('BootstrapSettings.confidence')} must be a number in "
+                             f"(0, 1), got {confidence!r}")
+        _set(self, "confidence", float(confidence))
+        _set(self, "seed", _integer(self.seed, "BootstrapSettings.seed", 0))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -363,9 +488,15 @@ class StudyConfig(SharpnessConfig):
     threads: int | None = None
 
     def __post_init__(self) -> None:
-        if self.threads is not None and self.threads < 1:
-            raise InputError(f"--threads must be >= 1, got {self.threads}")
+        _set(self, "threads", _integer(self.threads, "threads", 1, optional=True))
         super().__post_init__()
+        _text(self.data, "data", optional=False, path=True)
+        _text(self.gap_from, "gap_from")
+        _text(self.out, "out", path=True)
+        _flag(self.resume, "resume")
+        _part(self.bootstrap, BootstrapSettings, "bootstrap")
+        _text(self.color, "color")
+        _flag(self.plots, "plots")
         self.gap_kind    # noqa: B018 (checked now, not when the first gap is computed)
 
     @property
@@ -375,10 +506,11 @@ class StudyConfig(SharpnessConfig):
         loss = self.batches.loss
         kind = self.gap_from or ("error" if loss == "cross_entropy" else "loss")
         if kind not in GAP_KINDS:
-            raise InputError(f"--gap-from must be error or loss, got {kind!r}")
+            raise InputError(f"{_name('gap_from')} must be error or loss, got {kind!r}")
         if kind == "error" and loss != "cross_entropy":
-            raise InputError("--gap-from error needs class labels (--loss cross_entropy); with "
-                             "--loss mse use --gap-from loss")
+            gap_from, loss_name = _name("gap_from"), _name("BatchSettings.loss")
+            raise InputError(f"{gap_from} error needs class labels ({loss_name} cross_entropy); "
+                             f"with {loss_name} mse use {gap_from} loss")
         return kind
 
 

@@ -337,6 +337,8 @@ def run_study(manifest: str | Path, config: StudyConfig) -> StudyOutcome:
     """
     from quotientsharp.workflows.taus import sign_convention
 
+    if not isinstance(config, StudyConfig):     # e.g. the argparse.Namespace of the command
+        raise TypeError(f"run_study takes a StudyConfig, got {type(config).__name__}")
     plan = _plan(manifest, config)
     records, run = _measure_units(plan)
     gap_from = config.gap_kind

@@ -101,13 +101,12 @@ writes every file; the values are those of one process, bit for bit (:func:`diag
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from quotientsharp.reproduce.command import run_study_command
-from quotientsharp.reproduce.config import DiagonalConfig
+from quotientsharp.reproduce.config import DiagonalConfig, check_config
 from quotientsharp.reproduce.diagonal.full import FULL_RHOS, run_full
 from quotientsharp.reproduce.diagonal.report import StudyResult, default_out
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
@@ -152,12 +151,23 @@ def _print_result(result: StudyResult, settings: DiagonalSettings, docs: Path | 
 
 
 def run(config: DiagonalConfig) -> int:
-    """Run ``quotientsharp reproduce diagonal`` as ``config`` says; the exit status."""
-    try:
-        settings = settings_from_config(config)
-    except ValueError as err:
-        print(f"quotientsharp reproduce diagonal: error: {err}", file=sys.stderr)
-        return 2
+    """Run ``quotientsharp reproduce diagonal`` as ``config`` says; the exit status.
+
+    Returns
+    -------
+    int
+        0 done; 2 for a setting refused when the study runs (e.g. ``rhos`` without the
+        study's 0.1, another run's ``--resume`` settings) or an unusable results folder, the
+        reason printed to stderr; 130 when interrupted (the finished nets are kept).
+
+    Raises
+    ------
+    TypeError
+        ``config`` is not a :class:`~quotientsharp.reproduce.config.DiagonalConfig` (what can
+        be checked early is checked when the configuration is made).
+    """
+    check_config(config, DiagonalConfig, "diagonal")
+    settings = settings_from_config(config)     # nets and seed were checked by the config
     out = config.out if config.out is not None else Path(default_out(settings))
     return run_study_command("diagonal", "nets", out,
                              lambda: _run_settings(settings, out, config),

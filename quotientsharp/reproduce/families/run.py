@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from quotientsharp.reproduce.command import run_study_command
-from quotientsharp.reproduce.config import FamilyConfig
+from quotientsharp.reproduce.config import FamilyConfig, check_config
 from quotientsharp.reproduce.families.data import (
     ClassificationData,
     sharpness_batches,
@@ -444,7 +444,23 @@ def _scatter(folder: Path, counted: Sequence[dict[str, Any]], specs: Sequence[Me
 
 
 def run_family_study(study: FamilyStudy, config: FamilyConfig) -> int:
-    """Run family study ``study`` as ``config`` says; the exit status (printing on rank 0)."""
+    """Run family study ``study`` as ``config`` says; the exit status (printing on rank 0).
+
+    Returns
+    -------
+    int
+        0 done; 2 for a setting refused when the study runs (e.g. a ``device`` torch does
+        not know, or CUDA when it is missing; another run's ``--resume`` settings) or an
+        unusable results folder, the reason printed to stderr; 130 when interrupted (the
+        finished models are kept).
+
+    Raises
+    ------
+    TypeError
+        ``config`` is not a :class:`~quotientsharp.reproduce.config.FamilyConfig` (what can be
+        checked early is checked when the configuration is made).
+    """
+    check_config(config, FamilyConfig, study.name)
     out = config.out if config.out is not None else default_out(
         study.name, config.quick, config.study_seeds)
 

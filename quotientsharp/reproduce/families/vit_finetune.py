@@ -196,5 +196,8 @@ STUDY = FamilyStudy(
 
 
 def run(config: FamilyConfig) -> int:
-    """Run the study (see the module docstring); the exit status."""
+    """Run the study (see the module docstring); the exit status: 0 done, 2 for a setting
+    refused at run time or an unusable folder (printed to stderr), 130 interrupted; a
+    ``TypeError`` for another class than ``FamilyConfig``
+    (:func:`~quotientsharp.reproduce.families.run.run_family_study`)."""
     return run_family_study(STUDY, config)

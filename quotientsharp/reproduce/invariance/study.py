@@ -72,7 +72,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quotientsharp.reproduce.config import InvarianceConfig
+from quotientsharp.reproduce.config import InvarianceConfig, check_config
 
 if TYPE_CHECKING:
     import torch
@@ -604,9 +604,24 @@ def _variant(config: InvarianceConfig) -> InvarianceSettings | None:
 
 
 def run(config: InvarianceConfig) -> int:
-    """Run ``quotientsharp reproduce invariance`` as ``config`` says; the exit status."""
+    """Run ``quotientsharp reproduce invariance`` as ``config`` says; the exit status.
+
+    Returns
+    -------
+    int
+        0 done; 2 for a setting refused when the study runs (e.g. another run's
+        ``--resume`` settings) or an unusable results folder, the reason printed to stderr;
+        130 when interrupted (the finished grid points are kept).
+
+    Raises
+    ------
+    TypeError
+        ``config`` is not a :class:`~quotientsharp.reproduce.config.InvarianceConfig` (what can be
+        checked early is checked when the configuration is made).
+    """
     from quotientsharp.reproduce.command import run_study_command
 
+    check_config(config, InvarianceConfig, "invariance")
     out = config.out if config.out is not None else Path(
         "results/invariance-quick" if config.quick else "results/invariance")
 
