@@ -257,6 +257,23 @@ def test_a_fresh_adapter_is_reported_degenerate_and_measured_in_the_adaptive_blo
     assert math.isfinite(result.value) and result.settings["gl_pairs"] == 0
 
 
+def test_the_degenerate_adapter_warning_points_at_the_callers_line():
+    # reported at the user's call, whether discovery is called directly or by sharpness
+    import inspect
+    import warnings
+
+    model = with_adapters(tiny_bert(), ("query", "value"), r=4, random=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1
+        find_symmetries(model)
+        sharpness(model, batches(), measure="geodesic", rho=0.05, n_iter=2, progress=False)
+    degenerate = [w for w in caught if "degenerate" in str(w.message)]
+    assert len(degenerate) == 2
+    assert [(w.filename, w.lineno) for w in degenerate] == [(__file__, line),
+                                                            (__file__, line + 1)]
+
+
 def test_degenerate_adapters_kept_as_pairs_need_eps():
     model = with_adapters(tiny_bert(), ("query", "value"), r=4, random=False)
     report = find_symmetries(model, degenerate="pair")

@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from quotientsharp.core.validation import warn_at_caller
 from quotientsharp.engine.batches import Batch, compute_loss, output_tensor
 from quotientsharp.engine.functional import FunctionalModel
-from quotientsharp.engine.options import warn_at_caller
 from quotientsharp.models.binding import QuotientBinding
 from quotientsharp.models.symmetry_check import (
     SymmetryCheckError,

@@ -31,6 +31,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from quotientsharp.core.adaptive import AdaptiveQuotient
+from quotientsharp.core.validation import warn_at_caller
 from quotientsharp.engine.ball import BoxGeometry, GeodesicBall
 from quotientsharp.engine.batches import Batch
 from quotientsharp.engine.blocks import BlockOutcome, Locality, blockwise, locality
@@ -42,7 +43,6 @@ from quotientsharp.engine.geometry import (
     GeometryPlan,
     TouchedSpace,
 )
-from quotientsharp.engine.options import warn_at_caller
 from quotientsharp.engine.solver import (
     AscentOutcome,
     AscentSettings,

@@ -9,27 +9,10 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
-import sys
-import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
-
-#: The package's own folder: a warning points at the first frame outside it.
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def warn_at_caller(message: str, category: type[Warning]) -> None:
-    """``warnings.warn`` reported at the line of the code that called into the package (the
-    user's call of :func:`~.api.sharpness`), however many of the package's frames lie between:
-    a counted ``stacklevel`` breaks with every wrapper added."""
-    frame = sys._getframe(1)
-    level = 2                   # the caller of this function
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, category, stacklevel=level)
 
 #: What to do with a NaN or inf perturbed loss: ``"raise"`` (default) a
 #: :class:`~.measures.NonFiniteLossError`, or ``"skip"`` the evaluation (never the best; counted

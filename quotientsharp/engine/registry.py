@@ -26,6 +26,7 @@ from torch import nn
 from quotientsharp.core.adaptive import METRICS as OTHER_METRICS
 from quotientsharp.core.frozen import check_order
 from quotientsharp.core.gl import METRICS as GL_METRICS
+from quotientsharp.core.validation import warn_at_caller
 from quotientsharp.engine.batches import Batch, LossFunction, resolve_loss
 from quotientsharp.engine.functional import FunctionalModel
 from quotientsharp.engine.geometry import (
@@ -60,7 +61,6 @@ from quotientsharp.engine.options import (
     check_real,
     check_rho,
     check_seed,
-    warn_at_caller,
 )
 from quotientsharp.engine.solver import AscentSettings, SearchSettings, checkpoints
 

@@ -13,8 +13,8 @@ from typing import Any, cast
 
 import torch
 
+from quotientsharp.core.validation import warn_at_caller
 from quotientsharp.engine.measures import BatchOutcome
-from quotientsharp.engine.options import warn_at_caller
 
 #: The reach below which a value is reported as short of its maximum (the search's default
 #: target, :class:`~.solver.SearchSettings`).

@@ -47,7 +47,6 @@ built from configs) the values are unknown and the test is skipped, with a note.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -55,6 +54,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from quotientsharp.core.validation import warn_at_caller
 from quotientsharp.models.report import FactorSource, PairGroup
 
 #: What discovery decided for an adapter (:attr:`LoraAdapter.status`).
@@ -431,11 +431,11 @@ def _summary_notes(finding: LoraFinding, degenerate: str) -> None:
                              "factors are in the adaptive block; "
                              "find_symmetries(model, degenerate='pair') keeps them as pairs, to "
                              "be measured with eps > 0")
-        warnings.warn(f"{len(relaxed)} LoRA adapter(s) are degenerate (B = 0 or rank < r: not "
-                      f"points of the GL(r) quotient), e.g. {relaxed[0]}: their factors are in "
-                      "the adaptive block, not measured as pairs; "
-                      "find_symmetries(model, degenerate='pair') with eps > 0 relaxes them "
-                      "instead", UserWarning, stacklevel=4)
+        warn_at_caller(f"{len(relaxed)} LoRA adapter(s) are degenerate (B = 0 or rank < r: not "
+                       f"points of the GL(r) quotient), e.g. {relaxed[0]}: their factors are in "
+                       "the adaptive block, not measured as pairs; "
+                       "find_symmetries(model, degenerate='pair') with eps > 0 relaxes them "
+                       "instead", UserWarning)
     others: dict[str, int] = {}
     for record in finding.adapters:
         if record.status not in ("pair", "degenerate"):

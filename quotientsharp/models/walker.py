@@ -308,7 +308,6 @@ def find_symmetries(model: nn.Module,
     frozen = set(report.frozen)
 
     recognised = _recognise(model, names, report)
-    # called from here: its warning's stacklevel points at the caller of find_symmetries
     lora = find_lora_adapters(model, names, frozen, degenerate)
     _list_unrecognised_attention(model, recognised, report)
     diagonal_found = recognised.diagonal
