@@ -189,3 +189,12 @@ def test_the_command_line_names_the_options_not_the_fields():
     # and outside the command line, the fields again
     with pytest.raises(InputError, match="^BootstrapSettings.seed must be"):
         BootstrapSettings(seed=-1)
+
+
+@pytest.mark.parametrize("fields", [dict(rho=10 ** 400), dict(rho=0.1, eps=10 ** 400),
+                                    dict(rho=[0.1, 10 ** 400])])
+def test_an_integer_beyond_float64_is_refused_by_name(fields):
+    # float() of such an integer raises an OverflowError that names no field
+    name = "eps" if "eps" in fields else "rho"
+    with pytest.raises(InputError, match=f"^{name} must be"):
+        StudyConfig(data="data.pt", **fields)

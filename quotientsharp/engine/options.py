@@ -8,39 +8,17 @@ made; their fields hold the defaults. Nothing here touches a model or a tensor b
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
+from quotientsharp.core.scalars import as_integer, as_real
+
 #: What to do with a NaN or inf perturbed loss: ``"raise"`` (default) a
 #: :class:`~.measures.NonFiniteLossError`, or ``"skip"`` the evaluation (never the best; counted
 #: in ``SharpnessResult.nonfinite_evaluations``, with a warning).
 NONFINITE_POLICIES = ("raise", "skip")
-
-
-def as_integer(value: object) -> int | None:
-    """``value`` as an ``int`` if it is an integer (a NumPy one included), else ``None``.
-
-    A bool (Python's or NumPy's) is no integer here: ``n_iter=True`` is a mistake.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        return None          # NumPy's bool is not an Integral, so it ends here too
-    return int(value)
-
-
-def as_real(value: object) -> float | None:
-    """``value`` if it is a real number, else ``None``; no bool.
-
-    A Python ``int`` or ``float`` is returned as it is (a recorded setting keeps the form it
-    was given in), any other real number (a NumPy one) as a ``float``.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return None
-    if isinstance(value, numbers.Integral) and abs(int(value)) > 2 ** 1023:
-        return None          # beyond float64: float() would raise an error naming no option
-    return value if type(value) in (int, float) else float(value)  # type: ignore[return-value]
 
 
 def check_measure(measure: object, known: Iterable[str], aliases: Mapping[str, str]) -> str:

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quotientsharp.core.scalars import as_integer, as_real
+
 ASCENT_MEASURES = ("worst_case", "adaptive", "geodesic")
 #: The measures of :func:`quotientsharp.sharpness` (``tests/test_cli_measure.py`` holds this
 #: list to ``quotientsharp.engine.MEASURES``; it is repeated here so that checking
@@ -82,15 +84,17 @@ def _integer(value: object, field_name: str, minimum: int, *, optional: bool = F
     a number here."""
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+    number = as_integer(value)
+    if number is None or number < minimum:
         raise InputError(f"{_name(field_name)} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
+    return number
 
 
 def _number(value: object, field_name: str, *, positive: bool) -> float:
     """``value`` as a finite ``float``, > 0 where ``positive``, else >= 0."""
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        number = float(value)
+    real = as_real(value)       # None for a bool, and for an integer beyond float64
+    if real is not None:
+        number = float(real)
         if math.isfinite(number) and (number > 0 if positive else number >= 0):
             return number
     raise InputError(f"{_name(field_name)} must be a finite number {'> 0' if positive else '>= 0'}"
@@ -296,7 +300,7 @@ def _radius(value: object) -> float:
         except ValueError:
             raise InputError(f"{_name('rho')} must be a number or a comma list of numbers, got "
                              f"{value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if as_real(value) is None:
         raise InputError(f"{_name('rho')} must be a number or a comma list of numbers, got "
                          f"{type(value).__name__} {value!r}")
     return _number(value, "rho", positive=True)
