@@ -1,47 +1,40 @@
-"""``quotientsharp reproduce reach``: how much of the best-found maximum a single ascent
-reaches, per measure, against the radius rho.
+"""``quotientsharp reproduce reach``: how much of the best-found maximum the default solver
+reaches, whether its warnings say so, per measure, against the radius rho.
 
-The ascent measured here is one Auto-PGD ascent of 20 steps from ``xi = 0`` (``reach=False``),
-the solver of the releases before 0.3 and the one the family studies' pages were measured
-with. The engine's default is now a search that reports its own reach estimate and locality
-(``docs/sharpness.md``, "Reach and locality"); ``benchmarks/solver_reach.py`` compares the two
-against a strong solve.
-
-A sharpness value is the best loss increase an ascent finds in the ball, a lower bound of the
-maximum. Comparing measures compares their values, so a measure whose default ascent falls
-short at a radius is ranked by its solver's error as much as by the landscape. This study
-gives, for each measure and ``rho`` in :data:`RHOS`, the default ascent's value (Auto-PGD,
-20 steps from ``xi = 0``) as a percentage of the best value found per problem (a net and
-batch): the best of the default ascent, a strong ascent and, where there is one, the exact
-maximum.
+A sharpness value is the best loss increase a solver finds in the ball, a lower bound of the
+maximum. The engine's default solver is a search of Auto-PGD chains that reports its own reach
+estimate and the locality of its ball, and warns (``qs.ReachWarning``) when a value may not be
+the maximum (``docs/sharpness.md``, "Reach and locality"). This study checks that claim: for
+each measure and ``rho`` in :data:`RHOS` it gives the default's value as a percentage of the
+best value found per problem (a model or net and one batch), the same for the search's first
+chain alone (one ascent of the releases before 0.3), and counts the problems the default falls
+short on, how many of those its result flagged, and its false alarms.
 
 - **Diagonal nets** (the ``reproduce diagonal`` setting, its quick size: d = 200, nets trained
-  to a training loss of 1e-5): adaptive, geodesic inv and mix with exact paths (mix with the
+  to a training loss of 1e-5), measured with the diagonal study's own batched ascent (one
+  Auto-PGD ascent of 20 steps, exact paths): adaptive, geodesic inv and mix (mix with the
   metric's own ball and with the rate ball ``||b|| <= rho / sqrt(2)``). The strong ascent is
   the study's reference (400 steps, 3 restarts: from the quadratic model's maximiser, its
   negative and a random point); mix's maxima are exact (trust-region subproblems).
 - **A tiny float64 BERT** (2 layers, 4 heads of dimension 8, random weights with
   ``initializer_range`` 0.3 so that attention matters, random token batches): adaptive,
-  geodesic inv and mix of order 2 (the family studies' measures), the strong ascent the
+  geodesic inv and mix of order 2 with the engine's default solver; the strong solve is the
   engine's ``reference_solve=True`` (10 times the steps, 4 random restarts).
 - **Trained models of the families** (:mod:`quotientsharp.reproduce.reach_models`): the first
-  models of ``reproduce vit``, ``minilm`` (the real pretrained MiniLM), ``bert``,
+  3 models of ``reproduce vit``, ``minilm`` (the real pretrained MiniLM), ``bert``,
   ``vit-finetune`` and ``lora`` (adapters on the real MiniLM), drawn, built and trained by
-  the family studies' own code, on the first batch of their sharpness sets: adaptive, plain
-  worst case, geodesic inv and mix of order 2 with the study's own ascent (20 steps for the
-  ViTs and BERT, 3 for LoRA, and 2 for MiniLM, whose 20-step default ascent is reported beside
-  it), at :data:`RHOS` and the radii the family pages compare at (0.02 and 0.1, or
-  0.1). Strong ascent: 10 times the steps, 4 random restarts, 2 for MiniLM and LoRA (CPU
-  budget). The family pages state the reach of their measures from these data
+  the family studies' own code, on every batch of their sharpness sets: adaptive, plain worst
+  case, geodesic inv and mix of order 2 with the default solver at the study's own steps per
+  chain (20 for the ViTs and BERT, 3 for LoRA, 2 for MiniLM), at :data:`RHOS` and the radii
+  the family pages compare at. Strong solve: 10 times the steps, 4 random restarts. The family
+  pages state the reach of their measures from these data
   (:mod:`quotientsharp.reproduce.reach_statements`).
 
-Reported per measure and radius: min / median over the problems of
-``100 * value / best``. The full run measures 6 diagonal nets, 2 BERT batches, 2 models of
-``vit`` and ``minilm`` and 1 of each other family (about 2 h of one core; under torchrun the
-units are dealt over the ranks); ``--quick`` runs 2 radii, 2 nets, 1 BERT batch and one model
-of each family's quick variant (for tests). The units (the diagonal nets, the tiny BERT, each
-family model) are written to ``OUT/units.jsonl`` as each finishes (``--resume`` computes the
-missing ones).
+The full run measures 6 diagonal nets, 4 BERT batches and 15 family models (a few hours of
+one core; under torchrun the units are dealt over the ranks); ``--quick`` runs 2 radii, 2
+nets, 1 BERT batch and one model of each family's quick variant (for tests). The units (the
+diagonal nets, the tiny BERT, each family model) are written to ``OUT/units.jsonl`` as each
+finishes (``--resume`` computes the missing ones).
 Outputs: ``OUT/reach.json`` and ``OUT/reach.md``; with ``--docs DIR`` the page
 ``DIR/results/reach.md``, its data ``DIR/results/data/reach.json`` (and the regenerated
 ``DIR/results.md``, with the family pages' reach statements).
@@ -55,10 +48,10 @@ from typing import Any
 
 from quotientsharp.reproduce.config import ReachConfig, check_config
 
-HELP = "solver reach against rho: the default ascent's share of the best-found maximum"
+HELP = "solver reach against rho: the default solver's share of the best-found maximum"
 
 #: The radii of the study (``--quick``: the first two).
-RHOS = (0.05, 0.1, 0.3, 0.5)
+RHOS = (0.02, 0.1, 0.3)
 
 
 def diagonal_reach(rhos: Sequence[float], nets: int, seed: int,
@@ -127,19 +120,41 @@ def _cell(entry: dict[str, Any], column: str = "ascent") -> str:
     return f"{entry[column]['min']:.2f} / {entry[column]['median']:.2f}"
 
 
+def _flag_cell(entry: dict[str, Any]) -> str:
+    if "refused" in entry:
+        return "refused"
+    flags = entry["flags"]
+    return (f"{flags['short']} short, {flags['short_flagged']} flagged; "
+            f"{flags['reaching_reach_flagged']} false; {flags['not_local']} not local; "
+            f"{entry['evaluations']:g} / {entry['reference_evaluations']:g}")
+
+
 def _table(reach: dict[str, dict[str, Any]], rhos: Sequence[float],
-           column: str = "ascent") -> list[str]:
+           cell: Any = _cell) -> list[str]:
     lines = ["| measure | " + " | ".join(f"ρ = {rho:g}" for rho in rhos) + " |",
              "|---|" + "---|" * len(rhos)]
     for measure, by_rho in reach.items():
         lines.append(f"| {measure} | "
-                     + " | ".join(_cell(by_rho[f"{rho:g}"], column) for rho in rhos) + " |")
+                     + " | ".join(cell(by_rho[f"{rho:g}"]) for rho in rhos) + " |")
     return lines + [""]
 
 
-def _family_lines(name: str, family: dict[str, Any]) -> list[str]:
-    from quotientsharp.reproduce.reach_models import DEFAULT_STEPS
+def _search_tables(reach: dict[str, dict[str, Any]], rhos: Sequence[float]) -> list[str]:
+    """The three tables of a part measured with the engine's default solver."""
+    return (["The default solver (the reach search), as a percentage of the best value found "
+             "(min / median):", ""] + _table(reach, rhos)
+            + ["The search's first chain alone (one ascent from ξ = 0, the solver of the "
+               "releases before 0.3), on the same problems:", ""]
+            + _table(reach, rhos, lambda entry: _cell(entry, "one_ascent"))
+            + ["The default's warnings against its shortfalls: problems short of 99 % of the "
+               "best value found, how many of them the result flagged (a reach estimate "
+               "below 0.99 or a ball that is not local), reaching problems flagged by the "
+               "reach estimate (false alarms), balls that are not local, and the median "
+               "forward+backward passes of the default / of the strong solve:", ""]
+            + _table(reach, rhos, _flag_cell))
 
+
+def _family_lines(name: str, family: dict[str, Any]) -> list[str]:
     models = family["models"]
     trained = ", ".join(f"model {m['index']}: " + ("diverged" if m["diverged"] else
                                                    f"train error {m['train_error']:.3f}, "
@@ -150,21 +165,13 @@ def _family_lines(name: str, family: dict[str, Any]) -> list[str]:
     lines = [f"### {family['title']}", "",
              f"The first {len(models)} models of `quotientsharp reproduce {name}` (study seed "
              f"0: the study's own hyperparameter draws, model builder and training; "
-             f"{trained}), each on the first {family['batches']} batch(es) of the study's "
-             f"sharpness set. The measured ascent is the study's own ({steps} Auto-PGD steps "
-             f"from ξ = 0); strong ascent: {reference['n_iter']} steps, "
+             f"{trained}), each on every batch of the study's sharpness set "
+             f"({family['batches']} per model). The default solver runs the study's own "
+             f"{steps} Auto-PGD steps per chain; strong solve: {reference['n_iter']} steps, "
              f"{reference['restarts']} random restart(s) (the engine's reference_solve). "
-             f"Radii: the four above and the ones the `{name}` page compares its measures at "
+             f"Radii: the three above and the ones the `{name}` page compares its measures at "
              f"({family['page_radii']}).", ""]
-    lines += _table(family["reach"], family["rhos"])
-    if any("default" in entry for by_rho in family["reach"].values()
-           for entry in by_rho.values()):
-        lines += [f"The default ascent ({DEFAULT_STEPS} steps from ξ = 0, the strong ascent's "
-                  "first run), on the same problems. Its best value found includes the "
-                  "restarts of the same length only, so 100 % here says that no restart did "
-                  "better, not that the maximum is reached:", ""]
-        lines += _table(family["reach"], family["rhos"], "default")
-    return lines
+    return lines + _search_tables(family["reach"], family["rhos"])
 
 
 def reach_page(results: dict[str, Any], command: str) -> str:
@@ -176,25 +183,29 @@ def reach_page(results: dict[str, Any], command: str) -> str:
              f"session(s) of {', '.join(map(str, results['world_sizes']))} process(es) "
              f"(torchrun ranks), {results['threads']} torch thread(s) each.",
              "",
-             "Each cell: the measured ascent (Auto-PGD from ξ = 0; 20 steps, the engine's and "
-             "the studies' default, unless a section says otherwise) as a percentage of the "
-             "best value found for the same problem (a net or model and one batch), min / "
-             "median over the problems. The best value is the largest of the measured ascent, "
-             "a strong ascent and, for mix on the diagonal nets, the exact maximum. A measure "
-             "whose reach falls with rho is ranked partly by its solver's shortfall: compare "
-             "measures at a radius where every one of them reaches close to 100 %.", ""]
-    for family, title, note in (
-            ("diagonal", "Diagonal nets",
+             "Each cell of a reach table: a solver's value as a percentage of the best value "
+             "found for the same problem (a net or model and one batch), min / median over the "
+             "problems. The best value is the largest of the default solver's, a strong "
+             "solve's (about ten times the budget) and, for mix on the diagonal nets, the "
+             "exact maximum: itself a lower bound of the maximum, except where exact. A value "
+             "short of 99 % should carry a warning (`qs.ReachWarning`), and a value that "
+             "reaches should not, unless its ball is not local: the warnings table counts "
+             "both. A measure whose reach falls with rho is ranked partly by its solver's "
+             "shortfall: compare measures at a radius where every one of them reaches close "
+             "to 100 %.", "",
+             "### Diagonal nets", "",
              f"{results['diagonal_nets']} nets of the diagonal study's quick size (d = 200, "
-             "trained to 1e-5), 4 batches of 25 each; exact paths; strong ascent: 400 steps, "
-             "3 restarts (from the quadratic model's maximiser, its negative and a random "
-             "point); mix maxima exact."),
-            ("bert", "Tiny float64 BERT",
-             f"2 layers, 4 heads of dimension 8, random weights (initializer_range 0.3), "
-             f"{results['bert_batches']} random batch(es) of 8 sequences of 12 tokens; "
-             "strong ascent: the engine's reference_solve=True (200 steps, 4 random "
-             "restarts).")):
-        lines += [f"### {title}", "", note, ""] + _table(results[family], rhos)
+             "trained to 1e-5), 4 batches of 25 each, measured by the diagonal study's own "
+             "batched solver (one Auto-PGD ascent of 20 steps from ξ = 0, exact paths); "
+             "strong ascent: 400 steps, 3 restarts (from the quadratic model's maximiser, its "
+             "negative and a random point); mix maxima exact.", ""]
+    lines += _table(results["diagonal"], rhos)
+    lines += ["### Tiny float64 BERT", "",
+              f"2 layers, 4 heads of dimension 8, random weights (initializer_range 0.3), "
+              f"{results['bert_batches']} random batch(es) of 8 sequences of 12 tokens; the "
+              "default solver of 20 steps per chain; strong solve: the engine's "
+              "reference_solve=True (200 steps, 4 random restarts).", ""]
+    lines += _search_tables(results["bert"], rhos)
     for name, family in results["families"].items():
         lines += _family_lines(name, family)
     return "\n".join(lines)
@@ -228,7 +239,7 @@ def _family_results(family: Any, rhos: Sequence[float],
                 {key: r.get(key) for key in ("index", "diverged", "train_error", "test_error",
                                              "gap", "train_seconds", "measure_seconds")}
                 for r in records],
-            "batches": family.batches, "rhos": list(rhos),
+            "batches": measured[0]["batches"], "rhos": list(rhos),
             "ascent_steps": records[0]["ascent_steps"], "reference": records[0]["reference"],
             "page_radii": (f"adaptive {own['adaptive']:g}, worst case {own['worst_case']:g}, "
                            f"inv {own['inv']:g}, mix {own['mix']:g}"),
@@ -291,7 +302,7 @@ def reach_study(out: Path, *, quick: bool = False, seed: int = 0, threads: int =
         raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
     rhos = tuple(rhos) if rhos is not None else RHOS[:2] if quick else RHOS
     nets = nets if nets is not None else 2 if quick else 6
-    batches = batches if batches is not None else 1 if quick else 2
+    batches = batches if batches is not None else 1 if quick else 4
     families = tuple(families) if families is not None else (
         QUICK_FAMILIES if quick else FAMILIES)
     radii = {f.study: family_rhos(f.study, rhos) for f in families}

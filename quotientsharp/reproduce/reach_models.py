@@ -40,7 +40,7 @@ class FamilyReach:
     models
         Its first models of study seed 0 (indices ``0 .. models - 1``).
     batches
-        The first batches of its sharpness set.
+        The first batches of its sharpness set (``None``: every batch).
     restarts
         Random restarts of the strong ascent, which runs ``10 * n_iter`` steps (the engine's
         ``reference_solve``; 4 restarts is the engine's default, fewer where the CPU budget
@@ -49,22 +49,18 @@ class FamilyReach:
 
     study: str
     models: int
-    batches: int
+    batches: int | None
     restarts: int
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-#: The full run: 2 ViTs (engine's reference, 4 restarts) and 2 MiniLM fine-tunes (2 restarts:
-#: a 20-step MiniLM ascent costs about 15 s of one core per measure and radius), then one
-#: model each of BERT from scratch, the ViT fine-tunes and the LoRA adapters (the CPU budget:
-#: a family model costs 10 to 20 min of one core).
-FAMILIES = (FamilyReach("vit", models=2, batches=1, restarts=4),
-            FamilyReach("minilm", models=2, batches=1, restarts=2),
-            FamilyReach("bert", models=1, batches=1, restarts=4),
-            FamilyReach("vit-finetune", models=1, batches=1, restarts=4),
-            FamilyReach("lora", models=1, batches=1, restarts=2))
+#: The full run: the first 3 models of each family, every batch of their sharpness sets (4 for
+#: the ViTs and BERT, 1 for MiniLM and LoRA), the engine's reference solve (10 times the steps,
+#: 4 random restarts).
+FAMILIES = tuple(FamilyReach(name, models=3, batches=None, restarts=4)
+                 for name in ("vit", "minilm", "bert", "vit-finetune", "lora"))
 #: ``--quick``: one model of each family's quick variant (MiniLM's and LoRA's are tiny random
 #: BERTs).
 QUICK_FAMILIES = tuple(FamilyReach(family.study, models=1, batches=1, restarts=1)
@@ -90,7 +86,7 @@ def percent(values: Sequence[float], best: Sequence[float]) -> dict[str, float]:
 def measure_reach(model: Any, batches: Sequence[Any], measures: Mapping[str, Mapping[str, Any]],
                   rhos: Sequence[float], n_iter: int, reference: bool | Mapping[str, Any],
                   seed: int = 0) -> dict[str, dict[str, Any]]:
-    """Each measure at each radius, with a strong second ascent.
+    """Each measure at each radius with the engine's default solver, and a strong solve.
 
     Parameters
     ----------
@@ -103,7 +99,8 @@ def measure_reach(model: Any, batches: Sequence[Any], measures: Mapping[str, Map
     rhos
         The radii.
     n_iter
-        Steps of the measured ascent (Auto-PGD from ``xi = 0``).
+        Steps of each Auto-PGD run (the search's chains and the first of them, the single
+        ascent from ``xi = 0`` of the releases before 0.3).
     reference
         The ``reference_solve`` option: ``True`` (``10 * n_iter`` steps, 4 random restarts) or
         a dict of solver settings.
@@ -113,47 +110,80 @@ def measure_reach(model: Any, batches: Sequence[Any], measures: Mapping[str, Map
     Returns
     -------
     dict
-        Name -> ``f"{rho:g}"`` -> per batch lists ``ascent``, ``reference`` and, when the
-        reference runs :data:`DEFAULT_STEPS` steps and ``n_iter`` differs, ``default`` (its
-        first run, which starts at ``xi = 0`` with the measurement's step size: the default
-        ascent); or ``{"refused": reason}`` for a radius the engine refuses.
+        Name -> ``f"{rho:g}"`` -> per batch lists: ``ascent`` (the default solver's value: the
+        reach search), ``one_ascent`` (its first chain, one ascent from ``xi = 0``),
+        ``reference`` (the strong solve), ``reach_estimate`` and ``local`` (what the result
+        reported, from which its warning fires), ``evaluations`` and
+        ``reference_evaluations`` (forward+backward passes); or ``{"refused": reason}`` for a
+        radius the engine refuses.
     """
-    import quotientsharp as qs
-    from quotientsharp.engine.registry import REFERENCE_ITERATIONS
+    import warnings
 
-    given = {} if reference is True else dict(reference)  # type: ignore[arg-type]
-    reference_steps = int(given.get("n_iter", REFERENCE_ITERATIONS * n_iter))
+    import quotientsharp as qs
+
     out: dict[str, dict[str, Any]] = {name: {} for name in measures}
     for name, options in measures.items():
         for rho in rhos:
             try:
-                # one ascent (reach=False): the study measures what a single Auto-PGD ascent
-                # reaches, the solver of the releases before the reach search
-                result = qs.sharpness(model, batches, rho=rho, n_iter=n_iter, seed=seed,
-                                      progress=False, reference_solve=reference, reach=False,
-                                      **options)
+                with warnings.catch_warnings():
+                    # the warning is what this study checks: it is read off the result
+                    warnings.simplefilter("ignore", qs.ReachWarning)
+                    result = qs.sharpness(model, batches, rho=rho, n_iter=n_iter, seed=seed,
+                                          progress=False, reference_solve=reference, **options)
             except ValueError as err:
                 out[name][f"{rho:g}"] = {"refused": str(err).split("\n")[0]}
                 continue
-            entry = {"ascent": list(result.per_batch),
-                     "reference": list(result.reference_per_batch)}
-            if reference_steps == DEFAULT_STEPS and n_iter != DEFAULT_STEPS:
-                # the trace holds the best value after each evaluation, run after run, the
-                # first entry the start: entry DEFAULT_STEPS ends the first run
-                entry["default"] = [trace[DEFAULT_STEPS] for trace in result.reference_traces]
-            out[name][f"{rho:g}"] = entry
+            out[name][f"{rho:g}"] = {
+                "ascent": list(result.per_batch),
+                "one_ascent": [chains[0] for chains in result.chains],
+                "reference": list(result.reference_per_batch),
+                "reach_estimate": list(result.reach),
+                "local": [where["local"] for where in result.locality],
+                "evaluations": list(result.evaluations),
+                "reference_evaluations": [len(trace) for trace in result.reference_traces]}
     return out
+
+
+def _flags(entry: Mapping[str, Any], best: Sequence[float]) -> dict[str, int]:
+    """How the default's warnings met its shortfalls: problems short of
+    :data:`~quotientsharp.engine.result.REACH_TARGET` of the best value found, those of them
+    flagged (a reach estimate below the target or a ball that is not local), reaching problems
+    flagged by the reach estimate (a false alarm) and balls that are not local."""
+    from quotientsharp.engine.result import REACH_TARGET
+
+    counts = {"problems": 0, "short": 0, "short_flagged": 0, "reaching_reach_flagged": 0,
+              "not_local": 0}
+    for value, top, estimate, local in zip(entry["ascent"], best, entry["reach_estimate"],
+                                           entry["local"], strict=True):
+        low_estimate = estimate is not None and estimate < REACH_TARGET
+        counts["problems"] += 1
+        counts["not_local"] += int(not local)
+        if value < REACH_TARGET * top:
+            counts["short"] += 1
+            counts["short_flagged"] += int(low_estimate or not local)
+        else:
+            counts["reaching_reach_flagged"] += int(low_estimate)
+    return counts
 
 
 def reach_shares(values: Mapping[str, Mapping[str, Any]],
                  ) -> dict[str, dict[str, dict[str, Any]]]:
-    """Name -> rho -> ``{"ascent": percent, "default": percent}`` (``default`` where measured)
-    from :func:`measure_reach`'s values, pooled over the problems of a list of them.
+    """Name -> rho -> summary of :func:`measure_reach`'s values, pooled over the problems.
 
     ``values`` maps a measure to its radii as :func:`measure_reach` returns them, except that
     each list may hold the batches of several models. The best value of a problem is the
-    largest of the ascent, the reference and the default ascent.
+    largest of the default's, its first chain's and the strong solve's. A problem where no
+    solve found a loss increase (best <= 0) has no share and is counted in ``no_increase``.
+
+    Returns
+    -------
+    dict
+        Name -> rho -> ``{"ascent": percent, "one_ascent": percent, "flags": counts,
+        "evaluations": median, "reference_evaluations": median, "no_increase": count}``
+        (:func:`percent`, :func:`_flags`), or ``{"refused": reason}``.
     """
+    import statistics
+
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for name, by_rho in values.items():
         out[name] = {}
@@ -161,12 +191,22 @@ def reach_shares(values: Mapping[str, Mapping[str, Any]],
             if "refused" in entry:
                 out[name][rho] = {"refused": entry["refused"]}
                 continue
-            columns = [entry["ascent"], entry["reference"]] + (
-                [entry["default"]] if "default" in entry else [])
-            best = [max(column) for column in zip(*columns, strict=True)]
-            out[name][rho] = {"ascent": percent(entry["ascent"], best)}
-            if "default" in entry:
-                out[name][rho]["default"] = percent(entry["default"], best)
+            best = [max(problem) for problem in zip(entry["ascent"], entry["one_ascent"],
+                                                     entry["reference"], strict=True)]
+            kept = [i for i, top in enumerate(best) if top > 0]
+            if not kept:
+                out[name][rho] = {"refused": "no solve found a loss increase on any problem"}
+                continue
+            pick = {key: [entry[key][i] for i in kept]
+                    for key in ("ascent", "one_ascent", "reach_estimate", "local")}
+            top = [best[i] for i in kept]
+            out[name][rho] = {
+                "ascent": percent(pick["ascent"], top),
+                "one_ascent": percent(pick["one_ascent"], top),
+                "flags": _flags(pick, top),
+                "evaluations": statistics.median(entry["evaluations"]),
+                "reference_evaluations": statistics.median(entry["reference_evaluations"]),
+                "no_increase": len(best) - len(kept)}
     return out
 
 
@@ -268,6 +308,7 @@ def family_unit(family: FamilyReach, index: int, rhos: Sequence[float], quick: b
         return record
     batches = sharpness_batches(data, variant.sharpness_points,
                                 variant.sharpness_batch_size)[:family.batches]
+    record["batches"] = len(batches)
     specs = family_measures(1.0, 1.0, 1.0, 1.0)   # the radii come from ``rhos``
     measures = {spec.key: {"measure": spec.measure, **spec.options} for spec in specs
                 if spec.key in REACH_MEASURES}
