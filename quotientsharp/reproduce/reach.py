@@ -143,7 +143,7 @@ def _search_tables(reach: dict[str, dict[str, Any]], rhos: Sequence[float]) -> l
     """The three tables of a part measured with the engine's default solver."""
     return (["The default solver (the reach search), as a percentage of the best value found "
              "(min / median):", ""] + _table(reach, rhos)
-            + ["The search's first chain alone (one ascent from ξ = 0, the solver of the "
+            + ["The search's first run alone (one ascent from ξ = 0, the solver of the "
                "releases before 0.3), on the same problems:", ""]
             + _table(reach, rhos, lambda entry: _cell(entry, "one_ascent"))
             + ["The default's warnings against its shortfalls: problems short of 99 % of the "

@@ -111,7 +111,7 @@ def measure_reach(model: Any, batches: Sequence[Any], measures: Mapping[str, Map
     -------
     dict
         Name -> ``f"{rho:g}"`` -> per batch lists: ``ascent`` (the default solver's value: the
-        reach search), ``one_ascent`` (its first chain, one ascent from ``xi = 0``),
+        reach search), ``one_ascent`` (its first run, one ascent from ``xi = 0``),
         ``reference`` (the strong solve), ``reach_estimate`` and ``local`` (what the result
         reported, from which its warning fires), ``evaluations`` and
         ``reference_evaluations`` (forward+backward passes); or ``{"refused": reason}`` for a
@@ -135,7 +135,9 @@ def measure_reach(model: Any, batches: Sequence[Any], measures: Mapping[str, Map
                 continue
             out[name][f"{rho:g}"] = {
                 "ascent": list(result.per_batch),
-                "one_ascent": [chains[0] for chains in result.chains],
+                # the trace holds the best value after each evaluation, run after run, the
+                # first entry the start: entry n_iter ends the first run, one ascent from xi = 0
+                "one_ascent": [trace[n_iter] for trace in result.traces],
                 "reference": list(result.reference_per_batch),
                 "reach_estimate": list(result.reach),
                 "local": [where["local"] for where in result.locality],
@@ -172,7 +174,7 @@ def reach_shares(values: Mapping[str, Mapping[str, Any]],
 
     ``values`` maps a measure to its radii as :func:`measure_reach` returns them, except that
     each list may hold the batches of several models. The best value of a problem is the
-    largest of the default's, its first chain's and the strong solve's. A problem where no
+    largest of the default's, its first run's and the strong solve's. A problem where no
     solve found a loss increase (best <= 0) has no share and is counted in ``no_increase``.
 
     Returns
