@@ -1,4 +1,5 @@
-"""LoRA fine-tuning on the quotient: QuotientSGD (mix metric, damped) against AdamW.
+"""LoRA fine-tuning on the quotient: QuotientSGD (mix metric, damped) and QuotientAdamW against
+AdamW.
 
 Task (synthetic, CPU, seconds): a frozen random MLP ``d -> w -> w -> k`` (tanh) is the base
 model; the teacher is the same network with a rank-``r`` change ``B* A*`` on both hidden layers.
@@ -15,7 +16,13 @@ Methods:
 - ``QuotientSGD mix``: the scaled gradient step on every adapter's ``GL(r)`` quotient,
   ``grad_B = dL/dB (A A^T + eps I)^{-1}``, ``grad_A = (B^T B + eps I)^{-1} dL/dA`` (Riemannian
   preconditioned LoRA), heavy-ball momentum 0.9;
+- ``QuotientAdamW mix``: :class:`~quotientsharp.models.quotient_adamw.QuotientAdamW` (mix
+  frames, ``eps = 0``, exactly invariant under each adapter's ``GL(r)``; weight decay 0), and
+  the damped ``QuotientAdamW mix eps 0.01`` (invariant under orthogonal elements only);
 - ``AdamW``: ``torch.optim.AdamW`` on the same parameters (weight decay 0).
+
+Each learning-rate grid has three values around its method's best. Every run starts from the
+same adapters (PEFT's initialisation drawn from ``--seed``).
 
 Run: ``python benchmarks/lora_optimizer.py [--out DIR] [--steps 300] [--rank 4] [--quick]``.
 Nothing is asserted: which optimiser wins, and by how much, is the measurement.
@@ -42,8 +49,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from quotientsharp.models import QuotientSGD  # noqa: E402
+from quotientsharp.models.quotient_adamw import QuotientAdamW  # noqa: E402
 
-GRIDS = {"QuotientSGD mix": (1.0, 3.0, 10.0), "AdamW": (1e-2, 3e-2, 1e-1)}
+GRIDS = {"QuotientSGD mix": (1.0, 3.0, 10.0), "AdamW": (1e-2, 3e-2, 1e-1),
+         "QuotientAdamW mix": (3e-3, 1e-2, 3e-2), "QuotientAdamW mix eps 0.01": (3e-3, 1e-2, 3e-2)}
 
 
 def _base(sizes: Sequence[int], seed: int) -> nn.Module:
@@ -86,11 +95,13 @@ def make_task(sizes: Sequence[int], rank: int, samples: int, seed: int, conditio
     return base, x, y
 
 
-def student(base: nn.Module, rank: int) -> nn.Module:
+def student(base: nn.Module, rank: int, seed: int = 0) -> nn.Module:
+    """The base with fresh PEFT adapters, drawn from ``seed`` (every run starts alike)."""
     import copy
 
     import peft
 
+    torch.manual_seed(seed)
     return peft.get_peft_model(copy.deepcopy(base),
                                peft.LoraConfig(r=rank, lora_alpha=rank,
                                                target_modules=_hidden(base)))
@@ -124,6 +135,10 @@ def optimisers(eps: float) -> dict[str, Callable[[float], Callable[[nn.Module], 
     return {
         "QuotientSGD mix": lambda lr: lambda m: QuotientSGD(m, lr=lr, metric="mix", eps=eps,
                                                             momentum=0.9),
+        "QuotientAdamW mix": lambda lr: lambda m: QuotientAdamW(m, lr=lr, metric="mix"),
+        # damped frames: steps along a factor's directions far below sqrt(0.01) are capped
+        "QuotientAdamW mix eps 0.01": lambda lr: lambda m: QuotientAdamW(m, lr=lr, metric="mix",
+                                                                         eps=1e-2),
         "AdamW": lambda lr: lambda m: torch.optim.AdamW(
             [p for p in m.parameters() if p.requires_grad], lr=lr, weight_decay=0.0),
     }
@@ -135,7 +150,7 @@ def benchmark(sizes: Sequence[int], rank: int, samples: int, steps: int,
     base, x, y = make_task(sizes, rank, samples, seed, condition)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")     # PEFT's notes on targeting plain nn.Sequential
-        initial = float((student(base, rank)(x) - y).square().mean())
+        initial = float((student(base, rank, seed)(x) - y).square().mean())
     goals = [target * initial for target in targets]
     results: dict[str, Any] = {"sizes": list(sizes), "rank": rank, "samples": samples,
                                "steps": steps, "initial_loss": initial, "targets": list(targets),
@@ -146,7 +161,7 @@ def benchmark(sizes: Sequence[int], rank: int, samples: int, steps: int,
         for lr in GRIDS[name]:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                model = student(base, rank)
+                model = student(base, rank, seed)
             losses, times = run(model, factory(lr), x, y, steps)
             runs[lr] = {"losses": losses,
                         "steps_to_target": [steps_to(losses, goal) for goal in goals],
@@ -165,12 +180,12 @@ def table(results: dict[str, Any]) -> str:
     targets = results["targets"]
     lines = [f"loss {results['initial_loss']:.3g} at the start; rank {results['rank']}, sizes "
              f"{results['sizes']}, teacher condition {results['condition']:g}",
-             f"{'method':<16} {'best lr':>8} "
+             f"{'method':<26} {'best lr':>8} "
              + " ".join(f"{'steps to ' + format(t, 'g'):>15}" for t in targets)
              + f" {'ms per step':>12} {'final loss':>11}"]
     for name, method in results["methods"].items():
         reached = " ".join(f"{'-' if s is None else s:>15}" for s in method["steps_to_target"])
-        lines.append(f"{name:<16} {method['best_lr']:>8g} {reached} "
+        lines.append(f"{name:<26} {method['best_lr']:>8g} {reached} "
                      f"{1e3 * method['seconds_per_step']:>12.3f} {method['losses'][-1]:>11.3g}")
     lines.append("(steps to a fraction of the initial loss; '-': not reached)")
     return "\n".join(lines)
@@ -189,7 +204,7 @@ def figure(results: dict[str, Any], path: Path) -> None:
         ax.axhline(target * results["initial_loss"], color="gray", linestyle=":", linewidth=0.8)
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (MSE)")
-    ax.set_title(f"LoRA rank {results['rank']}: quotient step vs AdamW")
+    ax.set_title(f"LoRA rank {results['rank']}: quotient steps vs AdamW")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -77,7 +77,9 @@ def test_bfloat16_model_is_measured_with_float32_geometry_within_its_floors(outc
 @pytest.mark.pages
 @pytest.mark.study
 def test_the_page_puts_the_precisions_side_by_side(outcome):
-    section = outcome.section
+    from results_pages import render_section
+
+    section = render_section(outcome.page)
     header = next(line for line in section.splitlines() if line.startswith("| measure |"))
     assert header == "| measure | float32 | bfloat16 |"
     assert "geodesic inv (order 1)" in section and "floor" in section

@@ -226,7 +226,8 @@ def test_the_benchmark_runs_with_tiny_sizes(tmp_path):
     finally:
         torch.set_num_threads(threads)
     assert (tmp_path / "lora_optimizer.png").stat().st_size > 0
-    assert set(results["methods"]) == {"QuotientSGD mix", "AdamW"}
+    assert set(results["methods"]) == {"QuotientSGD mix", "QuotientAdamW mix",
+                                       "QuotientAdamW mix eps 0.01", "AdamW"}
     for method in results["methods"].values():
         assert len(method["losses"]) == 30 and method["seconds_per_step"] > 0
         assert method["losses"][-1] < method["losses"][0]

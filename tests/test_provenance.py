@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from results_pages.sections import HAND_WRITTEN_MARKER, provenance_line
 
 import quotientsharp
 from quotientsharp.reproduce.provenance import (
@@ -14,9 +16,9 @@ from quotientsharp.reproduce.provenance import (
     current_provenance,
     default_command,
     git_state,
-    provenance_line,
 )
-from quotientsharp.reproduce.results_page import HAND_WRITTEN_MARKER, write_section
+from quotientsharp.reproduce.results_page import write_section
+from tests.pages.docs_folder import docs_with_renderer
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
@@ -87,8 +89,8 @@ def test_current_provenance_reports_the_imported_package() -> None:
     (None, None, "outside a git checkout (commit unknown)"),
 ])
 def test_provenance_line_states_each_field(commit, dirty, expected) -> None:
-    line = provenance_line(Provenance("9.9.9", commit, dirty, "quotientsharp reproduce x",
-                                      "2030-01-02"))
+    line = provenance_line(dataclasses.asdict(Provenance(
+        "9.9.9", commit, dirty, "quotientsharp reproduce x", "2030-01-02")))
     assert line.startswith("*Made by `quotientsharp reproduce x` with quotientsharp 9.9.9 ")
     assert expected in line and "2030-01-02" in line and line.endswith("*")
 
@@ -97,9 +99,10 @@ def test_write_section_stamps_below_the_heading_and_keeps_the_hand_written_tail(
         tmp_path) -> None:
     stamp = Provenance("1.2.3", None, None, "quotientsharp reproduce bert --docs docs",
                        "2030-01-02")
+    docs_with_renderer(tmp_path)
     path = write_section(tmp_path, "bert", "## BERT\n\nrun 1", provenance=stamp)
     lines = path.read_text().splitlines()
-    assert lines[0] == "## BERT" and lines[2] == provenance_line(stamp)
+    assert lines[0] == "## BERT" and lines[2] == provenance_line(dataclasses.asdict(stamp))
     assert lines[4] == "run 1"
     path.write_text(path.read_text() + f"\n{HAND_WRITTEN_MARKER}\n\nnotes\n")
     later = Provenance("1.2.4", "ab" * 20, False, "quotientsharp reproduce bert", "2030-02-03")

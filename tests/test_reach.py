@@ -1,5 +1,4 @@
-"""The solver reach study's pieces: the default ascent read off the strong ascent's trace, the
-shares of the best value found, and the reach statements of the family pages."""
+"""The reach statements of the family pages, from the solver reach study's data."""
 
 from __future__ import annotations
 
@@ -7,71 +6,16 @@ import json
 from pathlib import Path
 
 import pytest
-
-from quotientsharp.reproduce.reach_models import measure_reach, percent, reach_shares
-from quotientsharp.reproduce.reach_statements import (
+from results_pages.reach_statements import (
     BEGIN,
     END,
     PAGE_SOURCES,
     reach_statement,
     refresh_reach_statements,
 )
-from quotientsharp.reproduce.results_page import HAND_WRITTEN_MARKER
+from results_pages.sections import HAND_WRITTEN_MARKER
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-
-
-def _tiny_bert_and_batch(seed: int):
-    transformers = pytest.importorskip("transformers")
-    import torch
-
-    torch.manual_seed(seed)
-    config = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=32, vocab_size=30,
-                                     max_position_embeddings=16, num_labels=3,
-                                     attn_implementation="eager", initializer_range=0.3)
-    model = transformers.BertForSequenceClassification(config).to(torch.float64).eval()
-    generator = torch.Generator().manual_seed(seed)
-    batch = {"input_ids": torch.randint(0, 30, (4, 6), generator=generator),
-             "attention_mask": torch.ones(4, 6, dtype=torch.long),
-             "labels": torch.randint(0, 3, (4,), generator=generator)}
-    return model, [batch]
-
-
-@pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("options", [{"measure": "adaptive"},
-                                     {"measure": "geodesic", "metric": "inv", "order": 2}])
-def test_the_default_ascent_read_off_the_reference_trace_is_a_20_step_ascent(seed,
-                                                                             options) -> None:
-    import quotientsharp as qs
-
-    model, batches = _tiny_bert_and_batch(seed)
-    values = measure_reach(model, batches, {"m": options}, [0.3], n_iter=2,
-                           reference={"n_iter": 20, "restarts": 1})["m"]["0.3"]
-    # independent: the default ascent run on its own
-    alone = qs.sharpness(model, batches, rho=0.3, n_iter=20, progress=False, reach=False,
-                         **options)
-    assert values["default"] == alone.per_batch
-    assert values["reference"][0] >= values["default"][0]
-    # no default column when the measured ascent is the default one
-    plain = measure_reach(model, batches, {"m": options}, [0.3], n_iter=20,
-                          reference={"n_iter": 20, "restarts": 0})["m"]["0.3"]
-    assert "default" not in plain and plain["ascent"] == alone.per_batch
-
-
-def test_shares_are_of_the_best_value_of_each_problem() -> None:
-    values = {"m": {"0.1": {"ascent": [1.0, 2.0, 3.0], "reference": [2.0, 1.0, 3.0],
-                            "default": [1.5, 2.5, 0.0]}},
-              "r": {"0.1": {"refused": "too large"}}}
-    shares = reach_shares(values)
-    # best per problem: 2, 2.5, 3
-    assert shares["m"]["0.1"]["ascent"] == {"min": 50.0, "median": 80.0, "problems": 3}
-    assert shares["m"]["0.1"]["default"] == {"min": 0.0, "median": 75.0, "problems": 3}
-    assert shares["r"]["0.1"] == {"refused": "too large"}
-    with pytest.raises(ValueError, match="finite, positive best"):
-        percent([0.0], [0.0])
-    with pytest.raises(ValueError, match="at least one problem"):
-        percent([], [])
 
 
 def _reach(mix_min: float) -> dict:
@@ -145,3 +89,20 @@ def test_the_committed_family_pages_state_the_committed_reach_data() -> None:
         statement = reach_statement(page, reach)
         assert statement is not None, page
         assert statement in (DOCS / "results" / f"{page}.md").read_text(), page
+
+
+@pytest.mark.pages
+def test_the_statement_of_a_searched_family_counts_the_flagged_shortfalls() -> None:
+    reach = _reach(73.25)
+    for by_rho in reach["families"]["vit"]["reach"].values():
+        for entry in by_rho.values():
+            short = int(entry["ascent"]["min"] < 99)
+            entry["flags"] = {"problems": 2, "short": short, "short_flagged": short,
+                              "reaching_reach_flagged": 0, "not_local": 0}
+    # one short problem at the page's radii (mix at 0.02; mix at 0.1 is not compared there)
+    text = reach_statement("vit", reach) or ""
+    assert "The default solver (the reach search, the study's 20 Auto-PGD steps" in text
+    assert "(1 problem), its result flagged 1 of them" in text
+    # data of the one-ascent study keep their wording
+    assert "The study's ascent (20 Auto-PGD steps" in (reach_statement("vit", _reach(73.25))
+                                                      or "")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from quotientsharp.reproduce.reach_models import measure_reach, reach_shares
+from quotientsharp.reproduce.reach_models import measure_reach, percent, reach_shares
 
 
 def _tiny_bert_and_batch(seed: int):
@@ -69,3 +69,11 @@ def test_shares_are_of_the_best_value_of_each_problem_and_flags_meet_shortfalls(
                                "reaching_reach_flagged": 1, "not_local": 1}
     assert shares["evaluations"] == 25.0 and shares["reference_evaluations"] == 100.0
     assert reach_shares(values)["r"]["0.1"] == {"refused": "too large"}
+
+
+def test_a_share_needs_a_finite_positive_best_and_a_problem() -> None:
+    assert percent([1.0, 3.0], [2.0, 3.0]) == {"min": 50.0, "median": 75.0, "problems": 2}
+    with pytest.raises(ValueError, match="finite, positive best"):
+        percent([0.0], [0.0])
+    with pytest.raises(ValueError, match="at least one problem"):
+        percent([], [])

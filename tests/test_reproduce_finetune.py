@@ -37,6 +37,7 @@ from quotientsharp.reproduce.families.training import (  # noqa: E402
     HyperparameterSpace,
     draw_hyperparameters,
 )
+from tests.pages.docs_folder import docs_with_renderer  # noqa: E402
 
 MEASURES = ("adaptive", "worst_case", "geodesic_inv_o1", "geodesic_inv_o2", "geodesic_mix_o1",
             "geodesic_mix_o2", "relative_flatness", "geodesic_inv_o2_eps0.1",
@@ -61,7 +62,8 @@ def _brute_tau_a(x: list[float], y: list[float]) -> float:
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("finetune")
     codes = {study: main(["reproduce", study, "--quick", "--out", str(tmp / study), "--docs",
-                          str(tmp / "docs"), "--no-progress", "--no-plots"])
+                          str(docs_with_renderer(tmp / "docs")), "--no-progress",
+                          "--no-plots"])
              for study in MODULES}
     return tmp, codes
 

@@ -22,6 +22,8 @@ pytest.importorskip("peft")
 pytest.importorskip("matplotlib")
 scipy_stats = pytest.importorskip("scipy.stats")
 
+from results_pages.sections import SECTION_ORDER  # noqa: E402
+
 from quotientsharp.cli import main  # noqa: E402
 from quotientsharp.models import find_symmetries  # noqa: E402
 from quotientsharp.reproduce import STUDIES, load_study  # noqa: E402
@@ -33,7 +35,7 @@ from quotientsharp.reproduce.families.training import (  # noqa: E402
     HyperparameterSpace,
     draw_hyperparameters,
 )
-from quotientsharp.reproduce.results_page import SECTION_ORDER  # noqa: E402
+from tests.pages.docs_folder import docs_with_renderer  # noqa: E402
 
 HYPERPARAMETERS = ("learning_rate", "weight_decay", "epochs", "label_smoothing", "train_size",
                    "batch_size", "warmup_fraction", "rank")
@@ -54,7 +56,7 @@ def _brute_tau_a(x: list[float], y: list[float]) -> float:
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lora")
     code = main(["reproduce", "lora", "--quick", "--out", str(tmp / "lora"), "--docs",
-                 str(tmp / "docs"), "--no-progress", "--no-plots"])
+                 str(docs_with_renderer(tmp / "docs")), "--no-progress", "--no-plots"])
     return tmp, code
 
 

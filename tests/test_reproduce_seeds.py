@@ -27,6 +27,7 @@ from quotientsharp.reproduce.families import bert as bert_study  # noqa: E402
 from quotientsharp.reproduce.families import run as family_run  # noqa: E402
 from quotientsharp.reproduce.families.data import shuffled_pool  # noqa: E402
 from quotientsharp.reproduce.families.training import draw_hyperparameters  # noqa: E402
+from tests.pages.docs_folder import docs_with_renderer  # noqa: E402
 
 SEEDS, MODELS = 2, 4
 HEADLINE = ("adaptive", "geodesic_inv", "geodesic_mix")
@@ -44,7 +45,7 @@ def seeded_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("seeds")
     code = main(["reproduce", "bert", "--quick", "--study-seeds", str(SEEDS), "--models",
                  str(MODELS), "--seed", "3", "--out", str(tmp / "bert"), "--docs",
-                 str(tmp / "docs"), "--no-progress", "--no-plots"])
+                 str(docs_with_renderer(tmp / "docs")), "--no-progress", "--no-plots"])
     return tmp, code
 
 

@@ -30,6 +30,7 @@ from quotientsharp.reproduce.families.data import sharpness_batches  # noqa: E40
 from quotientsharp.reproduce.families.run import family_study  # noqa: E402
 from quotientsharp.reproduce.families.training import draw_hyperparameters  # noqa: E402
 from quotientsharp.reproduce.invariance import study as invariance_study  # noqa: E402
+from tests.pages.docs_folder import docs_with_renderer  # noqa: E402
 
 MEASURE_KEYS = ("adaptive", "worst_case", "geodesic_inv_o1", "geodesic_inv_o2",
                 "geodesic_mix_o1", "geodesic_mix_o2", "relative_flatness")
@@ -57,7 +58,7 @@ def _brute_tau_a(x: list[float], y: list[float]) -> float:
 
 def _run_quick(study: str, tmp: Path, *extra: str) -> int:
     return main(["reproduce", study, "--quick", "--out", str(tmp / study), "--docs",
-                 str(tmp / "docs"), "--no-progress", *extra])
+                 str(docs_with_renderer(tmp / "docs")), "--no-progress", *extra])
 
 
 @pytest.fixture(scope="module")

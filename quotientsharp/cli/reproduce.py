@@ -28,7 +28,9 @@ from quotientsharp.workflows.process_group import DEFAULT_DIST_TIMEOUT, run_in_p
 DESCRIPTION = """\
 Rerun one of the paper's studies: train (or load) a family of models, measure their sharpness
 and write the Kendall rank correlation between generalisation and each measure next to the
-paper's numbers, with per-model files, plots and a summary under results/STUDY/.
+paper's numbers, with per-model files, plots and the page's data (page.json) under
+results/STUDY/; with --docs DIR, the results page rendered from it by the docs folder of a
+checkout.
 
 quotientsharp reproduce STUDY --help describes a study's design and options. --resume keeps
 what the results folder already holds and computes only what is missing.

@@ -59,8 +59,10 @@ def add_common_options(parser: argparse.ArgumentParser, name: str, units: str,
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="show progress bars (default: on a terminal)")
     parser.add_argument("--docs", type=Path, default=None, metavar="DIR",
-                        help=f"also write DIR/results/{name}.md{docs_note} and regenerate "
-                             "DIR/results.md")
+                        help=f"also write the page's data under DIR/results/data/, render "
+                             f"DIR/results/{name}.md{docs_note} from it and regenerate "
+                             "DIR/results.md (DIR: the docs folder of a checkout, whose "
+                             "_hooks/results_pages renders the pages)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads during the run (default 1: fastest for these "
                              "small tensors)")
@@ -175,8 +177,9 @@ def add_reach_options(parser: argparse.ArgumentParser) -> None:
 def add_summary_options(parser: argparse.ArgumentParser) -> None:
     """Options of ``quotientsharp reproduce summary``."""
     parser.add_argument("--docs", type=Path, default=Path("docs"), metavar="DIR",
-                        help="docs folder: reads DIR/results/data/*.json, rewrites "
-                             "DIR/results/summary.md and DIR/results.md (default docs)")
+                        help="docs folder of a checkout: reads DIR/results/data/*.json, "
+                             "rewrites DIR/results/summary.md and DIR/results.md with the "
+                             "renderer DIR/_hooks/results_pages (default docs)")
 
 
 #: Study name -> (declares its options, the configuration its ``run`` takes).

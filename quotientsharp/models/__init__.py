@@ -14,6 +14,7 @@ from quotientsharp.models.binding import QuotientBinding
 from quotientsharp.models.layout import Coordinates, ParameterLayout
 from quotientsharp.models.lora import LoraAdapter
 from quotientsharp.models.optim import QuotientSGD
+from quotientsharp.models.quotient_adamw import QuotientAdamW
 
 # the function, not its module: loading the submodule binds the package attribute to the
 # module, and this import binds it back (later imports of the submodule rebind nothing)
@@ -38,6 +39,7 @@ __all__ = [
     "LoraAdapter",
     "PairGroup",
     "ParameterLayout",
+    "QuotientAdamW",
     "QuotientBinding",
     "QuotientSGD",
     "SymmetryCheck",

@@ -45,7 +45,7 @@ from quotientsharp.models.symmetry_check import check_structure
 _METRICS = ("mix", "inv")
 
 
-def _check_number(name: str, value: object, minimum: float, strict: bool = False) -> float:
+def check_number(name: str, value: object, minimum: float, strict: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     if value < minimum or (strict and value == minimum):
@@ -54,8 +54,8 @@ def _check_number(name: str, value: object, minimum: float, strict: bool = False
     return float(value)
 
 
-def _param_groups(named: dict[str, nn.Parameter], pair_names: list[str]
-                  ) -> list[dict[str, Any]]:
+def param_groups(named: dict[str, nn.Parameter], pair_names: list[str]
+                 ) -> list[dict[str, Any]]:
     """The non-empty param groups: the pairs' parameters, then every other trainable one."""
     frozen = [n for n in pair_names if not named[n].requires_grad]
     if frozen:
@@ -68,6 +68,30 @@ def _param_groups(named: dict[str, nn.Parameter], pair_names: list[str]
     if not groups:
         raise ValueError("model has no trainable parameter")
     return groups
+
+
+def report_quotients(report: SymmetryReport, named: dict[str, nn.Parameter], metric: str,
+                     eps: float) -> tuple[ParameterLayout, list[GLQuotient], list[list[str]],
+                                          list[str]]:
+    """The layout of ``report``'s pairs, one quotient per bucket of it (the metric object of
+    the core: no formula here), each bucket's pair labels, and the pairs' parameter names."""
+    layout = ParameterLayout(report, named)
+    quotients: list[GLQuotient] = []
+    labels: list[list[str]] = []
+    for shape, rotary, pairs in zip(layout.bucket_shapes, layout.bucket_rotary,
+                                    layout.gl_pairs, strict=True):
+        if rotary is None:
+            quotients.append(GLQuotient(metric, eps))
+        else:
+            quotients.append(RotaryQuotient(metric, eps, head_dim=shape[2],
+                                            rotary_dims=rotary[0], layout=rotary[1]))
+        labels.append([f"{p.module} {p.kind} head {p.head}" for p in pairs])
+    pair_names = [n for n in layout.names
+                  if n not in set(report.other) | set(report.diagonal_parameters)]
+    if report.diagonal:
+        raise ValueError("symmetries: diagonal GL(1) pairs are not supported by "
+                         "QuotientSGD (GL pairs only)")
+    return layout, quotients, labels, pair_names
 
 
 class QuotientSGD(torch.optim.Optimizer):
@@ -114,14 +138,14 @@ class QuotientSGD(torch.optim.Optimizer):
                  symmetries: str | SymmetryReport | Sequence[QuotientBinding] = "auto") -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        lr = _check_number("lr", lr, 0.0, strict=True)
+        lr = check_number("lr", lr, 0.0, strict=True)
         if metric not in _METRICS:
             raise ValueError(f"metric must be one of {_METRICS}, got {metric!r}")
-        eps = _check_number("eps", eps, 0.0)
-        momentum = _check_number("momentum", momentum, 0.0)
+        eps = check_number("eps", eps, 0.0)
+        momentum = check_number("momentum", momentum, 0.0)
         if momentum >= 1.0:
             raise ValueError(f"momentum must be < 1, got {momentum!r}")
-        weight_decay = _check_number("weight_decay", weight_decay, 0.0)
+        weight_decay = check_number("weight_decay", weight_decay, 0.0)
         named = dict(model.named_parameters())
         self._named = named
         self._layout: ParameterLayout | None = None
@@ -145,30 +169,16 @@ class QuotientSGD(torch.optim.Optimizer):
         else:
             raise TypeError(f"symmetries must be 'auto', a SymmetryReport or QuotientBinding(s), "
                             f"got {type(symmetries).__name__}")
-        groups = _param_groups(named, pair_names)
+        groups = param_groups(named, pair_names)
         defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay}
         super().__init__(groups, defaults)
         self.metric, self.eps = metric, eps
         self._pair_names = pair_names
 
     def _use_report(self, report: SymmetryReport, metric: str, eps: float) -> list[str]:
-        """Step the pairs of ``report``: one quotient per bucket of its layout; the pairs'
-        parameter names."""
-        self._layout = ParameterLayout(report, self._named)
-        for shape, rotary, pairs in zip(self._layout.bucket_shapes, self._layout.bucket_rotary,
-                                        self._layout.gl_pairs, strict=True):
-            # one quotient per bucket, the metric object of the core (no formula here)
-            if rotary is None:
-                self._quotients.append(GLQuotient(metric, eps))
-            else:
-                self._quotients.append(RotaryQuotient(metric, eps, head_dim=shape[2],
-                                                      rotary_dims=rotary[0], layout=rotary[1]))
-            self._labels.append([f"{p.module} {p.kind} head {p.head}" for p in pairs])
-        pair_names = [n for n in self._layout.names
-                      if n not in set(report.other) | set(report.diagonal_parameters)]
-        if report.diagonal:
-            raise ValueError("symmetries: diagonal GL(1) pairs are not supported by "
-                             "QuotientSGD (GL pairs only)")
+        """Step the pairs of ``report`` (:func:`report_quotients`); the pairs' parameter names."""
+        self._layout, self._quotients, self._labels, pair_names = report_quotients(
+            report, self._named, metric, eps)
         return pair_names
 
     def _use_bindings(self, bindings: Sequence[object]) -> list[str]:

@@ -16,8 +16,10 @@ builds its subcommands from the registry. Each study hands its units of work (a 
 point) to the runner that ``quotientsharp study`` uses
 (:class:`quotientsharp.workflows.resumable.ResumableRun`: records written as they finish,
 ``--resume``, ranks under torchrun); Kendall tau, results files and plots are in
-:mod:`quotientsharp.workflows` too. The generated ``docs/results.md`` and its sections are
-:mod:`quotientsharp.reproduce.results_page`.
+:mod:`quotientsharp.workflows` too. The studies write data only (their results folder, the
+headline and page data under ``docs/results/data/``); the Markdown of ``docs/results/`` is
+rendered from that data by ``docs/_hooks/results_pages/`` of a checkout, which
+:mod:`quotientsharp.reproduce.results_page` loads from the folder given to ``--docs``.
 """
 
 from __future__ import annotations

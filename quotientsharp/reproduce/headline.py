@@ -1,9 +1,10 @@
 """The machine-readable headline numbers of each study: ``docs/results/data/<study>.json``.
 
-Each study's ``--docs`` run writes its headline Kendall taus here next to its page
-(:func:`write_headline`); the summary table of the results page is generated from these files
-(:mod:`quotientsharp.reproduce.summary`), and a test checks the summary's hand-written prose
-against them, so a number quoted in the prose is one that a study wrote.
+Each study's ``--docs`` run writes its headline Kendall taus here next to its page data
+(:func:`write_headline`); the summary table of the results page is rendered from these files
+(``docs/_hooks/results_pages/summary.py``, which reads them with :func:`check_rows`), and a
+test checks the summary's hand-written prose against them, so a number quoted in the prose is
+one that a study wrote.
 
 The file is ``{"study": str, "rows": [row, ...]}``, each row
 
@@ -22,7 +23,6 @@ The file is ``{"study": str, "rows": [row, ...]}``, each row
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,8 +30,6 @@ from typing import Any
 
 from quotientsharp.workflows.files import write_json_atomic
 
-#: The measures the summary table compares with the paper, in column order.
-HEADLINE_MEASURES = ("adaptive", "geodesic_inv", "geodesic_mix")
 #: Data files in the same folder that are not headline files: ``reach.json``, the solver reach
 #: study's results, which the family pages' reach statements read.
 NOT_HEADLINES = ("reach",)
@@ -113,23 +111,3 @@ def write_headline(docs_dir: Path, study: str, rows: list[dict[str, Any]]) -> Pa
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, {"study": study, "rows": checked})
     return path
-
-
-def read_headlines(docs_dir: Path) -> dict[str, list[dict[str, Any]]]:
-    """Every study's headline rows, ``{study: rows}``, from ``docs_dir/results/data/*.json``
-    (empty when there is none), each file checked as :func:`write_headline` writes it; the
-    files of :data:`NOT_HEADLINES` are left out."""
-    folder = Path(docs_dir) / "results" / "data"
-    headlines: dict[str, list[dict[str, Any]]] = {}
-    if not folder.is_dir():
-        return headlines
-    for path in sorted(folder.glob("*.json")):
-        if path.stem in NOT_HEADLINES:
-            continue
-        data = json.loads(path.read_text())
-        if not isinstance(data, dict) or set(data) != {"study", "rows"}:
-            raise ValueError(f"{path}: expected an object with the keys 'study' and 'rows'")
-        if data["study"] != path.stem:
-            raise ValueError(f"{path}: study {data['study']!r} does not match the file name")
-        headlines[path.stem] = check_rows(data["rows"], path.stem)
-    return headlines

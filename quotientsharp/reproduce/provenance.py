@@ -1,7 +1,8 @@
 """Where a results page came from: the package version, the git commit and the command.
 
-:func:`~quotientsharp.reproduce.results_page.write_section` stamps every section it writes
-with :func:`provenance_line`, so that a reader of a page can rerun exactly what made it. The
+Every study's page data holds the :class:`Provenance` of the run that made it
+(:func:`~quotientsharp.reproduce.results_page.page_document`), and the renderer stamps the page
+with it, so that a reader of a page can rerun exactly what made it. The
 commit is that of the checkout the imported package lives in; an installed package (no git
 checkout around it) or a machine without git gives ``commit=None``, said so on the page, never
 an error.
@@ -16,9 +17,6 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-#: Start of the provenance line in a section (tests and readers find it by this).
-PROVENANCE_PREFIX = "*Made by"
 
 
 @dataclass(frozen=True)
@@ -105,16 +103,3 @@ def current_provenance(command: str | None = None) -> Provenance:
     return Provenance(version=quotientsharp.__version__, commit=commit, dirty=dirty,
                       command=command if command is not None else default_command(),
                       date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"))
-
-
-def provenance_line(provenance: Provenance) -> str:
-    """One Markdown line naming the command, the version, the commit and the date."""
-    if provenance.commit is None:
-        where = "outside a git checkout (commit unknown)"
-    else:
-        state = {True: ", with uncommitted changes to tracked files outside docs/",
-                 False: ", clean working tree outside docs/", None: ""}[provenance.dirty]
-        where = f"at commit `{provenance.commit[:12]}`{state}"
-    command = provenance.command.replace("`", "'")
-    return (f"{PROVENANCE_PREFIX} `{command}` with quotientsharp {provenance.version} "
-            f"{where}, {provenance.date} (UTC).*")

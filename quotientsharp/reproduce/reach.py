@@ -35,7 +35,7 @@ one core; under torchrun the units are dealt over the ranks); ``--quick`` runs 2
 nets, 1 BERT batch and one model of each family's quick variant (for tests). The units (the
 diagonal nets, the tiny BERT, each family model) are written to ``OUT/units.jsonl`` as each
 finishes (``--resume`` computes the missing ones).
-Outputs: ``OUT/reach.json`` and ``OUT/reach.md``; with ``--docs DIR`` the page
+Outputs: ``OUT/reach.json`` and the page data ``OUT/page.json``; with ``--docs DIR`` the page
 ``DIR/results/reach.md``, its data ``DIR/results/data/reach.json`` (and the regenerated
 ``DIR/results.md``, with the family pages' reach statements).
 """
@@ -112,105 +112,6 @@ def diagonal_reach(rhos: Sequence[float], nets: int, seed: int,
     return out
 
 
-def _cell(entry: dict[str, Any], column: str = "ascent") -> str:
-    if "refused" in entry:
-        return "refused by the engine"
-    if column not in entry:
-        return "—"
-    return f"{entry[column]['min']:.2f} / {entry[column]['median']:.2f}"
-
-
-def _flag_cell(entry: dict[str, Any]) -> str:
-    if "refused" in entry:
-        return "refused"
-    flags = entry["flags"]
-    return (f"{flags['short']} short, {flags['short_flagged']} flagged; "
-            f"{flags['reaching_reach_flagged']} false; {flags['not_local']} not local; "
-            f"{entry['evaluations']:g} / {entry['reference_evaluations']:g}")
-
-
-def _table(reach: dict[str, dict[str, Any]], rhos: Sequence[float],
-           cell: Any = _cell) -> list[str]:
-    lines = ["| measure | " + " | ".join(f"ρ = {rho:g}" for rho in rhos) + " |",
-             "|---|" + "---|" * len(rhos)]
-    for measure, by_rho in reach.items():
-        lines.append(f"| {measure} | "
-                     + " | ".join(cell(by_rho[f"{rho:g}"]) for rho in rhos) + " |")
-    return lines + [""]
-
-
-def _search_tables(reach: dict[str, dict[str, Any]], rhos: Sequence[float]) -> list[str]:
-    """The three tables of a part measured with the engine's default solver."""
-    return (["The default solver (the reach search), as a percentage of the best value found "
-             "(min / median):", ""] + _table(reach, rhos)
-            + ["The search's first run alone (one ascent from ξ = 0, the solver of the "
-               "releases before 0.3), on the same problems:", ""]
-            + _table(reach, rhos, lambda entry: _cell(entry, "one_ascent"))
-            + ["The default's warnings against its shortfalls: problems short of 99 % of the "
-               "best value found, how many of them the result flagged (a reach estimate "
-               "below 0.99 or a ball that is not local), reaching problems flagged by the "
-               "reach estimate (false alarms), balls that are not local, and the median "
-               "forward+backward passes of the default / of the strong solve:", ""]
-            + _table(reach, rhos, _flag_cell))
-
-
-def _family_lines(name: str, family: dict[str, Any]) -> list[str]:
-    models = family["models"]
-    trained = ", ".join(f"model {m['index']}: " + ("diverged" if m["diverged"] else
-                                                   f"train error {m['train_error']:.3f}, "
-                                                   f"test error {m['test_error']:.3f}")
-                        for m in models)
-    steps = family["ascent_steps"]
-    reference = family["reference"]
-    lines = [f"### {family['title']}", "",
-             f"The first {len(models)} models of `quotientsharp reproduce {name}` (study seed "
-             f"0: the study's own hyperparameter draws, model builder and training; "
-             f"{trained}), each on every batch of the study's sharpness set "
-             f"({family['batches']} per model). The default solver runs the study's own "
-             f"{steps} Auto-PGD steps per chain; strong solve: {reference['n_iter']} steps, "
-             f"{reference['restarts']} random restart(s) (the engine's reference_solve). "
-             f"Radii: the three above and the ones the `{name}` page compares its measures at "
-             f"({family['page_radii']}).", ""]
-    return lines + _search_tables(family["reach"], family["rhos"])
-
-
-def reach_page(results: dict[str, Any], command: str) -> str:
-    """The Markdown section of the study."""
-    rhos = results["rhos"]
-    lines = ["## Solver reach against rho (`reproduce reach`)", "",
-             f"Reproduce: `{command}` (outputs in `{results['out']}/`). This run: wall time "
-             f"{results['wall_seconds'] / 60:.1f} min over {len(results['world_sizes'])} "
-             f"session(s) of {', '.join(map(str, results['world_sizes']))} process(es) "
-             f"(torchrun ranks), {results['threads']} torch thread(s) each.",
-             "",
-             "Each cell of a reach table: a solver's value as a percentage of the best value "
-             "found for the same problem (a net or model and one batch), min / median over the "
-             "problems. The best value is the largest of the default solver's, a strong "
-             "solve's (about ten times the budget) and, for mix on the diagonal nets, the "
-             "exact maximum: itself a lower bound of the maximum, except where exact. A value "
-             "short of 99 % should carry a warning (`qs.ReachWarning`), and a value that "
-             "reaches should not, unless its ball is not local: the warnings table counts "
-             "both. A measure whose reach falls with rho is ranked partly by its solver's "
-             "shortfall: compare measures at a radius where every one of them reaches close "
-             "to 100 %.", "",
-             "### Diagonal nets", "",
-             f"{results['diagonal_nets']} nets of the diagonal study's quick size (d = 200, "
-             "trained to 1e-5), 4 batches of 25 each, measured by the diagonal study's own "
-             "batched solver (one Auto-PGD ascent of 20 steps from ξ = 0, exact paths); "
-             "strong ascent: 400 steps, 3 restarts (from the quadratic model's maximiser, its "
-             "negative and a random point); mix maxima exact.", ""]
-    lines += _table(results["diagonal"], rhos)
-    lines += ["### Tiny float64 BERT", "",
-              f"2 layers, 4 heads of dimension 8, random weights (initializer_range 0.3), "
-              f"{results['bert_batches']} random batch(es) of 8 sequences of 12 tokens; the "
-              "default solver of 20 steps per chain; strong solve: the engine's "
-              "reference_solve=True (200 steps, 4 random restarts).", ""]
-    lines += _search_tables(results["bert"], rhos)
-    for name, family in results["families"].items():
-        lines += _family_lines(name, family)
-    return "\n".join(lines)
-
-
 def _pooled(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The values of several models' records, each list the batches of every model."""
     pooled: dict[str, dict[str, Any]] = {}
@@ -255,7 +156,7 @@ def reach_study(out: Path, *, quick: bool = False, seed: int = 0, threads: int =
                 diagonal_overrides: dict[str, Any] | None = None,
                 families: Sequence[Any] | None = None,
                 progress: bool | None = False) -> dict[str, Any]:
-    """Run (or resume) the study, write ``out/reach.json`` and ``out/reach.md`` (and, with
+    """Run (or resume) the study, write ``out/reach.json`` and ``out/page.json`` (and, with
     ``docs``, the page and ``docs/results/data/reach.json``); returns the results.
 
     The units of work (:class:`~quotientsharp.workflows.resumable.ResumableRun`, records in
@@ -294,7 +195,7 @@ def reach_study(out: Path, *, quick: bool = False, seed: int = 0, threads: int =
         reach_shares,
         tiny_bert_unit,
     )
-    from quotientsharp.reproduce.results_page import regenerate_results_page, write_section
+    from quotientsharp.reproduce.results_page import page_document, write_page
     from quotientsharp.workflows.files import write_json_atomic
     from quotientsharp.workflows.resumable import ResumableRun
 
@@ -325,7 +226,7 @@ def reach_study(out: Path, *, quick: bool = False, seed: int = 0, threads: int =
                                             status)}
 
     run = ResumableRun(out, units, study="reach", settings=settings, resume=resume,
-                       owned=["units.jsonl", "reach.json", "reach.md"], records="units.jsonl",
+                       owned=["units.jsonl", "reach.json", "page.json"], records="units.jsonl",
                        key="unit", unit="unit", description="reach", progress=progress)
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -349,14 +250,13 @@ def reach_study(out: Path, *, quick: bool = False, seed: int = 0, threads: int =
             "families": {f.study: _family_results(
                 f, radii[f.study], [records[f"{f.study}:{i}"] for i in range(f.models)])
                 for f in families}}
-        text = reach_page(results, command)
+        document = page_document("reach", {"results": results, "command": command})
         write_json_atomic(folder.file("reach.json"), results)
-        folder.file("reach.md").write_text(text)
+        write_json_atomic(folder.file("page.json"), document)
         if docs is not None:
             reach_data_path(Path(docs)).parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(reach_data_path(Path(docs)), results)
-            write_section(Path(docs), "reach", text)
-            regenerate_results_page(Path(docs))
+            write_page(Path(docs), document)
         return results
 
     return run.finish(finish)
@@ -393,4 +293,27 @@ def run(config: ReachConfig) -> int:
         "reach", "units", out,
         lambda: reach_study(out, quick=config.quick, seed=config.seed, threads=config.threads,
                             docs=config.docs, resume=config.resume),
-        lambda results: print(reach_page(results, "quotientsharp reproduce reach")))
+        lambda results: print("\n".join(console_lines(results))))
+
+
+def console_lines(results: dict[str, Any]) -> list[str]:
+    """One plain line per part, measure and radius: the default solver's reach (min /
+    median, percent of the best value found) and, where measured, the problems it fell short
+    on and how many of them its result flagged."""
+    parts = {"diagonal": results["diagonal"], "tiny BERT": results["bert"],
+             **{name: family["reach"] for name, family in results["families"].items()}}
+    lines = []
+    for part, reach in parts.items():
+        for measure, by_rho in reach.items():
+            for rho, entry in by_rho.items():
+                if "refused" in entry:
+                    lines.append(f"{part} {measure} rho={rho}: refused ({entry['refused']})")
+                    continue
+                share = entry["ascent"]
+                line = (f"{part} {measure} rho={rho}: reach {share['min']:.2f} / "
+                        f"{share['median']:.2f} %")
+                if "flags" in entry:
+                    line += (f", {entry['flags']['short']} short, "
+                             f"{entry['flags']['short_flagged']} of them flagged")
+                lines.append(line)
+    return lines

@@ -1,144 +1,20 @@
-"""``quotientsharp reproduce summary``: the summary section of the results page, from the data.
+"""``quotientsharp reproduce summary``: regenerate the summary section from the headline files.
 
-The summary's tables are generated from the headline files every study writes
-(``docs/results/data/<study>.json``, :mod:`quotientsharp.reproduce.headline`); its prose is
-written by hand below :data:`~quotientsharp.reproduce.results_page.HAND_WRITTEN_MARKER` and
-kept. Each paragraph of that prose that quotes taus names the studies whose data it quotes in
-a comment ``<!-- numbers from: bert minilm -->``; the test suite checks every tau it quotes
-against those files (:func:`prose_numbers`, :func:`unsupported_numbers`).
-
-:func:`~quotientsharp.reproduce.results_page.regenerate_results_page` rewrites the summary
-whenever a study rewrites its section; this command rewrites it alone.
+The summary's tables are rendered from the headline files every study writes
+(``docs/results/data/<study>.json``, :mod:`quotientsharp.reproduce.headline`) by the renderer of
+the docs folder (:mod:`quotientsharp.reproduce.results_page`); the results page is regenerated
+with every study's ``--docs`` run, and this command regenerates it alone.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
+import sys
 from pathlib import Path
-from typing import Any
 
 from quotientsharp.reproduce.config import SummaryConfig, check_config
-from quotientsharp.reproduce.headline import HEADLINE_MEASURES, read_headlines
+from quotientsharp.reproduce.headline import NOT_HEADLINES
 
 HELP = "the summary section of the results page, regenerated from docs/results/data/*.json"
-
-TITLE = "## Summary: where we agree with the paper, and where we do not"
-_LABELS = {"adaptive": "adaptive", "geodesic_inv": "geodesic inv", "geodesic_mix": "geodesic mix"}
-#: A tau as the pages quote it: optional sign, one digit, two decimals.
-_TAU = re.compile(r"(?<![\w.])([+\-\u2212]?)(\d)\.(\d\d)(?![\d])")
-_SOURCES = re.compile(r"<!--\s*numbers from:([^>]*)-->")
-
-
-def _cell(row: Mapping[str, Any]) -> str:
-    text = f"{row['tau']:+.2f} [{row['low']:+.2f}, {row['high']:+.2f}]"
-    if row["paper"] is not None:
-        text += f" ({row['paper']:+.2f})"
-    if row["note"]:
-        text += f"; {row['note']}"
-    return text
-
-
-def _sign_agreement(row: Mapping[str, Any]) -> str | None:
-    """Whether the interval excludes 0 on the paper's side (``None`` without a paper value)."""
-    paper = row["paper"]
-    if paper is None or paper == 0:
-        return None
-    if row["low"] > 0 or row["high"] < 0:
-        return "yes" if (row["low"] > 0) == (paper > 0) else "opposite"
-    return "interval contains 0"
-
-
-def _ordered(headlines: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
-    from quotientsharp.reproduce.results_page import SECTION_ORDER
-
-    return ([s for s in SECTION_ORDER if s in headlines]
-            + sorted(s for s in headlines if s not in SECTION_ORDER))
-
-
-def summary_markdown(headlines: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
-    """The generated part of the summary section: the headline table (one line per study and
-    setting, the three measures compared with the paper, whether the sign agrees) and the
-    table of every other row (other measures, confounds)."""
-    lines = [TITLE, "",
-             "Generated from the headline files `docs/results/data/<study>.json`, which each "
-             "study's `--docs` run writes next to its section (`quotientsharp reproduce "
-             "summary --docs docs` regenerates it alone). Kendall tau between generalisation "
-             "and sharpness with its 95 % interval, the paper's value in brackets. Rows are "
-             "not comparable across settings: our transformer families are small models on "
-             "generated or bundled data, the paper's are CLIP ViT-B/32 on ImageNet and "
-             "BERT-base on MNLI. 'Agrees in sign' asks whether the interval excludes 0 on "
-             "the paper's side.", "",
-             "| study | setting | " + " | ".join(_LABELS[m] for m in HEADLINE_MEASURES)
-             + " | agrees in sign? |",
-             "|---" * (len(HEADLINE_MEASURES) + 3) + "|"]
-    others = []
-    for study in _ordered(headlines):
-        settings: dict[str, dict[str, Mapping[str, Any]]] = {}
-        for row in headlines[study]:
-            settings.setdefault(row["setting"], {})[row["measure"]] = row
-        for setting, rows in settings.items():
-            if any(m in rows for m in HEADLINE_MEASURES):
-                cells = [(_cell(rows[m]) if m in rows else "—") for m in HEADLINE_MEASURES]
-                verdicts = [f"{_LABELS[m].split()[-1]}: {v}" for m in HEADLINE_MEASURES
-                            if m in rows and (v := _sign_agreement(rows[m])) is not None]
-                lines.append(f"| {study} | {setting} | " + " | ".join(cells) + " | "
-                             + ("; ".join(verdicts) or "no paper value") + " |")
-            others += [(study, setting, row) for m, row in rows.items()
-                       if m not in HEADLINE_MEASURES]
-    if others:
-        lines += ["", "Other measures, confounds and diagnostics of the same runs:", "",
-                  "| study | setting | row | τ [95 % CI] |", "|---|---|---|---|"]
-        lines += [f"| {study} | {setting} | {row['measure']} | {_cell(row)} |"
-                  for study, setting, row in others]
-    return "\n".join(lines) + "\n"
-
-
-def write_summary(docs_dir: Path, command: str | None = None) -> Path | None:
-    """Rewrite ``docs_dir/results/summary.md`` from the headline files, keeping its
-    hand-written prose; ``None`` (nothing written) when there is no headline file."""
-    from quotientsharp.reproduce.results_page import write_section
-
-    headlines = read_headlines(docs_dir)
-    if not headlines:
-        return None
-    return write_section(docs_dir, "summary", summary_markdown(headlines), command=command)
-
-
-def prose_numbers(prose: str) -> list[tuple[tuple[str, ...], float, str]]:
-    """Every tau quoted in ``prose`` (signed or unsigned, two decimals), with the studies its
-    paragraph names in ``<!-- numbers from: ... -->`` (``()`` when it names none).
-
-    Returns
-    -------
-    list of (studies, value, text)
-        Per quoted number: the paragraph's studies, the value and the number as written.
-    """
-    found = []
-    for paragraph in re.split(r"\n\s*\n|\n(?=- )", prose):
-        sources = tuple(name for match in _SOURCES.finditer(paragraph)
-                        for name in match.group(1).split())
-        text = _SOURCES.sub("", paragraph)
-        text = re.sub(r"\$[^$]*\$", "", text)  # formulas hold constants, not taus
-        for match in _TAU.finditer(text):
-            sign = -1.0 if match.group(1) in ("-", "\u2212") else 1.0
-            value = sign * float(f"{match.group(2)}.{match.group(3)}")
-            found.append((sources, value, match.group(0)))
-    return found
-
-
-def unsupported_numbers(prose: str, headlines: Mapping[str, Sequence[Mapping[str, Any]]]
-                        ) -> list[str]:
-    """The taus of ``prose`` that no row of the studies its paragraph names holds (as tau,
-    bound or paper value, at two decimals); a paragraph that names no study supports none."""
-    bad = []
-    for sources, value, text in prose_numbers(prose):
-        known = {round(float(row[key]), 2) for study in sources
-                 for row in headlines.get(study, ())
-                 for key in ("tau", "low", "high", "paper") if row[key] is not None}
-        if round(value, 2) not in known:
-            bad.append(f"{text} (studies: {', '.join(sources) or 'none named'})")
-    return bad
 
 
 def run(config: SummaryConfig) -> int:
@@ -147,8 +23,8 @@ def run(config: SummaryConfig) -> int:
     Returns
     -------
     int
-        0 done; 2 when ``docs/results/data/`` holds no headline file or a headline the
-        summary refuses, the reason printed to stderr.
+        0 done; 2 when the docs folder has no renderer, ``docs/results/data/`` holds no
+        headline file or a headline the summary refuses, the reason printed to stderr.
 
     Raises
     ------
@@ -156,20 +32,18 @@ def run(config: SummaryConfig) -> int:
         ``config`` is not a :class:`~quotientsharp.reproduce.config.SummaryConfig`.
     """
     check_config(config, SummaryConfig, "summary")
-    import sys
-
     from quotientsharp.reproduce.results_page import regenerate_results_page
 
     docs = config.docs if config.docs is not None else Path("docs")
-    try:
-        path = write_summary(docs)
-    except ValueError as err:
-        print(f"quotientsharp reproduce summary: error: {err}", file=sys.stderr)
-        return 2
-    if path is None:
+    if not [path for path in (docs / "results" / "data").glob("*.json")
+            if path.stem not in NOT_HEADLINES]:
         print(f"quotientsharp reproduce summary: error: no headline file in "
               f"{docs}/results/data/; run a study with --docs first", file=sys.stderr)
         return 2
-    regenerate_results_page(docs)
-    print(f"summary written to {path}")
+    try:
+        regenerate_results_page(docs)
+    except ValueError as err:
+        print(f"quotientsharp reproduce summary: error: {err}", file=sys.stderr)
+        return 2
+    print(f"summary written to {docs / 'results' / 'summary.md'}")
     return 0

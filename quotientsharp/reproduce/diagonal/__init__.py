@@ -2,6 +2,6 @@
 
 :mod:`.entry` is the study's command interface; :mod:`.training` trains the nets batched,
 :mod:`.batched_ascent` and :mod:`.measures` measure them, :mod:`.exact` gives exact or strong
-maxima, :mod:`.study` runs a setting, :mod:`.full` the full sweep, :mod:`.report` and
-:mod:`.page` write the results.
+maxima, :mod:`.study` runs a setting, :mod:`.full` the full sweep, :mod:`.report` writes the results
+and the page data (the page itself is rendered by ``docs/_hooks/results_pages/diagonal.py``).
 """

@@ -57,9 +57,10 @@ Outputs (``--out``, default ``results/diagonal``)
     ``run.json`` (settings, per-net hyperparameters, seeds, package versions, timings, taus),
     ``trained.jsonl`` (each net's final ``u``, ``v`` as soon as it stops), ``models.jsonl``
     and ``models.csv`` (per-net values, appended as nets are finished), one
-    ``scatter_<measure>.png`` per measure, ``diagonal.md`` (the docs section; with
-    ``--docs DIR`` also written to ``DIR/results/diagonal.md`` and ``DIR/results.md``
-    regenerated). ``--resume`` skips every net already in ``models.jsonl`` and retrains none in
+    ``scatter_<measure>.png`` per measure, ``page.json`` (the page's data; with ``--docs DIR``
+    also written to ``DIR/results/data/pages/diagonal.json``, the page ``DIR/results/diagonal.md``
+    rendered from it and ``DIR/results.md`` regenerated). ``--resume`` skips every net already
+    in ``models.jsonl`` and retrains none in
     ``trained.jsonl``; results are identical to an uninterrupted run.
 
 Beside each Auto-PGD value (``diagonal_exact``): the exact maximum of mix exact (the
@@ -69,8 +70,8 @@ quadratic model and its negative, the rest from random points), the value of mix
 interpolation ``2 rho^2 lambda_max``, and the measures of the population loss
 ``||beta - beta*||^2``. The page reports every tau with a 95 %
 bootstrap interval, Auto-PGD as a percentage of the maximum, the confound taus of the
-hyperparameters, and the mix order-1/2 rows as diagnostics (``diagonal_analysis``,
-``diagonal_page``).
+hyperparameters, and the mix order-1/2 rows as diagnostics (``diagonal.analysis``; the
+page is rendered from the page data by ``docs/_hooks/results_pages/diagonal.py``).
 
 ``--full``: the default run, then the same hyperparameters on 3 data seeds at rho 0.03, 0.1 and
 0.3, and with a training set per net, each in ``OUT/full/<run>/``; the page gets the taus per
@@ -94,8 +95,8 @@ writes every file; the values are those of one process, bit for bit (:func:`diag
 #             batched_ascent: measure_nets and path_name);
 #   exact     the exact and strong maxima, the theory at interpolation, the population loss;
 #   analysis  the numbers of one run (taus with intervals, % of the maximum, confounds);
-#   page      the markdown tables and the theory section of the page;
-#   report    records, CSV rows, Kendall taus, plots, the docs section;
+#   report    records, CSV rows, Kendall taus, plots, the page data (the page itself is
+#             rendered by docs/_hooks/results_pages/diagonal.py);
 #   study     diagonal_study, the driver (training on rank 0, measures over the ranks);
 #   full      run_full, --full: data seeds, the rho sweep, a training set per net.
 
@@ -108,7 +109,7 @@ from typing import Any
 from quotientsharp.reproduce.command import run_study_command
 from quotientsharp.reproduce.config import DiagonalConfig, check_config
 from quotientsharp.reproduce.diagonal.full import FULL_RHOS, run_full
-from quotientsharp.reproduce.diagonal.report import StudyResult, default_out
+from quotientsharp.reproduce.diagonal.report import StudyResult, default_out, tau_lines
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
 from quotientsharp.reproduce.diagonal.study import diagonal_study
 
@@ -141,13 +142,13 @@ def _run_settings(settings: DiagonalSettings, out: Path, config: DiagonalConfig)
 
 def _print_result(result: StudyResult, settings: DiagonalSettings, docs: Path | None) -> None:
     """The console report of rank 0: the taus, the counted nets, what ran now."""
-    print(result.table)
+    print("\n".join(tau_lines(result)))
     print(f"\n{len(result.counted)}/{settings.nets} nets counted; not converged: "
           f"{result.unconverged or 'none'}; diverged: {result.diverged or 'none'}")
     print(f"trained now: {len(result.trained_now)}, measured now: {len(result.measured_now)}, "
           f"wall time {result.wall_seconds:.1f} s")
     print(f"results in {result.out}" + ("" if docs is None else
-                                        f"; docs section in {docs}/results/diagonal.md"))
+                                        f"; docs page in {docs}/results/diagonal.md"))
 
 
 def run(config: DiagonalConfig) -> int:

@@ -7,33 +7,148 @@ then, each in a subfolder ``full/<name>/`` of its own (with ``--resume`` like th
   test inputs), at every radius of :data:`FULL_RHOS`;
 - a training set per net (``training_sets="per_net"``) at the study's radius, on each data seed.
 
-The page then gets, per setting, the taus with intervals per data seed and their mean over the
-seeds (stratified bootstrap), and the rho sweep as one table with a column per radius.
+The page data then gets, per setting, the taus with intervals per data seed and their mean over
+the seeds (cluster bootstrap, :func:`full_statistics`), and the rho sweep with a column per
+radius.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from quotientsharp.reproduce.diagonal.analysis import MAXIMUM_OF, spread
 from quotientsharp.reproduce.diagonal.data import derived_seed
-from quotientsharp.reproduce.diagonal.page import (
-    SWEEP_ROWS,
-    SweepRun,
-    interval_text,
-    pooled_over_seeds,
-    rho_table,
-    sweep_sections,
+from quotientsharp.reproduce.diagonal.measures import MEASURES
+from quotientsharp.reproduce.diagonal.report import (
+    PAGE_FILE,
+    STUDY,
+    StudyResult,
+    _canonical_command,
+    page_data,
 )
-from quotientsharp.reproduce.diagonal.report import SECTION_FILE, STUDY, StudyResult, study_section
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
 from quotientsharp.reproduce.diagonal.study import diagonal_study
 from quotientsharp.reproduce.headline import write_headline
-from quotientsharp.reproduce.results_page import regenerate_results_page, write_section
+from quotientsharp.reproduce.results_page import check_renderer, page_document, write_page
+from quotientsharp.workflows.files import write_json_atomic
+from quotientsharp.workflows.taus import cluster_bootstrap_tau, tau_interval
+
+Record = Mapping[str, Any]
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the sweep tables: a label and the per-record value it ranks."""
+
+    label: str
+    value: Callable[[Record], float]
+
+
+def _sharpness(key: str) -> Callable[[Record], float]:
+    return lambda record: float(record["sharpness"][key])
+
+
+def _field(key: str) -> Callable[[Record], float]:
+    return lambda record: float(record[key])
+
+
+#: The rows of the sweep tables: the measures, their maxima, the population loss, the
+#: confounds.
+SWEEP_ROWS: tuple[Row, ...] = (
+    *(Row(f"{spec.name} (Auto-PGD)", _sharpness(spec.name)) for spec in MEASURES
+      if not spec.diagnostic),
+    *(Row(f"{name} ({'exact' if key.startswith('exact') else 'strong'} maximum)",
+          _sharpness(key)) for name, key in MAXIMUM_OF.items()),
+    Row("population: adaptive (Auto-PGD)", _sharpness("population:adaptive")),
+    Row("population: geodesic_inv_exact (Auto-PGD)",
+        _sharpness("population:geodesic_inv_exact")),
+    Row("population: geodesic_mix_exact (exact maximum)",
+        _sharpness("population_exact:geodesic_mix_exact")),
+    Row("population: geodesic_mix_exact_rateball (exact maximum)",
+        _sharpness("population_exact:geodesic_mix_exact_rateball")),
+    Row("confound: init_scale", _field("init_scale")),
+    Row("confound: learning_rate", _field("learning_rate")),
+    Row("confound: batch_size", _field("batch_size")),
+)
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One run of ``--full``: its label, settings and the counted records."""
+
+    label: str
+    settings: DiagonalSettings
+    records: Sequence[Record]
+
+
+def _pairs(run: SweepRun, row: Row) -> tuple[list[float], list[float]]:
+    return [r["test_loss"] for r in run.records], [row.value(r) for r in run.records]
+
+
+def _single(run: SweepRun, row: Row, samples: int, seed: int) -> dict[str, Any]:
+    return tau_interval(*_pairs(run, row), samples, seed).as_dict()
+
+
+def pooled_over_seeds(runs: Sequence[SweepRun], row: Row, samples: int, seed: int
+                      ) -> dict[str, Any]:
+    """The mean over the runs (seeds) of their tau-b, with its two-stage cluster bootstrap
+    interval (:func:`~quotientsharp.workflows.taus.cluster_bootstrap_tau`), as a
+    dict :func:`interval_text` reads (``tau_b``, ``b_low``, ``b_high``)."""
+    xs, ys, clusters = [], [], []
+    for index, run in enumerate(runs):
+        x, y = _pairs(run, row)
+        xs += x
+        ys += y
+        clusters += [index] * len(x)
+    tau, low, high = cluster_bootstrap_tau(xs, ys, clusters, samples, seed)
+    return {"tau_b": tau, "b_low": low, "b_high": high}
+
+
+def seed_table(runs: Sequence[SweepRun], samples: int, seed: int) -> dict[str, Any]:
+    """One setting's statistics: per sweep row, tau-b per run (seed) with its percentile
+    bootstrap interval and pooled over the runs (:func:`pooled_over_seeds`).
+
+    Returns
+    -------
+    dict
+        ``labels`` and ``counts`` (nets) of the runs, and ``rows``: per :data:`SWEEP_ROWS`
+        entry its ``label``, ``runs`` (one dict per run) and ``pooled``.
+    """
+    return {"labels": [run.label for run in runs],
+            "counts": [len(run.records) for run in runs],
+            "rows": [{"label": row.label,
+                      "runs": [_single(run, row, samples, seed) for run in runs],
+                      "pooled": pooled_over_seeds(runs, row, samples, seed)}
+                     for row in SWEEP_ROWS]}
+
+
+def rho_sweep(groups: Mapping[float, Sequence[SweepRun]], samples: int, seed: int
+              ) -> dict[str, Any]:
+    """Per rho, the tau-b of every sweep row pooled over the seeds, and Auto-PGD as a
+    percentage of the maximum (min / median / max over the nets of every seed).
+
+    Returns
+    -------
+    dict
+        ``rhos`` (sorted); ``rows``: per :data:`SWEEP_ROWS` entry its ``label`` and ``cells``
+        (one pooled tau per rho); ``percent``: per measure with a maximum its ``name`` and
+        ``cells`` (one spread per rho).
+    """
+    rhos = sorted(groups)
+    rows = [{"label": row.label,
+             "cells": [pooled_over_seeds(groups[rho], row, samples, seed) for rho in rhos]}
+            for row in SWEEP_ROWS]
+    percent = [{"name": name,
+                "cells": [spread([100.0 * r["sharpness"][name] / r["sharpness"][key]
+                                  for run in groups[rho] for r in run.records])
+                          for rho in rhos]}
+               for name, key in MAXIMUM_OF.items()]
+    return {"rhos": rhos, "rows": rows, "percent": percent}
+
 
 #: Radii of the rho sweep, and the number of data draws per setting.
 FULL_RHOS = (0.03, 0.1, 0.3)
@@ -93,14 +208,16 @@ def run_full(settings: DiagonalSettings, out: Path, *, resume: bool = False,
              threads: int | None = 1, rhos: Sequence[float] = FULL_RHOS,
              data_seeds: int = FULL_DATA_SEEDS, per_net_seeds: int | None = None
              ) -> tuple[StudyResult, dict[str, StudyResult]]:
-    """Run every configuration of :func:`full_configurations` and write the full page.
+    """Run every configuration of :func:`full_configurations` and write the full page data.
 
     Returns
     -------
     tuple
-        The default study's result (its ``markdown`` is the full page) and the results of the
+        The default study's result (its ``page`` is the full page data) and the results of the
         other runs by subfolder.
     """
+    if docs is not None:
+        check_renderer(docs)
     configurations = full_configurations(settings, rhos, data_seeds, per_net_seeds)
     results: dict[str, StudyResult] = {}
     for configuration in configurations:
@@ -115,125 +232,72 @@ def run_full(settings: DiagonalSettings, out: Path, *, resume: bool = False,
         groups.setdefault(configuration.group, []).append(
             SweepRun(configuration.label, configuration.settings, counted))
     samples, seed = settings.bootstrap, derived_seed(settings.seed, "bootstrap")
-    study_rho = f"rho = {settings.rho:g}"
-    lines = [
-        "### Over seeds, the rho sweep and a training set per net (`--full`)",
-        "",
-        "Each seed below draws its own hyperparameters (init scale, learning rate, batch "
-        "size), its own data (β\\*, training and test inputs) and its own schedules: the seeds "
-        "are independent replicates of the design. 'Pooled over seeds' is the mean of the "
-        "per-seed τ-b, its interval a two-stage cluster bootstrap (the seeds resampled, then "
-        "the nets within each drawn seed: `quotientsharp.workflows.taus`), so it "
-        "accounts for the variation between seeds. The maximum rows are the exact (mix exact, "
-        "both balls) or strong (the others) maxima; the population rows measure the "
-        "population loss ||β − β\\*||²; the confound rows rank the test loss against a "
-        "hyperparameter.",
-        "",
-    ]
-    lines += sweep_sections({f"Seeds, {study_rho.replace('rho', 'ρ')}, the training set "
-                             "shared by the nets (the paper's protocol)": groups[study_rho]},
-                            samples, seed)
-    if "per_net" in groups:
-        lines += sweep_sections({f"A training set per net ({study_rho.replace('rho', 'ρ')}): "
-                                 "each net trains and is measured on its own 100 inputs":
-                                 groups["per_net"]}, samples, seed)
-    pooled = {title: {row.label: pooled_over_seeds(groups[key], row, samples, seed)
-                      for row in SWEEP_ROWS}
-              for title, key in (("shared", study_rho), ("per_net", "per_net"))
-              if key in groups}
-    lines += ball_section(pooled["shared"])
-    lines += ["#### The rho sweep", "",
-              "Kendall τ-b pooled over the seeds [95 % cluster bootstrap CI], and Auto-PGD as "
-              "a percentage of the maximum (min / median / max over the nets of every seed):", ""]
-    lines += rho_table({rho: groups[f"rho = {rho:g}"] for rho in rhos}, samples, seed)
-    lines.append("")
+    full = full_statistics(groups, settings.rho, rhos, samples, seed)
     base = results[""]
     wall = sum(result.wall_seconds for result in results.values())
-    base.markdown = study_section(settings, base, base.records, wall, int(resume),
-                                  threads or torch.get_num_threads(), full=lines,
-                                  runs=len(results))
     options = ("" if tuple(rhos) == FULL_RHOS
                else f" --rhos {','.join(f'{r:g}' for r in rhos)}")
     options += ("" if per_net_seeds is None or per_net_seeds == data_seeds
                 else f" --per-net-seeds {per_net_seeds}")
-    if options:
-        base.markdown = base.markdown.replace("reproduce diagonal --full",
-                                              f"reproduce diagonal --full{options}", 1)
-    (Path(out) / SECTION_FILE).write_text(base.markdown)
+    command = _canonical_command(settings, full=True).replace(
+        "reproduce diagonal --full", f"reproduce diagonal --full{options}", 1)
+    base.page = page_document(STUDY, page_data(
+        settings, base, base.records, wall, int(resume), threads or torch.get_num_threads(),
+        full=full, runs=len(results), command=command))
+    write_json_atomic(Path(out) / PAGE_FILE, base.page)
     if docs is not None:
+        pooled = {"shared": full["ball"], **({"per_net": full["per_net_pooled"]}
+                                             if "per_net_pooled" in full else {})}
         write_headline(Path(docs), STUDY, headline_rows(
             pooled, {key: len(runs) for key, runs in groups.items()}, settings.rho))
-        write_section(Path(docs), STUDY, base.markdown)
-        regenerate_results_page(Path(docs))
+        write_page(Path(docs), base.page)
     return base, {k: v for k, v in results.items() if k}
+
+
+def full_statistics(groups: Mapping[str, Sequence[SweepRun]], rho: float,
+                    rhos: Sequence[float], samples: int, seed: int) -> dict[str, Any]:
+    """The statistics of the ``--full`` part of the page.
+
+    Parameters
+    ----------
+    groups
+        ``"rho = R"`` (one per radius of ``rhos``) and ``"per_net"`` -> the runs, one per seed.
+    rho
+        The study's radius.
+    rhos
+        The radii of the sweep.
+    samples, seed
+        Bootstrap resamples and seed.
+
+    Returns
+    -------
+    dict
+        ``groups``: the titled :func:`seed_table` of the shared training set at ``rho`` and,
+        when run, of a training set per net; ``ball``: sweep row label -> tau-b pooled over
+        the seeds (shared training set at ``rho``); ``per_net_pooled`` the same for a
+        training set per net; ``rho``: :func:`rho_sweep`.
+    """
+    study_rho = f"rho = {rho:g}"
+    titled = [(f"Seeds, {study_rho.replace('rho', 'ρ')}, the training set shared by the nets "
+               "(the paper's protocol)", study_rho)]
+    if "per_net" in groups:
+        titled.append((f"A training set per net ({study_rho.replace('rho', 'ρ')}): each net "
+                       "trains and is measured on its own 100 inputs", "per_net"))
+    tables = {key: seed_table(groups[key], samples, seed) for _, key in titled}
+    full: dict[str, Any] = {
+        "groups": [{"title": title, **tables[key]} for title, key in titled],
+        "ball": {row["label"]: row["pooled"] for row in tables[study_rho]["rows"]},
+        "rho": rho_sweep({r: groups[f"rho = {r:g}"] for r in rhos}, samples, seed)}
+    if "per_net" in tables:
+        full["per_net_pooled"] = {row["label"]: row["pooled"]
+                                  for row in tables["per_net"]["rows"]}
+    return full
 
 
 def _pooled(pooled: dict[str, dict[str, Any]], label: str) -> dict[str, Any]:
     if label not in pooled:
         raise KeyError(f"no sweep row {label!r}; rows: {sorted(pooled)}")
     return pooled[label]
-
-
-def ball_section(pooled: dict[str, dict[str, Any]]) -> list[str]:
-    """The ball as a studied option: the metric's own ball against the rate ball
-    ``||b|| <= rho / sqrt(2)``, for inv and mix, pooled over the seeds (shared training set);
-    which ball the paper's protocol most likely used; where the paper's adaptive value lies.
-
-    Parameters
-    ----------
-    pooled
-        Sweep row label -> :func:`~quotientsharp.reproduce.diagonal.page.pooled_over_seeds`.
-    """
-    def cell(label: str) -> str:
-        return interval_text(_pooled(pooled, label))
-
-    own = _pooled(pooled, "geodesic_mix_exact (exact maximum)")
-    rate = _pooled(pooled, "geodesic_mix_exact_rateball (exact maximum)")
-    adaptive = _pooled(pooled, "adaptive (Auto-PGD)")
-    inside = adaptive["b_low"] <= -0.68 <= adaptive["b_high"]
-    rate_sign = ("excludes 0 on the paper's side" if rate["b_high"] < 0 else
-                 "does not exclude 0 on the paper's side")
-    lines = [
-        "#### The ball: the metric's own ball against the rate ball", "",
-        "A horizontal perturbation is a rate vector b (ξ = (b u, b v)). The inv metric's norm "
-        "of it is √2 ||b||, so inv's own ball *is* the rate ball ||b|| ≤ ρ/√2: one set, one "
-        "measure, the same taus. The mix metric's norm is √2 ||β b||: its own ball allows "
-        "rates up to ρ/(√2 |β_i|) on small coordinates. The rate ball for mix keeps the mix "
-        "geodesic β (1 + 2b) and bounds the rates as inv does; its exact maximum is the "
-        "trust-region subproblem in D = 2 β b over ||D / (2 |β|)|| ≤ ρ/√2. Kendall τ-b pooled "
-        "over the seeds (the training set shared by the nets), with cluster bootstrap "
-        "intervals:", "",
-        "| measure | ball | Auto-PGD | maximum | paper |", "|---|---|---|---|---|",
-        f"| geodesic inv, exact path | own = rate ball (the same set) | "
-        f"{cell('geodesic_inv_exact (Auto-PGD)')} | "
-        f"{cell('geodesic_inv_exact (strong maximum)')} (strong) | -0.83 |",
-        f"| geodesic mix, exact path | own ball √2 ||β b|| ≤ ρ | "
-        f"{cell('geodesic_mix_exact (Auto-PGD)')} | {interval_text(own)} (exact) | -0.86 |",
-        f"| geodesic mix, exact path | rate ball ||b|| ≤ ρ/√2 | "
-        f"{cell('geodesic_mix_exact_rateball (Auto-PGD)')} | {interval_text(rate)} (exact) "
-        f"| -0.86 |",
-        "",
-        "**Which ball the paper's protocol most likely used: the rate ball** (a bound on the "
-        "rates, or on a perturbation normalised by the parameters, as adaptive sharpness "
-        "does). With the mix metric's own ball the exact-path measure is the constant "
-        "2 ρ² λ_max(A_B) at interpolation, so no ranking of the nets by it can reach the "
-        f"paper's -0.86 (ours: {interval_text(own)}, which ranks the leftover residual). With "
-        f"the rate ball it is {interval_text(rate)}, an interval that {rate_sign}; the rate "
-        "ball is also the only one of the two that the paper's two metrics share, so a "
-        "protocol that scales one perturbation to radius ρ for both metrics gets it. The "
-        "paper does not state its ball, so this is an inference from the numbers, not a "
-        "reading of its code. How far the default ascent gets under each ball, against ρ, is "
-        "on the solver-reach page (`quotientsharp reproduce reach`, docs/results/reach.md): "
-        "compare measures where each reaches close to its maximum.",
-        "",
-        f"The paper's adaptive -0.68 lies {'inside' if inside else 'outside'} our pooled "
-        f"interval for adaptive (Auto-PGD) {interval_text(adaptive)}"
-        + ("." if inside else ": only the sign agrees. Our nets differ in one factor, the "
-           "initialisation scale, that ranks the test loss almost perfectly; the paper does "
-           "not say what varies across its nets."),
-        "",
-    ]
-    return lines
 
 
 def headline_rows(pooled: dict[str, dict[str, dict[str, Any]]], seeds: dict[str, int],

@@ -1,10 +1,10 @@
-"""``reproduce diagonal``: the records, the Kendall taus, the plots and the docs section.
+"""``reproduce diagonal``: the records, the Kendall taus, the plots and the page data.
 
 The names of the results files and the CSV columns, one net's record (:func:`model_record`, its
-CSV row :func:`csv_row`), the Kendall taus between test loss and each measure with their table
-(:func:`kendall_taus`), the scatter plots (:func:`scatter_measures`) and the markdown section
-``docs/results/diagonal.md`` (:func:`study_section`). :class:`StudyResult` is what the study
-returns.
+CSV row :func:`csv_row`), the Kendall taus between test loss and each measure
+(:func:`kendall_taus`, :func:`tau_lines` for the console), the scatter plots
+(:func:`scatter_measures`) and what the page ``docs/results/diagonal.md`` shows
+(:func:`page_data`). :class:`StudyResult` is what the study returns.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from quotientsharp.reproduce.diagonal.measures import (
     MeasureSpec,
     path_name,
 )
-from quotientsharp.reproduce.diagonal.page import run_sections
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
 from quotientsharp.reproduce.diagonal.training import TrainedNet
 from quotientsharp.workflows.labels import measure_label, tau_title
@@ -34,7 +33,7 @@ from quotientsharp.workflows.taus import kendall_tau_a, kendall_tau_b
 
 STUDY = "diagonal"
 MODEL_FILE, TRAINED_FILE, CSV_FILE = "models.jsonl", "trained.jsonl", "models.csv"
-SECTION_FILE = f"{STUDY}.md"
+PAGE_FILE = "page.json"
 CSV_COLUMNS = ("model", "init_scale", "learning_rate", "batch_size", "steps", "train_loss",
                "converged", "diverged", "test_loss", *MEASURE_NAMES, *EXTRA_NAMES)
 
@@ -51,8 +50,7 @@ class StudyResult:
     trained_now: list[int]
     measured_now: list[int]
     wall_seconds: float
-    markdown: str
-    table: str
+    page: dict[str, Any]
     out: Path
     plots: list[Path] | None = field(default=None)
     analysis: dict[str, Any] | None = field(default=None)
@@ -100,92 +98,55 @@ def default_out(settings: DiagonalSettings) -> str:
     return "results/diagonal-quick" if settings.variant == "quick" else "results/diagonal"
 
 
-def study_section(settings: DiagonalSettings, result: StudyResult,
-                  records: list[dict[str, Any]], wall: float, resumed: int, threads: int,
-                  world_size: int = 1, full: Sequence[str] = (), runs: int = 1) -> str:
-    """The markdown section ``docs/results/diagonal.md`` (also ``diagonal.md`` in the results
-    folder); ``full``: the lines of the ``--full`` tables, placed before the per-run details,
-    and ``runs`` the number of runs they took (``wall`` is their total)."""
+def page_data(settings: DiagonalSettings, result: StudyResult, records: list[dict[str, Any]],
+              wall: float, resumed: int, threads: int, world_size: int = 1,
+              full: dict[str, Any] | None = None, runs: int = 1,
+              command: str | None = None) -> dict[str, Any]:
+    """What the study's page shows, as JSON values (the ``page`` of its page data,
+    :func:`quotientsharp.reproduce.results_page.page_document`; the renderer
+    ``docs/_hooks/results_pages/diagonal.py`` turns it into ``docs/results/diagonal.md``).
+
+    Parameters
+    ----------
+    settings
+        The run's settings.
+    result
+        The run's result (counted, unconverged and diverged nets, the analysis).
+    records
+        Every net's record.
+    wall, resumed, threads, world_size
+        Wall time (of every run with ``full``), whether resumed, torch threads, ranks.
+    full
+        The statistics of ``--full``
+        (:func:`~quotientsharp.reproduce.diagonal.full.full_statistics`), ``None`` without.
+    runs
+        The number of runs ``full`` took.
+    command
+        The command that reproduces the page (default: the canonical one of ``settings``).
+    """
     counted = [r for r in records if r["model"] in result.counted]
     test = [r["test_loss"] for r in counted]
-    lines = [
-        "## Diagonal networks (paper Sec. 5.1)",
-        "",
-        f"Reproduce: `{_canonical_command(settings, bool(full))}` (outputs in "
-        f"`{default_out(settings)}/`; add "
-        "`--docs docs` to rewrite this section and regenerate this page"
-        + ("" if full else "; `--full` adds the data seeds, the ρ sweep and the variants")
-        + f"). This run: {len(records)} nets, {len(counted)} counted"
-        + (f" (and {runs - 1} more runs of {len(records)} nets below)" if runs > 1 else "")
-        + f", wall time {_duration(wall)}{' in all' if runs > 1 else ''} "
-        f"({threads} torch thread(s)"
-        + (f" per rank, {world_size} ranks under torchrun: training on rank 0, the measures "
-           "dealt over the ranks" if world_size > 1 else "")
-        + f"{', resumed' if resumed else ''}).",
-        "",
-        f"Setup (ours; the paper does not state n, rho or what varies): d = {settings.d}, "
-        f"n = {settings.n_train} Gaussian training inputs "
-        f"({'one set per net' if settings.training_sets == 'per_net' else 'shared by the nets'}"
-        f"), {settings.n_test} test inputs, "
-        f"beta* with {settings.support} nonzero N(0, 1) entries rescaled to unit norm, "
-        f"noiseless targets; u0 = a 1, v0 = 0; per net a ~ logU{list(settings.init_scale)}, "
-        f"learning rate ~ logU{list(settings.learning_rate)}, batch size ~ "
-        f"U{list(settings.batch_sizes)}; minibatch gradient descent to training loss "
-        f"< {settings.target_loss:g} (at most {settings.max_steps} steps). Sharpness on the "
-        f"training set in {settings.n_train // settings.sharpness_batch_size} batches of "
-        f"{settings.sharpness_batch_size} (per batch, then averaged), rho = {settings.rho:g} "
-        f"for every measure, Auto-PGD with N = {settings.n_iter}, "
-        f"checkpoints {checkpoints(settings.n_iter)}. Generalisation: test loss. "
-        f"Seed {settings.seed}, data seed {settings.problem_seed}.",
-        "",
-        "Kendall tau between test loss and sharpness (negative: sharper nets generalise "
-        "better), with 95 % bootstrap intervals; the paper's values are in a separate table "
-        "below:",
-        "",
-        result.table,
-        "",
-    ]
-    if result.analysis is not None:
-        lines += run_sections(settings, result.analysis)
-    lines += [""] + list(full)
-    lines += [
-        "### Spread of each measure",
-        "",
-        "| measure | path | min | median | max |",
-        "|---|---|---|---|---|",
-    ]
+    spreads = []
     for spec in MEASURES:
         values = [r["sharpness"][spec.name] for r in counted]
         stats = spread(values) if values else dict.fromkeys(("min", "median", "max"), math.nan)
-        label = spec.name + (" (diagnostic)" if spec.diagnostic else "")
-        lines.append(f"| {label} | {path_name(spec)} | {stats['min']:.3g} | "
-                     f"{stats['median']:.3g} | {stats['max']:.3g} |")
-    lines += [
-        "",
-        "From `xi = 0`, the adaptive ascent on `(u, v)` never leaves the horizontal space "
-        "(its raised gradient `dL/dbeta' (1 + b) beta (u, v)` is horizontal at every iterate), "
-        "so it coincides with the order-1 inv geodesic ascent: those two rows agree up to "
-        "rounding (order 1 under the GL(1) inv metric is exactly adaptive sharpness).",
-    ]
-    if test:
-        stats = spread(test)
-        lines += ["", f"Test loss over the counted nets: min {stats['min']:.3g}, median "
-                  f"{stats['median']:.3g}, max {stats['max']:.3g}."]
-    if result.unconverged or result.diverged:
-        missed = []
-        if result.unconverged:
-            missed.append(f"net(s) {result.unconverged} still above the target loss after "
-                          f"{settings.max_steps} steps")
-        if result.diverged:
-            missed.append(f"net(s) {result.diverged} diverged")
-        lines += ["", f"Not counted in the correlations: {'; '.join(missed)}."]
-    else:
-        lines += ["", "Every net reached the target training loss."]
-    return "\n".join(lines) + "\n"
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+        spreads.append({"label": spec.name + (" (diagnostic)" if spec.diagnostic else ""),
+                        "path": path_name(spec), **stats})
+    setup = {key: value for key, value in settings.as_dict().items()}
+    setup.update(init_scale=list(settings.init_scale),
+                 learning_rate=list(settings.learning_rate),
+                 batch_sizes=list(settings.batch_sizes),
+                 checkpoints=list(checkpoints(settings.n_iter)),
+                 problem_seed=settings.problem_seed,
+                 reference_runs=settings.reference_ascent.runs)
+    return {"command": command if command is not None
+            else _canonical_command(settings, full is not None),
+            "folder": default_out(settings), "setup": setup, "nets": len(records),
+            "counted": len(counted), "runs": runs, "wall_seconds": wall, "resumed": resumed,
+            "threads": threads, "world_size": world_size, "analysis": result.analysis,
+            "full": full, "spread": spreads,
+            "test_loss": spread(test) if test else None,
+            "unconverged": list(result.unconverged), "diverged": list(result.diverged)}
 
 
 def kendall_taus(records: Sequence[dict[str, Any]], counted: Sequence[int]
@@ -262,3 +223,21 @@ def scatter_measures(records: Sequence[dict[str, Any]], counted: Sequence[int],
 def tau_text(value: float | None) -> str:
     """A tau for a plot title: signed, two decimals, or ``"undefined"``."""
     return "undefined" if value is None else f"{value:+.2f}"
+
+
+def tau_lines(result: StudyResult) -> list[str]:
+    """The console's taus: per measure tau-b with its bootstrap interval (tau-b alone when
+    too few nets were counted for the analysis)."""
+    lines = []
+    for spec in MEASURES:
+        if spec.diagnostic:
+            continue
+        if result.analysis is not None:
+            tau = result.analysis["taus"][spec.name]
+            value, low, high = tau["tau_b"], tau.get("b_low"), tau.get("b_high")
+        else:
+            value, low, high = result.taus[spec.name]["tau_b"], None, None
+        text = "undefined" if value is None else f"{value:+.2f}" + (
+            "" if low is None or high is None else f" [{low:+.2f}, {high:+.2f}]")
+        lines.append(f"{spec.name}: Kendall tau-b {text}")
+    return lines

@@ -31,25 +31,25 @@ from quotientsharp.reproduce.diagonal.measures import (
     measure_nets,
     sharpness_batches,
 )
-from quotientsharp.reproduce.diagonal.page import tau_table
 from quotientsharp.reproduce.diagonal.report import (
     CSV_COLUMNS,
     CSV_FILE,
     EXTRA_NAMES,
     MODEL_FILE,
-    SECTION_FILE,
+    PAGE_FILE,
     STUDY,
     TRAINED_FILE,
     StudyResult,
     csv_row,
     kendall_taus,
     model_record,
+    page_data,
     scatter_measures,
-    study_section,
 )
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
 from quotientsharp.reproduce.diagonal.training import TrainedNet, compute_test_losses, train_nets
-from quotientsharp.reproduce.results_page import regenerate_results_page, write_section
+from quotientsharp.reproduce.results_page import check_renderer, page_document, write_page
+from quotientsharp.workflows.files import write_json_atomic
 from quotientsharp.workflows.records import ResultsDirectory
 from quotientsharp.workflows.resumable import ResumableRun, rank0_value
 
@@ -74,7 +74,9 @@ def diagonal_study(settings: DiagonalSettings, out: Path, *, resume: bool = Fals
     plots
         Write the scatter plots (needs matplotlib).
     docs
-        A docs folder: write ``docs/results/diagonal.md`` and regenerate ``docs/results.md``.
+        A docs folder with the results-page renderer: write the page data, render
+        ``docs/results/diagonal.md`` from it and regenerate ``docs/results.md`` (a folder
+        without the renderer is refused before the study runs).
     threads
         torch threads during the run (restored afterwards; ``None`` leaves them). The tensors
         are small: one thread was measured fastest on a shared 2-core machine.
@@ -107,12 +109,14 @@ def diagonal_study(settings: DiagonalSettings, out: Path, *, resume: bool = Fals
       interrupted run resumes, under any number of ranks or none, exactly as an interrupted
       single-process run does.
     """
+    if docs is not None:
+        check_renderer(docs)
     previous_threads = torch.get_num_threads()
     if threads is not None:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
         torch.set_num_threads(threads)
-    owned = [MODEL_FILE, TRAINED_FILE, CSV_FILE, SECTION_FILE,
+    owned = [MODEL_FILE, TRAINED_FILE, CSV_FILE, PAGE_FILE,
              *[f"scatter_{name}.{kind}" for name in (*MEASURE_NAMES, "panels")
                for kind in ("png", "svg")]]
 
@@ -273,8 +277,6 @@ def _finish(settings: DiagonalSettings, directory: ResultsDirectory,
                and math.isfinite(r["test_loss"])]
     taus = kendall_taus(records, counted)
     analysis = analyse(records, counted, settings) if len(counted) >= 2 else None
-    table = (tau_table(analysis) if analysis is not None
-             else f"(only {len(counted)} net(s) counted: no rank correlation)")
 
     figure_paths: list[Path] | None = None
     if plots:
@@ -282,14 +284,13 @@ def _finish(settings: DiagonalSettings, directory: ResultsDirectory,
                                         settings.rho)
 
     result = StudyResult(records, taus, counted, unconverged, diverged, to_train, to_measure,
-                         wall, "", table, directory.path, figure_paths, analysis)
-    result.markdown = study_section(settings, result, records, wall,
-                                    directory.run_info.get("resumed", 0),
-                                    torch.get_num_threads(), world_size)
-    (directory.file(SECTION_FILE)).write_text(result.markdown)
+                         wall, {}, directory.path, figure_paths, analysis)
+    result.page = page_document(STUDY, page_data(
+        settings, result, records, wall, directory.run_info.get("resumed", 0),
+        torch.get_num_threads(), world_size))
+    write_json_atomic(directory.file(PAGE_FILE), result.page)
     if docs is not None:
-        write_section(Path(docs), STUDY, result.markdown)
-        regenerate_results_page(Path(docs))
+        write_page(Path(docs), result.page)
     directory.save_run_info(
         train_seconds=train_seconds,
         measure_seconds=measure_seconds, trained_now=to_train, measured_now=to_measure,

@@ -2,8 +2,9 @@
 
 :func:`family_study` hands the training and measuring of each model to the runner of every
 study (:class:`~quotientsharp.workflows.resumable.ResumableRun`: one record per model, written
-as it finishes, dealt over the ranks under torchrun), then writes the taus, plots and
-sections; :func:`run_family_study` runs it for a study's configuration. The protocol is in
+as it finishes, dealt over the ranks under torchrun), then writes the taus, plots and page
+data (``page.json``; with ``docs``, the page rendered from it); :func:`run_family_study` runs
+it for a study's configuration. The protocol is in
 :mod:`quotientsharp.reproduce.families.transformer_common`.
 """
 
@@ -35,7 +36,7 @@ from quotientsharp.reproduce.families.measures import (
 from quotientsharp.reproduce.families.report import (
     confound_rows,
     csv_columns,
-    family_section,
+    page_data,
     seeded_folder,
     spec_label,
     tau_rows,
@@ -137,13 +138,14 @@ def _model_record(study: FamilyStudy, data: ClassificationData, variant: FamilyS
 
 @dataclass
 class FamilyOutcome:
-    """What :func:`family_study` did: the records, the taus, what was computed now."""
+    """What :func:`family_study` did: the records, the taus, what was computed now, and the
+    page data (``page.json``, :func:`~quotientsharp.reproduce.results_page.page_document`)."""
 
     out: Path
     records: list[dict[str, Any]]
     taus: list[dict[str, Any]]
     computed_now: list[int]
-    section: str
+    page: dict[str, Any]
     wall_seconds: float
 
 
@@ -196,7 +198,10 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
     plots
         Write the scatter plots.
     docs
-        A docs folder: write ``docs/results/<name>.md`` and regenerate ``docs/results.md``.
+        A docs folder with the results-page renderer: write the study's headline and page
+        data under ``docs/results/data/``, render ``docs/results/<name>.md`` from them and
+        regenerate ``docs/results.md`` (a folder without the renderer is refused before the
+        study runs).
     threads
         torch threads during the run, per rank (restored afterwards).
     device
@@ -206,8 +211,11 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
         Overrides of the variant's ``n_iter``, ``sharpness_points`` and
         ``sharpness_batch_size`` (e.g. the paper's sizes on a GPU); they are settings.
     """
+    from quotientsharp.reproduce.results_page import check_renderer
     from quotientsharp.workflows.process_group import rank_and_world_size
 
+    if docs is not None:
+        check_renderer(docs)
     variant = _measured_variant(study.quick if quick else study.full, measuring)
     models = _check_positive("models", models if models is not None else variant.models)
     threads = _check_positive("threads", threads)
@@ -235,17 +243,16 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
     pretrained_note = ("" if study.pretrained is None or study.pretrained.describe is None
                        else study.pretrained.describe(start_weights))
 
-    def finish(results: ResultsDirectory, wall: float) -> tuple[str, float]:
-        section = family_section(study, settings, ordered, taus, wall, threads,
-                                 int(results.run_info.get("resumed", 0)), world_size,
-                                 confounds, plan.device, pretrained_note, specs,
-                                 seeded=seed_stats)
+    def finish(results: ResultsDirectory, wall: float) -> tuple[dict[str, Any], float]:
+        page = page_data(study, settings, ordered, taus, wall, threads,
+                         int(results.run_info.get("resumed", 0)), world_size,
+                         confounds, plan.device, pretrained_note, specs, seeded=seed_stats)
         _write_family_outputs(results, study, settings, specs, counted, taus, confounds,
-                              seed_stats, section, plots=plots, docs=docs)
-        return section, wall
+                              seed_stats, page, plots=plots, docs=docs)
+        return page, wall
 
-    section, wall = run.finish(finish)
-    return FamilyOutcome(out, ordered, taus, run.computed_now, section, wall)
+    page, wall = run.finish(finish)
+    return FamilyOutcome(out, ordered, taus, run.computed_now, page, wall)
 
 
 @dataclass(frozen=True)
@@ -313,7 +320,7 @@ def _resumable_run(plan: _FamilyPlan, specs: Sequence[MeasureSpec], settings: di
     """The runner of the study's models: one unit per (study seed, model), ``models.csv``
     mirroring the finished ones."""
     variant = plan.variant
-    names = ["models.jsonl", "models.csv", "taus.json", "confounds.json", "summary.md"]
+    names = ["models.jsonl", "models.csv", "taus.json", "confounds.json", "page.json"]
     names += ["seeds.json"] if plan.seeded else []
     names += [f"scatter_{spec.key}.png" for spec in specs]
     drawn = [name for name, bounds in (("batch_size", variant.space.batch_size),
@@ -399,11 +406,11 @@ def _family_taus(counted: Sequence[dict[str, Any]], specs: Sequence[MeasureSpec]
 def _write_family_outputs(results: ResultsDirectory, study: FamilyStudy,
                           settings: dict[str, Any], specs: Sequence[MeasureSpec],
                           counted: Sequence[dict[str, Any]], taus: list[dict[str, Any]],
-                          confounds: Any, seed_stats: dict[str, Any] | None, section: str, *,
-                          plots: bool, docs: Path | None) -> None:
-    """Rank 0: the taus, confounds, plots, section, headline and docs pages of the study."""
+                          confounds: Any, seed_stats: dict[str, Any] | None,
+                          page: dict[str, Any], *, plots: bool, docs: Path | None) -> None:
+    """Rank 0: the taus, confounds, plots, page data, headline and docs page of the study."""
     from quotientsharp.reproduce.headline import write_headline
-    from quotientsharp.reproduce.results_page import regenerate_results_page, write_section
+    from quotientsharp.reproduce.results_page import page_document, write_page
     from quotientsharp.workflows.files import write_json_atomic
 
     write_json_atomic(results.file("taus.json"), taus)
@@ -416,10 +423,10 @@ def _write_family_outputs(results: ResultsDirectory, study: FamilyStudy,
         headline = (seed_stats if seed_stats is not None
                     else {"pooled": taus, "confounds": confounds})
         write_headline(Path(docs), study.name, headline_rows(study, settings, headline))
-    results.file("summary.md").write_text(section)
+    document = page_document(study.name, page)
+    write_json_atomic(results.file("page.json"), document)
     if docs is not None:
-        write_section(Path(docs), study.name, section)
-        regenerate_results_page(Path(docs))
+        write_page(Path(docs), document)
     results.save_run_info(taus=taus, confounds=confounds)
 
 
@@ -441,6 +448,19 @@ def _scatter(folder: Path, counted: Sequence[dict[str, Any]], specs: Sequence[Me
                                                 paper_label="paper (other setting)")
                           for row in taus},
                   y_labels={spec.key: spec_label(spec) for spec in specs})
+
+
+def tau_lines(taus: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The console's taus: per measure its tau-b and interval (pooled over the study seeds
+    when there are several)."""
+    lines = []
+    for row in taus:
+        name = row["measure"] if row["rho"] is None else f"{row['measure']} (rho {row['rho']:g})"
+        tau, interval = row["tau_b"], row["tau_b_interval"]
+        text = "undefined" if tau is None else f"{tau:+.2f}" + (
+            "" if interval is None else f" [{interval[0]:+.2f}, {interval[1]:+.2f}]")
+        lines.append(f"{name}: Kendall tau-b {text}")
+    return lines
 
 
 def run_family_study(study: FamilyStudy, config: FamilyConfig) -> int:
@@ -475,10 +495,10 @@ def run_family_study(study: FamilyStudy, config: FamilyConfig) -> int:
                                        "sharpness_batch_size": config.sharpness_batch_size})
 
     def report(outcome: FamilyOutcome) -> None:
-        print(outcome.section)
+        print("\n".join(tau_lines(outcome.taus)))
         print(f"computed now: {len(outcome.computed_now)} model(s), wall time "
               f"{outcome.wall_seconds:.1f} s; results in {outcome.out}"
               + ("" if config.docs is None else
-                 f"; docs section in {config.docs}/results/{study.name}.md"))
+                 f"; docs page in {config.docs}/results/{study.name}.md"))
 
     return run_study_command(study.name, "models", out, compute, report)

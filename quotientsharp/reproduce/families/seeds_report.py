@@ -15,8 +15,9 @@ then gives
   and Holm's correction over these three comparisons: a measure is called ahead of another
   only when the Holm-adjusted p-value is below 0.05.
 
-:func:`seeded_tables` writes them as markdown, :func:`headline_rows` as the rows of the
-study's headline file (:mod:`quotientsharp.reproduce.headline`).
+:func:`headline_rows` writes them as the rows of the study's headline file
+(:mod:`quotientsharp.reproduce.headline`); the page shows them as tables
+(``docs/_hooks/results_pages/families.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ COMPARISONS = (("geodesic_inv", "adaptive"), ("geodesic_mix", "geodesic_inv"),
                ("geodesic_mix", "adaptive"))
 #: The family-wise error level of the Holm-corrected comparisons.
 FAMILY_WISE_LEVEL = 0.05
+#: The comparisons' short names, in the labels of the differences.
 _SHORT = {"adaptive": "adaptive", "geodesic_inv": "inv", "geodesic_mix": "mix"}
 
 
@@ -124,92 +126,6 @@ def seeded_statistics(records: Sequence[Mapping[str, Any]], specs: Sequence[Meas
                           "confidence": BOOTSTRAP["confidence"],
                           "kind": "two-stage cluster bootstrap: study seeds, then models "
                                   "within each seed"}}
-
-
-def _cell(tau: float | None, interval: Sequence[float] | None, undefined: str = "") -> str:
-    if tau is None:
-        return f"undefined ({undefined})" if undefined else "—"
-    if interval is None:
-        return f"{tau:+.2f}"
-    return f"{tau:+.2f} [{interval[0]:+.2f}, {interval[1]:+.2f}]"
-
-
-def _p_text(p_value: float, resamples: int) -> str:
-    """A bootstrap p-value; 0 (no resample on the other side of 0) as a bound."""
-    return f"< {1 / resamples:.2g}" if p_value == 0.0 else f"{p_value:.3f}"
-
-
-def _name(row: Mapping[str, Any]) -> str:
-    return row["measure"] if row["rho"] is None else f"{row['measure']} (rho {row['rho']:g})"
-
-
-def _verdict(differences: Sequence[Mapping[str, Any]]) -> str:
-    """The ordering the Holm-corrected comparisons support, in words."""
-    ahead = [row for row in differences if row.get("significant")]
-    tested = [row for row in differences if row.get("p_holm") is not None]
-    if not tested:
-        return "No paired comparison could be made."
-    level = f"{100 * FAMILY_WISE_LEVEL:g} %"
-    if not ahead:
-        return (f"After Holm's correction over the {len(tested)} comparisons (family-wise "
-                f"level {level}), no two of these measures have significantly different pooled "
-                "taus: the page names no winner.")
-    said = []
-    for row in ahead:
-        first, second = _SHORT[row["first"]], _SHORT[row["second"]]
-        said.append(f"{first} > {second}" if row["difference"] > 0 else f"{second} > {first}")
-    return (f"After Holm's correction over the {len(tested)} comparisons (family-wise level "
-            f"{level}), only these orderings of the pooled taus hold: {', '.join(said)} "
-            "(a higher tau: the measure ranks alike with the gap more strongly); every other "
-            "pair is not significantly different.")
-
-
-def seeded_tables(stats: Mapping[str, Any]) -> list[str]:
-    """Markdown lines: per-seed taus, pooled taus, paired differences with Holm, confounds."""
-    seeds = stats["seeds"]
-    boot = stats["bootstrap"]
-    level = f"{100 * boot['confidence']:g}%"
-    counts = ", ".join(f"seed {row['study_seed']}: {row['models']}"
-                       for row in stats["per_seed"])
-    lines = [f"Kendall tau-b between the gap and each measure, per study seed (bootstrap over "
-             f"that seed's models, {level} interval; counted models {counts}) and pooled over "
-             f"the {len(seeds)} seeds (mean of the per-seed tau-b; {level} interval of a "
-             f"two-stage cluster bootstrap, {boot['resamples']} draws, seed {boot['seed']}: "
-             "seeds resampled, then models within each seed, so the interval accounts for the "
-             "variation between seeds). Models of different seeds are never ranked against "
-             "each other.", ""]
-    header = ("| measure | " + " | ".join(f"seed {s}" for s in seeds)
-              + f" | pooled [{level} cluster interval] | paper (other setting) |")
-    lines += [header, "|---|" + "---|" * (len(seeds) + 2)]
-    for k, row in enumerate(stats["pooled"]):
-        cells = [_cell(per["taus"][k]["tau_b"], per["taus"][k]["tau_b_interval"])
-                 for per in stats["per_seed"]]
-        paper = "" if row["paper"] is None else f"{row['paper']:+.2f}"
-        lines.append(f"| {_name(row)} | " + " | ".join(cells) + " | "
-                     f"{_cell(row['tau_b'], row['tau_b_interval'], row.get('undefined', ''))} "
-                     f"| {paper} |")
-    lines += ["", "Paired differences of the pooled tau-b (the same cluster bootstrap draws for "
-              "both measures; p-value: twice the smaller share of resampled differences on "
-              "either side of 0; Holm: step-down correction over these comparisons).", "",
-              f"| difference | pooled [{level} cluster interval] | p | Holm-adjusted p |",
-              "|---|---|---|---|"]
-    for row in stats["differences"]:
-        if row["difference"] is None:
-            lines.append(f"| {row['label']} | undefined ({row['undefined']}) | — | — |")
-            continue
-        lines.append(f"| {row['label']} | {_cell(row['difference'], row['interval'])} | "
-                     f"{_p_text(row['p_value'], boot['resamples'])} | "
-                     f"{_p_text(row['p_holm'], boot['resamples'])} |")
-    lines += ["", _verdict(stats["differences"])]
-    if stats["confounds"]:
-        lines += ["", "Confounds: pooled Kendall tau-b between the gap and each drawn "
-                  "hyperparameter (same cluster bootstrap). A measure whose tau is no larger "
-                  "than these may only be tracking the recipe.", "",
-                  f"| hyperparameter | pooled [{level} cluster interval] |", "|---|---|"]
-        lines += [f"| {row['hyperparameter']} | "
-                  f"{_cell(row['tau_b'], row['tau_b_interval'], row.get('undefined', ''))} |"
-                  for row in stats["confounds"]]
-    return lines
 
 
 def _headline_measure(spec_key: str, paper_key: str | None) -> str:

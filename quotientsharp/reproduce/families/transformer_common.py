@@ -42,6 +42,6 @@ The code lives in one module per stage of the protocol (this module only describ
   command-line options;
 - :mod:`~quotientsharp.reproduce.families.pretrained`: a pretrained body under a fresh head,
   and a pretraining cached in the results folder;
-- :mod:`~quotientsharp.reproduce.families.report`: CSV columns, Kendall taus, the docs section;
+- :mod:`~quotientsharp.reproduce.families.report`: CSV columns, Kendall taus, the page data;
 - :mod:`~quotientsharp.reproduce.families.run`: the study driver and its command-line entry.
 """

@@ -27,9 +27,9 @@ mix geodesic reach a few nats). Budget: about 15 s of one core per model
 (~8 min for 32 models on an idle 2-core machine).
 
 Outputs in ``--out`` (default ``results/vit``): ``models.jsonl`` and ``models.csv`` (one row
-per model, written as it finishes), ``taus.json``, ``scatter_<measure>.png``, ``summary.md``,
-``run.json``; with ``--docs docs`` the section ``docs/results/vit.md`` and the regenerated
-``docs/results.md``.
+per model, written as it finishes), ``taus.json``, ``scatter_<measure>.png``,
+``page.json`` (the page's data), ``run.json``; with ``--docs docs`` the page
+``docs/results/vit.md``, rendered from that data, and the regenerated ``docs/results.md``.
 """
 
 from __future__ import annotations

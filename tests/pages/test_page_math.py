@@ -10,13 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from quotientsharp.reproduce.diagonal.page import THEORY
+from results_pages.diagonal import THEORY
 
 markdown = pytest.importorskip("markdown")
 pytest.importorskip("pymdownx")
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def _html(text: str) -> str:

@@ -8,22 +8,24 @@ import math
 from pathlib import Path
 
 import pytest
-
-from quotientsharp.reproduce.headline import (
-    check_rows,
-    headline_path,
-    read_headlines,
-    write_headline,
-)
-from quotientsharp.reproduce.results_page import HAND_WRITTEN_MARKER, regenerate_results_page
-from quotientsharp.reproduce.summary import (
+from results_pages.sections import HAND_WRITTEN_MARKER
+from results_pages.summary import (
     prose_numbers,
+    read_headlines,
     summary_markdown,
     unsupported_numbers,
     write_summary,
 )
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+from quotientsharp.reproduce.headline import (
+    check_rows,
+    headline_path,
+    write_headline,
+)
+from quotientsharp.reproduce.results_page import regenerate_results_page
+from tests.pages.docs_folder import docs_with_renderer
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def _row(setting: str = "s", measure: str = "adaptive", tau: float = -0.5, low: float = -0.7,
@@ -82,7 +84,7 @@ def test_the_summary_table_is_generated_from_the_files_and_keeps_the_prose(tmp_p
     summary = tmp_path / "results" / "summary.md"
     summary.parent.mkdir(parents=True, exist_ok=True)
     summary.write_text(f"## old\n\n{HAND_WRITTEN_MARKER}\n\nprose by hand\n")
-    regenerate_results_page(tmp_path)
+    regenerate_results_page(docs_with_renderer(tmp_path))
     text = summary.read_text()
     assert text.endswith("prose by hand\n") and "## old" not in text
     table = [line for line in text.splitlines() if line.startswith("| ")]
@@ -95,7 +97,7 @@ def test_the_summary_table_is_generated_from_the_files_and_keeps_the_prose(tmp_p
     assert "| bert | BERT | confound: train_size | -0.34 [-0.61, -0.04] |" in text
     # and the results page holds the regenerated summary
     assert "+0.48 [+0.24, +0.67]" in (tmp_path / "results.md").read_text()
-    assert write_summary(tmp_path / "empty") is None
+    assert write_summary(tmp_path / "empty", {}) is None
 
 
 def test_prose_numbers_belong_to_the_studies_their_paragraph_names() -> None:

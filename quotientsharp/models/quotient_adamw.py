@@ -1,0 +1,371 @@
+"""An adaptive optimiser on the quotient: :class:`QuotientAdamW` steps every ``GL`` pair with
+Adam-like moments that the pair's group does not change, and every other trainable parameter as
+``torch.optim.AdamW``.
+
+A pair ``(G, H)``, ``shape=[n, r]`` and ``[m, r]`` (a LoRA adapter is ``(B, A^T)``, an attention
+head a query/key or value/output pair) is seen by the network only through ``W = G H^T``; the
+group acts by ``(G M^{-1}, H M^T)`` and moves the Euclidean gradients to
+``(dL/dG M^T, dL/dH M^{-1})``. Entrywise moments (AdamW's) of these gradients are not
+invariant; this optimiser's are (``derivations/quotient_adamw.md`` derives every step).
+
+Frames. The metric of the core's :class:`~quotientsharp.core.gl.GLQuotient` raises a gradient
+factor by factor, ``dL/dG -> dL/dG P_G`` and ``dL/dH -> dL/dH P_H`` (mix:
+``P_G = S_H^{-1}``, ``P_H = S_G^{-1}``; inv: ``P_G = S_G``, ``P_H = S_H``; read off the frozen
+point's ``raise_index``, not written here). With a square root ``P_G = C_G C_G^T`` (Cholesky) the
+*frame gradient* ``g_G = dL/dG C_G`` is the gradient in an orthonormal frame of the metric, and
+the step ``u C_G^T`` of a frame vector ``u`` is a tangent vector. Under the group
+``C_G -> M^{-T} C_G O`` for an orthogonal ``O`` (the residual rotation that the Cholesky
+convention picks), so frame quantities only rotate: ``g_G -> g_G O``.
+
+Moments. The first moment is an ``n x r`` frame matrix, the second an ``r x r`` matrix
+``V_G = EMA(g_G^T g_G) / n`` (a mean over the factor's rows, so that a frame entry's scale is
+AdamW's), both rotating covariantly (``V -> O^T V O``); the update in the frame is
+``u_G = m_hat (V_hat^{1/2} + adam_eps I)^{-1}`` (bias-corrected as in Adam) and the step
+``-lr u_G C_G^T``, a tangent vector moved by the group like ``G``. Between steps the moments are
+carried into the new frame by ``T = (B_old^T B_old)^+ B_old^T B_new`` with the product-space
+bases ``B_G = H C_G`` (``g_G = dL/dW B_G``): what they remember is the gradient of ``W``
+restricted to the column spaces of the factors (for the mix metric at ``eps = 0`` the bases
+are orthonormal and ``T = B_old^T B_new``, LoRA-RITE's transport, Yen et al., ICLR 2025).
+``T`` rotates as ``O_old^T T O_new``, so the whole trajectory stays on one orbit at
+``eps = 0``: the products ``G H^T`` from ``(G, H)`` and ``(G M^{-1}, H M^T)`` agree to
+rounding. Decoupled weight decay ``(G, H) -> (1 - lr wd) (G, H)`` commutes with the group too.
+With ``eps > 0`` only orthogonal ``M`` keep this.
+
+A zero factor (a fresh PEFT adapter has ``B = 0``). With ``eps > 0`` the core's damped metric
+is defined there. At ``eps = 0`` a zero factor has no column space: the pair's step is taken in
+a frame computed with the zero factor stood in by one with orthonormal columns, and it is kept
+only where it does not depend on that stand-in (a zero ``G`` leaves ``H`` without a step, since
+``dL/dH = dL/dW^T G = 0`` for any loss of ``W``; ``G`` steps in the frame of ``H`` under the mix
+metric, whose ``P_G = S_H^{-1}`` does not read ``G``). The inv metric's steps of a zero factor
+are zero for ever (``P_G = S_G = 0``), so it is refused there with a ``ValueError`` that
+suggests ``eps > 0``. A nonzero rank-deficient factor at ``eps = 0`` is refused likewise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.adamw import adamw
+
+from quotientsharp.core.gl import GLPoint, GLQuotient
+from quotientsharp.models.binding import QuotientBinding
+from quotientsharp.models.layout import ParameterLayout
+from quotientsharp.models.optim import check_number, param_groups, report_quotients
+from quotientsharp.models.report import SymmetryReport
+
+Tensors = tuple[torch.Tensor, ...]
+
+#: The metrics whose raised gradients define the frames.
+METRICS = ("mix", "inv")
+
+
+# ---------------------------------------------------------------------- frame algebra
+def metric_frames(point: GLPoint) -> tuple[torch.Tensor, torch.Tensor]:
+    """Square roots ``(C_G, C_H)`` of the metric's factorwise raise operators at ``point``.
+
+    ``P_F`` is the frozen point's ``raise_index`` applied to the identity (the metric's formula,
+    :mod:`quotientsharp.core.gl.mix` or :mod:`quotientsharp.core.gl.inv`), ``C_F`` its lower
+    Cholesky factor, ``P_F = C_F C_F^T``; ``shape=[..., r, r]`` each, in the point's working
+    dtype (float64 for float32 and half-precision points).
+    """
+    G = point.x[0]
+    eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
+    raised = point.raise_index((eye, eye))
+    frames = []
+    for operator in raised:
+        work = operator.to(point.work_dtype)
+        # the raise operators are symmetric in exact arithmetic; their rounding is not
+        frames.append(torch.linalg.cholesky(0.5 * (work + work.mT)))
+    return frames[0], frames[1]
+
+
+def frame_transport(old_basis: torch.Tensor, new_basis: torch.Tensor,
+                    work_dtype: torch.dtype) -> torch.Tensor:
+    """``T = (B_old^T B_old)^+ B_old^T B_new``, ``shape=[..., r, r]`` (working dtype).
+
+    A frame gradient ``g = X B_old`` of a product-space covector ``X`` (``shape=[..., k, p]``)
+    read in the new frame is ``X B_new``; from ``g`` alone the least-squares ``X`` gives
+    ``g T``. ``T`` is the identity when the bases agree, zero when the old basis is (a zero
+    factor), and rotates as ``O_old^T T O_new`` when the bases do (``B -> B O``).
+    """
+    old = old_basis.to(work_dtype)
+    gram = old.mT @ old
+    cross = old.mT @ new_basis.to(work_dtype)
+    return torch.linalg.pinv(gram, hermitian=True) @ cross
+
+
+def inverse_root(second: torch.Tensor, adam_eps: float) -> torch.Tensor:
+    """``(V^{1/2} + adam_eps I)^{-1}`` of a symmetric positive semi-definite ``V``,
+    ``shape=[..., r, r]``: Adam's denominator for a matrix second moment (basis-free, so it
+    rotates with ``V``)."""
+    values, vectors = torch.linalg.eigh(0.5 * (second + second.mT))
+    scale = 1.0 / (values.clamp_min(0).sqrt() + adam_eps)
+    return (vectors * scale.unsqueeze(-2)) @ vectors.mT
+
+
+def _stand_in(factor: torch.Tensor, zero: torch.Tensor, scale: float) -> torch.Tensor:
+    """``factor`` with each zero matrix (``zero``, ``shape=[...]``) replaced by ``scale`` times
+    orthonormal columns (the first ``r`` of the identity); unchanged when ``n < r`` (the core
+    refuses those by shape)."""
+    n, r = factor.shape[-2:]
+    if n < r:
+        return factor
+    unit = scale * torch.eye(n, r, dtype=factor.dtype, device=factor.device)
+    return torch.where(zero[..., None, None], unit, factor)
+
+
+def _zero_factors(x: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which pairs have ``G = 0`` and which ``H = 0``, ``shape=[...]`` each."""
+    return (x[0] == 0).flatten(-2).all(-1), (x[1] == 0).flatten(-2).all(-1)
+
+
+# ---------------------------------------------------------------------- the optimiser
+class QuotientAdamW(torch.optim.Optimizer):
+    """AdamW whose ``GL`` pairs take steps invariant under the pair's group.
+
+    Parameters
+    ----------
+    model
+        The network (e.g. a ``peft.PeftModel``). Its trainable parameters are optimised: the
+        pairs' by the invariant moments (module docstring), all others by AdamW.
+    lr
+        Step size (``> 0``; both groups, an LR scheduler may change each group's ``"lr"``).
+    metric
+        ``"mix"`` (frames of the partner factor: the step of ``G`` lives on the column space of
+        ``H``, as in LoRA-RITE) or ``"inv"`` (frames of the factor itself: multiplicative
+        steps, ``dL/dG S_G``-like).
+    eps
+        Damping of the Gram matrices, ``S = K + eps I`` (``>= 0``). ``eps = 0`` is exactly
+        invariant; ``eps > 0`` is invariant under orthogonal ``M`` only and allows
+        rank-deficient factors. From ``B = 0`` the mix metric works at ``eps = 0``.
+    weight_decay
+        Decoupled weight decay (``>= 0``), ``p <- p (1 - lr weight_decay)``, for both groups.
+    betas
+        Decay rates of the first and second moments, each in ``[0, 1)``.
+    adam_eps
+        The denominator's ``eps`` (``> 0``), added to the square roots of the second moment's
+        eigenvalues (AdamW's, entrywise, for the other parameters).
+    symmetries
+        ``"auto"``: :func:`~quotientsharp.models.find_symmetries` with ``degenerate="pair"``
+        (fresh adapters are pairs), or a :class:`~quotientsharp.models.SymmetryReport`, with
+        the same rules as :class:`~quotientsharp.models.QuotientSGD`. Diagonal ``GL(1)`` pairs
+        and :class:`~quotientsharp.models.QuotientBinding` s are not supported.
+
+    Notes
+    -----
+    Param groups: ``param_groups[0]`` holds the pairs' parameters (``"kind": "pairs"``),
+    ``param_groups[1]`` every other trainable parameter (``"kind": "other"``), whose state
+    (``"step"``, ``"exp_avg"``, ``"exp_avg_sq"``) and update are ``torch.optim.AdamW``'s. The
+    pairs' moments live in the symmetry coordinates, one set per bucket of pairs of one shape
+    (``shape=[P, n, r]``, ``[P, r, r]``), in the state of the first pair parameter under the key
+    ``"bucket<b>"`` (a dict), so ``state_dict`` and ``load_state_dict`` carry them. A pair
+    parameter without gradient counts as zero; the pairs are skipped when none has one.
+    """
+
+    def __init__(self, model: nn.Module, lr: float, *, metric: str = "mix", eps: float = 0.0,
+                 weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999),
+                 adam_eps: float = 1e-8,
+                 symmetries: str | SymmetryReport | Sequence[QuotientBinding] = "auto") -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        lr = check_number("lr", lr, 0.0, strict=True)
+        if metric not in METRICS:
+            raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+        eps = check_number("eps", eps, 0.0)
+        weight_decay = check_number("weight_decay", weight_decay, 0.0)
+        beta_pair = _check_betas(betas)
+        adam_eps = check_number("adam_eps", adam_eps, 0.0, strict=True)
+        report = _symmetry_report(model, symmetries)
+        self._named = dict(model.named_parameters())
+        self._layout: ParameterLayout
+        self._quotients: list[GLQuotient]
+        self._labels: list[list[str]]
+        self._layout, self._quotients, self._labels, pair_names = report_quotients(
+            report, self._named, metric, eps)
+        self._pair_names = pair_names
+        defaults = {"lr": lr, "betas": beta_pair, "adam_eps": adam_eps,
+                    "weight_decay": weight_decay}
+        super().__init__(param_groups(self._named, pair_names), defaults)
+        self.metric, self.eps = metric, eps
+
+    # ------------------------------------------------------------------ steps
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One step; ``closure`` (re-evaluating the loss with gradients) as in ``torch.optim``."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group["kind"] == "pairs":
+                self._step_pairs(group)
+            else:
+                self._step_others(group)
+        return loss
+
+    def _step_others(self, group: dict[str, Any]) -> None:
+        """``torch.optim.AdamW``'s step (its functional form, so the same numbers)."""
+        params = [p for p in group["params"] if p.grad is not None]
+        for param in params:
+            state = self.state[param]
+            if not state:
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(param,
+                                                       memory_format=torch.preserve_format)
+        beta1, beta2 = group["betas"]
+        adamw(params, [p.grad for p in params], [self.state[p]["exp_avg"] for p in params],
+              [self.state[p]["exp_avg_sq"] for p in params], [],
+              [self.state[p]["step"] for p in params], amsgrad=False, beta1=beta1, beta2=beta2,
+              lr=group["lr"], weight_decay=group["weight_decay"], eps=group["adam_eps"],
+              maximize=False)
+
+    def _step_pairs(self, group: dict[str, Any]) -> None:
+        params = list(group["params"])
+        if not any(p.grad is not None for p in params):
+            return
+        named, layout = self._named, self._layout
+        values = {n: t.detach() for n, t in named.items() if n in layout.names}
+        grads = dict(values)
+        for n in self._pair_names:
+            grad = named[n].grad
+            grads[n] = grad if grad is not None else torch.zeros_like(named[n])
+        coords, egrads = layout.to_coordinates(values), layout.to_coordinates(grads)
+        updates = [self._bucket_update(index, point, egrad, group)
+                   for index, (point, egrad) in enumerate(zip(coords.gl, egrads.gl,
+                                                              strict=True))]
+        directions = layout.to_parameters(coords.replace(gl=updates))
+        lr, decay = group["lr"], group["weight_decay"]
+        for name in self._pair_names:
+            param = named[name]
+            if decay:
+                param.mul_(1.0 - lr * decay)
+            param.add_(directions[name].to(param.dtype), alpha=-lr)
+
+    def _bucket_update(self, index: int, x: tuple[torch.Tensor, torch.Tensor],
+                       egrad: tuple[torch.Tensor, torch.Tensor], group: dict[str, Any]
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The update direction ``(u_G C_G^T, u_H C_H^T)`` of bucket ``index`` (its pairs
+        stacked, ``shape=[P, n, r]`` and ``[P, m, r]``), advancing the bucket's moments."""
+        frames, silent = self._frames(index, x)
+        G, H = x
+        dtype = G.dtype
+        # product-space bases (G's frame reads H and the other way round) and frame gradients
+        bases = (H @ frames[0].to(dtype), G @ frames[1].to(dtype))
+        frame_grads = [g @ c.to(dtype) for g, c in zip(egrad, frames, strict=True)]
+        for which, mask in enumerate(silent):
+            if mask is not None:           # a factor whose partner is zero: no step
+                frame_grads[which] = torch.where(mask[..., None, None], 0.0,
+                                                 frame_grads[which])
+        state = self._bucket_state(index)
+        beta1, beta2 = group["betas"]
+        step = state.get("step", 0) + 1
+        state["step"] = step
+        work = frames[0].dtype
+        result = []
+        for which, name in enumerate(("g", "h")):
+            first, second = self._moments(state, name, bases[which], frame_grads[which], work)
+            first.mul_(beta1).add_(frame_grads[which], alpha=1.0 - beta1)
+            rows = frame_grads[which].shape[-2]
+            outer = (frame_grads[which].mT @ frame_grads[which]).to(work) / rows
+            second = beta2 * second + (1.0 - beta2) * outer
+            state[f"exp_avg_{name}"], state[f"exp_avg_sq_{name}"] = first, second.to(dtype)
+            state[f"basis_{name}"] = bases[which]
+            root = inverse_root(second / (1.0 - beta2 ** step), group["adam_eps"])
+            frame_step = (first / (1.0 - beta1 ** step)) @ root.to(dtype)
+            result.append(frame_step @ frames[which].mT.to(dtype))
+        return result[0], result[1]
+
+    @staticmethod
+    def _moments(state: dict[str, Any], name: str, basis: torch.Tensor,
+                 frame_grad: torch.Tensor, work: torch.dtype
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The moments of one factor carried into the current frame (zero at the start):
+        the first ``shape=[P, rows, r]`` (point dtype), the second ``[P, r, r]`` (``work``)."""
+        old_basis = state.get(f"basis_{name}")
+        if old_basis is None:
+            r = frame_grad.shape[-1]
+            return (torch.zeros_like(frame_grad),
+                    frame_grad.new_zeros(*frame_grad.shape[:-2], r, r, dtype=work))
+        transport = frame_transport(old_basis, basis, work)
+        first = state[f"exp_avg_{name}"] @ transport.to(frame_grad.dtype)
+        second = transport.mT @ state[f"exp_avg_sq_{name}"].to(work) @ transport
+        return first, second
+
+    def _bucket_state(self, index: int) -> dict[str, Any]:
+        """Bucket ``index``'s moments: a dict in the state of the first pair parameter."""
+        state: dict[str, Any] = self.state[self._named[self._pair_names[0]]].setdefault(
+            f"bucket{index}", {})
+        return state
+
+    def _frames(self, index: int, x: tuple[torch.Tensor, torch.Tensor]
+                ) -> tuple[tuple[torch.Tensor, torch.Tensor],
+                           tuple[torch.Tensor | None, torch.Tensor | None]]:
+        """The frames of bucket ``index`` and, at ``eps = 0``, the masks of pairs whose factor
+        ``G`` (first) or ``H`` (second) takes no step because its partner is zero."""
+        quotient = self._quotients[index]
+        zero_g, zero_h = _zero_factors(x)
+        if quotient.eps != 0.0 or not bool((zero_g | zero_h).any()):
+            return metric_frames(self._at(index, x)), (None, None)
+        frames = metric_frames(self._at(index, tuple(
+            _stand_in(f, z, 1.0) for f, z in zip(x, (zero_g, zero_h), strict=True))))
+        probe = metric_frames(self._at(index, tuple(
+            _stand_in(f, z, 2.0) for f, z in zip(x, (zero_g, zero_h), strict=True))))
+        # a zero factor with a nonzero partner steps in its frame only where that frame does
+        # not read the stand-in (mix: P_G = S_H^{-1}); where it does (inv) the step is undefined
+        for which, (zero, partner) in enumerate(((zero_g, zero_h), (zero_h, zero_g))):
+            moving = zero & ~partner
+            if bool(moving.any()):
+                change = (frames[which][moving] - probe[which][moving]).abs().amax()
+                if bool(change > 1e-6 * frames[which][moving].abs().amax()):
+                    raise ValueError(self._degenerate(
+                        index, "a factor is zero and the metric's frame of a zero factor "
+                        f"depends on the factor itself (its steps stay zero under the "
+                        f"{quotient.metric.name} metric at eps=0)"))
+        return frames, (zero_h, zero_g)
+
+    def _at(self, index: int, x: Tensors) -> GLPoint:
+        try:
+            point: GLPoint = self._quotients[index].at(x)
+        except ValueError as err:
+            raise ValueError(self._degenerate(index, str(err))) from err
+        return point
+
+    def _degenerate(self, index: int, why: str) -> str:
+        labels = self._labels[index]
+        named = f"{', '.join(labels[:3])}{', ...' if len(labels) > 3 else ''}"
+        quotient = self._quotients[index]
+        return (f"QuotientAdamW: the pairs of bucket {index} ({named}) are degenerate for the "
+                f"{quotient.metric.name} metric at eps={quotient.eps}: {why}. Pass eps > 0 "
+                "(the damped metric)")
+
+
+def _check_betas(betas: object) -> tuple[float, float]:
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise ValueError(f"betas must be a pair of numbers in [0, 1), got {betas!r}")
+    checked = tuple(check_number(f"betas[{i}]", b, 0.0) for i, b in enumerate(betas))
+    for i, beta in enumerate(checked):
+        if beta >= 1.0:
+            raise ValueError(f"betas[{i}] must be < 1, got {betas[i]!r}")
+    return checked[0], checked[1]
+
+
+def _symmetry_report(model: nn.Module, symmetries: object) -> SymmetryReport:
+    """The report whose pairs are stepped: discovered (``"auto"``) or given."""
+    if isinstance(symmetries, str):
+        if symmetries != "auto":
+            raise ValueError(f"symmetries must be 'auto' or a SymmetryReport, got "
+                             f"{symmetries!r}")
+        from quotientsharp.models.walker import find_symmetries
+
+        symmetries = find_symmetries(model, degenerate="pair")
+    if not isinstance(symmetries, SymmetryReport):
+        raise TypeError(f"symmetries must be 'auto' or a SymmetryReport (QuotientAdamW steps "
+                        f"discovered GL pairs), got {type(symmetries).__name__}")
+    if symmetries.diagonal:
+        raise ValueError("symmetries: diagonal GL(1) pairs are not supported by QuotientAdamW "
+                         "(GL pairs only)")
+    return symmetries

@@ -1,0 +1,336 @@
+"""QuotientAdamW: AdamW-like moments on every GL pair that the pair's group does not change.
+
+The property: started from ``(G, H)`` and from ``(G M^{-1}, H M^T)`` (``M`` of condition up to
+100, drawn by the core's ``random_group_element``), the products ``G H^T`` of every pair agree
+to rounding over 30 steps (float64), for LoRA adapters of ranks 1 to 8 and for attention heads,
+with both metrics, and from PEFT's ``B = 0``. The controls show that the test can fail:
+torch's AdamW drifts apart, and a damped step keeps the property for orthogonal ``M`` only.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from quotientsharp.core.gl import GLQuotient
+from quotientsharp.models import QuotientBinding, find_symmetries
+from quotientsharp.models.layout import ParameterLayout
+from quotientsharp.models.quotient_adamw import QuotientAdamW
+from tests.tiny_models import Factored, tiny_bert_classifier
+
+peft = pytest.importorskip("peft")
+
+
+def adapted(seed=0, dtype=torch.float64, random=True, r=3):
+    """An MLP with LoRA adapters of rank ``r`` on its two hidden layers and a trainable head;
+    ``random``: adapters drawn at scale 1/2, else PEFT's start (``B = 0``)."""
+    torch.manual_seed(seed)
+    base = nn.Sequential(nn.Linear(10, 12), nn.Tanh(), nn.Linear(12, 9), nn.Tanh(),
+                         nn.Linear(9, 3)).to(dtype)
+    model = peft.get_peft_model(base, peft.LoraConfig(r=r, target_modules=["0", "2"],
+                                                      modules_to_save=["4"]))
+    if random:
+        generator = torch.Generator().manual_seed(seed + 100)
+        with torch.no_grad():
+            for name, tensor in model.named_parameters():
+                if "lora_" in name:
+                    tensor.copy_(0.5 * torch.randn(tensor.shape, generator=generator,
+                                                   dtype=tensor.dtype))
+    return model
+
+
+def data(seed=0, dtype=torch.float64, features=10):
+    generator = torch.Generator().manual_seed(seed + 7)       # float64 draws, then rounded
+    return (torch.randn(64, features, generator=generator, dtype=torch.float64).to(dtype),
+            torch.randn(64, 3, generator=generator, dtype=torch.float64).to(dtype))
+
+
+def layout_of(model):
+    report = find_symmetries(model, degenerate="pair")
+    return ParameterLayout(report, dict(model.named_parameters()))
+
+
+def pair_products(model):
+    """``G H^T`` of every bucket of pairs (all adapters or heads of one shape), detached."""
+    coords = layout_of(model).to_coordinates({n: t.detach()
+                                              for n, t in model.named_parameters()})
+    return [(g @ h.mT).clone() for g, h in coords.gl]
+
+
+def act(model, seed, condition, orthogonal=False):
+    """A copy with every pair moved to ``(G M^{-1}, H M^T)``, one ``M`` of the given condition
+    per pair (``orthogonal``: condition 1, an orthogonal ``M``)."""
+    moved = copy.deepcopy(model)
+    layout = layout_of(moved)
+    params = {n: t.detach() for n, t in moved.named_parameters()}
+    coords = layout.to_coordinates(params)
+    generator = torch.Generator().manual_seed(seed)
+    quotient = GLQuotient("mix")
+    acted = []
+    for point in coords.gl:
+        element = quotient.random_group_element(point, condition=1.0 if orthogonal else condition,
+                                                generator=generator)
+        acted.append(quotient.act(point, element))
+    new = layout.to_parameters(coords.replace(gl=acted))
+    with torch.no_grad():
+        for name, tensor in moved.named_parameters():
+            if name in new:
+                tensor.copy_(new[name])
+    return moved
+
+
+def mse_loss(model, x, y):
+    return (model(x) - y).square().mean()
+
+
+def train(model, optimizer, steps, loss_of):
+    """Plain training loop; the losses and the pairs' products after each step."""
+    losses, products = [], []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = loss_of(model)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        products.append(pair_products(model))
+    return losses, products
+
+
+def largest_relative_gap(first, second):
+    return max(float((p - q).norm() / p.norm()) for ps, qs in zip(first, second, strict=True)
+               for p, q in zip(ps, qs, strict=True))
+
+
+# ---------------------------------------------------------------------- invariance
+CASES = [(0, 1, 1.0), (1, 2, 100.0), (2, 3, 30.0), (3, 4, 100.0), (4, 5, 3.0),
+         (5, 6, 100.0), (6, 8, 10.0), (7, 8, 100.0)]
+
+
+@pytest.mark.parametrize("seed, rank, condition", CASES)
+@pytest.mark.parametrize("metric", ["mix", "inv"])
+def test_lora_trajectories_stay_on_one_orbit(seed, rank, condition, metric):
+    model = adapted(seed, r=rank)
+    moved = act(model, seed + 50, condition)
+    x, y = data(seed)
+    runs = [train(m, QuotientAdamW(m, lr=0.02, metric=metric, weight_decay=0.01), 30,
+                  lambda net: mse_loss(net, x, y)) for m in (model, moved)]
+    assert largest_relative_gap(runs[0][1], runs[1][1]) < 1e-6
+    assert runs[0][0][-1] < 0.9 * runs[0][0][0]          # and it trains
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_from_peft_zero_start_the_trajectories_stay_on_one_orbit(seed):
+    model = adapted(seed, random=False, r=4)
+    moved = act(model, seed + 60, 100.0)
+    x, y = data(seed)
+    runs = [train(m, QuotientAdamW(m, lr=0.02), 30, lambda net: mse_loss(net, x, y))
+            for m in (model, moved)]
+    assert largest_relative_gap(runs[0][1], runs[1][1]) < 1e-6
+
+
+@pytest.mark.parametrize("metric", ["mix", "inv"])
+def test_attention_heads_stay_on_one_orbit(metric):
+    model = tiny_bert_classifier().eval()                 # no dropout: one loss per start
+    moved = act(model, 70, 100.0)
+    generator = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 30, (8, 6), generator=generator)
+    labels = torch.randint(0, 3, (8,), generator=generator)
+
+    def loss_of(net):
+        return net(input_ids=ids, labels=labels).loss
+
+    runs = [train(m, QuotientAdamW(m, lr=0.01, metric=metric), 30, loss_of)
+            for m in (model, moved)]
+    assert largest_relative_gap(runs[0][1], runs[1][1]) < 1e-6
+    assert runs[0][0][-1] < runs[0][0][0]
+
+
+def test_adamw_is_not_invariant():
+    """The property test can fail: torch's AdamW on the same start drifts apart."""
+    model = adapted(8)
+    moved = act(model, 80, 10.0)
+    x, y = data(8)
+    runs = [train(m, torch.optim.AdamW(m.parameters(), lr=0.02), 10,
+                  lambda net: mse_loss(net, x, y))[1] for m in (model, moved)]
+    assert largest_relative_gap(*runs) > 1e-3
+
+
+def test_with_damping_only_orthogonal_elements_keep_the_orbit():
+    model = adapted(9)
+    x, y = data(9)
+    runs = {}
+    for name, start in (("base", model), ("orthogonal", act(model, 90, 1.0, orthogonal=True)),
+                        ("general", act(model, 90, 30.0))):
+        runs[name] = train(start, QuotientAdamW(start, lr=0.02, eps=0.1), 10,
+                           lambda net: mse_loss(net, x, y))[1]
+    assert largest_relative_gap(runs["base"], runs["orthogonal"]) < 1e-6
+    assert largest_relative_gap(runs["base"], runs["general"]) > 1e-4
+
+
+# ---------------------------------------------------------------------- the other parameters
+def test_parameters_outside_pairs_step_exactly_like_torch_adamw():
+    model = adapted(10)
+    head = [n for n, t in model.named_parameters() if t.requires_grad and "lora_" not in n]
+    assert head                                            # modules_to_save: the head
+    reference = {n: t.detach().clone().requires_grad_(True) for n, t in model.named_parameters()
+                 if n in head}
+    options = {"lr": 0.03, "weight_decay": 0.1, "betas": (0.8, 0.99)}
+    ours = QuotientAdamW(model, adam_eps=1e-6, **options)
+    theirs = torch.optim.AdamW(list(reference.values()), eps=1e-6, **options)
+    params = dict(model.named_parameters())
+    generator = torch.Generator().manual_seed(11)
+    for _ in range(6):
+        for name, tensor in params.items():
+            if tensor.requires_grad:
+                grad = torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype)
+                tensor.grad = grad
+                if name in reference:
+                    reference[name].grad = grad.clone()
+        ours.step()
+        theirs.step()
+    for name in head:
+        assert torch.equal(params[name].detach(), reference[name].detach()), name
+
+
+# ---------------------------------------------------------------------- arguments
+@pytest.mark.parametrize("options, argument", [
+    ({"lr": 0.0}, "lr"), ({"lr": -1.0}, "lr"), ({"lr": math.nan}, "lr"),
+    ({"lr": math.inf}, "lr"), ({"lr": True}, "lr"),
+    ({"betas": (1.0, 0.9)}, r"betas\[0\]"), ({"betas": (0.9, -0.1)}, r"betas\[1\]"),
+    ({"betas": (math.nan, 0.9)}, r"betas\[0\]"), ({"betas": (0.9, math.inf)}, r"betas\[1\]"),
+    ({"betas": (0.9,)}, "betas"), ({"betas": 0.9}, "betas"),
+    ({"eps": -1e-3}, "eps"), ({"eps": math.nan}, "eps"),
+    ({"weight_decay": -0.1}, "weight_decay"), ({"weight_decay": math.inf}, "weight_decay"),
+    ({"adam_eps": 0.0}, "adam_eps"), ({"adam_eps": math.nan}, "adam_eps"),
+    ({"metric": "euclidean"}, "metric"), ({"symmetries": "all"}, "symmetries"),
+])
+def test_bad_arguments_are_refused_by_name(options, argument):
+    model = adapted(12)
+    arguments = {"lr": 0.01, **options}
+    with pytest.raises(ValueError, match=f"^{argument}"):
+        QuotientAdamW(model, **arguments)
+
+
+def test_bad_types_are_refused():
+    with pytest.raises(TypeError, match="model"):
+        QuotientAdamW(object(), lr=0.01)  # type: ignore[arg-type]
+    model = Factored()
+    binding = QuotientBinding(GLQuotient("mix"), ["left", "right"],
+                              to_point=lambda p: (p["left"], p["right"].mT),
+                              from_point=lambda x: {"left": x[0], "right": x[1].mT})
+    with pytest.raises(TypeError, match="symmetries"):
+        QuotientAdamW(model, lr=0.01, symmetries=[binding])
+
+
+# ---------------------------------------------------------------------- degenerate pairs
+def test_peft_zero_start_trains_with_the_defaults():
+    model = adapted(13, random=False)
+    x, y = data(13)
+    losses, _ = train(model, QuotientAdamW(model, lr=0.02), 40, lambda net: mse_loss(net, x, y))
+    assert all(math.isfinite(v) for v in losses)
+    assert losses[-1] < 0.5 * losses[0]
+    # both factors moved: B left zero, and A too (from its second step on)
+    moved = [t for n, t in model.named_parameters() if "lora_B" in n]
+    assert all(float(t.detach().abs().max()) > 0 for t in moved)
+
+
+def test_inv_metric_from_zero_needs_damping():
+    model = adapted(14, random=False)
+    x, y = data(14)
+    optimizer = QuotientAdamW(model, lr=0.02, metric="inv")
+    loss = mse_loss(model, x, y)
+    loss.backward()
+    with pytest.raises(ValueError, match="eps > 0"):
+        optimizer.step()
+    damped = adapted(14, random=False)
+    losses, _ = train(damped, QuotientAdamW(damped, lr=0.02, metric="inv", eps=1e-2), 40,
+                      lambda net: mse_loss(net, x, y))
+    assert losses[-1] < losses[0]
+
+
+def test_a_rank_deficient_factor_is_refused_at_zero_damping():
+    model = adapted(15)
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if "lora_B" in name:
+                tensor[:, 1] = tensor[:, 0]              # two equal columns, not zero
+    x, y = data(15)
+    optimizer = QuotientAdamW(model, lr=0.02)
+    mse_loss(model, x, y).backward()
+    with pytest.raises(ValueError, match="QuotientAdamW.*degenerate.*eps > 0"):
+        optimizer.step()
+
+
+# ---------------------------------------------------------------------- state and dtypes
+def test_state_dict_round_trip_resumes_identically():
+    x, y = data(16)
+    model = adapted(16, random=False)
+    optimizer = QuotientAdamW(model, lr=0.02, weight_decay=0.01)
+    train(model, optimizer, 5, lambda net: mse_loss(net, x, y))
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    resumed = adapted(17, random=False)
+    resumed.load_state_dict(saved["model"])
+    resumed_optimizer = QuotientAdamW(resumed, lr=0.02, weight_decay=0.01)
+    resumed_optimizer.load_state_dict(saved["optimizer"])
+    ahead = train(model, optimizer, 5, lambda net: mse_loss(net, x, y))[1]
+    again = train(resumed, resumed_optimizer, 5, lambda net: mse_loss(net, x, y))[1]
+    for first, second in zip(ahead, again, strict=True):
+        for p, q in zip(first, second, strict=True):
+            assert torch.equal(p, q)
+    for (name, p), q in zip(model.named_parameters(), resumed.parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
+def test_float32_trains_and_follows_float64():
+    runs = {}
+    start = adapted(18, random=False)
+    for dtype in (torch.float32, torch.float64):
+        model = copy.deepcopy(start).to(dtype)            # one start, rounded for float32
+        x, y = data(18, dtype=dtype)
+        runs[dtype] = train(model, QuotientAdamW(model, lr=0.02), 20,
+                            lambda net, x=x, y=y: mse_loss(net, x, y))
+        assert all(t.dtype == dtype for t in model.parameters())
+    assert runs[torch.float32][0][-1] < 0.7 * runs[torch.float32][0][0]
+    products32 = [[p.double() for p in ps] for ps in runs[torch.float32][1]]
+    assert largest_relative_gap(runs[torch.float64][1], products32) < 1e-5
+
+
+def test_a_zero_gradient_step_changes_nothing_but_weight_decay():
+    model = adapted(19)
+    lr, decay = 0.05, 0.1
+    optimizer = QuotientAdamW(model, lr=lr, weight_decay=decay)
+    before = {n: t.detach().clone() for n, t in model.named_parameters() if t.requires_grad}
+    for tensor in model.parameters():
+        if tensor.requires_grad:
+            tensor.grad = torch.zeros_like(tensor)
+    optimizer.step()
+    for name, tensor in model.named_parameters():
+        if name in before:
+            assert torch.equal(tensor.detach(), before[name] * (1.0 - lr * decay)), name
+
+
+def test_without_gradients_nothing_moves():
+    model = adapted(20)
+    optimizer = QuotientAdamW(model, lr=0.05, weight_decay=0.1)
+    before = [t.detach().clone() for t in model.parameters()]
+    optimizer.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_param_groups_and_lr_scheduling():
+    model = adapted(21)
+    optimizer = QuotientAdamW(model, lr=0.05)
+    assert [g["kind"] for g in optimizer.param_groups] == ["pairs", "other"]
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    x, y = data(21)
+    train(model, optimizer, 1, lambda net: mse_loss(net, x, y))
+    scheduler.step()
+    assert [g["lr"] for g in optimizer.param_groups] == [0.025, 0.025]
