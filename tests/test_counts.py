@@ -78,5 +78,4 @@ def test_study_seeds_build_their_data_lazily(tmp_path, monkeypatch):
     monkeypatch.setattr(family_run, "_model_record", first_model)
     with pytest.raises(_Stop, match=r"first model after 1 pool\(s\)"):
         main(["reproduce", "bert", "--quick", "--study-seeds", "100000", "--models", "1",
-              "--out", str(tmp_path / "bert"), "--docs", str(tmp_path / "docs"),
-              "--no-progress", "--no-plots"])
+              "--out", str(tmp_path / "bert"), "--no-progress", "--no-plots"])
