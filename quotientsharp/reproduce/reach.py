@@ -26,7 +26,7 @@ short on, how many of those its result flagged, and its false alarms.
   the family studies' own code, on every batch of their sharpness sets: adaptive, plain worst
   case, geodesic inv and mix of order 2 with the default solver at the study's own steps per
   chain (20 for the ViTs and BERT, 3 for LoRA, 2 for MiniLM), at :data:`RHOS` and the radii
-  the family pages compare at. Strong solve: 10 times the steps, 4 random restarts. The family
+  the family pages compare at. Strong solve: 10 times the steps, 2 random restarts. The family
   pages state the reach of their measures from these data
   (:mod:`quotientsharp.reproduce.reach_statements`).
 
