@@ -13,30 +13,17 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
 from quotientsharp.core.gl import GLQuotient
 from quotientsharp.models import QuotientBinding, QuotientSGD, find_symmetries
-from tests.tiny_models import Factored
+from tests.tiny_models import Factored, lora_mlp
 
 peft = pytest.importorskip("peft")
 
 
 def adapted(seed=0, dtype=torch.float64, random=True, r=3):
     """A small MLP with LoRA adapters on its two hidden layers and a trainable head."""
-    torch.manual_seed(seed)
-    base = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 10), nn.Tanh(),
-                         nn.Linear(10, 3)).to(dtype)
-    model = peft.get_peft_model(base, peft.LoraConfig(r=r, target_modules=["0", "2"],
-                                                      modules_to_save=["4"]))
-    if random:
-        generator = torch.Generator().manual_seed(seed + 100)
-        with torch.no_grad():
-            for name, tensor in model.named_parameters():
-                if "lora_" in name:
-                    tensor.copy_(0.5 * torch.randn(tensor.shape, generator=generator,
-                                                   dtype=tensor.dtype))
-    return model
+    return lora_mlp(seed, r, random, dtype)
 
 
 def data(seed=0, dtype=torch.float64):

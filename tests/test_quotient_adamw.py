@@ -15,13 +15,12 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
 from quotientsharp.core.gl import GLQuotient
 from quotientsharp.models import QuotientBinding, find_symmetries
 from quotientsharp.models.layout import ParameterLayout
 from quotientsharp.models.quotient_adamw import QuotientAdamW
-from tests.tiny_models import Factored, tiny_bert_classifier
+from tests.tiny_models import Factored, lora_mlp, tiny_bert_classifier
 
 peft = pytest.importorskip("peft")
 
@@ -29,19 +28,7 @@ peft = pytest.importorskip("peft")
 def adapted(seed=0, dtype=torch.float64, random=True, r=3):
     """An MLP with LoRA adapters of rank ``r`` on its two hidden layers and a trainable head;
     ``random``: adapters drawn at scale 1/2, else PEFT's start (``B = 0``)."""
-    torch.manual_seed(seed)
-    base = nn.Sequential(nn.Linear(10, 12), nn.Tanh(), nn.Linear(12, 9), nn.Tanh(),
-                         nn.Linear(9, 3)).to(dtype)
-    model = peft.get_peft_model(base, peft.LoraConfig(r=r, target_modules=["0", "2"],
-                                                      modules_to_save=["4"]))
-    if random:
-        generator = torch.Generator().manual_seed(seed + 100)
-        with torch.no_grad():
-            for name, tensor in model.named_parameters():
-                if "lora_" in name:
-                    tensor.copy_(0.5 * torch.randn(tensor.shape, generator=generator,
-                                                   dtype=tensor.dtype))
-    return model
+    return lora_mlp(seed, r, random, dtype, widths=(10, 12, 9, 3))
 
 
 def data(seed=0, dtype=torch.float64, features=10):

@@ -31,3 +31,26 @@ class Factored(nn.Module):
 
     def forward(self, x):
         return x @ (self.left @ self.right).T
+
+
+def lora_mlp(seed: int = 0, r: int = 3, random: bool = True, dtype=torch.float64,
+             widths: tuple[int, int, int, int] = (6, 12, 10, 3), head_bias: bool = True):
+    """An MLP ``widths[0] -> widths[1] -> widths[2] -> widths[3]`` (tanh) with PEFT LoRA
+    adapters of rank ``r`` on its two hidden layers and a trainable head; ``random``: adapters
+    drawn at scale 1/2 (seed ``seed + 100``), else PEFT's start (``B = 0``). Needs peft."""
+    import peft
+
+    torch.manual_seed(seed)
+    d, first, second, out = widths
+    base = nn.Sequential(nn.Linear(d, first), nn.Tanh(), nn.Linear(first, second), nn.Tanh(),
+                         nn.Linear(second, out, bias=head_bias)).to(dtype)
+    model = peft.get_peft_model(base, peft.LoraConfig(r=r, target_modules=["0", "2"],
+                                                      modules_to_save=["4"]))
+    if random:
+        generator = torch.Generator().manual_seed(seed + 100)
+        with torch.no_grad():
+            for name, tensor in model.named_parameters():
+                if "lora_" in name:
+                    tensor.copy_(0.5 * torch.randn(tensor.shape, generator=generator,
+                                                   dtype=tensor.dtype))
+    return model

@@ -13,6 +13,11 @@ check it against the model with :func:`check_symmetry`.
 from quotientsharp.models.binding import QuotientBinding
 from quotientsharp.models.layout import Coordinates, ParameterLayout
 from quotientsharp.models.lora import LoraAdapter
+from quotientsharp.models.lora_optimizers import (
+    RiemannianAdamW,
+    loraplus_adamw,
+    loraplus_param_groups,
+)
 from quotientsharp.models.optim import QuotientSGD
 from quotientsharp.models.quotient_adamw import QuotientAdamW
 
@@ -42,10 +47,13 @@ __all__ = [
     "QuotientAdamW",
     "QuotientBinding",
     "QuotientSGD",
+    "RiemannianAdamW",
     "SymmetryCheck",
     "SymmetryCheckError",
     "SymmetryReport",
     "check_symmetry",
     "find_symmetries",
+    "loraplus_adamw",
+    "loraplus_param_groups",
     "reparametrize",
 ]

@@ -54,6 +54,39 @@ def check_number(name: str, value: object, minimum: float, strict: bool = False)
     return float(value)
 
 
+def check_betas(betas: object) -> tuple[float, float]:
+    """Adam's ``betas``: a pair of numbers in ``[0, 1)``, each error naming its entry."""
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise ValueError(f"betas must be a pair of numbers in [0, 1), got {betas!r}")
+    checked = tuple(check_number(f"betas[{i}]", b, 0.0) for i, b in enumerate(betas))
+    for i, beta in enumerate(checked):
+        if beta >= 1.0:
+            raise ValueError(f"betas[{i}] must be < 1, got {betas[i]!r}")
+    return checked[0], checked[1]
+
+
+def resolve_symmetries(model: nn.Module, symmetries: object
+                       ) -> SymmetryReport | list[QuotientBinding]:
+    """The optimisers' ``symmetries`` option resolved: a report (``"auto"`` runs the discovery,
+    degenerate pairs kept so that a fresh adapter is found) or a list of bindings."""
+    if isinstance(symmetries, QuotientBinding):
+        return [symmetries]
+    if isinstance(symmetries, str):
+        if symmetries != "auto":
+            raise ValueError(f"symmetries must be 'auto', a SymmetryReport or "
+                             f"QuotientBinding(s), got {symmetries!r}")
+        from quotientsharp.models.walker import find_symmetries
+
+        return find_symmetries(model, degenerate="pair")
+    if isinstance(symmetries, SymmetryReport):
+        return symmetries
+    if isinstance(symmetries, Sequence) and all(isinstance(b, QuotientBinding)
+                                                for b in symmetries):
+        return list(symmetries)
+    raise TypeError(f"symmetries must be 'auto', a SymmetryReport or QuotientBinding(s), "
+                    f"got {type(symmetries).__name__}")
+
+
 def param_groups(named: dict[str, nn.Parameter], pair_names: list[str]
                  ) -> list[dict[str, Any]]:
     """The non-empty param groups: the pairs' parameters, then every other trainable one."""
@@ -152,23 +185,11 @@ class QuotientSGD(torch.optim.Optimizer):
         self._bindings: list[QuotientBinding] = []
         self._quotients: list[GLQuotient] = []
         self._labels: list[list[str]] = []
-        if isinstance(symmetries, QuotientBinding):
-            symmetries = [symmetries]
-        if isinstance(symmetries, str):
-            if symmetries != "auto":
-                raise ValueError(f"symmetries must be 'auto', a SymmetryReport or "
-                                 f"QuotientBinding(s), got {symmetries!r}")
-            from quotientsharp.models.walker import find_symmetries
-
-            symmetries = find_symmetries(model, degenerate="pair")
-        if isinstance(symmetries, SymmetryReport):
-            pair_names = self._use_report(symmetries, metric, eps)
-        elif not isinstance(symmetries, str) and isinstance(symmetries, Sequence) and all(
-                isinstance(b, QuotientBinding) for b in symmetries):
-            pair_names = self._use_bindings(symmetries)
+        resolved = resolve_symmetries(model, symmetries)
+        if isinstance(resolved, SymmetryReport):
+            pair_names = self._use_report(resolved, metric, eps)
         else:
-            raise TypeError(f"symmetries must be 'auto', a SymmetryReport or QuotientBinding(s), "
-                            f"got {type(symmetries).__name__}")
+            pair_names = self._use_bindings(resolved)
         groups = param_groups(named, pair_names)
         defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay}
         super().__init__(groups, defaults)

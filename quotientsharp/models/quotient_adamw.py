@@ -53,7 +53,13 @@ from torch.optim.adamw import adamw
 from quotientsharp.core.gl import GLPoint, GLQuotient
 from quotientsharp.models.binding import QuotientBinding
 from quotientsharp.models.layout import ParameterLayout
-from quotientsharp.models.optim import check_number, param_groups, report_quotients
+from quotientsharp.models.optim import (
+    check_betas,
+    check_number,
+    param_groups,
+    report_quotients,
+    resolve_symmetries,
+)
 from quotientsharp.models.report import SymmetryReport
 
 Tensors = tuple[torch.Tensor, ...]
@@ -176,7 +182,7 @@ class QuotientAdamW(torch.optim.Optimizer):
             raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
         eps = check_number("eps", eps, 0.0)
         weight_decay = check_number("weight_decay", weight_decay, 0.0)
-        beta_pair = _check_betas(betas)
+        beta_pair = check_betas(betas)
         adam_eps = check_number("adam_eps", adam_eps, 0.0, strict=True)
         report = _symmetry_report(model, symmetries)
         self._named = dict(model.named_parameters())
@@ -343,29 +349,13 @@ class QuotientAdamW(torch.optim.Optimizer):
                 "(the damped metric)")
 
 
-def _check_betas(betas: object) -> tuple[float, float]:
-    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-        raise ValueError(f"betas must be a pair of numbers in [0, 1), got {betas!r}")
-    checked = tuple(check_number(f"betas[{i}]", b, 0.0) for i, b in enumerate(betas))
-    for i, beta in enumerate(checked):
-        if beta >= 1.0:
-            raise ValueError(f"betas[{i}] must be < 1, got {betas[i]!r}")
-    return checked[0], checked[1]
-
-
 def _symmetry_report(model: nn.Module, symmetries: object) -> SymmetryReport:
     """The report whose pairs are stepped: discovered (``"auto"``) or given."""
-    if isinstance(symmetries, str):
-        if symmetries != "auto":
-            raise ValueError(f"symmetries must be 'auto' or a SymmetryReport, got "
-                             f"{symmetries!r}")
-        from quotientsharp.models.walker import find_symmetries
-
-        symmetries = find_symmetries(model, degenerate="pair")
-    if not isinstance(symmetries, SymmetryReport):
-        raise TypeError(f"symmetries must be 'auto' or a SymmetryReport (QuotientAdamW steps "
-                        f"discovered GL pairs), got {type(symmetries).__name__}")
-    if symmetries.diagonal:
+    resolved = resolve_symmetries(model, symmetries)
+    if not isinstance(resolved, SymmetryReport):
+        raise TypeError("symmetries must be 'auto' or a SymmetryReport (QuotientAdamW steps "
+                        "discovered GL pairs), got QuotientBinding(s)")
+    if resolved.diagonal:
         raise ValueError("symmetries: diagonal GL(1) pairs are not supported by QuotientAdamW "
                          "(GL pairs only)")
-    return symmetries
+    return resolved
