@@ -39,11 +39,17 @@ Optimisers (weight decay 0 for all; damping ``delta = 1e-2``, PEFT's default):
 - ``RiemannianAdamW``: :class:`~quotientsharp.models.lora_optimizers.RiemannianAdamW`, the
   paper's method on the library's geometry (equal to PEFT's on LoRA; on attention heads too);
 - ``QuotientAdamW``: ``quotientsharp.models.quotient_adamw.QuotientAdamW(metric="mix",
-  eps=delta)``, the group-invariant adaptive step; skipped, with a note, if it cannot be imported.
+  eps=delta)``, the adaptive step on the quotient, damped: invariant under orthogonal group
+  elements only;
+- ``QuotientAdamW (eps 0)``: the same undamped (``eps=0``), invariant under every element of each
+  pair's group (the product trajectories of two starts on one orbit agree); from PEFT's ``B = 0``
+  it steps ``B`` in the frame of ``A``. Both are skipped, with a note, if they cannot be imported.
 
 Protocol: every optimiser has its own learning-rate grid of four values (:data:`GRIDS`; the LoRA
 grids were placed after a one-seed pilot on the sentiment task, where the first grids' best
-AdamW and PEFT rates sat on their upper edge), 3 seeds
+AdamW and PEFT rates sat on their upper edge; ``QuotientAdamW (eps 0)``'s after a one-seed pilot
+of six rates, 1e-3 to 0.3, on the sentiment and from-scratch tasks, whose best, 0.01 and 0.003,
+lie inside them), 3 seeds
 (the seed draws the adapters' ``A`` / the from-scratch weights, the head and the batch order: the
 same for every optimiser), batches of 32. Two budgets: ``--steps`` (60) optimiser steps, and a
 budget of seconds: the process CPU time (one thread) that AdamW takes for ``--steps`` steps,
@@ -57,10 +63,16 @@ Outputs under ``--out`` (default ``results/optimisers``): ``optimisers.json`` (e
 ``optimisers.md`` (the tables) and ``optimisers.png`` (test loss of the selected learning rates
 against steps and CPU seconds, mean over seeds, the band their range).
 
-Run: ``python benchmarks/optimisers.py [--out DIR] [--steps 60] [--seeds 3] [--tasks ...]``;
-``--quick``: a tiny random BERT in place of MiniLM, 5 steps, one seed, two learning rates (a
-smoke test of seconds). Full run, measured: about 13 min of process CPU time for the four
-tasks (one thread; 2-core machine shared with other jobs, about 28 min wall there).
+Run: ``python benchmarks/optimisers.py [--out DIR] [--steps 60] [--seeds 3] [--tasks ...]
+[--optimisers NAME ...] [--merge JSON]``; ``--optimisers`` runs only the named optimisers;
+``--merge`` puts this run's entries into an earlier ``optimisers.json`` of the same settings
+(replacing those of the same task and optimiser; each task keeps that file's budget of seconds
+unless ``--seconds`` is given) and writes the tables and the figure of the union, so that a new
+optimiser joins the table without rerunning the others; ``--quick``: a tiny random BERT in
+place of MiniLM, 5 steps, one seed, two learning rates (a smoke test of seconds). Full run,
+measured: about 13 min of process CPU time for the first six optimisers on the four tasks (one
+thread; 2-core machine shared with other jobs, about 28 min wall there); one optimiser alone,
+``--optimisers "QuotientAdamW (eps 0)"``, about 4 min wall there.
 """
 
 from __future__ import annotations
@@ -105,8 +117,11 @@ GRIDS: dict[str, dict[str, tuple[float, ...]]] = {
     "RiemannianAdamW": {"lora": (1e-3, 3e-3, 1e-2, 3e-2),
                         "scratch": (1e-3, 3e-3, 1e-2, 3e-2)},
     "QuotientAdamW": {"lora": (1e-3, 3e-3, 1e-2, 3e-2), "scratch": (1e-3, 3e-3, 1e-2, 3e-2)},
+    "QuotientAdamW (eps 0)": {"lora": (1e-3, 3e-3, 1e-2, 3e-2),
+                              "scratch": (1e-3, 3e-3, 1e-2, 3e-2)},
 }
 Make = Callable[[nn.Module, float], torch.optim.Optimizer]
+TASKS = ("minilm-sentiment", "minilm-first", "minilm-agreement", "bert-scratch")
 
 
 # ---------------------------------------------------------------------- optimisers
@@ -145,6 +160,9 @@ def optimisers() -> dict[str, Make]:
     if quotient_adamw is not None:
         methods["QuotientAdamW"] = lambda m, lr: quotient_adamw(
             m, lr=lr, metric="mix", eps=DAMPING, weight_decay=0.0, betas=(0.9, 0.999))
+        # undamped: the invariant optimiser (any GL element, not only orthogonal ones)
+        methods["QuotientAdamW (eps 0)"] = lambda m, lr: quotient_adamw(
+            m, lr=lr, metric="mix", eps=0.0, weight_decay=0.0, betas=(0.9, 0.999))
     return methods
 
 
@@ -595,23 +613,75 @@ def _plot_mean(ax: Any, runs: list[dict[str, Any]], key: str, label: str, colour
     ax.fill_between(xs, lows, highs, color=colour, alpha=0.15)
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def merge(previous: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
+    """``previous`` (an earlier ``optimisers.json``) with the tasks and optimisers of ``results``
+    put in (replacing the entries of the same name, the other entries kept as they were).
+
+    Raises ``ValueError`` if the two were run under different settings (steps, seeds, batch,
+    ``--quick``, damping), or if a task's budget of seconds differs.
+    """
+    for key in ("steps", "seeds", "batch", "quick", "damping"):
+        if previous.get(key) != results[key]:
+            raise ValueError(f"--merge: the merged file has {key}={previous.get(key)!r}, this "
+                             f"run {results[key]!r}; merge only runs of the same settings")
+    known = list(results["all_methods"])
+    order = [n for n in known if n in previous["methods"] or n in results["methods"]]
+    order += [n for n in previous["methods"] if n not in order]
+    merged = {**previous, "methods": order, "tasks": dict(previous["tasks"])}
+    for task_name, task in results["tasks"].items():
+        old = previous["tasks"].get(task_name)
+        if old is None:
+            merged["tasks"][task_name] = task
+            continue
+        if not math.isclose(old["seconds_budget"], task["seconds_budget"]):
+            raise ValueError(f"--merge: task {task_name} has a budget of "
+                             f"{old['seconds_budget']:.4g} s in the merged file, "
+                             f"{task['seconds_budget']:.4g} s here")
+        methods = {**old["methods"], **task["methods"]}
+        merged["tasks"][task_name] = {**old, "methods": {n: methods[n] for n in order
+                                                         if n in methods}}
+    wall = previous.get("wall_seconds")
+    merged["wall_seconds"] = {**(wall if isinstance(wall, dict) else {"previous": wall}),
+                              **results["wall_seconds"]}
+    return merged
+
+
+def _arguments(argv: Sequence[str] | None, methods: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("results/optimisers"),
                         help="folder for optimisers.json, optimisers.md and optimisers.png")
     parser.add_argument("--steps", type=int, default=60, help="the budget of steps")
     parser.add_argument("--seconds", type=float, default=None,
-                        help="the budget of CPU seconds (default: AdamW's time for --steps)")
+                        help="the budget of CPU seconds (default: AdamW's time for --steps, "
+                             "or with --merge the merged file's budget of the task)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--grid-size", type=int, default=4,
                         help="how many values of each grid to run (the first ones)")
-    parser.add_argument("--tasks", nargs="+", default=["minilm-sentiment", "minilm-first",
-                                                       "minilm-agreement", "bert-scratch"])
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS))
+    parser.add_argument("--optimisers", nargs="+", default=list(methods), metavar="NAME",
+                        help=f"the optimisers to run (default: all of {list(methods)})")
+    parser.add_argument("--merge", type=Path, default=None, metavar="JSON",
+                        help="an earlier optimisers.json: this run's entries are put into it "
+                             "and the tables and figure are made from the union")
     parser.add_argument("--quick", action="store_true",
                         help="tiny random BERT, 5 steps, one seed, two lrs (a smoke test)")
     args = parser.parse_args(argv)
+    for option, chosen, known in (("--tasks", args.tasks, TASKS),
+                                  ("--optimisers", args.optimisers, methods)):
+        unknown = [name for name in chosen if name not in known]
+        if unknown:
+            parser.error(f"unknown {option} {unknown}; known: {list(known)}")
+    if args.merge is not None and not args.merge.is_file():
+        parser.error(f"--merge: no file {args.merge}")
     if args.quick:
         args.steps, args.seeds, args.grid_size = 5, 1, 2
+    return args
+
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    every_method = optimisers()
+    args = _arguments(argv, list(every_method))
     torch.set_num_threads(1)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sizes = (64, 32, 32) if args.quick else (1024, 128, 256)
@@ -619,26 +689,32 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 "minilm-first": lambda: lora_task("first", sizes, args.quick),
                 "minilm-agreement": lambda: lora_task("agreement", sizes, args.quick),
                 "bert-scratch": lambda: scratch_task(sizes, args.quick)}
-    unknown = [t for t in args.tasks if t not in builders]
-    if unknown:
-        parser.error(f"unknown task(s) {unknown}; known: {sorted(builders)}")
-    methods = optimisers()
+    previous = None if args.merge is None else json.loads(args.merge.read_text())
+    methods = {name: make for name, make in every_method.items() if name in args.optimisers}
     began = time.time()
     results: dict[str, Any] = {"steps": args.steps, "seeds": args.seeds, "quick": args.quick,
                                "batch": BATCH, "damping": DAMPING,
                                "methods": list(methods), "tasks": {}}
     for name in args.tasks:
+        # merged rows keep the budget of seconds of the rows they join
+        seconds = args.seconds
+        if seconds is None and previous is not None and name in previous["tasks"]:
+            seconds = previous["tasks"][name]["seconds_budget"]
         results["tasks"][name] = run_task(builders[name](), methods, args.steps, args.seeds,
-                                          args.seconds, args.grid_size)
-    results["wall_seconds"] = time.time() - began
+                                          seconds, args.grid_size)
+    wall = time.time() - began
+    results["wall_seconds"] = wall
+    if previous is not None:
+        results = merge(previous, {**results, "all_methods": list(every_method),
+                                   "wall_seconds": {f"{', '.join(methods)} on "
+                                                    f"{', '.join(args.tasks)}": wall}})
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "optimisers.json").write_text(json.dumps(results, indent=1))
     markdown = table(results)
     (args.out / "optimisers.md").write_text(markdown)
     figure(results, args.out / "optimisers.png")
     print(markdown)
-    print(f"wrote {args.out}/optimisers.json, optimisers.md and optimisers.png "
-          f"({results['wall_seconds']:.0f} s)")
+    print(f"wrote {args.out}/optimisers.json, optimisers.md and optimisers.png ({wall:.0f} s)")
     return results
 
 

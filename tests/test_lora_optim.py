@@ -218,3 +218,23 @@ def test_the_benchmark_runs_with_tiny_sizes(tmp_path):
     for method in results["methods"].values():
         assert len(method["losses"]) == 30 and method["seconds_per_step"] > 0
         assert method["losses"][-1] < method["losses"][0]
+
+
+@pytest.mark.parametrize("where", ["gradient", "value"])
+def test_a_non_finite_step_is_refused_by_name_and_changes_nothing(where) -> None:
+    model = adapted(3)
+    optimizer = QuotientSGD(model, lr=0.1, metric="mix", eps=1e-3, momentum=0.9)
+    x, y = data(3)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    name, tensor = next((n, t) for n, t in model.named_parameters() if "lora_B" in n)
+    with torch.no_grad():
+        if where == "gradient":
+            tensor.grad[0, 0] = float("nan")
+        else:
+            tensor[0, 0] = float("inf")
+    before = {n: t.detach().clone() for n, t in model.named_parameters()}
+    with pytest.raises(ValueError, match=rf"QuotientSGD: NaN or inf in {name} \({where}\)"):
+        optimizer.step()
+    for n, t in model.named_parameters():
+        assert torch.equal(t, before[n]) or not torch.isfinite(before[n]).all(), n
+    assert not optimizer.state

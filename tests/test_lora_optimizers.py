@@ -320,3 +320,59 @@ def test_a_model_that_is_no_module_is_refused():
         RiemannianAdamW([torch.zeros(2)], 0.1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="model"):
         loraplus_param_groups([torch.zeros(2)], 0.1)  # type: ignore[arg-type]
+
+
+def test_a_riemannian_step_on_nan_is_refused_and_changes_nothing():
+    model = adapted_mlp(0, 2, random=True)
+    x, y = mlp_data(0)
+    optimizer = RiemannianAdamW(model, 0.01)
+    trajectory(model, lambda m: optimizer, x, y, 2)
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    name = "base_model.model.0.lora_B.default.weight"
+    dict(model.named_parameters())[name].grad[0, 0] = float("inf")
+    values = {n: t.detach().clone() for n, t in model.named_parameters()}
+    steps = [float(s["step"]) for s in optimizer.state.values()]
+    with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+        optimizer.step()
+    assert all(torch.equal(t, values[n]) for n, t in model.named_parameters())
+    assert [float(s["step"]) for s in optimizer.state.values()] == steps
+
+
+@pytest.mark.parametrize("kinds", [("loar",), ("lora", "qq"), ()])
+def test_loraplus_refuses_kinds_that_select_no_known_pair(kinds):
+    with pytest.raises(ValueError, match="kinds"):
+        loraplus_param_groups(adapted_mlp(0, 2, random=False), 0.1, kinds=kinds)
+
+
+def test_loraplus_on_a_model_without_adapters_is_refused():
+    model = tiny_bert_classifier()              # attention heads, no LoRA adapter
+    with pytest.raises(ValueError, match=r"kinds.*\['qk', 'vo'\]"):
+        loraplus_adamw(model, 0.1)
+    groups = loraplus_param_groups(model, 0.1, kinds=("qk",))      # the heads by name
+    assert [g["kind"] for g in groups] == ["lora_b", "lora_a", "other"]
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-2])
+def test_riemannian_adamw_is_not_invariant_even_under_orthogonal_elements(eps):
+    # per-entry moments see a rotation: two starts one orthogonal M apart drift apart
+    model = adapted_mlp(0, 3, random=True)
+    moved = copy.deepcopy(model)
+    layout = ParameterLayout(find_symmetries(moved, degenerate="pair"),
+                             dict(moved.named_parameters()))
+    coords = layout.to_coordinates({n: t.detach() for n, t in moved.named_parameters()})
+    quotient, generator = GLQuotient("mix"), torch.Generator().manual_seed(5)
+    rotated = [quotient.act(point, quotient.random_group_element(point, condition=1.0,
+                                                                 generator=generator))
+               for point in coords.gl]
+    with torch.no_grad():
+        for name, tensor in layout.to_parameters(coords.replace(gl=rotated)).items():
+            dict(moved.named_parameters())[name].copy_(tensor)
+    x, y = mlp_data(0)
+    products = []
+    for net in (model, moved):
+        trajectory(net, lambda m: RiemannianAdamW(m, 0.02, eps=eps), x, y, 20)
+        trained = layout.to_coordinates({n: t.detach() for n, t in net.named_parameters()})
+        products.append([g @ h.mT for g, h in trained.gl])
+    gap = max(float((p - q).norm() / p.norm()) for p, q in zip(*products, strict=True))
+    assert gap > 1e-2

@@ -97,3 +97,66 @@ def test_the_two_clause_tasks_label_by_their_rule_only(quick_run, rule):
         connectives.setdefault(connective, []).append(label)
     # the connective gives the label away for none of them (both labels follow each one)
     assert len(connectives) == 4 and all(set(v) == {0, 1} for v in connectives.values())
+
+
+NEW_ROW = "QuotientAdamW (eps 0)"
+
+
+def test_one_optimiser_runs_alone_and_joins_an_earlier_run(quick_run, tmp_path):
+    module, previous, out = quick_run
+    tasks = ["bert-scratch", "minilm-first"]
+    threads = torch.get_num_threads()
+    try:
+        merged = module.main(["--quick", "--tasks", *tasks, "--optimisers", NEW_ROW,
+                              "--merge", str(out / "optimisers.json"), "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    assert merged["methods"] == previous["methods"]
+    assert list(merged["tasks"]) == list(previous["tasks"])
+    earlier = json.loads((out / "optimisers.json").read_text())
+    for task_name, task in merged["tasks"].items():
+        assert list(task["methods"]) == list(previous["tasks"][task_name]["methods"])
+        assert task["seconds_budget"] == earlier["tasks"][task_name]["seconds_budget"]
+        for name, method in task["methods"].items():
+            if name != NEW_ROW or task_name not in tasks:
+                # every other entry is the earlier file's, untouched
+                assert method == earlier["tasks"][task_name]["methods"][name]
+                continue
+            assert len(method["runs"]) == len(method["grid"]) * merged["seeds"]
+            # same starts and batches as the earlier run: the same trajectory within the steps
+            for new, old in zip(method["runs"],
+                                earlier["tasks"][task_name]["methods"][name]["runs"],
+                                strict=True):
+                a, b = (module.at_step(run, merged["steps"]) for run in (new, old))
+                for figure in ("val_loss", "test_loss", "test_acc"):
+                    assert a[figure] == pytest.approx(b[figure], rel=1e-6), figure
+    markdown = (tmp_path / "optimisers.md").read_text()
+    assert f"| {NEW_ROW} |" in markdown and "| AdamW |" in markdown
+    assert (tmp_path / "optimisers.png").stat().st_size > 0
+
+
+def test_unknown_optimiser_names_the_option(quick_run, capsys):
+    module, _, _ = quick_run
+    with pytest.raises(SystemExit):
+        module.main(["--quick", "--optimisers", "NoSuchAdam"])
+    error = capsys.readouterr().err
+    assert "--optimisers" in error and "NoSuchAdam" in error
+
+
+@pytest.mark.parametrize("key", ["steps", "seeds", "quick"])
+def test_merge_refuses_runs_of_other_settings(quick_run, key):
+    module, results, _ = quick_run
+    other = {**results, key: {"steps": 7, "seeds": 2, "quick": False}[key]}
+    with pytest.raises(ValueError, match=f"{key}="):
+        module.merge(other, {**results, "all_methods": results["methods"],
+                             "wall_seconds": {"new": 0.0}})
+
+
+def test_merge_refuses_another_budget_of_seconds(quick_run):
+    module, results, _ = quick_run
+    task = results["tasks"]["bert-scratch"]
+    new = {**results, "tasks": {"bert-scratch": {**task,
+                                                 "seconds_budget": 2 * task["seconds_budget"]}},
+           "all_methods": results["methods"], "wall_seconds": {"new": 0.0}}
+    with pytest.raises(ValueError, match="bert-scratch"):
+        module.merge(results, new)

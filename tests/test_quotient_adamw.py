@@ -321,3 +321,79 @@ def test_param_groups_and_lr_scheduling():
     train(model, optimizer, 1, lambda net: mse_loss(net, x, y))
     scheduler.step()
     assert [g["lr"] for g in optimizer.param_groups] == [0.025, 0.025]
+
+
+# ---------------------------------------------------------------------- numbers it refuses
+def test_low_precision_frames_are_those_of_the_point_in_float64():
+    # the raise operator of an ill-conditioned pair, rounded to bfloat16, is not positive
+    # definite; the frames must be read in float64 (here from the same rounded factors)
+    from quotientsharp.models.quotient_adamw import metric_frames
+
+    generator = torch.Generator().manual_seed(3)
+    scales = torch.logspace(0, -2, 6, dtype=torch.float64)
+    for metric in ("mix", "inv"):
+        quotient = GLQuotient(metric)
+        factors = tuple((torch.randn(4, 12, 6, generator=generator, dtype=torch.float64)
+                         * scales).to(torch.bfloat16) for _ in range(2))
+        frames = metric_frames(quotient.at(factors))
+        exact = metric_frames(quotient.at(tuple(f.double() for f in factors)))
+        for ours, reference in zip(frames, exact, strict=True):
+            assert ours.dtype == torch.float64
+            assert torch.allclose(ours, reference, rtol=1e-12, atol=0.0)
+
+
+def test_a_bfloat16_bert_steps_its_heads():
+    model = tiny_bert_classifier().to(torch.bfloat16)
+    optimizer = QuotientAdamW(model, lr=1e-2)
+    ids = torch.randint(1, 30, (8, 6), generator=torch.Generator().manual_seed(1))
+    labels = torch.arange(8) % 3
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(input_ids=ids, labels=labels).loss.backward()
+        optimizer.step()
+    assert all(bool(torch.isfinite(t).all()) for t in model.parameters())
+
+
+@pytest.mark.parametrize("where", ["pair gradient", "other gradient", "pair value"])
+def test_a_step_on_nan_is_refused_and_changes_nothing(where):
+    model = adapted(0)
+    x, y = data(0)
+    optimizer = QuotientAdamW(model, lr=0.02)
+    train(model, optimizer, 2, lambda net: mse_loss(net, x, y))
+    optimizer.zero_grad()
+    mse_loss(model, x, y).backward()
+    name = {"pair gradient": "base_model.model.0.lora_A.default.weight",
+            "other gradient": "base_model.model.4.modules_to_save.default.weight",
+            "pair value": "base_model.model.2.lora_B.default.weight"}[where]
+    tensor = dict(model.named_parameters())[name]
+    with torch.no_grad():
+        (tensor if where == "pair value" else tensor.grad)[0, 0] = float("nan")
+    before = copy.deepcopy(optimizer.state_dict())
+    values = {n: t.detach().clone() for n, t in model.named_parameters()}
+    with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+        optimizer.step()
+    for n, t in model.named_parameters():
+        assert torch.equal(t, values[n]) or n == name            # nan != nan
+    after = optimizer.state_dict()
+    assert after["state"].keys() == before["state"].keys()
+    for key, state in before["state"].items():
+        for field, value in state.items():
+            if isinstance(value, dict):
+                assert all(torch.equal(torch.as_tensor(v), torch.as_tensor(after["state"][key][
+                    field][k])) for k, v in value.items())
+            else:
+                assert torch.equal(torch.as_tensor(value), torch.as_tensor(after["state"][key][
+                    field]))
+
+
+def test_a_state_of_another_models_pairs_is_refused():
+    x, y = data(0)
+    source = adapted(0, r=3)
+    optimizer = QuotientAdamW(source, lr=0.02)
+    train(source, optimizer, 2, lambda net: mse_loss(net, x, y))
+    target = adapted(0, r=2)                  # as many parameters, pairs of another rank
+    other = QuotientAdamW(target, lr=0.02)
+    other.load_state_dict(optimizer.state_dict())
+    mse_loss(target, x, y).backward()
+    with pytest.raises(ValueError, match="state_dict"):
+        other.step()

@@ -41,12 +41,13 @@ from quotientsharp.models.binding import QuotientBinding, validate_bindings
 from quotientsharp.models.layout import ParameterLayout
 from quotientsharp.models.optim import (
     check_betas,
+    check_finite_step,
     check_number,
     param_groups,
     report_quotients,
     resolve_symmetries,
 )
-from quotientsharp.models.report import SymmetryReport
+from quotientsharp.models.report import PAIR_KINDS, SymmetryReport
 from quotientsharp.models.symmetry_check import check_structure
 
 Symmetries = str | SymmetryReport | QuotientBinding | Sequence[QuotientBinding]
@@ -174,7 +175,9 @@ class RiemannianAdamW(torch.optim.AdamW):
     as by ``torch.optim.AdamW``. At every :meth:`step` the pairs' gradients are raised, AdamW
     steps on them, and the parameters' ``.grad`` are given back unchanged (PEFT's optimiser
     leaves the preconditioned gradients there instead). A pair parameter without a gradient is
-    skipped, as AdamW does; its partner's raise reads it as zero.
+    skipped, as AdamW does; its partner's raise reads it as zero. A step on a NaN or inf
+    gradient (or pair value) raises a ``ValueError`` naming the parameters before anything
+    changes, where ``torch.optim.AdamW`` would write the NaN into the parameters.
     """
 
     def __init__(self, model: nn.Module, lr: float, *, eps: float = 1e-2,
@@ -199,6 +202,7 @@ class RiemannianAdamW(torch.optim.AdamW):
             with torch.enable_grad():
                 loss = closure()
         named = self._raise.named
+        check_finite_step("RiemannianAdamW", named, self._raise.names)
         with_grad = [n for n in self._raise.names if named[n].grad is not None]
         saved: dict[str, torch.Tensor | None] = {}
         if with_grad:
@@ -217,6 +221,13 @@ class RiemannianAdamW(torch.optim.AdamW):
 def _factor_sides(report: SymmetryReport, kinds: Sequence[str] | None
                   ) -> tuple[list[str], list[str]]:
     """Names of the parameters on the ``G`` side (LoRA ``B``) and ``H`` side of the pairs."""
+    found = {group.kind for group in report.groups}
+    if kinds is not None:
+        unknown = sorted(set(kinds) - found - {*PAIR_KINDS, "lora"})
+        if unknown:
+            raise ValueError(f"kinds: unknown pair kind(s) {unknown}; the kinds are "
+                             f"{sorted({*PAIR_KINDS, 'lora'})} (this model has "
+                             f"{sorted(found)})")
     g_side: dict[str, None] = {}
     h_side: dict[str, None] = {}
     for group in report.groups:
@@ -229,6 +240,12 @@ def _factor_sides(report: SymmetryReport, kinds: Sequence[str] | None
         raise ValueError(f"symmetries: parameter(s) {both} hold both factors of a pair (a fused "
                          "projection), so one learning rate per parameter cannot give G and H "
                          "different rates; pass kinds without that pair kind")
+    if not g_side:
+        # LoRA+ without a B factor would be plain AdamW, silently
+        wanted = "any kind" if kinds is None else f"kind(s) {list(kinds)}"
+        raise ValueError(f"kinds: no trainable pair of {wanted} in this model (its pairs' "
+                         f"kinds: {sorted(found) or 'none'}), so no parameter would get the "
+                         "rate ratio * lr; a frozen or merged adapter is no pair")
     return list(g_side), list(h_side)
 
 
@@ -250,7 +267,8 @@ def loraplus_param_groups(model: nn.Module, lr: float, *, ratio: float = 16.0,
     kinds
         The pair kinds (:class:`~quotientsharp.models.PairGroup` ``.kind``) that get the ratio:
         ``("lora",)`` (default) the adapters only; ``None`` every pair, attention heads
-        included (their ``G`` is the query or the output projection's side).
+        included (their ``G`` is the query or the output projection's side). An unknown kind,
+        or kinds that select no trainable pair of the model, raise a ``ValueError``.
     symmetries
         ``"auto"`` (:func:`~quotientsharp.models.find_symmetries`, ``degenerate="pair"``) or a
         :class:`~quotientsharp.models.SymmetryReport`.

@@ -65,6 +65,28 @@ def check_betas(betas: object) -> tuple[float, float]:
     return checked[0], checked[1]
 
 
+def check_finite_step(owner: str, named: dict[str, nn.Parameter], values: Sequence[str]) -> None:
+    """Refuse a step on NaN or inf before anything changes (parameters, moments, step counts).
+
+    ``owner`` names the optimiser in the error, which lists every trainable parameter whose
+    gradient, and every parameter of ``values`` (the pairs', whose frames read them) whose
+    value, is not finite. One synchronisation per step.
+    """
+    checked = [(n, "gradient", p.grad) for n, p in named.items()
+               if p.requires_grad and p.grad is not None]
+    checked += [(n, "value", named[n].detach()) for n in values]
+    if not checked:
+        return
+    flags = [torch.isfinite(t).all() for _, _, t in checked]
+    device = flags[0].device
+    if bool(torch.stack([f.to(device) for f in flags]).all()):
+        return
+    bad = [f"{n} ({what})" for (n, what, _), ok in zip(checked, flags, strict=True)
+           if not bool(ok)]
+    raise ValueError(f"{owner}: NaN or inf in {', '.join(bad)}; the step was refused and "
+                     "nothing changed (skip this batch, or lower the learning rate)")
+
+
 def resolve_symmetries(model: nn.Module, symmetries: object
                        ) -> SymmetryReport | list[QuotientBinding]:
     """The optimisers' ``symmetries`` option resolved: a report (``"auto"`` runs the discovery,
@@ -294,6 +316,7 @@ class QuotientSGD(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        check_finite_step("QuotientSGD", self._named, self._pair_names)
         for group in self.param_groups:
             params = list(group["params"])
             if group["kind"] == "pairs":

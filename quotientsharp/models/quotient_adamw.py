@@ -44,7 +44,7 @@ suggests ``eps > 0``. A nonzero rank-deficient factor at ``eps = 0`` is refused 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -55,6 +55,7 @@ from quotientsharp.models.binding import QuotientBinding
 from quotientsharp.models.layout import ParameterLayout
 from quotientsharp.models.optim import (
     check_betas,
+    check_finite_step,
     check_number,
     param_groups,
     report_quotients,
@@ -77,6 +78,12 @@ def metric_frames(point: GLPoint) -> tuple[torch.Tensor, torch.Tensor]:
     Cholesky factor, ``P_F = C_F C_F^T``; ``shape=[..., r, r]`` each, in the point's working
     dtype (float64 for float32 and half-precision points).
     """
+    if point.work_dtype != point.dtype:
+        # raise_index answers in the point's dtype, and a raise operator rounded to bfloat16
+        # or float32 need not be positive definite any more: read it at the same point held in
+        # the working dtype (the point itself was checked at its own precision)
+        point = cast(GLPoint, point.quotient.at(tuple(f.to(point.work_dtype)
+                                                      for f in point.x)))
     G = point.x[0]
     eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
     raised = point.raise_index((eye, eye))
@@ -168,7 +175,9 @@ class QuotientAdamW(torch.optim.Optimizer):
     pairs' moments live in the symmetry coordinates, one set per bucket of pairs of one shape
     (``shape=[P, n, r]``, ``[P, r, r]``), in the state of the first pair parameter under the key
     ``"bucket<b>"`` (a dict), so ``state_dict`` and ``load_state_dict`` carry them. A pair
-    parameter without gradient counts as zero; the pairs are skipped when none has one.
+    parameter without gradient counts as zero; the pairs are skipped when none has one. A step
+    on a NaN or inf gradient (or pair value) raises a ``ValueError`` naming the parameters
+    before anything changes (``torch.optim.AdamW`` would write the NaN into the parameters).
     """
 
     def __init__(self, model: nn.Module, lr: float, *, metric: str = "mix", eps: float = 0.0,
@@ -205,6 +214,7 @@ class QuotientAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        check_finite_step("QuotientAdamW", self._named, self._pair_names)
         for group in self.param_groups:
             if group["kind"] == "pairs":
                 self._step_pairs(group)
@@ -296,8 +306,17 @@ class QuotientAdamW(torch.optim.Optimizer):
             r = frame_grad.shape[-1]
             return (torch.zeros_like(frame_grad),
                     frame_grad.new_zeros(*frame_grad.shape[:-2], r, r, dtype=work))
+        stored = state[f"exp_avg_{name}"]
+        if old_basis.shape != basis.shape or stored.shape != frame_grad.shape:
+            # a state loaded from another model would be transported silently between
+            # mismatched frames (the products have compatible shapes whenever the rows agree)
+            raise ValueError(
+                f"QuotientAdamW: the state of factor {name.upper()} (basis "
+                f"{tuple(old_basis.shape)}, first moment {tuple(stored.shape)}) does not fit "
+                f"this model's pairs (basis {tuple(basis.shape)}, first moment "
+                f"{tuple(frame_grad.shape)}): was the state_dict loaded from another model?")
         transport = frame_transport(old_basis, basis, work)
-        first = state[f"exp_avg_{name}"] @ transport.to(frame_grad.dtype)
+        first = stored @ transport.to(frame_grad.dtype)
         second = transport.mT @ state[f"exp_avg_sq_{name}"].to(work) @ transport
         return first, second
 
