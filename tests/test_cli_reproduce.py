@@ -68,3 +68,13 @@ def test_reproduce_reports_a_distributed_timeout_in_one_line(monkeypatch, capsys
     assert err.startswith("quotientsharp reproduce vit: error: rank 0 of 1 timed out")
     assert "--dist-timeout 5 s" in err and "--resume" in err and err.count("\n") == 1
     assert destroyed == [True]
+
+
+def test_summary_names_the_missing_renderer_before_the_missing_data(tmp_path, capsys) -> None:
+    from quotientsharp.cli import main
+
+    # a folder that is not a checkout's docs: the renderer is what it lacks first
+    assert main(["reproduce", "summary", "--docs", str(tmp_path / "docs")]) == 2
+    err = capsys.readouterr().err
+    assert "--docs" in err and "no results-page renderer" in err
+    assert "no headline file" not in err

@@ -32,9 +32,15 @@ def run(config: SummaryConfig) -> int:
         ``config`` is not a :class:`~quotientsharp.reproduce.config.SummaryConfig`.
     """
     check_config(config, SummaryConfig, "summary")
-    from quotientsharp.reproduce.results_page import regenerate_results_page
+    from quotientsharp.reproduce.results_page import check_renderer, regenerate_results_page
 
     docs = config.docs if config.docs is not None else Path("docs")
+    try:
+        # a folder that is not a checkout's docs says so first, not that it lacks data
+        check_renderer(docs)
+    except ValueError as err:
+        print(f"quotientsharp reproduce summary: error: {err}", file=sys.stderr)
+        return 2
     if not [path for path in (docs / "results" / "data").glob("*.json")
             if path.stem not in NOT_HEADLINES]:
         print(f"quotientsharp reproduce summary: error: no headline file in "
