@@ -287,3 +287,20 @@ def test_an_integral_float_order_is_that_order(given: float, taken: int) -> None
     for wrong in (2.5, 3.0, float("nan")):
         with pytest.raises(ValueError, match="order must be 1, 2 or 'exact'"):
             qs.sharpness(model, [batch], order=wrong, **options)
+
+
+@pytest.mark.parametrize("n_iter", [1, 2, 3])
+def test_a_short_run_still_climbing_is_continued_and_lowers_the_reach(n_iter: int) -> None:
+    # runs of 1 to 3 steps have a last 30 % of at most one step; steps of 1e-3 along e_2 climb
+    # at every step, so a run that ends climbing must be continued, and a chain whose
+    # continuations ran out must not be confirmed
+    single = _worst_case(TwoModes(), 1.0, reach=False, n_iter=n_iter, eta0=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", qs.ReachWarning)
+        searched = _worst_case(TwoModes(), 1.0, reach={"chains": 2, "continuations": 2},
+                               n_iter=n_iter, eta0=1e-3)
+    assert searched.chains[0][0] > single.value
+    with pytest.warns(qs.ReachWarning, match="batch 0: reach estimate"):
+        capped = _worst_case(TwoModes(), 1.0, reach={"chains": 2, "continuations": 0},
+                             n_iter=n_iter, eta0=1e-3)
+    assert capped.reach[0] < 0.99

@@ -848,10 +848,10 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
 class SearchSettings:
     """How far a measurement looks beyond its first ascent, and how its reach is estimated.
 
-    A *chain* is one Auto-PGD ascent followed by its warm continuations: while the last 30 %
-    of a run still raised the chain's value by more than ``stall`` of it, another run of the
-    same length starts from the chain's best iterate with a fresh step size (at most
-    ``continuations`` of them). The first chain starts where the measurement's settings say
+    A *chain* is one Auto-PGD ascent followed by its warm continuations: while the last 30 % of
+    a run (at least its last step) still raised the chain's value by more than ``stall`` of it,
+    another run of the same length starts from the chain's best iterate with a fresh step size
+    (at most ``continuations`` of them). The first chain starts where the measurement's settings say
     (``xi = 0`` by default); the others from random points of the ball. Chains are added until
     the two best agree to ``target`` (the best value is *confirmed*) or ``chains`` have run.
 
@@ -962,12 +962,18 @@ def reach_estimate(chains: Sequence[float]) -> float:
     return max(second, 0.0) / ordered[0]
 
 
+def _late(n_iter: int) -> int:
+    """The trace index (``0`` the start, ``k`` after step ``k``) from which a run's last 30 %
+    of steps is measured; at least the last step counts, so that a run of 1 to 3 steps (where
+    ``ceil(0.7 n)`` is its end) is never judged converged for want of a step to look at."""
+    return min(math.ceil(0.7 * n_iter), n_iter - 1)
+
+
 def _climbing(trace: torch.Tensor, n_iter: int, clean: float, stall: float) -> bool:
     """Whether the last run of ``trace`` rose by more than ``stall`` of its value over its last
-    30 % of steps (one host read)."""
+    30 % of steps (:func:`_late`; one host read)."""
     run = trace[-(n_iter + 1):]
-    late = math.ceil(0.7 * n_iter)
-    end, before = run[-1].item(), run[late].item()
+    end, before = run[-1].item(), run[_late(n_iter)].item()
     top = end - clean
     return math.isfinite(end) and top > 0 and end - before > stall * top
 
@@ -1019,7 +1025,7 @@ def search(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
         # still climbing when its continuations ran out: what the last run added (its last
         # 30 % for a chain of one run) is taken as what the next would add
         assert outcome.trace is not None
-        late = outcome.trace[-(settings.n_iter + 1):][math.ceil(0.7 * settings.n_iter)]
+        late = outcome.trace[-(settings.n_iter + 1):][_late(settings.n_iter)]
         added = (loss - (late if before is None else before)).item()
         return loss, xi, max(0.0, added) / max(loss.item() - clean, tiny)
 
