@@ -238,3 +238,14 @@ def test_a_non_finite_step_is_refused_by_name_and_changes_nothing(where) -> None
     for n, t in model.named_parameters():
         assert torch.equal(t, before[n]) or not torch.isfinite(before[n]).all(), n
     assert not optimizer.state
+
+
+@pytest.mark.parametrize("name", ["QuotientSGD", "QuotientAdamW", "RiemannianAdamW"])
+def test_a_model_without_pairs_warns_at_the_callers_line(name) -> None:
+    import quotientsharp as qs
+    import quotientsharp.models as models
+
+    optimiser = getattr(models, name)
+    with pytest.warns(qs.NoSymmetryWarning, match=f"{name}: no symmetry pair") as caught:
+        optimiser(torch.nn.Linear(3, 2), lr=0.1)
+    assert caught[0].filename == __file__

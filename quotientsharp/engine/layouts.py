@@ -31,6 +31,7 @@ from quotientsharp.core.validation import warn_at_caller
 from quotientsharp.engine.batches import Batch, compute_loss, output_tensor
 from quotientsharp.engine.functional import FunctionalModel
 from quotientsharp.models.binding import QuotientBinding
+from quotientsharp.models.report import NoSymmetryWarning
 from quotientsharp.models.symmetry_check import (
     SymmetryCheckError,
     check_bindings,
@@ -43,10 +44,6 @@ NO_SYMMETRY_NOTE = (
     "parameter is in the adaptive factor); to measure a symmetry discovery does not know, bind "
     "its quotient: symmetries=QuotientBinding(...) in the API, --symmetry MODULE:FUNCTION on the "
     "command line, a 'symmetry' field in a study manifest (docs/tutorial-custom-symmetry.md)")
-
-
-class NoSymmetryWarning(UserWarning):
-    """Geodesic sharpness was asked for on a model where discovery found no symmetry."""
 
 
 #: What the ``symmetries`` option may be, in the words of its errors.

@@ -46,6 +46,7 @@ from quotientsharp.models.optim import (
     param_groups,
     report_quotients,
     resolve_symmetries,
+    warn_without_pairs,
 )
 from quotientsharp.models.report import PAIR_KINDS, SymmetryReport
 from quotientsharp.models.symmetry_check import check_structure
@@ -190,6 +191,7 @@ class RiemannianAdamW(torch.optim.AdamW):
         beta_pair = check_betas(betas)
         adam_eps = check_number("adam_eps", adam_eps, 0.0, strict=True)
         self._raise = _PairRaise(named, resolve_symmetries(model, symmetries), eps)
+        warn_without_pairs("RiemannianAdamW", self._raise.names, "AdamW")
         super().__init__(param_groups(named, self._raise.names), lr=lr, betas=beta_pair,
                          eps=adam_eps, weight_decay=weight_decay)
         self.damping = eps

@@ -37,9 +37,10 @@ from torch import nn
 
 from quotientsharp.core.gl import GLQuotient, RotaryQuotient
 from quotientsharp.core.reference import jvp_pair
+from quotientsharp.core.validation import warn_at_caller
 from quotientsharp.models.binding import QuotientBinding, validate_bindings
 from quotientsharp.models.layout import ParameterLayout
-from quotientsharp.models.report import SymmetryReport
+from quotientsharp.models.report import NoSymmetryWarning, SymmetryReport
 from quotientsharp.models.symmetry_check import check_structure
 
 _METRICS = ("mix", "inv")
@@ -85,6 +86,16 @@ def check_finite_step(owner: str, named: dict[str, nn.Parameter], values: Sequen
            if not bool(ok)]
     raise ValueError(f"{owner}: NaN or inf in {', '.join(bad)}; the step was refused and "
                      "nothing changed (skip this batch, or lower the learning rate)")
+
+
+def warn_without_pairs(owner: str, pair_names: Sequence[str], plain: str) -> None:
+    """A :class:`~quotientsharp.models.report.NoSymmetryWarning` at the user's line when the
+    optimiser found no pair to step: it is then ``plain`` on every parameter."""
+    if not pair_names:
+        warn_at_caller(f"{owner}: no symmetry pair was found or bound in the model, so every "
+                       f"parameter is stepped by plain {plain}; bind a quotient with "
+                       "symmetries=QuotientBinding(...) to step one discovery does not know",
+                       NoSymmetryWarning)
 
 
 def resolve_symmetries(model: nn.Module, symmetries: object
@@ -212,6 +223,7 @@ class QuotientSGD(torch.optim.Optimizer):
             pair_names = self._use_report(resolved, metric, eps)
         else:
             pair_names = self._use_bindings(resolved)
+        warn_without_pairs("QuotientSGD", pair_names, "SGD")
         groups = param_groups(named, pair_names)
         defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay}
         super().__init__(groups, defaults)

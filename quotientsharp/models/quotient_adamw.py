@@ -60,6 +60,7 @@ from quotientsharp.models.optim import (
     param_groups,
     report_quotients,
     resolve_symmetries,
+    warn_without_pairs,
 )
 from quotientsharp.models.report import SymmetryReport
 
@@ -201,6 +202,7 @@ class QuotientAdamW(torch.optim.Optimizer):
         self._layout, self._quotients, self._labels, pair_names = report_quotients(
             report, self._named, metric, eps)
         self._pair_names = pair_names
+        warn_without_pairs("QuotientAdamW", pair_names, "AdamW")
         defaults = {"lr": lr, "betas": beta_pair, "adam_eps": adam_eps,
                     "weight_decay": weight_decay}
         super().__init__(param_groups(self._named, pair_names), defaults)

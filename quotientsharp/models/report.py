@@ -26,6 +26,11 @@ if TYPE_CHECKING:
 PAIR_KINDS = ("qk", "vo")
 
 
+class NoSymmetryWarning(UserWarning):
+    """A model where discovery found no symmetry (and none was bound): geodesic sharpness is
+    adaptive sharpness there, and the quotient optimisers step like their plain versions."""
+
+
 @dataclass(frozen=True)
 class AttentionPair:
     """One pair of one head: ``G`` is ``shape=[n, h]``, ``H`` is ``shape=[m, h]``.
