@@ -64,7 +64,8 @@ def test_quick_run_values_agree(quick_results):
         assert numbers["max_relative_difference_batched_vs_looped"] <= 1e-4, name
     lora = rows[9]["details"]
     assert Path(lora["figure_path"]).stat().st_size > 0          # the loss curves were drawn
-    assert set(lora["final_loss"]) == {"QuotientSGD mix", "AdamW"}
+    assert set(lora["final_loss"]) == {"QuotientSGD mix", "QuotientAdamW mix",
+                                       "QuotientAdamW mix eps 0.01", "AdamW"}
 
 
 @pytest.fixture()
