@@ -83,7 +83,8 @@ def test_reach_estimate_is_second_over_best(seed: int) -> None:
         assert reach_estimate(permutation) == ordered[-2] / ordered[-1]
     assert reach_estimate([values[0], values[0]]) == 1.0
     assert reach_estimate([ordered[-1], -1.0]) == 0.0
-    assert reach_estimate([0.0, 0.0]) == 1.0 and reach_estimate([-1.0, -2.0]) == 1.0
+    # chains that all stayed at theta confirm nothing
+    assert reach_estimate([0.0, 0.0]) == 0.0 and reach_estimate([-1.0, -2.0]) == 0.0
 
 
 @pytest.mark.parametrize("key, value", [("chains", 1), ("min_chains", 1), ("continuations", -1),
@@ -304,3 +305,13 @@ def test_a_short_run_still_climbing_is_continued_and_lowers_the_reach(n_iter: in
         capped = _worst_case(TwoModes(), 1.0, reach={"chains": 2, "continuations": 0},
                              n_iter=n_iter, eta0=1e-3)
     assert capped.reach[0] < 0.99
+
+
+def test_chains_that_find_no_increase_confirm_nothing_and_are_flagged() -> None:
+    # theta = 0 is the maximum of -|theta|^2 / 2: every chain stays at theta, the value is 0,
+    # and the result says that no chain found an increase instead of confirming the 0
+    model = QuadraticLoss(-torch.eye(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64),
+                          torch.zeros(3, dtype=torch.float64))
+    with pytest.warns(qs.ReachWarning, match="batch 0: no chain found a loss increase"):
+        result = _worst_case(model, 0.5)
+    assert result.value <= 0 and result.reach == [0.0]

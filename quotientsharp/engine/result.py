@@ -141,6 +141,12 @@ class SharpnessResult:
         for index, reach in enumerate(self.reach):
             if reach is not None and reach < REACH_TARGET:
                 found = ", ".join(f"{c:.4g}" for c in self.chains[index])
+                if self.chains[index] and max(self.chains[index]) <= 0:
+                    notes.append(f"batch {index}: no chain found a loss increase (the search's "
+                                 f"chains reached {found}): either theta is a maximum in the "
+                                 "ball, or every step the solver took was too long; check with "
+                                 "reference_solve=True, a smaller rho or more steps")
+                    continue
                 notes.append(f"batch {index}: reach estimate {reach:.3f} (the search's chains "
                              f"reached {found}: the best was not confirmed)")
         for index, where in enumerate(self.locality):

@@ -952,12 +952,14 @@ class SearchOutcome:
 def reach_estimate(chains: Sequence[float]) -> float:
     """Second-best of ``chains`` (each a value, best loss minus clean loss) over the best.
 
-    ``1`` for fewer than two chains' worth of evidence of a shortfall: a best value at or below
-    zero has nothing to reach; a negative second value counts as zero.
+    ``0`` where no chain found a loss increase (a best value at or below zero): at a point
+    whose gradient does not vanish the maximum over a ball is positive, so chains that all
+    stayed at ``theta`` failed, and agreeing on zero confirms nothing. A negative second value
+    counts as zero.
     """
     ordered = sorted(chains, reverse=True)
     if not ordered or ordered[0] <= 0:
-        return 1.0
+        return 0.0
     second = ordered[1] if len(ordered) > 1 else ordered[0]
     return max(second, 0.0) / ordered[0]
 

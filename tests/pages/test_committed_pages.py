@@ -41,8 +41,6 @@ WITHOUT_PAGE_DATA = {
     "minilm": "the run at 4a4c9645d848 (--out /tmp/minilm_run)",
     "lora": "the run at dc29005e3c66 (--out /tmp/lora_run)",
     "invariance": "results/invariance/ of the run at e2eae913e643 (every precision's points)",
-    "reach": "the reach study still writes its page as Markdown (quotientsharp.reproduce."
-             "reach.reach_page)",
 }
 
 
