@@ -38,8 +38,6 @@ WITHOUT_PAGE_DATA = {
     "vit": "results/vit-seeds/ of the run at 263e9344796d (records, seeds.json)",
     "bert": "results/bert-seeds/ of the run at 263e9344796d (records, seeds.json)",
     "vit-finetune": "the run at 04ede1924268 (--out /tmp/vitft)",
-    "minilm": "the run at 4a4c9645d848 (--out /tmp/minilm_run)",
-    "lora": "the run at dc29005e3c66 (--out /tmp/lora_run)",
     "invariance": "results/invariance/ of the run at e2eae913e643 (every precision's points)",
 }
 
