@@ -40,8 +40,8 @@ from quotientsharp.core.reference import jvp_pair
 from quotientsharp.models.binding import QuotientBinding, validate_bindings
 from quotientsharp.models.layout import ParameterLayout
 from quotientsharp.models.optim import (
+    begin_step,
     check_betas,
-    check_finite_step,
     check_number,
     param_groups,
     report_quotients,
@@ -199,12 +199,8 @@ class RiemannianAdamW(torch.optim.AdamW):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One step; ``closure`` (re-evaluating the loss with gradients) as in ``torch.optim``."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
         named = self._raise.named
-        check_finite_step("RiemannianAdamW", named, self._raise.names)
+        loss = begin_step("RiemannianAdamW", closure, named, self._raise.names)
         with_grad = [n for n in self._raise.names if named[n].grad is not None]
         saved: dict[str, torch.Tensor | None] = {}
         if with_grad:

@@ -98,6 +98,18 @@ def warn_without_pairs(owner: str, pair_names: Sequence[str], plain: str) -> Non
                        NoSymmetryWarning)
 
 
+def begin_step(owner: str, closure: Callable[[], Any] | None, named: dict[str, nn.Parameter],
+               values: Sequence[str]) -> Any:
+    """The start of every quotient optimiser's step: the closure's loss (re-evaluated with
+    gradients, as in ``torch.optim``; ``None`` without one), then :func:`check_finite_step`."""
+    loss = None
+    if closure is not None:
+        with torch.enable_grad():
+            loss = closure()
+    check_finite_step(owner, named, values)
+    return loss
+
+
 def resolve_symmetries(model: nn.Module, symmetries: object
                        ) -> SymmetryReport | list[QuotientBinding]:
     """The optimisers' ``symmetries`` option resolved: a report (``"auto"`` runs the discovery,
@@ -324,11 +336,7 @@ class QuotientSGD(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One step; ``closure`` (re-evaluating the loss with gradients) as in ``torch.optim``."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        check_finite_step("QuotientSGD", self._named, self._pair_names)
+        loss = begin_step("QuotientSGD", closure, self._named, self._pair_names)
         for group in self.param_groups:
             params = list(group["params"])
             if group["kind"] == "pairs":

@@ -54,8 +54,8 @@ from quotientsharp.core.gl import GLPoint, GLQuotient
 from quotientsharp.models.binding import QuotientBinding
 from quotientsharp.models.layout import ParameterLayout
 from quotientsharp.models.optim import (
+    begin_step,
     check_betas,
-    check_finite_step,
     check_number,
     param_groups,
     report_quotients,
@@ -212,11 +212,7 @@ class QuotientAdamW(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One step; ``closure`` (re-evaluating the loss with gradients) as in ``torch.optim``."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        check_finite_step("QuotientAdamW", self._named, self._pair_names)
+        loss = begin_step("QuotientAdamW", closure, self._named, self._pair_names)
         for group in self.param_groups:
             if group["kind"] == "pairs":
                 self._step_pairs(group)
