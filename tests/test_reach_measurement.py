@@ -77,3 +77,13 @@ def test_a_share_needs_a_finite_positive_best_and_a_problem() -> None:
         percent([0.0], [0.0])
     with pytest.raises(ValueError, match="at least one problem"):
         percent([], [])
+
+
+@pytest.mark.parametrize("where", ["ascent", "one_ascent", "reference"])
+def test_a_value_that_is_not_finite_is_refused_not_dropped(where) -> None:
+    entry = {"ascent": [1.0, 2.0], "one_ascent": [1.0, 2.0], "reference": [1.5, 2.0],
+             "reach_estimate": [1.0, 1.0], "local": [True, True], "evaluations": [4, 4],
+             "reference_evaluations": [40, 40]}
+    entry[where] = [float("nan"), 2.0]
+    with pytest.raises(ValueError, match="reach of m at rho=0.1: a value that is not finite"):
+        reach_shares({"m": {"0.1": entry}})

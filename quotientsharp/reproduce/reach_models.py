@@ -194,8 +194,13 @@ def reach_shares(values: Mapping[str, Mapping[str, Any]],
             if "refused" in entry:
                 out[name][rho] = {"refused": entry["refused"]}
                 continue
-            best = [max(problem) for problem in zip(entry["ascent"], entry["one_ascent"],
-                                                     entry["reference"], strict=True)]
+            problems = list(zip(entry["ascent"], entry["one_ascent"], entry["reference"],
+                                strict=True))
+            if not all(math.isfinite(v) for problem in problems for v in problem):
+                # max() skips a NaN depending on its place: refuse it instead of dropping it
+                raise ValueError(f"reach of {name} at rho={rho}: a value that is not finite "
+                                 "(the default, its first run or the strong solve)")
+            best = [max(problem) for problem in problems]
             kept = [i for i, top in enumerate(best) if top > 0]
             if not kept:
                 out[name][rho] = {"refused": "no solve found a loss increase on any problem"}

@@ -156,10 +156,8 @@ def _write_summary_provenance(docs_dir: Path, provenance: Mapping[str, Any]) -> 
 
 def write_section(docs_dir: Path, study: str, markdown: str, *, command: str | None = None,
                   provenance: Provenance | None = None) -> Path:
-    """Write a section the study made as Markdown itself, stamped with what made it.
-
-    Only the reach study (:mod:`quotientsharp.reproduce.reach`) still does, until its page
-    moves to the renderer; every other study writes page data (:func:`write_page`).
+    """Write a section given as Markdown (a hand-made section, not a study's page), stamped
+    with what made it. No study uses it: every study writes page data (:func:`write_page`).
     """
     made = provenance if provenance is not None else current_provenance(command)
     path: Path = renderer(docs_dir).write_section(Path(docs_dir), study, markdown,
