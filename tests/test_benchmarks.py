@@ -38,7 +38,7 @@ def quick_results(tmp_path_factory):
 def test_quick_run_writes_every_row(quick_results):
     results, stdout = quick_results
     rows = results["rows"]
-    assert [row["row"] for row in rows] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert [row["row"] for row in rows] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
     for row in rows:
         assert row["figures"], row["name"]
         for figure in row["figures"]:

@@ -13,11 +13,7 @@ import torch
 import quotientsharp as qs
 from quotientsharp import GLQuotient, reference, value_checks
 from quotientsharp.core.checks import check_all, relative_error
-from quotientsharp.core.linalg import (
-    solve_sylvester_eig,
-    solve_sylvester_product_spd,
-    solve_sylvester_spd,
-)
+from quotientsharp.core.linalg import solve_sylvester_eig
 
 METRICS = ["inv", "mix", "euclidean"]
 INVARIANT_METRICS = ["inv", "mix"]
@@ -72,6 +68,14 @@ def kron_operator(P, Q):
     return (torch.kron(P.contiguous(), eye_q) + torch.kron(eye_p, Q.mT.contiguous()))
 
 
+def solve_sylvester_spd(P, Q, C, rcond=None):
+    """``P X + X Q = C`` by :func:`solve_sylvester_eig` in the eigenbases of ``P`` and ``Q``."""
+    eigvals_p, eigvecs_p = torch.linalg.eigh(P)
+    eigvals_q, eigvecs_q = torch.linalg.eigh(Q)
+    denominators = eigvals_p.unsqueeze(-1) + eigvals_q.unsqueeze(-2)
+    return solve_sylvester_eig(eigvecs_p, eigvecs_q, denominators, C, rcond)
+
+
 def kron_solve(P, Q, C):
     """Dense reference solution of ``P X + X Q = C``, looping over a flat batch."""
     batch = torch.broadcast_shapes(P.shape[:-2], Q.shape[:-2], C.shape[:-2])
@@ -107,24 +111,6 @@ def test_sylvester_spd_broadcasts_batch_dimensions():
     assert relative_error((got,), (kron_solve(P, Q, C),)) <= 1e-12
 
 
-@pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("inner_rank", [None, 1])
-def test_sylvester_product_spd_matches_kronecker(seed, inner_rank):
-    p, q = 3, 4
-    P_o, Q_o = spd(p, seed, (2,), shift=0.2), spd(q, seed + 1, (2,), shift=0.2)
-    P_i = spd(p, seed + 2, (2,), rank=inner_rank, shift=0.0 if inner_rank else 0.1)
-    Q_i = spd(q, seed + 3, (2,), shift=0.1)
-    C = torch.randn(2, p, q, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    expected = kron_solve(P_o @ P_i, Q_i @ Q_o, C)
-    got = solve_sylvester_product_spd(P_o, P_i, Q_i, Q_o, C)
-    assert relative_error((got,), (expected,)) <= 1e-10
-    # precomputed Cholesky factors give the same answer
-    again = solve_sylvester_product_spd(None, P_i, Q_i, None, C,
-                                        P_outer_cholesky=torch.linalg.cholesky(P_o),
-                                        Q_outer_cholesky=torch.linalg.cholesky(Q_o))
-    assert torch.equal(got, again)
-
-
 def test_sylvester_singular_gives_minimum_norm_solution():
     # P and Q share a null direction: lambda + mu = 0 there, the operator is singular
     P, Q = spd(4, 0, rank=2), spd(3, 1, rank=1)
@@ -156,14 +142,6 @@ def test_sylvester_eig_rcond_and_errors():
     assert cut[0, 1] == 0 and cut[1, 1] == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="rcond"):
         solve_sylvester_eig(eye, eye, denominators, rhs, rcond=-1.0)
-    with pytest.raises(ValueError, match="square"):
-        solve_sylvester_spd(torch.ones(2, 3, dtype=torch.float64), eye, rhs)
-    with pytest.raises(ValueError, match="C must end in shape"):
-        solve_sylvester_spd(eye, eye, torch.ones(3, 2, dtype=torch.float64))
-    with pytest.raises(TypeError, match="dtype"):
-        solve_sylvester_spd(eye, eye.float(), rhs)
-    with pytest.raises(ValueError, match="P_outer"):
-        solve_sylvester_product_spd(None, eye, eye, eye, rhs)
 
 
 # ====================================================================== closed forms

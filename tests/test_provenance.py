@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from results_pages.sections import HAND_WRITTEN_MARKER, provenance_line
+from results_pages.sections import HAND_WRITTEN_MARKER, provenance_line, write_section
 
 import quotientsharp
 from quotientsharp.reproduce.provenance import (
@@ -17,7 +17,6 @@ from quotientsharp.reproduce.provenance import (
     default_command,
     git_state,
 )
-from quotientsharp.reproduce.results_page import write_section
 from tests.pages.docs_folder import docs_with_renderer
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
@@ -100,16 +99,18 @@ def test_write_section_stamps_below_the_heading_and_keeps_the_hand_written_tail(
     stamp = Provenance("1.2.3", None, None, "quotientsharp reproduce bert --docs docs",
                        "2030-01-02")
     docs_with_renderer(tmp_path)
-    path = write_section(tmp_path, "bert", "## BERT\n\nrun 1", provenance=stamp)
+    path = write_section(tmp_path, "bert", "## BERT\n\nrun 1", dataclasses.asdict(stamp))
     lines = path.read_text().splitlines()
     assert lines[0] == "## BERT" and lines[2] == provenance_line(dataclasses.asdict(stamp))
     assert lines[4] == "run 1"
     path.write_text(path.read_text() + f"\n{HAND_WRITTEN_MARKER}\n\nnotes\n")
     later = Provenance("1.2.4", "ab" * 20, False, "quotientsharp reproduce bert", "2030-02-03")
-    text = write_section(tmp_path, "bert", "## BERT\n\nrun 2", provenance=later).read_text()
+    text = write_section(tmp_path, "bert", "## BERT\n\nrun 2",
+                         dataclasses.asdict(later)).read_text()
     # one stamp, the new one, above the kept tail
     assert text.count("*Made by") == 1 and "1.2.4" in text and "1.2.3" not in text
     assert text.index("*Made by") < text.index("run 2") < text.index(HAND_WRITTEN_MARKER)
-    # by default the stamp is this process's
-    default = write_section(tmp_path, "vit", "## ViT\n\nx", command="my command").read_text()
+    # the stamp of this process, under the command it is given
+    default = write_section(tmp_path, "vit", "## ViT\n\nx",
+                            dataclasses.asdict(current_provenance("my command"))).read_text()
     assert f"`my command` with quotientsharp {quotientsharp.__version__}" in default

@@ -9,6 +9,7 @@ quadratic over a Euclidean ball (for the exact mix path, a straight line in ``be
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import itertools
 import json
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from results_pages import render_section
-from results_pages.sections import DERIVED
+from results_pages.sections import DERIVED, write_section
 from results_pages.summary import read_headlines
 from scipy import stats as scipy_stats
 from torch import nn
@@ -46,10 +47,8 @@ from quotientsharp.reproduce.diagonal.measures import MEASURES, sharpness_batche
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
 from quotientsharp.reproduce.diagonal.study import diagonal_study
 from quotientsharp.reproduce.diagonal.training import compute_test_losses
-from quotientsharp.reproduce.results_page import (
-    regenerate_results_page,
-    write_section,
-)
+from quotientsharp.reproduce.provenance import current_provenance
+from quotientsharp.reproduce.results_page import regenerate_results_page
 from quotientsharp.workflows.files import read_jsonl
 from quotientsharp.workflows.records import ResultsDirectory
 from quotientsharp.workflows.taus import (
@@ -629,12 +628,16 @@ def test_fresh_run_replaces_old_results_and_settings_are_validated(tmp_path) -> 
         DiagonalSettings(init_scale=(0.0, 1.0))
 
 
+def _stamp() -> dict:
+    return dataclasses.asdict(current_provenance())
+
+
 @pytest.mark.pages
 def test_results_page_is_regenerated_from_the_sections_present(tmp_path) -> None:
     docs_with_renderer(tmp_path)
-    write_section(tmp_path, "zzz_extra", "## Extra\n\nlast")
-    write_section(tmp_path, "bert", "## BERT\n\nsecond")
-    write_section(tmp_path, "diagonal", "## Diagonal\n\nfirst")
+    write_section(tmp_path, "zzz_extra", "## Extra\n\nlast", _stamp())
+    write_section(tmp_path, "bert", "## BERT\n\nsecond", _stamp())
+    write_section(tmp_path, "diagonal", "## Diagonal\n\nfirst", _stamp())
     page = regenerate_results_page(tmp_path).read_text()
     assert page.startswith("# Results")
     assert page.index("## Diagonal") < page.index("## BERT") < page.index("## Extra")
@@ -647,22 +650,22 @@ def test_results_page_is_regenerated_from_the_sections_present(tmp_path) -> None
     (tmp_path / "results" / "bert.md").unlink()
     assert "## BERT" not in regenerate_results_page(tmp_path).read_text()
     with pytest.raises(ValueError, match="plain name"):
-        write_section(tmp_path, "../x", "no")
+        write_section(tmp_path, "../x", "no", _stamp())
 
 
 @pytest.mark.pages
 def test_a_rewritten_section_keeps_its_hand_written_part(tmp_path) -> None:
     marker = "<!-- written by hand below: kept when the study rewrites this section -->"
     docs_with_renderer(tmp_path)
-    path = write_section(tmp_path, "bert", "## BERT\n\nrun 1")
+    path = write_section(tmp_path, "bert", "## BERT\n\nrun 1", _stamp())
     path.write_text(path.read_text() + f"\n{marker}\n\n### Runs made\n\nby hand\n")
-    write_section(tmp_path, "bert", "## BERT\n\nrun 2")
+    write_section(tmp_path, "bert", "## BERT\n\nrun 2", _stamp())
     text = path.read_text()
     assert "run 1" not in text and text.index("run 2") < text.index(marker)
     assert text.endswith("### Runs made\n\nby hand\n") and text.count(marker) == 1
     # without the marker, the whole file is the study's
-    plain = write_section(tmp_path, "vit", "## ViT\n\nold\n\nnotes")
-    write_section(tmp_path, "vit", "## ViT\n\nnew")
+    plain = write_section(tmp_path, "vit", "## ViT\n\nold\n\nnotes", _stamp())
+    write_section(tmp_path, "vit", "## ViT\n\nnew", _stamp())
     head, stamp, body = plain.read_text().split("\n\n")
     assert (head, body) == ("## ViT", "new\n") and stamp.startswith("*Made by")
 

@@ -144,7 +144,7 @@ def test_initial_gradient_by_the_chain_rule_equals_autograd_through_the_model(
     evaluator, batch, first = _prepared(model, measure, 0.05, batches[0],
                                         **_options(kind, options))
     if kind == "attention" and options.get("symmetries") != "none":
-        coordinates = evaluator.coordinates
+        coordinates = evaluator.space.coordinates
         assert coordinates.gl_pairs and coordinates.diagonal is not None    # both block kinds
     loss, direct = evaluator.space.objective(evaluator.model, batch)(evaluator.geometry.zeros())
     chained = evaluator.space.gradient_at_zero(first.gradients)

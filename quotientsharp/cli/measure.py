@@ -69,6 +69,7 @@ from quotientsharp.cli.sharpness_options import (
 from quotientsharp.workflows.data import load_batches
 from quotientsharp.workflows.devices import check_device
 from quotientsharp.workflows.locks import OutputLock
+from quotientsharp.workflows.measuring import sharpness_noting_symmetry
 from quotientsharp.workflows.options import (
     InputError,
     MeasureRun,
@@ -77,7 +78,7 @@ from quotientsharp.workflows.options import (
     options_for,
 )
 from quotientsharp.workflows.saved_models import load_measured_model
-from quotientsharp.workflows.user_symmetry import load_symmetry
+from quotientsharp.workflows.user_objects import load_symmetry
 
 if TYPE_CHECKING:
     from quotientsharp.engine import SharpnessResult
@@ -124,27 +125,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def _sharpness(model: Any, batches: list, measure_run: MeasureRun, config: SharpnessConfig,
                bindings: list[Any] | None, args: argparse.Namespace
                ) -> tuple[SharpnessResult, bool]:
-    """One measure's result, and whether it found no symmetry (said once, as a note under the
-    table, rather than as a warning per measure)."""
-    import warnings
-
-    from quotientsharp.engine import NoSymmetryWarning, measure_from, sharpness
+    """One measure's result, and whether it found no symmetry (a note under the table)."""
+    from quotientsharp.engine import measure_from
 
     measure = measure_run.measure
     rho = None if measure == "relative_flatness" else args.rho
-    no_symmetry = False
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", NoSymmetryWarning)
-            # the engine's typed measure, as the study's grid points make theirs
-            spec = measure_from(measure, rho, options_for(measure_run, config, bindings))
-            result = sharpness(model, batches, spec)
-        for warning in caught:
-            if issubclass(warning.category, NoSymmetryWarning):
-                no_symmetry = True
-            else:
-                warnings.warn_explicit(warning.message, warning.category, warning.filename,
-                                       warning.lineno)
+        # the engine's typed measure, as the study's grid points make theirs
+        spec = measure_from(measure, rho, options_for(measure_run, config, bindings))
+        result, no_symmetry = sharpness_noting_symmetry(model, batches, spec)
     except (TypeError, ValueError, IndexError, RuntimeError) as err:
         # the model and the data do not fit together (or an option does not fit the model)
         raise InputError(f"{measure_label(measure, measure_run.variant or {})} sharpness "
@@ -178,8 +167,6 @@ def _print_notes(args: argparse.Namespace, config: SharpnessConfig, no_symmetry:
 
 
 def _measure(args: argparse.Namespace) -> int:
-    import torch
-
     # one writer per --json file: a second measure to it fails here, at once (held until the
     # function returns, by this name)
     json_lock = None if args.json is None else OutputLock(Path(args.json), "--json").acquire()
@@ -187,10 +174,7 @@ def _measure(args: argparse.Namespace) -> int:
     _check_plot(args)
     runs = measure_runs(config)
     device = check_device(config.device)
-    model = load_measured_model(args.model)
-    model = model.to(device=device)
-    if config.dtype is not None:
-        model = model.to(dtype=getattr(torch, config.dtype))
+    model = load_measured_model(args.model, device, config.dtype)
     batches, examples, data_kind = load_batches(args.data, model, args.model, config.batches)
     bindings = None if config.symmetry is None else load_symmetry(config.symmetry, model)
     parameters = sum(p.numel() for p in model.parameters())

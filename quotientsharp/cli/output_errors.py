@@ -1,16 +1,9 @@
 """One error path for the outputs of every command: a locked, read-only or full folder.
 
-Every command that writes (``study``, ``reproduce STUDY``, ``measure --json``, ``verify
---json``) takes a lock on its output (:mod:`quotientsharp.workflows.locks`) and writes through
-:mod:`quotientsharp.workflows.files`. What can go wrong there, another process holding the lock
-(:class:`~quotientsharp.workflows.locks.OutputLockedError`), a read-only file system, a full
-disk, a path through a file, reaches the console script as one line,
-``quotientsharp COMMAND: error: MESSAGE``, and exit status 2, from whichever command and
-whichever stage raised it (:func:`output_error_message`, called by
-:func:`quotientsharp.cli.main`). :func:`check_output_folder` lets a command that computes for
-a while before it opens its folder refuse a folder held by another run at once.
-
-Nothing here imports torch.
+Another process holding the output's lock, a read-only file system, a full disk, a path through
+a file: from whichever command and stage, it reaches the console script as one line,
+``quotientsharp COMMAND: error: MESSAGE``, and exit status 2 (:func:`output_error_message`,
+called by :func:`quotientsharp.cli.main`). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -38,7 +31,7 @@ _ADVICE = {
 
 def output_error_message(err: BaseException) -> str:
     """One line for an output error: the locked output and its holder, or the path, the
-    system's reason and what to do (module docstring)."""
+    system's reason and what to do."""
     if isinstance(err, OutputLockedError) or not isinstance(err, OSError):
         return " ".join(str(err).split())
     reason = _ADVICE.get(err.errno or 0) or err.strerror or type(err).__name__
@@ -61,18 +54,9 @@ def error_text(err: BaseException) -> str:
 
 
 def check_output_folder(folder: Path | None, what: str = "--out") -> None:
-    """Refuse at once an output folder that another process is writing, or whose path runs
-    through a file (before a command computes for minutes and then opens it).
-
-    Nothing is created: a folder that does not exist yet is left to the command.
-
-    Raises
-    ------
-    OutputLockedError
-        Another process holds the folder's lock.
-    NotADirectoryError
-        ``folder``, or a folder above it, is a file.
-    """
+    """Refuse at once (before a command computes for minutes and then opens it) an output
+    folder that another process holds (``OutputLockedError``) or whose path runs through a file
+    (``NotADirectoryError``); nothing is created."""
     if folder is None:
         return
     folder = Path(folder)

@@ -1,17 +1,8 @@
-"""``quotientsharp reproduce STUDY``: rerun one of the paper's studies.
-
-The studies are listed in :data:`quotientsharp.reproduce.STUDIES` (name -> module path); each
-study module supplies ``HELP`` and ``run(config) -> int``, its configuration a frozen dataclass
-of :mod:`quotientsharp.reproduce.config`. The options of each study, and the configuration they
-make, are declared in the torch-free :mod:`quotientsharp.cli.reproduce_options`, so that
-``reproduce STUDY --help`` imports no study (``HELP`` and the description, the study module's
-docstring, are read from its source).
-
-Under torchrun (``torchrun --nproc_per_node N -m quotientsharp reproduce STUDY ...``) the
-command initialises the process group (gloo on CPU, NCCL with CUDA; ``--dist-timeout`` seconds
-for every collective) before the study and destroys it afterwards; each study splits its work
-over the ranks and rank 0 alone writes the results (docs/cli.md, "Running studies under
-torchrun"). Without torchrun nothing changes: no process group, one process.
+"""``quotientsharp reproduce STUDY``: rerun one of the paper's studies
+(:data:`quotientsharp.reproduce.STUDIES`), in torchrun's process group when torchrun started
+several ranks. The options are declared in the torch-free
+:mod:`quotientsharp.cli.reproduce_options` and each study's ``HELP`` and description are read
+from its source, so that ``reproduce STUDY --help`` imports no study.
 """
 
 from __future__ import annotations
@@ -67,12 +58,7 @@ def _constant(tree: ast.Module | None, name: str) -> str | None:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``reproduce`` and one sub-subcommand per registered study.
-
-    No study module is imported (nor torch): a study's options are declared by
-    :data:`~quotientsharp.cli.reproduce_options.STUDY_OPTIONS`, its one-line ``HELP`` and its
-    description (the module's docstring) are read from the module's source.
-    """
+    """Register ``reproduce`` and one sub-subcommand per registered study (none imported)."""
     from quotientsharp.cli.reproduce_options import STUDY_OPTIONS
     from quotientsharp.reproduce import STUDIES
 
@@ -100,9 +86,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def _with_note(module: ModuleType, args: argparse.Namespace) -> int:
     """Run the study on the configuration its options make; after a successful run, rank 0
-    prints the sign convention of its taus and where the results page is
-    (:func:`~quotientsharp.reproduce.results_page.reading_guide`; a study module's
-    ``GENERALISATION`` says what its taus rank sharpness against)."""
+    prints how to read its taus (:func:`~quotientsharp.reproduce.results_page.reading_guide`)."""
     import sys
 
     from quotientsharp.cli.output_errors import check_output_folder
@@ -127,8 +111,7 @@ def _with_note(module: ModuleType, args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the chosen study, in torchrun's process group when torchrun started several ranks
-    (:func:`~quotientsharp.workflows.process_group.run_in_process_group`)."""
+    """Run the chosen study (in torchrun's process group under torchrun)."""
     from quotientsharp.reproduce import load_study
 
     module = load_study(args.study)

@@ -1,10 +1,6 @@
-"""The options of every ``quotientsharp reproduce STUDY`` and the study's configuration they
-make, without torch (``reproduce STUDY --help`` imports this module and no study).
-
-:data:`STUDY_OPTIONS` maps a study name of :data:`quotientsharp.reproduce.STUDIES` to the
-function declaring its options and the configuration class
-(:mod:`quotientsharp.reproduce.config`) its ``run`` takes; :func:`study_config` turns the parsed
-options into that configuration (an option's ``dest`` is the field's name).
+"""The options of every ``quotientsharp reproduce STUDY`` and the configuration they make,
+without torch (``reproduce STUDY --help`` imports this module and no study): see
+:data:`STUDY_OPTIONS` and :func:`study_config`.
 """
 
 from __future__ import annotations
@@ -12,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from quotientsharp.reproduce.config import (
@@ -34,20 +31,9 @@ from quotientsharp.reproduce.families.sizes import (
 
 def add_common_options(parser: argparse.ArgumentParser, name: str, units: str,
                        out_note: str = "", docs_note: str = "") -> None:
-    """``--out``, ``--resume``, ``--no-plots``, ``--progress``, ``--docs`` and ``--threads``.
-
-    Parameters
-    ----------
-    parser
-        The study's subparser.
-    name
-        Study name: the default results folder ``results/NAME`` and the docs section.
-    units
-        What the results folder holds, in words (``"nets"``, ``"models"``, ...): ``--resume``
-        keeps those already there.
-    out_note, docs_note
-        Text appended to the help of ``--out`` and ``--docs``.
-    """
+    """``--out``, ``--resume``, ``--no-plots``, ``--progress``, ``--docs`` and ``--threads`` of
+    study ``name`` (its results folder and docs page), whose folder holds ``units`` (in words,
+    ``"nets"``); ``out_note`` and ``docs_note`` end the help of ``--out`` and ``--docs``."""
     parser.add_argument("--out", type=Path, default=None,
                         help=f"results folder (default results/{name}, or "
                              f"results/{name}-quick with --quick){out_note}")
@@ -122,14 +108,6 @@ def _add_family_options(parser: argparse.ArgumentParser, name: str,
                              f"{sizes.full_sharpness_batch_size})")
 
 
-def _family_options(name: str, sizes: FamilySizes) -> Callable[[argparse.ArgumentParser], None]:
-    """The options of family study ``name``, whose variants have ``sizes``."""
-    def add(parser: argparse.ArgumentParser) -> None:
-        _add_family_options(parser, name, sizes)
-
-    return add
-
-
 def add_invariance_options(parser: argparse.ArgumentParser) -> None:
     """Options of ``quotientsharp reproduce invariance``."""
     # torch-free: the study module imports torch only inside its functions
@@ -186,12 +164,13 @@ def add_summary_options(parser: argparse.ArgumentParser) -> None:
 STUDY_OPTIONS: dict[str, tuple[Callable[[argparse.ArgumentParser], None],
                               type[ReproduceConfig]]] = {
     "diagonal": (add_diagonal_options, DiagonalConfig),
-    "vit": (_family_options("vit", VIT_SIZES), FamilyConfig),
-    "bert": (_family_options("bert", BERT_SIZES), FamilyConfig),
+    "vit": (partial(_add_family_options, name="vit", sizes=VIT_SIZES), FamilyConfig),
+    "bert": (partial(_add_family_options, name="bert", sizes=BERT_SIZES), FamilyConfig),
     "invariance": (add_invariance_options, InvarianceConfig),
-    "minilm": (_family_options("minilm", MINILM_SIZES), FamilyConfig),
-    "vit-finetune": (_family_options("vit-finetune", VIT_FINETUNE_SIZES), FamilyConfig),
-    "lora": (_family_options("lora", LORA_SIZES), FamilyConfig),
+    "minilm": (partial(_add_family_options, name="minilm", sizes=MINILM_SIZES), FamilyConfig),
+    "vit-finetune": (partial(_add_family_options, name="vit-finetune",
+                             sizes=VIT_FINETUNE_SIZES), FamilyConfig),
+    "lora": (partial(_add_family_options, name="lora", sizes=LORA_SIZES), FamilyConfig),
     "summary": (add_summary_options, SummaryConfig),
     "reach": (add_reach_options, ReachConfig),
 }

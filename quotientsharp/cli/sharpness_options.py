@@ -1,11 +1,6 @@
-"""The command-line options of what to measure, shared by ``measure`` and ``study``.
-
-:func:`add_sharpness_options` and :func:`add_solver_options` declare them;
-:func:`sharpness_config` reads the parsed options (comma lists such as ``--metric inv,mix``
-or ``--rho 0.05,0.1`` included) into the library's typed settings,
-:class:`~quotientsharp.workflows.options.SharpnessConfig`, which checks them. A bad value
-raises :class:`~quotientsharp.workflows.options.InputError` (one line on stderr, exit status 2).
-"""
+"""The command-line options of what to measure, shared by ``measure`` and ``study``, read into
+the library's typed settings (:class:`~quotientsharp.workflows.options.SharpnessConfig`),
+which check them (a bad value: one line on stderr, exit status 2)."""
 
 from __future__ import annotations
 
@@ -109,11 +104,8 @@ def add_solver_options(parser: argparse.ArgumentParser) -> None:
 
 def sharpness_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The fields of :class:`~quotientsharp.workflows.options.SharpnessConfig` from the parsed
-    options of :func:`add_sharpness_options` (and, where declared, :func:`add_solver_options`);
-    comma lists (``--rho 0.05,0.1``, ``--metric inv,mix``) are passed on as text, which the
-    settings read. Call it, and make the settings, within
-    :func:`~quotientsharp.workflows.options.command_line_names`, so that errors name the
-    options."""
+    options (comma lists passed on as text); call it within
+    :func:`~quotientsharp.workflows.options.command_line_names`, so that errors name options."""
     batches = BatchSettings(batch_size=args.batch_size, max_batches=args.max_batches,
                             max_length=args.max_length, tokenizer=args.tokenizer,
                             loss=args.loss)
@@ -131,8 +123,7 @@ def sharpness_fields(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def sharpness_config(args: argparse.Namespace) -> SharpnessConfig:
-    """The settings of ``quotientsharp measure``'s options (one radius, ``--rho``; a comma
-    list where declared so), checked: a bad one raises
+    """The settings of ``quotientsharp measure``'s options, checked: a bad one raises
     :class:`~quotientsharp.workflows.options.InputError` naming its option."""
     with command_line_names():
         measure_names(args.measure)             # an unknown measure is the first error

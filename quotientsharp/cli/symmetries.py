@@ -15,8 +15,9 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:       # torch is imported when a command runs, not for --help
+from quotientsharp.cli import plain_text
 
+if TYPE_CHECKING:       # torch is imported when a command runs, not for --help
     from quotientsharp.models.report import SymmetryReport
 
 
@@ -24,7 +25,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Register the ``symmetries`` subcommand on an ``argparse`` subparsers object."""
     parser = subparsers.add_parser(
         "symmetries", help="list the symmetry groups (attention GL(h) pairs, diagonal GL(1)) of a "
-        "model", description=_plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
+        "model", description=plain_text(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="HuggingFace config JSON, a directory with config.json, "
                         "a saved PEFT adapter directory (adapter_config.json, with the base "
                         "model's config.json beside it), or a torch.save'd nn.Module file")
@@ -34,12 +36,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
     parser.set_defaults(func=run)
     return parser
-
-
-def _plain(text: str | None) -> str | None:
-    from quotientsharp.cli import plain_text
-
-    return plain_text(text)
 
 
 def report_to_dict(report: SymmetryReport) -> dict:
@@ -99,14 +95,12 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Standalone entry point: ``python -m quotientsharp.cli.symmetries MODEL``."""
-    parser = argparse.ArgumentParser(prog="quotientsharp")
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    add_parser(subparsers)
+    from quotientsharp.cli import main as console_main
+
     arguments = list(argv) if argv is not None else sys.argv[1:]
     if not arguments or arguments[0] != "symmetries":
         arguments = ["symmetries", *arguments]
-    args = parser.parse_args(arguments)
-    return args.func(args)
+    return console_main(arguments)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,10 @@
 """``SystemExit`` and ``KeyboardInterrupt`` raised by a user's code, reported as such.
 
-A command runs code of its user: the module of a pickled model (its ``forward``), a
-``--symmetry`` or ``--quotient`` module and the functions in it. If that code calls
-``sys.exit`` (or raises ``SystemExit`` or ``KeyboardInterrupt``), the exception would end the
-command as if it had finished: ``sys.exit(0)`` in a ``forward`` gave exit status 0 with no
-output. :func:`user_exit_message` finds the user's frame in the exception's traceback, and
-:func:`quotientsharp.cli.main` prints one line naming the module and exits non-zero (1 for
-``SystemExit``, 130 for ``KeyboardInterrupt``).
-
-User code is a frame outside this package, the standard library and the installed packages
-(``site-packages``): a module of the working directory or of ``sys.path`` entries of the user.
+A command runs its user's code (a pickled model's ``forward``, a ``--symmetry`` or
+``--quotient`` module). A ``sys.exit(0)`` there would end the command as if it had finished,
+with status 0 and no output; :func:`quotientsharp.cli.main` prints instead one line naming the
+user's module (:func:`user_exit_message`) and exits non-zero. User code is a frame outside this
+package, the standard library and the installed packages.
 """
 
 from __future__ import annotations
@@ -76,7 +71,6 @@ def user_exit_message(error: BaseException) -> str | None:
 
 
 def exit_status(error: BaseException) -> int:
-    """The status a command exits with after ``error`` from user code: 130 for
-    ``KeyboardInterrupt`` (as after Ctrl-C), 1 for ``SystemExit``, whatever its code (a
-    ``sys.exit(0)`` in user code is no success of the command)."""
+    """The exit status after ``error`` from user code: 130 for ``KeyboardInterrupt`` (as after
+    Ctrl-C), 1 for ``SystemExit`` whatever its code (no success of the command)."""
     return 130 if isinstance(error, KeyboardInterrupt) else 1

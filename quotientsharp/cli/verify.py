@@ -55,21 +55,10 @@ def builtin_quotients() -> list[SymmetryQuotient]:
     return quotients
 
 
-def title_of(quotient: SymmetryQuotient) -> str:
-    """The quotient's name and settings, e.g. ``gl-inv (metric='inv', eps=0.1)``."""
-    settings = quotient.extra_repr()
-    return f"{quotient.name} ({settings})" if settings else quotient.name
-
-
 def user_quotient(spec: str) -> Any:
-    """The quotient that ``--quotient MODULE:NAME`` names, built if ``NAME`` is a class or function.
-
-    Raises
-    ------
-    UserInputError
-        The module or name is missing, building it failed, or it is not a quotient with
-        ``point_shapes`` (which the checks need to draw a random point).
-    """
+    """The quotient that ``--quotient MODULE:NAME`` names, built if ``NAME`` is a class or
+    function; a :class:`UserInputError` if there is none, building it failed, or it has no
+    ``point_shapes`` (which the checks need to draw a random point)."""
     from quotientsharp.core.quotient import SymmetryQuotient
 
     flag = "--quotient"
@@ -118,33 +107,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=Path, default=None, help="also write the results as JSON")
 
 
-def _quotients(specs: list[str] | None) -> list[SymmetryQuotient]:
-    """The quotients that ``--quotient`` names, else the built-in ones.
-
-    Raises
-    ------
-    UserInputError
-        A ``MODULE:NAME`` names no usable quotient (see :func:`user_quotient`).
-    """
-    if specs:
-        return [user_quotient(spec) for spec in specs]
-    return builtin_quotients()
-
-
-def _lock_json(path: Path) -> OutputLock:
-    """The ``--json`` file's lock, held; an :class:`InputError` if another process holds it."""
-    try:
-        return OutputLock(path, "--json").acquire()
-    except (OutputLockedError, OSError) as err:
-        raise InputError(str(err)) from err
-
-
 def _check_and_print(quotient: SymmetryQuotient, dtype: torch.dtype, seed: int
                      ) -> list[CheckResult] | None:
     """Run and print :func:`check_all` at one dtype and seed; ``None`` (reported) if it raised."""
     from quotientsharp.core.checks import check_all, format_results
 
-    title = f"{title_of(quotient)}  dtype={str(dtype).removeprefix('torch.')}  seed={seed}"
+    settings = quotient.extra_repr()
+    name = f"{quotient.name} ({settings})" if settings else quotient.name
+    title = f"{name}  dtype={str(dtype).removeprefix('torch.')}  seed={seed}"
     try:
         results = check_all(quotient, seed=seed, dtype=dtype)
     except Exception as err:
@@ -178,11 +148,12 @@ def run(args: argparse.Namespace) -> int:
         if args.seeds < 1:
             # zero seeds would run no check and pass any quotient
             raise InputError(f"--seeds must be an integer >= 1, got {args.seeds}")
-        quotients = _quotients(args.quotient)
+        quotients = ([user_quotient(spec) for spec in args.quotient] if args.quotient
+                     else builtin_quotients())
         # one writer per --json file: a second verify (or measure) to it fails here, at once,
         # naming the holder (the lock is held until this process ends or releases it)
-        json_lock = None if args.json is None else _lock_json(Path(args.json))
-    except InputError as err:
+        json_lock = None if args.json is None else OutputLock(Path(args.json), "--json").acquire()
+    except (InputError, OutputLockedError, OSError) as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
     failures, rows, crashed = 0, [], 0

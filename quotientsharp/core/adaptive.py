@@ -1,26 +1,19 @@
 """Parameters outside any symmetry: the trivial-group quotient with the metric ``diag(1 / c^2)``.
 
-A point is any tuple of tensors ``w`` (one per parameter, each with its own number of trailing
-point dimensions, :attr:`AdaptiveQuotient.point_ndims`). The group is trivial, so every tangent
-vector is horizontal and the quotient is the parameter space itself. The metric is
+A point is any tuple of tensors ``w``; every tangent vector is horizontal. The metric is
 ``<u, v>_w = sum u v / c^2``:
 
-- ``"adaptive"``: ``c = |w|``, the metric of adaptive sharpness (Kwon et al. 2021): a ball in
-  it is the ball of ``||xi / |w| ||_2``. It is invariant under the elementwise rescalings
-  ``w -> a w``, so it leaves no scale of a parameter preferred. Each coordinate is the flat line
-  ``log |w|``: ``Gamma(u, v) = -u v / w``, the exact geodesic is ``w exp(t u / w)``, and the
-  order-2 point is ``w + u + u^2 / (2 w)``;
+- ``"adaptive"``: ``c = |w|``, the metric of adaptive sharpness (Kwon et al. 2021), invariant
+  under the elementwise rescalings ``w -> a w``. Each coordinate is the flat line ``log |w|``:
+  ``Gamma(u, v) = -u v / w``, the exact geodesic is ``w exp(t u / w)``, and the order-2 point
+  is ``w + u + u^2 / (2 w)``;
 - ``"euclidean"``: ``c = 1``, flat (``Gamma = 0``, straight geodesics).
 
-Coordinates with ``c = 0`` (a zero weight under the adaptive metric) have no room to move: the
-metric is infinite there. Every operation keeps them at exactly zero displacement and zero
-contribution to the norm, never NaN (the raised gradient is ``c^2 e = 0``, ``1 / c`` is taken
-as 0).
-
-This quotient spans nearly every parameter of a network in the sharpness engine, so its frozen
-point keeps one parameter-sized cache, ``1 / c`` (for the norm); ``c^2`` for the gradient is
-formed on the fly, ``1 / w`` only for curved paths, and unbatched points use torch's fused
-``_foreach`` operators (one dispatch for all parameter tensors).
+Coordinates with ``c = 0`` (a zero weight under the adaptive metric) have no room to move: every
+operation keeps them at exactly zero displacement and zero contribution to the norm, never NaN
+(``1 / c`` is taken as 0). This quotient spans nearly every parameter of a network, so its frozen
+point caches only ``1 / c`` (``1 / w`` for curved paths) and uses torch's fused ``_foreach``
+operators on unbatched points.
 """
 
 from __future__ import annotations
@@ -59,15 +52,12 @@ def safe_reciprocal(c: torch.Tensor, absolute: bool = False) -> torch.Tensor:
 class OrderTwoAdaptivePath(torch.autograd.Function):
     """``p = w + t u + t^2 u^2 / (2 w)`` with its backward ``dp/du = t + t^2 u / w``, fused.
 
-    The order-2 point of the adaptive metric runs at every step of a geodesic ascent over
-    nearly every parameter of a network, with its backward. Written with autograd's elementary
-    operations it makes about six new parameter-sized tuples forward and as many backward;
-    here the forward makes two (``s = u / w``, kept for the backward, and ``p``) and the
-    backward one. The same values to rounding: ``tests/test_fused_steps.py`` checks both
-    against the elementary form (the batched branch of :meth:`AdaptivePoint.geodesic`) and
-    ``torch.autograd.gradcheck``. Inputs: ``t``, the number ``k`` of
-    tensors, then ``w`` (k tensors), ``1 / w`` (0 where ``w = 0``, k tensors) and ``u``
-    (k tensors, the shapes of ``w``); ``w`` and ``1 / w`` get no gradient.
+    It runs at every step of a geodesic ascent over nearly every parameter of a network: two new
+    parameter-sized tuples forward (``s = u / w``, kept for the backward, and ``p``) and one
+    backward, where autograd's elementary operations make about six each way; the same values
+    to rounding (``tests/test_fused_steps.py``). Inputs: ``t``, the number ``k`` of tensors,
+    then ``w``, ``1 / w`` (0 where ``w = 0``) and ``u``, ``k`` tensors each; ``w`` and ``1 / w``
+    get no gradient.
     """
 
     @staticmethod
@@ -155,13 +145,9 @@ class AdaptivePoint(ClosedFormPoint):
 
     @cached_property
     def _scratch(self) -> torch.Tensor:
-        """One flat buffer the size of the largest parameter tensor, reused by every norm.
-
-        The ascent takes two or three norms per step; each as a new tuple ``u / c`` would cost
-        more than its arithmetic on a CPU, where the allocator returns such tensors to the
-        kernel when they are freed and page-faults them again at the next step. Written one
-        tensor at a time, the products share this buffer and no tuple is made.
-        """
+        """One flat buffer the size of the largest parameter tensor, reused by every norm: on a
+        CPU a new tuple ``u / c`` per norm costs more than its arithmetic (the allocator returns
+        it to the kernel and page-faults it again at the next step)."""
         largest = max(self.x, key=lambda t: t.numel())
         return torch.empty(largest.numel(), dtype=largest.dtype, device=largest.device)
 

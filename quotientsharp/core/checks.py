@@ -97,6 +97,12 @@ def _random_tangent_raw(x: Tensors, ndims: Sequence[int], gen: torch.Generator) 
                  for c, k in zip(x, ndims, strict=True))
 
 
+def _random_algebra(q: SymmetryQuotient, x: Tensors, gen: torch.Generator) -> torch.Tensor:
+    """A Gaussian algebra element at ``x``, drawn on the generator's device."""
+    return torch.randn(*T.batch_shape(x, q.point_ndims), *q.algebra_shape(x), generator=gen,
+                       dtype=x[0].dtype, device=gen.device).to(x[0].device)
+
+
 def _to(device: torch.device, values: Sequence[torch.Tensor]) -> Tensors:
     return tuple(t.to(device) for t in values)
 
@@ -260,9 +266,7 @@ def _frozen_point_checks(run: _CheckRun) -> None:
 def _group_action_checks(run: _CheckRun) -> None:
     """``vertical`` against the orbit, an overriding ``act_tangent``, the metric's invariance."""
     q, x, gen = run.q, run.x, run.gen
-    a = torch.randn(*T.batch_shape(x, run.nd), *q.algebra_shape(x), generator=gen,
-                    dtype=x[0].dtype, device=gen.device).to(x[0].device)
-    run.add(*_vertical_check(q, x, a))
+    run.add(*_vertical_check(q, x, _random_algebra(q, x, gen)))
     g = q.random_group_element(run.on_host, generator=gen).to(x[0].device)
     if _overrides(q, "act_tangent"):
         run.add(*_act_tangent_check(q, x, run.u, g))
@@ -489,9 +493,7 @@ def _horizontality(q: SymmetryQuotient, x: Tensors, u: Tensors, gen: torch.Gener
     worst = 0.0
     norm_u = q.norm(x, u)
     for _ in range(4):
-        a = torch.randn(*T.batch_shape(x, q.point_ndims), *q.algebra_shape(x), generator=gen,
-                        dtype=x[0].dtype, device=gen.device).to(x[0].device)
-        v = q.vertical(x, a)
+        v = q.vertical(x, _random_algebra(q, x, gen))
         ratio = q.inner(x, v, u).abs() / (q.norm(x, v) * norm_u).clamp_min(1e-300)
         worst = max(worst, float(ratio.max()))
     return worst
@@ -550,9 +552,7 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
 
     u = _random_tangent_raw(x, nd, gen)
     w = _random_tangent_raw(x, nd, gen)
-    a = torch.randn(*T.batch_shape(x, nd), *q.algebra_shape(x), generator=gen,
-                    dtype=x[0].dtype, device=gen.device).to(x[0].device)
-    add(*_vertical_check(q, x, a))
+    add(*_vertical_check(q, x, _random_algebra(q, x, gen)))
     add("inner_symmetric", relative_error((q.inner(x, u, w),), (q.inner(x, w, u),)),
         "<u, w>_x = <w, u>_x")
     g = q.random_group_element(x, scale=group_scale, generator=gen)

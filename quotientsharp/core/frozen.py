@@ -1,28 +1,10 @@
 """The geometry of a quotient at one frozen base point: what an optimiser at ``x`` needs.
 
-``quotient.at(x)`` returns a :class:`FrozenPoint`. It offers, batched over the leading
-dimensions of ``x`` (and of the tangent vectors, which broadcast against it):
-
-- the metric: :meth:`~FrozenPoint.inner` and :meth:`~FrozenPoint.norm`, ``shape=[*batch]``;
-- the fiber-bundle split of a tangent vector: :meth:`~FrozenPoint.horizontal_projection`,
-  :meth:`~FrozenPoint.vertical_projection`, :meth:`~FrozenPoint.horizontality_error`;
-- the index raising of a Euclidean gradient, :meth:`~FrozenPoint.raise_index`, and the
-  Riemannian gradient (raised, then projected), :meth:`~FrozenPoint.riemannian_gradient`;
-- the Christoffel contraction and the geodesic from ``x`` at order 1, 2 or exactly;
-- a metric-isotropic Gaussian vector, :meth:`~FrozenPoint.isotropic` (random starts).
-
-Why a frozen point: an ascent (sharpness, Riemannian SGD at one iterate, a line search) calls
-these operations many times at the same ``x``. Everything that depends on ``x`` alone (Gram
-matrices, their factorisations, ``1 / |w|``) is computed once, on first use, and kept.
-
-This class is the generic default: every operation calls the quotient's own method (which a
-subclass may override with a closed form; otherwise it is the numerical default of
-:mod:`quotientsharp.core.reference`). Built-in quotients return subclasses that hold their closed
-forms, and their quotient-level methods delegate to them, so each formula exists once.
-
-Tangent arguments are not validated here (no host synchronisation in a hot loop): the
-quotient validates the point when it builds the frozen point, and its own methods validate
-tangent vectors before delegating.
+An ascent (sharpness, Riemannian SGD at one iterate, a line search) calls these operations many
+times at the same ``x``, so everything that depends on ``x`` alone (Gram matrices, their
+factorisations, ``1 / |w|``) is computed once, on first use, and kept. Tangent arguments are not
+validated here (no host synchronisation in a hot loop): the quotient validates the point when
+it builds the frozen point, and its own methods validate tangent vectors before delegating.
 """
 
 from __future__ import annotations
@@ -55,7 +37,12 @@ def check_order(order: object) -> int | str:
 
 
 class FrozenPoint:
-    """A quotient's geometry at the base point ``x`` (generic default, see the module docstring).
+    """A quotient's geometry at the base point ``x``, batched over its leading dimensions.
+
+    ``quotient.at(x)`` returns one. This class is the generic default: every operation calls
+    the quotient's own method (a closed form, or the numerical default of
+    :mod:`quotientsharp.core.reference`); the built-in quotients return subclasses that hold
+    their closed forms, and their quotient-level methods delegate to them.
 
     Parameters
     ----------

@@ -1,14 +1,8 @@
 """Metric objects and the one registry through which every quotient selects its metric.
 
-A quotient with several metrics (:class:`~quotientsharp.GLQuotient`,
-:class:`~quotientsharp.DiagonalQuotient`, :class:`~quotientsharp.AdaptiveQuotient`) takes
-``metric=`` as a metric object or its name. Each metric is a small :class:`Metric` subclass
-that names the frozen-point class holding its formulas (in a module of its own, so that each
-file reads as one derivation). Each family of quotients lists its metrics in one
-:class:`MetricRegistry`; the quotient resolves ``metric=`` there once, at construction, and
-keeps the object as ``quotient.metric`` (``quotient.metric.name`` is the name). No method
-compares metric names afterwards: what differs between metrics is in their frozen-point
-classes and in the class attributes of their metric objects.
+A quotient with several metrics resolves ``metric=`` (a :class:`Metric` or its name) once, in
+its family's :class:`MetricRegistry`; no method compares metric names afterwards: what differs
+between metrics is in their frozen-point classes and their metric objects' class attributes.
 """
 
 from __future__ import annotations

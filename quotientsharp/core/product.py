@@ -1,20 +1,4 @@
-"""The product of quotients: a network's parameters as one point of ``Q_1 x ... x Q_k``.
-
-In the spirit of geoopt's ``ProductManifold``: a point of the product is the concatenation of
-the factors' points (a flat tuple of tensors), the metric is the sum of the factors' metrics,
-the group is the product of the groups, and every operation acts factor by factor.
-
-Folded dimensions. A factor may own leading dimensions of its components that belong to the
-point rather than to the batch: a bucket of ``P`` attention heads of one network is a GL(h)
-point of batch shape ``[P]`` for :class:`~quotientsharp.core.gl.GLQuotient`, but ``P`` heads of one
-point of the network's product. ``folded[i]`` such dimensions of factor ``i`` are summed by the
-metric (and are part of the point's trailing dimensions here); the remaining leading dimensions
-are batch dimensions of the product, shared by all factors (independent problems, e.g. many
-networks at once).
-
-The algebra of the product is flattened: an algebra (or group) element is ``shape=[*batch, K]``
-with ``K`` the sum of the factors' flattened algebra sizes (over their folded dimensions too).
-"""
+"""The product of quotients: a network's parameters as one point of ``Q_1 x ... x Q_k``."""
 
 from __future__ import annotations
 
@@ -188,15 +172,23 @@ class ProductPoint(ClosedFormPoint):
 
 
 class ProductQuotient(ClosedFormQuotient):
-    """The product ``Q_1 x ... x Q_k`` of quotients (module docstring).
+    """The product ``Q_1 x ... x Q_k`` of quotients, in the spirit of geoopt's
+    ``ProductManifold``.
+
+    A point is the concatenation of the factors' points (a flat tuple of tensors), the metric is
+    the sum of the factors' metrics, the group is the product of the groups, and every operation
+    acts factor by factor. The algebra is flattened: an algebra (or group) element is
+    ``shape=[*batch, K]``, ``K`` the sum of the factors' flattened sizes.
 
     Parameters
     ----------
     factors
         The quotients.
     folded
-        Per factor, how many leading dimensions of its components belong to the point (default
-        0 each).
+        Per factor, how many leading dimensions of its components belong to the point rather
+        than to the batch (default 0 each); the metric sums over them. ``P`` attention heads of
+        one network are a GL(h) point of batch shape ``[P]``, but one point of the product with
+        ``folded=1``. The other leading dimensions are batch dimensions shared by all factors.
     names
         Per factor, a label for :meth:`ProductPoint.named_norms` (default the factor's
         ``name``); factors may share a label.

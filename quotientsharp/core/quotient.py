@@ -1,27 +1,11 @@
-"""The base class of every symmetry quotient.
+"""The base classes of every symmetry quotient.
 
-A subclass supplies the geometry upstairs, on the total space of parameters. Four methods are
-abstract (a subclass without one of them cannot be instantiated, and the error names it):
-
-- ``inner(x, u, v)``: the metric, invariant under the group action if it is to descend;
-- ``vertical(x, a)``: the infinitesimal action, a Lie-algebra element ``a`` to a vertical vector;
-- ``act(x, g)``: the group action on points;
-- ``algebra_shape(x)``: the trailing shape of a Lie-algebra element at ``x``.
-
-and ``point_ndims`` (a class attribute, or an instance attribute set before
-``super().__init__()``) gives the layout of points. Everything else has a generic numerical
-default from :mod:`quotientsharp.core.reference`, and :mod:`quotientsharp.core.checks` compares
-any closed form a subclass supplies with it. Points and tangent vectors are tuples of tensors
-batched over leading dimensions; device and dtype follow the inputs.
-
-``quotient.at(x)`` freezes the base point: a :class:`~quotientsharp.core.frozen.FrozenPoint` that
-offers every operation an optimiser at ``x`` needs and keeps what depends on ``x`` alone. The
-built-in quotients derive from :class:`ClosedFormQuotient`: their closed forms live in their
-frozen-point classes, and their quotient-level methods delegate there, so each formula is
-written once and the sharpness engine runs exactly what :func:`quotientsharp.core.checks.check_all`
-verifies. Those with several metrics derive from :class:`MetricFamilyQuotient`, which selects
-the metric object (and with it the frozen-point class) by name through its family's
-:class:`~quotientsharp.core.metric.MetricRegistry`.
+A subclass of :class:`SymmetryQuotient` supplies the geometry upstairs (``inner``, ``vertical``,
+``act``, ``algebra_shape`` and ``point_ndims``); everything else has a generic numerical default
+from :mod:`quotientsharp.core.reference`. The built-in quotients derive from
+:class:`ClosedFormQuotient`: their closed forms live in their frozen-point classes and their
+quotient-level methods delegate there, so each formula is written once and the sharpness engine
+runs exactly what :func:`quotientsharp.core.checks.check_all` verifies.
 """
 
 from __future__ import annotations
@@ -36,7 +20,13 @@ from quotientsharp.core import _tuples as T
 from quotientsharp.core import reference
 from quotientsharp.core.frozen import ClosedFormPoint, FrozenPoint
 from quotientsharp.core.metric import Metric, MetricRegistry
-from quotientsharp.core.validation import check_finite, check_same_layout, check_tensors, check_time
+from quotientsharp.core.validation import (
+    check_finite,
+    check_same_layout,
+    check_sequence,
+    check_tensors,
+    check_time,
+)
 
 Tensors = tuple[torch.Tensor, ...]
 QuotientT = TypeVar("QuotientT", bound="SymmetryQuotient")
@@ -184,6 +174,10 @@ class SymmetryQuotient(torch.nn.Module, abc.ABC):
         check_finite(name, u)
         return u
 
+    def _checked(self, x: object, u: object, name: str = "u") -> tuple[Tensors, Tensors]:
+        x = self.check_point(x)
+        return x, self.check_tangent(x, u, name=name)
+
     # ------------------------------------------------------------------ frozen base point
     def at(self, x: Tensors) -> FrozenPoint:
         """The geometry at the base point ``x`` (validated), with its point-only work cached.
@@ -218,19 +212,17 @@ class SymmetryQuotient(torch.nn.Module, abc.ABC):
 
     def norm(self, x: Tensors, u: Tensors) -> torch.Tensor:
         """Riemannian norm ``||u||_x``, ``shape=[*batch]``."""
-        x = self.check_point(x)
-        return self.frozen_point(x).norm(self.check_tangent(x, u))
+        x, u = self._checked(x, u)
+        return self.frozen_point(x).norm(u)
 
     def vertical_projection(self, x: Tensors, u: Tensors) -> Tensors:
         """Metric-orthogonal projection onto the vertical space (tangent to the orbit)."""
-        x = self.check_point(x)
-        u = self.check_tangent(x, u)
+        x, u = self._checked(x, u)
         return reference.vertical_projection(self, x, u)
 
     def horizontal_projection(self, x: Tensors, u: Tensors) -> Tensors:
         """Metric-orthogonal projection onto the horizontal space (orthogonal to the orbit)."""
-        x = self.check_point(x)
-        u = self.check_tangent(x, u)
+        x, u = self._checked(x, u)
         return reference.horizontal_projection(self, x, u)
 
     def horizontality_error(self, x: Tensors, u: Tensors) -> torch.Tensor:
@@ -243,20 +235,17 @@ class SymmetryQuotient(torch.nn.Module, abc.ABC):
 
     def raise_index(self, x: Tensors, egrad: Tensors) -> Tensors:
         """The vector ``g(x)^{-1} egrad`` of a covector (a Euclidean gradient); not projected."""
-        x = self.check_point(x)
-        egrad = self.check_tangent(x, egrad, name="egrad")
+        x, egrad = self._checked(x, egrad, "egrad")
         return reference.raise_index(self, x, egrad)
 
     def euclidean_to_riemannian_gradient(self, x: Tensors, egrad: Tensors) -> Tensors:
         """Metric-raised Euclidean gradient, projected to the horizontal space."""
-        x = self.check_point(x)
-        egrad = self.check_tangent(x, egrad, name="egrad")
+        x, egrad = self._checked(x, egrad, "egrad")
         return reference.euclidean_to_riemannian_gradient(self, x, egrad)
 
     def christoffel(self, x: Tensors, u: Tensors, v: Tensors | None = None) -> Tensors:
         """Christoffel contraction ``Gamma_x(u, v)`` (``v`` defaults to ``u``)."""
-        x = self.check_point(x)
-        u = self.check_tangent(x, u)
+        x, u = self._checked(x, u)
         return reference.christoffel(self, x, u, v)
 
     def geodesic(self, x: Tensors, u: Tensors, t: float = 1.0, order: int | str = 2,
@@ -273,8 +262,7 @@ class SymmetryQuotient(torch.nn.Module, abc.ABC):
             RK4 steps for ``order="exact"`` when integrating.
         """
         t = check_time(t)
-        x = self.check_point(x)
-        u = self.check_tangent(x, u)
+        x, u = self._checked(x, u)
         return self.frozen_point(x).geodesic(u, t, order, steps)
 
     def geodesic_exact(self, x: Tensors, u: Tensors, t: float = 1.0, steps: int = 64) -> Tensors:
@@ -360,10 +348,6 @@ class ClosedFormQuotient(SymmetryQuotient):
         assert self.point_type is not None
         return self.point_type(self, x)
 
-    def _checked(self, x: object, u: object, name: str = "u") -> tuple[Tensors, Tensors]:
-        x = self.check_point(x)
-        return x, self.check_tangent(x, u, name=name)
-
     def inner(self, x: Tensors, u: Tensors, v: Tensors) -> torch.Tensor:
         """Metric ``<u, v>_x``, ``shape=[*batch]``.
 
@@ -371,7 +355,8 @@ class ClosedFormQuotient(SymmetryQuotient):
         :mod:`quotientsharp.core.reference`).
         """
         for name, value in (("x", x), ("u", u), ("v", v)):
-            _check_tuple(name, value, len(self.point_ndims))
+            # a tensor would be unpacked row by row ("too many values to unpack") far from here
+            check_sequence(name, value, self.point_ndims, " (one per factor)")
         return self.frozen_point(x).inner(u, v)
 
     def vertical_projection(self, x: Tensors, u: Tensors) -> Tensors:
@@ -467,12 +452,3 @@ def _check_floating_point(method: str, x: object) -> None:
             raise TypeError(f"{method}: x[{i}] has dtype {c.dtype}; a point has floating "
                             "entries (a Gaussian draw of its shape and dtype)")
 
-
-def _check_tuple(name: str, value: object, size: int) -> None:
-    """A tuple (or list) of ``size`` components, not one tensor: a tensor would be unpacked
-    row by row ("too many values to unpack") far from the call that passed it."""
-    if isinstance(value, torch.Tensor) or not isinstance(value, (tuple, list)):
-        raise TypeError(f"{name} must be a tuple of {size} tensors (one per factor), got "
-                        f"{type(value).__name__}")
-    if len(value) != size:
-        raise ValueError(f"{name} must have {size} components, got {len(value)}")

@@ -1,26 +1,9 @@
-"""Symbolic Riemannian geometry with sympy: Christoffel symbols, geodesics, horizontal spaces.
+"""Symbolic Riemannian geometry with sympy, for derivations and checks (never the hot path).
 
-This module is for derivations and checks (``derivations/``, the test-suite), never for the hot
-path: it needs sympy (``pip install quotientsharp[symbolic]``) and is not imported by the
-package ``__init__``.
-
-Everything works on an explicit metric matrix ``g`` over a list of coordinate symbols:
-
-- :func:`christoffel_symbols` and :func:`christoffel_contraction` use the Koszul formula
-  ``Gamma^k_ij = 1/2 g^{kl} (d_i g_lj + d_j g_li - d_l g_ij)`` with plain :func:`sympy.diff`.
-  ``sympy.diffgeom`` is deliberately not used: it silently returns zero Christoffel symbols for
-  metrics written in plain ``Symbol`` coordinates.
-- :func:`christoffel_symbols_at` differentiates symbolically but inverts the metric only after
-  substituting an exact (rational) point, which keeps metrics over ten or more coordinates cheap.
-- :func:`geodesic_residual` returns ``x'' + Gamma(x', x')`` along a path given in closed form.
-- :func:`horizontal_projection_matrix` projects metric-orthogonally off a set of vertical
-  generators.
-- :func:`random_rationals`, :func:`evaluate_exact` and :func:`is_exactly_zero` check identities
-  exactly at random rational points instead of calling a long ``simplify``.
-- :func:`to_torch_function` turns sympy expressions into torch functions that keep autograd and
-  ``torch.vmap`` working.
-- :func:`check_quotient` holds a quotient class (its closed forms and the generic defaults it
-  keeps) against the exact geometry of a metric written with sympy, in one call.
+Everything works on an explicit metric matrix ``g`` over a list of coordinate symbols. The
+Christoffel symbols use the Koszul formula with plain :func:`sympy.diff`: ``sympy.diffgeom``
+silently returns zero Christoffel symbols for metrics written in plain ``Symbol`` coordinates.
+Identities are checked exactly at random rational points rather than by a long ``simplify``.
 """
 
 from __future__ import annotations
@@ -809,20 +792,10 @@ def _point_tensors(values: Sequence[sympy.Expr], shapes: Sequence[Sequence[int]]
 
 @dataclass
 class _ExactPoint:
-    """One random rational point of :func:`check_quotient`, its exact values and its tensors.
+    """One random rational point of :func:`check_quotient`: exact values and float64 tensors.
 
-    Attributes
-    ----------
-    quotient, shapes
-        The quotient under check and its point shapes.
-    point
-        ``coordinate -> rational value``.
-    g
-        The metric at the point, exact, ``shape=[N, N]``.
-    u, w, egrad
-        Rational column vectors, ``shape=[N, 1]``.
-    metric, coords, derivatives, basis
-        The metric, its coordinates, its derivatives and the vertical generators (or ``None``).
+    ``g`` is the metric at ``point``; ``u``, ``w``, ``egrad`` are rational columns
+    ``shape=[N, 1]``; ``basis`` holds the vertical generators (or ``None``).
     """
 
     quotient: Any
@@ -878,21 +851,6 @@ def _draw_exact_point(quotient: Any, shapes: Sequence[Sequence[int]], metric: sy
                        basis)
 
 
-def _inner_error(at: _ExactPoint) -> float:
-    return package_relative_error((at.quotient.inner(at.x, at.tensors(at.u), at.tensors(at.w))
-                                   .reshape(1),), [(at.u.T * at.g * at.w)[0]])
-
-
-def _christoffel_error(at: _ExactPoint) -> float:
-    return package_relative_error(at.quotient.christoffel(at.x, at.tensors(at.u), at.tensors(at.w)),
-                                  list(contract(at.gamma, at.u, at.w)))
-
-
-def _christoffel_quadratic_error(at: _ExactPoint) -> float:
-    return package_relative_error(at.quotient.christoffel(at.x, at.tensors(at.u)),
-                                  list(contract(at.gamma, at.u)))
-
-
 def _vertical_error(at: _ExactPoint) -> float:
     """Largest error of ``vertical`` over the algebra's standard basis."""
     v_at, quotient = at.vertical, at.quotient
@@ -910,34 +868,28 @@ def _vertical_error(at: _ExactPoint) -> float:
     return vertical_error
 
 
-def _horizontal_projection_error(at: _ExactPoint) -> float:
-    return package_relative_error(at.quotient.horizontal_projection(at.x, at.tensors(at.u)),
-                                  list(at.horizontal * at.u))
-
-
-def _vertical_projection_error(at: _ExactPoint) -> float:
-    return package_relative_error(at.quotient.vertical_projection(at.x, at.tensors(at.u)),
-                                  list(at.u - at.horizontal * at.u))
-
-
-def _gradient_error(at: _ExactPoint) -> float:
-    return package_relative_error(
-        at.quotient.euclidean_to_riemannian_gradient(at.x, at.tensors(at.egrad)),
-        list(at.horizontal * at.g.inv() * at.egrad))
-
-
-#: The rows of :func:`check_quotient`, in order: name, the method checked, whether it needs the
-#: vertical generators, and the relative error at one exact point.
-_EXACT_CHECKS: tuple[tuple[str, str, bool, Callable[[_ExactPoint], float]], ...] = (
-    ("inner_vs_exact", "inner", False, _inner_error),
-    ("christoffel_vs_exact", "christoffel", False, _christoffel_error),
-    ("christoffel_quadratic_vs_exact", "christoffel", False, _christoffel_quadratic_error),
-    ("vertical_vs_exact", "vertical", True, _vertical_error),
-    ("horizontal_projection_vs_exact", "horizontal_projection", True,
-     _horizontal_projection_error),
-    ("vertical_projection_vs_exact", "vertical_projection", True, _vertical_projection_error),
-    ("gradient_vs_exact", "euclidean_to_riemannian_gradient", True, _gradient_error),
-)
+def _exact_errors(at: _ExactPoint) -> dict[str, tuple[str, float]]:
+    """The rows of :func:`check_quotient` at one point: ``{name: (method, relative error)}``."""
+    q, x, u, w = at.quotient, at.x, at.tensors(at.u), at.tensors(at.w)
+    errors = {
+        "inner_vs_exact": ("inner", package_relative_error(
+            (q.inner(x, u, w).reshape(1),), [(at.u.T * at.g * at.w)[0]])),
+        "christoffel_vs_exact": ("christoffel", package_relative_error(
+            q.christoffel(x, u, w), list(contract(at.gamma, at.u, at.w)))),
+        "christoffel_quadratic_vs_exact": ("christoffel", package_relative_error(
+            q.christoffel(x, u), list(contract(at.gamma, at.u)))),
+    }
+    if at.basis is None:
+        return errors
+    errors["vertical_vs_exact"] = ("vertical", _vertical_error(at))
+    errors["horizontal_projection_vs_exact"] = ("horizontal_projection", package_relative_error(
+        q.horizontal_projection(x, u), list(at.horizontal * at.u)))
+    errors["vertical_projection_vs_exact"] = ("vertical_projection", package_relative_error(
+        q.vertical_projection(x, u), list(at.u - at.horizontal * at.u)))
+    errors["gradient_vs_exact"] = ("euclidean_to_riemannian_gradient", package_relative_error(
+        q.euclidean_to_riemannian_gradient(x, at.tensors(at.egrad)),
+        list(at.horizontal * at.g.inv() * at.egrad)))
+    return errors
 
 
 def _check_quotient_inputs(quotient: Any, metric: sympy.MatrixBase,
@@ -1017,18 +969,14 @@ def check_quotient(quotient: Any, metric: sympy.MatrixBase, coords: Sequence[sym
     shapes, metric, basis = _check_quotient_inputs(quotient, metric, coords, vertical)
     rng = random.Random(seed)
     derivatives = metric_derivatives(metric, coords)
-    worst: dict[str, float] = {}
+    worst: dict[str, tuple[str, float]] = {}
     for _ in range(points):
         at = _draw_exact_point(quotient, shapes, metric, coords, derivatives, basis, rng)
-        for name, _, needs_vertical, error in _EXACT_CHECKS:
-            if needs_vertical and basis is None:
-                continue
-            worst[name] = max(worst.get(name, 0.0), error(at))
+        for name, (method, error) in _exact_errors(at).items():
+            worst[name] = (method, max(worst.get(name, (method, 0.0))[1], error))
 
-    methods = {name: method for name, method, _, _ in _EXACT_CHECKS}
     results = []
-    for name, error_value in worst.items():
-        method = methods[name]
+    for name, (method, error_value) in worst.items():
         own = getattr(type(quotient), method) is not getattr(SymmetryQuotient, method)
         detail = (f"{method} ({'this class' if own else 'the generic default'}) against the "
                   f"exact value from the metric at {points} rational points")

@@ -52,8 +52,8 @@ def value_checks_enabled() -> bool:
     return _VALUE_CHECKS
 
 
-def _check_sequence(name: str, value: object, ndims: Sequence[int], what: str = ""
-                    ) -> Sequence[object]:
+def check_sequence(name: str, value: object, ndims: Sequence[int], what: str = ""
+                   ) -> Sequence[object]:
     """Check that ``value`` is a tuple or list of ``len(ndims)`` items (``what``: a note after
     "tensors" in the message)."""
     # one tensor for a tuple would iterate over its rows: zip's "argument 2 is shorter"
@@ -85,29 +85,12 @@ def _check_component(name: str, i: int, t: object, k: int, first: torch.Tensor |
     return t
 
 
-def check_tensors(name: str, tensors: object, ndims: Sequence[int],
-                  trailing: Sequence[torch.Size | None] | None = None) -> tuple[torch.Tensor, ...]:
-    """Check that ``tensors`` is a tuple of floating tensors of one dtype and device.
-
-    Parameters
-    ----------
-    name
-        The argument's name, used in error messages.
-    tensors
-        The value to check: a tuple (or list) of tensors.
-    ndims
-        Number of trailing (non-batch) dimensions of each component.
-    trailing
-        Optional expected trailing shape of each component (``None`` entries are not checked).
-    """
+def check_tensors(name: str, tensors: object, ndims: Sequence[int]) -> tuple[torch.Tensor, ...]:
+    """Check that ``tensors`` (the argument ``name``) is a tuple of floating tensors of one dtype
+    and device, with at least ``ndims[i]`` dimensions each."""
     checked: list[torch.Tensor] = []
-    for i, (item, k) in enumerate(zip(_check_sequence(name, tensors, ndims), ndims, strict=True)):
-        t = _check_component(name, i, item, k, checked[0] if checked else None)
-        expected = None if trailing is None else trailing[i]
-        if expected is not None and tuple(t.shape[t.dim() - k:]) != tuple(expected):
-            raise ValueError(f"{name}[{i}] must end in shape {tuple(expected)}, got "
-                             f"{tuple(t.shape)}")
-        checked.append(t)
+    for i, (item, k) in enumerate(zip(check_sequence(name, tensors, ndims), ndims, strict=True)):
+        checked.append(_check_component(name, i, item, k, checked[0] if checked else None))
     return tuple(checked)
 
 
@@ -115,7 +98,7 @@ def check_same_layout(name: str, u: Sequence[torch.Tensor], x_name: str,
                       x: Sequence[torch.Tensor], ndims: Sequence[int]) -> None:
     """Check that tangent ``u`` matches point ``x`` in trailing shapes, dtype and device."""
     for label, value in ((name, u), (x_name, x)):
-        _check_sequence(label, value, ndims, " (one per factor)")
+        check_sequence(label, value, ndims, " (one per factor)")
     for i, (a, b, k) in enumerate(zip(u, x, ndims, strict=True)):
         if tuple(a.shape[a.dim() - k:]) != tuple(b.shape[b.dim() - k:]):
             raise ValueError(f"{name}[{i}] has shape {tuple(a.shape)}, incompatible with "

@@ -1,26 +1,11 @@
 """``sharpness(model, batches, measure)``: the entry point of all measures.
 
-``measure`` is a typed :class:`~.registry.MeasureSpec` (``GeodesicSpec(rho=0.1, metric="mix")``),
-or the string form ``measure="geodesic", rho=0.1, **options``, which :func:`~.registry.measure_from`
-turns into one at once: below this function, the engine sees the typed object only.
-
-The call runs the engine's stages in order, each in a module of its own:
-
-1. validate: the typed measure checks its options when it is made (:mod:`.registry`, with the
-   checks of :mod:`.options`);
-2. build the functional model (:mod:`.functional`): the model is never written, parameters and
-   buffers are cloned once and every loss is a :func:`torch.func.functional_call`;
-3. build the runtime measure, ``spec.build(...)`` (:mod:`.registry`, :mod:`.measures`); symmetry
-   discovery and layout (:mod:`.layouts`) happen here for geodesic sharpness;
-4. loop over the batches: the first batch's clean forward+backward finds the parameters without
-   gradient, then the measure's geometry is built, once (:mod:`.geometry`), and every batch is
-   measured (the solver, :mod:`.solver`, for ascent measures);
-5. assemble the result (:mod:`.result`).
-
-The model runs in eval mode during the measurement; every submodule's mode is restored
-afterwards, also when the loss raises or the run is interrupted. Sharpness is computed per
-batch and averaged over batches (``docs/sharpness.md``). This module holds the order of the
-stages only: it computes nothing itself.
+It runs the engine's stages in order and computes nothing itself: validate the typed measure
+(:mod:`.registry`), build the functional model (:mod:`.functional`), build the runtime measure
+(symmetries discovered here), then measure batch after batch (batch 0's clean forward+backward
+tells which parameters have no gradient, and the geometry is built once), and assemble the
+result (:mod:`.result`). The model runs in eval mode; every submodule's mode is restored
+afterwards, whatever happens.
 """
 
 from __future__ import annotations
@@ -44,11 +29,12 @@ from quotientsharp.engine.determinism import (
 from quotientsharp.engine.functional import FunctionalModel, checked_clean_loss
 from quotientsharp.engine.measures import BatchOutcome, FirstEvaluation
 from quotientsharp.engine.options import check_batches, check_radius_fits
-from quotientsharp.engine.registry import MeasureSpec, measure_defaults, measure_from
+from quotientsharp.engine.registry import MEASURE_REGISTRY, MeasureSpec, measure_from
 from quotientsharp.engine.result import SharpnessResult, assemble_result
 
 #: Options of each measure and their defaults (the fields of its :class:`~.registry.MeasureSpec`).
-MEASURES: dict[str, dict[str, Any]] = measure_defaults()
+MEASURES: dict[str, dict[str, Any]] = {name: kind.defaults()
+                                        for name, kind in MEASURE_REGISTRY.items()}
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -93,12 +79,8 @@ def _progress_bar(batches: Iterable[Any], per_batch: int, progress: bool | None,
 
 def _first_evaluation(functional: FunctionalModel, batch: Batch
                       ) -> tuple[FirstEvaluation, list[str]]:
-    """The clean loss and its gradient on batch 0, with the embedding rows it touches, and
-    the parameters without gradient (``excluded``).
-
-    One forward+backward finds the parameters without gradient; the measure reuses it as the
-    clean loss and the ascent's evaluation at ``xi = 0``.
-    """
+    """Batch 0's clean loss, gradient and touched rows (reused by the measure as its
+    evaluation at ``xi = 0``), and the parameters without gradient."""
     before = global_states(functional.model)
     with functional.checking(), functional.recording_tables() as tables:
         first = FirstEvaluation(*functional.loss_and_gradients(batch))
@@ -107,13 +89,6 @@ def _first_evaluation(functional: FunctionalModel, batch: Batch
     check_deterministic(before, batch)
     checked_clean_loss(first.loss, 0, batch, functional)
     return first, [n for n, g in first.gradients.items() if g is None]
-
-
-def _split_batches(batches: Iterable[Any], functional: FunctionalModel
-                   ) -> Iterator[tuple[int, Batch]]:
-    """Each batch, indexed and split into inputs and target on the model's device, lazily."""
-    for index, raw in enumerate(batches):
-        yield index, split_batch(raw, index, functional.device, functional.input_dtype)
 
 
 def _keeping_global_random_state(function: _F) -> _F:
@@ -128,7 +103,6 @@ def _keeping_global_random_state(function: _F) -> _F:
     return cast(_F, wrapper)
 
 
-# ---------------------------------------------------------------------------- entry point
 @_keeping_global_random_state
 def sharpness(model: nn.Module, batches: Iterable[Any], measure: MeasureSpec | str = "geodesic",
               rho: float | None = None, **options: Any) -> SharpnessResult:
@@ -173,24 +147,21 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: MeasureSpec | s
     float32 (float64 if any parameter is float64); perturbed parameters are cast back to each
     parameter's own dtype for the forward.
     """
-    # 1. validate: the typed measure (made from the string form if need be) checked its options
     spec = _validated(model, batches, measure, rho, options)
-    # 2. the functional model: clones of the parameters, the loss at given parameters
     loss = resolve_loss(spec.loss)
     functional = FunctionalModel(model, (loss[0], loss[2]),
                                  geometry_dtype=spec.resolved_geometry_dtype)
     functional.check_finite()
-    # 3. the runtime measure, built by the typed one (symmetries discovered here)
     generator = torch.Generator(device=functional.device).manual_seed(spec.seed)
     evaluator, extra = spec.build(model, functional, generator)
     check_radius_fits(spec.rho, extra.get("eta0"), functional.dtype)
 
-    # 4. the batches: batch 0's clean forward+backward tells which parameters have no gradient,
-    # the measure builds its geometry once, then measures every batch
     outcomes: list[BatchOutcome] = []
     with _in_eval_mode(model), contextlib.closing(_progress_bar(
             batches, evaluator.evaluations_per_batch(), spec.progress, spec.name)) as bar:
-        stream = _split_batches(batches, functional)
+        # each batch split lazily, on the model's device
+        stream = ((index, split_batch(raw, index, functional.device, functional.input_dtype))
+                  for index, raw in enumerate(batches))
         head = next(stream, None)
         if head is None:
             raise ValueError("batches is empty: sharpness needs at least one batch")
@@ -207,7 +178,6 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: MeasureSpec | s
                                           reusable.pop() if reusable else None))
             check_deterministic(before, batch, "its ascent")
 
-    # 5. the result
     settings = {"measure": spec.name, "rho": spec.rho, "n_batches": len(outcomes),
                 "geometry_dtype": str(functional.dtype).removeprefix("torch."),
                 **spec.settings(), "loss": loss[1], **extra, **evaluator.settings_after()}

@@ -1,21 +1,10 @@
 """Geometry stage: the feasible sets of the ascent, a geodesic ball or an L-infinity box.
 
-They touch the frozen point of a quotient (:mod:`quotientsharp.core`) and tangent tuples only:
-no model, no batch, no solver state. Both satisfy :class:`~.solver.AscentGeometry` (mypy
-checks it where the measures pass them to the solver).
-
+Both satisfy :class:`~.solver.AscentGeometry` and touch a frozen point of a quotient
+(:mod:`quotientsharp.core.frozen`) and tangent tuples only: no model, no batch, no solver state.
 :class:`GeodesicBall` is ``{xi horizontal at theta : ||xi||_theta <= rho}`` for any frozen point
-of any quotient (:mod:`quotientsharp.core.frozen`): a product over a whole network, a single
-quotient, or a stack of independent problems on leading dimensions (the frozen point's batch
-shape, ``problem_shape``), each with its own ball. The perturbed point is the geodesic from
-``theta`` along ``xi`` at the chosen order, one order per factor of a product if wanted.
-
-It offers the solver (:mod:`.solver`) what it needs: the start ``xi = 0``, the radial rescale
-``P_S`` of a horizontal vector into the ball (``clip``), the ascent direction (the Riemannian
-gradient normalised by its norm) and random starts. Every operation is the frozen point's; the
-ball only adds the radius.
-
-:class:`BoxGeometry` is the L-infinity box ``|delta / c| <= rho`` (straight lines, sign ascent).
+(a product over a network, one quotient, or a stack of independent problems); every operation
+is the frozen point's, the ball adds the radius. :class:`BoxGeometry` is ``|delta / c| <= rho``.
 """
 
 from __future__ import annotations
@@ -77,8 +66,7 @@ class GeodesicBall:
             radius = float(radius.max())
         # a product's frozen point takes one order per factor; FrozenPoint (core) names one
         self.frozen.check_ball(radius, self.order)  # type: ignore[arg-type]
-        # the point's device-waiting factorisations now, so that the ascent loop never waits
-        self.frozen.factorise()
+        self.frozen.factorise()     # now, so that the ascent loop never waits for the device
 
     def on_rows(self, rows: dict[int, torch.Tensor]) -> GeodesicBall:
         """The same ball for tangent vectors that vanish outside ``rows[i]`` of tensor ``i``,
@@ -86,7 +74,6 @@ class GeodesicBall:
         return GeodesicBall(self.frozen.on_rows(rows), self.radius, self.order, self.steps,
                             self.problem_shape)
 
-    # ------------------------------------------------------------------ vectors
     def zeros(self) -> Tensors:
         shapes = []
         for t, k in zip(self.base, self.frozen.point_ndims, strict=True):
@@ -135,7 +122,6 @@ class GeodesicBall:
         """
         return self.frozen.geodesic(tuple(xi), 1.0, 1, self.steps)
 
-    # ------------------------------------------------------------------ solver interface
     def clip(self, xi: Sequence[torch.Tensor], decisions: Decisions = ON_DEVICE,
              fresh: bool = False) -> Tensors:
         """``P_S`` of a vector that is horizontal already: the radial rescale into the ball.
@@ -215,8 +201,6 @@ class BoxGeometry:
         self.dtype = self.base[0].dtype
         self.device = self.base[0].device
         self._bounds = tuple(self.radius * c for c in self.scale)
-        # the lower bounds are kept rather than negated at every clamp; 1 / c is needed only
-        # for the block report (:attr:`_inv_scale`), so the cached tuples stay three
         self._lower = tuple(torch._foreach_neg(list(self._bounds)))
 
     @cached_property
@@ -295,8 +279,7 @@ class BoxGeometry:
 
 def _check_length(tensors: Sequence[torch.Tensor], base: Sequence[torch.Tensor],
                   name: str) -> None:
-    # the fused calls pair lists of any equal length: a tuple of another length than the
-    # coordinates is refused here, as the strict zips did
+    """Refuse a tuple of another length (the fused calls do not check, as strict zips would)."""
     if len(tensors) != len(base):
         raise ValueError(f"{name} has {len(tensors)} tensors, the geometry {len(base)}")
 

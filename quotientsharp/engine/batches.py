@@ -1,20 +1,10 @@
-"""Batches, model outputs and losses.
+"""Batches, model outputs and losses (validation and the functional model stages).
 
-Stage: validation and the functional model (the ``loss`` option, each batch split and checked).
-It touches batches and model outputs only: no parameters, no geometry.
-
-A batch is either
-
-- a pair ``(x, y)``: ``x`` a tensor (``model(x)``), a tuple or list of positional inputs
-  (``model(*x)``) or a dict of keyword inputs (``model(**x)``); ``y`` the target;
-- a HuggingFace-style dict with a ``"labels"`` entry: the other entries are keyword inputs.
-
-The model's output is a tensor, an object with ``.logits`` (HuggingFace ``ModelOutput``), a dict
-with ``"logits"``, or a tuple whose first element is the logits; :func:`output_tensor` takes the
-logits from any of these. The default loss is the mean cross-entropy over all targets
-(``ignore_index=-100`` as in HuggingFace); ``"mse"`` is the mean squared error; any callable
-``loss(output, target)`` returning a scalar tensor works, and receives :func:`output_tensor` of
-the output when that exists, otherwise the output itself.
+A batch is a pair ``(x, y)`` (``x`` a tensor, a tuple or list of positional inputs or a dict of
+keyword inputs; ``y`` the target) or a HuggingFace-style dict with a ``"labels"`` entry. The
+model's output is a tensor, an object or dict with ``logits``, or a tuple whose first element
+is the logits (:func:`output_tensor`). The loss is the mean cross-entropy (``ignore_index=-100``),
+``"mse"``, or any callable ``loss(output, target)`` returning a scalar tensor.
 """
 
 from __future__ import annotations
@@ -123,13 +113,9 @@ def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy; sequence outputs ``[B, T, C]`` with targets ``[B, T]`` are flattened.
-
-    The target holds class indices (any integer dtype; ``-100`` is ignored) of shape
-    ``logits.shape[:-1]`` (or torch's ``[B, d1, ...]`` for ``[B, C, d1, ...]`` logits), or class
-    probabilities of the logits' shape. Other shapes and dtypes raise a ``ValueError`` or
-    ``TypeError`` that names both shapes.
-    """
+    """Mean cross-entropy over class indices (``-100`` ignored) of shape ``logits.shape[:-1]``
+    (flattened) or ``[B, d1, ...]`` for ``[B, C, d1, ...]`` logits, or class probabilities of
+    the logits' shape; other targets raise, naming both shapes."""
     if not isinstance(target, torch.Tensor):
         raise TypeError(f"the cross-entropy target must be a tensor, got {type(target).__name__}")
     if target.dtype == torch.bool or target.is_complex():
@@ -157,11 +143,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def check_class_labels(logits: torch.Tensor, target: torch.Tensor) -> None:
-    """Raise unless every class label is in ``[0, C)`` or ``-100``, and not all are ``-100``.
-
-    ``C`` is the number of logits; one host sync. Called once per batch, before the loss
-    (out-of-range labels are an ``IndexError`` on the CPU and a device-side assert on CUDA).
-    """
+    """Raise unless every class label is in ``[0, C)`` or ``-100``, and not all are ``-100``
+    (before the loss: out of range is a device-side assert on CUDA)."""
     if not isinstance(target, torch.Tensor) or target.is_floating_point() or target.numel() == 0:
         return
     classes = logits.shape[-1] if (logits.dim() < 3 or target.shape == logits.shape[:-1]) \
@@ -180,11 +163,8 @@ def check_class_labels(logits: torch.Tensor, target: torch.Tensor) -> None:
 
 
 def mean_squared_error(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean squared error; the target is cast to the prediction's dtype.
-
-    The target needs as many entries as the prediction (it is reshaped to its shape); integer
-    class labels ``[B]`` for a ``[B, C]`` output are refused (they are cross-entropy labels).
-    """
+    """Mean squared error against a target of as many entries, cast and reshaped to the
+    prediction's (integer class labels ``[B]`` for a ``[B, C]`` output are refused)."""
     if not isinstance(target, torch.Tensor):
         raise TypeError(f"the mse target must be a tensor, got {type(target).__name__}")
     if (not target.is_floating_point() and prediction.dim() >= 1 and prediction.shape[-1] > 1
@@ -218,22 +198,9 @@ def resolve_loss(loss: str | LossFunction | None) -> tuple[LossFunction, str, bo
 def compute_loss(function: LossFunction, builtin: bool, output: Any, target: Any,
                  dtype: torch.dtype, batch: str = "the batch", check: bool = False
                  ) -> torch.Tensor:
-    """Apply the loss; built-in losses get the logits in ``dtype`` (float32 for half models).
-
-    Parameters
-    ----------
-    function, builtin
-        The loss and whether it is a built-in one (which takes the logits).
-    output, target
-        The model's output and the batch's target.
-    dtype
-        The dtype of the returned loss (and of the logits a built-in loss sees).
-    batch
-        How errors name the batch (``"batch 3"``).
-    check
-        Also check the labels' values against the output (one host sync): once per batch,
-        never inside the ascent.
-    """
+    """``function(output, target)`` as a 0-dim tensor of ``dtype``; a ``builtin`` loss gets the
+    logits in ``dtype``. Errors name ``batch``; ``check`` also checks the labels' values (one
+    host sync: once per batch, never inside the ascent)."""
     logits = output_tensor(output)
     if logits is not None and not (logits.is_floating_point() or logits.is_complex()):
         raise TypeError(f"{batch}: the model returned a tensor of dtype "

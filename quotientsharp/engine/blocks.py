@@ -1,37 +1,10 @@
-"""Block-wise sharpness: the best perturbation of an ascent, block by block.
+"""Block-wise sharpness: the best perturbation of an ascent, block by block (``blockwise=True``).
 
-Stage: measure (after the solver, ``blockwise=True``). It touches the geometry's norms, the
-layout's blocks and a loss callable; no solver state, no options.
-
-After the ascent of one batch has found its best perturbation ``xi`` (a tangent vector of the
-geometry, :mod:`.ball`), each block of the layout (:mod:`.coordinates`) gets
-
-- its **norm share**, ``||xi_B||^2 / sum_B' ||xi_B'||^2``: the squared norm of the block's part
-  of ``xi`` in the measure's own metric over the sum of all blocks' (the metric of every
-  geometry here is block-diagonal over these blocks, so the sum is ``||xi||^2`` and the shares
-  add up to 1). For an L-infinity box, whose norm is a maximum, the share is that of the
-  squared scaled norm ``||xi_B / c||_2^2``;
-- its **loss change**, ``L(gamma_{xi_B}(1)) - L(theta)``: the loss when only the block's part
-  ``xi_B`` of the best perturbation is applied (every other entry of ``xi`` set to zero) along
-  the geometry's own path, so that for geodesic sharpness a head pair follows its geodesic and
-  everything else stays at ``theta``.
-
-The blocks (:class:`Block`): each parameter by name for worst-case and adaptive sharpness; for
-geodesic sharpness each attention head pair (module, kind, head), each diagonal pair, each
-:class:`~quotientsharp.models.QuotientBinding` as a whole, and each other parameter.
-
-Cost. The norm shares are a few reductions. The loss changes take one forward (no backward,
-under ``torch.no_grad``) per block whose part of ``xi`` is not zero, one after the other, so the
-memory is that of one evaluation; blocks with a zero part (a parameter with ``w = 0`` under the
-adaptive metric) get exactly ``0`` without a forward. For ``K`` blocks that is ``K`` forwards per
-batch, against about ``3 (n_iter + 1)`` forward-equivalents of the ascent itself (a BERT with
-``L`` layers of ``H`` heads has ``2 L H`` head pairs, plus its other parameters).
-
-The figure: :func:`plot_blocks` draws, for one or several results measured with
-``blockwise=True``, a horizontal bar chart of the loss change per block (mean over batches),
-largest first, each bar labelled with the block's norm share. It reads
-:class:`~.result.SharpnessResult` only. matplotlib is optional (``pip install
-'quotientsharp[plot]'``); its Agg canvas is used directly, so no global backend is switched.
+Each block of the layout (:class:`Block`: a parameter, an attention head pair, a diagonal pair,
+a binding) gets its **norm share** ``||xi_B||^2 / ||xi||^2`` in the measure's metric (which is
+block-diagonal over the blocks) and its **loss change** ``L(gamma_{xi_B}(1)) - L(theta)``, one
+forward per block with a nonzero part. Also here: the :class:`Locality` of the best
+perturbation, and :func:`plot_blocks`, the figure (matplotlib's Agg canvas, no global backend).
 """
 
 from __future__ import annotations
@@ -136,31 +109,22 @@ def restrict(xi: Sequence[torch.Tensor], block: Block) -> Tensors:
     return tuple(parts)
 
 
-def _factor_parts(geometry: GeodesicBall, xi: Tensors) -> tuple[list[Any], list[Tensors],
-                                                                 list[int], list[int]]:
-    """The frozen point, part of ``xi``, folded dimensions and first flat position of every
-    factor of the geometry (a geometry that is not a product is one factor)."""
+def _factor_parts(geometry: GeodesicBall, xi: Tensors
+                  ) -> tuple[list[Any], list[Tensors], list[int]]:
+    """The frozen point, part of ``xi`` and first flat position of every factor of the
+    geometry (a geometry that is not a product is one factor)."""
     frozen = geometry.frozen
     if not isinstance(frozen, ProductPoint):
-        return [frozen], [xi], [0], [0]
-    factors = frozen.factors
+        return [frozen], [xi], [0]
     parts = frozen.split(xi)
-    offsets, start = [], 0
-    for part in parts:
-        offsets.append(start)
-        start += len(part)
-    return list(factors), parts, list(frozen.folded), offsets
+    offsets = [sum(len(p) for p in parts[:i]) for i in range(len(parts))]
+    return list(frozen.factors), parts, offsets
 
 
 def block_squared_norms(geometry: GeodesicBall | BoxGeometry, blocks: Sequence[Block],
                         xi: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``||xi_B||^2`` of every block in the geometry's metric, ``shape=[K]`` (on the device).
-
-    A head of a bucket of heads is read off the factor's per-head squared norms, a parameter
-    of the adaptive factor from ``1 / c``; any other block is the factor's squared norm of
-    :func:`restrict` (exact, since every metric here is block-diagonal over the blocks). For a
-    box, ``||xi_B / c||_2^2``.
-    """
+    """``||xi_B||^2`` of every block in the geometry's metric (a box's: ``||xi_B / c||_2^2``),
+    ``shape=[K]``; exact, since every metric here is block-diagonal over the blocks."""
     xi = tuple(xi)
     squares: list[torch.Tensor] = []
     if isinstance(geometry, BoxGeometry):
@@ -168,7 +132,7 @@ def block_squared_norms(geometry: GeodesicBall | BoxGeometry, blocks: Sequence[B
             terms = [(xi[i] * geometry._inv_scale[i]).square().sum() for i in block.tensors]
             squares.append(torch.stack(terms).sum())
         return torch.stack(squares)
-    frozen, parts, folded, offsets = _factor_parts(geometry, xi)
+    frozen, parts, offsets = _factor_parts(geometry, xi)
     per_entry: dict[int, torch.Tensor] = {}
     for block in blocks:
         factor = frozen[block.factor]
@@ -189,26 +153,6 @@ def block_squared_norms(geometry: GeodesicBall | BoxGeometry, blocks: Sequence[B
                                              offsets[block.factor] + len(part)]
             squares.append(factor.squared_norm(restricted).sum())
     return torch.stack(squares)
-
-
-def block_loss_changes(loss_at: Callable[[Tensors], torch.Tensor],
-                       geometry: GeodesicBall | BoxGeometry, blocks: Sequence[Block],
-                       xi: Sequence[torch.Tensor], clean: torch.Tensor,
-                       squared_norms: Sequence[float]) -> torch.Tensor:
-    """``L(gamma_{xi_B}(1)) - L(theta)`` of every block, ``shape=[K]``.
-
-    ``loss_at(point)`` is the loss at a point of the geometry (``geometry.point``'s output).
-    One forward per block with ``squared_norms > 0``, one block at a time, without gradients;
-    blocks with a zero part get exactly ``0``.
-    """
-    changes = []
-    with torch.no_grad():
-        for block, square in zip(blocks, squared_norms, strict=True):
-            if square > 0:
-                changes.append(loss_at(geometry.point(restrict(xi, block))) - clean)
-            else:
-                changes.append(torch.zeros_like(clean))
-    return torch.stack(changes)
 
 
 def blockwise(loss_at: Callable[[Tensors], torch.Tensor], geometry: GeodesicBall | BoxGeometry,
@@ -236,11 +180,17 @@ def blockwise(loss_at: Callable[[Tensors], torch.Tensor], geometry: GeodesicBall
     """
     blocks = list(blocks)
     squares = block_squared_norms(geometry, blocks, xi)
-    changes = block_loss_changes(loss_at, geometry, blocks, xi, clean, squares.tolist())
-    return BlockOutcome(blocks, squares, changes)
+    changes = []
+    with torch.no_grad():
+        # one forward per block, one at a time; a block with a zero part changes nothing
+        for block, square in zip(blocks, squares.tolist(), strict=True):
+            if square > 0:
+                changes.append(loss_at(geometry.point(restrict(xi, block))) - clean)
+            else:
+                changes.append(torch.zeros_like(clean))
+    return BlockOutcome(blocks, squares, torch.stack(changes))
 
 
-# ---------------------------------------------------------------------------- locality
 #: A ball is *local* at its best perturbation when no parameter tensor moves by more than its
 #: own norm and, on every curved symmetry factor, the path's second-order term is at most half
 #: its first-order term (``docs/sharpness.md``, "Locality").
@@ -250,28 +200,12 @@ LOCAL_SECOND_ORDER = 0.5
 
 @dataclass(frozen=True)
 class Locality:
-    """How far the best perturbation of one batch moved the model, and how curved its path is.
-
-    Attributes
-    ----------
-    displacement
-        Largest ``||theta'_t - theta_t|| / ||theta_t||`` over the parameter tensors ``t``
-        (``theta'`` the perturbed parameters; tensors with ``theta_t = 0`` left out).
-    parameter
-        The tensor of :attr:`displacement`.
-    factor_displacement
-        Geodesic measures: largest ``||x'_f - x_f|| / ||x_f||`` over the tensors of the
-        symmetry factors (per attention head: ``G`` and ``H`` of each pair), ``None`` without
-        a symmetry factor.
-    factor
-        The block of :attr:`factor_displacement` (``"... head 3"``, a binding's name).
-    second_order
-        Geodesic measures: largest ``||Gamma(xi, xi) / 2|| / ||xi||`` (Frobenius norms) over the
-        tensors of the curved symmetry factors, the size of the path's second-order term
-        against its first; ``None`` without a curved factor (order 1, no symmetry).
-    second_order_factor
-        The block of :attr:`second_order`.
-    """
+    """How far the best perturbation of one batch moved the model (``docs/sharpness.md``,
+    "Locality"): the largest ``||theta'_t - theta_t|| / ||theta_t||`` over the parameter tensors
+    (``displacement``, of ``parameter``); for geodesic measures the largest ``||x'_f - x_f|| /
+    ||x_f||`` over the symmetry factors' tensors (``factor_displacement``, of the block
+    ``factor``) and the largest ``||Gamma(xi, xi) / 2|| / ||xi||`` over the curved factors'
+    (``second_order``, of ``second_order_factor``); ``None`` where there is no such factor."""
 
     displacement: float
     parameter: str
@@ -321,13 +255,8 @@ def _worst(ratios: list[tuple[torch.Tensor, list[str]]]) -> tuple[float | None, 
 
 def locality(geometry: GeodesicBall | BoxGeometry, coordinates: Any, blocks: Sequence[Block],
              theta: dict[str, torch.Tensor], xi: Sequence[torch.Tensor]) -> Locality:
-    """The :class:`Locality` of the best perturbation ``xi`` (a tangent vector of ``geometry``).
-
-    ``coordinates`` maps a point of the geometry to parameters by name (``updates``),
-    ``blocks`` names the folded entries (``coordinates.blocks()``), ``theta`` holds the
-    unperturbed parameters in the geometry's dtype. One path evaluation and, for curved
-    factors, one Christoffel contraction: no forward.
-    """
+    """The :class:`Locality` of the best perturbation ``xi``: one path evaluation and, for
+    curved factors, one Christoffel contraction (no forward); ``theta`` in the geometry's dtype."""
     xi = tuple(xi)
     with torch.no_grad():
         point = geometry.point(xi)
@@ -349,7 +278,7 @@ def locality(geometry: GeodesicBall | BoxGeometry, coordinates: Any, blocks: Seq
 def _factor_locality(geometry: GeodesicBall, blocks: Sequence[Block], xi: Tensors,
                      point: Tensors) -> dict[str, Any]:
     """Displacement and second-order ratio of the symmetry factors (not the adaptive one)."""
-    frozen, parts, _, _ = _factor_parts(geometry, xi)
+    frozen, parts, _ = _factor_parts(geometry, xi)
     moved = _factor_parts(geometry, point)[1]
     orders = (list(geometry.order) if isinstance(geometry.order, (list, tuple))
               else [geometry.order] * len(frozen))
@@ -374,7 +303,6 @@ def _factor_locality(geometry: GeodesicBall, blocks: Sequence[Block], xi: Tensor
             "second_order_factor": second_label}
 
 
-# ---------------------------------------------------------------------------- figure
 #: Bar colour per block kind.
 BLOCK_COLOURS = {"head": "#1f77b4", "diagonal": "#2ca02c", "binding": "#9467bd",
                  "parameter": "#7f7f7f"}

@@ -1,26 +1,11 @@
-"""The layout stage of the engine: a model's parameters as the factors of a product quotient.
+"""Layout stage: a model's parameters as the factors of a product quotient.
 
-Stage: discovery/layout. It touches the functional model's parameters (read-only) and the
-layout or bindings of the models layer; the geometry stage (:mod:`.geometry`) builds on its
-factors. No batch, no solver.
-
-Each class here turns the model's parameters ``theta`` into a list of :class:`Factor` (a
-quotient and its base point) and maps a point of the product back to parameters by name:
-
-- :class:`PlainCoordinates`: every perturbed parameter in one trivial-group factor
-  (:class:`~quotientsharp.core.adaptive.AdaptiveQuotient`): worst-case, adaptive and average
-  sharpness, and geodesic sharpness without symmetries;
-- :class:`LayoutCoordinates`: the discovered symmetries of a
-  :class:`~quotientsharp.models.ParameterLayout`: one :class:`~quotientsharp.GLQuotient` factor
-  per bucket of attention heads (the heads folded into the point; a
-  :class:`~quotientsharp.core.gl.RotaryQuotient` for a bucket of rotary query/key pairs), one
-  :class:`~quotientsharp.DiagonalQuotient` factor, and the remaining parameters;
-- :class:`BoundCoordinates`: quotients a user attached with
-  :class:`~quotientsharp.models.QuotientBinding`, and the remaining parameters.
-
-Each also lists its :class:`~.blocks.Block` s (``blocks()``), the parts of a perturbation that
-block-wise sharpness reports on (:mod:`.blocks`): every parameter; every attention head pair,
-diagonal pair and binding.
+Each class turns ``theta`` into a list of :class:`Factor` (a quotient and its base point), maps a
+point of the product back to parameters by name (``updates``) and lists its
+:class:`~.blocks.Block` s: :class:`PlainCoordinates` (one trivial-group factor),
+:class:`LayoutCoordinates` (the discovered symmetries of a
+:class:`~quotientsharp.models.ParameterLayout`) and :class:`BoundCoordinates` (the quotients of
+:class:`~quotientsharp.models.QuotientBinding` s), each with the remaining parameters.
 """
 
 from __future__ import annotations
@@ -74,12 +59,8 @@ class Factor:
 
 
 def pair_quotient(metric: str, eps: float, pairs: Sequence[Any]) -> GLQuotient:
-    """The quotient of one bucket of attention pairs (all of one shape and group).
-
-    ``GLQuotient(metric, eps)``, or for rotary query/key pairs (``pair.rotary`` is
-    ``(rotary_dims, layout)``) the quotient by the rotations' centraliser,
-    ``RotaryQuotient(metric, eps, head_dim=h, rotary_dims=..., layout=...)``.
-    """
+    """The quotient of one bucket of attention pairs: ``GLQuotient``, or ``RotaryQuotient``
+    for rotary query/key pairs (``pair.rotary`` is ``(rotary_dims, layout)``)."""
     rotary = getattr(pairs[0], "rotary", None) if pairs else None
     if rotary is None:
         return GLQuotient(metric, eps)

@@ -1,36 +1,12 @@
 """Determinism of a measurement: the caller's global random state, and a forward that draws.
 
-Stage: functional model (around the whole call, after the first batch's clean evaluation and
-after every batch's ascent).
-
-A sharpness value is a maximum (or a mean) of loss differences: a forward that draws random
-numbers (``F.dropout(x, training=True)``, ``torch.rand`` in ``forward``) makes every one of
-them noise, and the value changes from run to run without a warning. :func:`check_deterministic`
-detects it by the states of the generators a forward can draw from, compared before and after:
-
-- the global ones: torch's CPU generator and every initialised CUDA one, Python's ``random``,
-  NumPy's legacy global generator (``np.random.rand``, ``np.random.seed``);
-- the generators the model owns (:func:`owned_generators`): every attribute of one of its
-  modules that is a ``torch.Generator``, a ``numpy.random.Generator`` (``default_rng``) or a
-  ``numpy.random.RandomState``.
-
-It runs after batch 0's clean evaluation and after each batch's whole ascent (every forward of
-it): reading the states costs about 10 microseconds per generator plus a walk over the modules'
-attributes (measured: under 1 ms for a BERT-base-sized module tree), against at least one
-forward and backward per batch, so every batch is checked.
-
-What it does not see: a generator that is neither global nor an attribute of a module (a
-``default_rng()`` made inside ``forward``, one in a closure, a list or a dict, a module-level
-variable of the user's code, ``secrets`` or ``os.urandom``), draws on the CUDA generator of a
-device CUDA had not initialised before the call, and randomness that draws from no generator
-(a race in a custom kernel, nondeterministic atomics of CUDA reductions, which change values
-by rounding).
-
-:func:`kept_global_random_state` makes :func:`~.api.sharpness` leave the caller's global
-random state (torch's CPU generator, the CUDA generators where CUDA is initialised, Python's
-``random`` and NumPy's legacy global generator) as it found it, whether the call returns or
-raises: the engine draws from its own seeded generator only, but a user's forward or loss may
-draw from the global ones.
+A forward that draws random numbers makes every loss difference noise. :func:`check_deterministic`
+compares, before and after batch 0's clean evaluation and every batch's ascent, the states of
+the generators a forward can draw from: torch's (CPU, initialised CUDA), Python's ``random``,
+NumPy's legacy global one, and those the model's modules hold as attributes
+(:func:`owned_generators`). It does not see other generators (made inside ``forward``, in a
+closure, ``os.urandom``) nor randomness without one (nondeterministic kernels).
+:func:`kept_global_random_state` leaves the caller's global random state as it found it.
 """
 
 from __future__ import annotations
@@ -41,6 +17,7 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
+import numpy
 import torch
 from torch import nn
 
@@ -63,38 +40,23 @@ def global_torch_states() -> list[torch.Tensor]:
     return states
 
 
-def _set_torch_states(states: list[torch.Tensor]) -> None:
-    torch.set_rng_state(states[0])
-    if len(states) > 1:
-        torch.cuda.set_rng_state_all(states[1:])
-
-
 @contextlib.contextmanager
 def kept_global_random_state() -> Iterator[None]:
     """The caller's global random state restored on leaving the block (module docstring),
     whether it returns or raises."""
     torch_states = global_torch_states()
     python_state = random.getstate()
-    numpy_state = _numpy_state()
+    numpy_state = numpy.random.get_state()  # noqa: NPY002 (the caller's legacy global one)
     try:
         yield
     finally:
         # CUDA may have been initialised inside: only the generators that existed before are
         # restored (a new one's state is then the caller's first use of it anyway)
-        _set_torch_states(torch_states)
+        torch.set_rng_state(torch_states[0])
+        if len(torch_states) > 1:
+            torch.cuda.set_rng_state_all(torch_states[1:])
         random.setstate(python_state)
-        if numpy_state is not None:
-            import numpy
-
-            numpy.random.set_state(numpy_state)  # noqa: NPY002 (the caller's own)
-
-
-def _numpy_state() -> Any:
-    try:
-        import numpy
-    except ImportError:  # pragma: no cover - numpy is a dependency
-        return None
-    return numpy.random.get_state()  # noqa: NPY002 (the legacy global one is the caller's)
+        numpy.random.set_state(numpy_state)  # noqa: NPY002 (the caller's own)
 
 
 def owned_generators(model: nn.Module | None) -> list[tuple[str, Any]]:
@@ -103,12 +65,7 @@ def owned_generators(model: nn.Module | None) -> list[tuple[str, Any]]:
     ``numpy.random.Generator`` or a ``numpy.random.RandomState`` (each generator once)."""
     if model is None:
         return []
-    try:
-        import numpy
-        kinds: tuple[type, ...] = (torch.Generator, numpy.random.Generator,
-                                   numpy.random.RandomState)
-    except ImportError:  # pragma: no cover - numpy is a dependency
-        kinds = (torch.Generator,)
+    kinds = (torch.Generator, numpy.random.Generator, numpy.random.RandomState)
     found: dict[int, tuple[str, Any]] = {}
     for prefix, module in model.named_modules():
         for attribute, value in vars(module).items():
@@ -118,35 +75,29 @@ def owned_generators(model: nn.Module | None) -> list[tuple[str, Any]]:
 
 
 def _state_of(generator: Any) -> Any:
-    if isinstance(generator, torch.Generator):
-        return generator.get_state()
-    if hasattr(generator, "bit_generator"):     # numpy.random.Generator
+    if isinstance(generator, numpy.random.Generator):
         return copy.deepcopy(generator.bit_generator.state)
-    return generator.get_state()                # numpy.random.RandomState
+    return generator.get_state()                # a torch.Generator or a RandomState
 
 
 def _restore(generator: Any, state: Any) -> None:
-    if isinstance(generator, torch.Generator):
-        generator.set_state(state)
-    elif hasattr(generator, "bit_generator"):
+    if isinstance(generator, numpy.random.Generator):
         generator.bit_generator.state = state
     else:
         generator.set_state(state)
 
 
 def _same_state(a: Any, b: Any) -> bool:
+    """Equality of two generator states: tensors, and lists, tuples and dicts of numbers and
+    arrays (a RandomState's is ``(name, keys, pos, has_gauss, cached_gaussian)``)."""
     if isinstance(a, torch.Tensor):
         return torch.equal(a, b)
-    if isinstance(a, tuple):                    # RandomState: (name, keys, pos, gauss, cached)
-        return _numpy_states_equal(a, b)
-    return _nested_equal(a, b)
-
-
-def _nested_equal(a: Any, b: Any) -> bool:
-    """Equality of bit-generator states (dicts of ints and arrays)."""
     if isinstance(a, dict):
         return (isinstance(b, dict) and a.keys() == b.keys()
-                and all(_nested_equal(a[k], b[k]) for k in a))
+                and all(_same_state(a[k], b[k]) for k in a))
+    if isinstance(a, (list, tuple)):
+        return (isinstance(b, (list, tuple)) and len(a) == len(b)
+                and all(_same_state(x, y) for x, y in zip(a, b, strict=True)))
     if hasattr(a, "shape"):
         return bool((a == b).all())
     return bool(a == b)
@@ -159,48 +110,24 @@ def global_states(model: nn.Module | None = None
     (:func:`owned_generators`)."""
     owned = [(where, generator, _state_of(generator))
              for where, generator in owned_generators(model)]
-    return global_torch_states(), random.getstate(), _numpy_state(), owned
-
-
-def _numpy_states_equal(a: Any, b: Any) -> bool:
-    if a is None or b is None:
-        return a is b
-    # ("MT19937", keys array, position, has_gauss, cached_gaussian)
-    return (a[0] == b[0] and bool((a[1] == b[1]).all()) and a[2:] == b[2:])
+    return (global_torch_states(), random.getstate(),
+            numpy.random.get_state(), owned)  # noqa: NPY002 (the caller's legacy global one)
 
 
 def check_deterministic(before: tuple[list[torch.Tensor], Any, Any, list[OwnedState]],
                         batch: Batch, what: str = "its clean evaluation") -> None:
-    """Raise :class:`NondeterministicForwardError` if the evaluations just made drew from a
-    global random generator or from one the model owns.
-
-    Parameters
-    ----------
-    before
-        :func:`global_states` (of the model) taken just before the evaluations.
-    batch
-        The batch, named in the message.
-    what
-        The evaluations, named in the message (``"its clean evaluation"``, ``"its ascent"``).
-
-    Notes
-    -----
-    A draw is detected by the generators' states, not by evaluating the loss twice: no extra
-    forward, and a user's loss that counts its calls sees the same sequence as before. A
-    generator the model owns that drew is set back to its state before, so that the refused
-    call leaves the model's random state as it found it.
-    """
+    """Raise :class:`NondeterministicForwardError`, naming ``batch`` and ``what`` ran, if the
+    evaluations since ``before`` (:func:`global_states`) drew from a generator; one the model
+    owns is set back first. States, not a second forward: a loss that counts its calls sees
+    the same sequence."""
     torch_before, python_before, numpy_before, owned_before = before
-    torch_after, python_after, numpy_after = (global_torch_states(), random.getstate(),
-                                              _numpy_state())
     drawn = []
-    if len(torch_after) != len(torch_before) or any(
-            not torch.equal(a, b) for a, b in zip(torch_before, torch_after, strict=False)):
+    if not _same_state(torch_before, global_torch_states()):
         drawn.append("torch's global generator (e.g. F.dropout(..., training=True), torch.rand "
                      "or torch.randn_like in forward)")
-    if python_after != python_before:
+    if random.getstate() != python_before:
         drawn.append("Python's random module")
-    if not _numpy_states_equal(numpy_before, numpy_after):
+    if not _same_state(numpy_before, numpy.random.get_state()):  # noqa: NPY002
         drawn.append("NumPy's global generator")
     for where, generator, state in owned_before:
         if not _same_state(state, _state_of(generator)):

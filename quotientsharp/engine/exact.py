@@ -1,22 +1,10 @@
-"""Exact maximisers where the maximum is known: the trust-region subproblem.
+"""Exact maximisers where the maximum is known: the trust-region subproblem (Moré & Sorensen
+1983), the reference against which the solver's gap is measured in the tests.
 
-Stage: solver (a reference for it, used by the tests and the solver-quality checks). It
-touches matrices and vectors only.
-
-For a quadratic loss ``L(theta + d) - L(theta) = g^T d + d^T A d / 2`` the worst case over an
-L2 ball, or over the ball of a diagonal metric ``||d / c||_2 <= rho`` (adaptive sharpness, with
-``c = |theta|``), is the trust-region subproblem. Its global maximum is known exactly (Moré &
-Sorensen 1983): with ``M = C A C``, ``h = C g`` (``C = diag(c)``) and ``d = C e``,
-
-    ``e = (mu I - M)^{-1} h``,  ``mu >= max(0, lambda_max(M))``,  ``||e|| <= rho``,
-    ``mu (rho - ||e||) = 0``,
-
-so ``mu`` is the root of the decreasing secular function ``||e(mu)|| = rho`` (found by bisection
-in float64), or ``mu = 0`` when the unconstrained maximiser of a concave ``M`` lies inside the
-ball, or ``mu = lambda_max`` in the *hard case* (``h`` orthogonal to the top eigenvectors), where
-a multiple of a top eigenvector fills the ball. :func:`trust_region_maximum` returns the value
-and the maximiser: the reference against which the solver's gap is measured in the tests, and a
-check for any other ascent (``docs/sharpness.md``).
+For ``g^T d + d^T A d / 2`` over ``||d / c||_2 <= rho``, with ``M = C A C``, ``h = C g``,
+``d = C e``: ``e = (mu I - M)^{-1} h`` with ``mu >= max(0, lambda_max(M))`` the root of
+``||e(mu)|| = rho`` (bisection in float64), or ``mu = 0`` for an interior maximum of a concave
+``M``, or ``mu = lambda_max`` in the *hard case*, where a top eigenvector fills the ball.
 """
 
 from __future__ import annotations

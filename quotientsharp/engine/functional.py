@@ -1,18 +1,9 @@
-"""The model stage of the engine: the loss of a model at given parameters, never touching it.
-
-Stage: functional model (built once per call, after validation). It touches the user's module
-(read-only: its parameters and buffers are cloned once) and the batches; no geometry, no solver.
+"""Model stage: the loss of a model at given parameters, never touching it.
 
 :class:`FunctionalModel` evaluates ``L(theta')`` by :func:`torch.func.functional_call` on
-perturbed clones: the model's own parameters and buffers are never handed to its forward.
-
-Which embedding table an out-of-range index reached, and through which input: torch's message
-for an index outside an embedding table ("IndexError: index out of range in self") names
-neither the table nor the input, which leaves the user of a model with several tables (word,
-token-type and position embeddings in BERT) guessing. After such a failure,
-:func:`out_of_range_lookup` runs the failed forward once more with a check on every
-``nn.Embedding`` and ``nn.EmbeddingBag`` and names the first table whose indices leave its rows,
-and the batch input that holds them. Only the failure path pays for it.
+perturbed clones. After an index error in a batch's forward, :func:`out_of_range_lookup` runs
+it again with a check on every embedding and names the table and the input (torch's message
+names neither).
 """
 
 from __future__ import annotations
@@ -39,12 +30,8 @@ from quotientsharp.engine.touched_rows import (
 
 
 class _DenseGradient(torch.autograd.Function):
-    """The identity (a copy) whose backward turns a sparse gradient into a dense one.
-
-    ``nn.Embedding(sparse=True)`` hands its weight a sparse COO gradient; the geometry and the
-    solver run dense elementwise and ``_foreach`` operations that have no sparse kernel. The
-    copy (not a view) lets the forward write to its input as with any other parameter.
-    """
+    """The identity (a copy) whose backward makes a sparse gradient dense: the solver's
+    ``_foreach`` operations have no sparse kernel (``nn.Embedding(sparse=True)``)."""
 
     @staticmethod
     def forward(ctx: object, tensor: torch.Tensor) -> torch.Tensor:  # noqa: D102
@@ -53,21 +40,6 @@ class _DenseGradient(torch.autograd.Function):
     @staticmethod
     def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:  # noqa: D102
         return grad.to_dense() if grad.layout != torch.strided else grad
-
-
-def sparse_gradient_weights(model: nn.Module) -> set[str]:
-    """Names of the parameters that are the weight of an ``nn.Embedding(sparse=True)`` (or an
-    ``nn.EmbeddingBag(sparse=True)``): their gradient comes sparse from the forward."""
-    names: set[str] = set()
-    for module_name, module in model.named_modules(remove_duplicate=False):
-        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse:
-            names.add(f"{module_name}.weight" if module_name else "weight")
-    return names
-
-
-def default_geometry_dtype(dtypes: Sequence[torch.dtype]) -> torch.dtype:
-    """float64 if any parameter is float64, else float32 (half and bfloat16 models included)."""
-    return torch.float64 if torch.float64 in dtypes else torch.float32
 
 
 class FunctionalModel:
@@ -117,15 +89,14 @@ class FunctionalModel:
             raise ValueError("the model's parameters are on several devices "
                              f"{sorted(map(str, devices))}")
         self.device = devices.pop()
-        # ``theta`` shares the model's storage and is only ever read by this package. The
-        # forward never receives it: perturbed parameters are new tensors (base + xi) and the
-        # ones passed unperturbed get a private clone (``_unperturbed``), so whatever the forward
-        # does to its inputs the model's own tensors stay intact, without a copy of the model.
+        # ``theta`` shares the model's storage and never reaches the forward (which may write
+        # to its inputs): it gets new tensors, or private clones (``_unperturbed``)
         self.theta = {n: p.detach() for n, p in named.items()}
         self._clones: dict[str, torch.Tensor] = {}
         self.buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+        wide = torch.float64 in [self.dtypes[n] for n in self.trainable]
         self.dtype = (geometry_dtype if geometry_dtype is not None
-                      else default_geometry_dtype([self.dtypes[n] for n in self.trainable]))
+                      else torch.float64 if wide else torch.float32)
         self.theta_geometry = {n: self.theta[n].to(self.dtype) for n in self.trainable}
         floating = {t.dtype for t in [*named.values(), *self.buffers.values()]
                     if t.is_floating_point()}
@@ -135,7 +106,11 @@ class FunctionalModel:
         #: (:mod:`.touched_rows`)
         self.tables = embedding_tables(model, self.trainable)
         #: weights of sparse embeddings: their gradient is made dense where it leaves the forward
-        self.sparse_gradients = sparse_gradient_weights(model) & set(self.trainable)
+        self.sparse_gradients = {
+            f"{name}.weight" if name else "weight"
+            for name, module in model.named_modules(remove_duplicate=False)
+            if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse
+        } & set(self.trainable)
         self._checking = False
         self._recorder: TableRecorder | None = None
 
@@ -209,9 +184,8 @@ class FunctionalModel:
 
     @staticmethod
     def _check_attention_mask(batch: Batch) -> None:
-        """An ``attention_mask`` must have the shape of ``input_ids``: transformers drops an
-        all-ones mask of another shape without a word (and a value measured with it would
-        silently stand for another mask)."""
+        """An ``attention_mask`` must have the shape of ``input_ids`` (transformers silently drops
+        an all-ones mask of another shape)."""
         mask, ids = batch.kwargs.get("attention_mask"), batch.kwargs.get("input_ids")
         if (isinstance(mask, torch.Tensor) and isinstance(ids, torch.Tensor)
                 and mask.shape != ids.shape):
@@ -256,9 +230,8 @@ class FunctionalModel:
         return loss
 
     def _checked_forward(self, params: dict[str, torch.Tensor], batch: Batch) -> object:
-        """The forward of a batch's clean evaluation, its raw torch errors (wrong input shape
-        or dtype, an index out of range) turned into a ``ValueError`` naming the batch and its
-        inputs' shapes and dtypes."""
+        """The forward of a batch's clean evaluation, its raw torch errors turned into a
+        ``ValueError`` naming the batch and its inputs' shapes and dtypes."""
         try:
             return torch.func.functional_call(self.model, (params, self.buffers), batch.args,
                                               batch.kwargs)
@@ -322,9 +295,7 @@ def _input_tensors(batch: Batch) -> list[tuple[str, torch.Tensor]]:
 
 
 def clean_loss_cause(batch: Batch, model: FunctionalModel | None = None) -> str:
-    """Why the loss at the unperturbed parameters is not finite: the first cause found among an
-    empty batch, labels all ``-100``, a non-finite target or input, a NaN buffer; else the
-    forward itself (an overflow)."""
+    """Why the loss at the unperturbed parameters is not finite: the first cause found."""
     target = batch.target
     if isinstance(target, torch.Tensor):
         if target.numel() == 0:
@@ -366,14 +337,12 @@ def checked_clean_loss(loss: torch.Tensor, index: int, batch: Batch | None = Non
     return loss
 
 
-# ---------------------------------------------------------------------------- out-of-range lookups
 class _Found(Exception):
     """Raised from inside the forward at the first out-of-range lookup, to stop it there."""
 
 
 def _source(ids: torch.Tensor, inputs: Sequence[tuple[str, torch.Tensor]]) -> str:
-    """The batch input that is ``ids`` (the same tensor, or one equal to it), else a phrase
-    saying the forward computed the indices itself."""
+    """The batch input that is (or equals) ``ids``."""
     for name, tensor in inputs:
         if tensor is ids:
             return name
@@ -386,19 +355,9 @@ def _source(ids: torch.Tensor, inputs: Sequence[tuple[str, torch.Tensor]]) -> st
 
 def out_of_range_lookup(model: nn.Module, forward: Callable[[], object],
                         inputs: Sequence[tuple[str, torch.Tensor]]) -> str | None:
-    """Run ``forward`` (the failed call, again) and describe its first embedding lookup outside
-    the table's rows: the table's module name, its row count, the offending index and the input
-    holding it. ``None`` when no lookup leaves its table (the failure lies elsewhere).
-
-    Parameters
-    ----------
-    model
-        The network whose ``nn.Embedding``/``nn.EmbeddingBag`` modules are checked.
-    forward
-        The failed forward, called once more (no gradient is taken).
-    inputs
-        The batch's tensors by name (``"input 0"``, ``"input_ids"``, ...), to name the source.
-    """
+    """Run the failed ``forward`` again and describe its first embedding lookup outside the
+    table's rows (the table, its rows, the index and which of the named ``inputs`` holds it);
+    ``None`` when no lookup leaves its table."""
     found: list[str] = []
 
     def check(name: str, rows: int) -> Callable[[nn.Module, tuple[object, ...]], None]:

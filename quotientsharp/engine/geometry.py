@@ -1,31 +1,11 @@
-"""The geometry stage of the engine: the space an ascent runs in, built once per call.
+"""Geometry stage: the space an ascent runs in, built once per call before the batch loop.
 
-Stage: geometry (run once per call, before the batch loop; restricted per batch). It touches
-the layout's factors, the quotient classes of :mod:`quotientsharp.core`, and the functional
-model only through its loss and its parameter tables; it holds no solver state and no measure
-options.
-
-:func:`build_geometry` takes the :class:`~.coordinates.Factor` list of a layout, forms the
-:class:`~quotientsharp.core.product.ProductQuotient` of their quotients, freezes it at ``theta``
-(every factorisation that depends on ``theta`` alone is done here, once) and returns the
-:class:`~.ball.GeodesicBall` of radius ``rho`` that the solver maximises over. Every operation
-the ascent runs is a method of the quotient classes, the same code that
-:func:`quotientsharp.core.checks.check_all` verifies against autograd. The metric of the
-product is the sum of the factors' metrics, so squared norms add; the path from ``theta`` is
-each factor's geodesic at the requested order (a straight line for factors that are not
-``curved``).
-
-An :class:`AscentSpace` pairs the feasible set (:class:`~.ball.GeodesicBall` or
-:class:`~.ball.BoxGeometry`) with the coordinates that map its points to parameters (the
-layout stage, :mod:`.coordinates`). A :class:`GeometryPlan` says how to build it:
-:class:`PlainGeometry` (worst case: an L2 ball or an L-infinity box) or
-:class:`GeodesicGeometry` (the product quotient of the symmetries). The plan is built once,
-before the batch loop, as soon as the first batch has told which parameters receive no
-gradient (``excluded``).
-
-The one step that depends on the batch is explicit: :meth:`AscentSpace.on_touched_rows`, the
-same space for a batch that looks up only some rows of the embedding tables
-(:mod:`.touched_rows`).
+:func:`build_geometry` forms the :class:`~quotientsharp.core.product.ProductQuotient` of a
+layout's :class:`~.coordinates.Factor` s, freezes it at ``theta`` and returns the
+:class:`~.ball.GeodesicBall` of radius ``rho``. An :class:`AscentSpace` pairs the feasible set
+with the coordinates that map its points to parameters; a plan (:class:`PlainGeometry`,
+:class:`GeodesicGeometry`) builds it once the first batch has told which parameters receive no
+gradient. Its one per-batch step is :meth:`AscentSpace.on_touched_rows` (:mod:`.touched_rows`).
 """
 
 from __future__ import annotations
@@ -34,7 +14,7 @@ import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -135,7 +115,6 @@ def build_geometry(factors: Sequence[Factor], radius: float, order: int | str = 
     return GeodesicBall(frozen, radius, orders, steps=exact_steps)
 
 
-# ---------------------------------------------------------------------------- ascent space
 Tensors = tuple[torch.Tensor, ...]
 Objective = Callable[[Tensors], tuple[torch.Tensor, Tensors]]
 #: The layout's coordinates of a full space (a touched-row space has its own).
@@ -167,16 +146,8 @@ def perturbed_objective(model: FunctionalModel, coordinates: Any, geometry: Any,
 
 @dataclass
 class AscentSpace:
-    """A feasible set and the coordinates that map its points to parameters.
-
-    Attributes
-    ----------
-    geometry
-        The ball (or box) the solver maximises over.
-    coordinates
-        ``point -> {name: parameter}`` (:mod:`.coordinates`, or :mod:`.touched_rows` for a
-        space cut to the touched rows).
-    """
+    """A feasible set (the ball or box the solver maximises over) and the coordinates that
+    map its points to parameters by name."""
 
     geometry: GeodesicBall | BoxGeometry
     coordinates: Coordinates
@@ -186,13 +157,8 @@ class AscentSpace:
         return perturbed_objective(model, self.coordinates, self.geometry, batch)
 
     def gradient_at_zero(self, gradients: Mapping[str, torch.Tensor | None]) -> Tensors:
-        """The gradient in ``xi`` at ``xi = 0`` from the gradient in the parameters.
-
-        The chain rule through the (cheap) map ``xi -> parameters``: one backward through the
-        geometry's line (the path's Jacobian at ``xi = 0``) and the layout, none through the
-        model. ``None`` gradients (parameters
-        the loss does not reach) contribute nothing.
-        """
+        """The gradient in ``xi`` at ``xi = 0`` from the gradients in the parameters (``None``:
+        nothing): the chain rule through the cheap map ``xi -> parameters``, not the model."""
         leaves = tuple(t.detach().requires_grad_(True) for t in self.geometry.zeros())
         with torch.enable_grad():
             # at xi = 0 every path has the line's Jacobian, the identity (``line``): the same
@@ -214,11 +180,8 @@ class AscentSpace:
 
     def on_touched_rows(self, model: FunctionalModel, rows: Mapping[str, torch.Tensor]
                         ) -> TouchedSpace | None:
-        """The per-batch step: this space with each table of ``rows`` cut to those rows.
-
-        ``None`` where no table can be cut (not in the diagonal-metric factor, or the
-        geometry has no row restriction).
-        """
+        """This space with each table of ``rows`` cut to those rows; ``None`` where no table can
+        be cut (not in the diagonal-metric factor, or the geometry cannot)."""
         if not isinstance(self.geometry, (GeodesicBall, BoxGeometry)):
             return None
         # first every table's slot in the diagonal-metric factor, then the cut tables
@@ -246,33 +209,9 @@ class TouchedSpace:
         """The solver's objective on ``batch``, on the rows (:func:`perturbed_objective`)."""
         return perturbed_objective(model, self.coordinates, self.geometry, batch)
 
-    def restrict(self, vectors: Sequence[torch.Tensor]) -> Tensors:
-        """Full-size tangent vectors cut to the rows."""
-        return self.coordinates.restrict(vectors)
 
-    def expand(self, vectors: Sequence[torch.Tensor]) -> Tensors:
-        """Tangent vectors on the rows at full size (zero off the rows)."""
-        return self.coordinates.expand(vectors)
-
-    def row_counts(self) -> dict[str, int]:
-        """The number of rows kept, per table."""
-        return {name: int(t.rows.numel()) for name, t in self.coordinates.tables.items()}
-
-
-class GeometryPlan(Protocol):
-    """How to build an :class:`AscentSpace` once the parameters without gradient are known."""
-
-    @property
-    def radius(self) -> float:
-        """``rho``."""
-        ...
-
-    def build(self, model: FunctionalModel, excluded: set[str]) -> AscentSpace:
-        """The space over the trainable parameters of ``model`` minus ``excluded``."""
-        ...
-
-
-def _plain_coordinates(model: FunctionalModel, excluded: set[str]) -> PlainCoordinates:
+def plain_coordinates(model: FunctionalModel, excluded: set[str]) -> PlainCoordinates:
+    """Every trainable parameter but ``excluded``, each its own coordinate."""
     names = [n for n in model.trainable if n not in excluded]
     if not names:
         raise ValueError("no parameter is left to perturb")
@@ -289,7 +228,7 @@ class PlainGeometry:
     adaptive: bool
 
     def build(self, model: FunctionalModel, excluded: set[str]) -> AscentSpace:
-        coordinates = _plain_coordinates(model, excluded)
+        coordinates = plain_coordinates(model, excluded)
         if math.isinf(self.p):
             scale = [w.abs() if self.adaptive else torch.ones_like(w) for w in coordinates.base]
             return AscentSpace(BoxGeometry(coordinates.base, scale, self.radius), coordinates)
@@ -300,13 +239,8 @@ class PlainGeometry:
 
 @dataclass(frozen=True)
 class GeodesicGeometry:
-    """The geodesic geometry over the symmetries' coordinates.
-
-    ``symmetries`` is ``None`` (every parameter in the adaptive factor), a
-    :class:`~quotientsharp.models.ParameterLayout`, or a list of
-    :class:`~quotientsharp.models.QuotientBinding`; the other fields are the options of
-    geodesic sharpness (``docs/sharpness.md``).
-    """
+    """The geodesic geometry over ``symmetries`` (``None``, a layout or a list of bindings);
+    the other fields are the options of geodesic sharpness."""
 
     radius: float
     symmetries: Any
@@ -320,7 +254,7 @@ class GeodesicGeometry:
     def build(self, model: FunctionalModel, excluded: set[str]) -> AscentSpace:
         coordinates: PlainCoordinates | LayoutCoordinates | BoundCoordinates
         if self.symmetries is None:
-            coordinates = _plain_coordinates(model, excluded)
+            coordinates = plain_coordinates(model, excluded)
         elif isinstance(self.symmetries, list):
             coordinates = BoundCoordinates(model, self.symmetries, excluded)
         else:
@@ -330,3 +264,7 @@ class GeodesicGeometry:
                                       other_path=self.other_path)
         return AscentSpace(build_geometry(factors, self.radius, self.order, self.exact_steps,
                                           finite_checked=True), coordinates)
+
+
+#: How to build an :class:`AscentSpace` once the parameters without gradient are known.
+GeometryPlan = PlainGeometry | GeodesicGeometry

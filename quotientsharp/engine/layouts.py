@@ -1,22 +1,10 @@
-"""Discovery/layout stage: the ``symmetries`` option of a geodesic measurement, normalised and
-checked.
+"""Discovery/layout stage: the ``symmetries`` option of a geodesic measurement.
 
-:func:`symmetry_layout` turns the ``symmetries`` option into what the geometry stage builds on:
-``None`` (every parameter in the adaptive factor), a
-:class:`~quotientsharp.models.ParameterLayout` (discovered by
-:func:`quotientsharp.models.find_symmetries`, or given) or a list of
-:class:`~quotientsharp.models.QuotientBinding`. It touches the model (discovery reads its
-modules) and the models layer; no geometry, no batch. What can be checked without the model,
-:func:`check_symmetries` and :func:`check_diagonal`, the typed measure checks when it is made.
-
-The caller's own bindings (:func:`user_bindings`) are checked against the model on the first
-batch, before the ascent: :func:`check_user_bindings` runs
-:func:`quotientsharp.models.symmetry_check.check_structure` (gradient through ``from_point``,
-``vertical()`` shapes, an overriding ``horizontal_projection``; always: a broken class never
-yields a number) and, unless ``check_symmetry=False``, the invariance check
-:func:`~quotientsharp.models.symmetry_check.check_bindings` with the loss of the measurement
-itself (this functional model, its loss option, its batch conventions). That check touches the
-functional model and the first batch; no geometry, no solver.
+:func:`symmetry_layout` turns it into ``None``, a :class:`~quotientsharp.models.ParameterLayout`
+or a list of :class:`~quotientsharp.models.QuotientBinding`; :func:`check_symmetries` and
+:func:`check_diagonal` check what can be checked without the model. The caller's own bindings
+are checked on the first batch (:func:`check_user_bindings`): their structure always, their
+invariance with the measurement's own loss unless ``check_symmetry=False``.
 """
 
 from __future__ import annotations
@@ -57,16 +45,8 @@ def _is_layout(symmetries: object) -> bool:
 
 
 def check_symmetries(symmetries: object) -> None:
-    """Raise unless ``symmetries`` is one of :data:`SYMMETRIES_ALLOWED` (what can be checked
-    without the model: the typed measure checks it when it is made).
-
-    Raises
-    ------
-    ValueError
-        For a string other than ``"auto"`` and ``"none"``, or an empty list.
-    TypeError
-        For a value of another type, or a list that holds anything but bindings.
-    """
+    """Raise unless ``symmetries`` is one of :data:`SYMMETRIES_ALLOWED`: a ``ValueError`` for
+    another string, a ``TypeError`` for another type or a list of anything but bindings."""
     from quotientsharp.models import SymmetryReport
     if isinstance(symmetries, str):
         if symmetries not in ("auto", "none"):
@@ -126,7 +106,6 @@ def symmetry_layout(model: nn.Module, functional: FunctionalModel, symmetries: A
     return layout, summary
 
 
-# ------------------------------------------------------------------ checks of the caller's bindings
 def user_bindings(symmetries: object) -> list[QuotientBinding]:
     """The caller's bindings in the ``symmetries`` option (empty for discovery or a layout)."""
     if isinstance(symmetries, QuotientBinding):

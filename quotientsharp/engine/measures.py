@@ -1,21 +1,10 @@
 """Measure stage: the sharpness measures, one batch at a time (``docs/sharpness.md``).
 
-A measure (:class:`Measure`) is set up once, before the batch loop, with the parameters that
-receive no gradient (an ascent measure builds its geometry there, :mod:`.geometry`), then called
-once per batch for a :class:`BatchOutcome`. A measure touches the functional model, its own
-geometry and the solver; it never reads options (the registry, :mod:`.registry`, checks and
-resolves them) and never assembles the result (:mod:`.result`).
-
-Every loss is evaluated functionally (:class:`FunctionalModel`): the model's own parameters and
-buffers are never handed to its forward; clones taken once per call stand in for them, and
-perturbed values are passed through :func:`torch.func.functional_call`.
-
-- :class:`AverageMeasure`: ``L(theta + delta) - L(theta)``, ``delta ~ N(0, rho^2 diag(c^2))``;
-- :class:`AscentMeasure`: Auto-PGD (:mod:`.solver`) over a ball (:mod:`.ball`) built by the
-  geometry stage (:mod:`.geometry`): the worst case in an L2 ball (plain or adaptive: the
-  trivial-group :class:`~quotientsharp.core.adaptive.AdaptiveQuotient`) or an L-infinity box, or
-  geodesic sharpness over the product of the layout's quotients (:mod:`.coordinates`);
-- :class:`RelativeFlatness`: Petzka et al. 2021 for one layer, from Hessian-vector products.
+A :class:`Measure` is set up once with the parameters that receive no gradient (an ascent
+measure builds its geometry there), then called once per batch for a :class:`BatchOutcome`;
+it never reads options (:mod:`.registry`) nor assembles the result (:mod:`.result`).
+:class:`AverageMeasure` draws Gaussian noise, :class:`AscentMeasure` runs Auto-PGD
+(:mod:`.solver`) over a ball or box, :class:`RelativeFlatness` takes Hessian-vector products.
 """
 
 from __future__ import annotations
@@ -39,9 +28,9 @@ from quotientsharp.engine.coordinates import BoundCoordinates, LayoutCoordinates
 from quotientsharp.engine.functional import FunctionalModel, checked_clean_loss
 from quotientsharp.engine.geometry import (
     AscentSpace,
-    Coordinates,
     GeometryPlan,
     TouchedSpace,
+    plain_coordinates,
 )
 from quotientsharp.engine.solver import (
     AscentOutcome,
@@ -57,6 +46,7 @@ from quotientsharp.engine.solver import (
 Tensors = tuple[torch.Tensor, ...]
 #: Called after every loss evaluation (a progress bar's update).
 Tick = Callable[[], object]
+
 
 class NonFiniteLossError(ValueError):
     """A perturbed loss was NaN or inf (``nonfinite="raise"``); the message names the batch,
@@ -83,9 +73,7 @@ _SKIP_HINT = ("; or pass nonfinite='skip' to keep the best over the finite evalu
 
 
 def _nonfinite(outcome: AscentOutcome, settings: AscentSettings) -> tuple[int, bool]:
-    """The number of non-finite evaluations of one ascent, and whether none of its perturbed
-    evaluations was finite (the clean loss at a start ``xi = 0`` is no perturbed value). One
-    host sync, after the ascent."""
+    """The non-finite evaluations of one ascent, and whether no perturbed one was finite."""
     if outcome.nonfinite_count is None:
         return 0, False
     count, best = torch.stack([outcome.nonfinite_count.to(outcome.loss.dtype),
@@ -101,10 +89,8 @@ def _nonfinite(outcome: AscentOutcome, settings: AscentSettings) -> tuple[int, b
 
 def _check_ascents(solves: Sequence[tuple[AscentSettings, AscentOutcome, str]], index: int,
                    model: FunctionalModel, rho: float | None, policy: str) -> int:
-    """The non-finite evaluations of one batch's solves (the measurement's ascent, and the
-    search's further chains, whose ``label`` names them). Raises under ``"raise"`` at the
-    first non-finite evaluation, and under ``"skip"`` when no solve had a finite perturbed
-    evaluation: a chain of the search that found nothing finite leaves the others' value."""
+    """The non-finite evaluations of one batch's solves (each named by its ``label``); raises
+    under ``"raise"``, and under ``"skip"`` when no solve had a finite perturbed evaluation."""
     found = [(_nonfinite(outcome, settings), settings, outcome, label)
              for settings, outcome, label in solves]
     failed = [f for f in found if f[0][0] > 0]
@@ -131,12 +117,8 @@ def _check_ascents(solves: Sequence[tuple[AscentSettings, AscentOutcome, str]], 
 
 @dataclass
 class FirstEvaluation:
-    """The loss at ``theta`` and its gradient by parameter name, as the setup computed them.
-
-    Reused by the first batch's measurement, so that the parameter check costs no extra
-    forward+backward (``None`` gradients: parameters the loss does not depend on). ``rows``:
-    the embedding rows the batch touches, by table (:mod:`.touched_rows`), where recorded.
-    """
+    """The loss at ``theta``, its gradient by parameter name (``None``: not reached) and the
+    embedding rows touched, by table: batch 0's setup evaluation, reused by its measurement."""
 
     loss: torch.Tensor
     gradients: dict[str, torch.Tensor | None]
@@ -145,15 +127,8 @@ class FirstEvaluation:
 
 @dataclass
 class BatchOutcome:
-    """One batch: sharpness, clean and perturbed loss, norms, optional displacement.
-
-    The ascent measures add the solver's convergence ``trace`` (best loss after each
-    evaluation, ``shape=[evaluations]``), the number of loss ``evaluations``, the value each
-    search chain reached and the ``reach`` estimate (``None`` with ``reach=False``), the
-    :class:`~.blocks.Locality` of the best perturbation, with ``reference_solve`` the
-    ``reference`` solve's best loss and its trace, and with ``blockwise`` the
-    :class:`~.blocks.BlockOutcome`.
-    """
+    """One batch: sharpness, clean and perturbed loss, norms, optional displacement; the
+    ascent measures add what :class:`~.result.SharpnessResult` reports per batch."""
 
     value: torch.Tensor
     clean: torch.Tensor
@@ -171,7 +146,6 @@ class BatchOutcome:
     locality: Locality | None = None
 
 
-# ---------------------------------------------------------------------------- protocol
 class Measure(Protocol):
     """What :func:`~.api.sharpness` asks of a measure, built by its registry entry.
 
@@ -200,15 +174,10 @@ class Measure(Protocol):
         ...
 
 
-# ---------------------------------------------------------------------------- measures
 class AverageMeasure:
-    """``E_delta[L(theta + delta)] - L(theta)``, ``delta ~ N(0, rho^2 diag(c^2))``.
-
-    ``c = |theta|`` with ``adaptive``, else ``1``; ``samples`` draws per batch. The reported
-    norm is the mean ``||delta / c||_2`` of the draws, the kept perturbation the last draw. A
-    draw with a NaN or inf loss raises (``nonfinite="raise"``) or is left out of the mean
-    (``"skip"``; with no finite draw the batch raises).
-    """
+    """``E_delta[L(theta + delta)] - L(theta)``, ``delta ~ N(0, rho^2 diag(c^2))``, ``c =
+    |theta|`` with ``adaptive``, else ``1``; the norm reported is the draws' mean
+    ``||delta / c||_2``, the perturbation kept the last draw."""
 
     def __init__(self, model: FunctionalModel, rho: float, adaptive: bool, samples: int,
                  generator: torch.Generator, nonfinite: str = "raise") -> None:
@@ -218,10 +187,7 @@ class AverageMeasure:
 
     def setup(self, excluded: Sequence[str]) -> None:
         warn_excluded(excluded, set())
-        names = [n for n in self.model.trainable if n not in excluded]
-        if not names:
-            raise ValueError("no parameter is left to perturb")
-        self.coordinates = PlainCoordinates(self.model, names)
+        self.coordinates = plain_coordinates(self.model, set(excluded))
         quotient = AdaptiveQuotient.of(self.coordinates.base,
                                        "adaptive" if self.adaptive else "euclidean")
         # delta ~ N(0, rho^2 diag(c^2)) is rho times the metric's isotropic Gaussian
@@ -275,50 +241,11 @@ class AverageMeasure:
 
 
 class AscentMeasure:
-    """Auto-PGD ascent in a geometry built once from ``theta`` (worst-case or geodesic).
-
-    Parameters
-    ----------
-    model
-        The functional model.
-    settings
-        Solver settings.
-    generator
-        Random starts.
-    geometry
-        How to build the space of the ascent (:class:`~.geometry.PlainGeometry`,
-        :class:`~.geometry.GeodesicGeometry`): built once, in :meth:`setup`, after the first batch
-        has told which parameters receive no gradient.
-    nonfinite
-        ``"raise"``: a NaN or inf perturbed loss raises :class:`NonFiniteLossError` after the
-        ascent; ``"skip"``: such evaluations are failed steps (see :func:`.solver.ascend`),
-        counted in the outcome.
-    reference
-        Settings of a second, stronger solve per batch (``reference_solve``), run after the
-        measurement's own with ``reference_generator``, so that the measured value does not
-        depend on it; ``None``: none.
-    reference_generator
-        Random starts of the reference solve.
-    blockwise
-        Also analyse the best perturbation block by block (:mod:`.blocks`).
-    touched_rows
-        Solve on the rows of the embedding tables that the batch touches, where that gives the
-        same value (:mod:`.touched_rows`): the solve starts at ``xi = 0`` and the tables are in
-        the diagonal-metric factor.
-    host_decisions
-        Passed to :func:`.solver.ascend`: ``False`` runs the solver's device path on the CPU
-        too (same values bit for bit).
-    compile_steps
-        Run the solver's per-iteration geometry as ``torch.compile`` graphs
-        (:meth:`.solver.CompiledSteps.shared`, reused by every batch and call): equal to
-        the eager path to rounding, its compile paid in the setup of the first batch.
-    reach
-        The search beyond the first ascent and its reach estimate
-        (:class:`~.solver.SearchSettings`, :func:`.solver.search`); ``None``: one ascent, no
-        estimate.
-    probe_generator
-        Random starts of the search's further chains (a stream of their own).
-    """
+    """Auto-PGD ascent in the space ``geometry`` builds once, in :meth:`setup` (worst case or
+    geodesic). The options are :class:`~.registry.AscentSpec`'s; ``reference_generator`` and
+    ``probe_generator`` are the reference solve's and the reach search's own random streams,
+    so that the measured value does not depend on them; ``host_decisions`` is
+    :func:`.solver.ascend`'s."""
 
     def __init__(self, model: FunctionalModel, settings: AscentSettings,
                  generator: torch.Generator, geometry: GeometryPlan, nonfinite: str = "raise",
@@ -341,7 +268,6 @@ class AscentMeasure:
         self.restricted_rows: list[dict[str, int]] = []
         self._space: AscentSpace | None = None
 
-    # ------------------------------------------------------------------ setup
     def setup(self, excluded: Sequence[str]) -> None:
         """Build the space of the ascent, once (the geometry stage, :mod:`.geometry`)."""
         self._space = self.plan.build(self.model, set(excluded))
@@ -366,11 +292,6 @@ class AscentMeasure:
         """The feasible set of the ascent (``space.geometry``)."""
         return self.space.geometry
 
-    @property
-    def coordinates(self) -> Coordinates:
-        """The layout's coordinates (``space.coordinates``)."""
-        return self.space.coordinates
-
     def evaluations_per_batch(self) -> int:
         evaluations = self.settings.runs * self.settings.evaluations_per_run
         if self.reach is not None:
@@ -390,7 +311,6 @@ class AscentMeasure:
                 and self.settings.restarts == 0
                 and isinstance(self.geometry, (GeodesicBall, BoxGeometry)))
 
-    # ------------------------------------------------------------------ per batch
     def _starting_point(self, batch: Batch, index: int, objective: Objective,
                         first: FirstEvaluation | None, restricts: bool
                         ) -> tuple[torch.Tensor, tuple[torch.Tensor, Tensors] | None,
@@ -422,13 +342,14 @@ class AscentMeasure:
         clean, initial, rows = self._starting_point(batch, index, objective, first, restricts)
         # the per-batch step of the geometry: the space cut to the rows this batch touches
         touched = space.on_touched_rows(self.model, rows) if restricts and rows else None
-        self.restricted_rows.append({} if touched is None else touched.row_counts())
+        self.restricted_rows.append({} if touched is None else {
+            name: int(t.rows.numel()) for name, t in touched.coordinates.tables.items()})
         solved: AscentSpace | TouchedSpace = space if touched is None else touched
         solve = objective if touched is None else touched.objective(self.model, batch)
         start = initial
         if touched is not None:
             assert initial is not None
-            start = (initial[0], touched.restrict(initial[1]))
+            start = (initial[0], touched.coordinates.restrict(initial[1]))
         handed: tuple[torch.Tensor, Tensors] | HandedOver | None = start
         if self.reference is None and start is not None:
             # handed over to the solver, which drops the gradient once it is raised
@@ -456,7 +377,7 @@ class AscentMeasure:
         norms = solved.geometry.block_norms(outcome.xi)
         if touched is not None:
             # the best iterate at full size (zero off the rows), for what follows
-            outcome.xi = touched.expand(outcome.xi)
+            outcome.xi = touched.coordinates.expand(outcome.xi)
         radius = float(space.geometry.radius)
         skipped = _check_ascents(solves, index, self.model, radius, self.nonfinite)
         del solves
@@ -494,7 +415,6 @@ class AscentMeasure:
         return blockwise(loss_at, space.geometry, space.coordinates.blocks(), xi, clean)
 
 
-# ---------------------------------------------------------------------------- relative flatness
 def default_layer(model: nn.Module) -> str:
     """Name of the last ``nn.Linear`` (in ``named_modules`` order) with a trainable weight."""
     found = [name for name, module in model.named_modules()

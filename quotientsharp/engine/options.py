@@ -1,14 +1,11 @@
-"""Validation stage: the checks of the options every measure shares.
-
-Each check takes the raw option and returns it resolved, or raises a ``TypeError`` or
-``ValueError`` naming the option. The typed measures of :mod:`.registry` call them when they are
-made; their fields hold the defaults. Nothing here touches a model or a tensor beyond ``rho``.
+"""Validation stage: the checks of the options every measure shares; each returns the option
+resolved, or raises naming it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -19,13 +16,6 @@ from quotientsharp.core.scalars import as_integer, as_real
 #: :class:`~.measures.NonFiniteLossError`, or ``"skip"`` the evaluation (never the best; counted
 #: in ``SharpnessResult.nonfinite_evaluations``, with a warning).
 NONFINITE_POLICIES = ("raise", "skip")
-
-
-def check_measure(measure: object, known: Iterable[str], aliases: Mapping[str, str]) -> str:
-    """The measure's registered name (``"worst-case"`` is ``"worst_case"``)."""
-    if not isinstance(measure, str) or aliases.get(measure, measure) not in known:
-        raise ValueError(f"unknown measure {measure!r}; choose one of {sorted(known)}")
-    return aliases.get(measure, measure)
 
 
 def check_batches(batches: object) -> Iterable[Any]:

@@ -1,15 +1,7 @@
-"""Measure stage: one typed description of each measure and its options, and the registry of
-them, ``name -> class``, in place of an if-chain.
-
-A :class:`MeasureSpec` is a frozen dataclass, one per measure (:class:`AverageSpec`,
-:class:`WorstCaseSpec`, :class:`AdaptiveSpec`, :class:`GeodesicSpec`,
-:class:`RelativeFlatnessSpec`): its fields are the measure's options, each documented and
-checked when the object is made, so that a bad value or an unknown option fails there. It holds
-everything :func:`~.api.sharpness` needs to know about the measure: ``rho``, whether it needs
-one, and ``spec.build(model, functional, generator)``, which returns the runtime
-:class:`~.measures.Measure` with the settings it resolved. :func:`measure_from` makes one from
-the string form ``(name, rho, options)``. A spec touches its options, the functional model and
-the generator; the geometry it describes is built later, once, by the measure's ``setup``.
+"""Validation stage: one typed description of each measure, :class:`MeasureSpec`, a frozen
+dataclass whose fields are the measure's options, checked when it is made, and the registry of
+them by name. ``spec.build(model, functional, generator)`` returns the runtime
+:class:`~.measures.Measure`; :func:`measure_from` makes a spec from the string form.
 """
 
 from __future__ import annotations
@@ -55,7 +47,6 @@ from quotientsharp.engine.options import (
     check_bool,
     check_geometry_dtype,
     check_int,
-    check_measure,
     check_nonfinite,
     check_progress,
     check_real,
@@ -146,8 +137,7 @@ class MeasureSpec(ABC):
         resolve_loss(self.loss)
 
     def _store(self, name: str, value: object) -> None:
-        """Set the field ``name`` to its checked value (a NumPy number as a Python one) on the
-        frozen dataclass."""
+        """Set the field ``name`` of the frozen dataclass to its checked value."""
         object.__setattr__(self, name, value)
 
     @classmethod
@@ -197,7 +187,6 @@ class MeasureSpec(ABC):
         return None
 
 
-# ---------------------------------------------------------------------------- average
 @dataclass(frozen=True, kw_only=True)
 class AverageSpec(MeasureSpec):
     """``average``: ``E[L(theta + delta)] - L(theta)`` (:class:`~.measures.AverageMeasure`).
@@ -226,7 +215,6 @@ class AverageSpec(MeasureSpec):
                               self.nonfinite), {}
 
 
-# ---------------------------------------------------------------------------- ascent measures
 REFERENCE_KEYS = ("n_iter", "restarts", "eta0", "alpha", "random_init")
 
 
@@ -274,12 +262,8 @@ SEARCH_KEYS = ("chains", "min_chains", "continuations", "target", "stall", "warm
 
 
 def search_settings(option: object) -> SearchSettings | None:
-    """The reach search of the ``reach`` option.
-
-    ``True``: :class:`~.solver.SearchSettings`' defaults; ``False``: none (one ascent, no
-    reach estimate); a dict overrides any of ``chains``, ``min_chains``, ``continuations``,
-    ``target``, ``stall``, ``warm_step``. Errors name ``reach`` and the offending key.
-    """
+    """The reach search of the ``reach`` option (``True``: the defaults, ``False``: none, a
+    dict: overrides of :data:`SEARCH_KEYS`); errors name ``reach`` and the offending key."""
     if option is False:
         return None
     if option is True:
@@ -291,10 +275,6 @@ def search_settings(option: object) -> SearchSettings | None:
     if unknown:
         raise ValueError(f"reach: unknown key(s) {unknown}; allowed: {list(SEARCH_KEYS)}")
     return SearchSettings(**option)
-
-
-def _eta0(settings: AscentSettings, rho: float) -> float:
-    return settings.eta0 if settings.eta0 is not None else 2.0 * rho
 
 
 def _stream(generator: torch.Generator, offset: int) -> torch.Generator:
@@ -374,10 +354,10 @@ class AscentSpec(MeasureSpec):
         found = search_settings(self.reach)
         resolved: dict[str, Any] = {
             "reach": None if found is None else asdict(found),
-            "checkpoints": checkpoints(settings.n_iter), "eta0": _eta0(settings, rho),
+            "checkpoints": checkpoints(settings.n_iter), "eta0": settings.first_step(rho),
             "reference_solve": None if reference is None else {
                 "n_iter": reference.n_iter, "restarts": reference.restarts,
-                "eta0": _eta0(reference, rho), "alpha": reference.alpha,
+                "eta0": reference.first_step(rho), "alpha": reference.alpha,
                 "random_init": reference.random_init,
                 "checkpoints": checkpoints(reference.n_iter)},
             "blockwise": self.blockwise}
@@ -565,7 +545,6 @@ class GeodesicSpec(AscentSpec):
             check_user_bindings(functional, batch, bindings, self.check_symmetry, self.seed)
 
 
-# ---------------------------------------------------------------------------- relative flatness
 @dataclass(frozen=True, kw_only=True)
 class RelativeFlatnessSpec(MeasureSpec):
     """``relative_flatness``: Petzka et al. 2021 for one layer (no radius: leave ``rho`` unset).
@@ -625,7 +604,9 @@ def measure_from(measure: object, rho: float | None = None,
     TypeError
         Naming the options the measure does not have, or an option's value of a wrong type.
     """
-    kind = MEASURE_REGISTRY[check_measure(measure, MEASURE_REGISTRY, ALIASES)]
+    kind = MEASURE_REGISTRY.get(ALIASES.get(measure, measure) if isinstance(measure, str) else "")
+    if kind is None:
+        raise ValueError(f"unknown measure {measure!r}; choose one of {sorted(MEASURE_REGISTRY)}")
     given = dict(options or {})
     allowed = kind.defaults()
     unknown = sorted(set(given) - set(allowed))
@@ -633,8 +614,3 @@ def measure_from(measure: object, rho: float | None = None,
         raise TypeError(f"unknown option(s) {unknown} for measure {kind.name!r}; allowed: "
                         f"{sorted(allowed)}")
     return kind(rho=rho, **given)
-
-
-def measure_defaults() -> dict[str, dict[str, Any]]:
-    """Every measure's options and their defaults, by measure name (``MEASURES``)."""
-    return {name: kind.defaults() for name, kind in MEASURE_REGISTRY.items()}

@@ -122,7 +122,6 @@ class SharpnessResult:
     def __float__(self) -> float:
         return self.value
 
-    # ------------------------------------------------------------------ reach and locality
     @property
     def min_reach(self) -> float | None:
         """The lowest reach estimate over the batches; ``None`` without estimates."""
@@ -164,7 +163,6 @@ class SharpnessResult:
                                 "found, not the maximum" if extrapolated else ""))
         return notes
 
-    # ------------------------------------------------------------------ solver quality
     @property
     def reference_value(self) -> float | None:
         """Mean over batches of the reference solve's values; ``None`` without one."""
@@ -196,7 +194,6 @@ class SharpnessResult:
         reference, gap = self.reference_value, self.gap
         return None if reference is None or gap is None else _relative(gap, reference)
 
-    # ------------------------------------------------------------------ blocks
     def block_summary(self) -> list[dict[str, Any]]:
         """Per block, ``{"name", "kind", "norm_share", "loss_change"}`` averaged over the
         batches (in layout order); empty without ``blockwise=True``."""
@@ -255,11 +252,8 @@ def _relative(gap: float, reference: float) -> float:
 def assemble_result(measure: str, outcomes: Sequence[BatchOutcome],
                     settings: dict[str, Any], excluded: Sequence[str], frozen: Sequence[str],
                     keep: bool, blockwise: bool) -> SharpnessResult:
-    """The :class:`SharpnessResult` of ``outcomes`` (one per batch, in order).
-
-    ``settings`` is stored as given; ``n_batches`` is added. Warns when evaluations with a NaN
-    or inf loss were skipped (the warning points at the caller of :func:`~.api.sharpness`).
-    """
+    """The :class:`SharpnessResult` of ``outcomes`` (one per batch, in order); warns about
+    skipped non-finite evaluations and values short of their maximum."""
     skipped = [o.nonfinite for o in outcomes]
     if sum(skipped):
         warn_at_caller(f"{sum(skipped)} perturbed evaluation(s) with a NaN or inf loss were "
@@ -303,10 +297,5 @@ def assemble_result(measure: str, outcomes: Sequence[BatchOutcome],
 
 
 def _kept(outcomes: Sequence[BatchOutcome]) -> list[dict[str, torch.Tensor]]:
-    """The kept perturbation of every batch, as the outcomes hold them.
-
-    The annotation of :attr:`SharpnessResult.perturbations` is the public one (every ascent and
-    average measure keeps a dict); relative flatness perturbs nothing and keeps ``None``, which
-    is passed on unchanged rather than invented.
-    """
+    """The kept perturbation of every batch (``None`` for relative flatness, passed on)."""
     return cast(list[dict[str, torch.Tensor]], [o.perturbation for o in outcomes])

@@ -1,77 +1,29 @@
 """Solver stage: Auto-PGD ascent over a perturbation ``xi`` (Croce & Hein 2020; Algorithm 1).
 
 It touches only what :class:`AscentGeometry` offers and the objective ``xi -> (loss,
-gradient)``: no model, no layout, no measure options.
+gradient)``: no model, no layout, no measure options. One run, with ``N = n_iter`` steps and
+step size ``eta`` (``eta_0 = 2 rho``):
 
-One run, with ``N = n_iter`` steps and step size ``eta`` (``eta_0 = 2 rho``):
-
-- ``z = P_S(xi_k + eta d_k)`` with ``d_k`` the ascent direction at ``xi_k`` (the Riemannian
-  gradient normalised by its g-norm, or ``c * sign(gradient)`` in an L-infinity box);
-- ``xi_1 = z`` (no momentum on the first step), afterwards
-  ``xi_{k+1} = P_S(xi_k + alpha (z - xi_k) + (1 - alpha)(xi_k - xi_{k-1}))``;
+- ``z = P_S(xi_k + eta d_k)`` with ``d_k`` the ascent direction at ``xi_k``;
+- ``xi_1 = z``, afterwards ``xi_{k+1} = P_S(xi_k + alpha (z - xi_k) + (1 - alpha)(xi_k -
+  xi_{k-1}))``;
 - at each checkpoint ``w_j`` (before the last step): if fewer than 75% of the steps since
-  ``w_{j-1}`` increased the loss, or neither ``eta`` nor the best loss changed since the
-  checkpoint ``w_{j-1}`` (``w_0 = 0``, the start), then ``eta`` is halved and the iterate restarts
-  from the best ``xi`` found so far: ``xi_k``, ``xi_{k-1}``, the current loss and the direction
-  are all reset to the best iterate's, so no stale momentum or perturbation survives a restart;
+  ``w_{j-1}`` increased the loss, or neither ``eta`` nor the best loss changed since
+  ``w_{j-1}``, then ``eta`` is halved and the iterate, its predecessor, the current loss and the
+  direction all restart from the best iterate found so far;
 - the best loss is tracked over every evaluated iterate, the starting point included.
 
-The convergence trace. After every evaluation the best loss so far is kept (a reference to the
-device tensor the loop holds anyway, no copy and no read): ``AscentOutcome.trace`` stacks them
-once the ascent is over, ``shape=[runs * (N + 1), *P]``, entry ``r (N + 1) + k`` the best loss
-over all runs up to step ``k`` of run ``r``. It is non-decreasing and ends at the best loss.
+The loss may have any shape ``P`` (independent problems): every decision is then taken per
+problem, as if each were solved alone. ``P_S`` is the radial rescale (the geometry's ``clip``):
+every vector the loop combines is horizontal already. ``new_loss > best_loss`` never selects
+NaN, so non-finite evaluations are recorded per run (``AscentOutcome.nonfinite_at``) for the
+caller to check after the ascent, or skipped as failed steps (``skip_nonfinite=True``).
 
-Non-finite losses. ``new_loss > best_loss`` never selects NaN and always selects inf, so a
-non-finite evaluation would silently vanish (or win). The solver therefore records, per run and
-per problem, the first evaluation whose loss is not finite (``AscentOutcome.nonfinite_at``,
-``-1`` for none; ``0`` is the starting point, ``k`` the ``k``-th step), the loss it gave and the
-number of such evaluations, all as device tensors: the caller checks them once after the
-ascent (the sharpness engine raises, naming the batch and the iteration). With
-``skip_nonfinite=True`` a non-finite evaluation is instead treated as a failed step: it never
-becomes the best iterate nor counts as an increase, and the next step starts again from the best
-iterate and its direction.
-
-Everything runs on the device: decisions are ``torch.where`` on device tensors, so there is no
-host sync inside the loop. The one exception is a single problem on the CPU, where reading a
-decision costs nothing (there is no device to wait for): the best iterate and the restarts are
-then chosen by reference instead of by ``torch.where`` over every parameter, with the same
-result bit for bit. The loop has one code path; the difference is the strategy object of
-:class:`Decisions`, chosen once per run (``ascend(host_decisions=False)`` forces the device
-path). ``restarts`` extra runs start from random
-points of the ball; the best of all runs wins. Randomness comes only from the given generator.
-
-Many independent problems at once. The objective may return a loss of any shape ``P`` (one
-entry per problem, e.g. ``[models, batches]``) with the gradient of each problem's own loss;
-every decision (step size, checkpoint test, best iterate, restart) is then taken per problem,
-exactly as if each problem were solved alone. The geometry's ``norm`` must return ``shape=P``
-and its ``radius`` may be a tensor of that shape. A 0-dim loss is the single-problem case.
-
-Projections. ``P_S`` is the horizontal projection followed by the radial rescale into the
-ball. Every vector the loop combines (the iterates, the normalised Riemannian gradients, the
-start) is already horizontal and the horizontal space at the fixed base point is linear, so
-the loop only calls the geometry's ``clip`` (the rescale, or the clamp of a box); the
-horizontal projection runs once per gradient, inside ``direction``.
-
-Compiled steps. ``ascend(compiled=CompiledSteps())`` runs the per-iteration geometry (the
-direction from the gradient, the momentum step with its gradient step and both rescales) as
-``torch.compile`` graphs of the same functions, with the decisions on the device: the
-elementwise passes over the parameters fuse. The compile is paid once per geometry's shapes
-(tens of seconds) and reused across batches and calls by the same :class:`CompiledSteps`.
-Values equal the eager path's to rounding (the fused kernels sum in another order).
-
-Decisions on the host or the device. The solver decides, per problem, whether a step improved
-the best loss, whether a step failed, whether to restart at a checkpoint; the ball
-(:mod:`.ball`) decides whether a rescale is by exactly 1. On a device every decision is a
-``torch.where`` over the tensors involved, so that nothing waits for the device. For a single
-problem on the CPU reading a decision is free, so it is read and the chosen tensors are kept by
-reference instead. Both give the same values bit for bit. That one difference lives in two small
-strategy objects (:class:`OnHost`, :class:`OnDevice`) chosen once per run by
-:func:`decisions_for`; they touch tangent tuples only (no geometry, no model). On a device, a
-``torch.where`` per tensor is a kernel launch per tensor: four or five per parameter tensor and
-iteration (the best pair kept, a failed step undone), which made the step launch-bound on a GPU.
-For a single problem the device path therefore keeps the best pair in a few flat buffers
-(:class:`FlatTuple`) and decides over a whole buffer at once: one ``cat`` and one ``where`` per
-buffer, however many tensors it holds.
+Decisions are ``torch.where`` on the device (no host sync; for one problem over a few flat
+buffers, :class:`FlatTuple`, not one launch per tensor) or, for one problem on the CPU where a
+read is free, read on the host with the chosen tensors kept by reference (:class:`OnHost`):
+the same values bit for bit. :class:`CompiledSteps` runs the per-iteration geometry as
+``torch.compile`` graphs (equal to rounding).
 """
 
 from __future__ import annotations
@@ -87,7 +39,6 @@ import torch
 from quotientsharp.core import _tuples as T
 from quotientsharp.engine.options import check_int, check_real
 
-# ---------------------------------------------------------------------------- decisions
 Tensors = tuple[torch.Tensor, ...]
 
 
@@ -110,15 +61,9 @@ def choose_into(flag: torch.Tensor, new: Sequence[torch.Tensor],
 
 
 class FlatTuple(tuple[torch.Tensor, ...]):
-    """A tuple of tensors that are views of a few flat buffers, one per span of the tuple.
-
-    The tensors are contiguous views, shaped as usual: to everything but this module it is a
-    tuple. :attr:`spans` are ``(start, stop)`` indices into the tuple and :attr:`buffers` the
-    matching 1-D buffers, so that one ``torch.where`` over a buffer decides for all the
-    tensors of its span. A span holds tensors of one dtype and device, at most
-    :func:`span_limit` elements: a buffer-sized temporary (the other side of a decision,
-    concatenated) then stays a fraction of the tuple.
-    """
+    """A tuple of tensors that are views of a few flat 1-D :attr:`buffers`, one per span
+    (``(start, stop)`` indices into the tuple, one dtype and device, at most :func:`span_limit`
+    elements): one ``torch.where`` over a buffer decides for all the tensors of its span."""
 
     spans: tuple[tuple[int, int], ...]
     buffers: tuple[torch.Tensor, ...]
@@ -145,15 +90,13 @@ class FlatTuple(tuple[torch.Tensor, ...]):
 
 
 def span_limit(tensors: Sequence[torch.Tensor]) -> int:
-    """The most elements a span of :class:`FlatTuple` holds: the largest tensor, or an eighth
-    of the tuple if that is more (about eight ``where`` launches per tuple)."""
+    """The largest tensor, or an eighth of the tuple if more: a span's most elements."""
     sizes = [t.numel() for t in tensors]
     return max(max(sizes, default=0), -(-sum(sizes) // 8))
 
 
 def flat_spans(tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, int], ...]:
-    """Consecutive runs of ``tensors`` of one dtype and device, each of at most
-    :func:`span_limit` elements: the spans of a :class:`FlatTuple` over them."""
+    """The spans of a :class:`FlatTuple` over ``tensors``."""
     limit = span_limit(tensors)
     spans: list[tuple[int, int]] = []
     start, size = 0, 0
@@ -170,65 +113,38 @@ def flat_spans(tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, int], ...]:
 
 
 def _concatenated(tensors: Sequence[torch.Tensor], span: tuple[int, int]) -> torch.Tensor:
-    """The span's tensors flattened into one new 1-D tensor (one ``cat``)."""
     start, stop = span
     return torch.cat([t.reshape(-1) for t in tensors[start:stop]])
 
 
 def _flat_compatible(flag: torch.Tensor, a: Sequence[torch.Tensor],
                      b: Sequence[torch.Tensor]) -> bool:
-    """Whether a flat decision applies: one problem (a 0-dim flag), and two tuples of the same
-    length whose tensors match in shape, dtype and device (no broadcasting)."""
+    """One problem (a 0-dim flag) and two tuples matching tensor for tensor."""
     return (flag.dim() == 0 and len(a) == len(b) > 0
             and all(x.shape == y.shape and x.dtype == y.dtype and x.device == y.device
                     for x, y in zip(a, b, strict=True)))
 
 
 def _buffer(tensors: Sequence[torch.Tensor], span: tuple[int, int]) -> torch.Tensor:
-    """The span of ``tensors`` as one 1-D tensor: their own buffer where ``tensors`` is a
-    :class:`FlatTuple` with that span (the shapes are checked equal by the caller), else a
-    new concatenation."""
+    """The span as one 1-D tensor: the :class:`FlatTuple`'s own buffer, else a new one."""
     if isinstance(tensors, FlatTuple) and span in tensors.spans:
         return tensors.buffers[tensors.spans.index(span)]
     return _concatenated(tensors, span)
 
 
-class Decisions(Protocol):
-    """How the solver applies a per-problem decision (a boolean tensor of ``shape=P``)."""
-
-    #: Whether a rescale by exactly 1 may be skipped after testing the factor on the host
-    #: (:meth:`~.ball.GeodesicBall.clip`; a flag, not a call, as it is read on every clip).
-    skips_unit_rescale: bool
-
-    def own(self, tensors: Sequence[torch.Tensor]) -> Tensors:
-        """The best iterate's first value: storage :meth:`keep` may write to, or a reference."""
-        ...
-
-    def keep(self, flag: torch.Tensor, new: Tensors, best: Tensors) -> Tensors:
-        """The best iterate after a step: ``new`` where ``flag``, else ``best``."""
-        ...
-
-    def pick(self, flag: torch.Tensor, a: Tensors, b: Tensors) -> Tensors:
-        """``a`` where ``flag``, else ``b`` (a restart, a failed step)."""
-        ...
-
-
 class OnDevice:
-    """Every decision a ``torch.where`` on the device: no host sync, ever.
+    """Every decision a ``torch.where`` on the device: no host sync, ever. The best iterate
+    owns its storage (a :class:`FlatTuple` for one problem) and is overwritten in place."""
 
-    The best iterate owns its storage and is overwritten in place, so that no second
-    parameter-sized tuple is alive while it is chosen. For one problem (a 0-dim flag) it is a
-    :class:`FlatTuple` and every decision runs over whole flat buffers: a few launches per
-    tuple instead of one per tensor, the same values bit for bit. Batched problems (a flag of
-    ``shape=P``) decide per tensor, the flag lifted to each.
-    """
-
+    #: Whether a rescale by exactly 1 may be skipped after testing the factor on the host.
     skips_unit_rescale = False
 
     def own(self, tensors: Sequence[torch.Tensor]) -> Tensors:
+        """The best iterate's first value: storage :meth:`keep` may write to, or a reference."""
         return FlatTuple.copy_of(tensors) if tensors else ()
 
     def keep(self, flag: torch.Tensor, new: Tensors, best: Tensors) -> Tensors:
+        """The best iterate after a step: ``new`` where ``flag``, else ``best``."""
         if isinstance(best, FlatTuple) and _flat_compatible(flag, new, best):
             # a span of new at a time: the temporary is at most span_limit elements
             for span, buffer in zip(best.spans, best.buffers, strict=True):
@@ -238,6 +154,7 @@ class OnDevice:
         return best
 
     def pick(self, flag: torch.Tensor, a: Tensors, b: Tensors) -> Tensors:
+        """``a`` where ``flag``, else ``b`` (a restart, a failed step)."""
         if not _flat_compatible(flag, a, b):
             return choose(flag, a, b)
         # b's copy is the result's storage (a new tuple, as choose makes), a decided into it
@@ -248,11 +165,8 @@ class OnDevice:
 
 
 class OnHost:
-    """Decisions of a single problem on the CPU, read on the host (free there).
-
-    The chosen tuple is kept by reference: no tensor the solver holds is ever written in place,
-    so sharing is safe, and no parameter-sized ``torch.where`` runs per step.
-    """
+    """Decisions of a single problem on the CPU, read on the host (free there); the chosen
+    tuple is kept by reference."""
 
     skips_unit_rescale = True
 
@@ -266,20 +180,20 @@ class OnHost:
         return a if bool(flag) else b
 
 
+#: How the solver applies a per-problem decision (a boolean tensor of ``shape=P``).
+Decisions = OnDevice | OnHost
 ON_DEVICE: Decisions = OnDevice()
 ON_HOST: Decisions = OnHost()
 
 
 def decisions_for(loss: torch.Tensor, host_decisions: bool = True) -> Decisions:
     """:data:`ON_HOST` for one problem (a 0-dim ``loss``) on the CPU when ``host_decisions``,
-    else :data:`ON_DEVICE` (``host_decisions=False`` runs the device path on the CPU too: the
-    CPU stand-in of a CUDA run, with the same values bit for bit)."""
+    else :data:`ON_DEVICE`."""
     if host_decisions and loss.device.type == "cpu" and loss.dim() == 0:
         return ON_HOST
     return ON_DEVICE
 
 
-# ---------------------------------------------------------------------------- ascent
 Objective = Callable[[Tensors], tuple[torch.Tensor, Tensors]]
 
 
@@ -363,6 +277,10 @@ class AscentSettings:
     def evaluations_per_run(self) -> int:
         return self.n_iter + 1
 
+    def first_step(self, rho: float | torch.Tensor) -> float | torch.Tensor:
+        """``eta0``, or ``2 rho`` where it is ``None``."""
+        return self.eta0 if self.eta0 is not None else 2.0 * rho
+
 
 def checkpoints(n_iter: int) -> list[int]:
     """Checkpoints ``w_j = ceil(p_j N)``, ``p_0 = 0``, ``p_1 = 0.22``,
@@ -424,11 +342,8 @@ class AscentOutcome:
 
 def gradient_step(xi: Sequence[torch.Tensor], direction: Sequence[torch.Tensor],
                   eta: torch.Tensor, overwrite: bool = False) -> Tensors:
-    """``xi + eta d`` (before ``P_S``); ``eta`` 0-dim, or ``shape=P`` with one step per problem.
-
-    ``overwrite``: ``direction`` is not needed again and nothing else references it, so the
-    step is written into it (the same values, no new parameter-sized tuple).
-    """
+    """``xi + eta d`` (before ``P_S``), ``eta`` 0-dim or ``shape=P``; ``overwrite``: written
+    into ``direction``, which nothing else references."""
     if not direction:
         return ()
     factor = eta if eta.dim() == 0 else [lift(eta, x) for x in xi]
@@ -445,13 +360,9 @@ def gradient_step(xi: Sequence[torch.Tensor], direction: Sequence[torch.Tensor],
 def momentum_step(xi: Sequence[torch.Tensor], z: Sequence[torch.Tensor],
                   previous: Sequence[torch.Tensor], alpha: float,
                   overwrite: bool = False) -> Tensors:
-    """``xi + alpha (z - xi) + (1 - alpha)(xi - previous)`` (before ``P_S``).
-
-    Evaluated as ``alpha z + 2 (1 - alpha) xi - (1 - alpha) previous``, the same vector in three
-    fused passes over the parameters and one tuple of storage (``alpha`` is a setting, a
-    number on the host, so this needs no sync). ``overwrite``: ``z`` is not needed again and
-    nothing else references it, so that storage is the result's (the same values).
-    """
+    """``xi + alpha (z - xi) + (1 - alpha)(xi - previous)`` (before ``P_S``), evaluated as
+    ``alpha z + 2 (1 - alpha) xi - (1 - alpha) previous`` in three fused passes; ``overwrite``:
+    written into ``z``, which nothing else references."""
     if not xi:
         return ()
     if overwrite:
@@ -467,12 +378,9 @@ def momentum_step(xi: Sequence[torch.Tensor], z: Sequence[torch.Tensor],
 def proposal_step(geometry: AscentGeometry, xi: Sequence[torch.Tensor],
                   direction: Sequence[torch.Tensor], previous: Sequence[torch.Tensor],
                   eta: torch.Tensor, alpha: float, momentum: bool) -> Tensors:
-    """``xi_{k+1}`` before it is evaluated, with the decisions on the device (module doc).
-
-    ``z = P_S(xi + eta d)``; with ``momentum``, ``P_S`` of the momentum step from ``z``. What
-    :class:`CompiledSteps` compiles: new tensors only (nothing given is written), so a graph
-    may fuse the passes.
-    """
+    """``xi_{k+1}`` before it is evaluated, decisions on the device: ``z = P_S(xi + eta d)``,
+    with ``momentum`` then ``P_S`` of the momentum step. What :class:`CompiledSteps` compiles:
+    nothing given is written."""
     z = geometry.clip(gradient_step(xi, direction, eta), ON_DEVICE, fresh=True)
     if not momentum:
         return z
@@ -480,7 +388,7 @@ def proposal_step(geometry: AscentGeometry, xi: Sequence[torch.Tensor],
                          fresh=True)
 
 
-def _direction_step(geometry: AscentGeometry, egrad: Sequence[torch.Tensor]) -> Tensors:
+def _direction(geometry: AscentGeometry, egrad: Sequence[torch.Tensor]) -> Tensors:
     return geometry.direction(egrad)
 
 
@@ -509,7 +417,7 @@ class CompiledSteps:
     def __init__(self, mode: str | None = None, dynamic: bool | None = None) -> None:
         self.mode, self.dynamic = mode, dynamic
         self._proposal = torch.compile(proposal_step, mode=mode, dynamic=dynamic)
-        self._direction = torch.compile(_direction_step, mode=mode, dynamic=dynamic)
+        self._direction = torch.compile(_direction, mode=mode, dynamic=dynamic)
 
     def proposal(self, geometry: AscentGeometry, xi: Sequence[torch.Tensor],
                  direction: Sequence[torch.Tensor], previous: Sequence[torch.Tensor],
@@ -544,7 +452,7 @@ class CompiledSteps:
 
 
 def _finite_or_lowest(loss: torch.Tensor) -> torch.Tensor:
-    """``loss`` with NaN and inf entries replaced by ``-inf`` (never selected as the best)."""
+    """``loss`` with NaN and inf replaced by ``-inf`` (never the best)."""
     return torch.where(torch.isfinite(loss), loss, torch.full_like(loss, -math.inf))
 
 
@@ -590,12 +498,7 @@ Initial = tuple[torch.Tensor, Tensors] | HandedOver
 
 
 class _Run:
-    """The state of one Auto-PGD run (module doc): iterate, momentum, best iterate, step size.
-
-    Tangent tuples alive between steps: ``xi``, ``previous``, ``direction`` and the best pair.
-    The per-problem decisions go through :attr:`decide` (:class:`Decisions`), chosen once from
-    the first loss.
-    """
+    """The state of one Auto-PGD run: iterate, momentum, best iterate, step size."""
 
     def __init__(self, geometry: AscentGeometry, xi: Tensors, loss: torch.Tensor,
                  direction: Tensors, eta0: float | torch.Tensor, skip_nonfinite: bool,
@@ -622,31 +525,22 @@ class _Run:
         self.last_mark = 0
 
     def proposal(self, k: int, alpha: float) -> Tensors:
-        """``xi_{k+1}`` before it is evaluated; drops ``direction`` and ``previous``.
-
-        They are not needed again (both are replaced by :meth:`accept`): freed before the
-        forward+backward, whose peak they would otherwise raise by two tangent-sized tuples.
-        """
+        """``xi_{k+1}`` before it is evaluated; drops ``direction`` and ``previous`` (not
+        needed again) so that they do not raise the forward+backward's peak."""
         if self.compiled is not None and k > 0:
-            # one graph, new tensors: the passes fuse; nothing given is written. The first
-            # step runs eager: it computes the frozen point's cached quantities (a graph
-            # cannot: dynamo breaks on cached_property's lock), and its graph without
-            # momentum would be compiled for one step per run
+            # the first step runs eager: it fills the frozen point's cached quantities,
+            # which dynamo cannot (cached_property's lock)
             previous = self.previous
             if any(p is x for p, x in zip(previous, self.xi, strict=True)):
-                # after a restart both are the best iterate: a graph for aliased inputs
-                # would be compiled too, which costs more than this copy
+                # after a restart both are the best iterate: aliased inputs would compile anew
                 previous = tuple(t.clone() for t in previous)
-            # plain tuples: the device decisions' FlatTuple would be guarded as another type
-            # and compile a third graph
+            # plain tuples: a FlatTuple would be guarded as another type and compile anew
             new = self.compiled.proposal(self.geometry, tuple(self.xi), tuple(self.direction),
                                          tuple(previous), self.eta, alpha, True)
             self.direction = self.previous = ()
             return new
         clip, decide = self.geometry.clip, self.decide
-        # the direction's storage becomes the step's where the run alone holds it; z, made
-        # here, becomes the momentum step's; both are rescaled in place: no parameter-sized
-        # allocation in the common case, the same values
+        # the direction's storage (where the run alone holds it), then z's, become the steps'
         z = clip(gradient_step(self.xi, self.direction, self.eta,
                                overwrite=self._owns_direction()), decide, fresh=True)
         previous = self.previous
@@ -655,9 +549,8 @@ class _Run:
                                                    overwrite=True), decide, fresh=True)
 
     def _owns_direction(self) -> bool:
-        """Whether :attr:`direction` may be overwritten: the geometry made it new (it says so,
-        ``new_directions``) and it shares no storage with the best pair, which keeps it by
-        reference on the host or after a restart."""
+        """Whether :attr:`direction` may be overwritten: the geometry made it new and it shares
+        no storage with the other tuples the run holds."""
         if not getattr(self.geometry, "new_directions", False):
             return False
         kept = {t.untyped_storage().data_ptr() for t in (*self.best_direction, *self.best_xi,
@@ -666,8 +559,7 @@ class _Run:
 
     def accept(self, new: Tensors, new_loss: torch.Tensor, new_direction: Tensors,
                evaluation: int) -> None:
-        """Record the evaluation of ``new`` and move on to it (or back to the best iterate,
-        for a failed step under ``skip_nonfinite``)."""
+        """Record the evaluation of ``new`` and move on to it (or back to the best iterate)."""
         decide = self.decide
         self.record.update(new_loss, evaluation)
         failed = None
@@ -689,8 +581,7 @@ class _Run:
         self.current_loss, self.direction = new_loss, new_direction
 
     def checkpoint(self, step: int) -> None:
-        """At checkpoint ``step``: halve ``eta`` and restart from the best iterate where the
-        run oscillates or stalls (module doc)."""
+        """Halve ``eta`` and restart from the best iterate where the run oscillates or stalls."""
         decide = self.decide
         oscillating = self.increases < 0.75 * (step - self.last_mark)
         stalled = (self.eta == self.checkpoint_eta) & (self.best_loss == self.checkpoint_best)
@@ -712,13 +603,8 @@ def _single_run(geometry: AscentGeometry, objective: Objective, start: Callable[
                 host_decisions: bool = True, compiled: CompiledSteps | None = None
                 ) -> tuple[torch.Tensor, Tensors, torch.Tensor, _NonFinite, torch.Tensor,
                            torch.Tensor]:
-    """One run from ``start()`` (or from ``initial``, the evaluation there).
-
-    Returns
-    -------
-    (best loss, best iterate, loss at the start, non-finite record, trace, final step size)
-        The trace has ``shape=[n_iter + 1, *P]``, the step size ``shape=P``.
-    """
+    """One run from ``start()`` (or ``initial``, the evaluation there): best loss and iterate,
+    start loss, non-finite record, trace ``shape=[n_iter + 1, *P]``, final step size."""
     marks = [w for w in checkpoints(settings.n_iter) if w < settings.n_iter]
     # the start is drawn here, so that no caller holds it once xi has moved on
     xi = start()
@@ -805,7 +691,7 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
     if start is not None and (initial is not None or settings.random_init):
         raise ValueError("start is where the first run begins: it excludes initial (the "
                          "evaluation at xi = 0) and random_init")
-    eta0 = settings.eta0 if settings.eta0 is not None else 2.0 * geometry.radius
+    eta0 = settings.first_step(geometry.radius)
     best_loss: torch.Tensor | None = None
     best_xi: Tensors = ()
     run_losses = []
@@ -846,20 +732,14 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """How far a measurement looks beyond its first ascent, and how its reach is estimated.
+    """How far a measurement looks beyond its first ascent (``docs/sharpness.md``, "Reach").
 
-    A *chain* is one Auto-PGD ascent followed by its warm continuations: while the last 30 % of
-    a run (at least its last step) still raised the chain's value by more than ``stall`` of it,
-    another run of the same length starts from the chain's best iterate with a fresh step size
-    (at most ``continuations`` of them). The first chain starts where the measurement's settings say
-    (``xi = 0`` by default); the others from random points of the ball. Chains are added until
-    the two best agree to ``target`` (the best value is *confirmed*) or ``chains`` have run.
-
-    The reach estimate of the value (the best over all chains) is the second-best chain's
-    value over the best's (``docs/sharpness.md``, "Reach"): ``1`` where another chain found the
-    same maximum, lower where only one chain found it; and at most ``1 - s`` where the best
-    chain was still climbing when its continuations ran out, ``s`` the share of its value that
-    its last run added.
+    A *chain* is one Auto-PGD ascent and its warm continuations: while the last 30 % of a run
+    (at least its last step) raised the chain's value by more than ``stall`` of it, another run
+    starts from the chain's best iterate (at most ``continuations``). The first chain starts
+    where the measurement's settings say, the others at random points of the ball, until the
+    reach estimate (second-best chain over the best, at most ``1 - s`` where the best chain was
+    still climbing by ``s``) reaches ``target`` or ``chains`` have run.
 
     Attributes
     ----------
@@ -913,30 +793,10 @@ class SearchSettings:
 
 @dataclass
 class SearchOutcome:
-    """The best iterate of a search (:func:`search`), with what each chain reached.
-
-    Attributes
-    ----------
-    loss, xi
-        The best loss over every chain (0-dim) and its iterate.
-    chains
-        Per chain, in order, its best loss minus ``clean`` (the first chain's first).
-    reach
-        The reach estimate (:class:`SearchSettings`): the second-best chain over the best
-        (``1`` where the best is not above ``clean``), and at most ``1 - shortfall`` of the best
-        chain.
-    evaluations
-        Loss evaluations of the whole search (each a forward+backward).
-    trace
-        The best loss over every evaluation so far, ``shape=[evaluations]``: non-decreasing,
-        its last entry is :attr:`loss`.
-    solves
-        Every ascent of the search with its settings, in order, for the caller's checks of
-        non-finite evaluations.
-    shortfalls
-        Per chain, ``0`` where its last run stalled (converged), else the share of its value
-        that its last run added (the last 30 % of a chain of one run): a chain still climbing
-        when its continuations ran out is short by about that much.
+    """The best iterate of a :func:`search` (``loss`` 0-dim, ``xi``), each chain's value
+    (best loss minus ``clean``), the ``reach`` estimate, the loss ``evaluations``, the ``trace``
+    of the best loss (``shape=[evaluations]``), every ascent with its settings (``solves``) and
+    per chain the share of its value its last run added (``shortfalls``, ``0`` if it stalled).
     """
 
     loss: torch.Tensor
@@ -950,13 +810,9 @@ class SearchOutcome:
 
 
 def reach_estimate(chains: Sequence[float]) -> float:
-    """Second-best of ``chains`` (each a value, best loss minus clean loss) over the best.
-
-    ``0`` where no chain found a loss increase (a best value at or below zero): at a point
-    whose gradient does not vanish the maximum over a ball is positive, so chains that all
-    stayed at ``theta`` failed, and agreeing on zero confirms nothing. A negative second value
-    counts as zero.
-    """
+    """Second-best of ``chains`` (best loss minus clean loss) over the best, a negative second
+    counted as zero; ``0`` where no chain found a loss increase (agreeing on zero confirms
+    nothing: the maximum over a ball is positive where the gradient does not vanish)."""
     ordered = sorted(chains, reverse=True)
     if not ordered or ordered[0] <= 0:
         return 0.0
@@ -965,15 +821,13 @@ def reach_estimate(chains: Sequence[float]) -> float:
 
 
 def _late(n_iter: int) -> int:
-    """The trace index (``0`` the start, ``k`` after step ``k``) from which a run's last 30 %
-    of steps is measured; at least the last step counts, so that a run of 1 to 3 steps (where
-    ``ceil(0.7 n)`` is its end) is never judged converged for want of a step to look at."""
+    """The trace index from which a run's last 30 % of steps is measured (at least its last
+    step, so that a run of 1 to 3 steps is never judged converged for want of a step)."""
     return min(math.ceil(0.7 * n_iter), n_iter - 1)
 
 
 def _climbing(trace: torch.Tensor, n_iter: int, clean: float, stall: float) -> bool:
-    """Whether the last run of ``trace`` rose by more than ``stall`` of its value over its last
-    30 % of steps (:func:`_late`; one host read)."""
+    """Whether the last run of ``trace`` rose by more than ``stall`` of its value late on."""
     run = trace[-(n_iter + 1):]
     end, before = run[-1].item(), run[_late(n_iter)].item()
     top = end - clean
@@ -989,13 +843,11 @@ def search(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
     """Chains of Auto-PGD ascents until the best value is confirmed (:class:`SearchSettings`).
 
     One problem (a 0-dim loss). The first chain is :func:`ascend` with ``settings``,
-    ``generator`` and ``initial``; the others start from random points drawn from
-    ``probe_generator`` (a stream of their own, so that the first chain is the same with and
-    without them). ``clean`` is the loss at ``theta`` (values are measured from it). Reads a
-    few numbers on the host per run (the continuation and stopping tests).
+    ``generator`` and ``initial``; the others start from ``probe_generator``'s draws, so that the
+    first chain is the same without them. Values are measured from ``clean``, the loss at theta.
     """
     solves: list[tuple[AscentSettings, AscentOutcome]] = []
-    eta0 = settings.eta0 if settings.eta0 is not None else 2.0 * float(geometry.radius)
+    eta0 = float(settings.first_step(float(geometry.radius)))
     probe = AscentSettings(n_iter=settings.n_iter, eta0=settings.eta0, alpha=settings.alpha,
                            random_init=True)
 

@@ -1,39 +1,13 @@
 """The rows of embedding tables a batch touches: the ascent on those rows alone, same value.
 
-Stage: geometry, its one per-batch step (:meth:`.geometry.AscentSpace.on_touched_rows`), and the
-functional model's lookup of the restricted rows. It touches embedding modules (hooks removed
-after each call), token ids and tangent tuples; no solver state.
-
-An input-embedding table ``W``, ``shape=[V, D]``, enters the loss only through the rows of the
-tokens in the batch. Every other row has a gradient of exactly zero at every perturbation. An
-ascent that starts at ``xi = 0`` in a factor whose metric is diagonal (the adaptive or Euclidean
-factor of the parameters outside any symmetry) therefore never moves those rows: the raised
-gradient there is ``c^2 * 0 = 0``, and the steps, the rescalings into the ball and the momentum
-only combine vectors that vanish there. Solving on the touched rows alone visits the same
-iterates with the same losses; only the order in which the norms' sums are added changes
-(rounding). For a 30k-token vocabulary and a batch of a few hundred tokens that removes nearly
-the whole table from every elementwise pass of the solver, and from the backward, which no
-longer forms a dense ``[V, D]`` gradient.
-
-How the restricted table reaches the model: :class:`TableLookup` carries the perturbed rows;
-the functional model passes a zero-stride placeholder of the table's shape as the module's
-weight and replaces the module's output by the lookup of the remapped token ids in the rows
-(a forward hook, removed after the call). The module's own lookup result is discarded.
-
-Conditions, checked before a batch is restricted (otherwise the full table is used):
-
-- the parameter is the weight of one :class:`torch.nn.Embedding` whose ``forward`` is
-  ``nn.Embedding``'s own (a subclass that rescales the output is left alone), with no
-  ``max_norm`` (which renormalises the table in place) and no sparse gradient, and the weight is
-  not shared with another module (tied output layers read every row);
-- in the batch's clean forward+backward, the table's only uses in the autograd graph are the
-  lookups of that module (:func:`graph_uses`), one per call, so no other code reads it;
-- the solve starts at ``xi = 0`` (no random start, no restart): a random start moves every row;
-- the table sits in a factor that supports
-  :meth:`~quotientsharp.core.adaptive.AdaptivePoint.on_rows`
-  (a diagonal metric), or in the L-infinity box of worst-case and adaptive sharpness with
-  ``p = inf`` (:meth:`~.ball.BoxGeometry.on_rows`: every operation elementwise, and the sign
-  ascent's direction ``c * sign(0) = 0`` on a row the batch does not touch).
+An embedding table enters the loss only through the rows the batch looks up; every other row
+has a zero gradient. An ascent from ``xi = 0`` in a factor with a diagonal metric (or the
+L-infinity box, whose sign ascent gives ``c * sign(0) = 0``) never moves those rows, so solving
+on the touched rows visits the same iterates (only the norms' summation order changes). The
+model gets a :class:`TableLookup`: a zero-stride placeholder as the weight and a forward hook
+that replaces the lookup. Used only where the weight belongs to one plain ``nn.Embedding``
+(:func:`embedding_tables`), the batch's graph uses the table through its lookups alone
+(:func:`graph_uses`) and the solve starts at ``xi = 0``.
 """
 
 from __future__ import annotations
@@ -56,11 +30,8 @@ def _ids(args: tuple, kwargs: dict) -> torch.Tensor:
 
 
 def embedding_tables(model: nn.Module, names: Sequence[str]) -> dict[str, nn.Embedding]:
-    """The parameters among ``names`` that are the weight of exactly one plain embedding.
-
-    Plain: ``nn.Embedding`` or a subclass that keeps its ``forward``, without ``max_norm`` or
-    ``sparse``; the weight appears once among the model's parameters (not tied).
-    """
+    """The parameters among ``names`` that are the untied weight of one plain ``nn.Embedding``
+    (its own ``forward``, no ``max_norm``, not ``sparse``)."""
     owners: dict[int, list[tuple[str, nn.Module]]] = {}
     for module_name, module in model.named_modules(remove_duplicate=False):
         for local, parameter in module.named_parameters(recurse=False,
@@ -84,10 +55,7 @@ def embedding_tables(model: nn.Module, names: Sequence[str]) -> dict[str, nn.Emb
 
 
 def graph_uses(loss: torch.Tensor, tensor: torch.Tensor) -> list[str]:
-    """The autograd nodes of ``loss``'s graph that take ``tensor`` as an input, by name.
-
-    ``tensor`` is a leaf that requires grad or the output of a differentiable operation.
-    """
+    """The names of the autograd nodes of ``loss``'s graph that take ``tensor`` as an input."""
     if loss.grad_fn is None:
         return []
     # a node may have several outputs (a fused ``_foreach`` operation has one per tensor): the
@@ -132,9 +100,8 @@ class TableUse:
 
 
 class TableRecorder:
-    """Records, during one forward(+backward), the token ids each embedding table looks up
-    (forward pre-hooks) and the table's uses in the autograd graph (:meth:`observe`, called
-    by the functional model with the tensors it passed and the loss)."""
+    """Records during one forward the token ids each table looks up and, by :meth:`observe`,
+    its uses in the autograd graph."""
 
     def __init__(self, tables: Mapping[str, nn.Embedding]) -> None:
         self.tables = {name: TableUse(module) for name, module in tables.items()}
@@ -208,15 +175,8 @@ class RestrictedTable:
 
 @dataclass
 class TableLookup:
-    """The perturbed rows of one restricted embedding table, looked up in place of the table.
-
-    Attributes
-    ----------
-    table
-        Which table, and how its token ids map to the rows.
-    rows
-        The perturbed rows, ``shape=[R, D]``.
-    """
+    """The perturbed ``rows`` (``shape=[R, D]``) of one restricted ``table``, looked up in place
+    of the table."""
 
     table: RestrictedTable
     rows: torch.Tensor
@@ -237,11 +197,8 @@ class TableLookup:
 
 
 class TouchedRowCoordinates:
-    """Coordinates whose embedding tables are cut to their touched rows.
-
-    Wraps the layout's coordinates: a point carries ``shape=[R, D]`` rows in each table's slot;
-    :meth:`updates` hands the model a :class:`TableLookup` for it.
-    """
+    """The layout's coordinates with each table's slot holding its rows (``shape=[R, D]``),
+    handed to the model as a :class:`TableLookup`."""
 
     def __init__(self, coordinates: Any, tables: Mapping[str, RestrictedTable]) -> None:
         self.coordinates = coordinates

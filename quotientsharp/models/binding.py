@@ -1,14 +1,8 @@
 """Attach any :class:`~quotientsharp.SymmetryQuotient` to parameters of a model.
 
-Discovery (:func:`~quotientsharp.models.find_symmetries`) knows attention heads and diagonal
-networks. For any other symmetry, a :class:`QuotientBinding` says which parameters form a point
-of a quotient and how they map to and from it; ``quotientsharp.sharpness(model, batches,
-measure="geodesic", symmetries=[binding, ...])`` then measures with that quotient, and every
-other trainable parameter gets the adaptive geometry.
-
-The maps must be differentiable (the ascent backpropagates through ``from_point``) and
-mutually inverse; the engine checks ``from_point(to_point(theta)) = theta`` once before it
-measures.
+A :class:`QuotientBinding` says which parameters form a point of a quotient and how they map to
+and from it (differentiable, mutually inverse maps); ``quotientsharp.sharpness(...,
+symmetries=[binding, ...])`` then measures with that quotient.
 """
 
 from __future__ import annotations
@@ -150,30 +144,13 @@ def _check_point_layout(binding: QuotientBinding, base: Tensors) -> None:
 
 def validate_bindings(bindings: Sequence[QuotientBinding],
                       trainable: Mapping[str, torch.Tensor]) -> list[Tensors]:
-    """Refuse bindings that :func:`quotientsharp.sharpness` and
-    :class:`~quotientsharp.models.QuotientSGD` cannot use; return each binding's point.
+    """Refuse bindings that :func:`quotientsharp.sharpness` and the quotient optimisers cannot
+    use (one rule set for every consumer); return each binding's point at ``theta``, detached.
 
-    One rule set for every consumer of bindings, so that what one accepts the other accepts:
-    names unique and not reserved; every bound name a trainable parameter; no parameter in two
-    bindings; ``from_point(to_point(theta)) = theta``; ``to_point`` returning the quotient's
-    number of tensors, with ``folded`` leading dimensions.
-
-    Parameters
-    ----------
-    bindings
-        The caller's bindings.
-    trainable
-        The model's trainable parameters by name (``requires_grad``), at ``theta``.
-
-    Returns
-    -------
-    list of tuple of torch.Tensor
-        Each binding's point at ``theta``, detached.
-
-    Raises
-    ------
-    ValueError
-        Naming the binding (and the parameter) that breaks a rule.
+    The rules, each broken with a ``ValueError`` naming the binding (and the parameter): names
+    unique and not reserved; every bound name in ``trainable`` (the model's trainable parameters
+    at ``theta``); no parameter in two bindings; ``from_point(to_point(theta)) = theta``;
+    ``to_point`` returning the quotient's number of tensors, with ``folded`` leading dimensions.
     """
     _check_labels([b.name for b in bindings])
     _check_parameters(bindings, trainable)

@@ -1,26 +1,10 @@
 """Conventions of an attention module's modeling code: rotary layout and key/value sharing.
 
-**Rotary position embeddings.** Rotary embeddings rotate each query and key, per plane of two
-head dimensions, by an angle proportional to its position. The query/key symmetry then shrinks
-from ``GL(h)`` to the centraliser of the rotations, ``GL(1,C)^{R/2} x GL(h - R)`` for ``R``
-rotated dimensions (:class:`~quotientsharp.core.gl.RotaryQuotient`). Which dimensions form a plane
-is a convention of the modeling code:
-
-- ``"rotate_half"`` (HF Llama, Qwen2, Mistral, GPT-NeoX): plane ``d`` is ``(d, d + R/2)``;
-- ``"interleaved"`` (GPT-J, Cohere): plane ``d`` is ``(2d, 2d + 1)``.
-
-The layout is detected by calling the modeling code's own rotation helper (``rotate_half`` or
-``rotate_every_two``, looked up in the module that defines the attention class or one of its
-bases) on a probe vector and comparing with both conventions; ``R`` is read from the module
-(``rotary_ndims``, ``rotary_dim``) or its config (``partial_rotary_factor``, ``rotary_pct``,
-``rotary_dim``), else it is the whole head. The rotated dimensions are the first ``R`` of each
-head, as in every HF model with partial rotary.
-
-**Grouped-query attention.** With ``K`` key/value heads and ``g = heads / K``, HF's ``repeat_kv``
-(and ``torch``'s ``enable_gqa``) let query head ``i = j g + t`` read key/value head ``j``; a
-module's ``repeat_kv`` helper is probed the same way (:func:`detect_kv_sharing`).
-
-Nothing here reads a model tensor: the probes run the helpers on small CPU tensors.
+Rotary embeddings shrink the query/key group from ``GL(h)`` to ``GL(1,C)^{R/2} x GL(h - R)``,
+with planes ``(d, d + R/2)`` (``"rotate_half"``: Llama, Qwen2, Mistral, GPT-NeoX) or
+``(2d, 2d + 1)`` (``"interleaved"``: GPT-J, Cohere). The layout, and how ``repeat_kv`` shares
+key/value heads in grouped-query attention, are detected by calling the modeling code's own
+helper on a small CPU probe (``docs/attention-variants.md``); no model tensor is read.
 """
 
 from __future__ import annotations
@@ -68,12 +52,9 @@ def _expected_rotation(probe: torch.Tensor, layout: str) -> torch.Tensor:
 
 
 def probe_layout(helper: Callable[[torch.Tensor], torch.Tensor]) -> str | None:
-    """The layout (``"rotate_half"`` or ``"interleaved"``) a rotation helper implements.
-
-    ``helper`` maps a ``shape=[batch, heads, length, R]`` tensor to its quarter-turn rotation
-    (``x * cos + helper(x) * sin`` is the embedding); either turning direction is accepted.
-    ``None`` when it implements neither convention or fails on the probe.
-    """
+    """The layout (``"rotate_half"`` or ``"interleaved"``) of a helper that maps a
+    ``shape=[batch, heads, length, R]`` tensor to its quarter turn (either direction; ``x * cos +
+    helper(x) * sin`` is the embedding); ``None`` for neither convention or a failure."""
     # distinct entries tell the two pairings apart; float64 on the CPU whatever the defaults
     probe = torch.arange(1.0, 9.0, dtype=torch.float64, device="cpu").reshape(1, 1, 1, 8)
     try:
@@ -90,13 +71,8 @@ def probe_layout(helper: Callable[[torch.Tensor], torch.Tensor]) -> str | None:
 
 
 def modeling_helper(module: nn.Module, names: tuple[str, ...]) -> tuple[Any, str]:
-    """The first module-level callable named in ``names`` next to ``type(module)`` or a base.
-
-    Returns
-    -------
-    helper, source
-        The callable (``None`` if there is none) and its qualified name (or what was searched).
-    """
+    """The first module-level callable named in ``names`` next to ``type(module)`` or a base
+    (``None`` if there is none), and its qualified name (or what was searched)."""
     searched: list[str] = []
     for cls in type(module).__mro__:
         if cls is nn.Module or cls is object:
@@ -113,25 +89,16 @@ def modeling_helper(module: nn.Module, names: tuple[str, ...]) -> tuple[Any, str
 
 
 def detect_layout(module: nn.Module) -> tuple[str | None, str]:
-    """The rotary layout of ``module``'s modeling code, and where it was read.
-
-    Returns
-    -------
-    layout, source
-        ``layout`` is ``None`` when no helper of :data:`ROTATION_HELPERS` is found in the modules
-        that define ``type(module)`` and its bases, or when the first one found implements
-        neither convention; ``source`` says which helper was probed (or what was searched).
-    """
+    """The rotary layout of ``module``'s modeling code (``None`` when no helper of
+    :data:`ROTATION_HELPERS` is found, or the first found implements neither convention), and
+    which helper was probed (or what was searched)."""
     helper, source = modeling_helper(module, ROTATION_HELPERS)
     return (None if helper is None else probe_layout(helper)), source
 
 
 def probe_kv_sharing(helper: Callable[[torch.Tensor, int], torch.Tensor]) -> str | None:
-    """How a ``repeat_kv(x, g)`` helper shares key/value heads between query heads.
-
-    ``"grouped"``: query head ``i`` reads key/value head ``i // g`` (HF, ``repeat_interleave``);
-    ``"tiled"``: head ``i % K``; ``None``: neither, or the helper fails on the probe.
-    """
+    """How a ``repeat_kv(x, g)`` helper shares key/value heads: ``"grouped"`` (query head ``i``
+    reads ``i // g``, HF's ``repeat_interleave``), ``"tiled"`` (``i % K``) or ``None``."""
     probe = torch.arange(1.0, 4.0, dtype=torch.float64, device="cpu").reshape(1, 3, 1, 1)
     try:
         repeated = helper(probe.clone(), 2)
@@ -147,14 +114,9 @@ def probe_kv_sharing(helper: Callable[[torch.Tensor, int], torch.Tensor]) -> str
 
 
 def detect_kv_sharing(module: nn.Module) -> tuple[str | None, str]:
-    """How ``module``'s modeling code shares key/value heads, and where it was read.
-
-    Returns
-    -------
-    sharing, source
-        ``"grouped"`` (HF convention) when no ``repeat_kv`` helper exists (``source`` then says
-        it was assumed) or the helper implements it; ``"tiled"`` or ``None`` otherwise.
-    """
+    """How ``module``'s modeling code shares key/value heads, and where it was read:
+    ``"grouped"`` (HF) when no ``repeat_kv`` helper exists or it implements that convention,
+    ``"tiled"`` or ``None`` otherwise."""
     helper, source = modeling_helper(module, KV_SHARING_HELPERS)
     if helper is None:
         return "grouped", f"HF repeat_kv convention assumed ({source})"

@@ -1,21 +1,9 @@
 """Parameters <-> symmetry coordinates: all heads of all layers stacked per factor shape.
 
-:class:`ParameterLayout` turns a dict of parameters into :class:`Coordinates`:
-
-- ``gl``: one ``(G, H)`` per distinct ``(n, m, h)`` bucket, ``shape=[P, n, h]`` and
-  ``shape=[P, m, h]``, every pair of that shape (all heads, all layers, both kinds) on dim 0;
-- ``diagonal``: ``(u, v)``, ``shape=[D]`` each, every diagonal parameterisation concatenated;
-- ``other``: the remaining trainable parameters, as they are.
-
-Both directions are pure reshapes, transposes, slices and concatenations: differentiable,
-bit-exact, and functional (they allocate new tensors and never write to their inputs). Because
-the map is linear it also carries tangent vectors and gradients (dicts with the same names).
-
-A bucket holds pairs of one shape and one group: rotary query/key pairs (group
-``GL(1,C)^{R/2} x GL(h - R)``) never share a bucket with ``GL(h)`` pairs of the same shape.
-Grouped-query pairs stack several heads' blocks along the rows of one factor
-(:class:`~quotientsharp.models.PairGroup`), and fused projections that interleave their heads
-are read with a stride (:class:`~quotientsharp.models.FactorSource`).
+:class:`ParameterLayout` maps a dict of parameters to :class:`Coordinates` (one ``(G, H)`` per
+bucket of pairs of one shape and group, the diagonal ``(u, v)``, the other parameters) and back.
+Both directions are reshapes, transposes, slices and concatenations: differentiable, bit-exact
+and functional, and, the map being linear, they carry tangent vectors and gradients too.
 """
 
 from __future__ import annotations
@@ -136,16 +124,18 @@ def _segment(parts: list[torch.Tensor], axis: int) -> torch.Tensor:
     return joined.flatten(axis, axis + 1)
 
 
-def _check_reference(report: SymmetryReport, params: Mapping[str, torch.Tensor]) -> None:
-    """Each trainable parameter of the report in ``params``, with the report's shape."""
-    for name in report.trainable:
+def _check_params(params: object, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """``params`` a dict with a tensor of shape ``shapes[name]`` for every name of ``shapes``."""
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a dict of tensors, got {type(params).__name__}")
+    for name, shape in shapes.items():
         tensor = params.get(name)
         if not isinstance(tensor, torch.Tensor):
             raise KeyError(f"params has no tensor {name!r} (a trainable parameter of the "
                            "model the report was made for)")
-        if tuple(tensor.shape) != report.parameter_shapes[name]:
-            raise ValueError(f"params[{name!r}] has shape {tuple(tensor.shape)}, the report "
-                             f"expects {report.parameter_shapes[name]}")
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"params[{name!r}] has shape {tuple(tensor.shape)}, expected "
+                             f"{shape}")
 
 
 def _matrix_shape(name: str, shape: tuple[int, ...], role: str, axis: int) -> tuple[int, ...]:
@@ -201,11 +191,9 @@ class ParameterLayout:
     def __init__(self, report: SymmetryReport, params: Mapping[str, torch.Tensor]) -> None:
         if not isinstance(report, SymmetryReport):
             raise TypeError(f"report must be a SymmetryReport, got {type(report).__name__}")
-        if not isinstance(params, Mapping):
-            raise TypeError(f"params must be a dict of tensors, got {type(params).__name__}")
         self.report = report
         self.names = report.trainable
-        _check_reference(report, params)
+        _check_params(params, {name: report.parameter_shapes[name] for name in self.names})
         self._shapes = {name: tuple(params[name].shape) for name in self.names}
         self._dtypes = {name: params[name].dtype for name in self.names}
         self._devices = {name: params[name].device for name in self.names}
@@ -377,7 +365,7 @@ class ParameterLayout:
             Every name in :attr:`names`, same shapes as the reference; extra names (frozen
             parameters, buffers) are ignored.
         """
-        self._check_params(params)
+        _check_params(params, self._shapes)
         gl = []
         for entries in self._bucket_groups:
             factors = []
@@ -407,7 +395,9 @@ class ParameterLayout:
         made by :meth:`to_coordinates`). Tensors of ``coords.other`` are passed through as they
         are; every other tensor is newly allocated.
         """
-        gl, diagonal, other = self._check_coordinates(coords)
+        gl = self._check_gl_coordinates(getattr(coords, "gl", None))
+        diagonal = self._check_diagonal_coordinates(getattr(coords, "diagonal", None))
+        other = self._check_other_coordinates(getattr(coords, "other", None))
         factors = [tensor for pair in gl for tensor in pair]
         pieces = self._pieces(factors)
         result: dict[str, torch.Tensor] = {}
@@ -438,23 +428,6 @@ class ParameterLayout:
         return {name: result[name] for name in self.names}
 
     # ------------------------------------------------------------------ checks
-    def _check_params(self, params: Mapping[str, torch.Tensor]) -> None:
-        if not isinstance(params, Mapping):
-            raise TypeError(f"params must be a dict of tensors, got {type(params).__name__}")
-        for name in self.names:
-            tensor = params.get(name)
-            if not isinstance(tensor, torch.Tensor):
-                raise KeyError(f"params is missing tensor {name!r}")
-            if tuple(tensor.shape) != self._shapes[name]:
-                raise ValueError(f"params[{name!r}] has shape {tuple(tensor.shape)}, expected "
-                                 f"{self._shapes[name]}")
-
-    def _check_coordinates(self, coords: Coordinates) -> tuple[
-            list[Any], Sequence[torch.Tensor] | None, Mapping[str, torch.Tensor]]:
-        return (self._check_gl_coordinates(getattr(coords, "gl", None)),
-                self._check_diagonal_coordinates(getattr(coords, "diagonal", None)),
-                self._check_other_coordinates(getattr(coords, "other", None)))
-
     def _check_gl_coordinates(self, gl: object) -> list[Any]:
         """``coords.gl``: one ``(G, H)`` pair per bucket, ``shape=[pairs, n, h]`` and
         ``[pairs, m, h]``."""

@@ -1,47 +1,14 @@
 """Low-rank adapters (LoRA, as built by PEFT) as ``GL(r)`` factor pairs.
 
-A LoRA adapter of rank ``r`` adds ``s B A`` to a frozen weight ``W0`` (``y = x (W0 + s B A)^T``),
-with ``B``, ``shape=[out, r]``, ``A``, ``shape=[r, in]`` and a scaling ``s`` (``alpha / r``, or
-``alpha / sqrt(r)`` with rsLoRA). The network sees only the product ``B A``, so every ``M`` in
-``GL(r)`` acting by ``(A, B) -> (M A, B M^{-1})`` leaves it unchanged. In the factor-pair
-convention of the attention pairs (``G H^T`` seen, ``(G, H) -> (G M^{-1}, H M^T)``) the adapter
-is the pair ``(G, H) = (B, A^T)``: :class:`~quotientsharp.models.PairGroup` of kind ``"lora"``,
-one pair, head dimension ``r``; ``G`` reads the columns of ``lora_B``'s weight, ``H`` the rows of
-``lora_A``'s weight. The scaling multiplies the product and does not touch the action.
-
-Layers (PEFT's ``LoraLayer`` subclasses, recognised by their structure, so that this module never
-imports ``peft``):
-
-- ``Linear`` (and quantised linear layers with the same ``lora_A``/``lora_B`` structure);
-- ``Embedding``: ``A`` (``lora_embedding_A``, ``shape=[r, vocab]``) is looked up by row of
-  ``A^T``, ``B`` (``lora_embedding_B``, ``shape=[dim, r]``) maps back: the same pair;
-- ``Conv1d/2d/3d``: ``A`` is a convolution to ``r`` channels (``H`` is its weight with the input
-  channels and kernel flattened into rows), ``B`` a ``1 x 1`` convolution (``G`` its weight).
-  A grouped base convolution makes ``B`` grouped, which breaks ``GL(r)``: not a pair.
-
-DoRA rescales ``W0 + s B A`` column-wise by a magnitude vector ``m``: ``B A`` still enters only
-as a product, so ``GL(r)`` still acts; ``m`` is an ordinary parameter (the adaptive block). A
-bias on ``B`` (``lora_bias``) is added after ``B`` and is outside the pair too.
-
-An adapter is a pair only when it reaches the output and is a point of the quotient:
-
-- ``merged``: merged into the base weight, it has no symmetry left (and PEFT's forward skips
-  every adapter of a layer that holds a merged one);
-- ``inactive``: not among the layer's active adapters (or adapters disabled);
-- ``frozen``: ``A`` or ``B`` does not require gradients;
-- ``degenerate``: ``B`` or ``A`` has rank below ``r`` (a fresh PEFT adapter has ``B = 0``). The
-  ``GL(r)`` action is not free there, the inv and mix metrics are singular, and the point is not
-  on the quotient. By default such an adapter goes to the adaptive block with a note (and a
-  warning); ``find_symmetries(model, degenerate="pair")`` keeps it as a pair, for a measurement
-  with ``eps > 0`` (``S = K + eps I``) or for :class:`~quotientsharp.models.optim.QuotientSGD`
-  with ``eps > 0``;
-- ``unsupported``: a LoRA variant other than plain LoRA and DoRA, a LoRA layer type whose
-  factors are not a plain product (PEFT's ``MultiheadAttention`` and ``ParamWrapper``), or a
-  grouped convolution.
-
-Discovery reads the values of ``A`` and ``B`` only for the rank test (singular values in
-float64, numerical rank as ``numpy.linalg.matrix_rank`` counts it); on the meta device (a model
-built from configs) the values are unknown and the test is skipped, with a note.
+An adapter adds ``s B A`` to a frozen weight; the network sees only ``B A``, so ``GL(r)`` acts
+by ``(A, B) -> (M A, B M^{-1})``: the pair ``(G, H) = (B, A^T)`` of kind ``"lora"`` (one pair,
+head dimension ``r``). PEFT's ``Linear``, ``Embedding`` and ``Conv1d/2d/3d`` layers and DoRA
+(whose magnitude vector is an ordinary parameter) are recognised by their structure, so that
+this module never imports ``peft``. An adapter is a pair only when it reaches the output and is
+a point of the quotient: merged, inactive, frozen, degenerate (rank below ``r``, as a fresh
+adapter's ``B = 0``; ``find_symmetries(model, degenerate="pair")`` keeps those) and unsupported
+adapters are not (``docs/lora.md``). Values are read only for the rank test, skipped on the
+meta device.
 """
 
 from __future__ import annotations
@@ -140,21 +107,9 @@ class LoraAdapter:
 
 @dataclass
 class LoraFinding:
-    """What :func:`find_lora_adapters` found.
-
-    Attributes
-    ----------
-    groups
-        One :class:`~quotientsharp.models.PairGroup` (kind ``"lora"``, one pair) per adapter
-        with status ``"pair"`` (and ``"degenerate"`` under ``degenerate="pair"``).
-    adapters
-        Every adapter of every LoRA layer, in ``named_modules`` order.
-    notes
-        Readable remarks for the report.
-    adapted_bases
-        Base-layer parameter names of the layers whose adapters reach the output: a symmetry of
-        the base weight alone (an attention head's) is not one of ``W0 + s B A``.
-    """
+    """What :func:`find_lora_adapters` found: the adapters' pair groups, every adapter, notes,
+    and the base weights whose adapters reach the output (``W0 + s B A`` does not keep a
+    symmetry of ``W0`` alone)."""
 
     groups: list[PairGroup] = field(default_factory=list)
     adapters: list[LoraAdapter] = field(default_factory=list)
@@ -386,21 +341,9 @@ def find_lora_adapters(model: nn.Module, names: dict[int, str], frozen: Iterable
                        degenerate: str = "adaptive") -> LoraFinding:
     """Every adapter of every LoRA layer of ``model``, and the ``GL(r)`` pairs among them.
 
-    Parameters
-    ----------
-    model
-        The network, e.g. a ``peft.PeftModel``.
-    names
-        ``id(parameter) -> name`` for the model's parameters.
-    frozen
-        Names of the parameters with ``requires_grad=False``.
-    degenerate
-        ``"adaptive"`` (default): a rank-deficient adapter is not a pair, its factors join the
-        adaptive block (noted); ``"pair"``: it stays a pair, for measurements with ``eps > 0``.
-
-    Returns
-    -------
-    LoraFinding
+    ``names`` maps ``id(parameter)`` to its name, ``frozen`` names the parameters without
+    gradients; ``degenerate`` is ``find_symmetries``'s: ``"adaptive"`` (a rank-deficient
+    adapter joins the adaptive block, noted) or ``"pair"`` (kept, for ``eps > 0``).
     """
     if degenerate not in DEGENERATE_POLICIES:
         raise ValueError(f"degenerate must be one of {DEGENERATE_POLICIES}, got {degenerate!r}")
@@ -455,12 +398,10 @@ def mark_dropped(adapters: list[LoraAdapter], kept: set[str]) -> list[LoraAdapte
     (``kept``: labels of the surviving ``lora`` groups)."""
     result = []
     for record in adapters:
-        is_pair = record.status == "pair" or (record.status == "degenerate"
-                                              and record.label in kept)
         if record.status == "pair" and record.label not in kept:
             record = replace(record, status="dropped",
                              reason="the walker dropped its pair (see the notes)")
-        elif is_pair and record.status == "degenerate":
+        elif record.status == "degenerate" and record.label in kept:
             record = replace(record, reason=record.reason + " (kept as a relaxed pair)")
         result.append(record)
     return result

@@ -1,30 +1,15 @@
 """The published LoRA optimisers on the library's geometry: Riemannian preconditioned AdamW
-(Zhang & Pilanci, 2024) and LoRA+ (Hayou, Ghosh & Yu, 2024).
+(Zhang & Pilanci, 2024) and LoRA+ (Hayou, Ghosh & Yu, 2024), on the pairs that discovery finds
+(``degenerate="pair"``, so that a fresh adapter with ``B = 0`` is a pair) or that
+:class:`~quotientsharp.models.QuotientBinding` s bind.
 
-Both act on the pairs that the library's discovery finds (:func:`~quotientsharp.models.
-find_symmetries`, with ``degenerate="pair"`` so that a fresh adapter with ``B = 0`` is a pair):
-a LoRA adapter is the pair ``(G, H) = (B, A^T)``; attention heads are query/key and value/output
-pairs; :class:`~quotientsharp.models.QuotientBinding` s bind any other quotient.
-
-Riemannian preconditioned AdamW. Zhang & Pilanci replace the gradients of each adapter by the
-scaled gradients
-
-    ``dL/dB (A A^T + delta I)^{-1}``,  ``(B^T B + delta I)^{-1} dL/dA``,
-
-and feed them to AdamW (first and second moments, bias correction, decoupled weight decay).
-In the pair's coordinates this is ``(dL/dG S_H^{-1}, dL/dH S_G^{-1})`` with ``S = K + delta I``:
-the gradient raised by the damped ``mix`` metric of :class:`~quotientsharp.core.gl.GLQuotient`
-(its frozen point's ``raise_index``, the formula of :mod:`quotientsharp.core.gl.mix`). For a loss
-invariant under the pair's group this is already horizontal at every damping (its moment is
-``dL/dH^T H - G^T dL/dG = 0``), so it is the direction of
-:class:`~quotientsharp.models.QuotientSGD` with ``metric="mix"``; no projection is applied, as in
-the paper. It works for every pair the library binds, attention heads included. The moments are
-taken entrywise on the raised gradients, as in the paper and in PEFT's
-``create_riemannian_optimizer``: the step is not invariant under the pair's group (only the raise
-is), which is what :class:`~quotientsharp.models.quotient_adamw.QuotientAdamW` changes.
-
-LoRA+. The factor ``B`` of every adapter (``G`` of the pair) gets the learning rate ``ratio``
-times that of ``A``; every other trainable parameter keeps the base rate.
+:class:`RiemannianAdamW` feeds AdamW the gradients raised by the damped ``mix`` metric of the
+core's :class:`~quotientsharp.core.gl.GLQuotient`, ``(dL/dG S_H^{-1}, dL/dH S_G^{-1})`` with
+``S = K + delta I`` (in LoRA terms ``dL/dB (A A^T + delta I)^{-1}`` and
+``(B^T B + delta I)^{-1} dL/dA``); its moments are entrywise, as in the paper and PEFT's
+``create_riemannian_optimizer``, so the step is not invariant under the pair's group
+(:class:`~quotientsharp.models.quotient_adamw.QuotientAdamW` is). LoRA+ gives the factor ``B``
+(``G`` of the pair) ``ratio`` times the learning rate of ``A``.
 """
 
 from __future__ import annotations
@@ -35,112 +20,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from quotientsharp.core.gl import GLQuotient
-from quotientsharp.core.reference import jvp_pair
-from quotientsharp.models.binding import QuotientBinding, validate_bindings
-from quotientsharp.models.layout import ParameterLayout
+from quotientsharp.models.binding import QuotientBinding
 from quotientsharp.models.optim import (
+    PairGradients,
     begin_step,
     check_betas,
+    check_model,
     check_number,
     param_groups,
-    report_quotients,
     resolve_symmetries,
     warn_without_pairs,
 )
 from quotientsharp.models.report import PAIR_KINDS, SymmetryReport
-from quotientsharp.models.symmetry_check import check_structure
 
 Symmetries = str | SymmetryReport | QuotientBinding | Sequence[QuotientBinding]
-
-
-def _check_model(model: object) -> dict[str, nn.Parameter]:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    return dict(model.named_parameters())
-
-
-class _PairRaise:
-    """The metric-raised gradients of every bound pair, by parameter name (parameter space).
-
-    One quotient per bucket of the report's layout (the damped ``mix`` metric), or the bindings'
-    own quotients; the raise is the core's ``raise_index`` at the frozen point.
-    """
-
-    def __init__(self, named: dict[str, nn.Parameter],
-                 resolved: SymmetryReport | list[QuotientBinding], eps: float) -> None:
-        self.named = named
-        self.layout: ParameterLayout | None = None
-        self.quotients: list[GLQuotient] = []
-        self.bindings: list[QuotientBinding] = []
-        if isinstance(resolved, SymmetryReport):
-            # one damped mix quotient per bucket, built as QuotientSGD builds them
-            self.layout, self.quotients, _, self.names = report_quotients(
-                resolved, named, "mix", eps)
-        else:
-            self.bindings = resolved
-            trainable = {n: t.detach() for n, t in named.items() if t.requires_grad}
-            validate_bindings(self.bindings, trainable)
-            for binding in self.bindings:
-                check_structure(binding, trainable)
-            self.names = list(dict.fromkeys(n for b in self.bindings for n in b.parameters))
-
-    def _gradients(self) -> dict[str, torch.Tensor]:
-        # in a pair a missing gradient counts as zero (the other factor may have one)
-        result = {}
-        for name in self.names:
-            gradient = self.named[name].grad
-            result[name] = torch.zeros_like(self.named[name]) if gradient is None else gradient
-        return result
-
-    def raised(self) -> dict[str, torch.Tensor]:
-        """``{name: raised gradient}`` for every pair parameter."""
-        if self.layout is None:
-            return self._raised_bindings()
-        values = {n: t.detach() for n, t in self.named.items() if n in self.layout.names}
-        gradients = dict(values)
-        gradients.update(self._gradients())
-        coords = self.layout.to_coordinates(values)
-        egrads = self.layout.to_coordinates(gradients)
-        raised = []
-        for index, (point, egrad, quotient) in enumerate(zip(coords.gl, egrads.gl,
-                                                             self.quotients, strict=True)):
-            frozen = _frozen(quotient, point, f"bucket {index}")
-            raised.append(tuple(frozen.raise_index(egrad)))
-        directions = self.layout.to_parameters(coords.replace(gl=raised))
-        return {n: directions[n] for n in self.names}
-
-    def _raised_bindings(self) -> dict[str, torch.Tensor]:
-        gradients = self._gradients()
-        values = {n: self.named[n].detach() for n in self.names}
-        result: dict[str, torch.Tensor] = {}
-        for binding in self.bindings:
-            with torch.enable_grad():
-                point = tuple(t.detach().requires_grad_(True) for t in binding.point(values))
-                # the gradient on the point: the adjoint of from_point applied to the
-                # parameters' gradient (autograd, so any differentiable binding map works)
-                back = binding.parameters_of(point)
-                inner = torch.stack([(back[n] * gradients[n]).sum()
-                                     for n in binding.parameters]).sum()
-                raw = torch.autograd.grad(inner, point, allow_unused=True)
-            egrad = tuple(torch.zeros_like(p) if g is None else g
-                          for p, g in zip(point, raw, strict=True))
-            detached = tuple(t.detach() for t in point)
-            direction = tuple(_frozen(binding.quotient, detached, binding.name)
-                              .raise_index(egrad))
-            # a tangent vector maps by the differential of from_point
-            _, pushed = jvp_pair(binding.parameters_of, (detached,), (direction,))
-            result.update({n: t.detach() for n, t in pushed.items()})
-        return result
-
-
-def _frozen(quotient: Any, point: tuple[torch.Tensor, ...], where: str) -> Any:
-    try:
-        return quotient.at(point)
-    except ValueError as err:
-        raise ValueError(f"RiemannianAdamW: the pairs of {where} are degenerate for the damping "
-                         f"eps={getattr(quotient, 'eps', None)}: {err}. A fresh LoRA adapter has "
-                         "B = 0; pass eps > 0") from err
 
 
 class RiemannianAdamW(torch.optim.AdamW):
@@ -184,27 +77,28 @@ class RiemannianAdamW(torch.optim.AdamW):
     def __init__(self, model: nn.Module, lr: float, *, eps: float = 1e-2,
                  weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999),
                  adam_eps: float = 1e-8, symmetries: Symmetries = "auto") -> None:
-        named = _check_model(model)
+        named = check_model(model)
         lr = check_number("lr", lr, 0.0, strict=True)
         eps = check_number("eps", eps, 0.0)
         weight_decay = check_number("weight_decay", weight_decay, 0.0)
         beta_pair = check_betas(betas)
         adam_eps = check_number("adam_eps", adam_eps, 0.0, strict=True)
-        self._raise = _PairRaise(named, resolve_symmetries(model, symmetries), eps)
-        warn_without_pairs("RiemannianAdamW", self._raise.names, "AdamW")
-        super().__init__(param_groups(named, self._raise.names), lr=lr, betas=beta_pair,
+        self._pairs = PairGradients("RiemannianAdamW", named,
+                                    resolve_symmetries(model, symmetries), "mix", eps)
+        warn_without_pairs("RiemannianAdamW", self._pairs.names, "AdamW")
+        super().__init__(param_groups(named, self._pairs.names), lr=lr, betas=beta_pair,
                          eps=adam_eps, weight_decay=weight_decay)
         self.damping = eps
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One step; ``closure`` (re-evaluating the loss with gradients) as in ``torch.optim``."""
-        named = self._raise.named
-        loss = begin_step("RiemannianAdamW", closure, named, self._raise.names)
-        with_grad = [n for n in self._raise.names if named[n].grad is not None]
+        named = self._pairs.named
+        loss = begin_step("RiemannianAdamW", closure, named, self._pairs.names)
+        with_grad = [n for n in self._pairs.names if named[n].grad is not None]
         saved: dict[str, torch.Tensor | None] = {}
         if with_grad:
-            raised = self._raise.raised()
+            raised = self._pairs.directions("raise_index")
             for name in with_grad:
                 saved[name] = named[name].grad
                 named[name].grad = raised[name].to(named[name].dtype)
@@ -283,7 +177,7 @@ def loraplus_param_groups(model: nn.Module, lr: float, *, ratio: float = 16.0,
     1-D trainable parameter (biases, norms) at the ``B`` rate and LoRA on embeddings at a fixed
     ``1e-6``; here both keep ``lr`` and embedding adapters are pairs like any other.
     """
-    named = _check_model(model)
+    named = check_model(model)
     lr = check_number("lr", lr, 0.0, strict=True)
     ratio = check_number("ratio", ratio, 0.0, strict=True)
     weight_decay = check_number("weight_decay", weight_decay, 0.0)
@@ -291,12 +185,10 @@ def loraplus_param_groups(model: nn.Module, lr: float, *, ratio: float = 16.0,
                                                                  for k in kinds)):
         raise ValueError(f"kinds must be a sequence of pair kinds (e.g. ('lora',)) or None, "
                          f"got {kinds!r}")
-    if isinstance(symmetries, QuotientBinding) or (not isinstance(symmetries, str) and isinstance(
-            symmetries, Sequence)):
+    resolved = resolve_symmetries(model, symmetries)
+    if not isinstance(resolved, SymmetryReport):
         raise TypeError("symmetries must be 'auto' or a SymmetryReport: a binding does not say "
                         "which factor is B")
-    resolved = resolve_symmetries(model, symmetries)
-    assert isinstance(resolved, SymmetryReport)
     g_side, h_side = _factor_sides(resolved, kinds)
     in_pairs = set(g_side) | set(h_side)
     groups = [

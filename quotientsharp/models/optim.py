@@ -1,29 +1,13 @@
 """Gradient descent on the quotient: :class:`QuotientSGD` steps ``GL`` pairs along their
-Riemannian gradient, every other trainable parameter as plain SGD.
+Riemannian gradient, every other trainable parameter as plain SGD, and the helpers that the
+three quotient optimisers share (argument checks, the pairs and their gradients).
 
-For a pair ``(G, H)`` (a LoRA adapter is ``(B, A^T)``, an attention head a query/key or
-value/output pair) the step is ``x <- x - lr * grad_R L(x)``, with the Riemannian gradient of the
-pair's metric computed by the core's :class:`~quotientsharp.core.gl.GLQuotient` (the metric-raised
-Euclidean gradient, projected onto the horizontal space). With the ``mix`` metric and
-``S_G = G^T G + eps I``, ``S_H = H^T H + eps I`` it is
-
-    ``grad_G = dL/dG S_H^{-1}``,  ``grad_H = dL/dH S_G^{-1}``,
-
-in LoRA terms ``grad_B = dL/dB (A A^T + eps I)^{-1}`` and ``grad_A = (B^T B + eps I)^{-1} dL/dA``:
-the scaled gradient step of ScaledGD (Tong, Ma & Chi, 2021) and, with the damping ``eps > 0``,
-of Riemannian preconditioned LoRA (Zhang & Pilanci, 2024). For an invariant loss at ``eps = 0``
-the raised gradient is already horizontal, so the projection changes nothing but rounding. The
-``inv`` metric gives ``grad_G = dL/dG S_G`` instead.
-
-Equivariance. The Euclidean gradient at ``(G M^{-1}, H M^T)`` is ``(dL/dG M^T, dL/dH M^{-1})``
-and the Gram matrices move to ``M^{-T} K_G M^{-1}`` and ``M K_H M^T``, so at ``eps = 0`` the
-Riemannian gradient moves as a tangent vector, ``(grad_G M^{-1}, grad_H M^T)``: the iterates
-from ``(G, H)`` and from ``(G M^{-1}, H M^T)`` stay on one orbit at every step, and ``G H^T``
-(the adapter's ``B A``) is the same. Momentum buffers and weight decay are tangent vectors too
-and keep this. With ``eps > 0`` only orthogonal ``M`` commute with the damping.
-
-Degenerate pairs (a fresh PEFT adapter has ``B = 0``) have singular Gram matrices: at
-``eps = 0`` the step raises a ``ValueError`` naming the pair; ``eps > 0`` damps them.
+The Riemannian gradient of a pair ``(G, H)`` is the core's (:class:`~quotientsharp.core.gl.
+GLQuotient`): with the ``mix`` metric ``grad_G = dL/dG S_H^{-1}``, ``grad_H = dL/dH S_G^{-1}``
+(``S = K + eps I``), the scaled gradient step of ScaledGD and, with ``eps > 0``, of Riemannian
+preconditioned LoRA. At ``eps = 0`` it moves as a tangent vector under the group, so iterates
+from one orbit stay on one orbit (``docs/lora.md`` derives it). Degenerate pairs (a fresh PEFT
+adapter has ``B = 0``) raise a ``ValueError`` naming the pair at ``eps = 0``.
 """
 
 from __future__ import annotations
@@ -43,10 +27,13 @@ from quotientsharp.models.layout import ParameterLayout
 from quotientsharp.models.report import NoSymmetryWarning, SymmetryReport
 from quotientsharp.models.symmetry_check import check_structure
 
-_METRICS = ("mix", "inv")
+Tensors = tuple[torch.Tensor, ...]
+#: The metrics of the quotient optimisers.
+METRICS = ("mix", "inv")
 
 
 def check_number(name: str, value: object, minimum: float, strict: bool = False) -> float:
+    """``value`` as a finite float ``>= minimum`` (``>`` when ``strict``), else a ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     if value < minimum or (strict and value == minimum):
@@ -66,26 +53,13 @@ def check_betas(betas: object) -> tuple[float, float]:
     return checked[0], checked[1]
 
 
-def check_finite_step(owner: str, named: dict[str, nn.Parameter], values: Sequence[str]) -> None:
-    """Refuse a step on NaN or inf before anything changes (parameters, moments, step counts).
-
-    ``owner`` names the optimiser in the error, which lists every trainable parameter whose
-    gradient, and every parameter of ``values`` (the pairs', whose frames read them) whose
-    value, is not finite. One synchronisation per step.
-    """
-    checked = [(n, "gradient", p.grad) for n, p in named.items()
-               if p.requires_grad and p.grad is not None]
-    checked += [(n, "value", named[n].detach()) for n in values]
-    if not checked:
-        return
-    flags = [torch.isfinite(t).all() for _, _, t in checked]
-    device = flags[0].device
-    if bool(torch.stack([f.to(device) for f in flags]).all()):
-        return
-    bad = [f"{n} ({what})" for (n, what, _), ok in zip(checked, flags, strict=True)
-           if not bool(ok)]
-    raise ValueError(f"{owner}: NaN or inf in {', '.join(bad)}; the step was refused and "
-                     "nothing changed (skip this batch, or lower the learning rate)")
+def check_model(model: object, metric: str = "mix") -> dict[str, nn.Parameter]:
+    """The parameters of ``model`` (a ``torch.nn.Module``) by name, after checking ``metric``."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    return dict(model.named_parameters())
 
 
 def warn_without_pairs(owner: str, pair_names: Sequence[str], plain: str) -> None:
@@ -101,13 +75,30 @@ def warn_without_pairs(owner: str, pair_names: Sequence[str], plain: str) -> Non
 def begin_step(owner: str, closure: Callable[[], Any] | None, named: dict[str, nn.Parameter],
                values: Sequence[str]) -> Any:
     """The start of every quotient optimiser's step: the closure's loss (re-evaluated with
-    gradients, as in ``torch.optim``; ``None`` without one), then :func:`check_finite_step`."""
+    gradients, as in ``torch.optim``; ``None`` without one), then a refusal of NaN or inf
+    before anything changes (parameters, moments, step counts).
+
+    The error, naming ``owner``, lists every trainable parameter whose gradient, and every
+    parameter of ``values`` (the pairs', whose frames read them) whose value, is not finite.
+    One synchronisation per step.
+    """
     loss = None
     if closure is not None:
         with torch.enable_grad():
             loss = closure()
-    check_finite_step(owner, named, values)
-    return loss
+    checked = [(n, "gradient", p.grad) for n, p in named.items()
+               if p.requires_grad and p.grad is not None]
+    checked += [(n, "value", named[n].detach()) for n in values]
+    if not checked:
+        return loss
+    flags = [torch.isfinite(t).all() for _, _, t in checked]
+    device = flags[0].device
+    if bool(torch.stack([f.to(device) for f in flags]).all()):
+        return loss
+    bad = [f"{n} ({what})" for (n, what, _), ok in zip(checked, flags, strict=True)
+           if not bool(ok)]
+    raise ValueError(f"{owner}: NaN or inf in {', '.join(bad)}; the step was refused and "
+                     "nothing changed (skip this batch, or lower the learning rate)")
 
 
 def resolve_symmetries(model: nn.Module, symmetries: object
@@ -148,28 +139,122 @@ def param_groups(named: dict[str, nn.Parameter], pair_names: list[str]
     return groups
 
 
-def report_quotients(report: SymmetryReport, named: dict[str, nn.Parameter], metric: str,
-                     eps: float) -> tuple[ParameterLayout, list[GLQuotient], list[list[str]],
-                                          list[str]]:
-    """The layout of ``report``'s pairs, one quotient per bucket of it (the metric object of
-    the core: no formula here), each bucket's pair labels, and the pairs' parameter names."""
-    layout = ParameterLayout(report, named)
-    quotients: list[GLQuotient] = []
-    labels: list[list[str]] = []
-    for shape, rotary, pairs in zip(layout.bucket_shapes, layout.bucket_rotary,
-                                    layout.gl_pairs, strict=True):
-        if rotary is None:
-            quotients.append(GLQuotient(metric, eps))
+class PairGradients:
+    """The pairs a quotient optimiser steps, and their gradients moved by the pairs' geometry.
+
+    ``resolved`` is a report (one quotient per bucket of its layout, the core's metric objects
+    built with ``metric`` and ``eps``: no formula here) or bindings, refused by the rules and
+    the structure check of ``sharpness()`` (what it refuses is refused here). ``owner`` names
+    the optimiser in every error.
+    """
+
+    def __init__(self, owner: str, named: dict[str, nn.Parameter],
+                 resolved: SymmetryReport | list[QuotientBinding], metric: str,
+                 eps: float) -> None:
+        self.owner, self.named = owner, named
+        self.layout: ParameterLayout | None = None
+        self.quotients: list[GLQuotient] = []
+        self.labels: list[list[str]] = []
+        self.bindings: list[QuotientBinding] = []
+        if isinstance(resolved, SymmetryReport):
+            self.names = self._use_report(resolved, metric, eps)
         else:
-            quotients.append(RotaryQuotient(metric, eps, head_dim=shape[2],
-                                            rotary_dims=rotary[0], layout=rotary[1]))
-        labels.append([f"{p.module} {p.kind} head {p.head}" for p in pairs])
-    pair_names = [n for n in layout.names
-                  if n not in set(report.other) | set(report.diagonal_parameters)]
-    if report.diagonal:
-        raise ValueError("symmetries: diagonal GL(1) pairs are not supported by "
-                         "QuotientSGD (GL pairs only)")
-    return layout, quotients, labels, pair_names
+            trainable = {n: t.detach() for n, t in named.items() if t.requires_grad}
+            validate_bindings(resolved, trainable)
+            for binding in resolved:
+                check_structure(binding, trainable)
+            self.bindings = resolved
+            self.names = list(dict.fromkeys(n for b in resolved for n in b.parameters))
+
+    def _use_report(self, report: SymmetryReport, metric: str, eps: float) -> list[str]:
+        """The layout, quotients and labels of each bucket of ``report``; the pairs' names."""
+        if report.diagonal:
+            raise ValueError(f"symmetries: diagonal GL(1) pairs are not supported by "
+                             f"{self.owner} (GL pairs only)")
+        self.layout = ParameterLayout(report, self.named)
+        for shape, rotary, pairs in zip(self.layout.bucket_shapes, self.layout.bucket_rotary,
+                                        self.layout.gl_pairs, strict=True):
+            if rotary is None:
+                self.quotients.append(GLQuotient(metric, eps))
+            else:
+                self.quotients.append(RotaryQuotient(metric, eps, head_dim=shape[2],
+                                                     rotary_dims=rotary[0], layout=rotary[1]))
+            self.labels.append([f"{p.module} {p.kind} head {p.head}" for p in pairs])
+        other = set(report.other)
+        return [n for n in self.layout.names if n not in other]
+
+    def gradients(self) -> dict[str, torch.Tensor]:
+        """Each pair parameter's gradient; a missing one counts as zero (its partner's may not)."""
+        result = {}
+        for name in self.names:
+            gradient = self.named[name].grad
+            result[name] = torch.zeros_like(self.named[name]) if gradient is None else gradient
+        return result
+
+    def degenerate(self, quotient: GLQuotient, where: str, labels: Sequence[str],
+                   why: str) -> str:
+        """The error for pairs of ``where`` on which ``quotient`` is degenerate."""
+        named = f" ({', '.join(labels[:3])}{', ...' if len(labels) > 3 else ''})"
+        return (f"{self.owner}: the pairs of {where}{named if labels else ''} are degenerate "
+                f"for the {quotient.metric.name} metric at eps={quotient.eps}: {why}. A fresh "
+                "LoRA adapter has B = 0; pass eps > 0 (the damped metric)")
+
+    def at(self, quotient: Any, point: Tensors, where: str, labels: Sequence[str] = ()) -> Any:
+        """``quotient.at(point)``, a refusal raised again naming the optimiser and the pairs."""
+        try:
+            return quotient.at(point)
+        except ValueError as err:
+            if not isinstance(quotient, GLQuotient):
+                raise ValueError(f"{self.owner}: binding {where!r}: {err}") from err
+            raise ValueError(self.degenerate(quotient, where, labels, str(err))) from err
+
+    def bucket_directions(self, update: Callable[[int, Tensors, Tensors], Sequence[torch.Tensor]]
+                          ) -> dict[str, torch.Tensor]:
+        """``update(bucket, point, gradient)`` of every bucket of a report's pairs (stacked,
+        ``shape=[P, n, r]`` and ``[P, m, r]``), by parameter name (parameter space)."""
+        assert self.layout is not None, "a report's pairs only"
+        values = {n: t.detach() for n, t in self.named.items() if n in self.layout.names}
+        gradients = dict(values)
+        gradients.update(self.gradients())
+        coords = self.layout.to_coordinates(values)
+        egrads = self.layout.to_coordinates(gradients)
+        moved = [tuple(update(index, point, egrad))
+                 for index, (point, egrad) in enumerate(zip(coords.gl, egrads.gl, strict=True))]
+        directions = self.layout.to_parameters(coords.replace(gl=moved))
+        return {n: directions[n] for n in self.names}
+
+    def directions(self, operation: str) -> dict[str, torch.Tensor]:
+        """The frozen point's ``operation`` (``"riemannian_gradient"`` or ``"raise_index"``) of
+        every pair's gradient, by parameter name (parameter space)."""
+        if self.layout is not None:
+            def moved(index: int, point: Tensors, egrad: Tensors) -> Any:
+                frozen = self.at(self.quotients[index], point, f"bucket {index}",
+                                 self.labels[index])
+                return getattr(frozen, operation)(egrad)
+
+            return self.bucket_directions(moved)
+        gradients = self.gradients()
+        values = {n: self.named[n].detach() for n in self.names}
+        result: dict[str, torch.Tensor] = {}
+        for binding in self.bindings:
+            with torch.enable_grad():
+                point = tuple(t.detach().requires_grad_(True) for t in binding.point(values))
+                # the gradient on the point: the adjoint of from_point applied to the
+                # parameters' gradient (autograd, so any differentiable binding map works)
+                back = binding.parameters_of(point)
+                inner = torch.stack([(back[n] * gradients[n]).sum()
+                                     for n in binding.parameters]).sum()
+                raw = torch.autograd.grad(inner, point, allow_unused=True)
+            egrad = tuple(torch.zeros_like(p) if g is None else g
+                          for p, g in zip(point, raw, strict=True))
+            detached = tuple(t.detach() for t in point)
+            frozen = self.at(binding.quotient, detached, binding.name)
+            direction = tuple(getattr(frozen, operation)(egrad))
+            # a tangent vector maps by the differential of from_point (an affine or nonlinear
+            # map moves points and tangent vectors differently)
+            _, pushed = jvp_pair(binding.parameters_of, (detached,), (direction,))
+            result.update({n: t.detach() for n, t in pushed.items()})
+        return result
 
 
 class QuotientSGD(torch.optim.Optimizer):
@@ -214,49 +299,19 @@ class QuotientSGD(torch.optim.Optimizer):
     def __init__(self, model: nn.Module, lr: float, *, metric: str = "mix", eps: float = 0.0,
                  momentum: float = 0.0, weight_decay: float = 0.0,
                  symmetries: str | SymmetryReport | Sequence[QuotientBinding] = "auto") -> None:
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        named = check_model(model, metric)
         lr = check_number("lr", lr, 0.0, strict=True)
-        if metric not in _METRICS:
-            raise ValueError(f"metric must be one of {_METRICS}, got {metric!r}")
         eps = check_number("eps", eps, 0.0)
         momentum = check_number("momentum", momentum, 0.0)
         if momentum >= 1.0:
             raise ValueError(f"momentum must be < 1, got {momentum!r}")
         weight_decay = check_number("weight_decay", weight_decay, 0.0)
-        named = dict(model.named_parameters())
-        self._named = named
-        self._layout: ParameterLayout | None = None
-        self._bindings: list[QuotientBinding] = []
-        self._quotients: list[GLQuotient] = []
-        self._labels: list[list[str]] = []
-        resolved = resolve_symmetries(model, symmetries)
-        if isinstance(resolved, SymmetryReport):
-            pair_names = self._use_report(resolved, metric, eps)
-        else:
-            pair_names = self._use_bindings(resolved)
-        warn_without_pairs("QuotientSGD", pair_names, "SGD")
-        groups = param_groups(named, pair_names)
+        self._pairs = PairGradients("QuotientSGD", named, resolve_symmetries(model, symmetries),
+                                    metric, eps)
+        warn_without_pairs("QuotientSGD", self._pairs.names, "SGD")
         defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay}
-        super().__init__(groups, defaults)
+        super().__init__(param_groups(named, self._pairs.names), defaults)
         self.metric, self.eps = metric, eps
-        self._pair_names = pair_names
-
-    def _use_report(self, report: SymmetryReport, metric: str, eps: float) -> list[str]:
-        """Step the pairs of ``report`` (:func:`report_quotients`); the pairs' parameter names."""
-        self._layout, self._quotients, self._labels, pair_names = report_quotients(
-            report, self._named, metric, eps)
-        return pair_names
-
-    def _use_bindings(self, bindings: Sequence[object]) -> list[str]:
-        """Step ``bindings``, refused by the rules and the structure check of sharpness() (what
-        it refuses is refused here); their parameter names."""
-        self._bindings = [b for b in bindings if isinstance(b, QuotientBinding)]
-        trainable = {n: t.detach() for n, t in self._named.items() if t.requires_grad}
-        validate_bindings(self._bindings, trainable)
-        for binding in self._bindings:
-            check_structure(binding, trainable)
-        return list(dict.fromkeys(n for b in self._bindings for n in b.parameters))
 
     # ------------------------------------------------------------------ steps
     def _descend(self, group: dict[str, Any], params: list[torch.Tensor],
@@ -279,73 +334,20 @@ class QuotientSGD(torch.optim.Optimizer):
             result.append(direction)
         return result
 
-    def _pair_directions(self) -> dict[str, torch.Tensor]:
-        """The Riemannian gradient of every pair, by parameter name (parameter space)."""
-        named = self._named
-        values = {n: named[n].detach() for n in self._pair_names}
-        grads: dict[str, torch.Tensor] = {}
-        for n in self._pair_names:
-            grad = named[n].grad
-            grads[n] = grad if grad is not None else torch.zeros_like(named[n])
-        if self._layout is not None:
-            full_values = {n: t.detach() for n, t in named.items() if n in self._layout.names}
-            full_grads = dict(full_values)
-            full_grads.update(grads)
-            coords = self._layout.to_coordinates(full_values)
-            egrads = self._layout.to_coordinates(full_grads)
-            raised = []
-            for index, ((G, H), (dG, dH), quotient) in enumerate(zip(
-                    coords.gl, egrads.gl, self._quotients, strict=True)):
-                point = self._frozen(quotient, (G, H), f"bucket {index}", self._labels[index])
-                raised.append(tuple(point.riemannian_gradient((dG, dH))))
-            directions = self._layout.to_parameters(coords.replace(gl=raised))
-            return {n: directions[n] for n in self._pair_names}
-        result: dict[str, torch.Tensor] = {}
-        for binding in self._bindings:
-            point = tuple(t.detach().requires_grad_(True) for t in binding.point(values))
-            # the gradient on the point: the adjoint of from_point applied to the parameters'
-            # gradient (autograd, so any differentiable binding maps work)
-            back = binding.parameters_of(point)
-            inner = torch.stack([(back[n] * grads[n]).sum() for n in binding.parameters]).sum()
-            raw = torch.autograd.grad(inner, point, allow_unused=True)
-            egrad = tuple(torch.zeros_like(p) if g is None else g
-                          for p, g in zip(point, raw, strict=True))
-            detached = tuple(t.detach() for t in point)
-            frozen = self._frozen(binding.quotient, detached, binding.name, [])
-            direction = tuple(frozen.riemannian_gradient(egrad))
-            # a tangent vector maps by the differential of from_point (an affine or nonlinear
-            # map moves points and tangent vectors differently)
-            _, pushed = jvp_pair(binding.parameters_of, (detached,), (direction,))
-            result.update({n: t.detach() for n, t in pushed.items()})
-        return result
-
-    @staticmethod
-    def _frozen(quotient: Any, point: tuple[torch.Tensor, ...], where: str,
-                labels: list[str]) -> Any:
-        try:
-            return quotient.at(point)
-        except ValueError as err:
-            if not isinstance(quotient, GLQuotient):
-                raise ValueError(f"QuotientSGD: binding {where!r}: {err}") from err
-            named = f" ({', '.join(labels[:3])}{', ...' if len(labels) > 3 else ''})"
-            raise ValueError(f"QuotientSGD: the pairs of {where}{named if labels else ''} are "
-                             f"degenerate for the {quotient.metric.name} metric at eps="
-                             f"{quotient.eps}: {err}. A fresh LoRA adapter has B = 0; pass "
-                             "eps > 0 (the damped step)") from err
-
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One step; ``closure`` (re-evaluating the loss with gradients) as in ``torch.optim``."""
-        loss = begin_step("QuotientSGD", closure, self._named, self._pair_names)
+        pairs = self._pairs
+        loss = begin_step("QuotientSGD", closure, pairs.named, pairs.names)
         for group in self.param_groups:
             params = list(group["params"])
             if group["kind"] == "pairs":
                 if not any(p.grad is not None for p in params):
                     continue
                 with torch.enable_grad():
-                    directions_by_name = self._pair_directions()
-                names = {id(self._named[n]): n for n in self._pair_names}
-                directions = [directions_by_name[names[id(p)]].to(p.dtype) for p in params]
+                    by_name = pairs.directions("riemannian_gradient")
+                directions = [by_name[name].to(param.dtype)
+                              for name, param in zip(pairs.names, params, strict=True)]
             else:
                 params = [p for p in params if p.grad is not None]
                 directions = [p.grad for p in params]

@@ -1,26 +1,13 @@
 """Loading a saved PEFT LoRA adapter offline: a directory with adapter_config.json.
 
-``peft_model.save_pretrained(path)`` writes ``adapter_config.json`` and the adapter weights
-(``adapter_model.safetensors``), but not the base model. The base is built as PEFT's
-``AutoPeftModelFor...`` builds it: ``task_type`` picks the transformers class
-(``SEQ_CLS`` -> ``AutoModelForSequenceClassification``, ...; :data:`TASK_CLASSES`), so the head
-saved in ``modules_to_save`` (a classifier) has its module, and ``base_model_name_or_path``
-gives the weights, read from a local directory or the local cache (no download). For
-discovery alone (``quotientsharp symmetries``) a base without local weights is built from its
-``config.json`` (beside ``adapter_config.json``, or in the base's directory) on the meta
-device. The adapters are injected with ``peft``, trainable, and their saved values loaded;
-every saved tensor is then checked to be in the model with its value, and a directory whose
-values do not load is refused (never a fresh adapter, ``B = 0``, measured in its place).
-
-The adapters' names come from PEFT's layout of the saved files: ``save_pretrained`` writes the
-adapter named ``"default"`` into the directory itself and every other named adapter into a
-subdirectory of its name (``path/<name>/adapter_config.json``), so a directory may hold one
-adapter or several, with or without a ``"default"``. Every one is loaded under its name; the
-first (``"default"``, else the first name in sorted order) is the active one, since the files do
-not record which adapter was active.
-
-``peft`` (``pip install quotientsharp[lora]``), ``transformers`` and ``safetensors`` are imported
-only here, when such a directory is loaded.
+The base is built as PEFT's ``AutoPeftModelFor...`` builds it (``task_type`` picks the
+transformers class, :data:`TASK_CLASSES`, so a head saved in ``modules_to_save`` has its module)
+from ``base_model_name_or_path``, local files only; for discovery alone a base without local
+weights is built from its ``config.json`` on the meta device. PEFT saves the adapter
+``"default"`` in the directory and every other one in a subdirectory of its name: each is
+loaded under its name (the first active), and every saved value is checked to be in the model,
+so that a fresh adapter (``B = 0``) is never measured in its place. ``peft``, ``transformers``
+and ``safetensors`` are imported only here.
 """
 
 from __future__ import annotations
@@ -74,39 +61,23 @@ def _base_config(path: Path, folder: Path, settings: dict[str, Any]) -> Path:
         "torch.save(peft_model, file)")
 
 
-def _load_values(model: nn.Module, path: Path, adapter: str) -> int:
-    """Replace the adapter's meta parameters by the saved tensors; returns how many."""
-    import torch
+def _load_values(model: nn.Module, saved: dict[str, Any], adapter: str) -> None:
+    """Replace the adapter's meta parameters by its ``saved`` tensors."""
     from torch import nn
 
-    weights = path / "adapter_model.safetensors"
-    if weights.is_file():
-        from safetensors.torch import load_file
-
-        saved = load_file(str(weights))
-    elif (path / "adapter_model.bin").is_file():
-        saved = torch.load(path / "adapter_model.bin", map_location="cpu", weights_only=True)
-    else:
-        return 0
-    loaded = 0
-    for module in model.modules():
+    for name, module in model.named_modules():
         for local, parameter in list(module._parameters.items()):
             if parameter is None or not parameter.is_meta:
                 continue
             # PEFT saves "...lora_A.weight" for "...lora_A.<adapter>.weight" (and
-            # "...lora_embedding_A" for "...lora_embedding_A.<adapter>"): find the owner's name
-            for name, owner in model.named_modules():
-                if owner is module:
-                    full = f"{name}.{local}" if name else local
-                    break
+            # "...lora_embedding_A" for "...lora_embedding_A.<adapter>")
+            full = f"{name}.{local}" if name else local
             key = full.replace(f".modules_to_save.{adapter}.", ".").replace(f".{adapter}.", ".")
             if key.endswith(f".{adapter}"):
                 key = key[: -len(adapter) - 1]
             if key in saved and tuple(saved[key].shape) == tuple(parameter.shape):
                 module._parameters[local] = nn.Parameter(
                     saved[key].to(parameter.dtype), requires_grad=parameter.requires_grad)
-                loaded += 1
-    return loaded
 
 
 def _lora_settings(folder: Path) -> dict[str, Any]:
@@ -280,32 +251,14 @@ def _check_loaded(model: nn.Module, folder: Path, adapter: str,
 
 
 def load_peft_directory(path: str | Path, weights: bool = False) -> nn.Module:
-    """A ``peft.PeftModel`` from a saved adapter directory, every saved adapter loaded under
-    its name and checked to hold its saved values.
+    """A ``peft.PeftModel`` from the directory ``path`` that ``save_pretrained`` wrote, every
+    saved adapter loaded under its name (trainable, as when it was trained) and checked to hold its
+    saved values.
 
-    The base is built as PEFT's ``AutoPeftModelFor...`` builds it: the transformers class of
-    the adapter's ``task_type`` (so the head saved in ``modules_to_save``, a classifier, loads),
-    from ``base_model_name_or_path`` with its weights, offline; a classification head's
-    number of labels is read from the saved head. Without local base weights and with
-    ``weights=False`` (discovery), the base is built from its config on the meta device (see
-    the module docstring). The adapters are trainable (``is_trainable=True``), as when the
-    adapter was trained.
-
-    Parameters
-    ----------
-    path
-        The directory ``save_pretrained`` wrote.
-    weights
-        Require the base model's weights (measuring); otherwise its config suffices.
-
-    Raises
-    ------
-    RuntimeError
-        If ``peft`` is not installed.
-    FileNotFoundError, ValueError
-        If ``path`` holds no saved adapter, the base model cannot be found offline (with its
-        weights when ``weights``), an ``adapter_config.json`` is not a LoRA adapter's, or the
-        saved values do not load (missing, unused or changed tensors).
+    The base is built as the module docstring says, with its weights (offline); ``weights=False``
+    (discovery) accepts a base built from its config on the meta device. Raises ``RuntimeError``
+    without ``peft``; ``FileNotFoundError`` or ``ValueError`` when ``path`` holds no saved adapter,
+    the base cannot be found offline, an adapter is not LoRA, or the saved values do not load.
     """
     path = Path(path)
     adapters = saved_adapters(path)
@@ -330,6 +283,6 @@ def load_peft_directory(path: str | Path, weights: bool = False) -> nn.Module:
         for name, folder in adapters[1:]:
             model.load_adapter(str(folder), adapter_name=name, is_trainable=True)
     for name, folder in adapters:
-        _load_values(model, folder, name)
+        _load_values(model, saved[name], name)
         _check_loaded(model, folder, name, saved[name])
     return model

@@ -2,43 +2,15 @@
 Adam-like moments that the pair's group does not change, and every other trainable parameter as
 ``torch.optim.AdamW``.
 
-A pair ``(G, H)``, ``shape=[n, r]`` and ``[m, r]`` (a LoRA adapter is ``(B, A^T)``, an attention
-head a query/key or value/output pair) is seen by the network only through ``W = G H^T``; the
-group acts by ``(G M^{-1}, H M^T)`` and moves the Euclidean gradients to
-``(dL/dG M^T, dL/dH M^{-1})``. Entrywise moments (AdamW's) of these gradients are not
-invariant; this optimiser's are (``derivations/quotient_adamw.md`` derives every step).
-
-Frames. The metric of the core's :class:`~quotientsharp.core.gl.GLQuotient` raises a gradient
-factor by factor, ``dL/dG -> dL/dG P_G`` and ``dL/dH -> dL/dH P_H`` (mix:
-``P_G = S_H^{-1}``, ``P_H = S_G^{-1}``; inv: ``P_G = S_G``, ``P_H = S_H``; read off the frozen
-point's ``raise_index``, not written here). With a square root ``P_G = C_G C_G^T`` (Cholesky) the
-*frame gradient* ``g_G = dL/dG C_G`` is the gradient in an orthonormal frame of the metric, and
-the step ``u C_G^T`` of a frame vector ``u`` is a tangent vector. Under the group
-``C_G -> M^{-T} C_G O`` for an orthogonal ``O`` (the residual rotation that the Cholesky
-convention picks), so frame quantities only rotate: ``g_G -> g_G O``.
-
-Moments. The first moment is an ``n x r`` frame matrix, the second an ``r x r`` matrix
-``V_G = EMA(g_G^T g_G) / n`` (a mean over the factor's rows, so that a frame entry's scale is
-AdamW's), both rotating covariantly (``V -> O^T V O``); the update in the frame is
-``u_G = m_hat (V_hat^{1/2} + adam_eps I)^{-1}`` (bias-corrected as in Adam) and the step
-``-lr u_G C_G^T``, a tangent vector moved by the group like ``G``. Between steps the moments are
-carried into the new frame by ``T = (B_old^T B_old)^+ B_old^T B_new`` with the product-space
-bases ``B_G = H C_G`` (``g_G = dL/dW B_G``): what they remember is the gradient of ``W``
-restricted to the column spaces of the factors (for the mix metric at ``eps = 0`` the bases
-are orthonormal and ``T = B_old^T B_new``, LoRA-RITE's transport, Yen et al., ICLR 2025).
-``T`` rotates as ``O_old^T T O_new``, so the whole trajectory stays on one orbit at
-``eps = 0``: the products ``G H^T`` from ``(G, H)`` and ``(G M^{-1}, H M^T)`` agree to
-rounding. Decoupled weight decay ``(G, H) -> (1 - lr wd) (G, H)`` commutes with the group too.
-With ``eps > 0`` only orthogonal ``M`` keep this.
-
-A zero factor (a fresh PEFT adapter has ``B = 0``). With ``eps > 0`` the core's damped metric
-is defined there. At ``eps = 0`` a zero factor has no column space: the pair's step is taken in
-a frame computed with the zero factor stood in by one with orthonormal columns, and it is kept
-only where it does not depend on that stand-in (a zero ``G`` leaves ``H`` without a step, since
-``dL/dH = dL/dW^T G = 0`` for any loss of ``W``; ``G`` steps in the frame of ``H`` under the mix
-metric, whose ``P_G = S_H^{-1}`` does not read ``G``). The inv metric's steps of a zero factor
-are zero for ever (``P_G = S_G = 0``), so it is refused there with a ``ValueError`` that
-suggests ``eps > 0``. A nonzero rank-deficient factor at ``eps = 0`` is refused likewise.
+The moments of a pair ``(G, H)`` live in an orthonormal frame of the core's metric (a Cholesky
+factor ``C_G`` of the raise operator ``P_G``, read off the frozen point's ``raise_index``),
+which the group only rotates; between steps they are carried into the new frame by
+``T = (B_old^T B_old)^+ B_old^T B_new`` with the product-space bases ``B_G = H C_G`` (LoRA-RITE's
+transport, Yen et al., ICLR 2025, for the mix metric at ``eps = 0``). The whole trajectory then
+stays on one orbit at ``eps = 0``. A zero factor (a fresh adapter's ``B = 0``) at ``eps = 0``
+steps in a frame computed with the factor stood in by orthonormal columns, kept only where it
+does not depend on the stand-in (the mix metric); otherwise it is refused with a ``ValueError``
+suggesting ``eps > 0``. ``docs/lora.md`` and ``derivations/quotient_adamw.md`` derive each step.
 """
 
 from __future__ import annotations
@@ -50,24 +22,20 @@ import torch
 from torch import nn
 from torch.optim.adamw import adamw
 
-from quotientsharp.core.gl import GLPoint, GLQuotient
+from quotientsharp.core.gl import GLPoint
 from quotientsharp.models.binding import QuotientBinding
-from quotientsharp.models.layout import ParameterLayout
 from quotientsharp.models.optim import (
+    PairGradients,
+    Tensors,
     begin_step,
     check_betas,
+    check_model,
     check_number,
     param_groups,
-    report_quotients,
     resolve_symmetries,
     warn_without_pairs,
 )
 from quotientsharp.models.report import SymmetryReport
-
-Tensors = tuple[torch.Tensor, ...]
-
-#: The metrics whose raised gradients define the frames.
-METRICS = ("mix", "inv")
 
 
 # ---------------------------------------------------------------------- frame algebra
@@ -131,11 +99,6 @@ def _stand_in(factor: torch.Tensor, zero: torch.Tensor, scale: float) -> torch.T
     return torch.where(zero[..., None, None], unit, factor)
 
 
-def _zero_factors(x: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which pairs have ``G = 0`` and which ``H = 0``, ``shape=[...]`` each."""
-    return (x[0] == 0).flatten(-2).all(-1), (x[1] == 0).flatten(-2).all(-1)
-
-
 # ---------------------------------------------------------------------- the optimiser
 class QuotientAdamW(torch.optim.Optimizer):
     """AdamW whose ``GL`` pairs take steps invariant under the pair's group.
@@ -185,34 +148,28 @@ class QuotientAdamW(torch.optim.Optimizer):
                  weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999),
                  adam_eps: float = 1e-8,
                  symmetries: str | SymmetryReport | Sequence[QuotientBinding] = "auto") -> None:
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        named = check_model(model, metric)
         lr = check_number("lr", lr, 0.0, strict=True)
-        if metric not in METRICS:
-            raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
         eps = check_number("eps", eps, 0.0)
         weight_decay = check_number("weight_decay", weight_decay, 0.0)
         beta_pair = check_betas(betas)
         adam_eps = check_number("adam_eps", adam_eps, 0.0, strict=True)
-        report = _symmetry_report(model, symmetries)
-        self._named = dict(model.named_parameters())
-        self._layout: ParameterLayout
-        self._quotients: list[GLQuotient]
-        self._labels: list[list[str]]
-        self._layout, self._quotients, self._labels, pair_names = report_quotients(
-            report, self._named, metric, eps)
-        self._pair_names = pair_names
-        warn_without_pairs("QuotientAdamW", pair_names, "AdamW")
+        resolved = resolve_symmetries(model, symmetries)
+        if not isinstance(resolved, SymmetryReport):
+            raise TypeError("symmetries must be 'auto' or a SymmetryReport (QuotientAdamW steps "
+                            "discovered GL pairs), got QuotientBinding(s)")
+        self._pairs = PairGradients("QuotientAdamW", named, resolved, metric, eps)
+        warn_without_pairs("QuotientAdamW", self._pairs.names, "AdamW")
         defaults = {"lr": lr, "betas": beta_pair, "adam_eps": adam_eps,
                     "weight_decay": weight_decay}
-        super().__init__(param_groups(self._named, pair_names), defaults)
+        super().__init__(param_groups(named, self._pairs.names), defaults)
         self.metric, self.eps = metric, eps
 
     # ------------------------------------------------------------------ steps
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One step; ``closure`` (re-evaluating the loss with gradients) as in ``torch.optim``."""
-        loss = begin_step("QuotientAdamW", closure, self._named, self._pair_names)
+        loss = begin_step("QuotientAdamW", closure, self._pairs.named, self._pairs.names)
         for group in self.param_groups:
             if group["kind"] == "pairs":
                 self._step_pairs(group)
@@ -241,26 +198,16 @@ class QuotientAdamW(torch.optim.Optimizer):
         params = list(group["params"])
         if not any(p.grad is not None for p in params):
             return
-        named, layout = self._named, self._layout
-        values = {n: t.detach() for n, t in named.items() if n in layout.names}
-        grads = dict(values)
-        for n in self._pair_names:
-            grad = named[n].grad
-            grads[n] = grad if grad is not None else torch.zeros_like(named[n])
-        coords, egrads = layout.to_coordinates(values), layout.to_coordinates(grads)
-        updates = [self._bucket_update(index, point, egrad, group)
-                   for index, (point, egrad) in enumerate(zip(coords.gl, egrads.gl,
-                                                              strict=True))]
-        directions = layout.to_parameters(coords.replace(gl=updates))
+        directions = self._pairs.bucket_directions(
+            lambda index, point, egrad: self._bucket_update(index, point, egrad, group))
         lr, decay = group["lr"], group["weight_decay"]
-        for name in self._pair_names:
-            param = named[name]
+        for name in self._pairs.names:
+            param = self._pairs.named[name]
             if decay:
                 param.mul_(1.0 - lr * decay)
             param.add_(directions[name].to(param.dtype), alpha=-lr)
 
-    def _bucket_update(self, index: int, x: tuple[torch.Tensor, torch.Tensor],
-                       egrad: tuple[torch.Tensor, torch.Tensor], group: dict[str, Any]
+    def _bucket_update(self, index: int, x: Tensors, egrad: Tensors, group: dict[str, Any]
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """The update direction ``(u_G C_G^T, u_H C_H^T)`` of bucket ``index`` (its pairs
         stacked, ``shape=[P, n, r]`` and ``[P, m, r]``), advancing the bucket's moments."""
@@ -274,7 +221,9 @@ class QuotientAdamW(torch.optim.Optimizer):
             if mask is not None:           # a factor whose partner is zero: no step
                 frame_grads[which] = torch.where(mask[..., None, None], 0.0,
                                                  frame_grads[which])
-        state = self._bucket_state(index)
+        # the bucket's moments: a dict in the state of the first pair parameter
+        first_pair = self._pairs.named[self._pairs.names[0]]
+        state: dict[str, Any] = self.state[first_pair].setdefault(f"bucket{index}", {})
         beta1, beta2 = group["betas"]
         step = state.get("step", 0) + 1
         state["step"] = step
@@ -318,19 +267,12 @@ class QuotientAdamW(torch.optim.Optimizer):
         second = transport.mT @ state[f"exp_avg_sq_{name}"].to(work) @ transport
         return first, second
 
-    def _bucket_state(self, index: int) -> dict[str, Any]:
-        """Bucket ``index``'s moments: a dict in the state of the first pair parameter."""
-        state: dict[str, Any] = self.state[self._named[self._pair_names[0]]].setdefault(
-            f"bucket{index}", {})
-        return state
-
-    def _frames(self, index: int, x: tuple[torch.Tensor, torch.Tensor]
-                ) -> tuple[tuple[torch.Tensor, torch.Tensor],
-                           tuple[torch.Tensor | None, torch.Tensor | None]]:
+    def _frames(self, index: int, x: Tensors) -> tuple[
+            tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor | None, torch.Tensor | None]]:
         """The frames of bucket ``index`` and, at ``eps = 0``, the masks of pairs whose factor
         ``G`` (first) or ``H`` (second) takes no step because its partner is zero."""
-        quotient = self._quotients[index]
-        zero_g, zero_h = _zero_factors(x)
+        quotient = self._pairs.quotients[index]
+        zero_g, zero_h = ((factor == 0).flatten(-2).all(-1) for factor in x)
         if quotient.eps != 0.0 or not bool((zero_g | zero_h).any()):
             return metric_frames(self._at(index, x)), (None, None)
         frames = metric_frames(self._at(index, tuple(
@@ -344,35 +286,14 @@ class QuotientAdamW(torch.optim.Optimizer):
             if bool(moving.any()):
                 change = (frames[which][moving] - probe[which][moving]).abs().amax()
                 if bool(change > 1e-6 * frames[which][moving].abs().amax()):
-                    raise ValueError(self._degenerate(
-                        index, "a factor is zero and the metric's frame of a zero factor "
-                        f"depends on the factor itself (its steps stay zero under the "
+                    raise ValueError(self._pairs.degenerate(
+                        quotient, f"bucket {index}", self._pairs.labels[index],
+                        "a factor is zero and the metric's frame of a zero factor depends on "
+                        "the factor itself (its steps stay zero under the "
                         f"{quotient.metric.name} metric at eps=0)"))
         return frames, (zero_h, zero_g)
 
     def _at(self, index: int, x: Tensors) -> GLPoint:
-        try:
-            point: GLPoint = self._quotients[index].at(x)
-        except ValueError as err:
-            raise ValueError(self._degenerate(index, str(err))) from err
+        point: GLPoint = self._pairs.at(self._pairs.quotients[index], x, f"bucket {index}",
+                                        self._pairs.labels[index])
         return point
-
-    def _degenerate(self, index: int, why: str) -> str:
-        labels = self._labels[index]
-        named = f"{', '.join(labels[:3])}{', ...' if len(labels) > 3 else ''}"
-        quotient = self._quotients[index]
-        return (f"QuotientAdamW: the pairs of bucket {index} ({named}) are degenerate for the "
-                f"{quotient.metric.name} metric at eps={quotient.eps}: {why}. Pass eps > 0 "
-                "(the damped metric)")
-
-
-def _symmetry_report(model: nn.Module, symmetries: object) -> SymmetryReport:
-    """The report whose pairs are stepped: discovered (``"auto"``) or given."""
-    resolved = resolve_symmetries(model, symmetries)
-    if not isinstance(resolved, SymmetryReport):
-        raise TypeError("symmetries must be 'auto' or a SymmetryReport (QuotientAdamW steps "
-                        "discovered GL pairs), got QuotientBinding(s)")
-    if resolved.diagonal:
-        raise ValueError("symmetries: diagonal GL(1) pairs are not supported by QuotientAdamW "
-                         "(GL pairs only)")
-    return resolved

@@ -1,27 +1,12 @@
 """Per-architecture recognisers of attention modules: which parameter slices form which factor.
 
-Each handler looks at one module and returns ``None`` (not its layout), a :class:`Finding` (the
-:class:`~.report.PairGroup` of each pair kind, with notes), or raises :class:`Unsupported` (an
-attention layout whose pairs are not a ``GL(h)`` symmetry, or that it cannot read). The handlers,
-tried in the order of :data:`HANDLERS`:
-
-- ``torch.nn.MultiheadAttention`` (fused ``in_proj_weight`` or separate q/k/v weights);
-- HuggingFace BERT/ViT style ``X.{self|attention}.{query,key,value}`` + ``X.output.dense``;
-- generic ``q_proj/k_proj/v_proj`` + ``o_proj|out_proj`` (and ``q/k/v/o``,
-  ``query/key/value/out_proj``, DistilBERT's ``q_lin/k_lin/v_lin/out_lin``) with a head count
-  attribute, grouped- and multi-query attention included (Llama, Qwen2, Mistral, T5, CLIP);
-- HuggingFace GPT-2 fused ``c_attn`` / ``c_proj`` ``Conv1D``;
-- the fused per-head ``query_key_value`` + ``dense`` of GPT-NeoX and BLOOM.
-
-Every handler asks the same questions of the module (:func:`_pair_groups`): do rotary embeddings
-reduce the query/key group (:mod:`.conventions` detects their layout), does a part of the module
-break a pair (per-head query/key normalisation, clipping, relative position terms inside the
-scores), and which position mechanisms leave the pairs intact (sliding windows, ALiBi, T5's
-relative bias: they only add to or mask the scores); the answers are notes in the report.
-
-:func:`looks_like_attention` flags the modules that look like attention, so that the walker
-(:mod:`.walker`) can report the ones no handler understood. Nothing here reads or writes tensor
-values: only names, shapes and module structure (and the modeling code's helpers, on probes).
+Each handler of :data:`HANDLERS` looks at one module and returns ``None`` (not its layout), a
+:class:`Finding` (the :class:`~.report.PairGroup` of each pair kind, with notes), or raises
+:class:`Unsupported` (an attention layout whose pairs are not a ``GL(h)`` symmetry, or that it
+cannot read). :func:`_pair_groups` asks every module the same questions: rotary embeddings,
+parts that break a pair (query/key norms, clipping, relative positions inside the scores), and
+position mechanisms that leave the pairs intact (``docs/attention-variants.md`` lists the
+families). Nothing here reads tensor values: only names, shapes and module structure.
 """
 
 from __future__ import annotations
@@ -77,15 +62,8 @@ class Finding:
 
 @dataclass(frozen=True)
 class HeadSplit:
-    """How a module splits its projections into heads.
-
-    Attributes
-    ----------
-    heads, kv_heads
-        Query heads and key/value heads (``kv_heads`` divides ``heads``).
-    head_dim_k, head_dim_v
-        Query/key and value head dimensions.
-    """
+    """How a module splits its projections into heads: query and key/value heads
+    (``kv_heads`` divides ``heads``), query/key and value head dimensions."""
 
     heads: int
     kv_heads: int
@@ -330,16 +308,17 @@ def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[Factor
     return groups, notes
 
 
-def _qkvo_groups(name: str, module: nn.Module, heads: int, q: nn.Linear, k: nn.Linear,
-                 v: nn.Linear, o: nn.Linear, names: dict[int, str], prefix: str,
-                 child_names: Sequence[str]) -> tuple[HeadSplit, list[PairGroup], list[str]]:
+def _qkvo_finding(layout: str, name: str, module: nn.Module, heads: int, q: nn.Linear,
+                  k: nn.Linear, v: nn.Linear, o: nn.Linear, names: dict[int, str],
+                  qkvo_names: Sequence[str]) -> Finding:
+    """The finding of a module with ``nn.Linear`` projections (``qkvo_names``: theirs)."""
     split = _check_head_split(module, heads, q.out_features, k.out_features, v.out_features,
                               o.in_features)
-    q_name, k_name, v_name, o_name = (f"{prefix}{child}" for child in child_names)
+    q_name, k_name, v_name, o_name = qkvo_names
     groups, notes = _pair_groups(name, module, split, _linear_rows(q, names, q_name),
                                  _linear_rows(k, names, k_name), _linear_rows(v, names, v_name),
                                  _linear_columns(o, names, o_name))
-    return split, groups, notes
+    return Finding(layout, heads, groups, notes, split.kv_heads)
 
 
 def _is_linear(module: object) -> TypeGuard[nn.Linear]:
@@ -400,10 +379,9 @@ def _handle_bert(name: str, module: nn.Module, names: dict[int, str]) -> Finding
         heads = _head_count(inner, q.out_features)
         prefix = f"{name}." if name else ""
         inner_prefix = f"{prefix}{inner_name}."
-        split, groups, notes = _qkvo_groups(name, inner, heads, q, k, v, dense, names, "", (
+        return _qkvo_finding("bert", name, inner, heads, q, k, v, dense, names, (
             f"{inner_prefix}query", f"{inner_prefix}key", f"{inner_prefix}value",
             f"{prefix}output.dense"))
-        return Finding("bert", heads, groups, notes, split.kv_heads)
     return None
 
 
@@ -427,9 +405,9 @@ def _handle_qkvo(name: str, module: nn.Module, names: dict[int, str]) -> Finding
             raise Unsupported(f"output projection {o_child} is a {type(o).__name__}, not Linear")
         heads = _head_count(module, q.out_features)
         prefix = f"{name}." if name else ""
-        split, groups, notes = _qkvo_groups(name, module, heads, q, k, v, o, names, prefix,
-                                            (q_child, k_child, v_child, o_child))
-        return Finding("qkvo", heads, groups, notes, split.kv_heads)
+        children = (q_child, k_child, v_child, o_child)
+        return _qkvo_finding("qkvo", name, module, heads, q, k, v, o, names,
+                             [f"{prefix}{child}" for child in children])
     return None
 
 

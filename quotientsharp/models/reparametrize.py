@@ -1,17 +1,9 @@
 """Move a network along its symmetry orbit: same function, different parameters.
 
-Each attention pair gets ``(G A^{-1}, H A^T)`` with its own random ``A = scale * N``
-(``N`` standard Gaussian, ``h x h``); each LoRA adapter, the pair ``(G, H) = (B, A_lora^T)`` of
-kind ``"lora"``, likewise gets ``(B M^{-1}, (M A_lora)^T)`` with ``M = scale * N``, ``r x r``;
-each diagonal coordinate gets ``(c u, v / c)`` with ``c = scale * N``. The network computes
-the same function (exactly in exact arithmetic), while Euclidean sharpness measures change:
-the experiment behind the paper's motivation.
-
-A rotary query/key pair draws ``N`` in its group ``GL(1,C)^{R/2} x GL(h - R)``: a complex
-scalar ``[[a, -b], [b, a]]`` (``a, b`` standard Gaussian) on each rotation plane, a standard
-Gaussian block on the ``h - R`` dimensions without rotation, zero elsewhere. Grouped-query pairs
-need nothing special: one ``A`` per key/value head acts on the stacked blocks of all its query
-heads.
+Each pair gets ``(G A^{-1}, H A^T)`` with its own random ``A = scale * N`` (``N`` Gaussian, in
+the pair's group: ``GL(h)``, ``GL(r)`` for a LoRA adapter, or for a rotary query/key pair a
+complex scalar per rotation plane and a block on the other dimensions); each diagonal
+coordinate gets ``(c u, v / c)``. Euclidean sharpness changes, the function does not.
 """
 
 from __future__ import annotations
@@ -64,11 +56,8 @@ def _gaussian_elements(count: int, size: int, rotary: RotarySpec | None,
 
 def _sample_matrices(count: int, size: int, generator: torch.Generator | None,
                      max_condition: float, rotary: RotarySpec | None = None) -> torch.Tensor:
-    """``count`` Gaussian ``size x size`` group elements with condition number <= bound.
-
-    ``rotary``: draw in the rotary subgroup ``GL(1,C)^{R/2} x GL(size - R)`` instead of
-    ``GL(size)`` (module docstring).
-    """
+    """``count`` Gaussian ``size x size`` elements of ``GL(size)`` (or of its ``rotary``
+    subgroup) with condition number at most ``max_condition``."""
     matrices = _gaussian_elements(count, size, rotary, generator)
     for _ in range(_MAX_RESAMPLES):
         bad = torch.linalg.cond(matrices) > max_condition

@@ -1,16 +1,13 @@
 """What :func:`~quotientsharp.models.find_symmetries` returns: the symmetry report and its parts.
 
-The data types of symmetry discovery, and nothing that inspects a model: one ``GL(h)`` pair of one
-head (:class:`AttentionPair`), the slice of a parameter that forms a block of a factor
-(:class:`FactorSource`), all heads of one pair kind of one module (:class:`PairGroup`), a diagonal
-``(u, v)`` parameterisation (:class:`DiagonalPair`), a recognised attention module
-(:class:`AttentionModule`) and the report that collects them (:class:`SymmetryReport`, with its
-summary numbers and readable text). The recognisers (:mod:`.recognisers`) build these, the
-walker (:mod:`.walker`) assembles them, :class:`~quotientsharp.models.ParameterLayout` reads them.
+Data types only, nothing that inspects a model: the recognisers (:mod:`.recognisers`) build
+them, the walker (:mod:`.walker`) assembles them, :class:`~quotientsharp.models.ParameterLayout`
+reads them.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -313,9 +310,8 @@ class SymmetryReport:
     def bucket_shapes(self) -> dict[tuple[int, int, int], int]:
         """Number of pairs per distinct ``(n, m, h)``, in order of first appearance."""
         counts: dict[tuple[int, int, int], int] = {}
-        for pair in self.pairs:
-            key = (pair.n, pair.m, pair.h)
-            counts[key] = counts.get(key, 0) + 1
+        for (n, m, h, _), count in self.bucket_groups.items():
+            counts[(n, m, h)] = counts.get((n, m, h), 0) + count
         return counts
 
     @property
@@ -329,13 +325,7 @@ class SymmetryReport:
         return counts
 
     def _numel(self, names: Iterable[str]) -> int:
-        total = 0
-        for name in names:
-            count = 1
-            for size in self.parameter_shapes[name]:
-                count *= size
-            total += count
-        return total
+        return sum(math.prod(self.parameter_shapes[name]) for name in names)
 
     @property
     def pair_parameter_count(self) -> int:
@@ -356,10 +346,24 @@ class SymmetryReport:
     # ------------------------------------------------------------------ text
     def summary(self) -> str:
         """Readable multi-line description: modules, pair counts, head dims, what was not found."""
-        sections = (self._totals_lines, self._module_lines, self._bucket_lines,
-                    self._adapter_lines, self._diagonal_lines, self._frozen_lines,
-                    self._note_lines, self._unknown_lines)
-        return "\n".join(line for section in sections for line in section())
+        lines = self._totals_lines() + self._module_lines()
+        if self.pairs:
+            lines += ["  buckets (all heads of all layers with one shape and group):"] + [
+                f"    n={n}, m={m}, h={h}, {rotary_group_name(h, spec)}: {count} pairs"
+                for (n, m, h, spec), count in self.bucket_groups.items()]
+        if self.adapters:
+            pairs = sum(a.status == "pair" for a in self.adapters)
+            lines += [f"  LoRA adapters ({len(self.adapters)}, {pairs} GL(r) pairs):"] + [
+                f"    {adapter.summary_line()}" for adapter in self.adapters]
+        if self.diagonal:
+            lines += ["  diagonal parameterisations:"] + [
+                f"    ({pair.u_name}, {pair.v_name}): {pair.size} coordinates"
+                for pair in self.diagonal]
+        if self.frozen:
+            shown = ", ".join(self.frozen[:10]) + (", ..." if len(self.frozen) > 10 else "")
+            lines.append(f"  frozen parameters ({len(self.frozen)}): {shown}")
+        lines += [f"  note: {note}" for note in self.notes]
+        return "\n".join(lines + self._unknown_lines())
 
     def _totals_lines(self) -> list[str]:
         """The pair, coordinate and parameter counts."""
@@ -395,36 +399,6 @@ class SymmetryReport:
             lines.append(f"    {module.name or '<root>'}  {module.type_name}  "
                          f"[{module.layout}]  {heads}  {kinds or 'no pairs'}")
         return lines
-
-    def _bucket_lines(self) -> list[str]:
-        if not self.pairs:
-            return []
-        return ["  buckets (all heads of all layers with one shape and group):"] + [
-            f"    n={n}, m={m}, h={h}, {rotary_group_name(h, spec)}: {count} pairs"
-            for (n, m, h, spec), count in self.bucket_groups.items()]
-
-    def _adapter_lines(self) -> list[str]:
-        if not self.adapters:
-            return []
-        pairs = sum(a.status == "pair" for a in self.adapters)
-        return [f"  LoRA adapters ({len(self.adapters)}, {pairs} GL(r) pairs):"] + [
-            f"    {adapter.summary_line()}" for adapter in self.adapters]
-
-    def _diagonal_lines(self) -> list[str]:
-        if not self.diagonal:
-            return []
-        return ["  diagonal parameterisations:"] + [
-            f"    ({pair.u_name}, {pair.v_name}): {pair.size} coordinates"
-            for pair in self.diagonal]
-
-    def _frozen_lines(self) -> list[str]:
-        if not self.frozen:
-            return []
-        shown = ", ".join(self.frozen[:10]) + (", ..." if len(self.frozen) > 10 else "")
-        return [f"  frozen parameters ({len(self.frozen)}): {shown}"]
-
-    def _note_lines(self) -> list[str]:
-        return [f"  note: {note}" for note in self.notes]
 
     def _unknown_lines(self) -> list[str]:
         """The attention-like modules not understood, or that there were none."""

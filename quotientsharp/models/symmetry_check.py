@@ -1,33 +1,16 @@
 """Check a :class:`~.binding.QuotientBinding` against the model it is attached to.
 
-A binding is a claim: *the model's function does not change when the quotient's group acts on
-these parameters*. Nothing in the binding proves it, and a binding that is wrong still yields a
-number (a quotient that is not a symmetry of the model measures an arbitrary subspace). Three
-checks, all on the binding's point at ``theta``:
+A binding claims that the model's function does not change when the quotient's group acts on
+its parameters; a wrong claim still yields a number. :func:`check_structure` (no forward) checks
+that a gradient reaches every bound parameter through ``from_point``, that ``vertical()``
+returns the point's shapes, an overriding ``horizontal_projection``, and a foreign quotient's
+contract; :func:`check_bindings` applies a few random group elements and measures the relative
+change of the loss and of the outputs; :func:`check_symmetry` runs both on a model and a batch.
 
-- **structure** (:func:`check_structure`, no forward): a gradient reaches every bound parameter
-  through ``from_point`` (the ascent backpropagates through it; a detaching map silently
-  leaves the bound parameters still); ``vertical()`` returns tangent vectors of the point's
-  shapes; an overriding ``horizontal_projection`` is idempotent and horizontal (measured with
-  the quotient's own ``inner`` and ``vertical``, the generic reference of
-  :mod:`quotientsharp.core.reference`).
-- **invariance** (:func:`check_bindings`): a few random group elements, from the quotient's own
-  :meth:`~quotientsharp.SymmetryQuotient.random_group_element`, applied through ``to_point``,
-  ``act`` and ``from_point``; the relative change of the loss and of the outputs must stay
-  below :func:`symmetry_tolerance`.
-
-:func:`check_symmetry` runs both for a model and a batch; ``quotientsharp.sharpness`` runs them
-on its first batch, through its own functional model, for every binding the caller passes.
-
-Tolerance
----------
-A true symmetry changes the outputs by rounding only: a few units of the forward's machine
-epsilon ``eps``, times the condition of the forward and of the group element (moderate here,
-see :func:`group_scale`). A binding that is not a symmetry changes them at first order in
-``g - 1``, of the order of the algebra element's size (``~0.1``-``0.5``). The tolerance
-``sqrt(eps)`` sits between the two on a log scale: ``1.5e-8`` for float64, ``3.5e-4`` for
-float32, ``3.1e-2`` for float16, ``8.8e-2`` for bfloat16 (the least precise dtype among the
-bound parameters, which is what the forward runs in).
+Tolerance: a true symmetry changes the outputs by rounding, a few units of the forward's
+machine epsilon times moderate conditions (:func:`group_scale`); a false one at first order in
+``g - 1`` (``~0.1``-``0.5``). ``sqrt(eps)`` sits between the two on a log scale: ``1.5e-8``
+for float64, ``3.5e-4`` float32, ``3.1e-2`` float16, ``8.8e-2`` bfloat16.
 """
 
 from __future__ import annotations
@@ -228,12 +211,11 @@ def contract_point(binding: QuotientBinding, x: Tensors) -> Tensors:
     return tuple(t[index].detach().to(torch.float64) for t in x)
 
 
-def _check_contract(binding: QuotientBinding, x: Tensors, seed: int) -> None:
+def _check_contract(binding: QuotientBinding, x: Tensors) -> None:
     quotient = binding.quotient
     try:
         point = contract_point(binding, x)
-        results = check_contract(quotient, point, seed=seed,
-                                 group_scale=group_scale(quotient, point))
+        results = check_contract(quotient, point, seed=0, group_scale=group_scale(quotient, point))
     except SymmetryCheckError:
         raise
     except Exception as err:
@@ -250,8 +232,7 @@ def _check_contract(binding: QuotientBinding, x: Tensors, seed: int) -> None:
                 f"with a wrong geometry; `quotientsharp verify --quotient` runs the full checks")
 
 
-def check_structure(binding: QuotientBinding, params: Mapping[str, torch.Tensor], *,
-                    seed: int = 0) -> None:
+def check_structure(binding: QuotientBinding, params: Mapping[str, torch.Tensor]) -> None:
     """Raise a :class:`SymmetryCheckError` unless ``binding`` is consistent at ``params``.
 
     Checks, at the binding's point: a gradient reaches every bound parameter through
@@ -267,7 +248,7 @@ def check_structure(binding: QuotientBinding, params: Mapping[str, torch.Tensor]
     _check_vertical(binding, x)
     _check_projection(binding, x, symmetry_tolerance(x[0].dtype))
     if not builtin_quotient(binding.quotient):
-        _check_contract(binding, x, seed)
+        _check_contract(binding, x)
 
 
 def check_bindings(bindings: Sequence[QuotientBinding], params: Mapping[str, torch.Tensor],
@@ -275,20 +256,10 @@ def check_bindings(bindings: Sequence[QuotientBinding], params: Mapping[str, tor
                    samples: int = SAMPLES) -> list[SymmetryCheck]:
     """The invariance check of each binding (no error raised: see :attr:`SymmetryCheck.passed`).
 
-    Parameters
-    ----------
-    bindings
-        The bindings, each checked with the others' parameters at ``theta``.
-    params
-        ``theta`` by name (every bound parameter at least).
-    evaluate
-        ``params -> (loss, outputs)`` with the given parameters replaced; a scalar loss and the
-        output tensor (``None`` if the model has none).
-    forward_dtype
-        The dtype the forward runs in (sets the tolerance).
-    seed, samples
-        The group elements: ``samples`` draws from a generator seeded with ``seed`` (the
-        global random state is not touched).
+    Each binding is checked with the others' parameters at ``params`` (``theta`` by name);
+    ``evaluate`` gives the scalar loss and the output tensor (``None`` if none) with some
+    parameters replaced; ``forward_dtype`` sets the tolerance. The ``samples`` group elements come
+    from a generator seeded with ``seed`` (the global random state is not touched).
     """
     # zero samples would declare any binding a symmetry
     samples = check_count("samples", samples)
@@ -360,8 +331,6 @@ def check_symmetry(model: nn.Module, bindings: QuotientBinding | Sequence[Quotie
         For a binding whose structure is inconsistent (:func:`check_structure`); a binding whose
         symmetry does not hold is reported (``passed`` false), not raised.
     """
-    samples = check_count("samples", samples)
-    seed = check_count("seed", seed, minimum=0)
     bindings = [bindings] if isinstance(bindings, QuotientBinding) else list(bindings)
     named = dict(model.named_parameters())
     for binding in bindings:

@@ -1,12 +1,10 @@
 """The :func:`find_symmetries` walker: from a ``torch.nn.Module`` to a :class:`SymmetryReport`.
 
-It runs the recognisers of :mod:`.recognisers` over every module (a recognised or rejected module
-claims its whole subtree), lists the attention-like modules that none understood, adds the
-diagonal ``(u, v)`` parameterisations (``diagonal = True`` modules and explicit pairs), keeps only
-the pair groups whose parameters are trainable, unshared and of one dtype and device (and, for
-rotary query/key groups, whose rotated dimensions match the model's rotary embedding), and sorts
-every remaining trainable parameter into "other". LoRA adapters (:mod:`.lora`) become ``GL(r)``
-pairs. It never writes the model's tensors, and reads values only for the rank of LoRA factors.
+Three passes: the recognisers (:mod:`.recognisers`) claim modules (and their subtrees); the
+candidate pair groups (attention and LoRA, :mod:`.lora`) whose parameters are frozen, shared,
+adapted or of mixed dtype or device are dropped; the kept groups, the diagonal ``(u, v)``
+pairs and every other trainable parameter ("other") are written to the report. No tensor is
+written, and values are read only for the rank of LoRA factors.
 """
 
 from __future__ import annotations
@@ -32,23 +30,12 @@ from quotientsharp.models.report import AttentionModule, DiagonalPair, PairGroup
 
 @dataclass
 class _Recognised:
-    """What the recognisers made of the modules (the first pass of :func:`find_symmetries`).
-
-    Attributes
-    ----------
-    findings
-        ``(module name, module, finding)`` of each recognised module, in module order.
-    claimed
-        Roots of the subtrees handled or rejected by a recogniser: nothing below is looked at.
-    handled
-        The recognised modules.
-    diagonal
-        ``(u, v)`` names of the ``diagonal = True`` modules.
-    """
+    """The first pass: ``(name, module, finding)`` of each recognised module, the roots of the
+    subtrees a recogniser handled or rejected (``claimed``: nothing below is looked at), and
+    the ``(u, v)`` names of the ``diagonal = True`` modules."""
 
     findings: list[tuple[str, nn.Module, Finding]] = field(default_factory=list)
     claimed: list[str] = field(default_factory=list)
-    handled: list[str] = field(default_factory=list)
     diagonal: list[tuple[str, str]] = field(default_factory=list)
 
     def claims(self, module_name: str) -> bool:
@@ -62,11 +49,8 @@ def _inside(name: str, prefix: str) -> bool:
 
 
 def _rotary_embedding_sizes(model: nn.Module) -> set[int]:
-    """Dimensions rotated by the model's rotary embeddings: ``2 x`` each ``inv_freq`` buffer's size.
-
-    HF rotary embedding modules keep their frequencies in a buffer ``inv_freq`` (one per plane);
-    its shape is known on the meta device too. Empty when the model has none.
-    """
+    """Dimensions rotated by the model's rotary embeddings: twice the size of each HF
+    ``inv_freq`` buffer (one frequency per plane; known on the meta device too)."""
     return {2 * buffer.numel() for name, buffer in model.named_buffers()
             if name.rsplit(".", 1)[-1] == "inv_freq"}
 
@@ -88,11 +72,9 @@ def _own_diagonal_pair(module: nn.Module, names: dict[int, str]) -> tuple[str, s
 
 
 def _recognise(model: nn.Module, names: dict[int, str], report: SymmetryReport) -> _Recognised:
-    """Run the recognisers over every module not inside a claimed subtree.
-
-    The first recogniser that understands a module (a :class:`Finding`) or rejects it
-    (:class:`Unsupported`, listed in ``report.unknown``) claims its whole subtree.
-    """
+    """Run the recognisers over every module not inside a claimed subtree: the first that
+    understands a module (a :class:`Finding`) or rejects it (:class:`Unsupported`, listed in
+    ``report.unknown``) claims its whole subtree."""
     found = _Recognised()
     for module_name, module in model.named_modules():
         if found.claims(module_name):
@@ -109,7 +91,6 @@ def _recognise(model: nn.Module, names: dict[int, str], report: SymmetryReport) 
                 break
             if finding is not None:
                 found.claimed.append(module_name)
-                found.handled.append(module_name)
                 found.findings.append((module_name, module, finding))
                 break
     return found
@@ -122,7 +103,7 @@ def _is_unrecognised_attention(module_name: str, module: nn.Module, found: _Reco
         return False
     if not looks_like_attention(module) or next(module.parameters(), None) is None:
         return False
-    has_handled_descendant = any(_inside(h, module_name) for h in found.handled)
+    has_handled_descendant = any(_inside(h, module_name) for h, _, _ in found.findings)
     return not (has_handled_descendant and own_qkv_like_count(module) == 0)
 
 

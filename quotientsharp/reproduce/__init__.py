@@ -1,25 +1,11 @@
 """The paper's studies, run by ``quotientsharp reproduce STUDY``.
 
-Each study is a module with
-
-- ``HELP``: one line for ``quotientsharp reproduce --help``;
-- ``run(config) -> int``: the exit status, for its configuration, a frozen dataclass of
-  :mod:`quotientsharp.reproduce.config` (:class:`~quotientsharp.reproduce.config.ReproduceConfig`
-  and the fields of its kind of study).
-
-Its command-line options, and the configuration they make, are declared in
-:mod:`quotientsharp.cli.reproduce_options`.
-
-:data:`STUDIES` maps a study name to its module path; a study module registers itself by a
-one-line entry here (and one in the options' table), and :mod:`quotientsharp.cli.reproduce`
-builds its subcommands from the registry. Each study hands its units of work (a model, a grid
-point) to the runner that ``quotientsharp study`` uses
-(:class:`quotientsharp.workflows.resumable.ResumableRun`: records written as they finish,
-``--resume``, ranks under torchrun); Kendall tau, results files and plots are in
-:mod:`quotientsharp.workflows` too. The studies write data only (their results folder, the
-headline and page data under ``docs/results/data/``); the Markdown of ``docs/results/`` is
-rendered from that data by ``docs/_hooks/results_pages/`` of a checkout, which
-:mod:`quotientsharp.reproduce.results_page` loads from the folder given to ``--docs``.
+Each study is a module with ``HELP`` (one line for ``--help``; its docstring is the study's
+description) and ``run(config) -> int``, the exit status for its configuration (a frozen
+dataclass of :mod:`quotientsharp.reproduce.config`); its options are declared in
+:mod:`quotientsharp.cli.reproduce_options`. :data:`STUDIES` maps a study name to its module.
+The studies write data only; the Markdown of ``docs/results/`` is rendered from it by
+``docs/_hooks/results_pages/`` of a checkout (:mod:`quotientsharp.reproduce.results_page`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """What each paper study is asked to do: one frozen configuration per kind of study, torch-free.
 
-A study module's ``run(config) -> int`` takes one of these (the command line builds it from its
-options in :mod:`quotientsharp.cli.reproduce_options`; a script can build it directly, see
-docs/cli.md, "The paper's studies from Python"). Every field left at its default means what
-the command does without the option.
-
-Each configuration checks its fields when made: a wrong type (a bool where an integer is
-asked for included) raises ``TypeError``, a value out of range ``ValueError``; either message
-starts with the field's name. Paths are stored as :class:`~pathlib.Path`, lists of names or
+A study module's ``run(config) -> int`` takes one of these (built by the command line from
+its options, or directly by a script: docs/cli.md). A field left at its default means what the
+command does without the option. Each field is checked when made: a wrong type (a bool for an
+integer included) raises ``TypeError``, a value out of range ``ValueError``, the message
+starting with the field's name. Paths are stored as :class:`~pathlib.Path`, lists of names or
 radii as tuples (from a sequence or a comma-separated string alike).
 """
 
@@ -70,25 +67,16 @@ class ReproduceConfig:
     Attributes
     ----------
     out
-        Results folder (``None``: the study's default, ``results/NAME`` or
-        ``results/NAME-quick``).
-    resume
-        Keep the units already in ``out`` and compute only the missing ones.
-    plots
-        Write the figures.
-    progress
-        Progress bars (``None``: on a terminal only).
+        Results folder (``None``: ``results/NAME`` or ``results/NAME-quick``).
+    resume, plots, progress
+        Keep the units already in ``out``; write the figures; progress bars (``None``: on a
+        terminal only).
     docs
         A docs folder: also write ``docs/results/NAME.md`` and regenerate ``docs/results.md``.
-    threads
-        torch threads during the run (>= 1).
-    seed
-        The study seed (>= 0).
-    quick
-        The reduced variant (a smoke run, not a result).
+    threads, seed, quick
+        torch threads (>= 1), the study seed (>= 0), the reduced variant (a smoke run).
     device
-        torch device of training and measuring (the studies that train on one: the families;
-        whether torch knows it is checked when the study runs).
+        torch device of the families' training and measuring (checked when the study runs).
     """
 
     #: Fields the study does not read; a value other than the default is refused.
@@ -140,13 +128,10 @@ class DiagonalConfig(ReproduceConfig):
         Number of nets, >= 1 (``None``: 50, or 12 with ``quick``).
     full
         Also run the data seeds, the rho sweep and a training set per net.
-    rhos
-        With ``full`` (ignored without): the radii of the rho sweep, numbers > 0 as a
-        sequence or a comma-separated string; they must contain the study's 0.1, checked
-        when it runs (``None``: 0.03, 0.1, 0.3).
-    per_net_seeds
-        With ``full``: the training-set-per-net variant on the first N data seeds only, >= 0
-        and at most the data seeds, checked when it runs (``None``: all).
+    rhos, per_net_seeds
+        With ``full``: the radii of the rho sweep, numbers > 0 (a sequence or a
+        comma-separated string) that must contain the study's 0.1 (``None``: 0.03, 0.1, 0.3);
+        the training-set-per-net variant on the first N data seeds only (``None``: all).
     """
 
     nets: int | None = None
@@ -228,16 +213,14 @@ class InvarianceConfig(ReproduceConfig):
 
     def __post_init__(self) -> None:
         # torch-free: the study module imports torch only inside its functions
-        from quotientsharp.reproduce.invariance.study import MEASURES, parse_dtypes
+        from quotientsharp.reproduce.invariance.study import check_measures, parse_dtypes
 
         super().__post_init__()
         dtypes = _as_names("dtypes", self.dtypes)
         object.__setattr__(self, "dtypes", None if dtypes is None else parse_dtypes(dtypes))
         measures = _as_names("measures", self.measures)
-        known = [key for key, _, _ in MEASURES]
-        if measures is not None and not set(measures) <= set(known):
-            raise ValueError(f"measures must be a non-empty subset of {known}, got "
-                             f"{list(measures)}")
+        if measures is not None:
+            check_measures(measures)
         object.__setattr__(self, "measures", measures)
 
 

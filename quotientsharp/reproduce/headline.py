@@ -1,24 +1,12 @@
 """The machine-readable headline numbers of each study: ``docs/results/data/<study>.json``.
 
-Each study's ``--docs`` run writes its headline Kendall taus here next to its page data
-(:func:`write_headline`); the summary table of the results page is rendered from these files
-(``docs/_hooks/results_pages/summary.py``, which reads them with :func:`check_rows`), and a
-test checks the summary's hand-written prose against them, so a number quoted in the prose is
-one that a study wrote.
-
-The file is ``{"study": str, "rows": [row, ...]}``, each row
-
-``setting``
-    What was run, in words (``"BERT from scratch (generated order task)"``).
-``measure``
-    ``"adaptive"``, ``"geodesic_inv"``, ``"geodesic_mix"`` (the three compared with the
-    paper), or any other name (``"worst_case"``, ``"confound: train_size"``).
-``tau``, ``low``, ``high``
-    Kendall tau and its 95 % interval.
-``paper``
-    The paper's value for that measure, or ``None``.
-``note``
-    Free text (``""`` for none).
+Each study's ``--docs`` run writes its headline Kendall taus here (:func:`write_headline`);
+the summary table of the results page is rendered from them (read with :func:`check_rows`),
+and a test checks the summary's prose against them. The file is
+``{"study": str, "rows": [row, ...]}``, each row: ``setting`` (what was run, in words),
+``measure`` (``"adaptive"``, ``"geodesic_inv"``, ``"geodesic_mix"``, compared with the paper,
+or any other name), ``tau``, ``low``, ``high`` (Kendall tau and its 95 % interval), ``paper``
+(the paper's value or ``None``) and ``note`` (free text, ``""`` for none).
 """
 
 from __future__ import annotations
@@ -55,14 +43,9 @@ def _number(row: Mapping[str, Any], key: str, where: str) -> float:
 
 
 def check_rows(rows: Sequence[Mapping[str, Any]], study: str = "rows") -> list[dict[str, Any]]:
-    """The rows as plain dicts in :data:`ROW_KEYS` order; a clear error for a bad row.
-
-    Raises
-    ------
-    ValueError
-        A missing or extra key, an empty setting or measure, a tau or bound that is not a
-        finite number in [-1, 1], ``low > high``, or the same (setting, measure) twice.
-    """
+    """The rows as plain dicts in :data:`ROW_KEYS` order; ``ValueError`` for a missing or
+    extra key, an empty setting or measure, a tau or bound that is not a finite number in
+    [-1, 1], ``low > high``, or the same (setting, measure) twice."""
     if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
         raise ValueError(f"{study}: rows must be a list of dicts, got {type(rows).__name__}")
     checked, seen = [], set()
@@ -93,17 +76,8 @@ def check_rows(rows: Sequence[Mapping[str, Any]], study: str = "rows") -> list[d
 
 
 def write_headline(docs_dir: Path, study: str, rows: list[dict[str, Any]]) -> Path:
-    """Write ``docs_dir/results/data/<study>.json`` (module docstring) and return its path.
-
-    Parameters
-    ----------
-    docs_dir
-        The docs folder.
-    study
-        The study's name (a plain file name: ``"diagonal"``, ``"bert"``).
-    rows
-        The headline rows (:data:`ROW_KEYS`), in the order the summary shows them.
-    """
+    """Write the headline ``rows`` (:data:`ROW_KEYS`, in the order the summary shows them) of
+    ``study`` (a plain file name) to ``docs_dir/results/data/<study>.json``; its path."""
     if study in NOT_HEADLINES:
         raise ValueError(f"{study!r} names a data file that is not a headline file")
     path = headline_path(docs_dir, study)

@@ -1,11 +1,7 @@
 """Where a results page came from: the package version, the git commit and the command.
 
-Every study's page data holds the :class:`Provenance` of the run that made it
-(:func:`~quotientsharp.reproduce.results_page.page_document`), and the renderer stamps the page
-with it, so that a reader of a page can rerun exactly what made it. The
-commit is that of the checkout the imported package lives in; an installed package (no git
-checkout around it) or a machine without git gives ``commit=None``, said so on the page, never
-an error.
+The commit is that of the checkout the imported package lives in; outside a checkout, or
+without git, it is ``None`` (said so on the page), never an error.
 """
 
 from __future__ import annotations
@@ -21,22 +17,10 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Provenance:
-    """What made a page.
-
-    Attributes
-    ----------
-    version
-        ``quotientsharp.__version__``.
-    commit
-        Full hash of ``HEAD`` of the checkout holding the package; ``None`` outside a checkout.
-    dirty
-        Whether tracked files outside ``docs/`` differed from ``commit`` (``None`` when
-        ``commit`` is).
-    command
-        The command line, as a user would type it.
-    date
-        UTC date, ``YYYY-MM-DD``.
-    """
+    """What made a page: ``quotientsharp.__version__``, the full hash of ``HEAD`` of the
+    checkout holding the package (``None`` outside one), whether tracked files outside
+    ``docs/`` differed from it (``None`` with no commit), the command line as a user types it
+    and the UTC date ``YYYY-MM-DD``."""
 
     version: str
     commit: str | None
@@ -88,13 +72,8 @@ def default_command(argv: Sequence[str] | None = None) -> str:
 
 
 def current_provenance(command: str | None = None) -> Provenance:
-    """The provenance of a page written now by the imported package.
-
-    Parameters
-    ----------
-    command
-        The command that made the page (default :func:`default_command`).
-    """
+    """The provenance of a page written now by the imported package, made by ``command``
+    (default :func:`default_command`)."""
     import quotientsharp
 
     commit, dirty = git_state(Path(quotientsharp.__file__).parent)

@@ -2,42 +2,33 @@
 reaches, whether its warnings say so, per measure, against the radius rho.
 
 A sharpness value is the best loss increase a solver finds in the ball, a lower bound of the
-maximum. The engine's default solver is a search of Auto-PGD chains that reports its own reach
-estimate and the locality of its ball, and warns (``qs.ReachWarning``) when a value may not be
-the maximum (``docs/sharpness.md``, "Reach and locality"). This study checks that claim: for
-each measure and ``rho`` in :data:`RHOS` it gives the default's value as a percentage of the
-best value found per problem (a model or net and one batch), the same for the search's first
-chain alone (one ascent of the releases before 0.3), and counts the problems the default falls
-short on, how many of those its result flagged, and its false alarms.
+maximum. The default solver is a search of Auto-PGD chains that reports its own reach estimate
+and the locality of its ball, and warns (``qs.ReachWarning``) when a value may not be the
+maximum (``docs/sharpness.md``). Per measure and ``rho`` of :data:`RHOS` this study gives the
+default's value as a percentage of the best value found per problem (a model and one batch),
+the same for the search's first chain alone (one ascent, as before 0.3), and counts the
+problems the default falls short on, how many of those its result flagged, and false alarms.
 
-- **Diagonal nets** (the ``reproduce diagonal`` setting, its quick size: d = 200, nets trained
-  to a training loss of 1e-5), measured with the diagonal study's own batched ascent (one
-  Auto-PGD ascent of 20 steps, exact paths): adaptive, geodesic inv and mix (mix with the
-  metric's own ball and with the rate ball ``||b|| <= rho / sqrt(2)``). The strong ascent is
-  the study's reference (400 steps, 3 restarts: from the quadratic model's maximiser, its
-  negative and a random point); mix's maxima are exact (trust-region subproblems).
+- **Diagonal nets** (``reproduce diagonal``, quick size: d = 200, trained to a loss of 1e-5),
+  with that study's batched ascent (20 steps, exact paths): adaptive, geodesic inv and mix
+  (mix also in the rate ball ``||b|| <= rho / sqrt(2)``); reference: 400 steps, 3 restarts,
+  and mix's exact maxima (trust-region subproblems).
 - **A tiny float64 BERT** (2 layers, 4 heads of dimension 8, random weights with
-  ``initializer_range`` 0.3 so that attention matters, random token batches): adaptive,
-  geodesic inv and mix of order 2 with the engine's default solver; the strong solve is the
-  engine's ``reference_solve=True`` (10 times the steps, 4 random restarts).
+  ``initializer_range`` 0.3, random token batches): adaptive, geodesic inv and mix of order 2;
+  reference: the engine's ``reference_solve=True`` (10 times the steps, 4 random restarts).
 - **Trained models of the families** (:mod:`quotientsharp.reproduce.reach_models`): the first
-  3 models of ``reproduce vit``, ``minilm`` (the real pretrained MiniLM), ``bert``,
-  ``vit-finetune`` and ``lora`` (adapters on the real MiniLM), drawn, built and trained by
+  3 models of ``reproduce vit``, ``minilm``, ``bert``, ``vit-finetune`` and ``lora``, made by
   the family studies' own code, on every batch of their sharpness sets: adaptive, plain worst
-  case, geodesic inv and mix of order 2 with the default solver at the study's own steps per
-  chain (20 for the ViTs and BERT, 3 for LoRA, 2 for MiniLM), at :data:`RHOS` and the radii
-  the family pages compare at. Strong solve: 10 times the steps, 2 random restarts. The family
-  pages state the reach of their measures from these data
-  (:mod:`quotientsharp.reproduce.reach_statements`).
+  case, geodesic inv and mix of order 2 at the study's own steps per chain, at :data:`RHOS`
+  and the radii of the family pages; reference: 10 times the steps, 2 random restarts. The
+  family pages state the reach of their measures from these data.
 
-The full run measures 6 diagonal nets, 4 BERT batches and 15 family models (a few hours of
-one core; under torchrun the units are dealt over the ranks); ``--quick`` runs 2 radii, 2
-nets, 1 BERT batch and one model of each family's quick variant (for tests). The units (the
-diagonal nets, the tiny BERT, each family model) are written to ``OUT/units.jsonl`` as each
-finishes (``--resume`` computes the missing ones).
-Outputs: ``OUT/reach.json`` and the page data ``OUT/page.json``; with ``--docs DIR`` the page
-``DIR/results/reach.md``, its data ``DIR/results/data/reach.json`` (and the regenerated
-``DIR/results.md``, with the family pages' reach statements).
+The full run measures 6 diagonal nets, 4 BERT batches and 15 family models (a few hours of one
+core); ``--quick`` 2 radii, 2 nets, 1 BERT batch and one model of each quick family. The units
+are written to ``OUT/units.jsonl`` as each finishes (``--resume`` computes the missing ones,
+torchrun deals them over the ranks). Outputs: ``OUT/reach.json`` and the page data
+``OUT/page.json``; with ``--docs DIR`` the page ``DIR/results/reach.md``, its data
+``DIR/results/data/reach.json`` and the regenerated ``DIR/results.md``.
 """
 
 from __future__ import annotations
@@ -56,8 +47,8 @@ RHOS = (0.02, 0.1, 0.3)
 
 def diagonal_reach(rhos: Sequence[float], nets: int, seed: int,
                    overrides: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """Measure -> rho -> reach on diagonal nets (module docstring); ``overrides`` change the
-    diagonal settings (smaller problems for tests)."""
+    """Measure -> rho -> reach on diagonal nets (module docstring); ``overrides``: diagonal
+    settings (smaller problems for tests)."""
     import torch
 
     from quotientsharp.engine.solver import AscentSettings
@@ -159,34 +150,19 @@ def reach_study(out: Path, *, quick: bool = False, seed: int = 0, threads: int =
     """Run (or resume) the study, write ``out/reach.json`` and ``out/page.json`` (and, with
     ``docs``, the page and ``docs/results/data/reach.json``); returns the results.
 
-    The units of work (:class:`~quotientsharp.workflows.resumable.ResumableRun`, records in
-    ``out/units.jsonl`` as each finishes, dealt over the ranks under torchrun) are the
-    diagonal nets, the tiny BERT and each model of each family.
-
-    Parameters
-    ----------
-    out
-        Results folder.
-    quick
-        The smoke size (2 radii, 2 nets, 1 BERT batch, one model of each family's quick
-        variant).
-    seed, threads
-        Seed of the diagonal and tiny BERT draws (the families use their study seed 0);
-        torch threads during the run.
-    docs
-        Docs folder of the page.
-    command
-        The command the page names (default: this study's).
-    rhos, nets, batches, diagonal_overrides, families
-        Sizes other than the full and quick ones (tests and explorations); ``families``:
-        :class:`~quotientsharp.reproduce.reach_models.FamilyReach` entries.
-    resume
-        Keep the finished units in ``out`` (same settings required).
-    progress
-        A progress bar over the units (``None``: on a terminal only).
+    The units of :class:`~quotientsharp.workflows.resumable.ResumableRun` (``out/units.jsonl``,
+    ``resume``, ranks under torchrun) are the diagonal nets, the tiny BERT and each family
+    model. ``seed`` draws the diagonal nets and the tiny BERT (the families use study seed 0);
+    ``command`` is the one the page names; ``rhos``, ``nets``, ``batches``,
+    ``diagonal_overrides`` and ``families`` (of
+    :class:`~quotientsharp.reproduce.reach_models.FamilyReach`) replace the full and quick
+    sizes (tests and explorations); ``progress``: a bar (``None``: on a terminal only).
     """
+    import dataclasses
+
     import torch
 
+    from quotientsharp.engine.options import check_int
     from quotientsharp.reproduce.reach_models import (
         FAMILIES,
         QUICK_FAMILIES,
@@ -199,8 +175,7 @@ def reach_study(out: Path, *, quick: bool = False, seed: int = 0, threads: int =
     from quotientsharp.workflows.files import write_json_atomic
     from quotientsharp.workflows.resumable import ResumableRun
 
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+    threads = check_int("threads", threads, 1)
     rhos = tuple(rhos) if rhos is not None else RHOS[:2] if quick else RHOS
     nets = nets if nets is not None else 2 if quick else 6
     batches = batches if batches is not None else 1 if quick else 4
@@ -212,7 +187,7 @@ def reach_study(out: Path, *, quick: bool = False, seed: int = 0, threads: int =
     settings = {"rhos": list(rhos), "seed": seed, "quick": quick,
                 "diagonal": {"nets": nets, "overrides": diagonal_overrides or {}},
                 "tiny_bert": {"batches": batches},
-                "families": {f.study: {**f.as_dict(), "rhos": radii[f.study]}
+                "families": {f.study: {**dataclasses.asdict(f), "rhos": radii[f.study]}
                              for f in families}}
     out = Path(out)
 
@@ -254,36 +229,21 @@ def reach_study(out: Path, *, quick: bool = False, seed: int = 0, threads: int =
         write_json_atomic(folder.file("reach.json"), results)
         write_json_atomic(folder.file("page.json"), document)
         if docs is not None:
-            reach_data_path(Path(docs)).parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(reach_data_path(Path(docs)), results)
+            # the family pages' reach statements read it (docs/_hooks/results_pages)
+            data = Path(docs) / "results" / "data" / "reach.json"
+            data.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(data, results)
             write_page(Path(docs), document)
         return results
 
     return run.finish(finish)
 
 
-def reach_data_path(docs_dir: Path) -> Path:
-    """``docs_dir/results/data/reach.json``: the study's results, read by the family pages'
-    reach statements (:mod:`quotientsharp.reproduce.reach_statements`)."""
-    return Path(docs_dir) / "results" / "data" / "reach.json"
-
-
 def run(config: ReachConfig) -> int:
-    """Run ``quotientsharp reproduce reach`` as ``config`` says; the exit status.
-
-    Returns
-    -------
-    int
-        0 done; 2 for a setting refused when the study runs (e.g. another run's
-        ``--resume`` settings) or an unusable results folder, the reason printed to stderr;
-        130 when interrupted (the finished units are kept).
-
-    Raises
-    ------
-    TypeError
-        ``config`` is not a :class:`~quotientsharp.reproduce.config.ReachConfig` (what can be
-        checked early is checked when the configuration is made).
-    """
+    """Run ``quotientsharp reproduce reach`` as ``config`` (a
+    :class:`~quotientsharp.reproduce.config.ReachConfig`, else a ``TypeError``) says; the exit
+    status: 0 done; 2 for a setting refused at run time (another run's ``--resume`` settings)
+    or an unusable results folder, the reason on stderr; 130 when interrupted."""
     from quotientsharp.reproduce.command import run_study_command
 
     check_config(config, ReachConfig, "reach")

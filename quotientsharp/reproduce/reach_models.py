@@ -1,24 +1,16 @@
-"""Solver reach on transformer models: a tiny float64 BERT and trained models of the families.
-
-One measuring routine serves both parts of ``quotientsharp reproduce reach``
-(:mod:`quotientsharp.reproduce.reach`): :func:`measure_reach` runs each measure at each radius
-through :func:`quotientsharp.sharpness` with the engine's ``reference_solve``, and keeps per
-batch the measured ascent's value, the reference's and, when the reference's first run is a
-default ascent (20 steps from ``xi = 0``), that run's value, read off the reference's trace;
-:func:`reach_shares` turns them into percentages of the best value found.
-
-The family part (:func:`family_unit`) takes the models of a family study
-(:mod:`quotientsharp.reproduce.families`) as that study makes them: its hyperparameter draws
-for study seed 0, its model builder and training (:func:`~quotientsharp.reproduce.families.
-run.train_family_model`), its sharpness set and its ascent (the study's ``n_iter``).
+"""Solver reach on transformer models, for ``quotientsharp reproduce reach``: a tiny float64
+BERT and trained models of the families (:func:`family_unit`: drawn, built and trained by the
+family studies' own code). :func:`measure_reach` measures each with the engine's default
+solver and its ``reference_solve``; :func:`reach_shares` gives shares of the best value found.
 """
 
 from __future__ import annotations
 
 import importlib
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,29 +23,14 @@ REACH_MEASURES = ("adaptive", "worst_case", "geodesic_inv_o2", "geodesic_mix_o2"
 
 @dataclass(frozen=True)
 class FamilyReach:
-    """The size of the reach measurement on one family.
-
-    Attributes
-    ----------
-    study
-        The family study's name (``"vit"``, ``"minilm"``).
-    models
-        Its first models of study seed 0 (indices ``0 .. models - 1``).
-    batches
-        The first batches of its sharpness set (``None``: every batch).
-    restarts
-        Random restarts of the strong ascent, which runs ``10 * n_iter`` steps (the engine's
-        ``reference_solve``; 4 restarts is the engine's default, fewer where the CPU budget
-        asks for it).
-    """
+    """The size of the reach measurement on family ``study``: its first ``models`` of study
+    seed 0, the first ``batches`` of its sharpness set (``None``: all), and the ``restarts`` of
+    the strong ascent of ``10 * n_iter`` steps (the engine's ``reference_solve``)."""
 
     study: str
     models: int
     batches: int | None
     restarts: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 #: The full run: the first 3 models of each family, every batch of their sharpness sets (4 for
@@ -78,45 +55,24 @@ def percent(values: Sequence[float], best: Sequence[float]) -> dict[str, float]:
         shares.append(100.0 * value / top)
     if not shares:
         raise ValueError("reach needs at least one problem")
-    shares.sort()
-    middle = len(shares) // 2
-    median = shares[middle] if len(shares) % 2 else 0.5 * (shares[middle - 1] + shares[middle])
-    return {"min": shares[0], "median": median, "problems": len(shares)}
+    return {"min": min(shares), "median": statistics.median(shares), "problems": len(shares)}
 
 
 def measure_reach(model: Any, batches: Sequence[Any], measures: Mapping[str, Mapping[str, Any]],
                   rhos: Sequence[float], n_iter: int, reference: bool | Mapping[str, Any],
                   seed: int = 0) -> dict[str, dict[str, Any]]:
-    """Each measure at each radius with the engine's default solver, and a strong solve.
-
-    Parameters
-    ----------
-    model
-        The network (not modified).
-    batches
-        The sharpness batches (the problems are the batches).
-    measures
-        Name -> options of :func:`quotientsharp.sharpness` (``measure``, ``metric``, ...).
-    rhos
-        The radii.
-    n_iter
-        Steps of each Auto-PGD run (the search's chains and the first of them, the single
-        ascent from ``xi = 0`` of the releases before 0.3).
-    reference
-        The ``reference_solve`` option: ``True`` (``10 * n_iter`` steps, 4 random restarts) or
-        a dict of solver settings.
-    seed
-        The ``seed`` option.
+    """Each measure (name -> options of :func:`quotientsharp.sharpness`) at each radius on
+    each batch, with the engine's default solver (``n_iter`` steps per Auto-PGD run) and the
+    strong solve ``reference`` (the ``reference_solve`` option).
 
     Returns
     -------
     dict
-        Name -> ``f"{rho:g}"`` -> per batch lists: ``ascent`` (the default solver's value: the
-        reach search), ``one_ascent`` (its first run, one ascent from ``xi = 0``),
-        ``reference`` (the strong solve), ``reach_estimate`` and ``local`` (what the result
-        reported, from which its warning fires), ``evaluations`` and
-        ``reference_evaluations`` (forward+backward passes); or ``{"refused": reason}`` for a
-        radius the engine refuses.
+        Name -> ``f"{rho:g}"`` -> per batch lists: ``ascent`` (the default solver's value),
+        ``one_ascent`` (its first run, one ascent from ``xi = 0``), ``reference``,
+        ``reach_estimate`` and ``local`` (what the result reported, from which its warning
+        fires), ``evaluations`` and ``reference_evaluations`` (forward+backward passes); or
+        ``{"refused": reason}`` for a radius the engine refuses.
     """
     import warnings
 
@@ -171,12 +127,9 @@ def _flags(entry: Mapping[str, Any], best: Sequence[float]) -> dict[str, int]:
 
 def reach_shares(values: Mapping[str, Mapping[str, Any]],
                  ) -> dict[str, dict[str, dict[str, Any]]]:
-    """Name -> rho -> summary of :func:`measure_reach`'s values, pooled over the problems.
-
-    ``values`` maps a measure to its radii as :func:`measure_reach` returns them, except that
-    each list may hold the batches of several models. The best value of a problem is the
-    largest of the default's, its first run's and the strong solve's. A problem where no
-    solve found a loss increase (best <= 0) has no share and is counted in ``no_increase``.
+    """Name -> rho -> summary of :func:`measure_reach`'s values (each list may hold the
+    batches of several models), pooled over the problems. A problem's best value is the
+    largest of the three solves'; one with no loss increase is counted in ``no_increase``.
 
     Returns
     -------
@@ -185,8 +138,6 @@ def reach_shares(values: Mapping[str, Mapping[str, Any]],
         "evaluations": median, "reference_evaluations": median, "no_increase": count}``
         (:func:`percent`, :func:`_flags`), or ``{"refused": reason}``.
     """
-    import statistics
-
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for name, by_rho in values.items():
         out[name] = {}
@@ -239,10 +190,8 @@ TINY_BERT_MEASURES: dict[str, dict[str, Any]] = {
 
 
 def tiny_bert_unit(rhos: Sequence[float], batches: int, seed: int) -> dict[str, Any]:
-    """The values of :func:`measure_reach` on a tiny float64 BERT (2 layers, 4 heads of
-    dimension 8, random weights with ``initializer_range`` 0.3 so that attention matters) and
-    ``batches`` random batches of 8 sequences of 12 tokens; default ascent, engine's
-    reference."""
+    """:func:`measure_reach` on a tiny float64 BERT (random weights with ``initializer_range``
+    0.3, so that attention matters) and ``batches`` random batches of 8 sequences of 12."""
     import torch
 
     model = _tiny_bert(seed)
@@ -273,31 +222,10 @@ def family_rhos(name: str, rhos: Sequence[float]) -> list[float]:
 
 def family_unit(family: FamilyReach, index: int, rhos: Sequence[float], quick: bool,
                 out: Path, status: Callable[[str], None]) -> dict[str, Any]:
-    """Train model ``index`` of the family as its study does (study seed 0) and measure the
-    reach of :data:`REACH_MEASURES` on its first sharpness batches.
-
-    Parameters
-    ----------
-    family
-        The family and the size of its measurement.
-    index
-        The model.
-    rhos
-        The radii (:func:`family_rhos`).
-    quick
-        The family's quick variant.
-    out
-        The results folder (a self-pretraining family caches its start there).
-    status
-        Shows what the unit is doing.
-
-    Returns
-    -------
-    dict
-        The family study's record of the model (hyperparameters, errors, gap; ``diverged``),
-        ``ascent_steps``, ``reference`` and ``values`` (:func:`measure_reach`; ``None`` for a
-        diverged model).
-    """
+    """Train model ``index`` of the family (its ``quick`` variant) as its study does, study
+    seed 0 (a self-pretraining cached in ``out``), and measure the reach of
+    :data:`REACH_MEASURES` at ``rhos`` on its first sharpness batches: the study's record
+    with ``ascent_steps``, ``reference`` and ``values`` (``None`` for a diverged model)."""
     import time
 
     from quotientsharp.reproduce.families.data import sharpness_batches

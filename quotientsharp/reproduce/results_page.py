@@ -1,14 +1,9 @@
 """Hand a study's page data to the results-page renderer of a docs folder.
 
-The studies write data only: their results folder, the headline file
-``docs/results/data/<study>.json`` (:mod:`quotientsharp.reproduce.headline`) and the page data
-``docs/results/data/pages/<study>.json`` (:func:`write_page`: what the page shows, and what
-made it, :mod:`quotientsharp.reproduce.provenance`). The Markdown of ``docs/results/`` is not
-in the package: it is made by the renderer beside the docs hooks of a checkout,
-``DOCS/_hooks/results_pages/`` (:data:`RENDERER`), which :func:`renderer` loads from the docs
-folder given to ``--docs`` by its file path. A docs folder without it (a pip-installed package
-pointed at an empty folder) is refused by name, before the study runs
-(:func:`check_renderer`).
+The studies write data only (results folder, headline file, page data
+``docs/results/data/pages/<study>.json``); the Markdown of ``docs/results/`` is made by the
+renderer of a checkout, ``DOCS/_hooks/results_pages/`` (:data:`RENDERER`), loaded from the
+folder given to ``--docs``. A docs folder without it is refused before the study runs.
 """
 
 from __future__ import annotations
@@ -22,19 +17,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from quotientsharp.reproduce.provenance import Provenance, current_provenance
+from quotientsharp.reproduce.provenance import current_provenance
 from quotientsharp.workflows.files import write_json_atomic
 from quotientsharp.workflows.taus import sign_convention
 
 #: The renderer's package, relative to the docs folder.
 RENDERER = Path("_hooks") / "results_pages"
-#: The generated results page (``--docs docs`` rewrites it), and its place on the docs site.
-RESULTS_PAGE = "docs/results.md (the Results page of the docs site, mkdocs serve)"
-#: Where the page data of a study lives, relative to the docs folder.
-PAGE_DATA = Path("results") / "data" / "pages"
-#: The page data of the summary section: what made it only (its tables come from the
-#: headline files).
-SUMMARY = "summary"
 
 
 def reading_guide(generalisation: str | None) -> str:
@@ -47,21 +35,16 @@ def reading_guide(generalisation: str | None) -> str:
         What the taus rank sharpness against (``"test loss"``); ``None`` for a study without
         taus (the pointer to the results page only).
     """
-    page = f"Results of every study, next to the paper's: {RESULTS_PAGE}."
+    page = ("Results of every study, next to the paper's: docs/results.md (the Results page of "
+            "the docs site, mkdocs serve).")
     if generalisation is None:
         return page
     return f"{sign_convention(generalisation)} {page}"
 
 
 def check_renderer(docs_dir: Path) -> Path:
-    """The renderer's ``__init__.py`` in ``docs_dir``; a clear error naming ``--docs`` when
-    there is none.
-
-    Raises
-    ------
-    ValueError
-        ``docs_dir/_hooks/results_pages/__init__.py`` does not exist.
-    """
+    """The renderer's ``__init__.py`` in ``docs_dir``; ``ValueError`` naming ``--docs`` when
+    there is none."""
     init = Path(docs_dir) / RENDERER / "__init__.py"
     if not init.is_file():
         raise ValueError(
@@ -73,16 +56,8 @@ def check_renderer(docs_dir: Path) -> Path:
 
 
 def renderer(docs_dir: Path) -> ModuleType:
-    """The renderer package of ``docs_dir`` (:data:`RENDERER`), imported by its file path.
-
-    Each docs folder's renderer is imported once, under a name of its own, so that two docs
-    folders never share modules.
-
-    Raises
-    ------
-    ValueError
-        ``docs_dir`` holds no renderer (:func:`check_renderer`).
-    """
+    """The renderer package of ``docs_dir``, imported once by its file path under a name of
+    its own (two docs folders never share modules); ``ValueError`` when there is none."""
     init = check_renderer(docs_dir)
     folder = init.parent.resolve()
     name = "_quotientsharp_results_pages_" + hashlib.sha256(
@@ -104,41 +79,24 @@ def renderer(docs_dir: Path) -> ModuleType:
     return module
 
 
-def page_document(study: str, page: Mapping[str, Any],
-                  provenance: Provenance | None = None, command: str | None = None
-                  ) -> dict[str, Any]:
-    """The page data of ``study``: ``{"study", "provenance", "page"}``.
-
-    Parameters
-    ----------
-    study
-        The study's name (``quotientsharp reproduce STUDY``).
-    page
-        What the page shows (JSON values), as the study's renderer reads it.
-    provenance
-        What made it (default :func:`~quotientsharp.reproduce.provenance.current_provenance`
-        of ``command``).
-    command
-        The command line (default: this process's).
-    """
+def page_document(study: str, page: Mapping[str, Any]) -> dict[str, Any]:
+    """The page data of ``study``, ``{"study", "provenance", "page"}``: what the page shows
+    (JSON values, as the study's renderer reads them) and what made it (this process)."""
     if not isinstance(study, str) or not study or "/" in study or study.startswith("."):
         raise ValueError(f"study must be a plain name, got {study!r}")
-    made = provenance if provenance is not None else current_provenance(command)
-    return {"study": study, "provenance": dataclasses.asdict(made), "page": dict(page)}
+    return {"study": study, "provenance": dataclasses.asdict(current_provenance()),
+            "page": dict(page)}
 
 
 def page_data_path(docs_dir: Path, study: str) -> Path:
     """``docs_dir/results/data/pages/<study>.json``."""
-    return Path(docs_dir) / PAGE_DATA / f"{study}.json"
+    return Path(docs_dir) / "results" / "data" / "pages" / f"{study}.json"
 
 
 def write_page(docs_dir: Path, document: Mapping[str, Any]) -> Path:
     """Write the page data ``document`` (:func:`page_document`) into ``docs_dir``, render the
-    study's section from it and regenerate ``docs/results.md``; the section's path.
-
-    The summary section is stamped with the same provenance (it is regenerated with every
-    section, as its tables read every study's headline file).
-    """
+    study's section from it and regenerate ``docs/results.md`` (the summary stamped with the
+    same provenance); the section's path."""
     renderer_module = renderer(docs_dir)
     path = page_data_path(docs_dir, document["study"])
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -149,27 +107,15 @@ def write_page(docs_dir: Path, document: Mapping[str, Any]) -> Path:
 
 
 def _write_summary_provenance(docs_dir: Path, provenance: Mapping[str, Any]) -> None:
-    path = page_data_path(docs_dir, SUMMARY)
+    """Stamp the summary section's page data (its tables come from the headline files)."""
+    path = page_data_path(docs_dir, "summary")
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, {"study": SUMMARY, "provenance": dict(provenance), "page": {}})
+    write_json_atomic(path, {"study": "summary", "provenance": dict(provenance), "page": {}})
 
 
-def write_section(docs_dir: Path, study: str, markdown: str, *, command: str | None = None,
-                  provenance: Provenance | None = None) -> Path:
-    """Write a section given as Markdown (a hand-made section, not a study's page), stamped
-    with what made it. No study uses it: every study writes page data (:func:`write_page`).
-    """
-    made = provenance if provenance is not None else current_provenance(command)
-    path: Path = renderer(docs_dir).write_section(Path(docs_dir), study, markdown,
-                                                  dataclasses.asdict(made))
-    return path
-
-
-def regenerate_results_page(docs_dir: Path, *, command: str | None = None,
-                            provenance: Provenance | None = None) -> Path:
+def regenerate_results_page(docs_dir: Path) -> Path:
     """Regenerate ``docs_dir/results.md`` (the summary stamped with this run's provenance)."""
-    made = provenance if provenance is not None else current_provenance(command)
     module = renderer(docs_dir)
-    _write_summary_provenance(docs_dir, dataclasses.asdict(made))
+    _write_summary_provenance(docs_dir, dataclasses.asdict(current_provenance()))
     path: Path = module.regenerate_results_page(Path(docs_dir))
     return path

@@ -1,9 +1,8 @@
 """``quotientsharp reproduce summary``: regenerate the summary section from the headline files.
 
 The summary's tables are rendered from the headline files every study writes
-(``docs/results/data/<study>.json``, :mod:`quotientsharp.reproduce.headline`) by the renderer of
-the docs folder (:mod:`quotientsharp.reproduce.results_page`); the results page is regenerated
-with every study's ``--docs`` run, and this command regenerates it alone.
+(``docs/results/data/<study>.json``) by the renderer of the docs folder; the results page is
+regenerated with every study's ``--docs`` run, and this command regenerates it alone.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""``quotientsharp measure``: reading DATA into batches, JSON lines or ``torch.save``'d tensors.
-
-:func:`load_batches` is the entry point (the accepted forms are described in
-:mod:`quotientsharp.cli.measure`). JSON lines hold text rows, tokenised with the tokenizer
-of the MODEL directory (or ``--tokenizer``), or pre-tokenised rows padded per batch; tensor
-files hold ``(X, Y)``, ``{"x", "y"}`` or a ``TensorDataset``. Both are cut into consecutive
-batches of ``--batch-size``, at most ``--max-batches`` of them. ``torch`` is imported only when
-data are read.
-"""
+"""``quotientsharp measure``: reading DATA into batches, JSON lines or ``torch.save``'d tensors
+(the accepted forms are described in :mod:`quotientsharp.cli.measure`); torch is imported only
+when data are read."""
 
 from __future__ import annotations
 
@@ -33,6 +27,15 @@ JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 ROW_KEYS = ("input_ids", "attention_mask", "token_type_ids", "text", "text_pair", "label")
 _EXPECTED = ("expected 'input_ids' (pre-tokenised, with optional 'attention_mask' and "
              "'token_type_ids') or 'text' (with optional 'text_pair'), and 'label'")
+
+
+def existing_file(path: str | os.PathLike, label: str) -> Path:
+    """``path``, or a ``FileNotFoundError`` naming ``label`` unless it is a file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{label} {path} does not exist" if not path.exists()
+                                else f"{label} {path} is not a file")
+    return path
 
 
 def utf8_lines(path: Path, label: str) -> Iterator[tuple[int, str]]:
@@ -208,9 +211,7 @@ def _jsonl_batches(path: Path, model: nn.Module, model_path: Path, settings: Bat
     pad_id = getattr(config, "pad_token_id", None) if config is not None else None
     pad_id = pad_id if isinstance(pad_id, int) else 0
     batches: list[dict[str, torch.Tensor]] = []
-    for start in range(0, len(rows), settings.batch_size):
-        if settings.max_batches is not None and len(batches) >= settings.max_batches:
-            break
+    for start in range(0, len(rows), settings.batch_size)[:settings.max_batches]:
         chunk = rows[start:start + settings.batch_size]
         inputs = (_pretokenised_batch(chunk, path, pad_id) if pretokenised
                   else _text_batch(chunk, path, tokenizer, settings.max_length))
@@ -285,9 +286,7 @@ def _tensor_batches(path: Path, settings: BatchSettings
                          "regression")
     batches: list[tuple[Any, torch.Tensor]] = []
     count = target.shape[0]
-    for start in range(0, count, settings.batch_size):
-        if settings.max_batches is not None and len(batches) >= settings.max_batches:
-            break
+    for start in range(0, count, settings.batch_size)[:settings.max_batches]:
         stop = start + settings.batch_size
         x = tuple(t[start:stop] for t in inputs)
         batches.append((x[0] if len(x) == 1 else x, target[start:stop]))
@@ -298,10 +297,7 @@ def load_batches(data_path: str | os.PathLike, model: nn.Module, model_path: str
                  settings: BatchSettings) -> tuple[list, int, str]:
     """``(batches, number of examples used, data kind)`` for DATA (the forms are those of
     :mod:`quotientsharp.cli.measure`), cut into batches as ``settings`` say."""
-    path, model_path = Path(data_path), Path(model_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"DATA {path} does not exist" if not path.exists()
-                                else f"DATA {path} is not a file")
+    path, model_path = existing_file(data_path, "DATA"), Path(model_path)
     if path.suffix.lower() in JSONL_SUFFIXES:
         return _jsonl_batches(path, model, model_path, settings)
     return _tensor_batches(path, settings)

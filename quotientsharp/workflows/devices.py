@@ -1,9 +1,5 @@
-"""The torch device a command runs on, checked before any model is loaded.
-
-:func:`check_device` turns ``--device`` into a :class:`torch.device` or one line of
-:class:`~quotientsharp.workflows.options.InputError` (exit status 2) when this torch build or
-machine does not have it. Shared by ``quotientsharp measure`` and ``quotientsharp study``.
-"""
+"""The torch device of ``--device`` (``measure`` and ``study``), checked before any model is
+loaded."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
 """Files a reader may open while they are written: atomic rewrites and append-only JSONL.
 
-A rewritten file (:func:`write_json_atomic`, :func:`write_jsonl_atomic`,
-:func:`write_csv_atomic`) goes to a temporary file beside it that is then renamed over it, so a
-reader, or an interruption, sees the old file or the new one, never a part. A JSONL file grows
-by :func:`append_jsonl`, one synced line per record; :func:`read_jsonl` drops a torn last line
-(a write cut short) and can cut it from the file.
-
-A process killed mid-write (SIGKILL) cannot remove its temporary file (``.<name>.*.tmp``): the
-next writer of the folder or file removes it when it takes the output's lock
-(:class:`~.locks.OutputLock`).
+A rewritten file goes to a temporary file beside it that is then renamed over it, so a reader,
+or an interruption, sees the old file or the new one, never a part. A JSONL file grows by
+:func:`append_jsonl`, one synced line per record; :func:`read_jsonl` drops a torn last line.
+A temporary file (``.<name>.*.tmp``) left by a killed writer is removed by the next writer
+when it takes the output's lock (:class:`~.locks.OutputLock`).
 """
 
 from __future__ import annotations
@@ -33,9 +29,8 @@ def _new_file_mode() -> int:
 
 @contextlib.contextmanager
 def _atomic_stream(path: Path, newline: str | None = None) -> Iterator[TextIO]:
-    """A UTF-8 text stream to a temporary file beside ``path``, renamed over ``path`` when the
-    block ends (synced first); on any error, or an interruption, the temporary file is removed
-    and ``path`` is untouched."""
+    """A UTF-8 text stream to a temporary file beside ``path``, synced and renamed over it when
+    the block ends; on any error, the temporary file is removed and ``path`` is untouched."""
     path = Path(path)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -51,21 +46,20 @@ def _atomic_stream(path: Path, newline: str | None = None) -> Iterator[TextIO]:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to a temporary file beside ``path`` and rename it over ``path``."""
+    """Write JSON to ``path`` atomically."""
     with _atomic_stream(path) as stream:
         json.dump(data, stream, indent=1, sort_keys=False)
         stream.write("\n")
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to a temporary file beside ``path`` and rename it over ``path``."""
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
     with _atomic_stream(path) as stream:
         stream.write(text)
 
 
 def write_jsonl_atomic(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
-    """Write ``records`` one JSON object per line to a temporary file, then rename it over
-    ``path`` (a reader sees the old file or the new one, never a mix)."""
+    """Write ``records``, one JSON object per line, to ``path`` atomically."""
     with _atomic_stream(path) as stream:
         for record in records:
             stream.write(json.dumps(record, allow_nan=True) + "\n")
@@ -73,9 +67,7 @@ def write_jsonl_atomic(path: Path, records: Iterable[Mapping[str, Any]]) -> None
 
 def write_csv_atomic(path: Path, columns: Sequence[str],
                      rows: Iterable[Mapping[str, Any]]) -> None:
-    """Write a CSV file (a header, then ``rows``; missing cells empty) to a temporary file
-    beside ``path`` and rename it over ``path``: a reader, or an interruption, sees the old
-    file or the new one, never a part."""
+    """Write a CSV file (a header, then ``rows``; missing cells empty) to ``path`` atomically."""
     with _atomic_stream(path, newline="") as stream:
         writer = csv.DictWriter(stream, fieldnames=list(columns), extrasaction="ignore")
         writer.writeheader()
@@ -84,11 +76,8 @@ def write_csv_atomic(path: Path, columns: Sequence[str],
 
 
 def append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
-    """Append one record to a JSONL file, flushed and synced before returning.
-
-    One ``write`` of the whole line: a concurrent reader sees the line complete or as a torn
-    last line (which :func:`read_jsonl` drops).
-    """
+    """Append one record to a JSONL file, flushed and synced before returning (one ``write``:
+    a concurrent reader sees the line complete or torn, which :func:`read_jsonl` drops)."""
     line = json.dumps(record, allow_nan=True)
     with Path(path).open("a") as stream:
         stream.write(line + "\n")

@@ -1,22 +1,11 @@
 """What a finished record was measured from, by content: the identity checked on ``--resume``.
 
-A record names its model and its gap's data by path (:meth:`ManifestEntry.identity`); a
-checkpoint replaced at the same path would keep its stale record on ``--resume``. The identity
-of a record therefore also holds the SHA-256 of each file's bytes (of every file, with its
-relative name, for a folder such as a HuggingFace model directory): a changed file changes the
-identity and the resume refuses the folder (:func:`~.runner.run_study`), naming the model.
-
-Hashing reads each file once per process (the result is kept by path, size and modification
-time), far less than loading and measuring the model it names.
-
-A user's symmetry (``--symmetry MODULE:FUNCTION`` or a manifest row's ``symmetry`` field) is
-identified by content too (:func:`symmetry_fingerprint`): the SHA-256 of the source file of
-every module of the user's code it runs (the function's module, the modules of each binding's
-quotient class and its base classes, of ``to_point`` and ``from_point``; the package's own
-modules and torch's are covered by the versions ``run.json`` records) and a hash of what the
-function returned (each binding's name, parameters, ``folded``, quotient class, metric and
-the quotient's other settings and tensors). A record keeps the fingerprint it was measured
-with; ``--resume`` recomputes it and refuses, naming what changed (:func:`fingerprint_change`).
+A checkpoint replaced at the same path would keep its stale record on ``--resume``, so a
+record's identity also holds the SHA-256 of each file it was measured from (of every file, by
+relative name, for a folder), hashed once per process. A user's symmetry is identified by
+content too (:func:`symmetry_fingerprint`): the SHA-256 of the source of every user module it
+runs (the package's and torch's are covered by the versions ``run.json`` records) and a hash
+of the bindings it returned; ``--resume`` names what changed (:func:`fingerprint_change`).
 """
 
 from __future__ import annotations

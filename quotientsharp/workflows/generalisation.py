@@ -1,11 +1,5 @@
-"""``quotientsharp study``: a model's generalisation gap from its train and test data.
-
-:func:`evaluate` runs a model over batches (as ``quotientsharp measure`` reads DATA) and returns
-its mean loss and, for class labels, its 0-1 error; :func:`generalisation` does it on the train
-and test files of a manifest row and forms the gap, ``test - train`` of the error
-(``--gap-from error``, the default with cross-entropy) or of the loss (``--gap-from loss``, the
-only choice with ``--loss mse``).
-"""
+"""``quotientsharp study``: a model's generalisation gap, ``test - train`` of its 0-1 error
+(``--gap-from error``) or of its loss, from its train and test data."""
 
 from __future__ import annotations
 
@@ -21,24 +15,10 @@ if TYPE_CHECKING:
 
 
 def evaluate(model: nn.Module, batches: Sequence[Any], loss: str) -> dict[str, float | None]:
-    """Mean loss and 0-1 error of ``model`` over ``batches``, weighted by examples.
-
-    Parameters
-    ----------
-    model
-        In eval mode; not modified.
-    batches
-        ``(x, y)`` pairs or dicts with ``"labels"`` (:mod:`quotientsharp.engine.batches`).
-    loss
-        ``"cross_entropy"`` or ``"mse"``.
-
-    Returns
-    -------
-    dict
-        ``loss`` (each batch's mean loss weighted by its number of examples) and ``error`` (the
-        share of labels, ``-100`` left out, whose class is not the largest logit; ``None``
-        with mse).
-    """
+    """Mean loss (weighted by examples) and 0-1 error of ``model`` (in eval mode) over
+    ``batches`` with ``loss`` ``"cross_entropy"`` or ``"mse"``: ``{"loss", "error"}``, the error
+    being the share of labels (``-100`` left out) whose class is not the largest logit, ``None``
+    with mse."""
     import torch
 
     from quotientsharp.engine.batches import compute_loss, output_tensor, resolve_loss, split_batch
@@ -79,8 +59,7 @@ def generalisation(model: nn.Module, model_path: Path, train: Path, test: Path,
                    batches: BatchSettings, kind: str) -> dict[str, float | None]:
     """Train and test loss and error of ``model`` and its gap (``test - train`` of ``kind``).
 
-    The files are read as ``quotientsharp measure`` reads DATA (the tokenizer of the model's
-    directory or ``batches.tokenizer``), in batches of ``batches.batch_size``, every example
+    The files are read as ``quotientsharp measure`` reads DATA, every example
     (``max_batches`` applies to the sharpness data only).
     """
     from quotientsharp.workflows.data import load_batches

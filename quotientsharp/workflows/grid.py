@@ -1,12 +1,9 @@
 """``quotientsharp study``: the grid of measures x radii x metrics and orders.
 
-The grid is that of a :class:`~quotientsharp.workflows.options.SharpnessConfig` with several
-radii: ``measures=("adaptive", "geodesic"), rho=(0.05, 0.1), metrics=("inv", "mix"),
-orders=(1, 2)`` (on the command line ``--measure adaptive --measure geodesic --rho 0.05,0.1
---metric inv,mix --order 1,2``) is 2 adaptive and 8 geodesic grid points. Each
-:class:`GridPoint` is one call of :func:`quotientsharp.sharpness` per model, named by a column key
-(``geodesic_mix_order2_rho0.1``) and a readable label (``geodesic sharpness (mix metric, order
-2, ρ = 0.1)``).
+``--measure adaptive --measure geodesic --rho 0.05,0.1 --metric inv,mix --order 1,2`` is 2
+adaptive and 8 geodesic grid points; each :class:`GridPoint` is one call of
+:func:`quotientsharp.sharpness` per model, named by a column key
+(``geodesic_mix_order2_rho0.1``) and a readable label.
 """
 
 from __future__ import annotations
@@ -28,16 +25,14 @@ from quotientsharp.workflows.options import (
 if TYPE_CHECKING:
     from quotientsharp.engine import MeasureSpec
 
-#: ``GridPoint.symmetry`` of a study whose manifest binds a symmetry of its own on some rows
-#: (the ``symmetry`` column): those rows measure with their bindings' metric, the others with
-#: ``metric``.
+#: ``GridPoint.symmetry`` where some manifest rows bind a symmetry of their own (measured with
+#: their bindings' metric, the others with ``metric``).
 ROWS_OWN = "rows' own"
 
 
 def with_row_symmetries(grid: list[GridPoint], any_row_binds: bool) -> list[GridPoint]:
-    """``grid`` with its geodesic points labelled for a manifest some of whose rows bind their
-    own symmetry (their keys unchanged); ``grid`` itself where none does or where
-    ``--symmetry`` binds every row."""
+    """``grid`` with its geodesic points labelled for rows with their own symmetry (keys
+    unchanged); ``grid`` itself where no row binds one or ``--symmetry`` binds every row."""
     if not any_row_binds:
         return grid
     return [dataclasses.replace(point, symmetry=ROWS_OWN)
@@ -85,9 +80,8 @@ class GridPoint:
 
     def options(self, config: SharpnessConfig,
                 symmetries: Sequence[Any] | None = None) -> dict[str, Any]:
-        """Keyword options of :func:`quotientsharp.sharpness` (no progress bar of its own),
-        from the settings ``config`` and the bindings of a user's symmetry, if any
-        (:func:`~quotientsharp.workflows.options.options_for`)."""
+        """Keyword options of :func:`quotientsharp.sharpness` (no progress bar of its own;
+        :func:`~quotientsharp.workflows.options.options_for`)."""
         variant = {} if self.metric is None else {"metric": self.metric, "order": self.order}
         options = options_for(MeasureRun(self.key, self.measure, variant), config, symmetries)
         options["progress"] = False
@@ -95,9 +89,8 @@ class GridPoint:
 
     def spec(self, config: SharpnessConfig, symmetries: Sequence[Any] | None = None
              ) -> MeasureSpec:
-        """The engine's typed measure of the point (:func:`quotientsharp.engine.measure_from`
-        of its measure, radius and :meth:`options`), for ``sharpness(model, batches, spec)``;
-        a bad option raises the engine's ``ValueError`` or ``TypeError``."""
+        """The engine's typed measure of the point (:func:`quotientsharp.engine.measure_from`),
+        for ``sharpness(model, batches, spec)``."""
         from quotientsharp.engine import measure_from
 
         return measure_from(self.measure, self.rho, self.options(config, symmetries))
@@ -126,11 +119,8 @@ def _key(measure: str, rho: float | None, variant: dict[str, Any], p: str | None
 
 
 def build_grid(config: SharpnessConfig) -> list[GridPoint]:
-    """The grid of the settings: every measure, metric and order, and radius.
-
-    Ordered by measure (as given), then metric and order, then radius (relative flatness has
-    none). The settings checked themselves when made.
-    """
+    """The grid of the settings, ordered by measure (as given), then metric and order, then
+    radius (relative flatness has none)."""
     rhos: Sequence[float | None] = config.radii or [None]
     grid: list[GridPoint] = []
     for run in measure_runs(config):

@@ -1,10 +1,7 @@
-"""Readable names of sharpness measures for plots, tables and the console.
+"""Readable names of sharpness measures, and plot titles, for plots, tables and the console.
 
-Internal keys such as ``geodesic_mix_order2`` name columns and files; people read
-:func:`measure_label` instead: ``geodesic sharpness (mix metric, order 2, ρ = 0.1)``. The
-studies of ``quotientsharp reproduce`` and ``quotientsharp study`` label their plot axes with
-it; :func:`tau_title` writes the Kendall taus (and the paper's, where one exists) of a plot's
-title, and :func:`decades_note` the comment on an axis that spans many decades.
+Keys such as ``geodesic_mix_order2`` name columns and files; people read :func:`measure_label`
+instead: ``geodesic sharpness (mix metric, order 2, ρ = 0.1)``.
 """
 
 from __future__ import annotations
@@ -20,13 +17,6 @@ MEASURE_NAMES = {
     "geodesic": "geodesic sharpness",
     "relative_flatness": "relative flatness",
 }
-#: An axis whose positive values span at least this many decades gets a note
-#: (:func:`decades_note`).
-DECADES_NOTE_THRESHOLD = 4.0
-
-
-def _number(value: float) -> str:
-    return f"{value:g}"
 
 
 def measure_label(measure: str, *, metric: str | None = None, order: int | str | None = None,
@@ -69,7 +59,7 @@ def measure_label(measure: str, *, metric: str | None = None, order: int | str |
     if p is not None and str(p) in ("inf", str(math.inf)):
         details.append("L∞ ball" if greek else "Linf ball")
     if rho is not None:
-        details.append(f"{'ρ' if greek else 'rho'} = {_number(rho)}")
+        details.append(f"{'ρ' if greek else 'rho'} = {rho:g}")
     return f"{name} ({', '.join(details)})" if details else name
 
 
@@ -92,9 +82,8 @@ def bindings_metric(bindings: Sequence[object]) -> str:
         else:
             name = getattr(binding, "name", "?")
             quotient = getattr(getattr(binding, "quotient", None), "name", "?")
-        named.append(f"binding {name!r} ({quotient})")
-    plural = "s" if len(named) > 1 else ""
-    return f"binding{plural} " + ", ".join(n.removeprefix("binding ") for n in named)
+        named.append(f"{name!r} ({quotient})")
+    return f"binding{'s' if len(named) > 1 else ''} " + ", ".join(named)
 
 
 def _signed(value: float | None) -> str:
@@ -104,24 +93,11 @@ def _signed(value: float | None) -> str:
 def tau_title(tau_a: float | None, tau_b: float | None, paper: float | None = None,
               interval: tuple[float, float] | None = None, count: int | None = None,
               paper_label: str = "paper") -> str:
-    """A plot title: our Kendall taus, the bootstrap interval of tau-b and the paper's tau.
-
-    Parameters
-    ----------
-    tau_a, tau_b
-        Our taus (``None``: undefined).
-    paper
-        The paper's tau for this measure, if it reports one.
-    interval
-        A bootstrap interval of tau-b, written after it.
-    count
-        The number of models, written as ``(N = count)``.
-    paper_label
-        How the paper's value is introduced (``"paper (other setting)"``).
+    """A plot title: our Kendall taus (``None``: undefined), the bootstrap ``interval`` of tau-b,
+    the number of models ``count`` and the paper's tau, introduced by ``paper_label``.
 
     >>> tau_title(-0.731, -0.735, paper=-0.86)
-    'Kendall τ-a -0.73, τ-b -0.73; paper τ -0.86'
-    """
+    'Kendall τ-a -0.73, τ-b -0.73; paper τ -0.86'"""
     text = f"Kendall τ-a {_signed(tau_a)}, τ-b {_signed(tau_b)}"
     if interval is not None:
         text += f" [{interval[0]:+.2f}, {interval[1]:+.2f}]"
@@ -132,12 +108,9 @@ def tau_title(tau_a: float | None, tau_b: float | None, paper: float | None = No
     return text
 
 
-def decades_note(values: Sequence[float],
-                 threshold: float = DECADES_NOTE_THRESHOLD) -> str | None:
-    """A note for an axis whose finite positive values span at least ``threshold`` decades.
-
-    ``None`` when the span is smaller, or when fewer than two values are finite and positive
-    (a linear axis then, on which decades say nothing).
+def decades_note(values: Sequence[float], threshold: float = 4.0) -> str | None:
+    """A note for an axis whose finite positive values span at least ``threshold`` decades;
+    ``None`` for a smaller span or fewer than two finite positive values.
 
     >>> decades_note([3.95e8, 2.27e20, 4.94e46])
     'values span 38 decades (4e+08 to 4.9e+46): log scale'

@@ -1,19 +1,12 @@
 """One writer per output: a file lock on each results folder and ``--json`` file.
 
-Two processes writing one results folder interleave their records (duplicates in the JSONL
-file) and mix settings (a CSV of one run beside the ``run.json`` of another); two ``measure
---json`` to one file lose the first result. A :class:`OutputLock` makes the second writer fail
-at once, with a message naming the output and the process that holds it.
-
-The lock is an OS lock (``flock``/``LockFileEx``, through the ``filelock`` package) on a hidden
-file beside the output, so the operating system releases it when its process ends, however it
-ends (a SIGKILL included): a stale lock cannot block the next run. The holder (pid, host, start
-time, command) is written to a second file beside the lock once it is held, since ``filelock``
-truncates the lock file itself on every attempt to take it.
-
-Within one process the lock is re-entrant (``filelock``'s singleton locks): a run that opens its
-folder again, e.g. a resume after an error in the same Python session, is not refused by its
-own earlier open.
+Two writers of one folder would interleave records and mix settings; two ``--json`` writers
+would lose the first result. An :class:`OutputLock` makes the second writer fail at once,
+naming the holder. It is an OS lock (``filelock``) on a hidden file beside the output, so the
+system releases it when its process ends, however it ends: a stale lock cannot block the next
+run. The holder's details go to a second file, since ``filelock`` truncates the lock file on
+every attempt. Within one process the lock is re-entrant (a resume after an error in the same
+session is not refused by its own earlier open).
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """``quotientsharp study``: reading the manifest, the list of models and their generalisation.
 
 A manifest is a CSV file (a header line, then one line per model) or a JSON-lines file (one
-object per line) with the keys
-
-``model`` (required)
-    A HuggingFace model directory (``save_pretrained``) or a file written by
-    ``torch.save(module)``, as ``quotientsharp measure`` reads them.
-``name`` (optional)
-    How the model is named in the outputs; default the ``model`` entry as written. Unique.
-``gap``
-    The model's generalisation gap (any number: test error - train error, test loss - train
-    loss, ...), or
-``train`` and ``test``
-    two data files (as ``quotientsharp measure`` reads DATA) from which the gap is computed
-    (``--gap-from error``: test error - train error; ``loss``: test loss - train loss).
-
-Each model has ``gap`` or ``train`` and ``test``, not both. Every other key is carried to the
-output CSV as it is (hyperparameters, seeds: ``--color KEY`` colours the plots by one). Paths
-are relative to the manifest's folder. Blank lines and, in a CSV file, lines starting with
-``#`` are skipped. Bad input raises :class:`~quotientsharp.workflows.options.InputError`
-naming the file and line.
+object per line). Each row has ``model`` (a HuggingFace directory or a ``torch.save``'d
+module), an optional unique ``name``, an optional ``symmetry`` (``MODULE:FUNCTION``), and
+either ``gap`` (the generalisation gap) or ``train`` and ``test`` (data files to compute it
+from). Every other key is carried to the output CSV as it is. Paths are relative to the
+manifest's folder; blank lines and, in CSV, lines starting with ``#`` are skipped. Bad input
+raises :class:`~quotientsharp.workflows.options.InputError` naming the file and line
+(``docs/study.md`` describes the format).
 """
 
 from __future__ import annotations
@@ -33,13 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quotientsharp.workflows.data import jsonl_objects, utf8_lines
+from quotientsharp.workflows.data import (
+    JSONL_SUFFIXES,
+    existing_file,
+    jsonl_objects,
+    utf8_lines,
+)
 from quotientsharp.workflows.options import InputError
 
 #: The keys of a manifest row with a meaning; any other key is carried to the outputs.
 MANIFEST_KEYS = ("name", "model", "gap", "train", "test", "symmetry")
-CSV_SUFFIXES = (".csv",)
-JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
 
 @dataclass(frozen=True)
@@ -190,12 +181,9 @@ def read_manifest(path: str | os.PathLike, reserved: Sequence[str] = ()) -> list
     list of ManifestEntry
         At least two (a rank correlation needs pairs), with distinct names and models.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"MANIFEST {path} does not exist" if not path.exists()
-                                else f"MANIFEST {path} is not a file")
+    path = existing_file(path, "MANIFEST")
     suffix = path.suffix.lower()
-    if suffix in CSV_SUFFIXES:
+    if suffix == ".csv":
         rows = _csv_rows(path)
     elif suffix in JSONL_SUFFIXES:
         rows = jsonl_objects(path, "MANIFEST")

@@ -1,10 +1,5 @@
-"""``quotientsharp study``: one model measured, from its manifest row to its record.
-
-:func:`measure_entry` loads the model as ``quotientsharp measure`` does, reads the shared
-sharpness data with the model's tokenizer, computes the gap when the manifest gives train and
-test data instead of a gap, and runs every point of the grid on the same batches. The record it
-returns is one line of ``models.jsonl``.
-"""
+"""``quotientsharp study``: one model measured, from its manifest row to its record (one line of
+``models.jsonl``), every grid point on the same batches of the shared data."""
 
 from __future__ import annotations
 
@@ -17,8 +12,7 @@ from quotientsharp.workflows.grid import GridPoint
 from quotientsharp.workflows.manifest import ManifestEntry
 from quotientsharp.workflows.options import InputError, StudyConfig
 from quotientsharp.workflows.records import is_main_rank
-from quotientsharp.workflows.user_objects import import_object
-from quotientsharp.workflows.user_symmetry import load_symmetry
+from quotientsharp.workflows.user_objects import import_object, load_symmetry
 
 #: Models whose geodesic measures found no symmetry, noted once each in this process.
 _NOTED: set[str] = set()
@@ -26,12 +20,8 @@ _NOTED: set[str] = set()
 
 def entry_symmetry(entry: ManifestEntry, symmetry: str | None, model: Any
                    ) -> tuple[str, list[Any], dict[str, Any]] | None:
-    """The user's symmetry of one manifest row, if any: its ``MODULE:FUNCTION``, the bindings
-    it returns for ``model`` and their :func:`~.fingerprints.symmetry_fingerprint`.
-
-    The row's own ``symmetry`` field, else ``symmetry`` (the study's ``--symmetry``); ``None``
-    without either.
-    """
+    """The row's own symmetry, else the study's ``--symmetry`` (``None`` without either): its
+    ``MODULE:FUNCTION``, its bindings for ``model`` and their fingerprint."""
     spec = entry.symmetry or symmetry
     if not spec:
         return None
@@ -41,67 +31,61 @@ def entry_symmetry(entry: ManifestEntry, symmetry: str | None, model: Any
     return spec, bindings, symmetry_fingerprint(import_object(spec, flag), bindings)
 
 
-def _measure_point(model: Any, batches: list, point: GridPoint, entry: ManifestEntry,
-                   config: StudyConfig, symmetries: list[Any] | None) -> Any:
-    """The :class:`~quotientsharp.engine.SharpnessResult` of one grid point; the warnings that
-    the record holds (reach) or a note says (no symmetry, once per model) are not repeated."""
+def sharpness_noting_symmetry(model: Any, batches: list, spec: Any,
+                              dropped: tuple[type[Warning], ...] = ()) -> tuple[Any, bool]:
+    """``sharpness(model, batches, spec)`` and whether it found no symmetry (which the caller
+    says once, as a note, rather than as a warning per measure); the other warnings are issued
+    again, except those of the ``dropped`` categories."""
     import warnings
 
-    from quotientsharp.engine import NoSymmetryWarning, ReachWarning, sharpness
+    from quotientsharp.engine import NoSymmetryWarning, sharpness
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", NoSymmetryWarning)
+        result = sharpness(model, batches, spec)
+    no_symmetry = False
+    for warning in caught:
+        if issubclass(warning.category, NoSymmetryWarning):
+            no_symmetry = True
+        elif not issubclass(warning.category, dropped):
+            warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                                   warning.lineno)
+    return result, no_symmetry
+
+
+def _measure_point(model: Any, batches: list, point: GridPoint, entry: ManifestEntry,
+                   config: StudyConfig, symmetries: list[Any] | None) -> Any:
+    """The result of one grid point; the reach warnings (in the record and beside the taus)
+    are dropped, and no symmetry is noted once per model."""
+    from quotientsharp.engine import ReachWarning
     from quotientsharp.engine.layouts import NO_SYMMETRY_NOTE
 
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", NoSymmetryWarning)
-            result = sharpness(model, batches, point.spec(config, symmetries))
-        for warning in caught:
-            if issubclass(warning.category, ReachWarning):
-                continue    # in the record (reach, locality) and beside the taus
-            if not issubclass(warning.category, NoSymmetryWarning):
-                warnings.warn_explicit(warning.message, warning.category,
-                                       warning.filename, warning.lineno)
-            elif entry.name not in _NOTED and is_main_rank():
-                # once per model, in the study's output
-                _NOTED.add(entry.name)
-                print(f"note: model {entry.name}: {NO_SYMMETRY_NOTE}")
+        result, no_symmetry = sharpness_noting_symmetry(
+            model, batches, point.spec(config, symmetries), (ReachWarning,))
     except (TypeError, ValueError, IndexError, RuntimeError) as err:
         raise InputError(f"{point.label(greek=False)} of model {entry.name} "
                          f"({entry.model}) on {config.data} failed: {err}") from err
+    if no_symmetry and entry.name not in _NOTED and is_main_rank():
+        _NOTED.add(entry.name)
+        print(f"note: model {entry.name}: {NO_SYMMETRY_NOTE}")
     return result
 
 
 def measure_entry(entry: ManifestEntry, grid: Sequence[GridPoint], config: StudyConfig,
                   device: Any, tick: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Measure one model of the manifest.
-
-    Parameters
-    ----------
-    entry
-        The manifest row.
-    grid
-        The measures to run, each on the same batches of ``config.data``.
-    config
-        The study's settings (``data``, ``batches``, ``dtype``, ``symmetry``, the gap's kind,
-        the measures' options).
-    device
-        The torch device.
-    tick
-        Called with a short status after each step (the progress bar's postfix).
+    """Measure one model of the manifest on every point of ``grid``, each on the same batches of
+    ``config.data``, on ``device``; ``tick(status)`` after each step (the progress bar).
 
     Returns
     -------
     dict
-        ``name``, ``identity`` (:func:`~.fingerprints.content_identity`: paths and SHA-256 of the
-        model and the gap's data), ``model_class``,
-        ``parameters``, ``examples`` and ``batches`` of the sharpness data, ``generalisation``
-        (train/test loss and error and the gap, or ``None`` when the manifest gives the gap),
-        ``sharpness`` (grid key -> value), ``per_batch`` (grid key -> per-batch values),
-        ``clean_loss`` (mean clean loss on the sharpness data), ``seconds`` (grid key ->
-        seconds), ``device``, ``symmetry`` (the user's ``MODULE:FUNCTION`` or ``None``) and
-        ``symmetry_fingerprint`` (:func:`~.fingerprints.symmetry_fingerprint`, or ``None``).
+        The record: ``name``, ``identity`` (paths and SHA-256 of the model and the gap's
+        data), the model and data sizes, ``generalisation`` (``None`` when the manifest gives
+        the gap), per grid key ``sharpness``, ``per_batch``, the solver's ``reach``,
+        ``locality`` and ``evaluations``, and ``seconds``; ``clean_loss`` and the user's
+        ``symmetry`` with its ``symmetry_fingerprint``.
     """
-    import torch
-
     from quotientsharp.workflows.data import load_batches
     from quotientsharp.workflows.generalisation import generalisation
     from quotientsharp.workflows.saved_models import load_measured_model
@@ -109,9 +93,7 @@ def measure_entry(entry: ManifestEntry, grid: Sequence[GridPoint], config: Study
     tick = tick or (lambda status: None)
     # hashed before loading: the record holds what was measured, not what is there later
     identity = content_identity(entry)
-    model = load_measured_model(entry.model).to(device=device)
-    if config.dtype is not None:
-        model = model.to(dtype=getattr(torch, config.dtype))
+    model = load_measured_model(entry.model, device, config.dtype)
     batches, examples, _ = load_batches(config.data, model, entry.model, config.batches)
     # the row's own symmetry, else --symmetry: bindings passed as the API's symmetries=
     bound = entry_symmetry(entry, config.symmetry, model)

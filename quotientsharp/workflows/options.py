@@ -1,17 +1,10 @@
 """What to measure and how: the typed, self-validating settings of ``measure`` and ``study``.
 
-:class:`SharpnessConfig` says which measures to run (with their radii, metrics and orders) and
-with which options; :class:`BatchSettings` how a data file becomes batches and
-:class:`SolverSettings` how the ascent measures solve. Each checks itself when it is made: a
-bad value (a wrong type, a bool for a number, a number out of range) raises
-:class:`InputError`, whose text names the field (``rho``, ``BatchSettings.batch_size``); the
-command line builds them inside :func:`command_line_names`, so that its errors name the options
-instead (``--rho``, ``--batch-size``; one line on stderr, exit status 2).
-:func:`measure_runs` and :func:`options_for` turn a configuration into the calls of
-:func:`quotientsharp.sharpness`.
-
-The command-line options that fill these settings are declared in
-:mod:`quotientsharp.cli.sharpness_options`; the library takes the settings themselves.
+Each settings class checks itself when made: a bad value raises :class:`InputError` naming the
+field (``rho``, ``BatchSettings.batch_size``), or, inside :func:`command_line_names`, the
+option (``--rho``, ``--batch-size``). :func:`measure_runs` and :func:`options_for` turn a
+configuration into calls of :func:`quotientsharp.sharpness`. The options themselves are
+declared in :mod:`quotientsharp.cli.sharpness_options`.
 """
 
 from __future__ import annotations
@@ -37,23 +30,12 @@ METRICS = ("inv", "mix", "euclidean")
 LOSSES = ("cross_entropy", "mse")
 DTYPES = ("float32", "float64")
 
-#: The command-line option of each field, as the errors name it on the command line
-#: (``docs/study.md`` has the same table for readers).
-OPTION_OF_FIELD = {
-    "measures": "--measure", "rho": "--rho", "metrics": "--metric", "orders": "--order",
-    "symmetry": "--symmetry", "eps": "--eps", "p": "--p", "samples": "--samples",
-    "layer": "--layer", "seed": "--seed", "dtype": "--dtype", "device": "--device",
-    "progress": "--progress", "data": "--data", "gap_from": "--gap-from", "out": "--out",
-    "resume": "--resume", "color": "--color", "plots": "--no-plots", "threads": "--threads",
-    "BatchSettings.batch_size": "--batch-size", "BatchSettings.max_batches": "--max-batches",
-    "BatchSettings.max_length": "--max-length", "BatchSettings.tokenizer": "--tokenizer",
-    "BatchSettings.loss": "--loss", "SolverSettings.n_iter": "--n-iter",
-    "SolverSettings.blockwise": "--blockwise", "SolverSettings.compile_steps": "--compile-steps",
-    "SolverSettings.reference_n_iter": "--reference-n-iter",
-    "SolverSettings.reference_restarts": "--reference-restarts",
-    "BootstrapSettings.resamples": "--bootstrap", "BootstrapSettings.confidence": "--confidence",
-    "BootstrapSettings.seed": "--bootstrap-seed",
-}
+#: Fields whose command-line option is not ``--`` and their name with dashes.
+_OPTION_NAMES = {"measures": "--measure", "metrics": "--metric", "orders": "--order",
+                 "plots": "--no-plots", "BootstrapSettings.resamples": "--bootstrap",
+                 "BootstrapSettings.seed": "--bootstrap-seed"}
+#: Parts of the settings that no single option sets: their errors name the field.
+_NO_OPTION = ("batches", "solver", "bootstrap")
 
 # True while the command line builds settings: errors then name options, not fields
 _NAMING_OPTIONS: ContextVar[bool] = ContextVar("naming_options", default=False)
@@ -65,8 +47,7 @@ class InputError(ValueError):
 
 @contextmanager
 def command_line_names() -> Iterator[None]:
-    """Within this block, the settings' errors name the command-line options
-    (:data:`OPTION_OF_FIELD`) instead of the fields."""
+    """Within this block, the settings' errors name the command-line options, not the fields."""
     token = _NAMING_OPTIONS.set(True)
     try:
         yield
@@ -76,7 +57,10 @@ def command_line_names() -> Iterator[None]:
 
 def _name(field_name: str) -> str:
     """How an error names a field: the field, or its option on the command line."""
-    return OPTION_OF_FIELD.get(field_name, field_name) if _NAMING_OPTIONS.get() else field_name
+    if not _NAMING_OPTIONS.get() or field_name in _NO_OPTION:
+        return field_name
+    return (_OPTION_NAMES.get(field_name)
+            or "--" + field_name.rpartition(".")[2].replace("_", "-"))
 
 
 def _integer(value: object, field_name: str, minimum: int, *, optional: bool = False) -> Any:
@@ -119,17 +103,15 @@ def _text(value: object, field_name: str, *, optional: bool = True, path: bool =
 
 
 def _part(value: object, kind: type, field_name: str) -> None:
-    """Refuse a part of the settings that is not of its class (e.g. a dict for
-    ``batches``)."""
+    """Refuse a part of the settings that is not of its class (a dict for ``batches``)."""
     if not isinstance(value, kind):
         raise InputError(f"{_name(field_name)} must be a {kind.__name__}, got "
                          f"{type(value).__name__}")
 
 
 def _items(value: object, field_name: str, *, empty: bool = False) -> list[Any]:
-    """The entries of a comma list (``"mix,inv"``, stripped) or of a list or tuple; one
-    entry that is neither (a number) is a list of one. Refuses an empty list unless
-    ``empty``."""
+    """The entries of a comma list (``"mix,inv"``, stripped), a list or a tuple; a number is a
+    list of one. An empty list is refused unless ``empty``."""
     if isinstance(value, str):
         items: list[Any] = [part.strip() for part in value.split(",")]
     elif isinstance(value, Iterable) and not isinstance(value, (Mapping, bytes)):
@@ -386,7 +368,7 @@ class SharpnessConfig:
 
     @property
     def radii(self) -> tuple[float, ...]:
-        """The radii, as a tuple (``rho`` after the checks)."""
+        """The radii (``rho`` after the checks)."""
         return self.rho  # type: ignore[return-value]
 
     def _check_metrics(self) -> None:
@@ -399,7 +381,6 @@ class SharpnessConfig:
                              f"value; leave {metric} out (or give one)")
 
     def _check_radii(self) -> None:
-        # no radius is an error only for the measures that need one
         radii = () if self.rho is None else _unique(
             _radius(rho) for rho in _items(self.rho, "rho", empty=True))
         _set(self, "rho", radii)
@@ -548,18 +529,9 @@ def measure_runs(config: SharpnessConfig) -> list[MeasureRun]:
 
 def options_for(run: MeasureRun, config: SharpnessConfig,
                 symmetries: Sequence[Any] | None = None) -> dict[str, Any]:
-    """Keyword options of :func:`quotientsharp.sharpness` for one run.
-
-    Parameters
-    ----------
-    run
-        The measure (and geodesic metric and order).
-    config
-        The settings.
-    symmetries
-        Geodesic sharpness: the bindings of the user's symmetry (``symmetries=`` of the API),
-        if any; their quotients bring their own metric, so ``metric`` and ``eps`` are left out.
-    """
+    """Keyword options of :func:`quotientsharp.sharpness` for one run of ``config``; with the
+    bindings of a user's symmetry (``symmetries=`` of the API), ``metric`` and ``eps`` are left
+    out, as their quotients bring their own metric."""
     measure = run.measure
     options: dict[str, Any] = {"loss": config.batches.loss, "seed": config.seed,
                                "progress": config.progress}

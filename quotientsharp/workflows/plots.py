@@ -1,12 +1,8 @@
 """Scatter plots of generalisation against sharpness, one PNG per measure.
 
-:func:`scatter_plots` writes one PNG per measure with matplotlib's Agg canvas (matplotlib is
-optional: without it :data:`PLOT_INSTALL_HINT` is printed and no figure is written); a log
-axis gets a few short tick labels (:func:`log_ticks`). :func:`study_plots` is
-``quotientsharp study``'s: one plot per grid point, the gap against the measure, each plot's
-vertical axis naming the measure, metric, order and radius
-(:meth:`~quotientsharp.workflows.grid.GridPoint.label`), its title the Kendall taus with the
-bootstrap interval of tau-b and the number of models, and an axis spanning many decades a note.
+:func:`scatter_plots` draws them with matplotlib's Agg canvas (optional: without it
+:data:`PLOT_INSTALL_HINT` is printed and nothing is written); :func:`study_plots` is
+``quotientsharp study``'s, one plot per grid point.
 """
 
 from __future__ import annotations
@@ -41,14 +37,11 @@ _TICK_MANTISSAS = ((1,), (1, 2, 5), (1, 2, 3, 5), (1, 2, 3, 4, 5, 6, 8))
 
 
 def log_ticks(low: float, high: float, least: int = 2, most: int = 6) -> list[float]:
-    """Tick values ``m 10^e`` inside ``[low, high]`` for a log axis.
+    """Tick values ``m 10^e`` inside ``[low, high]`` for a log axis: the first mantissa set of
+    :data:`_TICK_MANTISSAS` giving at least ``least`` ticks, thinned to at most ``most``.
 
-    The first mantissa set of ``(1)``, ``(1, 2, 5)``, ``(1, 2, 3, 5)``, ``(1, 2, 3, 4, 5, 6, 8)``
-    giving at least ``least`` ticks is used (sparse where a log axis crowds: 7 and 9 are
-    left out), thinned to at most ``most`` (every second tick, and so on). matplotlib's
-    own locator labels the minor ticks of an axis spanning less than a decade with long
-    ``2 x 10^-2`` labels that run into each other; these few ticks take short labels.
-
+    matplotlib's own locator labels the minor ticks of an axis spanning less than a decade with
+    long ``2 x 10^-2`` labels that run into each other; these few ticks take short labels.
     Raises ``ValueError`` unless ``0 < low <= high`` are finite.
     """
     if not (0 < low <= high and math.isfinite(high)):
@@ -64,11 +57,6 @@ def log_ticks(low: float, high: float, least: int = 2, most: int = 6) -> list[fl
     return ticks[::step]
 
 
-def tick_text(value: float) -> str:
-    """A short tick label: ``0.02``, ``300``, ``2e-05``."""
-    return f"{value:g}"
-
-
 def _readable_log_axis(axis: Axis, values: Sequence[float]) -> None:
     """Few short labels on a log ``axis`` (:func:`log_ticks`), minor ticks unlabelled."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
@@ -77,20 +65,19 @@ def _readable_log_axis(axis: Axis, values: Sequence[float]) -> None:
     if len(ticks) < 2:
         return              # a single value or a tiny range: matplotlib's choice stays
     axis.set_major_locator(FixedLocator(ticks))
-    axis.set_major_formatter(FuncFormatter(lambda value, _: tick_text(value)))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     axis.set_minor_formatter(NullFormatter())
 
 
 def scatter_plots(x: Sequence[float], measures: Mapping[str, Sequence[float]], out_dir: Path,
-                  *, x_label: str, prefix: str = "scatter_",
-                  color: Sequence[float] | None = None, color_label: str = "",
+                  *, x_label: str, color: Sequence[float] | None = None, color_label: str = "",
                   titles: Mapping[str, str] | None = None,
                   y_labels: Mapping[str, str] | None = None,
                   notes: Mapping[str, str] | None = None, color_scale: str = "auto",
                   vector: bool = True, panels: str | None = "panels") -> list[Path] | None:
-    """One PNG per measure: ``x`` against the measure's values, ``{prefix}{name}.png``; beside
+    """One PNG per measure: ``x`` against the measure's values, ``scatter_{name}.png``; beside
     each an SVG (``vector``), and one multi-panel figure of every measure
-    (``{prefix}{panels}.png`` and ``.svg``).
+    (``scatter_{panels}.png`` and ``.svg``; ``panels=None``: none).
 
     Parameters
     ----------
@@ -102,43 +89,22 @@ def scatter_plots(x: Sequence[float], measures: Mapping[str, Sequence[float]], o
         Folder of the PNG files (created if missing).
     x_label
         Label of the horizontal axis.
-    prefix
-        File-name prefix.
     color, color_label
         Optional colour value per model, with the colour bar's label.
-    titles
-        Measure key -> plot title (the taus: :func:`~quotientsharp.workflows.labels.tau_title`).
-    y_labels
-        Measure key -> label of the vertical axis (readable:
-        :func:`~quotientsharp.workflows.labels.measure_label`); default the key.
-    notes
-        Measure key -> a note written in the plot, below the automatic one for an axis that
-        spans many decades (:func:`~quotientsharp.workflows.labels.decades_note`).
+    titles, y_labels, notes
+        Measure key -> plot title (:func:`~quotientsharp.workflows.labels.tau_title`), label of
+        the vertical axis (default the key), and a note written in the plot.
     color_scale
-        How ``color`` maps to colours (:func:`color_mapping`): ``"categorical"`` (one colour
-        per distinct value, with a legend), ``"log"``, ``"linear"``, or ``"auto"``
-        (categorical for at most :data:`MAX_CATEGORIES` distinct values, log for positive
-        values spanning a decade or more, else linear).
-    vector
-        Also write each figure as SVG beside its PNG (same name, ``.svg``).
-    panels
-        File stem (after ``prefix``) of the multi-panel figure of every measure, or ``None``
-        for none.
+        How ``color`` maps to colours (:func:`color_mapping`): ``"categorical"`` (a legend),
+        ``"log"``, ``"linear"``, or ``"auto"`` (categorical for at most :data:`MAX_CATEGORIES`
+        distinct values, log for positive values spanning a decade or more, else linear).
 
     Returns
     -------
     list of Path or None
-        The per-measure PNG paths (the SVGs and the multi-panel figure are written beside
-        them), or ``None`` (after printing :data:`PLOT_INSTALL_HINT` to stderr) when
-        matplotlib is missing.
-
-    Notes
-    -----
-    Axes are logarithmic when every value on them is positive, with a few short tick labels
-    (:func:`log_ticks`). matplotlib's Agg canvas is used directly, so no global backend is
-    switched.
+        The per-measure PNG paths, or ``None`` (after printing :data:`PLOT_INSTALL_HINT`) when
+        matplotlib is missing. Axes are logarithmic when every value on them is positive.
     """
-
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -171,12 +137,12 @@ def scatter_plots(x: Sequence[float], measures: Mapping[str, Sequence[float]], o
             figure.text(0.01, 0.01, "\n".join(remarks), fontsize=7, color="dimgray",
                         verticalalignment="bottom")
         figure.tight_layout(rect=(0, 0.035 * len(remarks), 1, 1))
-        path = out_dir / f"{prefix}{name}.png"
+        path = out_dir / f"scatter_{name}.png"
         _save(figure, path, vector)
         written.append(path)
     if panels is not None and len(columns) > 1:
         _save(_panel_figure(xs, columns, mapping, color_label, x_label, titles, y_labels,
-                            notes), out_dir / f"{prefix}{panels}.png", vector)
+                            notes), out_dir / f"scatter_{panels}.png", vector)
     return written
 
 
@@ -186,17 +152,9 @@ MAX_CATEGORIES = 8
 
 @dataclass(frozen=True)
 class ColorMapping:
-    """How the colour values of the points become colours.
-
-    Attributes
-    ----------
-    kind
-        ``"categorical"``, ``"log"`` or ``"linear"``.
-    values
-        The colour value of every point.
-    categories
-        The distinct values, sorted (categorical only).
-    """
+    """How the colour values of the points become colours: ``kind`` ``"categorical"``,
+    ``"log"`` or ``"linear"``, every point's value, and the sorted distinct values
+    (categorical only)."""
 
     kind: str
     values: tuple[float, ...]
@@ -204,13 +162,8 @@ class ColorMapping:
 
 
 def color_mapping(values: Sequence[float], scale: str = "auto") -> ColorMapping:
-    """The colour scale of ``values`` (see :func:`scatter_plots`, ``color_scale``).
-
-    Raises
-    ------
-    ValueError
-        An unknown ``scale``, or ``"log"`` with a value that is not positive.
-    """
+    """The colour scale of ``values`` (:func:`scatter_plots`, ``color_scale``); a
+    ``ValueError`` for an unknown ``scale``, or ``"log"`` with a value that is not positive."""
     if scale not in ("auto", "categorical", "log", "linear"):
         raise ValueError(f"color_scale must be 'auto', 'categorical', 'log' or 'linear', got "
                          f"{scale!r}")
@@ -232,11 +185,8 @@ def color_mapping(values: Sequence[float], scale: str = "auto") -> ColorMapping:
 def _draw_points(figure: Any, axes: Any, xs: Sequence[float], ys: Sequence[float],
                  keep: Sequence[int], mapping: ColorMapping | None, color_label: str,
                  legend: bool) -> None:
-    """The points ``keep`` of ``(xs, ys)``, coloured by ``mapping``, with its key.
-
-    Categorical: one scatter per category (a legend when ``legend``); log or linear: one
-    coloured scatter and a colour bar; ``None``: plain points.
-    """
+    """The points ``keep`` of ``(xs, ys)``, coloured by ``mapping``, with its key: a legend
+    of the categories (when ``legend``), or a colour bar."""
     from matplotlib.colors import LogNorm, Normalize
 
     if mapping is None:
@@ -333,28 +283,9 @@ def study_plots(gaps: Sequence[float], values: Mapping[str, Sequence[float]],
                 grid: Sequence[GridPoint], taus: Sequence[Mapping[str, Any]], folder: Path, *,
                 x_label: str, color: Sequence[float] | None = None,
                 color_label: str = "") -> list[Path] | None:
-    """Write ``scatter_{key}.png`` for every grid point into ``folder``.
-
-    Parameters
-    ----------
-    gaps
-        One gap per model.
-    values
-        Grid key -> one value per model.
-    grid, taus
-        The grid points and their rows of :func:`~quotientsharp.workflows.report.tau_rows`.
-    folder
-        Output folder.
-    x_label
-        The horizontal axis (:func:`~quotientsharp.workflows.report.gap_label`).
-    color, color_label
-        A manifest key's value per model, and its name (``--color``).
-
-    Returns
-    -------
-    list of Path or None
-        The files written; ``None`` without matplotlib (a hint is printed).
-    """
+    """Write ``scatter_{key}.png`` for every grid point into ``folder``: the gap against the
+    point's values (grid key -> one per model), titled by its row of
+    :func:`~quotientsharp.workflows.report.tau_rows`; ``None`` without matplotlib."""
     titles = {}
     for row in taus:
         interval = (None if row["tau_b_low"] is None

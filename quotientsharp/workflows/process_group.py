@@ -1,23 +1,10 @@
 """Running under torchrun: the process group, dealing work over its ranks, and its failures.
 
-The study runner (:mod:`.resumable`, :mod:`.records`, the studies of
-:mod:`quotientsharp.reproduce`) runs one program on every rank of ``torch.distributed``:
-
-- :func:`run_in_process_group`, shared by ``quotientsharp reproduce`` and ``quotientsharp
-  study``: without torchrun (or with one process) it calls the command as it is; with ``W > 1``
-  processes it initialises the default process group (:func:`init_distributed`: gloo on CPU,
-  NCCL with CUDA; ``timeout`` seconds for every collective), runs the command, reports a
-  collective that timed out or lost a rank as one line on stderr
-  (:func:`describe_collective_failure`, exit status 1), and destroys the group at the end. A
-  caller that set up its own process group keeps it;
-- :func:`shard` deals a list of units of work (models, grid points) round-robin over the ranks
-  and :func:`gather_indexed` puts the per-unit results back in order on every rank;
-- :func:`run_on_rank0` runs a step (writing files, checking a results folder) on rank 0 only and
-  hands its value, or its exception, to every rank;
-- :func:`torchrun_world_size` reads whether torchrun asked for several processes and
-  :func:`rank_and_world_size` where this process stands (``0, 1`` without a process group).
-
-torch is imported only when a function runs, so that the commands' ``--help`` never imports it.
+:func:`run_in_process_group` runs a command (``reproduce``, ``study``) in torchrun's process
+group when torchrun asked for several processes; :func:`shard` deals units of work
+round-robin over the ranks and :func:`gather_indexed` puts their results back in order;
+:func:`run_on_rank0` runs a step on rank 0 alone and hands its value, or its exception, to
+every rank. torch is imported only when a function runs, so that ``--help`` never imports it.
 """
 
 from __future__ import annotations
@@ -40,23 +27,10 @@ DEFAULT_DIST_TIMEOUT = 1800.0
 
 def run_in_process_group(command: Callable[[], int], prefix: str,
                          timeout: float = DEFAULT_DIST_TIMEOUT) -> int:
-    """Run ``command()`` in torchrun's process group, if torchrun asked for several processes.
-
-    Parameters
-    ----------
-    command
-        The command's body; returns the exit status. Called on every rank.
-    prefix
-        How errors start (``"quotientsharp study: error:"``).
-    timeout
-        Seconds every collective may wait (``--dist-timeout``).
-
-    Returns
-    -------
-    int
-        ``command()``'s status; 2 when torchrun's environment is malformed or the process group
-        cannot start; 1 after a collective that timed out or lost a rank.
-    """
+    """``command()`` (on every rank) in torchrun's process group, if torchrun asked for several
+    processes: its exit status; 2 when torchrun's environment is malformed or the group cannot
+    start, 1 after a collective that timed out (``timeout`` seconds) or lost a rank, with one line
+    on stderr starting with ``prefix``."""
     try:
         world_size = torchrun_world_size()
     except ValueError as err:
@@ -87,19 +61,15 @@ def run_in_process_group(command: Callable[[], int], prefix: str,
         dist.destroy_process_group()
 
 
-# ---------------------------------------------------------------------------- process group
-def init_distributed(backend: str | None = None,
-                     timeout: float | datetime.timedelta | None = None) -> tuple[int, int]:
-    """Initialise the default process group from torchrun's environment, if not yet done.
+def init_distributed(timeout: float | None = None) -> tuple[int, int]:
+    """Initialise the default process group from torchrun's environment, if not yet done:
+    NCCL (on the ``LOCAL_RANK`` device) where CUDA is available, else gloo.
 
     Parameters
     ----------
-    backend
-        ``"gloo"`` or ``"nccl"``; default ``"nccl"`` when CUDA is available, else ``"gloo"``.
-        With NCCL the current CUDA device is set to ``LOCAL_RANK``.
     timeout
-        Seconds (or a ``timedelta``) that the rendezvous and every collective may wait before
-        raising; ``None``: torch's default (30 minutes for gloo, 10 for NCCL).
+        Seconds that the rendezvous and every collective may wait before raising; ``None``:
+        torch's default (30 minutes for gloo, 10 for NCCL).
 
     Returns
     -------
@@ -118,20 +88,16 @@ def init_distributed(backend: str | None = None,
             raise RuntimeError(f"init_distributed reads torchrun's environment, but {missing} "
                                "are not set: launch with torchrun, or call "
                                "torch.distributed.init_process_group yourself")
-        if backend is None:
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         if timeout is None:
             dist.init_process_group(backend)
         else:
-            if not isinstance(timeout, datetime.timedelta):
-                if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
-                        or not timeout > 0:
-                    raise ValueError(f"timeout must be a number of seconds > 0 or a "
-                                     f"timedelta, got {timeout!r}")
-                timeout = datetime.timedelta(seconds=float(timeout))
-            dist.init_process_group(backend, timeout=timeout)
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+                    or not timeout > 0:
+                raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=float(timeout)))
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -153,18 +119,18 @@ def torchrun_world_size(environ: Mapping[str, str] | None = None) -> int:
     return world_size
 
 
-def rank_and_world_size(group: Any = None) -> tuple[int, int]:
-    """``(rank, world_size)`` in ``group``; ``(0, 1)`` without an initialised process group."""
+def rank_and_world_size() -> tuple[int, int]:
+    """``(rank, world_size)``; ``(0, 1)`` without an initialised process group."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(group), dist.get_world_size(group)
+        return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
 
-def _check_rank(rank: int | None, world_size: int | None, group: Any) -> tuple[int, int]:
+def _check_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if rank is None and world_size is None:
-        return rank_and_world_size(group)
+        return rank_and_world_size()
     if rank is None or world_size is None:
         raise ValueError("pass both rank and world_size, or neither")
     for name, value in (("rank", rank), ("world_size", world_size)):
@@ -182,17 +148,12 @@ _LOST = re.compile(r"connection (closed|reset) by peer|pair closure|broken pipe|
 
 
 def describe_collective_failure(error: BaseException,
-                                timeout: float | datetime.timedelta | None = None) -> str | None:
-    """One readable line for a collective that timed out or lost a rank; ``None`` for others.
-
-    The backends report these as raw messages (gloo: ``[.../unbound_buffer.cc:81] Timed out
-    waiting 1800000ms for recv operation to complete``); this says what happened, what to look
-    at and that ``--resume`` continues a study where it stopped.
+                                timeout: float | None = None) -> str | None:
+    """One readable line for a collective that timed out or lost a rank (the backends' raw
+    messages say neither what to look at nor that ``--resume`` continues); ``None`` for others.
     """
     text = str(error).strip()
     first = text.splitlines()[0] if text else type(error).__name__
-    if isinstance(timeout, datetime.timedelta):
-        timeout = timeout.total_seconds()
     rank, world_size = rank_and_world_size()
     who = f"rank {rank} of {world_size}"
     resume = ("Every unit of work finished so far is saved: rerun the same command with "
@@ -209,27 +170,17 @@ def describe_collective_failure(error: BaseException,
     return None
 
 
-# ---------------------------------------------------------------------------- dealing and gathering
-def shard(items: Iterable[Item], rank: int | None = None, world_size: int | None = None,
-          group: Any = None) -> list[tuple[int, Item]]:
-    """This rank's share of ``items``: ``(index, item)`` for every ``index % world_size == rank``.
+def shard(items: Iterable[Item], rank: int | None = None,
+          world_size: int | None = None) -> list[tuple[int, Item]]:
+    """This rank's share of ``items``: ``(index, item)`` for every ``index % world_size == rank``
+    (``rank`` and ``world_size`` default to the process group's, ``0, 1`` without one).
 
-    Round-robin dealing balances ranks when item costs are similar. A sequence (``len`` and
-    indexing) is only indexed at this rank's positions; any other iterable is iterated in full
-    on every rank (it must yield the same items in the same order everywhere).
-
-    Parameters
-    ----------
-    items
-        Models, batches, configurations...
-    rank, world_size
-        Default: those of the process group (``0, 1`` without one).
-    group
-        Process group (default: the world).
-    """
+    Round-robin dealing balances ranks when item costs are similar. A sequence is only indexed at
+    this rank's positions; any other iterable is iterated in full on every rank (it must yield the
+    same items in the same order everywhere)."""
     import torch
 
-    rank, world_size = _check_rank(rank, world_size, group)
+    rank, world_size = _check_rank(rank, world_size)
     if isinstance(items, (str, bytes, torch.Tensor, Mapping)):
         raise TypeError(f"items must be an iterable of items (not a mapping, string or "
                         f"tensor), got {type(items).__name__}")
@@ -244,7 +195,7 @@ def shard(items: Iterable[Item], rank: int | None = None, world_size: int | None
     return [(i, item) for i, item in enumerate(items) if i % world_size == rank]
 
 
-def gather_indexed(local: Sequence[tuple[int, Value]], group: Any = None) -> list[Value]:
+def gather_indexed(local: Sequence[tuple[int, Value]]) -> list[Value]:
     """All-gather ``(index, value)`` pairs from every rank; the values in index order.
 
     Values travel pickled (``all_gather_object``): move tensors to the CPU first when ranks
@@ -254,10 +205,10 @@ def gather_indexed(local: Sequence[tuple[int, Value]], group: Any = None) -> lis
     import torch.distributed as dist
 
     pairs = list(local)
-    rank, world_size = rank_and_world_size(group)
+    world_size = rank_and_world_size()[1]
     if world_size > 1:
         gathered: list[Any] = [None] * world_size
-        dist.all_gather_object(gathered, pairs, group=group)
+        dist.all_gather_object(gathered, pairs)
         pairs = [pair for part in gathered for pair in part]
     indices = sorted(i for i, _ in pairs)
     if indices != list(range(len(indices))):
@@ -277,50 +228,31 @@ def _portable_error(error: Exception) -> Exception:
     return error
 
 
-def run_on_rank0(function: Callable[[], Value], *, share: bool = True,
-                 group: Any = None) -> Value | None:
+def run_on_rank0(function: Callable[[], Value], *, share: bool = True) -> Value | None:
     """Call ``function()`` on rank 0 only; its value, or its exception, reaches every rank.
 
-    The single-writer pattern: rank 0 touches the files (creates a results folder, checks the
-    settings of a run being resumed, writes the summary) and the other ranks learn the outcome
-    from one ``broadcast_object_list``. An exception raised by ``function`` on rank 0 is raised
-    again on every rank (the same type and message, when it can be pickled), so that all ranks
-    stop with the same error instead of some of them waiting in a later collective. Without a
-    process group (or world size 1) this is ``function()``.
-
-    Parameters
-    ----------
-    function
-        Called with no argument, on rank 0 only.
-    share
-        Send the value to the other ranks (it must be picklable); otherwise they get ``None``
-        (and still learn about an exception).
-    group
-        Process group (default: the world); ``function`` runs on its rank 0.
-
-    Returns
-    -------
-    object
-        On rank 0 the value itself; on the other ranks an unpickled copy (or ``None``).
-    """
+    The single-writer pattern: rank 0 touches the files and the other ranks learn the outcome
+    from one ``broadcast_object_list`` (the value only with ``share``: it must be picklable). An
+    exception on rank 0 is raised again on every rank (the same type and message, when it can be
+    pickled), so that no rank waits in a later collective. Without a process group this is
+    ``function()``."""
     import torch.distributed as dist
 
-    rank, world_size = rank_and_world_size(group)
+    rank, world_size = rank_and_world_size()
     if world_size == 1:
         return function()
-    source = 0 if group is None else dist.get_global_rank(group, 0)
     box: list[Any] = [None]
     if rank == 0:
         try:
             value = function()
         except Exception as error:
             box[0] = ("error", _portable_error(error))
-            dist.broadcast_object_list(box, src=source, group=group)
+            dist.broadcast_object_list(box, src=0)
             raise
         box[0] = ("ok", value if share else None)
-        dist.broadcast_object_list(box, src=source, group=group)
+        dist.broadcast_object_list(box, src=0)
         return value
-    dist.broadcast_object_list(box, src=source, group=group)
+    dist.broadcast_object_list(box, src=0)
     status, payload = box[0]
     if status == "error":
         raise payload

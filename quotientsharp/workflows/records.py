@@ -1,14 +1,10 @@
 """A study's results folder: ``run.json``, the record files and their per-rank shards.
 
-:class:`ResultsDirectory` owns the folder: ``run.json`` (settings, seeds, package versions,
-timings, status), append-only JSONL files written record by record and synced (an interrupted
-run keeps every finished record; a torn last line is dropped on resume), CSV files, and the
-``--resume`` check (the saved settings must equal the current ones). Under torchrun each rank
-``r`` appends to its own shard ``models.rank{r}.jsonl`` (:func:`shard_name`,
-:func:`shard_paths`); :meth:`ResultsDirectory.merged_records` reads a file together with its
-shards and :meth:`ResultsDirectory.consolidate` folds the shards back into the one file.
-``run.json`` records the ``world_size`` of each session. The loop that fills the folder unit by
-unit is :class:`quotientsharp.workflows.resumable.ResumableRun`.
+:class:`ResultsDirectory` owns the folder: ``run.json`` (settings, versions, timings, status),
+append-only JSONL record files (a torn last line is dropped on resume), and the ``--resume``
+check. Under torchrun rank ``r`` appends to its own shard ``models.rank{r}.jsonl``
+(:func:`shard_name`), which :meth:`ResultsDirectory.consolidate` folds back into the one file.
+The loop that fills the folder is :class:`quotientsharp.workflows.resumable.ResumableRun`.
 """
 
 from __future__ import annotations
@@ -97,11 +93,6 @@ def is_main_rank() -> bool:
     return rank_and_world_size()[0] == 0
 
 
-def current_world_size() -> int:
-    """World size of the initialised default process group; 1 without one."""
-    return rank_and_world_size()[1]
-
-
 class ResultsDirectory:
     """A study's output folder, with ``run.json`` and ``--resume``.
 
@@ -112,27 +103,23 @@ class ResultsDirectory:
     study
         The study's name, recorded in ``run.json``.
     settings
-        Everything that determines the results (JSON-serialisable). With ``resume`` it must equal
-        the settings saved in ``run.json`` by the run being resumed.
+        Everything that determines the results (JSON-serialisable); with ``resume`` it must
+        equal the settings saved in ``run.json``.
     resume
-        Keep the existing records and skip what they cover. Without it the study's files
-        (``owned``) are deleted first and the run starts afresh.
+        Keep the existing records; without it the study's files (``owned``) are deleted first.
     owned
         File names inside ``path`` that the study writes (JSONL, CSV, figures, sections).
     sharded
-        JSONL files among ``owned`` that ranks of a distributed run may write as per-rank
-        shards (:func:`shard_name`); their shards are deleted with them on a fresh start and
-        read with them by :meth:`merged_records`.
+        JSONL files among ``owned`` that ranks may write as per-rank shards (:func:`shard_name`),
+        deleted with them on a fresh start and read with them by :meth:`merged_records`.
 
     Attributes
     ----------
     run_info
-        The content of ``run.json``; ``world_size`` is the number of processes of the current
-        session (1 without torchrun) and ``world_sizes`` lists it for every session (the first
-        run, then each ``--resume``). ``environment`` (:func:`environment_versions`) and
-        ``command`` are the first session's and never rewritten: a ``--resume`` under another
-        version of the package or torch is refused, and its command joins
-        ``resume_commands``.
+        The content of ``run.json``: ``world_size`` of this session and ``world_sizes`` of
+        every session; ``environment`` and ``command`` of the first session (a ``--resume``
+        under another version of the package or torch is refused; its command joins
+        ``resume_commands``).
     """
 
     def __init__(self, path: Path, study: str, settings: Mapping[str, Any], resume: bool,
@@ -183,7 +170,7 @@ class ResultsDirectory:
                              "resumed": 0}
         self.run_info["status"] = "running"
         # not a setting: a run may be resumed under any number of processes
-        self.run_info["world_size"] = current_world_size()
+        self.run_info["world_size"] = rank_and_world_size()[1]
         self.run_info["world_sizes"] = [*self.run_info.get("world_sizes", []),
                                         self.run_info["world_size"]]
         # what the first session recorded stays as it is: a resume adds its command only
@@ -223,8 +210,7 @@ class ResultsDirectory:
 
     def _check_same_versions(self, previous: Mapping[str, Any],
                              environment: Mapping[str, Any]) -> None:
-        """Refuse a resume under another version of the package or torch than the recorded
-        one (:data:`RESUME_VERSIONS`; a ``run.json`` without versions is not checked)."""
+        """Refuse a resume under other versions of :data:`RESUME_VERSIONS` than recorded."""
         saved = previous.get("environment")
         if not isinstance(saved, Mapping):
             return
@@ -249,7 +235,6 @@ class ResultsDirectory:
         self.run_info.update(updates)
         write_json_atomic(self.run_file, self.run_info)
 
-    # ------------------------------------------------------------------ records
     def records(self, name: str) -> list[dict[str, Any]]:
         """The finished records of JSONL file ``name`` (a torn last line is repaired away)."""
         return read_jsonl(self.file(name), repair=True)
@@ -259,13 +244,9 @@ class ResultsDirectory:
         append_jsonl(self.file(name), record)
 
     def merged_records(self, name: str, key: str, repair: bool = True) -> list[dict[str, Any]]:
-        """The records of ``name`` and of its rank shards, one per ``key`` value.
-
-        The file's own records come first, in file order, then those of the shards (by rank)
-        whose ``key`` is new; a record present twice (a consolidation cut short between writing
-        the file and deleting the shards) is kept once. ``repair=False`` leaves torn last
-        lines in place: use it while other ranks may still be appending to their shards.
-        """
+        """The records of ``name``, then those of its rank shards whose ``key`` is new (a
+        consolidation cut short leaves records twice). ``repair=False`` leaves torn last lines
+        in place: use it while other ranks may still be appending to their shards."""
         records: dict[Any, dict[str, Any]] = {}
         for path in [self.file(name), *shard_paths(self.path, name)]:
             for record in read_jsonl(path, repair=repair):
@@ -275,13 +256,9 @@ class ResultsDirectory:
         return list(records.values())
 
     def consolidate(self, name: str, key: str) -> list[dict[str, Any]]:
-        """Fold the rank shards of ``name`` into it; the merged records.
-
-        Without shards nothing is written (a single-process run keeps its file as appended).
-        With shards, ``name`` is rewritten atomically with every record sorted by ``key`` and
-        the shards are deleted afterwards, so an interruption at any point loses nothing. Call
-        it only when no other rank is writing.
-        """
+        """Fold the rank shards of ``name`` into it (rewritten atomically, sorted by ``key``,
+        before the shards are deleted: an interruption loses nothing); the merged records.
+        Call it only when no other rank is writing."""
         shards = shard_paths(self.path, name)
         records = self.merged_records(name, key)
         if shards:
@@ -293,7 +270,6 @@ class ResultsDirectory:
 
     def write_csv(self, name: str, columns: Sequence[str],
                   rows: Iterable[Mapping[str, Any]]) -> None:
-        """(Re)write CSV file ``name`` with a header and ``rows``, atomically (a reader, or an
-        interruption, sees the old file or the new one)."""
+        """(Re)write CSV file ``name`` with a header and ``rows``, atomically."""
         write_csv_atomic(self.file(name), columns, rows)
 

@@ -1,10 +1,7 @@
-"""``quotientsharp study``: the per-model CSV rows, the tau table and the markdown report.
+"""``quotientsharp study``: the rows of ``models.csv``, the tau table and ``report.md``.
 
-:func:`csv_columns` and :func:`csv_row` lay out ``models.csv`` (one row per model, in manifest
-order; no timings, so that a resumed run writes the same file as an uninterrupted one),
-:func:`tau_rows` computes the Kendall taus of every grid point with their bootstrap intervals,
-:func:`tau_table` formats them (markdown or plain text) and :func:`study_report` writes
-``report.md``.
+``models.csv`` holds no timings, so that a resumed run writes the same file as an
+uninterrupted one.
 """
 
 from __future__ import annotations
@@ -33,14 +30,15 @@ _VALUE_OPTIONS = {"eps": 0.0, "p": "2", "samples": 1, "layer": None, "loss": "cr
                   "max_length": 128, "tokenizer": None, "dtype": None, "gap_from": None}
 
 
-def _option_values(config: StudyConfig) -> dict[str, Any]:
-    """The values of :data:`_VALUE_OPTIONS` in ``config``, by option name."""
+def value_settings(config: StudyConfig) -> dict[str, Any]:
+    """The settings besides the grid, the data and the gap that determine the values, by
+    option name (saved in ``run.json``, named by the report's command line)."""
     batches = config.batches
-    return {"eps": config.eps, "p": config.p, "samples": config.samples, "layer": config.layer,
-            "loss": batches.loss, "batch_size": batches.batch_size,
+    return {"loss": batches.loss, "batch_size": batches.batch_size,
             "max_batches": batches.max_batches, "n_iter": config.solver.n_iter,
-            "seed": config.seed, "max_length": batches.max_length,
-            "tokenizer": batches.tokenizer, "dtype": config.dtype, "gap_from": config.gap_from}
+            "seed": config.seed, "eps": config.eps, "samples": config.samples,
+            "layer": config.layer, "max_length": batches.max_length,
+            "tokenizer": batches.tokenizer, "dtype": config.dtype}
 
 
 def command_line(manifest: str, config: StudyConfig, grid: Sequence[GridPoint]) -> str:
@@ -56,7 +54,7 @@ def command_line(manifest: str, config: StudyConfig, grid: Sequence[GridPoint]) 
         metrics = dict.fromkeys(p.metric for p in grid if p.metric is not None)
         orders = dict.fromkeys(str(p.order) for p in grid if p.order is not None)
         parts += ["--metric", ",".join(metrics), "--order", ",".join(orders)]
-    values = _option_values(config)
+    values = {**value_settings(config), "p": config.p, "gap_from": config.gap_from}
     for name, default in _VALUE_OPTIONS.items():
         value = values[name]
         if value != default:
@@ -115,28 +113,10 @@ def gap_label(entries: Sequence[ManifestEntry], gap_from: str) -> str:
 def tau_rows(gaps: Sequence[float], values: Mapping[str, Sequence[float]],
              grid: Sequence[GridPoint], *, resamples: int, confidence: float,
              seed: int) -> list[dict[str, Any]]:
-    """Kendall tau-a and tau-b between the gap and each grid point, with bootstrap intervals.
-
-    Parameters
-    ----------
-    gaps
-        One gap per model.
-    values
-        Grid key -> one value per model (in the order of ``gaps``).
-    grid
-        The grid points, in table order.
-    resamples, confidence, seed
-        The bootstrap (:func:`~quotientsharp.workflows.taus.tau_interval`; pairs with a NaN
-        are left out, ``resamples=0`` gives no interval).
-
-    Returns
-    -------
-    list of dict
-        Per point: its description (:meth:`GridPoint.as_dict`), ``count``, ``tau_a``,
-        ``tau_a_low``, ``tau_a_high``, ``tau_b``, ``tau_b_low``, ``tau_b_high``, ``resamples``
-        (the draws asked) and ``confidence`` (``None`` where undefined; every tau ``None``
-        with fewer than 2 models left).
-    """
+    """Kendall tau-a and tau-b between the gap and each grid point's values (grid key -> one
+    per model), with bootstrap intervals (pairs with a NaN left out): per point its
+    :meth:`GridPoint.as_dict`, ``count``, the taus and their bounds (``None`` where undefined),
+    ``resamples`` and ``confidence``."""
     rows = []
     for point in grid:
         kept = without_nan(gaps, values[point.key])

@@ -1,30 +1,16 @@
 """The one resumable runner: units of work, a record each, written as each finishes.
 
-Every study, a user's manifest (``quotientsharp study``) and the paper's
-(``quotientsharp reproduce``), is a list of units of work (a saved model, a model to train, a
-point of an orbit) whose results are records, one JSON object per unit. :class:`ResumableRun`
-is the loop around them, in three calls made on every rank:
+Every study (``quotientsharp study`` and the paper's) is a list of units of work whose results
+are records, one JSON object per unit. :class:`ResumableRun` is the loop around them, in three
+calls made on every rank: :meth:`~ResumableRun.open` (rank 0 creates or, on ``--resume``,
+checks the folder and reads the finished records), :meth:`~ResumableRun.run` (the missing
+units dealt round-robin over the ranks, each record on disk the moment it is computed) and
+:meth:`~ResumableRun.finish` (rank 0 folds the shards and writes the study's outputs).
 
-1. :meth:`ResumableRun.open`: rank 0 alone creates the results folder, or on ``--resume``
-   checks it (:class:`~quotientsharp.workflows.records.ResultsDirectory`), folds the shards an
-   interrupted distributed run left behind into the records file and reads the finished
-   records; every rank gets them;
-2. :meth:`ResumableRun.run`: the units not yet finished are dealt round-robin over the ranks
-   (:func:`~quotientsharp.workflows.process_group.shard`), each computed whole on one rank by
-   ``work(unit, status)``. Each record is on disk the moment it is computed: in one process it
-   is appended to the records file; under torchrun rank ``r`` appends it to its own shard
-   ``<records>.rank{r}.jsonl`` (one writer per file, no locking, and no rank waits for the
-   others), and rank 0 keeps a live mirror of every rank's finished records (the caller's
-   ``mirror``, e.g. a CSV, and ``run.json``). At the end the records are all-gathered, so every
-   rank returns all of them;
-3. :meth:`ResumableRun.finish`: rank 0 folds the shards into the records file (sorted by key),
-   writes the mirror once more, calls the caller's ``write`` (taus, plots, report), and marks
-   the run finished in ``run.json``; every rank gets ``write``'s value.
-
-Why shards and not a gather after each round of units: a unit is safe on disk the moment it
-finishes, whichever rank computed it, so an interrupted run loses no finished unit, and a
-``--resume`` under any number of ranks (or none) reads the records file together with any
-shards and computes exactly the missing units.
+Why per-rank shards (``<records>.rank{r}.jsonl``, one writer per file, no locking) and not a
+gather after each round of units: a unit is safe on disk the moment it finishes, whichever
+rank computed it, so an interrupted run loses no finished unit, and a ``--resume`` under any
+number of ranks reads the records file with its shards and computes exactly the missing units.
 """
 
 from __future__ import annotations
@@ -49,10 +35,7 @@ Key = TypeVar("Key", bound=Hashable)
 Value = TypeVar("Value")
 #: One unit's record (JSON-serialisable; it holds its key under the runner's ``key`` field).
 Record = dict[str, Any]
-#: ``work(unit, status)``: the record of one unit; ``status(text)`` shows what it is doing.
 Work = Callable[[Key, Callable[[str], None]], Record]
-#: ``mirror(folder, records)``: rank 0 rewrites its view of the finished records (a CSV), given
-#: them in the order of the units.
 Mirror = Callable[[ResultsDirectory, Mapping[Key, Record]], None]
 
 
@@ -60,15 +43,14 @@ class ResumableRun(Generic[Key]):
     """A study's units of work, run resumably on one process or on every rank of torchrun.
 
     Make one on every rank with the same arguments, then call :meth:`open`, :meth:`run` and
-    :meth:`finish` on every rank (module docstring).
+    :meth:`finish` on every rank.
 
     Parameters
     ----------
     out
         The results folder.
     units
-        Every unit's key, in the order of the outputs (the records file of a distributed run
-        is sorted by key at the end; a single-process one keeps the order of computation).
+        Every unit's key, in the order of the outputs.
     study
         The study's name in ``run.json`` (``--resume`` checks it).
     settings
@@ -82,8 +64,8 @@ class ResumableRun(Generic[Key]):
     key
         The field of a record holding its unit's key (``"index"``, ``"name"``, ``"point"``).
     unit
-        What a unit is (``"model"``): the progress bar's unit, and ``run.json`` counts the
-        finished units in ``finished_<unit>s``.
+        What a unit is (``"model"``): the progress bar's unit; ``run.json``'s
+        ``finished_<unit>s``.
     description
         The progress bar's label.
     progress
@@ -98,13 +80,12 @@ class ResumableRun(Generic[Key]):
     Attributes
     ----------
     folder
-        Rank 0's :class:`~quotientsharp.workflows.records.ResultsDirectory` (``None`` on the
-        other ranks, which never write through one), after :meth:`open`.
+        Rank 0's :class:`~quotientsharp.workflows.records.ResultsDirectory` after :meth:`open`
+        (``None`` on the other ranks).
     computed_now
         The keys computed in this session (by every rank), after :meth:`run`.
     ignored
-        The keys of records in the folder that are not among ``units`` (left out of
-        everything), after :meth:`open`.
+        The keys of records in the folder not among ``units``, after :meth:`open`.
     rank, world_size
         This process's rank and the number of processes.
     """
@@ -142,7 +123,6 @@ class ResumableRun(Generic[Key]):
         """Whether several ranks share the units."""
         return self.world_size > 1
 
-    # ------------------------------------------------------------------ the three steps
     def open(self) -> dict[Key, Record]:
         """Open (or on ``--resume`` check) the folder on rank 0; the finished records.
 
@@ -177,23 +157,12 @@ class ResumableRun(Generic[Key]):
 
     def run(self, work: Work[Key],
             saved: Callable[[Key], None] | None = None) -> dict[Key, Record]:
-        """Compute every unit not yet finished, this rank's share here; every record.
+        """Compute every unit not yet finished, this rank's share here; every record, in the
+        order of the units (the same on every rank).
 
-        Parameters
-        ----------
-        work
-            ``work(unit, status)`` -> the unit's record (holding the unit's key under
-            ``key``). An exception stops the run, marked ``raised_on_this_rank`` (under
-            torchrun the other ranks do not see it: this rank reports it).
-        saved
-            Called with a unit's key once its record is on disk (on the rank that computed
-            it).
-
-        Returns
-        -------
-        dict
-            Key -> record of every unit, in the order of the units (the same on every rank).
-        """
+        ``work(unit, status)`` returns the unit's record; its exception stops the run, marked
+        ``raised_on_this_rank`` (under torchrun this rank reports it). ``saved(key)`` is called
+        once a record is on disk."""
         todo = [key for key in self.units if key not in self._records]
         mine = shard(todo)                          # (position in todo, key)
         bar = progress_bar(len(self._records) + len(mine), self.description,
@@ -244,7 +213,6 @@ class ResumableRun(Generic[Key]):
         # the value is shared with every rank, so ``None`` only when ``write`` returned it
         return cast(Value, run_on_rank0(complete))
 
-    # ------------------------------------------------------------------ helpers
     def wall_seconds(self) -> float:
         """Wall time of every session of the run so far (this one since :meth:`open`)."""
         return self._previous_seconds + time.perf_counter() - self._start
@@ -264,7 +232,8 @@ class ResumableRun(Generic[Key]):
         return {key: records[key] for key in self.units if key in records}
 
     def _save(self, key: Key, record: Record) -> None:
-        """Put one finished record on disk (module docstring) and refresh rank 0's mirror."""
+        """Put one finished record on disk (its rank's shard under torchrun) and refresh rank 0's
+        mirror."""
         if not self.distributed:
             folder = self.rank0_folder()
             folder.append(self.records_file, record)
@@ -288,12 +257,8 @@ class ResumableRun(Generic[Key]):
 
 
 def rank0_value(function: Callable[[], Value | None]) -> Value:
-    """``function()`` called on rank 0 and its value shared with every rank, never ``None``.
-
-    :func:`~quotientsharp.workflows.process_group.run_on_rank0` with the value typed as
-    ``function``'s (that function's ``None`` stands for "not shared"); an exception on rank 0
-    reaches every rank.
-    """
+    """``function()`` called on rank 0 and its value shared with every rank, never ``None``
+    (:func:`~quotientsharp.workflows.process_group.run_on_rank0`, typed as ``function``'s)."""
     value = run_on_rank0(function)
     if value is None:
         raise RuntimeError("rank 0 shared no value")

@@ -1,34 +1,29 @@
 """``quotientsharp study``: the driver, from the manifest to every output, resumable, on ranks.
 
-:func:`run_study` measures every model of the manifest not yet measured, writes each record as
-it finishes, then the taus, the plots and the report. Each model is a unit of work of the
-runner every study uses (:class:`~quotientsharp.workflows.resumable.ResumableRun`), so the
-results folder works as those of ``quotientsharp reproduce``:
+Each model is a unit of work of :class:`~quotientsharp.workflows.resumable.ResumableRun`:
 
-- ``models.jsonl`` gets one record per model, appended and synced as the model finishes
-  (under torchrun each rank ``r`` appends to its own ``models.rank{r}.jsonl``, folded into
-  ``models.jsonl`` at the end); ``models.csv`` is rewritten from the records after each model
-  (atomically), so a killed run loses no finished model;
-- ``--resume`` keeps the records of the models still in the manifest (same model and data,
-  else an error) and measures the others: a manifest may grow between runs. The settings that
-  determine the values (the grid, the sharpness data's content, the batches, the loss, ...)
-  must equal those saved in ``run.json``; the bootstrap and plot options may change;
-- under torchrun the models still missing are dealt round-robin over the ranks
-  (:func:`.process_group.shard`), each measured whole on one rank; rank 0 alone
-  creates, checks and finishes the folder (:func:`.process_group.run_on_rank0`).
+- ``models.jsonl`` gets one record per model as it finishes (a per-rank shard under torchrun,
+  folded in at the end) and ``models.csv`` is rewritten after each, so a killed run loses no
+  finished model;
+- ``--resume`` keeps the records of the models still in the manifest (same model, data and
+  contents, else an error) and measures the others: a manifest may grow between runs. The
+  settings that determine the values must equal those in ``run.json``; the bootstrap and plot
+  options may change;
+- under torchrun the missing models are dealt round-robin over the ranks, each measured whole
+  on one rank; rank 0 alone creates, checks and finishes the folder.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quotientsharp.workflows import measuring
-from quotientsharp.workflows.fingerprints import content_identity
+from quotientsharp.workflows.data import existing_file
+from quotientsharp.workflows.fingerprints import content_identity, content_sha256
 from quotientsharp.workflows.grid import GridPoint, build_grid, with_row_symmetries
 from quotientsharp.workflows.manifest import ManifestEntry, read_manifest
 from quotientsharp.workflows.options import StudyConfig
@@ -43,6 +38,7 @@ from quotientsharp.workflows.report import (
     study_report,
     tau_rows,
     tau_table,
+    value_settings,
 )
 
 if TYPE_CHECKING:
@@ -97,28 +93,12 @@ def default_out(manifest: str | Path) -> Path:
     return Path("results") / Path(manifest).stem
 
 
-def _digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def study_settings(config: StudyConfig, grid: Sequence[GridPoint]) -> dict[str, Any]:
     """Everything that determines the values (saved in ``run.json``, checked on resume)."""
-    data = Path(config.data)
-    if not data.is_file():
-        raise FileNotFoundError(f"--data {data} does not exist" if not data.exists()
-                                else f"--data {data} is not a file")
-    batches = config.batches
-    return {"data": {"name": data.name, "sha256": _digest(data)},
+    data = existing_file(config.data, "--data")
+    return {"data": {"name": data.name, "sha256": content_sha256(data)},
             "grid": [point.as_dict() for point in grid], "gap_from": config.gap_kind,
-            "loss": batches.loss, "batch_size": batches.batch_size,
-            "max_batches": batches.max_batches, "n_iter": config.solver.n_iter,
-            "seed": config.seed, "eps": config.eps, "samples": config.samples,
-            "layer": config.layer, "max_length": batches.max_length,
-            "tokenizer": batches.tokenizer, "dtype": config.dtype,
+            **value_settings(config),
             # only when given, so that the run.json of a study without one still resumes
             **({"symmetry": config.symmetry} if config.symmetry else {})}
 
@@ -153,15 +133,11 @@ def _check_symmetry(entry: ManifestEntry, record: Mapping[str, Any], folder: Pat
                     config: StudyConfig) -> None:
     """Refuse a record measured with other code or other bindings of the user's symmetry
     than those it would be measured with now (:func:`.fingerprints.fingerprint_change`)."""
-    import torch
-
     from quotientsharp.workflows.fingerprints import fingerprint_change
     from quotientsharp.workflows.measuring import entry_symmetry
     from quotientsharp.workflows.saved_models import load_measured_model
 
-    model = load_measured_model(entry.model)
-    if config.dtype is not None:
-        model = model.to(dtype=getattr(torch, config.dtype))
+    model = load_measured_model(entry.model, dtype=config.dtype)
     bound = entry_symmetry(entry, config.symmetry, model)
     spec = None if bound is None else bound[0]
     change = (f"its symmetry is now {spec}, not {record['symmetry']}"
@@ -314,7 +290,8 @@ def _write_outputs(plan: _Plan, records: Mapping[str, dict[str, Any]],
 
 
 def run_study(manifest: str | Path, config: StudyConfig) -> StudyOutcome:
-    """Run (or resume) the study of a manifest and write every output (module docstring).
+    """Run (or resume) the study of a manifest and write every output
+    (:mod:`quotientsharp.workflows.runner`).
 
     Call it on every rank under torchrun, with the same arguments; every rank returns the same
     outcome.

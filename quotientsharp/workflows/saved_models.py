@@ -1,10 +1,6 @@
-"""``quotientsharp measure``: loading MODEL, a HuggingFace directory or a ``torch.save``'d module.
-
-:func:`load_measured_model` is the entry point (the accepted forms are described in
-:mod:`quotientsharp.cli.measure`). :func:`import_transformers` and
-:func:`quiet_transformers` are also used to load tokenizers (:mod:`.measure_data`).
-``transformers`` and ``torch`` are imported only when a model is loaded.
-"""
+"""``quotientsharp measure``: loading MODEL, a HuggingFace directory or a ``torch.save``'d
+module (the accepted forms are described in :mod:`quotientsharp.cli.measure`); transformers
+and torch are imported only when a model is loaded."""
 
 from __future__ import annotations
 
@@ -107,9 +103,11 @@ def _adapter_directory(path: Path) -> bool:
     return bool(saved_adapters(path))
 
 
-def load_measured_model(path: str | os.PathLike) -> nn.Module:
+def load_measured_model(path: str | os.PathLike, device: Any = None,
+                        dtype: str | None = None) -> nn.Module:
     """The model behind MODEL (see :mod:`quotientsharp.cli.measure`), in eval mode, on
-    the CPU."""
+    ``device`` (default the CPU), cast to ``dtype`` (``"float64"``; default as saved)."""
+    import torch
     from torch import nn
 
     path = Path(path)
@@ -134,5 +132,8 @@ def load_measured_model(path: str | os.PathLike) -> nn.Module:
                              "written by save_pretrained or a torch.save'd module")
     if not isinstance(model, nn.Module):
         raise InputError(f"MODEL {path} holds a {type(model).__name__}, not a torch.nn.Module")
-    return model.eval()
+    model = model.eval()
+    if device is not None:
+        model = model.to(device=device)
+    return model if dtype is None else model.to(dtype=getattr(torch, dtype))
 

@@ -1,36 +1,18 @@
-"""Kendall rank correlations between generalisation and sharpness: point estimates, bootstrap
-intervals, and how to read them. The one module every study takes its taus from.
+"""Kendall rank correlations between generalisation and sharpness, with bootstrap intervals:
+the one module every study takes its taus from.
 
-Point estimates: :func:`kendall_tau_a`, the statistic the paper reports, and
-:func:`kendall_tau_b`, the tie-corrected variant (SciPy's default, computed here from exact
-pair counts).
+:func:`kendall_tau_a` (the paper's statistic) and :func:`kendall_tau_b` (tie-corrected) are
+point estimates; :func:`tau_interval` adds percentile bootstrap intervals over one sample of
+models, :func:`cluster_bootstrap_tau` and :func:`cluster_bootstrap_difference` pool replicate
+samples (seeds) with a two-stage cluster bootstrap, and :func:`holm_adjust` corrects p-values.
 
-Intervals (:class:`TauInterval`, the one result type):
-
-- :func:`tau_interval`: one sample of models. Percentile bootstrap: the models are resampled
-  with replacement (``numpy.random.default_rng(seed)``: the same seed, the same draws, the same
-  draws for every measure of a study, so intervals are paired), both taus are computed on each
-  resample and the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles are reported.
-- :func:`cluster_bootstrap_tau` and :func:`cluster_bootstrap_difference`: several samples that
-  are themselves replicates (study or data seeds): the mean of the per-sample tau-b with a
-  two-stage cluster bootstrap (the samples resampled, then the models within each), which
-  also accounts for the variation between samples; :func:`holm_adjust` corrects p-values.
-
-**The convention of every resample.** A resample holds some models several times. A pair of
-two copies of one model carries no ranking information, so it is left out of every count:
-of the pairs, of the concordance sum and of the pairs tied in each variable, for tau-a and
-tau-b alike. Counting such pairs as ties (the former ``kendall_with_intervals``) pulls tau-a
-towards 0 by about ``1/M``: a perfect ranking of 12 models got the tau-a interval
-``(0.83, 0.97)``, which excludes its own estimate 1. With the copies left out a perfect
-ranking gets ``(1, 1)`` (and ``(-1, -1)`` reversed). A resample that holds a single distinct
-model has no pair at all and is left out of the interval; an interval is reported only when
-the statistic is defined on at least 90 % of the remaining resamples.
-
-Each resample's counts are formed from the ``[n, n]`` sign matrices of the resampled values,
-``O(n^2)`` per resample, in chunks of :data:`_CHUNK` resamples. ``inf`` values are ranked
-(two equal infinities tie); NaN is refused (:func:`without_nan` leaves its pairs out).
-:func:`tau_table` formats taus next to the paper's, :func:`sign_convention` says how to read
-their sign.
+A resample holds some models several times, and a pair of two copies of one model carries no
+ranking information: it is left out of every count (pairs, concordance, ties), for tau-a and
+tau-b alike. Counting it as a tie would pull tau-a towards 0 by about ``1/M`` (a perfect
+ranking of 12 models got the interval ``(0.83, 0.97)``, excluding its own estimate 1). A
+resample with a single distinct model has no pair and is left out; an interval is reported
+only when the statistic is defined on at least 90 % of the remaining resamples. ``inf`` is
+ranked (equal infinities tie); NaN is refused (:func:`without_nan` drops its pairs).
 """
 
 from __future__ import annotations
@@ -46,7 +28,6 @@ import numpy as np
 _CHUNK = 256
 
 
-# ---------------------------------------------------------------------------- input
 def _column(name: str, values: Sequence[float]) -> np.ndarray:
     array = np.asarray([float(value) for value in values], dtype=np.float64).reshape(-1)
     bad = np.flatnonzero(np.isnan(array))
@@ -74,7 +55,6 @@ def _paired(x: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndar
     return xs, ys
 
 
-# ---------------------------------------------------------------------------- pair counts
 def _signs(values: np.ndarray) -> np.ndarray:
     """``sign(v_i - v_j)`` over the last axis, ``shape=[..., n, n]``; equal infinities tie."""
     with np.errstate(invalid="ignore"):
@@ -85,15 +65,8 @@ def _signs(values: np.ndarray) -> np.ndarray:
 
 def _resample_taus(xs: np.ndarray, ys: np.ndarray, index: np.ndarray
                    ) -> tuple[np.ndarray, np.ndarray]:
-    """Tau-a and tau-b of the resamples ``index`` (``shape=[B, n]``) of the pairs
-    ``(xs, ys)``, leaving out the pairs of two copies of one model (module docstring).
-
-    Returns
-    -------
-    tau_a, tau_b
-        ``shape=[B]``; tau-a NaN on a resample without a pair (one distinct model), tau-b NaN
-        where, besides, a variable is constant over the counted pairs.
-    """
+    """Tau-a and tau-b, ``shape=[B]``, of the resamples ``index`` (``shape=[B, n]``) without
+    the pairs of two copies of one model; NaN where undefined (no pair, a constant variable)."""
     n = index.shape[1]
     sx, sy = _signs(xs[index]), _signs(ys[index])
     counted = (index[:, :, None] != index[:, None, :]) & np.triu(np.ones((n, n), bool), k=1)
@@ -113,7 +86,6 @@ def _point(xs: np.ndarray, ys: np.ndarray) -> tuple[float, float | None]:
     return float(tau_a[0]), None if np.isnan(tau_b[0]) else float(tau_b[0])
 
 
-# ---------------------------------------------------------------------------- point estimates
 def kendall_tau_a(x: Sequence[float], y: Sequence[float]) -> float:
     """Kendall tau-a: ``2 / (M (M - 1)) sum_{i<j} sign(x_i - x_j) sign(y_i - y_j)``.
 
@@ -131,7 +103,6 @@ def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float | None:
     return _point(*_paired(x, y))[1]
 
 
-# ---------------------------------------------------------------------------- intervals
 @dataclass(frozen=True)
 class TauInterval:
     """Kendall tau-a and tau-b with their bootstrap intervals.
@@ -185,28 +156,19 @@ def _resampled_taus(xs: np.ndarray, ys: np.ndarray, samples: int,
 def _bounds(values: np.ndarray, informative: np.ndarray, level: float
             ) -> tuple[float | None, float | None]:
     """The percentile interval of ``values`` over the ``informative`` resamples (those with a
-    pair), ``None`` unless the statistic is defined on at least 90 % of them."""
+    pair); ``None`` unless defined on at least 90 % of them (else it is not the stated one)."""
     kept = values[informative]
     finite = kept[np.isfinite(kept)]
-    # an interval from fewer than 90 % of the resamples would not be the stated one
     if finite.size == 0 or finite.size < 0.9 * kept.size:
         return None, None
     low, high = np.quantile(finite, [(1 - level) / 2, (1 + level) / 2])
     return float(low), float(high)
 
 
-def _interval(point_a: float, point_b: float | None, draws_a: np.ndarray,
-              draws_b: np.ndarray, count: int, samples: int, level: float,
-              seed: int) -> TauInterval:
-    informative = np.isfinite(draws_a)
-    return TauInterval(point_a, point_b, *_bounds(draws_a, informative, level),
-                       *_bounds(draws_b, informative, level), count, samples, level, seed)
-
-
 def tau_interval(x: Sequence[float], y: Sequence[float], samples: int = 2000, seed: int = 0,
                  level: float = 0.95) -> TauInterval:
     """Kendall tau-a and tau-b of ``x`` against ``y`` with percentile bootstrap intervals
-    (module docstring: the pairs of two copies of one model are left out of each resample).
+    (the pairs of two copies of one model are left out of each resample).
 
     Parameters
     ----------
@@ -227,20 +189,19 @@ def tau_interval(x: Sequence[float], y: Sequence[float], samples: int = 2000, se
     _check_settings(samples, level)
     xs, ys = _paired(x, y)
     draws_a, draws_b = _resampled_taus(xs, ys, samples, np.random.default_rng(seed))
-    return _interval(*_point(xs, ys), draws_a, draws_b, int(xs.size), samples, level, seed)
+    informative = np.isfinite(draws_a)
+    return TauInterval(*_point(xs, ys), *_bounds(draws_a, informative, level),
+                       *_bounds(draws_b, informative, level), int(xs.size), samples, level,
+                       seed)
 
 
-# ---------------------------------------------------------------------------- clusters
-# A tau pooled over clusters (seeds) with a two-stage cluster bootstrap. Pairs are compared
-# only within a cluster (a model of one seed is never ranked against another seed's); each
-# resample draws the clusters with replacement, then, within each drawn cluster, its members
-# with replacement, and averages the drawn clusters' tau-b (pairs of two copies left out);
-# resamples on which some drawn cluster has a constant variable are left out; the interval is
-# the 2.5 and 97.5 % quantiles. Draw protocol (so that a reference can replay it):
-# ``rng = numpy.random.default_rng(seed)``; clusters in order of first appearance; per
-# resample ``rng.integers(0, K, size=K)`` picks the clusters, then, for each pick in order,
-# ``rng.integers(0, n, size=n)`` its members. A paired difference of two measures uses the
-# same draws for both, so what the measures share (the gaps, the models) cancels.
+# A tau pooled over clusters (seeds): pairs are compared only within a cluster; each resample
+# draws the clusters with replacement, then each drawn cluster's members, and averages their
+# tau-b (resamples with a constant variable in some drawn cluster are left out). Draw protocol,
+# so that a reference can replay it: ``rng = numpy.random.default_rng(seed)``; clusters in
+# order of first appearance; per resample ``rng.integers(0, K, size=K)`` picks the clusters,
+# then, for each pick in order, ``rng.integers(0, n, size=n)`` its members. A paired
+# difference uses the same draws for both measures, so what they share cancels.
 def _tau_b(xs: np.ndarray, ys: np.ndarray, idx: np.ndarray) -> float | None:
     """Tau-b of the resample ``idx`` of one cluster, without the pairs of two copies."""
     tau_b = _resample_taus(xs, ys, idx[None, :])[1][0]
@@ -254,10 +215,7 @@ _Cluster = tuple[np.ndarray, list[np.ndarray]]
 def _checked_values(x: Sequence[float], ys: Sequence[Sequence[float]],
                     clusters: Sequence[Hashable], n_boot: int
                     ) -> tuple[np.ndarray, list[np.ndarray], list[Hashable]]:
-    """``x`` and each of ``ys`` as float64 arrays, ``shape=[M]``, and the ``M`` labels, checked.
-
-    Raises ``ValueError`` on lengths that differ, a non-finite value, or ``n_boot < 1``.
-    """
+    """``x``, each of ``ys`` (float64, ``shape=[M]``) and the ``M`` labels, checked."""
     xs = np.asarray([float(v) for v in x], dtype=np.float64)
     columns = [np.asarray([float(v) for v in y], dtype=np.float64) for y in ys]
     labels = list(clusters)
@@ -295,10 +253,7 @@ def _split_clusters(xs: np.ndarray, columns: list[np.ndarray],
 
 
 def _resample(groups: list[_Cluster], rng: np.random.Generator) -> list[list[float | None]]:
-    """One two-stage resample: per drawn cluster, the tau-b of each ``y`` (``None``: undefined).
-
-    Draws the clusters, then each pick's members in order (the protocol above :func:`_tau_b`).
-    """
+    """One two-stage resample (the protocol above): per drawn cluster, each ``y``'s tau-b."""
     picks = rng.integers(0, len(groups), size=len(groups))
     taus = []
     for pick in picks:
@@ -311,16 +266,8 @@ def _resample(groups: list[_Cluster], rng: np.random.Generator) -> list[list[flo
 def _cluster_bootstrap(x: Sequence[float], ys: Sequence[Sequence[float]],
                        clusters: Sequence[Hashable], n_boot: int,
                        seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pooled tau-b of ``x`` against each of ``ys`` and their resamples, with the same draws.
-
-    Returns
-    -------
-    points
-        ``shape=[len(ys)]``, the pooled taus.
-    stats
-        ``shape=[B, len(ys)]``, the resampled pooled taus of the ``B <= n_boot`` resamples on
-        which every drawn cluster has a defined tau-b for every ``y``.
-    """
+    """Pooled tau-b of ``x`` against each of ``ys``, ``shape=[len(ys)]``, and, with the same
+    draws, those of the ``B <= n_boot`` resamples where all are defined, ``shape=[B, len(ys)]``."""
     xs, columns, labels = _checked_values(x, ys, clusters, n_boot)
     groups = _split_clusters(xs, columns, labels)
     points = np.asarray([np.mean([_tau_b(cx, cys[j], np.arange(cx.size)) for cx, cys in groups])
@@ -414,32 +361,6 @@ def holm_adjust(p_values: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * values[position]))
         adjusted[position] = running
     return adjusted
-
-
-# ---------------------------------------------------------------------------- tables
-@dataclass(frozen=True)
-class TauRow:
-    """One line of a tau table: our tau-a and tau-b for a measure, the paper's value if any."""
-
-    measure: str
-    tau_a: float | None
-    tau_b: float | None
-    paper: float | None = None
-    note: str = ""
-
-
-def _fmt(value: float | None, digits: int = 2) -> str:
-    return "—" if value is None else f"{value:+.{digits}f}"
-
-
-def tau_table(rows: Sequence[TauRow], digits: int = 2) -> str:
-    """A markdown table ``measure | tau-a | tau-b | paper | note``."""
-    lines = ["| measure | Kendall tau-a (ours) | Kendall tau-b (ours) | paper | note |",
-             "|---|---|---|---|---|"]
-    for row in rows:
-        lines.append(f"| {row.measure} | {_fmt(row.tau_a, digits)} | {_fmt(row.tau_b, digits)} "
-                     f"| {_fmt(row.paper, digits)} | {row.note} |")
-    return "\n".join(lines)
 
 
 def sign_convention(generalisation: str) -> str:

@@ -1,12 +1,10 @@
-"""Objects a user names on the command line as ``MODULE:NAME``.
+"""Objects a user names on the command line as ``MODULE:NAME``, and ``--symmetry``.
 
-``MODULE`` is imported like any Python module, from the working directory first and then from
-``sys.path``; ``NAME`` is an attribute of it (dotted names reach into classes and submodules).
-Every failure is a :class:`UserInputError` (an :class:`~.options.InputError`) whose message is
-one line naming the flag, so a command can print it as ``quotientsharp COMMAND: error:
-MESSAGE`` and exit with status 2. ``verify --quotient`` and ``--symmetry`` both use it.
-
-Nothing here imports torch: the command line's parser stays instant.
+``MODULE`` is imported from the working directory first, then from ``sys.path``; ``NAME`` is an
+attribute of it (dotted names reach into classes and submodules). Every failure is an
+:class:`~.options.InputError` of one line naming the flag (exit status 2). ``verify
+--quotient``, ``--symmetry`` and a manifest row's ``symmetry`` use it. Nothing here imports
+torch: the command line's parser stays instant.
 """
 
 from __future__ import annotations
@@ -29,27 +27,10 @@ def _one_line(err: BaseException) -> str:
 
 
 def import_object(spec: str, flag: str) -> Any:
-    """The object that ``spec = "MODULE:NAME"`` names.
-
-    Parameters
-    ----------
-    spec
-        ``MODULE:NAME``, e.g. ``my_quotients:ReLUNeuronQuotient`` for the class
-        ``ReLUNeuronQuotient`` in ``./my_quotients.py``.
-    flag
-        The command-line flag that gave ``spec`` (``"--quotient"``), named in every error.
-
-    Returns
-    -------
-    object
-        The attribute ``NAME`` of the imported module.
-
-    Raises
-    ------
-    UserInputError
-        ``spec`` is not ``MODULE:NAME``, the module cannot be imported (or raises while it is
-        imported), or it has no attribute ``NAME``.
-    """
+    """The object that ``spec = "MODULE:NAME"`` names (e.g. ``my_quotients:ReLUNeuronQuotient``
+    for that class in ``./my_quotients.py``); a :class:`UserInputError` naming ``flag``
+    (``"--quotient"``) when ``spec`` is not ``MODULE:NAME``, the module cannot be imported (or
+    raises while it is imported), or it has no attribute ``NAME``."""
     module_name, sep, name = spec.partition(":")
     if not sep or not module_name or not name:
         raise UserInputError(f"{flag} {spec!r}: expected MODULE:NAME, e.g. mine:thing for "
@@ -79,3 +60,34 @@ def import_object(spec: str, flag: str) -> Any:
                                  f"{name!r} (it defines: {shown or 'nothing public'})")
         value = getattr(value, part)
     return value
+
+
+def load_symmetry(spec: str, model: Any, flag: str = "--symmetry") -> list[Any]:
+    """The bindings ``FUNCTION(model)`` returns for ``spec = "MODULE:FUNCTION"`` (a
+    ``QuotientBinding`` or a list of them), checked against ``model``: passed to geodesic
+    sharpness as ``symmetries=[...]``, as in the API. Bad input raises an :class:`InputError` of
+    one line naming ``flag`` (``--symmetry``, or a manifest row's field)."""
+    from quotientsharp.models import QuotientBinding
+
+    function = import_object(spec, flag)
+    function_name = spec.partition(":")[2]
+    if not callable(function):
+        raise InputError(f"{flag} {spec}: {function_name} is a {type(function).__name__}, not "
+                         "a function of the model")
+    try:
+        returned = function(model)
+    except Exception as err:
+        raise InputError(f"{flag} {spec}: {function_name}(model) raised "
+                         f"{type(err).__name__}: {err}") from err
+    bindings = [returned] if isinstance(returned, QuotientBinding) else returned
+    if (not isinstance(bindings, (list, tuple)) or not bindings
+            or not all(isinstance(b, QuotientBinding) for b in bindings)):
+        raise InputError(f"{flag} {spec}: {function_name}(model) must return a QuotientBinding "
+                         f"or a non-empty list of them, got {type(returned).__name__}")
+    names = {name for name, _ in model.named_parameters()}
+    for binding in bindings:
+        missing = [n for n in binding.parameters if n not in names]
+        if missing:
+            raise InputError(f"{flag} {spec}: binding {binding.name!r} names {missing}, which "
+                             f"the model ({type(model).__name__}) has no parameter of")
+    return list(bindings)

@@ -1,19 +1,12 @@
 """Thin adapters presenting any :class:`~quotientsharp.SymmetryQuotient` to other libraries.
 
-- :class:`QuotientManifold` (:mod:`quotientsharp.core.adapters.geoopt`): a ``geoopt.Manifold`` on
-  one stacked tensor, for ``geoopt.ManifoldParameter`` with ``RiemannianSGD`` / ``RiemannianAdam``.
-- :class:`PymanoptQuotient` (:mod:`quotientsharp.core.adapters.pymanopt`): a pymanopt ``Manifold``
-  on tuples of numpy float64 arrays, for ``SteepestDescent``, ``ConjugateGradient`` and
-  ``TrustRegions``.
-
-Both take ``shapes`` as the trailing shapes of one point's components (``quotient.point_shapes``,
-e.g. ``((n, h), (m, h))`` for GL(h)); leading dimensions are batch dimensions, read from the
-tensor by ``QuotientManifold`` and given as ``batch_shape=`` to ``PymanoptQuotient``.
-
-geoopt and pymanopt are optional extras (``pip install quotientsharp[geoopt]``,
-``pip install quotientsharp[pymanopt]``). Importing :mod:`quotientsharp` or this package never
-imports them: each adapter's module is imported on first access to its name, and a missing extra
-raises an :class:`ImportError` that names the ``pip install`` command.
+:class:`QuotientManifold` is a ``geoopt.Manifold`` on one stacked tensor, for
+``geoopt.ManifoldParameter`` with ``RiemannianSGD`` / ``RiemannianAdam``;
+:class:`PymanoptQuotient` a pymanopt ``Manifold`` on tuples of numpy float64 arrays, for
+``SteepestDescent``, ``ConjugateGradient`` and ``TrustRegions``. Both take ``shapes``, the
+trailing shapes of one point's components (``quotient.point_shapes``). geoopt and pymanopt are
+optional extras, imported on first access to an adapter's name; a missing extra raises an
+:class:`ImportError` that names the ``pip install`` command.
 """
 
 from __future__ import annotations

@@ -1,44 +1,13 @@
 """A ``geoopt.Manifold`` presenting any symmetry quotient on one stacked tensor.
 
-geoopt keeps one tensor per parameter, while a quotient's points are tuples of tensors. The
-adapter stores the components side by side in one tensor (:class:`StackedLayout`) and hands
-tuples to the quotient:
-
-- ``"concat"``: components of equal rank ``k`` whose trailing shapes agree except in their first
-  dimension are concatenated along dimension ``-k``. GL(h) pairs ``G [..., n, h]`` and
-  ``H [..., m, h]`` become ``[G; H]``, ``shape=[..., n + m, h]``; the diagonal pair ``u, v``
-  ``[..., d]`` becomes ``[..., 2 d]``.
-- ``"stack"``: components of identical shape are stacked along a new dimension ``-(k + 1)``:
-  ``u, v`` become ``shape=[..., 2, d]``.
-- ``"flat"``: every component is flattened and the results concatenated along the last
-  dimension, ``shape=[..., N]``. Works for any quotient.
-
-Leading dimensions are batch dimensions, as everywhere in geoopt and in
-:class:`~quotientsharp.FrozenPoint`: a parameter of ``shape=[k, n + m, h]`` holds ``k``
-independent GL pairs, and :meth:`QuotientManifold.inner` returns one value per pair (so
-``RiemannianAdam`` adapts its step per pair, by one second moment: the pair's squared norm in
-the quotient's metric, which the group action does not change). ``shapes`` never holds them.
-
-Geometry (all of it the quotient's own, through its horizontal lift):
-
-- ``proju``: horizontal projection; ``egrad2rgrad``: the quotient's Riemannian gradient;
-- ``retr``: ``x + u`` by default (``retraction=2``: the order-2 geodesic
-  ``x + u - Gamma(u, u) / 2``; ``"exact"``: the exact geodesic, RK4 unless the quotient has a
-  closed form); ``expmap``: the exact geodesic;
-- ``transp(x, y, v)``: horizontal projection of ``v`` at ``y``. On the quotient this is a valid
-  vector transport: it is smooth, and at ``y = x`` it is the identity on horizontal vectors;
-- ``projx``: the identity. The total space (full-rank factors, nonzero diagonal entries) is open,
-  so there is nothing to project onto; points off it are reported by the quotient's checks.
-
-- ``dist``, ``dist2`` and ``logmap`` raise ``NotImplementedError`` (no closed form on a quotient),
-  with what to use instead.
-
-Every call validates its inputs through the quotient (finite values, nonzero / full-rank
-factors), which syncs with the host; wrap a long GPU training loop in
-``quotientsharp.value_checks(False)`` to skip the checks on values. An iterate the optimizer
-made that fails these checks (a step size too large for the metric) raises a ``ValueError``
-that names the retraction step, how far it moved the point, and suggests a smaller step size.
-
+geoopt keeps one tensor per parameter, a quotient's point is a tuple of tensors: the adapter
+stores the components side by side in one tensor (:class:`StackedLayout`) and hands tuples to
+the quotient, whose horizontal lift gives all the geometry (``docs/adapters.md`` describes each
+operation and the measured step sizes). Leading dimensions are batch dimensions: a parameter of
+``shape=[k, n + m, h]`` holds ``k`` independent GL pairs, and ``inner`` gives one value per pair.
+Every call validates its inputs through the quotient, which syncs with the host (skip the
+checks on values with ``quotientsharp.value_checks(False)``); an iterate that fails them after
+a retraction raises a ``ValueError`` naming the step and suggesting a smaller step size.
 geoopt is an optional extra: ``pip install quotientsharp[geoopt]``.
 """
 
@@ -108,8 +77,12 @@ class StackedLayout:
     shapes
         Trailing (non-batch) shape of each component, e.g. ``((n, h), (m, h))`` for GL(h).
     layout
-        ``"concat"``, ``"stack"`` or ``"flat"`` (see the module docstring); ``None`` picks
-        ``"concat"`` when the shapes allow it and ``"flat"`` otherwise.
+        ``"concat"``: components of equal rank ``k`` whose shapes agree beyond their first
+        dimension, concatenated along dimension ``-k`` (GL pairs ``[..., n, h]``,
+        ``[..., m, h]`` become ``[G; H]``, ``shape=[..., n + m, h]``). ``"stack"``: components
+        of identical shape, stacked along a new dimension ``-(k + 1)``. ``"flat"``: every
+        component flattened, concatenated along the last dimension (any quotient). ``None``
+        picks ``"concat"`` when the shapes allow it and ``"flat"`` otherwise.
     """
 
     def __init__(self, shapes: Sequence[Sequence[int]], layout: str | None = None) -> None:
@@ -176,19 +149,13 @@ class QuotientManifold(geoopt.Manifold):
         :class:`~quotientsharp.core.adapters.PymanoptQuotient` takes; shapes with leading batch
         dimensions are refused (the batch comes with the tensor).
     layout
-        ``"concat"`` (default where possible), ``"stack"`` or ``"flat"``: see the module docstring.
+        ``"concat"`` (default where possible), ``"stack"`` or ``"flat"``: see
+        :class:`StackedLayout`.
     retraction
         ``1`` (default): ``x + u``; ``2``: the order-2 geodesic ``x + u - Gamma(u, u) / 2`` (a
-        second-order retraction); ``"exact"``: the exact geodesic. Any retraction gives a
-        first-order optimizer the same local rate, and ``x + u`` converged at least as well in
-        every case measured while skipping the Christoffel contraction: GL-mix matrix completion
-        with RiemannianSGD (``benchmarks/matrix_completion.py``: 120 steps to 1e-9 against 123
-        for order 2 and 124 exact; at lr 0.8 order 1 stays bounded where order 2 diverges), and
-        diagonal-network regression (identical under inv; under mix with a sparse target both
-        blow up, order 2 sooner). ``benchmarks/step_sizes.py`` measures the cost: order 2
-        adds the Christoffel contraction (up to 20% of a step for GL), ``"exact"`` integrates
-        the geodesic equation (35 to 65 times a step). Second-order methods want
-        ``retraction=2``.
+        second-order retraction, for second-order methods); ``"exact"``: the exact geodesic.
+        ``x + u`` converged as fast as the others in every case measured, without the
+        Christoffel contraction (``docs/adapters.md``, "Step sizes per metric").
 
     Examples
     --------
@@ -269,12 +236,8 @@ class QuotientManifold(geoopt.Manifold):
 
     def _check_point_on_manifold(self, x: torch.Tensor, *, atol: float = 1e-5,
                                  rtol: float = 1e-5) -> tuple[bool, str | None]:
-        """The quotient's checks on points, plus those its projection makes (for GL: full rank).
-
-        ``quotient.check_point`` covers layout and finiteness (and zeros for the diagonal
-        quotient); a degenerate orbit (a rank-deficient GL factor with ``eps = 0``) is only
-        detected by the operations that need the metric's Gram matrices, so one projection runs.
-        """
+        """The quotient's checks on points, plus a projection: a degenerate orbit (a
+        rank-deficient GL factor at ``eps = 0``) shows only where the Gram matrices are used."""
         xs = self._plain(x)
         try:
             xs = self.quotient.check_point(xs)
@@ -285,10 +248,8 @@ class QuotientManifold(geoopt.Manifold):
 
     def _check_vector_on_tangent(self, x: torch.Tensor, u: torch.Tensor, *, atol: float = 1e-5,
                                  rtol: float = 1e-5) -> tuple[bool, str | None]:
-        """Horizontality: the normalised metric product with every vertical direction is small.
-
-        The error is relative (dimensionless), so it is compared with ``atol + rtol``.
-        """
+        """Horizontality: the normalised (dimensionless) metric product with every vertical
+        direction is at most ``atol + rtol``."""
         xs, us = self._plain(x), self._plain(u)
         try:
             us = self.quotient.check_tangent(self.quotient.check_point(xs), us, name="u")
@@ -340,11 +301,8 @@ class QuotientManifold(geoopt.Manifold):
         return advice + "; docs/adapters.md, section 'Step sizes', lists measured step sizes"
 
     def _diverged(self, err: ValueError) -> ValueError:
-        """``err`` on an iterate made by retraction steps: name the step, suggest a smaller lr.
-
-        Errors on a point no retraction has produced yet (the user's own start) are returned
-        unchanged.
-        """
+        """``err`` on an iterate made by retraction steps: name the step, suggest a smaller lr
+        (an error on the user's own start is returned unchanged)."""
         if self._retractions == 0:
             return err
         return ValueError(f"the optimizer has diverged: retraction step {self._retractions} on "
@@ -411,24 +369,6 @@ class QuotientManifold(geoopt.Manifold):
     def transp(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Vector transport to ``y``: horizontal projection of ``v`` at ``y``."""
         return self.proju(y, v)
-
-    def retr_transp(self, x: torch.Tensor, u: torch.Tensor,
-                    v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y = self.retr(x, u)
-        return y, self.transp(x, y, v)
-
-    def expmap_transp(self, x: torch.Tensor, u: torch.Tensor,
-                      v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y = self.expmap(x, u)
-        return y, self.transp(x, y, v)
-
-    def transp_follow_retr(self, x: torch.Tensor, u: torch.Tensor,
-                           v: torch.Tensor) -> torch.Tensor:
-        return self.transp(x, self.retr(x, u), v)
-
-    def transp_follow_expmap(self, x: torch.Tensor, u: torch.Tensor,
-                             v: torch.Tensor) -> torch.Tensor:
-        return self.transp(x, self.expmap(x, u), v)
 
     # ------------------------------------------------------------------ sampling
     def random(self, *size: int, dtype: torch.dtype | None = None,

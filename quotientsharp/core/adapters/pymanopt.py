@@ -1,32 +1,12 @@
-"""A pymanopt ``Manifold`` presenting any symmetry quotient.
+"""A pymanopt ``Manifold`` presenting any symmetry quotient on tuples of numpy arrays.
 
-pymanopt works with numpy arrays: a point is a tuple (or list, or pymanopt product point) of
-float64 arrays, one per component of the quotient's point, and the cost function receives the
-components as separate arguments (``cost(G, H)`` for GL(h)). Every operation converts to torch
-float64, calls the quotient, and converts back. Tangent vectors come back as
-:class:`QuotientTangentVector`, a tuple of arrays with the vector-space arithmetic pymanopt's
-optimizers use.
-
-Geometry (the quotient's own, through its horizontal lift):
-
-- ``projection`` / ``to_tangent_space``: horizontal projection; ``transport(a, b, v)``:
-  horizontal projection of ``v`` at ``b`` (a vector transport on the quotient);
-- ``euclidean_to_riemannian_gradient``: the quotient's Riemannian gradient;
-- ``euclidean_to_riemannian_hessian``: the Riemannian Hessian of the quotient (see
-  :func:`riemannian_hessian`);
-- ``retraction``: the order-2 geodesic ``x + v - Gamma(v, v) / 2`` by default, a second-order
-  retraction (TrustRegions keeps its superlinear local rate with it); ``exp``: the exact geodesic;
-- ``dist`` and ``log`` are not available (no closed form on a quotient).
-
-Shapes, as in :class:`~quotientsharp.core.adapters.QuotientManifold` and
-:class:`~quotientsharp.FrozenPoint`: ``shapes`` are the trailing shapes of one point's components
-(``quotient.point_shapes``: ``((n, h), (m, h))`` for GL(h), the folded dimensions of a
-``ProductQuotient`` included), and ``batch_shape`` the leading dimensions shared by all
-components: ``shapes=((n, h), (m, h)), batch_shape=(k,)`` is a product of ``k`` GL(h) quotients,
-arrays ``[k, n, h]`` and ``[k, m, h]``. A pymanopt problem has one cost, so inner products sum
-over the batch. ``shapes`` that carry the batch dimensions themselves (``((k, n, h), (k, m,
-h))``, the spelling of 0.1) are refused.
-
+A point is a tuple of float64 arrays, one per component of the quotient's point, and the cost
+receives the components as separate arguments (``cost(G, H)`` for GL(h)). Every operation
+converts to torch float64, calls the quotient (its horizontal lift gives all the geometry,
+including the Riemannian Hessian of :func:`riemannian_hessian`) and converts back; tangent
+vectors come back as :class:`QuotientTangentVector`. ``shapes`` are the trailing shapes of one
+point, as for :class:`~quotientsharp.core.adapters.QuotientManifold`, and ``batch_shape`` the
+leading dimensions shared by all components (``docs/adapters.md``, "One shape convention").
 pymanopt is an optional extra: ``pip install quotientsharp[pymanopt]``.
 """
 
@@ -207,9 +187,7 @@ class PymanoptQuotient(_PymanoptManifold):
     The attribute ``shapes`` holds the trailing shapes (since 0.2; before, the arrays' full
     shapes, now ``array_shapes``), ``batch_shape`` the batch shape. ``dim`` is the quotient's
     dimension: the number of coordinates minus the group dimension (``(n + m) h - h^2`` per
-    GL(h) pair), which TrustRegions uses as its default inner-iteration cap. Random points and
-    tangent vectors draw from numpy's global generator (``np.random.seed`` makes them
-    reproducible) unless ``rng`` is given.
+    GL(h) pair), which TrustRegions uses as its default inner-iteration cap.
     """
 
     def __init__(self, quotient: SymmetryQuotient, shapes: Sequence[Sequence[int]] | None = None,

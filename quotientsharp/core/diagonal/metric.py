@@ -1,9 +1,4 @@
-"""The metric object of :class:`~quotientsharp.core.diagonal.DiagonalQuotient`: one class per
-metric.
-
-A metric object names the frozen-point class holding its formulas (:mod:`.inv`, :mod:`.mix`,
-:mod:`.euclidean`) and says whether the rescaling group leaves it invariant.
-"""
+"""The base of the metric objects of :class:`~quotientsharp.core.diagonal.DiagonalQuotient`."""
 
 from __future__ import annotations
 

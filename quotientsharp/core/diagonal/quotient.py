@@ -1,15 +1,9 @@
 """The GL(1)^d quotient of diagonal networks ``y = x^T (u * v)``.
 
 The rescaling ``(a * u, v / a)``, ``a`` in ``(R \\ {0})^d``, leaves ``beta = u * v`` and hence the
-network unchanged. The metric is an object (:mod:`.metric`); each metric's formulas are in its
-own module and frozen-point class (``derivations/diagonal.py`` derives and checks them):
-
-- :mod:`.inv`: ``<eta, nu> = sum eta_u nu_u / u^2 + eta_v nu_v / v^2`` (invariant);
-- :mod:`.mix`: ``<eta, nu> = sum eta_u nu_u v^2 + eta_v nu_v u^2`` (invariant);
-- :mod:`.euclidean`: ``<eta, nu> = sum eta_u nu_u + eta_v nu_v`` (not invariant).
-
-The invariant metrics descend to the quotient. Their exact geodesics are closed forms that hold
-for any initial velocity, not only horizontal ones.
+network unchanged. Each metric's formulas are in its own module and frozen-point class,
+:mod:`.inv`, :mod:`.mix` (both invariant, with closed-form exact geodesics for any velocity)
+and :mod:`.euclidean`; ``derivations/diagonal.py`` derives and checks them.
 """
 
 from __future__ import annotations
@@ -36,6 +30,13 @@ DIAGONAL_METRICS: MetricRegistry[DiagonalMetric] = MetricRegistry(
 #: The built-in metrics by name (a copy of ``DIAGONAL_METRICS.types``).
 METRIC_TYPES: dict[str, type[DiagonalMetric]] = dict(DIAGONAL_METRICS.types)
 METRICS = DIAGONAL_METRICS.names
+
+
+def _zero_coordinates(zero: torch.Tensor) -> list[int]:
+    """The first five coordinates (last dimension) where ``zero`` holds in some batch element."""
+    if not bool(zero.any()):
+        return []
+    return zero.reshape(-1, zero.shape[-1]).any(0).nonzero().flatten().tolist()[:5]
 
 
 def _transformed(tensor: object) -> bool:
@@ -97,23 +98,20 @@ class DiagonalQuotient(MetricFamilyQuotient):
         if x[0].shape[-1] != x[1].shape[-1]:
             raise ValueError(f"{name}[0] (u) and {name}[1] (v) must have the same last dimension, "
                              f"got {tuple(x[0].shape)} and {tuple(x[1].shape)}")
-        if value_checks_enabled():
-            if self.metric.group_invariant:
-                for index, label in ((0, "u"), (1, "v")):
-                    zero = x[index] == 0
-                    if bool(zero.any()):
-                        where = zero.reshape(-1, zero.shape[-1]).any(0).nonzero().flatten()
-                        raise ValueError(
-                            f"{name}[{index}] ({label}) has zero entries ({label} = 0 at "
-                            f"coordinates {where.tolist()[:5]}), which the {self.metric.name} "
-                            "metric divides "
-                            "by (the orbit is degenerate there)")
-            else:
-                both = (x[0] == 0) & (x[1] == 0)
-                if bool(both.any()):
-                    where = both.reshape(-1, both.shape[-1]).any(0).nonzero().flatten()
-                    raise ValueError(f"{name} has u = v = 0 at coordinates {where.tolist()[:5]}: "
-                                     "the orbit is degenerate there")
+        if not value_checks_enabled():
+            return x
+        if not self.metric.group_invariant:
+            where = _zero_coordinates((x[0] == 0) & (x[1] == 0))
+            if where:
+                raise ValueError(f"{name} has u = v = 0 at coordinates {where}: the orbit is "
+                                 "degenerate there")
+            return x
+        for index, label in ((0, "u"), (1, "v")):
+            where = _zero_coordinates(x[index] == 0)
+            if where:
+                raise ValueError(f"{name}[{index}] ({label}) has zero entries ({label} = 0 at "
+                                 f"coordinates {where}), which the {self.metric.name} metric "
+                                 "divides by (the orbit is degenerate there)")
         return x
 
     def inner(self, x: Tensors, u: Tensors, v: Tensors) -> torch.Tensor:

@@ -1,9 +1,7 @@
-"""The metric object of :class:`~quotientsharp.core.gl.GLQuotient`: one class per metric.
+"""The base of the metric objects of :class:`~quotientsharp.core.gl.GLQuotient` (one per metric).
 
-A metric object names its formulas' frozen-point class (:mod:`.inv`, :mod:`.mix`,
-:mod:`.euclidean`) and says whether it is invariant under the whole group. ``GLQuotient``
-accepts the object or its name (``GLQuotient("mix")``); a new metric on attention pairs is a
-:class:`GLMetric` subclass with a :class:`~quotientsharp.core.gl.point.GLPoint` subclass.
+A new metric on attention pairs is a :class:`GLMetric` subclass naming a
+:class:`~quotientsharp.core.gl.point.GLPoint` subclass that holds its formulas.
 """
 
 from __future__ import annotations

@@ -75,20 +75,14 @@ def cholesky_or_raise(quotient: GLQuotient, G: torch.Tensor, H: torch.Tensor,
 class OrderTwoGLPath(torch.autograd.Function):
     """The order-2 point ``x + t u - t^2/2 Gamma(u, u)`` of a GL(h) pair, with its backward.
 
-    Both metrics' contraction has the form ``Gamma_F(u, u) = u_F A_F - F B_F`` for each factor
-    ``F`` of ``(G, H)``, with ``h x h`` coefficients ``(A_F, B_F)`` that depend on ``u`` only
-    through ``D(u_S) = u_S^T S + S^T u_S`` and ``u_S^T u_S`` of a source factor ``S``
-    (:meth:`GLPoint.christoffel_coefficients`). So the point is
-    ``p_F = F + u_F (t I - a A_F) + F (a B_F)`` with ``a = t^2 / 2``: two products with the
-    factor's ``n`` rows, written into one new tensor, and two more for the reductions. The
-    backward is written out the same way: ``g_F (t I - a A_F)^T`` plus ``S X`` and ``u_S Y`` for
-    the ``h x h`` adjoints ``X``, ``Y`` of the reductions (differentiated by autograd on the
-    ``h x h`` matrices alone), five products per factor and no pass over ``n x h`` tensors
-    beyond them. Autograd on the elementary form makes about eight more such passes (signs,
-    scalings, sums of the three uses of ``u``). The same values to rounding:
-    ``tests/test_gl.py`` checks them against the elementary form and ``gradcheck``.
-
-    Inputs: ``t``, the frozen point, then ``u_G`` and ``u_H`` with the shapes of ``G`` and ``H``.
+    Both metrics' contraction is ``Gamma_F(u, u) = u_F A_F - F B_F`` for each factor ``F``,
+    with ``h x h`` coefficients that read ``u`` only through ``D(u_S) = u_S^T S + S^T u_S`` and
+    ``u_S^T u_S`` of a source factor ``S`` (:meth:`GLPoint.christoffel_coefficients`), so the
+    point is ``F + u_F (t I - a A_F) + F (a B_F)`` with ``a = t^2 / 2``. The backward is written
+    out the same way (the ``h x h`` adjoints by autograd on the ``h x h`` matrices alone): five
+    products per factor, about eight passes over ``n x h`` tensors fewer than autograd on the
+    elementary form, the same values to rounding (``tests/test_gl.py`` checks both and
+    ``gradcheck``). Inputs: ``t``, the frozen point, then ``u_G`` and ``u_H``.
     """
 
     @staticmethod

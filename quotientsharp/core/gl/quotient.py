@@ -1,30 +1,16 @@
 """The GL(h) quotient of attention factor pairs ``(G, H)``, seen by the network only as ``G H^T``.
 
-A point is a pair ``G``, ``shape=[..., n, h]``, and ``H``, ``shape=[..., m, h]`` (a query/key
-or value/output pair of one attention head); leading dimensions are batch dimensions, so all
-heads of all layers go through one call when stacked (heads of different shapes need separate
-calls). ``A`` in GL(h) acts by ``(G A^{-1}, H A^T)``, tangent vectors likewise, and the algebra
-element ``X`` in ``R^{h x h}`` generates the vertical vector ``(-G X, H X^T)``.
-
-The metric is an object (:mod:`.metric`); each metric's formulas are in its own module and
-frozen-point class: :mod:`.inv`, :mod:`.mix`, :mod:`.euclidean`. With ``K_G = G^T G`` and the
-relaxed ``S_G = K_G + eps I`` (likewise for ``H``):
-
-- ``euclidean``: ``Tr(u_G^T v_G + u_H^T v_H)`` (not invariant; unaffected by ``eps``);
-- ``inv``: ``Tr(S_G^{-1} u_G^T v_G + S_H^{-1} u_H^T v_H)``;
-- ``mix``: ``Tr(S_H u_G^T v_G + S_G u_H^T v_H)``.
-
-With ``eps = 0`` the inv and mix metrics are GL(h)-invariant and descend to the quotient; with
-``eps > 0`` they are still metrics, consistent with every operation here, but only invariant
-under the orthogonal subgroup.
+``A`` in GL(h) acts by ``(G A^{-1}, H A^T)``, tangent vectors likewise, and the algebra element
+``X`` generates the vertical vector ``(-G X, H X^T)``; leading dimensions are batch dimensions,
+so all heads of one shape go through one call. Each metric's formulas are in its own module:
+:mod:`.inv`, :mod:`.mix`, :mod:`.euclidean`.
 
 Degenerate points. With ``eps = 0``, inv and mix need full-rank factors; a rank-deficient factor
-is reported as a ``ValueError`` suggesting ``eps > 0`` (a test on values, which
+is a ``ValueError`` suggesting ``eps > 0`` (a test on values, which
 :func:`quotientsharp.value_checks` can switch off; the free shape test ``h > n`` or ``h > m``
-always runs). With ``eps > 0`` (or the euclidean metric) one rank-deficient factor is fine.
-When both factors are rank-deficient the vertical vectors are linearly dependent
-(``X = a b^T`` with ``G a = 0``, ``H b = 0`` generates zero); the projections stay well defined
-and are computed with the pseudo-inverse of the Gram operator.
+always runs). When both factors are rank-deficient (``eps > 0`` or euclidean) the vertical
+vectors are linearly dependent (``X = a b^T`` with ``G a = 0``, ``H b = 0`` generates zero); the
+projections stay well defined, through the pseudo-inverse of the Gram operator.
 """
 
 from __future__ import annotations
@@ -51,6 +37,24 @@ GL_METRICS: MetricRegistry[GLMetric] = MetricRegistry("GLQuotient", GLMetric,
 METRIC_TYPES: dict[str, type[GLMetric]] = dict(GL_METRICS.types)
 METRICS = GL_METRICS.names
 GROUP_ELEMENT_KINDS = ("exp", "svd", "gaussian")
+
+
+def check_condition(condition: float | None) -> float:
+    """A condition number as a float: finite and ``>= 1`` (``None``: 1)."""
+    condition = 1.0 if condition is None else float(condition)
+    if not condition >= 1.0 or condition == float("inf"):
+        raise ValueError(f"condition must be a finite number >= 1, got {condition}")
+    return condition
+
+
+def haar_orthogonal(batch: Sequence[int], h: int, generator: torch.Generator | None,
+                    dtype: torch.dtype | None, device: torch.device | None) -> torch.Tensor:
+    """A Haar-random orthogonal ``h x h`` matrix per batch element, ``shape=[*batch, h, h]``."""
+    q, r = torch.linalg.qr(torch.randn(*batch, h, h, generator=generator, dtype=dtype,
+                                       device=device))
+    # fixing the signs of R's diagonal makes Q Haar-distributed
+    signs = torch.sign(r.diagonal(dim1=-2, dim2=-1))
+    return q * torch.where(signs == 0, torch.ones_like(signs), signs).unsqueeze(-2)
 
 
 class GLQuotient(MetricFamilyQuotient):
@@ -266,24 +270,15 @@ class GLQuotient(MetricFamilyQuotient):
         if kind == "gaussian":
             return scale * torch.randn(*batch, h, h, generator=generator, dtype=dtype,
                                        device=device)
-        condition = 1.0 if condition is None else float(condition)
-        if not condition >= 1.0 or condition == float("inf"):
-            raise ValueError(f"condition must be a finite number >= 1, got {condition}")
-
-        def haar_orthogonal() -> torch.Tensor:
-            q, r = torch.linalg.qr(torch.randn(*batch, h, h, generator=generator, dtype=dtype,
-                                               device=device))
-            # fixing the signs of R's diagonal makes Q Haar-distributed
-            signs = torch.sign(r.diagonal(dim1=-2, dim2=-1))
-            return q * torch.where(signs == 0, torch.ones_like(signs), signs).unsqueeze(-2)
-
+        condition = check_condition(condition)
         if h == 1:
             exponents = torch.zeros(1, dtype=dtype, device=device)
         else:
             exponents = torch.linspace(-0.5, 0.5, h, dtype=dtype, device=device)
         singular = scale * torch.pow(torch.tensor(condition, dtype=dtype, device=device),
                                      exponents)
-        return haar_orthogonal() * singular @ haar_orthogonal().mT
+        first = haar_orthogonal(batch, h, generator, dtype, device)
+        return first * singular @ haar_orthogonal(batch, h, generator, dtype, device).mT
 
     def extra_repr(self) -> str:
         return f"metric={self.metric.name!r}, eps={self.eps}"

@@ -1,32 +1,14 @@
 """Attention pairs modulo a subgroup of GL(h): the rotary quotient of query/key pairs.
 
-Rotary position embeddings rotate each query and key by position-dependent rotations ``R_p``
-before the score ``q R_p R_{p'}^T k^T``. The action ``(G A^{-1}, H A^T)`` of GL(h) leaves the
-scores unchanged only when ``A`` commutes with every ``R_p``: the symmetry group shrinks to the
-**centraliser** of the rotations. With distinct frequencies per plane (as in every rotary
-scheme in use), a matrix commuting with all of them acts on each rotation plane as a complex
-scalar ``[[a, -b], [b, a]]``, and arbitrarily on the dimensions without rotation:
-``GL(1, C)^{R/2} x GL(h - R)`` for ``R`` rotary dimensions (``derivations/rotary.py`` derives
-this with sympy).
-
-The planes depend on the layout:
-
-- ``"rotate_half"`` (HF Llama, Qwen2, Mistral, GPT-NeoX): plane ``d`` is dims
-  ``(d, d + R/2)`` for ``d < R/2``;
-- ``"interleaved"`` (GPT-J style): plane ``d`` is dims ``(2d, 2d + 1)``.
-
-Geometry. The points, the metrics (inv, mix, euclidean, with ``eps``), the index raising, the
-Christoffel contraction and the geodesics are GL(h)'s: they belong to the metric on the total
-space, not to the group. Only the vertical space is smaller: ``V(X) = (-G X, H X^T)`` for ``X``
-in the subalgebra, spanned by a Frobenius-orthonormal basis ``E_1..E_K`` (``K = R + (h - R)^2``
-instead of ``h^2``). The vertical part of ``u`` is ``V(L)``, ``L = sum_k c_k E_k`` with
-
-    sum_l <E_k, Gram(E_l)>_F c_l = <E_k, M(u)>_F,
-
-where ``M`` is the metric's moment and ``Gram(L) = M(V(L))`` its closed-form Gram operator
-(:mod:`.point`): a ``K x K`` symmetric positive definite system per pair, factorised once per
-frozen point. The inv and mix metrics are GL(h)-invariant at ``eps = 0``, so also invariant
-under the subgroup, and descend to its quotient.
+With rotary embeddings only the centraliser of the rotations keeps the scores: a complex scalar
+``[[a, -b], [b, a]]`` on each rotation plane and any matrix on the dimensions without rotation,
+``GL(1, C)^{R/2} x GL(h - R)`` for ``R`` rotary dimensions (``docs/attention-variants.md``;
+``derivations/rotary.py`` derives it with sympy). The points, metrics, index raising,
+Christoffel contraction and geodesics are GL(h)'s; only the vertical space is smaller:
+``V(X) = (-G X, H X^T)`` for ``X`` in the subalgebra, spanned by a Frobenius-orthonormal basis
+``E_1..E_K`` (``K = R + (h - R)^2``). The vertical part of ``u`` is ``V(L)``,
+``L = sum_k c_k E_k`` with ``sum_l <E_k, Gram(E_l)>_F c_l = <E_k, M(u)>_F`` for the metric's
+moment ``M`` and Gram operator (:mod:`.point`): a ``K x K`` SPD system per pair.
 """
 
 from __future__ import annotations
@@ -39,7 +21,7 @@ import torch
 
 from quotientsharp.core.gl.metric import GLMetric
 from quotientsharp.core.gl.point import GLPoint
-from quotientsharp.core.gl.quotient import GLQuotient
+from quotientsharp.core.gl.quotient import GLQuotient, check_condition, haar_orthogonal
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -175,7 +157,8 @@ class RotaryQuotient(GLQuotient):
         Number of rotated dimensions ``R`` (even; default ``h``: all of them, as in Llama).
         GPT-NeoX's partial rotary uses ``R = int(h * rotary_pct)``.
     layout
-        ``"rotate_half"`` or ``"interleaved"`` (module docstring).
+        ``"rotate_half"`` (HF Llama, Qwen2, Mistral, GPT-NeoX: plane ``d`` is dims
+        ``(d, d + R/2)``) or ``"interleaved"`` (GPT-J: dims ``(2d, 2d + 1)``).
     n, m
         Optional rows of ``G`` and ``H`` for :meth:`random_point`.
     """
@@ -269,9 +252,7 @@ class RotaryQuotient(GLQuotient):
             a = torch.randn(*batch, self.algebra_basis.shape[0], generator=generator,
                             dtype=dtype, device=generator.device if generator else device)
             return self.group_exp(scale * a.to(device))
-        condition = 1.0 if condition is None else float(condition)
-        if not condition >= 1.0 or condition == float("inf"):
-            raise ValueError(f"condition must be a finite number >= 1, got {condition}")
+        condition = check_condition(condition)
         planes = rotary_planes(self.head_dim, self.rotary_dims, self.layout)
         rest = self.head_dim - self.rotary_dims
         count = len(planes) + rest
@@ -285,12 +266,9 @@ class RotaryQuotient(GLQuotient):
             g[..., j, i] = modulus * torch.sin(phase)
             g[..., i, j] = -g[..., j, i]
         if rest:
-            def orthogonal() -> torch.Tensor:
-                q, r = torch.linalg.qr(torch.randn(*batch, rest, rest, generator=generator,
-                                                   dtype=torch.float64))
-                return q * torch.sign(r.diagonal(dim1=-2, dim2=-1)).unsqueeze(-2)
-
-            block = orthogonal() * values[len(planes):] @ orthogonal().mT
+            first = haar_orthogonal(batch, rest, generator, torch.float64, None)
+            block = first * values[len(planes):] @ haar_orthogonal(batch, rest, generator,
+                                                                   torch.float64, None).mT
             g[..., self.rotary_dims:, self.rotary_dims:] = block
         return g.to(dtype=dtype, device=device)
 

@@ -1,7 +1,8 @@
 """The diagonal-network study (paper Sec. 5.1): ``quotientsharp reproduce diagonal``.
 
-:mod:`.entry` is the study's command interface; :mod:`.training` trains the nets batched,
-:mod:`.batched_ascent` and :mod:`.measures` measure them, :mod:`.exact` gives exact or strong
-maxima, :mod:`.study` runs a setting, :mod:`.full` the full sweep, :mod:`.report` writes the results
-and the page data (the page itself is rendered by ``docs/_hooks/results_pages/diagonal.py``).
+:mod:`.entry` is the command (its docstring the ``--help`` text); :mod:`.settings` holds what
+determines the numbers, :mod:`.data` the seeded draws, :mod:`.training` trains all nets at
+once, :mod:`.measures` measures them batched (:mod:`.batched_ascent`), :mod:`.exact` gives the
+exact and strong maxima, :mod:`.analysis` the numbers of one run, :mod:`.report` the records,
+plots and page data, :mod:`.study` the driver and :mod:`.full` the ``--full`` sweep.
 """

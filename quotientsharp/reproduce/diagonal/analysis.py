@@ -1,12 +1,5 @@
-"""``reproduce diagonal``: the numbers of one run, from its records.
-
-:func:`analyse` gives, over the counted nets: the Kendall taus of test loss against each
-measure with bootstrap intervals (the Auto-PGD values, the exact or strong maxima, the measures
-of the population loss), the Auto-PGD value as a percentage of the maximum, the confound taus of
-test loss against each hyperparameter, the check of the constant of mix exact sharpness at
-interpolation, and the spread of the diagnostic rows. Everything is plain JSON (it goes to
-``run.json``) and is what :mod:`.diagonal_page` writes out.
-"""
+"""``reproduce diagonal``: the numbers of one run, from its records (plain JSON, in ``run.json``
+and the page data)."""
 
 from __future__ import annotations
 
@@ -48,15 +41,8 @@ def maximum_values(records: Sequence[Mapping[str, Any]], measure: str) -> list[f
 
 def analyse(records: Sequence[Mapping[str, Any]], counted: Sequence[int],
             settings: DiagonalSettings) -> dict[str, Any]:
-    """Every derived number of one run (module docstring).
-
-    Parameters
-    ----------
-    records
-        The nets' records (``models.jsonl``).
-    counted
-        The nets that enter the correlations.
-    """
+    """Every derived number of one run, from the nets' records (``models.jsonl``) and the
+    nets that enter the correlations (``counted``)."""
     rows = [r for r in records if r["model"] in set(counted)]
     if len(rows) < 2:
         raise ValueError(f"counted must hold at least 2 nets, got {len(rows)}")

@@ -1,33 +1,19 @@
 """Auto-PGD over many independent problems at once (a leading problem shape), for diagonal nets.
 
-:func:`batched_ascend` is :func:`quotientsharp.engine.solver.ascend` (the engine's solver,
-which takes each decision per problem for a loss of shape ``P``) on a
-:class:`~quotientsharp.engine.ball.GeodesicBall` whose frozen point carries the nets on
-leading dimensions, where ``P`` is ``[models, batches]`` in the study: the step size ``eta``,
-the checkpoint tests, the best loss and iterate and the momentum are all per problem. The
-geometry is the library's own quotient classes, the same code the engine and
-:func:`quotientsharp.core.checks.check_all` run:
+:func:`batched_ascend` is the engine's :func:`~quotientsharp.engine.solver.ascend` (every
+decision taken per problem) on a :class:`~quotientsharp.engine.ball.GeodesicBall` whose frozen
+point carries the nets on leading dimensions (``P = [models, batches]`` in the study), with
+the library's own quotient classes as geometry: :class:`DiagonalHorizontalGeometry`
+(:class:`~quotientsharp.DiagonalQuotient` inv or mix; the horizontal ``xi = (b u, b v)``
+multiplies ``beta = u v`` by ``(1 + b)^2`` at order 1, ``(1 + b + b^2 / 2)^2`` (inv) or
+``(1 + b - b^2 / 2)^2`` (mix) at order 2, ``exp(2 b)`` or ``1 + 2 b`` exactly) and
+:class:`AdaptiveGeometry` (the trivial-group adaptive quotient, straight lines).
 
-- :class:`DiagonalHorizontalGeometry`: :class:`~quotientsharp.DiagonalQuotient` (``inv`` or
-  ``mix``) frozen at the nets' ``(u, v)``. The iterate is the horizontal ``xi = (b u, b v)``;
-  the net's function is ``beta = u v`` at the end of the path, which multiplies ``beta`` by
-  ``(1 + b)^2`` (order 1), ``(1 + b + b^2 / 2)^2`` (inv, order 2), ``(1 + b - b^2 / 2)^2``
-  (mix, order 2), ``exp(2 b)`` (inv, exact) or ``1 + 2 b`` (mix, exact: the quotient's
-  geodesic, :meth:`~quotientsharp.core.diagonal.DiagonalPoint.quotient_geodesic`).
-- :class:`AdaptiveGeometry`: worst-case adaptive L2 sharpness on the raw parameters ``(u, v)``:
-  the trivial-group :class:`~quotientsharp.core.adaptive.AdaptiveQuotient`, straight lines.
-
-The exact mix path ``beta (1 + 2 b)`` is the straight line of the quotient metric
-``d beta^2 / 2`` (flat in ``beta``). Where ``1 + 2 b < 0`` it crosses ``beta_i = 0``, a point
-outside the quotient of nonzero coordinates; the quotient geodesic continues the line through
-it (the loss depends on ``beta`` only), whereas the engine refuses radii that reach it
-(``rho >= min |u v| / sqrt(2)``). Inside the engine's range both agree.
-
-The measures start from ``xi = 0`` without restarts (the engine's default);
-``tests/test_reproduce_diagonal.py`` checks that one problem here gives the engine's value on an
-equivalent ``nn.Module``. Random starts and restarts (the study's strong reference ascent) need a
-seeded generator, so that every value is reproducible; with them, give the geometry base points
-of the full ``[*P, d]`` shape, so that each problem draws its own random start.
+The exact mix path ``beta (1 + 2 b)``, the straight line of the flat metric ``d beta^2 / 2``,
+is continued through ``beta_i = 0`` (the loss depends on ``beta`` only), where the engine
+refuses radii that reach it (``rho >= min |u v| / sqrt(2)``); inside its range both agree.
+Random starts and restarts need a seeded generator and base points of the full ``[*P, d]``
+shape, so that each problem draws its own start.
 """
 
 from __future__ import annotations
@@ -74,22 +60,10 @@ def _problem_shape(u: torch.Tensor, v: torch.Tensor, problem_shape: Sequence[int
 
 
 class DiagonalHorizontalGeometry(NetBall):
-    """Horizontal perturbations of diagonal nets in the ``inv`` or ``mix`` quotient.
-
-    Parameters
-    ----------
-    u, v
-        Base points, ``shape=[*P, d]`` or broadcastable to it (``[M, 1, d]`` for ``P = [M, K]``),
-        no zero entry.
-    metric
-        ``"inv"`` or ``"mix"``.
-    order
-        ``1``, ``2`` or ``"exact"`` (see the module docstring).
-    radius
-        ``rho``, a number or a tensor of ``shape=[*P]``.
-    problem_shape
-        ``P``.
-    """
+    """Horizontal perturbations of diagonal nets in the ``inv`` or ``mix`` quotient, along the
+    path of ``order`` ``1``, ``2`` or ``"exact"``, around base points ``u``, ``v`` of
+    ``shape=[*P, d]`` or broadcastable to it (``[M, 1, d]`` for ``P = [M, K]``; no zero
+    entry), in a ball of ``radius`` (a number or ``shape=[*P]``), ``P = problem_shape``."""
 
     def __init__(self, u: torch.Tensor, v: torch.Tensor, metric: str, order: int | str,
                  radius: torch.Tensor | float, problem_shape: Sequence[int]) -> None:
@@ -105,17 +79,11 @@ class DiagonalHorizontalGeometry(NetBall):
 class RateBallMixGeometry(DiagonalHorizontalGeometry):
     """The exact mix path ``beta (1 + 2 b)`` over the *rate ball* ``||b|| <= rho / sqrt(2)``.
 
-    The mix metric's own ball is ``sqrt(2) ||beta b|| <= rho``: rates up to
-    ``rho / (sqrt(2) |beta_i|)`` on coordinates with a tiny ``|beta_i|``. The rate ball bounds
-    the rates themselves, as the inv metric does (the inv norm of a horizontal ``(b u, b v)`` is
-    ``sqrt(2) ||b||``), so this geometry is the inv quotient (its ball, projection and raised
-    gradient) with the mix geodesic as the path. It is the ball a protocol gets that takes the
-    rate ``b`` as the perturbation and bounds it, whatever the metric.
-
-    Parameters
-    ----------
-    u, v, radius, problem_shape
-        As :class:`DiagonalHorizontalGeometry`.
+    The mix metric's own ball ``sqrt(2) ||beta b|| <= rho`` allows rates up to
+    ``rho / (sqrt(2) |beta_i|)`` where ``|beta_i|`` is tiny; the rate ball bounds the rates
+    themselves, as inv does, so this is the inv quotient (ball, projection, raised gradient)
+    with the mix geodesic as the path: the ball of a protocol that bounds the rate ``b``.
+    Arguments as :class:`DiagonalHorizontalGeometry`.
     """
 
     def __init__(self, u: torch.Tensor, v: torch.Tensor, radius: torch.Tensor | float,
@@ -135,17 +103,8 @@ class RateBallMixGeometry(DiagonalHorizontalGeometry):
 
 
 class AdaptiveGeometry(NetBall):
-    """Worst-case adaptive L2 ball around the raw parameters ``(u, v)``, straight lines.
-
-    Parameters
-    ----------
-    u, v
-        Base points, ``shape=[*P, d]`` or broadcastable to it.
-    radius
-        ``rho``, a number or a tensor of ``shape=[*P]``.
-    problem_shape
-        ``P``.
-    """
+    """Worst-case adaptive L2 ball around the raw parameters ``(u, v)``, straight lines;
+    arguments as :class:`DiagonalHorizontalGeometry`."""
 
     def __init__(self, u: torch.Tensor, v: torch.Tensor, radius: torch.Tensor | float,
                  problem_shape: Sequence[int]) -> None:
@@ -158,20 +117,12 @@ class AdaptiveGeometry(NetBall):
 
 def mse_objective(geometry: NetBall, inputs: torch.Tensor,
                   targets: torch.Tensor) -> BatchedObjective:
-    """Per-problem mean squared error ``||X_k beta - y_k||^2 / B`` and its gradient in ``xi``.
-
-    Parameters
-    ----------
-    geometry
-        Maps ``xi`` to ``beta``, ``shape=[M, K, d]`` (``P = [M, K]``).
-    inputs, targets
-        The ``K`` batches, ``shape=[K, B, d]`` and ``shape=[K, B]``.
-
-    The problems are independent, so the gradient of the summed loss is each problem's own.
-    The prediction is an elementwise product summed over ``d`` rather than a matrix product:
-    a matrix product's rounding depends on how many rows share the call (the BLAS blocking),
-    a per-row reduction does not, so a model measured alone or among others (as after
-    ``--resume``) gets the same value to the last bit.
+    """Per-problem mean squared error ``||X_k beta - y_k||^2 / B`` and its gradient in ``xi``
+    (``geometry`` maps ``xi`` to ``beta``, ``shape=[M, K, d]``; batches ``shape=[K, B, d]``
+    and ``shape=[K, B]``). The problems are independent, so the gradient of the summed loss
+    is each problem's own. The prediction is an elementwise product summed over ``d``, not a
+    matrix product, whose rounding depends on how many rows share the call: a model measured
+    alone or among others (after ``--resume``) gets the same value to the last bit.
     """
 
     def objective(xi: Tensors) -> tuple[torch.Tensor, Tensors]:
@@ -206,18 +157,9 @@ def batched_ascend(geometry: NetBall, objective: BatchedObjective,
                    generator: torch.Generator | None = None) -> BatchedOutcome:
     """Auto-PGD for every problem of ``geometry.problem_shape`` at once (module docstring).
 
-    Parameters
-    ----------
-    geometry
-        :class:`DiagonalHorizontalGeometry`, :class:`AdaptiveGeometry` or alike.
-    objective
-        ``xi -> (loss shape=[*P], euclidean gradient w.r.t. xi)``.
-    settings
-        Solver settings; ``random_init`` and ``restarts`` need ``generator``.
-    on_evaluation
-        Called after every (batched) objective evaluation.
-    generator
-        Seeded source of the random starts (required with ``random_init`` or ``restarts``).
+    ``objective`` maps ``xi`` to ``(loss shape=[*P], euclidean gradient)``; ``on_evaluation``
+    is called after every batched evaluation; ``generator`` seeds the random starts
+    (required with ``settings.random_init`` or ``restarts``).
     """
     if not isinstance(settings, AscentSettings):
         raise TypeError(f"settings must be an AscentSettings, got {type(settings).__name__}")

@@ -1,9 +1,7 @@
 """``reproduce diagonal``: the seeded draws, the regression problem and the per-net hyperparameters.
 
-Every random draw of the study comes from its own seed, derived from the study seed and a tag
-(:func:`derived_seed`), so one stream never shifts another: :func:`make_problem` draws the
-shared sparse regression problem, :func:`draw_hyperparameters` each net's initialisation scale,
-learning rate, batch size and schedule seed.
+Every draw comes from its own seed, derived from the study seed and a tag
+(:func:`derived_seed`), so one stream never shifts another.
 """
 
 from __future__ import annotations

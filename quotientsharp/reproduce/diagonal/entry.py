@@ -85,21 +85,6 @@ train on rank 0 (one batch, as in one process), the measures are dealt over the 
 writes every file; the values are those of one process, bit for bit (:func:`diagonal_study`).
 """
 
-
-# The study lives in one module per stage of quotientsharp.reproduce.diagonal; this module is
-# the study's entry (its docstring above is the ``--help`` text):
-#   settings  DiagonalSettings, everything that determines the numbers;
-#   data      the seeded draws: the regression problem, the per-net hyperparameters;
-#   training  training all nets at once, their test losses;
-#   measures  the measures, run batched over nets and batches (the only user of
-#             batched_ascent: measure_nets and path_name);
-#   exact     the exact and strong maxima, the theory at interpolation, the population loss;
-#   analysis  the numbers of one run (taus with intervals, % of the maximum, confounds);
-#   report    records, CSV rows, Kendall taus, plots, the page data (the page itself is
-#             rendered by docs/_hooks/results_pages/diagonal.py);
-#   study     diagonal_study, the driver (training on rank 0, measures over the ranks);
-#   full      run_full, --full: data seeds, the rho sweep, a training set per net.
-
 from __future__ import annotations
 
 from dataclasses import replace

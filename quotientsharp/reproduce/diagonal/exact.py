@@ -1,29 +1,22 @@
 """``reproduce diagonal``: the maxima the Auto-PGD values are measured against.
 
-- :func:`mix_exact_maxima`: geodesic mix sharpness with the exact path, exactly. The path
-  ``beta (1 + 2 b)`` moves ``beta`` by ``D = 2 beta b`` with ``||D|| = sqrt(2) ||xi||_mix``, so
-  its ball is the Euclidean ball ``||D|| <= sqrt(2) rho`` in ``beta``, and the batch loss
-  ``||X_B (beta + D) - y_B||^2 / B`` is quadratic in ``D``: the maximum is the trust-region
-  subproblem, solved by :func:`quotientsharp.engine.exact.trust_region_maximum`.
-- :func:`mix_exact_at_interpolation`: its value at an interpolating net, the same for every
-  net, ``2 rho^2 lambda_max(X_B^T X_B / B)`` (``docs/results/diagonal.md``).
-- :func:`reference_maxima`: a strong multi-start Auto-PGD (many steps, random restarts, the
-  package's solver) for the measures without a closed form (adaptive, inv exact), and for mix
-  exact as a check of that ascent against the exact maximum.
-- :func:`population_batch`: one batch whose mean squared error is the population loss
-  ``E_x (x^T beta - x^T beta*)^2 = ||beta - beta*||^2`` of ``x ~ N(0, I)``, so every measure
-  of the study runs on the population loss unchanged.
+The exact mix path ``beta (1 + 2 b)`` moves ``beta`` by ``D = 2 beta b`` with
+``||D|| = sqrt(2) ||xi||_mix``, and the batch loss is quadratic in ``D``: its maximum over the
+ball is a trust-region subproblem (:func:`mix_exact_maxima`, :func:`mix_rate_ball_maxima`),
+``2 rho^2 lambda_max(X_B^T X_B / B)`` at an interpolating net. The measures without a closed
+form get a strong multi-start Auto-PGD (:func:`reference_maxima`); :func:`population_batch`
+is one batch whose mean squared error is the population loss ``||beta - beta*||^2``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import cast
 
 import torch
 
-from quotientsharp.engine.exact import trust_region_maximum
+from quotientsharp.engine.exact import TrustRegionMaximum, trust_region_maximum
 from quotientsharp.engine.solver import AscentSettings
 from quotientsharp.reproduce.diagonal.batched_ascent import NetBall, batched_ascend, mse_objective
 from quotientsharp.reproduce.diagonal.measures import (
@@ -65,36 +58,18 @@ def _check_batches(beta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tens
 
 def mix_exact_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
                      targets: torch.Tensor, rho: float) -> torch.Tensor:
-    """Exact geodesic mix sharpness (exact path) per net and batch (module docstring).
-
-    Parameters
-    ----------
-    u, v
-        The nets, ``shape=[M, d]``.
-    inputs, targets
-        Batches, ``shape=[K, B, d]`` and ``shape=[K, B]``, or per net ``[M, K, B, d]`` and
-        ``[M, K, B]``.
-    rho
-        Radius of the mix ball.
-
-    Returns
-    -------
-    torch.Tensor
-        ``shape=[M, K]``: ``max_{||D|| <= sqrt(2) rho} L_B(beta + D) - L_B(beta)``.
-    """
+    """Exact geodesic mix sharpness (exact path), ``shape=[M, K]``:
+    ``max_{||D|| <= sqrt(2) rho} L_B(beta + D) - L_B(beta)`` for the nets ``u``, ``v``
+    (``shape=[M, d]``) on batches ``shape=[K, B, d]`` and ``[K, B]`` (or ``[M, K, B, d]`` and
+    ``[M, K, B]``, per net)."""
     return _ball_maxima(u, v, inputs, targets, math.sqrt(2.0) * rho, scaled=False)
 
 
 def mix_rate_ball_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
                          targets: torch.Tensor, rho: float) -> torch.Tensor:
-    """Exact mix-path sharpness over the rate ball ``||b|| <= rho / sqrt(2)``, per net and batch.
-
-    The path ``beta (1 + 2 b)`` moves ``beta`` by ``D = 2 beta b``; the rate ball is the
-    scaled ball ``||D / (2 |beta|)|| <= rho / sqrt(2)``, and the batch loss is quadratic in
-    ``D``: the trust-region subproblem with a scale
-    (:func:`quotientsharp.engine.exact.trust_region_maximum`). Shapes as
-    :func:`mix_exact_maxima`.
-    """
+    """Exact mix-path sharpness over the rate ball ``||b|| <= rho / sqrt(2)``, the scaled
+    ball ``||D / (2 |beta|)|| <= rho / sqrt(2)`` in ``D = 2 beta b``; as
+    :func:`mix_exact_maxima`."""
     return _ball_maxima(u, v, inputs, targets, rho / math.sqrt(2.0), scaled=True)
 
 
@@ -106,73 +81,49 @@ def _ball_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
     beta = (u * v).to(torch.float64)
     inputs, targets = _check_batches(beta, inputs.to(torch.float64), targets.to(torch.float64))
     out = torch.empty(inputs.shape[:2], dtype=torch.float64)
-    for m in range(inputs.shape[0]):
-        for k in range(inputs.shape[1]):
-            hessian, gradient = _quadratic_hessian_gradient(beta[m], inputs[m, k],
-                                                            targets[m, k])
-            scale = 2.0 * beta[m].abs() if scaled else None
-            out[m, k] = trust_region_maximum(hessian, gradient, radius, scale=scale).value
+    for m, k, maximum in _trust_regions(beta, inputs, targets, radius, scaled):
+        out[m, k] = maximum.value
     return out
 
 
+def _trust_regions(beta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor,
+                   radius: float, scaled: bool) -> Iterator[tuple[int, int, TrustRegionMaximum]]:
+    """Per net ``m`` and batch ``k``, the trust-region maximum of the batch loss's change
+    ``g^T D + D^T A D / 2`` (``A = 2 X^T X / B``, ``g = 2 X^T (X beta - y) / B``) over
+    ``||D|| <= radius`` or, with ``scaled``, ``||D / (2 |beta|)|| <= radius``."""
+    size = inputs.shape[-2]
+    for m in range(inputs.shape[0]):
+        scale = 2.0 * beta[m].abs() if scaled else None
+        for k in range(inputs.shape[1]):
+            x, y = inputs[m, k], targets[m, k]
+            hessian, gradient = 2.0 * x.T @ x / size, 2.0 * x.T @ (x @ beta[m] - y) / size
+            yield m, k, trust_region_maximum(hessian, gradient, radius, scale=scale)
+
+
 def mix_exact_at_interpolation(inputs: torch.Tensor, rho: float) -> torch.Tensor:
-    """``2 rho^2 lambda_max(X_B^T X_B / B)`` per batch: mix exact sharpness of every net that
-    interpolates the batch.
-
-    Parameters
-    ----------
-    inputs
-        ``shape=[..., K, B, d]``.
-
-    Returns
-    -------
-    torch.Tensor
-        ``shape=[..., K]``.
-    """
+    """``2 rho^2 lambda_max(X_B^T X_B / B)`` per batch (``inputs`` ``shape=[..., K, B, d]``,
+    result ``shape=[..., K]``): mix exact sharpness of every net that interpolates it."""
     x = inputs.to(torch.float64)
     second_moment = x.transpose(-1, -2) @ x / x.shape[-2]
     return 2.0 * rho ** 2 * torch.linalg.eigvalsh(second_moment)[..., -1]
 
 
-def _quadratic_hessian_gradient(beta: torch.Tensor, x: torch.Tensor, y: torch.Tensor
-                                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``L_B(beta + D) - L_B(beta) = g^T D + D^T A D / 2`` for the study's mean squared error:
-    ``A = 2 X^T X / B``, ``g = 2 X^T (X beta - y) / B`` (``x`` ``shape=[B, d]``)."""
-    size = x.shape[-2]
-    return 2.0 * x.T @ x / size, 2.0 * x.T @ (x @ beta - y) / size
-
-
 def _model_rates(beta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor,
                  rate_radius: float) -> torch.Tensor:
     """Per net and batch, the rates ``b`` (``||b|| <= rate_radius``) that maximise the
-    quadratic model of the loss along the first-order path ``beta (1 + 2 b)``: the
-    trust-region subproblem in ``D = 2 beta b``, a ball ``||D / (2 |beta|)|| <= rate_radius``.
-
-    Returns
-    -------
-    torch.Tensor
-        ``shape=[M, K, d]``.
-    """
+    quadratic model of the loss along the first-order path ``beta (1 + 2 b)``,
+    ``shape=[M, K, d]``."""
     out = torch.zeros(*inputs.shape[:2], beta.shape[-1], dtype=torch.float64)
-    for m in range(inputs.shape[0]):
-        scale = 2.0 * beta[m].abs()
-        for k in range(inputs.shape[1]):
-            hessian, gradient = _quadratic_hessian_gradient(beta[m], inputs[m, k],
-                                                            targets[m, k])
-            step = trust_region_maximum(hessian, gradient, rate_radius, scale=scale).d
-            out[m, k] = step / (2.0 * beta[m])
+    for m, k, maximum in _trust_regions(beta, inputs, targets, rate_radius, scaled=True):
+        out[m, k] = maximum.d / (2.0 * beta[m])
     return out
 
 
 class _ReferenceStarts:
     """A batched geometry whose restarts are, in turn, the maximiser of the loss's quadratic
-    model and its negative (``model``: near interpolation the model is nearly even in the
-    rates, the exact path is not, so both signs are tried), then random points drawn per net.
-
-    Each net's random start is drawn by the package's own ``random_start`` on that net's ball
-    alone, from a stream of its own, so a net gets the same starts whichever other nets are
-    measured with it (a resumed run measures a subset and must reproduce the uninterrupted
-    values). Everything else is the batched geometry's.
+    model and its negative (near interpolation the model is nearly even in the rates, the
+    exact path is not), then random points drawn on each net's ball alone from a stream of its
+    own: a net gets the same starts whichever nets are measured with it (as after --resume).
     """
 
     def __init__(self, batched: NetBall, single: Sequence[NetBall], seeds: Sequence[int],
@@ -200,26 +151,11 @@ def reference_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
                      seeds: Sequence[int],
                      measures: Sequence[MeasureSpec] = REFERENCE_MEASURES,
                      progress: bool | None = False) -> dict[str, torch.Tensor]:
-    """The strong reference ascent: per measure, net and batch the best loss increase over
-    ``ascent.runs`` Auto-PGD runs of ``ascent.n_iter`` steps. The first run starts from
-    ``xi = 0``; for adaptive and inv the next two from the maximiser of the quadratic model of
-    the loss along the first-order path (the trust-region subproblem: near interpolation the
-    maximum lies close to it) and from its negative; the others from random points of the
-    ball.
-
-    Parameters
-    ----------
-    u, v
-        The nets, ``shape=[M, d]``, no zero entry.
-    inputs, targets
-        As for :func:`~.diagonal_measures.measure_nets`.
-    seeds
-        One seed per net for its random starts, ``len(seeds) == M``.
-
-    Returns
-    -------
-    dict
-        Measure name -> ``shape=[M, K]``.
+    """The strong reference ascent: per measure (name -> ``shape=[M, K]``), net and batch the
+    best loss increase over ``ascent.runs`` Auto-PGD runs. The first run starts from
+    ``xi = 0``; for adaptive and inv the next two from the maximiser of the loss's quadratic
+    model along the first-order path and its negative; the others from random points drawn
+    from ``seeds`` (one per net). Nets and batches as for :func:`mix_exact_maxima`.
     """
     if len(seeds) != u.shape[0]:
         raise ValueError(f"seeds must hold one seed per net ({u.shape[0]}), got {len(seeds)}")
@@ -260,14 +196,8 @@ def mix_exact_population(population_loss: torch.Tensor, rho: float) -> torch.Ten
 
 
 def population_batch(beta_star: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One batch ``X = sqrt(d) I_d``, ``y = X beta*``: its mean squared error is
-    ``||beta - beta*||^2``, the population loss of ``x ~ N(0, I_d)``.
-
-    Returns
-    -------
-    tuple
-        ``shape=[1, d, d]`` and ``shape=[1, d]``.
-    """
+    """One batch ``X = sqrt(d) I_d``, ``y = X beta*`` (``shape=[1, d, d]``, ``[1, d]``): its
+    mean squared error is ``||beta - beta*||^2``, the population loss of ``x ~ N(0, I_d)``."""
     d = beta_star.shape[-1]
     x = math.sqrt(d) * torch.eye(d, dtype=torch.float64)
     return x.unsqueeze(0), (x @ beta_star.to(torch.float64)).unsqueeze(0)
@@ -277,28 +207,9 @@ def extra_values(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor, targets
                  beta_star: torch.Tensor, rho: float, ascent: AscentSettings,
                  reference: AscentSettings, seeds: Sequence[int],
                  progress: bool | None = False) -> dict[str, torch.Tensor]:
-    """Every value the study reports beside its Auto-PGD measures, per net and batch.
-
-    Parameters
-    ----------
-    u, v, inputs, targets
-        The nets and the sharpness batches, as for :func:`~.diagonal_measures.measure_nets`.
-    beta_star
-        The ground truth, ``shape=[d]`` (for the population loss).
-    ascent, reference
-        The study's Auto-PGD and the strong reference ascent.
-    seeds
-        Per net, the seed of its random starts in the reference ascent.
-
-    Returns
-    -------
-    dict
-        ``strong:<measure>`` (reference ascent), ``exact:geodesic_mix_exact`` and
-        ``exact:geodesic_mix_exact_rateball`` (trust region) ``shape=[M, K]``; on the
-        population loss (one batch) ``population:<measure>`` (Auto-PGD as in the study),
-        ``population_exact:geodesic_mix_exact`` (and ``..._rateball``) and ``population_loss``
-        (``||beta - beta*||^2``), ``shape=[M, 1]``; ``interpolation:geodesic_mix_exact``
-        (:func:`mix_exact_at_interpolation`), ``shape=[M, K]``.
+    """Every value the study reports beside its Auto-PGD measures (:data:`EXTRA_NAMES`), per
+    net and batch: ``shape=[M, K]``, or ``shape=[M, 1]`` on the population loss. ``ascent``
+    is the study's Auto-PGD, ``reference`` the strong ascent, ``seeds`` its per-net seeds.
     """
     out = {f"strong:{name}": value for name, value in reference_maxima(
         u, v, inputs, targets, rho, reference, seeds, progress=progress).items()}

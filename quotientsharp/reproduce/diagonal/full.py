@@ -1,15 +1,9 @@
 """``reproduce diagonal --full``: the study over data seeds, a rho sweep and a training set per net.
 
-:func:`run_full` runs the default study (the paper's protocol, in the results folder itself) and
-then, each in a subfolder ``full/<name>/`` of its own (with ``--resume`` like the default run):
-
-- the same hyperparameter draws on other data draws (``data_seed``: ``beta*``, training and
-  test inputs), at every radius of :data:`FULL_RHOS`;
-- a training set per net (``training_sets="per_net"``) at the study's radius, on each data seed.
-
-The page data then gets, per setting, the taus with intervals per data seed and their mean over
-the seeds (cluster bootstrap, :func:`full_statistics`), and the rho sweep with a column per
-radius.
+:func:`run_full` runs the default study in the results folder, then in subfolders
+``full/<name>/`` the same hyperparameter draws on other data seeds at every radius of
+:data:`FULL_RHOS`, and a training set per net at the study's radius; the page gets the taus per
+seed, pooled over the seeds (cluster bootstrap) and per radius (:func:`full_statistics`).
 """
 
 from __future__ import annotations
@@ -56,13 +50,17 @@ def _field(key: str) -> Callable[[Record], float]:
     return lambda record: float(record[key])
 
 
+def _maximum_label(name: str) -> str:
+    """The sweep row of the maximum of measure ``name`` (:data:`MAXIMUM_OF`)."""
+    return f"{name} ({'exact' if MAXIMUM_OF[name].startswith('exact') else 'strong'} maximum)"
+
+
 #: The rows of the sweep tables: the measures, their maxima, the population loss, the
 #: confounds.
 SWEEP_ROWS: tuple[Row, ...] = (
     *(Row(f"{spec.name} (Auto-PGD)", _sharpness(spec.name)) for spec in MEASURES
       if not spec.diagnostic),
-    *(Row(f"{name} ({'exact' if key.startswith('exact') else 'strong'} maximum)",
-          _sharpness(key)) for name, key in MAXIMUM_OF.items()),
+    *(Row(_maximum_label(name), _sharpness(key)) for name, key in MAXIMUM_OF.items()),
     Row("population: adaptive (Auto-PGD)", _sharpness("population:adaptive")),
     Row("population: geodesic_inv_exact (Auto-PGD)",
         _sharpness("population:geodesic_inv_exact")),
@@ -78,10 +76,9 @@ SWEEP_ROWS: tuple[Row, ...] = (
 
 @dataclass(frozen=True)
 class SweepRun:
-    """One run of ``--full``: its label, settings and the counted records."""
+    """One run of ``--full``: its label and the counted records."""
 
     label: str
-    settings: DiagonalSettings
     records: Sequence[Record]
 
 
@@ -89,15 +86,10 @@ def _pairs(run: SweepRun, row: Row) -> tuple[list[float], list[float]]:
     return [r["test_loss"] for r in run.records], [row.value(r) for r in run.records]
 
 
-def _single(run: SweepRun, row: Row, samples: int, seed: int) -> dict[str, Any]:
-    return tau_interval(*_pairs(run, row), samples, seed).as_dict()
-
-
 def pooled_over_seeds(runs: Sequence[SweepRun], row: Row, samples: int, seed: int
                       ) -> dict[str, Any]:
-    """The mean over the runs (seeds) of their tau-b, with its two-stage cluster bootstrap
-    interval (:func:`~quotientsharp.workflows.taus.cluster_bootstrap_tau`), as a
-    dict :func:`interval_text` reads (``tau_b``, ``b_low``, ``b_high``)."""
+    """The mean over the runs (seeds) of their tau-b with its two-stage cluster bootstrap
+    interval, as ``{"tau_b", "b_low", "b_high"}``."""
     xs, ys, clusters = [], [], []
     for index, run in enumerate(runs):
         x, y = _pairs(run, row)
@@ -109,35 +101,23 @@ def pooled_over_seeds(runs: Sequence[SweepRun], row: Row, samples: int, seed: in
 
 
 def seed_table(runs: Sequence[SweepRun], samples: int, seed: int) -> dict[str, Any]:
-    """One setting's statistics: per sweep row, tau-b per run (seed) with its percentile
-    bootstrap interval and pooled over the runs (:func:`pooled_over_seeds`).
-
-    Returns
-    -------
-    dict
-        ``labels`` and ``counts`` (nets) of the runs, and ``rows``: per :data:`SWEEP_ROWS`
-        entry its ``label``, ``runs`` (one dict per run) and ``pooled``.
-    """
+    """One setting's statistics: the ``labels`` and ``counts`` (nets) of its runs, and per
+    :data:`SWEEP_ROWS` entry its ``label``, tau-b per run (seed) with its bootstrap interval
+    (``runs``) and ``pooled`` over the runs (:func:`pooled_over_seeds`)."""
     return {"labels": [run.label for run in runs],
             "counts": [len(run.records) for run in runs],
             "rows": [{"label": row.label,
-                      "runs": [_single(run, row, samples, seed) for run in runs],
+                      "runs": [tau_interval(*_pairs(run, row), samples, seed).as_dict()
+                               for run in runs],
                       "pooled": pooled_over_seeds(runs, row, samples, seed)}
                      for row in SWEEP_ROWS]}
 
 
 def rho_sweep(groups: Mapping[float, Sequence[SweepRun]], samples: int, seed: int
               ) -> dict[str, Any]:
-    """Per rho, the tau-b of every sweep row pooled over the seeds, and Auto-PGD as a
-    percentage of the maximum (min / median / max over the nets of every seed).
-
-    Returns
-    -------
-    dict
-        ``rhos`` (sorted); ``rows``: per :data:`SWEEP_ROWS` entry its ``label`` and ``cells``
-        (one pooled tau per rho); ``percent``: per measure with a maximum its ``name`` and
-        ``cells`` (one spread per rho).
-    """
+    """Per radius (``rhos``, sorted): the tau-b of every sweep row pooled over the seeds
+    (``rows``, a ``label`` and ``cells``), and Auto-PGD as a percentage of the maximum, its
+    spread over the nets of every seed (``percent``, per measure a ``name`` and ``cells``)."""
     rhos = sorted(groups)
     rows = [{"label": row.label,
              "cells": [pooled_over_seeds(groups[rho], row, samples, seed) for rho in rhos]}
@@ -208,14 +188,8 @@ def run_full(settings: DiagonalSettings, out: Path, *, resume: bool = False,
              threads: int | None = 1, rhos: Sequence[float] = FULL_RHOS,
              data_seeds: int = FULL_DATA_SEEDS, per_net_seeds: int | None = None
              ) -> tuple[StudyResult, dict[str, StudyResult]]:
-    """Run every configuration of :func:`full_configurations` and write the full page data.
-
-    Returns
-    -------
-    tuple
-        The default study's result (its ``page`` is the full page data) and the results of the
-        other runs by subfolder.
-    """
+    """Run every configuration of :func:`full_configurations` and write the full page data;
+    the default study's result (its ``page`` the full page data) and the others' by folder."""
     if docs is not None:
         check_renderer(docs)
     configurations = full_configurations(settings, rhos, data_seeds, per_net_seeds)
@@ -229,8 +203,7 @@ def run_full(settings: DiagonalSettings, out: Path, *, resume: bool = False,
     for configuration in configurations:
         result = results[configuration.folder]
         counted = [r for r in result.records if r["model"] in set(result.counted)]
-        groups.setdefault(configuration.group, []).append(
-            SweepRun(configuration.label, configuration.settings, counted))
+        groups.setdefault(configuration.group, []).append(SweepRun(configuration.label, counted))
     samples, seed = settings.bootstrap, derived_seed(settings.seed, "bootstrap")
     full = full_statistics(groups, settings.rho, rhos, samples, seed)
     base = results[""]
@@ -256,26 +229,11 @@ def run_full(settings: DiagonalSettings, out: Path, *, resume: bool = False,
 
 def full_statistics(groups: Mapping[str, Sequence[SweepRun]], rho: float,
                     rhos: Sequence[float], samples: int, seed: int) -> dict[str, Any]:
-    """The statistics of the ``--full`` part of the page.
-
-    Parameters
-    ----------
-    groups
-        ``"rho = R"`` (one per radius of ``rhos``) and ``"per_net"`` -> the runs, one per seed.
-    rho
-        The study's radius.
-    rhos
-        The radii of the sweep.
-    samples, seed
-        Bootstrap resamples and seed.
-
-    Returns
-    -------
-    dict
-        ``groups``: the titled :func:`seed_table` of the shared training set at ``rho`` and,
-        when run, of a training set per net; ``ball``: sweep row label -> tau-b pooled over
-        the seeds (shared training set at ``rho``); ``per_net_pooled`` the same for a
-        training set per net; ``rho``: :func:`rho_sweep`.
+    """The statistics of the ``--full`` part of the page, from the runs (one per seed) of
+    each group, ``"rho = R"`` per radius of ``rhos`` and ``"per_net"``: ``groups``, the titled
+    :func:`seed_table` of the shared training set at the study's ``rho`` and of a training
+    set per net (when run); ``ball`` and ``per_net_pooled``, sweep row label -> tau-b pooled
+    over their seeds; ``rho``, the :func:`rho_sweep`.
     """
     study_rho = f"rho = {rho:g}"
     titled = [(f"Seeds, {study_rho.replace('rho', 'ρ')}, the training set shared by the nets "
@@ -292,12 +250,6 @@ def full_statistics(groups: Mapping[str, Sequence[SweepRun]], rho: float,
         full["per_net_pooled"] = {row["label"]: row["pooled"]
                                   for row in tables["per_net"]["rows"]}
     return full
-
-
-def _pooled(pooled: dict[str, dict[str, Any]], label: str) -> dict[str, Any]:
-    if label not in pooled:
-        raise KeyError(f"no sweep row {label!r}; rows: {sorted(pooled)}")
-    return pooled[label]
 
 
 def headline_rows(pooled: dict[str, dict[str, dict[str, Any]]], seeds: dict[str, int],
@@ -321,31 +273,26 @@ def headline_rows(pooled: dict[str, dict[str, dict[str, Any]]], seeds: dict[str,
         ("shared", f"diagonal nets, exact or strong maximum, {shared}", None),
         ("per_net", f"diagonal nets, a training set per net, Auto-PGD, {own}", " (Auto-PGD)"),
     )
-    maxima = {"adaptive": "adaptive (strong maximum)",
-              "geodesic_inv": "geodesic_inv_exact (strong maximum)",
-              "geodesic_mix": "geodesic_mix_exact (exact maximum)",
-              "geodesic_mix_rateball": "geodesic_mix_exact_rateball (exact maximum)"}
+    # the headline's measure -> the study's measure
     names = {"adaptive": "adaptive", "geodesic_inv": "geodesic_inv_exact",
              "geodesic_mix": "geodesic_mix_exact",
              "geodesic_mix_rateball": "geodesic_mix_exact_rateball"}
-    papers = {"adaptive": -0.68, "geodesic_inv": -0.83, "geodesic_mix": -0.86,
-              "geodesic_mix_rateball": -0.86}
+    papers = {spec.name: spec.paper for spec in MEASURES}
     notes = {"geodesic_mix": "the mix metric's own ball",
              "geodesic_mix_rateball": "rate ball ||b|| <= rho/sqrt(2)"}
     rows = []
     for group, setting, suffix in settings:
         if group not in pooled:
             continue
-        for measure, name in names.items():
-            label = maxima[measure] if suffix is None else name + suffix
-            tau = _pooled(pooled[group], label)
-            rows.append({"setting": setting, "measure": measure, "tau": tau["tau_b"],
-                         "low": tau["b_low"], "high": tau["b_high"],
-                         "paper": papers[measure], "note": notes.get(measure, "")})
+        labels = [(measure, _maximum_label(name) if suffix is None else name + suffix,
+                   papers[name], notes.get(measure, "")) for measure, name in names.items()]
         if suffix is not None:
-            tau = _pooled(pooled[group], "confound: init_scale")
-            rows.append({"setting": setting, "measure": "confound: init_scale",
-                         "tau": tau["tau_b"], "low": tau["b_low"], "high": tau["b_high"],
-                         "paper": None, "note": ""})
+            labels.append(("confound: init_scale", "confound: init_scale", None, ""))
+        for measure, label, paper, note in labels:
+            if label not in pooled[group]:
+                raise KeyError(f"no sweep row {label!r}; rows: {sorted(pooled[group])}")
+            tau = pooled[group][label]
+            rows.append({"setting": setting, "measure": measure, "tau": tau["tau_b"],
+                         "low": tau["b_low"], "high": tau["b_high"], "paper": paper,
+                         "note": note})
     return rows
-

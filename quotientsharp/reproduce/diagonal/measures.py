@@ -1,11 +1,5 @@
-"""``reproduce diagonal``: the sharpness measures, run batched over every net and batch.
-
-:data:`MEASURES` lists the measures of the study (adaptive, geodesic inv and mix with exact,
-first- and second-order paths), :func:`sharpness_batches` cuts the training set into the fixed
-sharpness batches, and :func:`measure_nets` runs every measure with the batched ascent of
-:mod:`quotientsharp.reproduce.diagonal.batched_ascent` on all nets and batches at once. This is the
-only module of the study that uses the batched ascent geometries.
-"""
+"""``reproduce diagonal``: the sharpness measures, run batched over every net and batch
+(:mod:`quotientsharp.reproduce.diagonal.batched_ascent`)."""
 
 from __future__ import annotations
 
@@ -82,20 +76,9 @@ def sharpness_batches(problem: DiagonalProblem, settings: DiagonalSettings
 def measure_nets(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor,
                  rho: float, ascent: AscentSettings, measures: Sequence[MeasureSpec] = MEASURES,
                  progress: bool | None = False) -> dict[str, torch.Tensor]:
-    """Every measure for every net and batch at once.
-
-    Parameters
-    ----------
-    u, v
-        The nets, ``shape=[M, d]``.
-    inputs, targets
-        Batches, ``shape=[K, B, d]`` and ``shape=[K, B]`` (shared by the nets), or
-        ``shape=[M, K, B, d]`` and ``shape=[M, K, B]`` (each net its own).
-
-    Returns
-    -------
-    dict
-        Measure name -> per-batch sharpness ``shape=[M, K]`` (best minus clean loss).
+    """Every measure for every net (``u``, ``v`` ``shape=[M, d]``) and batch at once: measure
+    name -> per-batch sharpness ``shape=[M, K]`` (best minus clean loss). Batches
+    ``shape=[K, B, d]`` and ``[K, B]`` shared by the nets, or ``[M, K, B, d]`` and ``[M, K, B]``.
     """
     problem_shape = (u.shape[0], inputs.shape[-3])
     base_u, base_v = u.unsqueeze(1), v.unsqueeze(1)

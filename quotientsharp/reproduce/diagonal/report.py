@@ -1,11 +1,4 @@
-"""``reproduce diagonal``: the records, the Kendall taus, the plots and the page data.
-
-The names of the results files and the CSV columns, one net's record (:func:`model_record`, its
-CSV row :func:`csv_row`), the Kendall taus between test loss and each measure
-(:func:`kendall_taus`, :func:`tau_lines` for the console), the scatter plots
-(:func:`scatter_measures`) and what the page ``docs/results/diagonal.md`` shows
-(:func:`page_data`). :class:`StudyResult` is what the study returns.
-"""
+"""``reproduce diagonal``: the records, the Kendall taus, the plots and the page data."""
 
 from __future__ import annotations
 
@@ -102,27 +95,11 @@ def page_data(settings: DiagonalSettings, result: StudyResult, records: list[dic
               wall: float, resumed: int, threads: int, world_size: int = 1,
               full: dict[str, Any] | None = None, runs: int = 1,
               command: str | None = None) -> dict[str, Any]:
-    """What the study's page shows, as JSON values (the ``page`` of its page data,
-    :func:`quotientsharp.reproduce.results_page.page_document`; the renderer
-    ``docs/_hooks/results_pages/diagonal.py`` turns it into ``docs/results/diagonal.md``).
-
-    Parameters
-    ----------
-    settings
-        The run's settings.
-    result
-        The run's result (counted, unconverged and diverged nets, the analysis).
-    records
-        Every net's record.
-    wall, resumed, threads, world_size
-        Wall time (of every run with ``full``), whether resumed, torch threads, ranks.
-    full
-        The statistics of ``--full``
-        (:func:`~quotientsharp.reproduce.diagonal.full.full_statistics`), ``None`` without.
-    runs
-        The number of runs ``full`` took.
-    command
-        The command that reproduces the page (default: the canonical one of ``settings``).
+    """What the study's page shows, as JSON values (the ``page`` of its page data, rendered by
+    ``docs/_hooks/results_pages/diagonal.py``): from the run's settings, result and records,
+    its wall time (of every run with ``full``), whether resumed, threads and ranks; ``full``
+    the statistics of ``--full`` (:func:`~quotientsharp.reproduce.diagonal.full.full_statistics`)
+    over ``runs`` runs; ``command`` the one that reproduces it (default: the canonical one).
     """
     counted = [r for r in records if r["model"] in result.counted]
     test = [r["test_loss"] for r in counted]
@@ -132,7 +109,7 @@ def page_data(settings: DiagonalSettings, result: StudyResult, records: list[dic
         stats = spread(values) if values else dict.fromkeys(("min", "median", "max"), math.nan)
         spreads.append({"label": spec.name + (" (diagnostic)" if spec.diagnostic else ""),
                         "path": path_name(spec), **stats})
-    setup = {key: value for key, value in settings.as_dict().items()}
+    setup = settings.as_dict()
     setup.update(init_scale=list(settings.init_scale),
                  learning_rate=list(settings.learning_rate),
                  batch_sizes=list(settings.batch_sizes),
@@ -151,35 +128,24 @@ def page_data(settings: DiagonalSettings, result: StudyResult, records: list[dic
 
 def kendall_taus(records: Sequence[dict[str, Any]], counted: Sequence[int]
                  ) -> dict[str, dict[str, float | None]]:
-    """Kendall tau-a and tau-b between test loss and each measure over the counted nets (the
-    diagnostic rows are not measures and get none).
-
-    Returns
-    -------
-    dict
-        Measure name -> ``tau_a``, ``tau_b``, the paper's value and the number of nets.
-    """
+    """Per measure (not the diagnostic rows), Kendall tau-a and tau-b between test loss and it
+    over the counted nets, the paper's value and the number of nets."""
     taus: dict[str, dict[str, float | None]] = {}
     for spec in MEASURES:
         if spec.diagnostic:
             continue
         pairs = [(r["test_loss"], r["sharpness"][spec.name]) for r in records
                  if r["model"] in counted and not math.isnan(r["sharpness"][spec.name])]
-        tau_a: float | None
-        tau_b: float | None
-        if len(pairs) >= 2:
-            xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
-            tau_a, tau_b = kendall_tau_a(xs, ys), kendall_tau_b(xs, ys)
-        else:
-            tau_a = tau_b = None
-        taus[spec.name] = {"tau_a": tau_a, "tau_b": tau_b, "paper": spec.paper,
-                           "count": len(pairs)}
+        xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
+        enough = len(pairs) >= 2
+        taus[spec.name] = {"tau_a": kendall_tau_a(xs, ys) if enough else None,
+                           "tau_b": kendall_tau_b(xs, ys) if enough else None,
+                           "paper": spec.paper, "count": len(pairs)}
     return taus
 
 
 def measure_axis_label(spec: MeasureSpec, rho: float | None = None) -> str:
-    """The readable vertical-axis label of a measure of the study (measure, metric, order,
-    radius)."""
+    """The vertical-axis label of a measure of the study (measure, metric, order, radius)."""
     if spec.kind == "adaptive":
         return measure_label("adaptive", rho=rho)
     return measure_label("geodesic", metric=spec.metric, order=spec.order, rho=rho)
@@ -193,13 +159,9 @@ _MIX_NOTE = "dominated by the smallest |beta_i| (see the results page)"
 def scatter_measures(records: Sequence[dict[str, Any]], counted: Sequence[int],
                      analysis: dict[str, Any] | None,
                      folder: Path, rho: float | None = None) -> list[Path] | None:
-    """One scatter plot of test loss against each measure over the counted nets, in ``folder``.
-
-    The vertical axis names the measure, metric, order and ``rho``; the title holds our Kendall
-    taus with the bootstrap interval of tau-b (the paper's values are compared in a table of
-    their own), or says that a diagnostic row is not a measure; an axis spanning many decades
-    gets a note.
-    """
+    """One scatter plot of test loss against each measure over the counted nets, in ``folder``,
+    titled with our Kendall taus and tau-b's bootstrap interval (or saying that a diagnostic
+    row is not a measure)."""
     counted_records = [r for r in records if r["model"] in counted]
     titles = {spec.name: "diagnostic, outside the expansion's validity (not a measure)"
               for spec in MEASURES if spec.diagnostic}
@@ -218,11 +180,6 @@ def scatter_measures(records: Sequence[dict[str, Any]], counted: Sequence[int],
         titles=titles,
         y_labels={spec.name: measure_axis_label(spec, rho) for spec in MEASURES},
         notes={spec.name: _MIX_NOTE for spec in MEASURES if spec.diagnostic})
-
-
-def tau_text(value: float | None) -> str:
-    """A tau for a plot title: signed, two decimals, or ``"undefined"``."""
-    return "undefined" if value is None else f"{value:+.2f}"
 
 
 def tau_lines(result: StudyResult) -> list[str]:

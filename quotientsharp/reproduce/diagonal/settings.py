@@ -1,9 +1,4 @@
-"""``reproduce diagonal``: the settings, everything that determines the study's numbers.
-
-:class:`DiagonalSettings` holds the problem sizes, the ranges of the per-net draws, the stopping
-rule of training and the sharpness settings, checks them, and gives the reduced ``--quick``
-variant. The study is described in :mod:`quotientsharp.reproduce.diagonal.entry`.
-"""
+"""``reproduce diagonal``: the settings, everything that determines the study's numbers."""
 
 from __future__ import annotations
 
@@ -31,37 +26,14 @@ def _positive_range(name: str, value: Sequence[float]) -> tuple[float, float]:
 @dataclass(frozen=True)
 class DiagonalSettings:
     """Everything that determines the study's numbers (see
-    :mod:`quotientsharp.reproduce.diagonal.entry`).
-
-    Attributes
-    ----------
-    nets, d, n_train, n_test, support
-        Number of nets, input dimension, training and test set sizes, nonzeros of ``beta*``.
-    init_scale, learning_rate
-        Log-uniform ranges of the per-net initialisation scale ``a`` and learning rate.
-    batch_sizes
-        Per-net batch size, uniform over these (each must divide ``n_train``).
-    target_loss, max_steps, check_every, schedule_epochs
-        Stopping rule (full training loss below ``target_loss``, checked every ``check_every``
-        steps, at most ``max_steps``) and length of the repeating minibatch schedule.
-    rho, n_iter, sharpness_batch_size
-        Radius of every measure, Auto-PGD steps, size of the training batches of the measure.
-    seed
-        Seeds every random draw (data, hyperparameters, schedules).
-    data_seed
-        Seeds the regression problem alone (``beta*``, the training and test inputs), so that
-        the same hyperparameter draws meet other data; ``None``: ``seed``.
-    training_sets
-        ``"shared"`` (one training set for every net, the paper's protocol) or ``"per_net"``
-        (each net draws its own training inputs, for the same ``beta*`` and test set).
-    reference_iterations, reference_restarts
-        The strong reference ascent beside Auto-PGD: steps per run and restarts (a run from
-        ``xi = 0`` comes first; for adaptive and inv the first two restarts start from the
-        maximiser of the loss's quadratic model and its negative, the others at random).
-    bootstrap
-        Bootstrap resamples of the nets for the 95 % intervals of every tau.
-    variant
-        ``"full"`` or ``"quick"`` (only recorded).
+    :mod:`quotientsharp.reproduce.diagonal.entry`): the sizes; the log-uniform ranges of the
+    per-net initialisation scale and learning rate and the batch sizes drawn from (divisors of
+    ``n_train``); the stopping rule (training loss below ``target_loss``, checked every
+    ``check_every`` steps, at most ``max_steps``) and the epochs of the repeating minibatch
+    schedule; the measures' radius, Auto-PGD steps and batch size; ``seed`` of every draw and
+    ``data_seed`` of the regression problem alone (``None``: ``seed``); ``training_sets``
+    ``"shared"`` (the paper's protocol) or ``"per_net"``; the strong reference ascent's steps
+    and restarts; the bootstrap resamples of every tau's 95 % interval; ``variant`` (recorded).
     """
 
     nets: int = 50

@@ -1,9 +1,4 @@
-"""``reproduce diagonal``: the study driver, train, measure, then write every output.
-
-:func:`diagonal_study` runs (or resumes) the whole study, under torchrun too: training on
-rank 0, the measures dealt over the ranks, every file written by rank 0. The study is described in
-:mod:`quotientsharp.reproduce.diagonal.entry`.
-"""
+"""``reproduce diagonal``: the study driver (training on rank 0, measures over the ranks)."""
 
 from __future__ import annotations
 
@@ -55,59 +50,26 @@ from quotientsharp.workflows.resumable import ResumableRun, rank0_value
 
 
 def diagonal_study(settings: DiagonalSettings, out: Path, *, resume: bool = False,
-              progress: bool | None = None, plots: bool = True, docs: Path | None = None,
-              threads: int | None = 1,
-              on_record: Callable[[str, int], None] | None = None) -> StudyResult:
+                   progress: bool | None = None, plots: bool = True, docs: Path | None = None,
+                   threads: int | None = 1,
+                   on_record: Callable[[str, int], None] | None = None) -> StudyResult:
     """Run (or resume) the study and write every output (see
     :mod:`quotientsharp.reproduce.diagonal.entry`).
 
-    Parameters
-    ----------
-    settings
-        :class:`DiagonalSettings`.
-    out
-        Results folder.
-    resume
-        Keep finished nets (settings must match ``run.json``).
-    progress
-        tqdm bars (``None``: on a terminal only).
-    plots
-        Write the scatter plots (needs matplotlib).
-    docs
-        A docs folder with the results-page renderer: write the page data, render
-        ``docs/results/diagonal.md`` from it and regenerate ``docs/results.md`` (a folder
-        without the renderer is refused before the study runs).
-    threads
-        torch threads during the run (restored afterwards; ``None`` leaves them). The tensors
-        are small: one thread was measured fastest on a shared 2-core machine.
-    on_record
-        Called with ``("trained" | "model", index)`` after each record is written (on rank 0).
+    ``resume`` keeps the finished nets (settings must match ``run.json``); ``docs`` is a docs
+    folder with the results-page renderer (refused before the study runs without one);
+    ``threads`` are torch threads during the run (restored afterwards; ``None`` leaves them:
+    the tensors are small, one thread was measured fastest on a shared 2-core machine);
+    ``on_record`` is called on rank 0 with ``("trained" | "model", index)`` after each record.
 
-    Under torchrun (an initialised process group of ``W > 1`` ranks) call it on every rank with
-    the same arguments; every rank returns the same result, and the values equal those of one
-    process bit for bit. How the work is split, and why there:
-
-    - training runs on rank 0 alone, as one batched computation over every net still to train
-      (exactly as in one process), and the trained nets are broadcast. It is not split over
-      nets because each net's rounding depends on the shape of the batch it trains in (the
-      matrix products take other code paths for other row counts: training the 12 quick nets
-      in batches of 1 to 3 instead of 12 changes the last bits of ``u``, ``v`` and the final
-      loss), and splitting while keeping the full batch shape would not shorten the training,
-      whose length is set by the slowest net;
-    - the measures are dealt over the ranks
-      (:func:`~quotientsharp.workflows.process_group.shard` over :data:`MEASURES`): each rank
-      calls :func:`measure_nets` for its measures on every net,
-      so each measure runs on the same ``[nets, batches]`` problem as in one process, and the
-      per-measure values are all-gathered;
-    - the records of the measured nets are units of work of the runner every study uses
-      (:class:`~quotientsharp.workflows.resumable.ResumableRun`): each net's record is made
-      from the batched values above (shared with every rank) and written to ``models.jsonl``
-      (under torchrun to its rank's shard, folded in at the end), ``models.csv`` mirroring
-      them; ``--resume`` skips the nets that have a record;
-    - rank 0 alone writes the rest: ``run.json``, ``trained.jsonl`` (each net as it stops),
-      plots and sections. A finished record is on disk as soon as it is in one process, so an
-      interrupted run resumes, under any number of ranks or none, exactly as an interrupted
-      single-process run does.
+    Under torchrun call it on every rank with the same arguments: every rank returns the same
+    result, equal bit for bit to one process's. Training runs on rank 0 alone, one batched
+    computation as in one process (a net's rounding depends on the shape of the batch it
+    trains in, and the slowest net sets the training's length anyway); the measures are dealt
+    over the ranks (each runs its measures on every net, the same ``[nets, batches]`` problem
+    as in one process) and all-gathered. The records are units of the resumable runner (each
+    rank writes its share, folded in at the end); rank 0 writes the rest. A finished record is
+    on disk as soon as in one process, so a run resumes under any number of ranks.
     """
     if docs is not None:
         check_renderer(docs)
@@ -183,14 +145,8 @@ def _train(settings: DiagonalSettings, run: ResumableRun[int], problem: Diagonal
            progress: bool | None, on_record: Callable[[str, int], None] | None
            ) -> tuple[dict[int, TrainedNet], list[int], float]:
     """Rank 0: record the draws in ``run.json``, then train every net that has neither a
-    record nor a trained state (each appended to ``trained.jsonl`` as it stops).
-
-    Returns
-    -------
-    tuple
-        ``(trained, to_train, seconds)``: every net's trained state by index, the nets trained
-        now, the training time.
-    """
+    record nor a trained state (each appended to ``trained.jsonl`` as it stops); every net's
+    trained state by index, the nets trained now and the training time."""
     directory = run.rank0_folder()
     directory.save_run_info(
         hyperparameters=[asdict(h) for h in hyper],
@@ -224,13 +180,9 @@ def _train(settings: DiagonalSettings, run: ResumableRun[int], problem: Diagonal
 def _measure(settings: DiagonalSettings, problem: DiagonalProblem, nets: list[TrainedNet],
              indices: list[int], world_size: int, progress: bool | None
              ) -> dict[int, dict[str, list[float]]]:
-    """The per-batch values of every measure and extra on the trained ``nets`` (all
-    converged or not, none diverged), by net index (``indices``), on every rank.
-
-    The measures run batched over ``[nets, batches]``, under torchrun dealt over the ranks
-    (each rank runs its measures on every net) and all-gathered; the extras (exact maxima,
-    strong reference ascent, population loss) run on rank 0 and are shared.
-    """
+    """The per-batch values of every measure and extra on the trained, not diverged ``nets``,
+    by net index (``indices``), on every rank: the measures dealt over the ranks and
+    all-gathered, the extras run on rank 0 and shared."""
     from quotientsharp.workflows.process_group import gather_indexed, run_on_rank0, shard
 
     u = torch.tensor([net.u for net in nets], dtype=torch.float64)

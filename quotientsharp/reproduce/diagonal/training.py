@@ -1,9 +1,4 @@
-"""``reproduce diagonal``: training every diagonal net at once, and their test losses.
-
-:func:`train_nets` trains all nets as one ``[nets, d]`` tensor (per-net learning rates and
-minibatch schedules, each net frozen as soon as it reaches the target loss or diverges), and
-:func:`compute_test_losses` gives each trained net's test loss.
-"""
+"""``reproduce diagonal``: training every diagonal net at once, and their test losses."""
 
 from __future__ import annotations
 
@@ -66,18 +61,8 @@ DIVERGENCE_LOSS = 1e6
 
 def _stop_nets(step: int, residual: torch.Tensor, active: torch.Tensor, u: torch.Tensor,
                v: torch.Tensor, settings: DiagonalSettings) -> list[TrainedNet]:
-    """At a check of step ``step``: the active nets that stop now (converged, diverged, or
-    at the last step), in index order.
-
-    Parameters
-    ----------
-    residual
-        ``shape=[nets, n]``, the training residuals of every net.
-    active
-        ``shape=[nets]``, bool: the nets still training.
-    u, v
-        ``shape=[nets, d]``: the factors.
-    """
+    """At a check of step ``step``: the ``active`` nets that stop now (converged, diverged,
+    or at the last step), in index order, from the residuals ``shape=[nets, n]``."""
     loss = residual.square().mean(-1)
     healthy = torch.isfinite(loss) & (loss < DIVERGENCE_LOSS)
     reached = active & (loss < settings.target_loss)
@@ -94,17 +79,12 @@ def train_nets(problem: DiagonalProblem, hyper: Sequence[Hyperparameters],
                settings: DiagonalSettings, finished: dict[int, TrainedNet] | None = None,
                on_trained: Callable[[TrainedNet], None] | None = None,
                progress: bool | None = False) -> dict[int, TrainedNet]:
-    """Train every net not in ``finished``, all together (leading dimension = all nets).
+    """Train every net not in ``finished``, all together; model index -> :class:`TrainedNet`
+    for the nets trained here, each passed to ``on_trained`` as soon as it stops.
 
     Nets in ``finished`` sit in the batch frozen at their saved values, so every other net's
     rows go through exactly the same matrix products as in an uninterrupted run (a product's
-    rounding depends on its shapes, not on the other rows' values). ``on_trained`` is called
-    with each net as soon as it stops.
-
-    Returns
-    -------
-    dict
-        Model index -> :class:`TrainedNet`, for the nets trained here.
+    rounding depends on its shapes, not on the other rows' values).
     """
     finished = finished or {}
     nets, dtype = len(hyper), torch.float64

@@ -1,35 +1,24 @@
 """``quotientsharp reproduce bert``: sharpness vs generalisation on a family of small BERTs.
 
-The paper's MNLI study (35 BERT-base fine-tunes) scaled down to what runs offline on two CPU
-cores, on a generated task whose rule needs attention ("does A come before B?"):
+The paper's MNLI study (35 BERT-base fine-tunes) scaled down to two CPU cores, offline, on a
+generated task whose rule needs attention ("does A come before B?"):
 
 - vocabulary of 50 tokens: 0 = padding (unused), 1 = ``[CLS]``, 2 = ``A``, 3 = ``B``,
-  4..49 = 46 filler tokens. Each sequence has length 16: ``[CLS]`` at position 0, then 15 tokens
-  of which exactly one is ``A`` and one is ``B`` at two distinct random positions, the others
-  fillers drawn uniformly (with repetition). Clean label: 1 if ``A`` comes before ``B``, else 0
-  (balanced). Label noise: each label is flipped independently with probability
-  ``p = 0.1``, in the training pool and the test set alike (a noisy distribution: the Bayes
-  test error is 0.1). Deciding the label requires relating two positions chosen at random, so
-  a bag-of-tokens model cannot beat chance;
-- data: a training pool of 2048 and a test set of 1024 sequences from ``torch.Generator``
-  seed 0 (the same for every model);
+  4..49 = fillers. Each sequence: ``[CLS]``, then 15 tokens, one ``A`` and one ``B`` at two
+  distinct random positions, uniform fillers elsewhere. Label: 1 if ``A`` comes before ``B``
+  (balanced), flipped with probability 0.1 in the pool and the test set alike (Bayes test
+  error 0.1); a bag-of-tokens model cannot beat chance;
+- data: a training pool of 2048 and a test set of 1024 sequences, ``torch.Generator`` seed 0;
 - models: ``transformers.BertForSequenceClassification`` (eager attention), hidden size 32,
   2 layers, 4 heads of dimension 8, intermediate size 64, 16 positions, dropout 0; ~26k
   parameters;
-- per model ``i``, drawn from ``numpy.random.default_rng([seed, i])``: learning rate
-  log-uniform in [5e-4, 5e-3], weight decay log-uniform in [1e-4, 1e-1], epochs uniform in
-  [15, 40], label smoothing uniform in [0, 0.2], training-set size uniform in [256, 1536];
-  AdamW, batch 64, 5% warm-up then cosine decay;
-- generalisation gap: test error - train error (0-1, against the noisy labels);
-- sharpness on the first 256 pool sequences (in every training set), 4 batches of 64, Auto-PGD
-  with 20 steps: adaptive (rho 0.1), plain L2 worst case (rho 0.02), geodesic inv (rho 0.1) and
-  mix (rho 0.02) at orders 1 and 2, relative flatness of the classifier;
-- 32 models; ``--quick``: 6 models, 4-8 epochs on 256-400 sequences, 64 sharpness points in 2
-  batches of 32, 3 ascent steps.
-
-The radii are those of the ViT study (fixed once from pilot models, never adjusted to the
-correlations). Budget: about 18 s of one core per model (~10 min for 32 models on an idle
-2-core machine).
+- per model ``i``, from ``numpy.random.default_rng([seed, i])``: learning rate log-uniform in
+  [5e-4, 5e-3], weight decay log-uniform in [1e-4, 1e-1], epochs uniform in [15, 40], label
+  smoothing uniform in [0, 0.2], training-set size uniform in [256, 1536]; AdamW, batch 64, 5%
+  warm-up then cosine decay; gap: test error - train error (0-1, against the noisy labels);
+- sharpness as in ``reproduce vit`` (its radii and measures) on the first 256 pool sequences;
+- 32 models, about 18 s of one core each; ``--quick``: 6 models, 4-8 epochs on 256-400
+  sequences, 64 sharpness points in 2 batches of 32, 3 ascent steps.
 
 Outputs in ``--out`` (default ``results/bert``), as for ``reproduce vit``; with ``--docs docs``
 the section ``docs/results/bert.md`` and the regenerated ``docs/results.md``.
@@ -86,26 +75,9 @@ QUICK = FamilySettings(
 
 
 def generate_sequences(count: int, generator, noise: float = LABEL_NOISE):
-    """``count`` sequences of the "A before B" task and their noisy labels.
-
-    Parameters
-    ----------
-    count
-        Number of sequences.
-    generator
-        A CPU ``torch.Generator``.
-    noise
-        Probability of flipping each label.
-
-    Returns
-    -------
-    input_ids : Tensor
-        ``shape=[count, 16]``, int64.
-    labels : Tensor
-        ``shape=[count]``, int64 in {0, 1} (after the flips).
-    clean_labels : Tensor
-        ``shape=[count]``, the rule's labels before the flips.
-    """
+    """``count`` sequences of the "A before B" task from a CPU ``torch.Generator``: the
+    ``input_ids`` (``shape=[count, 16]``), the labels each flipped with probability ``noise``
+    and the clean labels (``shape=[count]``, int64 in {0, 1})."""
     import torch
 
     if not 0.0 <= noise <= 0.5:
@@ -152,8 +124,7 @@ def build_model(num_labels: int):
     """A fresh ``BertForSequenceClassification`` of :data:`MODEL_CONFIG` (seed torch first)."""
     from transformers import BertConfig, BertForSequenceClassification
 
-    # num_labels: transformers 5 wraps a config's __init__ to take PretrainedConfig's keyword
-    # arguments, which the typed signature it shows mypy leaves out
+    # num_labels: transformers 5's typed config signature leaves PretrainedConfig's out
     return BertForSequenceClassification(BertConfig(num_labels=num_labels, **MODEL_CONFIG))  # type: ignore[call-arg]
 
 
@@ -174,8 +145,6 @@ STUDY = FamilyStudy(
 
 
 def run(config: FamilyConfig) -> int:
-    """Run the study (see the module docstring); the exit status: 0 done, 2 for a setting
-    refused at run time or an unusable folder (printed to stderr), 130 interrupted; a
-    ``TypeError`` for another class than ``FamilyConfig``
+    """Run the study (the module docstring); the exit status
     (:func:`~quotientsharp.reproduce.families.run.run_family_study`)."""
     return run_family_study(STUDY, config)

@@ -1,10 +1,4 @@
-"""Family studies (ViT, BERT): the data, a training pool and a test set, and the sharpness batches.
-
-:class:`ClassificationData` holds a family's keyword inputs and labels; model ``i`` trains on the
-first ``train_size_i`` points of the pool, and :func:`sharpness_batches` cuts the first
-``sharpness_points`` pool points, inside every training set, into the fixed sharpness batches.
-The protocol is described in :mod:`quotientsharp.reproduce.families.transformer_common`.
-"""
+"""Family studies: a training pool and a test set, and the fixed sharpness batches."""
 
 from __future__ import annotations
 
@@ -13,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from quotientsharp.engine.options import check_int
 
 Inputs = dict[str, torch.Tensor]
 
@@ -68,14 +64,8 @@ def take(inputs: Mapping[str, torch.Tensor], index: torch.Tensor | slice) -> Inp
 
 
 def sharpness_batches(data: ClassificationData, points: int, batch_size: int) -> list[dict]:
-    """The fixed sharpness batches: the first ``points`` pool points, ``batch_size`` at a time.
-
-    Returns
-    -------
-    list[dict]
-        HuggingFace-style batches (keyword inputs plus ``"labels"``), ``points / batch_size`` of
-        them (``points`` must be a multiple of ``batch_size``).
-    """
+    """The fixed sharpness batches: the first ``points`` pool points (a multiple of
+    ``batch_size``), ``batch_size`` at a time, as keyword inputs plus ``"labels"``."""
     if points < 1 or batch_size < 1 or points % batch_size:
         raise ValueError(f"sharpness points ({points}) must be a positive multiple of the "
                          f"sharpness batch size ({batch_size})")
@@ -87,18 +77,11 @@ def sharpness_batches(data: ClassificationData, points: int, batch_size: int) ->
             for start in range(0, points, batch_size)]
 
 
-
 def shuffled_pool(data: ClassificationData, seed: int) -> ClassificationData:
-    """The same data with the training pool in the order of a permutation drawn from
-    ``torch.Generator().manual_seed(seed)`` (test set unchanged).
-
-    A study seed's new draw of the data: each model's training set (the first
-    ``train_size`` pool points) and the sharpness set (the first ``sharpness_points``) are
-    then new samples of the pool, while every model of the seed still shares the sharpness set
-    and every training set still contains it.
-    """
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    """The same data with the training pool permuted by ``torch.Generator().manual_seed(seed)``
+    (test set unchanged): a study seed's new training sets and sharpness set, which every
+    training set still contains."""
+    seed = check_int("seed", seed, 0)
     order = torch.randperm(data.pool_size, generator=torch.Generator().manual_seed(seed))
     order = order.to(data.train_labels.device)
     return ClassificationData(take(data.train_inputs, order), data.train_labels[order],

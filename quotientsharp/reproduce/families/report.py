@@ -1,15 +1,9 @@
-"""Family studies (ViT, BERT): the per-model CSV columns, the Kendall taus and the page data.
-
-:func:`csv_columns` names the columns of ``models.csv``, :func:`tau_rows` computes Kendall's tau
-between the generalisation gap and each measure, with 95% percentile bootstrap intervals over
-the models, next to the paper's value, :func:`confound_rows` the same taus between the gap and
-each drawn hyperparameter, and :func:`page_data` gathers what the study's page shows (the
-renderer ``docs/_hooks/results_pages/families.py`` turns it into ``docs/results/<study>.md``).
-"""
+"""Family studies: the CSV columns, the Kendall taus of the gap against each measure and each
+drawn hyperparameter, and the page data (rendered by ``docs/_hooks/results_pages/families.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypedDict
 
 from quotientsharp.reproduce.families.measures import MeasureSpec
@@ -17,8 +11,7 @@ from quotientsharp.reproduce.families.settings import FamilyStudy
 
 
 def spec_label(spec: MeasureSpec, greek: bool = True) -> str:
-    """The readable name of a measure of the study: measure, metric, order, radius and (when
-    not 0) the Gram relaxation eps."""
+    """The readable name of a measure: measure, metric, order, radius and eps (when not 0)."""
     from quotientsharp.workflows.labels import measure_label
 
     label = measure_label(spec.measure, metric=spec.options.get("metric"),
@@ -45,8 +38,7 @@ CONFOUNDS = ("learning_rate", "weight_decay", "epochs", "label_smoothing", "trai
 
 def csv_columns(specs: Sequence[MeasureSpec],
                 hyperparameters: Sequence[str] = ()) -> list[str]:
-    """Columns of the per-model CSV (per-batch values stay in the JSONL file);
-    ``hyperparameters``: drawn ones beyond the standard five (``batch_size``, ...)."""
+    """Columns of ``models.csv``; ``hyperparameters``: drawn ones beyond the standard five."""
     return (["index", "learning_rate", "weight_decay", "epochs", "label_smoothing",
              "train_size", *hyperparameters, "init_seed", "parameters",
              "final_train_objective", "train_error", "test_error", "gap", "train_loss",
@@ -55,8 +47,7 @@ def csv_columns(specs: Sequence[MeasureSpec],
 
 
 def _taus(gaps: Sequence[float], values: Sequence[float]) -> dict[str, Any]:
-    """Tau-a, tau-b and their bootstrap intervals (``None`` where undefined; pairs with a NaN
-    left out), by :func:`~quotientsharp.workflows.taus.tau_interval`."""
+    """Tau-a, tau-b and their bootstrap intervals (``None`` where undefined; NaN pairs out)."""
     from quotientsharp.workflows.taus import tau_interval, without_nan
 
     kept = without_nan(gaps, values)
@@ -69,32 +60,35 @@ def _taus(gaps: Sequence[float], values: Sequence[float]) -> dict[str, Any]:
             "tau_b_interval": None if tau.b_low is None else [tau.b_low, tau.b_high]}
 
 
+#: ``(gaps, values) -> row fields``: the taus and intervals of one measure or hyperparameter.
+TauFields = Callable[[Sequence[float], Sequence[float]], dict[str, Any]]
+
+
 def tau_rows(records: Sequence[Mapping[str, Any]], specs: Sequence[MeasureSpec],
-             paper: Mapping[str, float]) -> list[dict[str, Any]]:
+             paper: Mapping[str, float], taus: TauFields = _taus) -> list[dict[str, Any]]:
     """Kendall tau-a and tau-b between the gap and each measure, with 95% bootstrap intervals
-    (:data:`BOOTSTRAP`), next to the paper's value."""
-    gaps = [r["gap"] for r in records]
+    (:data:`BOOTSTRAP`; ``taus``: another estimate), next to the paper's value."""
+    gaps = [float(r["gap"]) for r in records]
     return [{"key": spec.key, "measure": spec.label, "rho": spec.rho,
-             **_taus(gaps, [r[spec.key] for r in records]),
+             **taus(gaps, [float(r[spec.key]) for r in records]),
              "paper": paper.get(spec.paper_key) if spec.paper_key else None}
             for spec in specs]
 
 
-def confound_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Kendall taus between the gap and each drawn hyperparameter (:data:`CONFOUNDS` present
-    in the records), with bootstrap intervals: how much of the gap the recipe alone ranks."""
-    gaps = [r["gap"] for r in records]
+def confound_rows(records: Sequence[Mapping[str, Any]],
+                  taus: TauFields = _taus) -> list[dict[str, Any]]:
+    """Kendall taus between the gap and each drawn hyperparameter of :data:`CONFOUNDS`, with
+    bootstrap intervals: how much of the gap the recipe alone ranks."""
+    gaps = [float(r["gap"]) for r in records]
     names = [name for name in CONFOUNDS if records and all(name in r for r in records)]
-    return [{"hyperparameter": name, **_taus(gaps, [float(r[name]) for r in records])}
+    return [{"hyperparameter": name, **taus(gaps, [float(r[name]) for r in records])}
             for name in names]
 
 
 def ablation_rows(records: Sequence[Mapping[str, Any]],
                   specs: Sequence[MeasureSpec]) -> list[dict[str, Any]]:
-    """Per-model ratios that size the geodesic ablations: order 2 over order 1 (what the
-    second-order term adds to the corrected norm), and each Gram relaxation ``eps`` over
-    ``eps = 0`` (order 2), per metric; median, minimum and maximum over the models whose
-    denominator is positive (``count`` of them)."""
+    """Per metric, the median, min and max over the models (with a positive denominator) of
+    order 2 over order 1 and of each Gram relaxation ``eps`` over ``eps = 0`` (order 2)."""
     import statistics
 
     keys = {spec.key: spec for spec in specs}
@@ -122,10 +116,8 @@ def ablation_rows(records: Sequence[Mapping[str, Any]],
 
 def solver_rows(records: Sequence[Mapping[str, Any]],
                 specs: Sequence[MeasureSpec]) -> list[dict[str, Any]]:
-    """Per ascent measure, how far its values can be trusted over the models and batches
-    (:func:`quotientsharp.workflows.report.solver_quality`, with the measure's readable
-    ``measure`` name); measures without reach or locality (records written before these were
-    kept) are left out."""
+    """Per ascent measure, :func:`quotientsharp.workflows.report.solver_quality` over the
+    models and batches; measures without reach or locality (older records) are left out."""
     from quotientsharp.workflows.report import solver_quality
 
     rows = []
@@ -137,11 +129,6 @@ def solver_rows(records: Sequence[Mapping[str, Any]],
             continue
         rows.append({"measure": spec_label(spec), **quality})
     return rows
-
-
-def seeded_folder(name: str, quick: bool) -> str:
-    """Default results folder of a study over several study seeds."""
-    return f"results/{name}-seeds" + ("-quick" if quick else "")
 
 
 def device_text(device: str) -> str:
@@ -161,35 +148,12 @@ def page_data(study: FamilyStudy, settings: Mapping[str, Any],
               confounds: Sequence[Mapping[str, Any]] = (), device: str = "cpu",
               pretrained_note: str = "", specs: Sequence[MeasureSpec] = (),
               seeded: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """What the study's page shows, as JSON values (the ``page`` of its page data,
-    :func:`quotientsharp.reproduce.results_page.page_document`).
-
-    Parameters
-    ----------
-    study
-        The family (its name, title and the words of its page).
-    settings
-        The run's settings (``run.json``).
-    records
-        Every model's record, diverged ones included.
-    taus
-        :func:`tau_rows` of the counted models (pooled ones with several study seeds).
-    wall_seconds, threads, resumed, world_size
-        The run's wall time, torch threads, whether it was resumed, ranks under torchrun.
-    confounds
-        :func:`confound_rows`.
-    device
-        Where it ran (:func:`device_text` describes it).
-    pretrained_note
-        A line on the common pretrained start.
-    specs
-        The measures, for the solver quality (:func:`solver_rows`) and the ablation sizes
-        (:func:`ablation_rows`).
-    seeded
-        The statistics of a study over several study seeds,
-        :func:`~quotientsharp.reproduce.families.seeds_report.seeded_statistics`, whose tables
-        replace the single-seed ones.
-    """
+    """What the study's page shows, as JSON values (the ``page`` of
+    :func:`quotientsharp.reproduce.results_page.page_document`): the study's words, its
+    ``settings``, every model's record (diverged ones included), the ``taus`` and
+    ``confounds`` (pooled with several study seeds, whose statistics ``seeded`` replace the
+    single-seed tables), the run's wall time, threads, resumption, ranks and ``device``, the
+    pretrained start's note, and per measure of ``specs`` the solver quality and ablations."""
     from quotientsharp.reproduce.families.seeds_report import FAMILY_WISE_LEVEL
 
     counted = [r for r in records if not r["diverged"]]

@@ -1,12 +1,5 @@
-"""Family studies (ViT, BERT): the study driver, from the drawn models to every output.
-
-:func:`family_study` hands the training and measuring of each model to the runner of every
-study (:class:`~quotientsharp.workflows.resumable.ResumableRun`: one record per model, written
-as it finishes, dealt over the ranks under torchrun), then writes the taus, plots and page
-data (``page.json``; with ``docs``, the page rendered from it); :func:`run_family_study` runs
-it for a study's configuration. The protocol is in
-:mod:`quotientsharp.reproduce.families.transformer_common`.
-"""
+"""The driver of every family study: train and measure each model as a unit of the runner of
+every study, then write the taus, plots and page data (the protocol: :mod:`.families`)."""
 
 from __future__ import annotations
 
@@ -19,6 +12,7 @@ from typing import Any
 
 import torch
 
+from quotientsharp.engine.options import check_int
 from quotientsharp.reproduce.command import run_study_command
 from quotientsharp.reproduce.config import FamilyConfig, check_config
 from quotientsharp.reproduce.families.data import (
@@ -37,7 +31,6 @@ from quotientsharp.reproduce.families.report import (
     confound_rows,
     csv_columns,
     page_data,
-    seeded_folder,
     spec_label,
     tau_rows,
 )
@@ -53,17 +46,10 @@ from quotientsharp.workflows.records import ResultsDirectory
 from quotientsharp.workflows.resumable import ResumableRun
 
 
-def _check_positive(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return value
-
-
 def default_out(name: str, quick: bool, study_seeds: int | None) -> Path:
     """Default results folder: ``results/<name>[-seeds][-quick]``."""
-    if study_seeds is not None:
-        return Path(seeded_folder(name, quick))
-    return Path(f"results/{name}-quick" if quick else f"results/{name}")
+    return Path(f"results/{name}" + ("" if study_seeds is None else "-seeds")
+                + ("-quick" if quick else ""))
 
 
 def train_family_model(study: FamilyStudy, data: ClassificationData, variant: FamilySettings,
@@ -77,8 +63,7 @@ def train_family_model(study: FamilyStudy, data: ClassificationData, variant: Fa
     -------
     tuple
         ``(model, record)``: the trained model (``None`` when training diverged, which the
-        record says with its reason) and the record so far (hyperparameters, parameter count,
-        training time, train and test errors and losses, gap).
+        record says with its reason) and its record (hyperparameters, errors, losses, gap).
     """
     hyper = draw_hyperparameters(variant.space, seed, index)
     torch.manual_seed(hyper.init_seed)
@@ -113,25 +98,18 @@ def _model_record(study: FamilyStudy, data: ClassificationData, variant: FamilyS
                   specs: Sequence[MeasureSpec], batches: Sequence[Any], seed: int,
                   index: int, status: Callable[[str], None],
                   start_weights: Any = None) -> dict[str, Any]:
-    """Train and measure model ``index``; a diverged training is recorded, not retried.
-    ``start_weights``: the pretrained start of a fine-tuning family."""
+    """Train and measure model ``index``; a diverged training is recorded, not retried."""
     model, record = train_family_model(study, data, variant, seed, index, status,
                                        start_weights)
     if model is None:
         return record
     start = time.perf_counter()
-
-    def tick(key: str) -> None:
-        status(f"model {index}: {key} done")
-
-    measured = measure_model(model, batches, specs, variant.n_iter, tick=tick)
+    measured = measure_model(model, batches, specs, variant.n_iter,
+                             tick=lambda key: status(f"model {index}: {key} done"))
     for key, result in measured.items():
         record[key] = result["value"]
-        record[f"{key}_per_batch"] = result["per_batch"]
-        record[f"{key}_seconds"] = result["seconds"]
-        record[f"{key}_reach"] = result["reach"]
-        record[f"{key}_locality"] = result["locality"]
-        record[f"{key}_evaluations"] = result["evaluations"]
+        for field in ("per_batch", "seconds", "reach", "locality", "evaluations"):
+            record[f"{key}_{field}"] = result[field]
     record["measure_seconds"] = time.perf_counter() - start
     return record
 
@@ -155,61 +133,41 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
                  progress: bool | None = None, plots: bool = True, docs: Path | None = None,
                  threads: int = 1, device: str = "cpu",
                  measuring: Mapping[str, int | None] | None = None) -> FamilyOutcome:
-    """Run (or resume) a family study and write every output (see
-    :mod:`quotientsharp.reproduce.families.transformer_common`).
+    """Run (or resume) a family study and write every output.
 
-    Under torchrun (an initialised process group of ``W > 1`` ranks), call it on every rank
-    with the same arguments; every rank returns the same outcome. Each model is a unit of work
-    of :class:`~quotientsharp.workflows.resumable.ResumableRun`, the runner of every study:
-    the models still missing are dealt round-robin over the ranks, each trained and measured
-    whole on its rank from seeds that depend on ``(seed, index)`` only, so its record is the
-    one a single process computes; each record is on disk (``models.jsonl``, or rank ``r``'s
-    shard ``models.rank{r}.jsonl``) as soon as it is computed, rank 0 mirrors every rank's
-    finished models in ``models.csv`` and ``run.json``, and at the end folds the shards into
-    ``models.jsonl`` (sorted by index, the single-process order). ``--resume``, under any
-    number of ranks or none, computes exactly the missing models.
+    Each model is a unit of :class:`~quotientsharp.workflows.resumable.ResumableRun`, the
+    runner of every study (records on disk as they finish, ``resume``, ranks under torchrun:
+    call it on every rank with the same arguments); a model depends on ``(seed, index)`` only,
+    so its record is the one a single process computes.
 
     Parameters
     ----------
     study
         The family.
     out
-        Results folder (default ``results/<name>`` or ``results/<name>-quick``).
-    quick
-        The reduced variant.
-    models
-        Number of models (default the variant's).
-    seed
-        Study seed (the first one with ``study_seeds``).
+        Results folder (default ``results/<name>[-seeds][-quick]``).
+    quick, models, seed
+        The reduced variant; the number of models (default the variant's); the study seed
+        (the first one with ``study_seeds``).
     study_seeds
-        ``None``: one study seed, ``seed``, on the pool in its own order (the single-seed
-        study). ``S >= 1``: the study seeds ``seed, ..., seed + S - 1``, ``models`` models
-        each; each seed draws its models' hyperparameters and initialisations from
-        ``(study seed, index)`` and its own order of the training pool
-        (:func:`~quotientsharp.reproduce.families.data.shuffled_pool`), so training sets and
-        sharpness set are new draws too. One unit of the runner per (seed, model); the
-        records carry ``study_seed`` and ``index``, keyed by ``unit`` (``k * models + index``
-        for the ``k``-th seed). The taus are then per seed and pooled over the seeds with a
-        cluster bootstrap (:mod:`quotientsharp.reproduce.families.seeds_report`).
-    resume
-        Keep the finished models of the run in ``out`` (same settings required).
-    progress
-        tqdm bar (``None``: on a terminal only; rank 0 only under torchrun).
-    plots
-        Write the scatter plots.
+        ``None``: the single-seed study on the pool in its own order. ``S >= 1``: the study
+        seeds ``seed, ..., seed + S - 1``, ``models`` models each, each seed with its own order
+        of the training pool (:func:`~quotientsharp.reproduce.families.data.shuffled_pool`);
+        the records carry ``study_seed`` and ``unit`` (``k * models + index`` for the ``k``-th
+        seed), the taus are pooled with a cluster bootstrap
+        (:mod:`quotientsharp.reproduce.families.seeds_report`).
+    resume, progress, plots
+        Keep the finished models in ``out`` (same settings required); a tqdm bar (``None``: on
+        a terminal only; rank 0 only); write the scatter plots.
     docs
-        A docs folder with the results-page renderer: write the study's headline and page
-        data under ``docs/results/data/``, render ``docs/results/<name>.md`` from them and
-        regenerate ``docs/results.md`` (a folder without the renderer is refused before the
-        study runs).
-    threads
-        torch threads during the run, per rank (restored afterwards).
-    device
-        torch device of training and measuring (``"cuda"``: the whole study on the GPU; not
-        a setting, so a run may be resumed on another device; ``run.json`` records it).
+        A docs folder with the results-page renderer (else refused before the study runs):
+        write the headline and page data under ``docs/results/data/``, render the page.
+    threads, device
+        torch threads per rank (restored afterwards); torch device of training and measuring
+        (not a setting: a run may be resumed on another device).
     measuring
         Overrides of the variant's ``n_iter``, ``sharpness_points`` and
-        ``sharpness_batch_size`` (e.g. the paper's sizes on a GPU); they are settings.
+        ``sharpness_batch_size``; they are settings.
     """
     from quotientsharp.reproduce.results_page import check_renderer
     from quotientsharp.workflows.process_group import rank_and_world_size
@@ -217,12 +175,11 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
     if docs is not None:
         check_renderer(docs)
     variant = _measured_variant(study.quick if quick else study.full, measuring)
-    models = _check_positive("models", models if models is not None else variant.models)
-    threads = _check_positive("threads", threads)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    models = check_int("models", models if models is not None else variant.models, 1)
+    threads = check_int("threads", threads, 1)
+    seed = check_int("seed", seed, 0)
     seeds = [seed] if study_seeds is None else [
-        seed + k for k in range(_check_positive("study-seeds", study_seeds))]
+        seed + k for k in range(check_int("study-seeds", study_seeds, 1))]
     out = Path(out) if out is not None else default_out(study.name, quick, study_seeds)
     rank, world_size = rank_and_world_size()
     plan = _FamilyPlan(study, variant, quick, models, seeds, study_seeds is not None, out,
@@ -239,7 +196,11 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
     records, start_weights = _train_and_measure_all(plan, run, data, specs)
     ordered = list(records.values())
     counted = [r for r in ordered if not r["diverged"]]
-    taus, confounds, seed_stats = _family_taus(counted, specs, study.paper, plan.seeded)
+    # with several study seeds, the pooled taus replace those over all models (which would
+    # ignore the seeds)
+    seed_stats = seeded_statistics(counted, specs, study.paper) if plan.seeded else None
+    taus = tau_rows(counted, specs, study.paper) if seed_stats is None else seed_stats["pooled"]
+    confounds = confound_rows(counted) if seed_stats is None else seed_stats["confounds"]
     pretrained_note = ("" if study.pretrained is None or study.pretrained.describe is None
                        else study.pretrained.describe(start_weights))
 
@@ -273,16 +234,13 @@ class _FamilyPlan:
 def _measured_variant(variant: FamilySettings,
                       measuring: Mapping[str, int | None] | None) -> FamilySettings:
     """``variant`` with the measurement sizes of ``measuring`` that are given (checked)."""
-    overrides = {k: v for k, v in (measuring or {}).items() if v is not None}
+    overrides: dict[str, Any] = {k: v for k, v in (measuring or {}).items() if v is not None}
     unknown = set(overrides) - {"n_iter", "sharpness_points", "sharpness_batch_size"}
     if unknown:
         raise ValueError(f"measuring overrides {sorted(unknown)} are not sizes of a variant")
     for name, value in overrides.items():
-        _check_positive(name.replace("_", "-"), value)
-    return replace(variant, n_iter=overrides.get("n_iter", variant.n_iter),
-                   sharpness_points=overrides.get("sharpness_points", variant.sharpness_points),
-                   sharpness_batch_size=overrides.get("sharpness_batch_size",
-                                                      variant.sharpness_batch_size))
+        check_int(name.replace("_", "-"), value, 1)
+    return replace(variant, **overrides)
 
 
 def _rank_device(device: str, rank: int, world_size: int) -> str:
@@ -302,8 +260,7 @@ def _rank_device(device: str, rank: int, world_size: int) -> str:
 
 
 def _study_specs(study: FamilyStudy) -> list[MeasureSpec]:
-    """The measures of the family: the common ones, its eps sweep, restricted to its
-    ``measure_keys`` when it names some."""
+    """The family measures and its eps sweep, restricted to its ``measure_keys`` if any."""
     specs = family_measures(study.rhos["adaptive"], study.rhos["worst_case"],
                             study.rhos["inv"], study.rhos["mix"])
     specs += eps_sweep_measures(study.rhos["inv"], study.rhos["mix"], study.eps_sweep)
@@ -317,15 +274,14 @@ def _study_specs(study: FamilyStudy) -> list[MeasureSpec]:
 
 def _resumable_run(plan: _FamilyPlan, specs: Sequence[MeasureSpec], settings: dict[str, Any],
                    resume: bool, progress: bool | None) -> ResumableRun[int]:
-    """The runner of the study's models: one unit per (study seed, model), ``models.csv``
-    mirroring the finished ones."""
-    variant = plan.variant
+    """The runner: one unit per (study seed, model), ``models.csv`` mirroring the finished."""
+    space = plan.variant.space
     names = ["models.jsonl", "models.csv", "taus.json", "confounds.json", "page.json"]
     names += ["seeds.json"] if plan.seeded else []
     names += [f"scatter_{spec.key}.png" for spec in specs]
-    drawn = [name for name, bounds in (("batch_size", variant.space.batch_size),
-                                       ("warmup_fraction", variant.space.warmup),
-                                       ("rank", variant.space.rank))
+    drawn = [name for name, bounds in (("batch_size", space.batch_size),
+                                       ("warmup_fraction", space.warmup),
+                                       ("rank", space.rank))
              if bounds is not None]
     columns = (["unit", "study_seed"] if plan.seeded else []) + csv_columns(specs, drawn)
 
@@ -340,8 +296,8 @@ def _resumable_run(plan: _FamilyPlan, specs: Sequence[MeasureSpec], settings: di
 
 
 def _start_weights(plan: _FamilyPlan, rank: int) -> Any:
-    """The pretrained start of a fine-tuning family (``None`` for a family from scratch):
-    rank 0 computes and caches a self-pretrained start, the other ranks then read it back."""
+    """The pretrained start (``None`` from scratch): rank 0 computes and caches a
+    self-pretrained start first, the other ranks then read it back."""
     from quotientsharp.workflows.process_group import run_on_rank0
 
     pretrained = plan.study.pretrained
@@ -356,8 +312,8 @@ def _start_weights(plan: _FamilyPlan, rank: int) -> Any:
 def _train_and_measure_all(plan: _FamilyPlan, run: ResumableRun[int], data: ClassificationData,
                            specs: Sequence[MeasureSpec]
                            ) -> tuple[Mapping[int, dict[str, Any]], Any]:
-    """Open the folder and compute the missing models (with ``plan.threads`` torch threads,
-    restored afterwards); every model's record and the pretrained start."""
+    """Open the folder and compute the missing models with ``plan.threads`` torch threads;
+    every model's record and the pretrained start."""
     saved_threads = torch.get_num_threads()
     # set before the folder is opened, so that run.json records the thread count the run uses
     torch.set_num_threads(plan.threads)
@@ -369,9 +325,8 @@ def _train_and_measure_all(plan: _FamilyPlan, run: ResumableRun[int], data: Clas
         data = data.to(plan.device)
         variant, models, seeds = plan.variant, plan.models, plan.seeds
 
-        # per study seed: its data (the pool in the seed's order when seeded) and batches,
-        # built when its first model is (units run in order: one seed's data alive at a time,
-        # whatever --study-seeds)
+        # per study seed its data and batches, built with its first model (units run in
+        # order: one seed's data alive at a time, whatever --study-seeds)
         @functools.lru_cache(maxsize=1)
         def seed_inputs(study_seed: int) -> tuple[Any, Any]:
             pool = shuffled_pool(data, study_seed) if plan.seeded else data
@@ -389,18 +344,6 @@ def _train_and_measure_all(plan: _FamilyPlan, run: ResumableRun[int], data: Clas
     finally:
         torch.set_num_threads(saved_threads)
     return records, start_weights
-
-
-def _family_taus(counted: Sequence[dict[str, Any]], specs: Sequence[MeasureSpec],
-                 paper: Mapping[str, float], seeded: bool
-                 ) -> tuple[list[dict[str, Any]], Any, dict[str, Any] | None]:
-    """The taus and confounds of the counted models, and with several study seeds the
-    per-seed statistics (whose pooled taus then replace the taus over all models, which
-    would ignore the seeds)."""
-    if not seeded:
-        return tau_rows(counted, specs, paper), confound_rows(counted), None
-    seed_stats = seeded_statistics(counted, specs, paper)
-    return seed_stats["pooled"], seed_stats["confounds"], seed_stats
 
 
 def _write_family_outputs(results: ResultsDirectory, study: FamilyStudy,
@@ -432,8 +375,7 @@ def _write_family_outputs(results: ResultsDirectory, study: FamilyStudy,
 
 def _scatter(folder: Path, counted: Sequence[dict[str, Any]], specs: Sequence[MeasureSpec],
              taus: Sequence[dict[str, Any]]) -> None:
-    """One scatter plot per measure: the gap against the measure, coloured by training-set
-    size, titled with its tau."""
+    """One scatter plot per measure: gap against measure, coloured by training-set size."""
     from quotientsharp.workflows.labels import tau_title
     from quotientsharp.workflows.plots import scatter_plots
 
@@ -451,8 +393,7 @@ def _scatter(folder: Path, counted: Sequence[dict[str, Any]], specs: Sequence[Me
 
 
 def tau_lines(taus: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The console's taus: per measure its tau-b and interval (pooled over the study seeds
-    when there are several)."""
+    """The console's taus: per measure its tau-b and interval (pooled over study seeds)."""
     lines = []
     for row in taus:
         name = row["measure"] if row["rho"] is None else f"{row['measure']} (rho {row['rho']:g})"
@@ -464,21 +405,12 @@ def tau_lines(taus: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def run_family_study(study: FamilyStudy, config: FamilyConfig) -> int:
-    """Run family study ``study`` as ``config`` says; the exit status (printing on rank 0).
+    """Run family study ``study`` as ``config`` (a
+    :class:`~quotientsharp.reproduce.config.FamilyConfig`, else a ``TypeError``) says.
 
-    Returns
-    -------
-    int
-        0 done; 2 for a setting refused when the study runs (e.g. a ``device`` torch does
-        not know, or CUDA when it is missing; another run's ``--resume`` settings) or an
-        unusable results folder, the reason printed to stderr; 130 when interrupted (the
-        finished models are kept).
-
-    Raises
-    ------
-    TypeError
-        ``config`` is not a :class:`~quotientsharp.reproduce.config.FamilyConfig` (what can be
-        checked early is checked when the configuration is made).
+    Returns the exit status (printing on rank 0): 0 done; 2 for a setting refused when the
+    study runs (a ``device`` torch does not know or CUDA missing; another run's ``--resume``
+    settings) or an unusable results folder, the reason on stderr; 130 when interrupted.
     """
     check_config(config, FamilyConfig, study.name)
     out = config.out if config.out is not None else default_out(

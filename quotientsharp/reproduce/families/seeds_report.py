@@ -1,23 +1,11 @@
-"""Family studies over several study seeds: per-seed taus, pooled taus, paired differences.
+"""Family studies over several study seeds (``--study-seeds S``): per-seed taus, pooled taus
+and paired differences.
 
-With ``--study-seeds S`` a family study draws ``S`` independent families of models (new
-hyperparameters, initialisations and training-pool order per seed). :func:`seeded_statistics`
-then gives
-
-- per seed, the Kendall taus of :func:`~quotientsharp.reproduce.families.report.tau_rows`
-  (bootstrap over that seed's models);
-- pooled over the seeds, the mean of the per-seed tau-b, with the two-stage cluster bootstrap
-  interval of :func:`~quotientsharp.workflows.taus.cluster_bootstrap_tau`
-  (seeds resampled, then models within each seed: the interval accounts for the variation
-  between seeds, which a bootstrap over all models as if independent ignores);
-- the paired differences of the pooled taus of the three measures compared with the paper
-  (inv - adaptive, mix - inv, mix - adaptive), with cluster bootstrap intervals and p-values,
-  and Holm's correction over these three comparisons: a measure is called ahead of another
-  only when the Holm-adjusted p-value is below 0.05.
-
-:func:`headline_rows` writes them as the rows of the study's headline file
-(:mod:`quotientsharp.reproduce.headline`); the page shows them as tables
-(``docs/_hooks/results_pages/families.py``).
+Pooled over the seeds, the mean of the per-seed tau-b with the two-stage cluster bootstrap
+interval of :func:`~quotientsharp.workflows.taus.cluster_bootstrap_tau` (seeds resampled, then
+models within each seed); the measures compared with the paper are compared pairwise the same
+way, a measure called ahead of another only when Holm's adjusted p-value over the
+:data:`COMPARISONS` is below :data:`FAMILY_WISE_LEVEL`.
 """
 
 from __future__ import annotations
@@ -26,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from quotientsharp.reproduce.families.measures import MeasureSpec
-from quotientsharp.reproduce.families.report import BOOTSTRAP, CONFOUNDS, tau_rows
+from quotientsharp.reproduce.families.report import BOOTSTRAP, confound_rows, tau_rows
 from quotientsharp.reproduce.families.settings import FamilyStudy
 
 #: The paired comparisons ``(first, second)`` of paper keys, first minus second.
@@ -55,25 +43,15 @@ def _pooled(gaps: Sequence[float], values: Sequence[float],
 
 def seeded_statistics(records: Sequence[Mapping[str, Any]], specs: Sequence[MeasureSpec],
                       paper: Mapping[str, float]) -> dict[str, Any]:
-    """Per-seed, pooled and paired statistics of the counted models of a seeded study.
-
-    Parameters
-    ----------
-    records
-        The counted (not diverged) models, each with ``study_seed``, ``gap`` and every
-        measure's key.
-    specs
-        The measures.
-    paper
-        The paper's taus by paper key.
+    """Per-seed, pooled and paired statistics of the counted models of a seeded study (each
+    record with ``study_seed``, ``gap`` and every measure's key).
 
     Returns
     -------
     dict
         ``seeds``; ``per_seed``: ``[{"study_seed", "models", "taus"}]``; ``pooled``: one row
-        per measure (the fields of ``tau_rows``, tau-b pooled, tau-a ``None``); ``confounds``:
-        pooled taus of the drawn hyperparameters; ``differences``: the :data:`COMPARISONS`;
-        ``bootstrap``: its settings.
+        per measure (the fields of ``tau_rows``, tau-b pooled, tau-a ``None``); ``confounds``;
+        ``differences``: the :data:`COMPARISONS`; ``bootstrap``: its settings.
     """
     from quotientsharp.workflows.taus import (
         cluster_bootstrap_difference,
@@ -90,14 +68,12 @@ def seeded_statistics(records: Sequence[Mapping[str, Any]], specs: Sequence[Meas
         mine = [r for r in records if int(r["study_seed"]) == seed]
         per_seed.append({"study_seed": seed, "models": len(mine),
                          "taus": tau_rows(mine, specs, paper)})
-    pooled = [{"key": spec.key, "measure": spec.label, "rho": spec.rho,
-               **_pooled(gaps, [float(r[spec.key]) for r in records], clusters),
-               "paper": paper.get(spec.paper_key) if spec.paper_key else None}
-              for spec in specs]
-    names = [name for name in CONFOUNDS if all(name in r for r in records)]
-    confounds = [{"hyperparameter": name,
-                  **_pooled(gaps, [float(r[name]) for r in records], clusters)}
-                 for name in names]
+
+    def pooled(gaps: Sequence[float], values: Sequence[float]) -> dict[str, Any]:
+        return _pooled(gaps, values, clusters)
+
+    pooled_rows = tau_rows(records, specs, paper, pooled)
+    confounds = confound_rows(records, pooled)
     by_paper = {spec.paper_key: spec.key for spec in specs if spec.paper_key}
     differences: list[dict[str, Any]] = []
     for first, second in COMPARISONS:
@@ -120,12 +96,10 @@ def seeded_statistics(records: Sequence[Mapping[str, Any]], specs: Sequence[Meas
                              strict=True):
         row["p_holm"] = adjusted
         row["significant"] = adjusted < FAMILY_WISE_LEVEL
-    return {"seeds": seeds, "per_seed": per_seed, "pooled": pooled, "confounds": confounds,
+    return {"seeds": seeds, "per_seed": per_seed, "pooled": pooled_rows, "confounds": confounds,
             "differences": differences,
-            "bootstrap": {"resamples": BOOTSTRAP["resamples"], "seed": BOOTSTRAP["seed"],
-                          "confidence": BOOTSTRAP["confidence"],
-                          "kind": "two-stage cluster bootstrap: study seeds, then models "
-                                  "within each seed"}}
+            "bootstrap": {**BOOTSTRAP, "kind": "two-stage cluster bootstrap: study seeds, "
+                                               "then models within each seed"}}
 
 
 def _headline_measure(spec_key: str, paper_key: str | None) -> str:
@@ -141,34 +115,19 @@ def _headline_measure(spec_key: str, paper_key: str | None) -> str:
 
 def headline_rows(study: FamilyStudy, settings: Mapping[str, Any],
                   stats: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Rows of ``docs/results/data/<study>.json``: the pooled taus with their cluster
-    intervals (measures, then confounds); undefined ones (a tau or its interval) are left
-    out, said in a note.
-
-    ``stats`` is :func:`seeded_statistics`'s mapping, or, for a study of one seed,
-    ``{"pooled": taus, "confounds": confounds}`` with the taus and confounds over the models
-    and their percentile-bootstrap intervals (no ``"seeds"`` entry).
-    """
+    """Rows of ``docs/results/data/<study>.json``: the defined taus of ``stats`` with their
+    intervals, measures then confounds; ``stats`` is :func:`seeded_statistics`'s mapping, or
+    ``{"pooled": taus, "confounds": confounds}`` for a study of one seed."""
     paper_keys = {m["key"]: m.get("paper_key") for m in settings["measures"]}
-    if stats.get("seeds"):
-        setting = (f"{study.title.split(' (')[0]}: {len(stats['seeds'])} study seeds x "
-                   f"{settings['models']} models")
-        note = "cluster bootstrap over the seeds"
-    else:
-        setting = f"{study.title.split(' (')[0]}: one study seed x {settings['models']} models"
-        note = ""   # the ordinary bootstrap over the models, as on the single-seed pages
-    rows = []
-    for row in stats["pooled"]:
-        if row["tau_b"] is None or row["tau_b_interval"] is None:
-            continue
-        rows.append({"setting": setting,
-                     "measure": _headline_measure(row["key"], paper_keys.get(row["key"])),
-                     "tau": row["tau_b"], "low": row["tau_b_interval"][0],
-                     "high": row["tau_b_interval"][1], "paper": row["paper"], "note": note})
-    for row in stats["confounds"]:
-        if row["tau_b"] is None or row["tau_b_interval"] is None:
-            continue
-        rows.append({"setting": setting, "measure": f"confound: {row['hyperparameter']}",
-                     "tau": row["tau_b"], "low": row["tau_b_interval"][0],
-                     "high": row["tau_b_interval"][1], "paper": None, "note": note})
-    return rows
+    seeds = f"{len(stats['seeds'])} study seeds" if stats.get("seeds") else "one study seed"
+    setting = f"{study.title.split(' (')[0]}: {seeds} x {settings['models']} models"
+    # one seed: the ordinary bootstrap over the models, as on the single-seed pages
+    note = "cluster bootstrap over the seeds" if stats.get("seeds") else ""
+    named = [(_headline_measure(row["key"], paper_keys.get(row["key"])), row["paper"], row)
+             for row in stats["pooled"]]
+    named += [(f"confound: {row['hyperparameter']}", None, row) for row in stats["confounds"]]
+    return [{"setting": setting, "measure": measure, "tau": row["tau_b"],
+             "low": row["tau_b_interval"][0], "high": row["tau_b_interval"][1],
+             "paper": paper, "note": note}
+            for measure, paper, row in named
+            if row["tau_b"] is not None and row["tau_b_interval"] is not None]

@@ -1,21 +1,10 @@
 """A generated English sentiment task with negation, contrast and unseen adjectives.
 
-Offline and deterministic: sentences are built from fixed word lists by a seeded
-``numpy`` generator, then tokenised by the caller (the MiniLM family uses the pretrained
-model's own WordPiece tokenizer). Each sentence has one or two clauses,
-
-``<subject> <verb> [not] [<adverb>] <adjective>`` and optionally
-``<connective> <subject> <verb> [not] [<adverb>] <adjective>``,
-
-with the connective ``and`` (both clauses carry the same sentiment) or ``, but`` (opposite
-sentiments). A clause's sentiment is its adjective's polarity, flipped by ``not``. The clean
-label is the sentiment of the *last* clause (1 positive, 0 negative), balanced. Labels are then
-flipped independently with probability ``noise``.
-
-To make generalisation non-trivial, a fixed third of the adjectives of each polarity
-(:data:`HELD_OUT`) never occurs in the training pool; the test set draws adjectives from all of
-them, so about half of its clauses use an adjective no model was fine-tuned on, whose polarity
-only the pretrained representation knows.
+Sentences of one or two clauses ``<subject> <verb> [not] [<adverb>] <adjective>``, joined by
+``and`` (same sentiment) or ``, but`` (opposite), from fixed word lists and a seeded ``numpy``
+generator; the label is the sentiment of the last clause (its adjective's polarity, flipped by
+``not``), then flipped with probability ``noise``. The :data:`HELD_OUT` adjectives never occur
+in the training pool, so only the pretrained representation knows their polarity.
 """
 
 from __future__ import annotations
@@ -23,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from quotientsharp.engine.options import check_int
 
 SUBJECTS = ("the waiter", "the movie", "the hotel", "the food", "the service", "the book",
             "the concert", "the room", "the staff", "the game", "the car", "the show",
@@ -72,26 +63,10 @@ def _clause(rng: np.random.Generator, sentiment: int, adjectives: dict[int, list
 
 
 def generate_sentences(count: int, seed: int, noise: float, held_out: bool) -> list[Sentence]:
-    """``count`` sentences of the task.
-
-    Parameters
-    ----------
-    count
-        Number of sentences (>= 1).
-    seed
-        Seed of the ``numpy`` generator (the same seed, the same sentences).
-    noise
-        Probability of flipping each label, in ``[0, 0.5]``.
-    held_out
-        Whether the :data:`HELD_OUT` adjectives may occur (``False`` for the training pool).
-
-    Returns
-    -------
-    list[Sentence]
-        Balanced in the clean label up to sampling (each sentence's sentiment is a fair coin).
-    """
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"count must be an integer >= 1, got {count!r}")
+    """``count`` sentences from ``numpy`` seed ``seed``, each label flipped with probability
+    ``noise`` in ``[0, 0.5]``; the :data:`HELD_OUT` adjectives occur only with ``held_out``
+    (``False`` for the training pool). Each clean label is a fair coin."""
+    count = check_int("count", count, 1)
     if not 0.0 <= noise <= 0.5:
         raise ValueError(f"noise must be in [0, 0.5], got {noise!r}")
     adjectives = {1: [a for a in POSITIVE if held_out or a not in HELD_OUT],

@@ -1,11 +1,5 @@
-"""Family studies (ViT, BERT): what defines a study and its variants.
-
-:class:`FamilyStudy` is what distinguishes the ViT and BERT studies (data, model, radii, the
-paper's numbers), :class:`FamilySettings` the sizes of its full and ``--quick`` variants
-(their sizes, without torch, in :mod:`quotientsharp.reproduce.families.sizes`);
-:func:`study_settings` collects everything that determines the results (``run.json``, checked on
-``--resume``).
-"""
+"""Family studies: what defines a study (:class:`FamilyStudy`), its variants and the settings
+that determine its results (``run.json``, checked on ``--resume``)."""
 
 from __future__ import annotations
 
@@ -23,21 +17,9 @@ from quotientsharp.reproduce.families.training import Hyperparameters, Hyperpara
 
 @dataclass(frozen=True)
 class FamilySettings:
-    """Sizes of one variant (full or ``--quick``) of a family study.
-
-    Attributes
-    ----------
-    models
-        Number of models ``M``.
-    space
-        Hyperparameter ranges.
-    train_batch_size
-        Minibatch size of training.
-    sharpness_points, sharpness_batch_size
-        The fixed sharpness set: the first ``sharpness_points`` pool points, in batches.
-    n_iter
-        Auto-PGD steps per batch.
-    """
+    """Sizes of one variant (full or ``--quick``) of a family study: ``models``, the
+    hyperparameter ``space``, the training minibatch, the sharpness set (the first
+    ``sharpness_points`` pool points, in batches) and the Auto-PGD steps ``n_iter``."""
 
     models: int
     space: HyperparameterSpace
@@ -60,15 +42,12 @@ class PretrainedStart:
     Attributes
     ----------
     settings
-        ``quick -> dict``: everything that determines the pretrained weights (a model name and
-        file, or the pretraining recipe), JSON-serialisable; saved in ``run.json`` and checked
-        on ``--resume``.
+        ``quick -> dict``: what determines the pretrained weights (JSON, in ``run.json``).
     load
-        ``(results folder, quick) -> start``: the pretrained weights (any object the study's
-        ``build_model`` takes as its second argument), computed and cached in the results
-        folder the first time if the study pretrains itself, read back afterwards.
+        ``(results folder, quick) -> start``: what the study's ``build_model`` takes as its
+        second argument (a self-pretraining is cached in the results folder).
     describe
-        ``start -> markdown``: a line for the docs section (e.g. the pretraining's own errors).
+        ``start -> markdown``: a line for the docs section (e.g. the pretraining's errors).
     """
 
     settings: Callable[[bool], Mapping[str, Any]]
@@ -78,7 +57,7 @@ class PretrainedStart:
 
 @dataclass(frozen=True)
 class FamilyStudy:
-    """What distinguishes the ViT and BERT studies; the protocol is :func:`run_family_study`.
+    """What distinguishes one family study from another.
 
     Attributes
     ----------
@@ -89,37 +68,31 @@ class FamilyStudy:
     load_data
         ``quick -> ClassificationData`` (deterministic, offline).
     build_model
-        ``(num_labels) -> nn.Module``, or ``(num_labels, start) -> nn.Module`` when
-        ``pretrained`` is set (``start``: what ``pretrained.load`` returned); called right after
-        ``torch.manual_seed(init_seed)``, which seeds any fresh layer (the classifier head).
+        ``(num_labels) -> nn.Module``, or ``(num_labels, start)`` with a ``pretrained`` start;
+        called right after ``torch.manual_seed(init_seed)``, which seeds a fresh head.
     model_config
         The architecture, for ``run.json`` and the docs.
     full, quick
         The two variants.
-    paper
-        The paper's taus by paper key (``"adaptive"``, ``"geodesic_inv"``, ...).
-    paper_setting
-        The paper's setting of those numbers, in words.
+    paper, paper_setting
+        The paper's taus by paper key (``"adaptive"``, ``"geodesic_inv"``, ...), and their
+        setting in words.
     rhos
         Radii ``adaptive``, ``worst_case``, ``inv``, ``mix``.
     description
         Markdown paragraph(s) for the docs section: the protocol in words.
     pretrained
-        ``None``: every model trains from scratch; otherwise the common pretrained start of a
-        fine-tuning family.
+        The common start of a fine-tuning family (``None``: every model from scratch).
     eps_sweep
-        Gram relaxations ``eps > 0`` at which geodesic inv and mix (order 2) are measured as
-        well (:func:`~quotientsharp.reproduce.families.measures.eps_sweep_measures`).
+        Gram relaxations ``eps > 0`` at which geodesic inv and mix (order 2) are measured too.
     adapt
-        ``(model, hyperparameters) -> model``, applied to each built model before training
-        (e.g. wrapping it with low-rank adapters of the drawn rank); ``None``: train the model
-        as built.
+        ``(model, hyperparameters) -> model`` before training (e.g. low-rank adapters of the
+        drawn rank); ``None``: train the model as built.
     measure_keys
-        The keys of the measures this study runs, a subset of the family measures and the
-        eps sweep (``None``: all of them).
+        The measures this study runs (``None``: the family measures and the eps sweep).
     measurement_note
-        Sentences for the docs section on what the geodesic measures treat as the quotient and
-        how the radii were fixed (``None``: the text of the attention families).
+        Docs sentences on what the geodesic measures treat as the quotient and how the radii
+        were fixed (``None``: the text of the attention families).
     """
 
     name: str
@@ -145,9 +118,8 @@ def study_settings(study: FamilyStudy, variant: FamilySettings, models: int, see
                    quick: bool) -> dict[str, Any]:
     """Everything that determines the results (saved in ``run.json``, checked on resume)."""
     # the fine-tuning fields only when used: run.json of the from-scratch studies is unchanged
-    extra: dict[str, Any] = {}
-    if study.pretrained is not None:
-        extra["pretrained"] = dict(study.pretrained.settings(quick))
+    extra = ({} if study.pretrained is None
+             else {"pretrained": dict(study.pretrained.settings(quick))})
     space = variant.space
     warmup = ("warm-up over a fraction of the steps drawn per model" if space.warmup is not None
               else "5% linear warm-up")

@@ -1,9 +1,5 @@
-"""Sizes of the family studies' variants, without torch.
-
-The studies: ``reproduce vit``, ``bert``, ``vit-finetune``, ``minilm`` and ``lora``. Their
-options (:mod:`quotientsharp.cli.reproduce_options`) quote these sizes in their help, which
-answers without loading torch; the studies' variants are built from them.
-"""
+"""Sizes of the family studies' variants, without torch: the studies' options
+(:mod:`quotientsharp.cli.reproduce_options`) quote them in their help, which loads no torch."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""Family studies (ViT, BERT): per-model hyperparameter draws, training and evaluation.
-
-:func:`draw_hyperparameters` draws model ``i``'s settings from ``(seed, i)`` alone;
-:func:`train_classifier` trains it (AdamW, warm-up then cosine decay, label-smoothed
-cross-entropy); :func:`error_rate` and :func:`mean_loss` evaluate it in eval mode. The protocol
-is described in :mod:`quotientsharp.reproduce.families.transformer_common`.
-"""
+"""Family studies: per-model hyperparameter draws, training and evaluation."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -21,7 +14,6 @@ from torch import nn
 from quotientsharp.reproduce.families.data import ClassificationData, Inputs, take
 
 
-# ---------------------------------------------------------------------------- hyperparameters
 @dataclass(frozen=True)
 class HyperparameterSpace:
     """Ranges the per-model hyperparameters are drawn from (all bounds inclusive).
@@ -53,17 +45,14 @@ class HyperparameterSpace:
             if not 0 <= low <= high:
                 raise ValueError(f"{name} range must satisfy 0 <= low <= high, got "
                                  f"{(low, high)}")
-        if self.batch_size is not None and (
-                not self.batch_size or any(isinstance(b, bool) or not isinstance(b, int)
-                                           or b < 1 for b in self.batch_size)):
-            raise ValueError(f"batch_size choices must be integers >= 1, got {self.batch_size}")
+        for name in ("batch_size", "rank"):
+            choices = getattr(self, name)
+            if choices is not None and (not choices or any(
+                    isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in choices)):
+                raise ValueError(f"{name} choices must be integers >= 1, got {choices}")
         if self.warmup is not None and not 0 <= self.warmup[0] <= self.warmup[1] < 1:
             raise ValueError(f"warmup range must satisfy 0 <= low <= high < 1, got "
                              f"{self.warmup}")
-        if self.rank is not None and (
-                not self.rank or any(isinstance(r, bool) or not isinstance(r, int) or r < 1
-                                     for r in self.rank)):
-            raise ValueError(f"rank choices must be integers >= 1, got {self.rank}")
 
     def as_dict(self) -> dict[str, list]:
         # the optional ranges only when set: run.json of the older studies stays as it was
@@ -73,12 +62,9 @@ class HyperparameterSpace:
 
 @dataclass(frozen=True)
 class Hyperparameters:
-    """One model's training settings, drawn by :func:`draw_hyperparameters`.
-
-    ``batch_size`` and ``warmup_fraction`` are ``None`` when the space does not draw them (the
-    study's fixed batch size and a 5% warm-up apply); ``rank`` (of a low-rank adapter) is
-    ``None`` when the study fine-tunes no adapter.
-    """
+    """One model's training settings, drawn by :func:`draw_hyperparameters`; ``batch_size``,
+    ``warmup_fraction`` and ``rank`` are ``None`` where the space does not draw them (the
+    study's batch size, a 5% warm-up, no adapter)."""
 
     learning_rate: float
     weight_decay: float
@@ -120,26 +106,20 @@ def draw_hyperparameters(space: HyperparameterSpace, seed: int, index: int) -> H
     return Hyperparameters(**drawn)
 
 
-# ---------------------------------------------------------------------------- training
 def _logits(model: nn.Module, inputs: Inputs) -> torch.Tensor:
     output = model(**inputs)
     return output.logits if hasattr(output, "logits") else output
 
 
 def train_classifier(model: nn.Module, data: ClassificationData, hyper: Hyperparameters,
-                     batch_size: int, tick: Callable[[], None] | None = None) -> float:
-    """Train ``model`` in place on the first ``hyper.train_size`` pool points.
+                     batch_size: int) -> float:
+    """Train ``model`` in place on the first ``hyper.train_size`` pool points; the mean
+    training loss (with label smoothing) of the last epoch.
 
     AdamW (``lr``, decoupled ``weight_decay``), warm-up over the first 5% of the steps (or
     ``hyper.warmup_fraction``) then cosine decay to zero, label-smoothed cross-entropy.
     Minibatches of ``hyper.batch_size`` if drawn, else ``batch_size``, in an order from the
-    global torch generator (seed it before building the model). ``tick`` is called once per
-    epoch.
-
-    Returns
-    -------
-    float
-        Mean training loss (with label smoothing) of the last epoch.
+    global torch generator (seed it before building the model).
     """
     if hyper.train_size > data.pool_size:
         raise ValueError(f"train_size {hyper.train_size} exceeds the training pool "
@@ -181,8 +161,6 @@ def train_classifier(model: nn.Module, data: ClassificationData, hyper: Hyperpar
             running += loss.detach().item() * index.numel()
             count += index.numel()
         last_epoch_loss = running / count
-        if tick is not None:
-            tick()
     model.eval()
     return last_epoch_loss
 

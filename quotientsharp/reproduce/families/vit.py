@@ -1,35 +1,29 @@
 """``quotientsharp reproduce vit``: sharpness vs generalisation on a family of small ViTs.
 
-The paper's ImageNet study (72 CLIP ViT-B/32 fine-tunes) scaled down to what runs offline on
-two CPU cores:
+The paper's ImageNet study (72 CLIP ViT-B/32 fine-tunes) scaled down to two CPU cores, offline:
 
-- data: scikit-learn's bundled ``load_digits`` (1797 grey 8x8 images, 10 classes), pixels
-  divided by 16 (range [0, 1]), one channel. A fixed permutation (``numpy`` seed 0) splits it
-  into a training pool of 1200 images and a test set of the remaining 597;
+- data: scikit-learn's bundled ``load_digits`` (1797 grey 8x8 images, 10 classes), pixels / 16,
+  one channel, split by a fixed permutation (``numpy`` seed 0) into a training pool of 1200
+  images and a test set of 597;
 - models: ``transformers.ViTForImageClassification`` (eager attention), patch size 2 (16
   patches + CLS token), hidden size 32, 2 layers, 4 heads of dimension 8, MLP width 64, dropout
   0; ~18k parameters;
-- per model ``i``, drawn from ``numpy.random.default_rng([seed, i])``: learning rate
-  log-uniform in [5e-4, 5e-3], weight decay log-uniform in [1e-4, 1e-1], epochs uniform in
-  [20, 50], label smoothing uniform in [0, 0.2], training-set size uniform in [256, 1200] (the
-  first points of the pool), initialisation seed; AdamW, batch 64, 5% warm-up then cosine decay;
+- per model ``i``, from ``numpy.random.default_rng([seed, i])``: learning rate log-uniform in
+  [5e-4, 5e-3], weight decay log-uniform in [1e-4, 1e-1], epochs uniform in [20, 50], label
+  smoothing uniform in [0, 0.2], training-set size uniform in [256, 1200] (the first points of
+  the pool), initialisation seed; AdamW, batch 64, 5% warm-up then cosine decay;
 - generalisation gap: test error - train error (0-1);
 - sharpness on the first 256 pool points (in every training set), 4 batches of 64, Auto-PGD
   with 20 steps: adaptive (rho 0.1), plain L2 worst case (rho 0.02), geodesic inv (rho 0.1) and
-  mix (rho 0.02) at orders 1 and 2, relative flatness of the classifier;
-- 32 models; ``--quick``: 6 models, 4-8 epochs on 256-400 images, 64 sharpness points in 2
-  batches of 32, 3 ascent steps.
-
-The radii were fixed once, before the study, from pilot models, on which the perturbed loss rose
-by about 0.005-0.5 nats (far above round-off); they are the same for every model and were not
-adjusted after seeing any correlation (on some models of the study the plain worst case and the
-mix geodesic reach a few nats). Budget: about 15 s of one core per model
-(~8 min for 32 models on an idle 2-core machine).
+  mix (rho 0.02) at orders 1 and 2, relative flatness of the classifier; the radii were fixed
+  once from pilot models (perturbed loss up by about 0.005-0.5 nats), never adjusted after;
+- 32 models, about 15 s of one core each; ``--quick``: 6 models, 4-8 epochs on 256-400 images,
+  64 sharpness points in 2 batches of 32, 3 ascent steps.
 
 Outputs in ``--out`` (default ``results/vit``): ``models.jsonl`` and ``models.csv`` (one row
-per model, written as it finishes), ``taus.json``, ``scatter_<measure>.png``,
-``page.json`` (the page's data), ``run.json``; with ``--docs docs`` the page
-``docs/results/vit.md``, rendered from that data, and the regenerated ``docs/results.md``.
+per model, written as it finishes), ``taus.json``, ``scatter_<measure>.png``, ``page.json``
+(the page's data), ``run.json``; with ``--docs docs`` the page ``docs/results/vit.md``,
+rendered from that data, and the regenerated ``docs/results.md``.
 """
 
 from __future__ import annotations
@@ -74,16 +68,24 @@ QUICK = FamilySettings(
     n_iter=VIT_SIZES.quick_n_iter)
 
 
-def load_data(quick: bool = False) -> ClassificationData:
-    """Digits as ``pixel_values`` ``shape=[N, 1, 8, 8]`` in [0, 1]; pool 1200, test 597."""
+def digit_images(classes: tuple[int, ...]):
+    """The digits of ``classes`` in the order of the fixed permutation: images
+    ``shape=[N, 1, 8, 8]`` in [0, 1] and labels ``classes.index(digit)``."""
     import numpy as np
     import torch
     from sklearn.datasets import load_digits
 
     digits = load_digits()
     order = np.random.default_rng(DATA_SEED).permutation(len(digits.target))
+    order = order[np.isin(digits.target[order], classes)]
     images = torch.tensor(digits.images[order], dtype=torch.float32)[:, None] / 16.0
-    labels = torch.tensor(digits.target[order], dtype=torch.int64)
+    labels = torch.tensor([classes.index(int(d)) for d in digits.target[order]])
+    return images, labels
+
+
+def load_data(quick: bool = False) -> ClassificationData:
+    """Digits as ``pixel_values`` ``shape=[N, 1, 8, 8]`` in [0, 1]; pool 1200, test 597."""
+    images, labels = digit_images(tuple(range(10)))
     return ClassificationData(
         train_inputs={"pixel_values": images[:POOL_SIZE]}, train_labels=labels[:POOL_SIZE],
         test_inputs={"pixel_values": images[POOL_SIZE:]}, test_labels=labels[POOL_SIZE:],
@@ -99,8 +101,7 @@ def build_model(num_labels: int):
     """A fresh ``ViTForImageClassification`` of :data:`MODEL_CONFIG` (seed torch first)."""
     from transformers import ViTConfig, ViTForImageClassification
 
-    # num_labels: transformers 5 wraps a config's __init__ to take PretrainedConfig's keyword
-    # arguments, which the typed signature it shows mypy leaves out
+    # num_labels: transformers 5's typed config signature leaves PretrainedConfig's out
     return ViTForImageClassification(ViTConfig(num_labels=num_labels, **MODEL_CONFIG))  # type: ignore[call-arg]
 
 
@@ -118,8 +119,6 @@ STUDY = FamilyStudy(
 
 
 def run(config: FamilyConfig) -> int:
-    """Run the study (see the module docstring); the exit status: 0 done, 2 for a setting
-    refused at run time or an unusable folder (printed to stderr), 130 interrupted; a
-    ``TypeError`` for another class than ``FamilyConfig``
+    """Run the study (the module docstring); the exit status
     (:func:`~quotientsharp.reproduce.families.run.run_family_study`)."""
     return run_family_study(STUDY, config)

@@ -3,24 +3,18 @@
 The paper's ImageNet study fine-tunes one pretrained CLIP ViT-B/32 72 times with random
 hyperparameters. Here, on scikit-learn's bundled 8x8 digits (offline):
 
-- pretraining, once: the small ViT of ``reproduce vit`` (patch size 2, hidden size 32, 2
-  layers, 4 heads of dimension 8, ~18k parameters) trained on the digits 0-4 (a five-class
-  head): the first 720 images of classes 0-4 in a fixed permutation (``numpy`` seed 0), the
-  other 181 held out to report its own error; AdamW, learning rate 2e-3, weight decay 1e-2, 40
-  epochs, batch 64, 5% warm-up then cosine decay, torch seed 0. Cached in the results folder
-  (``pretrained.pt``, with its settings) and reused by every fine-tune and every ``--resume``;
-- fine-tuning task: the digits 5-9 (labels 0-4), a training pool of 600 images and a test set of
-  the other 296 (same permutation); the pretrained body under a fresh five-class head, every
-  weight fine-tuned;
-- per model ``i``, drawn from ``numpy.random.default_rng([seed, i])``: learning rate
-  log-uniform in [1e-4, 3e-3], weight decay log-uniform in [1e-4, 1e-1], epochs uniform in
-  [3, 30], label smoothing uniform in [0, 0.1], training-set size uniform in [256, 600], batch
-  size uniform in {16, 32, 64}, warm-up fraction uniform in [0, 0.2], head seed;
-- generalisation gap: test error - train error (0-1);
-- sharpness on the first 256 pool images (inside every training set), 4 batches of 64,
-  Auto-PGD with 20 steps, the radii of ``reproduce vit``: adaptive, plain L2 worst case,
-  geodesic inv and mix at orders 1 and 2, relative flatness of the classifier, and geodesic
-  inv and mix (order 2) at Gram relaxations eps 0.1 and 1;
+- pretraining, once: the ViT of ``reproduce vit`` on the digits 0-4 (a five-class head), the
+  first 720 of them in a fixed permutation (``numpy`` seed 0), the other 181 held out; AdamW,
+  learning rate 2e-3, weight decay 1e-2, 40 epochs, batch 64, 5% warm-up then cosine decay,
+  torch seed 0. Cached in the results folder (``pretrained.pt``, with its settings);
+- fine-tuning: the digits 5-9 (labels 0-4), a training pool of 600 images and a test set of
+  the other 296; the pretrained body under a fresh five-class head, every weight fine-tuned;
+- per model ``i``, from ``numpy.random.default_rng([seed, i])``: learning rate log-uniform in
+  [1e-4, 3e-3], weight decay log-uniform in [1e-4, 1e-1], epochs uniform in [3, 30], label
+  smoothing uniform in [0, 0.1], training-set size uniform in [256, 600], batch size uniform
+  in {16, 32, 64}, warm-up fraction uniform in [0, 0.2], head seed; gap as in ``reproduce vit``;
+- sharpness as in ``reproduce vit`` (its radii, 256 points, 20 steps), plus geodesic inv and
+  mix (order 2) at Gram relaxations eps 0.1 and 1;
 - 32 models; ``--quick``: 2 pretraining epochs, 3 models of 1-2 epochs on 64-96 images, 32
   sharpness points, 2 ascent steps.
 
@@ -32,7 +26,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from quotientsharp.reproduce.config import FamilyConfig
 from quotientsharp.reproduce.families.data import ClassificationData
@@ -40,35 +34,37 @@ from quotientsharp.reproduce.families.pretrained import cached_pretraining, load
 from quotientsharp.reproduce.families.run import run_family_study
 from quotientsharp.reproduce.families.settings import FamilySettings, FamilyStudy, PretrainedStart
 from quotientsharp.reproduce.families.sizes import VIT_FINETUNE_SIZES
-from quotientsharp.reproduce.families.training import Hyperparameters, HyperparameterSpace
-from quotientsharp.reproduce.families.vit import MODEL_CONFIG, PAPER, PAPER_SETTING, RHOS
+from quotientsharp.reproduce.families.training import (
+    Hyperparameters,
+    HyperparameterSpace,
+    error_rate,
+    train_classifier,
+)
+from quotientsharp.reproduce.families.vit import (
+    DATA_SEED,
+    MODEL_CONFIG,
+    PAPER,
+    PAPER_SETTING,
+    RHOS,
+    digit_images,
+)
+from quotientsharp.reproduce.families.vit import build_model as build_vit
 
 HELP = ("fine-tunes of a small ViT pretrained once (digits 0-4 -> 5-9): Kendall tau of "
         "sharpness vs generalisation gap")
 #: What the taus rank sharpness against (the console's sign convention).
 GENERALISATION = "the generalisation gap"
 
-DATA_SEED = 0
 PRETRAIN_CLASSES, FINETUNE_CLASSES = (0, 1, 2, 3, 4), (5, 6, 7, 8, 9)
 PRETRAIN_TRAIN = 720
 POOL_SIZE = 600
 EPS_SWEEP = (0.1, 1.0)
 
-
-class _Pretraining(TypedDict):
-    learning_rate: float
-    weight_decay: float
-    epochs: int
-    batch_size: int
-    torch_seed: int
-
-
 #: The pretraining recipe (full, quick): the settings of ``pretrained.pt``.
-PRETRAINING: dict[bool, _Pretraining] = {
-    False: {"learning_rate": 2e-3, "weight_decay": 1e-2, "epochs": 40, "batch_size": 64,
-            "torch_seed": 0},
-    True: {"learning_rate": 2e-3, "weight_decay": 1e-2, "epochs": 2, "batch_size": 64,
-           "torch_seed": 0}}
+PRETRAINING: dict[bool, dict[str, Any]] = {
+    quick: {"learning_rate": 2e-3, "weight_decay": 1e-2, "epochs": 2 if quick else 40,
+            "batch_size": 64, "torch_seed": 0}
+    for quick in (False, True)}
 
 FULL = FamilySettings(
     models=VIT_FINETUNE_SIZES.full_models,
@@ -88,33 +84,9 @@ QUICK = FamilySettings(
     n_iter=VIT_FINETUNE_SIZES.quick_n_iter)
 
 
-def _digits(classes: tuple[int, ...]):
-    """Images ``shape=[N, 1, 8, 8]`` in [0, 1] and labels ``classes.index(digit)``, in the
-    order of the fixed permutation."""
-    import numpy as np
-    import torch
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    order = np.random.default_rng(DATA_SEED).permutation(len(digits.target))
-    order = order[np.isin(digits.target[order], classes)]
-    images = torch.tensor(digits.images[order], dtype=torch.float32)[:, None] / 16.0
-    labels = torch.tensor([classes.index(int(d)) for d in digits.target[order]])
-    return images, labels
-
-
-def pretraining_data() -> ClassificationData:
-    """Digits 0-4: 720 pretraining images, the rest held out."""
-    images, labels = _digits(PRETRAIN_CLASSES)
-    return ClassificationData(
-        {"pixel_values": images[:PRETRAIN_TRAIN]}, labels[:PRETRAIN_TRAIN],
-        {"pixel_values": images[PRETRAIN_TRAIN:]}, labels[PRETRAIN_TRAIN:],
-        num_labels=len(PRETRAIN_CLASSES))
-
-
 def load_data(quick: bool = False) -> ClassificationData:
     """Digits 5-9 (labels 0-4): training pool 600, test set the other 296."""
-    images, labels = _digits(FINETUNE_CLASSES)
+    images, labels = digit_images(FINETUNE_CLASSES)
     return ClassificationData(
         train_inputs={"pixel_values": images[:POOL_SIZE]}, train_labels=labels[:POOL_SIZE],
         test_inputs={"pixel_values": images[POOL_SIZE:]}, test_labels=labels[POOL_SIZE:],
@@ -136,13 +108,15 @@ def pretrained_settings(quick: bool) -> dict[str, Any]:
 
 
 def _pretrain(quick: bool) -> dict[str, Any]:
+    """The pretraining on digits 0-4: 720 images, the rest held out."""
     import torch
 
-    from quotientsharp.reproduce.families.training import error_rate, train_classifier
-    from quotientsharp.reproduce.families.vit import build_model as build_vit
-
+    images, labels = digit_images(PRETRAIN_CLASSES)
+    data = ClassificationData(
+        {"pixel_values": images[:PRETRAIN_TRAIN]}, labels[:PRETRAIN_TRAIN],
+        {"pixel_values": images[PRETRAIN_TRAIN:]}, labels[PRETRAIN_TRAIN:],
+        num_labels=len(PRETRAIN_CLASSES))
     recipe = PRETRAINING[quick]
-    data = pretraining_data()
     torch.manual_seed(recipe["torch_seed"])
     model = build_vit(data.num_labels)
     hyper = Hyperparameters(recipe["learning_rate"], recipe["weight_decay"], recipe["epochs"],
@@ -150,8 +124,7 @@ def _pretrain(quick: bool) -> dict[str, Any]:
     start = time.perf_counter()
     train_classifier(model, data, hyper, recipe["batch_size"])
     return {"state": model.state_dict(), "seconds": time.perf_counter() - start,
-            "train_error": error_rate(model, data.train_inputs,
-                                      data.train_labels),
+            "train_error": error_rate(model, data.train_inputs, data.train_labels),
             "test_error": error_rate(model, data.test_inputs, data.test_labels)}
 
 
@@ -169,8 +142,6 @@ def describe_pretrained(start: dict[str, Any]) -> str:
 
 def build_model(num_labels: int, start: dict[str, Any]):
     """The ViT of ``reproduce vit`` with the pretrained body and a fresh ``num_labels`` head."""
-    from quotientsharp.reproduce.families.vit import build_model as build_vit
-
     model = build_vit(num_labels)
     load_body(model, start["state"], head_prefix="classifier.")
     return model
@@ -196,8 +167,6 @@ STUDY = FamilyStudy(
 
 
 def run(config: FamilyConfig) -> int:
-    """Run the study (see the module docstring); the exit status: 0 done, 2 for a setting
-    refused at run time or an unusable folder (printed to stderr), 130 interrupted; a
-    ``TypeError`` for another class than ``FamilyConfig``
+    """Run the study (the module docstring); the exit status
     (:func:`~quotientsharp.reproduce.families.run.run_family_study`)."""
     return run_family_study(STUDY, config)

