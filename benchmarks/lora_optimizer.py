@@ -52,7 +52,7 @@ from quotientsharp.models import QuotientSGD  # noqa: E402
 from quotientsharp.models.quotient_adamw import QuotientAdamW  # noqa: E402
 
 GRIDS = {"QuotientSGD mix": (1.0, 3.0, 10.0), "AdamW": (1e-2, 3e-2, 1e-1),
-         "QuotientAdamW mix": (3e-3, 1e-2, 3e-2), "QuotientAdamW mix eps 0.01": (3e-3, 1e-2, 3e-2)}
+         "QuotientAdamW mix": (1e-2, 3e-2, 1e-1), "QuotientAdamW mix eps 0.01": (1e-2, 3e-2, 1e-1)}
 
 
 def _base(sizes: Sequence[int], seed: int) -> nn.Module:

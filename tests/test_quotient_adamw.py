@@ -397,3 +397,36 @@ def test_a_state_of_another_models_pairs_is_refused():
     mse_loss(target, x, y).backward()
     with pytest.raises(ValueError, match="state_dict"):
         other.step()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mix_second_moment_is_the_row_mean_square_of_the_frame_gradient(seed):
+    # reference written from the mix metric's closed form, P_G = (H^T H)^{-1} at eps = 0, and
+    # its lower Cholesky factor: after one step the moment is (1 - beta2) |g_i|^2 / r per row
+    model = adapted(seed + 40)
+    x, y = data(seed + 40)
+    optimizer = QuotientAdamW(model, lr=0.01, betas=(0.9, 0.99))
+    mse_loss(model, x, y).backward()
+    layout = layout_of(model)
+    params = {n: t.detach() for n, t in model.named_parameters()}
+    grads = {n: t.grad for n, t in model.named_parameters() if t.grad is not None}
+    G, H = layout.to_coordinates(params).gl[0]              # bucket 0, shape=[P, n, r]
+    dG, dH = layout.to_coordinates(grads).gl[0]
+    optimizer.step()
+    state = next(s for s in optimizer.state.values() if "bucket0" in s)["bucket0"]
+    for grad, partner, name in ((dG, H, "g"), (dH, G, "h")):
+        frame = torch.linalg.cholesky(torch.linalg.inv(partner.mT @ partner))
+        expected = 0.01 * (grad @ frame).square().mean(-1)
+        assert state[f"exp_avg_sq_{name}"].shape == expected.shape
+        torch.testing.assert_close(state[f"exp_avg_sq_{name}"], expected, rtol=1e-10, atol=0)
+
+
+def test_inv_keeps_a_matrix_second_moment():
+    model = adapted(44)
+    x, y = data(44)
+    optimizer = QuotientAdamW(model, lr=0.01, metric="inv")
+    mse_loss(model, x, y).backward()
+    optimizer.step()
+    state = next(s for s in optimizer.state.values() if "bucket0" in s)["bucket0"]
+    r = state["exp_avg_g"].shape[-1]
+    assert state["exp_avg_sq_g"].shape[-2:] == (r, r)

@@ -4,9 +4,11 @@ Adam-like moments that the pair's group does not change, and every other trainab
 
 The moments of a pair ``(G, H)`` live in an orthonormal frame of the core's metric (a Cholesky
 factor ``C_G`` of the raise operator ``P_G``, read off the frozen point's ``raise_index``),
-which the group only rotates; between steps they are carried into the new frame by
+which the group only rotates (its columns); between steps they are carried into the new frame by
 ``T = (B_old^T B_old)^+ B_old^T B_new`` with the product-space bases ``B_G = H C_G`` (LoRA-RITE's
-transport, Yen et al., ICLR 2025, for the mix metric at ``eps = 0``). The whole trajectory then
+transport, Yen et al., ICLR 2025, for the mix metric at ``eps = 0``). The second moment is one
+number per row of the frame gradient under the mix metric (the factor's own units, which the
+group does not touch: no transport) and an ``r x r`` matrix under inv. The whole trajectory then
 stays on one orbit at ``eps = 0``. A zero factor (a fresh adapter's ``B = 0``) at ``eps = 0``
 steps in a frame computed with the factor stood in by orthonormal columns, kept only where it
 does not depend on the stand-in (the mix metric); otherwise it is refused with a ``ValueError``
@@ -123,8 +125,9 @@ class QuotientAdamW(torch.optim.Optimizer):
     betas
         Decay rates of the first and second moments, each in ``[0, 1)``.
     adam_eps
-        The denominator's ``eps`` (``> 0``), added to the square roots of the second moment's
-        eigenvalues (AdamW's, entrywise, for the other parameters).
+        The denominator's ``eps`` (``> 0``), added to the square root of each row's second
+        moment (mix) or of the second moment's eigenvalues (inv); AdamW's, entrywise, for the
+        other parameters.
     symmetries
         ``"auto"``: :func:`~quotientsharp.models.find_symmetries` with ``degenerate="pair"``
         (fresh adapters are pairs), or a :class:`~quotientsharp.models.SymmetryReport`, with
@@ -137,11 +140,12 @@ class QuotientAdamW(torch.optim.Optimizer):
     ``param_groups[1]`` every other trainable parameter (``"kind": "other"``), whose state
     (``"step"``, ``"exp_avg"``, ``"exp_avg_sq"``) and update are ``torch.optim.AdamW``'s. The
     pairs' moments live in the symmetry coordinates, one set per bucket of pairs of one shape
-    (``shape=[P, n, r]``, ``[P, r, r]``), in the state of the first pair parameter under the key
-    ``"bucket<b>"`` (a dict), so ``state_dict`` and ``load_state_dict`` carry them. A pair
-    parameter without gradient counts as zero; the pairs are skipped when none has one. A step
-    on a NaN or inf gradient (or pair value) raises a ``ValueError`` naming the parameters
-    before anything changes (``torch.optim.AdamW`` would write the NaN into the parameters).
+    (``shape=[P, n, r]``; ``[P, n]`` for mix, ``[P, r, r]`` for inv), in the state of the
+    first pair parameter under the key ``"bucket<b>"`` (a dict), so ``state_dict`` and
+    ``load_state_dict`` carry them. A pair parameter without gradient counts as zero; the pairs
+    are skipped when none has one. A step on a NaN or inf gradient (or pair value) raises a
+    ``ValueError`` naming the parameters before anything changes (``torch.optim.AdamW`` would
+    write the NaN into the parameters).
     """
 
     def __init__(self, model: nn.Module, lr: float, *, metric: str = "mix", eps: float = 0.0,
@@ -230,42 +234,59 @@ class QuotientAdamW(torch.optim.Optimizer):
         work = frames[0].dtype
         result = []
         for which, name in enumerate(("g", "h")):
-            first, second = self._moments(state, name, bases[which], frame_grads[which], work)
-            first.mul_(beta1).add_(frame_grads[which], alpha=1.0 - beta1)
-            rows = frame_grads[which].shape[-2]
-            outer = (frame_grads[which].mT @ frame_grads[which]).to(work) / rows
-            second = beta2 * second + (1.0 - beta2) * outer
+            grad = frame_grads[which]
+            first, second = self._moments(state, name, bases[which], grad, work)
+            first.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+            if self.metric == "mix":
+                # one second moment per row: a row is one of the factor's own units, which the
+                # group does not touch (it rotates the frame's columns), so its mean square is
+                # invariant and is not transported
+                square = grad.to(work).square().mean(-1)
+            else:
+                # inv steps are multiplicative in the factor's own frame: whitening all r
+                # columns keeps the factor of full rank (a per-row moment keeps the rank of the
+                # gradient, and a rank-deficient factor is a degenerate point of inv)
+                square = (grad.mT @ grad).to(work) / grad.shape[-2]
+            second = beta2 * second + (1.0 - beta2) * square
             state[f"exp_avg_{name}"], state[f"exp_avg_sq_{name}"] = first, second.to(dtype)
             state[f"basis_{name}"] = bases[which]
-            root = inverse_root(second / (1.0 - beta2 ** step), group["adam_eps"])
-            frame_step = (first / (1.0 - beta1 ** step)) @ root.to(dtype)
+            first_hat, second_hat = first / (1.0 - beta1 ** step), second / (1.0 - beta2 ** step)
+            if self.metric == "mix":
+                frame_step = first_hat / (second_hat.sqrt() + group["adam_eps"]).to(
+                    dtype).unsqueeze(-1)
+            else:
+                frame_step = first_hat @ inverse_root(second_hat, group["adam_eps"]).to(dtype)
             result.append(frame_step @ frames[which].mT.to(dtype))
         return result[0], result[1]
 
-    @staticmethod
-    def _moments(state: dict[str, Any], name: str, basis: torch.Tensor,
+    def _moments(self, state: dict[str, Any], name: str, basis: torch.Tensor,
                  frame_grad: torch.Tensor, work: torch.dtype
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The moments of one factor carried into the current frame (zero at the start):
-        the first ``shape=[P, rows, r]`` (point dtype), the second ``[P, r, r]`` (``work``)."""
+        """The moments of one factor carried into the current frame (zero at the start): the
+        first ``shape=[P, rows, r]`` (point dtype), the second (``work``) ``[P, rows]`` for the
+        mix metric and ``[P, r, r]`` for inv."""
+        r = frame_grad.shape[-1]
+        fresh = frame_grad.new_zeros(frame_grad.shape[:-1] if self.metric == "mix"
+                                     else (*frame_grad.shape[:-2], r, r), dtype=work)
         old_basis = state.get(f"basis_{name}")
         if old_basis is None:
-            r = frame_grad.shape[-1]
-            return (torch.zeros_like(frame_grad),
-                    frame_grad.new_zeros(*frame_grad.shape[:-2], r, r, dtype=work))
-        stored = state[f"exp_avg_{name}"]
-        if old_basis.shape != basis.shape or stored.shape != frame_grad.shape:
+            return torch.zeros_like(frame_grad), fresh
+        stored, second = state[f"exp_avg_{name}"], state[f"exp_avg_sq_{name}"]
+        if (old_basis.shape != basis.shape or stored.shape != frame_grad.shape
+                or second.shape != fresh.shape):
             # a state loaded from another model would be transported silently between
             # mismatched frames (the products have compatible shapes whenever the rows agree)
             raise ValueError(
                 f"QuotientAdamW: the state of factor {name.upper()} (basis "
-                f"{tuple(old_basis.shape)}, first moment {tuple(stored.shape)}) does not fit "
-                f"this model's pairs (basis {tuple(basis.shape)}, first moment "
-                f"{tuple(frame_grad.shape)}): was the state_dict loaded from another model?")
+                f"{tuple(old_basis.shape)}, first moment {tuple(stored.shape)}, second moment "
+                f"{tuple(second.shape)}) does not fit this model's pairs (basis "
+                f"{tuple(basis.shape)}, first moment {tuple(frame_grad.shape)}, second moment "
+                f"{tuple(fresh.shape)}): was the state_dict loaded from another model?")
         transport = frame_transport(old_basis, basis, work)
         first = stored @ transport.to(frame_grad.dtype)
-        second = transport.mT @ state[f"exp_avg_sq_{name}"].to(work) @ transport
-        return first, second
+        if self.metric == "mix":
+            return first, second.to(work)
+        return first, transport.mT @ second.to(work) @ transport
 
     def _frames(self, index: int, x: Tensors) -> tuple[
             tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor | None, torch.Tensor | None]]:
