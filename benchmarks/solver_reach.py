@@ -51,6 +51,8 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "4 random restarts": {"reach": False, "restarts": 4},
     "search (default)": {},
     "search, 8 chains": {"reach": {"chains": 8}},
+    # continuation in rho: the second chain climbs from rho / 9 through rho / 3 to rho
+    "search, continuation in rho": {"reach": {"ladder": [1 / 9, 1 / 3]}},
 }
 #: About ten times the default's budget: 200 steps, 4 random restarts.
 REFERENCE: dict[str, Any] = {"reach": False, "n_iter": 200, "restarts": 4}

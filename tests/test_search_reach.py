@@ -315,3 +315,80 @@ def test_chains_that_find_no_increase_confirm_nothing_and_are_flagged() -> None:
     with pytest.warns(qs.ReachWarning, match="batch 0: no chain found a loss increase"):
         result = _worst_case(model, 0.5)
     assert result.value <= 0 and result.reach == [0.0]
+
+
+# ---------------------------------------------------------------------------- continuation in rho
+@pytest.mark.parametrize("ladder, error", [([0.0, 0.5], ValueError), ([0.5, 1.0], ValueError),
+                                           ([0.5, 0.3], ValueError), ([0.5, 0.5], ValueError),
+                                           ("0.5", TypeError), (0.5, TypeError)])
+def test_ladder_must_be_increasing_shares_of_rho(ladder: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="reach: ladder"):
+        SearchSettings(ladder=ladder)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("measure", ["worst_case", "adaptive"])
+@pytest.mark.parametrize("seed", range(2))
+def test_the_ladder_chain_climbs_to_the_maximum_and_costs_its_rungs(measure: str,
+                                                                    seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    M = torch.randn(5, 5, generator=generator, dtype=torch.float64)
+    b = 10 * torch.randn(5, generator=generator, dtype=torch.float64)
+    theta = torch.randn(5, generator=generator, dtype=torch.float64)
+    model = QuadraticLoss(M @ M.T / 5, b, theta)
+    n_iter, rho = 10, 0.3
+    options: dict[str, object] = dict(measure=measure, rho=rho, n_iter=n_iter,
+                                      loss=lambda output, target: output, progress=False)
+    single = qs.sharpness(model, DUMMY, reach=False, **options)
+    ladder = {"chains": 2, "continuations": 0, "ladder": [0.1, 0.5]}
+    first = qs.sharpness(model, DUMMY, seed=3, reach=ladder, **options)
+    other = qs.sharpness(model, DUMMY, seed=4, reach=ladder, **options)
+    # the first chain is the single ascent; the second ascends at 0.1 rho, then 0.5 rho, then
+    # rho, each from the last best point scaled up: four runs, none of them random
+    assert first.chains[0][0] == single.value
+    assert first.evaluations[0] == 4 * (n_iter + 1)
+    assert first.chains == other.chains
+    assert first.chains[0][1] == pytest.approx(first.chains[0][0], rel=1e-6)
+    if measure == "worst_case":
+        assert first.value == pytest.approx(_exact(model, rho), rel=1e-6)
+
+
+@pytest.mark.parametrize("metric", ["mix", "inv"])
+def test_the_ladder_chain_on_a_geodesic_ball(metric: str) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True,
+                                                                 dropout=0.0),
+                                torch.nn.Flatten(), torch.nn.Linear(24, 3)).double()
+    batch = (torch.randn(4, 3, 8, dtype=torch.float64), torch.randint(0, 3, (4,)))
+    options: dict[str, object] = dict(measure="geodesic", metric=metric, rho=0.2, n_iter=4,
+                                      progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", qs.ReachWarning)
+        single = qs.sharpness(model, [batch], reach=False, **options)
+        searched = qs.sharpness(model, [batch], reach={"chains": 2, "continuations": 0,
+                                                       "ladder": [0.25]}, **options)
+    assert searched.chains[0][0] == single.value
+    assert searched.evaluations[0] == 3 * 5
+    assert searched.value == max(searched.chains[0]) and searched.chains[0][1] > 0
+    assert searched.settings["reach"]["ladder"] == (0.25,)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_ball_at_another_radius_shares_its_point_and_clips_to_the_new_radius(
+        seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    G = torch.randn(6, 3, generator=generator, dtype=torch.float64)
+    H = torch.randn(5, 3, generator=generator, dtype=torch.float64)
+    ball = GeodesicBall(qs.GLQuotient("mix").at((G, H)), 0.4, order=2)
+    smaller = ball.with_radius(0.1)
+    xi = ball.clip(ball.random_start(generator))
+    far = tuple(t * (4.0 / float(ball.norm(xi))) for t in xi)      # norm 4: outside both
+    assert smaller.frozen is ball.frozen and smaller.radius == 0.1 and ball.radius == 0.4
+    assert float(smaller.norm(smaller.clip(far))) == pytest.approx(0.1, rel=1e-12)
+    assert float(ball.norm(ball.clip(far))) == pytest.approx(0.4, rel=1e-12)
+    base = (torch.randn(4, 3, generator=generator, dtype=torch.float64),)
+    scale = (base[0].abs(),)
+    box = qs.engine.ball.BoxGeometry(base, scale, 0.4)
+    tight = box.with_radius(0.1)
+    clipped = tight.clip(tuple(10 * s for s in scale))
+    assert torch.equal(clipped[0], 0.1 * scale[0])
+    assert torch.equal(box.clip(tuple(10 * s for s in scale))[0], 0.4 * scale[0])

@@ -74,6 +74,12 @@ class GeodesicBall:
         return GeodesicBall(self.frozen.on_rows(rows), self.radius, self.order, self.steps,
                             self.problem_shape)
 
+    def with_radius(self, radius: float | torch.Tensor) -> GeodesicBall:
+        """The same ball at another radius (sharing the frozen point and its factorisations)."""
+        ball = copy.copy(self)
+        ball.radius = radius if isinstance(radius, torch.Tensor) else float(radius)
+        return ball
+
     def zeros(self) -> Tensors:
         shapes = []
         for t, k in zip(self.base, self.frozen.point_ndims, strict=True):
@@ -232,6 +238,14 @@ class BoxGeometry:
         if "_inv_scale" in self.__dict__:
             cut.__dict__["_inv_scale"] = T.cut_to_rows(self.__dict__["_inv_scale"], rows, "box")
         return cut
+
+    def with_radius(self, radius: float | torch.Tensor) -> BoxGeometry:
+        """The same box at another radius (sharing its base and scale)."""
+        box = copy.copy(self)
+        box.radius = float(radius)
+        box._bounds = tuple(box.radius * c for c in self.scale)
+        box._lower = tuple(torch._foreach_neg(list(box._bounds)))
+        return box
 
     def zeros(self) -> Tensors:
         return tuple(torch.zeros_like(t) for t in self.base)

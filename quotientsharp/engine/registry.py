@@ -258,7 +258,8 @@ def reference_settings(option: object, settings: AscentSettings) -> AscentSettin
         raise type(err)(f"reference_solve: {err}") from err
 
 
-SEARCH_KEYS = ("chains", "min_chains", "continuations", "target", "stall", "warm_step")
+SEARCH_KEYS = ("chains", "min_chains", "continuations", "target", "stall", "warm_step",
+               "ladder")
 
 
 def search_settings(option: object) -> SearchSettings | None:
@@ -298,7 +299,7 @@ class AscentSpec(MeasureSpec):
         ``True``: the reach search beyond the first ascent and its estimate
         (:class:`~.solver.SearchSettings`' defaults); ``False``: one ascent, no estimate; a
         dict overrides any of ``chains``, ``min_chains``, ``continuations``, ``target``,
-        ``stall``, ``warm_step``.
+        ``stall``, ``warm_step``, ``ladder``.
     reference_solve
         ``None``; ``True`` or a dict of ``n_iter``, ``restarts``, ``eta0``, ``alpha``,
         ``random_init``: a second, stronger solve per batch (default 10 times the steps and 4

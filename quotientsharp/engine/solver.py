@@ -28,6 +28,7 @@ the same values bit for bit. :class:`CompiledSteps` runs the per-iteration geome
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -230,6 +231,10 @@ class AscentGeometry(Protocol):
 
     def random_start(self, generator: torch.Generator | None) -> Tensors:
         """A random point of the ball."""
+        ...
+
+    def with_radius(self, radius: float | torch.Tensor) -> AscentGeometry:
+        """The same ball at another radius (a continuation in ``rho``)."""
         ...
 
 
@@ -758,6 +763,12 @@ class SearchSettings:
         The first step size of a continuation: ``"continue"``, twice the step size the run
         ended with (at most the run's first), so that the continuation goes on where the run's
         schedule stopped; ``"reset"``, the run's own first step size.
+    ladder
+        A continuation in ``rho`` for the second chain: radii as shares of ``rho``, increasing
+        in ``(0, 1)``. The chain ascends at the first share from ``xi = 0``, each further share
+        from the last best point scaled up to its radius, then at ``rho`` from that point
+        scaled up, with continuations like any chain. Empty (the default): every chain after
+        the first starts at a random point of the ball.
     """
 
     chains: int = 4
@@ -766,6 +777,7 @@ class SearchSettings:
     target: float = 0.99
     stall: float = 1e-3
     warm_step: str = "continue"
+    ladder: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         try:
@@ -789,6 +801,19 @@ class SearchSettings:
         if self.warm_step not in ("continue", "reset"):
             raise ValueError(f"reach: warm_step must be 'continue' or 'reset', got "
                              f"{self.warm_step!r}")
+        object.__setattr__(self, "ladder", _ladder(self.ladder))
+
+
+def _ladder(shares: object) -> tuple[float, ...]:
+    """``SearchSettings.ladder`` checked: a sequence of numbers increasing in ``(0, 1)``."""
+    if isinstance(shares, (str, bytes)) or not isinstance(shares, Sequence):
+        raise TypeError(f"reach: ladder must be a sequence of shares of rho in (0, 1), got "
+                        f"{shares!r}")
+    checked = tuple(check_real("reach: ladder", share, "a share of rho in (0, 1)",
+                               lambda v: 0 < v < 1) for share in shares)
+    if any(b <= a for a, b in itertools.pairwise(checked)):
+        raise ValueError(f"reach: ladder must increase, got {list(checked)}")
+    return checked
 
 
 @dataclass
@@ -807,6 +832,11 @@ class SearchOutcome:
     trace: torch.Tensor
     solves: list[tuple[AscentSettings, AscentOutcome]]
     shortfalls: list[float] = field(default_factory=list)
+
+
+def scaled(xi: Sequence[torch.Tensor], factor: float) -> Tensors:
+    """Every tensor of ``xi`` times ``factor`` (new tensors)."""
+    return tuple(t * factor for t in xi)
 
 
 def reach_estimate(chains: Sequence[float]) -> float:
@@ -860,8 +890,9 @@ def search(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
         return outcome
 
     def chain(chain_settings: AscentSettings, stream: torch.Generator | None,
-              first: Initial | None) -> tuple[torch.Tensor, Tensors, float]:
-        outcome = run(chain_settings, stream, first, None)
+              first: Initial | None, start: Tensors | None = None
+              ) -> tuple[torch.Tensor, Tensors, float]:
+        outcome = run(chain_settings, stream, first, start)
         loss, xi = outcome.loss, outcome.xi
         before = None
         for done in range(reach.continuations + 1):
@@ -892,9 +923,35 @@ def search(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
         best = max(range(len(values)), key=values.__getitem__)
         return min(reach_estimate(values), 1.0 - shortfalls[best])
 
+    def climb() -> tuple[Tensors, AscentOutcome]:
+        # the ladder's ascents, each from the last one's best point scaled up to its radius;
+        # their points lie in the ball too, so the best of them is a candidate (a value at
+        # rho is then never below what the chain found at a smaller radius)
+        xi, below, best = geometry.zeros(), 1.0, None
+        for share in reach.ladder:
+            ball = geometry.with_radius(geometry.radius * share)
+            rung = AscentSettings(n_iter=settings.n_iter, alpha=settings.alpha,
+                                  eta0=None if settings.eta0 is None else settings.eta0 * share)
+            outcome = ascend(ball, objective, rung, None, on_evaluation,
+                             skip_nonfinite=skip_nonfinite, host_decisions=host_decisions,
+                             compiled=compiled, start=ball.clip(scaled(xi, share / below)))
+            solves.append((rung, outcome))
+            xi, below = outcome.xi, share
+            best = outcome if best is None or bool(outcome.loss > best.loss) else best
+        assert best is not None
+        return geometry.clip(scaled(xi, 1.0 / below)), best
+
     while len(values) < reach.chains and (len(values) < reach.min_chains
                                           or estimate() < reach.target):
-        loss, xi, shortfall = chain(probe, probe_generator, None)
+        if reach.ladder and len(values) == 1:
+            fresh = AscentSettings(n_iter=settings.n_iter, eta0=settings.eta0,
+                                   alpha=settings.alpha)
+            start, rungs = climb()
+            loss, xi, shortfall = chain(fresh, None, None, start)
+            if bool(rungs.loss > loss):
+                loss, xi = rungs.loss, rungs.xi
+        else:
+            loss, xi, shortfall = chain(probe, probe_generator, None)
         values.append(loss.item() - clean)
         shortfalls.append(shortfall)
         if bool(loss > best_loss):
