@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -219,6 +220,7 @@ def test_measure_mse_regression_with_max_batches(saved, tmp_path) -> None:
     "missing model", "missing data", "unknown measure", "no rho", "bad rho", "bad order",
     "label out of range", "bad json", "no label", "not a module", "config without weights",
     "garbage data", "module and data do not fit", "float labels with cross-entropy",
+    "one chain", "chains without an ascent measure",
 ])
 def test_bad_input_gives_clear_error_and_exit_2(saved, tmp_path, capsys, case) -> None:
     root = saved["root"]
@@ -252,6 +254,9 @@ def test_bad_input_gives_clear_error_and_exit_2(saved, tmp_path, capsys, case) -
         "garbage data": ([net, str(tmp_path / "garbage.pt"), *rho], "torch.save file"),
         "module and data do not fit": ([net, ids, *rho, "--n-iter", "1"], "failed"),
         "float labels with cross-entropy": ([bert, data, *rho], "--loss mse"),
+        "one chain": ([bert, ids, *rho, "--chains", "1"], "--chains must be an integer >= 2"),
+        "chains without an ascent measure": ([bert, ids, *rho, "--measure", "average",
+                                              "--chains", "3"], "--chains needs an ascent"),
     }[case]
     code = main(["measure", *arguments, "--no-progress"])
     captured = capsys.readouterr()
@@ -259,6 +264,54 @@ def test_bad_input_gives_clear_error_and_exit_2(saved, tmp_path, capsys, case) -
     assert captured.err.startswith("quotientsharp measure: error:")
     assert expected in captured.err, captured.err
     assert captured.err.count("\n") == 1            # one line, no traceback
+
+
+def test_a_module_whose_class_cannot_be_imported_gives_clear_error(saved, tmp_path, capsys,
+                                                                   monkeypatch) -> None:
+    # torch.save(module) pickles the class by its import path; where that module is not on the
+    # path (a class defined in the saving script), loading must say so, not print a traceback
+    (tmp_path / "saving_script_module.py").write_text(
+        "import torch\n\nclass Tiny(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.linear = torch.nn.Linear(4, 3)\n\n"
+        "    def forward(self, x):\n        return self.linear(x)\n")
+    with monkeypatch.context() as patch:
+        patch.syspath_prepend(str(tmp_path))
+        import saving_script_module
+        torch.save(saving_script_module.Tiny(), tmp_path / "tiny.pt")
+    sys.modules.pop("saving_script_module")        # as in a new process: not importable
+    torch.save((torch.randn(4, 4), torch.randint(0, 3, (4,))), tmp_path / "xy.pt")
+    code = main(["measure", str(tmp_path / "tiny.pt"), str(tmp_path / "xy.pt"), "--rho", "0.1",
+                 "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.err.startswith("quotientsharp measure: error: MODEL")
+    assert "cannot be imported here" in captured.err and "saving_script_module" in captured.err
+    assert captured.err.count("\n") == 1
+
+
+def test_a_value_short_of_its_maximum_is_a_note_with_the_options_to_use(tmp_path, capsys
+                                                                       ) -> None:
+    # small value factors: the mix ball moves the output projection by many times its norm
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, dropout=0.0),
+                          nn.Flatten(), nn.Linear(24, 3))
+    with torch.no_grad():
+        model[0].self_attn.in_proj_weight[16:] *= 1e-3
+    torch.save(model, tmp_path / "wide.pt")
+    torch.save((torch.randn(8, 3, 8), torch.randint(0, 3, (8,))), tmp_path / "xy.pt")
+    arguments = ["measure", str(tmp_path / "wide.pt"), str(tmp_path / "xy.pt"), "--measure",
+                 "geodesic", "--metric", "mix", "--rho", "0.3", "--n-iter", "4", "--batch-size",
+                 "8", "--no-progress", "--json", str(tmp_path / "out.json")]
+    # filterwarnings = error: a ReachWarning escaping the command would fail here
+    assert main([*arguments, "--chains", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "note: geodesic (mix, order 2), batch 0: the ball is not local" in out
+    assert "--chains 8 --n-iter 50" in out and "--order exact" in out
+    result = json.loads((tmp_path / "out.json").read_text())["results"]["geodesic"]
+    assert result["settings"]["reach"]["chains"] == 3
+    assert 2 <= len(result["chains"][0]) <= 3
+    assert result["locality"][0]["local"] is False
 
 
 def test_argument_type_errors_exit_through_argparse(saved, capsys) -> None:

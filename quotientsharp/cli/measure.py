@@ -126,14 +126,15 @@ def _sharpness(model: Any, batches: list, measure_run: MeasureRun, config: Sharp
                bindings: list[Any] | None, args: argparse.Namespace
                ) -> tuple[SharpnessResult, bool]:
     """One measure's result, and whether it found no symmetry (a note under the table)."""
-    from quotientsharp.engine import measure_from
+    from quotientsharp.engine import ReachWarning, measure_from
 
     measure = measure_run.measure
     rho = None if measure == "relative_flatness" else args.rho
     try:
         # the engine's typed measure, as the study's grid points make theirs
         spec = measure_from(measure, rho, options_for(measure_run, config, bindings))
-        result, no_symmetry = sharpness_noting_symmetry(model, batches, spec)
+        # a value short of its maximum is said under the table, with the options to use
+        result, no_symmetry = sharpness_noting_symmetry(model, batches, spec, (ReachWarning,))
     except (TypeError, ValueError, IndexError, RuntimeError) as err:
         # the model and the data do not fit together (or an option does not fit the model)
         raise InputError(f"{measure_label(measure, measure_run.variant or {})} sharpness "
@@ -144,7 +145,8 @@ def _sharpness(model: Any, batches: list, measure_run: MeasureRun, config: Sharp
 def _print_notes(args: argparse.Namespace, config: SharpnessConfig, no_symmetry: bool,
                  measured: dict[str, SharpnessResult]) -> None:
     """The notes and diagnostics under the table: no symmetry found, an unused ``--metric``,
-    the reference solves' gaps, the blocks (and their plot)."""
+    values that may fall short of their maximum, the reference solves' gaps, the blocks (and
+    their plot)."""
     from quotientsharp.engine.layouts import NO_SYMMETRY_NOTE
 
     if no_symmetry:
@@ -153,6 +155,14 @@ def _print_notes(args: argparse.Namespace, config: SharpnessConfig, no_symmetry:
         print(f"note: --metric {args.metric} did not apply: with --symmetry {config.symmetry} "
               "geodesic sharpness measures with the metric of each binding's own quotient "
               "(named in its row)")
+    short = {label: result.shortfalls() for label, result in measured.items()}
+    for label, notes in short.items():
+        for note in notes:
+            print(f"note: {label}, {note}")
+    if any(short.values()):
+        print("note: a value whose reach is below 0.99 may not be the maximum: search longer "
+              "(--chains 8 --n-iter 50); where the ball is not local, use --order exact, "
+              "--metric inv or a smaller --rho (docs/sharpness.md, 'Reach and locality')")
     gaps = reference_lines(list(measured.items()))
     if gaps:
         print(gaps)
@@ -220,7 +230,7 @@ def _measure(args: argparse.Namespace) -> int:
                          "eps": args.eps, "p": args.p, "symmetry": config.symmetry,
                          "samples": args.samples, "layer": args.layer, "loss": args.loss,
                          "batch_size": args.batch_size, "max_batches": args.max_batches,
-                         "n_iter": args.n_iter, "seed": args.seed,
+                         "n_iter": args.n_iter, "chains": args.chains, "seed": args.seed,
                          "blockwise": args.blockwise,
                          "reference_n_iter": args.reference_n_iter,
                          "reference_restarts": args.reference_restarts,

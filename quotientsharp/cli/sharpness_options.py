@@ -67,6 +67,9 @@ def add_sharpness_options(parser: argparse.ArgumentParser, *, radius_list: bool 
                         help="use at most this many batches (default: all)")
     parser.add_argument("--n-iter", type=int, default=20,
                         help="Auto-PGD steps of the ascent measures (default 20)")
+    parser.add_argument("--chains", type=int, default=None, metavar="N",
+                        help="ascent measures: most chains of the search that confirms each "
+                        "value (default 4); raise it where the reach column is below 0.99")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--max-length", type=int, default=128,
                         help="text rows: truncate to this many tokens (default 128)")
@@ -113,7 +116,8 @@ def sharpness_fields(args: argparse.Namespace) -> dict[str, Any]:
         n_iter=args.n_iter, blockwise=getattr(args, "blockwise", False),
         compile_steps=getattr(args, "compile_steps", False),
         reference_n_iter=getattr(args, "reference_n_iter", None),
-        reference_restarts=getattr(args, "reference_restarts", None))
+        reference_restarts=getattr(args, "reference_restarts", None),
+        chains=getattr(args, "chains", None))
     return {"measures": args.measure, "rho": args.rho,
             "metrics": args.metric if args.metric is not None else "inv",
             "orders": args.order, "symmetry": getattr(args, "symmetry", None),

@@ -75,6 +75,14 @@ def load_model(path: str | os.PathLike) -> nn.Module:
                 return _config_model(path)
         raise ValueError(f"MODEL {path} is neither a config JSON nor a torch-saved module: "
                          f"{err}") from err
+    except (ImportError, AttributeError) as err:
+        # torch.save(module) pickles the class by its import path: a class defined in the
+        # saving script's __main__ (or a module not on sys.path here) cannot be found again
+        raise ValueError(f"MODEL {path} holds a module whose class cannot be imported here "
+                         f"({str(err).splitlines()[0]}): torch.save(model) stores the class "
+                         "by its import path, so define it in a module importable where you "
+                         "run quotientsharp (on sys.path or PYTHONPATH, not in the saving "
+                         "script itself) and save again") from err
     if isinstance(loaded, nn.Module):
         return loaded
     if isinstance(loaded, dict):

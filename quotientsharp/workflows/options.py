@@ -187,6 +187,9 @@ class SolverSettings:
     reference_n_iter, reference_restarts
         A stronger reference solve per batch (its steps, its random restarts), ``None``: none
         (or the engine's default where the other is given).
+    chains
+        Most chains of the reach search that confirms each value (``>= 2``); ``None``: the
+        engine's default.
     """
 
     n_iter: int = 20
@@ -194,9 +197,11 @@ class SolverSettings:
     compile_steps: bool = False
     reference_n_iter: int | None = None
     reference_restarts: int | None = None
+    chains: int | None = None
 
     def __post_init__(self) -> None:
         _set(self, "n_iter", _integer(self.n_iter, "SolverSettings.n_iter", 1))
+        _set(self, "chains", _integer(self.chains, "SolverSettings.chains", 2, optional=True))
         _set(self, "reference_n_iter", _integer(
             self.reference_n_iter, "SolverSettings.reference_n_iter", 1, optional=True))
         _set(self, "reference_restarts", _integer(
@@ -210,7 +215,8 @@ class SolverSettings:
         return [_name(f"SolverSettings.{name}") for name, given in (
             ("blockwise", self.blockwise), ("compile_steps", self.compile_steps),
             ("reference_n_iter", self.reference_n_iter is not None),
-            ("reference_restarts", self.reference_restarts is not None)) if given]
+            ("reference_restarts", self.reference_restarts is not None),
+            ("chains", self.chains is not None)) if given]
 
     def options(self) -> dict[str, Any]:
         """Keyword options of :func:`quotientsharp.sharpness` for an ascent measure."""
@@ -219,6 +225,8 @@ class SolverSettings:
             options["blockwise"] = True
         if self.compile_steps:
             options["compile_steps"] = True
+        if self.chains is not None:
+            options["reach"] = {"chains": self.chains}
         reference = {key: value for key, value in (("n_iter", self.reference_n_iter),
                                                    ("restarts", self.reference_restarts))
                      if value is not None}
