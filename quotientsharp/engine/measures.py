@@ -29,6 +29,7 @@ from quotientsharp.engine.functional import FunctionalModel, checked_clean_loss
 from quotientsharp.engine.geometry import (
     AscentSpace,
     GeometryPlan,
+    PlainGeometry,
     TouchedSpace,
     plain_coordinates,
 )
@@ -396,8 +397,9 @@ class AscentMeasure:
             with torch.no_grad():
                 perturbation = {n: t - self.model.theta_geometry[n] for n, t in moved.items()}
         blocks = self._blocks(batch, outcome.xi, clean) if self.blockwise else None
+        absolute = isinstance(self.plan, PlainGeometry) and not self.plan.adaptive
         where = locality(space.geometry, space.coordinates, space.coordinates.blocks(),
-                         self.model.theta_geometry, outcome.xi)
+                         self.model.theta_geometry, outcome.xi, absolute)
         return BatchOutcome(outcome.loss - clean, clean, outcome.loss, norms, perturbation,
                             skipped, trace=outcome.trace,
                             reference=None if reference is None else reference.loss,

@@ -7,13 +7,14 @@ It touches the measure's :class:`~.measures.BatchOutcome` list and the resolved 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
 
 from quotientsharp.core.validation import warn_at_caller
+from quotientsharp.engine.blocks import LOCAL_SECOND_ORDER, TOGETHER
 from quotientsharp.engine.measures import BatchOutcome
 
 #: The reach below which a value is reported as short of its maximum (the search's default
@@ -150,17 +151,12 @@ class SharpnessResult:
                              f"reached {found}: the best was not confirmed)")
         for index, where in enumerate(self.locality):
             if not where["local"]:
-                second = where["second_order"]
-                curved = ("" if second is None else f", second-order term {second:.3g} x the "
-                          f"first ({where['second_order_factor']})")
-                extrapolated = (second is not None and second > 0.5)
-                notes.append(f"batch {index}: the ball is not local (parameter "
-                             f"{where['parameter']} moves by {where['displacement']:.3g} x its "
-                             f"norm{curved}): the value describes the loss far from theta, not "
-                             "in a neighbourhood of it"
+                notes.append(f"batch {index}: the ball is not local ({_moved(where)}): the value "
+                             "describes the loss far from theta, not in a neighbourhood of it"
                              + ("; the order-2 path there is an extrapolation with many local "
                                 "maxima, so the value and its reach estimate are the best "
-                                "found, not the maximum" if extrapolated else ""))
+                                "found, not the maximum"
+                                if (where["second_order"] or 0) > LOCAL_SECOND_ORDER else ""))
         return notes
 
     @property
@@ -294,6 +290,22 @@ def assemble_result(measure: str, outcomes: Sequence[BatchOutcome],
             f"8}}, n_iter=50); where the ball is not local, {_LOCAL_ADVICE.get(measure, '')}"
             "use a smaller rho (docs/sharpness.md, 'Reach and locality').", ReachWarning)
     return result
+
+
+def _moved(where: Mapping[str, Any]) -> str:
+    """What moved how far at a batch's best perturbation (its :class:`~.blocks.Locality`)."""
+    parts = []
+    if where["parameter"] is not None:
+        moved = ("the parameters together move" if where["parameter"] == TOGETHER
+                 else f"parameter {where['parameter']} moves")
+        whose = "their" if where["parameter"] == TOGETHER else "its"
+        parts.append(f"{moved} by {where['displacement']:.3g} x {whose} norm")
+    if where["factor_displacement"] is not None:
+        parts.append(f"factor {where['factor']} by {where['factor_displacement']:.3g} x its norm")
+    if where["second_order"] is not None:
+        parts.append(f"second-order term {where['second_order']:.3g} x the first "
+                     f"({where['second_order_factor']})")
+    return ", ".join(parts)
 
 
 def _kept(outcomes: Sequence[BatchOutcome]) -> list[dict[str, torch.Tensor]]:

@@ -224,7 +224,9 @@ def reach_study(out: Path, *, quick: bool = False, seed: int = 0, threads: int =
             "bert": reach_shares(records["tiny-bert"]["values"]),
             "families": {f.study: _family_results(
                 f, radii[f.study], [records[f"{f.study}:{i}"] for i in range(f.models)])
-                for f in families}}
+                for f in families},
+            # how `local` was judged (factors as wholes, worst case over all parameters)
+            "locality_rule": "factors"}
         document = page_document("reach", {"results": results, "command": command})
         write_json_atomic(folder.file("reach.json"), results)
         write_json_atomic(folder.file("page.json"), document)

@@ -191,14 +191,17 @@ def section(page: Mapping[str, Any]) -> str:
                   "(large pretrained models, fine-tuned), shown for orientation only.", ""]
         lines += seeded_tables(seeded, page["family_wise_level"])
     lines += _trust_lines(solver, page["ablation"],
-                          page["confounds"] if seeded is None else (), boot["confidence"])
+                          page["confounds"] if seeded is None else (), boot["confidence"],
+                          page.get("locality_rule") == "factors")
     return "\n".join(lines) + "\n"
 
 
 def _trust_lines(solver: str, ablation: Sequence[Mapping[str, Any]],
-                 confounds: Sequence[Mapping[str, Any]], confidence: float) -> list[str]:
+                 confounds: Sequence[Mapping[str, Any]], confidence: float,
+                 factor_rule: bool) -> list[str]:
     """The end of a family section: the solver's reach and locality table, the ablation
-    sizes and the confounds (each when there is one)."""
+    sizes and the confounds (each when there is one); ``factor_rule``: the run judged
+    locality as the engine does now (a note says so where it did not)."""
     lines: list[str] = []
     if solver:
         lines += ["", "How far each measure's values can be trusted, over every model and batch "
@@ -206,6 +209,13 @@ def _trust_lines(solver: str, ablation: Sequence[Mapping[str, Any]],
                   "best perturbation; docs/sharpness.md, 'Reach and locality'). A tau of values "
                   "that are not maxima of local balls compares solver outcomes, not sharpness.",
                   "", solver]
+        if not factor_rule:
+            lines += ["", "This run judged `local` by the rule before 2026-12-06: every "
+                      "parameter tensor on its own, the bias rows of attention heads and the "
+                      "worst-case ball included, so a bias of tiny norm (a classifier bias "
+                      "fine-tuned from zero) made a ball 'not local'. The engine now judges a "
+                      "head's tensors with the head and the worst-case ball over all "
+                      "parameters together (docs/sharpness.md, 'Reach and locality')."]
     if ablation:
         lines += ["", "Ablation sizes: per-model ratio of two measures (median [min, max] over "
                   "the models).", "", "| metric | ratio | median [min, max] | models |",

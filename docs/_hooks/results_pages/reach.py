@@ -94,9 +94,15 @@ def section(page: Mapping[str, Any]) -> str:
              "reaches should not, unless its ball is not local: the warnings table counts "
              "both. A measure whose reach falls with rho is ranked partly by its solver's "
              "shortfall: compare measures at a radius where every one of them reaches close "
-             "to 100 %.", "",
-             "### Diagonal nets", "",
-             f"{results['diagonal_nets']} nets of the diagonal study's quick size (d = 200, "
+             "to 100 %.", ""]
+    if results.get("locality_rule") != "factors":
+        lines += ["This run judged `local` by the rule before 2026-12-06: every parameter "
+                  "tensor on its own, the bias rows of attention heads included, so a bias of "
+                  "tiny norm made a ball 'not local' where its head moved little. The engine "
+                  "now judges a head's tensors with the head (docs/sharpness.md, 'Reach and "
+                  "locality'): the 'not local' counts below are of the old rule.", ""]
+    lines += ["### Diagonal nets", "",
+              f"{results['diagonal_nets']} nets of the diagonal study's quick size (d = 200, "
              "trained to 1e-5), 4 batches of 25 each, measured by the diagonal study's own "
              "batched solver (one Auto-PGD ascent of 20 steps from ξ = 0, exact paths); "
              "strong ascent: 400 steps, 3 restarts (from the quadratic model's maximiser, its "

@@ -173,5 +173,8 @@ def page_data(study: FamilyStudy, settings: Mapping[str, Any],
         "world_size": world_size, "device": device_text(device),
         "pretrained_note": pretrained_note,
         "solver": solver_rows(counted, specs) if specs else [],
+        # how `local` was judged (factors as wholes, worst case over all parameters together):
+        # pages of earlier runs judged every tensor on its own, and say so
+        "locality_rule": "factors",
         "ablation": ablation_rows(counted, specs) if specs else [],
         "bootstrap": dict(BOOTSTRAP), "family_wise_level": FAMILY_WISE_LEVEL}
