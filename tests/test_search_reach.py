@@ -73,6 +73,16 @@ def _exact(model: QuadraticLoss, rho: float) -> float:
     return qs.engine.trust_region_maximum(model.A, gradient, rho).value
 
 
+def _tiny_transformer(seed: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    """A float64 transformer layer with a linear head (two attention heads: GL pairs), and a
+    batch of 4 sequences of 3 tokens."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True,
+                                                                 dropout=0.0),
+                                torch.nn.Flatten(), torch.nn.Linear(24, 3)).double()
+    return model, (torch.randn(4, 3, 8, dtype=torch.float64), torch.randint(0, 3, (4,)))
+
+
 # ---------------------------------------------------------------------------- the estimate
 @pytest.mark.parametrize("seed", range(5))
 def test_reach_estimate_is_second_over_best(seed: int) -> None:
@@ -200,11 +210,7 @@ def test_a_chain_still_climbing_when_its_continuations_end_lowers_the_reach() ->
                                               ("geodesic", {"metric": "inv"})])
 def test_displacement_matches_the_kept_perturbation(seed: int, measure: str,
                                                     options: dict[str, object]) -> None:
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True,
-                                                                 dropout=0.0),
-                                torch.nn.Flatten(), torch.nn.Linear(24, 3)).double()
-    batch = (torch.randn(4, 3, 8, dtype=torch.float64), torch.randint(0, 3, (4,)))
+    model, batch = _tiny_transformer(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", qs.ReachWarning)
         result = qs.sharpness(model, [batch], measure=measure, rho=0.2, n_iter=4,
@@ -272,14 +278,10 @@ def test_second_order_ratio_against_autograd_christoffel(metric: str, seed: int)
 
 
 def test_a_non_local_ball_warns() -> None:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True,
-                                                                 dropout=0.0),
-                                torch.nn.Flatten(), torch.nn.Linear(24, 3)).double()
+    model, batch = _tiny_transformer(0)
     with torch.no_grad():
         attention = model[0].self_attn
         attention.in_proj_weight[16:] *= 1e-3      # small value factors: the mix ball is wide
-    batch = (torch.randn(4, 3, 8, dtype=torch.float64), torch.randint(0, 3, (4,)))
     with pytest.warns(qs.ReachWarning, match="batch 0: the ball is not local"):
         result = qs.sharpness(model, [batch], measure="geodesic", metric="mix", rho=0.3,
                               n_iter=4, progress=False, reach=False)
@@ -291,11 +293,7 @@ def test_a_non_local_ball_warns() -> None:
 @pytest.mark.parametrize("given, taken", [(2.0, 2), (1.0, 1)])
 def test_an_integral_float_order_is_that_order(given: float, taken: int) -> None:
     # 0.1 accepted order=2.0; 0.2 refused it with no changelog line (campaign 2)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True,
-                                                                 dropout=0.0),
-                                torch.nn.Flatten(), torch.nn.Linear(24, 3)).double()
-    batch = (torch.randn(4, 3, 8, dtype=torch.float64), torch.randint(0, 3, (4,)))
+    model, batch = _tiny_transformer(0)
     options = dict(measure="geodesic", rho=0.05, n_iter=3, progress=False, reach=False)
     as_float = qs.sharpness(model, [batch], order=given, **options)
     as_int = qs.sharpness(model, [batch], order=taken, **options)
@@ -370,11 +368,7 @@ def test_the_ladder_chain_climbs_to_the_maximum_and_costs_its_rungs(measure: str
 
 @pytest.mark.parametrize("metric", ["mix", "inv"])
 def test_the_ladder_chain_on_a_geodesic_ball(metric: str) -> None:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True,
-                                                                 dropout=0.0),
-                                torch.nn.Flatten(), torch.nn.Linear(24, 3)).double()
-    batch = (torch.randn(4, 3, 8, dtype=torch.float64), torch.randint(0, 3, (4,)))
+    model, batch = _tiny_transformer(0)
     options: dict[str, object] = dict(measure="geodesic", metric=metric, rho=0.2, n_iter=4,
                                       progress=False)
     with warnings.catch_warnings():
@@ -418,14 +412,10 @@ def test_a_tiny_bias_moving_far_from_itself_does_not_make_a_ball_non_local(
     # norms: under the inv ball a bias row moves with its head's factor, under the worst-case
     # ball by up to rho itself; neither is a neighbourhood lost, and a warning that fires on
     # every such model would be a warning users learn to ignore
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True,
-                                                                 dropout=0.0),
-                                torch.nn.Flatten(), torch.nn.Linear(24, 3)).double()
+    model, batch = _tiny_transformer(0)
     with torch.no_grad():
         model[0].self_attn.in_proj_bias.mul_(1e-4)
         model[2].bias.mul_(1e-4)
-    batch = (torch.randn(4, 3, 8, dtype=torch.float64), torch.randint(0, 3, (4,)))
     with warnings.catch_warnings():
         warnings.simplefilter("error", qs.ReachWarning)
         result = qs.sharpness(model, [batch], measure=measure, rho=0.3, n_iter=4,
