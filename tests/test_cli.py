@@ -57,3 +57,45 @@ def test_version_names_the_installed_release_without_importing_torch():
     tomllib = __import__("tomllib")
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert json.loads(done.stdout) == [f"quotientsharp {version}\n", 0, False]
+
+
+def test_argument_errors_are_one_line_of_every_command(capsys):
+    import pytest
+
+    from quotientsharp.cli import main
+
+    for arguments, prog, needle in (
+            (["measure", "m.pt", "d.pt", "--chains", "2.5"], "quotientsharp measure",
+             "argument --chains: invalid int value: '2.5'"),
+            (["measure", "m.pt", "d.pt", "--n-iter", "abc"], "quotientsharp measure",
+             "argument --n-iter"),
+            (["measure", "m.pt", "d.pt", "--dtype", "float16"], "quotientsharp measure",
+             "argument --dtype: invalid choice: 'float16'"),
+            (["measure", "m.pt"], "quotientsharp measure", "required: data"),
+            (["verify", "--seeds", "abc"], "quotientsharp verify", "argument --seeds"),
+            (["symmetries"], "quotientsharp symmetries", "required: model"),
+            (["study", "models.csv"], "quotientsharp study", "required: --data"),
+            (["reproduce", "diagonal", "--nets", "x"], "quotientsharp reproduce diagonal",
+             "argument --nets"),
+            (["sharpen"], "quotientsharp", "argument command: invalid choice")):
+        with pytest.raises(SystemExit) as info:
+            main(arguments)
+        error = capsys.readouterr().err
+        assert info.value.code == 2, arguments
+        # one line, no usage block; where to look for the usage is said on it
+        assert error.count("\n") == 1 and "usage:" not in error, error
+        assert error.startswith(f"{prog}: error: ") and needle in error, error
+        assert error.endswith(f"(see {prog} --help)\n"), error
+
+
+def test_help_still_shows_the_usage_and_every_option(capsys):
+    import pytest
+
+    from quotientsharp.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["measure", "--help"])
+    text = capsys.readouterr().out
+    assert info.value.code == 0 and text.startswith("usage: quotientsharp measure")
+    for option in ("--nonfinite {raise,skip}", "--json OUT", "--p P", "--samples SAMPLES"):
+        assert option in text, option

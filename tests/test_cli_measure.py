@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -424,3 +427,229 @@ def test_measure_names_of_the_command_line_are_the_engines():
         measure_names("nonexistent")
     offered = str(error.value).split("choose from ")[1].split(", ")
     assert set(offered) == set(MEASURES)
+
+
+# ---------------------------------------------------------------------------- the --json output
+def _one_line_error(capsys, *needles: str) -> str:
+    """The command's stderr: one line ``quotientsharp measure: error: ...`` with every needle,
+    and nothing on stdout (it failed before measuring)."""
+    captured = capsys.readouterr()
+    assert captured.err.startswith("quotientsharp measure: error: "), captured.err
+    assert captured.err.count("\n") == 1, captured.err
+    for needle in needles:
+        assert needle in captured.err, captured.err
+    assert captured.out == "", captured.out
+    return captured.err
+
+
+@pytest.mark.parametrize("target", ["net", "data", "symlink to data", "hard link to data"])
+def test_json_onto_the_model_or_the_data_is_refused_and_leaves_them_intact(saved_mlp, tmp_path,
+                                                                         capsys, target):
+    model, data = saved_mlp["net"], saved_mlp["data"]
+    before = {path: path.read_bytes() for path in (model, data)}
+    out = {"net": model, "data": data}.get(target, tmp_path / "link.pt")
+    if target == "symlink to data":
+        out.symlink_to(data)
+    if target == "hard link to data":
+        os.link(data, out)
+    assert _measure(saved_mlp, "--measure", "adaptive", "--json", str(out)) == 2
+    role = "MODEL" if target == "net" else "DATA"
+    _one_line_error(capsys, f"--json {out}", f"the same file as {role}")
+    assert {path: path.read_bytes() for path in (model, data)} == before
+
+
+def test_json_inside_a_model_directory_is_refused(saved, tmp_path, capsys):
+    before = sorted(path.name for path in saved["bert"].iterdir())
+    for out in (saved["bert"] / "config.json", saved["bert"] / "runs" / "out.json"):
+        code = main(["measure", str(saved["bert"]), str(saved["ids"]), "--rho", "0.1",
+                     "--no-progress", "--json", str(out)])
+        assert code == 2
+        _one_line_error(capsys, f"--json {out}", "MODEL")
+    assert sorted(path.name for path in saved["bert"].iterdir()) == before
+
+
+@pytest.mark.parametrize("command", ["measure", "verify"])
+def test_json_onto_a_fifo_is_refused_and_the_fifo_stays(saved_mlp, tmp_path, capsys, command):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    if command == "measure":
+        code = _measure(saved_mlp, "--json", str(fifo))
+    else:
+        code = main(["verify", "--seeds", "1", "--dtype", "float64", "--json", str(fifo)])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.startswith(f"quotientsharp {command}: error: --json {fifo} ")
+    assert "FIFO" in captured.err and captured.err.count("\n") == 1
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_bad_json_paths_are_one_line_naming_json_before_measuring(saved_mlp, tmp_path, capsys):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    data = saved_mlp["data"]
+    for out, needle in (("", "--json needs a file path, got ''"),
+                        (str(folder), f"--json {folder} is a folder"),
+                        (f"{data}/out.json", f"--json {data}/out.json: {data} is a file"),
+                        (f"{data}/deeper/out.json", f"{data} is a file, not a folder")):
+        assert _measure(saved_mlp, "--json", out) == 2, out
+        _one_line_error(capsys, needle)
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_json_in_a_folder_where_no_file_can_be_made_names_the_folder(saved_mlp, capsys):
+    assert _measure(saved_mlp, "--json", "/proc/out.json") == 2
+    error = _one_line_error(capsys, "--json /proc/out.json", "folder /proc")
+    assert "another process" not in error
+
+
+def test_json_in_a_missing_folder_is_written_there(saved_mlp, tmp_path, capsys):
+    out = tmp_path / "new" / "folder" / "out.json"
+    assert _measure(saved_mlp, "--measure", "adaptive", "--json", str(out)) == 0
+    document = json.loads(out.read_text())
+    settings = document["settings"]
+    # the options left out: the defaults the settings applied, not None
+    assert (settings["p"], settings["eps"], settings["samples"]) == ("2", 0.0, 1)
+    assert settings["nonfinite"] == "raise" and document["warnings"] == []
+    assert not any(path.name.startswith(".quotientsharp-probe") for path in out.parent.iterdir())
+
+
+# ---------------------------------------------------------------------------- options given in vain
+@pytest.mark.parametrize("measures, option, needs", [
+    ("geodesic", ["--p", "inf"], "worst_case and adaptive"),
+    ("geodesic", ["--p", "2"], "worst_case and adaptive"),       # given, if to its default
+    ("adaptive", ["--metric", "mix"], "geodesic"),
+    ("adaptive", ["--order", "exact"], "geodesic"),
+    ("average,worst_case", ["--eps", "0.1"], "geodesic"),
+    ("adaptive", ["--symmetry", "mine:bind"], "geodesic"),
+    ("adaptive,geodesic", ["--samples", "4"], "average"),
+    ("average", ["--layer", "0"], "relative_flatness"),
+])
+def test_an_option_of_measures_not_measured_is_refused(saved_mlp, capsys, measures, option,
+                                                       needs):
+    assert _measure(saved_mlp, "--measure", measures, *option) == 2
+    _one_line_error(capsys, f"{option[0]} applies to {needs} only",
+                    f"--measure gives {measures.replace(',', ', ')}")
+
+
+@pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+def test_the_options_of_the_measures_measured_are_taken(saved_mlp, tmp_path):
+    out = tmp_path / "out.json"
+    assert _measure(saved_mlp, "--measure", "average,worst_case,geodesic,relative_flatness",
+                    "--samples", "2", "--p", "inf", "--eps", "0.01", "--order", "1",
+                    "--layer", "2", "--json", str(out)) == 0
+    results = json.loads(out.read_text())["results"]
+    assert results["average"]["settings"]["samples"] == 2
+    assert results["worst_case"]["settings"]["p"] == "inf"
+    assert results["geodesic"]["settings"]["eps"] == 0.01
+    assert results["geodesic"]["settings"]["order"] == 1
+
+
+# ---------------------------------------------------------------------------- --nonfinite
+@pytest.fixture(scope="module")
+def overflowing(tmp_path_factory) -> dict[str, Path]:
+    """A float16 MLP on inputs so large that some (not all) Gaussian draws of radius 10
+    overflow float16 in the forward."""
+    root = tmp_path_factory.mktemp("overflow")
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Linear(64, 3)).half()
+    torch.save(net, root / "half.pt")
+    generator = torch.Generator().manual_seed(0)
+    torch.save(((30 * torch.randn(6, 4, generator=generator)).half(),
+                torch.randint(0, 3, (6,), generator=generator)), root / "data.pt")
+    return {"net": root / "half.pt", "data": root / "data.pt"}
+
+
+def test_nonfinite_skip_on_the_command_line_keeps_the_finite_draws(overflowing, tmp_path,
+                                                                  capsys):
+    arguments = ["measure", str(overflowing["net"]), str(overflowing["data"]), "--measure",
+                 "average", "--rho", "10", "--samples", "16", "--no-progress"]
+    assert main(arguments) == 2
+    error = capsys.readouterr().err
+    assert "not finite" in error and "--nonfinite skip" in error and error.count("\n") == 1
+    out = tmp_path / "out.json"
+    assert main([*arguments, "--nonfinite", "skip", "--json", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "UserWarning" not in printed.err
+    document = json.loads(out.read_text())
+    result = document["results"]["average"]
+    assert document["settings"]["nonfinite"] == "skip"
+    assert result["settings"]["nonfinite"] == "skip" and math.isfinite(result["value"])
+    skipped = [note for note in printed.out.splitlines() if "were skipped" in note]
+    assert len(skipped) == 1 and skipped[0].startswith("note: ")
+    assert document["warnings"] == [skipped[0].removeprefix("note: ")]
+
+
+def test_nonfinite_takes_raise_or_skip_only(saved_mlp, capsys):
+    with pytest.raises(SystemExit) as info:
+        _measure(saved_mlp, "--nonfinite", "ignore")
+    assert info.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("quotientsharp measure: error: argument --nonfinite")
+    assert error.count("\n") == 1
+
+
+# ---------------------------------------------------------------------------- warnings as notes
+@pytest.fixture(scope="module")
+def fresh_adapter(tmp_path_factory) -> dict[str, Path]:
+    """A PEFT LoRA adapter saved right after ``get_peft_model`` (B = 0: degenerate), its tiny
+    BERT base beside it, and token data."""
+    peft = pytest.importorskip("peft")
+    root = tmp_path_factory.mktemp("fresh-lora")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, vocab_size=40,
+                                     max_position_embeddings=16, attn_implementation="eager")
+    transformers.BertModel(config).save_pretrained(root / "base")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")         # the untrained classification head
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(
+            root / "base", num_labels=3, attn_implementation="eager")
+        model = peft.get_peft_model(model, peft.LoraConfig(
+            task_type="SEQ_CLS", r=4, lora_alpha=8, target_modules=["query", "value"]))
+    model.save_pretrained(root / "adapter")
+    generator = torch.Generator().manual_seed(0)
+    torch.save((torch.randint(0, 40, (4, 6), generator=generator),
+                torch.randint(0, 3, (4,), generator=generator)), root / "data.pt")
+    return {"adapter": root / "adapter", "data": root / "data.pt"}
+
+
+def _without_warnings(arguments: list[str], capsys) -> tuple[int, str, str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = main(arguments)
+    captured = capsys.readouterr()
+    assert [str(w.message) for w in caught] == []
+    assert "UserWarning" not in captured.err
+    return code, captured.out, captured.err
+
+
+@pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+def test_a_degenerate_adapter_is_a_note_of_measure_not_a_warning(fresh_adapter, capsys):
+    code, out, err = _without_warnings(
+        ["measure", str(fresh_adapter["adapter"]), str(fresh_adapter["data"]), "--rho", "0.1",
+         "--n-iter", "2", "--measure", "geodesic,adaptive", "--no-progress"], capsys)
+    assert code == 0, err
+    notes = [line for line in out.splitlines() if "LoRA adapter(s) are degenerate" in line]
+    # once, though each measure finds the symmetries again
+    assert len(notes) == 1 and notes[0].startswith("note: 2 LoRA adapter(s) are degenerate")
+
+
+def test_a_degenerate_adapter_is_in_the_symmetries_report_not_a_warning(fresh_adapter, capsys):
+    code, out, err = _without_warnings(["symmetries", str(fresh_adapter["adapter"])], capsys)
+    assert code == 0 and err == ""
+    assert "note: 2 degenerate LoRA adapter(s)" in out
+    code, out, err = _without_warnings(["symmetries", str(fresh_adapter["adapter"]), "--json"],
+                                       capsys)
+    report = json.loads(out)                    # stdout is the JSON alone
+    assert code == 0 and err == ""
+    assert {adapter["status"] for adapter in report["adapters"]} == {"degenerate"}
+    assert any("degenerate LoRA adapter(s)" in note for note in report["notes"])
+
+
+def test_nonfinite_choices_of_the_command_line_are_the_engines():
+    # the settings keep a torch-free copy of the policies, for --nonfinite and its check
+    from quotientsharp.engine.options import NONFINITE_POLICIES
+    from quotientsharp.workflows.options import NONFINITE
+
+    assert NONFINITE == NONFINITE_POLICIES

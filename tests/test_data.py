@@ -1,15 +1,24 @@
 """Text inputs that are not UTF-8 (a study's manifest, a JSON-lines data file) are named in a
-one-line error.
+one-line error; so is a DATA file that is neither JSON lines nor a torch.save file (empty,
+CSV, random bytes, another zip archive, a torch.save file cut short), by the API and by
+``quotientsharp measure`` (exit status 2), with the reason.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import re
+import warnings
+import zipfile
+from pathlib import Path
 
 import pytest
+import torch
 
 from quotientsharp.cli import main
+from quotientsharp.workflows.data import load_batches
+from quotientsharp.workflows.options import BatchSettings
 
 #: these tests measure small MLPs without symmetry: the warning that says so is
 #: expected here (tests/test_symmetry_check.py checks it)
@@ -33,3 +42,86 @@ def test_a_non_utf8_manifest_and_data_file_are_named(study_files, tmp_path):
         code = main(["measure", str(study_files / "net0.pt"), str(data), "--measure",
                      "adaptive", "--rho", "0.1", "--no-progress"])
     assert code == 2 and str(data) in stderr_io.getvalue()
+
+
+def _unreadable_data_files(root: Path, good: Path) -> dict[str, Path]:
+    """Files that are not DATA, each as a user may give one by mistake."""
+    files = {"empty": b"", "csv": b"a,b,label\n1,2,0\n", "random": bytes(range(7, 207)),
+             "text": b"hello world\n"}
+    paths = {}
+    for name, content in files.items():
+        paths[name] = root / f"{name}.pt"
+        paths[name].write_bytes(content)
+    paths["csv_named"] = root / "data.csv"
+    paths["csv_named"].write_bytes(files["csv"])
+    with zipfile.ZipFile(root / "other.zip", "w") as archive:
+        archive.writestr("notes.txt", "not a tensor")
+    paths["zip"] = root / "other.zip"
+    # a torch.save file cut short (a copy interrupted), in both of torch.save's formats
+    paths["truncated"] = root / "truncated.pt"
+    paths["truncated"].write_bytes(good.read_bytes()[:300])
+    legacy = root / "legacy.pt"
+    torch.save((torch.randn(8, 5), torch.randint(0, 3, (8,))), legacy,
+               _use_new_zipfile_serialization=False)
+    paths["truncated_legacy"] = root / "truncated_legacy.pt"
+    paths["truncated_legacy"].write_bytes(legacy.read_bytes()[:60])
+    return paths
+
+
+@pytest.fixture(scope="module")
+def bad_data(saved_mlp, tmp_path_factory) -> dict[str, Path]:
+    return _unreadable_data_files(tmp_path_factory.mktemp("bad-data"), saved_mlp["data"])
+
+
+@pytest.mark.parametrize("name", ["empty", "csv", "csv_named", "random", "text", "zip",
+                                  "truncated", "truncated_legacy"])
+def test_a_file_that_is_not_data_is_named_in_one_line(saved_mlp, bad_data, name, capsys):
+    path = bad_data[name]
+    model = torch.load(saved_mlp["net"], weights_only=False)
+    with pytest.raises(ValueError) as raised:
+        load_batches(path, model, saved_mlp["net"], BatchSettings())
+    message = str(raised.value)
+    assert message.startswith(f"DATA {path} is neither JSON lines (")
+    assert "nor a torch.save file: " in message and "\n" not in message
+    code = main(["measure", str(saved_mlp["net"]), str(path), "--rho", "0.1", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.err == f"quotientsharp measure: error: {message}\n"
+
+
+def test_why_a_file_is_not_data_is_said(saved_mlp, bad_data):
+    model = torch.load(saved_mlp["net"], weights_only=False)
+    reasons = {"empty": "empty (0 bytes)", "csv": "text file beginning 'a,b,label'",
+               "random": "neither a zip archive nor a pickle", "zip": "no data.pkl in it",
+               "truncated": "damaged or truncated", "truncated_legacy": "truncated or damaged"}
+    for name, reason in reasons.items():
+        with pytest.raises(ValueError, match=re.escape(reason)):
+            load_batches(bad_data[name], model, saved_mlp["net"], BatchSettings())
+
+
+def test_json_lines_under_another_suffix_are_told_the_suffixes(saved_mlp, tmp_path):
+    path = tmp_path / "rows.txt"
+    path.write_text('{"input_ids": [1, 2], "label": 0}\n')
+    model = torch.load(saved_mlp["net"], weights_only=False)
+    with pytest.raises(ValueError, match=r"DATA .*rows\.txt begins like JSON lines .* '\.txt'.*"
+                                         r"\.jsonl, \.json, \.ndjson"):
+        load_batches(path, model, saved_mlp["net"], BatchSettings())
+
+
+def test_a_broken_tokenizer_file_is_named(tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=16, vocab_size=20,
+                                     max_position_embeddings=16, num_labels=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")       # transformers' save progress and notes
+        transformers.BertForSequenceClassification(config).save_pretrained(tmp_path / "model")
+    (tmp_path / "model" / "tokenizer_config.json").write_text("{'not': 'json'}")
+    (tmp_path / "rows.jsonl").write_text('{"text": "a b", "label": 0}\n')
+    capsys.readouterr()                       # the progress bar of save_pretrained
+    code = main(["measure", str(tmp_path / "model"), str(tmp_path / "rows.jsonl"), "--rho",
+                 "0.1", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.err.count("\n") == 1
+    assert (f"MODEL {tmp_path / 'model' / 'tokenizer_config.json'} is not valid JSON"
+            in captured.err)

@@ -433,8 +433,10 @@ def test_a_nonfinite_solve_names_itself_its_batch_and_radius(after, solve, itera
         f"{total - 2} of {total} evaluations were not finite. The clean loss is finite, so "
         "the perturbation caused it: likely cause: the radius rho=0.1 is too large for "
         "float32")
-    assert str(err.value).endswith("(recorded in result.settings and "
-                                   "result.nonfinite_evaluations)")         # the skip hint
+    # the skip hint, true of the API and of the command line
+    assert str(err.value).endswith("; or pass nonfinite='skip' (--nonfinite skip on the "
+                                   "command line) to keep the best over the finite "
+                                   "evaluations (the skipped ones are counted per batch)")
 
 
 class _Counting(nn.Module):

@@ -6,6 +6,8 @@ A tiny BERT base is saved with ``save_pretrained``; a sequence-classification Lo
 directory must give what they give on the in-memory model (``torch.save``'d): the same
 symmetries, the same sharpness values. A fresh adapter (``B = 0``) is degenerate, not a pair;
 a directory whose saved values do not load is refused, never measured with fresh values.
+Nothing reaches the network: a base model that is not a local directory fails at once, in one
+line that says how the path is read; a damaged adapter file is named.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import contextlib
 import csv
 import io
 import json
+import shutil
+import socket
 import warnings
 from pathlib import Path
 
@@ -23,6 +27,9 @@ import torch
 from quotientsharp.cli import main
 from quotientsharp.cli.symmetries import report_to_dict
 from quotientsharp.models import find_symmetries
+from quotientsharp.models.loading import load_model
+from quotientsharp.models.peft_loading import load_peft_directory
+from quotientsharp.workflows.saved_models import load_measured_model
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -91,10 +98,13 @@ def test_symmetries_of_the_directory_are_those_of_the_in_memory_model(saved):
 
 
 def test_a_fresh_saved_adapter_is_degenerate(saved):
-    with pytest.warns(UserWarning, match="degenerate"):
-        code, stdout, stderr = _call("symmetries", saved / "fresh", "--json")
+    # the command says it once, as a note of its report, not as a raw Python warning too
+    code, stdout, stderr = _call("symmetries", saved / "fresh", "--json")
     assert code == 0, stderr
-    assert {a["status"] for a in json.loads(stdout)["adapters"]} == {"degenerate"}
+    assert stderr == ""
+    report = json.loads(stdout)
+    assert {a["status"] for a in report["adapters"]} == {"degenerate"}
+    assert any("degenerate LoRA adapter(s)" in note for note in report["notes"])
 
 
 def test_measure_of_the_directory_equals_the_in_memory_model(saved, tmp_path):
@@ -145,3 +155,111 @@ def test_values_that_do_not_load_are_refused_by_every_command(saved, tmp_path):
     assert "do not load" in stderr and "missing" in stderr
     code, _, stderr = _call("measure", broken, saved / "data.pt", *OPTIONS)
     assert code == 2 and "do not load" in stderr, stderr
+
+
+class NetworkUsed(BaseException):
+    """Raised where a test's code reaches for the network: no retry loop catches it."""
+
+
+@pytest.fixture
+def no_network(monkeypatch) -> list[tuple]:
+    """Every attempt to resolve a host name or open a connection, recorded and refused at once;
+    with ``HF_HUB_OFFLINE=0``, so that only the code under test keeps a load offline."""
+    attempts: list[tuple] = []
+
+    def refuse(*arguments: object, **keywords: object) -> None:
+        attempts.append(arguments)
+        raise NetworkUsed(f"network access: {arguments!r}")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    return attempts
+
+
+def _with_base(saved: Path, target: Path, base: str) -> Path:
+    """A copy of the trained adapter in ``target`` whose adapter_config.json names ``base``."""
+    shutil.copytree(saved / "adapter", target)
+    settings = json.loads((target / "adapter_config.json").read_text())
+    settings["base_model_name_or_path"] = base
+    (target / "adapter_config.json").write_text(json.dumps(settings))
+    return target
+
+
+@pytest.mark.parametrize("base", ["bert-base-uncased", "no/such/base", "../base"])
+def test_a_base_that_is_no_local_directory_fails_at_once_offline(saved, tmp_path, monkeypatch,
+                                                                 no_network, base):
+    adapter = _with_base(saved, tmp_path / "work" / "adapter", base)
+    shutil.copytree(saved / "base", tmp_path / "work" / "base")   # ../base from the adapter
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)       # relative paths are read from here, as PEFT reads them
+    for command in (["symmetries", adapter], ["measure", adapter, saved / "data.pt", *OPTIONS]):
+        code, _, stderr = _call(*command)
+        assert code == 2 and stderr.count("\n") == 1, stderr
+        assert f"error: MODEL {adapter}: adapter_config.json names the base model {base!r}" \
+            in stderr
+        assert f"current working directory, {elsewhere}" in stderr
+        assert "set base_model_name_or_path to the local directory" in stderr
+        assert (f"from the adapter's folder it is {(tmp_path / 'work' / 'base').resolve()}"
+                in stderr) == (base == "../base")
+    with pytest.raises(FileNotFoundError, match="Hub names are never downloaded"):
+        load_peft_directory(adapter, weights=True)
+    assert no_network == []
+
+
+def test_discovery_needs_only_the_base_config_beside_the_adapter(saved, tmp_path, no_network):
+    adapter = _with_base(saved, tmp_path / "adapter", "bert-base-uncased")
+    shutil.copy(saved / "base" / "config.json", adapter / "config.json")
+    code, stdout, stderr = _call("symmetries", adapter, "--json")
+    assert code == 0, stderr
+    code, expected, stderr = _call("symmetries", saved / "adapter", "--json")
+    assert code == 0, stderr
+    assert json.loads(stdout) == json.loads(expected)
+    code, _, stderr = _call("measure", adapter, saved / "data.pt", *OPTIONS)
+    assert code == 2 and "bert-base-uncased" in stderr, stderr   # measuring needs the weights
+    assert no_network == []
+
+
+def test_loading_a_saved_adapter_reaches_no_network(saved, no_network):
+    model = load_measured_model(saved / "adapter")
+    assert type(model.base_model.model).__name__ == "BertForSequenceClassification"
+    assert isinstance(load_model(saved / "adapter"), peft.PeftModel)
+    assert no_network == []
+
+
+def test_an_adapter_saved_as_bin_loads_the_same_values(saved, tmp_path):
+    adapter = tmp_path / "adapter"
+    shutil.copytree(saved / "adapter", adapter)
+    tensors = safetensors_torch.load_file(str(adapter / "adapter_model.safetensors"))
+    (adapter / "adapter_model.safetensors").unlink()
+    torch.save(tensors, adapter / "adapter_model.bin")
+    # the base has no classifier: PEFT keeps a fresh one as modules_to_save's original_module
+    torch.manual_seed(0)
+    loaded = load_measured_model(adapter).state_dict()
+    torch.manual_seed(0)
+    reference = load_measured_model(saved / "adapter").state_dict()
+    assert loaded.keys() == reference.keys()
+    assert all(torch.equal(loaded[k], reference[k]) for k in loaded)
+
+
+@pytest.mark.parametrize("damage", ["config", "safetensors", "bin"])
+def test_a_damaged_adapter_file_is_named(saved, tmp_path, damage):
+    adapter = tmp_path / "adapter"
+    shutil.copytree(saved / "adapter", adapter)
+    weights = adapter / "adapter_model.safetensors"
+    if damage == "config":
+        named = adapter / "adapter_config.json"
+        named.write_text("{'peft_type': 'LORA'}")
+    elif damage == "safetensors":
+        named = weights
+        weights.write_bytes(weights.read_bytes()[:100])
+    else:
+        named = adapter / "adapter_model.bin"
+        weights.unlink()
+        named.write_text("a,b\n1,2\n")
+    for command in (["symmetries", adapter], ["measure", adapter, saved / "data.pt", *OPTIONS]):
+        code, _, stderr = _call(*command)
+        assert code == 2 and stderr.count("\n") == 1, stderr
+        assert f"error: MODEL {named} " in stderr, stderr

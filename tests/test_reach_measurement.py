@@ -7,18 +7,14 @@ from __future__ import annotations
 import pytest
 
 from quotientsharp.reproduce.reach_models import measure_reach, percent, reach_shares
+from tests.tiny_models import tiny_bert
 
 
 def _tiny_bert_and_batch(seed: int):
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     import torch
 
-    torch.manual_seed(seed)
-    config = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=32, vocab_size=30,
-                                     max_position_embeddings=16, num_labels=3,
-                                     attn_implementation="eager", initializer_range=0.3)
-    model = transformers.BertForSequenceClassification(config).to(torch.float64).eval()
+    model = tiny_bert(seed, dtype=torch.float64)
     generator = torch.Generator().manual_seed(seed)
     batch = {"input_ids": torch.randint(0, 30, (4, 6), generator=generator),
              "attention_mask": torch.ones(4, 6, dtype=torch.long),

@@ -439,3 +439,163 @@ def test_a_worst_case_ball_larger_than_the_model_is_not_local() -> None:
                               progress=False, reach=False)
     assert result.locality[0]["displacement"] == pytest.approx(10, rel=1e-6)
     assert result.local is False
+
+
+# ---------------------------------------------------------------------------- why the reach is low
+def _agreement(chains: list[float | None]) -> float:
+    """Second-best chain over the best, from the chains with a value (0 with fewer than 2)."""
+    valued = sorted((c for c in chains if c is not None), reverse=True)
+    return max(valued[1], 0.0) / valued[0] if len(valued) > 1 and valued[0] > 0 else 0.0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_note_says_the_best_chain_was_still_climbing_when_the_chains_agree(
+        seed: int) -> None:
+    # one step per run and no continuation: each chain ends climbing, and two chains that
+    # agree do not make the best converged
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    batch = (torch.randn(6, 4), torch.randint(0, 3, (6,)))
+    with pytest.warns(qs.ReachWarning):
+        result = qs.sharpness(model, [batch], measure="adaptive", rho=0.1, n_iter=1,
+                              progress=False, reach={"chains": 2, "continuations": 0})
+    chains, shortfalls = result.chains[0], result.chain_shortfalls[0]
+    best = max(range(len(chains)), key=lambda i: chains[i])
+    agreement = _agreement(chains)
+    assert agreement >= 0.99 and shortfalls[best] > 0.01
+    assert result.reach[0] == pytest.approx(min(agreement, 1 - shortfalls[best]), abs=1e-12)
+    (note,) = result.shortfalls()
+    assert (f"the best chain (chain {best}) was still climbing when its continuations ran out: "
+            f"its last run added {100 * shortfalls[best]:.3g} % of its value") in note
+    assert "disagree" not in note and "not confirmed" not in note
+
+
+def test_the_note_says_the_chains_disagree_where_they_do() -> None:
+    with pytest.warns(qs.ReachWarning):
+        result = _worst_case(TwoModes(), 0.5, reach={"chains": 2, "continuations": 0})
+    agreement = _agreement(result.chains[0])
+    assert agreement < 0.99
+    (note,) = result.shortfalls()
+    assert f"the chains disagree: the second best reached {agreement:.3f} of the best" in note
+    assert "still climbing" not in note
+
+
+class HalfNaN(torch.nn.Module):
+    """``f(theta) = theta_2 + theta_1^2`` where ``theta_2 >= 0``, NaN below: the ascent from
+    ``theta = 0`` climbs along ``e_2``; a chain that starts below finds nothing finite."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.theta = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.theta
+        return torch.where(b >= 0, b + a ** 2, torch.full_like(b, math.nan))
+
+
+def _numbers(value: object) -> list[float]:
+    """Every float inside a result field (nested lists and dicts)."""
+    if isinstance(value, float):
+        return [value]
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _numbers(v)]
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in _numbers(v)]
+    return []
+
+
+def _fields(result: qs.SharpnessResult) -> dict[str, object]:
+    return {name: getattr(result, name) for name in result.__dataclass_fields__
+            if name not in ("settings", "perturbations")}
+
+
+def test_a_chain_with_no_finite_evaluation_is_none_and_not_counted() -> None:
+    found = 0
+    for seed in range(6):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = _worst_case(HalfNaN(), 0.5, nonfinite="skip", seed=seed,
+                                 reach={"chains": 4, "min_chains": 4})
+        for name, value in _fields(result).items():
+            assert all(math.isfinite(x) for x in _numbers(value)), name
+        chains = result.chains[0]
+        found += chains.count(None)
+        assert chains[0] is not None and result.value == max(c for c in chains if c is not None)
+        # not counted: a chain without a value neither confirms nor lowers the best
+        assert result.reach[0] <= _agreement(chains)
+    assert found > 0
+
+
+@pytest.mark.parametrize("chains, expected", [([1.0, None], 0.0), ([1.0, None, 0.5], 0.5),
+                                              ([None, 0.8, None, 1.0], 0.8), ([None, None], 0.0),
+                                              ([2.0, -math.inf, 1.0], 0.5)])
+def test_reach_estimate_skips_chains_without_a_value(chains: list[float | None],
+                                                     expected: float) -> None:
+    assert reach_estimate(chains) == expected
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.attn = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.attn(x, x, x, need_weights=False)[0].mean(1))
+
+
+def test_no_inf_in_a_result_whose_far_ball_overflows() -> None:
+    # a radius of 50 on an exact inv ball: chains whose every evaluation overflows, and a best
+    # point whose factor moved by about 1e21 x its norm, whose float32 norm overflows
+    model = _Attention(0)
+    batches = [(torch.randn(4, 5, 8), torch.randint(0, 3, (4,))) for _ in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = qs.sharpness(model, batches, measure="geodesic", order="exact", metric="inv",
+                              rho=50.0, nonfinite="skip", n_iter=3, progress=False)
+    for name, value in _fields(result).items():
+        assert all(math.isfinite(x) for x in _numbers(value)), name
+    assert result.local is False
+
+
+def test_a_ratio_whose_float32_norm_overflows_is_taken_in_float64() -> None:
+    from quotientsharp.engine.blocks import Locality, _entry_ratios, _worst
+    generator = torch.Generator().manual_seed(0)
+    top = torch.randn(3, 4, generator=generator) * 1e21
+    bottom = torch.randn(3, 4, generator=generator)
+    table = _entry_ratios([top, bottom], [bottom, bottom], [1, 1])
+    # per row of the first tensor: the ratio of two Euclidean norms, in Python floats
+    for row, (a, b) in enumerate(zip(top.tolist(), bottom.tolist(), strict=True)):
+        expected = math.sqrt(sum(x * x for x in a)) / math.sqrt(sum(x * x for x in b))
+        assert float(table[0, row]) == pytest.approx(expected, rel=1e-6)
+    assert torch.equal(table[1], torch.ones(3, dtype=table.dtype))
+    # a ratio that is not finite even so has no size: it is named, and not local
+    broken = torch.tensor([[0.5, math.inf], [2.0, 0.1]])
+    assert _worst([(broken, ["head 0", "head 1"])]) == (None, "head 1")
+    assert not Locality(0.0, None, None, "head 1").local
+    assert not Locality(None, "w").local
+    assert Locality(0.0, None).local and Locality(0.5, "w", None, None).local
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("measure, options", [("adaptive", {}),
+                                              ("geodesic", {"metric": "mix", "order": 2}),
+                                              ("average", {"samples": 3})])
+def test_a_value_is_exactly_the_difference_of_the_losses_reported(
+        seed: int, measure: str, options: dict[str, object]) -> None:
+    # float32 losses: their difference rounded to float32 would differ from the difference
+    # of the two reported losses in the last digits
+    model = _Attention(seed)
+    batches = [(torch.randn(4, 5, 8), torch.randint(0, 3, (4,))) for _ in range(3)]
+    if measure != "average":
+        options = {**options, "n_iter": 4}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = qs.sharpness(model, batches, measure=measure, rho=0.5, seed=seed,
+                              progress=False, **options)
+    for index, value in enumerate(result.per_batch):
+        assert value == result.perturbed_losses[index] - result.clean_losses[index]
+        if result.chains:
+            assert value == max(c for c in result.chains[index] if c is not None)
+            assert value == result.traces[index][-1]

@@ -196,6 +196,26 @@ def test_interrupted_run_resumes_to_the_files_of_an_uninterrupted_one(saved, sma
 
 
 @pytest.mark.study
+def test_the_search_and_nonfinite_options_are_part_of_a_runs_settings(saved):
+    # both can change the values: run.json keeps them (only when given, so that the run.json
+    # of a study without them still resumes), resume checks them, the report names them
+    out = saved / "searched"
+    code, _, stderr = _study(saved, out, "--no-plots", "--chains", "3", "--nonfinite", "skip",
+                             grid=SMALL)
+    assert code == 0, stderr
+    settings = json.loads((out / "run.json").read_text())["settings"]
+    assert settings["chains"] == 3 and settings["nonfinite"] == "skip"
+    assert "--chains 3 --nonfinite skip" in (out / "report.md").read_text()
+    code, _, stderr = _study(saved, out, "--no-plots", "--resume", "--chains", "4",
+                             "--nonfinite", "skip", grid=SMALL)
+    assert code == 2 and "chains" in stderr
+    default = saved / "default_search"
+    assert _study(saved, default, "--no-plots", grid=SMALL)[0] == 0
+    assert not {"chains", "nonfinite"} & set(
+        json.loads((default / "run.json").read_text())["settings"])
+
+
+@pytest.mark.study
 def test_killed_subprocess_loses_no_finished_model(saved, small_run):
     """SIGKILL in the middle of the third model: no cleanup runs, the two finished models are
     on disk, and --resume completes the same files."""

@@ -6,6 +6,7 @@ options instead."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import re
 
@@ -51,6 +52,9 @@ def test_every_integer_of_the_parts_refuses_a_bad_value(kind, name, minimum, bad
 def test_every_integer_of_the_config_refuses_a_bad_value(name, minimum, bad):
     if bad is None and name == "threads":
         assert _study(threads=None).threads is None            # torch's default
+        return
+    if bad is None and name == "samples":
+        assert _study(samples=None).samples == 1                # not given: the default
         return
     value = minimum - 1 if bad == "minimum - 1" else bad
     with pytest.raises(InputError, match=f"^{name} must be an integer >= {minimum}, got "
@@ -198,3 +202,67 @@ def test_an_integer_beyond_float64_is_refused_by_name(fields):
     name = "eps" if "eps" in fields else "rho"
     with pytest.raises(InputError, match=f"^{name} must be"):
         StudyConfig(data="data.pt", **fields)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"measures": "adaptive", "metrics": "mix"}, "metrics applies to geodesic only"),
+    ({"measures": "adaptive", "orders": "exact"}, "orders applies to geodesic only"),
+    ({"measures": "worst_case", "eps": 0.1}, "eps applies to geodesic only"),
+    ({"measures": "adaptive", "symmetry": "mine:bind"}, "symmetry applies to geodesic only"),
+    ({"measures": "geodesic", "p": math.inf}, "p applies to worst_case and adaptive only"),
+    ({"measures": "geodesic,adaptive", "samples": 3}, "samples applies to average only"),
+    ({"measures": "average", "layer": "head"}, "layer applies to relative_flatness only"),
+])
+def test_an_option_of_measures_not_measured_is_refused(fields, message):
+    with pytest.raises(InputError, match=f"^{re.escape(message)}, and measures gives "):
+        _study(**fields)
+
+
+def test_from_python_a_default_value_is_not_an_option_given():
+    # so that dataclasses.replace of a checked configuration, which passes every field on,
+    # checks again instead of refusing the defaults the first check filled in
+    config = _study(measures="adaptive", metrics="inv", orders=2, eps=0, samples=1, p="2")
+    assert (config.metrics, config.orders, config.eps, config.samples) == (("inv",), (2,), 0.0, 1)
+    geodesic = _study()
+    assert dataclasses.replace(geodesic, rho=0.2).radii == (0.2,)
+    assert dataclasses.replace(_study(measures="worst_case", p="inf"), rho=0.2).p == "inf"
+    with pytest.raises(InputError, match="^p applies to worst_case and adaptive only"):
+        dataclasses.replace(geodesic, p="inf")
+
+
+def test_the_command_line_refuses_an_option_given_for_no_measure_measured(capsys):
+    from quotientsharp.cli import main
+    from quotientsharp.cli.study import add_arguments, study_config
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+
+    def error(*arguments: str) -> str:
+        args = parser.parse_args(["models.csv", "--data", "data.pt", "--rho", "0.1", *arguments])
+        with pytest.raises(InputError) as info:
+            study_config(args)
+        return str(info.value)
+
+    assert error("--measure", "adaptive", "--metric", "mix") == (
+        "--metric applies to geodesic only, and --measure gives adaptive: add geodesic to "
+        "--measure, or leave --metric out")
+    # on the command line an option given is given, even at its default
+    assert error("--p", "2").startswith("--p applies to worst_case and adaptive only")
+    assert error("--measure", "average", "--order", "2").startswith("--order applies to")
+    # the whole command: one line, exit status 2, before any file is read
+    assert main(["study", "absent.csv", "--data", "absent.pt", "--rho", "0.1", "--measure",
+                 "adaptive", "--samples", "4"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == ("quotientsharp study: error: --samples applies to average only, "
+                            "and --measure gives adaptive: add average to --measure, or leave "
+                            "--samples out\n")
+
+
+def test_nonfinite_is_raise_or_skip_and_reaches_every_measure():
+    from quotientsharp.workflows.options import measure_runs, options_for
+
+    with pytest.raises(InputError, match="^nonfinite must be raise or skip, got 'ignore'$"):
+        _study(nonfinite="ignore")
+    config = _study(measures="average,adaptive,geodesic,relative_flatness", nonfinite="skip")
+    assert {options_for(run, config)["nonfinite"] for run in measure_runs(config)} == {"skip"}
+    assert _study().nonfinite == "raise"

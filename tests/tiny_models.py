@@ -4,17 +4,24 @@ import torch
 from torch import nn
 
 
+def tiny_bert(seed: int, positions: int = 16, dtype: torch.dtype = torch.float32):
+    """A one-layer BERT classifier (hidden 16, 2 heads, vocabulary 30, 3 labels, weights of
+    scale 0.3 so that the heads matter), drawn from ``torch.manual_seed(seed)``, in eval mode;
+    needs transformers."""
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, vocab_size=30,
+                                     max_position_embeddings=positions, num_labels=3,
+                                     attn_implementation="eager", initializer_range=0.3)
+    return transformers.BertForSequenceClassification(config).to(dtype).eval()
+
+
 def tiny_bert_classifier():
     """A float64 one-layer BERT classifier (hidden 16, 2 heads, vocabulary 30, 3 labels) whose
     query weight holds zeros (they must stay fixed, never 0 / 0); needs transformers."""
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=32, vocab_size=30,
-                                     max_position_embeddings=8, num_labels=3,
-                                     attn_implementation="eager", initializer_range=0.3)
-    model = transformers.BertForSequenceClassification(config).double()
+    model = tiny_bert(0, positions=8, dtype=torch.float64).train()
     with torch.no_grad():
         model.bert.encoder.layer[0].attention.self.query.weight[0, :4] = 0.0
     return model

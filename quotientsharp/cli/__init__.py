@@ -12,6 +12,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from quotientsharp.cli.output_errors import OUTPUT_ERRORS, output_error_message
 
@@ -51,8 +52,20 @@ __all__ = ["main"]
 BROKEN_PIPE_STATUS = 141
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors (a bad type, an unknown choice, a missing argument) are
+    one line on stderr, ``PROG: error: MESSAGE (see PROG --help)``, and exit status 2, as every
+    other error of the commands; the usage block stays in ``--help``. The subcommands' parsers
+    are of this class too (``add_subparsers`` makes them of their parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        # argparse's messages are one line; a newline in a value the user gave is not
+        line = " ".join(message.split())
+        self.exit(2, f"{self.prog}: error: {line} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="quotientsharp",
         description="Riemannian geometry on symmetry quotients of neural networks, and "
                     "geodesic sharpness.")

@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quotientsharp.cli import plain_text
@@ -61,11 +60,13 @@ from quotientsharp.cli.measure_output import (
     solver_quality,
     write_json,
 )
+from quotientsharp.cli.output_errors import check_output_file
 from quotientsharp.cli.sharpness_options import (
     add_sharpness_options,
     add_solver_options,
     sharpness_config,
 )
+from quotientsharp.cli.warning_notes import WarningNotes
 from quotientsharp.workflows.data import load_batches
 from quotientsharp.workflows.devices import check_device
 from quotientsharp.workflows.locks import OutputLock
@@ -81,6 +82,8 @@ from quotientsharp.workflows.saved_models import load_measured_model
 from quotientsharp.workflows.user_objects import load_symmetry
 
 if TYPE_CHECKING:
+    import torch
+
     from quotientsharp.engine import SharpnessResult
 
 PROG = "quotientsharp measure"
@@ -93,7 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(X, Y) / {'x', 'y'} / TensorDataset")
     add_sharpness_options(parser)
     add_solver_options(parser)
-    parser.add_argument("--json", type=Path, default=None, metavar="OUT",
+    # a string, not a Path: Path("") is ".", and an empty --json must be refused as such
+    parser.add_argument("--json", default=None, metavar="OUT",
                         help="also write settings, per-batch values and values to OUT")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bars (default: only on a terminal)")
@@ -144,9 +148,8 @@ def _sharpness(model: Any, batches: list, measure_run: MeasureRun, config: Sharp
 
 def _print_notes(args: argparse.Namespace, config: SharpnessConfig, no_symmetry: bool,
                  measured: dict[str, SharpnessResult]) -> None:
-    """The notes and diagnostics under the table: no symmetry found, an unused ``--metric``,
-    values that may fall short of their maximum, the reference solves' gaps, the blocks (and
-    their plot)."""
+    """The notes under the table: no symmetry found, an unused ``--metric``, values that may
+    fall short of their maximum."""
     from quotientsharp.engine.layouts import NO_SYMMETRY_NOTE
 
     if no_symmetry:
@@ -163,6 +166,11 @@ def _print_notes(args: argparse.Namespace, config: SharpnessConfig, no_symmetry:
         print("note: a value whose reach is below 0.99 may not be the maximum: search longer "
               "(--chains 8 --n-iter 50); where the ball is not local, use --order exact, "
               "--metric inv or a smaller --rho (docs/sharpness.md, 'Reach and locality')")
+
+
+def _print_diagnostics(args: argparse.Namespace, measured: dict[str, SharpnessResult]) -> None:
+    """The solver's diagnostics after the notes: the reference solves' gaps, the blocks (and
+    their plot)."""
     gaps = reference_lines(list(measured.items()))
     if gaps:
         print(gaps)
@@ -176,71 +184,98 @@ def _print_notes(args: argparse.Namespace, config: SharpnessConfig, no_symmetry:
         print(f"wrote {plot_blocks(list(blockwise.values()), args.plot)}")
 
 
+def _inputs(args: argparse.Namespace) -> list[tuple[str, Any]]:
+    """The files and folders the command reads, which no output may overwrite."""
+    return [("MODEL", args.model), ("DATA", args.data), ("--tokenizer", args.tokenizer)]
+
+
+def _document(args: argparse.Namespace, config: SharpnessConfig, runs: list[MeasureRun],
+              facts: dict[str, Any], device: torch.device, dtypes: list[str],
+              results: dict[str, dict[str, Any]], warnings: list[str]) -> dict[str, Any]:
+    """The ``--json`` document: the model and data (``facts``), the settings resolved, the
+    environment, the results, the values and the library's warnings (the notes they became).
+    """
+    metrics, orders = list(config.metric_names), list(config.order_values)
+    return {
+        "model": str(args.model), "data": str(args.data), **facts,
+        "settings": {"measures": list(config.measures), "keys": [r.key for r in runs],
+                     "rho": args.rho,
+                     "metric": metrics[0] if len(metrics) == 1 else metrics,
+                     "order": orders[0] if len(orders) == 1 else orders,
+                     "eps": config.eps, "p": config.p, "symmetry": config.symmetry,
+                     "samples": config.samples, "layer": config.layer, "loss": args.loss,
+                     "nonfinite": config.nonfinite,
+                     "batch_size": args.batch_size, "max_batches": args.max_batches,
+                     "n_iter": args.n_iter, "chains": args.chains, "seed": args.seed,
+                     "blockwise": args.blockwise,
+                     "reference_n_iter": args.reference_n_iter,
+                     "reference_restarts": args.reference_restarts,
+                     "max_length": args.max_length,
+                     "dtype": args.dtype or dtypes, "device": str(device)},
+        "environment": environment(device),
+        "results": results,
+        "value": {key: result["value"] for key, result in results.items()},
+        "warnings": warnings,
+    }
+
+
 def _measure(args: argparse.Namespace) -> int:
-    # one writer per --json file: a second measure to it fails here, at once (held until the
-    # function returns, by this name)
-    json_lock = None if args.json is None else OutputLock(Path(args.json), "--json").acquire()
     config = sharpness_config(args)
     _check_plot(args)
+    # the outputs, before minutes of measuring: none may be an input, a folder, a FIFO, ...
+    json_path = check_output_file(args.json, "--json", _inputs(args))
+    check_output_file(args.plot, "--plot", _inputs(args))
+    # one writer per --json file: a second measure to it fails here, at once (held until the
+    # function returns, by this name)
+    json_lock = None if json_path is None else OutputLock(json_path, "--json").acquire()
     runs = measure_runs(config)
     device = check_device(config.device)
-    model = load_measured_model(args.model, device, config.dtype)
-    batches, examples, data_kind = load_batches(args.data, model, args.model, config.batches)
-    bindings = None if config.symmetry is None else load_symmetry(config.symmetry, model)
-    parameters = sum(p.numel() for p in model.parameters())
-    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
-    print(f"{PROG}: {type(model).__name__} ({parameters:,} parameters, {', '.join(dtypes)}, "
-          f"{device}) on {examples} examples ({data_kind}) in {len(batches)} batch(es) of <= "
-          f"{config.batches.batch_size}")
+    # the library's warnings (a degenerate LoRA adapter, ...) become notes under the table
+    with WarningNotes() as caught:
+        model = load_measured_model(args.model, device, config.dtype)
+        batches, examples, data_kind = load_batches(args.data, model, args.model,
+                                                    config.batches)
+        bindings = None if config.symmetry is None else load_symmetry(config.symmetry, model)
+        parameters = sum(p.numel() for p in model.parameters())
+        dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
+        print(f"{PROG}: {type(model).__name__} ({parameters:,} parameters, {', '.join(dtypes)}, "
+              f"{device}) on {examples} examples ({data_kind}) in {len(batches)} batch(es) of "
+              f"<= {config.batches.batch_size}")
 
-    rows: list[dict[str, Any]] = []
-    results: dict[str, dict[str, Any]] = {}
-    measured: dict[str, SharpnessResult] = {}
-    no_symmetry = False
-    for measure_run in runs:
-        tic = time.perf_counter()
-        result, none_found = _sharpness(model, batches, measure_run, config, bindings, args)
-        no_symmetry = no_symmetry or none_found
-        seconds = time.perf_counter() - tic
-        label = measure_label(measure_run.measure, result.settings)
-        rows.append({"label": label, "value": result.value, "per_batch": result.per_batch,
-                     "clean_losses": result.clean_losses, "reach": result.min_reach,
-                     "local": result.local, "seconds": seconds})
-        measured[label] = result
-        results[measure_run.key] = {
-            "measure": measure_run.measure,
-            "value": result.value, "per_batch": result.per_batch,
-            "clean_losses": result.clean_losses, "perturbed_losses": result.perturbed_losses,
-            "perturbation_norms": result.perturbation_norms, "excluded": result.excluded,
-            "frozen": result.frozen, "settings": result.settings, "seconds": seconds,
-            **solver_quality(result)}
-    print(results_table(rows))
-    _print_notes(args, config, no_symmetry, measured)
+        rows: list[dict[str, Any]] = []
+        results: dict[str, dict[str, Any]] = {}
+        measured: dict[str, SharpnessResult] = {}
+        no_symmetry = False
+        for measure_run in runs:
+            tic = time.perf_counter()
+            result, none_found = _sharpness(model, batches, measure_run, config, bindings, args)
+            no_symmetry = no_symmetry or none_found
+            seconds = time.perf_counter() - tic
+            label = measure_label(measure_run.measure, result.settings)
+            rows.append({"label": label, "value": result.value, "per_batch": result.per_batch,
+                         "clean_losses": result.clean_losses, "reach": result.min_reach,
+                         "local": result.local, "seconds": seconds})
+            measured[label] = result
+            results[measure_run.key] = {
+                "measure": measure_run.measure,
+                "value": result.value, "per_batch": result.per_batch,
+                "clean_losses": result.clean_losses,
+                "perturbed_losses": result.perturbed_losses,
+                "perturbation_norms": result.perturbation_norms, "excluded": result.excluded,
+                "frozen": result.frozen, "settings": result.settings, "seconds": seconds,
+                **solver_quality(result)}
+        print(results_table(rows))
+        _print_notes(args, config, no_symmetry, measured)
+    for note in caught.notes():
+        print(f"note: {note}")
+    _print_diagnostics(args, measured)
 
-    if args.json is not None:
-        metrics, orders = list(config.metrics), list(config.orders)
-        document = {
-            "model": str(args.model), "data": str(args.data),
-            "model_class": type(model).__name__, "parameters": parameters,
-            "examples": examples, "data_kind": data_kind, "batches": len(batches),
-            "settings": {"measures": list(config.measures), "keys": [r.key for r in runs],
-                         "rho": args.rho,
-                         "metric": metrics[0] if len(metrics) == 1 else metrics,
-                         "order": orders[0] if len(orders) == 1 else orders,
-                         "eps": args.eps, "p": args.p, "symmetry": config.symmetry,
-                         "samples": args.samples, "layer": args.layer, "loss": args.loss,
-                         "batch_size": args.batch_size, "max_batches": args.max_batches,
-                         "n_iter": args.n_iter, "chains": args.chains, "seed": args.seed,
-                         "blockwise": args.blockwise,
-                         "reference_n_iter": args.reference_n_iter,
-                         "reference_restarts": args.reference_restarts,
-                         "max_length": args.max_length, "dtype": args.dtype or dtypes,
-                         "device": str(device)},
-            "environment": environment(device),
-            "results": results,
-            "value": {key: result["value"] for key, result in results.items()},
-        }
-        write_json(args.json, document)
+    if json_path is not None:
+        facts = {"model_class": type(model).__name__, "parameters": parameters,
+                 "examples": examples, "data_kind": data_kind, "batches": len(batches)}
+        document = _document(args, config, runs, facts, device, dtypes, results,
+                             caught.notes())
+        write_json(json_path, document)
         print(f"wrote {args.json}")
     if json_lock is not None:
         json_lock.release()

@@ -8,11 +8,16 @@ called by :func:`quotientsharp.cli.main`). Nothing here imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import stat
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from quotientsharp.workflows.locks import OutputLock, OutputLockedError
+from quotientsharp.workflows.options import InputError
 
 #: What :func:`quotientsharp.cli.main` reports in one line (``BrokenPipeError`` aside).
 OUTPUT_ERRORS = (OutputLockedError, OSError)
@@ -71,3 +76,87 @@ def check_output_folder(folder: Path | None, what: str = "--out") -> None:
     if lock.lock_path.exists():
         lock.acquire()          # raises naming the holder
         lock.release()
+
+
+#: Kinds of files that are not regular, as the error names them.
+_SPECIAL_KINDS = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+                  (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"))
+
+
+def _special_kind(path: Path) -> str | None:
+    """What ``path`` is if it exists and is neither a regular file nor a folder (its target's
+    kind, for a link); ``None`` otherwise. Nothing is opened: opening a FIFO would block."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None             # absent, or behind a file: the folder check says which
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return next((kind for test, kind in _SPECIAL_KINDS if test(mode)), "special file")
+
+
+def _is_input(output: Path, source: Path) -> bool:
+    """Whether writing ``output`` would write over ``source`` (the same file, by path, link
+    or hard link) or into it (``source`` a folder)."""
+    resolved, origin = output.resolve(), source.resolve()
+    if resolved == origin or (origin.is_dir() and resolved.is_relative_to(origin)):
+        return True
+    with contextlib.suppress(OSError):
+        return output.exists() and source.exists() and os.path.samefile(output, source)
+    return False
+
+
+def _check_folder(output: Path, shown: str) -> None:
+    """The folder of ``output`` must be writable: its nearest existing ancestor (the missing
+    folders are created when the file is written) a folder in which a file can be made."""
+    folder = output.parent
+    existing = next(part for part in [folder, *folder.parents]
+                    if part.exists() or part.is_symlink())
+    if not existing.is_dir():
+        raise InputError(f"{shown}: {existing} is a file, not a folder: choose another path")
+    try:
+        # a file made and removed again: os.access says yes to root on a read-only or
+        # virtual file system (/proc)
+        handle, probe = tempfile.mkstemp(prefix=".quotientsharp-probe-", dir=existing)
+    except OSError as err:
+        code = errno.errorcode.get(err.errno or 0, "")
+        raise InputError(f"{shown}: no file can be written in folder {existing} "
+                         f"({err.strerror or err}{f', {code}' if code else ''}): choose "
+                         f"another path") from None
+    os.close(handle)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+
+
+def check_output_file(path: str | os.PathLike[str] | None, flag: str,
+                      inputs: Sequence[tuple[str, str | os.PathLike[str] | None]] = ()
+                      ) -> Path | None:
+    """The output file of ``flag`` (``--json OUT``), checked before a command computes, so
+    that it fails at once, in one line naming ``flag`` and the path, rather than after the
+    measurement or with the system's words; ``None`` where ``path`` is.
+
+    Refused: an empty path; a folder; an existing path that is not a regular file (a FIFO, a
+    device: writing replaces it by a file); one of the command's ``inputs`` (``("MODEL",
+    path)``, ...), or a path inside one that is a folder; a path through a file, or in a
+    folder where no file can be made. Raises :class:`InputError`.
+    """
+    if path is None:
+        return None
+    text = os.fspath(path)
+    if not text.strip():
+        raise InputError(f"{flag} needs a file path, got {text!r}")
+    output, shown = Path(text), f"{flag} {text}"
+    if output.is_dir():
+        raise InputError(f"{shown} is a folder: give a file path, such as "
+                         f"{output / 'out.json'}")
+    kind = _special_kind(output)
+    if kind is not None:
+        raise InputError(f"{shown} exists and is a {kind}, not a regular file: writing would "
+                         f"replace it by a file; give a new or regular file's path")
+    for role, source in inputs:
+        if source is not None and _is_input(output, Path(source)):
+            where = "inside" if Path(source).resolve().is_dir() else "the same file as"
+            raise InputError(f"{shown} is {where} {role} {os.fspath(source)}: writing would "
+                             f"overwrite an input; choose another path")
+    _check_folder(output, shown)
+    return output

@@ -5,7 +5,6 @@ which check them (a bad value: one line on stderr, exit status 2)."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from quotientsharp.workflows.options import (
@@ -41,21 +40,23 @@ def add_sharpness_options(parser: argparse.ArgumentParser, *, radius_list: bool 
         parser.add_argument("--rho", type=float, default=None,
                             help="radius (standard deviation for average); required except "
                             "for relative_flatness")
-    # None: not given (inv), so that a note can say when a given --metric did not apply
+    # the options of some measures default to None, "not given": the settings apply their
+    # defaults and refuse one given for none of its measures (a note says when a given
+    # --metric did not apply, beside --symmetry)
     parser.add_argument("--metric", default=None,
                         help="geodesic: inv, mix or euclidean, or a comma list such as mix,inv "
                         "for several in one call (default inv)")
-    parser.add_argument("--order", default="2", help="geodesic: 1, 2 or exact, or a comma list "
-                        "such as 1,2 (default 2)")
+    parser.add_argument("--order", default=None, help="geodesic: 1, 2 or exact, or a comma "
+                        "list such as 1,2 (default 2)")
     parser.add_argument("--symmetry", default=None, metavar="MODULE:FUNCTION",
                         help="geodesic: a symmetry of your own; FUNCTION(model) returns a "
                         "QuotientBinding or a list of them (MODULE imported from the working "
                         "directory or sys.path); it replaces discovery, as in the API")
-    parser.add_argument("--eps", type=float, default=0.0,
+    parser.add_argument("--eps", type=float, default=None,
                         help="geodesic: Gram relaxation G^T G + eps I (default 0)")
-    parser.add_argument("--p", default="2", help="worst_case and adaptive: 2 or inf "
+    parser.add_argument("--p", default=None, help="worst_case and adaptive: 2 or inf "
                         "(default 2)")
-    parser.add_argument("--samples", type=int, default=1,
+    parser.add_argument("--samples", type=int, default=None,
                         help="average: Gaussian draws per batch (default 1)")
     parser.add_argument("--layer", default=None, help="relative_flatness: module name "
                         "(default: the last nn.Linear)")
@@ -70,6 +71,9 @@ def add_sharpness_options(parser: argparse.ArgumentParser, *, radius_list: bool 
     parser.add_argument("--chains", type=int, default=None, metavar="N",
                         help="ascent measures: most chains of the search that confirms each "
                         "value (default 4); raise it where the reach column is below 0.99")
+    parser.add_argument("--nonfinite", choices=["raise", "skip"], default="raise",
+                        help="a NaN or inf perturbed loss: raise an error naming the batch "
+                        "(default), or skip that evaluation (counted in --json)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--max-length", type=int, default=128,
                         help="text rows: truncate to this many tokens (default 128)")
@@ -93,7 +97,8 @@ def add_solver_options(parser: argparse.ArgumentParser) -> None:
                         help="ascent measures: run the solver's per-iteration geometry as "
                         "torch.compile graphs (the same values to rounding, faster per "
                         "iteration; the first batch compiles for tens of seconds)")
-    parser.add_argument("--plot", type=Path, default=None, metavar="PNG",
+    # a string, not a Path: Path("") is ".", and an empty --plot must be refused as such
+    parser.add_argument("--plot", default=None, metavar="PNG",
                         help="with --blockwise: write a bar chart of the loss change per block "
                         "to PNG (needs matplotlib)")
     parser.add_argument("--reference-n-iter", type=int, default=None, metavar="N",
@@ -118,12 +123,13 @@ def sharpness_fields(args: argparse.Namespace) -> dict[str, Any]:
         reference_n_iter=getattr(args, "reference_n_iter", None),
         reference_restarts=getattr(args, "reference_restarts", None),
         chains=getattr(args, "chains", None))
-    return {"measures": args.measure, "rho": args.rho,
-            "metrics": args.metric if args.metric is not None else "inv",
+    # an option left out is None: the settings apply its default
+    return {"measures": args.measure, "rho": args.rho, "metrics": args.metric,
             "orders": args.order, "symmetry": getattr(args, "symmetry", None),
             "eps": args.eps, "p": args.p, "samples": args.samples, "layer": args.layer,
-            "seed": args.seed, "batches": batches, "solver": solver, "dtype": args.dtype,
-            "device": args.device, "progress": getattr(args, "progress", None)}
+            "nonfinite": args.nonfinite, "seed": args.seed, "batches": batches,
+            "solver": solver, "dtype": args.dtype, "device": args.device,
+            "progress": getattr(args, "progress", None)}
 
 
 def sharpness_config(args: argparse.Namespace) -> SharpnessConfig:

@@ -76,13 +76,18 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         diagonal.append((parts[0], parts[1]))
+    from quotientsharp.cli.warning_notes import WarningNotes
     from quotientsharp.models.walker import find_symmetries
 
     try:
         from quotientsharp.models.loading import load_model
 
-        model = load_model(args.model)
-        report = find_symmetries(model, diagonal=diagonal or None)
+        # the warnings of loading become notes; those of find_symmetries (a degenerate LoRA
+        # adapter) are dropped, as its report, printed in full, notes what they say
+        with WarningNotes() as loading:
+            model = load_model(args.model)
+        with WarningNotes():
+            report = find_symmetries(model, diagonal=diagonal or None)
     except (OSError, ValueError, TypeError, RuntimeError) as err:
         print(f"quotientsharp symmetries: error: {err}", file=sys.stderr)
         return 2
@@ -90,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report_to_dict(report), indent=2))
     else:
         print(report.summary())
+    for note in loading.notes():
+        # stdout holds the JSON alone with --json
+        print(f"note: {note}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

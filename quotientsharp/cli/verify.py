@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quotientsharp.cli.output_errors import check_output_file
 from quotientsharp.workflows.files import write_text_atomic
 from quotientsharp.workflows.locks import OutputLock, OutputLockedError
 from quotientsharp.workflows.options import InputError
@@ -104,7 +105,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", type=int, default=2, help="number of random seeds (default 2)")
     p.add_argument("--dtype", choices=["float64", "float32", "both"], default="both",
                    help="dtype of the random points (default both)")
-    p.add_argument("--json", type=Path, default=None, help="also write the results as JSON")
+    # a string, not a Path: Path("") is ".", and an empty --json must be refused as such
+    p.add_argument("--json", default=None,
+                   help="also write the results as JSON")
 
 
 def _check_and_print(quotient: SymmetryQuotient, dtype: torch.dtype, seed: int
@@ -150,9 +153,11 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--seeds must be an integer >= 1, got {args.seeds}")
         quotients = ([user_quotient(spec) for spec in args.quotient] if args.quotient
                      else builtin_quotients())
+        # the output before the checks run: not a folder, a FIFO or a path through a file
+        json_path = check_output_file(args.json, "--json")
         # one writer per --json file: a second verify (or measure) to it fails here, at once,
         # naming the holder (the lock is held until this process ends or releases it)
-        json_lock = None if args.json is None else OutputLock(Path(args.json), "--json").acquire()
+        json_lock = None if json_path is None else OutputLock(json_path, "--json").acquire()
     except (InputError, OutputLockedError, OSError) as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2

@@ -9,6 +9,9 @@ is the logits (:func:`output_tensor`). The loss is the mean cross-entropy (``ign
 
 from __future__ import annotations
 
+import difflib
+import inspect
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +61,159 @@ def _move(obj: Any, device: torch.device, float_dtype: torch.dtype | None,
     return obj
 
 
+def _nested_shape(value: Any) -> tuple[int, ...] | None:
+    """The shape of a non-empty list or tuple whose leaves are all numbers (nested lists as
+    an array's rows), else ``None``."""
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    if all(isinstance(v, numbers.Number) for v in value):
+        return (len(value),)
+    inner = [_nested_shape(v) for v in value]
+    first = inner[0]
+    if first is None or any(shape is None for shape in inner):
+        return None
+    return (len(value), *first)         # ragged rows: the first row's shape
+
+
+def _data_not_tensor(value: Any) -> str | None:
+    """What ``value`` is when it holds data a model needs as a tensor: an array of another
+    library (NumPy's), or numbers in Python lists; ``None`` otherwise (a tensor, a flag, a
+    string, a list of tensors)."""
+    if not isinstance(value, torch.Tensor) and hasattr(value, "__array__") \
+            and len(getattr(value, "shape", ())) > 0:
+        kind = type(value)
+        dtype = getattr(value, "dtype", None)
+        return (f"a {kind.__module__.split('.')[0]}.{kind.__name__} of shape "
+                f"{tuple(value.shape)}" + (f" and dtype {dtype}" if dtype is not None else ""))
+    shape = _nested_shape(value)
+    if shape is not None:
+        kinds = sorted({type(v).__name__ for v in _leaves(value)})
+        return (f"a Python {type(value).__name__} of {'/'.join(kinds)} values (nested, shape "
+                f"{list(shape)})")
+    return None
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [value]
+
+
+def _untensored(value: Any, where: str) -> tuple[str, str] | None:
+    """The first input at or inside ``value`` (lists, tuples, dicts) that holds data but is
+    not a tensor: ``(where it is, what it is)``."""
+    found = _data_not_tensor(value)
+    if found is not None:
+        return where, found
+    if isinstance(value, Mapping):
+        items: list[tuple[str, Any]] = [(f"{where}[{k!r}]", v) for k, v in value.items()]
+    elif isinstance(value, (list, tuple)):
+        items = [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+    else:
+        return None
+    for inner_where, inner in items:
+        inner_found = _untensored(inner, inner_where)
+        if inner_found is not None:
+            return inner_found
+    return None
+
+
+def check_input_types(inputs: Any, index: int) -> None:
+    """Raise a ``TypeError`` naming the batch and the input (its key or position) when an input
+    holds data that is not a tensor (a NumPy array, a nested list of numbers): torch's own
+    error, from inside the forward, names neither.
+
+    Parameters
+    ----------
+    inputs
+        The batch's inputs: a dict of keyword inputs, a tuple or list of positional inputs, or
+        the one input.
+    index
+        The batch's position.
+    """
+    if isinstance(inputs, Mapping):
+        named: list[tuple[str, Any]] = [(f"input {k!r}", v) for k, v in inputs.items()]
+    elif isinstance(inputs, (list, tuple)):
+        whole = _data_not_tensor(inputs)
+        if whole is not None:
+            # the pair's inputs would be passed as one positional input per row
+            raise TypeError(f"batch {index}: the inputs are {whole}, not a tensor: the model's "
+                            "inputs must be torch tensors (torch.tensor(...) converts them)")
+        named = [(f"input {i}", v) for i, v in enumerate(inputs)]
+    else:
+        named = [("input 0", inputs)]
+    for name, value in named:
+        found = _untensored(value, name)
+        if found is not None:
+            where, what = found
+            raise TypeError(f"batch {index}: {where} is {what}, not a tensor: the model's "
+                            "inputs must be torch tensors (torch.as_tensor(...) converts it)")
+
+
+@dataclass(frozen=True)
+class ForwardKeywords:
+    """The keyword inputs a model's forward names (:func:`forward_keywords`)."""
+
+    #: The forward's named parameters, in signature order (``*args``, ``**kwargs`` excluded).
+    names: tuple[str, ...]
+    #: Whether the forward also takes ``**kwargs`` (which swallow a misspelt key silently).
+    takes_kwargs: bool
+    #: ``"{class}.forward"``, for error messages.
+    owner: str
+
+
+def forward_keywords(model: Any) -> ForwardKeywords | None:
+    """The named parameters of ``model.forward`` (``inspect.signature``), or ``None`` where it
+    has none (``forward(*args, **kwargs)``: nothing to check a key against) or no signature.
+
+    A wrapper whose ``forward`` passes its ``**kwargs`` on to the model it wraps (PEFT's, whose
+    ``get_base_model()`` returns it) also takes that model's named parameters
+    (``token_type_ids`` of a BERT under LoRA).
+    """
+    forward = getattr(model, "forward", None)
+    if not callable(forward):
+        return None
+    try:
+        parameters = list(inspect.signature(forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    names = tuple(p.name for p in parameters if p.kind not in variadic)
+    if not names:
+        return None
+    owner = f"{type(model).__name__}.forward"
+    takes_kwargs = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters)
+    wrapped = getattr(model, "get_base_model", None)
+    inner = wrapped() if takes_kwargs and callable(wrapped) else None
+    if inner is not None and inner is not model:
+        passed = forward_keywords(inner)
+        if passed is not None:
+            names += tuple(n for n in passed.names if n not in names)
+            owner += f" (and {passed.owner}, which its **kwargs reach)"
+            takes_kwargs = passed.takes_kwargs
+    return ForwardKeywords(names, takes_kwargs, owner)
+
+
+def check_keywords(batch: Batch, forward: ForwardKeywords | None) -> None:
+    """Raise a ``ValueError`` naming the batch and the key when a keyword input is not a
+    parameter of the forward (with the closest name, when one is close): a forward with
+    ``**kwargs`` would ignore it silently."""
+    if forward is None:
+        return
+    for key in batch.kwargs:
+        if key in forward.names:
+            continue
+        # a difference of case first (difflib finds no likeness between 'X' and 'x')
+        close = ([n for n in forward.names if n.lower() == str(key).lower()]
+                 or difflib.get_close_matches(str(key), forward.names, n=1))
+        shown = ", ".join(forward.names[:12]) + (", ..." if len(forward.names) > 12 else "")
+        raise ValueError(
+            f"{batch.label}: input {key!r} is not a parameter of {forward.owner}"
+            + (f" (did you mean {close[0]!r}?)" if close else "")
+            + ("; its **kwargs would take it and ignore it" if forward.takes_kwargs else "")
+            + f"; its parameters: {shown}")
+
+
 def split_batch(batch: Any, index: int, device: torch.device,
                 input_dtype: torch.dtype | None) -> Batch:
     """Split one batch into inputs and target, moved to ``device``.
@@ -78,10 +234,12 @@ def split_batch(batch: Any, index: int, device: torch.device,
             raise ValueError(f"batch {index} is a dict without a 'labels' entry (keys: "
                              f"{sorted(map(str, batch))})")
         inputs = {k: v for k, v in batch.items() if k != "labels"}
+        check_input_types(inputs, index)
         return Batch((), _move(inputs, device, input_dtype, f"batch {index}"),
                      _move(batch["labels"], device, None, f"batch {index}'s labels"), index)
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
         x, y = batch
+        check_input_types(x, index)
         target = _move(y, device, None, f"batch {index}'s target")
         where = f"batch {index}'s inputs"
         if isinstance(x, Mapping):
@@ -130,23 +288,34 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
                 "pass loss='mse'")
         return F.cross_entropy(logits, target)
     target = target.long()
+    check_label_shape(logits, target)
     if logits.dim() > 2 and target.shape == logits.shape[:-1]:
         logits, target = logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
-    elif target.shape != logits.shape[:-1] and not (
-            logits.dim() > 2 and target.shape == (logits.shape[0], *logits.shape[2:])):
-        rows = f"{logits.shape[0]} rows" if logits.dim() > 1 else "one row"
-        raise ValueError(f"the model's output has shape {_shape(logits)} ({rows} of "
-                         f"{logits.shape[-1]} class scores) but the labels have shape "
-                         f"{_shape(target)}: do the inputs and the labels hold the same number "
-                         "of examples?")
     return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX)
 
 
-def check_class_labels(logits: torch.Tensor, target: torch.Tensor) -> None:
-    """Raise unless every class label is in ``[0, C)`` or ``-100``, and not all are ``-100``
-    (before the loss: out of range is a device-side assert on CUDA)."""
-    if not isinstance(target, torch.Tensor) or target.is_floating_point() or target.numel() == 0:
+def check_label_shape(logits: torch.Tensor, target: torch.Tensor) -> None:
+    """Raise unless class labels of ``target``'s shape fit ``logits``: ``logits.shape[:-1]``
+    (classes last) or ``[B, d1, ...]`` for ``[B, C, d1, ...]`` logits (classes second)."""
+    if target.shape == logits.shape[:-1] or (
+            logits.dim() > 2 and target.shape == (logits.shape[0], *logits.shape[2:])):
         return
+    rows = f"{logits.shape[0]} rows" if logits.dim() > 1 else "one row"
+    raise ValueError(f"the model's output has shape {_shape(logits)} ({rows} of "
+                     f"{logits.shape[-1]} class scores) but the labels have shape "
+                     f"{_shape(target)}: do the inputs and the labels hold the same number "
+                     "of examples?")
+
+
+def check_class_labels(logits: torch.Tensor, target: torch.Tensor) -> None:
+    """Raise unless the labels' shape fits the logits (:func:`check_label_shape`, first: a
+    label can only be out of range of the classes it is matched with), every class label is
+    in ``[0, C)`` or ``-100``, and not all are ``-100`` (before the loss: out of range is a
+    device-side assert on CUDA)."""
+    if (not isinstance(target, torch.Tensor) or target.is_floating_point()
+            or target.dtype == torch.bool or target.is_complex() or target.numel() == 0):
+        return          # the loss's own check names a target of another dtype
+    check_label_shape(logits, target)
     classes = logits.shape[-1] if (logits.dim() < 3 or target.shape == logits.shape[:-1]) \
         else logits.shape[1]
     ignored = target == IGNORE_INDEX

@@ -211,9 +211,16 @@ class Locality:
     every tensor is in a factor); for geodesic measures the largest ``||x'_f - x_f|| / ||x_f||``
     over the symmetry factors' entries (``factor_displacement``, of the block ``factor``) and
     the largest ``||Gamma(xi, xi) / 2|| / ||xi||`` over the curved factors' (``second_order``,
-    of ``second_order_factor``); ``None`` where there is no such factor."""
+    of ``second_order_factor``); ``None`` where there is no such factor.
 
-    displacement: float
+    A ratio whose norm overflows the geometry's dtype although every entry is finite (weights
+    of ``1e21`` in float32) is computed in float64, so it is reported as the large number it
+    is. A ratio that is not finite even so (the moved point or the path's second-order term has
+    a NaN or inf entry: the path overflowed at the best point, though the loss there was
+    finite) has no size to report: it is ``None`` with its tensor or factor named, and the ball
+    is not local there (nothing shows that it is)."""
+
+    displacement: float | None
     parameter: str | None
     factor_displacement: float | None = None
     factor: str | None = None
@@ -224,10 +231,9 @@ class Locality:
     def local(self) -> bool:
         """Whether the ball is local here (:data:`LOCAL_DISPLACEMENT`,
         :data:`LOCAL_SECOND_ORDER`)."""
-        return (self.displacement <= LOCAL_DISPLACEMENT
-                and (self.factor_displacement is None
-                     or self.factor_displacement <= LOCAL_DISPLACEMENT)
-                and (self.second_order is None or self.second_order <= LOCAL_SECOND_ORDER))
+        return (_within(self.displacement, self.parameter, LOCAL_DISPLACEMENT)
+                and _within(self.factor_displacement, self.factor, LOCAL_DISPLACEMENT)
+                and _within(self.second_order, self.second_order_factor, LOCAL_SECOND_ORDER))
 
     def as_dict(self) -> dict[str, Any]:
         return {"displacement": self.displacement, "parameter": self.parameter,
@@ -236,10 +242,27 @@ class Locality:
                 "second_order_factor": self.second_order_factor, "local": self.local}
 
 
+def _within(ratio: float | None, label: str | None, bound: float) -> bool:
+    """A ratio within its bound; ``None`` with a label (a ratio that is not finite) is not,
+    ``None`` without one (nothing to measure) is."""
+    return ratio <= bound if ratio is not None else label is None
+
+
 def _entry_ratios(top: Sequence[torch.Tensor], bottom: Sequence[torch.Tensor],
                   ndims: Sequence[int]) -> torch.Tensor:
     """Per tensor and folded entry, ``||top|| / ||bottom||`` over the point's own dimensions
-    (entries with ``bottom = 0`` give ``0``), ``shape=[tensors, entries]``."""
+    (entries with ``bottom = 0`` give ``0``), ``shape=[tensors, entries]``; where a norm
+    overflows the tensors' dtype, the ratio is taken in float64 (one host sync)."""
+    table = _ratio_table(top, bottom, ndims)
+    finite = torch.isfinite(table)
+    if bool(finite.all()):
+        return table
+    wide = _ratio_table([t.double() for t in top], [t.double() for t in bottom], ndims)
+    return torch.where(finite, table.double(), wide)
+
+
+def _ratio_table(top: Sequence[torch.Tensor], bottom: Sequence[torch.Tensor],
+                 ndims: Sequence[int]) -> torch.Tensor:
     rows = []
     for a, b, k in zip(top, bottom, ndims, strict=True):
         dims = tuple(range(a.dim() - k, a.dim()))
@@ -252,12 +275,18 @@ def _entry_ratios(top: Sequence[torch.Tensor], bottom: Sequence[torch.Tensor],
 
 
 def _worst(ratios: list[tuple[torch.Tensor, list[str]]]) -> tuple[float | None, str | None]:
-    """The largest entry of several ``[tensors, entries]`` ratio tables and its label."""
+    """The largest entry of several ``[tensors, entries]`` ratio tables and its label; the
+    first entry that is not finite (``None`` and its label: see :class:`Locality`) before any
+    finite one."""
     best: tuple[float | None, str | None] = (None, None)
     for table, labels in ratios:
-        value, flat = table.reshape(-1).max(0)
+        flat = table.reshape(-1)
+        bad = (~torch.isfinite(flat)).nonzero()
+        if bad.numel():
+            return None, labels[int(bad[0, 0]) % table.shape[1]]
+        value, index = flat.max(0)
         if best[0] is None or float(value) > best[0]:
-            best = (float(value), labels[int(flat) % table.shape[1]])
+            best = (float(value), labels[int(index) % table.shape[1]])
     return best
 
 
@@ -286,8 +315,13 @@ def locality(geometry: GeodesicBall | BoxGeometry, coordinates: Any, blocks: Seq
         result: dict[str, Any] = {"displacement": 0.0, "parameter": None, **factors}
         if names:
             table = _entry_ratios(tops, bottoms, [1] * len(tops))[:, 0]
-            index = int(table.argmax())
-            result.update(displacement=float(table[index]), parameter=names[index])
+            bad = (~torch.isfinite(table)).nonzero()
+            if bad.numel():
+                # not finite even in float64: no size to report (Locality)
+                result.update(displacement=None, parameter=names[int(bad[0, 0])])
+            else:
+                index = int(table.argmax())
+                result.update(displacement=float(table[index]), parameter=names[index])
     return Locality(**result)
 
 

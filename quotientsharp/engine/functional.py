@@ -18,7 +18,10 @@ from quotientsharp.engine.batches import (
     IGNORE_INDEX,
     Batch,
     LossFunction,
+    check_keywords,
     compute_loss,
+    forward_keywords,
+    output_tensor,
     resolve_loss,
 )
 from quotientsharp.engine.touched_rows import (
@@ -111,6 +114,8 @@ class FunctionalModel:
             for name, module in model.named_modules(remove_duplicate=False)
             if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse
         } & set(self.trainable)
+        #: the keyword inputs the forward names, each batch's keys checked against them
+        self.forward_keywords = forward_keywords(model)
         self._checking = False
         self._recorder: TableRecorder | None = None
 
@@ -163,12 +168,14 @@ class FunctionalModel:
             self._recorder = previous
 
     def check_batch(self, batch: Batch) -> None:
-        """Raise, naming the batch, if it is empty or its token ids (``input_ids``, or an
+        """Raise, naming the batch, if it is empty, a keyword input is not a parameter of the
+        forward (:func:`~.batches.check_keywords`) or its token ids (``input_ids``, or an
         integer first positional input) leave the vocabulary."""
         target = batch.target
         if isinstance(target, torch.Tensor) and target.numel() == 0:
             raise ValueError(f"{batch.label} is empty: its target has shape "
                              f"{tuple(target.shape)}")
+        check_keywords(batch, self.forward_keywords)
         self._check_attention_mask(batch)
         ids = batch.kwargs.get("input_ids", batch.args[0] if batch.args else None)
         if (self.vocabulary_size is not None and isinstance(ids, torch.Tensor)
@@ -254,6 +261,25 @@ class FunctionalModel:
                              f"(parameters {', '.join(dtypes)}){hint}: {type(err).__name__}: "
                              f"{err}") from err
 
+    def output_at_theta(self, batch: Batch) -> torch.Tensor | None:
+        """The logits of the forward at the unperturbed parameters (no gradient), or ``None``
+        where the output holds no logits tensor. For an error's diagnosis only."""
+        params = {name: self._unperturbed(name) for name in self.theta}
+        with torch.no_grad():
+            output = torch.func.functional_call(self.model, (params, self.buffers), batch.args,
+                                                batch.kwargs)
+        return output_tensor(output)
+
+    def nonfinite_gradients(self, batch: Batch) -> list[str]:
+        """The trainable parameters in which the loss's gradient at theta has a NaN or inf
+        entry while the loss there is finite (one forward+backward; for an error's diagnosis
+        only: empty where the loss is not finite, which the clean check reports)."""
+        loss, gradients = self.loss_and_gradients(batch)
+        if not bool(torch.isfinite(loss)):
+            return []
+        return [name for name, gradient in gradients.items()
+                if gradient is not None and not bool(torch.isfinite(gradient).all())]
+
     def loss_and_gradients(self, batch: Batch
                            ) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
         """The loss at ``theta`` and its gradient per trainable parameter (geometry dtype).
@@ -314,6 +340,11 @@ def clean_loss_cause(batch: Batch, model: FunctionalModel | None = None) -> str:
                    if b.is_floating_point() and bool(torch.isnan(b).any())]
         if buffers:
             return f"the buffer(s) {buffers} contain NaN"
+        if _finite_output(model, batch):
+            name = getattr(model.loss_function, "__name__", type(model.loss_function).__name__)
+            return (f"the loss function ({name}) returned a non-finite value at theta although "
+                    "the model's output there is finite: the loss leaves its domain (a log or "
+                    "sqrt of a value <= 0, a division by zero, a NaN factor?)")
         # inf is allowed in a buffer (a -inf attention mask), but with a non-finite loss it is
         # the likely culprit, persistent or not
         buffers = [n for n, b in model.buffers.items()
@@ -325,6 +356,17 @@ def clean_loss_cause(batch: Batch, model: FunctionalModel | None = None) -> str:
         return (f"the model's output at the unperturbed parameters is not finite (an overflow "
                 f"in {', '.join(dtypes)}? float16 overflows above 65504)")
     return "the model's output at the unperturbed parameters is not finite"
+
+
+def _finite_output(model: FunctionalModel, batch: Batch) -> bool:
+    """Whether the forward at theta returns finite logits (``False`` where it returns none or
+    fails: the cause is then not known to be the loss)."""
+    try:
+        logits = model.output_at_theta(batch)
+    except Exception:       # noqa: BLE001 - a diagnosis only: the loss's error is reported
+        return False
+    return (logits is not None and logits.is_floating_point()
+            and bool(torch.isfinite(logits).all()))
 
 
 def checked_clean_loss(loss: torch.Tensor, index: int, batch: Batch | None = None,

@@ -92,6 +92,7 @@ def symmetry_layout(model: nn.Module, functional: FunctionalModel, symmetries: A
         report = find_symmetries(model, diagonal=diagonal)
     else:
         report = symmetries
+        _check_report_fits(report, model, functional)
     from quotientsharp.models import ParameterLayout
     if report.unknown:
         warn_at_caller(f"attention-like module(s) {report.unknown} were not understood: their "
@@ -104,6 +105,38 @@ def symmetry_layout(model: nn.Module, functional: FunctionalModel, symmetries: A
                "gl_buckets": [list(shape) for shape in layout.bucket_shapes],
                "diagonal_pairs": len(report.diagonal), "unknown_modules": list(report.unknown)}
     return layout, summary
+
+
+def _few(names: Sequence[str]) -> str:
+    """At most five names, and how many more."""
+    return f"{list(names[:5])}" + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def _check_report_fits(report: Any, model: nn.Module, functional: FunctionalModel) -> None:
+    """Raise a ``ValueError`` naming ``symmetries`` when the report was made for another model
+    (parameters it names that the model lacks or has in other shapes, parameters of the model
+    it does not know), or while other parameters were frozen."""
+    shapes = {name: tuple(t.shape) for name, t in functional.theta.items()}
+    known = dict(getattr(report, "parameter_shapes", {}))
+    missing = [n for n in known if n not in shapes]
+    differ = [f"{n} {tuple(known[n])} (the model's {shapes[n]})" for n in known
+              if n in shapes and tuple(known[n]) != shapes[n]]
+    unknown = [n for n in shapes if n not in known]
+    if missing or differ or unknown:
+        problems = ([f"this model has no parameter(s) {_few(missing)}"] if missing else []) + (
+            [f"the shapes of {_few(differ)} differ"] if differ else []) + (
+            [f"it does not know the model's parameter(s) {_few(unknown)}"] if unknown else [])
+        made = getattr(report, "model_type", "") or "unnamed"
+        raise ValueError(f"symmetries: the SymmetryReport belongs to another model (made for "
+                         f"class {made}, this model's class is {type(model).__name__}): "
+                         + "; ".join(problems) + ". Pass find_symmetries(model) of this model, "
+                         "or symmetries='auto'")
+    trainable = list(getattr(report, "trainable", []))
+    changed = sorted(set(trainable) ^ set(functional.trainable))
+    if changed:
+        raise ValueError(f"symmetries: the SymmetryReport was made before requires_grad "
+                         f"changed on parameter(s) {_few(changed)}: make it again "
+                         "(find_symmetries(model)), or pass symmetries='auto'")
 
 
 def user_bindings(symmetries: object) -> list[QuotientBinding]:

@@ -54,8 +54,18 @@ class NonFiniteLossError(ValueError):
     the evaluation and the likely cause."""
 
 
-def likely_cause(model: FunctionalModel, rho: float | None) -> str:
-    """The likely reason for a non-finite perturbed loss, and what to do about it."""
+def likely_cause(model: FunctionalModel, rho: float | None, batch: Batch | None = None) -> str:
+    """The likely reason for a non-finite perturbed loss, and what to do about it; given the
+    batch of an ascent, a non-finite gradient at theta first (one more forward+backward)."""
+    if batch is not None:
+        names = model.nonfinite_gradients(batch)
+        if names:
+            # the first step follows the gradient at theta: no radius is small enough
+            return (f"likely cause: the gradient of the loss at theta, before any perturbation, "
+                    f"is not finite (NaN or inf) in parameter(s) {names[:5]}"
+                    + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+                    + ": the loss is finite there but not differentiable (a sqrt, log or "
+                    "division at 0?), so the ascent's first step is not finite whatever rho")
     half = sorted({str(d).removeprefix("torch.") for d in model.dtypes.values()
                    if d in (torch.float16, torch.bfloat16)})
     if half:
@@ -69,8 +79,8 @@ def likely_cause(model: FunctionalModel, rho: float | None) -> str:
             "rho")
 
 
-_SKIP_HINT = ("; or pass nonfinite='skip' to keep the best over the finite evaluations "
-              "(recorded in result.settings and result.nonfinite_evaluations)")
+_SKIP_HINT = ("; or pass nonfinite='skip' (--nonfinite skip on the command line) to keep the "
+              "best over the finite evaluations (the skipped ones are counted per batch)")
 
 
 def _nonfinite(outcome: AscentOutcome, settings: AscentSettings) -> tuple[int, bool]:
@@ -89,9 +99,11 @@ def _nonfinite(outcome: AscentOutcome, settings: AscentSettings) -> tuple[int, b
 
 
 def _check_ascents(solves: Sequence[tuple[AscentSettings, AscentOutcome, str]], index: int,
-                   model: FunctionalModel, rho: float | None, policy: str) -> int:
-    """The non-finite evaluations of one batch's solves (each named by its ``label``); raises
-    under ``"raise"``, and under ``"skip"`` when no solve had a finite perturbed evaluation."""
+                   model: FunctionalModel, rho: float | None, policy: str,
+                   batch: Batch | None = None) -> int:
+    """The non-finite evaluations of batch ``index``'s solves (each named by its ``label``);
+    raises under ``"raise"``, and under ``"skip"`` when no solve had a finite perturbed
+    evaluation (given the ``batch``, the error checks the gradient at theta first)."""
     found = [(_nonfinite(outcome, settings), settings, outcome, label)
              for settings, outcome, label in solves]
     failed = [f for f in found if f[0][0] > 0]
@@ -112,8 +124,16 @@ def _check_ascents(solves: Sequence[tuple[AscentSettings, AscentOutcome, str]], 
     raise NonFiniteLossError(
         f"batch {index}{label}: the perturbed loss is {value} at {where}{runs}; {count} of "
         f"{settings.runs * settings.evaluations_per_run} evaluations were not finite.{nothing} "
-        f"The clean loss is finite, so the perturbation caused it: {likely_cause(model, rho)}"
-        + (_SKIP_HINT if policy == "raise" and not none else ""))
+        f"The clean loss is finite, so the perturbation caused it: "
+        f"{likely_cause(model, rho, batch)}" + (_SKIP_HINT if policy == "raise" and not none
+                                                 else ""))
+
+
+def excess(loss: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
+    """``loss - clean`` in float64: exact for two losses of a narrower dtype (a float32
+    difference would round it), so that every value the result reports as a difference of
+    losses (a batch's value, its chains, ``perturbed_losses - clean_losses``) is the same."""
+    return loss.double() - clean.double()
 
 
 @dataclass
@@ -129,7 +149,9 @@ class FirstEvaluation:
 @dataclass
 class BatchOutcome:
     """One batch: sharpness, clean and perturbed loss, norms, optional displacement; the
-    ascent measures add what :class:`~.result.SharpnessResult` reports per batch."""
+    ascent measures add what :class:`~.result.SharpnessResult` reports per batch. A value that
+    is a perturbed loss minus the clean loss is their difference in float64 (:func:`excess`),
+    so that it equals the difference of the two losses the result reports."""
 
     value: torch.Tensor
     clean: torch.Tensor
@@ -141,7 +163,8 @@ class BatchOutcome:
     reference: torch.Tensor | None = None
     reference_trace: torch.Tensor | None = None
     blocks: BlockOutcome | None = None
-    chains: list[float] | None = None
+    chains: list[float | None] | None = None
+    chain_shortfalls: list[float] | None = None
     reach: float | None = None
     evaluations: int = 0
     locality: Locality | None = None
@@ -237,7 +260,7 @@ class AverageMeasure:
                 + (_SKIP_HINT if self.nonfinite == "raise" else ""))
         mean = total / count
         perturbation = (dict(zip(self.coordinates.names, deltas, strict=True)) if keep else None)
-        return BatchOutcome(mean - clean, clean, mean, {"total": norm_sum / self.samples},
+        return BatchOutcome(excess(mean, clean), clean, mean, {"total": norm_sum / self.samples},
                             perturbation, self.samples - count)
 
 
@@ -362,7 +385,7 @@ class AscentMeasure:
                              initial=handed, skip_nonfinite=skip,
                              host_decisions=self.host_decisions, compiled=self.compiled)
             solves = [(self.settings, outcome, "")]
-            chains, reach = None, None
+            chains, reach, shortfalls = None, None, None
             evaluations = self.settings.runs * self.settings.evaluations_per_run
         else:
             found = search(solved.geometry, solve, self.settings, self.reach, clean.item(),
@@ -374,13 +397,14 @@ class AscentMeasure:
             solves = [(s, o, "" if i == 0 else " (reach search)")
                       for i, (s, o) in enumerate(found.solves)]
             chains, reach, evaluations = found.chains, found.reach, found.evaluations
+            shortfalls = found.shortfalls
         del handed, start
         norms = solved.geometry.block_norms(outcome.xi)
         if touched is not None:
             # the best iterate at full size (zero off the rows), for what follows
             outcome.xi = touched.coordinates.expand(outcome.xi)
         radius = float(space.geometry.radius)
-        skipped = _check_ascents(solves, index, self.model, radius, self.nonfinite)
+        skipped = _check_ascents(solves, index, self.model, radius, self.nonfinite, batch)
         del solves
         reference = None
         if self.reference is not None:
@@ -390,7 +414,7 @@ class AscentMeasure:
                                skip_nonfinite=skip, host_decisions=self.host_decisions,
                                compiled=self.compiled)
             skipped += _check_ascents([(self.reference, reference, " (reference solve)")],
-                                      index, self.model, radius, self.nonfinite)
+                                      index, self.model, radius, self.nonfinite, batch)
         perturbation = None
         if keep:
             moved = space.parameters(outcome.xi)
@@ -400,12 +424,12 @@ class AscentMeasure:
         absolute = isinstance(self.plan, PlainGeometry) and not self.plan.adaptive
         where = locality(space.geometry, space.coordinates, space.coordinates.blocks(),
                          self.model.theta_geometry, outcome.xi, absolute)
-        return BatchOutcome(outcome.loss - clean, clean, outcome.loss, norms, perturbation,
-                            skipped, trace=outcome.trace,
+        return BatchOutcome(excess(outcome.loss, clean), clean, outcome.loss, norms,
+                            perturbation, skipped, trace=outcome.trace,
                             reference=None if reference is None else reference.loss,
                             reference_trace=None if reference is None else reference.trace,
-                            blocks=blocks, chains=chains, reach=reach,
-                            evaluations=evaluations, locality=where)
+                            blocks=blocks, chains=chains, chain_shortfalls=shortfalls,
+                            reach=reach, evaluations=evaluations, locality=where)
 
     def _blocks(self, batch: Batch, xi: Tensors, clean: torch.Tensor) -> BlockOutcome:
         """The best perturbation block by block (:mod:`.blocks`)."""

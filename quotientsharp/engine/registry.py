@@ -608,7 +608,13 @@ def measure_from(measure: object, rho: float | None = None,
     kind = MEASURE_REGISTRY.get(ALIASES.get(measure, measure) if isinstance(measure, str) else "")
     if kind is None:
         raise ValueError(f"unknown measure {measure!r}; choose one of {sorted(MEASURE_REGISTRY)}")
+    if options is not None and not isinstance(options, Mapping):
+        raise TypeError(f"options must be a mapping of option names to values (a dict), got "
+                        f"{type(options).__name__} {options!r}")
     given = dict(options or {})
+    names = [k for k in given if not isinstance(k, str)]
+    if names:
+        raise TypeError(f"options: option names must be strings, got {names!r}")
     allowed = kind.defaults()
     unknown = sorted(set(given) - set(allowed))
     if unknown:

@@ -15,7 +15,8 @@ import torch
 
 from quotientsharp.core.validation import warn_at_caller
 from quotientsharp.engine.blocks import LOCAL_SECOND_ORDER, TOGETHER
-from quotientsharp.engine.measures import BatchOutcome
+from quotientsharp.engine.measures import BatchOutcome, excess
+from quotientsharp.engine.solver import best_chain, reach_estimate
 
 #: The reach below which a value is reported as short of its maximum (the search's default
 #: target, :class:`~.solver.SearchSettings`).
@@ -49,7 +50,9 @@ class SharpnessResult:
     value
         Mean over batches of the per-batch sharpness.
     per_batch
-        Sharpness of each batch (best perturbed loss minus clean loss for ascent measures).
+        Sharpness of each batch (best perturbed loss minus clean loss for ascent measures,
+        the mean perturbed loss minus the clean loss for ``average``: the difference taken in
+        float64, so that it equals ``perturbed_losses[b] - clean_losses[b]`` exactly).
     settings
         Every resolved option (defaults filled in), plus ``rho``, the geometry dtype, the
         solver checkpoints, the number of batches and the symmetry summary.
@@ -76,7 +79,8 @@ class SharpnessResult:
         Ascent measures: per batch, the solver's convergence trace, the best perturbed loss
         minus the clean loss after each evaluation (``runs * (n_iter + 1)`` entries, run after
         run, the first the starting point): non-decreasing, its last entry is that batch's
-        value. Empty for the other measures.
+        value. ``None`` before the first finite evaluation (a random start whose loss was not
+        finite, under ``nonfinite="skip"``). Empty for the other measures.
     reference_per_batch, reference_traces
         With ``reference_solve``: per batch, the value the stronger reference solve reached
         (best perturbed loss minus clean loss) and its trace. Empty otherwise.
@@ -90,7 +94,13 @@ class SharpnessResult:
         best; ``None`` with ``reach=False``. Empty for the other measures.
     chains
         Ascent measures with the search: per batch, the value each chain reached, in order
-        (the first from the measurement's own start).
+        (the first from the measurement's own start); ``None`` for a chain none of whose
+        evaluations was finite (``nonfinite="skip"``), which the reach estimate does not count.
+    chain_shortfalls
+        Ascent measures with the search: per batch and chain, the share of the chain's value
+        that its last run added when the chain was still climbing as its continuations ran out
+        (``0`` where it stalled); the reach estimate is at most ``1 -`` the best chain's.
+        Empty in results made before it was kept.
     evaluations
         Ascent measures: per batch, the loss evaluations (forward+backward passes) spent,
         reference solve excluded: the cost of the value.
@@ -111,14 +121,15 @@ class SharpnessResult:
     perturbations: list[dict[str, torch.Tensor]] | None = None
     frozen: list[str] = field(default_factory=list)
     nonfinite_evaluations: list[int] = field(default_factory=list)
-    traces: list[list[float]] = field(default_factory=list)
+    traces: list[list[float | None]] = field(default_factory=list)
     reference_per_batch: list[float] = field(default_factory=list)
-    reference_traces: list[list[float]] = field(default_factory=list)
+    reference_traces: list[list[float | None]] = field(default_factory=list)
     blocks: list[list[dict[str, Any]]] | None = None
     reach: list[float | None] = field(default_factory=list)
-    chains: list[list[float]] = field(default_factory=list)
+    chains: list[list[float | None]] = field(default_factory=list)
     evaluations: list[int] = field(default_factory=list)
     locality: list[dict[str, Any]] = field(default_factory=list)
+    chain_shortfalls: list[list[float]] = field(default_factory=list)
 
     def __float__(self) -> float:
         return self.value
@@ -135,20 +146,24 @@ class SharpnessResult:
         return all(x["local"] for x in self.locality) if self.locality else None
 
     def shortfalls(self) -> list[str]:
-        """Per batch that falls short, why: a reach estimate below 0.99 or a ball that is not
+        """Per batch that falls short, why: a reach estimate below 0.99 (chains that disagree,
+        or a best chain still climbing when its continuations ran out) or a ball that is not
         local at the best perturbation (empty when the value earns the word maximum)."""
         notes = []
         for index, reach in enumerate(self.reach):
-            if reach is not None and reach < REACH_TARGET:
-                found = ", ".join(f"{c:.4g}" for c in self.chains[index])
-                if self.chains[index] and max(self.chains[index]) <= 0:
-                    notes.append(f"batch {index}: no chain found a loss increase (the search's "
-                                 f"chains reached {found}): either theta is a maximum in the "
-                                 "ball, or every step the solver took was too long; check with "
-                                 "reference_solve=True, a smaller rho or more steps")
-                    continue
-                notes.append(f"batch {index}: reach estimate {reach:.3f} (the search's chains "
-                             f"reached {found}: the best was not confirmed)")
+            if reach is None or reach >= REACH_TARGET:
+                continue
+            chains = self.chains[index] if index < len(self.chains) else []
+            found = ", ".join("none finite" if c is None else f"{c:.4g}" for c in chains)
+            valued = [c for c in chains if c is not None]
+            if valued and max(valued) <= 0:
+                notes.append(f"batch {index}: no chain found a loss increase (the search's "
+                             f"chains reached {found}): either theta is a maximum in the "
+                             "ball, or every step the solver took was too long; check with "
+                             "reference_solve=True, a smaller rho or more steps")
+                continue
+            notes.append(f"batch {index}: reach estimate {reach:.3f} (the search's chains "
+                         f"reached {found}: {self._short_because(index)})")
         for index, where in enumerate(self.locality):
             if not where["local"]:
                 notes.append(f"batch {index}: the ball is not local ({_moved(where)}): the value "
@@ -158,6 +173,25 @@ class SharpnessResult:
                                 "found, not the maximum"
                                 if (where["second_order"] or 0) > LOCAL_SECOND_ORDER else ""))
         return notes
+
+    def _short_because(self, index: int) -> str:
+        """Why batch ``index``'s reach estimate is low: the estimate is the lower of the chains'
+        agreement and one minus the best chain's shortfall; each that is below 0.99 is said."""
+        chains = self.chains[index]
+        reasons = []
+        agreement = reach_estimate(chains)
+        if agreement < REACH_TARGET:
+            valued = sum(c is not None for c in chains)
+            reasons.append("no other chain with a finite value confirms the best" if valued < 2
+                           else f"the chains disagree: the second best reached {agreement:.3f} "
+                           "of the best")
+        best = best_chain(chains)
+        shortfalls = self.chain_shortfalls[index] if index < len(self.chain_shortfalls) else []
+        if best is not None and best < len(shortfalls) and 1 - shortfalls[best] < REACH_TARGET:
+            reasons.append(f"the best chain (chain {best}) was still climbing when its "
+                           f"continuations ran out: its last run added "
+                           f"{100 * shortfalls[best]:.3g} % of its value")
+        return "; ".join(reasons) or "the best was not confirmed"
 
     @property
     def reference_value(self) -> float | None:
@@ -269,15 +303,17 @@ def assemble_result(measure: str, outcomes: Sequence[BatchOutcome],
         perturbations=_kept(outcomes) if keep else None,
         frozen=list(frozen),
         nonfinite_evaluations=skipped,
-        traces=[(o.trace - o.clean).tolist() for o in outcomes if o.trace is not None],
-        reference_per_batch=[float(o.reference - o.clean) for o in outcomes
+        traces=[_trace(o.trace, o.clean) for o in outcomes if o.trace is not None],
+        reference_per_batch=[excess(o.reference, o.clean).item() for o in outcomes
                              if o.reference is not None],
-        reference_traces=[(o.reference_trace - o.clean).tolist() for o in outcomes
+        reference_traces=[_trace(o.reference_trace, o.clean) for o in outcomes
                           if o.reference_trace is not None],
         blocks=([o.blocks.records() for o in outcomes if o.blocks is not None]
                 if blockwise else None),
         reach=[o.reach for o in outcomes] if ascent else [],
         chains=[o.chains for o in outcomes if o.chains is not None],
+        chain_shortfalls=[o.chain_shortfalls for o in outcomes
+                          if o.chain_shortfalls is not None],
         evaluations=[o.evaluations for o in outcomes] if ascent else [],
         locality=[o.locality.as_dict() for o in outcomes if o.locality is not None],
     )
@@ -287,25 +323,39 @@ def assemble_result(measure: str, outcomes: Sequence[BatchOutcome],
             f"{result.measure} sharpness{' (' + result.variant + ')' if result.variant else ''}"
             f" at rho={settings.get('rho')} may not be the maximum it claims: "
             + "; ".join(notes) + ". Where the reach is low, search longer (reach={'chains': "
-            f"8}}, n_iter=50); where the ball is not local, {_LOCAL_ADVICE.get(measure, '')}"
+            f"8, 'continuations': 4}}, n_iter=50); where the ball is not local, "
+            f"{_LOCAL_ADVICE.get(measure, '')}"
             "use a smaller rho (docs/sharpness.md, 'Reach and locality').", ReachWarning)
     return result
 
 
+def _trace(trace: torch.Tensor, clean: torch.Tensor) -> list[float | None]:
+    """A solver trace as values (each a difference of losses, :func:`~.measures.excess`);
+    ``None`` where no evaluation so far was finite (a best loss of ``-inf``)."""
+    return [v if math.isfinite(v) else None for v in excess(trace, clean).tolist()]
+
+
 def _moved(where: Mapping[str, Any]) -> str:
-    """What moved how far at a batch's best perturbation (its :class:`~.blocks.Locality`)."""
+    """What moved how far at a batch's best perturbation (its :class:`~.blocks.Locality`; a
+    ratio ``None`` beside a name is one that is not finite)."""
     parts = []
     if where["parameter"] is not None:
         moved = ("the parameters together move" if where["parameter"] == TOGETHER
                  else f"parameter {where['parameter']} moves")
         whose = "their" if where["parameter"] == TOGETHER else "its"
-        parts.append(f"{moved} by {where['displacement']:.3g} x {whose} norm")
-    if where["factor_displacement"] is not None:
-        parts.append(f"factor {where['factor']} by {where['factor_displacement']:.3g} x its norm")
-    if where["second_order"] is not None:
-        parts.append(f"second-order term {where['second_order']:.3g} x the first "
+        parts.append(f"{moved} by {_times(where['displacement'])} {whose} norm")
+    if where["factor"] is not None:
+        parts.append(f"factor {where['factor']} by {_times(where['factor_displacement'])} its "
+                     "norm")
+    if where["second_order_factor"] is not None:
+        parts.append(f"second-order term {_times(where['second_order'])} the first "
                      f"({where['second_order_factor']})")
     return ", ".join(parts)
+
+
+def _times(ratio: float | None) -> str:
+    return "a ratio that is not finite (the path overflowed) x" if ratio is None \
+        else f"{ratio:.3g} x"
 
 
 def _kept(outcomes: Sequence[BatchOutcome]) -> list[dict[str, torch.Tensor]]:

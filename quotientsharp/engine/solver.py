@@ -819,14 +819,15 @@ def _ladder(shares: object) -> tuple[float, ...]:
 @dataclass
 class SearchOutcome:
     """The best iterate of a :func:`search` (``loss`` 0-dim, ``xi``), each chain's value
-    (best loss minus ``clean``), the ``reach`` estimate, the loss ``evaluations``, the ``trace``
-    of the best loss (``shape=[evaluations]``), every ascent with its settings (``solves``) and
-    per chain the share of its value its last run added (``shortfalls``, ``0`` if it stalled).
+    (best loss minus ``clean``; ``None`` for a chain with no finite evaluation, under
+    ``skip_nonfinite``), the ``reach`` estimate, the loss ``evaluations``, the ``trace`` of the
+    best loss (``shape=[evaluations]``), every ascent with its settings (``solves``) and per
+    chain the share of its value its last run added (``shortfalls``, ``0`` if it stalled).
     """
 
     loss: torch.Tensor
     xi: Tensors
-    chains: list[float]
+    chains: list[float | None]
     reach: float
     evaluations: int
     trace: torch.Tensor
@@ -839,15 +840,35 @@ def scaled(xi: Sequence[torch.Tensor], factor: float) -> Tensors:
     return tuple(t * factor for t in xi)
 
 
-def reach_estimate(chains: Sequence[float]) -> float:
+def reach_estimate(chains: Sequence[float | None]) -> float:
     """Second-best of ``chains`` (best loss minus clean loss) over the best, a negative second
     counted as zero; ``0`` where no chain found a loss increase (agreeing on zero confirms
-    nothing: the maximum over a ball is positive where the gradient does not vanish)."""
-    ordered = sorted(chains, reverse=True)
+    nothing: the maximum over a ball is positive where the gradient does not vanish).
+
+    A chain without a value (``None`` or not finite: no finite evaluation) is not counted: it
+    neither confirms the best nor lowers it; a best no other chain with a value confirms gives
+    ``0`` (a single chain, run alone, gives ``1``).
+    """
+    ordered = sorted((c for c in chains if c is not None and math.isfinite(c)), reverse=True)
     if not ordered or ordered[0] <= 0:
         return 0.0
-    second = ordered[1] if len(ordered) > 1 else ordered[0]
-    return max(second, 0.0) / ordered[0]
+    if len(ordered) == 1:
+        return 1.0 if len(chains) == 1 else 0.0
+    return max(ordered[1], 0.0) / ordered[0]
+
+
+def best_chain(chains: Sequence[float | None]) -> int | None:
+    """The position of the highest chain with a value (the first of equal ones), or ``None``
+    where no chain has one."""
+    valued = [i for i, c in enumerate(chains) if c is not None and math.isfinite(c)]
+    return max(valued, key=lambda i: (chains[i], -i)) if valued else None
+
+
+def chain_value(loss: torch.Tensor, clean: float) -> float | None:
+    """A chain's value, its best loss minus ``clean`` (in float64 on the host, as the result
+    computes every value), or ``None`` where the best loss is not finite."""
+    best = loss.item()
+    return best - clean if math.isfinite(best) else None
 
 
 def _late(n_iter: int) -> int:
@@ -916,12 +937,12 @@ def search(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
 
     tiny = torch.finfo(torch.float64).tiny
     best_loss, best_xi, shortfall = chain(settings, generator, initial)
-    values, shortfalls = [best_loss.item() - clean], [shortfall]
+    values, shortfalls = [chain_value(best_loss, clean)], [shortfall]
 
     def estimate() -> float:
         # the chains' agreement, and the best chain's own convergence
-        best = max(range(len(values)), key=values.__getitem__)
-        return min(reach_estimate(values), 1.0 - shortfalls[best])
+        best = best_chain(values)
+        return min(reach_estimate(values), 1.0 - (0.0 if best is None else shortfalls[best]))
 
     def climb() -> tuple[Tensors, AscentOutcome]:
         # the ladder's ascents, each from the last one's best point scaled up to its radius;
@@ -952,7 +973,7 @@ def search(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
                 loss, xi = rungs.loss, rungs.xi
         else:
             loss, xi, shortfall = chain(probe, probe_generator, None)
-        values.append(loss.item() - clean)
+        values.append(chain_value(loss, clean))
         shortfalls.append(shortfall)
         if bool(loss > best_loss):
             best_loss, best_xi = loss, xi

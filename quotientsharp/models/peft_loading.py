@@ -13,7 +13,6 @@ and ``safetensors`` are imported only here.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import warnings
 from collections.abc import Iterator
@@ -45,20 +44,44 @@ def saved_adapters(path: str | Path) -> list[tuple[str, Path]]:
     return found
 
 
+def _local_base(settings: dict[str, Any]) -> Path | None:
+    """The base model's directory that ``base_model_name_or_path`` names, when it is one here
+    (a relative path from the current working directory, as PEFT reads it); ``None``
+    otherwise: a Hub name is never looked up."""
+    base = settings.get("base_model_name_or_path")
+    return Path(base) if isinstance(base, str) and base and Path(base).is_dir() else None
+
+
+def _no_local_base(folder: Path, settings: dict[str, Any], discovery: bool) -> str:
+    """One line for an adapter whose base model is not a local directory: the adapter, the
+    path it names, how that path is read and what to do."""
+    base = settings.get("base_model_name_or_path")
+    if not isinstance(base, str) or not base:
+        what = "names no base model (base_model_name_or_path)"
+    else:
+        beside = ((folder / base).resolve() if not Path(base).is_absolute()
+                  and (folder / base).is_dir() else None)
+        hint = "" if beside is None else f"; from the adapter's folder it is {beside}"
+        what = (f"names the base model {base!r}, which is not a directory here (relative paths "
+                f"are read from the current working directory, {Path.cwd()}, as PEFT reads "
+                f"them; Hub names are never downloaded{hint})")
+    todo = ("set base_model_name_or_path to the local directory that save_pretrained wrote the "
+            "base model to")
+    if discovery:
+        todo += (f", or put the base model's config.json beside {ADAPTER_CONFIG} (symmetries "
+                 "need only the architecture)")
+    return f"MODEL {folder}: {ADAPTER_CONFIG} {what}: {todo}"
+
+
 def _base_config(path: Path, folder: Path, settings: dict[str, Any]) -> Path:
     """The base model's ``config.json``: in the saved directory ``path``, beside the adapter's
     own ``folder``, or in the local base directory."""
-    for beside in (path / "config.json", folder / "config.json"):
-        if beside.is_file():
-            return beside
-    base = settings.get("base_model_name_or_path")
-    if isinstance(base, str) and (Path(base) / "config.json").is_file():
-        return Path(base) / "config.json"
-    raise FileNotFoundError(
-        f"{folder / ADAPTER_CONFIG} names the base model {base!r}, which is not a local directory "
-        "with config.json; offline discovery needs the base model's architecture: put its "
-        f"config.json beside {ADAPTER_CONFIG}, or save the whole model with "
-        "torch.save(peft_model, file)")
+    local = _local_base(settings)
+    for candidate in (path / "config.json", folder / "config.json",
+                      *([] if local is None else [local / "config.json"])):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(_no_local_base(folder, settings, discovery=True))
 
 
 def _load_values(model: nn.Module, saved: dict[str, Any], adapter: str) -> None:
@@ -82,10 +105,11 @@ def _load_values(model: nn.Module, saved: dict[str, Any], adapter: str) -> None:
 
 def _lora_settings(folder: Path) -> dict[str, Any]:
     """The adapter's ``adapter_config.json``, checked to be a LoRA adapter's."""
-    with (folder / ADAPTER_CONFIG).open() as handle:
-        settings = json.load(handle)
+    from quotientsharp.models.loading import read_json_file
+
+    settings = read_json_file(folder / ADAPTER_CONFIG, "MODEL")
     if not isinstance(settings, dict) or str(settings.get("peft_type", "")).upper() != "LORA":
-        raise ValueError(f"{folder / ADAPTER_CONFIG}: peft_type "
+        raise ValueError(f"MODEL {folder / ADAPTER_CONFIG}: peft_type "
                          f"{settings.get('peft_type') if isinstance(settings, dict) else None!r}"
                          ", only LoRA adapters are supported")
     return settings
@@ -153,19 +177,31 @@ def _target_class(settings: dict[str, Any]) -> Any:
 
 
 def _saved_tensors(folder: Path) -> dict[str, Any]:
-    """The tensors of the adapter saved in ``folder`` (safetensors or ``.bin``)."""
-    import torch
+    """The tensors of the adapter saved in ``folder`` (safetensors or ``.bin``); a damaged
+    file is a ``ValueError`` naming it."""
+    from quotientsharp.models.loading import first_line, load_torch_file
 
     weights = folder / "adapter_model.safetensors"
     if weights.is_file():
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return dict(load_file(str(weights)))
+        try:
+            return dict(load_file(str(weights)))
+        except (SafetensorError, OSError) as err:
+            raise ValueError(f"MODEL {weights} cannot be read ({first_line(err)}): damaged or "
+                             "truncated? save the adapter again with save_pretrained") from err
     if (folder / "adapter_model.bin").is_file():
-        return dict(torch.load(folder / "adapter_model.bin", map_location="cpu",
-                               weights_only=True))
-    raise FileNotFoundError(f"{folder} has {ADAPTER_CONFIG} but no adapter_model.safetensors "
-                            "or adapter_model.bin: the adapter's values were not saved")
+        loaded = load_torch_file(folder / "adapter_model.bin", "MODEL",
+                                 "a safetensors file nor a torch.save'd state dict",
+                                 weights_only=True)
+        if not isinstance(loaded, dict):
+            raise ValueError(f"MODEL {folder / 'adapter_model.bin'} holds a "
+                             f"{type(loaded).__name__}, not the adapter's state dict")
+        return dict(loaded)
+    raise FileNotFoundError(f"MODEL {folder} has {ADAPTER_CONFIG} but no "
+                            "adapter_model.safetensors or adapter_model.bin: the adapter's "
+                            "values were not saved")
 
 
 def _head_labels(settings: dict[str, Any], saved: dict[str, Any]) -> int | None:
@@ -183,54 +219,76 @@ def _head_labels(settings: dict[str, Any], saved: dict[str, Any]) -> int | None:
 
 def _base_model(path: Path, folder: Path, settings: dict[str, Any], labels: int | None,
                 weights: bool) -> nn.Module:
-    """The base model as PEFT builds it: the class of :func:`_target_class` from
-    ``base_model_name_or_path`` with its weights (offline); without local weights and with
-    ``weights=False``, that class built from the base's config on the meta device."""
+    """The base model as PEFT builds it: the class of :func:`_target_class` from the local
+    directory ``base_model_name_or_path`` with its weights; without local weights and with
+    ``weights=False``, that class built from the base's config on the meta device. Nothing is
+    downloaded: a base that is not a local directory fails at once (:func:`_no_local_base`)."""
     import torch
     import transformers
 
+    from quotientsharp.models.loading import first_line, read_json_file
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     target = _target_class(settings)
-    base = settings.get("base_model_name_or_path")
+    local = _local_base(settings)
     extra: dict[str, Any] = {} if labels is None else {"num_labels": labels}
-    if isinstance(base, str) and base:
+    if local is not None:
         load: Any = target or transformers.AutoModel
         try:
             with _quiet_build():
-                return load.from_pretrained(base, local_files_only=True,
+                return load.from_pretrained(str(local), local_files_only=True,
                                             attn_implementation="eager", **extra)
         except (OSError, ValueError) as err:
             if weights:
                 raise FileNotFoundError(
-                    f"{folder / ADAPTER_CONFIG} names the base model {base!r}, which cannot "
-                    f"be loaded offline with its weights ({type(err).__name__}: "
-                    f"{' '.join(str(err).split())[:200]}); the adapter is measured on its base: "
-                    "make base_model_name_or_path a local directory written by "
-                    "save_pretrained") from err
+                    f"MODEL {folder}: {ADAPTER_CONFIG} names the base model {str(local)!r}, "
+                    f"which cannot be loaded with its weights ({first_line(err)}); the adapter "
+                    "is measured on its base: make base_model_name_or_path a local directory "
+                    "written by save_pretrained") from err
     elif weights:
-        raise FileNotFoundError(f"{folder / ADAPTER_CONFIG} names no base model "
-                                "(base_model_name_or_path); the adapter is measured on its "
-                                "base: set it to the base model's local directory")
+        raise FileNotFoundError(_no_local_base(folder, settings, discovery=False))
     from quotientsharp.models.loading import _config_model
 
     config_file = _base_config(path, folder, settings)
     if target is None:
         return _config_model(config_file)
-    config = transformers.AutoConfig.from_pretrained(str(config_file.parent), **extra)
+    # transformers' message for a broken config.json names neither MODEL nor the reason
+    read_json_file(config_file, "MODEL")
+    config = transformers.AutoConfig.from_pretrained(str(config_file.parent),
+                                                     local_files_only=True, **extra)
     with torch.device("meta"), _quiet_build():
         if hasattr(target, "from_config"):
             return target.from_config(config, attn_implementation="eager")
         return target(config)
 
 
+def _adapter_state(model: nn.Module, adapter: str, saved: dict[str, Any]) -> dict[str, Any]:
+    """The values of adapter ``adapter`` as PEFT saves them, with the embedding layers when
+    the saved file holds them. PEFT's default (``save_embedding_layers="auto"``) would ask the
+    Hub for the base model's config to see whether the vocabulary was resized: the saved file
+    itself says whether they were saved."""
+    import peft
+
+    state = peft.get_peft_model_state_dict(model, adapter_name=adapter,
+                                           save_embedding_layers=False)
+    if set(saved) <= set(state):
+        return state
+    with warnings.catch_warnings():
+        # PEFT says it could not find them, on a model without embeddings: then none are saved
+        warnings.filterwarnings("ignore", message=r".*[Cc]ould not identify embedding")
+        with_embeddings = peft.get_peft_model_state_dict(model, adapter_name=adapter,
+                                                         save_embedding_layers=True)
+    added = set(with_embeddings) - set(state)
+    return with_embeddings if added and added <= set(saved) else state
+
+
 def _check_loaded(model: nn.Module, folder: Path, adapter: str,
                   saved: dict[str, Any]) -> None:
     """Refuse a model whose adapter ``adapter`` does not hold every saved value: keys the
     model expects but the file lacks, keys the model has no place for, or other values."""
-    import peft
     import torch
 
-    state = peft.get_peft_model_state_dict(model, adapter_name=adapter)
+    state = _adapter_state(model, adapter, saved)
     missing = sorted(set(state) - set(saved))
     unused = sorted(set(saved) - set(state))
     other = sorted(k for k in set(state) & set(saved)
@@ -263,7 +321,7 @@ def load_peft_directory(path: str | Path, weights: bool = False) -> nn.Module:
     path = Path(path)
     adapters = saved_adapters(path)
     if not adapters:
-        raise FileNotFoundError(f"{path} holds no saved PEFT adapter ({ADAPTER_CONFIG} in it "
+        raise FileNotFoundError(f"MODEL {path} holds no saved PEFT adapter ({ADAPTER_CONFIG} in it "
                                 "or in a subdirectory named after the adapter)")
     settings = {name: _lora_settings(folder) for name, folder in adapters}
     try:
@@ -279,9 +337,10 @@ def load_peft_directory(path: str | Path, weights: bool = False) -> nn.Module:
     with _quiet_build():
         # on a meta base PEFT's copy of the saved values is a no-op: _load_values assigns them
         model = peft.PeftModel.from_pretrained(base, str(first_folder), adapter_name=first,
-                                               is_trainable=True)
+                                               is_trainable=True, local_files_only=True)
         for name, folder in adapters[1:]:
-            model.load_adapter(str(folder), adapter_name=name, is_trainable=True)
+            model.load_adapter(str(folder), adapter_name=name, is_trainable=True,
+                               local_files_only=True)
     for name, folder in adapters:
         _load_values(model, saved[name], name)
         _check_loaded(model, folder, name, saved[name])

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import pickle
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,9 @@ if TYPE_CHECKING:
 #: Files whose presence in a model directory means that it holds a tokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
                    "spiece.model", "sentencepiece.bpe.model", "tokenizer.model")
+#: The JSON files of a saved tokenizer, checked before transformers reads them.
+TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                        "added_tokens.json", "vocab.json")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 #: The keys a JSONL row may have ("labels" is read as "label").
 ROW_KEYS = ("input_ids", "attention_mask", "token_type_ids", "text", "text_pair", "label")
@@ -166,10 +168,20 @@ def _find_tokenizer(model_path: Path, tokenizer_dir: str | None) -> Any:
             raise InputError(f"--tokenizer {directory} holds no tokenizer files "
                              f"({', '.join(TOKENIZER_FILES)})")
         return None
+    from quotientsharp.models.loading import first_line, read_json_file
+
+    label = "MODEL" if tokenizer_dir is None else "--tokenizer"
+    # transformers' message for a broken JSON file names neither the file nor the directory
+    for name in TOKENIZER_JSON_FILES:
+        if (directory / name).is_file():
+            read_json_file(directory / name, label)
     transformers = import_transformers("tokenising text rows")
     restore = quiet_transformers()
     try:
         return transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        raise InputError(f"{label} {directory}: transformers cannot load its tokenizer "
+                         f"({first_line(err, 300)})") from err
     finally:
         restore()
 
@@ -266,19 +278,18 @@ def _tensor_pair(loaded: Any, path: Path) -> tuple[tuple[torch.Tensor, ...], tor
 
 def _tensor_batches(path: Path, settings: BatchSettings
                     ) -> tuple[list[tuple[Any, torch.Tensor]], int, str]:
-    import torch
+    from quotientsharp.models.loading import begins_as_json_object, load_torch_file
 
-    unreadable = (pickle.UnpicklingError, RuntimeError, EOFError, ImportError, AttributeError,
-                  ValueError)
+    if begins_as_json_object(path):
+        named = f"its suffix is {path.suffix!r}" if path.suffix else "it has no suffix"
+        raise InputError(f"DATA {path} begins like JSON lines (with '{{') but {named}: JSON "
+                         "lines are read from a file named with one of the suffixes "
+                         f"{', '.join(JSONL_SUFFIXES)}")
+    neither = f"JSON lines ({', '.join(JSONL_SUFFIXES)}) nor a torch.save file"
     try:
-        try:
-            loaded = torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:
-            # a TensorDataset is a pickled object: trusted like the module file itself
-            loaded = torch.load(path, map_location="cpu", weights_only=False)
-    except unreadable as err:
-        raise InputError(f"DATA {path} is neither JSON lines ({', '.join(JSONL_SUFFIXES)}) nor "
-                         f"a torch.save file: {str(err).splitlines()[0]}") from err
+        loaded = load_torch_file(path, "DATA", neither, weights_only=None)
+    except ValueError as err:
+        raise InputError(str(err)) from err
     inputs, target = _tensor_pair(loaded, path)
     if settings.loss == "cross_entropy" and target.is_floating_point() and target.dim() == 1:
         raise InputError(f"DATA {path}: Y is a floating vector; cross-entropy needs integer "

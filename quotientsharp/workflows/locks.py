@@ -65,6 +65,7 @@ class OutputLock:
         if self._held:
             return self
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+        self._make_lock_file()
         first = not self._lock.is_locked
         try:
             self._lock.acquire(timeout=0)
@@ -82,6 +83,20 @@ class OutputLock:
             self._remove_stale_temporaries()
             self._write_holder()
         return self
+
+    def _make_lock_file(self) -> None:
+        """Create the lock file if it is missing, raising the system's ``OSError`` where that
+        fails (a read-only or virtual folder such as ``/proc``): ``filelock`` would time out
+        instead, and the error would blame another process."""
+        if self.lock_path.exists():
+            return
+        try:
+            handle = os.open(self.lock_path, os.O_WRONLY | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise OSError(err.errno, f"cannot create the lock file of {self.what} "
+                          f"{self.output} ({err.strerror}): choose another {self.what}",
+                          str(self.lock_path)) from None
+        os.close(handle)
 
     def _remove_stale_temporaries(self) -> None:
         """Delete the temporary files an earlier writer left when it was killed mid-write

@@ -29,6 +29,17 @@ MEASURE_NAMES = ("average", "worst_case", "adaptive", "geodesic", "relative_flat
 METRICS = ("inv", "mix", "euclidean")
 LOSSES = ("cross_entropy", "mse")
 DTYPES = ("float32", "float64")
+#: What a NaN or inf perturbed loss does (``nonfinite=`` of :func:`quotientsharp.sharpness`;
+#: repeated here so that checking ``--nonfinite`` imports no torch).
+NONFINITE = ("raise", "skip")
+
+#: The options of some measures only, the measures they apply to and their defaults (what
+#: ``None`` stands for). Given while none of their measures is measured, they are refused.
+_MEASURE_OPTIONS: dict[str, tuple[tuple[str, ...], Any]] = {
+    "metrics": (("geodesic",), ("inv",)), "orders": (("geodesic",), (2,)),
+    "eps": (("geodesic",), 0.0), "symmetry": (("geodesic",), None),
+    "p": (("worst_case", "adaptive"), "2"), "samples": (("average",), 1),
+    "layer": (("relative_flatness",), None)}
 
 #: Fields whose command-line option is not ``--`` and their name with dashes.
 _OPTION_NAMES = {"measures": "--measure", "metrics": "--metric", "orders": "--order",
@@ -313,19 +324,24 @@ class SharpnessConfig:
     metrics, orders
         Geodesic sharpness: the metrics (``"inv"``, ``"mix"``, ``"euclidean"``) and orders
         (1, 2, ``"exact"``) to measure with, each pair one measurement; a list, or a comma
-        list such as ``"inv,mix"``. Stored as tuples, in order, no repeats.
+        list such as ``"inv,mix"``. Stored as tuples, in order, no repeats (``None``:
+        ``("inv",)`` and ``(2,)``).
     symmetry
         Geodesic sharpness: ``"MODULE:FUNCTION"``, a symmetry of your own (its bindings
         measure with their own quotients' metric, so one metric at most).
     eps
-        Geodesic sharpness: the Gram relaxation ``G^T G + eps I``.
+        Geodesic sharpness: the Gram relaxation ``G^T G + eps I`` (``None``: 0).
     p
         Worst-case and adaptive sharpness: ``"2"`` or ``"inf"`` (the numbers 2 and
-        ``math.inf`` are read as these).
+        ``math.inf`` are read as these; ``None``: ``"2"``).
     samples
-        Average sharpness: Gaussian draws per batch.
+        Average sharpness: Gaussian draws per batch (``None``: 1).
     layer
         Relative flatness: the module (``None``: the last ``nn.Linear``).
+    nonfinite
+        What a NaN or inf perturbed loss does: ``"raise"`` an error naming the batch, or
+        ``"skip"`` the evaluation (counted in the result), as ``nonfinite=`` of
+        :func:`quotientsharp.sharpness`.
     seed
         The random seed.
     batches, solver
@@ -336,17 +352,27 @@ class SharpnessConfig:
         The torch device, e.g. ``"cpu"`` or ``"cuda:0"`` (checked when a model is measured).
     progress
         Progress bars (``None``: only on a terminal).
+
+    Notes
+    -----
+    An option of some measures only (``metrics``, ``orders``, ``eps`` and ``symmetry`` of
+    geodesic sharpness, ``p`` of worst-case and adaptive sharpness, ``samples`` of average
+    sharpness, ``layer`` of relative flatness) given while none of its measures is in
+    ``measures`` is refused, rather than ignored. From Python a value equal to the default
+    counts as not given (so that ``dataclasses.replace`` of a checked configuration checks
+    again); on the command line any option given counts.
     """
 
     measures: Sequence[str] = ("geodesic",)
     rho: float | Sequence[float] | None = ()
-    metrics: Sequence[str] = ("inv",)
-    orders: Sequence[int | str] = (2,)
+    metrics: Sequence[str] | None = None
+    orders: Sequence[int | str] | None = None
     symmetry: str | None = None
-    eps: float = 0.0
-    p: str = "2"
-    samples: int = 1
+    eps: float | None = None
+    p: str | None = None
+    samples: int | None = None
     layer: str | None = None
+    nonfinite: str = "raise"
     seed: int = 0
     batches: BatchSettings = field(default_factory=BatchSettings)
     solver: SolverSettings = field(default_factory=SolverSettings)
@@ -356,6 +382,11 @@ class SharpnessConfig:
 
     def __post_init__(self) -> None:
         _set(self, "measures", tuple(measure_names(self.measures)))
+        # which options of some measures were given, before their defaults fill the gaps
+        typed = [name for name in _MEASURE_OPTIONS if getattr(self, name) is not None]
+        for name, (_, default) in _MEASURE_OPTIONS.items():
+            if getattr(self, name) is None:
+                _set(self, name, default)
         _set(self, "metrics", _unique(_metric(m) for m in _items(self.metrics, "metrics")))
         _text(self.symmetry, "symmetry")
         self._check_metrics()
@@ -371,19 +402,34 @@ class SharpnessConfig:
         if self.dtype not in (None, *DTYPES):
             raise InputError(f"{_name('dtype')} must be float32 or float64, got {self.dtype!r}")
         _text(self.layer, "layer")
+        if self.nonfinite not in NONFINITE:
+            raise InputError(f"{_name('nonfinite')} must be raise or skip, got "
+                             f"{self.nonfinite!r}")
         _text(self.device, "device", optional=False)
         _flag(self.progress, "progress", optional=True)
+        self._check_measure_options(typed)
 
     @property
     def radii(self) -> tuple[float, ...]:
         """The radii (``rho`` after the checks)."""
         return self.rho  # type: ignore[return-value]
 
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """The geodesic metrics (``metrics`` after the checks: ``None`` is the default)."""
+        return self.metrics  # type: ignore[return-value]
+
+    @property
+    def order_values(self) -> tuple[int | str, ...]:
+        """The geodesic orders (``orders`` after the checks: ``None`` is the default)."""
+        return self.orders  # type: ignore[return-value]
+
     def _check_metrics(self) -> None:
-        if self.symmetry is not None and "geodesic" in self.measures and len(self.metrics) > 1:
+        metrics = self.metric_names
+        if self.symmetry is not None and "geodesic" in self.measures and len(metrics) > 1:
             # each metric would give the same value under a different label
             metric, symmetry = _name("metrics"), _name("symmetry")
-            raise InputError(f"{metric} {','.join(self.metrics)}: with {symmetry} "
+            raise InputError(f"{metric} {','.join(metrics)}: with {symmetry} "
                              f"{self.symmetry} geodesic sharpness measures with the metric of "
                              f"each binding's own quotient, so every {metric} gives the same "
                              f"value; leave {metric} out (or give one)")
@@ -395,6 +441,21 @@ class SharpnessConfig:
         needs_radius = [m for m in self.measures if m != "relative_flatness"]
         if needs_radius and not radii:
             raise InputError(f"{_name('rho')} is required for {', '.join(needs_radius)}")
+
+    def _check_measure_options(self, typed: Sequence[str]) -> None:
+        """Refuse an option of some measures only (:data:`_MEASURE_OPTIONS`) given while none of
+        them is measured: ``typed`` on the command line (every option given), else those that
+        differ from their default."""
+        given = (typed if _NAMING_OPTIONS.get() else
+                 [name for name, (_, default) in _MEASURE_OPTIONS.items()
+                  if getattr(self, name) != default])
+        for name in given:
+            needs = _MEASURE_OPTIONS[name][0]
+            if not set(needs) & set(self.measures):
+                option, measures = _name(name), _name("measures")
+                raise InputError(f"{option} applies to {' and '.join(needs)} only, and "
+                                 f"{measures} gives {', '.join(self.measures)}: add "
+                                 f"{' or '.join(needs)} to {measures}, or leave {option} out")
 
     def _check_solver(self) -> None:
         if any(m in ASCENT_MEASURES for m in self.measures):
@@ -528,7 +589,7 @@ def measure_runs(config: SharpnessConfig) -> list[MeasureRun]:
         if measure != "geodesic":
             runs.append(MeasureRun(measure, measure))
             continue
-        variants = [(m, o) for m in config.metrics for o in config.orders]
+        variants = [(m, o) for m in config.metric_names for o in config.order_values]
         for metric, order in variants:
             key = "geodesic" if len(variants) == 1 else f"geodesic_{metric}_order{order}"
             runs.append(MeasureRun(key, measure, {"metric": metric, "order": order}))
@@ -542,7 +603,7 @@ def options_for(run: MeasureRun, config: SharpnessConfig,
     out, as their quotients bring their own metric."""
     measure = run.measure
     options: dict[str, Any] = {"loss": config.batches.loss, "seed": config.seed,
-                               "progress": config.progress}
+                               "progress": config.progress, "nonfinite": config.nonfinite}
     if measure in ASCENT_MEASURES:
         options.update(config.solver.options())
     if measure == "geodesic" and symmetries:

@@ -27,7 +27,8 @@ def _gap_formula(gap_from: str) -> str:
 #: report's command line names those that differ (the grid options are always named).
 _VALUE_OPTIONS = {"eps": 0.0, "p": "2", "samples": 1, "layer": None, "loss": "cross_entropy",
                   "batch_size": 32, "max_batches": None, "n_iter": 20, "seed": 0,
-                  "max_length": 128, "tokenizer": None, "dtype": None, "gap_from": None}
+                  "max_length": 128, "tokenizer": None, "dtype": None, "gap_from": None,
+                  "chains": None, "nonfinite": "raise"}
 
 
 def value_settings(config: StudyConfig) -> dict[str, Any]:
@@ -54,7 +55,8 @@ def command_line(manifest: str, config: StudyConfig, grid: Sequence[GridPoint]) 
         metrics = dict.fromkeys(p.metric for p in grid if p.metric is not None)
         orders = dict.fromkeys(str(p.order) for p in grid if p.order is not None)
         parts += ["--metric", ",".join(metrics), "--order", ",".join(orders)]
-    values = {**value_settings(config), "p": config.p, "gap_from": config.gap_from}
+    values = {**value_settings(config), "p": config.p, "gap_from": config.gap_from,
+              "chains": config.solver.chains, "nonfinite": config.nonfinite}
     for name, default in _VALUE_OPTIONS.items():
         value = values[name]
         if value != default:

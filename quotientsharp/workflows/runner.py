@@ -100,7 +100,9 @@ def study_settings(config: StudyConfig, grid: Sequence[GridPoint]) -> dict[str, 
             "grid": [point.as_dict() for point in grid], "gap_from": config.gap_kind,
             **value_settings(config),
             # only when given, so that the run.json of a study without one still resumes
-            **({"symmetry": config.symmetry} if config.symmetry else {})}
+            **({"symmetry": config.symmetry} if config.symmetry else {}),
+            **({"chains": config.solver.chains} if config.solver.chains is not None else {}),
+            **({"nonfinite": config.nonfinite} if config.nonfinite != "raise" else {})}
 
 
 def _check_identities(finished: Mapping[str, dict[str, Any]],

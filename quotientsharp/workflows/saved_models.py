@@ -5,6 +5,7 @@ and torch are imported only when a model is loaded."""
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,10 +43,26 @@ def import_transformers(what: str) -> Any:
     return transformers
 
 
+def _unreadable_weights(directory: Path, err: Exception) -> InputError:
+    """One line for weights that transformers cannot read: damaged, truncated or missing."""
+    from quotientsharp.models.loading import first_line
+
+    return InputError(f"MODEL {directory}: transformers cannot load its weights "
+                      f"({first_line(err, 300)}); are the files save_pretrained wrote there "
+                      "damaged, truncated or missing?")
+
+
 def _load_pretrained(directory: Path) -> nn.Module:
+    from safetensors import SafetensorError
     from torch import nn
 
+    from quotientsharp.models.loading import read_json_file
+
     transformers = import_transformers(f"MODEL directory {directory}")
+    # transformers' own message for a broken config.json names no MODEL and hides the reason
+    if not isinstance(read_json_file(directory / "config.json", "MODEL"), dict):
+        raise InputError(f"MODEL {directory / 'config.json'} is not a HuggingFace config: "
+                         "not a JSON object")
     restore = quiet_transformers()
     try:
         config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
@@ -62,6 +79,8 @@ def _load_pretrained(directory: Path) -> nn.Module:
         except RuntimeError as err:
             # transformers' own message points at a report it printed (silenced here)
             raise _config_mismatch(directory, model_class, err) from err
+        except (OSError, SafetensorError, pickle.UnpicklingError, EOFError) as err:
+            raise _unreadable_weights(directory, err) from err
     finally:
         restore()
     missing = list(info.get("missing_keys") or [])
@@ -75,18 +94,18 @@ def _load_pretrained(directory: Path) -> nn.Module:
 
 def _config_mismatch(directory: Path, model_class: Any, err: RuntimeError) -> Exception:
     """An :class:`InputError` naming the tensors whose shapes in the weights differ from those
-    ``config.json`` gives (a config edited or copied from another model), or ``err`` itself
-    when the failure is not a shape mismatch."""
+    ``config.json`` gives (a config edited or copied from another model), or one naming MODEL
+    and ``err`` when the failure is not a shape mismatch (a damaged weights file)."""
     try:
         _, info = model_class.from_pretrained(directory, local_files_only=True,
                                               attn_implementation="eager",
                                               output_loading_info=True,
                                               ignore_mismatched_sizes=True)
     except Exception:  # noqa: BLE001 - the original error is the one to report
-        return err
+        return _unreadable_weights(directory, err)
     mismatched = list(info.get("mismatched_keys") or [])
     if not mismatched:
-        return err
+        return _unreadable_weights(directory, err)
     shown = "; ".join(f"{entry[0]}: weights {tuple(entry[1])}, config {tuple(entry[2])}"
                       if isinstance(entry, (tuple, list)) and len(entry) == 3 else str(entry)
                       for entry in mismatched[:4])

@@ -1,0 +1,263 @@
+"""Inputs the engine refuses or diagnoses before measuring: batches that hold data which is not
+a tensor, keys the model's forward does not take, a non-finite loss or gradient at theta, labels
+of the wrong shape, a symmetry report of another model, options that are not a mapping.
+
+Each error names what is wrong (the batch, the input or key, the parameter) and is raised
+before the model runs where it can be; the expected messages are written out here, never
+imported.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import quotientsharp as qs
+from quotientsharp.engine.measures import NonFiniteLossError
+from tests.tiny_models import tiny_bert
+
+#: these tests measure small MLPs without symmetry: the warning that says so is expected here
+pytestmark = pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+
+
+class _Counting(nn.Module):
+    """An MLP that counts its forwards (the errors below come before the first)."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        self.calls += 1
+        return self.net(x) * scale
+
+
+def _data(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(6, 4, generator=generator), torch.randint(0, 3, (6,), generator=generator)
+
+
+def _adaptive(model: nn.Module, batches: list, **options: object) -> qs.SharpnessResult:
+    settings = {"rho": 0.1, "n_iter": 2, "reach": False, "progress": False, **options}
+    return qs.sharpness(model, batches, measure="adaptive", **settings)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("form", ["numpy pair", "nested list pair", "numpy in a tuple",
+                                  "list in a dict", "numpy in a dict batch", "list 1-d"])
+def test_inputs_that_are_not_tensors_are_named_before_the_model_runs(form: str,
+                                                                     seed: int) -> None:
+    model = _Counting(seed)
+    x, y = _data(seed)
+    batch, expected = {
+        "numpy pair": ((x.numpy(), y), r"input 0 is a numpy\.ndarray of shape \(6, 4\)"),
+        "nested list pair": ((x.tolist(), y),
+                             r"the inputs are a Python list of float values \(nested, shape "
+                             r"\[6, 4\]\)"),
+        "numpy in a tuple": (((x, x.numpy()), y), r"input 1 is a numpy\.ndarray"),
+        "list in a dict": (({"x": x.tolist()}, y), r"input 'x' is a Python list"),
+        "numpy in a dict batch": ({"x": x.numpy(), "labels": y}, r"input 'x' is a numpy"),
+        "list 1-d": (((x, [1.0, 2.0]), y), r"input 1 is a Python list of float values"),
+    }[form]
+    with pytest.raises(TypeError, match=rf"^batch 0: {expected}.*not a tensor"):
+        _adaptive(model, [batch])
+    assert model.calls == 0
+
+
+def test_inputs_that_are_flags_or_lists_of_tensors_still_pass() -> None:
+    model = _Counting(0)
+    x, y = _data(0)
+    # a float keyword argument is a setting, not data: measured as given
+    plain = _adaptive(model, [(x, y)]).value
+    assert _adaptive(model, [({"x": x, "scale": 1.0}, y)]).value == plain
+    assert _adaptive(model, [((x,), y)]).value == plain
+
+
+def _bert(seed: int):
+    pytest.importorskip("transformers")
+    model = tiny_bert(seed)
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 30, (4, 6), generator=generator)
+    mask = torch.ones(4, 6, dtype=torch.long)
+    mask[:, 4:], ids[:, 4:] = 0, 0          # padded: the mask changes the outputs
+    return model, ids, mask, torch.randint(0, 3, (4,), generator=generator)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_bert_batch_with_python_lists_names_the_key(seed: int) -> None:
+    model, ids, mask, y = _bert(seed)
+    with pytest.raises(TypeError, match=r"^batch 0: input 'input_ids' is a Python list of int "
+                                        r"values \(nested, shape \[4, 6\]\), not a tensor"):
+        _adaptive(model, [{"input_ids": ids.tolist(), "attention_mask": mask, "labels": y}])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_misspelt_key_is_refused_with_the_closest_name(seed: int) -> None:
+    model, ids, mask, y = _bert(seed)
+    masked = _adaptive(model, [{"input_ids": ids, "attention_mask": mask, "labels": y}]).value
+    unmasked = _adaptive(model, [{"input_ids": ids, "labels": y}]).value
+    assert masked != unmasked           # the key matters: ignoring it changes the value
+    with pytest.raises(ValueError, match=r"^batch 0: input 'attention_masks' is not a parameter "
+                                         r"of BertForSequenceClassification\.forward \(did you "
+                                         r"mean 'attention_mask'\?\); its \*\*kwargs would"):
+        _adaptive(model, [{"input_ids": ids, "attention_masks": mask, "labels": y}])
+
+
+class _Keyword(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                **extra: object) -> torch.Tensor:
+        return self.layer(x if mask is None else x * mask)
+
+
+class _Anything(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = nn.Linear(4, 3)
+
+    def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
+        return self.layer(kwargs["x"])
+
+
+@pytest.mark.parametrize("key, close", [("maks", "mask"), ("X", "x"), ("weights", None)])
+def test_keys_are_checked_against_the_forwards_named_parameters(key: str,
+                                                                close: str | None) -> None:
+    x, y = _data(2)
+    hint = rf" \(did you mean '{close}'\?\)" if close else ""
+    with pytest.raises(ValueError, match=rf"^batch 1: input '{key}' is not a parameter of "
+                                         rf"_Keyword\.forward{hint}; its \*\*kwargs would take "
+                                         r"it and ignore it; its parameters: x, mask$"):
+        _adaptive(_Keyword(), [({"x": x}, y), ({"x": x, key: torch.ones(4)}, y)])
+    # a forward with no named parameter takes any key: nothing to check against
+    assert _adaptive(_Anything(), [({"x": x}, y)]).value > 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_non_finite_loss_with_finite_outputs_blames_the_loss(seed: int) -> None:
+    model = _Counting(seed)
+    x, y = _data(seed)
+
+    def nan_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(output, target) * float("nan")
+
+    with pytest.raises(ValueError, match=r"^the clean loss on batch 0 is not finite \(nan\): "
+                                         r"the loss function \(nan_loss\) returned a non-finite "
+                                         r"value at theta although the model's output there is "
+                                         r"finite"):
+        _adaptive(model, [(x, y)], loss=nan_loss)
+    # an output that overflows is still the model's
+    with pytest.raises(ValueError, match=r"the model's output at the unperturbed parameters is "
+                                         r"not finite"):
+        _adaptive(model, [({"x": x, "scale": 1e39}, y)])
+
+
+@pytest.mark.parametrize("nonfinite", ["raise", "skip"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_non_finite_gradient_at_theta_is_named_with_its_parameters(seed: int,
+                                                                     nonfinite: str) -> None:
+    model = _Counting(seed)
+    x, y = _data(seed)
+
+    def kinked(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        # finite at theta (sqrt(0) = 0), its derivative there is not
+        return F.cross_entropy(output, target) + 0 * torch.sqrt(output - output).sum()
+
+    with pytest.raises(NonFiniteLossError) as error:
+        _adaptive(model, [(x, y)], rho=1e-4, loss=kinked, nonfinite=nonfinite)
+    message = str(error.value)
+    assert ("likely cause: the gradient of the loss at theta, before any perturbation, is not "
+            "finite (NaN or inf) in parameter(s) ['net.0.weight', 'net.0.bias', 'net.2.weight', "
+            "'net.2.bias']") in message
+    assert "too large" not in message
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_labels_of_the_wrong_shape_are_reported_before_their_range(seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, 6, 4, generator=generator)
+    y = torch.randint(0, 7, (3, 5), generator=generator)
+    y[0, 0] = 6         # in range of the 7 classes, not of the 6 positions
+    with pytest.raises(ValueError, match=r"^batch 0: the model's output has shape \(3, 6, 7\) "
+                                         r"\(3 rows of 7 class scores\) but the labels have "
+                                         r"shape \(3, 5\)"):
+        qs.sharpness(nn.Linear(4, 7), [(x, y)], measure="adaptive", rho=0.1, progress=False)
+
+
+class _Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.attn(x, x, x, need_weights=False)[0].mean(1))
+
+
+def test_a_symmetry_report_of_another_model_is_named() -> None:
+    model = _Attention()
+    batches = [(torch.randn(4, 5, 8), torch.randint(0, 3, (4,)))]
+    other = qs.find_symmetries(_Counting(0))
+    with pytest.raises(ValueError, match=r"^symmetries: the SymmetryReport belongs to another "
+                                         r"model \(made for class _Counting, this model's class "
+                                         r"is _Attention\): this model has no parameter\(s\) "
+                                         r"\['net\.0\.weight'"):
+        qs.sharpness(model, batches, measure="geodesic", rho=0.1, progress=False,
+                     symmetries=other)
+    own = qs.find_symmetries(model)
+    model.head.bias.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"^symmetries: the SymmetryReport was made before "
+                                         r"requires_grad changed on parameter\(s\) "
+                                         r"\['head\.bias'\]"):
+        qs.sharpness(model, batches, measure="geodesic", rho=0.1, progress=False,
+                     symmetries=own)
+
+
+@pytest.mark.parametrize("options", [[1], ("n_iter", 3), "n_iter=3", 3])
+def test_measure_options_must_be_a_mapping(options: object) -> None:
+    with pytest.raises(TypeError, match=r"^options must be a mapping of option names to values "
+                                        rf"\(a dict\), got {type(options).__name__}"):
+        qs.measure_from("adaptive", 0.1, options)      # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^options: option names must be strings, got \[1\]"):
+        qs.measure_from("adaptive", 0.1, {1: 3})        # type: ignore[dict-item]
+
+
+def test_numpy_targets_are_still_the_losss_to_judge() -> None:
+    # the check is on the inputs: a target goes to the loss, which may take any type
+    x, y = _data(0)
+    seen = []
+
+    def loss(output: torch.Tensor, target: object) -> torch.Tensor:
+        seen.append(type(target))
+        return F.cross_entropy(output, torch.as_tensor(target))
+
+    _adaptive(_Counting(0), [(x, y.numpy())], loss=loss)
+    assert seen and all(kind is np.ndarray for kind in seen)
+
+
+# peft calls a transformers property that transformers deprecates (neither is ours)
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_a_lora_wrapper_takes_the_keys_of_the_model_it_wraps() -> None:
+    peft = pytest.importorskip("peft")
+    bert, ids, mask, y = _bert(0)
+    model = peft.get_peft_model(bert, peft.LoraConfig(r=2, target_modules=["query", "value"],
+                                                      task_type="SEQ_CLS"))
+    # PEFT's forward names no token_type_ids: its **kwargs pass them on to the BERT
+    types = torch.zeros_like(ids)
+    assert _adaptive(model, [{"input_ids": ids, "attention_mask": mask, "token_type_ids": types,
+                              "labels": y}]).value > 0
+    with pytest.raises(ValueError, match=r"^batch 0: input 'token_type_id' is not a parameter of "
+                                         r"PeftModelForSequenceClassification\.forward \(and "
+                                         r"BertForSequenceClassification\.forward, which its "
+                                         r"\*\*kwargs reach\) \(did you mean 'token_type_ids'"):
+        _adaptive(model, [{"input_ids": ids, "token_type_id": types, "labels": y}])
