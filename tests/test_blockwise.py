@@ -183,6 +183,32 @@ def test_plot_blocks_writes_a_figure(tmp_path) -> None:
         plot_blocks(result, tmp_path / "none.png", top=0)
 
 
+def test_a_block_whose_loss_is_not_finite_reads_none_not_inf(tmp_path) -> None:
+    # a block's part alone can overflow the network (a wide ball, nonfinite="skip"): no inf or
+    # NaN in the records, the mean over the batches where it is finite, no bar in the plot
+    from quotientsharp.cli.measure_output import blocks_table
+    from quotientsharp.engine.blocks import Block, BlockOutcome
+
+    blocks = [Block(name, "parameter", 0, (i,)) for i, name in enumerate(("a", "b", "c"))]
+    batches = [BlockOutcome(blocks, torch.tensor([1.0, 1.0, 2.0]),
+                            torch.tensor([0.5, math.inf, math.nan])),
+               BlockOutcome(blocks, torch.tensor([1.0, 1.0, 2.0]),
+                            torch.tensor([0.25, 2.0, math.inf]))]
+    records = [outcome.records() for outcome in batches]
+    assert [r["loss_change"] for r in records[0]] == [0.5, None, None]
+    torch.manual_seed(0)
+    result = qs.sharpness(OneBlockMatters().double(), _regression(count=2), measure="adaptive",
+                          rho=0.05, loss="mse", n_iter=2, blockwise=True, progress=False)
+    result.blocks = records
+    summary = result.block_summary()
+    assert [r["loss_change"] for r in summary] == [0.375, 2.0, None]
+    assert [r["norm_share"] for r in summary] == [0.25, 0.25, 0.5]
+    table = blocks_table("adaptive", summary)
+    assert "not finite" in table.splitlines()[-1] and "inf" not in table and "nan" not in table
+    path = plot_blocks(result, tmp_path / "blocks.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     root = tmp_path_factory.mktemp("blockwise-cli")

@@ -132,14 +132,17 @@ def reference_lines(rows: Sequence[tuple[str, Any]]) -> str:
 def blocks_table(label: str, summary: Sequence[dict[str, Any]], top: int = 15) -> str:
     """The block-wise table of one measure: the ``top`` blocks with the largest loss change
     (by absolute value; mean over batches), with kind and norm share."""
-    rows = sorted(summary, key=lambda r: abs(r["loss_change"]), reverse=True)
+    # a loss change that was not finite on any batch (None) sorts last and reads "not finite"
+    rows = sorted(summary, key=lambda r: -1.0 if r["loss_change"] is None
+                  else abs(r["loss_change"]), reverse=True)
     width = max([28, *(len(r["name"]) for r in rows[:top])])
     header = f"{'block':{width}s} {'kind':>9s} {'norm share':>10s} {'loss change':>12s}"
     lines = [f"block-wise, {label}: loss change with only that block's part of the best "
              "perturbation (mean over batches)", header, "-" * len(header)]
     for row in rows[:top]:
         lines.append(f"{row['name']:{width}s} {row['kind']:>9s} {row['norm_share']:10.3%} "
-                     f"{row['loss_change']:12.5g}")
+                     + ("  not finite" if row["loss_change"] is None
+                        else f"{row['loss_change']:12.5g}"))
     if len(rows) > top:
         lines.append(f"... {len(rows) - top} more block(s) with smaller loss changes "
                      "(all in --json)")

@@ -80,10 +80,11 @@ class BlockOutcome:
     def records(self) -> list[dict[str, Any]]:
         """Per block ``{"name", "kind", "norm_share", "loss_change"}`` as Python floats.
 
-        The shares are the squared norms over their sum (all ``0`` when ``xi = 0``).
+        The shares are the squared norms over their sum (all ``0`` when ``xi = 0``). A loss
+        change that is not finite (the block's part alone overflowed the network) is ``None``.
         """
         squares = self.squared_norms.tolist()
-        changes = self.loss_changes.tolist()
+        changes = [c if math.isfinite(c) else None for c in self.loss_changes.tolist()]
         total = sum(squares)
         return [{"name": block.name, "kind": block.kind,
                  "norm_share": square / total if total > 0 else 0.0, "loss_change": change}
@@ -420,7 +421,9 @@ def plot_blocks(results: SharpnessResult | Sequence[SharpnessResult]
                              "measure it with blockwise=True")
         panels.append((title or _label(result), summary))
 
-    shown = [sorted(s, key=lambda r: abs(r["loss_change"]), reverse=True)[:top]
+    # a block whose loss change is not finite has no bar (``None``)
+    shown = [sorted((r for r in s if r["loss_change"] is not None),
+                    key=lambda r: abs(r["loss_change"]), reverse=True)[:top]
              for _, s in panels]
     heights = [0.28 * len(rows) + 1.2 for rows in shown]
     figure = Figure(figsize=(8.5, sum(heights)), layout="constrained")

@@ -226,18 +226,16 @@ class SharpnessResult:
 
     def block_summary(self) -> list[dict[str, Any]]:
         """Per block, ``{"name", "kind", "norm_share", "loss_change"}`` averaged over the
-        batches (in layout order); empty without ``blockwise=True``."""
+        batches (in layout order; a loss change over the batches where it is finite, ``None``
+        where it is nowhere); empty without ``blockwise=True``."""
         if not self.blocks:
             return []
-        count = len(self.blocks)
-        summary = [dict(record) for record in self.blocks[0]]
-        for records in self.blocks[1:]:
-            for total, record in zip(summary, records, strict=True):
-                total["norm_share"] += record["norm_share"]
-                total["loss_change"] += record["loss_change"]
-        for total in summary:
-            total["norm_share"] /= count
-            total["loss_change"] /= count
+        summary = []
+        for records in zip(*self.blocks, strict=True):
+            changes = [r["loss_change"] for r in records if r["loss_change"] is not None]
+            summary.append({**records[0],
+                            "norm_share": sum(r["norm_share"] for r in records) / len(records),
+                            "loss_change": sum(changes) / len(changes) if changes else None})
         return summary
 
     @property
