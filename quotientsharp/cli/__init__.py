@@ -53,10 +53,8 @@ BROKEN_PIPE_STATUS = 141
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors (a bad type, an unknown choice, a missing argument) are
-    one line on stderr, ``PROG: error: MESSAGE (see PROG --help)``, and exit status 2, as every
-    other error of the commands; the usage block stays in ``--help``. The subcommands' parsers
-    are of this class too (``add_subparsers`` makes them of their parent's class)."""
+    """An ``ArgumentParser`` whose errors are one line, ``PROG: error: MESSAGE (see PROG
+    --help)``, and exit status 2, as every other error (its subparsers are of its class)."""
 
     def error(self, message: str) -> NoReturn:
         # argparse's messages are one line; a newline in a value the user gave is not

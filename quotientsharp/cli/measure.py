@@ -184,18 +184,12 @@ def _print_diagnostics(args: argparse.Namespace, measured: dict[str, SharpnessRe
         print(f"wrote {plot_blocks(list(blockwise.values()), args.plot)}")
 
 
-def _inputs(args: argparse.Namespace) -> list[tuple[str, Any]]:
-    """The files and folders the command reads, which no output may overwrite."""
-    return [("MODEL", args.model), ("DATA", args.data), ("--tokenizer", args.tokenizer)]
-
-
 def _document(args: argparse.Namespace, config: SharpnessConfig, runs: list[MeasureRun],
               facts: dict[str, Any], device: torch.device, dtypes: list[str],
               results: dict[str, dict[str, Any]], warnings: list[str]) -> dict[str, Any]:
     """The ``--json`` document: the model and data (``facts``), the settings resolved, the
-    environment, the results, the values and the library's warnings (the notes they became).
-    """
-    metrics, orders = list(config.metric_names), list(config.order_values)
+    environment, the results, the values and the library's warnings (the notes they became)."""
+    metrics, orders = list(config.metrics or ()), list(config.orders or ())
     return {
         "model": str(args.model), "data": str(args.data), **facts,
         "settings": {"measures": list(config.measures), "keys": [r.key for r in runs],
@@ -223,8 +217,9 @@ def _measure(args: argparse.Namespace) -> int:
     config = sharpness_config(args)
     _check_plot(args)
     # the outputs, before minutes of measuring: none may be an input, a folder, a FIFO, ...
-    json_path = check_output_file(args.json, "--json", _inputs(args))
-    check_output_file(args.plot, "--plot", _inputs(args))
+    inputs = [("MODEL", args.model), ("DATA", args.data), ("--tokenizer", args.tokenizer)]
+    json_path = check_output_file(args.json, "--json", inputs)
+    check_output_file(args.plot, "--plot", inputs)
     # one writer per --json file: a second measure to it fails here, at once (held until the
     # function returns, by this name)
     json_lock = None if json_path is None else OutputLock(json_path, "--json").acquire()

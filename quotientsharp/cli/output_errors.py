@@ -107,8 +107,8 @@ def _is_input(output: Path, source: Path) -> bool:
 
 
 def _check_folder(output: Path, shown: str) -> None:
-    """The folder of ``output`` must be writable: its nearest existing ancestor (the missing
-    folders are created when the file is written) a folder in which a file can be made."""
+    """Refuse ``output`` unless its nearest existing ancestor (the missing folders are made on
+    writing) is a folder in which a file can be made."""
     folder = output.parent
     existing = next(part for part in [folder, *folder.parents]
                     if part.exists() or part.is_symlink())
@@ -132,14 +132,10 @@ def check_output_file(path: str | os.PathLike[str] | None, flag: str,
                       inputs: Sequence[tuple[str, str | os.PathLike[str] | None]] = ()
                       ) -> Path | None:
     """The output file of ``flag`` (``--json OUT``), checked before a command computes, so
-    that it fails at once, in one line naming ``flag`` and the path, rather than after the
-    measurement or with the system's words; ``None`` where ``path`` is.
-
-    Refused: an empty path; a folder; an existing path that is not a regular file (a FIFO, a
-    device: writing replaces it by a file); one of the command's ``inputs`` (``("MODEL",
-    path)``, ...), or a path inside one that is a folder; a path through a file, or in a
-    folder where no file can be made. Raises :class:`InputError`.
-    """
+    that it fails at once in one line naming ``flag`` and the path; ``None`` where ``path`` is.
+    Refused (:class:`InputError`): an empty path, a folder, an existing file that is not
+    regular (a FIFO: writing replaces it), one of the ``inputs`` (``("MODEL", path)``, ...) or
+    a path inside one, a path through a file or in a folder where no file can be made."""
     if path is None:
         return None
     text = os.fspath(path)

@@ -40,9 +40,8 @@ def add_sharpness_options(parser: argparse.ArgumentParser, *, radius_list: bool 
         parser.add_argument("--rho", type=float, default=None,
                             help="radius (standard deviation for average); required except "
                             "for relative_flatness")
-    # the options of some measures default to None, "not given": the settings apply their
-    # defaults and refuse one given for none of its measures (a note says when a given
-    # --metric did not apply, beside --symmetry)
+    # options of some measures default to None, "not given": the settings apply their defaults
+    # and refuse one given for none of its measures (or note a --metric beside --symmetry)
     parser.add_argument("--metric", default=None,
                         help="geodesic: inv, mix or euclidean, or a comma list such as mix,inv "
                         "for several in one call (default inv)")

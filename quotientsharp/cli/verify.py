@@ -106,8 +106,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=["float64", "float32", "both"], default="both",
                    help="dtype of the random points (default both)")
     # a string, not a Path: Path("") is ".", and an empty --json must be refused as such
-    p.add_argument("--json", default=None,
-                   help="also write the results as JSON")
+    p.add_argument("--json", default=None, help="also write the results as JSON")
 
 
 def _check_and_print(quotient: SymmetryQuotient, dtype: torch.dtype, seed: int

@@ -1,11 +1,6 @@
-"""The library's warnings, said by a command as ``note:`` lines rather than raw warnings.
-
-A command prints its results for a reader; a ``UserWarning`` of the library (a degenerate LoRA
-adapter, a parameter without gradient, skipped non-finite evaluations) would reach stderr as
-``<frozen runpy>:88: UserWarning: ...``, a Python artefact with a meaningless location.
-:class:`WarningNotes` collects them while the command runs, for it to print as notes; other
-warning categories (deprecations of the user's environment) are issued again, unchanged.
-"""
+"""The library's warnings, said by a command as ``note:`` lines: a ``UserWarning`` (a degenerate
+LoRA adapter, skipped non-finite evaluations) would reach stderr as ``<frozen runpy>:88:
+UserWarning: ...``, with a meaningless location."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,36 +61,22 @@ def _move(obj: Any, device: torch.device, float_dtype: torch.dtype | None,
     return obj
 
 
+def few_names(names: Sequence[str]) -> str:
+    """At most five names, and how many more."""
+    return f"{list(names[:5])}" + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
 def _nested_shape(value: Any) -> tuple[int, ...] | None:
-    """The shape of a non-empty list or tuple whose leaves are all numbers (nested lists as
-    an array's rows), else ``None``."""
+    """The shape of a non-empty list or tuple whose leaves are all numbers, else ``None``."""
     if not isinstance(value, (list, tuple)) or not value:
         return None
     if all(isinstance(v, numbers.Number) for v in value):
         return (len(value),)
     inner = [_nested_shape(v) for v in value]
     first = inner[0]
-    if first is None or any(shape is None for shape in inner):
+    if first is None or None in inner:
         return None
     return (len(value), *first)         # ragged rows: the first row's shape
-
-
-def _data_not_tensor(value: Any) -> str | None:
-    """What ``value`` is when it holds data a model needs as a tensor: an array of another
-    library (NumPy's), or numbers in Python lists; ``None`` otherwise (a tensor, a flag, a
-    string, a list of tensors)."""
-    if not isinstance(value, torch.Tensor) and hasattr(value, "__array__") \
-            and len(getattr(value, "shape", ())) > 0:
-        kind = type(value)
-        dtype = getattr(value, "dtype", None)
-        return (f"a {kind.__module__.split('.')[0]}.{kind.__name__} of shape "
-                f"{tuple(value.shape)}" + (f" and dtype {dtype}" if dtype is not None else ""))
-    shape = _nested_shape(value)
-    if shape is not None:
-        kinds = sorted({type(v).__name__ for v in _leaves(value)})
-        return (f"a Python {type(value).__name__} of {'/'.join(kinds)} values (nested, shape "
-                f"{list(shape)})")
-    return None
 
 
 def _leaves(value: Any) -> list[Any]:
@@ -99,83 +85,72 @@ def _leaves(value: Any) -> list[Any]:
     return [value]
 
 
+def _data_not_tensor(value: Any) -> str | None:
+    """What ``value`` is when it holds data a model needs as a tensor (a NumPy array, numbers
+    in Python lists); ``None`` otherwise (a tensor, a flag, a string, a list of tensors)."""
+    if not isinstance(value, torch.Tensor) and hasattr(value, "__array__") \
+            and len(getattr(value, "shape", ())) > 0:
+        kind = type(value)
+        dtype = getattr(value, "dtype", None)
+        return (f"a {kind.__module__.split('.')[0]}.{kind.__name__} of shape "
+                f"{tuple(value.shape)}" + (f" and dtype {dtype}" if dtype is not None else ""))
+    shape = _nested_shape(value)
+    if shape is None:
+        return None
+    kinds = "/".join(sorted({type(v).__name__ for v in _leaves(value)}))
+    return f"a Python {type(value).__name__} of {kinds} values (nested, shape {list(shape)})"
+
+
+def _entries(value: Any) -> list[tuple[Any, Any]]:
+    """The ``(key or position, item)`` pairs of a dict, list or tuple; empty for others."""
+    if isinstance(value, Mapping):
+        return list(value.items())
+    return list(enumerate(value)) if isinstance(value, (list, tuple)) else []
+
+
 def _untensored(value: Any, where: str) -> tuple[str, str] | None:
-    """The first input at or inside ``value`` (lists, tuples, dicts) that holds data but is
-    not a tensor: ``(where it is, what it is)``."""
+    """The first ``(where, what)`` at or inside ``value`` that holds data but is no tensor."""
     found = _data_not_tensor(value)
     if found is not None:
         return where, found
-    if isinstance(value, Mapping):
-        items: list[tuple[str, Any]] = [(f"{where}[{k!r}]", v) for k, v in value.items()]
-    elif isinstance(value, (list, tuple)):
-        items = [(f"{where}[{i}]", v) for i, v in enumerate(value)]
-    else:
-        return None
-    for inner_where, inner in items:
-        inner_found = _untensored(inner, inner_where)
-        if inner_found is not None:
-            return inner_found
-    return None
+    return next((inner for key, item in _entries(value)
+                 if (inner := _untensored(item, f"{where}[{key!r}]")) is not None), None)
 
 
 def check_input_types(inputs: Any, index: int) -> None:
-    """Raise a ``TypeError`` naming the batch and the input (its key or position) when an input
-    holds data that is not a tensor (a NumPy array, a nested list of numbers): torch's own
-    error, from inside the forward, names neither.
-
-    Parameters
-    ----------
-    inputs
-        The batch's inputs: a dict of keyword inputs, a tuple or list of positional inputs, or
-        the one input.
-    index
-        The batch's position.
-    """
-    if isinstance(inputs, Mapping):
-        named: list[tuple[str, Any]] = [(f"input {k!r}", v) for k, v in inputs.items()]
-    elif isinstance(inputs, (list, tuple)):
-        whole = _data_not_tensor(inputs)
-        if whole is not None:
-            # the pair's inputs would be passed as one positional input per row
-            raise TypeError(f"batch {index}: the inputs are {whole}, not a tensor: the model's "
-                            "inputs must be torch tensors (torch.tensor(...) converts them)")
-        named = [(f"input {i}", v) for i, v in enumerate(inputs)]
-    else:
-        named = [("input 0", inputs)]
-    for name, value in named:
-        found = _untensored(value, name)
+    """Raise a ``TypeError`` naming batch ``index`` and the input (key or position) when an
+    input holds data that is not a tensor: torch's own error, from inside the forward, names
+    neither. ``inputs``: a dict of keyword inputs, a tuple or list of positional ones, or one."""
+    whole = _data_not_tensor(inputs) if isinstance(inputs, (list, tuple)) else None
+    if whole is not None:
+        # the pair's inputs would be passed as one positional input per row
+        raise TypeError(f"batch {index}: the inputs are {whole}, not a tensor: the model's "
+                        "inputs must be torch tensors (torch.tensor(...) converts them)")
+    for key, value in _entries(inputs) or [(0, inputs)]:
+        found = _untensored(value, f"input {key!r}")
         if found is not None:
-            where, what = found
-            raise TypeError(f"batch {index}: {where} is {what}, not a tensor: the model's "
-                            "inputs must be torch tensors (torch.as_tensor(...) converts it)")
+            raise TypeError(f"batch {index}: {found[0]} is {found[1]}, not a tensor: the "
+                            "model's inputs must be torch tensors (torch.as_tensor(...) "
+                            "converts it)")
 
 
 @dataclass(frozen=True)
 class ForwardKeywords:
-    """The keyword inputs a model's forward names (:func:`forward_keywords`)."""
+    """A forward's named parameters (``*args``, ``**kwargs`` excluded), whether it also takes
+    ``**kwargs`` (which swallow a misspelt key silently), and ``"{class}.forward"``."""
 
-    #: The forward's named parameters, in signature order (``*args``, ``**kwargs`` excluded).
     names: tuple[str, ...]
-    #: Whether the forward also takes ``**kwargs`` (which swallow a misspelt key silently).
     takes_kwargs: bool
-    #: ``"{class}.forward"``, for error messages.
     owner: str
 
 
 def forward_keywords(model: Any) -> ForwardKeywords | None:
-    """The named parameters of ``model.forward`` (``inspect.signature``), or ``None`` where it
-    has none (``forward(*args, **kwargs)``: nothing to check a key against) or no signature.
-
-    A wrapper whose ``forward`` passes its ``**kwargs`` on to the model it wraps (PEFT's, whose
-    ``get_base_model()`` returns it) also takes that model's named parameters
-    (``token_type_ids`` of a BERT under LoRA).
-    """
-    forward = getattr(model, "forward", None)
-    if not callable(forward):
-        return None
+    """The named parameters of ``model.forward``, or ``None`` where it has none or no
+    signature. A wrapper whose ``**kwargs`` reach the model it wraps (PEFT's
+    ``get_base_model()``) also takes that model's (``token_type_ids`` of a BERT under LoRA)."""
     try:
-        parameters = list(inspect.signature(forward).parameters.values())
-    except (TypeError, ValueError):
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (AttributeError, TypeError, ValueError):    # no forward, or no signature
         return None
     variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     names = tuple(p.name for p in parameters if p.kind not in variadic)
@@ -195,9 +170,8 @@ def forward_keywords(model: Any) -> ForwardKeywords | None:
 
 
 def check_keywords(batch: Batch, forward: ForwardKeywords | None) -> None:
-    """Raise a ``ValueError`` naming the batch and the key when a keyword input is not a
-    parameter of the forward (with the closest name, when one is close): a forward with
-    ``**kwargs`` would ignore it silently."""
+    """Raise a ``ValueError`` naming the batch and a keyword input that is not a parameter of
+    the forward, with the closest name: a forward with ``**kwargs`` would ignore it silently."""
     if forward is None:
         return
     for key in batch.kwargs:
@@ -308,10 +282,9 @@ def check_label_shape(logits: torch.Tensor, target: torch.Tensor) -> None:
 
 
 def check_class_labels(logits: torch.Tensor, target: torch.Tensor) -> None:
-    """Raise unless the labels' shape fits the logits (:func:`check_label_shape`, first: a
-    label can only be out of range of the classes it is matched with), every class label is
-    in ``[0, C)`` or ``-100``, and not all are ``-100`` (before the loss: out of range is a
-    device-side assert on CUDA)."""
+    """Raise unless the labels' shape fits the logits (first: a label is out of range only of
+    the classes it is matched with), every class label is in ``[0, C)`` or ``-100``, and not
+    all are ``-100`` (before the loss: out of range is a device-side assert on CUDA)."""
     if (not isinstance(target, torch.Tensor) or target.is_floating_point()
             or target.dtype == torch.bool or target.is_complex() or target.numel() == 0):
         return          # the loss's own check names a target of another dtype

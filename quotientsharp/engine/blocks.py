@@ -214,12 +214,9 @@ class Locality:
     the largest ``||Gamma(xi, xi) / 2|| / ||xi||`` over the curved factors' (``second_order``,
     of ``second_order_factor``); ``None`` where there is no such factor.
 
-    A ratio whose norm overflows the geometry's dtype although every entry is finite (weights
-    of ``1e21`` in float32) is computed in float64, so it is reported as the large number it
-    is. A ratio that is not finite even so (the moved point or the path's second-order term has
-    a NaN or inf entry: the path overflowed at the best point, though the loss there was
-    finite) has no size to report: it is ``None`` with its tensor or factor named, and the ball
-    is not local there (nothing shows that it is)."""
+    A ratio whose norm overflows the geometry's dtype (weights of ``1e21`` in float32) is
+    computed in float64. One not finite even so (the path overflowed at the best point, though
+    the loss there was finite) is ``None`` with its tensor or factor named: not local."""
 
     displacement: float | None
     parameter: str | None
@@ -254,16 +251,6 @@ def _entry_ratios(top: Sequence[torch.Tensor], bottom: Sequence[torch.Tensor],
     """Per tensor and folded entry, ``||top|| / ||bottom||`` over the point's own dimensions
     (entries with ``bottom = 0`` give ``0``), ``shape=[tensors, entries]``; where a norm
     overflows the tensors' dtype, the ratio is taken in float64 (one host sync)."""
-    table = _ratio_table(top, bottom, ndims)
-    finite = torch.isfinite(table)
-    if bool(finite.all()):
-        return table
-    wide = _ratio_table([t.double() for t in top], [t.double() for t in bottom], ndims)
-    return torch.where(finite, table.double(), wide)
-
-
-def _ratio_table(top: Sequence[torch.Tensor], bottom: Sequence[torch.Tensor],
-                 ndims: Sequence[int]) -> torch.Tensor:
     rows = []
     for a, b, k in zip(top, bottom, ndims, strict=True):
         dims = tuple(range(a.dim() - k, a.dim()))
@@ -272,7 +259,12 @@ def _ratio_table(top: Sequence[torch.Tensor], bottom: Sequence[torch.Tensor],
         rows.append(torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny),
                                 torch.zeros_like(num)))
     width = max(r.numel() for r in rows)
-    return torch.stack([torch.nn.functional.pad(r, (0, width - r.numel())) for r in rows])
+    table = torch.stack([torch.nn.functional.pad(r, (0, width - r.numel())) for r in rows])
+    finite = torch.isfinite(table)
+    if table.dtype == torch.float64 or bool(finite.all()):
+        return table
+    wide = _entry_ratios([t.double() for t in top], [t.double() for t in bottom], ndims)
+    return torch.where(finite, table.double(), wide)
 
 
 def _worst(ratios: list[tuple[torch.Tensor, list[str]]]) -> tuple[float | None, str | None]:
@@ -315,14 +307,8 @@ def locality(geometry: GeodesicBall | BoxGeometry, coordinates: Any, blocks: Seq
             tops, bottoms, names = [torch.cat(tops)], [torch.cat(bottoms)], [TOGETHER]
         result: dict[str, Any] = {"displacement": 0.0, "parameter": None, **factors}
         if names:
-            table = _entry_ratios(tops, bottoms, [1] * len(tops))[:, 0]
-            bad = (~torch.isfinite(table)).nonzero()
-            if bad.numel():
-                # not finite even in float64: no size to report (Locality)
-                result.update(displacement=None, parameter=names[int(bad[0, 0])])
-            else:
-                index = int(table.argmax())
-                result.update(displacement=float(table[index]), parameter=names[index])
+            table = _entry_ratios(tops, bottoms, [1] * len(tops)).reshape(1, -1)
+            result["displacement"], result["parameter"] = _worst([(table, names)])
     return Locality(**result)
 
 

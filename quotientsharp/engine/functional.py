@@ -261,19 +261,22 @@ class FunctionalModel:
                              f"(parameters {', '.join(dtypes)}){hint}: {type(err).__name__}: "
                              f"{err}") from err
 
-    def output_at_theta(self, batch: Batch) -> torch.Tensor | None:
-        """The logits of the forward at the unperturbed parameters (no gradient), or ``None``
-        where the output holds no logits tensor. For an error's diagnosis only."""
-        params = {name: self._unperturbed(name) for name in self.theta}
-        with torch.no_grad():
-            output = torch.func.functional_call(self.model, (params, self.buffers), batch.args,
-                                                batch.kwargs)
-        return output_tensor(output)
+    def finite_output_at_theta(self, batch: Batch) -> bool:
+        """Whether the forward at theta returns finite logits (``False`` where it returns none
+        or fails: the cause is then not known to be the loss). For a diagnosis only."""
+        try:
+            params = {name: self._unperturbed(name) for name in self.theta}
+            with torch.no_grad():
+                logits = output_tensor(torch.func.functional_call(
+                    self.model, (params, self.buffers), batch.args, batch.kwargs))
+        except Exception:       # noqa: BLE001 - a diagnosis only: the loss's error is reported
+            return False
+        return (logits is not None and logits.is_floating_point()
+                and bool(torch.isfinite(logits).all()))
 
     def nonfinite_gradients(self, batch: Batch) -> list[str]:
-        """The trainable parameters in which the loss's gradient at theta has a NaN or inf
-        entry while the loss there is finite (one forward+backward; for an error's diagnosis
-        only: empty where the loss is not finite, which the clean check reports)."""
+        """The trainable parameters whose loss gradient at theta is not finite while the loss
+        is (one forward+backward, for a diagnosis; empty where the loss is not finite)."""
         loss, gradients = self.loss_and_gradients(batch)
         if not bool(torch.isfinite(loss)):
             return []
@@ -340,7 +343,7 @@ def clean_loss_cause(batch: Batch, model: FunctionalModel | None = None) -> str:
                    if b.is_floating_point() and bool(torch.isnan(b).any())]
         if buffers:
             return f"the buffer(s) {buffers} contain NaN"
-        if _finite_output(model, batch):
+        if model.finite_output_at_theta(batch):
             name = getattr(model.loss_function, "__name__", type(model.loss_function).__name__)
             return (f"the loss function ({name}) returned a non-finite value at theta although "
                     "the model's output there is finite: the loss leaves its domain (a log or "
@@ -356,17 +359,6 @@ def clean_loss_cause(batch: Batch, model: FunctionalModel | None = None) -> str:
         return (f"the model's output at the unperturbed parameters is not finite (an overflow "
                 f"in {', '.join(dtypes)}? float16 overflows above 65504)")
     return "the model's output at the unperturbed parameters is not finite"
-
-
-def _finite_output(model: FunctionalModel, batch: Batch) -> bool:
-    """Whether the forward at theta returns finite logits (``False`` where it returns none or
-    fails: the cause is then not known to be the loss)."""
-    try:
-        logits = model.output_at_theta(batch)
-    except Exception:       # noqa: BLE001 - a diagnosis only: the loss's error is reported
-        return False
-    return (logits is not None and logits.is_floating_point()
-            and bool(torch.isfinite(logits).all()))
 
 
 def checked_clean_loss(loss: torch.Tensor, index: int, batch: Batch | None = None,

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from quotientsharp.core.validation import warn_at_caller
-from quotientsharp.engine.batches import Batch, compute_loss, output_tensor
+from quotientsharp.engine.batches import Batch, compute_loss, few_names, output_tensor
 from quotientsharp.engine.functional import FunctionalModel
 from quotientsharp.models.binding import QuotientBinding
 from quotientsharp.models.report import NoSymmetryWarning
@@ -107,11 +107,6 @@ def symmetry_layout(model: nn.Module, functional: FunctionalModel, symmetries: A
     return layout, summary
 
 
-def _few(names: Sequence[str]) -> str:
-    """At most five names, and how many more."""
-    return f"{list(names[:5])}" + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-
-
 def _check_report_fits(report: Any, model: nn.Module, functional: FunctionalModel) -> None:
     """Raise a ``ValueError`` naming ``symmetries`` when the report was made for another model
     (parameters it names that the model lacks or has in other shapes, parameters of the model
@@ -122,20 +117,19 @@ def _check_report_fits(report: Any, model: nn.Module, functional: FunctionalMode
     differ = [f"{n} {tuple(known[n])} (the model's {shapes[n]})" for n in known
               if n in shapes and tuple(known[n]) != shapes[n]]
     unknown = [n for n in shapes if n not in known]
-    if missing or differ or unknown:
-        problems = ([f"this model has no parameter(s) {_few(missing)}"] if missing else []) + (
-            [f"the shapes of {_few(differ)} differ"] if differ else []) + (
-            [f"it does not know the model's parameter(s) {_few(unknown)}"] if unknown else [])
+    problems = [f"{what} {few_names(names)}{tail}" for what, names, tail in (
+        ("this model has no parameter(s)", missing, ""), ("the shapes of", differ, " differ"),
+        ("it does not know the model's parameter(s)", unknown, "")) if names]
+    if problems:
         made = getattr(report, "model_type", "") or "unnamed"
         raise ValueError(f"symmetries: the SymmetryReport belongs to another model (made for "
                          f"class {made}, this model's class is {type(model).__name__}): "
                          + "; ".join(problems) + ". Pass find_symmetries(model) of this model, "
                          "or symmetries='auto'")
-    trainable = list(getattr(report, "trainable", []))
-    changed = sorted(set(trainable) ^ set(functional.trainable))
+    changed = sorted(set(getattr(report, "trainable", [])) ^ set(functional.trainable))
     if changed:
         raise ValueError(f"symmetries: the SymmetryReport was made before requires_grad "
-                         f"changed on parameter(s) {_few(changed)}: make it again "
+                         f"changed on parameter(s) {few_names(changed)}: make it again "
                          "(find_symmetries(model)), or pass symmetries='auto'")
 
 

@@ -22,7 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from quotientsharp.core.adaptive import AdaptiveQuotient
 from quotientsharp.core.validation import warn_at_caller
 from quotientsharp.engine.ball import BoxGeometry, GeodesicBall
-from quotientsharp.engine.batches import Batch
+from quotientsharp.engine.batches import Batch, few_names
 from quotientsharp.engine.blocks import BlockOutcome, Locality, blockwise, locality
 from quotientsharp.engine.coordinates import BoundCoordinates, LayoutCoordinates, PlainCoordinates
 from quotientsharp.engine.functional import FunctionalModel, checked_clean_loss
@@ -57,15 +57,13 @@ class NonFiniteLossError(ValueError):
 def likely_cause(model: FunctionalModel, rho: float | None, batch: Batch | None = None) -> str:
     """The likely reason for a non-finite perturbed loss, and what to do about it; given the
     batch of an ascent, a non-finite gradient at theta first (one more forward+backward)."""
-    if batch is not None:
-        names = model.nonfinite_gradients(batch)
-        if names:
-            # the first step follows the gradient at theta: no radius is small enough
-            return (f"likely cause: the gradient of the loss at theta, before any perturbation, "
-                    f"is not finite (NaN or inf) in parameter(s) {names[:5]}"
-                    + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-                    + ": the loss is finite there but not differentiable (a sqrt, log or "
-                    "division at 0?), so the ascent's first step is not finite whatever rho")
+    names = [] if batch is None else model.nonfinite_gradients(batch)
+    if names:
+        # the first step follows the gradient at theta: no radius is small enough
+        return (f"likely cause: the gradient of the loss at theta, before any perturbation, is "
+                f"not finite (NaN or inf) in parameter(s) {few_names(names)}: the loss is "
+                "finite there but not differentiable (a sqrt, log or division at 0?), so the "
+                "ascent's first step is not finite whatever rho")
     half = sorted({str(d).removeprefix("torch.") for d in model.dtypes.values()
                    if d in (torch.float16, torch.bfloat16)})
     if half:
@@ -102,8 +100,7 @@ def _check_ascents(solves: Sequence[tuple[AscentSettings, AscentOutcome, str]], 
                    model: FunctionalModel, rho: float | None, policy: str,
                    batch: Batch | None = None) -> int:
     """The non-finite evaluations of batch ``index``'s solves (each named by its ``label``);
-    raises under ``"raise"``, and under ``"skip"`` when no solve had a finite perturbed
-    evaluation (given the ``batch``, the error checks the gradient at theta first)."""
+    raises under ``"raise"``, and under ``"skip"`` when no solve had a finite evaluation."""
     found = [(_nonfinite(outcome, settings), settings, outcome, label)
              for settings, outcome, label in solves]
     failed = [f for f in found if f[0][0] > 0]
@@ -130,9 +127,8 @@ def _check_ascents(solves: Sequence[tuple[AscentSettings, AscentOutcome, str]], 
 
 
 def excess(loss: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
-    """``loss - clean`` in float64: exact for two losses of a narrower dtype (a float32
-    difference would round it), so that every value the result reports as a difference of
-    losses (a batch's value, its chains, ``perturbed_losses - clean_losses``) is the same."""
+    """``loss - clean`` in float64: exact for losses of a narrower dtype, so that every value
+    reported as a difference of losses equals the difference of the losses reported."""
     return loss.double() - clean.double()
 
 
@@ -149,9 +145,8 @@ class FirstEvaluation:
 @dataclass
 class BatchOutcome:
     """One batch: sharpness, clean and perturbed loss, norms, optional displacement; the
-    ascent measures add what :class:`~.result.SharpnessResult` reports per batch. A value that
-    is a perturbed loss minus the clean loss is their difference in float64 (:func:`excess`),
-    so that it equals the difference of the two losses the result reports."""
+    ascent measures add what :class:`~.result.SharpnessResult` reports per batch. A loss
+    difference is taken in float64 (:func:`excess`)."""
 
     value: torch.Tensor
     clean: torch.Tensor

@@ -336,19 +336,14 @@ def _trace(trace: torch.Tensor, clean: torch.Tensor) -> list[float | None]:
 def _moved(where: Mapping[str, Any]) -> str:
     """What moved how far at a batch's best perturbation (its :class:`~.blocks.Locality`; a
     ratio ``None`` beside a name is one that is not finite)."""
-    parts = []
-    if where["parameter"] is not None:
-        moved = ("the parameters together move" if where["parameter"] == TOGETHER
-                 else f"parameter {where['parameter']} moves")
-        whose = "their" if where["parameter"] == TOGETHER else "its"
-        parts.append(f"{moved} by {_times(where['displacement'])} {whose} norm")
-    if where["factor"] is not None:
-        parts.append(f"factor {where['factor']} by {_times(where['factor_displacement'])} its "
-                     "norm")
-    if where["second_order_factor"] is not None:
-        parts.append(f"second-order term {_times(where['second_order'])} the first "
-                     f"({where['second_order_factor']})")
-    return ", ".join(parts)
+    name, factor, curved = where["parameter"], where["factor"], where["second_order_factor"]
+    by = _times(where["displacement"])
+    moved = (f"the parameters together move by {by} their" if name == TOGETHER
+             else f"parameter {name} moves by {by} its")
+    parts = [(name, f"{moved} norm"),
+             (factor, f"factor {factor} by {_times(where['factor_displacement'])} its norm"),
+             (curved, f"second-order term {_times(where['second_order'])} the first ({curved})")]
+    return ", ".join(text for label, text in parts if label is not None)
 
 
 def _times(ratio: float | None) -> str:

@@ -835,11 +835,6 @@ class SearchOutcome:
     shortfalls: list[float] = field(default_factory=list)
 
 
-def scaled(xi: Sequence[torch.Tensor], factor: float) -> Tensors:
-    """Every tensor of ``xi`` times ``factor`` (new tensors)."""
-    return tuple(t * factor for t in xi)
-
-
 def reach_estimate(chains: Sequence[float | None]) -> float:
     """Second-best of ``chains`` (best loss minus clean loss) over the best, a negative second
     counted as zero; ``0`` where no chain found a loss increase (agreeing on zero confirms
@@ -885,6 +880,31 @@ def _climbing(trace: torch.Tensor, n_iter: int, clean: float, stall: float) -> b
     return math.isfinite(end) and top > 0 and end - before > stall * top
 
 
+#: A chain's best loss, its point and its shortfall (:func:`search`).
+Chain = tuple[torch.Tensor, Tensors, float]
+
+
+def _ladder_chain(geometry: AscentGeometry, ladder: Sequence[float], settings: AscentSettings,
+                  run: Callable[..., AscentOutcome], chain: Callable[..., Chain]) -> Chain:
+    """The ladder's ascents (``run(settings, None, None, start, ball)``), each from the last
+    one's best point scaled up to its radius, then ``chain`` at ``rho`` from the last."""
+    xi, below, best = geometry.zeros(), 1.0, None
+    for share in ladder:
+        ball = geometry.with_radius(geometry.radius * share)
+        rung = AscentSettings(n_iter=settings.n_iter, alpha=settings.alpha,
+                              eta0=None if settings.eta0 is None else settings.eta0 * share)
+        outcome = run(rung, None, None, ball.clip(tuple(t * (share / below) for t in xi)), ball)
+        xi, below = outcome.xi, share
+        # the rungs' points lie in the ball too, so the best of them is a candidate (a value
+        # at rho is then never below what the chain found at a smaller radius)
+        best = outcome if best is None or bool(outcome.loss > best.loss) else best
+    assert best is not None
+    fresh = AscentSettings(n_iter=settings.n_iter, eta0=settings.eta0, alpha=settings.alpha)
+    start = geometry.clip(tuple(t * (1.0 / below) for t in xi))
+    loss, xi, shortfall = chain(fresh, None, None, start)
+    return (best.loss, best.xi, shortfall) if bool(best.loss > loss) else (loss, xi, shortfall)
+
+
 def search(geometry: AscentGeometry, objective: Objective, settings: AscentSettings,
            reach: SearchSettings, clean: float, generator: torch.Generator | None,
            probe_generator: torch.Generator | None,
@@ -903,16 +923,16 @@ def search(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
                            random_init=True)
 
     def run(chain_settings: AscentSettings, stream: torch.Generator | None,
-            first: Initial | None, start: Tensors | None) -> AscentOutcome:
-        outcome = ascend(geometry, objective, chain_settings, stream, on_evaluation,
+            first: Initial | None, start: Tensors | None,
+            ball: AscentGeometry = geometry) -> AscentOutcome:
+        outcome = ascend(ball, objective, chain_settings, stream, on_evaluation,
                          initial=first, skip_nonfinite=skip_nonfinite,
                          host_decisions=host_decisions, compiled=compiled, start=start)
         solves.append((chain_settings, outcome))
         return outcome
 
     def chain(chain_settings: AscentSettings, stream: torch.Generator | None,
-              first: Initial | None, start: Tensors | None = None
-              ) -> tuple[torch.Tensor, Tensors, float]:
+              first: Initial | None, start: Tensors | None = None) -> Chain:
         outcome = run(chain_settings, stream, first, start)
         loss, xi = outcome.loss, outcome.xi
         before = None
@@ -944,35 +964,11 @@ def search(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
         best = best_chain(values)
         return min(reach_estimate(values), 1.0 - (0.0 if best is None else shortfalls[best]))
 
-    def climb() -> tuple[Tensors, AscentOutcome]:
-        # the ladder's ascents, each from the last one's best point scaled up to its radius;
-        # their points lie in the ball too, so the best of them is a candidate (a value at
-        # rho is then never below what the chain found at a smaller radius)
-        xi, below, best = geometry.zeros(), 1.0, None
-        for share in reach.ladder:
-            ball = geometry.with_radius(geometry.radius * share)
-            rung = AscentSettings(n_iter=settings.n_iter, alpha=settings.alpha,
-                                  eta0=None if settings.eta0 is None else settings.eta0 * share)
-            outcome = ascend(ball, objective, rung, None, on_evaluation,
-                             skip_nonfinite=skip_nonfinite, host_decisions=host_decisions,
-                             compiled=compiled, start=ball.clip(scaled(xi, share / below)))
-            solves.append((rung, outcome))
-            xi, below = outcome.xi, share
-            best = outcome if best is None or bool(outcome.loss > best.loss) else best
-        assert best is not None
-        return geometry.clip(scaled(xi, 1.0 / below)), best
-
     while len(values) < reach.chains and (len(values) < reach.min_chains
                                           or estimate() < reach.target):
-        if reach.ladder and len(values) == 1:
-            fresh = AscentSettings(n_iter=settings.n_iter, eta0=settings.eta0,
-                                   alpha=settings.alpha)
-            start, rungs = climb()
-            loss, xi, shortfall = chain(fresh, None, None, start)
-            if bool(rungs.loss > loss):
-                loss, xi = rungs.loss, rungs.xi
-        else:
-            loss, xi, shortfall = chain(probe, probe_generator, None)
+        loss, xi, shortfall = (_ladder_chain(geometry, reach.ladder, settings, run, chain)
+                               if reach.ladder and len(values) == 1
+                               else chain(probe, probe_generator, None))
         values.append(chain_value(loss, clean))
         shortfalls.append(shortfall)
         if bool(loss > best_loss):

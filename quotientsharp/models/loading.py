@@ -2,10 +2,8 @@
 PEFT adapter directory (:mod:`.peft_loading`) or a ``torch.save``'d module.
 
 A config is built on the meta device: the architecture without weights, and no download.
-``torch`` and ``transformers`` are imported only when a model is loaded. The readers of files
-here (:func:`read_json_file`, :func:`load_torch_file`) are shared with the readers of DATA: a
-file that is not what it should be is one ``ValueError`` naming its role (``"MODEL"``,
-``"DATA"``) and its path.
+``torch`` and ``transformers`` are imported only when a model is loaded. The file readers here
+are shared with DATA's: a bad file is one ``ValueError`` naming its role and its path.
 """
 
 from __future__ import annotations
@@ -57,8 +55,8 @@ def read_json_file(path: Path, label: str) -> Any:
 
 
 def begins_as_json_object(path: Path) -> bool:
-    """Whether the file ``path`` begins with ``{`` (after white space and a UTF-8 byte order
-    mark): a JSON object, or JSON lines, never a torch.save file."""
+    """Whether the file ``path`` begins with ``{`` (after white space and a byte order mark): a
+    JSON object, or JSON lines, never a torch.save file."""
     with path.open("rb") as handle:
         return handle.read(64).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{")
 
@@ -78,8 +76,7 @@ def _zip_problem(path: Path) -> str | None:
 
 
 def _text_start(head: bytes) -> str | None:
-    """``head``, the first bytes of a file, as text when they are printable UTF-8 (a character
-    cut at the end is dropped), else ``None``."""
+    """``head`` as text when it is printable UTF-8 (a character cut at the end dropped)."""
     try:
         text = head.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -91,10 +88,8 @@ def _text_start(head: bytes) -> str | None:
 
 
 def torch_file_problem(path: Path) -> str | None:
-    """Why ``path`` cannot be a ``torch.save`` file, judged by its first bytes, or ``None``
-    when it may be one: empty, text (the pickle of torch.save's formats is binary), a zip
-    archive of other files or a damaged one. Other binary files are for ``torch.load`` to try
-    (:func:`_binary_problem` explains its failure)."""
+    """Why ``path`` cannot be a ``torch.save`` file by its first bytes (empty, text, a zip
+    archive of other files or a damaged one), or ``None``: then ``torch.load`` tries it."""
     with path.open("rb") as handle:
         head = handle.read(64)
     if not head:
@@ -102,19 +97,7 @@ def torch_file_problem(path: Path) -> str | None:
     if head.startswith(_ZIP_MAGIC):
         return _zip_problem(path)
     text = None if head.startswith(_PICKLE_MAGIC) else _text_start(head)
-    if text is not None:
-        return f"it is a text file beginning {text.splitlines()[0][:40]!r}"
-    return None
-
-
-def _binary_problem(path: Path, err: BaseException) -> str:
-    """Why ``torch.load`` failed on the binary file ``path`` with ``err``."""
-    with path.open("rb") as handle:
-        head = handle.read(8)
-    if head.startswith(_PICKLE_MAGIC):
-        return f"its pickle cannot be read, truncated or damaged? ({first_line(err)})"
-    return (f"it begins with the bytes {head!r}, neither a zip archive nor a pickle (the two "
-            "formats of torch.save)")
+    return None if text is None else f"it is a text file beginning {text.splitlines()[0][:40]!r}"
 
 
 def load_torch_file(path: Path, label: str, neither: str, weights_only: bool | None) -> Any:
@@ -147,8 +130,12 @@ def load_torch_file(path: Path, label: str, neither: str, weights_only: bool | N
                          "quotientsharp (on sys.path or PYTHONPATH, not in the saving script "
                          "itself) and save again") from err
     except UNREADABLE_TORCH_FILE as err:
-        raise ValueError(f"{label} {path} is neither {neither}: "
-                         f"{_binary_problem(path, err)}") from err
+        with path.open("rb") as handle:
+            head = handle.read(8)
+        why = (f"its pickle cannot be read, truncated or damaged? ({first_line(err)})"
+               if head.startswith(_PICKLE_MAGIC) else f"it begins with the bytes {head!r}, "
+               "neither a zip archive nor a pickle (the two formats of torch.save)")
+        raise ValueError(f"{label} {path} is neither {neither}: {why}") from err
 
 
 def _config_model(config_file: Path) -> nn.Module:

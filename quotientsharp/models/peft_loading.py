@@ -45,16 +45,14 @@ def saved_adapters(path: str | Path) -> list[tuple[str, Path]]:
 
 
 def _local_base(settings: dict[str, Any]) -> Path | None:
-    """The base model's directory that ``base_model_name_or_path`` names, when it is one here
-    (a relative path from the current working directory, as PEFT reads it); ``None``
-    otherwise: a Hub name is never looked up."""
+    """The local directory ``base_model_name_or_path`` names (relative to the working
+    directory, as PEFT reads it), else ``None``: a Hub name is never looked up."""
     base = settings.get("base_model_name_or_path")
     return Path(base) if isinstance(base, str) and base and Path(base).is_dir() else None
 
 
 def _no_local_base(folder: Path, settings: dict[str, Any], discovery: bool) -> str:
-    """One line for an adapter whose base model is not a local directory: the adapter, the
-    path it names, how that path is read and what to do."""
+    """One line for an adapter whose base model is not a local directory, and what to do."""
     base = settings.get("base_model_name_or_path")
     if not isinstance(base, str) or not base:
         what = "names no base model (base_model_name_or_path)"
@@ -66,10 +64,8 @@ def _no_local_base(folder: Path, settings: dict[str, Any], discovery: bool) -> s
                 f"are read from the current working directory, {Path.cwd()}, as PEFT reads "
                 f"them; Hub names are never downloaded{hint})")
     todo = ("set base_model_name_or_path to the local directory that save_pretrained wrote the "
-            "base model to")
-    if discovery:
-        todo += (f", or put the base model's config.json beside {ADAPTER_CONFIG} (symmetries "
-                 "need only the architecture)")
+            "base model to" + (f", or put the base model's config.json beside {ADAPTER_CONFIG} "
+                               "(symmetries need only the architecture)" if discovery else ""))
     return f"MODEL {folder}: {ADAPTER_CONFIG} {what}: {todo}"
 
 
@@ -220,9 +216,8 @@ def _head_labels(settings: dict[str, Any], saved: dict[str, Any]) -> int | None:
 def _base_model(path: Path, folder: Path, settings: dict[str, Any], labels: int | None,
                 weights: bool) -> nn.Module:
     """The base model as PEFT builds it: the class of :func:`_target_class` from the local
-    directory ``base_model_name_or_path`` with its weights; without local weights and with
-    ``weights=False``, that class built from the base's config on the meta device. Nothing is
-    downloaded: a base that is not a local directory fails at once (:func:`_no_local_base`)."""
+    directory ``base_model_name_or_path`` with its weights, or with ``weights=False`` and no
+    local weights, from the base's config on the meta device. Nothing is downloaded."""
     import torch
     import transformers
 
@@ -264,9 +259,8 @@ def _base_model(path: Path, folder: Path, settings: dict[str, Any], labels: int 
 
 def _adapter_state(model: nn.Module, adapter: str, saved: dict[str, Any]) -> dict[str, Any]:
     """The values of adapter ``adapter`` as PEFT saves them, with the embedding layers when
-    the saved file holds them. PEFT's default (``save_embedding_layers="auto"``) would ask the
-    Hub for the base model's config to see whether the vocabulary was resized: the saved file
-    itself says whether they were saved."""
+    the saved file holds them: PEFT's default (``save_embedding_layers="auto"``) would ask the
+    Hub whether the vocabulary was resized."""
     import peft
 
     state = peft.get_peft_model_state_dict(model, adapter_name=adapter,

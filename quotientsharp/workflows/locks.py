@@ -85,9 +85,8 @@ class OutputLock:
         return self
 
     def _make_lock_file(self) -> None:
-        """Create the lock file if it is missing, raising the system's ``OSError`` where that
-        fails (a read-only or virtual folder such as ``/proc``): ``filelock`` would time out
-        instead, and the error would blame another process."""
+        """Create the lock file, raising the system's ``OSError`` where that fails (a read-only
+        folder, ``/proc``): ``filelock`` would time out and blame another process."""
         if self.lock_path.exists():
             return
         try:

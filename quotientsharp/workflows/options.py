@@ -414,18 +414,8 @@ class SharpnessConfig:
         """The radii (``rho`` after the checks)."""
         return self.rho  # type: ignore[return-value]
 
-    @property
-    def metric_names(self) -> tuple[str, ...]:
-        """The geodesic metrics (``metrics`` after the checks: ``None`` is the default)."""
-        return self.metrics  # type: ignore[return-value]
-
-    @property
-    def order_values(self) -> tuple[int | str, ...]:
-        """The geodesic orders (``orders`` after the checks: ``None`` is the default)."""
-        return self.orders  # type: ignore[return-value]
-
     def _check_metrics(self) -> None:
-        metrics = self.metric_names
+        metrics = self.metrics or ()       # None became the default in __post_init__
         if self.symmetry is not None and "geodesic" in self.measures and len(metrics) > 1:
             # each metric would give the same value under a different label
             metric, symmetry = _name("metrics"), _name("symmetry")
@@ -589,7 +579,7 @@ def measure_runs(config: SharpnessConfig) -> list[MeasureRun]:
         if measure != "geodesic":
             runs.append(MeasureRun(measure, measure))
             continue
-        variants = [(m, o) for m in config.metric_names for o in config.order_values]
+        variants = [(m, o) for m in config.metrics or () for o in config.orders or ()]
         for metric, order in variants:
             key = "geodesic" if len(variants) == 1 else f"geodesic_{metric}_order{order}"
             runs.append(MeasureRun(key, measure, {"metric": metric, "order": order}))
