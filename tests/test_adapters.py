@@ -682,7 +682,7 @@ def test_old_spelling_with_batch_in_shapes(metric):
             PymanoptQuotient(quotient, old, batch_shape=batch_shape)
     with pytest.raises(ValueError, match=r"pass shapes=\(\(5, 3\), \(4, 3\)\)"):
         QuotientManifold(quotient, old)
-    with pytest.raises(ValueError, match="batch_shape must hold positive sizes"):
+    with pytest.raises(ValueError, match="batch_shape entries must be an integer >= 1"):
         PymanoptQuotient(quotient, trailing, batch_shape=(0,))
 
 

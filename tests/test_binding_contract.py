@@ -14,27 +14,9 @@ from torch import nn
 import quotientsharp as qs
 from quotientsharp.core.checks import check_contract
 from quotientsharp.models import symmetry_check
+from tests.tiny_models import ReLUNeuronQuotient
 
-
-class ReLUNeuron(qs.SymmetryQuotient):
-    """The tutorial's quotient (docs/tutorial-custom-symmetry.md)."""
-
-    name = "relu-neuron"
-    point_ndims = (1, 1)
-
-    def inner(self, x, u, v):
-        w_in, w_out = x
-        return ((u[0] * v[0]).sum(-1) / w_in.square().sum(-1)
-                + (u[1] * v[1]).sum(-1) / w_out.square().sum(-1))
-
-    def vertical(self, x, a):
-        return a * x[0], -a * x[1]
-
-    def act(self, x, g):
-        return g * x[0], x[1] / g
-
-    def algebra_shape(self, x):
-        return (1,)
+ReLUNeuron = ReLUNeuronQuotient
 
 
 def _coefficient(x, u):

@@ -8,29 +8,13 @@ import pytest
 
 import quotientsharp as qs
 from quotientsharp.core import reference
+from tests.tiny_models import ReLUNeuronQuotient
 
 sympy = pytest.importorskip("sympy")
 S = pytest.importorskip("quotientsharp.core.symbolic")
 
 
-class Neuron(qs.SymmetryQuotient):
-    """The tutorial's ReLU-neuron quotient: generic defaults only."""
-
-    name = "relu-neuron"
-    point_ndims = (1, 1)
-
-    def inner(self, x, u, v):
-        return ((u[0] * v[0]).sum(-1) / x[0].square().sum(-1)
-                + (u[1] * v[1]).sum(-1) / x[1].square().sum(-1))
-
-    def vertical(self, x, a):
-        return a * x[0], -a * x[1]
-
-    def act(self, x, g):
-        return g * x[0], x[1] / g
-
-    def algebra_shape(self, x):
-        return (1,)
+Neuron = ReLUNeuronQuotient
 
 
 class FastNeuron(Neuron):

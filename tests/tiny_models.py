@@ -3,6 +3,29 @@
 import torch
 from torch import nn
 
+import quotientsharp as qs
+
+
+class ReLUNeuronQuotient(qs.SymmetryQuotient):
+    """The tutorial's positive rescaling of a ReLU unit ``(w_in, w_out) -> (g w_in, w_out / g)``
+    with the scale-invariant metric; generic defaults for everything else."""
+
+    name = "relu-neuron"
+    point_ndims = (1, 1)
+
+    def inner(self, x, u, v):
+        return ((u[0] * v[0]).sum(-1) / x[0].square().sum(-1)
+                + (u[1] * v[1]).sum(-1) / x[1].square().sum(-1))
+
+    def vertical(self, x, a):
+        return a * x[0], -a * x[1]
+
+    def act(self, x, g):
+        return g * x[0], x[1] / g
+
+    def algebra_shape(self, x):
+        return (1,)
+
 
 def tiny_bert(seed: int, positions: int = 16, dtype: torch.dtype = torch.float32):
     """A one-layer BERT classifier (hidden 16, 2 heads, vocabulary 30, 3 labels, weights of

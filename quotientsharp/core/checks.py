@@ -20,6 +20,13 @@ import torch
 
 from quotientsharp.core import _tuples as T
 from quotientsharp.core import reference
+from quotientsharp.core.method_checks import (
+    DegeneratePointError,
+    QuotientMethodError,
+    builtin_quotient,
+    check_group_element_moves,
+    diagnose,
+)
 from quotientsharp.core.quotient import ClosedFormQuotient, SymmetryQuotient
 from quotientsharp.core.validation import check_count
 
@@ -268,6 +275,7 @@ def _group_action_checks(run: _CheckRun) -> None:
     q, x, gen = run.q, run.x, run.gen
     run.add(*_vertical_check(q, x, _random_algebra(q, x, gen)))
     g = q.random_group_element(run.on_host, generator=gen).to(x[0].device)
+    check_group_element_moves(q, x, g)
     if _overrides(q, "act_tangent"):
         run.add(*_act_tangent_check(q, x, run.u, g))
     if getattr(q, "invariant", True):
@@ -459,8 +467,15 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
     w = _random_tangent_raw(x, nd, gen)
     # every random draw comes from the CPU generator, so a device changes no draw
     run = _CheckRun(quotient, x, _to(gen.device, x), gen, seed, _tolerance(x[0].dtype), u, w)
-    for checks in _CHECK_GROUPS:
-        checks(run)
+    try:
+        for checks in _CHECK_GROUPS:
+            checks(run)
+    except (ValueError, RuntimeError, TypeError, IndexError) as err:
+        # a failure deep in a check (a Cholesky, a zip) is named by the method that caused it
+        diagnose(quotient, x)
+        raise err
+    if any(not math.isfinite(r.error) for r in run.results):
+        diagnose(quotient, x)
     return run.results
 
 
@@ -543,6 +558,9 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
     """
     q = quotient
     x = q.check_point(tuple(x), "x")
+    # malformed outputs and a metric that is not positive definite, named by method, before
+    # the comparisons below (which a NaN or a negative metric would pass or blur)
+    diagnose(q, x)
     nd = q.point_ndims
     gen = torch.Generator(device=x[0].device).manual_seed(check_count("seed", seed, minimum=0))
     results: list[CheckResult] = []
@@ -556,6 +574,7 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
     add("inner_symmetric", relative_error((q.inner(x, u, w),), (q.inner(x, w, u),)),
         "<u, w>_x = <w, u>_x")
     g = q.random_group_element(x, scale=group_scale, generator=gen)
+    check_group_element_moves(q, x, g)
     if _overrides(q, "act_tangent"):
         add(*_act_tangent_check(q, x, u, g))
     if getattr(q, "invariant", True):
@@ -644,3 +663,27 @@ def format_results(results: Sequence[CheckResult], title: str = "") -> str:
         lines.append(f"  {r.name:<{width}}  {value:>10}  (tol/expected {r.tolerance:.1e})  "
                      f"{r.status}")
     return "\n".join(lines)
+
+
+def check_user_quotient(quotient: SymmetryQuotient, owner: str, *,
+                        shapes: Sequence[Sequence[int]], batch_shape: Sequence[int] = ()) -> None:
+    """Raise a ``ValueError`` naming ``owner`` unless the methods of a quotient not defined by
+    the package (:func:`~quotientsharp.core.method_checks.builtin_quotient`) are well formed at
+    a random point of ``shapes`` (:func:`~quotientsharp.core.method_checks.diagnose`: output
+    counts, shapes, dtypes, finiteness, a positive definite ``inner``); the package's own are
+    skipped (the test suite verifies them).
+
+    For the adapters, which check once, at construction, and have no model point: a random
+    Gaussian point, as ``random_point`` draws (seed 0, float64). Not the whole
+    :func:`check_contract`: it draws group elements through ``act`` and ``group_exp``, which
+    the adapters never call (a class may leave ``group_exp`` at its default and still be a
+    valid manifold for them); ``quotientsharp verify --quotient`` runs it.
+    """
+    if builtin_quotient(quotient):
+        return
+    x = quotient.random_point(tuple(batch_shape), shapes=shapes, dtype=torch.float64,
+                              generator=torch.Generator().manual_seed(0))
+    try:
+        diagnose(quotient, x)
+    except (QuotientMethodError, DegeneratePointError) as err:
+        raise ValueError(f"{owner}: {err}") from err

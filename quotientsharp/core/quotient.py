@@ -11,6 +11,7 @@ runs exactly what :func:`quotientsharp.core.checks.check_all` verifies.
 from __future__ import annotations
 
 import abc
+import operator
 from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -48,6 +49,20 @@ REQUIRED_ATTRIBUTES = {
                   "override frozen_point)",
     "metrics": "metrics: the MetricRegistry of the family's metrics, by name",
 }
+
+
+def _dimension(size: object) -> int:
+    """A ``point_shapes`` entry: an integer >= 0 (int() would turn 4.5 into 4 and True into 1)."""
+    if isinstance(size, bool):
+        raise TypeError(f"point_shapes entries must be integers, got the bool {size!r}")
+    try:
+        value = operator.index(size)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"point_shapes entries must be integers, got {type(size).__name__} "
+                        f"{size!r}") from None
+    if value < 0:
+        raise ValueError(f"point_shapes entries must be >= 0, got {value}")
+    return value
 
 
 def unimplemented_message(cls: type, missing: Sequence[str]) -> str:
@@ -115,7 +130,7 @@ class SymmetryQuotient(torch.nn.Module, abc.ABC):
                             f"see {TUTORIAL}")
         shapes: tuple[tuple[int, ...], ...] | None = None
         if point_shapes is not None:
-            shapes = tuple(tuple(int(s) for s in shape) for shape in point_shapes)
+            shapes = tuple(tuple(_dimension(s) for s in shape) for shape in point_shapes)
             if len(shapes) != len(self.point_ndims):
                 raise ValueError(f"point_shapes must have {len(self.point_ndims)} entries, got "
                                  f"{len(shapes)}")

@@ -20,6 +20,7 @@ import torch
 
 from quotientsharp.core.adaptive import AdaptiveQuotient
 from quotientsharp.core.frozen import check_order
+from quotientsharp.core.method_checks import QuotientMethodError, diagnose
 from quotientsharp.core.product import ProductPoint, ProductQuotient
 from quotientsharp.core.quotient import ClosedFormQuotient
 from quotientsharp.core.validation import value_checks
@@ -106,13 +107,25 @@ def build_geometry(factors: Sequence[Factor], radius: float, order: int | str = 
             continue
         # a user's quotient has no validation of its own beyond check_point: one projection at
         # theta finds a degenerate orbit now, named, rather than inside the ascent
-        try:
-            part.horizontal_projection(tuple(torch.zeros_like(t) for t in factor.base))
-        except (ValueError, RuntimeError) as err:
-            raise ValueError(f"{factor.name} block ({factor.quotient.name}): the geometry is "
-                             f"degenerate at theta (e.g. a zero unit or factor): {err}") from err
+        _check_user_factor(factor, part)
     orders = [order if f.curved else 1 for f in factors]
     return GeodesicBall(frozen, radius, orders, steps=exact_steps)
+
+
+def _check_user_factor(factor: Factor, part: Any) -> None:
+    """One projection at theta, and the methods' outputs on a few units of the factor's point
+    (:func:`~quotientsharp.core.method_checks.diagnose`): a malformed method or a metric that
+    is not positive definite is named here, and told apart from a degenerate orbit, rather than
+    failing inside the ascent."""
+    units = (slice(0, 2),) * factor.folded
+    try:
+        diagnose(factor.quotient, tuple(t.detach()[units] for t in factor.base))
+        part.horizontal_projection(tuple(torch.zeros_like(t) for t in factor.base))
+    except QuotientMethodError as err:
+        raise ValueError(f"{factor.name} block (checked on its first units): {err}") from err
+    except (ValueError, RuntimeError) as err:
+        raise ValueError(f"{factor.name} block ({factor.quotient.name}): the geometry is "
+                         f"degenerate at theta (e.g. a zero unit or factor): {err}") from err
 
 
 Tensors = tuple[torch.Tensor, ...]

@@ -18,7 +18,7 @@ from torch import nn
 from quotientsharp.core.validation import warn_at_caller
 from quotientsharp.engine.batches import Batch, compute_loss, few_names, output_tensor
 from quotientsharp.engine.functional import FunctionalModel
-from quotientsharp.models.binding import QuotientBinding
+from quotientsharp.models.binding import QuotientBinding, check_binding_list
 from quotientsharp.models.report import NoSymmetryWarning
 from quotientsharp.models.symmetry_check import (
     SymmetryCheckError,
@@ -52,9 +52,7 @@ def check_symmetries(symmetries: object) -> None:
         if symmetries not in ("auto", "none"):
             raise ValueError(f"symmetries must be {SYMMETRIES_ALLOWED}, got {symmetries!r}")
     elif isinstance(symmetries, (list, tuple)):
-        if not symmetries or not all(isinstance(b, QuotientBinding) for b in symmetries):
-            raise TypeError(f"symmetries: a list of symmetries must hold QuotientBinding "
-                            f"objects only (at least one), got {symmetries!r}")
+        check_binding_list(symmetries)
     elif not (isinstance(symmetries, (QuotientBinding, SymmetryReport))
               or _is_layout(symmetries)):
         raise TypeError(f"symmetries must be {SYMMETRIES_ALLOWED}, got "
@@ -81,8 +79,13 @@ def symmetry_layout(model: nn.Module, functional: FunctionalModel, symmetries: A
     bindings = user_bindings(symmetries)
     if bindings:
         return bindings, {"symmetries": "bindings", "symmetry_found": True,
+                          # "invariant": False where the class opts out of the check that
+                          # its metric is invariant (its values then depend on the group)
                           "bindings": [{"name": b.name, "quotient": b.quotient.name,
-                                        "parameters": list(b.parameters)} for b in bindings]}
+                                        "parameters": list(b.parameters),
+                                        "invariant": bool(getattr(b.quotient, "invariant",
+                                                                  True))}
+                                       for b in bindings]}
     if symmetries == "none":
         return None, {"symmetries": "none", "symmetry_found": False}
     if _is_layout(symmetries):

@@ -68,7 +68,13 @@ class QuotientBinding:
         own = {name: params[name] for name in self.parameters}
         if self.to_point is None:
             return tuple(own[name] for name in self.parameters)
-        return tuple(self.to_point(own))
+        point = self.to_point(own)
+        # tuple() of a dict gives its keys: refuse anything but a sequence of tensors here
+        if not isinstance(point, (tuple, list)) or not all(isinstance(t, torch.Tensor)
+                                                           for t in point):
+            raise TypeError(f"binding {self.name!r}: to_point must return a tuple of tensors "
+                            f"(the quotient's point), got {_describe(point)}")
+        return tuple(point)
 
     def parameters_of(self, point: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
         """The parameters (by name) of a point of the quotient."""
@@ -95,6 +101,20 @@ class QuotientBinding:
             if error > 1e-6 * max(scale, 1e-30):
                 raise ValueError(f"binding {self.name!r}: from_point is not the inverse of "
                                  f"to_point on {name!r} (largest difference {error:.3g})")
+
+
+def check_binding_list(symmetries: Sequence[object]) -> None:
+    """Raise a ``TypeError`` unless ``symmetries`` (a list or tuple) holds at least one
+    :class:`QuotientBinding` and nothing else (``sharpness`` and the optimisers alike)."""
+    if not symmetries or not all(isinstance(b, QuotientBinding) for b in symmetries):
+        raise TypeError(f"symmetries: a list of symmetries must hold QuotientBinding "
+                        f"objects only (at least one), got {symmetries!r}")
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {[type(v).__name__ for v in value]}"
+    return type(value).__name__
 
 
 #: Block labels of the result that a binding may not take as its name.

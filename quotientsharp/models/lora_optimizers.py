@@ -22,9 +22,12 @@ from torch import nn
 
 from quotientsharp.models.binding import QuotientBinding
 from quotientsharp.models.optim import (
+    ADAMW_ENTRIES,
     PairGradients,
+    all_or_nothing,
     begin_step,
     check_betas,
+    check_loaded_state,
     check_model,
     check_number,
     param_groups,
@@ -90,24 +93,38 @@ class RiemannianAdamW(torch.optim.AdamW):
                          eps=adam_eps, weight_decay=weight_decay)
         self.damping = eps
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """``torch.optim.AdamW.load_state_dict`` after checking that the state fits (a
+        ``ValueError`` naming the parameter otherwise; nothing is loaded then)."""
+        check_loaded_state("RiemannianAdamW", self, state_dict,
+                           {id(p): n for n, p in self._pairs.named.items()},
+                           ("kind", "lr", "betas", "eps", "weight_decay"), ADAMW_ENTRIES)
+        super().load_state_dict(state_dict)
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One step; ``closure`` (re-evaluating the loss with gradients) as in ``torch.optim``."""
         named = self._pairs.named
         loss = begin_step("RiemannianAdamW", closure, named, self._pairs.names)
+        all_or_nothing("RiemannianAdamW", self, {id(p): n for n, p in named.items()},
+                       self._step_raised)
+        return loss
+
+    def _step_raised(self) -> None:
+        """AdamW's step on the pairs' raised gradients, unguarded; ``.grad`` given back."""
+        named = self._pairs.named
         with_grad = [n for n in self._pairs.names if named[n].grad is not None]
         saved: dict[str, torch.Tensor | None] = {}
-        if with_grad:
-            raised = self._pairs.directions("raise_index")
-            for name in with_grad:
-                saved[name] = named[name].grad
-                named[name].grad = raised[name].to(named[name].dtype)
         try:
+            if with_grad:
+                raised = self._pairs.directions("raise_index")
+                for name in with_grad:
+                    saved[name] = named[name].grad
+                    named[name].grad = raised[name].to(named[name].dtype)
             super().step()
         finally:
             for name, gradient in saved.items():
                 named[name].grad = gradient
-        return loss
 
 
 def _factor_sides(report: SymmetryReport, kinds: Sequence[str] | None

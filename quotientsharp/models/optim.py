@@ -13,7 +13,7 @@ adapter has ``B = 0``) raise a ``ValueError`` naming the pair at ``eps = 0``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -22,7 +22,7 @@ from torch import nn
 from quotientsharp.core.gl import GLQuotient, RotaryQuotient
 from quotientsharp.core.reference import jvp_pair
 from quotientsharp.core.validation import warn_at_caller
-from quotientsharp.models.binding import QuotientBinding, validate_bindings
+from quotientsharp.models.binding import QuotientBinding, check_binding_list, validate_bindings
 from quotientsharp.models.layout import ParameterLayout
 from quotientsharp.models.report import NoSymmetryWarning, SymmetryReport
 from quotientsharp.models.symmetry_check import check_structure
@@ -30,6 +30,9 @@ from quotientsharp.models.symmetry_check import check_structure
 Tensors = tuple[torch.Tensor, ...]
 #: The metrics of the quotient optimisers.
 METRICS = ("mix", "inv")
+#: The parameter state entries of AdamW (``torch.optim.AdamW``'s, also written by
+#: ``QuotientAdamW`` outside the pairs), each with whether it is always there.
+ADAMW_ENTRIES = {"step": True, "exp_avg": True, "exp_avg_sq": True, "max_exp_avg_sq": False}
 
 
 def check_number(name: str, value: object, minimum: float, strict: bool = False) -> float:
@@ -101,6 +104,152 @@ def begin_step(owner: str, closure: Callable[[], Any] | None, named: dict[str, n
                      "nothing changed (skip this batch, or lower the learning rate)")
 
 
+def _cloned(value: Any) -> Any:
+    """A copy of one optimiser state entry: tensors cloned, (nested) dicts copied, the rest
+    (ints, floats) shared, being immutable."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {key: _cloned(entry) for key, entry in value.items()}
+    return value
+
+
+def _check_group_rates(owner: str, optimizer: torch.optim.Optimizer,
+                       names: Mapping[int, str]) -> None:
+    """Refuse a param group whose ``"lr"`` (a scheduler or the user may have set it) is not a
+    finite number, naming the group and its parameters, before anything is computed."""
+    for index, group in enumerate(optimizer.param_groups):
+        lr = group["lr"]
+        if isinstance(lr, torch.Tensor):
+            lr = float(lr)
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr):
+            listed = [names.get(id(p), "?") for p in group["params"]][:4]
+            raise ValueError(f"{owner}: param group {index} ({group.get('kind', '')}: "
+                             f"{', '.join(listed)}{', ...' if len(group['params']) > 4 else ''})"
+                             f" has lr={lr!r}, which is not a finite number; the step was "
+                             "refused and nothing changed")
+
+
+def all_or_nothing(owner: str, optimizer: torch.optim.Optimizer, names: Mapping[int, str],
+                   run: Callable[[], None]) -> None:
+    """Run one step (``run``) of ``optimizer`` as a transaction: either it completes with
+    finite parameters, or the parameters and the state are put back exactly as they were and a
+    ``ValueError`` naming ``owner`` and the parameters says why.
+
+    A non-finite ``lr`` is refused before anything runs. ``run`` may write into parameters and
+    state; if it raises a ``ValueError`` (a degenerate pair, a state that does not fit) or a
+    ``torch.linalg.LinAlgError`` (a Cholesky factor of a metric that is not numerically
+    positive definite), or leaves a parameter NaN or inf although the gradients were finite
+    (an update that overflows: a factor too ill-conditioned for its metric), everything is
+    restored. The step's arithmetic is not touched, so a successful step is bit for bit the
+    step without this guard; the price is one copy of the parameters and state per step and
+    one synchronisation. ``names`` maps ``id(parameter)`` to its name.
+    """
+    _check_group_rates(owner, optimizer, names)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    saved_params = [p.detach().clone() for p in params]
+    saved_state = {p: _cloned(entry) for p, entry in optimizer.state.items()}
+
+    def restore() -> None:
+        with torch.no_grad():
+            for param, value in zip(params, saved_params, strict=True):
+                param.copy_(value)
+        optimizer.state.clear()
+        optimizer.state.update(saved_state)
+
+    try:
+        run()
+    except torch.linalg.LinAlgError as err:
+        restore()
+        raise ValueError(f"{owner}: a metric's Gram matrix is not numerically positive "
+                         f"definite ({err}); a factor is too ill-conditioned for its metric "
+                         "(pass eps > 0); the step was refused and nothing changed") from err
+    except ValueError as err:
+        restore()
+        if str(err).startswith(f"{owner}:"):
+            raise
+        # a refusal of the core (a metric that is singular at a pair) does not name the step
+        raise ValueError(f"{owner}: {err}; the step was refused and nothing changed") from err
+    if not params:
+        return
+    flags = torch.stack([torch.isfinite(p).all().to(params[0].device) for p in params])
+    if bool(flags.all()):
+        return
+    bad = [names.get(id(p), "?") for p, ok in zip(params, flags.tolist(), strict=True) if not ok]
+    restore()
+    raise ValueError(f"{owner}: the update of {', '.join(bad)} is not finite although the "
+                     "gradients are (a factor too ill-conditioned for its metric, or weights "
+                     "so large that the step overflows); the step was refused and nothing "
+                     "changed (pass eps > 0, rescale the weights, or lower the learning rate)")
+
+
+def check_loaded_state(owner: str, optimizer: torch.optim.Optimizer, state_dict: object,
+                       names: Mapping[int, str], options: Sequence[str],
+                       entries: Mapping[str, bool],
+                       also: Callable[[str], bool] = lambda key: False) -> None:
+    """Refuse, before ``load_state_dict`` changes anything, a state that does not fit
+    ``optimizer``: the state of another optimiser class (a param group without one of this
+    optimiser's ``options``, a parameter state with an entry it does not know or without one it
+    needs) or of another model (a per-parameter tensor of another shape).
+
+    ``entries`` maps each parameter state entry this optimiser writes to whether it is
+    required (unless the state holds only entries admitted by ``also``); entries whose value
+    is a tensor of more than one element must have the parameter's shape. ``also(key)``
+    admits further entries (checked where they are used).
+    ``names`` maps ``id(parameter)`` to its name, for the messages.
+    """
+    if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= state_dict.keys():
+        raise ValueError(f"{owner}: load_state_dict expects an optimiser state_dict (a dict "
+                         f"with 'state' and 'param_groups'), got {type(state_dict).__name__}")
+    saved_groups = state_dict["param_groups"]
+    if len(saved_groups) != len(optimizer.param_groups):
+        raise ValueError(f"{owner}: the loaded state has {len(saved_groups)} param group(s), "
+                         f"this optimiser {len(optimizer.param_groups)}: was it saved by "
+                         "another optimiser or for another model?")
+    by_index: dict[Any, nn.Parameter] = {}
+    for index, (saved, group) in enumerate(zip(saved_groups, optimizer.param_groups,
+                                               strict=True)):
+        # only the options that make this optimiser (torch adds new ones to its own classes
+        # over versions, and fills them in when an older state is loaded)
+        missing = sorted(set(options) - set(saved))
+        if missing:
+            raise ValueError(f"{owner}: param group {index} of the loaded state has no "
+                             f"{missing}: it was saved by another optimiser")
+        if len(saved["params"]) != len(group["params"]):
+            raise ValueError(f"{owner}: param group {index} of the loaded state holds "
+                             f"{len(saved['params'])} parameters, this optimiser's "
+                             f"{len(group['params'])}: was it saved for another model?")
+        by_index.update(zip(saved["params"], group["params"], strict=True))
+    for key, entry in state_dict["state"].items():
+        param = by_index.get(key)
+        if param is None or not isinstance(entry, dict):
+            continue
+        _check_entry(owner, names.get(id(param), "?"), param, entry, entries, also)
+
+
+def _check_entry(owner: str, name: str, param: nn.Parameter, entry: dict[str, Any],
+                 entries: Mapping[str, bool], also: Callable[[str], bool]) -> None:
+    """One parameter's loaded state against the entries ``owner`` writes (see
+    :func:`check_loaded_state`)."""
+    unknown = sorted(k for k in entry if k not in entries and not also(k))
+    # a state of only ``also`` entries (QuotientAdamW's bucket moments) needs no other entry
+    needed = any(k in entries for k in entry) or not any(also(k) for k in entry)
+    missing = sorted(k for k, required in entries.items()
+                     if needed and required and k not in entry)
+    if unknown or missing:
+        raise ValueError(f"{owner}: the loaded state of {name} has "
+                         f"{f'unknown entries {unknown}' if unknown else ''}"
+                         f"{' and ' if unknown and missing else ''}"
+                         f"{f'no {missing}' if missing else ''}: it was saved by another "
+                         "optimiser")
+    for key in entries:
+        value = entry.get(key)
+        if isinstance(value, torch.Tensor) and value.numel() > 1 and value.shape != param.shape:
+            raise ValueError(f"{owner}: the loaded {key!r} of {name} has shape "
+                             f"{tuple(value.shape)}, the parameter {tuple(param.shape)}: was "
+                             "the state saved for another model (another rank or width)?")
+
+
 def resolve_symmetries(model: nn.Module, symmetries: object
                        ) -> SymmetryReport | list[QuotientBinding]:
     """The optimisers' ``symmetries`` option resolved: a report (``"auto"`` runs the discovery,
@@ -116,8 +265,9 @@ def resolve_symmetries(model: nn.Module, symmetries: object
         return find_symmetries(model, degenerate="pair")
     if isinstance(symmetries, SymmetryReport):
         return symmetries
-    if isinstance(symmetries, Sequence) and all(isinstance(b, QuotientBinding)
-                                                for b in symmetries):
+    if isinstance(symmetries, (list, tuple)):
+        # as sharpness() refuses it: an empty list is no request for plain SGD or AdamW
+        check_binding_list(symmetries)
         return list(symmetries)
     raise TypeError(f"symmetries must be 'auto', a SymmetryReport or QuotientBinding(s), "
                     f"got {type(symmetries).__name__}")
@@ -137,6 +287,29 @@ def param_groups(named: dict[str, nn.Parameter], pair_names: list[str]
     if not groups:
         raise ValueError("model has no trainable parameter")
     return groups
+
+
+def geometry_dtype(point: Sequence[torch.Tensor]) -> torch.dtype:
+    """The dtype a binding's geometry is computed in: the point's, widened to float32 for
+    half precision (as ``sharpness()`` does: torch has no half-precision Cholesky or solve on
+    every device, and the metric's Gram matrices lose their rank in 8 bits of mantissa); the
+    caller casts the direction back to each parameter's dtype."""
+    dtype = torch.promote_types(point[0].dtype, torch.float32)
+    for tensor in point[1:]:
+        dtype = torch.promote_types(dtype, tensor.dtype)
+    return dtype
+
+
+def _check_binding_point(binding: QuotientBinding, base: Tensors) -> None:
+    """The quotient's own check of the binding's point (as ``sharpness()`` runs it: its
+    components' batch shapes must broadcast, its values be finite), before any user method
+    reads the point and fails with a raw shape error."""
+    try:
+        binding.quotient.check_point(base, "x")
+    except ValueError as err:
+        shapes = ", ".join(str(tuple(t.shape)) for t in base)
+        raise ValueError(f"binding {binding.name!r} ({binding.quotient.name}, shapes "
+                         f"{shapes}): {err}") from err
 
 
 class PairGradients:
@@ -160,8 +333,9 @@ class PairGradients:
             self.names = self._use_report(resolved, metric, eps)
         else:
             trainable = {n: t.detach() for n, t in named.items() if t.requires_grad}
-            validate_bindings(resolved, trainable)
-            for binding in resolved:
+            bases = validate_bindings(resolved, trainable)
+            for binding, base in zip(resolved, bases, strict=True):
+                _check_binding_point(binding, base)
                 check_structure(binding, trainable)
             self.bindings = resolved
             self.names = list(dict.fromkeys(n for b in resolved for n in b.parameters))
@@ -245,9 +419,10 @@ class PairGradients:
                 inner = torch.stack([(back[n] * gradients[n]).sum()
                                      for n in binding.parameters]).sum()
                 raw = torch.autograd.grad(inner, point, allow_unused=True)
-            egrad = tuple(torch.zeros_like(p) if g is None else g
+            work = geometry_dtype(point)
+            egrad = tuple((torch.zeros_like(p) if g is None else g).to(work)
                           for p, g in zip(point, raw, strict=True))
-            detached = tuple(t.detach() for t in point)
+            detached = tuple(t.detach().to(work) for t in point)
             frozen = self.at(binding.quotient, detached, binding.name)
             direction = tuple(getattr(frozen, operation)(egrad))
             # a tangent vector maps by the differential of from_point (an affine or nonlinear
@@ -292,8 +467,12 @@ class QuotientSGD(torch.optim.Optimizer):
     Param groups: ``param_groups[0]`` holds the pairs' parameters (``"kind": "pairs"``),
     ``param_groups[1]`` every other trainable parameter (``"kind": "other"``). Momentum buffers
     live in ``state[p]["momentum_buffer"]`` in parameter space (the layout's map is a linear
-    bijection), so ``state_dict`` works as for ``torch.optim.SGD``. A parameter without gradient
-    is skipped; in a pair a missing gradient counts as zero.
+    bijection), so ``state_dict`` works as for ``torch.optim.SGD``; ``load_state_dict`` refuses
+    the state of another optimiser or another model by name. A parameter without gradient is
+    skipped; in a pair a missing gradient counts as zero. A step is all or nothing
+    (:func:`all_or_nothing`): a NaN or inf gradient or ``lr``, or an update that is not finite,
+    raises a ``ValueError`` and leaves the parameters and the state as they were. A half
+    precision binding's geometry runs in float32 (:func:`geometry_dtype`).
     """
 
     def __init__(self, model: nn.Module, lr: float, *, metric: str = "mix", eps: float = 0.0,
@@ -312,6 +491,15 @@ class QuotientSGD(torch.optim.Optimizer):
         defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay}
         super().__init__(param_groups(named, self._pairs.names), defaults)
         self.metric, self.eps = metric, eps
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """``torch.optim.Optimizer.load_state_dict`` after checking that the state fits (a
+        ``ValueError`` naming the parameter otherwise; nothing is loaded then)."""
+        check_loaded_state("QuotientSGD", self, state_dict,
+                           {id(p): n for n, p in self._pairs.named.items()},
+                           ("kind", "lr", "momentum", "weight_decay"),
+                           {"momentum_buffer": False})
+        super().load_state_dict(state_dict)
 
     # ------------------------------------------------------------------ steps
     def _descend(self, group: dict[str, Any], params: list[torch.Tensor],
@@ -339,6 +527,13 @@ class QuotientSGD(torch.optim.Optimizer):
         """One step; ``closure`` (re-evaluating the loss with gradients) as in ``torch.optim``."""
         pairs = self._pairs
         loss = begin_step("QuotientSGD", closure, pairs.named, pairs.names)
+        names = {id(p): n for n, p in pairs.named.items()}
+        all_or_nothing("QuotientSGD", self, names, self._step_groups)
+        return loss
+
+    def _step_groups(self) -> None:
+        """Step every group (the pairs along their Riemannian gradient), unguarded."""
+        pairs = self._pairs
         for group in self.param_groups:
             params = list(group["params"])
             if group["kind"] == "pairs":
@@ -354,4 +549,3 @@ class QuotientSGD(torch.optim.Optimizer):
             for param, direction in zip(params, self._descend(group, params, directions),
                                         strict=True):
                 param.add_(direction, alpha=-group["lr"])
-        return loss

@@ -27,10 +27,13 @@ from torch.optim.adamw import adamw
 from quotientsharp.core.gl import GLPoint
 from quotientsharp.models.binding import QuotientBinding
 from quotientsharp.models.optim import (
+    ADAMW_ENTRIES,
     PairGradients,
     Tensors,
+    all_or_nothing,
     begin_step,
     check_betas,
+    check_loaded_state,
     check_model,
     check_number,
     param_groups,
@@ -169,17 +172,32 @@ class QuotientAdamW(torch.optim.Optimizer):
         super().__init__(param_groups(named, self._pairs.names), defaults)
         self.metric, self.eps = metric, eps
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """``torch.optim.Optimizer.load_state_dict`` after checking that the state fits (a
+        ``ValueError`` naming the parameter otherwise; nothing is loaded then). A bucket's
+        moments are checked against the pairs at the next step."""
+        check_loaded_state("QuotientAdamW", self, state_dict,
+                           {id(p): n for n, p in self._pairs.named.items()},
+                           ("kind", "lr", "betas", "adam_eps", "weight_decay"), ADAMW_ENTRIES,
+                           also=lambda key: key.startswith("bucket"))
+        super().load_state_dict(state_dict)
+
     # ------------------------------------------------------------------ steps
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One step; ``closure`` (re-evaluating the loss with gradients) as in ``torch.optim``."""
         loss = begin_step("QuotientAdamW", closure, self._pairs.named, self._pairs.names)
+        names = {id(p): n for n, p in self._pairs.named.items()}
+        all_or_nothing("QuotientAdamW", self, names, self._step_groups)
+        return loss
+
+    def _step_groups(self) -> None:
+        """Step every group, unguarded."""
         for group in self.param_groups:
             if group["kind"] == "pairs":
                 self._step_pairs(group)
             else:
                 self._step_others(group)
-        return loss
 
     def _step_others(self, group: dict[str, Any]) -> None:
         """``torch.optim.AdamW``'s step (its functional form, so the same numbers)."""

@@ -16,6 +16,7 @@ for float64, ``3.5e-4`` float32, ``3.1e-2`` float16, ``8.8e-2`` bfloat16.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,13 @@ from torch import nn
 
 from quotientsharp.core import reference
 from quotientsharp.core.checks import check_contract
+from quotientsharp.core.method_checks import (
+    DegeneratePointError,
+    QuotientMethodError,
+    builtin_quotient,
+    check_group_element_moves,
+    diagnose,
+)
 from quotientsharp.core.quotient import SymmetryQuotient
 from quotientsharp.core.validation import check_count
 from quotientsharp.models.binding import QuotientBinding
@@ -186,18 +194,6 @@ def _check_projection(binding: QuotientBinding, x: Tensors, tolerance: float) ->
             f"tolerance {tolerance:.3g})")
 
 
-def builtin_quotient(quotient: SymmetryQuotient) -> bool:
-    """Whether ``quotient`` is one of the package's own classes (a product: of them only),
-    whose contract the test suite verifies; a subclass defined elsewhere is not."""
-    from quotientsharp.core.product import ProductQuotient
-
-    if not type(quotient).__module__.startswith("quotientsharp."):
-        return False
-    if isinstance(quotient, ProductQuotient):
-        return all(builtin_quotient(factor) for factor in quotient.factors)
-    return True
-
-
 def contract_point(binding: QuotientBinding, x: Tensors) -> Tensors:
     """The point :func:`check_contract` runs at: the binding's point at ``theta``, its folded
     (stacked) dimensions cut to their first :data:`CONTRACT_UNITS` entries, in float64.
@@ -211,13 +207,49 @@ def contract_point(binding: QuotientBinding, x: Tensors) -> Tensors:
     return tuple(t[index].detach().to(torch.float64) for t in x)
 
 
+def _check_methods(binding: QuotientBinding, x: Tensors) -> None:
+    try:
+        diagnose(binding.quotient, contract_point(binding, x))
+    except DegeneratePointError as err:
+        raise SymmetryCheckError(f"binding {binding.name!r}: at theta, {err}") from err
+    except QuotientMethodError as err:
+        raise SymmetryCheckError(f"binding {binding.name!r}: {err}") from err
+
+
+class NonInvariantMetricWarning(UserWarning):
+    """A user's quotient declares ``invariant = False``: its metric is not checked for
+    invariance, and the value it measures may change under the symmetry."""
+
+
+#: Classes already warned about by :func:`_warn_not_invariant` (once per class and process).
+_WARNED_NOT_INVARIANT: set[type] = set()
+
+
+def _warn_not_invariant(binding: QuotientBinding) -> None:
+    cls = type(binding.quotient)
+    if getattr(binding.quotient, "invariant", True) is not False or cls in _WARNED_NOT_INVARIANT:
+        return
+    _WARNED_NOT_INVARIANT.add(cls)
+    warnings.warn(
+        f"binding {binding.name!r}: {cls.__name__} sets invariant = False, so the metric's "
+        "invariance under the group is not checked and the value measured with it may change "
+        "when the symmetry moves the parameters (it is a measure on the parameters, not on the "
+        "quotient); remove the attribute for an invariant metric", NonInvariantMetricWarning,
+        stacklevel=4)
+
+
 def _check_contract(binding: QuotientBinding, x: Tensors) -> None:
     quotient = binding.quotient
+    _warn_not_invariant(binding)
     try:
         point = contract_point(binding, x)
         results = check_contract(quotient, point, seed=0, group_scale=group_scale(quotient, point))
     except SymmetryCheckError:
         raise
+    except DegeneratePointError as err:
+        raise SymmetryCheckError(f"binding {binding.name!r}: at theta, {err}") from err
+    except QuotientMethodError as err:
+        raise SymmetryCheckError(f"binding {binding.name!r}: {err}") from err
     except Exception as err:
         message = " ".join(str(err).split())
         raise SymmetryCheckError(
@@ -245,10 +277,22 @@ def check_structure(binding: QuotientBinding, params: Mapping[str, torch.Tensor]
     """
     x = tuple(t.detach() for t in binding.point(params))
     _check_gradient(binding, x)
+    if not builtin_quotient(binding.quotient):
+        # a malformed output is named by its method before the checks below use it
+        _check_methods(binding, x)
     _check_vertical(binding, x)
     _check_projection(binding, x, symmetry_tolerance(x[0].dtype))
     if not builtin_quotient(binding.quotient):
         _check_contract(binding, x)
+
+
+def _check_finite_reference(loss: torch.Tensor, output: torch.Tensor | None) -> None:
+    bad = [what for what, value in (("loss", loss), ("outputs", output))
+           if value is not None and not bool(torch.isfinite(value.detach()).all())]
+    if bad:
+        raise ValueError(f"the batch's {' and '.join(bad)} are not finite (NaN or inf) at theta: "
+                         "the symmetry cannot be checked on this batch (a NaN or inf in the "
+                         "inputs, or a model that overflows)")
 
 
 def check_bindings(bindings: Sequence[QuotientBinding], params: Mapping[str, torch.Tensor],
@@ -267,6 +311,8 @@ def check_bindings(bindings: Sequence[QuotientBinding], params: Mapping[str, tor
     tolerance = symmetry_tolerance(forward_dtype)
     with torch.no_grad():
         loss0, out0 = evaluate(params)
+        # max(0.0, nan) is 0.0: a non-finite reference would make every change look like none
+        _check_finite_reference(loss0, out0)
         results = []
         for binding in bindings:
             quotient = binding.quotient
@@ -276,6 +322,10 @@ def check_bindings(bindings: Sequence[QuotientBinding], params: Mapping[str, tor
             loss_change = output_change = 0.0
             for _ in range(samples):
                 g = quotient.random_group_element(x, scale=scale, generator=generator)
+                try:
+                    check_group_element_moves(quotient, x, g)
+                except QuotientMethodError as err:
+                    raise SymmetryCheckError(f"binding {binding.name!r}: {err}") from err
                 moved = binding.parameters_of(tuple(quotient.act(x, g)))
                 loss, out = evaluate({**params, **moved})
                 loss_change = max(loss_change, _relative(loss, loss0))
@@ -296,6 +346,26 @@ def _output_tensor(output: Any) -> torch.Tensor | None:
     if logits is None and isinstance(output, (tuple, list)) and output:
         logits = output[0]
     return logits if isinstance(logits, torch.Tensor) else None
+
+
+def _checked_bindings(bindings: object) -> list[QuotientBinding]:
+    if isinstance(bindings, QuotientBinding):
+        return [bindings]
+    if not isinstance(bindings, (list, tuple)) or not all(isinstance(b, QuotientBinding)
+                                                          for b in bindings):
+        raise TypeError(f"bindings must be a QuotientBinding or a list of them, got "
+                        f"{type(bindings).__name__}")
+    if not bindings:
+        raise ValueError("bindings is empty: pass at least one QuotientBinding to check")
+    return list(bindings)
+
+
+def _checked_pair(batch: object) -> tuple[Any, Any]:
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        raise TypeError(f"batch must be a pair (inputs, target) or a mapping with 'labels', got "
+                        f"{type(batch).__name__}"
+                        + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
+    return batch[0], batch[1]
 
 
 def check_symmetry(model: nn.Module, bindings: QuotientBinding | Sequence[QuotientBinding],
@@ -329,9 +399,14 @@ def check_symmetry(model: nn.Module, bindings: QuotientBinding | Sequence[Quotie
     ------
     SymmetryCheckError
         For a binding whose structure is inconsistent (:func:`check_structure`); a binding whose
-        symmetry does not hold is reported (``passed`` false), not raised.
+        symmetry does not hold is reported (``passed`` false), not raised; a quotient whose
+        methods are malformed at the binding's point, or a degenerate point.
+    TypeError, ValueError
+        For ``bindings`` not bindings (or none), a ``batch`` that is not ``(inputs, target)``
+        or a mapping with ``labels``, a forward that fails on ``batch``, or a loss or outputs
+        that are not finite at ``theta``.
     """
-    bindings = [bindings] if isinstance(bindings, QuotientBinding) else list(bindings)
+    bindings = _checked_bindings(bindings)
     named = dict(model.named_parameters())
     for binding in bindings:
         missing = [n for n in binding.parameters if n not in named]
@@ -341,11 +416,14 @@ def check_symmetry(model: nn.Module, bindings: QuotientBinding | Sequence[Quotie
     params = {n: p.detach() for n, p in named.items()}
     buffers = dict(model.named_buffers())
     if isinstance(batch, Mapping):
+        if "labels" not in batch:
+            raise ValueError(f"batch: a mapping batch needs the target under 'labels', got keys "
+                             f"{sorted(map(str, batch))}")
         args: tuple = ()
         kwargs = {k: v for k, v in batch.items() if k != "labels"}
         target = batch["labels"]
     else:
-        x, target = batch
+        x, target = _checked_pair(batch)
         args, kwargs = (((), dict(x)) if isinstance(x, Mapping)
                         else (tuple(x), {}) if isinstance(x, (tuple, list)) else ((x,), {}))
 
@@ -365,6 +443,12 @@ def check_symmetry(model: nn.Module, bindings: QuotientBinding | Sequence[Quotie
             value = F.cross_entropy(logits.flatten(0, -2), target.flatten())
         return value, logits
 
+    try:
+        evaluate(params)
+    except Exception as err:
+        message = " ".join(str(err).split())
+        raise ValueError(f"batch: the model's forward (or the loss) failed on it: "
+                         f"{type(err).__name__}: {message}") from err
     for binding in bindings:
         check_structure(binding, params)
     dtypes = [params[n].dtype for b in bindings for n in b.parameters]

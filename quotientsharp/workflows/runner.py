@@ -26,7 +26,7 @@ from quotientsharp.workflows.data import existing_file
 from quotientsharp.workflows.fingerprints import content_identity, content_sha256
 from quotientsharp.workflows.grid import GridPoint, build_grid, with_row_symmetries
 from quotientsharp.workflows.manifest import ManifestEntry, read_manifest
-from quotientsharp.workflows.options import StudyConfig
+from quotientsharp.workflows.options import InputError, StudyConfig
 from quotientsharp.workflows.report import (
     command_line,
     csv_columns,
@@ -188,12 +188,27 @@ class _Plan:
         return {entry.name: entry for entry in self.entries}
 
 
+def _check_row_symmetries(manifest: str | Path, entries: Sequence[ManifestEntry],
+                          config: StudyConfig) -> None:
+    """Refuse a row's ``symmetry`` while geodesic sharpness is not measured (it would be
+    ignored), as ``--symmetry`` is refused then."""
+    if "geodesic" in config.measures:
+        return
+    for entry in entries:
+        if entry.symmetry:
+            raise InputError(f"MANIFEST {manifest}, line {entry.line}: symmetry "
+                             f"{entry.symmetry} applies to geodesic only, and the measures "
+                             f"are {', '.join(config.measures)}: add geodesic to the measures "
+                             "(--measure), or leave the row's symmetry out")
+
+
 def _plan(manifest: str | Path, config: StudyConfig) -> _Plan:
     """Read the manifest and check everything that can be checked before a model is loaded."""
     from quotientsharp.workflows.devices import check_device
 
     grid = build_grid(config)
     entries = read_manifest(manifest, reserved=reserved_columns(grid))
+    _check_row_symmetries(manifest, entries, config)
     # rows with a symmetry of their own measure with its metric: the labels say so
     grid = with_row_symmetries(grid, any(entry.symmetry for entry in entries))
     colors = _colors(entries, config.color)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from quotientsharp.core._tuples import batch_shape
+from quotientsharp.core.checks import check_user_quotient
 from quotientsharp.core.quotient import SymmetryQuotient
 from quotientsharp.core.validation import value_checks_enabled
 
@@ -196,6 +197,9 @@ class QuotientManifold(geoopt.Manifold):
             raise ValueError(f"shapes {shapes} do not match the point layout of "
                              f"{type(quotient).__name__} ({len(ndims)} components "
                              f"with {ndims} trailing dimensions){hint}")
+        # a user's quotient is checked once here, at a random point of the shapes (the
+        # package's own are verified by the tests)
+        check_user_quotient(quotient, "QuotientManifold", shapes=shapes)
         self.ndim = self.stacked.ndim
         self.retraction = retraction
         self.name = f"Quotient[{quotient.name}]"

@@ -21,8 +21,9 @@ import torch
 
 from quotientsharp.core import _tuples as T
 from quotientsharp.core import reference
+from quotientsharp.core.checks import check_user_quotient
 from quotientsharp.core.quotient import SymmetryQuotient
-from quotientsharp.core.validation import value_checks
+from quotientsharp.core.validation import check_count, value_checks
 
 try:
     from pymanopt.manifolds.manifold import Manifold as _PymanoptManifold
@@ -147,10 +148,25 @@ def _split_shapes(quotient: SymmetryQuotient, shapes: Sequence[Sequence[int]],
                          f"trailing shapes of one point (point_ndims {ndims}), as "
                          f"QuotientManifold takes them: pass shapes={trailing}, and the "
                          f"leading (batch) dimensions as batch_shape=")
-    batch = () if batch_shape is None else tuple(int(s) for s in batch_shape)
-    if any(s < 1 for s in batch):
-        raise ValueError(f"batch_shape must hold positive sizes, got {batch}")
+    if batch_shape is not None and (isinstance(batch_shape, (str, bytes))
+                                    or not isinstance(batch_shape, Sequence)):
+        raise TypeError(f"batch_shape must be a sequence of sizes, e.g. (6,), got "
+                        f"{batch_shape!r}")
+    batch = () if batch_shape is None else tuple(check_count("batch_shape entries", s)
+                                                 for s in batch_shape)
     return trailing, batch
+
+
+def _check_typical_dist(value: object) -> float | None:
+    """``None`` or a finite positive number (a trust-region radius of 0, NaN or < 0 stalls)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"typical_dist must be a positive number or None, got "
+                        f"{type(value).__name__} {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"typical_dist must be a finite number > 0, got {value!r}")
+    return float(value)
 
 
 class PymanoptQuotient(_PymanoptManifold):
@@ -203,6 +219,9 @@ class PymanoptQuotient(_PymanoptManifold):
         if retraction not in RETRACTIONS:
             raise ValueError(f"retraction must be one of {RETRACTIONS}, got {retraction!r}")
         trailing, batch = _split_shapes(quotient, shapes, batch_shape)
+        typical_dist = _check_typical_dist(typical_dist)
+        # a user's quotient is checked once here (the package's own are verified by the tests)
+        check_user_quotient(quotient, "PymanoptQuotient", shapes=trailing, batch_shape=batch)
         self.quotient = quotient
         #: trailing shape of each component, as ``QuotientManifold.shapes``
         self.shapes = trailing
@@ -220,8 +239,7 @@ class PymanoptQuotient(_PymanoptManifold):
         if dimension < 0:
             raise ValueError(f"shapes {self.array_shapes} are smaller than the group of "
                              f"{quotient.name}")
-        self._typical_dist = (math.sqrt(dimension) if typical_dist is None
-                              else float(typical_dist))
+        self._typical_dist = math.sqrt(dimension) if typical_dist is None else typical_dist
         super().__init__(f"{quotient.name} quotient of shapes {trailing}, batch shape {batch}",
                          dimension, point_layout=len(trailing))
 

@@ -1,0 +1,205 @@
+"""Check the outputs of a quotient's methods at a point: counts, shapes, dtypes, finiteness and a
+positive definite ``inner``, each failure naming the method.
+
+A user's :class:`~quotientsharp.core.quotient.SymmetryQuotient` that returns a wrong count of
+tensors, a float32 tensor on a float64 point, NaN, or a metric that is not positive definite
+otherwise fails far from the cause (a Cholesky factorisation, an ``IndexError`` inside
+``inner``) or not at all (a negative metric passes a symmetry check). :func:`check_methods`
+runs each method once on random vectors at the point; :func:`diagnose` tells a defective class
+from a degenerate point (a zero unit) by running the same checks at a generic random point.
+
+The draws come from their own generator: a check changes no other random stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from quotientsharp.core import _tuples as T
+from quotientsharp.core.frozen import FrozenPoint
+from quotientsharp.core.quotient import SymmetryQuotient
+
+Tensors = tuple[torch.Tensor, ...]
+
+#: Seed of the check's own generator.
+METHOD_CHECK_SEED = 12345
+#: Batch size of the generic point :func:`diagnose` compares with.
+GENERIC_BATCH = 2
+
+
+class QuotientMethodError(ValueError):
+    """A method of a quotient returns an output of the wrong kind, or raises."""
+
+
+class DegeneratePointError(ValueError):
+    """The quotient's methods are well formed at a generic point but not at this one."""
+
+
+def builtin_quotient(quotient: SymmetryQuotient) -> bool:
+    """Whether ``quotient`` is one of the package's own classes (a product: of them only),
+    whose contract the test suite verifies; a subclass defined elsewhere is not."""
+    from quotientsharp.core.product import ProductQuotient
+
+    if not type(quotient).__module__.startswith("quotientsharp."):
+        return False
+    if isinstance(quotient, ProductQuotient):
+        return all(builtin_quotient(factor) for factor in quotient.factors)
+    return True
+
+
+def _call(q: SymmetryQuotient, method: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except (QuotientMethodError, DegeneratePointError):
+        raise
+    except Exception as err:
+        message = " ".join(str(err).split())
+        raise QuotientMethodError(f"{type(q).__name__}.{method} raised {type(err).__name__}: "
+                                  f"{message}") from err
+
+
+def _check_tensors(q: SymmetryQuotient, method: str, out: object, like: Sequence[torch.Tensor],
+                   what: str = "the point's") -> Tensors:
+    """``out`` is a tuple or list of finite tensors with the shapes and dtypes of ``like``."""
+    name = f"{type(q).__name__}.{method}"
+    if not isinstance(out, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in out):
+        raise QuotientMethodError(f"{name} must return a tuple of tensors, got "
+                                  f"{type(out).__name__}")
+    if len(out) != len(like):
+        raise QuotientMethodError(f"{name} returned {len(out)} tensor(s), expected {len(like)} "
+                                  f"(one per component of the point)")
+    for i, (t, ref) in enumerate(zip(out, like, strict=True)):
+        if t.shape != ref.shape:
+            raise QuotientMethodError(f"{name} returned component {i} of shape "
+                                      f"{tuple(t.shape)}, expected {what} {tuple(ref.shape)}")
+        if t.dtype != ref.dtype:
+            raise QuotientMethodError(f"{name} returned component {i} of dtype {t.dtype}, "
+                                      f"expected {what} {ref.dtype}")
+        if not bool(torch.isfinite(t).all()):
+            raise QuotientMethodError(f"{name} returned non-finite values (NaN or inf) in "
+                                      f"component {i}")
+    return tuple(out)
+
+
+def _check_inner(q: SymmetryQuotient, x: Tensors, u: Tensors, label: str) -> None:
+    """``inner(x, u, u)`` is a finite, positive tensor of the batch shape and the point's dtype."""
+    name = f"{type(q).__name__}.inner"
+    value = _call(q, "inner", lambda: q.inner(x, u, u))
+    batch = T.batch_shape(x, q.point_ndims)
+    if not isinstance(value, torch.Tensor):
+        raise QuotientMethodError(f"{name} must return a tensor, got {type(value).__name__}")
+    if value.shape != batch:
+        raise QuotientMethodError(f"{name} returned shape {tuple(value.shape)}, expected the "
+                                  f"batch shape {tuple(batch)} (one value per point)")
+    if value.dtype != x[0].dtype:
+        raise QuotientMethodError(f"{name} returned dtype {value.dtype}, expected the point's "
+                                  f"{x[0].dtype}")
+    if not bool(torch.isfinite(value).all()):
+        raise QuotientMethodError(f"{name} returned non-finite values (NaN or inf) for {label}")
+    if not bool((value > 0).all()):
+        raise QuotientMethodError(
+            f"{name} is not positive definite: <u, u>_x = {float(value.min()):.3g} <= 0 for "
+            f"{label} (a metric needs <u, u>_x > 0 for every u != 0)")
+
+
+def check_methods(q: SymmetryQuotient, x: Tensors) -> None:
+    """Raise a :class:`QuotientMethodError` naming the first method of ``q`` whose output at
+    ``x`` is malformed.
+
+    Checks ``algebra_shape``; ``vertical`` (a tuple of finite tensors of the point's shapes and
+    dtype); ``inner`` (a finite positive value of the batch shape and the point's dtype, on a
+    random vector, on each component alone and on a vertical vector); ``horizontal_projection``
+    and an overriding frozen point's ``isotropic`` (tuples like ``vertical``'s, not zero).
+
+    Parameters
+    ----------
+    q
+        The quotient.
+    x
+        The point, each component ``shape=[*batch, ...]``.
+    """
+    nd = q.point_ndims
+    batch = T.batch_shape(x, nd)
+    gen = torch.Generator(device=x[0].device).manual_seed(METHOD_CHECK_SEED)
+    shape = _call(q, "algebra_shape", lambda: tuple(q.algebra_shape(x)))
+    if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+        raise QuotientMethodError(f"{type(q).__name__}.algebra_shape must return a tuple of "
+                                  f"non-negative ints, got {shape!r}")
+    a = torch.randn(*batch, *shape, generator=gen, dtype=x[0].dtype, device=x[0].device)
+    v = _check_tensors(q, "vertical", _call(q, "vertical", lambda: q.vertical(x, a)), x)
+    u = tuple(torch.randn(c.shape, generator=gen, dtype=c.dtype, device=c.device) for c in x)
+    _check_inner(q, x, u, "a random tangent vector")
+    for i in range(len(x)):
+        alone = tuple(c if j == i else torch.zeros_like(c) for j, c in enumerate(u))
+        _check_inner(q, x, alone, f"a vector in component {i} only")
+    if torch.Size(shape).numel():
+        _check_inner(q, x, v, "a vertical vector")
+    _check_tensors(q, "horizontal_projection",
+                   _call(q, "horizontal_projection", lambda: q.horizontal_projection(x, u)), x)
+    frozen = _call(q, "frozen_point", lambda: q.at(x))
+    if type(frozen).isotropic is FrozenPoint.isotropic:
+        # the generic draw is the Cholesky factor of the dense metric (inner's, checked above):
+        # correct by construction, and quadratic in the point's size
+        return
+    iso = _check_tensors(q, "frozen_point(x).isotropic",
+                         _call(q, "frozen_point(x).isotropic", lambda: frozen.isotropic(gen)), x)
+    if not any(bool(t.ne(0).any()) for t in iso):
+        raise QuotientMethodError(f"{type(q).__name__}.frozen_point(x).isotropic returned zeros: "
+                                  "a Gaussian tangent vector is never zero")
+
+
+def diagnose(q: SymmetryQuotient, x: Tensors) -> None:
+    """:func:`check_methods` at ``x``, telling a defective class from a degenerate point.
+
+    Raises
+    ------
+    QuotientMethodError
+        If a method is malformed at ``x`` and at a generic random point of the same shapes too.
+    DegeneratePointError
+        If the methods are malformed at ``x`` only (e.g. a zero unit of a scaling symmetry).
+    """
+    try:
+        check_methods(q, x)
+    except QuotientMethodError as at_point:
+        shapes = [tuple(c.shape[c.dim() - k:]) for c, k in zip(x, q.point_ndims, strict=True)]
+        generic = q.random_point((GENERIC_BATCH,), shapes=shapes, dtype=x[0].dtype,
+                                 generator=torch.Generator().manual_seed(METHOD_CHECK_SEED))
+        generic = tuple(t.to(x[0].device) for t in generic)
+        try:
+            check_methods(q, generic)
+        except QuotientMethodError:
+            raise at_point from None
+        raise DegeneratePointError(
+            f"the point is degenerate for {type(q).__name__} (e.g. a zero unit or factor): "
+            f"{at_point} there, not at a generic point; move the point off the singular set"
+        ) from at_point
+
+
+#: Smallest relative move ``max |g.x - x| / max |x|`` of a drawn group element: a random element
+#: of scale ``>= 0.1`` moves a generic point by ``~0.1``; one below this is the identity in
+#: effect, and a check that applies it tests nothing.
+MIN_GROUP_MOVE = 1e-6
+
+
+def check_group_element_moves(q: SymmetryQuotient, x: Tensors, g: torch.Tensor) -> None:
+    """Raise a :class:`QuotientMethodError` if ``act(x, g)`` leaves ``x`` where it is (a
+    ``random_group_element`` returning the identity makes every invariance check vacuous).
+
+    A zero point (fixed by every linear action) and a trivial group are not checked.
+    """
+    if not torch.Size(q.algebra_shape(x)).numel():
+        return
+    size = max((float(c.detach().abs().max()) for c in x if c.numel()), default=0.0)
+    if size == 0.0:
+        return
+    moved = q.act(x, g)
+    move = max(float((m.detach() - c.detach()).abs().max()) for m, c in zip(moved, x, strict=True)
+               if c.numel()) / size
+    if not move > MIN_GROUP_MOVE:
+        raise QuotientMethodError(
+            f"{type(q).__name__}.random_group_element returned an element that does not move the "
+            f"point (relative move {move:.3g} <= {MIN_GROUP_MOVE:g}): an invariance check with it "
+            "tests nothing; return group_exp of a random algebra element")

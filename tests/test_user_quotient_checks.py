@@ -1,0 +1,310 @@
+"""A user's quotient whose methods are malformed, or a batch or point the symmetry check cannot
+use, is refused with an error naming the cause (the method, the batch, the point)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import quotientsharp as qs
+from quotientsharp.core.frozen import FrozenPoint
+from quotientsharp.models import QuotientBinding, SymmetryCheckError, check_symmetry
+from tests.tiny_models import ReLUNeuronQuotient
+
+NAMES = ["0.weight", "0.bias", "2.weight"]
+
+
+Neuron = ReLUNeuronQuotient
+
+
+class NegDef(Neuron):
+    def inner(self, x, u, v):
+        return -super().inner(x, u, v)
+
+
+class Indefinite(Neuron):
+    def inner(self, x, u, v):
+        return ((u[0] * v[0]).sum(-1) / x[0].square().sum(-1)
+                - (u[1] * v[1]).sum(-1) / x[1].square().sum(-1))
+
+
+class NaNInner(Neuron):
+    def inner(self, x, u, v):
+        return super().inner(x, u, v) * float("nan")
+
+
+class InnerRaises(Neuron):
+    def inner(self, x, u, v):
+        raise RuntimeError("boom in inner")
+
+
+class InnerInt(Neuron):
+    def inner(self, x, u, v):
+        return super().inner(x, u, v).to(torch.int64)
+
+
+class ProjOne(Neuron):
+    def horizontal_projection(self, x, u):
+        return (u[0],)
+
+
+class ProjFloat32(Neuron):
+    def horizontal_projection(self, x, u):
+        return tuple(t.float() for t in super().horizontal_projection(x, u))
+
+
+class ShiftAction(Neuron):
+    """Scales both factors: not a symmetry of the MLP."""
+
+    def vertical(self, x, a):
+        return a * x[0], a * x[1]
+
+    def act(self, x, g):
+        return g * x[0], g * x[1]
+
+
+class IdentityElement(ShiftAction):
+    def random_group_element(self, x, *, scale=1.0, generator=None):
+        return torch.ones(x[0].shape[:-1] + (1,), dtype=x[0].dtype)
+
+
+class _NaNIsotropic(FrozenPoint):
+    def isotropic(self, generator=None):
+        return tuple(torch.full_like(c, float("nan")) for c in self.x)
+
+
+class _ZeroIsotropic(FrozenPoint):
+    def isotropic(self, generator=None):
+        return tuple(torch.zeros_like(c) for c in self.x)
+
+
+class NaNIsotropic(Neuron):
+    def frozen_point(self, x):
+        return _NaNIsotropic(self, x)
+
+
+class ZeroIsotropic(Neuron):
+    def frozen_point(self, x):
+        return _ZeroIsotropic(self, x)
+
+
+def _to_point(p):
+    return torch.cat([p["0.weight"], p["0.bias"][:, None]], dim=1), p["2.weight"].T
+
+
+def _from_point(x):
+    return {"0.weight": x[0][:, :-1], "0.bias": x[0][:, -1], "2.weight": x[1].T}
+
+
+def _bind(quotient):
+    return QuotientBinding(quotient, NAMES, _to_point, _from_point, folded=1, name="relu units")
+
+
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 3)).double()
+
+
+def _batch(seed=5):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(16, 5, dtype=torch.float64, generator=gen), torch.randint(0, 3, (16,),
+                                                                                 generator=gen)
+
+
+def _sharpness(model, quotient):
+    return qs.sharpness(model, [_batch()], measure="geodesic", symmetries=_bind(quotient),
+                        rho=0.05, n_iter=2, progress=False)
+
+
+MALFORMED = [
+    (NegDef, r"NegDef\.inner is not positive definite"),
+    (Indefinite, r"Indefinite\.inner is not positive definite"),
+    (NaNInner, r"NaNInner\.inner returned non-finite"),
+    (InnerRaises, r"InnerRaises\.inner raised RuntimeError: boom in inner"),
+    (InnerInt, r"InnerInt\.inner returned dtype torch\.int64"),
+    (ProjOne, r"ProjOne\.horizontal_projection returned 1 tensor\(s\), expected 2"),
+    (ProjFloat32, r"ProjFloat32\.horizontal_projection returned component 0 of dtype "
+                  r"torch\.float32"),
+    (NaNIsotropic, r"NaNIsotropic\.frozen_point\(x\)\.isotropic returned non-finite"),
+    (ZeroIsotropic, r"ZeroIsotropic\.frozen_point\(x\)\.isotropic returned zeros"),
+]
+
+
+@pytest.mark.parametrize(("cls", "pattern"), MALFORMED)
+def test_check_symmetry_names_the_malformed_method(cls, pattern):
+    with pytest.raises(SymmetryCheckError, match=r"binding 'relu units': " + pattern):
+        check_symmetry(_mlp(), _bind(cls()), _batch())
+
+
+@pytest.mark.parametrize(("cls", "pattern"), MALFORMED)
+def test_sharpness_names_the_malformed_method_not_a_degenerate_orbit(cls, pattern):
+    with pytest.raises(ValueError, match=pattern) as info:
+        _sharpness(_mlp(), cls())
+    assert "degenerate" not in str(info.value)
+
+
+@pytest.mark.parametrize(("cls", "pattern"), MALFORMED[:7])
+def test_check_all_names_the_malformed_method(cls, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        qs.checks.check_all(cls(point_shapes=[(4,), (3,)]), seed=0)
+
+
+def test_identity_group_element_is_refused():
+    with pytest.raises(SymmetryCheckError, match="random_group_element returned an element that "
+                                                 "does not move the point"):
+        check_symmetry(_mlp(), _bind(IdentityElement()), _batch())
+    with pytest.raises(ValueError, match="random_group_element"):
+        qs.checks.check_all(IdentityElement(point_shapes=[(4,), (3,)]), seed=0)
+
+
+def test_nan_in_batch_is_refused_not_reported_as_holding():
+    inputs, target = _batch()
+    inputs[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="not finite .* at theta"):
+        check_symmetry(_mlp(), _bind(ShiftAction()), (inputs, target))
+
+
+@pytest.mark.parametrize("zero", ["all", "unit0"])
+def test_degenerate_point_is_blamed_on_the_point_not_the_class(zero):
+    model = _mlp()
+    with torch.no_grad():
+        if zero == "all":
+            for p in model.parameters():
+                p.zero_()
+        else:
+            model[0].weight[0].zero_()
+            model[0].bias[0].zero_()
+    with pytest.raises(SymmetryCheckError,
+                       match="the point is degenerate for ReLUNeuronQuotient") as info:
+        check_symmetry(model, _bind(Neuron()), _batch())
+    assert "fails" not in str(info.value)
+
+
+def test_correct_quotient_still_holds_and_a_wrong_action_still_fails():
+    model = _mlp()
+    (good,) = check_symmetry(model, _bind(Neuron()), _batch())
+    (bad,) = check_symmetry(model, _bind(ShiftAction()), _batch())
+    assert good.passed and not bad.passed
+
+
+def test_to_point_returning_a_dict_is_refused_naming_the_binding():
+    binding = QuotientBinding(Neuron(), NAMES, lambda p: p, _from_point, folded=1, name="units")
+    with pytest.raises(TypeError, match="binding 'units': to_point must return a tuple of tensors"):
+        check_symmetry(_mlp(), binding, _batch())
+
+
+@pytest.mark.parametrize(("bindings", "batch", "error", "pattern"), [
+    ("good", None, TypeError, "batch must be a pair"),
+    ("good", "three", TypeError, "batch must be a pair .* of length 3"),
+    ([], "good", ValueError, "bindings is empty"),
+    (3, "good", TypeError, "bindings must be a QuotientBinding"),
+    ("good", "wide", ValueError, "batch: the model's forward"),
+])
+def test_check_symmetry_names_a_bad_argument(bindings, batch, error, pattern):
+    inputs, target = _batch()
+    batches = {"good": (inputs, target), None: None, "three": (inputs, target, target),
+               "wide": (torch.randn(16, 7, dtype=torch.float64), target)}
+    with pytest.raises(error, match=pattern):
+        check_symmetry(_mlp(), _bind(Neuron()) if bindings == "good" else bindings,
+                       batches[batch])
+
+
+@pytest.mark.parametrize(("shape", "error", "pattern"), [
+    ((4.5,), TypeError, "point_shapes entries must be integers, got float 4.5"),
+    ((True,), TypeError, "got the bool True"),
+    ((-4,), ValueError, "point_shapes entries must be >= 0, got -4"),
+])
+def test_point_shapes_refuses_non_integers_bools_and_negatives(shape, error, pattern):
+    with pytest.raises(error, match=pattern):
+        Neuron(point_shapes=[shape, (3,)])
+
+
+def test_point_shapes_keeps_integers():
+    assert Neuron(point_shapes=[(torch.tensor(4),), (3,)]).point_shapes == ((4,), (3,))
+
+
+class EuclideanNeuron(Neuron):
+    invariant = False
+
+    def inner(self, x, u, v):
+        return (u[0] * v[0]).sum(-1) + (u[1] * v[1]).sum(-1)
+
+
+def test_declared_non_invariant_metric_warns_once_and_an_undeclared_one_fails():
+    from quotientsharp.models.symmetry_check import NonInvariantMetricWarning
+
+    with pytest.warns(NonInvariantMetricWarning, match="EuclideanNeuron sets invariant = False"):
+        check_symmetry(_mlp(), _bind(EuclideanNeuron()), _batch())
+    # once per class: a second check is silent (filterwarnings=error would raise otherwise)
+    check_symmetry(_mlp(), _bind(EuclideanNeuron()), _batch())
+
+    class Undeclared(EuclideanNeuron):
+        invariant = True
+
+    with pytest.raises(SymmetryCheckError, match="metric_invariance"):
+        check_symmetry(_mlp(), _bind(Undeclared()), _batch())
+    # the result says which bindings' values depend on the group
+    options = dict(measure="geodesic", rho=0.05, n_iter=2, progress=False, reach=False)
+    opted = qs.sharpness(_mlp(), [_batch()], symmetries=_bind(EuclideanNeuron()), **options)
+    kept = qs.sharpness(_mlp(), [_batch()], symmetries=_bind(Neuron()), **options)
+    assert [b["invariant"] for b in opted.settings["bindings"]] == [False]
+    assert [b["invariant"] for b in kept.settings["bindings"]] == [True]
+
+
+@pytest.mark.parametrize(("value", "error"), [(-1.0, ValueError), (0, ValueError),
+                                              (float("nan"), ValueError), ("a", TypeError),
+                                              (True, TypeError)])
+def test_pymanopt_typical_dist_is_validated(value, error):
+    from quotientsharp.core.adapters import PymanoptQuotient
+
+    with pytest.raises(error, match="typical_dist"):
+        PymanoptQuotient(Neuron(), ((4,), (3,)), typical_dist=value)
+
+
+def test_pymanopt_batch_shape_must_be_a_sequence():
+    from quotientsharp.core.adapters import PymanoptQuotient
+
+    with pytest.raises(TypeError, match="batch_shape must be a sequence"):
+        PymanoptQuotient(Neuron(), ((4,), (3,)), batch_shape=6)
+
+
+@pytest.mark.parametrize("adapter", ["PymanoptQuotient", "QuotientManifold"])
+@pytest.mark.parametrize(("cls", "pattern"), [(NegDef, r"NegDef\.inner is not positive definite"),
+                                              (ProjOne, r"ProjOne\.horizontal_projection "
+                                                        r"returned 1 tensor")])
+def test_adapters_check_a_user_quotient_at_construction(adapter, cls, pattern):
+    from quotientsharp.core import adapters
+
+    with pytest.raises(ValueError, match=adapter + ": " + pattern):
+        getattr(adapters, adapter)(cls(), ((4,), (3,)))
+
+
+def test_adapters_accept_a_correct_user_quotient():
+    from quotientsharp.core.adapters import PymanoptQuotient, QuotientManifold
+
+    assert PymanoptQuotient(Neuron(), ((4,), (3,)), typical_dist=2.0).typical_dist == 2.0
+    QuotientManifold(Neuron(), ((4,), (3,)))
+
+
+def test_study_refuses_a_row_symmetry_when_geodesic_is_not_measured(tmp_path):
+    import contextlib
+    import io
+
+    from quotientsharp.cli import main
+
+    torch.save(_mlp(), tmp_path / "net.pt")
+    torch.save(_mlp(1), tmp_path / "net2.pt")
+    torch.save(_batch(), tmp_path / "data.pt")
+    (tmp_path / "rows.csv").write_text("name,model,gap,symmetry\na,net.pt,0.1,mod:bind\n"
+                                       "b,net2.pt,0.2,\n")
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["study", str(tmp_path / "rows.csv"), "--data", str(tmp_path / "data.pt"),
+                     "--measure", "adaptive", "--rho", "0.1", "--no-progress", "--bootstrap",
+                     "0", "--no-plots", "--out", str(tmp_path / "out")])
+    assert code == 2
+    message = stderr.getvalue()
+    assert message.count("\n") == 1
+    assert "line 2: symmetry mod:bind applies to geodesic only" in message
+    assert "adaptive" in message
