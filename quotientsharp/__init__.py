@@ -1,20 +1,8 @@
 """quotientsharp: Riemannian geometry on the symmetry quotients of neural networks.
 
-The package is in layers, each a folder that imports only from the layers below it (checked by
-``tests/test_layers.py``):
-
-1. :mod:`quotientsharp.core`: the geometry (quotients, metrics, frozen points, products,
-   checks, symbolic derivations, geoopt and pymanopt adapters);
-2. :mod:`quotientsharp.models`: symmetry discovery in torch models, parameter layouts,
-   bindings of a quotient to named parameters;
-3. :mod:`quotientsharp.engine`: the sharpness measures, the ascent solver, the result;
-4. :mod:`quotientsharp.workflows`: the study runner (manifests, grids, resumable records,
-   taus with intervals, reports, plots);
-5. :mod:`quotientsharp.reproduce`: the paper's studies, one sub-package each;
-6. :mod:`quotientsharp.cli`: the ``quotientsharp`` console script.
-
-The names below are imported on first use (PEP 562), so that ``import quotientsharp`` and the
-console script's ``--help`` do not import torch.
+The package is in layers, each importing only from those below it: ``core``, ``models``,
+``engine``, ``workflows``, ``reproduce``, ``cli`` (docs/architecture.md). The names below are
+imported on first use (PEP 562): ``import quotientsharp`` and ``--help`` import no torch.
 """
 
 from importlib import import_module as _import_module
@@ -22,41 +10,25 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.3.0"
 
-#: Public name -> the module that defines it.
-_EXPORTS: dict[str, str] = {
-    "AdaptiveQuotient": ".core.adaptive",
-    "ClosedFormQuotient": ".core.quotient",
-    "DiagonalQuotient": ".core.diagonal",
-    "FrozenPoint": ".core.frozen",
-    "NoSymmetryWarning": ".engine",
-    "ReachWarning": ".engine",
-    "GLQuotient": ".core.gl",
-    "ProductQuotient": ".core.product",
-    "QuotientBinding": ".models",
-    "RotaryQuotient": ".core.gl",
-    "SharpnessResult": ".engine",
-    "SymmetryCheckError": ".models",
-    "SymmetryQuotient": ".core.quotient",
-    "check_symmetry": ".models",
-    "find_symmetries": ".models",
-    "sharpness": ".engine",
-    "AverageSpec": ".engine",
-    "WorstCaseSpec": ".engine",
-    "AdaptiveSpec": ".engine",
-    "GeodesicSpec": ".engine",
-    "RelativeFlatnessSpec": ".engine",
-    "measure_from": ".engine",
-    "value_checks": ".core.validation",
+#: The module that defines them -> public names.
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    ".core.adaptive": ("AdaptiveQuotient",),
+    ".core.diagonal": ("DiagonalQuotient",),
+    ".core.frozen": ("FrozenPoint",),
+    ".core.gl": ("GLQuotient", "RotaryQuotient"),
+    ".core.product": ("ProductQuotient",),
+    ".core.quotient": ("ClosedFormQuotient", "SymmetryQuotient"),
+    ".core.validation": ("value_checks",),
+    ".engine": ("AdaptiveSpec", "AverageSpec", "GeodesicSpec", "NoSymmetryWarning",
+                "ReachWarning", "RelativeFlatnessSpec", "SharpnessResult", "WorstCaseSpec",
+                "measure_from", "sharpness"),
+    ".models": ("QuotientBinding", "SymmetryCheckError", "check_symmetry", "find_symmetries"),
 }
+_DEFINED_IN = {name: module for module, names in _EXPORTS.items() for name in names}
 #: Public name -> the module it is.
-_MODULES: dict[str, str] = {
-    "checks": ".core.checks",
-    "core": ".core",
-    "engine": ".engine",
-    "models": ".models",
-    "reference": ".core.reference",
-    "workflows": ".workflows",
-}
+_MODULES: dict[str, str] = {"checks": ".core.checks", "core": ".core", "engine": ".engine",
+                            "models": ".models", "reference": ".core.reference",
+                            "workflows": ".workflows"}
 
 __all__ = ["AdaptiveQuotient", "ClosedFormQuotient", "DiagonalQuotient", "FrozenPoint",
            "GLQuotient", "NoSymmetryWarning", "ProductQuotient", "QuotientBinding", "ReachWarning",
@@ -99,8 +71,8 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> object:
     if name in _MODULES:
         value = _import_module(_MODULES[name], __name__)
-    elif name in _EXPORTS:
-        value = getattr(_import_module(_EXPORTS[name], __name__), name)
+    elif name in _DEFINED_IN:
+        value = getattr(_import_module(_DEFINED_IN[name], __name__), name)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value

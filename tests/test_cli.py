@@ -99,3 +99,16 @@ def test_help_still_shows_the_usage_and_every_option(capsys):
     assert info.value.code == 0 and text.startswith("usage: quotientsharp measure")
     for option in ("--nonfinite {raise,skip}", "--json OUT", "--p P", "--samples SAMPLES"):
         assert option in text, option
+
+
+def test_bad_values_the_parser_lets_through_are_one_line_too(capsys):
+    from quotientsharp.cli import main
+
+    # refused by the command (symmetries) or by the study's configuration (reproduce)
+    for arguments, prog, message in (
+            (["symmetries", "config.json", "--diagonal", "u,v,w"], "quotientsharp symmetries",
+             "--diagonal expects U,V, got 'u,v,w'"),
+            (["reproduce", "diagonal", "--nets", "0", "--no-plots"],
+             "quotientsharp reproduce diagonal", "nets must be an integer >= 1, got 0")):
+        assert main(arguments) == 2, arguments
+        assert capsys.readouterr().err == f"{prog}: error: {message}\n"

@@ -234,28 +234,24 @@ def test_run_on_rank0_without_a_process_group_is_a_call():
         run_on_rank0(lambda: {}["missing"])
 
 
-def test_shard_deals_round_robin_and_covers_everything():
+def test_shard_deals_round_robin_and_covers_everything(monkeypatch):
+    from quotientsharp.workflows import process_group
+
     items = list("abcdefg")
-    shares = [shard(items, rank, 3) for rank in range(3)]
+    assert shard(items) == list(enumerate(items))       # no process group: everything
+    shares = []
+    for rank in range(3):
+        monkeypatch.setattr(process_group, "rank_and_world_size", lambda rank=rank: (rank, 3))
+        shares.append(shard(items))
     assert shares[0] == [(0, "a"), (3, "d"), (6, "g")]
     assert shares[2] == [(2, "c"), (5, "f")]
     assert sorted(i for share in shares for i, _ in share) == list(range(7))
-    # a plain iterable is dealt the same way as a sequence
-    assert shard(iter(items), 1, 3) == shard(items, 1, 3)
-    assert shard(items) == list(enumerate(items))       # no process group: everything
 
 
-@pytest.mark.parametrize("rank, world", [(2, 2), (-1, 2), (0, 0)])
-def test_shard_rejects_bad_ranks(rank, world):
-    with pytest.raises(ValueError, match="rank"):
-        shard([1, 2], rank, world)
-
-
-def test_shard_rejects_half_given_ranks_and_non_iterables():
-    with pytest.raises(ValueError, match="both rank and world_size"):
-        shard([1, 2], rank=0)
-    with pytest.raises(TypeError, match="iterable"):
-        shard(torch.zeros(3), 0, 1)
+def test_shard_rejects_non_sequences():
+    for items in (torch.zeros(3), iter([1, 2]), {0: "a"}, "ab"):
+        with pytest.raises(TypeError, match="sequence"):
+            shard(items)
 
 
 def test_gather_indexed_orders_and_checks_indices():

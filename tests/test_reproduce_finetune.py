@@ -28,11 +28,11 @@ from quotientsharp.reproduce import STUDIES, load_study  # noqa: E402
 from quotientsharp.reproduce.families import minilm as minilm_study  # noqa: E402
 from quotientsharp.reproduce.families import run as family_run  # noqa: E402
 from quotientsharp.reproduce.families import vit_finetune as vit_finetune_study  # noqa: E402
-from quotientsharp.reproduce.families.pretrained import (  # noqa: E402
+from quotientsharp.reproduce.families.sentiment_task import generate_sentences  # noqa: E402
+from quotientsharp.reproduce.families.settings import (  # noqa: E402
     cached_pretraining,
     load_body,
 )
-from quotientsharp.reproduce.families.sentiment_task import generate_sentences  # noqa: E402
 from quotientsharp.reproduce.families.training import (  # noqa: E402
     HyperparameterSpace,
     draw_hyperparameters,

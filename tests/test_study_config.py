@@ -266,3 +266,13 @@ def test_nonfinite_is_raise_or_skip_and_reaches_every_measure():
     config = _study(measures="average,adaptive,geodesic,relative_flatness", nonfinite="skip")
     assert {options_for(run, config)["nonfinite"] for run in measure_runs(config)} == {"skip"}
     assert _study().nonfinite == "raise"
+
+
+def test_the_measures_checked_without_torch_are_the_engines():
+    from quotientsharp.engine import MEASURES
+    from quotientsharp.workflows.labels import MEASURE_NAMES
+    from quotientsharp.workflows.options import measure_names
+
+    assert list(MEASURE_NAMES) == list(MEASURES)
+    for name in MEASURES:
+        assert measure_names(name) == [name]

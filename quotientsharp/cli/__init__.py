@@ -1,20 +1,22 @@
-"""The ``quotientsharp`` console script: the top layer, one module per subcommand.
-
-Building the parser imports no torch (the subcommands import it when they run), so
-``quotientsharp --help`` and every subcommand's ``--help`` answer at once.
-"""
+"""The ``quotientsharp`` console script: the top layer, one module per subcommand. Building
+the parser imports no torch (the subcommands import it when they run): ``--help`` is instant."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import re
+import site
 import sys
-from collections.abc import Sequence
+import sysconfig
+import warnings
+from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
-from quotientsharp.cli.output_errors import OUTPUT_ERRORS, output_error_message
+from quotientsharp.cli.output_errors import OUTPUT_ERRORS, error_message
+from quotientsharp.workflows.options import InputError
 
 #: Subcommand -> its module. Every module exposes ``add_parser(subparsers)`` and
 #: ``run(args) -> int`` and imports torch inside ``run``, so ``--help`` stays fast.
@@ -25,6 +27,10 @@ COMMANDS = {
     "reproduce": "quotientsharp.cli.reproduce",
     "study": "quotientsharp.cli.study",
 }
+#: Subcommand -> the errors it reports in one line besides an ``InputError`` and an output
+#: error: in ``measure`` and ``study``, those of a model that does not fit its data.
+_INPUT_ERRORS = dict.fromkeys(("measure", "study"),
+                              (ValueError, TypeError, KeyError, IndexError, RuntimeError))
 
 _ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`([^`]+)`")
 _LITERAL = re.compile(r"``(.+?)``", re.DOTALL)
@@ -32,9 +38,6 @@ _LITERAL = re.compile(r"``(.+?)``", re.DOTALL)
 
 def _role_text(match: re.Match[str]) -> str:
     text = match.group(1)
-    titled = re.fullmatch(r"(.+?)\s*<[^>]+>", text, re.DOTALL)
-    if titled:
-        return titled.group(1)
     return text[1:].rsplit(".", 1)[-1] if text.startswith("~") else text
 
 
@@ -47,9 +50,6 @@ def plain_text(text: str | None) -> str | None:
 
 
 __all__ = ["main"]
-
-#: Exit status after the reader of stdout went away (``... | head``): 128 + SIGPIPE.
-BROKEN_PIPE_STATUS = 141
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -72,37 +72,63 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"quotientsharp {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module_name in COMMANDS.values():
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as err:
-            # a subcommand whose optional extra is missing is left out, not fatal
-            if getattr(err, "name", None) and str(err.name).startswith("quotientsharp"):
-                continue
-            raise
-        module.add_parser(subparsers)
+        importlib.import_module(module_name).add_parser(subparsers)
     return parser
 
 
-def _quiet_stdout() -> None:
-    """Point stdout at the null device, so that the interpreter's final flush cannot fail."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
+@contextlib.contextmanager
+def warning_notes() -> Iterator[list[str]]:
+    """Record the library's ``UserWarning``\\ s (a degenerate LoRA adapter, skipped non-finite
+    evaluations) for ``note:`` lines, instead of ``<frozen runpy>:88: UserWarning: ...`` on
+    stderr: the list yielded holds their messages, one line each without repeats, once the
+    block ends. The other warnings are issued again, as they came."""
+    notes: list[str] = []
+    caught: list[warnings.WarningMessage] = []
     try:
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
+        with warnings.catch_warnings(record=True) as caught:
+            # "always": a warning issued once per measure is one note (repeats dropped below)
+            warnings.simplefilter("always", UserWarning)
+            yield notes
     finally:
-        os.close(devnull)
+        for warning in caught:
+            if issubclass(warning.category, UserWarning):
+                notes.append(" ".join(str(warning.message).split()))
+            else:
+                warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                                       warning.lineno)
+        notes[:] = dict.fromkeys(notes)
 
 
-def _report_output_error(args: argparse.Namespace, err: BaseException) -> None:
-    """Print ``quotientsharp COMMAND: error: MESSAGE`` (:mod:`.output_errors`), on rank 0 or
-    on the rank that raised it."""
-    from quotientsharp.workflows.records import is_main_rank
+def _library_roots() -> tuple[str, ...]:
+    """The folders of the standard library and of the installed packages."""
+    paths = sysconfig.get_paths()
+    roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
+    roots.update([*site.getsitepackages(), site.getusersitepackages()])
+    return tuple(os.path.realpath(root) + os.sep for root in roots)
 
-    if is_main_rank() or getattr(err, "raised_on_this_rank", False):
-        study = getattr(args, "study", None) if args.command == "reproduce" else None
-        print(f"quotientsharp {args.command}{f' {study}' if study else ''}: error: "
-              f"{output_error_message(err)}", file=sys.stderr)
+
+def user_exit_message(error: SystemExit | KeyboardInterrupt) -> str | None:
+    """One line for a ``SystemExit`` or ``KeyboardInterrupt`` raised in (or through) a user's
+    code (a pickled model's ``forward``, a ``--symmetry`` or ``--quotient`` module), naming its
+    innermost frame outside this package, the standard library and the installed packages;
+    ``None`` for one raised by this package itself. A ``sys.exit(0)`` there would otherwise end
+    the command as if it had finished."""
+    roots, found = _library_roots(), None
+    traceback = error.__traceback__
+    while traceback is not None:
+        frame, filename = traceback.tb_frame, traceback.tb_frame.f_code.co_filename
+        module = str(frame.f_globals.get("__name__", "?"))
+        # "<frozen importlib._bootstrap>", "<string>": no file of the user's
+        if (module.partition(".")[0] != "quotientsharp" and not filename.startswith("<")
+                and not os.path.realpath(filename).startswith(roots)):
+            found = (f"in module {module!r} ({filename}:{traceback.tb_lineno}, in "
+                     f"{frame.f_code.co_name})")
+        traceback = traceback.tb_next
+    if found is None:
+        return None
+    what = (f"SystemExit({error.code!r}) (sys.exit)" if isinstance(error, SystemExit)
+            else "KeyboardInterrupt")
+    return f"user code raised {what} {found}; the command stopped there and did not finish"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -113,24 +139,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = int(module.run(args) or 0)
         sys.stdout.flush()
     except BrokenPipeError:
-        # the reader went away (``quotientsharp symmetries --json | head``): stop quietly
-        _quiet_stdout()
-        return BROKEN_PIPE_STATUS
-    except OUTPUT_ERRORS as err:
-        # a locked, read-only or full output, from any command and stage: one line
-        _report_output_error(args, err)
+        # the reader went away (``quotientsharp symmetries --json | head``): stop quietly,
+        # with 128 + SIGPIPE, stdout on the null device so that the final flush cannot fail
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141
+    except (*OUTPUT_ERRORS, InputError, *_INPUT_ERRORS.get(args.command, ())) as err:
+        # a locked, read-only or full output, from any command and stage, or bad input: one
+        # line, on rank 0 or on the rank that raised it
+        from quotientsharp.workflows.records import is_main_rank
+
+        if is_main_rank() or getattr(err, "raised_on_this_rank", False):
+            study = getattr(args, "study", None) if args.command == "reproduce" else None
+            print(f"quotientsharp {args.command}{f' {study}' if study else ''}: error: "
+                  f"{error_message(err)}", file=sys.stderr)
         return 2
     except (SystemExit, KeyboardInterrupt) as err:
         # sys.exit or an interrupt in the user's code: one line naming its module, non-zero
-        from quotientsharp.cli.user_exits import exit_status, user_exit_message
-
         message = user_exit_message(err)
         if message is None:
             raise
         print(f"quotientsharp {args.command}: error: {message}", file=sys.stderr)
-        return exit_status(err)
+        # as after Ctrl-C; a SystemExit of the user's, whatever its code, is no success
+        return 130 if isinstance(err, KeyboardInterrupt) else 1
     return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())

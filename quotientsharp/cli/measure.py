@@ -1,56 +1,45 @@
 """``quotientsharp measure MODEL DATA``: sharpness of a saved model on a dataset.
 
-MODEL is one of
+MODEL is a HuggingFace model directory (``config.json`` and the weights, as ``save_pretrained``
+writes them; the class of its ``architectures`` is loaded offline with eager attention, and a
+missing weight, such as an untrained classification head, is an error) or a file written by
+``torch.save(module)`` (loaded with ``weights_only=False``: only load files you trust).
 
-- a HuggingFace model directory (``config.json`` and the weights, as ``save_pretrained``
-  writes them). The class named in ``config.json``'s ``architectures`` is loaded (e.g.
-  ``BertForSequenceClassification``), offline, with eager attention; every weight must be in
-  the directory (a missing tensor, such as an untrained classification head, is an error);
-- a file written by ``torch.save(module)`` (a whole ``nn.Module``, loaded with
-  ``weights_only=False``: only load files you trust).
+DATA is a JSON-lines file (``.jsonl``) of text rows ``{"text": "...", "label": 1}`` (optional
+``"text_pair"``), tokenised offline with the tokenizer of the MODEL directory (or
+``--tokenizer DIR``), or of pre-tokenised rows ``{"input_ids": [101, 7592, 102], "label": 1}``
+(optional ``"attention_mask"`` and ``"token_type_ids"``; padded per batch with the config's
+``pad_token_id``, else 0, under attention mask 0), which need no tokenizer. Labels are integers
+(cross-entropy) or numbers (``--loss mse``), under ``"label"`` or ``"labels"``. Or DATA is a
+file written by ``torch.save``: ``(X, Y)``, ``{"x": X, "y": Y}`` or a ``TensorDataset`` (the
+last tensor is the target, the others are positional inputs); a batch is ``model(X[i:i + B])``
+against ``Y[i:i + B]``.
 
-DATA is one of
+Every measure runs on the same consecutive batches of ``--batch-size`` (the last may be
+smaller; at most ``--max-batches``) and reports their mean (``quotientsharp.sharpness``). A
+table goes to stdout; ``--json OUT`` also writes the settings, every per-batch value and, for
+the ascent measures, the solver's convergence trace per batch. Exit status 0, or 2 on bad input
+(one line on stderr).
 
-- a JSON-lines file (``.jsonl``, one object per line). Either text rows
-  ``{"text": "...", "label": 1}`` (optional ``"text_pair"`` for sentence pairs), tokenised with
-  the tokenizer saved in the MODEL directory (or ``--tokenizer DIR``), offline; or pre-tokenised
-  rows ``{"input_ids": [101, 7592, 102], "label": 1}`` with optional ``"attention_mask"`` and
-  ``"token_type_ids"`` (lists of the same length), padded per batch with the config's
-  ``pad_token_id`` (0 if it has none) and attention mask 0. Rows with ``input_ids`` need no
-  tokenizer. Labels are integers (cross-entropy) or numbers (``--loss mse``); ``"labels"`` is
-  accepted for ``"label"``;
-- a file written by ``torch.save``: a tuple ``(X, Y)``, a dict with ``"x"`` and ``"y"``, or a
-  ``torch.utils.data.TensorDataset`` (the last tensor is the target, the others are the
-  inputs, passed positionally). Batches are ``model(X[i:i + B])`` against ``Y[i:i + B]``.
-
-The data are split into consecutive batches of ``--batch-size`` (the last one may be smaller),
-at most ``--max-batches`` of them; every measure runs on the same batches, per batch, and
-reports the mean over batches (``quotientsharp.sharpness``). A table goes to stdout; ``--json
-OUT`` also writes the settings, every per-batch value and the values as JSON (for the ascent
-measures also the solver's convergence trace per batch). Exit status 0 on success, 2 on bad
-input (with a one-line error on stderr).
-
-Solver diagnostics of the ascent measures: ``--blockwise`` adds a table of the blocks of the
-best perturbation (attention head pairs, diagonal pairs, parameters) with their norm share and
-the loss change when only that block's part is applied, and ``--plot PNG`` draws it;
-``--reference-n-iter N`` / ``--reference-restarts R`` run a stronger reference solve per batch
-and report the gap between it and the measured value.
+Diagnostics of the ascent measures: ``--blockwise`` tables the blocks of the best perturbation
+(attention head pairs, diagonal pairs, parameters) with their norm share and the loss change
+when only that block's part is applied (``--plot PNG`` draws it); ``--reference-n-iter N`` /
+``--reference-restarts R`` run a stronger reference solve per batch and report the gap to it.
 
 ``--symmetry MODULE:FUNCTION`` measures geodesic sharpness with a symmetry of your own:
-``FUNCTION(model)`` returns a ``QuotientBinding`` or a list of them (MODULE is imported from
-the working directory or sys.path), as ``symmetries=`` does in the API; each binding is checked
-against the model on the first batch. Where no symmetry is found or bound, a note under the
-table says that geodesic equals adaptive sharpness there.
+``FUNCTION(model)`` returns a ``QuotientBinding`` or a list of them (MODULE is imported from the
+working directory or sys.path), as ``symmetries=`` in the API, each checked against the model
+on the first batch. Where no symmetry is found or bound, a note under the table says that
+geodesic equals adaptive sharpness there.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from quotientsharp.cli import plain_text
+from quotientsharp.cli import plain_text, warning_notes
 from quotientsharp.cli.measure_output import (
     blocks_table,
     environment,
@@ -66,7 +55,6 @@ from quotientsharp.cli.sharpness_options import (
     add_solver_options,
     sharpness_config,
 )
-from quotientsharp.cli.warning_notes import WarningNotes
 from quotientsharp.workflows.data import load_batches
 from quotientsharp.workflows.devices import check_device
 from quotientsharp.workflows.locks import OutputLock
@@ -89,20 +77,6 @@ if TYPE_CHECKING:
 PROG = "quotientsharp measure"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Declare the positional arguments and options of ``quotientsharp measure``."""
-    parser.add_argument("model", help="HuggingFace model directory or torch.save'd nn.Module")
-    parser.add_argument("data", help="JSONL file (text or input_ids rows) or torch.save'd "
-                        "(X, Y) / {'x', 'y'} / TensorDataset")
-    add_sharpness_options(parser)
-    add_solver_options(parser)
-    # a string, not a Path: Path("") is ".", and an empty --json must be refused as such
-    parser.add_argument("--json", default=None, metavar="OUT",
-                        help="also write settings, per-batch values and values to OUT")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="progress bars (default: only on a terminal)")
-
-
 def _check_plot(args: argparse.Namespace) -> None:
     """``--plot`` draws the blocks of ``--blockwise``, with matplotlib."""
     if args.plot is None:
@@ -115,15 +89,21 @@ def _check_plot(args: argparse.Namespace) -> None:
         raise InputError("--plot needs matplotlib: pip install 'quotientsharp[plot]'")
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register the ``measure`` subcommand on an ``argparse`` subparsers object."""
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``quotientsharp measure``, its arguments and options, on an ``argparse``
+    subparsers object."""
     parser = subparsers.add_parser(
         "measure", help="sharpness of a saved model (HuggingFace directory or torch.save'd "
         "module) on a dataset (JSONL or torch.save'd tensors)", description=plain_text(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    parser.set_defaults(func=run)
-    return parser
+    parser.add_argument("model", help="HuggingFace model directory or torch.save'd nn.Module")
+    parser.add_argument("data", help="JSONL file (text or input_ids rows) or torch.save'd "
+                        "(X, Y) / {'x', 'y'} / TensorDataset")
+    add_sharpness_options(parser)
+    add_solver_options(parser)
+    # a string, not a Path: Path("") is ".", and an empty --json must be refused as such
+    parser.add_argument("--json", default=None, metavar="OUT",
+                        help="also write settings, per-batch values and values to OUT")
 
 
 def _sharpness(model: Any, batches: list, measure_run: MeasureRun, config: SharpnessConfig,
@@ -190,6 +170,8 @@ def _document(args: argparse.Namespace, config: SharpnessConfig, runs: list[Meas
     """The ``--json`` document: the model and data (``facts``), the settings resolved, the
     environment, the results, the values and the library's warnings (the notes they became)."""
     metrics, orders = list(config.metrics or ()), list(config.orders or ())
+    as_given = ("batch_size", "max_batches", "n_iter", "chains", "seed", "blockwise",
+                "reference_n_iter", "reference_restarts", "max_length")
     return {
         "model": str(args.model), "data": str(args.data), **facts,
         "settings": {"measures": list(config.measures), "keys": [r.key for r in runs],
@@ -199,12 +181,7 @@ def _document(args: argparse.Namespace, config: SharpnessConfig, runs: list[Meas
                      "eps": config.eps, "p": config.p, "symmetry": config.symmetry,
                      "samples": config.samples, "layer": config.layer, "loss": args.loss,
                      "nonfinite": config.nonfinite,
-                     "batch_size": args.batch_size, "max_batches": args.max_batches,
-                     "n_iter": args.n_iter, "chains": args.chains, "seed": args.seed,
-                     "blockwise": args.blockwise,
-                     "reference_n_iter": args.reference_n_iter,
-                     "reference_restarts": args.reference_restarts,
-                     "max_length": args.max_length,
+                     **{option: getattr(args, option) for option in as_given},
                      "dtype": args.dtype or dtypes, "device": str(device)},
         "environment": environment(device),
         "results": results,
@@ -213,7 +190,9 @@ def _document(args: argparse.Namespace, config: SharpnessConfig, runs: list[Meas
     }
 
 
-def _measure(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """Execute the subcommand; returns the process exit status (bad input raises: the
+    console script reports it)."""
     config = sharpness_config(args)
     _check_plot(args)
     # the outputs, before minutes of measuring: none may be an input, a folder, a FIFO, ...
@@ -226,7 +205,7 @@ def _measure(args: argparse.Namespace) -> int:
     runs = measure_runs(config)
     device = check_device(config.device)
     # the library's warnings (a degenerate LoRA adapter, ...) become notes under the table
-    with WarningNotes() as caught:
+    with warning_notes() as notes:
         model = load_measured_model(args.model, device, config.dtype)
         batches, examples, data_kind = load_batches(args.data, model, args.model,
                                                     config.batches)
@@ -237,20 +216,15 @@ def _measure(args: argparse.Namespace) -> int:
               f"{device}) on {examples} examples ({data_kind}) in {len(batches)} batch(es) of "
               f"<= {config.batches.batch_size}")
 
-        rows: list[dict[str, Any]] = []
+        rows: list[tuple[str, SharpnessResult, float]] = []
         results: dict[str, dict[str, Any]] = {}
-        measured: dict[str, SharpnessResult] = {}
         no_symmetry = False
         for measure_run in runs:
             tic = time.perf_counter()
             result, none_found = _sharpness(model, batches, measure_run, config, bindings, args)
             no_symmetry = no_symmetry or none_found
             seconds = time.perf_counter() - tic
-            label = measure_label(measure_run.measure, result.settings)
-            rows.append({"label": label, "value": result.value, "per_batch": result.per_batch,
-                         "clean_losses": result.clean_losses, "reach": result.min_reach,
-                         "local": result.local, "seconds": seconds})
-            measured[label] = result
+            rows.append((measure_label(measure_run.measure, result.settings), result, seconds))
             results[measure_run.key] = {
                 "measure": measure_run.measure,
                 "value": result.value, "per_batch": result.per_batch,
@@ -260,30 +234,19 @@ def _measure(args: argparse.Namespace) -> int:
                 "frozen": result.frozen, "settings": result.settings, "seconds": seconds,
                 **solver_quality(result)}
         print(results_table(rows))
+        measured = {label: result for label, result, _ in rows}
         _print_notes(args, config, no_symmetry, measured)
-    for note in caught.notes():
+    for note in notes:
         print(f"note: {note}")
     _print_diagnostics(args, measured)
 
     if json_path is not None:
         facts = {"model_class": type(model).__name__, "parameters": parameters,
                  "examples": examples, "data_kind": data_kind, "batches": len(batches)}
-        document = _document(args, config, runs, facts, device, dtypes, results,
-                             caught.notes())
+        document = _document(args, config, runs, facts, device, dtypes, results, notes)
         write_json(json_path, document)
         print(f"wrote {args.json}")
     if json_lock is not None:
         json_lock.release()
     return 0
 
-
-def run(args: argparse.Namespace) -> int:
-    """Execute the subcommand; returns the process exit status (2 on bad input)."""
-    try:
-        return _measure(args)
-    except (OSError, ValueError, TypeError, KeyError, IndexError, RuntimeError) as err:
-        from quotientsharp.cli.output_errors import error_text
-
-        message = error_text(err)
-        print(f"{PROG}: error: {message}", file=sys.stderr)
-        return 2

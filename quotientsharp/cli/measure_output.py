@@ -32,18 +32,11 @@ def environment(device: torch.device) -> dict[str, Any]:
     from quotientsharp import __version__
 
     info: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "quotientsharp": __version__,
-        "transformers": _installed("transformers"),
-        "numpy": _installed("numpy"),
-        "platform": platform.platform(),
-        "device": str(device),
-        "cuda": torch.version.cuda,
-        "cpu_count": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "interop_threads": torch.get_num_interop_threads(),
-    }
+        "python": platform.python_version(), "torch": torch.__version__,
+        "quotientsharp": __version__, "transformers": _installed("transformers"),
+        "numpy": _installed("numpy"), "platform": platform.platform(), "device": str(device),
+        "cuda": torch.version.cuda, "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads()}
     if device.type == "cuda":
         info["device_name"] = torch.cuda.get_device_name(device)
     return info
@@ -68,34 +61,33 @@ def jsonable(value: Any) -> Any:
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
-    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+    if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
     return str(value)
 
 
-def results_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The text table of stdout: one line per measure (value, batch range, clean loss, the
-    lowest reach estimate over the batches, whether every ball was local, time)."""
+def results_table(rows: Sequence[tuple[str, Any, float]]) -> str:
+    """The text table of stdout: one line per ``(label, result, seconds)`` (value, batch range,
+    clean loss, the lowest reach estimate over the batches, whether every ball was local,
+    time)."""
     header = (f"{'measure':28s} {'value':>12s} {'min batch':>12s} {'max batch':>12s} "
               f"{'clean loss':>11s} {'reach':>6s} {'local':>5s} {'seconds':>8s}")
     lines = [header, "-" * len(header)]
-    for row in rows:
-        reach = "-" if row.get("reach") is None else f"{row['reach']:.3f}"
-        local = {None: "-", True: "yes", False: "no"}[row.get("local")]
-        lines.append(f"{row['label']:28s} {row['value']:12.5g} {min(row['per_batch']):12.5g} "
-                     f"{max(row['per_batch']):12.5g} "
-                     f"{sum(row['clean_losses']) / len(row['clean_losses']):11.5g} "
-                     f"{reach:>6s} {local:>5s} {row['seconds']:8.2f}")
+    for label, result, seconds in rows:
+        reach = "-" if result.min_reach is None else f"{result.min_reach:.3f}"
+        local = {None: "-", True: "yes", False: "no"}[result.local]
+        losses = result.clean_losses
+        lines.append(f"{label:28s} {result.value:12.5g} {min(result.per_batch):12.5g} "
+                     f"{max(result.per_batch):12.5g} {sum(losses) / len(losses):11.5g} "
+                     f"{reach:>6s} {local:>5s} {seconds:8.2f}")
     return "\n".join(lines)
 
 
 def solver_quality(result: Any) -> dict[str, Any]:
-    """The JSON entries of an ascent measure's solver diagnostics: the reach estimates, the
-    chains' values, the evaluations spent and the locality per batch, the convergence
-    ``traces`` and, with a reference solve, ``reference_value``, ``gap``, ``relative_gap`` and their
-    per-batch lists; with ``--blockwise``, ``blocks`` (per batch) and ``block_summary``."""
+    """The JSON entries of an ascent measure's solver diagnostics: reach, chains, evaluations
+    and locality per batch, the convergence traces, the reference solve's gaps, the blocks."""
     entries: dict[str, Any] = {}
     if result.evaluations:
         entries.update(reach=result.reach, min_reach=result.min_reach, chains=result.chains,

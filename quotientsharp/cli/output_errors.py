@@ -1,10 +1,6 @@
-"""One error path for the outputs of every command: a locked, read-only or full folder.
-
-Another process holding the output's lock, a read-only file system, a full disk, a path through
-a file: from whichever command and stage, it reaches the console script as one line,
-``quotientsharp COMMAND: error: MESSAGE``, and exit status 2 (:func:`output_error_message`,
-called by :func:`quotientsharp.cli.main`). Nothing here imports torch.
-"""
+"""The outputs of every command: checked before it computes (:func:`check_output_file`), and
+a locked, read-only or full one, from whichever command and stage, reported by the console
+script in one line, ``quotientsharp COMMAND: error: MESSAGE`` (:func:`error_message`)."""
 
 from __future__ import annotations
 
@@ -34,31 +30,21 @@ _ADVICE = {
 }
 
 
-def output_error_message(err: BaseException) -> str:
-    """One line for an output error: the locked output and its holder, or the path, the
-    system's reason and what to do."""
-    if isinstance(err, OutputLockedError) or not isinstance(err, OSError):
-        return " ".join(str(err).split())
-    reason = _ADVICE.get(err.errno or 0) or err.strerror or type(err).__name__
-    paths = [os.fspath(p) for p in (err.filename, err.filename2) if p is not None]
-    where = f"{' -> '.join(map(str, paths))}: " if paths else ""
-    code = errno.errorcode.get(err.errno) if err.errno is not None else None
-    detail = f" ({code})" if code else ""
-    text = f"{where}{reason}{detail}" if paths or err.errno else str(err)
+def error_message(err: BaseException) -> str:
+    """One line for an error a command reports: for an ``OSError`` the path, the system's
+    reason and what to do; for a ``KeyError`` its key's message; else the error's text."""
+    text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+    if isinstance(err, OSError):
+        reason = _ADVICE.get(err.errno or 0) or err.strerror or type(err).__name__
+        paths = [os.fspath(p) for p in (err.filename, err.filename2) if p is not None]
+        where = f"{' -> '.join(map(str, paths))}: " if paths else ""
+        code = errno.errorcode.get(err.errno) if err.errno is not None else None
+        if paths or err.errno:
+            text = f"{where}{reason}{f' ({code})' if code else ''}"
     return " ".join(text.split())
 
 
-def error_text(err: BaseException) -> str:
-    """What a command prints after ``error:`` for an error it reports: an output error as
-    :func:`output_error_message`, a ``KeyError`` by its key's message, else ``str(err)``."""
-    if isinstance(err, OUTPUT_ERRORS):
-        return output_error_message(err)
-    if isinstance(err, KeyError) and err.args:
-        return str(err.args[0])
-    return str(err)
-
-
-def check_output_folder(folder: Path | None, what: str = "--out") -> None:
+def check_output_folder(folder: Path | None) -> None:
     """Refuse at once (before a command computes for minutes and then opens it) an output
     folder that another process holds (``OutputLockedError``) or whose path runs through a file
     (``NotADirectoryError``); nothing is created."""
@@ -72,15 +58,10 @@ def check_output_folder(folder: Path | None, what: str = "--out") -> None:
             break
     if not folder.is_dir():
         return
-    lock = OutputLock(folder, what)
+    lock = OutputLock(folder, "--out")
     if lock.lock_path.exists():
         lock.acquire()          # raises naming the holder
         lock.release()
-
-
-#: Kinds of files that are not regular, as the error names them.
-_SPECIAL_KINDS = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
-                  (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"))
 
 
 def _special_kind(path: Path) -> str | None:
@@ -92,7 +73,9 @@ def _special_kind(path: Path) -> str | None:
         return None             # absent, or behind a file: the folder check says which
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return None
-    return next((kind for test, kind in _SPECIAL_KINDS if test(mode)), "special file")
+    kinds = {stat.S_IFIFO: "FIFO", stat.S_IFCHR: "character device",
+             stat.S_IFBLK: "block device", stat.S_IFSOCK: "socket"}
+    return kinds.get(stat.S_IFMT(mode), "special file")
 
 
 def _is_input(output: Path, source: Path) -> bool:

@@ -1,15 +1,13 @@
-"""``quotientsharp reproduce STUDY``: rerun one of the paper's studies
-(:data:`quotientsharp.reproduce.STUDIES`), in torchrun's process group when torchrun started
-several ranks. The options are declared in the torch-free
-:mod:`quotientsharp.cli.reproduce_options` and each study's ``HELP`` and description are read
-from its source, so that ``reproduce STUDY --help`` imports no study.
-"""
+"""``quotientsharp reproduce STUDY``: rerun one of the paper's studies, in torchrun's process
+group under torchrun. Each study's help is read from its source and its options are declared in
+:mod:`quotientsharp.cli.reproduce_options`, so that ``--help`` imports no study."""
 
 from __future__ import annotations
 
 import argparse
 import ast
 import importlib.util
+from pathlib import Path
 from types import ModuleType
 
 from quotientsharp.cli import plain_text
@@ -20,44 +18,32 @@ DESCRIPTION = """\
 Rerun one of the paper's studies: train (or load) a family of models, measure their sharpness
 and write the Kendall rank correlation between generalisation and each measure next to the
 paper's numbers, with per-model files, plots and the page's data (page.json) under
-results/STUDY/; with --docs DIR, the results page rendered from it by the docs folder of a
-checkout.
+results/STUDY/; with --docs DIR, also the results page, rendered by the docs folder of a checkout.
 
 quotientsharp reproduce STUDY --help describes a study's design and options. --resume keeps
-what the results folder already holds and computes only what is missing.
-
-Under torchrun (torchrun --nproc_per_node N -m quotientsharp reproduce STUDY ...) the work is
-spread over the ranks and the results are those of one process; --dist-timeout bounds how long
-a rank waits for the others."""
+what the results folder holds and computes only what is missing. Under torchrun (torchrun
+--nproc_per_node N -m quotientsharp reproduce STUDY ...) the work is spread over the ranks and
+the results are those of one process; --dist-timeout bounds how long a rank waits for the others."""
 
 
-def _source_tree(module_path: str) -> ast.Module | None:
-    """The parsed source of a module, without importing it; ``None`` when it has no source."""
-    try:
-        spec = importlib.util.find_spec(module_path)
-    except ImportError:
-        return None
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-        return None
-    with open(spec.origin, encoding="utf-8") as handle:
-        return ast.parse(handle.read())
+def _help_and_docstring(module_path: str) -> tuple[str | None, str]:
+    """A study module's one-line ``HELP`` and its docstring, read from its source without
+    importing it (``reproduce --help`` imports no study)."""
+    spec = importlib.util.find_spec(module_path)
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return None, ""
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    help_text = None
+    for node in tree.body:
+        # a literal string only: a HELP computed at import cannot be read without importing
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+                and [getattr(target, "id", None) for target in node.targets] == ["HELP"]):
+            help_text = node.value.value
+    return help_text, ast.get_docstring(tree, clean=False) or ""
 
 
-def _constant(tree: ast.Module | None, name: str) -> str | None:
-    """The string constant ``name`` of a parsed module; ``None`` when the module or a literal
-    ``name`` is missing."""
-    for node in tree.body if tree is not None else []:
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == name):
-            try:
-                value = ast.literal_eval(node.value)
-            except ValueError:
-                return None
-            return value if isinstance(value, str) else None
-    return None
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``reproduce`` and one sub-subcommand per registered study (none imported)."""
     from quotientsharp.cli.reproduce_options import STUDY_OPTIONS
     from quotientsharp.reproduce import STUDIES
@@ -68,12 +54,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         formatter_class=argparse.RawDescriptionHelpFormatter)
     studies = parser.add_subparsers(dest="study", required=True, metavar="STUDY")
     for name, module_path in STUDIES.items():
-        if importlib.util.find_spec(module_path) is None:
-            continue            # a study whose module is missing is left out, not fatal
-        tree = _source_tree(module_path)
-        docstring = ast.get_docstring(tree, clean=False) if tree is not None else None
+        help_text, docstring = _help_and_docstring(module_path)
         study_parser = studies.add_parser(
-            name, help=_constant(tree, "HELP"), description=plain_text(docstring or ""),
+            name, help=help_text, description=plain_text(docstring),
             formatter_class=argparse.RawDescriptionHelpFormatter)
         add_options, _ = STUDY_OPTIONS[name]
         add_options(study_parser)
@@ -81,14 +64,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "--dist-timeout", type=float, default=DEFAULT_DIST_TIMEOUT, metavar="SECONDS",
             help="under torchrun: how long a rank may wait for the others in one collective "
                  f"before failing (default {DEFAULT_DIST_TIMEOUT:g} s); ignored without torchrun")
-    return parser
 
 
 def _with_note(module: ModuleType, args: argparse.Namespace) -> int:
     """Run the study on the configuration its options make; after a successful run, rank 0
     prints how to read its taus (:func:`~quotientsharp.reproduce.results_page.reading_guide`)."""
-    import sys
-
     from quotientsharp.cli.output_errors import check_output_folder
     from quotientsharp.cli.reproduce_options import study_config
     from quotientsharp.reproduce.results_page import reading_guide
@@ -98,13 +78,8 @@ def _with_note(module: ModuleType, args: argparse.Namespace) -> int:
     # alone: under torchrun the other ranks would find rank 0's own lock)
     if is_main_rank():
         check_output_folder(getattr(args, "out", None))
-    try:
-        config = study_config(args)
-    except ValueError as err:
-        if is_main_rank():
-            print(f"quotientsharp reproduce {args.study}: error: {err}", file=sys.stderr)
-        return 2
-    status = int(module.run(config) or 0)
+    # a bad option raises an InputError naming it, which the console script reports
+    status = int(module.run(study_config(args)) or 0)
     if status == 0 and is_main_rank():
         print(f"\n{reading_guide(getattr(module, 'GENERALISATION', None))}")
     return status

@@ -1,7 +1,5 @@
-"""The options of every ``quotientsharp reproduce STUDY`` and the configuration they make,
-without torch (``reproduce STUDY --help`` imports this module and no study): see
-:data:`STUDY_OPTIONS` and :func:`study_config`.
-"""
+"""The options of every ``quotientsharp reproduce STUDY`` (:data:`STUDY_OPTIONS`) and the
+configuration they make (:func:`study_config`), without torch: ``--help`` imports no study."""
 
 from __future__ import annotations
 
@@ -27,6 +25,7 @@ from quotientsharp.reproduce.families.sizes import (
     VIT_SIZES,
     FamilySizes,
 )
+from quotientsharp.workflows.options import InputError
 
 
 def add_common_options(parser: argparse.ArgumentParser, name: str, units: str,
@@ -180,8 +179,8 @@ def study_config(args: argparse.Namespace) -> ReproduceConfig:
     """The configuration of ``args.study`` from its parsed options; an option the namespace
     lacks keeps the field's default.
 
-    Raises ``ValueError`` for a value the configuration refuses, its message naming the option
-    (``n-iter``) where the configuration's names the field (``n_iter``).
+    Raises an ``InputError`` for a value the configuration refuses, its message naming the
+    option (``n-iter``) where the configuration's names the field (``n_iter``).
     """
     _, config_class = STUDY_OPTIONS[args.study]
     given = vars(args)
@@ -193,4 +192,4 @@ def study_config(args: argparse.Namespace) -> ReproduceConfig:
         return config_class(**values)
     except (TypeError, ValueError) as err:
         field, _, rest = str(err).partition(" ")
-        raise ValueError(f"{field.replace('_', '-')} {rest}") from err
+        raise InputError(f"{field.replace('_', '-')} {rest}") from err

@@ -1,6 +1,5 @@
-"""The command-line options of what to measure, shared by ``measure`` and ``study``, read into
-the library's typed settings (:class:`~quotientsharp.workflows.options.SharpnessConfig`),
-which check them (a bad value: one line on stderr, exit status 2)."""
+"""The options of what to measure, shared by ``measure`` and ``study``, read into the checked
+settings :class:`~quotientsharp.workflows.options.SharpnessConfig`."""
 
 from __future__ import annotations
 
@@ -17,18 +16,9 @@ from quotientsharp.workflows.options import (
 
 
 def add_sharpness_options(parser: argparse.ArgumentParser, *, radius_list: bool = False) -> None:
-    """Declare the options that say what to measure and how to read the data: ``--measure``,
-    ``--rho``, ``--metric``, ``--order``, ..., ``--device`` (shared by ``quotientsharp measure``
-    and ``quotientsharp study``).
-
-    Parameters
-    ----------
-    parser
-        The subcommand's parser.
-    radius_list
-        ``--rho`` takes a comma list of radii (kept as text; the settings read it) instead
-        of one number.
-    """
+    """Declare the options that say what to measure and how to read the data, ``--measure`` to
+    ``--progress``; with ``radius_list``, ``--rho`` takes a comma list (text the settings
+    read) instead of one number."""
     parser.add_argument("--measure", action="append", default=None, metavar="NAME",
                         help="average, worst_case, adaptive, geodesic or relative_flatness; "
                         "repeat (or give a comma list) for several (default: geodesic)")
@@ -81,12 +71,13 @@ def add_sharpness_options(parser: argparse.ArgumentParser, *, radius_list: bool 
     parser.add_argument("--dtype", choices=["float32", "float64"], default=None,
                         help="cast the model (default: as saved)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bars (default: only on a terminal)")
 
 
 def add_solver_options(parser: argparse.ArgumentParser) -> None:
-    """Declare the options of the ascent measures' diagnostics: ``--blockwise``, ``--plot``,
-    ``--reference-n-iter`` and ``--reference-restarts``, and ``--compile-steps``
-    (``quotientsharp measure``)."""
+    """Declare ``measure``'s options of the ascent measures' solver: ``--blockwise``,
+    ``--compile-steps``, ``--plot``, ``--reference-n-iter`` and ``--reference-restarts``."""
     parser.add_argument("--blockwise", action="store_true",
                         help="ascent measures: also report, per block (attention head pair, "
                         "diagonal pair, parameter), the norm share of the best perturbation and "
@@ -110,25 +101,23 @@ def add_solver_options(parser: argparse.ArgumentParser) -> None:
 
 
 def sharpness_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The fields of :class:`~quotientsharp.workflows.options.SharpnessConfig` from the parsed
-    options (comma lists passed on as text); call it within
-    :func:`~quotientsharp.workflows.options.command_line_names`, so that errors name options."""
+    """The fields of ``SharpnessConfig`` from the parsed options (comma lists as text); called
+    within ``command_line_names()``, so that errors name options."""
     batches = BatchSettings(batch_size=args.batch_size, max_batches=args.max_batches,
                             max_length=args.max_length, tokenizer=args.tokenizer,
                             loss=args.loss)
+    # study has no solver options: their defaults
     solver = SolverSettings(
-        n_iter=args.n_iter, blockwise=getattr(args, "blockwise", False),
+        n_iter=args.n_iter, chains=args.chains, blockwise=getattr(args, "blockwise", False),
         compile_steps=getattr(args, "compile_steps", False),
         reference_n_iter=getattr(args, "reference_n_iter", None),
-        reference_restarts=getattr(args, "reference_restarts", None),
-        chains=getattr(args, "chains", None))
+        reference_restarts=getattr(args, "reference_restarts", None))
     # an option left out is None: the settings apply its default
     return {"measures": args.measure, "rho": args.rho, "metrics": args.metric,
-            "orders": args.order, "symmetry": getattr(args, "symmetry", None),
-            "eps": args.eps, "p": args.p, "samples": args.samples, "layer": args.layer,
-            "nonfinite": args.nonfinite, "seed": args.seed, "batches": batches,
-            "solver": solver, "dtype": args.dtype, "device": args.device,
-            "progress": getattr(args, "progress", None)}
+            "orders": args.order, "symmetry": args.symmetry, "eps": args.eps, "p": args.p,
+            "samples": args.samples, "layer": args.layer, "nonfinite": args.nonfinite,
+            "seed": args.seed, "batches": batches, "solver": solver, "dtype": args.dtype,
+            "device": args.device, "progress": args.progress}
 
 
 def sharpness_config(args: argparse.Namespace) -> SharpnessConfig:

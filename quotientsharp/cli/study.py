@@ -76,8 +76,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="colour the plots by this numeric column of the manifest")
     parser.add_argument("--no-plots", dest="plots", action="store_false",
                         help="do not write the scatter plots")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="progress bar over the models (default: only on a terminal)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads during the run, per rank (default: torch's)")
     parser.add_argument("--dist-timeout", type=float, default=DEFAULT_DIST_TIMEOUT,
@@ -86,15 +84,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"(default {DEFAULT_DIST_TIMEOUT:g} s); ignored without torchrun")
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register the ``study`` subcommand on an ``argparse`` subparsers object."""
     parser = subparsers.add_parser(
         "study", help="Kendall tau of sharpness against the generalisation gap over your own "
         "saved models (a manifest), with bootstrap intervals, plots and a report",
         description=plain_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
-    parser.set_defaults(func=run)
-    return parser
 
 
 def study_config(args: argparse.Namespace) -> StudyConfig:
@@ -110,39 +106,30 @@ def study_config(args: argparse.Namespace) -> StudyConfig:
 
 
 def _study(args: argparse.Namespace) -> int:
-    from quotientsharp.workflows.process_group import describe_collective_failure
     from quotientsharp.workflows.records import is_main_rank
     from quotientsharp.workflows.runner import default_out, run_study
 
     try:
         outcome = run_study(args.manifest, study_config(args))
     except KeyboardInterrupt as err:
-        from quotientsharp.cli.user_exits import user_exit_message
+        from quotientsharp.cli import user_exit_message
 
         if is_main_rank():
             # an interrupt from the user's code is named; either way the finished models
             # are kept and --resume continues
             message = user_exit_message(err)
             if message is not None:
-                print(f"quotientsharp study: error: {message}", file=sys.stderr)
+                print(f"{PROG}: error: {message}", file=sys.stderr)
             out = args.out if args.out is not None else default_out(args.manifest)
             print(f"\ninterrupted: the models measured so far are kept in {out}; continue "
                   "with --resume", file=sys.stderr)
         return 130
-    except (OSError, ValueError, TypeError, KeyError, IndexError, RuntimeError) as err:
-        if isinstance(err, RuntimeError) and describe_collective_failure(err) is not None:
-            raise                   # reported by run_in_process_group
-        if is_main_rank() or getattr(err, "raised_on_this_rank", False):
-            from quotientsharp.cli.output_errors import error_text
-
-            message = error_text(err)
-            print(f"{PROG}: error: {message}", file=sys.stderr)
-        return 2
     if is_main_rank():
         print(outcome.summary)
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
-    """Execute the subcommand; returns the process exit status."""
+    """Execute the subcommand; returns the process exit status (bad input raises: the
+    console script reports it)."""
     return run_in_process_group(lambda: _study(args), f"{PROG}: error:", args.dist_timeout)

@@ -15,13 +15,15 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from quotientsharp.cli import plain_text
+from quotientsharp.cli import main as console_main
+from quotientsharp.cli import plain_text, warning_notes
+from quotientsharp.workflows.options import InputError
 
 if TYPE_CHECKING:       # torch is imported when a command runs, not for --help
     from quotientsharp.models.report import SymmetryReport
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register the ``symmetries`` subcommand on an ``argparse`` subparsers object."""
     parser = subparsers.add_parser(
         "symmetries", help="list the symmetry groups (attention GL(h) pairs, diagonal GL(1)) of a "
@@ -35,7 +37,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         "(repeatable)")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
     parser.set_defaults(func=run)
-    return parser
 
 
 def report_to_dict(report: SymmetryReport) -> dict:
@@ -70,23 +71,19 @@ def run(args: argparse.Namespace) -> int:
     """Execute the subcommand; returns the process exit status."""
     diagonal = []
     for item in args.diagonal:
-        parts = item.split(",")
-        if len(parts) != 2 or not all(parts):
-            print(f"quotientsharp symmetries: error: --diagonal expects U,V, got {item!r}",
-                  file=sys.stderr)
-            return 2
-        diagonal.append((parts[0], parts[1]))
-    from quotientsharp.cli.warning_notes import WarningNotes
+        first, _, second = item.partition(",")
+        if not first or not second or "," in second:
+            raise InputError(f"--diagonal expects U,V, got {item!r}")
+        diagonal.append((first, second))
+    from quotientsharp.models.loading import load_model
     from quotientsharp.models.walker import find_symmetries
 
     try:
-        from quotientsharp.models.loading import load_model
-
         # the warnings of loading become notes; those of find_symmetries (a degenerate LoRA
         # adapter) are dropped, as its report, printed in full, notes what they say
-        with WarningNotes() as loading:
+        with warning_notes() as notes:
             model = load_model(args.model)
-        with WarningNotes():
+        with warning_notes():
             report = find_symmetries(model, diagonal=diagonal or None)
     except (OSError, ValueError, TypeError, RuntimeError) as err:
         print(f"quotientsharp symmetries: error: {err}", file=sys.stderr)
@@ -95,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report_to_dict(report), indent=2))
     else:
         print(report.summary())
-    for note in loading.notes():
+    for note in notes:
         # stdout holds the JSON alone with --json
         print(f"note: {note}", file=sys.stderr if args.json else sys.stdout)
     return 0
@@ -103,8 +100,6 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Standalone entry point: ``python -m quotientsharp.cli.symmetries MODEL``."""
-    from quotientsharp.cli import main as console_main
-
     arguments = list(argv) if argv is not None else sys.argv[1:]
     if not arguments or arguments[0] != "symmetries":
         arguments = ["symmetries", *arguments]

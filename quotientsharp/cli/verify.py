@@ -1,10 +1,6 @@
-"""``quotientsharp verify``: run every geometry check on every built-in quotient, or on yours.
-
-``--quotient MODULE:NAME`` checks a user's quotient instead: ``NAME`` is an instance, a class
-that can be built without arguments, or a function of no arguments returning one. The exit
-status is 0 when every check passes, 1 on any failure (including a check that raised), and 2
-on bad input (one line on stderr, naming the flag).
-"""
+"""``quotientsharp verify``: every geometry check on every built-in quotient, or on the user's
+(``--quotient MODULE:NAME``). Exit status 0 when every check passes, 1 on any failure (a check
+that raised included), 2 on bad input."""
 
 from __future__ import annotations
 
@@ -12,13 +8,12 @@ import argparse
 import inspect
 import itertools
 import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quotientsharp.cli.output_errors import check_output_file
 from quotientsharp.workflows.files import write_text_atomic
-from quotientsharp.workflows.locks import OutputLock, OutputLockedError
+from quotientsharp.workflows.locks import OutputLock
 from quotientsharp.workflows.options import InputError
 from quotientsharp.workflows.user_objects import UserInputError, import_object
 
@@ -27,8 +22,6 @@ if TYPE_CHECKING:
 
     from quotientsharp.core.checks import CheckResult
     from quotientsharp.core.quotient import SymmetryQuotient
-
-PROG = "quotientsharp verify"
 
 
 def builtin_quotients() -> list[SymmetryQuotient]:
@@ -146,20 +139,16 @@ def run(args: argparse.Namespace) -> int:
 
     dtypes = {"float64": [torch.float64], "float32": [torch.float32],
               "both": [torch.float64, torch.float32]}[args.dtype]
-    try:
-        if args.seeds < 1:
-            # zero seeds would run no check and pass any quotient
-            raise InputError(f"--seeds must be an integer >= 1, got {args.seeds}")
-        quotients = ([user_quotient(spec) for spec in args.quotient] if args.quotient
-                     else builtin_quotients())
-        # the output before the checks run: not a folder, a FIFO or a path through a file
-        json_path = check_output_file(args.json, "--json")
-        # one writer per --json file: a second verify (or measure) to it fails here, at once,
-        # naming the holder (the lock is held until this process ends or releases it)
-        json_lock = None if json_path is None else OutputLock(json_path, "--json").acquire()
-    except (InputError, OutputLockedError, OSError) as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
+    if args.seeds < 1:
+        # zero seeds would run no check and pass any quotient
+        raise InputError(f"--seeds must be an integer >= 1, got {args.seeds}")
+    quotients = ([user_quotient(spec) for spec in args.quotient] if args.quotient
+                 else builtin_quotients())
+    # the output before the checks run: not a folder, a FIFO or a path through a file
+    json_path = check_output_file(args.json, "--json")
+    # one writer per --json file: a second verify (or measure) to it fails here, at once,
+    # naming the holder (the lock is held until this process ends or releases it)
+    json_lock = None if json_path is None else OutputLock(json_path, "--json").acquire()
     failures, rows, crashed = 0, [], 0
     for quotient, dtype, seed in itertools.product(quotients, dtypes, range(args.seeds)):
         results = _check_and_print(quotient, dtype, seed)

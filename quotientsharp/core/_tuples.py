@@ -1,9 +1,5 @@
-"""Arithmetic on points and tangent vectors stored as tuples of tensors.
-
-A point of a quotient is a tuple of tensors ``(x_1, ..., x_k)`` whose leading dimensions are
-batch dimensions and whose trailing ``point_ndims[i]`` dimensions belong to the point itself.
-Tangent vectors and Euclidean gradients use the same layout.
-"""
+"""Arithmetic on points, tangent vectors and gradients stored as tuples of tensors: leading
+dimensions are batch dimensions, the trailing ``point_ndims[i]`` belong to the point itself."""
 
 from __future__ import annotations
 
@@ -70,6 +66,11 @@ def total_size(a: Sequence[torch.Tensor], ndims: Sequence[int]) -> int:
     return sum(x.shape[x.dim() - k:].numel() for x, k in zip(a, ndims, strict=True))
 
 
+def sum_trailing(t: torch.Tensor, k: int) -> torch.Tensor:
+    """``t`` summed over its last ``k`` dimensions (``t`` itself for ``k = 0``)."""
+    return t.sum(tuple(range(-k, 0))) if k else t
+
+
 # ---------------------------------------------------------------------------- fused (foreach)
 # A network's tangent vector is one tensor per parameter (hundreds for a BERT). A Python loop
 # dispatches one operator per tensor, which on a GPU is one kernel launch each; torch's
@@ -117,7 +118,6 @@ def under_function_transform(tensors: Sequence[torch.Tensor]) -> bool:
     """
     wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
     return wrapped is not None and any(wrapped(t) for t in tensors)
-
 
 
 def cut_to_rows(tensors: Sequence[torch.Tensor], rows: Mapping[int, torch.Tensor],

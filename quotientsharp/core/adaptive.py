@@ -9,11 +9,8 @@ A point is any tuple of tensors ``w``; every tangent vector is horizontal. The m
   is ``w + u + u^2 / (2 w)``;
 - ``"euclidean"``: ``c = 1``, flat (``Gamma = 0``, straight geodesics).
 
-Coordinates with ``c = 0`` (a zero weight under the adaptive metric) have no room to move: every
-operation keeps them at exactly zero displacement and zero contribution to the norm, never NaN
-(``1 / c`` is taken as 0). This quotient spans nearly every parameter of a network, so its frozen
-point caches only ``1 / c`` (``1 / w`` for curved paths) and uses torch's fused ``_foreach``
-operators on unbatched points.
+Coordinates with ``c = 0`` (a zero weight under the adaptive metric) do not move and add nothing
+to the norm, never NaN (``1 / c`` is taken as 0).
 """
 
 from __future__ import annotations
@@ -50,15 +47,9 @@ def safe_reciprocal(c: torch.Tensor, absolute: bool = False) -> torch.Tensor:
 
 
 class OrderTwoAdaptivePath(torch.autograd.Function):
-    """``p = w + t u + t^2 u^2 / (2 w)`` with its backward ``dp/du = t + t^2 u / w``, fused.
-
-    It runs at every step of a geodesic ascent over nearly every parameter of a network: two new
-    parameter-sized tuples forward (``s = u / w``, kept for the backward, and ``p``) and one
-    backward, where autograd's elementary operations make about six each way; the same values
-    to rounding (``tests/test_fused_steps.py``). Inputs: ``t``, the number ``k`` of tensors,
-    then ``w``, ``1 / w`` (0 where ``w = 0``) and ``u``, ``k`` tensors each; ``w`` and ``1 / w``
-    get no gradient.
-    """
+    """``p = w + t u + t^2 u^2 / (2 w)`` with its backward ``dp/du = t + t^2 u / w``, fused: two
+    parameter-sized tuples forward and one backward, where autograd makes about six each way.
+    Inputs: ``t``, the count ``k``, then ``w``, ``1 / w`` and ``u``, ``k`` tensors each."""
 
     @staticmethod
     def forward(ctx: Any, t: float, count: int, *tensors: torch.Tensor
@@ -118,15 +109,12 @@ class AdaptivePoint(ClosedFormPoint):
         """``1 / w`` per tensor (``0`` where ``w = 0``): the curvature of the adaptive metric."""
         return tuple(safe_reciprocal(w) for w in self.x)
 
-    def _reduce(self, t: torch.Tensor, k: int) -> torch.Tensor:
-        return t.sum(tuple(range(-k, 0))) if k else t
-
     # ------------------------------------------------------------------ metric
     def inner(self, u: Tensors, v: Tensors) -> torch.Tensor:
         terms = []
         for i, (a, b, k) in enumerate(zip(u, v, self.point_ndims, strict=True)):
             product = a * b if self.unit else a * b * self.inverse_scale[i].square()
-            terms.append(self._reduce(product, k))
+            terms.append(T.sum_trailing(product, k))
         return sum(terms[1:], terms[0])
 
     def squared_norm(self, u: Tensors) -> torch.Tensor:
@@ -139,8 +127,8 @@ class AdaptivePoint(ClosedFormPoint):
             return T.fused_square_norms(T.fused_mul(u, self.inverse_scale))
         scaled = u if self.unit else tuple(a * r for a, r in zip(u, self.inverse_scale,
                                                                  strict=True))
-        terms = [self._reduce(a.square(), k) for a, k in zip(scaled, self.point_ndims,
-                                                             strict=True)]
+        terms = [T.sum_trailing(a.square(), k) for a, k in zip(scaled, self.point_ndims,
+                                                               strict=True)]
         return sum(terms[1:], terms[0]).clamp_min(0)
 
     @cached_property

@@ -116,10 +116,8 @@ def _to(device: torch.device, values: Sequence[torch.Tensor]) -> Tensors:
 
 def _test_function(x: Tensors, gen: torch.Generator) -> Callable[[Tensors], torch.Tensor]:
     """A smooth non-quadratic scalar function of a point, summed over the batch."""
-    weights = [torch.randn(c.shape, generator=gen, dtype=c.dtype, device=gen.device)
-               .to(c.device) for c in x]
-    shifts = [torch.randn(c.shape, generator=gen, dtype=c.dtype, device=gen.device)
-              .to(c.device) for c in x]
+    weights, shifts = ([torch.randn(c.shape, generator=gen, dtype=c.dtype, device=gen.device)
+                        .to(c.device) for c in x] for _ in range(2))
 
     def f(y: Tensors) -> torch.Tensor:
         # sum() of tensors over a non-empty point is a tensor (mypy allows the empty sum's 0)
@@ -200,6 +198,7 @@ class _CheckRun:
     """
 
     q: SymmetryQuotient
+    nd: tuple[int, ...]     # q.point_ndims
     x: Tensors
     on_host: Tensors        # x on the generator's device (the CPU), to draw at
     gen: torch.Generator
@@ -208,11 +207,6 @@ class _CheckRun:
     u: Tensors
     w: Tensors
     results: list[CheckResult] = field(default_factory=list)
-
-    @property
-    def nd(self) -> tuple[int, ...]:
-        """Trailing dimensions of each point component (``point_ndims``)."""
-        return self.q.point_ndims
 
     def add(self, name: str, err: float, detail: str, bound: float | None = None,
             default_of: str | None = None) -> None:
@@ -466,7 +460,7 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
     u = _random_tangent_raw(x, nd, gen)
     w = _random_tangent_raw(x, nd, gen)
     # every random draw comes from the CPU generator, so a device changes no draw
-    run = _CheckRun(quotient, x, _to(gen.device, x), gen, seed, _tolerance(x[0].dtype), u, w)
+    run = _CheckRun(quotient, nd, x, _to(gen.device, x), gen, seed, _tolerance(x[0].dtype), u, w)
     try:
         for checks in _CHECK_GROUPS:
             checks(run)
@@ -495,7 +489,7 @@ CONTRACT_METHODS = ("horizontal_projection", "vertical_projection", "raise_index
 def _pairing(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], ndims: Sequence[int]
              ) -> torch.Tensor:
     """The Euclidean pairing ``a . b`` per batch element, ``shape=[*batch]``."""
-    return cast(torch.Tensor, sum((p * r).sum(tuple(range(-k, 0))) if k else p * r
+    return cast(torch.Tensor, sum(T.sum_trailing(p * r, k)
                                   for p, r, k in zip(a, b, ndims, strict=True)))
 
 

@@ -1,10 +1,8 @@
 """The geometry of a quotient at one frozen base point: what an optimiser at ``x`` needs.
 
-An ascent (sharpness, Riemannian SGD at one iterate, a line search) calls these operations many
-times at the same ``x``, so everything that depends on ``x`` alone (Gram matrices, their
-factorisations, ``1 / |w|``) is computed once, on first use, and kept. Tangent arguments are not
-validated here (no host synchronisation in a hot loop): the quotient validates the point when
-it builds the frozen point, and its own methods validate tangent vectors before delegating.
+What depends on ``x`` alone (Gram matrices, factorisations, ``1 / |w|``) is computed once, on
+first use, and kept. Tangent arguments are not validated here (no host synchronisation in a hot
+loop): the quotient validates before delegating.
 """
 
 from __future__ import annotations
@@ -182,17 +180,13 @@ class FrozenPoint:
         Not projected: apply :meth:`horizontal_projection` for a horizontal one. Generic
         default: the Cholesky factor ``L`` of the dense metric, ``u = L^{-T} z``.
         """
-        q, x = self.quotient, self.x
-        ndims = self.point_ndims
-        batch = self.batch_shape
-        gram = reference.metric_matrix(q, x)
+        x = self.x
+        gram = reference.metric_matrix(self.quotient, x)
         chol = torch.linalg.cholesky(gram)
-        noise = torch.randn(*batch, gram.shape[-1], 1, generator=generator, dtype=x[0].dtype,
-                            device=x[0].device)
+        noise = torch.randn(*self.batch_shape, gram.shape[-1], 1, generator=generator,
+                            dtype=x[0].dtype, device=x[0].device)
         flat = torch.linalg.solve_triangular(chol.mT, noise, upper=True).squeeze(-1)
-        like = tuple(c.expand(*batch, *c.shape[c.dim() - k:]) for c, k in zip(x, ndims,
-                                                                                strict=True))
-        return T.unflatten(flat, like, ndims)
+        return T.unflatten(flat, x, self.point_ndims)      # flat's batch, x's trailing shapes
 
 
 class ClosedFormPoint(FrozenPoint):
@@ -247,8 +241,7 @@ class EuclideanMetricPoint(ClosedFormPoint):
     """
 
     def inner(self, u: Tensors, v: Tensors) -> torch.Tensor:
-        terms = [(a * b).sum(tuple(range(-k, 0))) if k else a * b
-                 for a, b, k in zip(u, v, self.point_ndims, strict=True)]
+        terms = [T.sum_trailing(a * b, k) for a, b, k in zip(u, v, self.point_ndims, strict=True)]
         return sum(terms[1:], terms[0])
 
     def raise_index(self, egrad: Tensors) -> Tensors:

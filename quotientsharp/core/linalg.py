@@ -1,22 +1,14 @@
 """The batched solver of the Sylvester equations of the GL(h) horizontal projections.
 
-It works on any device and dtype, broadcasts over leading batch dimensions and is
-differentiable by autograd. For symmetric positive semi-definite ``P`` and ``Q`` the operator
-``X -> P X + X Q`` is symmetric for the Frobenius product, with eigenvectors ``u_i v_j^T`` and
-eigenvalues ``lambda_i + mu_j``. Eigenvalue sums at or below ``rcond`` times the largest are
-treated as zero and their components of the solution set to zero: the result is then the
-minimum-norm least-squares solution (a pseudo-inverse), exact whenever the right-hand side lies
-in the operator's range. The default ``rcond``, ``max(p, q) * eps`` of the dtype (the usual
-pseudo-inverse cut-off), only removes sums that are zero to rounding.
+For symmetric positive semi-definite ``P`` and ``Q`` the operator ``X -> P X + X Q`` is symmetric
+for the Frobenius product, with eigenvectors ``u_i v_j^T`` and eigenvalues ``lambda_i + mu_j``.
+Dropping the sums at or below ``rcond`` times the largest gives the minimum-norm least-squares
+solution (a pseudo-inverse), exact whenever the right-hand side lies in the operator's range.
 """
 
 from __future__ import annotations
 
 import torch
-
-
-def _default_rcond(p: int, q: int, dtype: torch.dtype) -> float:
-    return max(p, q) * torch.finfo(dtype).eps
 
 
 def solve_sylvester_eig(eigvecs_p: torch.Tensor, eigvecs_q: torch.Tensor,
@@ -49,7 +41,7 @@ def solve_sylvester_eig(eigvecs_p: torch.Tensor, eigvecs_q: torch.Tensor,
     """
     p, q = denominators.shape[-2], denominators.shape[-1]
     if rcond is None:
-        rcond = _default_rcond(p, q, denominators.dtype)
+        rcond = max(p, q) * torch.finfo(denominators.dtype).eps
     if rcond < 0:
         raise ValueError(f"rcond must be non-negative, got {rcond}")
     largest = denominators.abs().amax(dim=(-2, -1), keepdim=True)

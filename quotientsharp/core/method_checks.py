@@ -1,14 +1,9 @@
 """Check the outputs of a quotient's methods at a point: counts, shapes, dtypes, finiteness and a
 positive definite ``inner``, each failure naming the method.
 
-A user's :class:`~quotientsharp.core.quotient.SymmetryQuotient` that returns a wrong count of
-tensors, a float32 tensor on a float64 point, NaN, or a metric that is not positive definite
-otherwise fails far from the cause (a Cholesky factorisation, an ``IndexError`` inside
-``inner``) or not at all (a negative metric passes a symmetry check). :func:`check_methods`
-runs each method once on random vectors at the point; :func:`diagnose` tells a defective class
-from a degenerate point (a zero unit) by running the same checks at a generic random point.
-
-The draws come from their own generator: a check changes no other random stream.
+A user's quotient with a malformed output otherwise fails far from the cause (a Cholesky, an
+``IndexError`` inside ``inner``) or not at all (a negative metric passes a symmetry check). The
+draws come from their own generator: a check changes no other random stream.
 """
 
 from __future__ import annotations
@@ -107,20 +102,9 @@ def _check_inner(q: SymmetryQuotient, x: Tensors, u: Tensors, label: str) -> Non
 
 def check_methods(q: SymmetryQuotient, x: Tensors) -> None:
     """Raise a :class:`QuotientMethodError` naming the first method of ``q`` whose output at
-    ``x`` is malformed.
-
-    Checks ``algebra_shape``; ``vertical`` (a tuple of finite tensors of the point's shapes and
-    dtype); ``inner`` (a finite positive value of the batch shape and the point's dtype, on a
-    random vector, on each component alone and on a vertical vector); ``horizontal_projection``
-    and an overriding frozen point's ``isotropic`` (tuples like ``vertical``'s, not zero).
-
-    Parameters
-    ----------
-    q
-        The quotient.
-    x
-        The point, each component ``shape=[*batch, ...]``.
-    """
+    the point ``x`` is malformed: ``algebra_shape``, ``vertical``, ``inner`` (positive on a random,
+    a one-component and a vertical vector), ``horizontal_projection`` and an overriding
+    ``isotropic``."""
     nd = q.point_ndims
     batch = T.batch_shape(x, nd)
     gen = torch.Generator(device=x[0].device).manual_seed(METHOD_CHECK_SEED)

@@ -61,18 +61,14 @@ class ProductPoint(ClosedFormPoint):
                              f"{len(orders)}")
         return orders
 
-    @staticmethod
-    def _fold(value: torch.Tensor, folded: int) -> torch.Tensor:
-        return value.sum(tuple(range(-folded, 0))) if folded else value
-
     # ------------------------------------------------------------------ metric
     def factor_squared_norms(self, u: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """``||u_i||^2`` of each factor, ``shape=[*batch]`` each."""
-        return [self._fold(frozen.squared_norm(part), f)
+        return [T.sum_trailing(frozen.squared_norm(part), f)
                 for frozen, part, f in zip(self.factors, self.split(u), self.folded, strict=True)]
 
     def inner(self, u: Tensors, v: Tensors) -> torch.Tensor:
-        terms = [self._fold(frozen.inner(a, b), f) for frozen, a, b, f in
+        terms = [T.sum_trailing(frozen.inner(a, b), f) for frozen, a, b, f in
                  zip(self.factors, self.split(u), self.split(v), self.folded, strict=True)]
         return sum(terms[1:], terms[0])
 
@@ -124,7 +120,7 @@ class ProductPoint(ClosedFormPoint):
         for frozen, part, f in zip(self.factors, self.split(egrad), self.folded, strict=True):
             factor_gradient, square = frozen.riemannian_gradient_and_squared_norm(part)
             gradient.extend(factor_gradient)
-            squares.append(self._fold(square, f))
+            squares.append(T.sum_trailing(square, f))
         return tuple(gradient), sum(squares[1:], squares[0]).clamp_min(0)
 
     def christoffel(self, u: Tensors, v: Tensors | None = None) -> Tensors:

@@ -1,11 +1,7 @@
 """The base classes of every symmetry quotient.
 
-A subclass of :class:`SymmetryQuotient` supplies the geometry upstairs (``inner``, ``vertical``,
-``act``, ``algebra_shape`` and ``point_ndims``); everything else has a generic numerical default
-from :mod:`quotientsharp.core.reference`. The built-in quotients derive from
-:class:`ClosedFormQuotient`: their closed forms live in their frozen-point classes and their
-quotient-level methods delegate there, so each formula is written once and the sharpness engine
-runs exactly what :func:`quotientsharp.core.checks.check_all` verifies.
+The built-in quotients derive from :class:`ClosedFormQuotient`: their closed forms live in their
+frozen-point classes, so the sharpness engine runs exactly what ``check_all`` verifies.
 """
 
 from __future__ import annotations
@@ -325,10 +321,8 @@ class SymmetryQuotient(torch.nn.Module, abc.ABC):
                              generator: torch.Generator | None = None) -> torch.Tensor:
         """A random group element, ``group_exp`` of a Gaussian algebra element times ``scale``."""
         _check_floating_point("random_group_element", x)
-        batch = T.batch_shape(x, self.point_ndims)
-        shape = tuple(self.algebra_shape(x))
-        a = torch.randn(*batch, *shape, generator=generator, dtype=x[0].dtype,
-                        device=x[0].device)
+        a = torch.randn(*T.batch_shape(x, self.point_ndims), *self.algebra_shape(x),
+                        generator=generator, dtype=x[0].dtype, device=x[0].device)
         return self.group_exp(scale * a)
 
     def extra_repr(self) -> str:

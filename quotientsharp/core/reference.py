@@ -127,12 +127,12 @@ def metric_matrix(q: SymmetryQuotient, x: Tensors) -> torch.Tensor:
     ndims = q.point_ndims
     batch = T.batch_shape(x, ndims)
     n = T.total_size(x, ndims)
-    like = tuple(c.expand(*batch, *c.shape[c.dim() - k:]) for c, k in zip(x, ndims, strict=True))
     eye = torch.eye(n, dtype=x[0].dtype, device=x[0].device)
     basis = eye.reshape(n, *([1] * len(batch)), n).expand(n, *batch, n)
 
     def row(e: torch.Tensor) -> torch.Tensor:
-        return T.flatten(lower(q, x, T.unflatten(e, like, ndims)), ndims, batch)
+        # unflatten takes the batch shape from e, only the trailing shapes from x
+        return T.flatten(lower(q, x, T.unflatten(e, x, ndims)), ndims, batch)
 
     rows = torch.vmap(row)(basis)
     return rows.movedim(0, -2)
@@ -151,8 +151,7 @@ def raise_index(q: SymmetryQuotient, x: Tensors, covector: Tensors) -> Tensors:
                          "rank-deficient factor where the metric divides); move x off the "
                          "singular set (for the attention quotients: eps > 0)")
     sol = torch.cholesky_solve(flat.unsqueeze(-1), chol).squeeze(-1)
-    like = tuple(c.expand(*batch, *c.shape[c.dim() - k:]) for c, k in zip(x, ndims, strict=True))
-    return T.unflatten(sol, like, ndims)
+    return T.unflatten(sol, x, ndims)
 
 
 def euclidean_to_riemannian_gradient(q: SymmetryQuotient, x: Tensors, egrad: Tensors) -> Tensors:
@@ -165,15 +164,9 @@ def christoffel_covector(q: SymmetryQuotient, x: Tensors, v: Tensors) -> Tensors
     # jvp needs primal and tangent of one shape, and dense (non-expanded) memory
     ndims = q.point_ndims
     batch = torch.broadcast_shapes(T.batch_shape(x, ndims), T.batch_shape(v, ndims))
-    x = tuple(c.expand(*batch, *c.shape[c.dim() - k:]).contiguous()
-              for c, k in zip(x, ndims, strict=True))
-    v = tuple(c.expand(*batch, *c.shape[c.dim() - k:]).contiguous()
-              for c, k in zip(v, ndims, strict=True))
-
-    def lowered_at(y: Tensors) -> Tensors:
-        return lower(q, y, v)
-
-    _, dgv = jvp_pair(lowered_at, (x,), (v,))
+    x, v = (tuple(c.expand(*batch, *c.shape[c.dim() - k:]).contiguous()
+                  for c, k in zip(tensors, ndims, strict=True)) for tensors in (x, v))
+    _, dgv = jvp_pair(lambda y: lower(q, y, v), (x,), (v,))
     dquad = torch.func.grad(lambda y: q.inner(y, v, v).sum())(x)
     return tuple(a - 0.5 * b for a, b in zip(dgv, dquad, strict=True))
 

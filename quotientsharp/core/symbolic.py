@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 try:
@@ -24,7 +22,9 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
 
 import torch
 
-Expr = sympy.Expr
+from quotientsharp.core.checks import CheckResult
+from quotientsharp.core.quotient import SymmetryQuotient
+
 Gamma = list[list[list[sympy.Expr]]]
 Simplifier = Callable[[sympy.Expr], sympy.Expr] | None
 
@@ -354,13 +354,11 @@ def vertical_matrix(generators: Sequence[Sequence[sympy.Expr] | sympy.MatrixBase
     """
     if len(generators) == 0:
         raise ValueError("generators must hold at least one vertical vector")
-    columns = [sympy.Matrix(list(g)) if not isinstance(g, sympy.MatrixBase)
-               else sympy.Matrix(g).reshape(len(g), 1) for g in generators]
-    n = columns[0].shape[0]
-    for i, c in enumerate(columns):
-        if c.shape[0] != n:
-            raise ValueError(f"generators[{i}] has {c.shape[0]} entries, generators[0] has {n}")
-    return sympy.Matrix.hstack(*columns)
+    n = len(generators[0])
+    for i, g in enumerate(generators):
+        if len(g) != n:
+            raise ValueError(f"generators[{i}] has {len(g)} entries, generators[0] has {n}")
+    return sympy.Matrix.hstack(*(_as_column(g, n, "generators") for g in generators))
 
 
 def metric_products(metric: sympy.MatrixBase,
@@ -644,8 +642,7 @@ def max_abs(value: Any) -> sympy.Rational:
     sympy.Rational
         ``0`` for an empty value.
     """
-    entries = _entries(value)
-    return max((abs(e) for e in entries), default=sympy.S.Zero)
+    return max((abs(e) for e in _entries(value)), default=sympy.S.Zero)
 
 
 def to_tensor(value: Any, dtype: torch.dtype = torch.float64,
@@ -781,114 +778,65 @@ def package_relative_error(package: Sequence[torch.Tensor], exact: Sequence[symp
 def _point_tensors(values: Sequence[sympy.Expr], shapes: Sequence[Sequence[int]]
                    ) -> tuple[torch.Tensor, ...]:
     """Split flat exact values into float64 tensors of ``shapes`` (row-major, as :func:`flat`)."""
-    out, start = [], 0
-    for shape in shapes:
-        size = math.prod(shape)
-        chunk = [float(v) for v in values[start:start + size]]
-        out.append(torch.tensor(chunk, dtype=torch.float64).reshape(tuple(shape)))
-        start += size
-    return tuple(out)
+    flat_values = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    parts = flat_values.split([math.prod(shape) for shape in shapes])
+    return tuple(part.reshape(tuple(shape)) for part, shape in zip(parts, shapes, strict=True))
 
 
-@dataclass
-class _ExactPoint:
-    """One random rational point of :func:`check_quotient`: exact values and float64 tensors.
-
-    ``g`` is the metric at ``point``; ``u``, ``w``, ``egrad`` are rational columns
-    ``shape=[N, 1]``; ``basis`` holds the vertical generators (or ``None``).
-    """
-
-    quotient: Any
-    shapes: Sequence[Sequence[int]]
-    point: dict[sympy.Symbol, sympy.Expr]
-    g: sympy.Matrix
-    u: sympy.Matrix
-    w: sympy.Matrix
-    egrad: sympy.Matrix
-    metric: sympy.Matrix
-    coords: Sequence[sympy.Symbol]
-    derivatives: list[sympy.Matrix]
-    basis: sympy.Matrix | None
-
-    def tensors(self, values: sympy.MatrixBase) -> tuple[torch.Tensor, ...]:
-        """A column of exact values as the point's float64 components."""
-        return _point_tensors(list(values), self.shapes)
-
-    @cached_property
-    def x(self) -> tuple[torch.Tensor, ...]:
-        return _point_tensors([self.point[c] for c in self.coords], self.shapes)
-
-    @cached_property
-    def gamma(self) -> Gamma:
-        return christoffel_symbols_at(self.metric, self.coords, self.point, self.derivatives)
-
-    @cached_property
-    def vertical(self) -> sympy.Matrix:
-        """The vertical generators at the point, one per column (needs ``basis``)."""
-        return evaluate_exact(self.basis, self.point)
-
-    @cached_property
-    def horizontal(self) -> sympy.Matrix:
-        """The exact horizontal projection ``I - V (V^T g V)^{-1} V^T g``."""
-        v_at = self.vertical
-        return horizontal_projection_matrix(self.g, [v_at[:, k] for k in range(v_at.shape[1])],
-                                            simplify=None)
+def _vertical_error(quotient: Any, x: tuple[torch.Tensor, ...], vertical: sympy.Matrix
+                    ) -> float:
+    """Largest error of ``vertical`` over the algebra's standard basis (one exact column each)."""
+    algebra = tuple(quotient.algebra_shape(x))
+    if math.prod(algebra) != vertical.shape[1]:
+        raise ValueError(f"vertical has {vertical.shape[1]} generators but the algebra of "
+                         f"{type(quotient).__name__} has {math.prod(algebra)} elements "
+                         f"(algebra_shape {algebra})")
+    vertical_error = 0.0
+    for k in range(vertical.shape[1]):
+        a = torch.zeros(math.prod(algebra), dtype=torch.float64)
+        a[k] = 1.0
+        vertical_error = max(vertical_error, package_relative_error(
+            quotient.vertical(x, a.reshape(algebra)), list(vertical[:, k])))
+    return vertical_error
 
 
-def _draw_exact_point(quotient: Any, shapes: Sequence[Sequence[int]], metric: sympy.Matrix,
-                      coords: Sequence[sympy.Symbol], derivatives: list[sympy.Matrix],
-                      basis: sympy.Matrix | None, rng: random.Random) -> _ExactPoint:
-    """A random rational point where the metric is invertible, and three rational vectors."""
+def _exact_errors(q: Any, shapes: Sequence[Sequence[int]], metric: sympy.Matrix,
+                  coords: Sequence[sympy.Symbol], derivatives: list[sympy.Matrix],
+                  basis: sympy.Matrix | None, rng: random.Random) -> dict[str, tuple[str, float]]:
+    """The rows of :func:`check_quotient` at one random rational point where the metric is
+    invertible, with three rational vectors: ``{name: (method, relative error)}``."""
     for _ in range(20):   # redraw where the metric is singular
         point = random_rationals(coords, rng)
-        g_at = evaluate_exact(metric, point)
-        if g_at.det() != 0:
+        g = evaluate_exact(metric, point)
+        if g.det() != 0:
             break
     else:
         raise ValueError("the metric is singular at 20 random rational points")
     u, w, egrad = (random_rational_matrix(len(coords), 1, rng, nonzero=False) for _ in range(3))
-    return _ExactPoint(quotient, shapes, point, g_at, u, w, egrad, metric, coords, derivatives,
-                       basis)
-
-
-def _vertical_error(at: _ExactPoint) -> float:
-    """Largest error of ``vertical`` over the algebra's standard basis."""
-    v_at, quotient = at.vertical, at.quotient
-    algebra = tuple(quotient.algebra_shape(at.x))
-    if math.prod(algebra) != v_at.shape[1]:
-        raise ValueError(f"vertical has {v_at.shape[1]} generators but the algebra of "
-                         f"{type(quotient).__name__} has {math.prod(algebra)} elements "
-                         f"(algebra_shape {algebra})")
-    vertical_error = 0.0
-    for k in range(v_at.shape[1]):
-        a = torch.zeros(math.prod(algebra), dtype=torch.float64)
-        a[k] = 1.0
-        vertical_error = max(vertical_error, package_relative_error(
-            quotient.vertical(at.x, a.reshape(algebra)), list(v_at[:, k])))
-    return vertical_error
-
-
-def _exact_errors(at: _ExactPoint) -> dict[str, tuple[str, float]]:
-    """The rows of :func:`check_quotient` at one point: ``{name: (method, relative error)}``."""
-    q, x, u, w = at.quotient, at.x, at.tensors(at.u), at.tensors(at.w)
+    gamma = christoffel_symbols_at(metric, coords, point, derivatives)
+    x = _point_tensors([point[c] for c in coords], shapes)
+    tu, tw = _point_tensors(list(u), shapes), _point_tensors(list(w), shapes)
     errors = {
         "inner_vs_exact": ("inner", package_relative_error(
-            (q.inner(x, u, w).reshape(1),), [(at.u.T * at.g * at.w)[0]])),
+            (q.inner(x, tu, tw).reshape(1),), [(u.T * g * w)[0]])),
         "christoffel_vs_exact": ("christoffel", package_relative_error(
-            q.christoffel(x, u, w), list(contract(at.gamma, at.u, at.w)))),
+            q.christoffel(x, tu, tw), list(contract(gamma, u, w)))),
         "christoffel_quadratic_vs_exact": ("christoffel", package_relative_error(
-            q.christoffel(x, u), list(contract(at.gamma, at.u)))),
+            q.christoffel(x, tu), list(contract(gamma, u)))),
     }
-    if at.basis is None:
+    if basis is None:
         return errors
-    errors["vertical_vs_exact"] = ("vertical", _vertical_error(at))
+    vertical = evaluate_exact(basis, point)
+    horizontal = horizontal_projection_matrix(
+        g, [vertical[:, k] for k in range(vertical.shape[1])], simplify=None)
+    errors["vertical_vs_exact"] = ("vertical", _vertical_error(q, x, vertical))
     errors["horizontal_projection_vs_exact"] = ("horizontal_projection", package_relative_error(
-        q.horizontal_projection(x, u), list(at.horizontal * at.u)))
+        q.horizontal_projection(x, tu), list(horizontal * u)))
     errors["vertical_projection_vs_exact"] = ("vertical_projection", package_relative_error(
-        q.vertical_projection(x, u), list(at.u - at.horizontal * at.u)))
+        q.vertical_projection(x, tu), list(u - horizontal * u)))
     errors["gradient_vs_exact"] = ("euclidean_to_riemannian_gradient", package_relative_error(
-        q.euclidean_to_riemannian_gradient(x, at.tensors(at.egrad)),
-        list(at.horizontal * at.g.inv() * at.egrad)))
+        q.euclidean_to_riemannian_gradient(x, _point_tensors(list(egrad), shapes)),
+        list(horizontal * g.inv() * egrad)))
     return errors
 
 
@@ -897,8 +845,6 @@ def _check_quotient_inputs(quotient: Any, metric: sympy.MatrixBase,
                            vertical: Sequence[Sequence[sympy.Expr]] | None
                            ) -> tuple[Sequence[Sequence[int]], sympy.Matrix, sympy.Matrix | None]:
     """The point shapes, the checked metric and the vertical basis of :func:`check_quotient`."""
-    from quotientsharp.core.quotient import SymmetryQuotient
-
     if not isinstance(quotient, SymmetryQuotient):
         raise TypeError(f"quotient must be a SymmetryQuotient instance, got "
                         f"{type(quotient).__name__}")
@@ -963,16 +909,13 @@ def check_quotient(quotient: Any, metric: sympy.MatrixBase, coords: Sequence[sym
     >>> [r.name for r in results if not r.passed]                         # doctest: +SKIP
     []
     """
-    from quotientsharp.core.checks import CheckResult
-    from quotientsharp.core.quotient import SymmetryQuotient
-
     shapes, metric, basis = _check_quotient_inputs(quotient, metric, coords, vertical)
     rng = random.Random(seed)
     derivatives = metric_derivatives(metric, coords)
     worst: dict[str, tuple[str, float]] = {}
     for _ in range(points):
-        at = _draw_exact_point(quotient, shapes, metric, coords, derivatives, basis, rng)
-        for name, (method, error) in _exact_errors(at).items():
+        for name, (method, error) in _exact_errors(quotient, shapes, metric, coords, derivatives,
+                                                    basis, rng).items():
             worst[name] = (method, max(worst.get(name, (method, 0.0))[1], error))
 
     results = []

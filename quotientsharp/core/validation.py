@@ -1,9 +1,5 @@
-"""Input checks shared by every quotient.
-
-Shape, dtype and device checks are free and always run. Checks on values (finiteness, zeros
-where a metric divides) need a device-to-host sync; the sharpness engine validates its inputs
-once and then switches value checks off inside its hot loop with :func:`value_checks`.
-"""
+"""Input checks shared by every quotient: shape, dtype and device checks always run; checks on
+values (a host sync) can be switched off inside a hot loop with :func:`value_checks`."""
 
 from __future__ import annotations
 

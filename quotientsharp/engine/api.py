@@ -1,11 +1,6 @@
-"""``sharpness(model, batches, measure)``: the entry point of all measures.
-
-It runs the engine's stages in order and computes nothing itself: validate the typed measure
-(:mod:`.registry`), build the functional model (:mod:`.functional`), build the runtime measure
-(symmetries discovered here), then measure batch after batch (batch 0's clean forward+backward
-tells which parameters have no gradient, and the geometry is built once), and assemble the
-result (:mod:`.result`). The model runs in eval mode; every submodule's mode is restored
-afterwards, whatever happens.
+"""``sharpness(model, batches, measure)``: the entry point of all measures. It runs the
+engine's stages in order (``docs/sharpness.md``, "The pipeline, stage by stage") and
+computes nothing itself.
 """
 
 from __future__ import annotations
@@ -92,8 +87,8 @@ def _first_evaluation(functional: FunctionalModel, batch: Batch
 
 
 def _keeping_global_random_state(function: _F) -> _F:
-    """``function`` run inside :func:`.determinism.kept_global_random_state`: the caller's
-    global random state is the same after the call, whether it returns or raises."""
+    """``function`` run inside :func:`.determinism.kept_global_random_state` (a plain wrapper:
+    a context manager's own frame would be the caller ``warn_at_caller`` names)."""
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -1,10 +1,9 @@
 """Geometry stage: the feasible sets of the ascent, a geodesic ball or an L-infinity box.
 
-Both satisfy :class:`~.solver.AscentGeometry` and touch a frozen point of a quotient
-(:mod:`quotientsharp.core.frozen`) and tangent tuples only: no model, no batch, no solver state.
-:class:`GeodesicBall` is ``{xi horizontal at theta : ||xi||_theta <= rho}`` for any frozen point
-(a product over a network, one quotient, or a stack of independent problems); every operation
-is the frozen point's, the ball adds the radius. :class:`BoxGeometry` is ``|delta / c| <= rho``.
+Both satisfy :class:`~.solver.AscentGeometry` and touch only a frozen point of a quotient and
+tangent tuples. :class:`GeodesicBall` is ``{xi horizontal at theta : ||xi||_theta <= rho}``
+for any frozen point (a product over a network, one quotient, a stack of problems);
+:class:`BoxGeometry` is ``|delta / c| <= rho``.
 """
 
 from __future__ import annotations
@@ -18,9 +17,8 @@ import torch
 from quotientsharp.core import _tuples as T
 from quotientsharp.core.adaptive import safe_reciprocal
 from quotientsharp.core.frozen import FrozenPoint
-from quotientsharp.engine.solver import ON_DEVICE, Decisions, lift
+from quotientsharp.engine.solver import ON_DEVICE, Decisions, Tensors, lift
 
-Tensors = tuple[torch.Tensor, ...]
 Order = int | str
 
 

@@ -66,23 +66,18 @@ def few_names(names: Sequence[str]) -> str:
     return f"{list(names[:5])}" + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
-def _nested_shape(value: Any) -> tuple[int, ...] | None:
-    """The shape of a non-empty list or tuple whose leaves are all numbers, else ``None``."""
+def _nested_numbers(value: Any) -> tuple[tuple[int, ...], set[str]] | None:
+    """The shape (ragged rows: the first row's) and the leaf types of a non-empty list or tuple
+    whose leaves are all numbers, else ``None``."""
     if not isinstance(value, (list, tuple)) or not value:
         return None
     if all(isinstance(v, numbers.Number) for v in value):
-        return (len(value),)
-    inner = [_nested_shape(v) for v in value]
-    first = inner[0]
-    if first is None or None in inner:
+        return (len(value),), {type(v).__name__ for v in value}
+    rows = [_nested_numbers(v) for v in value]
+    known = [row for row in rows if row is not None]
+    if len(known) < len(rows):
         return None
-    return (len(value), *first)         # ragged rows: the first row's shape
-
-
-def _leaves(value: Any) -> list[Any]:
-    if isinstance(value, (list, tuple)):
-        return [leaf for v in value for leaf in _leaves(v)]
-    return [value]
+    return (len(value), *known[0][0]), set().union(*(kinds for _, kinds in known))
 
 
 def _data_not_tensor(value: Any) -> str | None:
@@ -94,11 +89,11 @@ def _data_not_tensor(value: Any) -> str | None:
         dtype = getattr(value, "dtype", None)
         return (f"a {kind.__module__.split('.')[0]}.{kind.__name__} of shape "
                 f"{tuple(value.shape)}" + (f" and dtype {dtype}" if dtype is not None else ""))
-    shape = _nested_shape(value)
-    if shape is None:
+    found = _nested_numbers(value)
+    if found is None:
         return None
-    kinds = "/".join(sorted({type(v).__name__ for v in _leaves(value)}))
-    return f"a Python {type(value).__name__} of {kinds} values (nested, shape {list(shape)})"
+    kinds = "/".join(sorted(found[1]))
+    return f"a Python {type(value).__name__} of {kinds} values (nested, shape {list(found[0])})"
 
 
 def _entries(value: Any) -> list[tuple[Any, Any]]:

@@ -1,17 +1,14 @@
-"""Block-wise sharpness: the best perturbation of an ascent, block by block (``blockwise=True``).
-
-Each block of the layout (:class:`Block`: a parameter, an attention head pair, a diagonal pair,
-a binding) gets its **norm share** ``||xi_B||^2 / ||xi||^2`` in the measure's metric (which is
-block-diagonal over the blocks) and its **loss change** ``L(gamma_{xi_B}(1)) - L(theta)``, one
-forward per block with a nonzero part. Also here: the :class:`Locality` of the best
-perturbation, and :func:`plot_blocks`, the figure (matplotlib's Agg canvas, no global backend).
+"""Block-wise sharpness (``blockwise=True``): each :class:`Block` of the best perturbation
+gets its norm share ``||xi_B||^2 / ||xi||^2`` (the metric is block-diagonal over the blocks)
+and its loss change ``L(gamma_{xi_B}(1)) - L(theta)``. Also here: the :class:`Locality` of the
+best perturbation, and :func:`plot_blocks` (matplotlib's Agg canvas, no global backend).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -206,17 +203,12 @@ TOGETHER = "all parameters together"
 @dataclass(frozen=True)
 class Locality:
     """How far the best perturbation of one batch moved the model (``docs/sharpness.md``,
-    "Locality"): the largest ``||theta'_t - theta_t|| / ||theta_t||`` over the parameter
-    tensors outside the symmetry factors (``displacement``, of ``parameter``; over every
-    parameter as one vector, :data:`TOGETHER`, for an absolute ball; ``0`` and ``None`` where
-    every tensor is in a factor); for geodesic measures the largest ``||x'_f - x_f|| / ||x_f||``
-    over the symmetry factors' entries (``factor_displacement``, of the block ``factor``) and
-    the largest ``||Gamma(xi, xi) / 2|| / ||xi||`` over the curved factors' (``second_order``,
-    of ``second_order_factor``); ``None`` where there is no such factor.
-
-    A ratio whose norm overflows the geometry's dtype (weights of ``1e21`` in float32) is
-    computed in float64. One not finite even so (the path overflowed at the best point, though
-    the loss there was finite) is ``None`` with its tensor or factor named: not local."""
+    "Locality"): the largest ``||theta'_t - theta_t|| / ||theta_t||`` over the tensors outside
+    the symmetry factors (``displacement`` of ``parameter``; :data:`TOGETHER` for an absolute
+    ball), the largest ``||x'_f - x_f|| / ||x_f||`` over the factors' entries
+    (``factor_displacement`` of ``factor``) and ``||Gamma(xi, xi) / 2|| / ||xi||`` over the
+    curved factors' (``second_order`` of ``second_order_factor``); ``None`` where there is no
+    such factor, or with a name where the ratio is not finite even in float64 (not local)."""
 
     displacement: float | None
     parameter: str | None
@@ -234,10 +226,7 @@ class Locality:
                 and _within(self.second_order, self.second_order_factor, LOCAL_SECOND_ORDER))
 
     def as_dict(self) -> dict[str, Any]:
-        return {"displacement": self.displacement, "parameter": self.parameter,
-                "factor_displacement": self.factor_displacement, "factor": self.factor,
-                "second_order": self.second_order,
-                "second_order_factor": self.second_order_factor, "local": self.local}
+        return {**asdict(self), "local": self.local}
 
 
 def _within(ratio: float | None, label: str | None, bound: float) -> bool:

@@ -1,18 +1,16 @@
 """Layout stage: a model's parameters as the factors of a product quotient.
 
-Each class turns ``theta`` into a list of :class:`Factor` (a quotient and its base point), maps a
-point of the product back to parameters by name (``updates``) and lists its
-:class:`~.blocks.Block` s: :class:`PlainCoordinates` (one trivial-group factor),
-:class:`LayoutCoordinates` (the discovered symmetries of a
-:class:`~quotientsharp.models.ParameterLayout`) and :class:`BoundCoordinates` (the quotients of
-:class:`~quotientsharp.models.QuotientBinding` s), each with the remaining parameters.
+Each class lists ``theta`` as :class:`Factor` s, maps a point of the product back to
+parameters by name (``updates``) and lists its :class:`~.blocks.Block` s:
+:class:`PlainCoordinates` (one trivial-group factor), :class:`LayoutCoordinates` (discovered
+symmetries) and :class:`BoundCoordinates` (:class:`~quotientsharp.models.QuotientBinding` s).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -21,10 +19,8 @@ from quotientsharp.core.diagonal import DiagonalQuotient
 from quotientsharp.core.gl import GLQuotient, RotaryQuotient
 from quotientsharp.core.quotient import SymmetryQuotient
 from quotientsharp.engine.blocks import Block
+from quotientsharp.engine.functional import FunctionalModel
 from quotientsharp.models.binding import validate_bindings
-
-if TYPE_CHECKING:
-    from quotientsharp.engine.measures import FunctionalModel
 
 Tensors = tuple[torch.Tensor, ...]
 

@@ -1,12 +1,10 @@
 """Determinism of a measurement: the caller's global random state, and a forward that draws.
 
-A forward that draws random numbers makes every loss difference noise. :func:`check_deterministic`
-compares, before and after batch 0's clean evaluation and every batch's ascent, the states of
-the generators a forward can draw from: torch's (CPU, initialised CUDA), Python's ``random``,
-NumPy's legacy global one, and those the model's modules hold as attributes
-(:func:`owned_generators`). It does not see other generators (made inside ``forward``, in a
-closure, ``os.urandom``) nor randomness without one (nondeterministic kernels).
-:func:`kept_global_random_state` leaves the caller's global random state as it found it.
+:func:`check_deterministic` compares the states of the generators a forward can draw from
+(torch's, Python's ``random``, NumPy's legacy global one, and those the model's modules hold:
+:func:`owned_generators`) before and after a batch's evaluations; it cannot see generators made
+inside ``forward`` nor nondeterministic kernels. :func:`kept_global_random_state` leaves the
+caller's global random state as it found it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Model stage: the loss of a model at given parameters, never touching it.
-
-:class:`FunctionalModel` evaluates ``L(theta')`` by :func:`torch.func.functional_call` on
-perturbed clones. After an index error in a batch's forward, :func:`out_of_range_lookup` runs
-it again with a check on every embedding and names the table and the input (torch's message
-names neither).
+"""Model stage: the loss of a model at given parameters, never touching it
+(:class:`FunctionalModel`, by :func:`torch.func.functional_call` on perturbed clones), and the
+diagnoses of a forward or loss that fails (:func:`clean_loss_cause`,
+:func:`out_of_range_lookup`).
 """
 
 from __future__ import annotations

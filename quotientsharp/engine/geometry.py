@@ -1,11 +1,9 @@
 """Geometry stage: the space an ascent runs in, built once per call before the batch loop.
 
-:func:`build_geometry` forms the :class:`~quotientsharp.core.product.ProductQuotient` of a
-layout's :class:`~.coordinates.Factor` s, freezes it at ``theta`` and returns the
-:class:`~.ball.GeodesicBall` of radius ``rho``. An :class:`AscentSpace` pairs the feasible set
-with the coordinates that map its points to parameters; a plan (:class:`PlainGeometry`,
-:class:`GeodesicGeometry`) builds it once the first batch has told which parameters receive no
-gradient. Its one per-batch step is :meth:`AscentSpace.on_touched_rows` (:mod:`.touched_rows`).
+:func:`build_geometry` freezes the product quotient of a layout's :class:`~.coordinates.Factor` s
+at ``theta`` as a :class:`~.ball.GeodesicBall`; an :class:`AscentSpace` pairs the feasible set
+with the coordinates that map its points to parameters, built by a plan (:class:`PlainGeometry`,
+:class:`GeodesicGeometry`) once batch 0 has told which parameters receive no gradient.
 """
 
 from __future__ import annotations
@@ -195,8 +193,6 @@ class AscentSpace:
                         ) -> TouchedSpace | None:
         """This space with each table of ``rows`` cut to those rows; ``None`` where no table can
         be cut (not in the diagonal-metric factor, or the geometry cannot)."""
-        if not isinstance(self.geometry, (GeodesicBall, BoxGeometry)):
-            return None
         # first every table's slot in the diagonal-metric factor, then the cut tables
         slots = {name: self.coordinates.other_slot(name) for name in rows}
         tables = {name: RestrictedTable.of(slot, model.tables[name], rows[name],

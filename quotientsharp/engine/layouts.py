@@ -1,10 +1,7 @@
-"""Discovery/layout stage: the ``symmetries`` option of a geodesic measurement.
-
-:func:`symmetry_layout` turns it into ``None``, a :class:`~quotientsharp.models.ParameterLayout`
-or a list of :class:`~quotientsharp.models.QuotientBinding`; :func:`check_symmetries` and
-:func:`check_diagonal` check what can be checked without the model. The caller's own bindings
-are checked on the first batch (:func:`check_user_bindings`): their structure always, their
-invariance with the measurement's own loss unless ``check_symmetry=False``.
+"""Discovery/layout stage: the ``symmetries`` option of a geodesic measurement, as ``None``,
+a :class:`~quotientsharp.models.ParameterLayout` or a list of
+:class:`~quotientsharp.models.QuotientBinding` (:func:`symmetry_layout`); the caller's own
+bindings are checked on the first batch (:func:`check_user_bindings`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Measure stage: the sharpness measures, one batch at a time (``docs/sharpness.md``).
-
-A :class:`Measure` is set up once with the parameters that receive no gradient (an ascent
-measure builds its geometry there), then called once per batch for a :class:`BatchOutcome`;
-it never reads options (:mod:`.registry`) nor assembles the result (:mod:`.result`).
-:class:`AverageMeasure` draws Gaussian noise, :class:`AscentMeasure` runs Auto-PGD
-(:mod:`.solver`) over a ball or box, :class:`RelativeFlatness` takes Hessian-vector products.
+"""Measure stage: the sharpness measures, one batch at a time (``docs/sharpness.md``):
+:class:`AverageMeasure` (Gaussian noise), :class:`AscentMeasure` (Auto-PGD over a ball or box)
+and :class:`RelativeFlatness` (Hessian-vector products), each a :class:`Measure`.
 """
 
 from __future__ import annotations
@@ -142,6 +138,15 @@ class FirstEvaluation:
     rows: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+def _clean_loss(model: FunctionalModel, batch: Batch, index: int,
+                first: FirstEvaluation | None) -> torch.Tensor:
+    """The clean loss of batch ``index``: the setup's evaluation, else a checked forward."""
+    if first is not None:
+        return first.loss
+    with torch.no_grad(), model.checking():
+        return checked_clean_loss(model.loss(batch, {}), index, batch, model)
+
+
 @dataclass
 class BatchOutcome:
     """One batch: sharpness, clean and perturbed loss, norms, optional displacement; the
@@ -221,11 +226,7 @@ class AverageMeasure:
     def __call__(self, batch: Batch, index: int, tick: Tick, keep: bool,
                  first: FirstEvaluation | None = None) -> BatchOutcome:
         assert self.coordinates is not None
-        if first is not None:
-            clean = first.loss
-        else:
-            with torch.no_grad(), self.model.checking():
-                clean = checked_clean_loss(self.model.loss(batch, {}), index, batch, self.model)
+        clean = _clean_loss(self.model, batch, index, first)
         total = torch.zeros((), dtype=self.model.dtype, device=self.model.device)
         norm_sum = torch.zeros_like(total)
         finite = torch.zeros((), dtype=torch.int64, device=self.model.device)
@@ -327,8 +328,7 @@ class AscentMeasure:
         """Whether this measurement's solve may run on the touched rows of embedding tables:
         it starts at ``xi = 0`` and the model has tables that may be cut."""
         return (self.touched_rows and bool(self.model.tables) and not self.settings.random_init
-                and self.settings.restarts == 0
-                and isinstance(self.geometry, (GeodesicBall, BoxGeometry)))
+                and self.settings.restarts == 0)
 
     def _starting_point(self, batch: Batch, index: int, objective: Objective,
                         first: FirstEvaluation | None, restricts: bool
@@ -337,11 +337,7 @@ class AscentMeasure:
         """The clean loss, the evaluation at ``xi = 0`` (``None`` for a random start) and
         the embedding rows the batch touches (recorded where the solve may be cut to them)."""
         if self.settings.random_init:
-            if first is not None:
-                return first.loss, None, {}
-            with torch.no_grad(), self.model.checking():
-                clean = checked_clean_loss(self.model.loss(batch, {}), index, batch, self.model)
-            return clean, None, {}
+            return _clean_loss(self.model, batch, index, first), None, {}
         if first is not None:
             # the solver's first evaluation is at xi = 0, i.e. at theta: it is the clean loss
             initial = (first.loss, self.space.gradient_at_zero(first.gradients))

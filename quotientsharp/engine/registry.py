@@ -238,17 +238,10 @@ def reference_settings(option: object, settings: AscentSettings) -> AscentSettin
     """
     if option is None or option is False:
         return None
-    if option is True:
-        given: dict[str, Any] = {}
-    elif isinstance(option, Mapping):
-        given = dict(option)
-        unknown = sorted(str(k) for k in set(given) - set(REFERENCE_KEYS))
-        if unknown:
-            raise ValueError(f"reference_solve: unknown key(s) {unknown}; allowed: "
-                             f"{list(REFERENCE_KEYS)}")
-    else:
+    if option is not True and not isinstance(option, Mapping):
         raise TypeError(f"reference_solve must be None, True or a dict of solver settings "
                         f"({', '.join(REFERENCE_KEYS)}), got {option!r}")
+    given = {} if option is True else _overrides("reference_solve", option, REFERENCE_KEYS)
     resolved = {"n_iter": REFERENCE_ITERATIONS * settings.n_iter,
                 "restarts": REFERENCE_RESTARTS, "eta0": settings.eta0, "alpha": settings.alpha,
                 "random_init": False, **given}
@@ -272,10 +265,15 @@ def search_settings(option: object) -> SearchSettings | None:
     if not isinstance(option, Mapping):
         raise TypeError(f"reach must be True, False or a dict of search settings "
                         f"({', '.join(SEARCH_KEYS)}), got {option!r}")
-    unknown = sorted(str(k) for k in set(option) - set(SEARCH_KEYS))
+    return SearchSettings(**_overrides("reach", option, SEARCH_KEYS))
+
+
+def _overrides(name: str, option: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """``option`` as a dict; a key not in ``keys`` raises, naming the option ``name``."""
+    unknown = sorted(str(k) for k in set(option) - set(keys))
     if unknown:
-        raise ValueError(f"reach: unknown key(s) {unknown}; allowed: {list(SEARCH_KEYS)}")
-    return SearchSettings(**option)
+        raise ValueError(f"{name}: unknown key(s) {unknown}; allowed: {list(keys)}")
+    return dict(option)
 
 
 def _stream(generator: torch.Generator, offset: int) -> torch.Generator:
@@ -524,8 +522,7 @@ class GeodesicSpec(AscentSpec):
               ) -> tuple[Measure, dict[str, Any]]:
         layout, extra = symmetry_layout(model, functional, self.symmetries, self.diagonal)
         if isinstance(layout, list):
-            # bindings bring their own quotients: the options of discovered symmetries do not
-            # apply
+            # bindings bring their own quotients: the discovery options do not apply
             defaults = self.defaults()
             ignored = {k: getattr(self, k) for k in self.DISCOVERY_ONLY
                        if getattr(self, k) != defaults[k]}
@@ -533,9 +530,7 @@ class GeodesicSpec(AscentSpec):
                 warn_at_caller(f"option(s) {ignored} apply to discovered symmetries only; the "
                                "QuotientBinding quotients use their own metric", UserWarning)
             extra.update({"metric": "the bindings' own", "eps": None, "diagonal": None})
-        order = check_order(self.order)
-        extra["order"] = order           # as checked: 2.0 is recorded as the order 2
-        plan = GeodesicGeometry(self.radius, layout, self.metric, order, float(self.eps),
+        plan = GeodesicGeometry(self.radius, layout, self.metric, self.order, float(self.eps),
                                 self.exact_steps, self.other_metric, self.other_path)
         return self.ascent(functional, generator, plan, extra)
 

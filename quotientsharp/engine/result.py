@@ -298,7 +298,9 @@ def assemble_result(measure: str, outcomes: Sequence[BatchOutcome],
         clean_losses=torch.stack([o.clean for o in outcomes]).tolist(),
         perturbed_losses=torch.stack([o.perturbed for o in outcomes]).tolist(),
         excluded=list(excluded),
-        perturbations=_kept(outcomes) if keep else None,
+        # None for relative flatness, which perturbs nothing: passed on
+        perturbations=(cast(list[dict[str, torch.Tensor]], [o.perturbation for o in outcomes])
+                       if keep else None),
         frozen=list(frozen),
         nonfinite_evaluations=skipped,
         traces=[_trace(o.trace, o.clean) for o in outcomes if o.trace is not None],
@@ -349,8 +351,3 @@ def _moved(where: Mapping[str, Any]) -> str:
 def _times(ratio: float | None) -> str:
     return "a ratio that is not finite (the path overflowed) x" if ratio is None \
         else f"{ratio:.3g} x"
-
-
-def _kept(outcomes: Sequence[BatchOutcome]) -> list[dict[str, torch.Tensor]]:
-    """The kept perturbation of every batch (``None`` for relative flatness, passed on)."""
-    return cast(list[dict[str, torch.Tensor]], [o.perturbation for o in outcomes])

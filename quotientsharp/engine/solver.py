@@ -1,29 +1,20 @@
-"""Solver stage: Auto-PGD ascent over a perturbation ``xi`` (Croce & Hein 2020; Algorithm 1).
+"""Solver stage: Auto-PGD ascent over a perturbation ``xi`` (Croce & Hein 2020; Algorithm 1),
+and the reach search of chains of ascents. It sees only :class:`AscentGeometry` and the
+objective ``xi -> (loss, gradient)``. One run, ``N = n_iter`` steps of size ``eta``
+(``eta_0 = 2 rho``):
 
-It touches only what :class:`AscentGeometry` offers and the objective ``xi -> (loss,
-gradient)``: no model, no layout, no measure options. One run, with ``N = n_iter`` steps and
-step size ``eta`` (``eta_0 = 2 rho``):
+- ``z = P_S(xi_k + eta d_k)`` with ``d_k`` the ascent direction at ``xi_k``; ``xi_1 = z``,
+  afterwards ``xi_{k+1} = P_S(xi_k + alpha (z - xi_k) + (1 - alpha)(xi_k - xi_{k-1}))``;
+- at each checkpoint ``w_j`` before the last step: if fewer than 75% of the steps since
+  ``w_{j-1}`` increased the loss, or neither ``eta`` nor the best loss changed, ``eta`` is
+  halved and the run restarts from the best iterate (the starting point counts; ``>`` never
+  selects NaN).
 
-- ``z = P_S(xi_k + eta d_k)`` with ``d_k`` the ascent direction at ``xi_k``;
-- ``xi_1 = z``, afterwards ``xi_{k+1} = P_S(xi_k + alpha (z - xi_k) + (1 - alpha)(xi_k -
-  xi_{k-1}))``;
-- at each checkpoint ``w_j`` (before the last step): if fewer than 75% of the steps since
-  ``w_{j-1}`` increased the loss, or neither ``eta`` nor the best loss changed since
-  ``w_{j-1}``, then ``eta`` is halved and the iterate, its predecessor, the current loss and the
-  direction all restart from the best iterate found so far;
-- the best loss is tracked over every evaluated iterate, the starting point included.
-
-The loss may have any shape ``P`` (independent problems): every decision is then taken per
-problem, as if each were solved alone. ``P_S`` is the radial rescale (the geometry's ``clip``):
-every vector the loop combines is horizontal already. ``new_loss > best_loss`` never selects
-NaN, so non-finite evaluations are recorded per run (``AscentOutcome.nonfinite_at``) for the
-caller to check after the ascent, or skipped as failed steps (``skip_nonfinite=True``).
-
-Decisions are ``torch.where`` on the device (no host sync; for one problem over a few flat
-buffers, :class:`FlatTuple`, not one launch per tensor) or, for one problem on the CPU where a
-read is free, read on the host with the chosen tensors kept by reference (:class:`OnHost`):
-the same values bit for bit. :class:`CompiledSteps` runs the per-iteration geometry as
-``torch.compile`` graphs (equal to rounding).
+The loss may have any shape ``P`` (independent problems), each decided alone. ``P_S`` is the
+radial rescale (``clip``): every vector combined is horizontal already. Decisions are
+``torch.where`` on the device (:class:`OnDevice`, over :class:`FlatTuple` buffers for one
+problem) or, for one problem on the CPU, read on the host (:class:`OnHost`): the same values
+bit for bit.
 """
 
 from __future__ import annotations
@@ -74,15 +65,10 @@ class FlatTuple(tuple[torch.Tensor, ...]):
         """A copy of ``tensors`` in new flat buffers (``cat`` per span: a few launches)."""
         spans = flat_spans(tensors)
         buffers = tuple(_concatenated(tensors, span) for span in spans)
-        return cls._over(tensors, spans, buffers)
-
-    @classmethod
-    def _over(cls, like: Sequence[torch.Tensor], spans: tuple[tuple[int, int], ...],
-              buffers: tuple[torch.Tensor, ...]) -> FlatTuple:
         views = []
         for (start, stop), buffer in zip(spans, buffers, strict=True):
             offset = 0
-            for t in like[start:stop]:
+            for t in tensors[start:stop]:
                 views.append(buffer[offset:offset + t.numel()].view(t.shape))
                 offset += t.numel()
         flat = cls(views)
@@ -398,16 +384,15 @@ def _direction(geometry: AscentGeometry, egrad: Sequence[torch.Tensor]) -> Tenso
 
 
 class CompiledSteps:
-    """The ascent's per-iteration geometry as ``torch.compile`` graphs (module doc).
+    """The ascent's per-iteration geometry as ``torch.compile`` graphs, equal to the eager
+    steps to rounding.
 
     One object holds the compiled :func:`proposal_step` (with momentum) and
     ``geometry.direction``; pass the same object to every :func:`ascend` call that should
-    reuse them (:meth:`shared` is the one the engine passes, for every measurement of the
-    process). A run's first direction and first step run eager: they compute the frozen
-    point's cached quantities, which a graph cannot (dynamo breaks on ``cached_property``'s
-    lock). A geometry with new shapes (another model, or another number of touched embedding
-    rows) compiles again once; dynamo then marks the changing sizes dynamic. Another radius
-    recompiles too (the radius is a constant of the graph).
+    reuse them (:meth:`shared`: the engine's, for the whole process). A run's first direction
+    and step run eager: they compute the frozen point's cached quantities, which dynamo cannot
+    (``cached_property``'s lock). New shapes (another model, another number of touched rows)
+    compile again once, then dynamically; another radius recompiles (a constant of the graph).
 
     Parameters
     ----------
@@ -710,11 +695,9 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
             else geometry.zeros if start is None
             # a copy: the run writes its iterates in place, and the caller's start is only read
             else (lambda: tuple(t.clone() for t in start)))
-        loss, xi, first, record, trace, eta = _single_run(geometry, objective, begin, settings,
-                                                          eta0,
-                                                     on_evaluation,
-                                                     initial if run == 0 else None,
-                                                     skip_nonfinite, host_decisions, compiled)
+        loss, xi, first, record, trace, eta = _single_run(
+            geometry, objective, begin, settings, eta0, on_evaluation,
+            initial if run == 0 else None, skip_nonfinite, host_decisions, compiled)
         records.append(record)
         run_losses.append(loss)
         if best_loss is None:
@@ -727,9 +710,7 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
             best_loss = torch.where(improved, loss, best_loss)
             best_xi = choose(improved, xi, best_xi)
     assert best_loss is not None and start_loss is not None
-    count = records[0].count
-    for record in records[1:]:
-        count = count + record.count
+    count = sum((record.count for record in records[1:]), records[0].count)
     return AscentOutcome(best_loss, best_xi, run_losses, start_loss,
                          [r.at for r in records], [r.loss for r in records], count, eta,
                          traces[0] if len(traces) == 1 else torch.cat(traces))
@@ -737,38 +718,18 @@ def ascend(geometry: AscentGeometry, objective: Objective, settings: AscentSetti
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """How far a measurement looks beyond its first ascent (``docs/sharpness.md``, "Reach").
+    """How far a measurement looks beyond its first ascent (the ``reach`` option,
+    ``docs/sharpness.md``, "Reach").
 
-    A *chain* is one Auto-PGD ascent and its warm continuations: while the last 30 % of a run
-    (at least its last step) raised the chain's value by more than ``stall`` of it, another run
-    starts from the chain's best iterate (at most ``continuations``). The first chain starts
-    where the measurement's settings say, the others at random points of the ball, until the
-    reach estimate (second-best chain over the best, at most ``1 - s`` where the best chain was
-    still climbing by ``s``) reaches ``target`` or ``chains`` have run.
-
-    Attributes
-    ----------
-    chains
-        Most chains, the first included (``>= min_chains``).
-    min_chains
-        Fewest chains (``>= 2``: a value is only confirmed by a second chain).
-    continuations
-        Most warm continuations of one chain (``>= 0``).
-    target
-        The reach at which the search stops, in ``(0, 1]``.
-    stall
-        A run whose last 30 % raised its chain's value by at most this share of it has
-        stalled (no continuation), in ``[0, 1)``.
-    warm_step
-        The first step size of a continuation: ``"continue"``, twice the step size the run
-        ended with (at most the run's first), so that the continuation goes on where the run's
-        schedule stopped; ``"reset"``, the run's own first step size.
-    ladder
-        A continuation in ``rho`` for the second chain: radii as shares of ``rho``, increasing
-        in ``(0, 1)``. The chain ascends at the first share from ``xi = 0``, each further share
-        from the last best point scaled up to its radius, then at ``rho`` from that point
-        scaled up, with continuations like any chain. Empty (the default): every chain after
-        the first starts at a random point of the ball.
+    A *chain* is one ascent and its warm continuations (at most ``continuations``, starting
+    from the chain's best iterate while the last 30 % of a run raised its value by more than
+    ``stall`` of it; ``warm_step``: ``"continue"`` at twice the step size the run ended with,
+    at most its first, ``"reset"`` at its first). The first chain starts where the
+    measurement's settings say, the others at random points, until the reach estimate
+    (:func:`reach_estimate`, at most ``1 - s`` where the best chain still climbed by ``s``)
+    reaches ``target`` in ``(0, 1]`` or ``chains`` (``>= min_chains >= 2``) have run. ``ladder``:
+    increasing shares of ``rho`` in ``(0, 1)`` for the second chain, a continuation in ``rho``
+    from ``xi = 0`` (:func:`_ladder_chain`); empty, a random start.
     """
 
     chains: int = 4

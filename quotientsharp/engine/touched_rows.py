@@ -1,13 +1,11 @@
 """The rows of embedding tables a batch touches: the ascent on those rows alone, same value.
 
-An embedding table enters the loss only through the rows the batch looks up; every other row
-has a zero gradient. An ascent from ``xi = 0`` in a factor with a diagonal metric (or the
-L-infinity box, whose sign ascent gives ``c * sign(0) = 0``) never moves those rows, so solving
-on the touched rows visits the same iterates (only the norms' summation order changes). The
-model gets a :class:`TableLookup`: a zero-stride placeholder as the weight and a forward hook
-that replaces the lookup. Used only where the weight belongs to one plain ``nn.Embedding``
-(:func:`embedding_tables`), the batch's graph uses the table through its lookups alone
-(:func:`graph_uses`) and the solve starts at ``xi = 0``.
+Every other row has a zero gradient, and an ascent from ``xi = 0`` with a diagonal metric (or
+the box's sign ascent, ``c * sign(0) = 0``) never moves it: solving on the touched rows visits
+the same iterates (only the norms' summation order changes). The model gets a
+:class:`TableLookup`: a zero-stride placeholder weight and a forward hook that replaces the
+lookup, where the table is one plain ``nn.Embedding`` (:func:`embedding_tables`) used through
+its lookups alone (:func:`graph_uses`).
 """
 
 from __future__ import annotations
@@ -143,7 +141,7 @@ def looked_up(lookups: Mapping[str, TableLookup],
                         lookup: TableLookup = lookup, dtype: torch.dtype = dtypes[name]
                         ) -> torch.Tensor:
                 return lookup.output(_ids(args, kwargs), dtype)
-            handles.append(lookup.module.register_forward_hook(replace, with_kwargs=True))
+            handles.append(lookup.table.module.register_forward_hook(replace, with_kwargs=True))
         yield
     finally:
         for handle in handles:
@@ -181,17 +179,13 @@ class TableLookup:
     table: RestrictedTable
     rows: torch.Tensor
 
-    @property
-    def module(self) -> nn.Embedding:
-        return self.table.module
-
     def placeholder(self, dtype: torch.dtype) -> torch.Tensor:
         """A zero-stride stand-in of the table's shape for the module's own (discarded) lookup."""
         return torch.zeros((), dtype=dtype, device=self.rows.device).expand(self.table.shape)
 
     def output(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The module's output with the perturbed table: the rows at the remapped ids."""
-        module = self.module
+        module = self.table.module
         return F.embedding(self.table.remap[ids], self.rows.to(dtype), self.table.padding, None,
                            module.norm_type, module.scale_grad_by_freq, False)
 

@@ -12,7 +12,6 @@ check it against the model with :func:`check_symmetry`.
 
 from quotientsharp.models.binding import QuotientBinding
 from quotientsharp.models.layout import Coordinates, ParameterLayout
-from quotientsharp.models.lora import LoraAdapter
 from quotientsharp.models.lora_optimizers import (
     RiemannianAdamW,
     loraplus_adamw,
@@ -29,6 +28,7 @@ from quotientsharp.models.report import (
     AttentionPair,
     DiagonalPair,
     FactorSource,
+    LoraAdapter,
     PairGroup,
     SymmetryReport,
 )

@@ -121,17 +121,6 @@ def _describe(value: object) -> str:
 RESERVED_LABELS = frozenset({"gl", "diagonal", "other", "total"})
 
 
-def _check_labels(labels: list[str]) -> None:
-    """Binding names: unique, and none a block label of the result."""
-    for label in labels:
-        if label in RESERVED_LABELS:
-            raise ValueError(f"a binding may not be named {label!r}: the name labels a block "
-                             f"of its own in the result (reserved: {sorted(RESERVED_LABELS)})")
-        if labels.count(label) > 1:
-            raise ValueError(f"two bindings are named {label!r}: give each its own name, "
-                             "the per-block norms of the result are reported by name")
-
-
 def _check_parameters(bindings: Sequence[QuotientBinding],
                       trainable: Mapping[str, torch.Tensor]) -> None:
     """Each bound name a trainable parameter, in one binding only; each binding round-trips."""
@@ -148,33 +137,32 @@ def _check_parameters(bindings: Sequence[QuotientBinding],
         binding.check_round_trip(trainable)
 
 
-def _check_point_layout(binding: QuotientBinding, base: Tensors) -> None:
-    """``to_point`` gave the quotient's number of tensors, with ``folded`` leading dimensions."""
-    ndims = binding.quotient.point_ndims
-    if len(base) != len(ndims):
-        raise ValueError(f"binding {binding.name!r}: to_point returned {len(base)} "
-                         f"tensors, the quotient's point has {len(ndims)}")
-    leading = {t.dim() - k for t, k in zip(base, ndims, strict=True)}
-    if leading != {binding.folded}:
-        raise ValueError(f"binding {binding.name!r}: the point has {sorted(leading)} "
-                         f"leading (batch) dimension(s) beyond the quotient's "
-                         f"point_ndims {tuple(ndims)}, but folded={binding.folded}; "
-                         "folded must count them (e.g. 1 for a stack of units)")
-
-
 def validate_bindings(bindings: Sequence[QuotientBinding],
                       trainable: Mapping[str, torch.Tensor]) -> list[Tensors]:
-    """Refuse bindings that :func:`quotientsharp.sharpness` and the quotient optimisers cannot
-    use (one rule set for every consumer); return each binding's point at ``theta``, detached.
-
-    The rules, each broken with a ``ValueError`` naming the binding (and the parameter): names
-    unique and not reserved; every bound name in ``trainable`` (the model's trainable parameters
-    at ``theta``); no parameter in two bindings; ``from_point(to_point(theta)) = theta``;
-    ``to_point`` returning the quotient's number of tensors, with ``folded`` leading dimensions.
+    """Each binding's point at ``theta`` (``trainable``), detached, after the rules that
+    ``sharpness()`` and the quotient optimisers share (a ``ValueError`` naming the binding for
+    each): names unique and not reserved, bound names trainable and in one binding only, a
+    round trip through the point, the quotient's number of tensors with ``folded`` dimensions.
     """
-    _check_labels([b.name for b in bindings])
+    labels = [b.name for b in bindings]
+    for label in labels:
+        if label in RESERVED_LABELS:
+            raise ValueError(f"a binding may not be named {label!r}: the name labels a block "
+                             f"of its own in the result (reserved: {sorted(RESERVED_LABELS)})")
+        if labels.count(label) > 1:
+            raise ValueError(f"two bindings are named {label!r}: give each its own name, "
+                             "the per-block norms of the result are reported by name")
     _check_parameters(bindings, trainable)
     bases = [tuple(t.detach() for t in binding.point(trainable)) for binding in bindings]
     for binding, base in zip(bindings, bases, strict=True):
-        _check_point_layout(binding, base)
+        ndims = binding.quotient.point_ndims
+        if len(base) != len(ndims):
+            raise ValueError(f"binding {binding.name!r}: to_point returned {len(base)} "
+                             f"tensors, the quotient's point has {len(ndims)}")
+        leading = {t.dim() - k for t, k in zip(base, ndims, strict=True)}
+        if leading != {binding.folded}:
+            raise ValueError(f"binding {binding.name!r}: the point has {sorted(leading)} "
+                             f"leading (batch) dimension(s) beyond the quotient's "
+                             f"point_ndims {tuple(ndims)}, but folded={binding.folded}; "
+                             "folded must count them (e.g. 1 for a stack of units)")
     return bases

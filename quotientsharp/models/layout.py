@@ -67,12 +67,6 @@ class _Block:
     def stride(self) -> int:
         return self.source.stride or self.span
 
-    @property
-    def extent(self) -> int:
-        """Features along ``source.axis`` from ``source.offset`` that this block's segment
-        covers (with the other phases of a strided segment)."""
-        return self.heads * self.stride
-
 
 def _gather(tensor: torch.Tensor, source: FactorSource, heads: int, members: int,
             head_dim: int) -> torch.Tensor:
@@ -117,13 +111,6 @@ def _split_if_tiling(tensor: torch.Tensor, spans: list[tuple[int, int]],
     return [tensor.narrow(dim, start, length) for start, length in spans]
 
 
-def _segment(parts: list[torch.Tensor], axis: int) -> torch.Tensor:
-    """The phases of one segment (each from :func:`_scatter`) as features along ``axis``."""
-    # the (heads, span) dimensions sit at (axis, axis + 1) of every part
-    joined = parts[0] if len(parts) == 1 else torch.cat(parts, dim=axis + 1)
-    return joined.flatten(axis, axis + 1)
-
-
 def _check_params(params: object, shapes: Mapping[str, tuple[int, ...]]) -> None:
     """``params`` a dict with a tensor of shape ``shapes[name]`` for every name of ``shapes``."""
     if not isinstance(params, Mapping):
@@ -139,11 +126,9 @@ def _check_params(params: object, shapes: Mapping[str, tuple[int, ...]]) -> None
 
 
 def _matrix_shape(name: str, shape: tuple[int, ...], role: str, axis: int) -> tuple[int, ...]:
-    """The shape of parameter ``name`` as the matrix (weight) or vector (bias) its blocks read.
-
-    A convolution weight ``[features, in, *kernel]`` (axis 0: rows = in * kernel) or
-    ``[out, features, 1, ...]`` (axis 1, a 1 x 1 kernel) reads as the matrix of its flattening.
-    """
+    """The shape of parameter ``name`` as the matrix (weight) or vector (bias) its blocks read:
+    a convolution weight (``[features, in, *kernel]`` on axis 0, or a 1 x 1 kernel on axis 1)
+    reads as the matrix of its flattening."""
     flat = shape
     if role == "weight" and len(shape) > 2 and (axis == 0 or set(shape[2:]) == {1}):
         flat = (shape[0], math.prod(shape[1:])) if axis == 0 else shape[:2]
@@ -233,8 +218,6 @@ class ParameterLayout:
         self.bucket_shapes = [key[:3] for key in bucket_keys]
         #: ``(rotary_dims, layout)`` of each bucket's pairs, ``None`` for ``GL(h)`` buckets.
         self.bucket_rotary = [key[3] for key in bucket_keys]
-        self._bucket_dtypes = [key[4] for key in bucket_keys]
-        self._bucket_devices = [key[5] for key in bucket_keys]
 
     def _blocks_by_parameter(self) -> dict[str, list[_Block]]:
         """Per covered parameter, the blocks that read it, in bucket order."""
@@ -295,7 +278,7 @@ class ParameterLayout:
                                  f"(gap or overlap at {position})")
             _check_phases(name, offset, segment)
             segments.append(segment)
-            position += segment[0].extent
+            position += segment[0].heads * segment[0].stride
         if position != shape[axis]:
             raise ValueError(f"parameter {name!r} of shape {shape}: pairs cover {position} of "
                              f"{shape[axis]} features along dimension {axis}")
@@ -303,15 +286,11 @@ class ParameterLayout:
 
     def _pieces(self, factors: list[torch.Tensor], names: list[str] | None = None
                 ) -> dict[tuple[int, ...], torch.Tensor]:
-        """Every block's piece of the bucket factors, ``shape=[heads, members, rows, h]``.
-
-        Keyed by ``(2 * bucket + factor, start, heads, row, rows)``; ``names`` limits it to
-        the blocks of those parameters. Where the blocks tile a
-        factor, it is cut by one ``split`` per dimension rather than one slice per block: the
-        values are the same views, but the backward of a split joins the pieces' gradients in
-        one allocation, where each slice's backward would write a zero tensor of the whole
-        factor (for a BERT, dozens of factor-sized tensors per backward).
-        """
+        """Every block's piece of the bucket factors (of the parameters ``names`` only, if
+        given), ``shape=[heads, members, rows, h]``, keyed by ``(2 * bucket + factor, start,
+        heads, row, rows)``. Tiling blocks are cut by one ``split``: the backward of a split
+        joins the gradients in one allocation, where each slice's would write a zero tensor of
+        the whole factor."""
         wanted: dict[int, dict[tuple[int, int], set[tuple[int, int]]]] = {}
         shapes: dict[tuple[int, int, int], tuple[int, int]] = {}
         for name, segments in self._segments.items():
@@ -342,15 +321,15 @@ class ParameterLayout:
                   pieces: dict[tuple[int, ...], torch.Tensor]) -> torch.Tensor:
         """Parameter ``name`` from its buckets' factors (``factors[2 * bucket + factor]``, cut
         into ``pieces`` by :meth:`_pieces`)."""
+        axis = self._segments[name][0][0].source.axis
         segments = []
         for segment in self._segments[name]:
-            parts = []
-            for block in segment:
-                piece = pieces[(2 * block.bucket + block.factor, block.start, block.heads,
-                                block.row, block.source.rows)]
-                parts.append(_scatter(piece, block.source))
-            segments.append(_segment(parts, block.source.axis))
-        axis = self._segments[name][0][0].source.axis
+            parts = [_scatter(pieces[(2 * block.bucket + block.factor, block.start, block.heads,
+                                      block.row, block.source.rows)], block.source)
+                     for block in segment]
+            # the phases of a segment: their (heads, span) dimensions sit at (axis, axis + 1)
+            joined = parts[0] if len(parts) == 1 else torch.cat(parts, dim=axis + 1)
+            segments.append(joined.flatten(axis, axis + 1))
         joined = segments[0] if len(segments) == 1 else torch.cat(segments, dim=axis)
         # a no-op view but for convolution weights, assembled as the matrix of their flattening
         return joined.reshape(self._shapes[name])

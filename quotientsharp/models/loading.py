@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import nn
 
-#: What ``torch.load`` raises for bytes that are not (wholly) a ``torch.save`` file: the
-#: unpickler, fed other bytes, fails in any of these ways (some as bare as ``KeyError: 101`` or
-#: ``IndexError: list index out of range``).
+#: What ``torch.load`` raises for bytes that are not (wholly) a ``torch.save`` file (the
+#: unpickler, fed other bytes, fails in any of these ways).
 UNREADABLE_TORCH_FILE = (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, KeyError,
                          IndexError, TypeError, OverflowError, struct.error)
 #: How a ``torch.save`` file begins: a zip archive (the format since torch 1.6) or a pickle
@@ -101,17 +100,12 @@ def torch_file_problem(path: Path) -> str | None:
 
 
 def load_torch_file(path: Path, label: str, neither: str, weights_only: bool | None) -> Any:
-    """The object that ``torch.save`` wrote to ``path``, on the CPU.
-
-    ``weights_only``: ``True`` reads tensors and containers only; ``False`` unpickles any
-    object (the file is trusted, as code is); ``None`` tries the former, then the latter.
-    Anything but a readable ``torch.save`` file is a ``ValueError`` reading ``"{label} {path}
-    is neither {neither}: why"``, and a pickled class that cannot be imported here says so.
-    """
+    """The object that ``torch.save`` wrote to ``path``, on the CPU (``weights_only``:
+    ``True``, tensors and containers only; ``False``, any object of a trusted file; ``None``,
+    the former then the latter); anything else is a ``ValueError`` naming ``label`` and why."""
     import torch
 
-    problem = torch_file_problem(path)
-    if problem is not None:
+    if (problem := torch_file_problem(path)) is not None:
         raise ValueError(f"{label} {path} is neither {neither}: {problem}")
     try:
         try:

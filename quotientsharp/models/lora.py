@@ -1,14 +1,8 @@
-"""Low-rank adapters (LoRA, as built by PEFT) as ``GL(r)`` factor pairs.
-
-An adapter adds ``s B A`` to a frozen weight; the network sees only ``B A``, so ``GL(r)`` acts
-by ``(A, B) -> (M A, B M^{-1})``: the pair ``(G, H) = (B, A^T)`` of kind ``"lora"`` (one pair,
-head dimension ``r``). PEFT's ``Linear``, ``Embedding`` and ``Conv1d/2d/3d`` layers and DoRA
-(whose magnitude vector is an ordinary parameter) are recognised by their structure, so that
-this module never imports ``peft``. An adapter is a pair only when it reaches the output and is
-a point of the quotient: merged, inactive, frozen, degenerate (rank below ``r``, as a fresh
-adapter's ``B = 0``; ``find_symmetries(model, degenerate="pair")`` keeps those) and unsupported
-adapters are not (``docs/lora.md``). Values are read only for the rank test, skipped on the
-meta device.
+"""Low-rank adapters (LoRA, as built by PEFT) as ``GL(r)`` pairs ``(G, H) = (B, A^T)`` of kind
+``"lora"``: the network sees only ``B A``, on which ``GL(r)`` acts by ``(M A, B M^{-1})``. PEFT's
+layers are recognised by their structure (``peft`` is never imported); an adapter is a pair only
+when it reaches the output and is a point of the quotient (``docs/lora.md``). Values are read
+only for the rank test, skipped on the meta device.
 """
 
 from __future__ import annotations
@@ -22,87 +16,13 @@ import torch
 from torch import nn
 
 from quotientsharp.core.validation import warn_at_caller
-from quotientsharp.models.report import FactorSource, PairGroup
+from quotientsharp.models.report import FactorSource, LoraAdapter, PairGroup
 
-#: What discovery decided for an adapter (:attr:`LoraAdapter.status`).
-ADAPTER_STATUSES = ("pair", "degenerate", "merged", "inactive", "frozen", "unsupported",
-                    "dropped")
 #: ``find_symmetries(model, degenerate=...)``: where a rank-deficient adapter goes.
 DEGENERATE_POLICIES = ("adaptive", "pair")
 #: PEFT LoRA layer classes whose adapters are not a plain product ``B A`` of two factors.
 _UNSUPPORTED_LAYERS = frozenset({"MultiheadAttention", "ParamWrapper"})
 _CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-
-
-@dataclass(frozen=True)
-class LoraAdapter:
-    """One named adapter of one LoRA layer, and what discovery made of it.
-
-    Attributes
-    ----------
-    module
-        Qualified name of the LoRA layer, e.g. ``"base_model.model.encoder.layer.0.attention.
-        self.query"``.
-    adapter
-        The adapter's name (PEFT's ``"default"`` unless named).
-    layer
-        ``"linear"``, ``"embedding"``, ``"conv"``, or the class name of an unsupported layer.
-    r
-        Rank: the group is ``GL(r)``.
-    alpha, scaling
-        ``lora_alpha`` and the factor ``s`` of ``s B A`` (``alpha / r``; ``alpha / sqrt(r)``
-        with rsLoRA). The scaling does not affect the ``GL(r)`` action.
-    rslora, dora
-        Whether the adapter uses rank-stabilised scaling, and DoRA's magnitude vector.
-    a_parameter, b_parameter
-        Names of the parameters holding ``A`` (``shape=[r, ...]``) and ``B``
-        (``shape=[out, r, ...]``).
-    magnitude_parameter
-        DoRA's magnitude vector (in the adaptive block), else ``None``.
-    status
-        One of :data:`ADAPTER_STATUSES`: ``"pair"`` when the adapter is a ``GL(r)`` pair of
-        the report; ``"dropped"`` when it was one but the walker dropped it (see the notes).
-    reason
-        Why the adapter is not a pair (empty for pairs).
-    rank_a, rank_b
-        Numerical ranks of ``A`` and ``B`` (``None`` when the values were not read).
-    """
-
-    module: str
-    adapter: str
-    layer: str
-    r: int
-    alpha: float
-    scaling: float
-    rslora: bool = False
-    dora: bool = False
-    a_parameter: str | None = None
-    b_parameter: str | None = None
-    magnitude_parameter: str | None = None
-    status: str = "pair"
-    reason: str = ""
-    rank_a: int | None = None
-    rank_b: int | None = None
-
-    @property
-    def label(self) -> str:
-        """``module[adapter]``: the adapter's name in notes and in the pair labels."""
-        return f"{self.module}[{self.adapter}]"
-
-    @property
-    def group(self) -> str:
-        """The symmetry group, ``"GL(r)"``."""
-        return f"GL({self.r})"
-
-    def summary_line(self) -> str:
-        """One readable line: name, layer, rank, scaling and what discovery made of it."""
-        extras = "".join(text for flag, text in ((self.rslora, ", rsLoRA"),
-                                                 (self.dora, ", DoRA")) if flag)
-        head = (f"{self.label}  {self.layer}  r={self.r}  alpha={self.alpha:g}  "
-                f"scaling={self.scaling:.4g}{extras}")
-        if self.status == "pair":
-            return f"{head}  -> {self.group} pair"
-        return f"{head}  -> {self.status}: {self.reason}"
 
 
 @dataclass
@@ -175,7 +95,6 @@ class _Factors:
     b: torch.Tensor
     a_matrix: torch.Tensor        # shape [r, rows of H]
     b_matrix: torch.Tensor        # shape [rows of G, r]
-    problem: str = ""
 
 
 def _factors(module: Any, adapter: str) -> _Factors | str:
@@ -204,15 +123,6 @@ def _factors(module: Any, adapter: str) -> _Factors | str:
         return _Factors("conv", a, b, a.reshape(a.shape[0], -1), b.reshape(b.shape[0], -1))
     return (f"lora_A / lora_B are {type(lora_a).__name__} / {type(lora_b).__name__}, not "
             "Linear or convolution layers")
-
-
-def _sources(names: dict[int, str], factors: _Factors) -> tuple[FactorSource, FactorSource]:
-    """``G = B`` (features along dimension 1 of B's weight) and ``H = A^T`` (along dimension 0
-    of A's weight; a convolution's input channels and kernel flattened into the rows)."""
-    rows_g = int(factors.b_matrix.shape[0])
-    rows_h = int(factors.a_matrix.shape[1])
-    return (FactorSource(names[id(factors.b)], "weight", 1, 0, rows_g),
-            FactorSource(names[id(factors.a)], "weight", 0, 0, rows_h))
 
 
 def _scalar(value: object, default: float = math.nan) -> float:
@@ -266,8 +176,8 @@ def _layer_state(module: Any, adapter: str) -> tuple[str, str] | None:
 
 
 def _with_ranks(record: LoraAdapter, factors: _Factors, r: int) -> LoraAdapter:
-    """``record`` with the factors' numerical ranks, ``"degenerate"`` below ``r``; as it is on
-    the meta device (no values to read)."""
+    """``record`` with the factors' numerical ranks, ``"degenerate"`` below ``r`` (unchanged
+    on the meta device)."""
     if factors.a.is_meta or factors.b.is_meta:
         return record
     rank_a, rank_b = _numerical_rank(factors.a_matrix), _numerical_rank(factors.b_matrix)
@@ -312,21 +222,20 @@ def _adapter(module_name: str, module: Any, adapter: str, names: dict[int, str],
     return _with_ranks(record, factors, r), factors
 
 
-def _add_layer(finding: LoraFinding, unread: list[str], module_name: str, module: Any,
-               names: dict[int, str], frozen: set[str], degenerate: str) -> None:
-    """Add the adapters of one LoRA layer to ``finding`` (their pairs, and the base weights
-    they adapt); the labels of pairs whose values could not be read go to ``unread``."""
+def _add_layer(finding: LoraFinding, module_name: str, module: Any, names: dict[int, str],
+               frozen: set[str], degenerate: str) -> None:
+    """Add the adapters of one LoRA layer, their pairs and the base weights they adapt to
+    ``finding``."""
     reaching = False
     for adapter in _names(module):
         record, factors = _adapter(module_name, module, adapter, names, frozen)
         # an active adapter, pair or not, changes what the base weight means
         reaching = reaching or record.status not in ("merged", "inactive")
-        if record.status in ("pair", "degenerate") and factors is not None:
-            if record.status == "pair" or degenerate == "pair":
-                g, h = _sources(names, factors)
-                finding.groups.append(PairGroup(record.label, "lora", 1, record.r, (g,), (h,)))
-            if record.rank_a is None:
-                unread.append(record.label)
+        if factors is not None and (record.status == "pair" or degenerate == "pair"):
+            # G = B, H = A^T (a convolution's input channels and kernel flattened in rows)
+            g = FactorSource(names[id(factors.b)], "weight", 1, 0, int(factors.b_matrix.shape[0]))
+            h = FactorSource(names[id(factors.a)], "weight", 0, 0, int(factors.a_matrix.shape[1]))
+            finding.groups.append(PairGroup(record.label, "lora", 1, record.r, (g,), (h,)))
         finding.adapters.append(record)
     if not reaching:
         return
@@ -339,23 +248,21 @@ def _add_layer(finding: LoraFinding, unread: list[str], module_name: str, module
 # ---------------------------------------------------------------------- the walk
 def find_lora_adapters(model: nn.Module, names: dict[int, str], frozen: Iterable[str],
                        degenerate: str = "adaptive") -> LoraFinding:
-    """Every adapter of every LoRA layer of ``model``, and the ``GL(r)`` pairs among them.
-
-    ``names`` maps ``id(parameter)`` to its name, ``frozen`` names the parameters without
-    gradients; ``degenerate`` is ``find_symmetries``'s: ``"adaptive"`` (a rank-deficient
-    adapter joins the adaptive block, noted) or ``"pair"`` (kept, for ``eps > 0``).
-    """
+    """Every adapter of every LoRA layer of ``model``, and the ``GL(r)`` pairs among them
+    (``names``: ``id(parameter)`` to name; ``degenerate``: as :func:`find_symmetries`'s)."""
     if degenerate not in DEGENERATE_POLICIES:
         raise ValueError(f"degenerate must be one of {DEGENERATE_POLICIES}, got {degenerate!r}")
     frozen = set(frozen)
     finding = LoraFinding()
-    unread: list[str] = []
     for module_name, module in model.named_modules():
         if is_lora_layer(module):
-            _add_layer(finding, unread, module_name, module, names, frozen, degenerate)
+            _add_layer(finding, module_name, module, names, frozen, degenerate)
     _summary_notes(finding, degenerate)
+    # pairs (kept or not) whose values are on the meta device
+    unread = sum(r.status in ("pair", "degenerate") and r.rank_a is None
+                 for r in finding.adapters)
     if unread:
-        finding.notes.append(f"{len(unread)} LoRA adapter(s) on the meta device (built from "
+        finding.notes.append(f"{unread} LoRA adapter(s) on the meta device (built from "
                              "configs): their values are unknown, so a degenerate adapter "
                              "(B = 0, rank < r) cannot be detected")
     return finding

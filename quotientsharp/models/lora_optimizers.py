@@ -1,15 +1,10 @@
-"""The published LoRA optimisers on the library's geometry: Riemannian preconditioned AdamW
-(Zhang & Pilanci, 2024) and LoRA+ (Hayou, Ghosh & Yu, 2024), on the pairs that discovery finds
-(``degenerate="pair"``, so that a fresh adapter with ``B = 0`` is a pair) or that
-:class:`~quotientsharp.models.QuotientBinding` s bind.
-
-:class:`RiemannianAdamW` feeds AdamW the gradients raised by the damped ``mix`` metric of the
-core's :class:`~quotientsharp.core.gl.GLQuotient`, ``(dL/dG S_H^{-1}, dL/dH S_G^{-1})`` with
-``S = K + delta I`` (in LoRA terms ``dL/dB (A A^T + delta I)^{-1}`` and
-``(B^T B + delta I)^{-1} dL/dA``); its moments are entrywise, as in the paper and PEFT's
-``create_riemannian_optimizer``, so the step is not invariant under the pair's group
-(:class:`~quotientsharp.models.quotient_adamw.QuotientAdamW` is). LoRA+ gives the factor ``B``
-(``G`` of the pair) ``ratio`` times the learning rate of ``A``.
+"""The published LoRA optimisers on the library's geometry, on the pairs that discovery finds
+(``degenerate="pair"``: a fresh adapter with ``B = 0`` is a pair) or that bindings bind:
+Riemannian preconditioned AdamW (Zhang & Pilanci, 2024: AdamW with entrywise moments on the
+gradients raised by the damped ``mix`` metric of the core's
+:class:`~quotientsharp.core.gl.GLQuotient`, so not invariant under the pair's group as
+:class:`~quotientsharp.models.quotient_adamw.QuotientAdamW` is) and LoRA+ (Hayou, Ghosh & Yu,
+2024: the factor ``B``, ``G`` of the pair, at ``ratio`` times the learning rate of ``A``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Gradient descent on the quotient: :class:`QuotientSGD` steps ``GL`` pairs along their
-Riemannian gradient, every other trainable parameter as plain SGD, and the helpers that the
-three quotient optimisers share (argument checks, the pairs and their gradients).
-
-The Riemannian gradient of a pair ``(G, H)`` is the core's (:class:`~quotientsharp.core.gl.
-GLQuotient`): with the ``mix`` metric ``grad_G = dL/dG S_H^{-1}``, ``grad_H = dL/dH S_G^{-1}``
-(``S = K + eps I``), the scaled gradient step of ScaledGD and, with ``eps > 0``, of Riemannian
-preconditioned LoRA. At ``eps = 0`` it moves as a tangent vector under the group, so iterates
-from one orbit stay on one orbit (``docs/lora.md`` derives it). Degenerate pairs (a fresh PEFT
-adapter has ``B = 0``) raise a ``ValueError`` naming the pair at ``eps = 0``.
+"""Gradient descent on the quotient: :class:`QuotientSGD` steps ``GL`` pairs along the core's
+Riemannian gradient (:class:`~quotientsharp.core.gl.GLQuotient`; with the ``mix`` metric the
+scaled gradient step of ScaledGD and Riemannian preconditioned LoRA, ``docs/lora.md``), every
+other trainable parameter as plain SGD; and the helpers the three quotient optimisers share.
 """
 
 from __future__ import annotations
@@ -26,6 +20,7 @@ from quotientsharp.models.binding import QuotientBinding, check_binding_list, va
 from quotientsharp.models.layout import ParameterLayout
 from quotientsharp.models.report import NoSymmetryWarning, SymmetryReport
 from quotientsharp.models.symmetry_check import check_structure
+from quotientsharp.models.walker import find_symmetries
 
 Tensors = tuple[torch.Tensor, ...]
 #: The metrics of the quotient optimisers.
@@ -77,14 +72,9 @@ def warn_without_pairs(owner: str, pair_names: Sequence[str], plain: str) -> Non
 
 def begin_step(owner: str, closure: Callable[[], Any] | None, named: dict[str, nn.Parameter],
                values: Sequence[str]) -> Any:
-    """The start of every quotient optimiser's step: the closure's loss (re-evaluated with
-    gradients, as in ``torch.optim``; ``None`` without one), then a refusal of NaN or inf
-    before anything changes (parameters, moments, step counts).
-
-    The error, naming ``owner``, lists every trainable parameter whose gradient, and every
-    parameter of ``values`` (the pairs', whose frames read them) whose value, is not finite.
-    One synchronisation per step.
-    """
+    """The closure's loss (``None`` without one), then, before anything changes, a
+    ``ValueError`` naming ``owner`` and every trainable parameter whose gradient, or parameter of
+    ``values`` (the pairs') whose value, is not finite (one synchronisation)."""
     loss = None
     if closure is not None:
         with torch.enable_grad():
@@ -105,8 +95,7 @@ def begin_step(owner: str, closure: Callable[[], Any] | None, named: dict[str, n
 
 
 def _cloned(value: Any) -> Any:
-    """A copy of one optimiser state entry: tensors cloned, (nested) dicts copied, the rest
-    (ints, floats) shared, being immutable."""
+    """A copy of one optimiser state entry (tensors cloned, dicts copied, numbers shared)."""
     if isinstance(value, torch.Tensor):
         return value.clone()
     if isinstance(value, dict):
@@ -132,18 +121,12 @@ def _check_group_rates(owner: str, optimizer: torch.optim.Optimizer,
 
 def all_or_nothing(owner: str, optimizer: torch.optim.Optimizer, names: Mapping[int, str],
                    run: Callable[[], None]) -> None:
-    """Run one step (``run``) of ``optimizer`` as a transaction: either it completes with
-    finite parameters, or the parameters and the state are put back exactly as they were and a
-    ``ValueError`` naming ``owner`` and the parameters says why.
+    """Run one step (``run``) of ``optimizer`` as a transaction: if ``lr`` is not finite,
+    ``run`` raises a ``ValueError`` or ``LinAlgError``, or leaves a parameter NaN or inf, the
+    parameters and state are restored exactly and a ``ValueError`` naming ``owner`` says why.
 
-    A non-finite ``lr`` is refused before anything runs. ``run`` may write into parameters and
-    state; if it raises a ``ValueError`` (a degenerate pair, a state that does not fit) or a
-    ``torch.linalg.LinAlgError`` (a Cholesky factor of a metric that is not numerically
-    positive definite), or leaves a parameter NaN or inf although the gradients were finite
-    (an update that overflows: a factor too ill-conditioned for its metric), everything is
-    restored. The step's arithmetic is not touched, so a successful step is bit for bit the
-    step without this guard; the price is one copy of the parameters and state per step and
-    one synchronisation. ``names`` maps ``id(parameter)`` to its name.
+    A successful step is bit for bit the unguarded one; the price is one copy of the
+    parameters and state and one synchronisation. ``names`` maps ``id(parameter)`` to its name.
     """
     _check_group_rates(owner, optimizer, names)
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -187,16 +170,12 @@ def check_loaded_state(owner: str, optimizer: torch.optim.Optimizer, state_dict:
                        names: Mapping[int, str], options: Sequence[str],
                        entries: Mapping[str, bool],
                        also: Callable[[str], bool] = lambda key: False) -> None:
-    """Refuse, before ``load_state_dict`` changes anything, a state that does not fit
-    ``optimizer``: the state of another optimiser class (a param group without one of this
-    optimiser's ``options``, a parameter state with an entry it does not know or without one it
-    needs) or of another model (a per-parameter tensor of another shape).
+    """Refuse, before ``load_state_dict`` changes anything, the state of another optimiser (a
+    group without one of ``options``, a parameter entry not in ``entries`` nor admitted by
+    ``also``, a required one missing) or of another model (a tensor entry of another shape).
 
-    ``entries`` maps each parameter state entry this optimiser writes to whether it is
-    required (unless the state holds only entries admitted by ``also``); entries whose value
-    is a tensor of more than one element must have the parameter's shape. ``also(key)``
-    admits further entries (checked where they are used).
-    ``names`` maps ``id(parameter)`` to its name, for the messages.
+    ``entries`` maps each entry to whether it is required; ``names`` maps ``id(parameter)`` to
+    its name, for the messages.
     """
     if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= state_dict.keys():
         raise ValueError(f"{owner}: load_state_dict expects an optimiser state_dict (a dict "
@@ -260,8 +239,6 @@ def resolve_symmetries(model: nn.Module, symmetries: object
         if symmetries != "auto":
             raise ValueError(f"symmetries must be 'auto', a SymmetryReport or "
                              f"QuotientBinding(s), got {symmetries!r}")
-        from quotientsharp.models.walker import find_symmetries
-
         return find_symmetries(model, degenerate="pair")
     if isinstance(symmetries, SymmetryReport):
         return symmetries
@@ -290,20 +267,18 @@ def param_groups(named: dict[str, nn.Parameter], pair_names: list[str]
 
 
 def geometry_dtype(point: Sequence[torch.Tensor]) -> torch.dtype:
-    """The dtype a binding's geometry is computed in: the point's, widened to float32 for
-    half precision (as ``sharpness()`` does: torch has no half-precision Cholesky or solve on
-    every device, and the metric's Gram matrices lose their rank in 8 bits of mantissa); the
-    caller casts the direction back to each parameter's dtype."""
-    dtype = torch.promote_types(point[0].dtype, torch.float32)
-    for tensor in point[1:]:
+    """The point's dtype widened to float32 at least, as ``sharpness()`` computes a geometry
+    (torch lacks half-precision Cholesky and solves on some devices, and a Gram matrix loses its
+    rank in 8 bits of mantissa)."""
+    dtype = torch.float32
+    for tensor in point:
         dtype = torch.promote_types(dtype, tensor.dtype)
     return dtype
 
 
 def _check_binding_point(binding: QuotientBinding, base: Tensors) -> None:
-    """The quotient's own check of the binding's point (as ``sharpness()`` runs it: its
-    components' batch shapes must broadcast, its values be finite), before any user method
-    reads the point and fails with a raw shape error."""
+    """The quotient's own check of the binding's point (as ``sharpness()`` runs it), before a
+    user method fails on it with a raw shape error."""
     try:
         binding.quotient.check_point(base, "x")
     except ValueError as err:
@@ -313,12 +288,9 @@ def _check_binding_point(binding: QuotientBinding, base: Tensors) -> None:
 
 
 class PairGradients:
-    """The pairs a quotient optimiser steps, and their gradients moved by the pairs' geometry.
-
-    ``resolved`` is a report (one quotient per bucket of its layout, the core's metric objects
-    built with ``metric`` and ``eps``: no formula here) or bindings, refused by the rules and
-    the structure check of ``sharpness()`` (what it refuses is refused here). ``owner`` names
-    the optimiser in every error.
+    """The pairs a quotient optimiser steps, and their gradients moved by the pairs' geometry:
+    those of a report (the core's quotient of each bucket, with ``metric`` and ``eps``) or of
+    bindings (refused as ``sharpness()`` refuses them). ``owner`` names the optimiser in errors.
     """
 
     def __init__(self, owner: str, named: dict[str, nn.Parameter],
@@ -503,10 +475,9 @@ class QuotientSGD(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------ steps
     def _descend(self, group: dict[str, Any], params: list[torch.Tensor],
-                 directions: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Apply weight decay and momentum to ``directions`` (in place of torch's SGD)."""
+                 directions: list[torch.Tensor]) -> None:
+        """Step ``params`` along ``directions`` with weight decay and momentum (as torch's SGD)."""
         momentum, decay = group["momentum"], group["weight_decay"]
-        result = []
         for param, direction in zip(params, directions, strict=True):
             if decay:
                 direction = direction + decay * param.detach()
@@ -519,8 +490,7 @@ class QuotientSGD(torch.optim.Optimizer):
                     buffer.mul_(momentum).add_(direction)
                 state["momentum_buffer"] = buffer
                 direction = buffer
-            result.append(direction)
-        return result
+            param.add_(direction, alpha=-group["lr"])
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -546,6 +516,4 @@ class QuotientSGD(torch.optim.Optimizer):
             else:
                 params = [p for p in params if p.grad is not None]
                 directions = [p.grad for p in params]
-            for param, direction in zip(params, self._descend(group, params, directions),
-                                        strict=True):
-                param.add_(direction, alpha=-group["lr"])
+            self._descend(group, params, directions)

@@ -1,13 +1,10 @@
 """Loading a saved PEFT LoRA adapter offline: a directory with adapter_config.json.
 
-The base is built as PEFT's ``AutoPeftModelFor...`` builds it (``task_type`` picks the
-transformers class, :data:`TASK_CLASSES`, so a head saved in ``modules_to_save`` has its module)
-from ``base_model_name_or_path``, local files only; for discovery alone a base without local
-weights is built from its ``config.json`` on the meta device. PEFT saves the adapter
-``"default"`` in the directory and every other one in a subdirectory of its name: each is
-loaded under its name (the first active), and every saved value is checked to be in the model,
-so that a fresh adapter (``B = 0``) is never measured in its place. ``peft``, ``transformers``
-and ``safetensors`` are imported only here.
+The base is built as PEFT's ``AutoPeftModelFor...`` builds it, from the local directory
+``base_model_name_or_path`` (for discovery alone, from a ``config.json`` on the meta device).
+Every saved adapter is loaded under its name and checked to hold its saved values, so that a
+fresh adapter (``B = 0``) is never measured in its place. ``peft``, ``transformers`` and
+``safetensors`` are imported only here.
 """
 
 from __future__ import annotations
@@ -19,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quotientsharp.models.loading import _config_model, first_line, load_torch_file, read_json_file
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -29,12 +28,9 @@ DEFAULT_ADAPTER = "default"
 
 
 def saved_adapters(path: str | Path) -> list[tuple[str, Path]]:
-    """The adapters saved in directory ``path``, as ``(name, folder)`` pairs.
-
+    """The adapters saved in directory ``path`` as ``(name, folder)`` (PEFT's layout):
     ``("default", path)`` when ``path`` holds ``adapter_config.json``, then each subdirectory
-    that holds one, named after the subdirectory, in sorted order (PEFT's layout; see the
-    module docstring). Empty when ``path`` holds no saved adapter.
-    """
+    holding one, named after it, in sorted order. Empty when there is none."""
     path = Path(path)
     if not path.is_dir():
         return []
@@ -101,8 +97,6 @@ def _load_values(model: nn.Module, saved: dict[str, Any], adapter: str) -> None:
 
 def _lora_settings(folder: Path) -> dict[str, Any]:
     """The adapter's ``adapter_config.json``, checked to be a LoRA adapter's."""
-    from quotientsharp.models.loading import read_json_file
-
     settings = read_json_file(folder / ADAPTER_CONFIG, "MODEL")
     if not isinstance(settings, dict) or str(settings.get("peft_type", "")).upper() != "LORA":
         raise ValueError(f"MODEL {folder / ADAPTER_CONFIG}: peft_type "
@@ -158,10 +152,8 @@ def _target_class(settings: dict[str, Any]) -> Any:
     (the base config's ``architectures`` decide)."""
     import transformers
 
-    task = settings.get("task_type")
-    if task is not None:
-        name = TASK_CLASSES.get(str(task))
-        if name is None:
+    if (task := settings.get("task_type")) is not None:
+        if (name := TASK_CLASSES.get(str(task))) is None:
             raise ValueError(f"adapter_config.json: task_type {task!r} is not one of "
                              f"{sorted(TASK_CLASSES)}")
         return getattr(transformers, name)
@@ -175,8 +167,6 @@ def _target_class(settings: dict[str, Any]) -> Any:
 def _saved_tensors(folder: Path) -> dict[str, Any]:
     """The tensors of the adapter saved in ``folder`` (safetensors or ``.bin``); a damaged
     file is a ``ValueError`` naming it."""
-    from quotientsharp.models.loading import first_line, load_torch_file
-
     weights = folder / "adapter_model.safetensors"
     if weights.is_file():
         from safetensors import SafetensorError
@@ -221,8 +211,6 @@ def _base_model(path: Path, folder: Path, settings: dict[str, Any], labels: int 
     import torch
     import transformers
 
-    from quotientsharp.models.loading import first_line, read_json_file
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     target = _target_class(settings)
     local = _local_base(settings)
@@ -242,8 +230,6 @@ def _base_model(path: Path, folder: Path, settings: dict[str, Any], labels: int 
                     "written by save_pretrained") from err
     elif weights:
         raise FileNotFoundError(_no_local_base(folder, settings, discovery=False))
-    from quotientsharp.models.loading import _config_model
-
     config_file = _base_config(path, folder, settings)
     if target is None:
         return _config_model(config_file)
@@ -304,13 +290,11 @@ def _check_loaded(model: nn.Module, folder: Path, adapter: str,
 
 def load_peft_directory(path: str | Path, weights: bool = False) -> nn.Module:
     """A ``peft.PeftModel`` from the directory ``path`` that ``save_pretrained`` wrote, every
-    saved adapter loaded under its name (trainable, as when it was trained) and checked to hold its
-    saved values.
+    saved adapter loaded under its name (trainable) and checked to hold its saved values; with
+    ``weights=False`` (discovery) the base may be built from its config on the meta device.
 
-    The base is built as the module docstring says, with its weights (offline); ``weights=False``
-    (discovery) accepts a base built from its config on the meta device. Raises ``RuntimeError``
-    without ``peft``; ``FileNotFoundError`` or ``ValueError`` when ``path`` holds no saved adapter,
-    the base cannot be found offline, an adapter is not LoRA, or the saved values do not load.
+    Raises ``RuntimeError`` without ``peft``; ``FileNotFoundError`` or ``ValueError`` when there
+    is no saved adapter, no base offline, an adapter not LoRA, or values that do not load.
     """
     path = Path(path)
     adapters = saved_adapters(path)

@@ -2,31 +2,26 @@
 
 Each handler of :data:`HANDLERS` looks at one module and returns ``None`` (not its layout), a
 :class:`Finding` (the :class:`~.report.PairGroup` of each pair kind, with notes), or raises
-:class:`Unsupported` (an attention layout whose pairs are not a ``GL(h)`` symmetry, or that it
-cannot read). :func:`_pair_groups` asks every module the same questions: rotary embeddings,
-parts that break a pair (query/key norms, clipping, relative positions inside the scores), and
-position mechanisms that leave the pairs intact (``docs/attention-variants.md`` lists the
-families). Nothing here reads tensor values: only names, shapes and module structure.
+:class:`Unsupported` (a layout whose pairs are not a ``GL(h)`` symmetry, or that it cannot read).
+Every module is asked the same questions (:func:`_pair_groups`): rotary embeddings, parts that
+break a pair, position mechanisms that leave the pairs intact (``docs/attention-variants.md``).
+The modeling code's conventions (the rotary plane layout, how ``repeat_kv`` shares key/value
+heads) are read by calling its own helpers on a small CPU probe; no model tensor is read.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeGuard, cast
+from typing import Any, TypeGuard, cast
 
 import torch
 from torch import nn
 
-from quotientsharp.models.conventions import (
-    RotarySpec,
-    declared_rotary_dims,
-    detect_kv_sharing,
-    detect_layout,
-)
 from quotientsharp.models.lora import base_layer_of
-from quotientsharp.models.report import FactorSource, PairGroup
+from quotientsharp.models.report import FactorSource, PairGroup, RotarySpec
 
 #: Attributes that hold the number of attention heads, in the order they are tried.
 HEAD_COUNT_ATTRIBUTES = ("num_heads", "num_attention_heads", "n_heads", "heads")
@@ -45,6 +40,103 @@ _QUERY_KEY_NORMS = frozenset({"q_norm", "k_norm", "q_layernorm", "k_layernorm", 
 _VALUE_NORMS = frozenset({"v_norm", "value_norm", "v_layernorm"})
 #: Classes (in a module's MRO) whose fused ``query_key_value`` is ``[heads, 3, head_dim]``.
 _PER_HEAD_FUSED = frozenset({"GPTNeoXAttention", "BloomAttention"})
+
+
+def _expected_rotation(probe: torch.Tensor, layout: str) -> torch.Tensor:
+    """A quarter turn in every plane of ``layout``, ``shape`` of ``probe``."""
+    if layout == "rotate_half":
+        first, second = probe.chunk(2, dim=-1)
+        return torch.cat((-second, first), dim=-1)
+    return torch.stack((-probe[..., 1::2], probe[..., ::2]), dim=-1).flatten(-2)
+
+
+def modeling_helper(module: nn.Module, names: tuple[str, ...]) -> tuple[Any, str]:
+    """The first module-level callable named in ``names`` next to ``type(module)`` or a base
+    (``None`` if there is none), and its qualified name (or what was searched)."""
+    searched: list[str] = []
+    for cls in type(module).__mro__:
+        if cls is nn.Module or cls is object:
+            continue
+        defining = sys.modules.get(cls.__module__)
+        if defining is None or defining.__name__ in searched:
+            continue
+        searched.append(defining.__name__)
+        for helper_name in names:
+            helper = getattr(defining, helper_name, None)
+            if callable(helper):
+                return helper, f"{defining.__name__}.{helper_name}"
+    return None, f"no {' or '.join(names)} in {', '.join(searched) or 'any module'}"
+
+
+def _call_on_probe(helper: Callable[..., Any], probe: torch.Tensor, shape: tuple[int, ...],
+                   *args: int) -> torch.Tensor | None:
+    """``helper(probe, *args)`` if it is a tensor of ``shape``, else ``None``."""
+    try:
+        result = helper(probe.clone(), *args)
+    except Exception:  # any failure means: not a helper of a known convention
+        return None
+    return result if isinstance(result, torch.Tensor) and result.shape == shape else None
+
+
+def detect_layout(module: nn.Module) -> tuple[str | None, str]:
+    """The rotary layout (``"rotate_half"`` or ``"interleaved"``) of the modeling code's
+    ``rotate_half`` or ``rotate_every_two`` (a quarter turn in either direction: ``x * cos +
+    helper(x) * sin`` is the embedding), ``None`` for none or neither convention; and which
+    helper was probed (or what was searched)."""
+    helper, source = modeling_helper(module, ("rotate_half", "rotate_every_two"))
+    # distinct entries tell the two pairings apart; float64 on the CPU whatever the defaults
+    probe = torch.arange(1.0, 9.0, dtype=torch.float64, device="cpu").reshape(1, 1, 1, 8)
+    rotated = None if helper is None else _call_on_probe(helper, probe, probe.shape)
+    for layout in ("rotate_half", "interleaved"):
+        expected = _expected_rotation(probe, layout)
+        if rotated is not None and (torch.equal(rotated, expected)
+                                    or torch.equal(rotated, -expected)):
+            return layout, source
+    return None, source
+
+
+def detect_kv_sharing(module: nn.Module) -> tuple[str | None, str]:
+    """How ``module``'s modeling code shares key/value heads, and where it was read:
+    ``"grouped"`` (query head ``i`` reads ``i // g``, HF's ``repeat_interleave``; assumed without
+    a ``repeat_kv`` helper), ``"tiled"`` (``i % K``) or ``None`` (neither)."""
+    helper, source = modeling_helper(module, ("repeat_kv",))
+    if helper is None:
+        return "grouped", f"HF repeat_kv convention assumed ({source})"
+    probe = torch.arange(1.0, 4.0, dtype=torch.float64, device="cpu").reshape(1, 3, 1, 1)
+    repeated = _call_on_probe(helper, probe, (1, 6, 1, 1), 2)
+    if repeated is not None and torch.equal(repeated, probe.repeat_interleave(2, dim=1)):
+        return "grouped", source
+    if repeated is not None and torch.equal(repeated, probe.repeat(1, 2, 1, 1)):
+        return "tiled", source
+    return None, source
+
+
+def _positive_int(value: object) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
+
+
+def declared_rotary_dims(module: nn.Module, head_dim: int) -> tuple[int, str]:
+    """Rotated dimensions per head that ``module`` (or its config) declares, and where: a count,
+    a factor (``R = int(h * factor)``, as GPT-NeoX computes it), else the whole head."""
+    for attribute in ("rotary_ndims", "rotary_dim"):
+        if (value := _positive_int(getattr(module, attribute, None))) is not None:
+            return value, f"{type(module).__name__}.{attribute}={value}"
+    config = getattr(module, "config", None)
+    if config is not None:
+        parameters = getattr(config, "rope_parameters", None)
+        factors = [("rope_parameters['partial_rotary_factor']",
+                    parameters.get("partial_rotary_factor")
+                    if isinstance(parameters, Mapping) else None)]
+        factors += [(name, getattr(config, name, None))
+                    for name in ("partial_rotary_factor", "rotary_pct")]
+        for label, factor in factors:
+            if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 0:
+                return int(head_dim * factor), f"config {label}={factor}"
+        if (value := _positive_int(getattr(config, "rotary_dim", None))) is not None:
+            return value, f"config rotary_dim={value}"
+    return head_dim, "the whole head: no partial rotary declared"
 
 
 class Unsupported(Exception):
@@ -69,11 +161,6 @@ class HeadSplit:
     kv_heads: int
     head_dim_k: int
     head_dim_v: int
-
-    @property
-    def group_size(self) -> int:
-        """Query heads per key/value head."""
-        return self.heads // self.kv_heads
 
 
 def _parameter_name(names: dict[int, str], tensor: object, what: str) -> str:
@@ -101,8 +188,7 @@ def _linear_columns(linear: nn.Linear, names: dict[int, str], what: str) -> tupl
 
 def _head_count(module: nn.Module, q_features: int) -> int:
     for attribute in HEAD_COUNT_ATTRIBUTES:
-        value = getattr(module, attribute, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        if (value := _positive_int(getattr(module, attribute, None))) is not None:
             return value
     head_dim = getattr(module, "head_dim", None)
     if isinstance(head_dim, int) and head_dim > 0 and q_features % head_dim == 0:
@@ -149,27 +235,10 @@ def _grouped_split(module: nn.Module, heads: int, head_dim_k: int, query_width: 
     return HeadSplit(heads, kv_heads, head_dim_k, value_width // kv_heads)
 
 
-def _check_declared_sharing(module: nn.Module, split: HeadSplit, key_width: int) -> None:
-    """The module's own ``num_key_value_groups`` and ``num_key_value_heads`` agree with
-    ``split``."""
-    declared_groups = getattr(module, "num_key_value_groups", None)
-    if isinstance(declared_groups, int) and declared_groups != split.group_size:
-        raise Unsupported(f"num_key_value_groups={declared_groups} but the projection widths "
-                           f"give {split.group_size} query heads per key/value head")
-    declared_kv = getattr(module, "num_key_value_heads", None)
-    if isinstance(declared_kv, int) and declared_kv != split.kv_heads:
-        raise Unsupported(f"num_key_value_heads={declared_kv} but the key width {key_width} "
-                           f"gives {split.kv_heads}")
-
-
 def _check_head_split(module: nn.Module, heads: int, query_width: int, key_width: int,
                       value_width: int, output_width: int) -> HeadSplit:
-    """The head split of a q/k/v/o attention from its projection widths, after consistency checks.
-
-    Keys narrower than queries mean grouped- or multi-query attention: ``kv_heads`` key/value
-    heads of the query head dimension, each shared by ``heads / kv_heads`` query heads in the
-    HF ``repeat_kv`` convention (checked against the module's ``repeat_kv`` helper if any).
-    """
+    """The head split of a q/k/v/o attention from its projection widths, checked against what
+    the module declares; keys narrower than queries mean grouped- or multi-query attention."""
     head_dim_k = _check_declared_head_dim(module, heads, query_width)
     if key_width == query_width:
         if value_width % heads:
@@ -181,7 +250,14 @@ def _check_head_split(module: nn.Module, heads: int, query_width: int, key_width
     if output_width != split.heads * split.head_dim_v:
         raise Unsupported(f"output projection reads {output_width} features, values have "
                            f"{split.heads * split.head_dim_v} after sharing")
-    _check_declared_sharing(module, split, key_width)
+    declared_groups = getattr(module, "num_key_value_groups", None)
+    if isinstance(declared_groups, int) and declared_groups != heads // split.kv_heads:
+        raise Unsupported(f"num_key_value_groups={declared_groups} but the projection widths "
+                           f"give {heads // split.kv_heads} query heads per key/value head")
+    declared_kv = getattr(module, "num_key_value_heads", None)
+    if isinstance(declared_kv, int) and declared_kv != split.kv_heads:
+        raise Unsupported(f"num_key_value_heads={declared_kv} but the key width {key_width} "
+                           f"gives {split.kv_heads}")
     return split
 
 
@@ -245,14 +321,6 @@ def _query_key_status(module: nn.Module,
     return rotary, reasons, notes
 
 
-def _value_output_breakers(module: nn.Module) -> list[str]:
-    """Reasons why the value/output factorisation is not a symmetry of this module."""
-    reasons = []
-    if _children(module) & _VALUE_NORMS:
-        reasons.append("values are normalised (v_norm) before the attention average")
-    return reasons + _clipping(module)
-
-
 def _intact_notes(module: nn.Module) -> list[str]:
     """Position mechanisms that act on the scores alone, and so leave both pairs intact."""
     notes = []
@@ -276,14 +344,11 @@ def _intact_notes(module: nn.Module) -> list[str]:
 def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[FactorSource, ...],
                  k: tuple[FactorSource, ...], v: tuple[FactorSource, ...],
                  o: tuple[FactorSource, ...]) -> tuple[list[PairGroup], list[str]]:
-    """The qk and vo groups of one attention module from each projection's sources, and notes.
-
-    ``q``, ``k``, ``v`` read ``heads``, ``kv_heads``, ``kv_heads`` heads; ``o`` reads ``heads``
-    heads of the value head dimension. With grouped-query attention one pair per key/value head
-    stacks the ``g`` query heads of its group (``G`` of qk, ``H`` of vo).
-    """
+    """The qk and vo groups of one attention module from its projections' sources, and notes;
+    with grouped-query attention one pair per key/value head stacks the ``g`` query heads of its
+    group (in ``G`` of qk, ``H`` of vo)."""
     label = name or "<root>"
-    size = split.group_size
+    size = split.heads // split.kv_heads
     notes = []
     groups = []
     rotary, breakers, qk_notes = _query_key_status(module, split.head_dim_k)
@@ -293,7 +358,9 @@ def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[Factor
         groups.append(PairGroup(name, "qk", split.kv_heads, split.head_dim_k, q, k,
                                 g_members=size, rotary=rotary))
         notes += [f"{label}: {note}" for note in qk_notes]
-    vo_breakers = _value_output_breakers(module)
+    vo_breakers = _clipping(module)
+    if _children(module) & _VALUE_NORMS:
+        vo_breakers.insert(0, "values are normalised (v_norm) before the attention average")
     if vo_breakers:
         notes.append(f"{label}: no vo pairs, " + "; ".join(vo_breakers))
     else:
@@ -308,10 +375,11 @@ def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[Factor
     return groups, notes
 
 
-def _qkvo_finding(layout: str, name: str, module: nn.Module, heads: int, q: nn.Linear,
-                  k: nn.Linear, v: nn.Linear, o: nn.Linear, names: dict[int, str],
+def _qkvo_finding(layout: str, name: str, module: nn.Module, q: nn.Linear, k: nn.Linear,
+                  v: nn.Linear, o: nn.Linear, names: dict[int, str],
                   qkvo_names: Sequence[str]) -> Finding:
     """The finding of a module with ``nn.Linear`` projections (``qkvo_names``: theirs)."""
+    heads = _head_count(module, q.out_features)
     split = _check_head_split(module, heads, q.out_features, k.out_features, v.out_features,
                               o.in_features)
     q_name, k_name, v_name, o_name = qkvo_names
@@ -328,6 +396,17 @@ def _is_linear(module: object) -> TypeGuard[nn.Linear]:
     if isinstance(module, nn.Module) and isinstance(base_layer_of(module), nn.Linear):
         return True
     return isinstance(module, nn.Linear)
+
+
+def _with_fused_bias(weights: list[FactorSource], bias: object, names: dict[int, str],
+                     what: str, width: int) -> list[tuple[FactorSource, ...]]:
+    """Each of the q/k/v ``weights`` with its slice of the fused ``bias`` (if any): the ``i``-th
+    at offset ``i * width``, interleaved as the weight's (its stride and phase)."""
+    if bias is None:
+        return [(weight,) for weight in weights]
+    name = _parameter_name(names, bias, what)
+    return [(w, FactorSource(name, "bias", 0, i * width, 1, w.stride, w.phase))
+            for i, w in enumerate(weights)]
 
 
 def _handle_multihead_attention(name: str, module: nn.Module,
@@ -347,12 +426,7 @@ def _handle_multihead_attention(name: str, module: nn.Module,
                    for tensor, label in ((module.q_proj_weight, "q_proj_weight"),
                                          (module.k_proj_weight, "k_proj_weight"),
                                          (module.v_proj_weight, "v_proj_weight"))]
-    if module.in_proj_bias is not None:
-        bias = _parameter_name(names, module.in_proj_bias, "in_proj_bias")
-        biases = [(FactorSource(bias, "bias", 0, i * embed, 1),) for i in range(3)]
-    else:
-        biases = [(), (), ()]
-    q, k, v = ((weights[i],) + biases[i] for i in range(3))
+    q, k, v = _with_fused_bias(weights, module.in_proj_bias, names, "in_proj_bias", embed)
     out = _linear_columns(module.out_proj, names, "out_proj")
     groups = [PairGroup(name, "qk", heads, head_dim, q, k),
               PairGroup(name, "vo", heads, head_dim, v, out)]
@@ -376,10 +450,9 @@ def _handle_bert(name: str, module: nn.Module, names: dict[int, str]) -> Finding
         q, k, v = (inner._modules.get(child) for child in ("query", "key", "value"))
         if not (_is_linear(q) and _is_linear(k) and _is_linear(v)):
             continue
-        heads = _head_count(inner, q.out_features)
         prefix = f"{name}." if name else ""
         inner_prefix = f"{prefix}{inner_name}."
-        return _qkvo_finding("bert", name, inner, heads, q, k, v, dense, names, (
+        return _qkvo_finding("bert", name, inner, q, k, v, dense, names, (
             f"{inner_prefix}query", f"{inner_prefix}key", f"{inner_prefix}value",
             f"{prefix}output.dense"))
     return None
@@ -403,10 +476,9 @@ def _handle_qkvo(name: str, module: nn.Module, names: dict[int, str]) -> Finding
         o = module._modules[o_child]
         if not _is_linear(o):
             raise Unsupported(f"output projection {o_child} is a {type(o).__name__}, not Linear")
-        heads = _head_count(module, q.out_features)
         prefix = f"{name}." if name else ""
         children = (q_child, k_child, v_child, o_child)
-        return _qkvo_finding("qkvo", name, module, heads, q, k, v, o, names,
+        return _qkvo_finding("qkvo", name, module, q, k, v, o, names,
                              [f"{prefix}{child}" for child in children])
     return None
 
@@ -434,11 +506,7 @@ def _handle_gpt2(name: str, module: nn.Module, names: dict[int, str]) -> Finding
     fused = _parameter_name(names, c_attn.weight, f"{prefix}c_attn.weight")
     # Conv1D stores W as [in, out]: the head features run along dimension 1.
     weights = [FactorSource(fused, "weight", 1, i * embed, embed) for i in range(3)]
-    biases: list[tuple[FactorSource, ...]] = [(), (), ()]
-    if c_attn.bias is not None:
-        bias = _parameter_name(names, c_attn.bias, f"{prefix}c_attn.bias")
-        biases = [(FactorSource(bias, "bias", 0, i * embed, 1),) for i in range(3)]
-    q, k, v = ((weights[i],) + biases[i] for i in range(3))
+    q, k, v = _with_fused_bias(weights, c_attn.bias, names, f"{prefix}c_attn.bias", embed)
     out = (FactorSource(_parameter_name(names, c_proj.weight, f"{prefix}c_proj.weight"), "weight",
                         0, 0, embed),)
     split = HeadSplit(heads, heads, embed // heads, embed // heads)
@@ -449,11 +517,8 @@ def _handle_gpt2(name: str, module: nn.Module, names: dict[int, str]) -> Finding
 def _handle_fused_per_head(name: str, module: nn.Module, names: dict[int, str]) -> Finding | None:
     """GPT-NeoX / BLOOM: ``query_key_value`` Linear with per-head ``[q_i, k_i, v_i]`` + ``dense``.
 
-    The fused output of width ``3 E`` is viewed as ``[heads, 3, head_dim]`` by the modeling code
-    (GPT-NeoX: ``view(..., -1, 3 * head_size)`` then ``chunk(3)``; BLOOM:
-    ``view(..., num_heads, 3, head_dim)``), so head ``i``'s queries are features
-    ``[3 i d, 3 i d + d)``, its keys the next ``d``, its values the ``d`` after: read with
-    ``stride = 3 d`` and phases ``0, d, 2 d``.
+    The modeling code views the fused output as ``[heads, 3, head_dim]``, so head ``i``'s
+    queries, keys and values are read with ``stride = 3 d`` and phases ``0, d, 2 d``.
     """
     fused, dense = module._modules.get("query_key_value"), module._modules.get("dense")
     if not (_is_linear(fused) and _is_linear(dense)):
@@ -470,17 +535,10 @@ def _handle_fused_per_head(name: str, module: nn.Module, names: dict[int, str]) 
     head_dim = split.head_dim_k
     prefix = f"{name}." if name else ""
     weight = _parameter_name(names, fused.weight, f"{prefix}query_key_value.weight")
-    bias = (None if fused.bias is None
-            else _parameter_name(names, fused.bias, f"{prefix}query_key_value.bias"))
-    projections = []
-    for index in range(3):
-        phase = index * head_dim
-        sources = [FactorSource(weight, "weight", 0, 0, fused.in_features, 3 * head_dim, phase)]
-        if bias is not None:
-            sources.append(FactorSource(bias, "bias", 0, 0, 1, 3 * head_dim, phase))
-        projections.append(tuple(sources))
+    weights = [FactorSource(weight, "weight", 0, 0, fused.in_features, 3 * head_dim, i * head_dim)
+               for i in range(3)]
+    q, k, v = _with_fused_bias(weights, fused.bias, names, f"{prefix}query_key_value.bias", 0)
     out = _linear_columns(dense, names, f"{prefix}dense")
-    q, k, v = projections
     groups, notes = _pair_groups(name, module, split, q, k, v, out)
     return Finding("fused_per_head", heads, groups, notes, heads)
 

@@ -14,9 +14,8 @@ import torch
 from torch import nn
 
 from quotientsharp.core.gl import rotary_planes
-from quotientsharp.models.conventions import RotarySpec
 from quotientsharp.models.layout import ParameterLayout
-from quotientsharp.models.report import SymmetryReport
+from quotientsharp.models.report import RotarySpec, SymmetryReport
 
 #: Resample a Gaussian factor whose 2-norm condition number exceeds this.
 MAX_CONDITION = 1e6
@@ -91,11 +90,9 @@ def _check_scale(scale: object) -> float:
 def _move_bucket(g_factor: torch.Tensor, h_factor: torch.Tensor, applied: list[bool],
                  rotary: RotarySpec | None, scale: float, generator: torch.Generator | None,
                  max_condition: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(G A^{-1}, H A^T, A)`` for one bucket, ``G`` ``shape=[P, n, h]``, ``H`` ``[P, m, h]``.
-
-    ``A`` ``shape=[P, h, h]`` (float64, CPU) is ``scale`` times a random group element where
-    ``applied``, the identity elsewhere; a random element is drawn for every pair all the same.
-    """
+    """``(G A^{-1}, H A^T, A)`` for one bucket (``G`` ``shape=[P, n, h]``, ``H`` ``[P, m, h]``),
+    ``A`` (float64, CPU) ``scale`` times a random group element where ``applied``, the identity
+    elsewhere (drawn for every pair all the same)."""
     count, size = g_factor.shape[0], g_factor.shape[-1]
     matrices = scale * _sample_matrices(count, size, generator, max_condition, rotary)
     applied_mask = torch.tensor(applied, device="cpu")
@@ -112,11 +109,9 @@ def _move_bucket(g_factor: torch.Tensor, h_factor: torch.Tensor, applied: list[b
 def _move_diagonal(diagonal: Sequence[torch.Tensor], scale: float,
                    generator: torch.Generator | None, applied: bool
                    ) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """``((u c, v / c), c)`` for the diagonal coordinates ``(u, v)``, ``shape=[D]``.
-
-    ``c`` (float64, CPU) is ``scale`` times Gaussian draws redrawn below
-    :data:`MIN_DIAGONAL_FACTOR` in size, or ones if not ``applied`` (drawn all the same).
-    """
+    """``((u c, v / c), c)`` for the diagonal coordinates ``(u, v)``, ``shape=[D]``: ``c`` is
+    ``scale`` times Gaussian draws at least :data:`MIN_DIAGONAL_FACTOR` in size (float64, CPU),
+    or ones if not ``applied`` (drawn all the same)."""
     u, v = diagonal
     draws = torch.randn(u.shape[0], generator=generator, dtype=torch.float64, device="cpu")
     for _ in range(_MAX_RESAMPLES):

@@ -1,9 +1,5 @@
-"""What :func:`~quotientsharp.models.find_symmetries` returns: the symmetry report and its parts.
-
-Data types only, nothing that inspects a model: the recognisers (:mod:`.recognisers`) build
-them, the walker (:mod:`.walker`) assembles them, :class:`~quotientsharp.models.ParameterLayout`
-reads them.
-"""
+"""What :func:`~quotientsharp.models.find_symmetries` returns: the symmetry report and its parts
+(data types only, nothing that inspects a model)."""
 
 from __future__ import annotations
 
@@ -11,16 +7,26 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
-from quotientsharp.models.conventions import RotarySpec, rotary_group_dimension, rotary_group_name
-
-if TYPE_CHECKING:
-    from quotientsharp.models.lora import LoraAdapter
-
 PAIR_KINDS = ("qk", "vo")
+#: What discovery decided for an adapter (:attr:`LoraAdapter.status`).
+ADAPTER_STATUSES = ("pair", "degenerate", "merged", "inactive", "frozen", "unsupported",
+                    "dropped")
+#: ``(rotary_dims, layout)`` of a rotary query/key pair.
+RotarySpec = tuple[int, str]
+
+
+def rotary_group_name(head_dim: int, rotary: RotarySpec | None) -> str:
+    """The pair's group: ``"GL(h)"``, ``"GL(1,C)^{R/2}"`` or ``"GL(1,C)^{R/2} x GL(h - R)"``."""
+    if rotary is None:
+        return f"GL({head_dim})"
+    rotary_dims = rotary[0]
+    parts = [f"GL(1,C)^{rotary_dims // 2}"] if rotary_dims else []
+    if rotary_dims < head_dim:
+        parts.append(f"GL({head_dim - rotary_dims})")
+    return " x ".join(parts)
 
 
 class NoSymmetryWarning(UserWarning):
@@ -66,8 +72,10 @@ class AttentionPair:
 
     @property
     def group_dimension(self) -> int:
-        """Real dimension of :attr:`group` (``h^2`` for ``GL(h)``)."""
-        return rotary_group_dimension(self.h, self.rotary)
+        """Real dimension of :attr:`group`: ``h^2``, or ``R + (h - R)^2`` with rotary embeddings."""
+        if self.rotary is None:
+            return self.h * self.h
+        return self.rotary[0] + (self.h - self.rotary[0]) ** 2
 
 
 @dataclass(frozen=True)
@@ -217,6 +225,77 @@ class AttentionModule:
     kv_heads: int | None = None
 
 
+@dataclass(frozen=True)
+class LoraAdapter:
+    """One named adapter of one LoRA layer, and what discovery made of it.
+
+    Attributes
+    ----------
+    module
+        Qualified name of the LoRA layer, e.g. ``"base_model.model.encoder.layer.0.attention.
+        self.query"``.
+    adapter
+        The adapter's name (PEFT's ``"default"`` unless named).
+    layer
+        ``"linear"``, ``"embedding"``, ``"conv"``, or the class name of an unsupported layer.
+    r
+        Rank: the group is ``GL(r)``.
+    alpha, scaling
+        ``lora_alpha`` and the factor ``s`` of ``s B A`` (``alpha / r``; ``alpha / sqrt(r)``
+        with rsLoRA). The scaling does not affect the ``GL(r)`` action.
+    rslora, dora
+        Whether the adapter uses rank-stabilised scaling, and DoRA's magnitude vector.
+    a_parameter, b_parameter
+        Names of the parameters holding ``A`` (``shape=[r, ...]``) and ``B``
+        (``shape=[out, r, ...]``).
+    magnitude_parameter
+        DoRA's magnitude vector (in the adaptive block), else ``None``.
+    status
+        One of :data:`ADAPTER_STATUSES`: ``"pair"`` when the adapter is a ``GL(r)`` pair of
+        the report; ``"dropped"`` when it was one but the walker dropped it (see the notes).
+    reason
+        Why the adapter is not a pair (empty for pairs).
+    rank_a, rank_b
+        Numerical ranks of ``A`` and ``B`` (``None`` when the values were not read).
+    """
+
+    module: str
+    adapter: str
+    layer: str
+    r: int
+    alpha: float
+    scaling: float
+    rslora: bool = False
+    dora: bool = False
+    a_parameter: str | None = None
+    b_parameter: str | None = None
+    magnitude_parameter: str | None = None
+    status: str = "pair"
+    reason: str = ""
+    rank_a: int | None = None
+    rank_b: int | None = None
+
+    @property
+    def label(self) -> str:
+        """``module[adapter]``: the adapter's name in notes and in the pair labels."""
+        return f"{self.module}[{self.adapter}]"
+
+    @property
+    def group(self) -> str:
+        """The symmetry group, ``"GL(r)"``."""
+        return f"GL({self.r})"
+
+    def summary_line(self) -> str:
+        """One readable line: name, layer, rank, scaling and what discovery made of it."""
+        extras = "".join(text for flag, text in ((self.rslora, ", rsLoRA"),
+                                                 (self.dora, ", DoRA")) if flag)
+        head = (f"{self.label}  {self.layer}  r={self.r}  alpha={self.alpha:g}  "
+                f"scaling={self.scaling:.4g}{extras}")
+        if self.status == "pair":
+            return f"{head}  -> {self.group} pair"
+        return f"{head}  -> {self.status}: {self.reason}"
+
+
 @dataclass
 class SymmetryReport:
     """What :func:`find_symmetries` found.
@@ -246,7 +325,7 @@ class SymmetryReport:
     parameter_shapes, parameter_dtypes
         Shape and dtype of every parameter of the model (frozen included).
     adapters
-        Every LoRA adapter found (:class:`~quotientsharp.models.lora.LoraAdapter`), pair or
+        Every LoRA adapter found (:class:`~quotientsharp.models.LoraAdapter`), pair or
         not, with its rank and why it is not a pair; its pairs are groups of kind ``"lora"``.
     model_type
         Class name of the model.

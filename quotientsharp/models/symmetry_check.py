@@ -1,16 +1,10 @@
 """Check a :class:`~.binding.QuotientBinding` against the model it is attached to.
 
-A binding claims that the model's function does not change when the quotient's group acts on
-its parameters; a wrong claim still yields a number. :func:`check_structure` (no forward) checks
-that a gradient reaches every bound parameter through ``from_point``, that ``vertical()``
-returns the point's shapes, an overriding ``horizontal_projection``, and a foreign quotient's
-contract; :func:`check_bindings` applies a few random group elements and measures the relative
-change of the loss and of the outputs; :func:`check_symmetry` runs both on a model and a batch.
-
-Tolerance: a true symmetry changes the outputs by rounding, a few units of the forward's
-machine epsilon times moderate conditions (:func:`group_scale`); a false one at first order in
-``g - 1`` (``~0.1``-``0.5``). ``sqrt(eps)`` sits between the two on a log scale: ``1.5e-8``
-for float64, ``3.5e-4`` float32, ``3.1e-2`` float16, ``8.8e-2`` bfloat16.
+:func:`check_structure` checks the binding without a forward (gradients through
+``from_point``, ``vertical`` shapes, an overriding projection, a foreign quotient's contract);
+:func:`check_bindings` measures how much random group elements change the loss and outputs.
+The tolerance, ``sqrt(eps)`` of the forward's dtype, sits on a log scale between rounding (a true
+symmetry) and a first-order change in ``g - 1`` (a false one, ``~0.1``-``0.5``).
 """
 
 from __future__ import annotations
@@ -36,9 +30,8 @@ from quotientsharp.core.method_checks import (
 )
 from quotientsharp.core.quotient import SymmetryQuotient
 from quotientsharp.core.validation import check_count
-from quotientsharp.models.binding import QuotientBinding
+from quotientsharp.models.binding import QuotientBinding, Tensors
 
-Tensors = tuple[torch.Tensor, ...]
 #: ``params -> (loss, outputs)``: the model on one batch with ``params`` (by name) replaced.
 Evaluate = Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor | None]]
 
@@ -46,9 +39,6 @@ Evaluate = Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, torch.Tens
 SAMPLES = 3
 #: Entries of each folded dimension that the contract check runs on (:func:`contract_point`).
 CONTRACT_UNITS = 2
-#: Standard deviation of the algebra element before the division by ``sqrt(n)``
-#: (:func:`group_scale`).
-ALGEBRA_SCALE = 0.5
 
 
 class SymmetryCheckError(ValueError):
@@ -95,20 +85,17 @@ class SymmetryCheck:
 
 
 def symmetry_tolerance(dtype: torch.dtype) -> float:
-    """``sqrt(eps)`` of the forward's ``dtype`` (see the module docstring for why)."""
+    """``sqrt(eps)`` of the forward's ``dtype`` (the module docstring says why)."""
     return math.sqrt(torch.finfo(dtype).eps)
 
 
 def group_scale(quotient: SymmetryQuotient, x: Tensors) -> float:
-    """Scale of the random algebra element: ``0.5 / sqrt(n)``, ``n`` the largest dimension of
-    the algebra's shape at ``x``.
-
-    A ``k x k`` Gaussian matrix has spectral norm about ``2 sqrt(k)``, so the group element
-    ``exp(0.5 A / sqrt(k))`` has a condition number near ``e^2`` whatever ``k``: moderate, so
-    that a true symmetry shows rounding only. Scalar groups (``n = 1``) get ``exp(0.5 z)``.
-    """
+    """Scale ``0.5 / sqrt(n)`` of the random algebra element, ``n`` the largest dimension of
+    the algebra's shape at ``x``: a ``k x k`` Gaussian has spectral norm ``~2 sqrt(k)``, so the
+    group element's condition number stays near ``e^2`` whatever ``k`` (a true symmetry then
+    shows rounding only)."""
     shape = tuple(quotient.algebra_shape(x))
-    return ALGEBRA_SCALE / math.sqrt(max(shape, default=1))
+    return 0.5 / math.sqrt(max(shape, default=1))
 
 
 def _relative(new: torch.Tensor, old: torch.Tensor) -> float:
@@ -119,10 +106,6 @@ def _relative(new: torch.Tensor, old: torch.Tensor) -> float:
     if diff == 0.0:
         return 0.0
     return diff / max(size, torch.finfo(torch.float64).tiny)
-
-
-def _overrides(quotient: SymmetryQuotient, method: str) -> bool:
-    return getattr(type(quotient), method) is not getattr(SymmetryQuotient, method)
 
 
 def _check_gradient(binding: QuotientBinding, x: Tensors) -> None:
@@ -150,21 +133,8 @@ def _check_gradient(binding: QuotientBinding, x: Tensors) -> None:
             "through from_point (no gradient flows back to them)")
 
 
-def _check_vertical(binding: QuotientBinding, x: Tensors) -> None:
-    quotient = binding.quotient
-    shape = tuple(quotient.algebra_shape(x))
-    batch = x[0].shape[:x[0].dim() - quotient.point_ndims[0]]
-    generator = torch.Generator(device=x[0].device).manual_seed(1)
-    a = torch.randn(*batch, *shape, generator=generator, dtype=x[0].dtype, device=x[0].device)
-    v = tuple(quotient.vertical(x, a))
-    got = [tuple(t.shape) for t in v]
-    want = [tuple(t.shape) for t in x]
-    if got != want:
-        raise SymmetryCheckError(
-            f"binding {binding.name!r}: {type(quotient).__name__}.vertical() returns shapes "
-            f"{got} for a point of shapes {want} (algebra element of shape "
-            f"{(*batch, *shape)}): a vertical vector is a tangent vector, of the point's shapes; "
-            "a broadcastable shape would silently measure another space")
+def _overrides(quotient: SymmetryQuotient, method: str) -> bool:
+    return getattr(type(quotient), method) is not getattr(SymmetryQuotient, method)
 
 
 def _check_projection(binding: QuotientBinding, x: Tensors, tolerance: float) -> None:
@@ -195,21 +165,20 @@ def _check_projection(binding: QuotientBinding, x: Tensors, tolerance: float) ->
 
 
 def contract_point(binding: QuotientBinding, x: Tensors) -> Tensors:
-    """The point :func:`check_contract` runs at: the binding's point at ``theta``, its folded
-    (stacked) dimensions cut to their first :data:`CONTRACT_UNITS` entries, in float64.
-
-    The real point, so that a defect that shows only at the model's values (a scale, a sign,
-    a norm near zero) is seen; a few units of it, since every unit runs the same code; float64,
-    so that a relative tolerance (``1e-4``) separates rounding from a wrong formula.
-    """
+    """The binding's point at ``theta`` (a defect may show only at the model's values), its
+    folded dimensions cut to :data:`CONTRACT_UNITS` entries (every unit runs the same code), in
+    float64 (so that ``1e-4`` separates rounding from a wrong formula)."""
     folded = binding.folded
     index = (slice(0, CONTRACT_UNITS),) * folded
     return tuple(t[index].detach().to(torch.float64) for t in x)
 
 
-def _check_methods(binding: QuotientBinding, x: Tensors) -> None:
+def _naming(binding: QuotientBinding, check: Callable[..., Any], *args: Any,
+            **kwargs: Any) -> Any:
+    """``check(*args, **kwargs)``, a degenerate point or a malformed method raised again naming
+    ``binding``."""
     try:
-        diagnose(binding.quotient, contract_point(binding, x))
+        return check(*args, **kwargs)
     except DegeneratePointError as err:
         raise SymmetryCheckError(f"binding {binding.name!r}: at theta, {err}") from err
     except QuotientMethodError as err:
@@ -243,13 +212,10 @@ def _check_contract(binding: QuotientBinding, x: Tensors) -> None:
     _warn_not_invariant(binding)
     try:
         point = contract_point(binding, x)
-        results = check_contract(quotient, point, seed=0, group_scale=group_scale(quotient, point))
+        results = _naming(binding, check_contract, quotient, point, seed=0,
+                          group_scale=group_scale(quotient, point))
     except SymmetryCheckError:
         raise
-    except DegeneratePointError as err:
-        raise SymmetryCheckError(f"binding {binding.name!r}: at theta, {err}") from err
-    except QuotientMethodError as err:
-        raise SymmetryCheckError(f"binding {binding.name!r}: {err}") from err
     except Exception as err:
         message = " ".join(str(err).split())
         raise SymmetryCheckError(
@@ -265,46 +231,30 @@ def _check_contract(binding: QuotientBinding, x: Tensors) -> None:
 
 
 def check_structure(binding: QuotientBinding, params: Mapping[str, torch.Tensor]) -> None:
-    """Raise a :class:`SymmetryCheckError` unless ``binding`` is consistent at ``params``.
-
-    Checks, at the binding's point: a gradient reaches every bound parameter through
-    ``from_point``; ``vertical()`` returns the point's shapes; an overriding
-    ``horizontal_projection`` is idempotent and horizontal (to ``sqrt(eps)`` of the point's
-    dtype); and, for a quotient that is not one of the package's own
-    (:func:`builtin_quotient`), its contract (:func:`quotientsharp.core.checks.check_contract`
-    at :func:`contract_point`: ``vertical`` against ``act``, ``inner`` symmetric and invariant,
-    every overridden operation against its reference). No forward of the model.
+    """Raise a :class:`SymmetryCheckError` unless ``binding`` is consistent at ``params``
+    (no forward): a gradient reaches every bound parameter through ``from_point``; an
+    overriding ``horizontal_projection`` is idempotent and horizontal (to ``sqrt(eps)``); and a
+    quotient not of the package (:func:`builtin_quotient`) has well-formed methods and keeps
+    its contract (:func:`~quotientsharp.core.checks.check_contract` at :func:`contract_point`).
     """
     x = tuple(t.detach() for t in binding.point(params))
     _check_gradient(binding, x)
     if not builtin_quotient(binding.quotient):
-        # a malformed output is named by its method before the checks below use it
-        _check_methods(binding, x)
-    _check_vertical(binding, x)
+        # a malformed output (vertical() of other shapes than the point's...) is named by its
+        # method before the checks below use it
+        _naming(binding, diagnose, binding.quotient, contract_point(binding, x))
     _check_projection(binding, x, symmetry_tolerance(x[0].dtype))
     if not builtin_quotient(binding.quotient):
         _check_contract(binding, x)
 
 
-def _check_finite_reference(loss: torch.Tensor, output: torch.Tensor | None) -> None:
-    bad = [what for what, value in (("loss", loss), ("outputs", output))
-           if value is not None and not bool(torch.isfinite(value.detach()).all())]
-    if bad:
-        raise ValueError(f"the batch's {' and '.join(bad)} are not finite (NaN or inf) at theta: "
-                         "the symmetry cannot be checked on this batch (a NaN or inf in the "
-                         "inputs, or a model that overflows)")
-
-
 def check_bindings(bindings: Sequence[QuotientBinding], params: Mapping[str, torch.Tensor],
                    evaluate: Evaluate, forward_dtype: torch.dtype, *, seed: int = 0,
                    samples: int = SAMPLES) -> list[SymmetryCheck]:
-    """The invariance check of each binding (no error raised: see :attr:`SymmetryCheck.passed`).
-
-    Each binding is checked with the others' parameters at ``params`` (``theta`` by name);
-    ``evaluate`` gives the scalar loss and the output tensor (``None`` if none) with some
-    parameters replaced; ``forward_dtype`` sets the tolerance. The ``samples`` group elements come
-    from a generator seeded with ``seed`` (the global random state is not touched).
-    """
+    """The invariance check of each binding at ``params`` (no error raised for a failed one:
+    see :attr:`SymmetryCheck.passed`); ``evaluate`` gives the loss and outputs with some
+    parameters replaced, ``forward_dtype`` sets the tolerance, ``seed`` seeds a generator of
+    its own for the ``samples`` group elements."""
     # zero samples would declare any binding a symmetry
     samples = check_count("samples", samples)
     seed = check_count("seed", seed, minimum=0)
@@ -312,7 +262,12 @@ def check_bindings(bindings: Sequence[QuotientBinding], params: Mapping[str, tor
     with torch.no_grad():
         loss0, out0 = evaluate(params)
         # max(0.0, nan) is 0.0: a non-finite reference would make every change look like none
-        _check_finite_reference(loss0, out0)
+        bad = [what for what, value in (("loss", loss0), ("outputs", out0))
+               if value is not None and not bool(torch.isfinite(value.detach()).all())]
+        if bad:
+            raise ValueError(f"the batch's {' and '.join(bad)} are not finite (NaN or inf) at "
+                             "theta: the symmetry cannot be checked on this batch (a NaN or inf "
+                             "in the inputs, or a model that overflows)")
         results = []
         for binding in bindings:
             quotient = binding.quotient
@@ -322,10 +277,7 @@ def check_bindings(bindings: Sequence[QuotientBinding], params: Mapping[str, tor
             loss_change = output_change = 0.0
             for _ in range(samples):
                 g = quotient.random_group_element(x, scale=scale, generator=generator)
-                try:
-                    check_group_element_moves(quotient, x, g)
-                except QuotientMethodError as err:
-                    raise SymmetryCheckError(f"binding {binding.name!r}: {err}") from err
+                _naming(binding, check_group_element_moves, quotient, x, g)
                 moved = binding.parameters_of(tuple(quotient.act(x, g)))
                 loss, out = evaluate({**params, **moved})
                 loss_change = max(loss_change, _relative(loss, loss0))
@@ -360,12 +312,21 @@ def _checked_bindings(bindings: object) -> list[QuotientBinding]:
     return list(bindings)
 
 
-def _checked_pair(batch: object) -> tuple[Any, Any]:
+def _split_batch(batch: object) -> tuple[tuple, dict[str, Any], Any]:
+    """``(args, kwargs, target)`` of the model's forward on ``batch``."""
+    if isinstance(batch, Mapping):
+        if "labels" not in batch:
+            raise ValueError(f"batch: a mapping batch needs the target under 'labels', got keys "
+                             f"{sorted(map(str, batch))}")
+        return (), {k: v for k, v in batch.items() if k != "labels"}, batch["labels"]
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:
         raise TypeError(f"batch must be a pair (inputs, target) or a mapping with 'labels', got "
                         f"{type(batch).__name__}"
                         + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
-    return batch[0], batch[1]
+    x, target = batch
+    if isinstance(x, Mapping):
+        return (), dict(x), target
+    return (tuple(x) if isinstance(x, (tuple, list)) else (x,)), {}, target
 
 
 def check_symmetry(model: nn.Module, bindings: QuotientBinding | Sequence[QuotientBinding],
@@ -415,17 +376,7 @@ def check_symmetry(model: nn.Module, bindings: QuotientBinding | Sequence[Quotie
                                      "model has no parameter of")
     params = {n: p.detach() for n, p in named.items()}
     buffers = dict(model.named_buffers())
-    if isinstance(batch, Mapping):
-        if "labels" not in batch:
-            raise ValueError(f"batch: a mapping batch needs the target under 'labels', got keys "
-                             f"{sorted(map(str, batch))}")
-        args: tuple = ()
-        kwargs = {k: v for k, v in batch.items() if k != "labels"}
-        target = batch["labels"]
-    else:
-        x, target = _checked_pair(batch)
-        args, kwargs = (((), dict(x)) if isinstance(x, Mapping)
-                        else (tuple(x), {}) if isinstance(x, (tuple, list)) else ((x,), {}))
+    args, kwargs, target = _split_batch(batch)
 
     def evaluate(values: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
         # clones: a forward that writes to its buffers (BatchNorm in train mode) leaves the

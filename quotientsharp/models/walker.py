@@ -1,10 +1,9 @@
 """The :func:`find_symmetries` walker: from a ``torch.nn.Module`` to a :class:`SymmetryReport`.
 
-Three passes: the recognisers (:mod:`.recognisers`) claim modules (and their subtrees); the
-candidate pair groups (attention and LoRA, :mod:`.lora`) whose parameters are frozen, shared,
-adapted or of mixed dtype or device are dropped; the kept groups, the diagonal ``(u, v)``
-pairs and every other trainable parameter ("other") are written to the report. No tensor is
-written, and values are read only for the rank of LoRA factors.
+The recognisers (:mod:`.recognisers`) claim modules and their subtrees; candidate pair groups
+(attention and LoRA, :mod:`.lora`) whose parameters are frozen, shared, adapted or of mixed
+dtype or device are dropped; the rest, the diagonal ``(u, v)`` pairs and every other trainable
+parameter ("other") make the report. Values are read only for the rank of LoRA factors.
 """
 
 from __future__ import annotations
@@ -96,23 +95,16 @@ def _recognise(model: nn.Module, names: dict[int, str], report: SymmetryReport) 
     return found
 
 
-def _is_unrecognised_attention(module_name: str, module: nn.Module, found: _Recognised) -> bool:
-    """Whether an unclaimed module with parameters looks like attention that no recogniser
-    understood (a module whose recognised descendants own all its q/k/v-like children is not)."""
-    if found.claims(module_name):
-        return False
-    if not looks_like_attention(module) or next(module.parameters(), None) is None:
-        return False
-    has_handled_descendant = any(_inside(h, module_name) for h, _, _ in found.findings)
-    return not (has_handled_descendant and own_qkv_like_count(module) == 0)
-
-
 def _list_unrecognised_attention(model: nn.Module, found: _Recognised,
                                  report: SymmetryReport) -> None:
-    """Add the attention-like modules no recogniser claimed to ``report.unknown``, then sort
-    ``report.unknown`` in module order."""
+    """Add the unclaimed modules with parameters that look like attention to ``report.unknown``
+    (not one whose recognised descendants own all its q/k/v-like children), in module order."""
     for module_name, module in model.named_modules():
-        if not _is_unrecognised_attention(module_name, module, found):
+        if (found.claims(module_name) or not looks_like_attention(module)
+                or next(module.parameters(), None) is None):
+            continue
+        has_handled_descendant = any(_inside(h, module_name) for h, _, _ in found.findings)
+        if has_handled_descendant and own_qkv_like_count(module) == 0:
             continue
         report.unknown.append(module_name)
         report.unknown_reasons[module_name] = (
@@ -177,12 +169,9 @@ def _drop_reason(group: PairGroup, usable: _Usability) -> str | None:
 
 def _drop_unusable(candidates: list[tuple[str, PairGroup]], usable: _Usability,
                    notes: list[str]) -> set[int]:
-    """Indices of the candidate groups to drop, each with a note in ``notes``.
-
-    A group goes if it cannot be kept on its own (:func:`_drop_reason`), and then, until nothing
-    changes, if one of its parameters also feeds a dropped group: a parameter is covered only if
-    every group that reads it survives.
-    """
+    """Indices of the candidate groups to drop (with a note each): those that cannot be kept
+    on their own, then, until nothing changes, those with a parameter that also feeds a dropped
+    group (a parameter is covered only if every group that reads it survives)."""
     touching: dict[str, set[int]] = defaultdict(set)
     for index, (_, group) in enumerate(candidates):
         for parameter in group.parameters:

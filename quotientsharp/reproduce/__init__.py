@@ -1,11 +1,9 @@
 """The paper's studies, run by ``quotientsharp reproduce STUDY``.
 
-Each study is a module with ``HELP`` (one line for ``--help``; its docstring is the study's
-description) and ``run(config) -> int``, the exit status for its configuration (a frozen
-dataclass of :mod:`quotientsharp.reproduce.config`); its options are declared in
-:mod:`quotientsharp.cli.reproduce_options`. :data:`STUDIES` maps a study name to its module.
-The studies write data only; the Markdown of ``docs/results/`` is rendered from it by
-``docs/_hooks/results_pages/`` of a checkout (:mod:`quotientsharp.reproduce.results_page`).
+Each study is a module with ``HELP`` (its ``--help`` line; its docstring the description) and
+``run(config) -> int``, the exit status for a configuration of
+:mod:`quotientsharp.reproduce.config`. The studies write data only; ``docs/_hooks/results_pages/``
+of a checkout renders the pages of ``docs/results/`` from it.
 """
 
 from __future__ import annotations

@@ -1,33 +1,34 @@
-"""What each paper study is asked to do: one frozen configuration per kind of study, torch-free.
+"""What each paper study is asked to do: one frozen configuration per kind of study, torch-free,
+and the one skeleton of a study's ``run(config)`` (:func:`run_study_command`).
 
-A study module's ``run(config) -> int`` takes one of these (built by the command line from
-its options, or directly by a script: docs/cli.md). A field left at its default means what the
-command does without the option. Each field is checked when made: a wrong type (a bool for an
-integer included) raises ``TypeError``, a value out of range ``ValueError``, the message
-starting with the field's name. Paths are stored as :class:`~pathlib.Path`, lists of names or
-radii as tuples (from a sequence or a comma-separated string alike).
+Every field is checked when made (a wrong type raises ``TypeError``, a value out of range
+``ValueError``, the message naming the field); paths are stored as :class:`~pathlib.Path`, lists
+of names or radii as tuples (from a sequence or a comma-separated string alike).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
+
+Outcome = TypeVar("Outcome")
 
 
 def _check_flag(name: str, value: Any, optional: bool = False) -> None:
-    """Raise ``TypeError`` unless ``value`` is a bool (or, when ``optional``, ``None``)."""
+    """``TypeError`` unless ``value`` is a bool (or optional ``None``)."""
     if not (isinstance(value, bool) or (optional and value is None)):
         raise TypeError(f"{name} must be True or False{' or None' if optional else ''}, "
                         f"got {value!r}")
 
 
 def _check_integer(name: str, value: Any, minimum: int, optional: bool = False) -> None:
-    """Raise ``TypeError`` unless ``value`` is an integer (not a bool; or, when ``optional``,
-    ``None``), ``ValueError`` when it is below ``minimum``."""
+    """``TypeError`` unless ``value`` is an integer (or optional ``None``), ``ValueError`` below
+    ``minimum``."""
     if optional and value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int):
@@ -37,7 +38,6 @@ def _check_integer(name: str, value: Any, minimum: int, optional: bool = False) 
 
 
 def _as_path(name: str, value: Any) -> Path | None:
-    """``value`` (``None``, a ``str`` or a path) as a :class:`~pathlib.Path`."""
     if value is None or isinstance(value, Path):
         return value
     if not isinstance(value, str):
@@ -46,8 +46,7 @@ def _as_path(name: str, value: Any) -> Path | None:
 
 
 def _as_names(name: str, value: Any) -> tuple[str, ...] | None:
-    """``value`` (``None``, ``"a, b"`` or a sequence of strings) as a tuple of stripped,
-    non-empty names; ``ValueError`` when none is left."""
+    """``value`` (``None``, ``"a, b"`` or a sequence of strings) as a tuple of names."""
     if value is None:
         return None
     entries = value.split(",") if isinstance(value, str) else value
@@ -62,22 +61,10 @@ def _as_names(name: str, value: Any) -> tuple[str, ...] | None:
 
 @dataclass(frozen=True)
 class ReproduceConfig:
-    """What every study shares: where its results go, how it runs, its seed.
-
-    Attributes
-    ----------
-    out
-        Results folder (``None``: ``results/NAME`` or ``results/NAME-quick``).
-    resume, plots, progress
-        Keep the units already in ``out``; write the figures; progress bars (``None``: on a
-        terminal only).
-    docs
-        A docs folder: also write ``docs/results/NAME.md`` and regenerate ``docs/results.md``.
-    threads, seed, quick
-        torch threads (>= 1), the study seed (>= 0), the reduced variant (a smoke run).
-    device
-        torch device of the families' training and measuring (checked when the study runs).
-    """
+    """What every study shares, named like the command's options: ``out`` (``None``:
+    ``results/NAME[-quick]``), ``resume``, ``plots``, ``progress`` (``None``: on a terminal),
+    ``docs`` (a docs folder to render the page into), ``threads``, ``seed``, ``quick`` and the
+    families' ``device`` (checked when the study runs)."""
 
     #: Fields the study does not read; a value other than the default is refused.
     IGNORED: ClassVar[tuple[str, ...]] = ()
@@ -111,28 +98,40 @@ class ReproduceConfig:
 
 
 def check_config(config: object, expected: type[ReproduceConfig], study: str) -> None:
-    """Raise ``TypeError`` unless ``config`` is an ``expected`` (the configuration of
-    ``reproduce study``'s ``run``)."""
+    """``TypeError`` unless ``config`` is an ``expected``, the configuration of ``study``."""
     if not isinstance(config, expected):
         raise TypeError(f"reproduce {study}: run takes a {expected.__name__}, got "
                         f"{type(config).__name__}")
 
 
+def run_study_command(name: str, units: str, out: Path, compute: Callable[[], Outcome],
+                      report: Callable[[Outcome], None]) -> int:
+    """Run study ``name``'s ``compute`` and ``report`` its outcome on rank 0; the exit status:
+    0, 130 when interrupted (the finished ``units`` are kept in ``out``), 2 for a refused
+    setting or folder."""
+    from quotientsharp.workflows.records import is_main_rank
+
+    try:
+        outcome = compute()
+    except KeyboardInterrupt:
+        if is_main_rank():
+            print(f"\ninterrupted: finished {units} are kept in {out}; continue with --resume",
+                  file=sys.stderr)
+        return 130
+    except (ValueError, NotADirectoryError) as err:
+        if is_main_rank():
+            print(f"quotientsharp reproduce {name}: error: {err}", file=sys.stderr)
+        return 2
+    if is_main_rank():
+        report(outcome)
+    return 0
+
+
 @dataclass(frozen=True)
 class DiagonalConfig(ReproduceConfig):
-    """``reproduce diagonal``.
-
-    Attributes
-    ----------
-    nets
-        Number of nets, >= 1 (``None``: 50, or 12 with ``quick``).
-    full
-        Also run the data seeds, the rho sweep and a training set per net.
-    rhos, per_net_seeds
-        With ``full``: the radii of the rho sweep, numbers > 0 (a sequence or a
-        comma-separated string) that must contain the study's 0.1 (``None``: 0.03, 0.1, 0.3);
-        the training-set-per-net variant on the first N data seeds only (``None``: all).
-    """
+    """``reproduce diagonal``: ``nets`` (``None``: 50, 12 with ``quick``); ``full`` with its
+    ``rhos`` (``None``: 0.03, 0.1, 0.3; they must contain 0.1) and ``per_net_seeds`` (the
+    training set per net on the first N data seeds; ``None``: all)."""
 
     nets: int | None = None
     full: bool = False
@@ -148,8 +147,7 @@ class DiagonalConfig(ReproduceConfig):
 
 
 def _as_radii(value: Any) -> tuple[float, ...] | None:
-    """``rhos`` (``None``, ``"0.03, 0.1"`` or a sequence of numbers) as a tuple of floats,
-    each finite and > 0."""
+    """``rhos`` (``None``, ``"0.03, 0.1"`` or a sequence of numbers) as a tuple of floats > 0."""
     if value is None:
         return None
     entries: Any = _as_names("rhos", value) if isinstance(value, str) else value
@@ -168,18 +166,9 @@ def _as_radii(value: Any) -> tuple[float, ...] | None:
 
 @dataclass(frozen=True)
 class FamilyConfig(ReproduceConfig):
-    """``reproduce vit``, ``bert``, ``vit-finetune``, ``minilm`` and ``lora``.
-
-    Attributes
-    ----------
-    models
-        Number of models, >= 1 (``None``: the variant's).
-    study_seeds
-        Replicate over this many study seeds from ``seed``, >= 1 (``None``: the single-seed
-        study).
-    n_iter, sharpness_points, sharpness_batch_size
-        The measurement's sizes, >= 1 (``None``: the variant's).
-    """
+    """``reproduce vit``, ``bert``, ``vit-finetune``, ``minilm`` and ``lora``: ``models``,
+    ``study_seeds`` (replicate over this many study seeds from ``seed``), ``n_iter``,
+    ``sharpness_points`` and ``sharpness_batch_size`` (``None``: the variant's)."""
 
     models: int | None = None
     study_seeds: int | None = None
@@ -196,17 +185,8 @@ class FamilyConfig(ReproduceConfig):
 
 @dataclass(frozen=True)
 class InvarianceConfig(ReproduceConfig):
-    """``reproduce invariance``.
-
-    Attributes
-    ----------
-    dtypes
-        Model precisions from ``float64``, ``float32``, ``bfloat16``, as a sequence or a
-        comma-separated string (``None``: all three).
-    measures
-        Keys of the measures to run (see ``reproduce invariance --help``), as a sequence or a
-        comma-separated string (``None``: the variant's).
-    """
+    """``reproduce invariance``: ``dtypes`` among ``float64``, ``float32``, ``bfloat16``
+    (``None``: all three) and the keys of the ``measures`` to run (``None``: the variant's)."""
 
     dtypes: tuple[str, ...] | None = None
     measures: tuple[str, ...] | None = None
@@ -226,17 +206,15 @@ class InvarianceConfig(ReproduceConfig):
 
 @dataclass(frozen=True)
 class ReachConfig(ReproduceConfig):
-    """``reproduce reach``: uses ``out``, ``resume``, ``docs``, ``threads``, ``seed`` and
-    ``quick``; it writes no figures, shows no bars and runs on the CPU, so ``plots``,
-    ``progress`` and ``device`` are refused unless left at their defaults."""
+    """``reproduce reach``: no figures, no bars, on the CPU (``plots``, ``progress`` and
+    ``device`` are refused unless left at their defaults)."""
 
     IGNORED: ClassVar[tuple[str, ...]] = ("plots", "progress", "device")
 
 
 @dataclass(frozen=True)
 class SummaryConfig(ReproduceConfig):
-    """``reproduce summary``: uses ``docs`` only, the folder whose headline files it reads and
-    whose summary it rewrites; the other fields are refused unless left at their defaults."""
+    """``reproduce summary``: uses ``docs`` only (the other fields must keep their defaults)."""
 
     IGNORED: ClassVar[tuple[str, ...]] = ("out", "resume", "plots", "progress", "threads",
                                           "seed", "quick", "device")

@@ -1,12 +1,7 @@
-"""The machine-readable headline numbers of each study: ``docs/results/data/<study>.json``.
-
-Each study's ``--docs`` run writes its headline Kendall taus here (:func:`write_headline`);
-the summary table of the results page is rendered from them (read with :func:`check_rows`),
-and a test checks the summary's prose against them. The file is
-``{"study": str, "rows": [row, ...]}``, each row: ``setting`` (what was run, in words),
-``measure`` (``"adaptive"``, ``"geodesic_inv"``, ``"geodesic_mix"``, compared with the paper,
-or any other name), ``tau``, ``low``, ``high`` (Kendall tau and its 95 % interval), ``paper``
-(the paper's value or ``None``) and ``note`` (free text, ``""`` for none).
+"""The machine-readable headline numbers of each study: ``docs/results/data/<study>.json``,
+``{"study": str, "rows": [row, ...]}`` with the keys :data:`ROW_KEYS` per row (``tau``, ``low``,
+``high``: a Kendall tau and its 95 % interval; ``paper``: the paper's value or ``None``). The
+summary of the results page is rendered from them.
 """
 
 from __future__ import annotations

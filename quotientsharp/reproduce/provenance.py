@@ -1,8 +1,5 @@
-"""Where a results page came from: the package version, the git commit and the command.
-
-The commit is that of the checkout the imported package lives in; outside a checkout, or
-without git, it is ``None`` (said so on the page), never an error.
-"""
+"""Where a results page came from: the package version, the git commit (``None`` outside a
+checkout or without git) and the command."""
 
 from __future__ import annotations
 
@@ -30,11 +27,8 @@ class Provenance:
 
 
 def git_state(package_dir: Path) -> tuple[str | None, bool | None]:
-    """``(commit, dirty)`` of the git checkout whose top level holds ``package_dir``.
-
-    ``(None, None)`` when git is missing, ``package_dir`` is not inside a checkout, or the
-    checkout is another project's (an installed package inside some unrelated repository).
-    """
+    """``(commit, dirty)`` of the git checkout whose top level holds ``package_dir``;
+    ``(None, None)`` without git or outside such a checkout."""
     package_dir = Path(package_dir).resolve()
 
     def git(*args: str) -> str | None:

@@ -1,43 +1,55 @@
 """``quotientsharp reproduce reach``: how much of the best-found maximum the default solver
 reaches, whether its warnings say so, per measure, against the radius rho.
 
-A sharpness value is the best loss increase a solver finds in the ball, a lower bound of the
-maximum. The default solver is a search of Auto-PGD chains that reports its own reach estimate
-and the locality of its ball, and warns (``qs.ReachWarning``) when a value may not be the
-maximum (``docs/sharpness.md``). Per measure and ``rho`` of :data:`RHOS` this study gives the
-default's value as a percentage of the best value found per problem (a model and one batch),
-the same for the search's first chain alone (one ascent, as before 0.3), and counts the
-problems the default falls short on, how many of those its result flagged, and false alarms.
-
-- **Diagonal nets** (``reproduce diagonal``, quick size: d = 200, trained to a loss of 1e-5),
-  with that study's batched ascent (20 steps, exact paths): adaptive, geodesic inv and mix
-  (mix also in the rate ball ``||b|| <= rho / sqrt(2)``); reference: 400 steps, 3 restarts,
-  and mix's exact maxima (trust-region subproblems).
-- **A tiny float64 BERT** (2 layers, 4 heads of dimension 8, random weights with
-  ``initializer_range`` 0.3, random token batches): adaptive, geodesic inv and mix of order 2;
-  reference: the engine's ``reference_solve=True`` (10 times the steps, 4 random restarts).
-- **Trained models of the families** (:mod:`quotientsharp.reproduce.reach_models`): the first
-  3 models of ``reproduce vit``, ``minilm``, ``bert``, ``vit-finetune`` and ``lora``, made by
-  the family studies' own code, on every batch of their sharpness sets: adaptive, plain worst
-  case, geodesic inv and mix of order 2 at the study's own steps per chain, at :data:`RHOS`
-  and the radii of the family pages; reference: 10 times the steps, 2 random restarts. The
-  family pages state the reach of their measures from these data.
-
-The full run measures 6 diagonal nets, 4 BERT batches and 15 family models (a few hours of one
-core); ``--quick`` 2 radii, 2 nets, 1 BERT batch and one model of each quick family. The units
-are written to ``OUT/units.jsonl`` as each finishes (``--resume`` computes the missing ones,
-torchrun deals them over the ranks). Outputs: ``OUT/reach.json`` and the page data
+Per measure and ``rho`` of :data:`RHOS`: the default solver's value as a percentage of the best
+value found per problem (a model and one batch), the same for its first chain alone, and the
+problems it falls short on, how many of those its result flagged (``qs.ReachWarning``), and
+false alarms; on diagonal nets (the quick ``reproduce diagonal`` nets, reference: a strong
+ascent and mix's exact maxima), a tiny float64 BERT and the first trained models of each family
+study (:mod:`quotientsharp.reproduce.reach_models`; reference: 10 times the steps with random
+restarts). ``docs/results/reach.md`` describes each part. A few hours of one core; ``--quick``:
+2 radii, 2 nets, 1 BERT batch and one model of each quick family. Units go to
+``OUT/units.jsonl`` as each finishes (``--resume``, torchrun). Outputs: ``OUT/reach.json``,
 ``OUT/page.json``; with ``--docs DIR`` the page ``DIR/results/reach.md``, its data
 ``DIR/results/data/reach.json`` and the regenerated ``DIR/results.md``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from quotientsharp.reproduce.config import ReachConfig, check_config
+import torch
+
+from quotientsharp.engine.options import check_int
+from quotientsharp.engine.solver import AscentSettings
+from quotientsharp.reproduce.config import ReachConfig, check_config, run_study_command
+from quotientsharp.reproduce.diagonal.data import derived_seed, draw_hyperparameters, make_problem
+from quotientsharp.reproduce.diagonal.exact import (
+    REFERENCE_MEASURES,
+    mix_exact_maxima,
+    mix_rate_ball_maxima,
+    reference_maxima,
+)
+from quotientsharp.reproduce.diagonal.measures import MEASURES, measure_nets, sharpness_batches
+from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
+from quotientsharp.reproduce.diagonal.training import train_nets
+from quotientsharp.reproduce.reach_models import (
+    DEFAULT_STEPS,
+    FAMILIES,
+    QUICK_FAMILIES,
+    family_rhos,
+    family_study_of,
+    family_unit,
+    percent,
+    reach_shares,
+    tiny_bert_unit,
+)
+from quotientsharp.reproduce.results_page import page_document, write_page
+from quotientsharp.workflows.files import write_json_atomic
+from quotientsharp.workflows.resumable import ResumableRun
 
 HELP = "solver reach against rho: the default solver's share of the best-found maximum"
 
@@ -47,27 +59,7 @@ RHOS = (0.02, 0.1, 0.3)
 
 def diagonal_reach(rhos: Sequence[float], nets: int, seed: int,
                    overrides: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """Measure -> rho -> reach on diagonal nets (module docstring); ``overrides``: diagonal
-    settings (smaller problems for tests)."""
-    import torch
-
-    from quotientsharp.engine.solver import AscentSettings
-    from quotientsharp.reproduce.diagonal.data import (
-        derived_seed,
-        draw_hyperparameters,
-        make_problem,
-    )
-    from quotientsharp.reproduce.diagonal.exact import (
-        REFERENCE_MEASURES,
-        mix_exact_maxima,
-        mix_rate_ball_maxima,
-        reference_maxima,
-    )
-    from quotientsharp.reproduce.diagonal.measures import MEASURES, measure_nets, sharpness_batches
-    from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
-    from quotientsharp.reproduce.diagonal.training import train_nets
-    from quotientsharp.reproduce.reach_models import DEFAULT_STEPS, percent
-
+    """Measure -> rho -> reach on diagonal nets; ``overrides``: diagonal settings."""
     settings = DiagonalSettings.quick(**{"nets": nets, "seed": seed,
                                          "reference_iterations": 400, "reference_restarts": 3,
                                          **(overrides or {})})
@@ -120,8 +112,6 @@ def _pooled(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def _family_results(family: Any, rhos: Sequence[float],
                     records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    from quotientsharp.reproduce.reach_models import family_study_of, reach_shares
-
     study = family_study_of(family.study)
     measured = [r for r in records if r["values"] is not None]
     if not measured:
@@ -141,46 +131,20 @@ def _family_results(family: Any, rhos: Sequence[float],
 
 
 def reach_study(out: Path, *, quick: bool = False, seed: int = 0, threads: int = 1,
-                docs: Path | None = None, command: str | None = None,
-                rhos: Sequence[float] | None = None, nets: int | None = None,
-                batches: int | None = None, resume: bool = False,
-                diagonal_overrides: dict[str, Any] | None = None,
-                families: Sequence[Any] | None = None,
-                progress: bool | None = False) -> dict[str, Any]:
-    """Run (or resume) the study, write ``out/reach.json`` and ``out/page.json`` (and, with
-    ``docs``, the page and ``docs/results/data/reach.json``); returns the results.
-
-    The units of :class:`~quotientsharp.workflows.resumable.ResumableRun` (``out/units.jsonl``,
-    ``resume``, ranks under torchrun) are the diagonal nets, the tiny BERT and each family
-    model. ``seed`` draws the diagonal nets and the tiny BERT (the families use study seed 0);
-    ``command`` is the one the page names; ``rhos``, ``nets``, ``batches``,
-    ``diagonal_overrides`` and ``families`` (of
-    :class:`~quotientsharp.reproduce.reach_models.FamilyReach`) replace the full and quick
-    sizes (tests and explorations); ``progress``: a bar (``None``: on a terminal only).
+                docs: Path | None = None, rhos: Sequence[float] | None = None,
+                nets: int | None = None, batches: int | None = None, resume: bool = False,
+                diagonal_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run (or resume) the study, write ``out/reach.json`` and ``out/page.json`` (and with
+    ``docs`` the page and ``docs/results/data/reach.json``); the results. The units (diagonal
+    nets, tiny BERT, each family model) go through
+    :class:`~quotientsharp.workflows.resumable.ResumableRun`; ``rhos``, ``nets``, ``batches`` and
+    ``diagonal_overrides`` replace the full and quick sizes.
     """
-    import dataclasses
-
-    import torch
-
-    from quotientsharp.engine.options import check_int
-    from quotientsharp.reproduce.reach_models import (
-        FAMILIES,
-        QUICK_FAMILIES,
-        family_rhos,
-        family_unit,
-        reach_shares,
-        tiny_bert_unit,
-    )
-    from quotientsharp.reproduce.results_page import page_document, write_page
-    from quotientsharp.workflows.files import write_json_atomic
-    from quotientsharp.workflows.resumable import ResumableRun
-
     threads = check_int("threads", threads, 1)
     rhos = tuple(rhos) if rhos is not None else RHOS[:2] if quick else RHOS
     nets = nets if nets is not None else 2 if quick else 6
     batches = batches if batches is not None else 1 if quick else 4
-    families = tuple(families) if families is not None else (
-        QUICK_FAMILIES if quick else FAMILIES)
+    families = QUICK_FAMILIES if quick else FAMILIES
     radii = {f.study: family_rhos(f.study, rhos) for f in families}
     by_unit = {f"{f.study}:{index}": (f, index) for f in families for index in range(f.models)}
     units = ["diagonal", "tiny-bert", *by_unit]
@@ -202,7 +166,7 @@ def reach_study(out: Path, *, quick: bool = False, seed: int = 0, threads: int =
 
     run = ResumableRun(out, units, study="reach", settings=settings, resume=resume,
                        owned=["units.jsonl", "reach.json", "page.json"], records="units.jsonl",
-                       key="unit", unit="unit", description="reach", progress=progress)
+                       key="unit", unit="unit", description="reach", progress=False)
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -210,8 +174,8 @@ def reach_study(out: Path, *, quick: bool = False, seed: int = 0, threads: int =
         records = run.run(work)
     finally:
         torch.set_num_threads(saved)
-    command = command or ("quotientsharp reproduce reach" + (" --quick" if quick else "")
-                          + (f" --seed {seed}" if seed else "") + " --docs docs")
+    command = ("quotientsharp reproduce reach" + (" --quick" if quick else "")
+               + (f" --seed {seed}" if seed else "") + " --docs docs")
 
     def finish(folder: Any, wall: float) -> dict[str, Any]:
         results: dict[str, Any] = {
@@ -244,10 +208,7 @@ def reach_study(out: Path, *, quick: bool = False, seed: int = 0, threads: int =
 def run(config: ReachConfig) -> int:
     """Run ``quotientsharp reproduce reach`` as ``config`` (a
     :class:`~quotientsharp.reproduce.config.ReachConfig`, else a ``TypeError``) says; the exit
-    status: 0 done; 2 for a setting refused at run time (another run's ``--resume`` settings)
-    or an unusable results folder, the reason on stderr; 130 when interrupted."""
-    from quotientsharp.reproduce.command import run_study_command
-
+    status of :func:`~quotientsharp.reproduce.config.run_study_command`."""
     check_config(config, ReachConfig, "reach")
     out = config.out if config.out is not None else Path(
         "results/reach-quick" if config.quick else "results/reach")

@@ -1,8 +1,5 @@
-"""Solver reach on transformer models, for ``quotientsharp reproduce reach``: a tiny float64
-BERT and trained models of the families (:func:`family_unit`: drawn, built and trained by the
-family studies' own code). :func:`measure_reach` measures each with the engine's default
-solver and its ``reference_solve``; :func:`reach_shares` gives shares of the best value found.
-"""
+"""Solver reach on transformer models for ``quotientsharp reproduce reach``: a tiny float64 BERT
+and trained models of the families, measured with the default solver and ``reference_solve``."""
 
 from __future__ import annotations
 
@@ -23,9 +20,8 @@ REACH_MEASURES = ("adaptive", "worst_case", "geodesic_inv_o2", "geodesic_mix_o2"
 
 @dataclass(frozen=True)
 class FamilyReach:
-    """The size of the reach measurement on family ``study``: its first ``models`` of study
-    seed 0, the first ``batches`` of its sharpness set (``None``: all), and the ``restarts`` of
-    the strong ascent of ``10 * n_iter`` steps (the engine's ``reference_solve``)."""
+    """The reach measurement on family ``study``: its first ``models``, the first ``batches``
+    (``None``: all) and the ``restarts`` of the strong ascent of ``10 * n_iter`` steps."""
 
     study: str
     models: int
@@ -33,10 +29,8 @@ class FamilyReach:
     restarts: int
 
 
-#: The full run: the first 3 models of each family, every batch of their sharpness sets (4 for
-#: the ViTs and BERT, 1 for MiniLM and LoRA), a strong solve of 10 times the steps with 2 random
-#: restarts: 30 times the steps of one ascent, 6 to 15 times what the default search spends
-#: (the engine's 4 restarts would double the study's two CPU-hours).
+#: The full run: the first 3 models of each family, every batch, a strong solve of 10 times the
+#: steps with 2 restarts (the engine's 4 would double the study's two CPU-hours).
 FAMILIES = tuple(FamilyReach(name, models=3, batches=None, restarts=2)
                  for name in ("vit", "minilm", "bert", "vit-finetune", "lora"))
 #: ``--quick``: one model of each family's quick variant (MiniLM's and LoRA's are tiny random
@@ -61,19 +55,10 @@ def percent(values: Sequence[float], best: Sequence[float]) -> dict[str, float]:
 def measure_reach(model: Any, batches: Sequence[Any], measures: Mapping[str, Mapping[str, Any]],
                   rhos: Sequence[float], n_iter: int, reference: bool | Mapping[str, Any],
                   seed: int = 0) -> dict[str, dict[str, Any]]:
-    """Each measure (name -> options of :func:`quotientsharp.sharpness`) at each radius on
-    each batch, with the engine's default solver (``n_iter`` steps per Auto-PGD run) and the
-    strong solve ``reference`` (the ``reference_solve`` option).
-
-    Returns
-    -------
-    dict
-        Name -> ``f"{rho:g}"`` -> per batch lists: ``ascent`` (the default solver's value),
-        ``one_ascent`` (its first run, one ascent from ``xi = 0``), ``reference``,
-        ``reach_estimate`` and ``local`` (what the result reported, from which its warning
-        fires), ``evaluations`` and ``reference_evaluations`` (forward+backward passes); or
-        ``{"refused": reason}`` for a radius the engine refuses.
-    """
+    """Each measure (name -> options of :func:`quotientsharp.sharpness`) at each radius with
+    the default solver and the strong solve ``reference`` (``reference_solve``): name ->
+    ``f"{rho:g}"`` -> per batch lists (``ascent``, ``one_ascent``: its first run, ``reference``,
+    ``reach_estimate``, ``local``, evaluations), or ``{"refused": reason}``."""
     import warnings
 
     import quotientsharp as qs
@@ -104,10 +89,8 @@ def measure_reach(model: Any, batches: Sequence[Any], measures: Mapping[str, Map
 
 
 def _flags(entry: Mapping[str, Any], best: Sequence[float]) -> dict[str, int]:
-    """How the default's warnings met its shortfalls: problems short of
-    :data:`~quotientsharp.engine.result.REACH_TARGET` of the best value found, those of them
-    flagged (a reach estimate below the target or a ball that is not local), reaching problems
-    flagged by the reach estimate (a false alarm) and balls that are not local."""
+    """Problems short of ``REACH_TARGET`` of the best value, those of them flagged (low reach
+    estimate or a ball not local), false alarms of the reach estimate, balls not local."""
     from quotientsharp.engine.result import REACH_TARGET
 
     counts = {"problems": 0, "short": 0, "short_flagged": 0, "reaching_reach_flagged": 0,
@@ -127,17 +110,9 @@ def _flags(entry: Mapping[str, Any], best: Sequence[float]) -> dict[str, int]:
 
 def reach_shares(values: Mapping[str, Mapping[str, Any]],
                  ) -> dict[str, dict[str, dict[str, Any]]]:
-    """Name -> rho -> summary of :func:`measure_reach`'s values (each list may hold the
-    batches of several models), pooled over the problems. A problem's best value is the
-    largest of the three solves'; one with no loss increase is counted in ``no_increase``.
-
-    Returns
-    -------
-    dict
-        Name -> rho -> ``{"ascent": percent, "one_ascent": percent, "flags": counts,
-        "evaluations": median, "reference_evaluations": median, "no_increase": count}``
-        (:func:`percent`, :func:`_flags`), or ``{"refused": reason}``.
-    """
+    """Name -> rho -> :func:`measure_reach`'s values pooled over the problems, as shares of
+    each problem's best value (the largest of the three solves'; problems with no loss
+    increase counted in ``no_increase``), with :func:`_flags`, or ``{"refused": reason}``."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for name, by_rho in values.items():
         out[name] = {}
@@ -222,10 +197,8 @@ def family_rhos(name: str, rhos: Sequence[float]) -> list[float]:
 
 def family_unit(family: FamilyReach, index: int, rhos: Sequence[float], quick: bool,
                 out: Path, status: Callable[[str], None]) -> dict[str, Any]:
-    """Train model ``index`` of the family (its ``quick`` variant) as its study does, study
-    seed 0 (a self-pretraining cached in ``out``), and measure the reach of
-    :data:`REACH_MEASURES` at ``rhos`` on its first sharpness batches: the study's record
-    with ``ascent_steps``, ``reference`` and ``values`` (``None`` for a diverged model)."""
+    """Train model ``index`` of the family as its study does (study seed 0) and measure the
+    reach of :data:`REACH_MEASURES` at ``rhos``: its record with ``values``."""
     import time
 
     from quotientsharp.reproduce.families.data import sharpness_batches

@@ -1,10 +1,6 @@
-"""Hand a study's page data to the results-page renderer of a docs folder.
-
-The studies write data only (results folder, headline file, page data
-``docs/results/data/pages/<study>.json``); the Markdown of ``docs/results/`` is made by the
-renderer of a checkout, ``DOCS/_hooks/results_pages/`` (:data:`RENDERER`), loaded from the
-folder given to ``--docs``. A docs folder without it is refused before the study runs.
-"""
+"""Hand a study's page data to the results-page renderer of a docs folder,
+``DOCS/_hooks/results_pages/`` (:data:`RENDERER`); a docs folder without it is refused before
+the study runs."""
 
 from __future__ import annotations
 
@@ -26,15 +22,8 @@ RENDERER = Path("_hooks") / "results_pages"
 
 
 def reading_guide(generalisation: str | None) -> str:
-    """The sign convention of a study's taus (:func:`~quotientsharp.workflows.taus.
-    sign_convention`) and where the results page is.
-
-    Parameters
-    ----------
-    generalisation
-        What the taus rank sharpness against (``"test loss"``); ``None`` for a study without
-        taus (the pointer to the results page only).
-    """
+    """The sign convention of a study's taus against ``generalisation`` (``"test loss"``;
+    ``None``: a study without taus) and where the results page is."""
     page = ("Results of every study, next to the paper's: docs/results.md (the Results page of "
             "the docs site, mkdocs serve).")
     if generalisation is None:
@@ -94,9 +83,8 @@ def page_data_path(docs_dir: Path, study: str) -> Path:
 
 
 def write_page(docs_dir: Path, document: Mapping[str, Any]) -> Path:
-    """Write the page data ``document`` (:func:`page_document`) into ``docs_dir``, render the
-    study's section from it and regenerate ``docs/results.md`` (the summary stamped with the
-    same provenance); the section's path."""
+    """Write the page data ``document`` into ``docs_dir``, render the study's section and
+    regenerate ``docs/results.md``; the section's path."""
     renderer_module = renderer(docs_dir)
     path = page_data_path(docs_dir, document["study"])
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,14 +1,10 @@
 """``quotientsharp study MANIFEST``: the paper's workflow on your own models.
 
-Given a manifest of saved models with their generalisation gaps (or the data to compute them)
-and a shared data file, :func:`run_study` measures every model on a grid of sharpness
-measures, radii, metrics and orders (:class:`StudyConfig`) and reports the Kendall rank
-correlation between the gap and each measure (:func:`tau_interval`), with bootstrap
-intervals, scatter plots and a markdown report. Records are written as each model finishes
-(:mod:`.resumable`, the runner of every study), so a run can be resumed or dealt over the ranks
-of torchrun. ``docs/study.md`` describes the manifest, the options and the outputs; the
-command line is :mod:`quotientsharp.cli.study`. Nothing here imports torch until a model is
-measured.
+:func:`run_study` measures every model of a manifest on a grid of sharpness measures, radii,
+metrics and orders (:class:`StudyConfig`) and reports the Kendall rank correlation between the
+generalisation gap and each measure (:func:`tau_interval`), with bootstrap intervals, scatter
+plots and a markdown report, resumably and over the ranks of torchrun (``docs/study.md``).
+Nothing here imports torch until a model is measured.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """``quotientsharp measure``: reading DATA into batches, JSON lines or ``torch.save``'d tensors
-(the accepted forms are described in :mod:`quotientsharp.cli.measure`); torch is imported only
-when data are read."""
+(:mod:`quotientsharp.cli.measure`); torch is imported only when data are read."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ def existing_file(path: str | os.PathLike, label: str) -> Path:
 
 def utf8_lines(path: Path, label: str) -> Iterator[tuple[int, str]]:
     """``(line number, line)`` of a UTF-8 text file (newlines kept, as ``open`` gives them);
-    bytes that are not UTF-8 raise an :class:`InputError` naming ``label``, the file and the
-    line (Python's own ``UnicodeDecodeError`` names neither)."""
+    bytes that are not UTF-8 raise an :class:`InputError` naming ``label``, file and line."""
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
             try:
@@ -57,8 +55,8 @@ def utf8_lines(path: Path, label: str) -> Iterator[tuple[int, str]]:
 
 
 def jsonl_objects(path: Path, label: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number, object)`` for each non-empty line of a JSONL file; a clear error naming
-    ``label`` (e.g. ``"DATA"``), the file and the line for anything but a JSON object."""
+    """``(line number, object)`` for each non-empty line of a JSONL file; an error naming
+    ``label`` (``"DATA"``), file and line for anything but a JSON object."""
     for number, line in utf8_lines(path, label):
         if not line.strip():
             continue
@@ -206,7 +204,7 @@ def _jsonl_batches(path: Path, model: nn.Module, model_path: Path, settings: Bat
                    ) -> tuple[list[dict[str, torch.Tensor]], int, str]:
     rows = _read_jsonl(path)
     config = getattr(model, "config", None)
-    num_labels = getattr(config, "num_labels", None) if config is not None else None
+    num_labels = getattr(config, "num_labels", None)
     pretokenised = "input_ids" in rows[0]
     for row in rows:
         if ("input_ids" in row) != pretokenised:
@@ -220,7 +218,7 @@ def _jsonl_batches(path: Path, model: nn.Module, model_path: Path, settings: Bat
                              "tokenizer (none of " + ", ".join(TOKENIZER_FILES) + "); pass "
                              "--tokenizer DIR or give pre-tokenised rows {\"input_ids\": [...], "
                              "\"attention_mask\": [...], \"label\": ...}")
-    pad_id = getattr(config, "pad_token_id", None) if config is not None else None
+    pad_id = getattr(config, "pad_token_id", None)
     pad_id = pad_id if isinstance(pad_id, int) else 0
     batches: list[dict[str, torch.Tensor]] = []
     for start in range(0, len(rows), settings.batch_size)[:settings.max_batches]:
@@ -256,8 +254,8 @@ def _unpack(loaded: Any, path: Path) -> tuple[tuple[Any, ...], Any]:
 
 
 def _tensor_pair(loaded: Any, path: Path) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    """The inputs and target of a loaded DATA file, checked: tensors with the same number of
-    examples (their first dimension), at least one."""
+    """The inputs and target of a loaded DATA file: tensors with the same, non-zero, number of
+    examples."""
     import torch
 
     inputs, target = _unpack(loaded, path)
@@ -306,8 +304,8 @@ def _tensor_batches(path: Path, settings: BatchSettings
 
 def load_batches(data_path: str | os.PathLike, model: nn.Module, model_path: str | os.PathLike,
                  settings: BatchSettings) -> tuple[list, int, str]:
-    """``(batches, number of examples used, data kind)`` for DATA (the forms are those of
-    :mod:`quotientsharp.cli.measure`), cut into batches as ``settings`` say."""
+    """``(batches, number of examples used, data kind)`` for DATA (the forms of
+    :mod:`quotientsharp.cli.measure`)."""
     path, model_path = existing_file(data_path, "DATA"), Path(model_path)
     if path.suffix.lower() in JSONL_SUFFIXES:
         return _jsonl_batches(path, model, model_path, settings)

@@ -1,5 +1,4 @@
-"""The torch device of ``--device`` (``measure`` and ``study``), checked before any model is
-loaded."""
+"""The torch device of ``--device``, checked before any model is loaded."""
 
 from __future__ import annotations
 
@@ -12,8 +11,8 @@ if TYPE_CHECKING:
 
 
 def check_device(text: str) -> torch.device:
-    """The device of ``--device``, or an :class:`InputError` (one line, exit 2) when this torch
-    build or machine does not have it."""
+    """The device of ``--device``, or an :class:`InputError` when this torch or machine lacks
+    it."""
     import torch
 
     try:

@@ -1,10 +1,5 @@
-"""Files a reader may open while they are written: atomic rewrites and append-only JSONL.
-
-A rewritten file goes to a temporary file beside it that is then renamed over it, so a reader,
-or an interruption, sees the old file or the new one, never a part. A JSONL file grows by
-:func:`append_jsonl`, one synced line per record; :func:`read_jsonl` drops a torn last line.
-A temporary file (``.<name>.*.tmp``) left by a killed writer is removed by the next writer
-when it takes the output's lock (:class:`~.locks.OutputLock`).
+"""Files a reader may open while they are written: atomic rewrites (a temporary file renamed
+over the old one) and append-only JSONL whose torn last line is dropped on reading.
 """
 
 from __future__ import annotations
@@ -20,8 +15,7 @@ from typing import Any, TextIO
 
 
 def _new_file_mode() -> int:
-    """``0666`` less the umask: the mode ``open(path, "w")`` gives a new file (``mkstemp``'s
-    temporary files are ``0600``, which the renamed result would otherwise keep)."""
+    """The mode ``open(path, "w")`` gives a new file (``mkstemp``'s ``0600`` would stay)."""
     mask = os.umask(0)
     os.umask(mask)
     return 0o666 & ~mask
@@ -30,7 +24,7 @@ def _new_file_mode() -> int:
 @contextlib.contextmanager
 def _atomic_stream(path: Path, newline: str | None = None) -> Iterator[TextIO]:
     """A UTF-8 text stream to a temporary file beside ``path``, synced and renamed over it when
-    the block ends; on any error, the temporary file is removed and ``path`` is untouched."""
+    the block ends (on an error, removed)."""
     path = Path(path)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -76,8 +70,7 @@ def write_csv_atomic(path: Path, columns: Sequence[str],
 
 
 def append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
-    """Append one record to a JSONL file, flushed and synced before returning (one ``write``:
-    a concurrent reader sees the line complete or torn, which :func:`read_jsonl` drops)."""
+    """Append one record to a JSONL file in one ``write``, flushed and synced."""
     line = json.dumps(record, allow_nan=True)
     with Path(path).open("a") as stream:
         stream.write(line + "\n")
@@ -86,12 +79,8 @@ def append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
 
 
 def read_jsonl(path: Path, repair: bool = False) -> list[dict[str, Any]]:
-    """The records of a JSONL file, one JSON object per line; ``[]`` if it does not exist.
-
-    A last line without its newline (a write cut short by an interruption) is dropped, and with
-    ``repair`` it is also cut from the file so that later appends start on a clean line. A
-    malformed line anywhere else is an error naming the file and line.
-    """
+    """The records of a JSONL file (``[]`` if it does not exist). A torn last line (no newline)
+    is dropped, and with ``repair`` cut from the file so that later appends start clean."""
     path = Path(path)
     if not path.exists():
         return []

@@ -1,11 +1,8 @@
 """What a finished record was measured from, by content: the identity checked on ``--resume``.
 
-A checkpoint replaced at the same path would keep its stale record on ``--resume``, so a
-record's identity also holds the SHA-256 of each file it was measured from (of every file, by
-relative name, for a folder), hashed once per process. A user's symmetry is identified by
-content too (:func:`symmetry_fingerprint`): the SHA-256 of the source of every user module it
-runs (the package's and torch's are covered by the versions ``run.json`` records) and a hash
-of the bindings it returned; ``--resume`` names what changed (:func:`fingerprint_change`).
+A checkpoint replaced at the same path would keep its stale record, so the identity holds the
+SHA-256 of every file measured (hashed once per process), and of a user's symmetry, its user
+modules' source and its bindings (the package's and torch's code: the versions in ``run.json``).
 """
 
 from __future__ import annotations
@@ -55,7 +52,7 @@ def content_sha256(path: str | os.PathLike[str]) -> str:
 
 
 def content_identity(entry: ManifestEntry) -> dict[str, Any]:
-    """:meth:`ManifestEntry.identity` with the SHA-256 of the model and of the gap's data."""
+    """:meth:`ManifestEntry.identity` with the SHA-256 of the model and the gap's data."""
     identity: dict[str, Any] = dict(entry.identity())
     for key, path in (("model", entry.model), ("train", entry.train), ("test", entry.test)):
         identity[f"{key}_sha256"] = None if path is None else content_sha256(path)
@@ -63,8 +60,8 @@ def content_identity(entry: ManifestEntry) -> dict[str, Any]:
 
 
 def _user_modules(objects: Sequence[Any]) -> dict[str, str]:
-    """Module name -> source file of the modules defining ``objects`` (and, for classes, their
-    bases), other than the versioned packages' and modules without a source file."""
+    """Module name -> source file of the user modules defining ``objects`` (and, for classes,
+    their bases)."""
     modules: dict[str, str] = {}
     for obj in objects:
         owners = inspect.getmro(obj) if inspect.isclass(obj) else (obj,)
@@ -81,7 +78,7 @@ def _user_modules(objects: Sequence[Any]) -> dict[str, str]:
 
 def _describe(value: Any) -> Any:
     """A JSON-able description of one setting of a quotient (tensors by the hash of their
-    bytes, metric objects by class and name, other objects by class)."""
+    bytes, other objects by class and name)."""
     import torch
 
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -107,22 +104,14 @@ def _binding_description(binding: Any) -> dict[str, Any]:
     return {"name": binding.name, "parameters": list(binding.parameters),
             "folded": binding.folded, "quotient": f"{kind.__module__}.{kind.__qualname__}",
             "settings": settings, "tensors": tensors,
-            "to_point": None if binding.to_point is None else binding.to_point.__qualname__,
-            "from_point": None if binding.from_point is None
-            else binding.from_point.__qualname__}
+            "to_point": getattr(binding.to_point, "__qualname__", None),
+            "from_point": getattr(binding.from_point, "__qualname__", None)}
 
 
 def symmetry_fingerprint(function: Any, bindings: Sequence[Any]) -> dict[str, Any]:
-    """What a user's symmetry is, by content: ``{"modules": {module: sha256 of its source
-    file}, "bindings": sha256}`` (module docstring).
-
-    Parameters
-    ----------
-    function
-        The user's ``FUNCTION`` (``--symmetry MODULE:FUNCTION``).
-    bindings
-        The :class:`~quotientsharp.models.QuotientBinding` objects it returned for the model.
-    """
+    """What a user's symmetry ``function`` (``--symmetry MODULE:FUNCTION``) and the
+    ``bindings`` it returned are, by content: ``{"modules": {module: sha256 of its source
+    file}, "bindings": sha256}``."""
     objects: list[Any] = [function]
     for binding in bindings:
         objects += [type(binding.quotient), binding.to_point, binding.from_point]
@@ -134,7 +123,7 @@ def symmetry_fingerprint(function: Any, bindings: Sequence[Any]) -> dict[str, An
 
 def fingerprint_change(saved: Any, now: Mapping[str, Any]) -> str | None:
     """What differs between a recorded :func:`symmetry_fingerprint` and the current one, in a
-    few words (``None`` when nothing does)."""
+    few words, or ``None``."""
     if not isinstance(saved, Mapping):
         return "the record predates symmetry fingerprints"
     old, new = saved.get("modules") or {}, now["modules"]

@@ -15,10 +15,9 @@ if TYPE_CHECKING:
 
 
 def evaluate(model: nn.Module, batches: Sequence[Any], loss: str) -> dict[str, float | None]:
-    """Mean loss (weighted by examples) and 0-1 error of ``model`` (in eval mode) over
-    ``batches`` with ``loss`` ``"cross_entropy"`` or ``"mse"``: ``{"loss", "error"}``, the error
-    being the share of labels (``-100`` left out) whose class is not the largest logit, ``None``
-    with mse."""
+    """Mean loss (weighted by examples) and 0-1 error of ``model`` over ``batches``:
+    ``{"loss", "error"}``, the error the share of labels (``-100`` left out) whose class is not
+    the largest logit, ``None`` with ``loss="mse"``."""
     import torch
 
     from quotientsharp.engine.batches import compute_loss, output_tensor, resolve_loss, split_batch
@@ -57,11 +56,8 @@ def evaluate(model: nn.Module, batches: Sequence[Any], loss: str) -> dict[str, f
 
 def generalisation(model: nn.Module, model_path: Path, train: Path, test: Path,
                    batches: BatchSettings, kind: str) -> dict[str, float | None]:
-    """Train and test loss and error of ``model`` and its gap (``test - train`` of ``kind``).
-
-    The files are read as ``quotientsharp measure`` reads DATA, every example
-    (``max_batches`` applies to the sharpness data only).
-    """
+    """Train and test loss and error of ``model`` and its gap (``test - train`` of ``kind``),
+    on every example of the files (``max_batches`` applies to the sharpness data only)."""
     from quotientsharp.workflows.data import load_batches
 
     every = dataclasses.replace(batches, max_batches=None)

@@ -1,10 +1,5 @@
-"""``quotientsharp study``: the grid of measures x radii x metrics and orders.
-
-``--measure adaptive --measure geodesic --rho 0.05,0.1 --metric inv,mix --order 1,2`` is 2
-adaptive and 8 geodesic grid points; each :class:`GridPoint` is one call of
-:func:`quotientsharp.sharpness` per model, named by a column key
-(``geodesic_mix_order2_rho0.1``) and a readable label.
-"""
+"""``quotientsharp study``: the grid of measures x radii x metrics and orders, each
+:class:`GridPoint` one call of :func:`quotientsharp.sharpness` per model."""
 
 from __future__ import annotations
 
@@ -32,7 +27,7 @@ ROWS_OWN = "rows' own"
 
 def with_row_symmetries(grid: list[GridPoint], any_row_binds: bool) -> list[GridPoint]:
     """``grid`` with its geodesic points labelled for rows with their own symmetry (keys
-    unchanged); ``grid`` itself where no row binds one or ``--symmetry`` binds every row."""
+    unchanged), where some row binds one and ``--symmetry`` is not given."""
     if not any_row_binds:
         return grid
     return [dataclasses.replace(point, symmetry=ROWS_OWN)
@@ -42,24 +37,10 @@ def with_row_symmetries(grid: list[GridPoint], any_row_binds: bool) -> list[Grid
 
 @dataclass(frozen=True)
 class GridPoint:
-    """One measure with one radius (and, for geodesic sharpness, one metric and order).
-
-    Attributes
-    ----------
-    key
-        The column of the output CSV and the name of its plot (``scatter_{key}.png``).
-    measure
-        The measure of :func:`quotientsharp.sharpness`.
-    rho
-        The radius (``None`` for relative flatness).
-    metric, order
-        Geodesic sharpness only.
-    p
-        Worst-case and adaptive sharpness: ``"2"`` or ``"inf"``.
-    symmetry
-        Geodesic sharpness with ``--symmetry MODULE:FUNCTION``: the bindings it returns measure
-        with their own quotients' metric (``metric`` does not apply), and the label says so.
-    """
+    """One measure with one radius (``None`` for relative flatness) and, for geodesic sharpness,
+    one metric and order (``p``: ``"2"`` or ``"inf"`` of worst-case and adaptive sharpness).
+    ``key`` names its CSV column and its plot ``scatter_{key}.png``; ``symmetry`` is
+    ``--symmetry MODULE:FUNCTION``, whose bindings measure with their own quotients' metric."""
 
     key: str
     measure: str
@@ -70,30 +51,22 @@ class GridPoint:
     symmetry: str | None = None
 
     def label(self, greek: bool = True) -> str:
-        """The readable name: measure, metric (a user's symmetry: its bindings' own), order
-        and radius."""
+        """The readable name: measure, metric, order and radius."""
         metric = (self.metric if self.symmetry is None
                   else f"{self.metric} or a row's own symmetry's" if self.symmetry == ROWS_OWN
                   else f"{self.symmetry} bindings'")
         return measure_label(self.measure, metric=metric, order=self.order, rho=self.rho,
                              p=self.p, greek=greek)
 
-    def options(self, config: SharpnessConfig,
-                symmetries: Sequence[Any] | None = None) -> dict[str, Any]:
-        """Keyword options of :func:`quotientsharp.sharpness` (no progress bar of its own;
-        :func:`~quotientsharp.workflows.options.options_for`)."""
-        variant = {} if self.metric is None else {"metric": self.metric, "order": self.order}
-        options = options_for(MeasureRun(self.key, self.measure, variant), config, symmetries)
-        options["progress"] = False
-        return options
-
     def spec(self, config: SharpnessConfig, symmetries: Sequence[Any] | None = None
              ) -> MeasureSpec:
-        """The engine's typed measure of the point (:func:`quotientsharp.engine.measure_from`),
-        for ``sharpness(model, batches, spec)``."""
+        """The engine's typed measure of the point, for ``sharpness(model, batches, spec)``
+        (without a progress bar of its own)."""
         from quotientsharp.engine import measure_from
 
-        return measure_from(self.measure, self.rho, self.options(config, symmetries))
+        variant = {} if self.metric is None else {"metric": self.metric, "order": self.order}
+        options = options_for(MeasureRun(self.key, self.measure, variant), config, symmetries)
+        return measure_from(self.measure, self.rho, {**options, "progress": False})
 
     def as_dict(self) -> dict[str, Any]:
         """The point as plain JSON (``run.json``, ``taus.json``)."""
@@ -119,8 +92,7 @@ def _key(measure: str, rho: float | None, variant: dict[str, Any], p: str | None
 
 
 def build_grid(config: SharpnessConfig) -> list[GridPoint]:
-    """The grid of the settings, ordered by measure (as given), then metric and order, then
-    radius (relative flatness has none)."""
+    """The grid of the settings, ordered by measure (as given), metric and order, radius."""
     rhos: Sequence[float | None] = config.radii or [None]
     grid: list[GridPoint] = []
     for run in measure_runs(config):

@@ -1,15 +1,13 @@
-"""Readable names of sharpness measures, and plot titles, for plots, tables and the console.
-
-Keys such as ``geodesic_mix_order2`` name columns and files; people read :func:`measure_label`
-instead: ``geodesic sharpness (mix metric, order 2, ρ = 0.1)``.
-"""
+"""Readable names of sharpness measures (:func:`measure_label`: ``geodesic sharpness (mix
+metric, order 2, ρ = 0.1)`` for the key ``geodesic_mix_order2``), and plot titles."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
-#: The measures of :func:`quotientsharp.sharpness`, in words.
+#: The measures of :func:`quotientsharp.sharpness`, in words (here, not from the engine, so that
+#: checking ``--measure`` imports no torch; ``tests/test_study_config.py`` holds them equal).
 MEASURE_NAMES = {
     "average": "average sharpness",
     "worst_case": "worst-case sharpness",
@@ -22,31 +20,10 @@ MEASURE_NAMES = {
 def measure_label(measure: str, *, metric: str | None = None, order: int | str | None = None,
                   rho: float | None = None, p: str | float | None = None,
                   greek: bool = True) -> str:
-    """The readable name of a measure with the settings that tell its variants apart.
+    """The readable name of a measure with the settings that tell its variants apart: the
+    geodesic ``metric`` and ``order``, the radius ``rho`` and ``p="inf"`` (the box ball); with
+    ``greek``, ``ρ`` and ``L∞`` (plots) rather than ``rho`` and ``Linf``.
 
-    Parameters
-    ----------
-    measure
-        A measure of :func:`quotientsharp.sharpness` (``"geodesic"``, ``"adaptive"``, ...).
-    metric, order
-        Geodesic sharpness: the quotient metric and the order of the path (``1``, ``2`` or
-        ``"exact"``).
-    rho
-        The radius (standard deviation for ``average``); ``None`` leaves it out.
-    p
-        Worst-case and adaptive sharpness: ``"inf"`` (or ``math.inf``) marks the box ball;
-        ``2`` is the default and is not shown.
-    greek
-        Write ``ρ`` and ``L∞`` (plots) rather than ``rho`` and ``Linf`` (plain text).
-
-    Returns
-    -------
-    str
-        For example ``"geodesic sharpness (mix metric, order 2, ρ = 0.1)"``,
-        ``"adaptive sharpness (ρ = 0.1)"``, ``"relative flatness"``.
-
-    Examples
-    --------
     >>> measure_label("geodesic", metric="inv", order="exact", rho=0.1, greek=False)
     'geodesic sharpness (inv metric, exact geodesic, rho = 0.1)'
     """
@@ -64,13 +41,8 @@ def measure_label(measure: str, *, metric: str | None = None, order: int | str |
 
 
 def bindings_metric(bindings: Sequence[object]) -> str:
-    """The metric of geodesic sharpness with a user's bindings, named by binding and quotient.
-
-    Parameters
-    ----------
-    bindings
-        ``QuotientBinding`` objects, or their records ``{"name": ..., "quotient": ...}``
-        (``result.settings["bindings"]``).
+    """The metric of geodesic sharpness with a user's bindings (``QuotientBinding`` objects or
+    their records in ``result.settings["bindings"]``), named by binding and quotient.
 
     >>> bindings_metric([{"name": "relu units", "quotient": "relu-neuron"}])
     "binding 'relu units' (relu-neuron)"
@@ -93,8 +65,8 @@ def _signed(value: float | None) -> str:
 def tau_title(tau_a: float | None, tau_b: float | None, paper: float | None = None,
               interval: tuple[float, float] | None = None, count: int | None = None,
               paper_label: str = "paper") -> str:
-    """A plot title: our Kendall taus (``None``: undefined), the bootstrap ``interval`` of tau-b,
-    the number of models ``count`` and the paper's tau, introduced by ``paper_label``.
+    """A plot title: our Kendall taus, the ``interval`` of tau-b, the number of models and the
+    paper's tau.
 
     >>> tau_title(-0.731, -0.735, paper=-0.86)
     'Kendall τ-a -0.73, τ-b -0.73; paper τ -0.86'"""
@@ -109,8 +81,8 @@ def tau_title(tau_a: float | None, tau_b: float | None, paper: float | None = No
 
 
 def decades_note(values: Sequence[float], threshold: float = 4.0) -> str | None:
-    """A note for an axis whose finite positive values span at least ``threshold`` decades;
-    ``None`` for a smaller span or fewer than two finite positive values.
+    """A note for an axis whose finite positive values span at least ``threshold`` decades,
+    else ``None``.
 
     >>> decades_note([3.95e8, 2.27e20, 4.94e46])
     'values span 38 decades (4e+08 to 4.9e+46): log scale'

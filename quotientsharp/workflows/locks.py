@@ -1,12 +1,8 @@
 """One writer per output: a file lock on each results folder and ``--json`` file.
 
-Two writers of one folder would interleave records and mix settings; two ``--json`` writers
-would lose the first result. An :class:`OutputLock` makes the second writer fail at once,
-naming the holder. It is an OS lock (``filelock``) on a hidden file beside the output, so the
-system releases it when its process ends, however it ends: a stale lock cannot block the next
-run. The holder's details go to a second file, since ``filelock`` truncates the lock file on
-every attempt. Within one process the lock is re-entrant (a resume after an error in the same
-session is not refused by its own earlier open).
+An :class:`OutputLock` makes a second writer fail at once, naming the holder. It is an OS lock
+(``filelock``), so the system releases it when its process ends, however it ends; the holder's
+details go to a second file, since ``filelock`` truncates the lock file on every attempt.
 """
 
 from __future__ import annotations

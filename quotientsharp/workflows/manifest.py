@@ -1,13 +1,9 @@
 """``quotientsharp study``: reading the manifest, the list of models and their generalisation.
 
-A manifest is a CSV file (a header line, then one line per model) or a JSON-lines file (one
-object per line). Each row has ``model`` (a HuggingFace directory or a ``torch.save``'d
-module), an optional unique ``name``, an optional ``symmetry`` (``MODULE:FUNCTION``), and
-either ``gap`` (the generalisation gap) or ``train`` and ``test`` (data files to compute it
-from). Every other key is carried to the output CSV as it is. Paths are relative to the
-manifest's folder; blank lines and, in CSV, lines starting with ``#`` are skipped. Bad input
-raises :class:`~quotientsharp.workflows.options.InputError` naming the file and line
-(``docs/study.md`` describes the format).
+A CSV file (a header line, then one line per model) or a JSON-lines file; each row has
+``model``, and optionally ``name`` and ``symmetry``, and ``gap`` or ``train`` and ``test``; other
+keys are carried to the outputs. Paths are relative to the manifest's folder; blank lines and,
+in CSV, ``#`` lines are skipped (``docs/study.md`` describes the format).
 """
 
 from __future__ import annotations
@@ -87,9 +83,7 @@ def _text(value: Any) -> str:
     """A manifest value as text: strings stripped, numbers as JSON writes them."""
     if value is None:
         return ""
-    if isinstance(value, str):
-        return value.strip()
-    return json.dumps(value)
+    return value.strip() if isinstance(value, str) else json.dumps(value)
 
 
 def _csv_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -1,5 +1,4 @@
-"""``quotientsharp study``: one model measured, from its manifest row to its record (one line of
-``models.jsonl``), every grid point on the same batches of the shared data."""
+"""``quotientsharp study``: one model measured, from its manifest row to its record."""
 
 from __future__ import annotations
 
@@ -20,8 +19,8 @@ _NOTED: set[str] = set()
 
 def entry_symmetry(entry: ManifestEntry, symmetry: str | None, model: Any
                    ) -> tuple[str, list[Any], dict[str, Any]] | None:
-    """The row's own symmetry, else the study's ``--symmetry`` (``None`` without either): its
-    ``MODULE:FUNCTION``, its bindings for ``model`` and their fingerprint."""
+    """The row's own symmetry, else ``--symmetry``, else ``None``: its ``MODULE:FUNCTION``, its
+    bindings for ``model`` and their fingerprint."""
     spec = entry.symmetry or symmetry
     if not spec:
         return None
@@ -33,9 +32,8 @@ def entry_symmetry(entry: ManifestEntry, symmetry: str | None, model: Any
 
 def sharpness_noting_symmetry(model: Any, batches: list, spec: Any,
                               dropped: tuple[type[Warning], ...] = ()) -> tuple[Any, bool]:
-    """``sharpness(model, batches, spec)`` and whether it found no symmetry (which the caller
-    says once, as a note, rather than as a warning per measure); the other warnings are issued
-    again, except those of the ``dropped`` categories."""
+    """``sharpness(model, batches, spec)`` and whether it found no symmetry (for the caller to
+    note once rather than warn per measure); other warnings not ``dropped`` are issued again."""
     import warnings
 
     from quotientsharp.engine import NoSymmetryWarning, sharpness
@@ -55,8 +53,7 @@ def sharpness_noting_symmetry(model: Any, batches: list, spec: Any,
 
 def _measure_point(model: Any, batches: list, point: GridPoint, entry: ManifestEntry,
                    config: StudyConfig, symmetries: list[Any] | None) -> Any:
-    """The result of one grid point; the reach warnings (in the record and beside the taus)
-    are dropped, and no symmetry is noted once per model."""
+    """The result of one grid point; reach warnings dropped (the record holds the reach)."""
     from quotientsharp.engine import ReachWarning
     from quotientsharp.engine.layouts import NO_SYMMETRY_NOTE
 
@@ -74,18 +71,9 @@ def _measure_point(model: Any, batches: list, point: GridPoint, entry: ManifestE
 
 def measure_entry(entry: ManifestEntry, grid: Sequence[GridPoint], config: StudyConfig,
                   device: Any, tick: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Measure one model of the manifest on every point of ``grid``, each on the same batches of
-    ``config.data``, on ``device``; ``tick(status)`` after each step (the progress bar).
-
-    Returns
-    -------
-    dict
-        The record: ``name``, ``identity`` (paths and SHA-256 of the model and the gap's
-        data), the model and data sizes, ``generalisation`` (``None`` when the manifest gives
-        the gap), per grid key ``sharpness``, ``per_batch``, the solver's ``reach``,
-        ``locality`` and ``evaluations``, and ``seconds``; ``clean_loss`` and the user's
-        ``symmetry`` with its ``symmetry_fingerprint``.
-    """
+    """The record of one model of the manifest (a line of ``models.jsonl``), measured on
+    ``device`` at every point of ``grid`` on the same batches of ``config.data``;
+    ``tick(status)`` after each step (the progress bar)."""
     from quotientsharp.workflows.data import load_batches
     from quotientsharp.workflows.generalisation import generalisation
     from quotientsharp.workflows.saved_models import load_measured_model

@@ -1,10 +1,8 @@
 """What to measure and how: the typed, self-validating settings of ``measure`` and ``study``.
 
-Each settings class checks itself when made: a bad value raises :class:`InputError` naming the
-field (``rho``, ``BatchSettings.batch_size``), or, inside :func:`command_line_names`, the
-option (``--rho``, ``--batch-size``). :func:`measure_runs` and :func:`options_for` turn a
-configuration into calls of :func:`quotientsharp.sharpness`. The options themselves are
-declared in :mod:`quotientsharp.cli.sharpness_options`.
+A bad value raises :class:`InputError` naming the field (``rho``), or, inside
+:func:`command_line_names`, the option (``--rho``; declared in
+:mod:`quotientsharp.cli.sharpness_options`).
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -20,12 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from quotientsharp.core.scalars import as_integer, as_real
+from quotientsharp.workflows.labels import MEASURE_NAMES
 
 ASCENT_MEASURES = ("worst_case", "adaptive", "geodesic")
-#: The measures of :func:`quotientsharp.sharpness` (``tests/test_cli_measure.py`` holds this
-#: list to ``quotientsharp.engine.MEASURES``; it is repeated here so that checking
-#: ``--measure`` imports no torch).
-MEASURE_NAMES = ("average", "worst_case", "adaptive", "geodesic", "relative_flatness")
 METRICS = ("inv", "mix", "euclidean")
 LOSSES = ("cross_entropy", "mse")
 DTYPES = ("float32", "float64")
@@ -75,8 +70,7 @@ def _name(field_name: str) -> str:
 
 
 def _integer(value: object, field_name: str, minimum: int, *, optional: bool = False) -> Any:
-    """``value`` as an ``int`` >= ``minimum`` (``None`` too where ``optional``); a bool is not
-    a number here."""
+    """``value`` as an ``int`` >= ``minimum`` (``None`` too where ``optional``), bools refused."""
     if value is None and optional:
         return None
     number = as_integer(value)
@@ -97,8 +91,7 @@ def _number(value: object, field_name: str, *, positive: bool) -> float:
 
 
 def _flag(value: object, field_name: str, *, optional: bool = False) -> None:
-    """Refuse anything but ``True`` and ``False`` (and ``None`` where ``optional``): a string
-    such as ``"no"`` would read as true."""
+    """Refuse anything but ``True`` and ``False`` (``None`` too where ``optional``)."""
     if not (isinstance(value, bool) or (optional and value is None)):
         raise InputError(f"{_name(field_name)} must be True or False"
                          f"{' (or None)' if optional else ''}, got {value!r}")
@@ -121,8 +114,8 @@ def _part(value: object, kind: type, field_name: str) -> None:
 
 
 def _items(value: object, field_name: str, *, empty: bool = False) -> list[Any]:
-    """The entries of a comma list (``"mix,inv"``, stripped), a list or a tuple; a number is a
-    list of one. An empty list is refused unless ``empty``."""
+    """The entries of a comma list (``"mix,inv"``, stripped), a list or a tuple, or a number;
+    non-empty unless ``empty``."""
     if isinstance(value, str):
         items: list[Any] = [part.strip() for part in value.split(",")]
     elif isinstance(value, Iterable) and not isinstance(value, (Mapping, bytes)):
@@ -172,9 +165,7 @@ class BatchSettings:
     loss: str = "cross_entropy"
 
     def __post_init__(self) -> None:
-        if self.loss not in LOSSES:
-            raise InputError(f"{_name('BatchSettings.loss')} must be cross_entropy or mse, got "
-                             f"{self.loss!r}")
+        _choice(self.loss, "BatchSettings.loss", LOSSES, "cross_entropy or mse")
         for name in ("batch_size", "max_batches", "max_length"):
             _set(self, name, _integer(getattr(self, name), f"BatchSettings.{name}", 1,
                                       optional=name == "max_batches"))
@@ -211,12 +202,10 @@ class SolverSettings:
     chains: int | None = None
 
     def __post_init__(self) -> None:
-        _set(self, "n_iter", _integer(self.n_iter, "SolverSettings.n_iter", 1))
-        _set(self, "chains", _integer(self.chains, "SolverSettings.chains", 2, optional=True))
-        _set(self, "reference_n_iter", _integer(
-            self.reference_n_iter, "SolverSettings.reference_n_iter", 1, optional=True))
-        _set(self, "reference_restarts", _integer(
-            self.reference_restarts, "SolverSettings.reference_restarts", 0, optional=True))
+        for name, minimum in (("n_iter", 1), ("chains", 2), ("reference_n_iter", 1),
+                              ("reference_restarts", 0)):
+            _set(self, name, _integer(getattr(self, name), f"SolverSettings.{name}", minimum,
+                                      optional=name != "n_iter"))
         _flag(self.blockwise, "SolverSettings.blockwise")
         _flag(self.compile_steps, "SolverSettings.compile_steps")
 
@@ -232,10 +221,8 @@ class SolverSettings:
     def options(self) -> dict[str, Any]:
         """Keyword options of :func:`quotientsharp.sharpness` for an ascent measure."""
         options: dict[str, Any] = {"n_iter": self.n_iter}
-        if self.blockwise:
-            options["blockwise"] = True
-        if self.compile_steps:
-            options["compile_steps"] = True
+        options.update((name, True) for name in ("blockwise", "compile_steps")
+                       if getattr(self, name))
         if self.chains is not None:
             options["reach"] = {"chains": self.chains}
         reference = {key: value for key, value in (("n_iter", self.reference_n_iter),
@@ -248,7 +235,7 @@ class SolverSettings:
 
 def measure_names(requested: str | Sequence[str] | None) -> list[str]:
     """The measures asked for (names, aliases such as ``worst-case``, comma lists), in order,
-    without repeats; ``["geodesic"]`` for ``None``; an empty list is refused."""
+    without repeats; ``["geodesic"]`` for ``None``."""
     aliases = {"worst-case": "worst_case", "relative-flatness": "relative_flatness"}
     names: list[str] = []
     for item in _items(["geodesic"] if requested is None else requested, "measures"):
@@ -266,31 +253,20 @@ def measure_names(requested: str | Sequence[str] | None) -> list[str]:
     return names
 
 
-def _order(value: object) -> int | str:
-    """A geodesic order: 1, 2 (also as text) or ``"exact"``."""
-    if value in ("1", "2") or (value in (1, 2) and not isinstance(value, bool)):
-        return int(value)
-    if value == "exact":
-        return "exact"
-    raise InputError(f"{_name('orders')} must be 1, 2 or exact (or a comma list of them), got "
-                     f"{value!r}")
+#: What a geodesic order and ``p`` may be written as, and what each stands for.
+_ORDERS: dict[Any, int | str] = {1: 1, 2: 2, "1": 1, "2": 2, "exact": "exact"}
+_P = {2: "2", "2": "2", math.inf: "inf", "inf": "inf"}
 
 
-def _metric(value: object) -> str:
-    """A geodesic metric: ``"inv"``, ``"mix"`` or ``"euclidean"``."""
-    if isinstance(value, str) and value in METRICS:
-        return value
-    raise InputError(f"{_name('metrics')} must be inv, mix or euclidean (or a comma list of "
-                     f"them), got {value!r}")
-
-
-def _p(value: object) -> str:
-    """The norm of worst-case and adaptive sharpness as ``"2"`` or ``"inf"``."""
-    if value in ("2", "inf") or (value == 2 and not isinstance(value, (bool, str))):
-        return str(value) if isinstance(value, str) else "2"
-    if isinstance(value, float) and value == math.inf:
-        return "inf"
-    raise InputError(f"{_name('p')} must be 2 or inf, got {value!r}")
+def _choice(value: object, field_name: str, choices: Collection[Any], allowed: str) -> Any:
+    """``value`` if among ``choices`` (what it stands for where ``choices`` maps), else an
+    error listing the ``allowed``."""
+    try:
+        if not isinstance(value, bool) and value in choices:
+            return choices[value] if isinstance(choices, Mapping) else value
+    except TypeError:       # unhashable: a list where one value belongs
+        pass
+    raise InputError(f"{_name(field_name)} must be {allowed}, got {value!r}")
 
 
 def _radius(value: object) -> float:
@@ -339,9 +315,8 @@ class SharpnessConfig:
     layer
         Relative flatness: the module (``None``: the last ``nn.Linear``).
     nonfinite
-        What a NaN or inf perturbed loss does: ``"raise"`` an error naming the batch, or
-        ``"skip"`` the evaluation (counted in the result), as ``nonfinite=`` of
-        :func:`quotientsharp.sharpness`.
+        What a NaN or inf perturbed loss does: ``"raise"`` or ``"skip"`` (``nonfinite=`` of
+        :func:`quotientsharp.sharpness`).
     seed
         The random seed.
     batches, solver
@@ -387,24 +362,25 @@ class SharpnessConfig:
         for name, (_, default) in _MEASURE_OPTIONS.items():
             if getattr(self, name) is None:
                 _set(self, name, default)
-        _set(self, "metrics", _unique(_metric(m) for m in _items(self.metrics, "metrics")))
+        _set(self, "metrics", _unique(
+            _choice(m, "metrics", METRICS, "inv, mix or euclidean (or a comma list of them)")
+            for m in _items(self.metrics, "metrics")))
         _text(self.symmetry, "symmetry")
         self._check_metrics()
-        _set(self, "p", _p(self.p))
+        _set(self, "p", _choice(self.p, "p", _P, "2 or inf"))
         _set(self, "samples", _integer(self.samples, "samples", 1))
         _set(self, "seed", _integer(self.seed, "seed", 0))
         self._check_radii()
         _set(self, "eps", _number(self.eps, "eps", positive=False))
-        _set(self, "orders", _unique(_order(order) for order in _items(self.orders, "orders")))
+        _set(self, "orders", _unique(
+            _choice(order, "orders", _ORDERS, "1, 2 or exact (or a comma list of them)")
+            for order in _items(self.orders, "orders")))
         _part(self.batches, BatchSettings, "batches")
         _part(self.solver, SolverSettings, "solver")
         self._check_solver()
-        if self.dtype not in (None, *DTYPES):
-            raise InputError(f"{_name('dtype')} must be float32 or float64, got {self.dtype!r}")
+        _choice(self.dtype, "dtype", (None, *DTYPES), "float32 or float64")
         _text(self.layer, "layer")
-        if self.nonfinite not in NONFINITE:
-            raise InputError(f"{_name('nonfinite')} must be raise or skip, got "
-                             f"{self.nonfinite!r}")
+        _choice(self.nonfinite, "nonfinite", NONFINITE, "raise or skip")
         _text(self.device, "device", optional=False)
         _flag(self.progress, "progress", optional=True)
         self._check_measure_options(typed)
@@ -433,9 +409,8 @@ class SharpnessConfig:
             raise InputError(f"{_name('rho')} is required for {', '.join(needs_radius)}")
 
     def _check_measure_options(self, typed: Sequence[str]) -> None:
-        """Refuse an option of some measures only (:data:`_MEASURE_OPTIONS`) given while none of
-        them is measured: ``typed`` on the command line (every option given), else those that
-        differ from their default."""
+        """Refuse an option of some measures only given while none of them is measured (on the
+        command line ``typed``, every option given; else those that differ from the default)."""
         given = (typed if _NAMING_OPTIONS.get() else
                  [name for name, (_, default) in _MEASURE_OPTIONS.items()
                   if getattr(self, name) != default])
@@ -453,10 +428,6 @@ class SharpnessConfig:
         for option in self.solver.diagnostics():
             raise InputError(f"{option} needs an ascent measure (worst_case, adaptive or "
                              f"geodesic); {_name('measures')} gives {', '.join(self.measures)}")
-
-
-#: What a study's gap is computed from: ``error`` (0-1, class labels) or ``loss``.
-GAP_KINDS = ("error", "loss")
 
 
 @dataclass(frozen=True)
@@ -549,8 +520,7 @@ class StudyConfig(SharpnessConfig):
         cross-entropy and ``"loss"`` with mse (where there is no 0-1 error)."""
         loss = self.batches.loss
         kind = self.gap_from or ("error" if loss == "cross_entropy" else "loss")
-        if kind not in GAP_KINDS:
-            raise InputError(f"{_name('gap_from')} must be error or loss, got {kind!r}")
+        _choice(kind, "gap_from", ("error", "loss"), "error or loss")
         if kind == "error" and loss != "cross_entropy":
             gap_from, loss_name = _name("gap_from"), _name("BatchSettings.loss")
             raise InputError(f"{gap_from} error needs class labels ({loss_name} cross_entropy); "
@@ -569,11 +539,8 @@ class MeasureRun:
 
 
 def measure_runs(config: SharpnessConfig) -> list[MeasureRun]:
-    """The calls to make: one per measure, and one per metric and order for geodesic.
-
-    The JSON key is the measure's name, except for geodesic sharpness with several metrics or
-    orders: ``geodesic_{metric}_order{order}`` (e.g. ``geodesic_mix_order2``) for each.
-    """
+    """The calls to make: one per measure, keyed by its name, and one per metric and order for
+    geodesic (keyed ``geodesic_{metric}_order{order}`` where there are several)."""
     runs: list[MeasureRun] = []
     for measure in config.measures:
         if measure != "geodesic":

@@ -1,8 +1,5 @@
-"""Scatter plots of generalisation against sharpness, one PNG per measure.
-
-:func:`scatter_plots` draws them with matplotlib's Agg canvas (optional: without it
-:data:`PLOT_INSTALL_HINT` is printed and nothing is written); :func:`study_plots` is
-``quotientsharp study``'s, one plot per grid point.
+"""Scatter plots of generalisation against sharpness, one PNG per measure (matplotlib's Agg
+canvas; optional: without it :data:`PLOT_INSTALL_HINT` is printed and nothing is written).
 """
 
 from __future__ import annotations
@@ -38,12 +35,8 @@ _TICK_MANTISSAS = ((1,), (1, 2, 5), (1, 2, 3, 5), (1, 2, 3, 4, 5, 6, 8))
 
 def log_ticks(low: float, high: float, least: int = 2, most: int = 6) -> list[float]:
     """Tick values ``m 10^e`` inside ``[low, high]`` for a log axis: the first mantissa set of
-    :data:`_TICK_MANTISSAS` giving at least ``least`` ticks, thinned to at most ``most``.
-
-    matplotlib's own locator labels the minor ticks of an axis spanning less than a decade with
-    long ``2 x 10^-2`` labels that run into each other; these few ticks take short labels.
-    Raises ``ValueError`` unless ``0 < low <= high`` are finite.
-    """
+    :data:`_TICK_MANTISSAS` giving at least ``least`` ticks, thinned to at most ``most``
+    (matplotlib labels the minor ticks of a short axis with long labels that collide)."""
     if not (0 < low <= high and math.isfinite(high)):
         raise ValueError(f"log ticks need 0 < low <= high, got low={low!r}, high={high!r}")
     first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
@@ -75,35 +68,15 @@ def scatter_plots(x: Sequence[float], measures: Mapping[str, Sequence[float]], o
                   y_labels: Mapping[str, str] | None = None,
                   notes: Mapping[str, str] | None = None, color_scale: str = "auto",
                   vector: bool = True, panels: str | None = "panels") -> list[Path] | None:
-    """One PNG per measure: ``x`` against the measure's values, ``scatter_{name}.png``; beside
-    each an SVG (``vector``), and one multi-panel figure of every measure
-    (``scatter_{panels}.png`` and ``.svg``; ``panels=None``: none).
+    """One PNG per measure, ``scatter_{name}.png``: ``x`` (generalisation, one value per model)
+    against the measure's values (``measures``: key -> one per model); beside each an SVG
+    (``vector``), and one multi-panel figure of every measure (``scatter_{panels}.png``;
+    ``panels=None``: none). Axes are logarithmic when every value on them is positive.
 
-    Parameters
-    ----------
-    x
-        The horizontal values (generalisation), one per model.
-    measures
-        Measure key (file name) -> its values, one per model.
-    out_dir
-        Folder of the PNG files (created if missing).
-    x_label
-        Label of the horizontal axis.
-    color, color_label
-        Optional colour value per model, with the colour bar's label.
-    titles, y_labels, notes
-        Measure key -> plot title (:func:`~quotientsharp.workflows.labels.tau_title`), label of
-        the vertical axis (default the key), and a note written in the plot.
-    color_scale
-        How ``color`` maps to colours (:func:`color_mapping`): ``"categorical"`` (a legend),
-        ``"log"``, ``"linear"``, or ``"auto"`` (categorical for at most :data:`MAX_CATEGORIES`
-        distinct values, log for positive values spanning a decade or more, else linear).
-
-    Returns
-    -------
-    list of Path or None
-        The per-measure PNG paths, or ``None`` (after printing :data:`PLOT_INSTALL_HINT`) when
-        matplotlib is missing. Axes are logarithmic when every value on them is positive.
+    ``color`` (one value per model) colours the points on the ``color_scale`` of
+    :func:`color_mapping`; ``titles``, ``y_labels`` and ``notes`` map a measure key to its plot
+    title, vertical label (default the key) and a note. Returns the per-measure PNG paths, or
+    ``None`` (after printing :data:`PLOT_INSTALL_HINT`) when matplotlib is missing.
     """
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -162,8 +135,9 @@ class ColorMapping:
 
 
 def color_mapping(values: Sequence[float], scale: str = "auto") -> ColorMapping:
-    """The colour scale of ``values`` (:func:`scatter_plots`, ``color_scale``); a
-    ``ValueError`` for an unknown ``scale``, or ``"log"`` with a value that is not positive."""
+    """The colour scale of ``values``: ``scale`` ``"categorical"`` (a legend), ``"log"``,
+    ``"linear"``, or ``"auto"`` (categorical for at most :data:`MAX_CATEGORIES` distinct
+    values, log for positive values spanning a decade or more, else linear)."""
     if scale not in ("auto", "categorical", "log", "linear"):
         raise ValueError(f"color_scale must be 'auto', 'categorical', 'log' or 'linear', got "
                          f"{scale!r}")
@@ -187,12 +161,14 @@ def _draw_points(figure: Any, axes: Any, xs: Sequence[float], ys: Sequence[float
                  legend: bool) -> None:
     """The points ``keep`` of ``(xs, ys)``, coloured by ``mapping``, with its key: a legend
     of the categories (when ``legend``), or a colour bar."""
+    from matplotlib import colormaps
     from matplotlib.colors import LogNorm, Normalize
 
     if mapping is None:
         axes.scatter([xs[i] for i in keep], [ys[i] for i in keep], s=18)
     elif mapping.kind == "categorical":
-        palette = _categorical_palette(len(mapping.categories))
+        # tab10: colours that stay apart, ordered as the values
+        palette = [colormaps["tab10"](k % 10) for k in range(len(mapping.categories))]
         for colour, category in zip(palette, mapping.categories, strict=True):
             chosen = [i for i in keep if mapping.values[i] == category]
             axes.scatter([xs[i] for i in chosen], [ys[i] for i in chosen], s=18,
@@ -233,14 +209,6 @@ def _draw_scatter(figure: Any, axes: Any, xs: Sequence[float], ys: Sequence[floa
     if len(keep) < len(xs):
         candidates.append(f"{len(xs) - len(keep)} non-finite point(s) not shown")
     return [remark for remark in candidates if remark]
-
-
-def _categorical_palette(count: int) -> list[Any]:
-    """``count`` colours that stay apart (matplotlib's tab10, ordered as the values)."""
-    from matplotlib import colormaps
-
-    table = colormaps["tab10"]
-    return [table(k % 10) for k in range(count)]
 
 
 def _panel_figure(xs: Sequence[float], columns: Mapping[str, Sequence[float]],
@@ -284,8 +252,7 @@ def study_plots(gaps: Sequence[float], values: Mapping[str, Sequence[float]],
                 x_label: str, color: Sequence[float] | None = None,
                 color_label: str = "") -> list[Path] | None:
     """Write ``scatter_{key}.png`` for every grid point into ``folder``: the gap against the
-    point's values (grid key -> one per model), titled by its row of
-    :func:`~quotientsharp.workflows.report.tau_rows`; ``None`` without matplotlib."""
+    point's ``values``, titled by its row of ``taus``; ``None`` without matplotlib."""
     titles = {}
     for row in taus:
         interval = (None if row["tau_b_low"] is None

@@ -1,10 +1,6 @@
 """Running under torchrun: the process group, dealing work over its ranks, and its failures.
 
-:func:`run_in_process_group` runs a command (``reproduce``, ``study``) in torchrun's process
-group when torchrun asked for several processes; :func:`shard` deals units of work
-round-robin over the ranks and :func:`gather_indexed` puts their results back in order;
-:func:`run_on_rank0` runs a step on rank 0 alone and hands its value, or its exception, to
-every rank. torch is imported only when a function runs, so that ``--help`` never imports it.
+torch is imported only when a function runs, so that ``--help`` never imports it.
 """
 
 from __future__ import annotations
@@ -14,7 +10,7 @@ import os
 import pickle
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 Item = TypeVar("Item")
@@ -63,19 +59,9 @@ def run_in_process_group(command: Callable[[], int], prefix: str,
 
 def init_distributed(timeout: float | None = None) -> tuple[int, int]:
     """Initialise the default process group from torchrun's environment, if not yet done:
-    NCCL (on the ``LOCAL_RANK`` device) where CUDA is available, else gloo.
-
-    Parameters
-    ----------
-    timeout
-        Seconds that the rendezvous and every collective may wait before raising; ``None``:
-        torch's default (30 minutes for gloo, 10 for NCCL).
-
-    Returns
-    -------
-    tuple
-        ``(rank, world_size)``.
-    """
+    NCCL (on the ``LOCAL_RANK`` device) where CUDA is available, else gloo; ``(rank,
+    world_size)``. ``timeout``: seconds the rendezvous and each collective may wait (``None``:
+    torch's default)."""
     import torch
     import torch.distributed as dist
 
@@ -88,25 +74,20 @@ def init_distributed(timeout: float | None = None) -> tuple[int, int]:
             raise RuntimeError(f"init_distributed reads torchrun's environment, but {missing} "
                                "are not set: launch with torchrun, or call "
                                "torch.distributed.init_process_group yourself")
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, (int, float)) or not timeout > 0):
+            raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        if timeout is None:
-            dist.init_process_group(backend)
-        else:
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
-                    or not timeout > 0:
-                raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=float(timeout)))
+        dist.init_process_group(backend, timeout=None if timeout is None
+                                else datetime.timedelta(seconds=float(timeout)))
     return dist.get_rank(), dist.get_world_size()
 
 
 def torchrun_world_size(environ: Mapping[str, str] | None = None) -> int:
-    """The world size torchrun asks for: ``WORLD_SIZE`` when ``RANK`` and it are set, else 1.
-
-    A value above 1 means "initialise a process group" (:func:`init_distributed`); 1 (no
-    torchrun, or ``--nproc_per_node 1``) means "run in this process alone".
-    """
+    """The world size torchrun asks for: ``WORLD_SIZE`` when ``RANK`` and it are set, else 1
+    (no torchrun, or ``--nproc_per_node 1``: run in this process alone)."""
     environ = os.environ if environ is None else environ
     if "RANK" not in environ or "WORLD_SIZE" not in environ:
         return 1
@@ -126,20 +107,6 @@ def rank_and_world_size() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def _check_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    if rank is None and world_size is None:
-        return rank_and_world_size()
-    if rank is None or world_size is None:
-        raise ValueError("pass both rank and world_size, or neither")
-    for name, value in (("rank", rank), ("world_size", world_size)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, "
-                         f"world_size={world_size}")
-    return rank, world_size
 
 
 _TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
@@ -170,38 +137,20 @@ def describe_collective_failure(error: BaseException,
     return None
 
 
-def shard(items: Iterable[Item], rank: int | None = None,
-          world_size: int | None = None) -> list[tuple[int, Item]]:
-    """This rank's share of ``items``: ``(index, item)`` for every ``index % world_size == rank``
-    (``rank`` and ``world_size`` default to the process group's, ``0, 1`` without one).
-
-    Round-robin dealing balances ranks when item costs are similar. A sequence is only indexed at
-    this rank's positions; any other iterable is iterated in full on every rank (it must yield the
-    same items in the same order everywhere)."""
-    import torch
-
-    rank, world_size = _check_rank(rank, world_size)
-    if isinstance(items, (str, bytes, torch.Tensor, Mapping)):
-        raise TypeError(f"items must be an iterable of items (not a mapping, string or "
-                        f"tensor), got {type(items).__name__}")
-    if isinstance(items, Sequence):
-        return [(i, items[i]) for i in range(rank, len(items), world_size)]
-    if isinstance(items, Sized) and hasattr(items, "__getitem__"):
-        # indexable without being a Sequence (a torch Dataset with a length)
-        indexable: Any = items
-        return [(i, indexable[i]) for i in range(rank, len(items), world_size)]
-    if not isinstance(items, Iterable):
-        raise TypeError(f"items must be an iterable, got {type(items).__name__}")
-    return [(i, item) for i, item in enumerate(items) if i % world_size == rank]
+def shard(items: Sequence[Item]) -> list[tuple[int, Item]]:
+    """This rank's share of ``items``, dealt round-robin: ``(index, item)`` for every
+    ``index % world_size == rank`` (every item without a process group)."""
+    if not isinstance(items, Sequence) or isinstance(items, (str, bytes)):
+        raise TypeError(f"items must be a sequence of items (a list or a tuple; not a "
+                        f"mapping, string, tensor or iterator), got {type(items).__name__}")
+    rank, world_size = rank_and_world_size()
+    return [(i, items[i]) for i in range(rank, len(items), world_size)]
 
 
 def gather_indexed(local: Sequence[tuple[int, Value]]) -> list[Value]:
-    """All-gather ``(index, value)`` pairs from every rank; the values in index order.
-
-    Values travel pickled (``all_gather_object``): move tensors to the CPU first when ranks
-    hold different devices. With NCCL each rank's current CUDA device must be its own
-    (:func:`init_distributed` sets it). Indices must be distinct and, together, ``0 .. N-1``.
-    """
+    """All-gather ``(index, value)`` pairs from every rank; the values in index order (indices
+    distinct and, together, ``0 .. N-1``). Values travel pickled: move tensors to the CPU
+    first when ranks hold different devices."""
     import torch.distributed as dist
 
     pairs = list(local)
@@ -229,13 +178,9 @@ def _portable_error(error: Exception) -> Exception:
 
 
 def run_on_rank0(function: Callable[[], Value], *, share: bool = True) -> Value | None:
-    """Call ``function()`` on rank 0 only; its value, or its exception, reaches every rank.
-
-    The single-writer pattern: rank 0 touches the files and the other ranks learn the outcome
-    from one ``broadcast_object_list`` (the value only with ``share``: it must be picklable). An
-    exception on rank 0 is raised again on every rank (the same type and message, when it can be
-    pickled), so that no rank waits in a later collective. Without a process group this is
-    ``function()``."""
+    """Call ``function()`` on rank 0 only; its value (with ``share``: it must be picklable), or
+    its exception, reaches every rank through one ``broadcast_object_list``, so that no rank
+    waits in a later collective. Without a process group this is ``function()``."""
     import torch.distributed as dist
 
     rank, world_size = rank_and_world_size()

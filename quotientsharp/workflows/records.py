@@ -1,10 +1,6 @@
-"""A study's results folder: ``run.json``, the record files and their per-rank shards.
-
-:class:`ResultsDirectory` owns the folder: ``run.json`` (settings, versions, timings, status),
-append-only JSONL record files (a torn last line is dropped on resume), and the ``--resume``
-check. Under torchrun rank ``r`` appends to its own shard ``models.rank{r}.jsonl``
-(:func:`shard_name`), which :meth:`ResultsDirectory.consolidate` folds back into the one file.
-The loop that fills the folder is :class:`quotientsharp.workflows.resumable.ResumableRun`.
+"""A study's results folder (:class:`ResultsDirectory`): ``run.json``, the append-only record
+files and their per-rank shards (``models.rank{r}.jsonl`` under torchrun), and the ``--resume``
+check. The loop that fills it is :class:`quotientsharp.workflows.resumable.ResumableRun`.
 """
 
 from __future__ import annotations
@@ -38,23 +34,16 @@ def _version(module_name: str) -> str | None:
 
 
 def environment_versions() -> dict[str, Any]:
-    """Python, torch, numpy, quotientsharp (and scipy, matplotlib when present), the platform,
-    the CPU count and torch's thread count."""
+    """The versions of Python and the packages, the platform, CPU and thread counts."""
     import torch
 
     from quotientsharp import __version__
 
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "numpy": _version("numpy"),
-        "quotientsharp": __version__,
-        "scipy": _version("scipy"),
-        "matplotlib": _version("matplotlib"),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-    }
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "numpy": _version("numpy"), "quotientsharp": __version__,
+            "scipy": _version("scipy"), "matplotlib": _version("matplotlib"),
+            "platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads()}
 
 
 #: The versions a ``--resume`` must share with the run it continues (``run.json``'s
@@ -67,24 +56,17 @@ def shard_name(name: str, rank: int) -> str:
     ``"models.rank3.jsonl"``."""
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"rank must be an integer >= 0, got {rank!r}")
-    stem, dot, suffix = name.rpartition(".")
-    return f"{stem}.rank{rank}.{suffix}" if dot else f"{name}.rank{rank}"
+    stem, _, suffix = name.rpartition(".")
+    return f"{stem}.rank{rank}.{suffix}"
 
 
 def shard_paths(folder: Path, name: str) -> list[Path]:
     """The shard files of ``name`` present in ``folder`` (any world size), by rank."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    stem, dot, suffix = name.rpartition(".")
-    pattern = (re.escape(stem) + r"\.rank(\d+)\." + re.escape(suffix) if dot
-               else re.escape(name) + r"\.rank(\d+)")
-    matcher = re.compile(pattern + "$")
-    found = []
-    for path in folder.iterdir():
-        match = matcher.match(path.name)
-        if match:
-            found.append((int(match.group(1)), path))
+    stem, _, suffix = name.rpartition(".")
+    matcher = re.compile(re.escape(stem) + r"\.rank(\d+)\." + re.escape(suffix) + "$")
+    found = [(int(match.group(1)), path)
+             for path in Path(folder).glob(f"{stem}.rank*.{suffix}")
+             if (match := matcher.match(path.name))]
     return [path for _, path in sorted(found)]
 
 
@@ -100,26 +82,20 @@ class ResultsDirectory:
     ----------
     path
         The folder (created if missing).
-    study
-        The study's name, recorded in ``run.json``.
-    settings
-        Everything that determines the results (JSON-serialisable); with ``resume`` it must
-        equal the settings saved in ``run.json``.
+    study, settings
+        The study's name and everything that determines its results (JSON-serialisable), in
+        ``run.json``; with ``resume`` they must equal those saved there.
     resume
         Keep the existing records; without it the study's files (``owned``) are deleted first.
-    owned
-        File names inside ``path`` that the study writes (JSONL, CSV, figures, sections).
-    sharded
-        JSONL files among ``owned`` that ranks may write as per-rank shards (:func:`shard_name`),
-        deleted with them on a fresh start and read with them by :meth:`merged_records`.
+    owned, sharded
+        File names inside ``path`` that the study writes, and the JSONL files among them that
+        ranks may write as per-rank shards (:func:`shard_name`).
 
     Attributes
     ----------
     run_info
-        The content of ``run.json``: ``world_size`` of this session and ``world_sizes`` of
-        every session; ``environment`` and ``command`` of the first session (a ``--resume``
-        under another version of the package or torch is refused; its command joins
-        ``resume_commands``).
+        The content of ``run.json``: ``world_sizes`` and ``resume_commands`` of every session;
+        ``environment`` and ``command`` of the first.
     """
 
     def __init__(self, path: Path, study: str, settings: Mapping[str, Any], resume: bool,
@@ -145,14 +121,13 @@ class ResultsDirectory:
         """Check (``--resume``) or clear the folder, and write ``run.json``; under the lock."""
         self.run_file = self.path / "run.json"
         previous = self._previous_run()
-        if self.resume and previous is None:
-            leftovers = [name for name in self.owned if (self.path / name).exists()]
-            leftovers += [path.name for name in self.sharded
-                          for path in shard_paths(self.path, name)]
-            if leftovers:
-                raise ValueError(f"--resume: {self.path} holds {leftovers[:3]} but no run.json, "
-                                 "so its settings cannot be checked; run without --resume to "
-                                 "start afresh")
+        ours = [self.path / name for name in self.owned]
+        ours += [path for name in self.sharded for path in shard_paths(self.path, name)]
+        leftovers = [path.name for path in ours if path.exists()]
+        if self.resume and previous is None and leftovers:
+            raise ValueError(f"--resume: {self.path} holds {leftovers[:3]} but no run.json, so "
+                             "its settings cannot be checked; run without --resume to start "
+                             "afresh")
         environment = environment_versions()
         command = " ".join(sys.argv) if sys.argv else ""
         if self.resume and previous is not None:
@@ -161,11 +136,8 @@ class ResultsDirectory:
             self.run_info: dict[str, Any] = previous
             self.run_info["resumed"] = previous.get("resumed", 0) + 1
         else:
-            for name in self.owned:
-                (self.path / name).unlink(missing_ok=True)
-            for name in self.sharded:
-                for shard in shard_paths(self.path, name):
-                    shard.unlink(missing_ok=True)
+            for path in ours:
+                path.unlink(missing_ok=True)
             self.run_info = {"study": study, "status": "running", "settings": self.settings,
                              "resumed": 0}
         self.run_info["status"] = "running"

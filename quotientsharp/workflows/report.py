@@ -33,7 +33,7 @@ _VALUE_OPTIONS = {"eps": 0.0, "p": "2", "samples": 1, "layer": None, "loss": "cr
 
 def value_settings(config: StudyConfig) -> dict[str, Any]:
     """The settings besides the grid, the data and the gap that determine the values, by
-    option name (saved in ``run.json``, named by the report's command line)."""
+    option name."""
     batches = config.batches
     return {"loss": batches.loss, "batch_size": batches.batch_size,
             "max_batches": batches.max_batches, "n_iter": config.solver.n_iter,
@@ -72,9 +72,9 @@ def reserved_columns(grid: Sequence[GridPoint]) -> list[str]:
 
 
 def csv_columns(entries: Sequence[ManifestEntry], grid: Sequence[GridPoint]) -> list[str]:
-    """The columns of ``models.csv``: the model, its gap, how the gap was obtained, the train
-    and test losses and errors (when some gap is computed), the manifest's other keys, the
-    clean loss on the sharpness data and one column per grid point."""
+    """The columns of ``models.csv``: the model and its gap, the train and test losses and
+    errors (when some gap is computed), the manifest's other keys, the clean loss and one
+    column per grid point."""
     extra: list[str] = []
     for entry in entries:
         extra += [key for key in entry.extra if key not in extra]
@@ -115,10 +115,9 @@ def gap_label(entries: Sequence[ManifestEntry], gap_from: str) -> str:
 def tau_rows(gaps: Sequence[float], values: Mapping[str, Sequence[float]],
              grid: Sequence[GridPoint], *, resamples: int, confidence: float,
              seed: int) -> list[dict[str, Any]]:
-    """Kendall tau-a and tau-b between the gap and each grid point's values (grid key -> one
-    per model), with bootstrap intervals (pairs with a NaN left out): per point its
-    :meth:`GridPoint.as_dict`, ``count``, the taus and their bounds (``None`` where undefined),
-    ``resamples`` and ``confidence``."""
+    """Per grid point, its :meth:`GridPoint.as_dict` with the Kendall taus between the gap and
+    its ``values`` (grid key -> one per model; pairs with a NaN left out) and their bootstrap
+    intervals (``None`` where undefined)."""
     rows = []
     for point in grid:
         kept = without_nan(gaps, values[point.key])
@@ -134,14 +133,10 @@ def tau_rows(gaps: Sequence[float], values: Mapping[str, Sequence[float]],
 
 
 def solver_quality(records: Sequence[Mapping[str, Any]], key: str) -> dict[str, Any]:
-    """How trustworthy the values of grid point ``key`` are over the models' records.
-
-    Returns ``reach_min`` (the lowest reach estimate over every model and batch), ``reached``
-    (the share of (model, batch) values whose reach estimate is at least 0.99), ``local`` (the
-    share whose ball is local at the best perturbation) and ``second_order_max`` (the largest
-    ratio of the path's second-order to first-order term); ``None`` where the measure has none
-    (not an ascent, ``reach=False``, or records written before these were kept).
-    """
+    """How trustworthy the values of grid point ``key`` are over the models' records: the
+    lowest reach estimate ``reach_min``, the shares of (model, batch) values ``reached`` (reach
+    at least 0.99) and ``local``, and the largest ratio ``second_order_max`` of the path's
+    second- to first-order term; ``None`` where the measure has none."""
     reaches = [r for record in records for r in record.get("reach", {}).get(key) or []
                if r is not None]
     places = [x for record in records for x in record.get("locality", {}).get(key) or []]

@@ -1,16 +1,10 @@
-"""The one resumable runner: units of work, a record each, written as each finishes.
+"""The one resumable runner of every study: units of work, a record each, on disk as each
+finishes.
 
-Every study (``quotientsharp study`` and the paper's) is a list of units of work whose results
-are records, one JSON object per unit. :class:`ResumableRun` is the loop around them, in three
-calls made on every rank: :meth:`~ResumableRun.open` (rank 0 creates or, on ``--resume``,
-checks the folder and reads the finished records), :meth:`~ResumableRun.run` (the missing
-units dealt round-robin over the ranks, each record on disk the moment it is computed) and
-:meth:`~ResumableRun.finish` (rank 0 folds the shards and writes the study's outputs).
-
-Why per-rank shards (``<records>.rank{r}.jsonl``, one writer per file, no locking) and not a
-gather after each round of units: a unit is safe on disk the moment it finishes, whichever
-rank computed it, so an interrupted run loses no finished unit, and a ``--resume`` under any
-number of ranks reads the records file with its shards and computes exactly the missing units.
+Each rank appends to its own shard (``<records>.rank{r}.jsonl``, one writer per file, no
+locking) rather than gathering after each round: a unit is safe the moment it finishes,
+whichever rank computed it, and a ``--resume`` under any number of ranks computes exactly the
+missing units.
 """
 
 from __future__ import annotations
@@ -51,43 +45,27 @@ class ResumableRun(Generic[Key]):
         The results folder.
     units
         Every unit's key, in the order of the outputs.
-    study
-        The study's name in ``run.json`` (``--resume`` checks it).
-    settings
-        Everything that determines the records (``--resume`` requires the saved ones).
-    resume
-        Keep the finished records of the run in ``out`` and compute the others only.
-    owned
-        The files the study writes in ``out`` (deleted on a fresh start).
-    records
-        The records file (JSONL) among them, e.g. ``"models.jsonl"``.
-    key
-        The field of a record holding its unit's key (``"index"``, ``"name"``, ``"point"``).
-    unit
-        What a unit is (``"model"``): the progress bar's unit; ``run.json``'s
-        ``finished_<unit>s``.
-    description
-        The progress bar's label.
-    progress
-        Show the bar (``None``: on a terminal only); only rank 0 shows one.
+    study, settings, resume, owned
+        As in :class:`~quotientsharp.workflows.records.ResultsDirectory`.
+    records, key
+        The records file (JSONL) among ``owned``, and the field of a record holding its key.
+    unit, description, progress
+        The progress bar's unit (also ``run.json``'s ``finished_<unit>s``), label, and whether
+        it shows (``None``: on a terminal; rank 0 only).
     mirror
         Rank 0's view of the finished records, rewritten after each unit, on ``--resume``
-        (a run cut between the two writes is repaired) and at the end.
+        and at the end.
     check
-        Called on rank 0 with the finished records read back on ``--resume``, before anything
-        is computed: raise to refuse the folder (its error reaches every rank).
+        Called on rank 0 with the finished records read back, before anything is computed:
+        raise to refuse the folder.
 
     Attributes
     ----------
     folder
-        Rank 0's :class:`~quotientsharp.workflows.records.ResultsDirectory` after :meth:`open`
-        (``None`` on the other ranks).
-    computed_now
-        The keys computed in this session (by every rank), after :meth:`run`.
-    ignored
-        The keys of records in the folder not among ``units``, after :meth:`open`.
-    rank, world_size
-        This process's rank and the number of processes.
+        Rank 0's results folder after :meth:`open` (``None`` on the other ranks).
+    computed_now, ignored
+        The keys computed in this session (after :meth:`run`), and those of records in the
+        folder not among ``units`` (after :meth:`open`).
     """
 
     def __init__(self, out: Path, units: Sequence[Key], *, study: str,
@@ -118,20 +96,9 @@ class ResumableRun(Generic[Key]):
         self._previous_seconds = 0.0
         self._start = time.perf_counter()
 
-    @property
-    def distributed(self) -> bool:
-        """Whether several ranks share the units."""
-        return self.world_size > 1
-
     def open(self) -> dict[Key, Record]:
-        """Open (or on ``--resume`` check) the folder on rank 0; the finished records.
-
-        Returns
-        -------
-        dict
-            Key -> record of the units finished by earlier sessions, in the order of the units
-            (the same on every rank).
-        """
+        """Open (or on ``--resume`` check) the folder on rank 0; the records finished by
+        earlier sessions, in the order of the units (the same on every rank)."""
 
         def open_folder() -> tuple[dict[Key, Record], list[Key], float]:
             folder = ResultsDirectory(self.out, self.study, self.settings, self.resume,
@@ -183,7 +150,7 @@ class ResumableRun(Generic[Key]):
                     saved(key)
         finally:
             bar.close()
-        if self.distributed:
+        if self.world_size > 1:
             for position, record in enumerate(gather_indexed(computed)):
                 self._records[todo[position]] = record
         self._records = self._in_unit_order(self._records)
@@ -191,12 +158,9 @@ class ResumableRun(Generic[Key]):
         return dict(self._records)
 
     def finish(self, write: Callable[[ResultsDirectory, float], Value]) -> Value:
-        """Rank 0 completes the folder; ``write``'s value, on every rank.
-
-        Rank 0 folds the shards into the records file, rewrites the mirror, calls
-        ``write(folder, wall_seconds)`` (the study's own outputs; ``wall_seconds`` counts every
-        session of the run), then records in ``run.json`` that the run finished, with
-        ``finished_<unit>s``, ``wall_seconds`` and ``computed_now``.
+        """Rank 0 folds the shards into the records file, rewrites the mirror, calls
+        ``write(folder, wall_seconds)`` (the study's own outputs; the wall time of every
+        session) and marks the run finished in ``run.json``; ``write``'s value, on every rank.
         """
         def complete() -> Value:
             folder = self.rank0_folder()
@@ -205,7 +169,8 @@ class ResumableRun(Generic[Key]):
             if self.mirror is not None:
                 self.mirror(folder, self._records)
             value = write(folder, wall)
-            folder.save_run_info(status="finished", **{self._count_field: len(self._records)},
+            folder.save_run_info(status="finished",
+                                 **{f"finished_{self.unit}s": len(self._records)},
                                  wall_seconds=wall, computed_now=self.computed_now)
             folder.close()          # the last write: another run may take the folder now
             return value
@@ -216,10 +181,6 @@ class ResumableRun(Generic[Key]):
     def wall_seconds(self) -> float:
         """Wall time of every session of the run so far (this one since :meth:`open`)."""
         return self._previous_seconds + time.perf_counter() - self._start
-
-    @property
-    def _count_field(self) -> str:
-        return f"finished_{self.unit}s"
 
     def rank0_folder(self) -> ResultsDirectory:
         """Rank 0's results folder (:attr:`folder`); an error on the other ranks or before
@@ -233,26 +194,23 @@ class ResumableRun(Generic[Key]):
 
     def _save(self, key: Key, record: Record) -> None:
         """Put one finished record on disk (its rank's shard under torchrun) and refresh rank 0's
-        mirror."""
-        if not self.distributed:
-            folder = self.rank0_folder()
-            folder.append(self.records_file, record)
+        mirror and ``run.json``."""
+        if self.world_size == 1:
+            self.rank0_folder().append(self.records_file, record)
             self._records[key] = record
-            self._refresh(folder, self._in_unit_order(self._records))
-            return
-        append_jsonl(self.out / shard_name(self.records_file, self.rank), record)
-        if self.rank == 0:
-            # a live mirror of every rank's finished records (shards read, never repaired:
-            # another rank may be writing its last line)
-            folder = self.rank0_folder()
-            live = {r[self.key]: r for r in folder.merged_records(self.records_file, self.key,
-                                                                  repair=False)}
-            self._refresh(folder, self._in_unit_order(live))
-
-    def _refresh(self, folder: ResultsDirectory, records: Mapping[Key, Record]) -> None:
+            live = self._records
+        else:
+            append_jsonl(self.out / shard_name(self.records_file, self.rank), record)
+            if self.rank != 0:
+                return
+            # every rank's finished records; shards read, never repaired (another rank may be
+            # writing its last line)
+            live = {r[self.key]: r for r in self.rank0_folder().merged_records(
+                self.records_file, self.key, repair=False)}
+        folder, live = self.rank0_folder(), self._in_unit_order(live)
         if self.mirror is not None:
-            self.mirror(folder, records)
-        folder.save_run_info(**{self._count_field: len(records)},
+            self.mirror(folder, live)
+        folder.save_run_info(**{f"finished_{self.unit}s": len(live)},
                              wall_seconds=self.wall_seconds())
 
 

@@ -1,16 +1,8 @@
 """``quotientsharp study``: the driver, from the manifest to every output, resumable, on ranks.
 
-Each model is a unit of work of :class:`~quotientsharp.workflows.resumable.ResumableRun`:
-
-- ``models.jsonl`` gets one record per model as it finishes (a per-rank shard under torchrun,
-  folded in at the end) and ``models.csv`` is rewritten after each, so a killed run loses no
-  finished model;
-- ``--resume`` keeps the records of the models still in the manifest (same model, data and
-  contents, else an error) and measures the others: a manifest may grow between runs. The
-  settings that determine the values must equal those in ``run.json``; the bootstrap and plot
-  options may change;
-- under torchrun the missing models are dealt round-robin over the ranks, each measured whole
-  on one rank; rank 0 alone creates, checks and finishes the folder.
+Each model is a unit of work of :class:`~quotientsharp.workflows.resumable.ResumableRun`
+(``models.jsonl`` gets its record as it finishes, ``models.csv`` is rewritten after each);
+``--resume`` keeps the records of the models still in the manifest with the same contents.
 """
 
 from __future__ import annotations
@@ -23,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from quotientsharp.workflows import measuring
 from quotientsharp.workflows.data import existing_file
+from quotientsharp.workflows.files import write_json_atomic, write_text_atomic
 from quotientsharp.workflows.fingerprints import content_identity, content_sha256
 from quotientsharp.workflows.grid import GridPoint, build_grid, with_row_symmetries
 from quotientsharp.workflows.manifest import ManifestEntry, read_manifest
@@ -108,10 +101,8 @@ def study_settings(config: StudyConfig, grid: Sequence[GridPoint]) -> dict[str, 
 def _check_identities(finished: Mapping[str, dict[str, Any]],
                       entries: Sequence[ManifestEntry], folder: Path,
                       config: StudyConfig) -> None:
-    for entry in entries:
-        record = finished.get(entry.name)
-        if record is None:
-            continue
+    for entry in [entry for entry in entries if entry.name in finished]:
+        record = finished[entry.name]
         saved = record.get("identity")
         paths = entry.identity()
         if not isinstance(saved, dict) or {k: saved.get(k) for k in paths} != paths:
@@ -133,8 +124,7 @@ def _check_identities(finished: Mapping[str, dict[str, Any]],
 
 def _check_symmetry(entry: ManifestEntry, record: Mapping[str, Any], folder: Path,
                     config: StudyConfig) -> None:
-    """Refuse a record measured with other code or other bindings of the user's symmetry
-    than those it would be measured with now (:func:`.fingerprints.fingerprint_change`)."""
+    """Refuse a record measured with other code or bindings of the user's symmetry."""
     from quotientsharp.workflows.fingerprints import fingerprint_change
     from quotientsharp.workflows.measuring import entry_symmetry
     from quotientsharp.workflows.saved_models import load_measured_model
@@ -171,8 +161,7 @@ def _colors(entries: Sequence[ManifestEntry], key: str | None) -> list[float] | 
 
 @dataclass
 class _Plan:
-    """A study's units and what they are measured and written with (before any model is
-    loaded)."""
+    """A study's units and what they are measured and written with."""
 
     manifest: str | Path
     config: StudyConfig
@@ -190,8 +179,8 @@ class _Plan:
 
 def _check_row_symmetries(manifest: str | Path, entries: Sequence[ManifestEntry],
                           config: StudyConfig) -> None:
-    """Refuse a row's ``symmetry`` while geodesic sharpness is not measured (it would be
-    ignored), as ``--symmetry`` is refused then."""
+    """Refuse a row's ``symmetry`` while geodesic sharpness is not measured (as
+    ``--symmetry``)."""
     if "geodesic" in config.measures:
         return
     for entry in entries:
@@ -219,11 +208,9 @@ def _plan(manifest: str | Path, config: StudyConfig) -> _Plan:
 
 
 def _measure_units(plan: _Plan) -> tuple[dict[str, dict[str, Any]], ResumableRun]:
-    """Measure the models not yet measured (a unit each, written as it finishes); every
-    record, in manifest order, and the run (to finish)."""
+    """Measure the models not yet measured; every record, in manifest order, and the run."""
     import torch
 
-    from quotientsharp.workflows.files import write_csv_atomic
     from quotientsharp.workflows.resumable import ResumableRun
 
     config, by_name, gap_from = plan.config, plan.by_name, plan.config.gap_kind
@@ -232,9 +219,8 @@ def _measure_units(plan: _Plan) -> tuple[dict[str, dict[str, Any]], ResumableRun
              *(f"scatter_{p.key}.png" for p in plan.grid)]
 
     def mirror(folder: ResultsDirectory, records: Mapping[str, dict[str, Any]]) -> None:
-        write_csv_atomic(folder.file(CSV), columns,
-                         [csv_row(by_name[name], record, gap_from)
-                          for name, record in records.items()])
+        folder.write_csv(CSV, columns, [csv_row(by_name[name], record, gap_from)
+                                        for name, record in records.items()])
 
     def measure(name: str, status: Callable[[str], None]) -> dict[str, Any]:
         return measuring.measure_entry(by_name[name], plan.grid, config, plan.device,
@@ -257,8 +243,7 @@ def _measure_units(plan: _Plan) -> tuple[dict[str, dict[str, Any]], ResumableRun
 
 
 def _tau_rows(plan: _Plan, records: Mapping[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows of ``taus.json``: each grid point's taus against the gap, with the solver's
-    quality over the models."""
+    """The rows of ``taus.json``: each grid point's taus and the solver's quality."""
     gaps = [gap_of(entry, records[entry.name]) for entry in plan.entries]
     bootstrap = plan.config.bootstrap
     taus = tau_rows(gaps, _values(plan, records), plan.grid, resamples=bootstrap.resamples,
@@ -277,16 +262,11 @@ def _write_outputs(plan: _Plan, records: Mapping[str, dict[str, Any]],
                    taus: list[dict[str, Any]], ignored: list[str], world_size: int,
                    results: ResultsDirectory, wall: float) -> tuple[list[Path] | None, float]:
     """Write the taus, the plots, the report and ``run.json`` (rank 0, at the end)."""
-    from quotientsharp.workflows.files import (
-        write_csv_atomic,
-        write_json_atomic,
-        write_text_atomic,
-    )
     from quotientsharp.workflows.plots import study_plots
 
     config, entries, gap_from = plan.config, plan.entries, plan.config.gap_kind
     write_json_atomic(results.file(TAUS_JSON), taus)
-    write_csv_atomic(results.file(TAUS_CSV), TAU_COLUMNS, taus)
+    results.write_csv(TAUS_CSV, TAU_COLUMNS, taus)
     plots = None
     if config.plots:
         gaps = [gap_of(entry, records[entry.name]) for entry in entries]

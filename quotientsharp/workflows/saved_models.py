@@ -1,6 +1,5 @@
 """``quotientsharp measure``: loading MODEL, a HuggingFace directory or a ``torch.save``'d
-module (the accepted forms are described in :mod:`quotientsharp.cli.measure`); transformers
-and torch are imported only when a model is loaded."""
+module (:mod:`quotientsharp.cli.measure`); transformers is imported only when needed."""
 
 from __future__ import annotations
 
@@ -94,8 +93,7 @@ def _load_pretrained(directory: Path) -> nn.Module:
 
 def _config_mismatch(directory: Path, model_class: Any, err: RuntimeError) -> Exception:
     """An :class:`InputError` naming the tensors whose shapes in the weights differ from those
-    ``config.json`` gives (a config edited or copied from another model), or one naming MODEL
-    and ``err`` when the failure is not a shape mismatch (a damaged weights file)."""
+    of ``config.json``, or naming ``err`` when the failure is not a shape mismatch."""
     try:
         _, info = model_class.from_pretrained(directory, local_files_only=True,
                                               attn_implementation="eager",
@@ -115,13 +113,6 @@ def _config_mismatch(directory: Path, model_class: Any, err: RuntimeError) -> Ex
                       "config.json edited or copied from another model?")
 
 
-def _adapter_directory(path: Path) -> bool:
-    """Whether ``path`` holds a saved PEFT adapter (``adapter_config.json``)."""
-    from quotientsharp.models.peft_loading import saved_adapters
-
-    return bool(saved_adapters(path))
-
-
 def load_measured_model(path: str | os.PathLike, device: Any = None,
                         dtype: str | None = None) -> nn.Module:
     """The model behind MODEL (see :mod:`quotientsharp.cli.measure`), in eval mode, on
@@ -129,12 +120,12 @@ def load_measured_model(path: str | os.PathLike, device: Any = None,
     import torch
     from torch import nn
 
+    from quotientsharp.models.peft_loading import load_peft_directory, saved_adapters
+
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"MODEL {path} does not exist")
-    if path.is_dir() and _adapter_directory(path):
-        from quotientsharp.models.peft_loading import load_peft_directory
-
+    if path.is_dir() and saved_adapters(path):
         # a saved PEFT adapter: its base (with weights) and head, as PEFT builds them
         model = load_peft_directory(path, weights=True)
     elif path.is_dir():

@@ -1,18 +1,11 @@
 """Kendall rank correlations between generalisation and sharpness, with bootstrap intervals:
 the one module every study takes its taus from.
 
-:func:`kendall_tau_a` (the paper's statistic) and :func:`kendall_tau_b` (tie-corrected) are
-point estimates; :func:`tau_interval` adds percentile bootstrap intervals over one sample of
-models, :func:`cluster_bootstrap_tau` and :func:`cluster_bootstrap_difference` pool replicate
-samples (seeds) with a two-stage cluster bootstrap, and :func:`holm_adjust` corrects p-values.
-
 A resample holds some models several times, and a pair of two copies of one model carries no
 ranking information: it is left out of every count (pairs, concordance, ties), for tau-a and
-tau-b alike. Counting it as a tie would pull tau-a towards 0 by about ``1/M`` (a perfect
-ranking of 12 models got the interval ``(0.83, 0.97)``, excluding its own estimate 1). A
-resample with a single distinct model has no pair and is left out; an interval is reported
-only when the statistic is defined on at least 90 % of the remaining resamples. ``inf`` is
-ranked (equal infinities tie); NaN is refused (:func:`without_nan` drops its pairs).
+tau-b alike (counted as a tie it would pull tau-a towards 0 by about ``1/M``: a perfect
+ranking of 12 models got the interval ``(0.83, 0.97)``). An interval is reported only when
+the statistic is defined on at least 90 % of the resamples with a pair.
 """
 
 from __future__ import annotations
@@ -87,19 +80,15 @@ def _point(xs: np.ndarray, ys: np.ndarray) -> tuple[float, float | None]:
 
 
 def kendall_tau_a(x: Sequence[float], y: Sequence[float]) -> float:
-    """Kendall tau-a: ``2 / (M (M - 1)) sum_{i<j} sign(x_i - x_j) sign(y_i - y_j)``.
-
-    Ties count zero and are not corrected for (unlike tau-b, SciPy's default). ``inf`` values
-    are ranked (two equal infinities tie); NaN is rejected.
-    """
+    """Kendall tau-a: ``2 / (M (M - 1)) sum_{i<j} sign(x_i - x_j) sign(y_i - y_j)``; ties
+    count zero (unlike tau-b, SciPy's default); ``inf`` is ranked, NaN rejected."""
     return _point(*_paired(x, y))[0]
 
 
 def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Kendall tau-b (SciPy's default variant), ``S / sqrt((P - T_x)(P - T_y))`` from exact pair
-    counts (``S`` the tau-a numerator, ``P`` the pairs, ``T_x`` and ``T_y`` the pairs tied in
-    ``x`` and in ``y``): equal to ``scipy.stats.kendalltau`` up to round-off, and exactly +-1
-    for a perfect ranking. ``None`` for a constant variable."""
+    """Kendall tau-b (SciPy's default), ``S / sqrt((P - T_x)(P - T_y))`` from exact pair counts
+    (``S`` the tau-a numerator, ``P`` the pairs, ``T_x``, ``T_y`` those tied in ``x``, ``y``);
+    ``None`` for a constant variable."""
     return _point(*_paired(x, y))[1]
 
 
@@ -134,13 +123,6 @@ class TauInterval:
         return asdict(self)
 
 
-def _check_settings(samples: int, level: float) -> None:
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
-        raise ValueError(f"samples must be an integer >= 0, got {samples!r}")
-    if not (isinstance(level, float) and 0 < level < 1):
-        raise ValueError(f"level must be a float in (0, 1), got {level!r}")
-
-
 def _resampled_taus(xs: np.ndarray, ys: np.ndarray, samples: int,
                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Tau-a and tau-b of ``samples`` resamples of the models (:func:`_resample_taus`)."""
@@ -156,7 +138,7 @@ def _resampled_taus(xs: np.ndarray, ys: np.ndarray, samples: int,
 def _bounds(values: np.ndarray, informative: np.ndarray, level: float
             ) -> tuple[float | None, float | None]:
     """The percentile interval of ``values`` over the ``informative`` resamples (those with a
-    pair); ``None`` unless defined on at least 90 % of them (else it is not the stated one)."""
+    pair); ``None`` unless defined on at least 90 % of them."""
     kept = values[informative]
     finite = kept[np.isfinite(kept)]
     if finite.size == 0 or finite.size < 0.9 * kept.size:
@@ -186,7 +168,10 @@ def tau_interval(x: Sequence[float], y: Sequence[float], samples: int = 2000, se
     ValueError
         Naming the argument, for NaN, unequal lengths, fewer than 2 pairs or bad settings.
     """
-    _check_settings(samples, level)
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+        raise ValueError(f"samples must be an integer >= 0, got {samples!r}")
+    if not (isinstance(level, float) and 0 < level < 1):
+        raise ValueError(f"level must be a float in (0, 1), got {level!r}")
     xs, ys = _paired(x, y)
     draws_a, draws_b = _resampled_taus(xs, ys, samples, np.random.default_rng(seed))
     informative = np.isfinite(draws_a)
@@ -340,16 +325,9 @@ def cluster_bootstrap_difference(x: Sequence[float], y_first: Sequence[float],
 
 
 def holm_adjust(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values (in the input order): with the ``m`` p-values sorted
-    ascending, the ``k``-th (from 1) becomes ``max over j <= k of min(1, (m - j + 1) p_j)``.
-    A comparison is significant at family-wise level ``alpha`` when its adjusted p-value is
-    below ``alpha``.
-
-    Parameters
-    ----------
-    p_values
-        ``shape=[m]``, each in [0, 1].
-    """
+    """Holm's step-down adjusted p-values of ``p_values`` (``shape=[m]``, each in [0, 1]), in
+    the input order: with the p-values sorted ascending, the ``k``-th (from 1) becomes ``max
+    over j <= k of min(1, (m - j + 1) p_j)``."""
     values = [float(p) for p in p_values]
     for k, p in enumerate(values):
         if not 0.0 <= p <= 1.0:
@@ -364,13 +342,8 @@ def holm_adjust(p_values: Sequence[float]) -> list[float]:
 
 
 def sign_convention(generalisation: str) -> str:
-    """The console's reading guide of a tau table.
-
-    Parameters
-    ----------
-    generalisation
-        What the taus rank sharpness against (``"test loss"``, ``"the generalisation gap"``).
-    """
+    """The console's reading guide of a tau table; ``generalisation`` is what the taus rank
+    sharpness against (``"test loss"``)."""
     return (f"Sign convention: Kendall tau between {generalisation} and sharpness. Positive "
             f"tau: sharpness and {generalisation} rank alike, sharper models generalise worse; "
             "negative tau: sharper models generalise better; near 0: no relation.")

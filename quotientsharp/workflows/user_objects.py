@@ -1,10 +1,6 @@
-"""Objects a user names on the command line as ``MODULE:NAME``, and ``--symmetry``.
-
-``MODULE`` is imported from the working directory first, then from ``sys.path``; ``NAME`` is an
-attribute of it (dotted names reach into classes and submodules). Every failure is an
-:class:`~.options.InputError` of one line naming the flag (exit status 2). ``verify
---quotient``, ``--symmetry`` and a manifest row's ``symmetry`` use it. Nothing here imports
-torch: the command line's parser stays instant.
+"""Objects a user names on the command line as ``MODULE:NAME`` (``MODULE`` imported from the
+working directory first, then ``sys.path``), and ``--symmetry``; every failure is an
+:class:`~.options.InputError` of one line naming the flag. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -27,10 +23,8 @@ def _one_line(err: BaseException) -> str:
 
 
 def import_object(spec: str, flag: str) -> Any:
-    """The object that ``spec = "MODULE:NAME"`` names (e.g. ``my_quotients:ReLUNeuronQuotient``
-    for that class in ``./my_quotients.py``); a :class:`UserInputError` naming ``flag``
-    (``"--quotient"``) when ``spec`` is not ``MODULE:NAME``, the module cannot be imported (or
-    raises while it is imported), or it has no attribute ``NAME``."""
+    """The object that ``spec = "MODULE:NAME"`` names (``mine:Quotient`` for that class in
+    ``./mine.py``), or a :class:`UserInputError` naming ``flag`` (``"--quotient"``)."""
     module_name, sep, name = spec.partition(":")
     if not sep or not module_name or not name:
         raise UserInputError(f"{flag} {spec!r}: expected MODULE:NAME, e.g. mine:thing for "
@@ -63,10 +57,9 @@ def import_object(spec: str, flag: str) -> Any:
 
 
 def load_symmetry(spec: str, model: Any, flag: str = "--symmetry") -> list[Any]:
-    """The bindings ``FUNCTION(model)`` returns for ``spec = "MODULE:FUNCTION"`` (a
-    ``QuotientBinding`` or a list of them), checked against ``model``: passed to geodesic
-    sharpness as ``symmetries=[...]``, as in the API. Bad input raises an :class:`InputError` of
-    one line naming ``flag`` (``--symmetry``, or a manifest row's field)."""
+    """The bindings ``FUNCTION(model)`` returns for ``spec = "MODULE:FUNCTION"``, checked
+    against ``model`` (``symmetries=`` of geodesic sharpness); an :class:`InputError` naming
+    ``flag`` for bad input."""
     from quotientsharp.models import QuotientBinding
 
     function = import_object(spec, flag)

@@ -1,14 +1,9 @@
 """A ``geoopt.Manifold`` presenting any symmetry quotient on one stacked tensor.
 
-geoopt keeps one tensor per parameter, a quotient's point is a tuple of tensors: the adapter
-stores the components side by side in one tensor (:class:`StackedLayout`) and hands tuples to
-the quotient, whose horizontal lift gives all the geometry (``docs/adapters.md`` describes each
-operation and the measured step sizes). Leading dimensions are batch dimensions: a parameter of
-``shape=[k, n + m, h]`` holds ``k`` independent GL pairs, and ``inner`` gives one value per pair.
-Every call validates its inputs through the quotient, which syncs with the host (skip the
-checks on values with ``quotientsharp.value_checks(False)``); an iterate that fails them after
-a retraction raises a ``ValueError`` naming the step and suggesting a smaller step size.
-geoopt is an optional extra: ``pip install quotientsharp[geoopt]``.
+The components of a point sit side by side in one tensor (:class:`StackedLayout`); leading
+dimensions are batch dimensions. ``docs/adapters.md`` describes each operation, the checks on
+values (``quotientsharp.value_checks(False)`` skips them) and the measured step sizes. geoopt is
+an optional extra: ``pip install quotientsharp[geoopt]``.
 """
 
 from __future__ import annotations
@@ -271,8 +266,7 @@ class QuotientManifold(geoopt.Manifold):
         """Metric ``<u, v>_x`` (``v`` defaults to ``u``), ``shape=[*batch]`` (or kept dims)."""
         xs, us = self._plain(x), self._plain(u)
         vs = us if v is None else self._plain(v)
-        value = self.quotient.inner(xs, us, vs)
-        return self._keep(value, keepdim)
+        return self._keep(self.quotient.inner(xs, us, vs), keepdim)
 
     def norm(self, x: torch.Tensor, u: torch.Tensor, *, keepdim: bool = False) -> torch.Tensor:
         return self._keep(self.quotient.norm(self._plain(x), self._plain(u)), keepdim)

@@ -1,13 +1,8 @@
 """A pymanopt ``Manifold`` presenting any symmetry quotient on tuples of numpy arrays.
 
-A point is a tuple of float64 arrays, one per component of the quotient's point, and the cost
-receives the components as separate arguments (``cost(G, H)`` for GL(h)). Every operation
-converts to torch float64, calls the quotient (its horizontal lift gives all the geometry,
-including the Riemannian Hessian of :func:`riemannian_hessian`) and converts back; tangent
-vectors come back as :class:`QuotientTangentVector`. ``shapes`` are the trailing shapes of one
-point, as for :class:`~quotientsharp.core.adapters.QuotientManifold`, and ``batch_shape`` the
-leading dimensions shared by all components (``docs/adapters.md``, "One shape convention").
-pymanopt is an optional extra: ``pip install quotientsharp[pymanopt]``.
+A point is a tuple of float64 arrays, one per component (the cost takes them as separate
+arguments, ``cost(G, H)`` for GL(h)); every operation calls the quotient in torch float64
+(``docs/adapters.md``). pymanopt is an optional extra: ``pip install quotientsharp[pymanopt]``.
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 
 from quotientsharp.core.diagonal.euclidean import DiagonalEuclideanMetric, DiagonalEuclideanPoint
 from quotientsharp.core.diagonal.inv import DiagonalInvMetric, DiagonalInvPoint
-from quotientsharp.core.diagonal.metric import DiagonalMetric
 from quotientsharp.core.diagonal.mix import DiagonalMixMetric, DiagonalMixPoint
-from quotientsharp.core.diagonal.point import DiagonalPoint
+from quotientsharp.core.diagonal.point import DiagonalMetric, DiagonalPoint
 from quotientsharp.core.diagonal.quotient import METRIC_TYPES, METRICS, DiagonalQuotient
 
 __all__ = ["DiagonalEuclideanMetric", "DiagonalEuclideanPoint", "DiagonalInvMetric",

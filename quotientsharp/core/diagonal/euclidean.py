@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from quotientsharp.core.diagonal.metric import DiagonalMetric
-from quotientsharp.core.diagonal.point import DiagonalPoint
+from quotientsharp.core.diagonal.point import DiagonalMetric, DiagonalPoint
 from quotientsharp.core.frozen import EuclideanMetricPoint
 
 Tensors = tuple[torch.Tensor, ...]

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from quotientsharp.core.diagonal.metric import DiagonalMetric
-from quotientsharp.core.diagonal.point import DiagonalPoint
+from quotientsharp.core.diagonal.point import DiagonalMetric, DiagonalPoint
 
 Tensors = tuple[torch.Tensor, ...]
 

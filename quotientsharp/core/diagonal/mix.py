@@ -27,8 +27,7 @@ import math
 
 import torch
 
-from quotientsharp.core.diagonal.metric import DiagonalMetric
-from quotientsharp.core.diagonal.point import DiagonalPoint
+from quotientsharp.core.diagonal.point import DiagonalMetric, DiagonalPoint
 from quotientsharp.core.validation import value_checks_enabled
 
 Tensors = tuple[torch.Tensor, ...]

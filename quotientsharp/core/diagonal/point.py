@@ -1,4 +1,4 @@
-"""What every metric on diagonal networks shares at a frozen point ``(u, v)``.
+"""What every metric on diagonal networks shares at a frozen point ``(u, v)``, and their base.
 
 The group ``(R \\ {0})^d`` acts by ``(a u, v / a)``; the algebra element ``a`` generates the
 vertical vector ``(a u, -a v)``, and ``beta = u v`` (the network's only dependence on the
@@ -13,9 +13,12 @@ rescalings ``(b u, b v)``: the vertical direction ``(u_i, -v_i) e_i`` has metric
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from quotientsharp.core.frozen import ClosedFormPoint
+from quotientsharp.core.metric import Metric
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -68,3 +71,21 @@ class DiagonalPoint(ClosedFormPoint):
     def quotient_geodesic(self, u: Tensors, t: float = 1.0) -> torch.Tensor:
         """``beta(t)`` on the geodesic of the quotient with velocity ``d beta = d pi(u)``."""
         raise NotImplementedError(f"{type(self).__name__} has no closed-form quotient geodesic")
+
+
+class DiagonalMetric(Metric):
+    """A metric on diagonal-network coordinates ``(u, v)``.
+
+    Attributes
+    ----------
+    name
+        Short name (``"inv"``, ``"mix"``, ``"euclidean"``).
+    point_type
+        The :class:`~quotientsharp.core.diagonal.point.DiagonalPoint` subclass holding the formulas.
+    group_invariant
+        Whether the rescalings ``(a u, v / a)`` leave the metric invariant.
+    """
+
+    name: ClassVar[str] = "diagonal"
+    point_type: ClassVar[type[DiagonalPoint]] = DiagonalPoint
+    group_invariant: ClassVar[bool] = True

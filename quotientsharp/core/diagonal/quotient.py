@@ -12,11 +12,11 @@ from collections.abc import Sequence
 
 import torch
 
+from quotientsharp.core._tuples import under_function_transform
 from quotientsharp.core.diagonal.euclidean import DiagonalEuclideanMetric
 from quotientsharp.core.diagonal.inv import DiagonalInvMetric
-from quotientsharp.core.diagonal.metric import DiagonalMetric
 from quotientsharp.core.diagonal.mix import DiagonalMixMetric
-from quotientsharp.core.diagonal.point import DiagonalPoint
+from quotientsharp.core.diagonal.point import DiagonalMetric, DiagonalPoint
 from quotientsharp.core.metric import MetricRegistry
 from quotientsharp.core.quotient import MetricFamilyQuotient
 from quotientsharp.core.validation import value_checks_enabled
@@ -39,19 +39,13 @@ def _zero_coordinates(zero: torch.Tensor) -> list[int]:
     return zero.reshape(-1, zero.shape[-1]).any(0).nonzero().flatten().tolist()[:5]
 
 
-def _transformed(tensor: object) -> bool:
-    """Whether ``tensor`` is a ``torch.func`` wrapper (inside vmap, grad or jvp)."""
-    return isinstance(tensor, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(
-        tensor)
-
-
 class DiagonalQuotient(MetricFamilyQuotient):
     """Diagonal networks ``(u, v)``, ``shape=[..., d]`` each, modulo coordinatewise rescaling.
 
     Parameters
     ----------
     metric
-        A :class:`~quotientsharp.core.diagonal.metric.DiagonalMetric` or its name: ``"inv"``,
+        A :class:`~quotientsharp.core.diagonal.DiagonalMetric` or its name: ``"inv"``,
         ``"mix"`` (both invariant) or ``"euclidean"`` (the GL(1) case of the Euclidean metric
         on attention pairs).
     d
@@ -60,7 +54,7 @@ class DiagonalQuotient(MetricFamilyQuotient):
     Attributes
     ----------
     metric
-        The selected :class:`~quotientsharp.core.diagonal.metric.DiagonalMetric`;
+        The selected :class:`~quotientsharp.core.diagonal.DiagonalMetric`;
         ``metric.name`` is its name.
     invariant
         Whether the metric is invariant under the rescalings (inv and mix).
@@ -128,7 +122,8 @@ class DiagonalQuotient(MetricFamilyQuotient):
         return super().norm(x, u)
 
     def _check_metric_defined(self, x: Tensors) -> None:
-        if isinstance(x, (tuple, list)) and any(_transformed(t) for t in x):
+        if isinstance(x, (tuple, list)) and under_function_transform(
+                [t for t in x if isinstance(t, torch.Tensor)]):
             return
         if value_checks_enabled() and self.metric.group_invariant:
             self.check_point(x)

@@ -2,9 +2,8 @@
 
 from quotientsharp.core.gl.euclidean import EuclideanMetric, EuclideanPoint
 from quotientsharp.core.gl.inv import InvMetric, InvPoint
-from quotientsharp.core.gl.metric import GLMetric
 from quotientsharp.core.gl.mix import MixMetric, MixPoint
-from quotientsharp.core.gl.point import GLPoint
+from quotientsharp.core.gl.point import GLMetric, GLPoint
 from quotientsharp.core.gl.quotient import GROUP_ELEMENT_KINDS, METRIC_TYPES, METRICS, GLQuotient
 from quotientsharp.core.gl.subgroup import RotaryQuotient, rotary_algebra_basis, rotary_planes
 

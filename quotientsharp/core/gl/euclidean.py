@@ -15,8 +15,7 @@ from __future__ import annotations
 import torch
 
 from quotientsharp.core.frozen import EuclideanMetricPoint
-from quotientsharp.core.gl.metric import GLMetric
-from quotientsharp.core.gl.point import GLPoint, vertical_vector
+from quotientsharp.core.gl.point import GLMetric, GLPoint, vertical_vector
 
 Tensors = tuple[torch.Tensor, ...]
 

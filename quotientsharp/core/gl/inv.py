@@ -30,8 +30,7 @@ from functools import cached_property
 
 import torch
 
-from quotientsharp.core.gl.metric import GLMetric
-from quotientsharp.core.gl.point import GLPoint, moved, symmetric_part, vertical_vector
+from quotientsharp.core.gl.point import GLMetric, GLPoint, moved, symmetric_part, vertical_vector
 from quotientsharp.core.linalg import solve_sylvester_eig
 
 Tensors = tuple[torch.Tensor, ...]

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from quotientsharp.core.gl.metric import GLMetric
-from quotientsharp.core.gl.point import GLPoint, moved, symmetric_part, vertical_vector
+from quotientsharp.core.gl.point import GLMetric, GLPoint, moved, symmetric_part, vertical_vector
 
 Tensors = tuple[torch.Tensor, ...]
 

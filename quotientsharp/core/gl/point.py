@@ -1,4 +1,4 @@
-"""What every GL(h) metric shares at a frozen point ``(G, H)``: Gram matrices and factors.
+"""What every GL(h) metric shares at a frozen point ``(G, H)``, and the base of the metric objects.
 
 :class:`GLPoint` holds the Gram matrices ``K_G = G^T G``, ``K_H = H^T H``, their relaxations
 ``S = K + eps I`` and the Cholesky factors of the relaxations, computed once (and checked for
@@ -25,6 +25,7 @@ import torch
 from quotientsharp.core._tuples import under_function_transform
 from quotientsharp.core.frozen import ClosedFormPoint, check_order
 from quotientsharp.core.linalg import solve_sylvester_eig
+from quotientsharp.core.metric import Metric
 from quotientsharp.core.validation import check_time, value_checks_enabled
 
 if TYPE_CHECKING:
@@ -44,12 +45,8 @@ def vertical_vector(G: torch.Tensor, H: torch.Tensor, X: torch.Tensor) -> Tensor
 
 def cholesky_or_raise(quotient: GLQuotient, G: torch.Tensor, H: torch.Tensor,
                       relaxed: tuple[torch.Tensor, torch.Tensor], name: str) -> Tensors:
-    """Lower Cholesky factors of ``(S_G, S_H)``; a clear error where one is singular.
-
-    The shape test (more columns than rows with ``eps = 0``) is free and always runs; the test
-    on values (a failed factorisation, or a pivot at rounding level of the largest diagonal
-    entry) synchronises with the host and runs only while value checks are on.
-    """
+    """Lower Cholesky factors of ``(S_G, S_H)``; a clear error where one is singular (the test
+    on values, a host sync, only while value checks are on)."""
     h = G.shape[-1]
     if quotient.eps == 0.0:
         for which, rows in (("g", G.shape[-2]), ("h", H.shape[-2])):
@@ -73,17 +70,10 @@ def cholesky_or_raise(quotient: GLQuotient, G: torch.Tensor, H: torch.Tensor,
 
 
 class OrderTwoGLPath(torch.autograd.Function):
-    """The order-2 point ``x + t u - t^2/2 Gamma(u, u)`` of a GL(h) pair, with its backward.
-
-    Both metrics' contraction is ``Gamma_F(u, u) = u_F A_F - F B_F`` for each factor ``F``,
-    with ``h x h`` coefficients that read ``u`` only through ``D(u_S) = u_S^T S + S^T u_S`` and
-    ``u_S^T u_S`` of a source factor ``S`` (:meth:`GLPoint.christoffel_coefficients`), so the
-    point is ``F + u_F (t I - a A_F) + F (a B_F)`` with ``a = t^2 / 2``. The backward is written
-    out the same way (the ``h x h`` adjoints by autograd on the ``h x h`` matrices alone): five
-    products per factor, about eight passes over ``n x h`` tensors fewer than autograd on the
-    elementary form, the same values to rounding (``tests/test_gl.py`` checks both and
-    ``gradcheck``). Inputs: ``t``, the frozen point, then ``u_G`` and ``u_H``.
-    """
+    """The order-2 point ``F + u_F (t I - a A_F) + F (a B_F)``, ``a = t^2 / 2``, of a GL(h) pair
+    (:meth:`GLPoint.christoffel_coefficients`), with its backward written out the same way: about
+    eight passes over ``n x h`` tensors fewer than autograd on the elementary form. Inputs: ``t``,
+    the frozen point, ``u_G``, ``u_H``."""
 
     @staticmethod
     def forward(ctx: Any, t: float, point: GLPoint, u_g: torch.Tensor, u_h: torch.Tensor
@@ -382,3 +372,23 @@ def moved(w: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
 
 def symmetric_part(a: torch.Tensor) -> torch.Tensor:
     return 0.5 * (a + a.mT)
+
+
+class GLMetric(Metric):
+    """A metric on GL(h) factor pairs ``(G, H)``; a new metric names a :class:`GLPoint` subclass
+    that holds its formulas.
+
+    Attributes
+    ----------
+    name
+        Short name (``"inv"``, ``"mix"``, ``"euclidean"``).
+    point_type
+        The :class:`~quotientsharp.core.gl.point.GLPoint` subclass holding the formulas.
+    group_invariant
+        Whether the metric is invariant under all of GL(h) at ``eps = 0`` (so that it descends
+        to the quotient).
+    """
+
+    name: ClassVar[str] = "gl"
+    point_type: ClassVar[type[GLPoint]] = GLPoint
+    group_invariant: ClassVar[bool] = True

@@ -21,9 +21,8 @@ import torch
 
 from quotientsharp.core.gl.euclidean import EuclideanMetric
 from quotientsharp.core.gl.inv import InvMetric
-from quotientsharp.core.gl.metric import GLMetric
 from quotientsharp.core.gl.mix import MixMetric
-from quotientsharp.core.gl.point import GLPoint, vertical_vector
+from quotientsharp.core.gl.point import GLMetric, GLPoint, vertical_vector
 from quotientsharp.core.metric import MetricRegistry
 from quotientsharp.core.quotient import MetricFamilyQuotient
 from quotientsharp.core.validation import value_checks_enabled
@@ -63,7 +62,7 @@ class GLQuotient(MetricFamilyQuotient):
     Parameters
     ----------
     metric
-        A :class:`~quotientsharp.core.gl.metric.GLMetric` or its name: ``"inv"``
+        A :class:`~quotientsharp.core.gl.GLMetric` or its name: ``"inv"``
         (:class:`~quotientsharp.core.gl.inv.InvMetric`), ``"mix"``
         (:class:`~quotientsharp.core.gl.mix.MixMetric`) or ``"euclidean"``
         (:class:`~quotientsharp.core.gl.euclidean.EuclideanMetric`).
@@ -79,7 +78,7 @@ class GLQuotient(MetricFamilyQuotient):
     Attributes
     ----------
     metric
-        The selected :class:`~quotientsharp.core.gl.metric.GLMetric`; ``metric.name`` is its
+        The selected :class:`~quotientsharp.core.gl.GLMetric`; ``metric.name`` is its
         name.
     invariant
         Whether the metric is invariant under the whole group (``True`` for inv and mix with
@@ -200,8 +199,7 @@ class GLQuotient(MetricFamilyQuotient):
     def act_tangent(self, x: Tensors, u: Tensors, g: torch.Tensor) -> Tensors:
         """``(u_G A^{-1}, u_H A^T)``: the action is linear, so tangents move like points."""
         self._check_head_dims(x)
-        self._check_algebra(x, g, "g")
-        return self._right_inverse(u[0], g), u[1] @ g.mT
+        return self.act(u, g)
 
     def group_exp(self, a: torch.Tensor) -> torch.Tensor:
         """Matrix exponential of ``a``, ``shape=[..., h, h]``."""
@@ -271,10 +269,8 @@ class GLQuotient(MetricFamilyQuotient):
             return scale * torch.randn(*batch, h, h, generator=generator, dtype=dtype,
                                        device=device)
         condition = check_condition(condition)
-        if h == 1:
-            exponents = torch.zeros(1, dtype=dtype, device=device)
-        else:
-            exponents = torch.linspace(-0.5, 0.5, h, dtype=dtype, device=device)
+        exponents = (torch.linspace(-0.5, 0.5, h, dtype=dtype, device=device) if h > 1
+                     else torch.zeros(1, dtype=dtype, device=device))
         singular = scale * torch.pow(torch.tensor(condition, dtype=dtype, device=device),
                                      exponents)
         first = haar_orthogonal(batch, h, generator, dtype, device)

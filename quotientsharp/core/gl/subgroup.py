@@ -19,8 +19,7 @@ from functools import cached_property
 
 import torch
 
-from quotientsharp.core.gl.metric import GLMetric
-from quotientsharp.core.gl.point import GLPoint
+from quotientsharp.core.gl.point import GLMetric, GLPoint
 from quotientsharp.core.gl.quotient import GLQuotient, check_condition, haar_orthogonal
 
 Tensors = tuple[torch.Tensor, ...]
@@ -96,10 +95,7 @@ class SubgroupPoint(GLPoint):
         # A[i_p, a_q] B[b_q, j_p] for every pair (p, q) of nonzero entries, summed over terms
         terms = [a[..., rows[:, None], rows[None, :]] * b[..., cols[None, :], cols[:, None]]
                  for a, b in self.gram_operator_terms()]
-        pairs = terms[0]
-        for term in terms[1:]:
-            pairs = pairs + term
-        pairs = pairs * weights
+        pairs = sum(terms[1:], terms[0]) * weights
         batch = pairs.shape[:-2]
         flat_index = (owner[:, None] * K + owner[None, :]).reshape(-1)
         matrix = torch.zeros(*batch, K * K, dtype=self.work_dtype, device=device)

@@ -1,19 +1,9 @@
 """Auto-PGD over many independent problems at once (a leading problem shape), for diagonal nets.
 
-:func:`batched_ascend` is the engine's :func:`~quotientsharp.engine.solver.ascend` (every
-decision taken per problem) on a :class:`~quotientsharp.engine.ball.GeodesicBall` whose frozen
-point carries the nets on leading dimensions (``P = [models, batches]`` in the study), with
-the library's own quotient classes as geometry: :class:`DiagonalHorizontalGeometry`
-(:class:`~quotientsharp.DiagonalQuotient` inv or mix; the horizontal ``xi = (b u, b v)``
-multiplies ``beta = u v`` by ``(1 + b)^2`` at order 1, ``(1 + b + b^2 / 2)^2`` (inv) or
-``(1 + b - b^2 / 2)^2`` (mix) at order 2, ``exp(2 b)`` or ``1 + 2 b`` exactly) and
-:class:`AdaptiveGeometry` (the trivial-group adaptive quotient, straight lines).
-
-The exact mix path ``beta (1 + 2 b)``, the straight line of the flat metric ``d beta^2 / 2``,
-is continued through ``beta_i = 0`` (the loss depends on ``beta`` only), where the engine
-refuses radii that reach it (``rho >= min |u v| / sqrt(2)``); inside its range both agree.
-Random starts and restarts need a seeded generator and base points of the full ``[*P, d]``
-shape, so that each problem draws its own start.
+:func:`batched_ascend` is the engine's :func:`~quotientsharp.engine.solver.ascend` on a
+:class:`~quotientsharp.engine.ball.GeodesicBall` whose frozen point carries the nets on leading
+dimensions, with the library's quotient classes as geometry. The exact mix path ``beta (1 + 2
+b)`` is continued through ``beta_i = 0`` (the loss depends on ``beta`` only).
 """
 
 from __future__ import annotations
@@ -77,14 +67,9 @@ class DiagonalHorizontalGeometry(NetBall):
 
 
 class RateBallMixGeometry(DiagonalHorizontalGeometry):
-    """The exact mix path ``beta (1 + 2 b)`` over the *rate ball* ``||b|| <= rho / sqrt(2)``.
-
-    The mix metric's own ball ``sqrt(2) ||beta b|| <= rho`` allows rates up to
-    ``rho / (sqrt(2) |beta_i|)`` where ``|beta_i|`` is tiny; the rate ball bounds the rates
-    themselves, as inv does, so this is the inv quotient (ball, projection, raised gradient)
-    with the mix geodesic as the path: the ball of a protocol that bounds the rate ``b``.
-    Arguments as :class:`DiagonalHorizontalGeometry`.
-    """
+    """The exact mix path ``beta (1 + 2 b)`` over the *rate ball* ``||b|| <= rho / sqrt(2)``:
+    the inv quotient's ball with the mix geodesic as the path (the mix ball allows huge rates
+    where ``|beta_i|`` is tiny). Arguments as :class:`DiagonalHorizontalGeometry`."""
 
     def __init__(self, u: torch.Tensor, v: torch.Tensor, radius: torch.Tensor | float,
                  problem_shape: Sequence[int]) -> None:
@@ -118,12 +103,9 @@ class AdaptiveGeometry(NetBall):
 def mse_objective(geometry: NetBall, inputs: torch.Tensor,
                   targets: torch.Tensor) -> BatchedObjective:
     """Per-problem mean squared error ``||X_k beta - y_k||^2 / B`` and its gradient in ``xi``
-    (``geometry`` maps ``xi`` to ``beta``, ``shape=[M, K, d]``; batches ``shape=[K, B, d]``
-    and ``shape=[K, B]``). The problems are independent, so the gradient of the summed loss
-    is each problem's own. The prediction is an elementwise product summed over ``d``, not a
-    matrix product, whose rounding depends on how many rows share the call: a model measured
-    alone or among others (after ``--resume``) gets the same value to the last bit.
-    """
+    (``beta`` ``shape=[M, K, d]``, batches ``shape=[K, B, d]`` and ``[K, B]``). The prediction
+    is an elementwise product summed over ``d``, not a matrix product, whose rounding would
+    depend on how many nets share the call (a resumed run must match to the last bit)."""
 
     def objective(xi: Tensors) -> tuple[torch.Tensor, Tensors]:
         leaves = tuple(t.detach().requires_grad_(True) for t in xi)
@@ -155,12 +137,8 @@ def batched_ascend(geometry: NetBall, objective: BatchedObjective,
                    settings: AscentSettings,
                    on_evaluation: Callable[[], None] | None = None,
                    generator: torch.Generator | None = None) -> BatchedOutcome:
-    """Auto-PGD for every problem of ``geometry.problem_shape`` at once (module docstring).
-
-    ``objective`` maps ``xi`` to ``(loss shape=[*P], euclidean gradient)``; ``on_evaluation``
-    is called after every batched evaluation; ``generator`` seeds the random starts
-    (required with ``settings.random_init`` or ``restarts``).
-    """
+    """Auto-PGD for every problem of ``geometry.problem_shape`` at once; ``objective`` maps
+    ``xi`` to ``(loss shape=[*P], gradient)``; ``generator`` seeds random starts."""
     if not isinstance(settings, AscentSettings):
         raise TypeError(f"settings must be an AscentSettings, got {type(settings).__name__}")
     if (settings.random_init or settings.restarts) and generator is None:

@@ -1,8 +1,5 @@
-"""``reproduce diagonal``: the seeded draws, the regression problem and the per-net hyperparameters.
-
-Every draw comes from its own seed, derived from the study seed and a tag
-(:func:`derived_seed`), so one stream never shifts another.
-"""
+"""``reproduce diagonal``: the seeded draws, each from a seed of its own (:func:`derived_seed`),
+of the regression problem and the per-net hyperparameters."""
 
 from __future__ import annotations
 
@@ -46,12 +43,8 @@ class DiagonalProblem:
 
 
 def make_problem(settings: DiagonalSettings) -> DiagonalProblem:
-    """Draw the training and test inputs and the sparse ground truth.
-
-    With ``training_sets="per_net"`` net ``i`` gets its own training inputs from the stream
-    ``data:net<i>`` of the problem seed; ``beta*`` and the test set are those of the shared
-    problem.
-    """
+    """Draw the training and test inputs and the sparse ground truth (with a training set per
+    net, net ``i``'s from the stream ``data:net<i>``)."""
     dtype = torch.float64
     seed = settings.problem_seed
     data = _generator(seed, "data")

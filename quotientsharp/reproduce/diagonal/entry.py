@@ -1,98 +1,31 @@
 """``quotientsharp reproduce diagonal``: sharpness against generalisation on diagonal networks.
 
-The study of the paper's Sec. 5.1: many diagonal networks ``y = x^T (u * v)`` fit the same
-sparse regression problem with different hyperparameters; the Kendall rank correlation between
-their test loss and each sharpness measure says which measure tracks generalisation. The paper
-reports tau = -0.68 (adaptive), -0.83 (geodesic inv) and -0.86 (geodesic mix). It does not
-state ``n``, ``rho``, or what varies across its 50 nets; the choices below are ours, fixed
-before looking at any correlation (no tuning, no seed picking).
+The paper's Sec. 5.1 (tau = -0.68 adaptive, -0.83 geodesic inv, -0.86 geodesic mix): 50 diagonal
+nets ``y = x^T (u * v)`` from ``u_0 = a 1``, ``v_0 = 0`` fit one noiseless sparse regression
+(``d = 200``, ``n = 100`` training and 5000 test inputs ``N(0, I_d)``, ``beta*`` 20-sparse with
+``||beta*|| = 1``), each with its own initialisation scale, learning rate and batch size (drawn
+once, seeded; our choices, fixed before looking at any correlation), trained together until the
+training loss is below ``1e-5`` (nets that never get there are reported, not counted). The
+Kendall tau of the test loss against each measure (adaptive; geodesic inv and mix with exact,
+first- and second-order paths; rho 0.1, 20 Auto-PGD steps on 4 batches of 25) comes with a 95 %
+bootstrap interval, next to the exact maximum of mix exact and a strong reference ascent.
+``docs/results/diagonal.md`` describes the protocol in full.
 
-Problem (one draw, seeded, shared by every net)
-    ``d = 200`` features, ``n = 100 < d`` training inputs and 5000 fresh test inputs, all
-    ``N(0, I_d)``. Ground truth ``beta*`` is 90% sparse: 20 coordinates chosen at random carry
-    ``N(0, 1)`` values, rescaled to ``||beta*||_2 = 1``. Targets are noiseless,
-    ``y = X beta*``, so every net can interpolate.
-
-Nets and training
-    ``u_0 = a 1``, ``v_0 = 0`` (the ``u * v`` form of ``w_+^2 - w_-^2`` with equal initial
-    weights, the standard setting of the implicit-bias literature: small ``a`` leads to
-    sparse, large ``a`` to dense interpolants). Loss ``||X (u * v) - y||^2 / n`` on minibatches.
-    Per net, drawn once from a seeded generator: the initialisation scale ``a`` log-uniform in
-    ``[1e-3, 1]``, the learning rate log-uniform in ``[0.02, 0.2]``, the batch size uniform
-    in ``{10, 20, 25, 50, 100}`` (100 = full batch). Each net partitions the training set into
-    batches of its size in a random order of its own, reshuffled for each of 4 epochs, and this
-    4-epoch schedule repeats. All nets train together as one ``[nets, d]`` tensor (one matrix
-    product per step for all of them, per-net learning rates and batch masks); a net stops at
-    the first check (every 50 steps) where its full training loss is below ``1e-5``, and is
-    frozen from then on. Nets that have not reached ``1e-5`` after 100000 steps (or diverge)
-    are reported and left out of the correlations.
-
-Generalisation
-    Test loss ``||X_test (u * v) - y_test||^2 / 5000`` (equal to the generalisation gap up to
-    the training loss, which is below ``1e-5`` for every counted net).
-
-Sharpness (the measures of ``docs/sharpness.md``, Auto-PGD ascent)
-    On the training set, in 4 fixed batches of 25 (contiguous blocks of the i.i.d. inputs):
-    Auto-PGD per batch, ``N = 20`` steps, ``eta_0 = 2 rho``, ``alpha = 0.75``, start
-    ``xi = 0``, no restarts; the per-batch best loss minus the clean loss, averaged over the 4
-    batches. Measures:
-
-    - ``adaptive``: worst-case adaptive L2 sharpness on ``(u, v)``,
-      ``||xi_u / |u| ||^2 + ||xi_v / |v| ||^2 <= rho^2`` (the paper's baseline);
-    - ``geodesic_{inv,mix}_exact``: geodesic sharpness on the ``GL(1)^d`` quotient with the exact
-      geodesics (``beta exp(2 b)`` for inv, ``beta (1 + 2 b)`` for mix, continued through
-      ``beta_i = 0``: see :mod:`quotientsharp.reproduce.diagonal.batched_ascent`);
-    - ``geodesic_{inv,mix}_order{1,2}``: the same with the first- and second-order paths
-      (order 2 is the path of the paper's Alg. 1).
-
-    The radius is ``rho = 0.1`` for every measure. It is comparable across them: a horizontal
-    ``xi = (b u, b v)`` has the same norm ``sqrt(2) ||b||`` under the adaptive and the inv
-    metric, so those balls share their horizontal part, and with ``||beta*|| = 1`` the mix ball
-    ``sqrt(2) ||beta b|| <= rho`` moves ``beta`` by up to ``sqrt(2) rho`` in L2, while the inv
-    ball moves it by up to ``sqrt(2) rho max_i |beta_i| <= sqrt(2) rho``, to first order.
-    All measures of all nets run batched over ``[nets, batches]``
-    (:func:`~quotientsharp.reproduce.diagonal.batched_ascent.batched_ascend`).
-
-Outputs (``--out``, default ``results/diagonal``)
-    ``run.json`` (settings, per-net hyperparameters, seeds, package versions, timings, taus),
-    ``trained.jsonl`` (each net's final ``u``, ``v`` as soon as it stops), ``models.jsonl``
-    and ``models.csv`` (per-net values, appended as nets are finished), one
-    ``scatter_<measure>.png`` per measure, ``page.json`` (the page's data; with ``--docs DIR``
-    also written to ``DIR/results/data/pages/diagonal.json``, the page ``DIR/results/diagonal.md``
-    rendered from it and ``DIR/results.md`` regenerated). ``--resume`` skips every net already
-    in ``models.jsonl`` and retrains none in
-    ``trained.jsonl``; results are identical to an uninterrupted run.
-
-Beside each Auto-PGD value (``diagonal_exact``): the exact maximum of mix exact (the
-trust-region subproblem), a strong reference ascent for adaptive, inv exact and mix exact (4
-runs of 400 steps: from ``xi = 0``, for adaptive and inv from the maximiser of the loss's
-quadratic model and its negative, the rest from random points), the value of mix exact at
-interpolation ``2 rho^2 lambda_max``, and the measures of the population loss
-``||beta - beta*||^2``. The page reports every tau with a 95 %
-bootstrap interval, Auto-PGD as a percentage of the maximum, the confound taus of the
-hyperparameters, and the mix order-1/2 rows as diagnostics (``diagonal.analysis``; the
-page is rendered from the page data by ``docs/_hooks/results_pages/diagonal.py``).
-
-``--full``: the default run, then the same hyperparameters on 3 data seeds at rho 0.03, 0.1 and
-0.3, and with a training set per net, each in ``OUT/full/<run>/``; the page gets the taus per
-data seed, their mean over seeds with intervals, and the rho sweep (``diagonal_full``).
-
-``--quick``: 12 nets, 10 ascent steps, 2000 test inputs, at most 40000 training steps, a
-100-step reference ascent with 2 restarts, 300 bootstrap resamples.
-
-Under torchrun (``torchrun --nproc_per_node N -m quotientsharp reproduce diagonal``) the nets
-train on rank 0 (one batch, as in one process), the measures are dealt over the ranks and rank 0
-writes every file; the values are those of one process, bit for bit (:func:`diagonal_study`).
+Outputs in ``--out`` (default ``results/diagonal``): ``run.json``, ``trained.jsonl``,
+``models.jsonl``, ``models.csv`` (written as nets finish; ``--resume`` continues, with identical
+results), ``scatter_<measure>.png`` and ``page.json``; with ``--docs DIR`` the page
+``DIR/results/diagonal.md`` rendered from it. ``--full`` adds 3 data seeds at rho 0.03, 0.1 and
+0.3 and a training set per net (``OUT/full/<run>/``). ``--quick``: 12 nets, 10 ascent steps,
+2000 test inputs, at most 40000 training steps. Under torchrun the nets train on rank 0 and the
+measures are dealt over the ranks, with the values of one process bit for bit.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from quotientsharp.reproduce.command import run_study_command
-from quotientsharp.reproduce.config import DiagonalConfig, check_config
+from quotientsharp.reproduce.config import DiagonalConfig, check_config, run_study_command
 from quotientsharp.reproduce.diagonal.full import FULL_RHOS, run_full
 from quotientsharp.reproduce.diagonal.report import StudyResult, default_out, tau_lines
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
@@ -109,12 +42,11 @@ def settings_from_config(config: DiagonalConfig) -> DiagonalSettings:
     overrides: dict[str, Any] = {"seed": config.seed}
     if config.nets is not None:
         overrides["nets"] = config.nets
-    return (DiagonalSettings.quick(**overrides) if config.quick
-            else replace(DiagonalSettings(), **overrides))
+    return DiagonalSettings.quick(**overrides) if config.quick else DiagonalSettings(**overrides)
 
 
 def _run_settings(settings: DiagonalSettings, out: Path, config: DiagonalConfig) -> StudyResult:
-    """The default run, or with ``config.full`` the full sweep too; the default run's result."""
+    """The default run (and with ``config.full`` the full sweep); the default run's result."""
     common: dict[str, Any] = {"resume": config.resume, "progress": config.progress,
                               "plots": config.plots, "docs": config.docs,
                               "threads": config.threads}
@@ -137,21 +69,9 @@ def _print_result(result: StudyResult, settings: DiagonalSettings, docs: Path | 
 
 
 def run(config: DiagonalConfig) -> int:
-    """Run ``quotientsharp reproduce diagonal`` as ``config`` says; the exit status.
-
-    Returns
-    -------
-    int
-        0 done; 2 for a setting refused when the study runs (e.g. ``rhos`` without the
-        study's 0.1, another run's ``--resume`` settings) or an unusable results folder, the
-        reason printed to stderr; 130 when interrupted (the finished nets are kept).
-
-    Raises
-    ------
-    TypeError
-        ``config`` is not a :class:`~quotientsharp.reproduce.config.DiagonalConfig` (what can
-        be checked early is checked when the configuration is made).
-    """
+    """Run ``quotientsharp reproduce diagonal`` as ``config`` (a
+    :class:`~quotientsharp.reproduce.config.DiagonalConfig`, else a ``TypeError``) says; the
+    exit status of :func:`~quotientsharp.reproduce.config.run_study_command`."""
     check_config(config, DiagonalConfig, "diagonal")
     settings = settings_from_config(config)     # nets and seed were checked by the config
     out = config.out if config.out is not None else Path(default_out(settings))

@@ -1,12 +1,6 @@
-"""``reproduce diagonal``: the maxima the Auto-PGD values are measured against.
-
-The exact mix path ``beta (1 + 2 b)`` moves ``beta`` by ``D = 2 beta b`` with
-``||D|| = sqrt(2) ||xi||_mix``, and the batch loss is quadratic in ``D``: its maximum over the
-ball is a trust-region subproblem (:func:`mix_exact_maxima`, :func:`mix_rate_ball_maxima`),
-``2 rho^2 lambda_max(X_B^T X_B / B)`` at an interpolating net. The measures without a closed
-form get a strong multi-start Auto-PGD (:func:`reference_maxima`); :func:`population_batch`
-is one batch whose mean squared error is the population loss ``||beta - beta*||^2``.
-"""
+"""``reproduce diagonal``: the maxima the Auto-PGD values are measured against: exact for mix
+exact (the batch loss is quadratic in ``D = 2 beta b``: a trust-region subproblem), a strong
+multi-start Auto-PGD for the others (:func:`reference_maxima`), and the population loss."""
 
 from __future__ import annotations
 
@@ -58,26 +52,22 @@ def _check_batches(beta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tens
 
 def mix_exact_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
                      targets: torch.Tensor, rho: float) -> torch.Tensor:
-    """Exact geodesic mix sharpness (exact path), ``shape=[M, K]``:
-    ``max_{||D|| <= sqrt(2) rho} L_B(beta + D) - L_B(beta)`` for the nets ``u``, ``v``
-    (``shape=[M, d]``) on batches ``shape=[K, B, d]`` and ``[K, B]`` (or ``[M, K, B, d]`` and
-    ``[M, K, B]``, per net)."""
+    """Exact mix sharpness ``max_{||D|| <= sqrt(2) rho} L_B(beta + D) - L_B(beta)``,
+    ``shape=[M, K]``, of the nets ``u``, ``v`` ``shape=[M, d]`` on batches ``shape=[K, B, d]``
+    and ``[K, B]`` (or ``[M, K, B, d]`` and ``[M, K, B]``)."""
     return _ball_maxima(u, v, inputs, targets, math.sqrt(2.0) * rho, scaled=False)
 
 
 def mix_rate_ball_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
                          targets: torch.Tensor, rho: float) -> torch.Tensor:
-    """Exact mix-path sharpness over the rate ball ``||b|| <= rho / sqrt(2)``, the scaled
-    ball ``||D / (2 |beta|)|| <= rho / sqrt(2)`` in ``D = 2 beta b``; as
-    :func:`mix_exact_maxima`."""
+    """As :func:`mix_exact_maxima` over the rate ball ``||D / (2 |beta|)|| <= rho / sqrt(2)``."""
     return _ball_maxima(u, v, inputs, targets, rho / math.sqrt(2.0), scaled=True)
 
 
 def _ball_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
                  targets: torch.Tensor, radius: float, scaled: bool) -> torch.Tensor:
-    """``max L_B(beta + D) - L_B(beta)`` per net and batch, ``shape=[M, K]``, over the ball
-    ``||D|| <= radius`` or, with ``scaled``, the rate ball ``||D / (2 |beta|)|| <= radius``
-    (the batch loss is quadratic in ``D``: one trust-region subproblem each)."""
+    """``max L_B(beta + D) - L_B(beta)`` per net and batch over ``||D|| <= radius`` (or, with
+    ``scaled``, ``||D / (2 |beta|)|| <= radius``)."""
     beta = (u * v).to(torch.float64)
     inputs, targets = _check_batches(beta, inputs.to(torch.float64), targets.to(torch.float64))
     out = torch.empty(inputs.shape[:2], dtype=torch.float64)
@@ -88,9 +78,8 @@ def _ball_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
 
 def _trust_regions(beta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor,
                    radius: float, scaled: bool) -> Iterator[tuple[int, int, TrustRegionMaximum]]:
-    """Per net ``m`` and batch ``k``, the trust-region maximum of the batch loss's change
-    ``g^T D + D^T A D / 2`` (``A = 2 X^T X / B``, ``g = 2 X^T (X beta - y) / B``) over
-    ``||D|| <= radius`` or, with ``scaled``, ``||D / (2 |beta|)|| <= radius``."""
+    """Per net and batch the trust-region maximum of the loss change ``g^T D + D^T A D / 2``
+    (``A = 2 X^T X / B``, ``g = 2 X^T (X beta - y) / B``), as :func:`_ball_maxima`."""
     size = inputs.shape[-2]
     for m in range(inputs.shape[0]):
         scale = 2.0 * beta[m].abs() if scaled else None
@@ -110,9 +99,8 @@ def mix_exact_at_interpolation(inputs: torch.Tensor, rho: float) -> torch.Tensor
 
 def _model_rates(beta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor,
                  rate_radius: float) -> torch.Tensor:
-    """Per net and batch, the rates ``b`` (``||b|| <= rate_radius``) that maximise the
-    quadratic model of the loss along the first-order path ``beta (1 + 2 b)``,
-    ``shape=[M, K, d]``."""
+    """Per net and batch the rates ``b`` (``||b|| <= rate_radius``) maximising the quadratic
+    model of the loss along ``beta (1 + 2 b)``, ``shape=[M, K, d]``."""
     out = torch.zeros(*inputs.shape[:2], beta.shape[-1], dtype=torch.float64)
     for m, k, maximum in _trust_regions(beta, inputs, targets, rate_radius, scaled=True):
         out[m, k] = maximum.d / (2.0 * beta[m])
@@ -120,11 +108,9 @@ def _model_rates(beta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor
 
 
 class _ReferenceStarts:
-    """A batched geometry whose restarts are, in turn, the maximiser of the loss's quadratic
-    model and its negative (near interpolation the model is nearly even in the rates, the
-    exact path is not), then random points drawn on each net's ball alone from a stream of its
-    own: a net gets the same starts whichever nets are measured with it (as after --resume).
-    """
+    """A batched geometry whose restarts are the quadratic model's maximiser, its negative,
+    then random points from each net's own stream (the same starts whichever nets are
+    measured with it)."""
 
     def __init__(self, batched: NetBall, single: Sequence[NetBall], seeds: Sequence[int],
                  model: tuple[torch.Tensor, ...] | None) -> None:
@@ -151,12 +137,9 @@ def reference_maxima(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor,
                      seeds: Sequence[int],
                      measures: Sequence[MeasureSpec] = REFERENCE_MEASURES,
                      progress: bool | None = False) -> dict[str, torch.Tensor]:
-    """The strong reference ascent: per measure (name -> ``shape=[M, K]``), net and batch the
-    best loss increase over ``ascent.runs`` Auto-PGD runs. The first run starts from
-    ``xi = 0``; for adaptive and inv the next two from the maximiser of the loss's quadratic
-    model along the first-order path and its negative; the others from random points drawn
-    from ``seeds`` (one per net). Nets and batches as for :func:`mix_exact_maxima`.
-    """
+    """The strong reference ascent: per measure, net and batch (``shape=[M, K]``) the best
+    loss increase over ``ascent.runs`` Auto-PGD runs from ``xi = 0``, the quadratic model's
+    maximiser and its negative (adaptive and inv), then random points from ``seeds``."""
     if len(seeds) != u.shape[0]:
         raise ValueError(f"seeds must hold one seed per net ({u.shape[0]}), got {len(seeds)}")
     problem_shape = (u.shape[0], inputs.shape[-3])
@@ -207,10 +190,8 @@ def extra_values(u: torch.Tensor, v: torch.Tensor, inputs: torch.Tensor, targets
                  beta_star: torch.Tensor, rho: float, ascent: AscentSettings,
                  reference: AscentSettings, seeds: Sequence[int],
                  progress: bool | None = False) -> dict[str, torch.Tensor]:
-    """Every value the study reports beside its Auto-PGD measures (:data:`EXTRA_NAMES`), per
-    net and batch: ``shape=[M, K]``, or ``shape=[M, 1]`` on the population loss. ``ascent``
-    is the study's Auto-PGD, ``reference`` the strong ascent, ``seeds`` its per-net seeds.
-    """
+    """Every value the study reports beside its Auto-PGD measures (:data:`EXTRA_NAMES`),
+    ``shape=[M, K]`` (``[M, 1]`` on the population loss)."""
     out = {f"strong:{name}": value for name, value in reference_maxima(
         u, v, inputs, targets, rho, reference, seeds, progress=progress).items()}
     out["exact:geodesic_mix_exact"] = mix_exact_maxima(u, v, inputs, targets, rho)

@@ -1,10 +1,5 @@
-"""``reproduce diagonal --full``: the study over data seeds, a rho sweep and a training set per net.
-
-:func:`run_full` runs the default study in the results folder, then in subfolders
-``full/<name>/`` the same hyperparameter draws on other data seeds at every radius of
-:data:`FULL_RHOS`, and a training set per net at the study's radius; the page gets the taus per
-seed, pooled over the seeds (cluster bootstrap) and per radius (:func:`full_statistics`).
-"""
+"""``reproduce diagonal --full``: the study on other data seeds at every radius of
+:data:`FULL_RHOS` and with a training set per net (in ``full/<name>/``), and their statistics."""
 
 from __future__ import annotations
 
@@ -15,15 +10,18 @@ from typing import Any
 
 import torch
 
-from quotientsharp.reproduce.diagonal.analysis import MAXIMUM_OF, spread
+from quotientsharp.engine.options import check_int
 from quotientsharp.reproduce.diagonal.data import derived_seed
 from quotientsharp.reproduce.diagonal.measures import MEASURES
 from quotientsharp.reproduce.diagonal.report import (
+    CONFOUNDS,
+    MAXIMUM_OF,
     PAGE_FILE,
     STUDY,
     StudyResult,
     _canonical_command,
     page_data,
+    spread,
 )
 from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
 from quotientsharp.reproduce.diagonal.study import diagonal_study
@@ -61,16 +59,11 @@ SWEEP_ROWS: tuple[Row, ...] = (
     *(Row(f"{spec.name} (Auto-PGD)", _sharpness(spec.name)) for spec in MEASURES
       if not spec.diagnostic),
     *(Row(_maximum_label(name), _sharpness(key)) for name, key in MAXIMUM_OF.items()),
-    Row("population: adaptive (Auto-PGD)", _sharpness("population:adaptive")),
-    Row("population: geodesic_inv_exact (Auto-PGD)",
-        _sharpness("population:geodesic_inv_exact")),
-    Row("population: geodesic_mix_exact (exact maximum)",
-        _sharpness("population_exact:geodesic_mix_exact")),
-    Row("population: geodesic_mix_exact_rateball (exact maximum)",
-        _sharpness("population_exact:geodesic_mix_exact_rateball")),
-    Row("confound: init_scale", _field("init_scale")),
-    Row("confound: learning_rate", _field("learning_rate")),
-    Row("confound: batch_size", _field("batch_size")),
+    *(Row(f"population: {name} (Auto-PGD)", _sharpness(f"population:{name}"))
+      for name in ("adaptive", "geodesic_inv_exact")),
+    *(Row(f"population: {name} (exact maximum)", _sharpness(f"population_exact:{name}"))
+      for name in ("geodesic_mix_exact", "geodesic_mix_exact_rateball")),
+    *(Row(f"confound: {name}", _field(name)) for name in CONFOUNDS),
 )
 
 
@@ -88,8 +81,7 @@ def _pairs(run: SweepRun, row: Row) -> tuple[list[float], list[float]]:
 
 def pooled_over_seeds(runs: Sequence[SweepRun], row: Row, samples: int, seed: int
                       ) -> dict[str, Any]:
-    """The mean over the runs (seeds) of their tau-b with its two-stage cluster bootstrap
-    interval, as ``{"tau_b", "b_low", "b_high"}``."""
+    """The mean tau-b over the runs (seeds) and its two-stage cluster bootstrap interval."""
     xs, ys, clusters = [], [], []
     for index, run in enumerate(runs):
         x, y = _pairs(run, row)
@@ -101,9 +93,8 @@ def pooled_over_seeds(runs: Sequence[SweepRun], row: Row, samples: int, seed: in
 
 
 def seed_table(runs: Sequence[SweepRun], samples: int, seed: int) -> dict[str, Any]:
-    """One setting's statistics: the ``labels`` and ``counts`` (nets) of its runs, and per
-    :data:`SWEEP_ROWS` entry its ``label``, tau-b per run (seed) with its bootstrap interval
-    (``runs``) and ``pooled`` over the runs (:func:`pooled_over_seeds`)."""
+    """One setting's statistics: its runs' labels and counts, and per :data:`SWEEP_ROWS` entry
+    the tau-b of each run and pooled over them."""
     return {"labels": [run.label for run in runs],
             "counts": [len(run.records) for run in runs],
             "rows": [{"label": row.label,
@@ -115,9 +106,8 @@ def seed_table(runs: Sequence[SweepRun], samples: int, seed: int) -> dict[str, A
 
 def rho_sweep(groups: Mapping[float, Sequence[SweepRun]], samples: int, seed: int
               ) -> dict[str, Any]:
-    """Per radius (``rhos``, sorted): the tau-b of every sweep row pooled over the seeds
-    (``rows``, a ``label`` and ``cells``), and Auto-PGD as a percentage of the maximum, its
-    spread over the nets of every seed (``percent``, per measure a ``name`` and ``cells``)."""
+    """Per radius: the tau-b of every sweep row pooled over the seeds, and the spread of
+    Auto-PGD as a percentage of the maximum."""
     rhos = sorted(groups)
     rows = [{"label": row.label,
              "cells": [pooled_over_seeds(groups[rho], row, samples, seed) for rho in rhos]}
@@ -149,13 +139,11 @@ class Configuration:
 def full_configurations(settings: DiagonalSettings, rhos: Sequence[float] = FULL_RHOS,
                         data_seeds: int = FULL_DATA_SEEDS,
                         per_net_seeds: int | None = None) -> list[Configuration]:
-    """The runs of ``--full``: the first is ``settings`` itself (the default study); the
-    training-set-per-net variant runs on the first ``per_net_seeds`` seeds (default all,
-    ``0`` for none)."""
+    """The runs of ``--full``, ``settings`` itself first; a training set per net on the first
+    ``per_net_seeds`` seeds (default all)."""
     if settings.rho not in rhos:
         raise ValueError(f"rhos must contain the study's rho {settings.rho}, got {tuple(rhos)}")
-    if isinstance(data_seeds, bool) or not isinstance(data_seeds, int) or data_seeds < 1:
-        raise ValueError(f"data_seeds must be an integer >= 1, got {data_seeds!r}")
+    check_int("data_seeds", data_seeds, 1)
     first = settings.problem_seed
     seeds = [first + k for k in range(data_seeds)]
 
@@ -188,8 +176,8 @@ def run_full(settings: DiagonalSettings, out: Path, *, resume: bool = False,
              threads: int | None = 1, rhos: Sequence[float] = FULL_RHOS,
              data_seeds: int = FULL_DATA_SEEDS, per_net_seeds: int | None = None
              ) -> tuple[StudyResult, dict[str, StudyResult]]:
-    """Run every configuration of :func:`full_configurations` and write the full page data;
-    the default study's result (its ``page`` the full page data) and the others' by folder."""
+    """Run every configuration of :func:`full_configurations`, write the full page data; the
+    default study's result and the others' by folder."""
     if docs is not None:
         check_renderer(docs)
     configurations = full_configurations(settings, rhos, data_seeds, per_net_seeds)
@@ -229,12 +217,8 @@ def run_full(settings: DiagonalSettings, out: Path, *, resume: bool = False,
 
 def full_statistics(groups: Mapping[str, Sequence[SweepRun]], rho: float,
                     rhos: Sequence[float], samples: int, seed: int) -> dict[str, Any]:
-    """The statistics of the ``--full`` part of the page, from the runs (one per seed) of
-    each group, ``"rho = R"`` per radius of ``rhos`` and ``"per_net"``: ``groups``, the titled
-    :func:`seed_table` of the shared training set at the study's ``rho`` and of a training
-    set per net (when run); ``ball`` and ``per_net_pooled``, sweep row label -> tau-b pooled
-    over their seeds; ``rho``, the :func:`rho_sweep`.
-    """
+    """The ``--full`` part of the page from the runs of each group (``"rho = R"``,
+    ``"per_net"``): the titled seed tables, the pooled taus and the :func:`rho_sweep`."""
     study_rho = f"rho = {rho:g}"
     titled = [(f"Seeds, {study_rho.replace('rho', 'ρ')}, the training set shared by the nets "
                "(the paper's protocol)", study_rho)]
@@ -254,18 +238,8 @@ def full_statistics(groups: Mapping[str, Sequence[SweepRun]], rho: float,
 
 def headline_rows(pooled: dict[str, dict[str, dict[str, Any]]], seeds: dict[str, int],
                   rho: float) -> list[dict[str, Any]]:
-    """The study's rows of ``docs/results/data/diagonal.json``
-    (:func:`~quotientsharp.reproduce.headline.write_headline`), pooled over the seeds.
-
-    Parameters
-    ----------
-    pooled
-        ``"shared"`` and ``"per_net"`` -> sweep row label -> pooled tau.
-    seeds
-        Seeds per group of runs (``"rho = 0.1"``, ``"per_net"``).
-    rho
-        The study's radius.
-    """
+    """The study's headline rows from ``pooled`` (``"shared"`` and ``"per_net"`` -> sweep row
+    label -> pooled tau) and the seeds per group of runs."""
     shared = f"{seeds[f'rho = {rho:g}']} seeds, ρ = {rho:g}"
     own = f"{seeds.get('per_net', 0)} seed(s), ρ = {rho:g}"
     settings = (

@@ -1,17 +1,24 @@
-"""``reproduce diagonal``: the records, the Kendall taus, the plots and the page data."""
+"""``reproduce diagonal``: the records, the numbers of one run, the Kendall taus, the plots and
+the page data."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from quotientsharp.engine.solver import checkpoints
-from quotientsharp.reproduce.diagonal.analysis import spread
-from quotientsharp.reproduce.diagonal.data import Hyperparameters
-from quotientsharp.reproduce.diagonal.exact import EXTRA_NAMES
+from quotientsharp.reproduce.diagonal.data import Hyperparameters, derived_seed
+from quotientsharp.reproduce.diagonal.exact import (
+    EXTRA_NAMES,
+    REFERENCE_MEASURES,
+    mix_exact_population,
+)
 from quotientsharp.reproduce.diagonal.measures import (
     MEASURE_NAMES,
     MEASURES,
@@ -22,13 +29,97 @@ from quotientsharp.reproduce.diagonal.settings import DiagonalSettings
 from quotientsharp.reproduce.diagonal.training import TrainedNet
 from quotientsharp.workflows.labels import measure_label, tau_title
 from quotientsharp.workflows.plots import scatter_plots
-from quotientsharp.workflows.taus import kendall_tau_a, kendall_tau_b
+from quotientsharp.workflows.taus import kendall_tau_a, kendall_tau_b, tau_interval
 
 STUDY = "diagonal"
 MODEL_FILE, TRAINED_FILE, CSV_FILE = "models.jsonl", "trained.jsonl", "models.csv"
 PAGE_FILE = "page.json"
 CSV_COLUMNS = ("model", "init_scale", "learning_rate", "batch_size", "steps", "train_loss",
                "converged", "diverged", "test_loss", *MEASURE_NAMES, *EXTRA_NAMES)
+
+
+#: The hyperparameters drawn per net, whose rank correlation with the test loss is reported.
+CONFOUNDS = ("init_scale", "learning_rate", "batch_size")
+#: Measure -> the record key of its maximum: the exact maximum where there is one (the trust
+#: region of mix exact), else the strong reference ascent.
+MAXIMUM_OF = {**{spec.name: ("exact:" if spec.name == "geodesic_mix_exact" else "strong:")
+                 + spec.name for spec in REFERENCE_MEASURES},
+              "geodesic_mix_exact_rateball": "exact:geodesic_mix_exact_rateball"}
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Minimum, median and maximum."""
+    if not values:
+        raise ValueError("spread of no values")
+    ordered = sorted(values)
+    return {"min": ordered[0], "median": statistics.median(values), "max": ordered[-1]}
+
+
+def analyse(records: Sequence[Mapping[str, Any]], counted: Sequence[int],
+            settings: DiagonalSettings) -> dict[str, Any]:
+    """Every derived number of one run, from the nets' records (``models.jsonl``) and the
+    nets that enter the correlations (``counted``)."""
+    rows = [r for r in records if r["model"] in set(counted)]
+    if len(rows) < 2:
+        raise ValueError(f"counted must hold at least 2 nets, got {len(rows)}")
+    test = [r["test_loss"] for r in rows]
+    seed = derived_seed(settings.seed, "bootstrap")
+
+    def tau(values: Sequence[float]) -> dict[str, Any]:
+        return tau_interval(test, values, settings.bootstrap, seed).as_dict()
+
+    def column(key: str) -> list[float]:
+        return [r["sharpness"][key] for r in rows]
+
+    out: dict[str, Any] = {
+        "counted": len(rows),
+        "taus": {m.name: tau(column(m.name)) for m in MEASURES if not m.diagnostic},
+        "maximum_taus": {name: tau(column(key)) for name, key in MAXIMUM_OF.items()},
+        "population_taus": {
+            **{m.name: tau(column(f"population:{m.name}")) for m in REFERENCE_MEASURES},
+            **{f"{name}_max": tau(column(f"population_exact:{name}"))
+               for name in ("geodesic_mix_exact", "geodesic_mix_exact_rateball")}},
+        "confounds": {name: tau([float(r[name]) for r in rows]) for name in CONFOUNDS},
+    }
+    percent = {}
+    for name, key in MAXIMUM_OF.items():
+        maxima = column(key)
+        if min(maxima) <= 0:
+            raise ValueError(f"the maximum of {name} is not positive for some net: "
+                             f"{min(maxima)!r}")
+        percent[name] = spread([100.0 * r["sharpness"][name] / m
+                                for r, m in zip(rows, maxima, strict=True)])
+    out["percent_of_maximum"] = percent
+    exact = column("exact:geodesic_mix_exact")
+    strong = column("strong:geodesic_mix_exact")
+    out["strong_over_exact_mix"] = spread([s / e for s, e in zip(strong, exact, strict=True)])
+    theory = column("interpolation:geodesic_mix_exact")
+    out["interpolation"] = {
+        "theory": spread(theory),
+        "exact": spread(exact),
+        "auto_pgd": spread(column("geodesic_mix_exact")),
+        "largest_relative_deviation": max(abs(e - t) / t
+                                          for e, t in zip(exact, theory, strict=True)),
+        "largest_train_loss": max(r["train_loss"] for r in rows),
+    }
+    population = column("population_loss")
+    closed_form = mix_exact_population(torch.tensor(population, dtype=torch.float64),
+                                       settings.rho).tolist()
+    measured = column("population_exact:geodesic_mix_exact")
+    out["population"] = {
+        "loss": spread(population),
+        "closed_form_largest_relative_deviation": max(
+            abs(m - c) / c for m, c in zip(measured, closed_form, strict=True)),
+        "tau_population_loss": tau_interval(population, measured, settings.bootstrap,
+                                            seed).as_dict(),
+    }
+    min_abs_beta = [r["min_abs_beta"] for r in rows]
+    out["diagnostics"] = {
+        m.name: {**spread(column(m.name)),
+                 "tau_min_abs_beta": tau_interval(min_abs_beta, column(m.name),
+                                                  settings.bootstrap, seed).as_dict()}
+        for m in MEASURES if m.diagnostic}
+    return out
 
 
 @dataclass
@@ -45,8 +136,7 @@ class StudyResult:
     wall_seconds: float
     page: dict[str, Any]
     out: Path
-    plots: list[Path] | None = field(default=None)
-    analysis: dict[str, Any] | None = field(default=None)
+    analysis: dict[str, Any] | None = None
 
 
 def model_record(hyper: Hyperparameters, net: TrainedNet, test_loss: float,
@@ -95,12 +185,8 @@ def page_data(settings: DiagonalSettings, result: StudyResult, records: list[dic
               wall: float, resumed: int, threads: int, world_size: int = 1,
               full: dict[str, Any] | None = None, runs: int = 1,
               command: str | None = None) -> dict[str, Any]:
-    """What the study's page shows, as JSON values (the ``page`` of its page data, rendered by
-    ``docs/_hooks/results_pages/diagonal.py``): from the run's settings, result and records,
-    its wall time (of every run with ``full``), whether resumed, threads and ranks; ``full``
-    the statistics of ``--full`` (:func:`~quotientsharp.reproduce.diagonal.full.full_statistics`)
-    over ``runs`` runs; ``command`` the one that reproduces it (default: the canonical one).
-    """
+    """What the study's page shows, as JSON values; ``full`` the statistics of ``--full`` over
+    ``runs`` runs; ``command`` the one that reproduces it (default: the canonical one)."""
     counted = [r for r in records if r["model"] in result.counted]
     test = [r["test_loss"] for r in counted]
     spreads = []
@@ -160,8 +246,7 @@ def scatter_measures(records: Sequence[dict[str, Any]], counted: Sequence[int],
                      analysis: dict[str, Any] | None,
                      folder: Path, rho: float | None = None) -> list[Path] | None:
     """One scatter plot of test loss against each measure over the counted nets, in ``folder``,
-    titled with our Kendall taus and tau-b's bootstrap interval (or saying that a diagnostic
-    row is not a measure)."""
+    titled with the taus."""
     counted_records = [r for r in records if r["model"] in counted]
     titles = {spec.name: "diagnostic, outside the expansion's validity (not a measure)"
               for spec in MEASURES if spec.diagnostic}

@@ -7,13 +7,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from quotientsharp.engine.options import check_int
 from quotientsharp.engine.solver import AscentSettings
-
-
-def _check_integer(name: str, value: Any, minimum: int) -> None:
-    """Raise ``ValueError`` unless ``value`` is an integer (not a bool) >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 def _positive_range(name: str, value: Sequence[float]) -> tuple[float, float]:
@@ -25,16 +20,11 @@ def _positive_range(name: str, value: Sequence[float]) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class DiagonalSettings:
-    """Everything that determines the study's numbers (see
-    :mod:`quotientsharp.reproduce.diagonal.entry`): the sizes; the log-uniform ranges of the
-    per-net initialisation scale and learning rate and the batch sizes drawn from (divisors of
-    ``n_train``); the stopping rule (training loss below ``target_loss``, checked every
-    ``check_every`` steps, at most ``max_steps``) and the epochs of the repeating minibatch
-    schedule; the measures' radius, Auto-PGD steps and batch size; ``seed`` of every draw and
-    ``data_seed`` of the regression problem alone (``None``: ``seed``); ``training_sets``
-    ``"shared"`` (the paper's protocol) or ``"per_net"``; the strong reference ascent's steps
-    and restarts; the bootstrap resamples of every tau's 95 % interval; ``variant`` (recorded).
-    """
+    """Everything that determines the study's numbers: sizes, the per-net draws, the stopping
+    rule (training loss below ``target_loss``, checked every ``check_every`` steps), the
+    measures, ``seed`` of every draw and ``data_seed`` of the problem alone (``None``:
+    ``seed``), ``training_sets`` ``"shared"`` or ``"per_net"``, the reference ascent, the
+    bootstrap resamples and the ``variant`` name."""
 
     nets: int = 50
     d: int = 200
@@ -60,17 +50,16 @@ class DiagonalSettings:
     variant: str = "full"
 
     def __post_init__(self) -> None:
-        for name in ("nets", "d", "n_train", "n_test", "support", "max_steps", "check_every",
-                     "schedule_epochs", "n_iter", "sharpness_batch_size", "reference_iterations",
-                     "bootstrap"):
-            _check_integer(name, getattr(self, name), 1)
+        minimums = dict.fromkeys(("nets", "d", "n_train", "n_test", "support", "max_steps",
+                                  "check_every", "schedule_epochs", "n_iter",
+                                  "sharpness_batch_size", "reference_iterations", "bootstrap"), 1)
+        for name, minimum in {**minimums, "seed": 0, "reference_restarts": 0}.items():
+            object.__setattr__(self, name, check_int(name, getattr(self, name), minimum))
+        if self.data_seed is not None:
+            object.__setattr__(self, "data_seed", check_int("data_seed", self.data_seed, 0))
         if self.nets < 2:
             raise ValueError(f"nets must be at least 2 (a rank correlation needs pairs), got "
                              f"{self.nets}")
-        _check_integer("seed", self.seed, 0)
-        if self.data_seed is not None:
-            _check_integer("data_seed", self.data_seed, 0)
-        _check_integer("reference_restarts", self.reference_restarts, 0)
         if self.training_sets not in ("shared", "per_net"):
             raise ValueError(f"training_sets must be 'shared' or 'per_net', got "
                              f"{self.training_sets!r}")

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from quotientsharp.reproduce.diagonal.analysis import analyse
+from quotientsharp.engine.options import check_int
 from quotientsharp.reproduce.diagonal.data import (
     DiagonalProblem,
     Hyperparameters,
@@ -35,6 +35,7 @@ from quotientsharp.reproduce.diagonal.report import (
     STUDY,
     TRAINED_FILE,
     StudyResult,
+    analyse,
     csv_row,
     kendall_taus,
     model_record,
@@ -53,31 +54,19 @@ def diagonal_study(settings: DiagonalSettings, out: Path, *, resume: bool = Fals
                    progress: bool | None = None, plots: bool = True, docs: Path | None = None,
                    threads: int | None = 1,
                    on_record: Callable[[str, int], None] | None = None) -> StudyResult:
-    """Run (or resume) the study and write every output (see
-    :mod:`quotientsharp.reproduce.diagonal.entry`).
+    """Run (or resume) the study and write every output; ``threads`` ``None`` leaves torch's
+    threads as they are; ``on_record`` is called on rank 0 with ``("trained" | "model", index)``
+    after each record.
 
-    ``resume`` keeps the finished nets (settings must match ``run.json``); ``docs`` is a docs
-    folder with the results-page renderer (refused before the study runs without one);
-    ``threads`` are torch threads during the run (restored afterwards; ``None`` leaves them:
-    the tensors are small, one thread was measured fastest on a shared 2-core machine);
-    ``on_record`` is called on rank 0 with ``("trained" | "model", index)`` after each record.
-
-    Under torchrun call it on every rank with the same arguments: every rank returns the same
-    result, equal bit for bit to one process's. Training runs on rank 0 alone, one batched
-    computation as in one process (a net's rounding depends on the shape of the batch it
-    trains in, and the slowest net sets the training's length anyway); the measures are dealt
-    over the ranks (each runs its measures on every net, the same ``[nets, batches]`` problem
-    as in one process) and all-gathered. The records are units of the resumable runner (each
-    rank writes its share, folded in at the end); rank 0 writes the rest. A finished record is
-    on disk as soon as in one process, so a run resumes under any number of ranks.
+    Under torchrun call it on every rank: training runs on rank 0 alone (a net's rounding
+    depends on the shape of the batch it trains in), the measures are dealt over the ranks and
+    all-gathered, so every rank returns one process's result bit for bit.
     """
     if docs is not None:
         check_renderer(docs)
     previous_threads = torch.get_num_threads()
     if threads is not None:
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
-        torch.set_num_threads(threads)
+        torch.set_num_threads(check_int("threads", threads, 1))
     owned = [MODEL_FILE, TRAINED_FILE, CSV_FILE, PAGE_FILE,
              *[f"scatter_{name}.{kind}" for name in (*MEASURE_NAMES, "panels")
                for kind in ("png", "svg")]]
@@ -108,8 +97,7 @@ def diagonal_study(settings: DiagonalSettings, out: Path, *, resume: bool = Fals
 def _run(settings: DiagonalSettings, run: ResumableRun[int],
          finished_records: dict[int, dict[str, Any]], progress: bool | None, plots: bool,
          docs: Path | None, on_record: Callable[[str, int], None] | None) -> StudyResult:
-    """The study after the folder is open; ``run.folder`` is rank 0's (``None`` on the other
-    ranks under torchrun)."""
+    """The study after the folder is open (``run.folder`` is ``None`` on ranks other than 0)."""
     problem = make_problem(settings)
     hyper = draw_hyperparameters(settings)
     trained, to_train, train_seconds = rank0_value(
@@ -118,8 +106,8 @@ def _run(settings: DiagonalSettings, run: ResumableRun[int],
     to_measure = [i for i in range(settings.nets) if i not in finished_records]
     measure_start = time.perf_counter()
     healthy = [i for i in to_measure if not trained[i].diverged]
-    per_batch = (_measure(settings, problem, [trained[i] for i in healthy], healthy,
-                          run.world_size, progress) if healthy else {})
+    per_batch = (_measure(settings, problem, [trained[i] for i in healthy], healthy, progress)
+                 if healthy else {})
     measure_seconds = time.perf_counter() - measure_start
 
     def record(i: int, status: Callable[[str], None]) -> dict[str, Any]:
@@ -144,9 +132,8 @@ def _train(settings: DiagonalSettings, run: ResumableRun[int], problem: Diagonal
            hyper: list[Hyperparameters], finished_records: dict[int, dict[str, Any]],
            progress: bool | None, on_record: Callable[[str, int], None] | None
            ) -> tuple[dict[int, TrainedNet], list[int], float]:
-    """Rank 0: record the draws in ``run.json``, then train every net that has neither a
-    record nor a trained state (each appended to ``trained.jsonl`` as it stops); every net's
-    trained state by index, the nets trained now and the training time."""
+    """Rank 0: record the draws, train every net with neither a record nor a trained state;
+    every net's trained state, the nets trained now and the training time."""
     directory = run.rank0_folder()
     directory.save_run_info(
         hyperparameters=[asdict(h) for h in hyper],
@@ -159,7 +146,7 @@ def _train(settings: DiagonalSettings, run: ResumableRun[int], problem: Diagonal
                for r in directory.records(TRAINED_FILE)}
 
     def saved(net: TrainedNet) -> None:
-        directory.append(TRAINED_FILE, net.record())
+        directory.append(TRAINED_FILE, asdict(net))
         if on_record is not None:
             on_record("trained", net.model)
 
@@ -178,11 +165,9 @@ def _train(settings: DiagonalSettings, run: ResumableRun[int], problem: Diagonal
 
 
 def _measure(settings: DiagonalSettings, problem: DiagonalProblem, nets: list[TrainedNet],
-             indices: list[int], world_size: int, progress: bool | None
-             ) -> dict[int, dict[str, list[float]]]:
-    """The per-batch values of every measure and extra on the trained, not diverged ``nets``,
-    by net index (``indices``), on every rank: the measures dealt over the ranks and
-    all-gathered, the extras run on rank 0 and shared."""
+             indices: list[int], progress: bool | None) -> dict[int, dict[str, list[float]]]:
+    """Per net index of ``indices``, the per-batch values of every measure (dealt over the
+    ranks) and extra (rank 0's, shared), on every rank."""
     from quotientsharp.workflows.process_group import gather_indexed, run_on_rank0, shard
 
     u = torch.tensor([net.u for net in nets], dtype=torch.float64)
@@ -190,18 +175,13 @@ def _measure(settings: DiagonalSettings, problem: DiagonalProblem, nets: list[Tr
     inputs, targets = sharpness_batches(problem, settings)
     if problem.per_net:
         inputs, targets = inputs[indices], targets[indices]
-    if world_size == 1:
+    mine = shard(MEASURES)       # every measure in one process
+    local: list[tuple[int, list[list[float]]]] = []
+    if mine:
         values = measure_nets(u, v, inputs, targets, settings.rho, settings.ascent,
-                              progress=progress)
-        rows = {name: values[name].tolist() for name in MEASURE_NAMES}
-    else:
-        mine = shard(MEASURES)
-        local: list[tuple[int, list[list[float]]]] = []
-        if mine:
-            values = measure_nets(u, v, inputs, targets, settings.rho, settings.ascent,
-                                  measures=[spec for _, spec in mine], progress=progress)
-            local = [(position, values[spec.name].tolist()) for position, spec in mine]
-        rows = dict(zip(MEASURE_NAMES, gather_indexed(local), strict=True))
+                              measures=[spec for _, spec in mine], progress=progress)
+        local = [(position, values[spec.name].tolist()) for position, spec in mine]
+    rows = dict(zip(MEASURE_NAMES, gather_indexed(local), strict=True))
     # the exact maxima, the strong reference ascent and the population loss: on rank 0,
     # shared, since each rank makes the records of its share of the nets
     extras = run_on_rank0(lambda: {
@@ -230,13 +210,10 @@ def _finish(settings: DiagonalSettings, directory: ResultsDirectory,
     taus = kendall_taus(records, counted)
     analysis = analyse(records, counted, settings) if len(counted) >= 2 else None
 
-    figure_paths: list[Path] | None = None
     if plots:
-        figure_paths = scatter_measures(records, counted, analysis, directory.path,
-                                        settings.rho)
-
+        scatter_measures(records, counted, analysis, directory.path, settings.rho)
     result = StudyResult(records, taus, counted, unconverged, diverged, to_train, to_measure,
-                         wall, {}, directory.path, figure_paths, analysis)
+                         wall, {}, directory.path, analysis)
     result.page = page_document(STUDY, page_data(
         settings, result, records, wall, directory.run_info.get("resumed", 0),
         torch.get_num_threads(), world_size))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,9 +45,6 @@ class TrainedNet:
     u: list[float]
     v: list[float]
 
-    def record(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> TrainedNet:
         return cls(int(record["model"]), int(record["steps"]), float(record["train_loss"]),
@@ -79,13 +76,9 @@ def train_nets(problem: DiagonalProblem, hyper: Sequence[Hyperparameters],
                settings: DiagonalSettings, finished: dict[int, TrainedNet] | None = None,
                on_trained: Callable[[TrainedNet], None] | None = None,
                progress: bool | None = False) -> dict[int, TrainedNet]:
-    """Train every net not in ``finished``, all together; model index -> :class:`TrainedNet`
-    for the nets trained here, each passed to ``on_trained`` as soon as it stops.
-
-    Nets in ``finished`` sit in the batch frozen at their saved values, so every other net's
-    rows go through exactly the same matrix products as in an uninterrupted run (a product's
-    rounding depends on its shapes, not on the other rows' values).
-    """
+    """Train every net not in ``finished`` together; the nets trained here by index, each
+    passed to ``on_trained`` as it stops. Finished nets sit in the batch frozen, so the others
+    go through the same matrix products as in an uninterrupted run."""
     finished = finished or {}
     nets, dtype = len(hyper), torch.float64
     x, y = problem.x_train, problem.y_train

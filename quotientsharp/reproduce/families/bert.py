@@ -1,31 +1,18 @@
 """``quotientsharp reproduce bert``: sharpness vs generalisation on a family of small BERTs.
 
-The paper's MNLI study (35 BERT-base fine-tunes) scaled down to two CPU cores, offline, on a
-generated task whose rule needs attention ("does A come before B?"):
-
-- vocabulary of 50 tokens: 0 = padding (unused), 1 = ``[CLS]``, 2 = ``A``, 3 = ``B``,
-  4..49 = fillers. Each sequence: ``[CLS]``, then 15 tokens, one ``A`` and one ``B`` at two
-  distinct random positions, uniform fillers elsewhere. Label: 1 if ``A`` comes before ``B``
-  (balanced), flipped with probability 0.1 in the pool and the test set alike (Bayes test
-  error 0.1); a bag-of-tokens model cannot beat chance;
-- data: a training pool of 2048 and a test set of 1024 sequences, ``torch.Generator`` seed 0;
-- models: ``transformers.BertForSequenceClassification`` (eager attention), hidden size 32,
-  2 layers, 4 heads of dimension 8, intermediate size 64, 16 positions, dropout 0; ~26k
-  parameters;
-- per model ``i``, from ``numpy.random.default_rng([seed, i])``: learning rate log-uniform in
-  [5e-4, 5e-3], weight decay log-uniform in [1e-4, 1e-1], epochs uniform in [15, 40], label
-  smoothing uniform in [0, 0.2], training-set size uniform in [256, 1536]; AdamW, batch 64, 5%
-  warm-up then cosine decay; gap: test error - train error (0-1, against the noisy labels);
-- sharpness as in ``reproduce vit`` (its radii and measures) on the first 256 pool sequences;
-- 32 models, about 18 s of one core each; ``--quick``: 6 models, 4-8 epochs on 256-400
-  sequences, 64 sharpness points in 2 batches of 32, 3 ascent steps.
-
-Outputs in ``--out`` (default ``results/bert``), as for ``reproduce vit``; with ``--docs docs``
-the section ``docs/results/bert.md`` and the regenerated ``docs/results.md``.
+The paper's MNLI study (35 BERT-base fine-tunes) scaled down to CPU, offline: 32 small
+``transformers`` BERTs (hidden 32, 2 layers, 4 heads, ~26k parameters) trained from scratch on a
+generated task that needs attention: sequences of 16 tokens with one ``A`` and one ``B``, label
+1 if ``A`` comes before ``B``, flipped with probability 0.1 (a pool of 2048, a test set of 1024).
+Recipes are drawn and sharpness measured as in ``reproduce vit`` (``docs/results/bert.md`` gives
+every setting). About 18 s of one core per model; ``--quick``: 6 models, a few epochs, 64
+sharpness points, 3 ascent steps. Outputs as for ``reproduce vit``; with ``--docs docs`` the
+page ``docs/results/bert.md``.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from quotientsharp.reproduce.config import FamilyConfig
@@ -66,18 +53,14 @@ FULL = FamilySettings(
                               epochs=(15, 40), label_smoothing=(0.0, 0.2),
                               train_size=(256, 1536)),
     train_batch_size=64, sharpness_points=256, sharpness_batch_size=64, n_iter=20)
-QUICK = FamilySettings(
-    models=BERT_SIZES.quick_models,
-    space=HyperparameterSpace(learning_rate=(5e-4, 5e-3), weight_decay=(1e-4, 1e-1),
-                              epochs=(4, 8), label_smoothing=(0.0, 0.2), train_size=(256, 400)),
-    train_batch_size=64, sharpness_points=64, sharpness_batch_size=32,
-    n_iter=BERT_SIZES.quick_n_iter)
+QUICK = replace(FULL, models=BERT_SIZES.quick_models,
+                space=replace(FULL.space, epochs=(4, 8), train_size=(256, 400)),
+                sharpness_points=64, sharpness_batch_size=32, n_iter=BERT_SIZES.quick_n_iter)
 
 
 def generate_sequences(count: int, generator, noise: float = LABEL_NOISE):
-    """``count`` sequences of the "A before B" task from a CPU ``torch.Generator``: the
-    ``input_ids`` (``shape=[count, 16]``), the labels each flipped with probability ``noise``
-    and the clean labels (``shape=[count]``, int64 in {0, 1})."""
+    """``count`` sequences of the "A before B" task: ``input_ids`` ``shape=[count, 16]``, the
+    labels flipped with probability ``noise`` and the clean labels ``shape=[count]``."""
     import torch
 
     if not 0.0 <= noise <= 0.5:
@@ -145,6 +128,5 @@ STUDY = FamilyStudy(
 
 
 def run(config: FamilyConfig) -> int:
-    """Run the study (the module docstring); the exit status
-    (:func:`~quotientsharp.reproduce.families.run.run_family_study`)."""
+    """Run the study as ``config`` says; the exit status (:func:`.run.run_family_study`)."""
     return run_family_study(STUDY, config)

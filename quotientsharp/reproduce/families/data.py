@@ -15,20 +15,9 @@ Inputs = dict[str, torch.Tensor]
 
 @dataclass
 class ClassificationData:
-    """A training pool and a test set, inputs as keyword tensors of the model's forward.
-
-    Attributes
-    ----------
-    train_inputs, test_inputs
-        Keyword inputs, every tensor batched on dim 0 (e.g. ``{"pixel_values": [N, 1, 8, 8]}``
-        or ``{"input_ids": [N, T], "attention_mask": [N, T]}``).
-    train_labels, test_labels
-        Class indices, ``shape=[N]`` (int64).
-    num_labels
-        Number of classes.
-    description
-        What the data is, for the docs and ``run.json``.
-    """
+    """A training pool and a test set: keyword inputs of the model's forward, each tensor
+    batched on dim 0 (``{"pixel_values": [N, 1, 8, 8]}``), class indices ``shape=[N]``, and a
+    ``description`` of the data for ``run.json``."""
 
     train_inputs: Inputs
     train_labels: torch.Tensor
@@ -64,8 +53,7 @@ def take(inputs: Mapping[str, torch.Tensor], index: torch.Tensor | slice) -> Inp
 
 
 def sharpness_batches(data: ClassificationData, points: int, batch_size: int) -> list[dict]:
-    """The fixed sharpness batches: the first ``points`` pool points (a multiple of
-    ``batch_size``), ``batch_size`` at a time, as keyword inputs plus ``"labels"``."""
+    """The first ``points`` pool points, ``batch_size`` at a time, as inputs plus ``"labels"``."""
     if points < 1 or batch_size < 1 or points % batch_size:
         raise ValueError(f"sharpness points ({points}) must be a positive multiple of the "
                          f"sharpness batch size ({batch_size})")
@@ -78,9 +66,8 @@ def sharpness_batches(data: ClassificationData, points: int, batch_size: int) ->
 
 
 def shuffled_pool(data: ClassificationData, seed: int) -> ClassificationData:
-    """The same data with the training pool permuted by ``torch.Generator().manual_seed(seed)``
-    (test set unchanged): a study seed's new training sets and sharpness set, which every
-    training set still contains."""
+    """The same data with the training pool permuted by ``torch.Generator().manual_seed(seed)``:
+    a study seed's own training sets and sharpness set."""
     seed = check_int("seed", seed, 0)
     order = torch.randperm(data.pool_size, generator=torch.Generator().manual_seed(seed))
     order = order.to(data.train_labels.device)

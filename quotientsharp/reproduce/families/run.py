@@ -13,8 +13,7 @@ from typing import Any
 import torch
 
 from quotientsharp.engine.options import check_int
-from quotientsharp.reproduce.command import run_study_command
-from quotientsharp.reproduce.config import FamilyConfig, check_config
+from quotientsharp.reproduce.config import FamilyConfig, check_config, run_study_command
 from quotientsharp.reproduce.families.data import (
     ClassificationData,
     sharpness_batches,
@@ -56,15 +55,8 @@ def train_family_model(study: FamilyStudy, data: ClassificationData, variant: Fa
                        seed: int, index: int, status: Callable[[str], None],
                        start_weights: Any = None) -> tuple[torch.nn.Module | None,
                                                            dict[str, Any]]:
-    """Model ``index`` of study seed ``seed``, built and trained as the family study does
-    (``start_weights``: the pretrained start of a fine-tuning family).
-
-    Returns
-    -------
-    tuple
-        ``(model, record)``: the trained model (``None`` when training diverged, which the
-        record says with its reason) and its record (hyperparameters, errors, losses, gap).
-    """
+    """Model ``index`` of study seed ``seed``, built and trained as the family study does:
+    ``(model, record)``, the model ``None`` when training diverged (the record says why)."""
     hyper = draw_hyperparameters(variant.space, seed, index)
     torch.manual_seed(hyper.init_seed)
     model = (study.build_model(data.num_labels) if study.pretrained is None
@@ -116,8 +108,7 @@ def _model_record(study: FamilyStudy, data: ClassificationData, variant: FamilyS
 
 @dataclass
 class FamilyOutcome:
-    """What :func:`family_study` did: the records, the taus, what was computed now, and the
-    page data (``page.json``, :func:`~quotientsharp.reproduce.results_page.page_document`)."""
+    """What :func:`family_study` did: the records, the taus, the units computed now, the page."""
 
     out: Path
     records: list[dict[str, Any]]
@@ -133,41 +124,14 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
                  progress: bool | None = None, plots: bool = True, docs: Path | None = None,
                  threads: int = 1, device: str = "cpu",
                  measuring: Mapping[str, int | None] | None = None) -> FamilyOutcome:
-    """Run (or resume) a family study and write every output.
+    """Run (or resume) a family study and write every output; every model is a unit of
+    :class:`~quotientsharp.workflows.resumable.ResumableRun` (call it on every rank).
 
-    Each model is a unit of :class:`~quotientsharp.workflows.resumable.ResumableRun`, the
-    runner of every study (records on disk as they finish, ``resume``, ranks under torchrun:
-    call it on every rank with the same arguments); a model depends on ``(seed, index)`` only,
-    so its record is the one a single process computes.
-
-    Parameters
-    ----------
-    study
-        The family.
-    out
-        Results folder (default ``results/<name>[-seeds][-quick]``).
-    quick, models, seed
-        The reduced variant; the number of models (default the variant's); the study seed
-        (the first one with ``study_seeds``).
-    study_seeds
-        ``None``: the single-seed study on the pool in its own order. ``S >= 1``: the study
-        seeds ``seed, ..., seed + S - 1``, ``models`` models each, each seed with its own order
-        of the training pool (:func:`~quotientsharp.reproduce.families.data.shuffled_pool`);
-        the records carry ``study_seed`` and ``unit`` (``k * models + index`` for the ``k``-th
-        seed), the taus are pooled with a cluster bootstrap
-        (:mod:`quotientsharp.reproduce.families.seeds_report`).
-    resume, progress, plots
-        Keep the finished models in ``out`` (same settings required); a tqdm bar (``None``: on
-        a terminal only; rank 0 only); write the scatter plots.
-    docs
-        A docs folder with the results-page renderer (else refused before the study runs):
-        write the headline and page data under ``docs/results/data/``, render the page.
-    threads, device
-        torch threads per rank (restored afterwards); torch device of training and measuring
-        (not a setting: a run may be resumed on another device).
-    measuring
-        Overrides of the variant's ``n_iter``, ``sharpness_points`` and
-        ``sharpness_batch_size``; they are settings.
+    ``study_seeds`` ``S``: the study seeds ``seed, ..., seed + S - 1``, each with its own order
+    of the training pool, the records with ``study_seed`` and ``unit`` (``k * models + index``),
+    the taus pooled (:mod:`.seeds_report`); ``measuring`` overrides the variant's ``n_iter``,
+    ``sharpness_points`` and ``sharpness_batch_size``; ``device`` is no setting (a run may be
+    resumed on another).
     """
     from quotientsharp.reproduce.results_page import check_renderer
     from quotientsharp.workflows.process_group import rank_and_world_size
@@ -244,8 +208,7 @@ def _measured_variant(variant: FamilySettings,
 
 
 def _rank_device(device: str, rank: int, world_size: int) -> str:
-    """The torch device of this rank, checked: ``"cuda"`` under torchrun is one GPU per rank,
-    as NCCL expects."""
+    """The torch device of this rank, checked: ``"cuda"`` under torchrun is one GPU per rank."""
     try:
         device = str(torch.device(device))
     except RuntimeError as err:
@@ -312,8 +275,7 @@ def _start_weights(plan: _FamilyPlan, rank: int) -> Any:
 def _train_and_measure_all(plan: _FamilyPlan, run: ResumableRun[int], data: ClassificationData,
                            specs: Sequence[MeasureSpec]
                            ) -> tuple[Mapping[int, dict[str, Any]], Any]:
-    """Open the folder and compute the missing models with ``plan.threads`` torch threads;
-    every model's record and the pretrained start."""
+    """Compute the missing models; every model's record and the pretrained start."""
     saved_threads = torch.get_num_threads()
     # set before the folder is opened, so that run.json records the thread count the run uses
     torch.set_num_threads(plan.threads)
@@ -406,12 +368,8 @@ def tau_lines(taus: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def run_family_study(study: FamilyStudy, config: FamilyConfig) -> int:
     """Run family study ``study`` as ``config`` (a
-    :class:`~quotientsharp.reproduce.config.FamilyConfig`, else a ``TypeError``) says.
-
-    Returns the exit status (printing on rank 0): 0 done; 2 for a setting refused when the
-    study runs (a ``device`` torch does not know or CUDA missing; another run's ``--resume``
-    settings) or an unusable results folder, the reason on stderr; 130 when interrupted.
-    """
+    :class:`~quotientsharp.reproduce.config.FamilyConfig`, else a ``TypeError``) says; the
+    exit status of :func:`~quotientsharp.reproduce.config.run_study_command`."""
     check_config(config, FamilyConfig, study.name)
     out = config.out if config.out is not None else default_out(
         study.name, config.quick, config.study_seeds)

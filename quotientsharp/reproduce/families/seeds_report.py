@@ -1,12 +1,6 @@
 """Family studies over several study seeds (``--study-seeds S``): per-seed taus, pooled taus
-and paired differences.
-
-Pooled over the seeds, the mean of the per-seed tau-b with the two-stage cluster bootstrap
-interval of :func:`~quotientsharp.workflows.taus.cluster_bootstrap_tau` (seeds resampled, then
-models within each seed); the measures compared with the paper are compared pairwise the same
-way, a measure called ahead of another only when Holm's adjusted p-value over the
-:data:`COMPARISONS` is below :data:`FAMILY_WISE_LEVEL`.
-"""
+(two-stage cluster bootstrap) and paired differences, Holm-corrected at
+:data:`FAMILY_WISE_LEVEL`."""
 
 from __future__ import annotations
 
@@ -14,14 +8,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from quotientsharp.reproduce.families.measures import MeasureSpec
-from quotientsharp.reproduce.families.report import BOOTSTRAP, confound_rows, tau_rows
+from quotientsharp.reproduce.families.report import (
+    BOOTSTRAP,
+    FAMILY_WISE_LEVEL,
+    confound_rows,
+    tau_rows,
+)
 from quotientsharp.reproduce.families.settings import FamilyStudy
 
 #: The paired comparisons ``(first, second)`` of paper keys, first minus second.
 COMPARISONS = (("geodesic_inv", "adaptive"), ("geodesic_mix", "geodesic_inv"),
                ("geodesic_mix", "adaptive"))
-#: The family-wise error level of the Holm-corrected comparisons.
-FAMILY_WISE_LEVEL = 0.05
 #: The comparisons' short names, in the labels of the differences.
 _SHORT = {"adaptive": "adaptive", "geodesic_inv": "inv", "geodesic_mix": "mix"}
 
@@ -43,16 +40,8 @@ def _pooled(gaps: Sequence[float], values: Sequence[float],
 
 def seeded_statistics(records: Sequence[Mapping[str, Any]], specs: Sequence[MeasureSpec],
                       paper: Mapping[str, float]) -> dict[str, Any]:
-    """Per-seed, pooled and paired statistics of the counted models of a seeded study (each
-    record with ``study_seed``, ``gap`` and every measure's key).
-
-    Returns
-    -------
-    dict
-        ``seeds``; ``per_seed``: ``[{"study_seed", "models", "taus"}]``; ``pooled``: one row
-        per measure (the fields of ``tau_rows``, tau-b pooled, tau-a ``None``); ``confounds``;
-        ``differences``: the :data:`COMPARISONS`; ``bootstrap``: its settings.
-    """
+    """Per-seed, pooled (tau-b only) and paired (:data:`COMPARISONS`) statistics of the
+    counted models of a seeded study."""
     from quotientsharp.workflows.taus import (
         cluster_bootstrap_difference,
         holm_adjust,
@@ -103,8 +92,8 @@ def seeded_statistics(records: Sequence[Mapping[str, Any]], specs: Sequence[Meas
 
 
 def _headline_measure(spec_key: str, paper_key: str | None) -> str:
-    """The headline file's measure name: the paper key, else the spec key (``_oN`` spelled
-    ``_orderN``, as in the single-seed headline files)."""
+    """The headline's measure name: the paper key, else the spec key with ``_oN`` spelled
+    ``_orderN``."""
     if paper_key:
         return paper_key
     for order in (1, 2):
@@ -115,9 +104,8 @@ def _headline_measure(spec_key: str, paper_key: str | None) -> str:
 
 def headline_rows(study: FamilyStudy, settings: Mapping[str, Any],
                   stats: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Rows of ``docs/results/data/<study>.json``: the defined taus of ``stats`` with their
-    intervals, measures then confounds; ``stats`` is :func:`seeded_statistics`'s mapping, or
-    ``{"pooled": taus, "confounds": confounds}`` for a study of one seed."""
+    """Headline rows: the defined taus of ``stats`` (:func:`seeded_statistics`, or ``pooled``
+    and ``confounds`` of one seed), measures then confounds."""
     paper_keys = {m["key"]: m.get("paper_key") for m in settings["measures"]}
     seeds = f"{len(stats['seeds'])} study seeds" if stats.get("seeds") else "one study seed"
     setting = f"{study.title.split(' (')[0]}: {seeds} x {settings['models']} models"

@@ -1,10 +1,8 @@
 """A generated English sentiment task with negation, contrast and unseen adjectives.
 
-Sentences of one or two clauses ``<subject> <verb> [not] [<adverb>] <adjective>``, joined by
-``and`` (same sentiment) or ``, but`` (opposite), from fixed word lists and a seeded ``numpy``
-generator; the label is the sentiment of the last clause (its adjective's polarity, flipped by
-``not``), then flipped with probability ``noise``. The :data:`HELD_OUT` adjectives never occur
-in the training pool, so only the pretrained representation knows their polarity.
+Sentences ``<subject> <verb> [not] [<adverb>] <adjective>``, one clause or two joined by ``and``
+(same sentiment) or ``, but`` (opposite); the label is the last clause's sentiment, flipped with
+probability ``noise``. The :data:`HELD_OUT` adjectives never occur in the training pool.
 """
 
 from __future__ import annotations
@@ -64,8 +62,7 @@ def _clause(rng: np.random.Generator, sentiment: int, adjectives: dict[int, list
 
 def generate_sentences(count: int, seed: int, noise: float, held_out: bool) -> list[Sentence]:
     """``count`` sentences from ``numpy`` seed ``seed``, each label flipped with probability
-    ``noise`` in ``[0, 0.5]``; the :data:`HELD_OUT` adjectives occur only with ``held_out``
-    (``False`` for the training pool). Each clean label is a fair coin."""
+    ``noise``; the :data:`HELD_OUT` adjectives occur only with ``held_out``."""
     count = check_int("count", count, 1)
     if not 0.0 <= noise <= 0.5:
         raise ValueError(f"noise must be in [0, 0.5], got {noise!r}")

@@ -1,13 +1,16 @@
-"""Family studies: what defines a study (:class:`FamilyStudy`), its variants and the settings
-that determine its results (``run.json``, checked on ``--resume``)."""
+"""Family studies: what defines a study (:class:`FamilyStudy`), its variants, the settings
+that determine its results (``run.json``, checked on ``--resume``) and a pretrained start."""
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from quotientsharp.reproduce.families.data import ClassificationData
@@ -17,9 +20,7 @@ from quotientsharp.reproduce.families.training import Hyperparameters, Hyperpara
 
 @dataclass(frozen=True)
 class FamilySettings:
-    """Sizes of one variant (full or ``--quick``) of a family study: ``models``, the
-    hyperparameter ``space``, the training minibatch, the sharpness set (the first
-    ``sharpness_points`` pool points, in batches) and the Auto-PGD steps ``n_iter``."""
+    """Sizes of one variant (full or ``--quick``) of a family study."""
 
     models: int
     space: HyperparameterSpace
@@ -37,18 +38,9 @@ class FamilySettings:
 
 @dataclass(frozen=True)
 class PretrainedStart:
-    """The one pretrained network every model of a fine-tuning family starts from.
-
-    Attributes
-    ----------
-    settings
-        ``quick -> dict``: what determines the pretrained weights (JSON, in ``run.json``).
-    load
-        ``(results folder, quick) -> start``: what the study's ``build_model`` takes as its
-        second argument (a self-pretraining is cached in the results folder).
-    describe
-        ``start -> markdown``: a line for the docs section (e.g. the pretraining's errors).
-    """
+    """The one pretrained network every model of a fine-tuning family starts from:
+    ``settings(quick)``, what determines it (JSON); ``load(results folder, quick)``, the start
+    ``build_model`` takes; ``describe(start)``, a line for the page."""
 
     settings: Callable[[bool], Mapping[str, Any]]
     load: Callable[[Path, bool], Any]
@@ -59,40 +51,13 @@ class PretrainedStart:
 class FamilyStudy:
     """What distinguishes one family study from another.
 
-    Attributes
-    ----------
-    name
-        Study name (``"vit"``), also the results folder and docs section name.
-    title
-        Section title.
-    load_data
-        ``quick -> ClassificationData`` (deterministic, offline).
-    build_model
-        ``(num_labels) -> nn.Module``, or ``(num_labels, start)`` with a ``pretrained`` start;
-        called right after ``torch.manual_seed(init_seed)``, which seeds a fresh head.
-    model_config
-        The architecture, for ``run.json`` and the docs.
-    full, quick
-        The two variants.
-    paper, paper_setting
-        The paper's taus by paper key (``"adaptive"``, ``"geodesic_inv"``, ...), and their
-        setting in words.
-    rhos
-        Radii ``adaptive``, ``worst_case``, ``inv``, ``mix``.
-    description
-        Markdown paragraph(s) for the docs section: the protocol in words.
-    pretrained
-        The common start of a fine-tuning family (``None``: every model from scratch).
-    eps_sweep
-        Gram relaxations ``eps > 0`` at which geodesic inv and mix (order 2) are measured too.
-    adapt
-        ``(model, hyperparameters) -> model`` before training (e.g. low-rank adapters of the
-        drawn rank); ``None``: train the model as built.
-    measure_keys
-        The measures this study runs (``None``: the family measures and the eps sweep).
-    measurement_note
-        Docs sentences on what the geodesic measures treat as the quotient and how the radii
-        were fixed (``None``: the text of the attention families).
+    ``build_model(num_labels[, start])`` is called right after ``torch.manual_seed(init_seed)``
+    (which seeds a fresh head); ``paper`` holds the paper's taus by paper key (``"adaptive"``,
+    ``"geodesic_inv"``, ...); ``rhos`` the radii ``adaptive``, ``worst_case``, ``inv``, ``mix``;
+    ``eps_sweep`` Gram relaxations at which geodesic inv and mix (order 2) are measured too;
+    ``adapt(model, hyperparameters)`` adapts a model before training (e.g. LoRA);
+    ``measure_keys`` restricts the measures; ``measurement_note`` replaces the page's text on
+    the geodesic measures' quotient and radii.
     """
 
     name: str
@@ -133,3 +98,46 @@ def study_settings(study: FamilyStudy, variant: FamilySettings, models: int, see
         "optimizer": f"AdamW, {warmup} then cosine decay to 0, label-smoothed "
                      "cross-entropy, dropout 0",
     }
+
+
+#: File name of a cached pretraining inside a study's results folder.
+PRETRAINED_FILE = "pretrained.pt"
+
+
+def load_body(model: nn.Module, state: Mapping[str, torch.Tensor],
+              head_prefix: str | None) -> None:
+    """Copy ``state`` into ``model`` but for the fresh head under ``head_prefix`` (``None``:
+    every weight); ``ValueError`` for a missing or unexpected weight (a half-loaded body would
+    make every fine-tune start from noise)."""
+    def in_head(key: str) -> bool:
+        return head_prefix is not None and key.startswith(head_prefix)
+
+    body = {k: v for k, v in state.items() if not in_head(k)}
+    missing, unexpected = model.load_state_dict(body, strict=False)
+    missing = [k for k in missing if not in_head(k)]
+    if missing or unexpected:
+        raise ValueError(f"pretrained weights do not fit the model: missing {missing[:5]}, "
+                         f"unexpected {list(unexpected)[:5]}")
+
+
+def cached_pretraining(folder: Path, settings: Mapping[str, Any],
+                       compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The pretraining of ``settings``, from ``folder/pretrained.pt`` or computed by
+    ``compute`` (a dict with the ``"state"``) and saved there, plus ``settings`` and
+    ``cached``."""
+    path = Path(folder) / PRETRAINED_FILE
+    wanted = json.loads(json.dumps(dict(settings)))
+    if path.exists():
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        if json.loads(saved.get("settings_json", "null")) == wanted:
+            return {**{k: v for k, v in saved.items() if k != "settings_json"},
+                    "settings": wanted, "cached": True}
+    result = compute()
+    if "state" not in result:
+        raise ValueError("the pretraining must return its weights under 'state'")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    # written aside then renamed: an interrupted save never leaves a torn cache behind
+    torch.save({**result, "settings_json": json.dumps(wanted)}, partial)
+    os.replace(partial, path)
+    return {**result, "settings": wanted, "cached": False}

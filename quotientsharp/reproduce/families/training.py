@@ -16,15 +16,10 @@ from quotientsharp.reproduce.families.data import ClassificationData, Inputs, ta
 
 @dataclass(frozen=True)
 class HyperparameterSpace:
-    """Ranges the per-model hyperparameters are drawn from (all bounds inclusive).
-
-    Learning rate and weight decay are log-uniform, label smoothing uniform, epochs and the
-    training-set size uniform integers. Optional ranges, drawn only when given (after the
-    others, so that a space without them draws exactly what it drew before they existed):
-    ``batch_size``, choices drawn uniformly, ``warmup``, the warm-up fraction of the steps,
-    uniform (``None``: the study's fixed batch size and a 5% warm-up), and ``rank``, the rank
-    of a low-rank adapter, choices drawn uniformly (``None``: no adapter).
-    """
+    """Ranges the per-model hyperparameters are drawn from (bounds inclusive): log-uniform
+    learning rate and weight decay, uniform label smoothing and warm-up fraction, uniform
+    integers or choices otherwise. ``batch_size``, ``warmup`` and ``rank`` (of an adapter) are
+    drawn only when given (``None``: the study's batch size, a 5% warm-up, no adapter)."""
 
     learning_rate: tuple[float, float]
     weight_decay: tuple[float, float]
@@ -62,9 +57,8 @@ class HyperparameterSpace:
 
 @dataclass(frozen=True)
 class Hyperparameters:
-    """One model's training settings, drawn by :func:`draw_hyperparameters`; ``batch_size``,
-    ``warmup_fraction`` and ``rank`` are ``None`` where the space does not draw them (the
-    study's batch size, a 5% warm-up, no adapter)."""
+    """One model's training settings, drawn by :func:`draw_hyperparameters` (``None``: not
+    drawn)."""
 
     learning_rate: float
     weight_decay: float
@@ -113,14 +107,9 @@ def _logits(model: nn.Module, inputs: Inputs) -> torch.Tensor:
 
 def train_classifier(model: nn.Module, data: ClassificationData, hyper: Hyperparameters,
                      batch_size: int) -> float:
-    """Train ``model`` in place on the first ``hyper.train_size`` pool points; the mean
-    training loss (with label smoothing) of the last epoch.
-
-    AdamW (``lr``, decoupled ``weight_decay``), warm-up over the first 5% of the steps (or
-    ``hyper.warmup_fraction``) then cosine decay to zero, label-smoothed cross-entropy.
-    Minibatches of ``hyper.batch_size`` if drawn, else ``batch_size``, in an order from the
-    global torch generator (seed it before building the model).
-    """
+    """Train ``model`` in place on the first ``hyper.train_size`` pool points (AdamW, warm-up
+    then cosine decay, label-smoothed cross-entropy, minibatches in an order from the global
+    torch generator); the mean training loss of the last epoch."""
     if hyper.train_size > data.pool_size:
         raise ValueError(f"train_size {hyper.train_size} exceeds the training pool "
                          f"({data.pool_size})")

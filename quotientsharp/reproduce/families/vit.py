@@ -1,33 +1,23 @@
 """``quotientsharp reproduce vit``: sharpness vs generalisation on a family of small ViTs.
 
-The paper's ImageNet study (72 CLIP ViT-B/32 fine-tunes) scaled down to two CPU cores, offline:
+The paper's ImageNet study (72 CLIP ViT-B/32 fine-tunes) scaled down to CPU, offline: 32 small
+``transformers`` ViTs (patch size 2, hidden 32, 2 layers, 4 heads, ~18k parameters) trained from
+scratch on scikit-learn's bundled 8x8 digits (a training pool of 1200, a test set of 597), each
+with its learning rate, weight decay, epochs, label smoothing and training-set size drawn from
+``numpy.random.default_rng([seed, i])``. Kendall tau of the generalisation gap (test error -
+train error) against adaptive, plain L2 worst-case, geodesic inv and mix (orders 1 and 2) and
+relative flatness, measured on the first 256 pool points with 20 Auto-PGD steps
+(``docs/results/vit.md`` gives every setting). About 15 s of one core per model; ``--quick``: 6
+models, a few epochs, 64 sharpness points, 3 ascent steps.
 
-- data: scikit-learn's bundled ``load_digits`` (1797 grey 8x8 images, 10 classes), pixels / 16,
-  one channel, split by a fixed permutation (``numpy`` seed 0) into a training pool of 1200
-  images and a test set of 597;
-- models: ``transformers.ViTForImageClassification`` (eager attention), patch size 2 (16
-  patches + CLS token), hidden size 32, 2 layers, 4 heads of dimension 8, MLP width 64, dropout
-  0; ~18k parameters;
-- per model ``i``, from ``numpy.random.default_rng([seed, i])``: learning rate log-uniform in
-  [5e-4, 5e-3], weight decay log-uniform in [1e-4, 1e-1], epochs uniform in [20, 50], label
-  smoothing uniform in [0, 0.2], training-set size uniform in [256, 1200] (the first points of
-  the pool), initialisation seed; AdamW, batch 64, 5% warm-up then cosine decay;
-- generalisation gap: test error - train error (0-1);
-- sharpness on the first 256 pool points (in every training set), 4 batches of 64, Auto-PGD
-  with 20 steps: adaptive (rho 0.1), plain L2 worst case (rho 0.02), geodesic inv (rho 0.1) and
-  mix (rho 0.02) at orders 1 and 2, relative flatness of the classifier; the radii were fixed
-  once from pilot models (perturbed loss up by about 0.005-0.5 nats), never adjusted after;
-- 32 models, about 15 s of one core each; ``--quick``: 6 models, 4-8 epochs on 256-400 images,
-  64 sharpness points in 2 batches of 32, 3 ascent steps.
-
-Outputs in ``--out`` (default ``results/vit``): ``models.jsonl`` and ``models.csv`` (one row
-per model, written as it finishes), ``taus.json``, ``scatter_<measure>.png``, ``page.json``
-(the page's data), ``run.json``; with ``--docs docs`` the page ``docs/results/vit.md``,
-rendered from that data, and the regenerated ``docs/results.md``.
+Outputs in ``--out`` (default ``results/vit``): ``models.jsonl`` and ``models.csv`` (a row per
+model as it finishes), ``taus.json``, ``scatter_<measure>.png``, ``page.json`` and ``run.json``;
+with ``--docs docs`` the page ``docs/results/vit.md`` rendered from that data.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from quotientsharp.reproduce.config import FamilyConfig
@@ -60,12 +50,9 @@ FULL = FamilySettings(
                               epochs=(20, 50), label_smoothing=(0.0, 0.2),
                               train_size=(256, POOL_SIZE)),
     train_batch_size=64, sharpness_points=256, sharpness_batch_size=64, n_iter=20)
-QUICK = FamilySettings(
-    models=VIT_SIZES.quick_models,
-    space=HyperparameterSpace(learning_rate=(5e-4, 5e-3), weight_decay=(1e-4, 1e-1),
-                              epochs=(4, 8), label_smoothing=(0.0, 0.2), train_size=(256, 400)),
-    train_batch_size=64, sharpness_points=64, sharpness_batch_size=32,
-    n_iter=VIT_SIZES.quick_n_iter)
+QUICK = replace(FULL, models=VIT_SIZES.quick_models,
+                space=replace(FULL.space, epochs=(4, 8), train_size=(256, 400)),
+                sharpness_points=64, sharpness_batch_size=32, n_iter=VIT_SIZES.quick_n_iter)
 
 
 def digit_images(classes: tuple[int, ...]):
@@ -119,6 +106,5 @@ STUDY = FamilyStudy(
 
 
 def run(config: FamilyConfig) -> int:
-    """Run the study (the module docstring); the exit status
-    (:func:`~quotientsharp.reproduce.families.run.run_family_study`)."""
+    """Run the study as ``config`` says; the exit status (:func:`.run.run_family_study`)."""
     return run_family_study(STUDY, config)

@@ -1,14 +1,10 @@
-"""Tables, figure and page data of ``quotientsharp reproduce invariance``.
-
-The page (``docs/_hooks/results_pages/invariance.py``) puts the precisions side by side: per
-measure the largest ``|change|`` over the grid next to the precision's *forward floor*,
-``max_a |L'(0) - L(0)| / S``, the clean-loss change between two models with the same function
-(their rounded weights differ) relative to the measure's value ``S`` on the original model. A
-sharpness value is the difference of two losses: it cannot be steadier than they are.
-"""
+"""Tables, figure and page data of ``quotientsharp reproduce invariance``: each measure's
+relative change beside its precision's *forward floor*, the clean-loss change relative to the
+measure's value on the original model."""
 
 from __future__ import annotations
 
+import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -42,9 +38,7 @@ def largest_change(points: Sequence[Mapping[str, Any]], key: str) -> float:
 
 def median_change(points: Sequence[Mapping[str, Any]], key: str) -> float:
     """The median over the grid of ``|sharpness(reparametrised) / sharpness(original) - 1|``."""
-    values = sorted(abs(r[f"change_{key}"]) for r in points)
-    middle = len(values) // 2
-    return values[middle] if len(values) % 2 else 0.5 * (values[middle - 1] + values[middle])
+    return statistics.median(abs(r[f"change_{key}"]) for r in points)
 
 
 def forward_floor(points: Sequence[Mapping[str, Any]], original: Mapping[str, Any],
@@ -54,31 +48,23 @@ def forward_floor(points: Sequence[Mapping[str, Any]], original: Mapping[str, An
     return max(abs(r["clean_loss_change"]) for r in points) / abs(original[key])
 
 
-def csv_columns() -> list[str]:
-    """Columns of the combined ``invariance.csv`` (every precision, original rows included)."""
-    columns = ["dtype", "point", "a", "max_condition", "max_logit_change", "clean_loss",
-               "clean_loss_change", "gradient_error"]
-    columns += [c for key, _, _ in MEASURES for c in (key, f"change_{key}", f"{key}_kept")]
-    return columns
+#: Columns of the combined ``invariance.csv`` (every precision, original rows included).
+CSV_COLUMNS = ["dtype", "point", "a", "max_condition", "max_logit_change", "clean_loss",
+               "clean_loss_change", "gradient_error",
+               *(c for key, _, _ in MEASURES for c in (key, f"change_{key}", f"{key}_kept"))]
 
 
 def combined_rows(runs: Mapping[str, DtypeRun]) -> list[dict[str, Any]]:
     """The rows of the combined CSV: per precision its original model (point -1), then the
     grid points."""
-    columns = csv_columns()
-    return [{"dtype": dtype, **{k: v for k, v in record.items() if k in columns}}
+    return [{"dtype": dtype, **{k: v for k, v in record.items() if k in CSV_COLUMNS}}
             for dtype, run in runs.items() for record in [run.original, *run.points]]
 
 
 def plot_relative_changes(runs: Mapping[str, DtypeRun], path: Path) -> Path | None:
-    """``|relative change|`` against ``a`` (log-log), one panel per precision, one line per
-    measure; the dashed line is the clean-loss change ``|L'(0) - L(0)|`` in units of the
-    smallest geodesic sharpness of the original model (the highest geodesic floor).
-
-    Returns the path, or ``None`` (after a note on stderr) when matplotlib is missing.
-    Exact zeros (possible in float64) cannot be drawn on a log axis: the panel says how many
-    were left out.
-    """
+    """``|relative change|`` against ``a`` (log-log), a panel per precision, dashed the
+    clean-loss change in units of the smallest geodesic sharpness; ``None`` without
+    matplotlib. Exact zeros cannot be drawn on a log axis: the panel counts them."""
     from quotientsharp.workflows.plots import PLOT_INSTALL_HINT
 
     try:
@@ -148,8 +134,7 @@ def page_data(runs: Mapping[str, DtypeRun], variant: InvarianceSettings, *, quic
             "quick": quick, "seed": seed, "threads": threads, "rho": RHO,
             "geometry": {d: _GEOMETRY[d] for d in dtypes},
             "measures": [[key, label] for key, label, _ in MEASURES],
-            "variant": {"grid": list(variant.grid), "sentences": variant.sentences,
-                        "n_iter": variant.n_iter, "measures": list(variant.measures)},
+            "variant": {**variant.as_dict(), "measures": list(variant.measures)},
             "runs": {d: {"points": r.points, "original": r.original, "wall": r.wall,
                          "resumed": r.resumed, "world_size": r.world_size}
                      for d, r in runs.items()}}

