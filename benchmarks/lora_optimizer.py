@@ -17,7 +17,8 @@ Methods:
   ``grad_B = dL/dB (A A^T + eps I)^{-1}``, ``grad_A = (B^T B + eps I)^{-1} dL/dA`` (Riemannian
   preconditioned LoRA), heavy-ball momentum 0.9;
 - ``QuotientAdamW mix``: :class:`~quotientsharp.models.quotient_adamw.QuotientAdamW` (mix
-  frames, ``eps = 0``, exactly invariant under each adapter's ``GL(r)``; weight decay 0), and
+  frames, ``eps = 0``, its default balanced scale ``balance=1``, exactly invariant under each
+  adapter's ``GL(r)``; weight decay 0), and
   the damped ``QuotientAdamW mix eps 0.01`` (invariant under orthogonal elements only);
 - ``AdamW``: ``torch.optim.AdamW`` on the same parameters (weight decay 0).
 

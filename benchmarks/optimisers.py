@@ -39,8 +39,8 @@ Optimisers (weight decay 0 for all; damping ``delta = 1e-2``, PEFT's default):
 - ``RiemannianAdamW``: :class:`~quotientsharp.models.lora_optimizers.RiemannianAdamW`, the
   paper's method on the library's geometry (equal to PEFT's on LoRA; on attention heads too);
 - ``QuotientAdamW``: ``quotientsharp.models.quotient_adamw.QuotientAdamW(metric="mix",
-  eps=delta)``, the adaptive step on the quotient, damped: invariant under orthogonal group
-  elements only;
+  eps=delta)``, the adaptive step on the quotient (with its default balanced scale,
+  ``balance=1``), damped: invariant under orthogonal group elements only;
 - ``QuotientAdamW (eps 0)``: the same undamped (``eps=0``), invariant under every element of each
   pair's group (the product trajectories of two starts on one orbit agree); from PEFT's ``B = 0``
   it steps ``B`` in the frame of ``A``. Both are skipped, with a note, if they cannot be imported.

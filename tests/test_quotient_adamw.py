@@ -430,3 +430,64 @@ def test_inv_keeps_a_matrix_second_moment():
     state = next(s for s in optimizer.state.values() if "bucket0" in s)["bucket0"]
     r = state["exp_avg_g"].shape[-1]
     assert state["exp_avg_sq_g"].shape[-2:] == (r, r)
+
+
+# ---------------------------------------------------------------------- the balanced scale
+@pytest.mark.parametrize("seed, rank", [(0, 1), (1, 3), (2, 5), (3, 8)])
+def test_balanced_scale_reads_the_products_singular_values(seed, rank):
+    # reference from the SVD of G H^T, not from the frame: the scale's eigenvalues are
+    # (1 + sigma_i / balance)^{1/2} on each side, sigma_i the product's singular values
+    from quotientsharp.models.quotient_adamw import balanced_scale, metric_frames
+
+    generator = torch.Generator().manual_seed(seed)
+    G = torch.randn(3, 11, rank, generator=generator, dtype=torch.float64)
+    H = torch.randn(3, 9, rank, generator=generator, dtype=torch.float64) * 2.5
+    balance = 0.3
+    frames = metric_frames(GLQuotient("mix").at((G, H)))
+    singular = torch.linalg.svdvals(G @ H.mT)[..., :rank]
+    expected = (1.0 + singular / balance).sqrt().sort(-1).values
+    for factor, frame in zip((G, H), frames, strict=True):
+        scale = balanced_scale(factor, frame, balance)
+        torch.testing.assert_close(scale, scale.mT, rtol=0, atol=1e-12)
+        torch.testing.assert_close(torch.linalg.eigvalsh(scale), expected, rtol=1e-10,
+                                   atol=0)
+
+
+@pytest.mark.parametrize("seed, rank, condition", [(0, 2, 100.0), (1, 4, 30.0), (2, 8, 100.0)])
+@pytest.mark.parametrize("random", [True, False])
+def test_a_strong_balance_keeps_the_orbit_and_changes_the_steps(seed, rank, condition, random):
+    # balance 0.3, below the default: the scale is far from the identity here (products of
+    # singular values about 1 to 8), so the orbit property is tested where the scale acts
+    model = adapted(seed + 30, r=rank, random=random)
+    moved = act(model, seed + 80, condition)
+    x, y = data(seed + 30)
+    runs = [train(m, QuotientAdamW(m, lr=0.02, balance=0.3), 30,
+                  lambda net: mse_loss(net, x, y)) for m in (copy.deepcopy(model), moved)]
+    assert largest_relative_gap(runs[0][1], runs[1][1]) < 1e-6
+    unscaled = copy.deepcopy(model)
+    plain = train(unscaled, QuotientAdamW(unscaled, lr=0.02, balance=0.0), 30,
+                  lambda net: mse_loss(net, x, y))
+    assert largest_relative_gap(runs[0][1], plain[1]) > 1e-2       # the scale did act
+
+
+def test_from_a_zero_product_the_first_step_is_the_unscaled_one():
+    model = adapted(31, random=False)
+    x, y = data(31)
+    products = []
+    for balance in (0.3, 0.0):
+        start = copy.deepcopy(model)
+        products.append(train(start, QuotientAdamW(start, lr=0.02, balance=balance), 1,
+                              lambda net: mse_loss(net, x, y))[1])
+    assert largest_relative_gap(*products) < 1e-14
+
+
+def test_balance_is_checked_and_resolved_by_metric():
+    model = adapted(32)
+    assert QuotientAdamW(model, lr=0.01).balance == 1.0
+    assert QuotientAdamW(model, lr=0.01, metric="inv").balance == 0.0
+    assert QuotientAdamW(model, lr=0.01, metric="inv", balance=0.0).balance == 0.0
+    for bad in (-0.1, math.nan, math.inf, True, "1"):
+        with pytest.raises(ValueError, match="^balance"):
+            QuotientAdamW(model, lr=0.01, balance=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="^balance.*inv"):
+        QuotientAdamW(model, lr=0.01, metric="inv", balance=0.5)

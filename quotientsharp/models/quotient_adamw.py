@@ -5,14 +5,17 @@ Adam-like moments that the pair's group does not change, and every other trainab
 The moments of a pair ``(G, H)`` live in an orthonormal frame of the core's metric (a Cholesky
 factor ``C_G`` of the raise operator ``P_G``, read off the frozen point's ``raise_index``),
 which the group only rotates (its columns); between steps they are carried into the new frame by
-``T = (B_old^T B_old)^+ B_old^T B_new`` with the product-space bases ``B_G = H C_G`` (LoRA-RITE's
-transport, Yen et al., ICLR 2025, for the mix metric at ``eps = 0``). The second moment is one
-number per row of the frame gradient under the mix metric (the factor's own units, which the
-group does not touch: no transport) and an ``r x r`` matrix under inv. The whole trajectory then
-stays on one orbit at ``eps = 0``. A zero factor (a fresh adapter's ``B = 0``) at ``eps = 0``
-steps in a frame computed with the factor stood in by orthonormal columns, kept only where it
-does not depend on the stand-in (the mix metric); otherwise it is refused with a ``ValueError``
-suggesting ``eps > 0``. ``docs/lora.md`` and ``derivations/quotient_adamw.md`` derive each step.
+``T = (B_old^T B_old)^+ B_old^T B_new`` with the product-space bases ``B_G = H C_G``
+(LoRA-RITE's transport, Yen et al., ICLR 2025, for the mix metric at ``eps = 0``). The second
+moment is one number per row of the frame gradient under the mix metric (the factor's own units,
+which the group does not touch: no transport) and an ``r x r`` matrix under inv. The whole
+trajectory then stays on one orbit at ``eps = 0``. Under mix the frame step is multiplied by
+``(I + S / balance)^{1/2}``, ``S`` the product's singular values read in the frame, so that the
+product's steps grow with the product as AdamW's do on a balanced factorisation (invariant too).
+A zero factor (a fresh adapter's ``B = 0``) at ``eps = 0`` steps in a frame computed with the
+factor stood in by orthonormal columns, kept only where it does not depend on the stand-in (the
+mix metric); otherwise it is refused with a ``ValueError`` suggesting ``eps > 0``.
+``docs/lora.md`` and ``derivations/quotient_adamw.md`` derive each step.
 """
 
 from __future__ import annotations
@@ -41,6 +44,14 @@ from quotientsharp.models.optim import (
     warn_without_pairs,
 )
 from quotientsharp.models.report import SymmetryReport
+
+#: The default ``balance`` of the mix metric: the singular value of a pair's product from which
+#: its steps grow (:func:`balanced_scale`). Chosen among 1, 0.3 and 0.1 on the tasks of
+#: ``benchmarks/optimisers.py`` (``docs/lora.md``): 0.1 (about AdamW's own growth from PEFT's
+#: start) had the lowest validation loss there, but its steps grow so fast at larger rates that
+#: trajectories become chaotic and rounding is amplified (two starts on one orbit drift apart
+#: by 1e-6 in 30 steps of the orbit tests at lr 0.02); 1 keeps them to rounding.
+BALANCE = 1.0
 
 
 # ---------------------------------------------------------------------- frame algebra
@@ -84,13 +95,36 @@ def frame_transport(old_basis: torch.Tensor, new_basis: torch.Tensor,
     return torch.linalg.pinv(gram, hermitian=True) @ cross
 
 
+def symmetric_function(matrix: torch.Tensor,
+                       function: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``f(V)`` of a symmetric matrix ``V`` (``shape=[..., r, r]``), ``function`` applied to its
+    eigenvalues: basis-free, so ``f(O^T V O) = O^T f(V) O`` for orthogonal ``O``."""
+    values, vectors = torch.linalg.eigh(0.5 * (matrix + matrix.mT))
+    return (vectors * function(values).unsqueeze(-2)) @ vectors.mT
+
+
 def inverse_root(second: torch.Tensor, adam_eps: float) -> torch.Tensor:
     """``(V^{1/2} + adam_eps I)^{-1}`` of a symmetric positive semi-definite ``V``,
-    ``shape=[..., r, r]``: Adam's denominator for a matrix second moment (basis-free, so it
-    rotates with ``V``)."""
-    values, vectors = torch.linalg.eigh(0.5 * (second + second.mT))
-    scale = 1.0 / (values.clamp_min(0).sqrt() + adam_eps)
-    return (vectors * scale.unsqueeze(-2)) @ vectors.mT
+    ``shape=[..., r, r]``: Adam's denominator for a matrix second moment."""
+    return symmetric_function(second, lambda v: 1.0 / (v.clamp_min(0).sqrt() + adam_eps))
+
+
+def balanced_scale(factor: torch.Tensor, frame: torch.Tensor, balance: float) -> torch.Tensor:
+    """``(I + S / balance)^{1/2}``, ``shape=[..., r, r]`` (the frame's dtype), with ``S`` the
+    singular values of the pair's product read in the frame.
+
+    ``R = F C^{-T}`` (``F`` the factor, ``shape=[..., k, r]``, ``C`` its frame) is the product
+    ``G H^T`` in the frame: under the mix metric at ``eps = 0``, ``R_G = W B_G`` with ``B_G``
+    the orthonormal basis of the frame, and ``S = (R^T R)^{1/2}`` has the product's nonzero
+    singular values as eigenvalues. The group moves ``R`` to ``R O`` (``O`` the residual
+    rotation), so the result rotates as ``O^T (.) O`` and a frame step times it stays
+    covariant. It is the identity where the product is zero and grows as ``(S / balance)^{1/2}``
+    where it is large: the scale of AdamW's step on the balanced factorisation
+    (``derivations/quotient_adamw.md``).
+    """
+    product = torch.linalg.solve_triangular(frame, factor.to(frame.dtype).mT, upper=False).mT
+    return symmetric_function(product.mT @ product,
+                              lambda v: (1.0 + v.clamp_min(0).sqrt() / balance).sqrt())
 
 
 def _stand_in(factor: torch.Tensor, zero: torch.Tensor, scale: float) -> torch.Tensor:
@@ -102,6 +136,19 @@ def _stand_in(factor: torch.Tensor, zero: torch.Tensor, scale: float) -> torch.T
         return factor
     unit = scale * torch.eye(n, r, dtype=factor.dtype, device=factor.device)
     return torch.where(zero[..., None, None], unit, factor)
+
+
+def _check_balance(balance: object, metric: str) -> float:
+    """``balance`` resolved for ``metric``: ``None`` is :data:`BALANCE` under mix and ``0`` under
+    inv; a number must be ``>= 0``, and ``0`` under inv."""
+    if balance is None:
+        return BALANCE if metric == "mix" else 0.0
+    checked = check_number("balance", balance, 0.0)
+    if checked and metric != "mix":
+        raise ValueError(f"balance must be 0 (or None) under the {metric} metric, got "
+                         f"{balance!r}: its frame is the factor's own, so its steps already "
+                         "scale with the factor; the balanced scale reads the mix frame")
+    return checked
 
 
 # ---------------------------------------------------------------------- the optimiser
@@ -131,6 +178,14 @@ class QuotientAdamW(torch.optim.Optimizer):
         The denominator's ``eps`` (``> 0``), added to the square root of each row's second
         moment (mix) or of the second moment's eigenvalues (inv); AdamW's, entrywise, for the
         other parameters.
+    balance
+        Mix metric only: the frame step is multiplied by ``(I + S / balance)^{1/2}``, ``S``
+        the singular values of the pair's product ``G H^T`` in the frame (:func:`balanced_scale`,
+        invariant), so that the product's step grows with the product as AdamW's does on a
+        balanced factorisation; ``balance`` (``> 0``) is the singular value from which it
+        grows. ``0`` turns it off (every direction of the frame steps ``O(lr)``, whatever the
+        product). ``None`` (default): :data:`BALANCE` under mix, ``0`` under inv, whose frame
+        steps already scale with the factor.
     symmetries
         ``"auto"``: :func:`~quotientsharp.models.find_symmetries` with ``degenerate="pair"``
         (fresh adapters are pairs), or a :class:`~quotientsharp.models.SymmetryReport`, with
@@ -153,7 +208,7 @@ class QuotientAdamW(torch.optim.Optimizer):
 
     def __init__(self, model: nn.Module, lr: float, *, metric: str = "mix", eps: float = 0.0,
                  weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999),
-                 adam_eps: float = 1e-8,
+                 adam_eps: float = 1e-8, balance: float | None = None,
                  symmetries: str | SymmetryReport | Sequence[QuotientBinding] = "auto") -> None:
         named = check_model(model, metric)
         lr = check_number("lr", lr, 0.0, strict=True)
@@ -161,6 +216,7 @@ class QuotientAdamW(torch.optim.Optimizer):
         weight_decay = check_number("weight_decay", weight_decay, 0.0)
         beta_pair = check_betas(betas)
         adam_eps = check_number("adam_eps", adam_eps, 0.0, strict=True)
+        balance = _check_balance(balance, metric)
         resolved = resolve_symmetries(model, symmetries)
         if not isinstance(resolved, SymmetryReport):
             raise TypeError("symmetries must be 'auto' or a SymmetryReport (QuotientAdamW steps "
@@ -170,7 +226,7 @@ class QuotientAdamW(torch.optim.Optimizer):
         defaults = {"lr": lr, "betas": beta_pair, "adam_eps": adam_eps,
                     "weight_decay": weight_decay}
         super().__init__(param_groups(named, self._pairs.names), defaults)
-        self.metric, self.eps = metric, eps
+        self.metric, self.eps, self.balance = metric, eps, balance
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """``torch.optim.Optimizer.load_state_dict`` after checking that the state fits (a
@@ -274,6 +330,9 @@ class QuotientAdamW(torch.optim.Optimizer):
                     dtype).unsqueeze(-1)
             else:
                 frame_step = first_hat @ inverse_root(second_hat, group["adam_eps"]).to(dtype)
+            if self.balance:
+                frame_step = frame_step @ balanced_scale(x[which], frames[which],
+                                                         self.balance).to(dtype)
             result.append(frame_step @ frames[which].mT.to(dtype))
         return result[0], result[1]
 
