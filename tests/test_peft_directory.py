@@ -263,3 +263,64 @@ def test_a_damaged_adapter_file_is_named(saved, tmp_path, damage):
         code, _, stderr = _call(*command)
         assert code == 2 and stderr.count("\n") == 1, stderr
         assert f"error: MODEL {named} " in stderr, stderr
+
+
+def _saved_lora(saved: Path, target: Path, **settings: object) -> torch.nn.Module:
+    """A LoRA of ``settings`` on a 3-label classifier of the saved base, its factors drawn
+    (B != 0), saved in ``target``; the in-memory model is returned."""
+    torch.manual_seed(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(
+            saved / "base", num_labels=3, attn_implementation="eager")
+        model = peft.get_peft_model(model, peft.LoraConfig(
+            r=4, lora_alpha=8, target_modules=["query", "value"], **settings))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.requires_grad:
+                parameter.normal_(0.0, 0.3)
+    model.save_pretrained(target)
+    return model.eval()
+
+
+def _logits(model: torch.nn.Module) -> torch.Tensor:
+    ids = torch.randint(0, 40, (4, 10), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def test_a_classifier_neither_in_the_base_nor_saved_is_refused(saved, tmp_path):
+    # no task_type: PEFT saves no classifier, and the base (a BertModel) has none either
+    _saved_lora(saved, tmp_path / "adapter")
+    code, _, stderr = _call("measure", tmp_path / "adapter", saved / "data.pt", *OPTIONS)
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert "classifier.weight" in stderr and "freshly initialised" in stderr
+    assert "modules_to_save" in stderr
+    code, _, stderr = _call("symmetries", tmp_path / "adapter")     # the structure is known
+    assert code == 0, stderr
+
+
+def test_a_head_beside_other_modules_to_save_keeps_its_labels(saved, tmp_path):
+    # PEFT writes modules_to_save = ["pooler.dense", "classifier", "score"]: the labels are the
+    # classifier's rows (3), not the pooler's (16)
+    model = _saved_lora(saved, tmp_path / "adapter", task_type="SEQ_CLS",
+                        modules_to_save=["pooler.dense"])
+    torch.manual_seed(0)
+    loaded = load_measured_model(tmp_path / "adapter")
+    assert torch.equal(_logits(loaded), _logits(model))
+
+
+@pytest.mark.parametrize(("key", "value", "named"), [
+    ("r", 8, "size mismatch"), ("target_modules", ["nowhere"], "No modules were targeted"),
+    ("modules_to_save", None, "size mismatch")])
+def test_an_edited_adapter_config_that_does_not_fit_is_named(saved, tmp_path, key, value, named):
+    adapter = tmp_path / "adapter"
+    shutil.copytree(saved / "adapter", adapter)
+    settings = json.loads((adapter / "adapter_config.json").read_text())
+    settings[key] = value
+    (adapter / "adapter_config.json").write_text(json.dumps(settings))
+    for command in (["symmetries", adapter], ["measure", adapter, saved / "data.pt", *OPTIONS]):
+        code, _, stderr = _call(*command)
+        assert code == 2 and stderr.count("\n") == 1, stderr
+        assert f"error: MODEL {adapter}: adapter 'default' does not fit" in stderr
+        assert named in stderr and "adapter_config.json" in stderr

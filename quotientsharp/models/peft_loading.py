@@ -190,12 +190,19 @@ def _saved_tensors(folder: Path) -> dict[str, Any]:
                             "values were not saved")
 
 
+#: The names PEFT gives a classification head when it adds it to ``modules_to_save``.
+_HEAD_NAMES = ("classifier", "score")
+
+
 def _head_labels(settings: dict[str, Any], saved: dict[str, Any]) -> int | None:
     """The number of labels of a classification head saved in ``modules_to_save`` (the rows
     of its last weight), or ``None`` when no such head is saved."""
     if settings.get("task_type") not in ("SEQ_CLS", "TOKEN_CLS"):
         return None
-    for module in settings.get("modules_to_save") or []:
+    # the head first: PEFT appends its names to the user's modules_to_save (["pooler.dense",
+    # "classifier", "score"]), whose own rows are not the labels
+    modules = list(settings.get("modules_to_save") or [])
+    for module in sorted(modules, key=lambda name: name not in _HEAD_NAMES):
         for key in (f".{module}.weight", f".{module}.out_proj.weight"):
             rows = [t.shape[0] for k, t in saved.items() if k.endswith(key) and t.ndim == 2]
             if rows:
@@ -204,10 +211,12 @@ def _head_labels(settings: dict[str, Any], saved: dict[str, Any]) -> int | None:
 
 
 def _base_model(path: Path, folder: Path, settings: dict[str, Any], labels: int | None,
-                weights: bool) -> nn.Module:
+                weights: bool) -> tuple[nn.Module, list[str]]:
     """The base model as PEFT builds it: the class of :func:`_target_class` from the local
     directory ``base_model_name_or_path`` with its weights, or with ``weights=False`` and no
-    local weights, from the base's config on the meta device. Nothing is downloaded."""
+    local weights, from the base's config on the meta device. Nothing is downloaded. Also the
+    names of the tensors the base's weights lack (freshly initialised; none on the meta
+    device)."""
     import torch
     import transformers
 
@@ -219,8 +228,10 @@ def _base_model(path: Path, folder: Path, settings: dict[str, Any], labels: int 
         load: Any = target or transformers.AutoModel
         try:
             with _quiet_build():
-                return load.from_pretrained(str(local), local_files_only=True,
-                                            attn_implementation="eager", **extra)
+                model, info = load.from_pretrained(str(local), local_files_only=True,
+                                                   attn_implementation="eager",
+                                                   output_loading_info=True, **extra)
+            return model, list(info.get("missing_keys") or [])
         except (OSError, ValueError) as err:
             if weights:
                 raise FileNotFoundError(
@@ -232,15 +243,15 @@ def _base_model(path: Path, folder: Path, settings: dict[str, Any], labels: int 
         raise FileNotFoundError(_no_local_base(folder, settings, discovery=False))
     config_file = _base_config(path, folder, settings)
     if target is None:
-        return _config_model(config_file)
+        return _config_model(config_file), []
     # transformers' message for a broken config.json names neither MODEL nor the reason
     read_json_file(config_file, "MODEL")
     config = transformers.AutoConfig.from_pretrained(str(config_file.parent),
                                                      local_files_only=True, **extra)
     with torch.device("meta"), _quiet_build():
         if hasattr(target, "from_config"):
-            return target.from_config(config, attn_implementation="eager")
-        return target(config)
+            return target.from_config(config, attn_implementation="eager"), []
+        return target(config), []
 
 
 def _adapter_state(model: nn.Module, adapter: str, saved: dict[str, Any]) -> dict[str, Any]:
@@ -288,6 +299,50 @@ def _check_loaded(model: nn.Module, folder: Path, adapter: str,
                          f"{ADAPTER_CONFIG}")
 
 
+def _check_base_complete(model: nn.Module, folder: Path, local: Path | None,
+                         missing: list[str], saved: dict[str, Any]) -> None:
+    """Refuse a base whose weights lack tensors (a classification head on a base saved
+    without one) that the active adapter does not save either (``modules_to_save``): they
+    would be measured freshly initialised, unlike the model the adapter was saved from."""
+    fresh = sorted(name for name in missing if f"base_model.model.{name}" not in saved)
+    if fresh:
+        shown = ", ".join(fresh[:4]) + (", ..." if len(fresh) > 4 else "")
+        base = type(getattr(model.base_model, "model", model)).__name__
+        raise ValueError(f"MODEL {folder}: the base model {str(local)!r} has no weights for "
+                         f"{len(fresh)} tensor(s) of {base} ({shown}) and the adapter does not "
+                         "save them: they would be measured freshly initialised, not as the "
+                         "model the adapter was saved from. Save the adapter with those modules "
+                         "in modules_to_save (task_type='SEQ_CLS' adds the classifier), or "
+                         "point base_model_name_or_path at a base saved with them")
+
+
+def _with_adapters(base: nn.Module, adapters: list[tuple[str, Path]]) -> nn.Module:
+    """PEFT's model of ``base`` with every adapter of ``adapters`` injected (the first active);
+    PEFT's and torch's errors for a config that does not fit the saved file (an edited ``r``,
+    ``target_modules`` matching nothing, ``modules_to_save`` dropped) name the adapter."""
+    import peft
+
+    name, folder = adapters[0]
+    try:
+        with _quiet_build():
+            # on a meta base PEFT's copy of the saved values is a no-op: _load_values assigns
+            model = peft.PeftModel.from_pretrained(base, str(folder), adapter_name=name,
+                                                   is_trainable=True, local_files_only=True)
+            for name, folder in adapters[1:]:
+                model.load_adapter(str(folder), adapter_name=name, is_trainable=True,
+                                   local_files_only=True)
+    except (RuntimeError, ValueError) as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        detail = " ".join(lines[:2])
+        detail = detail if len(detail) <= 300 else detail[:297] + "..."
+        raise ValueError(f"MODEL {folder}: adapter {name!r} does not fit "
+                         f"{type(base).__name__} as {ADAPTER_CONFIG} describes it "
+                         f"({type(err).__name__}: {detail}); do r, target_modules, "
+                         f"modules_to_save and task_type in {ADAPTER_CONFIG} match the saved "
+                         "adapter and its base?") from err
+    return model
+
+
 def load_peft_directory(path: str | Path, weights: bool = False) -> nn.Module:
     """A ``peft.PeftModel`` from the directory ``path`` that ``save_pretrained`` wrote, every
     saved adapter loaded under its name (trainable) and checked to hold its saved values; with
@@ -303,22 +358,19 @@ def load_peft_directory(path: str | Path, weights: bool = False) -> nn.Module:
                                 "or in a subdirectory named after the adapter)")
     settings = {name: _lora_settings(folder) for name, folder in adapters}
     try:
-        import peft
+        import peft  # noqa: F401 - checked here, used by _with_adapters
     except ImportError as err:
         raise RuntimeError("reading a saved PEFT adapter needs the 'peft' package "
                            "(pip install quotientsharp[lora])") from err
 
     first, first_folder = adapters[0]
     saved = {name: _saved_tensors(folder) for name, folder in adapters}
-    base = _base_model(path, first_folder, settings[first],
-                       _head_labels(settings[first], saved[first]), weights)
-    with _quiet_build():
-        # on a meta base PEFT's copy of the saved values is a no-op: _load_values assigns them
-        model = peft.PeftModel.from_pretrained(base, str(first_folder), adapter_name=first,
-                                               is_trainable=True, local_files_only=True)
-        for name, folder in adapters[1:]:
-            model.load_adapter(str(folder), adapter_name=name, is_trainable=True,
-                               local_files_only=True)
+    base, missing = _base_model(path, first_folder, settings[first],
+                                _head_labels(settings[first], saved[first]), weights)
+    model = _with_adapters(base, adapters)
+    if weights:     # discovery reads the structure alone: a fresh head does not change it
+        _check_base_complete(model, first_folder, _local_base(settings[first]), missing,
+                             saved[first])
     for name, folder in adapters:
         _load_values(model, saved[name], name)
         _check_loaded(model, folder, name, saved[name])
