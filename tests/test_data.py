@@ -125,3 +125,21 @@ def test_a_broken_tokenizer_file_is_named(tmp_path, capsys):
     assert code == 2 and captured.err.count("\n") == 1
     assert (f"MODEL {tmp_path / 'model' / 'tokenizer_config.json'} is not valid JSON"
             in captured.err)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_a_byte_order_mark_is_not_part_of_the_first_line(study_files, tmp_path, suffix):
+    # Excel's "CSV UTF-8" and Notepad begin a UTF-8 file with a byte order mark: the first
+    # column used to be read as '\ufeffmodel' ("no 'model' entry"), a JSONL row as bad JSON
+    from quotientsharp.workflows.data import jsonl_objects
+    from quotientsharp.workflows.manifest import read_manifest
+
+    text = ("model,gap\nnet0.pt,0.1\nnet1.pt,0.2\n" if suffix == ".csv" else
+            '{"model": "net0.pt", "gap": 0.1}\n{"model": "net1.pt", "gap": 0.2}\n')
+    plain, marked = study_files / f"plain{suffix}", study_files / f"marked{suffix}"
+    plain.write_text(text, encoding="utf-8")
+    marked.write_text(text, encoding="utf-8-sig")
+    assert marked.read_bytes().startswith(b"\xef\xbb\xbf")
+    assert read_manifest(marked) == read_manifest(plain)
+    if suffix == ".jsonl":
+        assert list(jsonl_objects(marked, "DATA")) == list(jsonl_objects(plain, "DATA"))

@@ -45,7 +45,8 @@ def utf8_lines(path: Path, label: str) -> Iterator[tuple[int, str]]:
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
             try:
-                text = raw.decode("utf-8")
+                # a byte order mark (Excel's "CSV UTF-8", Notepad) is not part of the first line
+                text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as err:
                 raise InputError(f"{label} {path}, line {number}: not UTF-8 text (byte "
                                  f"{raw[err.start]:#04x} at column {err.start + 1}); save the "
