@@ -261,3 +261,50 @@ def test_a_lora_wrapper_takes_the_keys_of_the_model_it_wraps() -> None:
                                          r"BertForSequenceClassification\.forward, which its "
                                          r"\*\*kwargs reach\) \(did you mean 'token_type_ids'"):
         _adaptive(model, [{"input_ids": ids, "token_type_id": types, "labels": y}])
+
+
+def _tiny_gpt2() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=16, n_layer=2, n_head=2, vocab_size=40, n_positions=16,
+                                     bos_token_id=0, eos_token_id=0,
+                                     attn_implementation="eager")
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def test_unshifted_labels_of_a_causal_language_model_are_refused():
+    # HuggingFace's convention labels = input_ids is shifted inside the model's own loss; the
+    # built-in cross-entropy compares position by position and measured "predict each token
+    # from itself" without a word
+    model = _tiny_gpt2()
+    ids = torch.randint(0, 40, (3, 8), generator=torch.Generator().manual_seed(1))
+    partly = ids.clone()
+    partly[:, :3] = -100
+    shifted = torch.full_like(ids, -100)
+    shifted[:, :-1] = ids[:, 1:]
+    good = {"input_ids": ids, "labels": shifted}
+    for index, labels in [(0, ids), (1, partly)]:
+        batches = [good] * index + [{"input_ids": ids, "labels": labels}]
+        with pytest.raises(ValueError, match=rf"^batch {index}: the labels equal input_ids for "
+                           "GPT2LMHeadModel, a causal language model: .*labels\\[:, -1\\] = -100"):
+            qs.sharpness(model, batches, "adaptive", rho=0.01, n_iter=1)
+    # labels shifted by hand are measured, and the clean loss is the model's own loss
+    result = qs.sharpness(model, [good], "adaptive", rho=0.01, n_iter=1)
+    with torch.no_grad():
+        own = model(input_ids=ids, labels=ids).loss
+    assert result.clean_losses[0] == pytest.approx(float(own), rel=1e-6)
+
+
+def test_labels_equal_to_the_inputs_of_a_model_that_does_not_shift_are_measured():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, vocab_size=40,
+                                     max_position_embeddings=16, attn_implementation="eager")
+    model = transformers.BertForMaskedLM(config).eval()     # its own loss does not shift
+    ids = torch.randint(0, 40, (3, 8), generator=torch.Generator().manual_seed(1))
+    result = qs.sharpness(model, [{"input_ids": ids, "labels": ids}], "adaptive", rho=0.01,
+                          n_iter=1)
+    with torch.no_grad():
+        own = model(input_ids=ids, labels=ids).loss
+    assert result.clean_losses[0] == pytest.approx(float(own), rel=1e-6)

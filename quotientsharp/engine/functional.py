@@ -18,6 +18,7 @@ from quotientsharp.engine.batches import (
     LossFunction,
     check_keywords,
     compute_loss,
+    cross_entropy,
     forward_keywords,
     output_tensor,
     resolve_loss,
@@ -103,6 +104,8 @@ class FunctionalModel:
                     if t.is_floating_point()}
         self.input_dtype = floating.pop() if len(floating) == 1 else None
         self.vocabulary_size = vocabulary_size(model)
+        #: the class of a HuggingFace causal LM, which shifts its labels in its own loss
+        self.shifting_lm = shifting_language_model(model)
         #: trainable embedding tables whose untouched rows a solve may leave out
         #: (:mod:`.touched_rows`)
         self.tables = embedding_tables(model, self.trainable)
@@ -175,6 +178,8 @@ class FunctionalModel:
                              f"{tuple(target.shape)}")
         check_keywords(batch, self.forward_keywords)
         self._check_attention_mask(batch)
+        if self.shifting_lm is not None and self.loss_function is cross_entropy:
+            check_unshifted_labels(batch, self.shifting_lm)
         ids = batch.kwargs.get("input_ids", batch.args[0] if batch.args else None)
         if (self.vocabulary_size is not None and isinstance(ids, torch.Tensor)
                 and not ids.is_floating_point() and ids.numel()):
@@ -295,6 +300,43 @@ class FunctionalModel:
                 return loss.detach(), dict.fromkeys(self.trainable)
             grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
         return loss.detach(), dict(zip(leaves, grads, strict=True))
+
+
+def shifting_language_model(model: nn.Module) -> str | None:
+    """The class name of a HuggingFace causal language model (under a PEFT wrapper too): one
+    that generates and is not an encoder-decoder, whose own loss compares the logits at position
+    ``t`` with the label at ``t + 1``; ``None`` for any other model."""
+    get_base = getattr(model, "get_base_model", None)
+    inner = get_base() if callable(get_base) else model
+    can_generate = getattr(inner, "can_generate", None)
+    config = getattr(inner, "config", None)
+    try:
+        generates = config is not None and callable(can_generate) and bool(can_generate())
+    except (TypeError, AttributeError):        # a method of that name of one's own
+        return None
+    if not generates or getattr(config, "is_encoder_decoder", False):
+        return None
+    return type(inner).__name__
+
+
+def check_unshifted_labels(batch: Batch, model_class: str) -> None:
+    """Refuse labels equal to ``input_ids`` (where not ``-100``) for a causal LM: HuggingFace's
+    convention, which the model's own loss shifts by one position; the built-in cross-entropy
+    compares position by position and would measure predicting each token from itself."""
+    ids, target = batch.kwargs.get("input_ids"), batch.target
+    if not (isinstance(ids, torch.Tensor) and isinstance(target, torch.Tensor)
+            and target.shape == ids.shape and not target.is_floating_point()
+            and target.dtype != torch.bool):
+        return
+    kept = target != IGNORE_INDEX
+    if bool(kept.any()) and bool((target[kept] == ids[kept].to(target.device)).all()):
+        raise ValueError(
+            f"{batch.label}: the labels equal input_ids for {model_class}, a causal language "
+            "model: HuggingFace shifts such labels by one position inside the model's own loss "
+            "(each token predicts the next), but sharpness compares the logits with the labels "
+            "position by position, which would measure predicting each token from itself. "
+            "Give the labels shifted (labels[:, :-1] = input_ids[:, 1:], labels[:, -1] = -100) "
+            "or pass loss=callable(output, target)")
 
 
 def vocabulary_size(model: nn.Module) -> int | None:
