@@ -276,7 +276,7 @@ def _saved_lora(saved: Path, target: Path, **settings: object) -> torch.nn.Modul
         model = peft.get_peft_model(model, peft.LoraConfig(
             r=4, lora_alpha=8, target_modules=["query", "value"], **settings))
     with torch.no_grad():
-        for name, parameter in model.named_parameters():
+        for parameter in model.parameters():
             if parameter.requires_grad:
                 parameter.normal_(0.0, 0.3)
     model.save_pretrained(target)

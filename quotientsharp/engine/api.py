@@ -136,8 +136,9 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: MeasureSpec | s
     frozen parameters (``requires_grad=False``) are never perturbed and listed in
     ``result.frozen``. Each batch is checked once, before its ascent: an empty batch, token ids
     outside the vocabulary, class labels out of range (or all ``-100``), labels and outputs of
-    different sizes, an integer model output and class labels with ``loss="mse"`` raise an
-    error naming the batch.
+    different sizes, an integer model output, class labels with ``loss="mse"`` and, for a
+    HuggingFace causal language model, labels equal to ``input_ids`` (which its own loss would
+    shift by one position; give them shifted) raise an error naming the batch.
     Half-precision and bfloat16 models are measured with geometry, gradients and losses in
     float32 (float64 if any parameter is float64); perturbed parameters are cast back to each
     parameter's own dtype for the forward.
