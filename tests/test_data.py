@@ -143,3 +143,27 @@ def test_a_byte_order_mark_is_not_part_of_the_first_line(study_files, tmp_path, 
     assert read_manifest(marked) == read_manifest(plain)
     if suffix == ".jsonl":
         assert list(jsonl_objects(marked, "DATA")) == list(jsonl_objects(plain, "DATA"))
+
+
+@pytest.mark.parametrize("key, meant", [("symetry", "symmetry"), ("Name", "name"),
+                                        ("trian", "train")])
+def test_a_misspelt_manifest_key_is_refused_not_carried(study_files, key, meant):
+    # a carried key keeps no meaning: a misspelt symmetry would be measured without the user's
+    # symmetry, without a word
+    from quotientsharp.workflows.manifest import read_manifest
+    from quotientsharp.workflows.options import InputError
+
+    path = study_files / "near.csv"
+    path.write_text(f"model,gap,{key}\nnet0.pt,0.1,x\nnet1.pt,0.2,y\n")
+    with pytest.raises(InputError, match=rf"line 2: the key '{key}' .* did you mean '{meant}'"):
+        read_manifest(path)
+
+
+def test_columns_of_ones_own_are_carried(study_files):
+    from quotientsharp.workflows.manifest import read_manifest
+
+    path = study_files / "own.csv"
+    path.write_text("model,gap,test_accuracy,seed,gaps_note\nnet0.pt,0.1,0.9,1,a\n"
+                    "net1.pt,0.2,0.8,2,b\n")
+    entries = read_manifest(path)
+    assert entries[0].extra == {"test_accuracy": "0.9", "seed": "1", "gaps_note": "a"}

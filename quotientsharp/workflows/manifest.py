@@ -9,6 +9,7 @@ in CSV, ``#`` lines are skipped (``docs/study.md`` describes the format).
 from __future__ import annotations
 
 import csv
+import difflib
 import json
 import math
 import os
@@ -155,8 +156,23 @@ def _entry(row: Mapping[str, Any], folder: Path, where: str, number: int) -> Man
     name = _text(row.get("name")) or model_text.rstrip("/\\")
     extra = {str(key): _text(value) for key, value in row.items()
              if key not in MANIFEST_KEYS}
+    _refuse_near_misses(extra, where)
     symmetry = _text(row.get("symmetry")) or None
     return ManifestEntry(name, model, gap, train, test, extra, number, model_text, symmetry)
+
+
+def _refuse_near_misses(extra: Mapping[str, Any], where: str) -> None:
+    """Refuse a carried key that is one of :data:`MANIFEST_KEYS` misspelt (``symetry``,
+    ``Name``): carried to the outputs as it is, its meaning would be lost without a word (a
+    user's symmetry not used, the name not given)."""
+    for key in extra:
+        folded = key.strip().lower()
+        close = ([k for k in MANIFEST_KEYS if k == folded]
+                 or difflib.get_close_matches(folded, MANIFEST_KEYS, n=1, cutoff=0.8))
+        if close:
+            raise InputError(f"{where}: the key {key!r} is not one of {list(MANIFEST_KEYS)}; "
+                             f"did you mean {close[0]!r}? (rename it if it is a column of your "
+                             "own, carried to the outputs)")
 
 
 def read_manifest(path: str | os.PathLike, reserved: Sequence[str] = ()) -> list[ManifestEntry]:
