@@ -127,6 +127,22 @@ def tensor_bytes(tensors) -> int:
     return total
 
 
+#: Operators that launch no kernel although their schema does not mark an alias:
+#: ``_unsafe_view`` is a view that autograd does not track as one (``matmul`` folds its batch
+#: dimensions with it), and the ``empty`` family only allocates.
+NO_KERNEL = frozenset({"_unsafe_view", "empty", "empty_strided", "new_empty",
+                       "new_empty_strided", "empty_like"})
+
+
+def launches_kernel(func) -> bool:
+    """Whether an aten operator launches work on a GPU: neither a view (an alias of its input
+    that it does not write: view, expand, detach, transpose) nor one of :data:`NO_KERNEL`."""
+    returns = func._schema.returns
+    if returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+        return False
+    return func.overloadpacket.__name__ not in NO_KERNEL
+
+
 class _OperatorCounter(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
@@ -135,11 +151,8 @@ class _OperatorCounter(TorchDispatchMode):
         self.names: collections.Counter[str] = collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        # a view returns an alias of its input that it does not write (view, expand, detach,
-        # transpose): metadata only, no kernel; every other operator launches work
-        returns = func._schema.returns
-        if returns and all(r.alias_info is not None and not r.alias_info.is_write
-                           for r in returns):
+        # metadata only (a view) or an allocation: no kernel; every other operator launches work
+        if not launches_kernel(func):
             self.views += 1
         else:
             self.computing += 1
@@ -149,7 +162,8 @@ class _OperatorCounter(TorchDispatchMode):
 
 def operator_counts(function: Callable[[], object]) -> dict[str, int]:
     """Operators ``function()`` dispatches: ``computing`` (each a kernel launch on a GPU, at
-    least one) and ``views`` (metadata only). A device-independent measure of launch overhead:
+    least one) and ``views`` (metadata only, or an allocation: :func:`launches_kernel`). A
+    device-independent measure of launch overhead:
     a Python loop over a model's parameter tensors shows here as operators per tensor.
     """
     counter = _OperatorCounter()

@@ -54,14 +54,22 @@ import argparse
 import contextlib
 import json
 import math
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from _common import launches_kernel  # noqa: E402
 
 #: aten operators that multiply matrices, with the (batch, a, b, c) of ``[a, b] @ [b, c]``
 PRODUCTS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "_addmm_activation"}
@@ -116,11 +124,7 @@ class ProductTrace(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         name = func.overloadpacket.__name__
-        # a view (an alias its operator does not write) is metadata only; every other
-        # operator is at least one kernel launch on a GPU (benchmarks/_common.py's rule)
-        returns = func._schema.returns
-        if not (returns and all(r.alias_info is not None and not r.alias_info.is_write
-                                for r in returns)):
+        if launches_kernel(func):
             self.operators[self.phase] += 1
         # an in-place variant (baddbmm_, addmm_) is the same product
         base = name[:-1] if name.endswith("_") else name
