@@ -9,6 +9,8 @@ imported.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -308,3 +310,18 @@ def test_labels_equal_to_the_inputs_of_a_model_that_does_not_shift_are_measured(
     with torch.no_grad():
         own = model(input_ids=ids, labels=ids).loss
     assert result.clean_losses[0] == pytest.approx(float(own), rel=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.long, torch.bool])
+def test_a_sequence_without_a_token_is_refused(dtype) -> None:
+    # BERT masks nothing in a row of zeros (every position attends to the padding): the value
+    # equalled the unmasked one, without a word
+    model, ids, mask, y = _bert(0)
+    mask = mask.to(dtype)
+    mask[2] = 0
+    with pytest.raises(ValueError, match=r"^batch 0: attention_mask is all zeros in row\(s\) "
+                                         r"\[2\]: a sequence without a single token"):
+        _adaptive(model, [{"input_ids": ids, "attention_mask": mask, "labels": y}])
+    mask[2, 0] = 1                      # one token is enough
+    assert math.isfinite(_adaptive(model, [{"input_ids": ids, "attention_mask": mask,
+                                            "labels": y}]).value)

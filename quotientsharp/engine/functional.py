@@ -202,6 +202,16 @@ class FunctionalModel:
             raise ValueError(f"{batch.label}: attention_mask has shape {tuple(mask.shape)} but "
                              f"input_ids has shape {tuple(ids.shape)}; they must be equal "
                              "(one mask entry per token)")
+        if (isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] > 0
+                and not mask.is_floating_point()):
+            # an integer or boolean mask (1 = token, 0 = padding): a row of zeros is a sequence
+            # with no token, which attention does not mask at all (every position attends to
+            # every padding token) and whose loss means nothing
+            empty = (mask == 0).all(dim=-1).nonzero().flatten().tolist()
+            if empty:
+                raise ValueError(f"{batch.label}: attention_mask is all zeros in row(s) "
+                                 f"{empty[:5]}{' ...' if len(empty) > 5 else ''}: a sequence "
+                                 "without a single token; drop it from the batch")
 
     def _unperturbed(self, name: str) -> torch.Tensor:
         """A private copy of parameter ``name``, made the first time it is passed as is."""
