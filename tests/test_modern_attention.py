@@ -394,6 +394,18 @@ FAMILIES = {
         attn_implementation="eager")), functools.partial(text_batch, eos=1), "T5Attention",
         LinearAccess, ("q", "k", "v", "o"), 4, 4, None, ("qk", "vo"),
         (_gl("qk", 4, 32, 32), _gl("vo", 4, 32, 32)), modules=3),
+    # q_proj/k_proj/v_proj with a `dense` output projection, partial rotary
+    "phi": Family(_decoder("Phi", partial_rotary_factor=0.5), text_batch, "PhiAttention",
+                  LinearAccess, ("q_proj", "k_proj", "v_proj", "dense"), 4, 4,
+                  (4, "rotate_half"), ("qk", "vo"),
+                  (_gl("qk", 4, 33, 33, group="GL(1,C)^2 x GL(4)"), _gl("vo", 4, 33, 32))),
+    # query/key/value with a `dense` output projection in one module, shared by both layers
+    "albert": Family(lambda: T.AlbertForSequenceClassification(T.AlbertConfig(
+        embedding_size=16, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+        num_attention_heads=4, vocab_size=50, num_labels=3, pad_token_id=0,
+        attn_implementation="sdpa")), text_batch, "AlbertAttention", LinearAccess,
+        ("query", "key", "value", "dense"), 4, 4, None, ("qk", "vo"),
+        (_gl("qk", 4, 33, 33), _gl("vo", 4, 33, 32))),
     "torch_mha": Family(MHAClassifier, mha_batch, "MultiheadAttention", MultiheadAccess, None,
                         2, 2, None, ("qk", "vo"),
                         (_gl("qk", 2, 17, 17), _gl("vo", 2, 17, 16))),
