@@ -375,6 +375,25 @@ def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[Factor
     return groups, notes
 
 
+#: Substrings of a child's name that make it one more query, key or value projection.
+_PROJECTION_TOKENS = ("query", "key", "value", "q_proj", "k_proj", "v_proj")
+
+
+def _check_no_other_projections(module: nn.Module, used: Sequence[str]) -> None:
+    """Refuse ``module`` if it has query/key/value-like children besides ``used`` (not the
+    normalisations): Longformer's ``query_global``/``key_global``/``value_global`` project the
+    same hidden states into the same heads and output projection for its global tokens, and
+    the pairs of ``used`` alone are then no symmetry (an element on them changes the function).
+    """
+    extra = sorted(child for child in _children(module) - {c.lower() for c in used}
+                   - _QUERY_KEY_NORMS - _VALUE_NORMS
+                   if any(token in child for token in _PROJECTION_TOKENS))
+    if extra:
+        raise Unsupported(f"projections {', '.join(extra)} beside {', '.join(used)} feed the "
+                          "same heads (e.g. Longformer's global attention), so the pairs of "
+                          f"{', '.join(used)} alone are not a symmetry")
+
+
 def _qkvo_finding(layout: str, name: str, module: nn.Module, q: nn.Linear, k: nn.Linear,
                   v: nn.Linear, o: nn.Linear, names: dict[int, str],
                   qkvo_names: Sequence[str]) -> Finding:
@@ -450,6 +469,7 @@ def _handle_bert(name: str, module: nn.Module, names: dict[int, str]) -> Finding
         q, k, v = (inner._modules.get(child) for child in ("query", "key", "value"))
         if not (_is_linear(q) and _is_linear(k) and _is_linear(v)):
             continue
+        _check_no_other_projections(inner, ("query", "key", "value"))
         prefix = f"{name}." if name else ""
         inner_prefix = f"{prefix}{inner_name}."
         return _qkvo_finding("bert", name, inner, q, k, v, dense, names, (
@@ -478,6 +498,7 @@ def _handle_qkvo(name: str, module: nn.Module, names: dict[int, str]) -> Finding
         o = module._modules[o_child]
         if not _is_linear(o):
             raise Unsupported(f"output projection {o_child} is a {type(o).__name__}, not Linear")
+        _check_no_other_projections(module, (q_child, k_child, v_child))
         prefix = f"{name}." if name else ""
         children = (q_child, k_child, v_child, o_child)
         return _qkvo_finding("qkvo", name, module, q, k, v, o, names,
