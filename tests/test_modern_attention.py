@@ -406,6 +406,12 @@ FAMILIES = {
         attn_implementation="sdpa")), text_batch, "AlbertAttention", LinearAccess,
         ("query", "key", "value", "dense"), 4, 4, None, ("qk", "vo"),
         (_gl("qk", 4, 33, 33), _gl("vo", 4, 33, 32))),
+    # GPT-NeoX's per-head fused query_key_value, partial rotary
+    "persimmon": Family(_decoder("Persimmon", qk_layernorm=False, partial_rotary_factor=0.5),
+                        text_batch, "PersimmonAttention", FusedPerHeadAccess, 4, 4, 4,
+                        (4, "rotate_half"), ("qk", "vo"),
+                        (_gl("qk", 4, 33, 33, group="GL(1,C)^2 x GL(4)"),
+                         _gl("vo", 4, 33, 32))),
     "torch_mha": Family(MHAClassifier, mha_batch, "MultiheadAttention", MultiheadAccess, None,
                         2, 2, None, ("qk", "vo"),
                         (_gl("qk", 2, 17, 17), _gl("vo", 2, 17, 16))),
@@ -766,3 +772,21 @@ def test_cli_shows_the_group_of_each_pair(tmp_path, capsys):
     assert {pair["group"] for pair in qk} == {"GL(1,C)^4"}
     assert qk[0]["rotary"] == [8, "rotate_half"] and qk[0]["query_heads"] == 2
     assert data["group_dimension"] == 2 * (2 * 8 + 2 * 64)
+
+
+@pytest.mark.parametrize("build", [
+    _decoder("Persimmon", qk_layernorm=True, partial_rotary_factor=0.5),
+    # 3 of 8 dimensions rotated: not whole planes, the qk pairs are dropped
+    _decoder("GPTNeoX", rotary_pct=0.375)], ids=["persimmon_qk_layernorm", "gpt_neox_odd_rotary"])
+def test_a_fused_projection_whose_qk_pairs_break_keeps_no_vo_pairs(build):
+    """query_key_value feeds both kinds: with the qk pairs dropped, vo pairs would cover a
+    third of it, which no layout can tile; the parameter goes to the adaptive block whole."""
+    torch.manual_seed(0)
+    model = randomize(build().to(torch.float64).eval())
+    report = find_symmetries(model)
+    assert report.pairs == [] and report.unknown == []
+    assert any("no vo pairs either" in note and "query_key_value.weight" in note
+               for note in report.notes)
+    assert all(name in report.other for name, _ in model.named_parameters()
+               if "query_key_value" in name)
+    ParameterLayout(report, dict(model.named_parameters()))

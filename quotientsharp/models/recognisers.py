@@ -39,7 +39,7 @@ _QUERY_KEY_NORMS = frozenset({"q_norm", "k_norm", "q_layernorm", "k_layernorm", 
 #: Children that normalise values per head (they break VO).
 _VALUE_NORMS = frozenset({"v_norm", "value_norm", "v_layernorm"})
 #: Classes (in a module's MRO) whose fused ``query_key_value`` is ``[heads, 3, head_dim]``.
-_PER_HEAD_FUSED = frozenset({"GPTNeoXAttention", "BloomAttention"})
+_PER_HEAD_FUSED = frozenset({"GPTNeoXAttention", "BloomAttention", "PersimmonAttention"})
 
 
 def _expected_rotation(probe: torch.Tensor, layout: str) -> torch.Tensor:
@@ -341,6 +341,21 @@ def _intact_notes(module: nn.Module) -> list[str]:
     return notes
 
 
+def _drop_half_fused(label: str, groups: list[PairGroup], qk: tuple[FactorSource, ...],
+                     vo: tuple[FactorSource, ...]) -> tuple[list[PairGroup], list[str]]:
+    """``groups`` without a kept kind whose fused parameter (GPT-NeoX's ``query_key_value``,
+    GPT-2's ``c_attn``) the dropped kind also reads, and a note: a parameter is covered by
+    pairs entirely or not at all (the layout cannot tile half of an interleaved projection)."""
+    if len(groups) != 1:
+        return groups, []
+    sources = {"qk": (qk, vo), "vo": (vo, qk)}[groups[0].kind]
+    shared = sorted({s.parameter for s in sources[0]} & {s.parameter for s in sources[1]})
+    if not shared:
+        return groups, []
+    return [], [f"{label}: no {groups[0].kind} pairs either, the fused parameter(s) "
+                f"{', '.join(shared)} also feed the dropped pairs"]
+
+
 def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[FactorSource, ...],
                  k: tuple[FactorSource, ...], v: tuple[FactorSource, ...],
                  o: tuple[FactorSource, ...]) -> tuple[list[PairGroup], list[str]]:
@@ -366,6 +381,8 @@ def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[Factor
     else:
         groups.append(PairGroup(name, "vo", split.kv_heads, split.head_dim_v, v, o,
                                 h_members=size))
+    groups, fused_notes = _drop_half_fused(label, groups, q + k, v + o)
+    notes += fused_notes
     if size > 1:
         notes.append(f"{label}: grouped-query attention, {split.heads} query heads share "
                      f"{split.kv_heads} key/value head(s) ({size} each): one qk pair per key "
