@@ -373,9 +373,10 @@ FAMILIES = {
         attn_implementation="eager")), text_batch, "RobertaAttention", LinearAccess,
         ("self.query", "self.key", "self.value", "output.dense"), 4, 4, None, ("qk", "vo"),
         (_gl("qk", 4, 33, 33), _gl("vo", 4, 33, 32))),
+    # SDPA: the eager softmax rounds through float32 and hides any change below about 1e-7
     "vit": Family(lambda: T.ViTForImageClassification(T.ViTConfig(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37,
-        image_size=8, patch_size=4, num_labels=3, attn_implementation="eager")), image_batch,
+        image_size=8, patch_size=4, num_labels=3, attn_implementation="sdpa")), image_batch,
         "ViTAttention", LinearAccess, LLAMA_PATHS, 4, 4, None, ("qk", "vo"),
         (_gl("qk", 4, 33, 33), _gl("vo", 4, 33, 32))),
     "clip_vision": Family(lambda: T.CLIPForImageClassification(T.CLIPConfig(
@@ -677,6 +678,37 @@ def _sharpness(model, batch, metric, order):
                             order=order, n_iter=5, seed=0, progress=False).value
 
 
+def _first(output):
+    return output[0] if isinstance(output, tuple) else output
+
+
+def assert_attention_outputs_kept(model, moved, family, batch):
+    """Each attention module of ``moved`` on the inputs its twin in ``model`` saw gives the same
+    output to 1e-10: the logits alone cannot say so where the modeling code rounds through
+    float32 (Llama's RMSNorm, eager softmax) and hides any change below about 1e-7."""
+    recorded = []
+    hooks = [module.register_forward_hook(
+        lambda module, args, kwargs, output: recorded.append((module, args, kwargs, output)),
+        with_kwargs=True) for module in attention_modules(model, family)]
+    try:
+        logits(model, batch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    twins = dict(zip(map(id, attention_modules(model, family)),
+                     attention_modules(moved, family), strict=True))
+    assert recorded
+    for module, args, kwargs, output in recorded:
+        # a key/value cache filled by the recorded call would be extended by the replay
+        kwargs = {key: None if "cache" in key or "past" in key else value
+                  for key, value in kwargs.items()}
+        with torch.no_grad():
+            again = _first(twins[id(module)](*args, **kwargs))
+        expected = _first(output)
+        torch.testing.assert_close(again, expected, rtol=1e-10,
+                                   atol=1e-10 * float(expected.abs().max()))
+
+
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_group_element_by_hand_keeps_logits_and_geodesic_sharpness(name):
     family = FAMILIES[name]
@@ -685,6 +717,7 @@ def test_group_element_by_hand_keeps_logits_and_geodesic_sharpness(name):
     moved = moved_by_hand(model, family)
     before, after = logits(model, batch), logits(moved, batch)
     torch.testing.assert_close(after, before, rtol=1e-10, atol=1e-10)
+    assert_attention_outputs_kept(model, moved, family, batch)
     changed = [n for n, p in moved.named_parameters()
                if not torch.equal(p, model.get_parameter(n))]
     assert changed and set(changed) <= set(find_symmetries(model).pair_parameters)
@@ -790,3 +823,18 @@ def test_a_fused_projection_whose_qk_pairs_break_keeps_no_vo_pairs(build):
     assert all(name in report.other for name, _ in model.named_parameters()
                if "query_key_value" in name)
     ParameterLayout(report, dict(model.named_parameters()))
+
+
+@pytest.mark.parametrize("name", ["llama"])
+def test_the_attention_output_check_sees_what_the_logits_round_away(name):
+    """The control of assert_attention_outputs_kept: a 1e-9 relative change of the query
+    weights leaves these families' logits bit-identical but not their attention outputs."""
+    family = FAMILIES[name]
+    model, batch = _model(name), family.batch()
+    nudged = copy.deepcopy(model)
+    with torch.no_grad():
+        for module in attention_modules(nudged, family):
+            module.q_proj.weight.mul_(1 + 1e-9)
+    torch.testing.assert_close(logits(nudged, batch), logits(model, batch), rtol=0, atol=0)
+    with pytest.raises(AssertionError):
+        assert_attention_outputs_kept(model, nudged, family, batch)
