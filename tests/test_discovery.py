@@ -821,3 +821,21 @@ def test_extra_query_key_value_projections_refuse_the_module():
     reason = report.unknown_reasons["longformer.encoder.layer.0.attention"]
     assert "value_global" in reason and "not a symmetry" in reason
     assert "longformer.encoder.layer.0.attention.self.value.weight" in report.other
+
+
+def test_unknown_reasons_name_the_projection_children():
+    """A module not understood names its q/k/v-looking children, whatever their case."""
+    with torch.device("meta"):
+        deberta = transformers.DebertaV2Model(transformers.DebertaV2Config(
+            hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=4,
+            vocab_size=50))
+        modern = transformers.ModernBertModel(transformers.ModernBertConfig(
+            hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=4,
+            vocab_size=50, pad_token_id=0, bos_token_id=1, eos_token_id=1, cls_token_id=2,
+            sep_token_id=3))
+    deberta_report = find_symmetries(deberta)
+    reason = deberta_report.unknown_reasons["encoder.layer.0.attention.self"]
+    assert "['key_proj', 'query_proj', 'value_proj']" in reason
+    modern_report = find_symmetries(modern)
+    assert "['Wqkv']" in modern_report.unknown_reasons["layers.0.attn"]
+    assert deberta_report.pairs == [] and modern_report.pairs == []

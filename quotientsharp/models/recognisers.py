@@ -30,6 +30,7 @@ QKV_LIKE_NAMES = frozenset({
     "query", "key", "value", "q", "k", "v", "q_proj", "k_proj", "v_proj", "qkv", "qkv_proj",
     "c_attn", "q_attn", "in_proj", "in_proj_weight", "wqkv", "to_q", "to_k", "to_v", "to_qkv",
     "wq", "wk", "wv", "query_key_value", "kv", "kv_proj", "q_lin", "k_lin", "v_lin",
+    "query_proj", "key_proj", "value_proj", "q_head", "k_head", "v_head",
 })
 #: Forward arguments or children that announce rotary position embeddings (they reduce QK).
 _ROTARY_MARKERS = ("position_embeddings", "rotary_pos_emb", "freqs_cis", "rotary_emb", "rope")
