@@ -775,3 +775,67 @@ def test_cli_reads_configs_and_saved_modules(tmp_path, capsys):
     assert status == 2 and "state dict" in output.err
     status, output = _run_cli([str(tmp_path / "missing.json")], capsys)
     assert status == 2 and "does not exist" in output.err
+
+
+# ---------------------------------------------------------------------- extra projections
+def _tiny_longformer():
+    torch.manual_seed(0)
+    config = transformers.LongformerConfig(hidden_size=32, intermediate_size=37,
+                                           num_hidden_layers=1, num_attention_heads=4,
+                                           vocab_size=50, attention_window=[4], num_labels=3,
+                                           pad_token_id=0, max_position_embeddings=32)
+    model = transformers.LongformerForSequenceClassification(config)
+    return randomize(model.to(torch.float64).eval())
+
+
+def test_value_output_action_alone_changes_longformer():
+    """Why Longformer is refused: its global tokens read value_global through the same output
+    projection, so a GL(8) element on (value, output.dense) alone changes the logits."""
+    model = _tiny_longformer()
+    ids = torch.randint(2, 50, (2, 8), generator=torch.Generator().manual_seed(1))
+    attention = model.longformer.encoder.layer[0].attention
+    params = {name: p.detach().clone() for name, p in model.named_parameters()}
+    prefix = "longformer.encoder.layer.0.attention."
+    value_w, value_b = params[prefix + "self.value.weight"], params[prefix + "self.value.bias"]
+    output_w = params[prefix + "output.dense.weight"]
+    generator = torch.Generator().manual_seed(2)
+    for head in range(4):
+        rows = slice(8 * head, 8 * head + 8)
+        element = torch.randn(8, 8, generator=generator, dtype=torch.float64) + 3 * torch.eye(8)
+        inverse_t = torch.linalg.inv(element).T
+        value_w[rows] = inverse_t @ value_w[rows]
+        value_b[rows] = inverse_t @ value_b[rows]
+        output_w[:, rows] = output_w[:, rows] @ element.T
+    assert attention.self.value_global is not None
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        after = functional_call(model, params, (), {"input_ids": ids}).logits
+    assert (after - before).abs().max() > 1e-3
+
+
+def test_extra_query_key_value_projections_refuse_the_module():
+    model = _tiny_longformer()
+    report = find_symmetries(model)
+    assert report.pairs == []
+    assert report.unknown == ["longformer.encoder.layer.0.attention"]
+    reason = report.unknown_reasons["longformer.encoder.layer.0.attention"]
+    assert "value_global" in reason and "not a symmetry" in reason
+    assert "longformer.encoder.layer.0.attention.self.value.weight" in report.other
+
+
+def test_unknown_reasons_name_the_projection_children():
+    """A module not understood names its q/k/v-looking children, whatever their case."""
+    with torch.device("meta"):
+        deberta = transformers.DebertaV2Model(transformers.DebertaV2Config(
+            hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=4,
+            vocab_size=50))
+        modern = transformers.ModernBertModel(transformers.ModernBertConfig(
+            hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=4,
+            vocab_size=50, pad_token_id=0, bos_token_id=1, eos_token_id=1, cls_token_id=2,
+            sep_token_id=3))
+    deberta_report = find_symmetries(deberta)
+    reason = deberta_report.unknown_reasons["encoder.layer.0.attention.self"]
+    assert "['key_proj', 'query_proj', 'value_proj']" in reason
+    modern_report = find_symmetries(modern)
+    assert "['Wqkv']" in modern_report.unknown_reasons["layers.0.attn"]
+    assert deberta_report.pairs == [] and modern_report.pairs == []

@@ -373,9 +373,10 @@ FAMILIES = {
         attn_implementation="eager")), text_batch, "RobertaAttention", LinearAccess,
         ("self.query", "self.key", "self.value", "output.dense"), 4, 4, None, ("qk", "vo"),
         (_gl("qk", 4, 33, 33), _gl("vo", 4, 33, 32))),
+    # SDPA: the eager softmax rounds through float32 and hides any change below about 1e-7
     "vit": Family(lambda: T.ViTForImageClassification(T.ViTConfig(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37,
-        image_size=8, patch_size=4, num_labels=3, attn_implementation="eager")), image_batch,
+        image_size=8, patch_size=4, num_labels=3, attn_implementation="sdpa")), image_batch,
         "ViTAttention", LinearAccess, LLAMA_PATHS, 4, 4, None, ("qk", "vo"),
         (_gl("qk", 4, 33, 33), _gl("vo", 4, 33, 32))),
     "clip_vision": Family(lambda: T.CLIPForImageClassification(T.CLIPConfig(
@@ -394,6 +395,24 @@ FAMILIES = {
         attn_implementation="eager")), functools.partial(text_batch, eos=1), "T5Attention",
         LinearAccess, ("q", "k", "v", "o"), 4, 4, None, ("qk", "vo"),
         (_gl("qk", 4, 32, 32), _gl("vo", 4, 32, 32)), modules=3),
+    # q_proj/k_proj/v_proj with a `dense` output projection, partial rotary
+    "phi": Family(_decoder("Phi", partial_rotary_factor=0.5), text_batch, "PhiAttention",
+                  LinearAccess, ("q_proj", "k_proj", "v_proj", "dense"), 4, 4,
+                  (4, "rotate_half"), ("qk", "vo"),
+                  (_gl("qk", 4, 33, 33, group="GL(1,C)^2 x GL(4)"), _gl("vo", 4, 33, 32))),
+    # query/key/value with a `dense` output projection in one module, shared by both layers
+    "albert": Family(lambda: T.AlbertForSequenceClassification(T.AlbertConfig(
+        embedding_size=16, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+        num_attention_heads=4, vocab_size=50, num_labels=3, pad_token_id=0,
+        attn_implementation="sdpa")), text_batch, "AlbertAttention", LinearAccess,
+        ("query", "key", "value", "dense"), 4, 4, None, ("qk", "vo"),
+        (_gl("qk", 4, 33, 33), _gl("vo", 4, 33, 32))),
+    # GPT-NeoX's per-head fused query_key_value, partial rotary
+    "persimmon": Family(_decoder("Persimmon", qk_layernorm=False, partial_rotary_factor=0.5),
+                        text_batch, "PersimmonAttention", FusedPerHeadAccess, 4, 4, 4,
+                        (4, "rotate_half"), ("qk", "vo"),
+                        (_gl("qk", 4, 33, 33, group="GL(1,C)^2 x GL(4)"),
+                         _gl("vo", 4, 33, 32))),
     "torch_mha": Family(MHAClassifier, mha_batch, "MultiheadAttention", MultiheadAccess, None,
                         2, 2, None, ("qk", "vo"),
                         (_gl("qk", 2, 17, 17), _gl("vo", 2, 17, 16))),
@@ -659,6 +678,37 @@ def _sharpness(model, batch, metric, order):
                             order=order, n_iter=5, seed=0, progress=False).value
 
 
+def _first(output):
+    return output[0] if isinstance(output, tuple) else output
+
+
+def assert_attention_outputs_kept(model, moved, family, batch):
+    """Each attention module of ``moved`` on the inputs its twin in ``model`` saw gives the same
+    output to 1e-10: the logits alone cannot say so where the modeling code rounds through
+    float32 (Llama's RMSNorm, eager softmax) and hides any change below about 1e-7."""
+    recorded = []
+    hooks = [module.register_forward_hook(
+        lambda module, args, kwargs, output: recorded.append((module, args, kwargs, output)),
+        with_kwargs=True) for module in attention_modules(model, family)]
+    try:
+        logits(model, batch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    twins = dict(zip(map(id, attention_modules(model, family)),
+                     attention_modules(moved, family), strict=True))
+    assert recorded
+    for module, args, kwargs, output in recorded:
+        # a key/value cache filled by the recorded call would be extended by the replay
+        kwargs = {key: None if "cache" in key or "past" in key else value
+                  for key, value in kwargs.items()}
+        with torch.no_grad():
+            again = _first(twins[id(module)](*args, **kwargs))
+        expected = _first(output)
+        torch.testing.assert_close(again, expected, rtol=1e-10,
+                                   atol=1e-10 * float(expected.abs().max()))
+
+
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_group_element_by_hand_keeps_logits_and_geodesic_sharpness(name):
     family = FAMILIES[name]
@@ -667,6 +717,7 @@ def test_group_element_by_hand_keeps_logits_and_geodesic_sharpness(name):
     moved = moved_by_hand(model, family)
     before, after = logits(model, batch), logits(moved, batch)
     torch.testing.assert_close(after, before, rtol=1e-10, atol=1e-10)
+    assert_attention_outputs_kept(model, moved, family, batch)
     changed = [n for n, p in moved.named_parameters()
                if not torch.equal(p, model.get_parameter(n))]
     assert changed and set(changed) <= set(find_symmetries(model).pair_parameters)
@@ -754,3 +805,36 @@ def test_cli_shows_the_group_of_each_pair(tmp_path, capsys):
     assert {pair["group"] for pair in qk} == {"GL(1,C)^4"}
     assert qk[0]["rotary"] == [8, "rotate_half"] and qk[0]["query_heads"] == 2
     assert data["group_dimension"] == 2 * (2 * 8 + 2 * 64)
+
+
+@pytest.mark.parametrize("build", [
+    _decoder("Persimmon", qk_layernorm=True, partial_rotary_factor=0.5),
+    # 3 of 8 dimensions rotated: not whole planes, the qk pairs are dropped
+    _decoder("GPTNeoX", rotary_pct=0.375)], ids=["persimmon_qk_layernorm", "gpt_neox_odd_rotary"])
+def test_a_fused_projection_whose_qk_pairs_break_keeps_no_vo_pairs(build):
+    """query_key_value feeds both kinds: with the qk pairs dropped, vo pairs would cover a
+    third of it, which no layout can tile; the parameter goes to the adaptive block whole."""
+    torch.manual_seed(0)
+    model = randomize(build().to(torch.float64).eval())
+    report = find_symmetries(model)
+    assert report.pairs == [] and report.unknown == []
+    assert any("no vo pairs either" in note and "query_key_value.weight" in note
+               for note in report.notes)
+    assert all(name in report.other for name, _ in model.named_parameters()
+               if "query_key_value" in name)
+    ParameterLayout(report, dict(model.named_parameters()))
+
+
+@pytest.mark.parametrize("name", ["llama"])
+def test_the_attention_output_check_sees_what_the_logits_round_away(name):
+    """The control of assert_attention_outputs_kept: a 1e-9 relative change of the query
+    weights leaves these families' logits bit-identical but not their attention outputs."""
+    family = FAMILIES[name]
+    model, batch = _model(name), family.batch()
+    nudged = copy.deepcopy(model)
+    with torch.no_grad():
+        for module in attention_modules(nudged, family):
+            module.q_proj.weight.mul_(1 + 1e-9)
+    torch.testing.assert_close(logits(nudged, batch), logits(model, batch), rtol=0, atol=0)
+    with pytest.raises(AssertionError):
+        assert_attention_outputs_kept(model, nudged, family, batch)

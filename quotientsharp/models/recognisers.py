@@ -30,6 +30,7 @@ QKV_LIKE_NAMES = frozenset({
     "query", "key", "value", "q", "k", "v", "q_proj", "k_proj", "v_proj", "qkv", "qkv_proj",
     "c_attn", "q_attn", "in_proj", "in_proj_weight", "wqkv", "to_q", "to_k", "to_v", "to_qkv",
     "wq", "wk", "wv", "query_key_value", "kv", "kv_proj", "q_lin", "k_lin", "v_lin",
+    "query_proj", "key_proj", "value_proj", "q_head", "k_head", "v_head",
 })
 #: Forward arguments or children that announce rotary position embeddings (they reduce QK).
 _ROTARY_MARKERS = ("position_embeddings", "rotary_pos_emb", "freqs_cis", "rotary_emb", "rope")
@@ -39,7 +40,7 @@ _QUERY_KEY_NORMS = frozenset({"q_norm", "k_norm", "q_layernorm", "k_layernorm", 
 #: Children that normalise values per head (they break VO).
 _VALUE_NORMS = frozenset({"v_norm", "value_norm", "v_layernorm"})
 #: Classes (in a module's MRO) whose fused ``query_key_value`` is ``[heads, 3, head_dim]``.
-_PER_HEAD_FUSED = frozenset({"GPTNeoXAttention", "BloomAttention"})
+_PER_HEAD_FUSED = frozenset({"GPTNeoXAttention", "BloomAttention", "PersimmonAttention"})
 
 
 def _expected_rotation(probe: torch.Tensor, layout: str) -> torch.Tensor:
@@ -341,6 +342,21 @@ def _intact_notes(module: nn.Module) -> list[str]:
     return notes
 
 
+def _drop_half_fused(label: str, groups: list[PairGroup], qk: tuple[FactorSource, ...],
+                     vo: tuple[FactorSource, ...]) -> tuple[list[PairGroup], list[str]]:
+    """``groups`` without a kept kind whose fused parameter (GPT-NeoX's ``query_key_value``,
+    GPT-2's ``c_attn``) the dropped kind also reads, and a note: a parameter is covered by
+    pairs entirely or not at all (the layout cannot tile half of an interleaved projection)."""
+    if len(groups) != 1:
+        return groups, []
+    sources = {"qk": (qk, vo), "vo": (vo, qk)}[groups[0].kind]
+    shared = sorted({s.parameter for s in sources[0]} & {s.parameter for s in sources[1]})
+    if not shared:
+        return groups, []
+    return [], [f"{label}: no {groups[0].kind} pairs either, the fused parameter(s) "
+                f"{', '.join(shared)} also feed the dropped pairs"]
+
+
 def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[FactorSource, ...],
                  k: tuple[FactorSource, ...], v: tuple[FactorSource, ...],
                  o: tuple[FactorSource, ...]) -> tuple[list[PairGroup], list[str]]:
@@ -366,6 +382,8 @@ def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[Factor
     else:
         groups.append(PairGroup(name, "vo", split.kv_heads, split.head_dim_v, v, o,
                                 h_members=size))
+    groups, fused_notes = _drop_half_fused(label, groups, q + k, v + o)
+    notes += fused_notes
     if size > 1:
         notes.append(f"{label}: grouped-query attention, {split.heads} query heads share "
                      f"{split.kv_heads} key/value head(s) ({size} each): one qk pair per key "
@@ -373,6 +391,25 @@ def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[Factor
                      f"head with the output columns of its {size} query heads stacked in H")
     notes += [f"{label}: {note}" for note in _intact_notes(module)]
     return groups, notes
+
+
+#: Substrings of a child's name that make it one more query, key or value projection.
+_PROJECTION_TOKENS = ("query", "key", "value", "q_proj", "k_proj", "v_proj")
+
+
+def _check_no_other_projections(module: nn.Module, used: Sequence[str]) -> None:
+    """Refuse ``module`` if it has query/key/value-like children besides ``used`` (not the
+    normalisations): Longformer's ``query_global``/``key_global``/``value_global`` project the
+    same hidden states into the same heads and output projection for its global tokens, and
+    the pairs of ``used`` alone are then no symmetry (an element on them changes the function).
+    """
+    extra = sorted(child for child in _children(module) - {c.lower() for c in used}
+                   - _QUERY_KEY_NORMS - _VALUE_NORMS
+                   if any(token in child for token in _PROJECTION_TOKENS))
+    if extra:
+        raise Unsupported(f"projections {', '.join(extra)} beside {', '.join(used)} feed the "
+                          "same heads (e.g. Longformer's global attention), so the pairs of "
+                          f"{', '.join(used)} alone are not a symmetry")
 
 
 def _qkvo_finding(layout: str, name: str, module: nn.Module, q: nn.Linear, k: nn.Linear,
@@ -450,6 +487,7 @@ def _handle_bert(name: str, module: nn.Module, names: dict[int, str]) -> Finding
         q, k, v = (inner._modules.get(child) for child in ("query", "key", "value"))
         if not (_is_linear(q) and _is_linear(k) and _is_linear(v)):
             continue
+        _check_no_other_projections(inner, ("query", "key", "value"))
         prefix = f"{name}." if name else ""
         inner_prefix = f"{prefix}{inner_name}."
         return _qkvo_finding("bert", name, inner, q, k, v, dense, names, (
@@ -458,10 +496,12 @@ def _handle_bert(name: str, module: nn.Module, names: dict[int, str]) -> Finding
     return None
 
 
+#: ``(q, k, v, output candidates)`` child names; ``dense`` is the output projection of Phi
+#: (``q_proj``...) and of ALBERT (``query``..., shared by every layer).
 _QKVO_NAMINGS = (
-    ("q_proj", "k_proj", "v_proj", ("o_proj", "out_proj")),
+    ("q_proj", "k_proj", "v_proj", ("o_proj", "out_proj", "dense")),
     ("q", "k", "v", ("o",)),
-    ("query", "key", "value", ("out_proj", "o_proj")),
+    ("query", "key", "value", ("out_proj", "o_proj", "dense")),
     ("q_lin", "k_lin", "v_lin", ("out_lin",)),
 )
 
@@ -476,6 +516,7 @@ def _handle_qkvo(name: str, module: nn.Module, names: dict[int, str]) -> Finding
         o = module._modules[o_child]
         if not _is_linear(o):
             raise Unsupported(f"output projection {o_child} is a {type(o).__name__}, not Linear")
+        _check_no_other_projections(module, (q_child, k_child, v_child))
         prefix = f"{name}." if name else ""
         children = (q_child, k_child, v_child, o_child)
         return _qkvo_finding("qkvo", name, module, q, k, v, o, names,

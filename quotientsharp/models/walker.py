@@ -109,10 +109,12 @@ def _list_unrecognised_attention(model: nn.Module, found: _Recognised,
         report.unknown.append(module_name)
         report.unknown_reasons[module_name] = (
             f"{type(module).__name__}: attention-like (class name or q/k/v-looking children: "
-            f"{sorted({c for c in module._modules} & QKV_LIKE_NAMES) or 'none'}) but no "
-            "supported layout (nn.MultiheadAttention, BERT/ViT query/key/value + output.dense, "
-            "q_proj/k_proj/v_proj/o_proj|out_proj or q_lin/k_lin/v_lin/out_lin with a head "
-            "count, GPT-2 c_attn/c_proj, GPT-NeoX/BLOOM query_key_value/dense)")
+            f"{sorted(c for c in module._modules if c.lower() in QKV_LIKE_NAMES) or 'none'}) "
+            "but no supported layout (nn.MultiheadAttention, BERT/ViT query/key/value + "
+            "output.dense, "
+            "q_proj/k_proj/v_proj/o_proj|out_proj|dense, query/key/value/out_proj|o_proj|dense, "
+            "q/k/v/o or q_lin/k_lin/v_lin/out_lin with a head count, GPT-2 c_attn/c_proj, "
+            "GPT-NeoX/BLOOM query_key_value/dense)")
     module_order = {module_name: i for i, (module_name, _) in enumerate(model.named_modules())}
     report.unknown.sort(key=module_order.__getitem__)
 
