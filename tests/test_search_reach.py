@@ -267,14 +267,67 @@ def test_second_order_ratio_against_autograd_christoffel(metric: str, seed: int)
 
     where = locality(ball, Pairs(), [], {"G": G, "H": H}, xi)
     gamma = reference.christoffel(quotient, (G, H), xi)
-    expected = max(float(0.5 * g[i].norm() / x[i].norm())
-                   for g, x in zip(gamma, xi, strict=True) for i in range(2))
+    # a factor's size in the metric, by its definition (eps = 0): mix reads dG through the
+    # partner, ||dG H^T||; inv through the factor's own Gram, ||dG (G^T G)^{-1/2}||
+    grams = [f.mT @ f for f in (G, H)]
+    weights = ([grams[1], grams[0]] if metric == "mix" else
+               [torch.linalg.inv(grams[0]), torch.linalg.inv(grams[1])])
+
+    def size(tensor: torch.Tensor, factor: int, head: int) -> float:
+        return float(torch.einsum("ij,jk,ik->", tensor[head], weights[factor][head],
+                                  tensor[head]).sqrt())
+
+    expected = max(size(0.5 * gamma[f], f, i) / size(xi[f], f, i)
+                   for f in range(2) for i in range(2))
     assert where.second_order == pytest.approx(expected, rel=1e-8)
     moved = ball.point(xi)
+    assert where.factor_displacement == pytest.approx(
+        max(size(moved[f] - x, f, i) / size(x, f, i) for f, x in enumerate((G, H))
+            for i in range(2)), rel=1e-10)
     assert where.displacement == pytest.approx(
         max(float((m - b).norm() / b.norm()) for m, b in zip(moved, (G, H), strict=True)),
         rel=1e-10)
-    assert where.local == (where.displacement <= 1.0 and where.second_order <= 0.5)
+    assert where.local == (max(where.displacement, where.factor_displacement) <= 1.0
+                           and where.second_order <= 0.5)
+
+
+@pytest.mark.parametrize("metric", ["mix", "inv"])
+@pytest.mark.parametrize("seed, scale", [(0, 3.0), (1, 0.2), (2, 1.0)])
+def test_locality_does_not_change_under_the_group(metric: str, seed: int, scale: float) -> None:
+    # the model after a random group element on every head pair (condition up to
+    # reparametrize's cap) is the same network, its ball the same set of networks: the value and
+    # how local its best perturbation is must not tell the two apart
+    import copy
+
+    from quotientsharp.models import find_symmetries, reparametrize
+    from tests.tiny_models import tiny_bert
+
+    model = tiny_bert(seed).double()
+    generator = torch.Generator().manual_seed(10 + seed)
+    batches = [{"input_ids": torch.randint(1, 30, (4, 6), generator=generator),
+                "labels": torch.randint(0, 3, (4,), generator=generator)} for _ in range(2)]
+    moved = copy.deepcopy(model)
+    params = reparametrize(model, find_symmetries(model), scale=scale,
+                           generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        for name, parameter in moved.named_parameters():
+            parameter.copy_(params[name])
+    options = dict(measure="geodesic", metric=metric, rho=0.3, n_iter=6, seed=seed,
+                   progress=False, reach=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", qs.ReachWarning)
+        before, after = qs.sharpness(model, batches, **options), qs.sharpness(moved, batches,
+                                                                              **options)
+    assert after.value == pytest.approx(before.value, rel=1e-10)
+    for a, b in zip(before.locality, after.locality, strict=True):
+        for key in ("factor_displacement", "second_order"):
+            assert b[key] == pytest.approx(a[key], rel=1e-8), key
+        assert (b["factor"], b["second_order_factor"], b["local"]) == (
+            a["factor"], a["second_order_factor"], a["local"])
+    # the control: the factors' Frobenius sizes do change (what locality read before)
+    name = "bert.encoder.layer.0.attention.self.query.weight"
+    assert not torch.allclose(params[name].norm(), dict(model.named_parameters())[name].norm(),
+                              rtol=1e-3)
 
 
 def test_a_non_local_ball_warns() -> None:

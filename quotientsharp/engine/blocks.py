@@ -192,8 +192,9 @@ def blockwise(loss_at: Callable[[Tensors], torch.Tensor], geometry: GeodesicBall
 #: A ball is *local* at its best perturbation when no weight moves by more than its own norm
 #: and, on every curved symmetry factor, the path's second-order term is at most half its
 #: first-order term (``docs/sharpness.md``, "Locality"). A weight is judged in the terms its
-#: ball measures it in: a symmetry factor as a whole (a bias row of a head with its weights),
-#: another tensor on its own, and under an absolute ball (worst case) the parameters together.
+#: ball measures it in: a symmetry factor as a whole (a bias row of a head with its weights) in
+#: its metric, another tensor on its own, and under an absolute ball (worst case) the parameters
+#: together.
 LOCAL_DISPLACEMENT = 1.0
 LOCAL_SECOND_ORDER = 0.5
 #: The ``parameter`` of a displacement measured over every parameter together.
@@ -205,9 +206,10 @@ class Locality:
     """How far the best perturbation of one batch moved the model (``docs/sharpness.md``,
     "Locality"): the largest ``||theta'_t - theta_t|| / ||theta_t||`` over the tensors outside
     the symmetry factors (``displacement`` of ``parameter``; :data:`TOGETHER` for an absolute
-    ball), the largest ``||x'_f - x_f|| / ||x_f||`` over the factors' entries
-    (``factor_displacement`` of ``factor``) and ``||Gamma(xi, xi) / 2|| / ||xi||`` over the
-    curved factors' (``second_order`` of ``second_order_factor``); ``None`` where there is no
+    ball), the largest ``||x'_f - x_f||_g / ||x_f||_g`` over the factors' entries
+    (``factor_displacement`` of ``factor``) and ``||Gamma(xi, xi) / 2||_g / ||xi||_g`` over the
+    curved factors' (``second_order`` of ``second_order_factor``), both in the factor's metric
+    at theta, one tensor at a time (:func:`_metric_ratios`); ``None`` where there is no
     such factor, or with a name where the ratio is not finite even in float64 (not local)."""
 
     displacement: float | None
@@ -254,6 +256,35 @@ def _entry_ratios(top: Sequence[torch.Tensor], bottom: Sequence[torch.Tensor],
         return table
     wide = _entry_ratios([t.double() for t in top], [t.double() for t in bottom], ndims)
     return torch.where(finite, table.double(), wide)
+
+
+#: How ``local`` is judged, recorded in the page data of the studies that report it: the
+#: factors as wholes, read in their metric (``"metric"``, since 2026-12-07); before, in Frobenius
+#: norms (``"factors"``, 2026-12-06) or every tensor on its own (no rule recorded).
+LOCALITY_RULE = "metric"
+
+
+def _metric_ratios(factor: Any, top: Tensors, bottom: Tensors) -> torch.Tensor:
+    """Per tensor ``j`` of a factor and per folded entry, the factor's metric norm of ``top``'s
+    tensor ``j`` alone (the others zero) over that of ``bottom``'s (``0`` where that is ``0``),
+    ``shape=[tensors, entries]``.
+
+    Read in the metric at the frozen point, both norms are unchanged by the group wherever the
+    metric is invariant (the point, a path and its second-order term move covariantly), so
+    ``local`` does not depend on which point of the orbit the model holds; Frobenius norms of the
+    factors do (a GL element of condition 10 changed them by a third on a BERT). Under mix the
+    ratio of ``G`` is ``||dG H^T|| / ||G H^T||`` (the product's relative change from ``G``'s
+    move), under inv ``||dG S_G^{-1/2}|| / ||G S_G^{-1/2}||`` (each direction relative to ``G``'s
+    own singular value), under the Euclidean metric the Frobenius ratio.
+    """
+    rows = []
+    for j in range(len(top)):
+        alone = [tuple(t if i == j else torch.zeros_like(t) for i, t in enumerate(pair))
+                 for pair in (top, bottom)]
+        num, den = (factor.norm(part).reshape(-1) for part in alone)
+        rows.append(torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny),
+                                torch.zeros_like(num)))
+    return torch.stack(rows)
 
 
 def _worst(ratios: list[tuple[torch.Tensor, list[str]]]) -> tuple[float | None, str | None]:
@@ -318,11 +349,11 @@ def _factor_locality(geometry: GeodesicBall, blocks: Sequence[Block], xi: Tensor
         named = {b.index: b.name for b in blocks if b.factor == f}
         whole = named.get(None, next(iter(named.values()), f"factor {f}"))
         labels = [named.get(i, whole) for i in range(entries)]
-        displaced.append((_entry_ratios([n - b for n, b in zip(new, factor.x, strict=True)],
-                                        factor.x, ndims), labels))
+        moves = tuple(n - b for n, b in zip(new, factor.x, strict=True))
+        displaced.append((_metric_ratios(factor, moves, factor.x), labels))
         if orders[f] != 1:
             half = tuple(0.5 * g for g in factor.christoffel(part))
-            curved.append((_entry_ratios(half, part, ndims), labels))
+            curved.append((_metric_ratios(factor, half, part), labels))
     value, label = _worst(displaced)
     second, second_label = _worst(curved)
     return {"factor_displacement": value, "factor": label, "second_order": second,

@@ -343,7 +343,8 @@ def _moved(where: Mapping[str, Any]) -> str:
     moved = (f"the parameters together move by {by} their" if name == TOGETHER
              else f"parameter {name} moves by {by} its")
     parts = [(name, f"{moved} norm"),
-             (factor, f"factor {factor} by {_times(where['factor_displacement'])} its norm"),
+             (factor, f"factor {factor} by {_times(where['factor_displacement'])} its size "
+                     "in the metric"),
              (curved, f"second-order term {_times(where['second_order'])} the first ({curved})")]
     return ", ".join(text for label, text in parts if label is not None)
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from quotientsharp.engine.blocks import LOCALITY_RULE
 from quotientsharp.engine.options import check_int
 from quotientsharp.engine.solver import AscentSettings
 from quotientsharp.reproduce.config import ReachConfig, check_config, run_study_command
@@ -189,8 +190,8 @@ def reach_study(out: Path, *, quick: bool = False, seed: int = 0, threads: int =
             "families": {f.study: _family_results(
                 f, radii[f.study], [records[f"{f.study}:{i}"] for i in range(f.models)])
                 for f in families},
-            # how `local` was judged (factors as wholes, worst case over all parameters)
-            "locality_rule": "factors"}
+            # how `local` was judged: a page of an earlier run says which rule
+            "locality_rule": LOCALITY_RULE}
         document = page_document("reach", {"results": results, "command": command})
         write_json_atomic(folder.file("reach.json"), results)
         write_json_atomic(folder.file("page.json"), document)

@@ -13,6 +13,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .sections import locality_rule_note
+
 #: The paired comparisons' short names, and the family-wise error level of Holm's correction
 #: (the study's :data:`quotientsharp.reproduce.families.seeds_report.FAMILY_WISE_LEVEL`, as
 #: its differences were tested at it).
@@ -192,16 +194,16 @@ def section(page: Mapping[str, Any]) -> str:
         lines += seeded_tables(seeded, page["family_wise_level"])
     lines += _trust_lines(solver, page["ablation"],
                           page["confounds"] if seeded is None else (), boot["confidence"],
-                          page.get("locality_rule") == "factors")
+                          page.get("locality_rule"))
     return "\n".join(lines) + "\n"
 
 
 def _trust_lines(solver: str, ablation: Sequence[Mapping[str, Any]],
                  confounds: Sequence[Mapping[str, Any]], confidence: float,
-                 factor_rule: bool) -> list[str]:
+                 locality_rule: str | None) -> list[str]:
     """The end of a family section: the solver's reach and locality table, the ablation
-    sizes and the confounds (each when there is one); ``factor_rule``: the run judged
-    locality as the engine does now (a note says so where it did not)."""
+    sizes and the confounds (each when there is one); ``locality_rule``: how the run judged
+    locality (a note says so where the engine now judges otherwise)."""
     lines: list[str] = []
     if solver:
         lines += ["", "How far each measure's values can be trusted, over every model and batch "
@@ -209,13 +211,7 @@ def _trust_lines(solver: str, ablation: Sequence[Mapping[str, Any]],
                   "best perturbation; docs/sharpness.md, 'Reach and locality'). A tau of values "
                   "that are not maxima of local balls compares solver outcomes, not sharpness.",
                   "", solver]
-        if not factor_rule:
-            lines += ["", "This run judged `local` by the rule before 2026-12-06: every "
-                      "parameter tensor on its own, the bias rows of attention heads and the "
-                      "worst-case ball included, so a bias of tiny norm (a classifier bias "
-                      "fine-tuned from zero) made a ball 'not local'. The engine now judges a "
-                      "head's tensors with the head and the worst-case ball over all "
-                      "parameters together (docs/sharpness.md, 'Reach and locality')."]
+        lines += locality_rule_note(locality_rule)
     if ablation:
         lines += ["", "Ablation sizes: per-model ratio of two measures (median [min, max] over "
                   "the models).", "", "| metric | ratio | median [min, max] | models |",

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .sections import locality_rule_note
+
 
 def _cell(entry: dict[str, Any], column: str = "ascent") -> str:
     if "refused" in entry:
@@ -95,12 +97,9 @@ def section(page: Mapping[str, Any]) -> str:
              "both. A measure whose reach falls with rho is ranked partly by its solver's "
              "shortfall: compare measures at a radius where every one of them reaches close "
              "to 100 %.", ""]
-    if results.get("locality_rule") != "factors":
-        lines += ["This run judged `local` by the rule before 2026-12-06: every parameter "
-                  "tensor on its own, the bias rows of attention heads included, so a bias of "
-                  "tiny norm made a ball 'not local' where its head moved little. The engine "
-                  "now judges a head's tensors with the head (docs/sharpness.md, 'Reach and "
-                  "locality'): the 'not local' counts below are of the old rule.", ""]
+    note = locality_rule_note(results.get("locality_rule"))
+    if note:
+        lines += [*note[1:], ""]
     lines += ["### Diagonal nets", "",
               f"{results['diagonal_nets']} nets of the diagonal study's quick size (d = 200, "
              "trained to 1e-5), 4 batches of 25 each, measured by the diagonal study's own "

@@ -144,3 +144,24 @@ def assemble_results_page(docs_dir: Path, studies: list[str]) -> Path:
     path = docs_dir / "results.md"
     path.write_text("\n\n".join(parts) + "\n")
     return path
+
+
+def locality_rule_note(rule: str | None) -> list[str]:
+    """Lines under a table of ``local`` shares made by an earlier rule than the engine's
+    (``locality_rule`` of the page data: ``"metric"`` now, ``"factors"`` on 2026-12-06, none
+    before); empty for the current rule."""
+    if rule == "metric":
+        return []
+    if rule == "factors":
+        return ["", "This run judged the symmetry factors' displacement and second-order term "
+                "in Frobenius norms of the factors (the rule of 2026-12-06), which a group "
+                "element changes. The engine now reads both in the factor's metric, which it "
+                "does not (docs/sharpness.md, 'Reach and locality'): the 'local' shares and "
+                "second-order ratios of the geodesic measures here are of the earlier rule; "
+                "adaptive and worst case are judged as before."]
+    return ["", "This run judged `local` by the rule before 2026-12-06: every parameter tensor "
+            "on its own, the bias rows of attention heads and the worst-case ball included, so "
+            "a bias of tiny norm (a classifier bias fine-tuned from zero) made a ball 'not "
+            "local'. The engine now judges a head's tensors with the head, in its metric, and "
+            "the worst-case ball over all parameters together (docs/sharpness.md, 'Reach and "
+            "locality')."]

@@ -145,6 +145,8 @@ def page_data(study: FamilyStudy, settings: Mapping[str, Any],
               seeded: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What the study's page shows, as JSON values (``seeded``: the statistics over several
     study seeds, which replace the single-seed tables)."""
+    from quotientsharp.engine.blocks import LOCALITY_RULE
+
     counted = [r for r in records if not r["diverged"]]
     ranges = None if not counted else {
         key: [min(r[key] for r in counted), max(r[key] for r in counted)]
@@ -162,8 +164,7 @@ def page_data(study: FamilyStudy, settings: Mapping[str, Any],
         "world_size": world_size, "device": device_text(device),
         "pretrained_note": pretrained_note,
         "solver": solver_rows(counted, specs) if specs else [],
-        # how `local` was judged (factors as wholes, worst case over all parameters together):
-        # pages of earlier runs judged every tensor on its own, and say so
-        "locality_rule": "factors",
+        # how `local` was judged: pages of earlier runs say under their tables which rule
+        "locality_rule": LOCALITY_RULE,
         "ablation": ablation_rows(counted, specs) if specs else [],
         "bootstrap": dict(BOOTSTRAP), "family_wise_level": FAMILY_WISE_LEVEL}
