@@ -167,3 +167,21 @@ def test_columns_of_ones_own_are_carried(study_files):
                     "net1.pt,0.2,0.8,2,b\n")
     entries = read_manifest(path)
     assert entries[0].extra == {"test_accuracy": "0.9", "seed": "1", "gaps_note": "a"}
+
+
+@pytest.mark.parametrize("kind", ["tensors", "pre-tokenised"])
+def test_a_tokenizer_for_data_without_text_is_refused(saved_mlp, tmp_path, kind):
+    # a given option counts: --tokenizer with tensors or input_ids changed nothing, silently
+    from quotientsharp.workflows.options import InputError
+
+    model = torch.load(saved_mlp["net"], weights_only=False)
+    if kind == "tensors":
+        path = saved_mlp["data"]
+    else:
+        path = tmp_path / "rows.jsonl"
+        path.write_text('{"input_ids": [1, 2], "label": 0}\n')
+    settings = BatchSettings(tokenizer=str(tmp_path))
+    with pytest.raises(InputError, match=r"^--tokenizer .* is given but DATA .* holds "
+                                         r"(tensors|pre-tokenised rows).* drop --tokenizer"):
+        load_batches(path, model, saved_mlp["net"], settings)
+    assert load_batches(path, model, saved_mlp["net"], BatchSettings())[1] > 0

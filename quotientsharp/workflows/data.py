@@ -212,7 +212,9 @@ def _jsonl_batches(path: Path, model: nn.Module, model_path: Path, settings: Bat
             raise InputError(f"DATA {path}, line {row['_line']}: mixes pre-tokenised rows "
                              "('input_ids') and text rows ('text'); use one kind")
     tokenizer = None
-    if not pretokenised:
+    if pretokenised:
+        _no_tokenizer_needed(settings, f"DATA {path} holds pre-tokenised rows ('input_ids')")
+    else:
         tokenizer = _find_tokenizer(model_path, settings.tokenizer)
         if tokenizer is None:
             raise InputError(f"DATA {path} has text rows but MODEL {model_path} has no "
@@ -310,5 +312,15 @@ def load_batches(data_path: str | os.PathLike, model: nn.Module, model_path: str
     path, model_path = existing_file(data_path, "DATA"), Path(model_path)
     if path.suffix.lower() in JSONL_SUFFIXES:
         return _jsonl_batches(path, model, model_path, settings)
+    _no_tokenizer_needed(settings, f"DATA {path} holds tensors")
     return _tensor_batches(path, settings)
+
+
+def _no_tokenizer_needed(settings: BatchSettings, what: str) -> None:
+    """Refuse ``--tokenizer`` where nothing is tokenised: a given option counts, and one that
+    changes nothing would leave the user believing it did."""
+    if settings.tokenizer is not None:
+        raise InputError(f"--tokenizer {settings.tokenizer} is given but {what}: there is no "
+                         "text to tokenise; drop --tokenizer, or give text rows "
+                         "{\"text\": ..., \"label\": ...}")
 
