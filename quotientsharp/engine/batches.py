@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from quotientsharp.models.symmetry_check import output_tensor
+
 LossFunction = Callable[[Any, Any], torch.Tensor]
 LOSS_NAMES = ("cross_entropy", "mse")
 
@@ -219,20 +221,6 @@ def split_batch(batch: Any, index: int, device: torch.device,
     raise TypeError(f"batch {index} must be an (inputs, target) pair or a dict with 'labels', "
                     f"got {type(batch).__name__}"
                     + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
-
-
-def output_tensor(output: Any) -> torch.Tensor | None:
-    """The logits inside a model output, or ``None`` when there is no tensor to take."""
-    if isinstance(output, torch.Tensor):
-        return output
-    logits = getattr(output, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits
-    if isinstance(output, Mapping) and isinstance(output.get("logits"), torch.Tensor):
-        return output["logits"]
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    return None
 
 
 def _shape(tensor: torch.Tensor) -> tuple[int, ...]:

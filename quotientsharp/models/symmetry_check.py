@@ -289,15 +289,19 @@ def check_bindings(bindings: Sequence[QuotientBinding], params: Mapping[str, tor
 
 
 # ---------------------------------------------------------------------------- model and batch
-def _output_tensor(output: Any) -> torch.Tensor | None:
+def output_tensor(output: Any) -> torch.Tensor | None:
+    """The logits inside a model output (a tensor, ``.logits``, ``["logits"]`` or the first
+    entry of a tuple), or ``None`` when there is no tensor to take."""
     if isinstance(output, torch.Tensor):
         return output
     logits = getattr(output, "logits", None)
-    if logits is None and isinstance(output, Mapping):
-        logits = output.get("logits")
-    if logits is None and isinstance(output, (tuple, list)) and output:
-        logits = output[0]
-    return logits if isinstance(logits, torch.Tensor) else None
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(output, Mapping) and isinstance(output.get("logits"), torch.Tensor):
+        return output["logits"]
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    return None
 
 
 def _checked_bindings(bindings: object) -> list[QuotientBinding]:
@@ -383,7 +387,7 @@ def check_symmetry(model: nn.Module, bindings: QuotientBinding | Sequence[Quotie
         # model untouched
         output = torch.func.functional_call(
             model, ({**values}, {n: b.clone() for n, b in buffers.items()}), args, kwargs)
-        logits = _output_tensor(output)
+        logits = output_tensor(output)
         if loss is not None:
             value = loss(logits if logits is not None else output, target)
         elif logits is None:
