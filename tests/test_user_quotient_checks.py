@@ -29,6 +29,14 @@ class Indefinite(Neuron):
                 - (u[1] * v[1]).sum(-1) / x[1].square().sum(-1))
 
 
+class IndefiniteInOneCoordinate(Neuron):
+    """Negative along the first incoming weight only: random vectors rarely see it."""
+
+    def inner(self, x, u, v):
+        scale = x[0].square().sum(-1)
+        return super().inner(x, u, v) - 1.5 * u[0][..., 0] * v[0][..., 0] / scale
+
+
 class NaNInner(Neuron):
     def inner(self, x, u, v):
         return super().inner(x, u, v) * float("nan")
@@ -120,6 +128,8 @@ def _sharpness(model, quotient):
 MALFORMED = [
     (NegDef, r"NegDef\.inner is not positive definite"),
     (Indefinite, r"Indefinite\.inner is not positive definite"),
+    (IndefiniteInOneCoordinate, r"IndefiniteInOneCoordinate\.inner is not positive definite: "
+                                r"its metric matrix at the point has the eigenvalue -"),
     (NaNInner, r"NaNInner\.inner returned non-finite"),
     (InnerRaises, r"InnerRaises\.inner raised RuntimeError: boom in inner"),
     (InnerInt, r"InnerInt\.inner returned dtype torch\.int64"),
@@ -144,7 +154,7 @@ def test_sharpness_names_the_malformed_method_not_a_degenerate_orbit(cls, patter
     assert "degenerate" not in str(info.value)
 
 
-@pytest.mark.parametrize(("cls", "pattern"), MALFORMED[:7])
+@pytest.mark.parametrize(("cls", "pattern"), MALFORMED[:8])
 def test_check_all_names_the_malformed_method(cls, pattern):
     with pytest.raises(ValueError, match=pattern):
         qs.checks.check_all(cls(point_shapes=[(4,), (3,)]), seed=0)

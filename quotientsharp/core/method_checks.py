@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from quotientsharp.core import _tuples as T
+from quotientsharp.core import reference
 from quotientsharp.core.frozen import FrozenPoint
 from quotientsharp.core.quotient import SymmetryQuotient
 
@@ -23,6 +24,9 @@ Tensors = tuple[torch.Tensor, ...]
 METHOD_CHECK_SEED = 12345
 #: Batch size of the generic point :func:`diagnose` compares with.
 GENERIC_BATCH = 2
+#: Largest ``batch size x N^2`` (``N`` coordinates of a point) for which :func:`check_methods`
+#: forms the dense metric to check its eigenvalues; above it, random vectors only.
+DENSE_METRIC_BUDGET = 4_000_000
 
 
 class QuotientMethodError(ValueError):
@@ -100,11 +104,42 @@ def _check_inner(q: SymmetryQuotient, x: Tensors, u: Tensors, label: str) -> Non
             f"{label} (a metric needs <u, u>_x > 0 for every u != 0)")
 
 
+def _check_eigenvalues(q: SymmetryQuotient, x: Tensors) -> None:
+    """The dense metric at ``x`` has no clearly negative eigenvalue (small points only).
+
+    Random vectors miss a metric that is negative in one direction only (a wrong sign on one
+    coordinate): the Cholesky factor of the ascent would then fail, far from the cause, or a
+    closed-form gradient would measure with an indefinite form. Only eigenvalues below
+    ``-sqrt(eps)`` times the largest count: a valid metric that is merely ill-conditioned at the
+    point (a tiny unit of a scaling symmetry) has rounding-level ones, and is no defect.
+    """
+    n = T.total_size(x, q.point_ndims)
+    if n == 0 or T.batch_shape(x, q.point_ndims).numel() * n * n > DENSE_METRIC_BUDGET:
+        return
+    try:
+        gmat = reference.metric_matrix(q, x).detach()
+    except Exception:  # noqa: BLE001 - only a supplement to the random vectors checked above
+        # an inner that torch.func cannot batch (vmap) may still be a valid closed form
+        return
+    # the symmetric part: an asymmetric inner is reported by the inner_symmetric check
+    eig = torch.linalg.eigvalsh(0.5 * (gmat + gmat.mT))
+    largest = eig.abs().amax(-1)
+    smallest = eig[..., 0]
+    bound = -(torch.finfo(eig.dtype).eps ** 0.5) * largest
+    if bool((smallest < bound).any()):
+        worst = int(torch.argmin(smallest / largest.clamp_min(torch.finfo(eig.dtype).tiny)))
+        raise QuotientMethodError(
+            f"{type(q).__name__}.inner is not positive definite: its metric matrix at the point "
+            f"has the eigenvalue {float(smallest.flatten()[worst]):.3g} (largest "
+            f"{float(largest.flatten()[worst]):.3g}); a metric needs <u, u>_x > 0 for every "
+            "u != 0")
+
+
 def check_methods(q: SymmetryQuotient, x: Tensors) -> None:
     """Raise a :class:`QuotientMethodError` naming the first method of ``q`` whose output at
     the point ``x`` is malformed: ``algebra_shape``, ``vertical``, ``inner`` (positive on a random,
-    a one-component and a vertical vector), ``horizontal_projection`` and an overriding
-    ``isotropic``."""
+    a one-component and a vertical vector, and no negative eigenvalue of its dense matrix on a
+    small point), ``horizontal_projection`` and an overriding ``isotropic``."""
     nd = q.point_ndims
     batch = T.batch_shape(x, nd)
     gen = torch.Generator(device=x[0].device).manual_seed(METHOD_CHECK_SEED)
@@ -121,6 +156,7 @@ def check_methods(q: SymmetryQuotient, x: Tensors) -> None:
         _check_inner(q, x, alone, f"a vector in component {i} only")
     if torch.Size(shape).numel():
         _check_inner(q, x, v, "a vertical vector")
+    _check_eigenvalues(q, x)
     _check_tensors(q, "horizontal_projection",
                    _call(q, "horizontal_projection", lambda: q.horizontal_projection(x, u)), x)
     frozen = _call(q, "frozen_point", lambda: q.at(x))
