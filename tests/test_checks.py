@@ -1,12 +1,65 @@
-"""``quotientsharp.core.checks.check_all`` refuses what is not a quotient."""
+"""``quotientsharp.core.checks.check_all`` refuses what is not a quotient, and names the defect
+of a user's quotient that is wrong in one way."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 import quotientsharp as qs
+from tests.tiny_models import ReLUNeuronQuotient
 
 
 def test_check_all_rejects_a_name():
     with pytest.raises(TypeError, match="SymmetryQuotient instance"):
         qs.checks.check_all("gl")
+
+
+# ---------------------------------------------------------------- user quotients, one defect each
+class _NotAnAction(ReLUNeuronQuotient):
+    """Rescales by ``s(g) = g + (g - 1)^2``: the same orbits, the same derivative at the
+    identity (``vertical`` agrees), an invariant metric, but ``s(g) s(h) != s(g h)``."""
+
+    def act(self, x, g):
+        s = g + (g - 1) ** 2
+        return s * x[0], x[1] / s
+
+
+class _AsymmetricInner(ReLUNeuronQuotient):
+    def inner(self, x, u, v):
+        return super().inner(x, u, v) + 0.3 * u[0][..., 0] * v[0][..., 1] / x[0].square().sum(-1)
+
+
+def _failed(results):
+    return {r.name for r in results if not r.passed}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_check_all_flags_a_map_that_is_not_a_group_action(seed, dtype):
+    results = qs.checks.check_all(_NotAnAction(point_shapes=[(4,), (3,)]), seed=seed, dtype=dtype)
+    assert "act_is_action" in _failed(results)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_check_contract_flags_a_map_that_is_not_a_group_action(seed):
+    q = _NotAnAction()
+    x = q.random_point((2,), shapes=[(4,), (3,)], dtype=torch.float64,
+                       generator=torch.Generator().manual_seed(seed))
+    assert "act_is_action" in _failed(qs.checks.check_contract(q, x, seed=seed, group_scale=0.5))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_check_all_names_an_asymmetric_inner(seed):
+    results = qs.checks.check_all(_AsymmetricInner(point_shapes=[(4,), (3,)]), seed=seed)
+    assert "inner_symmetric" in _failed(results)
+
+
+@pytest.mark.parametrize("quotient", [ReLUNeuronQuotient(point_shapes=[(4,), (3,)]),
+                                      qs.GLQuotient("mix", n=5, m=4, h=3),
+                                      qs.DiagonalQuotient("inv", d=3)],
+                         ids=["user", "gl-mix", "diagonal-inv"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_true_action_and_a_symmetric_inner_pass(quotient, seed):
+    results = {r.name: r for r in qs.checks.check_all(quotient, seed=seed)}
+    assert results["act_is_action"].passed and results["inner_symmetric"].passed

@@ -170,6 +170,29 @@ def _vertical_check(q: SymmetryQuotient, x: Tensors, a: torch.Tensor) -> tuple[s
             "vertical(x, a) = d/ds act(x, exp(s a)) at s = 0")
 
 
+def _action_check(q: SymmetryQuotient, x: Tensors, a: torch.Tensor) -> tuple[str, float, str]:
+    """``act`` is an action along the one-parameter subgroup of ``a``: ``exp(0)`` fixes ``x``,
+    and ``act(act(x, exp(a / 2)), exp(a / 2)) = act(x, exp(a))``.
+
+    ``vertical_is_orbit_velocity`` sees ``act`` at first order only: a map that is not a group
+    action (``a(g h) != a(g) a(h)``) can agree with ``vertical`` and keep the metric invariant.
+    A one-parameter subgroup needs no group product, only ``group_exp``.
+    """
+    half = q.group_exp_at(x, 0.5 * a)
+    twice = q.act(q.act(x, half), half)
+    once = q.act(x, q.group_exp_at(x, a))
+    fixed = q.act(x, q.group_exp_at(x, torch.zeros_like(a)))
+    return ("act_is_action", max(relative_error(twice, once), relative_error(fixed, x)),
+            "act(act(x, exp(a/2)), exp(a/2)) = act(x, exp(a)), and act(x, exp(0)) = x")
+
+
+def _symmetry_check(q: SymmetryQuotient, x: Tensors, u: Tensors, w: Tensors
+                    ) -> tuple[str, float, str]:
+    """``<u, w>_x = <w, u>_x``."""
+    return ("inner_symmetric", relative_error((q.inner(x, u, w),), (q.inner(x, w, u),)),
+            "<u, w>_x = <w, u>_x")
+
+
 def _act_tangent_check(q: SymmetryQuotient, x: Tensors, u: Tensors, g: torch.Tensor
                        ) -> tuple[str, float, str]:
     """An overriding ``act_tangent`` against the jvp of ``act``."""
@@ -267,11 +290,15 @@ def _frozen_point_checks(run: _CheckRun) -> None:
 def _group_action_checks(run: _CheckRun) -> None:
     """``vertical`` against the orbit, an overriding ``act_tangent``, the metric's invariance."""
     q, x, gen = run.q, run.x, run.gen
-    run.add(*_vertical_check(q, x, _random_algebra(q, x, gen)))
+    a = _random_algebra(q, x, gen)
+    run.add(*_vertical_check(q, x, a))
+    # no draw of its own: the checks after it draw the same vectors as before it existed
+    run.add(*_action_check(q, x, a), bound=max(run.tol, 1e-9))
     g = q.random_group_element(run.on_host, generator=gen).to(x[0].device)
     check_group_element_moves(q, x, g)
     if _overrides(q, "act_tangent"):
         run.add(*_act_tangent_check(q, x, run.u, g))
+    run.add(*_symmetry_check(q, x, run.u, run.w))
     if getattr(q, "invariant", True):
         run.add(*_invariance_check(q, x, run.u, run.w, g), bound=max(run.tol, 1e-9))
 
@@ -515,7 +542,8 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
     relies on, checked before it measures with a user's quotient.
 
     Always: ``vertical()`` against the derivative of ``act()``
-    (``vertical_is_orbit_velocity``), the symmetry of ``inner`` (``inner_symmetric``) and its
+    (``vertical_is_orbit_velocity``), ``act()`` a group action along a one-parameter subgroup
+    (``act_is_action``), the symmetry of ``inner`` (``inner_symmetric``) and its
     invariance under a random group element (``metric_invariance``, unless the quotient says
     ``invariant = False``), an overriding ``act_tangent`` against the jvp of ``act``. Then,
     when the class overrides one of :data:`CONTRACT_METHODS`, the operations of its frozen
@@ -564,9 +592,10 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
 
     u = _random_tangent_raw(x, nd, gen)
     w = _random_tangent_raw(x, nd, gen)
-    add(*_vertical_check(q, x, _random_algebra(q, x, gen)))
-    add("inner_symmetric", relative_error((q.inner(x, u, w),), (q.inner(x, w, u),)),
-        "<u, w>_x = <w, u>_x")
+    a = _random_algebra(q, x, gen)
+    add(*_vertical_check(q, x, a))
+    add(*_action_check(q, x, group_scale * a))
+    add(*_symmetry_check(q, x, u, w))
     g = q.random_group_element(x, scale=group_scale, generator=gen)
     check_group_element_moves(q, x, g)
     if _overrides(q, "act_tangent"):
