@@ -62,6 +62,19 @@ class ProjFloat32(Neuron):
         return tuple(t.float() for t in super().horizontal_projection(x, u))
 
 
+class TooLargeAlgebra(Neuron):
+    """Declares two algebra coordinates, but the group (and ``vertical``) uses the first only."""
+
+    def algebra_shape(self, x):
+        return (2,)
+
+    def vertical(self, x, a):
+        return a[..., :1] * x[0], -a[..., :1] * x[1]
+
+    def act(self, x, g):
+        return g[..., :1] * x[0], x[1] / g[..., :1]
+
+
 class ShiftAction(Neuron):
     """Scales both factors: not a symmetry of the MLP."""
 
@@ -136,6 +149,8 @@ MALFORMED = [
     (ProjOne, r"ProjOne\.horizontal_projection returned 1 tensor\(s\), expected 2"),
     (ProjFloat32, r"ProjFloat32\.horizontal_projection returned component 0 of dtype "
                   r"torch\.float32"),
+    (TooLargeAlgebra, r"TooLargeAlgebra\.vertical is not injective at the point: the vertical "
+                      r"vectors of the 2 basis elements"),
     (NaNIsotropic, r"NaNIsotropic\.frozen_point\(x\)\.isotropic returned non-finite"),
     (ZeroIsotropic, r"ZeroIsotropic\.frozen_point\(x\)\.isotropic returned zeros"),
 ]
@@ -154,7 +169,7 @@ def test_sharpness_names_the_malformed_method_not_a_degenerate_orbit(cls, patter
     assert "degenerate" not in str(info.value)
 
 
-@pytest.mark.parametrize(("cls", "pattern"), MALFORMED[:8])
+@pytest.mark.parametrize(("cls", "pattern"), MALFORMED[:9])
 def test_check_all_names_the_malformed_method(cls, pattern):
     with pytest.raises(ValueError, match=pattern):
         qs.checks.check_all(cls(point_shapes=[(4,), (3,)]), seed=0)

@@ -135,11 +135,32 @@ def _check_eigenvalues(q: SymmetryQuotient, x: Tensors) -> None:
             "u != 0")
 
 
+def _check_vertical_injective(q: SymmetryQuotient, x: Tensors, shape: tuple[int, ...]) -> None:
+    """The vertical vectors of the algebra's basis are linearly independent under the metric,
+    as the reference projection needs (small points only).
+
+    Its own error blames the point ("a degenerate orbit"); where the basis is dependent at a
+    generic point too, ``algebra_shape`` counts more directions than ``vertical`` uses.
+    """
+    k = torch.Size(shape).numel()
+    size = T.batch_shape(x, q.point_ndims).numel() * T.total_size(x, q.point_ndims)
+    if k == 0 or k * size > DENSE_METRIC_BUDGET:
+        return
+    gram = _call(q, "vertical", lambda: reference.vertical_gram(q, x)).detach()
+    if bool((torch.linalg.cholesky_ex(gram)[1] != 0).any()):
+        raise QuotientMethodError(
+            f"{type(q).__name__}.vertical is not injective at the point: the vertical vectors of "
+            f"the {k} basis elements of the algebra (algebra_shape {tuple(shape)}) are linearly "
+            "dependent under the metric; algebra_shape must be the group's dimension, and "
+            "vertical(x, a) must use every entry of a")
+
+
 def check_methods(q: SymmetryQuotient, x: Tensors) -> None:
     """Raise a :class:`QuotientMethodError` naming the first method of ``q`` whose output at
     the point ``x`` is malformed: ``algebra_shape``, ``vertical``, ``inner`` (positive on a random,
     a one-component and a vertical vector, and no negative eigenvalue of its dense matrix on a
-    small point), ``horizontal_projection`` and an overriding ``isotropic``."""
+    small point), ``vertical`` injective (on a small point), ``horizontal_projection`` and an
+    overriding ``isotropic``."""
     nd = q.point_ndims
     batch = T.batch_shape(x, nd)
     gen = torch.Generator(device=x[0].device).manual_seed(METHOD_CHECK_SEED)
@@ -157,6 +178,7 @@ def check_methods(q: SymmetryQuotient, x: Tensors) -> None:
     if torch.Size(shape).numel():
         _check_inner(q, x, v, "a vertical vector")
     _check_eigenvalues(q, x)
+    _check_vertical_injective(q, x, shape)
     _check_tensors(q, "horizontal_projection",
                    _call(q, "horizontal_projection", lambda: q.horizontal_projection(x, u)), x)
     frozen = _call(q, "frozen_point", lambda: q.at(x))
