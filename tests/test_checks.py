@@ -63,3 +63,26 @@ def test_check_all_names_an_asymmetric_inner(seed):
 def test_a_true_action_and_a_symmetric_inner_pass(quotient, seed):
     results = {r.name: r for r in qs.checks.check_all(quotient, seed=seed)}
     assert results["act_is_action"].passed and results["inner_symmetric"].passed
+
+
+class _StraightLineGeodesic(ReLUNeuronQuotient):
+    """An ``exact`` geodesic that is the straight line ``x + t u``: not the geodesic of the
+    metric, whose Christoffel symbols do not vanish."""
+
+    def geodesic_exact(self, x, u, t=1.0, steps=64):
+        return tuple(c + t * d for c, d in zip(x, u, strict=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_check_all_flags_an_exact_geodesic_inconsistent_with_christoffel(seed, dtype):
+    results = qs.checks.check_all(_StraightLineGeodesic(point_shapes=[(4,), (3,)]), seed=seed,
+                                  dtype=dtype)
+    assert "exact_geodesic_vs_ode" in _failed(results)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_closed_form_exact_geodesic_passes_in_float32(seed):
+    results = {r.name: r for r in qs.checks.check_all(qs.GLQuotient("inv", n=5, m=4, h=3),
+                                                      seed=seed, dtype=torch.float32)}
+    assert results["exact_geodesic_vs_ode"].passed
