@@ -333,3 +333,29 @@ def test_study_refuses_a_row_symmetry_when_geodesic_is_not_measured(tmp_path):
     assert message.count("\n") == 1
     assert "line 2: symmetry mod:bind applies to geodesic only" in message
     assert "adaptive" in message
+
+
+class ReducesOverDimOne(Neuron):
+    """Reduces over dim=1, not -1: right for points of one batch dimension only."""
+
+    def inner(self, x, u, v):
+        return ((u[0] * v[0]).sum(1) / x[0].square().sum(1)
+                + (u[1] * v[1]).sum(1) / x[1].square().sum(1))
+
+
+class UnbatchedOnly(Neuron):
+    """Matrix products of vectors: right for unbatched points only."""
+
+    def inner(self, x, u, v):
+        return (u[0] @ v[0]) / (x[0] @ x[0]) + (u[1] @ v[1]) / (x[1] @ x[1])
+
+
+@pytest.mark.parametrize(("cls", "batch_shape", "where"), [
+    (ReducesOverDimOne, (3,), r"\(\)"), (ReducesOverDimOne, (), r"\(\)"),
+    (ReducesOverDimOne, (2, 3), r"\(2, 3\)"), (UnbatchedOnly, (3,), r"\(3,\)")])
+def test_a_class_that_does_not_broadcast_is_named_not_the_point(cls, batch_shape, where):
+    pattern = (rf"{cls.__name__}\.inner raised .*, at points of batch shape {where} but not at "
+               r"points of batch shape .*must broadcast over any leading \(batch\) dimensions")
+    with pytest.raises(ValueError, match=pattern) as info:
+        qs.checks.check_all(cls(point_shapes=[(4,), (3,)]), seed=0, batch_shape=batch_shape)
+    assert "degenerate" not in str(info.value)

@@ -193,31 +193,54 @@ def check_methods(q: SymmetryQuotient, x: Tensors) -> None:
                                   "a Gaussian tangent vector is never zero")
 
 
+def _generic_point(q: SymmetryQuotient, x: Tensors, batch: Sequence[int]) -> Tensors:
+    """A random point of ``batch`` with the trailing shapes, dtype and device of ``x``."""
+    shapes = [tuple(c.shape[c.dim() - k:]) for c, k in zip(x, q.point_ndims, strict=True)]
+    generic = q.random_point(tuple(batch), shapes=shapes, dtype=x[0].dtype,
+                             generator=torch.Generator().manual_seed(METHOD_CHECK_SEED))
+    return tuple(t.to(x[0].device) for t in generic)
+
+
+def _malformed(q: SymmetryQuotient, x: Tensors) -> bool:
+    try:
+        check_methods(q, x)
+    except QuotientMethodError:
+        return True
+    return False
+
+
 def diagnose(q: SymmetryQuotient, x: Tensors) -> None:
     """:func:`check_methods` at ``x``, telling a defective class from a degenerate point.
 
     Raises
     ------
     QuotientMethodError
-        If a method is malformed at ``x`` and at a generic random point of the same shapes too.
+        If a method is malformed at ``x`` and at a generic random point of the same shapes too
+        (the message says so when it is well formed at a generic point of another batch shape:
+        the class does not broadcast over the leading dimensions).
     DegeneratePointError
         If the methods are malformed at ``x`` only (e.g. a zero unit of a scaling symmetry).
     """
     try:
         check_methods(q, x)
     except QuotientMethodError as at_point:
-        shapes = [tuple(c.shape[c.dim() - k:]) for c, k in zip(x, q.point_ndims, strict=True)]
-        generic = q.random_point((GENERIC_BATCH,), shapes=shapes, dtype=x[0].dtype,
-                                 generator=torch.Generator().manual_seed(METHOD_CHECK_SEED))
-        generic = tuple(t.to(x[0].device) for t in generic)
-        try:
-            check_methods(q, generic)
-        except QuotientMethodError:
-            raise at_point from None
-        raise DegeneratePointError(
-            f"the point is degenerate for {type(q).__name__} (e.g. a zero unit or factor): "
-            f"{at_point} there, not at a generic point; move the point off the singular set"
-        ) from at_point
+        batch = tuple(T.batch_shape(x, q.point_ndims))
+        if not _malformed(q, _generic_point(q, x, batch)):
+            raise DegeneratePointError(
+                f"the point is degenerate for {type(q).__name__} (e.g. a zero unit or factor): "
+                f"{at_point} there, not at a generic point; move the point off the singular set"
+            ) from at_point
+        others = [b for b in ((GENERIC_BATCH,), ()) if b != batch]
+        other = next((b for b in others if not _malformed(q, _generic_point(q, x, b))), None)
+        if other is not None:
+            # the shapes, not the values: a reduction over dim=1, an einsum without '...'
+            raise QuotientMethodError(
+                f"{at_point}, at points of batch shape {batch} but not at points of batch shape "
+                f"{other}: {type(q).__name__}'s methods must broadcast over any "
+                f"leading (batch) dimensions and work on the trailing point_ndims "
+                f"{tuple(q.point_ndims)} only (reduce with dim=-1, index with ..., einsum with "
+                "'...')") from at_point
+        raise at_point from None
 
 
 #: Smallest relative move ``max |g.x - x| / max |x|`` of a drawn group element: a random element
