@@ -86,3 +86,27 @@ def test_a_closed_form_exact_geodesic_passes_in_float32(seed):
     results = {r.name: r for r in qs.checks.check_all(qs.GLQuotient("inv", n=5, m=4, h=3),
                                                       seed=seed, dtype=torch.float32)}
     assert results["exact_geodesic_vs_ode"].passed
+
+
+class _UnraisedIndex(ReLUNeuronQuotient):
+    """``raise_index`` that forgets the metric: returns the covector itself."""
+
+    def raise_index(self, x, egrad):
+        return tuple(egrad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_check_all_flags_a_wrong_raise_index_as_check_contract_does(seed, dtype):
+    q = _UnraisedIndex(point_shapes=[(4,), (3,)])
+    assert "raise_index_vs_reference" in _failed(qs.checks.check_all(q, seed=seed, dtype=dtype))
+    x = q.random_point((2,), dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    assert "raise_index_vs_reference" in _failed(qs.checks.check_contract(q, x, seed=seed))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_closed_form_raise_index_passes(seed):
+    results = {r.name: r for r in qs.checks.check_all(qs.GLQuotient("mix", n=5, m=4, h=3),
+                                                      seed=seed)}
+    assert results["raise_index_vs_reference"].passed
+    assert not results["raise_index_vs_reference"].no_override

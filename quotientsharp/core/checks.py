@@ -331,6 +331,12 @@ def _gradient_checks(run: _CheckRun) -> None:
         default_of="euclidean_to_riemannian_gradient")
     run.add("gradient_horizontal", float(reference.horizontality_error(q, x, rgrad).max()),
             "reference horizontality error of the gradient")
+    # what the optimisers read (QuotientAdamW's raise operator): the quotient's and the frozen
+    # point's, which check_contract holds to the same reference
+    raised = reference.raise_index(q, x, egrad)
+    run.add("raise_index_vs_reference", max(relative_error(q.raise_index(x, egrad), raised),
+                                            relative_error(q.at(x).raise_index(egrad), raised)),
+            "g(x)^{-1} egrad against the dense metric solve", default_of="raise_index")
     if x[0].dtype != torch.float64:
         return
     h = _to(x[0].device, q.random_tangent(run.on_host, generator=gen))
