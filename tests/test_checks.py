@@ -45,7 +45,7 @@ def test_check_all_flags_a_map_that_is_not_a_group_action(seed, dtype):
 def test_check_contract_flags_a_map_that_is_not_a_group_action(seed):
     q = _NotAnAction()
     x = q.random_point((2,), shapes=[(4,), (3,)], dtype=torch.float64,
-                       generator=torch.Generator().manual_seed(seed))
+                       generator=torch.Generator().manual_seed(100 + seed))
     assert "act_is_action" in _failed(qs.checks.check_contract(q, x, seed=seed, group_scale=0.5))
 
 
@@ -100,7 +100,9 @@ class _UnraisedIndex(ReLUNeuronQuotient):
 def test_check_all_flags_a_wrong_raise_index_as_check_contract_does(seed, dtype):
     q = _UnraisedIndex(point_shapes=[(4,), (3,)])
     assert "raise_index_vs_reference" in _failed(qs.checks.check_all(q, seed=seed, dtype=dtype))
-    x = q.random_point((2,), dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    # its own seed: a point drawn with the contract's seed would equal the contract's vector u
+    x = q.random_point((2,), dtype=torch.float64,
+                       generator=torch.Generator().manual_seed(100 + seed))
     assert "raise_index_vs_reference" in _failed(qs.checks.check_contract(q, x, seed=seed))
 
 
