@@ -138,3 +138,17 @@ def test_builtin_quotients_skip_the_contract():
     assert not symmetry_check.builtin_quotient(ReLUNeuron())
     assert not symmetry_check.builtin_quotient(
         qs.ProductQuotient([qs.GLQuotient("mix"), ReLUNeuron()]))
+
+
+class NotAnAction(ReLUNeuron):
+    """The same orbits and derivative at the identity, but ``s(g) s(h) != s(g h)``."""
+
+    def act(self, x, g):
+        s = g + (g - 1) ** 2
+        return s * x[0], x[1] / s
+
+
+def test_a_map_that_is_not_a_group_action_is_refused():
+    with pytest.raises(qs.SymmetryCheckError, match=r"binding 'relu units': NotAnAction fails "
+                                                    r"act_is_action at the binding's point"):
+        _measure(NotAnAction())

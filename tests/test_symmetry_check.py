@@ -223,3 +223,39 @@ def test_geodesic_without_symmetry_warns_and_says_how_to_bind_one():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         qs.sharpness(mlp, [batch], rho=0.05, n_iter=3, progress=False, symmetries="none")
+
+
+def _train_mode_batchnorm():
+    model, batches = _batchnorm_model()
+    model.train()
+    return model, batches[0]
+
+
+@pytest.mark.parametrize(("from_point", "match"), [
+    # scales the rows it returns: not the inverse of to_point, yet the scaled rows are still
+    # a scaling of the model's rows, and train-mode BatchNorm absorbs it
+    (lambda x: {"0.weight": 2 * x[0][:, :-1], "0.bias": 2 * x[0][:, -1]},
+     r"binding 'bn rows': from_point is not the inverse of to_point on '0.weight'"),
+    (lambda x: {"0.weight": x[0][:, :-1].T, "0.bias": x[0][:, -1]},
+     r"binding 'bn rows': from_point\(to_point\(theta\)\) gives '0.weight' the shape \(5, 8\)"),
+])
+def test_check_symmetry_applies_the_binding_rules_of_sharpness(from_point, match):
+    model, batch = _train_mode_batchnorm()
+    with pytest.raises(ValueError, match=match):
+        qs.check_symmetry(model, _rows_binding(from_point=from_point), batch)
+
+
+def test_check_symmetry_refuses_folded_that_is_not_the_points_leading_dimensions():
+    model, batch = _train_mode_batchnorm()
+    binding = _rows_binding()
+    wrong = qs.QuotientBinding(binding.quotient, binding.parameters, binding.to_point,
+                               binding.from_point, folded=0, name="bn rows")
+    with pytest.raises(ValueError, match=r"binding 'bn rows': the point has \[1\] leading"):
+        qs.check_symmetry(model, wrong, batch)
+
+
+def test_check_symmetry_still_compares_alternative_bindings_of_the_same_parameters():
+    model, batch = _train_mode_batchnorm()
+    first, second = qs.check_symmetry(model, [_rows_binding("a"), _rows_binding("b")], batch)
+    assert (first.binding, second.binding) == ("a", "b")
+    assert first.loss_change == second.loss_change

@@ -29,6 +29,14 @@ class Indefinite(Neuron):
                 - (u[1] * v[1]).sum(-1) / x[1].square().sum(-1))
 
 
+class IndefiniteInOneCoordinate(Neuron):
+    """Negative along the first incoming weight only: random vectors rarely see it."""
+
+    def inner(self, x, u, v):
+        scale = x[0].square().sum(-1)
+        return super().inner(x, u, v) - 1.5 * u[0][..., 0] * v[0][..., 0] / scale
+
+
 class NaNInner(Neuron):
     def inner(self, x, u, v):
         return super().inner(x, u, v) * float("nan")
@@ -52,6 +60,19 @@ class ProjOne(Neuron):
 class ProjFloat32(Neuron):
     def horizontal_projection(self, x, u):
         return tuple(t.float() for t in super().horizontal_projection(x, u))
+
+
+class TooLargeAlgebra(Neuron):
+    """Declares two algebra coordinates, but the group (and ``vertical``) uses the first only."""
+
+    def algebra_shape(self, x):
+        return (2,)
+
+    def vertical(self, x, a):
+        return a[..., :1] * x[0], -a[..., :1] * x[1]
+
+    def act(self, x, g):
+        return g[..., :1] * x[0], x[1] / g[..., :1]
 
 
 class ShiftAction(Neuron):
@@ -120,12 +141,16 @@ def _sharpness(model, quotient):
 MALFORMED = [
     (NegDef, r"NegDef\.inner is not positive definite"),
     (Indefinite, r"Indefinite\.inner is not positive definite"),
+    (IndefiniteInOneCoordinate, r"IndefiniteInOneCoordinate\.inner is not positive definite: "
+                                r"its metric matrix at the point has the eigenvalue -"),
     (NaNInner, r"NaNInner\.inner returned non-finite"),
     (InnerRaises, r"InnerRaises\.inner raised RuntimeError: boom in inner"),
     (InnerInt, r"InnerInt\.inner returned dtype torch\.int64"),
     (ProjOne, r"ProjOne\.horizontal_projection returned 1 tensor\(s\), expected 2"),
     (ProjFloat32, r"ProjFloat32\.horizontal_projection returned component 0 of dtype "
                   r"torch\.float32"),
+    (TooLargeAlgebra, r"TooLargeAlgebra\.vertical is not injective at the point: the vertical "
+                      r"vectors of the 2 basis elements"),
     (NaNIsotropic, r"NaNIsotropic\.frozen_point\(x\)\.isotropic returned non-finite"),
     (ZeroIsotropic, r"ZeroIsotropic\.frozen_point\(x\)\.isotropic returned zeros"),
 ]
@@ -144,7 +169,7 @@ def test_sharpness_names_the_malformed_method_not_a_degenerate_orbit(cls, patter
     assert "degenerate" not in str(info.value)
 
 
-@pytest.mark.parametrize(("cls", "pattern"), MALFORMED[:7])
+@pytest.mark.parametrize(("cls", "pattern"), MALFORMED[:9])
 def test_check_all_names_the_malformed_method(cls, pattern):
     with pytest.raises(ValueError, match=pattern):
         qs.checks.check_all(cls(point_shapes=[(4,), (3,)]), seed=0)
@@ -308,3 +333,29 @@ def test_study_refuses_a_row_symmetry_when_geodesic_is_not_measured(tmp_path):
     assert message.count("\n") == 1
     assert "line 2: symmetry mod:bind applies to geodesic only" in message
     assert "adaptive" in message
+
+
+class ReducesOverDimOne(Neuron):
+    """Reduces over dim=1, not -1: right for points of one batch dimension only."""
+
+    def inner(self, x, u, v):
+        return ((u[0] * v[0]).sum(1) / x[0].square().sum(1)
+                + (u[1] * v[1]).sum(1) / x[1].square().sum(1))
+
+
+class UnbatchedOnly(Neuron):
+    """Matrix products of vectors: right for unbatched points only."""
+
+    def inner(self, x, u, v):
+        return (u[0] @ v[0]) / (x[0] @ x[0]) + (u[1] @ v[1]) / (x[1] @ x[1])
+
+
+@pytest.mark.parametrize(("cls", "batch_shape", "where"), [
+    (ReducesOverDimOne, (3,), r"\(\)"), (ReducesOverDimOne, (), r"\(\)"),
+    (ReducesOverDimOne, (2, 3), r"\(2, 3\)"), (UnbatchedOnly, (3,), r"\(3,\)")])
+def test_a_class_that_does_not_broadcast_is_named_not_the_point(cls, batch_shape, where):
+    pattern = (rf"{cls.__name__}\.inner raised .*, at points of batch shape {where} but not at "
+               r"points of batch shape .*must broadcast over any leading \(batch\) dimensions")
+    with pytest.raises(ValueError, match=pattern) as info:
+        qs.checks.check_all(cls(point_shapes=[(4,), (3,)]), seed=0, batch_shape=batch_shape)
+    assert "degenerate" not in str(info.value)

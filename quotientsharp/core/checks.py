@@ -170,6 +170,29 @@ def _vertical_check(q: SymmetryQuotient, x: Tensors, a: torch.Tensor) -> tuple[s
             "vertical(x, a) = d/ds act(x, exp(s a)) at s = 0")
 
 
+def _action_check(q: SymmetryQuotient, x: Tensors, a: torch.Tensor) -> tuple[str, float, str]:
+    """``act`` is an action along the one-parameter subgroup of ``a``: ``exp(0)`` fixes ``x``,
+    and ``act(act(x, exp(a / 2)), exp(a / 2)) = act(x, exp(a))``.
+
+    ``vertical_is_orbit_velocity`` sees ``act`` at first order only: a map that is not a group
+    action (``a(g h) != a(g) a(h)``) can agree with ``vertical`` and keep the metric invariant.
+    A one-parameter subgroup needs no group product, only ``group_exp``.
+    """
+    half = q.group_exp_at(x, 0.5 * a)
+    twice = q.act(q.act(x, half), half)
+    once = q.act(x, q.group_exp_at(x, a))
+    fixed = q.act(x, q.group_exp_at(x, torch.zeros_like(a)))
+    return ("act_is_action", max(relative_error(twice, once), relative_error(fixed, x)),
+            "act(act(x, exp(a/2)), exp(a/2)) = act(x, exp(a)), and act(x, exp(0)) = x")
+
+
+def _symmetry_check(q: SymmetryQuotient, x: Tensors, u: Tensors, w: Tensors
+                    ) -> tuple[str, float, str]:
+    """``<u, w>_x = <w, u>_x``."""
+    return ("inner_symmetric", relative_error((q.inner(x, u, w),), (q.inner(x, w, u),)),
+            "<u, w>_x = <w, u>_x")
+
+
 def _act_tangent_check(q: SymmetryQuotient, x: Tensors, u: Tensors, g: torch.Tensor
                        ) -> tuple[str, float, str]:
     """An overriding ``act_tangent`` against the jvp of ``act``."""
@@ -267,11 +290,15 @@ def _frozen_point_checks(run: _CheckRun) -> None:
 def _group_action_checks(run: _CheckRun) -> None:
     """``vertical`` against the orbit, an overriding ``act_tangent``, the metric's invariance."""
     q, x, gen = run.q, run.x, run.gen
-    run.add(*_vertical_check(q, x, _random_algebra(q, x, gen)))
+    a = _random_algebra(q, x, gen)
+    run.add(*_vertical_check(q, x, a))
+    # no draw of its own: the checks after it draw the same vectors as before it existed
+    run.add(*_action_check(q, x, a), bound=max(run.tol, 1e-9))
     g = q.random_group_element(run.on_host, generator=gen).to(x[0].device)
     check_group_element_moves(q, x, g)
     if _overrides(q, "act_tangent"):
         run.add(*_act_tangent_check(q, x, run.u, g))
+    run.add(*_symmetry_check(q, x, run.u, run.w))
     if getattr(q, "invariant", True):
         run.add(*_invariance_check(q, x, run.u, run.w, g), bound=max(run.tol, 1e-9))
 
@@ -304,6 +331,12 @@ def _gradient_checks(run: _CheckRun) -> None:
         default_of="euclidean_to_riemannian_gradient")
     run.add("gradient_horizontal", float(reference.horizontality_error(q, x, rgrad).max()),
             "reference horizontality error of the gradient")
+    # what the optimisers read (QuotientAdamW's raise operator): the quotient's and the frozen
+    # point's, which check_contract holds to the same reference
+    raised = reference.raise_index(q, x, egrad)
+    run.add("raise_index_vs_reference", max(relative_error(q.raise_index(x, egrad), raised),
+                                            relative_error(q.at(x).raise_index(egrad), raised)),
+            "g(x)^{-1} egrad against the dense metric solve", default_of="raise_index")
     if x[0].dtype != torch.float64:
         return
     h = _to(x[0].device, q.random_tangent(run.on_host, generator=gen))
@@ -335,14 +368,14 @@ def _geodesic_order_checks(run: _CheckRun, h: Tensors) -> None:
                                          floor=1e-14 * max(float(c.abs().max()) for c in x)))
 
 
-def _exact_geodesic_check(run: _CheckRun, h: Tensors) -> None:
+def _exact_geodesic_check(run: _CheckRun, h: Tensors, bound: float = 1e-7) -> None:
     """An overriding closed-form exact geodesic against RK4 integration."""
     v = T.scale(0.3, h, run.nd)
     # RK4 on this class's Gamma, which christoffel_vs_reference holds against autograd
     ode = reference.geodesic_ode(run.x, v, 1.0, run.nd, run.q.christoffel, steps=128)
     run.add("exact_geodesic_vs_ode", relative_error(run.q.geodesic(run.x, v, order="exact"), ode),
             "closed-form exact geodesic against RK4 integration of the geodesic equation",
-            bound=1e-7)
+            bound=bound)
 
 
 def _geodesic_horizontal_check(run: _CheckRun, h: Tensors) -> None:
@@ -364,16 +397,29 @@ def _geodesic_horizontal_check(run: _CheckRun, h: Tensors) -> None:
 
 
 def _geodesic_checks(run: _CheckRun) -> None:
-    """Geodesic orders, an overriding exact geodesic, horizontality kept (float64 only)."""
+    """Geodesic orders, an overriding exact geodesic, horizontality kept; in another dtype than
+    float64, whose rounding hides the slopes, the overriding exact geodesic only."""
     q, x = run.q, run.x
-    if x[0].dtype != torch.float64:
+    float64 = x[0].dtype == torch.float64
+    if not (float64 or _overrides(q, "geodesic_exact")):
         return
     h = _within_domain(q, x, _to(x[0].device, q.random_tangent(run.on_host, generator=run.gen)))
+    if not float64:
+        # a wrong closed form is off at order one, far above the dtype's tolerance
+        _exact_geodesic_check(run, h, bound=run.tol)
+        return
     _geodesic_order_checks(run, h)
     if _overrides(q, "geodesic_exact"):
         _exact_geodesic_check(run, h)
     if getattr(q, "invariant", True):
         _geodesic_horizontal_check(run, h)
+
+
+def _first_element(x: Tensors, ndims: Sequence[int]) -> Tensors:
+    """The point of the first index of every batch dimension of ``x`` (no batch dimension)."""
+    batch = T.batch_shape(x, ndims)
+    return tuple(c.expand(*batch, *c.shape[c.dim() - k:])[(0,) * len(batch)]
+                 for c, k in zip(x, ndims, strict=True))
 
 
 def _broadcast_check(run: _CheckRun) -> None:
@@ -435,7 +481,8 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
         Seed of all random draws.
     dtype
         Floating dtype of the random point. Tolerances: ``1e-10`` relative in float64,
-        ``1e-4`` otherwise; Taylor slopes are fitted in float64 only.
+        ``1e-4`` otherwise; Taylor slopes, geodesic slopes and a geodesic's horizontality are
+        checked in float64 only (an overriding exact geodesic is held to RK4 in every dtype).
     point
         Check at this point instead of a random one.
     batch_shape
@@ -465,8 +512,11 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
         for checks in _CHECK_GROUPS:
             checks(run)
     except (ValueError, RuntimeError, TypeError, IndexError) as err:
-        # a failure deep in a check (a Cholesky, a zip) is named by the method that caused it
+        # a failure deep in a check (a Cholesky, a zip) is named by the method that caused it,
+        # at the point, then at one element of it (broadcast_equals_loop runs unbatched points)
         diagnose(quotient, x)
+        if T.batch_shape(x, quotient.point_ndims).numel() > 1:
+            diagnose(quotient, _first_element(x, quotient.point_ndims))
         raise err
     if any(not math.isfinite(r.error) for r in run.results):
         diagnose(quotient, x)
@@ -515,7 +565,8 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
     relies on, checked before it measures with a user's quotient.
 
     Always: ``vertical()`` against the derivative of ``act()``
-    (``vertical_is_orbit_velocity``), the symmetry of ``inner`` (``inner_symmetric``) and its
+    (``vertical_is_orbit_velocity``), ``act()`` a group action along a one-parameter subgroup
+    (``act_is_action``), the symmetry of ``inner`` (``inner_symmetric``) and its
     invariance under a random group element (``metric_invariance``, unless the quotient says
     ``invariant = False``), an overriding ``act_tangent`` against the jvp of ``act``. Then,
     when the class overrides one of :data:`CONTRACT_METHODS`, the operations of its frozen
@@ -564,9 +615,10 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
 
     u = _random_tangent_raw(x, nd, gen)
     w = _random_tangent_raw(x, nd, gen)
-    add(*_vertical_check(q, x, _random_algebra(q, x, gen)))
-    add("inner_symmetric", relative_error((q.inner(x, u, w),), (q.inner(x, w, u),)),
-        "<u, w>_x = <w, u>_x")
+    a = _random_algebra(q, x, gen)
+    add(*_vertical_check(q, x, a))
+    add(*_action_check(q, x, group_scale * a))
+    add(*_symmetry_check(q, x, u, w))
     g = q.random_group_element(x, scale=group_scale, generator=gen)
     check_group_element_moves(q, x, g)
     if _overrides(q, "act_tangent"):

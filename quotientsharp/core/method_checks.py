@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from quotientsharp.core import _tuples as T
+from quotientsharp.core import reference
 from quotientsharp.core.frozen import FrozenPoint
 from quotientsharp.core.quotient import SymmetryQuotient
 
@@ -23,6 +24,9 @@ Tensors = tuple[torch.Tensor, ...]
 METHOD_CHECK_SEED = 12345
 #: Batch size of the generic point :func:`diagnose` compares with.
 GENERIC_BATCH = 2
+#: Largest ``batch size x N^2`` (``N`` coordinates of a point) for which :func:`check_methods`
+#: forms the dense metric to check its eigenvalues; above it, random vectors only.
+DENSE_METRIC_BUDGET = 4_000_000
 
 
 class QuotientMethodError(ValueError):
@@ -100,11 +104,63 @@ def _check_inner(q: SymmetryQuotient, x: Tensors, u: Tensors, label: str) -> Non
             f"{label} (a metric needs <u, u>_x > 0 for every u != 0)")
 
 
+def _check_eigenvalues(q: SymmetryQuotient, x: Tensors) -> None:
+    """The dense metric at ``x`` has no clearly negative eigenvalue (small points only).
+
+    Random vectors miss a metric that is negative in one direction only (a wrong sign on one
+    coordinate): the Cholesky factor of the ascent would then fail, far from the cause, or a
+    closed-form gradient would measure with an indefinite form. Only eigenvalues below
+    ``-sqrt(eps)`` times the largest count: a valid metric that is merely ill-conditioned at the
+    point (a tiny unit of a scaling symmetry) has rounding-level ones, and is no defect.
+    """
+    n = T.total_size(x, q.point_ndims)
+    if n == 0 or T.batch_shape(x, q.point_ndims).numel() * n * n > DENSE_METRIC_BUDGET:
+        return
+    try:
+        gmat = reference.metric_matrix(q, x).detach()
+    except Exception:  # noqa: BLE001 - only a supplement to the random vectors checked above
+        # an inner that torch.func cannot batch (vmap) may still be a valid closed form
+        return
+    # the symmetric part: an asymmetric inner is reported by the inner_symmetric check
+    eig = torch.linalg.eigvalsh(0.5 * (gmat + gmat.mT))
+    largest = eig.abs().amax(-1)
+    smallest = eig[..., 0]
+    bound = -(torch.finfo(eig.dtype).eps ** 0.5) * largest
+    if bool((smallest < bound).any()):
+        worst = int(torch.argmin(smallest / largest.clamp_min(torch.finfo(eig.dtype).tiny)))
+        raise QuotientMethodError(
+            f"{type(q).__name__}.inner is not positive definite: its metric matrix at the point "
+            f"has the eigenvalue {float(smallest.flatten()[worst]):.3g} (largest "
+            f"{float(largest.flatten()[worst]):.3g}); a metric needs <u, u>_x > 0 for every "
+            "u != 0")
+
+
+def _check_vertical_injective(q: SymmetryQuotient, x: Tensors, shape: tuple[int, ...]) -> None:
+    """The vertical vectors of the algebra's basis are linearly independent under the metric,
+    as the reference projection needs (small points only).
+
+    Its own error blames the point ("a degenerate orbit"); where the basis is dependent at a
+    generic point too, ``algebra_shape`` counts more directions than ``vertical`` uses.
+    """
+    k = torch.Size(shape).numel()
+    size = T.batch_shape(x, q.point_ndims).numel() * T.total_size(x, q.point_ndims)
+    if k == 0 or k * size > DENSE_METRIC_BUDGET:
+        return
+    gram = _call(q, "vertical", lambda: reference.vertical_gram(q, x)).detach()
+    if bool((torch.linalg.cholesky_ex(gram)[1] != 0).any()):
+        raise QuotientMethodError(
+            f"{type(q).__name__}.vertical is not injective at the point: the vertical vectors of "
+            f"the {k} basis elements of the algebra (algebra_shape {tuple(shape)}) are linearly "
+            "dependent under the metric; algebra_shape must be the group's dimension, and "
+            "vertical(x, a) must use every entry of a")
+
+
 def check_methods(q: SymmetryQuotient, x: Tensors) -> None:
     """Raise a :class:`QuotientMethodError` naming the first method of ``q`` whose output at
     the point ``x`` is malformed: ``algebra_shape``, ``vertical``, ``inner`` (positive on a random,
-    a one-component and a vertical vector), ``horizontal_projection`` and an overriding
-    ``isotropic``."""
+    a one-component and a vertical vector, and no negative eigenvalue of its dense matrix on a
+    small point), ``vertical`` injective (on a small point), ``horizontal_projection`` and an
+    overriding ``isotropic``."""
     nd = q.point_ndims
     batch = T.batch_shape(x, nd)
     gen = torch.Generator(device=x[0].device).manual_seed(METHOD_CHECK_SEED)
@@ -121,6 +177,8 @@ def check_methods(q: SymmetryQuotient, x: Tensors) -> None:
         _check_inner(q, x, alone, f"a vector in component {i} only")
     if torch.Size(shape).numel():
         _check_inner(q, x, v, "a vertical vector")
+    _check_eigenvalues(q, x)
+    _check_vertical_injective(q, x, shape)
     _check_tensors(q, "horizontal_projection",
                    _call(q, "horizontal_projection", lambda: q.horizontal_projection(x, u)), x)
     frozen = _call(q, "frozen_point", lambda: q.at(x))
@@ -135,31 +193,54 @@ def check_methods(q: SymmetryQuotient, x: Tensors) -> None:
                                   "a Gaussian tangent vector is never zero")
 
 
+def _generic_point(q: SymmetryQuotient, x: Tensors, batch: Sequence[int]) -> Tensors:
+    """A random point of ``batch`` with the trailing shapes, dtype and device of ``x``."""
+    shapes = [tuple(c.shape[c.dim() - k:]) for c, k in zip(x, q.point_ndims, strict=True)]
+    generic = q.random_point(tuple(batch), shapes=shapes, dtype=x[0].dtype,
+                             generator=torch.Generator().manual_seed(METHOD_CHECK_SEED))
+    return tuple(t.to(x[0].device) for t in generic)
+
+
+def _malformed(q: SymmetryQuotient, x: Tensors) -> bool:
+    try:
+        check_methods(q, x)
+    except QuotientMethodError:
+        return True
+    return False
+
+
 def diagnose(q: SymmetryQuotient, x: Tensors) -> None:
     """:func:`check_methods` at ``x``, telling a defective class from a degenerate point.
 
     Raises
     ------
     QuotientMethodError
-        If a method is malformed at ``x`` and at a generic random point of the same shapes too.
+        If a method is malformed at ``x`` and at a generic random point of the same shapes too
+        (the message says so when it is well formed at a generic point of another batch shape:
+        the class does not broadcast over the leading dimensions).
     DegeneratePointError
         If the methods are malformed at ``x`` only (e.g. a zero unit of a scaling symmetry).
     """
     try:
         check_methods(q, x)
     except QuotientMethodError as at_point:
-        shapes = [tuple(c.shape[c.dim() - k:]) for c, k in zip(x, q.point_ndims, strict=True)]
-        generic = q.random_point((GENERIC_BATCH,), shapes=shapes, dtype=x[0].dtype,
-                                 generator=torch.Generator().manual_seed(METHOD_CHECK_SEED))
-        generic = tuple(t.to(x[0].device) for t in generic)
-        try:
-            check_methods(q, generic)
-        except QuotientMethodError:
-            raise at_point from None
-        raise DegeneratePointError(
-            f"the point is degenerate for {type(q).__name__} (e.g. a zero unit or factor): "
-            f"{at_point} there, not at a generic point; move the point off the singular set"
-        ) from at_point
+        batch = tuple(T.batch_shape(x, q.point_ndims))
+        if not _malformed(q, _generic_point(q, x, batch)):
+            raise DegeneratePointError(
+                f"the point is degenerate for {type(q).__name__} (e.g. a zero unit or factor): "
+                f"{at_point} there, not at a generic point; move the point off the singular set"
+            ) from at_point
+        others = [b for b in ((GENERIC_BATCH,), ()) if b != batch]
+        other = next((b for b in others if not _malformed(q, _generic_point(q, x, b))), None)
+        if other is not None:
+            # the shapes, not the values: a reduction over dim=1, an einsum without '...'
+            raise QuotientMethodError(
+                f"{at_point}, at points of batch shape {batch} but not at points of batch shape "
+                f"{other}: {type(q).__name__}'s methods must broadcast over any "
+                f"leading (batch) dimensions and work on the trailing point_ndims "
+                f"{tuple(q.point_ndims)} only (reduce with dim=-1, index with ..., einsum with "
+                "'...')") from at_point
+        raise at_point from None
 
 
 #: Smallest relative move ``max |g.x - x| / max |x|`` of a drawn group element: a random element

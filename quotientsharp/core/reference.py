@@ -64,6 +64,12 @@ def _vertical_gram(q: SymmetryQuotient, x: Tensors, basis: Tensors) -> torch.Ten
     return gram.permute(*range(2, dims), 0, 1)
 
 
+def vertical_gram(q: SymmetryQuotient, x: Tensors) -> torch.Tensor:
+    """The Gram matrix ``<V_k, V_l>_x`` of the vertical vectors of the algebra's basis,
+    ``shape=[*batch, K, K]``."""
+    return _vertical_gram(q, x, vertical_basis(q, x))
+
+
 def vertical_coefficients(q: SymmetryQuotient, x: Tensors, u: Tensors) -> torch.Tensor:
     """Coefficients ``a`` of the metric-orthogonal projection of ``u`` onto the vertical space.
 

@@ -30,7 +30,7 @@ from quotientsharp.core.method_checks import (
 )
 from quotientsharp.core.quotient import SymmetryQuotient
 from quotientsharp.core.validation import check_count
-from quotientsharp.models.binding import QuotientBinding, Tensors
+from quotientsharp.models.binding import QuotientBinding, Tensors, validate_bindings
 
 #: ``params -> (loss, outputs)``: the model on one batch with ``params`` (by name) replaced.
 Evaluate = Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor | None]]
@@ -367,9 +367,11 @@ def check_symmetry(model: nn.Module, bindings: QuotientBinding | Sequence[Quotie
         symmetry does not hold is reported (``passed`` false), not raised; a quotient whose
         methods are malformed at the binding's point, or a degenerate point.
     TypeError, ValueError
-        For ``bindings`` not bindings (or none), a ``batch`` that is not ``(inputs, target)``
-        or a mapping with ``labels``, a forward that fails on ``batch``, or a loss or outputs
-        that are not finite at ``theta``.
+        For ``bindings`` not bindings (or none), a binding that breaks a rule of
+        :func:`~quotientsharp.models.binding.validate_bindings` (``from_point`` not the inverse of
+        ``to_point``, ``folded`` not the point's leading dimensions), a ``batch`` that is not
+        ``(inputs, target)`` or a mapping with ``labels``, a forward that fails on ``batch``, or
+        a loss or outputs that are not finite at ``theta``.
     """
     bindings = _checked_bindings(bindings)
     named = dict(model.named_parameters())
@@ -379,6 +381,13 @@ def check_symmetry(model: nn.Module, bindings: QuotientBinding | Sequence[Quotie
             raise SymmetryCheckError(f"binding {binding.name!r} names {missing}, which the "
                                      "model has no parameter of")
     params = {n: p.detach() for n, p in named.items()}
+    for binding in bindings:
+        # the rules sharpness() applies to each binding (a round trip through the point, the
+        # point's tensors and folded dimensions): without them a from_point that is not the
+        # inverse of to_point could be reported as a symmetry that holds. One at a time: the
+        # rules between bindings (no shared parameter) are sharpness()'s, and check_symmetry
+        # may compare alternative bindings of the same parameters
+        validate_bindings([binding], params)
     buffers = dict(model.named_buffers())
     args, kwargs, target = _split_batch(batch)
 
