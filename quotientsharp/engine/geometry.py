@@ -32,6 +32,7 @@ from quotientsharp.engine.coordinates import (
 )
 from quotientsharp.engine.functional import FunctionalModel
 from quotientsharp.engine.touched_rows import RestrictedTable, TouchedRowCoordinates
+from quotientsharp.models.symmetry_check import SymmetryCheckError
 
 OTHER_PATHS = ("line", "geodesic")
 
@@ -120,7 +121,9 @@ def _check_user_factor(factor: Factor, part: Any) -> None:
         diagnose(factor.quotient, tuple(t.detach()[units] for t in factor.base))
         part.horizontal_projection(tuple(torch.zeros_like(t) for t in factor.base))
     except QuotientMethodError as err:
-        raise ValueError(f"{factor.name} block (checked on its first units): {err}") from err
+        # a method of the user's class is wrong: the binding's failure, as the other checks'
+        raise SymmetryCheckError(f"{factor.name} block (checked on its first units): "
+                                 f"{err}") from err
     except (ValueError, RuntimeError) as err:
         raise ValueError(f"{factor.name} block ({factor.quotient.name}): the geometry is "
                          f"degenerate at theta (e.g. a zero unit or factor): {err}") from err
