@@ -272,7 +272,7 @@ def _metric_ratios(factor: Any, top: Tensors, bottom: Tensors) -> torch.Tensor:
     Read in the metric at the frozen point, both norms are unchanged by the group wherever the
     metric is invariant (the point, a path and its second-order term move covariantly), so
     ``local`` does not depend on which point of the orbit the model holds; Frobenius norms of the
-    factors do (a GL element of condition 10 changed them by a third on a BERT). Under mix the
+    factors do (a group element rescales the factors). Under mix the
     ratio of ``G`` is ``||dG H^T|| / ||G H^T||`` (the product's relative change from ``G``'s
     move), under inv ``||dG S_G^{-1/2}|| / ||G S_G^{-1/2}||`` (each direction relative to ``G``'s
     own singular value), under the Euclidean metric the Frobenius ratio.
