@@ -11,7 +11,9 @@ reach estimate, whether the ball was local and the forward+backward passes.
 
 Run: ``python benchmarks/worst_case_chains.py bert 0 --rhos 0.1 0.3 --min-chains 2 3
 [--pretrained DIR]`` (about a minute per radius for a BERT of the family, several for a ViT
-fine-tune on two cores).
+fine-tune on two cores). ``--probe B`` instead measures batch ``B`` with single ascents
+(``reach=False``): from ``xi = 0`` with 20, 40, 80 and 200 steps, and from 4 random starts
+with 20 steps (seeds 0-3): where the basins of the ball lie.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-chains", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--pretrained", type=Path, default=Path("."),
                         help="the folder of the reach run's pretrained.pt (fine-tune families)")
+    parser.add_argument("--probe", type=int, default=None, metavar="B",
+                        help="single ascents on batch B instead of the chains' comparison")
     args = parser.parse_args(argv)
     import quotientsharp as qs
     from quotientsharp.reproduce.families.data import sharpness_batches
@@ -51,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
                for s in family_measures(1.0, 1.0, 1.0, 1.0)}["worst_case"]
     common = dict(n_iter=variant.n_iter, seed=0, progress=False, **options)
     warnings.simplefilter("ignore", qs.ReachWarning)    # read off the result instead
+    if args.probe is not None:
+        _probe(model, batches[args.probe:args.probe + 1], args, options)
+        return 0
     for rho in args.rhos:
         reference = qs.sharpness(model, batches, rho=rho, reach=False, reference_solve={
             "n_iter": 10 * variant.n_iter, "restarts": 2}, **common).reference_per_batch
@@ -65,6 +72,23 @@ def main(argv: list[str] | None = None) -> int:
                                   "reach": result.reach[b], "local": result.locality[b]["local"],
                                   "passes": result.evaluations[b]}), flush=True)
     return 0
+
+
+def _probe(model: torch.nn.Module, batch: list, args: argparse.Namespace,
+           options: dict) -> None:
+    """Single ascents on one batch: from ``xi = 0`` at several lengths, from random starts."""
+    import quotientsharp as qs
+
+    runs = [({"n_iter": n, "seed": 0}, f"from xi = 0, {n} steps") for n in (20, 40, 80, 200)]
+    runs += [({"n_iter": 20, "seed": s, "random_init": True}, f"random start (seed {s}), 20 steps")
+             for s in range(4)]
+    for rho in args.rhos:
+        for settings, label in runs:
+            value = qs.sharpness(model, batch, rho=rho, reach=False, progress=False,
+                                 **settings, **options).value
+            print(json.dumps({"unit": f"{args.family}:{args.index}", "rho": rho,
+                              "batch": args.probe, "ascent": label, "value": value}),
+                  flush=True)
 
 
 if __name__ == "__main__":
