@@ -210,7 +210,8 @@ class Locality:
     (``factor_displacement`` of ``factor``) and ``||Gamma(xi, xi) / 2||_g / ||xi||_g`` over the
     curved factors' (``second_order`` of ``second_order_factor``), both in the factor's metric
     at theta, one tensor at a time (:func:`_metric_ratios`); ``None`` where there is no
-    such factor, or with a name where the ratio is not finite even in float64 (not local)."""
+    such factor, or with a name where the ratio is not finite (for ``displacement``, not even in
+    float64): not local."""
 
     displacement: float | None
     parameter: str | None
