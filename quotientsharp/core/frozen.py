@@ -32,8 +32,7 @@ def check_order(order: object) -> int | str:
 
 
 class Quotient(reference.Quotient, Protocol):
-    """The methods of a :class:`~quotientsharp.SymmetryQuotient` that the generic frozen point
-    delegates to (the quotient module imports this one, so they are named here)."""
+    """What a frozen point calls of its quotient (a protocol: the quotient module imports this)."""
 
     def horizontal_projection(self, x: Tensors, u: Tensors) -> Tensors: ...
     def vertical_projection(self, x: Tensors, u: Tensors) -> Tensors: ...

@@ -21,8 +21,7 @@ Tensors = tuple[torch.Tensor, ...]
 
 
 class Quotient(Protocol):
-    """The members of a quotient that these defaults read (:class:`~quotientsharp.SymmetryQuotient`
-    imports this module, so it is typed here by this protocol)."""
+    """What these defaults read of a quotient (a protocol: the quotient module imports this one)."""
 
     @property
     def point_ndims(self) -> tuple[int, ...]: ...

@@ -364,8 +364,8 @@ BLOCK_COLOURS = {"head": "#1f77b4", "diagonal": "#2ca02c", "binding": "#9467bd",
 
 
 class BlockwiseResult(Protocol):
-    """What :func:`plot_blocks` reads of a :class:`~quotientsharp.engine.SharpnessResult` (whose
-    module imports this one, so it is named here by its members)."""
+    """What :func:`plot_blocks` reads of a :class:`~quotientsharp.engine.SharpnessResult` (a
+    protocol: that class's module imports this one)."""
 
     measure: str
     settings: dict[str, Any]

@@ -42,8 +42,8 @@ def vertical_vector(G: torch.Tensor, H: torch.Tensor, X: torch.Tensor) -> Tensor
 
 
 class GLQuotientMembers(frozen.Quotient, Protocol):
-    """What a GL(h) point reads of its :class:`~quotientsharp.core.gl.GLQuotient` (whose module
-    imports this one, so it is named here by its members)."""
+    """What a GL(h) point reads of its :class:`~quotientsharp.core.gl.GLQuotient` (a protocol:
+    that class's module imports this one)."""
 
     @property
     def eps(self) -> float: ...

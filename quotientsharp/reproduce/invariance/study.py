@@ -33,6 +33,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quotientsharp.reproduce.config import InvarianceConfig, check_config, run_study_command
+from quotientsharp.reproduce.invariance.report import (
+    CSV_COLUMNS,
+    combined_rows,
+    console_lines,
+    page_data,
+    plot_relative_changes,
+)
 from quotientsharp.reproduce.invariance.settings import (
     DTYPES,
     FULL,
@@ -232,12 +239,6 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
     :data:`FULL` and :data:`QUICK` (``quick`` then only names the default folder).
     """
     from quotientsharp.engine.options import check_int
-    from quotientsharp.reproduce.invariance.report import (
-        CSV_COLUMNS,
-        combined_rows,
-        page_data,
-        plot_relative_changes,
-    )
     from quotientsharp.reproduce.results_page import check_renderer, page_document, write_page
     from quotientsharp.workflows.files import write_csv_atomic, write_json_atomic
     from quotientsharp.workflows.resumable import rank0_value
@@ -426,8 +427,6 @@ def run(config: InvarianceConfig) -> int:
                                 settings=variant)
 
     def report(outcome: InvarianceOutcome) -> None:
-        from quotientsharp.reproduce.invariance.report import console_lines
-
         print("\n".join(console_lines(outcome.page["page"])))
         walls = ", ".join(f"{d} {w:.1f} s" for d, w in outcome.wall_seconds.items())
         print(f"computed now: {sum(map(len, outcome.computed_now.values()))} point(s); wall "
