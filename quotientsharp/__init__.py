@@ -8,7 +8,7 @@ imported on first use (PEP 562): ``import quotientsharp`` and ``--help`` import 
 from importlib import import_module as _import_module
 from typing import TYPE_CHECKING
 
-__version__ = "0.3.0"
+from quotientsharp._version import __version__
 
 #: The module that defines them -> public names.
 _EXPORTS: dict[str, tuple[str, ...]] = {

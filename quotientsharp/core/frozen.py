@@ -8,16 +8,13 @@ loop): the quotient validates before delegating.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from quotientsharp.core import _tuples as T
 from quotientsharp.core import reference
 from quotientsharp.core.validation import check_time
-
-if TYPE_CHECKING:
-    from quotientsharp.core.quotient import SymmetryQuotient
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -32,6 +29,21 @@ def check_order(order: object) -> int | str:
     if isinstance(order, bool) or not isinstance(order, (int, str)) or order not in ORDERS:
         raise ValueError(f"order must be 1, 2 or 'exact', got {order!r}")
     return order
+
+
+class Quotient(reference.Quotient, Protocol):
+    """What a frozen point calls of its quotient (a protocol: the quotient module imports this)."""
+
+    def horizontal_projection(self, x: Tensors, u: Tensors) -> Tensors: ...
+    def vertical_projection(self, x: Tensors, u: Tensors) -> Tensors: ...
+    def horizontality_error(self, x: Tensors, u: Tensors) -> torch.Tensor: ...
+    def raise_index(self, x: Tensors, egrad: Tensors) -> Tensors: ...
+    def euclidean_to_riemannian_gradient(self, x: Tensors, egrad: Tensors) -> Tensors: ...
+    def christoffel(self, x: Tensors, u: Tensors, v: Tensors | None = None) -> Tensors: ...
+    def geodesic_exact(self, x: Tensors, u: Tensors, t: float = 1.0, steps: int = 64
+                       ) -> Tensors: ...
+    def frozen_point(self, x: Tensors) -> FrozenPoint: ...
+    def at(self, x: Tensors) -> FrozenPoint: ...
 
 
 class FrozenPoint:
@@ -56,7 +68,7 @@ class FrozenPoint:
     #: built-in closed forms say so; a user's frozen point is not assumed to.
     new_gradients: bool = False
 
-    def __init__(self, quotient: SymmetryQuotient, x: Sequence[torch.Tensor]) -> None:
+    def __init__(self, quotient: Quotient, x: Sequence[torch.Tensor]) -> None:
         self.quotient = quotient
         self.x: Tensors = tuple(x)
 

@@ -11,16 +11,23 @@ for checks and small user quotients but not for a whole transformer.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import Any, Literal, Protocol, overload
 
 import torch
 
 from quotientsharp.core import _tuples as T
 
-if TYPE_CHECKING:
-    from quotientsharp.core.quotient import SymmetryQuotient
-
 Tensors = tuple[torch.Tensor, ...]
+
+
+class Quotient(Protocol):
+    """What these defaults read of a quotient (a protocol: the quotient module imports this one)."""
+
+    @property
+    def point_ndims(self) -> tuple[int, ...]: ...
+    def inner(self, x: Tensors, u: Tensors, v: Tensors) -> torch.Tensor: ...
+    def vertical(self, x: Tensors, a: torch.Tensor) -> Tensors: ...
+    def algebra_shape(self, x: Tensors) -> tuple[int, ...]: ...
 
 
 def jvp_pair(function: Callable[..., Any], primals: tuple[Any, ...],
@@ -41,7 +48,7 @@ def jvp_pair(function: Callable[..., Any], primals: tuple[Any, ...],
     return output, pushed
 
 
-def _algebra_basis(q: SymmetryQuotient, x: Tensors) -> tuple[torch.Tensor, torch.Size]:
+def _algebra_basis(q: Quotient, x: Tensors) -> tuple[torch.Tensor, torch.Size]:
     """Standard basis of the Lie algebra, ``shape=[K, *batch, *algebra_shape]``."""
     batch = T.batch_shape(x, q.point_ndims)
     shape = torch.Size(q.algebra_shape(x))
@@ -51,26 +58,26 @@ def _algebra_basis(q: SymmetryQuotient, x: Tensors) -> tuple[torch.Tensor, torch
     return basis, batch
 
 
-def vertical_basis(q: SymmetryQuotient, x: Tensors) -> Tensors:
+def vertical_basis(q: Quotient, x: Tensors) -> Tensors:
     """The vertical vectors of the algebra's basis, each component ``shape=[K, *batch, ...]``."""
     basis, _ = _algebra_basis(q, x)
     return torch.vmap(lambda a: q.vertical(x, a))(basis)
 
 
-def _vertical_gram(q: SymmetryQuotient, x: Tensors, basis: Tensors) -> torch.Tensor:
+def _vertical_gram(q: Quotient, x: Tensors, basis: Tensors) -> torch.Tensor:
     """``M[..., k, l] = <V_k, V_l>_x``, ``shape=[*batch, K, K]``."""
     gram = torch.vmap(lambda vk: torch.vmap(lambda vl: q.inner(x, vk, vl))(basis))(basis)
     dims = gram.dim()
     return gram.permute(*range(2, dims), 0, 1)
 
 
-def vertical_gram(q: SymmetryQuotient, x: Tensors) -> torch.Tensor:
+def vertical_gram(q: Quotient, x: Tensors) -> torch.Tensor:
     """The Gram matrix ``<V_k, V_l>_x`` of the vertical vectors of the algebra's basis,
     ``shape=[*batch, K, K]``."""
     return _vertical_gram(q, x, vertical_basis(q, x))
 
 
-def vertical_coefficients(q: SymmetryQuotient, x: Tensors, u: Tensors) -> torch.Tensor:
+def vertical_coefficients(q: Quotient, x: Tensors, u: Tensors) -> torch.Tensor:
     """Coefficients ``a`` of the metric-orthogonal projection of ``u`` onto the vertical space.
 
     Solves the normal equations ``M a = b`` with ``M_kl = <V_k, V_l>`` and ``b_k = <V_k, u>``.
@@ -91,12 +98,12 @@ def vertical_coefficients(q: SymmetryQuotient, x: Tensors, u: Tensors) -> torch.
     return torch.cholesky_solve(rhs[..., :1], chol).squeeze(-1)
 
 
-def _trivial_group(q: SymmetryQuotient, x: Tensors) -> bool:
+def _trivial_group(q: Quotient, x: Tensors) -> bool:
     """Whether the algebra at ``x`` is zero-dimensional (no vertical space)."""
     return torch.Size(q.algebra_shape(x)).numel() == 0
 
 
-def vertical_projection(q: SymmetryQuotient, x: Tensors, u: Tensors) -> Tensors:
+def vertical_projection(q: Quotient, x: Tensors, u: Tensors) -> Tensors:
     """Metric-orthogonal projection of ``u`` onto the vertical space at ``x``."""
     if _trivial_group(q, x):
         return tuple(torch.zeros_like(c) for c in u)
@@ -105,12 +112,12 @@ def vertical_projection(q: SymmetryQuotient, x: Tensors, u: Tensors) -> Tensors:
     return q.vertical(x, coeffs.reshape(*coeffs.shape[:-1], *shape))
 
 
-def horizontal_projection(q: SymmetryQuotient, x: Tensors, u: Tensors) -> Tensors:
+def horizontal_projection(q: Quotient, x: Tensors, u: Tensors) -> Tensors:
     """Metric-orthogonal projection of ``u`` onto the horizontal space at ``x``."""
     return T.sub(u, vertical_projection(q, x, u))
 
 
-def horizontality_error(q: SymmetryQuotient, x: Tensors, u: Tensors) -> torch.Tensor:
+def horizontality_error(q: Quotient, x: Tensors, u: Tensors) -> torch.Tensor:
     """``max_k |<V_k, u>| / (||V_k|| ||u||)``, zero for horizontal ``u``; ``shape=[*batch]``."""
     if _trivial_group(q, x):
         return torch.zeros_like(q.inner(x, u, u))
@@ -122,13 +129,13 @@ def horizontality_error(q: SymmetryQuotient, x: Tensors, u: Tensors) -> torch.Te
     return (dots.abs() / (norms_v * norm_u).clamp_min(tiny)).amax(dim=0)
 
 
-def lower(q: SymmetryQuotient, x: Tensors, u: Tensors) -> Tensors:
+def lower(q: Quotient, x: Tensors, u: Tensors) -> Tensors:
     """The covector ``g(x) u`` (index lowered), by autograd of the bilinear metric."""
     zero = T.zeros_like(u)
     return torch.func.grad(lambda w: q.inner(x, u, w).sum())(zero)
 
 
-def metric_matrix(q: SymmetryQuotient, x: Tensors) -> torch.Tensor:
+def metric_matrix(q: Quotient, x: Tensors) -> torch.Tensor:
     """The metric over the flattened coordinates of a point, ``shape=[*batch, N, N]``."""
     ndims = q.point_ndims
     batch = T.batch_shape(x, ndims)
@@ -144,7 +151,7 @@ def metric_matrix(q: SymmetryQuotient, x: Tensors) -> torch.Tensor:
     return rows.movedim(0, -2)
 
 
-def raise_index(q: SymmetryQuotient, x: Tensors, covector: Tensors) -> Tensors:
+def raise_index(q: Quotient, x: Tensors, covector: Tensors) -> Tensors:
     """Solve ``g(x) r = covector`` for the vector ``r``."""
     ndims = q.point_ndims
     batch = torch.broadcast_shapes(T.batch_shape(x, ndims), T.batch_shape(covector, ndims))
@@ -160,12 +167,12 @@ def raise_index(q: SymmetryQuotient, x: Tensors, covector: Tensors) -> Tensors:
     return T.unflatten(sol, x, ndims)
 
 
-def euclidean_to_riemannian_gradient(q: SymmetryQuotient, x: Tensors, egrad: Tensors) -> Tensors:
+def euclidean_to_riemannian_gradient(q: Quotient, x: Tensors, egrad: Tensors) -> Tensors:
     """Metric-raised Euclidean gradient, projected onto the horizontal space."""
     return horizontal_projection(q, x, raise_index(q, x, egrad))
 
 
-def christoffel_covector(q: SymmetryQuotient, x: Tensors, v: Tensors) -> Tensors:
+def christoffel_covector(q: Quotient, x: Tensors, v: Tensors) -> Tensors:
     """``D(g(x) v)[v] - 1/2 grad_x <v, v>_x``: the lowered Christoffel contraction."""
     # jvp needs primal and tangent of one shape, and dense (non-expanded) memory
     ndims = q.point_ndims
@@ -177,7 +184,7 @@ def christoffel_covector(q: SymmetryQuotient, x: Tensors, v: Tensors) -> Tensors
     return tuple(a - 0.5 * b for a, b in zip(dgv, dquad, strict=True))
 
 
-def christoffel(q: SymmetryQuotient, x: Tensors, u: Tensors, v: Tensors | None = None) -> Tensors:
+def christoffel(q: Quotient, x: Tensors, u: Tensors, v: Tensors | None = None) -> Tensors:
     """Christoffel contraction ``Gamma_x(u, v)`` of the Levi-Civita connection, by autograd.
 
     ``Gamma(v, v) = g^{-1} [D(g(x) v)[v] - 1/2 grad_x(v^T g(x) v)]``; the bilinear form follows
@@ -231,7 +238,7 @@ def geodesic_ode(x: Tensors, u: Tensors, t: float | torch.Tensor, ndims: tuple[i
     return (pos, vel) if return_velocity else pos
 
 
-def geodesic(q: SymmetryQuotient, x: Tensors, u: Tensors, t: float = 1.0, order: int | str = 2,
+def geodesic(q: Quotient, x: Tensors, u: Tensors, t: float = 1.0, order: int | str = 2,
              steps: int = 64) -> Tensors:
     """Geodesic from ``x`` with velocity ``u`` at time ``t``, from the autograd Christoffel.
 

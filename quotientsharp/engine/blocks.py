@@ -10,16 +10,13 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from quotientsharp.core.adaptive import AdaptivePoint
 from quotientsharp.core.product import ProductPoint
 from quotientsharp.engine.ball import BoxGeometry, GeodesicBall
-
-if TYPE_CHECKING:
-    from quotientsharp.engine.api import SharpnessResult
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -366,13 +363,25 @@ BLOCK_COLOURS = {"head": "#1f77b4", "diagonal": "#2ca02c", "binding": "#9467bd",
                  "parameter": "#7f7f7f"}
 
 
-def _label(result: SharpnessResult) -> str:
+class BlockwiseResult(Protocol):
+    """What :func:`plot_blocks` reads of a :class:`~quotientsharp.engine.SharpnessResult` (a
+    protocol: that class's module imports this one)."""
+
+    measure: str
+    settings: dict[str, Any]
+
+    @property
+    def variant(self) -> str: ...
+    def block_summary(self) -> list[dict[str, Any]]: ...
+
+
+def _label(result: BlockwiseResult) -> str:
     variant = f" ({result.variant})" if result.variant else ""
     return f"{result.measure.replace('_', '-')} sharpness{variant}, rho = {result.settings['rho']}"
 
 
-def plot_blocks(results: SharpnessResult | Sequence[SharpnessResult]
-                | Mapping[str, SharpnessResult], path: str | Path, top: int = 30,
+def plot_blocks(results: BlockwiseResult | Sequence[BlockwiseResult]
+                | Mapping[str, BlockwiseResult], path: str | Path, top: int = 30,
                 dpi: int = 120) -> Path:
     """Write a bar chart of the loss change per block to ``path`` (PNG, or any format
     matplotlib infers from the suffix).

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quotientsharp.models.loading import _config_model, first_line, load_torch_file, read_json_file
+from quotientsharp.models.files import _config_model, first_line, load_torch_file, read_json_file
 
 if TYPE_CHECKING:
     from torch import nn

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from quotientsharp.reproduce.invariance.settings import check_measures, parse_dtypes
+
 Outcome = TypeVar("Outcome")
 
 
@@ -192,9 +194,6 @@ class InvarianceConfig(ReproduceConfig):
     measures: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        # torch-free: the study module imports torch only inside its functions
-        from quotientsharp.reproduce.invariance.study import check_measures, parse_dtypes
-
         super().__post_init__()
         dtypes = _as_names("dtypes", self.dtypes)
         object.__setattr__(self, "dtypes", None if dtypes is None else parse_dtypes(dtypes))

@@ -167,7 +167,7 @@ def _find_tokenizer(model_path: Path, tokenizer_dir: str | None) -> Any:
             raise InputError(f"--tokenizer {directory} holds no tokenizer files "
                              f"({', '.join(TOKENIZER_FILES)})")
         return None
-    from quotientsharp.models.loading import first_line, read_json_file
+    from quotientsharp.models.files import first_line, read_json_file
 
     label = "MODEL" if tokenizer_dir is None else "--tokenizer"
     # transformers' message for a broken JSON file names neither the file nor the directory
@@ -279,7 +279,7 @@ def _tensor_pair(loaded: Any, path: Path) -> tuple[tuple[torch.Tensor, ...], tor
 
 def _tensor_batches(path: Path, settings: BatchSettings
                     ) -> tuple[list[tuple[Any, torch.Tensor]], int, str]:
-    from quotientsharp.models.loading import begins_as_json_object, load_torch_file
+    from quotientsharp.models.files import begins_as_json_object, load_torch_file
 
     if begins_as_json_object(path):
         named = f"its suffix is {path.suffix!r}" if path.suffix else "it has no suffix"

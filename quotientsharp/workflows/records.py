@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from quotientsharp._version import __version__
 from quotientsharp.workflows.files import (
     append_jsonl,
     read_jsonl,
@@ -36,8 +37,6 @@ def _version(module_name: str) -> str | None:
 def environment_versions() -> dict[str, Any]:
     """The versions of Python and the packages, the platform, CPU and thread counts."""
     import torch
-
-    from quotientsharp import __version__
 
     return {"python": platform.python_version(), "torch": torch.__version__,
             "numpy": _version("numpy"), "quotientsharp": __version__,

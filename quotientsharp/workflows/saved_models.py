@@ -44,7 +44,7 @@ def import_transformers(what: str) -> Any:
 
 def _unreadable_weights(directory: Path, err: Exception) -> InputError:
     """One line for weights that transformers cannot read: damaged, truncated or missing."""
-    from quotientsharp.models.loading import first_line
+    from quotientsharp.models.files import first_line
 
     return InputError(f"MODEL {directory}: transformers cannot load its weights "
                       f"({first_line(err, 300)}); are the files save_pretrained wrote there "
@@ -55,7 +55,7 @@ def _load_pretrained(directory: Path) -> nn.Module:
     from safetensors import SafetensorError
     from torch import nn
 
-    from quotientsharp.models.loading import read_json_file
+    from quotientsharp.models.files import read_json_file
 
     transformers = import_transformers(f"MODEL directory {directory}")
     # transformers' own message for a broken config.json names no MODEL and hides the reason

@@ -18,18 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 
+from quotientsharp.core import frozen
 from quotientsharp.core._tuples import under_function_transform
 from quotientsharp.core.frozen import ClosedFormPoint, check_order
 from quotientsharp.core.linalg import solve_sylvester_eig
 from quotientsharp.core.metric import Metric
 from quotientsharp.core.validation import check_time, value_checks_enabled
-
-if TYPE_CHECKING:
-    from quotientsharp.core.gl.quotient import GLQuotient
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -43,7 +41,17 @@ def vertical_vector(G: torch.Tensor, H: torch.Tensor, X: torch.Tensor) -> Tensor
     return G @ -X, H @ X.mT
 
 
-def cholesky_or_raise(quotient: GLQuotient, G: torch.Tensor, H: torch.Tensor,
+class GLQuotientMembers(frozen.Quotient, Protocol):
+    """What a GL(h) point reads of its :class:`~quotientsharp.core.gl.GLQuotient` (a protocol:
+    that class's module imports this one)."""
+
+    @property
+    def eps(self) -> float: ...
+    def rank_error(self, which: str, name: str, rows: int, h: int,
+                   dtype: torch.dtype) -> ValueError: ...
+
+
+def cholesky_or_raise(quotient: GLQuotientMembers, G: torch.Tensor, H: torch.Tensor,
                       relaxed: tuple[torch.Tensor, torch.Tensor], name: str) -> Tensors:
     """Lower Cholesky factors of ``(S_G, S_H)``; a clear error where one is singular (the test
     on values, a host sync, only while value checks are on)."""
@@ -143,7 +151,7 @@ class GLPoint(ClosedFormPoint):
     #: Whether the metric needs the Cholesky factors of ``S_G`` and ``S_H``.
     needs_factors: ClassVar[bool] = True
 
-    def __init__(self, quotient: GLQuotient, x: Tensors, name: str = "x") -> None:
+    def __init__(self, quotient: GLQuotientMembers, x: Tensors, name: str = "x") -> None:
         super().__init__(quotient, x)
         self.eps = quotient.eps
         G, H = self.x

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from quotientsharp.reproduce.invariance.study import (
+from quotientsharp.reproduce.invariance.settings import (
     DTYPES,
     FULL,
     MEASURES,

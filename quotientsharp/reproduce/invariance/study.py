@@ -33,6 +33,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quotientsharp.reproduce.config import InvarianceConfig, check_config, run_study_command
+from quotientsharp.reproduce.invariance.report import (
+    CSV_COLUMNS,
+    combined_rows,
+    console_lines,
+    page_data,
+    plot_relative_changes,
+)
+from quotientsharp.reproduce.invariance.settings import (
+    DTYPES,
+    FULL,
+    MEASURES,
+    QUICK,
+    RHO,
+    DtypeRun,
+    InvarianceSettings,
+    parse_dtypes,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -43,18 +60,6 @@ if TYPE_CHECKING:
 HELP = ("pretrained MiniLM reparametrised along its GL(h) orbit in float64, float32 and "
         "bfloat16: how much adaptive and geodesic sharpness change")
 
-MEASURES: tuple[tuple[str, str, dict[str, Any]], ...] = (
-    ("adaptive", "adaptive", {"measure": "adaptive"}),
-    ("worst_case", "worst-case (L2)", {"measure": "worst_case"}),
-    *((f"geodesic_{metric}_o{order}", f"geodesic {metric} (order {order})",
-       {"measure": "geodesic", "metric": metric, "order": order})
-      for metric in ("inv", "mix") for order in (1, 2)),
-)
-#: Precisions of the model (weights and forward); the geometry runs in float64 for a float64
-#: model and in float32 otherwise (its h x h algebra in float64).
-DTYPES = ("float64", "float32", "bfloat16")
-RHO = 0.1
-
 _SUBJECTS_ANIMAL = ("the cat", "a dog", "the old horse", "a small bird", "the fox", "a cow")
 _SUBJECTS_OTHER = ("the teacher", "a child", "the old man", "my neighbour", "the pilot",
                    "a student")
@@ -63,48 +68,6 @@ _PLACES = ("near the river", "in the garden", "on the hill", "behind the house",
            "under the bridge", "at the station")
 _TIMES = ("every morning", "after the rain", "at night", "in the summer", "today")
 
-
-@dataclass(frozen=True)
-class InvarianceSettings:
-    """One variant of the study: orbit scales ``a``, sentences, Auto-PGD steps, and the keys of
-    :data:`MEASURES` to run."""
-
-    grid: tuple[float, ...]
-    sentences: int
-    n_iter: int
-    measures: tuple[str, ...] = tuple(key for key, _, _ in MEASURES)
-
-    def __post_init__(self) -> None:
-        check_measures(self.measures)
-        if not self.grid or any(not (a > 0 and math.isfinite(a)) for a in self.grid):
-            raise ValueError(f"grid must hold finite scales a > 0, got {list(self.grid)}")
-
-    def selected(self) -> list[tuple[str, str, dict[str, Any]]]:
-        """The entries of :data:`MEASURES` this variant runs."""
-        return [entry for entry in MEASURES if entry[0] in self.measures]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"grid": list(self.grid), "sentences": self.sentences, "n_iter": self.n_iter}
-
-
-def check_measures(measures: Sequence[str]) -> None:
-    """``ValueError`` unless ``measures`` is a non-empty subset of the keys of :data:`MEASURES`."""
-    known = [key for key, _, _ in MEASURES]
-    if not measures or not set(measures) <= set(known):
-        raise ValueError(f"measures must be a non-empty subset of {known}, got "
-                         f"{list(measures)}")
-
-
-def log_grid(low: float, high: float, points: int) -> tuple[float, ...]:
-    """``points`` values ``10^t``, ``t`` evenly spaced from ``log10 low`` to ``log10 high``."""
-    start, stop = math.log10(low), math.log10(high)
-    return tuple(float(10 ** (start + (stop - start) * k / (points - 1)))
-                 for k in range(points))
-
-
-FULL = InvarianceSettings(grid=log_grid(1e-2, 1e2, 9), sentences=8, n_iter=8)
-QUICK = InvarianceSettings(grid=log_grid(1e-2, 1e2, 3), sentences=4, n_iter=2,
-                           measures=("adaptive", "geodesic_inv_o2", "geodesic_mix_o2"))
 
 
 def generate_sentences(count: int, seed: int) -> tuple[list[str], list[int]]:
@@ -153,21 +116,6 @@ def load_minilm(seed: int) -> tuple[Any, Any]:
     model = model.to(torch.float64).eval()
     model.bert.embeddings.word_embeddings.weight.requires_grad_(False)
     return model, tokenizer
-
-
-def parse_dtypes(text: str | Sequence[str]) -> tuple[str, ...]:
-    """The model precisions ``"float64,float32"`` (or a sequence of names), checked."""
-    names = [n.strip() for n in text.split(",")] if isinstance(text, str) else list(text)
-    if not names or any(not isinstance(n, str) or not n for n in names):
-        raise ValueError(f"dtypes must be a comma-separated list of {', '.join(DTYPES)}, "
-                         f"got {text!r}")
-    unknown = [n for n in names if n not in DTYPES]
-    if unknown:
-        raise ValueError(f"dtypes: unknown precision(s) {unknown}; choose from "
-                         f"{', '.join(DTYPES)}")
-    if len(set(names)) != len(names):
-        raise ValueError(f"dtypes: a precision is listed twice in {text!r}")
-    return tuple(names)
 
 
 def _measure(model: nn.Module, batch: Mapping[str, Any], n_iter: int,
@@ -291,12 +239,6 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
     :data:`FULL` and :data:`QUICK` (``quick`` then only names the default folder).
     """
     from quotientsharp.engine.options import check_int
-    from quotientsharp.reproduce.invariance.report import (
-        CSV_COLUMNS,
-        combined_rows,
-        page_data,
-        plot_relative_changes,
-    )
     from quotientsharp.reproduce.results_page import check_renderer, page_document, write_page
     from quotientsharp.workflows.files import write_csv_atomic, write_json_atomic
     from quotientsharp.workflows.resumable import rank0_value
@@ -333,18 +275,6 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
                              {d: r.points for d, r in runs.items()},
                              {d: r.computed_now for d, r in runs.items()}, document,
                              {d: r.wall for d, r in runs.items()})
-
-
-@dataclass
-class DtypeRun:
-    """One precision's run of the study (:func:`_dtype_study`)."""
-
-    original: dict[str, Any]
-    points: list[dict[str, Any]]
-    computed_now: list[int]
-    wall: float
-    resumed: int
-    world_size: int
 
 
 def _dtype_study(out: Path, dtype: str, variant: InvarianceSettings, *, quick: bool, seed: int,
@@ -497,8 +427,6 @@ def run(config: InvarianceConfig) -> int:
                                 settings=variant)
 
     def report(outcome: InvarianceOutcome) -> None:
-        from quotientsharp.reproduce.invariance.report import console_lines
-
         print("\n".join(console_lines(outcome.page["page"])))
         walls = ", ".join(f"{d} {w:.1f} s" for d, w in outcome.wall_seconds.items())
         print(f"computed now: {sum(map(len, outcome.computed_now.values()))} point(s); wall "
