@@ -282,7 +282,7 @@ def test_a_study_config_checks_and_normalises_itself():
     assert config.gap_kind == "error"
     for fields, message in (({}, "rho is required for geodesic"),
                             ({"rho": -0.1}, "rho must be a finite number > 0, got -0.1"),
-                            ({"rho": 0.1, "orders": [3]}, "orders must be 1, 2 or exact"),
+                            ({"rho": 0.1, "orders": [3]}, "orders must be 1, 2 or 'exact'"),
                             ({"rho": 0.1, "measures": ["sam"]}, "unknown measure 'sam'"),
                             ({"rho": 0.1, "threads": 0}, "threads must be an integer >= 1, got 0")):
         with pytest.raises(InputError, match=message):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from quotientsharp.core.scalars import NONFINITE_POLICIES
 from quotientsharp.workflows.options import (
     BatchSettings,
     SharpnessConfig,
@@ -60,7 +61,7 @@ def add_sharpness_options(parser: argparse.ArgumentParser, *, radius_list: bool 
     parser.add_argument("--chains", type=int, default=None, metavar="N",
                         help="ascent measures: most chains of the search that confirms each "
                         "value (default 4); raise it where the reach column is below 0.99")
-    parser.add_argument("--nonfinite", choices=["raise", "skip"], default="raise",
+    parser.add_argument("--nonfinite", choices=NONFINITE_POLICIES, default="raise",
                         help="a NaN or inf perturbed loss: raise an error naming the batch "
                         "(default), or skip that evaluation (counted in --json)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")

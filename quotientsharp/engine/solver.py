@@ -29,7 +29,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import torch
 
 from quotientsharp.core import _tuples as T
-from quotientsharp.engine.options import check_int, check_real
+from quotientsharp.core.scalars import check_int, check_real
 
 Tensors = tuple[torch.Tensor, ...]
 

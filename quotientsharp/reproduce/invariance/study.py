@@ -290,7 +290,7 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
     ``seed`` seeds the head, the sentences and the matrices ``N``; ``settings`` replaces
     :data:`FULL` and :data:`QUICK` (``quick`` then only names the default folder).
     """
-    from quotientsharp.engine.options import check_int
+    from quotientsharp.core.scalars import check_int
     from quotientsharp.reproduce.invariance.report import (
         CSV_COLUMNS,
         combined_rows,
