@@ -62,6 +62,12 @@ def check_real(name: str, value: object, bounds: str, inside: Callable[[float], 
     return number
 
 
+def check_finite(name: str, value: object, *, positive: bool = True) -> float:
+    """``value`` as a float if it is a finite real number > 0 (>= 0 unless ``positive``)."""
+    return check_real(name, value, f"a finite number {'>' if positive else '>='} 0",
+                      lambda v: math.isfinite(v) and (v > 0 if positive else v >= 0))
+
+
 def check_flag(name: str, value: object, *, optional: bool = False) -> bool | None:
     """``value`` if it is ``True`` or ``False`` (or ``None`` where ``optional``), else a
     ``TypeError`` naming ``name``."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from quotientsharp.core.scalars import as_integer, as_real
+from quotientsharp.core.scalars import as_integer, as_real, check_finite
 
 
 def check_batches(batches: object) -> Iterable[Any]:
@@ -35,12 +35,9 @@ def check_rho(rho: object, needed: bool) -> float | None:
     if integer is not None and abs(integer) > 2 ** 1023:
         raise ValueError(f"rho must be a finite number > 0 that fits in a float64, got an "
                          f"integer of {len(str(abs(integer)))} digits")
-    value = as_real(rho)
-    if value is None:
+    if as_real(rho) is None:
         raise TypeError(f"rho must be a number, got {type(rho).__name__}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
-    return value
+    return check_finite("rho", rho)
 
 
 def check_radius_fits(rho: float | None, eta0: float | None, dtype: torch.dtype) -> None:

@@ -19,12 +19,12 @@ from quotientsharp.core.adaptive import METRICS as OTHER_METRICS
 from quotientsharp.core.gl import METRICS as GL_METRICS
 from quotientsharp.core.scalars import (
     SEED_LIMIT,
+    check_finite,
     check_flag,
     check_int,
     check_nonfinite,
     check_order,
     check_p,
-    check_real,
     check_seed,
 )
 from quotientsharp.core.validation import warn_at_caller
@@ -372,13 +372,12 @@ class AscentSpec(MeasureSpec):
 
 
 def _plain(spec: AscentSpec, functional: FunctionalModel, generator: torch.Generator,
-           p: object, adaptive: bool) -> tuple[Measure, dict[str, Any]]:
-    """The ascent in an L2 ball (``p=2``) or an L-infinity box (``p="inf"``), ``c = |theta|``
-    if ``adaptive`` else 1."""
-    form = check_p(p)
-    norm = math.inf if form == "inf" else 2.0
-    extra = {"p": form, "adaptive": adaptive}
-    return spec.ascent(functional, generator, PlainGeometry(spec.radius, norm, adaptive), extra)
+           p: int | float | str, adaptive: bool) -> tuple[Measure, dict[str, Any]]:
+    """The ascent in an L2 ball (``p=2``) or an L-infinity box (``p="inf"``, as the spec
+    stored it), ``c = |theta|`` if ``adaptive`` else 1."""
+    norm = math.inf if p == "inf" else 2.0
+    return spec.ascent(functional, generator, PlainGeometry(spec.radius, norm, adaptive),
+                       {"p": p, "adaptive": adaptive})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -492,8 +491,7 @@ class GeodesicSpec(AscentSpec):
         if self.metric not in GL_METRICS:
             raise ValueError(f"metric must be one of {GL_METRICS}, got {self.metric!r}")
         self._store("order", check_order(self.order))     # 2.0 is the order 2
-        self._store("eps", check_real("eps", self.eps, "a finite number >= 0",
-                                      lambda v: math.isfinite(v) and v >= 0))
+        self._store("eps", check_finite("eps", self.eps, positive=False))
         check_symmetries(self.symmetries)
         check_diagonal(self.diagonal)
         if self.other_metric not in OTHER_METRICS:

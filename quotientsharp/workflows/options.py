@@ -8,7 +8,6 @@ A bad value raises :class:`InputError` naming the field (``rho``), or, inside
 from __future__ import annotations
 
 import functools
-import math
 import numbers
 import os
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -20,6 +19,7 @@ from typing import Any
 
 from quotientsharp.core.scalars import (
     as_real,
+    check_finite,
     check_flag,
     check_int,
     check_nonfinite,
@@ -93,13 +93,6 @@ def _name(field_name: str) -> str:
 def _integer(value: object, field_name: str, minimum: int, *, optional: bool = False) -> Any:
     """``value`` as an ``int`` >= ``minimum`` (``None`` too where ``optional``), bools refused."""
     return None if value is None and optional else check_int(_name(field_name), value, minimum)
-
-
-def _number(value: object, field_name: str, *, positive: bool) -> float:
-    """``value`` as a finite ``float``, > 0 where ``positive``, else >= 0."""
-    bound = "> 0" if positive else ">= 0"
-    return float(check_real(_name(field_name), value, f"a finite number {bound}",
-                            lambda v: math.isfinite(v) and (v > 0 if positive else v >= 0)))
 
 
 def _text(value: object, field_name: str, *, optional: bool = True, path: bool = False) -> None:
@@ -278,7 +271,7 @@ def _radius(value: object) -> float:
     if as_real(value) is None:
         raise InputError(f"{_name('rho')} must be a number or a comma list of numbers, got "
                          f"{type(value).__name__} {value!r}")
-    return _number(value, "rho", positive=True)
+    return float(check_finite(_name("rho"), value))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -370,7 +363,7 @@ class SharpnessConfig:
         _set(self, "samples", _integer(self.samples, "samples", 1))
         _set(self, "seed", check_seed(self.seed, _name("seed")))
         self._check_radii()
-        _set(self, "eps", _number(self.eps, "eps", positive=False))
+        _set(self, "eps", float(check_finite(_name("eps"), self.eps, positive=False)))
         # a comma list gives the orders as text
         _set(self, "orders", _unique(
             check_order({"1": 1, "2": 2}.get(order, order) if isinstance(order, str) else order,
@@ -451,12 +444,9 @@ class BootstrapSettings:
     @_input_errors
     def __post_init__(self) -> None:
         _set(self, "resamples", _integer(self.resamples, "BootstrapSettings.resamples", 0))
-        confidence = self.confidence
-        if (isinstance(confidence, bool) or not isinstance(confidence, numbers.Real)
-                or not 0 < confidence < 1):
-            raise InputError(f"{_name('BootstrapSettings.confidence')} must be a number in "
-                             f"(0, 1), got {confidence!r}")
-        _set(self, "confidence", float(confidence))
+        _set(self, "confidence", float(check_real(_name("BootstrapSettings.confidence"),
+                                                  self.confidence, "a number in (0, 1)",
+                                                  lambda v: 0 < v < 1)))
         _set(self, "seed", _integer(self.seed, "BootstrapSettings.seed", 0))
 
 
