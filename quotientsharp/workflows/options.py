@@ -220,9 +220,8 @@ class SolverSettings:
 
     def options(self) -> dict[str, Any]:
         """Keyword options of :func:`quotientsharp.sharpness` for an ascent measure."""
-        options: dict[str, Any] = {"n_iter": self.n_iter}
-        options.update((name, True) for name in ("blockwise", "compile_steps")
-                       if getattr(self, name))
+        options: dict[str, Any] = {"n_iter": self.n_iter, "blockwise": self.blockwise,
+                                   "compile_steps": self.compile_steps}
         if self.chains is not None:
             options["reach"] = {"chains": self.chains}
         reference = {key: value for key, value in (("n_iter", self.reference_n_iter),
@@ -563,6 +562,6 @@ def options_for(run: MeasureRun, config: SharpnessConfig,
         options["p"] = config.p
     if measure == "average":
         options["samples"] = config.samples
-    if measure == "relative_flatness" and config.layer is not None:
+    if measure == "relative_flatness":
         options["layer"] = config.layer
     return options

@@ -57,7 +57,8 @@ def command_line(manifest: str, config: StudyConfig, grid: Sequence[GridPoint]) 
         return {**value_settings(of), "p": of.p, "gap_from": of.gap_from,
                 "chains": of.solver.chains, "nonfinite": of.nonfinite}
 
-    given, defaults = values(config), values(StudyConfig(data=config.data, rho=config.rho))
+    default = StudyConfig(data=config.data, measures=config.measures, rho=config.rho)
+    given, defaults = values(config), values(default)
     for name in _VALUE_OPTIONS:
         value = given[name]
         if value != defaults[name]:
