@@ -646,10 +646,3 @@ def test_a_degenerate_adapter_is_in_the_symmetries_report_not_a_warning(fresh_ad
     assert {adapter["status"] for adapter in report["adapters"]} == {"degenerate"}
     assert any("degenerate LoRA adapter(s)" in note for note in report["notes"])
 
-
-def test_nonfinite_choices_of_the_command_line_are_the_engines():
-    # the settings keep a torch-free copy of the policies, for --nonfinite and its check
-    from quotientsharp.engine.options import NONFINITE_POLICIES
-    from quotientsharp.workflows.options import NONFINITE
-
-    assert NONFINITE == NONFINITE_POLICIES

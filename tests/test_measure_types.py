@@ -60,10 +60,10 @@ COMMON_BAD = [
     ("seed", np.bool_(False), TypeError, "seed must be an integer"),
     ("rho", np.bool_(True), TypeError, "rho must be a number"),
     ("seed", -1, ValueError, r"seed must be an integer in \[0, 2\*\*64\)"),
-    ("progress", "yes", TypeError, "progress must be a bool or None"),
+    ("progress", "yes", TypeError, "progress must be True or False"),
     ("keep_perturbations", 1, TypeError, "keep_perturbations must be True or False"),
     ("geometry_dtype", torch.float16, ValueError, "geometry_dtype must be None"),
-    ("nonfinite", "ignore", ValueError, "nonfinite must be one of"),
+    ("nonfinite", "ignore", ValueError, "nonfinite must be raise or skip"),
 ]
 ASCENT_BAD = [
     ("n_iter", 0, ValueError, "n_iter must be an integer >= 1"),

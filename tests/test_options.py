@@ -20,8 +20,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning
     ({"seed": 2 ** 70}, ValueError, r"seed must be an integer in \[0, 2\*\*64\)"),
     ({"seed": -1}, ValueError, "seed must be"),
     ({"seed": 1.5}, TypeError, "seed must be an integer"),
-    ({"progress": "no"}, TypeError, "progress must be a bool or None"),
-    ({"nonfinite": "ignore"}, ValueError, "nonfinite must be one of"),
+    ({"progress": "no"}, TypeError, "progress must be True or False"),
+    ({"nonfinite": "ignore"}, ValueError, "nonfinite must be raise or skip"),
 ])
 def test_bad_options_raise_naming_the_option(mlp_and_batches, options, error, message):
     net, batches = mlp_and_batches

@@ -282,7 +282,7 @@ def test_a_study_config_checks_and_normalises_itself():
     assert config.gap_kind == "error"
     for fields, message in (({}, "rho is required for geodesic"),
                             ({"rho": -0.1}, "rho must be a finite number > 0, got -0.1"),
-                            ({"rho": 0.1, "orders": [3]}, "orders must be 1, 2 or exact"),
+                            ({"rho": 0.1, "orders": [3]}, "orders must be 1, 2 or 'exact'"),
                             ({"rho": 0.1, "measures": ["sam"]}, "unknown measure 'sam'"),
                             ({"rho": 0.1, "threads": 0}, "threads must be an integer >= 1, got 0")):
         with pytest.raises(InputError, match=message):
@@ -471,3 +471,20 @@ def test_reproduce_console_states_the_sign_convention(monkeypatch, capsys):
     assert ("Positive tau: sharpness and test loss rank alike, sharper models generalise "
             "worse") in out
     assert "docs/results.md" in out
+
+
+@pytest.mark.parametrize("fields, options", [
+    ({"measures": "relative_flatness", "layer": "fc"}, "--measure relative_flatness --layer fc"),
+    ({"measures": "worst_case", "rho": 0.1, "p": "inf", "seed": 3},
+     "--measure worst_case --rho 0.1 --p inf --seed 3"),
+    ({"measures": "average", "rho": 0.1}, "--measure average --rho 0.1"),
+])
+def test_the_report_names_the_options_that_differ_from_their_defaults(fields, options):
+    # the defaults come from the settings themselves, for a grid without a radius too
+    from quotientsharp.workflows.grid import build_grid
+    from quotientsharp.workflows.options import StudyConfig
+    from quotientsharp.workflows.report import command_line
+
+    config = StudyConfig(data="d.pt", **fields)
+    assert command_line("m.csv", config, build_grid(config)) == (
+        f"quotientsharp study m.csv --data d.pt {options}")

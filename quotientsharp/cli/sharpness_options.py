@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from quotientsharp.core.scalars import NONFINITE_POLICIES
 from quotientsharp.workflows.options import (
     BatchSettings,
     SharpnessConfig,
@@ -49,28 +50,31 @@ def add_sharpness_options(parser: argparse.ArgumentParser, *, radius_list: bool 
                         help="average: Gaussian draws per batch (default 1)")
     parser.add_argument("--layer", default=None, help="relative_flatness: module name "
                         "(default: the last nn.Linear)")
-    parser.add_argument("--loss", default="cross_entropy",
-                        help="cross_entropy (default) or mse")
-    parser.add_argument("--batch-size", type=int, default=32, help="examples per batch "
-                        "(default 32)")
+    parser.add_argument("--loss", default=BatchSettings.loss,
+                        help="cross_entropy or mse (default %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=BatchSettings.batch_size,
+                        help="examples per batch (default %(default)s)")
     parser.add_argument("--max-batches", type=int, default=None,
                         help="use at most this many batches (default: all)")
-    parser.add_argument("--n-iter", type=int, default=20,
-                        help="Auto-PGD steps of the ascent measures (default 20)")
+    parser.add_argument("--n-iter", type=int, default=SolverSettings.n_iter,
+                        help="Auto-PGD steps of the ascent measures (default %(default)s)")
     parser.add_argument("--chains", type=int, default=None, metavar="N",
                         help="ascent measures: most chains of the search that confirms each "
                         "value (default 4); raise it where the reach column is below 0.99")
-    parser.add_argument("--nonfinite", choices=["raise", "skip"], default="raise",
+    parser.add_argument("--nonfinite", choices=NONFINITE_POLICIES,
+                        default=SharpnessConfig.nonfinite,
                         help="a NaN or inf perturbed loss: raise an error naming the batch "
                         "(default), or skip that evaluation (counted in --json)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--max-length", type=int, default=128,
-                        help="text rows: truncate to this many tokens (default 128)")
+    parser.add_argument("--seed", type=int, default=SharpnessConfig.seed,
+                        help="random seed (default %(default)s)")
+    parser.add_argument("--max-length", type=int, default=BatchSettings.max_length,
+                        help="text rows: truncate to this many tokens (default %(default)s)")
     parser.add_argument("--tokenizer", default=None, metavar="DIR",
                         help="tokenizer directory for text rows (default: the MODEL directory)")
     parser.add_argument("--dtype", choices=["float32", "float64"], default=None,
                         help="cast the model (default: as saved)")
-    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--device", default=SharpnessConfig.device,
+                        help="torch device (default %(default)s)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bars (default: only on a terminal)")
 
@@ -103,6 +107,7 @@ def add_solver_options(parser: argparse.ArgumentParser) -> None:
 def sharpness_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The fields of ``SharpnessConfig`` from the parsed options (comma lists as text); called
     within ``command_line_names()``, so that errors name options."""
+    measure_names(args.measure)             # an unknown measure is the first error
     batches = BatchSettings(batch_size=args.batch_size, max_batches=args.max_batches,
                             max_length=args.max_length, tokenizer=args.tokenizer,
                             loss=args.loss)
@@ -124,5 +129,4 @@ def sharpness_config(args: argparse.Namespace) -> SharpnessConfig:
     """The settings of ``quotientsharp measure``'s options, checked: a bad one raises
     :class:`~quotientsharp.workflows.options.InputError` naming its option."""
     with command_line_names():
-        measure_names(args.measure)             # an unknown measure is the first error
         return SharpnessConfig(**sharpness_fields(args))

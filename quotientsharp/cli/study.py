@@ -41,7 +41,6 @@ from quotientsharp.workflows.options import (
     BootstrapSettings,
     StudyConfig,
     command_line_names,
-    measure_names,
 )
 from quotientsharp.workflows.process_group import DEFAULT_DIST_TIMEOUT, run_in_process_group
 
@@ -65,13 +64,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="keep the models already measured in --out and measure only the "
                         "missing ones (the settings must match)")
-    parser.add_argument("--bootstrap", type=int, default=1000, metavar="N",
-                        help="bootstrap draws of the models for the tau intervals (default "
-                        "1000; 0: no intervals)")
-    parser.add_argument("--confidence", type=float, default=0.95,
-                        help="coverage of the intervals (default 0.95)")
-    parser.add_argument("--bootstrap-seed", type=int, default=0,
-                        help="seed of the bootstrap draws (default 0)")
+    parser.add_argument("--bootstrap", type=int, default=BootstrapSettings.resamples,
+                        metavar="N", help="bootstrap draws of the models for the tau "
+                        "intervals (default %(default)s; 0: no intervals)")
+    parser.add_argument("--confidence", type=float, default=BootstrapSettings.confidence,
+                        help="coverage of the intervals (default %(default)s)")
+    parser.add_argument("--bootstrap-seed", type=int, default=BootstrapSettings.seed,
+                        help="seed of the bootstrap draws (default %(default)s)")
     parser.add_argument("--color", default=None, metavar="KEY",
                         help="colour the plots by this numeric column of the manifest")
     parser.add_argument("--no-plots", dest="plots", action="store_false",
@@ -99,7 +98,6 @@ def study_config(args: argparse.Namespace) -> StudyConfig:
     with command_line_names():
         bootstrap = BootstrapSettings(resamples=args.bootstrap, confidence=args.confidence,
                                       seed=args.bootstrap_seed)
-        measure_names(args.measure)             # an unknown measure before a bad radius
         return StudyConfig(**sharpness_fields(args), data=args.data, gap_from=args.gap_from,
                            out=args.out, resume=args.resume, bootstrap=bootstrap,
                            color=args.color, plots=args.plots, threads=args.threads)

@@ -14,21 +14,10 @@ import torch
 
 from quotientsharp.core import _tuples as T
 from quotientsharp.core import reference
+from quotientsharp.core.scalars import check_order
 from quotientsharp.core.validation import check_time
 
 Tensors = tuple[torch.Tensor, ...]
-
-ORDERS = (1, 2, "exact")
-
-
-def check_order(order: object) -> int | str:
-    """Validate a geodesic order: ``1``, ``2`` or ``"exact"`` (``1.0`` and ``2.0`` are taken as
-    ``1`` and ``2``, as 0.1 took them)."""
-    if isinstance(order, float) and order in (1.0, 2.0):
-        order = int(order)
-    if isinstance(order, bool) or not isinstance(order, (int, str)) or order not in ORDERS:
-        raise ValueError(f"order must be 1, 2 or 'exact', got {order!r}")
-    return order
 
 
 class Quotient(reference.Quotient, Protocol):

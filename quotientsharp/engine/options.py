@@ -1,5 +1,6 @@
-"""Validation stage: the checks of the options every measure shares; each returns the option
-resolved, or raises naming it.
+"""Validation stage: the checks of the options every measure shares that need torch; each
+returns the option resolved, or raises naming it (the torch-free ones are in
+:mod:`quotientsharp.core.scalars`).
 """
 
 from __future__ import annotations
@@ -10,12 +11,7 @@ from typing import Any
 
 import torch
 
-from quotientsharp.core.scalars import as_integer, as_real
-
-#: What to do with a NaN or inf perturbed loss: ``"raise"`` (default) a
-#: :class:`~.measures.NonFiniteLossError`, or ``"skip"`` the evaluation (never the best; counted
-#: in ``SharpnessResult.nonfinite_evaluations``, with a warning).
-NONFINITE_POLICIES = ("raise", "skip")
+from quotientsharp.core.scalars import as_integer, as_real, check_finite
 
 
 def check_batches(batches: object) -> Iterable[Any]:
@@ -39,21 +35,9 @@ def check_rho(rho: object, needed: bool) -> float | None:
     if integer is not None and abs(integer) > 2 ** 1023:
         raise ValueError(f"rho must be a finite number > 0 that fits in a float64, got an "
                          f"integer of {len(str(abs(integer)))} digits")
-    value = as_real(rho)
-    if value is None:
+    if as_real(rho) is None:
         raise TypeError(f"rho must be a number, got {type(rho).__name__}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
-    return value
-
-
-def check_real(name: str, value: object, bounds: str, inside: Any) -> float:
-    """``value`` as a float if it is a real number with ``inside(value)`` true, else a
-    ``ValueError`` naming ``name`` and the ``bounds`` in words."""
-    number = as_real(value)
-    if number is None or not inside(number):
-        raise ValueError(f"{name} must be {bounds}, got {value!r}")
-    return number
+    return check_finite("rho", rho)
 
 
 def check_radius_fits(rho: float | None, eta0: float | None, dtype: torch.dtype) -> None:
@@ -69,41 +53,6 @@ def check_radius_fits(rho: float | None, eta0: float | None, dtype: torch.dtype)
                              f"silently shrink every step to zero; use {label} < {limit:.3g}")
 
 
-def check_int(name: str, value: object, minimum: int) -> int:
-    """``value`` as an int (a NumPy integer converted) if it is an integer >= ``minimum``."""
-    number = as_integer(value)
-    if number is None or number < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return number
-
-
-def check_bool(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return value
-
-
-#: ``torch.Generator.manual_seed`` takes 64-bit seeds.
-SEED_LIMIT = 2 ** 64
-
-
-def check_seed(seed: object) -> int:
-    """``seed`` as an int (a NumPy integer converted) in ``[0, 2**64)``."""
-    number = as_integer(seed)
-    if number is None:
-        raise TypeError(f"seed must be an integer, got {type(seed).__name__}")
-    if not 0 <= number < SEED_LIMIT:
-        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
-    return number
-
-
-def check_progress(progress: object) -> bool | None:
-    if progress is not None and not isinstance(progress, bool):
-        raise TypeError(f"progress must be a bool or None (None: a bar only on a terminal), "
-                        f"got {progress!r}")
-    return progress
-
-
 def check_geometry_dtype(dtype: object) -> torch.dtype | None:
     if dtype is None:
         return None
@@ -114,9 +63,3 @@ def check_geometry_dtype(dtype: object) -> torch.dtype | None:
         return dtype
     raise ValueError(f"geometry_dtype must be None, torch.float32 or torch.float64 (or their "
                      f"names), got {dtype!r}")
-
-
-def check_nonfinite(policy: object) -> str:
-    if policy not in NONFINITE_POLICIES:
-        raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {policy!r}")
-    return str(policy)

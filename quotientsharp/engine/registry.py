@@ -16,8 +16,17 @@ import torch
 from torch import nn
 
 from quotientsharp.core.adaptive import METRICS as OTHER_METRICS
-from quotientsharp.core.frozen import check_order
 from quotientsharp.core.gl import METRICS as GL_METRICS
+from quotientsharp.core.scalars import (
+    SEED_LIMIT,
+    check_finite,
+    check_flag,
+    check_int,
+    check_nonfinite,
+    check_order,
+    check_p,
+    check_seed,
+)
 from quotientsharp.core.validation import warn_at_caller
 from quotientsharp.engine.batches import Batch, LossFunction, resolve_loss
 from quotientsharp.engine.functional import FunctionalModel
@@ -42,17 +51,7 @@ from quotientsharp.engine.measures import (
     default_layer,
     layer_weight_name,
 )
-from quotientsharp.engine.options import (
-    SEED_LIMIT,
-    check_bool,
-    check_geometry_dtype,
-    check_int,
-    check_nonfinite,
-    check_progress,
-    check_real,
-    check_rho,
-    check_seed,
-)
+from quotientsharp.engine.options import check_geometry_dtype, check_rho
 from quotientsharp.engine.solver import AscentSettings, SearchSettings, checkpoints
 
 #: What ``reference_solve=True`` runs: ``n_iter`` is ``REFERENCE_ITERATIONS`` times the
@@ -128,8 +127,8 @@ class MeasureSpec(ABC):
     def __post_init__(self) -> None:
         self._store("rho", check_rho(self.rho, self.needs_rho))
         self._store("seed", check_seed(self.seed))
-        check_bool("keep_perturbations", self.keep_perturbations)
-        check_progress(self.progress)
+        check_flag("keep_perturbations", self.keep_perturbations)
+        check_flag("progress", self.progress, optional=True)
         check_nonfinite(self.nonfinite)
         # one spelling of each dtype, so that equal measures compare equal (never recorded as
         # given: result.settings holds the dtype the geometry ran in)
@@ -207,7 +206,7 @@ class AverageSpec(MeasureSpec):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._store("samples", check_int("samples", self.samples, 1))
-        check_bool("adaptive", self.adaptive)
+        check_flag("adaptive", self.adaptive)
 
     def build(self, model: nn.Module, functional: FunctionalModel, generator: torch.Generator
               ) -> tuple[Measure, dict[str, Any]]:
@@ -335,9 +334,9 @@ class AscentSpec(MeasureSpec):
             self._store(name, getattr(solver, name))
         reference_settings(self.reference_solve, solver)
         search_settings(self.reach)
-        check_bool("blockwise", self.blockwise)
-        check_bool("touched_rows", self.touched_rows)
-        check_bool("compile_steps", self.compile_steps)
+        check_flag("blockwise", self.blockwise)
+        check_flag("touched_rows", self.touched_rows)
+        check_flag("compile_steps", self.compile_steps)
 
     def solver(self) -> AscentSettings:
         """The measurement's own solver settings."""
@@ -372,23 +371,13 @@ class AscentSpec(MeasureSpec):
         return measure, {**resolved, **extra}
 
 
-def _check_p(p: object) -> int | str:
-    """``p`` in the form ``result.settings`` records: ``2`` or ``"inf"``."""
-    if p in ("inf", "Linf", "linf") or (isinstance(p, float) and math.isinf(p) and p > 0):
-        return "inf"
-    if p in (2, 2.0, "2", "L2") and not isinstance(p, bool):
-        return 2
-    raise ValueError(f"p must be 2 or 'inf', got {p!r}")
-
-
 def _plain(spec: AscentSpec, functional: FunctionalModel, generator: torch.Generator,
-           p: object, adaptive: bool) -> tuple[Measure, dict[str, Any]]:
-    """The ascent in an L2 ball (``p=2``) or an L-infinity box (``p="inf"``), ``c = |theta|``
-    if ``adaptive`` else 1."""
-    form = _check_p(p)
-    norm = math.inf if form == "inf" else 2.0
-    extra = {"p": form, "adaptive": adaptive}
-    return spec.ascent(functional, generator, PlainGeometry(spec.radius, norm, adaptive), extra)
+           p: int | float | str, adaptive: bool) -> tuple[Measure, dict[str, Any]]:
+    """The ascent in an L2 ball (``p=2``) or an L-infinity box (``p="inf"``, as the spec
+    stored it), ``c = |theta|`` if ``adaptive`` else 1."""
+    norm = math.inf if p == "inf" else 2.0
+    return spec.ascent(functional, generator, PlainGeometry(spec.radius, norm, adaptive),
+                       {"p": p, "adaptive": adaptive})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -410,8 +399,8 @@ class WorstCaseSpec(AscentSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._store("p", _check_p(self.p))        # p=2 and p="L2" are the same measure
-        check_bool("adaptive", self.adaptive)
+        self._store("p", check_p(self.p))        # p=2 and p="L2" are the same measure
+        check_flag("adaptive", self.adaptive)
 
     def build(self, model: nn.Module, functional: FunctionalModel, generator: torch.Generator
               ) -> tuple[Measure, dict[str, Any]]:
@@ -434,7 +423,7 @@ class AdaptiveSpec(AscentSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._store("p", _check_p(self.p))
+        self._store("p", check_p(self.p))
 
     def build(self, model: nn.Module, functional: FunctionalModel, generator: torch.Generator
               ) -> tuple[Measure, dict[str, Any]]:
@@ -502,8 +491,7 @@ class GeodesicSpec(AscentSpec):
         if self.metric not in GL_METRICS:
             raise ValueError(f"metric must be one of {GL_METRICS}, got {self.metric!r}")
         self._store("order", check_order(self.order))     # 2.0 is the order 2
-        self._store("eps", check_real("eps", self.eps, "a finite number >= 0",
-                                      lambda v: math.isfinite(v) and v >= 0))
+        self._store("eps", check_finite("eps", self.eps, positive=False))
         check_symmetries(self.symmetries)
         check_diagonal(self.diagonal)
         if self.other_metric not in OTHER_METRICS:
@@ -516,7 +504,7 @@ class GeodesicSpec(AscentSpec):
             raise ValueError("other_path='geodesic' follows the adaptive metric's geodesic "
                              "w * exp(xi / w): it needs other_metric='adaptive'")
         self._store("exact_steps", check_int("exact_steps", self.exact_steps, 1))
-        check_bool("check_symmetry", self.check_symmetry)
+        check_flag("check_symmetry", self.check_symmetry)
 
     def build(self, model: nn.Module, functional: FunctionalModel, generator: torch.Generator
               ) -> tuple[Measure, dict[str, Any]]:

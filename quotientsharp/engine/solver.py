@@ -29,7 +29,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import torch
 
 from quotientsharp.core import _tuples as T
-from quotientsharp.engine.options import check_int, check_real
+from quotientsharp.core.scalars import check_finite, check_int, check_real
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -252,8 +252,7 @@ class AscentSettings:
         # a NumPy number is stored as a Python one (object.__setattr__: the class is frozen)
         object.__setattr__(self, "n_iter", check_int("n_iter", self.n_iter, 1))
         if self.eta0 is not None:
-            object.__setattr__(self, "eta0", check_real(
-                "eta0", self.eta0, "a finite number > 0", lambda v: math.isfinite(v) and v > 0))
+            object.__setattr__(self, "eta0", check_finite("eta0", self.eta0))
         object.__setattr__(self, "alpha", check_real("alpha", self.alpha, "in (0, 1]",
                                                      lambda v: 0 < v <= 1))
         if not isinstance(self.random_init, bool):

@@ -16,16 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from quotientsharp.core.scalars import check_flag
 from quotientsharp.reproduce.invariance.settings import check_measures, parse_dtypes
 
 Outcome = TypeVar("Outcome")
-
-
-def _check_flag(name: str, value: Any, optional: bool = False) -> None:
-    """``TypeError`` unless ``value`` is a bool (or optional ``None``)."""
-    if not (isinstance(value, bool) or (optional and value is None)):
-        raise TypeError(f"{name} must be True or False{' or None' if optional else ''}, "
-                        f"got {value!r}")
 
 
 def _check_integer(name: str, value: Any, minimum: int, optional: bool = False) -> None:
@@ -83,8 +77,8 @@ class ReproduceConfig:
 
     def __post_init__(self) -> None:
         for name in ("resume", "plots", "quick"):
-            _check_flag(name, getattr(self, name))
-        _check_flag("progress", self.progress, optional=True)
+            check_flag(name, getattr(self, name))
+        check_flag("progress", self.progress, optional=True)
         _check_integer("threads", self.threads, 1)
         _check_integer("seed", self.seed, 0)
         if not isinstance(self.device, str) or not self.device:
@@ -143,7 +137,7 @@ class DiagonalConfig(ReproduceConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_integer("nets", self.nets, 1, optional=True)
-        _check_flag("full", self.full)
+        check_flag("full", self.full)
         _check_integer("per_net_seeds", self.per_net_seeds, 0, optional=True)
         object.__setattr__(self, "rhos", _as_radii(self.rhos))
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
+from quotientsharp.core.scalars import check_int
 from quotientsharp.engine.blocks import LOCALITY_RULE
-from quotientsharp.engine.options import check_int
 from quotientsharp.engine.solver import AscentSettings
 from quotientsharp.reproduce.config import ReachConfig, check_config, run_study_command
 from quotientsharp.reproduce.diagonal.data import derived_seed, draw_hyperparameters, make_problem

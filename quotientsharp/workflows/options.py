@@ -7,26 +7,33 @@ A bad value raises :class:`InputError` naming the field (``rho``), or, inside
 
 from __future__ import annotations
 
-import math
+import functools
 import numbers
 import os
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quotientsharp.core.scalars import as_integer, as_real
+from quotientsharp.core.scalars import (
+    as_real,
+    check_finite,
+    check_flag,
+    check_int,
+    check_nonfinite,
+    check_order,
+    check_p,
+    check_real,
+    check_seed,
+)
 from quotientsharp.workflows.labels import MEASURE_NAMES
 
 ASCENT_MEASURES = ("worst_case", "adaptive", "geodesic")
 METRICS = ("inv", "mix", "euclidean")
 LOSSES = ("cross_entropy", "mse")
 DTYPES = ("float32", "float64")
-#: What a NaN or inf perturbed loss does (``nonfinite=`` of :func:`quotientsharp.sharpness`;
-#: repeated here so that checking ``--nonfinite`` imports no torch).
-NONFINITE = ("raise", "skip")
 
 #: The options of some measures only, the measures they apply to and their defaults (what
 #: ``None`` stands for). Given while none of their measures is measured, they are refused.
@@ -51,6 +58,20 @@ class InputError(ValueError):
     """Bad user input: reported as one line on stderr, exit status 2."""
 
 
+def _input_errors(post_init: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``__post_init__`` raising the ``TypeError`` or ``ValueError`` of a check of
+    :mod:`quotientsharp.core.scalars` (the engine's own) as an :class:`InputError`."""
+    @functools.wraps(post_init)
+    def checked(self: Any) -> None:
+        try:
+            post_init(self)
+        except InputError:
+            raise
+        except (TypeError, ValueError) as error:
+            raise InputError(str(error)) from None
+    return checked
+
+
 @contextmanager
 def command_line_names() -> Iterator[None]:
     """Within this block, the settings' errors name the command-line options, not the fields."""
@@ -71,30 +92,7 @@ def _name(field_name: str) -> str:
 
 def _integer(value: object, field_name: str, minimum: int, *, optional: bool = False) -> Any:
     """``value`` as an ``int`` >= ``minimum`` (``None`` too where ``optional``), bools refused."""
-    if value is None and optional:
-        return None
-    number = as_integer(value)
-    if number is None or number < minimum:
-        raise InputError(f"{_name(field_name)} must be an integer >= {minimum}, got {value!r}")
-    return number
-
-
-def _number(value: object, field_name: str, *, positive: bool) -> float:
-    """``value`` as a finite ``float``, > 0 where ``positive``, else >= 0."""
-    real = as_real(value)       # None for a bool, and for an integer beyond float64
-    if real is not None:
-        number = float(real)
-        if math.isfinite(number) and (number > 0 if positive else number >= 0):
-            return number
-    raise InputError(f"{_name(field_name)} must be a finite number {'> 0' if positive else '>= 0'}"
-                     f", got {value!r}")
-
-
-def _flag(value: object, field_name: str, *, optional: bool = False) -> None:
-    """Refuse anything but ``True`` and ``False`` (``None`` too where ``optional``)."""
-    if not (isinstance(value, bool) or (optional and value is None)):
-        raise InputError(f"{_name(field_name)} must be True or False"
-                         f"{' (or None)' if optional else ''}, got {value!r}")
+    return None if value is None and optional else check_int(_name(field_name), value, minimum)
 
 
 def _text(value: object, field_name: str, *, optional: bool = True, path: bool = False) -> None:
@@ -164,6 +162,7 @@ class BatchSettings:
     tokenizer: str | None = None
     loss: str = "cross_entropy"
 
+    @_input_errors
     def __post_init__(self) -> None:
         _choice(self.loss, "BatchSettings.loss", LOSSES, "cross_entropy or mse")
         for name in ("batch_size", "max_batches", "max_length"):
@@ -201,13 +200,14 @@ class SolverSettings:
     reference_restarts: int | None = None
     chains: int | None = None
 
+    @_input_errors
     def __post_init__(self) -> None:
         for name, minimum in (("n_iter", 1), ("chains", 2), ("reference_n_iter", 1),
                               ("reference_restarts", 0)):
             _set(self, name, _integer(getattr(self, name), f"SolverSettings.{name}", minimum,
                                       optional=name != "n_iter"))
-        _flag(self.blockwise, "SolverSettings.blockwise")
-        _flag(self.compile_steps, "SolverSettings.compile_steps")
+        check_flag(_name("SolverSettings.blockwise"), self.blockwise)
+        check_flag(_name("SolverSettings.compile_steps"), self.compile_steps)
 
     def diagnostics(self) -> list[str]:
         """The fields of the diagnostics asked for (they need an ascent measure), named as
@@ -220,9 +220,8 @@ class SolverSettings:
 
     def options(self) -> dict[str, Any]:
         """Keyword options of :func:`quotientsharp.sharpness` for an ascent measure."""
-        options: dict[str, Any] = {"n_iter": self.n_iter}
-        options.update((name, True) for name in ("blockwise", "compile_steps")
-                       if getattr(self, name))
+        options: dict[str, Any] = {"n_iter": self.n_iter, "blockwise": self.blockwise,
+                                   "compile_steps": self.compile_steps}
         if self.chains is not None:
             options["reach"] = {"chains": self.chains}
         reference = {key: value for key, value in (("n_iter", self.reference_n_iter),
@@ -253,20 +252,11 @@ def measure_names(requested: str | Sequence[str] | None) -> list[str]:
     return names
 
 
-#: What a geodesic order and ``p`` may be written as, and what each stands for.
-_ORDERS: dict[Any, int | str] = {1: 1, 2: 2, "1": 1, "2": 2, "exact": "exact"}
-_P = {2: "2", "2": "2", math.inf: "inf", "inf": "inf"}
-
-
 def _choice(value: object, field_name: str, choices: Collection[Any], allowed: str) -> Any:
-    """``value`` if among ``choices`` (what it stands for where ``choices`` maps), else an
-    error listing the ``allowed``."""
-    try:
-        if not isinstance(value, bool) and value in choices:
-            return choices[value] if isinstance(choices, Mapping) else value
-    except TypeError:       # unhashable: a list where one value belongs
-        pass
-    raise InputError(f"{_name(field_name)} must be {allowed}, got {value!r}")
+    """``value`` if among ``choices``, else an error listing the ``allowed``."""
+    if isinstance(value, bool) or value not in choices:
+        raise InputError(f"{_name(field_name)} must be {allowed}, got {value!r}")
+    return value
 
 
 def _radius(value: object) -> float:
@@ -280,7 +270,7 @@ def _radius(value: object) -> float:
     if as_real(value) is None:
         raise InputError(f"{_name('rho')} must be a number or a comma list of numbers, got "
                          f"{type(value).__name__} {value!r}")
-    return _number(value, "rho", positive=True)
+    return float(check_finite(_name("rho"), value))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -355,6 +345,7 @@ class SharpnessConfig:
     device: str = "cpu"
     progress: bool | None = None
 
+    @_input_errors
     def __post_init__(self) -> None:
         _set(self, "measures", tuple(measure_names(self.measures)))
         # which options of some measures were given, before their defaults fill the gaps
@@ -367,22 +358,23 @@ class SharpnessConfig:
             for m in _items(self.metrics, "metrics")))
         _text(self.symmetry, "symmetry")
         self._check_metrics()
-        _set(self, "p", _choice(self.p, "p", _P, "2 or inf"))
+        _set(self, "p", str(check_p(self.p, _name("p"))))
         _set(self, "samples", _integer(self.samples, "samples", 1))
-        _set(self, "seed", _integer(self.seed, "seed", 0))
+        _set(self, "seed", check_seed(self.seed, _name("seed")))
         self._check_radii()
-        _set(self, "eps", _number(self.eps, "eps", positive=False))
+        _set(self, "eps", float(check_finite(_name("eps"), self.eps, positive=False)))
+        # a comma list gives the orders as text
         _set(self, "orders", _unique(
-            _choice(order, "orders", _ORDERS, "1, 2 or exact (or a comma list of them)")
-            for order in _items(self.orders, "orders")))
+            check_order({"1": 1, "2": 2}.get(order, order) if isinstance(order, str) else order,
+                        _name("orders")) for order in _items(self.orders, "orders")))
         _part(self.batches, BatchSettings, "batches")
         _part(self.solver, SolverSettings, "solver")
         self._check_solver()
         _choice(self.dtype, "dtype", (None, *DTYPES), "float32 or float64")
         _text(self.layer, "layer")
-        _choice(self.nonfinite, "nonfinite", NONFINITE, "raise or skip")
+        check_nonfinite(self.nonfinite, _name("nonfinite"))
         _text(self.device, "device", optional=False)
-        _flag(self.progress, "progress", optional=True)
+        check_flag(_name("progress"), self.progress, optional=True)
         self._check_measure_options(typed)
 
     @property
@@ -448,14 +440,12 @@ class BootstrapSettings:
     confidence: float = 0.95
     seed: int = 0
 
+    @_input_errors
     def __post_init__(self) -> None:
         _set(self, "resamples", _integer(self.resamples, "BootstrapSettings.resamples", 0))
-        confidence = self.confidence
-        if (isinstance(confidence, bool) or not isinstance(confidence, numbers.Real)
-                or not 0 < confidence < 1):
-            raise InputError(f"{_name('BootstrapSettings.confidence')} must be a number in "
-                             f"(0, 1), got {confidence!r}")
-        _set(self, "confidence", float(confidence))
+        _set(self, "confidence", float(check_real(_name("BootstrapSettings.confidence"),
+                                                  self.confidence, "a number in (0, 1)",
+                                                  lambda v: 0 < v < 1)))
         _set(self, "seed", _integer(self.seed, "BootstrapSettings.seed", 0))
 
 
@@ -502,16 +492,17 @@ class StudyConfig(SharpnessConfig):
     plots: bool = True
     threads: int | None = None
 
+    @_input_errors
     def __post_init__(self) -> None:
         _set(self, "threads", _integer(self.threads, "threads", 1, optional=True))
         super().__post_init__()
         _text(self.data, "data", optional=False, path=True)
         _text(self.gap_from, "gap_from")
         _text(self.out, "out", path=True)
-        _flag(self.resume, "resume")
+        check_flag(_name("resume"), self.resume)
         _part(self.bootstrap, BootstrapSettings, "bootstrap")
         _text(self.color, "color")
-        _flag(self.plots, "plots")
+        check_flag(_name("plots"), self.plots)
         self.gap_kind    # noqa: B018 (checked now, not when the first gap is computed)
 
     @property
@@ -568,9 +559,9 @@ def options_for(run: MeasureRun, config: SharpnessConfig,
     elif measure == "geodesic":
         options.update(metric=run.variant["metric"], order=run.variant["order"], eps=config.eps)
     if measure in ("worst_case", "adaptive"):
-        options["p"] = 2 if config.p == "2" else "inf"
+        options["p"] = config.p
     if measure == "average":
         options["samples"] = config.samples
-    if measure == "relative_flatness" and config.layer is not None:
+    if measure == "relative_flatness":
         options["layer"] = config.layer
     return options

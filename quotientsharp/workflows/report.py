@@ -23,12 +23,10 @@ def _gap_formula(gap_from: str) -> str:
     return f"test {gap_from} - train {gap_from}"
 
 
-#: Options of ``quotientsharp study`` that change the values, with their defaults: the
-#: report's command line names those that differ (the grid options are always named).
-_VALUE_OPTIONS = {"eps": 0.0, "p": "2", "samples": 1, "layer": None, "loss": "cross_entropy",
-                  "batch_size": 32, "max_batches": None, "n_iter": 20, "seed": 0,
-                  "max_length": 128, "tokenizer": None, "dtype": None, "gap_from": None,
-                  "chains": None, "nonfinite": "raise"}
+#: Options of ``quotientsharp study`` that change the values, in the order the report's
+#: command line names those that differ from their defaults (the grid options always).
+_VALUE_OPTIONS = ("eps", "p", "samples", "layer", "loss", "batch_size", "max_batches", "n_iter",
+                  "seed", "max_length", "tokenizer", "dtype", "gap_from", "chains", "nonfinite")
 
 
 def value_settings(config: StudyConfig) -> dict[str, Any]:
@@ -55,11 +53,15 @@ def command_line(manifest: str, config: StudyConfig, grid: Sequence[GridPoint]) 
         metrics = dict.fromkeys(p.metric for p in grid if p.metric is not None)
         orders = dict.fromkeys(str(p.order) for p in grid if p.order is not None)
         parts += ["--metric", ",".join(metrics), "--order", ",".join(orders)]
-    values = {**value_settings(config), "p": config.p, "gap_from": config.gap_from,
-              "chains": config.solver.chains, "nonfinite": config.nonfinite}
-    for name, default in _VALUE_OPTIONS.items():
-        value = values[name]
-        if value != default:
+    def values(of: StudyConfig) -> dict[str, Any]:
+        return {**value_settings(of), "p": of.p, "gap_from": of.gap_from,
+                "chains": of.solver.chains, "nonfinite": of.nonfinite}
+
+    default = StudyConfig(data=config.data, measures=config.measures, rho=config.rho)
+    given, defaults = values(config), values(default)
+    for name in _VALUE_OPTIONS:
+        value = given[name]
+        if value != defaults[name]:
             parts += [f"--{name.replace('_', '-')}", f"{value:g}" if isinstance(value, float)
                       else str(value)]
     return " ".join(parts)

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from quotientsharp.engine.options import check_int
+from quotientsharp.core.scalars import check_int
 from quotientsharp.reproduce.diagonal.data import derived_seed
 from quotientsharp.reproduce.diagonal.measures import MEASURES
 from quotientsharp.reproduce.diagonal.report import (

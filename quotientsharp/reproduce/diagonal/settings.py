@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from quotientsharp.engine.options import check_int
+from quotientsharp.core.scalars import check_int
 from quotientsharp.engine.solver import AscentSettings
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from quotientsharp.engine.options import check_int
+from quotientsharp.core.scalars import check_int
 from quotientsharp.reproduce.diagonal.data import (
     DiagonalProblem,
     Hyperparameters,

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from quotientsharp.engine.options import check_int
+from quotientsharp.core.scalars import check_int
 
 Inputs = dict[str, torch.Tensor]
 

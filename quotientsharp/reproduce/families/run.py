@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from quotientsharp.engine.options import check_int
+from quotientsharp.core.scalars import check_int
 from quotientsharp.reproduce.config import FamilyConfig, check_config, run_study_command
 from quotientsharp.reproduce.families.data import (
     ClassificationData,

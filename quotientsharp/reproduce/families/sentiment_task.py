@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from quotientsharp.engine.options import check_int
+from quotientsharp.core.scalars import check_int
 
 SUBJECTS = ("the waiter", "the movie", "the hotel", "the food", "the service", "the book",
             "the concert", "the room", "the staff", "the game", "the car", "the show",

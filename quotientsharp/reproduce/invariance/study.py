@@ -238,7 +238,7 @@ def invariance_study(out: Path | None = None, *, quick: bool = False, seed: int 
     ``seed`` seeds the head, the sentences and the matrices ``N``; ``settings`` replaces
     :data:`FULL` and :data:`QUICK` (``quick`` then only names the default folder).
     """
-    from quotientsharp.engine.options import check_int
+    from quotientsharp.core.scalars import check_int
     from quotientsharp.reproduce.results_page import check_renderer, page_document, write_page
     from quotientsharp.workflows.files import write_csv_atomic, write_json_atomic
     from quotientsharp.workflows.resumable import rank0_value
