@@ -39,6 +39,7 @@ def quick_run(tmp_path_factory):
 def test_every_optimiser_runs_on_every_task_it_applies_to(quick_run):
     module, results, _ = quick_run
     assert set(results["tasks"]) == {"minilm-sentiment", "minilm-first", "minilm-agreement",
+                                     "minilm-either", "minilm-both", "minilm-second",
                                      "bert-scratch"}
     for task_name, task in results["tasks"].items():
         for name, method in task["methods"].items():
@@ -57,7 +58,8 @@ def test_every_optimiser_runs_on_every_task_it_applies_to(quick_run):
 
 def test_the_paper_method_on_the_library_geometry_equals_peft_on_the_benchmark(quick_run):
     _, results, _ = quick_run
-    for task_name in ("minilm-sentiment", "minilm-first", "minilm-agreement"):
+    for task_name in ("minilm-sentiment", "minilm-first", "minilm-agreement", "minilm-either",
+                      "minilm-both", "minilm-second"):
         methods = results["tasks"][task_name]["methods"]
         for ours, theirs in zip(methods["RiemannianAdamW"]["runs"],
                                 methods["PEFT Riemannian"]["runs"], strict=True):
@@ -77,7 +79,12 @@ def test_the_outputs_are_written(quick_run):
     assert "| AdamW |" in markdown and "n/a (no LoRA adapters)" in markdown
 
 
-@pytest.mark.parametrize("rule", ["agreement", "first"])
+EXPECTED_LABEL = {"agreement": lambda a, b: int(a == b), "first": lambda a, b: a,
+                  "second": lambda a, b: b, "either": lambda a, b: int(a + b > 0),
+                  "both": lambda a, b: a * b}
+
+
+@pytest.mark.parametrize("rule", sorted(EXPECTED_LABEL))
 def test_the_two_clause_tasks_label_by_their_rule_only(quick_run, rule):
     module, _, _ = quick_run
     from quotientsharp.reproduce.families.sentiment_task import clause_sentiment
@@ -91,8 +98,7 @@ def test_the_two_clause_tasks_label_by_their_rule_only(quick_run, rule):
         first, second = tokens[:adjectives[0] + 1], tokens[adjectives[0] + 1:]
         sentiments = [clause_sentiment(first[-1], "not" in first),
                       clause_sentiment(tokens[adjectives[1]], "not" in second)]
-        expected = int(sentiments[0] == sentiments[1]) if rule == "agreement" else sentiments[0]
-        assert label == expected, text
+        assert label == EXPECTED_LABEL[rule](*sentiments), text
         connective = next(c for c in ("but", "while", "and", ";") if c in tokens)
         connectives.setdefault(connective, []).append(label)
     # the connective gives the label away for none of them (both labels follow each one)

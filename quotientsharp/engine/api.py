@@ -149,8 +149,8 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: MeasureSpec | s
                                  geometry_dtype=spec.resolved_geometry_dtype)
     functional.check_finite()
     generator = torch.Generator(device=functional.device).manual_seed(spec.seed)
-    evaluator, extra = spec.build(model, functional, generator)
-    check_radius_fits(spec.rho, extra.get("eta0"), functional.dtype)
+    evaluator, recorded = spec.build(model, functional, generator)
+    check_radius_fits(spec.rho, spec.first_step(), functional.dtype)
 
     outcomes: list[BatchOutcome] = []
     with _in_eval_mode(model), contextlib.closing(_progress_bar(
@@ -176,6 +176,6 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: MeasureSpec | s
 
     settings = {"measure": spec.name, "rho": spec.rho, "n_batches": len(outcomes),
                 "geometry_dtype": str(functional.dtype).removeprefix("torch."),
-                **spec.settings(), "loss": loss[1], **extra, **evaluator.settings_after()}
+                **spec.settings(), "loss": loss[1], **recorded, **evaluator.settings_after()}
     return assemble_result(spec.name, outcomes, settings, excluded, functional.frozen,
-                           spec.keep_perturbations, bool(extra.get("blockwise")))
+                           spec.keep_perturbations, spec.measures_blocks())

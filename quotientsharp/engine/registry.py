@@ -166,6 +166,15 @@ class MeasureSpec(ABC):
         """``geometry_dtype`` as a ``torch.dtype`` (``None``: the model's, see above)."""
         return check_geometry_dtype(self.geometry_dtype)
 
+    def first_step(self) -> float | None:
+        """The solver's first step (checked against the geometry's dtype with ``rho``);
+        ``None`` for a measure without an ascent."""
+        return None
+
+    def measures_blocks(self) -> bool:
+        """Whether the result holds the sharpness of each block (``blockwise``)."""
+        return False
+
     @abstractmethod
     def build(self, model: nn.Module, functional: FunctionalModel, generator: torch.Generator
               ) -> tuple[Measure, dict[str, Any]]:
@@ -337,6 +346,12 @@ class AscentSpec(MeasureSpec):
         check_flag("blockwise", self.blockwise)
         check_flag("touched_rows", self.touched_rows)
         check_flag("compile_steps", self.compile_steps)
+
+    def first_step(self) -> float | None:
+        return self.solver().first_step(self.radius)
+
+    def measures_blocks(self) -> bool:
+        return self.blockwise
 
     def solver(self) -> AscentSettings:
         """The measurement's own solver settings."""
