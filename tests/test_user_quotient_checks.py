@@ -360,3 +360,24 @@ def test_a_class_that_does_not_broadcast_is_named_not_the_point(cls, batch_shape
     with pytest.raises(ValueError, match=pattern) as info:
         qs.checks.check_all(cls(point_shapes=[(4,), (3,)]), seed=0, batch_shape=batch_shape)
     assert "degenerate" not in str(info.value)
+
+
+class ScalesByTheBatchMean(Neuron):
+    """Divides by the batch's mean size: mixes the points of a batch, right unbatched only."""
+
+    def inner(self, x, u, v):
+        return ((u[0] * v[0]).sum(-1) / x[0].square().sum(-1).mean()
+                + (u[1] * v[1]).sum(-1) / x[1].square().sum(-1).mean())
+
+
+@pytest.mark.parametrize("batch_shape", [(), (1,)])
+def test_an_unbatched_check_still_checks_broadcasting(batch_shape):
+    # at a point with no batch axis to loop over, the check stacks it with a point of its orbit:
+    # the row is there, passes for a class that broadcasts and fails for one that mixes a batch
+    rows = {r.name: r for r in qs.checks.check_all(Neuron(point_shapes=[(4,), (3,)]), seed=1,
+                                                   batch_shape=batch_shape)}
+    assert rows["broadcast_equals_loop"].passed and rows["broadcast_equals_loop"].error < 1e-12
+    rows = {r.name: r for r in qs.checks.check_all(
+        ScalesByTheBatchMean(point_shapes=[(4,), (3,)]), seed=1, batch_shape=batch_shape)}
+    assert not rows["broadcast_equals_loop"].passed
+    assert rows["broadcast_equals_loop"].error > 1e-3

@@ -427,7 +427,15 @@ def _broadcast_check(run: _CheckRun) -> None:
     q, x, u, w, nd = run.q, run.x, run.u, run.w, run.nd
     batch = T.batch_shape(x, nd)
     if len(batch) < 1 or batch[0] <= 1:
-        return
+        # no axis to loop over (batch_shape=() or a given unbatched point): stack the point with
+        # another point of its orbit and fresh vectors, so that a method that reduces over or
+        # mixes a batch axis still shows (the draws come last: the other checks are unchanged)
+        g = q.random_group_element(run.on_host, generator=run.gen).to(x[0].device)
+        x, u, w = (tuple(torch.stack(pair) for pair in zip(first, second, strict=True))
+                   for first, second in ((x, q.act(x, g)),
+                                         (u, _random_tangent_raw(x, nd, run.gen)),
+                                         (w, _random_tangent_raw(x, nd, run.gen))))
+        batch = T.batch_shape(x, nd)
 
     def at(i: int, y: Tensors) -> Tensors:
         return tuple(c.expand(*batch, *c.shape[c.dim() - k:])[i] for c, k in
