@@ -113,6 +113,16 @@ def test_bad_symmetries_are_one_line_errors_naming_the_flag(folder, spec, words)
     assert stderr.count("\n") == 1 and "'symmetry' field" in stderr and words in stderr
 
 
+def test_a_failed_measurement_is_named_by_the_users_binding(folder):
+    path, module = folder
+    torch.save((torch.randn(32, 3), torch.randint(0, 2, (32,))), path / "narrow.pt")
+    code, _, stderr = _call("measure", path / "net.pt", path / "narrow.pt", *OPTIONS,
+                            "--symmetry", f"{module}:bottleneck_binding")
+    assert code == 2
+    assert "sharpness of MODEL" in stderr and "binding 'bottleneck'" in stderr
+    assert "(inv" not in stderr and "(mix" not in stderr
+
+
 def test_measure_without_symmetry_prints_the_note(folder, tmp_path):
     torch.manual_seed(0)
     torch.save(torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(),

@@ -121,7 +121,9 @@ def _sharpness(model: Any, batches: list, measure_run: MeasureRun, config: Sharp
         result, no_symmetry = sharpness_noting_symmetry(model, batches, spec, (ReachWarning,))
     except (TypeError, ValueError, IndexError, RuntimeError) as err:
         # the model and the data do not fit together (or an option does not fit the model)
-        raise InputError(f"{measure_label(measure, measure_run.variant or {})} sharpness "
+        # named as the table would name it: with the user's bindings, not the default metric
+        named = {**(measure_run.variant or {}), "bindings": bindings}
+        raise InputError(f"{measure_label(measure, named)} sharpness "
                          f"of MODEL {args.model} on DATA {args.data} failed: {err}") from err
     return result, no_symmetry
 
