@@ -76,7 +76,8 @@ optimiser joins the table without rerunning the others; ``--quick``: a tiny rand
 place of MiniLM, 5 steps, one seed, two learning rates (a smoke test of seconds). Full run,
 measured: about 13 min of process CPU time for the first six optimisers on the four tasks (one
 thread; 2-core machine shared with other jobs, about 28 min wall there); one optimiser alone,
-``--optimisers "QuotientAdamW (eps 0)"``, about 4 min wall there.
+``--optimisers "QuotientAdamW (eps 0)"``, about 4 min wall there; the three tasks added later
+with every optimiser, about 13 min wall there.
 """
 
 from __future__ import annotations
