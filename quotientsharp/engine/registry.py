@@ -348,7 +348,7 @@ class AscentSpec(MeasureSpec):
         check_flag("compile_steps", self.compile_steps)
 
     def first_step(self) -> float | None:
-        return self.solver().first_step(self.radius)
+        return float(self.solver().first_step(self.radius))
 
     def measures_blocks(self) -> bool:
         return self.blockwise
