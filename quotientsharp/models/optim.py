@@ -287,6 +287,23 @@ def _check_binding_point(binding: QuotientBinding, base: Tensors) -> None:
                          f"{shapes}): {err}") from err
 
 
+def degenerate_labels(quotient: GLQuotient, point: Tensors, labels: Sequence[str]
+                      ) -> list[str]:
+    """The labels of the pairs of a bucket (``point`` stacked, ``shape=[P, n, r]`` and
+    ``[P, m, r]``, one label per pair) on which ``quotient`` refuses the point, each pair checked
+    alone: a bucket holds every adapter of one shape, and its first labels need not be the
+    degenerate ones. All ``labels`` when they do not label the stack or no pair fails alone."""
+    if not labels or point[0].dim() != 3 or point[0].shape[0] != len(labels):
+        return list(labels)
+    failing = []
+    for index, label in enumerate(labels):
+        try:
+            quotient.at(tuple(factor[index:index + 1] for factor in point))
+        except ValueError:
+            failing.append(label)
+    return failing or list(labels)
+
+
 class PairGradients:
     """The pairs a quotient optimiser steps, and their gradients moved by the pairs' geometry:
     those of a report (the core's quotient of each bucket, with ``metric`` and ``eps``) or of
@@ -346,13 +363,15 @@ class PairGradients:
                 "LoRA adapter has B = 0; pass eps > 0 (the damped metric)")
 
     def at(self, quotient: Any, point: Tensors, where: str, labels: Sequence[str] = ()) -> Any:
-        """``quotient.at(point)``, a refusal raised again naming the optimiser and the pairs."""
+        """``quotient.at(point)``, a refusal raised again naming the optimiser and the pairs
+        on which it is degenerate (:func:`degenerate_labels`)."""
         try:
             return quotient.at(point)
         except ValueError as err:
             if not isinstance(quotient, GLQuotient):
                 raise ValueError(f"{self.owner}: binding {where!r}: {err}") from err
-            raise ValueError(self.degenerate(quotient, where, labels, str(err))) from err
+            failing = degenerate_labels(quotient, point, labels)
+            raise ValueError(self.degenerate(quotient, where, failing, str(err))) from err
 
     def bucket_directions(self, update: Callable[[int, Tensors, Tensors], Sequence[torch.Tensor]]
                           ) -> dict[str, torch.Tensor]:

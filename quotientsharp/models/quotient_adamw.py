@@ -384,8 +384,10 @@ class QuotientAdamW(torch.optim.Optimizer):
             if bool(moving.any()):
                 change = (frames[which][moving] - probe[which][moving]).abs().amax()
                 if bool(change > 1e-6 * frames[which][moving].abs().amax()):
+                    labels = [label for label, refused in zip(
+                        self._pairs.labels[index], moving.tolist(), strict=True) if refused]
                     raise ValueError(self._pairs.degenerate(
-                        quotient, f"bucket {index}", self._pairs.labels[index],
+                        quotient, f"bucket {index}", labels,
                         "a factor is zero and the metric's frame of a zero factor depends on "
                         "the factor itself (its steps stay zero under the "
                         f"{quotient.metric.name} metric at eps=0)"))
