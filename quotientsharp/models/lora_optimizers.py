@@ -21,6 +21,7 @@ from quotientsharp.models.optim import (
     PairGradients,
     all_or_nothing,
     begin_step,
+    check_added_group,
     check_betas,
     check_loaded_state,
     check_model,
@@ -87,6 +88,13 @@ class RiemannianAdamW(torch.optim.AdamW):
         super().__init__(param_groups(named, self._pairs.names), lr=lr, betas=beta_pair,
                          eps=adam_eps, weight_decay=weight_decay)
         self.damping = eps
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """``torch.optim.AdamW.add_param_group``; a group added after construction is
+        ``"kind": "other"`` (plain AdamW),
+        :func:`~quotientsharp.models.optim.check_added_group`."""
+        check_added_group("RiemannianAdamW", self.param_groups, param_group)
+        super().add_param_group(param_group)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """``torch.optim.AdamW.load_state_dict`` after checking that the state fits (a

@@ -250,6 +250,26 @@ def resolve_symmetries(model: nn.Module, symmetries: object
                     f"got {type(symmetries).__name__}")
 
 
+#: The param group kinds of the quotient optimisers (``param_groups``).
+GROUP_KINDS = ("pairs", "other")
+
+
+def check_added_group(owner: str, groups: Sequence[dict[str, Any]],
+                      param_group: dict[str, Any]) -> None:
+    """A param group about to be added to ``groups`` (``add_param_group``), given the kind
+    ``"other"`` when it has none: its parameters then step as those outside the pairs. Only the
+    constructor's first group may be ``"pairs"`` (the pairs are the model's, found once); any
+    other kind is a ``ValueError`` naming ``owner``."""
+    if not isinstance(param_group, dict):
+        raise TypeError(f"{owner}: add_param_group expects a dict, got "
+                        f"{type(param_group).__name__}")
+    kind = param_group.setdefault("kind", "other")
+    if kind not in GROUP_KINDS or (kind == "pairs" and groups):
+        raise ValueError(f"{owner}: an added param group must have kind 'other' (its "
+                         f"parameters step as those outside the pairs), got kind={kind!r}; "
+                         "the pairs' group is made once, from the model")
+
+
 def param_groups(named: dict[str, nn.Parameter], pair_names: list[str]
                  ) -> list[dict[str, Any]]:
     """The non-empty param groups: the pairs' parameters, then every other trainable one."""
@@ -482,6 +502,12 @@ class QuotientSGD(torch.optim.Optimizer):
         defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay}
         super().__init__(param_groups(named, self._pairs.names), defaults)
         self.metric, self.eps = metric, eps
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """``torch.optim.Optimizer.add_param_group``; a group added after construction is
+        ``"kind": "other"`` (plain SGD), :func:`check_added_group`."""
+        check_added_group("QuotientSGD", self.param_groups, param_group)
+        super().add_param_group(param_group)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """``torch.optim.Optimizer.load_state_dict`` after checking that the state fits (a

@@ -35,6 +35,7 @@ from quotientsharp.models.optim import (
     Tensors,
     all_or_nothing,
     begin_step,
+    check_added_group,
     check_betas,
     check_loaded_state,
     check_model,
@@ -227,6 +228,13 @@ class QuotientAdamW(torch.optim.Optimizer):
                     "weight_decay": weight_decay}
         super().__init__(param_groups(named, self._pairs.names), defaults)
         self.metric, self.eps, self.balance = metric, eps, balance
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """``torch.optim.Optimizer.add_param_group``; a group added after construction is
+        ``"kind": "other"`` (stepped as ``torch.optim.AdamW``),
+        :func:`~quotientsharp.models.optim.check_added_group`."""
+        check_added_group("QuotientAdamW", self.param_groups, param_group)
+        super().add_param_group(param_group)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """``torch.optim.Optimizer.load_state_dict`` after checking that the state fits (a
