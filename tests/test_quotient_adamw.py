@@ -532,3 +532,17 @@ def test_a_degenerate_pair_is_named_not_its_bucket_neighbours(metric, eps, spoil
     message = str(refused.value)
     assert "self.value" in message
     assert "self.query" not in message
+
+
+@pytest.mark.parametrize("random", [True, False])
+def test_float16_needs_an_adam_eps_that_float16_holds(random):
+    # the default adam_eps (1e-8) is zero in float16, so a row whose second moment underflows
+    # (A's zero frame gradient from B = 0, any small gradient) divided by zero at every step
+    model = adapted(45, random=random).half()
+    with pytest.raises(ValueError, match="^adam_eps.*float16"):
+        QuotientAdamW(model, lr=0.02)
+    x, y = data(45, dtype=torch.float16)
+    losses, _ = train(model, QuotientAdamW(model, lr=0.02, adam_eps=1e-4), 10,
+                      lambda net: mse_loss(net, x, y))
+    assert all(math.isfinite(v) for v in losses)
+    assert losses[-1] < 0.9 * losses[0]

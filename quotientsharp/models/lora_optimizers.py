@@ -21,6 +21,7 @@ from quotientsharp.models.optim import (
     PairGradients,
     all_or_nothing,
     begin_step,
+    check_adam_eps_precision,
     check_added_group,
     check_betas,
     check_loaded_state,
@@ -53,7 +54,8 @@ class RiemannianAdamW(torch.optim.AdamW):
         themselves (not raised), for every group. The default ``0`` is the library's (as
         :class:`~quotientsharp.models.QuotientSGD`), not ``torch.optim.AdamW``'s ``1e-2``.
     betas, adam_eps
-        AdamW's moment decays (each in ``[0, 1)``) and its denominator's ``eps`` (``> 0``).
+        AdamW's moment decays (each in ``[0, 1)``) and its denominator's ``eps`` (``> 0``;
+        for float16 parameters ``>= 6.1e-5``, float16's smallest normal number).
     symmetries
         ``"auto"`` (:func:`~quotientsharp.models.find_symmetries` with ``degenerate="pair"``),
         a :class:`~quotientsharp.models.SymmetryReport`, or
@@ -82,6 +84,7 @@ class RiemannianAdamW(torch.optim.AdamW):
         weight_decay = check_number("weight_decay", weight_decay, 0.0)
         beta_pair = check_betas(betas)
         adam_eps = check_number("adam_eps", adam_eps, 0.0, strict=True)
+        check_adam_eps_precision(adam_eps, named)
         self._pairs = PairGradients("RiemannianAdamW", named,
                                     resolve_symmetries(model, symmetries), "mix", eps)
         warn_without_pairs("RiemannianAdamW", self._pairs.names, "AdamW")
@@ -228,10 +231,13 @@ def loraplus_adamw(model: nn.Module, lr: float, *, ratio: float = 16.0,
                    weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999),
                    adam_eps: float = 1e-8, kinds: Sequence[str] | None = ("lora",),
                    symmetries: str | SymmetryReport = "auto") -> torch.optim.AdamW:
-    """``torch.optim.AdamW`` over :func:`loraplus_param_groups` (LoRA+ on AdamW)."""
+    """``torch.optim.AdamW`` over :func:`loraplus_param_groups` (LoRA+ on AdamW); for float16
+    parameters ``adam_eps`` must be ``>= 6.1e-5`` (float16's smallest normal number)."""
     beta_pair = check_betas(betas)
     adam_eps = check_number("adam_eps", adam_eps, 0.0, strict=True)
     groups = loraplus_param_groups(model, lr, ratio=ratio, weight_decay=weight_decay,
                                    kinds=kinds, symmetries=symmetries)
+    # torch's AdamW would write NaN into float16 parameters with an eps that is zero there
+    check_adam_eps_precision(adam_eps, dict(model.named_parameters()))
     # every group carries its own lr (the default only fills groups added later)
     return torch.optim.AdamW(groups, lr=lr, betas=beta_pair, eps=adam_eps)

@@ -60,6 +60,22 @@ def check_model(model: object, metric: str = "mix") -> dict[str, nn.Parameter]:
     return dict(model.named_parameters())
 
 
+def check_adam_eps_precision(adam_eps: float, named: Mapping[str, nn.Parameter]) -> None:
+    """Refuse an ``adam_eps`` below float16's smallest normal number for a model with float16
+    trainable parameters (a ``ValueError`` naming ``adam_eps``): there Adam's denominator
+    ``v^{1/2} + adam_eps`` rounds to zero wherever the second moment does (a gradient below
+    about 1e-2 underflows in it), and the step divides by zero on every such entry."""
+    half = [n for n, p in named.items() if p.requires_grad and p.dtype == torch.float16]
+    tiny = torch.finfo(torch.float16).tiny
+    if half and adam_eps < tiny:
+        raise ValueError(f"adam_eps must be >= {tiny:.3g} (float16's smallest normal number) "
+                         f"for float16 parameters ({', '.join(half[:3])}"
+                         f"{', ...' if len(half) > 3 else ''}), got {adam_eps!r}: smaller, "
+                         "Adam's denominator rounds to zero where the second moment underflows "
+                         "and the steps divide by zero; pass adam_eps=1e-4, or train in "
+                         "bfloat16 or float32")
+
+
 def warn_without_pairs(owner: str, pair_names: Sequence[str], plain: str) -> None:
     """A :class:`~quotientsharp.models.report.NoSymmetryWarning` at the user's line when the
     optimiser found no pair to step: it is then ``plain`` on every parameter."""

@@ -35,6 +35,7 @@ from quotientsharp.models.optim import (
     Tensors,
     all_or_nothing,
     begin_step,
+    check_adam_eps_precision,
     check_added_group,
     check_betas,
     check_loaded_state,
@@ -178,7 +179,8 @@ class QuotientAdamW(torch.optim.Optimizer):
     adam_eps
         The denominator's ``eps`` (``> 0``), added to the square root of each row's second
         moment (mix) or of the second moment's eigenvalues (inv); AdamW's, entrywise, for the
-        other parameters.
+        other parameters. For float16 parameters at least float16's smallest normal number
+        (``6.1e-5``; ``1e-4`` works), else a ``ValueError``: the default rounds to zero there.
     balance
         Mix metric only: the frame step is multiplied by ``(I + S / balance)^{1/2}``, ``S``
         the singular values of the pair's product ``G H^T`` in the frame (:func:`balanced_scale`,
@@ -217,6 +219,7 @@ class QuotientAdamW(torch.optim.Optimizer):
         weight_decay = check_number("weight_decay", weight_decay, 0.0)
         beta_pair = check_betas(betas)
         adam_eps = check_number("adam_eps", adam_eps, 0.0, strict=True)
+        check_adam_eps_precision(adam_eps, named)
         balance = _check_balance(balance, metric)
         resolved = resolve_symmetries(model, symmetries)
         if not isinstance(resolved, SymmetryReport):
