@@ -546,3 +546,23 @@ def test_float16_needs_an_adam_eps_that_float16_holds(random):
                       lambda net: mse_loss(net, x, y))
     assert all(math.isfinite(v) for v in losses)
     assert losses[-1] < 0.9 * losses[0]
+
+
+def test_from_zero_a_first_step_of_lower_rank_than_the_adapter_is_refused_next():
+    # three samples: dL/dB = dL/dW A^T has rank <= 3 < r = 8, and so has B after the first
+    # step (the row-wise Adam step keeps the gradient's rank); the docs say eps > 0 is needed
+    model = adapted(46, random=False, r=8)
+    x, y = data(46)
+    optimizer = QuotientAdamW(model, lr=0.02)
+    mse_loss(model, x[:3], y[:3]).backward()
+    optimizer.step()
+    factor = dict(model.named_parameters())["base_model.model.0.lora_B.default.weight"]
+    assert int(torch.linalg.matrix_rank(factor.detach())) == 3
+    optimizer.zero_grad()
+    mse_loss(model, x[:3], y[:3]).backward()
+    with pytest.raises(ValueError, match=r"model\.0\[default\].*rank-deficient.*eps > 0"):
+        optimizer.step()
+    damped = adapted(46, random=False, r=8)
+    losses, _ = train(damped, QuotientAdamW(damped, lr=0.02, eps=1e-3), 5,
+                      lambda net: mse_loss(net, x[:3], y[:3]))
+    assert losses[-1] < losses[0]

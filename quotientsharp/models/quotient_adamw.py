@@ -171,7 +171,9 @@ class QuotientAdamW(torch.optim.Optimizer):
     eps
         Damping of the Gram matrices, ``S = K + eps I`` (``>= 0``). ``eps = 0`` is exactly
         invariant; ``eps > 0`` is invariant under orthogonal ``M`` only and allows
-        rank-deficient factors. From ``B = 0`` the mix metric works at ``eps = 0``.
+        rank-deficient factors. From ``B = 0`` the mix metric works at ``eps = 0`` when ``B``'s
+        first step has full rank ``r`` (a gradient of lower rank, e.g. from fewer inputs than
+        ``r``, leaves ``B`` rank-deficient and the next step is refused: use ``eps > 0``).
     weight_decay
         Decoupled weight decay (``>= 0``), ``p <- p (1 - lr weight_decay)``, for both groups.
     betas
