@@ -233,3 +233,33 @@ def test_an_added_param_group_steps_as_the_plain_optimiser_and_resumes(owner):
     assert _same(resumed.state_dict(), optimiser.state_dict())
     with pytest.raises(ValueError, match=f"{owner}.*kind 'other'"):
         optimiser.add_param_group({"params": [nn.Parameter(torch.ones(2))], "kind": "pairs"})
+
+
+GEOMETRIES = [
+    ("QuotientSGD", {"eps": 1e-2, "metric": "mix"}, {"eps": 1e-2, "metric": "inv"}, "metric"),
+    ("QuotientSGD", {"eps": 1e-2}, {"eps": 1e-3}, "eps"),
+    ("RiemannianAdamW", {"eps": 1e-2}, {"eps": 0.0}, "damping"),
+    ("QuotientAdamW", {"metric": "mix"}, {"metric": "inv", "eps": 1e-2}, "metric"),
+    ("QuotientAdamW", {"eps": 0.0}, {"eps": 1e-2}, "eps"),
+    ("QuotientAdamW", {"balance": 0.3}, {}, "balance"),
+]
+MAKERS = {"QuotientSGD": QuotientSGD, "RiemannianAdamW": RiemannianAdamW,
+          "QuotientAdamW": QuotientAdamW}
+
+
+@pytest.mark.parametrize("owner, saved_with, loaded_with, option", GEOMETRIES)
+def test_a_state_saved_in_another_geometry_is_refused_by_name(owner, saved_with, loaded_with,
+                                                               option):
+    # the pairs' moments mean something only in the geometry they were taken in: a state of
+    # another metric, damping or balance would continue another training, or fail later
+    model = lora_mlp(8, 3)
+    source = MAKERS[owner](model, 1e-2, **saved_with)
+    for step in range(2):
+        _backward(model, step)
+        source.step()
+    target = MAKERS[owner](copy.deepcopy(model), 1e-2, **loaded_with)
+    before = copy.deepcopy(target.state_dict())
+    with pytest.raises(ValueError, match=f"{owner}: .*saved with {option}="):
+        target.load_state_dict(source.state_dict())
+    assert _same(before, target.state_dict())
+    MAKERS[owner](copy.deepcopy(model), 1e-2, **saved_with).load_state_dict(source.state_dict())

@@ -66,9 +66,11 @@ class RiemannianAdamW(torch.optim.AdamW):
     Notes
     -----
     A subclass of ``torch.optim.AdamW``: ``param_groups[0]`` holds the pairs' parameters
-    (``"kind": "pairs"``), ``param_groups[1]`` the others (``"kind": "other"``), stepped exactly
-    as by ``torch.optim.AdamW``. At every :meth:`step` the pairs' gradients are raised, AdamW
-    steps on them, and the parameters' ``.grad`` are given back unchanged (PEFT's optimiser
+    (``"kind": "pairs"``; a report's pairs with their ``"damping"``, ``eps``, recorded and
+    checked by ``load_state_dict``), ``param_groups[1]`` the others (``"kind": "other"``; also a
+    group added by ``add_param_group``), stepped exactly as by ``torch.optim.AdamW``. At every
+    :meth:`step` the pairs' gradients are raised, AdamW steps on them, and the parameters'
+    ``.grad`` are given back unchanged (PEFT's optimiser
     leaves the preconditioned gradients there instead). A pair parameter without a gradient is
     skipped, as AdamW does; its partner's raise reads it as zero. A step on a NaN or inf
     gradient (or pair value) raises a ``ValueError`` naming the parameters before anything
@@ -88,8 +90,10 @@ class RiemannianAdamW(torch.optim.AdamW):
         self._pairs = PairGradients("RiemannianAdamW", named,
                                     resolve_symmetries(model, symmetries), "mix", eps)
         warn_without_pairs("RiemannianAdamW", self._pairs.names, "AdamW")
-        super().__init__(param_groups(named, self._pairs.names), lr=lr, betas=beta_pair,
-                         eps=adam_eps, weight_decay=weight_decay)
+        # bindings raise with their quotients' own metric: only a report's pairs use eps
+        geometry = {"damping": eps} if self._pairs.layout is not None else {}
+        super().__init__(param_groups(named, self._pairs.names, geometry), lr=lr,
+                         betas=beta_pair, eps=adam_eps, weight_decay=weight_decay)
         self.damping = eps
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -104,7 +108,8 @@ class RiemannianAdamW(torch.optim.AdamW):
         ``ValueError`` naming the parameter otherwise; nothing is loaded then)."""
         check_loaded_state("RiemannianAdamW", self, state_dict,
                            {id(p): n for n, p in self._pairs.named.items()},
-                           ("kind", "lr", "betas", "eps", "weight_decay"), ADAMW_ENTRIES)
+                           ("kind", "lr", "betas", "eps", "weight_decay"), ADAMW_ENTRIES,
+                           geometry=("damping",))
         super().load_state_dict(state_dict)
 
     @torch.no_grad()

@@ -185,13 +185,16 @@ def all_or_nothing(owner: str, optimizer: torch.optim.Optimizer, names: Mapping[
 def check_loaded_state(owner: str, optimizer: torch.optim.Optimizer, state_dict: object,
                        names: Mapping[int, str], options: Sequence[str],
                        entries: Mapping[str, bool],
-                       also: Callable[[str], bool] = lambda key: False) -> None:
+                       also: Callable[[str], bool] = lambda key: False,
+                       geometry: Sequence[str] = ()) -> None:
     """Refuse, before ``load_state_dict`` changes anything, the state of another optimiser (a
     group without one of ``options``, a parameter entry not in ``entries`` nor admitted by
     ``also``, a required one missing) or of another model (a tensor entry of another shape).
 
     ``entries`` maps each entry to whether it is required; ``names`` maps ``id(parameter)`` to
-    its name, for the messages.
+    its name, for the messages. The options ``geometry`` of the pairs' group, when the loaded
+    group records them, must equal this optimiser's: moments saved in another geometry
+    would not resume the training (a ``ValueError`` naming the option).
     """
     if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= state_dict.keys():
         raise ValueError(f"{owner}: load_state_dict expects an optimiser state_dict (a dict "
@@ -210,6 +213,8 @@ def check_loaded_state(owner: str, optimizer: torch.optim.Optimizer, state_dict:
         if missing:
             raise ValueError(f"{owner}: param group {index} of the loaded state has no "
                              f"{missing}: it was saved by another optimiser")
+        if group.get("kind") == "pairs":
+            _check_geometry(owner, index, saved, group, geometry)
         if len(saved["params"]) != len(group["params"]):
             raise ValueError(f"{owner}: param group {index} of the loaded state holds "
                              f"{len(saved['params'])} parameters, this optimiser's "
@@ -220,6 +225,18 @@ def check_loaded_state(owner: str, optimizer: torch.optim.Optimizer, state_dict:
         if param is None or not isinstance(entry, dict):
             continue
         _check_entry(owner, names.get(id(param), "?"), param, entry, entries, also)
+
+
+def _check_geometry(owner: str, index: int, saved: Mapping[str, Any],
+                    group: Mapping[str, Any], geometry: Sequence[str]) -> None:
+    """Refuse a loaded pairs' group whose recorded options ``geometry`` differ from this
+    optimiser's (a state saved before they were recorded is not checked)."""
+    for key in geometry:
+        if key in group and key in saved and saved[key] != group[key]:
+            raise ValueError(f"{owner}: param group {index} of the loaded state was saved with "
+                             f"{key}={saved[key]!r}, this optimiser has {key}={group[key]!r}: "
+                             "its moments belong to another geometry and would not resume the "
+                             f"training; construct the optimiser with {key}={saved[key]!r}")
 
 
 def _check_entry(owner: str, name: str, param: nn.Parameter, entry: dict[str, Any],
@@ -286,15 +303,18 @@ def check_added_group(owner: str, groups: Sequence[dict[str, Any]],
                          "the pairs' group is made once, from the model")
 
 
-def param_groups(named: dict[str, nn.Parameter], pair_names: list[str]
-                 ) -> list[dict[str, Any]]:
-    """The non-empty param groups: the pairs' parameters, then every other trainable one."""
+def param_groups(named: dict[str, nn.Parameter], pair_names: list[str],
+                 geometry: Mapping[str, object] | None = None) -> list[dict[str, Any]]:
+    """The non-empty param groups: the pairs' parameters, with the constructor options that fix
+    their geometry (``geometry``, e.g. ``metric`` and ``eps``: the meaning of their moments)
+    recorded so that ``state_dict`` carries them and :func:`check_loaded_state` compares them,
+    then every other trainable one."""
     frozen = [n for n in pair_names if not named[n].requires_grad]
     if frozen:
         raise ValueError(f"symmetries: pair parameter(s) {frozen} do not require gradients")
     in_pairs = set(pair_names)
     other = [t for n, t in named.items() if t.requires_grad and n not in in_pairs]
-    groups = [{"params": [named[n] for n in pair_names], "kind": "pairs"},
+    groups = [{"params": [named[n] for n in pair_names], "kind": "pairs", **(geometry or {})},
               {"params": other, "kind": "other"}]
     groups = [g for g in groups if g["params"]]
     if not groups:
@@ -491,8 +511,10 @@ class QuotientSGD(torch.optim.Optimizer):
 
     Notes
     -----
-    Param groups: ``param_groups[0]`` holds the pairs' parameters (``"kind": "pairs"``),
-    ``param_groups[1]`` every other trainable parameter (``"kind": "other"``). Momentum buffers
+    Param groups: ``param_groups[0]`` holds the pairs' parameters (``"kind": "pairs"``; a
+    report's pairs with ``"metric"`` and ``"eps"`` recorded, checked by ``load_state_dict``),
+    ``param_groups[1]`` every other trainable parameter (``"kind": "other"``; also a group added
+    by ``add_param_group``). Momentum buffers
     live in ``state[p]["momentum_buffer"]`` in parameter space (the layout's map is a linear
     bijection), so ``state_dict`` works as for ``torch.optim.SGD``; ``load_state_dict`` refuses
     the state of another optimiser or another model by name. A parameter without gradient is
@@ -516,7 +538,9 @@ class QuotientSGD(torch.optim.Optimizer):
                                     metric, eps)
         warn_without_pairs("QuotientSGD", self._pairs.names, "SGD")
         defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay}
-        super().__init__(param_groups(named, self._pairs.names), defaults)
+        # bindings step with their quotients' own metric: only a report's pairs use these
+        geometry = {"metric": metric, "eps": eps} if self._pairs.layout is not None else {}
+        super().__init__(param_groups(named, self._pairs.names, geometry), defaults)
         self.metric, self.eps = metric, eps
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -531,7 +555,7 @@ class QuotientSGD(torch.optim.Optimizer):
         check_loaded_state("QuotientSGD", self, state_dict,
                            {id(p): n for n, p in self._pairs.named.items()},
                            ("kind", "lr", "momentum", "weight_decay"),
-                           {"momentum_buffer": False})
+                           {"momentum_buffer": False}, geometry=("metric", "eps"))
         super().load_state_dict(state_dict)
 
     # ------------------------------------------------------------------ steps

@@ -199,8 +199,10 @@ class QuotientAdamW(torch.optim.Optimizer):
 
     Notes
     -----
-    Param groups: ``param_groups[0]`` holds the pairs' parameters (``"kind": "pairs"``),
-    ``param_groups[1]`` every other trainable parameter (``"kind": "other"``), whose state
+    Param groups: ``param_groups[0]`` holds the pairs' parameters (``"kind": "pairs"``, with
+    ``"metric"``, ``"eps"`` and ``"balance"`` recorded: ``load_state_dict`` refuses a state saved
+    with others), ``param_groups[1]`` every other trainable parameter (``"kind": "other"``;
+    also a group added by ``add_param_group``), whose state
     (``"step"``, ``"exp_avg"``, ``"exp_avg_sq"``) and update are ``torch.optim.AdamW``'s. The
     pairs' moments live in the symmetry coordinates, one set per bucket of pairs of one shape
     (``shape=[P, n, r]``; ``[P, n]`` for mix, ``[P, r, r]`` for inv), in the state of the
@@ -231,7 +233,8 @@ class QuotientAdamW(torch.optim.Optimizer):
         warn_without_pairs("QuotientAdamW", self._pairs.names, "AdamW")
         defaults = {"lr": lr, "betas": beta_pair, "adam_eps": adam_eps,
                     "weight_decay": weight_decay}
-        super().__init__(param_groups(named, self._pairs.names), defaults)
+        geometry = {"metric": metric, "eps": eps, "balance": balance}
+        super().__init__(param_groups(named, self._pairs.names, geometry), defaults)
         self.metric, self.eps, self.balance = metric, eps, balance
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -248,7 +251,8 @@ class QuotientAdamW(torch.optim.Optimizer):
         check_loaded_state("QuotientAdamW", self, state_dict,
                            {id(p): n for n, p in self._pairs.named.items()},
                            ("kind", "lr", "betas", "adam_eps", "weight_decay"), ADAMW_ENTRIES,
-                           also=lambda key: key.startswith("bucket"))
+                           also=lambda key: key.startswith("bucket"),
+                           geometry=("metric", "eps", "balance"))
         super().load_state_dict(state_dict)
 
     # ------------------------------------------------------------------ steps
