@@ -304,7 +304,7 @@ def check_added_group(owner: str, groups: Sequence[dict[str, Any]],
 
 
 def param_groups(named: dict[str, nn.Parameter], pair_names: list[str],
-                 geometry: Mapping[str, object] | None = None) -> list[dict[str, Any]]:
+                 geometry: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """The non-empty param groups: the pairs' parameters, with the constructor options that fix
     their geometry (``geometry``, e.g. ``metric`` and ``eps``: the meaning of their moments)
     recorded so that ``state_dict`` carries them and :func:`check_loaded_state` compares them,
@@ -314,8 +314,9 @@ def param_groups(named: dict[str, nn.Parameter], pair_names: list[str],
         raise ValueError(f"symmetries: pair parameter(s) {frozen} do not require gradients")
     in_pairs = set(pair_names)
     other = [t for n, t in named.items() if t.requires_grad and n not in in_pairs]
-    groups = [{"params": [named[n] for n in pair_names], "kind": "pairs", **(geometry or {})},
-              {"params": other, "kind": "other"}]
+    groups: list[dict[str, Any]] = [
+        {"params": [named[n] for n in pair_names], "kind": "pairs", **(geometry or {})},
+        {"params": other, "kind": "other"}]
     groups = [g for g in groups if g["params"]]
     if not groups:
         raise ValueError("model has no trainable parameter")
