@@ -315,6 +315,27 @@ def test_loraplus_names_a_bad_argument(options, message):
         loraplus_adamw(adapted_mlp(0, 2, random=False), **options)
 
 
+@pytest.mark.parametrize("random", [True, False])
+def test_riemannian_adamw_in_float16_needs_an_adam_eps_that_float16_holds(random):
+    # torch's AdamW with eps=1e-8 (zero in float16) divides by zero where v underflows
+    model = adapted_mlp(3, 2, random=random).half()
+    with pytest.raises(ValueError, match="^adam_eps.*float16"):
+        RiemannianAdamW(model, 0.02)
+    with pytest.raises(ValueError, match="^adam_eps.*float16"):
+        loraplus_adamw(model, 0.02)
+    x, y = mlp_data(3, dtype=torch.float16)
+    optimizer = RiemannianAdamW(model, 0.02, adam_eps=1e-4)
+    losses = []
+    for _ in range(10):
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(x).float(), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert all(bool(torch.isfinite(t).all()) for t in model.parameters())
+    assert losses[-1] < losses[0]
+
+
 def test_a_model_that_is_no_module_is_refused():
     with pytest.raises(TypeError, match="model"):
         RiemannianAdamW([torch.zeros(2)], 0.1)  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from quotientsharp.core.gl import GLQuotient
 from quotientsharp.models import QuotientBinding, find_symmetries
 from quotientsharp.models.layout import ParameterLayout
 from quotientsharp.models.quotient_adamw import QuotientAdamW
-from tests.tiny_models import Factored, lora_mlp, tiny_bert_classifier
+from tests.tiny_models import Factored, lora_mlp, tiny_bert, tiny_bert_classifier
 
 peft = pytest.importorskip("peft")
 
@@ -491,3 +491,78 @@ def test_balance_is_checked_and_resolved_by_metric():
             QuotientAdamW(model, lr=0.01, balance=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="^balance.*inv"):
         QuotientAdamW(model, lr=0.01, metric="inv", balance=0.5)
+
+
+def bert_adapters(seed, r=3):
+    """A float64 one-layer BERT with random LoRA adapters of rank ``r`` on its query and value
+    (one bucket of two pairs, query first)."""
+    model = peft.get_peft_model(tiny_bert(seed, positions=8, dtype=torch.float64),
+                                peft.LoraConfig(r=r, target_modules=["query", "value"]))
+    generator = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if "lora_" in name:
+                tensor.copy_(0.5 * torch.randn(tensor.shape, generator=generator,
+                                               dtype=tensor.dtype))
+    return model
+
+
+def bert_loss(net):
+    generator = torch.Generator().manual_seed(5)
+    ids = torch.randint(1, 30, (4, 6), generator=generator)
+    return net(input_ids=ids, labels=torch.arange(4) % 3).loss
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+@pytest.mark.parametrize("metric, eps, spoil", [("mix", 0.0, "repeat"), ("inv", 0.0, "zero")])
+def test_a_degenerate_pair_is_named_not_its_bucket_neighbours(metric, eps, spoil):
+    # the value adapter is the degenerate one; the query adapter of the same bucket is fine
+    model = bert_adapters(33)
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if "value.lora_B" in name:
+                if spoil == "zero":
+                    tensor.zero_()
+                else:
+                    tensor[:, 1] = tensor[:, 0]
+    optimizer = QuotientAdamW(model, lr=0.01, metric=metric, eps=eps)
+    bert_loss(model).backward()
+    with pytest.raises(ValueError, match="degenerate") as refused:
+        optimizer.step()
+    message = str(refused.value)
+    assert "self.value" in message
+    assert "self.query" not in message
+
+
+@pytest.mark.parametrize("random", [True, False])
+def test_float16_needs_an_adam_eps_that_float16_holds(random):
+    # the default adam_eps (1e-8) is zero in float16, so a row whose second moment underflows
+    # (A's zero frame gradient from B = 0, any small gradient) divided by zero at every step
+    model = adapted(45, random=random).half()
+    with pytest.raises(ValueError, match="^adam_eps.*float16"):
+        QuotientAdamW(model, lr=0.02)
+    x, y = data(45, dtype=torch.float16)
+    losses, _ = train(model, QuotientAdamW(model, lr=0.02, adam_eps=1e-4), 10,
+                      lambda net: mse_loss(net, x, y))
+    assert all(math.isfinite(v) for v in losses)
+    assert losses[-1] < 0.9 * losses[0]
+
+
+def test_from_zero_a_first_step_of_lower_rank_than_the_adapter_is_refused_next():
+    # three samples: dL/dB = dL/dW A^T has rank <= 3 < r = 8, and so has B after the first
+    # step (the row-wise Adam step keeps the gradient's rank); the docs say eps > 0 is needed
+    model = adapted(46, random=False, r=8)
+    x, y = data(46)
+    optimizer = QuotientAdamW(model, lr=0.02)
+    mse_loss(model, x[:3], y[:3]).backward()
+    optimizer.step()
+    factor = dict(model.named_parameters())["base_model.model.0.lora_B.default.weight"]
+    assert int(torch.linalg.matrix_rank(factor.detach())) == 3
+    optimizer.zero_grad()
+    mse_loss(model, x[:3], y[:3]).backward()
+    with pytest.raises(ValueError, match=r"model\.0\[default\].*rank-deficient.*eps > 0"):
+        optimizer.step()
+    damped = adapted(46, random=False, r=8)
+    losses, _ = train(damped, QuotientAdamW(damped, lr=0.02, eps=1e-3), 5,
+                      lambda net: mse_loss(net, x[:3], y[:3]))
+    assert losses[-1] < losses[0]

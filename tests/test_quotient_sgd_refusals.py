@@ -201,3 +201,65 @@ def test_a_half_precision_model_steps_a_user_quotient_in_float32(dtype, seed):
         # the half step is the float32 step rounded (once for the direction, once for the sum)
         torch.testing.assert_close(small.float(), big, rtol=4 * resolution,
                                    atol=4 * resolution * big.abs().max().item())
+
+
+PLAIN = {"QuotientSGD": lambda params: torch.optim.SGD(params, 1e-2, momentum=0.9),
+         "RiemannianAdamW": lambda params: torch.optim.AdamW(params, 1e-2, weight_decay=0.0),
+         "QuotientAdamW": lambda params: torch.optim.AdamW(params, 1e-2, weight_decay=0.0)}
+
+
+@pytest.mark.parametrize("owner", list(OPTIMISERS))
+def test_an_added_param_group_steps_as_the_plain_optimiser_and_resumes(owner):
+    # a group added after construction (a learned temperature, say) has no "kind": it steps
+    # as torch's own optimiser would step it, and its state_dict loads again
+    model = lora_mlp(7, 3)
+    optimiser = OPTIMISERS[owner](model)
+    extra = nn.Parameter(torch.linspace(-1.0, 1.0, 5, dtype=torch.float64))
+    optimiser.add_param_group({"params": [extra]})
+    twin = nn.Parameter(extra.detach().clone())
+    plain = PLAIN[owner]([twin])
+    generator = torch.Generator().manual_seed(3)
+    for step in range(3):
+        _backward(model, step)
+        extra.grad = torch.randn(5, generator=generator, dtype=torch.float64)
+        twin.grad = extra.grad.clone()
+        optimiser.step()
+        plain.step()
+    assert torch.equal(extra.detach(), twin.detach())
+    assert [group["kind"] for group in optimiser.param_groups][-1] == "other"
+    resumed = OPTIMISERS[owner](copy.deepcopy(model))
+    resumed.add_param_group({"params": [nn.Parameter(extra.detach().clone())]})
+    resumed.load_state_dict(optimiser.state_dict())
+    assert _same(resumed.state_dict(), optimiser.state_dict())
+    with pytest.raises(ValueError, match=f"{owner}.*kind 'other'"):
+        optimiser.add_param_group({"params": [nn.Parameter(torch.ones(2))], "kind": "pairs"})
+
+
+GEOMETRIES = [
+    ("QuotientSGD", {"eps": 1e-2, "metric": "mix"}, {"eps": 1e-2, "metric": "inv"}, "metric"),
+    ("QuotientSGD", {"eps": 1e-2}, {"eps": 1e-3}, "eps"),
+    ("RiemannianAdamW", {"eps": 1e-2}, {"eps": 0.0}, "damping"),
+    ("QuotientAdamW", {"metric": "mix"}, {"metric": "inv", "eps": 1e-2}, "metric"),
+    ("QuotientAdamW", {"eps": 0.0}, {"eps": 1e-2}, "eps"),
+    ("QuotientAdamW", {"balance": 0.3}, {}, "balance"),
+]
+MAKERS = {"QuotientSGD": QuotientSGD, "RiemannianAdamW": RiemannianAdamW,
+          "QuotientAdamW": QuotientAdamW}
+
+
+@pytest.mark.parametrize("owner, saved_with, loaded_with, option", GEOMETRIES)
+def test_a_state_saved_in_another_geometry_is_refused_by_name(owner, saved_with, loaded_with,
+                                                               option):
+    # the pairs' moments mean something only in the geometry they were taken in: a state of
+    # another metric, damping or balance would continue another training, or fail later
+    model = lora_mlp(8, 3)
+    source = MAKERS[owner](model, 1e-2, **saved_with)
+    for step in range(2):
+        _backward(model, step)
+        source.step()
+    target = MAKERS[owner](copy.deepcopy(model), 1e-2, **loaded_with)
+    before = copy.deepcopy(target.state_dict())
+    with pytest.raises(ValueError, match=f"{owner}: .*saved with {option}="):
+        target.load_state_dict(source.state_dict())
+    assert _same(before, target.state_dict())
+    MAKERS[owner](copy.deepcopy(model), 1e-2, **saved_with).load_state_dict(source.state_dict())

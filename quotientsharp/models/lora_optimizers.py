@@ -21,6 +21,8 @@ from quotientsharp.models.optim import (
     PairGradients,
     all_or_nothing,
     begin_step,
+    check_adam_eps_precision,
+    check_added_group,
     check_betas,
     check_loaded_state,
     check_model,
@@ -52,7 +54,8 @@ class RiemannianAdamW(torch.optim.AdamW):
         themselves (not raised), for every group. The default ``0`` is the library's (as
         :class:`~quotientsharp.models.QuotientSGD`), not ``torch.optim.AdamW``'s ``1e-2``.
     betas, adam_eps
-        AdamW's moment decays (each in ``[0, 1)``) and its denominator's ``eps`` (``> 0``).
+        AdamW's moment decays (each in ``[0, 1)``) and its denominator's ``eps`` (``> 0``;
+        for float16 parameters ``>= 6.1e-5``, float16's smallest normal number).
     symmetries
         ``"auto"`` (:func:`~quotientsharp.models.find_symmetries` with ``degenerate="pair"``),
         a :class:`~quotientsharp.models.SymmetryReport`, or
@@ -63,9 +66,11 @@ class RiemannianAdamW(torch.optim.AdamW):
     Notes
     -----
     A subclass of ``torch.optim.AdamW``: ``param_groups[0]`` holds the pairs' parameters
-    (``"kind": "pairs"``), ``param_groups[1]`` the others (``"kind": "other"``), stepped exactly
-    as by ``torch.optim.AdamW``. At every :meth:`step` the pairs' gradients are raised, AdamW
-    steps on them, and the parameters' ``.grad`` are given back unchanged (PEFT's optimiser
+    (``"kind": "pairs"``; a report's pairs with their ``"damping"``, ``eps``, recorded and
+    checked by ``load_state_dict``), ``param_groups[1]`` the others (``"kind": "other"``; also a
+    group added by ``add_param_group``), stepped exactly as by ``torch.optim.AdamW``. At every
+    :meth:`step` the pairs' gradients are raised, AdamW steps on them, and the parameters'
+    ``.grad`` are given back unchanged (PEFT's optimiser
     leaves the preconditioned gradients there instead). A pair parameter without a gradient is
     skipped, as AdamW does; its partner's raise reads it as zero. A step on a NaN or inf
     gradient (or pair value) raises a ``ValueError`` naming the parameters before anything
@@ -81,19 +86,30 @@ class RiemannianAdamW(torch.optim.AdamW):
         weight_decay = check_number("weight_decay", weight_decay, 0.0)
         beta_pair = check_betas(betas)
         adam_eps = check_number("adam_eps", adam_eps, 0.0, strict=True)
+        check_adam_eps_precision(adam_eps, named)
         self._pairs = PairGradients("RiemannianAdamW", named,
                                     resolve_symmetries(model, symmetries), "mix", eps)
         warn_without_pairs("RiemannianAdamW", self._pairs.names, "AdamW")
-        super().__init__(param_groups(named, self._pairs.names), lr=lr, betas=beta_pair,
-                         eps=adam_eps, weight_decay=weight_decay)
+        # bindings raise with their quotients' own metric: only a report's pairs use eps
+        geometry = {"damping": eps} if self._pairs.layout is not None else {}
+        super().__init__(param_groups(named, self._pairs.names, geometry), lr=lr,
+                         betas=beta_pair, eps=adam_eps, weight_decay=weight_decay)
         self.damping = eps
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """``torch.optim.AdamW.add_param_group``; a group added after construction is
+        ``"kind": "other"`` (plain AdamW),
+        :func:`~quotientsharp.models.optim.check_added_group`."""
+        check_added_group("RiemannianAdamW", self.param_groups, param_group)
+        super().add_param_group(param_group)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """``torch.optim.AdamW.load_state_dict`` after checking that the state fits (a
         ``ValueError`` naming the parameter otherwise; nothing is loaded then)."""
         check_loaded_state("RiemannianAdamW", self, state_dict,
                            {id(p): n for n, p in self._pairs.named.items()},
-                           ("kind", "lr", "betas", "eps", "weight_decay"), ADAMW_ENTRIES)
+                           ("kind", "lr", "betas", "eps", "weight_decay"), ADAMW_ENTRIES,
+                           geometry=("damping",))
         super().load_state_dict(state_dict)
 
     @torch.no_grad()
@@ -220,10 +236,13 @@ def loraplus_adamw(model: nn.Module, lr: float, *, ratio: float = 16.0,
                    weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999),
                    adam_eps: float = 1e-8, kinds: Sequence[str] | None = ("lora",),
                    symmetries: str | SymmetryReport = "auto") -> torch.optim.AdamW:
-    """``torch.optim.AdamW`` over :func:`loraplus_param_groups` (LoRA+ on AdamW)."""
+    """``torch.optim.AdamW`` over :func:`loraplus_param_groups` (LoRA+ on AdamW); for float16
+    parameters ``adam_eps`` must be ``>= 6.1e-5`` (float16's smallest normal number)."""
     beta_pair = check_betas(betas)
     adam_eps = check_number("adam_eps", adam_eps, 0.0, strict=True)
     groups = loraplus_param_groups(model, lr, ratio=ratio, weight_decay=weight_decay,
                                    kinds=kinds, symmetries=symmetries)
+    # torch's AdamW would write NaN into float16 parameters with an eps that is zero there
+    check_adam_eps_precision(adam_eps, dict(model.named_parameters()))
     # every group carries its own lr (the default only fills groups added later)
     return torch.optim.AdamW(groups, lr=lr, betas=beta_pair, eps=adam_eps)

@@ -60,6 +60,22 @@ def check_model(model: object, metric: str = "mix") -> dict[str, nn.Parameter]:
     return dict(model.named_parameters())
 
 
+def check_adam_eps_precision(adam_eps: float, named: Mapping[str, nn.Parameter]) -> None:
+    """Refuse an ``adam_eps`` below float16's smallest normal number for a model with float16
+    trainable parameters (a ``ValueError`` naming ``adam_eps``): there Adam's denominator
+    ``v^{1/2} + adam_eps`` rounds to zero wherever the second moment does (a gradient below
+    about 1e-2 underflows in it), and the step divides by zero on every such entry."""
+    half = [n for n, p in named.items() if p.requires_grad and p.dtype == torch.float16]
+    tiny = torch.finfo(torch.float16).tiny
+    if half and adam_eps < tiny:
+        raise ValueError(f"adam_eps must be >= {tiny:.3g} (float16's smallest normal number) "
+                         f"for float16 parameters ({', '.join(half[:3])}"
+                         f"{', ...' if len(half) > 3 else ''}), got {adam_eps!r}: smaller, "
+                         "Adam's denominator rounds to zero where the second moment underflows "
+                         "and the steps divide by zero; pass adam_eps=1e-4, or train in "
+                         "bfloat16 or float32")
+
+
 def warn_without_pairs(owner: str, pair_names: Sequence[str], plain: str) -> None:
     """A :class:`~quotientsharp.models.report.NoSymmetryWarning` at the user's line when the
     optimiser found no pair to step: it is then ``plain`` on every parameter."""
@@ -169,13 +185,16 @@ def all_or_nothing(owner: str, optimizer: torch.optim.Optimizer, names: Mapping[
 def check_loaded_state(owner: str, optimizer: torch.optim.Optimizer, state_dict: object,
                        names: Mapping[int, str], options: Sequence[str],
                        entries: Mapping[str, bool],
-                       also: Callable[[str], bool] = lambda key: False) -> None:
+                       also: Callable[[str], bool] = lambda key: False,
+                       geometry: Sequence[str] = ()) -> None:
     """Refuse, before ``load_state_dict`` changes anything, the state of another optimiser (a
     group without one of ``options``, a parameter entry not in ``entries`` nor admitted by
     ``also``, a required one missing) or of another model (a tensor entry of another shape).
 
     ``entries`` maps each entry to whether it is required; ``names`` maps ``id(parameter)`` to
-    its name, for the messages.
+    its name, for the messages. The options ``geometry`` of the pairs' group, when the loaded
+    group records them, must equal this optimiser's: moments saved in another geometry
+    would not resume the training (a ``ValueError`` naming the option).
     """
     if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= state_dict.keys():
         raise ValueError(f"{owner}: load_state_dict expects an optimiser state_dict (a dict "
@@ -194,6 +213,8 @@ def check_loaded_state(owner: str, optimizer: torch.optim.Optimizer, state_dict:
         if missing:
             raise ValueError(f"{owner}: param group {index} of the loaded state has no "
                              f"{missing}: it was saved by another optimiser")
+        if group.get("kind") == "pairs":
+            _check_geometry(owner, index, saved, group, geometry)
         if len(saved["params"]) != len(group["params"]):
             raise ValueError(f"{owner}: param group {index} of the loaded state holds "
                              f"{len(saved['params'])} parameters, this optimiser's "
@@ -204,6 +225,18 @@ def check_loaded_state(owner: str, optimizer: torch.optim.Optimizer, state_dict:
         if param is None or not isinstance(entry, dict):
             continue
         _check_entry(owner, names.get(id(param), "?"), param, entry, entries, also)
+
+
+def _check_geometry(owner: str, index: int, saved: Mapping[str, Any],
+                    group: Mapping[str, Any], geometry: Sequence[str]) -> None:
+    """Refuse a loaded pairs' group whose recorded options ``geometry`` differ from this
+    optimiser's (a state saved before they were recorded is not checked)."""
+    for key in geometry:
+        if key in group and key in saved and saved[key] != group[key]:
+            raise ValueError(f"{owner}: param group {index} of the loaded state was saved with "
+                             f"{key}={saved[key]!r}, this optimiser has {key}={group[key]!r}: "
+                             "its moments belong to another geometry and would not resume the "
+                             f"training; construct the optimiser with {key}={saved[key]!r}")
 
 
 def _check_entry(owner: str, name: str, param: nn.Parameter, entry: dict[str, Any],
@@ -250,16 +283,40 @@ def resolve_symmetries(model: nn.Module, symmetries: object
                     f"got {type(symmetries).__name__}")
 
 
-def param_groups(named: dict[str, nn.Parameter], pair_names: list[str]
-                 ) -> list[dict[str, Any]]:
-    """The non-empty param groups: the pairs' parameters, then every other trainable one."""
+#: The param group kinds of the quotient optimisers (``param_groups``).
+GROUP_KINDS = ("pairs", "other")
+
+
+def check_added_group(owner: str, groups: Sequence[dict[str, Any]],
+                      param_group: dict[str, Any]) -> None:
+    """A param group about to be added to ``groups`` (``add_param_group``), given the kind
+    ``"other"`` when it has none: its parameters then step as those outside the pairs. Only the
+    constructor's first group may be ``"pairs"`` (the pairs are the model's, found once); any
+    other kind is a ``ValueError`` naming ``owner``."""
+    if not isinstance(param_group, dict):
+        raise TypeError(f"{owner}: add_param_group expects a dict, got "
+                        f"{type(param_group).__name__}")
+    kind = param_group.setdefault("kind", "other")
+    if kind not in GROUP_KINDS or (kind == "pairs" and groups):
+        raise ValueError(f"{owner}: an added param group must have kind 'other' (its "
+                         f"parameters step as those outside the pairs), got kind={kind!r}; "
+                         "the pairs' group is made once, from the model")
+
+
+def param_groups(named: dict[str, nn.Parameter], pair_names: list[str],
+                 geometry: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The non-empty param groups: the pairs' parameters, with the constructor options that fix
+    their geometry (``geometry``, e.g. ``metric`` and ``eps``: the meaning of their moments)
+    recorded so that ``state_dict`` carries them and :func:`check_loaded_state` compares them,
+    then every other trainable one."""
     frozen = [n for n in pair_names if not named[n].requires_grad]
     if frozen:
         raise ValueError(f"symmetries: pair parameter(s) {frozen} do not require gradients")
     in_pairs = set(pair_names)
     other = [t for n, t in named.items() if t.requires_grad and n not in in_pairs]
-    groups = [{"params": [named[n] for n in pair_names], "kind": "pairs"},
-              {"params": other, "kind": "other"}]
+    groups: list[dict[str, Any]] = [
+        {"params": [named[n] for n in pair_names], "kind": "pairs", **(geometry or {})},
+        {"params": other, "kind": "other"}]
     groups = [g for g in groups if g["params"]]
     if not groups:
         raise ValueError("model has no trainable parameter")
@@ -285,6 +342,23 @@ def _check_binding_point(binding: QuotientBinding, base: Tensors) -> None:
         shapes = ", ".join(str(tuple(t.shape)) for t in base)
         raise ValueError(f"binding {binding.name!r} ({binding.quotient.name}, shapes "
                          f"{shapes}): {err}") from err
+
+
+def degenerate_labels(quotient: GLQuotient, point: Tensors, labels: Sequence[str]
+                      ) -> list[str]:
+    """The labels of the pairs of a bucket (``point`` stacked, ``shape=[P, n, r]`` and
+    ``[P, m, r]``, one label per pair) on which ``quotient`` refuses the point, each pair checked
+    alone: a bucket holds every adapter of one shape, and its first labels need not be the
+    degenerate ones. All ``labels`` when they do not label the stack or no pair fails alone."""
+    if not labels or point[0].dim() != 3 or point[0].shape[0] != len(labels):
+        return list(labels)
+    failing = []
+    for index, label in enumerate(labels):
+        try:
+            quotient.at(tuple(factor[index:index + 1] for factor in point))
+        except ValueError:
+            failing.append(label)
+    return failing or list(labels)
 
 
 class PairGradients:
@@ -346,13 +420,15 @@ class PairGradients:
                 "LoRA adapter has B = 0; pass eps > 0 (the damped metric)")
 
     def at(self, quotient: Any, point: Tensors, where: str, labels: Sequence[str] = ()) -> Any:
-        """``quotient.at(point)``, a refusal raised again naming the optimiser and the pairs."""
+        """``quotient.at(point)``, a refusal raised again naming the optimiser and the pairs
+        on which it is degenerate (:func:`degenerate_labels`)."""
         try:
             return quotient.at(point)
         except ValueError as err:
             if not isinstance(quotient, GLQuotient):
                 raise ValueError(f"{self.owner}: binding {where!r}: {err}") from err
-            raise ValueError(self.degenerate(quotient, where, labels, str(err))) from err
+            failing = degenerate_labels(quotient, point, labels)
+            raise ValueError(self.degenerate(quotient, where, failing, str(err))) from err
 
     def bucket_directions(self, update: Callable[[int, Tensors, Tensors], Sequence[torch.Tensor]]
                           ) -> dict[str, torch.Tensor]:
@@ -436,8 +512,10 @@ class QuotientSGD(torch.optim.Optimizer):
 
     Notes
     -----
-    Param groups: ``param_groups[0]`` holds the pairs' parameters (``"kind": "pairs"``),
-    ``param_groups[1]`` every other trainable parameter (``"kind": "other"``). Momentum buffers
+    Param groups: ``param_groups[0]`` holds the pairs' parameters (``"kind": "pairs"``; a
+    report's pairs with ``"metric"`` and ``"eps"`` recorded, checked by ``load_state_dict``),
+    ``param_groups[1]`` every other trainable parameter (``"kind": "other"``; also a group added
+    by ``add_param_group``). Momentum buffers
     live in ``state[p]["momentum_buffer"]`` in parameter space (the layout's map is a linear
     bijection), so ``state_dict`` works as for ``torch.optim.SGD``; ``load_state_dict`` refuses
     the state of another optimiser or another model by name. A parameter without gradient is
@@ -461,8 +539,16 @@ class QuotientSGD(torch.optim.Optimizer):
                                     metric, eps)
         warn_without_pairs("QuotientSGD", self._pairs.names, "SGD")
         defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay}
-        super().__init__(param_groups(named, self._pairs.names), defaults)
+        # bindings step with their quotients' own metric: only a report's pairs use these
+        geometry = {"metric": metric, "eps": eps} if self._pairs.layout is not None else {}
+        super().__init__(param_groups(named, self._pairs.names, geometry), defaults)
         self.metric, self.eps = metric, eps
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """``torch.optim.Optimizer.add_param_group``; a group added after construction is
+        ``"kind": "other"`` (plain SGD), :func:`check_added_group`."""
+        check_added_group("QuotientSGD", self.param_groups, param_group)
+        super().add_param_group(param_group)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """``torch.optim.Optimizer.load_state_dict`` after checking that the state fits (a
@@ -470,7 +556,7 @@ class QuotientSGD(torch.optim.Optimizer):
         check_loaded_state("QuotientSGD", self, state_dict,
                            {id(p): n for n, p in self._pairs.named.items()},
                            ("kind", "lr", "momentum", "weight_decay"),
-                           {"momentum_buffer": False})
+                           {"momentum_buffer": False}, geometry=("metric", "eps"))
         super().load_state_dict(state_dict)
 
     # ------------------------------------------------------------------ steps

@@ -35,6 +35,8 @@ from quotientsharp.models.optim import (
     Tensors,
     all_or_nothing,
     begin_step,
+    check_adam_eps_precision,
+    check_added_group,
     check_betas,
     check_loaded_state,
     check_model,
@@ -169,7 +171,9 @@ class QuotientAdamW(torch.optim.Optimizer):
     eps
         Damping of the Gram matrices, ``S = K + eps I`` (``>= 0``). ``eps = 0`` is exactly
         invariant; ``eps > 0`` is invariant under orthogonal ``M`` only and allows
-        rank-deficient factors. From ``B = 0`` the mix metric works at ``eps = 0``.
+        rank-deficient factors. From ``B = 0`` the mix metric works at ``eps = 0`` when ``B``'s
+        first step has full rank ``r`` (a gradient of lower rank, e.g. from fewer inputs than
+        ``r``, leaves ``B`` rank-deficient and the next step is refused: use ``eps > 0``).
     weight_decay
         Decoupled weight decay (``>= 0``), ``p <- p (1 - lr weight_decay)``, for both groups.
     betas
@@ -177,7 +181,8 @@ class QuotientAdamW(torch.optim.Optimizer):
     adam_eps
         The denominator's ``eps`` (``> 0``), added to the square root of each row's second
         moment (mix) or of the second moment's eigenvalues (inv); AdamW's, entrywise, for the
-        other parameters.
+        other parameters. For float16 parameters at least float16's smallest normal number
+        (``6.1e-5``; ``1e-4`` works), else a ``ValueError``: the default rounds to zero there.
     balance
         Mix metric only: the frame step is multiplied by ``(I + S / balance)^{1/2}``, ``S``
         the singular values of the pair's product ``G H^T`` in the frame (:func:`balanced_scale`,
@@ -194,8 +199,10 @@ class QuotientAdamW(torch.optim.Optimizer):
 
     Notes
     -----
-    Param groups: ``param_groups[0]`` holds the pairs' parameters (``"kind": "pairs"``),
-    ``param_groups[1]`` every other trainable parameter (``"kind": "other"``), whose state
+    Param groups: ``param_groups[0]`` holds the pairs' parameters (``"kind": "pairs"``, with
+    ``"metric"``, ``"eps"`` and ``"balance"`` recorded: ``load_state_dict`` refuses a state saved
+    with others), ``param_groups[1]`` every other trainable parameter (``"kind": "other"``;
+    also a group added by ``add_param_group``), whose state
     (``"step"``, ``"exp_avg"``, ``"exp_avg_sq"``) and update are ``torch.optim.AdamW``'s. The
     pairs' moments live in the symmetry coordinates, one set per bucket of pairs of one shape
     (``shape=[P, n, r]``; ``[P, n]`` for mix, ``[P, r, r]`` for inv), in the state of the
@@ -216,6 +223,7 @@ class QuotientAdamW(torch.optim.Optimizer):
         weight_decay = check_number("weight_decay", weight_decay, 0.0)
         beta_pair = check_betas(betas)
         adam_eps = check_number("adam_eps", adam_eps, 0.0, strict=True)
+        check_adam_eps_precision(adam_eps, named)
         balance = _check_balance(balance, metric)
         resolved = resolve_symmetries(model, symmetries)
         if not isinstance(resolved, SymmetryReport):
@@ -225,8 +233,16 @@ class QuotientAdamW(torch.optim.Optimizer):
         warn_without_pairs("QuotientAdamW", self._pairs.names, "AdamW")
         defaults = {"lr": lr, "betas": beta_pair, "adam_eps": adam_eps,
                     "weight_decay": weight_decay}
-        super().__init__(param_groups(named, self._pairs.names), defaults)
+        geometry = {"metric": metric, "eps": eps, "balance": balance}
+        super().__init__(param_groups(named, self._pairs.names, geometry), defaults)
         self.metric, self.eps, self.balance = metric, eps, balance
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """``torch.optim.Optimizer.add_param_group``; a group added after construction is
+        ``"kind": "other"`` (stepped as ``torch.optim.AdamW``),
+        :func:`~quotientsharp.models.optim.check_added_group`."""
+        check_added_group("QuotientAdamW", self.param_groups, param_group)
+        super().add_param_group(param_group)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """``torch.optim.Optimizer.load_state_dict`` after checking that the state fits (a
@@ -235,7 +251,8 @@ class QuotientAdamW(torch.optim.Optimizer):
         check_loaded_state("QuotientAdamW", self, state_dict,
                            {id(p): n for n, p in self._pairs.named.items()},
                            ("kind", "lr", "betas", "adam_eps", "weight_decay"), ADAMW_ENTRIES,
-                           also=lambda key: key.startswith("bucket"))
+                           also=lambda key: key.startswith("bucket"),
+                           geometry=("metric", "eps", "balance"))
         super().load_state_dict(state_dict)
 
     # ------------------------------------------------------------------ steps
@@ -384,8 +401,10 @@ class QuotientAdamW(torch.optim.Optimizer):
             if bool(moving.any()):
                 change = (frames[which][moving] - probe[which][moving]).abs().amax()
                 if bool(change > 1e-6 * frames[which][moving].abs().amax()):
+                    labels = [label for label, refused in zip(
+                        self._pairs.labels[index], moving.tolist(), strict=True) if refused]
                     raise ValueError(self._pairs.degenerate(
-                        quotient, f"bucket {index}", self._pairs.labels[index],
+                        quotient, f"bucket {index}", labels,
                         "a factor is zero and the metric's frame of a zero factor depends on "
                         "the factor itself (its steps stay zero under the "
                         f"{quotient.metric.name} metric at eps=0)"))
