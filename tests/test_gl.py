@@ -7,6 +7,8 @@ integration (geodesics) and pseudo-inverses of the dense vertical Gram matrix (d
 orbits).
 """
 
+import math
+
 import pytest
 import torch
 
@@ -1071,3 +1073,39 @@ def test_the_frozen_point_errors_name_the_point_given_to_at(bad) -> None:
         G[:, 1] = G[:, 0]                     # linearly dependent columns: G^T G singular
     with pytest.raises(ValueError, match=r"theta\[0\]"):
         qs.GLQuotient("mix").at((G, H), "theta")
+
+
+# ====================================================================== raise roots
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("eps", [0.0, 0.3])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seed", range(3))
+def test_raise_roots_are_square_roots_of_the_raise_operators(metric, eps, dtype, seed):
+    if metric == "euclidean" and eps:
+        pytest.skip("the Euclidean metric has no damping")
+    x = gaussian_point(7, 5, 4, seed, dtype, batch=(3,))
+    point = GLQuotient(metric, eps=eps).at(x)
+    # the reference in float64 from raise_index of the identity, the metric's own formula
+    exact = GLQuotient(metric, eps=eps).at(cast(x, torch.float64))
+    eye = torch.eye(4, dtype=torch.float64).expand(3, 4, 4)
+    for root, operator in zip(point.raise_roots(), exact.raise_index((eye, eye)), strict=True):
+        assert root.dtype == torch.float64              # the working dtype of every point
+        assert relative_error((root @ root.mT,), (operator,)) < 1e-12 * (
+            1.0 if dtype == torch.float64 else 1e6)
+
+
+@pytest.mark.parametrize("condition", [1e4, 1e6])
+@pytest.mark.parametrize("seed", range(3))
+def test_mix_raise_roots_give_orthonormal_bases_at_ill_conditioned_factors(condition, seed):
+    # under mix at eps = 0, H C_G and G C_H are orthonormal bases of the factors' column
+    # spaces; from the QR factors they are so to rounding, where a Cholesky factor of the formed
+    # inverse Gram matrix is off by about eps * condition^2 (here eps * condition)
+    gen = torch.Generator().manual_seed(seed)
+    G, H = (torch.linalg.qr(torch.randn(9, 4, generator=gen, dtype=torch.float64)).Q
+            @ torch.diag(torch.logspace(0, -math.log10(condition), 4, dtype=torch.float64))
+            @ torch.linalg.qr(torch.randn(4, 4, generator=gen, dtype=torch.float64)).Q
+            for _ in range(2))
+    root_g, root_h = GLQuotient("mix").at((G, H)).raise_roots()
+    eye = torch.eye(4, dtype=torch.float64)
+    for basis in (H @ root_g, G @ root_h):
+        assert float((basis.mT @ basis - eye).abs().max()) < 1e-14 * condition

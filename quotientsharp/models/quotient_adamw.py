@@ -21,7 +21,7 @@ mix metric); otherwise it is refused with a ``ValueError`` suggesting ``eps > 0`
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -58,28 +58,17 @@ BALANCE = 1.0
 
 # ---------------------------------------------------------------------- frame algebra
 def metric_frames(point: GLPoint) -> tuple[torch.Tensor, torch.Tensor]:
-    """Square roots ``(C_G, C_H)`` of the metric's factorwise raise operators at ``point``.
-
-    ``P_F`` is the frozen point's ``raise_index`` applied to the identity (the metric's formula,
-    :mod:`quotientsharp.core.gl.mix` or :mod:`quotientsharp.core.gl.inv`), ``C_F`` its lower
-    Cholesky factor, ``P_F = C_F C_F^T``; ``shape=[..., r, r]`` each, in the point's working
-    dtype (float64 for float32 and half-precision points).
+    """Square roots ``(C_G, C_H)`` of the metric's factorwise raise operators at ``point``,
+    ``P_F = C_F C_F^T`` (``P_F`` the frozen point's ``raise_index`` of the identity),
+    ``shape=[..., r, r]`` each, in the point's working dtype (float64 for float32 and
+    half-precision points): the metric's own
+    :meth:`~quotientsharp.core.gl.point.GLPoint.raise_roots`, read from the QR factors of the
+    factors. A Cholesky factor of the formed ``P_F`` would
+    carry the rounding of an inverted Gram matrix, ``eps`` times the factor's condition
+    squared, twice; near a rank-deficient factor (a fresh adapter after its first step) the
+    steps then amplify it, and two starts on one orbit drift apart.
     """
-    if point.work_dtype != point.dtype:
-        # raise_index answers in the point's dtype, and a raise operator rounded to bfloat16
-        # or float32 need not be positive definite any more: read it at the same point held in
-        # the working dtype (the point itself was checked at its own precision)
-        point = cast(GLPoint, point.quotient.at(tuple(f.to(point.work_dtype)
-                                                      for f in point.x)))
-    G = point.x[0]
-    eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
-    raised = point.raise_index((eye, eye))
-    frames = []
-    for operator in raised:
-        work = operator.to(point.work_dtype)
-        # the raise operators are symmetric in exact arithmetic; their rounding is not
-        frames.append(torch.linalg.cholesky(0.5 * (work + work.mT)))
-    return frames[0], frames[1]
+    return point.raise_roots()
 
 
 def frame_transport(old_basis: torch.Tensor, new_basis: torch.Tensor,
@@ -124,9 +113,14 @@ def balanced_scale(factor: torch.Tensor, frame: torch.Tensor, balance: float) ->
     where it is large: the scale of AdamW's step on the balanced factorisation
     (``derivations/quotient_adamw.md``).
     """
-    product = torch.linalg.solve_triangular(frame, factor.to(frame.dtype).mT, upper=False).mT
-    return symmetric_function(product.mT @ product,
-                              lambda v: (1.0 + v.clamp_min(0).sqrt() / balance).sqrt())
+    product = torch.linalg.solve(frame, factor.to(frame.dtype).mT).mT
+    # S from the singular values of R itself, not from the eigenvalues of R^T R: a square root
+    # of R^T R's eigenvalues turns their rounding (eps ||R||^2) into errors of sqrt(eps) ||R||
+    # where the product is nearly rank-deficient (a fresh adapter), which the steps then amplify
+    _, singular, right = torch.linalg.svd(product, full_matrices=False)
+    grow = (1.0 + singular / balance).sqrt() - 1.0
+    eye = torch.eye(product.shape[-1], dtype=product.dtype, device=product.device)
+    return eye + (right.mT * grow.unsqueeze(-2)) @ right
 
 
 def _stand_in(factor: torch.Tensor, zero: torch.Tensor, scale: float) -> torch.Tensor:

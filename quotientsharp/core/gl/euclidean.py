@@ -43,6 +43,12 @@ class EuclideanPoint(EuclideanMetricPoint, GLPoint):
         eye = torch.eye(gram_g.shape[-1], dtype=gram_g.dtype, device=gram_g.device)
         return [(gram_g, eye), (eye, gram_h)]
 
+    def raise_roots(self) -> tuple[torch.Tensor, torch.Tensor]:
+        # the raise operator is the identity
+        G = self._work_x[0]
+        eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device).expand(*G.shape[:-2], -1, -1)
+        return eye, eye
+
     def vertical_projection(self, u: Tensors) -> Tensors:
         values_g, vectors_g, values_h, vectors_h = self.gram_eigen
         denominators = values_g.unsqueeze(-1) + values_h.unsqueeze(-2)

@@ -99,6 +99,11 @@ class InvPoint(GLPoint):
     def raise_index(self, egrad: Tensors) -> Tensors:
         return egrad[0] @ self.relaxed_g, egrad[1] @ self.relaxed_h
 
+    def raise_roots(self) -> tuple[torch.Tensor, torch.Tensor]:
+        # P_F = S_F = R_F^T R_F: C_F = R_F^T
+        root_g, root_h = self.gram_roots
+        return root_g.mT, root_h.mT
+
     coefficient_christoffel = True
 
     def christoffel_coefficients(self, reductions: list[tuple[torch.Tensor, torch.Tensor]]

@@ -23,7 +23,14 @@ from __future__ import annotations
 
 import torch
 
-from quotientsharp.core.gl.point import GLMetric, GLPoint, moved, symmetric_part, vertical_vector
+from quotientsharp.core.gl.point import (
+    GLMetric,
+    GLPoint,
+    inverse_triangular,
+    moved,
+    symmetric_part,
+    vertical_vector,
+)
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -79,6 +86,11 @@ class MixPoint(GLPoint):
 
     def raise_index(self, egrad: Tensors) -> Tensors:
         return egrad[0] @ self.inverse_h, egrad[1] @ self.inverse_g
+
+    def raise_roots(self) -> tuple[torch.Tensor, torch.Tensor]:
+        # P_G = S_H^{-1} = R_H^{-1} R_H^{-T}: C_G = R_H^{-1}, so H C_G is orthonormal at eps = 0
+        root_g, root_h = self.gram_roots
+        return inverse_triangular(root_h), inverse_triangular(root_g)
 
     coefficient_christoffel = True
 

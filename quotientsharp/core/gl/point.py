@@ -268,6 +268,31 @@ class GLPoint(ClosedFormPoint):
         return self._cast(self._inverse_factor(self._work_cholesky[1]))
 
     @cached_property
+    def gram_roots(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Upper triangular ``R_G``, ``R_H`` with ``R_F^T R_F = S_F = F^T F + eps I``,
+        ``shape=[..., h, h]``, in the working dtype: from the QR factorisation of ``F`` (stacked
+        over ``sqrt(eps) I`` when ``eps > 0``), never from the formed Gram matrix, so that their
+        rounding follows the condition of ``F``, not its square."""
+        roots = []
+        for factor in self._work_x:
+            if self.eps != 0.0:
+                eye = torch.eye(factor.shape[-1], dtype=factor.dtype, device=factor.device)
+                factor = torch.cat([factor, self.eps ** 0.5 * eye.expand(
+                    *factor.shape[:-2], -1, -1)], dim=-2)
+            roots.append(torch.linalg.qr(factor, mode="r").R)
+        return roots[0], roots[1]
+
+    def raise_roots(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Square roots ``C_G``, ``C_H`` of the factorwise raise operators, ``C_F C_F^T = P_F``
+        with ``raise_index((I, I)) = (P_G, P_H)``, ``shape=[..., h, h]``, in the working dtype.
+
+        An orthonormal frame of the metric at the point: ``u_F = w_F C_F^T`` has squared norm
+        ``||w_F||^2``. The group rotates it (``C_F -> M C_F O``, ``O`` orthogonal). Each metric
+        writes it from :attr:`gram_roots`, so that it is as accurate as the factors allow.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no raise_roots")
+
+    @cached_property
     def gram_eigen(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Eigenvalues (clamped at 0: PSD) and eigenvectors of ``K_G`` and ``K_H``, in the
         working dtype (the Sylvester solves on ``h x h`` matrices run there too)."""
@@ -370,6 +395,13 @@ class GLPoint(ClosedFormPoint):
     @staticmethod
     def diagonal(a: torch.Tensor) -> torch.Tensor:
         return a.diagonal(dim1=-2, dim2=-1)
+
+
+def inverse_triangular(upper: torch.Tensor) -> torch.Tensor:
+    """``R^{-1}`` of upper triangular ``R``, ``shape=[..., h, h]`` (a triangular solve)."""
+    identities = torch.diag_embed(torch.ones(upper.shape[:-1], dtype=upper.dtype,
+                                             device=upper.device))
+    return torch.linalg.solve_triangular(upper, identities, upper=True)
 
 
 def moved(w: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
