@@ -82,6 +82,7 @@ def _first_evaluation(functional: FunctionalModel, batch: Batch
     first.rows = tables.rows()
     # before the loss's value: a forward that draws random numbers is the first thing wrong
     check_deterministic(before, batch)
+    functional.check_buffers_kept(batch)
     checked_clean_loss(first.loss, 0, batch, functional)
     return first, [n for n, g in first.gradients.items() if g is None]
 
@@ -138,7 +139,8 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: MeasureSpec | s
     outside the vocabulary, class labels out of range (or all ``-100``), labels and outputs of
     different sizes, an integer model output, class labels with ``loss="mse"`` and, for a
     HuggingFace causal language model, labels equal to ``input_ids`` (which its own loss would
-    shift by one position; give them shifted) raise an error naming the batch.
+    shift by one position; give them shifted) raise an error naming the batch. A forward that
+    draws random numbers (on any batch) or writes to its buffers (on batch 0) is refused.
     Half-precision and bfloat16 models are measured with geometry, gradients and losses in
     float32 (float64 if any parameter is float64); perturbed parameters are cast back to each
     parameter's own dtype for the forward.

@@ -19,6 +19,7 @@ from quotientsharp.engine.batches import (
     check_keywords,
     compute_loss,
     cross_entropy,
+    few_names,
     forward_keywords,
     output_tensor,
     resolve_loss,
@@ -140,6 +141,26 @@ class FunctionalModel:
         bad = [n for n, good in zip(buffers, ok[len(self.trainable):], strict=True) if not good]
         if bad:
             raise ValueError(f"buffer(s) {bad} contain NaN values: every loss would be NaN")
+
+    def check_buffers_kept(self, batch: Batch) -> None:
+        """Raise naming the buffers the forwards so far wrote to in place (one host sync per
+        buffer; run after the first batch's clean evaluation).
+
+        The forward gets the same private clones of the buffers at every evaluation: a forward
+        that updates them (running statistics kept even in eval mode) would make each loss of
+        the ascent depend on the evaluations before it, and the value on the batch order.
+        """
+        own = dict(self.model.named_buffers())
+        written = [name for name, clone in self.buffers.items()
+                   if not torch.equal(clone, own[name])]
+        if written:
+            raise ValueError(
+                f"{batch.label}: the model's forward wrote to its buffer(s) {few_names(written)} "
+                "in eval mode (running statistics updated on every forward?): each evaluation "
+                "of the ascent would see the buffers the ones before it changed, so the losses "
+                "it compares would belong to different models and the value would depend on "
+                "the order of the batches; make the forward leave its buffers alone in eval "
+                "mode (the model itself is not changed)")
 
     @contextlib.contextmanager
     def checking(self) -> Iterator[None]:
