@@ -259,3 +259,17 @@ def test_check_symmetry_still_compares_alternative_bindings_of_the_same_paramete
     first, second = qs.check_symmetry(model, [_rows_binding("a"), _rows_binding("b")], batch)
     assert (first.binding, second.binding) == ("a", "b")
     assert first.loss_change == second.loss_change
+
+
+def test_check_symmetry_refuses_a_random_forward_and_keeps_the_random_state():
+    # dropout in train mode: a true symmetry was reported as "does NOT hold", and the
+    # caller's generator advanced
+    model, batch = _train_mode_batchnorm()
+    noisy = nn.Sequential(*model, nn.Dropout(0.5), nn.Linear(3, 3)).double().train()
+    rows = _rows_binding()
+    assert qs.check_symmetry(noisy.eval(), rows, batch)[0].passed is False   # eval: BatchNorm
+    state = torch.get_rng_state()
+    with pytest.raises(ValueError, match=r"batch: two forwards at the same parameters differ "
+                                         r".*dropout or another random layer in train mode"):
+        qs.check_symmetry(noisy.train(), rows, batch)
+    assert torch.equal(state, torch.get_rng_state())
