@@ -273,3 +273,11 @@ def test_check_symmetry_refuses_a_random_forward_and_keeps_the_random_state():
                                          r".*dropout or another random layer in train mode"):
         qs.check_symmetry(noisy.train(), rows, batch)
     assert torch.equal(state, torch.get_rng_state())
+
+
+def test_check_symmetry_names_a_model_it_cannot_run():
+    model, batch = _batchnorm_model()
+    with pytest.raises(TypeError, match=r"model is wrapped in nn.DataParallel.*model.module"):
+        qs.check_symmetry(nn.DataParallel(model), _rows_binding(), batch)
+    with pytest.raises(TypeError, match=r"model must be a torch.nn.Module, got str"):
+        qs.check_symmetry("model", _rows_binding(), batch)

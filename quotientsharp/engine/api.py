@@ -26,6 +26,7 @@ from quotientsharp.engine.measures import BatchOutcome, FirstEvaluation
 from quotientsharp.engine.options import check_batches, check_radius_fits
 from quotientsharp.engine.registry import MEASURE_REGISTRY, MeasureSpec, measure_from
 from quotientsharp.engine.result import SharpnessResult, assemble_result
+from quotientsharp.models.walker import check_model
 
 #: Options of each measure and their defaults (the fields of its :class:`~.registry.MeasureSpec`).
 MEASURES: dict[str, dict[str, Any]] = {name: kind.defaults()
@@ -37,8 +38,7 @@ def _validated(model: object, batches: object, measure: MeasureSpec | str, rho: 
                options: dict[str, Any]) -> MeasureSpec:
     """Validate stage: the typed measure, made from the string form if need be (it checks its
     options when it is made)."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_model(model, functional=True)
     if isinstance(measure, MeasureSpec):
         if rho is not None or options:
             raise TypeError(f"{type(measure).__name__} holds rho and every option: pass them to "
@@ -107,7 +107,8 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: MeasureSpec | s
     Parameters
     ----------
     model
-        A ``torch.nn.Module``; never written (state dict bit-identical afterwards) and run in
+        A ``torch.nn.Module`` of Python submodules (a TorchScript module or one wrapped in
+        ``nn.DataParallel`` raises a ``TypeError``: pass the module itself); never written (state dict bit-identical afterwards) and run in
         eval mode during the measurement (modes restored afterwards).
     batches
         A non-empty iterable of batches, each ``(x, y)`` or a dict with ``"labels"``

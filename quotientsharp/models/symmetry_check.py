@@ -31,6 +31,7 @@ from quotientsharp.core.method_checks import (
 from quotientsharp.core.quotient import SymmetryQuotient
 from quotientsharp.core.validation import check_count
 from quotientsharp.models.binding import QuotientBinding, Tensors, validate_bindings
+from quotientsharp.models.walker import check_model
 
 #: ``params -> (loss, outputs)``: the model on one batch with ``params`` (by name) replaced.
 Evaluate = Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor | None]]
@@ -375,6 +376,7 @@ def check_symmetry(model: nn.Module, bindings: QuotientBinding | Sequence[Quotie
         gives two different values at the same parameters, or a loss or outputs that are not
         finite at ``theta``.
     """
+    check_model(model, functional=True)
     bindings = _checked_bindings(bindings)
     named = dict(model.named_parameters())
     for binding in bindings:
