@@ -108,8 +108,9 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: MeasureSpec | s
     ----------
     model
         A ``torch.nn.Module`` of Python submodules (a TorchScript module or one wrapped in
-        ``nn.DataParallel`` raises a ``TypeError``: pass the module itself); never written (state dict bit-identical afterwards) and run in
-        eval mode during the measurement (modes restored afterwards).
+        ``nn.DataParallel`` raises a ``TypeError``: pass the module itself); never written
+        (state dict bit-identical afterwards) and run in eval mode during the measurement
+        (modes restored afterwards).
     batches
         A non-empty iterable of batches, each ``(x, y)`` or a dict with ``"labels"``
         (see :mod:`quotientsharp.engine.batches`); iterated once.
