@@ -66,3 +66,38 @@ def test_a_complex_loss_is_refused():
 
     with pytest.raises(TypeError, match="batch 0: the loss returned a complex tensor"):
         _measure(_mlp(), _batches(), loss=complex_loss)
+
+
+@pytest.mark.parametrize("case", ["one dict batch", "one pair"])
+def test_a_single_batch_passed_as_batches_says_so(mlp_and_batches, case):
+    # a dict iterated gave its keys ("got str"), a pair its tensors ("got Tensor")
+    net, batches = mlp_and_batches
+    x, y = batches[0]
+    given, error, expected = {
+        "one dict batch": ({"input": x, "labels": y}, TypeError,
+                           r"^batches must be an iterable of batches, got a dict \(keys "
+                           r"\['input', 'labels'\]\): one batch\? pass \[batch\]"),
+        "one pair": ((x, y), TypeError, r"^batch 0 must be .* got Tensor: .* was one \(x, y\) "
+                                        r"pair passed as batches\? pass \[\(x, y\)\]"),
+    }[case]
+    with pytest.raises(error, match=expected):
+        _adaptive(net, given)
+
+
+def test_a_dict_batch_with_label_singular_names_the_key(mlp_and_batches):
+    net, batches = mlp_and_batches
+    x, y = batches[0]
+    with pytest.raises(ValueError, match=r"keys: \['input', 'label'\]\); rename 'label' .* to "
+                                         r"'labels'"):
+        _adaptive(net, [{"input": x, "label": y}])
+
+
+def test_integer_one_hot_labels_are_named_as_such(mlp_and_batches):
+    # the error said "(6, 3) ... but the labels have shape (6, 3): the same number of examples?"
+    net, batches = mlp_and_batches
+    x, y = batches[0]
+    one_hot = F.one_hot(y, 3)
+    with pytest.raises(ValueError, match=r"^batch 0: the labels are integers of the output's own "
+                                         r"shape \(6, 3\) \(one-hot labels\?\).*shape \(6,\)"):
+        _adaptive(net, [(x, one_hot)])
+    assert _adaptive(net, [(x, one_hot.argmax(-1))]).value == _adaptive(net, [(x, y)]).value

@@ -202,8 +202,10 @@ def split_batch(batch: Any, index: int, device: torch.device,
     """
     if isinstance(batch, Mapping):
         if "labels" not in batch:
+            hint = ("; rename 'label' (a dataset's column name) to 'labels'" if "label" in batch
+                    else "")
             raise ValueError(f"batch {index} is a dict without a 'labels' entry (keys: "
-                             f"{sorted(map(str, batch))})")
+                             f"{sorted(map(str, batch))}){hint}")
         inputs = {k: v for k, v in batch.items() if k != "labels"}
         check_input_types(inputs, index)
         return Batch((), _move(inputs, device, input_dtype, f"batch {index}"),
@@ -218,9 +220,13 @@ def split_batch(batch: Any, index: int, device: torch.device,
         if isinstance(x, (tuple, list)):
             return Batch(tuple(_move(list(x), device, input_dtype, where)), {}, target, index)
         return Batch((_move(x, device, input_dtype, where),), {}, target, index)
+    # a tensor batch: batches yields tensors (a single (x, y) pair, or a loader over inputs)
+    hint = (": batches must yield (inputs, target) pairs, so was one (x, y) pair passed as "
+            "batches? pass [(x, y)]" if isinstance(batch, torch.Tensor) else "")
     raise TypeError(f"batch {index} must be an (inputs, target) pair or a dict with 'labels', "
                     f"got {type(batch).__name__}"
-                    + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
+                    + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+                    + hint)
 
 
 def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
@@ -257,7 +263,14 @@ def check_label_shape(logits: torch.Tensor, target: torch.Tensor) -> None:
     if target.shape == logits.shape[:-1] or (
             logits.dim() > 2 and target.shape == (logits.shape[0], *logits.shape[2:])):
         return
-    rows = f"{logits.shape[0]} rows" if logits.dim() > 1 else "one row"
+    if target.shape == logits.shape and logits.dim() >= 1:
+        # "same number of examples?" would point at the wrong thing: the shapes are equal
+        raise ValueError(f"the labels are integers of the output's own shape {_shape(logits)} "
+                         "(one-hot labels?): cross-entropy needs class indices of shape "
+                         f"{_shape(logits)[:-1]} (labels.argmax(-1)) or floating class "
+                         "probabilities of the output's shape")
+    rows = (f"{logits.shape[0]} row{'s' if logits.shape[0] != 1 else ''}" if logits.dim() > 1
+            else "one row")
     raise ValueError(f"the model's output has shape {_shape(logits)} ({rows} of "
                      f"{logits.shape[-1]} class scores) but the labels have shape "
                      f"{_shape(target)}: do the inputs and the labels hold the same number "
