@@ -77,7 +77,8 @@ def _first_evaluation(functional: FunctionalModel, batch: Batch
     """Batch 0's clean loss, gradient and touched rows (reused by the measure as its
     evaluation at ``xi = 0``), and the parameters without gradient."""
     before = global_states(functional.model)
-    with functional.checking(), functional.recording_tables() as tables:
+    with (functional.checking(), functional.inputs_kept(batch),
+          functional.recording_tables() as tables):
         first = FirstEvaluation(*functional.loss_and_gradients(batch))
     first.rows = tables.rows()
     # before the loss's value: a forward that draws random numbers is the first thing wrong
@@ -142,7 +143,8 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: MeasureSpec | s
     different sizes, an integer model output, class labels with ``loss="mse"`` and, for a
     HuggingFace causal language model, labels equal to ``input_ids`` (which its own loss would
     shift by one position; give them shifted) raise an error naming the batch. A forward that
-    draws random numbers (on any batch) or writes to its buffers (on batch 0) is refused.
+    draws random numbers (on any batch) or writes to its buffers or its inputs (on batch 0) is
+    refused.
     Half-precision and bfloat16 models are measured with geometry, gradients and losses in
     float32 (float64 if any parameter is float64); perturbed parameters are cast back to each
     parameter's own dtype for the forward.
