@@ -114,6 +114,27 @@ def _untensored(value: Any, where: str) -> tuple[str, str] | None:
                  if (inner := _untensored(item, f"{where}[{key!r}]")) is not None), None)
 
 
+#: Keyword inputs of HuggingFace models that carry the keys and values of a cached prefix.
+CACHE_KEYWORDS = ("past_key_values", "past_key_value", "cache_params", "mems")
+
+
+def _check_not_a_cache(key: object, value: object, index: int) -> None:
+    """Raise if an input is a key/value cache (a HuggingFace ``Cache`` object, or a non-empty
+    value under one of :data:`CACHE_KEYWORDS`)."""
+    is_cache = any(kind.__name__ == "Cache" and kind.__module__.startswith("transformers")
+                   for kind in type(value).__mro__)
+    if not (is_cache or (key in CACHE_KEYWORDS and value is not None
+                         and not (isinstance(value, (tuple, list)) and not value))):
+        return
+    # the prefix's keys and values were computed at the unperturbed parameters, and the
+    # forward appends to a Cache object at every evaluation
+    raise ValueError(f"batch {index}: input {key!r} is a key/value cache "
+                     f"({type(value).__name__}): it holds the keys and values of a prefix "
+                     "computed at the unperturbed parameters, which no perturbation would reach, "
+                     "and the forward appends to it at every evaluation; pass the whole "
+                     "sequence (the prefix in input_ids) without a cache")
+
+
 def check_input_types(inputs: Any, index: int) -> None:
     """Raise a ``TypeError`` naming batch ``index`` and the input (key or position) when an
     input holds data that is not a tensor: torch's own error, from inside the forward, names
@@ -124,6 +145,7 @@ def check_input_types(inputs: Any, index: int) -> None:
         raise TypeError(f"batch {index}: the inputs are {whole}, not a tensor: the model's "
                         "inputs must be torch tensors (torch.tensor(...) converts them)")
     for key, value in _entries(inputs) or [(0, inputs)]:
+        _check_not_a_cache(key, value, index)
         found = _untensored(value, f"input {key!r}")
         if found is not None:
             raise TypeError(f"batch {index}: {found[0]} is {found[1]}, not a tensor: the "
