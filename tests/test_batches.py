@@ -66,3 +66,67 @@ def test_a_complex_loss_is_refused():
 
     with pytest.raises(TypeError, match="batch 0: the loss returned a complex tensor"):
         _measure(_mlp(), _batches(), loss=complex_loss)
+
+
+@pytest.mark.parametrize("case", ["one dict batch", "one pair"])
+def test_a_single_batch_passed_as_batches_says_so(mlp_and_batches, case):
+    # a dict iterated gave its keys ("got str"), a pair its tensors ("got Tensor")
+    net, batches = mlp_and_batches
+    x, y = batches[0]
+    given, error, expected = {
+        "one dict batch": ({"input": x, "labels": y}, TypeError,
+                           r"^batches must be an iterable of batches, got a dict \(keys "
+                           r"\['input', 'labels'\]\): one batch\? pass \[batch\]"),
+        "one pair": ((x, y), TypeError, r"^batch 0 must be .* got Tensor: .* was one \(x, y\) "
+                                        r"pair passed as batches\? pass \[\(x, y\)\]"),
+    }[case]
+    with pytest.raises(error, match=expected):
+        _adaptive(net, given)
+
+
+def test_a_dict_batch_with_label_singular_names_the_key(mlp_and_batches):
+    net, batches = mlp_and_batches
+    x, y = batches[0]
+    with pytest.raises(ValueError, match=r"keys: \['input', 'label'\]\); rename 'label' .* to "
+                                         r"'labels'"):
+        _adaptive(net, [{"input": x, "label": y}])
+
+
+def test_integer_one_hot_labels_are_named_as_such(mlp_and_batches):
+    # the error said "(6, 3) ... but the labels have shape (6, 3): the same number of examples?"
+    net, batches = mlp_and_batches
+    x, y = batches[0]
+    one_hot = F.one_hot(y, 3)
+    with pytest.raises(ValueError, match=r"^batch 0: the labels are integers of the output's own "
+                                         r"shape \(6, 3\) \(one-hot labels\?\).*shape \(6,\)"):
+        _adaptive(net, [(x, one_hot)])
+    assert _adaptive(net, [(x, one_hot.argmax(-1))]).value == _adaptive(net, [(x, y)]).value
+
+
+def _tiny_gpt2():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=20,
+                                     n_positions=16, attn_implementation="eager",
+                                     bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_key_value_cache_input_is_refused_untouched(legacy):
+    # the forward appended to the cache at every evaluation until a position left the table:
+    # a raw IndexError from inside the forward, and the caller's cache grown
+    model = _tiny_gpt2()
+    ids = torch.randint(0, 20, (2, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        cache = model(input_ids=ids[:, :6], use_cache=True).past_key_values
+    if legacy:
+        given = {"past_key_values": tuple((torch.zeros(2, 2, 6, 8),) * 2 for _ in range(1))}
+    else:
+        given = {"cache": cache}
+    batch = {"input_ids": ids[:, 6:7], **given, "labels": ids[:, 7:8]}
+    key = "past_key_values" if legacy else "cache"
+    with pytest.raises(ValueError, match=rf"batch 0: input '{key}' is a key/value cache "
+                                         r"\(\w+\): .* pass the whole sequence"):
+        _adaptive(model, [batch])
+    assert cache.get_seq_length() == 6

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+import quotientsharp as qs
 from quotientsharp.cli import symmetries as models_cli
 from quotientsharp.models import (
     AttentionPair,
@@ -839,3 +840,48 @@ def test_unknown_reasons_name_the_projection_children():
     modern_report = find_symmetries(modern)
     assert "['Wqkv']" in modern_report.unknown_reasons["layers.0.attn"]
     assert deberta_report.pairs == [] and modern_report.pairs == []
+
+
+class _TinyAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(4, 8)
+        self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        return self.out(self.attention(h, h, h)[0].mean(1))
+
+
+def _tiny_attention_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(3, 5, 4, generator=generator), torch.randint(0, 3, (3,),
+                                                                    generator=generator)
+
+
+@pytest.mark.parametrize("make", [
+    torch.jit.script,
+    # torch 2.13 deprecates tracing, not the traced modules users already have
+    pytest.param(lambda m: torch.jit.trace(m, torch.zeros(1, 4)),
+                 marks=pytest.mark.filterwarnings("ignore::DeprecationWarning"), id="trace")])
+def test_a_torchscript_model_is_refused_by_name_everywhere(make):
+    # discovery failed with a raw AttributeError from inside a recogniser
+    torch.manual_seed(0)
+    scripted = make(nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)))
+    batch = (torch.randn(5, 4), torch.randint(0, 3, (5,)))
+    match = r"model is a TorchScript module \(\w+, made by torch.jit.script or torch.jit.trace\)"
+    with pytest.raises(TypeError, match=match):
+        find_symmetries(scripted)
+    with pytest.raises(TypeError, match=match):
+        qs.sharpness(scripted, [batch], rho=0.05, n_iter=2, progress=False)
+
+
+def test_a_data_parallel_model_is_refused_where_it_is_run_and_named_in_discovery():
+    # torch's own "stateless API can't be used with nn.DataParallel" read as a bad batch
+    torch.manual_seed(0)
+    wrapped = nn.DataParallel(_TinyAttention())
+    report = find_symmetries(wrapped)
+    assert report.pair_parameters and all(n.startswith("module.") for n in report.pair_parameters)
+    with pytest.raises(TypeError, match=r"model is wrapped in nn.DataParallel.*pass model.module"):
+        qs.sharpness(wrapped, [_tiny_attention_batch()], rho=0.05, n_iter=2, progress=False)

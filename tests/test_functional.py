@@ -225,3 +225,71 @@ def test_token_type_ids_outside_bert_name_the_token_type_table(bert, token_type)
                                          r"embedding table 'bert.embeddings.token_type_embeddings"
                                          r"' \(rows \[0, 2\)\)"):
         _measure(bert, [batch], "geodesic", n_iter=2)
+
+
+class RunningCentre(nn.Module):
+    """Centres its hidden units by a running mean that every forward updates in place,
+    whatever the mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden, self.out = nn.Linear(4, 6), nn.Linear(6, 3)
+        self.register_buffer("centre", torch.zeros(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.hidden(x)
+        with torch.no_grad():
+            self.centre.mul_(0.5).add_(0.5 * h.mean(0))
+        return self.out(h - self.centre)
+
+
+@pytest.mark.parametrize("measure", ["worst_case", "average"])
+def test_a_forward_that_writes_its_buffers_is_refused_naming_them(measure):
+    # the clones every evaluation shares would drift: the same batch twice gave two values
+    torch.manual_seed(0)
+    model = RunningCentre()
+    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"batch 0: the model's forward wrote to its "
+                                         r"buffer\(s\) \['centre'\] in eval mode"):
+        _measure(model, _batches(1) * 2, measure=measure)
+    assert all(torch.equal(state[name], tensor) for name, tensor in model.state_dict().items())
+
+
+def test_a_forward_that_reads_its_buffers_only_is_measured():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
+    result = _measure(model, _batches(1) * 2)
+    assert result.per_batch[0] == result.per_batch[1]
+
+
+class _ScalesItsInput(nn.Module):
+    """Scales its input in place before the layers (a normalisation written with ``mul_``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = _mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(0.9)
+        return self.layers(x)
+
+
+@pytest.mark.parametrize("model", [_ScalesItsInput, lambda: nn.Sequential(nn.ReLU(inplace=True),
+                                                                          _mlp())])
+def test_a_forward_that_writes_its_inputs_is_refused_and_the_batch_set_back(model):
+    # each evaluation saw the inputs the one before left (0.9 ** evaluations), and the caller's
+    # batch came back scaled or clamped
+    x, y = _batches(1)[0]
+    kept = x.clone()
+    with pytest.raises(ValueError, match=r"batch 0: the model's forward wrote to its "
+                                         r"input\(s\) \['input 0'\] in place"):
+        _measure(model(), [(x, y)])
+    assert torch.equal(x, kept)
+
+
+def test_inputs_with_nan_are_not_taken_for_written_ones():
+    x, y = _batches(1)[0]
+    x[0, 0] = math.nan
+    with pytest.raises(ValueError, match=r"the clean loss on batch 0 is not finite .* the "
+                                         r"input\(s\) \['input 0'\] contain NaN"):
+        _measure(_mlp(), [(x, y)])

@@ -235,6 +235,47 @@ def test_a_frozen_relative_flatness_layer_is_named():
                      progress=False)
 
 
+class _TiedOutput(nn.Module):
+    """A language model in miniature whose output layer shares its weight with the input
+    embedding (GPT-2's ``lm_head``), or whose last layer is applied twice."""
+
+    def __init__(self, tied: bool = True, twice: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.hidden, self.out = nn.Embedding(7, 5), nn.Linear(5, 5), nn.Linear(5, 7)
+        if tied:
+            self.out.weight = self.embed.weight
+        self.twice = twice
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.hidden(self.embed(ids)))
+        return self.out(torch.tanh(self.out(h)[..., :5])) if self.twice else self.out(h)
+
+
+def _token_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(3)
+    return (torch.randint(0, 7, (4, 6), generator=generator),
+            torch.randint(0, 7, (4, 6), generator=generator))
+
+
+def test_a_tied_relative_flatness_layer_is_refused():
+    # measured the Hessian of both uses of the shared tensor under the layer's name (GPT-2:
+    # 0.505 where the untied copy of the same function gives 0.402)
+    with pytest.raises(ValueError, match=r"the weight of layer 'out' is tied to "
+                                         r"\['embed.weight'\]"):
+        qs.sharpness(_TiedOutput(), [_token_batch()], measure="relative_flatness",
+                     progress=False)
+    untied = qs.sharpness(_TiedOutput(tied=False), [_token_batch()],
+                          measure="relative_flatness", progress=False)
+    assert untied.settings["layer"] == "out" and math.isfinite(untied.value)
+
+
+def test_a_relative_flatness_layer_applied_twice_is_refused():
+    with pytest.raises(ValueError, match=r"batch 0: layer 'out' runs 2 times in one forward"):
+        qs.sharpness(_TiedOutput(tied=False, twice=True), [_token_batch()],
+                     measure="relative_flatness", progress=False)
+
+
 def test_no_linear_layer_is_named():
     class Scale(nn.Module):
         def __init__(self) -> None:

@@ -259,3 +259,25 @@ def test_check_symmetry_still_compares_alternative_bindings_of_the_same_paramete
     first, second = qs.check_symmetry(model, [_rows_binding("a"), _rows_binding("b")], batch)
     assert (first.binding, second.binding) == ("a", "b")
     assert first.loss_change == second.loss_change
+
+
+def test_check_symmetry_refuses_a_random_forward_and_keeps_the_random_state():
+    # dropout in train mode: a true symmetry was reported as "does NOT hold", and the
+    # caller's generator advanced
+    model, batch = _train_mode_batchnorm()
+    noisy = nn.Sequential(*model, nn.Dropout(0.5), nn.Linear(3, 3)).double().train()
+    rows = _rows_binding()
+    assert qs.check_symmetry(noisy.eval(), rows, batch)[0].passed is False   # eval: BatchNorm
+    state = torch.get_rng_state()
+    with pytest.raises(ValueError, match=r"batch: two forwards at the same parameters differ "
+                                         r".*dropout or another random layer in train mode"):
+        qs.check_symmetry(noisy.train(), rows, batch)
+    assert torch.equal(state, torch.get_rng_state())
+
+
+def test_check_symmetry_names_a_model_it_cannot_run():
+    model, batch = _batchnorm_model()
+    with pytest.raises(TypeError, match=r"model is wrapped in nn.DataParallel.*model.module"):
+        qs.check_symmetry(nn.DataParallel(model), _rows_binding(), batch)
+    with pytest.raises(TypeError, match=r"model must be a torch.nn.Module, got str"):
+        qs.check_symmetry("model", _rows_binding(), batch)

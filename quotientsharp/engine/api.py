@@ -26,6 +26,7 @@ from quotientsharp.engine.measures import BatchOutcome, FirstEvaluation
 from quotientsharp.engine.options import check_batches, check_radius_fits
 from quotientsharp.engine.registry import MEASURE_REGISTRY, MeasureSpec, measure_from
 from quotientsharp.engine.result import SharpnessResult, assemble_result
+from quotientsharp.models.walker import check_model
 
 #: Options of each measure and their defaults (the fields of its :class:`~.registry.MeasureSpec`).
 MEASURES: dict[str, dict[str, Any]] = {name: kind.defaults()
@@ -37,8 +38,7 @@ def _validated(model: object, batches: object, measure: MeasureSpec | str, rho: 
                options: dict[str, Any]) -> MeasureSpec:
     """Validate stage: the typed measure, made from the string form if need be (it checks its
     options when it is made)."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_model(model, functional=True)
     if isinstance(measure, MeasureSpec):
         if rho is not None or options:
             raise TypeError(f"{type(measure).__name__} holds rho and every option: pass them to "
@@ -77,11 +77,13 @@ def _first_evaluation(functional: FunctionalModel, batch: Batch
     """Batch 0's clean loss, gradient and touched rows (reused by the measure as its
     evaluation at ``xi = 0``), and the parameters without gradient."""
     before = global_states(functional.model)
-    with functional.checking(), functional.recording_tables() as tables:
+    with (functional.checking(), functional.inputs_kept(batch),
+          functional.recording_tables() as tables):
         first = FirstEvaluation(*functional.loss_and_gradients(batch))
     first.rows = tables.rows()
     # before the loss's value: a forward that draws random numbers is the first thing wrong
     check_deterministic(before, batch)
+    functional.check_buffers_kept(batch)
     checked_clean_loss(first.loss, 0, batch, functional)
     return first, [n for n, g in first.gradients.items() if g is None]
 
@@ -106,8 +108,10 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: MeasureSpec | s
     Parameters
     ----------
     model
-        A ``torch.nn.Module``; never written (state dict bit-identical afterwards) and run in
-        eval mode during the measurement (modes restored afterwards).
+        A ``torch.nn.Module`` of Python submodules (a TorchScript module or one wrapped in
+        ``nn.DataParallel`` raises a ``TypeError``: pass the module itself); never written
+        (state dict bit-identical afterwards) and run in eval mode during the measurement
+        (modes restored afterwards).
     batches
         A non-empty iterable of batches, each ``(x, y)`` or a dict with ``"labels"``
         (see :mod:`quotientsharp.engine.batches`); iterated once.
@@ -138,7 +142,9 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: MeasureSpec | s
     outside the vocabulary, class labels out of range (or all ``-100``), labels and outputs of
     different sizes, an integer model output, class labels with ``loss="mse"`` and, for a
     HuggingFace causal language model, labels equal to ``input_ids`` (which its own loss would
-    shift by one position; give them shifted) raise an error naming the batch.
+    shift by one position; give them shifted) raise an error naming the batch. A forward that
+    draws random numbers (on any batch) or writes to its buffers or its inputs (on batch 0) is
+    refused.
     Half-precision and bfloat16 models are measured with geometry, gradients and losses in
     float32 (float64 if any parameter is float64); perturbed parameters are cast back to each
     parameter's own dtype for the forward.

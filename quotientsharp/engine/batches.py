@@ -114,6 +114,27 @@ def _untensored(value: Any, where: str) -> tuple[str, str] | None:
                  if (inner := _untensored(item, f"{where}[{key!r}]")) is not None), None)
 
 
+#: Keyword inputs of HuggingFace models that carry the keys and values of a cached prefix.
+CACHE_KEYWORDS = ("past_key_values", "past_key_value", "cache_params", "mems")
+
+
+def _check_not_a_cache(key: object, value: object, index: int) -> None:
+    """Raise if an input is a key/value cache (a HuggingFace ``Cache`` object, or a non-empty
+    value under one of :data:`CACHE_KEYWORDS`)."""
+    is_cache = any(kind.__name__ == "Cache" and kind.__module__.startswith("transformers")
+                   for kind in type(value).__mro__)
+    if not (is_cache or (key in CACHE_KEYWORDS and value is not None
+                         and not (isinstance(value, (tuple, list)) and not value))):
+        return
+    # the prefix's keys and values were computed at the unperturbed parameters, and the
+    # forward appends to a Cache object at every evaluation
+    raise ValueError(f"batch {index}: input {key!r} is a key/value cache "
+                     f"({type(value).__name__}): it holds the keys and values of a prefix "
+                     "computed at the unperturbed parameters, which no perturbation would reach, "
+                     "and the forward appends to it at every evaluation; pass the whole "
+                     "sequence (the prefix in input_ids) without a cache")
+
+
 def check_input_types(inputs: Any, index: int) -> None:
     """Raise a ``TypeError`` naming batch ``index`` and the input (key or position) when an
     input holds data that is not a tensor: torch's own error, from inside the forward, names
@@ -124,6 +145,7 @@ def check_input_types(inputs: Any, index: int) -> None:
         raise TypeError(f"batch {index}: the inputs are {whole}, not a tensor: the model's "
                         "inputs must be torch tensors (torch.tensor(...) converts them)")
     for key, value in _entries(inputs) or [(0, inputs)]:
+        _check_not_a_cache(key, value, index)
         found = _untensored(value, f"input {key!r}")
         if found is not None:
             raise TypeError(f"batch {index}: {found[0]} is {found[1]}, not a tensor: the "
@@ -202,8 +224,10 @@ def split_batch(batch: Any, index: int, device: torch.device,
     """
     if isinstance(batch, Mapping):
         if "labels" not in batch:
+            hint = ("; rename 'label' (a dataset's column name) to 'labels'" if "label" in batch
+                    else "")
             raise ValueError(f"batch {index} is a dict without a 'labels' entry (keys: "
-                             f"{sorted(map(str, batch))})")
+                             f"{sorted(map(str, batch))}){hint}")
         inputs = {k: v for k, v in batch.items() if k != "labels"}
         check_input_types(inputs, index)
         return Batch((), _move(inputs, device, input_dtype, f"batch {index}"),
@@ -218,9 +242,13 @@ def split_batch(batch: Any, index: int, device: torch.device,
         if isinstance(x, (tuple, list)):
             return Batch(tuple(_move(list(x), device, input_dtype, where)), {}, target, index)
         return Batch((_move(x, device, input_dtype, where),), {}, target, index)
+    # a tensor batch: batches yields tensors (a single (x, y) pair, or a loader over inputs)
+    hint = (": batches must yield (inputs, target) pairs, so was one (x, y) pair passed as "
+            "batches? pass [(x, y)]" if isinstance(batch, torch.Tensor) else "")
     raise TypeError(f"batch {index} must be an (inputs, target) pair or a dict with 'labels', "
                     f"got {type(batch).__name__}"
-                    + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
+                    + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+                    + hint)
 
 
 def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
@@ -257,7 +285,14 @@ def check_label_shape(logits: torch.Tensor, target: torch.Tensor) -> None:
     if target.shape == logits.shape[:-1] or (
             logits.dim() > 2 and target.shape == (logits.shape[0], *logits.shape[2:])):
         return
-    rows = f"{logits.shape[0]} rows" if logits.dim() > 1 else "one row"
+    if target.shape == logits.shape and logits.dim() >= 1:
+        # "same number of examples?" would point at the wrong thing: the shapes are equal
+        raise ValueError(f"the labels are integers of the output's own shape {_shape(logits)} "
+                         "(one-hot labels?): cross-entropy needs class indices of shape "
+                         f"{_shape(logits)[:-1]} (labels.argmax(-1)) or floating class "
+                         "probabilities of the output's shape")
+    rows = (f"{logits.shape[0]} row{'s' if logits.shape[0] != 1 else ''}" if logits.dim() > 1
+            else "one row")
     raise ValueError(f"the model's output has shape {_shape(logits)} ({rows} of "
                      f"{logits.shape[-1]} class scores) but the labels have shape "
                      f"{_shape(target)}: do the inputs and the labels hold the same number "

@@ -19,6 +19,7 @@ from quotientsharp.engine.batches import (
     check_keywords,
     compute_loss,
     cross_entropy,
+    few_names,
     forward_keywords,
     output_tensor,
     resolve_loss,
@@ -140,6 +141,55 @@ class FunctionalModel:
         bad = [n for n, good in zip(buffers, ok[len(self.trainable):], strict=True) if not good]
         if bad:
             raise ValueError(f"buffer(s) {bad} contain NaN values: every loss would be NaN")
+
+    def check_buffers_kept(self, batch: Batch) -> None:
+        """Raise naming the buffers the forwards so far wrote to in place (one host sync per
+        buffer; run after the first batch's clean evaluation).
+
+        The forward gets the same private clones of the buffers at every evaluation: a forward
+        that updates them (running statistics kept even in eval mode) would make each loss of
+        the ascent depend on the evaluations before it, and the value on the batch order.
+        """
+        own = dict(self.model.named_buffers())
+        written = [name for name, clone in self.buffers.items()
+                   if not torch.equal(clone, own[name])]
+        if written:
+            raise ValueError(
+                f"{batch.label}: the model's forward wrote to its buffer(s) {few_names(written)} "
+                "in eval mode (running statistics updated on every forward?): each evaluation "
+                "of the ascent would see the buffers the ones before it changed, so the losses "
+                "it compares would belong to different models and the value would depend on "
+                "the order of the batches; make the forward leave its buffers alone in eval "
+                "mode (the model itself is not changed)")
+
+    @staticmethod
+    @contextlib.contextmanager
+    def inputs_kept(batch: Batch) -> Iterator[None]:
+        """Raise, naming them, if the forwards inside this block wrote to the batch's input
+        tensors in place (one copy of the inputs and one host sync per input tensor; run around
+        the first batch's clean evaluation); the tensors are set back first.
+
+        Every evaluation of a batch gets the same input tensors, the caller's own: a forward
+        that writes to them would give each loss of the ascent other inputs, and leave the
+        caller's data changed.
+        """
+        inputs = _input_tensors(batch)
+        before = [tensor.clone() for _, tensor in inputs]
+        yield
+        written = [name for (name, tensor), old in zip(inputs, before, strict=True)
+                   if not _same_values(tensor, old)]
+        if not written:
+            return
+        with torch.no_grad():
+            for (_, tensor), old in zip(inputs, before, strict=True):
+                tensor.copy_(old)
+        raise ValueError(
+            f"{batch.label}: the model's forward wrote to its input(s) {few_names(written)} in "
+            "place (an in-place operation on an input: x.mul_(...), x -= mean, "
+            "nn.ReLU(inplace=True) as the first layer?): every evaluation of the ascent gets "
+            "the same input tensors, so each would see the inputs the ones before it left, and "
+            "your batch would be changed (it was set back); make the forward leave its inputs "
+            "alone (x = x * ... instead of x *= ...)")
 
     @contextlib.contextmanager
     def checking(self) -> Iterator[None]:
@@ -366,6 +416,13 @@ def vocabulary_size(model: nn.Module) -> int | None:
     # a model of one's own with a single embedding table: the token ids index it
     tables = [m for m in model.modules() if isinstance(m, nn.Embedding)]
     return tables[0].num_embeddings if len(tables) == 1 else None
+
+
+def _same_values(new: torch.Tensor, old: torch.Tensor) -> bool:
+    """Equal values, NaN equal to NaN (an input with NaN is diagnosed by the clean loss)."""
+    if torch.equal(new, old):
+        return True
+    return new.is_floating_point() and bool(((new == old) | (new.isnan() & old.isnan())).all())
 
 
 def _input_tensors(batch: Batch) -> list[tuple[str, torch.Tensor]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -456,8 +456,42 @@ def layer_weight_name(model: nn.Module, layer: str) -> str:
             if tensor.dim() < 2:
                 raise ValueError(f"the weight of layer {layer!r} has shape "
                                  f"{tuple(tensor.shape)}; relative flatness needs rows w_s")
+            _check_untied(model, layer, weight)
             return name
     raise ValueError(f"the weight of layer {layer!r} is not among the model's parameters")
+
+
+def _check_untied(model: nn.Module, layer: str, weight: nn.Parameter) -> None:
+    """Raise if ``layer``'s weight is also a parameter of another module (tied)."""
+    own = f"{layer}.weight" if layer else "weight"
+    tied = [name for name, tensor in model.named_parameters(remove_duplicate=False)
+            if tensor is weight and name != own]
+    if tied:
+        # the Hessian of a shared tensor sums the second derivatives of all its uses
+        raise ValueError(f"the weight of layer {layer!r} is tied to {few_names(tied)} (one "
+                         "tensor shared with another module, as a language model's output layer "
+                         "with its input embedding): its Hessian would add the other uses, which "
+                         "relative flatness, a property of one layer's rows, does not include; "
+                         "pass layer= a layer whose weight is its own")
+
+
+@contextlib.contextmanager
+def _counting_calls(module: nn.Module | None) -> Iterator[list[int]]:
+    """``[calls]``: how many times ``module`` runs inside the block (nothing counted without
+    one)."""
+    calls = [0]
+    if module is None:
+        yield calls
+        return
+
+    def count(_module: nn.Module, _args: tuple[object, ...]) -> None:
+        calls[0] += 1
+
+    handle = module.register_forward_pre_hook(count)
+    try:
+        yield calls
+    finally:
+        handle.remove()
 
 
 class RelativeFlatness:
@@ -470,8 +504,11 @@ class RelativeFlatness:
     never formed.
     """
 
-    def __init__(self, model: FunctionalModel, weight_name: str, chunk: int) -> None:
+    def __init__(self, model: FunctionalModel, weight_name: str, chunk: int,
+                 layer: tuple[str, nn.Module] | None = None) -> None:
         self.model, self.weight_name, self.chunk = model, weight_name, chunk
+        #: ``(name, module)`` of the layer, whose calls per forward are counted
+        self.layer = layer
         weight = model.theta_geometry[weight_name]
         self.rows = weight.reshape(weight.shape[0], -1)
         values, vectors = torch.linalg.eigh(self.rows @ self.rows.mT)
@@ -505,8 +542,10 @@ class RelativeFlatness:
         total = torch.zeros((), dtype=self.rows.dtype, device=self.rows.device)
         count = self.values.numel() * self.rows.shape[1]
         with torch.enable_grad(), sdpa_kernel(SDPBackend.MATH):
-            with self.model.checking():
+            with self.model.checking(), _counting_calls(
+                    None if self.layer is None else self.layer[1]) as calls:
                 loss = self.model.loss(batch, {self.weight_name: weight.reshape(shape)})
+            self._check_called_once(calls[0], index)
             clean = first.loss if first is not None else checked_clean_loss(
                 loss.detach(), index, batch, self.model)
             (grad,) = torch.autograd.grad(loss, weight, create_graph=True)
@@ -524,6 +563,14 @@ class RelativeFlatness:
                 f"clean loss is (an overflow in "
                 f"{str(self.model.dtype).removeprefix('torch.')}?)")
         return BatchOutcome(total.detach(), clean, clean, {})
+
+    def _check_called_once(self, calls: int, index: int) -> None:
+        if self.layer is not None and calls > 1:
+            # kappa's derivation has the layer map the features once: f(x) = psi(W phi(x))
+            raise ValueError(f"batch {index}: layer {self.layer[0]!r} runs {calls} times in one "
+                             "forward (a module applied more than once): its Hessian would mix "
+                             "the uses, which relative flatness, a property of one layer's rows "
+                             "applied once, does not include; pass layer= a layer applied once")
 
     @staticmethod
     def _hvp(grad: torch.Tensor, weight: torch.Tensor, directions: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ returns the option resolved, or raises naming it (the torch-free ones are in
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -15,9 +15,13 @@ from quotientsharp.core.scalars import as_integer, as_real, check_finite
 
 
 def check_batches(batches: object) -> Iterable[Any]:
-    """``batches`` if it is an iterable of batches (not a tensor or a string)."""
+    """``batches`` if it is an iterable of batches (not a tensor, a string or a mapping)."""
     if isinstance(batches, (torch.Tensor, str, bytes)) or not isinstance(batches, Iterable):
         raise TypeError(f"batches must be an iterable of batches, got {type(batches).__name__}")
+    if isinstance(batches, Mapping):
+        # iterating a dict gives its keys: each would be refused as a batch of type str
+        raise TypeError(f"batches must be an iterable of batches, got a {type(batches).__name__} "
+                        f"(keys {sorted(map(str, batches))[:5]}): one batch? pass [batch]")
     return batches
 
 

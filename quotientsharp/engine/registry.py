@@ -551,7 +551,8 @@ class RelativeFlatnessSpec(MeasureSpec):
     Attributes
     ----------
     layer
-        The module's name; ``None``: the last ``nn.Linear`` with a trainable weight.
+        The module's name; ``None``: the last ``nn.Linear`` with a trainable weight. Its weight
+        must be its own (not tied to another module's) and the layer applied once per forward.
     hvp_chunk
         Hessian-vector products per batched double backward (an integer >= 1).
     """
@@ -571,7 +572,8 @@ class RelativeFlatnessSpec(MeasureSpec):
     def build(self, model: nn.Module, functional: FunctionalModel, generator: torch.Generator
               ) -> tuple[Measure, dict[str, Any]]:
         layer = self.layer if self.layer is not None else default_layer(model)
-        measure = RelativeFlatness(functional, layer_weight_name(model, layer), self.hvp_chunk)
+        measure = RelativeFlatness(functional, layer_weight_name(model, layer), self.hvp_chunk,
+                                   (layer, model.get_submodule(layer)))
         return measure, {"layer": layer}
 
 

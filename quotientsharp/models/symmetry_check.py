@@ -31,6 +31,7 @@ from quotientsharp.core.method_checks import (
 from quotientsharp.core.quotient import SymmetryQuotient
 from quotientsharp.core.validation import check_count
 from quotientsharp.models.binding import QuotientBinding, Tensors, validate_bindings
+from quotientsharp.models.walker import check_model
 
 #: ``params -> (loss, outputs)``: the model on one batch with ``params`` (by name) replaced.
 Evaluate = Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor | None]]
@@ -342,7 +343,8 @@ def check_symmetry(model: nn.Module, bindings: QuotientBinding | Sequence[Quotie
     ----------
     model
         The model, run as it is (its mode is not changed: a BatchNorm in eval mode uses its
-        running statistics, in train mode the batch's).
+        running statistics, in train mode the batch's); its forward must be deterministic (a
+        model with dropout in train mode is refused).
     bindings
         One binding or several.
     batch
@@ -370,9 +372,11 @@ def check_symmetry(model: nn.Module, bindings: QuotientBinding | Sequence[Quotie
         For ``bindings`` not bindings (or none), a binding that breaks a rule of
         :func:`~quotientsharp.models.binding.validate_bindings` (``from_point`` not the inverse of
         ``to_point``, ``folded`` not the point's leading dimensions), a ``batch`` that is not
-        ``(inputs, target)`` or a mapping with ``labels``, a forward that fails on ``batch``, or
-        a loss or outputs that are not finite at ``theta``.
+        ``(inputs, target)`` or a mapping with ``labels``, a forward that fails on ``batch`` or
+        gives two different values at the same parameters, or a loss or outputs that are not
+        finite at ``theta``.
     """
+    check_model(model, functional=True)
     bindings = _checked_bindings(bindings)
     named = dict(model.named_parameters())
     for binding in bindings:
@@ -407,14 +411,37 @@ def check_symmetry(model: nn.Module, bindings: QuotientBinding | Sequence[Quotie
             value = F.cross_entropy(logits.flatten(0, -2), target.flatten())
         return value, logits
 
+    dtypes = [params[n].dtype for b in bindings for n in b.parameters]
+    forward_dtype = max(dtypes, key=lambda d: torch.finfo(d).eps)
+    random_state = torch.get_rng_state()
     try:
-        evaluate(params)
+        with torch.no_grad():
+            twice = [evaluate(params) for _ in range(2)]
     except Exception as err:
         message = " ".join(str(err).split())
         raise ValueError(f"batch: the model's forward (or the loss) failed on it: "
                          f"{type(err).__name__}: {message}") from err
+    finally:
+        # a forward that draws (dropout in train mode) must not advance the caller's generator
+        torch.set_rng_state(random_state)
+    _check_repeatable(twice, symmetry_tolerance(forward_dtype))
     for binding in bindings:
         check_structure(binding, params)
-    dtypes = [params[n].dtype for b in bindings for n in b.parameters]
-    forward_dtype = max(dtypes, key=lambda d: torch.finfo(d).eps)
     return check_bindings(bindings, params, evaluate, forward_dtype, seed=seed, samples=samples)
+
+
+def _check_repeatable(twice: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
+                      tolerance: float) -> None:
+    """Raise unless two evaluations at the same parameters agree within ``tolerance``: the
+    check ascribes every change of the loss or outputs to the group element."""
+    (loss_a, out_a), (loss_b, out_b) = twice
+    changes = [_relative(loss_b, loss_a)]
+    if out_a is not None and out_b is not None and out_a.shape == out_b.shape:
+        changes.append(_relative(out_b, out_a))
+    if max(changes) > tolerance:
+        raise ValueError(
+            f"batch: two forwards at the same parameters differ (relative change "
+            f"{max(changes):.3g}, tolerance {tolerance:.3g}): the model's forward is random "
+            "(dropout or another random layer in train mode?), so a change under the group "
+            "could not be told from noise; call model.eval() first (sharpness() checks and "
+            "measures in eval mode)")

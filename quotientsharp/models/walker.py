@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 from quotientsharp.models.lora import LoraFinding, find_lora_adapters, mark_dropped
@@ -244,6 +245,26 @@ def _record_diagonals(report: SymmetryReport, diagonal_found: list[tuple[str, st
 
 
 # ---------------------------------------------------------------------- entry point
+def check_model(model: object, *, functional: bool = False) -> None:
+    """Raise a ``TypeError`` naming ``model`` unless it is a ``torch.nn.Module`` of Python
+    submodules (not TorchScript) and, with ``functional``, one that
+    :func:`torch.func.functional_call` can run with other parameters (not ``nn.DataParallel``).
+
+    Both are refused by torch from deep inside (a recogniser's lookup, the forward), in
+    messages that name neither the model nor the way out.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(model, torch.jit.ScriptModule):
+        raise TypeError(f"model is a TorchScript module ({type(model).__name__}, made by "
+                        "torch.jit.script or torch.jit.trace): its submodules cannot be read "
+                        "for attention heads and torch.func.functional_call cannot run it at "
+                        "other parameters; pass the Python nn.Module it was made from")
+    if functional and isinstance(model, nn.DataParallel):
+        raise TypeError("model is wrapped in nn.DataParallel, which torch.func.functional_call "
+                        "cannot run at other parameters: pass model.module (the wrapped model)")
+
+
 def find_symmetries(model: nn.Module,
                     diagonal: Sequence[tuple[str, str]] | None = None,
                     degenerate: str = "adaptive") -> SymmetryReport:
@@ -269,8 +290,7 @@ def find_symmetries(model: nn.Module,
         Each trainable parameter is either fully covered by pairs (or diagonal pairs) or listed
         in ``other``. Frozen parameters (``requires_grad=False``) appear only in ``frozen``.
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_model(model)
     named = dict(model.named_parameters())
     names = {id(tensor): name for name, tensor in named.items()}
     report = SymmetryReport(model_type=type(model).__name__)
