@@ -185,3 +185,41 @@ def test_a_tokenizer_for_data_without_text_is_refused(saved_mlp, tmp_path, kind)
                                          r"(tensors|pre-tokenised rows).* drop --tokenizer"):
         load_batches(path, model, saved_mlp["net"], settings)
     assert load_batches(path, model, saved_mlp["net"], BatchSettings())[1] > 0
+
+
+def test_a_row_longer_than_the_position_table_is_named(bert, tmp_path):
+    # the forward failed deep in torch: "The expanded size of the tensor (28) must match the
+    # existing size (16)", naming neither the row nor max_position_embeddings
+    from quotientsharp.workflows.options import InputError
+
+    positions = bert.config.max_position_embeddings
+    fits, longer = tmp_path / "fits.jsonl", tmp_path / "longer.jsonl"
+    fits.write_text('{"input_ids": [1, 2], "label": 0}\n'
+                    f'{{"input_ids": {list(range(1, positions + 1))}, "label": 1}}\n')
+    longer.write_text('{"input_ids": [1, 2], "label": 0}\n'
+                      f'{{"input_ids": {list(range(1, positions + 2))}, "label": 1}}\n')
+    batches, count, _ = load_batches(fits, bert, tmp_path, BatchSettings())
+    assert count == 2 and batches[0]["input_ids"].shape[-1] == positions
+    with pytest.raises(InputError, match=rf"longer\.jsonl, line 2: {positions + 1} tokens, more "
+                                         rf"than the model's {positions} positions"):
+        load_batches(longer, bert, tmp_path, BatchSettings())
+
+
+def test_a_text_longer_than_the_position_table_is_told_max_length(bert, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from quotientsharp.workflows.options import InputError
+
+    vocabulary = tmp_path / "vocab.txt"
+    vocabulary.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
+                                     *"abcdefghij"]) + "\n")
+    transformers.BertTokenizerFast(vocab_file=str(vocabulary)).save_pretrained(tmp_path / "tok")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"text": "a b", "label": 0}\n{"text": "' + " ".join("abcdefghij" * 2)
+                    + '", "label": 1}\n')
+    positions = bert.config.max_position_embeddings
+    with pytest.raises(InputError, match=rf"line 2: the text is 22 tokens long \(--max-length "
+                                         rf"128\).* pass --max-length {positions} or less"):
+        load_batches(rows, bert, tmp_path, BatchSettings(tokenizer=str(tmp_path / "tok")))
+    batches, _, _ = load_batches(rows, bert, tmp_path, BatchSettings(
+        tokenizer=str(tmp_path / "tok"), max_length=positions))
+    assert batches[0]["input_ids"].shape[-1] == positions
