@@ -31,7 +31,7 @@ CLASSES = [ReproduceConfig, DiagonalConfig, FamilyConfig, InvarianceConfig, Reac
 BASE_INTEGERS = {"threads": 1, "seed": 0}
 INTEGERS = {
     ReproduceConfig: BASE_INTEGERS,
-    DiagonalConfig: {**BASE_INTEGERS, "nets": 1, "per_net_seeds": 0},
+    DiagonalConfig: {**BASE_INTEGERS, "nets": 2, "per_net_seeds": 0},
     FamilyConfig: {**BASE_INTEGERS, "models": 1, "study_seeds": 1, "n_iter": 1,
                    "sharpness_points": 1, "sharpness_batch_size": 1},
     InvarianceConfig: BASE_INTEGERS,
