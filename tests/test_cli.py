@@ -109,6 +109,6 @@ def test_bad_values_the_parser_lets_through_are_one_line_too(capsys):
             (["symmetries", "config.json", "--diagonal", "u,v,w"], "quotientsharp symmetries",
              "--diagonal expects U,V, got 'u,v,w'"),
             (["reproduce", "diagonal", "--nets", "0", "--no-plots"],
-             "quotientsharp reproduce diagonal", "nets must be an integer >= 1, got 0")):
+             "quotientsharp reproduce diagonal", "nets must be an integer >= 2, got 0")):
         assert main(arguments) == 2, arguments
         assert capsys.readouterr().err == f"{prog}: error: {message}\n"
