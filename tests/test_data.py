@@ -223,3 +223,20 @@ def test_a_text_longer_than_the_position_table_is_told_max_length(bert, tmp_path
     batches, _, _ = load_batches(rows, bert, tmp_path, BatchSettings(
         tokenizer=str(tmp_path / "tok"), max_length=positions))
     assert batches[0]["input_ids"].shape[-1] == positions
+
+
+@pytest.mark.parametrize("kind", ["tensors", "pre-tokenised"])
+def test_a_max_length_for_data_without_text_is_refused(saved_mlp, tmp_path, kind):
+    # --max-length 3 left pre-tokenised rows of 9 tokens whole, with exit status 0
+    from quotientsharp.workflows.options import InputError
+
+    model = torch.load(saved_mlp["net"], weights_only=False)
+    if kind == "tensors":
+        path = saved_mlp["data"]
+    else:
+        path = tmp_path / "rows.jsonl"
+        path.write_text('{"input_ids": [1, 2, 3, 4], "label": 0}\n')
+    with pytest.raises(InputError, match=r"^--max-length 3 is given but DATA .* holds "
+                                         r"(tensors|pre-tokenised rows).* drop --max-length"):
+        load_batches(path, model, saved_mlp["net"], BatchSettings(max_length=3))
+    assert load_batches(path, model, saved_mlp["net"], BatchSettings())[1] > 0

@@ -355,10 +355,15 @@ def load_batches(data_path: str | os.PathLike, model: nn.Module, model_path: str
 
 
 def _no_tokenizer_needed(settings: BatchSettings, what: str) -> None:
-    """Refuse ``--tokenizer`` where nothing is tokenised: a given option counts, and one that
-    changes nothing would leave the user believing it did."""
+    """Refuse ``--tokenizer`` (and a ``--max-length`` other than the default) where nothing is
+    tokenised: a given option counts, and one that changes nothing would leave the user
+    believing it did."""
     if settings.tokenizer is not None:
         raise InputError(f"--tokenizer {settings.tokenizer} is given but {what}: there is no "
                          "text to tokenise; drop --tokenizer, or give text rows "
                          "{\"text\": ..., \"label\": ...}")
+    # another length than the default truncated nothing: pre-tokenised rows are taken whole
+    if settings.max_length != BatchSettings.max_length:
+        raise InputError(f"--max-length {settings.max_length} is given but {what}: only text "
+                         "rows are truncated; drop --max-length, or shorten the rows yourself")
 
