@@ -240,3 +240,21 @@ def test_a_max_length_for_data_without_text_is_refused(saved_mlp, tmp_path, kind
                                          r"(tensors|pre-tokenised rows).* drop --max-length"):
         load_batches(path, model, saved_mlp["net"], BatchSettings(max_length=3))
     assert load_batches(path, model, saved_mlp["net"], BatchSettings())[1] > 0
+
+
+@pytest.mark.parametrize("entries", [{"x": 0, "y": 1, "mask": 0}, {"x": 0, "X": 0, "y": 1},
+                                     {"x": 0}])
+def test_a_dict_of_other_entries_than_x_and_y_is_refused(saved_mlp, tmp_path, entries):
+    # a third entry (a mask, a second input) was left out of the forward with exit status 0
+    from quotientsharp.workflows.options import InputError
+
+    model = torch.load(saved_mlp["net"], weights_only=False)
+    x, y = torch.load(saved_mlp["data"])
+    tensors = (x, y)
+    torch.save({key: tensors[index] for key, index in entries.items()}, tmp_path / "d.pt")
+    with pytest.raises(InputError, match=r"a dict needs the entries 'x' and 'y' and no others"):
+        load_batches(tmp_path / "d.pt", model, saved_mlp["net"], BatchSettings())
+    torch.save({"X": x, "Y": y}, tmp_path / "plain.pt")
+    batches, count, _ = load_batches(tmp_path / "plain.pt", model, saved_mlp["net"],
+                                     BatchSettings())
+    assert count == len(y) and torch.equal(batches[0][0], x[:32])

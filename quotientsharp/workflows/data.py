@@ -284,9 +284,12 @@ def _unpack(loaded: Any, path: Path) -> tuple[tuple[Any, ...], Any]:
         return tensors[:-1], tensors[-1]
     if isinstance(loaded, dict):
         keys = {str(k).lower(): k for k in loaded}
-        if "x" not in keys or "y" not in keys:
-            raise InputError(f"DATA {path}: a dict needs entries 'x' and 'y', got "
-                             f"{sorted(map(str, loaded))}")
+        # another entry (a mask, a second input) would be left out without a word, and of
+        # 'x' and 'X' one would be
+        if set(keys) != {"x", "y"} or len(loaded) != 2:
+            raise InputError(f"DATA {path}: a dict needs the entries 'x' and 'y' and no "
+                             f"others, got {sorted(map(str, loaded))}; for several inputs "
+                             "save a TensorDataset(X1, X2, ..., Y)")
         return (loaded[keys["x"]],), loaded[keys["y"]]
     if isinstance(loaded, (tuple, list)) and len(loaded) == 2:
         return (loaded[0],), loaded[1]
