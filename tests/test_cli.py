@@ -109,6 +109,40 @@ def test_bad_values_the_parser_lets_through_are_one_line_too(capsys):
             (["symmetries", "config.json", "--diagonal", "u,v,w"], "quotientsharp symmetries",
              "--diagonal expects U,V, got 'u,v,w'"),
             (["reproduce", "diagonal", "--nets", "0", "--no-plots"],
-             "quotientsharp reproduce diagonal", "nets must be an integer >= 1, got 0")):
+             "quotientsharp reproduce diagonal", "nets must be an integer >= 2, got 0")):
         assert main(arguments) == 2, arguments
         assert capsys.readouterr().err == f"{prog}: error: {message}\n"
+
+
+def test_an_option_of_one_value_given_twice_is_refused(capsys):
+    # argparse keeps the last: --rho 0.1 --rho 0.2 measured 0.2 alone, and --json a --json b
+    # wrote b alone, each with exit status 0
+    import pytest
+
+    from quotientsharp.cli import build_parser, main
+
+    for arguments, prog, given in (
+            (["measure", "m.pt", "d.pt", "--rho", "0.1", "--rho", "0.2"],
+             "quotientsharp measure", "argument --rho: given twice (--rho 0.1, then --rho 0.2)"),
+            (["measure", "m.pt", "d.pt", "--json", "a.json", "--json=b.json"],
+             "quotientsharp measure",
+             "argument --json: given twice (--json a.json, then --json b.json)"),
+            (["study", "m.csv", "--data", "d.pt", "--progress", "--no-progress"],
+             "quotientsharp study",
+             "argument --progress/--no-progress: given twice (--progress, then --no-progress)"),
+            (["verify", "--seeds", "1", "--seeds", "1"], "quotientsharp verify",
+             "argument --seeds: given twice (--seeds 1, then --seeds 1)"),
+            (["reproduce", "diagonal", "--out", "a", "--out", "b"],
+             "quotientsharp reproduce diagonal", "argument --out: given twice")):
+        with pytest.raises(SystemExit) as info:
+            main(arguments)
+        error = capsys.readouterr().err
+        assert info.value.code == 2, arguments
+        assert error.startswith(f"{prog}: error: {given}") and error.count("\n") == 1, error
+    # options that collect still repeat, and a parser parses anew each time
+    parser = build_parser()
+    for _ in range(2):
+        args = parser.parse_args(["measure", "m.pt", "d.pt", "--rho", "0.1", "--measure",
+                                  "adaptive", "--measure", "geodesic", "--no-progress"])
+        assert args.measure == ["adaptive", "geodesic"] and args.rho == 0.1
+        assert args.progress is False

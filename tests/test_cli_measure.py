@@ -350,8 +350,12 @@ def test_symmetries_of_a_saved_config(tmp_path, capsys) -> None:
 
 
 def _measure(saved, *arguments: str) -> int:
-    return main(["measure", str(saved["net"]), str(saved["data"]), "--rho", "0.1", "--n-iter",
-                 "2", "--batch-size", "4", "--no-progress", *arguments])
+    # --n-iter only with an ascent measure (the default geodesic included): else it is refused
+    measures = arguments[arguments.index("--measure") + 1] if "--measure" in arguments else ""
+    steps = ["--n-iter", "2"] if not measures or {"worst_case", "adaptive", "geodesic"} & set(
+        measures.split(",")) else []
+    return main(["measure", str(saved["net"]), str(saved["data"]), "--rho", "0.1", *steps,
+                 "--batch-size", "4", "--no-progress", *arguments])
 
 
 @pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
@@ -530,6 +534,26 @@ def test_an_option_of_measures_not_measured_is_refused(saved_mlp, capsys, measur
     assert _measure(saved_mlp, "--measure", measures, *option) == 2
     _one_line_error(capsys, f"{option[0]} applies to {needs} only",
                     f"--measure gives {measures.replace(',', ', ')}")
+
+
+@pytest.mark.parametrize("measures, option, message", [
+    ("relative_flatness", ["--rho", "0.1"], "--rho applies to every measure but "
+     "relative_flatness, and --measure gives relative_flatness only"),
+    ("average", ["--rho", "0.1", "--n-iter", "20"],          # given, if to its default
+     "--n-iter needs an ascent measure (worst_case, adaptive or geodesic); --measure gives "
+     "average"),
+    ("average,relative_flatness", ["--rho", "0.1", "--n-iter", "5"],
+     "--n-iter needs an ascent measure"),
+])
+def test_a_radius_or_steps_no_measure_takes_are_refused(saved_mlp, capsys, measures, option,
+                                                       message):
+    # each was ignored with exit status 0, where quotientsharp.sharpness refuses them
+    arguments = [str(saved_mlp["net"]), str(saved_mlp["data"]), "--batch-size", "4",
+                 "--no-progress", "--measure", measures]
+    assert main(["measure", *arguments, *option]) == 2
+    _one_line_error(capsys, message)
+    rho = [] if measures == "relative_flatness" else ["--rho", "0.1"]
+    assert main(["measure", *arguments, *rho]) == 0
 
 
 @pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")

@@ -185,3 +185,76 @@ def test_a_tokenizer_for_data_without_text_is_refused(saved_mlp, tmp_path, kind)
                                          r"(tensors|pre-tokenised rows).* drop --tokenizer"):
         load_batches(path, model, saved_mlp["net"], settings)
     assert load_batches(path, model, saved_mlp["net"], BatchSettings())[1] > 0
+
+
+def test_a_row_longer_than_the_position_table_is_named(bert, tmp_path):
+    # the forward failed deep in torch: "The expanded size of the tensor (28) must match the
+    # existing size (16)", naming neither the row nor max_position_embeddings
+    from quotientsharp.workflows.options import InputError
+
+    positions = bert.config.max_position_embeddings
+    fits, longer = tmp_path / "fits.jsonl", tmp_path / "longer.jsonl"
+    fits.write_text('{"input_ids": [1, 2], "label": 0}\n'
+                    f'{{"input_ids": {list(range(1, positions + 1))}, "label": 1}}\n')
+    longer.write_text('{"input_ids": [1, 2], "label": 0}\n'
+                      f'{{"input_ids": {list(range(1, positions + 2))}, "label": 1}}\n')
+    batches, count, _ = load_batches(fits, bert, tmp_path, BatchSettings())
+    assert count == 2 and batches[0]["input_ids"].shape[-1] == positions
+    with pytest.raises(InputError, match=rf"longer\.jsonl, line 2: {positions + 1} tokens, more "
+                                         rf"than the model's {positions} positions"):
+        load_batches(longer, bert, tmp_path, BatchSettings())
+
+
+def test_a_text_longer_than_the_position_table_is_told_max_length(bert, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from quotientsharp.workflows.options import InputError
+
+    vocabulary = tmp_path / "vocab.txt"
+    vocabulary.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
+                                     *"abcdefghij"]) + "\n")
+    transformers.BertTokenizerFast(vocab_file=str(vocabulary)).save_pretrained(tmp_path / "tok")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"text": "a b", "label": 0}\n{"text": "' + " ".join("abcdefghij" * 2)
+                    + '", "label": 1}\n')
+    positions = bert.config.max_position_embeddings
+    with pytest.raises(InputError, match=rf"line 2: the text is 22 tokens long \(--max-length "
+                                         rf"128\).* pass --max-length {positions} or less"):
+        load_batches(rows, bert, tmp_path, BatchSettings(tokenizer=str(tmp_path / "tok")))
+    batches, _, _ = load_batches(rows, bert, tmp_path, BatchSettings(
+        tokenizer=str(tmp_path / "tok"), max_length=positions))
+    assert batches[0]["input_ids"].shape[-1] == positions
+
+
+@pytest.mark.parametrize("kind", ["tensors", "pre-tokenised"])
+def test_a_max_length_for_data_without_text_is_refused(saved_mlp, tmp_path, kind):
+    # --max-length 3 left pre-tokenised rows of 9 tokens whole, with exit status 0
+    from quotientsharp.workflows.options import InputError
+
+    model = torch.load(saved_mlp["net"], weights_only=False)
+    if kind == "tensors":
+        path = saved_mlp["data"]
+    else:
+        path = tmp_path / "rows.jsonl"
+        path.write_text('{"input_ids": [1, 2, 3, 4], "label": 0}\n')
+    with pytest.raises(InputError, match=r"^--max-length 3 is given but DATA .* holds "
+                                         r"(tensors|pre-tokenised rows).* drop --max-length"):
+        load_batches(path, model, saved_mlp["net"], BatchSettings(max_length=3))
+    assert load_batches(path, model, saved_mlp["net"], BatchSettings())[1] > 0
+
+
+@pytest.mark.parametrize("entries", [{"x": 0, "y": 1, "mask": 0}, {"x": 0, "X": 0, "y": 1},
+                                     {"x": 0}])
+def test_a_dict_of_other_entries_than_x_and_y_is_refused(saved_mlp, tmp_path, entries):
+    # a third entry (a mask, a second input) was left out of the forward with exit status 0
+    from quotientsharp.workflows.options import InputError
+
+    model = torch.load(saved_mlp["net"], weights_only=False)
+    x, y = torch.load(saved_mlp["data"])
+    tensors = (x, y)
+    torch.save({key: tensors[index] for key, index in entries.items()}, tmp_path / "d.pt")
+    with pytest.raises(InputError, match=r"a dict needs the entries 'x' and 'y' and no others"):
+        load_batches(tmp_path / "d.pt", model, saved_mlp["net"], BatchSettings())
+    torch.save({"X": x, "Y": y}, tmp_path / "plain.pt")
+    batches, count, _ = load_batches(tmp_path / "plain.pt", model, saved_mlp["net"],
+                                     BatchSettings())
+    assert count == len(y) and torch.equal(batches[0][0], x[:32])

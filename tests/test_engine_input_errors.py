@@ -325,3 +325,19 @@ def test_a_sequence_without_a_token_is_refused(dtype) -> None:
     mask[2, 0] = 1                      # one token is enough
     assert math.isfinite(_adaptive(model, [{"input_ids": ids, "attention_mask": mask,
                                             "labels": y}]).value)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_an_inf_input_behind_a_non_finite_gradient_is_named(seed: int) -> None:
+    # tanh turns the inf into a finite loss, but the weight's gradient is 0 * inf = NaN: the
+    # message blamed the loss ("a sqrt, log or division at 0?") and not the data
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+    x, y = _data(seed)
+    x[2, 1] = float("inf")
+    with pytest.raises(NonFiniteLossError) as error:
+        _adaptive(model, [(x, y)])
+    message = str(error.value)
+    assert ("in parameter(s) ['0.weight']: the input(s) ['input 0'] contain NaN or inf, which "
+            "the forward turns into a finite loss but not into a finite gradient") in message
+    assert "sqrt" not in message

@@ -31,7 +31,7 @@ CLASSES = [ReproduceConfig, DiagonalConfig, FamilyConfig, InvarianceConfig, Reac
 BASE_INTEGERS = {"threads": 1, "seed": 0}
 INTEGERS = {
     ReproduceConfig: BASE_INTEGERS,
-    DiagonalConfig: {**BASE_INTEGERS, "nets": 1, "per_net_seeds": 0},
+    DiagonalConfig: {**BASE_INTEGERS, "nets": 2, "per_net_seeds": 0},
     FamilyConfig: {**BASE_INTEGERS, "models": 1, "study_seeds": 1, "n_iter": 1,
                    "sharpness_points": 1, "sharpness_batch_size": 1},
     InvarianceConfig: BASE_INTEGERS,
@@ -176,3 +176,15 @@ def test_the_command_line_names_the_option():
         study_config(argparse.Namespace(study="vit", n_iter=0))
     with pytest.raises(ValueError, match="^per-net-seeds must be an integer >= 0, got -1"):
         study_config(argparse.Namespace(study="diagonal", per_net_seeds=-1))
+
+
+@pytest.mark.parametrize("option, value", [("rhos", "0.1,0.5"), ("per_net_seeds", 2)])
+def test_the_options_of_full_without_full_are_refused(option, value):
+    # the run went on without the rho sweep or the training set per net, exit status 0
+    from quotientsharp.cli.reproduce_options import study_config
+
+    flag = "--" + option.replace("_", "-")
+    with pytest.raises(ValueError, match=f"^{flag} applies with --full only"):
+        study_config(argparse.Namespace(study="diagonal", **{option: value}))
+    config = study_config(argparse.Namespace(study="diagonal", full=True, **{option: value}))
+    assert config.full and getattr(config, option) is not None

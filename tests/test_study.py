@@ -74,9 +74,14 @@ def saved(tmp_path_factory) -> Path:
 def _study(saved: Path, out: Path, *extra: str, manifest: str = "models.csv",
            grid: tuple[str, ...] = GRID) -> tuple[int, str, str]:
     stdout, stderr = io.StringIO(), io.StringIO()
+    # an option in extra replaces the one of OPTIONS: an option given twice is an error
+    given, options, keep = set(extra), [], True
+    for item in OPTIONS:
+        keep = item not in given if item.startswith("--") else keep
+        options += [item] if keep else []
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = main(["study", str(saved / manifest), "--data", str(saved / "data.pt"), *grid,
-                     *OPTIONS, "--out", str(out), *extra])
+                     *options, "--out", str(out), *extra])
     return code, stdout.getvalue(), stderr.getvalue()
 
 

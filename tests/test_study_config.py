@@ -113,6 +113,11 @@ def test_every_flag_of_the_solver_is_a_bool(kind, name):
     ({"bootstrap": {"resamples": 0}}, "bootstrap must be a BootstrapSettings, got dict"),
     ({"measures": "average", "solver": SolverSettings(blockwise=True)},
      "SolverSettings.blockwise needs an ascent measure"),
+    # no measure would take them: each was ignored without a word
+    ({"measures": "average,relative_flatness", "solver": SolverSettings(n_iter=5)},
+     "SolverSettings.n_iter needs an ascent measure"),
+    ({"measures": "relative_flatness", "rho": 0.2},
+     "rho applies to every measure but relative_flatness"),
     ({"symmetry": "mine:bind", "metrics": "inv,mix"}, "metrics inv,mix: with symmetry"),
 ])
 def test_a_bad_field_is_named_when_the_config_is_made(fields, message):

@@ -13,7 +13,7 @@ import sys
 import sysconfig
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from quotientsharp.cli.output_errors import OUTPUT_ERRORS, error_message
 from quotientsharp.workflows.options import InputError
@@ -52,9 +52,60 @@ def plain_text(text: str | None) -> str | None:
 __all__ = ["main"]
 
 
+class _GivenOnce(argparse.Action):
+    """Refuse an option of one value given twice (``--rho 0.1 --rho 0.2``, ``--json a --json
+    b``): argparse keeps the last, and the first would be ignored without a word."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        given = getattr(parser, "given_options", None)
+        if option_string is not None and isinstance(given, dict):
+            shown = self.shown(option_string, values)
+            if self.dest in given:
+                parser.error(f"argument {'/'.join(self.option_strings)}: given twice "
+                             f"({given[self.dest]}, then {shown}); give it once")
+            given[self.dest] = shown
+        super().__call__(parser, namespace, values, option_string)
+
+    def shown(self, option_string: str, values: Any) -> str:
+        """How the option was given, for the message."""
+        return f"{option_string} {values}"
+
+
+class _StoreOnce(_GivenOnce, argparse._StoreAction):
+    """argparse's default action, refusing a repeat."""
+
+
+class _BooleanOnce(_GivenOnce, argparse.BooleanOptionalAction):
+    """``--progress``/``--no-progress``, refusing both (or either twice)."""
+
+    def shown(self, option_string: str, values: Any) -> str:
+        return option_string      # the flag is the value: "--progress, then --no-progress"
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one line, ``PROG: error: MESSAGE (see PROG
-    --help)``, and exit status 2, as every other error (its subparsers are of its class)."""
+    --help)``, and exit status 2, as every other error (its subparsers are of its class).
+    An option of one value given twice is such an error (options that collect, such as
+    ``--measure``, repeat)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+        #: option dest -> how it was given, in the parse under way
+        self.given_options: dict[str, str] = {}
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        if kwargs.get("action") is argparse.BooleanOptionalAction:
+            kwargs["action"] = _BooleanOnce
+        return super().add_argument(*args, **kwargs)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        self.given_options = {}
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
         # argparse's messages are one line; a newline in a value the user gave is not

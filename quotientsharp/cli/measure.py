@@ -184,6 +184,8 @@ def _document(args: argparse.Namespace, config: SharpnessConfig, runs: list[Meas
                      "samples": config.samples, "layer": config.layer, "loss": args.loss,
                      "nonfinite": config.nonfinite,
                      **{option: getattr(args, option) for option in as_given},
+                     # --n-iter left out is None (so that one given alone can be refused)
+                     "n_iter": config.solver.n_iter,
                      "dtype": args.dtype or dtypes, "device": str(device)},
         "environment": environment(device),
         "results": results,

@@ -186,10 +186,16 @@ def study_config(args: argparse.Namespace) -> ReproduceConfig:
     given = vars(args)
     values = {field.name: given[field.name] for field in dataclasses.fields(config_class)
               if field.name in given}
-    if not values.get("full"):
-        values.pop("rhos", None)     # --rhos is read with --full only, as its help says
     try:
-        return config_class(**values)
+        config = config_class(**values)
     except (TypeError, ValueError) as err:
         field, _, rest = str(err).partition(" ")
         raise InputError(f"{field.replace('_', '-')} {rest}") from err
+    # read with --full only, as their help says: without it they were ignored without a word
+    for name in ("rhos", "per_net_seeds"):
+        if values.get(name) is not None and not values.get("full"):
+            option = f"--{name.replace('_', '-')}"
+            raise InputError(f"{option} applies with --full only (the rho sweep and the "
+                             f"training set per net run there): add --full, or leave {option} "
+                             "out")
+    return config

@@ -8,7 +8,9 @@ from typing import Any
 
 from quotientsharp.core.scalars import NONFINITE_POLICIES
 from quotientsharp.workflows.options import (
+    ASCENT_MEASURES,
     BatchSettings,
+    InputError,
     SharpnessConfig,
     SolverSettings,
     command_line_names,
@@ -56,8 +58,10 @@ def add_sharpness_options(parser: argparse.ArgumentParser, *, radius_list: bool 
                         help="examples per batch (default %(default)s)")
     parser.add_argument("--max-batches", type=int, default=None,
                         help="use at most this many batches (default: all)")
-    parser.add_argument("--n-iter", type=int, default=SolverSettings.n_iter,
-                        help="Auto-PGD steps of the ascent measures (default %(default)s)")
+    # None, "not given": an --n-iter without an ascent measure is refused, not ignored
+    parser.add_argument("--n-iter", type=int, default=None,
+                        help="Auto-PGD steps of the ascent measures (default "
+                        f"{SolverSettings.n_iter})")
     parser.add_argument("--chains", type=int, default=None, metavar="N",
                         help="ascent measures: most chains of the search that confirms each "
                         "value (default 4); raise it where the reach column is below 0.99")
@@ -107,13 +111,17 @@ def add_solver_options(parser: argparse.ArgumentParser) -> None:
 def sharpness_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The fields of ``SharpnessConfig`` from the parsed options (comma lists as text); called
     within ``command_line_names()``, so that errors name options."""
-    measure_names(args.measure)             # an unknown measure is the first error
+    measures = measure_names(args.measure)  # an unknown measure is the first error
+    if args.n_iter is not None and not set(ASCENT_MEASURES) & set(measures):
+        raise InputError(f"--n-iter needs an ascent measure (worst_case, adaptive or "
+                         f"geodesic); --measure gives {', '.join(measures)}")
     batches = BatchSettings(batch_size=args.batch_size, max_batches=args.max_batches,
                             max_length=args.max_length, tokenizer=args.tokenizer,
                             loss=args.loss)
     # study has no solver options: their defaults
     solver = SolverSettings(
-        n_iter=args.n_iter, chains=args.chains, blockwise=getattr(args, "blockwise", False),
+        n_iter=SolverSettings.n_iter if args.n_iter is None else args.n_iter,
+        chains=args.chains, blockwise=getattr(args, "blockwise", False),
         compile_steps=getattr(args, "compile_steps", False),
         reference_n_iter=getattr(args, "reference_n_iter", None),
         reference_restarts=getattr(args, "reference_restarts", None))

@@ -430,6 +430,12 @@ def _input_tensors(batch: Batch) -> list[tuple[str, torch.Tensor]]:
     return [(n, t) for n, t in named if isinstance(t, torch.Tensor)]
 
 
+def nonfinite_inputs(batch: Batch) -> list[str]:
+    """The names of the batch's floating-point input tensors holding NaN or inf."""
+    return [n for n, t in _input_tensors(batch)
+            if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+
+
 def clean_loss_cause(batch: Batch, model: FunctionalModel | None = None) -> str:
     """Why the loss at the unperturbed parameters is not finite: the first cause found."""
     target = batch.target
@@ -441,8 +447,7 @@ def clean_loss_cause(batch: Batch, model: FunctionalModel | None = None) -> str:
                     "averages over no target")
         if target.is_floating_point() and not bool(torch.isfinite(target).all()):
             return "the target contains NaN or inf"
-    inputs = [n for n, t in _input_tensors(batch)
-              if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    inputs = nonfinite_inputs(batch)
     if inputs:
         return f"the input(s) {inputs} contain NaN or inf"
     if model is not None:

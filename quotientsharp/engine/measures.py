@@ -21,7 +21,11 @@ from quotientsharp.engine.ball import BoxGeometry, GeodesicBall
 from quotientsharp.engine.batches import Batch, few_names
 from quotientsharp.engine.blocks import BlockOutcome, Locality, blockwise, locality
 from quotientsharp.engine.coordinates import BoundCoordinates, LayoutCoordinates, PlainCoordinates
-from quotientsharp.engine.functional import FunctionalModel, checked_clean_loss
+from quotientsharp.engine.functional import (
+    FunctionalModel,
+    checked_clean_loss,
+    nonfinite_inputs,
+)
 from quotientsharp.engine.geometry import (
     AscentSpace,
     GeometryPlan,
@@ -55,10 +59,16 @@ def likely_cause(model: FunctionalModel, rho: float | None, batch: Batch | None 
     batch of an ascent, a non-finite gradient at theta first (one more forward+backward)."""
     names = [] if batch is None else model.nonfinite_gradients(batch)
     if names:
+        # an inf input that a saturating layer (tanh, softmax) makes a finite loss still
+        # multiplies into the gradient: the data, not the loss, is then to blame
+        inputs = [] if batch is None else nonfinite_inputs(batch)
+        why = (f"the input(s) {inputs} contain NaN or inf, which the forward turns into a "
+               "finite loss but not into a finite gradient; remove or replace those values"
+               if inputs else "the loss is finite there but not differentiable (a sqrt, log "
+               "or division at 0?)")
         # the first step follows the gradient at theta: no radius is small enough
         return (f"likely cause: the gradient of the loss at theta, before any perturbation, is "
-                f"not finite (NaN or inf) in parameter(s) {few_names(names)}: the loss is "
-                "finite there but not differentiable (a sqrt, log or division at 0?), so the "
+                f"not finite (NaN or inf) in parameter(s) {few_names(names)}: {why}, so the "
                 "ascent's first step is not finite whatever rho")
     half = sorted({str(d).removeprefix("torch.") for d in model.dtypes.values()
                    if d in (torch.float16, torch.bfloat16)})

@@ -136,7 +136,8 @@ class DiagonalConfig(ReproduceConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_integer("nets", self.nets, 1, optional=True)
+        # a rank correlation needs pairs: one net ended deep in the study with a traceback
+        _check_integer("nets", self.nets, 2, optional=True)
         check_flag("full", self.full)
         _check_integer("per_net_seeds", self.per_net_seeds, 0, optional=True)
         object.__setattr__(self, "rhos", _as_radii(self.rhos))

@@ -223,14 +223,52 @@ def _jsonl_batches(path: Path, model: nn.Module, model_path: Path, settings: Bat
                              "\"attention_mask\": [...], \"label\": ...}")
     pad_id = getattr(config, "pad_token_id", None)
     pad_id = pad_id if isinstance(pad_id, int) else 0
+    positions = _position_count(model)
     batches: list[dict[str, torch.Tensor]] = []
     for start in range(0, len(rows), settings.batch_size)[:settings.max_batches]:
         chunk = rows[start:start + settings.batch_size]
         inputs = (_pretokenised_batch(chunk, path, pad_id) if pretokenised
                   else _text_batch(chunk, path, tokenizer, settings.max_length))
+        if positions is not None:
+            _check_positions(inputs, chunk, path, positions, settings.max_length)
         batches.append({**inputs, "labels": _labels(chunk, path, settings.loss, num_labels)})
     kind = "pre-tokenised JSONL" if pretokenised else "text JSONL"
     return batches, sum(len(b["labels"]) for b in batches), kind
+
+
+def _position_count(model: nn.Module) -> int | None:
+    """The number of positions of the model's learned position table (BERT's
+    ``embeddings.position_embeddings``): an embedding named for positions with
+    ``config.max_position_embeddings`` rows; ``None`` for a model without one (rotary or
+    relative positions, which take rows of any length)."""
+    from torch import nn
+
+    count = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not isinstance(count, int):
+        return None
+    tables = (module for name, module in model.named_modules()
+              if "position" in name.rsplit(".", 1)[-1] and isinstance(module, nn.Embedding))
+    return count if any(table.num_embeddings == count for table in tables) else None
+
+
+def _check_positions(inputs: dict[str, torch.Tensor], rows: Sequence[dict[str, Any]],
+                     path: Path, positions: int, max_length: int) -> None:
+    """Refuse a row longer than the model's position table, naming its line: the forward
+    would fail deep in torch with a message about tensor sizes."""
+    lengths = inputs["attention_mask"].ne(0).sum(-1) if "attention_mask" in inputs else None
+    width = inputs["input_ids"].shape[-1]
+    if width <= positions:
+        return
+    index = int(lengths.argmax()) if lengths is not None else 0
+    row = rows[index]
+    if "input_ids" in row:
+        raise InputError(f"DATA {path}, line {row['_line']}: {len(row['input_ids'])} tokens, "
+                         f"more than the model's {positions} positions "
+                         "(max_position_embeddings of its config); shorten the row")
+    raise InputError(f"DATA {path}, line {row['_line']}: the text is {width} tokens long "
+                     f"(--max-length {max_length}), more than the model's {positions} "
+                     f"positions (max_position_embeddings of its config); pass --max-length "
+                     f"{positions} or less")
 
 
 def _unpack(loaded: Any, path: Path) -> tuple[tuple[Any, ...], Any]:
@@ -246,9 +284,12 @@ def _unpack(loaded: Any, path: Path) -> tuple[tuple[Any, ...], Any]:
         return tensors[:-1], tensors[-1]
     if isinstance(loaded, dict):
         keys = {str(k).lower(): k for k in loaded}
-        if "x" not in keys or "y" not in keys:
-            raise InputError(f"DATA {path}: a dict needs entries 'x' and 'y', got "
-                             f"{sorted(map(str, loaded))}")
+        # another entry (a mask, a second input) would be left out without a word, and of
+        # 'x' and 'X' one would be
+        if set(keys) != {"x", "y"} or len(loaded) != 2:
+            raise InputError(f"DATA {path}: a dict needs the entries 'x' and 'y' and no "
+                             f"others, got {sorted(map(str, loaded))}; for several inputs "
+                             "save a TensorDataset(X1, X2, ..., Y)")
         return (loaded[keys["x"]],), loaded[keys["y"]]
     if isinstance(loaded, (tuple, list)) and len(loaded) == 2:
         return (loaded[0],), loaded[1]
@@ -317,10 +358,15 @@ def load_batches(data_path: str | os.PathLike, model: nn.Module, model_path: str
 
 
 def _no_tokenizer_needed(settings: BatchSettings, what: str) -> None:
-    """Refuse ``--tokenizer`` where nothing is tokenised: a given option counts, and one that
-    changes nothing would leave the user believing it did."""
+    """Refuse ``--tokenizer`` (and a ``--max-length`` other than the default) where nothing is
+    tokenised: a given option counts, and one that changes nothing would leave the user
+    believing it did."""
     if settings.tokenizer is not None:
         raise InputError(f"--tokenizer {settings.tokenizer} is given but {what}: there is no "
                          "text to tokenise; drop --tokenizer, or give text rows "
                          "{\"text\": ..., \"label\": ...}")
+    # another length than the default truncated nothing: pre-tokenised rows are taken whole
+    if settings.max_length != BatchSettings.max_length:
+        raise InputError(f"--max-length {settings.max_length} is given but {what}: only text "
+                         "rows are truncated; drop --max-length, or shorten the rows yourself")
 

@@ -210,9 +210,12 @@ class SolverSettings:
         check_flag(_name("SolverSettings.compile_steps"), self.compile_steps)
 
     def diagnostics(self) -> list[str]:
-        """The fields of the diagnostics asked for (they need an ascent measure), named as
-        the errors name them."""
+        """The fields given that need an ascent measure (the steps, the diagnostics asked
+        for), named as the errors name them."""
         return [_name(f"SolverSettings.{name}") for name, given in (
+            # n_iter has a default: another value counts as given (on the command line any
+            # --n-iter counts, refused before these settings are made)
+            ("n_iter", self.n_iter != SolverSettings.n_iter),
             ("blockwise", self.blockwise), ("compile_steps", self.compile_steps),
             ("reference_n_iter", self.reference_n_iter is not None),
             ("reference_restarts", self.reference_restarts is not None),
@@ -323,7 +326,8 @@ class SharpnessConfig:
     An option of some measures only (``metrics``, ``orders``, ``eps`` and ``symmetry`` of
     geodesic sharpness, ``p`` of worst-case and adaptive sharpness, ``samples`` of average
     sharpness, ``layer`` of relative flatness) given while none of its measures is in
-    ``measures`` is refused, rather than ignored. From Python a value equal to the default
+    ``measures`` is refused, rather than ignored, as are ``rho`` with relative flatness alone
+    and ``solver.n_iter`` without an ascent measure. From Python a value equal to the default
     counts as not given (so that ``dataclasses.replace`` of a checked configuration checks
     again); on the command line any option given counts.
     """
@@ -399,6 +403,11 @@ class SharpnessConfig:
         needs_radius = [m for m in self.measures if m != "relative_flatness"]
         if needs_radius and not radii:
             raise InputError(f"{_name('rho')} is required for {', '.join(needs_radius)}")
+        if radii and not needs_radius:
+            # relative flatness has no radius: a given one would be ignored without a word
+            raise InputError(f"{_name('rho')} applies to every measure but relative_flatness, "
+                             f"and {_name('measures')} gives relative_flatness only: leave "
+                             f"{_name('rho')} out, or add a measure with a radius")
 
     def _check_measure_options(self, typed: Sequence[str]) -> None:
         """Refuse an option of some measures only given while none of them is measured (on the

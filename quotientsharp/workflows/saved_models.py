@@ -88,6 +88,15 @@ def _load_pretrained(directory: Path) -> nn.Module:
         raise InputError(f"MODEL {directory}: the weights lack {len(missing)} tensor(s) of "
                          f"{model_class.__name__} ({shown}); a fresh, untrained part would be "
                          "measured. Save the complete model with save_pretrained")
+    unused = list(info.get("unexpected_keys") or [])
+    if unused:
+        # transformers drops weights the config has no place for (a config.json edited to
+        # fewer layers): the model measured would be another, smaller one
+        shown = ", ".join(sorted(unused)[:6]) + (", ..." if len(unused) > 6 else "")
+        raise InputError(f"MODEL {directory}: the weights hold {len(unused)} tensor(s) that "
+                         f"{model_class.__name__} built from config.json has no place for "
+                         f"({shown}); they would be left out of the model measured. Was "
+                         "config.json edited or copied from another model?")
     return model
 
 
