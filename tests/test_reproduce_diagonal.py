@@ -701,12 +701,14 @@ def test_comma_separated_options_become_tuples() -> None:
     import argparse
 
     from quotientsharp.cli.reproduce_options import study_config
+    from quotientsharp.workflows.options import InputError
 
     def parsed(study: str, **given: object) -> object:
         return study_config(argparse.Namespace(study=study, **given))
 
     assert parsed("diagonal", full=True, rhos="0.03, 0.1,").rhos == (0.03, 0.1)
-    assert parsed("diagonal", full=False, rhos="x").rhos is None  # read with --full only
+    with pytest.raises(InputError, match="--rhos applies with --full only"):
+        parsed("diagonal", full=False, rhos="0.1")       # read with --full only: refused
     with pytest.raises(ValueError, match="could not convert"):
         parsed("diagonal", full=True, rhos="0.1,x")
     assert parsed("invariance", measures="adaptive, worst_case").measures == (
