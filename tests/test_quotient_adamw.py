@@ -599,3 +599,25 @@ def test_fresh_adapters_of_a_bert_stay_on_one_orbit(lr):
                   lambda net: net(input_ids=ids, labels=labels).loss)
             for m in (copy.deepcopy(model), moved)]
     assert largest_relative_gap(runs[0][1], runs[1][1]) < 1e-6
+
+
+@pytest.mark.parametrize("seed, scale", [(0, 1e-12), (1, 1e-8), (2, 1e-30)])
+def test_a_product_far_smaller_than_the_step_takes_a_bounded_step(seed, scale):
+    # B of size `scale`: the mix frame of A is about 1/scale, and the unguarded step moved the
+    # products by lr^2 ||dB dA|| ~ lr / scale (1e8 at 1e-12); the step is shortened to where its
+    # second-order change is at most its first-order one, and stays on one orbit
+    model = adapted(seed)
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if "lora_B" in name:
+                tensor.mul_(scale)
+    moved = act(model, seed + 60, 100.0)
+    x, y = data(seed)
+    before = pair_products(model)
+    runs = [train(m, QuotientAdamW(m, lr=0.01), 5, lambda net: mse_loss(net, x, y))
+            for m in (model, moved)]
+    first_step = runs[0][1][0]
+    assert all(float((after - start).norm()) < 0.1 for after, start in
+               zip(first_step, before, strict=True))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert largest_relative_gap(runs[0][1], runs[1][1]) < 1e-8

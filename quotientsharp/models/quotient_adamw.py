@@ -123,6 +123,40 @@ def balanced_scale(factor: torch.Tensor, frame: torch.Tensor, balance: float) ->
     return eye + (right.mT * grow.unsqueeze(-2)) @ right
 
 
+def retraction_guard(x: Tensors, step: Tensors, lr: float, work: torch.dtype
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``step`` (the directions ``(dG, dH)`` of pairs ``x``, ``shape=[..., n, r]`` and
+    ``[..., m, r]``, taken as ``-lr`` times them) shortened, pair by pair, to where the step's
+    second-order change of the product, ``lr^2 ||dG dH^T||``, is at most its first-order one,
+    ``lr ||dG H^T + G dH^T||``; unchanged, bit for bit, where it already is.
+
+    The step ``x - lr d`` is a first-order retraction: it moves ``G H^T`` by the first-order
+    change plus ``lr^2 dG dH^T``. Near a product much smaller than the step (a fresh adapter's
+    ``B`` after its first step, nearly rank-deficient, or a factor of ``1e-12``) the mix frame of
+    the other factor is huge and the second term dominates: the step is then an extrapolation
+    that nothing bounds. Both norms are read from ``r x r`` Gram matrices in ``work`` and are
+    invariant under the pair's group, so the shortened step is as invariant as the step.
+    """
+    G, H = (f.to(work) for f in x)
+    dG, dH = (d.to(work) for d in step)
+    gram_dg, gram_dh = dG.mT @ dG, dH.mT @ dH
+
+    def trace(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (a * b.mT).sum((-2, -1))
+
+    second = lr * trace(gram_dg, gram_dh).clamp_min(0).sqrt()
+    first = (trace(gram_dg, H.mT @ H) + trace(G.mT @ G, gram_dh)
+             + 2 * trace(dG.mT @ G, dH.mT @ H)).clamp_min(0).sqrt()
+    over = second > first
+    if not bool(over.any()):
+        return step[0], step[1]
+    # the shortening t solves t * second = first (second-order change t^2 lr^2 ||dG dH^T||
+    # equal to the first-order t lr ||...||); a step with no first-order change takes none
+    shorten = torch.where(over, first / torch.where(over, second, 1.0), 1.0)[..., None, None]
+    return tuple(torch.where(over[..., None, None], d * shorten.to(d.dtype), d)
+                 for d in step)  # type: ignore[return-value]
+
+
 def _stand_in(factor: torch.Tensor, zero: torch.Tensor, scale: float) -> torch.Tensor:
     """``factor`` with each zero matrix (``zero``, ``shape=[...]``) replaced by ``scale`` times
     orthonormal columns (the first ``r`` of the identity); unchanged when ``n < r`` (the core
@@ -345,7 +379,7 @@ class QuotientAdamW(torch.optim.Optimizer):
                 frame_step = frame_step @ balanced_scale(x[which], frames[which],
                                                          self.balance).to(dtype)
             result.append(frame_step @ frames[which].mT.to(dtype))
-        return result[0], result[1]
+        return retraction_guard(x, (result[0], result[1]), group["lr"], work)
 
     def _moments(self, state: dict[str, Any], name: str, basis: torch.Tensor,
                  frame_grad: torch.Tensor, work: torch.dtype
