@@ -312,6 +312,19 @@ def test_labels_equal_to_the_inputs_of_a_model_that_does_not_shift_are_measured(
     assert result.clean_losses[0] == pytest.approx(float(own), rel=1e-6)
 
 
+@pytest.mark.parametrize("value", [2, -1])
+@pytest.mark.parametrize("dtype", [torch.long, torch.int32])
+def test_an_attention_mask_of_other_values_than_0_and_1_is_refused(value, dtype) -> None:
+    # this version of transformers attends a 2 like a 1, others mask it (1 - mask < 0): the
+    # value would depend on the version
+    model, ids, mask, y = _bert(0)
+    mask = mask.to(dtype)
+    mask[1, 0] = value
+    with pytest.raises(ValueError, match=rf"^batch 0: attention_mask holds the value {value}; "
+                                         r"its entries must be 1 \(a token\) or 0"):
+        _adaptive(model, [{"input_ids": ids, "attention_mask": mask, "labels": y}])
+
+
 @pytest.mark.parametrize("dtype", [torch.long, torch.bool])
 def test_a_sequence_without_a_token_is_refused(dtype) -> None:
     # BERT masks nothing in a row of zeros (every position attends to the padding): the value

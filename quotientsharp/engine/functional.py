@@ -257,6 +257,15 @@ class FunctionalModel:
             # an integer or boolean mask (1 = token, 0 = padding): a row of zeros is a sequence
             # with no token, which attention does not mask at all (every position attends to
             # every padding token) and whose loss means nothing
+            if mask.dtype != torch.bool:
+                # 1 = token, 0 = padding, nothing else: a 2 is attended by some versions of
+                # transformers (mask.bool()) and masked by others (1 - mask < 0), so the value
+                # would depend on the version
+                other = mask[(mask != 0) & (mask != 1)]
+                if other.numel():
+                    raise ValueError(f"{batch.label}: attention_mask holds the value "
+                                     f"{int(other[0])}; its entries must be 1 (a token) or 0 "
+                                     "(padding)")
             empty = (mask == 0).all(dim=-1).nonzero().flatten().tolist()
             if empty:
                 raise ValueError(f"{batch.label}: attention_mask is all zeros in row(s) "
