@@ -77,5 +77,5 @@ def test_study_seeds_build_their_data_lazily(tmp_path, monkeypatch):
     monkeypatch.setattr(family_run, "shuffled_pool", counted)
     monkeypatch.setattr(family_run, "_model_record", first_model)
     with pytest.raises(_Stop, match=r"first model after 1 pool\(s\)"):
-        main(["reproduce", "bert", "--quick", "--study-seeds", "100000", "--models", "1",
+        main(["reproduce", "bert", "--quick", "--study-seeds", "100000", "--models", "2",
               "--out", str(tmp_path / "bert"), "--no-progress", "--no-plots"])

@@ -32,7 +32,7 @@ BASE_INTEGERS = {"threads": 1, "seed": 0}
 INTEGERS = {
     ReproduceConfig: BASE_INTEGERS,
     DiagonalConfig: {**BASE_INTEGERS, "nets": 2, "per_net_seeds": 0},
-    FamilyConfig: {**BASE_INTEGERS, "models": 1, "study_seeds": 1, "n_iter": 1,
+    FamilyConfig: {**BASE_INTEGERS, "models": 2, "study_seeds": 1, "n_iter": 1,
                    "sharpness_points": 1, "sharpness_batch_size": 1},
     InvarianceConfig: BASE_INTEGERS,
     ReachConfig: BASE_INTEGERS,

@@ -92,7 +92,7 @@ def _add_family_options(parser: argparse.ArgumentParser, name: str,
                              "and Holm-corrected paired differences (default: one seed, the "
                              "single-seed study)")
     parser.add_argument("--models", type=int, default=None,
-                        help=f"number of models (default {sizes.full_models}, or "
+                        help=f"number of models, at least 2 (default {sizes.full_models}, or "
                              f"{sizes.quick_models} with --quick)")
     parser.add_argument("--device", default="cpu",
                         help="torch device of training and measuring, e.g. cuda (default cpu)")

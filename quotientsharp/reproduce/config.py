@@ -175,8 +175,9 @@ class FamilyConfig(ReproduceConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("models", "study_seeds", "n_iter", "sharpness_points",
-                     "sharpness_batch_size"):
+        # a Kendall tau needs pairs of models: one model gives every tau undefined
+        _check_integer("models", self.models, 2, optional=True)
+        for name in ("study_seeds", "n_iter", "sharpness_points", "sharpness_batch_size"):
             _check_integer(name, getattr(self, name), 1, optional=True)
 
 
