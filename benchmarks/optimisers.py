@@ -541,8 +541,8 @@ def run_task(task: Task, methods: dict[str, Make], steps: int, seeds: int,
 
 
 def _cell(choice: dict[str, Any] | None, key: str, digits: int) -> str:
-    if choice is None:
-        return "diverged"
+    if choice is None:         # every run diverged, or none stepped inside the budget
+        return "none"
     summary = choice[key]
     return f"{summary['mean']:.{digits}f} ± {summary['std']:.{digits}f}"
 
@@ -564,10 +564,13 @@ def table(results: dict[str, Any]) -> str:
                 continue
             steps, seconds = method["by_steps"], method["by_seconds"]
             grid = ", ".join(f"{lr:g}" for lr in method["grid"])
+            # no rate chosen: every run diverged, or (at the budget of seconds) none had a
+            # checkpoint inside it, its first step already longer than the whole budget
+            chosen = [f"{choice['lr']:g}" if choice else "-" for choice in (steps, seconds)]
             lines.append(
-                f"| {name} | {grid} | {steps['lr'] if steps else '-':g} | "
+                f"| {name} | {grid} | {chosen[0]} | "
                 f"{_cell(steps, 'test_loss', 4)} | {_cell(steps, 'test_acc', 3)} | "
-                f"{seconds['lr'] if seconds else '-':g} | {_cell(seconds, 'test_loss', 4)} | "
+                f"{chosen[1]} | {_cell(seconds, 'test_loss', 4)} | "
                 f"{_cell(seconds, 'test_acc', 3)} | {_cell(seconds, 'steps', 0)} | "
                 f"{1e3 * method['seconds_per_step']:.1f} |")
         lines.append("")
