@@ -10,8 +10,10 @@ torch's AdamW drifts apart, and a damped step keeps the property for orthogonal 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import io
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +22,13 @@ from quotientsharp.core.gl import GLQuotient
 from quotientsharp.models import QuotientBinding, find_symmetries
 from quotientsharp.models.layout import ParameterLayout
 from quotientsharp.models.quotient_adamw import QuotientAdamW
-from tests.tiny_models import Factored, lora_mlp, tiny_bert, tiny_bert_classifier
+from tests.tiny_models import (
+    Factored,
+    lora_mlp,
+    randomize_adapters,
+    tiny_bert,
+    tiny_bert_classifier,
+)
 
 peft = pytest.importorskip("peft")
 
@@ -498,13 +506,7 @@ def bert_adapters(seed, r=3):
     (one bucket of two pairs, query first)."""
     model = peft.get_peft_model(tiny_bert(seed, positions=8, dtype=torch.float64),
                                 peft.LoraConfig(r=r, target_modules=["query", "value"]))
-    generator = torch.Generator().manual_seed(seed + 100)
-    with torch.no_grad():
-        for name, tensor in model.named_parameters():
-            if "lora_" in name:
-                tensor.copy_(0.5 * torch.randn(tensor.shape, generator=generator,
-                                               dtype=tensor.dtype))
-    return model
+    return randomize_adapters(model, seed + 100)
 
 
 def bert_loss(net):
@@ -569,19 +571,13 @@ def test_from_zero_a_first_step_of_lower_rank_than_the_adapter_is_refused_next()
 
 
 def two_layer_bert_lora(seed, r):
-    """A float64 two-layer BERT (hidden 32, 2 heads) with PEFT's LoRA of rank ``r`` on the
-    query, key, value and attention output of both layers, from PEFT's start ``B = 0``."""
-    import transformers
-
-    torch.manual_seed(seed)
-    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, vocab_size=30,
-                                     max_position_embeddings=16, num_labels=3,
-                                     attn_implementation="eager", hidden_dropout_prob=0.0,
-                                     attention_probs_dropout_prob=0.0)
-    base = transformers.BertForSequenceClassification(config).to(torch.float64).eval()
-    return peft.get_peft_model(base, peft.LoraConfig(
-        r=r, target_modules=["query", "key", "value", "attention.output.dense"]))
+    """The float64 two-layer BERT of ``benchmarks/orbit_drift.py`` (hidden 32, 2 heads) with
+    PEFT's LoRA of rank ``r`` on the query, key, value and attention output, from ``B = 0``."""
+    spec = importlib.util.spec_from_file_location(
+        "orbit_drift", Path(__file__).resolve().parents[1] / "benchmarks" / "orbit_drift.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.adapted_bert(seed, r, random=False)
 
 
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")

@@ -76,11 +76,16 @@ def lora_mlp(seed: int = 0, r: int = 3, random: bool = True, dtype=torch.float64
                          nn.Linear(second, out, bias=head_bias)).to(dtype)
     model = peft.get_peft_model(base, peft.LoraConfig(r=r, target_modules=["0", "2"],
                                                       modules_to_save=["4"]))
-    if random:
-        generator = torch.Generator().manual_seed(seed + 100)
-        with torch.no_grad():
-            for name, tensor in model.named_parameters():
-                if "lora_" in name:
-                    tensor.copy_(0.5 * torch.randn(tensor.shape, generator=generator,
-                                                   dtype=tensor.dtype))
+    return randomize_adapters(model, seed + 100) if random else model
+
+
+def randomize_adapters(model, seed: int, scale: float = 0.5):
+    """``model`` with every LoRA factor drawn as ``scale`` times a standard Gaussian from
+    ``torch.Generator().manual_seed(seed)``, in the order of ``named_parameters``."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if "lora_" in name:
+                tensor.copy_(scale * torch.randn(tensor.shape, generator=generator,
+                                                 dtype=tensor.dtype))
     return model
