@@ -152,3 +152,53 @@ def test_a_map_that_is_not_a_group_action_is_refused():
     with pytest.raises(qs.SymmetryCheckError, match=r"binding 'relu units': NotAnAction fails "
                                                     r"act_is_action at the binding's point"):
         _measure(NotAnAction())
+
+
+class InPlaceProjection(ReLUNeuron):
+    def horizontal_projection(self, x, u):
+        # the right projection, computed by writing into the caller's tangent vector
+        a = _coefficient(x, u)
+        u[0].sub_(a * x[0])
+        u[1].add_(a * x[1])
+        return u[0], u[1]
+
+
+class RescalesPoint(ReLUNeuron):
+    def christoffel(self, x, u, v=None):
+        # a 'harmless' normalisation in place: x is a view of the model's parameters
+        x[1].mul_(1.0 + 1e-9)
+        return super().christoffel(x, u, v)
+
+
+class Float64Gradient(ReLUNeuron):
+    def euclidean_to_riemannian_gradient(self, x, egrad):
+        return tuple(t.double() for t in super().euclidean_to_riemannian_gradient(x, egrad))
+
+
+@pytest.mark.parametrize(("cls", "argument", "method"),
+                         [(InPlaceProjection, "u", "horizontal_projection"),
+                          (RescalesPoint, "x", "christoffel")])
+def test_a_method_writing_into_its_arguments_is_refused_and_the_model_kept(cls, argument,
+                                                                          method):
+    model = _mlp()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(qs.SymmetryCheckError) as info:
+        qs.sharpness(model, _batches(), measure="geodesic", rho=0.05, order=2, n_iter=3,
+                     symmetries=_binding(cls()), progress=False)
+    message = str(info.value)
+    assert f"{cls.__name__}.{method} changed its argument {argument} in place" in message
+    assert "relu units" in message
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
+def test_a_gradient_of_another_dtype_is_refused_naming_the_method():
+    model = _mlp().float()
+    generator = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(16, 5, generator=generator), torch.randint(0, 3, (16,),
+                                                                       generator=generator))]
+    with pytest.raises(qs.SymmetryCheckError,
+                       match=r"Float64Gradient\.euclidean_to_riemannian_gradient returned "
+                             r"component 0 of dtype torch\.float64, expected the point's "
+                             r"torch\.float32"):
+        qs.sharpness(model, batches, measure="geodesic", rho=0.05, order=2, n_iter=3,
+                     symmetries=_binding(Float64Gradient()), progress=False)

@@ -60,6 +60,32 @@ def _call(q: SymmetryQuotient, method: str, fn: Callable[[], Any]) -> Any:
                                   f"{message}") from err
 
 
+def _same(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """Equal entries, a NaN equal to a NaN (a point's NaN is another check's to name)."""
+    return bool(((before == after) | (before.isnan() & after.isnan())).all())
+
+
+def _call_pure(q: SymmetryQuotient, method: str, fn: Callable[[], Any],
+               arguments: Sequence[tuple[str, Sequence[torch.Tensor]]]) -> Any:
+    """:func:`_call`, then raise unless every tensor of ``arguments`` (name, tensors) holds
+    what it held before the call.
+
+    The engine's point is a view of the model's parameters and its tangent vectors are reused
+    after the call: a method that writes into its arguments (``u[0].sub_(...)``, ``x[1] /= n``)
+    changes the model, or a later step, and the value measured, silently.
+    """
+    kept = [(name, [t.detach().clone() for t in tensors]) for name, tensors in arguments]
+    out = _call(q, method, fn)
+    for (name, before), (_, now) in zip(kept, arguments, strict=True):
+        changed = [i for i, (b, a) in enumerate(zip(before, now, strict=True)) if not _same(b, a)]
+        if changed:
+            raise QuotientMethodError(
+                f"{type(q).__name__}.{method} changed its argument {name} in place (component "
+                f"{changed[0]}): a method must not write into its inputs (the point is the "
+                "model's parameters); compute into new tensors (a - b, not a.sub_(b))")
+    return out
+
+
 def _check_tensors(q: SymmetryQuotient, method: str, out: object, like: Sequence[torch.Tensor],
                    what: str = "the point's") -> Tensors:
     """``out`` is a tuple or list of finite tensors with the shapes and dtypes of ``like``."""
@@ -86,7 +112,7 @@ def _check_tensors(q: SymmetryQuotient, method: str, out: object, like: Sequence
 def _check_inner(q: SymmetryQuotient, x: Tensors, u: Tensors, label: str) -> None:
     """``inner(x, u, u)`` is a finite, positive tensor of the batch shape and the point's dtype."""
     name = f"{type(q).__name__}.inner"
-    value = _call(q, "inner", lambda: q.inner(x, u, u))
+    value = _call_pure(q, "inner", lambda: q.inner(x, u, u), (("x", x), ("u", u)))
     batch = T.batch_shape(x, q.point_ndims)
     if not isinstance(value, torch.Tensor):
         raise QuotientMethodError(f"{name} must return a tensor, got {type(value).__name__}")
@@ -155,12 +181,42 @@ def _check_vertical_injective(q: SymmetryQuotient, x: Tensors, shape: tuple[int,
             "vertical(x, a) must use every entry of a")
 
 
+def _check_operations(q: SymmetryQuotient, frozen: FrozenPoint, x: Tensors, u: Tensors
+                      ) -> None:
+    """The operations the engine, the optimisers and the adapters run on a tangent vector (the
+    quotient's, and those of a frozen point of its own): tensors of the point's shapes and
+    dtype, and their arguments left as they were.
+
+    A Riemannian gradient returned in float64 for a float32 point otherwise fails later, in
+    a check that blames the gradient's caller (``egrad[0] has dtype``).
+    """
+    operations: list[tuple[str, Callable[[], Any]]] = [
+        ("horizontal_projection", lambda: q.horizontal_projection(x, u)),
+        ("christoffel", lambda: q.christoffel(x, u)),
+        ("euclidean_to_riemannian_gradient", lambda: q.euclidean_to_riemannian_gradient(x, u)),
+        ("raise_index", lambda: q.raise_index(x, u))]
+    if type(frozen) is not FrozenPoint:
+        # a frozen point of its own (what the engine runs) need not call the methods above
+        operations += [
+            ("frozen_point(x).horizontal_projection", lambda: frozen.horizontal_projection(u)),
+            ("frozen_point(x).christoffel", lambda: frozen.christoffel(u)),
+            ("frozen_point(x).riemannian_gradient", lambda: frozen.riemannian_gradient(u)),
+            ("frozen_point(x).raise_index", lambda: frozen.raise_index(u))]
+    for method, operation in operations:
+        _check_tensors(q, method, _call_pure(q, method, operation, (("x", x), ("u", u))), x)
+
+
 def check_methods(q: SymmetryQuotient, x: Tensors) -> None:
     """Raise a :class:`QuotientMethodError` naming the first method of ``q`` whose output at
     the point ``x`` is malformed: ``algebra_shape``, ``vertical``, ``inner`` (positive on a random,
     a one-component and a vertical vector, and no negative eigenvalue of its dense matrix on a
-    small point), ``vertical`` injective (on a small point), ``horizontal_projection`` and an
-    overriding ``isotropic``."""
+    small point), ``vertical`` injective (on a small point), ``horizontal_projection``,
+    ``christoffel``, ``euclidean_to_riemannian_gradient``, ``raise_index`` (and those of an
+    overriding frozen point) and an overriding ``isotropic``; and that no method writes into its
+    arguments."""
+    # a copy: the caller's point may be a view of the model's parameters, which a method that
+    # writes into its arguments would change before the check names it
+    x = tuple(c.detach().clone() for c in x)
     nd = q.point_ndims
     batch = T.batch_shape(x, nd)
     gen = torch.Generator(device=x[0].device).manual_seed(METHOD_CHECK_SEED)
@@ -169,7 +225,8 @@ def check_methods(q: SymmetryQuotient, x: Tensors) -> None:
         raise QuotientMethodError(f"{type(q).__name__}.algebra_shape must return a tuple of "
                                   f"non-negative ints, got {shape!r}")
     a = torch.randn(*batch, *shape, generator=gen, dtype=x[0].dtype, device=x[0].device)
-    v = _check_tensors(q, "vertical", _call(q, "vertical", lambda: q.vertical(x, a)), x)
+    v = _check_tensors(q, "vertical", _call_pure(q, "vertical", lambda: q.vertical(x, a),
+                                                 (("x", x), ("a", (a,)))), x)
     u = tuple(torch.randn(c.shape, generator=gen, dtype=c.dtype, device=c.device) for c in x)
     _check_inner(q, x, u, "a random tangent vector")
     for i in range(len(x)):
@@ -179,15 +236,15 @@ def check_methods(q: SymmetryQuotient, x: Tensors) -> None:
         _check_inner(q, x, v, "a vertical vector")
     _check_eigenvalues(q, x)
     _check_vertical_injective(q, x, shape)
-    _check_tensors(q, "horizontal_projection",
-                   _call(q, "horizontal_projection", lambda: q.horizontal_projection(x, u)), x)
     frozen = _call(q, "frozen_point", lambda: q.at(x))
+    _check_operations(q, frozen, x, u)
     if type(frozen).isotropic is FrozenPoint.isotropic:
         # the generic draw is the Cholesky factor of the dense metric (inner's, checked above):
         # correct by construction, and quadratic in the point's size
         return
     iso = _check_tensors(q, "frozen_point(x).isotropic",
-                         _call(q, "frozen_point(x).isotropic", lambda: frozen.isotropic(gen)), x)
+                         _call_pure(q, "frozen_point(x).isotropic", lambda: frozen.isotropic(gen),
+                                    (("x", x),)), x)
     if not any(bool(t.ne(0).any()) for t in iso):
         raise QuotientMethodError(f"{type(q).__name__}.frozen_point(x).isotropic returned zeros: "
                                   "a Gaussian tangent vector is never zero")
