@@ -720,3 +720,42 @@ def test_riemannian_adam_is_invariant_and_coordinatewise_adam_is_not(metric, see
     assert products(lambda p: geoopt.optim.RiemannianAdam(p, lr=0.02)) < 1e-10
     assert products(lambda p: geoopt.optim.RiemannianSGD(p, lr=1e-3)) < 1e-10
     assert products(lambda p: torch.optim.Adam(p, lr=0.02)) > 1e-3
+
+
+class _WrongChristoffelNeuron(SymmetryQuotient):
+    """The ReLU unit's scaling quotient with a Christoffel contraction off by a factor 2."""
+
+    point_ndims = (1, 1)
+
+    def inner(self, x, u, v):
+        return ((u[0] * v[0]).sum(-1) / x[0].square().sum(-1)
+                + (u[1] * v[1]).sum(-1) / x[1].square().sum(-1))
+
+    def vertical(self, x, a):
+        return a * x[0], -a * x[1]
+
+    def act(self, x, g):
+        return g * x[0], x[1] / g
+
+    def algebra_shape(self, x):
+        return (1,)
+
+    def christoffel(self, x, u, v=None):
+        return tuple(2 * c for c in reference.christoffel(self, x, u, v))
+
+
+class _WrongGradientNeuron(_WrongChristoffelNeuron):
+    christoffel = SymmetryQuotient.christoffel
+
+    def euclidean_to_riemannian_gradient(self, x, egrad):
+        # the Euclidean gradient projected, not raised
+        return reference.horizontal_projection(self, x, egrad)
+
+
+@pytest.mark.parametrize(("cls", "prop"), [(_WrongChristoffelNeuron, "christoffel_vs_reference"),
+                                           (_WrongGradientNeuron, "gradient_vs_reference")])
+def test_adapters_refuse_a_user_quotient_with_a_wrong_closed_form(cls, prop):
+    with pytest.raises(ValueError, match=rf"QuotientManifold: {cls.__name__} fails {prop}"):
+        QuotientManifold(cls(), ((4,), (3,)))
+    with pytest.raises(ValueError, match=rf"PymanoptQuotient: {cls.__name__} fails {prop}"):
+        PymanoptQuotient(cls(), ((4,), (3,)), batch_shape=(2,))

@@ -567,8 +567,8 @@ def _horizontality(q: SymmetryQuotient, x: Tensors, u: Tensors, gen: torch.Gener
 
 
 def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
-                   tolerance: float = CONTRACT_TOLERANCE, group_scale: float = 1.0
-                   ) -> list[CheckResult]:
+                   tolerance: float = CONTRACT_TOLERANCE, group_scale: float = 1.0,
+                   group: bool = True) -> list[CheckResult]:
     """The contract of a quotient at the point ``x``, cheaply: what the sharpness engine
     relies on, checked before it measures with a user's quotient.
 
@@ -603,6 +603,10 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
         Bound of every relative error.
     group_scale
         Scale of the random group element's algebra element (``random_group_element``).
+    group
+        Whether to check the group (``vertical``, ``act``, ``act_tangent``, the metric's
+        invariance); ``False`` for a user of the metric and its operations only (the
+        adapters), which then need no ``group_exp``.
 
     Returns
     -------
@@ -624,15 +628,17 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
     u = _random_tangent_raw(x, nd, gen)
     w = _random_tangent_raw(x, nd, gen)
     a = _random_algebra(q, x, gen)
-    add(*_vertical_check(q, x, a))
-    add(*_action_check(q, x, group_scale * a))
+    if group:
+        add(*_vertical_check(q, x, a))
+        add(*_action_check(q, x, group_scale * a))
     add(*_symmetry_check(q, x, u, w))
-    g = q.random_group_element(x, scale=group_scale, generator=gen)
-    check_group_element_moves(q, x, g)
-    if _overrides(q, "act_tangent"):
-        add(*_act_tangent_check(q, x, u, g))
-    if getattr(q, "invariant", True):
-        add(*_invariance_check(q, x, u, w, g))
+    if group:
+        g = q.random_group_element(x, scale=group_scale, generator=gen)
+        check_group_element_moves(q, x, g)
+        if _overrides(q, "act_tangent"):
+            add(*_act_tangent_check(q, x, u, g))
+        if getattr(q, "invariant", True):
+            add(*_invariance_check(q, x, u, w, g))
     if not any(_overrides(q, m) for m in CONTRACT_METHODS):
         return results
 
@@ -727,11 +733,16 @@ def check_user_quotient(quotient: SymmetryQuotient, owner: str, *,
     counts, shapes, dtypes, finiteness, a positive definite ``inner``); the package's own are
     skipped (the test suite verifies them).
 
+    Then the operations the adapters run against their references
+    (:func:`check_contract` with ``group=False``: the symmetry of ``inner``, and the overriding
+    projection, gradient, ``raise_index``, Christoffel contraction and geodesics), each failure
+    naming the property.
+
     For the adapters, which check once, at construction, and have no model point: a random
-    Gaussian point, as ``random_point`` draws (seed 0, float64). Not the whole
-    :func:`check_contract`: it draws group elements through ``act`` and ``group_exp``, which
+    Gaussian point, as ``random_point`` draws (seed 0, float64). Not the group's checks of
+    :func:`check_contract`: they draw group elements through ``act`` and ``group_exp``, which
     the adapters never call (a class may leave ``group_exp`` at its default and still be a
-    valid manifold for them); ``quotientsharp verify --quotient`` runs it.
+    valid manifold for them); ``quotientsharp verify --quotient`` runs them.
     """
     if builtin_quotient(quotient):
         return
@@ -741,3 +752,12 @@ def check_user_quotient(quotient: SymmetryQuotient, owner: str, *,
         diagnose(quotient, x)
     except (QuotientMethodError, DegeneratePointError) as err:
         raise ValueError(f"{owner}: {err}") from err
+    # a wrong closed form otherwise moves every iterate of the optimiser, silently
+    # another seed than the point's: the same draws would make the first tangent vector the
+    # point itself, horizontal for a scaling symmetry, which tests no projection
+    for result in check_contract(quotient, x, seed=1, group=False):
+        if not result.passed:
+            raise ValueError(
+                f"{owner}: {type(quotient).__name__} fails {result.name} (relative error "
+                f"{result.error:.3g}, tolerance {result.tolerance:.3g}: {result.detail}); "
+                "`quotientsharp verify --quotient` runs the full checks")
