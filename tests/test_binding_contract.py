@@ -202,3 +202,22 @@ def test_a_gradient_of_another_dtype_is_refused_naming_the_method():
                              r"torch\.float32"):
         qs.sharpness(model, batches, measure="geodesic", rho=0.05, order=2, n_iter=3,
                      symmetries=_binding(Float64Gradient()), progress=False)
+
+
+class Order2Exact(ReLUNeuron):
+    def geodesic_exact(self, x, u, t=1.0, steps=16):
+        # the order-2 expansion offered as the exact geodesic: right to O(|u|^3) only
+        gamma = self.christoffel(x, u)
+        return tuple(p + t * a - 0.5 * t * t * c for p, a, c in zip(x, u, gamma, strict=True))
+
+
+def test_an_exact_geodesic_right_only_to_second_order_is_refused(monkeypatch):
+    def measure(quotient):
+        return qs.sharpness(_mlp(), _batches(), measure="geodesic", rho=0.05, order="exact",
+                            n_iter=3, symmetries=_binding(quotient), progress=False).value
+
+    with pytest.raises(qs.SymmetryCheckError, match="Order2Exact fails exact_geodesic_vs_ode"):
+        measure(Order2Exact())
+    # unchecked, it measures the order-2 path's value as the exact one's, silently
+    monkeypatch.setattr(symmetry_check, "builtin_quotient", lambda quotient: True)
+    assert measure(Order2Exact()) != measure(ReLUNeuron())
