@@ -350,5 +350,6 @@ def _moved(where: Mapping[str, Any]) -> str:
 
 
 def _times(ratio: float | None) -> str:
-    return "a ratio that is not finite (the path overflowed) x" if ratio is None \
+    return "a ratio that is not finite (a norm of 0 that moved, or a path that overflowed) x" \
+        if ratio is None \
         else f"{ratio:.3g} x"
