@@ -670,3 +670,16 @@ def test_a_degenerate_adapter_is_in_the_symmetries_report_not_a_warning(fresh_ad
     assert {adapter["status"] for adapter in report["adapters"]} == {"degenerate"}
     assert any("degenerate LoRA adapter(s)" in note for note in report["notes"])
 
+
+
+def test_the_table_never_prints_a_reach_higher_than_it_is() -> None:
+    # the lowest reach is a lower bound: 0.99996 rounded would read 1.000, and 0.98951, which
+    # the note flags as below 0.99, would read 0.990
+    from quotientsharp.cli.measure_output import results_table
+    for reach, shown in ((0.99996, "0.999"), (0.98951, "0.989")):
+        result = qs.SharpnessResult(measure="adaptive", value=1.0, per_batch=[1.0],
+                                    settings={"rho": 0.1}, perturbation_norms=[{"total": 0.1}],
+                                    clean_losses=[2.0], reach=[1.0, reach],
+                                    evaluations=[8, 8])
+        row = results_table([("adaptive", result, 1.0)]).splitlines()[-1]
+        assert row.split()[-3] == shown
