@@ -23,6 +23,7 @@ from quotientsharp.models.symmetry_check import (
     check_structure,
 )
 
+
 def no_symmetry_note(other_metric: str = "adaptive", other_path: str = "line",
                      order: int | str = 2) -> str:
     """What geodesic sharpness equals on a model without symmetry, where every parameter is in

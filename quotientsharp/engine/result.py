@@ -183,8 +183,8 @@ class SharpnessResult:
         if agreement < REACH_TARGET:
             valued = sum(c is not None for c in chains)
             reasons.append("no other chain with a finite value confirms the best" if valued < 2
-                           else f"the chains disagree: the second best reached {reach_text(agreement)} "
-                           "of the best")
+                           else "the chains disagree: the second best reached "
+                           f"{reach_text(agreement)} of the best")
         best = best_chain(chains)
         shortfalls = self.chain_shortfalls[index] if index < len(self.chain_shortfalls) else []
         if best is not None and best < len(shortfalls) and 1 - shortfalls[best] < REACH_TARGET:
