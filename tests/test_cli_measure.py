@@ -670,3 +670,38 @@ def test_a_degenerate_adapter_is_in_the_symmetries_report_not_a_warning(fresh_ad
     assert {adapter["status"] for adapter in report["adapters"]} == {"degenerate"}
     assert any("degenerate LoRA adapter(s)" in note for note in report["notes"])
 
+
+
+@pytest.mark.parametrize("measures, advice", [
+    ("adaptive", "use a smaller --rho"),
+    ("adaptive,worst_case", "use --measure adaptive (its ball moves every weight in proportion "
+                            "to its size), or a smaller --rho")])
+def test_the_locality_advice_names_only_options_the_measures_take(
+        tmp_path, capsys, measures: str, advice: str) -> None:
+    # --order and --metric are refused without geodesic: advising them for a far adaptive or
+    # worst-case ball sent the user to an error
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 3)).double()
+    torch.save(model, tmp_path / "net.pt")
+    torch.save((torch.randn(8, 6, dtype=torch.float64), torch.randint(0, 3, (8,))),
+               tmp_path / "xy.pt")
+    assert main(["measure", str(tmp_path / "net.pt"), str(tmp_path / "xy.pt"), "--measure",
+                 measures, "--rho", "50", "--n-iter", "3", "--batch-size", "8",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "the ball is not local" in out
+    assert f"where the ball is not local, {advice} (docs/sharpness.md" in out
+    assert "--order exact" not in out and "--metric" not in out
+
+
+def test_the_table_never_prints_a_reach_higher_than_it_is() -> None:
+    # the lowest reach is a lower bound: 0.99996 rounded would read 1.000, and 0.98951, which
+    # the note flags as below 0.99, would read 0.990
+    from quotientsharp.cli.measure_output import results_table
+    for reach, shown in ((0.99996, "0.999"), (0.98951, "0.989")):
+        result = qs.SharpnessResult(measure="adaptive", value=1.0, per_batch=[1.0],
+                                    settings={"rho": 0.1}, perturbation_norms=[{"total": 0.1}],
+                                    clean_losses=[2.0], reach=[1.0, reach],
+                                    evaluations=[8, 8])
+        row = results_table([("adaptive", result, 1.0)]).splitlines()[-1]
+        assert row.split()[-3] == shown

@@ -225,6 +225,38 @@ def test_geodesic_without_symmetry_warns_and_says_how_to_bind_one():
         qs.sharpness(mlp, [batch], rho=0.05, n_iter=3, progress=False, symmetries="none")
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_the_no_symmetry_warning_says_what_geodesic_sharpness_equals_with_other_options(seed):
+    # with other_metric="euclidean" the other factor is the plain L2 ball: worst-case
+    # sharpness, not adaptive, which the warning used to claim; along the adaptive metric's
+    # geodesic at order 2 it is neither
+    torch.manual_seed(seed)
+    mlp = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    batch = (torch.randn(16, 5, dtype=torch.float64), torch.randint(0, 3, (16,)))
+    measured = {}
+    for name, options in (("euclidean", {"other_metric": "euclidean"}),
+                          ("path", {"other_path": "geodesic"}),
+                          ("path order 1", {"other_path": "geodesic", "order": 1})):
+        with pytest.warns(qs.NoSymmetryWarning) as got:
+            measured[name] = qs.sharpness(mlp, [batch], rho=0.05, n_iter=3, progress=False,
+                                          reach=False, **options).value
+        (note,) = (str(w.message) for w in got if w.category is qs.NoSymmetryWarning)
+        assert "--symmetry" in note
+        if name == "euclidean":
+            assert "equals worst-case sharpness (p=2)" in note
+        elif name == "path":
+            assert "equals" not in note and "other_path='geodesic'" in note
+        else:
+            assert "equals adaptive sharpness" in note
+    worst = qs.sharpness(mlp, [batch], rho=0.05, n_iter=3, progress=False, reach=False,
+                         measure="worst_case").value
+    adaptive = qs.sharpness(mlp, [batch], rho=0.05, n_iter=3, progress=False, reach=False,
+                            measure="adaptive").value
+    assert measured["euclidean"] == pytest.approx(worst, rel=1e-9)
+    assert measured["path order 1"] == pytest.approx(adaptive, rel=1e-9)
+    assert measured["path"] != pytest.approx(adaptive, rel=1e-6)
+
+
 def _train_mode_batchnorm():
     model, batches = _batchnorm_model()
     model.train()

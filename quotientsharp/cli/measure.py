@@ -146,8 +146,21 @@ def _print_notes(args: argparse.Namespace, config: SharpnessConfig, no_symmetry:
             print(f"note: {label}, {note}")
     if any(short.values()):
         print("note: a value whose reach is below 0.99 may not be the maximum: search longer "
-              "(--chains 8 --n-iter 50); where the ball is not local, use --order exact, "
-              "--metric inv or a smaller --rho (docs/sharpness.md, 'Reach and locality')")
+              f"(--chains 8 --n-iter 50){_locality_advice(measured)} (docs/sharpness.md, "
+              "'Reach and locality')")
+
+
+def _locality_advice(measured: dict[str, SharpnessResult]) -> str:
+    """What keeps the balls that are not local local, for the measures whose balls are not
+    (the options of other measures would be refused: ``--metric`` without geodesic)."""
+    wide = {result.measure for result in measured.values() if result.local is False}
+    if not wide:
+        return ""
+    options = (["--order exact", "--metric inv"] if "geodesic" in wide else []) + (
+        ["--measure adaptive (its ball moves every weight in proportion to its size)"]
+        if "worst_case" in wide else [])
+    either = f"{', '.join(options)}, or " if options else ""
+    return f"; where the ball is not local, use {either}a smaller --rho"
 
 
 def _print_diagnostics(args: argparse.Namespace, measured: dict[str, SharpnessResult]) -> None:

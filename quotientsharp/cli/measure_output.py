@@ -72,11 +72,13 @@ def results_table(rows: Sequence[tuple[str, Any, float]]) -> str:
     """The text table of stdout: one line per ``(label, result, seconds)`` (value, batch range,
     clean loss, the lowest reach estimate over the batches, whether every ball was local,
     time)."""
+    from quotientsharp.engine.result import reach_text
+
     header = (f"{'measure':28s} {'value':>12s} {'min batch':>12s} {'max batch':>12s} "
               f"{'clean loss':>11s} {'reach':>6s} {'local':>5s} {'seconds':>8s}")
     lines = [header, "-" * len(header)]
     for label, result, seconds in rows:
-        reach = "-" if result.min_reach is None else f"{result.min_reach:.3f}"
+        reach = "-" if result.min_reach is None else reach_text(result.min_reach)
         local = {None: "-", True: "yes", False: "no"}[result.local]
         losses = result.clean_losses
         lines.append(f"{label:28s} {result.value:12.5g} {min(result.per_batch):12.5g} "

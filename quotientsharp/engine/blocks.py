@@ -236,23 +236,24 @@ def _within(ratio: float | None, label: str | None, bound: float) -> bool:
 
 
 def _entry_ratios(top: Sequence[torch.Tensor], bottom: Sequence[torch.Tensor],
-                  ndims: Sequence[int]) -> torch.Tensor:
+                  ndims: Sequence[int], scale_free: bool = False) -> torch.Tensor:
     """Per tensor and folded entry, ``||top|| / ||bottom||`` over the point's own dimensions
-    (entries with ``bottom = 0`` give ``0``), ``shape=[tensors, entries]``; where a norm
-    overflows the tensors' dtype, the ratio is taken in float64 (one host sync)."""
+    (entries with ``bottom = 0``: :func:`_ratio`; ``0`` with ``scale_free``),
+    ``shape=[tensors, entries]``; where a norm overflows the tensors' dtype, the ratio is taken
+    in float64 (one host sync)."""
     rows = []
     for a, b, k in zip(top, bottom, ndims, strict=True):
         dims = tuple(range(a.dim() - k, a.dim()))
         num = torch.linalg.vector_norm(a, dim=dims).reshape(-1)
         den = torch.linalg.vector_norm(b, dim=dims).reshape(-1)
-        rows.append(torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny),
-                                torch.zeros_like(num)))
+        rows.append(_ratio(num, den, 0.0 if scale_free else math.inf))
     width = max(r.numel() for r in rows)
     table = torch.stack([torch.nn.functional.pad(r, (0, width - r.numel())) for r in rows])
     finite = torch.isfinite(table)
     if table.dtype == torch.float64 or bool(finite.all()):
         return table
-    wide = _entry_ratios([t.double() for t in top], [t.double() for t in bottom], ndims)
+    wide = _entry_ratios([t.double() for t in top], [t.double() for t in bottom], ndims,
+                         scale_free)
     return torch.where(finite, table.double(), wide)
 
 
@@ -273,16 +274,26 @@ def _metric_ratios(factor: Any, top: Tensors, bottom: Tensors) -> torch.Tensor:
     factors do (a group element rescales the factors). Under mix the
     ratio of ``G`` is ``||dG H^T|| / ||G H^T||`` (the product's relative change from ``G``'s
     move), under inv ``||dG S_G^{-1/2}|| / ||G S_G^{-1/2}||`` (each direction relative to ``G``'s
-    own singular value), under the Euclidean metric the Frobenius ratio.
+    own singular value), under the Euclidean metric the Frobenius ratio (a norm ``0`` at the
+    point: :func:`_ratio`).
     """
     rows = []
     for j in range(len(top)):
         alone = [tuple(t if i == j else torch.zeros_like(t) for i, t in enumerate(pair))
                  for pair in (top, bottom)]
         num, den = (factor.norm(part).reshape(-1) for part in alone)
-        rows.append(torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny),
-                                torch.zeros_like(num)))
+        rows.append(_ratio(num, den))
     return torch.stack(rows)
+
+
+def _ratio(num: torch.Tensor, den: torch.Tensor, from_zero: float = math.inf) -> torch.Tensor:
+    """``num / den`` per entry (``shape=[entries]``): ``0`` where both are ``0`` (an entry of
+    norm 0 that did not move, as the adaptive ball keeps every zero weight), ``from_zero`` where
+    only ``den`` is: by default ``inf`` (an entry of norm 0 that moved has moved by more than any
+    multiple of its norm: a zero bias under ``other_metric="euclidean"``), which
+    :class:`Locality` reports as a ratio that is not finite."""
+    zero_norm = torch.where(num > 0, torch.full_like(num, from_zero), torch.zeros_like(num))
+    return torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny), zero_norm)
 
 
 def _worst(ratios: list[tuple[torch.Tensor, list[str]]]) -> tuple[float | None, str | None]:
@@ -325,7 +336,10 @@ def locality(geometry: GeodesicBall | BoxGeometry, coordinates: Any, blocks: Seq
             tops, bottoms, names = [torch.cat(tops)], [torch.cat(bottoms)], [TOGETHER]
         result: dict[str, Any] = {"displacement": 0.0, "parameter": None, **factors}
         if names:
-            table = _entry_ratios(tops, bottoms, [1] * len(tops)).reshape(1, -1)
+            # a model whose parameters are all 0 gives the absolute ball no size to be judged
+            # against: its displacement stays 0, as it always was
+            table = _entry_ratios(tops, bottoms, [1] * len(tops),
+                                  scale_free=absolute).reshape(1, -1)
             result["displacement"], result["parameter"] = _worst([(table, names)])
     return Locality(**result)
 

@@ -23,12 +23,30 @@ from quotientsharp.models.symmetry_check import (
     check_structure,
 )
 
-#: Why geodesic sharpness equals adaptive sharpness on a model without symmetry, and what to do.
-NO_SYMMETRY_NOTE = (
-    "no symmetry was found or bound, so geodesic sharpness equals adaptive sharpness here (every "
-    "parameter is in the adaptive factor); to measure a symmetry discovery does not know, bind "
-    "its quotient: symmetries=QuotientBinding(...) in the API, --symmetry MODULE:FUNCTION on the "
-    "command line, a 'symmetry' field in a study manifest (docs/tutorial-custom-symmetry.md)")
+
+def no_symmetry_note(other_metric: str = "adaptive", other_path: str = "line",
+                     order: int | str = 2) -> str:
+    """What geodesic sharpness equals on a model without symmetry, where every parameter is in
+    the other factor (its ``other_metric``, ``other_path`` and ``order``), and what to do."""
+    if other_metric == "euclidean":
+        same = ("geodesic sharpness equals worst-case sharpness (p=2) here (every parameter is in "
+                "the other factor, with other_metric='euclidean')")
+    elif other_path == "geodesic" and order != 1:
+        same = ("every parameter is in the adaptive factor, moved along its geodesic "
+                "(other_path='geodesic'): adaptive sharpness's ball on another path, with no "
+                "symmetry quotiented out")
+    else:
+        same = ("geodesic sharpness equals adaptive sharpness here (every parameter is in the "
+                "adaptive factor)")
+    return (f"no symmetry was found or bound, so {same}; to measure a symmetry discovery does "
+            "not know, bind its quotient: symmetries=QuotientBinding(...) in the API, --symmetry "
+            "MODULE:FUNCTION on the command line, a 'symmetry' field in a study manifest "
+            "(docs/tutorial-custom-symmetry.md)")
+
+
+#: Why geodesic sharpness equals adaptive sharpness on a model without symmetry, and what to do
+#: (the note of the default options, which ``measure`` and ``study`` always use).
+NO_SYMMETRY_NOTE = no_symmetry_note()
 
 
 #: What the ``symmetries`` option may be, in the words of its errors.
@@ -70,9 +88,11 @@ def check_diagonal(diagonal: object) -> None:
 
 
 def symmetry_layout(model: nn.Module, functional: FunctionalModel, symmetries: Any,
-                    diagonal: Any) -> tuple[Any | None, dict[str, Any]]:
+                    diagonal: Any, note: str = NO_SYMMETRY_NOTE
+                    ) -> tuple[Any | None, dict[str, Any]]:
     """The symmetry layout (``None``, a layout or a list of bindings) and a settings summary
-    (``symmetries`` was checked by :func:`check_symmetries` when the measure was made)."""
+    (``symmetries`` was checked by :func:`check_symmetries` when the measure was made);
+    ``note``: the warning where discovery finds no symmetry (:func:`no_symmetry_note`)."""
     bindings = user_bindings(symmetries)
     if bindings:
         return bindings, {"symmetries": "bindings", "symmetry_found": True,
@@ -99,7 +119,7 @@ def symmetry_layout(model: nn.Module, functional: FunctionalModel, symmetries: A
                        "parameters are measured with the adaptive geometry", UserWarning)
     layout = ParameterLayout(report, functional.theta_geometry)
     if not report.pairs and not report.diagonal:
-        warn_at_caller(NO_SYMMETRY_NOTE, NoSymmetryWarning)
+        warn_at_caller(note, NoSymmetryWarning)
     summary = {"symmetries": "report", "symmetry_found": bool(report.pairs or report.diagonal),
                "gl_pairs": len(report.pairs),
                "gl_buckets": [list(shape) for shape in layout.bucket_shapes],

@@ -40,6 +40,7 @@ from quotientsharp.engine.layouts import (
     check_diagonal,
     check_symmetries,
     check_user_bindings,
+    no_symmetry_note,
     symmetry_layout,
     user_bindings,
 )
@@ -523,7 +524,9 @@ class GeodesicSpec(AscentSpec):
 
     def build(self, model: nn.Module, functional: FunctionalModel, generator: torch.Generator
               ) -> tuple[Measure, dict[str, Any]]:
-        layout, extra = symmetry_layout(model, functional, self.symmetries, self.diagonal)
+        layout, extra = symmetry_layout(
+            model, functional, self.symmetries, self.diagonal,
+            no_symmetry_note(self.other_metric, self.other_path, self.order))
         if isinstance(layout, list):
             # bindings bring their own quotients: the discovery options do not apply
             defaults = self.defaults()

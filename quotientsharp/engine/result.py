@@ -162,7 +162,7 @@ class SharpnessResult:
                              "ball, or every step the solver took was too long; check with "
                              "reference_solve=True, a smaller rho or more steps")
                 continue
-            notes.append(f"batch {index}: reach estimate {reach:.3f} (the search's chains "
+            notes.append(f"batch {index}: reach estimate {reach_text(reach)} (the search's chains "
                          f"reached {found}: {self._short_because(index)})")
         for index, where in enumerate(self.locality):
             if not where["local"]:
@@ -183,8 +183,8 @@ class SharpnessResult:
         if agreement < REACH_TARGET:
             valued = sum(c is not None for c in chains)
             reasons.append("no other chain with a finite value confirms the best" if valued < 2
-                           else f"the chains disagree: the second best reached {agreement:.3f} "
-                           "of the best")
+                           else "the chains disagree: the second best reached "
+                           f"{reach_text(agreement)} of the best")
         best = best_chain(chains)
         shortfalls = self.chain_shortfalls[index] if index < len(self.chain_shortfalls) else []
         if best is not None and best < len(shortfalls) and 1 - shortfalls[best] < REACH_TARGET:
@@ -261,11 +261,19 @@ class SharpnessResult:
             note += (f", reference solve {self.reference_value:.6g}: gap {gap:.3g} "
                      f"({100 * relative:.3g}%)")
         if self.min_reach is not None:
-            note += f", reach >= {self.min_reach:.3f}"
+            note += f", reach >= {reach_text(self.min_reach)}"
         if self.local is False:
             note += ", ball not local"
         return (f"{self.measure} sharpness{variant} {self.value:.6g} over "
                 f"{len(self.per_batch)} batch(es) (rho={self.settings.get('rho')}{note})")
+
+
+def reach_text(reach: float) -> str:
+    """A reach estimate in ``[0, 1]`` with three decimals, cut rather than rounded: it is a lower
+    bound, so it prints no higher than it is (``0.99996`` is ``0.999``, not ``1.000``, and
+    ``0.9896``, below :data:`REACH_TARGET`, is ``0.989``, not ``0.990``)."""
+    # twelve decimals first, so that a share such as 0.29 (0.28999... in binary) stays 0.290
+    return f"{reach:.12f}"[:-9]
 
 
 def _relative(gap: float, reference: float) -> float:
@@ -350,5 +358,6 @@ def _moved(where: Mapping[str, Any]) -> str:
 
 
 def _times(ratio: float | None) -> str:
-    return "a ratio that is not finite (the path overflowed) x" if ratio is None \
+    return "a ratio that is not finite (a norm of 0 that moved, or a path that overflowed) x" \
+        if ratio is None \
         else f"{ratio:.3g} x"

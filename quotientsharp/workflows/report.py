@@ -162,6 +162,8 @@ def _with_interval(value: float | None, low: float | None, high: float | None) -
 
 def tau_table(taus: Sequence[Mapping[str, Any]], markdown: bool = True) -> str:
     """The taus as a markdown table, or as aligned plain text for the console."""
+    from quotientsharp.engine.result import reach_text
+
     level = f"{100 * taus[0]['confidence']:g}%" if taus else "95%"
     header = ["measure", "N", f"Kendall tau-a [{level} interval]",
               f"Kendall tau-b [{level} interval]"]
@@ -174,7 +176,7 @@ def tau_table(taus: Sequence[Mapping[str, Any]], markdown: bool = True) -> str:
         header += ["reach >= 0.99", "min reach", "local"]
         for cell, row in zip(cells, taus, strict=True):
             low = row.get("reach_min")
-            cell += [_share(row.get("reached")), "-" if low is None else f"{low:.3f}",
+            cell += [_share(row.get("reached")), "-" if low is None else reach_text(low),
                      _share(row.get("local"))]
     if markdown:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
