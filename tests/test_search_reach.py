@@ -19,6 +19,7 @@ import quotientsharp as qs
 from quotientsharp.core import reference
 from quotientsharp.engine.ball import GeodesicBall
 from quotientsharp.engine.blocks import locality
+from quotientsharp.engine.result import local_radius
 from quotientsharp.engine.solver import SearchSettings, reach_estimate
 
 DUMMY = [(torch.zeros(1), torch.zeros(1))]
@@ -341,6 +342,25 @@ def test_a_non_local_ball_warns() -> None:
     assert result.local is False and not result.locality[0]["local"]
     assert result.locality[0]["second_order"] > 0.5 or result.locality[0]["displacement"] > 1
     assert math.isfinite(result.value)
+
+
+def test_a_non_local_ball_names_a_radius_where_its_direction_is_local() -> None:
+    model, batch = _tiny_transformer(0)
+    with torch.no_grad():
+        model[0].self_attn.in_proj_weight[16:] *= 1e-3
+    options = dict(measure="geodesic", metric="mix", n_iter=4, progress=False, reach=False)
+    with pytest.warns(qs.ReachWarning) as caught:
+        wide = qs.sharpness(model, [batch], rho=0.3, **options)
+    radius = local_radius(wide.locality[0], 0.3)
+    assert radius is not None and radius < 0.3
+    assert any(f"the ball is local at rho = {radius:.3g}" in str(w.message) for w in caught)
+    # measured again there, the ball is local (on this model the maximiser keeps its head)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", qs.ReachWarning)
+        again = qs.sharpness(model, [batch], rho=radius, **options)
+    assert again.locality[0]["local"]
+    # a ball that is local suggests nothing smaller
+    assert local_radius(again.locality[0], radius) == radius
 
 
 @pytest.mark.parametrize("given, taken", [(2.0, 2), (1.0, 1)])

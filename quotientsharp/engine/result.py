@@ -14,7 +14,7 @@ from typing import Any, cast
 import torch
 
 from quotientsharp.core.validation import warn_at_caller
-from quotientsharp.engine.blocks import LOCAL_SECOND_ORDER, TOGETHER
+from quotientsharp.engine.blocks import LOCAL_DISPLACEMENT, LOCAL_SECOND_ORDER, TOGETHER
 from quotientsharp.engine.measures import BatchOutcome, excess
 from quotientsharp.engine.solver import best_chain, reach_estimate
 
@@ -171,7 +171,8 @@ class SharpnessResult:
                              + ("; the order-2 path there is an extrapolation with many local "
                                 "maxima, so the value and its reach estimate are the best "
                                 "found, not the maximum"
-                                if (where["second_order"] or 0) > LOCAL_SECOND_ORDER else ""))
+                                if (where["second_order"] or 0) > LOCAL_SECOND_ORDER else "")
+                             + _local_radius_note(where, self.settings.get("rho")))
         return notes
 
     def _short_because(self, index: int) -> str:
@@ -355,6 +356,41 @@ def _moved(where: Mapping[str, Any]) -> str:
                      "in the metric"),
              (curved, f"second-order term {_times(where['second_order'])} the first ({curved})")]
     return ", ".join(text for label, text in parts if label is not None)
+
+
+def local_radius(where: Mapping[str, Any], rho: float) -> float | None:
+    """About the largest radius at which the ball is local along the direction of a batch's
+    best perturbation (its :class:`~.blocks.Locality` ``where``, found at radius ``rho``);
+    ``None`` where a ratio is not finite.
+
+    Along one direction ``xi = r u`` the second-order ratio ``||Gamma(xi, xi) / 2|| / ||xi||``
+    is ``r`` times that of ``u``, and the displacements are ``r`` times the first-order one
+    plus ``r^2`` times the second-order one: each figure shrinks at least in proportion to the
+    radius while the second-order term is below the first, so ``rho`` over the largest of the
+    figures' ratios to their bounds is a radius where the found direction is local. The
+    maximiser at that radius may point elsewhere: measure again.
+    """
+    figures = [(where.get("second_order"), LOCAL_SECOND_ORDER),
+               (where.get("factor_displacement"), LOCAL_DISPLACEMENT),
+               (where.get("displacement"), LOCAL_DISPLACEMENT)]
+    if any(value is None and label is not None for (value, _), label in zip(
+            figures, (where.get("second_order_factor"), where.get("factor"),
+                      where.get("parameter")), strict=True)):
+        return None
+    excess = max(value / bound for value, bound in figures if value is not None)
+    return rho / excess if excess > 1 else rho
+
+
+def _local_radius_note(where: Mapping[str, Any], rho: Any) -> str:
+    """The radius :func:`local_radius` suggests, as the end of a shortfall note."""
+    if not isinstance(rho, (int, float)):
+        return ""
+    radius = local_radius(where, float(rho))
+    if radius is None or radius >= rho:
+        return ""
+    return (f"; along the direction found, the ball is local at rho = {radius:.3g} (each "
+            "figure shrinks at least in proportion to rho; the maximiser there may point "
+            "elsewhere: measure again)")
 
 
 def _times(ratio: float | None) -> str:
