@@ -324,3 +324,61 @@ def test_an_edited_adapter_config_that_does_not_fit_is_named(saved, tmp_path, ke
         assert code == 2 and stderr.count("\n") == 1, stderr
         assert f"error: MODEL {adapter}: adapter 'default' does not fit" in stderr
         assert named in stderr and "adapter_config.json" in stderr
+
+
+def _classifier_base(saved: Path, target: Path, labels: int, head: str = "seq") -> Path:
+    """The saved base with a head of its own (drawn), saved with save_pretrained in
+    ``target``: a classifier of ``labels`` labels, or (``head="mlm"``) a masked-LM head."""
+    torch.manual_seed(5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        load = (transformers.BertForMaskedLM if head == "mlm"
+                else transformers.AutoModelForSequenceClassification)
+        model = load.from_pretrained(saved / "base", attn_implementation="eager",
+                                     **({} if head == "mlm" else {"num_labels": labels}))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.startswith(("classifier", "cls")):
+                parameter.normal_(0.0, 0.3)
+    model.save_pretrained(target)
+    return target
+
+
+def _lora_on(base: Path, target: Path, labels: int, **settings: object) -> torch.nn.Module:
+    """A sequence-classification LoRA of ``labels`` labels on the saved ``base`` (its head
+    rebuilt when the base's has another number of labels, as fine-tuning does), factors
+    drawn, saved in ``target``; the in-memory model is returned."""
+    torch.manual_seed(6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(
+            base, num_labels=labels, ignore_mismatched_sizes=True, attn_implementation="eager")
+        model = peft.get_peft_model(model, peft.LoraConfig(
+            task_type="SEQ_CLS", r=4, lora_alpha=8, target_modules=["query", "value"],
+            **settings))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.normal_(0.0, 0.3)
+    model.save_pretrained(target)
+    return model.eval()
+
+
+def test_a_head_of_other_labels_than_the_base_s_is_read_from_the_adapter(saved, tmp_path):
+    # the base is a 2-label classifier, the adapter's saved head has 3 labels: transformers
+    # refused the base's head ("ignore_mismatched_sizes", pointing at a silenced report)
+    base = _classifier_base(saved, tmp_path / "base", labels=2)
+    model = _lora_on(base, tmp_path / "adapter", labels=3)
+    loaded = load_measured_model(tmp_path / "adapter")
+    assert loaded.base_model.model.config.num_labels == 3
+    assert torch.equal(_logits(loaded), _logits(model))
+    code, _, stderr = _call("measure", tmp_path / "adapter", saved / "data.pt", *OPTIONS)
+    assert code == 0 and stderr == "", stderr
+
+
+def test_a_base_saved_with_another_task_s_head_loads(saved, tmp_path):
+    # the masked-LM head (cls.predictions) has no place in a classifier: dropped, as PEFT does
+    # (the masked LM has no pooler: the adapter saves the one it was trained with)
+    base = _classifier_base(saved, tmp_path / "base", labels=3, head="mlm")
+    model = _lora_on(base, tmp_path / "adapter", labels=3, modules_to_save=["pooler.dense"])
+    assert torch.equal(_logits(load_measured_model(tmp_path / "adapter")), _logits(model))

@@ -210,13 +210,30 @@ def _head_labels(settings: dict[str, Any], saved: dict[str, Any]) -> int | None:
     return None
 
 
+def _local_base_model(load: Any, local: Path,
+                      extra: dict[str, Any]) -> tuple[nn.Module, list[str]]:
+    """The base model read by ``load`` (a transformers class) from the directory ``local``,
+    and the names of its tensors that the weights do not give (missing, or of another shape:
+    built fresh)."""
+    with _quiet_build():
+        # a head of another shape (num_labels changed for fine-tuning) is built fresh, like a
+        # missing one: the adapter must save it (_check_base_complete)
+        model, info = load.from_pretrained(str(local), local_files_only=True,
+                                           attn_implementation="eager",
+                                           output_loading_info=True,
+                                           ignore_mismatched_sizes=True, **extra)
+    mismatched = [entry[0] if isinstance(entry, (tuple, list)) else str(entry)
+                  for entry in info.get("mismatched_keys") or []]
+    return model, list(info.get("missing_keys") or []) + mismatched
+
+
 def _base_model(path: Path, folder: Path, settings: dict[str, Any], labels: int | None,
                 weights: bool) -> tuple[nn.Module, list[str]]:
     """The base model as PEFT builds it: the class of :func:`_target_class` from the local
     directory ``base_model_name_or_path`` with its weights, or with ``weights=False`` and no
     local weights, from the base's config on the meta device. Nothing is downloaded. Also the
-    names of the tensors the base's weights lack (freshly initialised; none on the meta
-    device)."""
+    names of the tensors the base's weights lack or give in another shape (freshly
+    initialised; none on the meta device)."""
     import torch
     import transformers
 
@@ -225,13 +242,8 @@ def _base_model(path: Path, folder: Path, settings: dict[str, Any], labels: int 
     local = _local_base(settings)
     extra: dict[str, Any] = {} if labels is None else {"num_labels": labels}
     if local is not None:
-        load: Any = target or transformers.AutoModel
         try:
-            with _quiet_build():
-                model, info = load.from_pretrained(str(local), local_files_only=True,
-                                                   attn_implementation="eager",
-                                                   output_loading_info=True, **extra)
-            return model, list(info.get("missing_keys") or [])
+            return _local_base_model(target or transformers.AutoModel, local, extra)
         except (OSError, ValueError) as err:
             if weights:
                 raise FileNotFoundError(
@@ -308,8 +320,9 @@ def _check_base_complete(model: nn.Module, folder: Path, local: Path | None,
     if fresh:
         shown = ", ".join(fresh[:4]) + (", ..." if len(fresh) > 4 else "")
         base = type(getattr(model.base_model, "model", model)).__name__
-        raise ValueError(f"MODEL {folder}: the base model {str(local)!r} has no weights for "
-                         f"{len(fresh)} tensor(s) of {base} ({shown}) and the adapter does not "
+        raise ValueError(f"MODEL {folder}: the base model {str(local)!r} has no weights (or "
+                         f"weights of another shape) for {len(fresh)} tensor(s) of {base} "
+                         f"({shown}) and the adapter does not "
                          "save them: they would be measured freshly initialised, not as the "
                          "model the adapter was saved from. Save the adapter with those modules "
                          "in modules_to_save (task_type='SEQ_CLS' adds the classifier), or "
