@@ -376,6 +376,20 @@ def test_a_head_of_other_labels_than_the_base_s_is_read_from_the_adapter(saved, 
     assert code == 0 and stderr == "", stderr
 
 
+def test_a_base_whose_config_drops_saved_layers_is_refused(saved, tmp_path):
+    # the base's config.json edited to one layer: the adapter (on layer 0 only) fits, and the
+    # base's layer-1 weights were dropped, measuring a one-layer model with exit status 0
+    base = _classifier_base(saved, tmp_path / "base", labels=3)
+    settings = json.loads((base / "config.json").read_text())
+    settings["num_hidden_layers"] = 1
+    (base / "config.json").write_text(json.dumps(settings))
+    _lora_on(base, tmp_path / "adapter", labels=3, layers_to_transform=[0])
+    code, _, stderr = _call("measure", tmp_path / "adapter", saved / "data.pt", *OPTIONS)
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert f"error: MODEL {tmp_path / 'adapter'}: the weights of the base model" in stderr
+    assert "bert.encoder.layer.1." in stderr and "config.json" in stderr
+
+
 def test_a_base_saved_with_another_task_s_head_loads(saved, tmp_path):
     # the masked-LM head (cls.predictions) has no place in a classifier: dropped, as PEFT does
     # (the masked LM has no pooler: the adapter saves the one it was trained with)

@@ -211,10 +211,10 @@ def _head_labels(settings: dict[str, Any], saved: dict[str, Any]) -> int | None:
 
 
 def _local_base_model(load: Any, local: Path,
-                      extra: dict[str, Any]) -> tuple[nn.Module, list[str]]:
-    """The base model read by ``load`` (a transformers class) from the directory ``local``,
-    and the names of its tensors that the weights do not give (missing, or of another shape:
-    built fresh)."""
+                      extra: dict[str, Any]) -> tuple[nn.Module, list[str], list[str]]:
+    """The base model read by ``load`` (a transformers class) from the directory ``local``;
+    the names of its tensors that the weights do not give (missing, or of another shape:
+    built fresh); and the names of the saved tensors it has no place for."""
     with _quiet_build():
         # a head of another shape (num_labels changed for fine-tuning) is built fresh, like a
         # missing one: the adapter must save it (_check_base_complete)
@@ -224,16 +224,17 @@ def _local_base_model(load: Any, local: Path,
                                            ignore_mismatched_sizes=True, **extra)
     mismatched = [entry[0] if isinstance(entry, (tuple, list)) else str(entry)
                   for entry in info.get("mismatched_keys") or []]
-    return model, list(info.get("missing_keys") or []) + mismatched
+    return (model, list(info.get("missing_keys") or []) + mismatched,
+            list(info.get("unexpected_keys") or []))
 
 
 def _base_model(path: Path, folder: Path, settings: dict[str, Any], labels: int | None,
-                weights: bool) -> tuple[nn.Module, list[str]]:
+                weights: bool) -> tuple[nn.Module, list[str], list[str]]:
     """The base model as PEFT builds it: the class of :func:`_target_class` from the local
     directory ``base_model_name_or_path`` with its weights, or with ``weights=False`` and no
     local weights, from the base's config on the meta device. Nothing is downloaded. Also the
     names of the tensors the base's weights lack or give in another shape (freshly
-    initialised; none on the meta device)."""
+    initialised), and of those it has no place for (none on the meta device)."""
     import torch
     import transformers
 
@@ -255,15 +256,15 @@ def _base_model(path: Path, folder: Path, settings: dict[str, Any], labels: int 
         raise FileNotFoundError(_no_local_base(folder, settings, discovery=False))
     config_file = _base_config(path, folder, settings)
     if target is None:
-        return _config_model(config_file), []
+        return _config_model(config_file), [], []
     # transformers' message for a broken config.json names neither MODEL nor the reason
     read_json_file(config_file, "MODEL")
     config = transformers.AutoConfig.from_pretrained(str(config_file.parent),
                                                      local_files_only=True, **extra)
     with torch.device("meta"), _quiet_build():
         if hasattr(target, "from_config"):
-            return target.from_config(config, attn_implementation="eager"), []
-        return target(config), []
+            return target.from_config(config, attn_implementation="eager"), [], []
+        return target(config), [], []
 
 
 def _adapter_state(model: nn.Module, adapter: str, saved: dict[str, Any]) -> dict[str, Any]:
@@ -309,6 +310,28 @@ def _check_loaded(model: nn.Module, folder: Path, adapter: str,
                          "Save it again with save_pretrained from the model it was trained on, "
                          "or check base_model_name_or_path and task_type in "
                          f"{ADAPTER_CONFIG}")
+
+
+def _check_base_used(model: nn.Module, folder: Path, local: Path | None,
+                     unexpected: list[str]) -> None:
+    """Refuse base weights holding tensors of the backbone (the transformer body) that the
+    model built from the base's ``config.json`` has no place for (a config edited to fewer
+    layers): transformers drops them, and a smaller model than the saved one would be
+    measured. Heads of other tasks (``cls.predictions`` of a pretraining checkpoint) are
+    dropped, as PEFT drops them."""
+    base = getattr(model.base_model, "model", model)
+    prefix = str(getattr(base, "base_model_prefix", "") or "")
+    backbone = getattr(base, prefix, base) if prefix else base
+    children = {name for name, _ in backbone.named_children()}
+    unused = sorted(key for key in unexpected
+                    if key.removeprefix(f"{prefix}.").split(".")[0] in children)
+    if unused:
+        shown = ", ".join(unused[:4]) + (", ..." if len(unused) > 4 else "")
+        raise ValueError(f"MODEL {folder}: the weights of the base model {str(local)!r} hold "
+                         f"{len(unused)} tensor(s) that {type(base).__name__} built from its "
+                         f"config.json has no place for ({shown}); they would be left out of "
+                         "the model measured. Was the base's config.json edited or copied from "
+                         "another model?")
 
 
 def _check_base_complete(model: nn.Module, folder: Path, local: Path | None,
@@ -378,12 +401,13 @@ def load_peft_directory(path: str | Path, weights: bool = False) -> nn.Module:
 
     first, first_folder = adapters[0]
     saved = {name: _saved_tensors(folder) for name, folder in adapters}
-    base, missing = _base_model(path, first_folder, settings[first],
-                                _head_labels(settings[first], saved[first]), weights)
+    base, missing, unused = _base_model(path, first_folder, settings[first],
+                                        _head_labels(settings[first], saved[first]), weights)
     model = _with_adapters(base, adapters)
     if weights:     # discovery reads the structure alone: a fresh head does not change it
-        _check_base_complete(model, first_folder, _local_base(settings[first]), missing,
-                             saved[first])
+        local = _local_base(settings[first])
+        _check_base_complete(model, first_folder, local, missing, saved[first])
+        _check_base_used(model, first_folder, local, unused)
     for name, folder in adapters:
         _load_values(model, saved[name], name)
         _check_loaded(model, folder, name, saved[name])
