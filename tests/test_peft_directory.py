@@ -396,3 +396,25 @@ def test_a_base_saved_with_another_task_s_head_loads(saved, tmp_path):
     base = _classifier_base(saved, tmp_path / "base", labels=3, head="mlm")
     model = _lora_on(base, tmp_path / "adapter", labels=3, modules_to_save=["pooler.dense"])
     assert torch.equal(_logits(load_measured_model(tmp_path / "adapter")), _logits(model))
+
+
+def test_a_base_saved_quantised_without_its_package_is_named(saved, tmp_path):
+    # a QLoRA-like base (bitsandbytes' quantization_config) where bitsandbytes is missing:
+    # transformers' ImportError was a raw traceback with exit status 1, for every command
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("bitsandbytes is installed: the base loads")
+    base = _classifier_base(saved, tmp_path / "base", labels=3)
+    _lora_on(base, tmp_path / "adapter", labels=3)
+    settings = json.loads((base / "config.json").read_text())
+    settings["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    (base / "config.json").write_text(json.dumps(settings))
+    code, _, stderr = _call("measure", tmp_path / "adapter", saved / "data.pt", *OPTIONS)
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert f"error: MODEL {tmp_path / 'adapter'}: adapter_config.json names the base" in stderr
+    assert "not installed" in stderr and "bitsandbytes" in stderr
+    code, _, stderr = _call("symmetries", tmp_path / "adapter")     # the structure is known
+    assert code == 0, stderr

@@ -245,6 +245,14 @@ def _base_model(path: Path, folder: Path, settings: dict[str, Any], labels: int 
     if local is not None:
         try:
             return _local_base_model(target or transformers.AutoModel, local, extra)
+        except ImportError as err:
+            # transformers asks for a package its config needs (bitsandbytes for a base saved
+            # quantised); discovery reads the architecture from the config instead
+            if weights:
+                raise RuntimeError(
+                    f"MODEL {folder}: {ADAPTER_CONFIG} names the base model {str(local)!r}, "
+                    "which transformers cannot load without a package that is not installed "
+                    f"here ({first_line(err)})") from err
         except (OSError, ValueError) as err:
             if weights:
                 raise FileNotFoundError(
