@@ -418,3 +418,23 @@ def test_a_base_saved_quantised_without_its_package_is_named(saved, tmp_path):
     assert "not installed" in stderr and "bitsandbytes" in stderr
     code, _, stderr = _call("symmetries", tmp_path / "adapter")     # the structure is known
     assert code == 0, stderr
+
+
+def test_a_model_saved_beside_adapter_checkpoints_is_that_model(saved, tmp_path):
+    # a Trainer's output: adapter checkpoints in checkpoint-*/, the final (merged) model in
+    # the folder itself; the checkpoint's adapter on its base was measured, with exit status 0
+    base = _classifier_base(saved, tmp_path / "base", labels=3)
+    model = _lora_on(base, tmp_path / "out" / "checkpoint-10", labels=3)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.requires_grad:       # trained on after the checkpoint
+                parameter.add_(0.2)
+    final = model.merge_and_unload()
+    final.save_pretrained(tmp_path / "out")
+    loaded = load_measured_model(tmp_path / "out")
+    assert type(loaded).__name__ == "BertForSequenceClassification"
+    assert torch.equal(_logits(loaded), _logits(final))
+    assert type(load_model(tmp_path / "out")).__name__ == "BertForSequenceClassification"
+    # the checkpoint itself is still an adapter
+    assert type(load_measured_model(tmp_path / "out" / "checkpoint-10")).__name__ == (
+        "PeftModelForSequenceClassification")

@@ -27,14 +27,26 @@ ADAPTER_CONFIG = "adapter_config.json"
 DEFAULT_ADAPTER = "default"
 
 
+#: The weight files ``save_pretrained`` writes for a whole model (one file, or shards and
+#: their index).
+_MODEL_WEIGHTS = ("model*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin",
+                  "pytorch_model.bin.index.json")
+
+
 def saved_adapters(path: str | Path) -> list[tuple[str, Path]]:
     """The adapters saved in directory ``path`` as ``(name, folder)`` (PEFT's layout):
     ``("default", path)`` when ``path`` holds ``adapter_config.json``, then each subdirectory
-    holding one, named after it, in sorted order. Empty when there is none."""
+    holding one, named after it, in sorted order. Empty when there is none, and when ``path``
+    holds no ``adapter_config.json`` but a whole model (``config.json`` and its weights): that
+    model is the one saved there, its subdirectories are others (a Trainer's
+    ``checkpoint-*`` folders)."""
     path = Path(path)
     if not path.is_dir():
         return []
     found = [(DEFAULT_ADAPTER, path)] if (path / ADAPTER_CONFIG).is_file() else []
+    if not found and (path / "config.json").is_file() and any(
+            weights.is_file() for pattern in _MODEL_WEIGHTS for weights in path.glob(pattern)):
+        return []
     found += [(child.name, child) for child in sorted(path.iterdir())
               if child.is_dir() and (child / ADAPTER_CONFIG).is_file()]
     return found
