@@ -438,3 +438,20 @@ def test_a_model_saved_beside_adapter_checkpoints_is_that_model(saved, tmp_path)
     # the checkpoint itself is still an adapter
     assert type(load_measured_model(tmp_path / "out" / "checkpoint-10")).__name__ == (
         "PeftModelForSequenceClassification")
+
+
+@pytest.mark.parametrize(("folder", "named"), [("default", "which PEFT names 'default' too"),
+                                                ("v1.0", "a name with a '.'")])
+def test_a_subdirectory_that_cannot_name_an_adapter_is_refused(saved, tmp_path, folder, named):
+    # "default/" beside the directory's own adapter replaced it (a silent other model, exit
+    # status 0); "v1.0/" ended with torch's KeyError (a traceback from symmetries)
+    adapter = tmp_path / "adapter"
+    shutil.copytree(saved / "adapter", adapter)
+    _saved_lora(saved, adapter / folder, task_type="SEQ_CLS")
+    for command in (["symmetries", adapter], ["measure", adapter, saved / "data.pt", *OPTIONS]):
+        code, _, stderr = _call(*command)
+        assert code == 2 and stderr.count("\n") == 1, stderr
+        assert f"error: MODEL {adapter}: " in stderr and named in stderr, stderr
+    # the subdirectory's own adapter is still read when given itself
+    assert type(load_measured_model(adapter / folder)).__name__ == (
+        "PeftModelForSequenceClassification")

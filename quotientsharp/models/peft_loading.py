@@ -49,7 +49,27 @@ def saved_adapters(path: str | Path) -> list[tuple[str, Path]]:
         return []
     found += [(child.name, child) for child in sorted(path.iterdir())
               if child.is_dir() and (child / ADAPTER_CONFIG).is_file()]
+    _check_adapter_names(path, found)
     return found
+
+
+def _check_adapter_names(path: Path, found: list[tuple[str, Path]]) -> None:
+    """Refuse subdirectories whose names PEFT cannot give an adapter: ``default`` beside the
+    directory's own adapter (one would replace the other) or a name with a dot (torch's
+    module names have none); PEFT never writes either."""
+    for name, folder in found:
+        if folder == path:
+            continue
+        if name == DEFAULT_ADAPTER and found[0][1] == path:
+            raise ValueError(f"MODEL {path}: {folder} holds a saved adapter, and {path} holds "
+                             f"its own, which PEFT names {DEFAULT_ADAPTER!r} too: one would be "
+                             "measured in place of the other. Rename or move the subdirectory, "
+                             "or give MODEL as the adapter directory itself")
+        if "." in name:
+            raise ValueError(f"MODEL {path}: the subdirectory {name!r} holds a saved adapter, but "
+                             "a name with a '.' cannot be an adapter's (PEFT names each "
+                             "subdirectory's adapter after it). Rename the subdirectory, or "
+                             "give MODEL as the adapter directory itself")
 
 
 def _local_base(settings: dict[str, Any]) -> Path | None:
