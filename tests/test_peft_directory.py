@@ -455,3 +455,32 @@ def test_a_subdirectory_that_cannot_name_an_adapter_is_refused(saved, tmp_path, 
     # the subdirectory's own adapter is still read when given itself
     assert type(load_measured_model(adapter / folder)).__name__ == (
         "PeftModelForSequenceClassification")
+
+
+def test_an_adapter_saved_after_merge_and_unload_is_named(saved, tmp_path):
+    # merge_and_unload removes the LoRA layers: save_pretrained then writes no tensors, and
+    # PEFT's KeyError for the head ("base_model.model.classifier.weight") was all one read
+    model = _saved_lora(saved, tmp_path / "unused", task_type="SEQ_CLS")
+    model.merge_and_unload()
+    model.save_pretrained(tmp_path / "adapter")
+    for command in (["symmetries", tmp_path / "adapter"],
+                    ["measure", tmp_path / "adapter", saved / "data.pt", *OPTIONS]):
+        code, _, stderr = _call(*command)
+        assert code == 2 and stderr.count("\n") == 1, stderr
+        assert f"error: MODEL {tmp_path / 'adapter' / 'adapter_model.safetensors'} holds no " \
+               "tensors" in stderr and "merge_and_unload" in stderr, stderr
+
+
+def test_a_saved_file_without_the_head_it_declares_is_named(saved, tmp_path):
+    # modules_to_save names the classifier, the file lacks it: PEFT's bare KeyError
+    adapter = tmp_path / "adapter"
+    shutil.copytree(saved / "adapter", adapter)
+    weights = adapter / "adapter_model.safetensors"
+    tensors = safetensors_torch.load_file(str(weights))
+    safetensors_torch.save_file({k: v for k, v in tensors.items() if "classifier" not in k},
+                                str(weights))
+    for command in (["symmetries", adapter], ["measure", adapter, saved / "data.pt", *OPTIONS]):
+        code, _, stderr = _call(*command)
+        assert code == 2 and stderr.count("\n") == 1, stderr
+        assert f"error: MODEL {adapter}: adapter 'default' does not fit" in stderr
+        assert "classifier.weight" in stderr and "modules_to_save" in stderr, stderr

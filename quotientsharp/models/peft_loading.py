@@ -198,7 +198,20 @@ def _target_class(settings: dict[str, Any]) -> Any:
 
 def _saved_tensors(folder: Path) -> dict[str, Any]:
     """The tensors of the adapter saved in ``folder`` (safetensors or ``.bin``); a damaged
-    file is a ``ValueError`` naming it."""
+    file, or one without tensors, is a ``ValueError`` naming it."""
+    tensors = _read_saved_tensors(folder)
+    if not tensors:
+        # save_pretrained after merge_and_unload: the LoRA layers are gone, nothing is saved
+        name = ("adapter_model.safetensors" if (folder / "adapter_model.safetensors").is_file()
+                else "adapter_model.bin")
+        raise ValueError(f"MODEL {folder / name} holds no tensors: the adapter was saved "
+                         "without values (after merge_and_unload? then save the merged model "
+                         "that merge_and_unload returns with save_pretrained, and measure that)")
+    return tensors
+
+
+def _read_saved_tensors(folder: Path) -> dict[str, Any]:
+    """The tensors of the adapter saved in ``folder``, as they are (see :func:`_saved_tensors`)."""
     weights = folder / "adapter_model.safetensors"
     if weights.is_file():
         from safetensors import SafetensorError
@@ -407,7 +420,8 @@ def _with_adapters(base: nn.Module, adapters: list[tuple[str, Path]]) -> nn.Modu
             for name, folder in adapters[1:]:
                 model.load_adapter(str(folder), adapter_name=name, is_trainable=True,
                                    local_files_only=True)
-    except (RuntimeError, ValueError) as err:
+    except (RuntimeError, ValueError, KeyError) as err:
+        # PEFT's KeyError: a tensor that modules_to_save expects is not in the saved file
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         detail = " ".join(lines[:2])
         detail = detail if len(detail) <= 300 else detail[:297] + "..."
