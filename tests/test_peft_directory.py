@@ -324,3 +324,163 @@ def test_an_edited_adapter_config_that_does_not_fit_is_named(saved, tmp_path, ke
         assert code == 2 and stderr.count("\n") == 1, stderr
         assert f"error: MODEL {adapter}: adapter 'default' does not fit" in stderr
         assert named in stderr and "adapter_config.json" in stderr
+
+
+def _classifier_base(saved: Path, target: Path, labels: int, head: str = "seq") -> Path:
+    """The saved base with a head of its own (drawn), saved with save_pretrained in
+    ``target``: a classifier of ``labels`` labels, or (``head="mlm"``) a masked-LM head."""
+    torch.manual_seed(5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        load = (transformers.BertForMaskedLM if head == "mlm"
+                else transformers.AutoModelForSequenceClassification)
+        model = load.from_pretrained(saved / "base", attn_implementation="eager",
+                                     **({} if head == "mlm" else {"num_labels": labels}))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.startswith(("classifier", "cls")):
+                parameter.normal_(0.0, 0.3)
+    model.save_pretrained(target)
+    return target
+
+
+def _lora_on(base: Path, target: Path, labels: int, **settings: object) -> torch.nn.Module:
+    """A sequence-classification LoRA of ``labels`` labels on the saved ``base`` (its head
+    rebuilt when the base's has another number of labels, as fine-tuning does), factors
+    drawn, saved in ``target``; the in-memory model is returned."""
+    torch.manual_seed(6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(
+            base, num_labels=labels, ignore_mismatched_sizes=True, attn_implementation="eager")
+        model = peft.get_peft_model(model, peft.LoraConfig(
+            task_type="SEQ_CLS", r=4, lora_alpha=8, target_modules=["query", "value"],
+            **settings))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.normal_(0.0, 0.3)
+    model.save_pretrained(target)
+    return model.eval()
+
+
+def test_a_head_of_other_labels_than_the_base_s_is_read_from_the_adapter(saved, tmp_path):
+    # the base is a 2-label classifier, the adapter's saved head has 3 labels: transformers
+    # refused the base's head ("ignore_mismatched_sizes", pointing at a silenced report)
+    base = _classifier_base(saved, tmp_path / "base", labels=2)
+    model = _lora_on(base, tmp_path / "adapter", labels=3)
+    loaded = load_measured_model(tmp_path / "adapter")
+    assert loaded.base_model.model.config.num_labels == 3
+    assert torch.equal(_logits(loaded), _logits(model))
+    code, _, stderr = _call("measure", tmp_path / "adapter", saved / "data.pt", *OPTIONS)
+    assert code == 0 and stderr == "", stderr
+
+
+def test_a_base_whose_config_drops_saved_layers_is_refused(saved, tmp_path):
+    # the base's config.json edited to one layer: the adapter (on layer 0 only) fits, and the
+    # base's layer-1 weights were dropped, measuring a one-layer model with exit status 0
+    base = _classifier_base(saved, tmp_path / "base", labels=3)
+    settings = json.loads((base / "config.json").read_text())
+    settings["num_hidden_layers"] = 1
+    (base / "config.json").write_text(json.dumps(settings))
+    _lora_on(base, tmp_path / "adapter", labels=3, layers_to_transform=[0])
+    code, _, stderr = _call("measure", tmp_path / "adapter", saved / "data.pt", *OPTIONS)
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert f"error: MODEL {tmp_path / 'adapter'}: the weights of the base model" in stderr
+    assert "bert.encoder.layer.1." in stderr and "config.json" in stderr
+
+
+def test_a_base_saved_with_another_task_s_head_loads(saved, tmp_path):
+    # the masked-LM head (cls.predictions) has no place in a classifier: dropped, as PEFT does
+    # (the masked LM has no pooler: the adapter saves the one it was trained with)
+    base = _classifier_base(saved, tmp_path / "base", labels=3, head="mlm")
+    model = _lora_on(base, tmp_path / "adapter", labels=3, modules_to_save=["pooler.dense"])
+    assert torch.equal(_logits(load_measured_model(tmp_path / "adapter")), _logits(model))
+
+
+def test_a_base_saved_quantised_without_its_package_is_named(saved, tmp_path):
+    # a QLoRA-like base (bitsandbytes' quantization_config) where bitsandbytes is missing:
+    # transformers' ImportError was a raw traceback with exit status 1, for every command
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("bitsandbytes is installed: the base loads")
+    base = _classifier_base(saved, tmp_path / "base", labels=3)
+    _lora_on(base, tmp_path / "adapter", labels=3)
+    settings = json.loads((base / "config.json").read_text())
+    settings["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    (base / "config.json").write_text(json.dumps(settings))
+    code, _, stderr = _call("measure", tmp_path / "adapter", saved / "data.pt", *OPTIONS)
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert f"error: MODEL {tmp_path / 'adapter'}: adapter_config.json names the base" in stderr
+    assert "not installed" in stderr and "bitsandbytes" in stderr
+    code, _, stderr = _call("symmetries", tmp_path / "adapter")     # the structure is known
+    assert code == 0, stderr
+
+
+def test_a_model_saved_beside_adapter_checkpoints_is_that_model(saved, tmp_path):
+    # a Trainer's output: adapter checkpoints in checkpoint-*/, the final (merged) model in
+    # the folder itself; the checkpoint's adapter on its base was measured, with exit status 0
+    base = _classifier_base(saved, tmp_path / "base", labels=3)
+    model = _lora_on(base, tmp_path / "out" / "checkpoint-10", labels=3)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.requires_grad:       # trained on after the checkpoint
+                parameter.add_(0.2)
+    final = model.merge_and_unload()
+    final.save_pretrained(tmp_path / "out")
+    loaded = load_measured_model(tmp_path / "out")
+    assert type(loaded).__name__ == "BertForSequenceClassification"
+    assert torch.equal(_logits(loaded), _logits(final))
+    assert type(load_model(tmp_path / "out")).__name__ == "BertForSequenceClassification"
+    # the checkpoint itself is still an adapter
+    assert type(load_measured_model(tmp_path / "out" / "checkpoint-10")).__name__ == (
+        "PeftModelForSequenceClassification")
+
+
+@pytest.mark.parametrize(("folder", "named"), [("default", "which PEFT names 'default' too"),
+                                                ("v1.0", "a name with a '.'")])
+def test_a_subdirectory_that_cannot_name_an_adapter_is_refused(saved, tmp_path, folder, named):
+    # "default/" beside the directory's own adapter replaced it (a silent other model, exit
+    # status 0); "v1.0/" ended with torch's KeyError (a traceback from symmetries)
+    adapter = tmp_path / "adapter"
+    shutil.copytree(saved / "adapter", adapter)
+    _saved_lora(saved, adapter / folder, task_type="SEQ_CLS")
+    for command in (["symmetries", adapter], ["measure", adapter, saved / "data.pt", *OPTIONS]):
+        code, _, stderr = _call(*command)
+        assert code == 2 and stderr.count("\n") == 1, stderr
+        assert f"error: MODEL {adapter}: " in stderr and named in stderr, stderr
+    # the subdirectory's own adapter is still read when given itself
+    assert type(load_measured_model(adapter / folder)).__name__ == (
+        "PeftModelForSequenceClassification")
+
+
+def test_an_adapter_saved_after_merge_and_unload_is_named(saved, tmp_path):
+    # merge_and_unload removes the LoRA layers: save_pretrained then writes no tensors, and
+    # PEFT's KeyError for the head ("base_model.model.classifier.weight") was all one read
+    model = _saved_lora(saved, tmp_path / "unused", task_type="SEQ_CLS")
+    model.merge_and_unload()
+    model.save_pretrained(tmp_path / "adapter")
+    for command in (["symmetries", tmp_path / "adapter"],
+                    ["measure", tmp_path / "adapter", saved / "data.pt", *OPTIONS]):
+        code, _, stderr = _call(*command)
+        assert code == 2 and stderr.count("\n") == 1, stderr
+        assert f"error: MODEL {tmp_path / 'adapter' / 'adapter_model.safetensors'} holds no " \
+               "tensors" in stderr and "merge_and_unload" in stderr, stderr
+
+
+def test_a_saved_file_without_the_head_it_declares_is_named(saved, tmp_path):
+    # modules_to_save names the classifier, the file lacks it: PEFT's bare KeyError
+    adapter = tmp_path / "adapter"
+    shutil.copytree(saved / "adapter", adapter)
+    weights = adapter / "adapter_model.safetensors"
+    tensors = safetensors_torch.load_file(str(weights))
+    safetensors_torch.save_file({k: v for k, v in tensors.items() if "classifier" not in k},
+                                str(weights))
+    for command in (["symmetries", adapter], ["measure", adapter, saved / "data.pt", *OPTIONS]):
+        code, _, stderr = _call(*command)
+        assert code == 2 and stderr.count("\n") == 1, stderr
+        assert f"error: MODEL {adapter}: adapter 'default' does not fit" in stderr
+        assert "classifier.weight" in stderr and "modules_to_save" in stderr, stderr

@@ -42,3 +42,28 @@ def test_weights_that_the_config_has_no_place_for_are_refused(tmp_path):
                                          r"BertForSequenceClassification .*no place for "
                                          r"\(bert\.encoder\.layer\.1\."):
         load_measured_model(tmp_path / "bert")
+
+
+def test_a_model_saved_quantised_without_its_package_is_named(tmp_path):
+    """A config.json with bitsandbytes' quantization_config where bitsandbytes is missing:
+    transformers' ImportError was a raw traceback (exit status 1)."""
+    transformers = pytest.importorskip("transformers")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("bitsandbytes is installed: the model loads")
+    from quotientsharp.workflows.options import InputError
+    from quotientsharp.workflows.saved_models import load_measured_model
+
+    config = transformers.BertConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=32, vocab_size=40,
+                                     max_position_embeddings=16, num_labels=3)
+    transformers.BertForSequenceClassification(config).save_pretrained(tmp_path / "bert")
+    edited = json.loads((tmp_path / "bert" / "config.json").read_text())
+    edited["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    (tmp_path / "bert" / "config.json").write_text(json.dumps(edited))
+    with pytest.raises(InputError, match=rf"^MODEL {tmp_path / 'bert'}: transformers cannot "
+                                         r"load it without a package .*bitsandbytes"):
+        load_measured_model(tmp_path / "bert")

@@ -27,17 +27,49 @@ ADAPTER_CONFIG = "adapter_config.json"
 DEFAULT_ADAPTER = "default"
 
 
+#: The weight files ``save_pretrained`` writes for a whole model (one file, or shards and
+#: their index).
+_MODEL_WEIGHTS = ("model*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin",
+                  "pytorch_model.bin.index.json")
+
+
 def saved_adapters(path: str | Path) -> list[tuple[str, Path]]:
     """The adapters saved in directory ``path`` as ``(name, folder)`` (PEFT's layout):
     ``("default", path)`` when ``path`` holds ``adapter_config.json``, then each subdirectory
-    holding one, named after it, in sorted order. Empty when there is none."""
+    holding one, named after it, in sorted order. Empty when there is none, and when ``path``
+    holds no ``adapter_config.json`` but a whole model (``config.json`` and its weights): that
+    model is the one saved there, its subdirectories are others (a Trainer's
+    ``checkpoint-*`` folders)."""
     path = Path(path)
     if not path.is_dir():
         return []
     found = [(DEFAULT_ADAPTER, path)] if (path / ADAPTER_CONFIG).is_file() else []
+    if not found and (path / "config.json").is_file() and any(
+            weights.is_file() for pattern in _MODEL_WEIGHTS for weights in path.glob(pattern)):
+        return []
     found += [(child.name, child) for child in sorted(path.iterdir())
               if child.is_dir() and (child / ADAPTER_CONFIG).is_file()]
+    _check_adapter_names(path, found)
     return found
+
+
+def _check_adapter_names(path: Path, found: list[tuple[str, Path]]) -> None:
+    """Refuse subdirectories whose names PEFT cannot give an adapter: ``default`` beside the
+    directory's own adapter (one would replace the other) or a name with a dot (torch's
+    module names have none); PEFT never writes either."""
+    for name, folder in found:
+        if folder == path:
+            continue
+        if name == DEFAULT_ADAPTER and found[0][1] == path:
+            raise ValueError(f"MODEL {path}: {folder} holds a saved adapter, and {path} holds "
+                             f"its own, which PEFT names {DEFAULT_ADAPTER!r} too: one would be "
+                             "measured in place of the other. Rename or move the subdirectory, "
+                             "or give MODEL as the adapter directory itself")
+        if "." in name:
+            raise ValueError(f"MODEL {path}: the subdirectory {name!r} holds a saved adapter, but "
+                             "a name with a '.' cannot be an adapter's (PEFT names each "
+                             "subdirectory's adapter after it). Rename the subdirectory, or "
+                             "give MODEL as the adapter directory itself")
 
 
 def _local_base(settings: dict[str, Any]) -> Path | None:
@@ -166,7 +198,20 @@ def _target_class(settings: dict[str, Any]) -> Any:
 
 def _saved_tensors(folder: Path) -> dict[str, Any]:
     """The tensors of the adapter saved in ``folder`` (safetensors or ``.bin``); a damaged
-    file is a ``ValueError`` naming it."""
+    file, or one without tensors, is a ``ValueError`` naming it."""
+    tensors = _read_saved_tensors(folder)
+    if not tensors:
+        # save_pretrained after merge_and_unload: the LoRA layers are gone, nothing is saved
+        name = ("adapter_model.safetensors" if (folder / "adapter_model.safetensors").is_file()
+                else "adapter_model.bin")
+        raise ValueError(f"MODEL {folder / name} holds no tensors: the adapter was saved "
+                         "without values (after merge_and_unload? then save the merged model "
+                         "that merge_and_unload returns with save_pretrained, and measure that)")
+    return tensors
+
+
+def _read_saved_tensors(folder: Path) -> dict[str, Any]:
+    """The tensors of the adapter saved in ``folder``, as they are (see :func:`_saved_tensors`)."""
     weights = folder / "adapter_model.safetensors"
     if weights.is_file():
         from safetensors import SafetensorError
@@ -210,13 +255,31 @@ def _head_labels(settings: dict[str, Any], saved: dict[str, Any]) -> int | None:
     return None
 
 
+def _local_base_model(load: Any, local: Path,
+                      extra: dict[str, Any]) -> tuple[nn.Module, list[str], list[str]]:
+    """The base model read by ``load`` (a transformers class) from the directory ``local``;
+    the names of its tensors that the weights do not give (missing, or of another shape:
+    built fresh); and the names of the saved tensors it has no place for."""
+    with _quiet_build():
+        # a head of another shape (num_labels changed for fine-tuning) is built fresh, like a
+        # missing one: the adapter must save it (_check_base_complete)
+        model, info = load.from_pretrained(str(local), local_files_only=True,
+                                           attn_implementation="eager",
+                                           output_loading_info=True,
+                                           ignore_mismatched_sizes=True, **extra)
+    mismatched = [entry[0] if isinstance(entry, (tuple, list)) else str(entry)
+                  for entry in info.get("mismatched_keys") or []]
+    return (model, list(info.get("missing_keys") or []) + mismatched,
+            list(info.get("unexpected_keys") or []))
+
+
 def _base_model(path: Path, folder: Path, settings: dict[str, Any], labels: int | None,
-                weights: bool) -> tuple[nn.Module, list[str]]:
+                weights: bool) -> tuple[nn.Module, list[str], list[str]]:
     """The base model as PEFT builds it: the class of :func:`_target_class` from the local
     directory ``base_model_name_or_path`` with its weights, or with ``weights=False`` and no
     local weights, from the base's config on the meta device. Nothing is downloaded. Also the
-    names of the tensors the base's weights lack (freshly initialised; none on the meta
-    device)."""
+    names of the tensors the base's weights lack or give in another shape (freshly
+    initialised), and of those it has no place for (none on the meta device)."""
     import torch
     import transformers
 
@@ -225,13 +288,16 @@ def _base_model(path: Path, folder: Path, settings: dict[str, Any], labels: int 
     local = _local_base(settings)
     extra: dict[str, Any] = {} if labels is None else {"num_labels": labels}
     if local is not None:
-        load: Any = target or transformers.AutoModel
         try:
-            with _quiet_build():
-                model, info = load.from_pretrained(str(local), local_files_only=True,
-                                                   attn_implementation="eager",
-                                                   output_loading_info=True, **extra)
-            return model, list(info.get("missing_keys") or [])
+            return _local_base_model(target or transformers.AutoModel, local, extra)
+        except ImportError as err:
+            # transformers asks for a package its config needs (bitsandbytes for a base saved
+            # quantised); discovery reads the architecture from the config instead
+            if weights:
+                raise RuntimeError(
+                    f"MODEL {folder}: {ADAPTER_CONFIG} names the base model {str(local)!r}, "
+                    "which transformers cannot load without a package that is not installed "
+                    f"here ({first_line(err)})") from err
         except (OSError, ValueError) as err:
             if weights:
                 raise FileNotFoundError(
@@ -243,15 +309,15 @@ def _base_model(path: Path, folder: Path, settings: dict[str, Any], labels: int 
         raise FileNotFoundError(_no_local_base(folder, settings, discovery=False))
     config_file = _base_config(path, folder, settings)
     if target is None:
-        return _config_model(config_file), []
+        return _config_model(config_file), [], []
     # transformers' message for a broken config.json names neither MODEL nor the reason
     read_json_file(config_file, "MODEL")
     config = transformers.AutoConfig.from_pretrained(str(config_file.parent),
                                                      local_files_only=True, **extra)
     with torch.device("meta"), _quiet_build():
         if hasattr(target, "from_config"):
-            return target.from_config(config, attn_implementation="eager"), []
-        return target(config), []
+            return target.from_config(config, attn_implementation="eager"), [], []
+        return target(config), [], []
 
 
 def _adapter_state(model: nn.Module, adapter: str, saved: dict[str, Any]) -> dict[str, Any]:
@@ -299,6 +365,28 @@ def _check_loaded(model: nn.Module, folder: Path, adapter: str,
                          f"{ADAPTER_CONFIG}")
 
 
+def _check_base_used(model: nn.Module, folder: Path, local: Path | None,
+                     unexpected: list[str]) -> None:
+    """Refuse base weights holding tensors of the backbone (the transformer body) that the
+    model built from the base's ``config.json`` has no place for (a config edited to fewer
+    layers): transformers drops them, and a smaller model than the saved one would be
+    measured. Heads of other tasks (``cls.predictions`` of a pretraining checkpoint) are
+    dropped, as PEFT drops them."""
+    base = getattr(model.base_model, "model", model)
+    prefix = str(getattr(base, "base_model_prefix", "") or "")
+    backbone = getattr(base, prefix, base) if prefix else base
+    children = {name for name, _ in backbone.named_children()}
+    unused = sorted(key for key in unexpected
+                    if key.removeprefix(f"{prefix}.").split(".")[0] in children)
+    if unused:
+        shown = ", ".join(unused[:4]) + (", ..." if len(unused) > 4 else "")
+        raise ValueError(f"MODEL {folder}: the weights of the base model {str(local)!r} hold "
+                         f"{len(unused)} tensor(s) that {type(base).__name__} built from its "
+                         f"config.json has no place for ({shown}); they would be left out of "
+                         "the model measured. Was the base's config.json edited or copied from "
+                         "another model?")
+
+
 def _check_base_complete(model: nn.Module, folder: Path, local: Path | None,
                          missing: list[str], saved: dict[str, Any]) -> None:
     """Refuse a base whose weights lack tensors (a classification head on a base saved
@@ -308,8 +396,9 @@ def _check_base_complete(model: nn.Module, folder: Path, local: Path | None,
     if fresh:
         shown = ", ".join(fresh[:4]) + (", ..." if len(fresh) > 4 else "")
         base = type(getattr(model.base_model, "model", model)).__name__
-        raise ValueError(f"MODEL {folder}: the base model {str(local)!r} has no weights for "
-                         f"{len(fresh)} tensor(s) of {base} ({shown}) and the adapter does not "
+        raise ValueError(f"MODEL {folder}: the base model {str(local)!r} has no weights (or "
+                         f"weights of another shape) for {len(fresh)} tensor(s) of {base} "
+                         f"({shown}) and the adapter does not "
                          "save them: they would be measured freshly initialised, not as the "
                          "model the adapter was saved from. Save the adapter with those modules "
                          "in modules_to_save (task_type='SEQ_CLS' adds the classifier), or "
@@ -331,7 +420,8 @@ def _with_adapters(base: nn.Module, adapters: list[tuple[str, Path]]) -> nn.Modu
             for name, folder in adapters[1:]:
                 model.load_adapter(str(folder), adapter_name=name, is_trainable=True,
                                    local_files_only=True)
-    except (RuntimeError, ValueError) as err:
+    except (RuntimeError, ValueError, KeyError) as err:
+        # PEFT's KeyError: a tensor that modules_to_save expects is not in the saved file
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         detail = " ".join(lines[:2])
         detail = detail if len(detail) <= 300 else detail[:297] + "..."
@@ -365,12 +455,13 @@ def load_peft_directory(path: str | Path, weights: bool = False) -> nn.Module:
 
     first, first_folder = adapters[0]
     saved = {name: _saved_tensors(folder) for name, folder in adapters}
-    base, missing = _base_model(path, first_folder, settings[first],
-                                _head_labels(settings[first], saved[first]), weights)
+    base, missing, unused = _base_model(path, first_folder, settings[first],
+                                        _head_labels(settings[first], saved[first]), weights)
     model = _with_adapters(base, adapters)
     if weights:     # discovery reads the structure alone: a fresh head does not change it
-        _check_base_complete(model, first_folder, _local_base(settings[first]), missing,
-                             saved[first])
+        local = _local_base(settings[first])
+        _check_base_complete(model, first_folder, local, missing, saved[first])
+        _check_base_used(model, first_folder, local, unused)
     for name, folder in adapters:
         _load_values(model, saved[name], name)
         _check_loaded(model, folder, name, saved[name])

@@ -55,7 +55,7 @@ def _load_pretrained(directory: Path) -> nn.Module:
     from safetensors import SafetensorError
     from torch import nn
 
-    from quotientsharp.models.files import read_json_file
+    from quotientsharp.models.files import first_line, read_json_file
 
     transformers = import_transformers(f"MODEL directory {directory}")
     # transformers' own message for a broken config.json names no MODEL and hides the reason
@@ -80,6 +80,11 @@ def _load_pretrained(directory: Path) -> nn.Module:
             raise _config_mismatch(directory, model_class, err) from err
         except (OSError, SafetensorError, pickle.UnpicklingError, EOFError) as err:
             raise _unreadable_weights(directory, err) from err
+        except ImportError as err:
+            # a package the config asks for (bitsandbytes for a model saved quantised)
+            raise InputError(f"MODEL {directory}: transformers cannot load it without a "
+                             f"package that is not installed here ({first_line(err, 300)})"
+                             ) from err
     finally:
         restore()
     missing = list(info.get("missing_keys") or [])
