@@ -35,9 +35,6 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 WITHOUT_PAGE_DATA = {
     "diagonal": "results/diagonal/ of the --full run at abdd1678df86 (analysis, records of "
                 "the 12 runs)",
-    "vit": "results/vit-seeds/ of the run at 263e9344796d (records, seeds.json)",
-    "bert": "results/bert-seeds/ of the run at 263e9344796d (records, seeds.json)",
-    "vit-finetune": "the run at 04ede1924268 (--out /tmp/vitft)",
     "invariance": "results/invariance/ of the run at e2eae913e643 (every precision's points)",
 }
 
