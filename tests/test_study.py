@@ -167,6 +167,22 @@ def test_report_and_plots(full_run):
         assert (out / image).read_bytes()[:8] == PNG_MAGIC
 
 
+@pytest.mark.study
+def test_plots_of_an_earlier_run_are_removed(saved, tmp_path):
+    """A new run (another grid, or ``--no-plots``) in a folder that holds plots leaves none
+    of the old ones: their titles and points are of other data."""
+    out = tmp_path / "replotted"
+    assert _study(saved, out, grid=SMALL)[0] == 0
+    old = sorted(path.name for path in out.glob("scatter_*"))
+    assert "scatter_adaptive_rho0.1.png" in old and "scatter_panels.svg" in old
+    other = ("--measure", "adaptive", "--rho", "0.05")
+    assert _study(saved, out, grid=other)[0] == 0
+    assert sorted(path.name for path in out.glob("scatter_*")) == [
+        "scatter_adaptive_rho0.05.png", "scatter_adaptive_rho0.05.svg"]
+    assert _study(saved, out, "--no-plots", "--resume", grid=other)[0] == 0
+    assert not list(out.glob("scatter_*"))
+
+
 # ---------------------------------------------------------------------------- interrupted
 def _stop_after(monkeypatch, models: int) -> None:
     """Make the run stop (KeyboardInterrupt) when model ``models + 1`` starts."""

@@ -258,6 +258,15 @@ def _values(plan: _Plan, records: Mapping[str, dict[str, Any]]) -> dict[str, lis
             for point in plan.grid}
 
 
+def _remove_plots(folder: Path) -> None:
+    """Delete the plots in ``folder`` (``scatter_*.png`` and their SVGs and panels) before
+    this run writes its own: those of an earlier run, of another grid or manifest, or left by
+    ``--no-plots``, would sit beside the new taus with titles and points of other data."""
+    for pattern in ("scatter_*.png", "scatter_*.svg"):
+        for path in folder.glob(pattern):
+            path.unlink(missing_ok=True)
+
+
 def _write_outputs(plan: _Plan, records: Mapping[str, dict[str, Any]],
                    taus: list[dict[str, Any]], ignored: list[str], world_size: int,
                    results: ResultsDirectory, wall: float) -> tuple[list[Path] | None, float]:
@@ -267,6 +276,7 @@ def _write_outputs(plan: _Plan, records: Mapping[str, dict[str, Any]],
     config, entries, gap_from = plan.config, plan.entries, plan.config.gap_kind
     write_json_atomic(results.file(TAUS_JSON), taus)
     results.write_csv(TAUS_CSV, TAU_COLUMNS, taus)
+    _remove_plots(results.path)
     plots = None
     if config.plots:
         gaps = [gap_of(entry, records[entry.name]) for entry in entries]
