@@ -427,6 +427,21 @@ def test_bad_manifests_end_in_one_line(saved, tmp_path, manifest, message):
     assert stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_non_finite_colour_is_refused(saved, tmp_path, value):
+    # a point whose colour is not finite was drawn in no colour: left out of the plots while
+    # their titles counted it
+    rows = ["model,gap,learning_rate", "nets/net0.pt,0.1,0.01", f"nets/net1.pt,0.2,{value}",
+            "nets/net2.pt,0.3,0.03"]
+    (tmp_path / "colours.csv").write_text("\n".join(rows) + "\n")
+    shutil.copytree(saved / "nets", tmp_path / "nets")
+    shutil.copy(saved / "data.pt", tmp_path / "data.pt")
+    code, _, stderr = _study(tmp_path, tmp_path / "out", "--color", "learning_rate",
+                             manifest="colours.csv")
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert f"model 'nets/net1.pt' (line 3) has the non-finite value '{value}'" in stderr
+
+
 def test_bad_options_end_in_one_line(saved, tmp_path):
     for extra, message in ((["--confidence", "1.5"], "--confidence"),
                            (["--color", "nope"], "--color nope"),

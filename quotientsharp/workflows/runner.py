@@ -8,6 +8,7 @@ Each model is a unit of work of :class:`~quotientsharp.workflows.resumable.Resum
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,6 +157,11 @@ def _colors(entries: Sequence[ManifestEntry], key: str | None) -> list[float] | 
         except ValueError:
             raise ValueError(f"--color {key}: model {entry.name!r} (line {entry.line}) has "
                              f"the non-numeric value {entry.extra[key]!r}") from None
+        if not math.isfinite(values[-1]):
+            # a point without a colour would be left out of the plots without a word
+            raise ValueError(f"--color {key}: model {entry.name!r} (line {entry.line}) has "
+                             f"the non-finite value {entry.extra[key]!r}; colour by a key "
+                             "that is finite for every model")
     return values
 
 
