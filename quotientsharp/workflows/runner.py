@@ -114,6 +114,8 @@ def _check_identities(finished: Mapping[str, dict[str, Any]],
         now = content_identity(entry)
         changed = [f"{key} {paths[key]}" for key in ("model", "train", "test")
                    if now[f"{key}_sha256"] != saved.get(f"{key}_sha256")]
+        if now.get("base_sha256") != saved.get("base_sha256"):
+            changed.append(f"the base model of the adapter {paths['model']}")
         if changed:
             raise ValueError(f"--resume: the record of {entry.name!r} in {folder} was measured "
                              f"from other contents of {', '.join(changed)} (SHA-256 differs, "
