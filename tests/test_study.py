@@ -416,6 +416,13 @@ def test_two_ranks_write_the_single_process_files(saved, small_run):
     ("model,gap,name\nnets/net0.pt,0.1,a\nnets/net1.pt,0.2,a\n", "already used on line 2"),
     ("model,gap\nnets/net0.pt,0.1\nnets/net1.pt,high\n", "gap must be a number"),
     ("model,gap,clean_loss\nnets/net0.pt,0.1,1\nnets/net1.pt,0.2,2\n", "output columns"),
+    # a quoted value over two lines: zip's 'argument 2 is shorter than argument 1' was all
+    ('model,gap,note\nnets/net0.pt,0.1,"two\nlines"\nnets/net1.pt,0.2,x\n',
+     "line 2: a quoted value is not closed on its line"),
+    ('model,gap,note\nnets/net0.pt,0.1,"unclosed\nnets/net1.pt,0.2,x\n',
+     "line 2: a quoted value is not closed on its line"),
+    ('model,gap,"note\n"\nnets/net0.pt,0.1,a\nnets/net1.pt,0.2,x\n',
+     "line 1: a quoted column name is not closed"),
 ])
 def test_bad_manifests_end_in_one_line(saved, tmp_path, manifest, message):
     shutil.copytree(saved / "nets", tmp_path / "nets")

@@ -96,10 +96,19 @@ def _csv_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     numbers = [number for number, _ in lines]
     reader = csv.reader(line for _, line in lines)
     header = [column.strip() for column in next(reader)]
+    if reader.line_num != 1:
+        raise InputError(f"MANIFEST {path}, line {numbers[0]}: a quoted column name is not "
+                         "closed on the header line")
     if len(set(header)) != len(header) or "" in header:
         raise InputError(f"MANIFEST {path}, line {numbers[0]}: the header has empty or "
                          f"repeated column names ({header})")
-    for number, values in zip(numbers[1:], reader, strict=True):
+    for index, values in enumerate(reader, start=1):
+        number = numbers[index]
+        if reader.line_num != index + 1:
+            # a quoted value ran over the line's end: each row is one line of the file
+            raise InputError(f"MANIFEST {path}, line {number}: a quoted value is not closed "
+                             "on its line (a row of the manifest is one line; remove the line "
+                             "break or the stray quote)")
         if len(values) != len(header):
             raise InputError(f"MANIFEST {path}, line {number}: {len(values)} value(s) for the "
                              f"{len(header)} column(s) of the header")
