@@ -414,6 +414,8 @@ def test_two_ranks_write_the_single_process_files(saved, small_run):
     ("model,gap,train,test\nnets/net0.pt,0.1,data.pt,data.pt\nnets/net1.pt,0.2,,\n",
      "both a 'gap' and 'train'/'test'"),
     ("model,gap,name\nnets/net0.pt,0.1,a\nnets/net1.pt,0.2,a\n", "already used on line 2"),
+    ("model,gap,name\nnets/net0.pt,0.1,\u00e9\nnets/net1.pt,0.2,e\u0301\n",
+     "already used on line 2 (there in another Unicode form of the same text)"),
     ("model,gap\nnets/net0.pt,0.1\nnets/net1.pt,high\n", "gap must be a number"),
     ("model,gap,clean_loss\nnets/net0.pt,0.1,1\nnets/net1.pt,0.2,2\n", "output columns"),
     # a quoted value over two lines: zip's 'argument 2 is shorter than argument 1' was all

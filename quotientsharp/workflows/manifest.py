@@ -13,6 +13,7 @@ import difflib
 import json
 import math
 import os
+import unicodedata
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,14 +221,18 @@ def read_manifest(path: str | os.PathLike, reserved: Sequence[str] = ()) -> list
         if clash:
             raise InputError(f"{where}: the key(s) {clash} are names of output columns; rename "
                              "them in the manifest")
-        if entry.name in names:
+        # names equal up to Unicode normalisation ('e' + combining accent, 'é') look the same
+        # in every output
+        key = unicodedata.normalize("NFC", entry.name)
+        if key in names:
+            same = "" if key == entry.name else " (there in another Unicode form of the same text)"
             raise InputError(f"{where}: the name {entry.name!r} is already used on line "
-                             f"{names[entry.name]}; names must be unique")
+                             f"{names[key]}{same}; names must be unique")
         resolved = entry.model.resolve()
         if resolved in models:
             raise InputError(f"{where}: model {entry.model} is already listed on line "
                              f"{models[resolved]}")
-        names[entry.name], models[resolved] = number, number
+        names[key], models[resolved] = number, number
         entries.append(entry)
     if len(entries) < 2:
         raise InputError(f"MANIFEST {path} lists {len(entries)} model(s); a rank correlation "
