@@ -523,6 +523,9 @@ def test_reproduce_console_states_the_sign_convention(monkeypatch, capsys):
     ({"measures": "worst_case", "rho": 0.1, "p": "inf", "seed": 3},
      "--measure worst_case --rho 0.1 --p inf --seed 3"),
     ({"measures": "average", "rho": 0.1}, "--measure average --rho 0.1"),
+    # a user's symmetry changes every geodesic value: the command without it measured others
+    ({"measures": "geodesic", "rho": 0.1, "symmetry": "my_symmetry:bind"},
+     "--measure geodesic --rho 0.1 --metric inv --order 2 --symmetry my_symmetry:bind"),
 ])
 def test_the_report_names_the_options_that_differ_from_their_defaults(fields, options):
     # the defaults come from the settings themselves, for a grid without a radius too

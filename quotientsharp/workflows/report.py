@@ -26,7 +26,8 @@ def _gap_formula(gap_from: str) -> str:
 #: Options of ``quotientsharp study`` that change the values, in the order the report's
 #: command line names those that differ from their defaults (the grid options always).
 _VALUE_OPTIONS = ("eps", "p", "samples", "layer", "loss", "batch_size", "max_batches", "n_iter",
-                  "seed", "max_length", "tokenizer", "dtype", "gap_from", "chains", "nonfinite")
+                  "seed", "max_length", "tokenizer", "dtype", "gap_from", "chains", "nonfinite",
+                  "symmetry")
 
 
 def value_settings(config: StudyConfig) -> dict[str, Any]:
@@ -55,7 +56,7 @@ def command_line(manifest: str, config: StudyConfig, grid: Sequence[GridPoint]) 
         parts += ["--metric", ",".join(metrics), "--order", ",".join(orders)]
     def values(of: StudyConfig) -> dict[str, Any]:
         return {**value_settings(of), "p": of.p, "gap_from": of.gap_from,
-                "chains": of.solver.chains, "nonfinite": of.nonfinite}
+                "chains": of.solver.chains, "nonfinite": of.nonfinite, "symmetry": of.symmetry}
 
     default = StudyConfig(data=config.data, measures=config.measures, rho=config.rho)
     given, defaults = values(config), values(default)
