@@ -526,6 +526,9 @@ def test_reproduce_console_states_the_sign_convention(monkeypatch, capsys):
     # a user's symmetry changes every geodesic value: the command without it measured others
     ({"measures": "geodesic", "rho": 0.1, "symmetry": "my_symmetry:bind"},
      "--measure geodesic --rho 0.1 --metric inv --order 2 --symmetry my_symmetry:bind"),
+    # every digit: %g's six gave 0.123457, another radius
+    ({"measures": "geodesic", "rho": "0.1234567,1e-05", "eps": 1.2345678e-9},
+     "--measure geodesic --rho 0.1234567,1e-05 --metric inv --order 2 --eps 1.2345678e-09"),
 ])
 def test_the_report_names_the_options_that_differ_from_their_defaults(fields, options):
     # the defaults come from the settings themselves, for a grid without a radius too
