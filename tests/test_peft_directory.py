@@ -132,6 +132,34 @@ def test_study_value_of_the_directory_equals_the_in_memory_model(saved, tmp_path
     assert keys and all(rows["dir"][k] == rows["file"][k] for k in keys)
 
 
+def test_resume_after_the_adapters_base_changed_refuses(saved, tmp_path):
+    # the adapter's folder is unchanged, but its values are of the base it is measured on
+    base, adapter = tmp_path / "base", tmp_path / "adapter"
+    shutil.copytree(saved / "base", base)
+    shutil.copytree(saved / "adapter", adapter)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps(
+        {**config, "base_model_name_or_path": str(base)}))
+    (tmp_path / "models.csv").write_text(f"name,model,gap\nadapter,{adapter},0.1\n"
+                                         f"file,{saved / 'model.pt'},0.2\n")
+    command = ["study", tmp_path / "models.csv", "--data", saved / "data.pt", *OPTIONS,
+               "--measure", "adaptive", "--bootstrap", "0", "--no-plots",
+               "--out", tmp_path / "out"]
+    code, _, stderr = _call(*command)
+    assert code == 0, stderr
+    code, stdout, stderr = _call(*command, "--resume")
+    assert code == 0 and "measured now: 0" in stdout, stderr
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.BertModel.from_pretrained(base)
+    with torch.no_grad():
+        model.embeddings.word_embeddings.weight.mul_(2.0)     # retrained in place
+    model.save_pretrained(base)
+    code, _, stderr = _call(*command, "--resume")
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert "record of 'adapter'" in stderr and "base model of the adapter" in stderr
+
+
 def test_loading_the_directory_raises_no_warning(saved):
     from quotientsharp.workflows.saved_models import load_measured_model
 

@@ -167,6 +167,22 @@ def test_report_and_plots(full_run):
         assert (out / image).read_bytes()[:8] == PNG_MAGIC
 
 
+@pytest.mark.study
+def test_plots_of_an_earlier_run_are_removed(saved, tmp_path):
+    """A new run (another grid, or ``--no-plots``) in a folder that holds plots leaves none
+    of the old ones: their titles and points are of other data."""
+    out = tmp_path / "replotted"
+    assert _study(saved, out, grid=SMALL)[0] == 0
+    old = sorted(path.name for path in out.glob("scatter_*"))
+    assert "scatter_adaptive_rho0.1.png" in old and "scatter_panels.svg" in old
+    other = ("--measure", "adaptive", "--rho", "0.05")
+    assert _study(saved, out, grid=other)[0] == 0
+    assert sorted(path.name for path in out.glob("scatter_*")) == [
+        "scatter_adaptive_rho0.05.png", "scatter_adaptive_rho0.05.svg"]
+    assert _study(saved, out, "--no-plots", "--resume", grid=other)[0] == 0
+    assert not list(out.glob("scatter_*"))
+
+
 # ---------------------------------------------------------------------------- interrupted
 def _stop_after(monkeypatch, models: int) -> None:
     """Make the run stop (KeyboardInterrupt) when model ``models + 1`` starts."""
@@ -398,8 +414,17 @@ def test_two_ranks_write_the_single_process_files(saved, small_run):
     ("model,gap,train,test\nnets/net0.pt,0.1,data.pt,data.pt\nnets/net1.pt,0.2,,\n",
      "both a 'gap' and 'train'/'test'"),
     ("model,gap,name\nnets/net0.pt,0.1,a\nnets/net1.pt,0.2,a\n", "already used on line 2"),
+    ("model,gap,name\nnets/net0.pt,0.1,\u00e9\nnets/net1.pt,0.2,e\u0301\n",
+     "already used on line 2 (there in another Unicode form of the same text)"),
     ("model,gap\nnets/net0.pt,0.1\nnets/net1.pt,high\n", "gap must be a number"),
     ("model,gap,clean_loss\nnets/net0.pt,0.1,1\nnets/net1.pt,0.2,2\n", "output columns"),
+    # a quoted value over two lines: zip's 'argument 2 is shorter than argument 1' was all
+    ('model,gap,note\nnets/net0.pt,0.1,"two\nlines"\nnets/net1.pt,0.2,x\n',
+     "line 2: a quoted value is not closed on its line"),
+    ('model,gap,note\nnets/net0.pt,0.1,"unclosed\nnets/net1.pt,0.2,x\n',
+     "line 2: a quoted value is not closed on its line"),
+    ('model,gap,"note\n"\nnets/net0.pt,0.1,a\nnets/net1.pt,0.2,x\n',
+     "line 1: a quoted column name is not closed"),
 ])
 def test_bad_manifests_end_in_one_line(saved, tmp_path, manifest, message):
     shutil.copytree(saved / "nets", tmp_path / "nets")
@@ -409,6 +434,21 @@ def test_bad_manifests_end_in_one_line(saved, tmp_path, manifest, message):
     assert code == 2, stderr
     assert stderr.startswith("quotientsharp study: error: ") and message in stderr
     assert stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_non_finite_colour_is_refused(saved, tmp_path, value):
+    # a point whose colour is not finite was drawn in no colour: left out of the plots while
+    # their titles counted it
+    rows = ["model,gap,learning_rate", "nets/net0.pt,0.1,0.01", f"nets/net1.pt,0.2,{value}",
+            "nets/net2.pt,0.3,0.03"]
+    (tmp_path / "colours.csv").write_text("\n".join(rows) + "\n")
+    shutil.copytree(saved / "nets", tmp_path / "nets")
+    shutil.copy(saved / "data.pt", tmp_path / "data.pt")
+    code, _, stderr = _study(tmp_path, tmp_path / "out", "--color", "learning_rate",
+                             manifest="colours.csv")
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert f"model 'nets/net1.pt' (line 3) has the non-finite value '{value}'" in stderr
 
 
 def test_bad_options_end_in_one_line(saved, tmp_path):
@@ -483,6 +523,12 @@ def test_reproduce_console_states_the_sign_convention(monkeypatch, capsys):
     ({"measures": "worst_case", "rho": 0.1, "p": "inf", "seed": 3},
      "--measure worst_case --rho 0.1 --p inf --seed 3"),
     ({"measures": "average", "rho": 0.1}, "--measure average --rho 0.1"),
+    # a user's symmetry changes every geodesic value: the command without it measured others
+    ({"measures": "geodesic", "rho": 0.1, "symmetry": "my_symmetry:bind"},
+     "--measure geodesic --rho 0.1 --metric inv --order 2 --symmetry my_symmetry:bind"),
+    # every digit: %g's six gave 0.123457, another radius
+    ({"measures": "geodesic", "rho": "0.1234567,1e-05", "eps": 1.2345678e-9},
+     "--measure geodesic --rho 0.1234567,1e-05 --metric inv --order 2 --eps 1.2345678e-09"),
 ])
 def test_the_report_names_the_options_that_differ_from_their_defaults(fields, options):
     # the defaults come from the settings themselves, for a grid without a radius too

@@ -119,6 +119,10 @@ def test_every_flag_of_the_solver_is_a_bool(kind, name):
     ({"measures": "relative_flatness", "rho": 0.2},
      "rho applies to every measure but relative_flatness"),
     ({"symmetry": "mine:bind", "metrics": "inv,mix"}, "metrics inv,mix: with symmetry"),
+    # one column key for two radii: the second's values overwrote the first's
+    ({"rho": [0.1, 0.1000001]},
+     "rho gives 0.1 and 0.1000001, which the outputs both name rho0.1"),
+    ({"rho": "1e-7,1.0000001e-7"}, "rho gives 1e-07 and 1.0000001e-07, which the outputs"),
 ])
 def test_a_bad_field_is_named_when_the_config_is_made(fields, message):
     with pytest.raises(InputError, match=f"^{re.escape(message)}"):
@@ -191,6 +195,7 @@ def test_the_command_line_names_the_options_not_the_fields():
     assert error("--rho", "0.1", "--batch-size", "0").startswith("--batch-size must be")
     assert error("--rho", "-1") == "--rho must be a finite number > 0, got -1.0"
     assert error("--rho", "0.1,x").startswith("--rho must be a number or a comma list")
+    assert error("--rho", "0.05,0.0500000001").startswith("--rho gives 0.05 and 0.0500000001")
     assert error().startswith("--rho is required for geodesic")
     assert error("--rho", "0.1", "--metric", "mix,riemann").startswith("--metric must be")
     assert error("--rho", "0.1", "--gap-from", "error", "--loss", "mse") == (

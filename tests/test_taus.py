@@ -79,6 +79,23 @@ def test_a_perfect_ranking_has_the_degenerate_interval_at_its_estimate(size, see
     assert tau.a_low <= tau.tau_a <= tau.a_high and tau.b_low <= tau.tau_b <= tau.b_high
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_two_models_or_a_constant_variable_have_no_interval(seed) -> None:
+    # two models: every draw with a pair repeats it, so the bootstrap gave [+1, +1] (or
+    # [-1, -1]) for any two models; a constant gap gave tau-a [0, 0]: certainty from nothing
+    gen = np.random.default_rng(seed)
+    x, y = gen.normal(size=2), gen.normal(size=2)
+    two = tau_interval(x, y, samples=400, seed=seed)
+    assert abs(two.tau_a) == 1.0 and two.tau_b == two.tau_a
+    assert (two.a_low, two.a_high, two.b_low, two.b_high) == (None,) * 4
+    size = int(gen.integers(3, 9))
+    varying, constant = gen.normal(size=size), np.full(size, gen.normal())
+    for first, second in ((constant, varying), (varying, constant)):
+        flat = tau_interval(first, second, samples=400, seed=seed)
+        assert (flat.tau_a, flat.tau_b, flat.count) == (0.0, None, size)
+        assert (flat.a_low, flat.a_high, flat.b_low, flat.b_high) == (None,) * 4
+
+
 @pytest.mark.parametrize("size", SIZES)
 def test_every_study_reports_the_perfect_ranking_interval(size) -> None:
     gaps = [0.1 * k for k in range(size)]
@@ -152,6 +169,10 @@ def test_interval_is_the_quantile_of_resamples_with_copies_removed_pairwise(size
     draws = [_without_copies(row.tolist(), x, y) for row in index]
     draws_a = [a for a, _ in draws if a is not None]
     draws_b = [b for a, b in draws if a is not None and b is not None]
+    if len(set(x)) == 1 or len(set(y)) == 1:
+        # a constant variable: every draw gives tau-a 0 back, no interval
+        assert (got.a_low, got.a_high, got.b_low, got.b_high) == (None,) * 4
+        return
     want_a = np.quantile(draws_a, [0.025, 0.975])
     assert (got.a_low, got.a_high) == pytest.approx(tuple(want_a), abs=1e-12)
     if len(draws_b) >= 0.9 * len(draws_a):

@@ -51,11 +51,35 @@ def content_sha256(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
+def _adapter_bases(model: Path) -> list[Path]:
+    """The local base model directories of the PEFT adapters saved in ``model`` (none for a
+    file, a whole saved model, or an adapter whose base is not a local directory)."""
+    from quotientsharp.models.peft_loading import ADAPTER_CONFIG, saved_adapters
+
+    bases = []
+    for _, folder in saved_adapters(model):
+        try:
+            base = json.loads((folder / ADAPTER_CONFIG).read_text()).get(
+                "base_model_name_or_path")
+        except (OSError, ValueError, AttributeError):
+            continue                    # loading the adapter names what is wrong with it
+        # relative to the working directory, as PEFT (and the measurement) reads it
+        if isinstance(base, str) and base and Path(base).is_dir():
+            bases.append(Path(base))
+    return bases
+
+
 def content_identity(entry: ManifestEntry) -> dict[str, Any]:
-    """:meth:`ManifestEntry.identity` with the SHA-256 of the model and the gap's data."""
+    """:meth:`ManifestEntry.identity` with the SHA-256 of the model and the gap's data, and,
+    for a saved PEFT adapter, of the base model it is measured on (``base_sha256``: a base
+    retrained in place, or another one reached from another working directory, changes every
+    value while the adapter's folder stays the same)."""
     identity: dict[str, Any] = dict(entry.identity())
     for key, path in (("model", entry.model), ("train", entry.train), ("test", entry.test)):
         identity[f"{key}_sha256"] = None if path is None else content_sha256(path)
+    bases = _adapter_bases(entry.model)
+    if bases:
+        identity["base_sha256"] = [content_sha256(base) for base in bases]
     return identity
 
 

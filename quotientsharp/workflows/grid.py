@@ -15,6 +15,7 @@ from quotientsharp.workflows.options import (
     SharpnessConfig,
     measure_runs,
     options_for,
+    radius_text,
 )
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ def _key(measure: str, rho: float | None, variant: dict[str, Any], p: str | None
     if p == "inf":
         parts.append("linf")
     if rho is not None:
-        parts.append(f"rho{rho:g}")
+        parts.append(f"rho{radius_text(rho)}")
     return "_".join(parts)
 
 

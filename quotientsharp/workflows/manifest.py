@@ -13,6 +13,7 @@ import difflib
 import json
 import math
 import os
+import unicodedata
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,10 +97,19 @@ def _csv_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     numbers = [number for number, _ in lines]
     reader = csv.reader(line for _, line in lines)
     header = [column.strip() for column in next(reader)]
+    if reader.line_num != 1:
+        raise InputError(f"MANIFEST {path}, line {numbers[0]}: a quoted column name is not "
+                         "closed on the header line")
     if len(set(header)) != len(header) or "" in header:
         raise InputError(f"MANIFEST {path}, line {numbers[0]}: the header has empty or "
                          f"repeated column names ({header})")
-    for number, values in zip(numbers[1:], reader, strict=True):
+    for index, values in enumerate(reader, start=1):
+        number = numbers[index]
+        if reader.line_num != index + 1:
+            # a quoted value ran over the line's end: each row is one line of the file
+            raise InputError(f"MANIFEST {path}, line {number}: a quoted value is not closed "
+                             "on its line (a row of the manifest is one line; remove the line "
+                             "break or the stray quote)")
         if len(values) != len(header):
             raise InputError(f"MANIFEST {path}, line {number}: {len(values)} value(s) for the "
                              f"{len(header)} column(s) of the header")
@@ -211,14 +221,18 @@ def read_manifest(path: str | os.PathLike, reserved: Sequence[str] = ()) -> list
         if clash:
             raise InputError(f"{where}: the key(s) {clash} are names of output columns; rename "
                              "them in the manifest")
-        if entry.name in names:
+        # names equal up to Unicode normalisation ('e' + combining accent, 'é') look the same
+        # in every output
+        key = unicodedata.normalize("NFC", entry.name)
+        if key in names:
+            same = "" if key == entry.name else " (there in another Unicode form of the same text)"
             raise InputError(f"{where}: the name {entry.name!r} is already used on line "
-                             f"{names[entry.name]}; names must be unique")
+                             f"{names[key]}{same}; names must be unique")
         resolved = entry.model.resolve()
         if resolved in models:
             raise InputError(f"{where}: model {entry.model} is already listed on line "
                              f"{models[resolved]}")
-        names[entry.name], models[resolved] = number, number
+        names[key], models[resolved] = number, number
         entries.append(entry)
     if len(entries) < 2:
         raise InputError(f"MANIFEST {path} lists {len(entries)} model(s); a rank correlation "

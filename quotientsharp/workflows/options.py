@@ -128,6 +128,12 @@ def _items(value: object, field_name: str, *, empty: bool = False) -> list[Any]:
     return items
 
 
+def radius_text(rho: float) -> str:
+    """A radius as the outputs name it (the column key ``adaptive_rho0.1``, the labels): 6
+    significant digits."""
+    return f"{rho:g}"
+
+
 def _unique(values: Iterable[Any]) -> tuple[Any, ...]:
     """``values`` in order, without repeats."""
     return tuple(dict.fromkeys(values))
@@ -400,6 +406,14 @@ class SharpnessConfig:
         radii = () if self.rho is None else _unique(
             _radius(rho) for rho in _items(self.rho, "rho", empty=True))
         _set(self, "rho", radii)
+        named: dict[str, float] = {}
+        for rho in radii:
+            first = named.setdefault(radius_text(rho), rho)
+            if first != rho:
+                # one column, plot and label for two radii: one's values would hide the other's
+                raise InputError(f"{_name('rho')} gives {first!r} and {rho!r}, which the "
+                                 f"outputs both name rho{radius_text(rho)} (6 significant "
+                                 "digits): give radii that differ within 6 digits")
         needs_radius = [m for m in self.measures if m != "relative_flatness"]
         if needs_radius and not radii:
             raise InputError(f"{_name('rho')} is required for {', '.join(needs_radius)}")

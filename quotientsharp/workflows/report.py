@@ -26,7 +26,8 @@ def _gap_formula(gap_from: str) -> str:
 #: Options of ``quotientsharp study`` that change the values, in the order the report's
 #: command line names those that differ from their defaults (the grid options always).
 _VALUE_OPTIONS = ("eps", "p", "samples", "layer", "loss", "batch_size", "max_batches", "n_iter",
-                  "seed", "max_length", "tokenizer", "dtype", "gap_from", "chains", "nonfinite")
+                  "seed", "max_length", "tokenizer", "dtype", "gap_from", "chains", "nonfinite",
+                  "symmetry")
 
 
 def value_settings(config: StudyConfig) -> dict[str, Any]:
@@ -40,6 +41,13 @@ def value_settings(config: StudyConfig) -> dict[str, Any]:
             "tokenizer": batches.tokenizer, "dtype": config.dtype}
 
 
+def _number(value: float) -> str:
+    """A number of the command line that reads back as itself (``0.1``, ``1e-05``; ``%g``'s 6
+    digits would give another radius)."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
+
+
 def command_line(manifest: str, config: StudyConfig, grid: Sequence[GridPoint]) -> str:
     """The ``quotientsharp study`` command that reproduces the values of a run (the options
     that determine them; output, bootstrap and display options left out)."""
@@ -48,21 +56,21 @@ def command_line(manifest: str, config: StudyConfig, grid: Sequence[GridPoint]) 
              "--measure", ",".join(measures)]
     rhos = list(dict.fromkeys(point.rho for point in grid if point.rho is not None))
     if rhos:
-        parts += ["--rho", ",".join(f"{rho:g}" for rho in rhos)]
+        parts += ["--rho", ",".join(_number(rho) for rho in rhos)]
     if "geodesic" in measures:
         metrics = dict.fromkeys(p.metric for p in grid if p.metric is not None)
         orders = dict.fromkeys(str(p.order) for p in grid if p.order is not None)
         parts += ["--metric", ",".join(metrics), "--order", ",".join(orders)]
     def values(of: StudyConfig) -> dict[str, Any]:
         return {**value_settings(of), "p": of.p, "gap_from": of.gap_from,
-                "chains": of.solver.chains, "nonfinite": of.nonfinite}
+                "chains": of.solver.chains, "nonfinite": of.nonfinite, "symmetry": of.symmetry}
 
     default = StudyConfig(data=config.data, measures=config.measures, rho=config.rho)
     given, defaults = values(config), values(default)
     for name in _VALUE_OPTIONS:
         value = given[name]
         if value != defaults[name]:
-            parts += [f"--{name.replace('_', '-')}", f"{value:g}" if isinstance(value, float)
+            parts += [f"--{name.replace('_', '-')}", _number(value) if isinstance(value, float)
                       else str(value)]
     return " ".join(parts)
 

@@ -8,6 +8,7 @@ Each model is a unit of work of :class:`~quotientsharp.workflows.resumable.Resum
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +114,8 @@ def _check_identities(finished: Mapping[str, dict[str, Any]],
         now = content_identity(entry)
         changed = [f"{key} {paths[key]}" for key in ("model", "train", "test")
                    if now[f"{key}_sha256"] != saved.get(f"{key}_sha256")]
+        if now.get("base_sha256") != saved.get("base_sha256"):
+            changed.append(f"the base model of the adapter {paths['model']}")
         if changed:
             raise ValueError(f"--resume: the record of {entry.name!r} in {folder} was measured "
                              f"from other contents of {', '.join(changed)} (SHA-256 differs, "
@@ -156,6 +159,11 @@ def _colors(entries: Sequence[ManifestEntry], key: str | None) -> list[float] | 
         except ValueError:
             raise ValueError(f"--color {key}: model {entry.name!r} (line {entry.line}) has "
                              f"the non-numeric value {entry.extra[key]!r}") from None
+        if not math.isfinite(values[-1]):
+            # a point without a colour would be left out of the plots without a word
+            raise ValueError(f"--color {key}: model {entry.name!r} (line {entry.line}) has "
+                             f"the non-finite value {entry.extra[key]!r}; colour by a key "
+                             "that is finite for every model")
     return values
 
 
@@ -258,6 +266,15 @@ def _values(plan: _Plan, records: Mapping[str, dict[str, Any]]) -> dict[str, lis
             for point in plan.grid}
 
 
+def _remove_plots(folder: Path) -> None:
+    """Delete the plots in ``folder`` (``scatter_*.png`` and their SVGs and panels) before
+    this run writes its own: those of an earlier run, of another grid or manifest, or left by
+    ``--no-plots``, would sit beside the new taus with titles and points of other data."""
+    for pattern in ("scatter_*.png", "scatter_*.svg"):
+        for path in folder.glob(pattern):
+            path.unlink(missing_ok=True)
+
+
 def _write_outputs(plan: _Plan, records: Mapping[str, dict[str, Any]],
                    taus: list[dict[str, Any]], ignored: list[str], world_size: int,
                    results: ResultsDirectory, wall: float) -> tuple[list[Path] | None, float]:
@@ -267,6 +284,7 @@ def _write_outputs(plan: _Plan, records: Mapping[str, dict[str, Any]],
     config, entries, gap_from = plan.config, plan.entries, plan.config.gap_kind
     write_json_atomic(results.file(TAUS_JSON), taus)
     results.write_csv(TAUS_CSV, TAU_COLUMNS, taus)
+    _remove_plots(results.path)
     plots = None
     if config.plots:
         gaps = [gap_of(entry, records[entry.name]) for entry in entries]

@@ -5,7 +5,8 @@ A resample holds some models several times, and a pair of two copies of one mode
 ranking information: it is left out of every count (pairs, concordance, ties), for tau-a and
 tau-b alike (counted as a tie it would pull tau-a towards 0 by about ``1/M``: a perfect
 ranking of 12 models got the interval ``(0.83, 0.97)``). An interval is reported only when
-the statistic is defined on at least 90 % of the resamples with a pair.
+the statistic is defined on at least 90 % of the resamples with a pair, and never for 2 models
+or a constant variable (every draw would give the estimate back).
 """
 
 from __future__ import annotations
@@ -163,6 +164,12 @@ def tau_interval(x: Sequence[float], y: Sequence[float], samples: int = 2000, se
     level
         Coverage of the interval.
 
+    Returns
+    -------
+    TauInterval
+        The intervals are ``None`` for 2 pairs and where ``x`` or ``y`` is constant: a draw
+        can only repeat the one pair or the ties, so the bootstrap would return the estimate.
+
     Raises
     ------
     ValueError
@@ -175,7 +182,12 @@ def tau_interval(x: Sequence[float], y: Sequence[float], samples: int = 2000, se
     xs, ys = _paired(x, y)
     draws_a, draws_b = _resampled_taus(xs, ys, samples, np.random.default_rng(seed))
     informative = np.isfinite(draws_a)
-    return TauInterval(*_point(xs, ys), *_bounds(draws_a, informative, level),
+    point = _point(xs, ys)
+    if xs.size == 2 or point[1] is None:
+        # every draw with a pair repeats the sample's one pair, or only its ties: the
+        # "interval" would be the estimate itself, a certainty the data do not give
+        return TauInterval(*point, None, None, None, None, int(xs.size), samples, level, seed)
+    return TauInterval(*point, *_bounds(draws_a, informative, level),
                        *_bounds(draws_b, informative, level), int(xs.size), samples, level,
                        seed)
 
