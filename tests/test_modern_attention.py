@@ -413,6 +413,14 @@ FAMILIES = {
                         (4, "rotate_half"), ("qk", "vo"),
                         (_gl("qk", 4, 33, 33, group="GL(1,C)^2 x GL(4)"),
                          _gl("vo", 4, 33, 32))),
+    # rotary from a `sinusoidal_pos` argument, interleaved planes, applied by the attention
+    # class's own apply_rotary_position_embeddings (no rotate_half helper in its module)
+    "roformer": Family(lambda: T.RoFormerForSequenceClassification(T.RoFormerConfig(
+        embedding_size=32, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+        intermediate_size=37, vocab_size=50, max_position_embeddings=16, num_labels=3,
+        pad_token_id=0)), text_batch, "RoFormerAttention", LinearAccess,
+        ("self.query", "self.key", "self.value", "output.dense"), 4, 4, (8, "interleaved"),
+        ("qk", "vo"), (_gl("qk", 4, 33, 33, group="GL(1,C)^4"), _gl("vo", 4, 33, 32))),
     "torch_mha": Family(MHAClassifier, mha_batch, "MultiheadAttention", MultiheadAccess, None,
                         2, 2, None, ("qk", "vo"),
                         (_gl("qk", 2, 17, 17), _gl("vo", 2, 17, 16))),
@@ -539,6 +547,22 @@ def test_rotary_layout_that_cannot_be_detected_drops_the_query_key_pair():
     report = find_symmetries(CustomRotary())
     assert {pair.kind for pair in report.pairs} == {"vo"}
     assert any("not detected as rotate_half or interleaved" in note for note in report.notes)
+
+
+def test_rotated_values_break_the_value_output_pair():
+    """RoFormer's ``rotary_value=True`` rotates the values by their position: a GL(h) element
+    on the value/output pair changes the logits, so the pair is dropped with a note."""
+    model = model_of("roformer")
+    for layer in model.roformer.encoder.layer:
+        layer.attention.self.rotary_value = True
+    report = find_symmetries(model)
+    assert {pair.kind for pair in report.pairs} == {"qk"}
+    assert any("no vo pairs" in note and "rotary_value=True" in note for note in report.notes)
+    family = copy.copy(FAMILIES["roformer"])
+    family.kinds = ("vo",)
+    batch = family.batch()
+    moved = moved_by_hand(model, family)
+    assert (logits(moved, batch) - logits(model, batch)).abs().max() > 1e-3
 
 
 def test_tiled_key_value_sharing_is_not_taken_for_grouped():
@@ -739,7 +763,7 @@ def test_the_same_element_moves_adaptive_sharpness():
     assert abs(values[1] - values[0]) > 1e-2 * abs(values[0]), values
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt_neox", "gptj"])
+@pytest.mark.parametrize("name", ["llama", "gpt_neox", "gptj", "roformer"])
 def test_a_full_gl_element_on_a_rotary_pair_changes_the_logits(name):
     """The control: outside the centraliser the rotary query/key pair is not a symmetry."""
     family = FAMILIES[name]
@@ -753,7 +777,7 @@ def test_a_full_gl_element_on_a_rotary_pair_changes_the_logits(name):
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "gpt_neox", "gptj", "bloom",
-                                  "distilbert"])
+                                  "distilbert", "roformer"])
 def test_reparametrize_draws_in_the_subgroup_and_keeps_the_function(name):
     family = FAMILIES[name]
     model = _model(name)

@@ -32,8 +32,10 @@ QKV_LIKE_NAMES = frozenset({
     "wq", "wk", "wv", "query_key_value", "kv", "kv_proj", "q_lin", "k_lin", "v_lin",
     "query_proj", "key_proj", "value_proj", "q_head", "k_head", "v_head",
 })
-#: Forward arguments or children that announce rotary position embeddings (they reduce QK).
-_ROTARY_MARKERS = ("position_embeddings", "rotary_pos_emb", "freqs_cis", "rotary_emb", "rope")
+#: Forward arguments or children that announce rotary position embeddings (they reduce QK);
+#: ``sinusoidal_pos`` is RoFormer's.
+_ROTARY_MARKERS = ("position_embeddings", "rotary_pos_emb", "freqs_cis", "rotary_emb", "rope",
+                   "sinusoidal_pos")
 #: Children that normalise queries or keys per head (they break QK).
 _QUERY_KEY_NORMS = frozenset({"q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_norm",
                               "key_norm"})
@@ -79,12 +81,34 @@ def _call_on_probe(helper: Callable[..., Any], probe: torch.Tensor, shape: tuple
     return result if isinstance(result, torch.Tensor) and result.shape == shape else None
 
 
+def _quarter_turn_of_sinusoidal_helper(module: nn.Module) -> tuple[Any, str]:
+    """RoFormer's ``apply_rotary_position_embeddings(sinusoidal_pos, query, key)`` (a method of
+    the attention class) as a one-argument rotation: at ``sin = 1, cos = 0`` (``sinusoidal_pos``
+    is ``[sin | cos]`` along the last dimension) it turns the query by a quarter turn in every
+    plane; ``None`` if the class has no such method."""
+    name = "apply_rotary_position_embeddings"
+    helper = getattr(type(module), name, None)
+    if not callable(helper):
+        return None, f"no {name} on {type(module).__name__}"
+
+    def quarter_turn(probe: torch.Tensor) -> Any:
+        half = probe.shape[-1] // 2
+        sin_then_cos = torch.cat((torch.ones_like(probe[..., :half]),
+                                  torch.zeros_like(probe[..., half:])), dim=-1)
+        return helper(sin_then_cos, probe, probe)[0]
+    return quarter_turn, f"{type(module).__module__}.{type(module).__name__}.{name}"
+
+
 def detect_layout(module: nn.Module) -> tuple[str | None, str]:
     """The rotary layout (``"rotate_half"`` or ``"interleaved"``) of the modeling code's
     ``rotate_half`` or ``rotate_every_two`` (a quarter turn in either direction: ``x * cos +
-    helper(x) * sin`` is the embedding), ``None`` for none or neither convention; and which
+    helper(x) * sin`` is the embedding), else of the attention class's RoFormer-style
+    ``apply_rotary_position_embeddings``; ``None`` for none or neither convention; and which
     helper was probed (or what was searched)."""
     helper, source = modeling_helper(module, ("rotate_half", "rotate_every_two"))
+    if helper is None:
+        helper, method_source = _quarter_turn_of_sinusoidal_helper(module)
+        source = method_source if helper is not None else f"{source}; {method_source}"
     # distinct entries tell the two pairings apart; float64 on the CPU whatever the defaults
     probe = torch.arange(1.0, 9.0, dtype=torch.float64, device="cpu").reshape(1, 1, 1, 8)
     rotated = None if helper is None else _call_on_probe(helper, probe, probe.shape)
@@ -377,6 +401,11 @@ def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[Factor
     vo_breakers = _clipping(module)
     if _children(module) & _VALUE_NORMS:
         vo_breakers.insert(0, "values are normalised (v_norm) before the attention average")
+    if getattr(module, "rotary_value", False) is True:
+        # RoFormer's option: the values are rotated by their position too, so only the
+        # rotations' centraliser (not GL(h)) commutes with the average
+        vo_breakers.insert(0, "values are rotated by their position (rotary_value=True) "
+                              "before the attention average")
     if vo_breakers:
         notes.append(f"{label}: no vo pairs, " + "; ".join(vo_breakers))
     else:
