@@ -421,6 +421,13 @@ FAMILIES = {
         pad_token_id=0)), text_batch, "RoFormerAttention", LinearAccess,
         ("self.query", "self.key", "self.value", "output.dense"), 4, 4, (8, "interleaved"),
         ("qk", "vo"), (_gl("qk", 4, 33, 33, group="GL(1,C)^4"), _gl("vo", 4, 33, 32))),
+    # cosine attention: normalize(q) normalize(k)^T * logit_scale breaks qk, vo stays
+    "swinv2": Family(lambda: T.Swinv2ForImageClassification(T.Swinv2Config(
+        image_size=8, patch_size=2, embed_dim=16, depths=[1], num_heads=[2], window_size=2,
+        mlp_ratio=2.0, num_labels=3, attn_implementation="eager")), image_batch,
+        "Swinv2Attention", LinearAccess, ("self.query", "self.key", "self.value",
+                                          "output.dense"),
+        2, 2, None, ("vo",), (_gl("vo", 2, 17, 16),)),
     "torch_mha": Family(MHAClassifier, mha_batch, "MultiheadAttention", MultiheadAccess, None,
                         2, 2, None, ("qk", "vo"),
                         (_gl("qk", 2, 17, 17), _gl("vo", 2, 17, 16))),
@@ -492,7 +499,9 @@ def test_pairs_and_groups_per_family(name):
 
 def test_notes_say_what_breaks_a_pair_and_what_does_not():
     notes = {name: " | ".join(find_symmetries(_model(name)).notes)
-             for name in ("llama", "gpt_neox", "gptj", "mistral", "bloom", "qwen3", "t5")}
+             for name in ("llama", "gpt_neox", "gptj", "mistral", "bloom", "qwen3", "t5",
+                          "swinv2")}
+    assert "no qk pairs" in notes["swinv2"] and "cosine attention" in notes["swinv2"]
     assert "rotate_half layout" in notes["llama"] and "modeling_llama.rotate_half" in notes["llama"]
     assert "grouped-query attention" in notes["llama"]
     assert "4 of 8 dimensions" in notes["gpt_neox"] and "rotary_ndims=4" in notes["gpt_neox"]
@@ -763,9 +772,10 @@ def test_the_same_element_moves_adaptive_sharpness():
     assert abs(values[1] - values[0]) > 1e-2 * abs(values[0]), values
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt_neox", "gptj", "roformer"])
+@pytest.mark.parametrize("name", ["llama", "gpt_neox", "gptj", "roformer", "swinv2"])
 def test_a_full_gl_element_on_a_rotary_pair_changes_the_logits(name):
-    """The control: outside the centraliser the rotary query/key pair is not a symmetry."""
+    """The control: outside the centraliser the rotary query/key pair is not a symmetry (nor
+    any GL(h) element under Swin v2's cosine attention, whose qk pairs are dropped)."""
     family = FAMILIES[name]
     model = _model(name)
     family_without_rotary = copy.copy(family)
@@ -777,7 +787,7 @@ def test_a_full_gl_element_on_a_rotary_pair_changes_the_logits(name):
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "gpt_neox", "gptj", "bloom",
-                                  "distilbert", "roformer"])
+                                  "distilbert", "roformer", "swinv2"])
 def test_reparametrize_draws_in_the_subgroup_and_keeps_the_function(name):
     family = FAMILIES[name]
     model = _model(name)

@@ -338,6 +338,12 @@ def _query_key_status(module: nn.Module,
     if _children(module) & _QUERY_KEY_NORMS:
         reasons.append("queries/keys are normalised (q_norm/k_norm) before the scores, and a "
                        "normalisation does not commute with mixing a head's features")
+    if hasattr(module, "logit_scale"):
+        # Swin v2 (and Swin2SR): cosine attention, normalize(q) @ normalize(k)^T * logit_scale,
+        # normalises inside the forward, so there is no q_norm/k_norm child to see
+        reasons.append("a learned logit_scale marks cosine attention: queries and keys are "
+                       "normalised to unit length per head before the scores, and a "
+                       "normalisation does not commute with mixing a head's features")
     position_type = getattr(module, "position_embedding_type", None)
     if position_type not in (None, "absolute"):
         reasons.append(f"position_embedding_type={position_type!r} mixes keys with position "
