@@ -574,6 +574,36 @@ def test_rotated_values_break_the_value_output_pair():
     assert (logits(moved, batch) - logits(model, batch)).abs().max() > 1e-3
 
 
+def test_rotary_position_embedding_type_keeps_the_centraliser():
+    """ESM's ``position_embedding_type="rotary"`` is the rotary embedding of its
+    ``rotary_embeddings`` child, not position embeddings mixed into the keys: the qk pairs keep
+    the centraliser. ESM rotates in float32 whatever the model's dtype, so a centraliser element
+    (condition 1e3) moves the logits by float32 rounding only, a GL(8) element by far more."""
+    torch.manual_seed(0)
+    model = randomize(T.EsmForSequenceClassification(T.EsmConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37,
+        vocab_size=50, max_position_embeddings=16, num_labels=3, pad_token_id=0,
+        position_embedding_type="rotary", attn_implementation="sdpa")).double().eval())
+    report = find_symmetries(model)
+    assert Counter((pair.kind, pair.group) for pair in report.pairs) == Counter(
+        {("qk", "GL(1,C)^4"): 4, ("vo", "GL(8)"): 4})
+    assert {pair.rotary for pair in report.pairs if pair.kind == "qk"} == {(8, "rotate_half")}
+    assert not any("mixes keys" in note for note in report.notes)
+    family = Family(lambda: model, text_batch, "EsmAttention", LinearAccess,
+                    ("self.query", "self.key", "self.value", "output.dense"), 4, 4,
+                    (8, "rotate_half"), ("qk",), ())
+    batch = text_batch()
+    reference = logits(model, batch)
+    changes = {}
+    for rotary in ((8, "rotate_half"), None):
+        family.rotary = rotary
+        moved = logits(moved_by_hand(model, family), batch)
+        changes[rotary] = float((moved - reference).abs().max() / reference.abs().max())
+    float32_rounding = torch.finfo(torch.float32).eps
+    assert changes[(8, "rotate_half")] < CONDITION * float32_rounding, changes
+    assert changes[None] > 1e-2, changes
+
+
 def test_tiled_key_value_sharing_is_not_taken_for_grouped():
     class Tiled(nn.Module):
         def __init__(self):

@@ -345,7 +345,9 @@ def _query_key_status(module: nn.Module,
                        "normalised to unit length per head before the scores, and a "
                        "normalisation does not commute with mixing a head's features")
     position_type = getattr(module, "position_embedding_type", None)
-    if position_type not in (None, "absolute"):
+    # ESM's position_embedding_type="rotary" is the rotary embedding _rotary has just read
+    rotary_read = position_type == "rotary" and (rotary is not None or reasons or notes)
+    if position_type not in (None, "absolute") and not rotary_read:
         reasons.append(f"position_embedding_type={position_type!r} mixes keys with position "
                        "embeddings")
     reasons += _clipping(module)
