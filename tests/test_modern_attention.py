@@ -421,6 +421,12 @@ FAMILIES = {
         pad_token_id=0)), text_batch, "RoFormerAttention", LinearAccess,
         ("self.query", "self.key", "self.value", "output.dense"), 4, 4, (8, "interleaved"),
         ("qk", "vo"), (_gl("qk", 4, 33, 33, group="GL(1,C)^4"), _gl("vo", 4, 33, 32))),
+    # differential attention: plain per-head scores, but value heads concatenated in pairs
+    # and each output normalised (groupnorm) before o_proj, so vo is dropped
+    "diffllama": Family(_decoder("DiffLlama", num_key_value_heads=2), text_batch,
+                        "DiffLlamaAttention", LinearAccess, LLAMA_PATHS, 4, 2,
+                        (8, "rotate_half"), ("qk",),
+                        (_gl("qk", 2, 64, 32, query_heads=2, group="GL(1,C)^4"),)),
     # cosine attention: normalize(q) normalize(k)^T * logit_scale breaks qk, vo stays
     "swinv2": Family(lambda: T.Swinv2ForImageClassification(T.Swinv2Config(
         image_size=8, patch_size=2, embed_dim=16, depths=[1], num_heads=[2], window_size=2,
@@ -572,6 +578,17 @@ def test_rotated_values_break_the_value_output_pair():
     batch = family.batch()
     moved = moved_by_hand(model, family)
     assert (logits(moved, batch) - logits(model, batch)).abs().max() > 1e-3
+
+
+def test_differential_attention_drops_the_value_output_pairs():
+    """The control of the drop: a GL(8) element on DiffLlama's value heads and the output
+    columns of their query heads changes the logits."""
+    family = copy.copy(FAMILIES["diffllama"])
+    family.kinds = ("vo",)
+    model, batch = _model("diffllama"), family.batch()
+    assert (logits(moved_by_hand(model, family), batch) - logits(model, batch)).abs().max() > 1e-3
+    assert any("no vo pairs, differential attention" in note
+               for note in find_symmetries(model).notes)
 
 
 def test_rotary_position_embedding_type_keeps_the_centraliser():
@@ -802,7 +819,7 @@ def test_the_same_element_moves_adaptive_sharpness():
     assert abs(values[1] - values[0]) > 1e-2 * abs(values[0]), values
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt_neox", "gptj", "roformer", "swinv2"])
+@pytest.mark.parametrize("name", ["llama", "gpt_neox", "gptj", "roformer", "swinv2", "diffllama"])
 def test_a_full_gl_element_on_a_rotary_pair_changes_the_logits(name):
     """The control: outside the centraliser the rotary query/key pair is not a symmetry (nor
     any GL(h) element under Swin v2's cosine attention, whose qk pairs are dropped)."""
@@ -817,7 +834,7 @@ def test_a_full_gl_element_on_a_rotary_pair_changes_the_logits(name):
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "gpt_neox", "gptj", "bloom",
-                                  "distilbert", "roformer", "swinv2"])
+                                  "distilbert", "roformer", "swinv2", "diffllama"])
 def test_reparametrize_draws_in_the_subgroup_and_keeps_the_function(name):
     family = FAMILIES[name]
     model = _model(name)

@@ -354,6 +354,19 @@ def _query_key_status(module: nn.Module,
     return rotary, reasons, notes
 
 
+#: Children or parameters of differential attention (DiffLlama, after the Diff Transformer):
+#: a learned lambda per head pair, a normalisation of each head's output.
+_DIFFERENTIAL_MARKERS = frozenset({"lambda_q1", "lambda_k1", "groupnorm", "subln"})
+
+
+def _is_differential(module: nn.Module) -> bool:
+    """Whether ``module`` is a differential attention, whose value heads are concatenated in
+    pairs and whose outputs are normalised per head: its vo pairs are no ``GL(h)`` symmetry (the
+    query/key scores are the plain per-head products)."""
+    own = _children(module) | {name.lower() for name in module._parameters}
+    return bool(own & _DIFFERENTIAL_MARKERS)
+
+
 def _intact_notes(module: nn.Module) -> list[str]:
     """Position mechanisms that act on the scores alone, and so leave both pairs intact."""
     notes = []
@@ -409,6 +422,10 @@ def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[Factor
     vo_breakers = _clipping(module)
     if _children(module) & _VALUE_NORMS:
         vo_breakers.insert(0, "values are normalised (v_norm) before the attention average")
+    if _is_differential(module):
+        vo_breakers.insert(0, "differential attention (lambda_q1/lambda_k1, groupnorm): two "
+                              "heads' values are concatenated, their averages subtracted and "
+                              "normalised per head before the output projection")
     if getattr(module, "rotary_value", False) is True:
         # RoFormer's option: the values are rotated by their position too, so only the
         # rotations' centraliser (not GL(h)) commutes with the average
