@@ -591,6 +591,47 @@ def test_differential_attention_drops_the_value_output_pairs():
                for note in find_symmetries(model).notes)
 
 
+def _speecht5():
+    torch.manual_seed(0)
+    config = T.SpeechT5Config(
+        hidden_size=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37, vocab_size=50,
+        encoder_max_relative_position=4, max_text_positions=16, pad_token_id=0)
+    return randomize(T.SpeechT5ForTextToSpeech(config).double().eval())
+
+
+def test_queries_times_relative_positions_drop_the_query_key_pairs():
+    """SpeechT5's encoder adds ``q @ position_bias^T`` (relative position embeddings of the
+    head dimension) to the scores: a GL(8) element on its qk pairs changes the hidden states,
+    so they are dropped; its decoder's self- and cross-attention keep both kinds."""
+    model = _speecht5()
+    report = find_symmetries(model)
+    kinds = {module.name: module.kinds for module in report.modules}
+    encoder = [name for name in kinds if ".encoder." in name]
+    decoder = [name for name in kinds if ".decoder." in name]
+    assert len(encoder) == 1 and len(decoder) == 2
+    assert [kinds[name] for name in encoder] == [("vo",)]
+    assert all(kinds[name] == ("qk", "vo") for name in decoder)
+    assert any("no qk pairs, queries are multiplied by relative position" in note
+               for note in report.notes)
+    encoder_model = model.speecht5.encoder
+    tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
+
+    def hidden(module):
+        with torch.no_grad():
+            return module(input_values=tokens).last_hidden_state
+    family = Family(lambda: encoder_model, text_batch, "SpeechT5Attention", LinearAccess,
+                    ("q_proj", "k_proj", "v_proj", "out_proj"), 4, 4, None, ("qk",), ())
+    assert (hidden(moved_by_hand(encoder_model, family)) - hidden(encoder_model)).abs().max() > 1e-3
+    encoder_report = find_symmetries(encoder_model)
+    moved = reparametrize(encoder_model, encoder_report, scale=1.5,
+                          generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        after = torch.func.functional_call(encoder_model, moved, (),
+                                           {"input_values": tokens}).last_hidden_state
+    torch.testing.assert_close(after, hidden(encoder_model), rtol=1e-10, atol=1e-10)
+
+
 def test_rotary_position_embedding_type_keeps_the_centraliser():
     """ESM's ``position_embedding_type="rotary"`` is the rotary embedding of its
     ``rotary_embeddings`` child, not position embeddings mixed into the keys: the qk pairs keep

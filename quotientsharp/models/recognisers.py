@@ -41,6 +41,10 @@ _QUERY_KEY_NORMS = frozenset({"q_norm", "k_norm", "q_layernorm", "k_layernorm", 
                               "key_norm"})
 #: Children that normalise values per head (they break VO).
 _VALUE_NORMS = frozenset({"v_norm", "value_norm", "v_layernorm"})
+#: Classes (in a module's MRO) whose encoder (``is_decoder`` false) multiplies the queries by
+#: relative position embeddings, ``q @ position_bias^T`` with ``position_bias: [T, T, head_dim]``,
+#: inside the forward: the argument's name is T5's additive bias, so only the class tells.
+_QUERY_TIMES_POSITIONS = frozenset({"SpeechT5Attention"})
 #: Classes (in a module's MRO) whose fused ``query_key_value`` is ``[heads, 3, head_dim]``.
 _PER_HEAD_FUSED = frozenset({"GPTNeoXAttention", "BloomAttention", "PersimmonAttention"})
 
@@ -344,6 +348,10 @@ def _query_key_status(module: nn.Module,
         reasons.append("a learned logit_scale marks cosine attention: queries and keys are "
                        "normalised to unit length per head before the scores, and a "
                        "normalisation does not commute with mixing a head's features")
+    if (not getattr(module, "is_decoder", False)
+            and {cls.__name__ for cls in type(module).__mro__} & _QUERY_TIMES_POSITIONS):
+        reasons.append("queries are multiplied by relative position embeddings (position_bias "
+                       "of SpeechT5's encoder) besides the keys")
     position_type = getattr(module, "position_embedding_type", None)
     # ESM's position_embedding_type="rotary" is the rotary embedding _rotary has just read
     rotary_read = position_type == "rotary" and (rotary is not None or reasons or notes)
