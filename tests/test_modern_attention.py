@@ -591,6 +591,40 @@ def test_differential_attention_drops_the_value_output_pairs():
                for note in find_symmetries(model).notes)
 
 
+def test_gated_attention_output_drops_the_value_output_pairs():
+    """AFMoE multiplies each head's output feature by feature by ``sigmoid(gate_proj(x))``
+    before ``o_proj``: a GL(8) element on its vo pairs changes the hidden states, so they are
+    dropped; a gate of one scalar per head commutes with GL(h) and keeps them."""
+    torch.manual_seed(0)
+    model = randomize(T.AfmoeModel(T.AfmoeConfig(
+        hidden_size=32, intermediate_size=37, moe_intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=50,
+        num_experts=2, num_experts_per_tok=1, pad_token_id=0, attn_implementation="eager",
+        experts_implementation="eager")).double().eval())
+    report = find_symmetries(model)
+    assert report.pairs == [] and report.unknown == []
+    assert any("no vo pairs, the attention output is gated feature by feature (gate_proj)"
+               in note for note in report.notes)
+    tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
+
+    def hidden(module):
+        with torch.no_grad():
+            return module(input_ids=tokens).last_hidden_state
+    family = Family(lambda: model, text_batch, "AfmoeAttention", LinearAccess, LLAMA_PATHS,
+                    4, 2, None, ("vo",), ())
+    assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3
+
+    class ScalarGate(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.num_heads = 2
+            self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+                nn.Linear(16, 16) for _ in range(4))
+            self.g_proj = nn.Linear(16, 2)      # one gate per head
+
+    assert {pair.kind for pair in find_symmetries(ScalarGate()).pairs} == {"qk", "vo"}
+
+
 def _speecht5():
     torch.manual_seed(0)
     config = T.SpeechT5Config(

@@ -375,6 +375,20 @@ def _is_differential(module: nn.Module) -> bool:
     return bool(own & _DIFFERENTIAL_MARKERS)
 
 
+def _output_gates(module: nn.Module, heads: int) -> list[str]:
+    """Reasons from gates on the attention output (AFMoE, Qwen3-Next style gated attention):
+    ``sigmoid(gate_proj(x))`` multiplies each head's output feature by feature before the
+    output projection, which no mixing of a head's value features commutes with. A gate of one
+    scalar per head (``heads`` outputs) commutes with every ``GL(h)`` element and keeps vo."""
+    gates = sorted(name for name, child in module.named_children()
+                   if "gate" in name.lower()
+                   and not (_is_linear(child) and child.out_features == heads))
+    if not gates:
+        return []
+    return [f"the attention output is gated feature by feature ({', '.join(gates)}) before "
+            "the output projection"]
+
+
 def _intact_notes(module: nn.Module) -> list[str]:
     """Position mechanisms that act on the scores alone, and so leave both pairs intact."""
     notes = []
@@ -430,6 +444,7 @@ def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[Factor
     vo_breakers = _clipping(module)
     if _children(module) & _VALUE_NORMS:
         vo_breakers.insert(0, "values are normalised (v_norm) before the attention average")
+    vo_breakers += _output_gates(module, split.heads)
     if _is_differential(module):
         vo_breakers.insert(0, "differential attention (lambda_q1/lambda_k1, groupnorm): two "
                               "heads' values are concatenated, their averages subtracted and "
