@@ -625,6 +625,39 @@ def test_gated_attention_output_drops_the_value_output_pairs():
     assert {pair.kind for pair in find_symmetries(ScalarGate()).pairs} == {"qk", "vo"}
 
 
+def test_a_normalised_attention_output_drops_the_value_output_pairs():
+    """BitNet normalises the attention output (``attn_sub_norm``) before ``o_proj``, Kosmos-2's
+    text attention likewise (``inner_attn_ln``): a GL(8) element on the vo pairs changes the
+    hidden states, so they are dropped; the qk pairs stay."""
+    torch.manual_seed(0)
+    model = randomize(T.BitNetModel(T.BitNetConfig(
+        hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=50, pad_token_id=0,
+        attn_implementation="eager")).double().eval())
+    report = find_symmetries(model)
+    assert {pair.kind for pair in report.pairs} == {"qk"}
+    assert any("no vo pairs, the attention output is normalised (attn_sub_norm)" in note
+               for note in report.notes)
+    tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
+
+    def hidden(module):
+        with torch.no_grad():
+            return module(input_ids=tokens).last_hidden_state
+    family = Family(lambda: model, text_batch, "BitNetAttention", LinearAccess, LLAMA_PATHS,
+                    4, 2, None, ("vo",), ())
+    assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3
+    kosmos = T.Kosmos2Config(text_config=dict(
+        embed_dim=32, layers=1, attention_heads=4, ffn_dim=37, vocab_size=50),
+        vision_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1,
+                           num_attention_heads=4, image_size=8, patch_size=4),
+        latent_query_num=4)
+    with torch.device("meta"):
+        kosmos_report = find_symmetries(T.Kosmos2Model(kosmos))
+    text = [module for module in kosmos_report.modules if "text_model" in module.name]
+    assert [module.kinds for module in text] == [("qk",)]
+    assert any("(inner_attn_ln)" in note for note in kosmos_report.notes)
+
+
 def _speecht5():
     torch.manual_seed(0)
     config = T.SpeechT5Config(

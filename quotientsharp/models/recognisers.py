@@ -41,6 +41,10 @@ _QUERY_KEY_NORMS = frozenset({"q_norm", "k_norm", "q_layernorm", "k_layernorm", 
                               "key_norm"})
 #: Children that normalise values per head (they break VO).
 _VALUE_NORMS = frozenset({"v_norm", "value_norm", "v_layernorm"})
+#: Children that normalise the attention output before the output projection (they break VO):
+#: BitNet's ``attn_sub_norm``, Kosmos-2's ``inner_attn_ln``.
+_OUTPUT_NORMS = frozenset({"attn_sub_norm", "sub_norm", "inner_attn_ln", "o_norm", "out_norm",
+                           "output_norm"})
 #: Classes (in a module's MRO) whose encoder (``is_decoder`` false) multiplies the queries by
 #: relative position embeddings, ``q @ position_bias^T`` with ``position_bias: [T, T, head_dim]``,
 #: inside the forward: the argument's name is T5's additive bias, so only the class tells.
@@ -445,6 +449,10 @@ def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[Factor
     if _children(module) & _VALUE_NORMS:
         vo_breakers.insert(0, "values are normalised (v_norm) before the attention average")
     vo_breakers += _output_gates(module, split.heads)
+    if output_norms := sorted(_children(module) & _OUTPUT_NORMS):
+        vo_breakers.append(f"the attention output is normalised ({', '.join(output_norms)}) "
+                           "before the output projection, which mixing a head's value "
+                           "features changes")
     if _is_differential(module):
         vo_breakers.insert(0, "differential attention (lambda_q1/lambda_k1, groupnorm): two "
                               "heads' values are concatenated, their averages subtracted and "
