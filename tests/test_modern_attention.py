@@ -658,6 +658,28 @@ def test_a_normalised_attention_output_drops_the_value_output_pairs():
     assert any("(inner_attn_ln)" in note for note in kosmos_report.notes)
 
 
+def test_hashing_attention_drops_both_kinds():
+    """YOSO normalises queries, keys and each head's output (its LSH attention's expectation):
+    GL(8) elements on either kind change the hidden states, so both are dropped."""
+    torch.manual_seed(0)
+    model = randomize(T.YosoModel(T.YosoConfig(
+        hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=4,
+        vocab_size=50, max_position_embeddings=32)).double().eval())
+    report = find_symmetries(model)
+    assert report.pairs == [] and report.unknown == []
+    assert sum("lsh_config" in note for note in report.notes) == 2
+    tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
+
+    def hidden(module):
+        with torch.no_grad():
+            return module(input_ids=tokens).last_hidden_state
+    for kind in ("qk", "vo"):
+        family = Family(lambda: model, text_batch, "YosoAttention", LinearAccess,
+                        ("self.query", "self.key", "self.value", "output.dense"), 4, 4, None,
+                        (kind,), ())
+        assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3, kind
+
+
 def _speecht5():
     torch.manual_seed(0)
     config = T.SpeechT5Config(

@@ -314,6 +314,15 @@ def _clipping(module: nn.Module) -> list[str]:
             "no invertible mixing of a head's features commutes with"]
 
 
+def _hashing(module: nn.Module) -> list[str]:
+    """Reasons from YOSO's hashing attention (``lsh_config``): queries, keys and each head's
+    output are normalised to unit length, which breaks both kinds."""
+    if getattr(module, "lsh_config", None) is None:
+        return []
+    return ["locality-sensitive hashing attention (lsh_config, YOSO) normalises queries, keys "
+            "and each head's output to unit length"]
+
+
 def _rotary(module: nn.Module, head_dim: int) -> tuple[RotarySpec | None, list[str], list[str]]:
     """Rotary embeddings of ``module``: ``(spec, reasons the pair breaks, notes)``."""
     arguments, children = _forward_arguments(module), _children(module)
@@ -362,7 +371,7 @@ def _query_key_status(module: nn.Module,
     if position_type not in (None, "absolute") and not rotary_read:
         reasons.append(f"position_embedding_type={position_type!r} mixes keys with position "
                        "embeddings")
-    reasons += _clipping(module)
+    reasons += _clipping(module) + _hashing(module)
     return rotary, reasons, notes
 
 
@@ -445,7 +454,7 @@ def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[Factor
         groups.append(PairGroup(name, "qk", split.kv_heads, split.head_dim_k, q, k,
                                 g_members=size, rotary=rotary))
         notes += [f"{label}: {note}" for note in qk_notes]
-    vo_breakers = _clipping(module)
+    vo_breakers = _clipping(module) + _hashing(module)
     if _children(module) & _VALUE_NORMS:
         vo_breakers.insert(0, "values are normalised (v_norm) before the attention average")
     vo_breakers += _output_gates(module, split.heads)
