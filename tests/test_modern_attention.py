@@ -680,6 +680,27 @@ def test_hashing_attention_drops_both_kinds():
         assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3, kind
 
 
+def test_a_mask_computed_from_the_values_drops_the_value_output_pairs():
+    """Doge adds ``exp(A * softplus(dt_proj(values)))`` to the scores: with a nonzero ``A`` a
+    GL(8) element on the vo pairs changes the hidden states, so they are dropped."""
+    torch.manual_seed(0)
+    model = randomize(T.DogeModel(T.DogeConfig(
+        hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=50, pad_token_id=0,
+        attn_implementation="eager")).double().eval())
+    report = find_symmetries(model)
+    assert "vo" not in {pair.kind for pair in report.pairs}
+    assert any("no vo pairs" in note and "dt_proj" in note for note in report.notes)
+    tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
+
+    def hidden(module):
+        with torch.no_grad():
+            return module(input_ids=tokens).last_hidden_state
+    family = Family(lambda: model, text_batch, "DogeAttention", LinearAccess, LLAMA_PATHS,
+                    4, 2, None, ("vo",), ())
+    assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3
+
+
 def _speecht5():
     torch.manual_seed(0)
     config = T.SpeechT5Config(

@@ -458,6 +458,9 @@ def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[Factor
     if _children(module) & _VALUE_NORMS:
         vo_breakers.insert(0, "values are normalised (v_norm) before the attention average")
     vo_breakers += _output_gates(module, split.heads)
+    if "dt_proj" in _children(module):
+        vo_breakers.append("a dynamic mask computed from the values (Doge's dt_proj) is added "
+                           "to the scores")
     if output_norms := sorted(_children(module) & _OUTPUT_NORMS):
         vo_breakers.append(f"the attention output is normalised ({', '.join(output_norms)}) "
                            "before the output projection, which mixing a head's value "
