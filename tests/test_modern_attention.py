@@ -701,6 +701,32 @@ def test_a_mask_computed_from_the_values_drops_the_value_output_pairs():
     assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3
 
 
+def test_relative_key_and_value_embeddings_drop_both_kinds():
+    """VITS's text encoder multiplies the queries by relative key embeddings (``emb_rel_k``) and
+    adds relative value embeddings (``emb_rel_v``) to each head's output: GL(8) elements on
+    either kind change the hidden states, so both are dropped."""
+    from transformers.models.vits.modeling_vits import VitsTextEncoder
+
+    torch.manual_seed(0)
+    model = randomize(VitsTextEncoder(T.VitsConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, ffn_dim=37, vocab_size=50,
+        window_size=2)).double().eval())
+    report = find_symmetries(model)
+    assert report.pairs == [] and report.unknown == []
+    assert any("no qk pairs" in note and "emb_rel_k" in note for note in report.notes)
+    assert any("no vo pairs" in note and "emb_rel_v" in note for note in report.notes)
+    tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
+    padding = torch.ones(2, SEQUENCE, 1, dtype=torch.float64)
+
+    def hidden(module):
+        with torch.no_grad():
+            return module(input_ids=tokens, padding_mask=padding).last_hidden_state
+    for kind in ("qk", "vo"):
+        family = Family(lambda: model, text_batch, "VitsAttention", LinearAccess,
+                        ("q_proj", "k_proj", "v_proj", "out_proj"), 4, 4, None, (kind,), ())
+        assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3, kind
+
+
 def _speecht5():
     torch.manual_seed(0)
     config = T.SpeechT5Config(

@@ -371,6 +371,9 @@ def _query_key_status(module: nn.Module,
     if position_type not in (None, "absolute") and not rotary_read:
         reasons.append(f"position_embedding_type={position_type!r} mixes keys with position "
                        "embeddings")
+    if "emb_rel_k" in module._parameters:
+        reasons.append("queries are multiplied by relative key embeddings (emb_rel_k, VITS) "
+                       "besides the keys")
     reasons += _clipping(module) + _hashing(module)
     return rotary, reasons, notes
 
@@ -458,6 +461,9 @@ def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[Factor
     if _children(module) & _VALUE_NORMS:
         vo_breakers.insert(0, "values are normalised (v_norm) before the attention average")
     vo_breakers += _output_gates(module, split.heads)
+    if "emb_rel_v" in module._parameters:
+        vo_breakers.append("relative value embeddings (emb_rel_v, VITS) are added to each "
+                           "head's output before the output projection")
     if "dt_proj" in _children(module):
         vo_breakers.append("a dynamic mask computed from the values (Doge's dt_proj) is added "
                            "to the scores")
