@@ -768,6 +768,39 @@ def test_queries_times_relative_positions_drop_the_query_key_pairs():
     torch.testing.assert_close(after, hidden(encoder_model), rtol=1e-10, atol=1e-10)
 
 
+def test_partial_rotary_of_one_layer_type_is_read_from_its_rope_parameters():
+    """MiMo-V2-Flash keeps ``rope_parameters`` per layer type (``{"full_attention": {...,
+    "partial_rotary_factor": ...}}``) and one ``full_attention_inv_freq`` buffer per type: 2 of
+    the 8 dimensions of a head are rotated, so the qk group is GL(1,C) x GL(6), not GL(1,C)^4
+    (whose elements mix rotated and unrotated dimensions and change the attention output)."""
+    torch.manual_seed(0)
+    config = T.MiMoV2FlashConfig(
+        hidden_size=32, intermediate_size=37, moe_intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, v_head_dim=8,
+        vocab_size=50, n_routed_experts=2, num_experts_per_tok=1, pad_token_id=0,
+        layer_types=["full_attention"], mlp_layer_types=["dense"],
+        attn_implementation="eager")
+    config.rope_parameters["full_attention"]["partial_rotary_factor"] = 0.25
+    model = randomize(T.MiMoV2FlashForCausalLM(config).double().eval())
+    report = find_symmetries(model)
+    assert {pair.rotary for pair in report.pairs if pair.kind == "qk"} == {(2, "rotate_half")}
+    assert any("rope_parameters['full_attention']['partial_rotary_factor']=0.25" in note
+               for note in report.notes)
+    family = Family(lambda: model, text_batch, "MiMoV2FlashAttention", LinearAccess,
+                    LLAMA_PATHS, 4, 2, (2, "rotate_half"), ("qk",), ())
+    batch = text_batch()
+    assert_attention_outputs_kept(model, moved_by_hand(model, family), family, batch)
+    family.rotary = (8, "rotate_half")              # what was reported before
+    moved = moved_by_hand(model, family)
+    assert (logits(moved, batch) - logits(model, batch)).abs().max() > 1e-3
+    # the per-type inv_freq buffers are checked too: a module claiming 6 rotated dimensions
+    # loses its qk pairs
+    model.model.layers[0].self_attn.rotary_ndims = 6
+    report = find_symmetries(model)
+    assert {pair.kind for pair in report.pairs} == {"vo"}
+    assert any("6 rotary dimensions" in note and "[2]" in note for note in report.notes)
+
+
 def test_rotary_position_embedding_type_keeps_the_centraliser():
     """ESM's ``position_embedding_type="rotary"`` is the rotary embedding of its
     ``rotary_embeddings`` child, not position embeddings mixed into the keys: the qk pairs keep

@@ -150,6 +150,21 @@ def _positive_int(value: object) -> int | None:
     return None
 
 
+def _rope_parameters(module: nn.Module, config: object) -> tuple[str, object]:
+    """``config.rope_parameters`` and its label; where it holds one dict per layer type
+    (MiMo-V2-Flash: ``{"full_attention": {...}, "sliding_attention": {...}}``), the dict of
+    ``config.layer_types[module.layer_idx]``."""
+    parameters = getattr(config, "rope_parameters", None)
+    layer_types = getattr(config, "layer_types", None)
+    layer = getattr(module, "layer_idx", None)
+    if (isinstance(parameters, Mapping) and isinstance(layer_types, Sequence)
+            and isinstance(layer, int) and 0 <= layer < len(layer_types)
+            and isinstance(parameters.get(layer_types[layer]), Mapping)):
+        return (f"rope_parameters[{layer_types[layer]!r}]",
+                parameters[layer_types[layer]])
+    return "rope_parameters", parameters
+
+
 def declared_rotary_dims(module: nn.Module, head_dim: int) -> tuple[int, str]:
     """Rotated dimensions per head that ``module`` (or its config) declares, and where: a count,
     a factor (``R = int(h * factor)``, as GPT-NeoX computes it), else the whole head."""
@@ -158,8 +173,8 @@ def declared_rotary_dims(module: nn.Module, head_dim: int) -> tuple[int, str]:
             return value, f"{type(module).__name__}.{attribute}={value}"
     config = getattr(module, "config", None)
     if config is not None:
-        parameters = getattr(config, "rope_parameters", None)
-        factors = [("rope_parameters['partial_rotary_factor']",
+        label, parameters = _rope_parameters(module, config)
+        factors = [(f"{label}['partial_rotary_factor']",
                     parameters.get("partial_rotary_factor")
                     if isinstance(parameters, Mapping) else None)]
         factors += [(name, getattr(config, name, None))
