@@ -518,6 +518,30 @@ def test_notes_say_what_breaks_a_pair_and_what_does_not():
     assert "relative position bias" in notes["t5"]
 
 
+def test_one_normalisation_shared_by_queries_and_keys_breaks_the_query_key_pairs():
+    """Muse Spark applies one ``qk_norm`` child to the queries and to the keys: a GL(8) element
+    on its qk pairs changes the hidden states, so they are dropped."""
+    torch.manual_seed(0)
+    model = randomize(T.MuseSparkTextModel(T.MuseSparkTextConfig(
+        hidden_size=32, intermediate_size=37, moe_intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=50,
+        pad_token_id=0, attn_implementation="eager",
+        experts_implementation="eager")).double().eval())
+    report = find_symmetries(model)
+    assert "qk" not in {pair.kind for pair in report.pairs}
+    assert any("no qk pairs" in note and "q_norm/k_norm" in note for note in report.notes)
+    tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
+
+    def hidden(module):
+        with torch.no_grad():
+            return module(input_ids=tokens).last_hidden_state
+    attention = next(m for m in model.modules() if type(m).__name__.endswith("Attention"))
+    # an element of the rotations' centraliser: only the normalisation breaks the pairs
+    family = Family(lambda: model, text_batch, type(attention).__name__, LinearAccess,
+                    LLAMA_PATHS, 4, 2, (8, "rotate_half"), ("qk",), ())
+    assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3
+
+
 def test_clipped_projections_break_both_pairs():
     torch.manual_seed(0)
     model = T.OlmoForSequenceClassification(T.OlmoConfig(

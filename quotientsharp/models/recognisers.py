@@ -38,7 +38,7 @@ _ROTARY_MARKERS = ("position_embeddings", "rotary_pos_emb", "freqs_cis", "rotary
                    "sinusoidal_pos")
 #: Children that normalise queries or keys per head (they break QK).
 _QUERY_KEY_NORMS = frozenset({"q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_norm",
-                              "key_norm"})
+                              "key_norm", "qk_norm"})
 #: Children that normalise values per head (they break VO).
 _VALUE_NORMS = frozenset({"v_norm", "value_norm", "v_layernorm"})
 #: Children that normalise the attention output before the output projection (they break VO):
