@@ -542,6 +542,29 @@ def test_one_normalisation_shared_by_queries_and_keys_breaks_the_query_key_pairs
     assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3
 
 
+def test_a_convolution_over_the_projected_values_breaks_the_value_output_pairs():
+    """Inkling convolves the projected keys and values over the sequence with one kernel per
+    feature (``k_sconv``, ``v_sconv``): a GL(8) element on its vo pairs changes the hidden
+    states, so they are dropped."""
+    torch.manual_seed(0)
+    model = randomize(T.InklingTextModel(T.InklingTextConfig(
+        hidden_size=32, intermediate_size=37, num_hidden_layers=1, vocab_size=50,
+        pad_token_id=0, attn_implementation="eager",
+        experts_implementation="eager")).double().eval())
+    report = find_symmetries(model)
+    assert report.pairs == [] and report.unknown == []
+    assert any("no vo pairs" in note and "v_sconv" in note for note in report.notes)
+    tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
+
+    def hidden(module):
+        with torch.no_grad():
+            return module(input_ids=tokens).last_hidden_state
+    attention = model.layers[0].self_attn              # the config fixes its head layout
+    family = Family(lambda: model, text_batch, "InklingAttention", LinearAccess, LLAMA_PATHS,
+                    attention.num_heads, attention.num_key_value_heads, None, ("vo",), ())
+    assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3
+
+
 def test_clipped_projections_break_both_pairs():
     torch.manual_seed(0)
     model = T.OlmoForSequenceClassification(T.OlmoConfig(

@@ -329,6 +329,18 @@ def _clipping(module: nn.Module) -> list[str]:
             "no invertible mixing of a head's features commutes with"]
 
 
+def _convolved(module: nn.Module, prefixes: tuple[str, ...]) -> list[str]:
+    """Reasons from convolutions over the sequence of the projections named by ``prefixes``
+    (Inkling's ``k_sconv``/``v_sconv``): one kernel per feature, which no mixing of a head's
+    features commutes with."""
+    convolutions = sorted(child for child in _children(module)
+                          if "conv" in child and child.startswith(prefixes))
+    if not convolutions:
+        return []
+    return [f"a convolution with one kernel per feature ({', '.join(convolutions)}) runs over "
+            "the projected sequence"]
+
+
 def _hashing(module: nn.Module) -> list[str]:
     """Reasons from YOSO's hashing attention (``lsh_config``): queries, keys and each head's
     output are normalised to unit length, which breaks both kinds."""
@@ -390,6 +402,7 @@ def _query_key_status(module: nn.Module,
         reasons.append("queries are multiplied by relative key embeddings (emb_rel_k, VITS) "
                        "besides the keys")
     reasons += _clipping(module) + _hashing(module)
+    reasons += _convolved(module, ("q_", "k_", "query", "key"))
     return rotary, reasons, notes
 
 
@@ -472,7 +485,8 @@ def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[Factor
         groups.append(PairGroup(name, "qk", split.kv_heads, split.head_dim_k, q, k,
                                 g_members=size, rotary=rotary))
         notes += [f"{label}: {note}" for note in qk_notes]
-    vo_breakers = _clipping(module) + _hashing(module)
+    vo_breakers = (_clipping(module) + _hashing(module)
+                   + _convolved(module, ("v_", "value")))
     if _children(module) & _VALUE_NORMS:
         vo_breakers.insert(0, "values are normalised (v_norm) before the attention average")
     vo_breakers += _output_gates(module, split.heads)
