@@ -774,6 +774,30 @@ def test_relative_key_and_value_embeddings_drop_both_kinds():
         assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3, kind
 
 
+def test_queries_times_box_positions_drop_the_query_key_pairs():
+    """BROS adds ``einsum(query, bbox_pos_emb)`` (relative bounding-box embeddings of the head
+    dimension) to the scores: a GL(16) element on its qk pairs changes the hidden states, so
+    they are dropped; vo stays."""
+    torch.manual_seed(0)
+    model = randomize(T.BrosModel(T.BrosConfig(
+        hidden_size=64, intermediate_size=37, num_hidden_layers=1, num_attention_heads=4,
+        vocab_size=50, max_position_embeddings=32)).double().eval())
+    report = find_symmetries(model)
+    assert {pair.kind for pair in report.pairs} == {"vo"}
+    assert any("no qk pairs" in note and "bbox_pos_emb" in note for note in report.notes)
+    generator = torch.Generator().manual_seed(3)
+    inputs = {"input_ids": torch.randint(2, 50, (2, SEQUENCE), generator=generator),
+              "bbox": torch.rand(2, SEQUENCE, 8, generator=generator, dtype=torch.float64)}
+
+    def hidden(module):
+        with torch.no_grad():
+            return module(**inputs).last_hidden_state
+    family = Family(lambda: model, text_batch, "BrosAttention", LinearAccess,
+                    ("self.query", "self.key", "self.value", "output.dense"), 4, 4, None,
+                    ("qk",), ())
+    assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3
+
+
 def _speecht5():
     torch.manual_seed(0)
     config = T.SpeechT5Config(

@@ -398,6 +398,9 @@ def _query_key_status(module: nn.Module,
     if position_type not in (None, "absolute") and not rotary_read:
         reasons.append(f"position_embedding_type={position_type!r} mixes keys with position "
                        "embeddings")
+    if "bbox_pos_emb" in _forward_arguments(module):
+        reasons.append("queries are multiplied by bounding-box position embeddings "
+                       "(bbox_pos_emb, BROS) besides the keys")
     if "emb_rel_k" in module._parameters:
         reasons.append("queries are multiplied by relative key embeddings (emb_rel_k, VITS) "
                        "besides the keys")
