@@ -798,6 +798,23 @@ def test_queries_times_box_positions_drop_the_query_key_pairs():
     assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3
 
 
+def test_a_delta_rule_attention_keeps_no_pairs():
+    """Bailing's hybrid layers are gated delta-rule (linear) attentions with q/k/v/o
+    projections: a convolution over the concatenated projections, L2-normalised keys and a
+    recurrent state, no softmax of ``q k^T``. Neither kind is a GL(h) symmetry."""
+    config = T.AutoConfig.for_model(
+        "bailing_hybrid", hidden_size=32, intermediate_size=37, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=50,
+        pad_token_id=0)
+    with torch.device("meta"):
+        model = T.AutoModel.from_config(config)
+    report = find_symmetries(model)
+    delta = [module for module in report.modules
+             if "Delta" in type(model.get_submodule(module.name)).__name__]
+    assert delta and all(module.kinds == () for module in delta)
+    assert any("no qk pairs, a gated delta-rule" in note for note in report.notes)
+
+
 def _speecht5():
     torch.manual_seed(0)
     config = T.SpeechT5Config(

@@ -341,6 +341,21 @@ def _convolved(module: nn.Module, prefixes: tuple[str, ...]) -> list[str]:
             "the projected sequence"]
 
 
+#: Children of a gated delta-rule (linear, recurrent) attention: a convolution over the
+#: concatenated projections, a decay and a write strength per token (Bailing's hybrid layers).
+_DELTA_RULE_MARKERS = frozenset({"conv1d", "forget_gate", "b_proj"})
+
+
+def _delta_rule(module: nn.Module) -> list[str]:
+    """Reasons from a gated delta-rule attention: no softmax of ``q k^T``, but a state updated
+    from L2-normalised keys after a per-feature convolution, which breaks both kinds."""
+    markers = sorted(_children(module) & _DELTA_RULE_MARKERS)
+    if not markers:
+        return []
+    return [f"a gated delta-rule (linear) attention ({', '.join(markers)}) convolves and "
+            "normalises its projections feature by feature"]
+
+
 def _hashing(module: nn.Module) -> list[str]:
     """Reasons from YOSO's hashing attention (``lsh_config``): queries, keys and each head's
     output are normalised to unit length, which breaks both kinds."""
@@ -404,7 +419,7 @@ def _query_key_status(module: nn.Module,
     if "emb_rel_k" in module._parameters:
         reasons.append("queries are multiplied by relative key embeddings (emb_rel_k, VITS) "
                        "besides the keys")
-    reasons += _clipping(module) + _hashing(module)
+    reasons += _clipping(module) + _hashing(module) + _delta_rule(module)
     reasons += _convolved(module, ("q_", "k_", "query", "key"))
     return rotary, reasons, notes
 
@@ -488,7 +503,7 @@ def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[Factor
         groups.append(PairGroup(name, "qk", split.kv_heads, split.head_dim_k, q, k,
                                 g_members=size, rotary=rotary))
         notes += [f"{label}: {note}" for note in qk_notes]
-    vo_breakers = (_clipping(module) + _hashing(module)
+    vo_breakers = (_clipping(module) + _hashing(module) + _delta_rule(module)
                    + _convolved(module, ("v_", "value")))
     if _children(module) & _VALUE_NORMS:
         vo_breakers.insert(0, "values are normalised (v_norm) before the attention average")
