@@ -413,6 +413,27 @@ FAMILIES = {
                         (4, "rotate_half"), ("qk", "vo"),
                         (_gl("qk", 4, 33, 33, group="GL(1,C)^2 x GL(4)"),
                          _gl("vo", 4, 33, 32))),
+    # rotary from a `sinusoidal_pos` argument, interleaved planes, applied by the attention
+    # class's own apply_rotary_position_embeddings (no rotate_half helper in its module)
+    "roformer": Family(lambda: T.RoFormerForSequenceClassification(T.RoFormerConfig(
+        embedding_size=32, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+        intermediate_size=37, vocab_size=50, max_position_embeddings=16, num_labels=3,
+        pad_token_id=0)), text_batch, "RoFormerAttention", LinearAccess,
+        ("self.query", "self.key", "self.value", "output.dense"), 4, 4, (8, "interleaved"),
+        ("qk", "vo"), (_gl("qk", 4, 33, 33, group="GL(1,C)^4"), _gl("vo", 4, 33, 32))),
+    # differential attention: plain per-head scores, but value heads concatenated in pairs
+    # and each output normalised (groupnorm) before o_proj, so vo is dropped
+    "diffllama": Family(_decoder("DiffLlama", num_key_value_heads=2), text_batch,
+                        "DiffLlamaAttention", LinearAccess, LLAMA_PATHS, 4, 2,
+                        (8, "rotate_half"), ("qk",),
+                        (_gl("qk", 2, 64, 32, query_heads=2, group="GL(1,C)^4"),)),
+    # cosine attention: normalize(q) normalize(k)^T * logit_scale breaks qk, vo stays
+    "swinv2": Family(lambda: T.Swinv2ForImageClassification(T.Swinv2Config(
+        image_size=8, patch_size=2, embed_dim=16, depths=[1], num_heads=[2], window_size=2,
+        mlp_ratio=2.0, num_labels=3, attn_implementation="eager")), image_batch,
+        "Swinv2Attention", LinearAccess, ("self.query", "self.key", "self.value",
+                                          "output.dense"),
+        2, 2, None, ("vo",), (_gl("vo", 2, 17, 16),)),
     "torch_mha": Family(MHAClassifier, mha_batch, "MultiheadAttention", MultiheadAccess, None,
                         2, 2, None, ("qk", "vo"),
                         (_gl("qk", 2, 17, 17), _gl("vo", 2, 17, 16))),
@@ -484,7 +505,9 @@ def test_pairs_and_groups_per_family(name):
 
 def test_notes_say_what_breaks_a_pair_and_what_does_not():
     notes = {name: " | ".join(find_symmetries(_model(name)).notes)
-             for name in ("llama", "gpt_neox", "gptj", "mistral", "bloom", "qwen3", "t5")}
+             for name in ("llama", "gpt_neox", "gptj", "mistral", "bloom", "qwen3", "t5",
+                          "swinv2")}
+    assert "no qk pairs" in notes["swinv2"] and "cosine attention" in notes["swinv2"]
     assert "rotate_half layout" in notes["llama"] and "modeling_llama.rotate_half" in notes["llama"]
     assert "grouped-query attention" in notes["llama"]
     assert "4 of 8 dimensions" in notes["gpt_neox"] and "rotary_ndims=4" in notes["gpt_neox"]
@@ -493,6 +516,53 @@ def test_notes_say_what_breaks_a_pair_and_what_does_not():
     assert "ALiBi" in notes["bloom"] and "stay exact" in notes["bloom"]
     assert "no qk pairs" in notes["qwen3"] and "q_norm" in notes["qwen3"]
     assert "relative position bias" in notes["t5"]
+
+
+def test_one_normalisation_shared_by_queries_and_keys_breaks_the_query_key_pairs():
+    """Muse Spark applies one ``qk_norm`` child to the queries and to the keys: a GL(8) element
+    on its qk pairs changes the hidden states, so they are dropped."""
+    torch.manual_seed(0)
+    model = randomize(T.MuseSparkTextModel(T.MuseSparkTextConfig(
+        hidden_size=32, intermediate_size=37, moe_intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=50,
+        pad_token_id=0, attn_implementation="eager",
+        experts_implementation="eager")).double().eval())
+    report = find_symmetries(model)
+    assert "qk" not in {pair.kind for pair in report.pairs}
+    assert any("no qk pairs" in note and "q_norm/k_norm" in note for note in report.notes)
+    tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
+
+    def hidden(module):
+        with torch.no_grad():
+            return module(input_ids=tokens).last_hidden_state
+    attention = next(m for m in model.modules() if type(m).__name__.endswith("Attention"))
+    # an element of the rotations' centraliser: only the normalisation breaks the pairs
+    family = Family(lambda: model, text_batch, type(attention).__name__, LinearAccess,
+                    LLAMA_PATHS, 4, 2, (8, "rotate_half"), ("qk",), ())
+    assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3
+
+
+def test_a_convolution_over_the_projected_values_breaks_the_value_output_pairs():
+    """Inkling convolves the projected keys and values over the sequence with one kernel per
+    feature (``k_sconv``, ``v_sconv``): a GL(8) element on its vo pairs changes the hidden
+    states, so they are dropped."""
+    torch.manual_seed(0)
+    model = randomize(T.InklingTextModel(T.InklingTextConfig(
+        hidden_size=32, intermediate_size=37, num_hidden_layers=1, vocab_size=50,
+        pad_token_id=0, attn_implementation="eager",
+        experts_implementation="eager")).double().eval())
+    report = find_symmetries(model)
+    assert report.pairs == [] and report.unknown == []
+    assert any("no vo pairs" in note and "v_sconv" in note for note in report.notes)
+    tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
+
+    def hidden(module):
+        with torch.no_grad():
+            return module(input_ids=tokens).last_hidden_state
+    attention = model.layers[0].self_attn              # the config fixes its head layout
+    family = Family(lambda: model, text_batch, "InklingAttention", LinearAccess, LLAMA_PATHS,
+                    attention.num_heads, attention.num_key_value_heads, None, ("vo",), ())
+    assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3
 
 
 def test_clipped_projections_break_both_pairs():
@@ -539,6 +609,314 @@ def test_rotary_layout_that_cannot_be_detected_drops_the_query_key_pair():
     report = find_symmetries(CustomRotary())
     assert {pair.kind for pair in report.pairs} == {"vo"}
     assert any("not detected as rotate_half or interleaved" in note for note in report.notes)
+
+
+def test_rotated_values_break_the_value_output_pair():
+    """RoFormer's ``rotary_value=True`` rotates the values by their position: a GL(h) element
+    on the value/output pair changes the logits, so the pair is dropped with a note."""
+    model = model_of("roformer")
+    for layer in model.roformer.encoder.layer:
+        layer.attention.self.rotary_value = True
+    report = find_symmetries(model)
+    assert {pair.kind for pair in report.pairs} == {"qk"}
+    assert any("no vo pairs" in note and "rotary_value=True" in note for note in report.notes)
+    family = copy.copy(FAMILIES["roformer"])
+    family.kinds = ("vo",)
+    batch = family.batch()
+    moved = moved_by_hand(model, family)
+    assert (logits(moved, batch) - logits(model, batch)).abs().max() > 1e-3
+
+
+def test_differential_attention_drops_the_value_output_pairs():
+    """The control of the drop: a GL(8) element on DiffLlama's value heads and the output
+    columns of their query heads changes the logits."""
+    family = copy.copy(FAMILIES["diffllama"])
+    family.kinds = ("vo",)
+    model, batch = _model("diffllama"), family.batch()
+    assert (logits(moved_by_hand(model, family), batch) - logits(model, batch)).abs().max() > 1e-3
+    assert any("no vo pairs, differential attention" in note
+               for note in find_symmetries(model).notes)
+
+
+def test_gated_attention_output_drops_the_value_output_pairs():
+    """AFMoE multiplies each head's output feature by feature by ``sigmoid(gate_proj(x))``
+    before ``o_proj``: a GL(8) element on its vo pairs changes the hidden states, so they are
+    dropped; a gate of one scalar per head commutes with GL(h) and keeps them."""
+    torch.manual_seed(0)
+    model = randomize(T.AfmoeModel(T.AfmoeConfig(
+        hidden_size=32, intermediate_size=37, moe_intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=50,
+        num_experts=2, num_experts_per_tok=1, pad_token_id=0, attn_implementation="eager",
+        experts_implementation="eager")).double().eval())
+    report = find_symmetries(model)
+    assert report.pairs == [] and report.unknown == []
+    assert any("no vo pairs, the attention output is gated feature by feature (gate_proj)"
+               in note for note in report.notes)
+    tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
+
+    def hidden(module):
+        with torch.no_grad():
+            return module(input_ids=tokens).last_hidden_state
+    family = Family(lambda: model, text_batch, "AfmoeAttention", LinearAccess, LLAMA_PATHS,
+                    4, 2, None, ("vo",), ())
+    assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3
+
+    class ScalarGate(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.num_heads = 2
+            self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+                nn.Linear(16, 16) for _ in range(4))
+            self.g_proj = nn.Linear(16, 2)      # one gate per head
+
+    assert {pair.kind for pair in find_symmetries(ScalarGate()).pairs} == {"qk", "vo"}
+
+
+def test_a_normalised_attention_output_drops_the_value_output_pairs():
+    """BitNet normalises the attention output (``attn_sub_norm``) before ``o_proj``, Kosmos-2's
+    text attention likewise (``inner_attn_ln``): a GL(8) element on the vo pairs changes the
+    hidden states, so they are dropped; the qk pairs stay."""
+    torch.manual_seed(0)
+    model = randomize(T.BitNetModel(T.BitNetConfig(
+        hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=50, pad_token_id=0,
+        attn_implementation="eager")).double().eval())
+    report = find_symmetries(model)
+    assert {pair.kind for pair in report.pairs} == {"qk"}
+    assert any("no vo pairs, the attention output is normalised (attn_sub_norm)" in note
+               for note in report.notes)
+    tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
+
+    def hidden(module):
+        with torch.no_grad():
+            return module(input_ids=tokens).last_hidden_state
+    family = Family(lambda: model, text_batch, "BitNetAttention", LinearAccess, LLAMA_PATHS,
+                    4, 2, None, ("vo",), ())
+    assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3
+    kosmos = T.Kosmos2Config(text_config=dict(
+        embed_dim=32, layers=1, attention_heads=4, ffn_dim=37, vocab_size=50),
+        vision_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1,
+                           num_attention_heads=4, image_size=8, patch_size=4),
+        latent_query_num=4)
+    with torch.device("meta"):
+        kosmos_report = find_symmetries(T.Kosmos2Model(kosmos))
+    text = [module for module in kosmos_report.modules if "text_model" in module.name]
+    assert [module.kinds for module in text] == [("qk",)]
+    assert any("(inner_attn_ln)" in note for note in kosmos_report.notes)
+
+
+def test_hashing_attention_drops_both_kinds():
+    """YOSO normalises queries, keys and each head's output (its LSH attention's expectation):
+    GL(8) elements on either kind change the hidden states, so both are dropped."""
+    torch.manual_seed(0)
+    model = randomize(T.YosoModel(T.YosoConfig(
+        hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=4,
+        vocab_size=50, max_position_embeddings=32)).double().eval())
+    report = find_symmetries(model)
+    assert report.pairs == [] and report.unknown == []
+    assert sum("lsh_config" in note for note in report.notes) == 2
+    tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
+
+    def hidden(module):
+        with torch.no_grad():
+            return module(input_ids=tokens).last_hidden_state
+    for kind in ("qk", "vo"):
+        family = Family(lambda: model, text_batch, "YosoAttention", LinearAccess,
+                        ("self.query", "self.key", "self.value", "output.dense"), 4, 4, None,
+                        (kind,), ())
+        assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3, kind
+
+
+def test_a_mask_computed_from_the_values_drops_the_value_output_pairs():
+    """Doge adds ``exp(A * softplus(dt_proj(values)))`` to the scores: with a nonzero ``A`` a
+    GL(8) element on the vo pairs changes the hidden states, so they are dropped."""
+    torch.manual_seed(0)
+    model = randomize(T.DogeModel(T.DogeConfig(
+        hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=50, pad_token_id=0,
+        attn_implementation="eager")).double().eval())
+    report = find_symmetries(model)
+    assert "vo" not in {pair.kind for pair in report.pairs}
+    assert any("no vo pairs" in note and "dt_proj" in note for note in report.notes)
+    tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
+
+    def hidden(module):
+        with torch.no_grad():
+            return module(input_ids=tokens).last_hidden_state
+    family = Family(lambda: model, text_batch, "DogeAttention", LinearAccess, LLAMA_PATHS,
+                    4, 2, None, ("vo",), ())
+    assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3
+
+
+def test_relative_key_and_value_embeddings_drop_both_kinds():
+    """VITS's text encoder multiplies the queries by relative key embeddings (``emb_rel_k``) and
+    adds relative value embeddings (``emb_rel_v``) to each head's output: GL(8) elements on
+    either kind change the hidden states, so both are dropped."""
+    from transformers.models.vits.modeling_vits import VitsTextEncoder
+
+    torch.manual_seed(0)
+    model = randomize(VitsTextEncoder(T.VitsConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, ffn_dim=37, vocab_size=50,
+        window_size=2)).double().eval())
+    report = find_symmetries(model)
+    assert report.pairs == [] and report.unknown == []
+    assert any("no qk pairs" in note and "emb_rel_k" in note for note in report.notes)
+    assert any("no vo pairs" in note and "emb_rel_v" in note for note in report.notes)
+    tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
+    padding = torch.ones(2, SEQUENCE, 1, dtype=torch.float64)
+
+    def hidden(module):
+        with torch.no_grad():
+            return module(input_ids=tokens, padding_mask=padding).last_hidden_state
+    for kind in ("qk", "vo"):
+        family = Family(lambda: model, text_batch, "VitsAttention", LinearAccess,
+                        ("q_proj", "k_proj", "v_proj", "out_proj"), 4, 4, None, (kind,), ())
+        assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3, kind
+
+
+def test_queries_times_box_positions_drop_the_query_key_pairs():
+    """BROS adds ``einsum(query, bbox_pos_emb)`` (relative bounding-box embeddings of the head
+    dimension) to the scores: a GL(16) element on its qk pairs changes the hidden states, so
+    they are dropped; vo stays."""
+    torch.manual_seed(0)
+    model = randomize(T.BrosModel(T.BrosConfig(
+        hidden_size=64, intermediate_size=37, num_hidden_layers=1, num_attention_heads=4,
+        vocab_size=50, max_position_embeddings=32)).double().eval())
+    report = find_symmetries(model)
+    assert {pair.kind for pair in report.pairs} == {"vo"}
+    assert any("no qk pairs" in note and "bbox_pos_emb" in note for note in report.notes)
+    generator = torch.Generator().manual_seed(3)
+    inputs = {"input_ids": torch.randint(2, 50, (2, SEQUENCE), generator=generator),
+              "bbox": torch.rand(2, SEQUENCE, 8, generator=generator, dtype=torch.float64)}
+
+    def hidden(module):
+        with torch.no_grad():
+            return module(**inputs).last_hidden_state
+    family = Family(lambda: model, text_batch, "BrosAttention", LinearAccess,
+                    ("self.query", "self.key", "self.value", "output.dense"), 4, 4, None,
+                    ("qk",), ())
+    assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3
+
+
+def test_a_delta_rule_attention_keeps_no_pairs():
+    """Bailing's hybrid layers are gated delta-rule (linear) attentions with q/k/v/o
+    projections: a convolution over the concatenated projections, L2-normalised keys and a
+    recurrent state, no softmax of ``q k^T``. Neither kind is a GL(h) symmetry."""
+    config = T.AutoConfig.for_model(
+        "bailing_hybrid", hidden_size=32, intermediate_size=37, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=50,
+        pad_token_id=0)
+    with torch.device("meta"):
+        model = T.AutoModel.from_config(config)
+    report = find_symmetries(model)
+    delta = [module for module in report.modules
+             if "Delta" in type(model.get_submodule(module.name)).__name__]
+    assert delta and all(module.kinds == () for module in delta)
+    assert any("no qk pairs, a gated delta-rule" in note for note in report.notes)
+
+
+def _speecht5():
+    torch.manual_seed(0)
+    config = T.SpeechT5Config(
+        hidden_size=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37, vocab_size=50,
+        encoder_max_relative_position=4, max_text_positions=16, pad_token_id=0)
+    return randomize(T.SpeechT5ForTextToSpeech(config).double().eval())
+
+
+def test_queries_times_relative_positions_drop_the_query_key_pairs():
+    """SpeechT5's encoder adds ``q @ position_bias^T`` (relative position embeddings of the
+    head dimension) to the scores: a GL(8) element on its qk pairs changes the hidden states,
+    so they are dropped; its decoder's self- and cross-attention keep both kinds."""
+    model = _speecht5()
+    report = find_symmetries(model)
+    kinds = {module.name: module.kinds for module in report.modules}
+    encoder = [name for name in kinds if ".encoder." in name]
+    decoder = [name for name in kinds if ".decoder." in name]
+    assert len(encoder) == 1 and len(decoder) == 2
+    assert [kinds[name] for name in encoder] == [("vo",)]
+    assert all(kinds[name] == ("qk", "vo") for name in decoder)
+    assert any("no qk pairs, queries are multiplied by relative position" in note
+               for note in report.notes)
+    encoder_model = model.speecht5.encoder
+    tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
+
+    def hidden(module):
+        with torch.no_grad():
+            return module(input_values=tokens).last_hidden_state
+    family = Family(lambda: encoder_model, text_batch, "SpeechT5Attention", LinearAccess,
+                    ("q_proj", "k_proj", "v_proj", "out_proj"), 4, 4, None, ("qk",), ())
+    assert (hidden(moved_by_hand(encoder_model, family)) - hidden(encoder_model)).abs().max() > 1e-3
+    encoder_report = find_symmetries(encoder_model)
+    moved = reparametrize(encoder_model, encoder_report, scale=1.5,
+                          generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        after = torch.func.functional_call(encoder_model, moved, (),
+                                           {"input_values": tokens}).last_hidden_state
+    torch.testing.assert_close(after, hidden(encoder_model), rtol=1e-10, atol=1e-10)
+
+
+def test_partial_rotary_of_one_layer_type_is_read_from_its_rope_parameters():
+    """MiMo-V2-Flash keeps ``rope_parameters`` per layer type (``{"full_attention": {...,
+    "partial_rotary_factor": ...}}``) and one ``full_attention_inv_freq`` buffer per type: 2 of
+    the 8 dimensions of a head are rotated, so the qk group is GL(1,C) x GL(6), not GL(1,C)^4
+    (whose elements mix rotated and unrotated dimensions and change the attention output)."""
+    torch.manual_seed(0)
+    config = T.MiMoV2FlashConfig(
+        hidden_size=32, intermediate_size=37, moe_intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, v_head_dim=8,
+        vocab_size=50, n_routed_experts=2, num_experts_per_tok=1, pad_token_id=0,
+        layer_types=["full_attention"], mlp_layer_types=["dense"],
+        attn_implementation="eager")
+    config.rope_parameters["full_attention"]["partial_rotary_factor"] = 0.25
+    model = randomize(T.MiMoV2FlashForCausalLM(config).double().eval())
+    report = find_symmetries(model)
+    assert {pair.rotary for pair in report.pairs if pair.kind == "qk"} == {(2, "rotate_half")}
+    assert any("rope_parameters['full_attention']['partial_rotary_factor']=0.25" in note
+               for note in report.notes)
+    family = Family(lambda: model, text_batch, "MiMoV2FlashAttention", LinearAccess,
+                    LLAMA_PATHS, 4, 2, (2, "rotate_half"), ("qk",), ())
+    batch = text_batch()
+    assert_attention_outputs_kept(model, moved_by_hand(model, family), family, batch)
+    family.rotary = (8, "rotate_half")              # what was reported before
+    moved = moved_by_hand(model, family)
+    assert (logits(moved, batch) - logits(model, batch)).abs().max() > 1e-3
+    # the per-type inv_freq buffers are checked too: a module claiming 6 rotated dimensions
+    # loses its qk pairs
+    model.model.layers[0].self_attn.rotary_ndims = 6
+    report = find_symmetries(model)
+    assert {pair.kind for pair in report.pairs} == {"vo"}
+    assert any("6 rotary dimensions" in note and "[2]" in note for note in report.notes)
+
+
+def test_rotary_position_embedding_type_keeps_the_centraliser():
+    """ESM's ``position_embedding_type="rotary"`` is the rotary embedding of its
+    ``rotary_embeddings`` child, not position embeddings mixed into the keys: the qk pairs keep
+    the centraliser. ESM rotates in float32 whatever the model's dtype, so a centraliser element
+    (condition 1e3) moves the logits by float32 rounding only, a GL(8) element by far more."""
+    torch.manual_seed(0)
+    model = randomize(T.EsmForSequenceClassification(T.EsmConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37,
+        vocab_size=50, max_position_embeddings=16, num_labels=3, pad_token_id=0,
+        position_embedding_type="rotary", attn_implementation="sdpa")).double().eval())
+    report = find_symmetries(model)
+    assert Counter((pair.kind, pair.group) for pair in report.pairs) == Counter(
+        {("qk", "GL(1,C)^4"): 4, ("vo", "GL(8)"): 4})
+    assert {pair.rotary for pair in report.pairs if pair.kind == "qk"} == {(8, "rotate_half")}
+    assert not any("mixes keys" in note for note in report.notes)
+    family = Family(lambda: model, text_batch, "EsmAttention", LinearAccess,
+                    ("self.query", "self.key", "self.value", "output.dense"), 4, 4,
+                    (8, "rotate_half"), ("qk",), ())
+    batch = text_batch()
+    reference = logits(model, batch)
+    changes = {}
+    for rotary in ((8, "rotate_half"), None):
+        family.rotary = rotary
+        moved = logits(moved_by_hand(model, family), batch)
+        changes[rotary] = float((moved - reference).abs().max() / reference.abs().max())
+    float32_rounding = torch.finfo(torch.float32).eps
+    assert changes[(8, "rotate_half")] < CONDITION * float32_rounding, changes
+    assert changes[None] > 1e-2, changes
 
 
 def test_tiled_key_value_sharing_is_not_taken_for_grouped():
@@ -739,9 +1117,10 @@ def test_the_same_element_moves_adaptive_sharpness():
     assert abs(values[1] - values[0]) > 1e-2 * abs(values[0]), values
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt_neox", "gptj"])
+@pytest.mark.parametrize("name", ["llama", "gpt_neox", "gptj", "roformer", "swinv2", "diffllama"])
 def test_a_full_gl_element_on_a_rotary_pair_changes_the_logits(name):
-    """The control: outside the centraliser the rotary query/key pair is not a symmetry."""
+    """The control: outside the centraliser the rotary query/key pair is not a symmetry (nor
+    any GL(h) element under Swin v2's cosine attention, whose qk pairs are dropped)."""
     family = FAMILIES[name]
     model = _model(name)
     family_without_rotary = copy.copy(family)
@@ -753,7 +1132,7 @@ def test_a_full_gl_element_on_a_rotary_pair_changes_the_logits(name):
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "gpt_neox", "gptj", "bloom",
-                                  "distilbert"])
+                                  "distilbert", "roformer", "swinv2", "diffllama"])
 def test_reparametrize_draws_in_the_subgroup_and_keeps_the_function(name):
     family = FAMILIES[name]
     model = _model(name)

@@ -32,13 +32,23 @@ QKV_LIKE_NAMES = frozenset({
     "wq", "wk", "wv", "query_key_value", "kv", "kv_proj", "q_lin", "k_lin", "v_lin",
     "query_proj", "key_proj", "value_proj", "q_head", "k_head", "v_head",
 })
-#: Forward arguments or children that announce rotary position embeddings (they reduce QK).
-_ROTARY_MARKERS = ("position_embeddings", "rotary_pos_emb", "freqs_cis", "rotary_emb", "rope")
+#: Forward arguments or children that announce rotary position embeddings (they reduce QK);
+#: ``sinusoidal_pos`` is RoFormer's.
+_ROTARY_MARKERS = ("position_embeddings", "rotary_pos_emb", "freqs_cis", "rotary_emb", "rope",
+                   "sinusoidal_pos")
 #: Children that normalise queries or keys per head (they break QK).
 _QUERY_KEY_NORMS = frozenset({"q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_norm",
-                              "key_norm"})
+                              "key_norm", "qk_norm"})
 #: Children that normalise values per head (they break VO).
 _VALUE_NORMS = frozenset({"v_norm", "value_norm", "v_layernorm"})
+#: Children that normalise the attention output before the output projection (they break VO):
+#: BitNet's ``attn_sub_norm``, Kosmos-2's ``inner_attn_ln``.
+_OUTPUT_NORMS = frozenset({"attn_sub_norm", "sub_norm", "inner_attn_ln", "o_norm", "out_norm",
+                           "output_norm"})
+#: Classes (in a module's MRO) whose encoder (``is_decoder`` false) multiplies the queries by
+#: relative position embeddings, ``q @ position_bias^T`` with ``position_bias: [T, T, head_dim]``,
+#: inside the forward: the argument's name is T5's additive bias, so only the class tells.
+_QUERY_TIMES_POSITIONS = frozenset({"SpeechT5Attention"})
 #: Classes (in a module's MRO) whose fused ``query_key_value`` is ``[heads, 3, head_dim]``.
 _PER_HEAD_FUSED = frozenset({"GPTNeoXAttention", "BloomAttention", "PersimmonAttention"})
 
@@ -79,12 +89,34 @@ def _call_on_probe(helper: Callable[..., Any], probe: torch.Tensor, shape: tuple
     return result if isinstance(result, torch.Tensor) and result.shape == shape else None
 
 
+def _quarter_turn_of_sinusoidal_helper(module: nn.Module) -> tuple[Any, str]:
+    """RoFormer's ``apply_rotary_position_embeddings(sinusoidal_pos, query, key)`` (a method of
+    the attention class) as a one-argument rotation: at ``sin = 1, cos = 0`` (``sinusoidal_pos``
+    is ``[sin | cos]`` along the last dimension) it turns the query by a quarter turn in every
+    plane; ``None`` if the class has no such method."""
+    name = "apply_rotary_position_embeddings"
+    helper = getattr(type(module), name, None)
+    if not callable(helper):
+        return None, f"no {name} on {type(module).__name__}"
+
+    def quarter_turn(probe: torch.Tensor) -> Any:
+        half = probe.shape[-1] // 2
+        sin_then_cos = torch.cat((torch.ones_like(probe[..., :half]),
+                                  torch.zeros_like(probe[..., half:])), dim=-1)
+        return helper(sin_then_cos, probe, probe)[0]
+    return quarter_turn, f"{type(module).__module__}.{type(module).__name__}.{name}"
+
+
 def detect_layout(module: nn.Module) -> tuple[str | None, str]:
     """The rotary layout (``"rotate_half"`` or ``"interleaved"``) of the modeling code's
     ``rotate_half`` or ``rotate_every_two`` (a quarter turn in either direction: ``x * cos +
-    helper(x) * sin`` is the embedding), ``None`` for none or neither convention; and which
+    helper(x) * sin`` is the embedding), else of the attention class's RoFormer-style
+    ``apply_rotary_position_embeddings``; ``None`` for none or neither convention; and which
     helper was probed (or what was searched)."""
     helper, source = modeling_helper(module, ("rotate_half", "rotate_every_two"))
+    if helper is None:
+        helper, method_source = _quarter_turn_of_sinusoidal_helper(module)
+        source = method_source if helper is not None else f"{source}; {method_source}"
     # distinct entries tell the two pairings apart; float64 on the CPU whatever the defaults
     probe = torch.arange(1.0, 9.0, dtype=torch.float64, device="cpu").reshape(1, 1, 1, 8)
     rotated = None if helper is None else _call_on_probe(helper, probe, probe.shape)
@@ -118,6 +150,21 @@ def _positive_int(value: object) -> int | None:
     return None
 
 
+def _rope_parameters(module: nn.Module, config: object) -> tuple[str, object]:
+    """``config.rope_parameters`` and its label; where it holds one dict per layer type
+    (MiMo-V2-Flash: ``{"full_attention": {...}, "sliding_attention": {...}}``), the dict of
+    ``config.layer_types[module.layer_idx]``."""
+    parameters = getattr(config, "rope_parameters", None)
+    layer_types = getattr(config, "layer_types", None)
+    layer = getattr(module, "layer_idx", None)
+    if (isinstance(parameters, Mapping) and isinstance(layer_types, Sequence)
+            and isinstance(layer, int) and 0 <= layer < len(layer_types)
+            and isinstance(parameters.get(layer_types[layer]), Mapping)):
+        return (f"rope_parameters[{layer_types[layer]!r}]",
+                parameters[layer_types[layer]])
+    return "rope_parameters", parameters
+
+
 def declared_rotary_dims(module: nn.Module, head_dim: int) -> tuple[int, str]:
     """Rotated dimensions per head that ``module`` (or its config) declares, and where: a count,
     a factor (``R = int(h * factor)``, as GPT-NeoX computes it), else the whole head."""
@@ -126,8 +173,8 @@ def declared_rotary_dims(module: nn.Module, head_dim: int) -> tuple[int, str]:
             return value, f"{type(module).__name__}.{attribute}={value}"
     config = getattr(module, "config", None)
     if config is not None:
-        parameters = getattr(config, "rope_parameters", None)
-        factors = [("rope_parameters['partial_rotary_factor']",
+        label, parameters = _rope_parameters(module, config)
+        factors = [(f"{label}['partial_rotary_factor']",
                     parameters.get("partial_rotary_factor")
                     if isinstance(parameters, Mapping) else None)]
         factors += [(name, getattr(config, name, None))
@@ -282,6 +329,42 @@ def _clipping(module: nn.Module) -> list[str]:
             "no invertible mixing of a head's features commutes with"]
 
 
+def _convolved(module: nn.Module, prefixes: tuple[str, ...]) -> list[str]:
+    """Reasons from convolutions over the sequence of the projections named by ``prefixes``
+    (Inkling's ``k_sconv``/``v_sconv``): one kernel per feature, which no mixing of a head's
+    features commutes with."""
+    convolutions = sorted(child for child in _children(module)
+                          if "conv" in child and child.startswith(prefixes))
+    if not convolutions:
+        return []
+    return [f"a convolution with one kernel per feature ({', '.join(convolutions)}) runs over "
+            "the projected sequence"]
+
+
+#: Children of a gated delta-rule (linear, recurrent) attention: a convolution over the
+#: concatenated projections, a decay and a write strength per token (Bailing's hybrid layers).
+_DELTA_RULE_MARKERS = frozenset({"conv1d", "forget_gate", "b_proj"})
+
+
+def _delta_rule(module: nn.Module) -> list[str]:
+    """Reasons from a gated delta-rule attention: no softmax of ``q k^T``, but a state updated
+    from L2-normalised keys after a per-feature convolution, which breaks both kinds."""
+    markers = sorted(_children(module) & _DELTA_RULE_MARKERS)
+    if not markers:
+        return []
+    return [f"a gated delta-rule (linear) attention ({', '.join(markers)}) convolves and "
+            "normalises its projections feature by feature"]
+
+
+def _hashing(module: nn.Module) -> list[str]:
+    """Reasons from YOSO's hashing attention (``lsh_config``): queries, keys and each head's
+    output are normalised to unit length, which breaks both kinds."""
+    if getattr(module, "lsh_config", None) is None:
+        return []
+    return ["locality-sensitive hashing attention (lsh_config, YOSO) normalises queries, keys "
+            "and each head's output to unit length"]
+
+
 def _rotary(module: nn.Module, head_dim: int) -> tuple[RotarySpec | None, list[str], list[str]]:
     """Rotary embeddings of ``module``: ``(spec, reasons the pair breaks, notes)``."""
     arguments, children = _forward_arguments(module), _children(module)
@@ -314,12 +397,58 @@ def _query_key_status(module: nn.Module,
     if _children(module) & _QUERY_KEY_NORMS:
         reasons.append("queries/keys are normalised (q_norm/k_norm) before the scores, and a "
                        "normalisation does not commute with mixing a head's features")
+    if hasattr(module, "logit_scale"):
+        # Swin v2 (and Swin2SR): cosine attention, normalize(q) @ normalize(k)^T * logit_scale,
+        # normalises inside the forward, so there is no q_norm/k_norm child to see
+        reasons.append("a learned logit_scale marks cosine attention: queries and keys are "
+                       "normalised to unit length per head before the scores, and a "
+                       "normalisation does not commute with mixing a head's features")
+    if (not getattr(module, "is_decoder", False)
+            and {cls.__name__ for cls in type(module).__mro__} & _QUERY_TIMES_POSITIONS):
+        reasons.append("queries are multiplied by relative position embeddings (position_bias "
+                       "of SpeechT5's encoder) besides the keys")
     position_type = getattr(module, "position_embedding_type", None)
-    if position_type not in (None, "absolute"):
+    # ESM's position_embedding_type="rotary" is the rotary embedding _rotary has just read
+    rotary_read = position_type == "rotary" and (rotary is not None or reasons or notes)
+    if position_type not in (None, "absolute") and not rotary_read:
         reasons.append(f"position_embedding_type={position_type!r} mixes keys with position "
                        "embeddings")
-    reasons += _clipping(module)
+    if "bbox_pos_emb" in _forward_arguments(module):
+        reasons.append("queries are multiplied by bounding-box position embeddings "
+                       "(bbox_pos_emb, BROS) besides the keys")
+    if "emb_rel_k" in module._parameters:
+        reasons.append("queries are multiplied by relative key embeddings (emb_rel_k, VITS) "
+                       "besides the keys")
+    reasons += _clipping(module) + _hashing(module) + _delta_rule(module)
+    reasons += _convolved(module, ("q_", "k_", "query", "key"))
     return rotary, reasons, notes
+
+
+#: Children or parameters of differential attention (DiffLlama, after the Diff Transformer):
+#: a learned lambda per head pair, a normalisation of each head's output.
+_DIFFERENTIAL_MARKERS = frozenset({"lambda_q1", "lambda_k1", "groupnorm", "subln"})
+
+
+def _is_differential(module: nn.Module) -> bool:
+    """Whether ``module`` is a differential attention, whose value heads are concatenated in
+    pairs and whose outputs are normalised per head: its vo pairs are no ``GL(h)`` symmetry (the
+    query/key scores are the plain per-head products)."""
+    own = _children(module) | {name.lower() for name in module._parameters}
+    return bool(own & _DIFFERENTIAL_MARKERS)
+
+
+def _output_gates(module: nn.Module, heads: int) -> list[str]:
+    """Reasons from gates on the attention output (AFMoE, Qwen3-Next style gated attention):
+    ``sigmoid(gate_proj(x))`` multiplies each head's output feature by feature before the
+    output projection, which no mixing of a head's value features commutes with. A gate of one
+    scalar per head (``heads`` outputs) commutes with every ``GL(h)`` element and keeps vo."""
+    gates = sorted(name for name, child in module.named_children()
+                   if "gate" in name.lower()
+                   and not (_is_linear(child) and child.out_features == heads))
+    if not gates:
+        return []
+    return [f"the attention output is gated feature by feature ({', '.join(gates)}) before "
+            "the output projection"]
 
 
 def _intact_notes(module: nn.Module) -> list[str]:
@@ -374,9 +503,30 @@ def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[Factor
         groups.append(PairGroup(name, "qk", split.kv_heads, split.head_dim_k, q, k,
                                 g_members=size, rotary=rotary))
         notes += [f"{label}: {note}" for note in qk_notes]
-    vo_breakers = _clipping(module)
+    vo_breakers = (_clipping(module) + _hashing(module) + _delta_rule(module)
+                   + _convolved(module, ("v_", "value")))
     if _children(module) & _VALUE_NORMS:
         vo_breakers.insert(0, "values are normalised (v_norm) before the attention average")
+    vo_breakers += _output_gates(module, split.heads)
+    if "emb_rel_v" in module._parameters:
+        vo_breakers.append("relative value embeddings (emb_rel_v, VITS) are added to each "
+                           "head's output before the output projection")
+    if "dt_proj" in _children(module):
+        vo_breakers.append("a dynamic mask computed from the values (Doge's dt_proj) is added "
+                           "to the scores")
+    if output_norms := sorted(_children(module) & _OUTPUT_NORMS):
+        vo_breakers.append(f"the attention output is normalised ({', '.join(output_norms)}) "
+                           "before the output projection, which mixing a head's value "
+                           "features changes")
+    if _is_differential(module):
+        vo_breakers.insert(0, "differential attention (lambda_q1/lambda_k1, groupnorm): two "
+                              "heads' values are concatenated, their averages subtracted and "
+                              "normalised per head before the output projection")
+    if getattr(module, "rotary_value", False) is True:
+        # RoFormer's option: the values are rotated by their position too, so only the
+        # rotations' centraliser (not GL(h)) commutes with the average
+        vo_breakers.insert(0, "values are rotated by their position (rotary_value=True) "
+                              "before the attention average")
     if vo_breakers:
         notes.append(f"{label}: no vo pairs, " + "; ".join(vo_breakers))
     else:

@@ -50,9 +50,10 @@ def _inside(name: str, prefix: str) -> bool:
 
 def _rotary_embedding_sizes(model: nn.Module) -> set[int]:
     """Dimensions rotated by the model's rotary embeddings: twice the size of each HF
-    ``inv_freq`` buffer (one frequency per plane; known on the meta device too)."""
+    ``inv_freq`` buffer (one frequency per plane; known on the meta device too), also one per
+    layer type (MiMo-V2-Flash's ``full_attention_inv_freq``)."""
     return {2 * buffer.numel() for name, buffer in model.named_buffers()
-            if name.rsplit(".", 1)[-1] == "inv_freq"}
+            if name.rsplit(".", 1)[-1].endswith("inv_freq")}
 
 
 def _dropped(module_name: str, group: PairGroup, reason: str) -> str:
