@@ -169,7 +169,7 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: MeasureSpec | s
             raise ValueError("batches is empty: sharpness needs at least one batch")
         first, excluded = _first_evaluation(functional, head[1])
         evaluator.setup(excluded)           # the geometry is built here, once
-        spec.check_first_batch(functional, head[1])     # the caller's bindings, before any ascent
+        spec.check_first_batch(functional, head[1], evaluator)   # symmetries, before any ascent
         # reused by batch 0 alone: popped, so that its parameter-sized gradients die with it
         reusable = [first]
         del first

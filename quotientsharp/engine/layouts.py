@@ -6,12 +6,13 @@ bindings are checked on the first batch (:func:`check_user_bindings`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from quotientsharp.core.scalars import SEED_LIMIT
 from quotientsharp.core.validation import warn_at_caller
 from quotientsharp.engine.batches import Batch, compute_loss, few_names, output_tensor
 from quotientsharp.engine.functional import FunctionalModel
@@ -21,6 +22,9 @@ from quotientsharp.models.symmetry_check import (
     SymmetryCheckError,
     check_bindings,
     check_structure,
+    group_scale,
+    relative_change,
+    symmetry_tolerance,
 )
 
 
@@ -162,6 +166,26 @@ def user_bindings(symmetries: object) -> list[QuotientBinding]:
     return []
 
 
+Evaluate = Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def _evaluator(functional: FunctionalModel, batch: Batch) -> Evaluate:
+    """The loss and outputs on ``batch`` with some parameters replaced (each passed in its own
+    dtype, as a new tensor: never theta itself)."""
+
+    def evaluate(values: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor,
+                                                              torch.Tensor | None]:
+        full = {n: values[n].to(functional.dtypes[n]) if n in values
+                else functional.theta[n].clone() for n in functional.theta}
+        output = torch.func.functional_call(functional.model, (full, functional.buffers),
+                                            batch.args, batch.kwargs)
+        loss = compute_loss(functional.loss_function, functional.builtin_loss, output,
+                            batch.target, functional.dtype, batch.label)
+        return loss, output_tensor(output)
+
+    return evaluate
+
+
 def check_user_bindings(functional: FunctionalModel, batch: Batch,
                         bindings: Sequence[QuotientBinding], invariance: bool, seed: int
                         ) -> None:
@@ -172,21 +196,10 @@ def check_user_bindings(functional: FunctionalModel, batch: Batch,
         check_structure(binding, params)
     if not invariance:
         return
-
-    def evaluate(values: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor,
-                                                              torch.Tensor | None]:
-        # every parameter passed in its own dtype, each a new tensor (never theta itself)
-        full = {n: values[n].to(functional.dtypes[n]) if n in values
-                else functional.theta[n].clone() for n in functional.theta}
-        output = torch.func.functional_call(functional.model, (full, functional.buffers),
-                                            batch.args, batch.kwargs)
-        loss = compute_loss(functional.loss_function, functional.builtin_loss, output,
-                            batch.target, functional.dtype, batch.label)
-        return loss, output_tensor(output)
-
     forward_dtype = max((functional.dtypes[n] for b in bindings for n in b.parameters),
                         key=lambda d: torch.finfo(d).eps)
-    for result in check_bindings(bindings, params, evaluate, forward_dtype, seed=seed):
+    for result in check_bindings(bindings, params, _evaluator(functional, batch), forward_dtype,
+                                 seed=seed):
         if not result.passed:
             raise SymmetryCheckError(
                 f"{result.message()}: the quotient's group changes the model's function, so "
@@ -194,3 +207,128 @@ def check_user_bindings(functional: FunctionalModel, batch: Batch,
                 "quotient. Check the binding's parameters and maps, and that the model is "
                 "invariant in eval mode (sharpness() measures in eval mode); "
                 "check_symmetry=False skips this check")
+
+
+#: What selects the pairs a group element moves: an attention pair, or the string ``"diagonal"``
+#: for the diagonal coordinates.
+Selection = Callable[[Any], bool]
+
+
+def check_discovered(functional: FunctionalModel, batch: Batch, coordinates: Any,
+                     seed: int) -> None:
+    """Raise a :class:`~quotientsharp.models.SymmetryCheckError` where the discovered
+    symmetries (``coordinates``, a :class:`~.coordinates.LayoutCoordinates`) are not symmetries
+    of the model on ``batch`` (batch 0, in eval mode), naming the kind and the modules whose
+    pairs fail.
+
+    Discovery reads the model's structure, not its function: an attention that normalises its
+    queries, adds a position term computed from its queries or gates its values can look like a
+    plain one and have its pairs reported, though their group changes the function. Each such
+    architecture found is recognised; one not yet seen would be measured on a space that is not
+    its symmetry quotient, silently. So one random element of every pair's group at once
+    (condition near ``e^2``: :func:`~quotientsharp.models.symmetry_check.group_scale`; a
+    generator of its own, seeded with ``seed``, so that the measurement's draws are unchanged)
+    must leave the loss and the outputs unchanged to ``sqrt(eps)`` of the forward's dtype: two
+    forwards. Only where it does not are the kinds, then the modules of a failing kind, moved
+    alone, to name them.
+    """
+    factors = coordinates.factors()
+    elements = _group_elements(factors, seed)
+    if not elements:
+        return
+    unchanged = coordinates.updates(tuple(t for factor in factors for t in factor.base))
+    moving = [n for n in unchanged if n not in coordinates.coords.other]
+    tolerance = symmetry_tolerance(max((functional.dtypes[n] for n in moving),
+                                       key=lambda d: torch.finfo(d).eps))
+    evaluate = _evaluator(functional, batch)
+    with torch.no_grad():
+        reference = evaluate(unchanged)
+
+        def change(selected: Selection, drawn: Mapping[int, torch.Tensor] = elements) -> float:
+            moved = _moved_point(factors, coordinates.gl_pairs, drawn, selected)
+            loss, outputs = evaluate(coordinates.updates(moved))
+            return max(relative_change(loss, reference[0]),
+                       0.0 if outputs is None or reference[1] is None
+                       else relative_change(outputs, reference[1]))
+
+        # a second, independent element must fail too: under a true symmetry, rounding can
+        # flip a discrete choice of the forward (an expert router's, at a near tie), once
+        if (change(lambda pair: True) <= tolerance
+                or change(lambda pair: True,
+                          _group_elements(factors, seed + len(factors))) <= tolerance):
+            return
+        failures = _failing_pairs(coordinates.gl_pairs, coordinates.diagonal is not None,
+                                  change, tolerance)
+    raise SymmetryCheckError(
+        "discovered symmetries that are not symmetries of this model on batch 0: "
+        f"{'; '.join(failures) or 'the pairs together, not any kind alone'} (the largest "
+        "relative change of the loss and outputs under a random element of their group, "
+        f"against a tolerance of {tolerance:.2g}). Discovery reads the model's structure, and "
+        "this attention computes something it does not know, so geodesic sharpness would "
+        "measure a space that is not the model's symmetry quotient. Measure with "
+        "symmetries='none' (every parameter in the adaptive factor), bind the pairs that do "
+        "hold with QuotientBinding (docs/tutorial-custom-symmetry.md), or pass "
+        "check_symmetry=False to measure anyway")
+
+
+def _group_elements(factors: Sequence[Any], seed: int) -> dict[int, torch.Tensor]:
+    """One random element of the group of each symmetric factor (the buckets of pairs, the
+    diagonal pairs), by position, moderately conditioned; a generator per factor, seeded from
+    ``seed``."""
+    return {index: factor.quotient.random_group_element(
+                factor.base, scale=group_scale(factor.quotient, factor.base),
+                generator=torch.Generator(device=factor.base[0].device).manual_seed(
+                    (seed + index) % SEED_LIMIT))
+            for index, factor in enumerate(factors) if factor.name in ("gl", "diagonal")}
+
+
+def _moved_point(factors: Sequence[Any], gl_pairs: Sequence[Sequence[Any]],
+                 elements: Mapping[int, torch.Tensor], selected: Selection
+                 ) -> tuple[torch.Tensor, ...]:
+    """The product's point with the group ``elements`` (one per bucket of pairs, one for the
+    diagonal factor) applied where ``selected`` accepts the pair (the identity elsewhere)."""
+    point: list[torch.Tensor] = []
+    for index, factor in enumerate(factors):
+        element = elements.get(index)
+        if element is not None and index < len(gl_pairs):
+            chosen = torch.tensor([selected(p) for p in gl_pairs[index]], device=element.device)
+            identity = torch.eye(element.shape[-1], dtype=element.dtype, device=element.device)
+            element = torch.where(chosen[:, None, None], element, identity)
+        elif element is not None and not selected("diagonal"):
+            element = None
+        point.extend(factor.base if element is None
+                     else factor.quotient.act(factor.base, element))
+    return tuple(point)
+
+
+def _failing_pairs(gl_pairs: Sequence[Sequence[Any]], diagonal: bool,
+                   change: Callable[[Selection], float], tolerance: float) -> list[str]:
+    """The kinds (``qk``, ``vo``, ``lora``, diagonal) whose group alone changes the function,
+    each with the modules whose pairs do (at most four named, with their changes)."""
+    failures = []
+    if diagonal:
+        moved = change(lambda pair: pair == "diagonal")
+        if moved > tolerance:
+            failures.append(f"the diagonal pairs (changed by {moved:.3g})")
+    for kind in sorted({p.kind for bucket in gl_pairs for p in bucket}):
+        if change(_pairs_of(kind)) <= tolerance:
+            continue
+        bad = {}
+        for module in sorted({p.module for bucket in gl_pairs for p in bucket if p.kind == kind}):
+            moved = change(_pairs_of(kind, module))
+            if moved > tolerance:
+                bad[module] = moved
+        shown = ", ".join(f"{module} (changed by {moved:.3g})"
+                          for module, moved in list(bad.items())[:4])
+        more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
+        failures.append(f"the {kind} pairs of {shown or 'its modules together'}{more}")
+    return failures
+
+
+def _pairs_of(kind: str, module: str | None = None) -> Selection:
+    """The selection of the attention pairs of ``kind`` (of ``module`` only, if given)."""
+    def selected(pair: Any) -> bool:
+        return (pair != "diagonal" and pair.kind == kind
+                and (module is None or pair.module == module))
+
+    return selected

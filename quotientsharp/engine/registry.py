@@ -29,6 +29,7 @@ from quotientsharp.core.scalars import (
 )
 from quotientsharp.core.validation import warn_at_caller
 from quotientsharp.engine.batches import Batch, LossFunction, resolve_loss
+from quotientsharp.engine.coordinates import LayoutCoordinates
 from quotientsharp.engine.functional import FunctionalModel
 from quotientsharp.engine.geometry import (
     OTHER_PATHS,
@@ -38,6 +39,7 @@ from quotientsharp.engine.geometry import (
 )
 from quotientsharp.engine.layouts import (
     check_diagonal,
+    check_discovered,
     check_symmetries,
     check_user_bindings,
     no_symmetry_note,
@@ -191,8 +193,10 @@ class MeasureSpec(ABC):
             The measurement's random stream (seeded with ``seed``).
         """
 
-    def check_first_batch(self, functional: FunctionalModel, batch: Batch) -> None:
-        """Checks against the model on batch 0, before any measurement (none by default)."""
+    def check_first_batch(self, functional: FunctionalModel, batch: Batch,
+                          measure: Measure) -> None:
+        """Checks against the model on batch 0, before any measurement (none by default);
+        ``measure``: the one :meth:`build` made, set up."""
         return None
 
 
@@ -485,7 +489,10 @@ class GeodesicSpec(AscentSpec):
         Check each binding on the first batch, before the ascent: random group elements of its
         quotient must leave the loss and the outputs unchanged to ``sqrt(eps)`` of the
         forward's dtype, else a :class:`~quotientsharp.models.SymmetryCheckError` names the
-        binding. The structure of every binding is checked always.
+        binding. The structure of every binding is checked always. Without bindings, the
+        discovered symmetries are checked so (:func:`~.layouts.check_discovered`: one element
+        of every pair's group at once, two forwards), and the error names the kind and the
+        modules whose pairs are not symmetries of the model.
     """
 
     name: ClassVar[str] = "geodesic"
@@ -540,11 +547,17 @@ class GeodesicSpec(AscentSpec):
                                 self.exact_steps, self.other_metric, self.other_path)
         return self.ascent(functional, generator, plan, extra)
 
-    def check_first_batch(self, functional: FunctionalModel, batch: Batch) -> None:
-        """The caller's bindings checked against the model on batch 0, before any ascent."""
+    def check_first_batch(self, functional: FunctionalModel, batch: Batch,
+                          measure: Measure) -> None:
+        """The caller's bindings, or the discovered symmetries (with ``check_symmetry``),
+        checked against the model on batch 0, before any ascent."""
         bindings = user_bindings(self.symmetries)
         if bindings:
             check_user_bindings(functional, batch, bindings, self.check_symmetry, self.seed)
+            return
+        coordinates = getattr(getattr(measure, "space", None), "coordinates", None)
+        if self.check_symmetry and isinstance(coordinates, LayoutCoordinates):
+            check_discovered(functional, batch, coordinates, self.seed)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -99,7 +99,7 @@ def group_scale(quotient: SymmetryQuotient, x: Tensors) -> float:
     return 0.5 / math.sqrt(max(shape, default=1))
 
 
-def _relative(new: torch.Tensor, old: torch.Tensor) -> float:
+def relative_change(new: torch.Tensor, old: torch.Tensor) -> float:
     """``max |new - old| / max |old|`` in float64 (``0`` when both are zero)."""
     new, old = new.detach().to(torch.float64), old.detach().to(torch.float64)
     diff = float((new - old).abs().max()) if old.numel() else 0.0
@@ -281,9 +281,9 @@ def check_bindings(bindings: Sequence[QuotientBinding], params: Mapping[str, tor
                 _naming(binding, check_group_element_moves, quotient, x, g)
                 moved = binding.parameters_of(tuple(quotient.act(x, g)))
                 loss, out = evaluate({**params, **moved})
-                loss_change = max(loss_change, _relative(loss, loss0))
+                loss_change = max(loss_change, relative_change(loss, loss0))
                 output_change = (math.nan if out is None or out0 is None
-                                 else max(output_change, _relative(out, out0)))
+                                 else max(output_change, relative_change(out, out0)))
             results.append(SymmetryCheck(binding.name, loss_change, output_change, tolerance,
                                          samples))
     return results
@@ -435,9 +435,9 @@ def _check_repeatable(twice: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
     """Raise unless two evaluations at the same parameters agree within ``tolerance``: the
     check ascribes every change of the loss or outputs to the group element."""
     (loss_a, out_a), (loss_b, out_b) = twice
-    changes = [_relative(loss_b, loss_a)]
+    changes = [relative_change(loss_b, loss_a)]
     if out_a is not None and out_b is not None and out_a.shape == out_b.shape:
-        changes.append(_relative(out_b, out_a))
+        changes.append(relative_change(out_b, out_a))
     if max(changes) > tolerance:
         raise ValueError(
             f"batch: two forwards at the same parameters differ (relative change "
