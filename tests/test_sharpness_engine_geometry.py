@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from quotientsharp import GLQuotient, sharpness
-from quotientsharp.models import ParameterLayout, find_symmetries
+from quotientsharp.models import ParameterLayout, SymmetryCheckError, find_symmetries
 
 
 class BrokenSymmetryAttention(nn.Module):
@@ -47,8 +47,13 @@ def _batches():
 def test_perturbations_are_horizontal_when_the_loss_breaks_the_symmetry(metric, eps) -> None:
     torch.manual_seed(0)
     model = BrokenSymmetryAttention().double()
+    # the run-time check refuses such a model; measured anyway on request
+    with pytest.raises(SymmetryCheckError, match="the qk pairs of attention"):
+        sharpness(model, _batches(), measure="geodesic", metric=metric, eps=eps, order=1,
+                  rho=0.2, n_iter=6, progress=False)
     result = sharpness(model, _batches(), measure="geodesic", metric=metric, eps=eps, order=1,
-                       rho=0.2, n_iter=6, keep_perturbations=True, progress=False)
+                       rho=0.2, n_iter=6, keep_perturbations=True, progress=False,
+                       check_symmetry=False)
     assert result.value > 0
     params = {n: p.detach() for n, p in model.named_parameters()}
     layout = ParameterLayout(find_symmetries(model), params)

@@ -230,7 +230,8 @@ def check_discovered(functional: FunctionalModel, batch: Batch, coordinates: Any
     generator of its own, seeded with ``seed``, so that the measurement's draws are unchanged)
     must leave the loss and the outputs unchanged to ``sqrt(eps)`` of the forward's dtype: two
     forwards. Only where it does not are the kinds, then the modules of a failing kind, moved
-    alone, to name them.
+    alone, to name them. Float32 and float64 forwards only: in half precision the rounding of a
+    true symmetry reaches the changes of a false one.
     """
     factors = coordinates.factors()
     elements = _group_elements(factors, seed)
@@ -238,8 +239,13 @@ def check_discovered(functional: FunctionalModel, batch: Batch, coordinates: Any
         return
     unchanged = coordinates.updates(tuple(t for factor in factors for t in factor.base))
     moving = [n for n in unchanged if n not in coordinates.coords.other]
-    tolerance = symmetry_tolerance(max((functional.dtypes[n] for n in moving),
-                                       key=lambda d: torch.finfo(d).eps))
+    forward_dtype = max((functional.dtypes[n] for n in moving), key=lambda d: torch.finfo(d).eps)
+    if torch.finfo(forward_dtype).eps > torch.finfo(torch.float32).eps:
+        # in half precision the rounding of a true symmetry's element through a real model's
+        # forward (10-15 % of the outputs on a 4-layer bfloat16 BERT) reaches the changes of a
+        # false one (8-150 %): the check could not tell them apart
+        return
+    tolerance = symmetry_tolerance(forward_dtype)
     evaluate = _evaluator(functional, batch)
     with torch.no_grad():
         reference = evaluate(unchanged)
