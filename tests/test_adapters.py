@@ -38,6 +38,7 @@ from quotientsharp.core.adapters import (  # noqa: E402
     StackedLayout,
 )
 from quotientsharp.core.adapters.pymanopt import riemannian_hessian  # noqa: E402
+from tests.tiny_models import ReLUNeuronQuotient  # noqa: E402
 
 DTYPES = [torch.float64, torch.float32]
 N, M, H_DIM, D = 5, 4, 3, 6
@@ -722,23 +723,8 @@ def test_riemannian_adam_is_invariant_and_coordinatewise_adam_is_not(metric, see
     assert products(lambda p: torch.optim.Adam(p, lr=0.02)) > 1e-3
 
 
-class _WrongChristoffelNeuron(SymmetryQuotient):
+class _WrongChristoffelNeuron(ReLUNeuronQuotient):
     """The ReLU unit's scaling quotient with a Christoffel contraction off by a factor 2."""
-
-    point_ndims = (1, 1)
-
-    def inner(self, x, u, v):
-        return ((u[0] * v[0]).sum(-1) / x[0].square().sum(-1)
-                + (u[1] * v[1]).sum(-1) / x[1].square().sum(-1))
-
-    def vertical(self, x, a):
-        return a * x[0], -a * x[1]
-
-    def act(self, x, g):
-        return g * x[0], x[1] / g
-
-    def algebra_shape(self, x):
-        return (1,)
 
     def christoffel(self, x, u, v=None):
         return tuple(2 * c for c in reference.christoffel(self, x, u, v))
