@@ -366,3 +366,58 @@ def test_discovered_symmetries_that_hold_pass_and_leave_the_value_unchanged(dtyp
     checked = qs.sharpness(model, [batch], **options)
     assert checked.per_batch == qs.sharpness(model, [batch], check_symmetry=False,
                                              **options).per_batch
+
+
+def _round_through_float32(module, inputs, output):
+    # what GPT-J, ESM and Cohere do in a float64 model: queries and keys cast to float32
+    return output.float().to(output.dtype)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_float64_model_that_rounds_queries_and_keys_through_float32_is_not_refused(seed):
+    # its true symmetries then change the outputs by float32's rounding (~1e-7), above
+    # float64's sqrt(eps) (1.5e-8): the tolerance follows the forward's coarsest rounding
+    model, batch = _bert(0.4, torch.float64)
+    for layer in model.bert.encoder.layer:
+        for projection in (layer.attention.self.query, layer.attention.self.key):
+            projection.register_forward_hook(_round_through_float32)
+    options = dict(measure="geodesic", rho=0.05, n_iter=2, progress=False, reach=False,
+                   seed=seed)
+    checked = qs.sharpness(model, [batch], **options)
+    assert checked.per_batch == qs.sharpness(model, [batch], check_symmetry=False,
+                                             **options).per_batch
+
+
+def _float32_table(module, inputs, output):
+    # a float32 computation the group elements do not reach (a rotary model's position table
+    # computed in float32): rounded alike at theta and at the moved point
+    table = torch.arange(output.shape[1], dtype=torch.float32).sin()
+    return output + 0.0 * table.to(output.dtype)[None, :, None]
+
+
+@pytest.mark.parametrize("projection, kind", [("query", "qk"), ("value", "vo")])
+def test_a_float32_table_outside_the_moved_parameters_keeps_the_float64_tolerance(projection,
+                                                                                 kind):
+    # small weights (range 0.02): breaking a pair changes the outputs by ~1e-5, which only
+    # float64's tolerance (1.5e-8) sees, so a float32 table elsewhere must not loosen it
+    model, batch = _bert(0.02, torch.float64)
+    model.bert.embeddings.register_forward_hook(_float32_table)
+    getattr(model.bert.encoder.layer[1].attention.self, projection).register_forward_hook(
+        _normalise_heads)
+    with pytest.raises(qs.SymmetryCheckError, match=f"the {kind} pairs of "
+                                                    r"bert.encoder.layer.1.attention"):
+        qs.sharpness(model, [batch], measure="geodesic", rho=0.05, n_iter=2, progress=False,
+                     reach=False)
+
+
+@pytest.mark.parametrize("projection, kind", [("query", "qk"), ("value", "vo")])
+def test_a_false_symmetry_is_refused_where_the_forward_rounds_through_float32(projection, kind):
+    model, batch = _bert(0.3, torch.float64)
+    attention = model.bert.encoder.layer[1].attention.self
+    for rounded in (attention.query, attention.key, attention.value):
+        rounded.register_forward_hook(_round_through_float32)
+    getattr(attention, projection).register_forward_hook(_normalise_heads)
+    with pytest.raises(qs.SymmetryCheckError, match=f"the {kind} pairs of "
+                                                    r"bert.encoder.layer.1.attention"):
+        qs.sharpness(model, [batch], measure="geodesic", rho=0.05, n_iter=2, progress=False,
+                     reach=False)

@@ -6,11 +6,13 @@ bindings are checked on the first batch (:func:`check_user_bindings`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from quotientsharp.core.scalars import SEED_LIMIT
 from quotientsharp.core.validation import warn_at_caller
@@ -186,6 +188,67 @@ def _evaluator(functional: FunctionalModel, batch: Batch) -> Evaluate:
     return evaluate
 
 
+def _tensors(value: object) -> Iterator[torch.Tensor]:
+    """The tensors in ``value``, a tensor or nested lists, tuples and dicts of them (a model
+    output is a dict)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _tensors(item)
+
+
+class _PrecisionTrace(TorchFunctionMode):
+    """The floating dtypes of the values a forward computes from ``sources`` (the parameters
+    a group element moves), in :attr:`dtypes`.
+
+    Only these values differ between the forward at theta and at a group element's point, so
+    only their rounding separates the two; a model can round them coarser than its parameters
+    (GPT-J, ESM and Cohere cast queries and keys to float32 in a float64 model), while its
+    own position tables, rounded alike in both forwards, do not count. A derived tensor is
+    known by identity (a weak reference: a freed tensor's ``id`` may be reused).
+    """
+
+    def __init__(self, sources: Iterable[torch.Tensor]) -> None:
+        super().__init__()
+        self._derived: dict[int, weakref.ref[torch.Tensor]] = {}
+        self.dtypes: set[torch.dtype] = set()
+        for source in sources:
+            self._mark(source)
+
+    def _mark(self, value: torch.Tensor) -> None:
+        self._derived[id(value)] = weakref.ref(value)
+        if value.is_floating_point() or value.is_complex():
+            self.dtypes.add(value.dtype)
+
+    def _is_derived(self, value: torch.Tensor) -> bool:
+        known = self._derived.get(id(value))
+        return known is not None and known() is value
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: Sequence[Any] = (),
+                           kwargs: Mapping[str, Any] | None = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        if any(self._is_derived(t) for t in _tensors((args, kwargs or {}))):
+            for tensor in _tensors(result):
+                self._mark(tensor)
+        return result
+
+
+def _computing_dtype(evaluate: Evaluate, values: Mapping[str, torch.Tensor],
+                     moving: Iterable[str]) -> tuple[torch.dtype, tuple[torch.Tensor,
+                                                                        torch.Tensor | None]]:
+    """The least precise dtype (largest ``eps``) of the values computed from the parameters
+    named in ``moving`` (the parameters' own included) by the forward at ``values``, and that
+    forward's loss and outputs (bit-identical to it run untraced)."""
+    trace = _PrecisionTrace(values[n] for n in moving)
+    with trace:
+        reference = evaluate(values)
+    return max(trace.dtypes, key=lambda d: torch.finfo(d).eps), reference
+
+
 def check_user_bindings(functional: FunctionalModel, batch: Batch,
                         bindings: Sequence[QuotientBinding], invariance: bool, seed: int
                         ) -> None:
@@ -196,10 +259,11 @@ def check_user_bindings(functional: FunctionalModel, batch: Batch,
         check_structure(binding, params)
     if not invariance:
         return
-    forward_dtype = max((functional.dtypes[n] for b in bindings for n in b.parameters),
-                        key=lambda d: torch.finfo(d).eps)
-    for result in check_bindings(bindings, params, _evaluator(functional, batch), forward_dtype,
-                                 seed=seed):
+    evaluate = _evaluator(functional, batch)
+    with torch.no_grad():
+        forward_dtype, _ = _computing_dtype(evaluate, params,
+                                            {n for b in bindings for n in b.parameters})
+    for result in check_bindings(bindings, params, evaluate, forward_dtype, seed=seed):
         if not result.passed:
             raise SymmetryCheckError(
                 f"{result.message()}: the quotient's group changes the model's function, so "
@@ -228,10 +292,11 @@ def check_discovered(functional: FunctionalModel, batch: Batch, coordinates: Any
     its symmetry quotient, silently. So one random element of every pair's group at once
     (condition near ``e^2``: :func:`~quotientsharp.models.symmetry_check.group_scale`; a
     generator of its own, seeded with ``seed``, so that the measurement's draws are unchanged)
-    must leave the loss and the outputs unchanged to ``sqrt(eps)`` of the forward's dtype: two
-    forwards. Only where it does not are the kinds, then the modules of a failing kind, moved
-    alone, to name them. Float32 and float64 forwards only: in half precision the rounding of a
-    true symmetry reaches the changes of a false one.
+    must leave the loss and the outputs unchanged to ``sqrt(eps)`` of the coarsest dtype the
+    forward computes the moved parameters' values in (:class:`_PrecisionTrace`): two forwards.
+    Only where it does not are the kinds, then the modules of a failing kind, moved alone, to
+    name them. Float32 and float64 forwards only: in half precision the rounding of a true
+    symmetry reaches the changes of a false one.
     """
     factors = coordinates.factors()
     elements = _group_elements(factors, seed)
@@ -239,16 +304,20 @@ def check_discovered(functional: FunctionalModel, batch: Batch, coordinates: Any
         return
     unchanged = coordinates.updates(tuple(t for factor in factors for t in factor.base))
     moving = [n for n in unchanged if n not in coordinates.coords.other]
-    forward_dtype = max((functional.dtypes[n] for n in moving), key=lambda d: torch.finfo(d).eps)
-    if torch.finfo(forward_dtype).eps > torch.finfo(torch.float32).eps:
+    if any(torch.finfo(functional.dtypes[n]).eps > torch.finfo(torch.float32).eps
+           for n in moving):
         # in half precision the rounding of a true symmetry's element through a real model's
         # forward (10-15 % of the outputs on a 4-layer bfloat16 BERT) reaches the changes of a
         # false one (8-150 %): the check could not tell them apart
         return
-    tolerance = symmetry_tolerance(forward_dtype)
     evaluate = _evaluator(functional, batch)
     with torch.no_grad():
-        reference = evaluate(unchanged)
+        # the tolerance follows the forward's own rounding of what the element moves, which
+        # can be coarser than the parameters' dtype
+        forward_dtype, reference = _computing_dtype(evaluate, unchanged, moving)
+        if torch.finfo(forward_dtype).eps > torch.finfo(torch.float32).eps:
+            return
+        tolerance = symmetry_tolerance(forward_dtype)
 
         def change(selected: Selection, drawn: Mapping[int, torch.Tensor] = elements) -> float:
             moved = _moved_point(factors, coordinates.gl_pairs, drawn, selected)
