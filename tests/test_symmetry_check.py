@@ -421,3 +421,52 @@ def test_a_false_symmetry_is_refused_where_the_forward_rounds_through_float32(pr
                                                     r"bert.encoder.layer.1.attention"):
         qs.sharpness(model, [batch], measure="geodesic", rho=0.05, n_iter=2, progress=False,
                      reach=False)
+
+
+def _bert_without_head(initializer_range: float):
+    import transformers
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=64,
+                                     attn_implementation="eager",
+                                     initializer_range=initializer_range)
+    return transformers.BertModel(config, add_pooling_layer=False).eval()
+
+
+def _mean_square(output, target):
+    # the last hidden state is layer-normalised (gain 1, shift 0 at initialisation): its mean
+    # square is 1 whatever the attention computed, so this loss hides any change
+    return output.last_hidden_state.square().mean() + 0.0 * target.sum()
+
+
+@pytest.mark.parametrize("projection, kind", [("query", "qk"), ("value", "vo")])
+def test_a_model_without_a_head_is_checked_on_its_last_hidden_state(projection, kind):
+    model = _bert_without_head(0.3)
+    attention = model.encoder.layer[1].attention.self
+    getattr(attention, projection).register_forward_hook(_normalise_heads)
+    generator = torch.Generator().manual_seed(1)
+    batch = {"input_ids": torch.randint(0, 50, (4, 8), generator=generator),
+             "labels": torch.zeros(4)}
+    with pytest.raises(qs.SymmetryCheckError, match=f"the {kind} pairs of "
+                                                    r"encoder.layer.1.attention"):
+        qs.sharpness(model, [batch], measure="geodesic", rho=0.05, n_iter=2, progress=False,
+                     reach=False, loss=_mean_square)
+
+
+def test_a_model_without_a_head_whose_symmetries_hold_passes():
+    model = _bert_without_head(0.3)
+    generator = torch.Generator().manual_seed(1)
+    batch = {"input_ids": torch.randint(0, 50, (4, 8), generator=generator),
+             "labels": torch.randn(4, 8, 32, generator=generator)}
+
+    def squared_error(output, target):
+        return (output.last_hidden_state - target).square().mean()
+
+    options = dict(measure="geodesic", rho=0.05, n_iter=2, progress=False, reach=False,
+                   loss=squared_error)
+    checked = qs.sharpness(model, [batch], **options)
+    assert checked.per_batch == qs.sharpness(model, [batch], check_symmetry=False,
+                                             **options).per_batch

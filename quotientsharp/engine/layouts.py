@@ -171,9 +171,10 @@ def user_bindings(symmetries: object) -> list[QuotientBinding]:
 Evaluate = Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor | None]]
 
 
-def _evaluator(functional: FunctionalModel, batch: Batch) -> Evaluate:
-    """The loss and outputs on ``batch`` with some parameters replaced (each passed in its own
-    dtype, as a new tensor: never theta itself)."""
+def _evaluator(functional: FunctionalModel, batch: Batch,
+               outputs: Callable[[Any], torch.Tensor | None] = output_tensor) -> Evaluate:
+    """The loss and outputs (``outputs`` of the model's output) on ``batch`` with some
+    parameters replaced (each passed in its own dtype, as a new tensor: never theta itself)."""
 
     def evaluate(values: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor,
                                                               torch.Tensor | None]:
@@ -183,9 +184,24 @@ def _evaluator(functional: FunctionalModel, batch: Batch) -> Evaluate:
                                             batch.args, batch.kwargs)
         loss = compute_loss(functional.loss_function, functional.builtin_loss, output,
                             batch.target, functional.dtype, batch.label)
-        return loss, output_tensor(output)
+        return loss, outputs(output)
 
     return evaluate
+
+
+def _main_output(output: Any) -> torch.Tensor | None:
+    """The outputs a discovered symmetry must leave unchanged beside the loss: the logits
+    (:func:`output_tensor`), else the first floating tensor of a model output (the
+    ``last_hidden_state`` of a model without a head, ``shape=[batch, T, d]``).
+
+    The loss alone is one number, whose change under a false symmetry's element can cancel to
+    below the tolerance (SpeechT5's encoder: ``1e-2`` for one element, ``3e-4`` for the next).
+    """
+    logits = output_tensor(output)
+    if logits is not None or not isinstance(output, Mapping):
+        return logits
+    return next((value for value in output.values()
+                 if isinstance(value, torch.Tensor) and value.is_floating_point()), None)
 
 
 def _tensors(value: object) -> Iterator[torch.Tensor]:
@@ -292,7 +308,8 @@ def check_discovered(functional: FunctionalModel, batch: Batch, coordinates: Any
     its symmetry quotient, silently. So one random element of every pair's group at once
     (condition near ``e^2``: :func:`~quotientsharp.models.symmetry_check.group_scale`; a
     generator of its own, seeded with ``seed``, so that the measurement's draws are unchanged)
-    must leave the loss and the outputs unchanged to ``sqrt(eps)`` of the coarsest dtype the
+    must leave the loss and the outputs (the logits, or a headless model's first output:
+    :func:`_main_output`) unchanged to ``sqrt(eps)`` of the coarsest dtype the
     forward computes the moved parameters' values in (:class:`_PrecisionTrace`): two forwards.
     Only where it does not are the kinds, then the modules of a failing kind, moved alone, to
     name them. Float32 and float64 forwards only: in half precision the rounding of a true
@@ -310,7 +327,7 @@ def check_discovered(functional: FunctionalModel, batch: Batch, coordinates: Any
         # forward (10-15 % of the outputs on a 4-layer bfloat16 BERT) reaches the changes of a
         # false one (8-150 %): the check could not tell them apart
         return
-    evaluate = _evaluator(functional, batch)
+    evaluate = _evaluator(functional, batch, _main_output)
     with torch.no_grad():
         # the tolerance follows the forward's own rounding of what the element moves, which
         # can be coarser than the parameters' dtype
