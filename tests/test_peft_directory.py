@@ -293,6 +293,17 @@ def test_a_damaged_adapter_file_is_named(saved, tmp_path, damage):
         assert f"error: MODEL {named} " in stderr, stderr
 
 
+def _drawn_and_saved(model: torch.nn.Module, target: Path) -> torch.nn.Module:
+    """``model`` with its trainable tensors drawn from N(0, 0.3^2) (adapter factors with
+    B != 0, a head), saved in ``target``, in eval mode."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.normal_(0.0, 0.3)
+    model.save_pretrained(target)
+    return model.eval()
+
+
 def _saved_lora(saved: Path, target: Path, **settings: object) -> torch.nn.Module:
     """A LoRA of ``settings`` on a 3-label classifier of the saved base, its factors drawn
     (B != 0), saved in ``target``; the in-memory model is returned."""
@@ -303,12 +314,7 @@ def _saved_lora(saved: Path, target: Path, **settings: object) -> torch.nn.Modul
             saved / "base", num_labels=3, attn_implementation="eager")
         model = peft.get_peft_model(model, peft.LoraConfig(
             r=4, lora_alpha=8, target_modules=["query", "value"], **settings))
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.requires_grad:
-                parameter.normal_(0.0, 0.3)
-    model.save_pretrained(target)
-    return model.eval()
+    return _drawn_and_saved(model, target)
 
 
 def _logits(model: torch.nn.Module) -> torch.Tensor:
@@ -384,12 +390,7 @@ def _lora_on(base: Path, target: Path, labels: int, **settings: object) -> torch
         model = peft.get_peft_model(model, peft.LoraConfig(
             task_type="SEQ_CLS", r=4, lora_alpha=8, target_modules=["query", "value"],
             **settings))
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.requires_grad:
-                parameter.normal_(0.0, 0.3)
-    model.save_pretrained(target)
-    return model.eval()
+    return _drawn_and_saved(model, target)
 
 
 def test_a_head_of_other_labels_than_the_base_s_is_read_from_the_adapter(saved, tmp_path):
