@@ -359,16 +359,17 @@ def _moved(where: Mapping[str, Any]) -> str:
 
 
 def local_radius(where: Mapping[str, Any], rho: float) -> float | None:
-    """About the largest radius at which the ball is local along the direction of a batch's
-    best perturbation (its :class:`~.blocks.Locality` ``where``, found at radius ``rho``);
-    ``None`` where a ratio is not finite.
+    """A radius at which the ball should be local along the direction of a batch's best
+    perturbation (its :class:`~.blocks.Locality` ``where``, found at radius ``rho``): ``rho``
+    over the largest of the figures' ratios to their bounds; ``None`` where a ratio is not
+    finite.
 
     Along one direction ``xi = r u`` the second-order ratio ``||Gamma(xi, xi) / 2|| / ||xi||``
-    is ``r`` times that of ``u``, and the displacements are ``r`` times the first-order one
-    plus ``r^2`` times the second-order one: each figure shrinks at least in proportion to the
-    radius while the second-order term is below the first, so ``rho`` over the largest of the
-    figures' ratios to their bounds is a radius where the found direction is local. The
-    maximiser at that radius may point elsewhere: measure again.
+    is exactly ``r`` times that of ``u``. A displacement is ``r`` times its first-order part
+    plus ``r^2`` times its second-order part: it shrinks in proportion to ``r`` once the
+    second part is small, faster while it dominates, and slower only where the two parts
+    cancel at ``rho`` (a displacement smaller than its first-order part), so the radius is an
+    estimate, not a bound. The maximiser at that radius may point elsewhere: measure again.
     """
     figures = [(where.get("second_order"), LOCAL_SECOND_ORDER),
                (where.get("factor_displacement"), LOCAL_DISPLACEMENT),
@@ -388,9 +389,9 @@ def _local_radius_note(where: Mapping[str, Any], rho: Any) -> str:
     radius = local_radius(where, float(rho))
     if radius is None or radius >= rho:
         return ""
-    return (f"; along the direction found, the ball is local at rho = {radius:.3g} (each "
-            "figure shrinks at least in proportion to rho; the maximiser there may point "
-            "elsewhere: measure again)")
+    return (f"; along the direction found, the ball should be local at about rho = "
+            f"{radius:.3g} (the figures shrink about in proportion to rho; the maximiser there "
+            "may point elsewhere: measure again)")
 
 
 def _times(ratio: float | None) -> str:
