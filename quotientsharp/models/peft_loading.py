@@ -72,7 +72,7 @@ def _check_adapter_names(path: Path, found: list[tuple[str, Path]]) -> None:
                              "give MODEL as the adapter directory itself")
 
 
-def _local_base(settings: dict[str, Any]) -> Path | None:
+def local_base(settings: dict[str, Any]) -> Path | None:
     """The local directory ``base_model_name_or_path`` names (relative to the working
     directory, as PEFT reads it), else ``None``: a Hub name is never looked up."""
     base = settings.get("base_model_name_or_path")
@@ -100,7 +100,7 @@ def _no_local_base(folder: Path, settings: dict[str, Any], discovery: bool) -> s
 def _base_config(path: Path, folder: Path, settings: dict[str, Any]) -> Path:
     """The base model's ``config.json``: in the saved directory ``path``, beside the adapter's
     own ``folder``, or in the local base directory."""
-    local = _local_base(settings)
+    local = local_base(settings)
     for candidate in (path / "config.json", folder / "config.json",
                       *([] if local is None else [local / "config.json"])):
         if candidate.is_file():
@@ -285,7 +285,7 @@ def _base_model(path: Path, folder: Path, settings: dict[str, Any], labels: int 
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     target = _target_class(settings)
-    local = _local_base(settings)
+    local = local_base(settings)
     extra: dict[str, Any] = {} if labels is None else {"num_labels": labels}
     if local is not None:
         try:
@@ -459,7 +459,7 @@ def load_peft_directory(path: str | Path, weights: bool = False) -> nn.Module:
                                         _head_labels(settings[first], saved[first]), weights)
     model = _with_adapters(base, adapters)
     if weights:     # discovery reads the structure alone: a fresh head does not change it
-        local = _local_base(settings[first])
+        local = local_base(settings[first])
         _check_base_complete(model, first_folder, local, missing, saved[first])
         _check_base_used(model, first_folder, local, unused)
     for name, folder in adapters:

@@ -54,18 +54,17 @@ def content_sha256(path: str | os.PathLike[str]) -> str:
 def _adapter_bases(model: Path) -> list[Path]:
     """The local base model directories of the PEFT adapters saved in ``model`` (none for a
     file, a whole saved model, or an adapter whose base is not a local directory)."""
-    from quotientsharp.models.peft_loading import ADAPTER_CONFIG, saved_adapters
+    from quotientsharp.models.peft_loading import ADAPTER_CONFIG, local_base, saved_adapters
 
     bases = []
     for _, folder in saved_adapters(model):
         try:
-            base = json.loads((folder / ADAPTER_CONFIG).read_text()).get(
-                "base_model_name_or_path")
-        except (OSError, ValueError, AttributeError):
+            settings = json.loads((folder / ADAPTER_CONFIG).read_text())
+        except (OSError, ValueError):
             continue                    # loading the adapter names what is wrong with it
-        # relative to the working directory, as PEFT (and the measurement) reads it
-        if isinstance(base, str) and base and Path(base).is_dir():
-            bases.append(Path(base))
+        base = local_base(settings) if isinstance(settings, dict) else None
+        if base is not None:
+            bases.append(base)
     return bases
 
 
