@@ -705,3 +705,13 @@ def test_a_value_is_exactly_the_difference_of_the_losses_reported(
         if result.chains:
             assert value == max(c for c in result.chains[index] if c is not None)
             assert value == result.traces[index][-1]
+
+
+def test_a_nan_in_a_locality_ratio_is_not_read_as_local() -> None:
+    from quotientsharp.engine.blocks import Locality, _ratio, _worst
+
+    # a NaN norm compares false with 0: read as "norm 0, did not move" it would be local
+    ratios = _ratio(torch.tensor([0.0, math.nan, 0.5]), torch.tensor([0.0, 0.0, 1.0]))
+    value, label = _worst([(ratios.reshape(1, -1), ["a", "b", "c"])])
+    assert value is None and label == "b"
+    assert not Locality(value, label).local

@@ -291,9 +291,11 @@ def _ratio(num: torch.Tensor, den: torch.Tensor, from_zero: float = math.inf) ->
     norm 0 that did not move, as the adaptive ball keeps every zero weight), ``from_zero`` where
     only ``den`` is: by default ``inf`` (an entry of norm 0 that moved has moved by more than any
     multiple of its norm: a zero bias under ``other_metric="euclidean"``), which
-    :class:`Locality` reports as a ratio that is not finite."""
-    zero_norm = torch.where(num > 0, torch.full_like(num, from_zero), torch.zeros_like(num))
-    return torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny), zero_norm)
+    :class:`Locality` reports as a ratio that is not finite. A NaN ``num`` or ``den`` stays
+    NaN (a comparison with it is false, which would otherwise read it as 0: local)."""
+    zero_norm = torch.where(num == 0, torch.zeros_like(num), torch.full_like(num, from_zero))
+    ratio = torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny), zero_norm)
+    return torch.where(num.isnan() | den.isnan(), torch.full_like(ratio, math.nan), ratio)
 
 
 def _worst(ratios: list[tuple[torch.Tensor, list[str]]]) -> tuple[float | None, str | None]:
