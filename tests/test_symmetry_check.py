@@ -470,3 +470,11 @@ def test_a_model_without_a_head_whose_symmetries_hold_passes():
     checked = qs.sharpness(model, [batch], **options)
     assert checked.per_batch == qs.sharpness(model, [batch], check_symmetry=False,
                                              **options).per_batch
+
+
+def test_a_change_that_is_not_a_number_is_never_within_a_tolerance():
+    from quotientsharp.models.symmetry_check import relative_change
+
+    # max(small, nan) is small: a NaN change read as such would pass every symmetry check
+    moved = relative_change(torch.tensor([math.nan, 1.0]), torch.tensor([1.0, 1.0]))
+    assert moved == math.inf and max(1e-9, moved) > 1.0
