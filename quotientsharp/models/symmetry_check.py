@@ -100,12 +100,14 @@ def group_scale(quotient: SymmetryQuotient, x: Tensors) -> float:
 
 
 def relative_change(new: torch.Tensor, old: torch.Tensor) -> float:
-    """``max |new - old| / max |old|`` in float64 (``0`` when both are zero; ``inf`` where a
-    difference is not a number: ``max()`` over changes would pass over a NaN, and a change that
-    is not a number is none a tolerance may accept)."""
+    """``max |new - old| / max |old|`` in float64 (``0`` when both are zero; ``inf`` where one
+    is NaN and the other not: ``max()`` over changes would pass over a NaN, and a change that
+    is not a number is none a tolerance may accept; NaN in both at one entry is no change, so
+    that a batch that is not finite is named by the check of finiteness)."""
     new, old = new.detach().to(torch.float64), old.detach().to(torch.float64)
-    diff = float((new - old).abs().max()) if old.numel() else 0.0
-    size = float(old.abs().max()) if old.numel() else 0.0
+    gaps = torch.where(new.isnan() & old.isnan(), 0.0, (new - old).abs())
+    diff = float(gaps.max()) if old.numel() else 0.0
+    size = float(torch.where(old.isnan(), 0.0, old.abs()).max()) if old.numel() else 0.0
     if math.isnan(diff):
         return math.inf
     if diff == 0.0:
