@@ -103,7 +103,9 @@ class SharpnessResult:
         Empty in results made before it was kept.
     evaluations
         Ascent measures: per batch, the loss evaluations (forward+backward passes) spent,
-        reference solve excluded: the cost of the value.
+        reference solve excluded: the cost of the value. With ``random_init=True`` the clean
+        loss at ``theta`` is one more pass, not counted here (a forward; on the first batch
+        the setup's forward+backward, which ``random_init=False`` reuses as its first).
     locality
         Ascent measures: per batch, :class:`~quotientsharp.engine.blocks.Locality` of the best
         perturbation as a dict (``displacement``, ``parameter``, ``factor_displacement``,
