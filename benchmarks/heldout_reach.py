@@ -22,7 +22,11 @@ JSON line per problem in ``--out``.
 
 Run: ``python benchmarks/heldout_reach.py [--models gpt2 distilbert lora llama vit] [--ref-iter
 200 --ref-restarts 4] [--out results/heldout_reach.jsonl]`` (the default three models: about
-25 min of one CPU thread).
+25 min of one CPU thread). ``--reach JSON`` measures with that ``reach`` option instead of the
+default search (``'{"stall": 1e-4, "continuations": 4}'``), ``--no-reference`` skips the
+reference solve, and ``--table FILE ...`` prints, per measure and search, how many values
+reached 99 % of the best value any record of those files found for the problem (its value or
+its reference), how many fell short unflagged, and the passes spent.
 """
 
 from __future__ import annotations
@@ -227,23 +231,23 @@ def build(kind, log):
 
 
 # ---------------------------------------------------------------- measuring
-def measure_one(model, batch, rho, spec, reference):
+def measure_one(model, batch, rho, spec, reference, reach=True):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         start = time.process_time()
         result = qs.sharpness(model, [batch], rho=rho, progress=False,
-                              reference_solve=reference, **spec)
+                              reference_solve=reference, reach=reach, **spec)
         seconds = time.process_time() - start
     reach_msgs = [str(w.message) for w in caught if issubclass(w.category, qs.ReachWarning)]
     value = float(result.per_batch[0])
-    ref = float(result.reference_per_batch[0])
-    best = max(value, ref)
-    share = value / best if best > 0 else None
+    ref = float(result.reference_per_batch[0]) if reference else None
+    best = value if ref is None else max(value, ref)
+    share = value / best if best > 0 and ref is not None else None
     loc = result.locality[0] if result.locality else None
     reach = result.reach[0] if result.reach else None
     local = None if loc is None else bool(loc["local"])
     flagged = (reach is not None and reach < 0.99) or local is False
-    return {"value": value, "reference": ref, "share": share, "reach": reach,
+    return {"search": reach, "value": value, "reference": ref, "share": share, "reach": reach,
             "local": local, "flagged": flagged, "reach_warning": bool(reach_msgs),
             "warning_text": reach_msgs[0][:400] if reach_msgs else None,
             "evaluations": result.evaluations[0] if result.evaluations else None,
@@ -264,10 +268,17 @@ def main(argv=None):
     ap.add_argument("--ref-iter", type=int, default=None,
                     help="None: reference_solve=True (200 steps, 4 restarts)")
     ap.add_argument("--ref-restarts", type=int, default=4)
+    ap.add_argument("--no-reference", action="store_true", help="skip the reference solve")
+    ap.add_argument("--reach", type=json.loads, default=True,
+                    help="the reach option, as JSON (default: true, the default search)")
     ap.add_argument("--out", default=os.path.join("results", "heldout_reach.jsonl"))
+    ap.add_argument("--table", nargs="+", help="only print the table of earlier --out files")
     args = ap.parse_args(argv)
-    reference = True if args.ref_iter is None else {"n_iter": args.ref_iter,
-                                                    "restarts": args.ref_restarts}
+    if args.table:
+        print_table(args.table)
+        return
+    reference = (None if args.no_reference else True if args.ref_iter is None
+                 else {"n_iter": args.ref_iter, "restarts": args.ref_restarts})
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     logf = open(os.path.splitext(args.out)[0] + ".log", "a")
 
@@ -295,13 +306,40 @@ def main(argv=None):
                                 "reference_solve": reference}
                         try:
                             rec = {**prob, **measure_one(model, batch, rho, MEASURES[mname],
-                                                         reference)}
+                                                         reference, args.reach)}
                         except Exception as exc:
                             rec = {**prob, "error": f"{type(exc).__name__}: {exc}"}
                         log(json.dumps(rec, default=str))
                         out.write(json.dumps(rec, default=str) + "\n")
                         out.flush()
     log(f"# end {time.strftime('%H:%M:%S')}")
+
+
+def print_table(paths):
+    """Per measure and search: values at 99 % of the best any record found, shortfalls not
+    flagged, flagged values that reached, mean passes (records of every file, pooled)."""
+    records = [json.loads(line) for path in paths for line in open(path)]
+    records = [r for r in records if "error" not in r]
+    best = {}
+    for r in records:
+        key = (r["model"], r["measure"], r["rho"], r["batch"])
+        found = max(r["value"], r["reference"] or r["value"])
+        best[key] = max(best.get(key, found), found)
+    rows = {}
+    for r in records:
+        row = rows.setdefault((r["measure"], json.dumps(r.get("search", True))), [0, 0, 0, 0, 0])
+        reached = r["value"] >= 0.99 * best[(r["model"], r["measure"], r["rho"], r["batch"])]
+        row[0] += 1
+        row[1] += reached
+        row[2] += not reached and not r["flagged"]
+        row[3] += reached and r["flagged"]
+        row[4] += r["evaluations"]
+    print("| measure | search | problems | reached 99 % | short, not flagged "
+          "| reached, flagged | passes (mean) |")
+    print("|---|---|---|---|---|---|---|")
+    for (measure, search), (n, reached, silent, flagged, passes) in sorted(rows.items()):
+        print(f"| {measure} | `{search}` | {n} | {reached} | {silent} | {flagged} "
+              f"| {passes / n:.0f} |")
 
 
 if __name__ == "__main__":

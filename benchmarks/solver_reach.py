@@ -53,6 +53,9 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "search, 8 chains": {"reach": {"chains": 8}},
     # continuation in rho: the second chain climbs from rho / 9 through rho / 3 to rho
     "search, continuation in rho": {"reach": {"ladder": [1 / 9, 1 / 3]}},
+    # a chain counts as climbing down to a rise of 0.01 % of its value over its last 30 %,
+    # and climbs on for up to four continuations (2026-12-07)
+    "search, stall 1e-4, 4 continuations": {"reach": {"stall": 1e-4, "continuations": 4}},
 }
 #: About ten times the default's budget: 200 steps, 4 random restarts.
 REFERENCE: dict[str, Any] = {"reach": False, "n_iter": 200, "restarts": 4}
