@@ -231,12 +231,12 @@ def build(kind, log):
 
 
 # ---------------------------------------------------------------- measuring
-def measure_one(model, batch, rho, spec, reference, reach=True):
+def measure_one(model, batch, rho, spec, reference, search=True):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         start = time.process_time()
         result = qs.sharpness(model, [batch], rho=rho, progress=False,
-                              reference_solve=reference, reach=reach, **spec)
+                              reference_solve=reference, reach=search, **spec)
         seconds = time.process_time() - start
     reach_msgs = [str(w.message) for w in caught if issubclass(w.category, qs.ReachWarning)]
     value = float(result.per_batch[0])
@@ -247,7 +247,7 @@ def measure_one(model, batch, rho, spec, reference, reach=True):
     reach = result.reach[0] if result.reach else None
     local = None if loc is None else bool(loc["local"])
     flagged = (reach is not None and reach < 0.99) or local is False
-    return {"search": reach, "value": value, "reference": ref, "share": share, "reach": reach,
+    return {"search": search, "value": value, "reference": ref, "share": share, "reach": reach,
             "local": local, "flagged": flagged, "reach_warning": bool(reach_msgs),
             "warning_text": reach_msgs[0][:400] if reach_msgs else None,
             "evaluations": result.evaluations[0] if result.evaluations else None,
