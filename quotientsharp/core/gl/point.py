@@ -232,15 +232,11 @@ class GLPoint(ClosedFormPoint):
     # (jvp) of both is wrong, and the autograd references differentiate the metric by jvp
     @staticmethod
     def _inverse(cholesky: torch.Tensor) -> torch.Tensor:
-        identities = torch.diag_embed(torch.ones(cholesky.shape[:-1], dtype=cholesky.dtype,
-                                                 device=cholesky.device))
-        return torch.cholesky_solve(identities, cholesky)
+        return torch.cholesky_solve(_identities(cholesky), cholesky)
 
     @staticmethod
     def _inverse_factor(cholesky: torch.Tensor) -> torch.Tensor:
-        identities = torch.diag_embed(torch.ones(cholesky.shape[:-1], dtype=cholesky.dtype,
-                                                 device=cholesky.device))
-        return torch.linalg.solve_triangular(cholesky, identities, upper=False)
+        return torch.linalg.solve_triangular(cholesky, _identities(cholesky), upper=False)
 
     @cached_property
     def work_inverses(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -397,11 +393,14 @@ class GLPoint(ClosedFormPoint):
         return a.diagonal(dim1=-2, dim2=-1)
 
 
+def _identities(like: torch.Tensor) -> torch.Tensor:
+    """A batch of identities of the square ``like``'s shape (materialised: see the caches)."""
+    return torch.diag_embed(torch.ones(like.shape[:-1], dtype=like.dtype, device=like.device))
+
+
 def inverse_triangular(upper: torch.Tensor) -> torch.Tensor:
     """``R^{-1}`` of upper triangular ``R``, ``shape=[..., h, h]`` (a triangular solve)."""
-    identities = torch.diag_embed(torch.ones(upper.shape[:-1], dtype=upper.dtype,
-                                             device=upper.device))
-    return torch.linalg.solve_triangular(upper, identities, upper=True)
+    return torch.linalg.solve_triangular(upper, _identities(upper), upper=True)
 
 
 def moved(w: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
