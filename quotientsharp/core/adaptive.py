@@ -368,9 +368,6 @@ class AdaptiveQuotient(MetricFamilyQuotient):
         """The quotient whose point is ``tensors`` as they are (no batch dimensions)."""
         return cls(metric, point_ndims=[t.dim() for t in tensors])
 
-    def frozen_point(self, x: Tensors) -> AdaptivePoint:
-        return self.metric.point_type(self, x)
-
     def algebra_shape(self, x: Tensors) -> tuple[int, ...]:
         return (0,)
 

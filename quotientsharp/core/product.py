@@ -240,8 +240,7 @@ class ProductQuotient(ClosedFormQuotient):
         """Per factor: the folded shape and the factor's algebra (or group element) shape."""
         layout = []
         for q, part, f in zip(self.factors, self.split(x), self.folded, strict=True):
-            leading = [c.shape[:c.dim() - k] for c, k in zip(part, q.point_ndims, strict=True)]
-            batch = torch.broadcast_shapes(*leading)
+            batch = T.batch_shape(part, q.point_ndims)
             shape = q.group_shape(part) if group else q.algebra_shape(part)
             layout.append((batch[len(batch) - f:] if f else torch.Size(), torch.Size(shape)))
         return layout
