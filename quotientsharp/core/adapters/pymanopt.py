@@ -8,7 +8,8 @@ arguments, ``cost(G, H)`` for GL(h)); every operation calls the quotient in torc
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,25 +47,23 @@ class QuotientTangentVector(tuple):
     def __new__(cls, parts: Sequence[np.ndarray]) -> QuotientTangentVector:
         return super().__new__(cls, tuple(parts))
 
-    def _other(self, other: object, op: str) -> Sequence[Any]:
+    def _combine(self, other: object, op: str,
+                 combine: Callable[[Any, Any], np.ndarray]) -> QuotientTangentVector:
         if not isinstance(other, (tuple, list)) or len(other) != len(self):
             raise TypeError(f"cannot {op} a tangent vector of {len(self)} components and "
                             f"{type(other).__name__}")
-        return other
+        return QuotientTangentVector([combine(a, b) for a, b in zip(self, other, strict=True)])
 
     def __add__(self, other: object) -> QuotientTangentVector:
-        return QuotientTangentVector([a + b for a, b in zip(self, self._other(other, "add"),
-                                                            strict=True)])
+        return self._combine(other, "add", operator.add)
 
     __radd__ = __add__
 
     def __sub__(self, other: object) -> QuotientTangentVector:
-        return QuotientTangentVector([a - b for a, b in zip(self, self._other(other, "subtract"),
-                                                            strict=True)])
+        return self._combine(other, "subtract", operator.sub)
 
     def __rsub__(self, other: object) -> QuotientTangentVector:
-        return QuotientTangentVector([b - a for a, b in zip(self, self._other(other, "subtract"),
-                                                            strict=True)])
+        return self._combine(other, "subtract", lambda a, b: b - a)
 
     def __mul__(self, scalar: object) -> QuotientTangentVector:
         if not np.isscalar(scalar) and not (isinstance(scalar, np.ndarray) and scalar.ndim == 0):

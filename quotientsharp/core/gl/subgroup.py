@@ -81,10 +81,8 @@ class SubgroupPoint(GLPoint):
     def _subgroup_cholesky(self) -> torch.Tensor:
         """Cholesky factor of ``<E_k, Gram(E_l)>_F``, ``shape=[..., K, K]`` (working dtype).
 
-        With ``Gram(L) = sum_t A_t L B_t``, ``<E_k, A E_l B>_F = sum c_k c_l A[i, a] B[b, j]``
-        over the nonzero entries ``c_k`` at ``(i, j)`` of ``E_k`` and ``c_l`` at ``(a, b)`` of
-        ``E_l``: the basis is sparse (one or two entries per element), so the ``K x K`` matrix
-        costs gathers over pairs of entries, not ``K`` products of ``h x h`` matrices.
+        ``<E_k, A E_l B>_F = sum c_k c_l A[i, a] B[b, j]`` over the nonzero entries ``c_k`` at
+        ``(i, j)`` of ``E_k`` and ``c_l`` at ``(a, b)`` of ``E_l``: gathers over the sparse basis.
         """
         owner, rows, cols, coefficients = self.quotient.algebra_sparse
         device = self.x[0].device
