@@ -27,6 +27,7 @@ from quotientsharp.core._tuples import under_function_transform
 from quotientsharp.core.frozen import ClosedFormPoint, check_order
 from quotientsharp.core.linalg import solve_sylvester_eig
 from quotientsharp.core.metric import Metric
+from quotientsharp.core.reference import largest_normalised_product
 from quotientsharp.core.validation import check_time, value_checks_enabled
 
 Tensors = tuple[torch.Tensor, ...]
@@ -382,11 +383,9 @@ class GLPoint(ClosedFormPoint):
         ``<V_kl, u> = M(u)_kl``. Zero exactly for horizontal ``u``, in ``[0, 1]``, unchanged
         when ``u`` is rescaled. ``shape=[*batch]``.
         """
-        moment = self.moment(u)
-        denominators = (self.vertical_norms_squared().clamp_min(0).sqrt()
-                        * self.norm(u).unsqueeze(-1).unsqueeze(-1))
-        tiny = torch.finfo(moment.dtype).tiny
-        return (moment.abs() / denominators.clamp_min(tiny)).amax(dim=(-2, -1))
+        return largest_normalised_product(
+            self.moment(u).flatten(-2),
+            self.vertical_norms_squared().clamp_min(0).sqrt().flatten(-2), self.norm(u))
 
     @staticmethod
     def diagonal(a: torch.Tensor) -> torch.Tensor:

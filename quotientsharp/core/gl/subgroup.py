@@ -21,6 +21,7 @@ import torch
 
 from quotientsharp.core.gl.point import GLMetric, GLPoint
 from quotientsharp.core.gl.quotient import GLQuotient, check_condition, haar_orthogonal
+from quotientsharp.core.reference import largest_normalised_product
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -120,11 +121,9 @@ class SubgroupPoint(GLPoint):
 
     def horizontality_error(self, u: Tensors) -> torch.Tensor:
         """``max_k |<V(E_k), u>| / (||V(E_k)|| ||u||)`` over the subalgebra's basis."""
-        products = self._cast(self._coordinates(self.moment(u)))
-        denominators = (self.vertical_norms_squared().clamp_min(0).sqrt()
-                        * self.norm(u).unsqueeze(-1))
-        tiny = torch.finfo(products.dtype).tiny
-        return (products.abs() / denominators.clamp_min(tiny)).amax(-1)
+        return largest_normalised_product(self._cast(self._coordinates(self.moment(u))),
+                                          self.vertical_norms_squared().clamp_min(0).sqrt(),
+                                          self.norm(u))
 
 
 _POINT_TYPES: dict[type[GLPoint], type[GLPoint]] = {}
