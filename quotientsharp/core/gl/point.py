@@ -25,7 +25,6 @@ import torch
 from quotientsharp.core import frozen
 from quotientsharp.core._tuples import under_function_transform
 from quotientsharp.core.frozen import ClosedFormPoint, check_order
-from quotientsharp.core.linalg import solve_sylvester_eig
 from quotientsharp.core.metric import Metric
 from quotientsharp.core.reference import largest_normalised_product
 from quotientsharp.core.validation import check_time, value_checks_enabled
@@ -299,7 +298,7 @@ class GLPoint(ClosedFormPoint):
 
     def solve_in_eigenbases(self, bases: tuple[torch.Tensor, torch.Tensor],
                             denominators: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
-        """:func:`~quotientsharp.core.linalg.solve_sylvester_eig` of an ``h x h`` right-hand side in
+        """:func:`solve_sylvester_eig` of an ``h x h`` right-hand side in
         the working dtype, the solution cast back to the point's dtype."""
         return self._cast(solve_sylvester_eig(*bases, denominators,
                                               rhs.to(self.work_dtype)))
@@ -390,6 +389,51 @@ class GLPoint(ClosedFormPoint):
     @staticmethod
     def diagonal(a: torch.Tensor) -> torch.Tensor:
         return a.diagonal(dim1=-2, dim2=-1)
+
+
+def solve_sylvester_eig(eigvecs_p: torch.Tensor, eigvecs_q: torch.Tensor,
+                        denominators: torch.Tensor, rhs: torch.Tensor,
+                        rcond: float | None = None) -> torch.Tensor:
+    """Solve a Sylvester-type equation that is diagonal in two orthonormal bases (the batched
+    solver of the GL(h) horizontal projections).
+
+    Returns ``X = U [(U^T C V) / D] V^T``: the solution of any linear equation whose operator
+    maps ``u_i v_j^T`` to ``D_ij u_i v_j^T``. ``P X + X Q = C`` with ``P = U diag(lambda) U^T``
+    and ``Q = V diag(mu) V^T`` is the case ``D_ij = lambda_i + mu_j``.
+
+    Parameters
+    ----------
+    eigvecs_p
+        Orthonormal basis ``U``, ``shape=[..., p, p]`` (columns are the basis vectors).
+    eigvecs_q
+        Orthonormal basis ``V``, ``shape=[..., q, q]``.
+    denominators
+        The operator's eigenvalues ``D``, ``shape=[..., p, q]``, expected non-negative.
+    rhs
+        Right-hand side ``C``, ``shape=[..., p, q]``.
+    rcond
+        Entries with ``D_ij <= rcond * max(D)`` (per batch element) are treated as zero and
+        give zero components: the minimum-norm least-squares solution (a pseudo-inverse), exact
+        whenever ``C`` lies in the operator's range. Default ``max(p, q) * eps`` of the dtype.
+
+    Returns
+    -------
+    torch.Tensor
+        ``X``, ``shape=[..., p, q]`` (batch dimensions broadcast).
+    """
+    p, q = denominators.shape[-2], denominators.shape[-1]
+    if rcond is None:
+        rcond = max(p, q) * torch.finfo(denominators.dtype).eps
+    if rcond < 0:
+        raise ValueError(f"rcond must be non-negative, got {rcond}")
+    largest = denominators.abs().amax(dim=(-2, -1), keepdim=True)
+    keep = denominators > rcond * largest
+    # where() on both the divisor and the quotient keeps the dropped entries out of the
+    # gradient too (a 1/0 there would poison backward with NaN)
+    safe = torch.where(keep, denominators, torch.ones_like(denominators))
+    rotated = eigvecs_p.mT @ rhs @ eigvecs_q
+    scaled = torch.where(keep, rotated / safe, torch.zeros_like(rotated))
+    return eigvecs_p @ scaled @ eigvecs_q.mT
 
 
 def _identities(like: torch.Tensor) -> torch.Tensor:
