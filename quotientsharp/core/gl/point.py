@@ -320,11 +320,6 @@ class GLPoint(ClosedFormPoint):
         """
         raise NotImplementedError
 
-    def gram_operator(self, L: torch.Tensor) -> torch.Tensor:
-        """``Gram(L) = sum_t A_t L B_t`` (:meth:`gram_operator_terms`), working dtype."""
-        terms = [a @ L @ b for a, b in self.gram_operator_terms()]
-        return terms[0] + terms[1]
-
     # ------------------------------------------------------------------ connection
     #: Whether the metric's contraction has the coefficient form of
     #: :meth:`christoffel_coefficients` (then order-2 points take :class:`OrderTwoGLPath`).
