@@ -628,6 +628,22 @@ def is_exactly_zero(value: Any) -> bool:
     return True
 
 
+def max_abs(value: Any) -> sympy.Rational:
+    """Largest absolute entry (exact) of a rational number, matrix or nested list.
+
+    Parameters
+    ----------
+    value
+        Numbers, a matrix or a nested list of them.
+
+    Returns
+    -------
+    sympy.Rational
+        ``0`` for an empty value.
+    """
+    return max((abs(e) for e in _entries(value)), default=sympy.S.Zero)
+
+
 def to_tensor(value: Any, dtype: torch.dtype = torch.float64,
               device: torch.device | str | None = None) -> torch.Tensor:
     """A numeric sympy matrix (kept 2-D), list or number as a torch tensor.
