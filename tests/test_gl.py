@@ -15,7 +15,7 @@ import torch
 import quotientsharp as qs
 from quotientsharp import GLQuotient, reference, value_checks
 from quotientsharp.core.checks import check_all, relative_error
-from quotientsharp.core.linalg import solve_sylvester_eig
+from quotientsharp.core.gl.point import solve_sylvester_eig
 
 METRICS = ["inv", "mix", "euclidean"]
 INVARIANT_METRICS = ["inv", "mix"]

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import quotientsharp as qs
-from quotientsharp.core.linalg import solve_sylvester_eig
+from quotientsharp.core.gl.point import solve_sylvester_eig
 
 pytestmark = [
     pytest.mark.gpu,

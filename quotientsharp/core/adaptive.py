@@ -196,13 +196,9 @@ class AdaptivePoint(ClosedFormPoint):
 
     def riemannian_gradient_and_squared_norm(self, egrad: Tensors
                                              ) -> tuple[Tensors, torch.Tensor]:
-        """``c^2 e`` and ``sum (c^2 e / c)^2 = sum (w e)^2`` (``c = |w|``), from ``w e``.
-
-        ``w e`` is formed once: its squares summed are the norm, and times ``w`` it is the
-        gradient. Three passes over the parameters fewer than the gradient followed by
-        :meth:`squared_norm`, and no second tuple; equal to rounding. Where ``c = 0`` both
-        are 0, as there.
-        """
+        """``c^2 e`` and ``sum (c^2 e / c)^2 = sum (w e)^2`` (``c = |w|``) from ``w e``, formed
+        once: three passes over the parameters fewer than the gradient and then its norm, equal
+        to rounding (0 where ``c = 0``, as there)."""
         if self.unit or not egrad or not self.unbatched or any(
                 e.shape != w.shape for e, w in zip(egrad, self.x, strict=True)):
             return super().riemannian_gradient_and_squared_norm(egrad)
@@ -243,18 +239,9 @@ class AdaptivePoint(ClosedFormPoint):
 
     # ------------------------------------------------------------------ coordinate subspaces
     def on_rows(self, rows: Mapping[int, torch.Tensor]) -> AdaptivePoint:
-        """The same metric on the tangent vectors that vanish outside ``rows[i]`` of tensor
-        ``i`` (its first dimension): the point with those tensors, and the caches computed so
-        far, cut to their rows. The metric is diagonal, so every operation on such a vector is
-        the operation on its rows, and the raised gradient of a gradient that vanishes off the
-        rows vanishes there too.
-
-        Raises
-        ------
-        ValueError
-            For a batched point (its first dimension is not a row of the point) or a slot out
-            of range.
-        """
+        """:meth:`FrozenPoint.on_rows`, exact here (the metric is diagonal): the point and the
+        caches computed so far cut to the rows. A batched point (its first dimension is not a
+        row of the point) or a slot out of range raises a ``ValueError``."""
         if not self.unbatched and not all(t.dim() == k for t, k in zip(self.x, self.point_ndims,
                                                                          strict=True)):
             raise ValueError("on_rows needs an unbatched point (rows of the point itself)")
@@ -367,9 +354,6 @@ class AdaptiveQuotient(MetricFamilyQuotient):
            metric: str | ScaledEuclideanMetric = "adaptive") -> AdaptiveQuotient:
         """The quotient whose point is ``tensors`` as they are (no batch dimensions)."""
         return cls(metric, point_ndims=[t.dim() for t in tensors])
-
-    def frozen_point(self, x: Tensors) -> AdaptivePoint:
-        return self.metric.point_type(self, x)
 
     def algebra_shape(self, x: Tensors) -> tuple[int, ...]:
         return (0,)

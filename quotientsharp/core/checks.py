@@ -142,11 +142,8 @@ def _slope_result(name: str, ts: torch.Tensor, errors: torch.Tensor, expected: f
 
 
 def _within_domain(q: SymmetryQuotient, x: Tensors, h: Tensors) -> Tensors:
-    """Shrink ``h`` until the geodesics the checks integrate stay inside the manifold.
-
-    A unit-norm vector can still be long in coordinates where the metric is small (for the
-    mix metric, near ``u * v = 0``), and the geodesic then leaves the manifold before ``t = 1``.
-    """
+    """Shrink ``h`` until the geodesics the checks integrate stay inside the manifold (a unit
+    vector is long where the metric is small, e.g. mix near ``u * v = 0``)."""
     nd = q.point_ndims
     for _ in range(30):
         try:
@@ -171,13 +168,9 @@ def _vertical_check(q: SymmetryQuotient, x: Tensors, a: torch.Tensor) -> tuple[s
 
 
 def _action_check(q: SymmetryQuotient, x: Tensors, a: torch.Tensor) -> tuple[str, float, str]:
-    """``act`` is an action along the one-parameter subgroup of ``a``: ``exp(0)`` fixes ``x``,
-    and ``act(act(x, exp(a / 2)), exp(a / 2)) = act(x, exp(a))``.
-
-    ``vertical_is_orbit_velocity`` sees ``act`` at first order only: a map that is not a group
-    action (``a(g h) != a(g) a(h)``) can agree with ``vertical`` and keep the metric invariant.
-    A one-parameter subgroup needs no group product, only ``group_exp``.
-    """
+    """``act`` is an action along the one-parameter subgroup of ``a`` (``exp(0)`` fixes ``x``,
+    two half steps make one), which ``vertical_is_orbit_velocity`` sees at first order only;
+    a one-parameter subgroup needs ``group_exp`` only, no group product."""
     half = q.group_exp_at(x, 0.5 * a)
     twice = q.act(q.act(x, half), half)
     once = q.act(x, q.group_exp_at(x, a))
@@ -214,11 +207,8 @@ def _invariance_check(q: SymmetryQuotient, x: Tensors, u: Tensors, w: Tensors,
 
 @dataclass
 class _CheckRun:
-    """The point, the random vectors and the results shared by the checks of :func:`check_all`.
-
-    Every random draw comes from ``gen``, a CPU generator, in the order the checks run: the
-    checks of :data:`_CHECK_GROUPS` must keep their order for a seed to draw the same vectors.
-    """
+    """The point, the random vectors and the results shared by the checks of :func:`check_all`;
+    every draw comes from ``gen`` (CPU) in check order, so :data:`_CHECK_GROUPS` keeps its order."""
 
     q: SymmetryQuotient
     nd: tuple[int, ...]     # q.point_ndims
@@ -701,14 +691,9 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
 
 
 def _curved_part_error(exact: Tensors, ode: Tensors, x: Tensors, v: Tensors) -> float:
-    """Relative error of an exact geodesic's part beyond the line ``x + v`` against the ODE's.
-
-    At the contract's small speed the whole move is ``v`` to first order, so an "exact"
-    geodesic that is really the order-2 expansion, or has a wrong cubic term, is off by
-    ``O(|v|^3)`` against ``O(|v|)``: within the tolerance. Against the part beyond the line
-    (``O(|v|^2)``) it is off at ``O(|v|)``, 1e-2 here. A flat metric has no such part (both
-    below ``1e-8 |v|``: float64 rounding of ``x + v``), and nothing is compared.
-    """
+    """Relative error of an exact geodesic's part beyond the line ``x + v`` against the ODE's:
+    a wrong cubic term is ``O(|v|)`` of that ``O(|v|^2)`` part but hidden in the whole move. A
+    flat metric has no such part (below ``1e-8 |v|``, the rounding of ``x + v``): 0."""
     line = T.add(x, v)
     beyond_exact, beyond_ode = T.sub(exact, line), T.sub(ode, line)
     floor = 1e-8 * max(float(c.abs().max()) for c in v)

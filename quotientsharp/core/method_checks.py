@@ -67,13 +67,9 @@ def _same(before: torch.Tensor, after: torch.Tensor) -> bool:
 
 def _call_pure(q: SymmetryQuotient, method: str, fn: Callable[[], Any],
                arguments: Sequence[tuple[str, Sequence[torch.Tensor]]]) -> Any:
-    """:func:`_call`, then raise unless every tensor of ``arguments`` (name, tensors) holds
-    what it held before the call.
-
-    The engine's point is a view of the model's parameters and its tangent vectors are reused
-    after the call: a method that writes into its arguments (``u[0].sub_(...)``, ``x[1] /= n``)
-    changes the model, or a later step, and the value measured, silently.
-    """
+    """:func:`_call`, then raise unless every tensor of ``arguments`` (name, tensors) is
+    unchanged: the engine's point is a view of the model's parameters and its tangent vectors
+    are reused, so a method writing into its arguments would change both silently."""
     kept = [(name, [t.detach().clone() for t in tensors]) for name, tensors in arguments]
     out = _call(q, method, fn)
     for (name, before), (_, now) in zip(kept, arguments, strict=True):
@@ -131,14 +127,9 @@ def _check_inner(q: SymmetryQuotient, x: Tensors, u: Tensors, label: str) -> Non
 
 
 def _check_eigenvalues(q: SymmetryQuotient, x: Tensors) -> None:
-    """The dense metric at ``x`` has no clearly negative eigenvalue (small points only).
-
-    Random vectors miss a metric that is negative in one direction only (a wrong sign on one
-    coordinate): the Cholesky factor of the ascent would then fail, far from the cause, or a
-    closed-form gradient would measure with an indefinite form. Only eigenvalues below
-    ``-sqrt(eps)`` times the largest count: a valid metric that is merely ill-conditioned at the
-    point (a tiny unit of a scaling symmetry) has rounding-level ones, and is no defect.
-    """
+    """The dense metric at ``x`` (small points only) has no eigenvalue below ``-sqrt(eps)``
+    times the largest: random vectors miss a metric negative in one direction, while an
+    ill-conditioned valid one has rounding-level eigenvalues only."""
     n = T.total_size(x, q.point_ndims)
     if n == 0 or T.batch_shape(x, q.point_ndims).numel() * n * n > DENSE_METRIC_BUDGET:
         return
@@ -162,12 +153,9 @@ def _check_eigenvalues(q: SymmetryQuotient, x: Tensors) -> None:
 
 
 def _check_vertical_injective(q: SymmetryQuotient, x: Tensors, shape: tuple[int, ...]) -> None:
-    """The vertical vectors of the algebra's basis are linearly independent under the metric,
-    as the reference projection needs (small points only).
-
-    Its own error blames the point ("a degenerate orbit"); where the basis is dependent at a
-    generic point too, ``algebra_shape`` counts more directions than ``vertical`` uses.
-    """
+    """The vertical vectors of the algebra's basis are independent under the metric (small
+    points only), as the reference projection needs; at a generic point a dependence means
+    ``algebra_shape`` counts more directions than ``vertical`` uses."""
     k = torch.Size(shape).numel()
     size = T.batch_shape(x, q.point_ndims).numel() * T.total_size(x, q.point_ndims)
     if k == 0 or k * size > DENSE_METRIC_BUDGET:
@@ -183,13 +171,9 @@ def _check_vertical_injective(q: SymmetryQuotient, x: Tensors, shape: tuple[int,
 
 def _check_operations(q: SymmetryQuotient, frozen: FrozenPoint, x: Tensors, u: Tensors
                       ) -> None:
-    """The operations the engine, the optimisers and the adapters run on a tangent vector (the
-    quotient's, and those of a frozen point of its own): tensors of the point's shapes and
-    dtype, and their arguments left as they were.
-
-    A Riemannian gradient returned in float64 for a float32 point otherwise fails later, in
-    a check that blames the gradient's caller (``egrad[0] has dtype``).
-    """
+    """The operations run on a tangent vector (the quotient's, and its own frozen point's)
+    return the point's shapes and dtype (else a later check blames the caller) and leave their
+    arguments as they were."""
     operations: list[tuple[str, Callable[[], Any]]] = [
         ("horizontal_projection", lambda: q.horizontal_projection(x, u)),
         ("christoffel", lambda: q.christoffel(x, u)),

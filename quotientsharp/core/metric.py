@@ -101,12 +101,6 @@ class MetricRegistry(Generic[MetricT_co]):
     def __iter__(self) -> Iterator[str]:
         return iter(self._types)
 
-    def __contains__(self, name: object) -> bool:
-        return name in self._types
-
-    def __len__(self) -> int:
-        return len(self._types)
-
     def resolve(self, metric: object) -> MetricT_co:
         """The metric object for ``metric``: one of :attr:`names` or an instance of the base.
 

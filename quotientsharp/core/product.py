@@ -48,9 +48,10 @@ class ProductPoint(ClosedFormPoint):
         for frozen in self.factors:
             frozen.factorise()
 
-    def _map(self, method: str, u: Sequence[torch.Tensor]) -> Tensors:
-        return tuple(t for frozen, part in zip(self.factors, self.split(u), strict=True)
-                     for t in getattr(frozen, method)(part))
+    def _map(self, method: str, *vectors: Sequence[torch.Tensor]) -> Tensors:
+        """Each factor's ``method`` on its parts of ``vectors``, flattened."""
+        parts = zip(self.factors, *(self.split(v) for v in vectors), strict=True)
+        return tuple(t for frozen, *args in parts for t in getattr(frozen, method)(*args))
 
     def _orders(self, order: Order | Sequence[Order]) -> list[Order]:
         """One validated geodesic order per factor (``order`` is one for all, or one each)."""
@@ -124,10 +125,7 @@ class ProductPoint(ClosedFormPoint):
         return tuple(gradient), sum(squares[1:], squares[0]).clamp_min(0)
 
     def christoffel(self, u: Tensors, v: Tensors | None = None) -> Tensors:
-        if v is None:
-            return self._map("christoffel", u)
-        return tuple(t for frozen, a, b in zip(self.factors, self.split(u), self.split(v),
-                                               strict=True) for t in frozen.christoffel(a, b))
+        return self._map("christoffel", u) if v is None else self._map("christoffel", u, v)
 
     def geodesic(self, u: Tensors, t: float = 1.0, order: Order | Sequence[Order] = 2,
                  steps: int = 64) -> Tensors:
@@ -240,8 +238,7 @@ class ProductQuotient(ClosedFormQuotient):
         """Per factor: the folded shape and the factor's algebra (or group element) shape."""
         layout = []
         for q, part, f in zip(self.factors, self.split(x), self.folded, strict=True):
-            leading = [c.shape[:c.dim() - k] for c, k in zip(part, q.point_ndims, strict=True)]
-            batch = torch.broadcast_shapes(*leading)
+            batch = T.batch_shape(part, q.point_ndims)
             shape = q.group_shape(part) if group else q.algebra_shape(part)
             layout.append((batch[len(batch) - f:] if f else torch.Size(), torch.Size(shape)))
         return layout
@@ -268,22 +265,20 @@ class ProductQuotient(ClosedFormQuotient):
         return torch.cat([p.expand(*batch, *fold, *shape).reshape(*batch, -1)
                           for p, (fold, shape) in zip(pieces, layout, strict=True)], dim=-1)
 
+    def _per_factor(self, method: str, x: Tensors, *arguments: Sequence[object]) -> Tensors:
+        """Each factor's ``method`` at its part of ``x`` with its parts of ``arguments``
+        (flat tuples, or algebra/group elements already split), flattened."""
+        parts = zip(self.factors, self.split(x), *arguments, strict=True)
+        return tuple(t for q, *args in parts for t in getattr(q, method)(*args))
+
     def vertical(self, x: Tensors, a: torch.Tensor) -> Tensors:
-        return tuple(t for q, part, piece in zip(self.factors, self.split(x),
-                                                 self._split(x, a), strict=True)
-                     for t in q.vertical(part, piece))
+        return self._per_factor("vertical", x, self._split(x, a))
 
     def act(self, x: Tensors, g: torch.Tensor) -> Tensors:
-        return tuple(t for q, part, piece in zip(self.factors, self.split(x),
-                                                 self._split(x, g, group=True), strict=True)
-                     for t in q.act(part, piece))
+        return self._per_factor("act", x, self._split(x, g, group=True))
 
     def act_tangent(self, x: Tensors, u: Tensors, g: torch.Tensor) -> Tensors:
-        return tuple(t for q, part, tangent, piece in zip(self.factors, self.split(x),
-                                                          self.split(u),
-                                                          self._split(x, g, group=True),
-                                                          strict=True)
-                     for t in q.act_tangent(part, tangent, piece))
+        return self._per_factor("act_tangent", x, self.split(u), self._split(x, g, group=True))
 
     def group_exp(self, a: torch.Tensor) -> torch.Tensor:
         """Needs the layout of a point: use :meth:`group_exp_at`."""

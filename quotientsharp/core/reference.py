@@ -117,16 +117,24 @@ def horizontal_projection(q: Quotient, x: Tensors, u: Tensors) -> Tensors:
     return T.sub(u, vertical_projection(q, x, u))
 
 
+def largest_normalised_product(products: torch.Tensor, vertical_norms: torch.Tensor,
+                               norm: torch.Tensor) -> torch.Tensor:
+    """``max_k |<V_k, u>| / (||V_k|| ||u||)`` from ``products`` and ``vertical_norms``
+    (``shape=[*batch, K]``) and ``norm`` ``= ||u||`` (``shape=[*batch]``): the horizontality
+    measure of every quotient, in ``[0, 1]`` and zero exactly for horizontal ``u``."""
+    tiny = torch.finfo(products.dtype).tiny
+    return (products.abs() / (vertical_norms * norm.unsqueeze(-1)).clamp_min(tiny)).amax(-1)
+
+
 def horizontality_error(q: Quotient, x: Tensors, u: Tensors) -> torch.Tensor:
-    """``max_k |<V_k, u>| / (||V_k|| ||u||)``, zero for horizontal ``u``; ``shape=[*batch]``."""
+    """:func:`largest_normalised_product` over the vertical basis; ``shape=[*batch]``."""
     if _trivial_group(q, x):
         return torch.zeros_like(q.inner(x, u, u))
     basis = vertical_basis(q, x)
     dots = torch.vmap(lambda vk: q.inner(x, vk, u))(basis)
     norms_v = torch.vmap(lambda vk: q.inner(x, vk, vk))(basis).clamp_min(0).sqrt()
-    norm_u = q.inner(x, u, u).clamp_min(0).sqrt()
-    tiny = torch.finfo(dots.dtype).tiny
-    return (dots.abs() / (norms_v * norm_u).clamp_min(tiny)).amax(dim=0)
+    return largest_normalised_product(dots.movedim(0, -1), norms_v.movedim(0, -1),
+                                      q.inner(x, u, u).clamp_min(0).sqrt())
 
 
 def lower(q: Quotient, x: Tensors, u: Tensors) -> Tensors:

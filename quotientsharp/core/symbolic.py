@@ -15,7 +15,6 @@ from typing import Any
 
 try:
     import sympy
-    from sympy.printing.pytorch import TorchPrinter
 except ImportError as err:  # pragma: no cover - exercised only without the extra
     raise ImportError("quotientsharp.core.symbolic needs sympy: "
                       "pip install 'quotientsharp[symbolic]'") from err
@@ -667,88 +666,6 @@ def to_tensor(value: Any, dtype: torch.dtype = torch.float64,
     if isinstance(value, (list, tuple)):
         return torch.stack([to_tensor(v, dtype, device) for v in value])
     return torch.tensor(float(value), dtype=dtype, device=device)
-
-
-# ---------------------------------------------------------------------- sympy -> torch
-class _FixedTorchPrinter(TorchPrinter):
-    """sympy's torch printer with a working transpose.
-
-    sympy 1.14 prints ``Transpose(A)`` of a square matrix as ``torch.transpose(A).t()``, which
-    raises; ``.mT`` transposes the last two dimensions and batches.
-    """
-
-    def _print_Transpose(self, expr: sympy.Expr) -> str:  # noqa: N802 - sympy's naming
-        return f"({self._print(expr.arg)}).mT"
-
-
-def to_torch_function(exprs: Any, symbols: Sequence[sympy.Symbol]
-                      ) -> Callable[..., torch.Tensor]:
-    """Compile sympy expressions to a torch function that keeps autograd and vmap working.
-
-    Parameters
-    ----------
-    exprs
-        A scalar expression, an explicit ``sympy.Matrix`` (any shape), a nested list of
-        expressions, or a matrix expression over ``MatrixSymbol`` arguments.
-    symbols
-        The arguments of the returned function, in order (``Symbol`` or ``MatrixSymbol``).
-
-    Returns
-    -------
-    callable
-        ``f(*tensors)``: for scalar symbols, tensors (or numbers) that broadcast to a common
-        ``shape=[*batch]``; the result has ``shape=[*batch, *exprs_shape]``. Explicit matrices
-        are compiled entry by entry and assembled with ``torch.stack``, never with
-        ``torch.tensor`` (which would detach autograd and break ``torch.vmap``). A matrix
-        expression over ``MatrixSymbol`` arguments is compiled as one expression.
-    """
-    symbols = tuple(symbols)
-    if isinstance(exprs, sympy.MatrixExpr) and not isinstance(exprs, sympy.MatrixBase):
-        return sympy.lambdify(symbols, exprs, modules="torch", printer=_FixedTorchPrinter)
-
-    if isinstance(exprs, sympy.MatrixBase):
-        shape: tuple[int, ...] = tuple(exprs.shape)
-        entries = list(exprs)
-    elif isinstance(exprs, (list, tuple)):
-        array = sympy.Array(exprs)
-        shape = tuple(array.shape)
-        entries = list(array)
-    else:
-        shape = ()
-        entries = [sympy.sympify(exprs)]
-    unknown = set().union(*[e.free_symbols for e in entries]) - set(symbols)
-    if unknown:
-        names = ", ".join(sorted(str(s) for s in unknown))
-        raise ValueError(f"exprs depend on symbols missing from symbols: {names}")
-    # one function returning a Python list: the printer's list literal, not torch.tensor
-    compiled = sympy.lambdify(symbols, list(entries), modules="torch",
-                              printer=_FixedTorchPrinter)
-
-    def function(*args: torch.Tensor | float) -> torch.Tensor:
-        if len(args) != len(symbols):
-            raise TypeError(f"expected {len(symbols)} arguments ({', '.join(map(str, symbols))}),"
-                            f" got {len(args)}")
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        device = tensors[0].device if tensors else None
-        floating = [a.dtype for a in tensors if a.is_floating_point() or a.is_complex()]
-        dtype = floating[0] if floating else torch.get_default_dtype()
-        for other in floating[1:]:
-            dtype = torch.promote_types(dtype, other)
-        inputs = tuple(a.to(dtype) if isinstance(a, torch.Tensor)
-                       else torch.as_tensor(a, dtype=dtype, device=device) for a in args)
-        batch = torch.broadcast_shapes(*(a.shape for a in inputs)) if inputs else torch.Size()
-        # torch.func.jvp gives float64 tangents for (0-dim float32 tensor) * (Python float)
-        # (torch 2.13); computing on at least 1-dim tensors avoids it
-        work = batch if len(batch) else torch.Size([1])
-        values = compiled(*(a.reshape(1) if a.dim() == 0 else a for a in inputs))
-        columns = [torch.broadcast_to(v.to(dtype), work) if isinstance(v, torch.Tensor)
-                   else torch.full(work, float(v), dtype=dtype, device=device) for v in values]
-        if not shape:
-            return columns[0].reshape(batch)
-        return torch.stack(columns, dim=-1).reshape(*batch, *shape)
-
-    function.__doc__ = f"torch function of ({', '.join(map(str, symbols))}) from sympy"
-    return function
 
 
 def package_relative_error(package: Sequence[torch.Tensor], exact: Sequence[sympy.Expr]) -> float:

@@ -14,6 +14,8 @@ from typing import overload
 
 import torch
 
+from quotientsharp.core.scalars import check_int
+
 #: The package's own folder: a warning points at the first frame outside it.
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
@@ -152,13 +154,6 @@ def check_time(t: object, name: str = "t") -> float | torch.Tensor:
 
 
 def check_count(name: str, value: object, minimum: int = 1) -> int:
-    """``value`` as an ``int`` if it is an integer ``>= minimum``; else a ``ValueError``
-    naming ``name``.
-
-    A count below its minimum makes a check vacuous (zero seeds, samples or models pass
-    anything), so it is refused rather than run; ``bool`` and non-integers (``2.0``) are
-    refused too.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
+    """:func:`~quotientsharp.core.scalars.check_int` with a count's minimum, 1: a count below
+    its minimum makes a check vacuous (zero seeds, samples or models pass anything)."""
+    return check_int(name, value, minimum)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from quotientsharp.core._tuples import batch_shape
+from quotientsharp.core.adapters import adapter_shapes
 from quotientsharp.core.checks import check_user_quotient
 from quotientsharp.core.quotient import SymmetryQuotient
 from quotientsharp.core.validation import value_checks_enabled
@@ -29,7 +30,6 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess test
 Tensors = tuple[torch.Tensor, ...]
 
 LAYOUTS = ("concat", "stack", "flat")
-RETRACTIONS = (1, 2, "exact")
 
 
 def _parse_shapes(shapes: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
@@ -167,31 +167,11 @@ class QuotientManifold(geoopt.Manifold):
 
     def __init__(self, quotient: SymmetryQuotient, shapes: Sequence[Sequence[int]] | None = None,
                  *, layout: str | None = None, retraction: int | str = 1) -> None:
-        if not isinstance(quotient, SymmetryQuotient):
-            raise TypeError(f"quotient must be a SymmetryQuotient, got {type(quotient).__name__}")
-        if shapes is None:
-            shapes = quotient.point_shapes
-            if shapes is None:
-                raise ValueError(f"{type(quotient).__name__} has no point_shapes: pass shapes=")
-        if retraction not in RETRACTIONS:
-            raise ValueError(f"retraction must be one of {RETRACTIONS}, got {retraction!r}")
+        shapes = adapter_shapes(quotient, shapes, retraction)
         super().__init__()
         self.quotient = quotient
         self.stacked = StackedLayout(shapes, layout)
         shapes = self.stacked.shapes
-        ndims = tuple(quotient.point_ndims)
-        if tuple(len(s) for s in shapes) != ndims:
-            hint = ""
-            if len(shapes) == len(ndims) and all(len(s) > k for s, k in zip(shapes, ndims,
-                                                                             strict=True)):
-                trailing = tuple(s[len(s) - k:] for s, k in zip(shapes, ndims, strict=True))
-                hint = (f"; shapes are the trailing shapes of one point, without batch "
-                        f"dimensions: pass shapes={trailing}, and the leading (batch) "
-                        f"dimensions come with the tensor (PymanoptQuotient takes them as "
-                        f"batch_shape=)")
-            raise ValueError(f"shapes {shapes} do not match the point layout of "
-                             f"{type(quotient).__name__} ({len(ndims)} components "
-                             f"with {ndims} trailing dimensions){hint}")
         # a user's quotient is checked once here, at a random point of the shapes (the
         # package's own are verified by the tests)
         check_user_quotient(quotient, "QuotientManifold", shapes=shapes)

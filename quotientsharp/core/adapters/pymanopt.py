@@ -8,7 +8,8 @@ arguments, ``cost(G, H)`` for GL(h)); every operation calls the quotient in torc
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ import torch
 
 from quotientsharp.core import _tuples as T
 from quotientsharp.core import reference
+from quotientsharp.core.adapters import adapter_shapes
 from quotientsharp.core.checks import check_user_quotient
 from quotientsharp.core.quotient import SymmetryQuotient
 from quotientsharp.core.validation import check_count, value_checks
@@ -29,8 +31,6 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess test
     ) from err
 
 Tensors = tuple[torch.Tensor, ...]
-
-RETRACTIONS = (1, 2, "exact")
 
 
 class QuotientTangentVector(tuple):
@@ -47,25 +47,23 @@ class QuotientTangentVector(tuple):
     def __new__(cls, parts: Sequence[np.ndarray]) -> QuotientTangentVector:
         return super().__new__(cls, tuple(parts))
 
-    def _other(self, other: object, op: str) -> Sequence[Any]:
+    def _combine(self, other: object, op: str,
+                 combine: Callable[[Any, Any], np.ndarray]) -> QuotientTangentVector:
         if not isinstance(other, (tuple, list)) or len(other) != len(self):
             raise TypeError(f"cannot {op} a tangent vector of {len(self)} components and "
                             f"{type(other).__name__}")
-        return other
+        return QuotientTangentVector([combine(a, b) for a, b in zip(self, other, strict=True)])
 
     def __add__(self, other: object) -> QuotientTangentVector:
-        return QuotientTangentVector([a + b for a, b in zip(self, self._other(other, "add"),
-                                                            strict=True)])
+        return self._combine(other, "add", operator.add)
 
     __radd__ = __add__
 
     def __sub__(self, other: object) -> QuotientTangentVector:
-        return QuotientTangentVector([a - b for a, b in zip(self, self._other(other, "subtract"),
-                                                            strict=True)])
+        return self._combine(other, "subtract", operator.sub)
 
     def __rsub__(self, other: object) -> QuotientTangentVector:
-        return QuotientTangentVector([b - a for a, b in zip(self, self._other(other, "subtract"),
-                                                            strict=True)])
+        return self._combine(other, "subtract", lambda a, b: b - a)
 
     def __mul__(self, scalar: object) -> QuotientTangentVector:
         if not np.isscalar(scalar) and not (isinstance(scalar, np.ndarray) and scalar.ndim == 0):
@@ -118,38 +116,14 @@ def riemannian_hessian(quotient: SymmetryQuotient, x: Tensors, egrad: Tensors, e
         return quotient.horizontal_projection(x, T.add(drgrad, connection))
 
 
-def _split_shapes(quotient: SymmetryQuotient, shapes: Sequence[Sequence[int]],
-                  batch_shape: Sequence[int] | None
-                  ) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
-    """``(trailing shapes, batch shape)`` from the constructor's ``shapes`` and ``batch_shape``.
-
-    ``shapes`` with more than ``point_ndims`` dimensions carry the batch in front (0.1's
-    spelling, removed in 0.3): refused, naming the trailing shapes to pass.
-    """
-    ndims = tuple(quotient.point_ndims)
-    if isinstance(shapes, (str, bytes)) or not isinstance(shapes, Sequence):
-        raise TypeError(f"shapes must be a sequence of shapes, got {shapes!r}")
-    parsed = tuple(tuple(int(s) for s in shape) for shape in shapes)
-    if len(parsed) != len(ndims):
-        raise ValueError(f"shapes must have {len(ndims)} entries for "
-                         f"{type(quotient).__name__}, got {len(parsed)}")
-    for i, (shape, k) in enumerate(zip(parsed, ndims, strict=True)):
-        if len(shape) < k or any(s < 1 for s in shape):
-            raise ValueError(f"shapes[{i}] must have {k} positive sizes (the trailing shape of "
-                             f"component {i} of one point), got {shape}")
-    trailing = tuple(s[len(s) - k:] for s, k in zip(parsed, ndims, strict=True))
-    if trailing != parsed:
-        raise ValueError(f"shapes {parsed} carry leading batch dimensions: shapes are the "
-                         f"trailing shapes of one point (point_ndims {ndims}), as "
-                         f"QuotientManifold takes them: pass shapes={trailing}, and the "
-                         f"leading (batch) dimensions as batch_shape=")
+def _check_batch_shape(batch_shape: Sequence[int] | None) -> tuple[int, ...]:
+    """``batch_shape`` as a tuple of sizes ``>= 1`` (``None``: no batch)."""
     if batch_shape is not None and (isinstance(batch_shape, (str, bytes))
                                     or not isinstance(batch_shape, Sequence)):
         raise TypeError(f"batch_shape must be a sequence of sizes, e.g. (6,), got "
                         f"{batch_shape!r}")
-    batch = () if batch_shape is None else tuple(check_count("batch_shape entries", s)
-                                                 for s in batch_shape)
-    return trailing, batch
+    return () if batch_shape is None else tuple(check_count("batch_shape entries", s)
+                                                for s in batch_shape)
 
 
 def _check_typical_dist(value: object) -> float | None:
@@ -205,15 +179,8 @@ class PymanoptQuotient(_PymanoptManifold):
                  *, batch_shape: Sequence[int] | None = None, retraction: int | str = 2,
                  typical_dist: float | None = None,
                  rng: np.random.Generator | int | None = None) -> None:
-        if not isinstance(quotient, SymmetryQuotient):
-            raise TypeError(f"quotient must be a SymmetryQuotient, got {type(quotient).__name__}")
-        if shapes is None:
-            shapes = quotient.point_shapes
-            if shapes is None:
-                raise ValueError(f"{type(quotient).__name__} has no point_shapes: pass shapes=")
-        if retraction not in RETRACTIONS:
-            raise ValueError(f"retraction must be one of {RETRACTIONS}, got {retraction!r}")
-        trailing, batch = _split_shapes(quotient, shapes, batch_shape)
+        trailing = adapter_shapes(quotient, shapes, retraction)
+        batch = _check_batch_shape(batch_shape)
         typical_dist = _check_typical_dist(typical_dist)
         # a user's quotient is checked once here (the package's own are verified by the tests)
         check_user_quotient(quotient, "PymanoptQuotient", shapes=trailing, batch_shape=batch)

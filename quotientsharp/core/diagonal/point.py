@@ -19,6 +19,7 @@ import torch
 
 from quotientsharp.core.frozen import ClosedFormPoint
 from quotientsharp.core.metric import Metric
+from quotientsharp.core.reference import largest_normalised_product
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -56,10 +57,7 @@ class DiagonalPoint(ClosedFormPoint):
 
     def horizontality_error(self, u: Tensors) -> torch.Tensor:
         """``max_i |<V_i, u>| / (||V_i|| ||u||)`` over ``V_i = (u_i, -v_i) e_i``."""
-        dots, vertical_norms = self.vertical_products(u)
-        tiny = torch.finfo(dots.dtype).tiny
-        return (dots.abs() / (vertical_norms * self.norm(u).unsqueeze(-1)).clamp_min(tiny)
-                ).amax(-1)
+        return largest_normalised_product(*self.vertical_products(u), self.norm(u))
 
     def vertical_products(self, u: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
         """``<V_i, u>`` and ``||V_i||`` per coordinate (per metric)."""

@@ -30,8 +30,14 @@ from functools import cached_property
 
 import torch
 
-from quotientsharp.core.gl.point import GLMetric, GLPoint, moved, symmetric_part, vertical_vector
-from quotientsharp.core.linalg import solve_sylvester_eig
+from quotientsharp.core.gl.point import (
+    GLMetric,
+    GLPoint,
+    moved,
+    solve_sylvester_eig,
+    symmetric_part,
+    vertical_vector,
+)
 
 Tensors = tuple[torch.Tensor, ...]
 

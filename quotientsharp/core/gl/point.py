@@ -25,8 +25,8 @@ import torch
 from quotientsharp.core import frozen
 from quotientsharp.core._tuples import under_function_transform
 from quotientsharp.core.frozen import ClosedFormPoint, check_order
-from quotientsharp.core.linalg import solve_sylvester_eig
 from quotientsharp.core.metric import Metric
+from quotientsharp.core.reference import largest_normalised_product
 from quotientsharp.core.validation import check_time, value_checks_enabled
 
 Tensors = tuple[torch.Tensor, ...]
@@ -232,15 +232,11 @@ class GLPoint(ClosedFormPoint):
     # (jvp) of both is wrong, and the autograd references differentiate the metric by jvp
     @staticmethod
     def _inverse(cholesky: torch.Tensor) -> torch.Tensor:
-        identities = torch.diag_embed(torch.ones(cholesky.shape[:-1], dtype=cholesky.dtype,
-                                                 device=cholesky.device))
-        return torch.cholesky_solve(identities, cholesky)
+        return torch.cholesky_solve(_identities(cholesky), cholesky)
 
     @staticmethod
     def _inverse_factor(cholesky: torch.Tensor) -> torch.Tensor:
-        identities = torch.diag_embed(torch.ones(cholesky.shape[:-1], dtype=cholesky.dtype,
-                                                 device=cholesky.device))
-        return torch.linalg.solve_triangular(cholesky, identities, upper=False)
+        return torch.linalg.solve_triangular(cholesky, _identities(cholesky), upper=False)
 
     @cached_property
     def work_inverses(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -302,7 +298,7 @@ class GLPoint(ClosedFormPoint):
 
     def solve_in_eigenbases(self, bases: tuple[torch.Tensor, torch.Tensor],
                             denominators: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
-        """:func:`~quotientsharp.core.linalg.solve_sylvester_eig` of an ``h x h`` right-hand side in
+        """:func:`solve_sylvester_eig` of an ``h x h`` right-hand side in
         the working dtype, the solution cast back to the point's dtype."""
         return self._cast(solve_sylvester_eig(*bases, denominators,
                                               rhs.to(self.work_dtype)))
@@ -323,11 +319,6 @@ class GLPoint(ClosedFormPoint):
         the vertical space, in closed form from the Gram matrices (``h x h`` work only).
         """
         raise NotImplementedError
-
-    def gram_operator(self, L: torch.Tensor) -> torch.Tensor:
-        """``Gram(L) = sum_t A_t L B_t`` (:meth:`gram_operator_terms`), working dtype."""
-        terms = [a @ L @ b for a, b in self.gram_operator_terms()]
-        return terms[0] + terms[1]
 
     # ------------------------------------------------------------------ connection
     #: Whether the metric's contraction has the coefficient form of
@@ -386,22 +377,68 @@ class GLPoint(ClosedFormPoint):
         ``<V_kl, u> = M(u)_kl``. Zero exactly for horizontal ``u``, in ``[0, 1]``, unchanged
         when ``u`` is rescaled. ``shape=[*batch]``.
         """
-        moment = self.moment(u)
-        denominators = (self.vertical_norms_squared().clamp_min(0).sqrt()
-                        * self.norm(u).unsqueeze(-1).unsqueeze(-1))
-        tiny = torch.finfo(moment.dtype).tiny
-        return (moment.abs() / denominators.clamp_min(tiny)).amax(dim=(-2, -1))
+        return largest_normalised_product(
+            self.moment(u).flatten(-2),
+            self.vertical_norms_squared().clamp_min(0).sqrt().flatten(-2), self.norm(u))
 
     @staticmethod
     def diagonal(a: torch.Tensor) -> torch.Tensor:
         return a.diagonal(dim1=-2, dim2=-1)
 
 
+def solve_sylvester_eig(eigvecs_p: torch.Tensor, eigvecs_q: torch.Tensor,
+                        denominators: torch.Tensor, rhs: torch.Tensor,
+                        rcond: float | None = None) -> torch.Tensor:
+    """Solve a Sylvester-type equation that is diagonal in two orthonormal bases (the batched
+    solver of the GL(h) horizontal projections).
+
+    Returns ``X = U [(U^T C V) / D] V^T``: the solution of any linear equation whose operator
+    maps ``u_i v_j^T`` to ``D_ij u_i v_j^T``. ``P X + X Q = C`` with ``P = U diag(lambda) U^T``
+    and ``Q = V diag(mu) V^T`` is the case ``D_ij = lambda_i + mu_j``.
+
+    Parameters
+    ----------
+    eigvecs_p
+        Orthonormal basis ``U``, ``shape=[..., p, p]`` (columns are the basis vectors).
+    eigvecs_q
+        Orthonormal basis ``V``, ``shape=[..., q, q]``.
+    denominators
+        The operator's eigenvalues ``D``, ``shape=[..., p, q]``, expected non-negative.
+    rhs
+        Right-hand side ``C``, ``shape=[..., p, q]``.
+    rcond
+        Entries with ``D_ij <= rcond * max(D)`` (per batch element) are treated as zero and
+        give zero components: the minimum-norm least-squares solution (a pseudo-inverse), exact
+        whenever ``C`` lies in the operator's range. Default ``max(p, q) * eps`` of the dtype.
+
+    Returns
+    -------
+    torch.Tensor
+        ``X``, ``shape=[..., p, q]`` (batch dimensions broadcast).
+    """
+    p, q = denominators.shape[-2], denominators.shape[-1]
+    if rcond is None:
+        rcond = max(p, q) * torch.finfo(denominators.dtype).eps
+    if rcond < 0:
+        raise ValueError(f"rcond must be non-negative, got {rcond}")
+    largest = denominators.abs().amax(dim=(-2, -1), keepdim=True)
+    keep = denominators > rcond * largest
+    # where() on both the divisor and the quotient keeps the dropped entries out of the
+    # gradient too (a 1/0 there would poison backward with NaN)
+    safe = torch.where(keep, denominators, torch.ones_like(denominators))
+    rotated = eigvecs_p.mT @ rhs @ eigvecs_q
+    scaled = torch.where(keep, rotated / safe, torch.zeros_like(rotated))
+    return eigvecs_p @ scaled @ eigvecs_q.mT
+
+
+def _identities(like: torch.Tensor) -> torch.Tensor:
+    """A batch of identities of the square ``like``'s shape (materialised: see the caches)."""
+    return torch.diag_embed(torch.ones(like.shape[:-1], dtype=like.dtype, device=like.device))
+
+
 def inverse_triangular(upper: torch.Tensor) -> torch.Tensor:
     """``R^{-1}`` of upper triangular ``R``, ``shape=[..., h, h]`` (a triangular solve)."""
-    identities = torch.diag_embed(torch.ones(upper.shape[:-1], dtype=upper.dtype,
-                                             device=upper.device))
-    return torch.linalg.solve_triangular(upper, identities, upper=True)
+    return torch.linalg.solve_triangular(upper, _identities(upper), upper=True)
 
 
 def moved(w: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ import torch
 
 from quotientsharp.core.gl.point import GLMetric, GLPoint
 from quotientsharp.core.gl.quotient import GLQuotient, check_condition, haar_orthogonal
+from quotientsharp.core.reference import largest_normalised_product
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -81,10 +82,8 @@ class SubgroupPoint(GLPoint):
     def _subgroup_cholesky(self) -> torch.Tensor:
         """Cholesky factor of ``<E_k, Gram(E_l)>_F``, ``shape=[..., K, K]`` (working dtype).
 
-        With ``Gram(L) = sum_t A_t L B_t``, ``<E_k, A E_l B>_F = sum c_k c_l A[i, a] B[b, j]``
-        over the nonzero entries ``c_k`` at ``(i, j)`` of ``E_k`` and ``c_l`` at ``(a, b)`` of
-        ``E_l``: the basis is sparse (one or two entries per element), so the ``K x K`` matrix
-        costs gathers over pairs of entries, not ``K`` products of ``h x h`` matrices.
+        ``<E_k, A E_l B>_F = sum c_k c_l A[i, a] B[b, j]`` over the nonzero entries ``c_k`` at
+        ``(i, j)`` of ``E_k`` and ``c_l`` at ``(a, b)`` of ``E_l``: gathers over the sparse basis.
         """
         owner, rows, cols, coefficients = self.quotient.algebra_sparse
         device = self.x[0].device
@@ -122,11 +121,9 @@ class SubgroupPoint(GLPoint):
 
     def horizontality_error(self, u: Tensors) -> torch.Tensor:
         """``max_k |<V(E_k), u>| / (||V(E_k)|| ||u||)`` over the subalgebra's basis."""
-        products = self._cast(self._coordinates(self.moment(u)))
-        denominators = (self.vertical_norms_squared().clamp_min(0).sqrt()
-                        * self.norm(u).unsqueeze(-1))
-        tiny = torch.finfo(products.dtype).tiny
-        return (products.abs() / denominators.clamp_min(tiny)).amax(-1)
+        return largest_normalised_product(self._cast(self._coordinates(self.moment(u))),
+                                          self.vertical_norms_squared().clamp_min(0).sqrt(),
+                                          self.norm(u))
 
 
 _POINT_TYPES: dict[type[GLPoint], type[GLPoint]] = {}
