@@ -318,16 +318,6 @@ def geometry_dtype(point: Sequence[torch.Tensor]) -> torch.dtype:
     return dtype
 
 
-def _check_binding_point(binding: QuotientBinding, base: Tensors) -> None:
-    """The quotient's own check of the binding's point, as ``sharpness()`` runs it."""
-    try:
-        binding.quotient.check_point(base, "x")
-    except ValueError as err:
-        shapes = ", ".join(str(tuple(t.shape)) for t in base)
-        raise ValueError(f"binding {binding.name!r} ({binding.quotient.name}, shapes "
-                         f"{shapes}): {err}") from err
-
-
 def degenerate_labels(quotient: GLQuotient, point: Tensors, labels: Sequence[str]
                       ) -> list[str]:
     """The labels of the pairs of a bucket (``point`` stacked, ``shape=[P, n, r]`` and
@@ -364,7 +354,12 @@ class PairGradients:
             trainable = {n: t.detach() for n, t in named.items() if t.requires_grad}
             bases = validate_bindings(resolved, trainable)
             for binding, base in zip(resolved, bases, strict=True):
-                _check_binding_point(binding, base)
+                try:    # the quotient's own check of the point, as sharpness() runs it
+                    binding.quotient.check_point(base, "x")
+                except ValueError as err:
+                    shapes = ", ".join(str(tuple(t.shape)) for t in base)
+                    raise ValueError(f"binding {binding.name!r} ({binding.quotient.name}, "
+                                     f"shapes {shapes}): {err}") from err
                 check_structure(binding, trainable)
             self.bindings = resolved
             self.names = list(dict.fromkeys(n for b in resolved for n in b.parameters))

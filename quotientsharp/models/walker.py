@@ -45,13 +45,6 @@ def _inside(name: str, prefix: str) -> bool:
     return prefix == "" or name == prefix or name.startswith(prefix + ".")
 
 
-def _rotary_embedding_sizes(model: nn.Module) -> set[int]:
-    """Dimensions rotated by the model's rotary embeddings: twice the size of each HF
-    ``inv_freq`` buffer (also per layer type, MiMo-V2-Flash's ``full_attention_inv_freq``)."""
-    return {2 * buffer.numel() for name, buffer in model.named_buffers()
-            if name.rsplit(".", 1)[-1].endswith("inv_freq")}
-
-
 def _dropped(module_name: str, group: PairGroup, reason: str) -> str:
     """The note that the pairs of ``group`` are dropped, and why."""
     return f"{module_name or '<root>'}: {group.kind} pairs dropped, {reason}"
@@ -304,8 +297,12 @@ def find_symmetries(model: nn.Module,
     for module_name, group in candidates:
         for parameter in group.parameters:
             owners[parameter].add(module_name)
+    # twice the size of each HF inv_freq buffer (one frequency per plane, known on the meta
+    # device too; also per layer type, MiMo-V2-Flash's full_attention_inv_freq)
+    rotary_sizes = {2 * buffer.numel() for name, buffer in model.named_buffers()
+                    if name.rsplit(".", 1)[-1].endswith("inv_freq")}
     usable = _Usability(named, frozen, owners, {name for pair in diagonal_found for name in pair},
-                        _rotary_embedding_sizes(model), lora.adapted_bases)
+                        rotary_sizes, lora.adapted_bases)
     dropped = _drop_unusable(candidates, usable, report.notes)
     _record_groups(report, recognised, lora, candidates, dropped)
 
