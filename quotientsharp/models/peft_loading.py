@@ -251,7 +251,7 @@ def _local_base_model(load: Any, local: Path,
     built fresh); and the names of the saved tensors it has no place for."""
     with _quiet_build():
         # a head of another shape (num_labels changed for fine-tuning) is built fresh, like a
-        # missing one: the adapter must save it (_check_base_complete)
+        # missing one: the adapter must save it (_check_base_weights)
         model, info = load.from_pretrained(str(local), local_files_only=True,
                                            attn_implementation="eager",
                                            output_loading_info=True,
@@ -351,12 +351,22 @@ def _check_loaded(model: nn.Module, folder: Path, adapter: str,
                          f"{ADAPTER_CONFIG}")
 
 
-def _check_base_used(model: nn.Module, folder: Path, local: Path | None,
-                     unexpected: list[str]) -> None:
-    """Refuse base weights holding backbone tensors that the model built from the base's
-    ``config.json`` has no place for (a config edited to fewer layers); heads of other tasks
-    are dropped, as PEFT drops them."""
+def _check_base_weights(model: nn.Module, folder: Path, local: Path | None, missing: list[str],
+                        unexpected: list[str], saved: dict[str, Any]) -> None:
+    """Refuse base weights that lack tensors (a classification head) the active adapter does
+    not save either, or that hold backbone tensors the model built from the base's
+    ``config.json`` has no place for (heads of other tasks are dropped, as PEFT drops them)."""
     base = getattr(model.base_model, "model", model)
+    fresh = sorted(name for name in missing if f"base_model.model.{name}" not in saved)
+    if fresh:
+        shown = ", ".join(fresh[:4]) + (", ..." if len(fresh) > 4 else "")
+        raise ValueError(f"MODEL {folder}: the base model {str(local)!r} has no weights (or "
+                         f"weights of another shape) for {len(fresh)} tensor(s) of "
+                         f"{type(base).__name__} ({shown}) and the adapter does not "
+                         "save them: they would be measured freshly initialised, not as the "
+                         "model the adapter was saved from. Save the adapter with those modules "
+                         "in modules_to_save (task_type='SEQ_CLS' adds the classifier), or "
+                         "point base_model_name_or_path at a base saved with them")
     prefix = str(getattr(base, "base_model_prefix", "") or "")
     backbone = getattr(base, prefix, base) if prefix else base
     children = {name for name, _ in backbone.named_children()}
@@ -369,23 +379,6 @@ def _check_base_used(model: nn.Module, folder: Path, local: Path | None,
                          f"config.json has no place for ({shown}); they would be left out of "
                          "the model measured. Was the base's config.json edited or copied from "
                          "another model?")
-
-
-def _check_base_complete(model: nn.Module, folder: Path, local: Path | None,
-                         missing: list[str], saved: dict[str, Any]) -> None:
-    """Refuse a base whose weights lack tensors (a classification head) that the active
-    adapter does not save either: they would be measured freshly initialised."""
-    fresh = sorted(name for name in missing if f"base_model.model.{name}" not in saved)
-    if fresh:
-        shown = ", ".join(fresh[:4]) + (", ..." if len(fresh) > 4 else "")
-        base = type(getattr(model.base_model, "model", model)).__name__
-        raise ValueError(f"MODEL {folder}: the base model {str(local)!r} has no weights (or "
-                         f"weights of another shape) for {len(fresh)} tensor(s) of {base} "
-                         f"({shown}) and the adapter does not "
-                         "save them: they would be measured freshly initialised, not as the "
-                         "model the adapter was saved from. Save the adapter with those modules "
-                         "in modules_to_save (task_type='SEQ_CLS' adds the classifier), or "
-                         "point base_model_name_or_path at a base saved with them")
 
 
 def _with_adapters(base: nn.Module, adapters: list[tuple[str, Path]]) -> nn.Module:
@@ -442,9 +435,8 @@ def load_peft_directory(path: str | Path, weights: bool = False) -> nn.Module:
                                         _head_labels(settings[first], saved[first]), weights)
     model = _with_adapters(base, adapters)
     if weights:     # discovery reads the structure alone: a fresh head does not change it
-        local = local_base(settings[first])
-        _check_base_complete(model, first_folder, local, missing, saved[first])
-        _check_base_used(model, first_folder, local, unused)
+        _check_base_weights(model, first_folder, local_base(settings[first]), missing, unused,
+                            saved[first])
     for name, folder in adapters:
         _load_values(model, saved[name], name)
         _check_loaded(model, folder, name, saved[name])
