@@ -472,11 +472,11 @@ def _drop_half_fused(label: str, groups: list[PairGroup], qk: tuple[FactorSource
                 f"{', '.join(shared)} also feed the dropped pairs"]
 
 
-def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[FactorSource, ...],
-                 k: tuple[FactorSource, ...], v: tuple[FactorSource, ...],
-                 o: tuple[FactorSource, ...]) -> tuple[list[PairGroup], list[str]]:
-    """The qk and vo groups of one attention module from its projections' sources, and notes
-    (grouped-query attention: one pair per key/value head, its ``g`` query heads stacked)."""
+def _pair_groups(layout: str, name: str, module: nn.Module, split: HeadSplit,
+                 q: tuple[FactorSource, ...], k: tuple[FactorSource, ...],
+                 v: tuple[FactorSource, ...], o: tuple[FactorSource, ...]) -> Finding:
+    """The finding of one attention module: its qk and vo groups from its projections' sources,
+    and notes (grouped-query attention: one pair per key/value head, its query heads stacked)."""
     label = name or "<root>"
     size = split.heads // split.kv_heads
     notes = []
@@ -502,7 +502,7 @@ def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[Factor
                      f"head with its {size} query heads stacked in G, one vo pair per value "
                      f"head with the output columns of its {size} query heads stacked in H")
     notes += [f"{label}: {note}" for note in _intact_notes(module)]
-    return groups, notes
+    return Finding(layout, split.heads, groups, notes, split.kv_heads)
 
 
 #: Substrings of a child's name that make it one more query, key or value projection.
@@ -529,10 +529,9 @@ def _qkvo_finding(layout: str, name: str, module: nn.Module, q: nn.Linear, k: nn
     split = _check_head_split(module, heads, q.out_features, k.out_features, v.out_features,
                               o.in_features)
     q_name, k_name, v_name, o_name = qkvo_names
-    groups, notes = _pair_groups(name, module, split, _linear_rows(q, names, q_name),
-                                 _linear_rows(k, names, k_name), _linear_rows(v, names, v_name),
-                                 _linear_columns(o, names, o_name))
-    return Finding(layout, heads, groups, notes, split.kv_heads)
+    return _pair_groups(layout, name, module, split, _linear_rows(q, names, q_name),
+                        _linear_rows(k, names, k_name), _linear_rows(v, names, v_name),
+                        _linear_columns(o, names, o_name))
 
 
 def _is_linear(module: object) -> TypeGuard[nn.Linear]:
@@ -659,8 +658,7 @@ def _handle_gpt2(name: str, module: nn.Module, names: dict[int, str]) -> Finding
     out = (FactorSource(_parameter_name(names, c_proj.weight, f"{prefix}c_proj.weight"), "weight",
                         0, 0, embed),)
     split = HeadSplit(heads, heads, embed // heads, embed // heads)
-    groups, notes = _pair_groups(name, module, split, q, k, v, out)
-    return Finding("gpt2", heads, groups, notes, heads)
+    return _pair_groups("gpt2", name, module, split, q, k, v, out)
 
 
 def _handle_fused_per_head(name: str, module: nn.Module, names: dict[int, str]) -> Finding | None:
@@ -685,8 +683,7 @@ def _handle_fused_per_head(name: str, module: nn.Module, names: dict[int, str]) 
                for i in range(3)]
     q, k, v = _with_fused_bias(weights, fused.bias, names, f"{prefix}query_key_value.bias", 0)
     out = _linear_columns(dense, names, f"{prefix}dense")
-    groups, notes = _pair_groups(name, module, split, q, k, v, out)
-    return Finding("fused_per_head", heads, groups, notes, heads)
+    return _pair_groups("fused_per_head", name, module, split, q, k, v, out)
 
 
 HANDLERS = (_handle_multihead_attention, _handle_bert, _handle_qkvo, _handle_gpt2,
