@@ -335,16 +335,14 @@ def test_param_groups_and_lr_scheduling():
 def test_low_precision_frames_are_those_of_the_point_in_float64():
     # the raise operator of an ill-conditioned pair, rounded to bfloat16, is not positive
     # definite; the frames must be read in float64 (here from the same rounded factors)
-    from quotientsharp.models.quotient_adamw import metric_frames
-
     generator = torch.Generator().manual_seed(3)
     scales = torch.logspace(0, -2, 6, dtype=torch.float64)
     for metric in ("mix", "inv"):
         quotient = GLQuotient(metric)
         factors = tuple((torch.randn(4, 12, 6, generator=generator, dtype=torch.float64)
                          * scales).to(torch.bfloat16) for _ in range(2))
-        frames = metric_frames(quotient.at(factors))
-        exact = metric_frames(quotient.at(tuple(f.double() for f in factors)))
+        frames = quotient.at(factors).raise_roots()
+        exact = quotient.at(tuple(f.double() for f in factors)).raise_roots()
         for ours, reference in zip(frames, exact, strict=True):
             assert ours.dtype == torch.float64
             assert torch.allclose(ours, reference, rtol=1e-12, atol=0.0)
@@ -445,13 +443,13 @@ def test_inv_keeps_a_matrix_second_moment():
 def test_balanced_scale_reads_the_products_singular_values(seed, rank):
     # reference from the SVD of G H^T, not from the frame: the scale's eigenvalues are
     # (1 + sigma_i / balance)^{1/2} on each side, sigma_i the product's singular values
-    from quotientsharp.models.quotient_adamw import balanced_scale, metric_frames
+    from quotientsharp.models.quotient_adamw import balanced_scale
 
     generator = torch.Generator().manual_seed(seed)
     G = torch.randn(3, 11, rank, generator=generator, dtype=torch.float64)
     H = torch.randn(3, 9, rank, generator=generator, dtype=torch.float64) * 2.5
     balance = 0.3
-    frames = metric_frames(GLQuotient("mix").at((G, H)))
+    frames = GLQuotient("mix").at((G, H)).raise_roots()
     singular = torch.linalg.svdvals(G @ H.mT)[..., :rank]
     expected = (1.0 + singular / balance).sqrt().sort(-1).values
     for factor, frame in zip((G, H), frames, strict=True):

@@ -99,7 +99,7 @@ def _scatter(block: torch.Tensor, source: FactorSource) -> torch.Tensor:
 def _split_if_tiling(tensor: torch.Tensor, spans: list[tuple[int, int]],
                      dim: int) -> list[torch.Tensor]:
     """The ``(start, length)`` spans of ``tensor`` along ``dim``: one ``split`` when they tile
-    the dimension (sorted, contiguous, covering it), else one ``narrow`` each."""
+    the dimension, else one ``narrow`` each."""
     position = 0
     for start, length in spans:
         if start != position:
@@ -126,9 +126,8 @@ def _check_params(params: object, shapes: Mapping[str, tuple[int, ...]]) -> None
 
 
 def _matrix_shape(name: str, shape: tuple[int, ...], role: str, axis: int) -> tuple[int, ...]:
-    """The shape of parameter ``name`` as the matrix (weight) or vector (bias) its blocks read:
-    a convolution weight (``[features, in, *kernel]`` on axis 0, or a 1 x 1 kernel on axis 1)
-    reads as the matrix of its flattening."""
+    """The shape of parameter ``name`` as the matrix (weight) or vector (bias) its blocks read
+    (a convolution weight as the matrix of its flattening)."""
     flat = shape
     if role == "weight" and len(shape) > 2 and (axis == 0 or set(shape[2:]) == {1}):
         flat = (shape[0], math.prod(shape[1:])) if axis == 0 else shape[:2]
@@ -198,8 +197,7 @@ class ParameterLayout:
                              "another model")
 
     def _build_buckets(self, groups: list[PairGroup]) -> None:
-        """Sort the groups into buckets of equal ``(n, m, h)`` and group; dtype and device too,
-        so that stacking never converts."""
+        """Sort the groups into buckets of equal ``(n, m, h)``, group, dtype and device."""
         bucket_keys: list[tuple] = []
         self._bucket_groups: list[list[tuple[int, PairGroup]]] = []
         self.gl_pairs: list[list[AttentionPair]] = []
@@ -288,9 +286,8 @@ class ParameterLayout:
                 ) -> dict[tuple[int, ...], torch.Tensor]:
         """Every block's piece of the bucket factors (of the parameters ``names`` only, if
         given), ``shape=[heads, members, rows, h]``, keyed by ``(2 * bucket + factor, start,
-        heads, row, rows)``. Tiling blocks are cut by one ``split``: the backward of a split
-        joins the gradients in one allocation, where each slice's would write a zero tensor of
-        the whole factor."""
+        heads, row, rows)``; cut by one ``split`` where they tile (its backward allocates once,
+        where each slice's would write a zero tensor of the whole factor)."""
         wanted: dict[int, dict[tuple[int, int], set[tuple[int, int]]]] = {}
         shapes: dict[tuple[int, int, int], tuple[int, int]] = {}
         for name, segments in self._segments.items():
@@ -319,8 +316,7 @@ class ParameterLayout:
 
     def _assemble(self, name: str, factors: list[torch.Tensor],
                   pieces: dict[tuple[int, ...], torch.Tensor]) -> torch.Tensor:
-        """Parameter ``name`` from its buckets' factors (``factors[2 * bucket + factor]``, cut
-        into ``pieces`` by :meth:`_pieces`)."""
+        """Parameter ``name`` from the ``pieces`` of its buckets' factors (:meth:`_pieces`)."""
         axis = self._segments[name][0][0].source.axis
         segments = []
         for segment in self._segments[name]:

@@ -8,6 +8,7 @@ only for the rank test, skipped on the meta device.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -125,11 +126,11 @@ def _factors(module: Any, adapter: str) -> _Factors | str:
             "Linear or convolution layers")
 
 
-def _scalar(value: object, default: float = math.nan) -> float:
+def _scalar(value: object) -> float:
     try:
         return float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        return default
+        return math.nan
 
 
 def _magnitude_parameter(module: Any, adapter: str, names: dict[int, str]) -> str | None:
@@ -286,10 +287,7 @@ def _summary_notes(finding: LoraFinding, degenerate: str) -> None:
                        "the adaptive block, not measured as pairs; "
                        "find_symmetries(model, degenerate='pair') with eps > 0 relaxes them "
                        "instead", UserWarning)
-    others: dict[str, int] = {}
-    for record in finding.adapters:
-        if record.status not in ("pair", "degenerate"):
-            others[record.status] = others.get(record.status, 0) + 1
+    others = Counter(r.status for r in finding.adapters if r.status not in ("pair", "degenerate"))
     if others:
         counts = ", ".join(f"{status}: {count}" for status, count in others.items())
         finding.notes.append(f"{sum(others.values())} LoRA adapter(s) are not pairs ({counts}); "

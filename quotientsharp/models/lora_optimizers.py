@@ -1,10 +1,8 @@
-"""The published LoRA optimisers on the library's geometry, on the pairs that discovery finds
-(``degenerate="pair"``: a fresh adapter with ``B = 0`` is a pair) or that bindings bind:
-Riemannian preconditioned AdamW (Zhang & Pilanci, 2024: AdamW with entrywise moments on the
-gradients raised by the damped ``mix`` metric of the core's
-:class:`~quotientsharp.core.gl.GLQuotient`, so not invariant under the pair's group as
+"""The published LoRA optimisers on the library's geometry, on the pairs discovery finds or
+bindings bind: Riemannian preconditioned AdamW (Zhang & Pilanci, 2024; AdamW on the gradients
+raised by the damped ``mix`` metric, so not invariant as
 :class:`~quotientsharp.models.quotient_adamw.QuotientAdamW` is) and LoRA+ (Hayou, Ghosh & Yu,
-2024: the factor ``B``, ``G`` of the pair, at ``ratio`` times the learning rate of ``A``).
+2024: ``B`` at ``ratio`` times the learning rate of ``A``).
 """
 
 from __future__ import annotations

@@ -62,9 +62,7 @@ def check_model(model: object, metric: str = "mix") -> dict[str, nn.Parameter]:
 
 def check_adam_eps_precision(adam_eps: float, named: Mapping[str, nn.Parameter]) -> None:
     """Refuse an ``adam_eps`` below float16's smallest normal number for a model with float16
-    trainable parameters (a ``ValueError`` naming ``adam_eps``): there Adam's denominator
-    ``v^{1/2} + adam_eps`` rounds to zero wherever the second moment does (a gradient below
-    about 1e-2 underflows in it), and the step divides by zero on every such entry."""
+    trainable parameters: Adam's denominator would round to zero where the moment underflows."""
     half = [n for n, p in named.items() if p.requires_grad and p.dtype == torch.float16]
     tiny = torch.finfo(torch.float16).tiny
     if half and adam_eps < tiny:
@@ -139,10 +137,8 @@ def all_or_nothing(owner: str, optimizer: torch.optim.Optimizer, names: Mapping[
                    run: Callable[[], None]) -> None:
     """Run one step (``run``) of ``optimizer`` as a transaction: if ``lr`` is not finite,
     ``run`` raises a ``ValueError`` or ``LinAlgError``, or leaves a parameter NaN or inf, the
-    parameters and state are restored exactly and a ``ValueError`` naming ``owner`` says why.
-
-    A successful step is bit for bit the unguarded one; the price is one copy of the
-    parameters and state and one synchronisation. ``names`` maps ``id(parameter)`` to its name.
+    parameters and state are restored exactly and a ``ValueError`` naming ``owner`` says why
+    (``names``: ``id(parameter)`` to name). A successful step is the unguarded one, bit for bit.
     """
     _check_group_rates(owner, optimizer, names)
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -188,14 +184,9 @@ def check_loaded_state(owner: str, optimizer: torch.optim.Optimizer, state_dict:
                        also: Callable[[str], bool] = lambda key: False,
                        geometry: Sequence[str] = ()) -> None:
     """Refuse, before ``load_state_dict`` changes anything, the state of another optimiser (a
-    group without one of ``options``, a parameter entry not in ``entries`` nor admitted by
-    ``also``, a required one missing) or of another model (a tensor entry of another shape).
-
-    ``entries`` maps each entry to whether it is required; ``names`` maps ``id(parameter)`` to
-    its name, for the messages. The options ``geometry`` of the pairs' group, when the loaded
-    group records them, must equal this optimiser's: moments saved in another geometry
-    would not resume the training (a ``ValueError`` naming the option).
-    """
+    group without one of ``options``, a parameter entry not in ``entries`` (entry -> required)
+    nor admitted by ``also``, a required one missing), of another model (a tensor of another
+    shape) or of another geometry (pairs' options ``geometry`` recorded with other values)."""
     if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= state_dict.keys():
         raise ValueError(f"{owner}: load_state_dict expects an optimiser state_dict (a dict "
                          f"with 'state' and 'param_groups'), got {type(state_dict).__name__}")
@@ -229,8 +220,7 @@ def check_loaded_state(owner: str, optimizer: torch.optim.Optimizer, state_dict:
 
 def _check_geometry(owner: str, index: int, saved: Mapping[str, Any],
                     group: Mapping[str, Any], geometry: Sequence[str]) -> None:
-    """Refuse a loaded pairs' group whose recorded options ``geometry`` differ from this
-    optimiser's (a state saved before they were recorded is not checked)."""
+    """Refuse a loaded pairs' group whose recorded options ``geometry`` differ from ours."""
     for key in geometry:
         if key in group and key in saved and saved[key] != group[key]:
             raise ValueError(f"{owner}: param group {index} of the loaded state was saved with "
@@ -241,8 +231,7 @@ def _check_geometry(owner: str, index: int, saved: Mapping[str, Any],
 
 def _check_entry(owner: str, name: str, param: nn.Parameter, entry: dict[str, Any],
                  entries: Mapping[str, bool], also: Callable[[str], bool]) -> None:
-    """One parameter's loaded state against the entries ``owner`` writes (see
-    :func:`check_loaded_state`)."""
+    """One parameter's loaded state against the entries ``owner`` writes."""
     unknown = sorted(k for k in entry if k not in entries and not also(k))
     # a state of only ``also`` entries (QuotientAdamW's bucket moments) needs no other entry
     needed = any(k in entries for k in entry) or not any(also(k) for k in entry)
@@ -264,8 +253,8 @@ def _check_entry(owner: str, name: str, param: nn.Parameter, entry: dict[str, An
 
 def resolve_symmetries(model: nn.Module, symmetries: object
                        ) -> SymmetryReport | list[QuotientBinding]:
-    """The optimisers' ``symmetries`` option resolved: a report (``"auto"`` runs the discovery,
-    degenerate pairs kept so that a fresh adapter is found) or a list of bindings."""
+    """The optimisers' ``symmetries`` option as a report (``"auto"``: discovery keeping
+    degenerate pairs, so that a fresh adapter is found) or a list of bindings."""
     if isinstance(symmetries, QuotientBinding):
         return [symmetries]
     if isinstance(symmetries, str):
@@ -289,10 +278,8 @@ GROUP_KINDS = ("pairs", "other")
 
 def check_added_group(owner: str, groups: Sequence[dict[str, Any]],
                       param_group: dict[str, Any]) -> None:
-    """A param group about to be added to ``groups`` (``add_param_group``), given the kind
-    ``"other"`` when it has none: its parameters then step as those outside the pairs. Only the
-    constructor's first group may be ``"pairs"`` (the pairs are the model's, found once); any
-    other kind is a ``ValueError`` naming ``owner``."""
+    """A param group about to be added to ``groups``, given the kind ``"other"`` when it has
+    none; only the constructor's first group may be ``"pairs"`` (found once, from the model)."""
     if not isinstance(param_group, dict):
         raise TypeError(f"{owner}: add_param_group expects a dict, got "
                         f"{type(param_group).__name__}")
@@ -305,10 +292,9 @@ def check_added_group(owner: str, groups: Sequence[dict[str, Any]],
 
 def param_groups(named: dict[str, nn.Parameter], pair_names: list[str],
                  geometry: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The non-empty param groups: the pairs' parameters, with the constructor options that fix
-    their geometry (``geometry``, e.g. ``metric`` and ``eps``: the meaning of their moments)
-    recorded so that ``state_dict`` carries them and :func:`check_loaded_state` compares them,
-    then every other trainable one."""
+    """The non-empty param groups: the pairs' parameters with the options that fix their
+    geometry (``geometry``, recorded for :func:`check_loaded_state`), then the other trainable
+    ones."""
     frozen = [n for n in pair_names if not named[n].requires_grad]
     if frozen:
         raise ValueError(f"symmetries: pair parameter(s) {frozen} do not require gradients")
@@ -325,31 +311,18 @@ def param_groups(named: dict[str, nn.Parameter], pair_names: list[str],
 
 def geometry_dtype(point: Sequence[torch.Tensor]) -> torch.dtype:
     """The point's dtype widened to float32 at least, as ``sharpness()`` computes a geometry
-    (torch lacks half-precision Cholesky and solves on some devices, and a Gram matrix loses its
-    rank in 8 bits of mantissa)."""
+    (torch lacks half-precision Cholesky, and a Gram matrix loses its rank in 8 bits)."""
     dtype = torch.float32
     for tensor in point:
         dtype = torch.promote_types(dtype, tensor.dtype)
     return dtype
 
 
-def _check_binding_point(binding: QuotientBinding, base: Tensors) -> None:
-    """The quotient's own check of the binding's point (as ``sharpness()`` runs it), before a
-    user method fails on it with a raw shape error."""
-    try:
-        binding.quotient.check_point(base, "x")
-    except ValueError as err:
-        shapes = ", ".join(str(tuple(t.shape)) for t in base)
-        raise ValueError(f"binding {binding.name!r} ({binding.quotient.name}, shapes "
-                         f"{shapes}): {err}") from err
-
-
 def degenerate_labels(quotient: GLQuotient, point: Tensors, labels: Sequence[str]
                       ) -> list[str]:
     """The labels of the pairs of a bucket (``point`` stacked, ``shape=[P, n, r]`` and
-    ``[P, m, r]``, one label per pair) on which ``quotient`` refuses the point, each pair checked
-    alone: a bucket holds every adapter of one shape, and its first labels need not be the
-    degenerate ones. All ``labels`` when they do not label the stack or no pair fails alone."""
+    ``[P, m, r]``) on which ``quotient`` refuses the point, each pair checked alone; all
+    ``labels`` when they do not label the stack or no pair fails alone."""
     if not labels or point[0].dim() != 3 or point[0].shape[0] != len(labels):
         return list(labels)
     failing = []
@@ -381,13 +354,18 @@ class PairGradients:
             trainable = {n: t.detach() for n, t in named.items() if t.requires_grad}
             bases = validate_bindings(resolved, trainable)
             for binding, base in zip(resolved, bases, strict=True):
-                _check_binding_point(binding, base)
+                try:    # the quotient's own check of the point, as sharpness() runs it
+                    binding.quotient.check_point(base, "x")
+                except ValueError as err:
+                    shapes = ", ".join(str(tuple(t.shape)) for t in base)
+                    raise ValueError(f"binding {binding.name!r} ({binding.quotient.name}, "
+                                     f"shapes {shapes}): {err}") from err
                 check_structure(binding, trainable)
             self.bindings = resolved
             self.names = list(dict.fromkeys(n for b in resolved for n in b.parameters))
 
     def _use_report(self, report: SymmetryReport, metric: str, eps: float) -> list[str]:
-        """The layout, quotients and labels of each bucket of ``report``; the pairs' names."""
+        """Set the layout, quotients and labels of ``report``'s buckets; the pairs' names."""
         if report.diagonal:
             raise ValueError(f"symmetries: diagonal GL(1) pairs are not supported by "
                              f"{self.owner} (GL pairs only)")
@@ -420,8 +398,7 @@ class PairGradients:
                 "LoRA adapter has B = 0; pass eps > 0 (the damped metric)")
 
     def at(self, quotient: Any, point: Tensors, where: str, labels: Sequence[str] = ()) -> Any:
-        """``quotient.at(point)``, a refusal raised again naming the optimiser and the pairs
-        on which it is degenerate (:func:`degenerate_labels`)."""
+        """``quotient.at(point)``, a refusal naming the optimiser and the degenerate pairs."""
         try:
             return quotient.at(point)
         except ValueError as err:
@@ -562,7 +539,7 @@ class QuotientSGD(torch.optim.Optimizer):
     # ------------------------------------------------------------------ steps
     def _descend(self, group: dict[str, Any], params: list[torch.Tensor],
                  directions: list[torch.Tensor]) -> None:
-        """Step ``params`` along ``directions`` with weight decay and momentum (as torch's SGD)."""
+        """Step ``params`` along ``directions`` with weight decay and momentum as torch's SGD."""
         momentum, decay = group["momentum"], group["weight_decay"]
         for param, direction in zip(params, directions, strict=True):
             if decay:

@@ -1,10 +1,7 @@
-"""Loading a saved PEFT LoRA adapter offline: a directory with adapter_config.json.
-
-The base is built as PEFT's ``AutoPeftModelFor...`` builds it, from the local directory
-``base_model_name_or_path`` (for discovery alone, from a ``config.json`` on the meta device).
-Every saved adapter is loaded under its name and checked to hold its saved values, so that a
-fresh adapter (``B = 0``) is never measured in its place. ``peft``, ``transformers`` and
-``safetensors`` are imported only here.
+"""Loading a saved PEFT LoRA adapter offline: a directory with adapter_config.json, on the base
+PEFT's ``AutoPeftModelFor...`` would build (for discovery alone, from a ``config.json`` on the
+meta device); every adapter is checked to hold its saved values, so that a fresh one is never
+measured in its place. ``peft``, ``transformers`` and ``safetensors`` are imported only here.
 """
 
 from __future__ import annotations
@@ -160,8 +157,7 @@ _BUILD_WARNINGS = (
 
 @contextlib.contextmanager
 def _quiet_build() -> Iterator[None]:
-    """Silence, for the block only, the warnings of :data:`_BUILD_WARNINGS`, transformers'
-    load report and its progress bars (restored afterwards)."""
+    """Silence :data:`_BUILD_WARNINGS`, transformers' load report and progress bars."""
     from transformers.utils import logging as hf_logging
 
     verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
@@ -199,40 +195,34 @@ def _target_class(settings: dict[str, Any]) -> Any:
 def _saved_tensors(folder: Path) -> dict[str, Any]:
     """The tensors of the adapter saved in ``folder`` (safetensors or ``.bin``); a damaged
     file, or one without tensors, is a ``ValueError`` naming it."""
-    tensors = _read_saved_tensors(folder)
-    if not tensors:
-        # save_pretrained after merge_and_unload: the LoRA layers are gone, nothing is saved
-        name = ("adapter_model.safetensors" if (folder / "adapter_model.safetensors").is_file()
-                else "adapter_model.bin")
-        raise ValueError(f"MODEL {folder / name} holds no tensors: the adapter was saved "
-                         "without values (after merge_and_unload? then save the merged model "
-                         "that merge_and_unload returns with save_pretrained, and measure that)")
-    return tensors
-
-
-def _read_saved_tensors(folder: Path) -> dict[str, Any]:
-    """The tensors of the adapter saved in ``folder``, as they are (see :func:`_saved_tensors`)."""
     weights = folder / "adapter_model.safetensors"
     if weights.is_file():
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         try:
-            return dict(load_file(str(weights)))
+            tensors = dict(load_file(str(weights)))
         except (SafetensorError, OSError) as err:
             raise ValueError(f"MODEL {weights} cannot be read ({first_line(err)}): damaged or "
                              "truncated? save the adapter again with save_pretrained") from err
-    if (folder / "adapter_model.bin").is_file():
-        loaded = load_torch_file(folder / "adapter_model.bin", "MODEL",
+    elif (weights := folder / "adapter_model.bin").is_file():
+        loaded = load_torch_file(weights, "MODEL",
                                  "a safetensors file nor a torch.save'd state dict",
                                  weights_only=True)
         if not isinstance(loaded, dict):
-            raise ValueError(f"MODEL {folder / 'adapter_model.bin'} holds a "
-                             f"{type(loaded).__name__}, not the adapter's state dict")
-        return dict(loaded)
-    raise FileNotFoundError(f"MODEL {folder} has {ADAPTER_CONFIG} but no "
-                            "adapter_model.safetensors or adapter_model.bin: the adapter's "
-                            "values were not saved")
+            raise ValueError(f"MODEL {weights} holds a {type(loaded).__name__}, not the "
+                             "adapter's state dict")
+        tensors = dict(loaded)
+    else:
+        raise FileNotFoundError(f"MODEL {folder} has {ADAPTER_CONFIG} but no "
+                                "adapter_model.safetensors or adapter_model.bin: the adapter's "
+                                "values were not saved")
+    if not tensors:
+        # save_pretrained after merge_and_unload: the LoRA layers are gone, nothing is saved
+        raise ValueError(f"MODEL {weights} holds no tensors: the adapter was saved "
+                         "without values (after merge_and_unload? then save the merged model "
+                         "that merge_and_unload returns with save_pretrained, and measure that)")
+    return tensors
 
 
 #: The names PEFT gives a classification head when it adds it to ``modules_to_save``.
@@ -240,8 +230,7 @@ _HEAD_NAMES = ("classifier", "score")
 
 
 def _head_labels(settings: dict[str, Any], saved: dict[str, Any]) -> int | None:
-    """The number of labels of a classification head saved in ``modules_to_save`` (the rows
-    of its last weight), or ``None`` when no such head is saved."""
+    """The rows of a classification head saved in ``modules_to_save``, or ``None``."""
     if settings.get("task_type") not in ("SEQ_CLS", "TOKEN_CLS"):
         return None
     # the head first: PEFT appends its names to the user's modules_to_save (["pooler.dense",
@@ -262,7 +251,7 @@ def _local_base_model(load: Any, local: Path,
     built fresh); and the names of the saved tensors it has no place for."""
     with _quiet_build():
         # a head of another shape (num_labels changed for fine-tuning) is built fresh, like a
-        # missing one: the adapter must save it (_check_base_complete)
+        # missing one: the adapter must save it (_check_base_weights)
         model, info = load.from_pretrained(str(local), local_files_only=True,
                                            attn_implementation="eager",
                                            output_loading_info=True,
@@ -275,11 +264,9 @@ def _local_base_model(load: Any, local: Path,
 
 def _base_model(path: Path, folder: Path, settings: dict[str, Any], labels: int | None,
                 weights: bool) -> tuple[nn.Module, list[str], list[str]]:
-    """The base model as PEFT builds it: the class of :func:`_target_class` from the local
-    directory ``base_model_name_or_path`` with its weights, or with ``weights=False`` and no
-    local weights, from the base's config on the meta device. Nothing is downloaded. Also the
-    names of the tensors the base's weights lack or give in another shape (freshly
-    initialised), and of those it has no place for (none on the meta device)."""
+    """The base model as PEFT builds it (the class of :func:`_target_class`, from the local
+    base directory; without ``weights``, else from its config on the meta device), and the
+    names of :func:`_local_base_model`; nothing is downloaded."""
     import torch
     import transformers
 
@@ -321,9 +308,8 @@ def _base_model(path: Path, folder: Path, settings: dict[str, Any], labels: int 
 
 
 def _adapter_state(model: nn.Module, adapter: str, saved: dict[str, Any]) -> dict[str, Any]:
-    """The values of adapter ``adapter`` as PEFT saves them, with the embedding layers when
-    the saved file holds them: PEFT's default (``save_embedding_layers="auto"``) would ask the
-    Hub whether the vocabulary was resized."""
+    """The values of ``adapter`` as PEFT saves them, with the embedding layers when the saved
+    file holds them (PEFT's ``"auto"`` would ask the Hub whether the vocabulary was resized)."""
     import peft
 
     state = peft.get_peft_model_state_dict(model, adapter_name=adapter,
@@ -365,14 +351,22 @@ def _check_loaded(model: nn.Module, folder: Path, adapter: str,
                          f"{ADAPTER_CONFIG}")
 
 
-def _check_base_used(model: nn.Module, folder: Path, local: Path | None,
-                     unexpected: list[str]) -> None:
-    """Refuse base weights holding tensors of the backbone (the transformer body) that the
-    model built from the base's ``config.json`` has no place for (a config edited to fewer
-    layers): transformers drops them, and a smaller model than the saved one would be
-    measured. Heads of other tasks (``cls.predictions`` of a pretraining checkpoint) are
-    dropped, as PEFT drops them."""
+def _check_base_weights(model: nn.Module, folder: Path, local: Path | None, missing: list[str],
+                        unexpected: list[str], saved: dict[str, Any]) -> None:
+    """Refuse base weights that lack tensors (a classification head) the active adapter does
+    not save either, or that hold backbone tensors the model built from the base's
+    ``config.json`` has no place for (heads of other tasks are dropped, as PEFT drops them)."""
     base = getattr(model.base_model, "model", model)
+    fresh = sorted(name for name in missing if f"base_model.model.{name}" not in saved)
+    if fresh:
+        shown = ", ".join(fresh[:4]) + (", ..." if len(fresh) > 4 else "")
+        raise ValueError(f"MODEL {folder}: the base model {str(local)!r} has no weights (or "
+                         f"weights of another shape) for {len(fresh)} tensor(s) of "
+                         f"{type(base).__name__} ({shown}) and the adapter does not "
+                         "save them: they would be measured freshly initialised, not as the "
+                         "model the adapter was saved from. Save the adapter with those modules "
+                         "in modules_to_save (task_type='SEQ_CLS' adds the classifier), or "
+                         "point base_model_name_or_path at a base saved with them")
     prefix = str(getattr(base, "base_model_prefix", "") or "")
     backbone = getattr(base, prefix, base) if prefix else base
     children = {name for name, _ in backbone.named_children()}
@@ -385,24 +379,6 @@ def _check_base_used(model: nn.Module, folder: Path, local: Path | None,
                          f"config.json has no place for ({shown}); they would be left out of "
                          "the model measured. Was the base's config.json edited or copied from "
                          "another model?")
-
-
-def _check_base_complete(model: nn.Module, folder: Path, local: Path | None,
-                         missing: list[str], saved: dict[str, Any]) -> None:
-    """Refuse a base whose weights lack tensors (a classification head on a base saved
-    without one) that the active adapter does not save either (``modules_to_save``): they
-    would be measured freshly initialised, unlike the model the adapter was saved from."""
-    fresh = sorted(name for name in missing if f"base_model.model.{name}" not in saved)
-    if fresh:
-        shown = ", ".join(fresh[:4]) + (", ..." if len(fresh) > 4 else "")
-        base = type(getattr(model.base_model, "model", model)).__name__
-        raise ValueError(f"MODEL {folder}: the base model {str(local)!r} has no weights (or "
-                         f"weights of another shape) for {len(fresh)} tensor(s) of {base} "
-                         f"({shown}) and the adapter does not "
-                         "save them: they would be measured freshly initialised, not as the "
-                         "model the adapter was saved from. Save the adapter with those modules "
-                         "in modules_to_save (task_type='SEQ_CLS' adds the classifier), or "
-                         "point base_model_name_or_path at a base saved with them")
 
 
 def _with_adapters(base: nn.Module, adapters: list[tuple[str, Path]]) -> nn.Module:
@@ -459,9 +435,8 @@ def load_peft_directory(path: str | Path, weights: bool = False) -> nn.Module:
                                         _head_labels(settings[first], saved[first]), weights)
     model = _with_adapters(base, adapters)
     if weights:     # discovery reads the structure alone: a fresh head does not change it
-        local = local_base(settings[first])
-        _check_base_complete(model, first_folder, local, missing, saved[first])
-        _check_base_used(model, first_folder, local, unused)
+        _check_base_weights(model, first_folder, local_base(settings[first]), missing, unused,
+                            saved[first])
     for name, folder in adapters:
         _load_values(model, saved[name], name)
         _check_loaded(model, folder, name, saved[name])

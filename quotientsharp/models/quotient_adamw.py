@@ -1,21 +1,8 @@
 """An adaptive optimiser on the quotient: :class:`QuotientAdamW` steps every ``GL`` pair with
-Adam-like moments that the pair's group does not change, and every other trainable parameter as
-``torch.optim.AdamW``.
-
-The moments of a pair ``(G, H)`` live in an orthonormal frame of the core's metric (a Cholesky
-factor ``C_G`` of the raise operator ``P_G``, read off the frozen point's ``raise_index``),
-which the group only rotates (its columns); between steps they are carried into the new frame by
-``T = (B_old^T B_old)^+ B_old^T B_new`` with the product-space bases ``B_G = H C_G``
-(LoRA-RITE's transport, Yen et al., ICLR 2025, for the mix metric at ``eps = 0``). The second
-moment is one number per row of the frame gradient under the mix metric (the factor's own units,
-which the group does not touch: no transport) and an ``r x r`` matrix under inv. The whole
-trajectory then stays on one orbit at ``eps = 0``. Under mix the frame step is multiplied by
-``(I + S / balance)^{1/2}``, ``S`` the product's singular values read in the frame, so that the
-product's steps grow with the product as AdamW's do on a balanced factorisation (invariant too).
-A zero factor (a fresh adapter's ``B = 0``) at ``eps = 0`` steps in a frame computed with the
-factor stood in by orthonormal columns, kept only where it does not depend on the stand-in (the
-mix metric); otherwise it is refused with a ``ValueError`` suggesting ``eps > 0``.
-``docs/lora.md`` and ``derivations/quotient_adamw.md`` derive each step.
+Adam-like moments that the pair's group does not change (kept in an orthonormal frame of the
+core's metric and carried between frames by LoRA-RITE's transport, Yen et al., ICLR 2025), and
+every other trainable parameter as ``torch.optim.AdamW``. ``docs/lora.md`` and
+``derivations/quotient_adamw.md`` derive each step.
 """
 
 from __future__ import annotations
@@ -47,72 +34,39 @@ from quotientsharp.models.optim import (
 )
 from quotientsharp.models.report import SymmetryReport
 
-#: The default ``balance`` of the mix metric: the singular value of a pair's product from which
-#: its steps grow (:func:`balanced_scale`). Chosen among 1, 0.3 and 0.1 on the tasks of
-#: ``benchmarks/optimisers.py`` (``docs/lora.md``): 0.1 (about AdamW's own growth from PEFT's
-#: start) had the lowest validation loss there, but its steps grow so fast at larger rates that
-#: trajectories become chaotic and rounding is amplified (two starts on one orbit drift apart
-#: by 1e-6 in 30 steps of the orbit tests at lr 0.02); 1 keeps them to rounding.
+#: The default ``balance`` of the mix metric (:func:`balanced_scale`), chosen among 1, 0.3 and
+#: 0.1 on ``benchmarks/optimisers.py`` (``docs/lora.md``): 0.1 had the lowest validation loss,
+#: but its fast-growing steps amplify rounding (two starts on one orbit drift apart); 1 does not.
 BALANCE = 1.0
 
 
 # ---------------------------------------------------------------------- frame algebra
-def metric_frames(point: GLPoint) -> tuple[torch.Tensor, torch.Tensor]:
-    """Square roots ``(C_G, C_H)`` of the metric's factorwise raise operators at ``point``,
-    ``P_F = C_F C_F^T`` (``P_F`` the frozen point's ``raise_index`` of the identity),
-    ``shape=[..., r, r]`` each, in the point's working dtype (float64 for float32 and
-    half-precision points): the metric's own
-    :meth:`~quotientsharp.core.gl.point.GLPoint.raise_roots`, read from the QR factors of the
-    factors. A Cholesky factor of the formed ``P_F`` would
-    carry the rounding of an inverted Gram matrix, ``eps`` times the factor's condition
-    squared, twice; near a rank-deficient factor (a fresh adapter after its first step) the
-    steps then amplify it, and two starts on one orbit drift apart.
-    """
-    return point.raise_roots()
-
-
 def frame_transport(old_basis: torch.Tensor, new_basis: torch.Tensor,
                     work_dtype: torch.dtype) -> torch.Tensor:
-    """``T = (B_old^T B_old)^+ B_old^T B_new``, ``shape=[..., r, r]`` (working dtype).
-
-    A frame gradient ``g = X B_old`` of a product-space covector ``X`` (``shape=[..., k, p]``)
-    read in the new frame is ``X B_new``; from ``g`` alone the least-squares ``X`` gives
-    ``g T``. ``T`` is the identity when the bases agree, zero when the old basis is (a zero
-    factor), and rotates as ``O_old^T T O_new`` when the bases do (``B -> B O``).
-    """
+    """``T = (B_old^T B_old)^+ B_old^T B_new``, ``shape=[..., r, r]`` (working dtype): a frame
+    gradient ``g = X B_old`` read in the new frame is ``g T`` (least squares); zero from a zero
+    factor, and covariant, ``O_old^T T O_new``, when the bases rotate."""
     old = old_basis.to(work_dtype)
     gram = old.mT @ old
     cross = old.mT @ new_basis.to(work_dtype)
     return torch.linalg.pinv(gram, hermitian=True) @ cross
 
 
-def symmetric_function(matrix: torch.Tensor,
-                       function: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """``f(V)`` of a symmetric matrix ``V`` (``shape=[..., r, r]``), ``function`` applied to its
-    eigenvalues: basis-free, so ``f(O^T V O) = O^T f(V) O`` for orthogonal ``O``."""
-    values, vectors = torch.linalg.eigh(0.5 * (matrix + matrix.mT))
-    return (vectors * function(values).unsqueeze(-2)) @ vectors.mT
-
-
 def inverse_root(second: torch.Tensor, adam_eps: float) -> torch.Tensor:
     """``(V^{1/2} + adam_eps I)^{-1}`` of a symmetric positive semi-definite ``V``,
-    ``shape=[..., r, r]``: Adam's denominator for a matrix second moment."""
-    return symmetric_function(second, lambda v: 1.0 / (v.clamp_min(0).sqrt() + adam_eps))
+    ``shape=[..., r, r]`` (Adam's denominator for a matrix moment), from its eigenvalues: basis
+    free, so covariant under rotations."""
+    values, vectors = torch.linalg.eigh(0.5 * (second + second.mT))
+    inverse = 1.0 / (values.clamp_min(0).sqrt() + adam_eps)
+    return (vectors * inverse.unsqueeze(-2)) @ vectors.mT
 
 
 def balanced_scale(factor: torch.Tensor, frame: torch.Tensor, balance: float) -> torch.Tensor:
-    """``(I + S / balance)^{1/2}``, ``shape=[..., r, r]`` (the frame's dtype), with ``S`` the
-    singular values of the pair's product read in the frame.
-
-    ``R = F C^{-T}`` (``F`` the factor, ``shape=[..., k, r]``, ``C`` its frame) is the product
-    ``G H^T`` in the frame: under the mix metric at ``eps = 0``, ``R_G = W B_G`` with ``B_G``
-    the orthonormal basis of the frame, and ``S = (R^T R)^{1/2}`` has the product's nonzero
-    singular values as eigenvalues. The group moves ``R`` to ``R O`` (``O`` the residual
-    rotation), so the result rotates as ``O^T (.) O`` and a frame step times it stays
-    covariant. It is the identity where the product is zero and grows as ``(S / balance)^{1/2}``
-    where it is large: the scale of AdamW's step on the balanced factorisation
-    (``derivations/quotient_adamw.md``).
-    """
+    """``(I + S / balance)^{1/2}``, ``shape=[..., r, r]`` (the frame's dtype), ``S`` the singular
+    values of the pair's product ``R = F C^{-T}`` read in the frame (``F`` the factor,
+    ``shape=[..., k, r]``, ``C`` its frame): the identity for a zero product, covariant under the
+    group, the scale of AdamW's step on the balanced factorisation
+    (``derivations/quotient_adamw.md``)."""
     product = torch.linalg.solve(frame, factor.to(frame.dtype).mT).mT
     # S from the singular values of R itself, not from the eigenvalues of R^T R: a square root
     # of R^T R's eigenvalues turns their rounding (eps ||R||^2) into errors of sqrt(eps) ||R||
@@ -130,12 +84,10 @@ def retraction_guard(x: Tensors, step: Tensors, lr: float, work: torch.dtype
     second-order change of the product, ``lr^2 ||dG dH^T||``, is at most its first-order one,
     ``lr ||dG H^T + G dH^T||``; unchanged, bit for bit, where it already is.
 
-    The step ``x - lr d`` is a first-order retraction: it moves ``G H^T`` by the first-order
-    change plus ``lr^2 dG dH^T``. Near a product much smaller than the step (a fresh adapter's
-    ``B`` after its first step, nearly rank-deficient, or a factor of ``1e-12``) the mix frame of
-    the other factor is huge and the second term dominates: the step is then an extrapolation
-    that nothing bounds. Both norms are read from ``r x r`` Gram matrices in ``work`` and are
-    invariant under the pair's group, so the shortened step is as invariant as the step.
+    Near a product much smaller than the step (a fresh adapter's ``B`` after its first step)
+    the mix frame of the other factor is huge and the second-order term would dominate, an
+    unbounded extrapolation. Both norms are group invariant (``r x r`` Gram matrices in
+    ``work``), so the shortened step is as invariant as the step.
     """
     G, H = (f.to(work) for f in x)
     dG, dH = (d.to(work) for d in step)
@@ -417,11 +369,10 @@ class QuotientAdamW(torch.optim.Optimizer):
         quotient = self._pairs.quotients[index]
         zero_g, zero_h = ((factor == 0).flatten(-2).all(-1) for factor in x)
         if quotient.eps != 0.0 or not bool((zero_g | zero_h).any()):
-            return metric_frames(self._at(index, x)), (None, None)
-        frames = metric_frames(self._at(index, tuple(
-            _stand_in(f, z, 1.0) for f, z in zip(x, (zero_g, zero_h), strict=True))))
-        probe = metric_frames(self._at(index, tuple(
-            _stand_in(f, z, 2.0) for f, z in zip(x, (zero_g, zero_h), strict=True))))
+            return self._roots(index, x), (None, None)
+        frames, probe = (self._roots(index, tuple(
+            _stand_in(f, z, scale) for f, z in zip(x, (zero_g, zero_h), strict=True)))
+            for scale in (1.0, 2.0))
         # a zero factor with a nonzero partner steps in its frame only where that frame does
         # not read the stand-in (mix: P_G = S_H^{-1}); where it does (inv) the step is undefined
         for which, (zero, partner) in enumerate(((zero_g, zero_h), (zero_h, zero_g))):
@@ -438,7 +389,11 @@ class QuotientAdamW(torch.optim.Optimizer):
                         f"{quotient.metric.name} metric at eps=0)"))
         return frames, (zero_h, zero_g)
 
-    def _at(self, index: int, x: Tensors) -> GLPoint:
+    def _roots(self, index: int, x: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
+        """The frames ``(C_G, C_H)``, ``P_F = C_F C_F^T``, at the point ``x`` of bucket ``index``:
+        the metric's own roots from the QR factors of the factors (a Cholesky factor of the
+        formed ``P_F`` would carry the rounding of an inverted Gram matrix, which the steps
+        near a rank-deficient factor amplify)."""
         point: GLPoint = self._pairs.at(self._pairs.quotients[index], x, f"bucket {index}",
                                         self._pairs.labels[index])
-        return point
+        return point.raise_roots()

@@ -1,12 +1,9 @@
 """Per-architecture recognisers of attention modules: which parameter slices form which factor.
 
-Each handler of :data:`HANDLERS` looks at one module and returns ``None`` (not its layout), a
-:class:`Finding` (the :class:`~.report.PairGroup` of each pair kind, with notes), or raises
-:class:`Unsupported` (a layout whose pairs are not a ``GL(h)`` symmetry, or that it cannot read).
-Every module is asked the same questions (:func:`_pair_groups`): rotary embeddings, parts that
-break a pair, position mechanisms that leave the pairs intact (``docs/attention-variants.md``).
-The modeling code's conventions (the rotary plane layout, how ``repeat_kv`` shares key/value
-heads) are read by calling its own helpers on a small CPU probe; no model tensor is read.
+Each handler of :data:`HANDLERS` returns ``None`` (not its layout), a :class:`Finding`, or raises
+:class:`Unsupported`; every module is then asked the same questions (:func:`_pair_groups`,
+``docs/attention-variants.md``). The modeling code's conventions (rotary plane layout,
+``repeat_kv``) are read by calling its own helpers on a small CPU probe, never a model tensor.
 """
 
 from __future__ import annotations
@@ -90,10 +87,8 @@ def _call_on_probe(helper: Callable[..., Any], probe: torch.Tensor, shape: tuple
 
 
 def _quarter_turn_of_sinusoidal_helper(module: nn.Module) -> tuple[Any, str]:
-    """RoFormer's ``apply_rotary_position_embeddings(sinusoidal_pos, query, key)`` (a method of
-    the attention class) as a one-argument rotation: at ``sin = 1, cos = 0`` (``sinusoidal_pos``
-    is ``[sin | cos]`` along the last dimension) it turns the query by a quarter turn in every
-    plane; ``None`` if the class has no such method."""
+    """RoFormer's ``apply_rotary_position_embeddings(sinusoidal_pos, query, key)`` method at
+    ``sin = 1, cos = 0``: a quarter turn of the query (``None`` if the class has no such method)."""
     name = "apply_rotary_position_embeddings"
     helper = getattr(type(module), name, None)
     if not callable(helper):
@@ -108,11 +103,9 @@ def _quarter_turn_of_sinusoidal_helper(module: nn.Module) -> tuple[Any, str]:
 
 
 def detect_layout(module: nn.Module) -> tuple[str | None, str]:
-    """The rotary layout (``"rotate_half"`` or ``"interleaved"``) of the modeling code's
-    ``rotate_half`` or ``rotate_every_two`` (a quarter turn in either direction: ``x * cos +
-    helper(x) * sin`` is the embedding), else of the attention class's RoFormer-style
-    ``apply_rotary_position_embeddings``; ``None`` for none or neither convention; and which
-    helper was probed (or what was searched)."""
+    """The rotary layout (``"rotate_half"``, ``"interleaved"`` or ``None``) of the modeling code's
+    quarter turn (``rotate_half``, ``rotate_every_two`` or RoFormer's method), in either
+    direction, and which helper was probed (or what was searched)."""
     helper, source = modeling_helper(module, ("rotate_half", "rotate_every_two"))
     if helper is None:
         helper, method_source = _quarter_turn_of_sinusoidal_helper(module)
@@ -151,8 +144,7 @@ def _positive_int(value: object) -> int | None:
 
 
 def _rope_parameters(module: nn.Module, config: object) -> tuple[str, object]:
-    """``config.rope_parameters`` and its label; where it holds one dict per layer type
-    (MiMo-V2-Flash: ``{"full_attention": {...}, "sliding_attention": {...}}``), the dict of
+    """``config.rope_parameters`` and its label; of one layer type (MiMo-V2-Flash), the dict of
     ``config.layer_types[module.layer_idx]``."""
     parameters = getattr(config, "rope_parameters", None)
     layer_types = getattr(config, "layer_types", None)
@@ -320,49 +312,32 @@ def _children(module: nn.Module) -> set[str]:
     return {name.lower() for name, _ in module.named_children()}
 
 
-def _clipping(module: nn.Module) -> list[str]:
-    """Reasons from elementwise clipping of queries, keys and values (OLMo's ``clip_qkv``)."""
-    clip = getattr(getattr(module, "config", None), "clip_qkv", None)
-    if clip is None:
-        return []
-    return [f"queries, keys and values are clipped elementwise (config clip_qkv={clip}), which "
-            "no invertible mixing of a head's features commutes with"]
-
-
-def _convolved(module: nn.Module, prefixes: tuple[str, ...]) -> list[str]:
-    """Reasons from convolutions over the sequence of the projections named by ``prefixes``
-    (Inkling's ``k_sconv``/``v_sconv``): one kernel per feature, which no mixing of a head's
-    features commutes with."""
-    convolutions = sorted(child for child in _children(module)
-                          if "conv" in child and child.startswith(prefixes))
-    if not convolutions:
-        return []
-    return [f"a convolution with one kernel per feature ({', '.join(convolutions)}) runs over "
-            "the projected sequence"]
-
-
 #: Children of a gated delta-rule (linear, recurrent) attention: a convolution over the
 #: concatenated projections, a decay and a write strength per token (Bailing's hybrid layers).
 _DELTA_RULE_MARKERS = frozenset({"conv1d", "forget_gate", "b_proj"})
 
 
-def _delta_rule(module: nn.Module) -> list[str]:
-    """Reasons from a gated delta-rule attention: no softmax of ``q k^T``, but a state updated
-    from L2-normalised keys after a per-feature convolution, which breaks both kinds."""
-    markers = sorted(_children(module) & _DELTA_RULE_MARKERS)
-    if not markers:
-        return []
-    return [f"a gated delta-rule (linear) attention ({', '.join(markers)}) convolves and "
-            "normalises its projections feature by feature"]
-
-
-def _hashing(module: nn.Module) -> list[str]:
-    """Reasons from YOSO's hashing attention (``lsh_config``): queries, keys and each head's
-    output are normalised to unit length, which breaks both kinds."""
-    if getattr(module, "lsh_config", None) is None:
-        return []
-    return ["locality-sensitive hashing attention (lsh_config, YOSO) normalises queries, keys "
-            "and each head's output to unit length"]
+def _feature_wise(module: nn.Module, prefixes: tuple[str, ...]) -> list[str]:
+    """Reasons from what acts on the projections feature by feature, which no mixing of a
+    head's features commutes with: clipping (OLMo), hashing (YOSO), a gated delta rule, and a
+    convolution over the sequence of the projections named by ``prefixes`` (Inkling)."""
+    reasons = []
+    if (clip := getattr(getattr(module, "config", None), "clip_qkv", None)) is not None:
+        reasons.append(f"queries, keys and values are clipped elementwise (config "
+                       f"clip_qkv={clip}), which no invertible mixing of a head's features "
+                       "commutes with")
+    if getattr(module, "lsh_config", None) is not None:
+        reasons.append("locality-sensitive hashing attention (lsh_config, YOSO) normalises "
+                       "queries, keys and each head's output to unit length")
+    if markers := sorted(_children(module) & _DELTA_RULE_MARKERS):
+        reasons.append(f"a gated delta-rule (linear) attention ({', '.join(markers)}) convolves "
+                       "and normalises its projections feature by feature")
+    convolutions = sorted(child for child in _children(module)
+                          if "conv" in child and child.startswith(prefixes))
+    if convolutions:
+        reasons.append(f"a convolution with one kernel per feature ({', '.join(convolutions)}) "
+                       "runs over the projected sequence")
+    return reasons
 
 
 def _rotary(module: nn.Module, head_dim: int) -> tuple[RotarySpec | None, list[str], list[str]]:
@@ -392,7 +367,7 @@ def _rotary(module: nn.Module, head_dim: int) -> tuple[RotarySpec | None, list[s
 
 def _query_key_status(module: nn.Module,
                       head_dim: int) -> tuple[RotarySpec | None, list[str], list[str]]:
-    """Whether the query/key factorisation is a symmetry: ``(rotary spec, reasons not, notes)``."""
+    """``(rotary spec, reasons the query/key factorisation is no symmetry, notes)``."""
     rotary, reasons, notes = _rotary(module, head_dim)
     if _children(module) & _QUERY_KEY_NORMS:
         reasons.append("queries/keys are normalised (q_norm/k_norm) before the scores, and a "
@@ -419,8 +394,7 @@ def _query_key_status(module: nn.Module,
     if "emb_rel_k" in module._parameters:
         reasons.append("queries are multiplied by relative key embeddings (emb_rel_k, VITS) "
                        "besides the keys")
-    reasons += _clipping(module) + _hashing(module) + _delta_rule(module)
-    reasons += _convolved(module, ("q_", "k_", "query", "key"))
+    reasons += _feature_wise(module, ("q_", "k_", "query", "key"))
     return rotary, reasons, notes
 
 
@@ -429,26 +403,39 @@ def _query_key_status(module: nn.Module,
 _DIFFERENTIAL_MARKERS = frozenset({"lambda_q1", "lambda_k1", "groupnorm", "subln"})
 
 
-def _is_differential(module: nn.Module) -> bool:
-    """Whether ``module`` is a differential attention, whose value heads are concatenated in
-    pairs and whose outputs are normalised per head: its vo pairs are no ``GL(h)`` symmetry (the
-    query/key scores are the plain per-head products)."""
-    own = _children(module) | {name.lower() for name in module._parameters}
-    return bool(own & _DIFFERENTIAL_MARKERS)
-
-
-def _output_gates(module: nn.Module, heads: int) -> list[str]:
-    """Reasons from gates on the attention output (AFMoE, Qwen3-Next style gated attention):
-    ``sigmoid(gate_proj(x))`` multiplies each head's output feature by feature before the
-    output projection, which no mixing of a head's value features commutes with. A gate of one
-    scalar per head (``heads`` outputs) commutes with every ``GL(h)`` element and keeps vo."""
-    gates = sorted(name for name, child in module.named_children()
-                   if "gate" in name.lower()
+def _value_output_status(module: nn.Module, heads: int) -> list[str]:
+    """Why the value/output factorisation is no symmetry (empty when it is one)."""
+    children = _children(module)
+    reasons = []
+    if getattr(module, "rotary_value", False) is True:
+        # RoFormer's option: the values are rotated by their position too, so only the
+        # rotations' centraliser (not GL(h)) commutes with the average
+        reasons.append("values are rotated by their position (rotary_value=True) before the "
+                       "attention average")
+    if (children | {name.lower() for name in module._parameters}) & _DIFFERENTIAL_MARKERS:
+        reasons.append("differential attention (lambda_q1/lambda_k1, groupnorm): two heads' "
+                       "values are concatenated, their averages subtracted and normalised per "
+                       "head before the output projection")
+    if children & _VALUE_NORMS:
+        reasons.append("values are normalised (v_norm) before the attention average")
+    # a gate of one scalar per head (``heads`` outputs) commutes with every GL(h) element;
+    # one per feature (AFMoE, Qwen3-Next: sigmoid(gate_proj(x)) times the output) does not
+    gates = sorted(name for name, child in module.named_children() if "gate" in name.lower()
                    and not (_is_linear(child) and child.out_features == heads))
-    if not gates:
-        return []
-    return [f"the attention output is gated feature by feature ({', '.join(gates)}) before "
-            "the output projection"]
+    reasons += _feature_wise(module, ("v_", "value"))
+    if gates:
+        reasons.append(f"the attention output is gated feature by feature ({', '.join(gates)}) "
+                       "before the output projection")
+    if "emb_rel_v" in module._parameters:
+        reasons.append("relative value embeddings (emb_rel_v, VITS) are added to each head's "
+                       "output before the output projection")
+    if "dt_proj" in children:
+        reasons.append("a dynamic mask computed from the values (Doge's dt_proj) is added to "
+                       "the scores")
+    if output_norms := sorted(children & _OUTPUT_NORMS):
+        reasons.append(f"the attention output is normalised ({', '.join(output_norms)}) before "
+                       "the output projection, which mixing a head's value features changes")
+    return reasons
 
 
 def _intact_notes(module: nn.Module) -> list[str]:
@@ -473,9 +460,8 @@ def _intact_notes(module: nn.Module) -> list[str]:
 
 def _drop_half_fused(label: str, groups: list[PairGroup], qk: tuple[FactorSource, ...],
                      vo: tuple[FactorSource, ...]) -> tuple[list[PairGroup], list[str]]:
-    """``groups`` without a kept kind whose fused parameter (GPT-NeoX's ``query_key_value``,
-    GPT-2's ``c_attn``) the dropped kind also reads, and a note: a parameter is covered by
-    pairs entirely or not at all (the layout cannot tile half of an interleaved projection)."""
+    """``groups`` without a kept kind whose fused parameter (``query_key_value``, ``c_attn``)
+    the dropped kind also reads, and a note: the layout cannot tile half a fused projection."""
     if len(groups) != 1:
         return groups, []
     sources = {"qk": (qk, vo), "vo": (vo, qk)}[groups[0].kind]
@@ -486,12 +472,11 @@ def _drop_half_fused(label: str, groups: list[PairGroup], qk: tuple[FactorSource
                 f"{', '.join(shared)} also feed the dropped pairs"]
 
 
-def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[FactorSource, ...],
-                 k: tuple[FactorSource, ...], v: tuple[FactorSource, ...],
-                 o: tuple[FactorSource, ...]) -> tuple[list[PairGroup], list[str]]:
-    """The qk and vo groups of one attention module from its projections' sources, and notes;
-    with grouped-query attention one pair per key/value head stacks the ``g`` query heads of its
-    group (in ``G`` of qk, ``H`` of vo)."""
+def _pair_groups(layout: str, name: str, module: nn.Module, split: HeadSplit,
+                 q: tuple[FactorSource, ...], k: tuple[FactorSource, ...],
+                 v: tuple[FactorSource, ...], o: tuple[FactorSource, ...]) -> Finding:
+    """The finding of one attention module: its qk and vo groups from its projections' sources,
+    and notes (grouped-query attention: one pair per key/value head, its query heads stacked)."""
     label = name or "<root>"
     size = split.heads // split.kv_heads
     notes = []
@@ -503,30 +488,7 @@ def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[Factor
         groups.append(PairGroup(name, "qk", split.kv_heads, split.head_dim_k, q, k,
                                 g_members=size, rotary=rotary))
         notes += [f"{label}: {note}" for note in qk_notes]
-    vo_breakers = (_clipping(module) + _hashing(module) + _delta_rule(module)
-                   + _convolved(module, ("v_", "value")))
-    if _children(module) & _VALUE_NORMS:
-        vo_breakers.insert(0, "values are normalised (v_norm) before the attention average")
-    vo_breakers += _output_gates(module, split.heads)
-    if "emb_rel_v" in module._parameters:
-        vo_breakers.append("relative value embeddings (emb_rel_v, VITS) are added to each "
-                           "head's output before the output projection")
-    if "dt_proj" in _children(module):
-        vo_breakers.append("a dynamic mask computed from the values (Doge's dt_proj) is added "
-                           "to the scores")
-    if output_norms := sorted(_children(module) & _OUTPUT_NORMS):
-        vo_breakers.append(f"the attention output is normalised ({', '.join(output_norms)}) "
-                           "before the output projection, which mixing a head's value "
-                           "features changes")
-    if _is_differential(module):
-        vo_breakers.insert(0, "differential attention (lambda_q1/lambda_k1, groupnorm): two "
-                              "heads' values are concatenated, their averages subtracted and "
-                              "normalised per head before the output projection")
-    if getattr(module, "rotary_value", False) is True:
-        # RoFormer's option: the values are rotated by their position too, so only the
-        # rotations' centraliser (not GL(h)) commutes with the average
-        vo_breakers.insert(0, "values are rotated by their position (rotary_value=True) "
-                              "before the attention average")
+    vo_breakers = _value_output_status(module, split.heads)
     if vo_breakers:
         notes.append(f"{label}: no vo pairs, " + "; ".join(vo_breakers))
     else:
@@ -540,7 +502,7 @@ def _pair_groups(name: str, module: nn.Module, split: HeadSplit, q: tuple[Factor
                      f"head with its {size} query heads stacked in G, one vo pair per value "
                      f"head with the output columns of its {size} query heads stacked in H")
     notes += [f"{label}: {note}" for note in _intact_notes(module)]
-    return groups, notes
+    return Finding(layout, split.heads, groups, notes, split.kv_heads)
 
 
 #: Substrings of a child's name that make it one more query, key or value projection.
@@ -548,11 +510,8 @@ _PROJECTION_TOKENS = ("query", "key", "value", "q_proj", "k_proj", "v_proj")
 
 
 def _check_no_other_projections(module: nn.Module, used: Sequence[str]) -> None:
-    """Refuse ``module`` if it has query/key/value-like children besides ``used`` (not the
-    normalisations): Longformer's ``query_global``/``key_global``/``value_global`` project the
-    same hidden states into the same heads and output projection for its global tokens, and
-    the pairs of ``used`` alone are then no symmetry (an element on them changes the function).
-    """
+    """Refuse ``module`` if query/key/value-like children besides ``used`` (Longformer's
+    ``query_global``...) feed the same heads: the pairs of ``used`` alone are no symmetry."""
     extra = sorted(child for child in _children(module) - {c.lower() for c in used}
                    - _QUERY_KEY_NORMS - _VALUE_NORMS
                    if any(token in child for token in _PROJECTION_TOKENS))
@@ -570,10 +529,9 @@ def _qkvo_finding(layout: str, name: str, module: nn.Module, q: nn.Linear, k: nn
     split = _check_head_split(module, heads, q.out_features, k.out_features, v.out_features,
                               o.in_features)
     q_name, k_name, v_name, o_name = qkvo_names
-    groups, notes = _pair_groups(name, module, split, _linear_rows(q, names, q_name),
-                                 _linear_rows(k, names, k_name), _linear_rows(v, names, v_name),
-                                 _linear_columns(o, names, o_name))
-    return Finding(layout, heads, groups, notes, split.kv_heads)
+    return _pair_groups(layout, name, module, split, _linear_rows(q, names, q_name),
+                        _linear_rows(k, names, k_name), _linear_rows(v, names, v_name),
+                        _linear_columns(o, names, o_name))
 
 
 def _is_linear(module: object) -> TypeGuard[nn.Linear]:
@@ -587,8 +545,7 @@ def _is_linear(module: object) -> TypeGuard[nn.Linear]:
 
 def _with_fused_bias(weights: list[FactorSource], bias: object, names: dict[int, str],
                      what: str, width: int) -> list[tuple[FactorSource, ...]]:
-    """Each of the q/k/v ``weights`` with its slice of the fused ``bias`` (if any): the ``i``-th
-    at offset ``i * width``, interleaved as the weight's (its stride and phase)."""
+    """Each q/k/v weight with its slice of the fused ``bias`` (if any), at ``i * width``."""
     if bias is None:
         return [(weight,) for weight in weights]
     name = _parameter_name(names, bias, what)
@@ -701,16 +658,12 @@ def _handle_gpt2(name: str, module: nn.Module, names: dict[int, str]) -> Finding
     out = (FactorSource(_parameter_name(names, c_proj.weight, f"{prefix}c_proj.weight"), "weight",
                         0, 0, embed),)
     split = HeadSplit(heads, heads, embed // heads, embed // heads)
-    groups, notes = _pair_groups(name, module, split, q, k, v, out)
-    return Finding("gpt2", heads, groups, notes, heads)
+    return _pair_groups("gpt2", name, module, split, q, k, v, out)
 
 
 def _handle_fused_per_head(name: str, module: nn.Module, names: dict[int, str]) -> Finding | None:
-    """GPT-NeoX / BLOOM: ``query_key_value`` Linear with per-head ``[q_i, k_i, v_i]`` + ``dense``.
-
-    The modeling code views the fused output as ``[heads, 3, head_dim]``, so head ``i``'s
-    queries, keys and values are read with ``stride = 3 d`` and phases ``0, d, 2 d``.
-    """
+    """GPT-NeoX / BLOOM: ``query_key_value`` Linear viewed as ``[heads, 3, head_dim]`` (read
+    with ``stride = 3 d`` and phases ``0, d, 2 d``) + ``dense``."""
     fused, dense = module._modules.get("query_key_value"), module._modules.get("dense")
     if not (_is_linear(fused) and _is_linear(dense)):
         return None
@@ -730,8 +683,7 @@ def _handle_fused_per_head(name: str, module: nn.Module, names: dict[int, str]) 
                for i in range(3)]
     q, k, v = _with_fused_bias(weights, fused.bias, names, f"{prefix}query_key_value.bias", 0)
     out = _linear_columns(dense, names, f"{prefix}dense")
-    groups, notes = _pair_groups(name, module, split, q, k, v, out)
-    return Finding("fused_per_head", heads, groups, notes, heads)
+    return _pair_groups("fused_per_head", name, module, split, q, k, v, out)
 
 
 HANDLERS = (_handle_multihead_attention, _handle_bert, _handle_qkvo, _handle_gpt2,

@@ -8,6 +8,7 @@ coordinate gets ``(c u, v / c)``. Euclidean sharpness changes, the function does
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -82,7 +83,7 @@ def _check_scale(scale: object) -> float:
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float, got {type(scale).__name__}")
     scale = float(scale)
-    if not (scale == scale and abs(scale) != float("inf") and scale != 0.0):
+    if not math.isfinite(scale) or scale == 0.0:
         raise ValueError(f"scale must be finite and nonzero, got {scale}")
     return scale
 
@@ -170,8 +171,6 @@ def reparametrize(model_or_params: nn.Module | Mapping[str, torch.Tensor],
         With ``return_transforms``: ``(params, (bucket_matrices, diagonal_factors))``.
     """
     params = _parameters_of(model_or_params)
-    if not isinstance(report, SymmetryReport):
-        raise TypeError(f"report must be a SymmetryReport, got {type(report).__name__}")
     scale = _check_scale(scale)
     unknown_kinds = set(kinds) - {"qk", "vo", "lora", "diagonal"}
     if unknown_kinds:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -397,11 +397,7 @@ class SymmetryReport:
     def bucket_groups(self) -> dict[tuple[int, int, int, RotarySpec | None], int]:
         """Number of pairs per distinct ``(n, m, h, rotary)``: the layout's buckets (one group
         each), in order of first appearance."""
-        counts: dict[tuple[int, int, int, RotarySpec | None], int] = {}
-        for pair in self.pairs:
-            key = (pair.n, pair.m, pair.h, pair.rotary)
-            counts[key] = counts.get(key, 0) + 1
-        return counts
+        return dict(Counter((pair.n, pair.m, pair.h, pair.rotary) for pair in self.pairs))
 
     def _numel(self, names: Iterable[str]) -> int:
         return sum(math.prod(self.parameter_shapes[name]) for name in names)

@@ -93,17 +93,15 @@ def symmetry_tolerance(dtype: torch.dtype) -> float:
 def group_scale(quotient: SymmetryQuotient, x: Tensors) -> float:
     """Scale ``0.5 / sqrt(n)`` of the random algebra element, ``n`` the largest dimension of
     the algebra's shape at ``x``: a ``k x k`` Gaussian has spectral norm ``~2 sqrt(k)``, so the
-    group element's condition number stays near ``e^2`` whatever ``k`` (a true symmetry then
-    shows rounding only)."""
+    group element's condition number stays near ``e^2`` whatever ``k``."""
     shape = tuple(quotient.algebra_shape(x))
     return 0.5 / math.sqrt(max(shape, default=1))
 
 
 def relative_change(new: torch.Tensor, old: torch.Tensor) -> float:
-    """``max |new - old| / max |old|`` in float64 (``0`` when both are zero; ``inf`` where one
-    is NaN and the other not: ``max()`` over changes would pass over a NaN, and a change that
-    is not a number is none a tolerance may accept; NaN in both at one entry is no change, so
-    that a batch that is not finite is named by the check of finiteness)."""
+    """``max |new - old| / max |old|`` in float64: ``0`` when both are zero, ``inf`` where one
+    is NaN and the other not (a tolerance may not accept it), NaN in both no change (the check
+    of finiteness names such a batch)."""
     new, old = new.detach().to(torch.float64), old.detach().to(torch.float64)
     gaps = torch.where(new.isnan() & old.isnan(), 0.0, (new - old).abs())
     diff = float(gaps.max()) if old.numel() else 0.0
@@ -172,9 +170,9 @@ def _check_projection(binding: QuotientBinding, x: Tensors, tolerance: float) ->
 
 
 def contract_point(binding: QuotientBinding, x: Tensors) -> Tensors:
-    """The binding's point at ``theta`` (a defect may show only at the model's values), its
-    folded dimensions cut to :data:`CONTRACT_UNITS` entries (every unit runs the same code), in
-    float64 (so that ``1e-4`` separates rounding from a wrong formula)."""
+    """The binding's point at ``theta``, its folded dimensions cut to :data:`CONTRACT_UNITS`
+    entries (every unit runs the same code), in float64 (``1e-4`` then separates rounding from a
+    wrong formula)."""
     folded = binding.folded
     index = (slice(0, CONTRACT_UNITS),) * folded
     return tuple(t[index].detach().to(torch.float64) for t in x)
@@ -182,8 +180,7 @@ def contract_point(binding: QuotientBinding, x: Tensors) -> Tensors:
 
 def _naming(binding: QuotientBinding, check: Callable[..., Any], *args: Any,
             **kwargs: Any) -> Any:
-    """``check(*args, **kwargs)``, a degenerate point or a malformed method raised again naming
-    ``binding``."""
+    """``check(*args, **kwargs)``, a degenerate point or malformed method naming ``binding``."""
     try:
         return check(*args, **kwargs)
     except DegeneratePointError as err:
@@ -392,11 +389,8 @@ def check_symmetry(model: nn.Module, bindings: QuotientBinding | Sequence[Quotie
                                      "model has no parameter of")
     params = {n: p.detach() for n, p in named.items()}
     for binding in bindings:
-        # the rules sharpness() applies to each binding (a round trip through the point, the
-        # point's tensors and folded dimensions): without them a from_point that is not the
-        # inverse of to_point could be reported as a symmetry that holds. One at a time: the
-        # rules between bindings (no shared parameter) are sharpness()'s, and check_symmetry
-        # may compare alternative bindings of the same parameters
+        # sharpness()'s rules for each binding (else a from_point that is not the inverse of
+        # to_point could pass), one at a time: alternative bindings may share parameters
         validate_bindings([binding], params)
     buffers = dict(model.named_buffers())
     args, kwargs, target = _split_batch(batch)
@@ -438,8 +432,7 @@ def check_symmetry(model: nn.Module, bindings: QuotientBinding | Sequence[Quotie
 
 def _check_repeatable(twice: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
                       tolerance: float) -> None:
-    """Raise unless two evaluations at the same parameters agree within ``tolerance``: the
-    check ascribes every change of the loss or outputs to the group element."""
+    """Raise unless two evaluations at the same parameters agree within ``tolerance``."""
     (loss_a, out_a), (loss_b, out_b) = twice
     changes = [relative_change(loss_b, loss_a)]
     if out_a is not None and out_b is not None and out_a.shape == out_b.shape:

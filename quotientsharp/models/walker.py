@@ -1,9 +1,7 @@
-"""The :func:`find_symmetries` walker: from a ``torch.nn.Module`` to a :class:`SymmetryReport`.
-
-The recognisers (:mod:`.recognisers`) claim modules and their subtrees; candidate pair groups
-(attention and LoRA, :mod:`.lora`) whose parameters are frozen, shared, adapted or of mixed
-dtype or device are dropped; the rest, the diagonal ``(u, v)`` pairs and every other trainable
-parameter ("other") make the report. Values are read only for the rank of LoRA factors.
+"""The :func:`find_symmetries` walker: the recognisers (:mod:`.recognisers`) claim modules and
+their subtrees; candidate pair groups (attention and LoRA, :mod:`.lora`) whose parameters are
+frozen, shared, adapted or of mixed dtype or device are dropped; the rest, the diagonal pairs
+and every other trainable parameter make the :class:`SymmetryReport`.
 """
 
 from __future__ import annotations
@@ -30,9 +28,8 @@ from quotientsharp.models.report import AttentionModule, DiagonalPair, PairGroup
 
 @dataclass
 class _Recognised:
-    """The first pass: ``(name, module, finding)`` of each recognised module, the roots of the
-    subtrees a recogniser handled or rejected (``claimed``: nothing below is looked at), and
-    the ``(u, v)`` names of the ``diagonal = True`` modules."""
+    """The first pass: each recognised module's finding, the roots of the subtrees a recogniser
+    handled or rejected (``claimed``), and the ``(u, v)`` of the ``diagonal = True`` modules."""
 
     findings: list[tuple[str, nn.Module, Finding]] = field(default_factory=list)
     claimed: list[str] = field(default_factory=list)
@@ -46,14 +43,6 @@ class _Recognised:
 def _inside(name: str, prefix: str) -> bool:
     """Whether module ``name`` lies in the subtree rooted at ``prefix``."""
     return prefix == "" or name == prefix or name.startswith(prefix + ".")
-
-
-def _rotary_embedding_sizes(model: nn.Module) -> set[int]:
-    """Dimensions rotated by the model's rotary embeddings: twice the size of each HF
-    ``inv_freq`` buffer (one frequency per plane; known on the meta device too), also one per
-    layer type (MiMo-V2-Flash's ``full_attention_inv_freq``)."""
-    return {2 * buffer.numel() for name, buffer in model.named_buffers()
-            if name.rsplit(".", 1)[-1].endswith("inv_freq")}
 
 
 def _dropped(module_name: str, group: PairGroup, reason: str) -> str:
@@ -74,8 +63,7 @@ def _own_diagonal_pair(module: nn.Module, names: dict[int, str]) -> tuple[str, s
 
 def _recognise(model: nn.Module, names: dict[int, str], report: SymmetryReport) -> _Recognised:
     """Run the recognisers over every module not inside a claimed subtree: the first that
-    understands a module (a :class:`Finding`) or rejects it (:class:`Unsupported`, listed in
-    ``report.unknown``) claims its whole subtree."""
+    understands or rejects (``report.unknown``) a module claims its whole subtree."""
     found = _Recognised()
     for module_name, module in model.named_modules():
         if found.claims(module_name):
@@ -174,8 +162,7 @@ def _drop_reason(group: PairGroup, usable: _Usability) -> str | None:
 def _drop_unusable(candidates: list[tuple[str, PairGroup]], usable: _Usability,
                    notes: list[str]) -> set[int]:
     """Indices of the candidate groups to drop (with a note each): those that cannot be kept
-    on their own, then, until nothing changes, those with a parameter that also feeds a dropped
-    group (a parameter is covered only if every group that reads it survives)."""
+    on their own, then, to a fixed point, those with a parameter that feeds a dropped group."""
     touching: dict[str, set[int]] = defaultdict(set)
     for index, (_, group) in enumerate(candidates):
         for parameter in group.parameters:
@@ -202,7 +189,7 @@ def _drop_unusable(candidates: list[tuple[str, PairGroup]], usable: _Usability,
 # ---------------------------------------------------------------------- pass 3: report
 def _record_groups(report: SymmetryReport, recognised: _Recognised, lora: LoraFinding,
                    candidates: list[tuple[str, PairGroup]], dropped: set[int]) -> None:
-    """Write the kept groups, the recognised modules, the adapters and their notes to ``report``."""
+    """Write the kept groups, the recognised modules, the adapters and notes to ``report``."""
     kept_by_module: dict[str, list[PairGroup]] = defaultdict(list)
     for index, (module_name, group) in enumerate(candidates):
         if index not in dropped:
@@ -250,9 +237,6 @@ def check_model(model: object, *, functional: bool = False) -> None:
     """Raise a ``TypeError`` naming ``model`` unless it is a ``torch.nn.Module`` of Python
     submodules (not TorchScript) and, with ``functional``, one that
     :func:`torch.func.functional_call` can run with other parameters (not ``nn.DataParallel``).
-
-    Both are refused by torch from deep inside (a recogniser's lookup, the forward), in
-    messages that name neither the model nor the way out.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -313,8 +297,12 @@ def find_symmetries(model: nn.Module,
     for module_name, group in candidates:
         for parameter in group.parameters:
             owners[parameter].add(module_name)
+    # twice the size of each HF inv_freq buffer (one frequency per plane, known on the meta
+    # device too; also per layer type, MiMo-V2-Flash's full_attention_inv_freq)
+    rotary_sizes = {2 * buffer.numel() for name, buffer in model.named_buffers()
+                    if name.rsplit(".", 1)[-1].endswith("inv_freq")}
     usable = _Usability(named, frozen, owners, {name for pair in diagonal_found for name in pair},
-                        _rotary_embedding_sizes(model), lora.adapted_bases)
+                        rotary_sizes, lora.adapted_bases)
     dropped = _drop_unusable(candidates, usable, report.notes)
     _record_groups(report, recognised, lora, candidates, dropped)
 
