@@ -1,6 +1,5 @@
 """Files a reader may open while they are written: atomic rewrites (a temporary file renamed
-over the old one) and append-only JSONL whose torn last line is dropped on reading.
-"""
+over the old one) and append-only JSONL whose torn last line is dropped on reading."""
 
 from __future__ import annotations
 
@@ -41,9 +40,7 @@ def _atomic_stream(path: Path, newline: str | None = None) -> Iterator[TextIO]:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON to ``path`` atomically."""
-    with _atomic_stream(path) as stream:
-        json.dump(data, stream, indent=1, sort_keys=False)
-        stream.write("\n")
+    write_text_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -201,7 +201,7 @@ def _check_row_symmetries(manifest: str | Path, entries: Sequence[ManifestEntry]
 
 def _plan(manifest: str | Path, config: StudyConfig) -> _Plan:
     """Read the manifest and check everything that can be checked before a model is loaded."""
-    from quotientsharp.workflows.devices import check_device
+    from quotientsharp.workflows.saved_models import check_device
 
     grid = build_grid(config)
     entries = read_manifest(manifest, reserved=reserved_columns(grid))
