@@ -232,22 +232,16 @@ def _sharpness(model: Any, batches: list, measure_run: MeasureRun, config: Sharp
                bindings: list[Any] | None, args: argparse.Namespace
                ) -> tuple[SharpnessResult, bool]:
     """One measure's result, and whether it found no symmetry (a note under the table)."""
-    from quotientsharp.engine import ReachWarning, measure_from
+    from quotientsharp.engine import measure_from
 
     measure = measure_run.measure
     rho = None if measure == "relative_flatness" else args.rho
-    try:
-        # the engine's typed measure, as the study's grid points make theirs
-        spec = measure_from(measure, rho, options_for(measure_run, config, bindings))
-        # a value short of its maximum is said under the table, with the options to use
-        result, no_symmetry = sharpness_noting_symmetry(model, batches, spec, (ReachWarning,))
-    except (TypeError, ValueError, IndexError, RuntimeError) as err:
-        # the model and the data do not fit together (or an option does not fit the model)
-        # named as the table would name it: with the user's bindings, not the default metric
-        named = {**(measure_run.variant or {}), "bindings": bindings}
-        raise InputError(f"{measure_label(measure, named)} sharpness "
-                         f"of MODEL {args.model} on DATA {args.data} failed: {err}") from err
-    return result, no_symmetry
+    # a failure is named as the table names the measure: with the user's bindings, if any
+    named = {**(measure_run.variant or {}), "bindings": bindings}
+    options = options_for(measure_run, config, bindings)
+    return sharpness_noting_symmetry(
+        model, batches, lambda: measure_from(measure, rho, options),
+        f"{measure_label(measure, named)} sharpness of MODEL {args.model} on DATA {args.data}")
 
 
 def _print_notes(args: argparse.Namespace, config: SharpnessConfig, no_symmetry: bool,

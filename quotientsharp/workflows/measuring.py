@@ -38,22 +38,27 @@ def entry_symmetry(entry: ManifestEntry, symmetry: str | None, model: Any
     return spec, bindings, symmetry_fingerprint(import_object(spec, flag), bindings)
 
 
-def sharpness_noting_symmetry(model: Any, batches: list, spec: Any,
-                              dropped: tuple[type[Warning], ...] = ()) -> tuple[Any, bool]:
-    """``sharpness(model, batches, spec)`` and whether it found no symmetry (for the caller to
-    note once rather than warn per measure); other warnings not ``dropped`` are issued again."""
+def sharpness_noting_symmetry(model: Any, batches: list, spec: Callable[[], Any],
+                              what: str) -> tuple[Any, bool]:
+    """``sharpness(model, batches, spec())`` and whether it found no symmetry (for the caller to
+    note once rather than warn per measure); reach warnings are dropped (the table and the record
+    hold the reach), others issued again. A model that does not fit its data (or an option that
+    does not fit the model) is an :class:`InputError`, ``"{what} failed: ..."``."""
     import warnings
 
-    from quotientsharp.engine import NoSymmetryWarning, sharpness
+    from quotientsharp.engine import NoSymmetryWarning, ReachWarning, sharpness
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", NoSymmetryWarning)
-        result = sharpness(model, batches, spec)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", NoSymmetryWarning)
+            result = sharpness(model, batches, spec())
+    except (TypeError, ValueError, IndexError, RuntimeError) as err:
+        raise InputError(f"{what} failed: {err}") from err
     no_symmetry = False
     for warning in caught:
         if issubclass(warning.category, NoSymmetryWarning):
             no_symmetry = True
-        elif not issubclass(warning.category, dropped):
+        elif not issubclass(warning.category, ReachWarning):
             warnings.warn_explicit(warning.message, warning.category, warning.filename,
                                    warning.lineno)
     return result, no_symmetry
@@ -61,16 +66,12 @@ def sharpness_noting_symmetry(model: Any, batches: list, spec: Any,
 
 def _measure_point(model: Any, batches: list, point: GridPoint, entry: ManifestEntry,
                    config: StudyConfig, symmetries: list[Any] | None) -> Any:
-    """The result of one grid point; reach warnings dropped (the record holds the reach)."""
-    from quotientsharp.engine import ReachWarning
+    """The result of one grid point, noting once per model that it found no symmetry."""
     from quotientsharp.engine.layouts import NO_SYMMETRY_NOTE
 
-    try:
-        result, no_symmetry = sharpness_noting_symmetry(
-            model, batches, point.spec(config, symmetries), (ReachWarning,))
-    except (TypeError, ValueError, IndexError, RuntimeError) as err:
-        raise InputError(f"{point.label(greek=False)} of model {entry.name} "
-                         f"({entry.model}) on {config.data} failed: {err}") from err
+    result, no_symmetry = sharpness_noting_symmetry(
+        model, batches, lambda: point.spec(config, symmetries),
+        f"{point.label(greek=False)} of model {entry.name} ({entry.model}) on {config.data}")
     if no_symmetry and entry.name not in _NOTED and is_main_rank():
         _NOTED.add(entry.name)
         print(f"note: model {entry.name}: {NO_SYMMETRY_NOTE}")
