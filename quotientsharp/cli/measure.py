@@ -135,10 +135,14 @@ def results_table(rows: Sequence[tuple[str, Any, float]]) -> str:
     return "\n".join(lines)
 
 
-def solver_quality(result: Any) -> dict[str, Any]:
-    """The JSON entries of an ascent measure's solver diagnostics: reach, chains, evaluations
-    and locality per batch, the convergence traces, the reference solve's gaps, the blocks."""
-    entries: dict[str, Any] = {}
+def _json_result(measure: str, result: Any, seconds: float) -> dict[str, Any]:
+    """The ``--json`` entry of one measure: its values, settings and time, and an ascent
+    measure's diagnostics (reach, chains, evaluations, locality, traces, reference, blocks)."""
+    entries: dict[str, Any] = {
+        "measure": measure, "value": result.value, "per_batch": result.per_batch,
+        "clean_losses": result.clean_losses, "perturbed_losses": result.perturbed_losses,
+        "perturbation_norms": result.perturbation_norms, "excluded": result.excluded,
+        "frozen": result.frozen, "settings": result.settings, "seconds": seconds}
     if result.evaluations:
         entries.update(reach=result.reach, min_reach=result.min_reach, chains=result.chains,
                        evaluations=result.evaluations, locality=result.locality,
@@ -155,20 +159,6 @@ def solver_quality(result: Any) -> dict[str, Any]:
     if result.blocks is not None:
         entries.update(blocks=result.blocks, block_summary=result.block_summary())
     return entries
-
-
-def reference_lines(rows: Sequence[tuple[str, Any]]) -> str:
-    """One line per measure with a reference solve: its value, the gap and the relative gap."""
-    lines = []
-    for label, result in rows:
-        if result.reference_value is None:
-            continue
-        reference = result.settings["reference_solve"]
-        lines.append(f"{label}: reference solve ({reference['n_iter']} steps, "
-                     f"{reference['restarts']} restart(s)) {result.reference_value:.6g}, "
-                     f"Auto-PGD {result.value:.6g}: gap {result.gap:.3g} "
-                     f"({100 * result.relative_gap:.3g}% of the reference)")
-    return "\n".join(lines)
 
 
 def blocks_table(label: str, summary: Sequence[dict[str, Any]], top: int = 15) -> str:
@@ -280,11 +270,15 @@ def _locality_advice(measured: dict[str, SharpnessResult]) -> str:
 
 
 def _print_diagnostics(args: argparse.Namespace, measured: dict[str, SharpnessResult]) -> None:
-    """The solver's diagnostics after the notes: the reference solves' gaps, the blocks (and
-    their plot)."""
-    gaps = reference_lines(list(measured.items()))
-    if gaps:
-        print(gaps)
+    """The solver's diagnostics after the notes: each reference solve's value and gap, the
+    blocks (and their plot)."""
+    for label, result in measured.items():
+        if result.reference_value is not None:
+            reference = result.settings["reference_solve"]
+            print(f"{label}: reference solve ({reference['n_iter']} steps, "
+                  f"{reference['restarts']} restart(s)) {result.reference_value:.6g}, "
+                  f"Auto-PGD {result.value:.6g}: gap {result.gap:.3g} "
+                  f"({100 * result.relative_gap:.3g}% of the reference)")
     blockwise = {label: result for label, result in measured.items() if result.blocks}
     for label, result in blockwise.items():
         print()
@@ -358,14 +352,7 @@ def run(args: argparse.Namespace) -> int:
             no_symmetry = no_symmetry or none_found
             seconds = time.perf_counter() - tic
             rows.append((measure_label(measure_run.measure, result.settings), result, seconds))
-            results[measure_run.key] = {
-                "measure": measure_run.measure,
-                "value": result.value, "per_batch": result.per_batch,
-                "clean_losses": result.clean_losses,
-                "perturbed_losses": result.perturbed_losses,
-                "perturbation_norms": result.perturbation_norms, "excluded": result.excluded,
-                "frozen": result.frozen, "settings": result.settings, "seconds": seconds,
-                **solver_quality(result)}
+            results[measure_run.key] = _json_result(measure_run.measure, result, seconds)
         print(results_table(rows))
         measured = {label: result for label, result, _ in rows}
         _print_notes(args, config, no_symmetry, measured)

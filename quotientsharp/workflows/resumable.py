@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
@@ -70,11 +71,11 @@ class ResumableRun(Generic[Key]):
             raise ValueError(f"{study}: the units of work must be distinct")
         self.out = Path(out)
         self.units = list(units)
-        self.study = study
-        self.settings = settings
         self.resume = resume
-        self.owned = [*owned]
         self.records_file = records
+        # rank 0 opens the folder in open()
+        self._results_directory = partial(ResultsDirectory, self.out, study, settings, resume,
+                                          [*owned], sharded=[records])
         self.key = key
         self.unit = unit
         self.description = description
@@ -94,9 +95,7 @@ class ResumableRun(Generic[Key]):
         unit order, on every rank."""
 
         def open_folder() -> tuple[dict[Key, Record], list[Key], float]:
-            folder = ResultsDirectory(self.out, self.study, self.settings, self.resume,
-                                      self.owned, sharded=[self.records_file])
-            self.folder = folder
+            folder = self.folder = self._results_directory()
             # shards of an interrupted distributed run join the records file before anything
             on_disk = {record[self.key]: record
                        for record in folder.consolidate(self.records_file, self.key)}
