@@ -60,16 +60,14 @@ class _GivenOnce(argparse.Action):
                  values: Any, option_string: str | None = None) -> None:
         given = getattr(parser, "given_options", None)
         if option_string is not None and isinstance(given, dict):
-            shown = self.shown(option_string, values)
+            # a flag is its own value: "--progress, then --no-progress"
+            shown = (option_string if isinstance(self, argparse.BooleanOptionalAction)
+                     else f"{option_string} {values}")
             if self.dest in given:
                 parser.error(f"argument {'/'.join(self.option_strings)}: given twice "
                              f"({given[self.dest]}, then {shown}); give it once")
             given[self.dest] = shown
         super().__call__(parser, namespace, values, option_string)
-
-    def shown(self, option_string: str, values: Any) -> str:
-        """How the option was given, for the message."""
-        return f"{option_string} {values}"
 
 
 class _StoreOnce(_GivenOnce, argparse._StoreAction):
@@ -78,9 +76,6 @@ class _StoreOnce(_GivenOnce, argparse._StoreAction):
 
 class _BooleanOnce(_GivenOnce, argparse.BooleanOptionalAction):
     """``--progress``/``--no-progress``, refusing both (or either twice)."""
-
-    def shown(self, option_string: str, values: Any) -> str:
-        return option_string      # the flag is the value: "--progress, then --no-progress"
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

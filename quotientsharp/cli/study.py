@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from quotientsharp.cli import plain_text
+from quotientsharp.cli import plain_text, user_exit_message
 from quotientsharp.cli.sharpness_options import add_sharpness_options, sharpness_fields
 from quotientsharp.workflows.options import (
     BootstrapSettings,
@@ -99,8 +99,6 @@ def _study(args: argparse.Namespace) -> int:
     try:
         outcome = run_study(args.manifest, study_config(args))
     except KeyboardInterrupt as err:
-        from quotientsharp.cli import user_exit_message
-
         if is_main_rank():
             # an interrupt from the user's code is named; either way the finished models
             # are kept and --resume continues
