@@ -273,7 +273,7 @@ def _print_diagnostics(args: argparse.Namespace, measured: dict[str, SharpnessRe
     """The solver's diagnostics after the notes: each reference solve's value and gap, the
     blocks (and their plot)."""
     for label, result in measured.items():
-        if result.reference_value is not None:
+        if result.relative_gap is not None:        # None without a reference solve
             reference = result.settings["reference_solve"]
             print(f"{label}: reference solve ({reference['n_iter']} steps, "
                   f"{reference['restarts']} restart(s)) {result.reference_value:.6g}, "
