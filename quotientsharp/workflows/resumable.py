@@ -32,6 +32,7 @@ Mirror = Callable[[ResultsDirectory, Mapping[Key, Record]], None]
 
 class ResumableRun(Generic[Key]):
     """A study's units of work, run resumably on one process or on every rank of torchrun.
+
     Make one on every rank with the same arguments, then call :meth:`open`, :meth:`run` and
     :meth:`finish` on every rank.
 
