@@ -1,8 +1,5 @@
-"""``quotientsharp study``: the rows of ``models.csv``, the tau table and ``report.md``.
-
-``models.csv`` holds no timings, so that a resumed run writes the same file as an
-uninterrupted one.
-"""
+"""``quotientsharp study``: the rows of ``models.csv`` (no timings, so that a resumed run writes
+the same file as an uninterrupted one), the tau table and ``report.md``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""``quotientsharp study``: the driver, from the manifest to every output, resumable, on ranks.
-
-Each model is a unit of work of :class:`~quotientsharp.workflows.resumable.ResumableRun`
-(``models.jsonl`` gets its record as it finishes, ``models.csv`` is rewritten after each);
-``--resume`` keeps the records of the models still in the manifest with the same contents.
-"""
+"""``quotientsharp study``: the driver, from the manifest to every output, resumable, on ranks;
+each model is a unit of work of :class:`~quotientsharp.workflows.resumable.ResumableRun`."""
 
 from __future__ import annotations
 
