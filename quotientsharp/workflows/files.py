@@ -13,13 +13,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 
-def _new_file_mode() -> int:
-    """The mode ``open(path, "w")`` gives a new file (``mkstemp``'s ``0600`` would stay)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
 @contextlib.contextmanager
 def _atomic_stream(path: Path, newline: str | None = None) -> Iterator[TextIO]:
     """A UTF-8 text stream to a temporary file beside ``path``, synced and renamed over it when
@@ -27,7 +20,10 @@ def _atomic_stream(path: Path, newline: str | None = None) -> Iterator[TextIO]:
     path = Path(path)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.chmod(temporary, _new_file_mode())
+        # the mode open(path, "w") gives a new file: mkstemp's 0600 would stay
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(temporary, 0o666 & ~mask)
         with os.fdopen(handle, "w", encoding="utf-8", newline=newline) as stream:
             yield stream
             stream.flush()
