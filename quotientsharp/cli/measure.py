@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import json
 import math
 import os
@@ -195,8 +196,6 @@ def _check_plot(args: argparse.Namespace) -> None:
         return
     if not args.blockwise:
         raise InputError("--plot draws the loss change per block: add --blockwise")
-    import importlib.util
-
     if importlib.util.find_spec("matplotlib") is None:
         raise InputError("--plot needs matplotlib: pip install 'quotientsharp[plot]'")
 
