@@ -186,7 +186,7 @@ def test_plot_blocks_writes_a_figure(tmp_path) -> None:
 def test_a_block_whose_loss_is_not_finite_reads_none_not_inf(tmp_path) -> None:
     # a block's part alone can overflow the network (a wide ball, nonfinite="skip"): no inf or
     # NaN in the records, the mean over the batches where it is finite, no bar in the plot
-    from quotientsharp.cli.measure_output import blocks_table
+    from quotientsharp.cli.measure import blocks_table
     from quotientsharp.engine.blocks import Block, BlockOutcome
 
     blocks = [Block(name, "parameter", 0, (i,)) for i, name in enumerate(("a", "b", "c"))]

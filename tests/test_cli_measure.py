@@ -697,7 +697,7 @@ def test_the_locality_advice_names_only_options_the_measures_take(
 def test_the_table_never_prints_a_reach_higher_than_it_is() -> None:
     # the lowest reach is a lower bound: 0.99996 rounded would read 1.000, and 0.98951, which
     # the note flags as below 0.99, would read 0.990
-    from quotientsharp.cli.measure_output import results_table
+    from quotientsharp.cli.measure import results_table
     for reach, shown in ((0.99996, "0.999"), (0.98951, "0.989")):
         result = qs.SharpnessResult(measure="adaptive", value=1.0, per_batch=[1.0],
                                     settings={"rho": 0.1}, perturbation_norms=[{"total": 0.1}],

@@ -181,7 +181,7 @@ def test_a_second_verify_json_to_the_same_file_fails_at_once(tmp_path):
 
 
 def test_measure_json_is_written_atomically_and_locked_by_name(tmp_path):
-    from quotientsharp.cli.measure_output import write_json
+    from quotientsharp.cli.measure import write_json
 
     target = tmp_path / "sub" / "r.json"
     (tmp_path / "sub").mkdir()

@@ -60,16 +60,14 @@ class _GivenOnce(argparse.Action):
                  values: Any, option_string: str | None = None) -> None:
         given = getattr(parser, "given_options", None)
         if option_string is not None and isinstance(given, dict):
-            shown = self.shown(option_string, values)
+            # a flag is its own value: "--progress, then --no-progress"
+            shown = (option_string if isinstance(self, argparse.BooleanOptionalAction)
+                     else f"{option_string} {values}")
             if self.dest in given:
                 parser.error(f"argument {'/'.join(self.option_strings)}: given twice "
                              f"({given[self.dest]}, then {shown}); give it once")
             given[self.dest] = shown
         super().__call__(parser, namespace, values, option_string)
-
-    def shown(self, option_string: str, values: Any) -> str:
-        """How the option was given, for the message."""
-        return f"{option_string} {values}"
 
 
 class _StoreOnce(_GivenOnce, argparse._StoreAction):
@@ -79,15 +77,10 @@ class _StoreOnce(_GivenOnce, argparse._StoreAction):
 class _BooleanOnce(_GivenOnce, argparse.BooleanOptionalAction):
     """``--progress``/``--no-progress``, refusing both (or either twice)."""
 
-    def shown(self, option_string: str, values: Any) -> str:
-        return option_string      # the flag is the value: "--progress, then --no-progress"
-
 
 class OneLineErrorParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one line, ``PROG: error: MESSAGE (see PROG
-    --help)``, and exit status 2, as every other error (its subparsers are of its class).
-    An option of one value given twice is such an error (options that collect, such as
-    ``--measure``, repeat)."""
+    --help)``, exit status 2; an option of one value given twice is such an error."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -129,10 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 @contextlib.contextmanager
 def warning_notes() -> Iterator[list[str]]:
-    """Record the library's ``UserWarning``\\ s (a degenerate LoRA adapter, skipped non-finite
-    evaluations) for ``note:`` lines, instead of ``<frozen runpy>:88: UserWarning: ...`` on
-    stderr: the list yielded holds their messages, one line each without repeats, once the
-    block ends. The other warnings are issued again, as they came."""
+    """Record the library's ``UserWarning``\\ s as ``note:`` lines (the list yielded: one line
+    each, no repeats, once the block ends) rather than ``<frozen runpy>:88: UserWarning`` on
+    stderr; other warnings are issued again."""
     notes: list[str] = []
     caught: list[warnings.WarningMessage] = []
     try:
@@ -159,11 +151,10 @@ def _library_roots() -> tuple[str, ...]:
 
 
 def user_exit_message(error: SystemExit | KeyboardInterrupt) -> str | None:
-    """One line for a ``SystemExit`` or ``KeyboardInterrupt`` raised in (or through) a user's
-    code (a pickled model's ``forward``, a ``--symmetry`` or ``--quotient`` module), naming its
-    innermost frame outside this package, the standard library and the installed packages;
-    ``None`` for one raised by this package itself. A ``sys.exit(0)`` there would otherwise end
-    the command as if it had finished."""
+    """One line for a ``SystemExit`` or ``KeyboardInterrupt`` raised in a user's code (a
+    pickled model's ``forward``, a ``--symmetry`` module), naming its innermost frame outside
+    this package and the installed ones (a ``sys.exit(0)`` there would end the command as if it
+    had finished); ``None`` for one raised by this package."""
     roots, found = _library_roots(), None
     traceback = error.__traceback__
     while traceback is not None:

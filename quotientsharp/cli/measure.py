@@ -1,54 +1,42 @@
 """``quotientsharp measure MODEL DATA``: sharpness of a saved model on a dataset.
 
-MODEL is a HuggingFace model directory (``config.json`` and the weights, as ``save_pretrained``
-writes them; the class of its ``architectures`` is loaded offline with eager attention, and a
-missing weight, such as an untrained classification head, is an error) or a file written by
-``torch.save(module)`` (loaded with ``weights_only=False``: only load files you trust).
+MODEL is a HuggingFace model directory (as ``save_pretrained`` writes it; the class of its
+``architectures`` is loaded offline with eager attention, and a missing weight is an error) or a
+``torch.save``'d module (loaded with ``weights_only=False``: only load files you trust).
 
 DATA is a JSON-lines file (``.jsonl``) of text rows ``{"text": "...", "label": 1}`` (optional
-``"text_pair"``), tokenised offline with the tokenizer of the MODEL directory (or
-``--tokenizer DIR``), or of pre-tokenised rows ``{"input_ids": [101, 7592, 102], "label": 1}``
-(optional ``"attention_mask"`` and ``"token_type_ids"``; padded per batch with the config's
-``pad_token_id``, else 0, under attention mask 0), which need no tokenizer. Labels are integers
-(cross-entropy) or numbers (``--loss mse``), under ``"label"`` or ``"labels"``. Or DATA is a
-file written by ``torch.save``: ``(X, Y)``, ``{"x": X, "y": Y}`` or a ``TensorDataset`` (the
-last tensor is the target, the others are positional inputs); a batch is ``model(X[i:i + B])``
-against ``Y[i:i + B]``.
+``"text_pair"``; tokenised offline with the MODEL directory's tokenizer or ``--tokenizer DIR``)
+or of pre-tokenised rows ``{"input_ids": [101, 7592, 102], "label": 1}`` (optional
+``"attention_mask"`` and ``"token_type_ids"``; padded with the config's ``pad_token_id``, else
+0); labels are integers (cross-entropy) or numbers (``--loss mse``), under ``"label"`` or
+``"labels"``. Or DATA is a ``torch.save``'d ``(X, Y)``, ``{"x": X, "y": Y}`` or
+``TensorDataset`` (the last tensor the target); a batch is ``model(X[i:i + B])``.
 
-Every measure runs on the same consecutive batches of ``--batch-size`` (the last may be
-smaller; at most ``--max-batches``) and reports their mean (``quotientsharp.sharpness``). A
-table goes to stdout; ``--json OUT`` also writes the settings, every per-batch value and, for
-the ascent measures, the solver's convergence trace per batch. Exit status 0, or 2 on bad input
-(one line on stderr).
-
-Diagnostics of the ascent measures: ``--blockwise`` tables the blocks of the best perturbation
-(attention head pairs, diagonal pairs, parameters) with their norm share and the loss change
-when only that block's part is applied (``--plot PNG`` draws it); ``--reference-n-iter N`` /
-``--reference-restarts R`` run a stronger reference solve per batch and report the gap to it.
-
-``--symmetry MODULE:FUNCTION`` measures geodesic sharpness with a symmetry of your own:
-``FUNCTION(model)`` returns a ``QuotientBinding`` or a list of them (MODULE is imported from the
-working directory or sys.path), as ``symmetries=`` in the API, each checked against the model
-on the first batch. Where no symmetry is found or bound, a note under the table says that
-geodesic equals adaptive sharpness there.
+Every measure runs on the same consecutive batches of ``--batch-size`` (at most
+``--max-batches``) and reports their mean. A table goes to stdout; ``--json OUT`` also writes
+the settings, every per-batch value and the solver's traces. ``--blockwise`` tables the blocks
+of the best perturbation with their norm share and loss change (``--plot PNG`` draws it);
+``--reference-n-iter N`` / ``--reference-restarts R`` run a stronger reference solve per batch
+and report the gap to it. ``--symmetry MODULE:FUNCTION`` measures geodesic sharpness with a
+symmetry of your own: ``FUNCTION(model)`` returns a ``QuotientBinding`` or a list of them, as
+``symmetries=`` in the API. Exit status 0, or 2 on bad input (one line on stderr).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import platform
 import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quotientsharp.cli import plain_text, warning_notes
-from quotientsharp.cli.measure_output import (
-    blocks_table,
-    environment,
-    measure_label,
-    reference_lines,
-    results_table,
-    solver_quality,
-    write_json,
-)
 from quotientsharp.cli.output_errors import check_output_file
 from quotientsharp.cli.sharpness_options import (
     add_sharpness_options,
@@ -56,7 +44,8 @@ from quotientsharp.cli.sharpness_options import (
     sharpness_config,
 )
 from quotientsharp.workflows.data import load_batches
-from quotientsharp.workflows.devices import check_device
+from quotientsharp.workflows.files import write_text_atomic
+from quotientsharp.workflows.labels import bindings_metric
 from quotientsharp.workflows.locks import OutputLock
 from quotientsharp.workflows.measuring import sharpness_noting_symmetry
 from quotientsharp.workflows.options import (
@@ -66,7 +55,7 @@ from quotientsharp.workflows.options import (
     measure_runs,
     options_for,
 )
-from quotientsharp.workflows.saved_models import load_measured_model
+from quotientsharp.workflows.saved_models import check_device, load_measured_model
 from quotientsharp.workflows.user_objects import load_symmetry
 
 if TYPE_CHECKING:
@@ -77,14 +66,136 @@ if TYPE_CHECKING:
 PROG = "quotientsharp measure"
 
 
+def _installed(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """What the numbers were computed with: versions of Python, torch, quotientsharp and
+    transformers, the platform, the device (and its name on CUDA) and torch's thread counts."""
+    import torch
+
+    from quotientsharp import __version__
+
+    info: dict[str, Any] = {
+        "python": platform.python_version(), "torch": torch.__version__,
+        "quotientsharp": __version__, "transformers": _installed("transformers"),
+        "numpy": _installed("numpy"), "platform": platform.platform(), "device": str(device),
+        "cuda": torch.version.cuda, "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads()}
+    if device.type == "cuda":
+        info["device_name"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def measure_label(measure: str, settings: dict[str, Any]) -> str:
+    """The name of ``measure`` in the table, with the settings that tell its variants apart."""
+    if measure == "geodesic":
+        # a user's bindings measure with their own quotients' metric: named by binding
+        bindings = settings.get("bindings")
+        metric = (f"{bindings_metric(bindings)} metric" if bindings
+                  else settings.get("metric"))
+        return f"geodesic ({metric}, order {settings['order']})"
+    if measure in ("worst_case", "adaptive") and settings.get("p") == "inf":
+        return f"{measure} (Linf)"
+    return measure
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON types: tuples to lists, dtypes and other objects to strings, inf to 'inf'."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def results_table(rows: Sequence[tuple[str, Any, float]]) -> str:
+    """The text table of stdout: one line per ``(label, result, seconds)`` (value, batch range,
+    clean loss, the lowest reach estimate over the batches, whether every ball was local,
+    time)."""
+    from quotientsharp.engine.result import reach_text
+
+    header = (f"{'measure':28s} {'value':>12s} {'min batch':>12s} {'max batch':>12s} "
+              f"{'clean loss':>11s} {'reach':>6s} {'local':>5s} {'seconds':>8s}")
+    lines = [header, "-" * len(header)]
+    for label, result, seconds in rows:
+        reach = "-" if result.min_reach is None else reach_text(result.min_reach)
+        local = {None: "-", True: "yes", False: "no"}[result.local]
+        losses = result.clean_losses
+        lines.append(f"{label:28s} {result.value:12.5g} {min(result.per_batch):12.5g} "
+                     f"{max(result.per_batch):12.5g} {sum(losses) / len(losses):11.5g} "
+                     f"{reach:>6s} {local:>5s} {seconds:8.2f}")
+    return "\n".join(lines)
+
+
+def _json_result(measure: str, result: Any, seconds: float) -> dict[str, Any]:
+    """The ``--json`` entry of one measure: its values, settings and time, and an ascent
+    measure's diagnostics (reach, chains, evaluations, locality, traces, reference, blocks)."""
+    entries: dict[str, Any] = {
+        "measure": measure, "value": result.value, "per_batch": result.per_batch,
+        "clean_losses": result.clean_losses, "perturbed_losses": result.perturbed_losses,
+        "perturbation_norms": result.perturbation_norms, "excluded": result.excluded,
+        "frozen": result.frozen, "settings": result.settings, "seconds": seconds}
+    if result.evaluations:
+        entries.update(reach=result.reach, min_reach=result.min_reach, chains=result.chains,
+                       evaluations=result.evaluations, locality=result.locality,
+                       local=result.local)
+    if result.traces:
+        entries["traces"] = result.traces
+    if result.reference_per_batch:
+        entries.update(reference_value=result.reference_value, gap=result.gap,
+                       relative_gap=result.relative_gap,
+                       reference_per_batch=result.reference_per_batch,
+                       gap_per_batch=result.gap_per_batch,
+                       relative_gap_per_batch=result.relative_gap_per_batch,
+                       reference_traces=result.reference_traces)
+    if result.blocks is not None:
+        entries.update(blocks=result.blocks, block_summary=result.block_summary())
+    return entries
+
+
+def blocks_table(label: str, summary: Sequence[dict[str, Any]], top: int = 15) -> str:
+    """The block-wise table of one measure: the ``top`` blocks with the largest loss change
+    (by absolute value; mean over batches), with kind and norm share."""
+    # a loss change that was not finite on any batch (None) sorts last and reads "not finite"
+    rows = sorted(summary, key=lambda r: -1.0 if r["loss_change"] is None
+                  else abs(r["loss_change"]), reverse=True)
+    width = max([28, *(len(r["name"]) for r in rows[:top])])
+    header = f"{'block':{width}s} {'kind':>9s} {'norm share':>10s} {'loss change':>12s}"
+    lines = [f"block-wise, {label}: loss change with only that block's part of the best "
+             "perturbation (mean over batches)", header, "-" * len(header)]
+    for row in rows[:top]:
+        lines.append(f"{row['name']:{width}s} {row['kind']:>9s} {row['norm_share']:10.3%} "
+                     + ("  not finite" if row["loss_change"] is None
+                        else f"{row['loss_change']:12.5g}"))
+    if len(rows) > top:
+        lines.append(f"... {len(rows) - top} more block(s) with smaller loss changes "
+                     "(all in --json)")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    """Write ``document`` to ``path`` (folders created) as indented JSON of plain types."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # atomic: a reader, or a kill mid-write, sees the old document or the new one
+    write_text_atomic(path, json.dumps(jsonable(document), indent=2))
+
+
 def _check_plot(args: argparse.Namespace) -> None:
     """``--plot`` draws the blocks of ``--blockwise``, with matplotlib."""
     if args.plot is None:
         return
     if not args.blockwise:
         raise InputError("--plot draws the loss change per block: add --blockwise")
-    import importlib.util
-
     if importlib.util.find_spec("matplotlib") is None:
         raise InputError("--plot needs matplotlib: pip install 'quotientsharp[plot]'")
 
@@ -110,22 +221,16 @@ def _sharpness(model: Any, batches: list, measure_run: MeasureRun, config: Sharp
                bindings: list[Any] | None, args: argparse.Namespace
                ) -> tuple[SharpnessResult, bool]:
     """One measure's result, and whether it found no symmetry (a note under the table)."""
-    from quotientsharp.engine import ReachWarning, measure_from
+    from quotientsharp.engine import measure_from
 
     measure = measure_run.measure
     rho = None if measure == "relative_flatness" else args.rho
-    try:
-        # the engine's typed measure, as the study's grid points make theirs
-        spec = measure_from(measure, rho, options_for(measure_run, config, bindings))
-        # a value short of its maximum is said under the table, with the options to use
-        result, no_symmetry = sharpness_noting_symmetry(model, batches, spec, (ReachWarning,))
-    except (TypeError, ValueError, IndexError, RuntimeError) as err:
-        # the model and the data do not fit together (or an option does not fit the model)
-        # named as the table would name it: with the user's bindings, not the default metric
-        named = {**(measure_run.variant or {}), "bindings": bindings}
-        raise InputError(f"{measure_label(measure, named)} sharpness "
-                         f"of MODEL {args.model} on DATA {args.data} failed: {err}") from err
-    return result, no_symmetry
+    # a failure is named as the table names the measure: with the user's bindings, if any
+    named = {**(measure_run.variant or {}), "bindings": bindings}
+    options = options_for(measure_run, config, bindings)
+    return sharpness_noting_symmetry(
+        model, batches, lambda: measure_from(measure, rho, options),
+        f"{measure_label(measure, named)} sharpness of MODEL {args.model} on DATA {args.data}")
 
 
 def _print_notes(args: argparse.Namespace, config: SharpnessConfig, no_symmetry: bool,
@@ -164,11 +269,15 @@ def _locality_advice(measured: dict[str, SharpnessResult]) -> str:
 
 
 def _print_diagnostics(args: argparse.Namespace, measured: dict[str, SharpnessResult]) -> None:
-    """The solver's diagnostics after the notes: the reference solves' gaps, the blocks (and
-    their plot)."""
-    gaps = reference_lines(list(measured.items()))
-    if gaps:
-        print(gaps)
+    """The solver's diagnostics after the notes: each reference solve's value and gap, the
+    blocks (and their plot)."""
+    for label, result in measured.items():
+        if result.relative_gap is not None:        # None without a reference solve
+            reference = result.settings["reference_solve"]
+            print(f"{label}: reference solve ({reference['n_iter']} steps, "
+                  f"{reference['restarts']} restart(s)) {result.reference_value:.6g}, "
+                  f"Auto-PGD {result.value:.6g}: gap {result.gap:.3g} "
+                  f"({100 * result.relative_gap:.3g}% of the reference)")
     blockwise = {label: result for label, result in measured.items() if result.blocks}
     for label, result in blockwise.items():
         print()
@@ -242,14 +351,7 @@ def run(args: argparse.Namespace) -> int:
             no_symmetry = no_symmetry or none_found
             seconds = time.perf_counter() - tic
             rows.append((measure_label(measure_run.measure, result.settings), result, seconds))
-            results[measure_run.key] = {
-                "measure": measure_run.measure,
-                "value": result.value, "per_batch": result.per_batch,
-                "clean_losses": result.clean_losses,
-                "perturbed_losses": result.perturbed_losses,
-                "perturbation_norms": result.perturbation_norms, "excluded": result.excluded,
-                "frozen": result.frozen, "settings": result.settings, "seconds": seconds,
-                **solver_quality(result)}
+            results[measure_run.key] = _json_result(measure_run.measure, result, seconds)
         print(results_table(rows))
         measured = {label: result for label, result, _ in rows}
         _print_notes(args, config, no_symmetry, measured)

@@ -20,10 +20,9 @@ and write the Kendall rank correlation between generalisation and each measure n
 paper's numbers, with per-model files, plots and the page's data (page.json) under
 results/STUDY/; with --docs DIR, also the results page, rendered by the docs folder of a checkout.
 
-quotientsharp reproduce STUDY --help describes a study's design and options. --resume keeps
-what the results folder holds and computes only what is missing. Under torchrun (torchrun
---nproc_per_node N -m quotientsharp reproduce STUDY ...) the work is spread over the ranks and
-the results are those of one process; --dist-timeout bounds how long a rank waits for the others."""
+quotientsharp reproduce STUDY --help describes a study's design and options. --resume computes
+only what the results folder lacks. Under torchrun the work is spread over the ranks, with the
+results of one process; --dist-timeout bounds how long a rank waits for the others."""
 
 
 def _help_and_docstring(module_path: str) -> tuple[str | None, str]:

@@ -176,12 +176,9 @@ STUDY_OPTIONS: dict[str, tuple[Callable[[argparse.ArgumentParser], None],
 
 
 def study_config(args: argparse.Namespace) -> ReproduceConfig:
-    """The configuration of ``args.study`` from its parsed options; an option the namespace
-    lacks keeps the field's default.
-
-    Raises an ``InputError`` for a value the configuration refuses, its message naming the
-    option (``n-iter``) where the configuration's names the field (``n_iter``).
-    """
+    """The configuration of ``args.study`` from its parsed options (an option the namespace
+    lacks keeps the field's default); a value it refuses is an ``InputError`` naming the option
+    (``n-iter``) where the configuration's names the field (``n_iter``)."""
     _, config_class = STUDY_OPTIONS[args.study]
     given = vars(args)
     values = {field.name: given[field.name] for field in dataclasses.fields(config_class)

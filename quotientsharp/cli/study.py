@@ -1,30 +1,19 @@
 """quotientsharp study MANIFEST --data DATA: sharpness against generalisation on your own models.
 
-MANIFEST lists saved models (a CSV file with a header line, or JSON lines), one per row:
+MANIFEST (a CSV file with a header line, or JSON lines) lists one saved model per row: model (a
+HuggingFace directory or torch.save'd module, as measure reads MODEL; paths relative to the
+manifest's folder); gap, or train and test data to compute it from (--gap-from error: test
+error - train error, the default; loss: test loss - train loss); name (optional); any other
+column is carried to models.csv (--color KEY colours the plots by one).
 
-- model: a HuggingFace model directory (save_pretrained) or a torch.save'd module, as
-  ``quotientsharp measure`` reads MODEL (paths relative to the manifest's folder);
-- gap: the model's generalisation gap, or train and test: two data files (as measure reads
-  DATA) to compute it from (--gap-from error: test error - train error, the default; loss:
-  test loss - train loss);
-- name (optional): the model's name in the outputs (default: the model entry);
-- any other column (hyperparameters, seeds) is carried to models.csv; --color KEY colours
-  the plots by one.
+DATA is the data every model is measured on, as measure reads it. The grid is given with
+measure's options, --rho taking a comma list: --measure adaptive --measure geodesic --rho
+0.05,0.1 --metric inv,mix --order 1,2 measures 2 adaptive and 8 geodesic variants per model.
 
-DATA is the data file every model is measured on (JSONL or torch.save'd tensors, as measure
-reads it; text rows are tokenised with each model's tokenizer). The grid of measures is given
-with measure's options, --rho taking a comma list: --measure adaptive --measure geodesic --rho
-0.05,0.1 --metric inv,mix --order 1,2 measures 2 adaptive and 8 geodesic variants per model,
-all on the same batches.
-
-Outputs in --out (default results/<manifest name>): models.csv (one row per model: gap,
-manifest columns, one column per measure; rewritten as each model finishes), models.jsonl
-(full records: per-batch values, timings), taus.json and taus.csv (Kendall tau-a and tau-b of
-each measure against the gap, with percentile bootstrap intervals over the models),
-scatter_<measure>.png, report.md (the table and the plots), run.json. A killed run loses no
-finished model; --resume measures only the models missing (the manifest may have grown; the
-settings that determine the values must not change). Under torchrun (torchrun
---nproc_per_node N -m quotientsharp study ...) the models are dealt over the ranks.
+Outputs in --out (default results/<manifest name>): models.csv, models.jsonl (full records),
+taus.json and taus.csv (Kendall tau-a and tau-b of each measure against the gap, with bootstrap
+intervals), scatter_<measure>.png, report.md, run.json. A killed run loses no finished model;
+--resume measures only the missing ones. Under torchrun the models are dealt over the ranks.
 
 Sign convention: positive tau means that sharpness and the gap rank alike (sharper models
 generalise worse). Exit status 0, 2 on bad input (one line on stderr), 130 when interrupted.
@@ -35,7 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from quotientsharp.cli import plain_text
+from quotientsharp.cli import plain_text, user_exit_message
 from quotientsharp.cli.sharpness_options import add_sharpness_options, sharpness_fields
 from quotientsharp.workflows.options import (
     BootstrapSettings,
@@ -110,8 +99,6 @@ def _study(args: argparse.Namespace) -> int:
     try:
         outcome = run_study(args.manifest, study_config(args))
     except KeyboardInterrupt as err:
-        from quotientsharp.cli import user_exit_message
-
         if is_main_rank():
             # an interrupt from the user's code is named; either way the finished models
             # are kept and --resume continues

@@ -1,10 +1,9 @@
-"""``quotientsharp study MANIFEST``: the paper's workflow on your own models.
+"""``quotientsharp study MANIFEST``: the paper's workflow on your own models (``docs/study.md``).
 
-:func:`run_study` measures every model of a manifest on a grid of sharpness measures, radii,
-metrics and orders (:class:`StudyConfig`) and reports the Kendall rank correlation between the
-generalisation gap and each measure (:func:`tau_interval`), with bootstrap intervals, scatter
-plots and a markdown report, resumably and over the ranks of torchrun (``docs/study.md``).
-Nothing here imports torch until a model is measured.
+:func:`run_study` measures every model of a manifest on a grid of sharpness measures
+(:class:`StudyConfig`) and reports the Kendall rank correlation between the generalisation gap
+and each measure (:func:`tau_interval`), with bootstrap intervals, plots and a report, resumably
+and over the ranks of torchrun. Nothing here imports torch until a model is measured.
 """
 
 from __future__ import annotations

@@ -237,10 +237,8 @@ def _jsonl_batches(path: Path, model: nn.Module, model_path: Path, settings: Bat
 
 
 def _position_count(model: nn.Module) -> int | None:
-    """The number of positions of the model's learned position table (BERT's
-    ``embeddings.position_embeddings``): an embedding named for positions with
-    ``config.max_position_embeddings`` rows; ``None`` for a model without one (rotary or
-    relative positions, which take rows of any length)."""
+    """The rows of the model's learned position table (an embedding named for positions with
+    ``config.max_position_embeddings`` rows); ``None`` without one (rotary, relative)."""
     from torch import nn
 
     count = getattr(getattr(model, "config", None), "max_position_embeddings", None)

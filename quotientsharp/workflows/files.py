@@ -1,6 +1,5 @@
 """Files a reader may open while they are written: atomic rewrites (a temporary file renamed
-over the old one) and append-only JSONL whose torn last line is dropped on reading.
-"""
+over the old one) and append-only JSONL whose torn last line is dropped on reading."""
 
 from __future__ import annotations
 
@@ -14,13 +13,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 
-def _new_file_mode() -> int:
-    """The mode ``open(path, "w")`` gives a new file (``mkstemp``'s ``0600`` would stay)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
 @contextlib.contextmanager
 def _atomic_stream(path: Path, newline: str | None = None) -> Iterator[TextIO]:
     """A UTF-8 text stream to a temporary file beside ``path``, synced and renamed over it when
@@ -28,7 +20,10 @@ def _atomic_stream(path: Path, newline: str | None = None) -> Iterator[TextIO]:
     path = Path(path)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.chmod(temporary, _new_file_mode())
+        # the mode open(path, "w") gives a new file: mkstemp's 0600 would stay
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(temporary, 0o666 & ~mask)
         with os.fdopen(handle, "w", encoding="utf-8", newline=newline) as stream:
             yield stream
             stream.flush()
@@ -41,9 +36,7 @@ def _atomic_stream(path: Path, newline: str | None = None) -> Iterator[TextIO]:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON to ``path`` atomically."""
-    with _atomic_stream(path) as stream:
-        json.dump(data, stream, indent=1, sort_keys=False)
-        stream.write("\n")
+    write_text_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
 def write_text_atomic(path: Path, text: str) -> None:

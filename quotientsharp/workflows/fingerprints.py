@@ -1,9 +1,6 @@
-"""What a finished record was measured from, by content: the identity checked on ``--resume``.
-
-A checkpoint replaced at the same path would keep its stale record, so the identity holds the
-SHA-256 of every file measured (hashed once per process), and of a user's symmetry, its user
-modules' source and its bindings (the package's and torch's code: the versions in ``run.json``).
-"""
+"""What a finished record was measured from, by content: the identity checked on ``--resume``
+(a checkpoint replaced at the same path would keep its stale record): the SHA-256 of every file
+measured, and of a user's symmetry, its modules' source and its bindings."""
 
 from __future__ import annotations
 

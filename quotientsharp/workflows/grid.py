@@ -100,7 +100,6 @@ def build_grid(config: SharpnessConfig) -> list[GridPoint]:
         p = config.p if run.measure in ASCENT_MEASURES and run.measure != "geodesic" else None
         own = config.symmetry if run.measure == "geodesic" else None
         for rho in ([None] if run.measure == "relative_flatness" else rhos):
-            variant = dict(run.variant)
-            grid.append(GridPoint(_key(run.measure, rho, variant, p, own), run.measure, rho,
-                                  variant.get("metric"), variant.get("order"), p, own))
+            grid.append(GridPoint(_key(run.measure, rho, run.variant, p, own), run.measure, rho,
+                                  run.variant.get("metric"), run.variant.get("order"), p, own))
     return grid

@@ -1,9 +1,7 @@
-"""One writer per output: a file lock on each results folder and ``--json`` file.
-
-An :class:`OutputLock` makes a second writer fail at once, naming the holder. It is an OS lock
-(``filelock``), so the system releases it when its process ends, however it ends; the holder's
-details go to a second file, since ``filelock`` truncates the lock file on every attempt.
-"""
+"""One writer per output: a file lock on each results folder and ``--json`` file, with which a
+second writer fails at once, naming the holder. An OS lock (``filelock``) is released when its
+process ends, however it ends; the holder's details go to a second file, since ``filelock``
+truncates the lock file on every attempt."""
 
 from __future__ import annotations
 
@@ -14,7 +12,6 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from filelock import FileLock, Timeout
 
@@ -48,14 +45,6 @@ class OutputLock:
                               is_singleton=True)
         self._held = False
 
-    def holder(self) -> dict[str, Any] | None:
-        """What the holder wrote about itself; ``None`` if unreadable or absent."""
-        try:
-            data = json.loads(self.holder_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
-
     def acquire(self) -> OutputLock:
         """Take the lock now, or raise :class:`OutputLockedError` naming the holder."""
         if self._held:
@@ -66,8 +55,12 @@ class OutputLock:
         try:
             self._lock.acquire(timeout=0)
         except Timeout:
-            holder = self.holder()
-            who = ("another process (it has not written its details yet)" if holder is None
+            try:
+                holder = json.loads(self.holder_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                holder = None
+            who = ("another process (it has not written its details yet)"
+                   if not isinstance(holder, dict)
                    else f"process {holder.get('pid')} on host {holder.get('host')!r} since "
                         f"{holder.get('since')} ({holder.get('command') or 'no command'})")
             raise OutputLockedError(
@@ -94,9 +87,8 @@ class OutputLock:
         os.close(handle)
 
     def _remove_stale_temporaries(self) -> None:
-        """Delete the temporary files an earlier writer left when it was killed mid-write
-        (``.<name>.*.tmp``, :mod:`.files`): only the lock's holder writes here, so no temporary
-        file of a live writer can match."""
+        """Delete the temporary files (``.<name>.*.tmp``) of an earlier writer killed mid-write:
+        only the lock's holder writes here."""
         if self.output.is_dir():
             stale = self.output.glob(".*.tmp")
         else:

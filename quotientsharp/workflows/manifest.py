@@ -145,12 +145,10 @@ def _path(value: Any, folder: Path, key: str, where: str, directory_ok: bool) ->
 
 def _entry(row: Mapping[str, Any], folder: Path, where: str, number: int) -> ManifestEntry:
     model_text = _text(row.get("model"))
-    if not model_text:
-        raise InputError(f"{where}: no 'model' entry (keys: {sorted(row)}); each row names a "
-                         "model directory or torch.save file")
     model = _path(model_text, folder, "model", where, directory_ok=True)
     if model is None:
-        raise InputError(f"{where}: the 'model' entry is empty")
+        raise InputError(f"{where}: no 'model' entry (keys: {sorted(row)}); each row names a "
+                         "model directory or torch.save file")
     gap = _gap(row.get("gap"), where)
     train = _path(row.get("train"), folder, "train", where, directory_ok=False)
     test = _path(row.get("test"), folder, "test", where, directory_ok=False)

@@ -1,17 +1,25 @@
-"""``quotientsharp study``: one model measured, from its manifest row to its record."""
+"""``quotientsharp study``: one model measured, from its manifest row to its record, with its
+generalisation gap, ``test - train`` of its 0-1 error (``--gap-from error``) or of its loss."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from quotientsharp.workflows.data import load_batches
 from quotientsharp.workflows.fingerprints import content_identity, symmetry_fingerprint
 from quotientsharp.workflows.grid import GridPoint
 from quotientsharp.workflows.manifest import ManifestEntry
-from quotientsharp.workflows.options import InputError, StudyConfig
+from quotientsharp.workflows.options import BatchSettings, InputError, StudyConfig
 from quotientsharp.workflows.records import is_main_rank
+from quotientsharp.workflows.saved_models import load_measured_model
 from quotientsharp.workflows.user_objects import import_object, load_symmetry
+
+if TYPE_CHECKING:
+    from torch import nn
 
 #: Models whose geodesic measures found no symmetry, noted once each in this process.
 _NOTED: set[str] = set()
@@ -30,22 +38,27 @@ def entry_symmetry(entry: ManifestEntry, symmetry: str | None, model: Any
     return spec, bindings, symmetry_fingerprint(import_object(spec, flag), bindings)
 
 
-def sharpness_noting_symmetry(model: Any, batches: list, spec: Any,
-                              dropped: tuple[type[Warning], ...] = ()) -> tuple[Any, bool]:
-    """``sharpness(model, batches, spec)`` and whether it found no symmetry (for the caller to
-    note once rather than warn per measure); other warnings not ``dropped`` are issued again."""
+def sharpness_noting_symmetry(model: Any, batches: list, spec: Callable[[], Any],
+                              what: str) -> tuple[Any, bool]:
+    """``sharpness(model, batches, spec())`` and whether it found no symmetry (for the caller to
+    note once rather than warn per measure); reach warnings are dropped (the table and the record
+    hold the reach), others issued again. A model that does not fit its data (or an option that
+    does not fit the model) is an :class:`InputError`, ``"{what} failed: ..."``."""
     import warnings
 
-    from quotientsharp.engine import NoSymmetryWarning, sharpness
+    from quotientsharp.engine import NoSymmetryWarning, ReachWarning, sharpness
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", NoSymmetryWarning)
-        result = sharpness(model, batches, spec)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", NoSymmetryWarning)
+            result = sharpness(model, batches, spec())
+    except (TypeError, ValueError, IndexError, RuntimeError) as err:
+        raise InputError(f"{what} failed: {err}") from err
     no_symmetry = False
     for warning in caught:
         if issubclass(warning.category, NoSymmetryWarning):
             no_symmetry = True
-        elif not issubclass(warning.category, dropped):
+        elif not issubclass(warning.category, ReachWarning):
             warnings.warn_explicit(warning.message, warning.category, warning.filename,
                                    warning.lineno)
     return result, no_symmetry
@@ -53,20 +66,78 @@ def sharpness_noting_symmetry(model: Any, batches: list, spec: Any,
 
 def _measure_point(model: Any, batches: list, point: GridPoint, entry: ManifestEntry,
                    config: StudyConfig, symmetries: list[Any] | None) -> Any:
-    """The result of one grid point; reach warnings dropped (the record holds the reach)."""
-    from quotientsharp.engine import ReachWarning
+    """The result of one grid point, noting once per model that it found no symmetry."""
     from quotientsharp.engine.layouts import NO_SYMMETRY_NOTE
 
-    try:
-        result, no_symmetry = sharpness_noting_symmetry(
-            model, batches, point.spec(config, symmetries), (ReachWarning,))
-    except (TypeError, ValueError, IndexError, RuntimeError) as err:
-        raise InputError(f"{point.label(greek=False)} of model {entry.name} "
-                         f"({entry.model}) on {config.data} failed: {err}") from err
+    result, no_symmetry = sharpness_noting_symmetry(
+        model, batches, lambda: point.spec(config, symmetries),
+        f"{point.label(greek=False)} of model {entry.name} ({entry.model}) on {config.data}")
     if no_symmetry and entry.name not in _NOTED and is_main_rank():
         _NOTED.add(entry.name)
         print(f"note: model {entry.name}: {NO_SYMMETRY_NOTE}")
     return result
+
+
+def evaluate(model: nn.Module, batches: Sequence[Any], loss: str) -> dict[str, float | None]:
+    """Mean loss (weighted by examples) and 0-1 error of ``model`` over ``batches``:
+    ``{"loss", "error"}``, the error the share of labels (``-100`` left out) whose class is not
+    the largest logit, ``None`` with ``loss="mse"``."""
+    import torch
+
+    from quotientsharp.engine.batches import compute_loss, output_tensor, resolve_loss, split_batch
+
+    function, _, builtin = resolve_loss(loss)
+    parameter = next(model.parameters())
+    input_dtype = parameter.dtype if parameter.is_floating_point() else None
+    total_loss = examples = wrong = labelled = 0.0
+    with torch.no_grad():
+        for index, raw in enumerate(batches):
+            batch = split_batch(raw, index, parameter.device, input_dtype)
+            output = model(*batch.args, **batch.kwargs)
+            value = compute_loss(function, builtin, output, batch.target, torch.float64,
+                                 batch.label, check=True)
+            if not torch.isfinite(value):
+                raise InputError(f"{batch.label}: the loss is {float(value)}")
+            count = int(batch.target.shape[0]) if batch.target.dim() else 1
+            total_loss += float(value) * count
+            examples += count
+            if loss == "cross_entropy":
+                logits = output_tensor(output)
+                target = batch.target
+                if logits is None or target is None:
+                    raise InputError(f"{batch.label}: no logits or no labels, so no error "
+                                     "rate")
+                if target.is_floating_point():          # class probabilities
+                    target = target.argmax(-1)
+                predicted = (logits.argmax(-1) if target.shape == logits.shape[:-1]
+                             else logits.argmax(1))
+                valid = target != -100
+                wrong += float((predicted != target)[valid].sum())
+                labelled += float(valid.sum())
+    return {"loss": total_loss / examples,
+            "error": wrong / labelled if loss == "cross_entropy" and labelled else None}
+
+
+def generalisation(model: nn.Module, model_path: Path, train: Path, test: Path,
+                   batches: BatchSettings, kind: str) -> dict[str, float | None]:
+    """Train and test loss and error of ``model`` and its gap (``test - train`` of ``kind``),
+    on every example of the files (``max_batches`` applies to the sharpness data only)."""
+    every = dataclasses.replace(batches, max_batches=None)
+    out: dict[str, float | None] = {}
+    for split, path in (("train", train), ("test", test)):
+        split_batches, examples, _ = load_batches(path, model, model_path, every)
+        try:
+            values = evaluate(model, split_batches, batches.loss)
+        except (TypeError, ValueError, IndexError, RuntimeError) as err:
+            raise InputError(f"{split} data {path} of model {model_path}: {err}") from err
+        out[f"{split}_loss"], out[f"{split}_error"] = values["loss"], values["error"]
+        out[f"{split}_examples"] = examples
+    test_value, train_value = out[f"test_{kind}"], out[f"train_{kind}"]
+    if test_value is None or train_value is None:
+        raise InputError(f"model {model_path}: no {kind} to take the gap of (the error needs "
+                         "--loss cross_entropy)")
+    out["gap"] = test_value - train_value
+    return out
 
 
 def measure_entry(entry: ManifestEntry, grid: Sequence[GridPoint], config: StudyConfig,
@@ -74,10 +145,6 @@ def measure_entry(entry: ManifestEntry, grid: Sequence[GridPoint], config: Study
     """The record of one model of the manifest (a line of ``models.jsonl``), measured on
     ``device`` at every point of ``grid`` on the same batches of ``config.data``;
     ``tick(status)`` after each step (the progress bar)."""
-    from quotientsharp.workflows.data import load_batches
-    from quotientsharp.workflows.generalisation import generalisation
-    from quotientsharp.workflows.saved_models import load_measured_model
-
     tick = tick or (lambda status: None)
     # hashed before loading: the record holds what was measured, not what is there later
     identity = content_identity(entry)

@@ -1,9 +1,6 @@
-"""What to measure and how: the typed, self-validating settings of ``measure`` and ``study``.
-
-A bad value raises :class:`InputError` naming the field (``rho``), or, inside
-:func:`command_line_names`, the option (``--rho``; declared in
-:mod:`quotientsharp.cli.sharpness_options`).
-"""
+"""What to measure and how: the typed, self-validating settings of ``measure`` and ``study``;
+a bad value raises :class:`InputError` naming the field (``rho``), or, inside
+:func:`command_line_names`, the option (``--rho``)."""
 
 from __future__ import annotations
 
@@ -59,8 +56,8 @@ class InputError(ValueError):
 
 
 def _input_errors(post_init: Callable[[Any], None]) -> Callable[[Any], None]:
-    """``__post_init__`` raising the ``TypeError`` or ``ValueError`` of a check of
-    :mod:`quotientsharp.core.scalars` (the engine's own) as an :class:`InputError`."""
+    """``__post_init__`` raising the ``TypeError``/``ValueError`` of a check as an
+    :class:`InputError`."""
     @functools.wraps(post_init)
     def checked(self: Any) -> None:
         try:
@@ -129,8 +126,7 @@ def _items(value: object, field_name: str, *, empty: bool = False) -> list[Any]:
 
 
 def radius_text(rho: float) -> str:
-    """A radius as the outputs name it (the column key ``adaptive_rho0.1``, the labels): 6
-    significant digits."""
+    """A radius as the outputs name it (``adaptive_rho0.1``): 6 significant digits."""
     return f"{rho:g}"
 
 
@@ -216,8 +212,7 @@ class SolverSettings:
         check_flag(_name("SolverSettings.compile_steps"), self.compile_steps)
 
     def diagnostics(self) -> list[str]:
-        """The fields given that need an ascent measure (the steps, the diagnostics asked
-        for), named as the errors name them."""
+        """The fields given that need an ascent measure, named as the errors name them."""
         return [_name(f"SolverSettings.{name}") for name, given in (
             # n_iter has a default: another value counts as given (on the command line any
             # --n-iter counts, refused before these settings are made)

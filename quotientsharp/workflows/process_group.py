@@ -1,7 +1,5 @@
-"""Running under torchrun: the process group, dealing work over its ranks, and its failures.
-
-torch is imported only when a function runs, so that ``--help`` never imports it.
-"""
+"""Running under torchrun: the process group, dealing work over its ranks, and its failures
+(torch is imported only when a function runs, so that ``--help`` never imports it)."""
 
 from __future__ import annotations
 
@@ -16,17 +14,16 @@ from typing import Any, TypeVar
 Item = TypeVar("Item")
 Value = TypeVar("Value")
 
-#: Seconds a rank may wait in one collective (torch's gloo default). The longest waits of the
-#: commands are one unit of work (a model, a grid point) or the diagonal training on rank 0.
+#: Seconds a rank may wait in one collective (torch's gloo default): the longest waits are one
+#: unit of work (a model, a grid point) or the diagonal training on rank 0.
 DEFAULT_DIST_TIMEOUT = 1800.0
 
 
 def run_in_process_group(command: Callable[[], int], prefix: str,
                          timeout: float = DEFAULT_DIST_TIMEOUT) -> int:
-    """``command()`` (on every rank) in torchrun's process group, if torchrun asked for several
-    processes: its exit status; 2 when torchrun's environment is malformed or the group cannot
-    start, 1 after a collective that timed out (``timeout`` seconds) or lost a rank, with one line
-    on stderr starting with ``prefix``."""
+    """``command()``'s exit status, on every rank of torchrun's process group where torchrun
+    asked for several; 2 when the group cannot start, 1 after a collective that timed out
+    (``timeout`` seconds) or lost a rank, with one line on stderr starting with ``prefix``."""
     try:
         world_size = torchrun_world_size()
     except ValueError as err:
@@ -58,10 +55,9 @@ def run_in_process_group(command: Callable[[], int], prefix: str,
 
 
 def init_distributed(timeout: float | None = None) -> tuple[int, int]:
-    """Initialise the default process group from torchrun's environment, if not yet done:
-    NCCL (on the ``LOCAL_RANK`` device) where CUDA is available, else gloo; ``(rank,
-    world_size)``. ``timeout``: seconds the rendezvous and each collective may wait (``None``:
-    torch's default)."""
+    """``(rank, world_size)`` of the default process group, initialised from torchrun's
+    environment if not yet done: NCCL (on the ``LOCAL_RANK`` device) with CUDA, else gloo;
+    ``timeout``: seconds a collective may wait (``None``: torch's default)."""
     import torch
     import torch.distributed as dist
 
@@ -116,9 +112,8 @@ _LOST = re.compile(r"connection (closed|reset) by peer|pair closure|broken pipe|
 
 def describe_collective_failure(error: BaseException,
                                 timeout: float | None = None) -> str | None:
-    """One readable line for a collective that timed out or lost a rank (the backends' raw
-    messages say neither what to look at nor that ``--resume`` continues); ``None`` for others.
-    """
+    """One readable line for a collective that timed out or lost a rank (the backends' own
+    say neither what to look at nor that ``--resume`` continues); ``None`` for others."""
     text = str(error).strip()
     first = text.splitlines()[0] if text else type(error).__name__
     rank, world_size = rank_and_world_size()
@@ -149,8 +144,7 @@ def shard(items: Sequence[Item]) -> list[tuple[int, Item]]:
 
 def gather_indexed(local: Sequence[tuple[int, Value]]) -> list[Value]:
     """All-gather ``(index, value)`` pairs from every rank; the values in index order (indices
-    distinct and, together, ``0 .. N-1``). Values travel pickled: move tensors to the CPU
-    first when ranks hold different devices."""
+    ``0 .. N-1``, once each). Values travel pickled (tensors best on the CPU)."""
     import torch.distributed as dist
 
     pairs = list(local)
@@ -178,9 +172,8 @@ def _portable_error(error: Exception) -> Exception:
 
 
 def run_on_rank0(function: Callable[[], Value], *, share: bool = True) -> Value | None:
-    """Call ``function()`` on rank 0 only; its value (with ``share``: it must be picklable), or
-    its exception, reaches every rank through one ``broadcast_object_list``, so that no rank
-    waits in a later collective. Without a process group this is ``function()``."""
+    """``function()`` called on rank 0 only; its value (picklable, unless not ``share``d) or
+    its exception reaches every rank in one broadcast, so that no rank waits in a later one."""
     import torch.distributed as dist
 
     rank, world_size = rank_and_world_size()

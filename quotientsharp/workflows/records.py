@@ -1,7 +1,6 @@
 """A study's results folder (:class:`ResultsDirectory`): ``run.json``, the append-only record
-files and their per-rank shards (``models.rank{r}.jsonl`` under torchrun), and the ``--resume``
-check. The loop that fills it is :class:`quotientsharp.workflows.resumable.ResumableRun`.
-"""
+files and their per-rank shards (``models.rank{r}.jsonl`` under torchrun), the ``--resume``
+check; :class:`~quotientsharp.workflows.resumable.ResumableRun` fills it."""
 
 from __future__ import annotations
 
@@ -75,7 +74,7 @@ def is_main_rank() -> bool:
 
 
 class ResultsDirectory:
-    """A study's output folder, with ``run.json`` and ``--resume``.
+    """A study's output folder, with ``run.json`` (:attr:`run_info`) and ``--resume``.
 
     Parameters
     ----------
@@ -89,12 +88,6 @@ class ResultsDirectory:
     owned, sharded
         File names inside ``path`` that the study writes, and the JSONL files among them that
         ranks may write as per-rank shards (:func:`shard_name`).
-
-    Attributes
-    ----------
-    run_info
-        The content of ``run.json``: ``world_sizes`` and ``resume_commands`` of every session;
-        ``environment`` and ``command`` of the first.
     """
 
     def __init__(self, path: Path, study: str, settings: Mapping[str, Any], resume: bool,
@@ -144,7 +137,7 @@ class ResultsDirectory:
         self.run_info["world_size"] = rank_and_world_size()[1]
         self.run_info["world_sizes"] = [*self.run_info.get("world_sizes", []),
                                         self.run_info["world_size"]]
-        # what the first session recorded stays as it is: a resume adds its command only
+        # the first session's environment and command stay: a resume adds its command only
         if "environment" in self.run_info:
             self.run_info["resume_commands"] = [*self.run_info.get("resume_commands", []),
                                                 command]
@@ -181,7 +174,6 @@ class ResultsDirectory:
 
     def _check_same_versions(self, previous: Mapping[str, Any],
                              environment: Mapping[str, Any]) -> None:
-        """Refuse a resume under other versions of :data:`RESUME_VERSIONS` than recorded."""
         saved = previous.get("environment")
         if not isinstance(saved, Mapping):
             return
@@ -194,7 +186,7 @@ class ResultsDirectory:
                              "--resume to start afresh")
 
     def close(self) -> None:
-        """Release the folder's lock (:mod:`.locks`); the process's end releases it too."""
+        """Release the folder's lock (the process's end releases it too)."""
         self.lock.release()
 
     def file(self, name: str) -> Path:
@@ -216,8 +208,8 @@ class ResultsDirectory:
 
     def merged_records(self, name: str, key: str, repair: bool = True) -> list[dict[str, Any]]:
         """The records of ``name``, then those of its rank shards whose ``key`` is new (a
-        consolidation cut short leaves records twice). ``repair=False`` leaves torn last lines
-        in place: use it while other ranks may still be appending to their shards."""
+        consolidation cut short leaves records twice); ``repair=False`` while other ranks may
+        still be appending."""
         records: dict[Any, dict[str, Any]] = {}
         for path in [self.file(name), *shard_paths(self.path, name)]:
             for record in read_jsonl(path, repair=repair):
@@ -228,8 +220,7 @@ class ResultsDirectory:
 
     def consolidate(self, name: str, key: str) -> list[dict[str, Any]]:
         """Fold the rank shards of ``name`` into it (rewritten atomically, sorted by ``key``,
-        before the shards are deleted: an interruption loses nothing); the merged records.
-        Call it only when no other rank is writing."""
+        before the shards go), while no other rank writes; the merged records."""
         shards = shard_paths(self.path, name)
         records = self.merged_records(name, key)
         if shards:

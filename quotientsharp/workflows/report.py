@@ -1,8 +1,5 @@
-"""``quotientsharp study``: the rows of ``models.csv``, the tau table and ``report.md``.
-
-``models.csv`` holds no timings, so that a resumed run writes the same file as an
-uninterrupted one.
-"""
+"""``quotientsharp study``: the rows of ``models.csv`` (no timings, so that a resumed run writes
+the same file as an uninterrupted one), the tau table and ``report.md``."""
 
 from __future__ import annotations
 
@@ -197,12 +194,12 @@ def tau_table(taus: Sequence[Mapping[str, Any]], markdown: bool = True) -> str:
     return "\n".join(lines)
 
 
-def study_report(*, manifest: str, data: str, command: str, entries: Sequence[ManifestEntry],
+def study_report(manifest: str, config: StudyConfig, entries: Sequence[ManifestEntry],
                  records: Mapping[str, Mapping[str, Any]], grid: Sequence[GridPoint],
-                 taus: Sequence[Mapping[str, Any]], settings: Mapping[str, Any],
-                 gap_from: str, plots: Sequence[str], bootstrap: Mapping[str, Any],
-                 world_size: int, resumed: int, wall_seconds: float) -> str:
+                 taus: Sequence[Mapping[str, Any]], plots: Sequence[str], *, world_size: int,
+                 resumed: int, wall_seconds: float) -> str:
     """The markdown report ``report.md``: what was measured, the tau table, the plots."""
+    command, bootstrap = command_line(manifest, config, grid), config.bootstrap
     gaps = [gap_of(entry, records[entry.name]) for entry in entries]
     first = records[entries[0].name]
     classes = sorted({records[entry.name]["model_class"] for entry in entries})
@@ -214,14 +211,14 @@ def study_report(*, manifest: str, data: str, command: str, entries: Sequence[Ma
         + (", resumed" if resumed else "") + ").",
         "",
         f"- Models: {len(entries)} from `{manifest}` ({', '.join(classes)}).",
-        f"- Generalisation: {gap_label(entries, gap_from)}; over the models from "
+        f"- Generalisation: {gap_label(entries, config.gap_kind)}; over the models from "
         f"{min(gaps):.4g} to {max(gaps):.4g}.",
-        f"- Sharpness on `{data}`: {first['examples']} examples in {first['batches']} "
-        f"batch(es) of at most {settings['batch_size']}, per batch then averaged; "
-        f"loss {settings['loss']}; Auto-PGD with {settings['n_iter']} steps for the ascent "
-        f"measures; seed {settings['seed']}.",
-        f"- Intervals: percentile bootstrap over the models, {bootstrap['resamples']} draws, "
-        f"seed {bootstrap['seed']}, {100 * bootstrap['confidence']:g}% (a draw repeats "
+        f"- Sharpness on `{config.data}`: {first['examples']} examples in {first['batches']} "
+        f"batch(es) of at most {config.batches.batch_size}, per batch then averaged; "
+        f"loss {config.batches.loss}; Auto-PGD with {config.solver.n_iter} steps for the "
+        f"ascent measures; seed {config.seed}.",
+        f"- Intervals: percentile bootstrap over the models, {bootstrap.resamples} draws, "
+        f"seed {bootstrap.seed}, {100 * bootstrap.confidence:g}% (a draw repeats "
         "models; a pair of two copies of one model says nothing about the ranking and is left "
         "out of both taus).",
         "",

@@ -1,9 +1,6 @@
 """The one resumable runner of every study: units of work, a record each, on disk as each
-finishes.
-
-Each rank appends to its own shard (``<records>.rank{r}.jsonl``, one writer per file, no
-locking) rather than gathering after each round: a unit is safe the moment it finishes,
-whichever rank computed it, and a ``--resume`` under any number of ranks computes exactly the
+finishes. Each rank appends to its own shard (one writer per file, no locking), so a unit is
+safe the moment it finishes and a ``--resume`` under any number of ranks computes exactly the
 missing units.
 """
 
@@ -11,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
@@ -24,8 +22,7 @@ from quotientsharp.workflows.process_group import (
 from quotientsharp.workflows.progress import progress_bar
 from quotientsharp.workflows.records import ResultsDirectory, shard_name
 
-#: A unit's key: a model's name or index, a grid point.
-Key = TypeVar("Key", bound=Hashable)
+Key = TypeVar("Key", bound=Hashable)     # a model's name or index, a grid point
 Value = TypeVar("Value")
 #: One unit's record (JSON-serialisable; it holds its key under the runner's ``key`` field).
 Record = dict[str, Any]
@@ -41,10 +38,8 @@ class ResumableRun(Generic[Key]):
 
     Parameters
     ----------
-    out
-        The results folder.
-    units
-        Every unit's key, in the order of the outputs.
+    out, units
+        The results folder; every unit's key, in the order of the outputs.
     study, settings, resume, owned
         As in :class:`~quotientsharp.workflows.records.ResultsDirectory`.
     records, key
@@ -77,11 +72,11 @@ class ResumableRun(Generic[Key]):
             raise ValueError(f"{study}: the units of work must be distinct")
         self.out = Path(out)
         self.units = list(units)
-        self.study = study
-        self.settings = settings
         self.resume = resume
-        self.owned = [*owned]
         self.records_file = records
+        # rank 0 opens the folder in open()
+        self._results_directory = partial(ResultsDirectory, self.out, study, settings, resume,
+                                          [*owned], sharded=[records])
         self.key = key
         self.unit = unit
         self.description = description
@@ -97,13 +92,11 @@ class ResumableRun(Generic[Key]):
         self._start = time.perf_counter()
 
     def open(self) -> dict[Key, Record]:
-        """Open (or on ``--resume`` check) the folder on rank 0; the records finished by
-        earlier sessions, in the order of the units (the same on every rank)."""
+        """Open (on ``--resume``, check) the folder on rank 0; the records finished earlier, in
+        unit order, on every rank."""
 
         def open_folder() -> tuple[dict[Key, Record], list[Key], float]:
-            folder = ResultsDirectory(self.out, self.study, self.settings, self.resume,
-                                      self.owned, sharded=[self.records_file])
-            self.folder = folder
+            folder = self.folder = self._results_directory()
             # shards of an interrupted distributed run join the records file before anything
             on_disk = {record[self.key]: record
                        for record in folder.consolidate(self.records_file, self.key)}
@@ -124,12 +117,10 @@ class ResumableRun(Generic[Key]):
 
     def run(self, work: Work[Key],
             saved: Callable[[Key], None] | None = None) -> dict[Key, Record]:
-        """Compute every unit not yet finished, this rank's share here; every record, in the
-        order of the units (the same on every rank).
-
-        ``work(unit, status)`` returns the unit's record; its exception stops the run, marked
-        ``raised_on_this_rank`` (under torchrun this rank reports it). ``saved(key)`` is called
-        once a record is on disk."""
+        """Compute this rank's share of the units not yet finished; every record, in unit
+        order, on every rank. ``work(unit, status)`` returns the unit's record (its exception,
+        marked ``raised_on_this_rank``, stops the run); ``saved(key)`` follows each record
+        on disk."""
         todo = [key for key in self.units if key not in self._records]
         mine = shard(todo)                          # (position in todo, key)
         bar = progress_bar(len(self._records) + len(mine), self.description,
@@ -158,10 +149,9 @@ class ResumableRun(Generic[Key]):
         return dict(self._records)
 
     def finish(self, write: Callable[[ResultsDirectory, float], Value]) -> Value:
-        """Rank 0 folds the shards into the records file, rewrites the mirror, calls
-        ``write(folder, wall_seconds)`` (the study's own outputs; the wall time of every
-        session) and marks the run finished in ``run.json``; ``write``'s value, on every rank.
-        """
+        """On rank 0: fold the shards into the records file, rewrite the mirror, call
+        ``write(folder, wall_seconds)`` (the study's own outputs) and mark the run finished in
+        ``run.json``; ``write``'s value, on every rank."""
         def complete() -> Value:
             folder = self.rank0_folder()
             wall = self.wall_seconds()
@@ -183,8 +173,7 @@ class ResumableRun(Generic[Key]):
         return self._previous_seconds + time.perf_counter() - self._start
 
     def rank0_folder(self) -> ResultsDirectory:
-        """Rank 0's results folder (:attr:`folder`); an error on the other ranks or before
-        :meth:`open`."""
+        """Rank 0's :attr:`folder`; an error on the other ranks or before :meth:`open`."""
         if self.folder is None:
             raise RuntimeError("the results folder is rank 0's, after open()")
         return self.folder
@@ -193,8 +182,7 @@ class ResumableRun(Generic[Key]):
         return {key: records[key] for key in self.units if key in records}
 
     def _save(self, key: Key, record: Record) -> None:
-        """Put one finished record on disk (its rank's shard under torchrun) and refresh rank 0's
-        mirror and ``run.json``."""
+        """Put one record on disk (its rank's shard under torchrun); refresh rank 0's mirror."""
         if self.world_size == 1:
             self.rank0_folder().append(self.records_file, record)
             self._records[key] = record

@@ -1,9 +1,5 @@
-"""``quotientsharp study``: the driver, from the manifest to every output, resumable, on ranks.
-
-Each model is a unit of work of :class:`~quotientsharp.workflows.resumable.ResumableRun`
-(``models.jsonl`` gets its record as it finishes, ``models.csv`` is rewritten after each);
-``--resume`` keeps the records of the models still in the manifest with the same contents.
-"""
+"""``quotientsharp study``: the driver, from the manifest to every output, resumable, on ranks;
+each model is a unit of work of :class:`~quotientsharp.workflows.resumable.ResumableRun`."""
 
 from __future__ import annotations
 
@@ -22,7 +18,6 @@ from quotientsharp.workflows.grid import GridPoint, build_grid, with_row_symmetr
 from quotientsharp.workflows.manifest import ManifestEntry, read_manifest
 from quotientsharp.workflows.options import InputError, StudyConfig
 from quotientsharp.workflows.report import (
-    command_line,
     csv_columns,
     csv_row,
     gap_label,
@@ -175,44 +170,34 @@ class _Plan:
     config: StudyConfig
     entries: list[ManifestEntry]
     grid: list[GridPoint]
-    settings: dict[str, Any]
-    out: Path
     colors: list[float] | None
     device: Any
+    settings: dict[str, Any]
+    out: Path
 
     @property
     def by_name(self) -> dict[str, ManifestEntry]:
         return {entry.name: entry for entry in self.entries}
 
 
-def _check_row_symmetries(manifest: str | Path, entries: Sequence[ManifestEntry],
-                          config: StudyConfig) -> None:
-    """Refuse a row's ``symmetry`` while geodesic sharpness is not measured (as
-    ``--symmetry``)."""
-    if "geodesic" in config.measures:
-        return
-    for entry in entries:
-        if entry.symmetry:
-            raise InputError(f"MANIFEST {manifest}, line {entry.line}: symmetry "
-                             f"{entry.symmetry} applies to geodesic only, and the measures "
-                             f"are {', '.join(config.measures)}: add geodesic to the measures "
-                             "(--measure), or leave the row's symmetry out")
-
-
 def _plan(manifest: str | Path, config: StudyConfig) -> _Plan:
     """Read the manifest and check everything that can be checked before a model is loaded."""
-    from quotientsharp.workflows.devices import check_device
+    from quotientsharp.workflows.saved_models import check_device
 
     grid = build_grid(config)
     entries = read_manifest(manifest, reserved=reserved_columns(grid))
-    _check_row_symmetries(manifest, entries, config)
+    bound = [entry for entry in entries if entry.symmetry]
+    if bound and "geodesic" not in config.measures:
+        # as --symmetry, a row's symmetry applies to geodesic sharpness only
+        raise InputError(f"MANIFEST {manifest}, line {bound[0].line}: symmetry "
+                         f"{bound[0].symmetry} applies to geodesic only, and the measures "
+                         f"are {', '.join(config.measures)}: add geodesic to the measures "
+                         "(--measure), or leave the row's symmetry out")
     # rows with a symmetry of their own measure with its metric: the labels say so
-    grid = with_row_symmetries(grid, any(entry.symmetry for entry in entries))
-    colors = _colors(entries, config.color)
-    device = check_device(config.device)
-    settings = study_settings(config, grid)
-    out = Path(config.out) if config.out is not None else default_out(manifest)
-    return _Plan(manifest, config, entries, grid, settings, out, colors, device)
+    grid = with_row_symmetries(grid, bool(bound))
+    return _Plan(manifest, config, entries, grid, colors=_colors(entries, config.color),
+                 device=check_device(config.device), settings=study_settings(config, grid),
+                 out=Path(config.out) if config.out is not None else default_out(manifest))
 
 
 def _measure_units(plan: _Plan) -> tuple[dict[str, dict[str, Any]], ResumableRun]:
@@ -266,41 +251,31 @@ def _values(plan: _Plan, records: Mapping[str, dict[str, Any]]) -> dict[str, lis
             for point in plan.grid}
 
 
-def _remove_plots(folder: Path) -> None:
-    """Delete the plots in ``folder`` (``scatter_*.png`` and their SVGs and panels) before
-    this run writes its own: those of an earlier run, of another grid or manifest, or left by
-    ``--no-plots``, would sit beside the new taus with titles and points of other data."""
-    for pattern in ("scatter_*.png", "scatter_*.svg"):
-        for path in folder.glob(pattern):
-            path.unlink(missing_ok=True)
-
-
 def _write_outputs(plan: _Plan, records: Mapping[str, dict[str, Any]],
                    taus: list[dict[str, Any]], ignored: list[str], world_size: int,
                    results: ResultsDirectory, wall: float) -> tuple[list[Path] | None, float]:
     """Write the taus, the plots, the report and ``run.json`` (rank 0, at the end)."""
     from quotientsharp.workflows.plots import study_plots
 
-    config, entries, gap_from = plan.config, plan.entries, plan.config.gap_kind
+    config, entries = plan.config, plan.entries
     write_json_atomic(results.file(TAUS_JSON), taus)
     results.write_csv(TAUS_CSV, TAU_COLUMNS, taus)
-    _remove_plots(results.path)
+    # the plots of an earlier run (of another grid or manifest, or before --no-plots) would sit
+    # beside the new taus with titles and points of other data
+    for path in [*results.path.glob("scatter_*.png"), *results.path.glob("scatter_*.svg")]:
+        path.unlink(missing_ok=True)
     plots = None
     if config.plots:
         gaps = [gap_of(entry, records[entry.name]) for entry in entries]
         plots = study_plots(gaps, _values(plan, records), plan.grid, taus, results.path,
-                            x_label=gap_label(entries, gap_from), color=plan.colors,
+                            x_label=gap_label(entries, config.gap_kind), color=plan.colors,
                             color_label=config.color or "")
-    bootstrap = dataclasses.asdict(config.bootstrap)
-    report = study_report(
-        manifest=str(plan.manifest), data=str(config.data),
-        command=command_line(str(plan.manifest), config, plan.grid), entries=entries,
-        records=records, grid=plan.grid, taus=taus, settings=plan.settings, gap_from=gap_from,
-        plots=[path.name for path in plots or []], bootstrap=bootstrap,
-        world_size=world_size, resumed=int(results.run_info.get("resumed", 0)),
-        wall_seconds=wall)
+    report = study_report(str(plan.manifest), config, entries, records, plan.grid, taus,
+                          [path.name for path in plots or []], world_size=world_size,
+                          resumed=int(results.run_info.get("resumed", 0)), wall_seconds=wall)
     write_text_atomic(results.file(REPORT), report)
-    results.save_run_info(ignored_records=ignored, bootstrap=bootstrap, taus=taus)
+    results.save_run_info(ignored_records=ignored, bootstrap=dataclasses.asdict(config.bootstrap),
+                          taus=taus)
     return plots, wall
 
 

@@ -1,5 +1,6 @@
-"""``quotientsharp measure``: loading MODEL, a HuggingFace directory or a ``torch.save``'d
-module (:mod:`quotientsharp.cli.measure`); transformers is imported only when needed."""
+"""``quotientsharp measure`` and ``study``: the ``--device`` and MODEL, a HuggingFace directory
+or a ``torch.save``'d module (:mod:`quotientsharp.cli.measure`); transformers is imported only
+when needed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,36 @@ from typing import TYPE_CHECKING, Any
 from quotientsharp.workflows.options import InputError
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
+
+
+def check_device(text: str) -> torch.device:
+    """The device of ``--device``, or an :class:`InputError` when this torch or machine lacks
+    it."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except RuntimeError as err:
+        raise InputError(f"--device {text!r}: {err}") from err
+    if device.type == "meta":
+        raise InputError("--device meta holds no data: choose cpu or an accelerator")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = ("this torch build has no CUDA support" if torch.version.cuda is None
+                   else "no CUDA device is visible")
+            raise InputError(f"--device {text}: CUDA is not available ({why}; torch "
+                             f"{torch.__version__}); use --device cpu")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise InputError(f"--device {text}: this machine has {count} CUDA device(s)")
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(f"--device {text} is not usable here: {first}") from err
+    return device
 
 
 def quiet_transformers() -> Callable[[], None]:
@@ -132,7 +162,6 @@ def load_measured_model(path: str | os.PathLike, device: Any = None,
     """The model behind MODEL (see :mod:`quotientsharp.cli.measure`), in eval mode, on
     ``device`` (default the CPU), cast to ``dtype`` (``"float64"``; default as saved)."""
     import torch
-    from torch import nn
 
     from quotientsharp.models.peft_loading import load_peft_directory, saved_adapters
 
@@ -154,8 +183,7 @@ def load_measured_model(path: str | os.PathLike, device: Any = None,
         if any(p.is_meta for p in model.parameters()):
             raise InputError(f"MODEL {path} is a config without weights; give a directory "
                              "written by save_pretrained or a torch.save'd module")
-    if not isinstance(model, nn.Module):
-        raise InputError(f"MODEL {path} holds a {type(model).__name__}, not a torch.nn.Module")
+    # load_model refuses a file that holds no module
     model = model.eval()
     if device is not None:
         model = model.to(device=device)

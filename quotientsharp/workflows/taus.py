@@ -1,12 +1,9 @@
 """Kendall rank correlations between generalisation and sharpness, with bootstrap intervals:
 the one module every study takes its taus from.
 
-A resample holds some models several times, and a pair of two copies of one model carries no
-ranking information: it is left out of every count (pairs, concordance, ties), for tau-a and
-tau-b alike (counted as a tie it would pull tau-a towards 0 by about ``1/M``: a perfect
-ranking of 12 models got the interval ``(0.83, 0.97)``). An interval is reported only when
-the statistic is defined on at least 90 % of the resamples with a pair, and never for 2 models
-or a constant variable (every draw would give the estimate back).
+A pair of two copies of one model in a resample carries no ranking information: it is left out
+of every count (pairs, concordance, ties), for tau-a and tau-b alike (counted as a tie it would
+pull tau-a towards 0 by about ``1/M``: a perfect ranking of 12 models got ``(0.83, 0.97)``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Objects a user names on the command line as ``MODULE:NAME`` (``MODULE`` imported from the
 working directory first, then ``sys.path``), and ``--symmetry``; every failure is an
-:class:`~.options.InputError` of one line naming the flag. Nothing here imports torch.
-"""
+:class:`~.options.InputError` of one line naming the flag."""
 
 from __future__ import annotations
 
