@@ -162,3 +162,44 @@ def test_a_checkpoint_replaced_in_place_refuses_the_resume(study_files, monkeypa
     code, stdout, stderr = _study(root, out, "--resume")
     assert code == 0, stderr
     assert "measured now: 1" in stdout
+
+
+def _adaptive_study(study_files: Path, out: Path, *extra: str) -> tuple[int, str, str]:
+    return _call("study", study_files / "models.csv", "--data", study_files / "data.pt",
+                 "--measure", "adaptive", "--rho", "0.1", "--n-iter", "2", "--no-progress",
+                 "--bootstrap", "0", "--no-plots", "--out", out, *extra)
+
+
+def test_a_resume_with_other_threads_refuses_naming_them(study_files, tmp_path):
+    # torch's thread count orders its reductions: values differ in the last digits, and one
+    # study would mix two arithmetics
+    out = tmp_path / "out"
+    code, _, stderr = _adaptive_study(study_files, out, "--threads", "1")
+    assert code == 0, stderr
+    records = (out / "models.jsonl").read_bytes()
+    code, _, stderr = _adaptive_study(study_files, out, "--threads", "2", "--resume")
+    assert code != 0 and "threads" in stderr and "--resume" in stderr, stderr
+    assert (out / "models.jsonl").read_bytes() == records
+    code, _, stderr = _adaptive_study(study_files, out, "--threads", "1", "--resume")
+    assert code == 0, stderr
+
+
+def test_the_settings_identify_a_tokenizer_folder_by_its_contents(study_files, tmp_path):
+    from quotientsharp.workflows.grid import build_grid
+    from quotientsharp.workflows.options import BatchSettings, StudyConfig
+    from quotientsharp.workflows.runner import study_settings
+
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    (tokenizer / "vocab.txt").write_text("[PAD]\n[UNK]\nhello\n")
+    config = StudyConfig(data=study_files / "data.pt", measures=["adaptive"], rho=[0.1],
+                         batches=BatchSettings(tokenizer=str(tokenizer)))
+    grid = build_grid(config)
+    before = study_settings(config, grid)
+    assert study_settings(config, grid) == before
+    (tokenizer / "vocab.txt").write_text("[PAD]\n[UNK]\nworld\n")     # edited in place
+    after = study_settings(config, grid)
+    assert after["tokenizer"] == before["tokenizer"]
+    assert after["tokenizer_sha256"] != before["tokenizer_sha256"]
+    untouched = StudyConfig(data=study_files / "data.pt", measures=["adaptive"], rho=[0.1])
+    assert "tokenizer_sha256" not in study_settings(untouched, build_grid(untouched))

@@ -85,13 +85,20 @@ def default_out(manifest: str | Path) -> Path:
 def study_settings(config: StudyConfig, grid: Sequence[GridPoint]) -> dict[str, Any]:
     """Everything that determines the values (saved in ``run.json``, checked on resume)."""
     data = existing_file(config.data, "--data")
+    tokenizer = config.batches.tokenizer
     return {"data": {"name": data.name, "sha256": content_sha256(data)},
             "grid": [point.as_dict() for point in grid], "gap_from": config.gap_kind,
             **value_settings(config),
             # only when given, so that the run.json of a study without one still resumes
             **({"symmetry": config.symmetry} if config.symmetry else {}),
             **({"chains": config.solver.chains} if config.solver.chains is not None else {}),
-            **({"nonfinite": config.nonfinite} if config.nonfinite != "raise" else {})}
+            **({"nonfinite": config.nonfinite} if config.nonfinite != "raise" else {}),
+            # a tokenizer folder edited in place tokenises the text otherwise, and torch's
+            # thread count changes the order of its reductions (values in the 7th digit)
+            # (one that is not a folder is refused when the data are read)
+            **({"tokenizer_sha256": content_sha256(tokenizer)}
+               if tokenizer and Path(tokenizer).is_dir() else {}),
+            **({"threads": config.threads} if config.threads is not None else {})}
 
 
 def _check_identities(finished: Mapping[str, dict[str, Any]],
