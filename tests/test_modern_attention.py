@@ -286,6 +286,15 @@ def _decoder(name, **options):
 
 T = transformers
 LLAMA_PATHS = ("q_proj", "k_proj", "v_proj", "o_proj")
+DEBERTA_PATHS = ("self.query_proj", "self.key_proj", "self.value_proj", "output.dense")
+
+
+def _deberta_v2(share_att_key: bool) -> nn.Module:
+    return T.DebertaV2ForSequenceClassification(T.DebertaV2Config(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37,
+        vocab_size=50, num_labels=3, pad_token_id=0, relative_attention=True,
+        pos_att_type=["p2c", "c2p"], share_att_key=share_att_key, max_relative_positions=8,
+        position_buckets=4))
 
 
 @dataclass
@@ -434,6 +443,16 @@ FAMILIES = {
         "Swinv2Attention", LinearAccess, ("self.query", "self.key", "self.value",
                                           "output.dense"),
         2, 2, None, ("vo",), (_gl("vo", 2, 17, 16),)),
+    # DeBERTa-v2's disentangled attention: relative positions scored against queries and keys;
+    # with share_att_key=True through query_proj and key_proj themselves, so the qk pair moves
+    # the position scores with it and stays exact
+    "deberta_v2_shared": Family(lambda: _deberta_v2(share_att_key=True), text_batch,
+                                "DebertaV2Attention", LinearAccess, DEBERTA_PATHS, 4, 4, None,
+                                ("qk", "vo"), (_gl("qk", 4, 33, 33), _gl("vo", 4, 33, 32))),
+    # ... and with pos_key_proj/pos_query_proj of their own, which no qk element moves: vo only
+    "deberta_v2": Family(lambda: _deberta_v2(share_att_key=False), text_batch,
+                         "DebertaV2Attention", LinearAccess, DEBERTA_PATHS, 4, 4, None, ("vo",),
+                         (_gl("vo", 4, 33, 32),)),
     "torch_mha": Family(MHAClassifier, mha_batch, "MultiheadAttention", MultiheadAccess, None,
                         2, 2, None, ("qk", "vo"),
                         (_gl("qk", 2, 17, 17), _gl("vo", 2, 17, 16))),
@@ -1117,10 +1136,12 @@ def test_the_same_element_moves_adaptive_sharpness():
     assert abs(values[1] - values[0]) > 1e-2 * abs(values[0]), values
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt_neox", "gptj", "roformer", "swinv2", "diffllama"])
+@pytest.mark.parametrize("name", ["llama", "gpt_neox", "gptj", "roformer", "swinv2", "diffllama",
+                                  "deberta_v2"])
 def test_a_full_gl_element_on_a_rotary_pair_changes_the_logits(name):
     """The control: outside the centraliser the rotary query/key pair is not a symmetry (nor
-    any GL(h) element under Swin v2's cosine attention, whose qk pairs are dropped)."""
+    any GL(h) element under Swin v2's cosine attention or DeBERTa's position projections of
+    their own, whose qk pairs are dropped)."""
     family = FAMILIES[name]
     model = _model(name)
     family_without_rotary = copy.copy(family)

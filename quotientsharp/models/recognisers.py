@@ -9,6 +9,7 @@ Each handler of :data:`HANDLERS` returns ``None`` (not its layout), a :class:`Fi
 from __future__ import annotations
 
 import inspect
+import itertools
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,9 @@ _OUTPUT_NORMS = frozenset({"attn_sub_norm", "sub_norm", "inner_attn_ln", "o_norm
 #: relative position embeddings, ``q @ position_bias^T`` with ``position_bias: [T, T, head_dim]``,
 #: inside the forward: the argument's name is T5's additive bias, so only the class tells.
 _QUERY_TIMES_POSITIONS = frozenset({"SpeechT5Attention"})
+#: DeBERTa's disentangled attention with ``share_att_key=False``: relative position embeddings
+#: projected by maps of their own, scored against the queries and the keys.
+_POSITION_PROJECTIONS = frozenset({"pos_key_proj", "pos_query_proj"})
 #: Classes (in a module's MRO) whose fused ``query_key_value`` is ``[heads, 3, head_dim]``.
 _PER_HEAD_FUSED = frozenset({"GPTNeoXAttention", "BloomAttention", "PersimmonAttention"})
 
@@ -388,6 +392,12 @@ def _query_key_status(module: nn.Module,
     if position_type not in (None, "absolute") and not rotary_read:
         reasons.append(f"position_embedding_type={position_type!r} mixes keys with position "
                        "embeddings")
+    if position_projections := sorted(_children(module) & _POSITION_PROJECTIONS):
+        # with share_att_key=True the positions go through query_proj and key_proj themselves,
+        # and the position scores q . (P W_k)^T, k . (P W_q)^T move with the pair: exact
+        reasons.append(f"relative positions are projected by maps of their own "
+                       f"({', '.join(position_projections)}: DeBERTa's share_att_key=False) "
+                       "and scored against the queries and keys")
     if "bbox_pos_emb" in _forward_arguments(module):
         reasons.append("queries are multiplied by bounding-box position embeddings "
                        "(bbox_pos_emb, BROS) besides the keys")
@@ -513,7 +523,7 @@ def _check_no_other_projections(module: nn.Module, used: Sequence[str]) -> None:
     """Refuse ``module`` if query/key/value-like children besides ``used`` (Longformer's
     ``query_global``...) feed the same heads: the pairs of ``used`` alone are no symmetry."""
     extra = sorted(child for child in _children(module) - {c.lower() for c in used}
-                   - _QUERY_KEY_NORMS - _VALUE_NORMS
+                   - _QUERY_KEY_NORMS - _VALUE_NORMS - _POSITION_PROJECTIONS
                    if any(token in child for token in _PROJECTION_TOKENS))
     if extra:
         raise Unsupported(f"projections {', '.join(extra)} beside {', '.join(used)} feed the "
@@ -582,24 +592,25 @@ def _handle_multihead_attention(name: str, module: nn.Module,
 
 
 def _handle_bert(name: str, module: nn.Module, names: dict[int, str]) -> Finding | None:
-    """HF BERT-style ``X.{self|attention}.{query,key,value}`` + ``X.output.dense``."""
+    """HF BERT-style ``X.{self|attention}.{query,key,value}`` + ``X.output.dense`` (DeBERTa-v2's
+    ``query_proj, key_proj, value_proj``)."""
     output = getattr(module, "output", None)
     dense = getattr(output, "dense", None) if isinstance(output, nn.Module) else None
     if not _is_linear(dense):
         return None
-    for inner_name in ("self", "attention"):
+    for inner_name, children in itertools.product(
+            ("self", "attention"), (("query", "key", "value"),
+                                    ("query_proj", "key_proj", "value_proj"))):
         inner = module._modules.get(inner_name)
         if inner is None:
             continue
-        q, k, v = (inner._modules.get(child) for child in ("query", "key", "value"))
+        q, k, v = (inner._modules.get(child) for child in children)
         if not (_is_linear(q) and _is_linear(k) and _is_linear(v)):
             continue
-        _check_no_other_projections(inner, ("query", "key", "value"))
+        _check_no_other_projections(inner, children)
         prefix = f"{name}." if name else ""
-        inner_prefix = f"{prefix}{inner_name}."
         return _qkvo_finding("bert", name, inner, q, k, v, dense, names, (
-            f"{inner_prefix}query", f"{inner_prefix}key", f"{inner_prefix}value",
-            f"{prefix}output.dense"))
+            *(f"{prefix}{inner_name}.{child}" for child in children), f"{prefix}output.dense"))
     return None
 
 
