@@ -168,6 +168,32 @@ class FusedPerHeadAccess:
             self.module.dense.weight.copy_(p.wo)
 
 
+class ContiguousFusedAccess:
+    """Phi-3 / MPT: one Linear ``[W_q; W_k; W_v]`` back to back (keys and values of the key/value
+    heads) and the output projection, at ``paths = (fused, output)``."""
+
+    def __init__(self, module, paths):
+        self.fused, self.o = (module.get_submodule(path) for path in paths)
+        self.query = module.o_proj.in_features if hasattr(module, "o_proj") else (
+            module.out_proj.in_features)
+
+    def _split(self, tensor):
+        key = (tensor.shape[0] - self.query) // 2
+        return tensor.detach().clone().split([self.query, key, key])
+
+    def read(self):
+        wq, wk, wv = self._split(self.fused.weight)
+        bq, bk, bv = (None,) * 3 if self.fused.bias is None else self._split(self.fused.bias)
+        return Projections(wq, bq, wk, bk, wv, bv, self.o.weight.detach().clone())
+
+    def write(self, p):
+        with torch.no_grad():
+            self.fused.weight.copy_(torch.cat([p.wq, p.wk, p.wv]))
+            if self.fused.bias is not None:
+                self.fused.bias.copy_(torch.cat([p.bq, p.bk, p.bv]))
+            self.o.weight.copy_(p.wo)
+
+
 class MultiheadAccess:
     """``nn.MultiheadAttention``: fused ``in_proj_weight`` / ``in_proj_bias``, ``out_proj``."""
 
@@ -443,6 +469,16 @@ FAMILIES = {
         "Swinv2Attention", LinearAccess, ("self.query", "self.key", "self.value",
                                           "output.dense"),
         2, 2, None, ("vo",), (_gl("vo", 2, 17, 16),)),
+    # queries, keys and values fused back to back in one Linear: Phi-3 (grouped-query, RoPE)
+    # and MPT (ALiBi)
+    "phi3": Family(_decoder("Phi3", num_key_value_heads=2), text_batch, "Phi3Attention",
+                   ContiguousFusedAccess, ("qkv_proj", "o_proj"), 4, 2, (8, "rotate_half"),
+                   ("qk", "vo"), (_gl("qk", 2, 64, 32, query_heads=2, group="GL(1,C)^4"),
+                                  _gl("vo", 2, 32, 64, query_heads=2))),
+    "mpt": Family(lambda: T.MptForSequenceClassification(T.MptConfig(
+        d_model=32, n_heads=4, n_layers=1, vocab_size=50, num_labels=3, pad_token_id=0)),
+        text_batch, "MptAttention", ContiguousFusedAccess, ("Wqkv", "out_proj"), 4, 4, None,
+        ("qk", "vo"), (_gl("qk", 4, 32, 32), _gl("vo", 4, 32, 32))),
     # DeBERTa-v2's disentangled attention: relative positions scored against queries and keys;
     # with share_att_key=True through query_proj and key_proj themselves, so the qk pair moves
     # the position scores with it and stays exact
@@ -584,17 +620,24 @@ def test_a_convolution_over_the_projected_values_breaks_the_value_output_pairs()
     assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3
 
 
-def test_clipped_projections_break_both_pairs():
-    torch.manual_seed(0)
-    model = T.OlmoForSequenceClassification(T.OlmoConfig(
+@pytest.mark.parametrize(("build", "weight"), [
+    (lambda: T.OlmoForSequenceClassification(T.OlmoConfig(
         hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=4,
         num_key_value_heads=2, vocab_size=50, num_labels=3, pad_token_id=0, bos_token_id=1,
-        eos_token_id=1, clip_qkv=5.0))
+        eos_token_id=1, clip_qkv=5.0)), "model.layers.0.self_attn.q_proj.weight"),
+    # MPT keeps clip_qkv on its attention module (from attn_config), not on a config
+    (lambda: T.MptForSequenceClassification(T.MptConfig(
+        d_model=32, n_heads=4, n_layers=1, vocab_size=50, num_labels=3, pad_token_id=0,
+        attn_config={"clip_qkv": 5.0})), "transformer.blocks.0.attn.Wqkv.weight"),
+])
+def test_clipped_projections_break_both_pairs(build, weight):
+    torch.manual_seed(0)
+    model = build()
     report = find_symmetries(model)
     assert report.pairs == [] and report.unknown == []
     assert [module.kinds for module in report.modules] == [()]
     assert sum("clip_qkv" in note for note in report.notes) == 2
-    assert "model.layers.0.self_attn.q_proj.weight" in report.other
+    assert weight in report.other
 
 
 def test_rotary_dims_must_match_the_rotary_embedding():
@@ -1137,7 +1180,7 @@ def test_the_same_element_moves_adaptive_sharpness():
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt_neox", "gptj", "roformer", "swinv2", "diffllama",
-                                  "deberta_v2"])
+                                  "deberta_v2", "phi3"])
 def test_a_full_gl_element_on_a_rotary_pair_changes_the_logits(name):
     """The control: outside the centraliser the rotary query/key pair is not a symmetry (nor
     any GL(h) element under Swin v2's cosine attention or DeBERTa's position projections of
@@ -1153,7 +1196,8 @@ def test_a_full_gl_element_on_a_rotary_pair_changes_the_logits(name):
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "gpt_neox", "gptj", "bloom",
-                                  "distilbert", "roformer", "swinv2", "diffllama"])
+                                  "distilbert", "roformer", "swinv2", "diffllama", "phi3",
+                                  "mpt"])
 def test_reparametrize_draws_in_the_subgroup_and_keeps_the_function(name):
     family = FAMILIES[name]
     model = _model(name)

@@ -326,7 +326,10 @@ def _feature_wise(module: nn.Module, prefixes: tuple[str, ...]) -> list[str]:
     head's features commutes with: clipping (OLMo), hashing (YOSO), a gated delta rule, and a
     convolution over the sequence of the projections named by ``prefixes`` (Inkling)."""
     reasons = []
-    if (clip := getattr(getattr(module, "config", None), "clip_qkv", None)) is not None:
+    clip = getattr(module, "clip_qkv", None)                      # MPT's attention holds it
+    if clip is None:
+        clip = getattr(getattr(module, "config", None), "clip_qkv", None)
+    if clip is not None:
         reasons.append(f"queries, keys and values are clipped elementwise (config "
                        f"clip_qkv={clip}), which no invertible mixing of a head's features "
                        "commutes with")
@@ -697,8 +700,46 @@ def _handle_fused_per_head(name: str, module: nn.Module, names: dict[int, str]) 
     return _pair_groups("fused_per_head", name, module, split, q, k, v, out)
 
 
+#: ``(fused q/k/v Linear, output candidates)`` of the projections fused back to back,
+#: ``[q (heads); k (kv heads); v (kv heads)]``: Phi-3 and MPT.
+_CONTIGUOUS_FUSED = (("qkv_proj", ("o_proj",)), ("wqkv", ("out_proj",)))
+
+
+def _handle_fused_contiguous(name: str, module: nn.Module,
+                             names: dict[int, str]) -> Finding | None:
+    """One ``nn.Linear`` whose outputs are the queries, keys and values back to back (Phi-3's
+    ``qkv_proj``, MPT's ``Wqkv``), read as three row blocks, + the output projection."""
+    children = {child.lower(): child for child in module._modules}
+    for fused_child, o_children in _CONTIGUOUS_FUSED:
+        fused = module._modules.get(children.get(fused_child, ""))
+        o_child = next((children[c] for c in o_children if c in children), None)
+        if not _is_linear(fused) or o_child is None or not _is_linear(module._modules[o_child]):
+            continue
+        out = module._modules[o_child]
+        assert isinstance(out, nn.Module)
+        _check_no_other_projections(module, (children[fused_child],))
+        heads = _head_count(module, out.in_features)
+        kv_heads = _positive_int(getattr(module, "num_key_value_heads", None)) or heads
+        head_dim = _positive_int(getattr(module, "head_dim", None)) or out.in_features // heads
+        query, key = heads * head_dim, kv_heads * head_dim
+        if fused.out_features != query + 2 * key:
+            raise Unsupported(f"{children[fused_child]} has {fused.out_features} outputs, not "
+                              f"{query} queries + 2 x {key} keys/values back to back")
+        split = _check_head_split(module, heads, query, key, key, out.in_features)
+        prefix = f"{name}." if name else ""
+        weight = _parameter_name(names, fused.weight, f"{prefix}{children[fused_child]}.weight")
+        bias = (None if fused.bias is None else
+                _parameter_name(names, fused.bias, f"{prefix}{children[fused_child]}.bias"))
+        q, k, v = (tuple([FactorSource(weight, "weight", 0, offset, fused.in_features)]
+                         + ([] if bias is None else [FactorSource(bias, "bias", 0, offset, 1)]))
+                   for offset in (0, query, query + key))
+        return _pair_groups("fused_contiguous", name, module, split, q, k, v,
+                            _linear_columns(out, names, f"{prefix}{o_child}"))
+    return None
+
+
 HANDLERS = (_handle_multihead_attention, _handle_bert, _handle_qkvo, _handle_gpt2,
-            _handle_fused_per_head)
+            _handle_fused_per_head, _handle_fused_contiguous)
 
 
 def looks_like_attention(module: nn.Module) -> bool:

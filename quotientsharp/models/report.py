@@ -206,7 +206,9 @@ class AttentionModule:
         Which handler recognised it: ``"multihead_attention"``, ``"bert"`` (HF BERT/ViT-4.x style
         ``self|attention`` + ``output.dense``), ``"qkvo"`` (generic
         ``q_proj/k_proj/v_proj/o_proj`` and relatives), ``"gpt2"`` (fused ``c_attn`` / ``c_proj``
-        Conv1D), ``"fused_per_head"`` (GPT-NeoX / BLOOM ``query_key_value`` + ``dense``).
+        Conv1D), ``"fused_per_head"`` (GPT-NeoX / BLOOM ``query_key_value`` + ``dense``),
+        ``"fused_contiguous"`` (Phi-3 ``qkv_proj`` / MPT ``Wqkv``, queries, keys and values back
+        to back).
     heads
         Number of (query) heads.
     kinds
