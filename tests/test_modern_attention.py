@@ -141,23 +141,25 @@ class Conv1DAccess:
 
 
 class FusedPerHeadAccess:
-    """GPT-NeoX / BLOOM: ``query_key_value`` output viewed as ``[heads, 3, d]``; ``dense``."""
+    """GPT-NeoX / BLOOM: ``query_key_value`` output viewed as ``[heads, 3, d]``; ``dense``
+    (GPT-BigCode without multi-query: ``c_attn`` and ``c_proj``)."""
 
     def __init__(self, module, heads):
         self.module, self.heads = module, heads
+        self.fused = getattr(module, "query_key_value", None) or module.c_attn
+        self.dense = getattr(module, "dense", None) or module.c_proj
 
     def read(self):
-        fused = self.module.query_key_value
+        fused = self.fused
         embed = fused.in_features
         weight = fused.weight.detach().reshape(self.heads, 3, -1, embed)
         bias = fused.bias.detach().reshape(self.heads, 3, -1)
         parts = [(weight[:, i].reshape(-1, embed).clone(), bias[:, i].reshape(-1).clone())
                  for i in range(3)]
-        return Projections(*parts[0], *parts[1], *parts[2],
-                           self.module.dense.weight.detach().clone())
+        return Projections(*parts[0], *parts[1], *parts[2], self.dense.weight.detach().clone())
 
     def write(self, p):
-        fused = self.module.query_key_value
+        fused = self.fused
         embed = fused.in_features
         with torch.no_grad():
             weight = torch.stack([w.reshape(self.heads, -1, embed) for w in (p.wq, p.wk, p.wv)],
@@ -165,7 +167,7 @@ class FusedPerHeadAccess:
             fused.weight.copy_(weight.reshape(-1, embed))
             bias = torch.stack([b.reshape(self.heads, -1) for b in (p.bq, p.bk, p.bv)], dim=1)
             fused.bias.copy_(bias.reshape(-1))
-            self.module.dense.weight.copy_(p.wo)
+            self.dense.weight.copy_(p.wo)
 
 
 class ContiguousFusedAccess:
@@ -174,8 +176,7 @@ class ContiguousFusedAccess:
 
     def __init__(self, module, paths):
         self.fused, self.o = (module.get_submodule(path) for path in paths)
-        self.query = module.o_proj.in_features if hasattr(module, "o_proj") else (
-            module.out_proj.in_features)
+        self.query = self.o.in_features
 
     def _split(self, tensor):
         key = (tensor.shape[0] - self.query) // 2
@@ -313,6 +314,12 @@ def _decoder(name, **options):
 T = transformers
 LLAMA_PATHS = ("q_proj", "k_proj", "v_proj", "o_proj")
 DEBERTA_PATHS = ("self.query_proj", "self.key_proj", "self.value_proj", "output.dense")
+
+
+def _gpt_bigcode(multi_query: bool) -> nn.Module:
+    return T.GPTBigCodeForSequenceClassification(T.GPTBigCodeConfig(
+        n_embd=32, n_layer=1, n_head=4, vocab_size=50, n_positions=16, num_labels=3,
+        pad_token_id=0, bos_token_id=1, eos_token_id=1, multi_query=multi_query))
 
 
 def _deberta_v2(share_att_key: bool) -> nn.Module:
@@ -479,6 +486,16 @@ FAMILIES = {
         d_model=32, n_heads=4, n_layers=1, vocab_size=50, num_labels=3, pad_token_id=0)),
         text_batch, "MptAttention", ContiguousFusedAccess, ("Wqkv", "out_proj"), 4, 4, None,
         ("qk", "vo"), (_gl("qk", 4, 32, 32), _gl("vo", 4, 32, 32))),
+    # GPT-BigCode (StarCoder): c_attn back to back with multi-query, per-head interleaved
+    # without
+    "gpt_bigcode_mq": Family(lambda: _gpt_bigcode(multi_query=True), text_batch,
+                             "GPTBigCodeAttention", ContiguousFusedAccess, ("c_attn", "c_proj"),
+                             4, 1, None, ("qk", "vo"),
+                             (_gl("qk", 1, 132, 33, query_heads=4),
+                              _gl("vo", 1, 33, 128, query_heads=4))),
+    "gpt_bigcode": Family(lambda: _gpt_bigcode(multi_query=False), text_batch,
+                          "GPTBigCodeAttention", FusedPerHeadAccess, 4, 4, 4, None, ("qk", "vo"),
+                          (_gl("qk", 4, 33, 33), _gl("vo", 4, 33, 32))),
     # DeBERTa-v2's disentangled attention: relative positions scored against queries and keys;
     # with share_att_key=True through query_proj and key_proj themselves, so the qk pair moves
     # the position scores with it and stays exact

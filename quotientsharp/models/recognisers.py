@@ -701,8 +701,9 @@ def _handle_fused_per_head(name: str, module: nn.Module, names: dict[int, str]) 
 
 
 #: ``(fused q/k/v Linear, output candidates)`` of the projections fused back to back,
-#: ``[q (heads); k (kv heads); v (kv heads)]``: Phi-3 and MPT.
-_CONTIGUOUS_FUSED = (("qkv_proj", ("o_proj",)), ("wqkv", ("out_proj",)))
+#: ``[q (heads); k (kv heads); v (kv heads)]``: Phi-3, MPT, and GPT-BigCode (StarCoder) with
+#: multi-query attention (without, its ``c_attn`` interleaves the heads as GPT-NeoX does).
+_CONTIGUOUS_FUSED = (("qkv_proj", ("o_proj",)), ("wqkv", ("out_proj",)), ("c_attn", ("c_proj",)))
 
 
 def _handle_fused_contiguous(name: str, module: nn.Module,
@@ -718,8 +719,11 @@ def _handle_fused_contiguous(name: str, module: nn.Module,
         out = module._modules[o_child]
         assert isinstance(out, nn.Module)
         _check_no_other_projections(module, (children[fused_child],))
+        if getattr(module, "is_cross_attention", False) or "q_attn" in children:
+            raise Unsupported("cross-attention (q_attn) is not supported")
         heads = _head_count(module, out.in_features)
-        kv_heads = _positive_int(getattr(module, "num_key_value_heads", None)) or heads
+        kv_heads = (_positive_int(getattr(module, "num_key_value_heads", None))
+                    or _positive_int(getattr(module, "kv_heads", None)) or heads)
         head_dim = _positive_int(getattr(module, "head_dim", None)) or out.in_features // heads
         query, key = heads * head_dim, kv_heads * head_dim
         if fused.out_features != query + 2 * key:
@@ -727,13 +731,19 @@ def _handle_fused_contiguous(name: str, module: nn.Module,
                               f"{query} queries + 2 x {key} keys/values back to back")
         split = _check_head_split(module, heads, query, key, key, out.in_features)
         prefix = f"{name}." if name else ""
-        weight = _parameter_name(names, fused.weight, f"{prefix}{children[fused_child]}.weight")
-        bias = (None if fused.bias is None else
-                _parameter_name(names, fused.bias, f"{prefix}{children[fused_child]}.bias"))
-        q, k, v = (tuple([FactorSource(weight, "weight", 0, offset, fused.in_features)]
-                         + ([] if bias is None else [FactorSource(bias, "bias", 0, offset, 1)]))
-                   for offset in (0, query, query + key))
-        return _pair_groups("fused_contiguous", name, module, split, q, k, v,
+        what = f"{prefix}{children[fused_child]}"
+        weight = _parameter_name(names, fused.weight, f"{what}.weight")
+        interleaved = fused_child == "c_attn" and getattr(module, "multi_query", True) is False
+        # GPT-BigCode without multi-query views c_attn's outputs as [heads, 3, head_dim]
+        weights = ([FactorSource(weight, "weight", 0, 0, fused.in_features, 3 * head_dim,
+                                 i * head_dim) for i in range(3)] if interleaved else
+                   [FactorSource(weight, "weight", 0, offset, fused.in_features)
+                    for offset in (0, query, query + key)])
+        q, k, v = ([(w,) for w in weights] if fused.bias is None else [
+            (w, FactorSource(_parameter_name(names, fused.bias, f"{what}.bias"), "bias", 0,
+                             w.offset, 1, w.stride, w.phase)) for w in weights])
+        return _pair_groups("fused_per_head" if interleaved else "fused_contiguous", name,
+                            module, split, q, k, v,
                             _linear_columns(out, names, f"{prefix}{o_child}"))
     return None
 
