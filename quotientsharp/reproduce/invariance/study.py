@@ -118,8 +118,7 @@ def _measure(model: nn.Module, batch: Mapping[str, Any], n_iter: int,
         start = time.perf_counter()
         result = sharpness(model, [batch], rho=RHO, n_iter=n_iter, seed=0, progress=False,
                            keep_perturbations=True, **options)
-        if result.perturbations is None:
-            raise RuntimeError("sharpness(keep_perturbations=True) kept no perturbation")
+        assert result.perturbations is not None  # keep_perturbations=True keeps them
         out[key] = {"value": float(result.value), "clean": float(result.clean_losses[0]),
                     "geometry": result.settings["geometry_dtype"],
                     "kept": _kept_fraction(model, result.perturbations[0]),
@@ -177,8 +176,7 @@ def _moved_model(model: nn.Module, report: SymmetryReport, scale: float,
 
     transformed = reparametrize(model, report, scale=scale, generator=generator,
                                 return_transforms=True)
-    if not isinstance(transformed, tuple):
-        raise TypeError("reparametrize(return_transforms=True) returned no transforms")
+    assert isinstance(transformed, tuple)  # return_transforms=True returns them
     params, (matrices, _) = transformed
     moved = copy.deepcopy(model)
     with torch.no_grad():
