@@ -26,12 +26,6 @@ from typing import TYPE_CHECKING, Any
 from quotientsharp.reproduce.config import InvarianceConfig, check_config, run_study_command
 from quotientsharp.reproduce.invariance.report import (
     CSV_COLUMNS,
-    combined_rows,
-    console_lines,
-    page_data,
-    plot_relative_changes,
-)
-from quotientsharp.reproduce.invariance.settings import (
     DTYPES,
     FULL,
     MEASURES,
@@ -39,7 +33,11 @@ from quotientsharp.reproduce.invariance.settings import (
     RHO,
     DtypeRun,
     InvarianceSettings,
+    combined_rows,
+    console_lines,
+    page_data,
     parse_dtypes,
+    plot_relative_changes,
 )
 
 if TYPE_CHECKING:
