@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from quotientsharp.core.scalars import check_flag
-from quotientsharp.reproduce.invariance.settings import check_measures, parse_dtypes
+from quotientsharp.reproduce.invariance.report import check_measures, parse_dtypes
 
 Outcome = TypeVar("Outcome")
 

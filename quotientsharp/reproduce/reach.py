@@ -1,17 +1,11 @@
 """``quotientsharp reproduce reach``: how much of the best-found maximum the default solver
 reaches, whether its warnings say so, per measure, against the radius rho.
 
-Per measure and ``rho`` of :data:`RHOS`: the default solver's value as a percentage of the best
-value found per problem (a model and one batch), the same for its first chain alone, and the
-problems it falls short on, how many of those its result flagged (``qs.ReachWarning``), and
-false alarms; on diagonal nets (the quick ``reproduce diagonal`` nets, reference: a strong
-ascent and mix's exact maxima), a tiny float64 BERT and the first trained models of each family
-study (:mod:`quotientsharp.reproduce.reach_models`; reference: 10 times the steps with random
-restarts). ``docs/results/reach.md`` describes each part. A few hours of one core; ``--quick``:
-2 radii, 2 nets, 1 BERT batch and one model of each quick family. Units go to
-``OUT/units.jsonl`` as each finishes (``--resume``, torchrun). Outputs: ``OUT/reach.json``,
-``OUT/page.json``; with ``--docs DIR`` the page ``DIR/results/reach.md``, its data
-``DIR/results/data/reach.json`` and the regenerated ``DIR/results.md``.
+On diagonal nets, a tiny float64 BERT and the first trained models of each family study
+(:mod:`quotientsharp.reproduce.reach_models`), at each ``rho`` of :data:`RHOS`
+(``docs/results/reach.md`` describes each part). A few hours of one core; ``--quick``: 2 radii,
+2 nets, 1 BERT batch and one model of each quick family. Units go to ``OUT/units.jsonl`` as each
+finishes (``--resume``, torchrun); then ``OUT/reach.json`` and ``OUT/page.json``.
 """
 
 from __future__ import annotations
@@ -207,9 +201,7 @@ def reach_study(out: Path, *, quick: bool = False, seed: int = 0, threads: int =
 
 
 def run(config: ReachConfig) -> int:
-    """Run ``quotientsharp reproduce reach`` as ``config`` (a
-    :class:`~quotientsharp.reproduce.config.ReachConfig`, else a ``TypeError``) says; the exit
-    status of :func:`~quotientsharp.reproduce.config.run_study_command`."""
+    """Run ``quotientsharp reproduce reach`` as ``config`` says; the exit status."""
     check_config(config, ReachConfig, "reach")
     out = config.out if config.out is not None else Path(
         "results/reach-quick" if config.quick else "results/reach")

@@ -77,9 +77,7 @@ class RateBallMixGeometry(DiagonalHorizontalGeometry):
         self.metric = "mix"
         # the path is the mix quotient's own geodesic; only the ball is inv's
         mix = DiagonalQuotient("mix").at((u, v))
-        if not isinstance(mix, DiagonalPoint):
-            raise TypeError(f"the mix quotient's point is a {type(mix).__name__}, not a "
-                            "DiagonalPoint")
+        assert isinstance(mix, DiagonalPoint)  # the diagonal quotient's own point class
         self._mix = mix
 
     def beta(self, xi: Sequence[torch.Tensor]) -> torch.Tensor:

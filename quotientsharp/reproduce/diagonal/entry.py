@@ -1,23 +1,14 @@
 """``quotientsharp reproduce diagonal``: sharpness against generalisation on diagonal networks.
 
 The paper's Sec. 5.1 (tau = -0.68 adaptive, -0.83 geodesic inv, -0.86 geodesic mix): 50 diagonal
-nets ``y = x^T (u * v)`` from ``u_0 = a 1``, ``v_0 = 0`` fit one noiseless sparse regression
-(``d = 200``, ``n = 100`` training and 5000 test inputs ``N(0, I_d)``, ``beta*`` 20-sparse with
-``||beta*|| = 1``), each with its own initialisation scale, learning rate and batch size (drawn
-once, seeded; our choices, fixed before looking at any correlation), trained together until the
-training loss is below ``1e-5`` (nets that never get there are reported, not counted). The
-Kendall tau of the test loss against each measure (adaptive; geodesic inv and mix with exact,
-first- and second-order paths; rho 0.1, 20 Auto-PGD steps on 4 batches of 25) comes with a 95 %
-bootstrap interval, next to the exact maximum of mix exact and a strong reference ascent.
-``docs/results/diagonal.md`` describes the protocol in full.
-
-Outputs in ``--out`` (default ``results/diagonal``): ``run.json``, ``trained.jsonl``,
-``models.jsonl``, ``models.csv`` (written as nets finish; ``--resume`` continues, with identical
-results), ``scatter_<measure>.png`` and ``page.json``; with ``--docs DIR`` the page
-``DIR/results/diagonal.md`` rendered from it. ``--full`` adds 3 data seeds at rho 0.03, 0.1 and
-0.3 and a training set per net (``OUT/full/<run>/``). ``--quick``: 12 nets, 10 ascent steps,
-2000 test inputs, at most 40000 training steps. Under torchrun the nets train on rank 0 and the
-measures are dealt over the ranks, with the values of one process bit for bit.
+nets ``y = x^T (u * v)`` fit one noiseless sparse regression, each with its own drawn
+initialisation scale, learning rate and batch size; the Kendall tau of the test loss against
+each measure, with a bootstrap interval, next to the exact maximum of mix exact and a strong
+reference ascent (``docs/results/diagonal.md`` gives the protocol). Outputs in ``--out``
+(default ``results/diagonal``; ``--resume`` continues): ``run.json``, ``trained.jsonl``,
+``models.jsonl``, ``models.csv``, ``scatter_<measure>.png`` and ``page.json``. ``--full`` adds 3
+data seeds at rho 0.03, 0.1 and 0.3 and a training set per net; ``--quick``: 12 nets, 10 ascent
+steps. Under torchrun the nets train on rank 0 and the measures are dealt over the ranks.
 """
 
 from __future__ import annotations
@@ -69,9 +60,7 @@ def _print_result(result: StudyResult, settings: DiagonalSettings, docs: Path | 
 
 
 def run(config: DiagonalConfig) -> int:
-    """Run ``quotientsharp reproduce diagonal`` as ``config`` (a
-    :class:`~quotientsharp.reproduce.config.DiagonalConfig`, else a ``TypeError``) says; the
-    exit status of :func:`~quotientsharp.reproduce.config.run_study_command`."""
+    """Run ``quotientsharp reproduce diagonal`` as ``config`` says; the exit status."""
     check_config(config, DiagonalConfig, "diagonal")
     settings = settings_from_config(config)     # nets and seed were checked by the config
     out = config.out if config.out is not None else Path(default_out(settings))

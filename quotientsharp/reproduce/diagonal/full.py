@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,18 +34,15 @@ Record = Mapping[str, Any]
 
 @dataclass(frozen=True)
 class Row:
-    """One row of the sweep tables: a label and the per-record value it ranks."""
+    """One row of the sweep tables: a label and the key of the value it ranks, in the record's
+    ``sharpness`` (in the record itself for a ``confound``)."""
 
     label: str
-    value: Callable[[Record], float]
+    key: str
+    confound: bool = False
 
-
-def _sharpness(key: str) -> Callable[[Record], float]:
-    return lambda record: float(record["sharpness"][key])
-
-
-def _field(key: str) -> Callable[[Record], float]:
-    return lambda record: float(record[key])
+    def value(self, record: Record) -> float:
+        return float(record[self.key] if self.confound else record["sharpness"][self.key])
 
 
 def _maximum_label(name: str) -> str:
@@ -56,14 +53,13 @@ def _maximum_label(name: str) -> str:
 #: The rows of the sweep tables: the measures, their maxima, the population loss, the
 #: confounds.
 SWEEP_ROWS: tuple[Row, ...] = (
-    *(Row(f"{spec.name} (Auto-PGD)", _sharpness(spec.name)) for spec in MEASURES
-      if not spec.diagnostic),
-    *(Row(_maximum_label(name), _sharpness(key)) for name, key in MAXIMUM_OF.items()),
-    *(Row(f"population: {name} (Auto-PGD)", _sharpness(f"population:{name}"))
+    *(Row(f"{spec.name} (Auto-PGD)", spec.name) for spec in MEASURES if not spec.diagnostic),
+    *(Row(_maximum_label(name), key) for name, key in MAXIMUM_OF.items()),
+    *(Row(f"population: {name} (Auto-PGD)", f"population:{name}")
       for name in ("adaptive", "geodesic_inv_exact")),
-    *(Row(f"population: {name} (exact maximum)", _sharpness(f"population_exact:{name}"))
+    *(Row(f"population: {name} (exact maximum)", f"population_exact:{name}")
       for name in ("geodesic_mix_exact", "geodesic_mix_exact_rateball")),
-    *(Row(f"confound: {name}", _field(name)) for name in CONFOUNDS),
+    *(Row(f"confound: {name}", name, confound=True) for name in CONFOUNDS),
 )
 
 
@@ -196,8 +192,7 @@ def run_full(settings: DiagonalSettings, out: Path, *, resume: bool = False,
     full = full_statistics(groups, settings.rho, rhos, samples, seed)
     base = results[""]
     wall = sum(result.wall_seconds for result in results.values())
-    options = ("" if tuple(rhos) == FULL_RHOS
-               else f" --rhos {','.join(f'{r:g}' for r in rhos)}")
+    options = "" if tuple(rhos) == FULL_RHOS else f" --rhos {','.join(f'{r:g}' for r in rhos)}"
     options += ("" if per_net_seeds is None or per_net_seeds == data_seeds
                 else f" --per-net-seeds {per_net_seeds}")
     command = _canonical_command(settings, full=True).replace(

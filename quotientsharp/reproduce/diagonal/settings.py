@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from quotientsharp.core.scalars import check_int
+from quotientsharp.core.scalars import check_finite, check_int
 from quotientsharp.engine.solver import AscentSettings
 
 
@@ -50,16 +50,14 @@ class DiagonalSettings:
     variant: str = "full"
 
     def __post_init__(self) -> None:
-        minimums = dict.fromkeys(("nets", "d", "n_train", "n_test", "support", "max_steps",
+        minimums = dict.fromkeys(("d", "n_train", "n_test", "support", "max_steps",
                                   "check_every", "schedule_epochs", "n_iter",
                                   "sharpness_batch_size", "reference_iterations", "bootstrap"), 1)
-        for name, minimum in {**minimums, "seed": 0, "reference_restarts": 0}.items():
+        # nets: a rank correlation needs pairs
+        for name, minimum in {**minimums, "nets": 2, "seed": 0, "reference_restarts": 0}.items():
             object.__setattr__(self, name, check_int(name, getattr(self, name), minimum))
         if self.data_seed is not None:
             object.__setattr__(self, "data_seed", check_int("data_seed", self.data_seed, 0))
-        if self.nets < 2:
-            raise ValueError(f"nets must be at least 2 (a rank correlation needs pairs), got "
-                             f"{self.nets}")
         if self.training_sets not in ("shared", "per_net"):
             raise ValueError(f"training_sets must be 'shared' or 'per_net', got "
                              f"{self.training_sets!r}")
@@ -67,12 +65,10 @@ class DiagonalSettings:
             raise ValueError(f"support must be smaller than d={self.d}, got {self.support}")
         self._check_draws_and_batches()
         for name in ("target_loss", "rho"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+            check_finite(name, getattr(self, name))
 
     def _check_draws_and_batches(self) -> None:
-        """Check the drawn ranges and the batch sizes, stored as tuples (of floats, of ints)."""
+        """Check the drawn ranges and the batch sizes, stored as tuples."""
         object.__setattr__(self, "init_scale", _positive_range("init_scale", self.init_scale))
         object.__setattr__(self, "learning_rate",
                            _positive_range("learning_rate", self.learning_rate))

@@ -1,13 +1,10 @@
 """``quotientsharp reproduce bert``: sharpness vs generalisation on a family of small BERTs.
 
-The paper's MNLI study (35 BERT-base fine-tunes) scaled down to CPU, offline: 32 small
-``transformers`` BERTs (hidden 32, 2 layers, 4 heads, ~26k parameters) trained from scratch on a
-generated task that needs attention: sequences of 16 tokens with one ``A`` and one ``B``, label
-1 if ``A`` comes before ``B``, flipped with probability 0.1 (a pool of 2048, a test set of 1024).
-Recipes are drawn and sharpness measured as in ``reproduce vit`` (``docs/results/bert.md`` gives
-every setting). About 18 s of one core per model; ``--quick``: 6 models, a few epochs, 64
-sharpness points, 3 ascent steps. Outputs as for ``reproduce vit``; with ``--docs docs`` the
-page ``docs/results/bert.md``.
+The paper's MNLI study scaled down to CPU, offline: 32 small ``transformers`` BERTs trained from
+scratch on a generated task that needs attention (label 1 if token ``A`` comes before ``B``,
+flipped with probability 0.1), measured as in ``reproduce vit`` (``docs/results/bert.md`` gives
+every setting). About 18 s of one core per model; ``--quick``: 6 models. Outputs as for
+``reproduce vit``.
 """
 
 from __future__ import annotations

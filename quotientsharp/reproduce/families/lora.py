@@ -1,15 +1,12 @@
 """``quotientsharp reproduce lora``: sharpness vs generalisation over LoRA fine-tunes of MiniLM.
 
-The family of ``reproduce minilm`` (task, pool, test set and gap), but each of the 20 models is
-a PEFT LoRA fine-tune: the base frozen, adapters of a drawn rank ``r`` in {1, 2, 4, 8, 16}
-(``lora_alpha = 2 r``) on every ``query`` and ``value`` projection, and the fresh classifier
-train. Sharpness perturbs only them: the geodesic measures treat each adapter as a ``GL(r)``
-pair ``(B, A^T)``; adaptive, plain L2 worst case, geodesic inv and mix at orders 1 and 2 on the
-first 16 pool sentences with 3 Auto-PGD steps (``docs/results/lora.md`` gives every setting).
-About 1-2 min per model; ``--quick``: 3 models of a tiny random BERT. The paper-size
-measurement is ``--device cuda --models 32 --n-iter 20 --sharpness-points 256
---sharpness-batch-size 64``. Outputs as for ``reproduce minilm``; with ``--docs docs`` the page
-``docs/results/lora.md``. Needs ``peft`` (``pip install quotientsharp[lora]``).
+The family of ``reproduce minilm``, but each of the 20 models is a PEFT LoRA fine-tune (adapters
+of a drawn rank on every ``query`` and ``value`` projection, the base frozen); sharpness perturbs
+only the adapters and the classifier, the geodesic measures each adapter as a ``GL(r)`` pair
+(``docs/results/lora.md`` gives every setting). About 1-2 min per model; ``--quick``: 3 models of
+a tiny random BERT. The paper-size measurement is ``--device cuda --models 32 --n-iter 20
+--sharpness-points 256 --sharpness-batch-size 64``. Outputs as for ``reproduce minilm``. Needs
+``peft`` (``pip install quotientsharp[lora]``).
 """
 
 from __future__ import annotations

