@@ -349,6 +349,9 @@ def _feature_wise(module: nn.Module, prefixes: tuple[str, ...]) -> list[str]:
 
 def _rotary(module: nn.Module, head_dim: int) -> tuple[RotarySpec | None, list[str], list[str]]:
     """Rotary embeddings of ``module``: ``(spec, reasons the pair breaks, notes)``."""
+    if getattr(getattr(module, "config", None), "alibi", None) is True:
+        # Falcon with ALiBi takes position_embeddings but never applies them
+        return None, [], []
     arguments, children = _forward_arguments(module), _children(module)
     marked = [marker for marker in _ROTARY_MARKERS
               if marker in arguments or any(marker in child for child in children)
@@ -557,12 +560,14 @@ def _is_linear(module: object) -> TypeGuard[nn.Linear]:
 
 
 def _with_fused_bias(weights: list[FactorSource], bias: object, names: dict[int, str],
-                     what: str, width: int) -> list[tuple[FactorSource, ...]]:
-    """Each q/k/v weight with its slice of the fused ``bias`` (if any), at ``i * width``."""
+                     what: str, width: int | None = None) -> list[tuple[FactorSource, ...]]:
+    """Each q/k/v weight with its slice of the fused ``bias`` (if any), at ``i * width``, or
+    where ``width`` is ``None`` at the weight's own offset (one fused weight and its bias)."""
     if bias is None:
         return [(weight,) for weight in weights]
     name = _parameter_name(names, bias, what)
-    return [(w, FactorSource(name, "bias", 0, i * width, 1, w.stride, w.phase))
+    return [(w, FactorSource(name, "bias", 0, w.offset if width is None else i * width, 1,
+                             w.stride, w.phase))
             for i, w in enumerate(weights)]
 
 
@@ -675,49 +680,71 @@ def _handle_gpt2(name: str, module: nn.Module, names: dict[int, str]) -> Finding
     return _pair_groups("gpt2", name, module, split, q, k, v, out)
 
 
+def _falcon_kv_heads(module: nn.Module, heads: int) -> tuple[int, int]:
+    """Falcon's key/value heads and the queries per fused group: ``new_decoder_architecture``
+    views ``query_key_value`` as ``[kv heads, queries + 2, d]`` (each group's queries, its key,
+    its value), ``multi_query`` as ``[heads + 2, d]`` back to back, the rest as GPT-NeoX."""
+    if getattr(module, "new_decoder_architecture", False):
+        kv_heads = _positive_int(getattr(module, "num_kv_heads", None)) or heads
+        return kv_heads, heads // kv_heads
+    return (1, 0) if getattr(module, "multi_query", False) else (heads, 1)
+
+
 def _handle_fused_per_head(name: str, module: nn.Module, names: dict[int, str]) -> Finding | None:
     """GPT-NeoX / BLOOM: ``query_key_value`` Linear viewed as ``[heads, 3, head_dim]`` (read
-    with ``stride = 3 d`` and phases ``0, d, 2 d``) + ``dense``."""
+    with ``stride = 3 d`` and phases ``0, d, 2 d``) + ``dense``; Falcon's three layouts."""
     fused, dense = module._modules.get("query_key_value"), module._modules.get("dense")
     if not (_is_linear(fused) and _is_linear(dense)):
         return None
-    if not {cls.__name__ for cls in type(module).__mro__} & _PER_HEAD_FUSED:
+    classes = {cls.__name__ for cls in type(module).__mro__}
+    if not classes & (_PER_HEAD_FUSED | {"FalconAttention"}):
         raise Unsupported("fused query_key_value of an unknown head layout (supported: the "
                            "per-head [q, k, v] interleave of " + ", ".join(sorted(_PER_HEAD_FUSED))
-                           + ")")
+                           + ", and Falcon's)")
     embed = dense.in_features
-    if fused.out_features != 3 * embed:
-        raise Unsupported(f"query_key_value has {fused.out_features} outputs, not 3 x {embed}")
     heads = _head_count(module, embed)
-    split = _check_head_split(module, heads, embed, embed, embed, embed)
-    head_dim = split.head_dim_k
+    kv_heads, group = (_falcon_kv_heads(module, heads) if "FalconAttention" in classes
+                       else (heads, 1))
+    head_dim = embed // heads
+    if fused.out_features != embed + 2 * kv_heads * head_dim:
+        raise Unsupported(f"query_key_value has {fused.out_features} outputs, not {embed} "
+                          f"queries + 2 x {kv_heads * head_dim} keys/values")
+    key = kv_heads * head_dim
+    split = _check_head_split(module, heads, embed, key, key, embed)
     prefix = f"{name}." if name else ""
     weight = _parameter_name(names, fused.weight, f"{prefix}query_key_value.weight")
-    weights = [FactorSource(weight, "weight", 0, 0, fused.in_features, 3 * head_dim, i * head_dim)
-               for i in range(3)]
-    q, k, v = _with_fused_bias(weights, fused.bias, names, f"{prefix}query_key_value.bias", 0)
+    if group == 0:              # Falcon's multi-query: back to back
+        weights = [FactorSource(weight, "weight", 0, offset, fused.in_features)
+                   for offset in (0, embed, embed + key)]
+    else:                       # per group: its queries, its key, its value
+        stride = (group + 2) * head_dim
+        weights = [FactorSource(weight, "weight", 0, 0, fused.in_features, stride, phase)
+                   for phase in (0, group * head_dim, (group + 1) * head_dim)]
+    q, k, v = _with_fused_bias(weights, fused.bias, names, f"{prefix}query_key_value.bias")
     out = _linear_columns(dense, names, f"{prefix}dense")
     return _pair_groups("fused_per_head", name, module, split, q, k, v, out)
 
 
 #: ``(fused q/k/v Linear, output candidates)`` of the projections fused back to back,
-#: ``[q (heads); k (kv heads); v (kv heads)]``: Phi-3, MPT, and GPT-BigCode (StarCoder) with
-#: multi-query attention (without, its ``c_attn`` interleaves the heads as GPT-NeoX does).
-_CONTIGUOUS_FUSED = (("qkv_proj", ("o_proj",)), ("wqkv", ("out_proj",)), ("c_attn", ("c_proj",)))
+#: ``[q (heads); k (kv heads); v (kv heads)]``: Phi-3, MPT, ModernBERT, and GPT-BigCode
+#: (StarCoder) with multi-query attention (without, its ``c_attn`` interleaves the heads as
+#: GPT-NeoX does).
+_CONTIGUOUS_FUSED = (("qkv_proj", ("o_proj",)), ("wqkv", ("out_proj", "wo")),
+                     ("c_attn", ("c_proj",)))
 
 
 def _handle_fused_contiguous(name: str, module: nn.Module,
                              names: dict[int, str]) -> Finding | None:
     """One ``nn.Linear`` whose outputs are the queries, keys and values back to back (Phi-3's
-    ``qkv_proj``, MPT's ``Wqkv``), read as three row blocks, + the output projection."""
+    ``qkv_proj``, MPT's and ModernBERT's ``Wqkv``, GPT-BigCode's multi-query ``c_attn``), read
+    as three row blocks, + the output projection."""
     children = {child.lower(): child for child in module._modules}
     for fused_child, o_children in _CONTIGUOUS_FUSED:
         fused = module._modules.get(children.get(fused_child, ""))
         o_child = next((children[c] for c in o_children if c in children), None)
-        if not _is_linear(fused) or o_child is None or not _is_linear(module._modules[o_child]):
+        out = None if o_child is None else module._modules[o_child]
+        if not (_is_linear(fused) and _is_linear(out)):
             continue
-        out = module._modules[o_child]
-        assert isinstance(out, nn.Module)
         _check_no_other_projections(module, (children[fused_child],))
         if getattr(module, "is_cross_attention", False) or "q_attn" in children:
             raise Unsupported("cross-attention (q_attn) is not supported")
@@ -739,9 +766,7 @@ def _handle_fused_contiguous(name: str, module: nn.Module,
                                  i * head_dim) for i in range(3)] if interleaved else
                    [FactorSource(weight, "weight", 0, offset, fused.in_features)
                     for offset in (0, query, query + key)])
-        q, k, v = ([(w,) for w in weights] if fused.bias is None else [
-            (w, FactorSource(_parameter_name(names, fused.bias, f"{what}.bias"), "bias", 0,
-                             w.offset, 1, w.stride, w.phase)) for w in weights])
+        q, k, v = _with_fused_bias(weights, fused.bias, names, f"{what}.bias")
         return _pair_groups("fused_per_head" if interleaved else "fused_contiguous", name,
                             module, split, q, k, v,
                             _linear_columns(out, names, f"{prefix}{o_child}"))
