@@ -552,6 +552,17 @@ FAMILIES = {
         ContiguousFusedAccess, ("Wqkv", "Wo"), 4, 4, (8, "rotate_half"), ("qk", "vo"),
         (_gl("qk", 4, 32, 32, group="GL(1,C)^4"), _gl("vo", 4, 32, 32)), modules=2,
         rounding=CONDITION * torch.finfo(torch.float32).eps),
+    # GPT-OSS: rotate_half planes applied by its own _apply_rotary_emb (no rotate_half helper),
+    # attention sinks (one learned logit per head: the pairs stay), a sliding layer; experts
+    # in eager mode (torch's grouped matrix product has no float64)
+    "gpt_oss": Family(_decoder("GptOss", num_key_value_heads=2, head_dim=8, intermediate_size=32,
+                               num_local_experts=2, num_experts_per_tok=1, num_hidden_layers=2,
+                               layer_types=["sliding_attention", "full_attention"],
+                               sliding_window=4, experts_implementation="eager"),
+                      text_batch, "GptOssAttention", LinearAccess,
+                      LLAMA_PATHS, 4, 2, (8, "rotate_half"), ("qk", "vo"),
+                      (_gl("qk", 2, 66, 33, query_heads=2, group="GL(1,C)^4"),
+                       _gl("vo", 2, 33, 64, query_heads=2)), modules=2),
     # GPT-BigCode (StarCoder): c_attn back to back with multi-query, per-head interleaved
     # without
     "gpt_bigcode_mq": Family(lambda: _gpt_bigcode(multi_query=True), text_batch,
@@ -1279,7 +1290,7 @@ def test_the_same_element_moves_adaptive_sharpness():
 
 @pytest.mark.parametrize("name", ["llama", "gpt_neox", "gptj", "roformer", "swinv2", "diffllama",
                                   "deberta_v2", "phi3", "falcon_gqa", "falcon_mq",
-                                  "modernbert"])
+                                  "modernbert", "gpt_oss"])
 def test_a_full_gl_element_on_a_rotary_pair_changes_the_logits(name):
     """The control: outside the centraliser the rotary query/key pair is not a symmetry (nor
     any GL(h) element under Swin v2's cosine attention or DeBERTa's position projections of

@@ -106,14 +106,29 @@ def _quarter_turn_of_sinusoidal_helper(module: nn.Module) -> tuple[Any, str]:
     return quarter_turn, f"{type(module).__module__}.{type(module).__name__}.{name}"
 
 
+def _quarter_turn_of_half_angle_helper(module: nn.Module) -> tuple[Any, str]:
+    """GPT-OSS's module-level ``_apply_rotary_emb(x, cos, sin)`` (``cos`` and ``sin`` of half the
+    head dimension) at ``cos = 0, sin = 1``: a quarter turn (``None`` if there is none)."""
+    helper, source = modeling_helper(module, ("_apply_rotary_emb",))
+    if helper is None:
+        return None, source
+
+    def quarter_turn(probe: torch.Tensor) -> Any:
+        half = probe[..., : probe.shape[-1] // 2]
+        return helper(probe, torch.zeros_like(half), torch.ones_like(half))
+    return quarter_turn, source
+
+
 def detect_layout(module: nn.Module) -> tuple[str | None, str]:
     """The rotary layout (``"rotate_half"``, ``"interleaved"`` or ``None``) of the modeling code's
-    quarter turn (``rotate_half``, ``rotate_every_two`` or RoFormer's method), in either
-    direction, and which helper was probed (or what was searched)."""
+    quarter turn (``rotate_half``, ``rotate_every_two``, RoFormer's method or GPT-OSS's
+    ``_apply_rotary_emb``), in either direction, and which helper was probed (or what was
+    searched)."""
     helper, source = modeling_helper(module, ("rotate_half", "rotate_every_two"))
-    if helper is None:
-        helper, method_source = _quarter_turn_of_sinusoidal_helper(module)
-        source = method_source if helper is not None else f"{source}; {method_source}"
+    for fallback in (_quarter_turn_of_sinusoidal_helper, _quarter_turn_of_half_angle_helper):
+        if helper is None:
+            helper, fallback_source = fallback(module)
+            source = fallback_source if helper is not None else f"{source}; {fallback_source}"
     # distinct entries tell the two pairings apart; float64 on the CPU whatever the defaults
     probe = torch.arange(1.0, 9.0, dtype=torch.float64, device="cpu").reshape(1, 1, 1, 8)
     rotated = None if helper is None else _call_on_probe(helper, probe, probe.shape)
