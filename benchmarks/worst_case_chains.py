@@ -11,9 +11,10 @@ reach estimate, whether the ball was local and the forward+backward passes.
 
 Run: ``python benchmarks/worst_case_chains.py bert 0 --rhos 0.1 0.3 --min-chains 2 3
 [--pretrained DIR]`` (about a minute per radius for a BERT of the family, several for a ViT
-fine-tune on two cores). ``--probe B`` instead measures batch ``B`` with single ascents
-(``reach=False``): from ``xi = 0`` with 20, 40, 80 and 200 steps, and from 4 random starts
-with 20 steps (seeds 0-3): where the basins of the ball lie.
+fine-tune on two cores). ``--stall S --continuations C`` set the search's stall test and
+continuations (the default search's otherwise). ``--probe B`` instead measures batch ``B`` with
+single ascents (``reach=False``): from ``xi = 0`` with 20, 40, 80 and 200 steps, and from 4
+random starts with 20 steps (seeds 0-3): where the basins of the ball lie.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-chains", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--pretrained", type=Path, default=Path("."),
                         help="the folder of the reach run's pretrained.pt (fine-tune families)")
+    parser.add_argument("--stall", type=float, default=None,
+                        help="the search's stall test (default: the search's own)")
+    parser.add_argument("--continuations", type=int, default=None,
+                        help="the search's continuations (default: the search's own)")
     parser.add_argument("--probe", type=int, default=None, metavar="B",
                         help="single ascents on batch B instead of the chains' comparison")
     args = parser.parse_args(argv)
@@ -62,12 +67,16 @@ def main(argv: list[str] | None = None) -> int:
         reference = qs.sharpness(model, batches, rho=rho, reach=False, reference_solve={
             "n_iter": 10 * variant.n_iter, "restarts": 2}, **common).reference_per_batch
         for chains in args.min_chains:
-            result = qs.sharpness(model, batches, rho=rho, **common,
-                                  reach={"min_chains": chains, "chains": max(4, chains)})
+            search = {"min_chains": chains, "chains": max(4, chains), **{
+                key: value for key, value in (("stall", args.stall),
+                                              ("continuations", args.continuations))
+                if value is not None}}
+            result = qs.sharpness(model, batches, rho=rho, **common, reach=search)
             for b, (value, best) in enumerate(zip(result.per_batch, reference, strict=True)):
                 top = max(value, best)
                 print(json.dumps({"unit": f"{args.family}:{args.index}", "rho": rho,
-                                  "min_chains": chains, "batch": b,
+                                  "min_chains": chains, "stall": args.stall,
+                                  "continuations": args.continuations, "batch": b,
                                   "share": value / top if top > 0 else 1.0,
                                   "reach": result.reach[b], "local": result.locality[b]["local"],
                                   "passes": result.evaluations[b]}), flush=True)
