@@ -1392,3 +1392,48 @@ def test_the_attention_output_check_sees_what_the_logits_round_away(name):
     torch.testing.assert_close(logits(nudged, batch), logits(model, batch), rtol=0, atol=0)
     with pytest.raises(AssertionError):
         assert_attention_outputs_kept(model, nudged, family, batch)
+
+
+class InternLM2Attention(nn.Module):
+    """After InternLM2's remote code: ``wqkv`` and ``wo`` as Phi-3/MPT name theirs, but the fused
+    outputs are ``[kv heads, queries + 2, d]`` (each group's queries, its key, its value)."""
+
+    def __init__(self, hidden=32, heads=4, kv_heads=2):
+        super().__init__()
+        self.num_heads, self.num_key_value_heads = heads, kv_heads
+        self.num_key_value_groups = heads // kv_heads
+        self.head_dim = hidden // heads
+        self.wqkv = nn.Linear(hidden, (heads + 2 * kv_heads) * self.head_dim)
+        self.wo = nn.Linear(heads * self.head_dim, hidden)
+
+    def forward(self, x):
+        batch, length, _ = x.shape
+        fused = self.wqkv(x).view(batch, length, self.num_key_value_heads, -1, self.head_dim)
+        query = fused[..., :-2, :].flatten(2, 3).transpose(1, 2)
+        key, value = (fused[..., i, :].transpose(1, 2).repeat_interleave(
+            self.num_key_value_groups, dim=1) for i in (-2, -1))
+        weights = (query @ key.transpose(-1, -2) / self.head_dim ** 0.5).softmax(-1)
+        return self.wo((weights @ value).transpose(1, 2).flatten(2))
+
+
+def test_a_fused_projection_of_an_unknown_class_is_not_read_back_to_back():
+    """``wqkv``/``qkv_proj``/``c_attn`` names do not tell the layout: a class not known to fuse
+    back to back is reported, never claimed (read back to back, InternLM2's rows are no pair)."""
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"attention": InternLM2Attention()}).double()
+    report = find_symmetries(model)
+    assert report.pairs == [] and report.unknown == ["attention"]
+    assert "unknown head layout" in report.unknown_reasons["attention"]
+    assert "InternLM2Attention" in report.unknown_reasons["attention"]
+    # the control: the back-to-back reading's first query head (rows 0:8) and key head
+    # (rows 32:40) moved as a qk pair change the output
+    module = model["attention"]
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    with torch.no_grad():
+        before = module(x)
+        element = gl_element(8, CONDITION, torch.Generator().manual_seed(3))
+        module.wqkv.weight[:8] = element.T @ module.wqkv.weight[:8]
+        module.wqkv.bias[:8] = element.T @ module.wqkv.bias[:8]
+        module.wqkv.weight[32:40] = torch.linalg.inv(element) @ module.wqkv.weight[32:40]
+        module.wqkv.bias[32:40] = torch.linalg.inv(element) @ module.wqkv.bias[32:40]
+        assert (module(x) - before).abs().max() > 1e-3

@@ -746,6 +746,12 @@ def _handle_fused_per_head(name: str, module: nn.Module, names: dict[int, str]) 
 #: GPT-NeoX does).
 _CONTIGUOUS_FUSED = (("qkv_proj", ("o_proj",)), ("wqkv", ("out_proj", "wo")),
                      ("c_attn", ("c_proj",)))
+#: Classes (in a module's MRO) whose fused projection is read as ``_CONTIGUOUS_FUSED`` says; the
+#: names alone do not tell the layout (InternLM2's ``wqkv`` and ``wo`` interleave each key/value
+#: head's queries, key and value, ``[kv heads, queries + 2, d]``).
+_BACK_TO_BACK_FUSED = frozenset({"Phi3Attention", "Phi4MultimodalAttention", "MptAttention",
+                                 "ModernBertAttention", "DbrxAttention", "ErgoAttention",
+                                 "GPTBigCodeAttention"})
 
 
 def _handle_fused_contiguous(name: str, module: nn.Module,
@@ -760,6 +766,10 @@ def _handle_fused_contiguous(name: str, module: nn.Module,
         out = None if o_child is None else module._modules[o_child]
         if not (_is_linear(fused) and _is_linear(out)):
             continue
+        if not {cls.__name__ for cls in type(module).__mro__} & _BACK_TO_BACK_FUSED:
+            raise Unsupported(f"fused {children[fused_child]} of an unknown head layout "
+                              "(supported: queries, keys and values back to back in "
+                              + ", ".join(sorted(_BACK_TO_BACK_FUSED)) + ")")
         _check_no_other_projections(module, (children[fused_child],))
         if getattr(module, "is_cross_attention", False) or "q_attn" in children:
             raise Unsupported("cross-attention (q_attn) is not supported")
