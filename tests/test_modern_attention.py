@@ -1437,3 +1437,12 @@ def test_a_fused_projection_of_an_unknown_class_is_not_read_back_to_back():
         module.wqkv.weight[32:40] = torch.linalg.inv(element) @ module.wqkv.weight[32:40]
         module.wqkv.bias[32:40] = torch.linalg.inv(element) @ module.wqkv.bias[32:40]
         assert (module(x) - before).abs().max() > 1e-3
+
+
+def test_the_attention_variants_page_has_no_control_characters():
+    """Its tables' math is written from Python strings: an unescaped ``\\t`` of ``^\\top`` there
+    leaves a tab and ``op`` on the page, which KaTeX cannot render."""
+    page = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "attention-variants.md")
+    with open(page, encoding="utf-8") as handle:
+        text = handle.read()
+    assert [c for c in text if ord(c) < 32 and c != "\n"] == []
