@@ -1446,3 +1446,19 @@ def test_the_attention_variants_page_has_no_control_characters():
     with open(page, encoding="utf-8") as handle:
         text = handle.read()
     assert [c for c in text if ord(c) < 32 and c != "\n"] == []
+
+
+def test_key_value_heads_read_from_the_config_of_a_back_to_back_fused_projection():
+    """Ergo's attention fuses grouped queries, keys and values back to back in ``qkv_proj`` and
+    reads its key/value heads from its config alone: the module is understood (its
+    ``q_norm``/``k_norm`` drop qk, and with them vo, which shares ``qkv_proj``), not reported
+    with a width that does not add up."""
+    torch.manual_seed(0)
+    model = T.ErgoForCausalLM(T.ErgoConfig(
+        hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, vocab_size=50))
+    report = find_symmetries(model)
+    assert report.unknown == [] and report.pairs == []
+    assert [(m.heads, m.kv_heads, m.kinds) for m in report.modules] == [(4, 2, ())]
+    notes = " | ".join(report.notes)
+    assert "q_norm" in notes and "no vo pairs either" in notes

@@ -774,8 +774,11 @@ def _handle_fused_contiguous(name: str, module: nn.Module,
         if getattr(module, "is_cross_attention", False) or "q_attn" in children:
             raise Unsupported("cross-attention (q_attn) is not supported")
         heads = _head_count(module, out.in_features)
+        # Ergo's attention reads its key/value heads from its config in the forward
         kv_heads = (_positive_int(getattr(module, "num_key_value_heads", None))
-                    or _positive_int(getattr(module, "kv_heads", None)) or heads)
+                    or _positive_int(getattr(module, "kv_heads", None))
+                    or _positive_int(getattr(getattr(module, "config", None),
+                                             "num_key_value_heads", None)) or heads)
         head_dim = _positive_int(getattr(module, "head_dim", None)) or out.in_features // heads
         query, key = heads * head_dim, kv_heads * head_dim
         if fused.out_features != query + 2 * key:
