@@ -552,6 +552,18 @@ FAMILIES = {
         ContiguousFusedAccess, ("Wqkv", "Wo"), 4, 4, (8, "rotate_half"), ("qk", "vo"),
         (_gl("qk", 4, 32, 32, group="GL(1,C)^4"), _gl("vo", 4, 32, 32)), modules=2,
         rounding=CONDITION * torch.finfo(torch.float32).eps),
+    # the ModernBERT decoder: separate q/k/v projections, ModernBERT's output Wo; its rotary
+    # and softmax round through float32 as ModernBERT's
+    "modernbert_decoder": Family(lambda: T.ModernBertDecoderForSequenceClassification(
+        T.ModernBertDecoderConfig(
+            hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+            vocab_size=50, num_labels=3, pad_token_id=0, bos_token_id=1, eos_token_id=1,
+            cls_token_id=2, sep_token_id=3, layer_types=["sliding_attention", "full_attention"],
+            local_attention=4, attn_implementation="eager")), text_batch,
+        "ModernBertDecoderAttention", LinearAccess, ("q_proj", "k_proj", "v_proj", "Wo"), 4, 4,
+        (8, "rotate_half"), ("qk", "vo"),
+        (_gl("qk", 4, 32, 32, group="GL(1,C)^4"), _gl("vo", 4, 32, 32)), modules=2,
+        rounding=CONDITION * torch.finfo(torch.float32).eps),
     # GPT-OSS: rotate_half planes applied by its own _apply_rotary_emb (no rotate_half helper),
     # attention sinks (one learned logit per head: the pairs stay), a sliding layer; experts
     # in eager mode (torch's grouped matrix product has no float64)

@@ -638,9 +638,10 @@ def _handle_bert(name: str, module: nn.Module, names: dict[int, str]) -> Finding
 
 
 #: ``(q, k, v, output candidates)`` child names; ``dense`` is the output projection of Phi
-#: (``q_proj``...) and of ALBERT (``query``..., shared by every layer).
+#: (``q_proj``...) and of ALBERT (``query``..., shared by every layer), ``Wo`` of the ModernBERT
+#: decoder.
 _QKVO_NAMINGS = (
-    ("q_proj", "k_proj", "v_proj", ("o_proj", "out_proj", "dense")),
+    ("q_proj", "k_proj", "v_proj", ("o_proj", "out_proj", "dense", "Wo")),
     ("q", "k", "v", ("o",)),
     ("query", "key", "value", ("out_proj", "o_proj", "dense")),
     ("q_lin", "k_lin", "v_lin", ("out_lin",)),
