@@ -552,6 +552,18 @@ FAMILIES = {
         ContiguousFusedAccess, ("Wqkv", "Wo"), 4, 4, (8, "rotate_half"), ("qk", "vo"),
         (_gl("qk", 4, 32, 32, group="GL(1,C)^4"), _gl("vo", 4, 32, 32)), modules=2,
         rounding=CONDITION * torch.finfo(torch.float32).eps),
+    # the ModernBERT decoder: separate q/k/v projections, ModernBERT's output Wo; its rotary
+    # and softmax round through float32 as ModernBERT's
+    "modernbert_decoder": Family(lambda: T.ModernBertDecoderForSequenceClassification(
+        T.ModernBertDecoderConfig(
+            hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+            vocab_size=50, num_labels=3, pad_token_id=0, bos_token_id=1, eos_token_id=1,
+            cls_token_id=2, sep_token_id=3, layer_types=["sliding_attention", "full_attention"],
+            local_attention=4, attn_implementation="eager")), text_batch,
+        "ModernBertDecoderAttention", LinearAccess, ("q_proj", "k_proj", "v_proj", "Wo"), 4, 4,
+        (8, "rotate_half"), ("qk", "vo"),
+        (_gl("qk", 4, 32, 32, group="GL(1,C)^4"), _gl("vo", 4, 32, 32)), modules=2,
+        rounding=CONDITION * torch.finfo(torch.float32).eps),
     # GPT-OSS: rotate_half planes applied by its own _apply_rotary_emb (no rotate_half helper),
     # attention sinks (one learned logit per head: the pairs stay), a sliding layer; experts
     # in eager mode (torch's grouped matrix product has no float64)
@@ -1392,3 +1404,73 @@ def test_the_attention_output_check_sees_what_the_logits_round_away(name):
     torch.testing.assert_close(logits(nudged, batch), logits(model, batch), rtol=0, atol=0)
     with pytest.raises(AssertionError):
         assert_attention_outputs_kept(model, nudged, family, batch)
+
+
+class InternLM2Attention(nn.Module):
+    """After InternLM2's remote code: ``wqkv`` and ``wo`` as Phi-3/MPT name theirs, but the fused
+    outputs are ``[kv heads, queries + 2, d]`` (each group's queries, its key, its value)."""
+
+    def __init__(self, hidden=32, heads=4, kv_heads=2):
+        super().__init__()
+        self.num_heads, self.num_key_value_heads = heads, kv_heads
+        self.num_key_value_groups = heads // kv_heads
+        self.head_dim = hidden // heads
+        self.wqkv = nn.Linear(hidden, (heads + 2 * kv_heads) * self.head_dim)
+        self.wo = nn.Linear(heads * self.head_dim, hidden)
+
+    def forward(self, x):
+        batch, length, _ = x.shape
+        fused = self.wqkv(x).view(batch, length, self.num_key_value_heads, -1, self.head_dim)
+        query = fused[..., :-2, :].flatten(2, 3).transpose(1, 2)
+        key, value = (fused[..., i, :].transpose(1, 2).repeat_interleave(
+            self.num_key_value_groups, dim=1) for i in (-2, -1))
+        weights = (query @ key.transpose(-1, -2) / self.head_dim ** 0.5).softmax(-1)
+        return self.wo((weights @ value).transpose(1, 2).flatten(2))
+
+
+def test_a_fused_projection_of_an_unknown_class_is_not_read_back_to_back():
+    """``wqkv``/``qkv_proj``/``c_attn`` names do not tell the layout: a class not known to fuse
+    back to back is reported, never claimed (read back to back, InternLM2's rows are no pair)."""
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"attention": InternLM2Attention()}).double()
+    report = find_symmetries(model)
+    assert report.pairs == [] and report.unknown == ["attention"]
+    assert "unknown head layout" in report.unknown_reasons["attention"]
+    assert "InternLM2Attention" in report.unknown_reasons["attention"]
+    # the control: the back-to-back reading's first query head (rows 0:8) and key head
+    # (rows 32:40) moved as a qk pair change the output
+    module = model["attention"]
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    with torch.no_grad():
+        before = module(x)
+        element = gl_element(8, CONDITION, torch.Generator().manual_seed(3))
+        module.wqkv.weight[:8] = element.T @ module.wqkv.weight[:8]
+        module.wqkv.bias[:8] = element.T @ module.wqkv.bias[:8]
+        module.wqkv.weight[32:40] = torch.linalg.inv(element) @ module.wqkv.weight[32:40]
+        module.wqkv.bias[32:40] = torch.linalg.inv(element) @ module.wqkv.bias[32:40]
+        assert (module(x) - before).abs().max() > 1e-3
+
+
+def test_the_attention_variants_page_has_no_control_characters():
+    """Its tables' math is written from Python strings: an unescaped ``\\t`` of ``^\\top`` there
+    leaves a tab and ``op`` on the page, which KaTeX cannot render."""
+    page = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "attention-variants.md")
+    with open(page, encoding="utf-8") as handle:
+        text = handle.read()
+    assert [c for c in text if ord(c) < 32 and c != "\n"] == []
+
+
+def test_key_value_heads_read_from_the_config_of_a_back_to_back_fused_projection():
+    """Ergo's attention fuses grouped queries, keys and values back to back in ``qkv_proj`` and
+    reads its key/value heads from its config alone: the module is understood (its
+    ``q_norm``/``k_norm`` drop qk, and with them vo, which shares ``qkv_proj``), not reported
+    with a width that does not add up."""
+    torch.manual_seed(0)
+    model = T.ErgoForCausalLM(T.ErgoConfig(
+        hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, vocab_size=50))
+    report = find_symmetries(model)
+    assert report.unknown == [] and report.pairs == []
+    assert [(m.heads, m.kv_heads, m.kinds) for m in report.modules] == [(4, 2, ())]
+    notes = " | ".join(report.notes)
+    assert "q_norm" in notes and "no vo pairs either" in notes

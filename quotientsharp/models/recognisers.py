@@ -638,9 +638,10 @@ def _handle_bert(name: str, module: nn.Module, names: dict[int, str]) -> Finding
 
 
 #: ``(q, k, v, output candidates)`` child names; ``dense`` is the output projection of Phi
-#: (``q_proj``...) and of ALBERT (``query``..., shared by every layer).
+#: (``q_proj``...) and of ALBERT (``query``..., shared by every layer), ``Wo`` of the ModernBERT
+#: decoder.
 _QKVO_NAMINGS = (
-    ("q_proj", "k_proj", "v_proj", ("o_proj", "out_proj", "dense")),
+    ("q_proj", "k_proj", "v_proj", ("o_proj", "out_proj", "dense", "Wo")),
     ("q", "k", "v", ("o",)),
     ("query", "key", "value", ("out_proj", "o_proj", "dense")),
     ("q_lin", "k_lin", "v_lin", ("out_lin",)),
@@ -746,6 +747,12 @@ def _handle_fused_per_head(name: str, module: nn.Module, names: dict[int, str]) 
 #: GPT-NeoX does).
 _CONTIGUOUS_FUSED = (("qkv_proj", ("o_proj",)), ("wqkv", ("out_proj", "wo")),
                      ("c_attn", ("c_proj",)))
+#: Classes (in a module's MRO) whose fused projection is read as ``_CONTIGUOUS_FUSED`` says; the
+#: names alone do not tell the layout (InternLM2's ``wqkv`` and ``wo`` interleave each key/value
+#: head's queries, key and value, ``[kv heads, queries + 2, d]``).
+_BACK_TO_BACK_FUSED = frozenset({"Phi3Attention", "Phi4MultimodalAttention", "MptAttention",
+                                 "ModernBertAttention", "DbrxAttention", "ErgoAttention",
+                                 "GPTBigCodeAttention"})
 
 
 def _handle_fused_contiguous(name: str, module: nn.Module,
@@ -760,12 +767,19 @@ def _handle_fused_contiguous(name: str, module: nn.Module,
         out = None if o_child is None else module._modules[o_child]
         if not (_is_linear(fused) and _is_linear(out)):
             continue
+        if not {cls.__name__ for cls in type(module).__mro__} & _BACK_TO_BACK_FUSED:
+            raise Unsupported(f"fused {children[fused_child]} of an unknown head layout "
+                              "(supported: queries, keys and values back to back in "
+                              + ", ".join(sorted(_BACK_TO_BACK_FUSED)) + ")")
         _check_no_other_projections(module, (children[fused_child],))
         if getattr(module, "is_cross_attention", False) or "q_attn" in children:
             raise Unsupported("cross-attention (q_attn) is not supported")
         heads = _head_count(module, out.in_features)
+        # Ergo's attention reads its key/value heads from its config in the forward
         kv_heads = (_positive_int(getattr(module, "num_key_value_heads", None))
-                    or _positive_int(getattr(module, "kv_heads", None)) or heads)
+                    or _positive_int(getattr(module, "kv_heads", None))
+                    or _positive_int(getattr(getattr(module, "config", None),
+                                             "num_key_value_heads", None)) or heads)
         head_dim = _positive_int(getattr(module, "head_dim", None)) or out.in_features // heads
         query, key = heads * head_dim, kv_heads * head_dim
         if fused.out_features != query + 2 * key:
