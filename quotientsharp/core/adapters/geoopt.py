@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from quotientsharp.core._tuples import batch_shape
-from quotientsharp.core.adapters import adapter_shapes
+from quotientsharp.core.adapters.shapes import adapter_shapes
 from quotientsharp.core.checks import check_user_quotient
 from quotientsharp.core.quotient import SymmetryQuotient
 from quotientsharp.core.validation import value_checks_enabled

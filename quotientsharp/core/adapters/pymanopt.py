@@ -17,7 +17,7 @@ import torch
 
 from quotientsharp.core import _tuples as T
 from quotientsharp.core import reference
-from quotientsharp.core.adapters import adapter_shapes
+from quotientsharp.core.adapters.shapes import adapter_shapes
 from quotientsharp.core.checks import check_user_quotient
 from quotientsharp.core.quotient import SymmetryQuotient
 from quotientsharp.core.validation import check_count, value_checks
