@@ -322,6 +322,13 @@ def text_batch(eos=None):
     return {"input_ids": ids, "labels": torch.tensor([0, 1, 2, 1])}
 
 
+def lm_batch():
+    """A causal language model's batch: the next token of each position (the last one none)."""
+    ids = text_batch()["input_ids"]
+    return {"input_ids": ids,
+            "labels": torch.cat([ids[:, 1:], torch.full((ids.shape[0], 1), -100)], dim=1)}
+
+
 def image_batch():
     generator = torch.Generator().manual_seed(12)
     return {"pixel_values": torch.randn(4, 3, 8, 8, generator=generator, dtype=torch.float64),
@@ -575,6 +582,15 @@ FAMILIES = {
                       LLAMA_PATHS, 4, 2, (8, "rotate_half"), ("qk", "vo"),
                       (_gl("qk", 2, 66, 33, query_heads=2, group="GL(1,C)^4"),
                        _gl("vo", 2, 33, 64, query_heads=2)), modules=2),
+    # Llama 4's layers without positions (NoPE, no_rope_layers 0): neither rotary nor its L2
+    # query/key norm, so both kinds stay whole (its rope layers keep vo only)
+    "llama4_nope": Family(lambda: T.Llama4ForCausalLM(T.Llama4TextConfig(
+        hidden_size=32, intermediate_size=32, intermediate_size_mlp=32, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=50,
+        num_local_experts=2, no_rope_layers=[0], pad_token_id=0, bos_token_id=1,
+        eos_token_id=1, attn_implementation="eager")), lm_batch, "Llama4TextAttention",
+        LinearAccess, LLAMA_PATHS, 4, 2, None, ("qk", "vo"),
+        (_gl("qk", 2, 64, 32, query_heads=2), _gl("vo", 2, 32, 64, query_heads=2))),
     # GPT-BigCode (StarCoder): c_attn back to back with multi-query, per-head interleaved
     # without
     "gpt_bigcode_mq": Family(lambda: _gpt_bigcode(multi_query=True), text_batch,
@@ -1474,3 +1490,16 @@ def test_key_value_heads_read_from_the_config_of_a_back_to_back_fused_projection
     assert [(m.heads, m.kv_heads, m.kinds) for m in report.modules] == [(4, 2, ())]
     notes = " | ".join(report.notes)
     assert "q_norm" in notes and "no vo pairs either" in notes
+
+
+def test_llama4_keeps_query_key_pairs_only_on_its_layers_without_positions():
+    # a rope layer rotates (complex-valued, a layout not detected) and L2-normalises queries
+    # and keys: no qk pairs; a NoPE layer does neither
+    model = T.Llama4ForCausalLM(T.Llama4TextConfig(
+        hidden_size=32, intermediate_size=32, intermediate_size_mlp=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=50,
+        num_local_experts=2, no_rope_layers=[1, 0], pad_token_id=0, bos_token_id=1,
+        eos_token_id=1))
+    report = find_symmetries(model)
+    assert [module.kinds for module in report.modules] == [("vo",), ("qk", "vo")]
+    assert all(pair.rotary is None for pair in report.pairs)

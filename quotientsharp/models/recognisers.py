@@ -364,8 +364,10 @@ def _feature_wise(module: nn.Module, prefixes: tuple[str, ...]) -> list[str]:
 
 def _rotary(module: nn.Module, head_dim: int) -> tuple[RotarySpec | None, list[str], list[str]]:
     """Rotary embeddings of ``module``: ``(spec, reasons the pair breaks, notes)``."""
-    if getattr(getattr(module, "config", None), "alibi", None) is True:
-        # Falcon with ALiBi takes position_embeddings but never applies them
+    if (getattr(getattr(module, "config", None), "alibi", None) is True
+            or getattr(module, "use_rope", None) in (False, 0)):
+        # Falcon with ALiBi, and Llama 4's layers without positions ("NoPE", use_rope 0),
+        # take position_embeddings but never apply them
         return None, [], []
     arguments, children = _forward_arguments(module), _children(module)
     marked = [marker for marker in _ROTARY_MARKERS
