@@ -733,6 +733,32 @@ def test_one_normalisation_shared_by_queries_and_keys_breaks_the_query_key_pairs
     assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3
 
 
+def test_query_and_key_layernorms_drop_only_the_query_key_pairs():
+    """HunYuan normalises queries and keys per head in children ``query_layernorm`` and
+    ``key_layernorm``: the qk pairs go, with the normalisation named; the vo pairs stay and a
+    random vo element keeps the hidden states (read before as extra projections: no pairs)."""
+    torch.manual_seed(0)
+    model = randomize(T.HunYuanDenseV1Model(T.HunYuanDenseV1Config(
+        hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, vocab_size=50, pad_token_id=0,
+        attn_implementation="eager")).double().eval())
+    report = find_symmetries(model)
+    assert not report.unknown
+    assert Counter(pair.kind for pair in report.pairs) == {"vo": 4}
+    assert sum("no qk pairs" in note and "q_norm/k_norm" in note for note in report.notes) == 2
+    tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
+
+    def hidden(parameters):
+        with torch.no_grad():
+            return torch.func.functional_call(model, parameters, (),
+                                              {"input_ids": tokens}).last_hidden_state
+    before = hidden(dict(model.named_parameters()))
+    for seed in range(3):
+        moved = reparametrize(model, report, scale=1.5, kinds=("vo",),
+                              generator=torch.Generator().manual_seed(seed))
+        assert (hidden(moved) - before).abs().max() <= 1e-10 * before.abs().max()
+
+
 def test_a_convolution_over_the_projected_values_breaks_the_value_output_pairs():
     """Inkling convolves the projected keys and values over the sequence with one kernel per
     feature (``k_sconv``, ``v_sconv``): a GL(8) element on its vo pairs changes the hidden

@@ -34,9 +34,11 @@ QKV_LIKE_NAMES = frozenset({
 #: ``sinusoidal_pos`` is RoFormer's.
 _ROTARY_MARKERS = ("position_embeddings", "rotary_pos_emb", "freqs_cis", "rotary_emb", "rope",
                    "sinusoidal_pos")
-#: Children that normalise queries or keys per head (they break QK).
+#: Children that normalise queries or keys per head (they break QK); ``query_layernorm`` and
+#: ``key_layernorm`` are HunYuan's (without them listed, its attention read as one with extra
+#: projections and lost its vo pairs too).
 _QUERY_KEY_NORMS = frozenset({"q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_norm",
-                              "key_norm", "qk_norm"})
+                              "key_norm", "qk_norm", "query_layernorm", "key_layernorm"})
 #: Children that normalise values per head (they break VO).
 _VALUE_NORMS = frozenset({"v_norm", "value_norm", "v_layernorm"})
 #: Children that normalise the attention output before the output projection (they break VO):
