@@ -659,6 +659,12 @@ def moved_by_hand(model: nn.Module, family: Family, seed: int = 5) -> nn.Module:
     return moved
 
 
+def last_hidden(module: nn.Module, **inputs) -> torch.Tensor:
+    """The last hidden state of a headless model on ``inputs``."""
+    with torch.no_grad():
+        return module(**inputs).last_hidden_state
+
+
 def logits(model: nn.Module, batch) -> torch.Tensor:
     with torch.no_grad():
         if isinstance(batch, tuple):
@@ -723,9 +729,7 @@ def test_one_normalisation_shared_by_queries_and_keys_breaks_the_query_key_pairs
     assert any("no qk pairs" in note and "q_norm/k_norm" in note for note in report.notes)
     tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
 
-    def hidden(module):
-        with torch.no_grad():
-            return module(input_ids=tokens).last_hidden_state
+    hidden = functools.partial(last_hidden, input_ids=tokens)
     attention = next(m for m in model.modules() if type(m).__name__.endswith("Attention"))
     # an element of the rotations' centraliser: only the normalisation breaks the pairs
     family = Family(lambda: model, text_batch, type(attention).__name__, LinearAccess,
@@ -773,9 +777,7 @@ def test_a_convolution_over_the_projected_values_breaks_the_value_output_pairs()
     assert any("no vo pairs" in note and "v_sconv" in note for note in report.notes)
     tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
 
-    def hidden(module):
-        with torch.no_grad():
-            return module(input_ids=tokens).last_hidden_state
+    hidden = functools.partial(last_hidden, input_ids=tokens)
     attention = model.layers[0].self_attn              # the config fixes its head layout
     family = Family(lambda: model, text_batch, "InklingAttention", LinearAccess, LLAMA_PATHS,
                     attention.num_heads, attention.num_key_value_heads, None, ("vo",), ())
@@ -878,9 +880,7 @@ def test_gated_attention_output_drops_the_value_output_pairs():
                in note for note in report.notes)
     tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
 
-    def hidden(module):
-        with torch.no_grad():
-            return module(input_ids=tokens).last_hidden_state
+    hidden = functools.partial(last_hidden, input_ids=tokens)
     family = Family(lambda: model, text_batch, "AfmoeAttention", LinearAccess, LLAMA_PATHS,
                     4, 2, None, ("vo",), ())
     assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3
@@ -911,9 +911,7 @@ def test_a_normalised_attention_output_drops_the_value_output_pairs():
                for note in report.notes)
     tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
 
-    def hidden(module):
-        with torch.no_grad():
-            return module(input_ids=tokens).last_hidden_state
+    hidden = functools.partial(last_hidden, input_ids=tokens)
     family = Family(lambda: model, text_batch, "BitNetAttention", LinearAccess, LLAMA_PATHS,
                     4, 2, None, ("vo",), ())
     assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3
@@ -941,9 +939,7 @@ def test_hashing_attention_drops_both_kinds():
     assert sum("lsh_config" in note for note in report.notes) == 2
     tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
 
-    def hidden(module):
-        with torch.no_grad():
-            return module(input_ids=tokens).last_hidden_state
+    hidden = functools.partial(last_hidden, input_ids=tokens)
     for kind in ("qk", "vo"):
         family = Family(lambda: model, text_batch, "YosoAttention", LinearAccess,
                         ("self.query", "self.key", "self.value", "output.dense"), 4, 4, None,
@@ -964,9 +960,7 @@ def test_a_mask_computed_from_the_values_drops_the_value_output_pairs():
     assert any("no vo pairs" in note and "dt_proj" in note for note in report.notes)
     tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
 
-    def hidden(module):
-        with torch.no_grad():
-            return module(input_ids=tokens).last_hidden_state
+    hidden = functools.partial(last_hidden, input_ids=tokens)
     family = Family(lambda: model, text_batch, "DogeAttention", LinearAccess, LLAMA_PATHS,
                     4, 2, None, ("vo",), ())
     assert (hidden(moved_by_hand(model, family)) - hidden(model)).abs().max() > 1e-3
@@ -989,9 +983,7 @@ def test_relative_key_and_value_embeddings_drop_both_kinds():
     tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
     padding = torch.ones(2, SEQUENCE, 1, dtype=torch.float64)
 
-    def hidden(module):
-        with torch.no_grad():
-            return module(input_ids=tokens, padding_mask=padding).last_hidden_state
+    hidden = functools.partial(last_hidden, input_ids=tokens, padding_mask=padding)
     for kind in ("qk", "vo"):
         family = Family(lambda: model, text_batch, "VitsAttention", LinearAccess,
                         ("q_proj", "k_proj", "v_proj", "out_proj"), 4, 4, None, (kind,), ())
@@ -1013,9 +1005,7 @@ def test_queries_times_box_positions_drop_the_query_key_pairs():
     inputs = {"input_ids": torch.randint(2, 50, (2, SEQUENCE), generator=generator),
               "bbox": torch.rand(2, SEQUENCE, 8, generator=generator, dtype=torch.float64)}
 
-    def hidden(module):
-        with torch.no_grad():
-            return module(**inputs).last_hidden_state
+    hidden = functools.partial(last_hidden, **inputs)
     family = Family(lambda: model, text_batch, "BrosAttention", LinearAccess,
                     ("self.query", "self.key", "self.value", "output.dense"), 4, 4, None,
                     ("qk",), ())
