@@ -1055,9 +1055,7 @@ def test_queries_times_relative_positions_drop_the_query_key_pairs():
     encoder_model = model.speecht5.encoder
     tokens = torch.randint(2, 50, (2, SEQUENCE), generator=torch.Generator().manual_seed(3))
 
-    def hidden(module):
-        with torch.no_grad():
-            return module(input_values=tokens).last_hidden_state
+    hidden = functools.partial(last_hidden, input_values=tokens)
     family = Family(lambda: encoder_model, text_batch, "SpeechT5Attention", LinearAccess,
                     ("q_proj", "k_proj", "v_proj", "out_proj"), 4, 4, None, ("qk",), ())
     assert (hidden(moved_by_hand(encoder_model, family)) - hidden(encoder_model)).abs().max() > 1e-3
