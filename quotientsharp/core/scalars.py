@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 #: ``torch.Generator.manual_seed`` takes 64-bit seeds.
 SEED_LIMIT = 2 ** 64
@@ -111,3 +111,9 @@ def check_nonfinite(policy: object, name: str = "nonfinite") -> str:
     if policy not in NONFINITE_POLICIES:
         raise ValueError(f"{name} must be raise or skip, got {policy!r}")
     return str(policy)
+
+
+def shortened(names: Sequence[str], limit: int) -> str:
+    """``names`` joined by commas, the first ``limit`` of them and ``", ..."`` if there are more
+    (the lists that error messages name)."""
+    return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from quotientsharp.core.scalars import shortened
 from quotientsharp.models.symmetry_check import output_tensor
 
 LossFunction = Callable[[Any, Any], torch.Tensor]
@@ -199,7 +200,7 @@ def check_keywords(batch: Batch, forward: ForwardKeywords | None) -> None:
         # a difference of case first (difflib finds no likeness between 'X' and 'x')
         close = ([n for n in forward.names if n.lower() == str(key).lower()]
                  or difflib.get_close_matches(str(key), forward.names, n=1))
-        shown = ", ".join(forward.names[:12]) + (", ..." if len(forward.names) > 12 else "")
+        shown = shortened(forward.names, 12)
         raise ValueError(
             f"{batch.label}: input {key!r} is not a parameter of {forward.owner}"
             + (f" (did you mean {close[0]!r}?)" if close else "")

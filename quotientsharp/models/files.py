@@ -15,6 +15,8 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quotientsharp.core.scalars import shortened
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -68,7 +70,7 @@ def _zip_problem(path: Path) -> str | None:
         return ("it begins as a zip archive (torch.save's format) but is damaged or truncated "
                 "(no zip directory at its end): copy or save it again")
     if not any(name.endswith("/data.pkl") for name in names):
-        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        shown = shortened(names, 3)
         return f"it is a zip archive that torch.save did not write (no data.pkl in it: {shown})"
     return None
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quotientsharp.core.scalars import shortened
 from quotientsharp.models.files import _config_model, first_line, load_torch_file, read_json_file
 
 if TYPE_CHECKING:
@@ -359,7 +360,7 @@ def _check_base_weights(model: nn.Module, folder: Path, local: Path | None, miss
     base = getattr(model.base_model, "model", model)
     fresh = sorted(name for name in missing if f"base_model.model.{name}" not in saved)
     if fresh:
-        shown = ", ".join(fresh[:4]) + (", ..." if len(fresh) > 4 else "")
+        shown = shortened(fresh, 4)
         raise ValueError(f"MODEL {folder}: the base model {str(local)!r} has no weights (or "
                          f"weights of another shape) for {len(fresh)} tensor(s) of "
                          f"{type(base).__name__} ({shown}) and the adapter does not "
@@ -373,7 +374,7 @@ def _check_base_weights(model: nn.Module, folder: Path, local: Path | None, miss
     unused = sorted(key for key in unexpected
                     if key.removeprefix(f"{prefix}.").split(".")[0] in children)
     if unused:
-        shown = ", ".join(unused[:4]) + (", ..." if len(unused) > 4 else "")
+        shown = shortened(unused, 4)
         raise ValueError(f"MODEL {folder}: the weights of the base model {str(local)!r} hold "
                          f"{len(unused)} tensor(s) that {type(base).__name__} built from its "
                          f"config.json has no place for ({shown}); they would be left out of "

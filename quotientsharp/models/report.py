@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from quotientsharp.core.scalars import shortened
+
 PAIR_KINDS = ("qk", "vo")
 #: What discovery decided for an adapter (:attr:`LoraAdapter.status`).
 ADAPTER_STATUSES = ("pair", "degenerate", "merged", "inactive", "frozen", "unsupported",
@@ -437,7 +439,7 @@ class SymmetryReport:
                 f"    ({pair.u_name}, {pair.v_name}): {pair.size} coordinates"
                 for pair in self.diagonal]
         if self.frozen:
-            shown = ", ".join(self.frozen[:10]) + (", ..." if len(self.frozen) > 10 else "")
+            shown = shortened(self.frozen, 10)
             lines.append(f"  frozen parameters ({len(self.frozen)}): {shown}")
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines + self._unknown_lines())

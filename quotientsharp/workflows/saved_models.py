@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quotientsharp.core.scalars import shortened
 from quotientsharp.workflows.options import InputError
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ def _load_pretrained(directory: Path) -> nn.Module:
         restore()
     missing = list(info.get("missing_keys") or [])
     if missing:
-        shown = ", ".join(sorted(missing)[:6]) + (", ..." if len(missing) > 6 else "")
+        shown = shortened(sorted(missing), 6)
         raise InputError(f"MODEL {directory}: the weights lack {len(missing)} tensor(s) of "
                          f"{model_class.__name__} ({shown}); a fresh, untrained part would be "
                          "measured. Save the complete model with save_pretrained")
@@ -127,7 +128,7 @@ def _load_pretrained(directory: Path) -> nn.Module:
     if unused:
         # transformers drops weights the config has no place for (a config.json edited to
         # fewer layers): the model measured would be another, smaller one
-        shown = ", ".join(sorted(unused)[:6]) + (", ..." if len(unused) > 6 else "")
+        shown = shortened(sorted(unused), 6)
         raise InputError(f"MODEL {directory}: the weights hold {len(unused)} tensor(s) that "
                          f"{model_class.__name__} built from config.json has no place for "
                          f"({shown}); they would be left out of the model measured. Was "

@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any
 
+from quotientsharp.core.scalars import shortened
 from quotientsharp.workflows.options import InputError
 
 
@@ -48,7 +49,7 @@ def import_object(spec: str, flag: str) -> Any:
     for part in name.split("."):
         if not hasattr(value, part):
             public = sorted(n for n in vars(module) if not n.startswith("_"))
-            shown = ", ".join(public[:12]) + (", ..." if len(public) > 12 else "")
+            shown = shortened(public, 12)
             raise UserInputError(f"{flag} {spec!r}: module {module_name!r} has no attribute "
                                  f"{name!r} (it defines: {shown or 'nothing public'})")
         value = getattr(value, part)
