@@ -26,7 +26,9 @@ Run: ``python benchmarks/heldout_reach.py [--models gpt2 distilbert lora llama v
 default search (``'{"stall": 1e-4, "continuations": 4}'``), ``--no-reference`` skips the
 reference solve, and ``--table FILE ...`` prints, per measure and search, how many values
 reached 99 % of the best value any record of those files found for the problem (its value or
-its reference), how many fell short unflagged, and the passes spent.
+its reference), how many fell short unflagged, the passes spent, and for the order-2 geodesic
+values how many the exact-path check found on their geodesic to 1 % (``locality["path_agrees"]``)
+and the range of ``path_share``.
 """
 
 from __future__ import annotations
@@ -254,6 +256,8 @@ def measure_one(model, batch, rho, spec, reference, search=True):
             "chains": result.chains[0] if result.chains else None,
             "displacement": None if loc is None else loc.get("displacement"),
             "second_order": None if loc is None else loc.get("second_order"),
+            "path_share": None if loc is None else loc.get("path_share"),
+            "path_agrees": None if loc is None else loc.get("path_agrees"),
             "seconds": round(seconds, 2),
             "other_warnings": [f"{w.category.__name__}: {str(w.message)[:200]}"
                                for w in caught if not issubclass(w.category, qs.ReachWarning)]}
@@ -327,19 +331,28 @@ def print_table(paths):
         best[key] = max(best.get(key, found), found)
     rows = {}
     for r in records:
-        row = rows.setdefault((r["measure"], json.dumps(r.get("search", True))), [0, 0, 0, 0, 0])
+        row = rows.setdefault((r["measure"], json.dumps(r.get("search", True))),
+                              [0, 0, 0, 0, 0, [], 0])
         reached = r["value"] >= 0.99 * best[(r["model"], r["measure"], r["rho"], r["batch"])]
         row[0] += 1
         row[1] += reached
         row[2] += not reached and not r["flagged"]
         row[3] += reached and r["flagged"]
         row[4] += r["evaluations"]
+        if r.get("path_agrees") is not None:      # records made before the check have none
+            row[5].append(r["path_share"])
+            row[6] += r["path_agrees"]
     print("| measure | search | problems | reached 99 % | short, not flagged "
-          "| reached, flagged | passes (mean) |")
-    print("|---|---|---|---|---|---|---|")
-    for (measure, search), (n, reached, silent, flagged, passes) in sorted(rows.items()):
+          "| reached, flagged | passes (mean) | exact path agrees | path share (range) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (measure, search), (n, reached, silent, flagged, passes, shares, agree) in sorted(
+            rows.items()):
+        finite = [x for x in shares if x is not None]
+        spread = (f"{min(finite):.3g} - {max(finite):.3g}" if finite else "-") + (
+            f", {len(shares) - len(finite)} none" if len(finite) < len(shares) else "")
+        checked = f"{agree} / {len(shares)}" if shares else "-"
         print(f"| {measure} | `{search}` | {n} | {reached} | {silent} | {flagged} "
-              f"| {passes / n:.0f} |")
+              f"| {passes / n:.0f} | {checked} | {spread if shares else '-'} |")
 
 
 if __name__ == "__main__":

@@ -116,6 +116,23 @@ class GeodesicBall:
         return self.frozen.geodesic(tuple(xi), 1.0, self.order,  # type: ignore[arg-type]
                                     self.steps)
 
+    @property
+    def extrapolates(self) -> bool:
+        """Whether some factor follows the order-2 Taylor path (the approximation of its
+        geodesic that :meth:`exact_point` checks)."""
+        given = self.order if isinstance(self.order, (list, tuple)) else [self.order]
+        return any(o == 2 for o in given)
+
+    def exact_point(self, xi: Sequence[torch.Tensor], steps: int | None = None) -> Tensors:
+        """``gamma_xi(1)`` with every order-2 factor on its exact geodesic instead (closed form,
+        or RK4 of ``steps`` steps, by default the ball's), the other factors on their own
+        path: the point the order-2 path approximates."""
+        given = self.order if isinstance(self.order, (list, tuple)) else [self.order]
+        exact = ["exact" if o == 2 else o for o in given]
+        orders = exact if isinstance(self.order, (list, tuple)) else exact[0]
+        return self.frozen.geodesic(tuple(xi), 1.0, orders,  # type: ignore[arg-type]
+                                    self.steps if steps is None else steps)
+
     def line(self, xi: Sequence[torch.Tensor]) -> Tensors:
         """``theta + xi`` in the quotient's coordinates: the path of order 1.
 

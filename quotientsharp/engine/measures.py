@@ -19,7 +19,7 @@ from quotientsharp.core.adaptive import AdaptiveQuotient
 from quotientsharp.core.validation import warn_at_caller
 from quotientsharp.engine.ball import BoxGeometry, GeodesicBall
 from quotientsharp.engine.batches import Batch, few_names
-from quotientsharp.engine.blocks import BlockOutcome, Locality, blockwise, locality
+from quotientsharp.engine.blocks import BlockOutcome, Locality, blockwise, locality, path_check
 from quotientsharp.engine.coordinates import BoundCoordinates, LayoutCoordinates, PlainCoordinates
 from quotientsharp.engine.functional import (
     FunctionalModel,
@@ -423,8 +423,11 @@ class AscentMeasure:
                 perturbation = {n: t - self.model.theta_geometry[n] for n, t in moved.items()}
         blocks = self._blocks(batch, outcome.xi, clean) if self.blockwise else None
         absolute = isinstance(self.plan, PlainGeometry) and not self.plan.adaptive
+        path = path_check(space.geometry, outcome.xi,
+                          lambda point: self.model.loss(batch, space.coordinates.updates(point)),
+                          clean, outcome.loss)
         where = locality(space.geometry, space.coordinates, space.coordinates.blocks(),
-                         self.model.theta_geometry, outcome.xi, absolute)
+                         self.model.theta_geometry, outcome.xi, absolute, path)
         return BatchOutcome(excess(outcome.loss, clean), clean, outcome.loss, norms,
                             perturbation, skipped, trace=outcome.trace,
                             reference=None if reference is None else reference.loss,

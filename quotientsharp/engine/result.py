@@ -105,11 +105,15 @@ class SharpnessResult:
         Ascent measures: per batch, the loss evaluations (forward+backward passes) spent,
         reference solve excluded: the cost of the value. With ``random_init=True`` the clean
         loss at ``theta`` is one more pass, not counted here (a forward; on the first batch
-        the setup's forward+backward, which ``random_init=False`` reuses as its first).
+        the setup's forward+backward, which ``random_init=False`` reuses as its first). The
+        exact-path check of an order-2 geodesic value (``locality``) is one forward more.
     locality
         Ascent measures: per batch, :class:`~quotientsharp.engine.blocks.Locality` of the best
         perturbation as a dict (``displacement``, ``parameter``, ``factor_displacement``,
-        ``factor``, ``second_order``, ``second_order_factor``, ``local``).
+        ``factor``, ``second_order``, ``second_order_factor``, ``path_share``,
+        ``path_agrees``, ``local``). For an order-2 geodesic value, ``path_share`` is the
+        loss rise along the exact geodesic through the same perturbation over the value (one
+        forward more per batch, not counted in ``evaluations``).
     """
 
     measure: str
@@ -173,7 +177,8 @@ class SharpnessResult:
                              + ("; the order-2 path there is an extrapolation with many local "
                                 "maxima, so the value and its reach estimate are the best "
                                 "found, not the maximum"
-                                if (where["second_order"] or 0) > LOCAL_SECOND_ORDER else "")
+                                if (where["second_order"] or 0) > LOCAL_SECOND_ORDER
+                                or where.get("path_agrees") is False else "")
                              + _local_radius_note(where, self.settings.get("rho")))
         return notes
 
@@ -357,7 +362,15 @@ def _moved(where: Mapping[str, Any]) -> str:
              (factor, f"factor {factor} by {_times(where['factor_displacement'])} its size "
                      "in the metric"),
              (curved, f"second-order term {_times(where['second_order'])} the first ({curved})")]
-    return ", ".join(text for label, text in parts if label is not None)
+    moved_text = ", ".join(text for label, text in parts if label is not None)
+    if where.get("path_agrees") is not False:
+        return moved_text
+    share = where.get("path_share")
+    path = ("the exact geodesic through the same perturbation leaves the points where the "
+            "metric is defined, or gives a loss that is not finite"
+            if share is None else "along the exact geodesic the same perturbation raises the "
+            f"loss by {100 * share:.3g} % of the value")
+    return f"{moved_text}; {path}" if moved_text else path
 
 
 def local_radius(where: Mapping[str, Any], rho: float) -> float | None:

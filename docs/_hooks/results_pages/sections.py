@@ -148,10 +148,17 @@ def assemble_results_page(docs_dir: Path, studies: list[str]) -> Path:
 
 def locality_rule_note(rule: str | None) -> list[str]:
     """Lines under a table of ``local`` shares made by an earlier rule than the engine's
-    (``locality_rule`` of the page data: ``"metric"`` now, ``"factors"`` on 2026-12-06, none
-    before); empty for the current rule."""
-    if rule == "metric":
+    (``locality_rule`` of the page data: ``"metric, exact path"`` now, ``"metric"`` and
+    ``"factors"`` before it, none before those); empty for the current rule."""
+    if rule == "metric, exact path":
         return []
+    if rule == "metric":
+        return ["", "This run judged `local` by the displacements and the second-order ratio "
+                "alone. The engine now also checks every order-2 geodesic value against the "
+                "exact geodesic through the same perturbation, and calls the ball local only "
+                "where the two loss rises agree to 1 % (docs/sharpness.md, 'Reach and "
+                "locality'): the 'local' shares of the order-2 geodesic measures here may be "
+                "higher than the engine's now; the other measures are judged as before."]
     if rule == "factors":
         return ["", "This run judged the symmetry factors' displacement and second-order term "
                 "in Frobenius norms of the factors (the rule of 2026-12-06), which a group "

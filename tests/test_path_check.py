@@ -1,0 +1,241 @@
+"""The exact-path check of an order-2 value (``Locality.path_share``, ``path_agrees``).
+
+An order-2 geodesic value is the loss rise at ``theta + xi - Gamma(xi, xi) / 2``, a Taylor
+approximation of the geodesic through ``xi``. The check evaluates the loss at the exact
+geodesic through the same ``xi``. References: the geodesic equation integrated with the
+Christoffel symbols by autograd from the metric alone (:func:`quotientsharp.core.reference.
+geodesic`), and the Euclidean metric, whose geodesics are the lines themselves.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+
+import pytest
+import torch
+
+import quotientsharp as qs
+from quotientsharp.core import reference
+from quotientsharp.engine.ball import GeodesicBall
+from quotientsharp.engine.blocks import PATH_CHECK_STEPS, path_check
+
+Tensors = tuple[torch.Tensor, ...]
+
+
+def _pair(seed: int, small: float, dtype: torch.dtype = torch.float64
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two heads of a GL(3) pair, the second head's ``G`` scaled by ``small``."""
+    generator = torch.Generator().manual_seed(seed)
+    G = torch.randn(2, 5, 3, generator=generator, dtype=dtype)
+    H = torch.randn(2, 4, 3, generator=generator, dtype=dtype)
+    G[1] *= small
+    return G, H
+
+
+def _loss(point: Tensors) -> torch.Tensor:
+    """A smooth loss of the heads' products ``G H^T`` (a function on the quotient)."""
+    product = point[0] @ point[1].mT
+    return (torch.sin(product).sum() + 0.1 * (product ** 2).sum()).to(point[0].dtype)
+
+
+def _tangent(frozen: object, seed: int, size: float) -> Tensors:
+    """A horizontal velocity of metric norm ``size`` (the heads together) along which the
+    loss's first-order change is a rise (the check compares rises)."""
+    generator = torch.Generator().manual_seed(100 + seed)
+    x = frozen.x  # type: ignore[attr-defined]
+    raw = tuple(torch.randn(t.shape, generator=generator, dtype=t.dtype) for t in x)
+    xi = frozen.horizontal_projection(raw)  # type: ignore[attr-defined]
+    norm = frozen.norm(xi).square().sum().sqrt()  # type: ignore[attr-defined]
+    point = tuple(t.detach().requires_grad_() for t in x)
+    slope = sum((g * v).sum() for g, v in zip(
+        torch.autograd.grad(_loss(point), point), xi, strict=True))
+    return tuple(torch.sign(slope) * size * t / norm for t in xi)
+
+
+@pytest.mark.parametrize("metric, eps", [("inv", 0.0), ("mix", 0.0), ("inv", 0.5),
+                                         ("mix", 0.5)])
+@pytest.mark.parametrize("seed, small, size", [(0, 1.0, 0.05), (1, 0.05, 0.3), (2, 1e-2, 1.0)])
+def test_path_share_against_the_geodesic_equation_by_autograd(metric: str, eps: float,
+                                                              seed: int, small: float,
+                                                              size: float) -> None:
+    G, H = _pair(seed, small)
+    quotient = qs.GLQuotient(metric, eps=eps)
+    frozen = quotient.at((G, H))
+    xi = _tangent(frozen, seed, size)
+    ball = GeodesicBall(frozen, 10.0, order=2, steps=64)
+    clean, perturbed = _loss((G, H)), _loss(ball.point(xi))
+    found = path_check(ball, xi, _loss, clean, perturbed)
+    # the same discretisation (RK4 of the check's steps), the Christoffel symbols by autograd
+    # from the metric
+    if found["path_share"] is None:
+        # the integration left the points where the metric is defined: so does the reference
+        with pytest.raises(ValueError, match="singular"):
+            reference.geodesic(quotient, (G, H), xi, order="exact", steps=PATH_CHECK_STEPS)
+        assert found["path_agrees"] is False
+        return
+    exact = reference.geodesic(quotient, (G, H), xi, order="exact", steps=PATH_CHECK_STEPS)
+    rise = float(_loss(exact) - clean)
+    assert found["path_share"] * float(perturbed - clean) == pytest.approx(rise, rel=1e-9,
+                                                                          abs=1e-12)
+    assert found["path_agrees"] == (abs(rise / float(perturbed - clean) - 1) <= 0.01)
+    # and the geodesic itself (256 steps): its few steps judge as the converged path does,
+    # except within a quarter of the tolerance of the tolerance, and near 1 they are accurate
+    converged = float(_loss(reference.geodesic(quotient, (G, H), xi, order="exact",
+                                               steps=256)) - clean) / float(perturbed - clean)
+    if not 0.0075 <= abs(converged - 1) <= 0.0125:
+        assert found["path_agrees"] == (abs(converged - 1) <= 0.01)
+    if abs(converged - 1) < 0.05:
+        assert found["path_share"] == pytest.approx(converged, abs=1e-3)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_under_the_euclidean_metric_the_path_is_the_geodesic(seed: int) -> None:
+    # Gamma = 0: order 2, the line and the geodesic are one path, whatever the factors' sizes
+    G, H = _pair(seed, 1e-3)
+    frozen = qs.GLQuotient("euclidean").at((G, H))
+    xi = _tangent(frozen, seed, 2.0)
+    ball = GeodesicBall(frozen, 10.0, order=2)
+    clean, perturbed = _loss((G, H)), _loss(ball.point(xi))
+    found = path_check(ball, xi, _loss, clean, perturbed)
+    assert found["path_share"] == pytest.approx(1.0, rel=1e-12)
+    assert found["path_agrees"] is True
+
+
+def test_a_curved_path_far_from_its_geodesic_does_not_agree() -> None:
+    # mix with a small factor: the ball moves the partner by about rho / sigma_min, and the
+    # order-2 term is several times the first-order one
+    G, H = _pair(3, 1e-2)
+    frozen = qs.GLQuotient("mix").at((G, H))
+    xi = _tangent(frozen, 3, 0.1)
+    ball = GeodesicBall(frozen, 10.0, order=2)
+    clean, perturbed = _loss((G, H)), _loss(ball.point(xi))
+    found = path_check(ball, xi, _loss, clean, perturbed)
+    assert abs(found["path_share"] - 1) > 0.01 and found["path_agrees"] is False
+    # further out the geodesic leaves the points where the metric is defined before t = 1:
+    # no share, and no agreement
+    far = tuple(10 * t for t in xi)
+    found = path_check(ball, far, _loss, clean, _loss(ball.point(far)))
+    assert found == {"path_share": None, "path_agrees": False}
+
+
+@pytest.mark.parametrize("order", [1, "exact"])
+def test_no_check_without_an_order_2_path(order: int | str) -> None:
+    G, H = _pair(0, 1e-2)
+    frozen = qs.GLQuotient("mix").at((G, H))
+    xi = _tangent(frozen, 0, 1.0)
+    ball = GeodesicBall(frozen, 10.0, order=order)
+    assert path_check(ball, xi, _loss, _loss((G, H)), _loss((G, H)) + 1.0) == {}
+
+
+def _inv_ball() -> tuple[GeodesicBall, Tensors, torch.Tensor]:
+    """An order-2 inv ball at a well-conditioned pair, a velocity in it and the clean loss."""
+    G, H = _pair(0, 1.0)
+    frozen = qs.GLQuotient("inv").at((G, H))
+    return GeodesicBall(frozen, 10.0, order=2), _tangent(frozen, 0, 0.1), _loss((G, H))
+
+
+def test_no_check_where_the_value_is_not_a_rise() -> None:
+    ball, xi, clean = _inv_ball()
+    for perturbed in (clean, clean - 1.0):
+        assert path_check(ball, xi, _loss, clean, perturbed) == {}
+
+
+def test_a_loss_that_is_not_finite_on_the_geodesic_does_not_agree() -> None:
+    ball, xi, clean = _inv_ball()
+    found = path_check(ball, xi, lambda point: torch.tensor(math.inf, dtype=torch.float64),
+                       clean, clean + 1.0)
+    assert found == {"path_share": None, "path_agrees": False}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_value_at_the_losses_rounding_is_not_called_a_disagreement(dtype: torch.dtype
+                                                                     ) -> None:
+    # a loss of 1e4 whose rise is a few units in its last place: the two rises differ by
+    # rounding alone, which is no evidence against the path
+    G, H = _pair(0, 1.0, dtype)
+    frozen = qs.GLQuotient("inv").at((G, H))
+    xi = _tangent(frozen, 0, 1e-3)
+    ball = GeodesicBall(frozen, 10.0, order=2)
+    ulp = float(torch.finfo(dtype).eps) * 1e4
+    clean = torch.tensor(1e4, dtype=dtype)
+    perturbed = clean + 4 * ulp
+    found = path_check(ball, xi, lambda point: clean + 2 * ulp, clean, perturbed)
+    assert found["path_agrees"] is True
+    # the same two rises, far above the rounding, disagree
+    found = path_check(ball, xi, lambda point: torch.tensor(2.0, dtype=dtype),
+                       torch.tensor(0.0, dtype=dtype), torch.tensor(4.0, dtype=dtype))
+    assert found == {"path_share": 0.5, "path_agrees": False}
+
+
+# ------------------------------------------------------------------------------ end to end
+def _tiny_transformer(seed: int, value_scale: float = 1.0
+                      ) -> tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True,
+                                                                 dropout=0.0),
+                                torch.nn.Flatten(), torch.nn.Linear(24, 3)).double()
+    with torch.no_grad():
+        model[0].self_attn.in_proj_weight[16:] *= value_scale
+    return model, (torch.randn(4, 3, 8, dtype=torch.float64), torch.randint(0, 3, (4,)))
+
+
+def test_a_mix_value_that_extrapolates_is_flagged_and_the_warning_says_how_far() -> None:
+    model, batch = _tiny_transformer(0, 0.3)
+    with pytest.warns(qs.ReachWarning, match="along the exact geodesic the same perturbation "
+                                             "raises the loss by"):
+        result = qs.sharpness(model, [batch], measure="geodesic", metric="mix", rho=0.1,
+                              n_iter=4, progress=False, reach=False)
+    where = result.locality[0]
+    assert where["path_agrees"] is False and not where["local"]
+    assert abs(where["path_share"] - 1) > 0.01
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_an_inv_value_in_a_small_ball_follows_its_geodesic(seed: int) -> None:
+    model, batch = _tiny_transformer(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", qs.ReachWarning)
+        result = qs.sharpness(model, [batch], measure="geodesic", metric="inv", rho=0.05,
+                              n_iter=6, progress=False, reach=False)
+    where = result.locality[0]
+    assert where["path_agrees"] is True and where["local"]
+    assert where["path_share"] == pytest.approx(1.0, abs=0.01)
+
+
+@pytest.mark.parametrize("options", [dict(measure="geodesic", metric="mix", order=1),
+                                     dict(measure="geodesic", metric="mix", order="exact",
+                                          exact_steps=4),
+                                     dict(measure="adaptive"), dict(measure="worst_case")])
+def test_measures_without_an_order_2_path_are_not_checked(options: dict) -> None:
+    model, batch = _tiny_transformer(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", qs.ReachWarning)
+        result = qs.sharpness(model, [batch], rho=0.05, n_iter=3, progress=False, reach=False,
+                              **options)
+    assert result.locality[0]["path_share"] is None
+    assert result.locality[0]["path_agrees"] is None
+
+
+@pytest.mark.parametrize("metric", ["inv", "mix"])
+def test_the_path_share_does_not_change_under_the_group(metric: str) -> None:
+    from quotientsharp.models import find_symmetries, reparametrize
+
+    model, batch = _tiny_transformer(1)
+    moved = copy.deepcopy(model)
+    params = reparametrize(model, find_symmetries(model), scale=3.0,
+                           generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        for name, parameter in moved.named_parameters():
+            parameter.copy_(params[name])
+    options = dict(measure="geodesic", metric=metric, rho=0.3, n_iter=5, progress=False,
+                   reach=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", qs.ReachWarning)
+        before = qs.sharpness(model, [batch], **options)
+        after = qs.sharpness(moved, [batch], **options)
+    assert after.value == pytest.approx(before.value, rel=1e-9)
+    assert after.locality[0]["path_share"] == pytest.approx(before.locality[0]["path_share"],
+                                                            rel=1e-7)
+    assert after.locality[0]["path_agrees"] == before.locality[0]["path_agrees"]
