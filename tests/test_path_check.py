@@ -19,7 +19,7 @@ import torch
 import quotientsharp as qs
 from quotientsharp.core import reference
 from quotientsharp.engine.ball import GeodesicBall
-from quotientsharp.engine.blocks import PATH_CHECK_STEPS, path_check
+from quotientsharp.engine.blocks import PATH_CHECK_STEPS, Locality, path_check
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -239,3 +239,39 @@ def test_the_path_share_does_not_change_under_the_group(metric: str) -> None:
     assert after.locality[0]["path_share"] == pytest.approx(before.locality[0]["path_share"],
                                                             rel=1e-7)
     assert after.locality[0]["path_agrees"] == before.locality[0]["path_agrees"]
+
+
+def _result_with(where: dict) -> qs.SharpnessResult:
+    """A result of one batch that reached its maximum, with the given locality figures."""
+    figures = {"displacement": 0.01, "parameter": "w", "factor_displacement": 0.05,
+               "factor": "head 0", "second_order": 0.1, "second_order_factor": "head 0",
+               "path_share": 1.0, "path_agrees": True, **where}
+    figures["local"] = Locality.from_dict(figures).local
+    return qs.SharpnessResult(measure="geodesic", value=1.0, per_batch=[1.0],
+                              settings={"rho": 0.3, "metric": "inv", "order": 2},
+                              perturbation_norms=[{"total": 0.3}], reach=[1.0],
+                              chains=[[1.0, 1.0]], locality=[figures])
+
+
+def test_a_value_only_the_path_check_rejects_is_said_to_leave_its_geodesic() -> None:
+    notes = _result_with({"path_share": 0.985, "path_agrees": False}).shortfalls()
+    assert notes == ["batch 0: the order-2 value is not the loss rise of its geodesic to 1 % "
+                     "(along the exact geodesic the same perturbation raises the loss by "
+                     "98.5 % of the value): it is the rise along the Taylor path, which leaves "
+                     "the geodesic there"]
+    # a ball that is also not local says both, and calls the path an extrapolation
+    notes = _result_with({"path_share": 0.3, "path_agrees": False,
+                          "second_order": 2.0}).shortfalls()
+    assert len(notes) == 1 and "the ball is not local" in notes[0]
+    assert "raises the loss by 30 % of the value" in notes[0]
+    assert "an extrapolation with many local maxima" in notes[0]
+    # where the path agrees and the figures are within their bounds, nothing is said
+    assert _result_with({}).shortfalls() == []
+
+
+def test_locality_made_before_the_check_reads_as_not_checked() -> None:
+    # a result saved before the check has no path figures: judged by its bounds alone
+    old = {"displacement": 0.01, "parameter": "w", "factor_displacement": 0.05,
+           "factor": "head 0", "second_order": 0.1, "second_order_factor": "head 0"}
+    where = Locality.from_dict(old)
+    assert where.path_agrees is None and where.local and where.within_bounds

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -232,14 +232,24 @@ class Locality:
     path_agrees: bool | None = None
 
     @property
-    def local(self) -> bool:
-        """Whether the ball is local here (:data:`LOCAL_DISPLACEMENT`,
-        :data:`LOCAL_SECOND_ORDER`) and an order-2 path follows its geodesic
-        (:data:`LOCAL_PATH`)."""
+    def within_bounds(self) -> bool:
+        """Whether no weight moved by more than its size (:data:`LOCAL_DISPLACEMENT`) and no
+        second-order term exceeds its bound (:data:`LOCAL_SECOND_ORDER`)."""
         return (_within(self.displacement, self.parameter, LOCAL_DISPLACEMENT)
                 and _within(self.factor_displacement, self.factor, LOCAL_DISPLACEMENT)
-                and _within(self.second_order, self.second_order_factor, LOCAL_SECOND_ORDER)
-                and self.path_agrees is not False)
+                and _within(self.second_order, self.second_order_factor, LOCAL_SECOND_ORDER))
+
+    @property
+    def local(self) -> bool:
+        """Whether the ball is local here (:attr:`within_bounds`) and an order-2 path follows
+        its geodesic (:data:`LOCAL_PATH`)."""
+        return self.within_bounds and self.path_agrees is not False
+
+    @classmethod
+    def from_dict(cls, where: Mapping[str, Any]) -> Locality:
+        """The figures of :meth:`as_dict` (``local`` is derived; a dict made before a figure
+        existed takes its default)."""
+        return cls(**{f.name: where[f.name] for f in fields(cls) if f.name in where})
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "local": self.local}

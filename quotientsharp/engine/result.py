@@ -14,7 +14,12 @@ from typing import Any, cast
 import torch
 
 from quotientsharp.core.validation import warn_at_caller
-from quotientsharp.engine.blocks import LOCAL_DISPLACEMENT, LOCAL_SECOND_ORDER, TOGETHER
+from quotientsharp.engine.blocks import (
+    LOCAL_DISPLACEMENT,
+    LOCAL_SECOND_ORDER,
+    TOGETHER,
+    Locality,
+)
 from quotientsharp.engine.measures import BatchOutcome, excess
 from quotientsharp.engine.solver import best_chain, reach_estimate
 
@@ -171,15 +176,23 @@ class SharpnessResult:
             notes.append(f"batch {index}: reach estimate {reach_text(reach)} (the search's chains "
                          f"reached {found}: {self._short_because(index)})")
         for index, where in enumerate(self.locality):
-            if not where["local"]:
-                notes.append(f"batch {index}: the ball is not local ({_moved(where)}): the value "
-                             "describes the loss far from theta, not in a neighbourhood of it"
-                             + ("; the order-2 path there is an extrapolation with many local "
-                                "maxima, so the value and its reach estimate are the best "
-                                "found, not the maximum"
-                                if (where["second_order"] or 0) > LOCAL_SECOND_ORDER
-                                or where.get("path_agrees") is False else "")
-                             + _local_radius_note(where, self.settings.get("rho")))
+            if where["local"]:
+                continue
+            if Locality.from_dict(where).within_bounds:
+                # only the exact-path check failed: the ball is a neighbourhood, but its
+                # order-2 path is not its geodesic to 1 %
+                notes.append(f"batch {index}: the order-2 value is not the loss rise of its "
+                             f"geodesic to 1 % ({_path_text(where)}): it is the rise along the "
+                             "Taylor path, which leaves the geodesic there")
+                continue
+            path = f"; {_path_text(where)}" if where.get("path_agrees") is False else ""
+            notes.append(f"batch {index}: the ball is not local ({_moved(where)}{path}): the "
+                         "value describes the loss far from theta, not in a neighbourhood of it"
+                         + ("; the order-2 path there is an extrapolation with many local "
+                            "maxima, so the value and its reach estimate are the best found, "
+                            "not the maximum"
+                            if (where["second_order"] or 0) > LOCAL_SECOND_ORDER or path else "")
+                         + _local_radius_note(where, self.settings.get("rho")))
         return notes
 
     def _short_because(self, index: int) -> str:
@@ -362,15 +375,17 @@ def _moved(where: Mapping[str, Any]) -> str:
              (factor, f"factor {factor} by {_times(where['factor_displacement'])} its size "
                      "in the metric"),
              (curved, f"second-order term {_times(where['second_order'])} the first ({curved})")]
-    moved_text = ", ".join(text for label, text in parts if label is not None)
-    if where.get("path_agrees") is not False:
-        return moved_text
+    return ", ".join(text for label, text in parts if label is not None)
+
+
+def _path_text(where: Mapping[str, Any]) -> str:
+    """What the exact-path check found at a batch's best perturbation (``path_agrees`` False)."""
     share = where.get("path_share")
-    path = ("the exact geodesic through the same perturbation leaves the points where the "
-            "metric is defined, or gives a loss that is not finite"
-            if share is None else "along the exact geodesic the same perturbation raises the "
-            f"loss by {100 * share:.3g} % of the value")
-    return f"{moved_text}; {path}" if moved_text else path
+    if share is None:
+        return ("the exact geodesic through the same perturbation leaves the points where the "
+                "metric is defined, or gives a loss that is not finite")
+    return (f"along the exact geodesic the same perturbation raises the loss by "
+            f"{100 * share:.3g} % of the value")
 
 
 def local_radius(where: Mapping[str, Any], rho: float) -> float | None:
