@@ -16,7 +16,8 @@ a fixed seed on a generated task:
   eager attention, trained 200 steps on "is the bright 4 x 4 square in the left or right half?"
   (noisy images; batches carry ``pixel_values`` instead of ``input_ids``).
 
-Per model, measure (adaptive, geodesic inv order 2, geodesic mix order 2), rho (0.02, 0.1, 0.3)
+Per model, measure (adaptive, geodesic inv order 2, geodesic mix order 2; ``--measures "geodesic
+mix exact"`` adds mix along the exact geodesic, RK4 of the default 16 steps), rho (0.02, 0.1, 0.3)
 and batch (2 batches of 8 x 16): one ``qs.sharpness(..., reference_solve=REF)`` call; one
 JSON line per problem in ``--out``.
 
@@ -54,6 +55,8 @@ MEASURES = {
     "adaptive": {"measure": "adaptive"},
     "geodesic inv": {"measure": "geodesic", "metric": "inv", "order": 2},
     "geodesic mix": {"measure": "geodesic", "metric": "mix", "order": 2},
+    # the geodesic itself, not its Taylor path (not in the default --measures)
+    "geodesic mix exact": {"measure": "geodesic", "metric": "mix", "order": "exact"},
 }
 RHOS = (0.02, 0.1, 0.3)
 
@@ -266,7 +269,7 @@ def measure_one(model, batch, rho, spec, reference, search=True):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=["gpt2", "distilbert", "lora"])
-    ap.add_argument("--measures", nargs="+", default=list(MEASURES))
+    ap.add_argument("--measures", nargs="+", default=list(MEASURES)[:3], choices=list(MEASURES))
     ap.add_argument("--rhos", nargs="+", type=float, default=list(RHOS))
     ap.add_argument("--batches", type=int, default=2)
     ap.add_argument("--ref-iter", type=int, default=None,

@@ -175,24 +175,8 @@ class SharpnessResult:
                 continue
             notes.append(f"batch {index}: reach estimate {reach_text(reach)} (the search's chains "
                          f"reached {found}: {self._short_because(index)})")
-        for index, where in enumerate(self.locality):
-            if where["local"]:
-                continue
-            if Locality.from_dict(where).within_bounds:
-                # only the exact-path check failed: the ball is a neighbourhood, but its
-                # order-2 path is not its geodesic to 1 %
-                notes.append(f"batch {index}: the order-2 value is not the loss rise of its "
-                             f"geodesic to 1 % ({_path_text(where)}): it is the rise along the "
-                             "Taylor path, which leaves the geodesic there")
-                continue
-            path = f"; {_path_text(where)}" if where.get("path_agrees") is False else ""
-            notes.append(f"batch {index}: the ball is not local ({_moved(where)}{path}): the "
-                         "value describes the loss far from theta, not in a neighbourhood of it"
-                         + ("; the order-2 path there is an extrapolation with many local "
-                            "maxima, so the value and its reach estimate are the best found, "
-                            "not the maximum"
-                            if (where["second_order"] or 0) > LOCAL_SECOND_ORDER or path else "")
-                         + _local_radius_note(where, self.settings.get("rho")))
+        notes += [f"batch {index}: {_not_local(where, self.settings.get('rho'))}"
+                  for index, where in enumerate(self.locality) if not where["local"]]
         return notes
 
     def _short_because(self, index: int) -> str:
@@ -376,6 +360,24 @@ def _moved(where: Mapping[str, Any]) -> str:
                      "in the metric"),
              (curved, f"second-order term {_times(where['second_order'])} the first ({curved})")]
     return ", ".join(text for label, text in parts if label is not None)
+
+
+def _not_local(where: Mapping[str, Any], rho: Any) -> str:
+    """Why a batch's best perturbation is not local (its :class:`~.blocks.Locality`)."""
+    if Locality.from_dict(where).within_bounds:
+        # only the exact-path check failed: the ball is a neighbourhood, but its order-2 path
+        # is not its geodesic to 1 %
+        return (f"the order-2 value is not the loss rise of its geodesic to 1 % "
+                f"({_path_text(where)}): it is the rise along the Taylor path, which leaves "
+                "the geodesic there")
+    path = f"; {_path_text(where)}" if where.get("path_agrees") is False else ""
+    extrapolates = (where["second_order"] or 0) > LOCAL_SECOND_ORDER or path
+    return (f"the ball is not local ({_moved(where)}{path}): the value describes the loss far "
+            "from theta, not in a neighbourhood of it"
+            + ("; the order-2 path there is an extrapolation with many local maxima, so the "
+               "value and its reach estimate are the best found, not the maximum"
+               if extrapolates else "")
+            + _local_radius_note(where, rho))
 
 
 def _path_text(where: Mapping[str, Any]) -> str:
