@@ -16,6 +16,7 @@ import torch
 
 from quotientsharp.core.adaptive import AdaptivePoint
 from quotientsharp.core.product import ProductPoint
+from quotientsharp.core.validation import value_checks
 from quotientsharp.engine.ball import BoxGeometry, GeodesicBall
 
 Tensors = tuple[torch.Tensor, ...]
@@ -378,36 +379,41 @@ def locality(geometry: GeodesicBall | BoxGeometry, coordinates: Any, blocks: Seq
 
 def path_check(geometry: GeodesicBall | BoxGeometry, xi: Sequence[torch.Tensor],
                loss_at: Callable[[Tensors], torch.Tensor], clean: torch.Tensor,
-               perturbed: torch.Tensor) -> dict[str, Any]:
+               perturbed: torch.Tensor, forward_dtype: torch.dtype) -> dict[str, Any]:
     """Whether the order-2 value is the loss rise of the geodesic it approximates.
 
     One forward, at the exact geodesic through the best perturbation ``xi``
     (:meth:`~.ball.GeodesicBall.exact_point`: a closed form, or RK4 of
-    :data:`PATH_CHECK_STEPS` steps; no backward):
-    ``path_share`` is its loss rise over the value ``perturbed - clean``, and ``path_agrees``
-    whether the two rises differ by at most :data:`LOCAL_PATH` of the value plus the losses'
-    rounding (64 units in the last place of the largest loss, in the loss's dtype). A loss that
-    is not finite there, or a geodesic that leaves the points where the metric is defined before
-    ``t = 1``, has no share and does not agree. Empty (not checked) for a ball without
-    an order-2 path, or a value at or below 0 (the reach estimate reports that one)."""
+    :data:`PATH_CHECK_STEPS` steps, with the checks on values on; no backward): ``path_share``
+    is its loss rise over the value ``perturbed - clean``, and ``path_agrees`` whether the two
+    rises differ by at most :data:`LOCAL_PATH` of the value plus the losses' rounding, 64 units
+    in the last place of the largest loss in ``forward_dtype`` (the coarsest dtype of the
+    forward: float32 forwards of small transformers differ from float64 ones by 1-6 units).
+    ``path_agrees`` is ``None`` where that rounding alone exceeds :data:`LOCAL_PATH` of the
+    value (the losses cannot tell), ``False`` with no share where the geodesic leaves the points
+    where the metric is defined before ``t = 1`` or its loss is not finite. Empty (not checked)
+    for a ball without an order-2 path, or a value that is not a finite rise (the reach
+    estimate reports that one)."""
     value = float(perturbed.double() - clean.double())
-    if not isinstance(geometry, GeodesicBall) or not geometry.extrapolates or not value > 0:
+    if (not isinstance(geometry, GeodesicBall) or not geometry.extrapolates
+            or not 0 < value < math.inf):
         return {}
     try:
-        with torch.no_grad():
+        # the checks on values make a factor whose Gram matrix goes singular on the way raise,
+        # where the ascent's unchecked path would go on with NaN or garbage
+        with torch.no_grad(), value_checks(True):
             loss = loss_at(geometry.exact_point(xi, PATH_CHECK_STEPS))
     except ValueError:
-        # the integration left the points where the metric is defined (a factor's Gram went
-        # singular on the way): there is no geodesic through xi to compare with
         return {"path_share": None, "path_agrees": False}
     exact = float(loss.double())
     if not math.isfinite(exact):
         return {"path_share": None, "path_agrees": False}
-    rounding = 64 * torch.finfo(loss.dtype).eps * max(abs(float(clean)), abs(float(perturbed)),
-                                                      abs(exact))
+    rounding = 64 * torch.finfo(forward_dtype).eps * max(abs(float(clean)),
+                                                         abs(float(perturbed)), abs(exact))
     rise = exact - float(clean.double())
-    return {"path_share": rise / value,
-            "path_agrees": abs(rise - value) <= LOCAL_PATH * value + rounding}
+    agrees = (None if rounding >= LOCAL_PATH * value
+              else abs(rise - value) <= LOCAL_PATH * value + rounding)
+    return {"path_share": rise / value, "path_agrees": agrees}
 
 
 def _factor_locality(geometry: GeodesicBall, blocks: Sequence[Block], xi: Tensors,

@@ -103,6 +103,10 @@ class FunctionalModel:
         self.theta_geometry = {n: self.theta[n].to(self.dtype) for n in self.trainable}
         floating = {t.dtype for t in [*named.values(), *self.buffers.values()]
                     if t.is_floating_point()}
+        #: the floating dtype of the forward with the largest rounding unit (float32 where
+        #: there is none): how finely its losses can tell two points apart
+        self.coarsest_dtype = max(floating or {torch.float32},
+                                  key=lambda d: float(torch.finfo(d).eps))
         self.input_dtype = floating.pop() if len(floating) == 1 else None
         self.vocabulary_size = vocabulary_size(model)
         #: the class of a HuggingFace causal LM, which shifts its labels in its own loss

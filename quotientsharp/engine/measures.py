@@ -425,7 +425,7 @@ class AscentMeasure:
         absolute = isinstance(self.plan, PlainGeometry) and not self.plan.adaptive
         path = path_check(space.geometry, outcome.xi,
                           lambda point: self.model.loss(batch, space.coordinates.updates(point)),
-                          clean, outcome.loss)
+                          clean, outcome.loss, self.model.coarsest_dtype)
         where = locality(space.geometry, space.coordinates, space.coordinates.blocks(),
                          self.model.theta_geometry, outcome.xi, absolute, path)
         return BatchOutcome(excess(outcome.loss, clean), clean, outcome.loss, norms,

@@ -16,6 +16,7 @@ import torch
 from quotientsharp.core.validation import warn_at_caller
 from quotientsharp.engine.blocks import (
     LOCAL_DISPLACEMENT,
+    LOCAL_PATH,
     LOCAL_SECOND_ORDER,
     TOGETHER,
     Locality,
@@ -366,17 +367,17 @@ def _not_local(where: Mapping[str, Any], rho: Any) -> str:
     """Why a batch's best perturbation is not local (its :class:`~.blocks.Locality`)."""
     if Locality.from_dict(where).within_bounds:
         # only the exact-path check failed: the ball is a neighbourhood, but its order-2 path
-        # is not its geodesic to 1 %
-        return (f"the order-2 value is not the loss rise of its geodesic to 1 % "
-                f"({_path_text(where)}): it is the rise along the Taylor path, which leaves "
-                "the geodesic there")
+        # is not its geodesic to LOCAL_PATH
+        return (f"the order-2 value is not the loss rise of its geodesic to "
+                f"{100 * LOCAL_PATH:g} % ({_path_text(where)}): it is the rise along the Taylor "
+                "path, which leaves the geodesic there; order='exact' measures along the "
+                "geodesic itself")
     path = f"; {_path_text(where)}" if where.get("path_agrees") is False else ""
-    extrapolates = (where["second_order"] or 0) > LOCAL_SECOND_ORDER or path
     return (f"the ball is not local ({_moved(where)}{path}): the value describes the loss far "
             "from theta, not in a neighbourhood of it"
             + ("; the order-2 path there is an extrapolation with many local maxima, so the "
                "value and its reach estimate are the best found, not the maximum"
-               if extrapolates else "")
+               if (where["second_order"] or 0) > LOCAL_SECOND_ORDER else "")
             + _local_radius_note(where, rho))
 
 
@@ -386,8 +387,9 @@ def _path_text(where: Mapping[str, Any]) -> str:
     if share is None:
         return ("the exact geodesic through the same perturbation leaves the points where the "
                 "metric is defined, or gives a loss that is not finite")
-    return (f"along the exact geodesic the same perturbation raises the loss by "
-            f"{100 * share:.3g} % of the value")
+    change = (f"raises the loss by {100 * share:.3g} % of the value" if share >= 0
+              else f"lowers the loss, by {-100 * share:.3g} % of the value")
+    return f"along the exact geodesic the same perturbation {change}"
 
 
 def local_radius(where: Mapping[str, Any], rho: float) -> float | None:
