@@ -357,3 +357,15 @@ def test_a_user_quotient_is_checked_along_its_own_geodesic() -> None:
         assert result.locality[0]["path_agrees"] == (abs(shares[-1] - 1) <= 0.01)
     # a small ball follows its geodesic closely; a large one less so
     assert abs(shares[0] - 1) < 1e-3 < abs(shares[1] - 1)
+
+
+def test_an_exact_mix_ball_whose_geodesics_leave_the_manifold_names_that_cause() -> None:
+    # the advice for a mix value that is not its geodesic's is order="exact": where the ball is
+    # so wide that the geodesics themselves reach a singular factor, the error says so (and
+    # not that the radius overflows float64)
+    model, batch = _tiny_transformer(0, 1e-3)
+    with pytest.raises(qs.engine.NonFiniteLossError,
+                       match=r"an exact geodesic of the ball \(rho=0.3, RK4 of 4 steps.*left "
+                             "the full-rank points of a symmetry factor"):
+        qs.sharpness(model, [batch], measure="geodesic", metric="mix", order="exact",
+                     exact_steps=4, rho=0.3, n_iter=6, progress=False, reach=False)

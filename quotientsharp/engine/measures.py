@@ -49,14 +49,26 @@ Tensors = tuple[torch.Tensor, ...]
 Tick = Callable[[], object]
 
 
+def _exact_steps(geometry: GeodesicBall | BoxGeometry) -> int | None:
+    """The RK4 steps of a ball some of whose factors follow exact geodesics without a closed
+    form; ``None`` for any other geometry."""
+    if not isinstance(geometry, GeodesicBall):
+        return None
+    orders = geometry.order if isinstance(geometry.order, (list, tuple)) else [geometry.order]
+    return geometry.steps if "exact" in orders else None
+
+
 class NonFiniteLossError(ValueError):
     """A perturbed loss was NaN or inf (``nonfinite="raise"``); the message names the batch,
     the evaluation and the likely cause."""
 
 
-def likely_cause(model: FunctionalModel, rho: float | None, batch: Batch | None = None) -> str:
+def likely_cause(model: FunctionalModel, rho: float | None, batch: Batch | None = None,
+                 exact_steps: int | None = None) -> str:
     """The likely reason for a non-finite perturbed loss, and what to do about it; given the
-    batch of an ascent, a non-finite gradient at theta first (one more forward+backward)."""
+    batch of an ascent, a non-finite gradient at theta first (one more forward+backward).
+    ``exact_steps``: the perturbed points lie on exact geodesics integrated with that many RK4
+    steps, which can leave the full-rank points of a factor."""
     names = [] if batch is None else model.nonfinite_gradients(batch)
     if names:
         # an inf input that a saturating layer (tanh, softmax) makes a finite loss still
@@ -77,6 +89,13 @@ def likely_cause(model: FunctionalModel, rho: float | None, batch: Batch | None 
                 "(float16's largest finite value is 65504), so a perturbed forward overflowed; "
                 "measure a float32 copy (model.float()) or use a smaller rho")
     radius = "" if rho is None else f"rho={rho:g} "
+    if exact_steps is not None:
+        # a factor's Gram matrix that goes singular on the way makes the integration NaN
+        ball = "" if rho is None else f"rho={rho:g}, "
+        return (f"likely cause: an exact geodesic of the ball ({ball}RK4 of {exact_steps} "
+                "steps where it has no closed form) left the full-rank points of a symmetry "
+                "factor (under mix a factor moves by about rho over the smallest singular value "
+                "of its partner); use more exact_steps, a smaller rho or the inv metric")
     dtype = str(model.dtype).removeprefix("torch.")
     return (f"likely cause: the radius {radius}is too large for {dtype}: the perturbed "
             "parameters or activations overflow (or leave the loss's domain); use a smaller "
@@ -104,9 +123,10 @@ def _nonfinite(outcome: AscentOutcome, settings: AscentSettings) -> tuple[int, b
 
 def _check_ascents(solves: Sequence[tuple[AscentSettings, AscentOutcome, str]], index: int,
                    model: FunctionalModel, rho: float | None, policy: str,
-                   batch: Batch | None = None) -> int:
+                   batch: Batch | None = None, exact_steps: int | None = None) -> int:
     """The non-finite evaluations of batch ``index``'s solves (each named by its ``label``);
-    raises under ``"raise"``, and under ``"skip"`` when no solve had a finite evaluation."""
+    raises under ``"raise"``, and under ``"skip"`` when no solve had a finite evaluation
+    (``exact_steps``: :func:`likely_cause`)."""
     found = [(_nonfinite(outcome, settings), settings, outcome, label)
              for settings, outcome, label in solves]
     failed = [f for f in found if f[0][0] > 0]
@@ -128,8 +148,8 @@ def _check_ascents(solves: Sequence[tuple[AscentSettings, AscentOutcome, str]], 
         f"batch {index}{label}: the perturbed loss is {value} at {where}{runs}; {count} of "
         f"{settings.runs * settings.evaluations_per_run} evaluations were not finite.{nothing} "
         f"The clean loss is finite, so the perturbation caused it: "
-        f"{likely_cause(model, rho, batch)}" + (_SKIP_HINT if policy == "raise" and not none
-                                                 else ""))
+        f"{likely_cause(model, rho, batch, exact_steps)}"
+        + (_SKIP_HINT if policy == "raise" and not none else ""))
 
 
 def excess(loss: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
@@ -405,7 +425,9 @@ class AscentMeasure:
             # the best iterate at full size (zero off the rows), for what follows
             outcome.xi = touched.coordinates.expand(outcome.xi)
         radius = float(space.geometry.radius)
-        skipped = _check_ascents(solves, index, self.model, radius, self.nonfinite, batch)
+        exact_steps = _exact_steps(space.geometry)
+        skipped = _check_ascents(solves, index, self.model, radius, self.nonfinite, batch,
+                                 exact_steps)
         del solves
         reference = None
         if self.reference is not None:
@@ -415,7 +437,8 @@ class AscentMeasure:
                                skip_nonfinite=skip, host_decisions=self.host_decisions,
                                compiled=self.compiled)
             skipped += _check_ascents([(self.reference, reference, " (reference solve)")],
-                                      index, self.model, radius, self.nonfinite, batch)
+                                      index, self.model, radius, self.nonfinite, batch,
+                                      exact_steps)
         perturbation = None
         if keep:
             moved = space.parameters(outcome.xi)
