@@ -19,12 +19,13 @@ counted; they are negligible here.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -41,6 +42,26 @@ __all__ = [
     "tensor_bytes",
     "time_interleaved",
 ]
+
+
+@contextlib.contextmanager
+def without_path_check() -> Iterator[None]:
+    """``quotientsharp.sharpness`` without the exact-path check of order-2 values.
+
+    The check runs once per call, after the ascent, and its work depends on the point found
+    (its integration stops where the geodesic leaves the full-rank points): in a difference of
+    two calls with different ``n_iter`` it does not cancel, and it is not part of an iteration.
+    A checkout without the check is left as it is."""
+    import quotientsharp.engine.measures as measures
+
+    saved = getattr(measures, "path_check", None)
+    if saved is not None:
+        measures.path_check = lambda *args, **kwargs: {}  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        if saved is not None:
+            measures.path_check = saved  # type: ignore[attr-defined]
 
 
 def device_synchronize(device: torch.device) -> None:

@@ -48,6 +48,7 @@ from _common import (  # noqa: E402
     peak_memory,
     tensor_bytes,
     time_interleaved,
+    without_path_check,
 )
 from minilm import MEASURES, forward_backward  # noqa: E402
 
@@ -96,8 +97,9 @@ def measure_variant(variant: str, model, batch, device: torch.device, iters: tup
     plain = functools.partial(forward_backward, model, batch)
 
     def run(n_iter: int, options: dict[str, Any]) -> None:
-        qs.sharpness(wrapped, [batch], rho=0.05, n_iter=n_iter, progress=False, reach=False,
-                     compile_steps=variant == "compile-steps", **options)
+        with without_path_check():
+            qs.sharpness(wrapped, [batch], rho=0.05, n_iter=n_iter, progress=False,
+                         reach=False, compile_steps=variant == "compile-steps", **options)
 
     result: dict[str, Any] = {"setup_s": {}}
     for name, options in MEASURES.items():
