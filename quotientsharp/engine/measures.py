@@ -94,8 +94,9 @@ def likely_cause(model: FunctionalModel, rho: float | None, batch: Batch | None 
         ball = "" if rho is None else f"rho={rho:g}, "
         return (f"likely cause: an exact geodesic of the ball ({ball}RK4 of {exact_steps} "
                 "steps where it has no closed form) left the full-rank points of a symmetry "
-                "factor (under mix a factor moves by about rho over the smallest singular value "
-                "of its partner); use more exact_steps, a smaller rho or the inv metric")
+                "factor, or overflowed (under mix a factor moves by about rho over the smallest "
+                "singular value of its partner); use more exact_steps, a smaller rho or the inv "
+                "metric")
     dtype = str(model.dtype).removeprefix("torch.")
     return (f"likely cause: the radius {radius}is too large for {dtype}: the perturbed "
             "parameters or activations overflow (or leave the loss's domain); use a smaller "
