@@ -346,3 +346,17 @@ def test_solver_reach_table_counts_reach_and_flags_per_problem():
     assert rows["one ascent (20 steps)"].endswith("| 50.0 % | 50.0 % | 21 | 1 / 1 | 0 / 0 |")
     assert rows["search (default)"].endswith("| 99.5 % | 99.5 % | 60 | 0 / 0 | 0 / 1 |")
     assert "reference (100 steps, 4 restarts)" in rows
+
+
+def test_path_check_cost_script_runs_on_a_tiny_model(tmp_path):
+    # benchmarks/path_check_cost.py: the check's share of a measurement, with the solve's reach
+    out = tmp_path / "cost.json"
+    completed = subprocess.run([sys.executable, str(BENCHMARKS / "path_check_cost.py"), "--tiny",
+                                "--repeats", "1", "--json", str(out)],
+                               capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    report = json.loads(out.read_text())
+    for name in ("geodesic inv", "geodesic mix"):
+        row = report[name]
+        assert row["seconds_checked"] > 0 and row["seconds_unchecked"] > 0
+        assert math.isfinite(row["check_share"]) and 0 <= row["reach"] <= 1

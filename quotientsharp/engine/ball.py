@@ -117,18 +117,22 @@ class GeodesicBall:
                                     self.steps)
 
     @property
+    def orders(self) -> list[Order]:
+        """The path order of each factor (one entry where the ball has a single order)."""
+        order = self.order
+        return list(order) if isinstance(order, (list, tuple)) else [order]  # type: ignore[list-item]
+
+    @property
     def extrapolates(self) -> bool:
         """Whether some factor follows the order-2 Taylor path (the approximation of its
         geodesic that :meth:`exact_point` checks)."""
-        given = self.order if isinstance(self.order, (list, tuple)) else [self.order]
-        return any(o == 2 for o in given)
+        return 2 in self.orders
 
     def exact_point(self, xi: Sequence[torch.Tensor], steps: int | None = None) -> Tensors:
         """``gamma_xi(1)`` with every order-2 factor on its exact geodesic instead (closed form,
         or RK4 of ``steps`` steps, by default the ball's), the other factors on their own
         path: the point the order-2 path approximates."""
-        given = self.order if isinstance(self.order, (list, tuple)) else [self.order]
-        exact = ["exact" if o == 2 else o for o in given]
+        exact: list[Order] = ["exact" if o == 2 else o for o in self.orders]
         orders = exact if isinstance(self.order, (list, tuple)) else exact[0]
         return self.frozen.geodesic(tuple(xi), 1.0, orders,  # type: ignore[arg-type]
                                     self.steps if steps is None else steps)

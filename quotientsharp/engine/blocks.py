@@ -199,11 +199,10 @@ LOCAL_SECOND_ORDER = 0.5
 #: best perturbation raises the loss by the value to 1 % (the reach target's tolerance), plus
 #: the rounding of the losses (:func:`path_check`).
 LOCAL_PATH = 0.01
-#: RK4 steps of the exact geodesic in :func:`path_check`. Its error is of order ``h^4``: on
-#: held-out models the share it gives moved by at most 1e-5 from 4 to 16 steps where the
-#: share is near 1, and by 2e-4 where the path is far off (mix, shares 0.0005-0.018); a quarter
-#: of the default ``exact_steps``, since each step costs four Christoffel contractions of every
-#: factor.
+#: RK4 steps of the exact geodesic in :func:`path_check`. Its error is of order ``h^4``: where
+#: the share is within 2 % of 1 it is within 1e-4 of the converged integration's
+#: (``tests/test_path_check.py``); a quarter of the default ``exact_steps``, since each step
+#: costs four Christoffel contractions of every factor.
 PATH_CHECK_STEPS = 4
 #: The ``parameter`` of a displacement measured over every parameter together.
 TOGETHER = "all parameters together"

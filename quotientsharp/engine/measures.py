@@ -54,8 +54,7 @@ def _exact_steps(geometry: GeodesicBall | BoxGeometry) -> int | None:
     form; ``None`` for any other geometry."""
     if not isinstance(geometry, GeodesicBall):
         return None
-    orders = geometry.order if isinstance(geometry.order, (list, tuple)) else [geometry.order]
-    return geometry.steps if "exact" in orders else None
+    return geometry.steps if "exact" in geometry.orders else None
 
 
 class NonFiniteLossError(ValueError):
