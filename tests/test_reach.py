@@ -106,3 +106,29 @@ def test_the_statement_of_a_searched_family_counts_the_flagged_shortfalls() -> N
     # data of the one-ascent study keep their wording
     assert "The study's ascent (20 Auto-PGD steps" in (reach_statement("vit", _reach(73.25))
                                                       or "")
+
+
+@pytest.mark.pages
+def test_the_reach_page_sums_the_warnings_of_every_family_and_names_the_unflagged() -> None:
+    from results_pages.reach import _totals_lines
+
+    def flags(problems: int, short: int, flagged: int, false: int, not_local: int) -> dict:
+        return {"flags": {"problems": problems, "short": short, "short_flagged": flagged,
+                          "reaching_reach_flagged": false, "not_local": not_local}}
+
+    families = {
+        "vit": {"reach": {"worst_case": {"0.1": flags(4, 3, 1, 1, 0), "0.3": flags(4, 0, 0, 0, 0)},
+                          "geodesic_mix_o2": {"0.1": flags(4, 2, 2, 0, 4)}}},
+        "lora": {"reach": {"adaptive": {"0.1": flags(3, 1, 0, 2, 1),
+                                        "0.3": {"refused": "too large"}}}},
+    }
+    text = "\n".join(_totals_lines(families))
+    assert "15 problems; the default fell short of 99 % of the best value found on 6" in text
+    assert "flagged 3 of them. Not flagged: 3: vit worst_case at ρ = 0.1 (2); lora " in text
+    assert "lora adaptive at ρ = 0.1 (1). The reach estimate flagged 3 problems" in text
+    assert "5 balls were not local" in text and "geodesic_mix_o2" not in text
+    # every shortfall flagged: no list; no warnings tables at all: no paragraph
+    families["vit"]["reach"]["worst_case"]["0.1"] = flags(4, 3, 3, 0, 0)
+    families["lora"]["reach"]["adaptive"]["0.1"] = flags(3, 1, 1, 0, 0)
+    assert "Not flagged: 0. The reach" in "\n".join(_totals_lines(families))
+    assert _totals_lines({"vit": {"reach": {"adaptive": {"0.1": {"ascent": {}}}}}}) == []

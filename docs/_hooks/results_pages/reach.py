@@ -77,6 +77,36 @@ def _family_lines(name: str, family: dict[str, Any]) -> list[str]:
     return lines + _search_tables(family["reach"], family["rhos"])
 
 
+def _totals_lines(families: Mapping[str, dict[str, Any]]) -> list[str]:
+    """The warnings tables summed over every family, measure and radius: how many problems fell
+    short of 99 % of the best value found, how many of those were flagged, where the others are,
+    and how many reaching problems the reach estimate flagged."""
+    totals = {"problems": 0, "short": 0, "short_flagged": 0, "reaching_reach_flagged": 0,
+              "not_local": 0}
+    unflagged = []
+    for name, family in families.items():
+        for measure, by_rho in family["reach"].items():
+            for rho, entry in by_rho.items():
+                flags = entry.get("flags")
+                if flags is None:
+                    continue
+                for key in totals:
+                    totals[key] += flags[key]
+                missed = flags["short"] - flags["short_flagged"]
+                if missed:
+                    unflagged.append(f"{name} {measure} at ρ = {rho} ({missed})")
+    if not totals["problems"]:
+        return []
+    missed = totals["short"] - totals["short_flagged"]
+    where = f": {'; '.join(unflagged)}" if unflagged else ""
+    return ["### Over every family", "",
+            f"Summed over the families' warnings tables: {totals['problems']} problems; the "
+            f"default fell short of 99 % of the best value found on {totals['short']} and "
+            f"flagged {totals['short_flagged']} of them. Not flagged: {missed}{where}. The "
+            f"reach estimate flagged {totals['reaching_reach_flagged']} problems that reached; "
+            f"{totals['not_local']} balls were not local.", ""]
+
+
 def section(page: Mapping[str, Any]) -> str:
     """The Markdown section of the study from its page data (``results`` and ``command``)."""
     results, command = page["results"], page["command"]
@@ -115,4 +145,5 @@ def section(page: Mapping[str, Any]) -> str:
     lines += _search_tables(results["bert"], rhos)
     for name, family in results["families"].items():
         lines += _family_lines(name, family)
+    lines += _totals_lines(results["families"])
     return "\n".join(lines)
