@@ -20,8 +20,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ".core.quotient": ("ClosedFormQuotient", "SymmetryQuotient"),
     ".core.validation": ("value_checks",),
     ".engine": ("AdaptiveSpec", "AverageSpec", "GeodesicSpec", "NoSymmetryWarning",
-                "ReachWarning", "RelativeFlatnessSpec", "SharpnessResult", "WorstCaseSpec",
-                "measure_from", "sharpness"),
+                "ReachWarning", "RelativeFlatnessSpec", "SharpnessResult", "UnboundSymmetryWarning",
+                "WorstCaseSpec", "measure_from", "sharpness"),
     ".models": ("QuotientBinding", "SymmetryCheckError", "check_symmetry", "find_symmetries"),
 }
 _DEFINED_IN = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -33,6 +33,7 @@ _MODULES: dict[str, str] = {"checks": ".core.checks", "core": ".core", "engine":
 __all__ = ["AdaptiveQuotient", "ClosedFormQuotient", "DiagonalQuotient", "FrozenPoint",
            "GLQuotient", "NoSymmetryWarning", "ProductQuotient", "QuotientBinding", "ReachWarning",
            "RotaryQuotient", "SharpnessResult", "SymmetryCheckError", "SymmetryQuotient",
+           "UnboundSymmetryWarning",
            "check_symmetry", "checks", "core", "engine", "find_symmetries", "models", "reference",
            "sharpness", "value_checks", "workflows", "__version__",
            "AdaptiveSpec", "AverageSpec", "GeodesicSpec", "RelativeFlatnessSpec", "WorstCaseSpec",
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
         ReachWarning,
         RelativeFlatnessSpec,
         SharpnessResult,
+        UnboundSymmetryWarning,
         WorstCaseSpec,
         measure_from,
         sharpness,

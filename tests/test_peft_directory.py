@@ -469,6 +469,26 @@ def test_a_model_saved_beside_adapter_checkpoints_is_that_model(saved, tmp_path)
         "PeftModelForSequenceClassification")
 
 
+def test_a_folder_of_trainer_checkpoints_only_is_refused_naming_the_latest(saved, tmp_path):
+    # checkpoint-5, -10 and -20 and nothing else: "checkpoint-10" sorts first, and its adapter
+    # was measured with exit status 0 (not the latest, and named nowhere in the output)
+    out = tmp_path / "out"
+    for step in (5, 10, 20):
+        shutil.copytree(saved / "adapter", out / f"checkpoint-{step}")
+    for command in (["symmetries", out], ["measure", out, saved / "data.pt", *OPTIONS]):
+        code, _, stderr = _call(*command)
+        assert code == 2 and stderr.count("\n") == 1, stderr
+        assert (f"error: MODEL {out}: holds 3 Trainer checkpoints (checkpoint-5, checkpoint-10, "
+                f"checkpoint-20) and no adapter of its own" in stderr), stderr
+        assert f"{out / 'checkpoint-20'} (the latest)" in stderr
+    # one checkpoint is no choice; a checkpoint given itself is read
+    shutil.rmtree(out / "checkpoint-5")
+    shutil.rmtree(out / "checkpoint-10")
+    assert type(load_measured_model(out)).__name__ == "PeftModelForSequenceClassification"
+    assert type(load_measured_model(out / "checkpoint-20")).__name__ == (
+        "PeftModelForSequenceClassification")
+
+
 @pytest.mark.parametrize(("folder", "named"), [("default", "which PEFT names 'default' too"),
                                                 ("v1.0", "a name with a '.'")])
 def test_a_subdirectory_that_cannot_name_an_adapter_is_refused(saved, tmp_path, folder, named):

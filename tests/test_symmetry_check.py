@@ -163,9 +163,9 @@ def test_a_wrong_shaped_vertical_is_an_error_naming_vertical_and_the_shapes():
             return (a * x[0][..., :1],)     # shape (8, 1) for an (8, 6) factor: broadcasts
 
     model, batches = _batchnorm_model()
-    # the geometry's method check runs first, on the first two rows of the (8, 6) factor
+    # the geometry's method check runs first, on every row of the (8, 6) factor
     with pytest.raises(ValueError, match=r"NarrowVertical\.vertical returned component 0 of "
-                                         r"shape \(2, 1\), expected the point's \(2, 6\)"):
+                                         r"shape \(8, 1\), expected the point's \(8, 6\)"):
         qs.sharpness(model, batches, rho=0.05, symmetries=_rows_binding(
             quotient=NarrowVertical()), check_symmetry=False, n_iter=3, progress=False)
 

@@ -381,3 +381,142 @@ def test_an_unbatched_check_still_checks_broadcasting(batch_shape):
         ScalesByTheBatchMean(point_shapes=[(4,), (3,)]), seed=1, batch_shape=batch_shape)}
     assert not rows["broadcast_equals_loop"].passed
     assert rows["broadcast_equals_loop"].error > 1e-3
+
+
+def _from_third_unit(x):
+    """``1`` on the first two units of a stack (the first contract check's) and ``-1`` after."""
+    sign = torch.ones(x[0].shape[:-1] + (1,), dtype=x[0].dtype)
+    if sign.dim() > 1:
+        sign[2:] = -1.0
+    return sign
+
+
+class GradientWrongFromTheThirdUnit(Neuron):
+    def euclidean_to_riemannian_gradient(self, x, egrad):
+        return tuple(g * _from_third_unit(x)
+                     for g in super().euclidean_to_riemannian_gradient(x, egrad))
+
+
+class ChristoffelWrongFromTheThirdUnit(Neuron):
+    def christoffel(self, x, u, v=None):
+        return tuple(c * _from_third_unit(x) for c in super().christoffel(x, u, v))
+
+
+@pytest.mark.parametrize(("cls", "check"), [
+    (GradientWrongFromTheThirdUnit, "gradient_vs_reference"),
+    (ChristoffelWrongFromTheThirdUnit, "christoffel_vs_reference")])
+def test_a_formula_wrong_only_beyond_the_first_units_is_refused(cls, check):
+    from quotientsharp.models import QuotientSGD
+
+    # right on units 0 and 1: the first contract check passes, the one on every unit does not
+    pattern = rf"binding 'relu units': {cls.__name__} fails {check} .* on its units \("
+    with pytest.raises(SymmetryCheckError, match=pattern):
+        _sharpness(_mlp(), cls())
+    with pytest.raises(SymmetryCheckError, match=pattern):
+        QuotientSGD(_mlp(), 0.1, symmetries=[_bind(cls())])
+    with pytest.raises(SymmetryCheckError, match=pattern):
+        check_symmetry(_mlp(), _bind(cls()), _batch())
+
+
+class NegativeFromTheThirdUnit(Neuron):
+    def inner(self, x, u, v):
+        return super().inner(x, u, v) * _from_third_unit(x)[..., 0]
+
+
+class ChristoffelNaNAtSomeValues(Neuron):
+    """NaN where a unit's first incoming weight is negative: a branch on the values."""
+
+    def christoffel(self, x, u, v=None):
+        return tuple(torch.where(x[0][..., :1] < 0, torch.nan, c)
+                     for c in super().christoffel(x, u, v))
+
+
+@pytest.mark.parametrize(("cls", "pattern"), [
+    (NegativeFromTheThirdUnit, r"NegativeFromTheThirdUnit\.inner is not positive definite"),
+    (ChristoffelNaNAtSomeValues, r"ChristoffelNaNAtSomeValues\.christoffel returned non-finite "
+                                 r"values \(NaN or inf\) in component 0$")])
+def test_a_method_wrong_at_some_units_is_named_not_the_point_or_broadcasting(cls, pattern):
+    model = _mlp()
+    with torch.no_grad():
+        model[0].weight[:, 0] = torch.tensor([0.3, 0.2, -0.4, 0.5, 0.1, 0.2],
+                                             dtype=torch.float64)
+    for run in (lambda: _sharpness(model, cls()), lambda: check_symmetry(model, _bind(cls()),
+                                                                         _batch())):
+        with pytest.raises(SymmetryCheckError, match=pattern) as info:
+            run()
+        assert "degenerate" not in str(info.value) and "broadcast" not in str(info.value)
+
+
+class NaNProjectionAtSomeValues(Neuron):
+    def horizontal_projection(self, x, u):
+        return tuple(torch.where(x[0][..., :1] < 0, torch.nan, h)
+                     for h in super().horizontal_projection(x, u))
+
+
+def test_a_projection_returning_nan_is_named_as_such():
+    model = _mlp()
+    with torch.no_grad():
+        model[0].weight[3, 0] = -0.5
+    with pytest.raises(SymmetryCheckError, match=r"NaNProjectionAtSomeValues\.horizontal_"
+                                                 r"projection returned non-finite values"):
+        check_symmetry(model, _bind(NaNProjectionAtSomeValues()), _batch())
+
+
+@pytest.mark.parametrize("value", [None, 0, 1, "no"])
+def test_invariant_must_be_a_bool(value):
+    cls = type("Flagged", (EuclideanNeuron,), {"invariant": value})
+    pattern = rf"Flagged\.invariant must be True or False, got {value!r}"
+    with pytest.raises(TypeError, match=pattern):
+        check_symmetry(_mlp(), _bind(cls()), _batch())
+    with pytest.raises(TypeError, match=pattern):
+        _sharpness(_mlp(), cls())
+    with pytest.raises(TypeError, match=pattern):
+        qs.checks.check_all(cls(point_shapes=[(4,), (3,)]), seed=0)
+
+
+def test_the_spread_point_holds_every_unit_or_a_budget_of_them_with_the_extremes(monkeypatch):
+    from quotientsharp.models import symmetry_check
+
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(4, 5, 3, generator=gen), torch.randn(4, 5, 2, generator=gen))
+    flat = symmetry_check.spread_point(x, folded=2)
+    assert flat is not None and [t.shape for t in flat] == [(20, 3), (20, 2)]
+    assert torch.equal(flat[0], x[0].reshape(20, 3))
+    # two units or fewer: the first contract check holds them all
+    assert symmetry_check.spread_point(tuple(t[:2, :1] for t in x), folded=2) is None
+    assert symmetry_check.spread_point(tuple(t[0, 0] for t in x), folded=0) is None
+    # over the budget: about the budget's units, among them the first, the last, the smallest
+    # and the largest
+    units = (torch.randn(50, 3, generator=gen), torch.randn(50, 2, generator=gen))
+    units[0][17] *= 100.0
+    units[0][33] *= 1e-3
+    units[1][33] *= 1e-3
+    monkeypatch.setattr(symmetry_check, "CONTRACT_ENTRIES", 50)
+    subset = symmetry_check.spread_point(units, folded=1)
+    assert subset is not None
+    rows = {tuple(r.tolist()) for r in subset[0]}
+    for unit in (0, 17, 33, 49):
+        assert tuple(units[0][unit].tolist()) in rows
+    assert 10 <= len(rows) <= 14
+
+
+def test_a_binding_beside_a_lora_adapter_warns_that_the_adapter_is_not_on_its_quotient():
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 6), nn.ReLU(),
+                         nn.Linear(6, 3)).double()
+    model = peft.get_peft_model(base, peft.LoraConfig(r=2, target_modules=["4"],
+                                                      modules_to_save=["0", "2"]))
+    with torch.no_grad():       # PEFT's B = 0 is a degenerate adapter, not a GL(r) pair
+        model.base_model.model[4].lora_B["default"].weight.normal_()
+    first, second = (f"base_model.model.{i}.modules_to_save.default." for i in (0, 2))
+    binding = QuotientBinding(
+        Neuron(), [first + "weight", first + "bias", second + "weight"],
+        lambda p: (torch.cat([p[first + "weight"], p[first + "bias"][:, None]], dim=1),
+                   p[second + "weight"].T),
+        lambda x: {first + "weight": x[0][:, :-1], first + "bias": x[0][:, -1],
+                   second + "weight": x[1].T}, folded=1, name="relu units")
+    with pytest.warns(qs.UnboundSymmetryWarning,
+                      match=r"2 other parameter\(s\) \(\[.base_model\.model\.4\.lora_B"):
+        qs.sharpness(model, [_batch()], measure="geodesic", rho=0.05, n_iter=2,
+                     symmetries=binding, progress=False, reach=False)

@@ -27,7 +27,7 @@ from quotientsharp.core.method_checks import (
     check_group_element_moves,
     diagnose,
 )
-from quotientsharp.core.quotient import ClosedFormQuotient, SymmetryQuotient
+from quotientsharp.core.quotient import ClosedFormQuotient, SymmetryQuotient, declares_invariant
 from quotientsharp.core.validation import check_count
 
 Tensors = tuple[torch.Tensor, ...]
@@ -289,7 +289,7 @@ def _group_action_checks(run: _CheckRun) -> None:
     if _overrides(q, "act_tangent"):
         run.add(*_act_tangent_check(q, x, run.u, g))
     run.add(*_symmetry_check(q, x, run.u, run.w))
-    if getattr(q, "invariant", True):
+    if declares_invariant(q):
         run.add(*_invariance_check(q, x, run.u, run.w, g), bound=max(run.tol, 1e-9))
 
 
@@ -401,7 +401,7 @@ def _geodesic_checks(run: _CheckRun) -> None:
     _geodesic_order_checks(run, h)
     if _overrides(q, "geodesic_exact"):
         _exact_geodesic_check(run, h)
-    if getattr(q, "invariant", True):
+    if declares_invariant(q):
         _geodesic_horizontal_check(run, h)
 
 
@@ -627,7 +627,7 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
         check_group_element_moves(q, x, g)
         if _overrides(q, "act_tangent"):
             add(*_act_tangent_check(q, x, u, g))
-        if getattr(q, "invariant", True):
+        if declares_invariant(q):
             add(*_invariance_check(q, x, u, w, g))
     if not any(_overrides(q, m) for m in CONTRACT_METHODS):
         return results

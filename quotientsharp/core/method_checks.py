@@ -33,6 +33,11 @@ class QuotientMethodError(ValueError):
     """A method of a quotient returns an output of the wrong kind, or raises."""
 
 
+class IndefiniteMetricError(QuotientMethodError):
+    """``inner`` is negative in some direction, beyond rounding: wrong at any point (a degenerate
+    point makes a metric singular or infinite, never negative)."""
+
+
 class DegeneratePointError(ValueError):
     """The quotient's methods are well formed at a generic point but not at this one."""
 
@@ -121,8 +126,10 @@ def _check_inner(q: SymmetryQuotient, x: Tensors, u: Tensors, label: str) -> Non
     if not bool(torch.isfinite(value).all()):
         raise QuotientMethodError(f"{name} returned non-finite values (NaN or inf) for {label}")
     if not bool((value > 0).all()):
-        raise QuotientMethodError(
-            f"{name} is not positive definite: <u, u>_x = {float(value.min()):.3g} <= 0 for "
+        lowest = float(value.min())
+        negative = lowest < -(torch.finfo(value.dtype).eps ** 0.5) * float(value.abs().max())
+        raise (IndefiniteMetricError if negative else QuotientMethodError)(
+            f"{name} is not positive definite: <u, u>_x = {lowest:.3g} <= 0 for "
             f"{label} (a metric needs <u, u>_x > 0 for every u != 0)")
 
 
@@ -145,7 +152,7 @@ def _check_eigenvalues(q: SymmetryQuotient, x: Tensors) -> None:
     bound = -(torch.finfo(eig.dtype).eps ** 0.5) * largest
     if bool((smallest < bound).any()):
         worst = int(torch.argmin(smallest / largest.clamp_min(torch.finfo(eig.dtype).tiny)))
-        raise QuotientMethodError(
+        raise IndefiniteMetricError(
             f"{type(q).__name__}.inner is not positive definite: its metric matrix at the point "
             f"has the eigenvalue {float(smallest.flatten()[worst]):.3g} (largest "
             f"{float(largest.flatten()[worst]):.3g}); a metric needs <u, u>_x > 0 for every "
@@ -234,6 +241,12 @@ def check_methods(q: SymmetryQuotient, x: Tensors) -> None:
                                   "a Gaussian tangent vector is never zero")
 
 
+def _same_units(q: SymmetryQuotient, point: Tensors, batch: Sequence[int]) -> Tensors:
+    """The first unit of ``point`` repeated over the batch shape ``batch``."""
+    first = tuple(c[(0,) * (c.dim() - k)] for c, k in zip(point, q.point_ndims, strict=True))
+    return tuple(c.expand(*batch, *c.shape).contiguous() for c in first)
+
+
 def _generic_point(q: SymmetryQuotient, x: Tensors, batch: Sequence[int]) -> Tensors:
     """A random point of ``batch`` with the trailing shapes, dtype and device of ``x``."""
     shapes = [tuple(c.shape[c.dim() - k:]) for c, k in zip(x, q.point_ndims, strict=True)]
@@ -264,6 +277,8 @@ def diagnose(q: SymmetryQuotient, x: Tensors) -> None:
     """
     try:
         check_methods(q, x)
+    except IndefiniteMetricError:
+        raise
     except QuotientMethodError as at_point:
         batch = tuple(T.batch_shape(x, q.point_ndims))
         if not _malformed(q, _generic_point(q, x, batch)):
@@ -273,7 +288,10 @@ def diagnose(q: SymmetryQuotient, x: Tensors) -> None:
             ) from at_point
         others = [b for b in ((GENERIC_BATCH,), ()) if b != batch]
         other = next((b for b in others if not _malformed(q, _generic_point(q, x, b))), None)
-        if other is not None:
+        # the shapes are to blame only if the same values fail in this batch shape: a method
+        # wrong at some values (a branch on the data) fails at some random points, not others
+        if other is not None and _malformed(q, _same_units(q, _generic_point(q, x, other),
+                                                           batch)):
             # the shapes, not the values: a reduction over dim=1, an einsum without '...'
             raise QuotientMethodError(
                 f"{at_point}, at points of batch shape {batch} but not at points of batch shape "

@@ -10,7 +10,7 @@ import torch
 
 from quotientsharp.core import _tuples as T
 from quotientsharp.core.frozen import ClosedFormPoint, check_order
-from quotientsharp.core.quotient import ClosedFormQuotient, SymmetryQuotient
+from quotientsharp.core.quotient import ClosedFormQuotient, SymmetryQuotient, declares_invariant
 
 Tensors = tuple[torch.Tensor, ...]
 Order = int | str
@@ -212,7 +212,7 @@ class ProductQuotient(ClosedFormQuotient):
         self.folded = folded
         self.names = names
         self.name = " x ".join(q.name for q in factors)
-        self.invariant = all(getattr(q, "invariant", True) for q in factors)
+        self.invariant = all(declares_invariant(q) for q in factors)
         self._sizes = [len(q.point_ndims) for q in factors]
 
     def split(self, x: Sequence[torch.Tensor]) -> list[Tensors]:

@@ -78,6 +78,24 @@ def unimplemented_message(cls: type, missing: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def declares_invariant(quotient: object) -> bool:
+    """A quotient's ``invariant`` attribute: ``True`` (the default) where its metric is meant to
+    be invariant under the group, ``False`` where the class opts out of that check.
+
+    Raises
+    ------
+    TypeError
+        For any other value (``None`` or ``0`` would turn the check off without the warning
+        that ``False`` gives).
+    """
+    value = getattr(quotient, "invariant", True)
+    if not isinstance(value, bool):
+        raise TypeError(f"{type(quotient).__name__}.invariant must be True or False, got "
+                        f"{value!r}: leave it out for a metric meant to be invariant under the "
+                        "group, set it to False for one that is not")
+    return value
+
+
 class SymmetryQuotient(torch.nn.Module, abc.ABC):
     """A manifold of parameters modulo a group of symmetries, with a Riemannian metric.
 

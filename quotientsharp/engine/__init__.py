@@ -28,7 +28,7 @@ from quotientsharp.engine.coordinates import (
 from quotientsharp.engine.exact import TrustRegionMaximum, trust_region_maximum
 from quotientsharp.engine.functional import FunctionalModel
 from quotientsharp.engine.geometry import build_geometry, perturbed_objective
-from quotientsharp.engine.layouts import NoSymmetryWarning
+from quotientsharp.engine.layouts import NoSymmetryWarning, UnboundSymmetryWarning
 from quotientsharp.engine.measures import Measure, NonFiniteLossError
 from quotientsharp.engine.registry import (
            MEASURE_REGISTRY,
@@ -57,7 +57,8 @@ __all__ = ["MEASURES", "MEASURE_REGISTRY", "AscentGeometry", "AscentOutcome", "A
            "FunctionalModel", "GeodesicBall", "HandedOver", "LayoutCoordinates", "Measure",
            "MeasureSpec", "AdaptiveSpec", "AverageSpec", "GeodesicSpec", "RelativeFlatnessSpec",
            "WorstCaseSpec", "measure_from", "NoSymmetryWarning", "NonFiniteLossError",
-           "PlainCoordinates", "ReachWarning", "SharpnessResult", "TrustRegionMaximum", "ascend",
+           "PlainCoordinates", "ReachWarning", "SharpnessResult", "TrustRegionMaximum",
+           "UnboundSymmetryWarning", "ascend",
            "blockwise", "build_geometry", "checkpoints", "perturbed_objective", "plot_blocks",
            "reference_settings", "resolve_loss", "sharpness", "split_batch",
            "trust_region_maximum"]

@@ -32,7 +32,7 @@ from quotientsharp.engine.coordinates import (
 )
 from quotientsharp.engine.functional import FunctionalModel
 from quotientsharp.engine.touched_rows import RestrictedTable, TouchedRowCoordinates
-from quotientsharp.models.symmetry_check import SymmetryCheckError
+from quotientsharp.models.symmetry_check import SymmetryCheckError, spread_point
 
 OTHER_PATHS = ("line", "geodesic")
 
@@ -112,18 +112,18 @@ def build_geometry(factors: Sequence[Factor], radius: float, order: int | str = 
 
 
 def _check_user_factor(factor: Factor, part: Any) -> None:
-    """One projection at theta, and the methods' outputs on a few units of the factor's point
-    (:func:`~quotientsharp.core.method_checks.diagnose`): a malformed method or a metric that
-    is not positive definite is named here, and told apart from a degenerate orbit, rather than
-    failing inside the ascent."""
-    units = (slice(0, 2),) * factor.folded
+    """One projection at theta, and the methods' outputs on the units of the factor's point
+    (:func:`~quotientsharp.core.method_checks.diagnose` on
+    :func:`~quotientsharp.models.symmetry_check.spread_point`): a malformed method or a metric
+    that is not positive definite is named here, and told apart from a degenerate orbit, rather
+    than failing inside the ascent."""
+    base = tuple(t.detach() for t in factor.base)
     try:
-        diagnose(factor.quotient, tuple(t.detach()[units] for t in factor.base))
+        diagnose(factor.quotient, spread_point(base, factor.folded) or base)
         part.horizontal_projection(tuple(torch.zeros_like(t) for t in factor.base))
     except QuotientMethodError as err:
         # a method of the user's class is wrong: the binding's failure, as the other checks'
-        raise SymmetryCheckError(f"{factor.name} block (checked on its first units): "
-                                 f"{err}") from err
+        raise SymmetryCheckError(f"{factor.name} block: {err}") from err
     except (ValueError, RuntimeError) as err:
         raise ValueError(f"{factor.name} block ({factor.quotient.name}): the geometry is "
                          f"degenerate at theta (e.g. a zero unit or factor): {err}") from err

@@ -14,12 +14,13 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from quotientsharp.core.quotient import declares_invariant
 from quotientsharp.core.scalars import SEED_LIMIT
 from quotientsharp.core.validation import warn_at_caller
 from quotientsharp.engine.batches import Batch, compute_loss, few_names, output_tensor
 from quotientsharp.engine.functional import FunctionalModel
 from quotientsharp.models.binding import QuotientBinding, check_binding_list
-from quotientsharp.models.report import NoSymmetryWarning
+from quotientsharp.models.report import NoSymmetryWarning, UnboundSymmetryWarning
 from quotientsharp.models.symmetry_check import (
     SymmetryCheckError,
     check_bindings,
@@ -101,13 +102,13 @@ def symmetry_layout(model: nn.Module, functional: FunctionalModel, symmetries: A
     ``note``: the warning where discovery finds no symmetry (:func:`no_symmetry_note`)."""
     bindings = user_bindings(symmetries)
     if bindings:
+        _warn_unbound(model, bindings, diagonal)
         return bindings, {"symmetries": "bindings", "symmetry_found": True,
                           # "invariant": False where the class opts out of the check that
                           # its metric is invariant (its values then depend on the group)
                           "bindings": [{"name": b.name, "quotient": b.quotient.name,
                                         "parameters": list(b.parameters),
-                                        "invariant": bool(getattr(b.quotient, "invariant",
-                                                                  True))}
+                                        "invariant": declares_invariant(b.quotient)}
                                        for b in bindings]}
     if symmetries == "none":
         return None, {"symmetries": "none", "symmetry_found": False}
@@ -131,6 +132,28 @@ def symmetry_layout(model: nn.Module, functional: FunctionalModel, symmetries: A
                "gl_buckets": [list(shape) for shape in layout.bucket_shapes],
                "diagonal_pairs": len(report.diagonal), "unknown_modules": list(report.unknown)}
     return layout, summary
+
+
+def _warn_unbound(model: nn.Module, bindings: Sequence[QuotientBinding], diagonal: Any) -> None:
+    """An :class:`UnboundSymmetryWarning` where discovery finds symmetries in parameters that
+    none of ``bindings`` holds (bindings turn discovery off)."""
+    import warnings
+
+    from quotientsharp.models import find_symmetries
+
+    with warnings.catch_warnings():
+        # its notes (no symmetry, a degenerate adapter) are about a layout not used here
+        warnings.simplefilter("ignore")
+        report = find_symmetries(model, diagonal=diagonal)
+    bound = {name for binding in bindings for name in binding.parameters}
+    unbound = [name for name in (*report.pair_parameters, *report.diagonal_parameters)
+               if name not in bound]
+    if unbound:
+        warn_at_caller(f"symmetries: with bindings given, discovery is off, and the symmetries it "
+                       f"finds in {len(unbound)} other parameter(s) ({few_names(unbound)}) are "
+                       "measured with the adaptive geometry, not on their quotient. Bind them "
+                       "too (find_symmetries(model) lists them), or filter "
+                       "UnboundSymmetryWarning where that is meant", UnboundSymmetryWarning)
 
 
 def _check_report_fits(report: Any, model: nn.Module, functional: FunctionalModel) -> None:

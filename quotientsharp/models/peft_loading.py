@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,7 +55,18 @@ def saved_adapters(path: str | Path) -> list[tuple[str, Path]]:
 def _check_adapter_names(path: Path, found: list[tuple[str, Path]]) -> None:
     """Refuse subdirectories whose names PEFT cannot give an adapter: ``default`` beside the
     directory's own adapter (one would replace the other) or a name with a dot (torch's
-    module names have none); PEFT never writes either."""
+    module names have none); PEFT never writes either. Refuse, too, a directory without an
+    adapter of its own that holds several Trainer checkpoints (``checkpoint-N``): the first
+    name in sorted order would be measured, which is not the latest."""
+    checkpoints = sorted((name for name, folder in found
+                          if folder != path and re.fullmatch(r"checkpoint-\d+", name)),
+                         key=lambda name: int(name.split("-")[1]))
+    if len(checkpoints) > 1 and found[0][1] != path:
+        raise ValueError(f"MODEL {path}: holds {len(checkpoints)} Trainer checkpoints "
+                         f"({shortened(checkpoints, 6)}) and no adapter of its own: which "
+                         "one to measure is not clear (the first name in sorted order would "
+                         f"be). Give MODEL as the checkpoint folder itself, e.g. "
+                         f"{path / checkpoints[-1]} (the latest)")
     for name, folder in found:
         if folder == path:
             continue

@@ -36,6 +36,12 @@ class NoSymmetryWarning(UserWarning):
     adaptive sharpness there, and the quotient optimisers step like their plain versions."""
 
 
+class UnboundSymmetryWarning(UserWarning):
+    """Bindings were given, so discovery is off, and it finds symmetries in parameters that no
+    binding holds (LoRA adapters, attention heads, diagonal pairs): those are measured with the
+    adaptive geometry, not on their quotient."""
+
+
 @dataclass(frozen=True)
 class AttentionPair:
     """One pair of one head: ``G`` is ``shape=[n, h]``, ``H`` is ``shape=[m, h]``.

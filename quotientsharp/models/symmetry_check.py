@@ -28,7 +28,7 @@ from quotientsharp.core.method_checks import (
     check_group_element_moves,
     diagnose,
 )
-from quotientsharp.core.quotient import SymmetryQuotient
+from quotientsharp.core.quotient import SymmetryQuotient, declares_invariant
 from quotientsharp.core.validation import check_count
 from quotientsharp.models.binding import QuotientBinding, Tensors, validate_bindings
 from quotientsharp.models.walker import check_model
@@ -38,8 +38,12 @@ Evaluate = Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, torch.Tens
 
 #: Group elements drawn per binding.
 SAMPLES = 3
-#: Entries of each folded dimension that the contract check runs on (:func:`contract_point`).
+#: Entries of each folded dimension that the first contract check runs on
+#: (:func:`contract_point`): few, so that its reference projection is the exact one.
 CONTRACT_UNITS = 2
+#: Entries (over a binding's tensors) that the second contract check runs on at most
+#: (:func:`spread_point`): every unit of a point that has no more.
+CONTRACT_ENTRIES = 1_000_000
 
 
 class SymmetryCheckError(ValueError):
@@ -150,6 +154,10 @@ def _check_projection(binding: QuotientBinding, x: Tensors, tolerance: float) ->
     u = tuple(torch.randn(t.shape, generator=generator, dtype=t.dtype, device=t.device)
               for t in x)
     h = tuple(quotient.horizontal_projection(x, u))
+    name = f"{type(quotient).__name__}.horizontal_projection"
+    if not all(bool(torch.isfinite(t).all()) for t in h):
+        raise SymmetryCheckError(f"binding {binding.name!r}: {name} returned non-finite values "
+                                 "(NaN or inf) at the point")
     again = tuple(quotient.horizontal_projection(x, h))
     diff = tuple(a - b for a, b in zip(again, h, strict=True))
     size = float(quotient.inner(x, h, h).clamp_min(0).sqrt().max())
@@ -157,7 +165,6 @@ def _check_projection(binding: QuotientBinding, x: Tensors, tolerance: float) ->
         size, torch.finfo(x[0].dtype).tiny)
     # the reference measures horizontality with the quotient's own inner and vertical
     horizontality = float(reference.horizontality_error(quotient, x, h).max())
-    name = f"{type(quotient).__name__}.horizontal_projection"
     if not idempotence <= tolerance:
         raise SymmetryCheckError(
             f"binding {binding.name!r}: {name} is not idempotent at the point (relative change "
@@ -171,11 +178,38 @@ def _check_projection(binding: QuotientBinding, x: Tensors, tolerance: float) ->
 
 def contract_point(binding: QuotientBinding, x: Tensors) -> Tensors:
     """The binding's point at ``theta``, its folded dimensions cut to :data:`CONTRACT_UNITS`
-    entries (every unit runs the same code), in float64 (``1e-4`` then separates rounding from a
-    wrong formula)."""
+    entries, in float64 (``1e-4`` then separates rounding from a wrong formula)."""
     folded = binding.folded
     index = (slice(0, CONTRACT_UNITS),) * folded
     return tuple(t[index].detach().to(torch.float64) for t in x)
+
+
+def spread_point(x: Tensors, folded: int) -> Tensors | None:
+    """A point with ``folded`` leading dimensions of units (a binding's at ``theta``) on all
+    its units, the folded dimensions flattened into one; above :data:`CONTRACT_ENTRIES`
+    entries, on about that many units: the first and the last, those of the smallest and the
+    largest norm, and evenly spaced others. ``None`` where :func:`contract_point` holds every
+    unit already.
+
+    A user's formula may be wrong at some units only (code that branches on the values), which
+    the first units need not show.
+    """
+    batch = x[0].shape[:folded]
+    if folded == 0 or all(n <= CONTRACT_UNITS for n in batch) or any(
+            t.shape[:folded] != batch for t in x):
+        return None
+    flat = tuple(t.detach().reshape(-1, *t.shape[folded:]) for t in x)
+    units = flat[0].shape[0]
+    entries = sum(t.numel() for t in flat)
+    if entries > CONTRACT_ENTRIES:
+        squares = sum(t.reshape(units, -1).to(torch.float64).square().sum(1) for t in flat)
+        assert isinstance(squares, torch.Tensor)
+        count = max(CONTRACT_UNITS, CONTRACT_ENTRIES * units // entries)
+        chosen = {0, units - 1, int(squares.argmin()), int(squares.argmax()),
+                  *torch.linspace(0, units - 1, count).round().long().tolist()}
+        index = torch.tensor(sorted(chosen), device=flat[0].device)
+        flat = tuple(t[index] for t in flat)
+    return flat
 
 
 def _naming(binding: QuotientBinding, check: Callable[..., Any], *args: Any,
@@ -200,7 +234,7 @@ _WARNED_NOT_INVARIANT: set[type] = set()
 
 def _warn_not_invariant(binding: QuotientBinding) -> None:
     cls = type(binding.quotient)
-    if getattr(binding.quotient, "invariant", True) is not False or cls in _WARNED_NOT_INVARIANT:
+    if declares_invariant(binding.quotient) or cls in _WARNED_NOT_INVARIANT:
         return
     _WARNED_NOT_INVARIANT.add(cls)
     warnings.warn(
@@ -214,24 +248,31 @@ def _warn_not_invariant(binding: QuotientBinding) -> None:
 def _check_contract(binding: QuotientBinding, x: Tensors) -> None:
     quotient = binding.quotient
     _warn_not_invariant(binding)
-    try:
-        point = contract_point(binding, x)
-        results = _naming(binding, check_contract, quotient, point, seed=0,
-                          group_scale=group_scale(quotient, point))
-    except SymmetryCheckError:
-        raise
-    except Exception as err:
-        message = " ".join(str(err).split())
-        raise SymmetryCheckError(
-            f"binding {binding.name!r}: the contract check of {type(quotient).__name__} "
-            f"raised {type(err).__name__}: {message}") from err
-    for result in results:
-        if not result.passed:
+    # its first units (where the reference projection is exact), then all or many of them
+    spread = spread_point(x, binding.folded)
+    for where, point in (("its first units", contract_point(binding, x)),
+                         ("its units", spread)):
+        if point is None:
+            continue
+        point = tuple(t.to(torch.float64) for t in point)
+        try:
+            results = _naming(binding, check_contract, quotient, point, seed=0,
+                              group_scale=group_scale(quotient, point))
+        except SymmetryCheckError:
+            raise
+        except Exception as err:
+            message = " ".join(str(err).split())
             raise SymmetryCheckError(
-                f"binding {binding.name!r}: {type(quotient).__name__} fails "
-                f"{result.name} at the binding's point (relative error {result.error:.3g}, "
-                f"tolerance {result.tolerance:.3g}: {result.detail}). The engine would measure "
-                f"with a wrong geometry; `quotientsharp verify --quotient` runs the full checks")
+                f"binding {binding.name!r}: the contract check of {type(quotient).__name__} "
+                f"raised {type(err).__name__}: {message}") from err
+        for result in results:
+            if not result.passed:
+                raise SymmetryCheckError(
+                    f"binding {binding.name!r}: {type(quotient).__name__} fails "
+                    f"{result.name} at the binding's point, on {where} (relative error "
+                    f"{result.error:.3g}, tolerance {result.tolerance:.3g}: {result.detail}). "
+                    "The engine would measure with a wrong geometry; `quotientsharp verify "
+                    "--quotient` runs the full checks")
 
 
 def check_structure(binding: QuotientBinding, params: Mapping[str, torch.Tensor]) -> None:
