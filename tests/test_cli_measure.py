@@ -315,6 +315,9 @@ def test_a_value_short_of_its_maximum_is_a_note_with_the_options_to_use(tmp_path
     assert result["settings"]["reach"]["chains"] == 3
     assert 2 <= len(result["chains"][0]) <= 3
     assert result["locality"][0]["local"] is False
+    # the bound on the value's rounding: 64 units in the last place of its larger float32 loss
+    larger = max(result["clean_losses"][0], result["perturbed_losses"][0])
+    assert result["rounding"] == [64 * torch.finfo(torch.float32).eps * larger]
 
 
 def test_argument_type_errors_exit_through_argparse(saved, capsys) -> None:

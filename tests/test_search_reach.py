@@ -715,3 +715,28 @@ def test_a_nan_in_a_locality_ratio_is_not_read_as_local() -> None:
     value, label = _worst([(ratios.reshape(1, -1), ["a", "b", "c"])])
     assert value is None and label == "b"
     assert not Locality(value, label).local
+
+
+# ---------------------------------------------------------------------------- rounding
+@pytest.mark.parametrize("measure", ["adaptive", "geodesic"])
+def test_a_value_within_the_rounding_of_its_float32_losses_is_flagged(measure: str) -> None:
+    model, batch = _tiny_transformer(3)
+    options = dict(measure=measure, n_iter=3, progress=False)
+    # at rho 1e-7 the float32 value is the rounding of two losses that nearly cancel: the
+    # float64 model (the same weights) gives a value many times smaller
+    fine = qs.sharpness(model, [batch], rho=1e-7, **options)
+    with pytest.warns(qs.ReachWarning, match=r"batch 0: the value .* is not resolved to 1 %"):
+        coarse = qs.sharpness(model.float(), [(batch[0].float(), batch[1])], rho=1e-7,
+                              **options)
+    assert abs(coarse.value - fine.value) > 0.01 * abs(coarse.value)
+    losses = [coarse.clean_losses[0], coarse.perturbed_losses[0]]
+    assert coarse.rounding == [64 * torch.finfo(torch.float32).eps * max(map(abs, losses))]
+    assert fine.rounding[0] < 0.01 * fine.value and not fine.shortfalls()
+    # the note stands in for the reach estimate's, which says nothing at that precision
+    assert not any("reach estimate" in note for note in coarse.shortfalls())
+    # at an ordinary radius the float32 value is resolved: no note
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resolved = qs.sharpness(model.float(), [(batch[0].float(), batch[1])], rho=0.05,
+                                **options)
+    assert resolved.rounding[0] < 0.01 * resolved.value

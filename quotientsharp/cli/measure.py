@@ -138,7 +138,8 @@ def results_table(rows: Sequence[tuple[str, Any, float]]) -> str:
 
 def _json_result(measure: str, result: Any, seconds: float) -> dict[str, Any]:
     """The ``--json`` entry of one measure: its values, settings and time, and an ascent
-    measure's diagnostics (reach, chains, evaluations, locality, traces, reference, blocks)."""
+    measure's diagnostics (reach, chains, evaluations, locality, rounding, traces, reference,
+    blocks)."""
     entries: dict[str, Any] = {
         "measure": measure, "value": result.value, "per_batch": result.per_batch,
         "clean_losses": result.clean_losses, "perturbed_losses": result.perturbed_losses,
@@ -147,7 +148,7 @@ def _json_result(measure: str, result: Any, seconds: float) -> dict[str, Any]:
     if result.evaluations:
         entries.update(reach=result.reach, min_reach=result.min_reach, chains=result.chains,
                        evaluations=result.evaluations, locality=result.locality,
-                       local=result.local)
+                       local=result.local, rounding=result.rounding)
     if result.traces:
         entries["traces"] = result.traces
     if result.reference_per_batch:

@@ -199,6 +199,19 @@ LOCAL_SECOND_ORDER = 0.5
 #: best perturbation raises the loss by the value to 1 % (the reach target's tolerance), plus
 #: the rounding of the losses (:func:`path_check`).
 LOCAL_PATH = 0.01
+#: Units in the last place of a loss that bound the rounding of a difference of a forward's
+#: losses (:func:`loss_rounding`): a float32 forward's loss differs from the float64 one's by a
+#: few units, and the difference of two of them by tens of units where they nearly cancel.
+ROUNDING_ULPS = 64
+
+
+def loss_rounding(losses: Sequence[float], forward_dtype: torch.dtype) -> float:
+    """The rounding of a difference of the forward's losses ``losses`` (the value, the exact
+    path's rise): :data:`ROUNDING_ULPS` units in the last place of the largest of them in
+    ``forward_dtype``, the coarsest dtype of the forward."""
+    return ROUNDING_ULPS * torch.finfo(forward_dtype).eps * max(abs(loss) for loss in losses)
+
+
 #: RK4 steps of the exact geodesic in :func:`path_check`. Its error is of order ``h^4``: where
 #: the share is within 2 % of 1 it is within 1e-4 of the converged integration's
 #: (``tests/test_path_check.py``); a quarter of the default ``exact_steps``, since each step
@@ -385,14 +398,12 @@ def path_check(geometry: GeodesicBall | BoxGeometry, xi: Sequence[torch.Tensor],
     (:meth:`~.ball.GeodesicBall.exact_point`: a closed form, or RK4 of
     :data:`PATH_CHECK_STEPS` steps, with the checks on values on; no backward): ``path_share``
     is its loss rise over the value ``perturbed - clean``, and ``path_agrees`` whether the two
-    rises differ by at most :data:`LOCAL_PATH` of the value plus the losses' rounding, 64 units
-    in the last place of the largest loss in ``forward_dtype`` (the coarsest dtype of the
-    forward: float32 forwards of small transformers differ from float64 ones by 1-6 units).
-    ``path_agrees`` is ``None`` where that rounding alone exceeds :data:`LOCAL_PATH` of the
-    value (the losses cannot tell), ``False`` with no share where the geodesic leaves the points
-    where the metric is defined before ``t = 1`` or its loss is not finite. Empty (not checked)
-    for a ball without an order-2 path, or a value that is not a finite rise (the reach
-    estimate reports that one)."""
+    rises differ by at most :data:`LOCAL_PATH` of the value plus the losses' rounding
+    (:func:`loss_rounding` in ``forward_dtype``). ``path_agrees`` is ``None`` where that
+    rounding alone exceeds :data:`LOCAL_PATH` of the value (the losses cannot tell), ``False``
+    with no share where the geodesic leaves the points where the metric is defined before
+    ``t = 1`` or its loss is not finite. Empty (not checked) for a ball without an order-2
+    path, or a value that is not a finite rise (the reach estimate reports that one)."""
     value = float(perturbed.double() - clean.double())
     if (not isinstance(geometry, GeodesicBall) or not geometry.extrapolates
             or not 0 < value < math.inf):
@@ -407,8 +418,7 @@ def path_check(geometry: GeodesicBall | BoxGeometry, xi: Sequence[torch.Tensor],
     exact = float(loss.double())
     if not math.isfinite(exact):
         return {"path_share": None, "path_agrees": False}
-    rounding = 64 * torch.finfo(forward_dtype).eps * max(abs(float(clean)),
-                                                         abs(float(perturbed)), abs(exact))
+    rounding = loss_rounding([float(clean), float(perturbed), exact], forward_dtype)
     rise = exact - float(clean.double())
     agrees = (None if rounding >= LOCAL_PATH * value
               else abs(rise - value) <= LOCAL_PATH * value + rounding)

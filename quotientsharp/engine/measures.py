@@ -19,7 +19,14 @@ from quotientsharp.core.adaptive import AdaptiveQuotient
 from quotientsharp.core.validation import warn_at_caller
 from quotientsharp.engine.ball import BoxGeometry, GeodesicBall
 from quotientsharp.engine.batches import Batch, few_names
-from quotientsharp.engine.blocks import BlockOutcome, Locality, blockwise, locality, path_check
+from quotientsharp.engine.blocks import (
+    BlockOutcome,
+    Locality,
+    blockwise,
+    locality,
+    loss_rounding,
+    path_check,
+)
 from quotientsharp.engine.coordinates import BoundCoordinates, LayoutCoordinates, PlainCoordinates
 from quotientsharp.engine.functional import (
     FunctionalModel,
@@ -198,6 +205,7 @@ class BatchOutcome:
     reach: float | None = None
     evaluations: int = 0
     locality: Locality | None = None
+    rounding: float | None = None
 
 
 class Measure(Protocol):
@@ -456,7 +464,9 @@ class AscentMeasure:
                             reference=None if reference is None else reference.loss,
                             reference_trace=None if reference is None else reference.trace,
                             blocks=blocks, chains=chains, chain_shortfalls=shortfalls,
-                            reach=reach, evaluations=evaluations, locality=where)
+                            reach=reach, evaluations=evaluations, locality=where,
+                            rounding=loss_rounding([float(clean), float(outcome.loss)],
+                                                   self.model.coarsest_dtype))
 
     def _blocks(self, batch: Batch, xi: Tensors, clean: torch.Tensor) -> BlockOutcome:
         """The best perturbation block by block (:mod:`.blocks`)."""

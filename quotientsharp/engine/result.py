@@ -39,8 +39,9 @@ class ReachWarning(UserWarning):
     """A sharpness value may be short of its maximum, or its ball is not local.
 
     Raised (as a warning) by :func:`~quotientsharp.sharpness` once per call, naming the batches
-    whose reach estimate is below 0.99 or whose best perturbation is not local
-    (``docs/sharpness.md``, "Reach and locality"), and what to do. Filter it with
+    whose reach estimate is below 0.99, whose best perturbation is not local, or whose value is
+    not resolved to 1 % by its losses' rounding (``docs/sharpness.md``, "Reach and locality"),
+    and what to do. Filter it with
     ``warnings.filterwarnings("ignore", category=quotientsharp.ReachWarning)``.
     """
 
@@ -120,6 +121,11 @@ class SharpnessResult:
         ``path_agrees``, ``local``). For an order-2 geodesic value, ``path_share`` is the
         loss rise along the exact geodesic through the same perturbation over the value (one
         forward more per batch, not counted in ``evaluations``).
+    rounding
+        Ascent measures: per batch, a bound of the value's rounding: 64 units in the last
+        place of the larger of its two losses in the forward's coarsest dtype
+        (:func:`~quotientsharp.engine.blocks.loss_rounding`). Where it exceeds 1 % of the
+        value, the value is not resolved to 1 % and is reported as a shortfall.
     """
 
     measure: str
@@ -142,6 +148,7 @@ class SharpnessResult:
     evaluations: list[int] = field(default_factory=list)
     locality: list[dict[str, Any]] = field(default_factory=list)
     chain_shortfalls: list[list[float]] = field(default_factory=list)
+    rounding: list[float] = field(default_factory=list)
 
     def __float__(self) -> float:
         return self.value
@@ -158,12 +165,15 @@ class SharpnessResult:
         return all(x["local"] for x in self.locality) if self.locality else None
 
     def shortfalls(self) -> list[str]:
-        """Per batch that falls short, why: a reach estimate below 0.99 (chains that disagree,
-        or a best chain still climbing when its continuations ran out) or a ball that is not
-        local at the best perturbation (empty when the value earns the word maximum)."""
-        notes = []
+        """Per batch that falls short, why: a value not resolved to 1 % by its losses'
+        rounding, a reach estimate below 0.99 (chains that disagree, or a best chain still
+        climbing when its continuations ran out) or a ball that is not local at the best
+        perturbation (empty when the value earns the word maximum)."""
+        unresolved = {index: rounding for index, rounding in enumerate(self.rounding)
+                      if rounding > LOCAL_PATH * abs(self.per_batch[index])}
+        notes = [self._rounding_note(index, rounding) for index, rounding in unresolved.items()]
         for index, reach in enumerate(self.reach):
-            if reach is None or reach >= REACH_TARGET:
+            if reach is None or reach >= REACH_TARGET or index in unresolved:
                 continue
             chains = self.chains[index] if index < len(self.chains) else []
             found = ", ".join("none finite" if c is None else f"{c:.4g}" for c in chains)
@@ -179,6 +189,17 @@ class SharpnessResult:
         notes += [f"batch {index}: {_not_local(where, self.settings.get('rho'))}"
                   for index, where in enumerate(self.locality) if not where["local"]]
         return notes
+
+    def _rounding_note(self, index: int, rounding: float) -> str:
+        """Batch ``index``'s value is within its losses' rounding to 1 % (its chains' agreement
+        then says nothing either)."""
+        value = self.per_batch[index]
+        share = f"{100 * rounding / abs(value):.3g} % of it" if value else "more than it"
+        return (f"batch {index}: the value {value:.4g} is not resolved to 1 %: the bound on "
+                f"the rounding of its losses in the forward's dtype (64 units in the last place "
+                f"of the larger) is {rounding:.3g}, {share}, so neither the value nor its reach "
+                "can be judged to 1 %; measure the model in a finer dtype (float64) or at a "
+                "larger rho")
 
     def _short_because(self, index: int) -> str:
         """Why batch ``index``'s reach estimate is low: the estimate is the lower of the chains'
@@ -330,6 +351,7 @@ def assemble_result(measure: str, outcomes: Sequence[BatchOutcome],
                           if o.chain_shortfalls is not None],
         evaluations=[o.evaluations for o in outcomes] if ascent else [],
         locality=[o.locality.as_dict() for o in outcomes if o.locality is not None],
+        rounding=[o.rounding for o in outcomes if o.rounding is not None],
     )
     notes = result.shortfalls()
     if notes:
