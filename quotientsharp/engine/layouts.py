@@ -6,6 +6,7 @@ bindings are checked on the first batch (:func:`check_user_bindings`).
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -102,7 +103,7 @@ def symmetry_layout(model: nn.Module, functional: FunctionalModel, symmetries: A
     ``note``: the warning where discovery finds no symmetry (:func:`no_symmetry_note`)."""
     bindings = user_bindings(symmetries)
     if bindings:
-        _warn_unbound(model, bindings, diagonal)
+        _warn_unbound(model, bindings)
         return bindings, {"symmetries": "bindings", "symmetry_found": True,
                           # "invariant": False where the class opts out of the check that
                           # its metric is invariant (its values then depend on the group)
@@ -134,17 +135,18 @@ def symmetry_layout(model: nn.Module, functional: FunctionalModel, symmetries: A
     return layout, summary
 
 
-def _warn_unbound(model: nn.Module, bindings: Sequence[QuotientBinding], diagonal: Any) -> None:
+def _warn_unbound(model: nn.Module, bindings: Sequence[QuotientBinding]) -> None:
     """An :class:`UnboundSymmetryWarning` where discovery finds symmetries in parameters that
     none of ``bindings`` holds (bindings turn discovery off)."""
-    import warnings
-
     from quotientsharp.models import find_symmetries
 
     with warnings.catch_warnings():
         # its notes (no symmetry, a degenerate adapter) are about a layout not used here
         warnings.simplefilter("ignore")
-        report = find_symmetries(model, diagonal=diagonal)
+        try:
+            report = find_symmetries(model)
+        except (ValueError, TypeError, RuntimeError):
+            return      # a structure discovery cannot read: nothing to say of it here
     bound = {name for binding in bindings for name in binding.parameters}
     unbound = [name for name in (*report.pair_parameters, *report.diagonal_parameters)
                if name not in bound]
