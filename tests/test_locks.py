@@ -190,3 +190,39 @@ def test_measure_json_is_written_atomically_and_locked_by_name(tmp_path):
         write_json(target, {"value": 1.5})
         assert not list((tmp_path / "sub").glob(".r.json.*.tmp"))
     assert json.loads(target.read_text()) == {"value": 1.5}
+
+
+@pytest.mark.parametrize("late", [0.3, None])
+def test_a_holder_that_writes_its_details_late_is_named_or_said_to_have_none(tmp_path, late):
+    # the race of two runs started at once: the winner holds the lock but has not written its
+    # details; the loser waits for them up to a second (late = None: they never come)
+    out = tmp_path / "out"
+    out.mkdir()
+    lock = OutputLock(out)
+    write = ("" if late is None else
+             f"time.sleep({late}); Path({str(lock.holder_path)!r}).write_text("
+             "json.dumps({'pid': os.getpid(), 'host': 'here', 'since': 'now'}))")
+    script = textwrap.dedent(f"""
+        import json, os, time
+        from pathlib import Path
+        from filelock import FileLock
+        held = FileLock({str(lock.lock_path)!r})
+        held.acquire()
+        print("held", flush=True)
+        {write}
+        time.sleep(60)
+    """)
+    holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(OutputLockedError) as info:
+            lock.acquire()
+        message = str(info.value)
+        if late is None:
+            assert "another process (it has not written its details yet)" in message
+        else:
+            assert f"is being written by process {holder.pid} on host 'here'" in message
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()

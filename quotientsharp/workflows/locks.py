@@ -12,8 +12,14 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock, Timeout
+
+#: How often, and how long apart, a run that finds an output locked reads the holder's details
+#: before it names the holder as one that has not written them yet.
+HOLDER_POLLS = 20
+HOLDER_POLL_SECONDS = 0.05
 
 
 class OutputLockedError(RuntimeError):
@@ -45,6 +51,13 @@ class OutputLock:
                               is_singleton=True)
         self._held = False
 
+    def _holder(self) -> Any:
+        """The holder's details as written (``None`` where there are none yet)."""
+        try:
+            return json.loads(self.holder_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
     def acquire(self) -> OutputLock:
         """Take the lock now, or raise :class:`OutputLockedError` naming the holder."""
         if self._held:
@@ -55,10 +68,14 @@ class OutputLock:
         try:
             self._lock.acquire(timeout=0)
         except Timeout:
-            try:
-                holder = json.loads(self.holder_path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                holder = None
+            # the holder writes its details just after it takes the lock: a run that lost a
+            # race by a few milliseconds waits up to a second for them, to name the holder
+            holder = self._holder()
+            for _ in range(HOLDER_POLLS):
+                if isinstance(holder, dict):
+                    break
+                time.sleep(HOLDER_POLL_SECONDS)
+                holder = self._holder()
             who = ("another process (it has not written its details yet)"
                    if not isinstance(holder, dict)
                    else f"process {holder.get('pid')} on host {holder.get('host')!r} since "
