@@ -41,6 +41,13 @@ def batch_shape(a: Sequence[torch.Tensor], ndims: Sequence[int]) -> torch.Size:
     return torch.broadcast_shapes(*shapes)
 
 
+def first_element(a: Sequence[torch.Tensor], ndims: Sequence[int]) -> tuple[torch.Tensor, ...]:
+    """The point of the first index of every batch dimension of ``a`` (no batch dimension)."""
+    batch = batch_shape(a, ndims)
+    return tuple(x.expand(*batch, *x.shape[x.dim() - k:])[(0,) * len(batch)]
+                 for x, k in zip(a, ndims, strict=True))
+
+
 def flatten(a: Sequence[torch.Tensor], ndims: Sequence[int], batch: torch.Size) -> torch.Tensor:
     """Concatenate the components into one ``shape=[*batch, N]`` tensor."""
     parts = []

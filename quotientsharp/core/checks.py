@@ -405,13 +405,6 @@ def _geodesic_checks(run: _CheckRun) -> None:
         _geodesic_horizontal_check(run, h)
 
 
-def _first_element(x: Tensors, ndims: Sequence[int]) -> Tensors:
-    """The point of the first index of every batch dimension of ``x`` (no batch dimension)."""
-    batch = T.batch_shape(x, ndims)
-    return tuple(c.expand(*batch, *c.shape[c.dim() - k:])[(0,) * len(batch)]
-                 for c, k in zip(x, ndims, strict=True))
-
-
 def _broadcast_check(run: _CheckRun) -> None:
     """Projection, Christoffel, gradient and inner on a stack equal a loop over its first axis."""
     q, x, u, w, nd = run.q, run.x, run.u, run.w, run.nd
@@ -514,7 +507,7 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
         # at the point, then at one element of it (broadcast_equals_loop runs unbatched points)
         diagnose(quotient, x)
         if T.batch_shape(x, quotient.point_ndims).numel() > 1:
-            diagnose(quotient, _first_element(x, quotient.point_ndims))
+            diagnose(quotient, T.first_element(x, quotient.point_ndims))
         raise err
     if any(not math.isfinite(r.error) for r in run.results):
         diagnose(quotient, x)

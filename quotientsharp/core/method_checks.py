@@ -243,8 +243,8 @@ def check_methods(q: SymmetryQuotient, x: Tensors) -> None:
 
 def _same_units(q: SymmetryQuotient, point: Tensors, batch: Sequence[int]) -> Tensors:
     """The first unit of ``point`` repeated over the batch shape ``batch``."""
-    first = tuple(c[(0,) * (c.dim() - k)] for c, k in zip(point, q.point_ndims, strict=True))
-    return tuple(c.expand(*batch, *c.shape).contiguous() for c in first)
+    return tuple(c.expand(*batch, *c.shape).contiguous()
+                 for c in T.first_element(point, q.point_ndims))
 
 
 def _generic_point(q: SymmetryQuotient, x: Tensors, batch: Sequence[int]) -> Tensors:
