@@ -520,3 +520,177 @@ def test_a_binding_beside_a_lora_adapter_warns_that_the_adapter_is_not_on_its_qu
                       match=r"2 other parameter\(s\) \(\[.base_model\.model\.4\.lora_B"):
         qs.sharpness(model, [_batch()], measure="geodesic", rho=0.05, n_iter=2,
                      symmetries=binding, progress=False, reach=False)
+
+
+# ------------------------------------------------------------ what only the adapters call
+class SumsOverEveryDimension(Neuron):
+    """Right at one point, one number for a stack of them."""
+
+    def inner(self, x, u, v):
+        return ((u[0] * v[0]).sum() / x[0].square().sum()
+                + (u[1] * v[1]).sum() / x[1].square().sum())
+
+
+def test_geoopt_checks_a_stack_of_points_as_its_parameters_hold():
+    from quotientsharp.core.adapters import QuotientManifold
+
+    with pytest.raises(ValueError, match=r"QuotientManifold: SumsOverEveryDimension\.inner "
+                                         r"returned shape \(\).*must broadcast"):
+        QuotientManifold(SumsOverEveryDimension(), ((4,), (3,)))
+
+
+class SquaredNorm(Neuron):
+    def norm(self, x, u):
+        return self.inner(x, u, u)
+
+
+class SignErrorGeodesic(Neuron):
+    def geodesic(self, x, u, t=1.0, order=2, steps=64):
+        if order != 2:
+            return super().geodesic(x, u, t, order, steps)
+        gamma = self.christoffel(x, u)
+        return tuple(p + t * r + 0.5 * t * t * c for p, r, c in zip(x, u, gamma, strict=True))
+
+
+class ZeroHorizontality(Neuron):
+    def horizontality_error(self, x, u):
+        return torch.zeros(x[0].shape[:-1], dtype=x[0].dtype)
+
+
+class ZeroVerticalProjection(Neuron):
+    def vertical_projection(self, x, u):
+        return tuple(torch.zeros_like(c) for c in u)
+
+
+WRAPPERS = [(SquaredNorm, "norm_vs_inner"), (SignErrorGeodesic, "geodesic_method_order_2"),
+            (ZeroHorizontality, "horizontality_error_vs_reference"),
+            (ZeroVerticalProjection, "vertical_projection_vs_reference")]
+
+
+@pytest.mark.parametrize("adapter", ["PymanoptQuotient", "QuotientManifold"])
+@pytest.mark.parametrize(("cls", "check"), WRAPPERS)
+def test_adapters_refuse_a_wrong_override_of_what_they_call(adapter, cls, check):
+    from quotientsharp.core import adapters
+
+    with pytest.raises(ValueError, match=rf"{adapter}: {cls.__name__} fails {check} "):
+        getattr(adapters, adapter)(cls(), ((4,), (3,)))
+
+
+@pytest.mark.parametrize(("cls", "check"), WRAPPERS)
+def test_the_contract_holds_each_override_to_its_definition(cls, check):
+    # another seed than the check's own draws: the same one makes u the point, horizontal here
+    point = tuple(c.double() for c in Neuron(point_shapes=[(4,), (3,)]).random_point(
+        (3,), generator=torch.Generator().manual_seed(7)))
+    failed = {r.name for r in qs.core.checks.check_contract(cls(), point) if not r.passed}
+    assert failed == {check}
+    assert not [r for r in qs.core.checks.check_contract(Neuron(), point) if not r.passed]
+
+
+def test_check_all_holds_norm_to_the_metric():
+    failed = {r.name for r in qs.checks.check_all(SquaredNorm(point_shapes=[(4,), (3,)]), seed=0)
+              if not r.passed}
+    assert "norm_vs_inner" in failed
+
+
+# ------------------------------------------------------------ verify refuses what sharpness does
+class InPlaceProjection(Neuron):
+    def horizontal_projection(self, x, u):
+        out = super().horizontal_projection(x, u)
+        u[0].copy_(out[0])
+        return out
+
+
+class Float64Projection(Neuron):
+    """The closed form, computed (and returned) in float64 whatever the point's dtype."""
+
+    def horizontal_projection(self, x, u):
+        (w_in, w_out), (u_in, u_out) = (tuple(c.double() for c in t) for t in (x, u))
+        a = ((u_in * w_in).sum(-1) / w_in.square().sum(-1)
+             - (u_out * w_out).sum(-1) / w_out.square().sum(-1)).unsqueeze(-1) / 2
+        return u_in - a * w_in, u_out + a * w_out
+
+
+@pytest.mark.parametrize(("cls", "dtype", "pattern"), [
+    (InPlaceProjection, torch.float64, r"horizontal_projection changed its argument u in place"),
+    (Float64Projection, torch.float32, r"horizontal_projection returned component 0 of dtype "
+                                       r"torch\.float64, expected the point's torch\.float32")])
+def test_check_all_refuses_what_every_user_of_the_quotient_refuses(cls, dtype, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        qs.checks.check_all(cls(point_shapes=[(4,), (3,)]), seed=0, dtype=dtype)
+
+
+class SummedAlgebra(Neuron):
+    """Two algebra coordinates that ``vertical`` only ever uses as their sum."""
+
+    def algebra_shape(self, x):
+        return (2,)
+
+    def vertical(self, x, a):
+        s = a[..., :1] + a[..., 1:]
+        return s * x[0], -s * x[1]
+
+    def act(self, x, g):
+        s = g[..., :1] * g[..., 1:]
+        return s * x[0], x[1] / s
+
+
+def test_a_vertical_map_of_dependent_directions_is_not_injective():
+    with pytest.raises(ValueError, match=r"SummedAlgebra\.vertical is not injective"):
+        qs.checks.check_all(SummedAlgebra(point_shapes=[(4,), (3,)]), seed=0)
+    with pytest.raises(SymmetryCheckError, match=r"SummedAlgebra\.vertical is not injective"):
+        check_symmetry(_mlp(), _bind(SummedAlgebra()), _batch())
+
+
+def test_a_matrix_group_without_its_exponential_is_told_so():
+    from tests.bottleneck_symmetry import BottleneckGL, bottleneck_batches, bottleneck_model
+
+    class NoMatrixExp(BottleneckGL):
+        group_exp = qs.SymmetryQuotient.group_exp
+
+    pattern = r"group_exp\(0\) must be the group's identity: NoMatrixExp keeps the default"
+    with pytest.raises(ValueError, match=pattern):
+        qs.checks.check_all(NoMatrixExp(point_shapes=[(3, 6), (4, 3)]), seed=0)
+    model = bottleneck_model()
+    binding = qs.QuotientBinding(NoMatrixExp(), ["0.weight", "1.weight"], name="bottleneck")
+    with pytest.raises(SymmetryCheckError, match="binding 'bottleneck': act.*" + pattern):
+        qs.sharpness(model, bottleneck_batches(), measure="geodesic", symmetries=[binding],
+                     rho=0.05, n_iter=2, progress=False)
+
+
+def test_a_misspelt_parameter_in_to_point_names_the_binding_and_its_parameters():
+    def misspelt(p):
+        return _to_point({**p, "0.weight": p["0.wieght"]})
+
+    binding = QuotientBinding(Neuron(), NAMES, misspelt, _from_point, folded=1,
+                              name="relu units")
+    with pytest.raises(ValueError, match=r"binding 'relu units': to_point looked up "
+                                         r"'0\.wieght', which is not one of the binding's "
+                                         r"parameters \['0\.weight'"):
+        qs.sharpness(_mlp(), [_batch()], measure="geodesic", symmetries=[binding], rho=0.05,
+                     n_iter=2, progress=False)
+
+
+# ------------------------------------------------------------ a model that fits its targets
+def test_a_symmetry_of_a_model_that_fits_its_targets_holds():
+    model = _mlp()
+    inputs, _ = _batch()
+    with torch.no_grad():
+        exact = model(inputs)
+    mse = torch.nn.functional.mse_loss
+    (fits,) = check_symmetry(model, _bind(Neuron()), (inputs, exact.clone()), loss=mse)
+    assert fits.passed, fits.message()
+    (broken,) = check_symmetry(model, _bind(ShiftAction()), (inputs, exact.clone()), loss=mse)
+    assert not broken.passed
+
+
+def test_the_optimisers_refuse_a_method_of_another_dtype_as_sharpness_does():
+    model = _mlp().float()
+    batch = tuple(t.float() if t.is_floating_point() else t for t in _batch())
+    pattern = (r"binding 'relu units'.*Float64Projection\.horizontal_projection returned "
+               r"component 0 of dtype torch\.float64")
+    with pytest.raises(SymmetryCheckError, match=pattern):
+        qs.models.QuotientSGD(model, 0.1, symmetries=[_bind(Float64Projection())])
+    with pytest.raises(SymmetryCheckError, match=r"Float64Projection\.horizontal_projection "
+                                                 r"returned component 0 of dtype"):
+        qs.sharpness(model, [batch], measure="geodesic", symmetries=[_bind(Float64Projection())],
+                     rho=0.05, n_iter=2, progress=False)

@@ -25,6 +25,7 @@ from quotientsharp.core.method_checks import (
     QuotientMethodError,
     builtin_quotient,
     check_group_element_moves,
+    check_group_identity,
     diagnose,
 )
 from quotientsharp.core.quotient import ClosedFormQuotient, SymmetryQuotient, declares_invariant
@@ -253,6 +254,14 @@ def _projection_checks(run: _CheckRun) -> None:
             abs(float((q.horizontality_error(x, u) - reference.horizontality_error(q, x, u))
                       .abs().max())), "this class's horizontality measure against the reference's",
             bound=max(run.tol, 1e-8))
+    run.add("norm_vs_inner", _norm_error(q, x, u), "||u||_x against sqrt(<u, u>_x)",
+            default_of="norm")
+
+
+def _norm_error(q: SymmetryQuotient, x: Tensors, u: Tensors) -> float:
+    """Relative error of ``norm`` against the square root of ``inner`` (the adapters call
+    ``norm``; an override that returns, say, the squared norm would change their steps)."""
+    return relative_error((q.norm(x, u),), (q.inner(x, u, u).clamp_min(0).sqrt(),))
 
 
 def _frozen_point_checks(run: _CheckRun) -> None:
@@ -499,6 +508,9 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
     w = _random_tangent_raw(x, nd, gen)
     # every random draw comes from the CPU generator, so a device changes no draw
     run = _CheckRun(quotient, nd, x, _to(gen.device, x), gen, seed, _tolerance(x[0].dtype), u, w)
+    # what every user of the quotient refuses first (outputs of another dtype or shape, a
+    # method writing into its arguments), which the comparisons below can pass or hide
+    diagnose(quotient, x)
     try:
         for checks in _CHECK_GROUPS:
             checks(run)
@@ -506,6 +518,7 @@ def check_all(quotient: SymmetryQuotient, seed: int = 0, dtype: torch.dtype = to
         # a failure deep in a check (a Cholesky, a zip) is named by the method that caused it,
         # at the point, then at one element of it (broadcast_equals_loop runs unbatched points)
         diagnose(quotient, x)
+        check_group_identity(quotient, x)
         if T.batch_shape(x, quotient.point_ndims).numel() > 1:
             diagnose(quotient, T.first_element(x, quotient.point_ndims))
         raise err
@@ -612,6 +625,7 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
     w = _random_tangent_raw(x, nd, gen)
     a = _random_algebra(q, x, gen)
     if group:
+        check_group_identity(q, x)
         add(*_vertical_check(q, x, a))
         add(*_action_check(q, x, group_scale * a))
     add(*_symmetry_check(q, x, u, w))
@@ -622,6 +636,8 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
             add(*_act_tangent_check(q, x, u, g))
         if declares_invariant(q):
             add(*_invariance_check(q, x, u, w, g))
+    results += [CheckResult(name, err, tolerance, bool(err <= tolerance), detail)
+                for name, err, detail in _wrapper_checks(q, x, u)]
     if not any(_overrides(q, m) for m in CONTRACT_METHODS):
         return results
 
@@ -680,7 +696,37 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
         max(relative_error(T.sub(exact, x), T.sub(ode, x)), _curved_part_error(exact, ode, x, v)),
         "the exact geodesic against RK4 integration of the geodesic equation (8 steps), the "
         "whole move and the part beyond the straight line")
+    if _overrides(q, "geodesic"):
+        # the adapters' retractions call the quotient's own method, the engine the frozen point
+        paths: tuple[tuple[int | str, Tensors], ...] = ((1, T.add(x, v)), (2, second),
+                                                         ("exact", ode))
+        for kind, want in paths:
+            add(f"geodesic_method_order_{kind}", relative_error(
+                T.sub(q.geodesic(x, v, order=kind, steps=8), x), T.sub(want, x)),
+                f"{type(q).__name__}.geodesic(order={kind!r}) against "
+                + ("RK4 integration (8 steps)" if kind == "exact" else "its formula"))
     return results
+
+
+def _wrapper_checks(q: SymmetryQuotient, x: Tensors, u: Tensors
+                    ) -> list[tuple[str, float, str]]:
+    """Overrides of the quotient's methods that only the adapters call (``norm``,
+    ``horizontality_error``, ``vertical_projection``) against their definitions: the engine runs
+    the frozen point, so a wrong one would change the adapters' steps and nothing else."""
+    checks = []
+    if _overrides(q, "norm"):
+        checks.append(("norm_vs_inner", _norm_error(q, x, u), "||u||_x against sqrt(<u, u>_x)"))
+    basis = (torch.Size(q.algebra_shape(x)).numel() * sum(c.numel() for c in x)
+             <= CONTRACT_BASIS_BUDGET)
+    if basis and _overrides(q, "horizontality_error"):
+        checks.append(("horizontality_error_vs_reference", float(
+            (q.horizontality_error(x, u) - reference.horizontality_error(q, x, u)).abs().max()),
+            "the largest normalised metric product with the vertical basis"))
+    if basis and _overrides(q, "vertical_projection"):
+        checks.append(("vertical_projection_vs_reference", relative_error(
+            q.vertical_projection(x, u), T.sub(u, reference.horizontal_projection(q, x, u))),
+            "u minus the horizontal projection of the normal equations"))
+    return checks
 
 
 def _curved_part_error(exact: Tensors, ode: Tensors, x: Tensors, v: Tensors) -> float:

@@ -24,6 +24,10 @@ Tensors = tuple[torch.Tensor, ...]
 METHOD_CHECK_SEED = 12345
 #: Batch size of the generic point :func:`diagnose` compares with.
 GENERIC_BATCH = 2
+#: Units in the last place, per basis element, below which an eigenvalue of the vertical Gram
+#: matrix at a generic point is rounding (:func:`_check_vertical_injective`): an exactly
+#: dependent basis gives about one.
+INJECTIVE_ULPS = 16
 #: Largest ``batch size x N^2`` (``N`` coordinates of a point) for which :func:`check_methods`
 #: forms the dense metric to check its eigenvalues; above it, random vectors only.
 DENSE_METRIC_BUDGET = 4_000_000
@@ -168,7 +172,18 @@ def _check_vertical_injective(q: SymmetryQuotient, x: Tensors, shape: tuple[int,
     if k == 0 or k * size > DENSE_METRIC_BUDGET:
         return
     gram = _call(q, "vertical", lambda: reference.vertical_gram(q, x)).detach()
-    if bool((torch.linalg.cholesky_ex(gram)[1] != 0).any()):
+    dependent = bool((torch.linalg.cholesky_ex(gram)[1] != 0).any())
+    if not dependent:
+        # a Cholesky factor of an exactly singular Gram can still succeed on rounding-level
+        # pivots, and no threshold on the eigenvalues at x tells that from a valid orbit at an
+        # ill-conditioned point (Gram condition 1e24 at weights of condition 1e6): a generic
+        # point shows a class that counts more directions than it uses
+        generic = _generic_point(q, x, T.batch_shape(x, q.point_ndims))
+        eigenvalues = torch.linalg.eigvalsh(
+            _call(q, "vertical", lambda: reference.vertical_gram(q, generic)).detach())
+        floor = INJECTIVE_ULPS * k * torch.finfo(eigenvalues.dtype).eps * eigenvalues[..., -1]
+        dependent = bool((eigenvalues[..., 0] <= floor).any())
+    if dependent:
         raise QuotientMethodError(
             f"{type(q).__name__}.vertical is not injective at the point: the vertical vectors of "
             f"the {k} basis elements of the algebra (algebra_shape {tuple(shape)}) are linearly "
@@ -306,6 +321,35 @@ def diagnose(q: SymmetryQuotient, x: Tensors) -> None:
 #: of scale ``>= 0.1`` moves a generic point by ``~0.1``; one below this is the identity in
 #: effect, and a check that applies it tests nothing.
 MIN_GROUP_MOVE = 1e-6
+
+
+def check_group_identity(q: SymmetryQuotient, x: Tensors) -> None:
+    """Raise a :class:`QuotientMethodError` unless ``act(x, group_exp_at(x, 0)) = x``: every
+    group element the checks draw is ``group_exp`` of an algebra element, and a matrix group
+    left with the default elementwise ``exp`` (``exp(0)`` the all-ones matrix, singular) fails
+    deep inside ``act`` with an error that names neither."""
+    shape = tuple(q.algebra_shape(x))
+    if not torch.Size(shape).numel():
+        return
+    zero = torch.zeros(*T.batch_shape(x, q.point_ndims), *shape, dtype=x[0].dtype,
+                       device=x[0].device)
+    hint = (f"group_exp(0) must be the group's identity: {type(q).__name__} keeps the default "
+            "group_exp, an elementwise exp, which fits a group of positive scalars; a matrix "
+            "group needs torch.linalg.matrix_exp (override group_exp, or group_exp_at)"
+            if type(q).group_exp is SymmetryQuotient.group_exp
+            and type(q).group_exp_at is SymmetryQuotient.group_exp_at
+            else f"group_exp(0) must be the group's identity ({type(q).__name__}.group_exp)")
+    try:
+        moved = q.act(x, q.group_exp_at(x, zero))
+        error = max(float((m.detach() - c.detach()).abs().max()) for m, c
+                    in zip(moved, x, strict=True) if c.numel())
+    except Exception as err:  # noqa: BLE001 - named below, with the original chained
+        raise QuotientMethodError(f"act(x, group_exp(0)) raised {type(err).__name__} "
+                                  f"({' '.join(str(err).split())}): {hint}") from err
+    size = max((float(c.detach().abs().max()) for c in x if c.numel()), default=0.0)
+    if not error <= 1e-6 * max(size, torch.finfo(x[0].dtype).tiny):
+        raise QuotientMethodError(f"act(x, group_exp(0)) moved the point (largest change "
+                                  f"{error:.3g}): {hint}")
 
 
 def check_group_element_moves(q: SymmetryQuotient, x: Tensors, g: torch.Tensor) -> None:

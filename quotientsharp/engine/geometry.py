@@ -18,7 +18,7 @@ import torch
 
 from quotientsharp.core.adaptive import AdaptiveQuotient
 from quotientsharp.core.frozen import check_order
-from quotientsharp.core.method_checks import QuotientMethodError, diagnose
+from quotientsharp.core.method_checks import DegeneratePointError, QuotientMethodError, diagnose
 from quotientsharp.core.product import ProductPoint, ProductQuotient
 from quotientsharp.core.quotient import ClosedFormQuotient
 from quotientsharp.core.validation import value_checks
@@ -124,6 +124,9 @@ def _check_user_factor(factor: Factor, part: Any) -> None:
     except QuotientMethodError as err:
         # a method of the user's class is wrong: the binding's failure, as the other checks'
         raise SymmetryCheckError(f"{factor.name} block: {err}") from err
+    except DegeneratePointError as err:
+        # its message says what is degenerate already
+        raise ValueError(f"{factor.name} block: at theta, {err}") from err
     except (ValueError, RuntimeError) as err:
         raise ValueError(f"{factor.name} block ({factor.quotient.name}): the geometry is "
                          f"degenerate at theta (e.g. a zero unit or factor): {err}") from err

@@ -310,7 +310,7 @@ def check_user_bindings(functional: FunctionalModel, batch: Batch,
                 f"{result.message()}: the quotient's group changes the model's function, so "
                 "geodesic sharpness would measure a space that is not the model's symmetry "
                 "quotient. Check the binding's parameters and maps, and that the model is "
-                "invariant in eval mode (sharpness() measures in eval mode); "
+                "invariant in eval mode (sharpness() measures in eval mode); in the API, "
                 "check_symmetry=False skips this check")
 
 

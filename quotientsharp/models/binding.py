@@ -68,7 +68,13 @@ class QuotientBinding:
         own = {name: params[name] for name in self.parameters}
         if self.to_point is None:
             return tuple(own[name] for name in self.parameters)
-        point = self.to_point(own)
+        try:
+            point = self.to_point(own)
+        except KeyError as err:
+            # a bare KeyError reaches the command line as its key alone ("error: 0.wieght")
+            raise ValueError(f"binding {self.name!r}: to_point looked up {err}, which is not one "
+                             f"of the binding's parameters {list(self.parameters)} (the only "
+                             "entries it is given)") from err
         # tuple() of a dict gives its keys: refuse anything but a sequence of tensors here
         if not isinstance(point, (tuple, list)) or not all(isinstance(t, torch.Tensor)
                                                            for t in point):

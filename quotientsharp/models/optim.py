@@ -19,7 +19,7 @@ from quotientsharp.core.validation import warn_at_caller
 from quotientsharp.models.binding import QuotientBinding, check_binding_list, validate_bindings
 from quotientsharp.models.layout import ParameterLayout
 from quotientsharp.models.report import NoSymmetryWarning, SymmetryReport
-from quotientsharp.models.symmetry_check import check_structure
+from quotientsharp.models.symmetry_check import check_structure, check_working_point
 from quotientsharp.models.walker import find_symmetries
 
 Tensors = tuple[torch.Tensor, ...]
@@ -361,6 +361,8 @@ class PairGradients:
                     raise ValueError(f"binding {binding.name!r} ({binding.quotient.name}, "
                                      f"shapes {shapes}): {err}") from err
                 check_structure(binding, trainable)
+                working = geometry_dtype(base)
+                check_working_point(binding, tuple(t.detach().to(working) for t in base))
             self.bindings = resolved
             self.names = list(dict.fromkeys(n for b in resolved for n in b.parameters))
 

@@ -89,6 +89,23 @@ def local_base(settings: dict[str, Any]) -> Path | None:
     return Path(base) if isinstance(base, str) and base and Path(base).is_dir() else None
 
 
+def adapter_bases(path: str | Path) -> list[Path]:
+    """The local base model directories of the adapters saved in ``path`` (empty for anything
+    else): inputs of a measurement of ``path`` as much as the adapters are. A file that cannot
+    be read gives none here; loading it names the fault."""
+    try:
+        adapters = saved_adapters(path)
+    except ValueError:
+        return []
+    bases = []
+    for _, folder in adapters:
+        with contextlib.suppress(OSError, ValueError):
+            settings = read_json_file(folder / ADAPTER_CONFIG, "MODEL")
+            base = local_base(settings) if isinstance(settings, dict) else None
+            bases += [] if base is None else [base]
+    return bases
+
+
 def _no_local_base(folder: Path, settings: dict[str, Any], discovery: bool) -> str:
     """One line for an adapter whose base model is not a local directory, and what to do."""
     base = settings.get("base_model_name_or_path")

@@ -7,7 +7,7 @@ every other trainable parameter as ``torch.optim.AdamW``. ``docs/lora.md`` and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -15,7 +15,6 @@ from torch import nn
 from torch.optim.adamw import adamw
 
 from quotientsharp.core.gl import GLPoint
-from quotientsharp.models.binding import QuotientBinding
 from quotientsharp.models.optim import (
     ADAMW_ENTRIES,
     PairGradients,
@@ -196,7 +195,7 @@ class QuotientAdamW(torch.optim.Optimizer):
     def __init__(self, model: nn.Module, lr: float, *, metric: str = "mix", eps: float = 0.0,
                  weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999),
                  adam_eps: float = 1e-8, balance: float | None = None,
-                 symmetries: str | SymmetryReport | Sequence[QuotientBinding] = "auto") -> None:
+                 symmetries: str | SymmetryReport = "auto") -> None:
         named = check_model(model, metric)
         lr = check_number("lr", lr, 0.0, strict=True)
         eps = check_number("eps", eps, 0.0)

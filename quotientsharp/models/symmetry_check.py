@@ -26,6 +26,7 @@ from quotientsharp.core.method_checks import (
     QuotientMethodError,
     builtin_quotient,
     check_group_element_moves,
+    check_group_identity,
     diagnose,
 )
 from quotientsharp.core.quotient import SymmetryQuotient, declares_invariant
@@ -61,8 +62,9 @@ class SymmetryCheck:
         The binding's name.
     loss_change, output_change
         The largest relative change over the group elements drawn: ``|L(g.theta) - L(theta)|
-        / |L(theta)|`` and ``max |f(g.theta) - f(theta)| / max |f(theta)|`` (``nan`` when the
-        model has no tensor output).
+        / |L(theta)|`` (:func:`loss_change`: with a floor where the loss is near zero) and
+        ``max |f(g.theta) - f(theta)| / max |f(theta)|`` (``nan`` when the model has no tensor
+        output).
     tolerance
         :func:`symmetry_tolerance` of the forward's dtype.
     samples
@@ -115,6 +117,28 @@ def relative_change(new: torch.Tensor, old: torch.Tensor) -> float:
     if diff == 0.0:
         return 0.0
     return diff / max(size, torch.finfo(torch.float64).tiny)
+
+
+#: Units in the last place of the largest output that a loss computed from the outputs may
+#: round by (the engine bounds a sharpness value's rounding by as many of the largest loss's).
+LOSS_ROUNDING_ULPS = 64
+
+
+def loss_change(new: torch.Tensor, old: torch.Tensor, outputs: torch.Tensor | None,
+                tolerance: float) -> float:
+    """:func:`relative_change` of the loss, over ``max(|L(theta)|, floor)``: a loss near zero
+    (a model that fits its targets) has no relative precision, so a change within
+    :data:`LOSS_ROUNDING_ULPS` units in the last place of the largest output (the rounding a
+    loss of the outputs makes) reads as at most ``tolerance``. Without a tensor output, the
+    plain relative change."""
+    change = relative_change(new, old)
+    if outputs is None or not math.isfinite(change) or change == 0.0 or not outputs.numel():
+        return change
+    largest = float(torch.where(outputs.isnan(), 0.0, outputs.detach().abs()).max())
+    floor = LOSS_ROUNDING_ULPS * torch.finfo(outputs.dtype).eps * largest / tolerance
+    size = float(old.detach().abs().max()) if old.numel() else 0.0
+    # relative_change divided by max(size, tiny): rescale to the floor where it is larger
+    return change if size >= floor else change * max(size, torch.finfo(torch.float64).tiny) / floor
 
 
 def _check_gradient(binding: QuotientBinding, x: Tensors) -> None:
@@ -182,6 +206,15 @@ def contract_point(binding: QuotientBinding, x: Tensors) -> Tensors:
     folded = binding.folded
     index = (slice(0, CONTRACT_UNITS),) * folded
     return tuple(t[index].detach().to(torch.float64) for t in x)
+
+
+def check_working_point(binding: QuotientBinding, point: Tensors) -> None:
+    """:func:`~quotientsharp.core.method_checks.diagnose` on the units of ``point`` (the
+    binding's, in the dtype it is stepped in): a method returning another dtype there, or
+    malformed at some units, raises a :class:`SymmetryCheckError` naming the binding, as
+    ``sharpness()`` refuses it (the contract check of :func:`check_structure` runs in
+    float64)."""
+    _naming(binding, diagnose, binding.quotient, spread_point(point, binding.folded) or point)
 
 
 def spread_point(x: Tensors, folded: int) -> Tensors | None:
@@ -319,16 +352,17 @@ def check_bindings(bindings: Sequence[QuotientBinding], params: Mapping[str, tor
             x = tuple(t.detach() for t in binding.point(params))
             generator = torch.Generator(device=x[0].device).manual_seed(seed)
             scale = group_scale(quotient, x)
-            loss_change = output_change = 0.0
+            _naming(binding, check_group_identity, quotient, x)
+            largest_loss = largest_output = 0.0
             for _ in range(samples):
                 g = quotient.random_group_element(x, scale=scale, generator=generator)
                 _naming(binding, check_group_element_moves, quotient, x, g)
                 moved = binding.parameters_of(tuple(quotient.act(x, g)))
                 loss, out = evaluate({**params, **moved})
-                loss_change = max(loss_change, relative_change(loss, loss0))
-                output_change = (math.nan if out is None or out0 is None
-                                 else max(output_change, relative_change(out, out0)))
-            results.append(SymmetryCheck(binding.name, loss_change, output_change, tolerance,
+                largest_loss = max(largest_loss, loss_change(loss, loss0, out0, tolerance))
+                largest_output = (math.nan if out is None or out0 is None
+                                  else max(largest_output, relative_change(out, out0)))
+            results.append(SymmetryCheck(binding.name, largest_loss, largest_output, tolerance,
                                          samples))
     return results
 

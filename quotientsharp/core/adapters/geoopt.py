@@ -16,6 +16,7 @@ import torch
 from quotientsharp.core._tuples import batch_shape
 from quotientsharp.core.adapters.shapes import adapter_shapes
 from quotientsharp.core.checks import check_user_quotient
+from quotientsharp.core.method_checks import GENERIC_BATCH
 from quotientsharp.core.quotient import SymmetryQuotient
 from quotientsharp.core.validation import value_checks_enabled
 
@@ -172,9 +173,11 @@ class QuotientManifold(geoopt.Manifold):
         self.quotient = quotient
         self.stacked = StackedLayout(shapes, layout)
         shapes = self.stacked.shapes
-        # a user's quotient is checked once here, at a random point of the shapes (the
-        # package's own are verified by the tests)
-        check_user_quotient(quotient, "QuotientManifold", shapes=shapes)
+        # a user's quotient is checked once here, at random points of the shapes (the
+        # package's own are verified by the tests); a batch of them, since a parameter's
+        # leading dimensions are batch dimensions and a method may be right for one point only
+        check_user_quotient(quotient, "QuotientManifold", shapes=shapes,
+                            batch_shape=(GENERIC_BATCH,))
         self.ndim = self.stacked.ndim
         self.retraction = retraction
         self.name = f"Quotient[{quotient.name}]"
