@@ -130,3 +130,38 @@ def test_a_key_value_cache_input_is_refused_untouched(legacy):
                                          r"\(\w+\): .* pass the whole sequence"):
         _adaptive(model, [batch])
     assert cache.get_seq_length() == 6
+
+
+def test_real_valued_targets_are_not_read_as_class_probabilities(mlp_and_batches):
+    net, batches = mlp_and_batches
+    x, y = batches[0]
+    real = torch.randn(y.shape[0], 3, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"^batch 0: the targets are floating but not class "
+                                         r"probabilities .*pass loss='mse'"):
+        _adaptive(net, [(x, real)])
+    # class probabilities (soft labels) are the cross-entropy's, and measure
+    soft = F.softmax(real, dim=-1)
+    assert _adaptive(net, [(x, soft)]).value > 0
+    # half precision sums to 1 only to its rounding: accepted
+    assert _adaptive(net, [(x, soft.half().float())]).value > 0
+
+
+class _CacheReader(nn.Module):
+    """Reads a second positional input as a cache object, as GPT-2 reads past_key_values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor, past: object = None) -> torch.Tensor:
+        if past is not None:
+            past.get_seq_length()           # type: ignore[attr-defined]
+        return self.layer(x)
+
+
+def test_an_input_in_the_wrong_position_is_named_with_the_batch(mlp_and_batches):
+    _, batches = mlp_and_batches
+    x, y = batches[0]
+    with pytest.raises(ValueError, match=r"^batch 0: the model's forward failed on inputs "
+                                         r"\{input 0: .*input 1: .*AttributeError"):
+        _adaptive(_CacheReader(), [((x, x), y)])

@@ -258,3 +258,49 @@ def test_a_dict_of_other_entries_than_x_and_y_is_refused(saved_mlp, tmp_path, en
     batches, count, _ = load_batches(tmp_path / "plain.pt", model, saved_mlp["net"],
                                      BatchSettings())
     assert count == len(y) and torch.equal(batches[0][0], x[:32])
+
+
+def test_the_loss_of_a_file_with_ignored_labels_is_its_labelled_examples_mean(study_files):
+    # each batch's mean is over its labels other than -100, so weighing it by the batch's size
+    # counted the ignored ones, and the loss depended on the batch size
+    from quotientsharp.workflows.measuring import evaluate
+
+    inputs, labels = torch.load(study_files / "data.pt")
+    labels = labels.clone()
+    labels[:5] = -100
+    model = torch.load(study_files / "net0.pt", weights_only=False).eval()
+    with torch.no_grad():
+        expected = float(torch.nn.functional.cross_entropy(model(inputs).double(), labels))
+    for size in (12, 5, 4):          # 4: the first batch holds ignored labels only
+        batches = [(inputs[i:i + size], labels[i:i + size]) for i in range(0, 12, size)]
+        assert evaluate(model, batches, "cross_entropy")["loss"] == pytest.approx(expected,
+                                                                                rel=1e-6)
+
+
+def test_ignored_labels_in_a_jsonl_file_are_read_as_in_a_tensor_file(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=16, vocab_size=20,
+                                     max_position_embeddings=16, num_labels=3)
+    model = transformers.BertForSequenceClassification(config)
+    (tmp_path / "rows.jsonl").write_text('{"input_ids": [1, 2, 3], "label": 2}\n'
+                                         '{"input_ids": [4, 5, 6], "label": -100}\n')
+    batches, _, _ = load_batches(tmp_path / "rows.jsonl", model, tmp_path, BatchSettings())
+    assert batches[0]["labels"].tolist() == [2, -100]
+    (tmp_path / "bad.jsonl").write_text('{"input_ids": [1, 2, 3], "label": -1}\n')
+    with pytest.raises(ValueError, match=r"line 1: label -1 is not a class index in \[0, 3\)"):
+        load_batches(tmp_path / "bad.jsonl", model, tmp_path, BatchSettings())
+
+
+def test_a_study_refuses_to_write_over_its_manifest(study_files, tmp_path, capsys):
+    folder = tmp_path / "here"
+    folder.mkdir()
+    manifest = folder / "models.csv"
+    manifest.write_text("model,gap\n" + "".join(
+        f"{study_files / f'net{i}.pt'},{0.1 * (i + 1)}\n" for i in range(3)))
+    before = manifest.read_bytes()
+    code = main(["study", str(manifest), "--data", str(study_files / "data.pt"), "--measure",
+                 "adaptive", "--rho", "0.1", "--n-iter", "2", "--no-progress",
+                 "--out", str(folder)])
+    assert code == 2 and manifest.read_bytes() == before
+    assert "would write models.csv over MANIFEST" in capsys.readouterr().err

@@ -285,8 +285,10 @@ def test_unshifted_labels_of_a_causal_language_model_are_refused():
     shifted = torch.full_like(ids, -100)
     shifted[:, :-1] = ids[:, 1:]
     good = {"input_ids": ids, "labels": shifted}
-    for index, labels in [(0, ids), (1, partly)]:
-        batches = [good] * index + [{"input_ids": ids, "labels": labels}]
+    forms = [(0, {"input_ids": ids, "labels": ids}), (1, {"input_ids": ids, "labels": partly}),
+             (0, (ids, ids))]          # the (inputs, target) form: input_ids positional
+    for index, batch in forms:
+        batches = [good] * index + [batch]
         with pytest.raises(ValueError, match=rf"^batch {index}: the labels equal input_ids for "
                            "GPT2LMHeadModel, a causal language model: .*labels\\[:, -1\\] = -100"):
             qs.sharpness(model, batches, "adaptive", rho=0.01, n_iter=1)

@@ -533,3 +533,12 @@ def test_a_saved_file_without_the_head_it_declares_is_named(saved, tmp_path):
         assert code == 2 and stderr.count("\n") == 1, stderr
         assert f"error: MODEL {adapter}: adapter 'default' does not fit" in stderr
         assert "classifier.weight" in stderr and "modules_to_save" in stderr, stderr
+
+
+def test_measure_refuses_to_write_into_the_base_model_of_an_adapter(saved):
+    # a file there changes the base's contents, which a study of the adapter fingerprints
+    before = sorted(path.name for path in (saved / "base").iterdir())
+    code, _, stderr = _call("measure", saved / "adapter", saved / "data.pt", "--rho", "0.1",
+                            "--n-iter", "2", "--no-progress", "--json", saved / "base" / "x.json")
+    assert code == 2 and "is inside the base model of MODEL's adapter" in stderr
+    assert sorted(path.name for path in (saved / "base").iterdir()) == before

@@ -317,6 +317,13 @@ def _document(args: argparse.Namespace, config: SharpnessConfig, runs: list[Meas
     }
 
 
+def _adapter_bases(model: str) -> list[Path]:
+    """The local base models of an adapter directory MODEL (none for another MODEL)."""
+    from quotientsharp.models.peft_loading import adapter_bases
+
+    return adapter_bases(model) if Path(model).is_dir() else []
+
+
 def run(args: argparse.Namespace) -> int:
     """Execute the subcommand; returns the process exit status (bad input raises: the
     console script reports it)."""
@@ -324,6 +331,7 @@ def run(args: argparse.Namespace) -> int:
     _check_plot(args)
     # the outputs, before minutes of measuring: none may be an input, a folder, a FIFO, ...
     inputs = [("MODEL", args.model), ("DATA", args.data), ("--tokenizer", args.tokenizer)]
+    inputs += [("the base model of MODEL's adapter", base) for base in _adapter_bases(args.model)]
     json_path = check_output_file(args.json, "--json", inputs)
     check_output_file(args.plot, "--plot", inputs)
     # one writer per --json file: a second measure to it fails here, at once (held until the

@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from quotientsharp.workflows.files import writes_over
 from quotientsharp.workflows.locks import OutputLock, OutputLockedError
 from quotientsharp.workflows.options import InputError
 
@@ -78,17 +79,6 @@ def _special_kind(path: Path) -> str | None:
     return kinds.get(stat.S_IFMT(mode), "special file")
 
 
-def _is_input(output: Path, source: Path) -> bool:
-    """Whether writing ``output`` would write over ``source`` (the same file, by path, link
-    or hard link) or into it (``source`` a folder)."""
-    resolved, origin = output.resolve(), source.resolve()
-    if resolved == origin or (origin.is_dir() and resolved.is_relative_to(origin)):
-        return True
-    with contextlib.suppress(OSError):
-        return output.exists() and source.exists() and os.path.samefile(output, source)
-    return False
-
-
 def _check_folder(output: Path, shown: str) -> None:
     """Refuse ``output`` unless its nearest existing ancestor (the missing folders are made on
     writing) is a folder in which a file can be made."""
@@ -133,7 +123,7 @@ def check_output_file(path: str | os.PathLike[str] | None, flag: str,
         raise InputError(f"{shown} exists and is a {kind}, not a regular file: writing would "
                          f"replace it by a file; give a new or regular file's path")
     for role, source in inputs:
-        if source is not None and _is_input(output, Path(source)):
+        if source is not None and writes_over(output, Path(source)):
             where = "inside" if Path(source).resolve().is_dir() else "the same file as"
             raise InputError(f"{shown} is {where} {role} {os.fspath(source)}: writing would "
                              f"overwrite an input; choose another path")

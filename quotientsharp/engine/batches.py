@@ -304,6 +304,9 @@ def check_class_labels(logits: torch.Tensor, target: torch.Tensor) -> None:
     """Raise unless the labels' shape fits the logits (first: a label is out of range only of
     the classes it is matched with), every class label is in ``[0, C)`` or ``-100``, and not
     all are ``-100`` (before the loss: out of range is a device-side assert on CUDA)."""
+    if isinstance(target, torch.Tensor) and target.is_floating_point() and target.numel() \
+            and target.shape == logits.shape:
+        _check_probabilities(target)
     if (not isinstance(target, torch.Tensor) or target.is_floating_point()
             or target.dtype == torch.bool or target.is_complex() or target.numel() == 0):
         return          # the loss's own check names a target of another dtype
@@ -321,6 +324,24 @@ def check_class_labels(logits: torch.Tensor, target: torch.Tensor) -> None:
     if skipped == target.numel():
         raise ValueError(f"every label is {IGNORE_INDEX} (the ignore_index): the cross-entropy "
                          "has no target to average, so the loss would be NaN")
+
+
+def _check_probabilities(target: torch.Tensor) -> None:
+    """Raise unless a floating cross-entropy target holds class probabilities: entries in
+    ``[0, 1]``, summing to 1 over the classes (``F.cross_entropy``'s class dimension, the second
+    of two or more), to ``1e-3`` or the rounding of the target's dtype. Real-valued targets would
+    give a number that is no cross-entropy, silently."""
+    values = target.detach().to(torch.float64)
+    sums = values.sum(dim=1 if values.dim() >= 2 else 0)
+    tolerance = max(1e-3, values.shape[1 if values.dim() >= 2 else 0]
+                    * torch.finfo(target.dtype).eps)
+    low, high, off = torch.stack([values.min(), values.max(),
+                                  (sums - 1).abs().max()]).tolist()
+    if not (low >= 0 and high <= 1 + tolerance and off <= tolerance):
+        raise ValueError(f"the targets are floating but not class probabilities (entries from "
+                         f"{low:.4g} to {high:.4g}, sums over the classes off 1 by up to "
+                         f"{off:.3g}): cross-entropy (the default loss) reads floating targets "
+                         "as probabilities; for real-valued targets pass loss='mse'")
 
 
 def mean_squared_error(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -318,8 +318,10 @@ class FunctionalModel:
         try:
             return torch.func.functional_call(self.model, (params, self.buffers), batch.args,
                                               batch.kwargs)
-        except (RuntimeError, IndexError) as err:
-            if type(err) not in (RuntimeError, IndexError):
+        except (RuntimeError, IndexError, AttributeError) as err:
+            # AttributeError: an input in the wrong position (GPT-2 reads a positional
+            # attention mask as its past key values and calls a method of theirs on it)
+            if type(err) not in (RuntimeError, IndexError, AttributeError):
                 raise           # a subclass (out of memory, a user's own): unchanged
             inputs = ", ".join(f"{name}: {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
                                for name, t in _input_tensors(batch)) or "none"
@@ -397,6 +399,8 @@ def check_unshifted_labels(batch: Batch, model_class: str) -> None:
     convention, which the model's own loss shifts by one position; the built-in cross-entropy
     compares position by position and would measure predicting each token from itself."""
     ids, target = batch.kwargs.get("input_ids"), batch.target
+    if ids is None and batch.args:
+        ids = batch.args[0]          # the (inputs, target) form: input_ids come first
     if not (isinstance(ids, torch.Tensor) and isinstance(target, torch.Tensor)
             and target.shape == ids.shape and not target.is_floating_point()
             and target.dtype != torch.bool):

@@ -108,14 +108,15 @@ def _labels(rows: Sequence[dict[str, Any]], path: Path, loss: str,
         if not integer:
             raise InputError(f"DATA {path}: cross-entropy needs integer class labels; for "
                              "real-valued targets pass --loss mse")
+        # -100 is cross-entropy's ignored label, as in a tensor file
         bad = [(row["_line"], v) for row, v in zip(rows, values, strict=True)
-               if v < 0 or (num_labels is not None and v >= num_labels)]
+               if (v < 0 and v != -100) or (num_labels is not None and v >= num_labels)]
         if bad:
             line, value = bad[0]
             limit = (f" in [0, {num_labels}): the model has {num_labels} labels"
                      if num_labels is not None else " (negative)")
             raise InputError(f"DATA {path}, line {line}: label {value} is not a class "
-                             f"index{limit}")
+                             f"index{limit} (or -100, ignored)")
         return torch.tensor(values, dtype=torch.long)
     try:
         return torch.tensor(values, dtype=torch.float32)

@@ -13,6 +13,17 @@ from pathlib import Path
 from typing import Any, TextIO
 
 
+def writes_over(output: Path, source: Path) -> bool:
+    """Whether writing ``output`` would write over ``source`` (the same file, by path, link
+    or hard link) or into it (``source`` a folder)."""
+    resolved, origin = output.resolve(), source.resolve()
+    if resolved == origin or (origin.is_dir() and resolved.is_relative_to(origin)):
+        return True
+    with contextlib.suppress(OSError):
+        return output.exists() and source.exists() and os.path.samefile(output, source)
+    return False
+
+
 @contextlib.contextmanager
 def _atomic_stream(path: Path, newline: str | None = None) -> Iterator[TextIO]:
     """A UTF-8 text stream to a temporary file beside ``path``, synced and renamed over it when

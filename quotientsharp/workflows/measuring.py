@@ -93,12 +93,14 @@ def evaluate(model: nn.Module, batches: Sequence[Any], loss: str) -> dict[str, f
     with torch.no_grad():
         for index, raw in enumerate(batches):
             batch = split_batch(raw, index, parameter.device, input_dtype)
+            count = _loss_weight(batch.target, loss)
+            if count == 0:
+                continue            # every label -100: nothing of this batch is averaged
             output = model(*batch.args, **batch.kwargs)
             value = compute_loss(function, builtin, output, batch.target, torch.float64,
                                  batch.label, check=True)
             if not torch.isfinite(value):
                 raise InputError(f"{batch.label}: the loss is {float(value)}")
-            count = int(batch.target.shape[0]) if batch.target.dim() else 1
             total_loss += float(value) * count
             examples += count
             if loss == "cross_entropy":
@@ -114,8 +116,22 @@ def evaluate(model: nn.Module, batches: Sequence[Any], loss: str) -> dict[str, f
                 valid = target != -100
                 wrong += float((predicted != target)[valid].sum())
                 labelled += float(valid.sum())
+    if not examples:
+        raise InputError("every label of the files is -100 (ignored): no loss to average")
     return {"loss": total_loss / examples,
             "error": wrong / labelled if loss == "cross_entropy" and labelled else None}
+
+
+def _loss_weight(target: Any, loss: str) -> int:
+    """The entries a batch's mean loss averages over: its labels other than ``-100`` for
+    cross-entropy on class labels (the loss leaves the others out, so weighing by the batch's
+    size would count them), else its examples."""
+    import torch
+
+    if (loss == "cross_entropy" and isinstance(target, torch.Tensor)
+            and not target.is_floating_point()):
+        return int((target != -100).sum())
+    return int(target.shape[0]) if isinstance(target, torch.Tensor) and target.dim() else 1
 
 
 def generalisation(model: nn.Module, model_path: Path, train: Path, test: Path,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from quotientsharp.workflows import measuring
 from quotientsharp.workflows.data import existing_file
-from quotientsharp.workflows.files import write_json_atomic, write_text_atomic
+from quotientsharp.workflows.files import write_json_atomic, write_text_atomic, writes_over
 from quotientsharp.workflows.fingerprints import content_identity, content_sha256
 from quotientsharp.workflows.grid import GridPoint, build_grid, with_row_symmetries
 from quotientsharp.workflows.manifest import ManifestEntry, read_manifest
@@ -202,9 +202,27 @@ def _plan(manifest: str | Path, config: StudyConfig) -> _Plan:
                          "(--measure), or leave the row's symmetry out")
     # rows with a symmetry of their own measure with its metric: the labels say so
     grid = with_row_symmetries(grid, bool(bound))
+    out = Path(config.out) if config.out is not None else default_out(manifest)
+    _check_inputs_kept(out, manifest, config, entries, grid)
     return _Plan(manifest, config, entries, grid, colors=_colors(entries, config.color),
                  device=check_device(config.device), settings=study_settings(config, grid),
-                 out=Path(config.out) if config.out is not None else default_out(manifest))
+                 out=out)
+
+
+def _check_inputs_kept(out: Path, manifest: str | Path, config: StudyConfig,
+                       entries: Sequence[ManifestEntry], grid: Sequence[GridPoint]) -> None:
+    """Refuse an output folder where a file the study writes is one of its inputs (``--out .``
+    beside a manifest named ``models.csv`` would replace the manifest by the results)."""
+    inputs = [("MANIFEST", Path(manifest)), ("--data", config.data)] + [
+        (f"MANIFEST {manifest}, line {entry.line}: {role}", path) for entry in entries
+        for role, path in (("model", entry.model), ("train", entry.train), ("test", entry.test))]
+    written = [MODELS, CSV, REPORT, TAUS_JSON, TAUS_CSV, "run.json",
+               *(f"scatter_{point.key}.png" for point in grid)]
+    for name in written:
+        for role, source in inputs:
+            if source is not None and writes_over(out / name, Path(source)):
+                raise InputError(f"--out {out}: the study would write {name} over {role} "
+                                 f"{source}; choose another output folder")
 
 
 def _measure_units(plan: _Plan) -> tuple[dict[str, dict[str, Any]], ResumableRun]:
