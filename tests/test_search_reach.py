@@ -740,3 +740,33 @@ def test_a_value_within_the_rounding_of_its_float32_losses_is_flagged(measure: s
         resolved = qs.sharpness(model.float(), [(batch[0].float(), batch[1])], rho=0.05,
                                 **options)
     assert resolved.rounding[0] < 0.01 * resolved.value
+
+
+class _Float32Logits(torch.nn.Module):
+    """A float64 model that returns its logits in float32."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x).float()
+
+
+@pytest.mark.parametrize("measure", ["adaptive", "geodesic"])
+def test_the_rounding_is_that_of_the_outputs_the_loss_is_computed_from(measure: str) -> None:
+    # the parameters' dtype says nothing of a forward that returns coarser logits, as one
+    # under autocast does: the bound was 2**29 (float32 logits of float64 parameters) or 2**16
+    # (bfloat16 logits of float32 parameters) times too small
+    model, batch = _tiny_transformer(3)
+    options = dict(measure=measure, rho=0.05, n_iter=3, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", qs.ReachWarning)
+        plain = qs.sharpness(model, [batch], **options)
+        coarse = qs.sharpness(_Float32Logits(model), [batch], **options)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast = qs.sharpness(model.float(), [(batch[0].float(), batch[1])], **options)
+    for result, dtype in ((plain, torch.float64), (coarse, torch.float32),
+                          (autocast, torch.bfloat16)):
+        losses = [result.clean_losses[0], result.perturbed_losses[0]]
+        assert result.rounding == [64 * torch.finfo(dtype).eps * max(map(abs, losses))]

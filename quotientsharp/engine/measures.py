@@ -40,6 +40,7 @@ from quotientsharp.engine.geometry import (
     TouchedSpace,
     plain_coordinates,
 )
+from quotientsharp.engine.layouts import forward_dtype
 from quotientsharp.engine.solver import (
     AscentOutcome,
     AscentSettings,
@@ -325,6 +326,14 @@ class AscentMeasure:
         #: per batch, the rows each restricted table was solved on (empty: the full tables)
         self.restricted_rows: list[dict[str, int]] = []
         self._space: AscentSpace | None = None
+        self._forward_dtype: torch.dtype | None = None
+
+    def _rounding_dtype(self, batch: Batch) -> torch.dtype:
+        """:func:`.layouts.forward_dtype`, read on the first batch (one forward more per
+        measurement): the dtype a value's rounding and the exact-path check read."""
+        if self._forward_dtype is None:
+            self._forward_dtype = forward_dtype(self.model, batch)
+        return self._forward_dtype
 
     def setup(self, excluded: Sequence[str]) -> None:
         """Build the space of the ascent, once (the geometry stage, :mod:`.geometry`)."""
@@ -454,9 +463,10 @@ class AscentMeasure:
                 perturbation = {n: t - self.model.theta_geometry[n] for n, t in moved.items()}
         blocks = self._blocks(batch, outcome.xi, clean) if self.blockwise else None
         absolute = isinstance(self.plan, PlainGeometry) and not self.plan.adaptive
+        rounding_dtype = self._rounding_dtype(batch)
         path = path_check(space.geometry, outcome.xi,
                           lambda point: self.model.loss(batch, space.coordinates.updates(point)),
-                          clean, outcome.loss, self.model.coarsest_dtype)
+                          clean, outcome.loss, rounding_dtype)
         where = locality(space.geometry, space.coordinates, space.coordinates.blocks(),
                          self.model.theta_geometry, outcome.xi, absolute, path)
         return BatchOutcome(excess(outcome.loss, clean), clean, outcome.loss, norms,
@@ -466,7 +476,7 @@ class AscentMeasure:
                             blocks=blocks, chains=chains, chain_shortfalls=shortfalls,
                             reach=reach, evaluations=evaluations, locality=where,
                             rounding=loss_rounding([float(clean), float(outcome.loss)],
-                                                   self.model.coarsest_dtype))
+                                                   rounding_dtype))
 
     def _blocks(self, batch: Batch, xi: Tensors, clean: torch.Tensor) -> BlockOutcome:
         """The best perturbation block by block (:mod:`.blocks`)."""
