@@ -770,3 +770,15 @@ def test_the_rounding_is_that_of_the_outputs_the_loss_is_computed_from(measure: 
                           (autocast, torch.bfloat16)):
         losses = [result.clean_losses[0], result.perturbed_losses[0]]
         assert result.rounding == [64 * torch.finfo(dtype).eps * max(map(abs, losses))]
+
+
+def test_the_warning_advises_only_for_the_causes_it_names() -> None:
+    # a value within its rounding has its own advice (a finer dtype, a larger rho): searching
+    # longer, which the warning used to advise whatever the cause, cannot help it
+    model, batch = _tiny_transformer(3)
+    with pytest.warns(qs.ReachWarning) as caught:
+        qs.sharpness(model.float(), [(batch[0].float(), batch[1])], measure="adaptive",
+                     rho=1e-7, n_iter=3, progress=False)
+    (message,) = [str(w.message) for w in caught if issubclass(w.category, qs.ReachWarning)]
+    assert "not resolved to 1 %" in message
+    assert "search longer" not in message and "not local" not in message

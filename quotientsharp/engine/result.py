@@ -169,9 +169,8 @@ class SharpnessResult:
         rounding, a reach estimate below 0.99 (chains that disagree, or a best chain still
         climbing when its continuations ran out) or a ball that is not local at the best
         perturbation (empty when the value earns the word maximum)."""
-        unresolved = {index: rounding for index, rounding in enumerate(self.rounding)
-                      if rounding > LOCAL_PATH * abs(self.per_batch[index])}
-        notes = [self._rounding_note(index, rounding) for index, rounding in unresolved.items()]
+        unresolved = self._unresolved()
+        notes = [self._rounding_note(index, self.rounding[index]) for index in unresolved]
         for index, reach in enumerate(self.reach):
             if reach is None or reach >= REACH_TARGET or index in unresolved:
                 continue
@@ -189,6 +188,11 @@ class SharpnessResult:
         notes += [f"batch {index}: {_not_local(where, self.settings.get('rho'))}"
                   for index, where in enumerate(self.locality) if not where["local"]]
         return notes
+
+    def _unresolved(self) -> list[int]:
+        """The batches whose value is within its losses' rounding to 1 %."""
+        return [index for index, rounding in enumerate(self.rounding)
+                if rounding > LOCAL_PATH * abs(self.per_batch[index])]
 
     def _rounding_note(self, index: int, rounding: float) -> str:
         """Batch ``index``'s value is within its losses' rounding to 1 % (its chains' agreement
@@ -358,11 +362,24 @@ def assemble_result(measure: str, outcomes: Sequence[BatchOutcome],
         warn_at_caller(
             f"{result.measure} sharpness{' (' + result.variant + ')' if result.variant else ''}"
             f" at rho={settings.get('rho')} may not be the maximum it claims: "
-            + "; ".join(notes) + ". Where the reach is low, search longer (reach={'chains': "
-            f"8, 'continuations': 4}}, n_iter=50); where the ball is not local, "
-            f"{_LOCAL_ADVICE.get(measure, '')}"
-            "use a smaller rho (docs/sharpness.md, 'Reach and locality').", ReachWarning)
+            + "; ".join(notes) + ". " + _advice(result, measure)
+            + " (docs/sharpness.md, 'Reach and locality').", ReachWarning)
     return result
+
+
+def _advice(result: SharpnessResult, measure: str) -> str:
+    """What to do, for the causes the notes name only: a low reach, a ball that is not local
+    (a value within its rounding has its own advice in its note)."""
+    unresolved = result._unresolved()
+    low = any(reach is not None and reach < REACH_TARGET and index not in unresolved
+              for index, reach in enumerate(result.reach))
+    far = any(not where["local"] for where in result.locality)
+    advice = (["Where the reach is low, search longer (reach={'chains': 8, 'continuations': "
+               "4}, n_iter=50)"] if low else [])
+    advice += ([f"where the ball is not local, {_LOCAL_ADVICE.get(measure, '')}use a smaller "
+                "rho"] if far else [])
+    text = "; ".join(advice) or "See the note above"
+    return text[0].upper() + text[1:]
 
 
 def _trace(trace: torch.Tensor, clean: torch.Tensor) -> list[float | None]:
