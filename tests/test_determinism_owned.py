@@ -177,3 +177,28 @@ def test_a_successful_call_leaves_the_global_random_state():
     _measure_mlp(model, _mlp_batches(), "average", samples=2)
     _measure_mlp(model, _mlp_batches(), "worst_case", random_init=True)
     assert _same_states(before, _global_states())
+
+
+@pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+def test_the_draws_of_the_callers_batches_stay_the_callers():
+    # a shuffling DataLoader draws its permutation from torch's global generator while the
+    # measurement iterates it: rewound with the rest, the caller's next epoch repeated it
+    from torch.utils.data import DataLoader, TensorDataset
+
+    generator = torch.Generator().manual_seed(3)
+    data = TensorDataset(torch.randn(12, 4, generator=generator),
+                         torch.randint(0, 3, (12,), generator=generator))
+    loader = DataLoader(data, batch_size=4, shuffle=True)
+
+    def epoch():
+        return torch.cat([y for _, y in loader]).tolist()
+
+    model = _mlp()                         # (it seeds torch's generator: before the epochs)
+    torch.manual_seed(0)
+    first, second = epoch(), epoch()
+    after_two = torch.get_rng_state()
+    torch.manual_seed(0)
+    qs.sharpness(model, loader, measure="adaptive", rho=0.1, n_iter=2, progress=False)
+    assert epoch() == second
+    assert torch.equal(torch.get_rng_state(), after_two)
+    assert first != second                 # the check can fail: the epochs differ

@@ -10,6 +10,7 @@ imported.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -356,3 +357,17 @@ def test_an_inf_input_behind_a_non_finite_gradient_is_named(seed: int) -> None:
     assert ("in parameter(s) ['0.weight']: the input(s) ['input 0'] contain NaN or inf, which "
             "the forward turns into a finite loss but not into a finite gradient") in message
     assert "sqrt" not in message
+
+
+@pytest.mark.parametrize("measure", ["adaptive", "average", "relative_flatness"])
+def test_inference_mode_is_named_as_the_cause(measure):
+    # under it no tensor records gradients: the measures said "no parameter is left to
+    # perturb" or "receives no gradient"
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
+    batch = (torch.randn(5, 4), torch.randint(0, 3, (5,)))
+    rho = None if measure == "relative_flatness" else 0.1
+    with torch.inference_mode(), pytest.raises(RuntimeError, match=r"inside torch\.inference_mo"):
+        qs.sharpness(model, [batch], measure, rho=rho, progress=False)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", qs.NoSymmetryWarning)
+        assert math.isfinite(qs.sharpness(model, [batch], measure, rho=rho, progress=False).value)

@@ -226,7 +226,7 @@ NUMPY = [(kind, "rho", np.float32(0.1), float(np.float32(0.1))) for kind in WITH
     for field, value, python in (("n_iter", np.int64(3), 3), ("restarts", np.int8(1), 1),
                                  ("eta0", np.float64(0.2), 0.2), ("alpha", np.float32(0.5), 0.5))
 ] + [(AverageSpec, "samples", np.int32(2), 2), (GeodesicSpec, "eps", np.float16(0.5), 0.5),
-     (GeodesicSpec, "exact_steps", np.int64(4), 4),
+     (GeodesicSpec, "exact_steps", np.int64(4), 4), (GeodesicSpec, "order", np.int64(2), 2),
      (RelativeFlatnessSpec, "hvp_chunk", np.uint8(8), 8)]
 
 
@@ -236,6 +236,8 @@ def test_a_numpy_number_is_taken_and_stored_as_a_python_number(kind, field, valu
                                                                ) -> None:
     rho = None if kind is RelativeFlatnessSpec else 0.1
     given = {"rho": rho, field: value}
+    if field == "exact_steps":
+        given["order"] = "exact"            # the only order it acts at
     spec = kind(**given)
     assert getattr(spec, field) == python and type(getattr(spec, field)) is type(python)
     assert spec == kind(**{**given, field: python})
@@ -334,3 +336,15 @@ def test_a_warning_of_sharpness_points_at_the_callers_line(call, category, messa
         # this file, at the line of the sharpness() call (not a line of the package)
         assert w.filename == __file__, (w.filename, w.lineno)
         assert "qs.sharpness(" in linecache.getline(__file__, w.lineno)
+
+
+@pytest.mark.parametrize(("options", "pattern"), [
+    ({"metric": "euclidean", "eps": 0.5}, r"eps=0\.5 relaxes the Gram matrices .* leave eps at 0"),
+    ({"order": 2, "exact_steps": 4}, r"exact_steps=4 sets the RK4 steps of order='exact' only"),
+    ({"order": 1, "exact_steps": 64}, r"at order=1 it changes nothing")])
+def test_an_option_the_others_leave_without_effect_is_refused(options, pattern) -> None:
+    # it was recorded in the settings and changed no value
+    with pytest.raises(ValueError, match=pattern):
+        GeodesicSpec(rho=0.1, **options)
+    assert GeodesicSpec(rho=0.1, metric="euclidean").eps == 0
+    assert GeodesicSpec(rho=0.1, order="exact", exact_steps=4).exact_steps == 4

@@ -734,6 +734,8 @@ def test_a_value_within_the_rounding_of_its_float32_losses_is_flagged(measure: s
     assert fine.rounding[0] < 0.01 * fine.value and not fine.shortfalls()
     # the note stands in for the reach estimate's, which says nothing at that precision
     assert not any("reach estimate" in note for note in coarse.shortfalls())
+    assert "within the rounding of their losses" in coarse.summary()
+    assert "reach >=" not in coarse.summary() and "reach >=" in fine.summary()
     # at an ordinary radius the float32 value is resolved: no note
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -118,7 +118,7 @@ CASES = [
     ("attention", "geodesic", {"metric": "mix", "order": 2}),
     ("attention", "geodesic", {"metric": "inv", "order": "exact"}),
     ("attention", "geodesic", {"metric": "mix", "order": "exact"}),
-    ("attention", "geodesic", {"metric": "euclidean", "order": 2, "eps": 0.1}),
+    ("attention", "geodesic", {"metric": "euclidean", "order": 2}),
     ("attention", "geodesic", {"order": 2, "other_path": "geodesic"}),
     ("attention", "geodesic", {"order": "exact", "other_metric": "euclidean"}),
 ]

@@ -91,6 +91,8 @@ def check_order(order: object, name: str = "order") -> int | str:
     ``2``, as 0.1 took them)."""
     if isinstance(order, float) and order in (1.0, 2.0):
         order = int(order)
+    elif isinstance(order, numbers.Integral) and not isinstance(order, bool):
+        order = int(order)              # a NumPy integer, as every other number here
     if isinstance(order, bool) or not isinstance(order, (int, str)) or order not in ORDERS:
         raise ValueError(f"{name} must be 1, 2 or 'exact', got {order!r}")
     return order

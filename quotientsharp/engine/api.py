@@ -17,6 +17,7 @@ from torch import nn
 from quotientsharp.core.validation import value_checks
 from quotientsharp.engine.batches import Batch, resolve_loss, split_batch
 from quotientsharp.engine.determinism import (
+    caller_iteration,
     check_deterministic,
     global_states,
     kept_global_random_state,
@@ -39,6 +40,12 @@ def _validated(model: object, batches: object, measure: MeasureSpec | str, rho: 
     """Validate stage: the typed measure, made from the string form if need be (it checks its
     options when it is made)."""
     check_model(model, functional=True)
+    if torch.is_inference_mode_enabled():
+        # its tensors never record gradients, whatever enable_grad says: each measure would
+        # fail on "no gradient" instead
+        raise RuntimeError("sharpness was called inside torch.inference_mode(), under which no "
+                           "tensor records gradients, and every measure needs them: call it "
+                           "outside that block (inside torch.no_grad() is fine)")
     if isinstance(measure, MeasureSpec):
         if rho is not None or options:
             raise TypeError(f"{type(measure).__name__} holds rho and every option: pass them to "
@@ -163,7 +170,7 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: MeasureSpec | s
             batches, evaluator.evaluations_per_batch(), spec.progress, spec.name)) as bar:
         # each batch split lazily, on the model's device
         stream = ((index, split_batch(raw, index, functional.device, functional.input_dtype))
-                  for index, raw in enumerate(batches))
+                  for index, raw in enumerate(caller_iteration(batches)))
         head = next(stream, None)
         if head is None:
             raise ValueError("batches is empty: sharpness needs at least one batch")

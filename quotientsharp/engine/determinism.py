@@ -10,9 +10,11 @@ caller's global random state as it found it.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy
@@ -38,23 +40,77 @@ def global_torch_states() -> list[torch.Tensor]:
     return states
 
 
+@dataclass
+class _GlobalRandomState:
+    """torch's, Python's and NumPy's legacy global random states."""
+
+    torch_states: list[torch.Tensor]
+    python: Any
+    numpy: Any
+
+    @classmethod
+    def read(cls) -> _GlobalRandomState:
+        return cls(global_torch_states(), random.getstate(),
+                   numpy.random.get_state())  # noqa: NPY002 (the caller's legacy global one)
+
+    def write(self) -> None:
+        # CUDA may have been initialised inside: only the generators that existed before are
+        # restored (a new one's state is then the caller's first use of it anyway)
+        torch.set_rng_state(self.torch_states[0])
+        if len(self.torch_states) > 1:
+            torch.cuda.set_rng_state_all(self.torch_states[1:])
+        random.setstate(self.python)
+        numpy.random.set_state(self.numpy)  # noqa: NPY002 (the caller's own)
+
+
+#: The caller's state of the measurement running in this context (``None`` outside one).
+_CALLER: contextvars.ContextVar[_GlobalRandomState | None] = contextvars.ContextVar(
+    "quotientsharp_caller_random_state", default=None)
+
+
 @contextlib.contextmanager
 def kept_global_random_state() -> Iterator[None]:
     """The caller's global random state restored on leaving the block (module docstring),
-    whether it returns or raises."""
-    torch_states = global_torch_states()
-    python_state = random.getstate()
-    numpy_state = numpy.random.get_state()  # noqa: NPY002 (the caller's legacy global one)
+    whether it returns or raises; draws made while the caller's batches are iterated
+    (:func:`caller_iteration`) are the caller's and stay."""
+    caller = _GlobalRandomState.read()
+    token = _CALLER.set(caller)
     try:
         yield
     finally:
-        # CUDA may have been initialised inside: only the generators that existed before are
-        # restored (a new one's state is then the caller's first use of it anyway)
-        torch.set_rng_state(torch_states[0])
-        if len(torch_states) > 1:
-            torch.cuda.set_rng_state_all(torch_states[1:])
-        random.setstate(python_state)
-        numpy.random.set_state(numpy_state)  # noqa: NPY002 (the caller's own)
+        _CALLER.reset(token)
+        caller.write()
+
+
+def caller_iteration(batches: Iterable[Any]) -> Iterator[Any]:
+    """``batches`` iterated in the caller's global random state, each of its draws kept in it
+    (a ``DataLoader`` with ``shuffle=True`` draws its permutation from torch's global
+    generator: rewound with the rest, the caller's next epoch would repeat it), the
+    measurement's own state around them left as it was."""
+    caller = _CALLER.get()
+    if caller is None:
+        yield from batches
+        return
+    iterator = _in_state(caller, lambda: iter(batches))
+    while True:
+        try:
+            item = _in_state(caller, lambda: next(iterator))
+        except StopIteration:
+            return
+        yield item
+
+
+def _in_state(caller: _GlobalRandomState, step: Callable[[], Any]) -> Any:
+    """``step()`` run in the caller's global random state, which then holds its draws."""
+    own = _GlobalRandomState.read()
+    caller.write()
+    try:
+        return step()
+    finally:
+        fresh = _GlobalRandomState.read()
+        caller.torch_states, caller.python, caller.numpy = (fresh.torch_states, fresh.python,
+                                                            fresh.numpy)
+        own.write()
 
 
 def owned_generators(model: nn.Module | None) -> list[tuple[str, Any]]:

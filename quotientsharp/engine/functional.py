@@ -107,6 +107,10 @@ class FunctionalModel:
         #: there is none): how finely its losses can tell two points apart
         self.coarsest_dtype = max(floating or {torch.float32},
                                   key=lambda d: float(torch.finfo(d).eps))
+        #: :attr:`coarsest_dtype`, or the outputs' where the checked forwards (every batch's
+        #: clean evaluation) returned coarser ones: a forward under ``torch.autocast`` returns
+        #: bfloat16 logits from float32 parameters, and its losses round as those do
+        self.forward_dtype = self.coarsest_dtype
         self.input_dtype = floating.pop() if len(floating) == 1 else None
         self.vocabulary_size = vocabulary_size(model)
         #: the class of a HuggingFace causal LM, which shifts its labels in its own loss
@@ -303,6 +307,7 @@ class FunctionalModel:
         with looked_up(lookups, self.dtypes):
             if self._checking:
                 output = self._checked_forward(params, batch)
+                self._note_output_dtype(output)
             else:
                 output = torch.func.functional_call(self.model, (params, self.buffers),
                                                     batch.args, batch.kwargs)
@@ -311,6 +316,16 @@ class FunctionalModel:
         if self._recorder is not None:
             self._recorder.observe(params, loss)
         return loss
+
+    def _note_output_dtype(self, output: object) -> None:
+        """Widen :attr:`forward_dtype` to a coarser dtype of ``output``'s logits. A value
+        rounded coarser inside the forward and cast back (a float32 softmax or RMSNorm in a
+        float64 Llama) is not counted: its rounding reaches the loss diluted, far below the
+        units in the last place of that dtype."""
+        logits = output_tensor(output)
+        if logits is not None and logits.is_floating_point():
+            self.forward_dtype = max((self.forward_dtype, logits.dtype),
+                                     key=lambda d: float(torch.finfo(d).eps))
 
     def _checked_forward(self, params: dict[str, torch.Tensor], batch: Batch) -> object:
         """The forward of a batch's clean evaluation, its raw torch errors turned into a

@@ -290,21 +290,6 @@ def _computing_dtype(evaluate: Evaluate, values: Mapping[str, torch.Tensor],
     return max(trace.dtypes, key=lambda d: torch.finfo(d).eps), reference
 
 
-def forward_dtype(functional: FunctionalModel, batch: Batch) -> torch.dtype:
-    """The coarsest dtype (largest ``eps``) of the parameters, the buffers and the outputs
-    (logits) of the forward on ``batch``: a forward may return coarser outputs than its
-    parameters (under ``torch.autocast``, bfloat16 logits of a float32 model), and the losses
-    computed from them round as those outputs do. A value rounded coarser inside and cast back
-    (a float32 softmax or RMSNorm in a float64 Llama) is not counted: its rounding reaches the
-    loss diluted, far below the units in the last place of that dtype (there the parameters'
-    dtype read the value to within 1 % down to a radius of 1e-6, an outside check found)."""
-    with torch.no_grad():
-        _, outputs = _evaluator(functional, batch)(functional.theta_geometry)
-    dtypes = [functional.coarsest_dtype] + ([outputs.dtype] if outputs is not None
-                                            and outputs.is_floating_point() else [])
-    return max(dtypes, key=lambda d: torch.finfo(d).eps)
-
-
 def check_user_bindings(functional: FunctionalModel, batch: Batch,
                         bindings: Sequence[QuotientBinding], invariance: bool, seed: int
                         ) -> None:

@@ -40,7 +40,6 @@ from quotientsharp.engine.geometry import (
     TouchedSpace,
     plain_coordinates,
 )
-from quotientsharp.engine.layouts import forward_dtype
 from quotientsharp.engine.solver import (
     AscentOutcome,
     AscentSettings,
@@ -326,14 +325,6 @@ class AscentMeasure:
         #: per batch, the rows each restricted table was solved on (empty: the full tables)
         self.restricted_rows: list[dict[str, int]] = []
         self._space: AscentSpace | None = None
-        self._forward_dtype: torch.dtype | None = None
-
-    def _rounding_dtype(self, batch: Batch) -> torch.dtype:
-        """:func:`.layouts.forward_dtype`, read on the first batch (one forward more per
-        measurement): the dtype a value's rounding and the exact-path check read."""
-        if self._forward_dtype is None:
-            self._forward_dtype = forward_dtype(self.model, batch)
-        return self._forward_dtype
 
     def setup(self, excluded: Sequence[str]) -> None:
         """Build the space of the ascent, once (the geometry stage, :mod:`.geometry`)."""
@@ -463,7 +454,7 @@ class AscentMeasure:
                 perturbation = {n: t - self.model.theta_geometry[n] for n, t in moved.items()}
         blocks = self._blocks(batch, outcome.xi, clean) if self.blockwise else None
         absolute = isinstance(self.plan, PlainGeometry) and not self.plan.adaptive
-        rounding_dtype = self._rounding_dtype(batch)
+        rounding_dtype = self.model.forward_dtype
         path = path_check(space.geometry, outcome.xi,
                           lambda point: self.model.loss(batch, space.coordinates.updates(point)),
                           clean, outcome.loss, rounding_dtype)
@@ -505,6 +496,10 @@ def layer_weight_name(model: nn.Module, layer: str) -> str:
     weight = getattr(modules[layer], "weight", None)
     if not isinstance(weight, nn.Parameter):
         raise ValueError(f"layer {layer!r} has no weight parameter")
+    if isinstance(modules[layer], nn.Embedding):
+        raise ValueError(f"layer {layer!r} is an embedding table: its rows are tokens, not the "
+                         "neurons w_s of a layer that relative flatness is defined on; pass "
+                         "layer= a linear layer")
     for name, tensor in model.named_parameters():
         if tensor is weight:
             if not tensor.requires_grad:
@@ -515,6 +510,14 @@ def layer_weight_name(model: nn.Module, layer: str) -> str:
             _check_untied(model, layer, weight)
             return name
     raise ValueError(f"the weight of layer {layer!r} is not among the model's parameters")
+
+
+def _neurons_last(module: nn.Module) -> bool:
+    """Whether ``module`` is Hugging Face's ``Conv1D`` (GPT-2's layers), which stores its weight
+    as ``[inputs, outputs]``: ``y = x W + b``."""
+    weight = getattr(module, "weight", None)
+    return (type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor)
+            and weight.dim() == 2 and getattr(module, "nf", None) == weight.shape[1])
 
 
 def _check_untied(model: nn.Module, layer: str, weight: nn.Parameter) -> None:
@@ -566,7 +569,10 @@ class RelativeFlatness:
         #: ``(name, module)`` of the layer, whose calls per forward are counted
         self.layer = layer
         weight = model.theta_geometry[weight_name]
-        self.rows = weight.reshape(weight.shape[0], -1)
+        #: a layer storing its weight as [inputs, outputs] (Hugging Face's Conv1D, GPT-2's
+        #: layers): its neurons w_s are the columns
+        self.transposed = layer is not None and _neurons_last(layer[1])
+        self.rows = weight.mT if self.transposed else weight.reshape(weight.shape[0], -1)
         values, vectors = torch.linalg.eigh(self.rows @ self.rows.mT)
         rank = min(self.rows.shape)
         self.values, self.vectors = values[-rank:], vectors[:, -rank:]   # [r], [out, r]
@@ -600,7 +606,8 @@ class RelativeFlatness:
         with torch.enable_grad(), sdpa_kernel(SDPBackend.MATH):
             with self.model.checking(), _counting_calls(
                     None if self.layer is None else self.layer[1]) as calls:
-                loss = self.model.loss(batch, {self.weight_name: weight.reshape(shape)})
+                value = weight.mT if self.transposed else weight.reshape(shape)
+                loss = self.model.loss(batch, {self.weight_name: value})
             self._check_called_once(calls[0], index)
             clean = first.loss if first is not None else checked_clean_loss(
                 loss.detach(), index, batch, self.model)

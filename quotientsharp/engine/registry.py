@@ -528,6 +528,17 @@ class GeodesicSpec(AscentSpec):
                              "w * exp(xi / w): it needs other_metric='adaptive'")
         self._store("exact_steps", check_int("exact_steps", self.exact_steps, 1))
         check_flag("check_symmetry", self.check_symmetry)
+        self._check_unused()
+
+    def _check_unused(self) -> None:
+        """Refuse an option that this measure's other options leave without effect (it would be
+        recorded in the settings and change nothing)."""
+        if self.metric == "euclidean" and self.eps != 0:
+            raise ValueError(f"eps={self.eps!r} relaxes the Gram matrices of the inv and mix "
+                             "metrics; the euclidean metric has none: leave eps at 0")
+        if self.exact_steps != type(self).exact_steps and self.order != "exact":
+            raise ValueError(f"exact_steps={self.exact_steps!r} sets the RK4 steps of "
+                             f"order='exact' only; at order={self.order!r} it changes nothing")
 
     def build(self, model: nn.Module, functional: FunctionalModel, generator: torch.Generator
               ) -> tuple[Measure, dict[str, Any]]:

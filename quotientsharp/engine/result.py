@@ -291,7 +291,11 @@ class SharpnessResult:
         if gap is not None and relative is not None:
             note += (f", reference solve {self.reference_value:.6g}: gap {gap:.3g} "
                      f"({100 * relative:.3g}%)")
-        if self.min_reach is not None:
+        unresolved = self._unresolved()
+        if unresolved:
+            # the reach of a value within its rounding says nothing (shortfalls() says so)
+            note += f", {len(unresolved)} value(s) within the rounding of their losses"
+        elif self.min_reach is not None:
             note += f", reach >= {reach_text(self.min_reach)}"
         if self.local is False:
             note += ", ball not local"
