@@ -816,3 +816,28 @@ def test_the_average_measure_reports_the_mean_norm_of_its_draws():
     expected = 0.1 * math.sqrt(2) * math.exp(math.lgamma((dimension + 1) / 2)
                                              - math.lgamma(dimension / 2))
     assert result.perturbation_norms[0]["total"] == pytest.approx(expected, rel=0.05)
+
+
+def test_relative_flatness_of_a_conv1d_layer_is_that_of_the_same_linear_layer():
+    # Hugging Face's Conv1D (GPT-2's layers) stores W as [inputs, outputs]: its neurons w_s are
+    # the columns, and the stored rows (input features) gave another, plausible kappa
+    pytorch_utils = pytest.importorskip("transformers.pytorch_utils")
+    torch.manual_seed(0)
+    conv = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.Tanh(),
+                               pytorch_utils.Conv1D(3, 6)).double()
+    linear = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.Tanh(),
+                                 torch.nn.Linear(6, 3)).double()
+    with torch.no_grad():
+        linear[0].load_state_dict(conv[0].state_dict())
+        linear[2].weight.copy_(conv[2].weight.mT)
+        linear[2].bias.copy_(conv[2].bias)
+    batch = (torch.randn(8, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1)),
+             torch.randint(0, 3, (8,), generator=torch.Generator().manual_seed(2)))
+    kappa = [qs.sharpness(model, [batch], "relative_flatness", layer="2", progress=False).value
+             for model in (conv, linear)]
+    assert kappa[0] == pytest.approx(kappa[1], rel=1e-12)
+    embedding = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Flatten(),
+                                    torch.nn.Linear(8, 3))
+    with pytest.raises(ValueError, match="layer '0' is an embedding table"):
+        qs.sharpness(embedding, [(torch.randint(0, 10, (4, 2)), torch.randint(0, 3, (4,)))],
+                     "relative_flatness", layer="0", progress=False)
