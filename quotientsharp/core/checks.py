@@ -696,16 +696,24 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
         max(relative_error(T.sub(exact, x), T.sub(ode, x)), _curved_part_error(exact, ode, x, v)),
         "the exact geodesic against RK4 integration of the geodesic equation (8 steps), the "
         "whole move and the part beyond the straight line")
-    if _overrides(q, "geodesic"):
-        # the adapters' retractions call the quotient's own method, the engine the frozen point
-        paths: tuple[tuple[int | str, Tensors], ...] = ((1, T.add(x, v)), (2, second),
-                                                         ("exact", ode))
-        for kind, want in paths:
-            add(f"geodesic_method_order_{kind}", relative_error(
-                T.sub(q.geodesic(x, v, order=kind, steps=8), x), T.sub(want, x)),
-                f"{type(q).__name__}.geodesic(order={kind!r}) against "
-                + ("RK4 integration (8 steps)" if kind == "exact" else "its formula"))
+    for name, error, detail in _geodesic_method_checks(q, x, v, ((1, T.add(x, v)), (2, second),
+                                                                 ("exact", ode))):
+        add(name, error, detail)
     return results
+
+
+def _geodesic_method_checks(q: SymmetryQuotient, x: Tensors, v: Tensors,
+                            paths: Sequence[tuple[int | str, Tensors]]
+                            ) -> list[tuple[str, float, str]]:
+    """An override of the quotient's own ``geodesic`` against ``paths`` (order, the point it
+    must reach): the adapters' retractions call it, the engine the frozen point's."""
+    if not _overrides(q, "geodesic"):
+        return []
+    return [(f"geodesic_method_order_{kind}", relative_error(
+        T.sub(q.geodesic(x, v, order=kind, steps=8), x), T.sub(want, x)),
+        f"{type(q).__name__}.geodesic(order={kind!r}) against "
+        + ("RK4 integration (8 steps)" if kind == "exact" else "its formula"))
+        for kind, want in paths]
 
 
 def _wrapper_checks(q: SymmetryQuotient, x: Tensors, u: Tensors
