@@ -382,7 +382,7 @@ def _advice(result: SharpnessResult, measure: str) -> str:
                "4}, n_iter=50)"] if low else [])
     advice += ([f"where the ball is not local, {_LOCAL_ADVICE.get(measure, '')}use a smaller "
                 "rho"] if far else [])
-    text = "; ".join(advice) or "See the note above"
+    text = "; ".join(advice) or "Each note says what to do"
     return text[0].upper() + text[1:]
 
 
