@@ -159,6 +159,18 @@ def test_a_misspelt_manifest_key_is_refused_not_carried(study_files, key, meant)
         read_manifest(path)
 
 
+@pytest.mark.parametrize("key", ["Gap", "gaps"])
+def test_a_misspelt_gap_is_named_not_reported_missing(study_files, key):
+    # the gap's own check ran first and said "no 'gap'", which names no column of the file
+    from quotientsharp.workflows.manifest import read_manifest
+    from quotientsharp.workflows.options import InputError
+
+    path = study_files / "near-gap.csv"
+    path.write_text(f"model,{key}\nnet0.pt,0.1\nnet1.pt,0.2\n")
+    with pytest.raises(InputError, match=rf"line 2: the key '{key}' .* did you mean 'gap'"):
+        read_manifest(path)
+
+
 def test_columns_of_ones_own_are_carried(study_files):
     from quotientsharp.workflows.manifest import read_manifest
 

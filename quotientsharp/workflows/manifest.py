@@ -149,6 +149,10 @@ def _entry(row: Mapping[str, Any], folder: Path, where: str, number: int) -> Man
     if model is None:
         raise InputError(f"{where}: no 'model' entry (keys: {sorted(row)}); each row names a "
                          "model directory or torch.save file")
+    extra = {str(key): _text(value) for key, value in row.items()
+             if key not in MANIFEST_KEYS}
+    # before the checks of gap, train and test: a 'Gap' column is a misspelt gap, not none
+    _refuse_near_misses(extra, where)
     gap = _gap(row.get("gap"), where)
     train = _path(row.get("train"), folder, "train", where, directory_ok=False)
     test = _path(row.get("test"), folder, "test", where, directory_ok=False)
@@ -162,9 +166,6 @@ def _entry(row: Mapping[str, Any], folder: Path, where: str, number: int) -> Man
         raise InputError(f"{where}: both a 'gap' and 'train'/'test' data: give one of them, "
                          "so that it is clear which gap is used")
     name = _text(row.get("name")) or model_text.rstrip("/\\")
-    extra = {str(key): _text(value) for key, value in row.items()
-             if key not in MANIFEST_KEYS}
-    _refuse_near_misses(extra, where)
     symmetry = _text(row.get("symmetry")) or None
     return ManifestEntry(name, model, gap, train, test, extra, number, model_text, symmetry)
 
