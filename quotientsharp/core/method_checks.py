@@ -341,8 +341,8 @@ def check_group_identity(q: SymmetryQuotient, x: Tensors) -> None:
             else f"group_exp(0) must be the group's identity ({type(q).__name__}.group_exp)")
     try:
         moved = q.act(x, q.group_exp_at(x, zero))
-        error = max(float((m.detach() - c.detach()).abs().max()) for m, c
-                    in zip(moved, x, strict=True) if c.numel())
+        error = max((float((m.detach() - c.detach()).abs().max()) for m, c
+                     in zip(moved, x, strict=True) if c.numel()), default=0.0)
     except Exception as err:  # noqa: BLE001 - named below, with the original chained
         raise QuotientMethodError(f"act(x, group_exp(0)) raised {type(err).__name__} "
                                   f"({' '.join(str(err).split())}): {hint}") from err
