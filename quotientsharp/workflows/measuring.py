@@ -84,7 +84,13 @@ def evaluate(model: nn.Module, batches: Sequence[Any], loss: str) -> dict[str, f
     the largest logit, ``None`` with ``loss="mse"``."""
     import torch
 
-    from quotientsharp.engine.batches import compute_loss, output_tensor, resolve_loss, split_batch
+    from quotientsharp.engine.batches import (
+        IGNORE_INDEX,
+        compute_loss,
+        output_tensor,
+        resolve_loss,
+        split_batch,
+    )
 
     function, _, builtin = resolve_loss(loss)
     parameter = next(model.parameters())
@@ -113,7 +119,7 @@ def evaluate(model: nn.Module, batches: Sequence[Any], loss: str) -> dict[str, f
                     target = target.argmax(-1)
                 predicted = (logits.argmax(-1) if target.shape == logits.shape[:-1]
                              else logits.argmax(1))
-                valid = target != -100
+                valid = target != IGNORE_INDEX
                 wrong += float((predicted != target)[valid].sum())
                 labelled += float(valid.sum())
     if not examples:
@@ -128,9 +134,11 @@ def _loss_weight(target: Any, loss: str) -> int:
     size would count them), else its examples."""
     import torch
 
+    from quotientsharp.engine.batches import IGNORE_INDEX
+
     if (loss == "cross_entropy" and isinstance(target, torch.Tensor)
             and not target.is_floating_point()):
-        return int((target != -100).sum())
+        return int((target != IGNORE_INDEX).sum())
     return int(target.shape[0]) if isinstance(target, torch.Tensor) and target.dim() else 1
 
 
