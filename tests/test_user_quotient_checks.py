@@ -85,6 +85,13 @@ class ShiftAction(Neuron):
         return g * x[0], g * x[1]
 
 
+class ActInPlace(Neuron):
+    """Writes the scaled factor into the point (equal values under the identity element)."""
+
+    def act(self, x, g):
+        return x[0].mul_(g), x[1] / g
+
+
 class IdentityElement(ShiftAction):
     def random_group_element(self, x, *, scale=1.0, generator=None):
         return torch.ones(x[0].shape[:-1] + (1,), dtype=x[0].dtype)
@@ -151,6 +158,7 @@ MALFORMED = [
                   r"torch\.float32"),
     (TooLargeAlgebra, r"TooLargeAlgebra\.vertical is not injective at the point: the vertical "
                       r"vectors of the 2 basis elements"),
+    (ActInPlace, r"ActInPlace\.act changed its argument x in place"),
     (NaNIsotropic, r"NaNIsotropic\.frozen_point\(x\)\.isotropic returned non-finite"),
     (ZeroIsotropic, r"ZeroIsotropic\.frozen_point\(x\)\.isotropic returned zeros"),
 ]
@@ -170,7 +178,7 @@ def test_sharpness_names_the_malformed_method_not_a_degenerate_orbit(cls, patter
     assert "degenerate" not in str(info.value)
 
 
-@pytest.mark.parametrize(("cls", "pattern"), MALFORMED[:9])
+@pytest.mark.parametrize(("cls", "pattern"), MALFORMED[:10])
 def test_check_all_names_the_malformed_method(cls, pattern):
     with pytest.raises(ValueError, match=pattern):
         qs.checks.check_all(cls(point_shapes=[(4,), (3,)]), seed=0)
@@ -694,3 +702,88 @@ def test_the_optimisers_refuse_a_method_of_another_dtype_as_sharpness_does():
                                                  r"returned component 0 of dtype"):
         qs.sharpness(model, [batch], measure="geodesic", symmetries=[_bind(Float64Projection())],
                      rho=0.05, n_iter=2, progress=False)
+
+
+def _skew(a: torch.Tensor, h: int) -> torch.Tensor:
+    """The skew-symmetric ``h x h`` matrix of the ``h (h - 1) / 2`` entries ``a``."""
+    rows, cols = torch.triu_indices(h, h, 1)
+    m = a.new_zeros(*a.shape[:-1], h, h)
+    m[..., rows, cols] = a
+    return m - m.mT
+
+
+class RotatedPair(qs.SymmetryQuotient):
+    """``O(h)`` on a pair ``(G, H)``, ``(G Q, H Q)``: a symmetry of ``G H^T``."""
+
+    point_ndims = (2, 2)
+
+    def inner(self, x, u, v):
+        return (u[0] * v[0]).sum((-2, -1)) + (u[1] * v[1]).sum((-2, -1))
+
+    def _generator(self, x, a):
+        return _skew(a, x[0].shape[-1])
+
+    def vertical(self, x, a):
+        m = self._generator(x, a)
+        return x[0] @ m, x[1] @ m
+
+    def act(self, x, g):
+        return x[0] @ g, x[1] @ g
+
+    def algebra_shape(self, x):
+        h = x[0].shape[-1]
+        return (h * (h - 1) // 2,)
+
+    def group_exp_at(self, x, a):
+        return torch.linalg.matrix_exp(self._generator(x, a))
+
+    def group_exp(self, a):
+        h = round((1 + (1 + 8 * a.shape[-1]) ** 0.5) / 2)
+        return torch.linalg.matrix_exp(_skew(a, h))
+
+
+class OppositeOrders(RotatedPair):
+    """``(G Q, H Q^T)``: each one-parameter subgroup acts, and ``vertical`` is its velocity, but
+    the two factors compose the group's elements in opposite orders: not a group action."""
+
+    def vertical(self, x, a):
+        m = self._generator(x, a)
+        return x[0] @ m, x[1] @ m.mT
+
+    def act(self, x, g):
+        return x[0] @ g, x[1] @ g.mT
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_an_action_composing_in_opposite_orders_is_refused_by_the_bracket(dtype):
+    point = tuple(torch.randn(2, n, 3, generator=torch.Generator().manual_seed(n), dtype=dtype)
+                  for n in (5, 4))
+    good = {r.name: r for r in qs.checks.check_all(RotatedPair(), point=point)}
+    bad = {r.name: r for r in qs.checks.check_all(OppositeOrders(), point=point)}
+    assert good["vertical_is_involutive"].passed
+    # the checks along one-parameter subgroups pass it; the bracket of two fields does not
+    assert bad["act_is_action"].passed and bad["vertical_is_orbit_velocity"].passed
+    assert bad["vertical_is_involutive"].error > 0.1
+    contract = {r.name: r for r in qs.checks.check_contract(OppositeOrders(), point)}
+    assert not contract["vertical_is_involutive"].passed
+    assert all(r.passed for r in qs.checks.check_contract(RotatedPair(), point))
+
+
+@pytest.mark.parametrize("adapter", ["PymanoptQuotient", "QuotientManifold"])
+def test_the_adapters_refuse_a_vertical_map_that_is_not_an_action(adapter):
+    # the adapters never call group_exp, but their horizontal projection reads vertical
+    from quotientsharp.core import adapters
+
+    getattr(adapters, adapter)(RotatedPair(), ((5, 3), (4, 3)))
+    with pytest.raises(ValueError, match=adapter + ": OppositeOrders fails vertical_is_involutive"):
+        getattr(adapters, adapter)(OppositeOrders(), ((5, 3), (4, 3)))
+
+
+def test_the_bracket_check_of_an_abelian_group_and_of_a_trivial_one_is_zero():
+    point = tuple(torch.randn(3, n, generator=torch.Generator().manual_seed(n),
+                              dtype=torch.float64) for n in (4, 3))
+    results = {r.name: r for r in qs.checks.check_all(Neuron(), point=point)}
+    assert results["vertical_is_involutive"].error < 1e-15
+    results = {r.name: r for r in qs.checks.check_all(
+        qs.AdaptiveQuotient("adaptive", shapes=[(4, 3), (3,)]))}
+    assert results["vertical_is_involutive"].error == 0.0

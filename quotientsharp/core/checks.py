@@ -180,6 +180,43 @@ def _action_check(q: SymmetryQuotient, x: Tensors, a: torch.Tensor) -> tuple[str
             "act(act(x, exp(a/2)), exp(a/2)) = act(x, exp(a)), and act(x, exp(0)) = x")
 
 
+def _involutive_check(q: SymmetryQuotient, x: Tensors, a: torch.Tensor, seed: int
+                      ) -> tuple[str, float, str]:
+    """The Lie bracket of the vertical fields of ``a`` and of a second algebra element ``b``
+    (drawn from ``seed + 1``, so the caller's stream is untouched) is vertical at ``x``.
+
+    The fundamental fields of a group action close under the bracket,
+    ``[V_a, V_b] = V_{+-[a, b]}``; ``act_is_action`` tests one-parameter subgroups only, which a
+    map acting on two factors by two different orders of the group's product passes (both
+    halves agree along each subgroup). The bracket ``DV_b[V_a] - DV_a[V_b]`` is a jvp of
+    ``vertical`` in its point; its distance from the span of the vertical basis is a Euclidean
+    least-squares residual (no metric: the check holds for ``vertical`` and nothing else),
+    relative to the larger of the bracket's two terms.
+    """
+    detail = "[V_a, V_b] = DV_b[V_a] - DV_a[V_b] lies in the span of the vertical vectors"
+    if torch.Size(q.algebra_shape(x)).numel() == 0:
+        return ("vertical_is_involutive", 0.0, detail + " (a trivial group: no vertical field)")
+    gen = torch.Generator().manual_seed(seed + 1)
+    b = _random_algebra(q, x, gen)
+    va, vb = q.vertical(x, a), q.vertical(x, b)
+    _, along_a = reference.jvp_pair(lambda y: q.vertical(y, b), (x,), (va,))
+    _, along_b = reference.jvp_pair(lambda y: q.vertical(y, a), (x,), (vb,))
+    nd = q.point_ndims
+    batch = T.batch_shape(x, nd)
+
+    def flat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+        return T.flatten(parts, nd, batch)                                  # [*batch, N]
+
+    bracket = flat(T.sub(along_a, along_b))
+    span = torch.stack([flat(v) for v in zip(*reference.vertical_basis(q, x), strict=True)],
+                       -1)                                                  # [*batch, N, K]
+    coefficients = torch.linalg.lstsq(span, bracket.unsqueeze(-1)).solution
+    residual = (bracket - (span @ coefficients).squeeze(-1)).norm(dim=-1)
+    scale = torch.maximum(flat(along_a).norm(dim=-1), flat(along_b).norm(dim=-1))
+    error = residual / scale.clamp_min(torch.finfo(scale.dtype).tiny)
+    return ("vertical_is_involutive", float(error.max()) if error.numel() else 0.0, detail)
+
+
 def _symmetry_check(q: SymmetryQuotient, x: Tensors, u: Tensors, w: Tensors
                     ) -> tuple[str, float, str]:
     """``<u, w>_x = <w, u>_x``."""
@@ -293,6 +330,7 @@ def _group_action_checks(run: _CheckRun) -> None:
     run.add(*_vertical_check(q, x, a))
     # no draw of its own: the checks after it draw the same vectors as before it existed
     run.add(*_action_check(q, x, a), bound=max(run.tol, 1e-9))
+    run.add(*_involutive_check(q, x, a, run.seed), bound=max(run.tol, 1e-9))
     g = q.random_group_element(run.on_host, generator=gen).to(x[0].device)
     check_group_element_moves(q, x, g)
     if _overrides(q, "act_tangent"):
@@ -562,6 +600,16 @@ def _horizontality(q: SymmetryQuotient, x: Tensors, u: Tensors, gen: torch.Gener
     return worst
 
 
+def _within_basis_budget(q: SymmetryQuotient, x: Tensors) -> Tensors | None:
+    """``x``, or its first element, where its vertical basis fits
+    :data:`CONTRACT_BASIS_BUDGET` entries; ``None`` where neither does."""
+    for point in (x, T.first_element(x, q.point_ndims)):
+        if torch.Size(q.algebra_shape(point)).numel() * sum(c.numel() for c in point) \
+                <= CONTRACT_BASIS_BUDGET:
+            return point
+    return None
+
+
 def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
                    tolerance: float = CONTRACT_TOLERANCE, group_scale: float = 1.0,
                    group: bool = True) -> list[CheckResult]:
@@ -570,7 +618,10 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
 
     Always: ``vertical()`` against the derivative of ``act()``
     (``vertical_is_orbit_velocity``), ``act()`` a group action along a one-parameter subgroup
-    (``act_is_action``), the symmetry of ``inner`` (``inner_symmetric``) and its
+    (``act_is_action``), the Lie bracket of two vertical fields vertical
+    (``vertical_is_involutive``; at ``x``, or at its first element where the vertical basis of
+    ``x`` exceeds :data:`CONTRACT_BASIS_BUDGET` entries, and not at all where that of one
+    element does too), the symmetry of ``inner`` (``inner_symmetric``) and its
     invariance under a random group element (``metric_invariance``, unless the quotient says
     ``invariant = False``), an overriding ``act_tangent`` against the jvp of ``act``. Then,
     when the class overrides one of :data:`CONTRACT_METHODS`, the operations of its frozen
@@ -600,9 +651,10 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
     group_scale
         Scale of the random group element's algebra element (``random_group_element``).
     group
-        Whether to check the group (``vertical``, ``act``, ``act_tangent``, the metric's
-        invariance); ``False`` for a user of the metric and its operations only (the
-        adapters), which then need no ``group_exp``.
+        Whether to check the group (``vertical`` against ``act``, ``act``, ``act_tangent``,
+        the metric's invariance); ``False`` for a user of the metric and its operations only
+        (the adapters), which then need no ``group_exp`` (``vertical_is_involutive``, which
+        reads ``vertical`` alone, runs either way).
 
     Returns
     -------
@@ -628,6 +680,11 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
         check_group_identity(q, x)
         add(*_vertical_check(q, x, a))
         add(*_action_check(q, x, group_scale * a))
+    # needs vertical alone, not group_exp: the adapters' checks (group=False) run it too
+    involutive = _within_basis_budget(q, x)
+    if involutive is not None:
+        first = T.first_element((a,), (len(q.algebra_shape(x)),))[0]
+        add(*_involutive_check(q, involutive, a if involutive is x else first, seed))
     add(*_symmetry_check(q, x, u, w))
     if group:
         g = q.random_group_element(x, scale=group_scale, generator=gen)
@@ -785,7 +842,8 @@ def check_user_quotient(quotient: SymmetryQuotient, owner: str, *,
     skipped (the test suite verifies them).
 
     Then the operations the adapters run against their references
-    (:func:`check_contract` with ``group=False``: the symmetry of ``inner``, and the overriding
+    (:func:`check_contract` with ``group=False``: the symmetry of ``inner``, the bracket of two
+    vertical fields (``vertical``, which the horizontal projection reads), and the overriding
     projection, gradient, ``raise_index``, Christoffel contraction and geodesics), each failure
     naming the property.
 

@@ -323,6 +323,20 @@ def diagnose(q: SymmetryQuotient, x: Tensors) -> None:
 MIN_GROUP_MOVE = 1e-6
 
 
+def _act(q: SymmetryQuotient, x: Tensors, g: torch.Tensor) -> Tensors:
+    """``q.act(x, g)``, raising a :class:`QuotientMethodError` if it wrote into ``x``: a write
+    is seen by the tensors' version counters, since acting by the identity leaves equal values
+    (and inside a jvp, where the checks call ``act`` next, torch's own error names neither)."""
+    versions = [c._version for c in x]
+    moved = q.act(x, g)
+    if [c._version for c in x] != versions:
+        raise QuotientMethodError(
+            f"{type(q).__name__}.act changed its argument x in place: a method must not write "
+            "into its inputs (the point is the model's parameters); compute into new tensors "
+            "(g * x, not x.mul_(g))")
+    return moved
+
+
 def check_group_identity(q: SymmetryQuotient, x: Tensors) -> None:
     """Raise a :class:`QuotientMethodError` unless ``act(x, group_exp_at(x, 0)) = x``: every
     group element the checks draw is ``group_exp`` of an algebra element, and a matrix group
@@ -340,9 +354,11 @@ def check_group_identity(q: SymmetryQuotient, x: Tensors) -> None:
             and type(q).group_exp_at is SymmetryQuotient.group_exp_at
             else f"group_exp(0) must be the group's identity ({type(q).__name__}.group_exp)")
     try:
-        moved = q.act(x, q.group_exp_at(x, zero))
+        moved = _act(q, x, q.group_exp_at(x, zero))
         error = max((float((m.detach() - c.detach()).abs().max()) for m, c
                      in zip(moved, x, strict=True) if c.numel()), default=0.0)
+    except QuotientMethodError:
+        raise
     except Exception as err:  # noqa: BLE001 - named below, with the original chained
         raise QuotientMethodError(f"act(x, group_exp(0)) raised {type(err).__name__} "
                                   f"({' '.join(str(err).split())}): {hint}") from err
@@ -363,7 +379,7 @@ def check_group_element_moves(q: SymmetryQuotient, x: Tensors, g: torch.Tensor) 
     size = max((float(c.detach().abs().max()) for c in x if c.numel()), default=0.0)
     if size == 0.0:
         return
-    moved = q.act(x, g)
+    moved = _act(q, x, g)
     move = max(float((m.detach() - c.detach()).abs().max()) for m, c in zip(moved, x, strict=True)
                if c.numel()) / size
     if not move > MIN_GROUP_MOVE:
