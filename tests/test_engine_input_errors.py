@@ -300,6 +300,33 @@ def test_unshifted_labels_of_a_causal_language_model_are_refused():
     assert result.clean_losses[0] == pytest.approx(float(own), rel=1e-6)
 
 
+def test_labels_of_an_encoder_decoder_without_decoder_inputs_are_refused():
+    # BART's forward without decoder_input_ids feeds its decoder input_ids shifted right, not
+    # the labels: the loss was position-wise cross-entropy of another sequence, without a word
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BartConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1,
+                                     encoder_attention_heads=2, decoder_attention_heads=2,
+                                     encoder_ffn_dim=32, decoder_ffn_dim=32,
+                                     max_position_embeddings=16, attn_implementation="eager")
+    model = transformers.BartForConditionalGeneration(config).eval()
+    draw = torch.Generator().manual_seed(1)
+    ids, labels = (torch.randint(3, 40, (3, 8), generator=draw) for _ in range(2))
+    decoder = model.prepare_decoder_input_ids_from_labels(labels=labels)
+    good = {"input_ids": ids, "decoder_input_ids": decoder, "labels": labels}
+    for index, batch in [(0, {"input_ids": ids, "labels": labels}),
+                         (1, {"input_ids": ids, "labels": labels})]:
+        with pytest.raises(ValueError, match=rf"^batch {index}: BartForConditionalGeneration is "
+                           "an encoder-decoder, and the batch has labels but no "
+                           "decoder_input_ids: .*prepare_decoder_input_ids_from_labels"):
+            qs.sharpness(model, [good] * index + [batch], "adaptive", rho=0.01, n_iter=1)
+    # with the decoder's inputs given, the clean loss is the model's own (teacher-forced) loss
+    result = qs.sharpness(model, [good], "adaptive", rho=0.01, n_iter=1)
+    with torch.no_grad():
+        own = model(input_ids=ids, labels=labels).loss
+    assert result.clean_losses[0] == pytest.approx(float(own), rel=1e-6)
+
+
 def test_labels_equal_to_the_inputs_of_a_model_that_does_not_shift_are_measured():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)

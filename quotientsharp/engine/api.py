@@ -149,7 +149,9 @@ def sharpness(model: nn.Module, batches: Iterable[Any], measure: MeasureSpec | s
     outside the vocabulary, class labels out of range (or all ``-100``), labels and outputs of
     different sizes, an integer model output, class labels with ``loss="mse"`` and, for a
     HuggingFace causal language model, labels equal to ``input_ids`` (which its own loss would
-    shift by one position; give them shifted) raise an error naming the batch. A forward that
+    shift by one position; give them shifted) and, for a HuggingFace encoder-decoder (BART,
+    T5, Whisper), labels without ``decoder_input_ids`` (which its own loss would build from
+    the labels) raise an error naming the batch. A forward that
     draws random numbers (on any batch) or writes to its buffers or its inputs (on batch 0) is
     refused.
     Half-precision and bfloat16 models are measured with geometry, gradients and losses in

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -115,6 +116,9 @@ class FunctionalModel:
         self.vocabulary_size = vocabulary_size(model)
         #: the class of a HuggingFace causal LM, which shifts its labels in its own loss
         self.shifting_lm = shifting_language_model(model)
+        #: the class of a HuggingFace encoder-decoder, which builds its decoder's inputs from the
+        #: labels inside its own loss
+        self.encoder_decoder = encoder_decoder_model(model)
         #: trainable embedding tables whose untouched rows a solve may leave out
         #: (:mod:`.touched_rows`)
         self.tables = embedding_tables(model, self.trainable)
@@ -238,6 +242,8 @@ class FunctionalModel:
         self._check_attention_mask(batch)
         if self.shifting_lm is not None and self.loss_function is cross_entropy:
             check_unshifted_labels(batch, self.shifting_lm)
+        if self.encoder_decoder is not None:
+            check_decoder_inputs(batch, self.encoder_decoder)
         ids = batch.kwargs.get("input_ids", batch.args[0] if batch.args else None)
         if (self.vocabulary_size is not None and isinstance(ids, torch.Tensor)
                 and not ids.is_floating_point() and ids.numel()):
@@ -396,10 +402,8 @@ def shifting_language_model(model: nn.Module) -> str | None:
     """The class name of a HuggingFace causal language model (under a PEFT wrapper too): one
     that generates and is not an encoder-decoder, whose own loss compares the logits at position
     ``t`` with the label at ``t + 1``; ``None`` for any other model."""
-    get_base = getattr(model, "get_base_model", None)
-    inner = get_base() if callable(get_base) else model
+    inner, config = _hugging_face_config(model)
     can_generate = getattr(inner, "can_generate", None)
-    config = getattr(inner, "config", None)
     try:
         generates = config is not None and callable(can_generate) and bool(can_generate())
     except (TypeError, AttributeError):        # a method of that name of one's own
@@ -407,6 +411,37 @@ def shifting_language_model(model: nn.Module) -> str | None:
     if not generates or getattr(config, "is_encoder_decoder", False):
         return None
     return type(inner).__name__
+
+
+def _hugging_face_config(model: nn.Module) -> tuple[nn.Module, Any]:
+    """The model under a PEFT wrapper (itself otherwise) and its ``config`` (``None``)."""
+    get_base = getattr(model, "get_base_model", None)
+    inner = get_base() if callable(get_base) else model
+    return inner, getattr(inner, "config", None)
+
+
+def encoder_decoder_model(model: nn.Module) -> str | None:
+    """The class name of a HuggingFace encoder-decoder (``config.is_encoder_decoder``: BART, T5,
+    Whisper, ...; under a PEFT wrapper too), ``None`` for any other model."""
+    inner, config = _hugging_face_config(model)
+    return type(inner).__name__ if getattr(config, "is_encoder_decoder", False) is True else None
+
+
+def check_decoder_inputs(batch: Batch, model_class: str) -> None:
+    """Refuse a batch with a target but no ``decoder_input_ids`` (or ``decoder_inputs_embeds``)
+    for an encoder-decoder: HuggingFace builds the decoder's inputs from the labels inside the
+    model's own loss, but sharpness passes the labels to its loss only, so the decoder would
+    read what the model makes of the encoder's inputs (BART: ``input_ids`` shifted right, a
+    silently different loss) or fail with an error that names neither (T5, Whisper)."""
+    if batch.target is None or {"decoder_input_ids", "decoder_inputs_embeds"} & batch.kwargs.keys():
+        return
+    raise ValueError(
+        f"{batch.label}: {model_class} is an encoder-decoder, and the batch has labels but no "
+        "decoder_input_ids: the model's own loss builds the decoder's inputs from the labels "
+        "(shifted right), but sharpness gives the labels to its loss only, so the decoder would "
+        "not read them (BART reads input_ids shifted right instead: another loss). Pass "
+        "decoder_input_ids in each batch, e.g. "
+        "model.prepare_decoder_input_ids_from_labels(labels=labels)")
 
 
 def check_unshifted_labels(batch: Batch, model_class: str) -> None:
