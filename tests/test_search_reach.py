@@ -744,6 +744,26 @@ def test_a_value_within_the_rounding_of_its_float32_losses_is_flagged(measure: s
     assert resolved.rounding[0] < 0.01 * resolved.value
 
 
+def test_an_average_within_the_rounding_of_its_float32_losses_is_flagged() -> None:
+    # the draws of a small rho round away in float32 parameters and the mean rise in float32
+    # losses: the value was returned as measured, without a word
+    model, batch = _tiny_transformer(3)
+    options = dict(measure="average", adaptive=True, samples=4, progress=False)
+    fine = qs.sharpness(model, [batch], rho=1e-7, **options)
+    with pytest.warns(qs.ReachWarning, match=r"average sharpness .* may not be the mean it "
+                                             r"claims: batch 0: the value .* is not resolved"):
+        coarse = qs.sharpness(model.float(), [(batch[0].float(), batch[1])], rho=1e-7,
+                              **options)
+    losses = [coarse.clean_losses[0], coarse.perturbed_losses[0]]
+    assert coarse.rounding == [64 * torch.finfo(torch.float32).eps * max(map(abs, losses))]
+    assert fine.rounding[0] < 0.01 * abs(fine.value) and not fine.shortfalls()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resolved = qs.sharpness(model.float(), [(batch[0].float(), batch[1])], rho=0.05,
+                                **options)
+    assert resolved.rounding[0] < 0.01 * abs(resolved.value)
+
+
 class _Float32Logits(torch.nn.Module):
     """A float64 model that returns its logits in float32."""
 

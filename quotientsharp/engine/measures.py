@@ -294,8 +294,12 @@ class AverageMeasure:
                 + (_SKIP_HINT if self.nonfinite == "raise" else ""))
         mean = total / count
         perturbation = (dict(zip(self.coordinates.names, deltas, strict=True)) if keep else None)
+        # a small rho in a coarse dtype: the draws round away in the parameters and the mean
+        # rise in the losses, so the value is the ascent measures' kind of unresolved one
         return BatchOutcome(excess(mean, clean), clean, mean, {"total": norm_sum / self.samples},
-                            perturbation, self.samples - count)
+                            perturbation, self.samples - count,
+                            rounding=loss_rounding([float(clean), float(mean)],
+                                                   self.model.forward_dtype))
 
 
 class AscentMeasure:

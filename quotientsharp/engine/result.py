@@ -122,8 +122,9 @@ class SharpnessResult:
         loss rise along the exact geodesic through the same perturbation over the value (one
         forward more per batch, not counted in ``evaluations``).
     rounding
-        Ascent measures: per batch, a bound of the value's rounding: 64 units in the last
-        place of the larger of its two losses in the forward's coarsest dtype
+        Ascent and average measures: per batch, a bound of the value's rounding: 64 units in
+        the last place of the larger of its two losses (average: the clean loss and the draws'
+        mean) in the forward's coarsest dtype
         (:func:`~quotientsharp.engine.blocks.loss_rounding`). Where it exceeds 1 % of the
         value, the value is not resolved to 1 % and is reported as a shortfall.
     """
@@ -365,7 +366,8 @@ def assemble_result(measure: str, outcomes: Sequence[BatchOutcome],
     if notes:
         warn_at_caller(
             f"{result.measure} sharpness{' (' + result.variant + ')' if result.variant else ''}"
-            f" at rho={settings.get('rho')} may not be the maximum it claims: "
+            f" at rho={settings.get('rho')} may not be the "
+            f"{'mean' if result.measure == 'average' else 'maximum'} it claims: "
             + "; ".join(notes) + ". " + _advice(result, measure)
             + " (docs/sharpness.md, 'Reach and locality').", ReachWarning)
     return result
