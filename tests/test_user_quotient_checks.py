@@ -787,3 +787,25 @@ def test_the_bracket_check_of_an_abelian_group_and_of_a_trivial_one_is_zero():
     results = {r.name: r for r in qs.checks.check_all(
         qs.AdaptiveQuotient("adaptive", shapes=[(4, 3), (3,)]))}
     assert results["vertical_is_involutive"].error == 0.0
+
+
+class UninvariantNeuron(Neuron):
+    """The euclidean metric on a scaling symmetry: not invariant (and not declared so)."""
+
+    def inner(self, x, u, v):
+        return (u[0] * v[0]).sum(-1) + (u[1] * v[1]).sum(-1)
+
+
+@pytest.mark.parametrize("adapter", ["PymanoptQuotient", "QuotientManifold"])
+def test_the_adapters_refuse_a_metric_that_is_not_invariant(adapter):
+    # they draw no group element (no group_exp), so metric_invariance did not run there:
+    # Killing's equation reads inner and vertical alone
+    from quotientsharp.core import adapters
+
+    with pytest.raises(ValueError, match=adapter + ": UninvariantNeuron fails metric_is_killing"):
+        getattr(adapters, adapter)(UninvariantNeuron(), ((4,), (3,)))
+    results = {r.name: r for r in qs.checks.check_all(UninvariantNeuron(point_shapes=[(4,), (3,)]))}
+    assert not results["metric_is_killing"].passed and not results["metric_invariance"].passed
+    point = tuple(torch.randn(2, n, generator=torch.Generator().manual_seed(n),
+                              dtype=torch.float64) for n in (4, 3))
+    assert all(r.passed for r in qs.checks.check_contract(Neuron(), point))

@@ -217,6 +217,23 @@ def _involutive_check(q: SymmetryQuotient, x: Tensors, a: torch.Tensor, seed: in
     return ("vertical_is_involutive", float(error.max()) if error.numel() else 0.0, detail)
 
 
+def _killing_check(q: SymmetryQuotient, x: Tensors, u: Tensors, w: Tensors,
+                   a: torch.Tensor) -> tuple[str, float, str]:
+    """The metric's invariance along the group's fields, from ``inner`` and ``vertical`` alone
+    (no group element, so no ``group_exp``): Killing's equation
+    ``D<u, w>_x[V_a] + <DV_a[u], w>_x + <u, DV_a[w]>_x = 0``, the derivative of
+    ``<g.u, g.w>_{g.x}`` along ``exp(s a)``, relative to the largest of its three terms."""
+    _, moved = reference.jvp_pair(lambda y: q.inner(y, u, w), (x,), (q.vertical(x, a),))
+    _, du = reference.jvp_pair(lambda y: q.vertical(y, a), (x,), (u,))
+    _, dw = reference.jvp_pair(lambda y: q.vertical(y, a), (x,), (w,))
+    terms = torch.stack([moved, q.inner(x, du, w), q.inner(x, u, dw)])
+    scale = terms.abs().amax(0).clamp_min(torch.finfo(terms.dtype).tiny)
+    error = terms.sum(0).abs() / scale
+    return ("metric_is_killing", float(error.max()) if error.numel() else 0.0,
+            "D<u, w>_x[V_a] + <DV_a u, w>_x + <u, DV_a w>_x = 0 (the metric's invariance along "
+            "the group's fields)")
+
+
 def _symmetry_check(q: SymmetryQuotient, x: Tensors, u: Tensors, w: Tensors
                     ) -> tuple[str, float, str]:
     """``<u, w>_x = <w, u>_x``."""
@@ -338,6 +355,7 @@ def _group_action_checks(run: _CheckRun) -> None:
     run.add(*_symmetry_check(q, x, run.u, run.w))
     if declares_invariant(q):
         run.add(*_invariance_check(q, x, run.u, run.w, g), bound=max(run.tol, 1e-9))
+        run.add(*_killing_check(q, x, run.u, run.w, a), bound=max(run.tol, 1e-9))
 
 
 def _christoffel_checks(run: _CheckRun) -> None:
@@ -616,22 +634,23 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
     """The contract of a quotient at the point ``x``, cheaply: what the sharpness engine
     relies on, checked before it measures with a user's quotient.
 
-    Always: ``vertical()`` against the derivative of ``act()``
-    (``vertical_is_orbit_velocity``), ``act()`` a group action along a one-parameter subgroup
-    (``act_is_action``), the Lie bracket of two vertical fields vertical
-    (``vertical_is_involutive``; at ``x``, or at its first element where the vertical basis of
-    ``x`` exceeds :data:`CONTRACT_BASIS_BUDGET` entries, and not at all where that of one
-    element does too), the symmetry of ``inner`` (``inner_symmetric``) and its
-    invariance under a random group element (``metric_invariance``, unless the quotient says
-    ``invariant = False``), an overriding ``act_tangent`` against the jvp of ``act``. Then,
-    when the class overrides one of :data:`CONTRACT_METHODS`, the operations of its frozen
-    point ``quotient.at(x)`` (what the engine runs) against their references: the horizontal
-    projection against the normal equations over the vertical basis, the Riemannian gradient
-    by its defining property (horizontal, and ``<grad, h>_x = egrad . h`` for horizontal
-    ``h``), the Christoffel contraction and ``raise_index`` by the lowered forms of
-    :mod:`~quotientsharp.core.reference` (``g(x) Gamma(v, v)`` is the Christoffel covector,
-    autograd on ``inner``), the geodesics of orders 1 and 2 against their formulas and the
-    exact one against RK4 integration over a short time.
+    Always: ``vertical()`` against the derivative of ``act()`` (``vertical_is_orbit_velocity``),
+    ``act()`` a group action along a one-parameter subgroup (``act_is_action``), the Lie bracket
+    of two vertical fields vertical (``vertical_is_involutive``; at ``x``, or at its first
+    element where the vertical basis of ``x`` exceeds :data:`CONTRACT_BASIS_BUDGET` entries, and
+    not at all where that of one element does too), Killing's equation of the metric along a
+    vertical field (``metric_is_killing``, unless the quotient says ``invariant = False``), the
+    symmetry of ``inner`` (``inner_symmetric``) and its invariance under a random group element
+    (``metric_invariance``, unless the quotient says ``invariant = False``), an overriding
+    ``act_tangent`` against the jvp of ``act``. Then, when the class overrides one of
+    :data:`CONTRACT_METHODS`, the operations of its frozen point ``quotient.at(x)`` (what the
+    engine runs) against their references: the horizontal projection against the normal
+    equations over the vertical basis, the Riemannian gradient by its defining property
+    (horizontal, and ``<grad, h>_x = egrad . h`` for horizontal ``h``), the Christoffel
+    contraction and ``raise_index`` by the lowered forms of :mod:`~quotientsharp.core.reference`
+    (``g(x) Gamma(v, v)`` is the Christoffel covector, autograd on ``inner``), the geodesics of
+    orders 1 and 2 against their formulas and the exact one against RK4 integration over a short
+    time.
 
     Every reference is matrix-free (no ``N x N`` metric): the cost is a few evaluations of
     ``inner`` and its autograd, plus ``K`` vertical vectors for the projection, ``K`` the
@@ -680,7 +699,10 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
         check_group_identity(q, x)
         add(*_vertical_check(q, x, a))
         add(*_action_check(q, x, group_scale * a))
-    # needs vertical alone, not group_exp: the adapters' checks (group=False) run it too
+    # these need inner and vertical alone, not group_exp: the adapters' checks (group=False)
+    # run them too
+    if declares_invariant(q):
+        add(*_killing_check(q, x, u, w, a))
     involutive = _within_basis_budget(q, x)
     if involutive is not None:
         first = T.first_element((a,), (len(q.algebra_shape(x)),))[0]
@@ -843,15 +865,17 @@ def check_user_quotient(quotient: SymmetryQuotient, owner: str, *,
 
     Then the operations the adapters run against their references
     (:func:`check_contract` with ``group=False``: the symmetry of ``inner``, the bracket of two
-    vertical fields (``vertical``, which the horizontal projection reads), and the overriding
+    vertical fields (``vertical``, which the horizontal projection reads), Killing's equation
+    (the metric's invariance, from ``inner`` and ``vertical``), and the overriding
     projection, gradient, ``raise_index``, Christoffel contraction and geodesics), each failure
     naming the property.
 
     For the adapters, which check once, at construction, and have no model point: a random
-    Gaussian point, as ``random_point`` draws (seed 0, float64). Not the group's checks of
-    :func:`check_contract`: they draw group elements through ``act`` and ``group_exp``, which
-    the adapters never call (a class may leave ``group_exp`` at its default and still be a
-    valid manifold for them); ``quotientsharp verify --quotient`` runs them.
+    Gaussian point, as ``random_point`` draws (seed 0, float64). Not the checks of
+    :func:`check_contract` that draw group elements: they draw them through ``act`` and
+    ``group_exp``, which the adapters never call (a class may leave ``group_exp`` at its
+    default and still be a valid manifold for them); ``quotientsharp verify --quotient`` runs
+    them.
     """
     if builtin_quotient(quotient):
         return

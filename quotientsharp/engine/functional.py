@@ -398,33 +398,39 @@ class FunctionalModel:
         return loss.detach(), dict(zip(leaves, grads, strict=True))
 
 
-def shifting_language_model(model: nn.Module) -> str | None:
-    """The class name of a HuggingFace causal language model (under a PEFT wrapper too): one
-    that generates and is not an encoder-decoder, whose own loss compares the logits at position
-    ``t`` with the label at ``t + 1``; ``None`` for any other model."""
-    inner, config = _hugging_face_config(model)
+def _generator_class(model: nn.Module) -> tuple[str, Any] | None:
+    """The class name and ``config`` of a HuggingFace model that generates (under a PEFT
+    wrapper too), ``None`` for any other model: a generating model's own loss reads its labels
+    as the tokens to predict, which sharpness's loss compares position by position."""
+    get_base = getattr(model, "get_base_model", None)
+    inner = get_base() if callable(get_base) else model
     can_generate = getattr(inner, "can_generate", None)
+    config = getattr(inner, "config", None)
     try:
         generates = config is not None and callable(can_generate) and bool(can_generate())
     except (TypeError, AttributeError):        # a method of that name of one's own
         return None
-    if not generates or getattr(config, "is_encoder_decoder", False):
+    return (type(inner).__name__, config) if generates else None
+
+
+def shifting_language_model(model: nn.Module) -> str | None:
+    """The class name of a HuggingFace causal language model (under a PEFT wrapper too): one
+    that generates and is not an encoder-decoder, whose own loss compares the logits at position
+    ``t`` with the label at ``t + 1``; ``None`` for any other model."""
+    found = _generator_class(model)
+    if found is None or getattr(found[1], "is_encoder_decoder", False):
         return None
-    return type(inner).__name__
-
-
-def _hugging_face_config(model: nn.Module) -> tuple[nn.Module, Any]:
-    """The model under a PEFT wrapper (itself otherwise) and its ``config`` (``None``)."""
-    get_base = getattr(model, "get_base_model", None)
-    inner = get_base() if callable(get_base) else model
-    return inner, getattr(inner, "config", None)
+    return found[0]
 
 
 def encoder_decoder_model(model: nn.Module) -> str | None:
-    """The class name of a HuggingFace encoder-decoder (``config.is_encoder_decoder``: BART, T5,
-    Whisper, ...; under a PEFT wrapper too), ``None`` for any other model."""
-    inner, config = _hugging_face_config(model)
-    return type(inner).__name__ if getattr(config, "is_encoder_decoder", False) is True else None
+    """The class name of a HuggingFace sequence-to-sequence model (one that generates and whose
+    ``config.is_encoder_decoder``: BART, T5, Whisper, ...; under a PEFT wrapper too), ``None``
+    for any other model (an encoder-decoder with a classification head reads its labels as
+    classes, and builds its decoder's inputs from ``input_ids`` by design)."""
+    found = _generator_class(model)
+    return found[0] if found is not None and getattr(found[1], "is_encoder_decoder",
+                                                     False) is True else None
 
 
 def check_decoder_inputs(batch: Batch, model_class: str) -> None:
