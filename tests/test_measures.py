@@ -754,6 +754,30 @@ def test_radius_too_large_for_float32_raises_instead_of_returning_zero(mlp_and_b
 
 
 @pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
+def test_radius_too_small_for_float32_raises_instead_of_returning_zero(mlp_and_batches):
+    # a rho that is zero, subnormal or of underflowing square in float32 is no ball at all:
+    # the value 0 it gave was blamed on the losses' rounding
+    net, batches = mlp_and_batches
+    for rho, what in ((1e-300, "it rounds to zero"), (1e-40, "it is subnormal"),
+                      (1e-25, "its square underflows")):
+        for measure in ("worst_case", "adaptive", "geodesic", "average"):
+            extra = {} if measure == "average" else {"n_iter": 2}
+            with pytest.raises(ValueError, match=rf"rho={rho:g} is too small for the "
+                                                 rf"geometry's float32: {what} there "
+                                                 r"\(smallest normal float32: 1.18e-38\).*"
+                                                 r"use rho > 1.73e-18"):
+                qs.sharpness(net, batches, measure=measure, rho=rho, progress=False, **extra)
+    with pytest.raises(ValueError, match="eta0=1e-300 is too small"):
+        qs.sharpness(net, batches, measure="worst_case", rho=0.1, eta0=1e-300, progress=False)
+    with pytest.raises(ValueError, match="geometry's float64: it is subnormal"):
+        qs.sharpness(net, batches, measure="average", rho=1e-310, geometry_dtype="float64",
+                     progress=False)
+    # float64 holds the same radius
+    assert math.isfinite(qs.sharpness(net, batches, measure="average", rho=1e-25,
+                                      geometry_dtype="float64", progress=False).value)
+
+
+@pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
 def test_float16_overflow_raises_while_the_float32_copy_measures():
     torch.manual_seed(0)
     net = _mlp_of_widths((20, 64, 64, 10), nn.ReLU)

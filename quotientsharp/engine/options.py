@@ -46,15 +46,32 @@ def check_rho(rho: object, needed: bool) -> float | None:
 
 def check_radius_fits(rho: float | None, eta0: float | None, dtype: torch.dtype) -> None:
     """Raise when ``rho`` (or the step ``eta0``) is so large that the squared norm of a
-    perturbation overflows the geometry's dtype: the ball's rescale would silently return 0."""
-    limit = math.sqrt(torch.finfo(dtype).max) / 16
-    name = str(dtype).removeprefix("torch.")
+    perturbation overflows the geometry's dtype (the ball's rescale would silently return 0),
+    or so small that it underflows (``rho`` itself zero or subnormal there, or its square)."""
     for label, value in (("rho", rho), ("eta0", eta0)):
-        if value is not None and value >= limit:
-            raise ValueError(f"{label}={value:g} is too large for the geometry's {name}: the "
-                             f"squared norm of a perturbation that size overflows (largest "
-                             f"finite {name}: {torch.finfo(dtype).max:.3g}), which would "
-                             f"silently shrink every step to zero; use {label} < {limit:.3g}")
+        if value is not None:
+            _check_size(label, value, dtype)
+
+
+def _check_size(label: str, value: float, dtype: torch.dtype) -> None:
+    finfo, name = torch.finfo(dtype), str(dtype).removeprefix("torch.")
+    largest = math.sqrt(finfo.max) / 16
+    if value >= largest:
+        raise ValueError(f"{label}={value:g} is too large for the geometry's {name}: the "
+                         f"squared norm of a perturbation that size overflows (largest "
+                         f"finite {name}: {finfo.max:.3g}), which would silently shrink every "
+                         f"step to zero; use {label} < {largest:.3g}")
+    # the mirror of the bound above: below sqrt(tiny) the squared norm of a perturbation is
+    # zero or subnormal, so the ball's clip cannot tell a point inside from one outside
+    smallest = math.sqrt(finfo.tiny) * 16
+    if value <= smallest:
+        cast = float(torch.tensor(value, dtype=torch.float64).to(dtype))
+        what = ("it rounds to zero" if cast == 0.0 else "it is subnormal" if cast < finfo.tiny
+                else "its square underflows")
+        raise ValueError(f"{label}={value:g} is too small for the geometry's {name}: {what} "
+                         f"there (smallest normal {name}: {finfo.tiny:.3g}), so the norm of a "
+                         f"perturbation that size reads zero and the ball is lost; "
+                         f"use {label} > {smallest:.3g}")
 
 
 def check_geometry_dtype(dtype: object) -> torch.dtype | None:
