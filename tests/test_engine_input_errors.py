@@ -355,6 +355,30 @@ def test_an_attention_mask_of_other_values_than_0_and_1_is_refused(value, dtype)
         _adaptive(model, [{"input_ids": ids, "attention_mask": mask, "labels": y}])
 
 
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_a_float_attention_mask_that_is_not_finite_is_refused(value) -> None:
+    # transformers read the NaN as "attend": the value was that of an all-ones mask
+    model, ids, mask, y = _bert(0)
+    clean = mask.float()
+    mask = clean.clone()
+    mask[1, 2] = value
+    with pytest.raises(ValueError, match=rf"^batch 1: attention_mask holds {value} at \(1, 2\); "
+                                         r"a floating mask must be finite"):
+        _adaptive(model, [{"input_ids": ids, "attention_mask": clean, "labels": y},
+                          {"input_ids": ids, "attention_mask": mask, "labels": y}])
+
+
+def test_an_additive_mask_may_hold_minus_inf_but_not_nan() -> None:
+    # -inf is "masked" in an additive (4-D) mask; only a NaN or +inf is corrupt there
+    from quotientsharp.engine.functional import _check_float_mask
+    additive = torch.zeros(1, 1, 3, 3)
+    additive[..., 2] = -math.inf
+    _check_float_mask("batch 0", additive)
+    additive[0, 0, 1, 1] = math.nan
+    with pytest.raises(ValueError, match=r"^batch 0: attention_mask holds nan at \(0, 0, 1, 1\)"):
+        _check_float_mask("batch 0", additive)
+
+
 @pytest.mark.parametrize("dtype", [torch.long, torch.bool])
 def test_a_sequence_without_a_token_is_refused(dtype) -> None:
     # BERT masks nothing in a row of zeros (every position attends to the padding): the value

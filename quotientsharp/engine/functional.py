@@ -46,6 +46,20 @@ class _DenseGradient(torch.autograd.Function):
         return grad.to_dense() if grad.layout != torch.strided else grad
 
 
+def _check_float_mask(label: str, mask: torch.Tensor) -> None:
+    """Raise naming the batch if a floating ``attention_mask`` holds a NaN, a ``+inf`` or (in a
+    2-D mask of 1 = token, 0 = padding) a ``-inf``: transformers reads a NaN as "attend", so a
+    corrupt mask measured the value of an all-ones one. A ``-inf`` stays allowed in an
+    additive mask of more dimensions, where it means "masked"."""
+    bad = mask.isnan() | mask.isposinf()
+    if mask.dim() <= 2:
+        bad |= mask.isneginf()
+    if bool(bad.any()):
+        where = tuple(bad.nonzero()[0].tolist())
+        raise ValueError(f"{label}: attention_mask holds {float(mask[where])} at {where}; a "
+                         "floating mask must be finite (a 2-D one: 1 a token, 0 padding)")
+
+
 class FunctionalModel:
     """The loss of a model at given parameter values; the model's tensors are never used.
 
@@ -259,13 +273,16 @@ class FunctionalModel:
     @staticmethod
     def _check_attention_mask(batch: Batch) -> None:
         """An ``attention_mask`` must have the shape of ``input_ids`` (transformers silently drops
-        an all-ones mask of another shape)."""
+        an all-ones mask of another shape), be finite if floating (:func:`_check_float_mask`)
+        and, if integer, hold only 1 and 0 with a 1 in every row."""
         mask, ids = batch.kwargs.get("attention_mask"), batch.kwargs.get("input_ids")
         if (isinstance(mask, torch.Tensor) and isinstance(ids, torch.Tensor)
                 and mask.shape != ids.shape):
             raise ValueError(f"{batch.label}: attention_mask has shape {tuple(mask.shape)} but "
                              f"input_ids has shape {tuple(ids.shape)}; they must be equal "
                              "(one mask entry per token)")
+        if isinstance(mask, torch.Tensor) and mask.is_floating_point():
+            _check_float_mask(batch.label, mask)
         if (isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] > 0
                 and not mask.is_floating_point()):
             # an integer or boolean mask (1 = token, 0 = padding): a row of zeros is a sequence
