@@ -145,3 +145,35 @@ def test_a_directory_config_that_is_not_an_object_is_named(saved_bert, tmp_path)
     with pytest.raises(ValueError, match=rf"^MODEL {re.escape(str(directory))}.config\.json is "
                                          "not a HuggingFace config"):
         load_measured_model(directory)
+
+
+@pytest.mark.parametrize("architectures", [["FooBarModel"], "BertModel", [3]])
+def test_an_architecture_transformers_does_not_know_is_refused(saved_bert, tmp_path,
+                                                               architectures):
+    # the Auto class built a BERT of its own choice (BertForSequenceClassification for
+    # measure, BertModel for symmetries) without a word, though the docs say the class
+    # named in architectures is loaded
+    directory = tmp_path / "model"
+    directory.mkdir()
+    for source in (saved_bert / "good").iterdir():
+        (directory / source.name).write_bytes(source.read_bytes())
+    config_file = directory / "config.json"
+    config = json.loads(config_file.read_text())
+    config["architectures"] = architectures
+    config_file.write_text(json.dumps(config))
+    said = (r"architectures names 'FooBarModel', not a model class of transformers"
+            if architectures == ["FooBarModel"] else "'architectures' must be a list of class "
+            "names")
+    for load, path in ((load_model, directory), (load_model, config_file),
+                       (load_measured_model, directory)):
+        with pytest.raises(ValueError, match=rf"^MODEL {re.escape(str(config_file))}: {said}"):
+            load(path)
+    for command in (["symmetries", directory], ["measure", directory, saved_bert / "tokens.pt",
+                                                "--rho", "0.1", "--no-progress"]):
+        code, stderr = _call(*command)
+        assert code == 2 and stderr.count("\n") == 1, stderr
+        assert f"MODEL {config_file}: " in stderr
+    del config["architectures"]                 # absent: the Auto class decides, as before
+    config_file.write_text(json.dumps(config))
+    assert type(load_model(directory)).__name__ == "BertModel"
+    assert type(load_measured_model(directory)).__name__ == "BertForSequenceClassification"

@@ -133,9 +133,36 @@ def load_torch_file(path: Path, label: str, neither: str, weights_only: bool | N
         raise ValueError(f"{label} {path} is neither {neither}: {why}") from err
 
 
+def architecture_class(transformers: Any, architectures: object,
+                       config_file: Path) -> type[nn.Module] | None:
+    """The transformers class named first in a config's ``architectures`` (``None`` where the
+    entry is absent or empty: the caller's Auto class decides).
+
+    Raises
+    ------
+    ValueError
+        Naming the class and ``config_file``, if transformers has no model class of that name
+        (a custom or misspelt architecture) or the entry is not a list of class names: the
+        Auto class would otherwise build another model without a word.
+    """
+    from torch import nn
+
+    if architectures is None or architectures == []:
+        return None
+    if not (isinstance(architectures, list) and all(isinstance(a, str) for a in architectures)):
+        raise ValueError(f"MODEL {config_file}: 'architectures' must be a list of class names, "
+                         f"got {architectures!r:.80}")
+    model_class = getattr(transformers, architectures[0], None)
+    if not (isinstance(model_class, type) and issubclass(model_class, nn.Module)):
+        raise ValueError(f"MODEL {config_file}: architectures names {architectures[0]!r}, not "
+                         f"a model class of transformers {transformers.__version__} (a custom "
+                         "or misspelt class?); name a transformers class there, or load the "
+                         "model in Python and pass it to quotientsharp's API")
+    return model_class
+
+
 def _config_model(config_file: Path) -> nn.Module:
     import torch
-    from torch import nn
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -153,15 +180,12 @@ def _config_model(config_file: Path) -> nn.Module:
     except (KeyError, TypeError) as err:
         raise ValueError(f"MODEL {config_file}: model_type {model_type!r} is unknown to "
                          f"transformers {transformers.__version__}") from err
-    architectures = data.get("architectures") or []
-    model_class = (getattr(transformers, architectures[0], None)
-                   if isinstance(architectures, list) and architectures
-                   and isinstance(architectures[0], str) else None)
+    model_class = architecture_class(transformers, data.get("architectures"), config_file)
     try:
         config = config_class.from_dict(data)
         # meta tensors: the architecture without allocating (or initialising) any weights
         with torch.device("meta"):
-            if isinstance(model_class, type) and issubclass(model_class, nn.Module):
+            if model_class is not None:
                 return model_class(config)
             return transformers.AutoModel.from_config(config)
     except (TypeError, ValueError, KeyError, AttributeError) as err:

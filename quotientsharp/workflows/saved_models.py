@@ -84,9 +84,8 @@ def _unreadable_weights(directory: Path, err: Exception) -> InputError:
 
 def _load_pretrained(directory: Path) -> nn.Module:
     from safetensors import SafetensorError
-    from torch import nn
 
-    from quotientsharp.models.files import first_line, read_json_file
+    from quotientsharp.models.files import architecture_class, first_line, read_json_file
 
     transformers = import_transformers(f"MODEL directory {directory}")
     # transformers' own message for a broken config.json names no MODEL and hides the reason
@@ -96,11 +95,13 @@ def _load_pretrained(directory: Path) -> nn.Module:
     restore = quiet_transformers()
     try:
         config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
-        architectures = getattr(config, "architectures", None) or []
-        # a transformers class, looked up by name: typed Any, as the module's attributes are
-        model_class: Any = (getattr(transformers, architectures[0], None) if architectures
-                            else None)
-        if not (isinstance(model_class, type) and issubclass(model_class, nn.Module)):
+        try:
+            # a transformers class, looked up by name: typed Any, as the module's attributes are
+            model_class: Any = architecture_class(
+                transformers, getattr(config, "architectures", None), directory / "config.json")
+        except ValueError as err:
+            raise InputError(str(err)) from None
+        if model_class is None:
             model_class = transformers.AutoModelForSequenceClassification
         try:
             model, info = model_class.from_pretrained(directory, local_files_only=True,
