@@ -341,10 +341,23 @@ def test_a_warning_of_sharpness_points_at_the_callers_line(call, category, messa
 @pytest.mark.parametrize(("options", "pattern"), [
     ({"metric": "euclidean", "eps": 0.5}, r"eps=0\.5 relaxes the Gram matrices .* leave eps at 0"),
     ({"order": 2, "exact_steps": 4}, r"exact_steps=4 sets the RK4 steps of order='exact' only"),
-    ({"order": 1, "exact_steps": 64}, r"at order=1 it changes nothing")])
+    ({"order": 1, "exact_steps": 64}, r"at order=1 it changes nothing"),
+    ({"order": 1, "other_path": "geodesic"},
+     r"^other_path='geodesic' curves .* at order=1 every factor moves on its line .* leave "
+     r"other_path at 'line'$"),
+    ({"symmetries": "none", "metric": "mix"},
+     r"^metric='mix' sets the quotients of the symmetries; symmetries='none' puts every "
+     r"parameter in the adaptive factor, where it changes nothing: leave metric at 'inv'$"),
+    ({"symmetries": "none", "eps": 0.5}, r"^eps=0\.5 sets .* leave eps at 0\.0$"),
+    ({"symmetries": "none", "metric": "mix", "eps": 0.5, "diagonal": [("u", "v")]},
+     r"^metric='mix', eps=0\.5, diagonal=\[\('u', 'v'\)\] set the quotients .* where they "
+     r"change nothing: leave metric at 'inv', eps at 0\.0, diagonal at None$")])
 def test_an_option_the_others_leave_without_effect_is_refused(options, pattern) -> None:
     # it was recorded in the settings and changed no value
     with pytest.raises(ValueError, match=pattern):
         GeodesicSpec(rho=0.1, **options)
     assert GeodesicSpec(rho=0.1, metric="euclidean").eps == 0
     assert GeodesicSpec(rho=0.1, order="exact", exact_steps=4).exact_steps == 4
+    # the defaults, given, are no refusal; the curved path counts at order 2
+    assert GeodesicSpec(rho=0.1, symmetries="none", metric="inv", eps=0).metric == "inv"
+    assert GeodesicSpec(rho=0.1, order=2, other_path="geodesic").other_path == "geodesic"

@@ -467,7 +467,8 @@ class GeodesicSpec(AscentSpec):
         coordinates.
     symmetries
         ``"auto"``: discovered by :func:`quotientsharp.models.find_symmetries` (``diagonal``
-        passed on); ``"none"``: every parameter in the adaptive block; a ``SymmetryReport`` or
+        passed on); ``"none"``: every parameter in the adaptive block (``metric``, ``eps`` and
+        ``diagonal`` have nothing to act on and must keep their defaults); a ``SymmetryReport`` or
         ``ParameterLayout``; or one or a list of :class:`~quotientsharp.models.QuotientBinding`:
         any quotient, a user's own included, attached to named parameters, measured with its
         own metric. With ``"auto"`` and no symmetry found, a :class:`NoSymmetryWarning` says
@@ -482,7 +483,8 @@ class GeodesicSpec(AscentSpec):
         that of adaptive sharpness) or ``"euclidean"``.
     other_path
         Their path: ``"line"`` (``w + xi``) or ``"geodesic"`` (the adaptive metric's geodesic,
-        ``w * exp(xi / w)`` for ``order="exact"``; needs ``other_metric="adaptive"``).
+        ``w * exp(xi / w)`` for ``order="exact"``; needs ``other_metric="adaptive"`` and
+        ``order`` 2 or ``"exact"``: at order 1 every path is a line).
     exact_steps
         RK4 steps of ``order="exact"`` (an integer >= 1).
     check_symmetry
@@ -539,6 +541,28 @@ class GeodesicSpec(AscentSpec):
         if self.exact_steps != type(self).exact_steps and self.order != "exact":
             raise ValueError(f"exact_steps={self.exact_steps!r} sets the RK4 steps of "
                              f"order='exact' only; at order={self.order!r} it changes nothing")
+        if self.other_path == "geodesic" and self.order == 1:
+            raise ValueError("other_path='geodesic' curves the path of the other parameters at "
+                             "order 2 and 'exact' only; at order=1 every factor moves on its "
+                             "line w + xi and it changes nothing: leave other_path at 'line'")
+        if isinstance(self.symmetries, str) and self.symmetries == "none":
+            self._check_unused_without_symmetries()
+
+    def _check_unused_without_symmetries(self) -> None:
+        """With ``symmetries="none"`` no parameter is in a quotient: refuse the options that
+        shape the quotients of discovered symmetries (``DISCOVERY_ONLY``) away from their
+        defaults, as they have nothing to act on."""
+        defaults = self.defaults()
+        unused = {k: getattr(self, k) for k in self.DISCOVERY_ONLY
+                  if getattr(self, k) != defaults[k]}
+        if unused:
+            one = len(unused) == 1
+            given = ", ".join(f"{k}={v!r}" for k, v in unused.items())
+            leave = ", ".join(f"{k} at {defaults[k]!r}" for k in unused)
+            raise ValueError(f"{given} {'sets' if one else 'set'} the quotients of the "
+                             "symmetries; symmetries='none' puts every parameter in the "
+                             f"adaptive factor, where {'it changes' if one else 'they change'} "
+                             f"nothing: leave {leave}")
 
     def build(self, model: nn.Module, functional: FunctionalModel, generator: torch.Generator
               ) -> tuple[Measure, dict[str, Any]]:
