@@ -227,6 +227,40 @@ def test_a_bad_relative_flatness_layer_is_named(layer, message):
                      progress=False)
 
 
+def _weight_normed(kind: str) -> nn.Sequential:
+    from torch.nn.utils import parametrizations, spectral_norm, weight_norm
+    wrap = {"parametrized weight_norm": parametrizations.weight_norm,
+            "parametrized spectral_norm": parametrizations.spectral_norm,
+            "old weight_norm": weight_norm, "old spectral_norm": spectral_norm}[kind]
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 5), nn.Tanh(), wrap(nn.Linear(5, 3)))
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")      # torch's old-style weight_norm
+@pytest.mark.parametrize("kind, how", [
+    ("parametrized weight_norm", r"parametrized \(_WeightNorm, torch\.nn\.utils\.parametrize\): "
+                                 r"computed from 2\.parametrizations\.weight\.original\*"),
+    ("parametrized spectral_norm", r"parametrized \(_SpectralNorm, "),
+    ("old weight_norm", r"computed at each forward by the old-style torch\.nn\.utils\."
+                        r"weight_norm, from weight_g and weight_v"),
+    ("old spectral_norm", r"computed .* old-style torch\.nn\.utils\.spectral_norm, from "
+                          r"weight_orig")])
+def test_a_relative_flatness_layer_with_a_computed_weight_is_refused(kind, how):
+    # the default layer was the weight-normalised one, then refused as having "no weight
+    # parameter" (the old spectral_norm's weight, not trainable, was skipped: layer '0' unsaid)
+    model, said = _weight_normed(kind), rf"has a weight {how}.*, not a parameter; relative "
+    said += r"flatness needs the weight itself as a parameter .*: pass layer= another layer"
+    with pytest.raises(ValueError, match=r"^relative flatness's default layer, the last "
+                                         rf"nn\.Linear '2', {said}"):
+        qs.sharpness(model, [_batch()], measure="relative_flatness", progress=False)
+    with pytest.raises(ValueError, match=rf"^layer '2' {said}"):
+        qs.sharpness(model, [_batch()], measure="relative_flatness", layer="2",
+                     progress=False)
+    other = qs.sharpness(model, [_batch()], measure="relative_flatness", layer="0",
+                         progress=False)
+    assert other.settings["layer"] == "0" and math.isfinite(other.value)
+
+
 def test_a_frozen_relative_flatness_layer_is_named():
     model = _Three()
     model.last.weight.requires_grad_(False)

@@ -9,7 +9,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -484,12 +484,50 @@ class AscentMeasure:
 
 
 def default_layer(model: nn.Module) -> str:
-    """Name of the last ``nn.Linear`` (in ``named_modules`` order) with a trainable weight."""
-    found = [name for name, module in model.named_modules()
-             if isinstance(module, nn.Linear) and module.weight.requires_grad]
+    """Name of the last ``nn.Linear`` (in ``named_modules`` order) with a trainable weight;
+    an error if that weight is computed (parametrized), not a parameter."""
+    # a computed weight counts whatever its requires_grad (the old-style spectral_norm's is a
+    # plain tensor until the first forward): skipping it would pick another layer unsaid
+    found = [(name, computed_weight(name, module)) for name, module in model.named_modules()
+             if isinstance(module, nn.Linear)
+             and (module.weight.requires_grad or computed_weight(name, module))]
     if not found:
         raise ValueError("the model has no trainable nn.Linear layer: pass layer='module name'")
-    return found[-1]
+    name, computed = found[-1]
+    if computed:
+        # another layer is not chosen in its place: the value would be of a layer the caller
+        # did not expect (the default is documented as the last nn.Linear)
+        raise ValueError(f"relative flatness's default layer, the last nn.Linear {name!r}, "
+                         f"{computed}")
+    return name
+
+
+def computed_weight(layer: str, module: nn.Module) -> str | None:
+    """Why ``module``'s weight is no parameter but computed from others at each forward (a
+    ``torch.nn.utils.parametrize`` parametrization, or the old-style ``weight_norm`` or
+    ``spectral_norm`` hook), with what to do; ``None`` if it is not computed so."""
+    from torch.nn.utils import parametrize
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    how = None
+    if parametrize.is_parametrized(module, "weight"):
+        # the ParametrizationList of the weight (typed as a Module attribute for mypy)
+        chains = cast(nn.ModuleDict, module.parametrizations)
+        chain = cast(nn.ModuleList, chains["weight"])
+        kinds = ", ".join(type(p).__name__ for p in chain)
+        how = (f"parametrized ({kinds}, torch.nn.utils.parametrize): computed from "
+               f"{layer + '.' if layer else ''}parametrizations.weight.original*")
+    for hook in getattr(module, "_forward_pre_hooks", {}).values():
+        if isinstance(hook, (WeightNorm, SpectralNorm)) and hook.name == "weight":
+            old = ("weight_norm, from weight_g and weight_v" if isinstance(hook, WeightNorm)
+                   else "spectral_norm, from weight_orig")
+            how = f"computed at each forward by the old-style torch.nn.utils.{old}"
+    if how is None:
+        return None
+    return (f"has a weight {how}, not a parameter; relative flatness needs the "
+            "weight itself as a parameter (its Hessian and rows w_s): pass layer= another "
+            "layer, or remove the parametrization")
 
 
 def layer_weight_name(model: nn.Module, layer: str) -> str:
@@ -497,6 +535,9 @@ def layer_weight_name(model: nn.Module, layer: str) -> str:
     modules = dict(model.named_modules())
     if layer not in modules:
         raise ValueError(f"layer {layer!r} is not a module of the model")
+    computed = computed_weight(layer, modules[layer])
+    if computed:
+        raise ValueError(f"layer {layer!r} {computed}")
     weight = getattr(modules[layer], "weight", None)
     if not isinstance(weight, nn.Parameter):
         raise ValueError(f"layer {layer!r} has no weight parameter")

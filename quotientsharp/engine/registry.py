@@ -603,7 +603,8 @@ class RelativeFlatnessSpec(MeasureSpec):
     ----------
     layer
         The module's name; ``None``: the last ``nn.Linear`` with a trainable weight. Its weight
-        must be its own (not tied to another module's) and the layer applied once per forward.
+        must be its own (not tied to another module's) and a parameter (not computed by a
+        parametrization such as ``weight_norm``), and the layer applied once per forward.
     hvp_chunk
         Hessian-vector products per batched double backward (an integer >= 1).
     """
