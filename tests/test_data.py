@@ -316,3 +316,63 @@ def test_a_study_refuses_to_write_over_its_manifest(study_files, tmp_path, capsy
                  "--out", str(folder)])
     assert code == 2 and manifest.read_bytes() == before
     assert "would write models.csv over MANIFEST" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("row", "expected"), [
+    # read as pre-tokenised, the text was ignored without a word
+    ('{"input_ids": [1, 2], "text": "a b", "label": 0}',
+     r"line 2: gives pre-tokenised entries \['input_ids'\] and text entries \['text'\]"),
+    ('{"text": "a b", "attention_mask": [1, 1], "label": 0}',
+     r"line 2: gives pre-tokenised entries \['attention_mask'\] and text entries \['text'\]"),
+    # json keeps the last of a repeated key: label 2 was measured, label 0 dropped
+    ('{"input_ids": [1, 2], "label": 0, "label": 2}',
+     r"line 2: the key 'label' is given twice in one object"),
+    # "labels" is read as "label": the message named "labels" an unknown key
+    ('{"input_ids": [1, 2], "label": 0, "labels": 1}',
+     r"line 2: both 'label' and 'labels' are given"),
+])
+def test_a_jsonl_row_that_would_lose_an_entry_is_refused(bert, tmp_path, row, expected):
+    from quotientsharp.workflows.options import InputError
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"input_ids": [3, 4], "label": 1}\n' + row + "\n")
+    with pytest.raises(InputError, match=rf"^DATA {re.escape(str(path))}, {expected}"):
+        load_batches(path, bert, tmp_path, BatchSettings())
+
+
+def test_a_manifest_row_with_a_repeated_key_is_refused(study_files, tmp_path):
+    from quotientsharp.workflows.manifest import read_manifest
+
+    path = tmp_path / "models.jsonl"
+    path.write_text(f'{{"model": "{study_files / "net0.pt"}", "gap": 0.1}}\n'
+                    f'{{"model": "{study_files / "net1.pt"}", "gap": 0.1, "gap": 0.3}}\n')
+    with pytest.raises(ValueError, match=r"^MANIFEST .*models\.jsonl, line 2: the key 'gap' is "
+                                         "given twice"):
+        read_manifest(path)
+
+
+@pytest.mark.parametrize("token", [40, -1, 2 ** 70])
+def test_a_token_id_outside_the_vocabulary_names_file_and_line(bert, tmp_path, token):
+    # 2**70 failed in torch, "Overflow when unpacking long long", naming nothing; 40 was named
+    # by batch, not line
+    from quotientsharp.workflows.options import InputError
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"input_ids": [1, 2], "label": 0}\n'
+                    f'{{"input_ids": [1, {token}], "label": 1}}\n')
+    with pytest.raises(InputError, match=rf"^DATA .*rows\.jsonl, line 2: input_ids holds token "
+                                         rf"id {token}, outside the model's vocabulary \[0, 40\)"):
+        load_batches(path, bert, tmp_path, BatchSettings())
+
+
+def test_a_token_entry_beyond_64_bits_names_file_and_line(saved_mlp, tmp_path):
+    # a model without a vocabulary (the MLP): ids are not checked against one, but torch cannot
+    # hold an id of 2**70
+    from quotientsharp.workflows.options import InputError
+
+    model = torch.load(saved_mlp["net"], weights_only=False)
+    path = tmp_path / "rows.jsonl"
+    path.write_text(f'{{"input_ids": [1, {2 ** 70}], "label": 1}}\n')
+    with pytest.raises(InputError, match=rf"line 1: input_ids holds token id {2 ** 70}, outside "
+                                         "the 64-bit integers"):
+        load_batches(path, model, saved_mlp["net"], BatchSettings())

@@ -177,3 +177,15 @@ def test_an_architecture_transformers_does_not_know_is_refused(saved_bert, tmp_p
     config_file.write_text(json.dumps(config))
     assert type(load_model(directory)).__name__ == "BertModel"
     assert type(load_measured_model(directory)).__name__ == "BertForSequenceClassification"
+
+
+def test_a_config_with_a_repeated_key_is_named(saved_bert, tmp_path):
+    # transformers reads config.json with json.loads, which keeps the last of a repeated key
+    directory = tmp_path / "model"
+    directory.mkdir()
+    for source in (saved_bert / "good").iterdir():
+        (directory / source.name).write_bytes(source.read_bytes())
+    config = (directory / "config.json").read_text()
+    (directory / "config.json").write_text(config.replace("{", '{"hidden_size": 4,', 1))
+    with pytest.raises(ValueError, match=r"config\.json: the key 'hidden_size' is given twice"):
+        load_measured_model(directory)

@@ -37,9 +37,26 @@ def first_line(err: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+class DuplicateKeyError(ValueError):
+    """A JSON object that gives one key twice (:func:`unique_keys`)."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` of ``json.loads``: the object's dict, or a
+    :class:`DuplicateKeyError` naming the first key given twice (``json`` keeps the last value
+    of a repeated key without a word, and the first would be ignored)."""
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        repeated = next(key for index, key in enumerate(keys) if key in keys[:index])
+        raise DuplicateKeyError(f"the key {repeated!r} is given twice in one object (JSON "
+                                "would keep the last value silently); give it once")
+    return dict(pairs)
+
+
 def read_json_file(path: Path, label: str) -> Any:
     """The JSON value in the file ``path``; a ``ValueError`` naming ``label`` (``"MODEL"``) and
-    the file when it is not UTF-8 or not valid JSON (Python's own errors name neither)."""
+    the file when it is not UTF-8 or not valid JSON (Python's own errors name neither), or
+    when an object gives one key twice."""
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8-sig")
@@ -47,7 +64,9 @@ def read_json_file(path: Path, label: str) -> Any:
         raise ValueError(f"{label} {path} is not valid JSON: not UTF-8 text (byte "
                          f"{raw[err.start]:#04x} at offset {err.start})") from None
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=unique_keys)
+    except DuplicateKeyError as err:
+        raise ValueError(f"{label} {path}: {err}") from None
     except json.JSONDecodeError as err:
         several = (" (it holds more than one JSON value, as a JSON lines file does)"
                    if err.msg == "Extra data" else "")

@@ -24,8 +24,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "voca
 TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                         "added_tokens.json", "vocab.json")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+#: The keys of a pre-tokenised JSONL row, and of a text row, besides its label.
+TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+TEXT_KEYS = ("text", "text_pair")
 #: The keys a JSONL row may have ("labels" is read as "label").
-ROW_KEYS = ("input_ids", "attention_mask", "token_type_ids", "text", "text_pair", "label")
+ROW_KEYS = (*TOKEN_KEYS, *TEXT_KEYS, "label")
+#: One past the largest token id a torch.long holds.
+_INT64_END = 2 ** 63
 _EXPECTED = ("expected 'input_ids' (pre-tokenised, with optional 'attention_mask' and "
              "'token_type_ids') or 'text' (with optional 'text_pair'), and 'label'")
 
@@ -57,12 +62,17 @@ def utf8_lines(path: Path, label: str) -> Iterator[tuple[int, str]]:
 
 def jsonl_objects(path: Path, label: str) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, object)`` for each non-empty line of a JSONL file; an error naming
-    ``label`` (``"DATA"``), file and line for anything but a JSON object."""
+    ``label`` (``"DATA"``), file and line for anything but a JSON object, or for one that
+    gives a key twice."""
+    from quotientsharp.models.files import DuplicateKeyError, unique_keys
+
     for number, line in utf8_lines(path, label):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = json.loads(line, object_pairs_hook=unique_keys)
+        except DuplicateKeyError as err:
+            raise InputError(f"{label} {path}, line {number}: {err}") from None
         except json.JSONDecodeError as err:
             raise InputError(f"{label} {path}, line {number}: not valid JSON ({err.msg})") \
                 from err
@@ -75,16 +85,27 @@ def jsonl_objects(path: Path, label: str) -> Iterator[tuple[int, dict[str, Any]]
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
     for number, row in jsonl_objects(path, "DATA"):
-        if "label" not in row and "labels" in row:
+        where = f"DATA {path}, line {number}"
+        if "label" in row and "labels" in row:
+            # "labels" is read as "label": with both, one would be dropped
+            raise InputError(f"{where}: both 'label' and 'labels' are given (two names of "
+                             "one entry); give one")
+        if "labels" in row:
             row["label"] = row.pop("labels")
+        tokens, texts = ([key for key in keys if key in row] for keys in (TOKEN_KEYS, TEXT_KEYS))
+        if tokens and texts:
+            # a row is read as pre-tokenised or as text: the other entries would be ignored
+            # without a word
+            raise InputError(f"{where}: gives pre-tokenised entries {tokens} and text entries "
+                             f"{texts}; a row is pre-tokenised ('input_ids') or text ('text'), "
+                             "and the other kind would be ignored: give one kind")
         if "label" not in row:
-            raise InputError(f"DATA {path}, line {number}: no 'label' entry (keys: "
-                             f"{sorted(row)})")
+            raise InputError(f"{where}: no 'label' entry (keys: {sorted(row)})")
         unknown = sorted(set(row) - set(ROW_KEYS))
         if unknown or ("input_ids" not in row and "text" not in row):
             what = (f"unknown key(s) {unknown}" if unknown
                     else f"neither 'input_ids' nor 'text' (keys: {sorted(row)})")
-            raise InputError(f"DATA {path}, line {number}: {what}; {_EXPECTED}")
+            raise InputError(f"{where}: {what}; {_EXPECTED}")
         row["_line"] = number
         rows.append(row)
     if not rows:
@@ -124,23 +145,34 @@ def _labels(rows: Sequence[dict[str, Any]], path: Path, loss: str,
         raise InputError(f"DATA {path}: labels of unequal lengths ({err})") from err
 
 
-def _token_list(row: dict[str, Any], key: str, path: Path, length: int | None) -> list[int]:
+def _token_list(row: dict[str, Any], key: str, path: Path, length: int | None,
+                vocabulary: int | None = None) -> list[int]:
+    """``row[key]``, checked: a non-empty list of integers (``length`` of them where given)
+    that fit torch's 64-bit integers and, with ``vocabulary``, lie in ``[0, vocabulary)``."""
     value = row[key]
+    where = f"DATA {path}, line {row['_line']}"
     if (not isinstance(value, list) or not value
             or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
-        raise InputError(f"DATA {path}, line {row['_line']}: {key!r} must be a non-empty list "
-                         "of integers")
+        raise InputError(f"{where}: {key!r} must be a non-empty list of integers")
     if length is not None and len(value) != length:
-        raise InputError(f"DATA {path}, line {row['_line']}: {key!r} has {len(value)} entries, "
-                         f"input_ids has {length}")
+        raise InputError(f"{where}: {key!r} has {len(value)} entries, input_ids has {length}")
+    low, high = (0, vocabulary) if vocabulary is not None else (-_INT64_END, _INT64_END)
+    outside = next((v for v in value if not low <= v < high), None)
+    if outside is not None:
+        # the batch's check says this too, but without the line; an id beyond 64 bits never
+        # got there (torch: "Overflow when unpacking long long")
+        raise InputError(f"{where}: {key} holds token id {outside}, " + (
+            f"outside the model's vocabulary [0, {vocabulary}) (the size of its input "
+            "embedding): was the data tokenised for another model?" if vocabulary is not None
+            else "outside the 64-bit integers torch holds token ids in"))
     return value
 
 
-def _pretokenised_batch(rows: Sequence[dict[str, Any]], path: Path,
-                        pad_id: int) -> dict[str, torch.Tensor]:
+def _pretokenised_batch(rows: Sequence[dict[str, Any]], path: Path, pad_id: int,
+                        vocabulary: int | None) -> dict[str, torch.Tensor]:
     import torch
 
-    ids = [_token_list(row, "input_ids", path, None) for row in rows]
+    ids = [_token_list(row, "input_ids", path, None, vocabulary) for row in rows]
     width = max(len(i) for i in ids)
     batch = {"input_ids": torch.full((len(rows), width), pad_id, dtype=torch.long),
              "attention_mask": torch.zeros(len(rows), width, dtype=torch.long)}
@@ -204,6 +236,8 @@ def _text_batch(rows: Sequence[dict[str, Any]], path: Path, tokenizer: Any,
 
 def _jsonl_batches(path: Path, model: nn.Module, model_path: Path, settings: BatchSettings
                    ) -> tuple[list[dict[str, torch.Tensor]], int, str]:
+    from quotientsharp.engine.functional import vocabulary_size
+
     rows = _read_jsonl(path)
     config = getattr(model, "config", None)
     num_labels = getattr(config, "num_labels", None)
@@ -225,10 +259,11 @@ def _jsonl_batches(path: Path, model: nn.Module, model_path: Path, settings: Bat
     pad_id = getattr(config, "pad_token_id", None)
     pad_id = pad_id if isinstance(pad_id, int) else 0
     positions = _position_count(model)
+    vocabulary = vocabulary_size(model)
     batches: list[dict[str, torch.Tensor]] = []
     for start in range(0, len(rows), settings.batch_size)[:settings.max_batches]:
         chunk = rows[start:start + settings.batch_size]
-        inputs = (_pretokenised_batch(chunk, path, pad_id) if pretokenised
+        inputs = (_pretokenised_batch(chunk, path, pad_id, vocabulary) if pretokenised
                   else _text_batch(chunk, path, tokenizer, settings.max_length))
         if positions is not None:
             _check_positions(inputs, chunk, path, positions, settings.max_length)
