@@ -708,3 +708,12 @@ def test_the_table_never_prints_a_reach_higher_than_it_is() -> None:
                                     evaluations=[8, 8])
         row = results_table([("adaptive", result, 1.0)]).splitlines()[-1]
         assert row.split()[-3] == shown
+
+
+def test_nonfinite_with_relative_flatness_alone_is_refused(saved_mlp, capsys):
+    # relative flatness perturbs nothing: --nonfinite skip was accepted and changed nothing
+    assert main(["measure", str(saved_mlp["net"]), str(saved_mlp["data"]), "--measure",
+                 "relative_flatness", "--nonfinite", "skip", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("quotientsharp measure: error: --nonfinite applies to average, "
+                          "worst_case, adaptive and geodesic only") and err.count("\n") == 1

@@ -223,6 +223,9 @@ def test_an_integer_beyond_float64_is_refused_by_name(fields):
     ({"measures": "geodesic", "p": math.inf}, "p applies to worst_case and adaptive only"),
     ({"measures": "geodesic,adaptive", "samples": 3}, "samples applies to average only"),
     ({"measures": "average", "layer": "head"}, "layer applies to relative_flatness only"),
+    # relative flatness perturbs nothing: there is no NaN or inf perturbed loss to skip
+    ({"measures": "relative_flatness", "rho": None, "nonfinite": "skip"},
+     "nonfinite applies to average, worst_case, adaptive and geodesic only"),
 ])
 def test_an_option_of_measures_not_measured_is_refused(fields, message):
     with pytest.raises(InputError, match=f"^{re.escape(message)}, and measures gives "):
@@ -260,6 +263,14 @@ def test_the_command_line_refuses_an_option_given_for_no_measure_measured(capsys
     # on the command line an option given is given, even at its default
     assert error("--p", "2").startswith("--p applies to worst_case and adaptive only")
     assert error("--measure", "average", "--order", "2").startswith("--order applies to")
+    # --nonfinite skip with relative flatness alone was accepted and changed nothing
+    args = parser.parse_args(["models.csv", "--data", "data.pt", "--measure",
+                              "relative_flatness", "--nonfinite", "skip"])
+    with pytest.raises(InputError, match="^--nonfinite applies to average, worst_case, "
+                                         "adaptive and geodesic only, and --measure gives "
+                                         "relative_flatness: add average, worst_case, adaptive "
+                                         "or geodesic to --measure"):
+        study_config(args)
     # the whole command: one line, exit status 2, before any file is read
     assert main(["study", "absent.csv", "--data", "absent.pt", "--rho", "0.1", "--measure",
                  "adaptive", "--samples", "4"]) == 2

@@ -65,10 +65,10 @@ def add_sharpness_options(parser: argparse.ArgumentParser, *, radius_list: bool 
     parser.add_argument("--chains", type=int, default=None, metavar="N",
                         help="ascent measures: most chains of the search that confirms each "
                         "value (default 4); raise it where the reach column is below 0.99")
-    parser.add_argument("--nonfinite", choices=NONFINITE_POLICIES,
-                        default=SharpnessConfig.nonfinite,
-                        help="a NaN or inf perturbed loss: raise an error naming the batch "
-                        "(default), or skip that evaluation (counted in --json)")
+    parser.add_argument("--nonfinite", choices=NONFINITE_POLICIES, default=None,
+                        help="every measure but relative_flatness: a NaN or inf perturbed "
+                        "loss raises an error naming the batch (raise, the default), or that "
+                        "evaluation is skipped (skip, counted in --json)")
     parser.add_argument("--seed", type=int, default=SharpnessConfig.seed,
                         help="random seed (default %(default)s)")
     parser.add_argument("--max-length", type=int, default=BatchSettings.max_length,

@@ -38,7 +38,9 @@ _MEASURE_OPTIONS: dict[str, tuple[tuple[str, ...], Any]] = {
     "metrics": (("geodesic",), ("inv",)), "orders": (("geodesic",), (2,)),
     "eps": (("geodesic",), 0.0), "symmetry": (("geodesic",), None),
     "p": (("worst_case", "adaptive"), "2"), "samples": (("average",), 1),
-    "layer": (("relative_flatness",), None)}
+    "layer": (("relative_flatness",), None),
+    # relative flatness perturbs nothing, so it has no perturbed loss to skip
+    "nonfinite": (("average", "worst_case", "adaptive", "geodesic"), "raise")}
 
 #: Fields whose command-line option is not ``--`` and their name with dashes.
 _OPTION_NAMES = {"measures": "--measure", "metrics": "--metric", "orders": "--order",
@@ -90,6 +92,11 @@ def _name(field_name: str) -> str:
 def _integer(value: object, field_name: str, minimum: int, *, optional: bool = False) -> Any:
     """``value`` as an ``int`` >= ``minimum`` (``None`` too where ``optional``), bools refused."""
     return None if value is None and optional else check_int(_name(field_name), value, minimum)
+
+
+def _listed(names: Sequence[str], last: str) -> str:
+    """``"a, b and c"`` (``last`` the word before the last name)."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
 
 
 def _text(value: object, field_name: str, *, optional: bool = True, path: bool = False) -> None:
@@ -310,7 +317,7 @@ class SharpnessConfig:
         Relative flatness: the module (``None``: the last ``nn.Linear``).
     nonfinite
         What a NaN or inf perturbed loss does: ``"raise"`` or ``"skip"`` (``nonfinite=`` of
-        :func:`quotientsharp.sharpness`).
+        :func:`quotientsharp.sharpness`; ``None``: ``"raise"``).
     seed
         The random seed.
     batches, solver
@@ -326,7 +333,8 @@ class SharpnessConfig:
     -----
     An option of some measures only (``metrics``, ``orders``, ``eps`` and ``symmetry`` of
     geodesic sharpness, ``p`` of worst-case and adaptive sharpness, ``samples`` of average
-    sharpness, ``layer`` of relative flatness) given while none of its measures is in
+    sharpness, ``layer`` of relative flatness, ``nonfinite`` of every measure but relative
+    flatness) given while none of its measures is in
     ``measures`` is refused, rather than ignored, as are ``rho`` with relative flatness alone
     and ``solver.n_iter`` without an ascent measure. From Python a value equal to the default
     counts as not given (so that ``dataclasses.replace`` of a checked configuration checks
@@ -342,7 +350,7 @@ class SharpnessConfig:
     p: str | None = None
     samples: int | None = None
     layer: str | None = None
-    nonfinite: str = "raise"
+    nonfinite: str | None = None
     seed: int = 0
     batches: BatchSettings = field(default_factory=BatchSettings)
     solver: SolverSettings = field(default_factory=SolverSettings)
@@ -428,9 +436,9 @@ class SharpnessConfig:
             needs = _MEASURE_OPTIONS[name][0]
             if not set(needs) & set(self.measures):
                 option, measures = _name(name), _name("measures")
-                raise InputError(f"{option} applies to {' and '.join(needs)} only, and "
+                raise InputError(f"{option} applies to {_listed(needs, 'and')} only, and "
                                  f"{measures} gives {', '.join(self.measures)}: add "
-                                 f"{' or '.join(needs)} to {measures}, or leave {option} out")
+                                 f"{_listed(needs, 'or')} to {measures}, or leave {option} out")
 
     def _check_solver(self) -> None:
         if any(m in ASCENT_MEASURES for m in self.measures):
