@@ -451,6 +451,24 @@ def test_a_non_finite_colour_is_refused(saved, tmp_path, value):
     assert f"model 'nets/net1.pt' (line 3) has the non-finite value '{value}'" in stderr
 
 
+def test_gap_from_with_every_gap_given_is_refused(saved, tmp_path):
+    # every row gives its gap: --gap-from loss was accepted and changed nothing
+    code, _, stderr = _study(saved, tmp_path / "out", "--gap-from", "loss")
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert ("error: --gap-from loss: every row of MANIFEST" in stderr
+            and "gives its gap, so none is computed from train and test data" in stderr)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("key", ["gap", "name"])
+def test_colour_by_a_manifest_key_with_a_meaning_says_so(saved, tmp_path, key):
+    # the manifest has a gap column, and the message said it had no such key
+    code, _, stderr = _study(saved, tmp_path / "out", "--color", key)
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert (f"--color {key}: '{key}' is a manifest key with a meaning" in stderr
+            and "colours by one of the manifest's other keys, here ['learning_rate']" in stderr)
+
+
 def test_bad_options_end_in_one_line(saved, tmp_path):
     for extra, message in ((["--confidence", "1.5"], "--confidence"),
                            (["--color", "nope"], "--color nope"),

@@ -15,7 +15,7 @@ from quotientsharp.workflows.data import existing_file
 from quotientsharp.workflows.files import write_json_atomic, write_text_atomic, writes_over
 from quotientsharp.workflows.fingerprints import content_identity, content_sha256
 from quotientsharp.workflows.grid import GridPoint, build_grid, with_row_symmetries
-from quotientsharp.workflows.manifest import ManifestEntry, read_manifest
+from quotientsharp.workflows.manifest import MANIFEST_KEYS, ManifestEntry, read_manifest
 from quotientsharp.workflows.options import InputError, StudyConfig
 from quotientsharp.workflows.report import (
     csv_columns,
@@ -148,8 +148,18 @@ def _check_symmetry(entry: ManifestEntry, record: Mapping[str, Any], folder: Pat
 
 
 def _colors(entries: Sequence[ManifestEntry], key: str | None) -> list[float] | None:
+    """The value of ``key`` (``--color``) of each entry, as a finite number; ``None`` without
+    a key."""
     if key is None:
         return None
+    if key in MANIFEST_KEYS:
+        # such a key is read, not carried to the outputs: "has no such key" would be wrong
+        others = sorted({name for entry in entries for name in entry.extra})
+        why = ("the gap is the plots' horizontal axis already" if key == "gap"
+               else "it is not a number to colour by")
+        raise ValueError(f"--color {key}: {key!r} is a manifest key with a meaning ({why}); "
+                         "--color colours by one of the manifest's other keys, here "
+                         f"{others}")
     values = []
     for entry in entries:
         try:
@@ -200,6 +210,12 @@ def _plan(manifest: str | Path, config: StudyConfig) -> _Plan:
                          f"{bound[0].symmetry} applies to geodesic only, and the measures "
                          f"are {', '.join(config.measures)}: add geodesic to the measures "
                          "(--measure), or leave the row's symmetry out")
+    if config.gap_from is not None and not any(entry.computes_gap for entry in entries):
+        # --gap-from says how a gap is computed from train and test data: with every gap
+        # given it would change nothing
+        raise InputError(f"--gap-from {config.gap_from}: every row of MANIFEST {manifest} "
+                         "gives its gap, so none is computed from train and test data: leave "
+                         "--gap-from out, or give train and test instead of gap")
     # rows with a symmetry of their own measure with its metric: the labels say so
     grid = with_row_symmetries(grid, bool(bound))
     out = Path(config.out) if config.out is not None else default_out(manifest)
