@@ -64,7 +64,13 @@ def test_defaults_are_accepted(cls):
 @pytest.mark.parametrize(("cls", "name", "low"), INTEGER_CASES)
 @given(value=st.integers(min_value=-10**6, max_value=10**6))
 def test_integer_fields_need_an_integer_at_least_their_minimum(cls, name, low, value):
-    if value >= low:
+    from quotientsharp.core.scalars import thread_limit
+
+    if name == "threads" and value > thread_limit():
+        # more than 4 per CPU only oversubscribe the cores (and far more crash torch)
+        with pytest.raises(ValueError, match=f"^threads must be at most {thread_limit()}"):
+            cls(**{name: value})
+    elif value >= low:
         assert getattr(cls(**{name: value}), name) == value
     else:
         with pytest.raises(ValueError, match=f"^{name} must be an integer >= {low}"):
@@ -188,3 +194,44 @@ def test_the_options_of_full_without_full_are_refused(option, value):
         study_config(argparse.Namespace(study="diagonal", **{option: value}))
     config = study_config(argparse.Namespace(study="diagonal", full=True, **{option: value}))
     assert config.full and getattr(config, option) is not None
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+@pytest.mark.parametrize("name", ["out", "docs"])
+def test_an_empty_path_is_refused(cls, name):
+    # Path("") is the working directory: --out '' wrote the results there, exit status 0
+    if name in cls.IGNORED:
+        return
+    with pytest.raises(ValueError, match=f"^{name} needs a folder path, got ''"):
+        cls(**{name: ""})
+
+
+def test_more_threads_than_4_per_cpu_are_refused(monkeypatch):
+    # --threads 100000 crashed the run with a segmentation fault, no message
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert ReproduceConfig(threads=8).threads == 8
+    with pytest.raises(ValueError, match=r"^threads must be at most 8 \(4 per CPU; this "
+                                         r"machine has 2\), got 9"):
+        ReproduceConfig(threads=9)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--out", ""], "out needs a folder path, got ''"),
+    (["--dist-timeout=-5"], "argument --dist-timeout: must be a finite number of seconds > 0, "
+                            "got '-5'"),
+    (["--dist-timeout", "0"], "argument --dist-timeout: must be a finite number of seconds > 0"),
+])
+def test_the_command_line_refuses_an_empty_out_and_a_timeout_of_no_time(arguments, message,
+                                                                         tmp_path, capsys,
+                                                                         monkeypatch):
+    # both were accepted: the results went to the working directory, the timeout was ignored
+    from quotientsharp.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(["reproduce", "diagonal", "--quick", *arguments])
+    except SystemExit as err:         # argparse's refusal
+        code = err.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []

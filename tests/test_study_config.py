@@ -298,3 +298,27 @@ def test_the_measures_checked_without_torch_are_the_engines():
     assert list(MEASURE_NAMES) == list(MEASURES)
     for name in MEASURES:
         assert measure_names(name) == [name]
+
+
+def test_an_empty_out_and_too_many_threads_are_refused(monkeypatch):
+    # --out '' wrote the results into the working directory; --threads 100000 crashed torch
+    with pytest.raises(InputError, match="^out needs a folder path, got ''"):
+        _study(out="")
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert _study(threads=8).threads == 8
+    with pytest.raises(InputError, match=r"^threads must be at most 8 \(4 per CPU"):
+        _study(threads=9)
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "inf", "nan", "soon"])
+def test_the_command_line_refuses_a_dist_timeout_of_no_time(value, capsys):
+    # --dist-timeout 0 was accepted (and, under torchrun, a collective could not wait at all)
+    from quotientsharp.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["study", "models.csv", "--data", "data.pt", "--rho", "0.1",
+              f"--dist-timeout={value}"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1
+    assert (f"error: argument --dist-timeout: must be a finite number of seconds > 0, got "
+            f"{value!r}") in err

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import math
 import os
 import re
 import site
@@ -50,6 +51,19 @@ def plain_text(text: str | None) -> str | None:
 
 
 __all__ = ["main"]
+
+
+def positive_seconds(text: str) -> float:
+    """``type=`` of a duration option (``--dist-timeout``): a finite number of seconds > 0.
+    A timeout of 0 or less, or an infinite one, is no timeout torch can wait for; refused
+    here even where it is not used (without torchrun), since nothing else would say so."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return seconds
 
 
 class _GivenOnce(argparse.Action):

@@ -10,7 +10,7 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-from quotientsharp.cli import plain_text
+from quotientsharp.cli import plain_text, positive_seconds
 from quotientsharp.workflows.process_group import DEFAULT_DIST_TIMEOUT, run_in_process_group
 
 #: What ``quotientsharp reproduce --help`` says (the module docstring is for developers).
@@ -60,7 +60,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         add_options, _ = STUDY_OPTIONS[name]
         add_options(study_parser)
         study_parser.add_argument(
-            "--dist-timeout", type=float, default=DEFAULT_DIST_TIMEOUT, metavar="SECONDS",
+            "--dist-timeout", type=positive_seconds, default=DEFAULT_DIST_TIMEOUT,
+            metavar="SECONDS",
             help="under torchrun: how long a rank may wait for the others in one collective "
                  f"before failing (default {DEFAULT_DIST_TIMEOUT:g} s); ignored without torchrun")
 
@@ -73,12 +74,13 @@ def _with_note(module: ModuleType, args: argparse.Namespace) -> int:
     from quotientsharp.reproduce.results_page import reading_guide
     from quotientsharp.workflows.records import is_main_rank
 
+    # a bad option raises an InputError naming it, which the console script reports
+    config = study_config(args)
     # a folder another run holds is refused before the study computes anything (by rank 0
     # alone: under torchrun the other ranks would find rank 0's own lock)
     if is_main_rank():
-        check_output_folder(getattr(args, "out", None))
-    # a bad option raises an InputError naming it, which the console script reports
-    status = int(module.run(study_config(args)) or 0)
+        check_output_folder(getattr(config, "out", None))
+    status = int(module.run(config) or 0)
     if status == 0 and is_main_rank():
         print(f"\n{reading_guide(getattr(module, 'GENERALISATION', None))}")
     return status

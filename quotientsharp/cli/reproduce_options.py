@@ -32,8 +32,10 @@ def add_common_options(parser: argparse.ArgumentParser, name: str, units: str,
                        out_note: str = "", docs_note: str = "") -> None:
     """``--out``, ``--resume``, ``--no-plots``, ``--progress``, ``--docs`` and ``--threads`` of
     study ``name`` (its results folder and docs page), whose folder holds ``units`` (in words,
-    ``"nets"``); ``out_note`` and ``docs_note`` end the help of ``--out`` and ``--docs``."""
-    parser.add_argument("--out", type=Path, default=None,
+    ``"nets"``); ``out_note`` and ``docs_note`` end the help of ``--out`` and ``--docs``.
+    Paths are read as text, made paths by the configuration: ``Path("")`` would be the working
+    directory, and an empty path must be refused as such."""
+    parser.add_argument("--out", type=str, default=None,
                         help=f"results folder (default results/{name}, or "
                              f"results/{name}-quick with --quick){out_note}")
     parser.add_argument("--resume", action="store_true",
@@ -43,7 +45,7 @@ def add_common_options(parser: argparse.ArgumentParser, name: str, units: str,
                         help="do not write the figures")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="show progress bars (default: on a terminal)")
-    parser.add_argument("--docs", type=Path, default=None, metavar="DIR",
+    parser.add_argument("--docs", type=str, default=None, metavar="DIR",
                         help=f"also write the page's data under DIR/results/data/, render "
                              f"DIR/results/{name}.md{docs_note} from it and regenerate "
                              "DIR/results.md (DIR: the docs folder of a checkout, whose "
@@ -135,10 +137,10 @@ def add_invariance_options(parser: argparse.ArgumentParser) -> None:
 
 def add_reach_options(parser: argparse.ArgumentParser) -> None:
     """Options of ``quotientsharp reproduce reach``."""
-    parser.add_argument("--out", type=Path, default=None,
+    parser.add_argument("--out", type=str, default=None,
                         help="results folder (default results/reach, or results/reach-quick "
                              "with --quick)")
-    parser.add_argument("--docs", type=Path, default=None, metavar="DIR",
+    parser.add_argument("--docs", type=str, default=None, metavar="DIR",
                         help="also write DIR/results/reach.md, DIR/results/data/reach.json "
                              "and regenerate DIR/results.md")
     parser.add_argument("--quick", action="store_true",
@@ -153,7 +155,7 @@ def add_reach_options(parser: argparse.ArgumentParser) -> None:
 
 def add_summary_options(parser: argparse.ArgumentParser) -> None:
     """Options of ``quotientsharp reproduce summary``."""
-    parser.add_argument("--docs", type=Path, default=Path("docs"), metavar="DIR",
+    parser.add_argument("--docs", type=str, default=Path("docs"), metavar="DIR",
                         help="docs folder of a checkout: reads DIR/results/data/*.json, "
                              "rewrites DIR/results/summary.md and DIR/results.md with the "
                              "renderer DIR/_hooks/results_pages (default docs)")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from quotientsharp.cli import plain_text, user_exit_message
+from quotientsharp.cli import plain_text, positive_seconds, user_exit_message
 from quotientsharp.cli.sharpness_options import add_sharpness_options, sharpness_fields
 from quotientsharp.workflows.options import (
     BootstrapSettings,
@@ -65,8 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plots", dest="plots", action="store_false",
                         help="do not write the scatter plots")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads during the run, per rank (default: torch's)")
-    parser.add_argument("--dist-timeout", type=float, default=DEFAULT_DIST_TIMEOUT,
+                        help="torch threads during the run, per rank, at most 4 per CPU "
+                        "(default: torch's)")
+    parser.add_argument("--dist-timeout", type=positive_seconds, default=DEFAULT_DIST_TIMEOUT,
                         metavar="SECONDS",
                         help="under torchrun: how long a rank may wait for the others "
                         f"(default {DEFAULT_DIST_TIMEOUT:g} s); ignored without torchrun")

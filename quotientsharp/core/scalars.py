@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Callable, Sequence
 
 #: ``torch.Generator.manual_seed`` takes 64-bit seeds.
@@ -51,6 +52,24 @@ def check_int(name: str, value: object, minimum: int) -> int:
     if number is None or number < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return number
+
+
+def thread_limit() -> int:
+    """The most torch threads an option may ask for: 4 per CPU of this machine
+    (``os.cpu_count()``). More only oversubscribe the cores, and tens of thousands make torch's
+    thread pool crash the process (a segmentation fault, no message)."""
+    return 4 * (os.cpu_count() or 1)
+
+
+def check_thread_count(name: str, threads: int) -> int:
+    """``threads``, an integer already checked to be >= 1, unless it exceeds
+    :func:`thread_limit`: then a ``ValueError`` naming ``name``."""
+    limit = thread_limit()
+    if threads > limit:
+        raise ValueError(f"{name} must be at most {limit} (4 per CPU; this machine has "
+                         f"{os.cpu_count() or 1}), got {threads}: more threads only "
+                         "oversubscribe the cores, and far more crash torch")
+    return threads
 
 
 def check_real(name: str, value: object, bounds: str, inside: Callable[[float], bool]) -> float:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from quotientsharp.core.scalars import check_flag
+from quotientsharp.core.scalars import check_flag, check_thread_count
 from quotientsharp.reproduce.invariance.report import check_measures, parse_dtypes
 
 Outcome = TypeVar("Outcome")
@@ -38,6 +38,9 @@ def _as_path(name: str, value: Any) -> Path | None:
         return value
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a path (str or Path) or None, got {value!r}")
+    if not value.strip():
+        # Path("") is the working directory: the results would land there unasked
+        raise ValueError(f"{name} needs a folder path, got {value!r}")
     return Path(value)
 
 
@@ -80,6 +83,7 @@ class ReproduceConfig:
             check_flag(name, getattr(self, name))
         check_flag("progress", self.progress, optional=True)
         _check_integer("threads", self.threads, 1)
+        check_thread_count("threads", self.threads)
         _check_integer("seed", self.seed, 0)
         if not isinstance(self.device, str) or not self.device:
             raise (ValueError if isinstance(self.device, str) else TypeError)(

@@ -24,6 +24,7 @@ from quotientsharp.core.scalars import (
     check_p,
     check_real,
     check_seed,
+    check_thread_count,
 )
 from quotientsharp.workflows.labels import MEASURE_NAMES
 
@@ -499,7 +500,8 @@ class StudyConfig(SharpnessConfig):
     plots
         Write the scatter plots (needs matplotlib).
     threads
-        Torch threads during the run, per rank (``None``: torch's).
+        Torch threads during the run, per rank (``None``: torch's), at most 4 per CPU
+        (:func:`~quotientsharp.core.scalars.thread_limit`).
 
     Examples
     --------
@@ -521,10 +523,15 @@ class StudyConfig(SharpnessConfig):
     @_input_errors
     def __post_init__(self) -> None:
         _set(self, "threads", _integer(self.threads, "threads", 1, optional=True))
+        if self.threads is not None:
+            check_thread_count(_name("threads"), self.threads)
         super().__post_init__()
         _text(self.data, "data", optional=False, path=True)
         _text(self.gap_from, "gap_from")
         _text(self.out, "out", path=True)
+        if self.out is not None and not os.fspath(self.out).strip():
+            # Path("") is the working directory: the results would land there unasked
+            raise InputError(f"{_name('out')} needs a folder path, got {os.fspath(self.out)!r}")
         check_flag(_name("resume"), self.resume)
         _part(self.bootstrap, BootstrapSettings, "bootstrap")
         _text(self.color, "color")
