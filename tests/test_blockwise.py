@@ -271,3 +271,27 @@ def test_measure_command_compiles_the_solver_steps_on_request(saved, tmp_path) -
     assert eager["settings"]["compile_steps"] is False
     # the same value to rounding (the compiled graphs sum the norms in another order)
     assert fast["value"] == pytest.approx(eager["value"], rel=1e-5, abs=0)
+
+
+def test_measure_command_refuses_a_plot_format_matplotlib_cannot_write(saved, tmp_path,
+                                                                       capsys) -> None:
+    # matplotlib refused '.xyz' after the measurement, naming no option, and the --json
+    # document was never written
+    out = tmp_path / "out.json"
+    assert _measure(saved, "--measure", "adaptive", "--blockwise", "--plot",
+                    str(tmp_path / "blocks.xyz"), "--json", str(out)) == 2
+    err = capsys.readouterr().err
+    assert f"--plot {tmp_path / 'blocks.xyz'}: matplotlib writes no '.xyz' files" in err
+    assert ".png" in err and ".svg" in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_measure_command_refuses_one_file_for_two_outputs(saved, tmp_path, capsys) -> None:
+    # --plot same.png --json same.png: the JSON document replaced the plot, exit status 0
+    same = tmp_path / "same.png"
+    assert _measure(saved, "--measure", "adaptive", "--blockwise", "--plot", str(same),
+                    "--json", str(tmp_path / "." / "same.png")) == 2
+    err = capsys.readouterr().err
+    assert "are the same file: one output would replace the other" in err
+    assert "--json" in err and "--plot" in err and err.count("\n") == 1
+    assert not same.exists()

@@ -44,7 +44,7 @@ from quotientsharp.cli.sharpness_options import (
     sharpness_config,
 )
 from quotientsharp.workflows.data import load_batches
-from quotientsharp.workflows.files import write_text_atomic
+from quotientsharp.workflows.files import write_text_atomic, writes_over
 from quotientsharp.workflows.labels import bindings_metric
 from quotientsharp.workflows.locks import OutputLock
 from quotientsharp.workflows.measuring import sharpness_noting_symmetry
@@ -199,6 +199,27 @@ def _check_plot(args: argparse.Namespace) -> None:
         raise InputError("--plot draws the loss change per block: add --blockwise")
     if importlib.util.find_spec("matplotlib") is None:
         raise InputError("--plot needs matplotlib: pip install 'quotientsharp[plot]'")
+    # matplotlib picks the format by the suffix, and refuses an unknown one only when it
+    # saves: after the measurement, in a message that names no option, the --json unwritten
+    suffix = Path(args.plot).suffix.lower().removeprefix(".")
+    if suffix:
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        formats = sorted(FigureCanvasBase.get_supported_filetypes())
+        if suffix not in formats:
+            raise InputError(f"--plot {args.plot}: matplotlib writes no '.{suffix}' files; "
+                             f"end the path with one of {', '.join('.' + f for f in formats)}")
+
+
+def _check_distinct_outputs(outputs: list[tuple[str, Path | None]]) -> None:
+    """Refuse two options that name one output file: the one written last would replace the
+    other without a word."""
+    given = [(flag, path) for flag, path in outputs if path is not None]
+    for index, (flag, path) in enumerate(given):
+        for other_flag, other in given[:index]:
+            if writes_over(path, other):
+                raise InputError(f"{other_flag} {other} and {flag} {path} are the same file: "
+                                 "one output would replace the other; give two paths")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -333,7 +354,8 @@ def run(args: argparse.Namespace) -> int:
     inputs = [("MODEL", args.model), ("DATA", args.data), ("--tokenizer", args.tokenizer)]
     inputs += [("the base model of MODEL's adapter", base) for base in _adapter_bases(args.model)]
     json_path = check_output_file(args.json, "--json", inputs)
-    check_output_file(args.plot, "--plot", inputs)
+    plot_path = check_output_file(args.plot, "--plot", inputs)
+    _check_distinct_outputs([("--json", json_path), ("--plot", plot_path)])
     # one writer per --json file: a second measure to it fails here, at once (held until the
     # function returns, by this name)
     json_lock = None if json_path is None else OutputLock(json_path, "--json").acquire()
