@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import quotientsharp as qs
 from quotientsharp.cli import main
 from quotientsharp.workflows.data import load_batches
 from quotientsharp.workflows.options import BatchSettings
@@ -376,3 +377,57 @@ def test_a_token_entry_beyond_64_bits_names_file_and_line(saved_mlp, tmp_path):
     with pytest.raises(InputError, match=rf"line 1: input_ids holds token id {2 ** 70}, outside "
                                          "the 64-bit integers"):
         load_batches(path, model, saved_mlp["net"], BatchSettings())
+
+
+def _tiny_llama(tmp_path: Path) -> tuple[torch.nn.Module, Path]:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=30, hidden_size=16, intermediate_size=32,
+                                      num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=1, max_position_embeddings=32,
+                                      attn_implementation="eager")
+    model = transformers.LlamaForCausalLM(config).double().eval()
+    model.save_pretrained(tmp_path / "llama")
+    return model, tmp_path / "llama"
+
+
+def test_per_token_labels_of_pretokenised_rows_measure_a_language_model(tmp_path):
+    # a causal LM's targets are a label per token: the command refused them as "not integer
+    # class labels", so no language model could be measured from a JSONL file
+    import json
+
+    model, directory = _tiny_llama(tmp_path)
+    rows = [([3, 7, 9, 11, 4], [7, 9, 11, 4, -100]), ([5, 6, 8], [6, 8, -100])]
+    path = tmp_path / "lm.jsonl"
+    path.write_text("".join(json.dumps({"input_ids": ids, "labels": labels}) + "\n"
+                            for ids, labels in rows))
+    (batch,), _, _ = load_batches(path, model, directory, BatchSettings(batch_size=2))
+    # padded with -100 to the batch's longest row, whatever the config's num_labels (2)
+    assert batch["labels"].tolist() == [[7, 9, 11, 4, -100], [6, 8, -100, -100, -100]]
+    assert batch["attention_mask"].tolist() == [[1] * 5, [1, 1, 1, 0, 0]]
+    expected = qs.sharpness(model, [batch], "adaptive", rho=0.05, n_iter=2, progress=False)
+    out = tmp_path / "values.json"
+    stderr = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(stderr):
+        code = main([str(a) for a in ("measure", directory, path, "--measure", "adaptive",
+                                      "--rho", "0.05", "--n-iter", "2", "--batch-size", "2",
+                                      "--dtype", "float64", "--no-progress", "--json", out)])
+    assert code == 0, stderr.getvalue()
+    assert json.loads(out.read_text())["results"]["adaptive"]["value"] == expected.value
+
+
+@pytest.mark.parametrize(("row", "expected"), [
+    ('{"input_ids": [1, 2, 3], "labels": [2, 3]}', r"line 2: 'label' has 2 entries, input_ids "
+                                                   r"has 3"),
+    ('{"input_ids": [1, 2], "labels": [2, 30]}', r"line 2: label 30 is not a token in \[0, 30\)"),
+    ('{"input_ids": [1, 2], "labels": 1}', r"line 2: the file's labels are per token, so each "
+                                           "row's label must be a list of integers"),
+])
+def test_per_token_labels_that_do_not_fit_their_row_are_named(tmp_path, row, expected):
+    from quotientsharp.workflows.options import InputError
+
+    model, directory = _tiny_llama(tmp_path)
+    path = tmp_path / "lm.jsonl"
+    path.write_text('{"input_ids": [3, 4], "labels": [4, -100]}\n' + row + "\n")
+    with pytest.raises(InputError, match=rf"^DATA {re.escape(str(path))}, {expected}"):
+        load_batches(path, model, directory, BatchSettings())

@@ -127,7 +127,8 @@ def _labels(rows: Sequence[dict[str, Any]], path: Path, loss: str,
                              f"list of numbers, got {value!r}")
     if loss == "cross_entropy":
         if not integer:
-            raise InputError(f"DATA {path}: cross-entropy needs integer class labels; for "
+            raise InputError(f"DATA {path}: cross-entropy needs integer class labels (a number "
+                             "per row, or a list per token of a pre-tokenised row); for "
                              "real-valued targets pass --loss mse")
         # -100 is cross-entropy's ignored label, as in a tensor file
         bad = [(row["_line"], v) for row, v in zip(rows, values, strict=True)
@@ -143,6 +144,41 @@ def _labels(rows: Sequence[dict[str, Any]], path: Path, loss: str,
         return torch.tensor(values, dtype=torch.float32)
     except ValueError as err:
         raise InputError(f"DATA {path}: labels of unequal lengths ({err})") from err
+
+
+def _token_labels(rows: Sequence[dict[str, Any]], path: Path, width: int,
+                  vocabulary: int | None) -> torch.Tensor:
+    """Per-token class labels of pre-tokenised rows (a language model's targets, each a list
+    as long as the row's ``input_ids``, ``-100`` where ignored), padded with ``-100`` to the
+    batch's ``width``, ``shape=[rows, width]``; a class is a token, so it lies in the
+    vocabulary (a config's ``num_labels`` is a classifier head's, not a language model's)."""
+    import torch
+
+    from quotientsharp.engine.batches import IGNORE_INDEX
+
+    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    for index, row in enumerate(rows):
+        where = f"DATA {path}, line {row['_line']}"
+        value = row["label"]
+        if "input_ids" not in row:
+            raise InputError(f"{where}: a label per token needs pre-tokenised rows "
+                             "('input_ids'), whose tokens the labels align with")
+        if not isinstance(value, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise InputError(f"{where}: the file's labels are per token, so each row's label "
+                             f"must be a list of integers, got {value!r:.60}")
+        if len(value) != len(row["input_ids"]):
+            raise InputError(f"{where}: 'label' has {len(value)} entries, input_ids has "
+                             f"{len(row['input_ids'])} (one label per token, -100 ignored)")
+        outside = next((v for v in value if v != IGNORE_INDEX and not (
+            0 <= v < (vocabulary if vocabulary is not None else _INT64_END))), None)
+        if outside is not None:
+            limit = (f"in [0, {vocabulary}), the vocabulary" if vocabulary is not None
+                     else ">= 0")
+            raise InputError(f"{where}: label {outside} is not a token {limit} (or -100, "
+                             "ignored)")
+        labels[index, :len(value)] = torch.tensor(value, dtype=torch.long)
+    return labels
 
 
 def _token_list(row: dict[str, Any], key: str, path: Path, length: int | None,
@@ -267,7 +303,11 @@ def _jsonl_batches(path: Path, model: nn.Module, model_path: Path, settings: Bat
                   else _text_batch(chunk, path, tokenizer, settings.max_length))
         if positions is not None:
             _check_positions(inputs, chunk, path, positions, settings.max_length)
-        batches.append({**inputs, "labels": _labels(chunk, path, settings.loss, num_labels)})
+        per_token = settings.loss == "cross_entropy" and any(
+            isinstance(row["label"], list) for row in rows)
+        labels = (_token_labels(chunk, path, inputs["input_ids"].shape[-1], vocabulary)
+                  if per_token else _labels(chunk, path, settings.loss, num_labels))
+        batches.append({**inputs, "labels": labels})
     kind = "pre-tokenised JSONL" if pretokenised else "text JSONL"
     return batches, sum(len(b["labels"]) for b in batches), kind
 
