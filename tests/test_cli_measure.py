@@ -717,3 +717,12 @@ def test_nonfinite_with_relative_flatness_alone_is_refused(saved_mlp, capsys):
     err = capsys.readouterr().err
     assert err.startswith("quotientsharp measure: error: --nonfinite applies to average, "
                           "worst_case, adaptive and geodesic only") and err.count("\n") == 1
+
+
+def test_a_value_within_its_rounding_gets_no_advice_to_search_longer(saved_mlp, capsys) -> None:
+    # the note under the table advised "search longer" for any shortfall, though a value within
+    # the rounding of its losses has a reach of 1.000 and advice of its own (a finer dtype)
+    assert main(["measure", str(saved_mlp["net"]), str(saved_mlp["data"]), "--measure",
+                 "adaptive", "--rho", "1e-7", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "is not resolved to 1 %" in printed and "search longer" not in printed

@@ -271,10 +271,13 @@ def _print_notes(args: argparse.Namespace, config: SharpnessConfig, no_symmetry:
     for label, notes in short.items():
         for note in notes:
             print(f"note: {label}, {note}")
-    if any(short.values()):
-        print("note: a value whose reach is below 0.99 may not be the maximum: search longer "
-              f"(--chains 8 --n-iter 50){_locality_advice(measured)} (docs/sharpness.md, "
-              "'Reach and locality')")
+    # advice for the causes named only (a value within its rounding has its own in its note)
+    advice = (["a value whose reach is below 0.99 may not be the maximum: search longer "
+               "(--chains 8 --n-iter 50)"]
+              if any(result.searched_short() for result in measured.values()) else [])
+    advice += [_locality_advice(measured)] if _locality_advice(measured) else []
+    if advice:
+        print(f"note: {'; '.join(advice)} (docs/sharpness.md, 'Reach and locality')")
 
 
 def _locality_advice(measured: dict[str, SharpnessResult]) -> str:
@@ -287,7 +290,7 @@ def _locality_advice(measured: dict[str, SharpnessResult]) -> str:
         ["--measure adaptive (its ball moves every weight in proportion to its size)"]
         if "worst_case" in wide else [])
     either = f"{', '.join(options)}, or " if options else ""
-    return f"; where the ball is not local, use {either}a smaller --rho"
+    return f"where the ball is not local, use {either}a smaller --rho"
 
 
 def _print_diagnostics(args: argparse.Namespace, measured: dict[str, SharpnessResult]) -> None:

@@ -190,6 +190,14 @@ class SharpnessResult:
                   for index, where in enumerate(self.locality) if not where["local"]]
         return notes
 
+    def searched_short(self) -> bool:
+        """Whether a batch's reach estimate is below 0.99 for want of search (its chains
+        disagree, or its best chain still climbed), not for a value within its rounding: the
+        case that searching longer helps."""
+        unresolved = self._unresolved()
+        return any(reach is not None and reach < REACH_TARGET and index not in unresolved
+                   for index, reach in enumerate(self.reach))
+
     def _unresolved(self) -> list[int]:
         """The batches whose value is within its losses' rounding to 1 %."""
         return [index for index, rounding in enumerate(self.rounding)
@@ -376,12 +384,9 @@ def assemble_result(measure: str, outcomes: Sequence[BatchOutcome],
 def _advice(result: SharpnessResult, measure: str) -> str:
     """What to do, for the causes the notes name only: a low reach, a ball that is not local
     (a value within its rounding has its own advice in its note)."""
-    unresolved = result._unresolved()
-    low = any(reach is not None and reach < REACH_TARGET and index not in unresolved
-              for index, reach in enumerate(result.reach))
     far = any(not where["local"] for where in result.locality)
     advice = (["Where the reach is low, search longer (reach={'chains': 8, 'continuations': "
-               "4}, n_iter=50)"] if low else [])
+               "4}, n_iter=50)"] if result.searched_short() else [])
     advice += ([f"where the ball is not local, {_LOCAL_ADVICE.get(measure, '')}use a smaller "
                 "rho"] if far else [])
     text = "; ".join(advice) or "Each note says what to do"
