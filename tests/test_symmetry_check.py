@@ -236,8 +236,7 @@ def test_the_no_symmetry_warning_says_what_geodesic_sharpness_equals_with_other_
     batch = (torch.randn(16, 5, dtype=torch.float64), torch.randint(0, 3, (16,)))
     measured = {}
     for name, options in (("euclidean", {"other_metric": "euclidean"}),
-                          ("path", {"other_path": "geodesic"}),
-                          ("path order 1", {"other_path": "geodesic", "order": 1})):
+                          ("path", {"other_path": "geodesic"})):
         with pytest.warns(qs.NoSymmetryWarning) as got:
             measured[name] = qs.sharpness(mlp, [batch], rho=0.05, n_iter=3, progress=False,
                                           reach=False, **options).value
@@ -245,16 +244,13 @@ def test_the_no_symmetry_warning_says_what_geodesic_sharpness_equals_with_other_
         assert "--symmetry" in note
         if name == "euclidean":
             assert "equals worst-case sharpness (p=2)" in note
-        elif name == "path":
-            assert "equals" not in note and "other_path='geodesic'" in note
         else:
-            assert "equals adaptive sharpness" in note
+            assert "equals" not in note and "other_path='geodesic'" in note
     worst = qs.sharpness(mlp, [batch], rho=0.05, n_iter=3, progress=False, reach=False,
                          measure="worst_case").value
     adaptive = qs.sharpness(mlp, [batch], rho=0.05, n_iter=3, progress=False, reach=False,
                             measure="adaptive").value
     assert measured["euclidean"] == pytest.approx(worst, rel=1e-9)
-    assert measured["path order 1"] == pytest.approx(adaptive, rel=1e-9)
     assert measured["path"] != pytest.approx(adaptive, rel=1e-6)
 
 

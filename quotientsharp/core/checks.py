@@ -635,14 +635,14 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
     relies on, checked before it measures with a user's quotient.
 
     Always: ``vertical()`` against the derivative of ``act()`` (``vertical_is_orbit_velocity``),
-    ``act()`` a group action along a one-parameter subgroup (``act_is_action``), the Lie bracket
-    of two vertical fields vertical (``vertical_is_involutive``; at ``x``, or at its first
-    element where the vertical basis of ``x`` exceeds :data:`CONTRACT_BASIS_BUDGET` entries, and
-    not at all where that of one element does too), Killing's equation of the metric along a
-    vertical field (``metric_is_killing``, unless the quotient says ``invariant = False``), the
-    symmetry of ``inner`` (``inner_symmetric``) and its invariance under a random group element
+    ``act()`` a group action along a one-parameter subgroup (``act_is_action``), the symmetry of
+    ``inner`` (``inner_symmetric``) and its invariance under a random group element
     (``metric_invariance``, unless the quotient says ``invariant = False``), an overriding
-    ``act_tangent`` against the jvp of ``act``. Then, when the class overrides one of
+    ``act_tangent`` against the jvp of ``act``, the Lie bracket of two vertical fields vertical
+    (``vertical_is_involutive``; at ``x``, or at its first element where the vertical basis of
+    ``x`` exceeds :data:`CONTRACT_BASIS_BUDGET` entries, and not at all where that of one
+    element does too) and Killing's equation of the metric along a vertical field
+    (``metric_is_killing``, unless ``invariant = False``). Then, when the class overrides one of
     :data:`CONTRACT_METHODS`, the operations of its frozen point ``quotient.at(x)`` (what the
     engine runs) against their references: the horizontal projection against the normal
     equations over the vertical basis, the Riemannian gradient by its defining property
@@ -699,14 +699,6 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
         check_group_identity(q, x)
         add(*_vertical_check(q, x, a))
         add(*_action_check(q, x, group_scale * a))
-    # these need inner and vertical alone, not group_exp: the adapters' checks (group=False)
-    # run them too
-    if declares_invariant(q):
-        add(*_killing_check(q, x, u, w, a))
-    involutive = _within_basis_budget(q, x)
-    if involutive is not None:
-        first = T.first_element((a,), (len(q.algebra_shape(x)),))[0]
-        add(*_involutive_check(q, involutive, a if involutive is x else first, seed))
     add(*_symmetry_check(q, x, u, w))
     if group:
         g = q.random_group_element(x, scale=group_scale, generator=gen)
@@ -715,6 +707,14 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
             add(*_act_tangent_check(q, x, u, g))
         if declares_invariant(q):
             add(*_invariance_check(q, x, u, w, g))
+    # after the group's checks, which name a wrong action or metric more directly; these need
+    # inner and vertical alone, not group_exp, so the adapters' checks (group=False) run them
+    involutive = _within_basis_budget(q, x)
+    if involutive is not None:
+        first = T.first_element((a,), (len(q.algebra_shape(x)),))[0]
+        add(*_involutive_check(q, involutive, a if involutive is x else first, seed))
+    if declares_invariant(q):
+        add(*_killing_check(q, x, u, w, a))
     results += [CheckResult(name, err, tolerance, bool(err <= tolerance), detail)
                 for name, err, detail in _wrapper_checks(q, x, u)]
     if not any(_overrides(q, m) for m in CONTRACT_METHODS):

@@ -32,14 +32,14 @@ from quotientsharp.models.symmetry_check import (
 )
 
 
-def no_symmetry_note(other_metric: str = "adaptive", other_path: str = "line",
-                     order: int | str = 2) -> str:
+def no_symmetry_note(other_metric: str = "adaptive", other_path: str = "line") -> str:
     """What geodesic sharpness equals on a model without symmetry, where every parameter is in
-    the other factor (its ``other_metric``, ``other_path`` and ``order``), and what to do."""
+    the other factor (its ``other_metric`` and ``other_path``; a curved path needs an order
+    above 1, ``GeodesicSpec`` refuses it at order 1), and what to do."""
     if other_metric == "euclidean":
         same = ("geodesic sharpness equals worst-case sharpness (p=2) here (every parameter is in "
                 "the other factor, with other_metric='euclidean')")
-    elif other_path == "geodesic" and order != 1:
+    elif other_path == "geodesic":
         same = ("every parameter is in the adaptive factor, moved along its geodesic "
                 "(other_path='geodesic'): adaptive sharpness's ball on another path, with no "
                 "symmetry quotiented out")

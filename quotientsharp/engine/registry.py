@@ -568,7 +568,7 @@ class GeodesicSpec(AscentSpec):
               ) -> tuple[Measure, dict[str, Any]]:
         layout, extra = symmetry_layout(
             model, functional, self.symmetries, self.diagonal,
-            no_symmetry_note(self.other_metric, self.other_path, self.order))
+            no_symmetry_note(self.other_metric, self.other_path))
         if isinstance(layout, list):
             # bindings bring their own quotients: the discovery options do not apply
             defaults = self.defaults()
