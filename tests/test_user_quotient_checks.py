@@ -809,3 +809,27 @@ def test_the_adapters_refuse_a_metric_that_is_not_invariant(adapter):
     point = tuple(torch.randn(2, n, generator=torch.Generator().manual_seed(n),
                               dtype=torch.float64) for n in (4, 3))
     assert all(r.passed for r in qs.checks.check_contract(Neuron(), point))
+
+
+class InnerInFloat64(Neuron):
+    """Computes its metric in float64 whatever the point's dtype."""
+
+    def inner(self, x, u, v):
+        return super().inner(tuple(t.double() for t in x), tuple(t.double() for t in u),
+                             tuple(t.double() for t in v))
+
+
+def test_geoopt_checks_a_user_quotient_in_the_dtype_of_its_parameter():
+    # the construction check runs in float64, where this class is right; a float32 parameter
+    # failed at the first step in quotient.geodesic, naming neither the class nor inner
+    pytest.importorskip("geoopt")
+    from quotientsharp.core.adapters import QuotientManifold
+
+    manifold = QuotientManifold(InnerInFloat64(), ((4,), (3,)))
+    point = manifold.merge(tuple(torch.randn(2, n) for n in (4, 3)))
+    with pytest.raises(ValueError, match=r"^QuotientManifold: InnerInFloat64\.inner returned "
+                                         r"dtype torch\.float64, expected the point's "
+                                         r"torch\.float32"):
+        manifold.egrad2rgrad(point, torch.ones_like(point))
+    float64 = point.double()
+    assert torch.isfinite(manifold.egrad2rgrad(float64, torch.ones_like(float64))).all()

@@ -856,7 +856,8 @@ def format_results(results: Sequence[CheckResult], title: str = "") -> str:
 
 
 def check_user_quotient(quotient: SymmetryQuotient, owner: str, *,
-                        shapes: Sequence[Sequence[int]], batch_shape: Sequence[int] = ()) -> None:
+                        shapes: Sequence[Sequence[int]], batch_shape: Sequence[int] = (),
+                        dtype: torch.dtype = torch.float64) -> None:
     """Raise a ``ValueError`` naming ``owner`` unless the methods of a quotient not defined by
     the package (:func:`~quotientsharp.core.method_checks.builtin_quotient`) are well formed at
     a random point of ``shapes`` (:func:`~quotientsharp.core.method_checks.diagnose`: output
@@ -870,8 +871,10 @@ def check_user_quotient(quotient: SymmetryQuotient, owner: str, *,
     projection, gradient, ``raise_index``, Christoffel contraction and geodesics), each failure
     naming the property.
 
-    For the adapters, which check once, at construction, and have no model point: a random
-    Gaussian point, as ``random_point`` draws (seed 0, float64). Not the checks of
+    For the adapters, which check at construction and have no model point: a random
+    Gaussian point, as ``random_point`` draws (seed 0, ``dtype``). In a ``dtype`` other than
+    float64 (the geoopt adapter's first point of another dtype) only the method checks run.
+    Not the checks of
     :func:`check_contract` that draw group elements: they draw them through ``act`` and
     ``group_exp``, which the adapters never call (a class may leave ``group_exp`` at its
     default and still be a valid manifold for them); ``quotientsharp verify --quotient`` runs
@@ -879,12 +882,17 @@ def check_user_quotient(quotient: SymmetryQuotient, owner: str, *,
     """
     if builtin_quotient(quotient):
         return
-    x = quotient.random_point(tuple(batch_shape), shapes=shapes, dtype=torch.float64,
+    x = quotient.random_point(tuple(batch_shape), shapes=shapes, dtype=dtype,
                               generator=torch.Generator().manual_seed(0))
     try:
         diagnose(quotient, x)
     except (QuotientMethodError, DegeneratePointError) as err:
-        raise ValueError(f"{owner}: {err}") from err
+        raise ValueError(f"{owner}: {err}" + ("" if dtype == torch.float64 else
+                                              f" (in {dtype}, the dtype of the point)")) from err
+    if dtype != torch.float64:
+        # the contract's comparisons are held to float64's rounding; in another dtype the
+        # outputs' dtypes and shapes are what a class gets wrong (a float64 intermediate)
+        return
     # a wrong closed form otherwise moves every iterate of the optimiser, silently
     # another seed than the point's: the same draws would make the first tangent vector the
     # point itself, horizontal for a scaling symmetry, which tests no projection

@@ -179,6 +179,10 @@ class QuotientManifold(geoopt.Manifold):
         check_user_quotient(quotient, "QuotientManifold", shapes=shapes,
                             batch_shape=(GENERIC_BATCH,))
         self.ndim = self.stacked.ndim
+        #: the dtypes the quotient's methods were checked in (a parameter of another dtype is
+        #: checked at its first use: a method computing in float64 fails a float32 step with an
+        #: error naming neither the quotient nor the method)
+        self._checked = {torch.float64}
         self.retraction = retraction
         self.name = f"Quotient[{quotient.name}]"
         # what the last retraction did, for the error on an iterate that diverged
@@ -203,6 +207,10 @@ class QuotientManifold(geoopt.Manifold):
         # ManifoldParameter is a Tensor subclass; the quotient works on plain tensors
         if isinstance(x, torch.Tensor) and type(x) is not torch.Tensor:
             x = x.as_subclass(torch.Tensor)
+        if x.dtype not in self._checked and x.dtype in (torch.float32, torch.float64):
+            check_user_quotient(self.quotient, "QuotientManifold", shapes=self.shapes,
+                                batch_shape=(GENERIC_BATCH,), dtype=x.dtype)
+            self._checked.add(x.dtype)
         return self.stacked.split(x)
 
     def _keep(self, value: torch.Tensor, keepdim: bool) -> torch.Tensor:
