@@ -255,6 +255,18 @@ def test_a_max_length_for_data_without_text_is_refused(saved_mlp, tmp_path, kind
     assert load_batches(path, model, saved_mlp["net"], BatchSettings())[1] > 0
 
 
+def test_a_sparse_tensor_in_a_data_file_is_named(saved_mlp, tmp_path):
+    # slicing it into batches failed in torch, a message of kilobytes naming neither DATA nor X
+    from quotientsharp.workflows.options import InputError
+
+    model = torch.load(saved_mlp["net"], weights_only=False)
+    x, y = torch.load(saved_mlp["data"])
+    torch.save((x.to_sparse(), y), tmp_path / "sparse.pt")
+    with pytest.raises(InputError, match=r"^DATA .*sparse\.pt: X is a sparse_coo tensor; save "
+                                         r"it dense"):
+        load_batches(tmp_path / "sparse.pt", model, saved_mlp["net"], BatchSettings())
+
+
 @pytest.mark.parametrize("entries", [{"x": 0, "y": 1, "mask": 0}, {"x": 0, "X": 0, "y": 1},
                                      {"x": 0}])
 def test_a_dict_of_other_entries_than_x_and_y_is_refused(saved_mlp, tmp_path, entries):

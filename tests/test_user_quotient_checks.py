@@ -199,6 +199,15 @@ def test_nan_in_batch_is_refused_not_reported_as_holding():
         check_symmetry(_mlp(), _bind(ShiftAction()), (inputs, target))
 
 
+@pytest.mark.parametrize("as_mapping", [False, True])
+def test_an_empty_batch_is_named_not_blamed_on_nan_inputs(as_mapping):
+    inputs, target = _batch()
+    batch = ({"input": inputs[:0], "labels": target[:0]} if as_mapping
+             else (inputs[:0], target[:0]))
+    with pytest.raises(ValueError, match=r"^batch is empty: its target has shape \(0,\)"):
+        check_symmetry(_mlp(), _bind(Neuron()), batch)
+
+
 @pytest.mark.parametrize("zero", ["all", "unit0"])
 def test_degenerate_point_is_blamed_on_the_point_not_the_class(zero):
     model = _mlp()

@@ -401,12 +401,16 @@ def _split_batch(batch: object) -> tuple[tuple, dict[str, Any], Any]:
         if "labels" not in batch:
             raise ValueError(f"batch: a mapping batch needs the target under 'labels', got keys "
                              f"{sorted(map(str, batch))}")
-        return (), {k: v for k, v in batch.items() if k != "labels"}, batch["labels"]
+        return _split_batch(({k: v for k, v in batch.items() if k != "labels"},
+                             batch["labels"]))
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:
         raise TypeError(f"batch must be a pair (inputs, target) or a mapping with 'labels', got "
                         f"{type(batch).__name__}"
                         + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
     x, target = batch
+    if isinstance(target, torch.Tensor) and target.numel() == 0:
+        # its loss is a mean over nothing, NaN: the message blamed NaN inputs
+        raise ValueError(f"batch is empty: its target has shape {tuple(target.shape)}")
     if isinstance(x, Mapping):
         return (), dict(x), target
     return (tuple(x) if isinstance(x, (tuple, list)) else (x,)), {}, target

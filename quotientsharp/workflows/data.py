@@ -383,6 +383,10 @@ def _tensor_pair(loaded: Any, path: Path) -> tuple[tuple[torch.Tensor, ...], tor
         if tensor.dim() == 0:
             raise InputError(f"DATA {path}: {name} is a 0-dim tensor; the first dimension "
                              "indexes examples")
+        if tensor.layout != torch.strided:
+            # slicing it into batches fails in torch with a message of several kilobytes
+            raise InputError(f"DATA {path}: {name} is a {str(tensor.layout).removeprefix('torch.')}"
+                             " tensor; save it dense (tensor.to_dense())")
     sizes = {t.shape[0] for t in (*inputs, target)}
     if len(sizes) != 1:
         raise InputError(f"DATA {path}: inputs and target disagree in their number of examples "
