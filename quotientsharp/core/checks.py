@@ -702,23 +702,11 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
         add(*_vertical_check(q, x, a))
         add(*_action_check(q, x, group_scale * a))
     add(*_symmetry_check(q, x, u, w))
-    if group:
-        g = q.random_group_element(x, scale=group_scale, generator=gen)
-        check_group_element_moves(q, x, g)
-        if _overrides(q, "act_tangent"):
-            add(*_act_tangent_check(q, x, u, g))
-        if declares_invariant(q):
-            add(*_invariance_check(q, x, u, w, g))
-    # after the group's checks, which name a wrong action or metric more directly; these need
-    # inner and vertical alone, not group_exp, so the adapters' checks (group=False) run them
-    involutive = _within_basis_budget(q, x)
-    if involutive is not None:
-        first = T.first_element((a,), (len(q.algebra_shape(x)),))[0]
-        add(*_involutive_check(q, involutive, a if involutive is x else first, seed))
-    if declares_invariant(q):
-        add(*_killing_check(q, x, u, w, a))
+    rows = _group_element_checks(q, x, u, w, group_scale, gen) if group else []
+    # after the group's checks, which name a wrong action or metric more directly
+    rows += _vertical_field_checks(q, x, u, w, a, seed)
     results += [CheckResult(name, err, tolerance, bool(err <= tolerance), detail)
-                for name, err, detail in _wrapper_checks(q, x, u)]
+                for name, err, detail in [*rows, *_wrapper_checks(q, x, u)]]
     if not any(_overrides(q, m) for m in CONTRACT_METHODS):
         return results
 
@@ -781,6 +769,32 @@ def check_contract(quotient: SymmetryQuotient, x: Tensors, *, seed: int = 0,
                                                                  ("exact", ode))):
         add(name, error, detail)
     return results
+
+
+def _group_element_checks(q: SymmetryQuotient, x: Tensors, u: Tensors, w: Tensors,
+                          group_scale: float, gen: torch.Generator
+                          ) -> list[tuple[str, float, str]]:
+    """The contract's checks with a random group element (drawn from ``gen``): it moves the
+    point, an overriding ``act_tangent`` is the jvp of ``act``, the metric is invariant."""
+    g = q.random_group_element(x, scale=group_scale, generator=gen)
+    check_group_element_moves(q, x, g)
+    rows = [_act_tangent_check(q, x, u, g)] if _overrides(q, "act_tangent") else []
+    return rows + ([_invariance_check(q, x, u, w, g)] if declares_invariant(q) else [])
+
+
+def _vertical_field_checks(q: SymmetryQuotient, x: Tensors, u: Tensors, w: Tensors,
+                           a: torch.Tensor, seed: int) -> list[tuple[str, float, str]]:
+    """The contract's checks of ``vertical`` and ``inner`` alone (no ``group_exp``, so the
+    adapters' checks run them too): the bracket of two vertical fields is vertical (at ``x``,
+    or its first element, within :data:`CONTRACT_BASIS_BUDGET`), Killing's equation."""
+    rows = []
+    involutive = _within_basis_budget(q, x)
+    if involutive is not None:
+        first = T.first_element((a,), (len(q.algebra_shape(x)),))[0]
+        rows.append(_involutive_check(q, involutive, a if involutive is x else first, seed))
+    if declares_invariant(q):
+        rows.append(_killing_check(q, x, u, w, a))
+    return rows
 
 
 def _geodesic_method_checks(q: SymmetryQuotient, x: Tensors, v: Tensors,
