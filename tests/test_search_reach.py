@@ -764,6 +764,22 @@ def test_an_average_within_the_rounding_of_its_float32_losses_is_flagged() -> No
     assert resolved.rounding[0] < 0.01 * abs(resolved.value)
 
 
+def test_an_average_near_zero_by_chance_is_judged_by_its_draws_not_flagged() -> None:
+    # the mean of a batch's draws is near zero by chance (seed 3, batch 0: 8.5e-4 against a
+    # rounding bound of 1.3e-5); judged against the value, it was flagged and told to use
+    # float64, which does not change sampling noise. Its draws change the loss by 1.3e-2.
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 5))
+    batches = [(torch.randn(32, 10), torch.randint(0, 5, (32,))) for _ in range(4)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = qs.sharpness(mlp, batches, measure="average", rho=0.05, samples=8, seed=3,
+                              progress=False)
+    assert result.rounding[0] > 0.01 * abs(result.per_batch[0])
+    assert all(r < 0.01 * d for r, d in zip(result.rounding, result.draw_rises, strict=True))
+    assert not result.shortfalls()
+
+
 class _Float32Logits(torch.nn.Module):
     """A float64 model that returns its logits in float32."""
 

@@ -139,7 +139,7 @@ def results_table(rows: Sequence[tuple[str, Any, float]]) -> str:
 def _json_result(measure: str, result: Any, seconds: float) -> dict[str, Any]:
     """The ``--json`` entry of one measure: its values, settings and time, and an ascent
     measure's diagnostics (reach, chains, evaluations, locality, rounding, traces, reference,
-    blocks)."""
+    blocks); average sharpness's rounding and its draws' mean loss change."""
     entries: dict[str, Any] = {
         "measure": measure, "value": result.value, "per_batch": result.per_batch,
         "clean_losses": result.clean_losses, "perturbed_losses": result.perturbed_losses,
@@ -149,6 +149,9 @@ def _json_result(measure: str, result: Any, seconds: float) -> dict[str, Any]:
         entries.update(reach=result.reach, min_reach=result.min_reach, chains=result.chains,
                        evaluations=result.evaluations, locality=result.locality,
                        local=result.local, rounding=result.rounding)
+    if result.draw_rises:
+        # average sharpness: its rounding and the scale it is judged against
+        entries.update(rounding=result.rounding, draw_rises=result.draw_rises)
     if result.traces:
         entries["traces"] = result.traces
     if result.reference_per_batch:

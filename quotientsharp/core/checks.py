@@ -229,7 +229,12 @@ def _killing_check(q: SymmetryQuotient, x: Tensors, u: Tensors, w: Tensors,
     _, du = reference.jvp_pair(lambda y: q.vertical(y, a), (x,), (u,))
     _, dw = reference.jvp_pair(lambda y: q.vertical(y, a), (x,), (w,))
     terms = torch.stack([moved, q.inner(x, du, w), q.inner(x, u, dw)])
-    scale = terms.abs().amax(0).clamp_min(torch.finfo(terms.dtype).tiny)
+    # at least ||u|| ||w|| |a|, the size of each term at a generic unit (metric_invariance's
+    # scale, times the field's): a unit where all three nearly vanish would read its rounding
+    # as a relative error of order one
+    size = (q.norm(x, u) * q.norm(x, w)
+            * a.flatten(a.dim() - len(q.algebra_shape(x))).norm(dim=-1))
+    scale = torch.maximum(terms.abs().amax(0), size).clamp_min(torch.finfo(terms.dtype).tiny)
     error = terms.sum(0).abs() / scale
     return ("metric_is_killing", float(error.max()) if error.numel() else 0.0,
             "D<u, w>_x[V_a] + <DV_a u, w>_x + <u, DV_a w>_x = 0 (the metric's invariance along "

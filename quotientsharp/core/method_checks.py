@@ -178,7 +178,11 @@ def _check_vertical_injective(q: SymmetryQuotient, x: Tensors, shape: tuple[int,
         # pivots, and no threshold on the eigenvalues at x tells that from a valid orbit at an
         # ill-conditioned point (Gram condition 1e24 at weights of condition 1e6): a generic
         # point shows a class that counts more directions than it uses
-        generic = _generic_point(q, x, T.batch_shape(x, q.point_ndims))
+        # in float64 whatever the point's dtype: whether vertical uses every direction is a
+        # property of the class, and a float32 Gram of a random point (condition ~1e4 for 17 x 16
+        # factors) reads as singular at float32's threshold
+        wide = tuple(c.to(torch.float64) for c in x)
+        generic = _generic_point(q, wide, T.batch_shape(x, q.point_ndims))
         eigenvalues = torch.linalg.eigvalsh(
             _call(q, "vertical", lambda: reference.vertical_gram(q, generic)).detach())
         floor = INJECTIVE_ULPS * k * torch.finfo(eigenvalues.dtype).eps * eigenvalues[..., -1]

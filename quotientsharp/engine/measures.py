@@ -206,6 +206,7 @@ class BatchOutcome:
     evaluations: int = 0
     locality: Locality | None = None
     rounding: float | None = None
+    draw_rise: float | None = None
 
 
 class Measure(Protocol):
@@ -270,6 +271,9 @@ class AverageMeasure:
         finite = torch.zeros((), dtype=torch.int64, device=self.model.device)
         first_bad = torch.full_like(finite, -1)
         bad_loss = torch.zeros_like(total)
+        # the draws' mean |loss change|: what their rounding is judged against (their mean is
+        # near zero by chance, which no dtype resolves better)
+        rises = torch.zeros((), dtype=torch.float64, device=self.model.device)
         for sample in range(self.samples):
             deltas = tuple(self.rho * d for d in self.frozen.isotropic(self.generator))
             point = tuple(w + d for w, d in zip(self.coordinates.base, deltas, strict=True))
@@ -280,6 +284,7 @@ class AverageMeasure:
             first_bad = torch.where(new_bad, sample, first_bad)
             bad_loss = torch.where(new_bad, loss, bad_loss)
             total = total + torch.where(ok, loss, torch.zeros_like(loss))
+            rises = rises + torch.where(ok, excess(loss, clean).abs(), torch.zeros_like(rises))
             finite = finite + ok.to(finite.dtype)
             norm_sum = norm_sum + self.frozen.norm(deltas)
             tick()
@@ -294,12 +299,13 @@ class AverageMeasure:
                 + (_SKIP_HINT if self.nonfinite == "raise" else ""))
         mean = total / count
         perturbation = (dict(zip(self.coordinates.names, deltas, strict=True)) if keep else None)
-        # a small rho in a coarse dtype: the draws round away in the parameters and the mean
-        # rise in the losses, so the value is the ascent measures' kind of unresolved one
+        # a small rho in a coarse dtype: the draws round away in the parameters and their
+        # rises in the losses, so the value is the ascent measures' kind of unresolved one
         return BatchOutcome(excess(mean, clean), clean, mean, {"total": norm_sum / self.samples},
                             perturbation, self.samples - count,
                             rounding=loss_rounding([float(clean), float(mean)],
-                                                   self.model.forward_dtype))
+                                                   self.model.forward_dtype),
+                            draw_rise=float(rises) / count)
 
 
 class AscentMeasure:

@@ -126,7 +126,12 @@ class SharpnessResult:
         the last place of the larger of its two losses (average: the clean loss and the draws'
         mean) in the forward's coarsest dtype
         (:func:`~quotientsharp.engine.blocks.loss_rounding`). Where it exceeds 1 % of the
-        value, the value is not resolved to 1 % and is reported as a shortfall.
+        value (average: of its draws' mean ``|loss change|``, ``draw_rises``), the value is not
+        resolved to 1 % and is reported as a shortfall.
+    draw_rises
+        Average sharpness: per batch, the mean over its draws of ``|L(theta + delta) -
+        L(theta)|``, the scale its rounding is judged against (the value, their mean, may be
+        near zero by chance, which no finer dtype changes).
     """
 
     measure: str
@@ -150,6 +155,7 @@ class SharpnessResult:
     locality: list[dict[str, Any]] = field(default_factory=list)
     chain_shortfalls: list[list[float]] = field(default_factory=list)
     rounding: list[float] = field(default_factory=list)
+    draw_rises: list[float] = field(default_factory=list)
 
     def __float__(self) -> float:
         return self.value
@@ -199,20 +205,29 @@ class SharpnessResult:
                    for index, reach in enumerate(self.reach))
 
     def _unresolved(self) -> list[int]:
-        """The batches whose value is within its losses' rounding to 1 %."""
+        """The batches whose value (average: whose draws' loss changes) is within its losses'
+        rounding to 1 %."""
         return [index for index, rounding in enumerate(self.rounding)
-                if rounding > LOCAL_PATH * abs(self.per_batch[index])]
+                if rounding > LOCAL_PATH * self._resolved_scale(index)]
+
+    def _resolved_scale(self, index: int) -> float:
+        """What batch ``index``'s rounding is judged against: its value, or (average) its
+        draws' mean ``|loss change|``."""
+        return self.draw_rises[index] if self.draw_rises else abs(self.per_batch[index])
 
     def _rounding_note(self, index: int, rounding: float) -> str:
-        """Batch ``index``'s value is within its losses' rounding to 1 % (its chains' agreement
-        then says nothing either)."""
-        value = self.per_batch[index]
-        share = f"{100 * rounding / abs(value):.3g} % of it" if value else "more than it"
-        return (f"batch {index}: the value {value:.4g} is not resolved to 1 %: the bound on "
-                f"the rounding of its losses in the forward's dtype (64 units in the last place "
-                f"of the larger) is {rounding:.3g}, {share}, so neither the value nor its reach "
-                "can be judged to 1 %; measure the model in a finer dtype (float64) or at a "
-                "larger rho")
+        """Batch ``index``'s value (average: its draws' loss changes) is within its losses'
+        rounding to 1 % (its chains' agreement then says nothing either)."""
+        value, scale = self.per_batch[index], self._resolved_scale(index)
+        share = f"{100 * rounding / scale:.3g} % of it" if scale else "more than it"
+        what, judged = ((f"the value {value:.4g}", "neither the value nor its reach") if
+                        not self.draw_rises else
+                        (f"the value {value:.4g}, whose draws change the loss by {scale:.3g} "
+                         "on average,", "the draws' changes, nor their mean"))
+        return (f"batch {index}: {what} is not resolved to 1 %: the bound on the rounding of "
+                f"its losses in the forward's dtype (64 units in the last place of the larger) "
+                f"is {rounding:.3g}, {share}, so {judged} can be judged to 1 %; measure the "
+                "model in a finer dtype (float64) or at a larger rho")
 
     def _short_because(self, index: int) -> str:
         """Why batch ``index``'s reach estimate is low: the estimate is the lower of the chains'
@@ -369,6 +384,7 @@ def assemble_result(measure: str, outcomes: Sequence[BatchOutcome],
         evaluations=[o.evaluations for o in outcomes] if ascent else [],
         locality=[o.locality.as_dict() for o in outcomes if o.locality is not None],
         rounding=[o.rounding for o in outcomes if o.rounding is not None],
+        draw_rises=[o.draw_rise for o in outcomes if o.draw_rise is not None],
     )
     notes = result.shortfalls()
     if notes:
