@@ -842,3 +842,52 @@ def test_geoopt_checks_a_user_quotient_in_the_dtype_of_its_parameter():
         manifold.egrad2rgrad(point, torch.ones_like(point))
     float64 = point.double()
     assert torch.isfinite(manifold.egrad2rgrad(float64, torch.ones_like(float64))).all()
+
+
+class GeneralLinearPair(qs.SymmetryQuotient):
+    """``GL(h)`` on ``(G, H) -> (G g^{-1}, H g^T)`` with the invariant inv
+    metric ``<u, v> = tr(u_G (G^T G)^{-1} v_G^T) + tr(u_H (H^T H)^{-1} v_H^T)``."""
+
+    point_ndims = (2, 2)
+
+    def inner(self, x, u, v):
+        grams = [torch.linalg.inv(f.mT @ f) for f in x]
+        return sum(((a @ p) * b).sum((-2, -1)) for a, b, p in zip(u, v, grams, strict=True))
+
+    def vertical(self, x, a):
+        return -x[0] @ a, x[1] @ a.mT
+
+    def act(self, x, g):
+        return torch.linalg.solve(g, x[0], left=False), x[1] @ g.mT
+
+    def algebra_shape(self, x):
+        return (x[0].shape[-1], x[0].shape[-1])
+
+    def group_exp(self, a):
+        return torch.linalg.matrix_exp(a)
+
+
+def test_a_float32_point_is_not_called_singular_for_its_rounding():
+    # whether vertical uses every direction is the class's property: at a float32 random point
+    # of a 17 x 16 GL pair (Gram condition ~1e4), float32's threshold read the Gram as singular
+    point = tuple(torch.randn(2, 17, 16, generator=torch.Generator().manual_seed(3))
+                  for _ in range(2))
+    from quotientsharp.core.method_checks import diagnose
+
+    diagnose(GeneralLinearPair(), point)
+    assert all(r.passed for r in qs.checks.check_contract(
+        GeneralLinearPair(), tuple(p.double() for p in point)))
+
+
+def test_killings_equation_is_not_failed_by_units_where_its_terms_vanish():
+    # a correct metric in float32 over 3000 units: some units' three terms nearly cancel to
+    # nothing, and relative to the largest of them their rounding read as errors of 1.5e-4
+    from quotientsharp.core.checks import _killing_check
+
+    quotient = Neuron()
+    for seed in range(4):
+        draw = torch.Generator().manual_seed(seed)
+        x, u, w = (tuple(torch.randn(3000, n, generator=draw) for n in (4, 3)) for _ in range(3))
+        a = torch.randn(3000, 1, generator=draw)
+        name, error, _ = _killing_check(quotient, x, u, w, a)
+        assert name == "metric_is_killing" and error < 1e-5, (seed, error)
