@@ -286,6 +286,17 @@ def test_measure_command_refuses_a_plot_format_matplotlib_cannot_write(saved, tm
     assert not out.exists()
 
 
+def test_measure_command_refuses_a_plot_path_without_a_suffix(saved, tmp_path, capsys) -> None:
+    # matplotlib appended '.png': --json res.png --plot res wrote the plot to res.png, which
+    # the JSON document then replaced, exit status 0
+    out = tmp_path / "res.png"
+    assert _measure(saved, "--measure", "adaptive", "--blockwise", "--plot",
+                    str(tmp_path / "res"), "--json", str(out)) == 2
+    err = capsys.readouterr().err
+    assert f"--plot {tmp_path / 'res'}: it has no suffix; end the path with one of" in err
+    assert not out.exists()
+
+
 def test_measure_command_refuses_one_file_for_two_outputs(saved, tmp_path, capsys) -> None:
     # --plot same.png --json same.png: the JSON document replaced the plot, exit status 0
     same = tmp_path / "same.png"

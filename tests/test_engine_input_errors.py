@@ -320,6 +320,12 @@ def test_labels_of_an_encoder_decoder_without_decoder_inputs_are_refused():
                            "an encoder-decoder, and the batch has labels but no "
                            "decoder_input_ids: .*prepare_decoder_input_ids_from_labels"):
             qs.sharpness(model, [good] * index + [batch], "adaptive", rho=0.01, n_iter=1)
+    # a NaN in the decoder's mask is read as "attend" as in the encoder's
+    masked = {**good, "decoder_attention_mask": torch.ones(labels.shape)}
+    masked["decoder_attention_mask"][0, 2] = math.nan
+    with pytest.raises(ValueError, match=r"^batch 0: decoder_attention_mask holds nan at "
+                                         r"\(0, 2\)"):
+        qs.sharpness(model, [masked], "adaptive", rho=0.01, n_iter=1)
     # with the decoder's inputs given, the clean loss is the model's own (teacher-forced) loss
     result = qs.sharpness(model, [good], "adaptive", rho=0.01, n_iter=1)
     with torch.no_grad():
@@ -369,14 +375,17 @@ def test_a_float_attention_mask_that_is_not_finite_is_refused(value) -> None:
 
 
 def test_an_additive_mask_may_hold_minus_inf_but_not_nan() -> None:
-    # -inf is "masked" in an additive (4-D) mask; only a NaN or +inf is corrupt there
-    from quotientsharp.engine.functional import _check_float_mask
-    additive = torch.zeros(1, 1, 3, 3)
-    additive[..., 2] = -math.inf
-    _check_float_mask("batch 0", additive)
+    # -inf is "masked" in an additive (4-D) mask, the model's own format, which the check of a
+    # 2-D mask's shape against input_ids refused; only a NaN or +inf is corrupt there
+    model, ids, mask, y = _bert(0)
+    additive = torch.zeros(ids.shape[0], 1, ids.shape[1], ids.shape[1])
+    additive.masked_fill_(mask[:, None, None, :] == 0, -math.inf)
+    plain = _adaptive(model, [{"input_ids": ids, "attention_mask": mask, "labels": y}])
+    four = _adaptive(model, [{"input_ids": ids, "attention_mask": additive, "labels": y}])
+    assert four.clean_losses == plain.clean_losses
     additive[0, 0, 1, 1] = math.nan
     with pytest.raises(ValueError, match=r"^batch 0: attention_mask holds nan at \(0, 0, 1, 1\)"):
-        _check_float_mask("batch 0", additive)
+        _adaptive(model, [{"input_ids": ids, "attention_mask": additive, "labels": y}])
 
 
 @pytest.mark.parametrize("dtype", [torch.long, torch.bool])

@@ -217,9 +217,15 @@ def test_more_threads_than_4_per_cpu_are_refused(monkeypatch):
 
 @pytest.mark.parametrize("arguments, message", [
     (["--out", ""], "out needs a folder path, got ''"),
-    (["--dist-timeout=-5"], "argument --dist-timeout: must be a finite number of seconds > 0, "
-                            "got '-5'"),
+    (["--dist-timeout=-5"], "argument --dist-timeout: must be a finite number of seconds > 0 "
+                            "(at least a microsecond, at most 999999999 days), got '-5'"),
     (["--dist-timeout", "0"], "argument --dist-timeout: must be a finite number of seconds > 0"),
+    # torch waits for a timedelta: 1e-300 s is zero there, 1e300 s overflows it (a traceback
+    # under torchrun)
+    (["--dist-timeout", "1e-300"], "argument --dist-timeout: must be a finite number of "
+                                   "seconds > 0 (at least a microsecond"),
+    (["--dist-timeout", "1e300"], "argument --dist-timeout: must be a finite number of "
+                                  "seconds > 0 (at least a microsecond"),
 ])
 def test_the_command_line_refuses_an_empty_out_and_a_timeout_of_no_time(arguments, message,
                                                                          tmp_path, capsys,

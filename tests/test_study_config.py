@@ -320,5 +320,5 @@ def test_the_command_line_refuses_a_dist_timeout_of_no_time(value, capsys):
               f"--dist-timeout={value}"])
     err = capsys.readouterr().err
     assert info.value.code == 2 and err.count("\n") == 1
-    assert (f"error: argument --dist-timeout: must be a finite number of seconds > 0, got "
-            f"{value!r}") in err
+    assert (f"error: argument --dist-timeout: must be a finite number of seconds > 0 (at "
+            f"least a microsecond, at most 999999999 days), got {value!r}") in err

@@ -14,6 +14,7 @@ import sys
 import sysconfig
 import warnings
 from collections.abc import Iterator, Sequence
+from datetime import timedelta
 from typing import Any, NoReturn
 
 from quotientsharp.cli.output_errors import OUTPUT_ERRORS, error_message
@@ -54,15 +55,21 @@ __all__ = ["main"]
 
 
 def positive_seconds(text: str) -> float:
-    """``type=`` of a duration option (``--dist-timeout``): a finite number of seconds > 0.
+    """``type=`` of a duration option (``--dist-timeout``): a number of seconds a ``timedelta``
+    holds and that is not zero there.
     A timeout of 0 or less, or an infinite one, is no timeout torch can wait for; refused
     here even where it is not used (without torchrun), since nothing else would say so."""
     try:
         seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+        # torch waits for a timedelta: one below a microsecond is zero, one of 1e300 s
+        # overflows it (raised under torchrun only, as a traceback)
+        usable = math.isfinite(seconds) and timedelta(seconds=seconds) > timedelta(0)
+    except (ValueError, OverflowError):
+        usable = False
+    if not usable:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0 (at least a "
+                                         f"microsecond, at most {timedelta.max.days} days), "
+                                         f"got {text!r}")
     return seconds
 
 

@@ -204,14 +204,16 @@ def _check_plot(args: argparse.Namespace) -> None:
         raise InputError("--plot needs matplotlib: pip install 'quotientsharp[plot]'")
     # matplotlib picks the format by the suffix, and refuses an unknown one only when it
     # saves: after the measurement, in a message that names no option, the --json unwritten
-    suffix = Path(args.plot).suffix.lower().removeprefix(".")
-    if suffix:
-        from matplotlib.backend_bases import FigureCanvasBase
+    from matplotlib.backend_bases import FigureCanvasBase
 
-        formats = sorted(FigureCanvasBase.get_supported_filetypes())
-        if suffix not in formats:
-            raise InputError(f"--plot {args.plot}: matplotlib writes no '.{suffix}' files; "
-                             f"end the path with one of {', '.join('.' + f for f in formats)}")
+    suffix = Path(args.plot).suffix.lower().removeprefix(".")
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    if suffix not in formats:
+        # without a suffix matplotlib appends '.png': the file written is not the one named,
+        # and may be another output's (--json res.png --plot res)
+        said = f"matplotlib writes no '.{suffix}' files" if suffix else "it has no suffix"
+        raise InputError(f"--plot {args.plot}: {said}; end the path with one of "
+                         f"{', '.join('.' + f for f in formats)}")
 
 
 def _check_distinct_outputs(outputs: list[tuple[str, Path | None]]) -> None:

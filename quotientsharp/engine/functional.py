@@ -47,17 +47,17 @@ class _DenseGradient(torch.autograd.Function):
 
 
 def _check_float_mask(label: str, mask: torch.Tensor) -> None:
-    """Raise naming the batch if a floating ``attention_mask`` holds a NaN, a ``+inf`` or (in a
-    2-D mask of 1 = token, 0 = padding) a ``-inf``: transformers reads a NaN as "attend", so a
-    corrupt mask measured the value of an all-ones one. A ``-inf`` stays allowed in an
-    additive mask of more dimensions, where it means "masked"."""
+    """Raise naming the batch and the mask (``label``) if a floating attention mask holds a
+    NaN, a ``+inf`` or (in a 2-D mask of 1 = token, 0 = padding) a ``-inf``: transformers reads
+    a NaN as "attend", so a corrupt mask measured the value of an all-ones one. A ``-inf`` stays
+    allowed in an additive mask of more dimensions, where it means "masked"."""
     bad = mask.isnan() | mask.isposinf()
     if mask.dim() <= 2:
         bad |= mask.isneginf()
     if bool(bad.any()):
         where = tuple(bad.nonzero()[0].tolist())
-        raise ValueError(f"{label}: attention_mask holds {float(mask[where])} at {where}; a "
-                         "floating mask must be finite (a 2-D one: 1 a token, 0 padding)")
+        raise ValueError(f"{label} holds {float(mask[where])} at {where}; a floating mask "
+                         "must be finite (a 2-D one: 1 a token, 0 padding)")
 
 
 class FunctionalModel:
@@ -277,12 +277,16 @@ class FunctionalModel:
         and, if integer, hold only 1 and 0 with a 1 in every row."""
         mask, ids = batch.kwargs.get("attention_mask"), batch.kwargs.get("input_ids")
         if (isinstance(mask, torch.Tensor) and isinstance(ids, torch.Tensor)
-                and mask.shape != ids.shape):
+                and mask.dim() <= 2 and mask.shape != ids.shape):
+            # a 4-D mask ([batch, heads, queries, keys], additive) is the model's own format
             raise ValueError(f"{batch.label}: attention_mask has shape {tuple(mask.shape)} but "
                              f"input_ids has shape {tuple(ids.shape)}; they must be equal "
                              "(one mask entry per token)")
-        if isinstance(mask, torch.Tensor) and mask.is_floating_point():
-            _check_float_mask(batch.label, mask)
+        for name, value in batch.kwargs.items():
+            # decoder_attention_mask and the like too: a NaN reads as "attend" there as well
+            if (name.endswith("attention_mask") and isinstance(value, torch.Tensor)
+                    and value.is_floating_point()):
+                _check_float_mask(f"{batch.label}: {name}", value)
         if (isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] > 0
                 and not mask.is_floating_point()):
             # an integer or boolean mask (1 = token, 0 = padding): a row of zeros is a sequence
@@ -463,8 +467,9 @@ def check_decoder_inputs(batch: Batch, model_class: str) -> None:
         "decoder_input_ids: the model's own loss builds the decoder's inputs from the labels "
         "(shifted right), but sharpness gives the labels to its loss only, so the decoder would "
         "not read them (BART reads input_ids shifted right instead: another loss). Pass "
-        "decoder_input_ids in each batch, e.g. "
-        "model.prepare_decoder_input_ids_from_labels(labels=labels)")
+        "decoder_input_ids in each batch: the labels shifted right after the decoder's start "
+        "token (model.prepare_decoder_input_ids_from_labels(labels=labels) where the model "
+        "has it)")
 
 
 def check_unshifted_labels(batch: Batch, model_class: str) -> None:
