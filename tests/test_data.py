@@ -428,6 +428,45 @@ def test_per_token_labels_of_pretokenised_rows_measure_a_language_model(tmp_path
     assert json.loads(out.read_text())["results"]["adaptive"]["value"] == expected.value
 
 
+def test_decoder_inputs_of_pretokenised_rows_measure_a_sequence_to_sequence_model(tmp_path):
+    # rows could not give decoder_input_ids (an unknown key), and without them an
+    # encoder-decoder is refused: no sequence-to-sequence model could be measured from a file
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BartConfig(vocab_size=30, d_model=16, encoder_layers=1, decoder_layers=1,
+                                     encoder_attention_heads=2, decoder_attention_heads=2,
+                                     encoder_ffn_dim=32, decoder_ffn_dim=32,
+                                     max_position_embeddings=32, attn_implementation="eager")
+    model = transformers.BartForConditionalGeneration(config).double().eval()
+    model.save_pretrained(tmp_path / "bart")
+    rows = [([3, 7, 9, 11, 4], [2, 6, 8], [6, 8, 5]), ([5, 6, 8], [2, 9, 10, 12], [9, 10, 12, 7])]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps({"input_ids": source, "decoder_input_ids": decoder,
+                                        "labels": labels}) + "\n"
+                            for source, decoder, labels in rows))
+    (batch,), _, _ = load_batches(path, model, tmp_path / "bart", BatchSettings(batch_size=2))
+    assert batch["decoder_input_ids"].tolist() == [[2, 6, 8, 1], [2, 9, 10, 12]]
+    assert batch["decoder_attention_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
+    assert batch["labels"].tolist() == [[6, 8, 5, -100], [9, 10, 12, 7]]
+    expected = qs.sharpness(model, [batch], "adaptive", rho=0.05, n_iter=2, progress=False)
+    out = tmp_path / "values.json"
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = main([str(a) for a in ("measure", tmp_path / "bart", path, "--measure",
+                                      "adaptive", "--rho", "0.05", "--n-iter", "2",
+                                      "--batch-size", "2", "--dtype", "float64", "--no-progress",
+                                      "--json", out)])
+    assert code == 0
+    assert json.loads(out.read_text())["results"]["adaptive"]["value"] == expected.value
+    path.write_text(json.dumps({"input_ids": [3, 4], "decoder_input_ids": [2, 5],
+                                "labels": [5, 6]}) + "\n" + json.dumps(
+        {"input_ids": [3, 4], "labels": [4, 6]}) + "\n")
+    with pytest.raises(ValueError, match=r"line 2: no 'decoder_input_ids', which other rows "
+                                         "give"):
+        load_batches(path, model, tmp_path / "bart", BatchSettings(batch_size=2))
+
+
 @pytest.mark.parametrize(("row", "expected"), [
     ('{"input_ids": [1, 2, 3], "labels": [2, 3]}', r"line 2: 'label' has 2 entries, input_ids "
                                                    r"has 3"),

@@ -25,14 +25,16 @@ TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_toke
                         "added_tokens.json", "vocab.json")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 #: The keys of a pre-tokenised JSONL row, and of a text row, besides its label.
-TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids", "decoder_input_ids",
+              "decoder_attention_mask")
 TEXT_KEYS = ("text", "text_pair")
 #: The keys a JSONL row may have ("labels" is read as "label").
 ROW_KEYS = (*TOKEN_KEYS, *TEXT_KEYS, "label")
 #: One past the largest token id a torch.long holds.
 _INT64_END = 2 ** 63
-_EXPECTED = ("expected 'input_ids' (pre-tokenised, with optional 'attention_mask' and "
-             "'token_type_ids') or 'text' (with optional 'text_pair'), and 'label'")
+_EXPECTED = ("expected 'input_ids' (pre-tokenised, with optional 'attention_mask', "
+             "'token_type_ids', and a sequence-to-sequence model's 'decoder_input_ids' and "
+             "'decoder_attention_mask') or 'text' (with optional 'text_pair'), and 'label'")
 
 
 def existing_file(path: str | os.PathLike, label: str) -> Path:
@@ -149,9 +151,10 @@ def _labels(rows: Sequence[dict[str, Any]], path: Path, loss: str,
 def _token_labels(rows: Sequence[dict[str, Any]], path: Path, width: int,
                   vocabulary: int | None) -> torch.Tensor:
     """Per-token class labels of pre-tokenised rows (a language model's targets, each a list
-    as long as the row's ``input_ids``, ``-100`` where ignored), padded with ``-100`` to the
-    batch's ``width``, ``shape=[rows, width]``; a class is a token, so it lies in the
-    vocabulary (a config's ``num_labels`` is a classifier head's, not a language model's)."""
+    as long as the row's ``decoder_input_ids`` where it has them, else its ``input_ids``,
+    ``-100`` where ignored), padded with ``-100`` to the batch's ``width``,
+    ``shape=[rows, width]``; a class is a token, so it lies in the vocabulary (a config's
+    ``num_labels`` is a classifier head's, not a language model's)."""
     import torch
 
     from quotientsharp.engine.batches import IGNORE_INDEX
@@ -167,9 +170,10 @@ def _token_labels(rows: Sequence[dict[str, Any]], path: Path, width: int,
                 isinstance(v, int) and not isinstance(v, bool) for v in value):
             raise InputError(f"{where}: the file's labels are per token, so each row's label "
                              f"must be a list of integers, got {value!r:.60}")
-        if len(value) != len(row["input_ids"]):
-            raise InputError(f"{where}: 'label' has {len(value)} entries, input_ids has "
-                             f"{len(row['input_ids'])} (one label per token, -100 ignored)")
+        tokens = "decoder_input_ids" if "decoder_input_ids" in row else "input_ids"
+        if len(value) != len(row[tokens]):
+            raise InputError(f"{where}: 'label' has {len(value)} entries, {tokens} has "
+                             f"{len(row[tokens])} (one label per token, -100 ignored)")
         outside = next((v for v in value if v != IGNORE_INDEX and not (
             0 <= v < (vocabulary if vocabulary is not None else _INT64_END))), None)
         if outside is not None:
@@ -223,6 +227,30 @@ def _pretokenised_batch(rows: Sequence[dict[str, Any]], path: Path, pad_id: int,
         if with_types and "token_type_ids" in row:
             batch["token_type_ids"][index, :len(tokens)] = torch.tensor(
                 _token_list(row, "token_type_ids", path, len(tokens)))
+    if any("decoder_input_ids" in row for row in rows):
+        batch.update(_decoder_batch(rows, path, pad_id, vocabulary))
+    return batch
+
+
+def _decoder_batch(rows: Sequence[dict[str, Any]], path: Path, pad_id: int,
+                   vocabulary: int | None) -> dict[str, torch.Tensor]:
+    """A sequence-to-sequence batch's decoder inputs (every row gives ``decoder_input_ids``),
+    padded as the encoder's are, with ``decoder_attention_mask`` 0 on the padding."""
+    import torch
+
+    missing = next((row for row in rows if "decoder_input_ids" not in row), None)
+    if missing is not None:
+        raise InputError(f"DATA {path}, line {missing['_line']}: no 'decoder_input_ids', which "
+                         "other rows give; a sequence-to-sequence file gives them in every row")
+    ids = [_token_list(row, "decoder_input_ids", path, None, vocabulary) for row in rows]
+    width = max(len(i) for i in ids)
+    batch = {"decoder_input_ids": torch.full((len(rows), width), pad_id, dtype=torch.long),
+             "decoder_attention_mask": torch.zeros(len(rows), width, dtype=torch.long)}
+    for index, (row, tokens) in enumerate(zip(rows, ids, strict=True)):
+        batch["decoder_input_ids"][index, :len(tokens)] = torch.tensor(tokens)
+        mask = (_token_list(row, "decoder_attention_mask", path, len(tokens))
+                if "decoder_attention_mask" in row else [1] * len(tokens))
+        batch["decoder_attention_mask"][index, :len(tokens)] = torch.tensor(mask)
     return batch
 
 
@@ -305,7 +333,8 @@ def _jsonl_batches(path: Path, model: nn.Module, model_path: Path, settings: Bat
             _check_positions(inputs, chunk, path, positions, settings.max_length)
         per_token = settings.loss == "cross_entropy" and any(
             isinstance(row["label"], list) for row in rows)
-        labels = (_token_labels(chunk, path, inputs["input_ids"].shape[-1], vocabulary)
+        targets = inputs.get("decoder_input_ids", inputs["input_ids"])
+        labels = (_token_labels(chunk, path, targets.shape[-1], vocabulary)
                   if per_token else _labels(chunk, path, settings.loss, num_labels))
         batches.append({**inputs, "labels": labels})
     kind = "pre-tokenised JSONL" if pretokenised else "text JSONL"
