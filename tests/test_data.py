@@ -20,6 +20,7 @@ import quotientsharp as qs
 from quotientsharp.cli import main
 from quotientsharp.workflows.data import load_batches
 from quotientsharp.workflows.options import BatchSettings
+from tests.tiny_models import tiny_bart
 
 #: these tests measure small MLPs without symmetry: the warning that says so is
 #: expected here (tests/test_symmetry_check.py checks it)
@@ -433,13 +434,8 @@ def test_decoder_inputs_of_pretokenised_rows_measure_a_sequence_to_sequence_mode
     # encoder-decoder is refused: no sequence-to-sequence model could be measured from a file
     import json
 
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.BartConfig(vocab_size=30, d_model=16, encoder_layers=1, decoder_layers=1,
-                                     encoder_attention_heads=2, decoder_attention_heads=2,
-                                     encoder_ffn_dim=32, decoder_ffn_dim=32,
-                                     max_position_embeddings=32, attn_implementation="eager")
-    model = transformers.BartForConditionalGeneration(config).double().eval()
+    pytest.importorskip("transformers")
+    model = tiny_bart(30, 32, torch.float64)
     model.save_pretrained(tmp_path / "bart")
     rows = [([3, 7, 9, 11, 4], [2, 6, 8], [6, 8, 5]), ([5, 6, 8], [2, 9, 10, 12], [9, 10, 12, 7])]
     path = tmp_path / "pairs.jsonl"

@@ -20,7 +20,7 @@ from torch import nn
 
 import quotientsharp as qs
 from quotientsharp.engine.measures import NonFiniteLossError
-from tests.tiny_models import tiny_bert
+from tests.tiny_models import tiny_bart, tiny_bert
 
 #: these tests measure small MLPs without symmetry: the warning that says so is expected here
 pytestmark = pytest.mark.filterwarnings("ignore::quotientsharp.NoSymmetryWarning")
@@ -303,13 +303,8 @@ def test_unshifted_labels_of_a_causal_language_model_are_refused():
 def test_labels_of_an_encoder_decoder_without_decoder_inputs_are_refused():
     # BART's forward without decoder_input_ids feeds its decoder input_ids shifted right, not
     # the labels: the loss was position-wise cross-entropy of another sequence, without a word
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.BartConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1,
-                                     encoder_attention_heads=2, decoder_attention_heads=2,
-                                     encoder_ffn_dim=32, decoder_ffn_dim=32,
-                                     max_position_embeddings=16, attn_implementation="eager")
-    model = transformers.BartForConditionalGeneration(config).eval()
+    pytest.importorskip("transformers")
+    model = tiny_bart(40, 16)
     draw = torch.Generator().manual_seed(1)
     ids, labels = (torch.randint(3, 40, (3, 8), generator=draw) for _ in range(2))
     decoder = model.prepare_decoder_input_ids_from_labels(labels=labels)

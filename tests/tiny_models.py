@@ -41,6 +41,20 @@ def tiny_bert(seed: int, positions: int = 16, dtype: torch.dtype = torch.float32
     return transformers.BertForSequenceClassification(config).to(dtype).eval()
 
 
+def tiny_bart(vocab_size: int, positions: int, dtype: torch.dtype = torch.float32):
+    """A sequence-to-sequence BART (one encoder and one decoder layer, d_model 16, 2 heads)
+    drawn from ``torch.manual_seed(0)``, in eval mode; needs transformers."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BartConfig(vocab_size=vocab_size, d_model=16, encoder_layers=1,
+                                     decoder_layers=1, encoder_attention_heads=2,
+                                     decoder_attention_heads=2, encoder_ffn_dim=32,
+                                     decoder_ffn_dim=32, max_position_embeddings=positions,
+                                     attn_implementation="eager")
+    return transformers.BartForConditionalGeneration(config).to(dtype).eval()
+
+
 def tiny_bert_classifier():
     """A float64 one-layer BERT classifier (hidden 16, 2 heads, vocabulary 30, 3 labels) whose
     query weight holds zeros (they must stay fixed, never 0 / 0); needs transformers."""
