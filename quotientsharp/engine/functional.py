@@ -474,8 +474,9 @@ def check_decoder_inputs(batch: Batch, model_class: str) -> None:
 
 def check_unshifted_labels(batch: Batch, model_class: str) -> None:
     """Refuse labels equal to ``input_ids`` (where not ``-100``) for a causal LM: HuggingFace's
-    convention, which the model's own loss shifts by one position; the built-in cross-entropy
-    compares position by position and would measure predicting each token from itself."""
+    convention, which most such models' own loss shifts by one position (``BartForCausalLM``'s
+    does not); the built-in cross-entropy compares position by position and would measure
+    predicting each token from itself."""
     ids, target = batch.kwargs.get("input_ids"), batch.target
     if ids is None and batch.args:
         ids = batch.args[0]          # the (inputs, target) form: input_ids come first
@@ -487,9 +488,9 @@ def check_unshifted_labels(batch: Batch, model_class: str) -> None:
     if bool(kept.any()) and bool((target[kept] == ids[kept].to(target.device)).all()):
         raise ValueError(
             f"{batch.label}: the labels equal input_ids for {model_class}, a causal language "
-            "model: HuggingFace shifts such labels by one position inside the model's own loss "
-            "(each token predicts the next), but sharpness compares the logits with the labels "
-            "position by position, which would measure predicting each token from itself. "
+            "model: sharpness compares the logits with the labels position by position, which "
+            "would measure predicting each token from itself (most HuggingFace causal LMs "
+            "shift such labels by one position inside their own loss; sharpness does not). "
             "Give the labels shifted (labels[:, :-1] = input_ids[:, 1:], labels[:, -1] = -100) "
             "or pass loss=callable(output, target)")
 
