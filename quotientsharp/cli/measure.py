@@ -280,7 +280,8 @@ def _print_notes(args: argparse.Namespace, config: SharpnessConfig, no_symmetry:
     advice = (["a value whose reach is below 0.99 may not be the maximum: search longer "
                "(--chains 8 --n-iter 50)"]
               if any(result.searched_short() for result in measured.values()) else [])
-    advice += [_locality_advice(measured)] if _locality_advice(measured) else []
+    local = _locality_advice(measured)
+    advice += [local] if local else []
     if advice:
         print(f"note: {'; '.join(advice)} (docs/sharpness.md, 'Reach and locality')")
 

@@ -324,6 +324,9 @@ def _jsonl_batches(path: Path, model: nn.Module, model_path: Path, settings: Bat
     pad_id = pad_id if isinstance(pad_id, int) else 0
     positions = _position_count(model)
     vocabulary = vocabulary_size(model)
+    # a label per token (a language model's targets) in any row makes the file's labels so
+    per_token = settings.loss == "cross_entropy" and any(
+        isinstance(row["label"], list) for row in rows)
     batches: list[dict[str, torch.Tensor]] = []
     for start in range(0, len(rows), settings.batch_size)[:settings.max_batches]:
         chunk = rows[start:start + settings.batch_size]
@@ -331,8 +334,6 @@ def _jsonl_batches(path: Path, model: nn.Module, model_path: Path, settings: Bat
                   else _text_batch(chunk, path, tokenizer, settings.max_length))
         if positions is not None:
             _check_positions(inputs, chunk, path, positions, settings.max_length)
-        per_token = settings.loss == "cross_entropy" and any(
-            isinstance(row["label"], list) for row in rows)
         targets = inputs.get("decoder_input_ids", inputs["input_ids"])
         labels = (_token_labels(chunk, path, targets.shape[-1], vocabulary)
                   if per_token else _labels(chunk, path, settings.loss, num_labels))
